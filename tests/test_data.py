@@ -1,0 +1,96 @@
+"""Dataset loaders: offline sets, format-faithful CIFAR-10/SVHN fixtures, clear missing-data errors."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from training.augment import crop_flip
+from training.data import DatasetMissingError, load_dataset
+
+
+def _check(d, n: int, shape: tuple[int, int, int], k: int = 10) -> None:
+    assert d.x.dtype == torch.float32 and d.x.shape == (n, *shape)
+    assert d.y.dtype == torch.int64 and set(d.y.tolist()) == set(range(k))
+    assert 0.0 <= d.x.min() and d.x.max() <= 1.0
+
+
+def test_digits_and_mnist5k() -> None:
+    _check(load_dataset({"name": "digits"}), 1797, (1, 8, 8))
+    m = load_dataset({"name": "mnist5k"})
+    _check(m, 5000, (1, 28, 28))
+    assert len(set(m.y[:50].tolist())) > 5  # shuffled: the source is sorted by class
+
+
+@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").exists(), reason="dataset-fashion-mnist not installed")
+def test_fashion_mnist_local() -> None:
+    _check(load_dataset({"name": "fashion_mnist", "download": False, "limit": 2000}), 2000, (1, 28, 28))
+
+
+def test_cifar10_fixture(tmp_path: Path) -> None:
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(1, 6):
+        labels = [(j + i) % 10 for j in range(20)]
+        batch = {"data": rng.integers(0, 256, (20, 3072), dtype=np.uint8), "labels": labels,
+                 "batch_label": f"training batch {i} of 5", "filenames": [f"f{j}.png" for j in range(20)]}
+        with open(folder / f"data_batch_{i}", "wb") as f:
+            pickle.dump(batch, f)
+    d = load_dataset({"name": "cifar10", "download": False}, tmp_path)
+    _check(d, 100, (3, 32, 32))
+    # Pixel layout: the pickle's row is 1024 R, 1024 G, 1024 B values in row-major order.
+    with open(folder / "data_batch_1", "rb") as f:
+        raw = pickle.load(f)["data"][0].reshape(3, 32, 32) / 255.0
+    assert any(torch.allclose(d.x[j], torch.from_numpy(raw).float()) for j in range(100))
+
+
+def test_svhn_fixture(tmp_path: Path) -> None:
+    from scipy.io import savemat
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (32, 32, 3, 30), dtype=np.uint8)
+    y = (np.arange(30) % 10 + 1).reshape(-1, 1)  # the file stores digit 0 as label 10
+    (tmp_path / "svhn").mkdir()
+    savemat(tmp_path / "svhn" / "train_32x32.mat", {"X": x, "y": y})
+    d = load_dataset({"name": "svhn", "download": False}, tmp_path)
+    _check(d, 30, (3, 32, 32))
+    first = torch.from_numpy(x[:, :, :, 0].transpose(2, 0, 1) / 255.0).float()
+    assert any(torch.allclose(d.x[j], first) for j in range(30))
+
+
+@pytest.mark.parametrize("name,hint", [("cifar10", "cifar-10-batches-py"), ("svhn", "train_32x32.mat"),
+                                       ("cifarnet", "train.npz")])
+def test_missing_data_is_one_clear_error(tmp_path: Path, name: str, hint: str) -> None:
+    with pytest.raises(DatasetMissingError, match=hint) as err:
+        load_dataset({"name": name, "download": False}, tmp_path)
+    assert str(tmp_path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unknown_dataset() -> None:
+    with pytest.raises(ValueError, match="unknown dataset"):
+        load_dataset({"name": "imagenet"})
+
+
+def test_crop_flip_per_sample() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(64, 3, 16, 16) + 0.1  # strictly positive so zero padding is visible
+    out = crop_flip(x, g)
+    assert out.shape == x.shape
+    # Different samples get different transforms: compare each output with its possible sources.
+    kinds = set()
+    for i in range(64):
+        src = torch.nn.functional.pad(x[i], (2, 2, 2, 2))
+        for flip in (False, True):
+            for dy in range(5):
+                for dx in range(5):
+                    crop = src[:, dy: dy + 16, dx: dx + 16]
+                    crop = crop.flip(-1) if flip else crop
+                    if torch.equal(crop, out[i]):
+                        kinds.add((flip, dy, dx))
+    assert len(kinds) > 10  # per-sample, not one transform for the batch
+    assert any(k[0] for k in kinds) and any(not k[0] for k in kinds)

@@ -1,0 +1,120 @@
+"""Paper datasets that need a download or a user-supplied folder: CIFAR-10, SVHN, CIFARNet.
+
+Each reads the real on-disk format itself (torchvision is only used to download), so a missing
+or partial copy gives one clear line saying where the files go.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from training.data.registry import DatasetMissingError, LoadedData, register
+
+
+def _root(cfg: Mapping[str, Any], data_dir: Path) -> Path:
+    return Path(cfg["root"]) if cfg.get("root") else data_dir
+
+
+def _nhwc_uint8(images: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))).float().div_(255.0)
+
+
+def _try_download(cfg: Mapping[str, Any], fetch: Callable[[], object]) -> str:
+    """Run a torchvision download; return why it did not happen (empty string on success)."""
+    if not cfg.get("download", True):
+        return "download disabled"
+    try:
+        fetch()
+        return ""
+    except Exception as e:  # noqa: BLE001 - no network is the common case here
+        return f"download failed: {type(e).__name__}: {str(e)[:80]}"
+
+
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+
+
+@register("cifar10")
+def load_cifar10(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+    root = _root(cfg, data_dir)
+    folder = root / "cifar-10-batches-py"
+    batches = [folder / f"data_batch_{i}" for i in range(1, 6)]
+    reason = ""
+    if not all(b.exists() for b in batches):
+        from torchvision.datasets import CIFAR10
+
+        reason = _try_download(cfg, lambda: CIFAR10(str(root), train=True, download=True))
+    missing = [b.name for b in batches if not b.exists()]
+    if missing:
+        raise DatasetMissingError(
+            f"CIFAR-10 not found: {folder} lacks {missing} ({reason or 'incomplete'}); "
+            f"extract {CIFAR10_URL} into {root} (or set paths.data_dir / dataset.root)"
+        )
+    xs, ys = [], []
+    for b in batches:
+        with open(b, "rb") as f:
+            entry = pickle.load(f, encoding="latin1")
+        xs.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+        ys.append(np.asarray(entry["labels"], dtype=np.int64))
+    x = torch.from_numpy(np.concatenate(xs)).float().div_(255.0)
+    return LoadedData("cifar10", x, torch.from_numpy(np.concatenate(ys)), 10, {"source": str(folder)})
+
+
+SVHN_URL = "http://ufldl.stanford.edu/housenumbers/train_32x32.mat"
+
+
+@register("svhn")
+def load_svhn(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+    from scipy.io import loadmat
+
+    folder = _root(cfg, data_dir) / "svhn"
+    path = folder / "train_32x32.mat"
+    reason = ""
+    if not path.exists():
+        from torchvision.datasets import SVHN
+
+        reason = _try_download(cfg, lambda: SVHN(str(folder), split="train", download=True))
+    if not path.exists():
+        raise DatasetMissingError(f"SVHN not found: {path} is missing ({reason}); download {SVHN_URL} there")
+    mat = loadmat(str(path))
+    x = mat["X"]  # (32, 32, 3, N) uint8
+    y = mat["y"].astype(np.int64).reshape(-1) % 10  # the file labels digit 0 as 10
+    return LoadedData("svhn", _nhwc_uint8(np.transpose(x, (3, 0, 1, 2))), torch.from_numpy(y), 10,
+                      {"source": str(path)})
+
+
+@register("cifarnet")
+def load_cifarnet(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+    folder = _root(cfg, data_dir) / "cifarnet"
+    npz = folder / "train.npz"
+    if npz.exists():
+        with np.load(npz) as f:
+            images, labels = f["images"], f["labels"]
+    else:
+        shards = sorted(folder.glob("**/train-*.parquet"))
+        if not shards:
+            raise DatasetMissingError(
+                f"CIFARNet not found: put {npz} (arrays images uint8 NHWC 64x64x3, labels) or the HF "
+                f"EleutherAI/cifarnet parquet shards (train-*.parquet) under {folder}"
+            )
+        images, labels = _read_parquet_images(shards)
+    return LoadedData("cifarnet", _nhwc_uint8(images), torch.from_numpy(labels.astype(np.int64)), 10,
+                      {"source": str(folder)})
+
+
+def _read_parquet_images(shards: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+    import io
+
+    import pandas as pd
+    from PIL import Image
+
+    frames = [pd.read_parquet(s) for s in shards]
+    df = pd.concat(frames, ignore_index=True)
+    img_col = "img" if "img" in df.columns else "image"
+    images = np.stack([np.asarray(Image.open(io.BytesIO(v["bytes"])).convert("RGB")) for v in df[img_col]])
+    return images, df["label"].to_numpy()

@@ -1,0 +1,84 @@
+"""Dataset registry: `load_dataset(cfg, data_dir)` returns a `LoadedData` for any `dataset=` choice."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class DatasetMissingError(FileNotFoundError):
+    """The dataset's files are absent and cannot be downloaded; the message says where to put them."""
+
+
+@dataclass
+class LoadedData:
+    name: str
+    x: Tensor  # (n, C, H, W) float32 in [0, 1] (synthetic data may leave that range)
+    y: Tensor  # (n,) int64 in 0..K-1
+    num_classes: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        c, h, w = self.x.shape[1:]
+        return int(c), int(h), int(w)
+
+    def content_hash(self) -> str:
+        """Hash of the tensors' bytes: the dataset's identity in cache keys."""
+        h = hashlib.sha256()
+        h.update(self.x.contiguous().numpy().tobytes())
+        h.update(self.y.contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+
+Loader = Callable[[Mapping[str, Any], Path], LoadedData]
+_LOADERS: dict[str, Loader] = {}
+
+
+def register(name: str) -> Callable[[Loader], Loader]:
+    def deco(fn: Loader) -> Loader:
+        _LOADERS[name] = fn
+        return fn
+
+    return deco
+
+
+def _fixed_shuffle(data: LoadedData) -> LoadedData:
+    """Deterministic shuffle (independent of the run seed): some sources are sorted by class."""
+    perm = torch.randperm(len(data.y), generator=torch.Generator().manual_seed(0))
+    data.x, data.y = data.x[perm].contiguous(), data.y[perm].contiguous()
+    return data
+
+
+def load_dataset(cfg: Mapping[str, Any], data_dir: str | Path = "data") -> LoadedData:
+    # Import the loader modules so they register themselves.
+    from training.data import image_sets, offline  # noqa: F401
+
+    name = cfg["name"]
+    if name not in _LOADERS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(_LOADERS)}")
+    data = _fixed_shuffle(_LOADERS[name](cfg, Path(data_dir)))
+    limit = cfg.get("limit")
+    if limit is not None:
+        data.x, data.y = data.x[: int(limit)].contiguous(), data.y[: int(limit)].contiguous()
+    _validate(data)
+    data.info.update(n=len(data.y), input_shape=list(data.input_shape), num_classes=data.num_classes)
+    return data
+
+
+def _validate(data: LoadedData) -> None:
+    if data.x.dtype != torch.float32 or data.x.ndim != 4:
+        raise ValueError(f"{data.name}: expected float32 NCHW images, got {data.x.dtype} {tuple(data.x.shape)}")
+    if not torch.isfinite(data.x).all():
+        raise ValueError(f"{data.name}: images contain NaN or Inf")
+    if data.y.dtype != torch.int64 or len(data.y) != len(data.x):
+        raise ValueError(f"{data.name}: labels must be int64 with one per image")
+    counts = torch.bincount(data.y, minlength=data.num_classes)
+    if data.y.min() < 0 or data.y.max() >= data.num_classes or (counts == 0).any():
+        raise ValueError(f"{data.name}: labels must cover 0..{data.num_classes - 1}, got counts {counts.tolist()}")

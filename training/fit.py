@@ -1,0 +1,140 @@
+"""The fit loop: schedule-free training with early stopping on a validation set, evaluated in eval mode.
+
+Schedule-free optimizers keep two parameter sequences; the averaged one (used for evaluation) is only
+in the model after `optimizer.eval()`. Every validation, coding and snapshot here happens in eval mode.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from training.augment import crop_flip
+
+Regularizer = Callable[[Tensor, Tensor, int], Tensor]  # (logits, y, step) -> penalty added to CE
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    batch_size: int = 128
+    patience: int = 100
+    max_epochs: int = 30000
+    augment: bool = False
+    eval_every_steps: int | None = None  # None: once per epoch
+    progress: bool = True
+
+
+@dataclass
+class FitResult:
+    best_val_loss: float  # nats
+    best_epoch: int
+    epochs: int
+    steps: int
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (step, val loss in nats)
+
+
+@contextmanager
+def eval_mode(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Iterator[None]:
+    """Model and schedule-free optimizer both in eval mode inside; both back in train mode after."""
+    model.eval()
+    if optimizer is not None and hasattr(optimizer, "eval"):
+        optimizer.eval()
+    try:
+        yield
+    finally:
+        model.train()
+        if optimizer is not None and hasattr(optimizer, "train"):
+            optimizer.train()
+
+
+@torch.no_grad()
+def cross_entropy_sum(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 1024) -> float:
+    """Summed cross-entropy in nats. The caller must have put the model in eval mode."""
+    if model.training:
+        raise RuntimeError("evaluation must happen in eval mode (model.eval() and optimizer.eval())")
+    total = 0.0
+    for i in range(0, len(y), batch_size):
+        logits = model(x[i: i + batch_size]).double()
+        total += float(F.cross_entropy(logits, y[i: i + batch_size], reduction="sum"))
+    return total
+
+
+def snapshot(model: nn.Module) -> dict[str, Tensor]:
+    """A copy of the state dict (never deepcopy a μP module: it drops infshape)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def fit(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: Tensor,
+    y: Tensor,
+    x_val: Tensor,
+    y_val: Tensor,
+    cfg: FitConfig,
+    gen: torch.Generator,
+    regularizer: Regularizer | None = None,
+    desc: str = "fit",
+) -> FitResult:
+    """Train until `patience` evaluations without improvement; return with the best state loaded.
+
+    On return the model and optimizer are in eval mode (ready to code a block).
+    """
+    n = len(y)
+    if n == 0:
+        raise ValueError("cannot fit on an empty training set")
+    best_loss, best_state, best_epoch = math.inf, snapshot(model), 0
+    curve: list[tuple[int, float]] = []
+    step, since_best, epoch = 0, 0, 0
+    model.train()
+    optimizer.train()  # schedule-free optimizers start in eval mode
+
+    def validate() -> bool:
+        nonlocal best_loss, best_state, since_best, best_epoch
+        with eval_mode(model, optimizer):
+            loss = cross_entropy_sum(model, x_val, y_val) / len(y_val)
+            curve.append((step, loss))
+            improved = loss < best_loss
+            if improved:
+                best_loss, best_state, best_epoch = loss, snapshot(model), epoch
+        return improved
+
+    bar = tqdm(total=cfg.max_epochs, desc=desc, unit="ep", leave=False, disable=not cfg.progress)
+    for epoch in range(1, cfg.max_epochs + 1):  # noqa: B007 - epoch is read by validate()
+        perm = torch.randperm(n, generator=gen).to(x.device)
+        improved_this_epoch = False
+        for i in range(0, n, cfg.batch_size):
+            idx = perm[i: i + cfg.batch_size]
+            xb, yb = x[idx], y[idx]
+            if cfg.augment:
+                xb = crop_flip(xb, gen)
+            logits = model(xb)
+            loss = F.cross_entropy(logits, yb)
+            if regularizer is not None:
+                loss = loss + regularizer(logits, yb, step)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if cfg.eval_every_steps and step % cfg.eval_every_steps == 0:
+                improved_this_epoch |= validate()
+        if not cfg.eval_every_steps:
+            improved_this_epoch = validate()
+        since_best = 0 if improved_this_epoch else since_best + 1
+        bar.update(1)
+        bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{best_loss:.4f}")
+        if since_best >= cfg.patience:
+            break
+    bar.close()
+    model.load_state_dict(best_state)
+    model.eval()
+    optimizer.eval()
+    return FitResult(best_loss, best_epoch, epoch, step, curve)
+

@@ -1,0 +1,31 @@
+"""Hydra entrypoint: `python -m training.run [overrides]` runs one job; add `-m` for a multirun."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from training.pipeline import run_job
+from training.results import ConfigMismatchError
+
+log = logging.getLogger("training.run")
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    try:
+        result = run_job(resolved)
+    except ConfigMismatchError as e:
+        log.error("%s", e)
+        sys.exit(2)
+    mdl = result.get("mdl") or {}
+    return mdl.get("bits_per_sample")
+
+
+if __name__ == "__main__":
+    main()

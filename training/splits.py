@@ -1,0 +1,41 @@
+"""Validation split and the nested prequential blocks, all from the run seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from training.mdl import cumulative, partition_logspace
+from training.seeding import generator
+
+
+@dataclass(frozen=True)
+class MdlSplit:
+    val_idx: torch.Tensor  # validation set: early stopping only
+    order: torch.Tensor  # the remaining samples in coding order
+    block_sizes: list[int]
+
+    @property
+    def cumsizes(self) -> list[int]:
+        return cumulative(self.block_sizes)
+
+    def prefix(self, i: int) -> torch.Tensor:
+        """Indices of blocks 1..i (1-based)."""
+        return self.order[: self.cumsizes[i - 1]]
+
+    def block(self, i: int) -> torch.Tensor:
+        """Indices of block i (1-based)."""
+        cums = [0, *self.cumsizes]
+        return self.order[cums[i - 1]: cums[i]]
+
+
+def validation_size(n: int, val_size: int, val_frac: float) -> int:
+    return max(1, min(int(val_size), round(n * float(val_frac))))
+
+
+def make_split(n: int, seed: int, *, val_size: int, val_frac: float, num_blocks: int, min_block: int) -> MdlSplit:
+    perm = torch.randperm(n, generator=generator(seed, "split"))
+    nv = validation_size(n, val_size, val_frac)
+    rest = perm[nv:]
+    return MdlSplit(perm[:nv], rest, partition_logspace(len(rest), num_blocks, min_block))

@@ -1,0 +1,141 @@
+"""One entry point: `build_model(cfg.arch, input_shape, num_classes)` -> μP-ready nn.Module with `.info`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import schedulefree
+from mup import MuAdam
+from torch import nn
+
+from models.defaults import depth_exponent
+from models.mup_utils import (
+    Initializer,
+    apply_mup,
+    apply_sp,
+    kaiming_uniform_init,
+    normal_init,
+    on_meta,
+    param_count,
+)
+
+
+class Spec(Protocol):
+    width: int
+
+    def with_width(self, width: int) -> Spec: ...
+    def build(self) -> nn.Module: ...
+    def info(self) -> dict[str, Any]: ...
+
+
+_SPEC_CLASSES = {
+    "mlp": "models.mlp:MLPSpec",
+    "lenet": "models.lenet:LeNetSpec",
+    "convnext": "models.convnext:ConvNeXtSpec",
+    "swin": "models.swin:SwinSpec",
+}
+
+
+def spec_class(name: str) -> Any:
+    """The spec class of an architecture (imported lazily: timm is slow to import)."""
+    if name not in _SPEC_CLASSES:
+        raise ValueError(f"unknown arch.name {name!r}; expected one of {sorted(_SPEC_CLASSES)}")
+    module, cls = _SPEC_CLASSES[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+# Base width of the μP base model (the width whose init/lr the others transfer from).
+DEFAULT_BASE_WIDTH = {"mlp": 128, "lenet": 128, "convnext": 40, "swin": 40}
+# timm models keep their std=0.02 init at base width; the MLP/LeNet keep PyTorch's default.
+_INIT: dict[str, Initializer] = {
+    "mlp": kaiming_uniform_init,
+    "lenet": kaiming_uniform_init,
+    "convnext": normal_init(0.02),
+    "swin": normal_init(0.02),
+}
+
+
+def make_spec(arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> Spec:
+    return spec_class(str(arch["name"]).lower()).from_arch(
+        arch, tuple(int(s) for s in input_shape), int(num_classes)
+    )
+
+
+def build_model(
+    arch: Mapping[str, Any],
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    *,
+    parametrization: str | None = None,
+) -> nn.Module:
+    """Build the model described by `arch` (the resolved `cfg.arch`) for C×H×W inputs and K classes.
+
+    Draws only from torch's global RNG (the caller seeds it). `parametrization` (default
+    `arch.parametrization`, else "mup"): "mup" sets base shapes against base/delta models of the same depth
+    and re-initialises μP-style; "sp" is the standard-parametrisation control used by the coord check.
+    """
+    name = str(arch["name"]).lower()
+    spec = make_spec(arch, input_shape, num_classes)
+    model = spec.build()
+    mode = str(parametrization or arch.get("parametrization") or "mup").lower()
+    base_width = int(arch.get("base_width") or DEFAULT_BASE_WIDTH[name])
+    if mode == "mup":
+        base = on_meta(spec.with_width(base_width).build)
+        delta = on_meta(spec.with_width(2 * base_width).build)
+        apply_mup(model, base, delta, _INIT[name])
+    elif mode == "sp":
+        apply_sp(model)
+    else:
+        raise ValueError(f"parametrization must be 'mup' or 'sp', got {mode!r}")
+    model.info = {
+        "arch": name,
+        "params": param_count(model),
+        "parametrization": mode,
+        "width": spec.width,
+        "base_width": base_width,
+        "input_shape": list(input_shape),
+        "num_classes": int(num_classes),
+        "depth_lr_multiplier": depth_lr_multiplier(arch),
+        **spec.info(),
+    }
+    return model
+
+
+def _depth_blocks(arch: Mapping[str, Any], depth: int | None = None) -> int:
+    """Blocks (hidden layers for MLP/LeNet) that the depth rule counts."""
+    name = str(arch["name"]).lower()
+    if name in ("mlp", "lenet"):
+        return int(arch["depth"] if depth is None else depth)
+    return int(sum(spec_class(name).stage_depths(arch, depth)))
+
+
+def depth_lr_multiplier(arch: Mapping[str, Any]) -> float:
+    """(L_base / L)^{3/2} for MLPs, ^{1/2} otherwise; L counts blocks, L_base at `arch.base_depth` (2)."""
+    base_depth = int(arch.get("base_depth") or 2)
+    ratio = _depth_blocks(arch, base_depth) / _depth_blocks(arch)
+    return float(ratio ** depth_exponent(str(arch["name"])))
+
+
+def make_optimizer(
+    model: nn.Module,
+    lr: float,
+    beta1: float,
+    weight_decay: float = 0.0,
+    warmup_steps: int = 0,
+    beta2: float = 0.999,
+) -> schedulefree.AdamWScheduleFree:
+    """μP schedule-free AdamW: MuAdam splits matrix-like weights into groups with lr / width_mult.
+
+    Remember schedule-free's modes: `optimizer.train()` before stepping, `optimizer.eval()` (and
+    `model.eval()`) before evaluating or saving.
+    """
+    return MuAdam(
+        model.parameters(),
+        impl=schedulefree.AdamWScheduleFree,
+        lr=lr,
+        betas=(beta1, beta2),
+        weight_decay=weight_decay,
+        warmup_steps=int(warmup_steps),
+    )

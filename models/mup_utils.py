@@ -9,6 +9,7 @@ import torch
 from mup import MuReadout, set_base_shapes
 from mup import init as mup_init
 from torch import nn
+from torch.nn.modules.conv import _ConvNd
 
 # A weight initialiser that respects p.infshape (called only on >= 2-D weights).
 Initializer = Callable[[torch.Tensor], None]
@@ -40,14 +41,15 @@ def readouts(model: nn.Module) -> list[MuReadout]:
 def apply_mup(model: nn.Module, base: nn.Module, delta: nn.Module, init: Initializer) -> nn.Module:
     """Attach infshapes (width dims = those that differ between base and delta) and re-init μP-style.
 
-    `base`/`delta` may live on the meta device: only their shapes are read. The readout keeps its zero init.
+    `base`/`delta` may live on the meta device: only their shapes are read. Only Linear/Conv weights are
+    re-initialised (other >= 2-D parameters, e.g. SwinV2's logit_scale, keep their values); the readout keeps
+    its zero init.
     """
     set_base_shapes(model, base, delta=delta)
-    head_weights = {id(m.weight) for m in readouts(model)}
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2 and id(p) not in head_weights:
-                init(p)
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, _ConvNd)) and not isinstance(module, MuReadout):
+                init(module.weight)
     return model
 
 

@@ -1,0 +1,108 @@
+"""ConvNeXtV2 from timm (no pretrained weights) for small images, with a μP readout.
+
+Stage depths [D, D, 3D, D] and dims (w, 2w, 4w, 8w) (paper App. B); a named size overrides width/depth.
+Stem patch size: `max(1, min(H, W) // 32)` (1 for 32×32, 2 for 64×64; 28×28 and 8×8 get 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mup import MuReadout
+from timm.models.convnext import ConvNeXt
+from torch import nn
+
+# ConvNeXtV2 sizes: (stage depths, first-stage width). Dims double per stage.
+NAMED_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
+    "atto": ((2, 2, 6, 2), 40),
+    "femto": ((2, 2, 6, 2), 48),
+    "pico": ((2, 2, 6, 2), 64),
+    "nano": ((2, 2, 8, 2), 80),
+    "tiny": ((3, 3, 9, 3), 96),
+}
+
+
+def _named(arch: Mapping[str, Any], table: Mapping[str, tuple[tuple[int, ...], int]]) -> str | None:
+    size = arch.get("size")
+    if size is None:
+        return None
+    size = str(size).lower()
+    if size not in table:
+        raise ValueError(f"unknown {arch['name']} size {size!r}; expected one of {sorted(table)} or null")
+    return size
+
+
+@dataclass(frozen=True)
+class ConvNeXtSpec:
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    width: int
+    depths: tuple[int, ...]
+    size: str | None
+    patch_size: int
+    drop_path_rate: float
+    kernel_size: int = 7
+
+    @staticmethod
+    def stage_depths(arch: Mapping[str, Any], depth: int | None = None) -> tuple[int, ...]:
+        """Blocks per stage: the named size's, or [D, D, 3D, D] for D = `depth` (default `arch.depth`)."""
+        size = _named(arch, NAMED_SIZES)
+        if depth is None and size is not None:
+            return NAMED_SIZES[size][0]
+        d = int(arch["depth"] if depth is None else depth)
+        if d < 1:
+            raise ValueError(f"convnext depth must be >= 1, got {d}")
+        return (d, d, 3 * d, d)
+
+    @classmethod
+    def from_arch(
+        cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int
+    ) -> ConvNeXtSpec:
+        size = _named(arch, NAMED_SIZES)
+        width = NAMED_SIZES[size][1] if size else int(arch["width"])
+        patch = arch.get("patch_size") or max(1, min(input_shape[1:]) // 32)
+        return cls(
+            input_shape=tuple(input_shape),  # type: ignore[arg-type]
+            num_classes=num_classes,
+            width=width,
+            depths=cls.stage_depths(arch),
+            size=size,
+            patch_size=int(patch),
+            drop_path_rate=float(arch.get("drop_path_rate") or 0.0),
+            kernel_size=int(arch.get("kernel_size") or 7),
+        )
+
+    def with_width(self, width: int) -> ConvNeXtSpec:
+        return replace(self, width=width)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return tuple(self.width * 2**i for i in range(len(self.depths)))
+
+    def build(self) -> nn.Module:
+        model = ConvNeXt(
+            in_chans=self.input_shape[0],
+            num_classes=self.num_classes,
+            depths=self.depths,
+            dims=self.dims,
+            kernel_sizes=self.kernel_size,
+            patch_size=self.patch_size,
+            # ConvNeXtV2 = GRN in the MLP, no layer scale, 1x1-conv MLP (timm's convnextv2_* arguments)
+            use_grn=True,
+            ls_init_value=None,
+            conv_mlp=True,
+            drop_path_rate=self.drop_path_rate,
+        )
+        model.head.fc = MuReadout(self.dims[-1], self.num_classes, readout_zero_init=True)
+        return model
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "size": self.size,
+            "depths": list(self.depths),
+            "dims": list(self.dims),
+            "patch_size": self.patch_size,
+            "drop_path_rate": self.drop_path_rate,
+        }

@@ -19,7 +19,7 @@ def _options(group: str) -> list[str]:
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
 def test_option_composes_and_resolves(group: str, option: str) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"{group}={option}"], return_hydra_config=True)
+        cfg = compose("config", overrides=[f"{group}={option}"])
         resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     assert resolved["paths"]["job_dir"].startswith(resolved["paths"]["out_dir"])

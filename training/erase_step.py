@@ -21,8 +21,9 @@ def _cache_key(data: LoadedData, name: str, options: Mapping[str, Any]) -> dict[
 
 def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
                   rank_hint: int | None = None) -> tuple[torch.Tensor, dict[str, Any], bool]:
-    from erasure import erase
     from erasure.cache import cached_erase
+
+    from erasure import erase
 
     flat = data.x.reshape(len(data.x), -1)
 

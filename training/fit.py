@@ -133,8 +133,10 @@ def fit(
         if since_best >= cfg.patience:
             break
     bar.close()
-    model.load_state_dict(best_state)
-    model.eval()
+    # Switch the optimizer first: eval() maps the train-mode weights to the averaged ones, so doing it
+    # after loading the (already averaged) best state would corrupt that state.
     optimizer.eval()
+    model.eval()
+    model.load_state_dict(best_state)
     return FitResult(best_loss, best_epoch, epoch, step, curve)
 

@@ -8,8 +8,8 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from training.pipeline import run_job
 from training.results import ConfigMismatchError
+from training.tasks import get_task
 
 log = logging.getLogger("training.run")
 
@@ -19,12 +19,12 @@ def main(cfg: DictConfig) -> float | None:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     try:
-        result = run_job(resolved)
+        result = get_task(str(resolved.get("task", "mdl")))(resolved)
     except ConfigMismatchError as e:
         log.error("%s", e)
         sys.exit(2)
     mdl = result.get("mdl") or {}
-    return mdl.get("bits_per_sample")
+    return mdl.get("bits_per_sample") if isinstance(mdl, dict) else None
 
 
 if __name__ == "__main__":

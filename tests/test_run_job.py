@@ -1,0 +1,71 @@
+"""A real job on sklearn digits end to end: result.json complete, skip on rerun, deterministic."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import job_config
+from training.pipeline import PROGRESS_FILE, run_job
+from training.results import ConfigMismatchError
+
+QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=8", "optim.warmup_steps=10", "certificate=false"]
+
+
+def test_digits_job_writes_complete_result(tmp_path: Path) -> None:
+    cfg = job_config(tmp_path, QUICK)
+    result = run_job(cfg)
+    path = Path(cfg["paths"]["job_dir"]) / "result.json"
+    on_disk = json.loads(path.read_text())
+    assert on_disk["config_hash"] == result["config_hash"]
+    mdl = on_disk["mdl"]
+    assert mdl["protocol"] == "prequential"
+    assert sum(mdl["block_sizes"]) == mdl["n_coded"] == 1797 - 359
+    assert mdl["block_ce_bits"][0] == pytest.approx(math.log2(10))  # uniform first block
+    assert mdl["total_bits"] == pytest.approx(sum(s * c for s, c in zip(mdl["block_sizes"], mdl["block_ce_bits"], strict=True)))
+    assert mdl["bits_per_sample"] < math.log2(10)  # the models learned something
+    assert len(mdl["blocks"]) == len(mdl["block_sizes"]) - 1
+    assert on_disk["final"]["val_loss_curve"] and on_disk["final"]["val_loss"] > 0
+    assert on_disk["config"]["seed"] == 0 and "total_s" in on_disk["timings"]
+    assert not (path.parent / PROGRESS_FILE).exists()
+
+
+def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, caplog) -> None:
+    cfg = job_config(tmp_path / "a", QUICK)
+    first = run_job(cfg)
+    mtime = (Path(cfg["paths"]["job_dir"]) / "result.json").stat().st_mtime_ns
+    with caplog.at_level("INFO"):
+        again = run_job(cfg)
+    assert "SKIP" in caplog.text
+    assert (Path(cfg["paths"]["job_dir"]) / "result.json").stat().st_mtime_ns == mtime
+    assert again["mdl"] == first["mdl"]
+    # Same seed in a fresh directory: identical numbers.
+    fresh = run_job(job_config(tmp_path / "b", QUICK))
+    assert fresh["mdl"]["block_ce_bits"] == first["mdl"]["block_ce_bits"]
+    assert fresh["final"]["val_loss_curve"] == first["final"]["val_loss_curve"]
+    # Another config mapping to the same directory is refused unless force=true.
+    changed = job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001"])
+    with pytest.raises(ConfigMismatchError, match="force=true"):
+        run_job(changed)
+    forced = run_job(job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001", "force=true"]))
+    assert forced["config_hash"] != first["config_hash"]
+
+
+def test_other_seed_differs(tmp_path: Path) -> None:
+    a = run_job(job_config(tmp_path, QUICK))
+    b = run_job(job_config(tmp_path, [*QUICK, "seed=1"]))
+    assert a["mdl"]["block_ce_bits"] != b["mdl"]["block_ce_bits"]
+
+
+def test_cli_single_job(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "training.run", *QUICK, f"paths.out_dir={tmp_path}", "logger=none",
+           "progress=false", "mdl.max_epochs=3", "mdl.full_run=false"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "runs/digits/control/mlp_relu-w128-d2/seed0/result.json").read_text())
+    assert result["final"] is None and result["mdl"]["bits_per_sample"] > 0

@@ -1,0 +1,52 @@
+"""Schedule-free optimizers: stepping in eval mode raises; the fit loop evaluates in eval mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models import build_model, make_optimizer
+from training.fit import FitConfig, cross_entropy_sum, eval_mode, fit
+
+
+def _setup():
+    torch.manual_seed(0)
+    model = build_model({"name": "mlp", "width": 32, "depth": 1, "activation": "relu", "base_width": 32,
+                         "base_depth": 2, "tag": "mlp", "swiglu_ratio": None, "parametrization": "mup"},
+                        (1, 4, 4), 3)
+    opt = make_optimizer(model, lr=1e-2, beta1=0.9)
+    x, y = torch.randn(64, 1, 4, 4), torch.randint(0, 3, (64,))
+    return model, opt, x, y
+
+
+def test_step_in_eval_mode_raises() -> None:
+    model, opt, x, y = _setup()
+    opt.eval()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(Exception, match="train mode"):
+        opt.step()
+
+
+def test_evaluation_refuses_train_mode() -> None:
+    model, opt, x, y = _setup()
+    model.train()
+    with pytest.raises(RuntimeError, match="eval mode"):
+        cross_entropy_sum(model, x, y)
+
+
+def test_fit_validates_with_averaged_weights() -> None:
+    """Validation losses in the curve are those of the eval-mode (averaged) weights, not the train ones."""
+    model, opt, x, y = _setup()
+    res = fit(model, opt, x, y, x, y, FitConfig(batch_size=16, patience=50, max_epochs=5, progress=False),
+              torch.Generator().manual_seed(0))
+    assert not model.training and not opt.param_groups[0]["train_mode"]
+    loss_eval = cross_entropy_sum(model, x, y) / len(y)
+    assert loss_eval == pytest.approx(res.best_val_loss, rel=1e-6)
+    # The train-mode weights (y sequence) give a different loss: evaluating them would be the paper's bug.
+    opt.train()
+    model.eval()
+    with torch.no_grad():
+        loss_train_weights = float(torch.nn.functional.cross_entropy(model(x).double(), y))
+    assert abs(loss_train_weights - loss_eval) > 1e-6
+    with eval_mode(model, opt):
+        assert not model.training

@@ -50,3 +50,18 @@ def test_fit_validates_with_averaged_weights() -> None:
     assert abs(loss_train_weights - loss_eval) > 1e-6
     with eval_mode(model, opt):
         assert not model.training
+
+
+def test_temperature_fit_recovers_a_known_scale() -> None:
+    """Logits that are 3x too confident: the fitted temperature undoes it (close to 3)."""
+    from training.fit import fit_temperature
+
+    torch.manual_seed(0)
+    x = torch.randn(4000, 5)
+    y = torch.distributions.Categorical(logits=x).sample()
+    class Times3(torch.nn.Module):
+        def forward(self, v: torch.Tensor) -> torch.Tensor:
+            return 3 * v
+
+    m = Times3().eval()
+    assert fit_temperature(m, x, y) == pytest.approx(3.0, rel=0.1)

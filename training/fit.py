@@ -55,15 +55,36 @@ def eval_mode(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Iter
 
 
 @torch.no_grad()
-def cross_entropy_sum(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 1024) -> float:
-    """Summed cross-entropy in nats. The caller must have put the model in eval mode."""
+def predict_logits(model: nn.Module, x: Tensor, batch_size: int = 1024) -> Tensor:
+    """Float64 logits in eval mode. The caller must have put the model (and optimizer) in eval mode."""
     if model.training:
         raise RuntimeError("evaluation must happen in eval mode (model.eval() and optimizer.eval())")
-    total = 0.0
-    for i in range(0, len(y), batch_size):
-        logits = model(x[i: i + batch_size]).double()
-        total += float(F.cross_entropy(logits, y[i: i + batch_size], reduction="sum"))
-    return total
+    return torch.cat([model(x[i: i + batch_size]).double() for i in range(0, len(x), batch_size)])
+
+
+def cross_entropy_sum(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 1024,
+                      temperature: float = 1.0) -> float:
+    """Summed cross-entropy in nats of logits / temperature."""
+    return float(F.cross_entropy(predict_logits(model, x, batch_size) / temperature, y, reduction="sum"))
+
+
+def fit_temperature(model: nn.Module, x_val: Tensor, y_val: Tensor) -> float:
+    """One temperature T > 0 minimising the validation cross-entropy of logits / T (Guo et al. 2017).
+
+    Used to compare codes of models whose confidence differs by construction (e.g. Spectral Decoupling).
+    """
+    logits = predict_logits(model, x_val)
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([log_t], lr=0.5, max_iter=100, line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(logits / log_t.exp(), y_val)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return float(log_t.detach().exp())
 
 
 def snapshot(model: nn.Module) -> dict[str, Tensor]:

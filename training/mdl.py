@@ -88,7 +88,8 @@ def prequential_code(block_sizes: list[int], model_ce_bits: list[float], num_cla
     uniform = math.log2(num_classes)
     ce = [uniform, *model_ce_bits]
     if len(ce) != len(block_sizes):
-        raise ValueError(f"{len(block_sizes)} blocks need {len(block_sizes) - 1} block models, got {len(model_ce_bits)}")
+        raise ValueError(f"{len(block_sizes)} blocks need {len(block_sizes) - 1} block models, "
+                         f"got {len(model_ce_bits)}")
     bits = [s * c for s, c in zip(block_sizes, ce, strict=True)]
     total = float(sum(bits))
     return MdlCode("prequential", block_sizes, ce, bits, total, total / sum(block_sizes),

@@ -18,7 +18,7 @@ import torch
 
 from training.data import load_dataset
 from training.erase_step import apply_eraser
-from training.fit import FitConfig, FitResult, cross_entropy_sum, fit
+from training.fit import FitConfig, FitResult, cross_entropy_sum, fit, fit_temperature
 from training.mdl import paper_code, prequential_code
 from training.regularizers import build_regularizer
 from training.results import RESULT_FILE, atomic_write_json, config_hash, read_json, should_skip
@@ -91,10 +91,12 @@ class Trainer:
                   generator(self.seed, "batches", tag), self.regularizer, desc=f"{tag}")
         return model, res
 
-    def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> float:
-        """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`."""
+    def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
+        """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`, and the
+        temperature used (1 unless `mdl.calibrate_temperature`, then fitted on the validation set)."""
         idx = idx.to(self.device)
-        return cross_entropy_sum(model, self.x[idx], self.y[idx]) / len(idx) / LN2
+        t = fit_temperature(model, self.x_val, self.y_val) if self.cfg["mdl"].get("calibrate_temperature") else 1.0
+        return cross_entropy_sum(model, self.x[idx], self.y[idx], temperature=t) / len(idx) / LN2, t
 
 
 def _fit_summary(res: FitResult) -> dict[str, Any]:
@@ -115,9 +117,10 @@ def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger) -
         t0 = time.perf_counter()
         model, res = trainer.train(split.prefix(i), ("block", i))
         coded = split.block(i + 1) if protocol == "prequential" else split.block(num_blocks)
-        ce = trainer.code_bits(model, coded)
+        ce, temperature = trainer.code_bits(model, coded)
         blocks.append({"block": i + 1, "train_size": split.cumsizes[i - 1], "coded_size": len(coded),
-                       "ce_bits": ce, "seconds": time.perf_counter() - t0, **_fit_summary(res)})
+                       "ce_bits": ce, "temperature": temperature, "seconds": time.perf_counter() - t0,
+                       **_fit_summary(res)})
         atomic_write_json(progress_path, {"config_hash": cfg_hash, "blocks": blocks})
         log.info("block %d/%d: trained on %d, coded %d at %.4f bits/sample (%d epochs, %.1fs)",
                  i + 1, num_blocks, split.cumsizes[i - 1], len(coded), ce, res.epochs, blocks[-1]["seconds"])

@@ -87,8 +87,12 @@ class Trainer:
         opt = make_optimizer(model, lr=self.hp["lr"], beta1=self.hp["beta1"],
                              weight_decay=self.hp["weight_decay"], warmup_steps=self.hp["warmup_steps"])
         idx = idx.to(self.device)
-        res = fit(model, opt, self.x[idx], self.y[idx], self.x_val, self.y_val, self.fit_cfg(eval_every_steps),
-                  generator(self.seed, "batches", tag), self.regularizer, desc=f"{tag}")
+        # Dropout/drop-path draw from the global RNG: seed it per (seed, tag) so a resumed job's block i
+        # sees the same stream as in an uninterrupted run (and runs do not depend on earlier blocks).
+        with seeded_global_rng(self.seed, "train", tag):
+            res = fit(model, opt, self.x[idx], self.y[idx], self.x_val, self.y_val,
+                      self.fit_cfg(eval_every_steps), generator(self.seed, "batches", tag), self.regularizer,
+                      desc=f"{tag}")
         return model, res
 
     def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:

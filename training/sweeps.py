@@ -1,40 +1,64 @@
-"""Expand an experiment preset's `hydra.sweeper.params` into the job configs it will run."""
+"""Expand an experiment preset's `hydra.sweeper.params` into the job configs it will run.
+
+The expansion is Hydra's own (`BasicSweeper.split_arguments` on the preset's params followed by the
+command-line overrides), so `expand(name)` lists exactly the jobs of `python -m training.run -m experiment=name`.
+Composing needs no data: the CIFAR/SVHN presets expand on a machine without the datasets.
+"""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
-def sweep_overrides(experiment: str, extra: Sequence[str] = ()) -> list[list[str]]:
-    """The cartesian product of the preset's sweeper params (plus `extra` overrides), as override lists."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"experiment={experiment}", *extra], return_hydra_config=True)
-    params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=False) or {}
+def presets() -> list[str]:
+    """Names of the experiment presets (conf/experiment/*.yaml)."""
+    return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+
+
+def _initialized() -> bool:
+    return GlobalHydra.instance().is_initialized()
+
+
+def sweeper_params(experiment: str, extra: Sequence[str] = ()) -> dict[str, str]:
+    """The preset's `hydra.sweeper.params` (key -> comma-separated values), unresolved."""
     parser = OverridesParser.create()
-    axes: list[list[str]] = []
-    for key, value in params.items():
-        ov = parser.parse_overrides([f"{key}={value}"])[0]
-        values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
-        axes.append([f"{key}={v}" for v in values])
-    return [list(combo) for combo in itertools.product(*axes)]
+    fixed = [o.input_line for o in parser.parse_overrides(list(extra)) if not o.is_sweep_override()]
+    overrides = [f"experiment={experiment}", *[f for f in fixed if f is not None]]
+    if _initialized():
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=False) or {}
+    assert isinstance(params, dict)
+    return {str(k): str(v) for k, v in params.items()}
+
+
+def sweep_overrides(experiment: str, extra: Sequence[str] = ()) -> list[list[str]]:
+    """One override list per job, in launch order: the sweeper params x `experiment=...` and `extra`
+    (which may itself sweep, e.g. `seed=0,1`, and overrides a param of the same key, as on the command line)."""
+    params = sweeper_params(experiment, extra)
+    args = [f"{k}={v}" for k, v in params.items()] + [f"experiment={experiment}", *extra]
+    return BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)[0]
 
 
 def expand(experiment: str, extra: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Resolved job configs (plain dicts) of every job in the experiment's sweep."""
+    combos = sweep_overrides(experiment, extra)
     jobs = []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for combo in sweep_overrides(experiment, extra):
-            cfg = compose("config", overrides=[f"experiment={experiment}", *extra, *combo])
-            resolved = OmegaConf.to_container(cfg, resolve=True)
+        for combo in combos:
+            resolved = OmegaConf.to_container(compose("config", overrides=combo), resolve=True)
             assert isinstance(resolved, dict)
             jobs.append(resolved)
     return jobs

@@ -1,0 +1,68 @@
+"""μP coordinate check: activation size is flat in width under μP and grows under SP (the control)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from sklearn.datasets import load_digits
+
+from models.coord import LOGITS, coord_check, slope
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (arch overrides, widths, lr, steps): the settings of scripts/coord_check.py
+CASES = {
+    "mlp": ({"name": "mlp", "depth": 2, "activation": "relu"}, [64, 128, 256, 512, 1024], 1e-2, 3),
+    "lenet": ({"name": "lenet", "depth": 2}, [64, 128, 256, 512, 1024, 2048], 1e-2, 3),
+    "convnext": ({"name": "convnext", "depth": 1, "drop_path_rate": 0.0}, [8, 16, 32, 64], 1e-3, 4),
+    "swin": ({"name": "swin", "depth": 1, "drop_path_rate": 0.0}, [16, 32, 64, 128], 1e-3, 4),
+}
+
+
+@pytest.fixture(scope="module")
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    d = load_digits()
+    x = torch.tensor(d.data[:64], dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    return x, torch.tensor(d.target[:64])
+
+
+def test_slope_fit() -> None:
+    assert slope([1, 2, 4, 8], [3, 6, 12, 24]) == pytest.approx(1.0)
+    assert slope([1, 2, 4], [5, 5, 5]) == pytest.approx(0.0)
+
+
+def check(name: str, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    arch, widths, lr, nsteps = CASES[name]
+    x, y = batch
+    kw = {"lr": lr, "nsteps": nsteps, "seeds": (0, 1), "num_classes": 10}
+    mup = coord_check(arch, widths, x, y, parametrization="mup", **kw)
+    sp = coord_check(arch, widths, x, y, parametrization="sp", **kw)
+    assert len(mup.slopes) > 3 and LOGITS in mup.slopes
+    assert max(mup.widths) / min(mup.widths) >= 8
+    assert mup.max_abs_slope < 0.2, sorted(mup.slopes.items(), key=lambda kv: -abs(kv[1]))[:3]
+    assert sp.max_slope > 0.5, sorted(sp.slopes.items(), key=lambda kv: -kv[1])[:3]  # the check can fail
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet", "convnext"])
+def test_coord_check(name: str, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    check(name, batch)
+
+
+@pytest.mark.slow
+def test_coord_check_swin(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    check("swin", batch)
+
+
+@pytest.mark.slow
+def test_coord_check_script_writes_plots(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("coord_check_script", ROOT / "scripts" / "coord_check.py")
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--arch", "mlp", "--seeds", "1", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "mlp_mup.png").stat().st_size > 0 and (tmp_path / "mlp_sp.png").exists()
+    assert (tmp_path / "slopes_digits.json").exists()

@@ -1,0 +1,309 @@
+"""models/: every architecture builds for every input size, μP wiring, LeNet parameter matching, defaults."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from mup import MuReadout
+from omegaconf import OmegaConf
+
+from models import build_model, depth_lr_multiplier, make_optimizer, paper_defaults, param_count
+from models.convnext import NAMED_SIZES as CONVNEXT_SIZES
+from models.lenet import lenet_param_count, match_lenet
+from models.mlp import mlp_param_count
+from models.mup_utils import on_meta
+from models.swin import NAMED_SIZES as SWIN_SIZES
+
+ROOT = Path(__file__).resolve().parents[1]
+INPUTS = [(1, 28, 28), (3, 32, 32), (3, 64, 64), (1, 8, 8)]
+PAPER_WIDTHS = [64, 128, 256, 512, 1024, 2048]  # at depth 2
+PAPER_DEPTHS = [1, 2, 3, 4, 5, 6, 7, 8]  # at width 128
+
+
+def arch_cfg(name: str, **overrides: object) -> dict:
+    """The arch group exactly as Hydra resolves it, with overrides."""
+    cfg = OmegaConf.load(ROOT / "conf" / "arch" / f"{name}.yaml")
+    cfg = OmegaConf.merge(cfg, overrides)
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def one_step(model: torch.nn.Module, shape: tuple[int, int, int], k: int = 10, batch: int = 2) -> float:
+    """Forward (checks (B, K) logits), backward, one optimiser step; returns the loss."""
+    x, y = torch.rand(batch, *shape), torch.arange(batch) % k
+    opt = make_optimizer(model, lr=1e-3, beta1=0.9)
+    model.train()
+    opt.train()
+    logits = model(x)
+    assert logits.shape == (batch, k)
+    loss = F.cross_entropy(logits, y)
+    loss.backward()
+    opt.step()
+    assert math.isfinite(loss.item())
+    return loss.item()
+
+
+# ---------------------------------------------------------------- configs
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet", "convnext", "swin"])
+def test_arch_yaml_has_every_field(name: str) -> None:
+    raw = OmegaConf.load(ROOT / "conf" / "arch" / f"{name}.yaml")
+    for key in ("name", "tag", "width", "depth", "base_width", "base_depth", "parametrization"):
+        assert key in raw, key
+    cfg = arch_cfg(name)
+    assert cfg["name"] == name
+    assert cfg["tag"] == ("mlp_relu" if name == "mlp" else name)
+    if name in ("convnext", "swin"):
+        assert "size" in cfg and "drop_path_rate" in cfg
+    if name == "swin":
+        assert cfg["drop_path_rate"] == 0.2
+    if name == "mlp":
+        assert (cfg["width"], cfg["depth"], cfg["activation"], cfg["base_width"]) == (128, 2, "relu", 128)
+        assert arch_cfg("mlp", activation="gelu")["tag"] == "mlp_gelu"
+
+
+# ---------------------------------------------------------------- builds and shapes
+
+
+@pytest.mark.parametrize("shape", INPUTS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", ["mlp", "lenet"])
+@pytest.mark.parametrize("depth", [1, 2, 8])
+def test_mlp_lenet_build_every_input(name: str, shape: tuple[int, int, int], depth: int) -> None:
+    torch.manual_seed(0)
+    model = build_model(arch_cfg(name, depth=depth), shape, 10)
+    assert model(torch.rand(3, *shape)).shape == (3, 10)
+    assert model.info["params"] == param_count(model)
+    json.dumps(model.info)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
+def test_mlp_activations_parameter_counts(activation: str) -> None:
+    for width in PAPER_WIDTHS:
+        model = build_model(arch_cfg("mlp", activation=activation, width=width), (3, 32, 32), 10)
+        relu = mlp_param_count(3072, width, 2, 10)
+        assert model.info["relu_mlp_params"] == relu
+        if activation == "swiglu":  # hidden size matched to the ReLU MLP's parameter count
+            assert abs(model.info["params"] / relu - 1) < 0.02
+            assert model.info["hidden"] < width
+        else:
+            assert model.info["params"] == relu
+            assert len(model.layers) == 2  # depth = number of hidden layers
+
+
+def test_swiglu_explicit_ratio() -> None:
+    model = build_model(arch_cfg("mlp", activation="swiglu", swiglu_ratio=2 / 3), (1, 8, 8), 10)
+    assert model.info["hidden"] == round(2 * 128 / 3)
+
+
+@pytest.mark.parametrize("size", list(CONVNEXT_SIZES))
+@pytest.mark.parametrize("name", ["convnext", "swin"])
+def test_named_sizes_build_and_train_one_step(name: str, size: str) -> None:
+    torch.manual_seed(0)
+    model = build_model(arch_cfg(name, size=size), (3, 32, 32), 10)
+    depths, width = (CONVNEXT_SIZES if name == "convnext" else SWIN_SIZES)[size]
+    assert model.info["size"] == size
+    assert model.info["depths"] == list(depths)
+    assert model.info["dims"][0] == width
+    before = [p.detach().clone() for p in model.parameters()]
+    one_step(model, (3, 32, 32))
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("shape", INPUTS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", ["convnext", "swin"])
+def test_timm_models_every_input(name: str, shape: tuple[int, int, int]) -> None:
+    torch.manual_seed(0)
+    model = build_model(arch_cfg(name, depth=1), shape, 7)
+    model.eval()
+    assert model(torch.rand(2, *shape)).shape == (2, 7)
+    json.dumps(model.info)
+
+
+def test_convnext_patch_size_rule() -> None:
+    patch = {s: build_model(arch_cfg("convnext", depth=1), s, 10).info["patch_size"] for s in INPUTS}
+    assert patch == {(1, 28, 28): 1, (3, 32, 32): 1, (3, 64, 64): 2, (1, 8, 8): 1}
+
+
+def test_convnext_is_v2_and_scales() -> None:
+    model = build_model(arch_cfg("convnext", width=48, depth=3), (3, 32, 32), 10)
+    assert model.info["depths"] == [3, 3, 9, 3] and model.info["dims"] == [48, 96, 192, 384]
+    names = [n for n, _ in model.named_modules()]
+    assert any(n.endswith("mlp.grn") for n in names)  # GlobalResponseNorm: ConvNeXt V2
+    assert model.stem[0].kernel_size == (1, 1)
+
+
+def test_swin_windows_divide_every_stage() -> None:
+    for shape, windows in [((3, 32, 32), [4, 4, 4]), ((1, 28, 28), [7, 7, 4]), ((1, 8, 8), [4, 2, 1])]:
+        model = build_model(arch_cfg("swin", width=48, depth=3), shape, 10)
+        assert model.info["window_sizes"] == windows
+        assert model.info["depths"] == [3, 3, 9] and model.info["num_heads"] == [2, 4, 8]
+    with pytest.raises(ValueError, match="divisible"):
+        build_model(arch_cfg("swin", width=41), (3, 32, 32), 10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", INPUTS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("size", list(CONVNEXT_SIZES))
+@pytest.mark.parametrize("name", ["convnext", "swin"])
+def test_named_sizes_every_input(name: str, size: str, shape: tuple[int, int, int]) -> None:
+    model = build_model(arch_cfg(name, size=size), shape, 10)
+    one_step(model, shape)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlp", "lenet"])
+def test_paper_grid_trains_one_step(name: str) -> None:
+    for width, depth in [(w, 2) for w in PAPER_WIDTHS] + [(128, d) for d in PAPER_DEPTHS]:
+        one_step(build_model(arch_cfg(name, width=width, depth=depth), (3, 32, 32), 10), (3, 32, 32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["convnext", "swin"])
+def test_timm_width_depth_grid_trains_one_step(name: str) -> None:
+    for width, depth in [(w, 2) for w in (40, 48, 64, 80, 96, 128)] + [(40, d) for d in (1, 2, 3, 4)]:
+        one_step(build_model(arch_cfg(name, width=width, depth=depth), (3, 32, 32), 10), (3, 32, 32))
+
+
+# ---------------------------------------------------------------- LeNet parameter matching
+
+
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32), (3, 64, 64), (1, 8, 8)])
+def test_lenet_matches_mlp_within_one_percent(shape: tuple[int, int, int]) -> None:
+    grid = [(w, 2) for w in PAPER_WIDTHS] + [(128, d) for d in PAPER_DEPTHS]
+    for width, depth in grid:
+        c1, c2, fc = match_lenet(shape, width, depth, 10)
+        lenet = lenet_param_count(shape, c1, c2, fc, depth, 10)
+        mlp = mlp_param_count(math.prod(shape), width, depth, 10)
+        assert abs(lenet / mlp - 1) <= 0.01, (shape, width, depth, lenet, mlp)
+        spec_model = on_meta(lambda w=width, d=depth: build_model_spec_lenet(shape, w, d))
+        assert param_count(spec_model) == lenet  # the closed form counts the real module
+
+
+def build_model_spec_lenet(shape: tuple[int, int, int], width: int, depth: int) -> torch.nn.Module:
+    from models.lenet import LeNetSpec
+
+    return LeNetSpec(shape, width, depth, 10).build()
+
+
+def test_lenet_info_and_width_scaling() -> None:
+    small = build_model(arch_cfg("lenet", width=64), (3, 32, 32), 10).info
+    large = build_model(arch_cfg("lenet", width=1024), (3, 32, 32), 10).info
+    assert small["lenet_params"] == small["params"]
+    assert abs(small["param_match_rel_err"]) <= 0.01
+    assert small["matched_mlp_params"] == mlp_param_count(3072, 64, 2, 10)
+    # every hidden size grows with width (all are μP width dimensions)
+    assert all(a < b for a, b in zip(small["conv_channels"] + [small["fc_width"]],
+                                     large["conv_channels"] + [large["fc_width"]], strict=True))  # fmt: skip
+    assert len(build_model(arch_cfg("lenet", depth=5), (1, 8, 8), 10).fcs) == 5
+
+
+# ---------------------------------------------------------------- μP wiring
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet", "convnext", "swin"])
+def test_mup_infshapes_readout_and_groups(name: str) -> None:
+    base = 128 if name in ("mlp", "lenet") else 40
+    torch.manual_seed(0)
+    model = build_model(arch_cfg(name, width=2 * base, depth=2 if name == "mlp" else 1), (1, 8, 8), 10)
+    heads = [m for m in model.modules() if isinstance(m, MuReadout)]
+    assert len(heads) == 1 and torch.count_nonzero(heads[0].weight) == 0  # zero-initialised μP readout
+    assert torch.count_nonzero(model(torch.rand(2, 1, 8, 8))) == 0
+    for n, m in model.named_modules():
+        if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)) and "cpb_mlp" not in n:  # SwinV2's fixed pos-MLP
+            assert m.weight.infshape.ninf() >= 1, n  # base/delta differ in every hidden size
+    mults = {round(p.infshape.width_mult(), 6) for p in model.parameters() if p.infshape.ninf() == 2}
+    assert mults and all(1.3 < w <= 2.0 for w in mults)
+    opt = make_optimizer(model, lr=1e-3, beta1=0.9, warmup_steps=5)
+    lrs = sorted({g["lr"] for g in opt.param_groups})
+    assert lrs[-1] == pytest.approx(1e-3) and lrs[0] < 1e-3  # hidden matrices get lr / width_mult
+    assert all(g["warmup_steps"] == 5 and g["betas"] == (0.9, 0.999) for g in opt.param_groups)
+
+
+def test_mup_hidden_init_scales_with_fan_in() -> None:
+    torch.manual_seed(0)
+    narrow = build_model(arch_cfg("mlp", width=128), (3, 32, 32), 10)
+    wide = build_model(arch_cfg("mlp", width=2048), (3, 32, 32), 10)
+    ratio = (narrow.layers[1].weight.std() / wide.layers[1].weight.std()).item()
+    assert ratio == pytest.approx(4.0, rel=0.05)  # std ∝ fan_in^{-1/2}
+    conv = [build_model(arch_cfg("convnext", width=w, depth=1), (3, 32, 32), 10) for w in (40, 160)]
+    stds = [m.stages[1].blocks[0].mlp.fc1.weight.std().item() for m in conv]
+    assert stds[0] == pytest.approx(0.02, rel=0.05)  # timm's init at base width ...
+    assert stds[1] == pytest.approx(0.01, rel=0.05)  # ... μP-scaled at 4x width
+    swin = build_model(arch_cfg("swin", depth=1), (3, 32, 32), 10)
+    assert torch.allclose(swin.layers[0].blocks[0].attn.logit_scale, torch.tensor(math.log(10)))
+
+
+def test_sp_control_is_standard() -> None:
+    model = build_model(arch_cfg("mlp"), (1, 8, 8), 10, parametrization="sp")
+    assert torch.count_nonzero(model.readout.weight) > 0
+    assert all(p.infshape.ninf() == 0 for p in model.parameters())
+    opt = make_optimizer(model, lr=1e-3, beta1=0.9)
+    assert {g["lr"] for g in opt.param_groups} == {1e-3}
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet", "convnext", "swin"])
+def test_build_is_deterministic_from_global_rng(name: str) -> None:
+    def build(seed: int) -> dict[str, torch.Tensor]:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            return build_model(arch_cfg(name, depth=1), (1, 8, 8), 10).state_dict()
+
+    a, b, c = build(3), build(3), build(4)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+# ---------------------------------------------------------------- defaults and the depth rule
+
+
+def test_paper_defaults() -> None:
+    assert paper_defaults("mlp", "control", "cifar10") == {"lr": 5e-4, "beta1": 0.95, "warmup_steps": 1000}
+    assert paper_defaults("mlp", "leace", "svhn")["lr"] == 1e-4
+    assert paper_defaults("lenet", "qleace", "cifar10") == {"lr": 5e-4, "beta1": 0.95, "warmup_steps": 0}
+    convnext = {e: paper_defaults("convnext", e, "cifar10")["lr"] for e in
+                ("control", "leace", "qleace", "alf_qleace", "gradient", "random")}  # fmt: skip
+    assert convnext == {"control": 5e-5, "leace": 1e-4, "qleace": 1e-3, "alf_qleace": 1e-3,
+                        "gradient": 1e-3, "random": 1e-4}  # fmt: skip
+    assert paper_defaults("convnext", "ALF-QLEACE", "cifar10")["beta1"] == 0.9
+    assert paper_defaults("swin", "leace", "cifar10") == {"lr": 1e-3, "beta1": 0.9, "warmup_steps": 0}
+    with pytest.raises(ValueError):
+        paper_defaults("convnext", "mystery", "cifar10")
+    with pytest.raises(ValueError):
+        paper_defaults("resnet", "control", "cifar10")
+
+
+def test_depth_lr_multiplier() -> None:
+    assert depth_lr_multiplier(arch_cfg("mlp", depth=2)) == 1.0
+    assert depth_lr_multiplier(arch_cfg("mlp", depth=8)) == pytest.approx((2 / 8) ** 1.5)
+    assert depth_lr_multiplier(arch_cfg("mlp", depth=1)) == pytest.approx(2**1.5)
+    assert depth_lr_multiplier(arch_cfg("lenet", depth=8)) == pytest.approx(0.5)
+    assert depth_lr_multiplier(arch_cfg("convnext", depth=3)) == pytest.approx((2 / 3) ** 0.5)
+    assert depth_lr_multiplier(arch_cfg("swin", depth=4)) == pytest.approx(0.5**0.5)
+    assert depth_lr_multiplier(arch_cfg("convnext", size="nano")) == pytest.approx((12 / 14) ** 0.5)
+    assert depth_lr_multiplier(arch_cfg("convnext", size="tiny")) == pytest.approx((2 / 3) ** 0.5)
+
+
+# ---------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["mlp", "lenet", "convnext", "swin"])
+def test_forward_backward_cuda(name: str) -> None:
+    torch.manual_seed(0)
+    model = build_model(arch_cfg(name), (3, 32, 32), 10).cuda()
+    opt = make_optimizer(model, lr=1e-3, beta1=0.9)
+    model.train()
+    opt.train()
+    x, y = torch.rand(8, 3, 32, 32, device="cuda"), torch.arange(8, device="cuda") % 10
+    for _ in range(2):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and p.grad.is_cuda for p in model.parameters() if p.requires_grad)

@@ -7,6 +7,7 @@ in the model after `optimizer.eval()`. Every validation, coding and snapshot her
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from training.augment import crop_flip
+from training.batches import DeviceData, augment_pad, draw_epoch
 
 Regularizer = Callable[[Tensor, Tensor, int], Tensor]  # (logits, y, step) -> penalty added to CE
 
@@ -38,6 +39,7 @@ class FitResult:
     epochs: int
     steps: int
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, val loss in nats)
+    seconds: float = 0.0  # wall time until this model finished (in a vectorised group: since the group began)
 
 
 @contextmanager
@@ -95,7 +97,7 @@ def snapshot(model: nn.Module) -> dict[str, Tensor]:
 def fit(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    x: Tensor,
+    x: Tensor | DeviceData,
     y: Tensor,
     x_val: Tensor,
     y_val: Tensor,
@@ -103,14 +105,23 @@ def fit(
     gen: torch.Generator,
     regularizer: Regularizer | None = None,
     desc: str = "fit",
+    idx: Tensor | None = None,
 ) -> FitResult:
     """Train until `patience` evaluations without improvement; return with the best state loaded.
 
-    On return the model and optimizer are in eval mode (ready to code a block).
+    The training set is `x[idx], y[idx]` (all of x when idx is None). Each epoch draws its batch order and
+    per-sample augmentation from `gen` in one go (`training.batches.draw_epoch`); the vectorised trainer
+    draws the same streams. On return the model and optimizer are in eval mode (ready to code a block).
     """
-    n = len(y)
+    data = x if isinstance(x, DeviceData) else DeviceData(x, x.device, storage="float32")
+    dev = data.device
+    idx = torch.arange(len(data), device=dev) if idx is None else idx.to(dev)
+    y = y.to(dev)
+    n = len(idx)
     if n == 0:
         raise ValueError("cannot fit on an empty training set")
+    pad = augment_pad(data, cfg.augment)
+    t0 = time.perf_counter()
     best_loss, best_state, best_epoch = math.inf, snapshot(model), 0
     curve: list[tuple[int, float]] = []
     step, since_best, epoch = 0, 0, 0
@@ -129,13 +140,16 @@ def fit(
 
     bar = tqdm(total=cfg.max_epochs, desc=desc, unit="ep", leave=False, disable=not cfg.progress)
     for epoch in range(1, cfg.max_epochs + 1):  # noqa: B007 - epoch is read by validate()
-        perm = torch.randperm(n, generator=gen).to(x.device)
+        ep = draw_epoch(n, gen, cfg.augment, pad)
+        order = idx[ep.perm.to(dev)]
+        offsets = None if ep.offsets is None else ep.offsets.to(dev)
+        flips = None if ep.flips is None else ep.flips.to(dev)
         improved_this_epoch = False
         for i in range(0, n, cfg.batch_size):
-            idx = perm[i: i + cfg.batch_size]
-            xb, yb = x[idx], y[idx]
-            if cfg.augment:
-                xb = crop_flip(xb, gen)
+            sl = slice(i, i + cfg.batch_size)
+            bi = order[sl]
+            xb = data.batch(bi, None if offsets is None else offsets[sl], None if flips is None else flips[sl], pad)
+            yb = y[bi]
             logits = model(xb)
             loss = F.cross_entropy(logits, yb)
             if regularizer is not None:
@@ -150,7 +164,8 @@ def fit(
             improved_this_epoch = validate()
         since_best = 0 if improved_this_epoch else since_best + 1
         bar.update(1)
-        bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{best_loss:.4f}")
+        if cfg.progress:
+            bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{best_loss:.4f}")
         if since_best >= cfg.patience:
             break
     bar.close()
@@ -159,5 +174,4 @@ def fit(
     optimizer.eval()
     model.eval()
     model.load_state_dict(best_state)
-    return FitResult(best_loss, best_epoch, epoch, step, curve)
-
+    return FitResult(best_loss, best_epoch, epoch, step, curve, time.perf_counter() - t0)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from training.batches import DeviceData
 from training.data import load_dataset
 from training.erase_step import apply_eraser
 from training.fit import FitConfig, FitResult, cross_entropy_sum, fit, fit_temperature
@@ -24,11 +25,13 @@ from training.regularizers import build_regularizer
 from training.results import RESULT_FILE, atomic_write_json, config_hash, read_json, should_skip
 from training.seeding import generator, seeded_global_rng
 from training.splits import MdlSplit, make_split
+from training.vectorized import Member, OnFinish, fit_group, why_not_vectorized
 from training.wandb_logger import RunLogger
 
 log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.json"
 LN2 = math.log(2)
+VECTORIZED_ARCHS = ("mlp", "lenet")  # training.parallel_models=auto vectorises these (small models: launch-bound)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -59,16 +62,23 @@ def resolve_optim(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class Trainer:
-    """Builds a fresh μP model + optimizer per fit and trains it on index subsets of on-device data."""
+    """Builds a fresh μP model + optimizer per fit and trains it on index subsets of on-device data.
+
+    The data lives on the device once, in the smallest exact dtype (`training.storage`); batches are index
+    gathers. `train_many` trains several models (the block models of a job) in vectorised groups of
+    `training.parallel_models` (auto: all of them, for models the vectorised path supports).
+    """
 
     def __init__(self, cfg: Mapping[str, Any], x: torch.Tensor, y: torch.Tensor, num_classes: int,
                  split: MdlSplit, device: torch.device):
         self.cfg, self.seed = cfg, int(cfg["seed"])
-        self.x, self.y = x.to(device), y.to(device)
+        self.opts = dict(cfg.get("training") or {})
+        self.data = DeviceData(x, device, storage=str(self.opts.get("storage", "auto")))
+        self.y = y.to(device)
         self.num_classes, self.split, self.device = num_classes, split, device
         self.hp = resolve_optim(cfg)
         self.regularizer = build_regularizer(cfg.get("regularizer"), num_classes)
-        self.x_val, self.y_val = self.x[split.val_idx.to(device)], self.y[split.val_idx.to(device)]
+        self.x_val, self.y_val = self.data.all(split.val_idx), self.y[split.val_idx.to(device)]
         self.input_shape = tuple(int(s) for s in x.shape[1:])
         self.model_info: dict[str, Any] = {}
 
@@ -78,7 +88,8 @@ class Trainer:
                          max_epochs=int(m["max_epochs"]), augment=bool(self.cfg["dataset"].get("augment", False)),
                          eval_every_steps=eval_every_steps, progress=bool(self.cfg.get("progress", True)))
 
-    def train(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None):
+    def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
+        """A fresh model (init drawn from (seed, "init", tag)), its optimizer, data subset and generator."""
         from models import build_model, make_optimizer
 
         with seeded_global_rng(self.seed, "init", tag):
@@ -86,21 +97,59 @@ class Trainer:
         self.model_info = dict(getattr(model, "info", {}))
         opt = make_optimizer(model, lr=self.hp["lr"], beta1=self.hp["beta1"],
                              weight_decay=self.hp["weight_decay"], warmup_steps=self.hp["warmup_steps"])
-        idx = idx.to(self.device)
+        return Member(model, opt, idx.to(self.device), generator(self.seed, "batches", tag),
+                      self.fit_cfg(eval_every_steps))
+
+    def train(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None):
+        return self._fit_one(self.member(idx, tag, eval_every_steps), tag)
+
+    def _fit_one(self, m: Member, tag: object) -> tuple[torch.nn.Module, FitResult]:
         # Dropout/drop-path draw from the global RNG: seed it per (seed, tag) so a resumed job's block i
         # sees the same stream as in an uninterrupted run (and runs do not depend on earlier blocks).
         with seeded_global_rng(self.seed, "train", tag):
-            res = fit(model, opt, self.x[idx], self.y[idx], self.x_val, self.y_val,
-                      self.fit_cfg(eval_every_steps), generator(self.seed, "batches", tag), self.regularizer,
-                      desc=f"{tag}")
-        return model, res
+            res = fit(m.model, m.optimizer, self.data, self.y, self.x_val, self.y_val, m.cfg, m.gen,
+                      self.regularizer, desc=f"{tag}", idx=m.idx)
+        return m.model, res
+
+    def group_size(self, first: Member, count: int) -> int:
+        """How many models train at once: `training.parallel_models` (auto | N), 1 where not vectorisable."""
+        want = self.opts.get("parallel_models", "auto")
+        reason = why_not_vectorized(first.model, first.optimizer, self.regularizer)
+        if str(want) == "auto":
+            auto = str(self.cfg["arch"]["name"]).lower() in VECTORIZED_ARCHS and reason is None
+            return count if auto else 1
+        if int(want) > 1 and reason is not None:
+            log.warning("training.parallel_models=%s ignored: %s; training one model at a time", want, reason)
+            return 1
+        return max(1, int(want))
+
+    def train_many(self, jobs: list[tuple[torch.Tensor, object]], on_finish: OnFinish) -> None:
+        """Train one model per (idx, tag); `on_finish(k, model, result)` as each one ends (any order within a
+        group). Same numbers as `train` one by one up to float32 rounding (tests/test_vectorized.py)."""
+        if not jobs:
+            return
+        first = self.member(*jobs[0])
+        size = self.group_size(first, len(jobs))
+        if size <= 1:
+            for k, (idx, tag) in enumerate(jobs):
+                on_finish(k, *self._fit_one(first if k == 0 else self.member(idx, tag), tag))
+            return
+        for start in range(0, len(jobs), size):
+            chunk = jobs[start: start + size]
+            members = [first if start == 0 and j == 0 else self.member(*job) for j, job in enumerate(chunk)]
+
+            def done(k: int, model: torch.nn.Module, res: FitResult, offset: int = start) -> None:
+                on_finish(offset + k, model, res)
+
+            fit_group(members, self.data, self.y, self.x_val, self.y_val, on_finish=done,
+                      progress=bool(self.cfg.get("progress", True)), compile=bool(self.opts.get("compile", False)))
 
     def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
         """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`, and the
         temperature used (1 unless `mdl.calibrate_temperature`, then fitted on the validation set)."""
         idx = idx.to(self.device)
         t = fit_temperature(model, self.x_val, self.y_val) if self.cfg["mdl"].get("calibrate_temperature") else 1.0
-        return cross_entropy_sum(model, self.x[idx], self.y[idx], temperature=t) / len(idx) / LN2, t
+        return cross_entropy_sum(model, self.data.all(idx), self.y[idx], temperature=t) / len(idx) / LN2, t
 
 
 def _fit_summary(res: FitResult) -> dict[str, Any]:
@@ -117,18 +166,25 @@ def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger) -
     blocks: list[dict[str, Any]] = saved.get("blocks", []) if saved.get("config_hash") == cfg_hash else []
     if blocks:
         log.info("resuming after block model %d/%d from %s", len(blocks), num_blocks - 1, progress_path)
-    for i in range(len(blocks) + 1, num_blocks):
-        t0 = time.perf_counter()
-        model, res = trainer.train(split.prefix(i), ("block", i))
+    todo = list(range(len(blocks) + 1, num_blocks))
+    finished: dict[int, dict[str, Any]] = {}
+
+    def on_finish(k: int, model: torch.nn.Module, res: FitResult) -> None:
+        # Block models of one vectorised group end in any order; progress.json keeps a finished prefix.
+        i = todo[k]
         coded = split.block(i + 1) if protocol == "prequential" else split.block(num_blocks)
         ce, temperature = trainer.code_bits(model, coded)
-        blocks.append({"block": i + 1, "train_size": split.cumsizes[i - 1], "coded_size": len(coded),
-                       "ce_bits": ce, "temperature": temperature, "seconds": time.perf_counter() - t0,
-                       **_fit_summary(res)})
-        atomic_write_json(progress_path, {"config_hash": cfg_hash, "blocks": blocks})
+        finished[i] = {"block": i + 1, "train_size": split.cumsizes[i - 1], "coded_size": len(coded),
+                       "ce_bits": ce, "temperature": temperature, "seconds": res.seconds, **_fit_summary(res)}
         log.info("block %d/%d: trained on %d, coded %d at %.4f bits/sample (%d epochs, %.1fs)",
-                 i + 1, num_blocks, split.cumsizes[i - 1], len(coded), ce, res.epochs, blocks[-1]["seconds"])
-        logger.log({"mdl/block": i + 1, "mdl/ce_bits": ce, "mdl/train_size": split.cumsizes[i - 1]})
+                 i + 1, num_blocks, split.cumsizes[i - 1], len(coded), ce, res.epochs, res.seconds)
+        while len(blocks) + 1 in finished:
+            b = finished.pop(len(blocks) + 1)
+            blocks.append(b)
+            atomic_write_json(progress_path, {"config_hash": cfg_hash, "blocks": blocks})
+            logger.log({"mdl/block": b["block"], "mdl/ce_bits": b["ce_bits"], "mdl/train_size": b["train_size"]})
+
+    trainer.train_many([(split.prefix(i), ("block", i)) for i in todo], on_finish)
     ces = [b["ce_bits"] for b in blocks]
     if protocol == "prequential":
         code = prequential_code(split.block_sizes, ces, trainer.num_classes)

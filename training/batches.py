@@ -1,0 +1,110 @@
+"""The training data as one tensor on the device, batches as index gathers, epochs drawn in one go.
+
+`DeviceData` stores images in the smallest dtype that decodes back to the float32 data *exactly*
+(uint8 for k/255 pixels, float16 for e.g. k/16, else float32 — erased data stays float32) and decodes
+one batch at a time. `draw_epoch` draws one epoch's batch order and augmentation from a model's generator;
+the sequential fit loop and the vectorised trainer both use it, so they see identical batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from training.augment import apply_crop_flip, default_pad, draw_crop_flip
+
+STORAGES = ("auto", "float32", "float16", "uint8")
+
+
+def _decode(raw: Tensor) -> Tensor:
+    if raw.dtype == torch.uint8:
+        return raw.to(torch.float32).div_(255.0)
+    return raw.to(torch.float32) if raw.dtype == torch.float16 else raw  # float32 (float64 in tests) as is
+
+
+def _encode(x: Tensor, kind: str) -> Tensor | None:
+    """x in `kind`, or None when that is not lossless."""
+    if kind == "float32":
+        return x
+    if kind == "uint8":
+        if not bool(((x >= 0) & (x <= 1)).all()):
+            return None
+        raw = (x * 255.0).round_().to(torch.uint8)
+    elif kind == "float16":
+        raw = x.to(torch.float16)
+    else:
+        raise ValueError(f"training.storage must be one of {STORAGES}, got {kind!r}")
+    return raw if torch.equal(_decode(raw), x) else None
+
+
+def compact(x: Tensor, storage: str = "auto") -> Tensor:
+    """The smallest exact storage of float32 `x` ("auto"), or exactly `storage` (refused when lossy).
+
+    float64 data (used by tests to check arithmetic exactly) is kept as it is.
+    """
+    if x.dtype == torch.float64 and storage in ("auto", "float32"):
+        return x
+    if x.dtype != torch.float32:
+        raise ValueError(f"expected float32 data, got {x.dtype}")
+    if storage != "auto":
+        raw = _encode(x, storage)
+        if raw is None:
+            raise ValueError(f"training.storage={storage} would change the data (not exactly representable)")
+        return raw
+    probe = x[: min(len(x), 256)]
+    for kind in ("uint8", "float16"):
+        if _encode(probe, kind) is not None and (raw := _encode(x, kind)) is not None:
+            return raw
+    return x
+
+
+class DeviceData:
+    """Images (n, c, h, w) on `device` in compact storage; `batch(idx, ...)` returns float32."""
+
+    def __init__(self, x: Tensor, device: torch.device | str = "cpu", storage: str = "auto") -> None:
+        self.raw = compact(x.detach().cpu() if x.device.type != "cpu" else x, storage).to(device)
+        self.device = self.raw.device
+        self.shape = tuple(int(s) for s in x.shape[1:])
+
+    @property
+    def storage(self) -> str:
+        return str(self.raw.dtype).removeprefix("torch.")
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def batch(self, idx: Tensor, offsets: Tensor | None = None, flips: Tensor | None = None,
+              pad: int = 0) -> Tensor:
+        """float32 images at `idx` (any shape S → S + (c, h, w)), cropped/flipped per sample when given."""
+        flat = idx.reshape(-1)
+        xb = self.raw[flat]
+        if offsets is not None and flips is not None:
+            xb = apply_crop_flip(xb, offsets.reshape(-1, 2), flips.reshape(-1), pad)
+        return _decode(xb).reshape(*idx.shape, *self.shape)
+
+    def all(self, idx: Tensor | None = None) -> Tensor:
+        return _decode(self.raw if idx is None else self.raw[idx.to(self.device)])
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """One epoch of one model: positions into its training set in batch order, and per-sample augmentation."""
+
+    perm: Tensor  # (n,) int64
+    offsets: Tensor | None  # (n, 2) int64, or None without augmentation
+    flips: Tensor | None  # (n,) bool
+
+
+def draw_epoch(n: int, gen: torch.Generator, augment: bool, pad: int) -> Epoch:
+    """Draw order: randperm(n), then (when augmenting) crop offsets and flip bits for the n positions."""
+    perm = torch.randperm(n, generator=gen)
+    if not augment:
+        return Epoch(perm, None, None)
+    offsets, flips = draw_crop_flip(n, gen, pad)
+    return Epoch(perm, offsets, flips)
+
+
+def augment_pad(data: DeviceData, augment: bool) -> int:
+    return default_pad(data.shape[1]) if augment else 0

@@ -1,116 +1,366 @@
 #!/usr/bin/env python
-"""Aggregate result.json files into tables (Markdown, CSV, LaTeX) and plots.
+"""Aggregate result.json files into tables (Markdown, CSV, LaTeX) and plots (PNG).
 
-    python scripts/aggregate.py outputs/runs --name all        # everything under a directory
-    python scripts/aggregate.py --experiment demo --name demo  # exactly the jobs of a preset; missing cells shown
+    python scripts/aggregate.py outputs/runs --name all          # everything under a directory
+    python scripts/aggregate.py --experiment demo --name demo    # exactly the jobs of a preset
+    python scripts/aggregate.py --experiment paper_table_c --override paths.out_dir=/scratch/out
+
+Every cell (dataset, arch, width, depth, eraser) reports mean ± sd over its finished seeds. Jobs that did not
+finish are listed as missing, failed (a multirun's job-status ledger says so) or partial (progress.json: killed
+or still running); they are never filled in. With --experiment a result whose config hash differs from the
+preset's job is "other-config", not counted. Results of other tasks (`task != mdl`, e.g. Spectral Decoupling)
+go to scripts/aggregate_gs.py when it exists.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
+import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]  # the package, and aggregate_plots next to us
 
 CELL = ["dataset", "arch", "width", "depth", "eraser"]
+ROW_KEY = ["dataset", "arch", "width", "depth"]
+METRICS = ["bits_per_sample", "legacy", "final_val_loss"]
+CERT = {"max_mean_gap": "mean gap", "max_cov_gap": "cov gap", "linear_probe_acc": "linear probe",
+        "quadratic_probe_acc": "quadratic probe", "chance": "chance"}
+ERASER_ORDER = ["control", "leace", "alf_qleace", "gradient", "qleace", "random"]
+# Paper Appendix C (CIFAR-10, legacy MDL units, 5 seeds; DESIGN §7): (mean, sd).
+PAPER_TABLE_C: dict[str, dict[str, tuple[float, float]]] = {
+    "MLP": {"control": (7.14, 0.05), "leace": (8.49, 0.10), "alf_qleace": (8.94, 0.14),
+            "gradient": (10.02, 0.08), "qleace": (11.41, 0.00)},
+    "LeNet": {"control": (5.62, 0.02), "leace": (6.59, 0.28), "alf_qleace": (6.83, 0.11),
+              "gradient": (8.71, 0.09), "qleace": (8.68, 0.24)},
+    "ConvNeXtV2": {"control": (5.09, 0.09), "leace": (5.20, 0.15), "alf_qleace": (4.92, 0.05),
+                   "gradient": (5.37, 0.02), "qleace": (1.67, 0.20)},
+    "Swin V2": {"control": (8.18, 0.03), "leace": (9.00, 0.13), "alf_qleace": (8.67, 1.20),
+                "gradient": (9.29, 0.06), "qleace": (9.08, 0.13)},
+}
+PAPER_ARCHS = {"MLP": ("mlp_relu", 128, 2), "LeNet": ("lenet", 128, 2), "ConvNeXtV2": ("convnext", 40, 2),
+               "Swin V2": ("swin", 40, 2)}
+PAPER_ERASER_NAMES = {"control": "Control", "leace": "LEACE", "alf_qleace": "ALF-QLEACE",
+                      "gradient": "Gradient Quadratic", "qleace": "QLEACE"}
+JOB_PATH = re.compile(r"(?P<dataset>[^/]+)/(?P<eraser>[^/]+)/(?P<arch>[^/]+)-w(?P<width>\d+)-d(?P<depth>\d+)"
+                      r"/seed(?P<seed>\d+)$")  # paths.job_subdir
 
 
-def _row(result: dict[str, Any] | None, cfg: dict[str, Any], job_dir: str) -> dict[str, Any]:
+# --- collecting -------------------------------------------------------------------------------------------
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        print(f"warning: unreadable {path}", file=sys.stderr)
+        return None
+
+
+def _cell_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
     arch = cfg["arch"]
-    row: dict[str, Any] = {
-        "dataset": cfg["dataset"].get("tag", cfg["dataset"]["name"]), "eraser": cfg["eraser"]["name"],
-        "arch": arch.get("tag", arch["name"]), "width": arch.get("width"), "depth": arch.get("depth"),
-        "seed": cfg["seed"], "job_dir": job_dir, "status": "missing" if result is None else "done",
-    }
-    if result is not None:
-        mdl, final = result["mdl"], result.get("final") or {}
-        row.update(protocol=mdl["protocol"], bits_per_sample=mdl["bits_per_sample"], legacy=mdl["legacy"],
-                   final_val_loss=final.get("val_loss_bits", math.nan))
-        cert = ((result.get("certificate") or {}).get("after")) or {}
-        row.update(cert_mean_gap=cert.get("max_mean_gap"), cert_linear_acc=cert.get("linear_probe_acc"))
+    return {"dataset": cfg["dataset"].get("tag") or cfg["dataset"]["name"], "arch": arch.get("tag") or arch["name"],
+            "width": int(arch["width"]), "depth": int(arch["depth"]), "eraser": cfg["eraser"]["name"],
+            "seed": int(cfg["seed"]), "protocol": (cfg.get("mdl") or {}).get("protocol", "prequential")}
+
+
+def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:
+    m = JOB_PATH.search(job_dir.as_posix())
+    if m is None:
+        return None
+    d = m.groupdict()
+    return {"dataset": d["dataset"], "arch": d["arch"], "width": int(d["width"]), "depth": int(d["depth"]),
+            "eraser": d["eraser"], "seed": int(d["seed"]), "protocol": "?"}
+
+
+def _done_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
+    row = {**_cell_from_config(result["config"]), "job_dir": job_dir, "status": "done"}
+    mdl, final = result["mdl"], result.get("final") or {}
+    row.update(protocol=mdl.get("protocol", row["protocol"]), bits_per_sample=float(mdl["bits_per_sample"]),
+               legacy=float(mdl["legacy"]), final_val_loss=float(final.get("val_loss_bits", math.nan)))
+    after = (result.get("certificate") or {}).get("after") or {}
+    for key in CERT:
+        value = after.get(key)
+        row[key] = float(value) if isinstance(value, int | float) else math.nan
+    row["curve"] = final.get("val_loss_curve") or []
     return row
 
 
-def collect_dir(root: Path) -> pd.DataFrame:
-    rows = []
+def failed_jobs(ledger_roots: Iterable[Path]) -> dict[str, str]:
+    """job_dir -> error, from multirun ledgers (training/callbacks.py); the latest entry per job wins."""
+    latest: dict[str, dict[str, Any]] = {}
+    for root in ledger_roots:
+        for path in sorted(root.glob(".multirun/*/job-*.json")):  # run ids sort by time
+            entry = _read(path)
+            if entry and "job_dir" in entry:
+                latest[str(Path(entry["job_dir"]))] = entry
+    return {d: e.get("error", "") for d, e in latest.items() if e.get("status") == "failed"}
+
+
+def _unfinished_row(cell: dict[str, Any], job_dir: Path, failed: dict[str, str]) -> dict[str, Any]:
+    row = {**cell, "job_dir": str(job_dir), "status": "missing"}
+    progress = _read(job_dir / "progress.json")
+    if str(job_dir) in failed:
+        row.update(status="failed", error=failed[str(job_dir)])
+    elif progress is not None:
+        row.update(status="partial", error=f"{len(progress.get('blocks', []))} block models finished")
+    return row
+
+
+def collect_dir(root: Path) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """Every result.json under root (mdl rows + other tasks' results), plus failed/partial jobs found there."""
+    rows, others, seen = [], [], set()
     for path in sorted(root.rglob("result.json")):
-        try:
-            result = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            print(f"warning: unreadable {path}", file=sys.stderr)
+        result = _read(path)
+        if result is None or "config" not in result:
             continue
-        rows.append(_row(result, result["config"], str(path.parent)))
-    return pd.DataFrame(rows)
+        seen.add(str(path.parent))
+        if result["config"].get("task", "mdl") != "mdl":
+            others.append(result)
+            continue
+        rows.append(_done_row(result, str(path.parent)))
+    failed = failed_jobs([root, root / "runs"])
+    unfinished = {str(p.parent) for p in root.rglob("progress.json")} | set(failed)
+    for job_dir in sorted(unfinished - seen):
+        cell = _cell_from_path(Path(job_dir))
+        if cell is not None:
+            rows.append(_unfinished_row(cell, Path(job_dir), failed))
+    return pd.DataFrame(rows), others
 
 
-def collect_experiment(name: str, extra: list[str]) -> pd.DataFrame:
+def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """Exactly the jobs of a preset, in launch order; jobs without a matching result are listed as such."""
+    from training.results import config_hash
     from training.sweeps import expand
 
-    rows = []
-    for cfg in expand(name, extra):
+    cfgs = expand(name, extra)
+    out_dirs = {Path(c["paths"]["out_dir"]) for c in cfgs}
+    failed = failed_jobs([d / "runs" for d in out_dirs])
+    rows, others = [], []
+    for cfg in cfgs:
         job_dir = Path(cfg["paths"]["job_dir"])
-        path = job_dir / "result.json"
-        result = json.loads(path.read_text()) if path.exists() else None
-        rows.append(_row(result, cfg, str(job_dir)))
-    return pd.DataFrame(rows)
+        result = _read(job_dir / "result.json")
+        if cfg.get("task", "mdl") != "mdl":
+            if result is not None:
+                others.append(result)
+            continue
+        if result is not None and result.get("config_hash") == config_hash(cfg):
+            rows.append(_done_row(result, str(job_dir)))
+        elif result is not None:
+            rows.append({**_cell_from_config(cfg), "job_dir": str(job_dir), "status": "other-config",
+                         "error": f"result.json holds config {result.get('config_hash')}"})
+        else:
+            rows.append(_unfinished_row(_cell_from_config(cfg), job_dir, failed))
+    return pd.DataFrame(rows), others
+
+
+# --- summarising ------------------------------------------------------------------------------------------
+def _ordered(values: Iterable[str]) -> list[str]:
+    vals = list(dict.fromkeys(values))
+    return sorted(vals, key=lambda e: (ERASER_ORDER.index(e) if e in ERASER_ORDER else len(ERASER_ORDER), e))
+
+
+def _mean_sd(values: pd.Series) -> tuple[float, float, int]:
+    v = values.astype(float).dropna()
+    return (float(v.mean()) if len(v) else math.nan, float(v.std(ddof=1)) if len(v) > 1 else math.nan, len(v))
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Mean ± sd over seeds per cell; n counts finished seeds, missing ones are listed."""
+    """One row per cell: mean/sd/n of each metric over finished seeds; expected seeds = every seed of the
+    sweep (--experiment) or every seed seen anywhere under the directory."""
+    all_seeds = sorted(set(df.seed))
     out = []
-    for key, g in df.groupby(CELL, sort=False, dropna=False):
+    for key, g in df.groupby(CELL, sort=False):
         done = g[g.status == "done"]
-        rec = dict(zip(CELL, key, strict=True))
-        rec["n"] = len(done)
-        rec["missing_seeds"] = ",".join(str(s) for s in g[g.status != "done"].seed) or ""
-        for col in ("bits_per_sample", "legacy", "final_val_loss", "cert_linear_acc"):
-            vals = done[col].astype(float) if col in done else pd.Series(dtype=float)
-            rec[f"{col}_mean"] = vals.mean() if len(vals) else math.nan
-            rec[f"{col}_sd"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
+        rec: dict[str, Any] = dict(zip(CELL, key, strict=True))
+        rec["protocol"] = ",".join(sorted(set(done.protocol))) if len(done) else ""
+        rec["n"], rec["n_expected"] = len(done), len(set(all_seeds) | set(g.seed))
+        absent = sorted(set(all_seeds) - set(g.seed))
+        rec["missing_seeds"] = " ".join([f"{s}:{st}" for s, st in zip(g[g.status != "done"].seed,
+                                                                       g[g.status != "done"].status, strict=True)]
+                                        + [f"{s}:missing" for s in absent])
+        for col in METRICS + list(CERT):
+            mean, sd, _ = _mean_sd(done[col]) if col in done and len(done) else (math.nan, math.nan, 0)
+            rec[f"{col}_mean"], rec[f"{col}_sd"] = mean, sd
         out.append(rec)
     return pd.DataFrame(out)
 
 
-def _pm(mean: float, sd: float) -> str:
+def increase_over_control(df: pd.DataFrame, metric: str = "bits_per_sample") -> pd.DataFrame:
+    """Per (row, eraser): mean ± sd over seeds of metric(eraser) - metric(control), paired by seed."""
+    done = df[df.status == "done"]
+    out = []
+    for key, g in done.groupby(ROW_KEY, sort=False):
+        control = g[g.eraser == "control"].set_index("seed")[metric]
+        for eraser, ge in g[g.eraser != "control"].groupby("eraser", sort=False):
+            diff = (ge.set_index("seed")[metric] - control).dropna()
+            mean, sd, n = _mean_sd(diff)
+            out.append({**dict(zip(ROW_KEY, key, strict=True)), "eraser": eraser, "mean": mean, "sd": sd, "n": n})
+    return pd.DataFrame(out, columns=[*ROW_KEY, "eraser", "mean", "sd", "n"])
+
+
+# --- formatting -------------------------------------------------------------------------------------------
+def fmt(mean: float, sd: float, digits: int = 3) -> str:
     if math.isnan(mean):
+        return "n/a"
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}" if not math.isnan(sd) else f"{mean:.{digits}f}"
+
+
+def _cell_text(rec: pd.Series | None, metric: str, digits: int = 3) -> str:
+    if rec is None:
         return "missing"
-    return f"{mean:.3f} ± {sd:.3f}" if not math.isnan(sd) else f"{mean:.3f}"
+    if rec["n"] == 0:
+        return "failed" if ":failed" in rec["missing_seeds"] else "missing"
+    text = fmt(rec[f"{metric}_mean"], rec[f"{metric}_sd"], digits)
+    return text + (f" ({rec['n']}/{rec['n_expected']})" if rec["n"] < rec["n_expected"] else "")
 
 
-def markdown(summary: pd.DataFrame) -> str:
-    head = "| dataset | arch | w | d | eraser | seeds | bits/sample | legacy MDL | final val loss (bits) |"
-    lines = [head, "|" + "---|" * 9]
-    for r in summary.itertuples():
-        seeds = f"{r.n}" + (f" (missing {r.missing_seeds})" if r.missing_seeds else "")
-        lines.append(f"| {r.dataset} | {r.arch} | {r.width} | {r.depth} | {r.eraser} | {seeds} | "
-                     f"{_pm(r.bits_per_sample_mean, r.bits_per_sample_sd)} | {_pm(r.legacy_mean, r.legacy_sd)} | "
-                     f"{_pm(r.final_val_loss_mean, r.final_val_loss_sd)} |")
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
-def plot_bars(summary: pd.DataFrame, path: Path) -> None:
-    import matplotlib
+def _row_keys(summary: pd.DataFrame) -> list[tuple[Any, ...]]:
+    return list(dict.fromkeys(tuple(r) for r in summary[ROW_KEY].itertuples(index=False)))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    labels = [f"{r.eraser}\n{r.arch}-w{r.width}-d{r.depth}" if summary.arch.nunique() > 1 else r.eraser
-              for r in summary.itertuples()]
-    fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(labels)), 3.2))
-    ax.bar(range(len(labels)), summary.bits_per_sample_mean, yerr=summary.bits_per_sample_sd.fillna(0),
-           capsize=3, color="tab:blue")
-    ax.set_xticks(range(len(labels)), labels, fontsize=8)
-    ax.set_ylabel("prequential MDL (bits/sample)")
-    ax.set_title(", ".join(sorted(set(summary.dataset))))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str], list[list[str]]]:
+    erasers = _ordered(summary.eraser)
+    index = {(*k[:4], k[4]): r for k, r in zip(summary[CELL].itertuples(index=False),
+                                                 (r for _, r in summary.iterrows()), strict=True)}
+    rows = [[str(v) for v in key] + [_cell_text(index.get((*key, e)), metric, digits) for e in erasers]
+            for key in _row_keys(summary)]
+    return ["dataset", "arch", "w", "d", *erasers], rows
+
+
+def increase_rows(inc: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    erasers = [e for e in _ordered(summary.eraser) if e != "control"]
+    look = {(*k[:4], k[4]): (m, s, n) for k, m, s, n in zip(inc[CELL].itertuples(index=False), inc["mean"],
+                                                             inc["sd"], inc["n"], strict=True)}
+    rows = []
+    for key in _row_keys(summary):
+        cells = []
+        for e in erasers:
+            m, s, n = look.get((*key, e), (math.nan, math.nan, 0))
+            cells.append("missing" if n == 0 else (f"{m:+.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:+.3f}"))
+        rows.append([str(v) for v in key] + cells)
+    return ["dataset", "arch", "w", "d", *erasers], rows
+
+
+def certificate_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    rows = []
+    for (dataset, eraser), g in summary.groupby(["dataset", "eraser"], sort=False):
+        vals = [g[f"{k}_mean"].dropna() for k in CERT]
+        rows.append([dataset, eraser] + [f"{v.iloc[0]:.3g}" if len(v) else "n/a" for v in vals])
+    order = {e: i for i, e in enumerate(_ordered(summary.eraser))}
+    rows.sort(key=lambda r: (r[0], order[r[1]]))
+    return ["dataset", "eraser", *CERT.values()], rows
+
+
+def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:
+    """Paper Appendix C next to ours (legacy units) for the CIFAR-10 base-size cells, if any exist."""
+    index = {tuple(k): r for k, (_, r) in zip(summary[CELL].itertuples(index=False), summary.iterrows(),
+                                               strict=True)}
+    rows, found = [], False
+    for name, (tag, width, depth) in PAPER_ARCHS.items():
+        cells = []
+        for eraser, (pm, ps) in PAPER_TABLE_C[name].items():
+            rec = index.get(("cifar10", tag, width, depth, eraser))
+            found |= rec is not None
+            cells.append(f"{_cell_text(rec, 'legacy', 2)} / {pm:.2f} ± {ps:.2f}")
+        rows.append([name, *cells])
+    return rows if found else None
+
+
+def unfinished(df: pd.DataFrame) -> list[list[str]]:
+    bad = df[df.status != "done"]
+    return [[r.status, str(r.seed), r.job_dir, str(r.get("error", "") or "")] for _, r in bad.iterrows()]
+
+
+def markdown(df: pd.DataFrame, summary: pd.DataFrame, title: str) -> str:
+    done, total = int((df.status == "done").sum()), len(df)
+    protocols = ", ".join(sorted({p for p in summary.protocol if p})) or "n/a"
+    parts = [f"# {title}\n", f"{done}/{total} jobs finished; MDL protocol: {protocols}. Cells: mean ± sd over "
+             "finished seeds, (n/N) when seeds are missing.\n"]
+    parts += ["## MDL (bits/sample)\n", _md_table(*pivot(summary, "bits_per_sample"))]
+    parts += ["## Legacy MDL (the paper code's units)\n", _md_table(*pivot(summary, "legacy"))]
+    inc = increase_over_control(df)
+    if len(inc):
+        parts += ["## MDL increase over control (bits/sample, paired by seed)\n",
+                  _md_table(*increase_rows(inc, summary))]
+    parts += ["## Final validation loss (bits, full-data run)\n", _md_table(*pivot(summary, "final_val_loss"))]
+    parts += ["## Erasure certificate (after erasure)\n", _md_table(*certificate_rows(summary))]
+    paper = paper_rows(summary)
+    if paper is not None:
+        header = ["architecture", *[f"{PAPER_ERASER_NAMES[e]} (ours / paper)" for e in PAPER_TABLE_C["MLP"]]]
+        parts += ["## Paper Appendix C vs ours (CIFAR-10, legacy units)\n", _md_table(header, paper)]
+    bad = unfinished(df)
+    if bad:
+        parts += ["## Jobs without a result\n", _md_table(["status", "seed", "job dir", "detail"], bad)]
+    return "\n".join(parts)
+
+
+def _tex_escape(s: str) -> str:
+    return s.replace("_", r"\_").replace("±", r"$\pm$")
+
+
+def latex(summary: pd.DataFrame) -> str:
+    out = []
+    for metric, caption in (("bits_per_sample", "Prequential MDL (bits/sample)"),
+                            ("legacy", "Legacy MDL (paper units)")):
+        header, rows = pivot(summary, metric)
+        out += [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{" + "l" * 4 + "r" * (len(header) - 4) + "}",
+                r"\toprule", " & ".join(_tex_escape(h) for h in header) + r" \\", r"\midrule"]
+        out += [" & ".join(_tex_escape(c) for c in r) + r" \\" for r in rows]
+        out += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{caption}; mean $\pm$ sd over seeds.}}",
+                r"\end{table}", ""]
+    return "\n".join(out)
+
+
+# --- other tasks ------------------------------------------------------------------------------------------
+def other_task_tables(results: list[dict[str, Any]]) -> dict[str, str]:
+    """Tables from scripts/aggregate_gs.py (Spectral Decoupling) for results with task != mdl, if it exists."""
+    if not results:
+        return {}
+    path = Path(__file__).with_name("aggregate_gs.py")
+    if not path.exists():
+        print(f"note: {len(results)} result(s) of other tasks skipped (no {path.name})", file=sys.stderr)
+        return {}
+    spec = importlib.util.spec_from_file_location("aggregate_gs", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.tables(results))
+
+
+# --- main -------------------------------------------------------------------------------------------------
+def write_all(df: pd.DataFrame, others: list[dict[str, Any]], out: Path, name: str, title: str) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    text = ""
+    if len(df):
+        summary = summarize(df)
+        text = markdown(df, summary, title)
+        (out / f"{name}.md").write_text(text)
+        summary.to_csv(out / f"{name}.csv", index=False)
+        df.drop(columns=["curve"], errors="ignore").to_csv(out / f"{name}_jobs.csv", index=False)
+        (out / f"{name}.tex").write_text(latex(summary))
+        from aggregate_plots import plot_all
+
+        plot_all(df, summary, increase_over_control(df), out, name)
+    for key, table in other_task_tables(others).items():
+        fname = key if Path(key).suffix else f"{key}.md"
+        (out / f"{name}_{fname}").write_text(table)
+        text += f"\n{table}"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,26 +368,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("root", nargs="?", type=Path, help="directory searched for result.json")
     ap.add_argument("--experiment", help="aggregate exactly the jobs of this preset (missing ones shown)")
     ap.add_argument("--override", action="append", default=[], help="extra Hydra override for --experiment")
-    ap.add_argument("--name", default="results", help="table/plot file stem")
+    ap.add_argument("--name", default=None, help="table/plot file stem (default: experiment name or 'results')")
     ap.add_argument("--out", type=Path, default=Path("outputs/tables"))
     args = ap.parse_args(argv)
     if args.experiment:
-        df = collect_experiment(args.experiment, args.override)
+        df, others = collect_experiment(args.experiment, args.override)
+        title = f"Experiment {args.experiment}"
     elif args.root:
-        df = collect_dir(args.root)
+        df, others = collect_dir(args.root)
+        title = f"Results under {args.root}"
     else:
         ap.error("give a directory or --experiment")
-    if df.empty:
+    if df.empty and not others:
         print("no results found", file=sys.stderr)
         return 1
-    summary = summarize(df)
-    args.out.mkdir(parents=True, exist_ok=True)
-    md = markdown(summary)
-    (args.out / f"{args.name}.md").write_text(md)
-    summary.to_csv(args.out / f"{args.name}.csv", index=False)
-    plot_bars(summary, args.out / f"{args.name}.png")
-    print(md)
-    print(f"wrote {args.out / (args.name + '.md')}, .csv, .png")
+    name = args.name or args.experiment or "results"
+    print(write_all(df, others, args.out, name, title))
+    print(f"wrote {args.out}/{name}.md, .csv, _jobs.csv, .tex and PNG plots", file=sys.stderr)
     return 0
 
 

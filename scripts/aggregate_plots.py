@@ -1,0 +1,144 @@
+"""PNG plots for scripts/aggregate.py: MDL per cell, MDL vs width / depth (paper Figs 4-8), validation-loss
+curves per eraser (Figs 9-15) and the MDL increase over control. Missing cells are gaps, never interpolated."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+ERASER_ORDER = ["control", "leace", "alf_qleace", "gradient", "qleace", "random"]
+MAX_PANELS = 16
+LN2 = math.log(2)
+
+
+def _erasers(values: pd.Series) -> list[str]:
+    vals = list(dict.fromkeys(values))
+    return sorted(vals, key=lambda e: (ERASER_ORDER.index(e) if e in ERASER_ORDER else len(ERASER_ORDER), e))
+
+
+def _grid(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _save(fig: plt.Figure, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_bars(summary: pd.DataFrame, path: Path) -> None:
+    s = summary.reset_index(drop=True)
+    several = len(s.groupby(["dataset", "arch", "width", "depth"])) > 1
+    labels = [f"{r.eraser}\n{r.arch}-w{r.width}-d{r.depth}" if several else r.eraser for r in s.itertuples()]
+    fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(labels)), 3.4))
+    ax.bar(range(len(labels)), s.bits_per_sample_mean, yerr=s.bits_per_sample_sd.fillna(0), capsize=3)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylabel("MDL (bits/sample)")
+    ax.set_title(", ".join(sorted(set(s.dataset))))
+    _save(fig, path)
+
+
+def plot_mdl_vs(summary: pd.DataFrame, axis: str, path: Path) -> bool:
+    """MDL against `axis` (width or depth) at the most common value of the other, per (dataset, arch)."""
+    other = "depth" if axis == "width" else "width"
+    panels = []
+    for (dataset, arch), g in summary.groupby(["dataset", "arch"], sort=False):
+        fixed = g[other].mode().iloc[0]
+        g = g[g[other] == fixed]
+        if g[axis].nunique() >= 2:
+            panels.append((f"{dataset} {arch} ({other} {fixed})", g))
+    if not panels:
+        return False
+    fig, axes = _grid(min(len(panels), MAX_PANELS))
+    for ax, (title, g) in zip(axes, panels, strict=False):
+        for eraser in _erasers(g.eraser):
+            ge = g[g.eraser == eraser].sort_values(axis)
+            ax.errorbar(ge[axis], ge.bits_per_sample_mean, yerr=ge.bits_per_sample_sd.fillna(0), marker="o",
+                        ms=3, capsize=2, label=eraser)
+        if axis == "width":
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(axis)
+        ax.set_ylabel("MDL (bits/sample)")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    _save(fig, path)
+    return True
+
+
+def _mean_curve(curves: list[list[list[float]]]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over seeds at each step any seed logged (seeds that stopped early drop out), in bits."""
+    table: dict[float, list[float]] = {}
+    for curve in curves:
+        for step, loss in curve:
+            table.setdefault(float(step), []).append(float(loss) / LN2)
+    steps = np.array(sorted(table))
+    return steps, np.array([np.mean(table[s]) for s in steps])
+
+
+def plot_curves(df: pd.DataFrame, path: Path) -> bool:
+    done = df[(df.status == "done") & df.curve.map(lambda c: isinstance(c, list) and len(c) > 0)] \
+        if "curve" in df else df.iloc[0:0]
+    if done.empty:
+        return False
+    groups = list(done.groupby(["dataset", "arch", "width", "depth"], sort=False))[:MAX_PANELS]
+    fig, axes = _grid(len(groups))
+    for ax, ((dataset, arch, width, depth), g) in zip(axes, groups, strict=True):
+        for eraser in _erasers(g.eraser):
+            steps, loss = _mean_curve(list(g[g.eraser == eraser].curve))
+            ax.plot(steps, loss, label=f"{eraser} ({(g.eraser == eraser).sum()} seeds)")
+        ax.set_xlabel("step")
+        ax.set_ylabel("validation loss (bits)")
+        ax.set_title(f"{dataset} {arch}-w{width}-d{depth}", fontsize=9)
+        ax.legend(fontsize=7)
+    _save(fig, path)
+    return True
+
+
+def plot_increase(inc: pd.DataFrame, path: Path) -> bool:
+    if inc.empty:
+        return False
+    keys = list(dict.fromkeys(zip(inc.dataset, inc.arch, inc.width, inc.depth, strict=True)))
+    erasers = _erasers(inc.eraser)
+    width = 0.8 / len(erasers)
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(keys) * max(1, len(erasers) / 3)), 3.4))
+    for j, eraser in enumerate(erasers):
+        ge = inc[inc.eraser == eraser]
+        look = {(r.dataset, r.arch, r.width, r.depth): (r.mean, r.sd) for r in ge.itertuples()}
+        vals = [look.get(k, (math.nan, math.nan)) for k in keys]
+        ax.bar(np.arange(len(keys)) + j * width, [v[0] for v in vals], width,
+               yerr=[0 if math.isnan(v[1]) else v[1] for v in vals], capsize=2, label=eraser)
+    ax.axhline(0, color="k", lw=0.7)
+    ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2, [f"{d}\n{a}-w{w}-d{dd}" for d, a, w, dd in keys],
+                  fontsize=7)
+    ax.set_ylabel("MDL increase over control (bits/sample)")
+    ax.legend(fontsize=7)
+    _save(fig, path)
+    return True
+
+
+def plot_all(df: pd.DataFrame, summary: pd.DataFrame, inc: pd.DataFrame, out: Path, name: str) -> list[Path]:
+    written = []
+    done = summary[summary.n > 0]
+    if len(done):
+        plot_bars(done, out / f"{name}.png")
+        written.append(out / f"{name}.png")
+    for axis in ("width", "depth"):
+        if plot_mdl_vs(done, axis, out / f"{name}_mdl_vs_{axis}.png"):
+            written.append(out / f"{name}_mdl_vs_{axis}.png")
+    if plot_curves(df, out / f"{name}_val_curves.png"):
+        written.append(out / f"{name}_val_curves.png")
+    if plot_increase(inc, out / f"{name}_increase.png"):
+        written.append(out / f"{name}_increase.png")
+    return written

@@ -58,9 +58,7 @@ _INIT: dict[str, Initializer] = {
 
 
 def make_spec(arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> Spec:
-    return spec_class(str(arch["name"]).lower()).from_arch(
-        arch, tuple(int(s) for s in input_shape), int(num_classes)
-    )
+    return spec_class(str(arch["name"]).lower()).from_arch(arch, tuple(int(s) for s in input_shape), int(num_classes))
 
 
 def build_model(

@@ -57,9 +57,7 @@ class ConvNeXtSpec:
         return (d, d, 3 * d, d)
 
     @classmethod
-    def from_arch(
-        cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int
-    ) -> ConvNeXtSpec:
+    def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> ConvNeXtSpec:
         size = _named(arch, NAMED_SIZES)
         width = NAMED_SIZES[size][1] if size else int(arch["width"])
         patch = arch.get("patch_size") or max(1, min(input_shape[1:]) // 32)

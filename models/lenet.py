@@ -46,9 +46,7 @@ def lenet_param_count(
 
 
 @lru_cache(maxsize=1024)
-def match_lenet(
-    input_shape: tuple[int, int, int], width: int, depth: int, num_classes: int
-) -> tuple[int, int, int]:
+def match_lenet(input_shape: tuple[int, int, int], width: int, depth: int, num_classes: int) -> tuple[int, int, int]:
     """(c1, c2, fc): LeNet parameters within TOLERANCE of the ReLU MLP (same width and depth), closest to
     LeNet-5's proportions. Scans c2, ties c1 to it, solves the (quadratic in fc) parameter count for fc."""
     c, h, w = input_shape
@@ -76,9 +74,7 @@ def match_lenet(
 
 
 class LeNet(nn.Module):
-    def __init__(
-        self, in_channels: int, c1: int, c2: int, flat: int, fc: int, depth: int, num_classes: int
-    ) -> None:
+    def __init__(self, in_channels: int, c1: int, c2: int, flat: int, fc: int, depth: int, num_classes: int) -> None:
         super().__init__()
         if depth < 1:
             raise ValueError(f"LeNet depth (number of fc hidden layers) must be >= 1, got {depth}")
@@ -105,9 +101,7 @@ class LeNetSpec:
     num_classes: int
 
     @classmethod
-    def from_arch(
-        cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int
-    ) -> LeNetSpec:
+    def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> LeNetSpec:
         return cls(tuple(input_shape), int(arch["width"]), int(arch["depth"]), num_classes)  # type: ignore[arg-type]
 
     def with_width(self, width: int) -> LeNetSpec:

@@ -17,13 +17,7 @@ ACTIVATIONS = ("relu", "gelu", "swiglu")
 
 def mlp_param_count(in_features: int, width: int, depth: int, num_classes: int) -> int:
     """Parameters of the plain (ReLU/GELU) MLP with `depth` hidden layers of `width` units."""
-    return (
-        in_features * width
-        + width
-        + (depth - 1) * (width * width + width)
-        + width * num_classes
-        + num_classes
-    )
+    return in_features * width + width + (depth - 1) * (width * width + width) + width * num_classes + num_classes
 
 
 def glu_param_count(in_features: int, hidden: int, depth: int, num_classes: int) -> int:
@@ -95,9 +89,7 @@ class MLPSpec:
     swiglu_ratio: float | None = None  # None: hidden matched to the ReLU MLP's parameter count
 
     @classmethod
-    def from_arch(
-        cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int
-    ) -> MLPSpec:
+    def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> MLPSpec:
         ratio = arch.get("swiglu_ratio")
         return cls(
             in_features=math.prod(input_shape),

@@ -67,9 +67,7 @@ class SwinSpec:
         return (d, d, 3 * d)
 
     @classmethod
-    def from_arch(
-        cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int
-    ) -> SwinSpec:
+    def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> SwinSpec:
         size = _named(arch, NAMED_SIZES)
         window = arch.get("window_size")
         return cls(

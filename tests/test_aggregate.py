@@ -1,0 +1,183 @@
+"""scripts/aggregate.py on fixture directories: exact tables, missing seeds, failed and partial jobs, other tasks."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+aggregate = _load("aggregate")
+
+
+def _config(dataset: str, eraser: str, arch: str, width: int, depth: int, seed: int, task: str = "mdl") -> dict:
+    name = arch.split("_")[0]
+    return {"task": task, "seed": seed, "dataset": {"name": dataset, "tag": dataset},
+            "eraser": {"name": eraser, "options": {}},
+            "arch": {"name": name, "tag": arch, "width": width, "depth": depth},
+            "mdl": {"protocol": "prequential"}}
+
+
+def _job_dir(root: Path, cfg: dict) -> Path:
+    a = cfg["arch"]
+    return root / cfg["dataset"]["tag"] / cfg["eraser"]["name"] / f"{a['tag']}-w{a['width']}-d{a['depth']}" / \
+        f"seed{cfg['seed']}"
+
+
+def write_result(root: Path, cfg: dict, bits: float, legacy: float, final: float,
+                 cert: dict[str, float] | None = None, curve: list[list[float]] | None = None) -> Path:
+    job_dir = _job_dir(root, cfg)
+    job_dir.mkdir(parents=True)
+    result: dict[str, Any] = {
+        "config_hash": "fixture", "config": cfg,
+        "mdl": {"protocol": "prequential", "bits_per_sample": bits, "legacy": legacy},
+        "final": {"val_loss_bits": final, "val_loss_curve": curve or [[10, final * math.log(2)]]},
+        "certificate": None if cert is None else {"before": {}, "after": cert},
+    }
+    (job_dir / "result.json").write_text(json.dumps(result))
+    return job_dir
+
+
+CERT_LEACE = {"max_mean_gap": 1e-15, "max_cov_gap": 0.25, "linear_probe_acc": 0.1, "quadratic_probe_acc": 0.8,
+              "chance": 0.1}
+
+
+@pytest.fixture
+def fixture_runs(tmp_path: Path) -> Path:
+    """mnist5k, MLP w128 d2, control + leace x seeds 0-2. control seed 1 failed (multirun ledger), leace seed 2
+    never ran, control has no certificate; one partial job (progress.json) and one result of another task."""
+    root = tmp_path / "runs"
+    for seed, bits, legacy, final in [(0, 1.0, 3.0, 0.5), (2, 1.2, 3.4, 0.7)]:
+        write_result(root, _config("mnist5k", "control", "mlp_relu", 128, 2, seed), bits, legacy, final)
+    for seed, bits, legacy, final in [(0, 1.5, 4.0, 0.9), (1, 1.7, 4.2, 1.1)]:
+        write_result(root, _config("mnist5k", "leace", "mlp_relu", 128, 2, seed), bits, legacy, final, CERT_LEACE)
+    failed = _job_dir(root, _config("mnist5k", "control", "mlp_relu", 128, 2, 1))
+    ledger = root / ".multirun" / "20260101-000000-1"
+    ledger.mkdir(parents=True)
+    (ledger / "job-00001.json").write_text(json.dumps(
+        {"num": 1, "job_dir": str(failed), "status": "failed", "error": "ValueError: boom"}))
+    partial = _job_dir(root, _config("mnist5k", "leace", "lenet", 128, 2, 0))
+    partial.mkdir(parents=True)
+    (partial / "progress.json").write_text(json.dumps({"config_hash": "x", "blocks": [{}, {}]}))
+    other = root / "colored_mnist" / "sd" / "seed0"
+    other.mkdir(parents=True)
+    (other / "result.json").write_text(json.dumps({"config": {"task": "gs_colored_mnist", "seed": 0}}))
+    return root
+
+
+EXPECTED_MD = """\
+# Results under {root}
+
+4/6 jobs finished; MDL protocol: prequential. Cells: mean ± sd over finished seeds, (n/N) when seeds are missing.
+
+## MDL (bits/sample)
+
+| dataset | arch | w | d | control | leace |
+|---|---|---|---|---|---|
+| mnist5k | mlp_relu | 128 | 2 | 1.100 ± 0.141 (2/3) | 1.600 ± 0.141 (2/3) |
+| mnist5k | lenet | 128 | 2 | missing | missing |
+
+## Legacy MDL (the paper code's units)
+
+| dataset | arch | w | d | control | leace |
+|---|---|---|---|---|---|
+| mnist5k | mlp_relu | 128 | 2 | 3.200 ± 0.283 (2/3) | 4.100 ± 0.141 (2/3) |
+| mnist5k | lenet | 128 | 2 | missing | missing |
+
+## MDL increase over control (bits/sample, paired by seed)
+
+| dataset | arch | w | d | leace |
+|---|---|---|---|---|
+| mnist5k | mlp_relu | 128 | 2 | +0.500 |
+| mnist5k | lenet | 128 | 2 | missing |
+
+## Final validation loss (bits, full-data run)
+
+| dataset | arch | w | d | control | leace |
+|---|---|---|---|---|---|
+| mnist5k | mlp_relu | 128 | 2 | 0.600 ± 0.141 (2/3) | 1.000 ± 0.141 (2/3) |
+| mnist5k | lenet | 128 | 2 | missing | missing |
+
+## Erasure certificate (after erasure)
+
+| dataset | eraser | mean gap | cov gap | linear probe | quadratic probe | chance |
+|---|---|---|---|---|---|---|
+| mnist5k | control | n/a | n/a | n/a | n/a | n/a |
+| mnist5k | leace | 1e-15 | 0.25 | 0.1 | 0.8 | 0.1 |
+
+## Jobs without a result
+
+| status | seed | job dir | detail |
+|---|---|---|---|
+| failed | 1 | {root}/mnist5k/control/mlp_relu-w128-d2/seed1 | ValueError: boom |
+| partial | 0 | {root}/mnist5k/leace/lenet-w128-d2/seed0 | 2 block models finished |
+"""
+
+
+def test_fixture_directory_gives_the_exact_table(fixture_runs: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "tables"
+    assert aggregate.main([str(fixture_runs), "--out", str(out), "--name", "fx"]) == 0
+    md = (out / "fx.md").read_text()
+    assert md == EXPECTED_MD.format(root=fixture_runs)
+    assert "other task" in capsys.readouterr().err  # the gs result is skipped, not mistaken for an MDL row
+    rows = list(csv.DictReader((out / "fx.csv").open()))
+    control = next(r for r in rows if r["eraser"] == "control" and r["arch"] == "mlp_relu")
+    assert (control["n"], control["n_expected"], control["missing_seeds"]) == ("2", "3", "1:failed")
+    assert float(control["bits_per_sample_mean"]) == pytest.approx(1.1)
+    leace = next(r for r in rows if r["eraser"] == "leace" and r["arch"] == "mlp_relu")
+    assert leace["missing_seeds"] == "2:missing"
+    jobs = list(csv.DictReader((out / "fx_jobs.csv").open()))
+    assert sorted(j["status"] for j in jobs) == ["done"] * 4 + ["failed", "partial"]
+    tex = (out / "fx.tex").read_text()
+    assert r"1.100 $\pm$ 0.141 (2/3)" in tex and r"mlp\_relu" in tex and tex.count(r"\begin{tabular}") == 2
+    for png in ("fx.png", "fx_val_curves.png", "fx_increase.png"):
+        assert (out / png).stat().st_size > 1000
+
+
+def test_width_and_depth_plots_and_paper_table(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    for eraser, base in [("control", 7.0), ("leace", 8.0)]:
+        for seed in (0, 1):
+            for width in (64, 128, 256):
+                write_result(root, _config("cifar10", eraser, "mlp_relu", width, 2, seed), 2.0, base + seed * 0.1, 1.0)
+            for depth in (1, 3):
+                write_result(root, _config("cifar10", eraser, "mlp_relu", 128, depth, seed), 2.0, base, 1.0)
+    out = tmp_path / "tables"
+    assert aggregate.main([str(root), "--out", str(out), "--name", "w"]) == 0
+    assert (out / "w_mdl_vs_width.png").exists() and (out / "w_mdl_vs_depth.png").exists()
+    md = (out / "w.md").read_text()
+    # Ours next to the paper's Appendix C (legacy units); cells we did not run say so.
+    assert "| MLP | 7.05 ± 0.07 / 7.14 ± 0.05 | 8.05 ± 0.07 / 8.49 ± 0.10 | missing / 8.94 ± 0.14 |" in md
+    assert "| LeNet | missing / 5.62 ± 0.02 |" in md
+
+
+def test_other_tasks_go_to_aggregate_gs_when_present(tmp_path: Path, monkeypatch) -> None:
+    fake = tmp_path / "scripts"
+    fake.mkdir()
+    (fake / "aggregate_gs.py").write_text(
+        "def tables(results):\n    return {'gs': f'| gs | {len(results)} results |\\n'}\n")
+    monkeypatch.setattr(aggregate, "__file__", str(fake / "aggregate.py"))
+    assert aggregate.other_task_tables([{"config": {"task": "x"}}]) == {"gs": "| gs | 1 results |\n"}
+    assert aggregate.other_task_tables([]) == {}
+
+
+def test_no_results_is_an_error(tmp_path: Path) -> None:
+    assert aggregate.main([str(tmp_path), "--out", str(tmp_path / "t")]) == 1

@@ -1,0 +1,112 @@
+"""Experiment presets: each composes without data, every swept value exists, every job gets its own directory,
+and training/sweeps.py expands a preset exactly as Hydra's basic sweeper does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from training.sweeps import CONF_DIR, expand, presets, sweep_overrides, sweeper_params
+
+PAPER = ["paper_table_c", "paper_fig4_width", "paper_fig4_depth", "paper_fig5_width", "paper_fig5_depth",
+         "paper_fig6_7_width", "paper_fig6_7_depth", "paper_fig8_width", "paper_fig8_depth", "paper_fig16"]
+OFFLINE = ["offline_table", "smoke"]
+ALL_ERASERS = {"control", "leace", "qleace", "alf_qleace", "gradient", "random"}
+
+
+def _values(spec: str) -> list[str]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    ov = OverridesParser.create().parse_overrides([f"k={spec}"])[0]
+    return list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+
+
+def _is_group(key: str) -> bool:
+    return (CONF_DIR / key.lstrip("+")).is_dir()
+
+
+def test_every_preset_of_the_issue_exists() -> None:
+    assert set(PAPER + OFFLINE + ["demo"]) <= set(presets())
+
+
+@pytest.mark.parametrize("name", sorted(set(PAPER + OFFLINE)))
+def test_preset_composes_every_swept_value_exists_and_dirs_differ(name: str, tmp_path: Path) -> None:
+    params = sweeper_params(name)
+    assert params, f"{name} has no hydra.sweeper.params"
+    axes = {k: _values(v) for k, v in params.items()}
+    base = {k: v[0] for k, v in axes.items()}
+    fixed = [f"experiment={name}", f"paths.out_dir={tmp_path}", f"paths.data_dir={tmp_path / 'no-data'}"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for key, values in axes.items():
+            # Group choices: each must exist. Plain values: the key must exist (first and last value compose).
+            tried = values if _is_group(key) else list(dict.fromkeys([values[0], values[-1]]))
+            dirs = set()
+            for value in tried:
+                combo = {**base, key: value}
+                cfg = compose("config", overrides=[*fixed, *(f"{k}={v}" for k, v in combo.items())])
+                job = OmegaConf.to_container(cfg, resolve=True)
+                assert isinstance(job, dict) and job["experiment_name"] == name
+                dirs.add(job["paths"]["job_dir"])
+            assert len(dirs) == len(tried), f"{name}: values of {key} share a job directory"
+
+
+def test_paper_grids_match_the_paper() -> None:
+    c = sweeper_params("paper_table_c")
+    assert _values(c["arch"]) == ["mlp", "lenet", "convnext", "swin"]
+    assert set(_values(c["eraser"])) == {"control", "leace", "alf_qleace", "gradient", "qleace"}
+    assert _values(c["seed"]) == ["0", "1", "2", "3", "4"]
+    for fig in ("paper_fig4", "paper_fig5"):
+        w, d = sweeper_params(f"{fig}_width"), sweeper_params(f"{fig}_depth")
+        assert _values(w["arch.width"]) == ["64", "128", "256", "512", "1024", "2048"] and w["arch.depth"] == "2"
+        assert _values(d["arch.depth"]) == [str(i) for i in range(1, 9)] and d["arch.width"] == "128"
+        assert _values(w["+experiment/net"]) == ["mlp_relu", "mlp_gelu", "mlp_swiglu", "lenet"]
+    assert set(_values(sweeper_params("paper_fig4_width")["eraser"])) == {"control", "leace"}
+    assert {"qleace", "alf_qleace", "gradient"} <= set(_values(sweeper_params("paper_fig5_width")["eraser"]))
+    assert _values(sweeper_params("paper_fig8_width")["dataset"]) == ["cifarnet", "svhn"]
+    offline = sweeper_params("offline_table")
+    assert set(_values(offline["eraser"])) == ALL_ERASERS and _values(offline["arch"]) == ["mlp", "lenet"]
+    assert len(_values(offline["seed"])) == 3
+
+
+def test_zscore_preset_has_its_own_directories(tmp_path: Path) -> None:
+    job = expand("paper_fig16", [f"paths.out_dir={tmp_path}", "seed=0", "arch=mlp", "eraser=control"])[0]
+    assert job["dataset"]["zscore"] is True
+    assert job["paths"]["job_subdir"] == "cifar10_zscore/control/mlp_relu-w128-d2/seed0"
+
+
+def test_table_c_base_sizes(tmp_path: Path) -> None:
+    jobs = expand("paper_table_c", [f"paths.out_dir={tmp_path}", "seed=0", "eraser=control"])
+    got = {(j["arch"]["name"], j["arch"]["width"], j["arch"]["depth"], j["arch"].get("size")) for j in jobs}
+    assert got == {("mlp", 128, 2, None), ("lenet", 128, 2, None), ("convnext", 40, 2, None),
+                   ("swin", 40, 2, None)}  # ConvNeXtV2/SwinV2 atto = width 40, D = 2
+    assert all(j["dataset"]["name"] == "cifar10" and j["mdl"]["num_blocks"] == 10 for j in jobs)
+
+
+def test_expansion_follows_hydra_order_and_command_line_overrides(tmp_path: Path) -> None:
+    combos = sweep_overrides("smoke")
+    assert combos == [["eraser=control", "seed=0", "experiment=smoke"], ["eraser=control", "seed=1", "experiment=smoke"],
+                      ["eraser=leace", "seed=0", "experiment=smoke"], ["eraser=leace", "seed=1", "experiment=smoke"]]
+    # A command-line sweep of a swept key replaces it (as `python -m training.run -m experiment=smoke seed=5,6`).
+    jobs = expand("smoke", ["seed=5,6", f"paths.out_dir={tmp_path}"])
+    assert [(j["eraser"]["name"], j["seed"]) for j in jobs] == [("control", 5), ("control", 6), ("leace", 5),
+                                                                 ("leace", 6)]
+    assert all(j["paths"]["out_dir"] == str(tmp_path) for j in jobs)
+
+
+def test_the_default_launcher_is_local() -> None:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for name in ("smoke", "paper_table_c"):
+            cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+            assert cfg.hydra.launcher._target_.endswith("BasicLauncher")
+            assert cfg.hydra.callbacks.job_status._target_ == "training.callbacks.JobStatusCallback"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(set(PAPER + OFFLINE)))
+def test_full_expansion_gives_distinct_job_dirs(name: str, tmp_path: Path) -> None:
+    jobs = expand(name, [f"paths.out_dir={tmp_path}"])
+    dirs = [j["paths"]["job_dir"] for j in jobs]
+    assert len(set(dirs)) == len(dirs)

@@ -1,0 +1,143 @@
+"""Resume and skip: a killed multirun, rerun with the same command, skips finished jobs, resumes the killed one
+after its last finished MDL block, and ends with exactly the numbers of an uninterrupted run (same seed, CPU).
+
+No RNG state is saved: every block model draws init, batch order, augmentation and dropout from generators
+derived from (seed, block), so block i does not depend on what ran before it in the process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.helpers import job_config
+from training.pipeline import PROGRESS_FILE, Trainer, run_job
+from training.sweeps import expand
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+
+
+def smoke_command(out_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "training.run", "-m", "experiment=smoke", f"paths.out_dir={out_dir}",
+            "logger=none", "progress=false"]
+
+
+def _numbers(result: dict[str, Any]) -> dict[str, Any]:
+    """What must not change between an interrupted and an uninterrupted run (timings may)."""
+    mdl = result["mdl"]
+    return {"hash": result["config_hash"], "ce": mdl["block_ce_bits"], "bits": mdl["bits_per_sample"],
+            "legacy": mdl["legacy"], "epochs": [b["epochs"] for b in mdl["blocks"]],
+            "curve": (result["final"] or {}).get("val_loss_curve")}
+
+
+def _state(runs: Path) -> tuple[set[Path], set[Path]]:
+    finished = {p.parent for p in runs.rglob("result.json")}
+    partial = {p.parent for p in runs.rglob(PROGRESS_FILE)} - finished
+    return finished, partial
+
+
+def test_killed_multirun_skips_finished_and_resumes_the_killed_job(tmp_path: Path) -> None:
+    out = tmp_path / "killed"
+    runs = out / "runs"
+    log = (tmp_path / "first.log").open("w")
+    proc = subprocess.Popen(smoke_command(out), cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + 300
+    try:
+        while True:  # kill as soon as one job is finished and another has finished >= 1 block model
+            finished, partial = _state(runs)
+            if finished and partial:
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            assert proc.poll() is None, f"multirun ended before it could be killed:\n{(tmp_path / 'first.log').read_text()}"
+            assert time.monotonic() < deadline, "timed out waiting for the first finished block"
+            time.sleep(0.01)
+    finally:
+        proc.wait(timeout=60)
+        log.close()
+    finished, partial = _state(runs)
+    assert len(partial) == 1, (finished, partial)
+    killed = next(iter(partial))
+    blocks_done = len(json.loads((killed / PROGRESS_FILE).read_text())["blocks"])
+    assert blocks_done >= 1
+    stamps = {d: (d / "result.json").stat().st_mtime_ns for d in finished}
+
+    rerun = subprocess.run(smoke_command(out), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    text = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, text[-3000:]
+    for d in finished:
+        assert f"SKIP {d}" in text
+        assert (d / "result.json").stat().st_mtime_ns == stamps[d]  # untouched
+    assert f"resuming after block model {blocks_done}/" in text
+    assert f"4/4 jobs ran: {4 - len(finished)} done, {len(finished)} skipped, 0 failed" in text
+    assert not list(runs.rglob(PROGRESS_FILE))
+
+    # The same sweep, uninterrupted, in another out_dir (in this process: also checks CPU determinism).
+    for cfg in expand("smoke", [f"paths.out_dir={tmp_path / 'clean'}", "logger=none", "progress=false"]):
+        clean = run_job(cfg)
+        again = json.loads((out / "runs" / cfg["paths"]["job_subdir"] / "result.json").read_text())
+        assert _numbers(again) == _numbers(clean), cfg["paths"]["job_subdir"]
+
+
+QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=6", "optim.warmup_steps=10", "certificate=false",
+         "arch.width=32"]
+
+
+def test_resume_after_a_crash_in_block_k_equals_an_uninterrupted_run(tmp_path: Path, monkeypatch, caplog) -> None:
+    reference = run_job(job_config(tmp_path / "ref", QUICK))
+    cfg = job_config(tmp_path / "crash", QUICK)
+    real, calls = Trainer.code_bits, {"n": 0}
+
+    def crash_on_third(self: Trainer, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated crash")
+        return real(self, model, idx)
+
+    monkeypatch.setattr(Trainer, "code_bits", crash_on_third)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_job(cfg)
+    progress = json.loads((Path(cfg["paths"]["job_dir"]) / PROGRESS_FILE).read_text())
+    assert progress["config_hash"] == reference["config_hash"] and len(progress["blocks"]) == 2
+    monkeypatch.setattr(Trainer, "code_bits", real)
+    torch.manual_seed(12345)  # the global RNG state at resume time must not matter
+    with caplog.at_level("INFO"):
+        resumed = run_job(cfg)
+    assert "resuming after block model 2/5" in caplog.text
+    assert _numbers(resumed) == _numbers(reference)
+
+
+def test_progress_of_another_config_is_ignored(tmp_path: Path, caplog) -> None:
+    cfg = job_config(tmp_path, QUICK)
+    job_dir = Path(cfg["paths"]["job_dir"])
+    job_dir.mkdir(parents=True)
+    fake = {"block": 2, "ce_bits": 0.0, "train_size": 1, "coded_size": 1, "epochs": 1}
+    (job_dir / PROGRESS_FILE).write_text(json.dumps({"config_hash": "another", "blocks": [fake]}))
+    with caplog.at_level("INFO"):
+        result = run_job(cfg)
+    assert "resuming" not in caplog.text
+    assert result["mdl"]["block_ce_bits"][1] > 0
+
+
+def test_dropout_streams_do_not_depend_on_the_process_history(tmp_path: Path) -> None:
+    """SwinV2 uses drop-path (global RNG): the numbers must not depend on the global RNG state at the start,
+    or a resumed job (a fresh process) would differ from an uninterrupted one."""
+    overrides = ["dataset=digits", "dataset.limit=400", "arch=swin", "arch.width=8", "arch.depth=1", "mdl=quick",
+                 "mdl.max_epochs=2", "mdl.full_run=false", "certificate=false"]
+    torch.manual_seed(1)
+    a = run_job(job_config(tmp_path / "a", overrides))
+    torch.manual_seed(2)
+    torch.rand(17)
+    b = run_job(job_config(tmp_path / "b", overrides))
+    assert a["model"]["drop_path_rate"] > 0
+    assert a["mdl"]["block_ce_bits"] == b["mdl"]["block_ce_bits"]

@@ -83,6 +83,7 @@ def build_model(
         base = on_meta(spec.with_width(base_width).build)
         delta = on_meta(spec.with_width(2 * base_width).build)
         apply_mup(model, base, delta, _INIT[name])
+        _check_width_dims(model, getattr(spec, "fixed_modules", ()))
     elif mode == "sp":
         apply_sp(model)
     else:
@@ -99,6 +100,14 @@ def build_model(
         **spec.info(),
     }
     return model
+
+
+def _check_width_dims(model: nn.Module, fixed_modules: tuple[str, ...]) -> None:
+    """Every Linear/Conv must have a width dimension (else base and delta models failed to differ in it)."""
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)) and not any(f in name for f in fixed_modules):
+            if module.weight.infshape.ninf() == 0:
+                raise RuntimeError(f"μP: {name} has no width dimension; base and delta models share its shape")
 
 
 def _depth_blocks(arch: Mapping[str, Any], depth: int | None = None) -> int:

@@ -116,5 +116,4 @@ class MLPSpec:
 
     def info(self) -> dict[str, Any]:
         relu = mlp_param_count(self.in_features, self.width, self.depth, self.num_classes)
-        out: dict[str, Any] = {"activation": self.activation, "hidden": self.hidden, "relu_mlp_params": relu}
-        return out
+        return {"depth": self.depth, "activation": self.activation, "hidden": self.hidden, "relu_mlp_params": relu}

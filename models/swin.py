@@ -55,6 +55,7 @@ class SwinSpec:
     window_size: int | None  # None: auto per stage
     mlp_ratio: float
     drop_path_rate: float
+    fixed_modules: tuple[str, ...] = ("cpb_mlp",)  # SwinV2's relative-position MLP: fixed 2 → 512 → heads
 
     @staticmethod
     def stage_depths(arch: Mapping[str, Any], depth: int | None = None) -> tuple[int, ...]:
@@ -80,7 +81,7 @@ class SwinSpec:
             patch_size=int(arch.get("patch_size") or 2),
             window_size=None if window is None else int(window),
             mlp_ratio=float(arch.get("mlp_ratio") or 4.0),
-            drop_path_rate=float(arch.get("drop_path_rate", 0.2)),
+            drop_path_rate=float(0.2 if arch.get("drop_path_rate") is None else arch["drop_path_rate"]),
         )
 
     def with_width(self, width: int) -> SwinSpec:

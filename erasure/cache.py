@@ -1,0 +1,141 @@
+"""On-disk cache of erased datasets: `<root>/erased/<hash>/{data.pt, report.json, manifest.json}`.
+
+hash = sha256 of the canonical JSON of the caller's key plus `code_version()` (a hash of the erasure/
+sources, so editing an eraser invalidates old entries). A file lock makes concurrent jobs fit once (the
+second waits, then hits). Files are written to temporary names and renamed; the manifest (with sha256
+checksums) is written last, so an entry without a valid manifest is partial. A corrupt or partial entry
+is logged and rebuilt.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from filelock import FileLock
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+CACHE_FORMAT = 1
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """sha256 (16 hex digits) of every erasure/*.py file, by name and content."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def canonical(obj: Any) -> Any:
+    """JSON-compatible, order-independent form of a key (mappings sorted, tuples → lists, numpy → python)."""
+    if isinstance(obj, Mapping):
+        return {str(k): canonical(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, list | tuple):
+        return [canonical(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if hasattr(obj, "items"):  # e.g. OmegaConf DictConfig
+        return canonical(dict(obj.items()))
+    if hasattr(obj, "__iter__"):
+        return [canonical(v) for v in obj]
+    return str(obj)
+
+
+def key_hash(key: Mapping[str, Any]) -> str:
+    text = json.dumps({"key": canonical(key), "code": code_version(), "format": CACHE_FORMAT},
+                      sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
+                 build: Callable[[], tuple[Tensor, dict[str, Any]]]) -> tuple[Tensor, dict[str, Any], bool]:
+    """(erased x, report, hit). Loads `<cache_root>/erased/<hash>/` or calls `build()` once and stores it."""
+    root = Path(cache_root) / "erased"
+    root.mkdir(parents=True, exist_ok=True)
+    h = key_hash(key)
+    entry = root / h
+    with FileLock(str(root / f"{h}.lock")):
+        loaded = _load(entry)
+        if loaded is not None:
+            log.info("cache hit: %s", entry)
+            return loaded[0], loaded[1], True
+        log.info("cache miss: %s (fitting)", entry)
+        x, report = build()
+        _store(entry, key, x, report)
+        return x, report, False
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _write_text(path: Path, text: str) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    _atomic_write(path, write)
+
+
+def _store(entry: Path, key: Mapping[str, Any], x: Tensor, report: dict[str, Any]) -> None:
+    if entry.exists():
+        shutil.rmtree(entry)
+    entry.mkdir(parents=True)
+    _atomic_write(entry / "data.pt", lambda tmp: torch.save(x.detach().cpu().contiguous(), tmp))
+    _write_text(entry / "report.json", json.dumps(report, indent=1, default=str))
+    manifest = {"format": CACHE_FORMAT, "code_version": code_version(), "key": canonical(key),
+                "shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""),
+                "sha256": {"data.pt": _sha256(entry / "data.pt"), "report.json": _sha256(entry / "report.json")}}
+    _write_text(entry / "manifest.json", json.dumps(manifest, indent=1))
+
+
+def _load(entry: Path) -> tuple[Tensor, dict[str, Any]] | None:
+    """The stored entry, or None when absent; a partial or corrupt entry is logged, removed and None."""
+    if not entry.exists():
+        return None
+    try:
+        manifest = json.loads((entry / "manifest.json").read_text())
+        for name, digest in manifest["sha256"].items():
+            if _sha256(entry / name) != digest:
+                raise ValueError(f"checksum mismatch for {name}")
+        x = torch.load(entry / "data.pt", map_location="cpu", weights_only=True)
+        report = json.loads((entry / "report.json").read_text())
+        if list(x.shape) != manifest["shape"] or str(x.dtype).replace("torch.", "") != manifest["dtype"]:
+            raise ValueError("stored tensor does not match the manifest")
+    except Exception as err:  # noqa: BLE001 - any failure means the entry cannot be trusted
+        log.warning("cache entry %s is partial or corrupt (%s: %s); rebuilding", entry, type(err).__name__, err)
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+    return x, report

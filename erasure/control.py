@@ -1,0 +1,25 @@
+"""Identity eraser (the unerased control)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .base import Eraser, base_info, prepare_fit
+
+
+class ControlEraser(Eraser):
+    name = "control"
+
+    def _apply(self, x64: Tensor, y: Tensor | None) -> Tensor:
+        return x64
+
+
+def fit_control(x: Tensor | np.ndarray, y: Tensor | np.ndarray) -> ControlEraser:
+    x64, labels, flat, k = prepare_fit(x, y)
+    info: dict[str, Any] = base_info("control", flat, k, torch.bincount(labels, minlength=k).cpu(), {})
+    info["rank_removed"] = 0
+    return ControlEraser({"mean": x64.mean(0)}, info)

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             worst = max(r.slopes, key=lambda k: abs(r.slopes[k]))
             print(f"{name:9s} {param:5s} {r.max_abs_slope:10.2f} {r.max_slope:10.2f} {r.logits_slope:8.2f}  "
                   f"{worst} ({r.slopes[worst]:+.2f})", flush=True)  # fmt: skip
-            plot(r, args.out / f"{name}_{param}.png")
+            plot(r, args.out / f"{name}_{param}_{args.data}.png")
             summary[f"{name}/{param}"] = {
                 "widths": r.widths, "lr": s["lr"], "nsteps": s["nsteps"], "max_abs_slope": r.max_abs_slope,
                 "max_slope": r.max_slope, "logits_slope": r.logits_slope,

@@ -64,5 +64,5 @@ def test_coord_check_script_writes_plots(tmp_path: Path) -> None:
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     assert script.main(["--arch", "mlp", "--seeds", "1", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "mlp_mup.png").stat().st_size > 0 and (tmp_path / "mlp_sp.png").exists()
+    assert (tmp_path / "mlp_mup_digits.png").stat().st_size > 0 and (tmp_path / "mlp_sp_digits.png").exists()
     assert (tmp_path / "slopes_digits.json").exists()

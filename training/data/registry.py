@@ -58,7 +58,7 @@ def _fixed_shuffle(data: LoadedData) -> LoadedData:
 
 def load_dataset(cfg: Mapping[str, Any], data_dir: str | Path = "data") -> LoadedData:
     # Import the loader modules so they register themselves.
-    from training.data import image_sets, offline  # noqa: F401
+    from training.data import image_sets, offline, toy  # noqa: F401
 
     name = cfg["name"]
     if name not in _LOADERS:

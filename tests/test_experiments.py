@@ -87,8 +87,7 @@ def test_table_c_base_sizes(tmp_path: Path) -> None:
 
 def test_expansion_follows_hydra_order_and_command_line_overrides(tmp_path: Path) -> None:
     combos = sweep_overrides("smoke")
-    assert combos == [["eraser=control", "seed=0", "experiment=smoke"], ["eraser=control", "seed=1", "experiment=smoke"],
-                      ["eraser=leace", "seed=0", "experiment=smoke"], ["eraser=leace", "seed=1", "experiment=smoke"]]
+    assert combos == [[f"eraser={e}", f"seed={s}", "experiment=smoke"] for e in ("control", "leace") for s in (0, 1)]
     # A command-line sweep of a swept key replaces it (as `python -m training.run -m experiment=smoke seed=5,6`).
     jobs = expand("smoke", ["seed=5,6", f"paths.out_dir={tmp_path}"])
     assert [(j["eraser"]["name"], j["seed"]) for j in jobs] == [("control", 5), ("control", 6), ("leace", 5),

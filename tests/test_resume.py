@@ -59,7 +59,7 @@ def test_killed_multirun_skips_finished_and_resumes_the_killed_job(tmp_path: Pat
             if finished and partial:
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
-            assert proc.poll() is None, f"multirun ended before it could be killed:\n{(tmp_path / 'first.log').read_text()}"
+            assert proc.poll() is None, "multirun ended before it was killed:\n" + (tmp_path / "first.log").read_text()
             assert time.monotonic() < deadline, "timed out waiting for the first finished block"
             time.sleep(0.01)
     finally:
@@ -78,7 +78,7 @@ def test_killed_multirun_skips_finished_and_resumes_the_killed_job(tmp_path: Pat
     for d in finished:
         assert f"SKIP {d}" in text
         assert (d / "result.json").stat().st_mtime_ns == stamps[d]  # untouched
-    assert f"resuming after block model {blocks_done}/" in text
+    assert f"resuming after block model {blocks_done}/" in text, text[-4000:]
     assert f"4/4 jobs ran: {4 - len(finished)} done, {len(finished)} skipped, 0 failed" in text
     assert not list(runs.rglob(PROGRESS_FILE))
 
@@ -86,7 +86,7 @@ def test_killed_multirun_skips_finished_and_resumes_the_killed_job(tmp_path: Pat
     for cfg in expand("smoke", [f"paths.out_dir={tmp_path / 'clean'}", "logger=none", "progress=false"]):
         clean = run_job(cfg)
         again = json.loads((out / "runs" / cfg["paths"]["job_subdir"] / "result.json").read_text())
-        assert _numbers(again) == _numbers(clean), cfg["paths"]["job_subdir"]
+        assert _numbers(again) == _numbers(clean), (cfg["paths"]["job_subdir"], _numbers(again), _numbers(clean))
 
 
 QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=6", "optim.warmup_steps=10", "certificate=false",

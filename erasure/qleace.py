@@ -87,13 +87,16 @@ def fit_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, tol: float = 1
     covs = v.T @ mom.class_covs @ v  # (k, s, s) in the pooled eigenbasis
     del mom.class_covs
     inv_sd = vals[:s].rsqrt()
-    min_eigs = torch.linalg.eigvalsh(covs * inv_sd[:, None] * inv_sd[None, :])[:, 0]
+    white_eigs = torch.linalg.eigvalsh(covs * inv_sd[:, None] * inv_sd[None, :])
+    min_eigs = white_eigs[:, 0]
     r, handling = s, ("none" if s == d else "support")
     ridge_used = 0.0
     if float(min_eigs.min()) < class_rtol:
         bad = (min_eigs < class_rtol).nonzero().flatten().tolist()
         if rank_deficient == "truncate":
-            r = _stable_rank(covs, inv_sd, class_rtol)
+            # interlacing: an r-dim compression with min eigenvalue ≥ τ needs r ≤ #(eigenvalues ≥ τ)
+            upper = int((white_eigs >= class_rtol).sum(-1).min())
+            r = _stable_rank(covs, inv_sd, class_rtol, upper + 1)
             handling = "truncate"
             what = (f"kept the top {r} of {s} principal directions of the pooled covariance "
                     f"({_frac(vals, r):.4%} of its variance); the rest is set to the mean")
@@ -133,7 +136,7 @@ def _frac(vals: Tensor, r: int) -> float:
     return float(vals[:r].clamp_min(0).sum()) / tot if tot > 0 else 1.0
 
 
-def _stable_rank(covs: Tensor, inv_sd: Tensor, class_rtol: float) -> int:
+def _stable_rank(covs: Tensor, inv_sd: Tensor, class_rtol: float, hi: int) -> int:
     """Largest r whose leading r×r whitened class covariances all have min eigenvalue ≥ class_rtol.
 
     Monotone in r (the min generalised Rayleigh quotient over nested subspaces can only fall), so bisect.
@@ -142,7 +145,7 @@ def _stable_rank(covs: Tensor, inv_sd: Tensor, class_rtol: float) -> int:
         w = inv_sd[:r]
         return bool(torch.linalg.eigvalsh(covs[:, :r, :r] * w[:, None] * w[None, :])[:, 0].min() >= class_rtol)
 
-    lo, hi = 0, covs.shape[-1]  # ok(lo) holds (empty), ok(hi) fails
+    lo, hi = 0, min(hi, covs.shape[-1])  # ok(lo) holds (empty), ok(hi) fails
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)

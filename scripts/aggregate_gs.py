@@ -1,0 +1,262 @@
+#!/usr/bin/env python
+"""Tables and plots for the Gradient Starvation tasks (gs_two_moons, gs_colored_mnist, gs_erased_eval) and
+for MDL jobs that ran with a regularizer section (ERM vs SD, e.g. the gs_sd_erasure preset).
+
+    python scripts/aggregate_gs.py outputs/runs            # prints tables, writes outputs/tables/gs_*.md + PNGs
+
+Library use: `tables(results) -> {name: markdown}` and `plots(results, out_dir) -> [paths]`, where `results`
+are parsed result.json dicts (others are ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from training.starvation import method_name  # noqa: E402
+
+GS_TASKS = ("gs_two_moons", "gs_colored_mnist", "gs_erased_eval")
+PAPER_CMNIST = {"ERM (paper, 60k MNIST)": (91.1, 23.7), "SD (paper, 60k MNIST)": (70.0, 68.4)}
+FIG3 = ("grayscale_digit", "colored_digit", "grayscale_blank", "colored_blank")
+
+
+def _stat(values: Iterable[float], scale: float = 1.0, digits: int = 1) -> str:
+    v = [scale * float(x) for x in values if x is not None and not math.isnan(float(x))]
+    if not v:
+        return "–"
+    if len(v) == 1:
+        return f"{v[0]:.{digits}f}"
+    return f"{np.mean(v):.{digits}f} ± {np.std(v, ddof=1):.{digits}f}"
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def _method(r: dict[str, Any]) -> str:
+    return r.get("method") or method_name(r["config"])
+
+
+def _group(results: list[dict[str, Any]], key: Callable[[dict[str, Any]], tuple]) -> dict[tuple, list[dict[str, Any]]]:
+    out: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        out[key(r)].append(r)
+    return dict(sorted(out.items(), key=lambda kv: tuple(str(k) for k in kv[0])))
+
+
+def _get(r: dict[str, Any], *path: str) -> Any:
+    for p in path:
+        r = r[p]
+    return r
+
+
+def _col(rs: list[dict[str, Any]], *path: str, s: float = 1.0, d: int = 1) -> str:
+    """mean ± std over the runs `rs` of the value at `path`, times s, with d decimals."""
+    return _stat((_get(r, *path) for r in rs), s, d)
+
+
+def two_moons_table(results: list[dict[str, Any]]) -> str:
+    rows = []
+    for (margin, method), rs in _group(results, lambda r: (r["config"]["dataset"]["margin"], _method(r))).items():
+        rows.append([f"{margin:+g}", method, str(len(rs)), _col(rs, "train", "acc", s=100),
+                     _col(rs, "test", "acc", s=100), _col(rs, "geometry", "min_margin", d=3),
+                     _col(rs, "geometry", "mean_margin", d=3), _col(rs, "geometry", "boundary_turning", d=2),
+                     _col(rs, "geometry", "boundary_line_rms", d=3)])
+    return _markdown(["data margin", "method", "seeds", "train acc %", "test acc %", "min margin", "mean margin",
+                      "boundary turning (rad)", "boundary line RMS"], rows)
+
+
+def colored_mnist_tables(results: list[dict[str, Any]]) -> dict[str, str]:
+    rows, fig3 = [], []
+    for (method,), rs in _group(results, lambda r: (_method(r),)).items():
+        rows.append([method, str(len(rs)), _col(rs, "train", "acc", s=100), _col(rs, "test", "acc", s=100),
+                     _col(rs, "environments", "train1", "acc", s=100),
+                     _col(rs, "environments", "train2", "acc", s=100)])
+        fig3.append([method, *(_col(rs, "fig3", v, "acc", s=100) for v in FIG3),
+                     *(_col(rs, "fig3", v, "entropy", d=3) for v in FIG3)])
+    rows += [[name, "10", f"{tr}", f"{te}", "", ""] for name, (tr, te) in PAPER_CMNIST.items()]
+    header = ["method", "seeds", "train acc %", "test acc %", "env1 acc %", "env2 acc %"]
+    return {"gs_colored_mnist": _markdown(header, rows),
+            "gs_colored_mnist_fig3": _markdown(["method", *(f"{v} acc %" for v in FIG3),
+                                                *(f"{v} entropy" for v in FIG3)], fig3)}
+
+
+def erased_eval_table(results: list[dict[str, Any]]) -> str:
+    def key(r: dict[str, Any]) -> tuple:
+        c = r["config"]
+        return (c["dataset"].get("tag", c["dataset"]["name"]), c["eraser"]["name"],
+                c["arch"].get("tag", c["arch"]["name"]), _method(r))
+
+    rows = []
+    for (ds, eraser, arch, method), rs in _group(results, key).items():
+        rows.append([ds, arch, eraser, method, str(len(rs)), _col(rs, "eval", "test", "acc", s=100),
+                     _col(rs, "eval", "test_erased", "acc", s=100),
+                     _col(rs, "gap_erased_minus_original", "acc", s=100),
+                     _col(rs, "eval", "test", "ce_bits_calibrated", d=3),
+                     _col(rs, "eval", "test_erased", "ce_bits_calibrated", d=3),
+                     _col(rs, "gap_erased_minus_original", "ce_bits_calibrated", d=3)])
+    return _markdown(["dataset", "arch", "eraser", "method", "seeds", "test acc %", "erased test acc %", "gap (pp)",
+                      "test CE bits (T-cal.)", "erased CE bits (T-cal.)", "CE gap"], rows)
+
+
+def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
+    """MDL (bits/sample) per eraser, ERM vs SD, and the erased-minus-control gap per seed."""
+    def cell(r: dict[str, Any]) -> tuple:
+        c = r["config"]
+        return (c["dataset"].get("tag", c["dataset"]["name"]), c["arch"].get("tag", c["arch"]["name"]),
+                c["arch"].get("width"), c["arch"].get("depth"), _method(r), bool(c["mdl"].get("calibrate_temperature")))
+
+    rows = []
+    for (ds, arch, w, d, method, cal), rs in _group(results, cell).items():
+        by = defaultdict(dict)
+        for r in rs:
+            by[r["config"]["eraser"]["name"]][r["config"]["seed"]] = r["mdl"]["bits_per_sample"]
+        control = by.get("control", {})
+        for eraser in sorted(e for e in by if e != "control"):
+            gaps = [v - control[s] for s, v in by[eraser].items() if s in control]
+            rows.append([ds, f"{arch}-w{w}-d{d}", method, "yes" if cal else "no", eraser, str(len(by[eraser])),
+                         _stat(control.values(), digits=4), _stat(by[eraser].values(), digits=4),
+                         _stat(gaps, digits=4)])
+    return _markdown(["dataset", "arch", "method", "T-calibrated", "eraser", "seeds", "MDL control (bits/sample)",
+                      "MDL erased (bits/sample)", "gap (paired by seed)"], rows)
+
+
+def _is_regularized_mdl(r: dict[str, Any]) -> bool:
+    c = r.get("config") or {}
+    return c.get("task", "mdl") == "mdl" and "mdl" in r and (
+        str(c.get("experiment_name") or "").startswith("gs_") or (c.get("regularizer") or {}).get("name") != "none")
+
+
+def tables(results: list[dict[str, Any]]) -> dict[str, str]:
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        task = (r.get("config") or {}).get("task", "mdl")
+        if task in GS_TASKS:
+            by_task[task].append(r)
+        elif _is_regularized_mdl(r):
+            by_task["mdl"].append(r)
+    out: dict[str, str] = {}
+    if by_task["gs_two_moons"]:
+        out["gs_two_moons"] = two_moons_table(by_task["gs_two_moons"])
+    if by_task["gs_colored_mnist"]:
+        out.update(colored_mnist_tables(by_task["gs_colored_mnist"]))
+    if by_task["gs_erased_eval"]:
+        out["gs_erased_eval"] = erased_eval_table(by_task["gs_erased_eval"])
+    if by_task["mdl"]:
+        out["gs_mdl_regularizer"] = mdl_regularizer_table(by_task["mdl"])
+    return out
+
+
+def _boundary_figure(results: list[dict[str, Any]], path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = []
+    for (margin, method), rs in _group(results, lambda r: (-r["config"]["dataset"]["margin"], _method(r))).items():
+        pairs = [(r, np.load(Path(r["job_dir"]) / r["files"]["boundary"])) for r in rs
+                 if (Path(r["job_dir"]) / r.get("files", {}).get("boundary", "-")).exists()]
+        pairs = [(r, g) for r, g in pairs if g["z"].shape == pairs[0][1]["z"].shape]
+        if pairs:
+            first = min(pairs, key=lambda p: p[0]["config"]["seed"])[1]
+            panels.append((-margin, method, np.mean([g["z"] for _, g in pairs], axis=0), first, len(pairs)))
+    if not panels:
+        return None
+    cols = len({p[1] for p in panels})
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.8 * cols, 2.9 * rows), squeeze=False)
+    for ax in axes.ravel():
+        ax.axis("off")
+    for ax, (margin, method, z, g, n) in zip(axes.ravel(), panels, strict=False):
+        lim = float(np.abs(z).max()) or 1.0
+        ax.contourf(g["xs"], g["ys"], z, 20, cmap="RdBu", vmin=-lim, vmax=lim, alpha=0.8)
+        ax.contour(g["xs"], g["ys"], z, [0.0], colors="k", linewidths=1.2)
+        ax.scatter(g["x"][:, 0], g["x"][:, 1], c=g["y"], cmap="bwr_r", edgecolors="k", s=8, linewidths=0.3)
+        ax.set_title(f"margin {margin:+g}: {method}\n(mean logit of {n} seeds)", fontsize=8)
+        ax.axis("on")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def _cmnist_curves(results: list[dict[str, Any]], path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = _group([r for r in results if r.get("curve")], lambda r: (_method(r),))
+    if not groups:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for (method,), rs in groups.items():
+        steps = [c["step"] for c in rs[0]["curve"]]
+        for ax, key in zip(axes, ("train_acc", "test_acc"), strict=True):
+            vals = np.mean([[c[key] for c in r["curve"]] for r in rs if len(r["curve"]) == len(steps)], axis=0)
+            ax.plot(steps, 100 * vals, label=method)
+    for ax, title in zip(axes, ("train accuracy %", "test accuracy % (colour flipped)"), strict=True):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def plots(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    task = lambda name: [r for r in results if (r.get("config") or {}).get("task") == name]  # noqa: E731
+    made = [_boundary_figure(task("gs_two_moons"), out_dir / "gs_two_moons_boundaries.png"),
+            _cmnist_curves(task("gs_colored_mnist"), out_dir / "gs_colored_mnist_curves.png")]
+    return [p for p in made if p is not None]
+
+
+def collect(roots: Iterable[Path]) -> list[dict[str, Any]]:
+    results = []
+    for root in roots:
+        for path in sorted(Path(root).rglob("result.json")):
+            try:
+                results.append(json.loads(path.read_text()))
+            except json.JSONDecodeError:
+                print(f"warning: unreadable {path}", file=sys.stderr)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("roots", nargs="*", type=Path, default=[Path("outputs/runs")])
+    ap.add_argument("--out", type=Path, default=Path("outputs/tables"))
+    args = ap.parse_args(argv)
+    results = collect(args.roots)
+    out = tables(results)
+    if not out:
+        print(f"no Gradient Starvation results under {[str(r) for r in args.roots]}")
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, md in out.items():
+        (args.out / f"{name}.md").write_text(md)
+        print(f"## {name}\n\n{md}")
+    for p in plots(results, args.out):
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""Gradient Starvation presets, the erased-data evaluation task and scripts/aggregate_gs.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import job_config
+from training.sweeps import expand
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+PRESETS = {"gs_two_moons": "gs_two_moons", "gs_colored_mnist": "gs_colored_mnist", "gs_sd_erasure": None}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_expands_to_distinct_job_dirs(name: str, tmp_path: Path) -> None:
+    jobs = expand(name, [f"paths.out_dir={tmp_path}"])
+    dirs = [j["paths"]["job_dir"] for j in jobs]
+    assert len(set(dirs)) == len(dirs) > 1
+    assert all(j["experiment_name"] == name and d.startswith(f"{tmp_path}/runs/{name}/") for j, d in zip(jobs, dirs,
+                                                                                                       strict=True))
+    if PRESETS[name]:
+        assert {j["task"] for j in jobs} == {PRESETS[name]}
+
+
+def test_colored_mnist_preset_is_the_2x2_design(tmp_path: Path) -> None:
+    jobs = expand("gs_colored_mnist", [f"paths.out_dir={tmp_path}"])
+    cells = {(j["regularizer"]["lam"], j["regularizer"]["loss_scale"]) for j in jobs}
+    assert cells == {(0, None), (0, 2e-5), (1, None), (1, 2e-5)}
+    j = jobs[0]
+    assert (j["gs"]["hidden"], j["gs"]["depth"], j["gs"]["lr"], j["regularizer"]["start_step"]) == (300, 2, 1e-4, 450)
+
+
+def test_sd_erasure_preset_separates_tasks_and_regularizers(tmp_path: Path) -> None:
+    jobs = expand("gs_sd_erasure", [f"paths.out_dir={tmp_path}"])
+    cells = {(j["task"], j["eraser"]["name"], j["regularizer"]["name"]) for j in jobs}
+    assert len(cells) == 8 and all(j["mdl"]["calibrate_temperature"] for j in jobs)
+
+
+QUICK_EVAL = ["experiment=gs_sd_erasure", "task=gs_erased_eval", "dataset=digits", "arch.width=32",
+              "mdl.max_epochs=10", "optim.warmup_steps=10", "seed=0"]
+
+
+def test_erased_eval_control_is_a_noop_and_leace_reports_gaps(tmp_path: Path) -> None:
+    from training.tasks import get_task
+
+    task = get_task("gs_erased_eval")
+    control = job_config(tmp_path, [*QUICK_EVAL, "eraser=control"])
+    assert task(control) == {} and not Path(control["paths"]["job_dir"]).exists()
+    cfg = job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "regularizer=sd"])
+    r = task(cfg)
+    assert r["method"] == "SD λ=0.1" and r["split_sizes"]["test"] == round(0.2 * 1797)
+    ev = r["eval"]
+    assert ev["test"]["acc"] > 0.3  # learned the original task (chance 0.1)
+    assert r["gap_erased_minus_original"]["acc"] == pytest.approx(ev["test_erased"]["acc"] - ev["test"]["acc"])
+    assert r["temperature"] > 0 and r["eraser"]["name"] == "leace"
+    again = task(cfg)  # finished: skipped
+    assert again["config_hash"] == r["config_hash"] and again["eval"] == ev
+
+
+def _fake_mdl(eraser: str, reg: str, seed: int, bits: float) -> dict:
+    cfg = {"task": "mdl", "experiment_name": "gs_sd_erasure", "seed": seed,
+           "dataset": {"name": "mnist5k", "tag": "mnist5k"}, "eraser": {"name": eraser},
+           "arch": {"name": "mlp", "tag": "mlp_relu", "width": 128, "depth": 2},
+           "mdl": {"calibrate_temperature": True}, "regularizer": {"name": reg, "lam": 0.1}}
+    return {"config": cfg, "mdl": {"bits_per_sample": bits}}
+
+
+def test_aggregate_tables_and_standalone_run(tmp_path: Path, capsys) -> None:
+    import aggregate_gs
+
+    from training.tasks import get_task
+
+    results = [get_task("gs_two_moons")(job_config(tmp_path, ["experiment=gs_two_moons", f"seed={s}",
+                                                                f"regularizer.lam={lam}", "gs.steps=20",
+                                                                "gs.grid.n=101"]))
+               for s in (0, 1) for lam in (0, 0.003)]
+    results += [_fake_mdl(e, reg, s, b + (0.5 if e == "leace" else 0) + (0.1 if reg == "sd" else 0) + 0.01 * s)
+                for e in ("control", "leace") for reg in ("none", "sd") for s, b in ((0, 1.0), (1, 1.0))]
+    out = aggregate_gs.tables(results)
+    assert set(out) == {"gs_two_moons", "gs_mdl_regularizer"}
+    assert "| +0.1 | ERM | 2 |" in out["gs_two_moons"] and "SD λ=0.003" in out["gs_two_moons"]
+    mdl_rows = [line for line in out["gs_mdl_regularizer"].splitlines() if "leace" in line]
+    assert len(mdl_rows) == 2 and all(row.rstrip(" |").endswith("0.5000 ± 0.0000") for row in mdl_rows)  # paired gap
+    for r in results[4:]:
+        path = tmp_path / "runs" / "fake" / r["config"]["eraser"]["name"] / r["config"]["regularizer"]["name"]
+        path = path / f"s{r['config']['seed']}"
+        path.mkdir(parents=True)
+        (path / "result.json").write_text(json.dumps(r))
+    assert aggregate_gs.main([str(tmp_path / "runs"), "--out", str(tmp_path / "tables")]) == 0
+    for name in ("gs_two_moons.md", "gs_mdl_regularizer.md", "gs_two_moons_boundaries.png"):
+        assert (tmp_path / "tables" / name).exists()
+    assert "## gs_two_moons" in capsys.readouterr().out

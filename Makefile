@@ -29,9 +29,10 @@ demo: setup  ## every eraser on MNIST-5k, MLP, 3 seeds, quick MDL; prints the ta
 	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none
 	$(PY) scripts/aggregate.py --experiment demo --name demo
 
-reproduce: setup  ## run an experiment preset then aggregate it: make reproduce EXP=<name>
-	$(PY) -m training.run -m experiment=$(EXP)
-	$(PY) scripts/aggregate.py --experiment $(EXP) --name $(EXP)
+reproduce: setup  ## run a preset, then aggregate it (also after failed jobs): make reproduce EXP=<name> [ARGS="k=v ..."]
+	$(PY) -m training.run -m experiment=$(EXP) $(ARGS); rc=$$?; \
+	  $(PY) scripts/aggregate.py --experiment $(EXP) --name $(EXP) $(addprefix --override ,$(ARGS)) || rc=1; \
+	  exit $$rc
 
 tables: setup  ## aggregate whatever is in outputs/runs into outputs/tables/
 	$(PY) scripts/aggregate.py outputs/runs --name all

@@ -1,4 +1,4 @@
-"""Launchers (local, joblib, submitit_local, slurm) and the multirun's done/skipped/failed accounting."""
+"""Launchers (local, parallel = joblib, submitit_local, slurm) and the multirun's done/skipped/failed accounting."""
 
 from __future__ import annotations
 
@@ -31,10 +31,11 @@ def _multirun(out_dir: Path, *overrides: str, timeout: int = 300) -> subprocess.
     return subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
-def test_local_and_joblib_launchers_compose() -> None:
+def test_local_and_parallel_launchers_compose() -> None:
     assert _launcher("hydra/launcher=local")._target_ == "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
-    joblib = _launcher("hydra/launcher=joblib", "hydra.launcher.n_jobs=3")
-    assert joblib._target_.endswith("JoblibLauncher") and joblib.n_jobs == 3
+    parallel = _launcher("hydra/launcher=parallel", "hydra.launcher.n_jobs=3")
+    assert parallel._target_.endswith("JoblibLauncher") and parallel.n_jobs == 3
+    assert _launcher("hydra/launcher=parallel").n_jobs == 2 and _launcher("hydra/launcher=joblib").n_jobs == -1
     local = _launcher("hydra/launcher=submitit_local")
     assert local._target_.endswith("submitit_launcher.LocalLauncher")
 
@@ -91,8 +92,8 @@ def test_submitit_local_multirun_of_smoke(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_joblib_multirun_of_smoke(tmp_path: Path) -> None:
-    proc = _multirun(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", timeout=600)
+def test_parallel_multirun_of_smoke(tmp_path: Path) -> None:
+    proc = _multirun(tmp_path, "hydra/launcher=parallel", timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert all(p.exists() for p in _all_results(tmp_path))
     assert "4/4 jobs ran: 4 done, 0 skipped, 0 failed" in proc.stdout + proc.stderr

@@ -46,13 +46,16 @@ def test_slurm_config_validates_offline_and_every_field_is_overridable() -> None
 
     cfg = _launcher("hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.gpus_per_node=2",
                     "hydra.launcher.cpus_per_task=4", "hydra.launcher.mem_gb=16", "hydra.launcher.timeout_min=30",
-                    "hydra.launcher.array_parallelism=8")
+                    "hydra.launcher.array_parallelism=8", 'hydra.launcher.setup=["module load cuda"]',
+                    "+hydra.launcher.additional_parameters.mail-type=END")
     checked = OmegaConf.merge(OmegaConf.structured(SlurmQueueConf), cfg)  # type-checks every field
     assert (checked.partition, checked.gpus_per_node, checked.cpus_per_task, checked.mem_gb, checked.timeout_min,
             checked.array_parallelism) == ("gpu", 2, 4, 16, 30, 8)
     assert checked.max_num_timeout > 0  # requeued jobs resume from progress.json
     launcher = instantiate(cfg)  # builds the launcher object; nothing is submitted
     assert isinstance(launcher, SlurmLauncher) and launcher.params["partition"] == "gpu"
+    assert launcher.params["setup"] == ["module load cuda"]
+    assert launcher.params["additional_parameters"] == {"mail-type": "END"}
     with pytest.raises(ConfigCompositionException):
         _launcher("hydra/launcher=slurm", "hydra.launcher.partitoin=gpu")  # typos are errors
 

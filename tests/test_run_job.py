@@ -14,7 +14,7 @@ from tests.helpers import job_config
 from training.pipeline import PROGRESS_FILE, run_job
 from training.results import ConfigMismatchError
 
-QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=8", "optim.warmup_steps=10", "certificate=false"]
+QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=8", "optim.warmup_steps=10"]
 
 
 def test_digits_job_writes_complete_result(tmp_path: Path) -> None:
@@ -27,12 +27,15 @@ def test_digits_job_writes_complete_result(tmp_path: Path) -> None:
     assert mdl["protocol"] == "prequential"
     assert sum(mdl["block_sizes"]) == mdl["n_coded"] == 1797 - 359
     assert mdl["block_ce_bits"][0] == pytest.approx(math.log2(10))  # uniform first block
-    assert mdl["total_bits"] == pytest.approx(sum(s * c for s, c in zip(mdl["block_sizes"], mdl["block_ce_bits"], strict=True)))
+    coded = zip(mdl["block_sizes"], mdl["block_ce_bits"], strict=True)
+    assert mdl["total_bits"] == pytest.approx(sum(s * c for s, c in coded))
     assert mdl["bits_per_sample"] < math.log2(10)  # the models learned something
     assert len(mdl["blocks"]) == len(mdl["block_sizes"]) - 1
     assert on_disk["final"]["val_loss_curve"] and on_disk["final"]["val_loss"] > 0
     assert on_disk["config"]["seed"] == 0 and "total_s" in on_disk["timings"]
     assert not (path.parent / PROGRESS_FILE).exists()
+    cert = on_disk["certificate"]
+    assert cert["before"]["linear_probe_acc"] > 0.5 and cert["after"] == cert["before"]  # control: unchanged
 
 
 def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, caplog) -> None:
@@ -60,6 +63,16 @@ def test_other_seed_differs(tmp_path: Path) -> None:
     a = run_job(job_config(tmp_path, QUICK))
     b = run_job(job_config(tmp_path, [*QUICK, "seed=1"]))
     assert a["mdl"]["block_ce_bits"] != b["mdl"]["block_ce_bits"]
+
+
+def test_leace_job_certificate_and_cache_hit(tmp_path: Path, caplog) -> None:
+    first = run_job(job_config(tmp_path, [*QUICK, "eraser=leace", "mdl.full_run=false"]))
+    cert = first["certificate"]
+    assert cert["after"]["max_mean_gap"] < 1e-6 < cert["before"]["max_mean_gap"]
+    assert first["eraser"]["cache_hit"] is False
+    with caplog.at_level("INFO"):
+        second = run_job(job_config(tmp_path, [*QUICK, "eraser=leace", "mdl.full_run=false", "seed=1"]))
+    assert second["eraser"]["cache_hit"] is True and "cache hit" in caplog.text
 
 
 def test_cli_single_job(tmp_path: Path) -> None:

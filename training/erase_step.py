@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from training.data import LoadedData
+from training.results import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +22,8 @@ def _cache_key(data: LoadedData, name: str, options: Mapping[str, Any]) -> dict[
 
 def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
                   rank_hint: int | None = None) -> tuple[torch.Tensor, dict[str, Any], bool]:
-    from erasure.cache import cached_erase
-
     from erasure import erase
+    from erasure.cache import cached_erase
 
     flat = data.x.reshape(len(data.x), -1)
 
@@ -48,6 +48,19 @@ def certify(x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
     return certificate(x.reshape(len(x), -1), y)
 
 
+def certify_original(data: LoadedData, cache_dir: Path) -> dict[str, Any]:
+    """Certificate of the unerased data, cached per dataset content (every eraser's job needs it)."""
+    from erasure.cache import code_version
+
+    path = cache_dir / "certificates" / f"{data.name}-{data.content_hash()}-{code_version()[:12]}.json"
+    cached = read_json(path)
+    if cached is not None:
+        return cached
+    cert = certify(data.x, data.y)
+    atomic_write_json(path, cert)
+    return cert
+
+
 def apply_eraser(data: LoadedData, eraser_cfg: Mapping[str, Any], cache_dir: Path,
                  with_certificate: bool = True) -> tuple[torch.Tensor, dict[str, Any]]:
     """Erased images (same shape) and an info dict: report, cache hit, certificate before/after, seconds."""
@@ -65,7 +78,7 @@ def apply_eraser(data: LoadedData, eraser_cfg: Mapping[str, Any], cache_dir: Pat
         log.info("eraser %s: %s", name, "cache hit" if info["cache_hit"] else "fitted and cached")
     info["seconds"] = time.perf_counter() - t0
     if with_certificate:
-        before = certify(data.x, data.y)
+        before = certify_original(data, cache_dir)
         after = before if name == "control" else certify(x, data.y)
         info["certificate"] = {"before": before, "after": after}
     return x, info

@@ -184,3 +184,24 @@ def test_other_tasks_go_to_aggregate_gs_when_present(tmp_path: Path, monkeypatch
 
 def test_no_results_is_an_error(tmp_path: Path) -> None:
     assert aggregate.main([str(tmp_path), "--out", str(tmp_path / "t")]) == 1
+
+
+def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Path) -> None:
+    """--experiment: a result with the job's config hash is done; another config's result is not counted."""
+    from training.results import config_hash
+    from training.sweeps import expand
+
+    jobs = expand("smoke", [f"paths.out_dir={tmp_path}"])
+    for k, cfg in enumerate(jobs[:3]):
+        job_dir = Path(cfg["paths"]["job_dir"])
+        job_dir.mkdir(parents=True)
+        result = {"config_hash": config_hash(cfg) if k < 2 else "stale", "config": cfg,
+                  "mdl": {"protocol": "prequential", "bits_per_sample": 1.0 + k, "legacy": 2.0 + k},
+                  "final": None, "certificate": None}
+        (job_dir / "result.json").write_text(json.dumps(result))
+    df, results = aggregate.collect_experiment("smoke", [f"paths.out_dir={tmp_path}"])
+    assert list(df.status) == ["done", "done", "other-config", "missing"]
+    assert len(results) == 2
+    header, rows = aggregate.pivot(aggregate.summarize(df), "bits_per_sample")
+    assert header[4:] == ["control", "leace"] and rows == [["digits", "mlp_relu", "32", "2", "1.500 ± 0.707",
+                                                             "missing"]]

@@ -3,6 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 EXP    ?= offline_table
+BENCH_ARGS ?=
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=disabled
 
 .PHONY: help setup test test-all demo lint clean reproduce tables bench
@@ -36,6 +37,10 @@ reproduce: setup  ## run a preset, then aggregate it (also after failed jobs): m
 
 tables: setup  ## aggregate whatever is in outputs/runs into outputs/tables/
 	$(PY) scripts/aggregate.py outputs/runs --name all
+
+bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm; BENCH_ARGS=--device cuda
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) scripts/bench_mdl.py $(BENCH_ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) scripts/bench_cache.py
 
 lint: setup  ## ruff
 	$(VENV)/bin/ruff check erasure models training scripts tests

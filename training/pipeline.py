@@ -70,10 +70,11 @@ class Trainer:
     """
 
     def __init__(self, cfg: Mapping[str, Any], x: torch.Tensor, y: torch.Tensor, num_classes: int,
-                 split: MdlSplit, device: torch.device):
+                 split: MdlSplit, device: torch.device, data: DeviceData | None = None):
         self.cfg, self.seed = cfg, int(cfg["seed"])
         self.opts = dict(cfg.get("training") or {})
-        self.data = DeviceData(x, device, storage=str(self.opts.get("storage", "auto")))
+        # `data`: the same x already on the device (several seeds' trainers share one copy)
+        self.data = data if data is not None else DeviceData(x, device, storage=str(self.opts.get("storage", "auto")))
         self.y = y.to(device)
         self.num_classes, self.split, self.device = num_classes, split, device
         self.hp = resolve_optim(cfg)
@@ -81,6 +82,11 @@ class Trainer:
         self.x_val, self.y_val = self.data.all(split.val_idx), self.y[split.val_idx.to(device)]
         self.input_shape = tuple(int(s) for s in x.shape[1:])
         self.model_info: dict[str, Any] = {}
+        self.full_fit: FitResult | None = None  # the full-data run, when run_mdl trained it alongside
+
+    def full_eval_every(self) -> int | None:
+        every = self.cfg["mdl"].get("eval_every_steps")
+        return int(every) if every else None
 
     def fit_cfg(self, eval_every_steps: int | None = None) -> FitConfig:
         m = self.cfg["mdl"]
@@ -98,7 +104,7 @@ class Trainer:
         opt = make_optimizer(model, lr=self.hp["lr"], beta1=self.hp["beta1"],
                              weight_decay=self.hp["weight_decay"], warmup_steps=self.hp["warmup_steps"])
         return Member(model, opt, idx.to(self.device), generator(self.seed, "batches", tag),
-                      self.fit_cfg(eval_every_steps))
+                      self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx)
 
     def train(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None):
         return self._fit_one(self.member(idx, tag, eval_every_steps), tag)
@@ -123,16 +129,17 @@ class Trainer:
             return 1
         return max(1, int(want))
 
-    def train_many(self, jobs: list[tuple[torch.Tensor, object]], on_finish: OnFinish) -> None:
-        """Train one model per (idx, tag); `on_finish(k, model, result)` as each one ends (any order within a
-        group). Same numbers as `train` one by one up to float32 rounding (tests/test_vectorized.py)."""
+    def train_many(self, jobs: list[tuple[torch.Tensor, object, int | None]], on_finish: OnFinish) -> None:
+        """Train one model per (idx, tag, eval_every_steps); `on_finish(k, model, result)` as each one ends (any
+        order within a group). Same numbers as `train` one by one: bitwise with the loop engine (CPU default),
+        up to float32 rounding with the stacked one (tests/test_vectorized.py)."""
         if not jobs:
             return
         first = self.member(*jobs[0])
         size = self.group_size(first, len(jobs))
         if size <= 1:
-            for k, (idx, tag) in enumerate(jobs):
-                on_finish(k, *self._fit_one(first if k == 0 else self.member(idx, tag), tag))
+            for k, job in enumerate(jobs):
+                on_finish(k, *self._fit_one(first if k == 0 else self.member(*job), job[1]))
             return
         for start in range(0, len(jobs), size):
             chunk = jobs[start: start + size]
@@ -142,7 +149,8 @@ class Trainer:
                 on_finish(offset + k, model, res)
 
             fit_group(members, self.data, self.y, self.x_val, self.y_val, on_finish=done,
-                      progress=bool(self.cfg.get("progress", True)), compile=bool(self.opts.get("compile", False)))
+                      progress=bool(self.cfg.get("progress", True)), compile=self.opts.get("compile"),
+                      engine=str(self.opts.get("engine", "auto")))
 
     def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
         """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`, and the
@@ -157,8 +165,14 @@ def _fit_summary(res: FitResult) -> dict[str, Any]:
             "steps": res.steps}
 
 
-def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger) -> dict[str, Any]:
-    """Train the B-1 block models (resuming finished ones from progress.json) and return the code."""
+def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger,
+            with_full: bool = False) -> dict[str, Any]:
+    """Train the B-1 block models (resuming finished ones from progress.json) and return the code.
+
+    `with_full`: also train the full-data model (`run_full`) alongside, in the same vectorised group
+    (it is the longest run: in lockstep with the block models the job's wall time is about halved on GPU);
+    its result waits in `trainer.full_fit` for `run_full`.
+    """
     split, protocol = trainer.split, trainer.cfg["mdl"]["protocol"]
     num_blocks = len(split.block_sizes)
     progress_path = job_dir / PROGRESS_FILE
@@ -171,6 +185,9 @@ def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger) -
 
     def on_finish(k: int, model: torch.nn.Module, res: FitResult) -> None:
         # Block models of one vectorised group end in any order; progress.json keeps a finished prefix.
+        if k == len(todo):
+            trainer.full_fit = res
+            return
         i = todo[k]
         coded = split.block(i + 1) if protocol == "prequential" else split.block(num_blocks)
         ce, temperature = trainer.code_bits(model, coded)
@@ -184,7 +201,8 @@ def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger) -
             atomic_write_json(progress_path, {"config_hash": cfg_hash, "blocks": blocks})
             logger.log({"mdl/block": b["block"], "mdl/ce_bits": b["ce_bits"], "mdl/train_size": b["train_size"]})
 
-    trainer.train_many([(split.prefix(i), ("block", i)) for i in todo], on_finish)
+    jobs = [(split.prefix(i), ("block", i), None) for i in todo]
+    trainer.train_many(jobs + ([(split.order, "full", trainer.full_eval_every())] if with_full else []), on_finish)
     ces = [b["ce_bits"] for b in blocks]
     if protocol == "prequential":
         code = prequential_code(split.block_sizes, ces, trainer.num_classes)
@@ -202,12 +220,14 @@ def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger) -
 
 def run_full(trainer: Trainer, logger: RunLogger) -> dict[str, Any]:
     """One model on all non-validation data, logging the validation loss curve (paper Figs 9-15)."""
-    every = trainer.cfg["mdl"].get("eval_every_steps")
-    model, res = trainer.train(trainer.split.order, "full", eval_every_steps=int(every) if every else None)
+    res, alongside = trainer.full_fit, trainer.full_fit is not None  # run_mdl(with_full=True) trained it
+    if res is None:
+        res = trainer.train(trainer.split.order, "full", eval_every_steps=trainer.full_eval_every())[1]
     for step, loss in res.curve:
         logger.log({"full/val_loss": loss}, step=step)
     return {"val_loss": res.best_val_loss, "val_loss_bits": res.best_val_loss / LN2,
-            "val_loss_curve": [[s, v] for s, v in res.curve], **_fit_summary(res)}
+            "val_loss_curve": [[s, v] for s, v in res.curve], "seconds": res.seconds,
+            "trained_with_block_models": alongside, **_fit_summary(res)}
 
 
 def zscore(x: torch.Tensor) -> torch.Tensor:
@@ -241,9 +261,10 @@ def run_job(cfg: dict[str, Any]) -> dict[str, Any]:
         log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", job_dir, data.name,
                  len(data.y), len(split.val_idx), split.block_sizes, trainer.hp["lr"], device)
         t_mdl = time.perf_counter()
-        mdl = run_mdl(trainer, job_dir, cfg_hash, logger)
+        full_run = bool(m.get("full_run", True))
+        mdl = run_mdl(trainer, job_dir, cfg_hash, logger, with_full=full_run)
         t_full = time.perf_counter()
-        final = run_full(trainer, logger) if m.get("full_run", True) else None
+        final = run_full(trainer, logger) if full_run else None
         t_end = time.perf_counter()
         result = {
             "config_hash": cfg_hash,

@@ -1,21 +1,12 @@
-"""Many independent models in one vectorised step: the block models of an MDL sweep and/or several seeds.
+"""Many independent models trained in lockstep: the block models of an MDL sweep and/or several seeds.
 
 Each member keeps its own init, training subset, batch order, augmentation stream, schedule-free state and
-early stopping, exactly as `training.fit.fit` would train it alone; only the arithmetic is batched:
-
-* parameters are stacked per name (M, *shape) and the model's own forward runs under `torch.func.vmap` +
-  `functional_call` (a Linear becomes a batched matmul, a Conv a grouped conv);
-* members train on different-size sets, so every step takes one batch per member, padded to the batch
-  size with zero-weight rows (a member's last, partial batch of an epoch has the same gradient as alone);
-* the optimizer is the members' own optimizer class over the stacked tensors, with the members' μP param
-  groups (MuAdam's per-parameter lr = lr / width_mult is kept per group). Schedule-free AdamW is
-  elementwise except its per-group scalars (step count k, lr_max, weight_sum): all members start together
-  and every live member steps on every step, so those scalars are identical for all of them;
-* validation mirrors `optimizer.eval()` / `.train()` on the members that end an epoch (only on their slices);
-* a member that early-stops is removed from the stack (parameters and optimizer state compacted), so it
-  stops computing and no Adam-type update ever touches it again; its best state goes back into its module.
-
-Equality with sequential training is tested in tests/test_vectorized.py (float32, CPU).
+early stopping, exactly as `training.fit.fit` would train it alone (it draws the same `draw_epoch` streams).
+One step takes one batch per live member: the batches of all members are gathered, cropped/flipped and
+decoded in one go; a member whose epoch ends is validated (eval mode), and one that early-stops leaves the
+group. How the step's arithmetic is shared is the engine's business (training/engines.py): `loop` (bitwise
+equal to sequential training; default on CPU) or `stacked` (vmap over stacked parameters; default on GPU).
+Equality with sequential training is tested in tests/test_vectorized.py.
 """
 
 from __future__ import annotations
@@ -26,16 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from mup import MuReadout
 from torch import Tensor, nn
-from torch.func import functional_call, vmap
 from tqdm.auto import tqdm
 
 from training.batches import DeviceData, augment_pad, draw_epoch
+from training.engines import LoopEngine, StackedEngine, ValSet
 from training.fit import FitConfig, FitResult, Regularizer
 
-VAL_CHUNK = 1024  # as training.fit.predict_logits
+ENGINES = ("auto", "loop", "stacked")
 
 
 @dataclass
@@ -48,6 +37,7 @@ class Member:
     idx: Tensor
     gen: torch.Generator
     cfg: FitConfig
+    val_idx: Tensor | None = None  # own validation set (indices into the data), e.g. another seed's split
 
 
 OnFinish = Callable[[int, nn.Module, FitResult], None]  # (member index, model in eval mode with best state, result)
@@ -67,103 +57,41 @@ def why_not_vectorized(model: nn.Module, optimizer: torch.optim.Optimizer,
     return None
 
 
-def _group_signature(opt: torch.optim.Optimizer, names: dict[int, str]) -> list[tuple[tuple[str, ...], str]]:
-    return [(tuple(names[id(p)] for p in g["params"]), repr({k: v for k, v in g.items() if k != "params"}))
-            for g in opt.param_groups]
-
-
-class _Stack:
-    """Stacked parameters + one optimizer over them, for the live members (slice j = member live[j])."""
-
-    def __init__(self, params: dict[str, Tensor], opt_cls: type, groups: list[tuple[list[str], dict]]) -> None:
-        self.params = params
-        self.groups = groups
-        self.opt = opt_cls([{**hp, "params": [params[n] for n in names]} for names, hp in groups])
-
-    @classmethod
-    def from_members(cls, members: Sequence[Member]) -> _Stack:
-        ref = members[0]
-        names = {id(p): n for n, p in ref.model.named_parameters()}
-        sig = _group_signature(ref.optimizer, names)
-        for m in members[1:]:
-            other = _group_signature(m.optimizer, {id(p): n for n, p in m.model.named_parameters()})
-            if other != sig:
-                raise ValueError("members of one vectorised group need identical optimizer param groups")
-        params = {n: torch.stack([dict(m.model.named_parameters())[n].detach() for m in members]).requires_grad_()
-                  for n in names.values()}
-        groups = [([names[id(p)] for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
-                  for g in ref.optimizer.param_groups]
-        return cls(params, type(ref.optimizer), groups)
-
-    def state(self, name: str) -> dict[str, Tensor]:
-        return self.opt.state[self.params[name]]
-
-    def lerp_to_z(self, sel: Tensor, rows: dict[str, Tensor], weight_of_beta1: Callable[[float], float]
-                  ) -> dict[str, Tensor]:
-        """`rows` (= rows `sel` of the parameters) lerped towards z as schedule-free eval()/train() would."""
-        out: dict[str, Tensor] = {}
-        for names, hp in self.groups:
-            w = weight_of_beta1(hp["betas"][0])
-            for n in names:
-                z = self.state(n).get("z")
-                out[n] = rows[n] if z is None else rows[n].lerp(z[sel], w)
-        return out
-
-    def rows(self, sel: Tensor) -> dict[str, Tensor]:
-        return {n: p.detach()[sel] for n, p in self.params.items()}
-
-    def write_rows(self, sel: Tensor, values: dict[str, Tensor]) -> None:
-        with torch.no_grad():
-            for n, v in values.items():
-                self.params[n][sel] = v
-
-    def compact(self, keep: Tensor) -> _Stack:
-        """A new stack holding only rows `keep`, optimizer state and per-group scalars carried over."""
-        params = {n: p.detach()[keep].requires_grad_() for n, p in self.params.items()}
-        new = _Stack(params, type(self.opt), [(names, dict(hp)) for names, hp in self.groups])
-        for g_old, g_new in zip(self.opt.param_groups, new.opt.param_groups, strict=True):
-            g_new.update({k: v for k, v in g_old.items() if k != "params"})
-        for n in params:
-            new.opt.state[params[n]] = {k: (v[keep] if torch.is_tensor(v) and v.dim() > 0 else v)
-                                        for k, v in self.state(n).items()}
-        return new
-
-
-class _ReadoutConstants:
-    """functional_call swaps in batched weights that carry no `infshape`: pin each MuReadout's width_mult."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.heads = [m for m in model.modules() if isinstance(m, MuReadout)]
-
-    def __enter__(self) -> None:
-        for h in self.heads:
-            h.width_mult = (lambda v: (lambda: v))(h.width_mult())  # instance attribute shadows the method
-
-    def __exit__(self, *exc: object) -> None:
-        for h in self.heads:
-            del h.width_mult
+def resolve_engine(engine: str, device: torch.device) -> str:
+    if engine not in ENGINES:
+        raise ValueError(f"training.engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "auto":
+        return "stacked" if device.type == "cuda" else "loop"
+    return engine
 
 
 def fit_group(
     members: Sequence[Member],
     data: DeviceData,
     y: Tensor,
-    x_val: Tensor,
-    y_val: Tensor,
+    x_val: Tensor | None = None,
+    y_val: Tensor | None = None,
     on_finish: OnFinish | None = None,
     progress: bool = False,
-    compile: bool = False,
+    compile: bool | str | None = None,
+    engine: str = "auto",
 ) -> list[FitResult]:
-    """Train all members at once; each ends as `training.fit.fit` would (best state loaded, eval mode)."""
+    """Train all members at once; each ends as `training.fit.fit` would (best state loaded, eval mode).
+
+    Validation on the shared (x_val, y_val), or, when those are None, on each member's `val_idx`.
+    `on_finish(k, model, result)` is called as member k ends (members end in any order). `compile`: see
+    `training.engines.compile_mode` ("reduce-overhead" = CUDA graphs on GPU).
+    """
     if not members:
         return []
     dev = data.device
-    y, x_val, y_val = y.to(dev), x_val.to(dev), y_val.to(dev)
+    y = y.to(dev)
+    val = ValSet(data, y, None if x_val is None else x_val.to(dev), None if y_val is None else y_val.to(dev),
+                 [m.val_idx for m in members])
     bs, augment = members[0].cfg.batch_size, members[0].cfg.augment
     if any(m.cfg.batch_size != bs or m.cfg.augment != augment for m in members):
         raise ValueError("members of one group share the batch size and the augmentation flag")
-    template = members[0].model
-    pads = [augment_pad(data, m.cfg.augment) for m in members]
+    pad = augment_pad(data, augment)
     sizes = [len(m.idx) for m in members]
     if min(sizes) == 0:
         raise ValueError("cannot fit on an empty training set")
@@ -171,14 +99,14 @@ def fit_group(
     slots = max(steps_per_epoch) * bs
     idxs = [m.idx.to(dev) for m in members]
 
-    # Per member (row): the epoch's global indices, sample weights (0 = padding) and augmentation, padded.
+    # Per live member (row): the epoch's global indices, sample weights (0 = padding) and augmentation.
     plan_idx = torch.stack([torch.cat([i, i[:1].expand(slots - len(i))]) for i in idxs])
     plan_w = torch.stack([(torch.arange(slots, device=dev) < n).float() for n in sizes])
     plan_off = torch.zeros(len(members), slots, 2, dtype=torch.long, device=dev)
     plan_flip = torch.zeros(len(members), slots, dtype=torch.bool, device=dev)
 
     def new_epoch(k: int, row: int) -> None:
-        ep = draw_epoch(sizes[k], members[k].gen, members[k].cfg.augment, pads[k])
+        ep = draw_epoch(sizes[k], members[k].gen, augment, pad)
         plan_idx[row, : sizes[k]] = idxs[k][ep.perm.to(dev)]
         if ep.offsets is not None and ep.flips is not None:
             plan_off[row, : sizes[k]] = ep.offsets.to(dev)
@@ -187,29 +115,15 @@ def fit_group(
     for k in range(len(members)):
         new_epoch(k, k)
 
-    def member_loss(params: dict[str, Tensor], xb: Tensor, yb: Tensor, wb: Tensor) -> Tensor:
-        ce = F.cross_entropy(functional_call(template, params, (xb,)), yb, reduction="none")
-        return (ce * wb).sum() / wb.sum()
-
-    def member_logits(params: dict[str, Tensor], xb: Tensor) -> Tensor:
-        return functional_call(template, params, (xb,))
-
-    train_loss = vmap(member_loss)
-    predict = vmap(member_logits, in_dims=(0, None))
-    if compile:
-        train_loss = torch.compile(train_loss)
-
-    stack = _Stack.from_members(members)
-    live = list(range(len(members)))  # member index of each stack row
+    models, opts = [m.model for m in members], [m.optimizer for m in members]
+    kind = resolve_engine(engine, dev)
+    eng = StackedEngine(models, opts, compile) if kind == "stacked" else LoopEngine(models, opts, compile)
+    live = list(range(len(members)))  # member index of each row
     cursor = torch.zeros(len(members), dtype=torch.long, device=dev)  # batch number within the epoch, per row
     host_cursor = [0] * len(members)
-    epoch = [1] * len(members)
-    since_best = [0] * len(members)
-    improved = [False] * len(members)
-    best_loss = [math.inf] * len(members)
-    best_epoch = [0] * len(members)
+    epoch, since_best, improved = [1] * len(members), [0] * len(members), [False] * len(members)
+    best_loss, best_epoch = [math.inf] * len(members), [0] * len(members)
     curves: list[list[tuple[int, float]]] = [[] for _ in members]
-    best = {n: p.detach().clone() for n, p in stack.params.items()}  # snapshot at init, like fit()
     results: list[FitResult | None] = [None] * len(members)
     slot = torch.arange(bs, device=dev)
     step = 0
@@ -217,55 +131,38 @@ def fit_group(
     t0 = time.perf_counter()
 
     def validate(rows: list[int]) -> list[bool]:
-        """Validation loss of stack rows in eval mode (mirrors eval_mode(): eval lerp, forward, train lerp)."""
-        sel = torch.tensor(rows, device=dev)
-        with torch.no_grad():
-            eval_params = stack.lerp_to_z(sel, stack.rows(sel), lambda b1: 1 - 1 / b1)
-            template.eval()
-            logits = torch.cat([predict(eval_params, x_val[i: i + VAL_CHUNK]).double()
-                                for i in range(0, len(x_val), VAL_CHUNK)], dim=1)
-            template.train()
-            ce = F.cross_entropy(logits.transpose(1, 2), y_val.expand(len(rows), -1), reduction="none")
-            losses = (ce.sum(1) / len(y_val)).tolist()
-            out = []
-            for j, (r, loss) in enumerate(zip(rows, losses, strict=True)):
-                k = live[r]
-                curves[k].append((step, loss))
-                better = loss < best_loss[k]
-                if better:
-                    best_loss[k], best_epoch[k] = loss, epoch[k]
-                    for n in best:
-                        best[n][r] = eval_params[n][j]
-                out.append(better)
-            stack.write_rows(sel, stack.lerp_to_z(sel, eval_params, lambda b1: 1 - b1))
+        ks = [live[r] for r in rows]
+        losses = eng.validate(rows, ks, val, [best_loss[k] for k in ks])
+        out = []
+        for k, loss in zip(ks, losses, strict=True):
+            curves[k].append((step, loss))
+            better = loss < best_loss[k]
+            if better:
+                best_loss[k], best_epoch[k] = loss, epoch[k]
+            out.append(better)
         return out
 
-    with _ReadoutConstants(template):
-        template.train()
-        stack.opt.train()
+    with eng if isinstance(eng, StackedEngine) else _nothing():
+        eng.train()
         while live:
             pos = cursor[:, None] * bs + slot  # (rows, bs)
             gidx = plan_idx.gather(1, pos)
-            wb = plan_w.gather(1, pos)
             if augment:
                 off = plan_off.gather(1, pos[..., None].expand(-1, -1, 2))
-                xb = data.batch(gidx, off, plan_flip.gather(1, pos), max(pads))
+                xb = data.batch(gidx, off, plan_flip.gather(1, pos), pad)
             else:
                 xb = data.batch(gidx)
-            loss = train_loss(stack.params, xb, y[gidx], wb).sum()
-            stack.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            stack.opt.step()
+            counts = [min(bs, sizes[k] - host_cursor[r] * bs) for r, k in enumerate(live)]
+            eng.step(xb, y[gidx], plan_w.gather(1, pos), counts)
             step += 1
             cursor += 1
-            for r in range(len(live)):
-                host_cursor[r] += 1
-            to_val = [r for r in range(len(live)) if members[live[r]].cfg.eval_every_steps
-                      and step % members[live[r]].cfg.eval_every_steps == 0]  # fmt: skip
+            host_cursor = [c + 1 for c in host_cursor]
+            to_val = [r for r, k in enumerate(live)
+                      if members[k].cfg.eval_every_steps and step % members[k].cfg.eval_every_steps == 0]
             if to_val:
                 for r, better in zip(to_val, validate(to_val), strict=True):
                     improved[live[r]] |= better
-            ends = [r for r in range(len(live)) if host_cursor[r] == steps_per_epoch[live[r]]]
+            ends = [r for r, k in enumerate(live) if host_cursor[r] == steps_per_epoch[k]]
             if not ends:
                 continue
             per_epoch = [r for r in ends if not members[live[r]].cfg.eval_every_steps]
@@ -290,25 +187,33 @@ def fit_group(
                 k = live[r]
                 model = members[k].model
                 model.eval()
-                model.load_state_dict({n: v[r].clone() for n, v in best.items()})
+                model.load_state_dict(eng.best_state(r))
                 results[k] = FitResult(best_loss[k], best_epoch[k], epoch[k], step, curves[k],
                                        time.perf_counter() - t0)
                 if on_finish is not None:
                     on_finish(k, model, results[k])
                 bar.update(1)
-                bar.set_postfix(step=step, s=f"{time.perf_counter() - t0:.0f}")
+                bar.set_postfix(step=step)
             if done:
-                keep_rows = [r for r in range(len(live)) if r not in done]
-                live = [live[r] for r in keep_rows]
-                host_cursor = [host_cursor[r] for r in keep_rows]
+                rows = [r for r in range(len(live)) if r not in done]
+                live = [live[r] for r in rows]
+                host_cursor = [host_cursor[r] for r in rows]
                 if not live:
                     break
-                keep = torch.tensor(keep_rows, device=dev)
-                stack = stack.compact(keep)
-                best = {n: v[keep] for n, v in best.items()}
+                eng.keep(rows)
+                keep = torch.tensor(rows, device=dev)
                 plan_idx, plan_w, plan_off, plan_flip, cursor = (t[keep] for t in (plan_idx, plan_w, plan_off,
                                                                                    plan_flip, cursor))
+                eng.train()  # a finished member may have shared the template module (stacked engine)
     bar.close()
     for m in members:
-        m.model.eval()  # the template's mode was toggled by validations after its own finish
+        m.model.eval()
     return [r for r in results if r is not None]
+
+
+class _nothing:  # noqa: N801 - a do-nothing context manager
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

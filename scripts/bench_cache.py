@@ -1,0 +1,119 @@
+"""Benchmark: cold vs warm start of a job whose eraser is cached (erasure.cache.cached_erase).
+
+    .venv/bin/python scripts/bench_cache.py                          # QLEACE on MNIST-5k (offline)
+    .venv/bin/python scripts/bench_cache.py --eraser leace --dataset digits
+
+Each repeat runs the same job twice in fresh subprocesses, interleaved: "cold" with an empty cache
+directory (fits the eraser and stores the erased data), then "warm" with that cache and a fresh run
+directory (must load the erased data and fit nothing: the script counts calls to `erasure.erase` and
+fails if a warm start fits). The job itself is kept tiny (1 epoch per block model, no full-data run, no
+certificate) so the times are start-up + erasure. Reports job wall time, the job's own erase_s, and peak
+memory (ru_maxrss on CPU, max_memory_allocated on GPU) per variant, medians over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def job_config(out_dir: Path, overrides: list[str]) -> dict[str, Any]:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"paths.out_dir={out_dir}", "logger=none", "progress=false", *overrides])
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    import erasure
+    from training.pipeline import run_job
+
+    fits = 0
+    real_erase = erasure.erase
+
+    def counting_erase(*a: Any, **k: Any) -> Any:
+        nonlocal fits
+        fits += 1
+        return real_erase(*a, **k)
+
+    erasure.erase = counting_erase  # training.erase_step imports it at call time
+    cfg = job_config(Path(args.out), [f"dataset={args.dataset}", f"eraser={args.eraser}", "mdl=quick",
+                                      "mdl.max_epochs=1", "mdl.full_run=false", "certificate=false",
+                                      f"paths.cache_dir={args.cache}", f"device={args.device}", "force=true"])
+    t0 = time.perf_counter()
+    result = run_job(cfg)
+    seconds = time.perf_counter() - t0
+    cuda = str(result.get("device", "cpu")).startswith("cuda")
+    peak = (torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return {"seconds": seconds, "erase_s": result["timings"]["erase_s"], "cache_hit": result["eraser"]["cache_hit"],
+            "fits": fits, "peak_mb": peak / 2**20}
+
+
+def spawn(args: argparse.Namespace, cache: str, out: str) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--worker", "--cache", cache, "--out", out, "--eraser", args.eraser,
+           "--dataset", args.dataset, "--device", args.device]
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--eraser", default="qleace", help="eraser config name (conf/eraser/)")
+    p.add_argument("--dataset", default="mnist5k", help="dataset config name (offline: digits, mnist5k, ...)")
+    p.add_argument("--device", default="cpu", help="auto | cpu | cuda")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cache", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+    print(f"bench_cache: eraser={args.eraser} on {args.dataset}, device {args.device}; job = quick MDL with 1 epoch "
+          "per block model, no full run, no certificate; each run in a fresh process")
+    rows: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": []}
+    with tempfile.TemporaryDirectory(prefix="bench_cache_") as tmp:
+        for r in range(args.repeats):
+            cache = str(Path(tmp) / f"cache{r}")
+            for variant in ("cold", "warm"):
+                res = spawn(args, cache, str(Path(tmp) / f"out{r}_{variant}"))
+                rows[variant].append(res)
+                print(f"  repeat {r + 1}/{args.repeats} {variant}: job {res['seconds']:.2f} s "
+                      f"(erase {res['erase_s']:.2f} s), cache_hit={res['cache_hit']}, eraser fits={res['fits']}, "
+                      f"peak {res['peak_mb']:.0f} MB", flush=True)
+                if variant == "warm" and (res["fits"] or not res["cache_hit"]):
+                    raise SystemExit("FAIL: the warm start fitted the eraser")
+                if variant == "cold" and res["fits"] != 1:
+                    raise SystemExit(f"FAIL: the cold start should fit once, fitted {res['fits']} times")
+
+    def med(v: str, key: str) -> float:
+        return statistics.median(x[key] for x in rows[v])
+
+    print(f"median job time: cold {med('cold', 'seconds'):.2f} s, warm {med('warm', 'seconds'):.2f} s → "
+          f"{med('cold', 'seconds') / med('warm', 'seconds'):.1f}× faster warm; erase step: cold "
+          f"{med('cold', 'erase_s'):.3f} s, warm {med('warm', 'erase_s'):.3f} s "
+          f"({med('cold', 'erase_s') / max(med('warm', 'erase_s'), 1e-9):.0f}×); warm fits: 0")
+    print(f"peak memory: cold {med('cold', 'peak_mb'):.0f} MB, warm {med('warm', 'peak_mb'):.0f} MB")
+
+
+if __name__ == "__main__":
+    main()

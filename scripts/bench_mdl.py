@@ -1,0 +1,318 @@
+"""Benchmark: one full prequential MDL (MLP-128, 9 block models, fixed epoch budget), ours vs a naive loop.
+
+    .venv/bin/python scripts/bench_mdl.py                       # CPU: small CIFAR-like data (see output)
+    .venv/bin/python scripts/bench_mdl.py --device cuda         # GPU: 50k×3×32×32, 5 seeds at once
+
+"naive" is the straightforward loop: one block model after another (and one seed after another), a Python
+loop over batches gathered from a float32 tensor on the device, augmentation called per batch, validation
+in eval mode every epoch, best state kept. "ours" is the harness: the job's Trainer (data stored as uint8
+when exact, one epoch's order and crops drawn at once) training all block models of all seeds in one
+vectorised group (training/vectorized.py). Both run the same epochs on the same data, machine and
+threads; every measurement runs in a fresh subprocess (so peak memory is per variant), variants
+interleaved, medians reported. On GPU the script also measures the device's read and host→device copy
+bandwidth for the float32 data and times one MLP-128 epoch against them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+NUM_CLASSES = 10
+
+
+def image_shape(d: int) -> tuple[int, int, int]:
+    side = math.isqrt(d // 3)
+    if 3 * side * side == d:
+        return (3, side, side)
+    return (1, 1, d)
+
+
+def synthetic(n: int, d: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """CIFAR-like control data: uint8 pixels / 255 with a class-dependent mean (learnable, not trivial)."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, NUM_CLASSES, (n,), generator=g)
+    proto = torch.rand(NUM_CLASSES, d, generator=g)
+    x = (0.5 * torch.rand(n, d, generator=g) + 0.5 * proto[y]).mul_(255).round_().div_(255)
+    return x.reshape(n, *image_shape(d)), y
+
+
+def job_cfg(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    return {
+        "seed": seed,
+        "arch": {"name": "mlp", "width": 128, "depth": 2, "activation": "relu", "base_width": 128, "base_depth": 2,
+                 "swiglu_ratio": None, "parametrization": "mup"},
+        "eraser": {"name": "control"},
+        "dataset": {"name": "bench", "augment": image_shape(args.d)[0] == 3},
+        "optim": {"lr": 5e-4, "beta1": 0.95, "warmup_steps": 10, "weight_decay": 0.0, "batch_size": 128},
+        "mdl": {"patience": args.epochs, "max_epochs": args.epochs, "val_size": 2048, "val_frac": 0.2,
+                "num_blocks": 10, "min_block": 1024, "protocol": "prequential"},
+        "regularizer": None,
+        "training": {"parallel_models": "auto", "storage": "auto", "compile": args.compile},
+        "progress": False,
+    }
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------- variants
+
+
+def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> list[float]:
+    """All block models of all seeds in one vectorised group, each with its own seed's split and validation."""
+    from training.fit import cross_entropy_sum
+    from training.pipeline import Trainer
+    from training.splits import make_split
+    from training.vectorized import fit_group
+
+    members, coded = [], []
+    data = y_dev = None
+    for seed in range(args.seeds):
+        cfg = job_cfg(args, seed)
+        m = cfg["mdl"]
+        split = make_split(len(y), seed, val_size=m["val_size"], val_frac=m["val_frac"], num_blocks=m["num_blocks"],
+                           min_block=m["min_block"])
+        trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device, data=data)
+        data, y_dev = trainer.data, trainer.y
+        for i in range(1, len(split.block_sizes)):
+            members.append(trainer.member(split.prefix(i), ("block", i)))
+            coded.append(split.block(i + 1).to(device))
+    assert data is not None and y_dev is not None
+    ce = [0.0] * len(members)
+
+    def code(k: int, model: torch.nn.Module, res: Any) -> None:
+        ce[k] = cross_entropy_sum(model, data.all(coded[k]), y_dev[coded[k]]) / len(coded[k]) / math.log(2)
+
+    fit_group(members, data, y_dev, on_finish=code, compile=args.compile, engine=args.engine)
+    return ce
+
+
+def run_naive(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> list[float]:
+    from models import build_model, make_optimizer
+    from training.augment import crop_flip
+    from training.seeding import generator, seeded_global_rng
+    from training.splits import make_split
+
+    x, y = x.to(device), y.to(device)
+    augment = image_shape(args.d)[0] == 3
+    ces = []
+    for seed in range(args.seeds):
+        cfg = job_cfg(args, seed)
+        m, o = cfg["mdl"], cfg["optim"]
+        split = make_split(len(y), seed, val_size=m["val_size"], val_frac=m["val_frac"], num_blocks=m["num_blocks"],
+                           min_block=m["min_block"])
+        x_val, y_val = x[split.val_idx.to(device)], y[split.val_idx.to(device)]
+        for i in range(1, len(split.block_sizes)):
+            with seeded_global_rng(seed, "init", ("block", i)):
+                model = build_model(cfg["arch"], tuple(x.shape[1:]), NUM_CLASSES).to(device)
+            opt = make_optimizer(model, lr=o["lr"], beta1=o["beta1"], warmup_steps=o["warmup_steps"])
+            gen = generator(seed, "batches", ("block", i))
+            idx = split.prefix(i).to(device)
+            xs, ys = x[idx], y[idx]
+            best, best_state = math.inf, None
+            for _ in range(args.epochs):
+                model.train()
+                opt.train()
+                perm = torch.randperm(len(ys), generator=gen).to(device)
+                for b in range(0, len(ys), o["batch_size"]):
+                    bi = perm[b: b + o["batch_size"]]
+                    xb = crop_flip(xs[bi], gen) if augment else xs[bi]
+                    loss = F.cross_entropy(model(xb), ys[bi])
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                model.eval()
+                opt.eval()
+                with torch.no_grad():
+                    val = float(F.cross_entropy(model(x_val).double(), y_val))
+                if val < best:
+                    best, best_state = val, {k: v.clone() for k, v in model.state_dict().items()}
+            model.load_state_dict(best_state)
+            coded = split.block(i + 1).to(device)
+            with torch.no_grad():
+                ces.append(float(F.cross_entropy(model(x[coded]).double(), y[coded])) / math.log(2))
+    return ces
+
+
+# ---------------------------------------------------------------------------------------------- measurement
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement in this (fresh) process; prints a JSON line."""
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    x, y = synthetic(args.n, args.d)
+    if args.worker == "bandwidth":
+        return bandwidth(args, x, y, device)
+    run = {"ours": run_ours, "naive": run_naive}[args.worker]
+    # Warm-up on a slice of the data (imports, allocator, kernels): not part of the measurement.
+    warm = argparse.Namespace(**{**vars(args), "epochs": 1})
+    run(warm, x[:2400], y[:2400], device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    base_rss = current_rss_mb()
+    sync(device)
+    t0, c0 = time.perf_counter(), time.process_time()
+    ce = run(args, x, y, device)
+    sync(device)
+    seconds, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    return {"variant": args.worker, "seconds": seconds, "cpu_s": cpu_s, "mean_ce_bits": statistics.fmean(ce),
+            "models": len(ce),
+            "peak_mb": peak_memory_mb(device), "rss_before_mb": base_rss}
+
+
+def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict[str, Any]:
+    """Time to read the float32 data once on the device, to copy it host→device, and one MLP-128 epoch."""
+    from training.pipeline import Trainer
+    from training.splits import make_split
+    from training.vectorized import fit_group
+
+    def timed(fn: Any, reps: int = 5) -> float:
+        fn()
+        sync(device)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    xf = x.to(device)
+    pinned = x.pin_memory() if device.type == "cuda" else x
+    read_s = timed(lambda: xf.sum())
+    h2d_s = timed(lambda: pinned.to(device, non_blocking=True)) if device.type == "cuda" else float("nan")
+    out: dict[str, Any] = {"variant": "bandwidth", "bytes": xf.numel() * 4, "read_s": read_s, "h2d_s": h2d_s}
+    cfg = job_cfg(args, 0)
+    split = make_split(len(y), 0, val_size=64, val_frac=0.01, num_blocks=2, min_block=64)
+    trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device)
+
+    def epochs(k: int, seeds: int) -> float:
+        members = []
+        for s in range(seeds):
+            m = trainer.member(torch.arange(len(y)), ("epoch", s))
+            members.append(type(m)(m.model, m.optimizer, m.idx, m.gen,
+                                   type(m.cfg)(batch_size=128, patience=k, max_epochs=k, augment=m.cfg.augment,
+                                               progress=False)))
+        sync(device)
+        t0 = time.perf_counter()
+        fit_group(members, trainer.data, trainer.y, trainer.x_val, trainer.y_val, compile=args.compile,
+                  engine=args.engine)
+        sync(device)
+        return time.perf_counter() - t0
+
+    epochs(1, 1)  # warm-up
+    for seeds in sorted({1, args.seeds}):
+        out[f"epoch_s_{seeds}"] = (epochs(3, seeds) - epochs(1, seeds)) / 2  # per epoch, start-up cost removed
+    out["peak_mb"] = peak_memory_mb(device)
+    return out
+
+
+def spawn(args: argparse.Namespace, variant: str) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--worker", variant, "--device", args.device, "--n", str(args.n), "--d",
+           str(args.d), "--epochs", str(args.epochs), "--seeds", str(args.seeds), "--threads", str(args.threads)]
+    cmd += ["--engine", args.engine] + (["--compile", args.compile] if args.compile else [])
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "WANDB_MODE": "disabled"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{variant} worker failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--n", type=int, default=None, help="samples (default: 50000 on GPU, 8000 on CPU)")
+    p.add_argument("--d", type=int, default=None, help="input features, 3·s² gives 3×s×s images "
+                   "(default: 3072 = 3×32×32 on GPU, 768 = 3×16×16 on CPU)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs per block model (default: 5 GPU, 10 CPU)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds (jobs) trained at once (default: 5 GPU, 1 CPU)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: 1 on CPU — on a shared box threads spin and timings explode; "
+                   "all cores up to 8 on GPU)")
+    p.add_argument("--compile", nargs="?", const="default", default=None,
+                   help="torch.compile ours: [default | reduce-overhead (CUDA graphs) | max-autotune]")
+    p.add_argument("--engine", default="auto", help="ours: auto (loop on CPU, stacked on GPU) | loop | stacked")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    gpu = args.device.startswith("cuda")
+    args.n = args.n or (50_000 if gpu else 8000)
+    args.d = args.d or (3072 if gpu else 768)
+    args.epochs = args.epochs or (5 if gpu else 10)
+    args.seeds = args.seeds or (5 if gpu else 1)
+    args.threads = args.threads or (min(8, os.cpu_count() or 1) if gpu else 1)
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+
+    shape = image_shape(args.d)
+    print(f"bench_mdl: MLP-128 (depth 2, μP), 10 blocks → 9 block models × {args.seeds} seed(s), {args.epochs} epochs "
+          f"each (no early stopping), batch 128, augmentation {'on' if shape[0] == 3 else 'off'}")
+    print(f"data: synthetic CIFAR-like uint8/255 control data, {args.n} × {'×'.join(map(str, shape))}"
+          + ("" if gpu else " (smaller than CIFAR's 50000 × 3×32×32 because this is a CPU run)"))
+    print(f"device: {args.device}" + ("" if gpu else f", {args.threads} torch thread(s), {os.cpu_count()} cores")
+          + f"; ours: engine {args.engine}, compile {args.compile or 'off'}")
+    rows: dict[str, list[dict[str, Any]]] = {"naive": [], "ours": []}
+    for r in range(args.repeats):
+        for variant in ("naive", "ours") if r % 2 == 0 else ("ours", "naive"):
+            res = spawn(args, variant)
+            rows[variant].append(res)
+            print(f"  repeat {r + 1}/{args.repeats} {variant:5s}: {res['seconds']:7.2f} s wall, "
+                  f"{res['cpu_s']:7.2f} s CPU, peak {res['peak_mb']:.0f} MB,"
+                  f" mean CE {res['mean_ce_bits']:.4f} bits", flush=True)
+    med = {v: statistics.median(x["seconds"] for x in rs) for v, rs in rows.items()}
+    ratios = [n["seconds"] / o["seconds"] for n, o in zip(rows["naive"], rows["ours"], strict=True)]
+    cpu_ratios = [n["cpu_s"] / o["cpu_s"] for n, o in zip(rows["naive"], rows["ours"], strict=True)]
+    mem = "GPU max_memory_allocated" if gpu else "process peak RSS (ru_maxrss)"
+    print(f"median: naive {med['naive']:.2f} s, ours {med['ours']:.2f} s → speed-up {med['naive'] / med['ours']:.2f}×; "
+          f"median of paired ratios {statistics.median(ratios):.2f}× ({', '.join(f'{q:.2f}' for q in ratios)})")
+    print(f"process CPU time (robust to other load on a shared machine): median of paired ratios "
+          f"{statistics.median(cpu_ratios):.2f}× ({', '.join(f'{q:.2f}' for q in cpu_ratios)})")
+    print(f"peak memory ({mem}): naive {statistics.median(x['peak_mb'] for x in rows['naive']):.0f} MB, "
+          f"ours {statistics.median(x['peak_mb'] for x in rows['ours']):.0f} MB")
+    if gpu:
+        bw = spawn(args, "bandwidth")
+        gb = bw["bytes"] / 1e9
+        print(f"read float32 data once on the GPU: {bw['read_s'] * 1e3:.2f} ms ({gb / bw['read_s']:.0f} GB/s); "
+              f"host→device copy (pinned): {bw['h2d_s'] * 1e3:.2f} ms ({gb / bw['h2d_s']:.1f} GB/s)")
+        for key in sorted(k for k in bw if k.startswith("epoch_s_")):
+            s = bw[key]
+            print(f"one epoch, {key.removeprefix('epoch_s_')} MLP-128 model(s) at once: {s * 1e3:.1f} ms = "
+                  f"{s / bw['read_s']:.1f}× the device read, {s / bw['h2d_s']:.2f}× the host→device copy")
+        print(f"bandwidth worker peak GPU memory: {bw['peak_mb']:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()

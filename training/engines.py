@@ -1,0 +1,285 @@
+"""The arithmetic of a vectorised group (training/vectorized.py): how M live models take one step together.
+
+* `LoopEngine`: the members' own modules, one forward per member on its slice of the shared batch, one
+  backward over the summed losses and **one** optimizer step over all members' parameters (foreach kernels).
+  Every kernel sees exactly the shapes it sees in `training.fit.fit`, so the numbers are bitwise those of
+  sequential training. Best on CPU, where batched matmuls are slower than a loop of plain ones.
+* `StackedEngine`: parameters stacked per name (M, *shape); the model's forward under `torch.func.vmap` +
+  `functional_call` (Linear → batched matmul, Conv → grouped conv), so one step is one set of kernels for
+  all members. Partial batches are padded with zero-weight rows. Same arithmetic up to float32 rounding of
+  the batched kernels. Best on GPU, where launches dominate for small models.
+
+Both: the optimizer is the members' own optimizer class with their μP param groups (MuAdam: lr / width_mult
+per group). Schedule-free AdamW is elementwise except its per-group scalars (k, lr_max, weight_sum); all
+members start together and every live member steps every step, so those scalars are identical for all of
+them. Validation mirrors `optimizer.eval()` / `.train()` on the validated members only. A finished member
+is dropped (its parameters leave the optimizer), so no Adam-type update touches it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from mup import MuReadout
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+
+from training.fit import cross_entropy_sum, snapshot
+
+VAL_CHUNK = 1024  # as training.fit.predict_logits
+
+
+def EVAL_W(beta1: float) -> float:  # noqa: N802 - schedule-free eval(): p.lerp_(z, 1 - 1/β1) maps y → x
+    return 1 - 1 / beta1
+
+
+def TRAIN_W(beta1: float) -> float:  # noqa: N802 - schedule-free train(): p.lerp_(z, 1 - β1) maps x → y
+    return 1 - beta1
+
+
+def compile_mode(flag: bool | str | None) -> str | None:
+    """`training.compile`: false/null → None (eager), true → "default", or a torch.compile mode such as
+    "reduce-overhead" (CUDA graphs) or "max-autotune"."""
+    if flag is None or flag is False or str(flag).lower() in ("false", "none", "null", ""):
+        return None
+    return "default" if flag is True or str(flag).lower() == "true" else str(flag)
+
+
+class ValSet:
+    """Each member's validation data: one shared (x, y), or per-member indices into the data (cached)."""
+
+    def __init__(self, data, y: Tensor, x_val: Tensor | None, y_val: Tensor | None,
+                 val_idx: Sequence[Tensor | None]) -> None:
+        self.data, self.y = data, y
+        self.shared = x_val is not None and y_val is not None
+        self.x_val, self.y_val = x_val, y_val
+        self.val_idx = list(val_idx)
+        self._cache: dict[int, Tensor] = {}
+        if not self.shared and any(v is None for v in self.val_idx):
+            raise ValueError("without a shared x_val/y_val every member needs a val_idx")
+
+    def xy(self, k: int) -> tuple[Tensor, Tensor]:
+        if self.shared:
+            return self.x_val, self.y_val  # type: ignore[return-value]
+        idx = self.val_idx[k]
+        assert idx is not None
+        key = id(idx)  # members of one seed share one index tensor: decode it once
+        if key not in self._cache:
+            self._cache[key] = self.data.all(idx)
+        return self._cache[key], self.y[idx.to(self.y.device)]
+
+
+def _optimizer_groups(opt: torch.optim.Optimizer, names: dict[int, str]) -> list[tuple[list[str], dict]]:
+    return [([names[id(p)] for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
+            for g in opt.param_groups]
+
+
+def check_same_groups(models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer]
+                      ) -> list[tuple[list[str], dict]]:
+    """The members' (identical) μP param groups as (parameter names, hyperparameters)."""
+    groups = [_optimizer_groups(o, {id(p): n for n, p in m.named_parameters()})
+              for m, o in zip(models, opts, strict=True)]
+    ref = [(names, repr(hp)) for names, hp in groups[0]]
+    if any([(names, repr(hp)) for names, hp in g] != ref for g in groups[1:]):
+        raise ValueError("members of one vectorised group need identical optimizer param groups")
+    return groups[0]
+
+
+def _carry_scalars(old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> None:
+    for g_old, g_new in zip(old.param_groups, new.param_groups, strict=True):
+        g_new.update({k: v for k, v in g_old.items() if k != "params"})
+
+
+class LoopEngine:
+    """Members' own modules; one shared optimizer step. Bitwise equal to sequential training."""
+
+    def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
+                 compile: bool | str | None = None) -> None:
+        self.groups = check_same_groups(models, opts)
+        self.models = list(models)  # per live row
+        mode = compile_mode(compile)
+        # Compiled wrappers share the modules' parameters (one graph for all: same structure, params as inputs).
+        self.forward = [torch.compile(m, mode=mode) if mode else m for m in self.models]
+        self.params = [dict(m.named_parameters()) for m in self.models]
+        self.opt_cls = type(opts[0])
+        self.opt = self._build()
+        self.best: list[dict[str, Tensor]] = [snapshot(m) for m in self.models]
+
+    def _build(self) -> torch.optim.Optimizer:
+        return self.opt_cls([{**hp, "params": [p[n] for p in self.params for n in names]}
+                             for names, hp in self.groups])
+
+    def train(self) -> None:
+        for m in self.models:
+            m.train()
+        self.opt.train()
+
+    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int]) -> None:
+        # Each member sees exactly its batch as in fit(); d(sum)/d(loss_r) = 1 keeps every gradient as alone.
+        loss = sum(F.cross_entropy(f(xb[r, :c]), yb[r, :c])
+                   for r, (f, c) in enumerate(zip(self.forward, counts, strict=True)))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[union-attr]
+        self.opt.step()
+
+    @torch.no_grad()
+    def _lerp(self, r: int, weight: Callable[[float], float]) -> None:
+        for names, hp in self.groups:
+            w = weight(hp["betas"][0])
+            for n in names:
+                p = self.params[r][n]
+                if "z" in self.opt.state[p]:
+                    p.lerp_(self.opt.state[p]["z"], w)
+
+    def validate(self, rows: list[int], members: list[int], val: ValSet, best_loss: list[float]) -> list[float]:
+        """Validation loss of each row (member) in eval mode; rows beating `best_loss` (aligned) snapshot."""
+        losses = []
+        for r, k, best in zip(rows, members, best_loss, strict=True):
+            model = self.models[r]
+            self._lerp(r, EVAL_W)
+            model.eval()
+            x, y = val.xy(k)
+            loss = cross_entropy_sum(model, x, y) / len(y)
+            if loss < best:
+                self.best[r] = snapshot(model)
+            model.train()
+            self._lerp(r, TRAIN_W)
+            losses.append(loss)
+        return losses
+
+    def best_state(self, r: int) -> dict[str, Tensor]:
+        return self.best[r]
+
+    def keep(self, rows: list[int]) -> None:
+        old = self.opt
+        dropped = [p for r in range(len(self.models)) if r not in rows for p in self.params[r].values()]
+        self.models = [self.models[r] for r in rows]
+        self.forward = [self.forward[r] for r in rows]
+        self.params = [self.params[r] for r in rows]
+        self.best = [self.best[r] for r in rows]
+        self.opt = self._build()
+        _carry_scalars(old, self.opt)
+        for p in (p for ps in self.params for p in ps.values()):
+            if p in old.state:
+                self.opt.state[p] = old.state[p]
+        for p in dropped:
+            old.state.pop(p, None)
+
+
+class _ReadoutConstants:
+    """functional_call swaps in batched weights that carry no `infshape`: pin each MuReadout's width_mult."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.heads = [m for m in model.modules() if isinstance(m, MuReadout)]
+
+    def __enter__(self) -> None:
+        for h in self.heads:
+            h.width_mult = (lambda v: (lambda: v))(h.width_mult())  # instance attribute shadows the method
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.heads:
+            del h.width_mult
+
+
+class StackedEngine:
+    """Stacked parameters, vmapped forward: one set of kernels per step for all live members."""
+
+    def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
+                 compile: bool | str | None = None) -> None:
+        self.groups = check_same_groups(models, opts)
+        self.template = models[0]
+        self.readouts = _ReadoutConstants(self.template)
+        self.params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]).requires_grad_()
+                       for n, _ in self.template.named_parameters()}
+        self.opt_cls = type(opts[0])
+        self.opt = self._build()
+        self.best = {n: p.detach().clone() for n, p in self.params.items()}  # snapshot at init, like fit()
+        template = self.template
+
+        def member_loss(params: dict[str, Tensor], xb: Tensor, yb: Tensor, wb: Tensor) -> Tensor:
+            ce = F.cross_entropy(functional_call(template, params, (xb,)), yb, reduction="none")
+            return (ce * wb).sum() / wb.sum()
+
+        def member_logits(params: dict[str, Tensor], xb: Tensor) -> Tensor:
+            return functional_call(template, params, (xb,))
+
+        self.loss = vmap(member_loss)
+        self.predict_shared = vmap(member_logits, in_dims=(0, None))
+        self.predict_own = vmap(member_logits)
+        mode = compile_mode(compile)
+        if mode:
+            self.loss = torch.compile(self.loss, mode=mode)
+
+    def _build(self) -> torch.optim.Optimizer:
+        return self.opt_cls([{**hp, "params": [self.params[n] for n in names]} for names, hp in self.groups])
+
+    def __enter__(self) -> StackedEngine:
+        self.readouts.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.readouts.__exit__()
+
+    def train(self) -> None:
+        self.template.train()
+        self.opt.train()
+
+    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int]) -> None:
+        loss = self.loss(self.params, xb, yb, wb).sum()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+    def _lerped(self, sel: Tensor, rows: dict[str, Tensor], weight: Callable[[float], float]) -> dict[str, Tensor]:
+        out = {}
+        for names, hp in self.groups:
+            w = weight(hp["betas"][0])
+            for n in names:
+                z = self.opt.state[self.params[n]].get("z")
+                out[n] = rows[n] if z is None else rows[n].lerp(z[sel], w)
+        return out
+
+    @torch.no_grad()
+    def validate(self, rows: list[int], members: list[int], val: ValSet, best_loss: list[float]) -> list[float]:
+        sel = torch.tensor(rows, device=next(iter(self.params.values())).device)
+        eval_params = self._lerped(sel, {n: p.detach()[sel] for n, p in self.params.items()}, EVAL_W)
+        self.template.eval()
+        if val.shared:
+            x, y = val.xy(members[0])
+            logits = torch.cat([self.predict_shared(eval_params, x[i: i + VAL_CHUNK]).double()
+                                for i in range(0, len(y), VAL_CHUNK)], dim=1)
+            targets = y.expand(len(rows), -1)
+        else:
+            xs, ys = zip(*(val.xy(k) for k in members), strict=True)
+            if len({len(t) for t in ys}) != 1:
+                raise ValueError("per-member validation sets of one group must have one size")
+            n = len(ys[0])
+            logits = torch.cat([self.predict_own(eval_params, torch.stack([x[i: i + VAL_CHUNK] for x in xs])).double()
+                                for i in range(0, n, VAL_CHUNK)], dim=1)
+            targets = torch.stack(ys)
+        self.template.train()
+        losses = (F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(1) / targets.shape[1]).tolist()
+        for j, (r, loss, best) in enumerate(zip(rows, losses, best_loss, strict=True)):
+            if loss < best:
+                for n in self.best:
+                    self.best[n][r] = eval_params[n][j]
+        back = self._lerped(sel, eval_params, TRAIN_W)
+        for n, v in back.items():
+            self.params[n][sel] = v
+        return losses
+
+    def best_state(self, r: int) -> dict[str, Tensor]:
+        return {n: v[r].clone() for n, v in self.best.items()}
+
+    def keep(self, rows: list[int]) -> None:
+        keep = torch.tensor(rows, device=next(iter(self.params.values())).device)
+        old, old_params = self.opt, self.params
+        self.params = {n: p.detach()[keep].requires_grad_() for n, p in old_params.items()}
+        self.best = {n: v[keep] for n, v in self.best.items()}
+        self.opt = self._build()
+        _carry_scalars(old, self.opt)
+        for n, p in self.params.items():
+            self.opt.state[p] = {k: (v[keep] if torch.is_tensor(v) and v.dim() > 0 else v)
+                                 for k, v in old.state[old_params[n]].items()}

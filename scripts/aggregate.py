@@ -29,8 +29,12 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]  # the package, and aggregate_plots next to us
 
-CELL = ["dataset", "arch", "width", "depth", "eraser"]
-ROW_KEY = ["dataset", "arch", "width", "depth"]
+ROW_KEY = ["dataset", "arch", "width", "depth", "variant"]  # a table row; variant: settings that differ, if any
+CELL = [*ROW_KEY, "eraser"]
+# Config keys shown by the row/column labels themselves; every other semantic key that differs between results
+# of one row splits it into variants (results of different configurations are never averaged together).
+SHOWN = {"seed", "dataset.tag", "dataset.name", "arch.tag", "arch.name", "arch.activation", "arch.width",
+         "arch.depth", "eraser.name"}
 METRICS = ["bits_per_sample", "legacy", "final_val_loss"]
 CERT = {"max_mean_gap": "mean gap", "max_cov_gap": "cov gap", "linear_probe_acc": "linear probe",
         "quadratic_probe_acc": "quadratic probe", "chance": "chance"}
@@ -66,11 +70,29 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _settings(cfg: dict[str, Any]) -> str:
+    from training.results import NON_SEMANTIC_KEYS
+
+    flat = _flatten({k: v for k, v in cfg.items() if k not in NON_SEMANTIC_KEYS})
+    return json.dumps({k: v for k, v in flat.items() if k not in SHOWN}, sort_keys=True, default=str)
+
+
 def _cell_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
     arch = cfg["arch"]
     return {"dataset": cfg["dataset"].get("tag") or cfg["dataset"]["name"], "arch": arch.get("tag") or arch["name"],
             "width": int(arch["width"]), "depth": int(arch["depth"]), "eraser": cfg["eraser"]["name"],
-            "seed": int(cfg["seed"]), "protocol": (cfg.get("mdl") or {}).get("protocol", "prequential")}
+            "seed": int(cfg["seed"]), "protocol": (cfg.get("mdl") or {}).get("protocol", "prequential"),
+            "settings": _settings(cfg)}
 
 
 def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:
@@ -79,7 +101,33 @@ def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:
         return None
     d = m.groupdict()
     return {"dataset": d["dataset"], "arch": d["arch"], "width": int(d["width"]), "depth": int(d["depth"]),
-            "eraser": d["eraser"], "seed": int(d["seed"]), "protocol": "?"}
+            "eraser": d["eraser"], "seed": int(d["seed"]), "protocol": "?", "settings": None}
+
+
+def assign_variants(df: pd.DataFrame) -> pd.DataFrame:
+    """Label each row with the settings that differ from other results of its table row (`variant`, "" when
+    all agree), so different configurations land in different rows; drop repeated (cell, seed) entries."""
+    if df.empty:
+        return df
+    df = df.copy()
+    df["variant"] = ""
+    rows = ["dataset", "arch", "width", "depth"]
+    for _, g in df[df.settings.notna()].groupby(rows, sort=False):
+        varying: set[str] = set()
+        for _, ge in g.groupby("eraser", sort=False):
+            flats = [json.loads(s) for s in set(ge.settings)]
+            keys = set().union(*flats)
+            varying |= {k for k in keys if len({json.dumps(f.get(k, "∅"), default=str) for f in flats}) > 1}
+        if varying:
+            for i in g.index:
+                flat = json.loads(df.at[i, "settings"])
+                df.at[i, "variant"] = ", ".join(f"{k}={flat[k]}" for k in sorted(varying) if k in flat)
+    order = df.assign(_rank=(df.status != "done").astype(int)).sort_values("_rank", kind="stable")
+    dup = order.duplicated([*CELL, "seed"], keep="first")
+    if dup.any():
+        print(f"warning: {int(dup.sum())} repeated result(s) of the same config and seed ignored: "
+              + ", ".join(order[dup].job_dir.astype(str)), file=sys.stderr)
+    return df.drop(index=order[dup].index).drop(columns=["settings"])
 
 
 def _done_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
@@ -137,7 +185,7 @@ def collect_dir(root: Path) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
         cell = _cell_from_path(Path(job_dir))
         if cell is not None:
             rows.append(_unfinished_row(cell, Path(job_dir), failed))
-    return pd.DataFrame(rows), results
+    return assign_variants(pd.DataFrame(rows)), results
 
 
 def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
@@ -163,7 +211,7 @@ def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[
                          "error": f"result.json holds config {result.get('config_hash')}"})
         else:
             rows.append(_unfinished_row(_cell_from_config(cfg), job_dir, failed))
-    return pd.DataFrame(rows), results
+    return assign_variants(pd.DataFrame(rows)), results
 
 
 # --- summarising ------------------------------------------------------------------------------------------
@@ -237,27 +285,35 @@ def _row_keys(summary: pd.DataFrame) -> list[tuple[Any, ...]]:
     return list(dict.fromkeys(tuple(r) for r in summary[ROW_KEY].itertuples(index=False)))
 
 
+def _labels(summary: pd.DataFrame) -> tuple[list[str], int]:
+    """Row-label columns; `variant` only when some row has one."""
+    shown = 5 if (summary.variant != "").any() else 4
+    return ["dataset", "arch", "w", "d", "variant"][:shown], shown
+
+
 def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str], list[list[str]]]:
     erasers = _ordered(summary.eraser)
-    index = {(*k[:4], k[4]): r for k, r in zip(summary[CELL].itertuples(index=False),
-                                                 (r for _, r in summary.iterrows()), strict=True)}
-    rows = [[str(v) for v in key] + [_cell_text(index.get((*key, e)), metric, digits) for e in erasers]
+    index = {tuple(k): r for k, (_, r) in zip(summary[CELL].itertuples(index=False), summary.iterrows(),
+                                               strict=True)}
+    labels, shown = _labels(summary)
+    rows = [[str(v) for v in key[:shown]] + [_cell_text(index.get((*key, e)), metric, digits) for e in erasers]
             for key in _row_keys(summary)]
-    return ["dataset", "arch", "w", "d", *erasers], rows
+    return [*labels, *erasers], rows
 
 
 def increase_rows(inc: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     erasers = [e for e in _ordered(summary.eraser) if e != "control"]
-    look = {(*k[:4], k[4]): (m, s, n) for k, m, s, n in zip(inc[CELL].itertuples(index=False), inc["mean"],
-                                                             inc["sd"], inc["n"], strict=True)}
+    look = {tuple(k): (m, s, n) for k, m, s, n in zip(inc[CELL].itertuples(index=False), inc["mean"], inc["sd"],
+                                                       inc["n"], strict=True)}
+    labels, shown = _labels(summary)
     rows = []
     for key in _row_keys(summary):
         cells = []
         for e in erasers:
             m, s, n = look.get((*key, e), (math.nan, math.nan, 0))
             cells.append("missing" if n == 0 else (f"{m:+.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:+.3f}"))
-        rows.append([str(v) for v in key] + cells)
-    return ["dataset", "arch", "w", "d", *erasers], rows
+        rows.append([str(v) for v in key[:shown]] + cells)
+    return [*labels, *erasers], rows
 
 
 def certificate_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
@@ -278,7 +334,7 @@ def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:
     for name, (tag, width, depth) in PAPER_ARCHS.items():
         cells = []
         for eraser, (pm, ps) in PAPER_TABLE_C[name].items():
-            rec = index.get(("cifar10", tag, width, depth, eraser))
+            rec = index.get(("cifar10", tag, width, depth, "", eraser))
             found |= rec is not None
             cells.append(f"{_cell_text(rec, 'legacy', 2)} / {pm:.2f} ± {ps:.2f}")
         rows.append([name, *cells])
@@ -322,7 +378,9 @@ def latex(summary: pd.DataFrame) -> str:
     for metric, caption in (("bits_per_sample", "Prequential MDL (bits/sample)"),
                             ("legacy", "Legacy MDL (paper units)")):
         header, rows = pivot(summary, metric)
-        out += [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{" + "l" * 4 + "r" * (len(header) - 4) + "}",
+        shown = _labels(summary)[1]
+        out += [r"\begin{table}[t]", r"\centering",
+                r"\begin{tabular}{" + "l" * shown + "r" * (len(header) - shown) + "}",
                 r"\toprule", " & ".join(_tex_escape(h) for h in header) + r" \\", r"\midrule"]
         out += [" & ".join(_tex_escape(c) for c in r) + r" \\" for r in rows]
         out += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{caption}; mean $\pm$ sd over seeds.}}",

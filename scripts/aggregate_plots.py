@@ -40,8 +40,9 @@ def _save(fig: plt.Figure, path: Path) -> None:
 
 def plot_bars(summary: pd.DataFrame, path: Path) -> None:
     s = summary.reset_index(drop=True)
-    several = len(s.groupby(["dataset", "arch", "width", "depth"])) > 1
-    labels = [f"{r.eraser}\n{r.arch}-w{r.width}-d{r.depth}" if several else r.eraser for r in s.itertuples()]
+    several = len(s.groupby(["dataset", "arch", "width", "depth", "variant"])) > 1
+    labels = [f"{r.eraser}\n{r.arch}-w{r.width}-d{r.depth}\n{r.variant}".strip() if several else r.eraser
+              for r in s.itertuples()]
     fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(labels)), 3.4))
     ax.bar(range(len(labels)), s.bits_per_sample_mean, yerr=s.bits_per_sample_sd.fillna(0), capsize=3)
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
@@ -54,11 +55,11 @@ def plot_mdl_vs(summary: pd.DataFrame, axis: str, path: Path) -> bool:
     """MDL against `axis` (width or depth) at the most common value of the other, per (dataset, arch)."""
     other = "depth" if axis == "width" else "width"
     panels = []
-    for (dataset, arch), g in summary.groupby(["dataset", "arch"], sort=False):
+    for (dataset, arch, variant), g in summary.groupby(["dataset", "arch", "variant"], sort=False):
         fixed = g[other].mode().iloc[0]
         g = g[g[other] == fixed]
         if g[axis].nunique() >= 2:
-            panels.append((f"{dataset} {arch} ({other} {fixed})", g))
+            panels.append((f"{dataset} {arch} ({other} {fixed}) {variant}".strip(), g))
     if not panels:
         return False
     fig, axes = _grid(min(len(panels), MAX_PANELS))
@@ -92,15 +93,15 @@ def plot_curves(df: pd.DataFrame, path: Path) -> bool:
         if "curve" in df else df.iloc[0:0]
     if done.empty:
         return False
-    groups = list(done.groupby(["dataset", "arch", "width", "depth"], sort=False))[:MAX_PANELS]
+    groups = list(done.groupby(["dataset", "arch", "width", "depth", "variant"], sort=False))[:MAX_PANELS]
     fig, axes = _grid(len(groups))
-    for ax, ((dataset, arch, width, depth), g) in zip(axes, groups, strict=True):
+    for ax, ((dataset, arch, width, depth, variant), g) in zip(axes, groups, strict=True):
         for eraser in _erasers(g.eraser):
             steps, loss = _mean_curve(list(g[g.eraser == eraser].curve))
             ax.plot(steps, loss, label=f"{eraser} ({(g.eraser == eraser).sum()} seeds)")
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss (bits)")
-        ax.set_title(f"{dataset} {arch}-w{width}-d{depth}", fontsize=9)
+        ax.set_title(f"{dataset} {arch}-w{width}-d{depth} {variant}".strip(), fontsize=8)
         ax.legend(fontsize=7)
     _save(fig, path)
     return True
@@ -109,19 +110,19 @@ def plot_curves(df: pd.DataFrame, path: Path) -> bool:
 def plot_increase(inc: pd.DataFrame, path: Path) -> bool:
     if inc.empty:
         return False
-    keys = list(dict.fromkeys(zip(inc.dataset, inc.arch, inc.width, inc.depth, strict=True)))
+    keys = list(dict.fromkeys(zip(inc.dataset, inc.arch, inc.width, inc.depth, inc.variant, strict=True)))
     erasers = _erasers(inc.eraser)
     width = 0.8 / len(erasers)
     fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(keys) * max(1, len(erasers) / 3)), 3.4))
     for j, eraser in enumerate(erasers):
         ge = inc[inc.eraser == eraser]
-        look = {(r.dataset, r.arch, r.width, r.depth): (r.mean, r.sd) for r in ge.itertuples()}
+        look = {(r.dataset, r.arch, r.width, r.depth, r.variant): (r.mean, r.sd) for r in ge.itertuples()}
         vals = [look.get(k, (math.nan, math.nan)) for k in keys]
         ax.bar(np.arange(len(keys)) + j * width, [v[0] for v in vals], width,
                yerr=[0 if math.isnan(v[1]) else v[1] for v in vals], capsize=2, label=eraser)
     ax.axhline(0, color="k", lw=0.7)
-    ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2, [f"{d}\n{a}-w{w}-d{dd}" for d, a, w, dd in keys],
-                  fontsize=7)
+    ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2,
+                  [f"{d}\n{a}-w{w}-d{dd}\n{v}".strip() for d, a, w, dd, v in keys], fontsize=7)
     ax.set_ylabel("MDL increase over control (bits/sample)")
     ax.legend(fontsize=7)
     _save(fig, path)

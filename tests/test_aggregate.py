@@ -205,3 +205,25 @@ def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Pat
     header, rows = aggregate.pivot(aggregate.summarize(df), "bits_per_sample")
     assert header[4:] == ["control", "leace"] and rows == [["digits", "mlp_relu", "32", "2", "1.500 ± 0.707",
                                                              "missing"]]
+
+
+def test_different_configurations_are_never_averaged_together(tmp_path: Path, capsys) -> None:
+    """Same cell and seeds, two regularizers (e.g. `make demo` next to an SD sweep): two labelled rows. The
+    same result found twice (two copies of a run) counts once."""
+    root = tmp_path / "runs"
+    for reg, bits in (("none", 1.0), ("sd", 2.0)):
+        for seed in (0, 1):
+            cfg = {**_config("mnist5k", "control", "mlp_relu", 128, 2, seed), "regularizer": {"name": reg}}
+            write_result(root / reg, cfg, bits + seed, 3.0, 0.5)
+    copy = root / "copy" / "mnist5k/control/mlp_relu-w128-d2/seed0"
+    copy.mkdir(parents=True)
+    (copy / "result.json").write_text((root / "none/mnist5k/control/mlp_relu-w128-d2/seed0/result.json").read_text())
+    df, _ = aggregate.collect_dir(root)
+    assert "repeated result" in capsys.readouterr().err
+    header, rows = aggregate.pivot(aggregate.summarize(df), "bits_per_sample")
+    assert header == ["dataset", "arch", "w", "d", "variant", "control"]
+    assert rows == [["mnist5k", "mlp_relu", "128", "2", "regularizer.name=none", "1.500 ± 0.707"],
+                    ["mnist5k", "mlp_relu", "128", "2", "regularizer.name=sd", "2.500 ± 0.707"]]
+    out = tmp_path / "tables"
+    assert aggregate.main([str(root), "--out", str(out), "--name", "v"]) == 0
+    assert (out / "v.png").exists() and (out / "v_val_curves.png").exists()

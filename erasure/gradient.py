@@ -110,6 +110,7 @@ def _optimise_class(xk0: Tensor, mu: Tensor, sigma: Tensor, o: dict[str, Any]) -
 
 
 def _loss(x: Tensor, x0: Tensor, mu: Tensor, sigma: Tensor, o: dict[str, Any]) -> tuple[Tensor, dict[str, float]]:
+    """The objective, and (only outside autograd) its terms as floats relative to the data scale."""
     m = x.mean(0)
     xc = x - m
     cov = xc.T @ xc / (len(x) - 1)
@@ -117,6 +118,8 @@ def _loss(x: Tensor, x0: Tensor, mu: Tensor, sigma: Tensor, o: dict[str, Any]) -
     cov_term = torch.linalg.matrix_norm(cov - sigma)
     mse = ((x - x0) ** 2).mean()
     loss = o["w_mean"] * mean_term + o["w_cov"] * cov_term + o["w_mse"] * mse
+    if torch.is_grad_enabled():
+        return loss, {}
     scale = float(torch.trace(sigma)) ** 0.5 or 1.0
     stats = {"loss": float(loss), "mean_gap": float(mean_term) / scale,
              "cov_gap": float(cov_term) / (float(torch.linalg.matrix_norm(sigma)) or 1.0), "mse": float(mse)}

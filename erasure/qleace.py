@@ -87,12 +87,15 @@ def fit_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, tol: float = 1
     covs = v.T @ mom.class_covs @ v  # (k, s, s) in the pooled eigenbasis
     del mom.class_covs
     inv_sd = vals[:s].rsqrt()
-    white_eigs = torch.linalg.eigvalsh(covs * inv_sd[:, None] * inv_sd[None, :])
-    min_eigs = white_eigs[:, 0]
     r, handling = s, ("none" if s == d else "support")
     ridge_used = 0.0
-    if float(min_eigs.min()) < class_rtol:
-        bad = (min_eigs < class_rtol).nonzero().flatten().tolist()
+    min_eig: float | None = None
+    # A class is (near-)singular when its covariance, whitened by the pooled one, has an eigenvalue below
+    # class_rtol; Cholesky of (whitened − class_rtol·I) decides that exactly and costs a third of an eigvalsh.
+    if not _all_above(covs, inv_sd, class_rtol):
+        white_eigs = torch.linalg.eigvalsh(covs * inv_sd[:, None] * inv_sd[None, :])
+        min_eig = float(white_eigs[:, 0].min())
+        bad = (white_eigs[:, 0] < class_rtol).nonzero().flatten().tolist()
         if rank_deficient == "truncate":
             # interlacing: an r-dim compression with min eigenvalue ≥ τ needs r ≤ #(eigenvalues ≥ τ)
             upper = int((white_eigs >= class_rtol).sum(-1).min())
@@ -121,7 +124,7 @@ def fit_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, tol: float = 1
     info.update({
         "support_rank": s, "working_rank": r, "dims_set_to_mean": d - r, "rank_handling": handling,
         "variance_dropped_fraction": 1.0 - _frac(vals, r), "ridge_used": ridge_used,
-        "min_whitened_class_eig": float(min_eigs.min()),
+        "min_whitened_class_eig": min_eig,  # computed only when some class is below class_rtol
         "barycenter_iterations": bary.iterations, "barycenter_residual": bary.residual,
         "barycenter_converged": bary.converged, "barycenter_history": bary.history,
         "fit_seconds": time.perf_counter() - t0,
@@ -136,19 +139,23 @@ def _frac(vals: Tensor, r: int) -> float:
     return float(vals[:r].clamp_min(0).sum()) / tot if tot > 0 else 1.0
 
 
+def _all_above(covs: Tensor, inv_sd: Tensor, tau: float) -> bool:
+    """Every whitened class covariance (leading block of size covs.shape[-1]) has min eigenvalue > tau."""
+    r = covs.shape[-1]
+    w = inv_sd[:r]
+    eye = torch.eye(r, dtype=covs.dtype, device=covs.device)
+    return bool((torch.linalg.cholesky_ex(covs * w[:, None] * w[None, :] - tau * eye).info == 0).all())
+
+
 def _stable_rank(covs: Tensor, inv_sd: Tensor, class_rtol: float, hi: int) -> int:
     """Largest r whose leading r×r whitened class covariances all have min eigenvalue ≥ class_rtol.
 
     Monotone in r (the min generalised Rayleigh quotient over nested subspaces can only fall), so bisect.
     """
-    def ok(r: int) -> bool:
-        w = inv_sd[:r]
-        return bool(torch.linalg.eigvalsh(covs[:, :r, :r] * w[:, None] * w[None, :])[:, 0].min() >= class_rtol)
-
     lo, hi = 0, min(hi, covs.shape[-1])  # ok(lo) holds (empty), ok(hi) fails
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+        lo, hi = (mid, hi) if _all_above(covs[:, :mid, :mid], inv_sd, class_rtol) else (lo, mid)
     if lo == 0:
         raise ValueError("qleace: some class covariance is numerically zero; cannot equalise covariances")
     return lo

@@ -35,6 +35,14 @@ def default_options(name: str) -> dict[str, Any]:
     return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name != "rank_hint"}
 
 
+def resolve_options(name: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every option of `name` with `options` applied over the defaults (a canonical cache-key part):
+    `{}` and the full default dict resolve to the same thing. Unknown options raise TypeError."""
+    opts = dict(options or {})
+    _check_options(name, opts)
+    return {**default_options(name), **opts}
+
+
 def _fitter(name: str) -> Callable[..., Eraser]:
     if name == "gradient":
         raise ValueError("'gradient' edits a dataset and has no reusable eraser: use erasure.erase('gradient', "

@@ -23,6 +23,9 @@ def certificate(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, seed: int = 0
     (`seed`, `test_fraction` held out) in the principal coordinates of the training part:
     an L2-regularised multinomial logistic regression (linear) and regularised QDA (class covariances
     shrunk towards the pooled one by `qda_shrink`). `chance` = majority-class rate on the held-out part.
+    Below-chance probe accuracy is expected when the eraser was fitted on these very rows: equal moments
+    on the whole set make the two halves' residual class differences exactly opposite, so a probe trained
+    on one half is anti-correlated on the other. Read "≤ chance" as "no usable information".
     """
     t0 = time.perf_counter()
     flat, _ = flatten_features(x)

@@ -108,3 +108,11 @@ def test_gradient_erasure_reduces_moment_gaps() -> None:
     # a large edit penalty keeps the images almost unchanged
     kept = erase_dataset(x, y, w_mean=1e-6, w_cov=1e-6, w_mse=1.0, iterations=10, progress=False, device="cpu")
     assert float((kept - x).abs().max()) < 2e-3
+
+
+def test_resolve_options_is_canonical() -> None:
+    assert erasure.resolve_options("alf_qleace", {}) == erasure.resolve_options(
+        "alf_qleace", erasure.default_options("alf_qleace"))
+    assert erasure.resolve_options("qleace", {"tol": 1e-6})["tol"] == 1e-6
+    with pytest.raises(TypeError, match="unknown options"):
+        erasure.resolve_options("leace", {"bogus": 1})

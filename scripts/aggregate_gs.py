@@ -45,7 +45,7 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _method(r: dict[str, Any]) -> str:
-    return r.get("method") or method_name(r["config"])
+    return method_name(r["config"])  # from the config, so renaming methods needs no re-run
 
 
 def _group(results: list[dict[str, Any]], key: Callable[[dict[str, Any]], tuple]) -> dict[tuple, list[dict[str, Any]]]:

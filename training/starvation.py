@@ -56,15 +56,15 @@ def run_task(cfg: dict[str, Any], uses: Sequence[str], body: Body) -> dict[str, 
 
 
 def method_name(cfg: Mapping[str, Any]) -> str:
-    """ERM / SD (+ start step, + the official whole-loss rescale) / +WD, from the config."""
+    """"ERM" / "SD λ=…", ", loss×s" for the official whole-loss rescale, "(from step t)", "+ WD w"."""
     reg = cfg.get("regularizer") or {}
-    lam = reg.get("lam", 0.0) if reg.get("name") == "sd" else 0.0
+    sd = reg.get("name") == "sd"
+    lam = reg.get("lam", 0.0) if sd else 0.0
     lam_on = any(float(v) > 0 for v in lam) if isinstance(lam, list) else float(lam) > 0
-    name = f"SD λ={lam}" if lam_on else "ERM"
-    if reg.get("name") == "sd" and (lam_on or reg.get("loss_scale") is not None) and reg.get("start_step"):
-        name += f" from {reg['start_step']}"
-    if reg.get("name") == "sd" and reg.get("loss_scale") is not None:
-        name += f", loss×{reg['loss_scale']}"
+    scale = reg.get("loss_scale") if sd else None
+    name = ", ".join([f"SD λ={lam}" if lam_on else "ERM"] + ([f"loss×{scale}"] if scale is not None else []))
+    if sd and (lam_on or scale is not None) and reg.get("start_step"):
+        name += f" (from step {reg['start_step']})"
     wd = float((cfg.get("gs") or {}).get("weight_decay", 0.0) or 0.0)
     return name + (f" + WD {wd:g}" if wd > 0 else "")
 

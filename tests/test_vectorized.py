@@ -61,7 +61,7 @@ def _models(arch: str, tags: list[int], lr: float = 4e-3, dtype: torch.dtype = t
 
 def _compare(arch: str, augment: bool, engine: str, eval_every: int | None = None, lr: float = 4e-3,
              dtype: torch.dtype = torch.float32, own_val: bool = False, device: str = "cpu",
-             compile: str | None = None) -> None:
+             compile: str | None = None, regularizer=None) -> None:
     exact = engine == "loop" and device == "cpu" and not compile
     loss_rtol, param_tol = TOL["exact" if exact else dtype]
     data, y, xv, yv = _data(dtype=dtype, device=device)
@@ -73,14 +73,14 @@ def _compare(arch: str, augment: bool, engine: str, eval_every: int | None = Non
     seq = []
     for k, (model, opt) in enumerate(_models(arch, [0, 1, 2], lr, dtype, device)):
         res = fit(model, opt, data, y, data.all(val_idx[k]), y[val_idx[k]], cfgs[k], generator(0, "b", k),
-                  idx=subsets[k])
+                  regularizer, idx=subsets[k])
         seq.append((model, res))
     members = [Member(m, o, subsets[k], generator(0, "b", k), cfgs[k], val_idx=val_idx[k])
                for k, (m, o) in enumerate(_models(arch, [0, 1, 2], lr, dtype, device))]
     order: list[int] = []
     shared = (None, None) if own_val else (xv, yv)
     vec = fit_group(members, data, y, *shared, on_finish=lambda k, model, res: order.append(k), engine=engine,
-                    compile=compile)
+                    compile=compile, regularizer=regularizer)
     assert sorted(order) == [0, 1, 2]
     epochs = [r.epochs for _, r in seq]
     assert len(set(epochs)) > 1 and min(epochs) < 9, epochs  # the test really covers early stopping
@@ -133,10 +133,19 @@ def test_cuda_equals_sequential(engine: str) -> None:
     _compare("mlp", augment=True, engine=engine, device="cuda", own_val=True)
 
 
+def test_loop_engine_with_regularizer_equals_sequential() -> None:
+    """A regularizer that depends on the step (like SD's start_step): the loop engine is still bitwise exact."""
+    def penalty(logits: Tensor, y: Tensor, step: int) -> Tensor:
+        return (0.05 if step >= 4 else 0.0) * logits.square().mean()
+
+    _compare("mlp", augment=False, engine="loop", regularizer=penalty)
+
+
 def test_not_vectorised_with_regularizer_or_batchnorm() -> None:
     model, opt = _models("mlp", [0])[0]
     assert why_not_vectorized(model, opt) is None
-    assert "regularizer" in str(why_not_vectorized(model, opt, lambda z, y, s: z.sum()))
+    assert why_not_vectorized(model, opt, lambda z, y, s: z.sum(), engine="loop") is None
+    assert "regularizer" in str(why_not_vectorized(model, opt, lambda z, y, s: z.sum(), engine="stacked"))
     bn = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
     assert why_not_vectorized(bn, torch.optim.SGD(bn.parameters(), lr=0.1)) is not None
 

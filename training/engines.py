@@ -26,7 +26,7 @@ from mup import MuReadout
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from training.fit import cross_entropy_sum, snapshot
+from training.fit import Regularizer, cross_entropy_sum, snapshot
 
 VAL_CHUNK = 1024  # as training.fit.predict_logits
 
@@ -96,9 +96,10 @@ class LoopEngine:
     """Members' own modules; one shared optimizer step. Bitwise equal to sequential training."""
 
     def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
-                 compile: bool | str | None = None) -> None:
+                 compile: bool | str | None = None, regularizer: Regularizer | None = None) -> None:
         self.groups = check_same_groups(models, opts)
         self.models = list(models)  # per live row
+        self.regularizer = regularizer
         mode = compile_mode(compile)
         # Compiled wrappers share the modules' parameters (one graph for all: same structure, params as inputs).
         self.forward = [torch.compile(m, mode=mode) if mode else m for m in self.models]
@@ -116,10 +117,15 @@ class LoopEngine:
             m.train()
         self.opt.train()
 
-    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int]) -> None:
+    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int], step: int) -> None:
         # Each member sees exactly its batch as in fit(); d(sum)/d(loss_r) = 1 keeps every gradient as alone.
-        loss = sum(F.cross_entropy(f(xb[r, :c]), yb[r, :c])
-                   for r, (f, c) in enumerate(zip(self.forward, counts, strict=True)))
+        loss: Tensor | int = 0
+        for r, (f, c) in enumerate(zip(self.forward, counts, strict=True)):
+            logits, yr = f(xb[r, :c]), yb[r, :c]
+            loss_r = F.cross_entropy(logits, yr)
+            if self.regularizer is not None:
+                loss_r = loss_r + self.regularizer(logits, yr, step)  # all members are at step `step`
+            loss = loss + loss_r
         self.opt.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[union-attr]
         self.opt.step()
@@ -208,9 +214,16 @@ class StackedEngine:
         self.loss = vmap(member_loss)
         self.predict_shared = vmap(member_logits, in_dims=(0, None))
         self.predict_own = vmap(member_logits)
-        mode = compile_mode(compile)
-        if mode:
-            self.loss = torch.compile(self.loss, mode=mode)
+        self.compiled = compile_mode(compile)
+        if self.compiled:
+            self.loss = torch.compile(self.loss, mode=self.compiled)
+            self._mark_static()
+
+    def _mark_static(self) -> None:
+        """Parameters live at fixed addresses between compactions: CUDA graphs need not copy them per step."""
+        if self.compiled:
+            for p in self.params.values():
+                torch._dynamo.mark_static_address(p)
 
     def _build(self) -> torch.optim.Optimizer:
         return self.opt_cls([{**hp, "params": [self.params[n] for n in names]} for names, hp in self.groups])
@@ -226,7 +239,7 @@ class StackedEngine:
         self.template.train()
         self.opt.train()
 
-    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int]) -> None:
+    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int], step: int) -> None:
         loss = self.loss(self.params, xb, yb, wb).sum()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -277,6 +290,7 @@ class StackedEngine:
         keep = torch.tensor(rows, device=next(iter(self.params.values())).device)
         old, old_params = self.opt, self.params
         self.params = {n: p.detach()[keep].requires_grad_() for n, p in old_params.items()}
+        self._mark_static()
         self.best = {n: v[keep] for n, v in self.best.items()}
         self.opt = self._build()
         _carry_scalars(old, self.opt)

@@ -25,7 +25,7 @@ from training.regularizers import build_regularizer
 from training.results import RESULT_FILE, atomic_write_json, config_hash, read_json, should_skip
 from training.seeding import generator, seeded_global_rng
 from training.splits import MdlSplit, make_split
-from training.vectorized import Member, OnFinish, fit_group, why_not_vectorized
+from training.vectorized import Member, OnFinish, fit_group, resolve_engine, why_not_vectorized
 from training.wandb_logger import RunLogger
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,8 @@ class Trainer:
     def group_size(self, first: Member, count: int) -> int:
         """How many models train at once: `training.parallel_models` (auto | N), 1 where not vectorisable."""
         want = self.opts.get("parallel_models", "auto")
-        reason = why_not_vectorized(first.model, first.optimizer, self.regularizer)
+        engine = resolve_engine(str(self.opts.get("engine", "auto")), self.device)
+        reason = why_not_vectorized(first.model, first.optimizer, self.regularizer, engine)
         if str(want) == "auto":
             auto = str(self.cfg["arch"]["name"]).lower() in VECTORIZED_ARCHS and reason is None
             return count if auto else 1
@@ -150,7 +151,7 @@ class Trainer:
 
             fit_group(members, self.data, self.y, self.x_val, self.y_val, on_finish=done,
                       progress=bool(self.cfg.get("progress", True)), compile=self.opts.get("compile"),
-                      engine=str(self.opts.get("engine", "auto")))
+                      engine=str(self.opts.get("engine", "auto")), regularizer=self.regularizer)
 
     def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
         """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`, and the

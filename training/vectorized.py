@@ -44,10 +44,11 @@ OnFinish = Callable[[int, nn.Module, FitResult], None]  # (member index, model i
 
 
 def why_not_vectorized(model: nn.Module, optimizer: torch.optim.Optimizer,
-                       regularizer: Regularizer | None = None) -> str | None:
-    """None when `model` can be trained by `fit_group`, else the reason (the caller falls back to `fit`)."""
-    if regularizer is not None:
-        return "a regularizer is set (padded batches would change its batch mean)"
+                       regularizer: Regularizer | None = None, engine: str = "loop") -> str | None:
+    """None when `model` can be trained by `fit_group` with `engine`, else the reason (the caller falls back
+    to `fit`)."""
+    if regularizer is not None and engine == "stacked":
+        return "a regularizer is set (the stacked engine's padded batches would change its batch mean)"
     if any(True for _ in model.buffers()):
         return "the model has buffers (e.g. batch norm)"
     if any(isinstance(m, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase)) for m in model.modules()):
@@ -75,12 +76,14 @@ def fit_group(
     progress: bool = False,
     compile: bool | str | None = None,
     engine: str = "auto",
+    regularizer: Regularizer | None = None,
 ) -> list[FitResult]:
     """Train all members at once; each ends as `training.fit.fit` would (best state loaded, eval mode).
 
     Validation on the shared (x_val, y_val), or, when those are None, on each member's `val_idx`.
     `on_finish(k, model, result)` is called as member k ends (members end in any order). `compile`: see
-    `training.engines.compile_mode` ("reduce-overhead" = CUDA graphs on GPU).
+    `training.engines.compile_mode` ("reduce-overhead" = CUDA graphs on GPU). `regularizer` (as in `fit`):
+    loop engine only.
     """
     if not members:
         return []
@@ -117,7 +120,10 @@ def fit_group(
 
     models, opts = [m.model for m in members], [m.optimizer for m in members]
     kind = resolve_engine(engine, dev)
-    eng = StackedEngine(models, opts, compile) if kind == "stacked" else LoopEngine(models, opts, compile)
+    if regularizer is not None and kind == "stacked":
+        raise ValueError("the stacked engine does not support a regularizer; use engine='loop'")
+    eng = (StackedEngine(models, opts, compile) if kind == "stacked"
+           else LoopEngine(models, opts, compile, regularizer))
     live = list(range(len(members)))  # member index of each row
     cursor = torch.zeros(len(members), dtype=torch.long, device=dev)  # batch number within the epoch, per row
     host_cursor = [0] * len(members)
@@ -153,7 +159,7 @@ def fit_group(
             else:
                 xb = data.batch(gidx)
             counts = [min(bs, sizes[k] - host_cursor[r] * bs) for r, k in enumerate(live)]
-            eng.step(xb, y[gidx], plan_w.gather(1, pos), counts)
+            eng.step(xb, y[gidx], plan_w.gather(1, pos), counts, step)
             step += 1
             cursor += 1
             host_cursor = [c + 1 for c in host_cursor]

@@ -24,10 +24,7 @@ def _decode(raw: Tensor) -> Tensor:
     return raw.to(torch.float32) if raw.dtype == torch.float16 else raw  # float32 (float64 in tests) as is
 
 
-def _encode(x: Tensor, kind: str) -> Tensor | None:
-    """x in `kind`, or None when that is not lossless."""
-    if kind == "float32":
-        return x
+def _encode_chunk(x: Tensor, kind: str) -> Tensor | None:
     if kind == "uint8":
         if not bool(((x >= 0) & (x <= 1)).all()):
             return None
@@ -37,6 +34,19 @@ def _encode(x: Tensor, kind: str) -> Tensor | None:
     else:
         raise ValueError(f"training.storage must be one of {STORAGES}, got {kind!r}")
     return raw if torch.equal(_decode(raw), x) else None
+
+
+def _encode(x: Tensor, kind: str, chunk: int = 4096) -> Tensor | None:
+    """x in `kind`, or None when that is not lossless (checked chunk by chunk: small temporaries)."""
+    if kind == "float32":
+        return x
+    out = torch.empty(x.shape, dtype=torch.uint8 if kind == "uint8" else torch.float16)
+    for i in range(0, len(x), chunk):
+        raw = _encode_chunk(x[i: i + chunk], kind)
+        if raw is None:
+            return None
+        out[i: i + chunk] = raw
+    return out
 
 
 def compact(x: Tensor, storage: str = "auto") -> Tensor:

@@ -65,3 +65,12 @@ def test_split_is_nested_disjoint_and_seeded() -> None:
     other = make_split(1797, seed=4, val_size=2048, val_frac=0.2, num_blocks=6, min_block=128)
     assert torch.equal(s.order, again.order) and not torch.equal(s.order, other.order)
     assert cumulative(s.block_sizes)[-1] == len(s.order)
+
+
+def test_config_hash_ignores_where_and_how_but_not_what() -> None:
+    from training.results import config_hash
+
+    base = {"seed": 0, "dataset": {"name": "digits"}, "paths": {"out_dir": "a"}, "training": {"engine": "loop"}}
+    assert config_hash(base) == config_hash({**base, "paths": {"out_dir": "b"}, "training": {"engine": "stacked"},
+                                             "logger": {"name": "none"}, "device": "cuda"})
+    assert config_hash(base) != config_hash({**base, "seed": 1})

@@ -45,7 +45,7 @@ def _evaluate(s: Tensor, covs: Tensor, w: Tensor) -> _Eval | None:
     if int(info) != 0:
         return None
     m = chol.mT @ covs @ chol
-    vals, vecs = torch.linalg.eigh(sym(m))
+    vals, vecs = torch.linalg.eigh(m)  # reads one triangle: no need to symmetrise first
     vals = vals.clamp_min(0.0)
     g = torch.einsum("k,kij->ij", w, (vecs * vals.sqrt()[:, None, :]) @ vecs.mT)
     x = torch.linalg.solve_triangular(chol.mT, g, upper=True)  # L⁻ᵀ G

@@ -200,11 +200,13 @@ def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[
     for cfg in cfgs:
         job_dir = Path(cfg["paths"]["job_dir"])
         result = _read(job_dir / "result.json")
-        if result is not None and result.get("config_hash") == config_hash(cfg):
+        h = config_hash(cfg)  # the stored config is rehashed too: the hash's definition may have changed since
+        same = result is not None and h in (result.get("config_hash"), config_hash(result.get("config") or {}))
+        if same:
             results.append(result)
         if cfg.get("task", "mdl") != "mdl":
             continue
-        if result is not None and result.get("config_hash") == config_hash(cfg):
+        if same:
             rows.append(_done_row(result, str(job_dir)))
         elif result is not None:
             rows.append({**_cell_from_config(cfg), "job_dir": str(job_dir), "status": "other-config",

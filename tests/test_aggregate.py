@@ -187,7 +187,8 @@ def test_no_results_is_an_error(tmp_path: Path) -> None:
 
 
 def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Path) -> None:
-    """--experiment: a result with the job's config hash is done; another config's result is not counted."""
+    """--experiment: a result of the job's config is done (also when its stored hash predates a change of the
+    hash's definition); another config's result in the job's directory is not counted."""
     from training.results import config_hash
     from training.sweeps import expand
 
@@ -195,7 +196,8 @@ def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Pat
     for k, cfg in enumerate(jobs[:3]):
         job_dir = Path(cfg["paths"]["job_dir"])
         job_dir.mkdir(parents=True)
-        result = {"config_hash": config_hash(cfg) if k < 2 else "stale", "config": cfg,
+        stored = {**cfg, "optim": {**cfg["optim"], "lr": 0.1}} if k == 2 else cfg
+        result = {"config_hash": config_hash(cfg) if k == 0 else "old-definition", "config": stored,
                   "mdl": {"protocol": "prequential", "bits_per_sample": 1.0 + k, "legacy": 2.0 + k},
                   "final": None, "certificate": None}
         (job_dir / "result.json").write_text(json.dumps(result))

@@ -141,3 +141,14 @@ def test_dropout_streams_do_not_depend_on_the_process_history(tmp_path: Path) ->
     b = run_job(job_config(tmp_path / "b", overrides))
     assert a["model"]["drop_path_rate"] > 0
     assert a["mdl"]["block_ce_bits"] == b["mdl"]["block_ce_bits"]
+
+
+def test_skip_survives_a_change_of_the_hash_definition(tmp_path: Path, caplog) -> None:
+    """A result whose stored hash was computed before NON_SEMANTIC_KEYS changed is still this config's result."""
+    cfg = job_config(tmp_path, [*QUICK, "mdl.full_run=false"])
+    first = run_job(cfg)
+    path = Path(cfg["paths"]["job_dir"]) / "result.json"
+    path.write_text(json.dumps({**first, "config_hash": "old-definition"}))
+    with caplog.at_level("INFO"):
+        again = run_job(cfg)
+    assert "SKIP" in caplog.text and again["config_hash"] == "old-definition"

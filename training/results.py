@@ -66,6 +66,8 @@ def should_skip(job_dir: Path, cfg_hash: str, force: bool) -> bool:
         return False
     if done.get("config_hash") == cfg_hash:
         return True
+    if isinstance(done.get("config"), dict) and config_hash(done["config"]) == cfg_hash:
+        return True  # same config; the stored hash predates a change of NON_SEMANTIC_KEYS
     if force:
         log.warning("force=true: replacing %s (hash %s -> %s)", job_dir, done.get("config_hash"), cfg_hash)
         return False

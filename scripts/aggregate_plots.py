@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 ERASER_ORDER = ["control", "leace", "alf_qleace", "gradient", "qleace", "random"]
+COLORS = {e: f"C{i}" for i, e in enumerate(ERASER_ORDER)}  # one colour per eraser in every plot
 MAX_PANELS = 16
 LN2 = math.log(2)
 
@@ -39,13 +40,17 @@ def _save(fig: plt.Figure, path: Path) -> None:
 
 
 def plot_bars(summary: pd.DataFrame, path: Path) -> None:
-    s = summary.reset_index(drop=True)
+    rank = {e: i for i, e in enumerate(_erasers(summary.eraser))}
+    s = summary.assign(_row=summary.groupby(["dataset", "arch", "width", "depth", "variant"], sort=False).ngroup(),
+                       _rank=summary.eraser.map(rank)).sort_values(["_row", "_rank"]).reset_index(drop=True)
     several = len(s.groupby(["dataset", "arch", "width", "depth", "variant"])) > 1
     labels = [f"{r.eraser}\n{r.arch}-w{r.width}-d{r.depth}\n{r.variant}".strip() if several else r.eraser
               for r in s.itertuples()]
     fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(labels)), 3.4))
-    ax.bar(range(len(labels)), s.bits_per_sample_mean, yerr=s.bits_per_sample_sd.fillna(0), capsize=3)
-    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.bar(range(len(labels)), s.bits_per_sample_mean, yerr=s.bits_per_sample_sd.fillna(0), capsize=3,
+           color=[COLORS.get(e, "gray") for e in s.eraser])
+    ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=30 if several else 0, ha="right" if several
+                  else "center")
     ax.set_ylabel("MDL (bits/sample)")
     ax.set_title(", ".join(sorted(set(s.dataset))))
     _save(fig, path)
@@ -67,7 +72,7 @@ def plot_mdl_vs(summary: pd.DataFrame, axis: str, path: Path) -> bool:
         for eraser in _erasers(g.eraser):
             ge = g[g.eraser == eraser].sort_values(axis)
             ax.errorbar(ge[axis], ge.bits_per_sample_mean, yerr=ge.bits_per_sample_sd.fillna(0), marker="o",
-                        ms=3, capsize=2, label=eraser)
+                        ms=3, capsize=2, label=eraser, color=COLORS.get(eraser))
         if axis == "width":
             ax.set_xscale("log", base=2)
         ax.set_xlabel(axis)
@@ -98,7 +103,7 @@ def plot_curves(df: pd.DataFrame, path: Path) -> bool:
     for ax, ((dataset, arch, width, depth, variant), g) in zip(axes, groups, strict=True):
         for eraser in _erasers(g.eraser):
             steps, loss = _mean_curve(list(g[g.eraser == eraser].curve))
-            ax.plot(steps, loss, label=f"{eraser} ({(g.eraser == eraser).sum()} seeds)")
+            ax.plot(steps, loss, label=f"{eraser} ({(g.eraser == eraser).sum()} seeds)", color=COLORS.get(eraser))
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss (bits)")
         ax.set_title(f"{dataset} {arch}-w{width}-d{depth} {variant}".strip(), fontsize=8)
@@ -119,7 +124,8 @@ def plot_increase(inc: pd.DataFrame, path: Path) -> bool:
         look = {(r.dataset, r.arch, r.width, r.depth, r.variant): (r.mean, r.sd) for r in ge.itertuples()}
         vals = [look.get(k, (math.nan, math.nan)) for k in keys]
         ax.bar(np.arange(len(keys)) + j * width, [v[0] for v in vals], width,
-               yerr=[0 if math.isnan(v[1]) else v[1] for v in vals], capsize=2, label=eraser)
+               yerr=[0 if math.isnan(v[1]) else v[1] for v in vals], capsize=2, label=eraser,
+               color=COLORS.get(eraser))
     ax.axhline(0, color="k", lw=0.7)
     ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2,
                   [f"{d}\n{a}-w{w}-d{dd}\n{v}".strip() for d, a, w, dd, v in keys], fontsize=7)

@@ -44,10 +44,13 @@ def _evaluate(s: Tensor, covs: Tensor, w: Tensor) -> _Eval | None:
     chol, info = torch.linalg.cholesky_ex(s)
     if int(info) != 0:
         return None
-    m = chol.mT @ covs @ chol
+    k, d, _ = covs.shape
+    m = chol.mT @ (covs.reshape(k * d, d) @ chol).view(k, d, d)  # Lᵀ Σ_k L, one large GEMM first
     vals, vecs = torch.linalg.eigh(m)  # reads one triangle: no need to symmetrise first
     vals = vals.clamp_min(0.0)
-    g = torch.einsum("k,kij->ij", w, (vecs * vals.sqrt()[:, None, :]) @ vecs.mT)
+    # G = Σ_k w_k Q_k Λ_k^½ Q_kᵀ = P Pᵀ with P = [Q_k (w_k Λ_k^½)^½]_k, as one (d × kd) GEMM
+    p = (vecs * (w[:, None, None] * vals[:, None, :].sqrt()).sqrt()).permute(1, 0, 2).reshape(d, k * d)
+    g = p @ p.T
     x = torch.linalg.solve_triangular(chol.mT, g, upper=True)  # L⁻ᵀ G
     t = torch.linalg.solve_triangular(chol.mT, x.mT, upper=True).mT  # L⁻ᵀ G L⁻¹
     eye = torch.eye(len(s), dtype=s.dtype, device=s.device)

@@ -84,7 +84,7 @@ def fit_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, tol: float = 1
     if s == 0:
         raise ValueError("qleace: every class has zero variance; nothing to fit")
     v = vecs[:, :s]
-    covs = v.T @ mom.class_covs @ v  # (k, s, s) in the pooled eigenbasis
+    covs = v.T @ (mom.class_covs.reshape(k * d, d) @ v).view(k, d, s)  # (k, s, s) in the pooled eigenbasis
     del mom.class_covs
     inv_sd = vals[:s].rsqrt()
     r, handling = s, ("none" if s == d else "support")

@@ -58,7 +58,7 @@ class QleaceEraser(Eraser):
         return b @ self.state["barycenter"] @ b.T
 
 
-def fit_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, tol: float = 1e-9, max_iter: int = 100,
+def fit_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, tol: float = 1e-8, max_iter: int = 100,
                anderson: int = 2, rank_deficient: Literal["truncate", "ridge"] = "truncate",
                class_rtol: float = 1e-7, ridge: float = 1e-6, support_rtol: float = 1e-10) -> QleaceEraser:
     """Fit QLEACE in float64.

@@ -12,6 +12,8 @@ os.environ["WANDB_MODE"] = "disabled"
 
 import torch  # noqa: E402
 
+import training  # noqa: E402,F401  (registers the OmegaConf resolvers conf/ uses)
+
 torch.set_num_threads(1)
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import job_config
 from training.pipeline import PROGRESS_FILE, run_job
@@ -82,3 +83,20 @@ def test_cli_single_job(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "runs/digits/control/mlp_relu-w128-d2/seed0/result.json").read_text())
     assert result["final"] is None and result["mdl"]["bits_per_sample"] > 0
+
+
+def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
+    from training.data import load_dataset
+    from training.pipeline import erase_maybe_zscored
+
+    cfg = job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"])
+    data = load_dataset(cfg["dataset"])
+    x, info = erase_maybe_zscored(data, cfg)
+    assert info["zscore"] == "before erasure"
+    flat = x.reshape(len(x), -1).double()
+    varying = data.x.reshape(len(x), -1).std(0) > 1e-8
+    assert flat.mean(0).abs().max() < 1e-5  # LEACE keeps the global mean of standardised data (zero)
+    assert info["certificate"]["after"]["max_mean_gap"] < 1e-6
+    plain, _ = erase_maybe_zscored(data, job_config(tmp_path, [*QUICK, "eraser=control", "dataset.zscore=true"]))
+    stds = plain.reshape(len(x), -1).double().std(0)
+    assert torch.allclose(stds[varying], torch.ones_like(stds[varying]), atol=1e-4)

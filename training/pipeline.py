@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from training.batches import DeviceData
-from training.data import load_dataset
+from training.data import LoadedData, load_dataset
 from training.erase_step import apply_eraser
 from training.fit import FitConfig, FitResult, cross_entropy_sum, fit, fit_temperature
 from training.mdl import paper_code, prequential_code
@@ -231,11 +231,33 @@ def run_full(trainer: Trainer, logger: RunLogger) -> dict[str, Any]:
             "trained_with_block_models": alongside, **_fit_summary(res)}
 
 
-def zscore(x: torch.Tensor) -> torch.Tensor:
-    """Per-channel standardisation over the whole dataset."""
-    mean = x.mean(dim=(0, 2, 3), keepdim=True)
-    std = x.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-8)
-    return (x - mean) / std
+def zscore_map(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Per-coordinate (pixel, channel) standardisation with the statistics of `x` (paper Fig. 16).
+
+    Constant coordinates (std < 1e-8, e.g. MNIST borders) are centred and left unscaled.
+    """
+    mean = x.double().mean(dim=0, keepdim=True)
+    std = x.double().std(dim=0, keepdim=True)
+    std = torch.where(std < 1e-8, torch.ones_like(std), std)
+    return lambda v: ((v.double() - mean) / std).to(v.dtype)
+
+
+def erase_maybe_zscored(data: LoadedData, cfg: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Apply the eraser; with `dataset.zscore` the data is standardised per coordinate *before* erasure, as in
+    the paper. Gradient erasure optimises pixels in [0, 1] (sigmoid), so it erases first and then gets the
+    same affine standardisation (statistics of the unerased data)."""
+    cache_dir, cert = Path(cfg["paths"]["cache_dir"]), bool(cfg.get("certificate", True))
+    if not cfg["dataset"].get("zscore"):
+        return apply_eraser(data, cfg["eraser"], cache_dir, with_certificate=cert)
+    standardize = zscore_map(data.x)
+    if cfg["eraser"]["name"] == "gradient":
+        x, info = apply_eraser(data, cfg["eraser"], cache_dir, with_certificate=cert)
+        info["zscore"] = "after erasure (gradient erasure works in pixel space)"
+        return standardize(x), info
+    zdata = LoadedData(data.name, standardize(data.x), data.y, data.num_classes, dict(data.info))
+    x, info = apply_eraser(zdata, cfg["eraser"], cache_dir, with_certificate=cert)
+    info["zscore"] = "before erasure"
+    return x, info
 
 
 def run_job(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -251,10 +273,7 @@ def run_job(cfg: dict[str, Any]) -> dict[str, Any]:
     logger = RunLogger(cfg.get("logger"), cfg, job_dir, run_id=f"{cfg_hash}-s{seed}")
     try:
         data = load_dataset(cfg["dataset"], cfg["paths"]["data_dir"])
-        x, erasure_info = apply_eraser(data, cfg["eraser"], Path(cfg["paths"]["cache_dir"]),
-                                       with_certificate=bool(cfg.get("certificate", True)))
-        if cfg["dataset"].get("zscore"):
-            x = zscore(x)
+        x, erasure_info = erase_maybe_zscored(data, cfg)
         m = cfg["mdl"]
         split = make_split(len(data.y), seed, val_size=int(m["val_size"]), val_frac=float(m["val_frac"]),
                            num_blocks=int(m["num_blocks"]), min_block=int(m["min_block"]))

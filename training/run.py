@@ -6,6 +6,8 @@ import logging
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from training.results import ConfigMismatchError
@@ -21,6 +23,8 @@ def main(cfg: DictConfig) -> float | None:
     try:
         result = get_task(str(resolved.get("task", "mdl")))(resolved)
     except ConfigMismatchError as e:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # one failed job: the multirun callback records it and the sweep goes on
         log.error("%s", e)
         sys.exit(2)
     mdl = result.get("mdl") or {}

@@ -59,7 +59,9 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
         loss.backward()
         opt.step()
     net.eval()
-    out = {"train": evaluate(net, x, y), "test": evaluate(net, xt, yt),
+    source = cfg["dataset"].get("source", "mnist5k")
+    out = {"dataset_source": "MNIST-5k: reduced, 5000 of the 60000 MNIST images" if source == "mnist5k" else source,
+           "train": evaluate(net, x, y), "test": evaluate(net, xt, yt),
            "environments": {k: {**e.rates(), **evaluate(net, e.x.to(device), e.y.to(device))} for k, e in envs.items()},
            "fig3": {k: evaluate(net, v.to(device), yt) for k, v in fig3_variants(test).items()},
            "curve": curve}

@@ -100,3 +100,22 @@ def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
     plain, _ = erase_maybe_zscored(data, job_config(tmp_path, [*QUICK, "eraser=control", "dataset.zscore=true"]))
     stds = plain.reshape(len(x), -1).double().std(0)
     assert torch.allclose(stds[varying], torch.ones_like(stds[varying]), atol=1e-4)
+
+
+def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) -> None:
+    from erasure.cache import key_hash
+    from training.data import load_dataset
+    from training.erase_step import _cache_key, alf_rank, apply_eraser
+
+    cfg = job_config(tmp_path, [*QUICK, "eraser=alf_qleace"])
+    data = load_dataset(cfg["dataset"])
+    cache = Path(cfg["paths"]["cache_dir"])
+    _, alf = apply_eraser(data, cfg["eraser"], cache, with_certificate=False)
+    assert key_hash(_cache_key(data, "alf_qleace", {})) == key_hash(_cache_key(data, "alf_qleace",
+                                                                              cfg["eraser"]["options"]))
+    assert alf_rank(data, cache) == alf["report"]["rank_removed"] > 0
+    rnd_cfg = job_config(tmp_path, [*QUICK, "eraser=random"])
+    _, rnd = apply_eraser(data, rnd_cfg["eraser"], cache, with_certificate=False)
+    assert rnd["report"]["rank_removed"] == alf["report"]["rank_removed"]
+    entries = [p for p in (cache / "erased").iterdir() if p.is_dir()]
+    assert len(entries) == 2  # one ALF fit, one random projection

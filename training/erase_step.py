@@ -17,7 +17,11 @@ log = logging.getLogger(__name__)
 
 
 def _cache_key(data: LoadedData, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    return {"dataset": data.name, "content": data.content_hash(), "eraser": name, "options": dict(options)}
+    """Dataset identity + eraser + its options with defaults filled in (so `{}` and the yaml's defaults agree)."""
+    from erasure import resolve_options
+
+    return {"dataset": data.name, "content": data.content_hash(), "eraser": name,
+            "options": resolve_options(name, dict(options))}
 
 
 def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
@@ -38,7 +42,7 @@ def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache
 def alf_rank(data: LoadedData, cache_dir: Path) -> int | None:
     """The rank ALF-QLEACE (default options) removes on this dataset, fitting it through the cache if needed."""
     _, report, _ = _erase_cached(data, "alf_qleace", {}, cache_dir)
-    rank = report.get("rank", report.get("rank_removed"))
+    rank = report.get("rank_removed")
     return int(rank) if rank is not None else None
 
 

@@ -391,9 +391,10 @@ def latex(summary: pd.DataFrame) -> str:
 
 
 # --- other tasks ------------------------------------------------------------------------------------------
-def other_task_tables(results: list[dict[str, Any]]) -> dict[str, str]:
-    """Tables from scripts/aggregate_gs.py (Spectral Decoupling; it picks the results it knows: tasks other than
-    mdl, and MDL runs with a regularizer) when that script exists. Its failure is reported, not fatal."""
+def other_task_tables(results: list[dict[str, Any]], out: Path | None = None) -> dict[str, str]:
+    """Tables (and, with `out`, plots) from scripts/aggregate_gs.py (Spectral Decoupling; it picks the results it
+    knows: tasks other than mdl, and MDL runs with a regularizer) when that script exists. Its failure is
+    reported, not fatal."""
     others = sum(not _is_mdl(r) for r in results)
     if not GS_SCRIPT.exists():
         if others:
@@ -406,7 +407,11 @@ def other_task_tables(results: list[dict[str, Any]]) -> dict[str, str]:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        return dict(module.tables(results))
+        tables = dict(module.tables(results))
+        if out is not None and tables:
+            for path in module.plots(results, out):
+                print(f"wrote {path}")
+        return tables
     except Exception as e:  # noqa: BLE001 - the MDL tables stand on their own
         print(f"warning: {GS_SCRIPT.name} failed ({type(e).__name__}: {e}); its tables are missing", file=sys.stderr)
         return {}
@@ -426,7 +431,7 @@ def write_all(df: pd.DataFrame, results: list[dict[str, Any]], out: Path, name: 
         from aggregate_plots import plot_all
 
         plot_all(df, summary, increase_over_control(df), out, name)
-    for key, table in other_task_tables(results).items():
+    for key, table in other_task_tables(results, out).items():
         fname = key if Path(key).suffix else f"{key}.md"
         (out / f"{name}_{fname}").write_text(table)
         text += f"\n{table}"

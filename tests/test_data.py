@@ -26,7 +26,10 @@ def test_digits_and_mnist5k() -> None:
     assert len(set(m.y[:50].tolist())) > 5  # shuffled: the source is sorted by class
 
 
-@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").exists(), reason="dataset-fashion-mnist not installed")
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.skipif(not FASHION.exists(), reason="dataset-fashion-mnist not installed")
 def test_fashion_mnist_local() -> None:
     _check(load_dataset({"name": "fashion_mnist", "download": False, "limit": 2000}), 2000, (1, 28, 28))
 

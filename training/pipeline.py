@@ -18,11 +18,12 @@ import torch
 
 from training.batches import DeviceData
 from training.data import LoadedData, load_dataset
+from training.devices import resolve_device
 from training.erase_step import apply_eraser
 from training.fit import FitConfig, FitResult, cross_entropy_sum, fit, fit_temperature
 from training.mdl import paper_code, prequential_code
 from training.regularizers import build_regularizer
-from training.results import RESULT_FILE, atomic_write_json, config_hash, read_json, should_skip
+from training.results import RESULT_FILE, atomic_write_json, config_hash, finished_result, read_json
 from training.seeding import generator, seeded_global_rng
 from training.splits import MdlSplit, make_split
 from training.vectorized import Member, OnFinish, fit_group, resolve_engine, why_not_vectorized
@@ -32,14 +33,6 @@ log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.json"
 LN2 = math.log(2)
 VECTORIZED_ARCHS = ("mlp", "lenet")  # training.parallel_models=auto vectorises these (small models: launch-bound)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device={name} requested but CUDA is not available")
-    return torch.device(name)
 
 
 def resolve_optim(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -263,9 +256,8 @@ def erase_maybe_zscored(data: LoadedData, cfg: Mapping[str, Any]) -> tuple[torch
 def run_job(cfg: dict[str, Any]) -> dict[str, Any]:
     job_dir = Path(cfg["paths"]["job_dir"])
     cfg_hash = config_hash(cfg)
-    if should_skip(job_dir, cfg_hash, bool(cfg.get("force", False))):
-        log.info("SKIP %s (finished, config hash %s)", job_dir, cfg_hash)
-        return read_json(job_dir / RESULT_FILE) or {}
+    if (done := finished_result(job_dir, cfg_hash, bool(cfg.get("force", False)))) is not None:
+        return done
     job_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     device = resolve_device(str(cfg.get("device", "auto")))

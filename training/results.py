@@ -75,3 +75,11 @@ def should_skip(job_dir: Path, cfg_hash: str, force: bool) -> bool:
         f"{job_dir} already holds a result for another configuration (hash {done.get('config_hash')}, "
         f"this run {cfg_hash}); pass force=true to replace it or choose another paths.out_dir"
     )
+
+
+def finished_result(job_dir: Path, cfg_hash: str, force: bool) -> dict[str, Any] | None:
+    """The stored result when this job already finished (logs SKIP), else None; refuses another config's dir."""
+    if not should_skip(job_dir, cfg_hash, force):
+        return None
+    log.info("SKIP %s (finished, config hash %s)", job_dir, cfg_hash)
+    return read_json(job_dir / RESULT_FILE) or {}

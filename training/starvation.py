@@ -20,17 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.results import RESULT_FILE, atomic_write_json, config_hash, read_json, should_skip
+from training.devices import resolve_device
+from training.results import RESULT_FILE, atomic_write_json, config_hash, finished_result
 from training.tasks import register_task
 
 log = logging.getLogger(__name__)
 Body = Callable[[dict[str, Any], Path, torch.device], dict[str, Any]]
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def task_hash(cfg: Mapping[str, Any], uses: Sequence[str]) -> str:
@@ -41,9 +36,8 @@ def run_task(cfg: dict[str, Any], uses: Sequence[str], body: Body) -> dict[str, 
     """Skip/refuse logic, timing and the atomic result.json around a task body."""
     job_dir = Path(cfg["paths"]["job_dir"])
     cfg_hash = task_hash(cfg, uses)
-    if should_skip(job_dir, cfg_hash, bool(cfg.get("force", False))):
-        log.info("SKIP %s (finished, config hash %s)", job_dir, cfg_hash)
-        return read_json(job_dir / RESULT_FILE) or {}
+    if (done := finished_result(job_dir, cfg_hash, bool(cfg.get("force", False)))) is not None:
+        return done
     job_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     device = resolve_device(str(cfg.get("device", "auto")))

@@ -34,6 +34,18 @@ def _named(arch: Mapping[str, Any], table: Mapping[str, tuple[tuple[int, ...], i
     return size
 
 
+def stage_depths(arch: Mapping[str, Any], table: Mapping[str, tuple[tuple[int, ...], int]],
+                 pattern: tuple[int, ...], depth: int | None = None) -> tuple[int, ...]:
+    """Blocks per stage: the named size's, or `pattern` (multiples of D) for D = `depth` (default `arch.depth`)."""
+    size = _named(arch, table)
+    if depth is None and size is not None:
+        return table[size][0]
+    d = int(arch["depth"] if depth is None else depth)
+    if d < 1:
+        raise ValueError(f"{arch['name']} depth must be >= 1, got {d}")
+    return tuple(m * d for m in pattern)
+
+
 @dataclass(frozen=True)
 class ConvNeXtSpec:
     input_shape: tuple[int, int, int]
@@ -48,13 +60,7 @@ class ConvNeXtSpec:
     @staticmethod
     def stage_depths(arch: Mapping[str, Any], depth: int | None = None) -> tuple[int, ...]:
         """Blocks per stage: the named size's, or [D, D, 3D, D] for D = `depth` (default `arch.depth`)."""
-        size = _named(arch, NAMED_SIZES)
-        if depth is None and size is not None:
-            return NAMED_SIZES[size][0]
-        d = int(arch["depth"] if depth is None else depth)
-        if d < 1:
-            raise ValueError(f"convnext depth must be >= 1, got {d}")
-        return (d, d, 3 * d, d)
+        return stage_depths(arch, NAMED_SIZES, (1, 1, 3, 1), depth)
 
     @classmethod
     def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> ConvNeXtSpec:

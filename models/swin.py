@@ -18,7 +18,7 @@ from mup import MuReadout
 from timm.models.swin_transformer_v2 import SwinTransformerV2
 from torch import nn
 
-from models.convnext import _named
+from models.convnext import _named, stage_depths
 
 # Named sizes: (stage depths, embed dim); D = 2 as in Swin-T's first three stages.
 NAMED_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
@@ -59,13 +59,8 @@ class SwinSpec:
 
     @staticmethod
     def stage_depths(arch: Mapping[str, Any], depth: int | None = None) -> tuple[int, ...]:
-        size = _named(arch, NAMED_SIZES)
-        if depth is None and size is not None:
-            return NAMED_SIZES[size][0]
-        d = int(arch["depth"] if depth is None else depth)
-        if d < 1:
-            raise ValueError(f"swin depth must be >= 1, got {d}")
-        return (d, d, 3 * d)
+        """Blocks per stage: the named size's, or [D, D, 3D] for D = `depth` (default `arch.depth`)."""
+        return stage_depths(arch, NAMED_SIZES, (1, 1, 3), depth)
 
     @classmethod
     def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> SwinSpec:

@@ -18,7 +18,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +26,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_worker import run_worker  # noqa: E402
 
 
 def job_config(out_dir: Path, overrides: list[str]) -> dict[str, Any]:
@@ -66,13 +68,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def spawn(args: argparse.Namespace, cache: str, out: str) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--worker", "--cache", cache, "--out", out, "--eraser", args.eraser,
-           "--dataset", args.dataset, "--device", args.device]
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"worker failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_worker(__file__, ["--cache", cache, "--out", out, "--eraser", args.eraser, "--dataset", args.dataset,
+                                 "--device", args.device], threads=os.environ.get("OMP_NUM_THREADS", "1"))
 
 
 def main() -> None:

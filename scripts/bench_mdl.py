@@ -21,16 +21,17 @@ import math
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from bench_worker import run_worker  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 10
@@ -238,14 +239,10 @@ def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
 
 
 def spawn(args: argparse.Namespace, variant: str) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--worker", variant, "--device", args.device, "--n", str(args.n), "--d",
-           str(args.d), "--epochs", str(args.epochs), "--seeds", str(args.seeds), "--threads", str(args.threads)]
-    cmd += ["--engine", args.engine] + (["--compile", args.compile] if args.compile else [])
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "WANDB_MODE": "disabled"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{variant} worker failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    cmd = [variant, "--device", args.device, "--n", str(args.n), "--d", str(args.d), "--epochs", str(args.epochs),
+           "--seeds", str(args.seeds), "--threads", str(args.threads), "--engine", args.engine]
+    cmd += ["--compile", args.compile] if args.compile else []
+    return run_worker(__file__, cmd, threads=str(args.threads), label=f"{variant} worker")
 
 
 def main() -> None:

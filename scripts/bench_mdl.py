@@ -77,6 +77,9 @@ def sync(device: torch.device) -> None:
 # ---------------------------------------------------------------------------------------------- variants
 
 
+LABELS = {"ours": "ours (default config)", "fused": "ours + training.fused_optimizer=true"}
+
+
 def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> list[float]:
     """All block models of all seeds in one vectorised group, each with its own seed's split and validation."""
     from training.fit import cross_entropy_sum
@@ -102,7 +105,8 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
     def code(k: int, model: torch.nn.Module, res: Any) -> None:
         ce[k] = cross_entropy_sum(model, data.all(coded[k]), y_dev[coded[k]]) / len(coded[k]) / math.log(2)
 
-    fit_group(members, data, y_dev, on_finish=code, compile=args.compile, engine=args.engine)
+    fit_group(members, data, y_dev, on_finish=code, compile=args.compile, engine=args.engine, workers=args.workers,
+              fused_optimizer=args.worker == "fused")
     return ce
 
 
@@ -174,7 +178,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     x, y = synthetic(args.n, args.d)
     if args.worker == "bandwidth":
         return bandwidth(args, x, y, device)
-    run = {"ours": run_ours, "naive": run_naive}[args.worker]
+    run = {"ours": run_ours, "fused": run_ours, "naive": run_naive}[args.worker]
     # Warm-up on a slice of the data (imports, allocator, kernels): not part of the measurement.
     warm = argparse.Namespace(**{**vars(args), "epochs": 1})
     run(warm, x[:2400], y[:2400], device)
@@ -240,7 +244,8 @@ def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
 
 def spawn(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     cmd = [variant, "--device", args.device, "--n", str(args.n), "--d", str(args.d), "--epochs", str(args.epochs),
-           "--seeds", str(args.seeds), "--threads", str(args.threads), "--engine", args.engine]
+           "--seeds", str(args.seeds), "--threads", str(args.threads), "--engine", args.engine,
+           "--workers", str(args.workers)]
     cmd += ["--compile", args.compile] if args.compile else []
     return run_worker(__file__, cmd, threads=str(args.threads), label=f"{variant} worker")
 
@@ -255,11 +260,14 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=None, help="seeds (jobs) trained at once (default: 5 GPU, 1 CPU)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: 1 on CPU — on a shared box threads spin and timings explode; "
-                   "all cores up to 8 on GPU)")
+                   help="torch threads = cores used (default: all cores, up to 8 on GPU). Naive: intra-op threads; "
+                   "ours: training.workers=auto uses one worker thread per core on CPU")
     p.add_argument("--compile", nargs="?", const="default", default=None,
                    help="torch.compile ours: [default | reduce-overhead (CUDA graphs) | max-autotune]")
     p.add_argument("--engine", default="auto", help="ours: auto (loop on CPU, stacked on GPU) | loop | stacked")
+    p.add_argument("--workers", default="auto", help="ours: training.workers (auto | N)")
+    p.add_argument("--fused", action="store_true",
+                   help="also measure ours with training.fused_optimizer=true (compiled optimizer step)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.device == "auto":
@@ -269,7 +277,7 @@ def main() -> None:
     args.d = args.d or (3072 if gpu else 768)
     args.epochs = args.epochs or (5 if gpu else 10)
     args.seeds = args.seeds or (5 if gpu else 1)
-    args.threads = args.threads or (min(8, os.cpu_count() or 1) if gpu else 1)
+    args.threads = args.threads or min(8 if gpu else 64, len(os.sched_getaffinity(0)))
     if args.worker:
         print(json.dumps(worker(args)))
         return
@@ -280,25 +288,27 @@ def main() -> None:
     print(f"data: synthetic CIFAR-like uint8/255 control data, {args.n} × {'×'.join(map(str, shape))}"
           + ("" if gpu else " (smaller than CIFAR's 50000 × 3×32×32 because this is a CPU run)"))
     print(f"device: {args.device}" + ("" if gpu else f", {args.threads} torch thread(s), {os.cpu_count()} cores")
-          + f"; ours: engine {args.engine}, compile {args.compile or 'off'}")
-    rows: dict[str, list[dict[str, Any]]] = {"naive": [], "ours": []}
+          + f"; ours: engine {args.engine}, workers {args.workers}, compile {args.compile or 'off'}")
+    variants = ["naive", "ours"] + (["fused"] if args.fused else [])
+    rows: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for r in range(args.repeats):
-        for variant in ("naive", "ours") if r % 2 == 0 else ("ours", "naive"):
+        for variant in variants if r % 2 == 0 else variants[::-1]:
             res = spawn(args, variant)
             rows[variant].append(res)
             print(f"  repeat {r + 1}/{args.repeats} {variant:5s}: {res['seconds']:7.2f} s wall, "
                   f"{res['cpu_s']:7.2f} s CPU, peak {res['peak_mb']:.0f} MB,"
                   f" mean CE {res['mean_ce_bits']:.4f} bits", flush=True)
     med = {v: statistics.median(x["seconds"] for x in rs) for v, rs in rows.items()}
-    ratios = [n["seconds"] / o["seconds"] for n, o in zip(rows["naive"], rows["ours"], strict=True)]
-    cpu_ratios = [n["cpu_s"] / o["cpu_s"] for n, o in zip(rows["naive"], rows["ours"], strict=True)]
     mem = "GPU max_memory_allocated" if gpu else "process peak RSS (ru_maxrss)"
-    print(f"median: naive {med['naive']:.2f} s, ours {med['ours']:.2f} s → speed-up {med['naive'] / med['ours']:.2f}×; "
-          f"median of paired ratios {statistics.median(ratios):.2f}× ({', '.join(f'{q:.2f}' for q in ratios)})")
-    print(f"process CPU time (robust to other load on a shared machine): median of paired ratios "
-          f"{statistics.median(cpu_ratios):.2f}× ({', '.join(f'{q:.2f}' for q in cpu_ratios)})")
-    print(f"peak memory ({mem}): naive {statistics.median(x['peak_mb'] for x in rows['naive']):.0f} MB, "
-          f"ours {statistics.median(x['peak_mb'] for x in rows['ours']):.0f} MB")
+    for v in variants[1:]:
+        ratios = [n["seconds"] / o["seconds"] for n, o in zip(rows["naive"], rows[v], strict=True)]
+        cpu_ratios = [n["cpu_s"] / o["cpu_s"] for n, o in zip(rows["naive"], rows[v], strict=True)]
+        print(f"{LABELS[v]}: median naive {med['naive']:.2f} s, {v} {med[v]:.2f} s → speed-up "
+              f"{med['naive'] / med[v]:.2f}×; median of paired ratios {statistics.median(ratios):.2f}× "
+              f"({', '.join(f'{q:.2f}' for q in ratios)}); process CPU time ratio "
+              f"{statistics.median(cpu_ratios):.2f}× ({', '.join(f'{q:.2f}' for q in cpu_ratios)})")
+    print(f"peak memory ({mem}): " + ", ".join(
+        f"{v} {statistics.median(x['peak_mb'] for x in rows[v]):.0f} MB" for v in variants))
     if gpu:
         bw = spawn(args, "bandwidth")
         gb = bw["bytes"] / 1e9

@@ -23,7 +23,9 @@ from training.batches import DeviceData, compact
 from training.fit import FitConfig, cross_entropy_sum, fit
 from training.pipeline import run_job
 from training.seeding import generator, seeded_global_rng
-from training.vectorized import Member, fit_group, resolve_engine, why_not_vectorized
+from training.flat_optim import cpu_compiler
+from training.vectorized import (Member, balanced_parts, fit_group, resolve_engine, resolve_workers,
+                                 why_not_vectorized)
 
 # (loss rtol, parameter tol / scale) of the stacked engine; the loop engine must be exact.
 TOL = {torch.float32: (1e-5, 1e-4), torch.float64: (1e-12, 1e-10), "exact": (0.0, 0.0)}
@@ -61,8 +63,8 @@ def _models(arch: str, tags: list[int], lr: float = 4e-3, dtype: torch.dtype = t
 
 def _compare(arch: str, augment: bool, engine: str, eval_every: int | None = None, lr: float = 4e-3,
              dtype: torch.dtype = torch.float32, own_val: bool = False, device: str = "cpu",
-             compile: str | None = None, regularizer=None) -> None:
-    exact = engine == "loop" and device == "cpu" and not compile
+             compile: str | None = None, regularizer=None, workers: int = 1, fused: str = "false") -> None:
+    exact = engine == "loop" and device == "cpu" and not compile and fused == "false"
     loss_rtol, param_tol = TOL["exact" if exact else dtype]
     data, y, xv, yv = _data(dtype=dtype, device=device)
     sizes, patience = [45, 150, 440], [1, 2, 50]  # partial last batches; different stop epochs
@@ -80,7 +82,7 @@ def _compare(arch: str, augment: bool, engine: str, eval_every: int | None = Non
     order: list[int] = []
     shared = (None, None) if own_val else (xv, yv)
     vec = fit_group(members, data, y, *shared, on_finish=lambda k, model, res: order.append(k), engine=engine,
-                    compile=compile, regularizer=regularizer)
+                    compile=compile, regularizer=regularizer, workers=workers, fused_optimizer=fused)
     assert sorted(order) == [0, 1, 2]
     epochs = [r.epochs for _, r in seq]
     assert len(set(epochs)) > 1 and min(epochs) < 9, epochs  # the test really covers early stopping
@@ -133,6 +135,59 @@ def test_cuda_equals_sequential(engine: str) -> None:
     _compare("mlp", augment=True, engine=engine, device="cuda", own_val=True)
 
 
+@pytest.mark.parametrize("arch", ["mlp", "lenet"])
+def test_worker_threads_equal_sequential_bitwise(arch: str) -> None:
+    """training.workers=2: the members split over two threads (one core each); still bitwise exact."""
+    _compare(arch, augment=arch == "lenet", engine="loop", workers=2, own_val=arch == "mlp", lr=2e-3)
+
+
+@pytest.mark.parametrize("fused", ["eager", "true"])
+def test_fused_optimizer_equals_sequential(fused: str) -> None:
+    """training.fused_optimizer: the flat schedule-free step (compiled, or its eager twin) within float32
+    rounding of the library's, so within the stacked engine's tolerance of sequential training."""
+    if fused == "true" and cpu_compiler() is None:
+        pytest.skip("no C++ compiler for torch.compile on CPU")
+    _compare("mlp", augment=True, engine="loop", fused=fused, workers=2)
+
+
+def test_a_failing_worker_stops_the_others() -> None:
+    """An error in one worker (here in on_finish) is raised once and the other worker stops early."""
+    data, y, xv, yv = _data()
+    models = _models("mlp", [0, 1])
+    cfgs = [FitConfig(batch_size=32, patience=1, max_epochs=1, progress=False),
+            FitConfig(batch_size=32, patience=10_000, max_epochs=10_000, progress=False)]
+    members = [Member(m, o, torch.arange(80, 200), generator(0, "b", k), cfgs[k]) for k, (m, o) in enumerate(models)]
+    finished: list[int] = []
+
+    def on_finish(k: int, model: torch.nn.Module, res) -> None:
+        finished.append(k)
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        fit_group(members, data, y, xv, yv, on_finish=on_finish, workers=2)
+    assert finished == [0]  # member 1 (10k epochs) was cancelled, not trained to the end
+    assert torch.get_num_threads() == 1  # the caller's thread setting is restored
+
+
+def test_workers_and_partition() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_workers("auto", cpu, "loop", 9) == min(torch.get_num_threads(), 9)
+    assert resolve_workers("auto", cuda, "stacked", 9) == 1
+    assert resolve_workers(4, cpu, "loop", 3) == 3
+    with pytest.raises(ValueError, match="loop engine"):
+        resolve_workers(2, cpu, "stacked", 9)
+    with pytest.raises(ValueError, match="positive"):
+        resolve_workers(0, cpu, "loop", 9)
+    costs = [float(c) for c in torch.randint(1, 1000, (13,), generator=torch.Generator().manual_seed(0))]
+    for n in (1, 2, 3, 5):
+        parts = balanced_parts(costs, n)
+        assert sorted(i for p in parts for i in p) == list(range(13))
+        loads = [sum(costs[i] for i in p) for p in parts]
+        assert max(loads) - min(loads) <= max(costs), (n, loads)
+    assert balanced_parts([5.0, 3.0, 2.0], 2) == [[0], [1, 2]]  # 5 | 3+2, not LPT's first guess
+    assert balanced_parts([1.0], 4) == [[0]]
+
+
 def test_loop_engine_with_regularizer_equals_sequential() -> None:
     """A regularizer that depends on the step (like SD's start_step): the loop engine is still bitwise exact."""
     def penalty(logits: Tensor, y: Tensor, step: int) -> Tensor:
@@ -183,5 +238,8 @@ def test_job_parallel_equals_one_at_a_time(tmp_path: Path) -> None:
     assert par["final"]["val_loss_curve"] == one["final"]["val_loss_curve"]
     assert [b["epochs"] for b in par["mdl"]["blocks"]] == [b["epochs"] for b in one["mdl"]["blocks"]]
     assert [b["block"] for b in par["mdl"]["blocks"]] == list(range(2, len(par["mdl"]["block_sizes"]) + 1))
+    thr = run_job(job_config(tmp_path / "thr", [*quick, "training.workers=2"]))
+    assert thr["mdl"]["block_ce_bits"] == one["mdl"]["block_ce_bits"]  # two worker threads: still bitwise
+    assert thr["final"]["val_loss_curve"] == one["final"]["val_loss_curve"]
     stk = run_job(job_config(tmp_path / "stk", [*quick, "training.engine=stacked", "mdl.full_run=false"]))
     assert stk["mdl"]["block_ce_bits"] == pytest.approx(one["mdl"]["block_ce_bits"], rel=LOSS_RTOL)

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from training.fit import Regularizer, cross_entropy_sum, snapshot
+from training.flat_optim import carry_scalars, make_member_optim
 
 VAL_CHUNK = 1024  # as training.fit.predict_logits
 
@@ -87,30 +88,22 @@ def check_same_groups(models: Sequence[nn.Module], opts: Sequence[torch.optim.Op
     return groups[0]
 
 
-def _carry_scalars(old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> None:
-    for g_old, g_new in zip(old.param_groups, new.param_groups, strict=True):
-        g_new.update({k: v for k, v in g_old.items() if k != "params"})
-
-
 class LoopEngine:
-    """Members' own modules; one shared optimizer step. Bitwise equal to sequential training."""
+    """Members' own modules; one shared optimizer step. Bitwise equal to sequential training (with the
+    library's optimizer step; `fused_optimizer`: training/flat_optim.py)."""
 
     def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
-                 compile: bool | str | None = None, regularizer: Regularizer | None = None) -> None:
-        self.groups = check_same_groups(models, opts)
+                 compile: bool | str | None = None, regularizer: Regularizer | None = None,
+                 fused_optimizer: bool | str = False) -> None:
+        groups = check_same_groups(models, opts)
         self.models = list(models)  # per live row
         self.regularizer = regularizer
         mode = compile_mode(compile)
         # Compiled wrappers share the modules' parameters (one graph for all: same structure, params as inputs).
         self.forward = [torch.compile(m, mode=mode) if mode else m for m in self.models]
-        self.params = [dict(m.named_parameters()) for m in self.models]
-        self.opt_cls = type(opts[0])
-        self.opt = self._build()
+        self.opt = make_member_optim(str(fused_optimizer), type(opts[0]), groups,
+                                     [dict(m.named_parameters()) for m in self.models])
         self.best: list[dict[str, Tensor]] = [snapshot(m) for m in self.models]
-
-    def _build(self) -> torch.optim.Optimizer:
-        return self.opt_cls([{**hp, "params": [p[n] for p in self.params for n in names]}
-                             for names, hp in self.groups])
 
     def train(self) -> None:
         for m in self.models:
@@ -126,32 +119,23 @@ class LoopEngine:
             if self.regularizer is not None:
                 loss_r = loss_r + self.regularizer(logits, yr, step)  # all members are at step `step`
             loss = loss + loss_r
-        self.opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad()
         loss.backward()  # type: ignore[union-attr]
         self.opt.step()
-
-    @torch.no_grad()
-    def _lerp(self, r: int, weight: Callable[[float], float]) -> None:
-        for names, hp in self.groups:
-            w = weight(hp["betas"][0])
-            for n in names:
-                p = self.params[r][n]
-                if "z" in self.opt.state[p]:
-                    p.lerp_(self.opt.state[p]["z"], w)
 
     def validate(self, rows: list[int], members: list[int], val: ValSet, best_loss: list[float]) -> list[float]:
         """Validation loss of each row (member) in eval mode; rows beating `best_loss` (aligned) snapshot."""
         losses = []
         for r, k, best in zip(rows, members, best_loss, strict=True):
             model = self.models[r]
-            self._lerp(r, EVAL_W)
+            self.opt.lerp_member(r, EVAL_W)
             model.eval()
             x, y = val.xy(k)
             loss = cross_entropy_sum(model, x, y) / len(y)
             if loss < best:
                 self.best[r] = snapshot(model)
             model.train()
-            self._lerp(r, TRAIN_W)
+            self.opt.lerp_member(r, TRAIN_W)
             losses.append(loss)
         return losses
 
@@ -159,19 +143,10 @@ class LoopEngine:
         return self.best[r]
 
     def keep(self, rows: list[int]) -> None:
-        old = self.opt
-        dropped = [p for r in range(len(self.models)) if r not in rows for p in self.params[r].values()]
         self.models = [self.models[r] for r in rows]
         self.forward = [self.forward[r] for r in rows]
-        self.params = [self.params[r] for r in rows]
         self.best = [self.best[r] for r in rows]
-        self.opt = self._build()
-        _carry_scalars(old, self.opt)
-        for p in (p for ps in self.params for p in ps.values()):
-            if p in old.state:
-                self.opt.state[p] = old.state[p]
-        for p in dropped:
-            old.state.pop(p, None)
+        self.opt.keep(rows)
 
 
 class _ReadoutConstants:
@@ -293,7 +268,7 @@ class StackedEngine:
         self._mark_static()
         self.best = {n: v[keep] for n, v in self.best.items()}
         self.opt = self._build()
-        _carry_scalars(old, self.opt)
+        carry_scalars(old, self.opt)
         for n, p in self.params.items():
             self.opt.state[p] = {k: (v[keep] if torch.is_tensor(v) and v.dim() > 0 else v)
                                  for k, v in old.state[old_params[n]].items()}

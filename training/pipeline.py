@@ -144,7 +144,9 @@ class Trainer:
 
             fit_group(members, self.data, self.y, self.x_val, self.y_val, on_finish=done,
                       progress=bool(self.cfg.get("progress", True)), compile=self.opts.get("compile"),
-                      engine=str(self.opts.get("engine", "auto")), regularizer=self.regularizer)
+                      engine=str(self.opts.get("engine", "auto")), regularizer=self.regularizer,
+                      workers=self.opts.get("workers", "auto"),
+                      fused_optimizer=self.opts.get("fused_optimizer", False))
 
     def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
         """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`, and the

@@ -12,8 +12,10 @@ Equality with sequential training is tested in tests/test_vectorized.py.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import torch
@@ -77,16 +79,151 @@ def fit_group(
     compile: bool | str | None = None,
     engine: str = "auto",
     regularizer: Regularizer | None = None,
+    workers: int | str = 1,
+    fused_optimizer: bool | str = False,
 ) -> list[FitResult]:
     """Train all members at once; each ends as `training.fit.fit` would (best state loaded, eval mode).
 
     Validation on the shared (x_val, y_val), or, when those are None, on each member's `val_idx`.
     `on_finish(k, model, result)` is called as member k ends (members end in any order). `compile`: see
     `training.engines.compile_mode` ("reduce-overhead" = CUDA graphs on GPU). `regularizer` (as in `fit`):
-    loop engine only.
+    loop engine only. `workers` (CPU, loop engine): split the members over this many threads, each a
+    lockstep group on its own core (see `resolve_workers`); the numbers do not change. `fused_optimizer`
+    (loop engine): one compiled kernel for the optimizer step (training/flat_optim.py).
     """
     if not members:
         return []
+    kind = resolve_engine(engine, data.device)
+    if kind == "stacked" and str(fused_optimizer).lower() not in ("false", "none", ""):
+        raise ValueError("training.fused_optimizer applies to the loop engine (the stacked engine already steps "
+                         "all members with a few batched kernels); set training.engine=loop or drop it")
+    n_workers = resolve_workers(workers, data.device, kind, len(members))
+    if n_workers > 1:
+        return _fit_threads(members, n_workers, data, y, x_val, y_val, on_finish, progress, compile, kind,
+                            regularizer, fused_optimizer)
+    return _fit_lockstep(members, data, y, x_val, y_val, on_finish, progress, compile, kind, regularizer,
+                         fused_optimizer)
+
+
+def resolve_workers(workers: int | str, device: torch.device, engine: str, n_members: int) -> int:
+    """`training.workers`: auto → on CPU with the loop engine, one thread per intra-op thread torch would use
+    (`torch.get_num_threads()`, i.e. OMP_NUM_THREADS or the cores), at most one per member; else 1.
+
+    Why: a small MLP/LeNet step is a chain of small kernels; two cores split one matmul poorly and an
+    elementwise optimizer op on a 20k-element tensor not at all, while two disjoint groups of models, one
+    per core, scale almost linearly. Each worker runs with one intra-op thread.
+    """
+    if str(workers) == "auto":
+        if device.type != "cpu" or engine != "loop":
+            return 1
+        return max(1, min(torch.get_num_threads(), n_members))
+    n = int(workers)
+    if n < 1:
+        raise ValueError(f"training.workers must be auto or a positive integer, got {workers!r}")
+    if n > 1 and (device.type != "cpu" or engine != "loop"):
+        raise ValueError(f"training.workers={n} needs the CPU and the loop engine (got {device.type}, {engine})")
+    return min(n, n_members)
+
+
+def balanced_parts(costs: Sequence[float], n: int) -> list[list[int]]:
+    """Indices split into at most n parts of about equal summed cost: largest first to the lightest part,
+    then single moves and pairwise swaps between parts while they lower the heavier part's load."""
+    parts: list[list[int]] = [[] for _ in range(n)]
+    for k in sorted(range(len(costs)), key=lambda k: (-costs[k], k)):
+        min(parts, key=lambda p: sum(costs[i] for i in p)).append(k)
+
+    def load(p: list[int]) -> float:
+        return sum(costs[i] for i in p)
+
+    improved = True
+    while improved:
+        improved = False
+        for a in parts:
+            for b in parts:
+                gap = load(a) - load(b)
+                if gap <= 0:
+                    continue
+                # move i from a to b, or swap i (in a) with j (in b): the best that shrinks the gap
+                options = [(abs(gap - 2 * costs[i]), i, None) for i in a]
+                options += [(abs(gap - 2 * (costs[i] - costs[j])), i, j) for i in a for j in b]
+                best, i, j = min(options, key=lambda o: o[0])
+                if best < gap - 1e-9:
+                    a.remove(i)
+                    b.append(i)
+                    if j is not None:
+                        b.remove(j)
+                        a.append(j)
+                    improved = True
+    return [sorted(p) for p in parts if p]
+
+
+class Cancelled(Exception):
+    """A sibling worker failed (or the run was interrupted): this worker stopped early."""
+
+
+def _fit_threads(members: Sequence[Member], n_workers: int, data: DeviceData, y: Tensor, x_val: Tensor | None,
+                 y_val: Tensor | None, on_finish: OnFinish | None, progress: bool, compile: bool | str | None,
+                 engine: str, regularizer: Regularizer | None, fused_optimizer: bool | str) -> list[FitResult]:
+    """Members split over `n_workers` threads, each one lockstep group with one intra-op thread.
+
+    Torch kernels release the GIL, so the groups run on separate cores. `on_finish` calls are serialised
+    (one lock); if a worker fails the others stop at their next step and the first error is raised.
+    """
+    # Cost of a member: training samples + validation samples (a forward only: about half) per epoch.
+    n_val = [len(x_val) if x_val is not None else len(m.val_idx) if m.val_idx is not None else 0 for m in members]
+    parts = balanced_parts([(len(m.idx) + nv / 2) * m.cfg.max_epochs for m, nv in zip(members, n_val, strict=True)],
+                           n_workers)
+    results: list[FitResult | None] = [None] * len(members)
+    lock, stop = threading.Lock(), threading.Event()
+    bar = tqdm(total=len(members), desc=f"{len(members)} models, {len(parts)} workers", unit="model", leave=False,
+               disable=not progress)
+
+    def work(part: list[int]) -> None:
+        torch.set_num_threads(1)
+
+        def done(j: int, model: nn.Module, res: FitResult) -> None:
+            with lock:
+                results[part[j]] = res
+                if on_finish is not None:
+                    on_finish(part[j], model, res)
+                bar.update(1)
+
+        _fit_lockstep([members[k] for k in part], data, y, x_val, y_val, done, False, compile, engine, regularizer,
+                      fused_optimizer, stop)
+
+    threads = torch.get_num_threads()
+    try:
+        with ThreadPoolExecutor(len(parts), thread_name_prefix="fit-worker") as pool:
+            futures = [pool.submit(work, p) for p in parts]
+            try:
+                wait(futures, return_when=FIRST_EXCEPTION)
+            finally:  # an error, or e.g. KeyboardInterrupt while waiting: the other workers stop too
+                stop.set()
+            errors = [f.exception() for f in futures]
+            first = next((e for e in errors if e is not None and not isinstance(e, Cancelled)), None)
+            if first is not None:
+                raise first
+    finally:
+        stop.set()
+        torch.set_num_threads(threads)
+        bar.close()
+    return [r for r in results if r is not None]
+
+
+def _fit_lockstep(
+    members: Sequence[Member],
+    data: DeviceData,
+    y: Tensor,
+    x_val: Tensor | None,
+    y_val: Tensor | None,
+    on_finish: OnFinish | None,
+    progress: bool,
+    compile: bool | str | None,
+    kind: str,
+    regularizer: Regularizer | None,
+    fused_optimizer: bool | str = False,
+    stop: threading.Event | None = None,
+) -> list[FitResult]:
     dev = data.device
     y = y.to(dev)
     val = ValSet(data, y, None if x_val is None else x_val.to(dev), None if y_val is None else y_val.to(dev),
@@ -119,11 +256,10 @@ def fit_group(
         new_epoch(k, k)
 
     models, opts = [m.model for m in members], [m.optimizer for m in members]
-    kind = resolve_engine(engine, dev)
     if regularizer is not None and kind == "stacked":
         raise ValueError("the stacked engine does not support a regularizer; use engine='loop'")
     eng = (StackedEngine(models, opts, compile) if kind == "stacked"
-           else LoopEngine(models, opts, compile, regularizer))
+           else LoopEngine(models, opts, compile, regularizer, fused_optimizer))
     live = list(range(len(members)))  # member index of each row
     cursor = torch.zeros(len(members), dtype=torch.long, device=dev)  # batch number within the epoch, per row
     host_cursor = [0] * len(members)
@@ -151,6 +287,8 @@ def fit_group(
     with eng if isinstance(eng, StackedEngine) else _nothing():
         eng.train()
         while live:
+            if stop is not None and stop.is_set():
+                raise Cancelled
             pos = cursor[:, None] * bs + slot  # (rows, bs)
             gidx = plan_idx.gather(1, pos)
             if augment:

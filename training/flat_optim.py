@@ -1,0 +1,214 @@
+"""Schedule-free AdamW for the loop engine: the library's own step, or one fused kernel over flat buffers.
+
+`LibraryOptim` steps the members' parameters with the members' optimizer class (schedulefree's
+AdamWScheduleFree): bitwise what `training.fit.fit` does. `FlatScheduleFree` (`training.fused_optimizer`)
+keeps every parameter group of all members in one flat buffer (the modules' parameters and gradients are
+views into it) and does the whole update - second moment, normalisation, y/z steps - in one
+`torch.compile`d elementwise kernel, one pass over memory instead of nine. Same formulas and the same
+per-group scalars (k, lr_max, weight_sum) as the library; it differs only by float32 rounding where the
+compiler contracts a multiply-add (tests/test_flat_optim.py).
+
+Both keep a member's parameters contiguous within each group, so evaluation's lerp (y ↔ x) touches one
+member only, and `keep(rows)` drops finished members (they leave the buffers: no update touches them again).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+Groups = list[tuple[list[str], dict[str, Any]]]  # (parameter names, hyperparameters) per param group
+
+
+def carry_scalars(old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> None:
+    """The per-group scalars (k, lr_max, weight_sum, train_mode, ...) of `old` into `new`."""
+    for g_old, g_new in zip(old.param_groups, new.param_groups, strict=True):
+        g_new.update({k: v for k, v in g_old.items() if k != "params"})
+
+
+class LibraryOptim:
+    """The members' own optimizer class over all members' parameters (foreach kernels)."""
+
+    def __init__(self, opt_cls: type[torch.optim.Optimizer], groups: Groups, params: list[dict[str, Tensor]]):
+        self.opt_cls, self.groups, self.params = opt_cls, groups, params
+        self.opt = self._build()
+
+    def _build(self) -> torch.optim.Optimizer:
+        return self.opt_cls([{**hp, "params": [p[n] for p in self.params for n in names]}
+                             for names, hp in self.groups])
+
+    def train(self) -> None:
+        self.opt.train()  # type: ignore[attr-defined]
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        self.opt.step()
+
+    @torch.no_grad()
+    def lerp_member(self, r: int, weight: Callable[[float], float]) -> None:
+        for names, hp in self.groups:
+            w = weight(hp["betas"][0])
+            for n in names:
+                p = self.params[r][n]
+                if "z" in self.opt.state[p]:
+                    p.lerp_(self.opt.state[p]["z"], w)
+
+    def keep(self, rows: list[int]) -> None:
+        old = self.opt
+        dropped = [p for r in range(len(self.params)) if r not in rows for p in self.params[r].values()]
+        self.params = [self.params[r] for r in rows]
+        self.opt = self._build()
+        carry_scalars(old, self.opt)
+        for p in (p for ps in self.params for p in ps.values()):
+            if p in old.state:
+                self.opt.state[p] = old.state[p]
+        for p in dropped:
+            old.state.pop(p, None)
+
+
+def _sf_update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, lr: Tensor, ckp1: Tensor, bc2: Tensor, y_coef: Tensor,
+               beta2: float, eps: float, decay: float) -> None:
+    """One schedule-free AdamW step, in place, with the library's formulas (schedulefree 1.4)."""
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    gn = g / ((v / bc2).sqrt() + eps)
+    if decay != 0:
+        gn = gn + y * decay
+    y.lerp_(z, ckp1)
+    y.add_(gn * y_coef)
+    z.sub_(gn * lr)
+
+
+def cpu_compiler() -> str | None:
+    """The C++ compiler torch.compile (inductor) would use for CPU kernels, if one is installed."""
+    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    return next((c for c in candidates if shutil.which(c)), None)
+
+
+@functools.cache
+def _fused_update() -> Callable[..., None]:
+    return torch.compile(_sf_update, dynamic=True, fullgraph=True)
+
+
+class FlatScheduleFree:
+    """Schedule-free AdamW over flat per-group buffers of all members; one compiled kernel per group."""
+
+    def __init__(self, groups: Groups, params: list[dict[str, Tensor]], compiled: bool = True) -> None:
+        self.groups = groups
+        self.hp = [dict(hp) for _, hp in groups]
+        for hp in self.hp:
+            if hp.get("r", 0.0) != 0.0 or hp.get("k", 0) != 0:
+                raise ValueError("fused_optimizer supports schedule-free AdamW with r=0, from its first step")
+        self.params = params
+        device = next(iter(params[0].values())).device
+        if compiled and device.type == "cpu" and cpu_compiler() is None:
+            raise RuntimeError("training.fused_optimizer=true compiles the optimizer step with torch.compile, which "
+                               "on CPU needs a C++ compiler (g++ or clang++, or $CXX): none found. Install one or "
+                               "set training.fused_optimizer=false")
+        self.update = _fused_update() if compiled else _sf_update
+        self.z: list[Tensor | None] = [None] * len(groups)
+        self.v: list[Tensor] = []
+        self.y: list[Tensor] = []
+        self.g: list[Tensor] = []
+        self.spans: list[list[tuple[int, int]]] = []  # per group, per member: its [start, end) in the buffer
+        self._pack([[p[n].detach() for p in params for n in names] for names, _ in groups], None, None)
+        self.train_mode = False
+
+    def _pack(self, tensors: list[list[Tensor]], z: list[Tensor | None] | None, v: list[Tensor] | None) -> None:
+        """Build the buffers from the live members' current values (and z, v slices) and point params at them."""
+        self.y, self.g, self.spans = [], [], []
+        new_z: list[Tensor | None] = []
+        new_v: list[Tensor] = []
+        for gi, (names, _) in enumerate(self.groups):
+            y = torch.cat([t.reshape(-1) for t in tensors[gi]])
+            g = torch.zeros_like(y)
+            spans, offset = [], 0
+            for p in self.params:
+                start = offset
+                for n in names:
+                    size = p[n].numel()
+                    p[n].data = y[offset: offset + size].view_as(p[n])
+                    p[n].grad = g[offset: offset + size].view_as(p[n])
+                    offset += size
+                spans.append((start, offset))
+            self.y.append(y)
+            self.g.append(g)
+            self.spans.append(spans)
+            new_z.append(None if z is None else z[gi])
+            new_v.append(torch.zeros_like(y) if v is None else v[gi])
+        self.z, self.v = new_z, new_v
+
+    def train(self) -> None:
+        if not self.train_mode:
+            for r in range(len(self.params)):
+                self.lerp_member(r, lambda b1: 1 - b1)
+        self.train_mode = True
+
+    def zero_grad(self) -> None:
+        for g in self.g:
+            g.zero_()  # gradients accumulate into these views (autograd adds in place into an existing .grad)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        if not self.train_mode:
+            raise RuntimeError("optimizer step in eval mode: call train() first")
+        for gi, hp in enumerate(self.hp):
+            k = hp["k"]
+            beta1, beta2 = hp["betas"]
+            sched = (k + 1) / hp["warmup_steps"] if k < hp["warmup_steps"] else 1.0
+            lr = hp["lr"] * sched
+            hp["lr_max"] = max(lr, hp["lr_max"])
+            weight = hp["lr_max"] ** hp["weight_lr_power"]
+            hp["weight_sum"] = hp["weight_sum"] + weight
+            ckp1 = weight / hp["weight_sum"] if hp["weight_sum"] != 0 else 0.0
+            if self.z[gi] is None:
+                self.z[gi] = self.y[gi].clone()
+            scalars = [torch.tensor(s, dtype=self.y[gi].dtype) for s in
+                       (lr, ckp1, 1 - beta2 ** (k + 1), lr * (beta1 * (1 - ckp1) - 1))]
+            self.update(self.y[gi], self.z[gi], self.v[gi], self.g[gi], *scalars, beta2, hp["eps"],
+                        hp["weight_decay"])
+            hp["k"] = k + 1
+
+    @torch.no_grad()
+    def lerp_member(self, r: int, weight: Callable[[float], float]) -> None:
+        for gi, hp in enumerate(self.hp):
+            z = self.z[gi]
+            if z is not None:
+                s, e = self.spans[gi][r]
+                self.y[gi][s:e].lerp_(z[s:e], weight(hp["betas"][0]))
+
+    def keep(self, rows: list[int]) -> None:
+        def take(buf: Tensor, gi: int) -> Tensor:
+            return torch.cat([buf[slice(*self.spans[gi][r])] for r in rows])
+
+        ys = [[take(self.y[gi], gi)] for gi in range(len(self.groups))]
+        zs = [None if z is None else take(z, gi) for gi, z in enumerate(self.z)]
+        vs = [take(v, gi) for gi, v in enumerate(self.v)]
+        old = self.params
+        # Finished members keep their values: detach them from the shared buffers first.
+        for r in range(len(old)):
+            if r not in rows:
+                for p in old[r].values():
+                    p.data = p.data.clone()
+                    p.grad = None
+        self.params = [old[r] for r in rows]
+        self._pack(ys, zs, vs)
+
+
+def make_member_optim(kind: str, opt_cls: type[torch.optim.Optimizer], groups: Groups,
+                      params: list[dict[str, Tensor]]) -> LibraryOptim | FlatScheduleFree:
+    """`training.fused_optimizer`: false → the library's step; true → the compiled flat kernel; "eager" → the
+    flat kernel uncompiled (tests)."""
+    if kind in ("false", "False", "none", "None", ""):
+        return LibraryOptim(opt_cls, groups, params)
+    if kind not in ("true", "True", "eager"):
+        raise ValueError(f"training.fused_optimizer must be true, false or eager, got {kind!r}")
+    return FlatScheduleFree(groups, params, compiled=kind != "eager")
+

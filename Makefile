@@ -39,7 +39,7 @@ tables: setup  ## aggregate whatever is in outputs/runs into outputs/tables/
 	$(PY) scripts/aggregate.py outputs/runs --name all
 
 bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm; BENCH_ARGS=--device cuda
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) scripts/bench_mdl.py $(BENCH_ARGS)
+	WANDB_MODE=disabled $(PY) scripts/bench_mdl.py --fused $(BENCH_ARGS)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) scripts/bench_cache.py
 
 lint: setup  ## ruff

@@ -261,9 +261,9 @@ def main() -> None:
     p.add_argument("--n", type=int, default=None, help="samples (default: 50000 on GPU, 8000 on CPU)")
     p.add_argument("--d", type=int, default=None, help="input features, 3·s² gives 3×s×s images "
                    "(default: 3072 = 3×32×32 on GPU, 768 = 3×16×16 on CPU)")
-    p.add_argument("--epochs", type=int, default=None, help="epochs per block model (default: 5 GPU, 10 CPU)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs per block model (default: 5 GPU, 20 CPU)")
     p.add_argument("--seeds", type=int, default=None, help="seeds (jobs) trained at once (default: 5 GPU, 1 CPU)")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats; medians are reported")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads = cores used (default: all cores, up to 8 on GPU). Naive: intra-op threads; "
                    "ours: training.workers=auto uses one worker thread per core on CPU")
@@ -280,7 +280,7 @@ def main() -> None:
     gpu = args.device.startswith("cuda")
     args.n = args.n or (50_000 if gpu else 8000)
     args.d = args.d or (3072 if gpu else 768)
-    args.epochs = args.epochs or (5 if gpu else 10)
+    args.epochs = args.epochs or (5 if gpu else 20)
     args.seeds = args.seeds or (5 if gpu else 1)
     args.threads = args.threads or min(8 if gpu else 64, len(os.sched_getaffinity(0)))
     if args.worker:

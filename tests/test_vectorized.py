@@ -134,6 +134,11 @@ def test_cuda_equals_sequential(engine: str) -> None:
     _compare("mlp", augment=True, engine=engine, device="cuda", own_val=True)
 
 
+@pytest.mark.gpu
+def test_cuda_fused_optimizer_equals_sequential() -> None:
+    _compare("mlp", augment=True, engine="loop", device="cuda", fused="true")
+
+
 @pytest.mark.parametrize("arch", ["mlp", "lenet"])
 def test_worker_threads_equal_sequential_bitwise(arch: str) -> None:
     """training.workers=2: the members split over two threads (one core each); still bitwise exact."""

@@ -9,11 +9,11 @@ in eval mode every epoch, best state kept; torch uses all `--threads` for each k
 harness with its default config: the job's Trainer (data stored as uint8 when exact, one epoch's order and
 crops drawn at once) training all block models of all seeds in one vectorised group
 (training/vectorized.py); on CPU `training.workers=auto` splits the group over one thread per core.
-`--fused` adds "fused": ours with `training.fused_optimizer=true` (the optimizer step as one compiled
-kernel). All run the same epochs on the same data, machine and cores; every measurement runs in a fresh
-subprocess (so peak memory is per variant), variants interleaved, medians reported. On GPU the script
-also measures the device's read and host→device copy bandwidth for the float32 data and times one MLP-128
-epoch against them.
+`--fused` adds "fused": ours with `training.fused_optimizer=true` (the optimizer step as one kernel:
+numba on CPU, torch.compile on GPU). All run the same epochs on the same data, machine and cores; every
+measurement runs in a fresh subprocess (so peak memory is per variant), variants interleaved, medians
+reported. On GPU the script also measures the device's read and host→device copy bandwidth for the float32
+data and times one MLP-128 epoch against them.
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from bench_worker import run_worker  # noqa: E402
-
-from training.flat_optim import cpu_compiler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 10
@@ -294,9 +292,6 @@ def main() -> None:
           + ("" if gpu else " (smaller than CIFAR's 50000 × 3×32×32 because this is a CPU run)"))
     print(f"device: {args.device}" + ("" if gpu else f", {args.threads} torch thread(s), {os.cpu_count()} cores")
           + f"; ours: engine {args.engine}, workers {args.workers}, compile {args.compile or 'off'}")
-    if args.fused and not gpu and cpu_compiler() is None:
-        print("--fused skipped: torch.compile needs a C++ compiler (g++/clang++) on CPU and none is installed")
-        args.fused = False
     variants = ["naive", "ours"] + (["fused"] if args.fused else [])
     rows: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for r in range(args.repeats):

@@ -1,7 +1,7 @@
 """The flat schedule-free step (training/flat_optim.py) against schedulefree's own AdamWScheduleFree.
 
-Same formulas and scalars: parameters, z and the second moment agree to float32 rounding (measured
-<= 3e-7 relative after 40 steps; the compiled kernel may contract multiply-adds), the per-group scalars
+Same formulas and scalars: parameters agree to float32 rounding (measured <= 3e-7 relative after 40 steps
+for all three kernels - numba, torch.compile, eager; FMA contraction differs), the per-group scalars
 exactly. Dropping members and the eval/train lerp behave as with the library.
 """
 
@@ -48,14 +48,14 @@ def _assert_close(a: list[torch.nn.Module], b: list[torch.nn.Module]) -> None:
             assert err <= RTOL, (n, err)
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("backend", ["numba", "eager", "compile"])
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-def test_flat_step_matches_the_library(compiled: bool, weight_decay: float) -> None:
-    if compiled and cpu_compiler() is None:
+def test_flat_step_matches_the_library(backend: str, weight_decay: float) -> None:
+    if backend == "compile" and cpu_compiler() is None:
         pytest.skip("no C++ compiler for torch.compile on CPU")
     (lib_models, groups, cls), (flat_models, _, _) = _pair(weight_decay=weight_decay)
     lib = LibraryOptim(cls, groups, [dict(m.named_parameters()) for m in lib_models])
-    flat = FlatScheduleFree(groups, [dict(m.named_parameters()) for m in flat_models], compiled=compiled)
+    flat = FlatScheduleFree(groups, [dict(m.named_parameters()) for m in flat_models], backend=backend)
     lib.train()
     flat.train()
     for step in range(40):
@@ -79,7 +79,7 @@ def test_flat_step_matches_the_library(compiled: bool, weight_decay: float) -> N
 def test_eval_lerp_and_dropping_members_match_the_library() -> None:
     (lib_models, groups, cls), (flat_models, _, _) = _pair()
     lib = LibraryOptim(cls, groups, [dict(m.named_parameters()) for m in lib_models])
-    flat = FlatScheduleFree(groups, [dict(m.named_parameters()) for m in flat_models], compiled=False)
+    flat = FlatScheduleFree(groups, [dict(m.named_parameters()) for m in flat_models], backend="numba")
     lib.train()
     flat.train()
     for step in range(6):
@@ -114,6 +114,8 @@ def test_bad_flag_and_step_in_eval_mode() -> None:
     (models, groups, cls), _ = _pair(1)
     with pytest.raises(ValueError, match="fused_optimizer"):
         make_member_optim("maybe", cls, groups, [dict(m.named_parameters()) for m in models])
+    assert make_member_optim("True", cls, groups, [dict(m.named_parameters()) for m in models]).update.__name__ \
+        == "sf_update_numba"  # true on CPU: the numba kernel
     flat = make_member_optim("eager", cls, groups, [dict(m.named_parameters()) for m in models])
     with pytest.raises(RuntimeError, match="eval mode"):
         flat.step()
@@ -123,5 +125,5 @@ def test_missing_compiler_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) ->
     (models, groups, cls), _ = _pair(1)
     monkeypatch.setattr("training.flat_optim.cpu_compiler", lambda: None)
     with pytest.raises(RuntimeError, match="C\\+\\+ compiler"):
-        make_member_optim("true", cls, groups, [dict(m.named_parameters()) for m in models])
+        make_member_optim("compile", cls, groups, [dict(m.named_parameters()) for m in models])
 

@@ -3,10 +3,11 @@
 `LibraryOptim` steps the members' parameters with the members' optimizer class (schedulefree's
 AdamWScheduleFree): bitwise what `training.fit.fit` does. `FlatScheduleFree` (`training.fused_optimizer`)
 keeps every parameter group of all members in one flat buffer (the modules' parameters and gradients are
-views into it) and does the whole update - second moment, normalisation, y/z steps - in one
-`torch.compile`d elementwise kernel, one pass over memory instead of nine. Same formulas and the same
-per-group scalars (k, lr_max, weight_sum) as the library; it differs only by float32 rounding where the
-compiler contracts a multiply-add (tests/test_flat_optim.py).
+views into it) and does the whole update - second moment, normalisation, y/z steps - in one kernel, one
+pass over memory instead of nine: a numba loop on CPU (training/sf_kernel.py; no C++ compiler needed, and
+it releases the GIL so `training.workers` threads step concurrently) or `torch.compile` (Triton on GPU).
+Same formulas and the same per-group scalars (k, lr_max, weight_sum) as the library; it differs only by
+float32 rounding where one side contracts a multiply-add into an FMA (tests/test_flat_optim.py).
 
 Both keep a member's parameters contiguous within each group, so evaluation's lerp (y ↔ x) touches one
 member only, and `keep(rows)` drops finished members (they leave the buffers: no update touches them again).
@@ -93,26 +94,49 @@ def cpu_compiler() -> str | None:
 
 
 @functools.cache
-def _fused_update() -> Callable[..., None]:
+def _compiled_update() -> Callable[..., None]:
     return torch.compile(_sf_update, dynamic=True, fullgraph=True)
+
+
+Update = Callable[[Tensor, Tensor, Tensor, Tensor, float, float, float, float, float, float, float], None]
+BACKENDS = ("numba", "compile", "eager")
+
+
+def update_fn(backend: str, device: torch.device) -> Update:
+    """The step kernel: "numba" (CPU: one loop, releases the GIL), "compile" (torch.compile: Triton on GPU, C++
+    on CPU, which holds the GIL while it runs), "eager" (the same formulas op by op; tests)."""
+    if backend == "numba":
+        if device.type != "cpu":
+            raise ValueError("the numba optimizer kernel runs on CPU; on GPU use training.fused_optimizer=compile")
+        from training.sf_kernel import sf_update_numba
+
+        return sf_update_numba
+    if backend not in ("compile", "eager"):
+        raise ValueError(f"unknown optimizer kernel {backend!r}: one of {BACKENDS}")
+    if backend == "compile" and device.type == "cpu" and cpu_compiler() is None:
+        raise RuntimeError("training.fused_optimizer=compile uses torch.compile, which on CPU needs a C++ compiler "
+                           "(g++ or clang++, or $CXX): none found. Install one, or use numba (the CPU default)")
+    kernel = _compiled_update() if backend == "compile" else _sf_update
+
+    def update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, lr: float, ckp1: float, bc2: float, coef: float,
+               beta2: float, eps: float, decay: float) -> None:
+        scalars = [torch.tensor(s, dtype=y.dtype, device=y.device) for s in (lr, ckp1, bc2, coef)]
+        kernel(y, z, v, g, *scalars, beta2, eps, decay)
+
+    return update
 
 
 class FlatScheduleFree:
     """Schedule-free AdamW over flat per-group buffers of all members; one compiled kernel per group."""
 
-    def __init__(self, groups: Groups, params: list[dict[str, Tensor]], compiled: bool = True) -> None:
+    def __init__(self, groups: Groups, params: list[dict[str, Tensor]], backend: str = "numba") -> None:
         self.groups = groups
         self.hp = [dict(hp) for _, hp in groups]
         for hp in self.hp:
             if hp.get("r", 0.0) != 0.0 or hp.get("k", 0) != 0:
                 raise ValueError("fused_optimizer supports schedule-free AdamW with r=0, from its first step")
         self.params = params
-        device = next(iter(params[0].values())).device
-        if compiled and device.type == "cpu" and cpu_compiler() is None:
-            raise RuntimeError("training.fused_optimizer=true compiles the optimizer step with torch.compile, which "
-                               "on CPU needs a C++ compiler (g++ or clang++, or $CXX): none found. Install one or "
-                               "set training.fused_optimizer=false")
-        self.update = _fused_update() if compiled else _sf_update
+        self.update = update_fn(backend, next(iter(params[0].values())).device)
         self.z: list[Tensor | None] = [None] * len(groups)
         self.v: list[Tensor] = []
         self.y: list[Tensor] = []
@@ -170,10 +194,8 @@ class FlatScheduleFree:
             ckp1 = weight / hp["weight_sum"] if hp["weight_sum"] != 0 else 0.0
             if self.z[gi] is None:
                 self.z[gi] = self.y[gi].clone()
-            scalars = [torch.tensor(s, dtype=self.y[gi].dtype) for s in
-                       (lr, ckp1, 1 - beta2 ** (k + 1), lr * (beta1 * (1 - ckp1) - 1))]
-            self.update(self.y[gi], self.z[gi], self.v[gi], self.g[gi], *scalars, beta2, hp["eps"],
-                        hp["weight_decay"])
+            self.update(self.y[gi], self.z[gi], self.v[gi], self.g[gi], lr, ckp1, 1 - beta2 ** (k + 1),
+                        lr * (beta1 * (1 - ckp1) - 1), beta2, hp["eps"], hp["weight_decay"])
             hp["k"] = k + 1
 
     @torch.no_grad()
@@ -204,11 +226,13 @@ class FlatScheduleFree:
 
 def make_member_optim(kind: str, opt_cls: type[torch.optim.Optimizer], groups: Groups,
                       params: list[dict[str, Tensor]]) -> LibraryOptim | FlatScheduleFree:
-    """`training.fused_optimizer`: false → the library's step; true → the compiled flat kernel; "eager" → the
-    flat kernel uncompiled (tests)."""
-    if kind in ("false", "False", "none", "None", ""):
+    """`training.fused_optimizer`: false → the library's step; true → the flat kernel (numba on CPU, torch.compile
+    on GPU); or a kernel by name (numba | compile | eager)."""
+    kind = kind.lower()
+    if kind in ("false", "none", ""):
         return LibraryOptim(opt_cls, groups, params)
-    if kind not in ("true", "True", "eager"):
-        raise ValueError(f"training.fused_optimizer must be true, false or eager, got {kind!r}")
-    return FlatScheduleFree(groups, params, compiled=kind != "eager")
-
+    if kind == "true":
+        kind = "numba" if next(iter(params[0].values())).device.type == "cpu" else "compile"
+    if kind not in BACKENDS:
+        raise ValueError(f"training.fused_optimizer must be true, false or one of {BACKENDS}, got {kind!r}")
+    return FlatScheduleFree(groups, params, backend=kind)

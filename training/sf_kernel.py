@@ -13,25 +13,27 @@ import numpy as np
 from torch import Tensor
 
 
+@numba.njit(inline="always")
+def _normalised_grad(v, g, y, i, bc2, beta2, omb2, eps, decay):  # noqa: ANN001, ANN202 - numba types
+    """Second-moment update of element i (in place) and its normalised, weight-decayed gradient."""
+    gi = g[i]
+    vi = v[i] * beta2 + omb2 * gi * gi
+    v[i] = vi
+    return gi / (np.sqrt(vi / bc2) + eps) + decay * y[i]
+
+
 @numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 def _update(y, z, v, g, lr, ckp1, omw, bc2, coef, beta2, omb2, eps, decay):  # noqa: ANN001, ANN202 - numba types
     # torch.lerp: w < 0.5 → y + w·(z − y), else z − (z − y)·(1 − w); the branch is hoisted so the loops vectorise
-    n = y.shape[0]
     if ckp1 < 0.5:
-        for i in range(n):
-            gi = g[i]
-            vi = v[i] * beta2 + omb2 * gi * gi
-            v[i] = vi
-            gn = gi / (np.sqrt(vi / bc2) + eps) + decay * y[i]
+        for i in range(y.shape[0]):
+            gn = _normalised_grad(v, g, y, i, bc2, beta2, omb2, eps, decay)
             yi, zi = y[i], z[i]
             y[i] = (yi + ckp1 * (zi - yi)) + coef * gn
             z[i] = zi - lr * gn
     else:
-        for i in range(n):
-            gi = g[i]
-            vi = v[i] * beta2 + omb2 * gi * gi
-            v[i] = vi
-            gn = gi / (np.sqrt(vi / bc2) + eps) + decay * y[i]
+        for i in range(y.shape[0]):
+            gn = _normalised_grad(v, g, y, i, bc2, beta2, omb2, eps, decay)
             yi, zi = y[i], z[i]
             y[i] = (zi - (zi - yi) * omw) + coef * gn
             z[i] = zi - lr * gn

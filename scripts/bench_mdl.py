@@ -270,7 +270,7 @@ def main() -> None:
     p.add_argument("--engine", default="auto", help="ours: auto (loop on CPU, stacked on GPU) | loop | stacked")
     p.add_argument("--workers", default="auto", help="ours: training.workers (auto | N)")
     p.add_argument("--fused", action="store_true",
-                   help="also measure ours with training.fused_optimizer=true (compiled optimizer step)")
+                   help="also measure ours with training.fused_optimizer=true (one-kernel optimizer step)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.device == "auto":

@@ -137,11 +137,13 @@ class FlatScheduleFree:
                 raise ValueError("fused_optimizer supports schedule-free AdamW with r=0, from its first step")
         self.params = params
         self.update = update_fn(backend, next(iter(params[0].values())).device)
-        self.z: list[Tensor | None] = [None] * len(groups)
-        self.v: list[Tensor] = []
-        self.y: list[Tensor] = []
-        self.g: list[Tensor] = []
-        self.spans: list[list[tuple[int, int]]] = []  # per group, per member: its [start, end) in the buffer
+        # Set by _pack, per group: y (params), g (grads), z (None until the first step), v, and per member
+        # its [start, end) in the buffers.
+        self.y: list[Tensor]
+        self.g: list[Tensor]
+        self.z: list[Tensor | None]
+        self.v: list[Tensor]
+        self.spans: list[list[tuple[int, int]]]
         self._pack([[p[n].detach() for p in params for n in names] for names, _ in groups], None, None)
         self.train_mode = False
 
@@ -224,13 +226,18 @@ class FlatScheduleFree:
         self._pack(ys, zs, vs)
 
 
+def fused_requested(flag: bool | str | None) -> bool:
+    """Whether a `training.fused_optimizer` value asks for the flat kernel (false/none/"" do not)."""
+    return str(flag).lower() not in ("false", "none", "")
+
+
 def make_member_optim(kind: str, opt_cls: type[torch.optim.Optimizer], groups: Groups,
                       params: list[dict[str, Tensor]]) -> LibraryOptim | FlatScheduleFree:
     """`training.fused_optimizer`: false → the library's step; true → the flat kernel (numba on CPU, torch.compile
     on GPU); or a kernel by name (numba | compile | eager)."""
-    kind = kind.lower()
-    if kind in ("false", "none", ""):
+    if not fused_requested(kind):
         return LibraryOptim(opt_cls, groups, params)
+    kind = kind.lower()
     if kind == "true":
         kind = "numba" if next(iter(params[0].values())).device.type == "cpu" else "compile"
     if kind not in BACKENDS:

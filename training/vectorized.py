@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from training.batches import DeviceData, augment_pad, draw_epoch
 from training.engines import LoopEngine, StackedEngine, ValSet
 from training.fit import FitConfig, FitResult, Regularizer
+from training.flat_optim import fused_requested
 
 ENGINES = ("auto", "loop", "stacked")
 
@@ -89,12 +90,12 @@ def fit_group(
     `training.engines.compile_mode` ("reduce-overhead" = CUDA graphs on GPU). `regularizer` (as in `fit`):
     loop engine only. `workers` (CPU, loop engine): split the members over this many threads, each a
     lockstep group on its own core (see `resolve_workers`); the numbers do not change. `fused_optimizer`
-    (loop engine): one compiled kernel for the optimizer step (training/flat_optim.py).
+    (loop engine): the optimizer step as one kernel over flat buffers (training/flat_optim.py).
     """
     if not members:
         return []
     kind = resolve_engine(engine, data.device)
-    if kind == "stacked" and str(fused_optimizer).lower() not in ("false", "none", ""):
+    if kind == "stacked" and fused_requested(fused_optimizer):
         raise ValueError("training.fused_optimizer applies to the loop engine (the stacked engine already steps "
                          "all members with a few batched kernels); set training.engine=loop or drop it")
     n_workers = resolve_workers(workers, data.device, kind, len(members))
@@ -128,12 +129,12 @@ def resolve_workers(workers: int | str, device: torch.device, engine: str, n_mem
 def balanced_parts(costs: Sequence[float], n: int) -> list[list[int]]:
     """Indices split into at most n parts of about equal summed cost: largest first to the lightest part,
     then single moves and pairwise swaps between parts while they lower the heavier part's load."""
-    parts: list[list[int]] = [[] for _ in range(n)]
-    for k in sorted(range(len(costs)), key=lambda k: (-costs[k], k)):
-        min(parts, key=lambda p: sum(costs[i] for i in p)).append(k)
-
     def load(p: list[int]) -> float:
         return sum(costs[i] for i in p)
+
+    parts: list[list[int]] = [[] for _ in range(n)]
+    for k in sorted(range(len(costs)), key=lambda k: (-costs[k], k)):
+        min(parts, key=load).append(k)
 
     improved = True
     while improved:

@@ -247,3 +247,12 @@ def test_job_parallel_equals_one_at_a_time(tmp_path: Path) -> None:
     assert thr["final"]["val_loss_curve"] == one["final"]["val_loss_curve"]
     stk = run_job(job_config(tmp_path / "stk", [*quick, "training.engine=stacked", "mdl.full_run=false"]))
     assert stk["mdl"]["block_ce_bits"] == pytest.approx(one["mdl"]["block_ce_bits"], rel=LOSS_RTOL)
+
+
+@pytest.mark.parametrize("override, message", [("training.workers=0", "positive integer"),
+                                               ("training.fused_optimizer=maybe", "fused_optimizer must be"),
+                                               ("training.engine=warp", "engine must be")])
+def test_bad_training_options_fail_before_any_data_is_loaded(tmp_path: Path, override: str, message: str) -> None:
+    """cifar10 files are absent here: the option error must come first (nothing loaded or erased in vain)."""
+    with pytest.raises(ValueError, match=message):
+        run_job(job_config(tmp_path, ["dataset=cifar10", f"paths.data_dir={tmp_path}/none", override]))

@@ -226,20 +226,23 @@ class FlatScheduleFree:
         self._pack(ys, zs, vs)
 
 
-def fused_requested(flag: bool | str | None) -> bool:
-    """Whether a `training.fused_optimizer` value asks for the flat kernel (false/none/"" do not)."""
-    return str(flag).lower() not in ("false", "none", "")
+def fused_backend(flag: bool | str | None, device: torch.device) -> str | None:
+    """The kernel a `training.fused_optimizer` value asks for on `device`: None (false/none: the library's
+    step), numba | compile | eager; true → numba on CPU, compile on GPU. Raises on anything else."""
+    kind = str(flag).lower()
+    if kind in ("false", "none", ""):
+        return None
+    if kind == "true":
+        return "numba" if device.type == "cpu" else "compile"
+    if kind not in BACKENDS:
+        raise ValueError(f"training.fused_optimizer must be true, false or one of {BACKENDS}, got {flag!r}")
+    return kind
 
 
 def make_member_optim(kind: str, opt_cls: type[torch.optim.Optimizer], groups: Groups,
                       params: list[dict[str, Tensor]]) -> LibraryOptim | FlatScheduleFree:
-    """`training.fused_optimizer`: false → the library's step; true → the flat kernel (numba on CPU, torch.compile
-    on GPU); or a kernel by name (numba | compile | eager)."""
-    if not fused_requested(kind):
+    """`training.fused_optimizer` (see `fused_backend`): the library's step or the flat kernel."""
+    backend = fused_backend(kind, next(iter(params[0].values())).device)
+    if backend is None:
         return LibraryOptim(opt_cls, groups, params)
-    kind = kind.lower()
-    if kind == "true":
-        kind = "numba" if next(iter(params[0].values())).device.type == "cpu" else "compile"
-    if kind not in BACKENDS:
-        raise ValueError(f"training.fused_optimizer must be true, false or one of {BACKENDS}, got {kind!r}")
-    return FlatScheduleFree(groups, params, backend=kind)
+    return FlatScheduleFree(groups, params, backend=backend)

@@ -26,7 +26,7 @@ from training.regularizers import build_regularizer
 from training.results import RESULT_FILE, atomic_write_json, config_hash, finished_result, read_json
 from training.seeding import generator, seeded_global_rng
 from training.splits import MdlSplit, make_split
-from training.vectorized import Member, OnFinish, fit_group, resolve_engine, why_not_vectorized
+from training.vectorized import Member, OnFinish, check_options, fit_group, resolve_engine, why_not_vectorized
 from training.wandb_logger import RunLogger
 
 log = logging.getLogger(__name__)
@@ -263,6 +263,9 @@ def run_job(cfg: dict[str, Any]) -> dict[str, Any]:
     job_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     device = resolve_device(str(cfg.get("device", "auto")))
+    opts = cfg.get("training") or {}
+    check_options(str(opts.get("engine", "auto")), opts.get("workers", "auto"), opts.get("fused_optimizer", False),
+                  device)
     seed = int(cfg["seed"])
     logger = RunLogger(cfg.get("logger"), cfg, job_dir, run_id=f"{cfg_hash}-s{seed}")
     try:

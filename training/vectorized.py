@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from training.batches import DeviceData, augment_pad, draw_epoch
 from training.engines import LoopEngine, StackedEngine, ValSet
 from training.fit import FitConfig, FitResult, Regularizer
-from training.flat_optim import fused_requested
+from training.flat_optim import fused_backend
 
 ENGINES = ("auto", "loop", "stacked")
 
@@ -94,16 +94,25 @@ def fit_group(
     """
     if not members:
         return []
-    kind = resolve_engine(engine, data.device)
-    if kind == "stacked" and fused_requested(fused_optimizer):
-        raise ValueError("training.fused_optimizer applies to the loop engine (the stacked engine already steps "
-                         "all members with a few batched kernels); set training.engine=loop or drop it")
+    kind = check_options(engine, workers, fused_optimizer, data.device)
     n_workers = resolve_workers(workers, data.device, kind, len(members))
     if n_workers > 1:
         return _fit_threads(members, n_workers, data, y, x_val, y_val, on_finish, progress, compile, kind,
                             regularizer, fused_optimizer)
     return _fit_lockstep(members, data, y, x_val, y_val, on_finish, progress, compile, kind, regularizer,
                          fused_optimizer)
+
+
+def check_options(engine: str, workers: int | str, fused_optimizer: bool | str, device: torch.device) -> str:
+    """One clear error for a bad `training.engine` / `workers` / `fused_optimizer` (run_job checks them before
+    any data is loaded); returns the resolved engine."""
+    kind = resolve_engine(engine, device)
+    backend = fused_backend(fused_optimizer, device)
+    if kind == "stacked" and backend is not None:
+        raise ValueError("training.fused_optimizer applies to the loop engine (the stacked engine already steps "
+                         "all members with a few batched kernels); set training.engine=loop or drop it")
+    resolve_workers(workers, device, kind, 1)
+    return kind
 
 
 def resolve_workers(workers: int | str, device: torch.device, engine: str, n_members: int) -> int:

@@ -9,9 +9,9 @@
 """
 
 from . import cache, gradient
-from .api import NAMES, default_options, erase, fit, resolve_options
+from .api import NAMES, data_options, default_options, erase, fit, resolve_options
 from .base import Eraser, load
 from .certificate import certificate
 
-__all__ = ["NAMES", "Eraser", "cache", "certificate", "default_options", "erase", "fit", "gradient", "load",
-           "resolve_options"]
+__all__ = ["NAMES", "Eraser", "cache", "certificate", "data_options", "default_options", "erase", "fit", "gradient",
+           "load", "resolve_options"]

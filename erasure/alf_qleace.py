@@ -21,6 +21,7 @@ from .base import Eraser, base_info, prepare_fit
 from .lanczos import top_abs_eig
 from .leace import leace_factors
 from .moments import class_moments
+from .registry import ERASERS
 
 
 class AlfQleaceEraser(Eraser):
@@ -35,6 +36,7 @@ class AlfQleaceEraser(Eraser):
         return self.state["mean"] + z - (z @ v) @ v.T
 
 
+@ERASERS.register("alf_qleace", family="quadratic", kind="map")
 def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, target: float = 0.9,
                    max_rank: int | None = None, lanczos_steps: int = 64, eig_rtol: float = 1e-8,
                    leace_rtol: float | None = None, seed: int = 0) -> AlfQleaceEraser:

@@ -11,27 +11,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .alf_qleace import fit_alf_qleace
 from .base import Eraser
-from .control import fit_control
-from .gradient import DEFAULTS as GRADIENT_DEFAULTS
-from .gradient import erase_dataset
-from .leace import fit_leace
-from .qleace import fit_qleace
-from .random_projection import fit_random
+from .registry import ERASERS
 
-FITTERS: dict[str, Callable[..., Eraser]] = {
-    "control": fit_control, "leace": fit_leace, "qleace": fit_qleace, "alf_qleace": fit_alf_qleace,
-    "random": fit_random,
-}
-NAMES: tuple[str, ...] = (*FITTERS, "gradient")
+NAMES: tuple[str, ...] = tuple(ERASERS.names())
 
 
 def default_options(name: str) -> dict[str, Any]:
-    """Every option of eraser `name` with its default (what conf/eraser/<name>.yaml lists)."""
-    if name == "gradient":
-        return dict(GRADIENT_DEFAULTS)
-    params = inspect.signature(_fitter(name)).parameters.values()
+    """Every option of eraser `name` with its default (what conf/eraser/<name>.yaml lists): the entry's
+    `defaults` metadata, else the fitter's keyword-only parameters."""
+    entry = ERASERS.entry(name)
+    if "defaults" in entry.meta:
+        return dict(entry.meta["defaults"])
+    params = inspect.signature(entry.obj).parameters.values()
     return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name != "rank_hint"}
 
 
@@ -43,13 +35,24 @@ def resolve_options(name: str, options: Mapping[str, Any] | None = None) -> dict
     return {**default_options(name), **opts}
 
 
+def data_options(name: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`resolve_options` without the options that do not change the erased data (the entry's
+    `runtime_options`, e.g. a progress bar or the device): what the cache key and the job hash see."""
+    runtime = set(ERASERS.meta(name).get("runtime_options", ()))
+    return {k: v for k, v in resolve_options(name, options).items() if k not in runtime}
+
+
 def _fitter(name: str) -> Callable[..., Eraser]:
-    if name == "gradient":
-        raise ValueError("'gradient' edits a dataset and has no reusable eraser: use erasure.erase('gradient', "
-                         "x, y, options) or erasure.gradient.erase_dataset(x, y)")
-    if name not in FITTERS:
+    if name not in ERASERS:
         raise ValueError(f"unknown eraser {name!r}; choose one of {list(NAMES)}")
-    return FITTERS[name]
+    if ERASERS.meta(name)["kind"] != "map":
+        raise ValueError(f"{name!r} edits a dataset and has no reusable eraser: use erasure.erase({name!r}, x, y, "
+                         "options)")
+    return ERASERS.get(name)
+
+
+def _takes_rank_hint(name: str) -> bool:
+    return "rank_hint" in inspect.signature(ERASERS.get(name)).parameters
 
 
 def _check_options(name: str, options: Mapping[str, Any], extra: tuple[str, ...] = ()) -> None:
@@ -61,7 +64,7 @@ def _check_options(name: str, options: Mapping[str, Any], extra: tuple[str, ...]
 def fit(name: str, x: Tensor | np.ndarray, y: Tensor | np.ndarray, **options: Any) -> Eraser:
     """Fit eraser `name` (control, leace, qleace, alf_qleace, random) on x (n, d) or (n, C, H, W) and y."""
     fitter = _fitter(name)
-    _check_options(name, options, ("rank_hint",) if name == "random" else ())
+    _check_options(name, options, ("rank_hint",) if _takes_rank_hint(name) else ())
     return fitter(x, y, **options)
 
 
@@ -69,15 +72,16 @@ def erase(name: str, x: Tensor | np.ndarray, y: Tensor | np.ndarray, options: Ma
           rank_hint: int | None = None) -> tuple[Tensor, dict[str, Any]]:
     """Erased copy of x (same shape and dtype) and the report, for any of NAMES (including gradient).
 
-    rank_hint: for `random` without an explicit `rank`, the rank to remove (the ALF-QLEACE rank).
+    rank_hint: for an eraser that takes one (`random`) without an explicit `rank`, the rank to remove (the
+    ALF-QLEACE rank).
     """
     opts = dict(options or {})
     t0 = time.perf_counter()
-    if name == "gradient":
+    if name in ERASERS and ERASERS.meta(name)["kind"] == "edit":
         _check_options(name, opts)
-        out, report = erase_dataset(x, y, return_report=True, **opts)
+        out, report = ERASERS.get(name)(x, y, return_report=True, **opts)
     else:
-        if name == "random":
+        if name in ERASERS and _takes_rank_hint(name):
             opts["rank_hint"] = rank_hint
         eraser = fit(name, x, y, **opts)
         xt = torch.as_tensor(x)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -12,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .files import atomic_write
 from .moments import check_labels, flatten_features
 
 FORMAT = "erasure-mdl/eraser-v1"
@@ -83,14 +83,7 @@ class Eraser:
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"format": FORMAT, "name": self.name, "info": self.info,
                    "state": {k: v.detach().cpu() for k, v in self.state.items()}}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            torch.save(payload, tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        atomic_write(path, lambda tmp: torch.save(payload, tmp))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(d={self.dim}, k={self.info.get('k')})"

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,8 @@ import numpy as np
 import torch
 from filelock import FileLock
 from torch import Tensor
+
+from .files import atomic_write, atomic_write_text
 
 log = logging.getLogger(__name__)
 CACHE_FORMAT = 1
@@ -88,37 +89,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _write_text(path: Path, text: str) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-
-    _atomic_write(path, write)
-
-
 def _store(entry: Path, key: Mapping[str, Any], x: Tensor, report: dict[str, Any]) -> None:
     if entry.exists():
         shutil.rmtree(entry)
     entry.mkdir(parents=True)
-    _atomic_write(entry / "data.pt", lambda tmp: torch.save(x.detach().cpu().contiguous(), tmp))
-    _write_text(entry / "report.json", json.dumps(report, indent=1, default=str))
+    atomic_write(entry / "data.pt", lambda tmp: torch.save(x.detach().cpu().contiguous(), tmp))
+    atomic_write_text(entry / "report.json", json.dumps(report, indent=1, default=str))
     manifest = {"format": CACHE_FORMAT, "code_version": code_version(), "key": canonical(key),
                 "shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""),
                 "sha256": {"data.pt": _sha256(entry / "data.pt"), "report.json": _sha256(entry / "report.json")}}
-    _write_text(entry / "manifest.json", json.dumps(manifest, indent=1))
+    atomic_write_text(entry / "manifest.json", json.dumps(manifest, indent=1))
 
 
 def _load(entry: Path) -> tuple[Tensor, dict[str, Any]] | None:

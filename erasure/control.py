@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .base import Eraser, base_info, prepare_fit
+from .registry import ERASERS
 
 
 class ControlEraser(Eraser):
@@ -18,6 +19,7 @@ class ControlEraser(Eraser):
         return x64
 
 
+@ERASERS.register("control", family="control", kind="map")
 def fit_control(x: Tensor | np.ndarray, y: Tensor | np.ndarray) -> ControlEraser:
     x64, labels, flat, k = prepare_fit(x, y)
     info: dict[str, Any] = base_info("control", flat, k, torch.bincount(labels, minlength=k).cpu(), {})

@@ -19,9 +19,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .moments import check_labels, flatten_features, sym
+from .registry import ERASERS
 
 DEFAULTS: dict[str, Any] = {"w_mean": 0.01, "w_cov": 0.01, "w_mse": 1.0, "iterations": 100, "history_size": 10,
                             "logit_eps": 1e-3, "dtype": "float64", "device": "auto", "progress": True}
+RUNTIME_OPTIONS = ("device", "progress")  # where and how visibly it runs: not part of the cache key or job hash
 
 
 @overload
@@ -124,3 +126,7 @@ def _loss(x: Tensor, x0: Tensor, mu: Tensor, sigma: Tensor, o: dict[str, Any]) -
     stats = {"loss": float(loss), "mean_gap": float(mean_term) / scale,
              "cov_gap": float(cov_term) / (float(torch.linalg.matrix_norm(sigma)) or 1.0), "mse": float(mse)}
     return loss, stats
+
+
+ERASERS.add("gradient", erase_dataset, family="quadratic", kind="edit", defaults=DEFAULTS,
+            runtime_options=RUNTIME_OPTIONS)

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from .base import Eraser, base_info, prepare_fit
 from .moments import EPS64, class_moments, eigh_desc, numerical_rank
+from .registry import ERASERS
 
 
 class LeaceEraser(Eraser):
@@ -65,6 +66,7 @@ def _col_basis(a: Tensor) -> tuple[Tensor, Tensor]:
     return u[:, keep], s[keep]
 
 
+@ERASERS.register("leace", family="linear", kind="map")
 def fit_leace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, method: Literal["leace", "orth"] = "leace",
               rtol: float | None = None) -> LeaceEraser:
     """Fit LEACE in float64. `rtol`: eigenvalues of Σ_xx below rtol·max are treated as zero (default d·eps)."""

@@ -30,6 +30,7 @@ from torch import Tensor
 from .barycenter import barycenter
 from .base import Eraser, base_info, prepare_fit
 from .moments import class_moments, eigh_desc, numerical_rank
+from .registry import ERASERS
 
 
 class QleaceEraser(Eraser):
@@ -58,6 +59,7 @@ class QleaceEraser(Eraser):
         return b @ self.state["barycenter"] @ b.T
 
 
+@ERASERS.register("qleace", family="quadratic", kind="map")
 def fit_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, tol: float = 1e-8, max_iter: int = 100,
                anderson: int = 2, rank_deficient: Literal["truncate", "ridge"] = "truncate",
                class_rtol: float = 1e-7, ridge: float = 1e-6, support_rtol: float = 1e-10) -> QleaceEraser:

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .base import Eraser, base_info, prepare_fit
+from .registry import ERASERS
 
 
 class RandomEraser(Eraser):
@@ -22,6 +23,7 @@ class RandomEraser(Eraser):
         return x64 - (z @ v) @ v.T
 
 
+@ERASERS.register("random", family="linear", kind="map")
 def fit_random(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, rank: int | None = None, seed: int = 0,
                rank_hint: int | None = None) -> RandomEraser:
     """rank: dimensions to remove; None uses `rank_hint` (the ALF-QLEACE rank of the same data, passed by

@@ -81,7 +81,7 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _settings(cfg: dict[str, Any]) -> str:
-    from training.results import NON_SEMANTIC_KEYS
+    from training.app.results import NON_SEMANTIC_KEYS
 
     flat = _flatten({k: v for k, v in cfg.items() if k not in NON_SEMANTIC_KEYS})
     return json.dumps({k: v for k, v in flat.items() if k not in SHOWN}, sort_keys=True, default=str)
@@ -190,8 +190,8 @@ def collect_dir(root: Path) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
 
 def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
     """Exactly the jobs of a preset, in launch order; jobs without a matching result are listed as such."""
-    from training.results import config_hash
-    from training.sweeps import expand
+    from training.app.results import config_hash
+    from training.app.sweeps import expand
 
     cfgs = expand(name, extra)
     out_dirs = {Path(c["paths"]["out_dir"]) for c in cfgs}

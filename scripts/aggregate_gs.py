@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.starvation import method_name  # noqa: E402
+from training.starvation.common import method_name  # noqa: E402
 
 GS_TASKS = ("gs_two_moons", "gs_colored_mnist", "gs_erased_eval")
 PAPER_CMNIST = {"ERM (paper, 60k MNIST)": (91.1, 23.7), "SD (paper, 60k MNIST)": (70.0, 68.4)}

@@ -44,7 +44,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import erasure
-    from training.pipeline import run_job
+    from training.mdl.job import run_job
 
     fits = 0
     real_erase = erasure.erase
@@ -54,7 +54,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         fits += 1
         return real_erase(*a, **k)
 
-    erasure.erase = counting_erase  # training.erase_step imports it at call time
+    erasure.erase = counting_erase  # training.data.erase imports it at call time
     cfg = job_config(Path(args.out), [f"dataset={args.dataset}", f"eraser={args.eraser}", "mdl=quick",
                                       "mdl.max_epochs=1", "mdl.full_run=false", "certificate=false",
                                       f"paths.cache_dir={args.cache}", f"device={args.device}", "force=true"])

@@ -85,10 +85,10 @@ LABELS = {"ours": "ours (default config)", "fused": "ours + training.fused_optim
 
 def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> list[float]:
     """All block models of all seeds in one vectorised group, each with its own seed's split and validation."""
-    from training.fit import cross_entropy_sum
-    from training.pipeline import Trainer
-    from training.splits import make_split
-    from training.vectorized import fit_group
+    from training.engine.fit import cross_entropy_sum
+    from training.engine.group import fit_group
+    from training.mdl.job import Trainer
+    from training.mdl.splits import make_split
 
     members, coded = [], []
     data = y_dev = None
@@ -115,9 +115,9 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
 
 def run_naive(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> list[float]:
     from models import build_model, make_optimizer
-    from training.augment import crop_flip
-    from training.seeding import generator, seeded_global_rng
-    from training.splits import make_split
+    from training.engine.augment import crop_flip
+    from training.engine.seeding import generator, seeded_global_rng
+    from training.mdl.splits import make_split
 
     x, y = x.to(device), y.to(device)
     augment = image_shape(args.d)[0] == 3
@@ -200,9 +200,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
 def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict[str, Any]:
     """Time to read the float32 data once on the device, to copy it host→device, and one MLP-128 epoch."""
-    from training.pipeline import Trainer
-    from training.splits import make_split
-    from training.vectorized import fit_group
+    from training.engine.group import fit_group
+    from training.mdl.job import Trainer
+    from training.mdl.splits import make_split
 
     def timed(fn: Any, reps: int = 5) -> float:
         fn()

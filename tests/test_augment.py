@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from training.augment import PAD_VALUE, apply_crop_flip, crop_flip, default_pad, draw_crop_flip
+from training.engine.augment import PAD_VALUE, apply_crop_flip, crop_flip, default_pad, draw_crop_flip
 
 
 def _reference(img: torch.Tensor, dy: int, dx: int, flip: bool, pad: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch
 
 from tests.helpers import job_config
 from training.data import load_dataset
-from training.data.toy import colored_mnist, fig3_variants, make_environment
+from training.data.colored_mnist import colored_mnist, fig3_variants, make_environment
 
 CFG = {"name": "colored_mnist", "source": "mnist5k", "n_test": 1000, "label_noise": 0.25, "color_flip": [0.2, 0.1],
        "test_color_flip": 0.9, "data_seed": 0, "limit": None}
@@ -76,7 +76,7 @@ def test_registry_pools_training_environments_and_is_deterministic(envs) -> None
 
 
 def test_task_reports_accuracy_and_fig3(tmp_path: Path) -> None:
-    from training.tasks import get_task
+    from training.app.tasks import get_task
 
     cfg = job_config(tmp_path, ["experiment=gs_colored_mnist", "gs.steps=12", "gs.hidden=16", "gs.eval_every=5",
                                 "regularizer.start_step=6"])

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from training.augment import crop_flip
 from training.data import DatasetMissingError, load_dataset
+from training.engine.augment import crop_flip
 
 
 def _check(d, n: int, shape: tuple[int, int, int], k: int = 10) -> None:

@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from training.sweeps import CONF_DIR, expand, presets, sweep_overrides, sweeper_params
+from training.app.sweeps import CONF_DIR, expand, presets, sweep_overrides, sweeper_params
 
 PAPER = ["paper_table_c", "paper_fig4_width", "paper_fig4_depth", "paper_fig5_width", "paper_fig5_depth",
          "paper_fig6_7_width", "paper_fig6_7_depth", "paper_fig8_width", "paper_fig8_depth", "paper_fig16"]
@@ -100,7 +100,7 @@ def test_the_default_launcher_is_local() -> None:
         for name in ("smoke", "paper_table_c"):
             cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
             assert cfg.hydra.launcher._target_.endswith("BasicLauncher")
-            assert cfg.hydra.callbacks.job_status._target_ == "training.callbacks.JobStatusCallback"
+            assert cfg.hydra.callbacks.job_status._target_ == "training.app.ledger.JobStatusCallback"
 
 
 @pytest.mark.slow

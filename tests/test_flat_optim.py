@@ -13,8 +13,8 @@ from torch import Tensor
 
 from models import make_optimizer
 from tests.test_vectorized import _models
-from training.engines import check_same_groups
-from training.flat_optim import FlatScheduleFree, LibraryOptim, cpu_compiler, make_member_optim
+from training.engine.backends import check_same_groups
+from training.engine.flat_optim import FlatScheduleFree, LibraryOptim, cpu_compiler, make_member_optim
 
 RTOL = 1e-5  # on max |a - b| / max |a| per tensor; measured <= 3e-7
 
@@ -123,7 +123,7 @@ def test_bad_flag_and_step_in_eval_mode() -> None:
 
 def test_missing_compiler_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     (models, groups, cls), _ = _pair(1)
-    monkeypatch.setattr("training.flat_optim.cpu_compiler", lambda: None)
+    monkeypatch.setattr("training.engine.flat_optim.cpu_compiler", lambda: None)
     with pytest.raises(RuntimeError, match="C\\+\\+ compiler"):
         make_member_optim("compile", cls, groups, [dict(m.named_parameters()) for m in models])
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import job_config
-from training.sweeps import expand
+from training.app.sweeps import expand
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -47,7 +47,7 @@ QUICK_EVAL = ["experiment=gs_sd_erasure", "task=gs_erased_eval", "dataset=digits
 
 
 def test_erased_eval_control_is_a_noop_and_leace_reports_gaps(tmp_path: Path) -> None:
-    from training.tasks import get_task
+    from training.app.tasks import get_task
 
     task = get_task("gs_erased_eval")
     control = job_config(tmp_path, [*QUICK_EVAL, "eraser=control"])
@@ -74,7 +74,7 @@ def _fake_mdl(eraser: str, reg: str, seed: int, bits: float) -> dict:
 def test_aggregate_tables_and_standalone_run(tmp_path: Path, capsys) -> None:
     import aggregate_gs
 
-    from training.tasks import get_task
+    from training.app.tasks import get_task
 
     results = [get_task("gs_two_moons")(job_config(tmp_path, ["experiment=gs_two_moons", f"seed={s}",
                                                                 f"regularizer.lam={lam}", "gs.steps=20",

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from training.mdl import cumulative, legacy_mdl, paper_code, partition_logspace, prequential_code
-from training.splits import make_split
+from training.mdl.code import cumulative, legacy_mdl, paper_code, partition_logspace, prequential_code
+from training.mdl.splits import make_split
 
 
 def test_hand_computed_code() -> None:
@@ -68,7 +68,7 @@ def test_split_is_nested_disjoint_and_seeded() -> None:
 
 
 def test_config_hash_ignores_where_and_how_but_not_what() -> None:
-    from training.results import config_hash
+    from training.app.results import config_hash
 
     base = {"seed": 0, "dataset": {"name": "digits"}, "paths": {"out_dir": "a"}, "training": {"engine": "loop"}}
     assert config_hash(base) == config_hash({**base, "paths": {"out_dir": "b"}, "training": {"engine": "stacked"},

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from tests.helpers import job_config
-from training.pipeline import PROGRESS_FILE, Trainer, run_job
-from training.sweeps import expand
+from training.app.sweeps import expand
+from training.mdl.job import PROGRESS_FILE, Trainer, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}

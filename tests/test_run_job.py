@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tests.helpers import job_config
-from training.pipeline import PROGRESS_FILE, run_job
-from training.results import ConfigMismatchError
+from training.app.results import ConfigMismatchError
+from training.mdl.job import PROGRESS_FILE, run_job
 
 QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=8", "optim.warmup_steps=10"]
 
@@ -87,7 +87,7 @@ def test_cli_single_job(tmp_path: Path) -> None:
 
 def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
     from training.data import load_dataset
-    from training.pipeline import erase_maybe_zscored
+    from training.mdl.job import erase_maybe_zscored
 
     cfg = job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"])
     data = load_dataset(cfg["dataset"])
@@ -105,7 +105,7 @@ def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
 def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) -> None:
     from erasure.cache import key_hash
     from training.data import load_dataset
-    from training.erase_step import _cache_key, alf_rank, apply_eraser
+    from training.data.erase import _cache_key, alf_rank, apply_eraser
 
     cfg = job_config(tmp_path, [*QUICK, "eraser=alf_qleace"])
     data = load_dataset(cfg["dataset"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from models import build_model, make_optimizer
-from training.fit import FitConfig, cross_entropy_sum, eval_mode, fit
+from training.engine.fit import FitConfig, cross_entropy_sum, eval_mode, fit
 
 
 def _setup():
@@ -54,7 +54,7 @@ def test_fit_validates_with_averaged_weights() -> None:
 
 def test_temperature_fit_recovers_a_known_scale() -> None:
     """Logits that are 3x too confident: the fitted temperature undoes it (close to 3)."""
-    from training.fit import fit_temperature
+    from training.engine.fit import fit_temperature
 
     torch.manual_seed(0)
     x = torch.randn(4000, 5)

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import job_config
-from training.fit import FitConfig, cross_entropy_sum, fit
-from training.regularizers import SpectralDecoupling, build_regularizer, sd_penalty, task_loss
-from training.seeding import generator, seeded_global_rng
+from training.engine.fit import FitConfig, cross_entropy_sum, fit
+from training.engine.regularizers import SpectralDecoupling, build_regularizer, sd_penalty, task_loss
+from training.engine.seeding import generator, seeded_global_rng
 
 LOGITS = torch.tensor([[1.0, 2.0], [-1.0, 0.0]], dtype=torch.float64)
 Y = torch.tensor([0, 1])
@@ -104,7 +104,7 @@ def test_early_stopping_sees_plain_cross_entropy() -> None:
 
 
 def test_mdl_job_with_sd_and_temperature(tmp_path: Path) -> None:
-    from training.pipeline import run_job
+    from training.mdl.job import run_job
 
     quick = ["dataset=digits", "mdl=quick", "mdl.max_epochs=4", "mdl.num_blocks=3", "optim.warmup_steps=10",
              "certificate=false", "mdl.full_run=false", "arch.width=32", "mdl.calibrate_temperature=true"]

@@ -10,8 +10,8 @@ import pytest
 
 from tests.helpers import job_config
 from training.data import load_dataset
-from training.data.toy import two_moons
-from training.starvation_geometry import geometry
+from training.data.moons import two_moons
+from training.starvation.geometry import geometry
 
 MOONS = {"name": "two_moons", "n": 300, "n_test": 500, "noise": 0.1, "margin": 0.1, "data_seed": 0}
 
@@ -51,7 +51,7 @@ def test_geometry_of_a_line_and_a_circle() -> None:
 
 
 def _job(tmp_path: Path, seed: int, lam: float, steps: int = 1000) -> dict:
-    from training.tasks import get_task
+    from training.app.tasks import get_task
 
     cfg = job_config(tmp_path, ["experiment=gs_two_moons", f"seed={seed}", f"regularizer.lam={lam}",
                                 f"gs.steps={steps}", "gs.grid.n=201"])

@@ -19,12 +19,12 @@ from torch import Tensor
 
 from models import build_model, make_optimizer
 from tests.helpers import job_config
-from training.batches import DeviceData, compact
-from training.fit import FitConfig, cross_entropy_sum, fit
-from training.flat_optim import cpu_compiler
-from training.pipeline import run_job
-from training.seeding import generator, seeded_global_rng
-from training.vectorized import Member, balanced_parts, fit_group, resolve_engine, resolve_workers, why_not_vectorized
+from training.engine.batches import DeviceData, compact
+from training.engine.fit import FitConfig, cross_entropy_sum, fit
+from training.engine.flat_optim import cpu_compiler
+from training.engine.group import Member, balanced_parts, fit_group, resolve_engine, resolve_workers, why_not_vectorized
+from training.engine.seeding import generator, seeded_global_rng
+from training.mdl.job import run_job
 
 # (loss rtol, parameter tol / scale) of the stacked engine; the loop engine must be exact.
 TOL = {torch.float32: (1e-5, 1e-4), torch.float64: (1e-12, 1e-10), "exact": (0.0, 0.0)}

@@ -1,5 +1,5 @@
 """Training side of erasure-mdl: data, fit loop, prequential MDL, the Hydra entrypoint."""
 
-from training.conf_resolvers import register as _register_resolvers
+from training.app.resolvers import register as _register_resolvers
 
 _register_resolvers()

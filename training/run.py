@@ -10,8 +10,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from training.results import ConfigMismatchError
-from training.tasks import get_task
+from training.app.results import ConfigMismatchError
+from training.app.tasks import get_task
 
 log = logging.getLogger("training.run")
 

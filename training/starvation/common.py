@@ -1,4 +1,4 @@
-"""Gradient Starvation tasks (Pezeshki et al. 2021), registered with `training.tasks` on import.
+"""Gradient Starvation tasks (Pezeshki et al. 2021), registered with `training.app.tasks` on import.
 
     task=gs_two_moons      2-layer ReLU net, full-batch SGD on two moons: accuracy, margin, boundary shape
     task=gs_colored_mnist  2×300 MLP, full-batch Adam on Colored MNIST: accuracy and the Fig. 3 probes
@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.devices import resolve_device
-from training.results import RESULT_FILE, atomic_write_json, config_hash, finished_result
-from training.tasks import register_task
+from erasure.files import atomic_write_json
+from training.app.results import RESULT_FILE, config_hash, finished_result
+from training.engine.devices import resolve_device
 
 log = logging.getLogger(__name__)
 Body = Callable[[dict[str, Any], Path, torch.device], dict[str, Any]]
@@ -79,30 +79,3 @@ def paper_mlp(in_features: int, hidden: int, depth: int, out: int, init: str = "
     elif init != "default":
         raise ValueError(f"gs.init must be default or xavier, got {init!r}")
     return nn.Sequential(nn.Flatten(), *layers)
-
-
-def _two_moons(cfg: dict[str, Any]) -> dict[str, Any]:
-    from training.starvation_moons import run
-
-    return run_task(cfg, ("dataset", "regularizer", "gs"), run)
-
-
-def _colored_mnist(cfg: dict[str, Any]) -> dict[str, Any]:
-    from training.starvation_cmnist import run
-
-    return run_task(cfg, ("dataset", "regularizer", "gs"), run)
-
-
-def _erased_eval(cfg: dict[str, Any]) -> dict[str, Any]:
-    from training.starvation_erasure import run
-
-    if cfg["eraser"]["name"] == "control":
-        log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
-                 "original held-out metrics); no job written to %s", cfg["paths"]["job_dir"])
-        return {}
-    return run_task(cfg, ("dataset", "eraser", "arch", "optim", "mdl", "regularizer", "gs"), run)
-
-
-register_task("gs_two_moons", _two_moons)
-register_task("gs_colored_mnist", _colored_mnist)
-register_task("gs_erased_eval", _erased_eval)

@@ -10,18 +10,21 @@ from typing import Any
 
 import torch
 
+from erasure import resolve_options
+from erasure.files import atomic_write_json, read_json
+from erasure.registry import ERASERS
 from training.data import LoadedData
-from training.results import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 
 
 def _cache_key(data: LoadedData, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Dataset identity + eraser + its options with defaults filled in (so `{}` and the yaml's defaults agree)."""
-    from erasure import resolve_options
+    """Dataset identity + eraser + the options that change the erased data, defaults filled in (so `{}` and the
+    yaml's defaults agree, and a progress bar or the device never forces a refit)."""
+    from erasure import data_options
 
     return {"dataset": data.name, "content": data.content_hash(), "eraser": name,
-            "options": resolve_options(name, dict(options))}
+            "options": data_options(name, dict(options))}
 
 
 def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
@@ -72,17 +75,18 @@ def apply_eraser(data: LoadedData, eraser_cfg: Mapping[str, Any], cache_dir: Pat
     options = dict(eraser_cfg.get("options") or {})
     t0 = time.perf_counter()
     info: dict[str, Any] = {"name": name, "options": options}
-    if name == "control":
+    identity = ERASERS.meta(name)["family"] == "control"
+    if identity:
         x, info["report"], info["cache_hit"] = data.x, {"rank_removed": 0}, None
     else:
         rank_hint = None
-        if name == "random" and options.get("rank") is None:
+        if resolve_options(name, options).get("rank", 0) is None:  # a rank-matched baseline: ALF-QLEACE's rank
             rank_hint = alf_rank(data, cache_dir)
         x, info["report"], info["cache_hit"] = _erase_cached(data, name, options, cache_dir, rank_hint)
         log.info("eraser %s: %s", name, "cache hit" if info["cache_hit"] else "fitted and cached")
     info["seconds"] = time.perf_counter() - t0
     if with_certificate:
         before = certify_original(data, cache_dir)
-        after = before if name == "control" else certify(x, data.y)
+        after = before if identity else certify(x, data.y)
         info["certificate"] = {"before": before, "after": after}
     return x, info

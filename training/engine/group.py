@@ -1,7 +1,7 @@
 """Many independent models trained in lockstep: the block models of an MDL sweep and/or several seeds.
 
 Each member keeps its own init, training subset, batch order, augmentation stream, schedule-free state and
-early stopping, exactly as `training.fit.fit` would train it alone (it draws the same `draw_epoch` streams).
+early stopping, exactly as `training.engine.fit.fit` would train it alone (it draws the same `draw_epoch` streams).
 One step takes one batch per live member: the batches of all members are gathered, cropped/flipped and
 decoded in one go; a member whose epoch ends is validated (eval mode), and one that early-stops leaves the
 group. How the step's arithmetic is shared is the engine's business (training/engines.py): `loop` (bitwise
@@ -22,10 +22,10 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from training.batches import DeviceData, augment_pad, draw_epoch
-from training.engines import LoopEngine, StackedEngine, ValSet
-from training.fit import FitConfig, FitResult, Regularizer
-from training.flat_optim import fused_backend
+from training.engine.backends import LoopEngine, StackedEngine, ValSet
+from training.engine.batches import DeviceData, augment_pad, draw_epoch
+from training.engine.fit import FitConfig, FitResult, Regularizer
+from training.engine.flat_optim import fused_backend
 
 ENGINES = ("auto", "loop", "stacked")
 
@@ -83,11 +83,11 @@ def fit_group(
     workers: int | str = 1,
     fused_optimizer: bool | str = False,
 ) -> list[FitResult]:
-    """Train all members at once; each ends as `training.fit.fit` would (best state loaded, eval mode).
+    """Train all members at once; each ends as `training.engine.fit.fit` would (best state loaded, eval mode).
 
     Validation on the shared (x_val, y_val), or, when those are None, on each member's `val_idx`.
     `on_finish(k, model, result)` is called as member k ends (members end in any order). `compile`: see
-    `training.engines.compile_mode` ("reduce-overhead" = CUDA graphs on GPU). `regularizer` (as in `fit`):
+    `training.engine.backends.compile_mode` ("reduce-overhead" = CUDA graphs on GPU). `regularizer` (as in `fit`):
     loop engine only. `workers` (CPU, loop engine): split the members over this many threads, each a
     lockstep group on its own core (see `resolve_workers`); the numbers do not change. `fused_optimizer`
     (loop engine): the optimizer step as one kernel over flat buffers (training/flat_optim.py).

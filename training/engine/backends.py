@@ -2,7 +2,7 @@
 
 * `LoopEngine`: the members' own modules, one forward per member on its slice of the shared batch, one
   backward over the summed losses and **one** optimizer step over all members' parameters (foreach kernels).
-  Every kernel sees exactly the shapes it sees in `training.fit.fit`, so the numbers are bitwise those of
+  Every kernel sees exactly the shapes it sees in `training.engine.fit.fit`, so the numbers are bitwise those of
   sequential training. Best on CPU, where batched matmuls are slower than a loop of plain ones.
 * `StackedEngine`: parameters stacked per name (M, *shape); the model's forward under `torch.func.vmap` +
   `functional_call` (Linear → batched matmul, Conv → grouped conv), so one step is one set of kernels for
@@ -26,10 +26,10 @@ from mup import MuReadout
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from training.fit import Regularizer, cross_entropy_sum, snapshot
-from training.flat_optim import carry_scalars, make_member_optim
+from training.engine.fit import Regularizer, cross_entropy_sum, snapshot
+from training.engine.flat_optim import carry_scalars, make_member_optim
 
-VAL_CHUNK = 1024  # as training.fit.predict_logits
+VAL_CHUNK = 1024  # as training.engine.fit.predict_logits
 
 
 def EVAL_W(beta1: float) -> float:  # noqa: N802 - schedule-free eval(): p.lerp_(z, 1 - 1/β1) maps y → x

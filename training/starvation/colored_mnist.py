@@ -14,10 +14,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from training.data.toy import colored_mnist, fig3_variants, pooled
-from training.regularizers import build_regularizer, task_loss
-from training.seeding import seeded_global_rng
-from training.starvation import paper_mlp
+from training.app.tasks import TASKS
+from training.data.colored_mnist import colored_mnist, fig3_variants, pooled
+from training.engine.regularizers import build_regularizer, task_loss
+from training.engine.seeding import seeded_global_rng
+from training.starvation.common import paper_mlp, run_task
 
 log = logging.getLogger(__name__)
 
@@ -68,3 +69,8 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
     log.info("seed %d: train acc %.3f, test acc %.3f; fig3 %s", seed, out["train"]["acc"], out["test"]["acc"],
              {k: round(v["acc"], 3) for k, v in out["fig3"].items()})
     return out
+
+
+@TASKS.register("gs_colored_mnist")
+def task(cfg: dict[str, Any]) -> dict[str, Any]:
+    return run_task(cfg, ("dataset", "regularizer", "gs"), run)

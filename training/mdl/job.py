@@ -16,18 +16,21 @@ from typing import Any
 
 import torch
 
-from training.batches import DeviceData
+from erasure.files import atomic_write_json, read_json
+from erasure.registry import ERASERS
+from training.app.results import RESULT_FILE, config_hash, finished_result
+from training.app.tasks import TASKS
+from training.app.wandb_logger import RunLogger
 from training.data import LoadedData, load_dataset
-from training.devices import resolve_device
-from training.erase_step import apply_eraser
-from training.fit import FitConfig, FitResult, cross_entropy_sum, fit, fit_temperature
-from training.mdl import paper_code, prequential_code
-from training.regularizers import build_regularizer
-from training.results import RESULT_FILE, atomic_write_json, config_hash, finished_result, read_json
-from training.seeding import generator, seeded_global_rng
-from training.splits import MdlSplit, make_split
-from training.vectorized import Member, OnFinish, check_options, fit_group, resolve_engine, why_not_vectorized
-from training.wandb_logger import RunLogger
+from training.data.erase import apply_eraser
+from training.engine.batches import DeviceData
+from training.engine.devices import resolve_device
+from training.engine.fit import FitConfig, FitResult, cross_entropy_sum, fit, fit_temperature
+from training.engine.group import Member, OnFinish, check_options, fit_group, resolve_engine, why_not_vectorized
+from training.engine.regularizers import build_regularizer
+from training.engine.seeding import generator, seeded_global_rng
+from training.mdl.code import paper_code, prequential_code
+from training.mdl.splits import MdlSplit, make_split
 
 log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.json"
@@ -245,7 +248,7 @@ def erase_maybe_zscored(data: LoadedData, cfg: Mapping[str, Any]) -> tuple[torch
     if not cfg["dataset"].get("zscore"):
         return apply_eraser(data, cfg["eraser"], cache_dir, with_certificate=cert)
     standardize = zscore_map(data.x)
-    if cfg["eraser"]["name"] == "gradient":
+    if ERASERS.meta(cfg["eraser"]["name"])["kind"] == "edit":
         x, info = apply_eraser(data, cfg["eraser"], cache_dir, with_certificate=cert)
         info["zscore"] = "after erasure (gradient erasure works in pixel space)"
         return standardize(x), info
@@ -255,6 +258,7 @@ def erase_maybe_zscored(data: LoadedData, cfg: Mapping[str, Any]) -> tuple[torch
     return x, info
 
 
+@TASKS.register("mdl")
 def run_job(cfg: dict[str, Any]) -> dict[str, Any]:
     job_dir = Path(cfg["paths"]["job_dir"])
     cfg_hash = config_hash(cfg)

@@ -14,11 +14,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.data.toy import two_moons
-from training.regularizers import build_regularizer, task_loss
-from training.seeding import seeded_global_rng
-from training.starvation import paper_mlp
-from training.starvation_geometry import Grid, geometry
+from training.app.tasks import TASKS
+from training.data.moons import two_moons
+from training.engine.regularizers import build_regularizer, task_loss
+from training.engine.seeding import seeded_global_rng
+from training.starvation.common import paper_mlp, run_task
+from training.starvation.geometry import Grid, geometry
 
 log = logging.getLogger(__name__)
 BOUNDARY_FILE = "boundary.npz"
@@ -82,7 +83,7 @@ def plot_boundary(path: Path, grid: Grid, x: np.ndarray, y: np.ndarray, title: s
 
 
 def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, Any]:
-    from training.starvation import method_name
+    from training.starvation.common import method_name
 
     x, y = two_moons(cfg["dataset"], "train")
     xt, yt = two_moons(cfg["dataset"], "test")
@@ -99,3 +100,8 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
              test_m["acc"], geo["min_margin"], geo["boundary_turning"])
     return {"train": train_m, "test": test_m, "geometry": geo, "train_loss_curve": curve,
             "files": {"boundary": BOUNDARY_FILE, "plot": "boundary.png"}}
+
+
+@TASKS.register("gs_two_moons")
+def task(cfg: dict[str, Any]) -> dict[str, Any]:
+    return run_task(cfg, ("dataset", "regularizer", "gs"), run)

@@ -26,7 +26,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from training.results import RESULT_FILE, atomic_write_json
+from erasure.files import atomic_write_json
+from training.app.results import RESULT_FILE
 
 log = logging.getLogger("training.multirun")
 LEDGER_ENV = "ERASURE_MDL_MULTIRUN_LEDGER"

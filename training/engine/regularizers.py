@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from training.fit import Regularizer
+from training.engine.fit import Regularizer
 
 BaseLoss = Callable[[Tensor, Tensor], Tensor]
 

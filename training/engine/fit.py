@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from training.batches import DeviceData, augment_pad, draw_epoch
+from training.engine.batches import DeviceData, augment_pad, draw_epoch
 
 Regularizer = Callable[[Tensor, Tensor, int], Tensor]  # (logits, y, step) -> penalty added to CE
 
@@ -110,7 +110,7 @@ def fit(
     """Train until `patience` evaluations without improvement; return with the best state loaded.
 
     The training set is `x[idx], y[idx]` (all of x when idx is None). Each epoch draws its batch order and
-    per-sample augmentation from `gen` in one go (`training.batches.draw_epoch`); the vectorised trainer
+    per-sample augmentation from `gen` in one go (`training.engine.batches.draw_epoch`); the vectorised trainer
     draws the same streams. On return the model and optimizer are in eval mode (ready to code a block).
     """
     data = x if isinstance(x, DeviceData) else DeviceData(x, x.device, storage="float32")

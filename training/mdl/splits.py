@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from training.mdl import cumulative, partition_logspace
-from training.seeding import generator
+from training.engine.seeding import generator
+from training.mdl.code import cumulative, partition_logspace
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,15 @@
-"""result.json: config hash, atomic writes, skip/refuse logic for a job directory."""
+"""result.json: config hash, skip/refuse logic for a job directory."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from erasure.files import read_json
 
 log = logging.getLogger(__name__)
 
@@ -23,36 +23,6 @@ def config_hash(cfg: Mapping[str, Any]) -> str:
     semantic = {k: v for k, v in cfg.items() if k not in NON_SEMANTIC_KEYS}
     blob = json.dumps(semantic, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temp file in the same directory, fsync, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=float) + "\n")
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The parsed file, or None when it is absent or unreadable (a corrupt file counts as absent)."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        log.warning("ignoring unreadable %s (%s)", path, e)
-        return None
 
 
 class ConfigMismatchError(RuntimeError):

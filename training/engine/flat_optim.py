@@ -1,7 +1,7 @@
 """Schedule-free AdamW for the loop engine: the library's own step, or one fused kernel over flat buffers.
 
 `LibraryOptim` steps the members' parameters with the members' optimizer class (schedulefree's
-AdamWScheduleFree): bitwise what `training.fit.fit` does. `FlatScheduleFree` (`training.fused_optimizer`)
+AdamWScheduleFree): bitwise what `training.engine.fit.fit` does. `FlatScheduleFree` (`training.fused_optimizer`)
 keeps every parameter group of all members in one flat buffer (the modules' parameters and gradients are
 views into it) and does the whole update - second moment, normalisation, y/z steps - in one kernel, one
 pass over memory instead of nine: a numba loop on CPU (training/sf_kernel.py; no C++ compiler needed, and
@@ -108,7 +108,7 @@ def update_fn(backend: str, device: torch.device) -> Update:
     if backend == "numba":
         if device.type != "cpu":
             raise ValueError("the numba optimizer kernel runs on CPU; on GPU use training.fused_optimizer=compile")
-        from training.sf_kernel import sf_update_numba
+        from training.engine.sf_kernel import sf_update_numba
 
         return sf_update_numba
     if backend not in ("compile", "eager"):

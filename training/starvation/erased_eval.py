@@ -17,10 +17,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from training.app.tasks import TASKS
 from training.data import load_dataset
-from training.fit import FitConfig, cross_entropy_sum, fit, fit_temperature, predict_logits
-from training.regularizers import build_regularizer
-from training.seeding import generator, seeded_global_rng
+from training.engine.fit import FitConfig, cross_entropy_sum, fit, fit_temperature, predict_logits
+from training.engine.regularizers import build_regularizer
+from training.engine.seeding import generator, seeded_global_rng
+from training.starvation.common import run_task
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
@@ -46,7 +48,7 @@ def scores(model: nn.Module, x: Tensor, y: Tensor, temperature: float) -> dict[s
 def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, Any]:
     import erasure
     from models import build_model, make_optimizer
-    from training.pipeline import resolve_optim
+    from training.mdl.job import resolve_optim
 
     if cfg["dataset"].get("zscore"):
         raise ValueError("gs_erased_eval does not support dataset.zscore")
@@ -86,3 +88,12 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
                     "steps": res.steps},
             "split_sizes": {p: len(i) for p, i in idx.items()}, "eraser": {"name": name, "report": eraser.report()},
             "optim": hp, "model": dict(getattr(model, "info", {})), "dataset": data.info}
+
+
+@TASKS.register("gs_erased_eval")
+def task(cfg: dict[str, Any]) -> dict[str, Any]:
+    if cfg["eraser"]["name"] == "control":
+        log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
+                 "original held-out metrics); no job written to %s", cfg["paths"]["job_dir"])
+        return {}
+    return run_task(cfg, ("dataset", "eraser", "arch", "optim", "mdl", "regularizer", "gs"), run)

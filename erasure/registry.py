@@ -1,0 +1,107 @@
+"""One small registry for everything chosen by name: erasers, datasets, architectures, tasks, regularizers.
+
+    ERASERS = Registry("eraser", discover=("erasure",), meta=("family", "kind"))
+
+    @ERASERS.register("leace", family="linear", kind="map")
+    def fit_leace(x, y, *, rtol=None): ...
+
+    ERASERS.get("leace")            # the registered object
+    ERASERS.meta("leace")["family"] # its metadata
+
+An entry registers itself where it is defined, so adding one is one module (plus its yaml). Lookups first import
+every module of the `discover` packages once, so a new module is found without being listed anywhere else.
+It lives in erasure/ because that is the bottom layer: models/ and training/ may import it, it imports nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class UnknownNameError(ValueError):
+    """A name no entry of the registry has; the message lists the names that exist."""
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    name: str
+    obj: T
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str, discover: Sequence[str] = (), meta: Sequence[str] = ()) -> None:
+        self.kind = kind
+        self._discover = tuple(discover)
+        self._required = tuple(meta)
+        self._entries: dict[str, Entry[T]] = {}
+        self._discovered = False
+
+    def register(self, name: str, **meta: Any) -> Callable[[T], T]:
+        """Decorator: register the decorated object under `name` with its metadata."""
+        def deco(obj: T) -> T:
+            self.add(name, obj, **meta)
+            return obj
+
+        return deco
+
+    def add(self, name: str, obj: T, **meta: Any) -> None:
+        missing = [k for k in self._required if k not in meta]
+        if missing:
+            raise TypeError(f"{self.kind} {name!r}: metadata {missing} is required")
+        old = self._entries.get(name)
+        if old is not None and old.obj is not obj and _origin(old.obj) != _origin(obj):
+            raise ValueError(f"{self.kind} {name!r} is registered twice ({_origin(old.obj)} and {_origin(obj)})")
+        self._entries[name] = Entry(name, obj, MappingProxyType(dict(meta)))
+
+    def entry(self, name: str) -> Entry[T]:
+        self._load()
+        if name not in self._entries:
+            raise UnknownNameError(f"unknown {self.kind} {name!r}; choose one of {self.names()}")
+        return self._entries[name]
+
+    def get(self, name: str) -> T:
+        return self.entry(name).obj
+
+    def meta(self, name: str) -> Mapping[str, Any]:
+        return self.entry(name).meta
+
+    def names(self) -> list[str]:
+        self._load()
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        self._load()
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[Entry[T]]:
+        self._load()
+        return iter([self._entries[k] for k in sorted(self._entries)])
+
+    def _load(self) -> None:
+        """Import every module of the discover packages once (they register themselves on import)."""
+        if self._discovered:
+            return
+        self._discovered = True
+        for package in self._discover:
+            pkg = importlib.import_module(package)
+            for info in pkgutil.iter_modules(getattr(pkg, "__path__", [])):
+                if not info.name.startswith("_"):
+                    importlib.import_module(f"{package}.{info.name}")
+
+
+def _origin(obj: object) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+
+# Erasers: family (control | linear | quadratic: picks the paper's learning rate) and kind (map: a fitted eraser
+# applied to x; edit: edits a dataset, like gradient erasure). `runtime_options` do not change the erased data
+# (they stay out of the cache key and the job hash).
+ERASERS: Registry[Any] = Registry("eraser", discover=("erasure",), meta=("family", "kind"))

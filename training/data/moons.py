@@ -1,0 +1,57 @@
+"""Two moons arranged as in Pezeshki et al. (Gradient Starvation, Fig. 1).
+
+Inputs are stored as (n, 2, 1, 1) "images" (2 channels, 1×1 pixel) so the registry's NCHW contract holds; an
+MLP flattens them back to 2 features. Values are not in [0, 1].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from training.data.registry import LoadedData, register
+from training.engine.seeding import derive_seed
+
+
+def two_moons_arrays(n: int, noise: float, margin: float, seed: int, rotation: float = 0.0) -> tuple[np.ndarray,
+                                                                                                      np.ndarray]:
+    """The paper's arrangement: the moons are folded so that one coordinate (the horizontal axis after
+    the final 90° rotation) separates the classes with a gap of 2·margin (margin > 0: linearly
+    separable whatever the noise; margin < 0: the classes overlap along it)."""
+    from sklearn.datasets import make_moons
+
+    x, y = make_moons(n_samples=n, noise=noise, random_state=seed % 2**32)
+    s = 2.0 * y - 1.0
+    x = x - np.stack([np.full(n, 0.5), 0.3 * s], axis=1)
+    x[:, 1] -= x[:, 1].mean()
+    x[:, 1] = -s * np.abs(x[:, 1]) - s * margin  # class 1 below −margin, class 0 above +margin
+    x = x[:, ::-1].copy()  # rotate by 90°: the separating coordinate becomes the horizontal axis
+    if rotation:
+        t = np.radians(rotation)
+        x = x @ np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
+    return x.astype(np.float32), y.astype(np.int64)
+
+
+def two_moons(cfg: Mapping[str, Any], split: str = "train") -> tuple[Tensor, Tensor]:
+    """(x (n, 2) float32, y (n,) int64); the test split is an independent draw of `n_test` points."""
+    seed = int(cfg.get("data_seed", 0))
+    n = int(cfg["n"])
+    if split == "test":
+        seed, n = derive_seed(seed, "two_moons_test"), int(cfg.get("n_test", 1000))
+    elif split != "train":
+        raise ValueError(f"two_moons split must be train or test, got {split!r}")
+    x, y = two_moons_arrays(n, float(cfg["noise"]), float(cfg["margin"]), seed, float(cfg.get("rotation", 0.0)))
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+@register("two_moons")
+def load_two_moons(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+    x, y = two_moons(cfg, "train")
+    info = {"source": "sklearn make_moons (Pezeshki et al. arrangement)", "layout": "(n, 2, 1, 1)",
+            "margin": float(cfg["margin"]), "noise": float(cfg["noise"])}
+    return LoadedData("two_moons", x.reshape(-1, 2, 1, 1), y, 2, info)

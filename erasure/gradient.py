@@ -16,9 +16,9 @@ from typing import Any, Literal, overload
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from .moments import check_labels, flatten_features, sym
+from .progress import progress_bar
 from .registry import ERASERS
 
 DEFAULTS: dict[str, Any] = {"w_mean": 0.01, "w_cov": 0.01, "w_mse": 1.0, "iterations": 100, "history_size": 10,
@@ -64,7 +64,7 @@ def erase_dataset(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, return_repo
     del xc
     out = x0.clone()
     per_class: list[dict[str, Any]] = []
-    bar = tqdm(total=k * int(o["iterations"]), desc="gradient erasure", disable=not o["progress"], leave=False)
+    bar = progress_bar(total=k * int(o["iterations"]), desc="gradient erasure", disable=not o["progress"], leave=False)
     for c in range(k):
         idx = (labels == c).nonzero().flatten()
         out[idx], stats = _optimise_class(x0[idx], mu, sigma, o)

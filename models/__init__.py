@@ -1,7 +1,6 @@
 """Models for erasure-mdl: μP MLP, parameter-matched LeNet, timm ConvNeXtV2 and SwinV2."""
 
 from models.build import build_model, depth_lr_multiplier, make_optimizer, make_spec
-from models.defaults import paper_defaults
 from models.mup_utils import param_count
 
 __all__ = [
@@ -9,6 +8,5 @@ __all__ = [
     "depth_lr_multiplier",
     "make_optimizer",
     "make_spec",
-    "paper_defaults",
     "param_count",
 ]

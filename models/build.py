@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -10,16 +9,13 @@ import schedulefree
 from mup import MuAdam
 from torch import nn
 
-from models.defaults import depth_exponent
 from models.mup_utils import (
-    Initializer,
     apply_mup,
     apply_sp,
-    kaiming_uniform_init,
-    normal_init,
     on_meta,
     param_count,
 )
+from models.registry import ARCHS
 
 
 class Spec(Protocol):
@@ -30,31 +26,9 @@ class Spec(Protocol):
     def info(self) -> dict[str, Any]: ...
 
 
-_SPEC_CLASSES = {
-    "mlp": "models.mlp:MLPSpec",
-    "lenet": "models.lenet:LeNetSpec",
-    "convnext": "models.convnext:ConvNeXtSpec",
-    "swin": "models.swin:SwinSpec",
-}
-
-
 def spec_class(name: str) -> Any:
-    """The spec class of an architecture (imported lazily: timm is slow to import)."""
-    if name not in _SPEC_CLASSES:
-        raise ValueError(f"unknown arch.name {name!r}; expected one of {sorted(_SPEC_CLASSES)}")
-    module, cls = _SPEC_CLASSES[name].split(":")
-    return getattr(importlib.import_module(module), cls)
-
-
-# Base width of the μP base model (the width whose init/lr the others transfer from).
-DEFAULT_BASE_WIDTH = {"mlp": 128, "lenet": 128, "convnext": 40, "swin": 40}
-# timm models keep their std=0.02 init at base width; the MLP/LeNet keep PyTorch's default.
-_INIT: dict[str, Initializer] = {
-    "mlp": kaiming_uniform_init,
-    "lenet": kaiming_uniform_init,
-    "convnext": normal_init(0.02),
-    "swin": normal_init(0.02),
-}
+    """The Spec class registered for an architecture name (models/registry.py)."""
+    return ARCHS.get(name)
 
 
 def make_spec(arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> Spec:
@@ -78,11 +52,12 @@ def build_model(
     spec = make_spec(arch, input_shape, num_classes)
     model = spec.build()
     mode = str(parametrization or arch.get("parametrization") or "mup").lower()
-    base_width = int(arch.get("base_width") or DEFAULT_BASE_WIDTH[name])
+    meta = ARCHS.meta(name)
+    base_width = int(arch.get("base_width") or meta["base_width"])
     if mode == "mup":
         base = on_meta(spec.with_width(base_width).build)
         delta = on_meta(spec.with_width(2 * base_width).build)
-        apply_mup(model, base, delta, _INIT[name])
+        apply_mup(model, base, delta, meta["init"])
         _check_width_dims(model, getattr(spec, "fixed_modules", ()))
     elif mode == "sp":
         apply_sp(model)
@@ -112,17 +87,15 @@ def _check_width_dims(model: nn.Module, fixed_modules: tuple[str, ...]) -> None:
 
 def _depth_blocks(arch: Mapping[str, Any], depth: int | None = None) -> int:
     """Blocks (hidden layers for MLP/LeNet) that the depth rule counts."""
-    name = str(arch["name"]).lower()
-    if name in ("mlp", "lenet"):
-        return int(arch["depth"] if depth is None else depth)
-    return int(sum(spec_class(name).stage_depths(arch, depth)))
+    return int(sum(spec_class(str(arch["name"]).lower()).stage_depths(arch, depth)))
 
 
 def depth_lr_multiplier(arch: Mapping[str, Any]) -> float:
-    """(L_base / L)^{3/2} for MLPs, ^{1/2} otherwise; L counts blocks, L_base at `arch.base_depth` (2)."""
+    """(L_base / L)^exponent (the architecture's `depth_exponent`: 3/2 for MLPs, 1/2 otherwise); L counts
+    blocks, L_base at `arch.base_depth` (2)."""
     base_depth = int(arch.get("base_depth") or 2)
     ratio = _depth_blocks(arch, base_depth) / _depth_blocks(arch)
-    return float(ratio ** depth_exponent(str(arch["name"])))
+    return float(ratio ** ARCHS.meta(str(arch["name"]).lower())["depth_exponent"])
 
 
 def make_optimizer(

@@ -11,8 +11,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mup import MuReadout
-from timm.models.convnext import ConvNeXt
 from torch import nn
+
+from models.mup_utils import normal_init
+from models.registry import ARCHS
 
 # ConvNeXtV2 sizes: (stage depths, first-stage width). Dims double per stage.
 NAMED_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
@@ -47,6 +49,7 @@ def stage_depths(arch: Mapping[str, Any], table: Mapping[str, tuple[tuple[int, .
 
 
 @dataclass(frozen=True)
+@ARCHS.register("convnext", vectorises=False, base_width=40, depth_exponent=0.5, init=normal_init(0.02))
 class ConvNeXtSpec:
     input_shape: tuple[int, int, int]
     num_classes: int
@@ -86,6 +89,8 @@ class ConvNeXtSpec:
         return tuple(self.width * 2**i for i in range(len(self.depths)))
 
     def build(self) -> nn.Module:
+        from timm.models.convnext import ConvNeXt  # timm is slow to import: only when building
+
         model = ConvNeXt(
             in_chans=self.input_shape[0],
             num_classes=self.num_classes,

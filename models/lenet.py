@@ -19,6 +19,8 @@ from mup import MuReadout
 from torch import nn
 
 from models.mlp import mlp_param_count
+from models.mup_utils import kaiming_uniform_init
+from models.registry import ARCHS
 
 # LeNet-5's shape (6 : 16 : 120 for conv1 : conv2 : fc); all three scale together, so all are μP widths.
 C1_PER_C2 = 6 / 16
@@ -93,12 +95,18 @@ class LeNet(nn.Module):
         return self.readout(x)
 
 
+@ARCHS.register("lenet", vectorises=True, base_width=128, depth_exponent=0.5, init=kaiming_uniform_init)
 @dataclass(frozen=True)
 class LeNetSpec:
     input_shape: tuple[int, int, int]
     width: int  # width of the ReLU MLP whose parameter count is matched
     depth: int
     num_classes: int
+
+    @staticmethod
+    def stage_depths(arch: Mapping[str, Any], depth: int | None = None) -> tuple[int, ...]:
+        """One stage of `depth` hidden layers (what the depth learning-rate rule counts)."""
+        return (int(arch["depth"] if depth is None else depth),)
 
     @classmethod
     def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> LeNetSpec:

@@ -12,6 +12,9 @@ import torch.nn.functional as F
 from mup import MuReadout
 from torch import nn
 
+from models.mup_utils import kaiming_uniform_init
+from models.registry import ARCHS
+
 ACTIVATIONS = ("relu", "gelu", "swiglu")
 
 
@@ -79,6 +82,7 @@ class MLP(nn.Module):
         return self.readout(x)
 
 
+@ARCHS.register("mlp", vectorises=True, base_width=128, depth_exponent=1.5, init=kaiming_uniform_init)
 @dataclass(frozen=True)
 class MLPSpec:
     in_features: int
@@ -87,6 +91,11 @@ class MLPSpec:
     num_classes: int
     activation: str = "relu"
     swiglu_ratio: float | None = None  # None: hidden matched to the ReLU MLP's parameter count
+
+    @staticmethod
+    def stage_depths(arch: Mapping[str, Any], depth: int | None = None) -> tuple[int, ...]:
+        """One stage of `depth` hidden layers (what the depth learning-rate rule counts)."""
+        return (int(arch["depth"] if depth is None else depth),)
 
     @classmethod
     def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> MLPSpec:

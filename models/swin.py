@@ -15,10 +15,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mup import MuReadout
-from timm.models.swin_transformer_v2 import SwinTransformerV2
 from torch import nn
 
 from models.convnext import _named, stage_depths
+from models.mup_utils import normal_init
+from models.registry import ARCHS
 
 # Named sizes: (stage depths, embed dim); D = 2 as in Swin-T's first three stages.
 NAMED_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
@@ -44,6 +45,7 @@ def auto_window(grid: int) -> int:
 
 
 @dataclass(frozen=True)
+@ARCHS.register("swin", vectorises=False, base_width=40, depth_exponent=0.5, init=normal_init(0.02))
 class SwinSpec:
     input_shape: tuple[int, int, int]
     num_classes: int
@@ -98,6 +100,8 @@ class SwinSpec:
             raise ValueError(f"swin width {self.width} is not divisible by num_heads {self.num_heads}")
         if h % self.patch_size or w % self.patch_size:
             raise ValueError(f"swin patch size {self.patch_size} does not divide the image {h}×{w}")
+        from timm.models.swin_transformer_v2 import SwinTransformerV2  # slow import: only when building
+
         model = SwinTransformerV2(
             img_size=(h, w),
             patch_size=self.patch_size,

@@ -56,7 +56,7 @@ PAPER_ARCHS = {"MLP": ("mlp_relu", 128, 2), "LeNet": ("lenet", 128, 2), "ConvNeX
 PAPER_ERASER_NAMES = {"control": "Control", "leace": "LEACE", "alf_qleace": "ALF-QLEACE",
                       "gradient": "Gradient Quadratic", "qleace": "QLEACE"}
 JOB_PATH = re.compile(r"(?P<dataset>[^/]+)/(?P<eraser>[^/]+)/(?P<arch>[^/]+)-w(?P<width>\d+)-d(?P<depth>\d+)"
-                      r"/seed(?P<seed>\d+)$")  # paths.job_subdir
+                      r"(?:/c[0-9a-f]{8})?/seed(?P<seed>\d+)$")  # paths.job_subdir (and the pre-v2 layout)
 
 
 # --- collecting -------------------------------------------------------------------------------------------
@@ -81,9 +81,9 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _settings(cfg: dict[str, Any]) -> str:
-    from training.app.results import NON_SEMANTIC_KEYS
+    from training.app.schema import semantic
 
-    flat = _flatten({k: v for k, v in cfg.items() if k not in NON_SEMANTIC_KEYS})
+    flat = _flatten(semantic(cfg))
     return json.dumps({k: v for k, v in flat.items() if k not in SHOWN}, sort_keys=True, default=str)
 
 
@@ -190,7 +190,7 @@ def collect_dir(root: Path) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
 
 def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
     """Exactly the jobs of a preset, in launch order; jobs without a matching result are listed as such."""
-    from training.app.results import config_hash
+    from training.app.schema import config_hash
     from training.app.sweeps import expand
 
     cfgs = expand(name, extra)

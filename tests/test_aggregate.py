@@ -189,7 +189,7 @@ def test_no_results_is_an_error(tmp_path: Path) -> None:
 def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Path) -> None:
     """--experiment: a result of the job's config is done (also when its stored hash predates a change of the
     hash's definition); another config's result in the job's directory is not counted."""
-    from training.app.results import config_hash
+    from training.app.schema import config_hash
     from training.app.sweeps import expand
 
     jobs = expand("smoke", [f"paths.out_dir={tmp_path}"])

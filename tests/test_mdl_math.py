@@ -68,7 +68,7 @@ def test_split_is_nested_disjoint_and_seeded() -> None:
 
 
 def test_config_hash_ignores_where_and_how_but_not_what() -> None:
-    from training.app.results import config_hash
+    from training.app.schema import config_hash
 
     base = {"seed": 0, "dataset": {"name": "digits"}, "paths": {"out_dir": "a"}, "training": {"engine": "loop"}}
     assert config_hash(base) == config_hash({**base, "paths": {"out_dir": "b"}, "training": {"engine": "stacked"},

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 
 def _suffix(value: object, sep: str = "_") -> str:
@@ -10,6 +12,27 @@ def _suffix(value: object, sep: str = "_") -> str:
     return "" if value in (None, "", "None", "null") else f"{sep}{value}"
 
 
+def _eraser_family(name: str) -> str:
+    """`${eraser_family:${eraser.name}}`: control | linear | quadratic, from the eraser's registry entry."""
+    from erasure.registry import ERASERS
+
+    return str(ERASERS.meta(str(name))["family"])
+
+
+def _cell_hash(*, _root_: DictConfig) -> str:
+    """`${cell_hash:}`: 8 hex digits of the job's semantic config without the seed (training/app/schema.py)."""
+    from training.app.schema import NON_CONFIG_KEYS, cell_hash
+
+    plain: dict[str, Any] = {}
+    for key in _root_:
+        if key in NON_CONFIG_KEYS or key == "paths":
+            continue
+        node = _root_[key]
+        plain[str(key)] = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    return cell_hash(plain)
+
+
 def register() -> None:
-    if not OmegaConf.has_resolver("suffix"):
-        OmegaConf.register_new_resolver("suffix", _suffix)
+    for name, fn in (("suffix", _suffix), ("eraser_family", _eraser_family), ("cell_hash", _cell_hash)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
+from erasure.progress import progress_bar
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
 
 Regularizer = Callable[[Tensor, Tensor, int], Tensor]  # (logits, y, step) -> penalty added to CE
@@ -138,7 +138,7 @@ def fit(
                 best_loss, best_state, best_epoch = loss, snapshot(model), epoch
         return improved
 
-    bar = tqdm(total=cfg.max_epochs, desc=desc, unit="ep", leave=False, disable=not cfg.progress)
+    bar = progress_bar(total=cfg.max_epochs, desc=desc, unit="ep", leave=False, disable=not cfg.progress)
     for epoch in range(1, cfg.max_epochs + 1):  # noqa: B007 - epoch is read by validate()
         ep = draw_epoch(n, gen, cfg.augment, pad)
         order = idx[ep.perm.to(dev)]

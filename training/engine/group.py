@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
+from erasure.progress import progress_bar
 from training.engine.backends import LoopEngine, StackedEngine, ValSet
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
 from training.engine.fit import FitConfig, FitResult, Regularizer
@@ -185,8 +185,8 @@ def _fit_threads(members: Sequence[Member], n_workers: int, data: DeviceData, y:
                            n_workers)
     results: list[FitResult | None] = [None] * len(members)
     lock, stop = threading.Lock(), threading.Event()
-    bar = tqdm(total=len(members), desc=f"{len(members)} models, {len(parts)} workers", unit="model", leave=False,
-               disable=not progress)
+    bar = progress_bar(total=len(members), desc=f"{len(members)} models, {len(parts)} workers", unit="model",
+                       disable=not progress)
 
     def work(part: list[int]) -> None:
         torch.set_num_threads(1)
@@ -279,7 +279,7 @@ def _fit_lockstep(
     results: list[FitResult | None] = [None] * len(members)
     slot = torch.arange(bs, device=dev)
     step = 0
-    bar = tqdm(total=len(members), desc=f"{len(members)} models", unit="model", leave=False, disable=not progress)
+    bar = progress_bar(total=len(members), desc=f"{len(members)} models", unit="model", disable=not progress)
     t0 = time.perf_counter()
 
     def validate(rows: list[int]) -> list[bool]:

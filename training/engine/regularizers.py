@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from erasure.registry import Registry
 from training.engine.fit import Regularizer
 
 BaseLoss = Callable[[Tensor, Tensor], Tensor]
@@ -81,20 +82,31 @@ def _coef(value: float | Sequence[float], num_classes: int, name: str) -> Tensor
     return t
 
 
+Builder = Callable[[Mapping[str, Any], int, BaseLoss], "Regularizer | None"]
+# `regularizer=<name>`: a builder (cfg, num_classes, base_loss) -> the penalty, or None for no regularizer.
+REGULARIZERS: Registry[Builder] = Registry("regularizer", discover=("training.engine",))
+
+
+@REGULARIZERS.register("none")
+def _no_regularizer(cfg: Mapping[str, Any], num_classes: int, base_loss: BaseLoss) -> Regularizer | None:
+    return None
+
+
+@REGULARIZERS.register("sd")
+def spectral_decoupling(cfg: Mapping[str, Any], num_classes: int, base_loss: BaseLoss) -> Regularizer | None:
+    lam = _coef(cfg.get("lam", 0.0), num_classes, "lam")
+    if (lam < 0).any():
+        raise ValueError("regularizer.lam must be >= 0")
+    scale = cfg.get("loss_scale")
+    if scale is not None and float(scale) <= 0:
+        raise ValueError("regularizer.loss_scale must be > 0 or null")
+    return SpectralDecoupling(lam=lam, gamma=_coef(cfg.get("gamma", 0.0), num_classes, "gamma"),
+                              start_step=int(cfg.get("start_step", 0) or 0),
+                              loss_scale=None if scale is None else float(scale), base_loss=base_loss)
+
+
 def build_regularizer(cfg: Mapping[str, Any] | None, num_classes: int,
                       base_loss: BaseLoss = task_loss) -> Regularizer | None:
-    name = "none" if cfg is None else cfg.get("name", "none")
-    if name == "none":
+    if cfg is None:
         return None
-    if name == "sd":
-        assert cfg is not None
-        lam = _coef(cfg.get("lam", 0.0), num_classes, "lam")
-        if (lam < 0).any():
-            raise ValueError("regularizer.lam must be >= 0")
-        scale = cfg.get("loss_scale")
-        if scale is not None and float(scale) <= 0:
-            raise ValueError("regularizer.loss_scale must be > 0 or null")
-        return SpectralDecoupling(lam=lam, gamma=_coef(cfg.get("gamma", 0.0), num_classes, "gamma"),
-                                  start_step=int(cfg.get("start_step", 0) or 0),
-                                  loss_scale=None if scale is None else float(scale), base_loss=base_loss)
-    raise ValueError(f"unknown regularizer {name!r} (none | sd)")
+    return REGULARIZERS.get(str(cfg.get("name", "none")))(cfg, num_classes, base_loss)

@@ -18,7 +18,9 @@ import torch
 
 from erasure.files import atomic_write_json, read_json
 from erasure.registry import ERASERS
-from training.app.results import RESULT_FILE, config_hash, finished_result
+from models.registry import ARCHS
+from training.app.results import RESULT_FILE, finished_result, legacy_result, to_plain
+from training.app.schema import HASH_VERSION, config_hash, load_config
 from training.app.tasks import TASKS
 from training.app.wandb_logger import RunLogger
 from training.data import LoadedData, load_dataset
@@ -35,24 +37,22 @@ from training.mdl.splits import MdlSplit, make_split
 log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.json"
 LN2 = math.log(2)
-VECTORIZED_ARCHS = ("mlp", "lenet")  # training.parallel_models=auto vectorises these (small models: launch-bound)
 
 
 def resolve_optim(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Learning rate, β₁ and warmup: explicit values win, else the paper's for (arch, eraser, dataset)."""
-    from models import depth_lr_multiplier, paper_defaults
+    """The optimiser settings of the job (the paper's come from conf/ through optim.*), with the depth rule."""
+    from models import depth_lr_multiplier
 
     o = cfg["optim"]
-    paper = paper_defaults(cfg["arch"]["name"], cfg["eraser"]["name"], cfg["dataset"]["name"])
-    lr = float(o["lr"] if o.get("lr") is not None else paper["lr"])
+    lr = float(o["lr"])
     mult = float(depth_lr_multiplier(cfg["arch"])) if o.get("depth_lr_rule", True) else 1.0
     return {
         "lr_base": lr,
         "lr": lr * mult,
         "depth_lr_multiplier": mult,
-        "beta1": float(o["beta1"] if o.get("beta1") is not None else paper["beta1"]),
+        "beta1": float(o["beta1"]),
         "weight_decay": float(o.get("weight_decay", 0.0)),
-        "warmup_steps": int(o["warmup_steps"] if o.get("warmup_steps") is not None else paper.get("warmup_steps", 0)),
+        "warmup_steps": int(o.get("warmup_steps") or 0),
         "batch_size": int(o.get("batch_size", 128)),
     }
 
@@ -119,7 +119,8 @@ class Trainer:
         engine = resolve_engine(str(self.opts.get("engine", "auto")), self.device)
         reason = why_not_vectorized(first.model, first.optimizer, self.regularizer, engine)
         if str(want) == "auto":
-            auto = str(self.cfg["arch"]["name"]).lower() in VECTORIZED_ARCHS and reason is None
+            # training.parallel_models=auto vectorises small models (launch-bound), as their registry entry says
+            auto = bool(ARCHS.meta(str(self.cfg["arch"]["name"]).lower())["vectorises"]) and reason is None
             return count if auto else 1
         if int(want) > 1 and reason is not None:
             log.warning("training.parallel_models=%s ignored: %s; training one model at a time", want, reason)
@@ -258,11 +259,14 @@ def erase_maybe_zscored(data: LoadedData, cfg: Mapping[str, Any]) -> tuple[torch
     return x, info
 
 
-@TASKS.register("mdl")
-def run_job(cfg: dict[str, Any]) -> dict[str, Any]:
+@TASKS.register("mdl", uses=None)
+def run_job(config: Mapping[str, Any]) -> dict[str, Any]:
+    cfg = load_config(config)
     job_dir = Path(cfg["paths"]["job_dir"])
     cfg_hash = config_hash(cfg)
     if (done := finished_result(job_dir, cfg_hash, bool(cfg.get("force", False)))) is not None:
+        return done
+    if not cfg.force and (done := legacy_result(cfg, job_dir)) is not None:
         return done
     job_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -289,8 +293,9 @@ def run_job(cfg: dict[str, Any]) -> dict[str, Any]:
         t_end = time.perf_counter()
         result = {
             "config_hash": cfg_hash,
+            "hash_version": HASH_VERSION,
             "job_dir": str(job_dir),
-            "config": cfg,
+            "config": to_plain(cfg),
             "dataset": data.info,
             "eraser": erasure_info,
             "model": trainer.model_info,

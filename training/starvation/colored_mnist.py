@@ -21,6 +21,7 @@ from training.engine.seeding import seeded_global_rng
 from training.starvation.common import paper_mlp, run_task
 
 log = logging.getLogger(__name__)
+USES = ("dataset", "regularizer", "gs")  # the config groups this task reads (and its hash covers)
 
 
 @torch.no_grad()
@@ -71,6 +72,6 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
     return out
 
 
-@TASKS.register("gs_colored_mnist")
+@TASKS.register("gs_colored_mnist", uses=USES)
 def task(cfg: dict[str, Any]) -> dict[str, Any]:
-    return run_task(cfg, ("dataset", "regularizer", "gs"), run)
+    return run_task(cfg, run)

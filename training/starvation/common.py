@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,29 +21,28 @@ import torch
 from torch import nn
 
 from erasure.files import atomic_write_json
-from training.app.results import RESULT_FILE, config_hash, finished_result
+from training.app.results import RESULT_FILE, finished_result, to_plain
+from training.app.schema import HASH_VERSION, config_hash
 from training.engine.devices import resolve_device
 
 log = logging.getLogger(__name__)
 Body = Callable[[dict[str, Any], Path, torch.device], dict[str, Any]]
 
 
-def task_hash(cfg: Mapping[str, Any], uses: Sequence[str]) -> str:
-    return config_hash({k: cfg[k] for k in ("task", "seed", *uses) if k in cfg})
-
-
-def run_task(cfg: dict[str, Any], uses: Sequence[str], body: Body) -> dict[str, Any]:
-    """Skip/refuse logic, timing and the atomic result.json around a task body."""
+def run_task(cfg: Mapping[str, Any], body: Body) -> dict[str, Any]:
+    """Skip/refuse logic, timing and the atomic result.json around a task body (the hash covers the groups the
+    task's registry entry `uses`)."""
     job_dir = Path(cfg["paths"]["job_dir"])
-    cfg_hash = task_hash(cfg, uses)
+    cfg_hash = config_hash(cfg)
     if (done := finished_result(job_dir, cfg_hash, bool(cfg.get("force", False)))) is not None:
         return done
     job_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     device = resolve_device(str(cfg.get("device", "auto")))
     out = body(cfg, job_dir, device)
-    result = {"config_hash": cfg_hash, "job_dir": str(job_dir), "task": cfg["task"], "method": method_name(cfg),
-              "config": cfg, **out, "device": str(device), "timings": {"total_s": time.perf_counter() - t0}}
+    result = {"config_hash": cfg_hash, "hash_version": HASH_VERSION, "job_dir": str(job_dir), "task": cfg["task"],
+              "method": method_name(cfg), "config": to_plain(cfg), **out, "device": str(device),
+              "timings": {"total_s": time.perf_counter() - t0}}
     atomic_write_json(job_dir / RESULT_FILE, result)
     log.info("done %s (%s, %.1fs)", job_dir, result["method"], result["timings"]["total_s"])
     return result

@@ -26,6 +26,7 @@ from training.starvation.common import run_task
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
+USES = ("dataset", "eraser", "arch", "optim", "mdl", "regularizer", "gs")  # groups read (and hashed)
 
 
 def split(n: int, seed: int, test_frac: float, val_size: int, val_frac: float) -> dict[str, Tensor]:
@@ -90,10 +91,10 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
             "optim": hp, "model": dict(getattr(model, "info", {})), "dataset": data.info}
 
 
-@TASKS.register("gs_erased_eval")
+@TASKS.register("gs_erased_eval", uses=USES)
 def task(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg["eraser"]["name"] == "control":
         log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
                  "original held-out metrics); no job written to %s", cfg["paths"]["job_dir"])
         return {}
-    return run_task(cfg, ("dataset", "eraser", "arch", "optim", "mdl", "regularizer", "gs"), run)
+    return run_task(cfg, run)

@@ -22,6 +22,7 @@ from training.starvation.common import paper_mlp, run_task
 from training.starvation.geometry import Grid, geometry
 
 log = logging.getLogger(__name__)
+USES = ("dataset", "regularizer", "gs")  # the config groups this task reads (and its hash covers)
 BOUNDARY_FILE = "boundary.npz"
 
 
@@ -102,6 +103,6 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
             "files": {"boundary": BOUNDARY_FILE, "plot": "boundary.png"}}
 
 
-@TASKS.register("gs_two_moons")
+@TASKS.register("gs_two_moons", uses=USES)
 def task(cfg: dict[str, Any]) -> dict[str, Any]:
-    return run_task(cfg, ("dataset", "regularizer", "gs"), run)
+    return run_task(cfg, run)

@@ -1,0 +1,21 @@
+"""The architecture registry: each model module registers its Spec class with the metadata the harness needs.
+
+    @ARCHS.register("mlp", vectorises=True, base_width=128, depth_exponent=1.5, init=kaiming_uniform_init)
+    class MLPSpec: ...
+
+- vectorises: block models of a job can train as one lockstep group (small, buffer-free models);
+- base_width: the μP base model's width when `arch.base_width` is null;
+- depth_exponent: the depth learning-rate rule lr·(L_base/L)^exponent (3/2 for MLPs, the paper's 1/2 otherwise);
+- init: the initialiser μP re-initialises ≥2-D weights with.
+A Spec class has `from_arch(arch, input_shape, num_classes)`, `with_width(w)`, `build()`, `info()` and
+`stage_depths(arch, depth=None)` (blocks per stage, which the depth rule counts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from erasure.registry import Registry
+
+ARCHS: Registry[Any] = Registry("architecture", discover=("models",),
+                                meta=("vectorises", "base_width", "depth_exponent", "init"))

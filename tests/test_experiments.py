@@ -74,7 +74,7 @@ def test_paper_grids_match_the_paper() -> None:
 def test_zscore_preset_has_its_own_directories(tmp_path: Path) -> None:
     job = expand("paper_fig16", [f"paths.out_dir={tmp_path}", "seed=0", "arch=mlp", "eraser=control"])[0]
     assert job["dataset"]["zscore"] is True
-    assert job["paths"]["job_subdir"] == "cifar10_zscore/control/mlp_relu-w128-d2/seed0"
+    assert job["paths"]["job_subdir"] == f"cifar10_zscore/control/mlp_relu-w128-d2/{job['paths']['cell']}/seed0"
 
 
 def test_table_c_base_sizes(tmp_path: Path) -> None:

@@ -81,7 +81,8 @@ def test_cli_single_job(tmp_path: Path) -> None:
            "progress=false", "mdl.max_epochs=3", "mdl.full_run=false"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads((tmp_path / "runs/digits/control/mlp_relu-w128-d2/seed0/result.json").read_text())
+    (path,) = (tmp_path / "runs/digits/control/mlp_relu-w128-d2").glob("c*/seed0/result.json")
+    result = json.loads(path.read_text())
     assert result["final"] is None and result["mdl"]["bits_per_sample"] > 0
 
 

@@ -1,0 +1,128 @@
+"""Adding an eraser or an architecture is one module + one yaml: a toy entry of each runs a real MDL job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from torch import nn
+
+from erasure.base import Eraser
+from erasure.registry import ERASERS, Registry, UnknownNameError
+from models.registry import ARCHS
+from training.app.tasks import TASKS
+from training.mdl.job import run_job
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+# --- the "module" of a toy eraser: shift every class mean onto the global mean (a crude linear eraser) -----------
+class MeanShiftEraser(Eraser):
+    name = "toy_mean_shift"
+    needs_labels = True
+
+    def _apply(self, x64: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+        assert y is not None
+        return x64 - self.state["class_means"][y] + self.state["mean"]
+
+
+def fit_toy_mean_shift(x: Any, y: Any, *, strength: float = 1.0) -> MeanShiftEraser:
+    from erasure.base import base_info, prepare_fit
+
+    x64, labels, flat, k = prepare_fit(x, y)
+    means = torch.stack([x64[labels == c].mean(0) for c in range(k)]) * strength
+    info = base_info("toy_mean_shift", flat, k, torch.bincount(labels, minlength=k).cpu(), {"strength": strength})
+    return MeanShiftEraser({"class_means": means, "mean": x64.mean(0) * strength}, info)
+
+
+# --- the "module" of a toy architecture: a one-hidden-layer μP MLP ----------------------------------------------
+@dataclass(frozen=True)
+class ToySpec:
+    in_features: int
+    width: int
+    num_classes: int
+
+    @staticmethod
+    def stage_depths(arch: Any, depth: int | None = None) -> tuple[int, ...]:
+        return (1,)
+
+    @classmethod
+    def from_arch(cls, arch: Any, input_shape: tuple[int, int, int], num_classes: int) -> ToySpec:
+        c, h, w = input_shape
+        return cls(c * h * w, int(arch["width"]), num_classes)
+
+    def with_width(self, width: int) -> ToySpec:
+        return replace(self, width=width)
+
+    def build(self) -> nn.Module:
+        from mup import MuReadout
+
+        return nn.Sequential(nn.Flatten(), nn.Linear(self.in_features, self.width), nn.ReLU(),
+                             MuReadout(self.width, self.num_classes, readout_zero_init=True))
+
+    def info(self) -> dict[str, Any]:
+        return {"in_features": self.in_features}
+
+
+@pytest.fixture
+def toy_entries(tmp_path: Path):
+    from models.mup_utils import kaiming_uniform_init
+
+    ERASERS.add("toy_mean_shift", fit_toy_mean_shift, family="linear", kind="map")
+    ARCHS.add("toy_mlp", ToySpec, vectorises=True, base_width=16, depth_exponent=1.0, init=kaiming_uniform_init)
+    extra = tmp_path / "conf_extra"
+    (extra / "eraser").mkdir(parents=True)
+    (extra / "arch").mkdir()
+    (extra / "eraser" / "toy_mean_shift.yaml").write_text("name: toy_mean_shift\noptions:\n  strength: 1.0\n")
+    (extra / "arch" / "toy_mlp.yaml").write_text(
+        "name: toy_mlp\ntag: toy\nwidth: 16\ndepth: 1\nbase_width: 16\nbase_depth: 1\n"
+        "paper_optim:\n  lr: {control: 1.0e-3, linear: 2.0e-3, quadratic: 3.0e-3}\n  beta1: 0.9\n"
+        "  warmup_steps: 0\n")
+    yield extra
+    for reg, name in ((ERASERS, "toy_mean_shift"), (ARCHS, "toy_mlp")):
+        reg._entries.pop(name, None)
+
+
+def test_a_toy_eraser_and_architecture_run_from_one_module_and_one_yaml_each(toy_entries: Path, tmp_path: Path):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"hydra.searchpath=[file://{toy_entries}]", "experiment=smoke",
+                                           "eraser=toy_mean_shift", "arch=toy_mlp", f"paths.out_dir={tmp_path}",
+                                           "certificate=true", "mdl.max_epochs=3"])
+    job = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(job, dict)
+    assert job["optim"]["lr"] == 2.0e-3  # the paper-optim table of the new arch, at the new eraser's family
+    result = run_job(job)
+    assert result["model"]["arch"] == "toy_mlp" and result["eraser"]["name"] == "toy_mean_shift"
+    assert result["certificate"]["after"]["max_mean_gap"] < 1e-6 < result["certificate"]["before"]["max_mean_gap"]
+    assert result["mdl"]["bits_per_sample"] > 0 and len(result["mdl"]["blocks"]) == job["mdl"]["num_blocks"] - 1
+    assert (Path(job["paths"]["job_dir"]) / "result.json").exists()
+
+
+def test_registry_metadata_replaces_name_branches() -> None:
+    assert ERASERS.meta("gradient")["kind"] == "edit" and ERASERS.meta("leace")["kind"] == "map"
+    assert {e.name: e.meta["family"] for e in ERASERS} == {
+        "alf_qleace": "quadratic", "control": "control", "gradient": "quadratic", "leace": "linear",
+        "qleace": "quadratic", "random": "linear"}
+    assert ARCHS.meta("mlp")["vectorises"] and not ARCHS.meta("convnext")["vectorises"]
+    assert ARCHS.meta("mlp")["depth_exponent"] == 1.5 and ARCHS.meta("swin")["depth_exponent"] == 0.5
+    assert TASKS.meta("gs_two_moons")["uses"] == ("dataset", "regularizer", "gs") and TASKS.meta("mdl")["uses"] is None
+
+
+def test_registry_errors() -> None:
+    def small() -> None: ...
+    def large() -> None: ...
+
+    reg: Registry[Any] = Registry("widget", meta=("size",))
+    reg.add("a", small, size=2)
+    reg.add("a", small, size=2)  # the same object again (a module imported twice) is fine
+    with pytest.raises(UnknownNameError, match=r"unknown widget 'b'; choose one of \['a'\]"):
+        reg.get("b")
+    with pytest.raises(TypeError, match="metadata"):
+        reg.add("c", small)
+    with pytest.raises(ValueError, match="registered twice"):
+        reg.add("a", large, size=1)

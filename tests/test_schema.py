@@ -1,0 +1,100 @@
+"""Typed configs: one-line errors for bad values, what the job hash and the eraser cache key cover, old results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from erasure.files import atomic_write_json
+from training.app.results import legacy_differences
+from training.app.schema import ConfigError, JobConfig, cell_hash, config_hash, load_config
+from training.data import LoadedData
+from training.data.erase import _cache_key
+
+from .helpers import job_config
+
+SMOKE = ["experiment=smoke", "mdl.max_epochs=3", "mdl.full_run=false", "certificate=false"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("arch.width=0", "arch.width=0: expected an integer ≥ 1"),
+    ("arch.width=-5", "arch.width=-5: expected an integer ≥ 1"),
+    ("arch.depth=0", "arch.depth=0: expected an integer ≥ 1"),
+    ("mdl.max_epochs=0", "mdl.max_epochs=0: expected an integer ≥ 1"),
+    ("seed=abc", "seed='abc': expected an integer ≥ 0"),
+    ("mdl.num_blocks=-1", "mdl.num_blocks=-1: expected an integer ≥ 2"),
+    ("optim.lr=0", "optim.lr=0: expected a number > 0"),
+    ("optim.lr=-0.1", "optim.lr=-0.1: expected a number > 0"),
+    ("training.engine=fast", "training.engine='fast': not allowed; choose one of auto, loop, stacked"),
+    ("dataset.zscore=maybe", "dataset.zscore='maybe': expected true or false"),
+    ("optim.beta1=1.5", "optim.beta1=1.5: expected a number in [0, 1)"),
+    ("+eraser.options.bogus=1", "eraser.options.bogus: not an option of eraser control"),
+])
+def test_bad_values_are_one_line_naming_key_value_and_what_is_allowed(override: str, message: str,
+                                                                      tmp_path: Path) -> None:
+    cfg = job_config(tmp_path, [*SMOKE, override])
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_the_job_receives_a_typed_config_that_also_reads_as_a_mapping(tmp_path: Path) -> None:
+    job = load_config(job_config(tmp_path, SMOKE))
+    assert isinstance(job, JobConfig)
+    assert job.mdl.max_epochs == job["mdl"]["max_epochs"] == 3
+    assert job.arch.activation == job["arch"]["activation"] == "relu"  # an arch-specific extra
+    assert dict(job.training)["engine"] == "auto"
+
+
+def test_hash_ignores_where_and_how_but_not_what(tmp_path: Path) -> None:
+    base = job_config(tmp_path, SMOKE)
+    same = [["+dataset.download=false"], ["+dataset.root=/elsewhere"], ["training.workers=1"], ["progress=true"],
+            ["device=cpu"], ["logger=wandb"], [f"paths.out_dir={tmp_path / 'other'}"], ["dataset.tag=renamed"]]
+    for extra in same:
+        assert config_hash(job_config(tmp_path, [*SMOKE, *extra])) == config_hash(base), extra
+    for extra in (["mdl.max_epochs=4"], ["optim.lr=0.002"], ["seed=1"], ["dataset.limit=100"]):
+        assert config_hash(job_config(tmp_path, [*SMOKE, *extra])) != config_hash(base), extra
+    # the directory's cell hash leaves out the seed only
+    assert cell_hash(job_config(tmp_path, [*SMOKE, "seed=1"])) == cell_hash(base)
+    assert cell_hash(job_config(tmp_path, [*SMOKE, "optim.lr=0.002"])) != cell_hash(base)
+
+
+def test_runtime_eraser_options_stay_out_of_hash_and_cache_key(tmp_path: Path) -> None:
+    a = job_config(tmp_path, [*SMOKE, "eraser=gradient"])
+    b = job_config(tmp_path, [*SMOKE, "eraser=gradient", "eraser.options.progress=false", "eraser.options.device=cpu"])
+    assert config_hash(a) == config_hash(b)
+    assert config_hash(a) != config_hash(job_config(tmp_path, [*SMOKE, "eraser=gradient", "eraser.options.w_mse=2"]))
+    data = LoadedData("toy", torch.zeros(4, 1, 2, 2), torch.tensor([0, 1, 0, 1]), 2)
+    assert _cache_key(data, "gradient", a["eraser"]["options"]) == _cache_key(data, "gradient", b["eraser"]["options"])
+    assert "progress" not in _cache_key(data, "gradient", {})["options"]
+
+
+def test_dead_config_is_gone(tmp_path: Path) -> None:
+    cfg = job_config(tmp_path, [*SMOKE, "eraser=leace"])
+    assert "cache" not in cfg["eraser"] and "name" not in cfg["optim"]
+
+
+def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(tmp_path: Path, caplog) -> None:
+    from training.mdl.job import run_job
+
+    cfg = job_config(tmp_path, SMOKE)
+    old = json.loads(json.dumps(cfg))  # what a pre-v2 job stored: paper settings as null, dead keys, no hash_version
+    old["optim"].update(lr=None, beta1=None, warmup_steps=10, name="adamw_schedulefree")
+    old["eraser"]["cache"] = True
+    legacy = Path(cfg["paths"]["legacy_job_dir"])
+    atomic_write_json(legacy / "result.json", {"config_hash": "0" * 16, "config": old, "mdl": {"bits_per_sample": 1.5}})
+    assert legacy_differences(old, cfg) == []
+    with caplog.at_level("INFO"):
+        assert run_job(cfg)["mdl"]["bits_per_sample"] == 1.5  # reused, not recomputed
+    assert "pre-v2 layout" in caplog.text and not Path(cfg["paths"]["job_dir"]).exists()
+
+    other = job_config(tmp_path, [*SMOKE, "mdl.num_blocks=3"])
+    assert legacy_differences(old, other) == ["mdl.num_blocks"]
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        result = run_job(other)
+    assert "it differs in mdl.num_blocks" in caplog.text
+    assert result["hash_version"] == 2 and len(result["mdl"]["blocks"]) == 2

@@ -15,7 +15,6 @@ go to scripts/aggregate_gs.py when it exists.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import re
@@ -27,7 +26,6 @@ from typing import Any
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]  # the package, and aggregate_plots next to us
 
 ROW_KEY = ["dataset", "arch", "width", "depth", "variant"]  # a table row; variant: settings that differ, if any
 CELL = [*ROW_KEY, "eraser"]
@@ -39,7 +37,6 @@ METRICS = ["bits_per_sample", "legacy", "final_val_loss"]
 CERT = {"max_mean_gap": "mean gap", "max_cov_gap": "cov gap", "linear_probe_acc": "linear probe",
         "quadratic_probe_acc": "quadratic probe", "chance": "chance"}
 ERASER_ORDER = ["control", "leace", "alf_qleace", "gradient", "qleace", "random"]
-GS_SCRIPT = Path(__file__).with_name("aggregate_gs.py")  # Spectral Decoupling tables (optional)
 # Paper Appendix C (CIFAR-10, legacy MDL units, 5 seeds; DESIGN §7): (mean, sd).
 PAPER_TABLE_C: dict[str, dict[str, tuple[float, float]]] = {
     "MLP": {"control": (7.14, 0.05), "leace": (8.49, 0.10), "alf_qleace": (8.94, 0.14),
@@ -391,29 +388,31 @@ def latex(summary: pd.DataFrame) -> str:
 
 
 # --- other tasks ------------------------------------------------------------------------------------------
+def gs_module() -> Any:
+    """scripts/aggregate_gs.py (Spectral Decoupling tables and plots)."""
+    from scripts import aggregate_gs
+
+    return aggregate_gs
+
+
 def other_task_tables(results: list[dict[str, Any]], out: Path | None = None) -> dict[str, str]:
     """Tables (and, with `out`, plots) from scripts/aggregate_gs.py (Spectral Decoupling; it picks the results it
-    knows: tasks other than mdl, and MDL runs with a regularizer) when that script exists. Its failure is
-    reported, not fatal."""
-    others = sum(not _is_mdl(r) for r in results)
-    if not GS_SCRIPT.exists():
-        if others:
-            print(f"note: {others} result(s) of other tasks skipped (no {GS_SCRIPT.name})", file=sys.stderr)
-        return {}
+    knows: tasks other than mdl, and MDL runs with a regularizer). Its failure is reported, not fatal."""
     if not results:
         return {}
+    others = sum(not _is_mdl(r) for r in results)
     try:
-        spec = importlib.util.spec_from_file_location("aggregate_gs", GS_SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = gs_module()
         tables = dict(module.tables(results))
+        if others and not tables:
+            print(f"note: {others} result(s) of other tasks have no table here (scripts/aggregate_gs.py made none)",
+                  file=sys.stderr)
         if out is not None and tables:
             for path in module.plots(results, out):
                 print(f"wrote {path}")
         return tables
     except Exception as e:  # noqa: BLE001 - the MDL tables stand on their own
-        print(f"warning: {GS_SCRIPT.name} failed ({type(e).__name__}: {e}); its tables are missing", file=sys.stderr)
+        print(f"warning: aggregate_gs failed ({type(e).__name__}: {e}); its tables are missing", file=sys.stderr)
         return {}
 
 
@@ -428,7 +427,7 @@ def write_all(df: pd.DataFrame, results: list[dict[str, Any]], out: Path, name: 
         summary.to_csv(out / f"{name}.csv", index=False)
         df.drop(columns=["curve"], errors="ignore").to_csv(out / f"{name}_jobs.csv", index=False)
         (out / f"{name}.tex").write_text(latex(summary))
-        from aggregate_plots import plot_all
+        from scripts.aggregate_plots import plot_all
 
         plot_all(df, summary, increase_over_control(df), out, name)
     for key, table in other_task_tables(results, out).items():

@@ -21,8 +21,6 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from training.starvation.common import method_name  # noqa: E402
 
 GS_TASKS = ("gs_two_moons", "gs_colored_mnist", "gs_erased_eval")

@@ -18,17 +18,14 @@ import json
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from scripts.bench_worker import run_worker
 
-from bench_worker import run_worker  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def job_config(out_dir: Path, overrides: list[str]) -> dict[str, Any]:

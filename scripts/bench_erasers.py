@@ -26,7 +26,6 @@ import torch
 from torch import Tensor
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 METHODS = ["ours_leace", "ce_leace", "ce_qleace", "ours_qleace", "ours_qleace_eq", "ours_alf", "dense_alf"]
 

@@ -24,17 +24,14 @@ import math
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from bench_worker import run_worker  # noqa: E402
+
+from scripts.bench_worker import run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 10

@@ -15,12 +15,9 @@ import argparse
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.coord import LOGITS, CoordResult, coord_check  # noqa: E402
 

@@ -11,7 +11,6 @@ affine): they are clipped for display only.
 from __future__ import annotations
 
 import argparse
-import sys
 import warnings
 from pathlib import Path
 
@@ -23,7 +22,6 @@ import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import erasure  # noqa: E402
 

@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-aggregate = _load("aggregate")
+from scripts import aggregate
 
 
 def _config(dataset: str, eraser: str, arch: str, width: int, depth: int, seed: int, task: str = "mdl") -> dict:
@@ -133,7 +119,7 @@ EXPECTED_MD = """\
 
 
 def test_fixture_directory_gives_the_exact_table(fixture_runs: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(aggregate, "GS_SCRIPT", tmp_path / "absent" / "aggregate_gs.py")
+    monkeypatch.setattr(aggregate, "gs_module", lambda: SimpleNamespace(tables=lambda results: {}, plots=None))
     out = tmp_path / "tables"
     assert aggregate.main([str(fixture_runs), "--out", str(out), "--name", "fx"]) == 0
     md = (out / "fx.md").read_text()
@@ -171,14 +157,16 @@ def test_width_and_depth_plots_and_paper_table(tmp_path: Path) -> None:
 
 
 def test_other_tasks_go_to_aggregate_gs_when_present(tmp_path: Path, monkeypatch) -> None:
-    fake = tmp_path / "scripts"
-    fake.mkdir()
-    (fake / "aggregate_gs.py").write_text(
-        "def tables(results):\n    return {'gs': f'| gs | {len(results)} results |\\n'}\n")
-    monkeypatch.setattr(aggregate, "GS_SCRIPT", fake / "aggregate_gs.py")
+    def tables(results: list) -> dict[str, str]:
+        return {"gs": f"| gs | {len(results)} results |\n"}
+
+    def broken(results: list) -> dict[str, str]:
+        raise KeyError("train")
+
+    monkeypatch.setattr(aggregate, "gs_module", lambda: SimpleNamespace(tables=tables))
     assert aggregate.other_task_tables([{"config": {"task": "x"}}]) == {"gs": "| gs | 1 results |\n"}
     assert aggregate.other_task_tables([]) == {}
-    (fake / "aggregate_gs.py").write_text("def tables(results):\n    raise KeyError('train')\n")
+    monkeypatch.setattr(aggregate, "gs_module", lambda: SimpleNamespace(tables=broken))
     assert aggregate.other_task_tables([{"config": {"task": "x"}}]) == {}  # reported on stderr, not fatal
 
 

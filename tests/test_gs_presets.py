@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ from tests.helpers import job_config
 from training.app.sweeps import expand
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
 
 PRESETS = {"gs_two_moons": "gs_two_moons", "gs_colored_mnist": "gs_colored_mnist", "gs_sd_erasure": None}
 
@@ -72,8 +70,7 @@ def _fake_mdl(eraser: str, reg: str, seed: int, bits: float) -> dict:
 
 
 def test_aggregate_tables_and_standalone_run(tmp_path: Path, capsys) -> None:
-    import aggregate_gs
-
+    from scripts import aggregate_gs
     from training.app.tasks import get_task
 
     results = [get_task("gs_two_moons")(job_config(tmp_path, ["experiment=gs_two_moons", f"seed={s}",

@@ -1,0 +1,1 @@
+"""Command-line scripts (aggregate, benchmarks, plots); importable as `scripts.<name>` (the package is installed)."""

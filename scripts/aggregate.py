@@ -37,7 +37,7 @@ METRICS = ["bits_per_sample", "legacy", "final_val_loss"]
 CERT = {"max_mean_gap": "mean gap", "max_cov_gap": "cov gap", "linear_probe_acc": "linear probe",
         "quadratic_probe_acc": "quadratic probe", "chance": "chance"}
 ERASER_ORDER = ["control", "leace", "alf_qleace", "gradient", "qleace", "random"]
-# Paper Appendix C (CIFAR-10, legacy MDL units, 5 seeds; DESIGN §7): (mean, sd).
+# Paper Appendix C (CIFAR-10, legacy MDL units, 5 seeds; Quirke & Belrose 2025, App. C): (mean, sd).
 PAPER_TABLE_C: dict[str, dict[str, tuple[float, float]]] = {
     "MLP": {"control": (7.14, 0.05), "leace": (8.49, 0.10), "alf_qleace": (8.94, 0.14),
             "gradient": (10.02, 0.08), "qleace": (11.41, 0.00)},

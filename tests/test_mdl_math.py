@@ -1,4 +1,4 @@
-"""Prequential MDL arithmetic on hand-computable cases (DESIGN §3)."""
+"""Prequential MDL arithmetic on hand-computable cases."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prequential MDL arithmetic (Voita & Titov 2020) and the paper code's legacy weighting. DESIGN §3.
+"""Prequential MDL arithmetic (Voita & Titov 2020) and the paper code's legacy weighting (EleutherAI/mdl).
 
 Pure functions on sizes and losses, so the code lengths can be checked by hand.
 """

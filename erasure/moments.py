@@ -127,9 +127,3 @@ def numerical_rank(vals_desc: Tensor, rtol: float | None = None) -> int:
         return 0
     return int((vals_desc > rtol * top).sum())
 
-
-def rel_frob(a: Tensor, b: Tensor) -> float:
-    """||a - b||_F / ||b||_F (0 when both vanish)."""
-    den = float(torch.linalg.matrix_norm(b))
-    num = float(torch.linalg.matrix_norm(a - b))
-    return num / den if den > 0 else num

@@ -25,6 +25,8 @@ from typing import Any
 
 import pandas as pd
 
+from scripts.tables import eraser_order, md_table
+
 ROOT = Path(__file__).resolve().parents[1]
 
 ROW_KEY = ["dataset", "arch", "width", "depth", "variant"]  # a table row; variant: settings that differ, if any
@@ -36,7 +38,6 @@ SHOWN = {"seed", "dataset.tag", "dataset.name", "arch.tag", "arch.name", "arch.a
 METRICS = ["bits_per_sample", "legacy", "final_val_loss"]
 CERT = {"max_mean_gap": "mean gap", "max_cov_gap": "cov gap", "linear_probe_acc": "linear probe",
         "quadratic_probe_acc": "quadratic probe", "chance": "chance"}
-ERASER_ORDER = ["control", "leace", "alf_qleace", "gradient", "qleace", "random"]
 # Paper Appendix C (CIFAR-10, legacy MDL units, 5 seeds; Quirke & Belrose 2025, App. C): (mean, sd).
 PAPER_TABLE_C: dict[str, dict[str, tuple[float, float]]] = {
     "MLP": {"control": (7.14, 0.05), "leace": (8.49, 0.10), "alf_qleace": (8.94, 0.14),
@@ -215,8 +216,7 @@ def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[
 
 # --- summarising ------------------------------------------------------------------------------------------
 def _ordered(values: Iterable[str]) -> list[str]:
-    vals = list(dict.fromkeys(values))
-    return sorted(vals, key=lambda e: (ERASER_ORDER.index(e) if e in ERASER_ORDER else len(ERASER_ORDER), e))
+    return eraser_order(values)
 
 
 def _mean_sd(values: pd.Series) -> tuple[float, float, int]:
@@ -272,12 +272,6 @@ def _cell_text(rec: pd.Series | None, metric: str, digits: int = 3) -> str:
         return "failed" if ":failed" in rec["missing_seeds"] else "missing"
     text = fmt(rec[f"{metric}_mean"], rec[f"{metric}_sd"], digits)
     return text + (f" ({rec['n']}/{rec['n_expected']})" if rec["n"] < rec["n_expected"] else "")
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 def _row_keys(summary: pd.DataFrame) -> list[tuple[Any, ...]]:
@@ -350,21 +344,21 @@ def markdown(df: pd.DataFrame, summary: pd.DataFrame, title: str) -> str:
     protocols = ", ".join(sorted({p for p in summary.protocol if p})) or "n/a"
     parts = [f"# {title}\n", f"{done}/{total} jobs finished; MDL protocol: {protocols}. Cells: mean ± sd over "
              "finished seeds, (n/N) when seeds are missing.\n"]
-    parts += ["## MDL (bits/sample)\n", _md_table(*pivot(summary, "bits_per_sample"))]
-    parts += ["## Legacy MDL (the paper code's units)\n", _md_table(*pivot(summary, "legacy"))]
+    parts += ["## MDL (bits/sample)\n", md_table(*pivot(summary, "bits_per_sample"))]
+    parts += ["## Legacy MDL (the paper code's units)\n", md_table(*pivot(summary, "legacy"))]
     inc = increase_over_control(df)
     if len(inc):
         parts += ["## MDL increase over control (bits/sample, paired by seed)\n",
-                  _md_table(*increase_rows(inc, summary))]
-    parts += ["## Final validation loss (bits, full-data run)\n", _md_table(*pivot(summary, "final_val_loss"))]
-    parts += ["## Erasure certificate (after erasure)\n", _md_table(*certificate_rows(summary))]
+                  md_table(*increase_rows(inc, summary))]
+    parts += ["## Final validation loss (bits, full-data run)\n", md_table(*pivot(summary, "final_val_loss"))]
+    parts += ["## Erasure certificate (after erasure)\n", md_table(*certificate_rows(summary))]
     paper = paper_rows(summary)
     if paper is not None:
         header = ["architecture", *[f"{PAPER_ERASER_NAMES[e]} (ours / paper)" for e in PAPER_TABLE_C["MLP"]]]
-        parts += ["## Paper Appendix C vs ours (CIFAR-10, legacy units)\n", _md_table(header, paper)]
+        parts += ["## Paper Appendix C vs ours (CIFAR-10, legacy units)\n", md_table(header, paper)]
     bad = unfinished(df)
     if bad:
-        parts += ["## Jobs without a result\n", _md_table(["status", "seed", "job dir", "detail"], bad)]
+        parts += ["## Jobs without a result\n", md_table(["status", "seed", "job dir", "detail"], bad)]
     return "\n".join(parts)
 
 

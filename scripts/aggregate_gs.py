@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from scripts.tables import eraser_order, md_table
 from training.starvation.common import method_name  # noqa: E402
 
 GS_TASKS = ("gs_two_moons", "gs_colored_mnist", "gs_erased_eval")
@@ -35,11 +36,6 @@ def _stat(values: Iterable[float], scale: float = 1.0, digits: int = 1) -> str:
     if len(v) == 1:
         return f"{v[0]:.{digits}f}"
     return f"{np.mean(v):.{digits}f} ± {np.std(v, ddof=1):.{digits}f}"
-
-
-def _markdown(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
 
 
 def _method(r: dict[str, Any]) -> str:
@@ -71,7 +67,7 @@ def two_moons_table(results: list[dict[str, Any]]) -> str:
                      _col(rs, "test", "acc", s=100), _col(rs, "geometry", "min_margin", d=3),
                      _col(rs, "geometry", "mean_margin", d=3), _col(rs, "geometry", "boundary_turning", d=2),
                      _col(rs, "geometry", "boundary_line_rms", d=3)])
-    return _markdown(["data margin", "method", "seeds", "train acc %", "test acc %", "min margin", "mean margin",
+    return md_table(["data margin", "method", "seeds", "train acc %", "test acc %", "min margin", "mean margin",
                       "boundary turning (rad)", "boundary line RMS"], rows)
 
 
@@ -85,8 +81,8 @@ def colored_mnist_tables(results: list[dict[str, Any]]) -> dict[str, str]:
                      *(_col(rs, "fig3", v, "entropy", d=3) for v in FIG3)])
     rows += [[name, "10", f"{tr}", f"{te}", "", ""] for name, (tr, te) in PAPER_CMNIST.items()]
     header = ["method", "seeds", "train acc %", "test acc %", "env1 acc %", "env2 acc %"]
-    return {"gs_colored_mnist": _markdown(header, rows),
-            "gs_colored_mnist_fig3": _markdown(["method", *(f"{v} acc %" for v in FIG3),
+    return {"gs_colored_mnist": md_table(header, rows),
+            "gs_colored_mnist_fig3": md_table(["method", *(f"{v} acc %" for v in FIG3),
                                                 *(f"{v} entropy" for v in FIG3)], fig3)}
 
 
@@ -104,7 +100,7 @@ def erased_eval_table(results: list[dict[str, Any]]) -> str:
                      _col(rs, "eval", "test", "ce_bits_calibrated", d=3),
                      _col(rs, "eval", "test_erased", "ce_bits_calibrated", d=3),
                      _col(rs, "gap_erased_minus_original", "ce_bits_calibrated", d=3)])
-    return _markdown(["dataset", "arch", "eraser", "method", "seeds", "test acc %", "erased test acc %", "gap (pp)",
+    return md_table(["dataset", "arch", "eraser", "method", "seeds", "test acc %", "erased test acc %", "gap (pp)",
                       "test CE bits (T-cal.)", "erased CE bits (T-cal.)", "CE gap"], rows)
 
 
@@ -121,12 +117,12 @@ def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
         for r in rs:
             by[r["config"]["eraser"]["name"]][r["config"]["seed"]] = r["mdl"]["bits_per_sample"]
         control = by.get("control", {})
-        for eraser in sorted(e for e in by if e != "control"):
+        for eraser in eraser_order(e for e in by if e != "control"):
             gaps = [v - control[s] for s, v in by[eraser].items() if s in control]
             rows.append([ds, f"{arch}-w{w}-d{d}", method, "yes" if cal else "no", eraser, str(len(by[eraser])),
                          _stat(control.values(), digits=4), _stat(by[eraser].values(), digits=4),
                          _stat(gaps, digits=4)])
-    return _markdown(["dataset", "arch", "method", "T-calibrated", "eraser", "seeds", "MDL control (bits/sample)",
+    return md_table(["dataset", "arch", "method", "T-calibrated", "eraser", "seeds", "MDL control (bits/sample)",
                       "MDL erased (bits/sample)", "gap (paired by seed)"], rows)
 
 

@@ -13,15 +13,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-ERASER_ORDER = ["control", "leace", "alf_qleace", "gradient", "qleace", "random"]
+from scripts.tables import ERASER_ORDER, eraser_order  # noqa: E402
+
 COLORS = {e: f"C{i}" for i, e in enumerate(ERASER_ORDER)}  # one colour per eraser in every plot
 MAX_PANELS = 16
 LN2 = math.log(2)
 
 
 def _erasers(values: pd.Series) -> list[str]:
-    vals = list(dict.fromkeys(values))
-    return sorted(vals, key=lambda e: (ERASER_ORDER.index(e) if e in ERASER_ORDER else len(ERASER_ORDER), e))
+    return eraser_order(values)
 
 
 def _grid(n: int) -> tuple[plt.Figure, list[plt.Axes]]:

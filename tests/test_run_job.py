@@ -52,11 +52,14 @@ def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, capl
     fresh = run_job(job_config(tmp_path / "b", QUICK))
     assert fresh["mdl"]["block_ce_bits"] == first["mdl"]["block_ce_bits"]
     assert fresh["final"]["val_loss_curve"] == first["final"]["val_loss_curve"]
-    # Another config mapping to the same directory is refused unless force=true.
+    # Another config gets its own directory (the c<hash> part of paths.job_dir) ...
     changed = job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001"])
+    assert changed["paths"]["job_dir"] != cfg["paths"]["job_dir"]
+    # ... and one forced into this directory is refused unless force=true.
+    same_dir = f"paths.job_dir={cfg['paths']['job_dir']}"
     with pytest.raises(ConfigMismatchError, match="force=true"):
-        run_job(changed)
-    forced = run_job(job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001", "force=true"]))
+        run_job(job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001", same_dir]))
+    forced = run_job(job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001", same_dir, "force=true"]))
     assert forced["config_hash"] != first["config_hash"]
 
 

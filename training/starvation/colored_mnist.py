@@ -71,6 +71,6 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
     return out
 
 
-@TASKS.register("gs_colored_mnist")
+@TASKS.register("gs_colored_mnist", hash_keys=("dataset", "regularizer", "gs"))
 def task(cfg: dict[str, Any]) -> dict[str, Any]:
-    return run_task(cfg, ("dataset", "regularizer", "gs"), run)
+    return run_task(cfg, run)

@@ -13,39 +13,37 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from erasure.files import atomic_write_json
-from training.app.results import RESULT_FILE, config_hash, finished_result
+from training.app.results import JobDir
+from training.app.schema import load_config
+from training.app.tasks import job_hash
 from training.engine.devices import resolve_device
 
 log = logging.getLogger(__name__)
 Body = Callable[[dict[str, Any], Path, torch.device], dict[str, Any]]
 
 
-def task_hash(cfg: Mapping[str, Any], uses: Sequence[str]) -> str:
-    return config_hash({k: cfg[k] for k in ("task", "seed", *uses) if k in cfg})
-
-
-def run_task(cfg: dict[str, Any], uses: Sequence[str], body: Body) -> dict[str, Any]:
-    """Skip/refuse logic, timing and the atomic result.json around a task body."""
-    job_dir = Path(cfg["paths"]["job_dir"])
-    cfg_hash = task_hash(cfg, uses)
-    if (done := finished_result(job_dir, cfg_hash, bool(cfg.get("force", False)))) is not None:
-        return done
-    job_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    device = resolve_device(str(cfg.get("device", "auto")))
-    out = body(cfg, job_dir, device)
-    result = {"config_hash": cfg_hash, "job_dir": str(job_dir), "task": cfg["task"], "method": method_name(cfg),
-              "config": cfg, **out, "device": str(device), "timings": {"total_s": time.perf_counter() - t0}}
-    atomic_write_json(job_dir / RESULT_FILE, result)
-    log.info("done %s (%s, %.1fs)", job_dir, result["method"], result["timings"]["total_s"])
+def run_task(cfg: dict[str, Any], body: Body) -> dict[str, Any]:
+    """Skip/refuse logic, timing and the atomic result.json around a task body (hash: the task's `hash_keys`)."""
+    load_config(cfg)  # bad values fail here, with one line, before any directory or data
+    job = JobDir(Path(cfg["paths"]["job_dir"]), job_hash(cfg), bool(cfg.get("force", False)))
+    with job.locked():
+        if (done := job.finished()) is not None:
+            return done
+        t0 = time.perf_counter()
+        device = resolve_device(str(cfg.get("device", "auto")))
+        out = body(cfg, job.path, device)
+        result = {"config_hash": job.cfg_hash, "job_dir": str(job.path), "task": cfg["task"],
+                  "method": method_name(cfg), "config": cfg, **out, "device": str(device),
+                  "timings": {"total_s": time.perf_counter() - t0}}
+        job.write_result(result)
+    log.info("done %s (%s, %.1fs)", job.path, result["method"], result["timings"]["total_s"])
     return result
 
 

@@ -90,10 +90,10 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
             "optim": hp, "model": dict(getattr(model, "info", {})), "dataset": data.info}
 
 
-@TASKS.register("gs_erased_eval")
+@TASKS.register("gs_erased_eval", hash_keys=("dataset", "eraser", "arch", "optim", "mdl", "regularizer", "gs"))
 def task(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg["eraser"]["name"] == "control":
         log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
                  "original held-out metrics); no job written to %s", cfg["paths"]["job_dir"])
         return {}
-    return run_task(cfg, ("dataset", "eraser", "arch", "optim", "mdl", "regularizer", "gs"), run)
+    return run_task(cfg, run)

@@ -102,6 +102,6 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
             "files": {"boundary": BOUNDARY_FILE, "plot": "boundary.png"}}
 
 
-@TASKS.register("gs_two_moons")
+@TASKS.register("gs_two_moons", hash_keys=("dataset", "regularizer", "gs"))
 def task(cfg: dict[str, Any]) -> dict[str, Any]:
-    return run_task(cfg, ("dataset", "regularizer", "gs"), run)
+    return run_task(cfg, run)

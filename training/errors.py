@@ -35,7 +35,7 @@ def os_error_line(err: OSError) -> str | None:
     elif err.errno == errno.EROFS:
         what, fix = "cannot write", "use a writable file system"
     else:
-        what, fix = "cannot access", "fix its permissions"
+        what, fix = "no permission for", "fix its permissions"
     return f"{what} {err.filename}: {err.strerror}; {fix} or choose another paths.out_dir / paths.data_dir"
 
 

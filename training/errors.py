@@ -47,7 +47,3 @@ def user_error_line(err: BaseException, extra: tuple[type[BaseException], ...] =
     if isinstance(err, OSError):
         return os_error_line(err)
     return None
-
-
-class JobFailed(UserError):
-    """A multirun job's user error, re-raised so that the sweep ends with its one line (see training/run.py)."""

@@ -13,20 +13,21 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from training.app.report import exit_user_error, full_error, remove_if_unused, to_run_log, user_error_line
+from training.app.report import (
+    SweepJobFailed,
+    exit_user_error,
+    full_error,
+    remove_if_unused,
+    to_run_log,
+    user_error_line,
+)
 from training.app.schema import ConfigError, load_config
 from training.app.tasks import get_task
-from training.errors import JobFailed
 
 log = logging.getLogger("training.run")
-
-
-class SweepJobFailed(JobFailed, CompactHydraException):
-    """Hydra prints a CompactHydraException as its message alone: the multirun ends with the job's one line."""
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

@@ -98,6 +98,20 @@ def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
+def _split_seed(combo: list[str]) -> tuple[tuple[str, ...], Any]:
+    """(the overrides other than a plain `seed=<value>`, that value or None)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    rest, seed = [], None
+    for item in combo:
+        if item.startswith("seed="):
+            (override,) = OverridesParser.create().parse_overrides([item])  # the job's own parse of the value
+            seed = override.value()
+        else:
+            rest.append(item)
+    return tuple(rest), seed
+
+
 def check_sweep(config: DictConfig) -> int | None:
     """Compose and check every job of the sweep before any runs; refuse the sweep (one line, exit 2) on a bad
     value, on jobs sharing a directory with different configurations, or on a directory holding another
@@ -110,14 +124,22 @@ def check_sweep(config: DictConfig) -> int | None:
     loader = GlobalHydra.instance().config_loader()
     t0 = time.time()
     by_dir: dict[str, list[tuple[int, list[str], dict[str, Any], str]]] = {}
+    composed: dict[tuple[str, ...], DictConfig] = {}
     for num, combo in enumerate(combos):
         where = f"job {num} ({' '.join(combo) or 'no overrides'})"
+        # Composing is the slow part (~0.1 s a job): jobs that differ only in the seed share one composition.
+        rest, seed = _split_seed(combo)
         try:
-            job_cfg = loader.load_sweep_config(config, combo)
+            if rest not in composed:
+                base = loader.load_sweep_config(config, list(rest))
+                with open_dict(base):
+                    del base["hydra"]
+                composed[rest] = base
+            job_cfg = composed[rest]
+            if seed is not None:
+                job_cfg.seed = seed  # resolved right below, before the next job sets its own
         except Exception as err:  # noqa: BLE001 - the sweeper would fail on it too, with a longer story
-            exit_user_error(f"multirun refused: {where} cannot be composed: {_first_line(err)}", err)
-        with open_dict(job_cfg):
-            del job_cfg["hydra"]
+            exit_user_error(f"multirun refused (nothing ran): {where} cannot be composed: {_first_line(err)}", err)
         try:
             cfg = OmegaConf.to_container(job_cfg, resolve=True)
         except Exception as err:  # noqa: BLE001 - e.g. ${hydra:...} in a path: the job itself will tell
@@ -129,8 +151,9 @@ def check_sweep(config: DictConfig) -> int | None:
             h = job_hash(cfg)
         except Exception as err:
             line = user_error_line(err)
-            if line is None:
-                raise
+            if line is None:  # not the user's mistake to fix up front: the job itself will fail and say so
+                log.warning("multirun: %s not checked (%s: %s)", where, type(err).__name__, _first_line(err))
+                continue
             exit_user_error(f"multirun refused (nothing ran): {where}: {line}", err)
         by_dir.setdefault(str(cfg["paths"]["job_dir"]), []).append((num, combo, cfg, h))
     for job_dir, jobs in by_dir.items():
@@ -225,7 +248,11 @@ class JobStatusCallback(Callback):
             exit_user_error(line, err)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._total = check_sweep(config)  # refuses the sweep (exit 2) before anything is made
+        try:
+            self._total = check_sweep(config)  # refuses the sweep (SystemExit, code 2) before anything is made
+        except Exception as err:  # noqa: BLE001 - a failed check must not cost the sweep its ledger
+            log.warning("multirun: the job configs could not be checked up front (%s: %s)", type(err).__name__, err)
+            self._total = count_jobs(config)
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self._ledger = Path(str(config.hydra.sweep.dir)) / ".multirun" / run_id
         try:

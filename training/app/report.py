@@ -10,11 +10,19 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
+from hydra.errors import CompactHydraException
+
 from training.app.schema import ConfigError
+from training.errors import UserError
 from training.errors import user_error_line as _line
 
 log = logging.getLogger("training.run")
 EXIT_USER_ERROR = 2
+
+
+class SweepJobFailed(UserError, CompactHydraException):
+    """A multirun job's user error, re-raised as this so that the ledger records its line and Hydra, which prints a
+    CompactHydraException as its message alone, ends the sweep with that line instead of a traceback."""
 
 
 def full_error() -> bool:

@@ -5,6 +5,10 @@ sources, so editing an eraser invalidates old entries). A file lock makes concur
 second waits, then hits). Files are written to temporary names and renamed; the manifest (with sha256
 checksums) is written last, so an entry without a valid manifest is partial. A corrupt or partial entry
 is logged and rebuilt.
+
+The cache is only an optimisation: when it cannot be written (a full disk, a read-only directory) the job logs a
+warning saying why, removes the partial entry and goes on with the erased data in memory. A job waiting for the
+lock (another process fitting the same eraser) logs that it waits, on which lock, and who holds it.
 """
 
 from __future__ import annotations
@@ -16,15 +20,16 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from filelock import FileLock
 from torch import Tensor
 
 from .files import atomic_write, atomic_write_text
+from .locks import waiting_lock
 
 log = logging.getLogger(__name__)
 CACHE_FORMAT = 1
@@ -65,20 +70,53 @@ def key_hash(key: Mapping[str, Any]) -> str:
 
 def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
                  build: Callable[[], tuple[Tensor, dict[str, Any]]]) -> tuple[Tensor, dict[str, Any], bool]:
-    """(erased x, report, hit). Loads `<cache_root>/erased/<hash>/` or calls `build()` once and stores it."""
+    """(erased x, report, hit). Loads `<cache_root>/erased/<hash>/` or calls `build()` once and stores it.
+
+    Never fails because of the cache: an unwritable cache directory or a failed write is a warning and the
+    erased data is returned from memory (hit False)."""
     root = Path(cache_root) / "erased"
-    root.mkdir(parents=True, exist_ok=True)
     h = key_hash(key)
     entry = root / h
-    with FileLock(str(root / f"{h}.lock")):
+    with ExitStack() as stack:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(waiting_lock(root / f"{h}.lock",
+                                             f"the erased-data cache entry {entry} (another job is fitting it)"))
+        except OSError as err:
+            log.warning("erased-data cache not used: cannot write %s (%s); erasing in memory", root, why(err, root))
+            x, report = build()
+            return x, report, False
         loaded = _load(entry)
         if loaded is not None:
             log.info("cache hit: %s", entry)
             return loaded[0], loaded[1], True
         log.info("cache miss: %s (fitting)", entry)
         x, report = build()
-        _store(entry, key, x, report)
+        try:
+            _store(entry, key, x, report)
+        except (OSError, RuntimeError) as err:  # torch.save reports a full disk as RuntimeError
+            shutil.rmtree(entry, ignore_errors=True)
+            log.warning("could not write the cache entry %s (%s); removed it, going on with the erased data in "
+                        "memory", entry, why(err, root))
         return x, report, False
+
+
+def why(err: BaseException, where: Path) -> str:
+    """What went wrong with a write, naming the cause. torch.save reports a full disk as `unexpected pos 704 vs
+    598`: an OSError in the exception's chain is named instead, else the free space when it is nearly none."""
+    text = f"{type(err).__name__}: {err}"
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno is not None:
+            return text if cause is err else f"{cause.strerror} ({text})"
+        cause = cause.__cause__ or cause.__context__
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return text
+    if free < 64 << 20:
+        return f"No space left on device: {free / 2**20:.1f} MiB free on {where} ({text})"
+    return text
 
 
 def _sha256(path: Path) -> str:
@@ -89,11 +127,20 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _save_tensor(x: Tensor, tmp: str) -> None:
+    # Through a Python file object: a full disk then raises OSError(ENOSPC) ("No space left on device"), where
+    # torch.save(x, path) only says "unexpected pos 704 vs 598".
+    with open(tmp, "wb") as f:
+        torch.save(x, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _store(entry: Path, key: Mapping[str, Any], x: Tensor, report: dict[str, Any]) -> None:
     if entry.exists():
         shutil.rmtree(entry)
     entry.mkdir(parents=True)
-    atomic_write(entry / "data.pt", lambda tmp: torch.save(x.detach().cpu().contiguous(), tmp))
+    atomic_write(entry / "data.pt", functools.partial(_save_tensor, x.detach().cpu().contiguous()))
     atomic_write_text(entry / "report.json", json.dumps(report, indent=1, default=str))
     manifest = {"format": CACHE_FORMAT, "code_version": code_version(), "key": canonical(key),
                 "shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""),

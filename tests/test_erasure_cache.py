@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -110,7 +111,10 @@ def test_two_processes_fit_once(tmp_path: Path) -> None:
     script.write_text(_WORKER)
     log = tmp_path / "fits.log"
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "cache"), str(log)], cwd=root,
+    # PYTHONPATH: the worker script's own folder comes first on sys.path, so without it the worker would import an
+    # installed copy of erasure/ (another checkout: another code version, another cache key) instead of this one.
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "cache"), str(log)], cwd=root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (tmp_path / "ready").exists():

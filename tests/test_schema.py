@@ -20,18 +20,19 @@ SMOKE = ["experiment=smoke", "mdl.max_epochs=3", "mdl.full_run=false", "certific
 
 
 @pytest.mark.parametrize("override, message", [
-    ("arch.width=0", "arch.width=0: expected an integer ≥ 1"),
-    ("arch.width=-5", "arch.width=-5: expected an integer ≥ 1"),
-    ("arch.depth=0", "arch.depth=0: expected an integer ≥ 1"),
-    ("mdl.max_epochs=0", "mdl.max_epochs=0: expected an integer ≥ 1"),
-    ("seed=abc", "seed='abc': expected an integer ≥ 0"),
-    ("mdl.num_blocks=-1", "mdl.num_blocks=-1: expected an integer ≥ 2"),
-    ("optim.lr=0", "optim.lr=0: expected a number > 0"),
-    ("optim.lr=-0.1", "optim.lr=-0.1: expected a number > 0"),
-    ("training.engine=fast", "training.engine='fast': not allowed; choose one of auto, loop, stacked"),
-    ("dataset.zscore=maybe", "dataset.zscore='maybe': expected true or false"),
-    ("optim.beta1=1.5", "optim.beta1=1.5: expected a number in [0, 1)"),
-    ("+eraser.options.bogus=1", "eraser.options.bogus: not an option of eraser control"),
+    ("arch.width=0", "arch.width=0 is not allowed: arch.width must be an integer ≥ 1"),
+    ("arch.width=-5", "arch.width=-5 is not allowed: arch.width must be an integer ≥ 1"),
+    ("arch.depth=0", "arch.depth=0 is not allowed: arch.depth must be an integer ≥ 1"),
+    ("mdl.max_epochs=0", "mdl.max_epochs=0 is not allowed: mdl.max_epochs must be an integer ≥ 1"),
+    ("seed=abc", "seed='abc' is not allowed: seed must be an integer ≥ 0"),
+    ("mdl.num_blocks=-1", "mdl.num_blocks=-1 is not allowed: mdl.num_blocks must be an integer ≥ 2"),
+    ("optim.lr=0", "optim.lr=0 is not allowed: optim.lr must be a number > 0"),
+    ("optim.lr=-0.1", "optim.lr=-0.1 is not allowed: optim.lr must be a number > 0"),
+    ("training.engine=fast",
+     "training.engine='fast' is not allowed: training.engine must be one of auto, loop, stacked"),
+    ("dataset.zscore=maybe", "dataset.zscore='maybe' is not allowed: dataset.zscore must be true or false"),
+    ("optim.beta1=1.5", "optim.beta1=1.5 is not allowed: optim.beta1 must be a number in [0, 1)"),
+    ("+eraser.options.bogus=1", "eraser.options.bogus is not allowed: not an option of eraser control"),
 ])
 def test_bad_values_are_one_line_naming_key_value_and_what_is_allowed(override: str, message: str,
                                                                       tmp_path: Path) -> None:
@@ -89,7 +90,7 @@ def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(t
     assert legacy_differences(old, cfg) == []
     with caplog.at_level("INFO"):
         assert run_job(cfg)["mdl"]["bits_per_sample"] == 1.5  # reused, not recomputed
-    assert "pre-v2 layout" in caplog.text and not Path(cfg["paths"]["job_dir"]).exists()
+    assert "pre-v2 layout" in caplog.text and not (Path(cfg["paths"]["job_dir"]) / "result.json").exists()
 
     other = job_config(tmp_path, [*SMOKE, "mdl.num_blocks=3"])
     assert legacy_differences(old, other) == ["mdl.num_blocks"]

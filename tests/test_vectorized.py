@@ -250,11 +250,14 @@ def test_job_parallel_equals_one_at_a_time(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("override, message", [("training.workers=0",
-                                                r"training.workers=0: expected auto or an integer"),
+                                                r"training.workers=0 is not allowed: "
+                                                r"training.workers must be auto or an integer"),
                                                ("training.fused_optimizer=maybe",
-                                                r"training.fused_optimizer='maybe': not allowed; choose one of"),
+                                                r"training.fused_optimizer='maybe' is not allowed: "
+                                                r"training.fused_optimizer must be one of"),
                                                ("training.engine=warp",
-                                                r"training.engine='warp': not allowed; choose one of auto, loop")])
+                                                r"training.engine='warp' is not allowed: "
+                                                r"training.engine must be one of auto, loop")])
 def test_bad_training_options_fail_before_any_data_is_loaded(tmp_path: Path, override: str, message: str) -> None:
     """cifar10 files are absent here: the option error must come first (nothing loaded or erased in vain)."""
     with pytest.raises(ValueError, match=message):

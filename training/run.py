@@ -1,9 +1,14 @@
-"""Hydra entrypoint: `python -m training.run [overrides]` runs one job; add `-m` for a multirun."""
+"""Hydra entrypoint: `python -m training.run [overrides]` runs one job; add `-m` for a multirun.
+
+A user error (bad config value, missing or corrupt data, unwritable path, a directory holding another
+configuration's result) is one line on stderr and in the job's run.log, exit code 2 (`HYDRA_FULL_ERROR=1`
+adds the traceback). Config values are checked before anything is made: by the `job_status` callback before
+Hydra creates the run directory (and before any job of a multirun runs), and again here.
+"""
 
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 import hydra
@@ -11,26 +16,18 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from training.app.results import ConfigMismatchError
+from training.app.report import (
+    SweepJobFailed,
+    exit_user_error,
+    full_error,
+    remove_if_unused,
+    to_run_log,
+    user_error_line,
+)
 from training.app.schema import ConfigError, load_config
 from training.app.tasks import get_task
 
 log = logging.getLogger("training.run")
-
-
-def _remove_fresh_run_dir(run_dir: Path) -> None:
-    """Hydra made the run directory (and its log) before the config was checked: remove it and the empty parents
-    it made, unless it holds anything but logs (then it is an existing job's directory)."""
-    try:
-        if not run_dir.is_dir() or not all(p.is_file() and p.suffix == ".log" for p in run_dir.iterdir()):
-            return
-        for p in run_dir.iterdir():
-            p.unlink()
-        while run_dir.name != "runs" and not any(run_dir.iterdir()):
-            run_dir.rmdir()
-            run_dir = run_dir.parent
-    except OSError:
-        pass
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
@@ -39,15 +36,23 @@ def main(cfg: DictConfig) -> float | None:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     try:
-        job = load_config(resolved)
+        job = load_config(resolved)  # normally checked earlier, by the job_status callback
         result = get_task(job.task)(job)
-    except (ConfigError, ConfigMismatchError) as e:
+    except Exception as err:
+        line = user_error_line(err)
+        if line is None:
+            to_run_log(logging.ERROR, f"job failed: {type(err).__name__}: {err}", err)
+            raise
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        if isinstance(err, ConfigError) and not multirun and remove_if_unused(run_dir, Path(str(
+                resolved["paths"]["out_dir"]))):
+            exit_user_error(line, err)  # refused before it did anything: no directory left behind
+        to_run_log(logging.ERROR, f"error: {line}")
+        if multirun and not full_error():
+            raise SweepJobFailed(line) from err  # the ledger records the line; the sweep goes on
         if multirun:
-            raise  # one failed job: the multirun callback records it and the sweep goes on
-        if isinstance(e, ConfigError):
-            _remove_fresh_run_dir(Path(HydraConfig.get().runtime.output_dir))
-        log.error("%s", e)
-        sys.exit(2)
+            raise
+        exit_user_error(line, err)
     mdl = result.get("mdl") or {}
     return mdl.get("bits_per_sample") if isinstance(mdl, dict) else None
 

@@ -8,11 +8,18 @@ the running tally (`[3/12] done ... | done 2, skipped 1, failed 0`), and the lau
 Policy: one failed job does not stop the sweep. Hydra's basic sweeper lets every job of the batch run, then
 re-raises the first failure, so the multirun exits non-zero; the summary (with each failed job's directory
 and error) is printed on the way out. Rerunning the same command skips the finished jobs and resumes the rest.
+
+Before anything runs, the launching process composes every job of the sweep (with or without a preset) and
+refuses the whole sweep, with one line and exit code 2, when a job's config has a bad value, when two jobs would
+share a directory with different configurations (naming the keys that differ), or when a job's directory holds a
+result of another configuration (unless force=true). A single run's config is checked the same way before Hydra
+creates its directory.
 """
 
 from __future__ import annotations
 
 import atexit
+import copy
 import json
 import logging
 import os
@@ -24,10 +31,12 @@ from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from erasure.files import atomic_write_json
-from training.app.results import RESULT_FILE
+from training.app.report import exit_user_error, user_error_line
+from training.app.results import RESULT_FILE, flatten, mismatch_message, read_result, same_config
+from training.app.schema import config_hash, load_config, semantic
 
 log = logging.getLogger("training.multirun")
 LEDGER_ENV = "ERASURE_MDL_MULTIRUN_LEDGER"
@@ -35,18 +44,125 @@ TOTAL_ENV = "ERASURE_MDL_MULTIRUN_TOTAL"
 STATUSES = ("done", "skipped", "failed")
 
 
-def count_jobs(config: DictConfig) -> int | None:
-    """How many jobs the basic sweeper will launch: its params x the command line's overrides."""
+def sweep_combos(config: DictConfig) -> list[list[str]] | None:
+    """The override list of every job the basic sweeper will launch, in order: its params (a preset's
+    `hydra.sweeper.params`, or none) x the command line's overrides. None for another sweeper."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     hc = config.hydra
     if "BasicSweeper" not in str(hc.sweeper.get("_target_", "")):
         return None
-    params = OmegaConf.to_container(hc.sweeper.get("params") or {}, resolve=False)
+    params = hc.sweeper.get("params")
+    params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
     assert isinstance(params, dict)
     args = [f"{k}={v}" for k, v in params.items()] + list(hc.overrides.task)
-    return len(BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)[0])
+    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
+    parser = OverridesParser.create(config_loader=loader)
+    return [list(c) for batch in BasicSweeper.split_arguments(parser.parse_overrides(args), None) for c in batch]
+
+
+def count_jobs(config: DictConfig) -> int | None:
+    """How many jobs the basic sweeper will launch (None for another sweeper)."""
+    combos = sweep_combos(config)
+    return None if combos is None else len(combos)
+
+
+def differing_keys(cfgs: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Semantic keys (dotted) whose values differ between the configs, with their distinct values."""
+    flats = [flatten(semantic(c)) for c in cfgs]
+    out: dict[str, list[Any]] = {}
+    for k in sorted(set().union(*flats)):
+        distinct = list(dict.fromkeys(json.dumps(f.get(k), sort_keys=True, default=str) for f in flats))
+        if len(distinct) > 1:
+            out[k] = [json.loads(v) for v in distinct]
+    return out
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _split_seed(combo: list[str]) -> tuple[tuple[str, ...], Any]:
+    """(the overrides other than a plain `seed=<value>`, that value or None)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    rest, seed = [], None
+    for item in combo:
+        if item.startswith("seed="):
+            (override,) = OverridesParser.create().parse_overrides([item])  # the job's own parse of the value
+            seed = override.value()
+        else:
+            rest.append(item)
+    return tuple(rest), seed
+
+
+def check_sweep(config: DictConfig) -> int | None:
+    """Compose and check every job of the sweep before any runs; refuse the sweep (one line, exit 2) on a bad
+    value, on jobs sharing a directory with different configurations, or on a directory holding another
+    configuration's result (unless force=true). Returns the number of jobs (None for another sweeper)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    combos = sweep_combos(config)
+    if combos is None or not GlobalHydra.instance().is_initialized():
+        return None if combos is None else len(combos)
+    loader = GlobalHydra.instance().config_loader()
+    t0 = time.time()
+    by_dir: dict[str, list[tuple[int, list[str], dict[str, Any], str]]] = {}
+    composed: dict[tuple[str, ...], DictConfig] = {}
+    for num, combo in enumerate(combos):
+        where = f"job {num} ({' '.join(combo) or 'no overrides'})"
+        # Composing is the slow part (~0.1 s a job): jobs that differ only in the seed share one composition.
+        rest, seed = _split_seed(combo)
+        try:
+            if rest not in composed:
+                base = loader.load_sweep_config(config, list(rest))
+                with open_dict(base):
+                    del base["hydra"]
+                composed[rest] = base
+            job_cfg = composed[rest]
+            if seed is not None:
+                job_cfg.seed = seed  # resolved right below, before the next job sets its own
+        except Exception as err:  # noqa: BLE001 - the sweeper would fail on it too, with a longer story
+            exit_user_error(f"multirun refused (nothing ran): {where} cannot be composed: {_first_line(err)}", err)
+        try:
+            cfg = OmegaConf.to_container(job_cfg, resolve=True)
+        except Exception as err:  # noqa: BLE001 - e.g. ${hydra:...} in a path: the job itself will tell
+            log.debug("multirun: %s not checked (%s)", where, _first_line(err))
+            continue
+        assert isinstance(cfg, dict)
+        try:
+            load_config(cfg)
+            h = config_hash(cfg)
+        except Exception as err:
+            line = user_error_line(err)
+            if line is None:  # not the user's mistake to fix up front: the job itself will fail and say so
+                log.warning("multirun: %s not checked (%s: %s)", where, type(err).__name__, _first_line(err))
+                continue
+            exit_user_error(f"multirun refused (nothing ran): {where}: {line}", err)
+        by_dir.setdefault(str(cfg["paths"]["job_dir"]), []).append((num, combo, cfg, h))
+    for job_dir, jobs in by_dir.items():
+        if len({h for *_, h in jobs}) > 1:
+            diff = differing_keys([cfg for _, _, cfg, _ in jobs])
+            shown = "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in list(diff.items())[:4])
+            exit_user_error(
+                f"multirun refused (nothing ran): jobs {', '.join(str(j[0]) for j in jobs)} would share the "
+                f"directory {job_dir} with different configurations (they differ in {shown or 'unknown keys'}); "
+                "run them with different paths.out_dir, or put those keys into paths.job_subdir")
+    mismatched = []
+    for job_dir, jobs in by_dir.items():
+        num, _, cfg, h = jobs[0]
+        if cfg.get("force"):
+            continue
+        done = read_result(Path(job_dir) / RESULT_FILE)
+        if done is not None and not same_config(done, h):
+            mismatched.append(mismatch_message(Path(job_dir), done["config_hash"], h))
+    if mismatched:
+        more = f" ({len(mismatched) - 1} more job directories hold other configurations)" if len(mismatched) > 1 else ""
+        exit_user_error(f"multirun refused (nothing ran): {mismatched[0]}{more}")
+    log.info("multirun: checked %d job configs in %.1fs", len(combos), time.time() - t0)
+    return len(combos)
 
 
 def read_ledger(ledger: Path) -> list[dict[str, Any]]:
@@ -98,11 +214,37 @@ class JobStatusCallback(Callback):
         self._reported = False
 
     # --- the launching process -------------------------------------------------------------------------
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A single run: check its config and that its directory can be made, before Hydra makes it."""
+        job_cfg = copy.deepcopy(config)
+        with open_dict(job_cfg):
+            del job_cfg["hydra"]
+        try:
+            cfg = OmegaConf.to_container(job_cfg, resolve=True)
+            assert isinstance(cfg, dict)
+        except Exception:  # noqa: BLE001 - an interpolation error: Hydra and the job report it
+            return
+        try:
+            load_config(cfg)
+            Path(str(config.hydra.run.dir)).mkdir(parents=True, exist_ok=True)
+        except Exception as err:
+            line = user_error_line(err)
+            if line is None:
+                raise
+            exit_user_error(line, err)
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self._total = check_sweep(config)  # refuses the sweep (SystemExit, code 2) before anything is made
+        except Exception as err:  # noqa: BLE001 - a failed check must not cost the sweep its ledger
+            log.warning("multirun: the job configs could not be checked up front (%s: %s)", type(err).__name__, err)
+            self._total = count_jobs(config)
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self._ledger = Path(str(config.hydra.sweep.dir)) / ".multirun" / run_id
-        self._ledger.mkdir(parents=True, exist_ok=True)
-        self._total = count_jobs(config)
+        try:
+            self._ledger.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            exit_user_error(user_error_line(err) or f"cannot create {self._ledger}: {err}", err)
         os.environ[LEDGER_ENV] = str(self._ledger)  # inherited by joblib/submitit workers and sbatch jobs
         os.environ[TOTAL_ENV] = "" if self._total is None else str(self._total)
         log.info("multirun: %s jobs, job status in %s", self._total if self._total is not None else "?",
@@ -150,12 +292,14 @@ class JobStatusCallback(Callback):
                                  "seconds": round(time.time() - t0, 3)}
         if job_return.status == JobStatus.FAILED:
             err = job_return._return_value
-            entry.update(status="failed", error=f"{type(err).__name__}: {err}")
+            line = user_error_line(err) if isinstance(err, BaseException) else None
+            entry.update(status="failed", error=line or f"{type(err).__name__}: {err}")
         else:
             skipped = before is not None and before == _result_stamp(job_dir)
             entry["status"] = "skipped" if skipped else "done"
         atomic_write_json(Path(ledger) / f"job-{entry['num']:05d}.json", entry)
         total = os.environ.get(TOTAL_ENV) or "?"
         t = tally(read_ledger(Path(ledger)))
-        log.info("[%d/%s] %s %s | done %d, skipped %d, failed %d", sum(t.values()), total, entry["status"],
-                 job_dir, t["done"], t["skipped"], t["failed"])
+        error = f": {entry['error']}" if entry["status"] == "failed" else ""
+        log.info("[%d/%s] %s %s%s | done %d, skipped %d, failed %d", sum(t.values()), total, entry["status"],
+                 job_dir, error, t["done"], t["skipped"], t["failed"])

@@ -1,18 +1,35 @@
-"""result.json: skip/refuse logic for a job directory, and finding results of the pre-v2 layout."""
+"""A job directory: result.json, the config hash, skip/refuse logic, and the lock a job holds on its directory.
+
+    job = JobDir(job_dir, cfg_hash, force)
+    with job.locked():                      # a second job with this directory waits here (and says so)
+        if (done := job.finished()) is not None:
+            return done                     # SKIP: finished with this configuration
+        ...
+        job.write_result(result)            # re-checks the stored hash first: never overwrites another config
+
+A malformed result.json (`[]`, `42`, `{}`, no config hash) counts as absent: warned about and recomputed, never
+taken for another configuration's result.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from erasure.files import read_json
+from erasure.files import atomic_write_json, read_json
+from erasure.locks import waiting_lock
 from training.app.schema import config_hash, semantic
+from training.errors import UserError
 
 log = logging.getLogger(__name__)
 
 RESULT_FILE = "result.json"
+LOCK_FILE = ".job.lock"
 
 
 def to_plain(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -20,11 +37,12 @@ def to_plain(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k): to_plain(v) if isinstance(v, Mapping) else v for k, v in cfg.items()}
 
 
-def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value of a nested config."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, Mapping):
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -40,7 +58,7 @@ def legacy_differences(old_config: Mapping[str, Any], cfg: Mapping[str, Any]) ->
     A key the old config lacks counts as a difference (it was added since, possibly with new behaviour); a key
     only the old config has (since removed as dead) does not.
     """
-    old, new = _flat(semantic(old_config)), _flat(semantic(cfg))
+    old, new = flatten(semantic(old_config)), flatten(semantic(cfg))
     return sorted(k for k, v in new.items()
                   if k not in old or (old[k] != v and not (old[k] is None and k in _V1_RESOLVED)))
 
@@ -63,31 +81,84 @@ def legacy_result(cfg: Mapping[str, Any], job_dir: Path) -> dict[str, Any] | Non
     return done
 
 
-class ConfigMismatchError(RuntimeError):
+class ConfigMismatchError(UserError, RuntimeError):
     """A job directory already holds a result of a different configuration."""
 
 
-def should_skip(job_dir: Path, cfg_hash: str, force: bool) -> bool:
-    """True when job_dir holds a finished result with this hash; raise when it holds another config's."""
-    done = read_json(job_dir / RESULT_FILE)
+def read_result(path: Path) -> dict[str, Any] | None:
+    """The stored result, or None when absent or malformed (a malformed file is warned about: it is recomputed)."""
+    done = read_json(path)
     if done is None:
-        return False
+        return None
+    if not isinstance(done, dict) or not isinstance(done.get("config_hash"), str) or not done["config_hash"]:
+        shown = json.dumps(done)[:60] if not isinstance(done, dict) else f"keys {sorted(done)[:6]}"
+        log.warning("ignoring malformed %s (no config hash: %s); recomputing it", path, shown)
+        return None
+    return done
+
+
+def same_config(done: Mapping[str, Any], cfg_hash: str) -> bool:
     if done.get("config_hash") == cfg_hash:
         return True
-    if isinstance(done.get("config"), dict) and config_hash(done["config"]) == cfg_hash:
-        return True  # same config; the stored hash predates a change of what the hash covers
-    if force:
-        log.warning("force=true: replacing %s (hash %s -> %s)", job_dir, done.get("config_hash"), cfg_hash)
-        return False
-    raise ConfigMismatchError(
-        f"{job_dir} already holds a result for another configuration (hash {done.get('config_hash')}, "
-        f"this run {cfg_hash}); pass force=true to replace it or choose another paths.out_dir"
-    )
+    # same config, when the stored hash predates a change of what the hash covers
+    return isinstance(done.get("config"), dict) and config_hash(done["config"]) == cfg_hash
 
 
-def finished_result(job_dir: Path, cfg_hash: str, force: bool) -> dict[str, Any] | None:
-    """The stored result when this job already finished (logs SKIP), else None; refuses another config's dir."""
-    if not should_skip(job_dir, cfg_hash, force):
-        return None
-    log.info("SKIP %s (finished, config hash %s)", job_dir, cfg_hash)
-    return read_json(job_dir / RESULT_FILE) or {}
+def mismatch_message(job_dir: Path, stored: object, cfg_hash: str) -> str:
+    return (f"{job_dir} already holds a result of another configuration (hash {stored}, this job {cfg_hash}): "
+            "pass force=true to replace it, or choose another paths.out_dir")
+
+
+@dataclass
+class JobDir:
+    """One job's directory, seen by the job that writes it (see the module docstring)."""
+
+    path: Path
+    cfg_hash: str
+    force: bool = False
+    found: str | None = None  # hash of the result present when the job started: force=true replaces that one only
+
+    @contextmanager
+    def locked(self) -> Iterator[JobDir]:
+        """Hold the directory's lock for the whole job: a second job with the same directory waits (logging that
+        it waits, on what and since when), then skips or refuses according to what the first one left."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with waiting_lock(self.path / LOCK_FILE, f"job directory {self.path} (another job with it is running)"):
+            yield self
+
+    def finished(self) -> dict[str, Any] | None:
+        """The stored result when this job already finished (logs SKIP), else None; refuses another config's
+        result unless force=true. force=true also recomputes a finished job of this configuration."""
+        done = read_result(self.path / RESULT_FILE)
+        if done is None:
+            return None
+        self.found = str(done["config_hash"])
+        if same_config(done, self.cfg_hash):
+            if not self.force:
+                log.info("SKIP %s (finished, config hash %s)", self.path, self.cfg_hash)
+                return done
+            log.warning("force=true: recomputing %s (finished with this configuration, hash %s)", self.path,
+                        self.cfg_hash)
+            return None
+        if self.force:
+            log.warning("force=true: replacing %s (hash %s -> %s)", self.path, self.found, self.cfg_hash)
+            return None
+        raise ConfigMismatchError(mismatch_message(self.path, self.found, self.cfg_hash))
+
+    def write_result(self, result: Mapping[str, Any]) -> Path:
+        """Write result.json (atomically) after re-checking what is there: a result of another configuration
+        that appeared while this job ran (a process that ignored the lock) is never overwritten; this job's
+        result then goes to `result.<hash>.json` and the job fails with one line."""
+        path = self.path / RESULT_FILE
+        done = read_result(path)
+        if done is not None and not same_config(done, self.cfg_hash) and not (self.force and
+                                                                               done["config_hash"] == self.found):
+            aside = self.path / f"result.{self.cfg_hash}.json"
+            atomic_write_json(aside, result)
+            raise ConfigMismatchError(
+                f"{path} was written by another configuration (hash {done['config_hash']}) while this job "
+                f"({self.cfg_hash}) ran: not overwritten, this job's result is in {aside}; give the two "
+                "configurations different directories (paths.out_dir)")
+        atomic_write_json(path, result)
+        return path
+

@@ -21,10 +21,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from training.errors import UserError
+
 Check = Callable[[Any], bool]
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value that is not allowed; the message is one line: key, value, what is allowed."""
 
 
@@ -259,7 +261,7 @@ def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
 
 def _build(cls: type[Section], data: Any, prefix: str) -> Section:
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}={data!r}: expected a group of keys")
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}={data!r} is not allowed: it must be a group of keys")
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name == "_extra":
@@ -277,7 +279,7 @@ def _build(cls: type[Section], data: Any, prefix: str) -> Section:
     extra = {k: v for k, v in data.items() if k not in values}
     if extra and not cls.open:
         k = sorted(extra)[0]
-        raise ConfigError(f"{prefix}{k}={extra[k]!r}: unknown key; known: {', '.join(values)}")
+        raise ConfigError(f"{prefix}{k}={extra[k]!r} is not allowed: unknown key; known: {', '.join(values)}")
     return cls(**values, _extra=extra)
 
 
@@ -286,22 +288,23 @@ def _check(key: str, value: Any, meta: Mapping[str, Any]) -> Any:
     if value is None:
         if meta.get("optional") or (meta.get("choices") and None in meta["choices"]):
             return None
-        raise ConfigError(f"{key}=null: not allowed; {meta.get('allowed') or 'set a value'}")
+        raise ConfigError(f"{key}=null is not allowed: {key} must be {meta.get('allowed') or 'set'}")
     if isinstance(kind, type) and issubclass(kind, Section):
         return _build(kind, value, key + ".")
     if meta.get("choices"):
         if not any(value == c and type(value) is type(c) for c in meta["choices"]):
             shown = ", ".join(json.dumps(c) if isinstance(c, bool) else str(c) for c in meta["choices"])
-            raise ConfigError(f"{key}={value!r}: not allowed; choose one of {shown}")
+            raise ConfigError(f"{key}={value!r} is not allowed: {key} must be one of {shown}")
         return value
     if kind is not None:
         kinds = kind if isinstance(kind, tuple) else (kind,)
         bad_bool = isinstance(value, bool) and bool not in kinds
         if bad_bool or not isinstance(value, kinds):
-            raise ConfigError(f"{key}={value!r}: expected {meta.get('allowed') or _kind_name(kinds)}")
+            allowed = meta.get("allowed") or _kind_name(kinds)
+            raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {allowed}")
     check = meta.get("check")
     if check is not None and not check(value):
-        raise ConfigError(f"{key}={value!r}: expected {meta.get('allowed') or 'another value'}")
+        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {meta.get('allowed') or 'another value'}")
     return value
 
 
@@ -316,7 +319,7 @@ def _check_eraser_options(eraser: EraserConfig) -> None:
     known = default_options(eraser.name)
     for k in eraser.options:
         if k not in known:
-            raise ConfigError(f"eraser.options.{k}: not an option of eraser {eraser.name}; known: "
+            raise ConfigError(f"eraser.options.{k} is not allowed: not an option of eraser {eraser.name}; known: "
                               f"{', '.join(sorted(known))}")
 
 

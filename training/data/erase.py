@@ -64,7 +64,10 @@ def certify_original(data: LoadedData, cache_dir: Path) -> dict[str, Any]:
     if cached is not None:
         return cached
     cert = certify(data.x, data.y)
-    atomic_write_json(path, cert)
+    try:
+        atomic_write_json(path, cert)
+    except OSError as err:  # a cache: not worth losing the job over
+        log.warning("could not cache the certificate in %s (%s); going on", path, err)
     return cert
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.data.registry import DatasetMissingError, LoadedData, register
+from training.data.registry import DatasetMissingError, LoadedData, reading, register
 
 
 def _root(cfg: Mapping[str, Any], data_dir: Path) -> Path:
@@ -57,10 +57,11 @@ def load_cifar10(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
         )
     xs, ys = [], []
     for b in batches:
-        with open(b, "rb") as f:
-            entry = pickle.load(f, encoding="latin1")
-        xs.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(entry["labels"], dtype=np.int64))
+        with reading(b, "CIFAR-10 batch"):
+            with open(b, "rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+            xs.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+            ys.append(np.asarray(entry["labels"], dtype=np.int64))
     x = torch.from_numpy(np.concatenate(xs)).float().div_(255.0)
     return LoadedData("cifar10", x, torch.from_numpy(np.concatenate(ys)), 10, {"source": str(folder)})
 
@@ -81,10 +82,12 @@ def load_svhn(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
         reason = _try_download(cfg, lambda: SVHN(str(folder), split="train", download=True))
     if not path.exists():
         raise DatasetMissingError(f"SVHN not found: {path} is missing ({reason}); download {SVHN_URL} there")
-    mat = loadmat(str(path))
-    x = mat["X"]  # (32, 32, 3, N) uint8
-    y = mat["y"].astype(np.int64).reshape(-1) % 10  # the file labels digit 0 as 10
-    return LoadedData("svhn", _nhwc_uint8(np.transpose(x, (3, 0, 1, 2))), torch.from_numpy(y), 10,
+    with reading(path, "SVHN"):
+        mat = loadmat(str(path))
+        x = mat["X"]  # (32, 32, 3, N) uint8
+        y = mat["y"].astype(np.int64).reshape(-1) % 10  # the file labels digit 0 as 10
+        x = np.transpose(x, (3, 0, 1, 2))
+    return LoadedData("svhn", _nhwc_uint8(x), torch.from_numpy(y), 10,
                       {"source": str(path)})
 
 
@@ -93,8 +96,9 @@ def load_cifarnet(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
     folder = _root(cfg, data_dir) / "cifarnet"
     npz = folder / "train.npz"
     if npz.exists():
-        with np.load(npz) as f:
-            images, labels = f["images"], f["labels"]
+        with reading(npz, "CIFARNet (expects arrays `images` uint8 NHWC 64x64x3 and `labels`)"):
+            with np.load(npz) as f:
+                images, labels = f["images"], f["labels"]
     else:
         shards = sorted(folder.glob("**/train-*.parquet"))
         if not shards:
@@ -103,8 +107,9 @@ def load_cifarnet(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
                 f"EleutherAI/cifarnet parquet shards (train-*.parquet) under {folder}"
             )
         images, labels = _read_parquet_images(shards)
-    return LoadedData("cifarnet", _nhwc_uint8(images), torch.from_numpy(labels.astype(np.int64)), 10,
-                      {"source": str(folder)})
+    with reading(npz if npz.exists() else folder, "CIFARNet (images must be uint8 NHWC, one integer label each)"):
+        x, y = _nhwc_uint8(images), torch.from_numpy(np.asarray(labels).astype(np.int64).reshape(-1))
+    return LoadedData("cifarnet", x, y, 10, {"source": str(folder)})
 
 
 def _read_parquet_images(shards: list[Path]) -> tuple[np.ndarray, np.ndarray]:
@@ -113,8 +118,11 @@ def _read_parquet_images(shards: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     import pandas as pd
     from PIL import Image
 
-    frames = [pd.read_parquet(s) for s in shards]
-    df = pd.concat(frames, ignore_index=True)
-    img_col = "img" if "img" in df.columns else "image"
-    images = np.stack([np.asarray(Image.open(io.BytesIO(v["bytes"])).convert("RGB")) for v in df[img_col]])
-    return images, df["label"].to_numpy()
+    frames = []
+    for shard in shards:
+        with reading(shard, "CIFARNet parquet shard (columns img/image with PNG bytes, label)"):
+            df = pd.read_parquet(shard)
+            img_col = "img" if "img" in df.columns else "image"
+            images = np.stack([np.asarray(Image.open(io.BytesIO(v["bytes"])).convert("RGB")) for v in df[img_col]])
+            frames.append((images, df["label"].to_numpy()))
+    return np.concatenate([f[0] for f in frames]), np.concatenate([f[1] for f in frames])

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,24 @@ import torch
 from torch import Tensor
 
 from erasure.registry import Registry
+from training.errors import DataCorruptError, UserError
 
 
-class DatasetMissingError(FileNotFoundError):
+class DatasetMissingError(UserError, FileNotFoundError):
     """The dataset's files are absent and cannot be downloaded; the message says where to put them."""
+
+
+@contextmanager
+def reading(path: Path | str, what: str) -> Iterator[None]:
+    """Any failure to parse `path` inside the block becomes one DataCorruptError line naming the file."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - pickle, zip, HDF5, gzip ... each fail in their own way
+        detail = (str(err).strip().splitlines() or [""])[0][:120]
+        raise DataCorruptError(f"{what}: cannot read {path} ({type(err).__name__}: {detail}); the file is corrupt "
+                               "or not in the expected format: replace it (download it again)") from err
 
 
 @dataclass
@@ -63,6 +78,13 @@ def load_dataset(cfg: Mapping[str, Any], data_dir: str | Path = "data") -> Loade
 
 
 def _validate(data: LoadedData) -> None:
+    try:
+        _check(data)
+    except ValueError as err:
+        raise DataCorruptError(f"{err} (read from {data.info.get('source', '?')}): replace the files") from err
+
+
+def _check(data: LoadedData) -> None:
     if data.x.dtype != torch.float32 or data.x.ndim != 4:
         raise ValueError(f"{data.name}: expected float32 NCHW images, got {data.x.dtype} {tuple(data.x.shape)}")
     if not torch.isfinite(data.x).all():

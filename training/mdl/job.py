@@ -19,8 +19,8 @@ import torch
 from erasure.files import atomic_write_json, read_json
 from erasure.registry import ERASERS
 from models.registry import ARCHS
-from training.app.results import RESULT_FILE, finished_result, legacy_result, to_plain
-from training.app.schema import HASH_VERSION, config_hash, load_config
+from training.app.results import JobDir, legacy_result, to_plain
+from training.app.schema import HASH_VERSION, JobConfig, config_hash, load_config
 from training.app.tasks import TASKS
 from training.app.wandb_logger import RunLogger
 from training.data import LoadedData, load_dataset
@@ -165,6 +165,36 @@ def _fit_summary(res: FitResult) -> dict[str, Any]:
             "steps": res.steps}
 
 
+BLOCK_FIELDS = ("block", "train_size", "coded_size", "ce_bits", "temperature", "seconds", "best_val_loss",
+                "best_epoch", "epochs", "steps")
+
+
+def read_progress(path: Path, cfg_hash: str, num_blocks: int) -> list[dict[str, Any]]:
+    """The finished block models saved in progress.json by an earlier run of this configuration, or [] (start
+    over): absent, another configuration's, or malformed (warned about; a file missing a field never resumes)."""
+    saved = read_json(path)
+    if saved is None:
+        return []
+    if not isinstance(saved, dict) or not isinstance(saved.get("blocks"), list):
+        log.warning("ignoring malformed %s (no list of blocks); starting the MDL blocks over", path)
+        return []
+    if saved.get("config_hash") != cfg_hash:
+        return []
+    blocks = saved["blocks"]
+    for j, b in enumerate(blocks):
+        missing = [k for k in BLOCK_FIELDS if k not in b] if isinstance(b, dict) else list(BLOCK_FIELDS)
+        ce = b.get("ce_bits") if isinstance(b, dict) else None
+        if missing or b["block"] != j + 2 or not isinstance(ce, int | float) or not math.isfinite(ce):
+            log.warning("ignoring malformed %s (entry %d: %s); starting the MDL blocks over", path, j,
+                        f"missing {missing}" if missing else f"block {b.get('block')}, ce_bits {ce!r}")
+            return []
+    if len(blocks) > num_blocks - 1:
+        log.warning("ignoring %s: %d block models saved, this job has %d; starting over", path, len(blocks),
+                    num_blocks - 1)
+        return []
+    return blocks
+
+
 def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger,
             with_full: bool = False) -> dict[str, Any]:
     """Train the B-1 block models (resuming finished ones from progress.json) and return the code.
@@ -176,8 +206,7 @@ def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger,
     split, protocol = trainer.split, trainer.cfg["mdl"]["protocol"]
     num_blocks = len(split.block_sizes)
     progress_path = job_dir / PROGRESS_FILE
-    saved = read_json(progress_path) or {}
-    blocks: list[dict[str, Any]] = saved.get("blocks", []) if saved.get("config_hash") == cfg_hash else []
+    blocks = read_progress(progress_path, cfg_hash, num_blocks)
     if blocks:
         log.info("resuming after block model %d/%d from %s", len(blocks), num_blocks - 1, progress_path)
     todo = list(range(len(blocks) + 1, num_blocks))
@@ -261,19 +290,23 @@ def erase_maybe_zscored(data: LoadedData, cfg: Mapping[str, Any]) -> tuple[torch
 
 @TASKS.register("mdl", uses=None)
 def run_job(config: Mapping[str, Any]) -> dict[str, Any]:
-    cfg = load_config(config)
-    job_dir = Path(cfg["paths"]["job_dir"])
-    cfg_hash = config_hash(cfg)
-    if (done := finished_result(job_dir, cfg_hash, bool(cfg.get("force", False)))) is not None:
-        return done
-    if not cfg.force and (done := legacy_result(cfg, job_dir)) is not None:
-        return done
-    job_dir.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
+    cfg = load_config(config)  # bad values fail here, with one line, before any directory or data
+    job = JobDir(Path(cfg["paths"]["job_dir"]), config_hash(cfg), bool(cfg.get("force", False)))
     device = resolve_device(str(cfg.get("device", "auto")))
     opts = cfg.get("training") or {}
     check_options(str(opts.get("engine", "auto")), opts.get("workers", "auto"), opts.get("fused_optimizer", False),
                   device)
+    with job.locked():
+        if (done := job.finished()) is not None:
+            return done
+        if not cfg.force and (done := legacy_result(cfg, job.path)) is not None:
+            return done
+        return _run_job(cfg, job, device)
+
+
+def _run_job(cfg: JobConfig, job: JobDir, device: torch.device) -> dict[str, Any]:
+    job_dir, cfg_hash = job.path, job.cfg_hash
+    t_start = time.perf_counter()
     seed = int(cfg["seed"])
     logger = RunLogger(cfg.get("logger"), cfg, job_dir, run_id=f"{cfg_hash}-s{seed}")
     try:
@@ -308,7 +341,7 @@ def run_job(config: Mapping[str, Any]) -> dict[str, Any]:
                         "full_run_s": t_end - t_full, "total_s": t_end - t_start},
         }
         logger.summary({"mdl/bits_per_sample": mdl["bits_per_sample"], "mdl/legacy": mdl["legacy"]})
-        atomic_write_json(job_dir / RESULT_FILE, result)  # the job's last act: its presence means "done"
+        job.write_result(result)  # the job's last act: its presence means "done"
         (job_dir / PROGRESS_FILE).unlink(missing_ok=True)
         log.info("done %s: %.4f bits/sample (%s), legacy %.4f, %.1fs", job_dir, mdl["bits_per_sample"],
                  mdl["protocol"], mdl["legacy"], t_end - t_start)

@@ -20,31 +20,31 @@ from typing import Any
 import torch
 from torch import nn
 
-from erasure.files import atomic_write_json
-from training.app.results import RESULT_FILE, finished_result, to_plain
-from training.app.schema import HASH_VERSION, config_hash
+from training.app.results import JobDir, to_plain
+from training.app.schema import HASH_VERSION, config_hash, load_config
 from training.engine.devices import resolve_device
 
 log = logging.getLogger(__name__)
 Body = Callable[[dict[str, Any], Path, torch.device], dict[str, Any]]
 
 
-def run_task(cfg: Mapping[str, Any], body: Body) -> dict[str, Any]:
-    """Skip/refuse logic, timing and the atomic result.json around a task body (the hash covers the groups the
-    task's registry entry `uses`)."""
-    job_dir = Path(cfg["paths"]["job_dir"])
-    cfg_hash = config_hash(cfg)
-    if (done := finished_result(job_dir, cfg_hash, bool(cfg.get("force", False)))) is not None:
-        return done
-    job_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    device = resolve_device(str(cfg.get("device", "auto")))
-    out = body(cfg, job_dir, device)
-    result = {"config_hash": cfg_hash, "hash_version": HASH_VERSION, "job_dir": str(job_dir), "task": cfg["task"],
-              "method": method_name(cfg), "config": to_plain(cfg), **out, "device": str(device),
-              "timings": {"total_s": time.perf_counter() - t0}}
-    atomic_write_json(job_dir / RESULT_FILE, result)
-    log.info("done %s (%s, %.1fs)", job_dir, result["method"], result["timings"]["total_s"])
+def run_task(config: Mapping[str, Any], body: Body) -> dict[str, Any]:
+    """Skip/refuse logic, timing and the atomic result.json around a task body (the hash covers the config groups
+    the task's registry entry `uses`)."""
+    cfg = load_config(config)  # bad values fail here, with one line, before any directory or data
+    job = JobDir(Path(cfg["paths"]["job_dir"]), config_hash(cfg), bool(cfg.get("force", False)))
+    with job.locked():
+        if (done := job.finished()) is not None:
+            return done
+        t0 = time.perf_counter()
+        device = resolve_device(str(cfg.get("device", "auto")))
+        out = body(cfg, job.path, device)
+        result = {"config_hash": job.cfg_hash, "hash_version": HASH_VERSION, "job_dir": str(job.path),
+                  "task": cfg["task"], "method": method_name(cfg), "config": to_plain(cfg), **out,
+                  "device": str(device),
+                  "timings": {"total_s": time.perf_counter() - t0}}
+        job.write_result(result)
+    log.info("done %s (%s, %.1fs)", job.path, result["method"], result["timings"]["total_s"])
     return result
 
 

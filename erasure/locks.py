@@ -1,0 +1,90 @@
+"""A file lock that says who holds it: waiting is logged (on what, held since when, by which process), so a job
+stuck behind a hung process does not sit silently with an empty log.
+
+The holder writes `<lock>.holder` (pid, host, since) next to the lock file after acquiring it and removes it on
+release. The lock itself is an OS lock (`flock` through `filelock`): the kernel releases it when its process dies,
+even after SIGKILL. A lock is only "stale" while its holder still runs (hung) or on a network file system that
+keeps locks of dead clients: stop that process, or delete the `.lock` file (see the README).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+log = logging.getLogger(__name__)
+LOG_EVERY_ENV = "ERASURE_MDL_LOCK_LOG_EVERY"
+DEFAULT_LOG_EVERY = 60.0
+
+
+def log_every() -> float:
+    """Seconds between "still waiting" lines (env ERASURE_MDL_LOCK_LOG_EVERY, default 60)."""
+    try:
+        return max(0.01, float(os.environ.get(LOG_EVERY_ENV, DEFAULT_LOG_EVERY)))
+    except ValueError:
+        return DEFAULT_LOG_EVERY
+
+
+def holder_path(lock_path: Path) -> Path:
+    return lock_path.with_name(lock_path.name + ".holder")
+
+
+def read_holder(lock_path: Path) -> dict[str, Any]:
+    try:
+        info = json.loads(holder_path(lock_path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def describe_holder(lock_path: Path) -> str:
+    info = read_holder(lock_path)
+    if not info:
+        return "holder unknown"
+    since = info.get("since")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, int | float) else "?"
+    return f"held since {when} by pid {info.get('pid', '?')} on {info.get('host', '?')}"
+
+
+@contextmanager
+def waiting_lock(lock_path: Path, what: str, every: float | None = None) -> Iterator[None]:
+    """Hold the OS lock on `lock_path` for the block; while another process holds it, log that this one waits
+    (at once, then every `every` seconds) naming `what`, the lock file and its holder."""
+    lock_path = Path(lock_path)
+    every = log_every() if every is None else every
+    lock = FileLock(str(lock_path))
+    t0 = time.time()
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        while True:
+            log.warning("waiting for %s: lock %s %s (waited %.0fs)", what, lock_path, describe_holder(lock_path),
+                        time.time() - t0)
+            try:
+                lock.acquire(timeout=every)
+                break
+            except Timeout:
+                continue
+        log.info("got the lock on %s after %.1fs", what, time.time() - t0)
+    try:
+        try:
+            holder_path(lock_path).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                                          "since": time.time()}))
+        except OSError:
+            pass  # the holder note only helps waiting processes name us; the lock itself is held
+        yield
+    finally:
+        try:
+            holder_path(lock_path).unlink(missing_ok=True)
+        except OSError:
+            pass
+        lock.release()

@@ -1,0 +1,77 @@
+"""How `python -m training.run` reports a user error: one line on stderr, the same line in the job's run.log,
+exit code 2; `HYDRA_FULL_ERROR=1` shows the traceback as well."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import NoReturn
+
+from hydra.errors import CompactHydraException
+
+from training.app.schema import ConfigError
+from training.errors import UserError
+from training.errors import user_error_line as _line
+
+log = logging.getLogger("training.run")
+EXIT_USER_ERROR = 2
+
+
+class SweepJobFailed(UserError, CompactHydraException):
+    """A multirun job's user error, re-raised as this so that the ledger records its line and Hydra, which prints a
+    CompactHydraException as its message alone, ends the sweep with that line instead of a traceback."""
+
+
+def full_error() -> bool:
+    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def user_error_line(err: BaseException) -> str | None:
+    """One line for a user error (missing/corrupt data, bad config value, unwritable path, config mismatch)."""
+    return _line(err, (ConfigError,))
+
+
+def to_run_log(level: int, msg: str, exc: BaseException | None = None) -> None:
+    """Write to the job's log files only (run.log), not the console."""
+    exc_info = (type(exc), exc, exc.__traceback__) if exc is not None else None
+    record = log.makeRecord(log.name, level, __file__, 0, msg, None, exc_info)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def log_files() -> list[Path]:
+    return [Path(h.baseFilename) for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+
+
+def exit_user_error(line: str, err: BaseException | None = None) -> NoReturn:
+    """Print `error: <line>` on stderr (and the traceback with HYDRA_FULL_ERROR=1), exit with code 2."""
+    if err is not None and full_error():
+        traceback.print_exception(err)
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USER_ERROR)
+
+
+def remove_if_unused(run_dir: Path, stop: Path) -> bool:
+    """Remove `run_dir` when it holds nothing but Hydra's empty log (a run refused before it did anything), and
+    its parents up to `stop` that are left empty. True when removed."""
+    try:
+        entries = list(run_dir.iterdir())
+    except OSError:
+        return False
+    if any(p.is_dir() or p.suffix != ".log" or p.stat().st_size > 0 for p in entries):
+        return False
+    for p in entries:
+        p.unlink(missing_ok=True)
+    d = run_dir
+    stop = stop.resolve()
+    while d.resolve() != stop and stop in d.resolve().parents:
+        try:
+            d.rmdir()
+        except OSError:
+            break
+        d = d.parent
+    return True

@@ -1,0 +1,49 @@
+"""User errors: mistakes a user fixes (a missing or corrupt data file, a bad config value, an unwritable path, a
+directory holding another configuration's result). `python -m training.run` reports one of these as ONE line on
+stderr (and in the job's run.log) with exit code 2, not as a traceback (`HYDRA_FULL_ERROR=1` shows it).
+
+Every message names the file or key and says what to do. A leaf module: any layer of training/ may import it.
+"""
+
+from __future__ import annotations
+
+import errno
+
+
+class UserError(Exception):
+    """Base class: the message is the whole report (one line: what is wrong, where, and what to do)."""
+
+
+class DataCorruptError(UserError):
+    """A data file exists but cannot be read as the expected format."""
+
+
+class UnwritablePathError(UserError):
+    """A path the job must write (its directory, result.json, progress.json) cannot be written."""
+
+
+# OSErrors that are about the user's files or disk, not a bug: reported as one line like a UserError.
+USER_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+
+
+def os_error_line(err: OSError) -> str | None:
+    """One line for an OSError on a named path that the user can fix (None when it is not one)."""
+    if err.errno not in USER_ERRNOS or not err.filename:
+        return None
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        what, fix = "cannot write", "free some space"
+    elif err.errno == errno.EROFS:
+        what, fix = "cannot write", "use a writable file system"
+    else:
+        what, fix = "no permission for", "fix its permissions"
+    return f"{what} {err.filename}: {err.strerror}; {fix} or choose another paths.out_dir / paths.data_dir"
+
+
+def user_error_line(err: BaseException, extra: tuple[type[BaseException], ...] = ()) -> str | None:
+    """The one line to report for a user error (`UserError`, an `extra` type, or an OSError on a path the user
+    can fix), or None for anything else (a bug: shown as a traceback)."""
+    if isinstance(err, (UserError, *extra)):
+        return str(err).strip().replace("\n", " ")
+    if isinstance(err, OSError):
+        return os_error_line(err)
+    return None

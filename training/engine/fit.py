@@ -6,7 +6,6 @@ in the model after `optimizer.eval()`. Every validation, coding and snapshot her
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
+from training.engine.stopping import EarlyStopping
 
 Regularizer = Callable[[Tensor, Tensor, int], Tensor]  # (logits, y, step) -> penalty added to CE
 
@@ -122,21 +122,20 @@ def fit(
         raise ValueError("cannot fit on an empty training set")
     pad = augment_pad(data, cfg.augment)
     t0 = time.perf_counter()
-    best_loss, best_state, best_epoch = math.inf, snapshot(model), 0
+    stopper = EarlyStopping(cfg.patience, cfg.max_epochs)
+    best_state = snapshot(model)
     curve: list[tuple[int, float]] = []
-    step, since_best, epoch = 0, 0, 0
+    step, epoch = 0, 0
     model.train()
     optimizer.train()  # schedule-free optimizers start in eval mode
 
-    def validate() -> bool:
-        nonlocal best_loss, best_state, since_best, best_epoch
+    def validate() -> None:
+        nonlocal best_state
         with eval_mode(model, optimizer):
             loss = cross_entropy_sum(model, x_val, y_val) / len(y_val)
             curve.append((step, loss))
-            improved = loss < best_loss
-            if improved:
-                best_loss, best_state, best_epoch = loss, snapshot(model), epoch
-        return improved
+            if stopper.record(loss, epoch):
+                best_state = snapshot(model)
 
     bar = tqdm(total=cfg.max_epochs, desc=desc, unit="ep", leave=False, disable=not cfg.progress)
     for epoch in range(1, cfg.max_epochs + 1):  # noqa: B007 - epoch is read by validate()
@@ -144,7 +143,6 @@ def fit(
         order = idx[ep.perm.to(dev)]
         offsets = None if ep.offsets is None else ep.offsets.to(dev)
         flips = None if ep.flips is None else ep.flips.to(dev)
-        improved_this_epoch = False
         for i in range(0, n, cfg.batch_size):
             sl = slice(i, i + cfg.batch_size)
             bi = order[sl]
@@ -159,14 +157,13 @@ def fit(
             optimizer.step()
             step += 1
             if cfg.eval_every_steps and step % cfg.eval_every_steps == 0:
-                improved_this_epoch |= validate()
+                validate()
         if not cfg.eval_every_steps:
-            improved_this_epoch = validate()
-        since_best = 0 if improved_this_epoch else since_best + 1
+            validate()
         bar.update(1)
         if cfg.progress:
-            bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{best_loss:.4f}")
-        if since_best >= cfg.patience:
+            bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{stopper.best_loss:.4f}")
+        if stopper.end_epoch(epoch):
             break
     bar.close()
     # Switch the optimizer first: eval() maps the train-mode weights to the averaged ones, so doing it
@@ -174,4 +171,4 @@ def fit(
     optimizer.eval()
     model.eval()
     model.load_state_dict(best_state)
-    return FitResult(best_loss, best_epoch, epoch, step, curve, time.perf_counter() - t0)
+    return FitResult(stopper.best_loss, stopper.best_epoch, epoch, step, curve, time.perf_counter() - t0)

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 # Keys that do not change the numbers: where things go, how they are logged, which device and engine run them
 # (`training.*` engines are bitwise equal on CPU and equal up to float32 rounding on GPU: tests/test_vectorized.py).
-NON_SEMANTIC_KEYS = ("paths", "logger", "force", "experiment_name", "device", "hydra", "progress", "training")
+NON_SEMANTIC_KEYS = ("paths", "logger", "force", "experiment_name", "claims", "device", "hydra", "progress", "training")
 RESULT_FILE = "result.json"
 
 

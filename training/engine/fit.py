@@ -6,6 +6,7 @@ in the model after `optimizer.eval()`. Every validation, coding and snapshot her
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,6 +31,20 @@ class FitConfig:
     augment: bool = False
     eval_every_steps: int | None = None  # None: once per epoch
     progress: bool = True
+    # Step-aware early stopping (training/engine/stopping.py); all 0: stop after `patience` epochs without a
+    # new best or after `max_epochs`, whatever the number of steps.
+    warmup_steps: int = 0  # the optimiser's warm-up: no stop before it has ended
+    min_steps: int = 0  # no stop before this many optimizer steps (even past max_epochs)
+    patience_min_steps: int = 0  # patience in steps = max(patience × steps per epoch, patience_min_steps)
+
+    def stopper(self, steps_per_epoch: int) -> EarlyStopping:
+        """A fresh early-stopping rule for a model taking `steps_per_epoch` optimizer steps per epoch."""
+        return EarlyStopping(self.patience, self.max_epochs, steps_per_epoch, self.warmup_steps, self.min_steps,
+                             self.patience_min_steps)
+
+    def max_steps_estimate(self, steps_per_epoch: int) -> int:
+        """The most steps a model can take unless `min_steps`/warm-up keep it going (a cost estimate)."""
+        return max(self.max_epochs * steps_per_epoch, self.warmup_steps, self.min_steps)
 
 
 @dataclass
@@ -40,6 +55,7 @@ class FitResult:
     steps: int
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, val loss in nats)
     seconds: float = 0.0  # wall time until this model finished (in a vectorised group: since the group began)
+    stop_reason: str = ""  # why training stopped: "patience" or "max_epochs" (training/engine/stopping.py)
 
 
 @contextmanager
@@ -122,7 +138,7 @@ def fit(
         raise ValueError("cannot fit on an empty training set")
     pad = augment_pad(data, cfg.augment)
     t0 = time.perf_counter()
-    stopper = EarlyStopping(cfg.patience, cfg.max_epochs)
+    stopper = cfg.stopper(math.ceil(n / cfg.batch_size))
     best_state = snapshot(model)
     curve: list[tuple[int, float]] = []
     step, epoch = 0, 0
@@ -138,7 +154,9 @@ def fit(
                 best_state = snapshot(model)
 
     bar = tqdm(total=cfg.max_epochs, desc=desc, unit="ep", leave=False, disable=not cfg.progress)
-    for epoch in range(1, cfg.max_epochs + 1):  # noqa: B007 - epoch is read by validate()
+    reason: str | None = None
+    while reason is None:  # at most max_epochs epochs, unless warm-up / min_steps keep a small model going
+        epoch += 1
         ep = draw_epoch(n, gen, cfg.augment, pad)
         order = idx[ep.perm.to(dev)]
         offsets = None if ep.offsets is None else ep.offsets.to(dev)
@@ -163,12 +181,12 @@ def fit(
         bar.update(1)
         if cfg.progress:
             bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{stopper.best_loss:.4f}")
-        if stopper.end_epoch(epoch):
-            break
+        reason = stopper.end_epoch(epoch, step)
     bar.close()
     # Switch the optimizer first: eval() maps the train-mode weights to the averaged ones, so doing it
     # after loading the (already averaged) best state would corrupt that state.
     optimizer.eval()
     model.eval()
     model.load_state_dict(best_state)
-    return FitResult(stopper.best_loss, stopper.best_epoch, epoch, step, curve, time.perf_counter() - t0)
+    return FitResult(stopper.best_loss, stopper.best_epoch, epoch, step, curve, time.perf_counter() - t0,
+                     reason)

@@ -27,7 +27,6 @@ from training.engine.backends import LoopEngine, StackedEngine, ValSet
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
 from training.engine.fit import FitConfig, FitResult, Regularizer
 from training.engine.flat_optim import fused_backend
-from training.engine.stopping import EarlyStopping
 
 ENGINES = ("auto", "loop", "stacked")
 
@@ -181,10 +180,15 @@ def _fit_threads(members: Sequence[Member], n_workers: int, data: DeviceData, y:
     Torch kernels release the GIL, so the groups run on separate cores. `on_finish` calls are serialised
     (one lock); if a worker fails the others stop at their next step and the first error is raised.
     """
-    # Cost of a member: training samples + validation samples (a forward only: about half) per epoch.
+    # Cost of a member: training samples + validation samples (a forward only: about half) per epoch, times the
+    # epochs it may take (max_epochs, or more when warm-up / min_steps keep a small model going).
     n_val = [len(x_val) if x_val is not None else len(m.val_idx) if m.val_idx is not None else 0 for m in members]
-    parts = balanced_parts([(len(m.idx) + nv / 2) * m.cfg.max_epochs for m, nv in zip(members, n_val, strict=True)],
-                           n_workers)
+
+    def cost(m: Member, nv: int) -> float:
+        spe = math.ceil(len(m.idx) / m.cfg.batch_size)
+        return (len(m.idx) + nv / 2) * m.cfg.max_steps_estimate(spe) / spe
+
+    parts = balanced_parts([cost(m, nv) for m, nv in zip(members, n_val, strict=True)], n_workers)
     results: list[FitResult | None] = [None] * len(members)
     lock, stop = threading.Lock(), threading.Event()
     bar = tqdm(total=len(members), desc=f"{len(members)} models, {len(parts)} workers", unit="model", leave=False,
@@ -318,8 +322,9 @@ def _fit_lockstep(
            else LoopEngine(models, opts, compile, regularizer, fused_optimizer))
     live = list(range(len(members)))  # member index of each row
     epoch = [1] * len(members)
-    stoppers = [EarlyStopping(m.cfg.patience, m.cfg.max_epochs) for m in members]
+    stoppers = [m.cfg.stopper(spe) for m, spe in zip(members, plan.steps_per_epoch, strict=True)]
     curves: list[list[tuple[int, float]]] = [[] for _ in members]
+    reasons = [""] * len(members)
     results: list[FitResult | None] = [None] * len(members)
     step = 0
     bar = tqdm(total=len(members), desc=f"{len(members)} models", unit="model", leave=False, disable=not progress)
@@ -340,7 +345,8 @@ def _fit_lockstep(
         done = []
         for r in ends:
             k = live[r]
-            if stoppers[k].end_epoch(epoch[k]):
+            if (reason := stoppers[k].end_epoch(epoch[k], step)) is not None:
+                reasons[k] = reason
                 done.append(r)
             else:
                 epoch[k] += 1
@@ -354,7 +360,7 @@ def _fit_lockstep(
         model.eval()
         model.load_state_dict(eng.best_state(r))
         results[k] = FitResult(stoppers[k].best_loss, stoppers[k].best_epoch, epoch[k], step, curves[k],
-                               time.perf_counter() - t0)
+                               time.perf_counter() - t0, reasons[k])
         if on_finish is not None:
             on_finish(k, model, results[k])
         bar.update(1)

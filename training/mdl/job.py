@@ -88,7 +88,8 @@ class Trainer:
         m = self.cfg["mdl"]
         return FitConfig(batch_size=self.hp["batch_size"], patience=int(m["patience"]),
                          max_epochs=int(m["max_epochs"]), augment=bool(self.cfg["dataset"].get("augment", False)),
-                         eval_every_steps=eval_every_steps, progress=bool(self.cfg.get("progress", True)))
+                         eval_every_steps=eval_every_steps, progress=bool(self.cfg.get("progress", True)),
+                         **stop_options(m, self.hp["warmup_steps"]))
 
     def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
         """A fresh model (init drawn from (seed, "init", tag)), its optimizer, data subset and generator."""
@@ -159,9 +160,20 @@ class Trainer:
         return cross_entropy_sum(model, self.data.all(idx), self.y[idx], temperature=t) / len(idx) / LN2, t
 
 
+def stop_options(m: Mapping[str, Any], warmup_steps: int) -> dict[str, int]:
+    """The step-aware early-stopping options of `mdl` (training/engine/stopping.py) as FitConfig fields; absent
+    keys (configs from before they existed) mean the plain epoch rule."""
+    opts = {"warmup_steps": int(warmup_steps) if m.get("stop_after_warmup", False) else 0,
+            "min_steps": int(m.get("min_steps") or 0), "patience_min_steps": int(m.get("patience_min_steps") or 0)}
+    if min(opts.values()) < 0:
+        raise ValueError(f"mdl.min_steps and mdl.patience_min_steps must be >= 0, got {opts}")
+    return opts
+
+
 def _fit_summary(res: FitResult) -> dict[str, Any]:
     return {"best_val_loss": res.best_val_loss, "best_epoch": res.best_epoch, "epochs": res.epochs,
-            "steps": res.steps}
+            "steps": res.steps, "stop_reason": res.stop_reason,
+            "best_step": next((s for s, v in res.curve if v == res.best_val_loss), None)}
 
 
 def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger,
@@ -192,8 +204,9 @@ def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger,
         ce, temperature = trainer.code_bits(model, coded)
         finished[i] = {"block": i + 1, "train_size": split.cumsizes[i - 1], "coded_size": len(coded),
                        "ce_bits": ce, "temperature": temperature, "seconds": res.seconds, **_fit_summary(res)}
-        log.info("block %d/%d: trained on %d, coded %d at %.4f bits/sample (%d epochs, %.1fs)",
-                 i + 1, num_blocks, split.cumsizes[i - 1], len(coded), ce, res.epochs, res.seconds)
+        log.info("block %d/%d: trained on %d, coded %d at %.4f bits/sample (%d epochs, %d steps, best at epoch %d, "
+                 "stopped: %s, %.1fs)", i + 1, num_blocks, split.cumsizes[i - 1], len(coded), ce, res.epochs,
+                 res.steps, res.best_epoch, res.stop_reason, res.seconds)
         while len(blocks) + 1 in finished:
             b = finished.pop(len(blocks) + 1)
             blocks.append(b)

@@ -253,13 +253,24 @@ def zscore_map(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda v: ((v.double() - mean) / std).to(v.dtype)
 
 
+ZSCORE_ORDERS = ("before", "after")
+
+
 def erase_maybe_zscored(data: LoadedData, cfg: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Apply the eraser; with `dataset.zscore` the data is standardised per coordinate *before* erasure, as in
-    the paper. Gradient erasure optimises pixels in [0, 1] (sigmoid), so it erases first and then gets the
-    same affine standardisation (statistics of the unerased data)."""
+    """Apply the eraser; with `dataset.zscore` the data is standardised per coordinate, `dataset.zscore_order`:
+    "before" erasure (statistics of the raw data) or "after" it (statistics of the erased data, as the paper's
+    code did). Gradient erasure optimises pixels in [0, 1] (sigmoid), so with "before" it erases first and then
+    gets the same affine standardisation (statistics of the unerased data)."""
     cache_dir, cert = Path(cfg["paths"]["cache_dir"]), bool(cfg.get("certificate", True))
     if not cfg["dataset"].get("zscore"):
         return apply_eraser(data, cfg["eraser"], cache_dir, with_certificate=cert)
+    order = str(cfg["dataset"].get("zscore_order") or "before")
+    if order not in ZSCORE_ORDERS:
+        raise ValueError(f"dataset.zscore_order must be one of {ZSCORE_ORDERS}, got {order!r}")
+    if order == "after":
+        x, info = apply_eraser(data, cfg["eraser"], cache_dir, with_certificate=cert)
+        info["zscore"] = "after erasure (statistics of the erased data)"
+        return zscore_map(x)(x), info
     standardize = zscore_map(data.x)
     if ERASERS.meta(cfg["eraser"]["name"])["kind"] == "edit":
         x, info = apply_eraser(data, cfg["eraser"], cache_dir, with_certificate=cert)

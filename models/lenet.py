@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from mup import MuReadout
 from torch import nn
 
-from models.mlp import mlp_param_count
+from models.mlp import hidden_layers, mlp_param_count
 from models.mup_utils import kaiming_uniform_init
 from models.registry import ARCHS
 
@@ -110,7 +110,7 @@ class LeNetSpec:
 
     @classmethod
     def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> LeNetSpec:
-        return cls(tuple(input_shape), int(arch["width"]), int(arch["depth"]), num_classes)  # type: ignore[arg-type]
+        return cls(tuple(input_shape), int(arch["width"]), hidden_layers(arch), num_classes)  # type: ignore[arg-type]
 
     def with_width(self, width: int) -> LeNetSpec:
         return replace(self, width=width)

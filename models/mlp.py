@@ -16,6 +16,21 @@ from models.mup_utils import kaiming_uniform_init
 from models.registry import ARCHS
 
 ACTIVATIONS = ("relu", "gelu", "swiglu")
+DEPTH_COUNTS = ("hidden", "linear")
+
+
+def hidden_layers(arch: Mapping[str, Any]) -> int:
+    """Hidden layers of an MLP/LeNet `arch`: `arch.depth` itself (`depth_counts: hidden`, ours), or depth - 1
+    (`depth_counts: linear`: depth counts the Linear layers including the readout, as `num_layers` in the paper's
+    code, EleutherAI/mdl `mdl/mlp_probe.py`: `sizes = [num_features] + [hidden_size] * (num_layers - 1)`)."""
+    counts = str(arch.get("depth_counts") or "hidden")
+    if counts not in DEPTH_COUNTS:
+        raise ValueError(f"{arch['name']} depth_counts must be one of {DEPTH_COUNTS}, got {counts!r}")
+    depth = int(arch["depth"])
+    if counts == "linear" and depth < 2:
+        raise ValueError(f"{arch['name']} depth {depth} counted in Linear layers has no hidden layer (a linear "
+                         "probe, not an MLP); the smallest is 2")
+    return depth - 1 if counts == "linear" else depth
 
 
 def mlp_param_count(in_features: int, width: int, depth: int, num_classes: int) -> int:
@@ -103,7 +118,7 @@ class MLPSpec:
         return cls(
             in_features=math.prod(input_shape),
             width=int(arch["width"]),
-            depth=int(arch["depth"]),
+            depth=hidden_layers(arch),
             num_classes=num_classes,
             activation=str(arch.get("activation", "relu")),
             swiglu_ratio=None if ratio is None else float(ratio),

@@ -1,11 +1,16 @@
 """SwinV2 from timm (no pretrained weights) for small images, with a μP readout.
 
-Three stages with depths [D, D, 3D] (paper App. B) and dims (w, 2w, 4w); patch size 2. At 32×32 that is a
-16×16 → 8×8 → 4×4 token grid. (timm also builds a 4th stage on a 2×2 grid, but it would hold most of the
-parameters while seeing 4 tokens; the paper's [D, D, 3D] names three stages.)
+`arch.stages` = 4 (default, the paper's code: torchvision's SwinV2 recipe): depths [D, D, 3D, D] = [2, 2, 6, 2],
+dims (w, 2w, 4w, 8w), heads [2, 4, 8, 16], window 7, stochastic depth 0.2; patch size 2, so at 32×32 the token
+grids are 16×16 → 8×8 → 4×4 → 2×2. `arch.stages` = 3: depths [D, D, 3D] as the paper's appendix text says
+(this harness's earlier shape; its 4th stage holds most parameters while seeing 4 tokens).
 Heads: `num_heads` in the first stage, doubling per stage, the same at every width, so μP scales the head
-dimension (SwinV2's cosine attention needs no 1/d correction). Windows: per stage, the whole grid if it is
-at most 7 tokens wide, else the largest of 7…4 dividing it (4 at 16×16).
+dimension (SwinV2's cosine attention needs no 1/d correction).
+Windows: `arch.window_size` = 7 (paper): timm (1.0.31 here) pads a grid that 7 does not divide to a multiple of 7
+(16×16 → 21×21, 3×3 windows; 8×8 → 14×14), as torchvision's SwinV2 does, and uses the whole grid as the window
+when the grid is at most 7 wide (4×4, 2×2: one window, no shift; torchvision pads those to 7×7 instead, with
+the same single window per image but zero tokens in it). `window_size` = null: per stage, the whole grid if it
+is at most 7 wide, else the largest of 7…4 dividing it (4 at 16×16; no padding).
 """
 
 from __future__ import annotations
@@ -21,14 +26,16 @@ from models.convnext import _named, stage_depths
 from models.mup_utils import normal_init
 from models.registry import ARCHS
 
-# Named sizes: (stage depths, embed dim); D = 2 as in Swin-T's first three stages.
+# Named sizes: (stage depths, embed dim); D = 2 as in Swin-T. With `arch.stages` = 3 the first three stages.
 NAMED_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
-    "atto": ((2, 2, 6), 40),
-    "femto": ((2, 2, 6), 48),
-    "pico": ((2, 2, 6), 64),
-    "nano": ((2, 2, 6), 80),
-    "tiny": ((2, 2, 6), 96),
+    "atto": ((2, 2, 6, 2), 40),
+    "femto": ((2, 2, 6, 2), 48),
+    "pico": ((2, 2, 6, 2), 64),
+    "nano": ((2, 2, 6, 2), 80),
+    "tiny": ((2, 2, 6, 2), 96),
 }
+STAGE_PATTERN = (1, 1, 3, 1)  # blocks per stage in multiples of D
+STAGES = (3, 4)
 
 
 def stage_grids(image_size: int, patch_size: int, stages: int) -> list[int]:
@@ -36,6 +43,13 @@ def stage_grids(image_size: int, patch_size: int, stages: int) -> list[int]:
     for _ in range(stages - 1):
         grids.append((grids[-1] + 1) // 2)  # PatchMerging pads odd grids
     return grids
+
+
+def num_stages(arch: Mapping[str, Any]) -> int:
+    stages = int(arch.get("stages") or 4)
+    if stages not in STAGES:
+        raise ValueError(f"swin stages must be one of {STAGES}, got {stages}")
+    return stages
 
 
 def auto_window(grid: int) -> int:
@@ -61,8 +75,11 @@ class SwinSpec:
 
     @staticmethod
     def stage_depths(arch: Mapping[str, Any], depth: int | None = None) -> tuple[int, ...]:
-        """Blocks per stage: the named size's, or [D, D, 3D] for D = `depth` (default `arch.depth`)."""
-        return stage_depths(arch, NAMED_SIZES, (1, 1, 3), depth)
+        """Blocks per stage: the named size's, or [D, D, 3D, D] for D = `depth` (default `arch.depth`); the first
+        `arch.stages` of them."""
+        n = num_stages(arch)
+        table = {k: (d[:n], w) for k, (d, w) in NAMED_SIZES.items()}
+        return stage_depths(arch, table, STAGE_PATTERN[:n], depth)
 
     @classmethod
     def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> SwinSpec:
@@ -86,9 +103,13 @@ class SwinSpec:
 
     @property
     def windows(self) -> list[int]:
+        """The window per stage as timm uses it: a fixed window clamped to grids no wider than it (larger grids
+        are padded to a multiple of it), or the automatic choice."""
         _, h, w = self.input_shape
         grids = stage_grids(min(h, w), self.patch_size, len(self.depths))
-        return [self.window_size or auto_window(g) for g in grids]
+        if self.window_size is None:
+            return [auto_window(g) for g in grids]
+        return [min(g, self.window_size) for g in grids]
 
     @property
     def heads(self) -> tuple[int, ...]:

@@ -438,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--override", action="append", default=[], help="extra Hydra override for --experiment")
     ap.add_argument("--name", default=None, help="table/plot file stem (default: experiment name or 'results')")
     ap.add_argument("--out", type=Path, default=Path("outputs/tables"))
+    ap.add_argument("--claims", action="store_true",
+                    help="also print the paper's claims report (scripts/claims.py); with --experiment it is "
+                         "printed whenever the preset defines `claims`")
     args = ap.parse_args(argv)
     if args.experiment:
         df, results = collect_experiment(args.experiment, args.override)
@@ -453,7 +456,23 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or args.experiment or "results"
     print(write_all(df, results, args.out, name, title))
     print(f"wrote {args.out}/{name}.md, .csv, _jobs.csv, .tex and PNG plots", file=sys.stderr)
+    keys = preset_claims(args.experiment, args.override) if args.experiment else None
+    if (args.claims or keys) and not df.empty:
+        import claims
+
+        report = claims.markdown(claims.evaluate(df, keys))
+        print(report)
+        (args.out / f"{name}_claims.md").write_text(report)
     return 0
+
+
+def preset_claims(experiment: str, extra: list[str]) -> list[str] | None:
+    """The claims a preset defines (its `claims` key), or None."""
+    from training.app.sweeps import expand
+
+    cfgs = expand(experiment, extra)
+    keys = cfgs[0].get("claims") if cfgs else None
+    return [str(k) for k in keys] if keys else None
 
 
 if __name__ == "__main__":

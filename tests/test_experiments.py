@@ -61,8 +61,12 @@ def test_paper_grids_match_the_paper() -> None:
     for fig in ("paper_fig4", "paper_fig5"):
         w, d = sweeper_params(f"{fig}_width"), sweeper_params(f"{fig}_depth")
         assert _values(w["arch.width"]) == ["64", "128", "256", "512", "1024", "2048"] and w["arch.depth"] == "2"
-        assert _values(d["arch.depth"]) == [str(i) for i in range(1, 9)] and d["arch.width"] == "128"
+        # depth as the paper's code counts it (Linear layers incl. the readout); its depth 1 is a linear probe
+        assert _values(d["arch.depth"]) == [str(i) for i in range(2, 9)] and d["arch.width"] == "128"
         assert _values(w["+experiment/net"]) == ["mlp_relu", "mlp_gelu", "mlp_swiglu", "lenet"]
+    for name in ("paper_fig4", "paper_fig5", "paper_fig8"):
+        for grid in ("width", "depth"):
+            assert sweeper_params(f"{name}_{grid}")["arch.depth_counts"] == "linear"
     assert set(_values(sweeper_params("paper_fig4_width")["eraser"])) == {"control", "leace"}
     assert {"qleace", "alf_qleace", "gradient"} <= set(_values(sweeper_params("paper_fig5_width")["eraser"]))
     assert _values(sweeper_params("paper_fig8_width")["dataset"]) == ["cifarnet", "svhn"]

@@ -138,8 +138,9 @@ def test_convnext_is_v2_and_scales() -> None:
 
 
 def test_swin_windows_divide_every_stage() -> None:
+    # the 3-stage shape with automatic windows (arch.stages=3 arch.window_size=null)
     for shape, windows in [((3, 32, 32), [4, 4, 4]), ((1, 28, 28), [7, 7, 4]), ((1, 8, 8), [4, 2, 1])]:
-        model = build_model(arch_cfg("swin", width=48, depth=3), shape, 10)
+        model = build_model(arch_cfg("swin", width=48, depth=3, stages=3, window_size=None), shape, 10)
         assert model.info["window_sizes"] == windows
         assert model.info["depths"] == [3, 3, 9] and model.info["num_heads"] == [2, 4, 8]
     with pytest.raises(ValueError, match="divisible"):
@@ -316,3 +317,38 @@ def test_forward_backward_cuda(name: str) -> None:
         opt.step()
     assert torch.isfinite(loss)
     assert all(p.grad is not None and p.grad.is_cuda for p in model.parameters() if p.requires_grad)
+
+
+def test_swin_has_the_paper_codes_shape_by_default() -> None:
+    """4 stages [2, 2, 6, 2], heads [2, 4, 8, 16], window 7 (timm pads the 16×16 grid to 21×21 and uses the
+    whole grid where it is at most 7 wide), drop path 0.2; the 3-stage shape stays available."""
+    model = build_model(arch_cfg("swin"), (3, 32, 32), 10)
+    info = model.info
+    assert info["depths"] == [2, 2, 6, 2] and info["num_heads"] == [2, 4, 8, 16]
+    assert info["dims"] == [40, 80, 160, 320] and info["drop_path_rate"] == 0.2 and info["patch_size"] == 2
+    assert info["window_sizes"] == [7, 7, 4, 2]
+    assert [blk.window_size for stage in model.layers for blk in stage.blocks][:2] == [(7, 7), (7, 7)]
+    one_step(model, (3, 32, 32))
+    small = build_model(arch_cfg("swin", stages=3, window_size=None), (3, 32, 32), 10).info
+    assert small["depths"] == [2, 2, 6] and small["num_heads"] == [2, 4, 8] and small["window_sizes"] == [4, 4, 4]
+    assert build_model(arch_cfg("swin", size="tiny", stages=3), (3, 32, 32), 10).info["depths"] == [2, 2, 6]
+    with pytest.raises(ValueError, match="stages"):
+        build_model(arch_cfg("swin", stages=5), (3, 32, 32), 10)
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet"])
+def test_depth_counts_linear_layers_as_the_paper_code(name: str) -> None:
+    """`depth_counts: linear`: depth = Linear layers incl. the readout (EleutherAI/mdl num_layers), so depth d
+    builds the model with d - 1 hidden layers; `hidden` (default) counts hidden layers."""
+    for d in (2, 3, 5):
+        paper = build_model(arch_cfg(name, depth=d, depth_counts="linear"), (1, 8, 8), 10)
+        ours = build_model(arch_cfg(name, depth=d - 1), (1, 8, 8), 10)
+        assert paper.info["depth"] == d - 1
+        assert sum(p.numel() for p in paper.parameters()) == sum(p.numel() for p in ours.parameters())
+        linears = [m for m in paper.modules() if isinstance(m, torch.nn.Linear)]
+        if name == "mlp":
+            assert len(linears) == d  # d - 1 hidden layers + the μP readout
+    with pytest.raises(ValueError, match="linear probe"):
+        build_model(arch_cfg(name, depth=1, depth_counts="linear"), (1, 8, 8), 10)
+    with pytest.raises(ValueError, match="depth_counts"):
+        build_model(arch_cfg(name, depth_counts="blocks"), (1, 8, 8), 10)

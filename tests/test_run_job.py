@@ -123,3 +123,23 @@ def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) ->
     assert rnd["report"]["rank_removed"] == alf["report"]["rank_removed"]
     entries = [p for p in (cache / "erased").iterdir() if p.is_dir()]
     assert len(entries) == 2  # one ALF fit, one random projection
+
+
+def test_zscore_after_erasure_standardises_the_erased_data(tmp_path: Path) -> None:
+    from training.data import load_dataset
+    from training.mdl.job import erase_maybe_zscored
+
+    cfg = job_config(tmp_path, [*QUICK, "dataset.zscore=true", "dataset.zscore_order=after", "eraser=leace"])
+    data = load_dataset(cfg["dataset"])
+    x, info = erase_maybe_zscored(data, cfg)
+    assert info["zscore"].startswith("after erasure")
+    flat = x.reshape(len(x), -1).double()
+    stds = flat.std(0)
+    varying = stds > 1e-3
+    assert flat.mean(0).abs().max() < 1e-5
+    assert torch.allclose(stds[varying], torch.ones_like(stds[varying]), atol=1e-4)  # unit variance after erasure
+    before, _ = erase_maybe_zscored(data, job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
+    assert not torch.allclose(before, x)  # the order matters for LEACE
+    with pytest.raises(ValueError, match="zscore_order"):
+        erase_maybe_zscored(data, job_config(tmp_path, [*QUICK, "dataset.zscore=true",
+                                                        "dataset.zscore_order=sideways"]))

@@ -58,7 +58,7 @@ def legacy_differences(old_config: Mapping[str, Any], cfg: Mapping[str, Any]) ->
     A key the old config lacks counts as a difference (it was added since, possibly with new behaviour); a key
     only the old config has (since removed as dead) does not.
     """
-    old, new = flatten(semantic(old_config)), flatten(semantic(cfg))
+    old, new = flatten(semantic(old_config, fill_defaults=False)), flatten(semantic(cfg))
     return sorted(k for k, v in new.items()
                   if k not in old or (old[k] != v and not (old[k] is None and k in _V1_RESOLVED)))
 

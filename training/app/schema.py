@@ -117,6 +117,7 @@ class DatasetConfig(Section):
     augment: bool = flag(False)
     zscore: bool = flag(False)
     limit: int | None = positive_int(None, optional=True)
+    zscore_order: str = one_of("before", "before", "after")  # standardise before erasure (ours) or after (paper code)
     root: str | None = spec(None, kind=str, optional=True, hash=False)  # where the files are, not what they are
     download: bool = flag(True, hash=False)
     _extra: dict[str, Any] = _extra_field()
@@ -167,6 +168,9 @@ class MdlConfig(Section):
     eval_every_steps: int | None = positive_int(None, optional=True)
     full_run: bool = flag(True)
     calibrate_temperature: bool = flag(False)
+    stop_after_warmup: bool = flag(True)  # step-aware early stopping (training/engine/stopping.py)
+    min_steps: int = nonneg_int(0)
+    patience_min_steps: int = nonneg_int(0)
     _extra: dict[str, Any] = _extra_field()
 
 
@@ -201,6 +205,7 @@ class JobConfig(Section):
     experiment_name: str | None = spec(None, kind=str, optional=True, hash=False)
     progress: bool = flag(True, hash=False)
     certificate: bool = flag(True)
+    claims: list[str] | None = spec(None, kind=list, optional=True, hash=False)  # what scripts/claims.py tests
     dataset: DatasetConfig = spec(kind=DatasetConfig)
     eraser: EraserConfig = spec(kind=EraserConfig)
     arch: ArchConfig = spec(kind=ArchConfig)
@@ -327,15 +332,16 @@ def _check_eraser_options(eraser: EraserConfig) -> None:
 HASH_VERSION = 2  # 1: every key but a fixed list of groups (before the typed configs); 2: declared per field
 
 
-def semantic(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def semantic(cfg: Mapping[str, Any], fill_defaults: bool = True) -> dict[str, Any]:
     """The part of a (resolved) job config that determines its numbers: what the job hash covers.
 
-    Tolerant of bad values (used to name directories before the config is checked). A task whose registry
-    entry lists `uses` (e.g. Gradient Starvation tasks) is hashed on those groups only, so unrelated defaults
-    changing elsewhere do not move its results.
+    Tolerant of bad values (used to name directories before the config is checked). Declared fields the config
+    lacks count with their defaults (so a plain dict and its typed config hash alike), unless `fill_defaults` is
+    false (reading a result written before the field existed). A task whose registry entry lists `uses` (e.g.
+    Gradient Starvation tasks) is hashed on those groups only, so unrelated defaults do not move its results.
     """
     data = {k: v for k, v in cfg.items() if k not in NON_CONFIG_KEYS}
-    out = _semantic(JobConfig, data)
+    out = _semantic(JobConfig, data, fill_defaults)
     uses = _task_uses(str(data.get("task", "mdl")))
     if uses is not None:
         out = {k: v for k, v in out.items() if k in ("task", "seed", *uses)}
@@ -345,10 +351,15 @@ def semantic(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _semantic(cls: type[Section], data: Mapping[str, Any]) -> dict[str, Any]:
+def _semantic(cls: type[Section], data: Mapping[str, Any], fill_defaults: bool) -> dict[str, Any]:
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     out: dict[str, Any] = {}
-    for k, v in data.items():
+    items = dict(data)
+    if fill_defaults:
+        for name, f in fields.items():
+            if name not in items and name != "_extra" and f.default is not dataclasses.MISSING:
+                items[name] = f.default
+    for k, v in items.items():
         f = fields.get(k)
         if f is None:
             out[k] = _plain(v)  # an extra: semantic
@@ -357,7 +368,7 @@ def _semantic(cls: type[Section], data: Mapping[str, Any]) -> dict[str, Any]:
             continue
         kind = f.metadata.get("kind")
         if isinstance(kind, type) and issubclass(kind, Section) and isinstance(v, Mapping):
-            out[k] = _semantic(kind, v)
+            out[k] = _semantic(kind, v, fill_defaults)
         else:
             out[k] = _plain(v)
     return out

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from erasure.progress import progress_bar
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
+from training.engine.stopping import EarlyStopping
 
 Regularizer = Callable[[Tensor, Tensor, int], Tensor]  # (logits, y, step) -> penalty added to CE
 
@@ -30,6 +31,20 @@ class FitConfig:
     augment: bool = False
     eval_every_steps: int | None = None  # None: once per epoch
     progress: bool = True
+    # Step-aware early stopping (training/engine/stopping.py); all 0: stop after `patience` epochs without a
+    # new best or after `max_epochs`, whatever the number of steps.
+    warmup_steps: int = 0  # the optimiser's warm-up: no stop before it has ended
+    min_steps: int = 0  # no stop before this many optimizer steps (even past max_epochs)
+    patience_min_steps: int = 0  # patience in steps = max(patience × steps per epoch, patience_min_steps)
+
+    def stopper(self, steps_per_epoch: int) -> EarlyStopping:
+        """A fresh early-stopping rule for a model taking `steps_per_epoch` optimizer steps per epoch."""
+        return EarlyStopping(self.patience, self.max_epochs, steps_per_epoch, self.warmup_steps, self.min_steps,
+                             self.patience_min_steps)
+
+    def max_steps_estimate(self, steps_per_epoch: int) -> int:
+        """The most steps a model can take unless `min_steps`/warm-up keep it going (a cost estimate)."""
+        return max(self.max_epochs * steps_per_epoch, self.warmup_steps, self.min_steps)
 
 
 @dataclass
@@ -40,6 +55,7 @@ class FitResult:
     steps: int
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, val loss in nats)
     seconds: float = 0.0  # wall time until this model finished (in a vectorised group: since the group began)
+    stop_reason: str = ""  # why training stopped: "patience" or "max_epochs" (training/engine/stopping.py)
 
 
 @contextmanager
@@ -122,29 +138,29 @@ def fit(
         raise ValueError("cannot fit on an empty training set")
     pad = augment_pad(data, cfg.augment)
     t0 = time.perf_counter()
-    best_loss, best_state, best_epoch = math.inf, snapshot(model), 0
+    stopper = cfg.stopper(math.ceil(n / cfg.batch_size))
+    best_state = snapshot(model)
     curve: list[tuple[int, float]] = []
-    step, since_best, epoch = 0, 0, 0
+    step, epoch = 0, 0
     model.train()
     optimizer.train()  # schedule-free optimizers start in eval mode
 
-    def validate() -> bool:
-        nonlocal best_loss, best_state, since_best, best_epoch
+    def validate() -> None:
+        nonlocal best_state
         with eval_mode(model, optimizer):
             loss = cross_entropy_sum(model, x_val, y_val) / len(y_val)
             curve.append((step, loss))
-            improved = loss < best_loss
-            if improved:
-                best_loss, best_state, best_epoch = loss, snapshot(model), epoch
-        return improved
+            if stopper.record(loss, epoch):
+                best_state = snapshot(model)
 
     bar = progress_bar(total=cfg.max_epochs, desc=desc, unit="ep", leave=False, disable=not cfg.progress)
-    for epoch in range(1, cfg.max_epochs + 1):  # noqa: B007 - epoch is read by validate()
+    reason: str | None = None
+    while reason is None:  # at most max_epochs epochs, unless warm-up / min_steps keep a small model going
+        epoch += 1
         ep = draw_epoch(n, gen, cfg.augment, pad)
         order = idx[ep.perm.to(dev)]
         offsets = None if ep.offsets is None else ep.offsets.to(dev)
         flips = None if ep.flips is None else ep.flips.to(dev)
-        improved_this_epoch = False
         for i in range(0, n, cfg.batch_size):
             sl = slice(i, i + cfg.batch_size)
             bi = order[sl]
@@ -159,19 +175,18 @@ def fit(
             optimizer.step()
             step += 1
             if cfg.eval_every_steps and step % cfg.eval_every_steps == 0:
-                improved_this_epoch |= validate()
+                validate()
         if not cfg.eval_every_steps:
-            improved_this_epoch = validate()
-        since_best = 0 if improved_this_epoch else since_best + 1
+            validate()
         bar.update(1)
         if cfg.progress:
-            bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{best_loss:.4f}")
-        if since_best >= cfg.patience:
-            break
+            bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{stopper.best_loss:.4f}")
+        reason = stopper.end_epoch(epoch, step)
     bar.close()
     # Switch the optimizer first: eval() maps the train-mode weights to the averaged ones, so doing it
     # after loading the (already averaged) best state would corrupt that state.
     optimizer.eval()
     model.eval()
     model.load_state_dict(best_state)
-    return FitResult(best_loss, best_epoch, epoch, step, curve, time.perf_counter() - t0)
+    return FitResult(stopper.best_loss, stopper.best_epoch, epoch, step, curve, time.perf_counter() - t0,
+                     reason)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -179,10 +180,15 @@ def _fit_threads(members: Sequence[Member], n_workers: int, data: DeviceData, y:
     Torch kernels release the GIL, so the groups run on separate cores. `on_finish` calls are serialised
     (one lock); if a worker fails the others stop at their next step and the first error is raised.
     """
-    # Cost of a member: training samples + validation samples (a forward only: about half) per epoch.
+    # Cost of a member: training samples + validation samples (a forward only: about half) per epoch, times the
+    # epochs it may take (max_epochs, or more when warm-up / min_steps keep a small model going).
     n_val = [len(x_val) if x_val is not None else len(m.val_idx) if m.val_idx is not None else 0 for m in members]
-    parts = balanced_parts([(len(m.idx) + nv / 2) * m.cfg.max_epochs for m, nv in zip(members, n_val, strict=True)],
-                           n_workers)
+
+    def cost(m: Member, nv: int) -> float:
+        spe = math.ceil(len(m.idx) / m.cfg.batch_size)
+        return (len(m.idx) + nv / 2) * m.cfg.max_steps_estimate(spe) / spe
+
+    parts = balanced_parts([cost(m, nv) for m, nv in zip(members, n_val, strict=True)], n_workers)
     results: list[FitResult | None] = [None] * len(members)
     lock, stop = threading.Lock(), threading.Event()
     bar = progress_bar(total=len(members), desc=f"{len(members)} models, {len(parts)} workers", unit="model",
@@ -220,6 +226,74 @@ def _fit_threads(members: Sequence[Member], n_workers: int, data: DeviceData, y:
     return [r for r in results if r is not None]
 
 
+class _Plan:
+    """Each live member's (row's) epoch: its global sample indices, sample weights (0 = padding) and
+    augmentation, padded to the longest epoch; `cursor` is the batch number within the epoch per row."""
+
+    def __init__(self, members: Sequence[Member], data: DeviceData) -> None:
+        dev = data.device
+        self.members, self.data, self.dev = members, data, dev
+        self.bs, self.augment = members[0].cfg.batch_size, members[0].cfg.augment
+        if any(m.cfg.batch_size != self.bs or m.cfg.augment != self.augment for m in members):
+            raise ValueError("members of one group share the batch size and the augmentation flag")
+        self.pad = augment_pad(data, self.augment)
+        self.sizes = [len(m.idx) for m in members]
+        if min(self.sizes) == 0:
+            raise ValueError("cannot fit on an empty training set")
+        self.steps_per_epoch = [math.ceil(n / self.bs) for n in self.sizes]
+        slots = max(self.steps_per_epoch) * self.bs
+        self.idxs = [m.idx.to(dev) for m in members]
+        self.idx = torch.stack([torch.cat([i, i[:1].expand(slots - len(i))]) for i in self.idxs])
+        self.w = torch.stack([(torch.arange(slots, device=dev) < n).float() for n in self.sizes])
+        self.off = torch.zeros(len(members), slots, 2, dtype=torch.long, device=dev)
+        self.flip = torch.zeros(len(members), slots, dtype=torch.bool, device=dev)
+        self.cursor = torch.zeros(len(members), dtype=torch.long, device=dev)
+        self.host_cursor = [0] * len(members)
+        self.slot = torch.arange(self.bs, device=dev)
+        for k in range(len(members)):
+            self.new_epoch(k, k)
+
+    def new_epoch(self, k: int, row: int) -> None:
+        """Member k (in `row`) starts an epoch: its batch order and augmentation drawn as `fit` draws them."""
+        size = self.sizes[k]
+        ep = draw_epoch(size, self.members[k].gen, self.augment, self.pad)
+        self.idx[row, :size] = self.idxs[k][ep.perm.to(self.dev)]
+        if ep.offsets is not None and ep.flips is not None:
+            self.off[row, :size] = ep.offsets.to(self.dev)
+            self.flip[row, :size] = ep.flips.to(self.dev)
+        self.host_cursor[row] = 0
+
+    def batch(self, live: list[int]) -> tuple[Tensor, Tensor, Tensor, list[int]]:
+        """The step's batch of every row: (global indices, inputs, sample weights, real samples per row)."""
+        pos = self.cursor[:, None] * self.bs + self.slot  # (rows, bs)
+        gidx = self.idx.gather(1, pos)
+        if self.augment:
+            off = self.off.gather(1, pos[..., None].expand(-1, -1, 2))
+            xb = self.data.batch(gidx, off, self.flip.gather(1, pos), self.pad)
+        else:
+            xb = self.data.batch(gidx)
+        counts = [min(self.bs, self.sizes[k] - self.host_cursor[r] * self.bs) for r, k in enumerate(live)]
+        return gidx, xb, self.w.gather(1, pos), counts
+
+    def advance(self) -> None:
+        self.cursor += 1
+        self.host_cursor = [c + 1 for c in self.host_cursor]
+
+    def epoch_ends(self, live: list[int]) -> list[int]:
+        return [r for r, k in enumerate(live) if self.host_cursor[r] == self.steps_per_epoch[k]]
+
+    def restart(self, rows: list[int]) -> None:
+        """Rows whose new epoch was drawn (`new_epoch`) read from its first batch again."""
+        if rows:
+            self.cursor[torch.tensor(rows, device=self.dev)] = 0
+
+    def keep(self, rows: list[int]) -> None:
+        keep = torch.tensor(rows, device=self.dev)
+        self.idx, self.w, self.off, self.flip, self.cursor = (t[keep] for t in (self.idx, self.w, self.off,
+                                                                               self.flip, self.cursor))
+        self.host_cursor = [self.host_cursor[r] for r in rows]
+
+
 def _fit_lockstep(
     members: Sequence[Member],
     data: DeviceData,
@@ -234,140 +308,88 @@ def _fit_lockstep(
     fused_optimizer: bool | str = False,
     stop: threading.Event | None = None,
 ) -> list[FitResult]:
+    """One lockstep group on the current thread: every live member takes one batch per step; a member whose
+    epoch ends is validated and asked whether to stop (`EarlyStopping`), and a stopped one leaves the group."""
     dev = data.device
     y = y.to(dev)
     val = ValSet(data, y, None if x_val is None else x_val.to(dev), None if y_val is None else y_val.to(dev),
                  [m.val_idx for m in members])
-    bs, augment = members[0].cfg.batch_size, members[0].cfg.augment
-    if any(m.cfg.batch_size != bs or m.cfg.augment != augment for m in members):
-        raise ValueError("members of one group share the batch size and the augmentation flag")
-    pad = augment_pad(data, augment)
-    sizes = [len(m.idx) for m in members]
-    if min(sizes) == 0:
-        raise ValueError("cannot fit on an empty training set")
-    steps_per_epoch = [math.ceil(n / bs) for n in sizes]
-    slots = max(steps_per_epoch) * bs
-    idxs = [m.idx.to(dev) for m in members]
-
-    # Per live member (row): the epoch's global indices, sample weights (0 = padding) and augmentation.
-    plan_idx = torch.stack([torch.cat([i, i[:1].expand(slots - len(i))]) for i in idxs])
-    plan_w = torch.stack([(torch.arange(slots, device=dev) < n).float() for n in sizes])
-    plan_off = torch.zeros(len(members), slots, 2, dtype=torch.long, device=dev)
-    plan_flip = torch.zeros(len(members), slots, dtype=torch.bool, device=dev)
-
-    def new_epoch(k: int, row: int) -> None:
-        ep = draw_epoch(sizes[k], members[k].gen, augment, pad)
-        plan_idx[row, : sizes[k]] = idxs[k][ep.perm.to(dev)]
-        if ep.offsets is not None and ep.flips is not None:
-            plan_off[row, : sizes[k]] = ep.offsets.to(dev)
-            plan_flip[row, : sizes[k]] = ep.flips.to(dev)
-
-    for k in range(len(members)):
-        new_epoch(k, k)
-
-    models, opts = [m.model for m in members], [m.optimizer for m in members]
+    plan = _Plan(members, data)
     if regularizer is not None and kind == "stacked":
         raise ValueError("the stacked engine does not support a regularizer; use engine='loop'")
+    models, opts = [m.model for m in members], [m.optimizer for m in members]
     eng = (StackedEngine(models, opts, compile) if kind == "stacked"
            else LoopEngine(models, opts, compile, regularizer, fused_optimizer))
     live = list(range(len(members)))  # member index of each row
-    cursor = torch.zeros(len(members), dtype=torch.long, device=dev)  # batch number within the epoch, per row
-    host_cursor = [0] * len(members)
-    epoch, since_best, improved = [1] * len(members), [0] * len(members), [False] * len(members)
-    best_loss, best_epoch = [math.inf] * len(members), [0] * len(members)
+    epoch = [1] * len(members)
+    stoppers = [m.cfg.stopper(spe) for m, spe in zip(members, plan.steps_per_epoch, strict=True)]
     curves: list[list[tuple[int, float]]] = [[] for _ in members]
+    reasons = [""] * len(members)
     results: list[FitResult | None] = [None] * len(members)
-    slot = torch.arange(bs, device=dev)
     step = 0
     bar = progress_bar(total=len(members), desc=f"{len(members)} models", unit="model", disable=not progress)
     t0 = time.perf_counter()
 
-    def validate(rows: list[int]) -> list[bool]:
+    def validate(rows: list[int]) -> None:
+        if not rows:
+            return
         ks = [live[r] for r in rows]
-        losses = eng.validate(rows, ks, val, [best_loss[k] for k in ks])
-        out = []
+        losses = eng.validate(rows, ks, val, [stoppers[k].best_loss for k in ks])
         for k, loss in zip(ks, losses, strict=True):
             curves[k].append((step, loss))
-            better = loss < best_loss[k]
-            if better:
-                best_loss[k], best_epoch[k] = loss, epoch[k]
-            out.append(better)
-        return out
+            stoppers[k].record(loss, epoch[k])
 
-    with eng if isinstance(eng, StackedEngine) else _nothing():
+    def end_epochs(ends: list[int]) -> list[int]:
+        """Validate the rows whose epoch just ended (per-epoch validation); the rows that stop."""
+        validate([r for r in ends if not members[live[r]].cfg.eval_every_steps])
+        done = []
+        for r in ends:
+            k = live[r]
+            if (reason := stoppers[k].end_epoch(epoch[k], step)) is not None:
+                reasons[k] = reason
+                done.append(r)
+            else:
+                epoch[k] += 1
+                plan.new_epoch(k, r)
+        plan.restart([r for r in ends if r not in done])
+        return done
+
+    def finish(r: int) -> None:
+        k = live[r]
+        model = members[k].model
+        model.eval()
+        model.load_state_dict(eng.best_state(r))
+        results[k] = FitResult(stoppers[k].best_loss, stoppers[k].best_epoch, epoch[k], step, curves[k],
+                               time.perf_counter() - t0, reasons[k])
+        if on_finish is not None:
+            on_finish(k, model, results[k])
+        bar.update(1)
+        bar.set_postfix(step=step)
+
+    with eng if isinstance(eng, StackedEngine) else nullcontext():
         eng.train()
         while live:
             if stop is not None and stop.is_set():
                 raise Cancelled
-            pos = cursor[:, None] * bs + slot  # (rows, bs)
-            gidx = plan_idx.gather(1, pos)
-            if augment:
-                off = plan_off.gather(1, pos[..., None].expand(-1, -1, 2))
-                xb = data.batch(gidx, off, plan_flip.gather(1, pos), pad)
-            else:
-                xb = data.batch(gidx)
-            counts = [min(bs, sizes[k] - host_cursor[r] * bs) for r, k in enumerate(live)]
-            eng.step(xb, y[gidx], plan_w.gather(1, pos), counts, step)
+            gidx, xb, wb, counts = plan.batch(live)
+            eng.step(xb, y[gidx], wb, counts, step)
             step += 1
-            cursor += 1
-            host_cursor = [c + 1 for c in host_cursor]
-            to_val = [r for r, k in enumerate(live)
-                      if members[k].cfg.eval_every_steps and step % members[k].cfg.eval_every_steps == 0]
-            if to_val:
-                for r, better in zip(to_val, validate(to_val), strict=True):
-                    improved[live[r]] |= better
-            ends = [r for r, k in enumerate(live) if host_cursor[r] == steps_per_epoch[k]]
-            if not ends:
-                continue
-            per_epoch = [r for r in ends if not members[live[r]].cfg.eval_every_steps]
-            if per_epoch:
-                for r, better in zip(per_epoch, validate(per_epoch), strict=True):
-                    improved[live[r]] = better
-            done = []
-            for r in ends:
-                k = live[r]
-                since_best[k] = 0 if improved[k] else since_best[k] + 1
-                improved[k] = False
-                if since_best[k] >= members[k].cfg.patience or epoch[k] >= members[k].cfg.max_epochs:
-                    done.append(r)
-                else:
-                    epoch[k] += 1
-                    host_cursor[r] = 0
-                    new_epoch(k, r)
-            reset = [r for r in ends if r not in done]
-            if reset:
-                cursor[torch.tensor(reset, device=dev)] = 0
+            plan.advance()
+            validate([r for r, k in enumerate(live)
+                      if members[k].cfg.eval_every_steps and step % members[k].cfg.eval_every_steps == 0])
+            ends = plan.epoch_ends(live)
+            done = end_epochs(ends) if ends else []
             for r in done:
-                k = live[r]
-                model = members[k].model
-                model.eval()
-                model.load_state_dict(eng.best_state(r))
-                results[k] = FitResult(best_loss[k], best_epoch[k], epoch[k], step, curves[k],
-                                       time.perf_counter() - t0)
-                if on_finish is not None:
-                    on_finish(k, model, results[k])
-                bar.update(1)
-                bar.set_postfix(step=step)
+                finish(r)
             if done:
                 rows = [r for r in range(len(live)) if r not in done]
                 live = [live[r] for r in rows]
-                host_cursor = [host_cursor[r] for r in rows]
                 if not live:
                     break
                 eng.keep(rows)
-                keep = torch.tensor(rows, device=dev)
-                plan_idx, plan_w, plan_off, plan_flip, cursor = (t[keep] for t in (plan_idx, plan_w, plan_off,
-                                                                                   plan_flip, cursor))
+                plan.keep(rows)
                 eng.train()  # a finished member may have shared the template module (stacked engine)
     bar.close()
     for m in members:
         m.model.eval()
     return [r for r in results if r is not None]
-
-
-class _nothing:  # noqa: N801 - a do-nothing context manager
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -88,7 +88,8 @@ class Trainer:
         m = self.cfg["mdl"]
         return FitConfig(batch_size=self.hp["batch_size"], patience=int(m["patience"]),
                          max_epochs=int(m["max_epochs"]), augment=bool(self.cfg["dataset"].get("augment", False)),
-                         eval_every_steps=eval_every_steps, progress=bool(self.cfg.get("progress", True)))
+                         eval_every_steps=eval_every_steps, progress=bool(self.cfg.get("progress", True)),
+                         **stop_options(m, self.hp["warmup_steps"]))
 
     def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
         """A fresh model (init drawn from (seed, "init", tag)), its optimizer, data subset and generator."""
@@ -160,9 +161,20 @@ class Trainer:
         return cross_entropy_sum(model, self.data.all(idx), self.y[idx], temperature=t) / len(idx) / LN2, t
 
 
+def stop_options(m: Mapping[str, Any], warmup_steps: int) -> dict[str, int]:
+    """The step-aware early-stopping options of `mdl` (training/engine/stopping.py) as FitConfig fields; absent
+    keys (configs from before they existed) mean the plain epoch rule."""
+    opts = {"warmup_steps": int(warmup_steps) if m.get("stop_after_warmup", False) else 0,
+            "min_steps": int(m.get("min_steps") or 0), "patience_min_steps": int(m.get("patience_min_steps") or 0)}
+    if min(opts.values()) < 0:
+        raise ValueError(f"mdl.min_steps and mdl.patience_min_steps must be >= 0, got {opts}")
+    return opts
+
+
 def _fit_summary(res: FitResult) -> dict[str, Any]:
     return {"best_val_loss": res.best_val_loss, "best_epoch": res.best_epoch, "epochs": res.epochs,
-            "steps": res.steps}
+            "steps": res.steps, "stop_reason": res.stop_reason,
+            "best_step": next((s for s, v in res.curve if v == res.best_val_loss), None)}
 
 
 BLOCK_FIELDS = ("block", "train_size", "coded_size", "ce_bits", "temperature", "seconds", "best_val_loss",
@@ -222,8 +234,9 @@ def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger,
         ce, temperature = trainer.code_bits(model, coded)
         finished[i] = {"block": i + 1, "train_size": split.cumsizes[i - 1], "coded_size": len(coded),
                        "ce_bits": ce, "temperature": temperature, "seconds": res.seconds, **_fit_summary(res)}
-        log.info("block %d/%d: trained on %d, coded %d at %.4f bits/sample (%d epochs, %.1fs)",
-                 i + 1, num_blocks, split.cumsizes[i - 1], len(coded), ce, res.epochs, res.seconds)
+        log.info("block %d/%d: trained on %d, coded %d at %.4f bits/sample (%d epochs, %d steps, best at epoch %d, "
+                 "stopped: %s, %.1fs)", i + 1, num_blocks, split.cumsizes[i - 1], len(coded), ce, res.epochs,
+                 res.steps, res.best_epoch, res.stop_reason, res.seconds)
         while len(blocks) + 1 in finished:
             b = finished.pop(len(blocks) + 1)
             blocks.append(b)
@@ -270,13 +283,24 @@ def zscore_map(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda v: ((v.double() - mean) / std).to(v.dtype)
 
 
+ZSCORE_ORDERS = ("before", "after")
+
+
 def erase_maybe_zscored(data: LoadedData, cfg: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Apply the eraser; with `dataset.zscore` the data is standardised per coordinate *before* erasure, as in
-    the paper. Gradient erasure optimises pixels in [0, 1] (sigmoid), so it erases first and then gets the
-    same affine standardisation (statistics of the unerased data)."""
+    """Apply the eraser; with `dataset.zscore` the data is standardised per coordinate, `dataset.zscore_order`:
+    "before" erasure (statistics of the raw data) or "after" it (statistics of the erased data, as the paper's
+    code did). Gradient erasure optimises pixels in [0, 1] (sigmoid), so with "before" it erases first and then
+    gets the same affine standardisation (statistics of the unerased data)."""
     cache_dir, cert = Path(cfg["paths"]["cache_dir"]), bool(cfg.get("certificate", True))
     if not cfg["dataset"].get("zscore"):
         return apply_eraser(data, cfg["eraser"], cache_dir, with_certificate=cert)
+    order = str(cfg["dataset"].get("zscore_order") or "before")
+    if order not in ZSCORE_ORDERS:
+        raise ValueError(f"dataset.zscore_order must be one of {ZSCORE_ORDERS}, got {order!r}")
+    if order == "after":
+        x, info = apply_eraser(data, cfg["eraser"], cache_dir, with_certificate=cert)
+        info["zscore"] = "after erasure (statistics of the erased data)"
+        return zscore_map(x)(x), info
     standardize = zscore_map(data.x)
     if ERASERS.meta(cfg["eraser"]["name"])["kind"] == "edit":
         x, info = apply_eraser(data, cfg["eraser"], cache_dir, with_certificate=cert)

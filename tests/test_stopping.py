@@ -1,0 +1,104 @@
+"""Step-aware early stopping (training/engine/stopping.py), written once for `fit` and `fit_group`."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tests.test_vectorized import _data, _models
+from training.engine.fit import FitConfig, fit
+from training.engine.group import Member, fit_group
+from training.engine.seeding import generator
+from training.engine.stopping import MAX_EPOCHS, PATIENCE, EarlyStopping
+from training.mdl.job import stop_options
+
+
+def _plain_rule(losses: list[float], patience: int, max_epochs: int) -> tuple[int, int, str]:
+    """The epoch rule before it was step-aware: (stop epoch, best epoch, reason), one validation per epoch."""
+    best, best_epoch, since = float("inf"), 0, 0
+    for epoch, loss in enumerate(losses, start=1):
+        if loss < best:
+            best, best_epoch, since = loss, epoch, 0
+        else:
+            since += 1
+        if since >= patience or epoch >= max_epochs:
+            return epoch, best_epoch, PATIENCE if since >= patience else MAX_EPOCHS
+    raise AssertionError("losses too short")
+
+
+def _run(stopper: EarlyStopping, losses: list[float]) -> tuple[int, int, int, str]:
+    """(stop epoch, best epoch, steps, reason) for one validation per epoch."""
+    step = 0
+    for epoch, loss in enumerate(losses, start=1):
+        step += stopper.steps_per_epoch
+        stopper.record(loss, epoch)
+        if (reason := stopper.end_epoch(epoch, step)) is not None:
+            return epoch, stopper.best_epoch, step, reason
+    raise AssertionError("losses too short")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_without_step_options_it_is_the_plain_epoch_rule(seed: int) -> None:
+    rng = random.Random(seed)
+    patience, max_epochs, spe = rng.randint(1, 6), rng.randint(3, 40), rng.randint(1, 20)
+    losses = [rng.random() for _ in range(max_epochs)]
+    stop, best_epoch, _, reason = _run(EarlyStopping(patience, max_epochs, spe), losses)
+    assert (stop, best_epoch, reason) == _plain_rule(losses, patience, max_epochs)
+
+
+def test_no_stop_inside_the_warmup_or_before_the_step_floor() -> None:
+    # The demo's smallest block: 1 step per epoch, patience 5 epochs, loss rising from the first validation.
+    rising = [1.0 + 0.01 * e for e in range(2000)]
+    assert _run(EarlyStopping(5, 60, 1), rising)[:3] == (6, 1, 6)  # the plain rule: stops inside the warm-up
+    stop, best, steps, reason = _run(EarlyStopping(5, 60, 1, warmup_steps=50), rising)
+    assert (stop, best, steps, reason) == (50, 1, 50, PATIENCE)
+    # min_steps keeps it going past max_epochs (60 steps here); the patience floor alone does not stop it early
+    stop, _, steps, reason = _run(EarlyStopping(5, 60, 1, warmup_steps=50, min_steps=300), rising)
+    assert (steps, reason) == (300, PATIENCE)
+    # a late improvement (after the warm-up) restarts the step patience: max(5 × 1, 150) steps after it
+    late = [1.0] + [2.0] * 99 + [0.5] + [2.0] * 1000
+    stop, best, steps, reason = _run(EarlyStopping(5, 1000, 1, warmup_steps=50, min_steps=60,
+                                                   patience_min_steps=150), late)
+    assert (best, steps, reason) == (101, 251, PATIENCE)
+    # large blocks: patience × steps per epoch dominates the floor, so the stop epoch is the plain rule's
+    stop, best, steps, reason = _run(EarlyStopping(5, 60, 40, warmup_steps=50, min_steps=300,
+                                                   patience_min_steps=150), rising)
+    assert (stop, best, steps, reason) == (8, 1, 320, PATIENCE)  # 300 steps floor, then 7 epochs since the best
+    improving = [1.0 - 0.001 * e for e in range(100)]
+    assert _run(EarlyStopping(5, 60, 40, warmup_steps=50, min_steps=300, patience_min_steps=150),
+                improving)[3] == MAX_EPOCHS
+
+
+def test_stop_options_from_the_mdl_config() -> None:
+    assert stop_options({}, 50) == {"warmup_steps": 0, "min_steps": 0, "patience_min_steps": 0}
+    m = {"stop_after_warmup": True, "min_steps": 300, "patience_min_steps": 150}
+    assert stop_options(m, 50) == {"warmup_steps": 50, "min_steps": 300, "patience_min_steps": 150}
+    assert stop_options({**m, "stop_after_warmup": False}, 50)["warmup_steps"] == 0
+    with pytest.raises(ValueError, match="min_steps"):
+        stop_options({"min_steps": -1}, 0)
+
+
+def test_fit_and_fit_group_stop_alike_and_report_why() -> None:
+    """A small model cannot stop inside the warm-up or before min_steps, even past max_epochs; the lockstep
+    group applies the same rule bitwise; the reason is reported."""
+    data, y, xv, yv = _data()
+    sizes = [45, 150, 440]  # 2, 5, 14 steps per epoch at batch 32
+    subsets = [torch.arange(80, 80 + s) for s in sizes]
+    cfg = FitConfig(batch_size=32, patience=1, max_epochs=9, progress=False, warmup_steps=7, min_steps=25,
+                    patience_min_steps=12)
+    seq = [fit(model, opt, data, y, xv, yv, cfg, generator(0, "b", k), idx=subsets[k])
+           for k, (model, opt) in enumerate(_models("mlp", [0, 1, 2]))]
+    members = [Member(m, o, subsets[k], generator(0, "b", k), cfg)
+               for k, (m, o) in enumerate(_models("mlp", [0, 1, 2]))]
+    vec = fit_group(members, data, y, xv, yv, engine="loop")
+    for s, v, n in zip(seq, vec, sizes, strict=True):
+        assert (v.epochs, v.best_epoch, v.steps, v.stop_reason) == (s.epochs, s.best_epoch, s.steps, s.stop_reason)
+        assert v.curve == s.curve
+        assert s.steps >= 25 and s.stop_reason in (PATIENCE, MAX_EPOCHS)
+        assert s.steps == s.epochs * -(-n // 32)
+    assert seq[0].epochs > cfg.max_epochs  # 45 samples: 2 steps per epoch, 25 steps need 13 epochs
+    plain = FitConfig(batch_size=32, patience=1, max_epochs=9, progress=False)
+    model, opt = _models("mlp", [0])[0]
+    assert fit(model, opt, data, y, xv, yv, plain, generator(0, "b", 0), idx=subsets[0]).steps < 25

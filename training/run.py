@@ -10,6 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from training.preemption import stop_on_sigterm
 from training.results import ConfigMismatchError
 from training.tasks import get_task
 
@@ -21,7 +22,8 @@ def main(cfg: DictConfig) -> float | None:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     try:
-        result = get_task(str(resolved.get("task", "mdl")))(resolved)
+        with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
+            result = get_task(str(resolved.get("task", "mdl")))(resolved)
     except ConfigMismatchError as e:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # one failed job: the multirun callback records it and the sweep goes on

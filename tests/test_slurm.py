@@ -215,7 +215,8 @@ def test_one_failing_array_task_is_reported_and_the_others_keep_their_results(sl
     rc, text = _run(tmp_path, *SLURM, "eraser=control", "seed=0", "arch.activation=bogus,relu")
     assert rc != 0, text[-3000:]
     assert "multirun: 2/2 jobs ran: 1 done, 0 skipped, 1 failed" in text, text[-3000:]
-    bad, good = tmp_path / "runs/digits/control/mlp_bogus-w32-d2/seed0", tmp_path / "runs/digits/control/mlp_relu-w32-d2/seed0"
+    runs = tmp_path / "runs/digits/control"
+    bad, good = runs / "mlp_bogus-w32-d2/seed0", runs / "mlp_relu-w32-d2/seed0"
     assert re.search(rf"FAILED {re.escape(str(bad))}: \w+Error: .*bogus", text), text[-3000:]
     assert (good / "result.json").exists() and not (bad / "result.json").exists()
     (summary_path,) = (tmp_path / "runs/.multirun").glob("*/summary.json")

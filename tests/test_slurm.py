@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 SLURM = ("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
          "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=5")
 ONE_JOB = ("eraser=control", "seed=0", "mdl.full_run=false")
-LONG_TRAINING_S = 75  # block models of the time-limit job, trained one after another: longer than its 1-min limit
+LONG_TRAINING_S = 55  # the time-limit job's block models, one after another: with start-up, over its 1-min limit
 
 
 def _env() -> dict[str, str]:
@@ -48,9 +48,25 @@ def _run(out_dir: Path, *overrides: str, timeout: int = 300) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
+_BACKGROUND: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_background_commands() -> Iterator[None]:
+    """A test that fails while a command runs in the background does not leave it running."""
+    yield
+    while _BACKGROUND:
+        proc = _BACKGROUND.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+
+
 def _start(out_dir: Path, log: Path, *overrides: str) -> subprocess.Popen[bytes]:
     with log.open("wb") as f:
-        return subprocess.Popen(_cmd(out_dir, *overrides), cwd=REPO, env=_env(), stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(_cmd(out_dir, *overrides), cwd=REPO, env=_env(), stdout=f, stderr=subprocess.STDOUT)
+    _BACKGROUND.append(proc)
+    return proc
 
 
 def _finish(proc: subprocess.Popen[bytes], log: Path, timeout: int = 400) -> tuple[int, str]:
@@ -82,15 +98,16 @@ def _wait_for(ready: Callable[[], Any], timeout: float, what: str) -> Any:
     return value
 
 
-def _array_tasks(out_dir: Path) -> list[str]:
-    """SLURM ids (`<array>_<task>`) of the sweep's jobs, from submitit's folders."""
+def _slurm_jobs(out_dir: Path) -> list[str]:
+    """SLURM ids of the sweep's jobs (`<array>_<task>`; submitit submits a sweep of one as a plain job), from
+    submitit's folders (one per job, made when the job is submitted)."""
     folder = out_dir / "runs" / ".submitit"
-    names = [p.name for p in folder.iterdir() if re.fullmatch(r"\d+_\d+", p.name)] if folder.exists() else []
+    names = [p.name for p in folder.iterdir() if (p / f"{p.name}_submitted.pkl").exists()] if folder.exists() else []
     return sorted(names, key=lambda n: tuple(int(x) for x in n.split("_")))
 
 
 def _logs(out_dir: Path, task: str) -> str:
-    """stdout + stderr of every attempt of one array task (submitit appends across requeues)."""
+    """stdout + stderr of every attempt of one job (submitit appends across requeues)."""
     folder = out_dir / "runs" / ".submitit" / task
     return "".join(p.read_text() for p in sorted(folder.glob("*_log.*")))
 
@@ -100,6 +117,15 @@ def _sacct(job: str, *extra: str) -> list[dict[str, str]]:
     out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", ",".join(fields), "-j", job, *extra], env=_env(),
                          capture_output=True, text=True, timeout=60, check=True).stdout
     return [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines() if line]
+
+
+def _sacct_until(job: str, done: Callable[[list[dict[str, str]]], bool], *extra: str) -> list[dict[str, str]]:
+    """sacct's rows for the job once `done(rows)` (accounting reaches slurmdbd a moment after the job ends)."""
+    deadline = time.monotonic() + 60
+    while not done(rows := _sacct(job, *extra)):
+        assert time.monotonic() < deadline, f"sacct -j {job} {' '.join(extra)} never showed the finished job: {rows}"
+        time.sleep(0.5)
+    return rows
 
 
 def _time(stamp: str) -> datetime:
@@ -120,7 +146,7 @@ def test_smoke_sweep_lands_every_result_with_the_local_numbers_and_a_rerun_skips
     assert rc == 0, text[-3000:]
     assert "multirun: 4/4 jobs ran: 4 done, 0 skipped, 0 failed" in text, text[-3000:]
     assert "Bypassing sacct error" not in text  # accounting works: submitit reads job states from sacct
-    tasks = _array_tasks(tmp_path / "slurm")
+    tasks = _slurm_jobs(tmp_path / "slurm")
     assert len(tasks) == 4 and len({t.split("_")[0] for t in tasks}) == 1  # one array of four
     script = next((tmp_path / "slurm/runs/.submitit").glob("*/*_submission.sh")).read_text()
     assert f"#SBATCH --chdir={REPO}" in script  # jobs import this checkout and resolve relative paths here
@@ -151,15 +177,16 @@ def test_time_limit_signals_requeues_and_resumes_after_the_last_finished_block(s
                                                                                 long_epochs: int) -> None:
     job = (*ONE_JOB, f"mdl.max_epochs={long_epochs}", f"mdl.patience={long_epochs}")
     # The reference trains the block models in lockstep (bitwise equal on CPU); the SLURM job one after another,
-    # so its finished blocks advance steadily. SLURM checks limits every 30 s: USR2 (signal_delay_s=30 before the
-    # limit) comes 30-60 s into an attempt, the limit itself is enforced after 60-90 s.
+    # so its finished blocks advance steadily. slurmctld checks limits every 30 s and sends the warning signal
+    # when at most signal_delay_s + 30 s are left: with signal_delay_s=1, USR2 comes 29-59 s into an attempt (after
+    # its first block), and the limit itself, enforced at the next check, 30 s later.
     reference = _start(tmp_path / "local", tmp_path / "local.log", *job)
     out = tmp_path / "slurm"
     rc, text = _run(out, *job, "training.parallel_models=1", *SLURM, "hydra.launcher.timeout_min=1",
-                    "hydra.launcher.signal_delay_s=30", "hydra.launcher.max_num_timeout=4", timeout=500)
+                    "hydra.launcher.signal_delay_s=1", "hydra.launcher.max_num_timeout=4", timeout=500)
     assert rc == 0, text[-3000:]
     assert "multirun: 1/1 jobs ran: 1 done, 0 skipped, 0 failed" in text, text[-3000:]
-    (task,) = _array_tasks(out)
+    (task,) = _slurm_jobs(out)
     logs = _logs(out, task)
     assert "Caught signal SIGUSR2" in logs and "this job is timed-out" in logs, logs[-3000:]
     assert "Requeued job" in logs, logs[-3000:]  # submitit requeued it (max_num_timeout)
@@ -169,8 +196,7 @@ def test_time_limit_signals_requeues_and_resumes_after_the_last_finished_block(s
     logged = len(set(re.findall(r"block (\d)/6: trained", first_attempt)))
     assert logged - 1 <= resumed[0] <= logged  # after its last finished block (one may end as the signal lands)
     assert "SKIP" not in logs
-    rows = _wait_for(lambda: (r := _sacct(task, "-D")) and r[-1]["State"] == "COMPLETED" and r, 60,
-                     "sacct to record the completed job")
+    rows = _sacct_until(task, lambda r: "COMPLETED" in {x["State"] for x in r}, "-D")
     states = [r["State"] for r in rows]
     assert states[-1] == "COMPLETED" and len(states) >= 2 and set(states[:-1]) == {"REQUEUED"}, rows
     print("\nsacct -D -X -j", task, *(f"\n  {r}" for r in rows))
@@ -187,7 +213,7 @@ def test_preempted_job_stops_at_once_and_its_requeued_copy_resumes(slurm_cluster
     sweep = _start(out, tmp_path / "slurm.log", *job, *SLURM)
     (job_dir,) = _job_dirs(out, *job)
     before = _wait_for(lambda: _blocks_done(job_dir), 240, "the job's first finished block model")
-    (task,) = _array_tasks(out)
+    (task,) = _slurm_jobs(out)
     requeued_at = datetime.now().replace(microsecond=0)
     subprocess.run(["scontrol", "requeue", task], env=_env(), check=True, capture_output=True, timeout=30)
     rc, text = _finish(sweep, tmp_path / "slurm.log")
@@ -198,8 +224,7 @@ def test_preempted_job_stops_at_once_and_its_requeued_copy_resumes(slurm_cluster
     assert "SKIP" not in logs  # the old allocation did not run on to the end
     resumed = [int(k) for k in re.findall(r"resuming after block model (\d+)/5", logs)]
     assert len(resumed) == 1 and before <= resumed[0] < 5, (before, resumed)
-    rows = _wait_for(lambda: (r := _sacct(task, "-D")) and r[-1]["State"] == "COMPLETED" and r, 60,
-                     "sacct to record the completed job")
+    rows = _sacct_until(task, lambda r: "COMPLETED" in {x["State"] for x in r}, "-D")
     assert [r["State"] for r in rows] == ["REQUEUED", "COMPLETED"], rows
     # it left the allocation promptly: well before SIGKILL (KillWait = 30 s after the SIGTERM)
     assert (_time(rows[0]["End"]) - requeued_at).total_seconds() <= 10, (requeued_at, rows)
@@ -237,12 +262,11 @@ def test_sweep_over_a_key_outside_the_job_directory_loses_no_result(slurm_cluste
 def test_array_parallelism_one_runs_the_tasks_one_after_another(slurm_cluster: Path, tmp_path: Path) -> None:
     rc, text = _run(tmp_path, *SLURM, "hydra.launcher.array_parallelism=1", "eraser=control", "seed=0,1")
     assert rc == 0 and "multirun: 2/2 jobs ran: 2 done, 0 skipped, 0 failed" in text, text[-3000:]
-    tasks = _array_tasks(tmp_path)
+    tasks = _slurm_jobs(tmp_path)
     assert len(tasks) == 2
     script = next((tmp_path / "runs/.submitit").glob("*/*_submission.sh")).read_text()
     assert "#SBATCH --array=0-1%1" in script
     array = tasks[0].split("_")[0]
-    rows = _wait_for(lambda: (r := _sacct(array)) and len(r) == 2 and all(x["State"] == "COMPLETED" for x in r) and r,
-                     60, "sacct to record both tasks")
+    rows = _sacct_until(array, lambda r: [x["State"] for x in r] == ["COMPLETED"] * 2)
     spans = sorted((_time(r["Start"]), _time(r["End"])) for r in rows)
     assert spans[0][1] <= spans[1][0], rows  # the second started after the first ended: no overlap

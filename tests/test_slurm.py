@@ -207,7 +207,7 @@ def test_time_limit_signals_requeues_and_resumes_after_the_last_finished_block(s
 
 
 def test_preempted_job_stops_at_once_and_its_requeued_copy_resumes(slurm_cluster: Path, tmp_path: Path) -> None:
-    job = (*ONE_JOB, "mdl.max_epochs=300", "mdl.patience=300", "training.parallel_models=1")
+    job = (*ONE_JOB, "mdl.max_epochs=200", "mdl.patience=200", "training.parallel_models=1")
     reference = _start(tmp_path / "local", tmp_path / "local.log", *job)
     out = tmp_path / "slurm"
     sweep = _start(out, tmp_path / "slurm.log", *job, *SLURM)

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 SLURM = ("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
          "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=5")
 ONE_JOB = ("eraser=control", "seed=0", "mdl.full_run=false")
-LONG_TRAINING_S = 65  # the time-limit job's block models, one after another: with start-up, over its 1-min limit
+LONG_TRAINING_S = 60  # the time-limit job's block models, one after another: with start-up, over its 1-min limit
 
 
 def _env() -> dict[str, str]:

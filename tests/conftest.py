@@ -1,9 +1,18 @@
-"""Shared test setup: single-threaded torch, wandb disabled, GPU/SLURM tests skipped when unavailable."""
+"""Shared test setup: single-threaded torch, wandb disabled, GPU/SLURM tests skipped when unavailable.
+
+SLURM tests (marked `slurm`) run against a one-machine cluster that the `slurm_cluster` fixture starts once per
+session with scripts/slurm_cluster.py (root + Debian packages; `.ci/run` installs them) and stops at the end.
+Where it cannot run they skip with the script's one-line reason; a cluster that can run but fails to start fails.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
-import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,12 +25,46 @@ import training  # noqa: E402,F401  (registers the OmegaConf resolvers conf/ use
 
 torch.set_num_threads(1)
 
+SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slurm_cluster.py"
+
+
+@functools.cache
+def slurm_unavailable() -> str | None:
+    """Why no SLURM cluster can be started here (one line), or None."""
+    proc = subprocess.run([sys.executable, str(SLURM_SCRIPT), "check"], capture_output=True, text=True, timeout=60)
+    if proc.returncode == 0:
+        return None
+    return (proc.stdout.strip() or proc.stderr.strip() or "scripts/slurm_cluster.py check failed").splitlines()[0]
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     no_gpu = pytest.mark.skip(reason="needs CUDA")
-    no_slurm = pytest.mark.skip(reason="needs SLURM (sbatch)")
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_gpu)
-        if "slurm" in item.keywords and shutil.which("sbatch") is None:
-            item.add_marker(no_slurm)
+        if "slurm" in item.keywords and (reason := slurm_unavailable()) is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A running one-node cluster for this session; SLURM_CONF points at it. Yields its slurm.conf."""
+    root = tmp_path_factory.mktemp("slurm")
+    proc = subprocess.run([sys.executable, str(SLURM_SCRIPT), "up", "--dir", str(root)], capture_output=True,
+                          text=True, timeout=300)
+    if proc.returncode == 2:
+        pytest.skip(proc.stderr.strip().splitlines()[-1])
+    if proc.returncode != 0:
+        pytest.fail(f"SLURM cluster did not start: {(proc.stderr.strip().splitlines() or ['?'])[-1]}", pytrace=False)
+    conf = root / "etc" / "slurm.conf"
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(conf)
+    try:
+        yield conf
+    finally:
+        if previous is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous
+        subprocess.run([sys.executable, str(SLURM_SCRIPT), "down", "--dir", str(root), "--keep-logs"],
+                       capture_output=True, text=True, timeout=300)

@@ -55,7 +55,7 @@ def test_slurm_config_validates_offline_and_every_field_is_overridable() -> None
     launcher = instantiate(cfg)  # builds the launcher object; nothing is submitted
     assert isinstance(launcher, SlurmLauncher) and launcher.params["partition"] == "gpu"
     assert launcher.params["setup"] == ["module load cuda"]
-    assert launcher.params["additional_parameters"] == {"mail-type": "END"}
+    assert launcher.params["additional_parameters"] == {"chdir": str(REPO), "mail-type": "END"}
     with pytest.raises(ConfigCompositionException):
         _launcher("hydra/launcher=slurm", "hydra.launcher.partitoin=gpu")  # typos are errors
 

@@ -16,6 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from training.app.preemption import stop_on_sigterm
 from training.app.report import (
     SweepJobFailed,
     exit_user_error,
@@ -37,7 +38,8 @@ def main(cfg: DictConfig) -> float | None:
     assert isinstance(resolved, dict)
     try:
         job = load_config(resolved)  # normally checked earlier, by the job_status callback
-        result = get_task(job.task)(job)
+        with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
+            result = get_task(job.task)(job)
     except Exception as err:
         line = user_error_line(err)
         if line is None:

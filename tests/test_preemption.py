@@ -1,0 +1,80 @@
+"""SIGTERM stops a job at once and keeps its finished MDL blocks (training/app/preemption.py); a rerun resumes.
+
+Under SLURM the same SIGTERM comes from pre-emption or `scontrol requeue` (tests/test_slurm.py runs that on a real
+cluster, where the requeued copy resumes); here it is a local multirun, its block models on two worker threads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from training.app.preemption import EXIT_STATUS, Preempted, stop_on_sigterm
+from training.mdl.job import PROGRESS_FILE
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+
+
+def test_sigterm_raises_preempted_in_the_main_thread_and_the_old_handler_comes_back() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Preempted) as info, stop_on_sigterm():
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the handler runs at the next bytecode; never reached the end
+            time.sleep(0.01)
+    assert info.value.code == EXIT_STATUS == 143 and not isinstance(info.value, Exception)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_outside_the_main_thread_it_changes_nothing() -> None:
+    before, seen = signal.getsignal(signal.SIGTERM), []
+
+    def work() -> None:
+        with stop_on_sigterm():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen == [before]
+
+
+def test_sigterm_stops_a_local_multirun_promptly_keeping_finished_blocks(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "training.run", "-m", "experiment=smoke", "eraser=control", "seed=0",
+           f"paths.out_dir={tmp_path}", "logger=none", "progress=false", "mdl.max_epochs=800", "mdl.patience=800",
+           "training.workers=2"]
+    job_dir = tmp_path / "runs/digits/control/mlp_relu-w32-d2/seed0"
+    log = tmp_path / "first.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while not (job_dir / PROGRESS_FILE).exists():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "timed out waiting for the first finished block"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=60)
+        stopped_s = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert rc == EXIT_STATUS, text[-3000:]
+    assert stopped_s < 10, f"took {stopped_s:.1f}s to stop"
+    assert "SIGTERM (pre-emption, requeue, scancel or time limit): stopping now" in text
+    assert "multirun: 0/1 jobs ran" in text  # the multirun still says what happened
+    kept = len(json.loads((job_dir / PROGRESS_FILE).read_text())["blocks"])
+    assert 1 <= kept < 5 and not (job_dir / "result.json").exists()  # a rerun resumes from here (test_resume.py)
+

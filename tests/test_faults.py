@@ -67,11 +67,12 @@ def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
 # --- 1. job-directory collisions ---------------------------------------------------------------------------------
 
 def test_sweep_of_an_mdl_setting_keeps_both_results(tmp_path: Path) -> None:
-    proc = _cli(tmp_path, "experiment=smoke", "eraser=control", "seed=0", "mdl.max_epochs=2,3",
+    # (a learning rate, not max_epochs: with mdl=quick's min_steps a tiny job trains past max_epochs 2 and 3 alike)
+    proc = _cli(tmp_path, "experiment=smoke", "eraser=control", "seed=0", "mdl.max_epochs=2", "optim.lr=0.001,0.003",
                 "hydra/launcher=parallel", multirun=True)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     results = [json.loads(p.read_text()) for p in (tmp_path / "runs").rglob("result.json")]
-    assert sorted(r["config"]["mdl"]["max_epochs"] for r in results) == [2, 3]
+    assert sorted(r["config"]["optim"]["lr"] for r in results) == [0.001, 0.003]
     assert len({r["mdl"]["bits_per_sample"] for r in results}) == 2
 
 

@@ -196,7 +196,6 @@ class TrainingConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class JobConfig(Section):
-    open: ClassVar[bool] = False
     task: str = spec("mdl", kind=str, check=lambda v: v in _tasks(), allowed="a registered task")
     seed: int = nonneg_int(0)
     device: str = spec("auto", kind=str, check=lambda v: v in ("auto", "cpu", "cuda") or v.startswith("cuda:"),

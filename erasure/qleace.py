@@ -1,27 +1,57 @@
-"""QLEACE (paper Thm 2.6): per-class optimal-transport maps onto the Gaussian barycenter of the classes.
+"""QLEACE (paper Thm 2.6): per-class optimal transport onto the Gaussian barycenter of the classes.
 
 x' = μ + T_k (x − m_k) for x of class k, T_k = Σ_k^{-½}(Σ_k^{½} C Σ_k^{½})^{½}Σ_k^{-½}, C the barycenter of
 N(0, Σ_k) with weights = class priors. Afterwards every class has mean μ and covariance C (float64).
 
-Rank deficiency. All work happens in the eigenbasis V of the pooled within-class covariance
-Σ_w = Σ_k w_k Σ_k (orthogonal change of basis: maps and barycenter are equivariant). Directions outside
-the support of Σ_w (e.g. pixels constant in every class) carry no within-class variance and are set to
-the global mean — exact, nothing is lost beyond between-class offsets there. Inside the support a class
-covariance may still be (near-)singular (a pixel constant in one class; n_k < d); then no linear map can
-give all classes the same covariance, and the fit either
-  - `rank_deficient="truncate"` (default): keeps the top-r principal directions of Σ_w, with r the largest
-    dimension on which every whitened class covariance has eigenvalues ≥ `class_rtol`; the other
-    directions are set to the mean. Class means and covariances are then exactly equal everywhere.
-  - `rank_deficient="ridge"`: adds `ridge · mean eigenvalue(Σ_w)` to every class covariance; all support
-    directions are kept but class covariances are only approximately equal (residual in the report).
-Either way a single warning says what was done, and report() records it.
+All work happens in the eigenbasis V of the pooled within-class covariance Σ_w = Σ_k w_k Σ_k (an
+orthogonal change of basis: maps and barycenter are equivariant). Directions outside the support of Σ_w
+(pixels constant in every class) carry no within-class variance and are set to the global mean.
+
+Rank deficiency. Inside the support a class covariance is often singular on real data (a pixel constant
+in one class; n_k < d), and then no linear map can give every class the barycenter's covariance.
+`rank_deficient` chooses what to do:
+
+- `"coupling"` (default): exact in-sample erasure without dropping directions the sample can support.
+  Keep the r = min(support rank, min_k n_k − 1) leading directions of Σ_w (the only truncation; n_k
+  forces it, see below) and replace the map by the optimal Gaussian *coupling* of each class with the
+  barycenter. With T'_k = C^{-½}(C^{½}Σ_kC^{½})^{½}C^{-½} the OT map from N(0, C) to N(0, Σ_k), the
+  coupling's conditional law of the barycenter point given a class point is
+      x' = μ + B_k (x − m_k) + ε_k,  B_k = C T'_k Σ_k⁺,  ε_k ~ (0, R_k),  R_k = C − C T'_k Σ_k⁺ T'_k C,
+  so Cov(x') = B_k Σ_k B_kᵀ + R_k = C. For a non-singular class R_k = 0 and B_k = T'_k⁻¹ = T_k (the map
+  above). Computation: with C = L Lᵀ (Cholesky) and the class data in these coordinates,
+  Z_k L / √(n_k − 1) = U S Qᵀ (thin SVD; S² are the eigenvalues of M_k = Lᵀ Σ_k L), one finds
+      B_k = (L Q₁ S₁⁻¹)(L Q₁)ᵀ,   R_k = (L Q₀)(L Q₀)ᵀ,
+  Q₁ / Q₀ the right singular vectors with S above / below `null_rtol`·max (the range / null space of
+  M_k). So the mapped class is √(n_k − 1) U₁ (L Q₁)ᵀ: its whitened coordinates U₁ are orthonormal, and
+  the noise supplies the missing whitened coordinates: ε_k = √(n_k − 1) E (L Q₀)ᵀ with E (n_k × q_k,
+  q_k = r − rank M_k) orthonormal and orthogonal to the ones vector and to U₁. Then the class sample has
+  mean μ and covariance (L Q)(L Q)ᵀ = C exactly (float64 round-off; no conditioning enters). E exists iff
+  n_k − 1 − rank M_k ≥ q_k, i.e. r ≤ n_k − 1: hence the cap on r. E is a seeded Gaussian matrix (`seed`,
+  class) projected off [1, U₁] and orthonormalised (QR), so the noise is an exact-moment draw of
+  N(0, R_k): zero sample mean, zero sample cross-covariance with the class's data, covariance R_k.
+  The report gives each class's noise rank and noise share tr R_k / tr C. The barycenter of singular
+  classes converges sublinearly; it stops once its objective settles (`objective_rtol`), which does not
+  affect exactness (the moments equal whatever C is used), only optimality, to second order.
+- `"shrinkage"`: the paper code's estimator (concept-erasure's QuadraticFitter(shrinkage=True)): each
+  class covariance (biased, 1/n_k) is shrunk towards (tr S_k / d)·I by the optimal linear shrinkage
+  α_k = 1 − (tr S_k)² / (n_k (‖S_k‖_F² − (tr S_k)²/d)) (clamped to [0, 1]), and the maps act on the
+  whole space. Class means become equal; covariances only approximately (the certificate shows how far).
+  The target mean is the prior-weighted global mean (concept-erasure uses the unweighted mean of the
+  class means; the same for balanced classes).
+- `"truncate"`: keep the top-r principal directions of Σ_w, r the largest dimension on which every
+  class covariance whitened by Σ_w has eigenvalues ≥ `class_rtol`; the rest is set to the mean. Exact,
+  but on images it drops half of the directions (Fashion-MNIST 20k: 387 of 784 kept).
+- `"ridge"`: add `ridge · mean eigenvalue(Σ_w)` to every class covariance; covariances only ~equal.
+
+Whatever is done is reported (working rank, variance dropped, noise share) with one warning.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -29,15 +59,43 @@ from torch import Tensor
 
 from .barycenter import barycenter
 from .base import Eraser, base_info, prepare_fit
-from .moments import class_moments, eigh_desc, numerical_rank
+from .moments import check_labels, class_moments, eigh_desc, flatten_features, numerical_rank
 from .registry import ERASERS
+
+MODES = ("coupling", "shrinkage", "truncate", "ridge")
 
 
 class QleaceEraser(Eraser):
-    """Label-dependent eraser; state: mean (d,), basis (d, r), class_means (k, r), maps (k, r, r)."""
+    """Label-dependent eraser; state: mean (d,), basis (d, r), class_means (k, r), maps (k, r, r), and for
+    the coupling noise_factors (k, r, q_max) = L Q₀ (zero-padded) and noise_rank (k,)."""
 
     name = "qleace"
     needs_labels = True
+
+    @property
+    def has_noise(self) -> bool:
+        return "noise_rank" in self.state and bool((self.state["noise_rank"] > 0).any())
+
+    def __call__(self, x: Tensor | np.ndarray, y: Tensor | np.ndarray | None = None) -> Tensor:
+        """Erase (x, y). With coupling noise every class is processed in one piece, so the noise has exact
+        moments on the rows given here (zero mean, orthogonal to their mapped data, covariance R_k)."""
+        if not self.has_noise:
+            return super().__call__(x, y)
+        if y is None:
+            raise ValueError("the qleace eraser is label-dependent: call eraser(x, y) with class labels")
+        flat, shape = flatten_features(x)
+        if flat.shape[1] != self.dim:
+            raise ValueError(f"qleace eraser was fitted on d={self.dim} features; got d={flat.shape[1]}")
+        labels, _ = check_labels(y, len(flat), num_classes=self.num_classes)
+        out = torch.empty_like(flat)
+        mean, basis = self.state["mean"], self.state["basis"]
+        for c in torch.unique(labels).tolist():
+            idx = (labels == c).nonzero().flatten()
+            z = (flat[idx.to(flat.device)].to(self.device, torch.float64) - mean) @ basis
+            zb = (z - self.state["class_means"][c]) @ self.state["maps"][c]
+            zb = zb + self._noise(zb, c)
+            out[idx.to(out.device)] = (mean + zb @ basis.T).to(out.device, out.dtype)
+        return out.reshape(shape)
 
     def _apply(self, x64: Tensor, y: Tensor | None) -> Tensor:
         assert y is not None
@@ -49,8 +107,30 @@ class QleaceEraser(Eraser):
             out[idx] = (z[idx] - self.state["class_means"][c]) @ self.state["maps"][c]
         return mean + out @ basis.T
 
+    def _noise(self, zb: Tensor, c: int) -> Tensor:
+        """√(n−1)·E·(L Q₀)ᵀ for the n mapped rows zb of class c: E orthonormal, ⊥ ones and ⊥ col(zb)."""
+        q = int(self.state["noise_rank"][c])
+        if q == 0:
+            return torch.zeros_like(zb)
+        factor = self.state["noise_factors"][c, :, :q]
+        n = len(zb)
+        rank = int(self.info["class_rank"][c])
+        gen = torch.Generator(device="cpu").manual_seed(_class_seed(int(self.info["options"]["seed"]), c))
+        g = torch.randn(n, q, generator=gen, dtype=torch.float64).to(zb.device)
+        if n - 1 - rank < q:  # too few rows here for exact moments: plain N(0, R_k) draws
+            warnings.warn(f"qleace: class {c} has {n} rows here, fewer than the {rank + q + 1} that exact "
+                          "coupling noise needs; drew independent N(0, R_k) noise instead", stacklevel=3)
+            return g @ factor.T
+        data = torch.linalg.svd(zb, full_matrices=False).U[:, :rank]
+        span = torch.linalg.qr(torch.cat([torch.full((n, 1), n ** -0.5, dtype=zb.dtype, device=zb.device),
+                                          data], 1)).Q
+        for _ in range(2):  # projecting twice makes E ⊥ span to round-off
+            g = g - span @ (span.T @ g)
+        e = torch.linalg.qr(g).Q
+        return math.sqrt(n - 1) * e @ factor.T
+
     def maps_full(self) -> Tensor:
-        """Class → barycenter maps in the input coordinates, (k, d, d) (zero off the working subspace)."""
+        """Class → barycenter maps (B_k) in the input coordinates, (k, d, d) (zero off the working subspace)."""
         b = self.state["basis"]
         return b @ self.state["maps"] @ b.T
 
@@ -58,82 +138,194 @@ class QleaceEraser(Eraser):
         b = self.state["basis"]
         return b @ self.state["barycenter"] @ b.T
 
+    def noise_cov_full(self, c: int) -> Tensor:
+        """R_c = (L Q₀)(L Q₀)ᵀ in the input coordinates (zero without coupling noise)."""
+        b = self.state["basis"]
+        if "noise_factors" not in self.state:
+            return torch.zeros(self.dim, self.dim, dtype=b.dtype, device=b.device)
+        f = b @ self.state["noise_factors"][c]
+        return f @ f.T
+
+
+def _class_seed(seed: int, c: int) -> int:
+    return int(np.random.SeedSequence([seed, c]).generate_state(1)[0])
+
 
 @ERASERS.register("qleace", family="quadratic", kind="map")
 def fit_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, tol: float = 1e-8, max_iter: int = 100,
-               anderson: int = 2, rank_deficient: Literal["truncate", "ridge"] = "truncate",
-               class_rtol: float = 1e-7, ridge: float = 1e-6, support_rtol: float = 1e-10) -> QleaceEraser:
+               anderson: int = 2, rank_deficient: Literal["coupling", "shrinkage", "truncate", "ridge"] = "coupling",
+               class_rtol: float = 1e-7, ridge: float = 1e-6, support_rtol: float = 1e-10, null_rtol: float = 1e-7,
+               objective_rtol: float = 1e-7, seed: int = 0) -> QleaceEraser:
     """Fit QLEACE in float64.
 
     tol / max_iter / anderson: barycenter stopping rule (relative stationarity residual), iteration cap and
-    Anderson depth (0 = plain fixed point). class_rtol: a whitened class covariance eigenvalue below this
-    counts as singular. support_rtol: eigenvalues of Σ_w below support_rtol·max are outside the support.
+    Anderson depth (0 = plain fixed point). support_rtol: eigenvalues of Σ_w below support_rtol·max are
+    outside the support. class_rtol (truncate, and deciding whether any class is singular): a class
+    covariance eigenvalue, whitened by Σ_w, below this counts as singular. null_rtol (coupling): singular
+    values of a class in barycenter coordinates below null_rtol·max span its null space (filled by noise).
+    objective_rtol (coupling with a singular class): the barycenter also stops once its objective decreases
+    by less than this (relative) in one step. seed: the coupling noise (per class).
     """
-    if rank_deficient not in ("truncate", "ridge"):
-        raise ValueError(f"qleace: rank_deficient must be 'truncate' or 'ridge'; got {rank_deficient!r}")
+    if rank_deficient not in MODES:
+        raise ValueError(f"qleace: rank_deficient must be one of {list(MODES)}; got {rank_deficient!r}")
     options = {"tol": tol, "max_iter": max_iter, "anderson": anderson, "rank_deficient": rank_deficient,
-               "class_rtol": class_rtol, "ridge": ridge, "support_rtol": support_rtol}
+               "class_rtol": class_rtol, "ridge": ridge, "support_rtol": support_rtol, "null_rtol": null_rtol,
+               "objective_rtol": objective_rtol, "seed": seed}
     t0 = time.perf_counter()
     x64, labels, flat, k = prepare_fit(x, y)
     mom = class_moments(x64, labels, k, class_covs=True)
     assert mom.class_covs is not None
-    d = x64.shape[1]
     info = base_info("qleace", flat, k, mom.counts, options)
+    if rank_deficient == "shrinkage":
+        state = _fit_shrinkage(mom.class_covs, mom, info, tol, max_iter, anderson)
+    else:
+        state = _fit_subspace(x64, labels, mom, info, options)
+    info["fit_seconds"] = time.perf_counter() - t0
+    return QleaceEraser(state, info)
 
+
+def shrink_covariances(biased: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+    """Optimal linear shrinkage of biased (1/n_k) class covariances (k, d, d) towards (tr S_k / d)·I.
+
+    α_k = 1 − (tr S_k)² / (n_k (‖S_k‖_F² − (tr S_k)² / d)), clamped to [0, 1]; returns (shrunk, α).
+    """
+    d = biased.shape[-1]
+    tr = torch.diagonal(biased, dim1=-2, dim2=-1).sum(-1)
+    spread = torch.linalg.matrix_norm(biased) ** 2 - tr**2 / d  # ‖S − (tr S/d) I‖_F² ≥ 0
+    n = counts.to(biased)
+    alpha = torch.where(spread > 0, 1 - tr**2 / (n * spread.clamp_min(torch.finfo(biased.dtype).tiny)),
+                        torch.zeros_like(tr)).clamp(0.0, 1.0)
+    eye = torch.eye(d, dtype=biased.dtype, device=biased.device)
+    shrunk = alpha[:, None, None] * biased + ((1 - alpha) * tr / d)[:, None, None] * eye
+    return shrunk, alpha
+
+
+def _fit_shrinkage(class_covs: Tensor, mom: Any, info: dict[str, Any], tol: float, max_iter: int,
+                   anderson: int) -> dict[str, Tensor]:
+    d = class_covs.shape[-1]
+    n = mom.counts.to(class_covs)
+    covs, alpha = shrink_covariances(class_covs * ((n - 1) / n)[:, None, None], mom.counts)
+    bary = barycenter(covs, mom.priors, tol=tol, max_iter=max_iter, anderson=anderson)
+    _warn_unconverged(bary, tol, info)
+    eye = torch.eye(d, dtype=class_covs.dtype, device=class_covs.device)
+    info.update({"support_rank": d, "working_rank": d, "dims_set_to_mean": 0, "rank_handling": "shrinkage",
+                 "rank_limited_by": "none", "variance_dropped_fraction": 0.0, "ridge_used": 0.0,
+                 "shrinkage_alpha": [float(a) for a in alpha], "noise_rank": [0] * len(alpha),
+                 "noise_share": [0.0] * len(alpha), "max_noise_share": 0.0, **_bary_info(bary)})
+    return {"mean": mom.mean, "basis": eye, "class_means": mom.means - mom.mean, "maps": bary.maps,
+            "barycenter": bary.cov}
+
+
+def _fit_subspace(x64: Tensor, labels: Tensor, mom: Any, info: dict[str, Any],
+                  o: dict[str, Any]) -> dict[str, Tensor]:
+    """coupling / truncate / ridge: work in the leading principal directions of the pooled covariance."""
+    k, d = mom.k, x64.shape[1]
     pooled = torch.einsum("k,kij->ij", mom.priors, mom.class_covs)
     vals, vecs = eigh_desc(pooled)
-    s = numerical_rank(vals, support_rtol)
+    s = numerical_rank(vals, o["support_rtol"])
     if s == 0:
         raise ValueError("qleace: every class has zero variance; nothing to fit")
-    v = vecs[:, :s]
-    covs = v.T @ (mom.class_covs.reshape(k * d, d) @ v).view(k, d, s)  # (k, s, s) in the pooled eigenbasis
+    mode = o["rank_deficient"]
+    r = min(s, int(mom.counts.min()) - 1) if mode == "coupling" else s
+    v = vecs[:, :r]
+    covs = v.T @ (mom.class_covs.reshape(k * d, d) @ v).view(k, d, r)  # (k, r, r) in the pooled eigenbasis
     del mom.class_covs
-    inv_sd = vals[:s].rsqrt()
-    r, handling = s, ("none" if s == d else "support")
+    inv_sd = vals[:r].rsqrt()
+    handling = "none" if s == d else "support"
     ridge_used = 0.0
     min_eig: float | None = None
-    # A class is (near-)singular when its covariance, whitened by the pooled one, has an eigenvalue below
-    # class_rtol; Cholesky of (whitened − class_rtol·I) decides that exactly and costs a third of an eigvalsh.
-    if not _all_above(covs, inv_sd, class_rtol):
+    singular = not _all_above(covs, inv_sd, o["class_rtol"])
+    what = ""
+    bad: list[int] = []
+    if singular:
         white_eigs = torch.linalg.eigvalsh(covs * inv_sd[:, None] * inv_sd[None, :])
         min_eig = float(white_eigs[:, 0].min())
-        bad = (white_eigs[:, 0] < class_rtol).nonzero().flatten().tolist()
-        if rank_deficient == "truncate":
+        bad = (white_eigs[:, 0] < o["class_rtol"]).nonzero().flatten().tolist()
+        if mode == "truncate":
             # interlacing: an r-dim compression with min eigenvalue ≥ τ needs r ≤ #(eigenvalues ≥ τ)
-            upper = int((white_eigs >= class_rtol).sum(-1).min())
-            r = _stable_rank(covs, inv_sd, class_rtol, upper + 1)
-            handling = "truncate"
+            upper = int((white_eigs >= o["class_rtol"]).sum(-1).min())
+            r = _stable_rank(covs, inv_sd, o["class_rtol"], upper + 1)
             what = (f"kept the top {r} of {s} principal directions of the pooled covariance "
                     f"({_frac(vals, r):.4%} of its variance); the rest is set to the mean")
-        else:
-            ridge_used = ridge * float(vals[:s].mean())
-            covs = covs + ridge_used * torch.eye(s, dtype=covs.dtype, device=covs.device)
-            handling = "ridge"
+            handling = "truncate"
+        elif mode == "ridge":
+            ridge_used = o["ridge"] * float(vals[:s].mean())
+            covs = covs + ridge_used * torch.eye(r, dtype=covs.dtype, device=covs.device)
             what = f"added a ridge of {ridge_used:.3g} to every class covariance (covariances only ~equal)"
-        msg = (f"qleace: class covariances are rank-deficient (classes {bad}; support rank {s} of d={d}; "
-               f"n_k min {int(mom.counts.min())}): {what}")
-        warnings.warn(msg, stacklevel=2)
-        info["warnings"].append(msg)
-
+            handling = "ridge"
     covs = covs[:, :r, :r]
     basis = v[:, :r].contiguous()
-    bary = barycenter(covs, mom.priors, tol=tol, max_iter=max_iter, anderson=anderson)
-    if not bary.converged:
-        msg = (f"qleace: barycenter stopped after {bary.iterations} iterations at residual "
-               f"{bary.residual:.3g} > tol {tol:g}")
-        warnings.warn(msg, stacklevel=2)
+    obj_rtol = o["objective_rtol"] if mode == "coupling" and singular else None
+    bary = barycenter(covs, mom.priors, tol=o["tol"], max_iter=o["max_iter"], anderson=o["anderson"],
+                      objective_rtol=obj_rtol)
+    state = {"mean": mom.mean, "basis": basis, "class_means": (mom.means - mom.mean) @ basis, "maps": bary.maps,
+             "barycenter": bary.cov}
+    noise_rank, noise_share, class_rank = [0] * k, [0.0] * k, [r] * k
+    if mode == "coupling":
+        maps, factors, noise_rank, class_rank, noise_share = _coupling(x64, labels, mom, basis, bary.cov,
+                                                                       o["null_rtol"])
+        state.update(maps=maps, noise_factors=factors, noise_rank=torch.tensor(noise_rank, dtype=torch.long))
+        if r < s or max(noise_rank) > 0:
+            handling = "coupling"
+            what = (f"kept {r} of {s} principal directions ({_frac(vals, r):.4%} of the variance"
+                    f"{'; r = min_k n_k − 1' if r < s else ''}) and coupled each class with the barycenter: "
+                    f"noise ranks {noise_rank}, max noise share {max(noise_share):.3%} of tr C")
+    if handling in ("truncate", "ridge", "coupling"):
+        msg = (f"qleace: class covariances are rank-deficient (classes {bad}; support rank {s} of d={d}; "
+               f"n_k min {int(mom.counts.min())}): {what}")
+        warnings.warn(msg, stacklevel=3)
         info["warnings"].append(msg)
+    _warn_unconverged(bary, o["tol"], info)
     info.update({
         "support_rank": s, "working_rank": r, "dims_set_to_mean": d - r, "rank_handling": handling,
+        "rank_limited_by": ("none" if s == d else "support") if r == s else
+                           ("class size" if mode == "coupling" else "class covariances"),
         "variance_dropped_fraction": 1.0 - _frac(vals, r), "ridge_used": ridge_used,
         "min_whitened_class_eig": min_eig,  # computed only when some class is below class_rtol
-        "barycenter_iterations": bary.iterations, "barycenter_residual": bary.residual,
-        "barycenter_converged": bary.converged, "barycenter_history": bary.history,
-        "fit_seconds": time.perf_counter() - t0,
+        "class_rank": class_rank, "noise_rank": noise_rank, "noise_share": noise_share,
+        "max_noise_share": max(noise_share), **_bary_info(bary),
     })
-    state = {"mean": mom.mean, "basis": basis, "class_means": (mom.means - mom.mean) @ basis,
-             "maps": bary.maps, "barycenter": bary.cov}
-    return QleaceEraser(state, info)
+    return state
+
+
+def _coupling(x64: Tensor, labels: Tensor, mom: Any, basis: Tensor, cov: Tensor,
+              null_rtol: float) -> tuple[Tensor, Tensor, list[int], list[int], list[float]]:
+    """Per class: B_k = (L Q₁ S₁⁻¹)(L Q₁)ᵀ, L Q₀ (noise factor), its rank, the class rank and tr R_k / tr C."""
+    k, r = mom.k, basis.shape[1]
+    chol = torch.linalg.cholesky(cov)
+    maps = torch.empty(k, r, r, dtype=cov.dtype, device=cov.device)
+    frames: list[Tensor] = []
+    ranks: list[int] = []
+    for c in range(k):
+        z = (x64[labels == c] - mom.means[c]) @ basis
+        _, sv, qh = torch.linalg.svd(z @ chol / math.sqrt(len(z) - 1), full_matrices=False)
+        rank = int((sv > null_rtol * sv[0]).sum())
+        lq = chol @ qh.mT
+        maps[c] = (lq[:, :rank] / sv[:rank]) @ lq[:, :rank].T
+        frames.append(lq[:, rank:])
+        ranks.append(rank)
+    q_max = max(f.shape[1] for f in frames)
+    factors = torch.zeros(k, r, q_max, dtype=cov.dtype, device=cov.device)
+    for c, f in enumerate(frames):
+        factors[c, :, :f.shape[1]] = f
+    total = float(torch.trace(cov))
+    share = [float(f.pow(2).sum()) / total for f in frames]
+    return maps, factors, [f.shape[1] for f in frames], ranks, share
+
+
+def _bary_info(bary: Any) -> dict[str, Any]:
+    return {"barycenter_iterations": bary.iterations, "barycenter_residual": bary.residual,
+            "barycenter_converged": bary.converged, "barycenter_stopped_by": bary.stopped_by,
+            "barycenter_history": bary.history, "barycenter_objective": bary.objective}
+
+
+def _warn_unconverged(bary: Any, tol: float, info: dict[str, Any]) -> None:
+    if bary.converged or bary.stopped_by == "objective":
+        return
+    msg = (f"qleace: barycenter stopped after {bary.iterations} iterations at residual "
+           f"{bary.residual:.3g} > tol {tol:g}")
+    warnings.warn(msg, stacklevel=4)
+    info["warnings"].append(msg)
 
 
 def _frac(vals: Tensor, r: int) -> float:

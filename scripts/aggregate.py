@@ -38,6 +38,11 @@ SHOWN = {"seed", "dataset.tag", "dataset.name", "arch.tag", "arch.name", "arch.a
 METRICS = ["bits_per_sample", "legacy", "final_val_loss"]
 CERT = {"max_mean_gap": "mean gap", "max_cov_gap": "cov gap", "linear_probe_acc": "linear probe",
         "quadratic_probe_acc": "quadratic probe", "chance": "chance"}
+# What the eraser's report says it did (result.json "eraser" → "report"): QLEACE's working rank (of d), the
+# variance of the dropped directions and the coupling noise's largest share of tr C; gradient erasure's own
+# gaps to its targets (relative mean / covariance distance) before and after the optimisation.
+REPORT = ["working_rank", "d", "variance_dropped_fraction", "max_noise_share", "max_mean_gap_before",
+          "max_cov_gap_before", "max_mean_gap_after", "max_cov_gap_after"]
 # Paper Appendix C (CIFAR-10, legacy MDL units, 5 seeds; Quirke & Belrose 2025, App. C): (mean, sd).
 PAPER_TABLE_C: dict[str, dict[str, tuple[float, float]]] = {
     "MLP": {"control": (7.14, 0.05), "leace": (8.49, 0.10), "alf_qleace": (8.94, 0.14),
@@ -137,6 +142,10 @@ def _done_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
     for key in CERT:
         value = after.get(key)
         row[key] = float(value) if isinstance(value, int | float) else math.nan
+    report = (result.get("eraser") or {}).get("report") or {}
+    for key in REPORT:
+        value = report.get(key)
+        row[key] = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
     row["curve"] = final.get("val_loss_curve") or []
     return row
 
@@ -238,7 +247,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         rec["missing_seeds"] = " ".join([f"{s}:{st}" for s, st in zip(g[g.status != "done"].seed,
                                                                        g[g.status != "done"].status, strict=True)]
                                         + [f"{s}:missing" for s in absent])
-        for col in METRICS + list(CERT):
+        for col in METRICS + list(CERT) + REPORT:
             mean, sd, _ = _mean_sd(done[col]) if col in done and len(done) else (math.nan, math.nan, 0)
             rec[f"{col}_mean"], rec[f"{col}_sd"] = mean, sd
         out.append(rec)
@@ -309,14 +318,39 @@ def increase_rows(inc: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[str], 
     return [*labels, *erasers], rows
 
 
+def _first(g: pd.DataFrame, key: str) -> float:
+    v = g[f"{key}_mean"].dropna() if f"{key}_mean" in g else pd.Series(dtype=float)
+    return float(v.iloc[0]) if len(v) else math.nan
+
+
+def _report_cells(g: pd.DataFrame) -> list[str]:
+    """working rank (of d), variance dropped, max noise share; gradient erasure's own gaps before → after."""
+    rank, d = _first(g, "working_rank"), _first(g, "d")
+    cells = ["n/a" if math.isnan(rank) else f"{rank:.0f}/{d:.0f}"]
+    for key in ("variance_dropped_fraction", "max_noise_share"):
+        v = _first(g, key)
+        cells.append("n/a" if math.isnan(v) else f"{v:.2%}")
+    gaps = [_first(g, k) for k in ("max_mean_gap_before", "max_cov_gap_before", "max_mean_gap_after",
+                                   "max_cov_gap_after")]
+    cells.append("n/a" if any(math.isnan(v) for v in gaps) else
+                 f"{gaps[0]:.3g} / {gaps[1]:.3g} → {gaps[2]:.3g} / {gaps[3]:.3g}")
+    return cells
+
+
 def certificate_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """One row per (dataset, eraser) (and variant, when results differ in settings): the certificate after
+    erasure and what the eraser reports it did."""
+    with_variant = bool((summary.variant != "").any())
+    keys = ["dataset", "variant", "eraser"] if with_variant else ["dataset", "eraser"]
     rows = []
-    for (dataset, eraser), g in summary.groupby(["dataset", "eraser"], sort=False):
+    for key, g in summary.groupby(keys, sort=False):
         vals = [g[f"{k}_mean"].dropna() for k in CERT]
-        rows.append([dataset, eraser] + [f"{v.iloc[0]:.3g}" if len(v) else "n/a" for v in vals])
+        rows.append([*key] + [f"{v.iloc[0]:.3g}" if len(v) else "n/a" for v in vals] + _report_cells(g))
     order = {e: i for i, e in enumerate(_ordered(summary.eraser))}
-    rows.sort(key=lambda r: (r[0], order[r[1]]))
-    return ["dataset", "eraser", *CERT.values()], rows
+    rows.sort(key=lambda r: (r[0], order[r[len(keys) - 1]], r[1]))
+    header = [*keys, *CERT.values(), "working rank", "variance dropped", "noise share (max)",
+              "gradient gaps mean / cov (before → after)"]
+    return header, rows
 
 
 def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:

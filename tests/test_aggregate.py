@@ -29,7 +29,8 @@ def _job_dir(root: Path, cfg: dict) -> Path:
 
 
 def write_result(root: Path, cfg: dict, bits: float, legacy: float, final: float,
-                 cert: dict[str, float] | None = None, curve: list[list[float]] | None = None) -> Path:
+                 cert: dict[str, float] | None = None, curve: list[list[float]] | None = None,
+                 report: dict[str, Any] | None = None) -> Path:
     job_dir = _job_dir(root, cfg)
     job_dir.mkdir(parents=True)
     result: dict[str, Any] = {
@@ -38,6 +39,8 @@ def write_result(root: Path, cfg: dict, bits: float, legacy: float, final: float
         "final": {"val_loss_bits": final, "val_loss_curve": curve or [[10, final * math.log(2)]]},
         "certificate": None if cert is None else {"before": {}, "after": cert},
     }
+    if report is not None:
+        result["eraser"] = {"name": cfg["eraser"]["name"], "report": report}
     (job_dir / "result.json").write_text(json.dumps(result))
     return job_dir
 
@@ -104,10 +107,11 @@ EXPECTED_MD = """\
 
 ## Erasure certificate (after erasure)
 
-| dataset | eraser | mean gap | cov gap | linear probe | quadratic probe | chance |
-|---|---|---|---|---|---|---|
-| mnist5k | control | n/a | n/a | n/a | n/a | n/a |
-| mnist5k | leace | 1e-15 | 0.25 | 0.1 | 0.8 | 0.1 |
+| dataset | eraser | mean gap | cov gap | linear probe | quadratic probe | chance | working rank | variance dropped \
+| noise share (max) | gradient gaps mean / cov (before → after) |
+|---|---|---|---|---|---|---|---|---|---|---|
+| mnist5k | control | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |
+| mnist5k | leace | 1e-15 | 0.25 | 0.1 | 0.8 | 0.1 | n/a | n/a | n/a | n/a |
 
 ## Jobs without a result
 
@@ -217,3 +221,26 @@ def test_different_configurations_are_never_averaged_together(tmp_path: Path, ca
     out = tmp_path / "tables"
     assert aggregate.main([str(root), "--out", str(out), "--name", "v"]) == 0
     assert (out / "v.png").exists() and (out / "v_val_curves.png").exists()
+
+
+def test_certificate_table_shows_what_the_erasers_report(tmp_path: Path) -> None:
+    """QLEACE's working rank, dropped variance and noise share; gradient erasure's own gaps before → after;
+    QLEACE results that differ in their options get one row per variant."""
+    root = tmp_path / "runs"
+    for mode, rank, dropped, noise in (("coupling", 784, 0.0, 0.0407), ("truncate", 387, 0.0123, 0.0)):
+        cfg = _config("fmnist", "qleace", "mlp_relu", 128, 2, 0)
+        cfg["eraser"]["options"] = {"rank_deficient": mode}
+        write_result(root / mode, cfg, 1.0, 2.0, 0.5, CERT_LEACE,
+                     report={"working_rank": rank, "d": 784, "variance_dropped_fraction": dropped,
+                             "max_noise_share": noise, "warnings": []})
+    write_result(root, _config("fmnist", "gradient", "mlp_relu", 128, 2, 0), 1.0, 2.0, 0.5, CERT_LEACE,
+                 report={"max_mean_gap_before": 0.66, "max_cov_gap_before": 1.2, "max_mean_gap_after": 0.25,
+                         "max_cov_gap_after": 0.14, "quantized": False})
+    df, _ = aggregate.collect_dir(root)
+    header, rows = aggregate.certificate_rows(aggregate.summarize(df))
+    assert header[:3] == ["dataset", "variant", "eraser"] and header[-4:] == [
+        "working rank", "variance dropped", "noise share (max)", "gradient gaps mean / cov (before → after)"]
+    cells = {(r[1], r[2]): r[-4:] for r in rows}
+    assert cells[("eraser.options.rank_deficient=coupling", "qleace")] == ["784/784", "0.00%", "4.07%", "n/a"]
+    assert cells[("eraser.options.rank_deficient=truncate", "qleace")] == ["387/784", "1.23%", "0.00%", "n/a"]
+    assert cells[("", "gradient")] == ["n/a", "n/a", "n/a", "0.66 / 1.2 → 0.25 / 0.14"]

@@ -90,7 +90,7 @@ def test_barycenter_of_commuting_covariances_is_closed_form() -> None:
     assert torch.allclose(res.maps, torch.diag_embed((expected.diagonal() / diag).sqrt()), atol=1e-10)
 
 
-def test_rank_deficient_truncate_and_ridge() -> None:
+def test_rank_deficient_truncate_and_ridge() -> None:  # the default, coupling: tests/test_qleace_coupling.py
     """A constant pixel, a pixel constant within one class, and a class with n_k < d."""
     x, y = gaussian_classes(900, 20, 3, seed=4, priors=[0.45, 0.45, 0.1])
     x = torch.cat([x, torch.full((900, 1), 0.25, dtype=F64)], 1)
@@ -101,7 +101,7 @@ def test_rank_deficient_truncate_and_ridge() -> None:
     x, y = x[keep], y[keep]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        e = _fit(x, y)
+        e = _fit(x, y, rank_deficient="truncate")
     assert len([w for w in caught if "rank-deficient" in str(w.message)]) == 1
     rep = e.report()
     assert rep["rank_handling"] == "truncate" and rep["support_rank"] == 20

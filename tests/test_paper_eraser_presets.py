@@ -1,0 +1,40 @@
+"""Paper presets fit QLEACE and gradient erasure as the paper's code did; everything else uses our defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import erasure
+from training.app.sweeps import expand
+
+PAPER = ["paper_table_c", "paper_fig5_width", "paper_fig5_depth", "paper_fig6_7_width", "paper_fig6_7_depth",
+         "paper_fig8_width", "paper_fig8_depth", "paper_fig16"]
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_paper_presets_use_shrinkage_and_8_bit_gradient_data(name: str, tmp_path: Path) -> None:
+    jobs = expand(name, [f"paths.out_dir={tmp_path}", "seed=0"])
+    by_eraser: dict[str, list[dict]] = {}
+    for job in jobs:
+        by_eraser.setdefault(job["eraser"]["name"], []).append(job)
+    assert {"qleace", "gradient"} <= set(by_eraser)
+    for job in by_eraser["qleace"]:
+        assert job["eraser"]["options"]["rank_deficient"] == "shrinkage"
+        assert "/qleace/" in job["paths"]["job_dir"]  # same job directories as eraser=qleace
+        assert erasure.resolve_options("qleace", job["eraser"]["options"])["rank_deficient"] == "shrinkage"
+    for job in by_eraser["gradient"]:
+        assert job["eraser"]["options"]["quantize"] is True and "/gradient/" in job["paths"]["job_dir"]
+
+
+def test_explicit_eraser_on_a_paper_preset_gets_the_default(tmp_path: Path) -> None:
+    own = expand("paper_table_c", [f"paths.out_dir={tmp_path}", "seed=0", "eraser=qleace"])
+    assert {j["eraser"]["options"]["rank_deficient"] for j in own} == {"coupling"}
+
+
+@pytest.mark.parametrize("name", ["offline_table", "demo"])
+def test_other_presets_use_the_defaults(name: str, tmp_path: Path) -> None:
+    jobs = expand(name, [f"paths.out_dir={tmp_path}", "seed=0"])
+    opts = {j["eraser"]["name"]: j["eraser"]["options"] for j in jobs}
+    assert opts["qleace"]["rank_deficient"] == "coupling" and opts["gradient"]["quantize"] is False

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from training.app.preemption import EXIT_STATUS, Preempted, stop_on_sigterm
+from training.app.sweeps import expand
 from training.mdl.job import PROGRESS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,7 +53,9 @@ def test_sigterm_stops_a_local_multirun_promptly_keeping_finished_blocks(tmp_pat
     cmd = [sys.executable, "-m", "training.run", "-m", "experiment=smoke", "eraser=control", "seed=0",
            f"paths.out_dir={tmp_path}", "logger=none", "progress=false", "mdl.max_epochs=800", "mdl.patience=800",
            "training.workers=2"]
-    job_dir = tmp_path / "runs/digits/control/mlp_relu-w32-d2/seed0"
+    (job,) = expand("smoke", [f"paths.out_dir={tmp_path}", "eraser=control", "seed=0", "mdl.max_epochs=800",
+                              "mdl.patience=800"])
+    job_dir = Path(job["paths"]["job_dir"])
     log = tmp_path / "first.log"
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT)

@@ -2,6 +2,8 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (the slurm tests share one worker and one cluster)
+TEST_WORKERS ?= 2
 EXP    ?= offline_table
 BENCH_ARGS ?=
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=disabled
@@ -20,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed  ## create .venv and install the package with dev + launcher extras
 
 test: setup  ## run the test suite (not slow/gpu; slurm tests start their own cluster, or skip saying why)
-	$(TEST_ENV) $(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS); rc=$$?; \
+	$(TEST_ENV) $(PY) -m pytest -m "not slow and not gpu" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 test-all: setup  ## run every test including slow ones (gpu/slurm skip themselves when unavailable)

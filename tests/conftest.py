@@ -29,6 +29,7 @@ SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slurm_cluster.
 
 
 @functools.cache
+@functools.lru_cache(maxsize=1)
 def slurm_unavailable() -> str | None:
     """Why no SLURM cluster can be started here (one line), or None."""
     proc = subprocess.run([sys.executable, str(SLURM_SCRIPT), "check"], capture_output=True, text=True, timeout=60)
@@ -42,8 +43,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_gpu)
-        if "slurm" in item.keywords and (reason := slurm_unavailable()) is not None:
-            item.add_marker(pytest.mark.skip(reason=reason))
+        if "slurm" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("slurm"))  # with `-n`: one worker, one cluster
+            if (reason := slurm_unavailable()) is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")

@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled",
        "PYTHONPATH": str(REPO)}
 ENV.pop("HYDRA_FULL_ERROR", None)
-TINY = ["dataset=digits", "mdl=quick", "mdl.max_epochs=2", "mdl.full_run=false", "arch.width=16",
-        "optim.warmup_steps=5", "certificate=false"]
+TINY = ["dataset=digits", "mdl=quick", "mdl.max_epochs=2", "mdl.min_steps=0", "mdl.patience_min_steps=0",
+        "mdl.full_run=false", "arch.width=16", "optim.warmup_steps=5", "certificate=false"]
 
 
 def _cli(out_dir: Path, *overrides: str, multirun: bool = False, env: dict[str, str] | None = None,

@@ -8,7 +8,7 @@ loop over batches gathered from a float32 tensor on the device, augmentation cal
 in eval mode every epoch, best state kept; torch uses all `--threads` for each kernel. "ours" is the
 harness with its default config: the job's Trainer (data stored as uint8 when exact, one epoch's order and
 crops drawn at once) training all block models of all seeds in one vectorised group
-(training/vectorized.py); on CPU `training.workers=auto` splits the group over one thread per core.
+(training/engine/group.py); on CPU `training.workers=auto` splits the group over one thread per core.
 `--fused` adds "fused": ours with `training.fused_optimizer=true` (the optimizer step as one kernel:
 numba on CPU, torch.compile on GPU). All run the same epochs on the same data, machine and cores; every
 measurement runs in a fresh subprocess (so peak memory is per variant), variants interleaved, medians

@@ -1,4 +1,4 @@
-"""Per-sample crop + flip on the device (training/augment.py): shapes, independence, mirror, padding."""
+"""Per-sample crop + flip on the device (training/engine/augment.py): shapes, independence, mirror, padding."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Experiment presets: each composes without data, every swept value exists, every job gets its own directory,
-and training/sweeps.py expands a preset exactly as Hydra's basic sweeper does."""
+and training/app/sweeps.py expands a preset exactly as Hydra's basic sweeper does."""
 
 from __future__ import annotations
 

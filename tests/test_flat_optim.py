@@ -1,4 +1,4 @@
-"""The flat schedule-free step (training/flat_optim.py) against schedulefree's own AdamWScheduleFree.
+"""The flat schedule-free step (training/engine/flat_optim.py) against schedulefree's own AdamWScheduleFree.
 
 Same formulas and scalars: parameters agree to float32 rounding (measured <= 3e-7 relative after 40 steps
 for all three kernels - numba, torch.compile, eager; FMA contraction differs), the per-group scalars

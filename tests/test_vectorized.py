@@ -1,4 +1,4 @@
-"""Vectorised training (training/vectorized.py) equals training the same models one by one.
+"""Vectorised training (training/engine/group.py) equals training the same models one by one.
 
 The `loop` engine runs exactly the kernels of sequential training: results are bitwise equal (tolerance 0).
 The `stacked` engine (vmap over stacked parameters), float32 on CPU: validation losses within 1e-5 relative

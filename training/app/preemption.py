@@ -12,7 +12,7 @@ Who sends what, and what the job does:
 * A local run or multirun: SIGTERM (kill, a supervisor) likewise stops it; rerunning the command resumes.
 
 How it stops: the SIGTERM handler raises `Preempted` (a `SystemExit` with status 143 = 128 + SIGTERM) in the
-main thread, wherever it is. CPU worker threads stop at their next step (training/vectorized.py stops its
+main thread, wherever it is. CPU worker threads stop at their next step (training/engine/group.py stops its
 workers when the main thread's wait is interrupted). `progress.json` already holds every finished MDL block
 (written atomically after each one), so the next attempt resumes after the last of them; a half-trained block
 model is retrained from its start with its own (seed, block) generators, so the numbers equal an uninterrupted

@@ -1,4 +1,4 @@
-"""The arithmetic of a vectorised group (training/vectorized.py): how M live models take one step together.
+"""The arithmetic of a vectorised group (training/engine/group.py): how M live models take one step together.
 
 * `LoopEngine`: the members' own modules, one forward per member on its slice of the shared batch, one
   backward over the summed losses and **one** optimizer step over all members' parameters (foreach kernels).
@@ -90,7 +90,7 @@ def check_same_groups(models: Sequence[nn.Module], opts: Sequence[torch.optim.Op
 
 class LoopEngine:
     """Members' own modules; one shared optimizer step. Bitwise equal to sequential training (with the
-    library's optimizer step; `fused_optimizer`: training/flat_optim.py)."""
+    library's optimizer step; `fused_optimizer`: training/engine/flat_optim.py)."""
 
     def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
                  compile: bool | str | None = None, regularizer: Regularizer | None = None,

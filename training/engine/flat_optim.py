@@ -4,7 +4,7 @@
 AdamWScheduleFree): bitwise what `training.engine.fit.fit` does. `FlatScheduleFree` (`training.fused_optimizer`)
 keeps every parameter group of all members in one flat buffer (the modules' parameters and gradients are
 views into it) and does the whole update - second moment, normalisation, y/z steps - in one kernel, one
-pass over memory instead of nine: a numba loop on CPU (training/sf_kernel.py; no C++ compiler needed, and
+pass over memory instead of nine: a numba loop on CPU (training/engine/sf_kernel.py; no C++ compiler needed, and
 it releases the GIL so `training.workers` threads step concurrently) or `torch.compile` (Triton on GPU).
 Same formulas and the same per-group scalars (k, lr_max, weight_sum) as the library; it differs only by
 float32 rounding where one side contracts a multiply-add into an FMA (tests/test_flat_optim.py).

@@ -4,7 +4,7 @@ Each member keeps its own init, training subset, batch order, augmentation strea
 early stopping, exactly as `training.engine.fit.fit` would train it alone (it draws the same `draw_epoch` streams).
 One step takes one batch per live member: the batches of all members are gathered, cropped/flipped and
 decoded in one go; a member whose epoch ends is validated (eval mode), and one that early-stops leaves the
-group. How the step's arithmetic is shared is the engine's business (training/engines.py): `loop` (bitwise
+group. How the step's arithmetic is shared is the engine's business (training/engine/backends.py): `loop` (bitwise
 equal to sequential training; default on CPU) or `stacked` (vmap over stacked parameters; default on GPU).
 Equality with sequential training is tested in tests/test_vectorized.py.
 """
@@ -91,7 +91,7 @@ def fit_group(
     `training.engine.backends.compile_mode` ("reduce-overhead" = CUDA graphs on GPU). `regularizer` (as in `fit`):
     loop engine only. `workers` (CPU, loop engine): split the members over this many threads, each a
     lockstep group on its own core (see `resolve_workers`); the numbers do not change. `fused_optimizer`
-    (loop engine): the optimizer step as one kernel over flat buffers (training/flat_optim.py).
+    (loop engine): the optimizer step as one kernel over flat buffers (training/engine/flat_optim.py).
     """
     if not members:
         return []

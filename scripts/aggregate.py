@@ -73,20 +73,11 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _settings(cfg: dict[str, Any]) -> str:
+    from training.app.results import flatten
     from training.app.schema import semantic
 
-    flat = _flatten(semantic(cfg))
+    flat = flatten(semantic(cfg))
     return json.dumps({k: v for k, v in flat.items() if k not in SHOWN}, sort_keys=True, default=str)
 
 

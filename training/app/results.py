@@ -38,10 +38,10 @@ def to_plain(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Dotted key -> value of a nested config."""
+    """Dotted key -> value of a nested config (an empty group is a value of its own, e.g. `eraser.options: {}`)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
-        if isinstance(v, Mapping):
+        if isinstance(v, Mapping) and v:
             out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v

@@ -102,9 +102,6 @@ class Section(Mapping[str, Any]):
     def _declared(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls) if f.name != "_extra")  # type: ignore[arg-type]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v.to_dict() if isinstance(v, Section) else v for k, v in self.items()}
-
 
 def _extra_field() -> Any:
     return field(default_factory=dict, repr=False, compare=True, metadata={"hash": True})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 import schedulefree
@@ -15,7 +14,7 @@ from models.mup_utils import (
     on_meta,
     param_count,
 )
-from models.registry import ARCHS
+from models.registry import ARCHS, Arch
 
 
 class Spec(Protocol):
@@ -31,12 +30,12 @@ def spec_class(name: str) -> Any:
     return ARCHS.get(name)
 
 
-def make_spec(arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> Spec:
-    return spec_class(str(arch["name"]).lower()).from_arch(arch, tuple(int(s) for s in input_shape), int(num_classes))
+def make_spec(arch: Arch, input_shape: tuple[int, int, int], num_classes: int) -> Spec:
+    return spec_class(arch.name).from_arch(arch, tuple(int(s) for s in input_shape), int(num_classes))
 
 
 def build_model(
-    arch: Mapping[str, Any],
+    arch: Arch,
     input_shape: tuple[int, int, int],
     num_classes: int,
     *,
@@ -48,12 +47,12 @@ def build_model(
     `arch.parametrization`, else "mup"): "mup" sets base shapes against base/delta models of the same depth
     and re-initialises μP-style; "sp" is the standard-parametrisation control used by the coord check.
     """
-    name = str(arch["name"]).lower()
+    name = arch.name
     spec = make_spec(arch, input_shape, num_classes)
     model = spec.build()
-    mode = str(parametrization or arch.get("parametrization") or "mup").lower()
+    mode = parametrization or arch.parametrization
     meta = ARCHS.meta(name)
-    base_width = int(arch.get("base_width") or meta["base_width"])
+    base_width = arch.base_width or int(meta["base_width"])
     if mode == "mup":
         base = on_meta(spec.with_width(base_width).build)
         delta = on_meta(spec.with_width(2 * base_width).build)
@@ -85,17 +84,16 @@ def _check_width_dims(model: nn.Module, fixed_modules: tuple[str, ...]) -> None:
                 raise RuntimeError(f"μP: {name} has no width dimension; base and delta models share its shape")
 
 
-def _depth_blocks(arch: Mapping[str, Any], depth: int | None = None) -> int:
+def _depth_blocks(arch: Arch, depth: int | None = None) -> int:
     """Blocks (hidden layers for MLP/LeNet) that the depth rule counts."""
-    return int(sum(spec_class(str(arch["name"]).lower()).stage_depths(arch, depth)))
+    return int(sum(spec_class(arch.name).stage_depths(arch, depth)))
 
 
-def depth_lr_multiplier(arch: Mapping[str, Any]) -> float:
+def depth_lr_multiplier(arch: Arch) -> float:
     """(L_base / L)^exponent (the architecture's `depth_exponent`: 3/2 for MLPs, 1/2 otherwise); L counts
     blocks, L_base at `arch.base_depth` (2)."""
-    base_depth = int(arch.get("base_depth") or 2)
-    ratio = _depth_blocks(arch, base_depth) / _depth_blocks(arch)
-    return float(ratio ** ARCHS.meta(str(arch["name"]).lower())["depth_exponent"])
+    ratio = _depth_blocks(arch, arch.base_depth) / _depth_blocks(arch)
+    return float(ratio ** ARCHS.meta(arch.name)["depth_exponent"])
 
 
 def make_optimizer(

@@ -7,14 +7,18 @@ Stem patch size: `max(1, min(H, W) // 32)` (1 for 32×32, 2 for 64×64; 28×28 a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 from mup import MuReadout
 from torch import nn
 
 from models.mup_utils import normal_init
-from models.registry import ARCHS
+from models.registry import ARCHS, Arch
+
+Size = Literal["atto", "femto", "pico", "nano", "tiny"]
+POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
+RATE = {"check": lambda v: 0 <= v < 1, "allowed": "a number in [0, 1)"}
 
 # ConvNeXtV2 sizes: (stage depths, first-stage width). Dims double per stage.
 NAMED_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
@@ -26,30 +30,31 @@ NAMED_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
 }
 
 
-def _named(arch: Mapping[str, Any], table: Mapping[str, tuple[tuple[int, ...], int]]) -> str | None:
-    size = arch.get("size")
-    if size is None:
-        return None
-    size = str(size).lower()
-    if size not in table:
-        raise ValueError(f"unknown {arch['name']} size {size!r}; expected one of {sorted(table)} or null")
-    return size
+@dataclass(frozen=True, kw_only=True)
+class ConvNeXtOptions:
+    """`arch=convnext`'s own keys (conf/arch/convnext.yaml)."""
+
+    size: Size | None  # a named size overrides width and depth
+    patch_size: int | None = field(metadata=POSITIVE)  # null: max(1, min(H, W) // 32)
+    kernel_size: int = field(metadata=POSITIVE)
+    drop_path_rate: float = field(metadata=RATE)
 
 
-def stage_depths(arch: Mapping[str, Any], table: Mapping[str, tuple[tuple[int, ...], int]],
+def stage_depths(arch: Arch, table: Mapping[str, tuple[tuple[int, ...], int]],
                  pattern: tuple[int, ...], depth: int | None = None) -> tuple[int, ...]:
     """Blocks per stage: the named size's, or `pattern` (multiples of D) for D = `depth` (default `arch.depth`)."""
-    size = _named(arch, table)
+    size = arch.options.size
     if depth is None and size is not None:
         return table[size][0]
-    d = int(arch["depth"] if depth is None else depth)
+    d = arch.depth if depth is None else depth
     if d < 1:
-        raise ValueError(f"{arch['name']} depth must be >= 1, got {d}")
+        raise ValueError(f"{arch.name} depth must be >= 1, got {d}")
     return tuple(m * d for m in pattern)
 
 
 @dataclass(frozen=True)
-@ARCHS.register("convnext", vectorises=False, base_width=40, depth_exponent=0.5, init=normal_init(0.02))
+@ARCHS.register("convnext", vectorises=False, base_width=40, depth_exponent=0.5, init=normal_init(0.02),
+                options=ConvNeXtOptions)
 class ConvNeXtSpec:
     input_shape: tuple[int, int, int]
     num_classes: int
@@ -61,24 +66,22 @@ class ConvNeXtSpec:
     kernel_size: int = 7
 
     @staticmethod
-    def stage_depths(arch: Mapping[str, Any], depth: int | None = None) -> tuple[int, ...]:
+    def stage_depths(arch: Arch, depth: int | None = None) -> tuple[int, ...]:
         """Blocks per stage: the named size's, or [D, D, 3D, D] for D = `depth` (default `arch.depth`)."""
         return stage_depths(arch, NAMED_SIZES, (1, 1, 3, 1), depth)
 
     @classmethod
-    def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> ConvNeXtSpec:
-        size = _named(arch, NAMED_SIZES)
-        width = NAMED_SIZES[size][1] if size else int(arch["width"])
-        patch = arch.get("patch_size") or max(1, min(input_shape[1:]) // 32)
+    def from_arch(cls, arch: Arch, input_shape: tuple[int, int, int], num_classes: int) -> ConvNeXtSpec:
+        opts: ConvNeXtOptions = arch.options
         return cls(
             input_shape=tuple(input_shape),  # type: ignore[arg-type]
             num_classes=num_classes,
-            width=width,
+            width=NAMED_SIZES[opts.size][1] if opts.size else arch.width,
             depths=cls.stage_depths(arch),
-            size=size,
-            patch_size=int(patch),
-            drop_path_rate=float(arch.get("drop_path_rate") or 0.0),
-            kernel_size=int(arch.get("kernel_size") or 7),
+            size=opts.size,
+            patch_size=opts.patch_size or max(1, min(input_shape[1:]) // 32),
+            drop_path_rate=opts.drop_path_rate,
+            kernel_size=opts.kernel_size,
         )
 
     def with_width(self, width: int) -> ConvNeXtSpec:

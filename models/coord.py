@@ -8,9 +8,10 @@ grow with width (slope ≈ 1 for pre-activations and logits).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.build import build_model, make_optimizer
+from models.registry import Arch
 
 LOGITS = "<logits>"
 
@@ -64,7 +66,7 @@ def _tracked(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def coord_check(
-    arch: Mapping[str, Any],
+    arch: Arch,
     widths: Sequence[int],
     x: torch.Tensor,
     y: torch.Tensor,
@@ -84,7 +86,7 @@ def coord_check(
     for wi, width in enumerate(widths):
         for seed in seeds:
             torch.manual_seed(seed)
-            model = build_model({**arch, "width": width}, input_shape, k, parametrization=parametrization)
+            model = build_model(dataclasses.replace(arch, width=width), input_shape, k, parametrization=parametrization)
             if len(eff) == wi:
                 eff.append(effective_width(model))
             opt = make_optimizer(model, lr=lr, beta1=beta1)
@@ -107,7 +109,7 @@ def coord_check(
                 opt.step()
             for h in hooks:
                 h.remove()
-    result = CoordResult(str(arch["name"]), parametrization, eff, dict(sums))
+    result = CoordResult(arch.name, parametrization, eff, dict(sums))
     for name, per_width in result.l1.items():
         last = [row[-1] for row in per_width]
         if all(v > 0 for v in last):  # zero-initialised outputs (e.g. logits at step 0) have no slope

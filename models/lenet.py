@@ -8,7 +8,6 @@ the paper's depth grid 1…8 applies unchanged. "Same" padding keeps 8×8 inputs
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -18,9 +17,9 @@ import torch.nn.functional as F
 from mup import MuReadout
 from torch import nn
 
-from models.mlp import hidden_layers, mlp_param_count
+from models.mlp import DepthCounts, hidden_layers, mlp_param_count
 from models.mup_utils import kaiming_uniform_init
-from models.registry import ARCHS
+from models.registry import ARCHS, Arch
 
 # LeNet-5's shape (6 : 16 : 120 for conv1 : conv2 : fc); all three scale together, so all are μP widths.
 C1_PER_C2 = 6 / 16
@@ -95,7 +94,15 @@ class LeNet(nn.Module):
         return self.readout(x)
 
 
-@ARCHS.register("lenet", vectorises=True, base_width=128, depth_exponent=0.5, init=kaiming_uniform_init)
+@dataclass(frozen=True, kw_only=True)
+class LenetOptions:
+    """`arch=lenet`'s own keys (conf/arch/lenet.yaml)."""
+
+    depth_counts: DepthCounts  # hidden: depth counts hidden fc layers (ours); linear: Linear layers (paper code)
+
+
+@ARCHS.register("lenet", vectorises=True, base_width=128, depth_exponent=0.5, init=kaiming_uniform_init,
+                options=LenetOptions)
 @dataclass(frozen=True)
 class LeNetSpec:
     input_shape: tuple[int, int, int]
@@ -104,13 +111,13 @@ class LeNetSpec:
     num_classes: int
 
     @staticmethod
-    def stage_depths(arch: Mapping[str, Any], depth: int | None = None) -> tuple[int, ...]:
+    def stage_depths(arch: Arch, depth: int | None = None) -> tuple[int, ...]:
         """One stage of `depth` hidden layers (what the depth learning-rate rule counts)."""
-        return (int(arch["depth"] if depth is None else depth),)
+        return (arch.depth if depth is None else depth,)
 
     @classmethod
-    def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> LeNetSpec:
-        return cls(tuple(input_shape), int(arch["width"]), hidden_layers(arch), num_classes)  # type: ignore[arg-type]
+    def from_arch(cls, arch: Arch, input_shape: tuple[int, int, int], num_classes: int) -> LeNetSpec:
+        return cls(tuple(input_shape), arch.width, hidden_layers(arch), num_classes)  # type: ignore[arg-type]
 
     def with_width(self, width: int) -> LeNetSpec:
         return replace(self, width=width)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -13,22 +12,30 @@ from mup import MuReadout
 from torch import nn
 
 from models.mup_utils import kaiming_uniform_init
-from models.registry import ARCHS
+from models.registry import ARCHS, Arch
 
-ACTIVATIONS = ("relu", "gelu", "swiglu")
-DEPTH_COUNTS = ("hidden", "linear")
+DepthCounts = Literal["hidden", "linear"]
+Activation = Literal["relu", "gelu", "swiglu"]
+ACTIVATIONS: tuple[str, ...] = Activation.__args__  # type: ignore[attr-defined]
 
 
-def hidden_layers(arch: Mapping[str, Any]) -> int:
+@dataclass(frozen=True, kw_only=True)
+class MlpOptions:
+    """`arch=mlp`'s own keys (conf/arch/mlp.yaml has their defaults)."""
+
+    activation: Activation
+    depth_counts: DepthCounts  # hidden: depth counts hidden layers (ours); linear: Linear layers (the paper code)
+    swiglu_ratio: float | None = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0 or null"})
+
+
+def hidden_layers(arch: Arch, depth: int | None = None) -> int:
     """Hidden layers of an MLP/LeNet `arch`: `arch.depth` itself (`depth_counts: hidden`, ours), or depth - 1
     (`depth_counts: linear`: depth counts the Linear layers including the readout, as `num_layers` in the paper's
     code, EleutherAI/mdl `mdl/mlp_probe.py`: `sizes = [num_features] + [hidden_size] * (num_layers - 1)`)."""
-    counts = str(arch.get("depth_counts") or "hidden")
-    if counts not in DEPTH_COUNTS:
-        raise ValueError(f"{arch['name']} depth_counts must be one of {DEPTH_COUNTS}, got {counts!r}")
-    depth = int(arch["depth"])
+    counts = arch.options.depth_counts
+    depth = arch.depth if depth is None else depth
     if counts == "linear" and depth < 2:
-        raise ValueError(f"{arch['name']} depth {depth} counted in Linear layers has no hidden layer (a linear "
+        raise ValueError(f"{arch.name} depth {depth} counted in Linear layers has no hidden layer (a linear "
                          "probe, not an MLP); the smallest is 2")
     return depth - 1 if counts == "linear" else depth
 
@@ -97,7 +104,8 @@ class MLP(nn.Module):
         return self.readout(x)
 
 
-@ARCHS.register("mlp", vectorises=True, base_width=128, depth_exponent=1.5, init=kaiming_uniform_init)
+@ARCHS.register("mlp", vectorises=True, base_width=128, depth_exponent=1.5, init=kaiming_uniform_init,
+                options=MlpOptions)
 @dataclass(frozen=True)
 class MLPSpec:
     in_features: int
@@ -108,21 +116,15 @@ class MLPSpec:
     swiglu_ratio: float | None = None  # None: hidden matched to the ReLU MLP's parameter count
 
     @staticmethod
-    def stage_depths(arch: Mapping[str, Any], depth: int | None = None) -> tuple[int, ...]:
+    def stage_depths(arch: Arch, depth: int | None = None) -> tuple[int, ...]:
         """One stage of `depth` hidden layers (what the depth learning-rate rule counts)."""
-        return (int(arch["depth"] if depth is None else depth),)
+        return (arch.depth if depth is None else depth,)
 
     @classmethod
-    def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> MLPSpec:
-        ratio = arch.get("swiglu_ratio")
-        return cls(
-            in_features=math.prod(input_shape),
-            width=int(arch["width"]),
-            depth=hidden_layers(arch),
-            num_classes=num_classes,
-            activation=str(arch.get("activation", "relu")),
-            swiglu_ratio=None if ratio is None else float(ratio),
-        )
+    def from_arch(cls, arch: Arch, input_shape: tuple[int, int, int], num_classes: int) -> MLPSpec:
+        opts: MlpOptions = arch.options
+        return cls(in_features=math.prod(input_shape), width=arch.width, depth=hidden_layers(arch),
+                   num_classes=num_classes, activation=opts.activation, swiglu_ratio=opts.swiglu_ratio)
 
     def with_width(self, width: int) -> MLPSpec:
         return replace(self, width=width)

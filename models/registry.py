@@ -7,15 +7,29 @@
 - base_width: the μP base model's width when `arch.base_width` is null;
 - depth_exponent: the depth learning-rate rule lr·(L_base/L)^exponent (3/2 for MLPs, the paper's 1/2 otherwise);
 - init: the initialiser μP re-initialises ≥2-D weights with.
+- options: the dataclass of the architecture's own keys in its yaml (`arch.activation`, ...), read typed as
+  `arch.options.<key>`.
 A Spec class has `from_arch(arch, input_shape, num_classes)`, `with_width(w)`, `build()`, `info()` and
 `stage_depths(arch, depth=None)` (blocks per stage, which the depth rule counts).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from erasure.registry import Registry
+
+
+class Arch(Protocol):
+    """The typed `arch` config group (training/app/schema.py ArchConfig) as models read it."""
+
+    name: str
+    width: int
+    depth: int
+    base_width: int | None
+    base_depth: int
+    parametrization: str
+    options: Any  # the architecture's own options dataclass
 
 ARCHS: Registry[Any] = Registry("architecture", discover=("models",),
                                 meta=("vectorises", "base_width", "depth_exponent", "init"))

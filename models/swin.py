@@ -15,16 +15,15 @@ is at most 7 wide, else the largest of 7…4 dividing it (4 at 16×16; no paddin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 from mup import MuReadout
 from torch import nn
 
-from models.convnext import _named, stage_depths
+from models.convnext import POSITIVE, RATE, Size, stage_depths
 from models.mup_utils import normal_init
-from models.registry import ARCHS
+from models.registry import ARCHS, Arch
 
 # Named sizes: (stage depths, embed dim); D = 2 as in Swin-T. With `arch.stages` = 3 the first three stages.
 NAMED_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
@@ -35,7 +34,19 @@ NAMED_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
     "tiny": ((2, 2, 6, 2), 96),
 }
 STAGE_PATTERN = (1, 1, 3, 1)  # blocks per stage in multiples of D
-STAGES = (3, 4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwinOptions:
+    """`arch=swin`'s own keys (conf/arch/swin.yaml)."""
+
+    size: Size | None  # a named size overrides width and depth
+    stages: Literal[3, 4]  # 4: the paper's code; 3: its appendix text
+    num_heads: int = field(metadata=POSITIVE)  # in the first stage, doubling per stage
+    patch_size: int = field(metadata=POSITIVE)
+    window_size: int | None = field(metadata=POSITIVE)  # null: per stage, automatic
+    mlp_ratio: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
+    drop_path_rate: float = field(metadata=RATE)
 
 
 def stage_grids(image_size: int, patch_size: int, stages: int) -> list[int]:
@@ -45,13 +56,6 @@ def stage_grids(image_size: int, patch_size: int, stages: int) -> list[int]:
     return grids
 
 
-def num_stages(arch: Mapping[str, Any]) -> int:
-    stages = int(arch.get("stages") or 4)
-    if stages not in STAGES:
-        raise ValueError(f"swin stages must be one of {STAGES}, got {stages}")
-    return stages
-
-
 def auto_window(grid: int) -> int:
     if grid <= 7:
         return grid
@@ -59,7 +63,8 @@ def auto_window(grid: int) -> int:
 
 
 @dataclass(frozen=True)
-@ARCHS.register("swin", vectorises=False, base_width=40, depth_exponent=0.5, init=normal_init(0.02))
+@ARCHS.register("swin", vectorises=False, base_width=40, depth_exponent=0.5, init=normal_init(0.02),
+                options=SwinOptions)
 class SwinSpec:
     input_shape: tuple[int, int, int]
     num_classes: int
@@ -74,28 +79,27 @@ class SwinSpec:
     fixed_modules: tuple[str, ...] = ("cpb_mlp",)  # SwinV2's relative-position MLP: fixed 2 → 512 → heads
 
     @staticmethod
-    def stage_depths(arch: Mapping[str, Any], depth: int | None = None) -> tuple[int, ...]:
+    def stage_depths(arch: Arch, depth: int | None = None) -> tuple[int, ...]:
         """Blocks per stage: the named size's, or [D, D, 3D, D] for D = `depth` (default `arch.depth`); the first
         `arch.stages` of them."""
-        n = num_stages(arch)
+        n = arch.options.stages
         table = {k: (d[:n], w) for k, (d, w) in NAMED_SIZES.items()}
         return stage_depths(arch, table, STAGE_PATTERN[:n], depth)
 
     @classmethod
-    def from_arch(cls, arch: Mapping[str, Any], input_shape: tuple[int, int, int], num_classes: int) -> SwinSpec:
-        size = _named(arch, NAMED_SIZES)
-        window = arch.get("window_size")
+    def from_arch(cls, arch: Arch, input_shape: tuple[int, int, int], num_classes: int) -> SwinSpec:
+        opts: SwinOptions = arch.options
         return cls(
             input_shape=tuple(input_shape),  # type: ignore[arg-type]
             num_classes=num_classes,
-            width=NAMED_SIZES[size][1] if size else int(arch["width"]),
+            width=NAMED_SIZES[opts.size][1] if opts.size else arch.width,
             depths=cls.stage_depths(arch),
-            size=size,
-            num_heads=int(arch.get("num_heads") or 2),
-            patch_size=int(arch.get("patch_size") or 2),
-            window_size=None if window is None else int(window),
-            mlp_ratio=float(arch.get("mlp_ratio") or 4.0),
-            drop_path_rate=float(0.2 if arch.get("drop_path_rate") is None else arch["drop_path_rate"]),
+            size=opts.size,
+            num_heads=opts.num_heads,
+            patch_size=opts.patch_size,
+            window_size=opts.window_size,
+            mlp_ratio=opts.mlp_ratio,
+            drop_path_rate=opts.drop_path_rate,
         )
 
     def with_width(self, width: int) -> SwinSpec:

@@ -32,6 +32,15 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from scripts.bench_worker import run_worker
+from training.app.schema import (
+    JobConfig,
+    MdlConfig,
+    OptimConfig,
+    PathsConfig,
+    TrainingConfig,
+    group_config,
+    load_section,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 10
@@ -53,20 +62,21 @@ def synthetic(n: int, d: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor
     return x.reshape(n, *image_shape(d)), y
 
 
-def job_cfg(args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    return {
-        "seed": seed,
-        "arch": {"name": "mlp", "width": 128, "depth": 2, "activation": "relu", "base_width": 128, "base_depth": 2,
-                 "swiglu_ratio": None, "parametrization": "mup"},
-        "eraser": {"name": "control"},
-        "dataset": {"name": "bench", "augment": image_shape(args.d)[0] == 3},
-        "optim": {"lr": 5e-4, "beta1": 0.95, "warmup_steps": 10, "weight_decay": 0.0, "batch_size": 128},
-        "mdl": {"patience": args.epochs, "max_epochs": args.epochs, "val_size": 2048, "val_frac": 0.2,
-                "num_blocks": 10, "min_block": 1024, "protocol": "prequential"},
-        "regularizer": None,
-        "training": {"parallel_models": "auto", "storage": "auto", "compile": args.compile},
-        "progress": False,
-    }
+def job_cfg(args: argparse.Namespace, seed: int) -> JobConfig:
+    """The typed config of one benchmark job: MLP 128x2 on the benchmark data, control eraser."""
+    return JobConfig(
+        seed=seed,
+        arch=group_config("arch", "mlp", width=128, depth=2, base_width=128),
+        eraser=group_config("eraser", "control"),
+        dataset=group_config("dataset", "synthetic", augment=image_shape(args.d)[0] == 3),
+        optim=load_section(OptimConfig, {"lr": 5e-4, "beta1": 0.95, "warmup_steps": 10}),
+        mdl=load_section(MdlConfig, {"patience": args.epochs, "max_epochs": args.epochs, "stop_after_warmup": False}),
+        regularizer=group_config("regularizer", "none"),
+        training=load_section(TrainingConfig, {"compile": args.compile}),
+        logger=group_config("logger", "none"),
+        paths=load_section(PathsConfig, {}),
+        progress=False,
+    )
 
 
 def sync(device: torch.device) -> None:
@@ -91,9 +101,9 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
     data = y_dev = None
     for seed in range(args.seeds):
         cfg = job_cfg(args, seed)
-        m = cfg["mdl"]
-        split = make_split(len(y), seed, val_size=m["val_size"], val_frac=m["val_frac"], num_blocks=m["num_blocks"],
-                           min_block=m["min_block"])
+        m = cfg.mdl
+        split = make_split(len(y), seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
+                           min_block=m.min_block)
         trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device, data=data)
         data, y_dev = trainer.data, trainer.y
         for i in range(1, len(split.block_sizes)):
@@ -121,14 +131,14 @@ def run_naive(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
     ces = []
     for seed in range(args.seeds):
         cfg = job_cfg(args, seed)
-        m, o = cfg["mdl"], cfg["optim"]
-        split = make_split(len(y), seed, val_size=m["val_size"], val_frac=m["val_frac"], num_blocks=m["num_blocks"],
-                           min_block=m["min_block"])
+        m, o = cfg.mdl, cfg.optim
+        split = make_split(len(y), seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
+                           min_block=m.min_block)
         x_val, y_val = x[split.val_idx.to(device)], y[split.val_idx.to(device)]
         for i in range(1, len(split.block_sizes)):
             with seeded_global_rng(seed, "init", ("block", i)):
-                model = build_model(cfg["arch"], tuple(x.shape[1:]), NUM_CLASSES).to(device)
-            opt = make_optimizer(model, lr=o["lr"], beta1=o["beta1"], warmup_steps=o["warmup_steps"])
+                model = build_model(cfg.arch, tuple(x.shape[1:]), NUM_CLASSES).to(device)
+            opt = make_optimizer(model, lr=o.lr, beta1=o.beta1, warmup_steps=o.warmup_steps)
             gen = generator(seed, "batches", ("block", i))
             idx = split.prefix(i).to(device)
             xs, ys = x[idx], y[idx]
@@ -137,8 +147,8 @@ def run_naive(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
                 model.train()
                 opt.train()
                 perm = torch.randperm(len(ys), generator=gen).to(device)
-                for b in range(0, len(ys), o["batch_size"]):
-                    bi = perm[b: b + o["batch_size"]]
+                for b in range(0, len(ys), o.batch_size):
+                    bi = perm[b: b + o.batch_size]
                     xb = crop_flip(xs[bi], gen) if augment else xs[bi]
                     loss = F.cross_entropy(model(xb), ys[bi])
                     opt.zero_grad(set_to_none=True)

@@ -20,16 +20,17 @@ from pathlib import Path
 import torch
 
 from models.coord import LOGITS, CoordResult, coord_check  # noqa: E402
+from training.app.schema import group_config  # noqa: E402
 
 # Per architecture: arch overrides, widths, lr, steps. Small models, so the check runs on a CPU.
 SETTINGS: dict[str, dict] = {
-    "mlp": {"arch": {"name": "mlp", "depth": 2, "activation": "relu"}, "widths": [64, 128, 256, 512, 1024],
+    "mlp": {"arch": {"depth": 2, "activation": "relu"}, "widths": [64, 128, 256, 512, 1024],
             "lr": 1e-2, "nsteps": 3},
-    "lenet": {"arch": {"name": "lenet", "depth": 2}, "widths": [64, 128, 256, 512, 1024, 2048],
+    "lenet": {"arch": {"depth": 2}, "widths": [64, 128, 256, 512, 1024, 2048],
               "lr": 1e-2, "nsteps": 3},
-    "convnext": {"arch": {"name": "convnext", "depth": 1, "drop_path_rate": 0.0}, "widths": [8, 16, 32, 64],
+    "convnext": {"arch": {"depth": 1, "drop_path_rate": 0.0}, "widths": [8, 16, 32, 64],
                  "lr": 1e-3, "nsteps": 4},
-    "swin": {"arch": {"name": "swin", "depth": 1, "drop_path_rate": 0.0}, "widths": [16, 32, 64, 128],
+    "swin": {"arch": {"depth": 1, "drop_path_rate": 0.0}, "widths": [16, 32, 64, 128],
              "lr": 1e-3, "nsteps": 4},
 }  # fmt: skip
 
@@ -91,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.arch:
         s = SETTINGS[name]
         for param in ("mup", "sp"):
-            r = coord_check(s["arch"], s["widths"], x, y, parametrization=param, lr=s["lr"],
-                            nsteps=s["nsteps"], seeds=tuple(range(args.seeds)), num_classes=10)  # fmt: skip
+            arch = group_config("arch", name, **s["arch"])
+            r = coord_check(arch, s["widths"], x, y, parametrization=param, lr=s["lr"], nsteps=s["nsteps"],
+                            seeds=tuple(range(args.seeds)), num_classes=10)
             worst = max(r.slopes, key=lambda k: abs(r.slopes[k]))
             print(f"{name:9s} {param:5s} {r.max_abs_slope:10.2f} {r.max_slope:10.2f} {r.logits_slope:8.2f}  "
                   f"{worst} ({r.slopes[worst]:+.2f})", flush=True)  # fmt: skip

@@ -32,8 +32,7 @@ TITLES = {"control": "original", "leace": "LEACE", "qleace": "QLEACE", "alf_qlea
 def load(name: str, data_dir: str, limit: int | None) -> tuple[Tensor, Tensor, str]:
     """Images (n, C, H, W) in [0, 1] and labels, via training.data.load_dataset (sklearn digits if absent)."""
     try:
-        from omegaconf import OmegaConf
-
+        from training.app.schema import group_config
         from training.data import load_dataset
     except ImportError:  # training/ not installed: the one dataset that needs nothing else
         from sklearn.datasets import load_digits
@@ -41,11 +40,7 @@ def load(name: str, data_dir: str, limit: int | None) -> tuple[Tensor, Tensor, s
         x, y = load_digits(return_X_y=True)
         x, y = torch.tensor(x / 16.0, dtype=torch.float32).reshape(-1, 1, 8, 8), torch.tensor(y)
         return (x[:limit], y[:limit], "digits (sklearn; training.data unavailable)")
-    cfg_path = ROOT / "conf" / "dataset" / f"{name}.yaml"
-    cfg = OmegaConf.to_container(OmegaConf.load(cfg_path), resolve=True) if cfg_path.exists() else {"name": name}
-    assert isinstance(cfg, dict)
-    cfg["limit"] = limit
-    data = load_dataset(cfg, data_dir)
+    data = load_dataset(group_config("dataset", name, limit=limit), data_dir)
     return data.x, data.y, data.name
 
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from tests.helpers import job_config
+from training.app.schema import group_config
 from training.data import load_dataset
 from training.data.colored_mnist import colored_mnist, fig3_variants, make_environment
 
-CFG = {"name": "colored_mnist", "source": "mnist5k", "n_test": 1000, "label_noise": 0.25, "color_flip": [0.2, 0.1],
-       "test_color_flip": 0.9, "data_seed": 0, "limit": None}
+CFG = group_config("dataset", "colored_mnist", source="mnist5k", n_test=1000, label_noise=0.25, color_flip=[0.2, 0.1],
+                   test_color_flip=0.9, data_seed=0)
 
 
 def _within(rate: float, p: float, n: int, sigmas: float = 4.0) -> bool:
@@ -71,7 +72,7 @@ def test_registry_pools_training_environments_and_is_deterministic(envs) -> None
     assert "reduced" in data.info["source"] and set(data.info["environments"]) == {"train1", "train2", "test"}
     again = colored_mnist(CFG)
     assert torch.equal(again["test"].x, envs["test"].x) and torch.equal(again["train2"].y, envs["train2"].y)
-    other = colored_mnist({**CFG, "data_seed": 1})
+    other = colored_mnist(group_config("dataset", "colored_mnist", data_seed=1))
     assert not torch.equal(other["train1"].y, envs["train1"].y)
 
 

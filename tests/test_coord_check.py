@@ -9,15 +9,16 @@ import torch
 from sklearn.datasets import load_digits
 
 from models.coord import LOGITS, coord_check, slope
+from training.app.schema import group_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # (arch overrides, widths, lr, steps): the settings of scripts/coord_check.py
 CASES = {
-    "mlp": ({"name": "mlp", "depth": 2, "activation": "relu"}, [64, 128, 256, 512, 1024], 1e-2, 3),
-    "lenet": ({"name": "lenet", "depth": 2}, [64, 128, 256, 512, 1024, 2048], 1e-2, 3),
-    "convnext": ({"name": "convnext", "depth": 1, "drop_path_rate": 0.0}, [8, 16, 32, 64], 1e-3, 4),
-    "swin": ({"name": "swin", "depth": 1, "drop_path_rate": 0.0}, [16, 32, 64, 128], 1e-3, 4),
+    "mlp": ({"depth": 2, "activation": "relu"}, [64, 128, 256, 512, 1024], 1e-2, 3),
+    "lenet": ({"depth": 2}, [64, 128, 256, 512, 1024, 2048], 1e-2, 3),
+    "convnext": ({"depth": 1, "drop_path_rate": 0.0}, [8, 16, 32, 64], 1e-3, 4),
+    "swin": ({"depth": 1, "drop_path_rate": 0.0}, [16, 32, 64, 128], 1e-3, 4),
 }
 
 
@@ -34,7 +35,8 @@ def test_slope_fit() -> None:
 
 
 def check(name: str, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
-    arch, widths, lr, nsteps = CASES[name]
+    overrides, widths, lr, nsteps = CASES[name]
+    arch = group_config("arch", name, **overrides)
     x, y = batch
     kw = {"lr": lr, "nsteps": nsteps, "seeds": (0, 1), "num_classes": 10}
     mup = coord_check(arch, widths, x, y, parametrization="mup", **kw)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from training.app.schema import DatasetConfig, group_config, load_section
 from training.data import DatasetMissingError, load_dataset
 from training.engine.augment import crop_flip
 
@@ -20,8 +21,8 @@ def _check(d, n: int, shape: tuple[int, int, int], k: int = 10) -> None:
 
 
 def test_digits_and_mnist5k() -> None:
-    _check(load_dataset({"name": "digits"}), 1797, (1, 8, 8))
-    m = load_dataset({"name": "mnist5k"})
+    _check(load_dataset(group_config("dataset", "digits")), 1797, (1, 8, 8))
+    m = load_dataset(group_config("dataset", "mnist5k"))
     _check(m, 5000, (1, 28, 28))
     assert len(set(m.y[:50].tolist())) > 5  # shuffled: the source is sorted by class
 
@@ -31,7 +32,7 @@ FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 @pytest.mark.skipif(not FASHION.exists(), reason="dataset-fashion-mnist not installed")
 def test_fashion_mnist_local() -> None:
-    _check(load_dataset({"name": "fashion_mnist", "download": False, "limit": 2000}), 2000, (1, 28, 28))
+    _check(load_dataset(group_config("dataset", "fashion_mnist", download=False, limit=2000)), 2000, (1, 28, 28))
 
 
 def test_cifar10_fixture(tmp_path: Path) -> None:
@@ -44,7 +45,7 @@ def test_cifar10_fixture(tmp_path: Path) -> None:
                  "batch_label": f"training batch {i} of 5", "filenames": [f"f{j}.png" for j in range(20)]}
         with open(folder / f"data_batch_{i}", "wb") as f:
             pickle.dump(batch, f)
-    d = load_dataset({"name": "cifar10", "download": False}, tmp_path)
+    d = load_dataset(group_config("dataset", "cifar10", download=False), tmp_path)
     _check(d, 100, (3, 32, 32))
     # Pixel layout: the pickle's row is 1024 R, 1024 G, 1024 B values in row-major order.
     with open(folder / "data_batch_1", "rb") as f:
@@ -60,7 +61,7 @@ def test_svhn_fixture(tmp_path: Path) -> None:
     y = (np.arange(30) % 10 + 1).reshape(-1, 1)  # the file stores digit 0 as label 10
     (tmp_path / "svhn").mkdir()
     savemat(tmp_path / "svhn" / "train_32x32.mat", {"X": x, "y": y})
-    d = load_dataset({"name": "svhn", "download": False}, tmp_path)
+    d = load_dataset(group_config("dataset", "svhn", download=False), tmp_path)
     _check(d, 30, (3, 32, 32))
     first = torch.from_numpy(x[:, :, :, 0].transpose(2, 0, 1) / 255.0).float()
     assert any(torch.allclose(d.x[j], first) for j in range(30))
@@ -70,13 +71,13 @@ def test_svhn_fixture(tmp_path: Path) -> None:
                                        ("cifarnet", "train.npz")])
 def test_missing_data_is_one_clear_error(tmp_path: Path, name: str, hint: str) -> None:
     with pytest.raises(DatasetMissingError, match=hint) as err:
-        load_dataset({"name": name, "download": False}, tmp_path)
+        load_dataset(group_config("dataset", name, download=False), tmp_path)
     assert str(tmp_path) in str(err.value) and "\n" not in str(err.value)
 
 
 def test_unknown_dataset() -> None:
-    with pytest.raises(ValueError, match="unknown dataset"):
-        load_dataset({"name": "imagenet"})
+    with pytest.raises(ValueError, match="dataset.name='imagenet' is not allowed: .* a registered dataset"):
+        load_section(DatasetConfig, {"name": "imagenet", "tag": "imagenet"}, "dataset.")
 
 
 def test_crop_flip_per_sample() -> None:

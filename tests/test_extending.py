@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -41,11 +41,19 @@ def fit_toy_mean_shift(x: Any, y: Any, *, strength: float = 1.0) -> MeanShiftEra
 
 
 # --- the "module" of a toy architecture: a one-hidden-layer μP MLP ----------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class ToyOptions:
+    """The toy's own option: one field, validated from its annotation, read as `arch.options.activation`."""
+
+    activation: Literal["relu", "tanh"] = "relu"
+
+
 @dataclass(frozen=True)
 class ToySpec:
     in_features: int
     width: int
     num_classes: int
+    activation: str = "relu"
 
     @staticmethod
     def stage_depths(arch: Any, depth: int | None = None) -> tuple[int, ...]:
@@ -54,7 +62,7 @@ class ToySpec:
     @classmethod
     def from_arch(cls, arch: Any, input_shape: tuple[int, int, int], num_classes: int) -> ToySpec:
         c, h, w = input_shape
-        return cls(c * h * w, int(arch["width"]), num_classes)
+        return cls(c * h * w, arch.width, num_classes, arch.options.activation)
 
     def with_width(self, width: int) -> ToySpec:
         return replace(self, width=width)
@@ -62,11 +70,12 @@ class ToySpec:
     def build(self) -> nn.Module:
         from mup import MuReadout
 
-        return nn.Sequential(nn.Flatten(), nn.Linear(self.in_features, self.width), nn.ReLU(),
+        act = nn.ReLU() if self.activation == "relu" else nn.Tanh()
+        return nn.Sequential(nn.Flatten(), nn.Linear(self.in_features, self.width), act,
                              MuReadout(self.width, self.num_classes, readout_zero_init=True))
 
     def info(self) -> dict[str, Any]:
-        return {"in_features": self.in_features}
+        return {"in_features": self.in_features, "activation": self.activation}
 
 
 @pytest.fixture
@@ -74,7 +83,8 @@ def toy_entries(tmp_path: Path):
     from models.mup_utils import kaiming_uniform_init
 
     ERASERS.add("toy_mean_shift", fit_toy_mean_shift, family="linear", kind="map")
-    ARCHS.add("toy_mlp", ToySpec, vectorises=True, base_width=16, depth_exponent=1.0, init=kaiming_uniform_init)
+    ARCHS.add("toy_mlp", ToySpec, vectorises=True, base_width=16, depth_exponent=1.0, init=kaiming_uniform_init,
+              options=ToyOptions)
     extra = tmp_path / "conf_extra"
     (extra / "eraser").mkdir(parents=True)
     (extra / "arch").mkdir()
@@ -101,6 +111,23 @@ def test_a_toy_eraser_and_architecture_run_from_one_module_and_one_yaml_each(toy
     assert result["certificate"]["after"]["max_mean_gap"] < 1e-6 < result["certificate"]["before"]["max_mean_gap"]
     assert result["mdl"]["bits_per_sample"] > 0 and len(result["mdl"]["blocks"]) == job["mdl"]["num_blocks"] - 1
     assert (Path(job["paths"]["job_dir"]) / "result.json").exists()
+
+
+def test_an_architecture_option_is_one_dataclass_field(toy_entries: Path, tmp_path: Path) -> None:
+    from training.app.schema import ConfigError, load_config
+
+    def composed(*extra: str) -> dict[str, Any]:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose("config", overrides=[f"hydra.searchpath=[file://{toy_entries}]", "experiment=smoke",
+                                               "arch=toy_mlp", f"paths.out_dir={tmp_path}", *extra])
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+    assert load_config(composed()).arch.options.activation == "relu"  # the dataclass default
+    job = load_config(composed("+arch.activation=tanh"))
+    assert job.arch.options == ToyOptions(activation="tanh")
+    with pytest.raises(ConfigError, match="arch.activation='gelu' is not allowed: arch.activation must be one of "
+                                          "relu, tanh"):
+        load_config(composed("+arch.activation=gelu"))
 
 
 def test_registry_metadata_replaces_name_branches() -> None:

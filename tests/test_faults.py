@@ -34,12 +34,13 @@ from erasure import cache as cache_mod
 from erasure.cache import cached_erase
 from erasure.locks import LOG_EVERY_ENV, waiting_lock
 from tests.helpers import job_config
+from training.app.lifecycle import PROGRESS_FILE, Progress
 from training.app.results import LOCK_FILE, ConfigMismatchError, JobDir
-from training.app.schema import ConfigError
+from training.app.schema import ConfigError, config_hash, group_config
 from training.data import load_dataset
 from training.errors import DataCorruptError
 from training.mdl import job as job_mod
-from training.mdl.job import PROGRESS_FILE, read_progress, run_job
+from training.mdl.job import read_progress, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled",
@@ -132,7 +133,7 @@ def test_second_job_with_the_same_directory_waits_logs_it_then_skips(tmp_path: P
             time.sleep(0.05)
         assert worker.is_alive()
         # the first job finishes: its result is there when the lock is released
-        first = {"config_hash": job_mod.config_hash(cfg), "config": cfg, "mdl": {"bits_per_sample": 1.25}}
+        first = {"config_hash": config_hash(cfg), "config": cfg, "mdl": {"bits_per_sample": 1.25}}
         (job_dir / "result.json").write_text(json.dumps(first))
         (tmp_path / "release").write_text("1")
         worker.join(60)
@@ -157,7 +158,7 @@ def test_result_of_another_config_written_meanwhile_is_not_overwritten(tmp_path:
     with pytest.raises(ConfigMismatchError, match="not overwritten") as err:
         run_job(cfg)
     assert json.loads((job_dir / "result.json").read_text()) == foreign
-    aside = job_dir / f"result.{job_mod.config_hash(cfg)}.json"
+    aside = job_dir / f"result.{config_hash(cfg)}.json"
     assert str(aside) in str(err.value) and json.loads(aside.read_text())["mdl"]["bits_per_sample"] > 0
 
 
@@ -279,22 +280,22 @@ def _garbage_cifar(root: Path) -> Path:
 def test_corrupt_data_files_name_the_file(tmp_path: Path) -> None:
     folder = _garbage_cifar(tmp_path / "c")
     with pytest.raises(DataCorruptError, match="data_batch_1") as err:
-        load_dataset({"name": "cifar10", "download": False}, tmp_path / "c")
+        load_dataset(group_config("dataset", "cifar10", download=False), tmp_path / "c")
     assert str(folder) in str(err.value) and "replace it" in str(err.value)
     net = tmp_path / "n" / "cifarnet"
     net.mkdir(parents=True)
     (net / "train.npz").write_bytes(b"not a zip")
     with pytest.raises(DataCorruptError, match="train.npz"):
-        load_dataset({"name": "cifarnet"}, tmp_path / "n")
+        load_dataset(group_config("dataset", "cifarnet"), tmp_path / "n")
     np.savez(net / "train.npz", images=np.zeros((4, 8, 8), np.uint8), labels=np.zeros(4))  # no channel axis
     with pytest.raises(DataCorruptError, match="NHWC"):
-        load_dataset({"name": "cifarnet"}, tmp_path / "n")
+        load_dataset(group_config("dataset", "cifarnet"), tmp_path / "n")
     labels = tmp_path / "f" / "train-labels-idx1-ubyte"
     labels.parent.mkdir()
     labels.write_bytes(b"\x00\x00\x08")
     (tmp_path / "f" / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + pickle.dumps(1))
     with pytest.raises(DataCorruptError, match="train-images-idx3-ubyte"):
-        load_dataset({"name": "fashion_mnist", "root": str(tmp_path / "f")}, tmp_path)
+        load_dataset(group_config("dataset", "fashion_mnist", root=str(tmp_path / "f")), tmp_path)
 
 
 def test_cli_corrupt_data_is_one_line(tmp_path: Path) -> None:
@@ -391,21 +392,21 @@ def test_malformed_progress_starts_over(tmp_path: Path, caplog) -> None:
     good = {"block": 2, "train_size": 10, "coded_size": 5, "ce_bits": 2.0, "temperature": 1.0, "seconds": 0.1,
             "best_val_loss": 1.0, "best_epoch": 1, "epochs": 2, "steps": 3}
     path.write_text(json.dumps({"config_hash": "h", "blocks": [good]}))
-    assert read_progress(path, "h", 6) == [good]
-    assert read_progress(path, "other", 6) == []
+    assert read_progress(Progress(path, "h"), 6) == [good]
+    assert read_progress(Progress(path, "other"), 6) == []
     for bad in ([], 42, {}, {"config_hash": "h"}, {"config_hash": "h", "blocks": [{"block": 2}]},
                 {"config_hash": "h", "blocks": [{**good, "ce_bits": None}]},
                 {"config_hash": "h", "blocks": [{**good, "block": 3}]}):
         path.write_text(json.dumps(bad))
         with caplog.at_level(logging.WARNING):
-            assert read_progress(path, "h", 6) == [], bad
+            assert read_progress(Progress(path, "h"), 6) == [], bad
 
 
 def test_job_with_progress_missing_a_field_recomputes(tmp_path: Path) -> None:
     cfg = job_config(tmp_path, TINY)
     job_dir = Path(cfg["paths"]["job_dir"])
     job_dir.mkdir(parents=True)
-    (job_dir / PROGRESS_FILE).write_text(json.dumps({"config_hash": job_mod.config_hash(cfg),
+    (job_dir / PROGRESS_FILE).write_text(json.dumps({"config_hash": config_hash(cfg),
                                                      "blocks": [{"block": 2, "train_size": 128}]}))
     result = run_job(cfg)
     assert len(result["mdl"]["blocks"]) == len(result["mdl"]["block_sizes"]) - 1

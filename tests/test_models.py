@@ -18,6 +18,7 @@ from models.lenet import lenet_param_count, match_lenet
 from models.mlp import mlp_param_count
 from models.mup_utils import on_meta
 from models.swin import NAMED_SIZES as SWIN_SIZES
+from training.app.schema import ArchConfig, group_config
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUTS = [(1, 28, 28), (3, 32, 32), (3, 64, 64), (1, 8, 8)]
@@ -25,11 +26,9 @@ PAPER_WIDTHS = [64, 128, 256, 512, 1024, 2048]  # at depth 2
 PAPER_DEPTHS = [1, 2, 3, 4, 5, 6, 7, 8]  # at width 128
 
 
-def arch_cfg(name: str, **overrides: object) -> dict:
-    """The arch group exactly as Hydra resolves it, with overrides."""
-    cfg = OmegaConf.load(ROOT / "conf" / "arch" / f"{name}.yaml")
-    cfg = OmegaConf.merge(cfg, overrides)
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+def arch_cfg(name: str, **overrides: object) -> ArchConfig:
+    """The arch group exactly as Hydra composes it, with overrides, typed."""
+    return group_config("arch", name, **overrides)
 
 
 def one_step(model: torch.nn.Module, shape: tuple[int, int, int], k: int = 10, batch: int = 2) -> float:
@@ -56,15 +55,15 @@ def test_arch_yaml_has_every_field(name: str) -> None:
     for key in ("name", "tag", "width", "depth", "base_width", "base_depth", "parametrization"):
         assert key in raw, key
     cfg = arch_cfg(name)
-    assert cfg["name"] == name
-    assert cfg["tag"] == ("mlp_relu" if name == "mlp" else name)
+    assert cfg.name == name
+    assert cfg.tag == ("mlp_relu" if name == "mlp" else name)
     if name in ("convnext", "swin"):
-        assert "size" in cfg and "drop_path_rate" in cfg
+        assert cfg.options.size is None and "drop_path_rate" in raw
     if name == "swin":
-        assert cfg["drop_path_rate"] == 0.2
+        assert cfg.options.drop_path_rate == 0.2
     if name == "mlp":
-        assert (cfg["width"], cfg["depth"], cfg["activation"], cfg["base_width"]) == (128, 2, "relu", 128)
-        assert arch_cfg("mlp", activation="gelu")["tag"] == "mlp_gelu"
+        assert (cfg.width, cfg.depth, cfg.options.activation, cfg.base_width) == (128, 2, "relu", 128)
+        assert arch_cfg("mlp", activation="gelu").tag == "mlp_gelu"
 
 
 # ---------------------------------------------------------------- builds and shapes

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from training.app.lifecycle import PROGRESS_FILE
 from training.app.preemption import EXIT_STATUS, Preempted, stop_on_sigterm
 from training.app.sweeps import expand
-from training.mdl.job import PROGRESS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}

@@ -21,7 +21,8 @@ import torch
 
 from tests.helpers import job_config
 from training.app.sweeps import expand
-from training.mdl.job import PROGRESS_FILE, Trainer, run_job
+from training.app.lifecycle import PROGRESS_FILE
+from training.mdl.job import Trainer, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}

@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from tests.helpers import job_config
+from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import ConfigMismatchError
-from training.mdl.job import PROGRESS_FILE, run_job
+from training.app.schema import load_config
+from training.mdl.job import run_job
 
 QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=8", "optim.warmup_steps=10"]
 
@@ -93,15 +95,16 @@ def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
     from training.data import load_dataset
     from training.mdl.job import erase_maybe_zscored
 
-    cfg = job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"])
-    data = load_dataset(cfg["dataset"])
+    cfg = load_config(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
+    data = load_dataset(cfg.dataset)
     x, info = erase_maybe_zscored(data, cfg)
     assert info["zscore"] == "before erasure"
     flat = x.reshape(len(x), -1).double()
     varying = data.x.reshape(len(x), -1).std(0) > 1e-8
     assert flat.mean(0).abs().max() < 1e-5  # LEACE keeps the global mean of standardised data (zero)
     assert info["certificate"]["after"]["max_mean_gap"] < 1e-6
-    plain, _ = erase_maybe_zscored(data, job_config(tmp_path, [*QUICK, "eraser=control", "dataset.zscore=true"]))
+    control = load_config(job_config(tmp_path, [*QUICK, "eraser=control", "dataset.zscore=true"]))
+    plain, _ = erase_maybe_zscored(data, control)
     stds = plain.reshape(len(x), -1).double().std(0)
     assert torch.allclose(stds[varying], torch.ones_like(stds[varying]), atol=1e-4)
 
@@ -111,15 +114,15 @@ def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) ->
     from training.data import load_dataset
     from training.data.erase import _cache_key, alf_rank, apply_eraser
 
-    cfg = job_config(tmp_path, [*QUICK, "eraser=alf_qleace"])
-    data = load_dataset(cfg["dataset"])
-    cache = Path(cfg["paths"]["cache_dir"])
-    _, alf = apply_eraser(data, cfg["eraser"], cache, with_certificate=False)
+    cfg = load_config(job_config(tmp_path, [*QUICK, "eraser=alf_qleace"]))
+    data = load_dataset(cfg.dataset)
+    cache = Path(cfg.paths.cache_dir)
+    _, alf = apply_eraser(data, cfg.eraser, cache, with_certificate=False)
     assert key_hash(_cache_key(data, "alf_qleace", {})) == key_hash(_cache_key(data, "alf_qleace",
-                                                                              cfg["eraser"]["options"]))
+                                                                              cfg.eraser.options))
     assert alf_rank(data, cache) == alf["report"]["rank_removed"] > 0
-    rnd_cfg = job_config(tmp_path, [*QUICK, "eraser=random"])
-    _, rnd = apply_eraser(data, rnd_cfg["eraser"], cache, with_certificate=False)
+    rnd_cfg = load_config(job_config(tmp_path, [*QUICK, "eraser=random"]))
+    _, rnd = apply_eraser(data, rnd_cfg.eraser, cache, with_certificate=False)
     assert rnd["report"]["rank_removed"] == alf["report"]["rank_removed"]
     entries = [p for p in (cache / "erased").iterdir() if p.is_dir()]
     assert len(entries) == 2  # one ALF fit, one random projection
@@ -129,8 +132,9 @@ def test_zscore_after_erasure_standardises_the_erased_data(tmp_path: Path) -> No
     from training.data import load_dataset
     from training.mdl.job import erase_maybe_zscored
 
-    cfg = job_config(tmp_path, [*QUICK, "dataset.zscore=true", "dataset.zscore_order=after", "eraser=leace"])
-    data = load_dataset(cfg["dataset"])
+    cfg = load_config(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "dataset.zscore_order=after",
+                                             "eraser=leace"]))
+    data = load_dataset(cfg.dataset)
     x, info = erase_maybe_zscored(data, cfg)
     assert info["zscore"].startswith("after erasure")
     flat = x.reshape(len(x), -1).double()
@@ -138,8 +142,9 @@ def test_zscore_after_erasure_standardises_the_erased_data(tmp_path: Path) -> No
     varying = stds > 1e-3
     assert flat.mean(0).abs().max() < 1e-5
     assert torch.allclose(stds[varying], torch.ones_like(stds[varying]), atol=1e-4)  # unit variance after erasure
-    before, _ = erase_maybe_zscored(data, job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
+    leace_first = load_config(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
+    before, _ = erase_maybe_zscored(data, leace_first)
     assert not torch.allclose(before, x)  # the order matters for LEACE
     with pytest.raises(ValueError, match="zscore_order"):
-        erase_maybe_zscored(data, job_config(tmp_path, [*QUICK, "dataset.zscore=true",
-                                                        "dataset.zscore_order=sideways"]))
+        erase_maybe_zscored(data, load_config(job_config(tmp_path, [*QUICK, "dataset.zscore=true",
+                                                        "dataset.zscore_order=sideways"])))

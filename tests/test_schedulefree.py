@@ -6,14 +6,13 @@ import pytest
 import torch
 
 from models import build_model, make_optimizer
+from training.app.schema import group_config
 from training.engine.fit import FitConfig, cross_entropy_sum, eval_mode, fit
 
 
 def _setup():
     torch.manual_seed(0)
-    model = build_model({"name": "mlp", "width": 32, "depth": 1, "activation": "relu", "base_width": 32,
-                         "base_depth": 2, "tag": "mlp", "swiglu_ratio": None, "parametrization": "mup"},
-                        (1, 4, 4), 3)
+    model = build_model(group_config("arch", "mlp", width=32, depth=1, base_width=32), (1, 4, 4), 3)
     opt = make_optimizer(model, lr=1e-2, beta1=0.9)
     x, y = torch.randn(64, 1, 4, 4), torch.randint(0, 3, (64,))
     return model, opt, x, y

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,7 +10,8 @@ import pytest
 import torch
 
 from erasure.files import atomic_write_json
-from training.app.results import legacy_differences
+from models.mlp import MlpOptions
+from training.app.results import flatten, legacy_differences
 from training.app.schema import ConfigError, JobConfig, cell_hash, config_hash, load_config
 from training.data import LoadedData
 from training.data.erase import _cache_key
@@ -42,12 +44,35 @@ def test_bad_values_are_one_line_naming_key_value_and_what_is_allowed(override: 
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
-def test_the_job_receives_a_typed_config_that_also_reads_as_a_mapping(tmp_path: Path) -> None:
-    job = load_config(job_config(tmp_path, SMOKE))
-    assert isinstance(job, JobConfig)
-    assert job.mdl.max_epochs == job["mdl"]["max_epochs"] == 3
-    assert job.arch.activation == job["arch"]["activation"] == "relu"  # an arch-specific extra
-    assert dict(job.training)["engine"] == "auto"
+def test_the_job_receives_frozen_typed_sections_read_as_attributes(tmp_path: Path) -> None:
+    composed = job_config(tmp_path, SMOKE)
+    job = load_config(composed)
+    assert isinstance(job, JobConfig) and job.mdl.max_epochs == 3 and job.training.engine == "auto"
+    assert isinstance(job.arch.options, MlpOptions) and job.arch.options.activation == "relu"  # the MLP's own key
+    assert not hasattr(job, "get") and not hasattr(job.mdl, "get")  # no mapping reads with a default on the side
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.mdl.patience = 1  # type: ignore[misc]
+    stored = flatten(job.to_dict())  # what result.json stores: every composed key, unchanged
+    assert all(stored[k] == v for k, v in flatten(composed).items() if not k.startswith("hydra."))
+    assert config_hash(job) == config_hash(composed)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+arch.bogus=1", "arch.bogus=1 is not allowed: not an option of architecture mlp"),
+    ("arch.activation=tanh", "arch.activation='tanh' is not allowed: arch.activation must be one of relu, gelu, "
+                             "swiglu"),
+    ("+dataset.n=5", "dataset.n=5 is not allowed: not an option of dataset digits"),
+    ("eraser=qleace", None),
+    ("regularizer=sd", None),
+])
+def test_group_options_are_declared_by_their_module(override: str, message: str | None, tmp_path: Path) -> None:
+    cfg = job_config(tmp_path, [*SMOKE, override])
+    if message is None:
+        load_config(cfg)
+        return
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
 def test_hash_ignores_where_and_how_but_not_what(tmp_path: Path) -> None:

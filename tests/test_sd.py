@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import job_config
+from training.app.schema import RegularizerConfig, group_config, load_section
 from training.engine.fit import FitConfig, cross_entropy_sum, fit
 from training.engine.regularizers import SpectralDecoupling, build_regularizer, sd_penalty, task_loss
 from training.engine.seeding import generator, seeded_global_rng
@@ -25,7 +26,7 @@ def test_penalty_hand_computed() -> None:
     # per class: row 0 (y=0): 0.5·((1−1)² + (2−1)²) = 0.5; row 1 (y=1): 2·((−1+1)² + (0+1)²) = 2; / 4 entries
     lam, gamma = torch.tensor([0.5, 2.0]), torch.tensor([1.0, -1.0])
     assert float(sd_penalty(LOGITS, Y, lam, gamma)) == pytest.approx(2.5 / 4)
-    reg = build_regularizer({"name": "sd", "lam": [0.5, 2.0], "gamma": [1.0, -1.0]}, num_classes=2)
+    reg = build_regularizer(group_config("regularizer", "sd", lam=[0.5, 2.0], gamma=[1.0, -1.0]), num_classes=2)
     assert float(reg(LOGITS, Y, 0)) == pytest.approx(2.5 / 4)
 
 
@@ -44,7 +45,7 @@ def test_gradient_matches_analytic(shape: tuple[int, int]) -> None:
 
 def test_start_step_and_official_rescale() -> None:
     z = LOGITS.clone().requires_grad_()
-    reg = build_regularizer({"name": "sd", "lam": 1.0, "start_step": 450, "loss_scale": 2e-5}, 2)
+    reg = build_regularizer(group_config("regularizer", "sd", lam=1.0, start_step=450, loss_scale=2e-5), 2)
     assert isinstance(reg, SpectralDecoupling)
     assert float(reg(z, Y, 449)) == 0.0
     # The fit loop adds the regularizer to CE: CE + reg == scale · (CE + λ·mean(z²)) from the start step on.
@@ -64,41 +65,45 @@ def test_binary_single_logit_uses_logistic_loss() -> None:
 
 
 def test_config_errors() -> None:
-    assert build_regularizer(None, 3) is None and build_regularizer({"name": "none"}, 3) is None
+    assert build_regularizer(None, 3) is None and build_regularizer(group_config("regularizer", "none"), 3) is None
     with pytest.raises(ValueError, match="per-class"):
-        build_regularizer({"name": "sd", "lam": [0.1, 0.2]}, 3)
-    with pytest.raises(ValueError, match="unknown regularizer"):
-        build_regularizer({"name": "dropout"}, 3)
-    with pytest.raises(ValueError, match="loss_scale"):
-        build_regularizer({"name": "sd", "lam": 0.1, "loss_scale": 0}, 3)
+        build_regularizer(group_config("regularizer", "sd", lam=[0.1, 0.2]), 3)
+    with pytest.raises(ValueError, match="regularizer.name='dropout' is not allowed"):
+        load_section(RegularizerConfig, {"name": "dropout"}, "regularizer.")
+    with pytest.raises(ValueError, match="loss_scale=0 is not allowed"):
+        group_config("regularizer", "sd", loss_scale=0)
+    for bad in (-1, float("nan"), [0.1, -0.2]):
+        with pytest.raises(ValueError, match="regularizer.lam=.* is not allowed"):
+            group_config("regularizer", "sd", lam=bad)
 
 
-def _fit_mup_mlp(reg_cfg: dict | None, epochs: int = 3):
+def _fit_mup_mlp(reg_cfg: dict | None, epochs: int = 3):  # reg_cfg: regularizer=sd's overrides, or None
     from models import build_model, make_optimizer
 
     g = torch.Generator().manual_seed(1)
     x, y = torch.rand(96, 1, 4, 4, generator=g), torch.arange(96) % 3
     xv, yv = torch.rand(32, 1, 4, 4, generator=g), torch.arange(32) % 3
-    arch = {"name": "mlp", "width": 16, "depth": 2, "activation": "relu", "base_width": 8}
+    arch = group_config("arch", "mlp", width=16, depth=2, base_width=8)
     with seeded_global_rng(0, "init"):
         model = build_model(arch, (1, 4, 4), 3)
     opt = make_optimizer(model, lr=1e-2, beta1=0.9)
     res = fit(model, opt, x, y, xv, yv, FitConfig(batch_size=32, patience=100, max_epochs=epochs, progress=False),
-              generator(0, "batches"), build_regularizer(reg_cfg, 3))
+              generator(0, "batches"),
+              build_regularizer(None if reg_cfg is None else group_config("regularizer", "sd", **reg_cfg), 3))
     return model, res, (xv, yv)
 
 
 def test_lambda_zero_reproduces_erm_exactly() -> None:
     erm, _, _ = _fit_mup_mlp(None)
-    sd0, _, _ = _fit_mup_mlp({"name": "sd", "lam": 0.0})
-    sd, _, _ = _fit_mup_mlp({"name": "sd", "lam": 1.0})
+    sd0, _, _ = _fit_mup_mlp({"lam": 0.0})
+    sd, _, _ = _fit_mup_mlp({"lam": 1.0})
     a, b, c = erm.state_dict(), sd0.state_dict(), sd.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)  # and λ > 0 does change training
 
 
 def test_early_stopping_sees_plain_cross_entropy() -> None:
-    model, res, (xv, yv) = _fit_mup_mlp({"name": "sd", "lam": 10.0})
+    model, res, (xv, yv) = _fit_mup_mlp({"lam": 10.0})
     # The restored best state's validation loss is the plain CE (no penalty) of the returned model.
     assert res.best_val_loss == pytest.approx(cross_entropy_sum(model, xv, yv) / len(yv), rel=1e-9)
 

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import job_config
+from training.app.lifecycle import PROGRESS_FILE
 from training.app.sweeps import expand
-from training.mdl.job import PROGRESS_FILE, run_job
+from training.mdl.job import run_job
 
 pytestmark = pytest.mark.slurm
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import job_config
 from tests.test_vectorized import _data, _models
+from training.app.schema import MdlConfig, load_config, load_section
 from training.engine.fit import FitConfig, fit
 from training.engine.group import Member, fit_group
 from training.engine.seeding import generator
 from training.engine.stopping import MAX_EPOCHS, PATIENCE, EarlyStopping
-from training.mdl.job import stop_options
+from training.mdl.job import fit_config, stop_options
 
 
 def _plain_rule(losses: list[float], patience: int, max_epochs: int) -> tuple[int, int, str]:
@@ -72,12 +76,22 @@ def test_no_stop_inside_the_warmup_or_before_the_step_floor() -> None:
 
 
 def test_stop_options_from_the_mdl_config() -> None:
-    assert stop_options({}, 50) == {"warmup_steps": 0, "min_steps": 0, "patience_min_steps": 0}
-    m = {"stop_after_warmup": True, "min_steps": 300, "patience_min_steps": 150}
+    m = load_section(MdlConfig, {"min_steps": 300, "patience_min_steps": 150})
     assert stop_options(m, 50) == {"warmup_steps": 50, "min_steps": 300, "patience_min_steps": 150}
-    assert stop_options({**m, "stop_after_warmup": False}, 50)["warmup_steps"] == 0
-    with pytest.raises(ValueError, match="min_steps"):
-        stop_options({"min_steps": -1}, 0)
+    assert stop_options(dataclasses.replace(m, stop_after_warmup=False), 50)["warmup_steps"] == 0
+    with pytest.raises(ValueError, match="mdl.min_steps=-1 is not allowed"):
+        load_section(MdlConfig, {"min_steps": -1}, "mdl.")
+
+
+def test_stop_after_warmup_has_one_default(tmp_path: Path) -> None:
+    """A config that does not set mdl.stop_after_warmup gets the schema's default, and that is what the fit
+    loop of an MDL job and of a GS erased evaluation use (it used to be True in the schema, False in the job)."""
+    cfg = job_config(tmp_path, ["experiment=smoke"])
+    del cfg["mdl"]["stop_after_warmup"]
+    job = load_config(cfg)
+    default = next(f.default for f in dataclasses.fields(MdlConfig) if f.name == "stop_after_warmup")
+    assert job.mdl.stop_after_warmup is default is True
+    assert fit_config(job, warmup_steps=50).warmup_steps == 50
 
 
 def test_fit_and_fit_group_stop_alike_and_report_why() -> None:

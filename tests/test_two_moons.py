@@ -9,29 +9,34 @@ import numpy as np
 import pytest
 
 from tests.helpers import job_config
+from training.app.schema import group_config
 from training.data import load_dataset
-from training.data.moons import two_moons
+from training.data.moons import TwoMoonsOptions, two_moons
 from training.starvation.geometry import geometry
 
-MOONS = {"name": "two_moons", "n": 300, "n_test": 500, "noise": 0.1, "margin": 0.1, "data_seed": 0}
+MOONS = {"n": 300, "n_test": 500, "noise": 0.1, "margin": 0.1, "data_seed": 0}
+
+
+def moons(**overrides: object) -> TwoMoonsOptions:
+    return group_config("dataset", "two_moons", **{**MOONS, **overrides}).options
 
 
 @pytest.mark.parametrize("margin", [0.1, 0.25])
 def test_separable_gap_along_the_horizontal_axis(margin: float) -> None:
-    x, y = two_moons({**MOONS, "margin": margin})
+    x, y = two_moons(moons(margin=margin))
     assert x.shape == (300, 2) and set(y.tolist()) == {0, 1}
     assert float(x[y == 0, 0].min() - x[y == 1, 0].max()) >= 2 * margin - 1e-6  # gap of 2·margin
 
 
 def test_negative_margin_overlaps_and_test_split_is_independent() -> None:
-    x, y = two_moons({**MOONS, "margin": -0.1})
+    x, y = two_moons(moons(margin=-0.1))
     assert float(x[y == 1, 0].max()) > float(x[y == 0, 0].min())  # not separable along x0
-    xt, _ = two_moons({**MOONS, "margin": -0.1}, "test")
+    xt, _ = two_moons(moons(margin=-0.1), "test")
     assert xt.shape == (500, 2) and not np.allclose(xt[:300].numpy(), x.numpy())
 
 
 def test_registry_layout() -> None:
-    data = load_dataset({**MOONS, "limit": None})
+    data = load_dataset(group_config("dataset", "two_moons", **MOONS))
     assert data.x.shape == (300, 2, 1, 1) and data.num_classes == 2 and data.info["layout"] == "(n, 2, 1, 1)"
 
 

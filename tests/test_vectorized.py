@@ -19,6 +19,7 @@ from torch import Tensor
 
 from models import build_model, make_optimizer
 from tests.helpers import job_config
+from training.app.schema import ArchConfig, group_config
 from training.engine.batches import DeviceData, compact
 from training.engine.fit import FitConfig, cross_entropy_sum, fit
 from training.engine.flat_optim import cpu_compiler
@@ -32,10 +33,9 @@ LOSS_RTOL = TOL[torch.float32][0]
 SHAPE, K = (3, 8, 8), 4
 
 
-def _arch(name: str) -> dict:
+def _arch(name: str) -> ArchConfig:
     # width != base_width: μP readout multiplier and MuAdam's per-group lr / width_mult are exercised.
-    return {"name": name, "width": 48, "depth": 2, "activation": "relu", "base_width": 32, "base_depth": 2,
-            "swiglu_ratio": None, "parametrization": "mup"}
+    return group_config("arch", name, width=48, depth=2, base_width=32)
 
 
 def _data(n: int = 520, dtype: torch.dtype = torch.float32, device: str = "cpu",

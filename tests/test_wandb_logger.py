@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from training.app.schema import group_config
 from training.app.wandb_logger import RunLogger
 
 
@@ -14,7 +15,7 @@ def test_offline_run_with_deterministic_id(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "cfg"))
-    logger = RunLogger({"name": "wandb", "project": "erasure-mdl", "mode": "offline"}, {"seed": 3},
+    logger = RunLogger(group_config("logger", "wandb"), {"seed": 3},
                        tmp_path, run_id="abc123-s3")
     assert logger._run is not None
     logger.log({"loss": 1.0}, step=1)
@@ -24,7 +25,7 @@ def test_offline_run_with_deterministic_id(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_none_and_disabled_do_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert RunLogger({"name": "none"}, {}, tmp_path, "x")._run is None
+    assert RunLogger(group_config("logger", "none"), {}, tmp_path, "x")._run is None
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert RunLogger({"name": "wandb", "mode": "offline"}, {}, tmp_path, "x")._run is None
+    assert RunLogger(group_config("logger", "wandb"), {}, tmp_path, "x")._run is None
     assert not (tmp_path / "wandb").exists()

@@ -55,8 +55,8 @@ def main(cfg: DictConfig) -> float | None:
         if multirun:
             raise
         exit_user_error(line, err)
-    mdl = result.get("mdl") or {}
-    return mdl.get("bits_per_sample") if isinstance(mdl, dict) else None
+    code = result["mdl"] if isinstance(result.get("mdl"), dict) else {}
+    return code["bits_per_sample"] if "bits_per_sample" in code else None
 
 
 if __name__ == "__main__":

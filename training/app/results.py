@@ -23,18 +23,13 @@ from typing import Any
 
 from erasure.files import atomic_write_json, read_json
 from erasure.locks import waiting_lock
-from training.app.schema import config_hash, semantic
+from training.app.schema import JobConfig, config_hash, semantic
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
 
 RESULT_FILE = "result.json"
 LOCK_FILE = ".job.lock"
-
-
-def to_plain(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """A typed or plain config as nested plain dicts (what result.json stores)."""
-    return {str(k): to_plain(v) if isinstance(v, Mapping) else v for k, v in cfg.items()}
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -52,7 +47,7 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 _V1_RESOLVED = ("optim.lr", "optim.beta1", "optim.warmup_steps")
 
 
-def legacy_differences(old_config: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
+def legacy_differences(old_config: Mapping[str, Any], cfg: Mapping[str, Any] | JobConfig) -> list[str]:
     """Semantic keys on which a result written before hash v2 differs from `cfg` (empty: the same job).
 
     A key the old config lacks counts as a difference (it was added since, possibly with new behaviour); a key
@@ -63,9 +58,9 @@ def legacy_differences(old_config: Mapping[str, Any], cfg: Mapping[str, Any]) ->
                   if k not in old or (old[k] != v and not (old[k] is None and k in _V1_RESOLVED)))
 
 
-def legacy_result(cfg: Mapping[str, Any], job_dir: Path) -> dict[str, Any] | None:
+def legacy_result(cfg: JobConfig, job_dir: Path) -> dict[str, Any] | None:
     """A finished result of this configuration in its pre-v2 directory (`paths.legacy_job_dir`), if any."""
-    legacy = (cfg.get("paths") or {}).get("legacy_job_dir")
+    legacy = cfg.paths.legacy_job_dir
     if not legacy or (job_dir / RESULT_FILE).exists():
         return None
     done = read_json(Path(legacy) / RESULT_FILE)

@@ -1,10 +1,11 @@
-"""Typed job configs: one dataclass per config group, checked right after Hydra composes the config.
+"""Typed job configs: one frozen dataclass per config group, checked right after Hydra composes the config.
 
 `load_config(resolved)` turns the composed config into a `JobConfig` or raises `ConfigError` with one line naming
-the key, the value and what is allowed; the job receives the typed object (`cfg.mdl.patience`; it also reads as
-a mapping, `cfg["mdl"]["patience"]`, for code written against plain dicts). Each group's yaml may carry keys a
-schema does not declare (dataset- or architecture-specific ones, `gs.*`): they pass through as extras and are
-semantic. Hydra itself rejects overrides of keys that exist nowhere.
+the key, the value and what is allowed. The job reads attributes (`cfg.mdl.patience`); every default is written
+once, here or in the group's yaml. A group member's own options (a dataset's `n`, an MLP's `activation`, SD's
+`lam`, a task's `gs.*`) are a small dataclass declared next to the module that registers it (`options=` in its
+registry entry): it validates them, unknown keys are refused, and `cfg.arch.options.activation` reads them typed.
+An eraser's options are its fitter's keyword arguments, checked against their annotations.
 
 Which keys enter the job hash (and so the job directory) is declared next to the field: `hash=False` for what
 only says where things go or how fast or visibly they run. Eraser options that do not change the erased data are
@@ -13,13 +14,17 @@ declared by the eraser itself (`runtime_options` in its registry entry).
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping
+import types
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 from training.errors import UserError
 
@@ -32,11 +37,12 @@ class ConfigError(UserError, ValueError):
 
 def spec(default: Any = dataclasses.MISSING, *, kind: type | tuple[type, ...] | None = None,
          check: Check | None = None, allowed: str = "", choices: tuple[Any, ...] = (), optional: bool = False,
-         hash: bool = True, default_factory: Any = dataclasses.MISSING) -> Any:  # noqa: A002 - mirrors the concept
+         hash: bool = True, default_factory: Any = dataclasses.MISSING,  # noqa: A002 - mirrors the concept
+         omit_empty: bool = False) -> Any:
     """A config field: its type (`kind`), value check and how to describe what is allowed, whether None is
-    allowed, and whether it enters the job hash."""
+    allowed, whether it enters the job hash, and whether an empty value is left out of the composed dict."""
     meta = {"kind": kind, "check": check, "allowed": allowed, "choices": choices, "optional": optional,
-            "hash": hash}
+            "hash": hash, "omit_empty": omit_empty}
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -74,41 +80,49 @@ def auto_or_positive_int(default: Any = "auto", **kw: Any) -> Any:
 
 
 # ---- the sections -------------------------------------------------------------------------------------------
-class Section(Mapping[str, Any]):
-    """A config group: typed fields, plus the yaml's undeclared keys as extras; reads as a mapping too."""
+@dataclass(frozen=True, kw_only=True)
+class Section:
+    """A config group: frozen, typed fields read as attributes. `to_dict()` gives it back as composed (what
+    result.json stores and the job hash covers)."""
 
-    open: ClassVar[bool] = True  # undeclared keys allowed (they pass through, semantic)
-    _extra: dict[str, Any]
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name.startswith("_") or f.metadata.get("typed_view"):
+                continue
+            v = getattr(self, f.name)
+            if f.metadata.get("omit_empty") and not v:
+                continue  # as composed: only the groups that carry it (dataset.paper_lr)
+            out[f.name] = v.to_dict() if isinstance(v, Section) else _plain(v)
+        return {**out, **_plain(self._given_options())}
 
-    def __getitem__(self, key: str) -> Any:
-        if key in self._declared():
-            return getattr(self, key)
-        return self._extra[key]
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self._declared()
-        yield from self._extra
-
-    def __len__(self) -> int:
-        return len(self._declared()) + len(self._extra)
-
-    def __getattr__(self, key: str) -> Any:  # extras as attributes (only called when normal lookup fails)
-        extra = self.__dict__.get("_extra", {})
-        if key in extra:
-            return extra[key]
-        raise AttributeError(f"{type(self).__name__} has no key {key!r}")
-
-    @classmethod
-    def _declared(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "_extra")  # type: ignore[arg-type]
+    def _given_options(self) -> dict[str, Any]:
+        return {}
 
 
-def _extra_field() -> Any:
-    return field(default_factory=dict, repr=False, compare=True, metadata={"hash": True})
+def _options_view() -> Any:
+    """The group member's own options (a dataclass declared next to the module that registers it), typed."""
+    return field(default=None, compare=False, repr=False, metadata={"typed_view": True, "hash": False})
+
+
+def _given() -> Any:
+    return field(default_factory=dict, repr=False, metadata={"hash": True})
 
 
 @dataclass(frozen=True, kw_only=True)
-class DatasetConfig(Section):
+class OptionsSection(Section):
+    """A group whose members declare their own options (flat keys in the yaml, e.g. `arch.activation`): the
+    registered options dataclass validates them and `.options` reads them typed."""
+
+    options: Any = _options_view()
+    _options: dict[str, Any] = _given()  # the option keys as composed
+
+    def _given_options(self) -> dict[str, Any]:
+        return dict(self._options)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetConfig(OptionsSection):
     name: str = spec(kind=str, check=lambda v: v in _datasets(), allowed="a registered dataset")
     tag: str = spec(kind=str, hash=False)  # names the job directory
     augment: bool = flag(False)
@@ -117,19 +131,17 @@ class DatasetConfig(Section):
     zscore_order: str = one_of("before", "before", "after")  # standardise before erasure (ours) or after (paper code)
     root: str | None = spec(None, kind=str, optional=True, hash=False)  # where the files are, not what they are
     download: bool = flag(True, hash=False)
-    _extra: dict[str, Any] = _extra_field()
+    paper_lr: dict[str, Any] = spec(default_factory=dict, kind=dict, omit_empty=True)  # the paper's lr per arch
 
 
 @dataclass(frozen=True, kw_only=True)
 class EraserConfig(Section):
-    open: ClassVar[bool] = False
     name: str = spec(kind=str, check=lambda v: v in _erasers(), allowed="a registered eraser")
-    options: dict[str, Any] = spec(default_factory=dict, kind=dict)
-    _extra: dict[str, Any] = _extra_field()
+    options: dict[str, Any] = spec(default_factory=dict, kind=dict)  # the fitter's keyword options (checked)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ArchConfig(Section):
+class ArchConfig(OptionsSection):
     name: str = spec(kind=str, check=lambda v: v in _archs(), allowed="a registered architecture")
     tag: str = spec(kind=str, hash=False)
     width: int = positive_int()
@@ -137,20 +149,19 @@ class ArchConfig(Section):
     base_width: int | None = positive_int(None, optional=True)
     base_depth: int = positive_int(2)
     parametrization: str = one_of("mup", "mup", "sp")
-    _extra: dict[str, Any] = _extra_field()
+    paper_optim: dict[str, Any] = spec(default_factory=dict, kind=dict)  # read by conf/optim (lr per family)
 
 
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig(Section):
-    open: ClassVar[bool] = False
     lr: float = positive_float()
     beta1: float = unit_interval()
     beta2: float = unit_interval(0.999)
-    weight_decay: float = spec(0.0, kind=(int, float), check=lambda v: v >= 0, allowed="a number ≥ 0")
+    weight_decay: float = spec(0.0, kind=(int, float), check=lambda v: v >= 0 and math.isfinite(v),
+                               allowed="a finite number ≥ 0")
     warmup_steps: int = nonneg_int(0)
     batch_size: int = positive_int(128)
     depth_lr_rule: bool = flag(True)
-    _extra: dict[str, Any] = _extra_field()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,27 +179,43 @@ class MdlConfig(Section):
     stop_after_warmup: bool = flag(True)  # step-aware early stopping (training/engine/stopping.py)
     min_steps: int = nonneg_int(0)
     patience_min_steps: int = nonneg_int(0)
-    _extra: dict[str, Any] = _extra_field()
 
 
 @dataclass(frozen=True, kw_only=True)
-class RegularizerConfig(Section):
+class RegularizerConfig(OptionsSection):
     name: str = spec(kind=str, check=lambda v: v in _regularizers(), allowed="a registered regularizer")
-    _extra: dict[str, Any] = _extra_field()
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggerConfig(Section):
+    name: str = one_of("none", "none", "wandb")
+    project: str = spec("erasure-mdl", kind=str)
+    entity: str | None = spec(None, kind=str, optional=True)
+    mode: str = one_of("offline", "offline", "online", "disabled")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingConfig(Section):
     """Speed only: every option gives the numbers of one-at-a-time training (tests/test_vectorized.py)."""
 
-    open: ClassVar[bool] = False
     parallel_models: Any = auto_or_positive_int()
     engine: str = one_of("auto", "auto", "loop", "stacked")
     workers: Any = auto_or_positive_int()
     storage: str = one_of("auto", "auto", "float32", "float16", "uint8")
     compile: Any = one_of(False, False, True, "default", "reduce-overhead", "max-autotune")
     fused_optimizer: Any = one_of(False, False, True, "numba", "compile", "eager")
-    _extra: dict[str, Any] = _extra_field()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PathsConfig(Section):
+    out_dir: str = spec("outputs", kind=str)
+    data_dir: str = spec("data", kind=str)
+    cache_dir: str = spec("outputs/cache", kind=str)
+    job_dir: str = spec("outputs/job", kind=str)
+    legacy_job_dir: str | None = spec(None, kind=str, optional=True)
+    cell: str | None = spec(None, kind=str, optional=True)
+    job_subdir: str | None = spec(None, kind=str, optional=True)
+    by_task: dict[str, Any] = spec(default_factory=dict, kind=dict, omit_empty=True)  # a job_subdir per task
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,9 +236,13 @@ class JobConfig(Section):
     mdl: MdlConfig = spec(kind=MdlConfig)
     regularizer: RegularizerConfig = spec(kind=RegularizerConfig)
     training: TrainingConfig = spec(kind=TrainingConfig, hash=False)
-    logger: dict[str, Any] = spec(default_factory=dict, kind=dict, hash=False)
-    paths: dict[str, Any] = spec(default_factory=dict, kind=dict, hash=False)
-    _extra: dict[str, Any] = _extra_field()  # task-specific groups (gs) — semantic
+    logger: LoggerConfig = spec(kind=LoggerConfig, hash=False)
+    paths: PathsConfig = spec(kind=PathsConfig, hash=False)
+    task_options: Any = _options_view()  # the task's own group (gs), typed by the task's registry entry
+    _task_group: dict[str, Any] = _given()  # that group as composed, under its name
+
+    def _given_options(self) -> dict[str, Any]:
+        return dict(self._task_group)
 
 
 # ---- registries, looked up lazily (conf composition should not import every model) --------------------------
@@ -239,6 +270,34 @@ def _regularizers() -> list[str]:
     return REGULARIZERS.names()
 
 
+def _member_options(kind: str, name: str) -> type[Any] | None:
+    """The options dataclass a dataset, architecture or regularizer declares in its registry entry (None: it
+    takes no options of its own)."""
+    registry = {"dataset": _datasets, "arch": _archs, "regularizer": _regularizers}[kind]
+    registry()  # loads the registry
+    if kind == "dataset":
+        from training.data.registry import DATASETS as reg
+    elif kind == "arch":
+        from models.registry import ARCHS as reg  # type: ignore[assignment]
+    else:
+        from training.engine.regularizers import REGULARIZERS as reg  # type: ignore[assignment]
+    return reg.meta(name).get("options")
+
+
+def _task_groups() -> set[str]:
+    from training.app.tasks import TASKS
+
+    return {str(e.meta["group"]) for e in TASKS if e.meta.get("group")}
+
+
+def _task_options(task: str) -> tuple[str | None, type[Any] | None]:
+    """The config group a task reads of its own (`gs`) and the dataclass that declares it."""
+    from training.app.tasks import TASKS
+
+    meta = TASKS.meta(task)
+    return meta.get("group"), meta.get("options")
+
+
 def _tasks() -> list[str]:
     from training.app.tasks import TASKS
 
@@ -256,8 +315,20 @@ def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
     data = {k: v for k, v in cfg.items() if k not in NON_CONFIG_KEYS}
     job = _build(JobConfig, data, "")
     assert isinstance(job, JobConfig)
-    _check_eraser_options(job.eraser)
     return job
+
+
+def load_section(cls: type[S], data: Mapping[str, Any], prefix: str = "") -> S:
+    """One group's typed config from its composed mapping (e.g. `load_section(ArchConfig, arch_yaml)`)."""
+    section = _build(cls, data, prefix)
+    assert isinstance(section, cls)
+    return section
+
+
+S = TypeVar("S", bound=Section)
+GROUPS: dict[str, type[Section]] = {"dataset": DatasetConfig, "eraser": EraserConfig, "arch": ArchConfig,
+                                    "optim": OptimConfig, "mdl": MdlConfig, "regularizer": RegularizerConfig,
+                                    "logger": LoggerConfig, "paths": PathsConfig}
 
 
 def _build(cls: type[Section], data: Any, prefix: str) -> Section:
@@ -265,7 +336,7 @@ def _build(cls: type[Section], data: Any, prefix: str) -> Section:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}={data!r} is not allowed: it must be a group of keys")
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name == "_extra":
+        if f.name.startswith("_") or f.metadata.get("typed_view"):
             continue
         key = prefix + f.name
         if f.name in data:
@@ -277,11 +348,39 @@ def _build(cls: type[Section], data: Any, prefix: str) -> Section:
         else:
             raise ConfigError(f"{key} is missing: set it in its yaml or on the command line ({key}=...)")
         values[f.name] = _check(key, value, f.metadata)
-    extra = {k: v for k, v in data.items() if k not in values}
-    if extra and not cls.open:
-        k = sorted(extra)[0]
-        raise ConfigError(f"{prefix}{k}={extra[k]!r} is not allowed: unknown key; known: {', '.join(values)}")
-    return cls(**values, _extra=extra)
+    rest = {k: v for k, v in data.items() if k not in values}
+    if cls is EraserConfig:
+        _check_eraser_options(values["name"], values["options"])
+    if issubclass(cls, OptionsSection):
+        kind, owner = _options_owner(cls)
+        options_cls = _member_options(kind, values["name"])
+        view = build_options(options_cls, rest, prefix, known=tuple(values), owner=f"{owner} {values['name']}")
+        return cls(**values, options=view, _options=rest)
+    if cls is JobConfig:
+        return cls(**values, **_task_group(str(values["task"]), rest))
+    if rest:
+        k = sorted(rest)[0]
+        raise ConfigError(f"{prefix}{k}={rest[k]!r} is not allowed: unknown key; known: {', '.join(values)}")
+    return cls(**values)
+
+
+def _options_owner(cls: type[OptionsSection]) -> tuple[str, str]:
+    return {DatasetConfig: ("dataset", "dataset"), ArchConfig: ("arch", "architecture"),
+            RegularizerConfig: ("regularizer", "regularizer")}[cls]
+
+
+def _task_group(task: str, rest: Mapping[str, Any]) -> dict[str, Any]:
+    """The task's own group (e.g. `gs` for the Gradient Starvation tasks), checked by its options dataclass."""
+    group, options_cls = _task_options(task)
+    others = _task_groups()  # a sweep over tasks (gs_sd_erasure) composes every task's group into each job
+    unknown = sorted(k for k in rest if k != group and k not in others)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}={rest[unknown[0]]!r} is not allowed: unknown key (task {task} reads "
+                          f"{group or 'no group of its own'})")
+    view = None
+    if group is not None and options_cls is not None:
+        view = build_options(options_cls, rest.get(group, {}), f"{group}.", owner=f"task {task}")
+    return {"task_options": view, "_task_group": dict(rest)}
 
 
 def _check(key: str, value: Any, meta: Mapping[str, Any]) -> Any:
@@ -310,25 +409,148 @@ def _check(key: str, value: Any, meta: Mapping[str, Any]) -> Any:
 
 
 def _kind_name(kinds: tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a group of keys"}
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a group of keys",
+             list: "a list"}
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
-def _check_eraser_options(eraser: EraserConfig) -> None:
-    from erasure import default_options
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
-    known = default_options(eraser.name)
-    for k in eraser.options:
+
+def group_config(group: str, name: str, **overrides: Any) -> Any:
+    """One config group as conf/<group>/<name>.yaml composes it, with overrides, typed and checked (library use
+    and tests: `build_model(group_config("arch", "mlp", width=64), ...)`)."""
+    from omegaconf import OmegaConf
+
+    def compose(member: str) -> Any:
+        node = OmegaConf.load(CONF_DIR / group / f"{member}.yaml")
+        bases = [compose(str(d)) for d in node.pop("defaults", []) if d != "_self_"]
+        return OmegaConf.merge(*bases, node)
+
+    node = OmegaConf.merge(compose(name), overrides)
+    data = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(data, dict)
+    return load_section(GROUPS[group], data, f"{group}.")
+
+
+# ---- group members' own options (declared next to the module that registers them) ---------------------------
+def build_options(cls: type[Any] | None, data: Mapping[str, Any], prefix: str = "", known: tuple[str, ...] = (),
+                  owner: str = "") -> Any:
+    """An options dataclass from its keys, checked against the annotations (int, float, bool, str, Literal,
+    `X | None`, lists) and a field's `metadata={"check": ..., "allowed": ...}`; unknown keys are refused."""
+    fields = {f.name: f for f in dataclasses.fields(cls)} if cls is not None else {}
+    unknown = sorted(k for k in data if k not in fields)
+    if unknown:
+        k = unknown[0]
+        names = sorted([*known, *fields])
+        raise ConfigError(f"{prefix}{k}={data[k]!r} is not allowed: not an option of {owner}; known: "
+                          f"{', '.join(names)}")
+    if cls is None:
+        return None
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, f in fields.items():
+        if name in data and dataclasses.is_dataclass(hints[name]):
+            values[name] = build_options(hints[name], data[name] or {}, f"{prefix}{name}.", owner=owner)
+        elif name in data:
+            values[name] = check_typed(prefix + name, data[name], hints[name], f.metadata)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{prefix}{name} is missing: set it in its yaml or on the command line "
+                              f"({prefix}{name}=...)")
+    return cls(**values)
+
+
+def check_typed(key: str, value: Any, tp: Any, meta: Mapping[str, Any] | None = None) -> Any:
+    """`value` checked against the annotation `tp` (an int is accepted where a float is declared); ConfigError
+    naming the key and what is allowed. Options dataclasses nest (a field typed by another dataclass)."""
+    meta = meta or {}
+    out, ok = _conform(value, tp)
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {meta.get('allowed') or _describe(tp)}")
+    check = meta.get("check")
+    if check is not None and out is not None and not check(out):
+        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {meta.get('allowed') or 'another value'}")
+    return out
+
+
+def _conform(value: Any, tp: Any) -> tuple[Any, bool]:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return value, True
+    if origin is typing.Literal:
+        return value, any(value == a and type(value) is type(a) for a in args)
+    if origin in (types.UnionType, typing.Union):
+        for arg in args:
+            out, ok = _conform(value, arg)
+            if ok:
+                return out, True
+        return value, False
+    if tp is type(None):
+        return None, value is None
+    if origin in (list, tuple, collections.abc.Sequence):
+        if not isinstance(value, (list, tuple)):
+            return value, False
+        item = args[0] if args else Any
+        items = [_conform(v, item) for v in value]
+        return [v for v, _ in items], all(ok for _, ok in items)
+    if origin is dict or tp is dict:
+        return value, isinstance(value, Mapping)
+    if tp is bool:
+        return value, isinstance(value, bool)
+    if tp is int:
+        return value, isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:  # an int stays an int (as composed): it is a float wherever one is used
+        return value, isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if tp is str:
+        return value, isinstance(value, str)
+    return value, isinstance(value, tp) if isinstance(tp, type) else True
+
+
+def _describe(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(json.dumps(a) if isinstance(a, bool) else str(a) for a in args)
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join("null" if a is type(None) else _describe(a) for a in args)
+    if origin in (list, tuple, collections.abc.Sequence):
+        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s" if args else "a list"
+    names = {int: "an integer", float: "a finite number", str: "a string", bool: "true or false",
+             dict: "a group of keys"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
+    """Eraser options are the fitter's keyword arguments: checked against their annotations (or, for an eraser
+    that declares `defaults`, against the defaults' types)."""
+    from erasure import default_options
+    from erasure.registry import ERASERS
+
+    known = default_options(name)
+    for k in options:
         if k not in known:
-            raise ConfigError(f"eraser.options.{k} is not allowed: not an option of eraser {eraser.name}; known: "
+            raise ConfigError(f"eraser.options.{k} is not allowed: not an option of eraser {name}; known: "
                               f"{', '.join(sorted(known))}")
+    hints = _eraser_hints(ERASERS.get(name))
+    for k, v in options.items():
+        tp = hints.get(k)
+        if tp is None and known[k] is not None:
+            tp = float if isinstance(known[k], float) else type(known[k])
+        if tp is not None:
+            check_typed(f"eraser.options.{k}", v, tp)
+
+
+def _eraser_hints(fitter: Any) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fitter)
+    except (NameError, TypeError):  # an annotation that does not resolve: checked by name only
+        return {}
 
 
 # ---- the job hash -------------------------------------------------------------------------------------------
 HASH_VERSION = 2  # 1: every key but a fixed list of groups (before the typed configs); 2: declared per field
 
 
-def semantic(cfg: Mapping[str, Any], fill_defaults: bool = True) -> dict[str, Any]:
+def semantic(cfg: Mapping[str, Any] | Section, fill_defaults: bool = True) -> dict[str, Any]:
     """The part of a (resolved) job config that determines its numbers: what the job hash covers.
 
     Tolerant of bad values (used to name directories before the config is checked). Declared fields the config
@@ -336,7 +558,8 @@ def semantic(cfg: Mapping[str, Any], fill_defaults: bool = True) -> dict[str, An
     false (reading a result written before the field existed). A task whose registry entry lists `uses` (e.g.
     Gradient Starvation tasks) is hashed on those groups only, so unrelated defaults do not move its results.
     """
-    data = {k: v for k, v in cfg.items() if k not in NON_CONFIG_KEYS}
+    plain = cfg.to_dict() if isinstance(cfg, Section) else cfg
+    data = {k: v for k, v in plain.items() if k not in NON_CONFIG_KEYS}
     out = _semantic(JobConfig, data, fill_defaults)
     uses = _task_uses(str(data.get("task", "mdl")))
     if uses is not None:
@@ -353,7 +576,7 @@ def _semantic(cls: type[Section], data: Mapping[str, Any], fill_defaults: bool) 
     items = dict(data)
     if fill_defaults:
         for name, f in fields.items():
-            if name not in items and name != "_extra" and f.default is not dataclasses.MISSING:
+            if name not in items and not name.startswith("_") and f.default is not dataclasses.MISSING:
                 items[name] = f.default
     for k, v in items.items():
         f = fields.get(k)
@@ -401,12 +624,12 @@ def _digest(obj: Any, length: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
-def config_hash(cfg: Mapping[str, Any]) -> str:
+def config_hash(cfg: Mapping[str, Any] | Section) -> str:
     """The job's identity in result.json / progress.json (16 hex digits)."""
     return _digest(semantic(cfg), 16)
 
 
-def cell_hash(cfg: Mapping[str, Any]) -> str:
+def cell_hash(cfg: Mapping[str, Any] | Section) -> str:
     """8 hex digits naming the job directory: the semantic config without the seed (seeds of one
     configuration sit side by side: <...>/c<cell hash>/seed<seed>)."""
     return _digest({k: v for k, v in semantic(cfg).items() if k != "seed"}, 8)

@@ -7,18 +7,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from training.app.schema import LoggerConfig
+
 
 class RunLogger:
-    def __init__(self, cfg: Mapping[str, Any] | None, run_cfg: Mapping[str, Any], job_dir: Path, run_id: str):
+    def __init__(self, cfg: LoggerConfig | None, run_cfg: Mapping[str, Any], job_dir: Path, run_id: str):
         self._run = None
-        if cfg is None or cfg.get("name", "none") == "none" or os.environ.get("WANDB_MODE") == "disabled":
+        if cfg is None or cfg.name == "none" or os.environ.get("WANDB_MODE") == "disabled":
             return
         import wandb
 
         self._run = wandb.init(
-            project=cfg.get("project", "erasure-mdl"),
-            entity=cfg.get("entity"),
-            mode=os.environ.get("WANDB_MODE", cfg.get("mode", "offline")),
+            project=cfg.project,
+            entity=cfg.entity,
+            mode=os.environ.get("WANDB_MODE", cfg.mode),
             id=run_id,
             name=str(job_dir),
             dir=str(job_dir),

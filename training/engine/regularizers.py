@@ -15,9 +15,9 @@ size (the second-moment estimate remembers the unscaled gradients), so it is exp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -73,40 +73,52 @@ class SpectralDecoupling:
 
 
 def _coef(value: float | Sequence[float], num_classes: int, name: str) -> Tensor:
-    is_list = isinstance(value, Sequence) and not isinstance(value, str)
-    t = torch.as_tensor([float(v) for v in value] if is_list else float(value), dtype=torch.float64)
+    t = torch.as_tensor(value, dtype=torch.float64)
     if t.ndim == 1 and len(t) != num_classes:
         raise ValueError(f"regularizer.{name}: per-class list needs {num_classes} values, got {len(t)}")
-    if t.ndim > 1:
-        raise ValueError(f"regularizer.{name} must be a number or a list of numbers")
     return t
 
 
-Builder = Callable[[Mapping[str, Any], int, BaseLoss], "Regularizer | None"]
-# `regularizer=<name>`: a builder (cfg, num_classes, base_loss) -> the penalty, or None for no regularizer.
+def _all_nonneg(v: float | list[float]) -> bool:
+    return all(x >= 0 for x in (v if isinstance(v, list) else [v]))
+
+
+class RegularizerCfg(Protocol):
+    """The typed `regularizer` config group (training/app/schema.py RegularizerConfig)."""
+
+    name: str
+    options: Any  # the regularizer's own options dataclass, or None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SdOptions:
+    """`regularizer=sd`'s own keys (conf/regularizer/sd.yaml has their defaults)."""
+
+    lam: float | list[float] = field(metadata={"check": _all_nonneg, "allowed": "a finite number ≥ 0 or a list of "
+                                                                                 "them (one per class)"})
+    gamma: float | list[float]  # the logit target γ, or one per class
+    start_step: int = field(metadata={"check": lambda v: v >= 0, "allowed": "an integer ≥ 0"})
+    loss_scale: float | None = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0 or null"})
+
+
+Builder = Callable[[Any, int, BaseLoss], "Regularizer | None"]
+# `regularizer=<name>`: a builder (its options, num_classes, base_loss) -> the penalty, or None for no regularizer.
 REGULARIZERS: Registry[Builder] = Registry("regularizer", discover=("training.engine",))
 
 
 @REGULARIZERS.register("none")
-def _no_regularizer(cfg: Mapping[str, Any], num_classes: int, base_loss: BaseLoss) -> Regularizer | None:
+def _no_regularizer(options: None, num_classes: int, base_loss: BaseLoss) -> Regularizer | None:
     return None
 
 
-@REGULARIZERS.register("sd")
-def spectral_decoupling(cfg: Mapping[str, Any], num_classes: int, base_loss: BaseLoss) -> Regularizer | None:
-    lam = _coef(cfg.get("lam", 0.0), num_classes, "lam")
-    if (lam < 0).any():
-        raise ValueError("regularizer.lam must be >= 0")
-    scale = cfg.get("loss_scale")
-    if scale is not None and float(scale) <= 0:
-        raise ValueError("regularizer.loss_scale must be > 0 or null")
-    return SpectralDecoupling(lam=lam, gamma=_coef(cfg.get("gamma", 0.0), num_classes, "gamma"),
-                              start_step=int(cfg.get("start_step", 0) or 0),
-                              loss_scale=None if scale is None else float(scale), base_loss=base_loss)
+@REGULARIZERS.register("sd", options=SdOptions)
+def spectral_decoupling(o: SdOptions, num_classes: int, base_loss: BaseLoss) -> Regularizer | None:
+    return SpectralDecoupling(lam=_coef(o.lam, num_classes, "lam"), gamma=_coef(o.gamma, num_classes, "gamma"),
+                              start_step=o.start_step, loss_scale=o.loss_scale, base_loss=base_loss)
 
 
-def build_regularizer(cfg: Mapping[str, Any] | None, num_classes: int,
+def build_regularizer(cfg: RegularizerCfg | None, num_classes: int,
                       base_loss: BaseLoss = task_loss) -> Regularizer | None:
     if cfg is None:
         return None
-    return REGULARIZERS.get(str(cfg.get("name", "none")))(cfg, num_classes, base_loss)
+    return REGULARIZERS.get(cfg.name)(cfg.options, num_classes, base_loss)

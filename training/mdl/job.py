@@ -1,8 +1,9 @@
 """One job: dataset -> eraser -> prequential MDL (one fresh model per block) -> full-data run -> result.json.
 
-`run_job(cfg)` takes the resolved config as a plain dict; the Hydra entrypoint is a thin shell around it.
-Each block model draws its init, batch order and augmentation from generators derived from
-(seed, block), so a job killed after block i and resumed gives exactly the uninterrupted numbers.
+`run_job(cfg)` takes the resolved config (a plain dict or the typed `JobConfig`) and runs in the one job
+lifecycle (training/app/lifecycle.py: lock, skip, resume, result). Each block model draws its init, batch order
+and augmentation from generators derived from (seed, block), so a job killed after block i and resumed gives
+exactly the uninterrupted numbers.
 """
 
 from __future__ import annotations
@@ -16,17 +17,15 @@ from typing import Any
 
 import torch
 
-from erasure.files import atomic_write_json, read_json
 from erasure.registry import ERASERS
 from models.registry import ARCHS
-from training.app.results import JobDir, legacy_result, to_plain
-from training.app.schema import HASH_VERSION, JobConfig, config_hash, load_config
+from training.app.lifecycle import JobRun, Progress, run_in_job_dir
+from training.app.schema import JobConfig, MdlConfig
 from training.app.tasks import TASKS
 from training.app.wandb_logger import RunLogger
 from training.data import LoadedData, load_dataset
 from training.data.erase import apply_eraser
 from training.engine.batches import DeviceData
-from training.engine.devices import resolve_device
 from training.engine.fit import FitConfig, FitResult, cross_entropy_sum, fit, fit_temperature
 from training.engine.group import Member, OnFinish, check_options, fit_group, resolve_engine, why_not_vectorized
 from training.engine.regularizers import build_regularizer
@@ -35,26 +34,32 @@ from training.mdl.code import paper_code, prequential_code
 from training.mdl.splits import MdlSplit, make_split
 
 log = logging.getLogger(__name__)
-PROGRESS_FILE = "progress.json"
 LN2 = math.log(2)
 
 
-def resolve_optim(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_optim(cfg: JobConfig) -> dict[str, Any]:
     """The optimiser settings of the job (the paper's come from conf/ through optim.*), with the depth rule."""
     from models import depth_lr_multiplier
 
-    o = cfg["optim"]
-    lr = float(o["lr"])
-    mult = float(depth_lr_multiplier(cfg["arch"])) if o.get("depth_lr_rule", True) else 1.0
+    o = cfg.optim
+    mult = float(depth_lr_multiplier(cfg.arch)) if o.depth_lr_rule else 1.0
     return {
-        "lr_base": lr,
-        "lr": lr * mult,
+        "lr_base": float(o.lr),
+        "lr": float(o.lr) * mult,
         "depth_lr_multiplier": mult,
-        "beta1": float(o["beta1"]),
-        "weight_decay": float(o.get("weight_decay", 0.0)),
-        "warmup_steps": int(o.get("warmup_steps") or 0),
-        "batch_size": int(o.get("batch_size", 128)),
+        "beta1": float(o.beta1),
+        "weight_decay": float(o.weight_decay),
+        "warmup_steps": o.warmup_steps,
+        "batch_size": o.batch_size,
     }
+
+
+def fit_config(cfg: JobConfig, warmup_steps: int, eval_every_steps: int | None = None) -> FitConfig:
+    """The fit loop's settings of a job: batch size, `mdl.*` early stopping (step-aware) and augmentation."""
+    m = cfg.mdl
+    return FitConfig(batch_size=cfg.optim.batch_size, patience=m.patience, max_epochs=m.max_epochs,
+                     augment=cfg.dataset.augment, eval_every_steps=eval_every_steps, progress=cfg.progress,
+                     **stop_options(m, warmup_steps))
 
 
 class Trainer:
@@ -65,38 +70,32 @@ class Trainer:
     `training.parallel_models` (auto: all of them, for models the vectorised path supports).
     """
 
-    def __init__(self, cfg: Mapping[str, Any], x: torch.Tensor, y: torch.Tensor, num_classes: int,
+    def __init__(self, cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                  split: MdlSplit, device: torch.device, data: DeviceData | None = None):
-        self.cfg, self.seed = cfg, int(cfg["seed"])
-        self.opts = dict(cfg.get("training") or {})
+        self.cfg, self.seed, self.opts = cfg, cfg.seed, cfg.training
         # `data`: the same x already on the device (several seeds' trainers share one copy)
-        self.data = data if data is not None else DeviceData(x, device, storage=str(self.opts.get("storage", "auto")))
+        self.data = data if data is not None else DeviceData(x, device, storage=self.opts.storage)
         self.y = y.to(device)
         self.num_classes, self.split, self.device = num_classes, split, device
         self.hp = resolve_optim(cfg)
-        self.regularizer = build_regularizer(cfg.get("regularizer"), num_classes)
+        self.regularizer = build_regularizer(cfg.regularizer, num_classes)
         self.x_val, self.y_val = self.data.all(split.val_idx), self.y[split.val_idx.to(device)]
         self.input_shape = tuple(int(s) for s in x.shape[1:])
         self.model_info: dict[str, Any] = {}
         self.full_fit: FitResult | None = None  # the full-data run, when run_mdl trained it alongside
 
     def full_eval_every(self) -> int | None:
-        every = self.cfg["mdl"].get("eval_every_steps")
-        return int(every) if every else None
+        return self.cfg.mdl.eval_every_steps
 
     def fit_cfg(self, eval_every_steps: int | None = None) -> FitConfig:
-        m = self.cfg["mdl"]
-        return FitConfig(batch_size=self.hp["batch_size"], patience=int(m["patience"]),
-                         max_epochs=int(m["max_epochs"]), augment=bool(self.cfg["dataset"].get("augment", False)),
-                         eval_every_steps=eval_every_steps, progress=bool(self.cfg.get("progress", True)),
-                         **stop_options(m, self.hp["warmup_steps"]))
+        return fit_config(self.cfg, self.hp["warmup_steps"], eval_every_steps)
 
     def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
         """A fresh model (init drawn from (seed, "init", tag)), its optimizer, data subset and generator."""
         from models import build_model, make_optimizer
 
         with seeded_global_rng(self.seed, "init", tag):
-            model = build_model(self.cfg["arch"], self.input_shape, self.num_classes).to(self.device)
+            model = build_model(self.cfg.arch, self.input_shape, self.num_classes).to(self.device)
         self.model_info = dict(getattr(model, "info", {}))
         opt = make_optimizer(model, lr=self.hp["lr"], beta1=self.hp["beta1"],
                              weight_decay=self.hp["weight_decay"], warmup_steps=self.hp["warmup_steps"])
@@ -116,12 +115,12 @@ class Trainer:
 
     def group_size(self, first: Member, count: int) -> int:
         """How many models train at once: `training.parallel_models` (auto | N), 1 where not vectorisable."""
-        want = self.opts.get("parallel_models", "auto")
-        engine = resolve_engine(str(self.opts.get("engine", "auto")), self.device)
+        want = self.opts.parallel_models
+        engine = resolve_engine(self.opts.engine, self.device)
         reason = why_not_vectorized(first.model, first.optimizer, self.regularizer, engine)
         if str(want) == "auto":
             # training.parallel_models=auto vectorises small models (launch-bound), as their registry entry says
-            auto = bool(ARCHS.meta(str(self.cfg["arch"]["name"]).lower())["vectorises"]) and reason is None
+            auto = bool(ARCHS.meta(self.cfg.arch.name)["vectorises"]) and reason is None
             return count if auto else 1
         if int(want) > 1 and reason is not None:
             log.warning("training.parallel_models=%s ignored: %s; training one model at a time", want, reason)
@@ -148,27 +147,22 @@ class Trainer:
                 on_finish(offset + k, model, res)
 
             fit_group(members, self.data, self.y, self.x_val, self.y_val, on_finish=done,
-                      progress=bool(self.cfg.get("progress", True)), compile=self.opts.get("compile"),
-                      engine=str(self.opts.get("engine", "auto")), regularizer=self.regularizer,
-                      workers=self.opts.get("workers", "auto"),
-                      fused_optimizer=self.opts.get("fused_optimizer", False))
+                      progress=self.cfg.progress, compile=self.opts.compile, engine=self.opts.engine,
+                      regularizer=self.regularizer, workers=self.opts.workers,
+                      fused_optimizer=self.opts.fused_optimizer)
 
     def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
         """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`, and the
         temperature used (1 unless `mdl.calibrate_temperature`, then fitted on the validation set)."""
         idx = idx.to(self.device)
-        t = fit_temperature(model, self.x_val, self.y_val) if self.cfg["mdl"].get("calibrate_temperature") else 1.0
+        t = fit_temperature(model, self.x_val, self.y_val) if self.cfg.mdl.calibrate_temperature else 1.0
         return cross_entropy_sum(model, self.data.all(idx), self.y[idx], temperature=t) / len(idx) / LN2, t
 
 
-def stop_options(m: Mapping[str, Any], warmup_steps: int) -> dict[str, int]:
-    """The step-aware early-stopping options of `mdl` (training/engine/stopping.py) as FitConfig fields; absent
-    keys (configs from before they existed) mean the plain epoch rule."""
-    opts = {"warmup_steps": int(warmup_steps) if m.get("stop_after_warmup", False) else 0,
-            "min_steps": int(m.get("min_steps") or 0), "patience_min_steps": int(m.get("patience_min_steps") or 0)}
-    if min(opts.values()) < 0:
-        raise ValueError(f"mdl.min_steps and mdl.patience_min_steps must be >= 0, got {opts}")
-    return opts
+def stop_options(m: MdlConfig, warmup_steps: int) -> dict[str, int]:
+    """The step-aware early-stopping options of `mdl` (training/engine/stopping.py) as FitConfig fields."""
+    return {"warmup_steps": warmup_steps if m.stop_after_warmup else 0, "min_steps": m.min_steps,
+            "patience_min_steps": m.patience_min_steps}
 
 
 def _fit_summary(res: FitResult) -> dict[str, Any]:
@@ -181,18 +175,12 @@ BLOCK_FIELDS = ("block", "train_size", "coded_size", "ce_bits", "temperature", "
                 "best_epoch", "epochs", "steps")
 
 
-def read_progress(path: Path, cfg_hash: str, num_blocks: int) -> list[dict[str, Any]]:
+def read_progress(progress: Progress, num_blocks: int) -> list[dict[str, Any]]:
     """The finished block models saved in progress.json by an earlier run of this configuration, or [] (start
     over): absent, another configuration's, or malformed (warned about; a file missing a field never resumes)."""
-    saved = read_json(path)
-    if saved is None:
+    path, blocks = progress.path, progress.load()
+    if blocks is None:
         return []
-    if not isinstance(saved, dict) or not isinstance(saved.get("blocks"), list):
-        log.warning("ignoring malformed %s (no list of blocks); starting the MDL blocks over", path)
-        return []
-    if saved.get("config_hash") != cfg_hash:
-        return []
-    blocks = saved["blocks"]
     for j, b in enumerate(blocks):
         missing = [k for k in BLOCK_FIELDS if k not in b] if isinstance(b, dict) else list(BLOCK_FIELDS)
         ce = b.get("ce_bits") if isinstance(b, dict) else None
@@ -207,20 +195,18 @@ def read_progress(path: Path, cfg_hash: str, num_blocks: int) -> list[dict[str, 
     return blocks
 
 
-def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger,
-            with_full: bool = False) -> dict[str, Any]:
+def run_mdl(trainer: Trainer, progress: Progress, logger: RunLogger, with_full: bool = False) -> dict[str, Any]:
     """Train the B-1 block models (resuming finished ones from progress.json) and return the code.
 
     `with_full`: also train the full-data model (`run_full`) alongside, in the same vectorised group
     (it is the longest run: in lockstep with the block models the job's wall time is about halved on GPU);
     its result waits in `trainer.full_fit` for `run_full`.
     """
-    split, protocol = trainer.split, trainer.cfg["mdl"]["protocol"]
+    split, protocol = trainer.split, trainer.cfg.mdl.protocol
     num_blocks = len(split.block_sizes)
-    progress_path = job_dir / PROGRESS_FILE
-    blocks = read_progress(progress_path, cfg_hash, num_blocks)
+    blocks = read_progress(progress, num_blocks)
     if blocks:
-        log.info("resuming after block model %d/%d from %s", len(blocks), num_blocks - 1, progress_path)
+        log.info("resuming after block model %d/%d from %s", len(blocks), num_blocks - 1, progress.path)
     todo = list(range(len(blocks) + 1, num_blocks))
     finished: dict[int, dict[str, Any]] = {}
 
@@ -240,7 +226,7 @@ def run_mdl(trainer: Trainer, job_dir: Path, cfg_hash: str, logger: RunLogger,
         while len(blocks) + 1 in finished:
             b = finished.pop(len(blocks) + 1)
             blocks.append(b)
-            atomic_write_json(progress_path, {"config_hash": cfg_hash, "blocks": blocks})
+            progress.save(blocks)
             logger.log({"mdl/block": b["block"], "mdl/ce_bits": b["ce_bits"], "mdl/train_size": b["train_size"]})
 
     jobs = [(split.prefix(i), ("block", i), None) for i in todo]
@@ -283,76 +269,62 @@ def zscore_map(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda v: ((v.double() - mean) / std).to(v.dtype)
 
 
-ZSCORE_ORDERS = ("before", "after")
-
-
-def erase_maybe_zscored(data: LoadedData, cfg: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+def erase_maybe_zscored(data: LoadedData, cfg: JobConfig) -> tuple[torch.Tensor, dict[str, Any]]:
     """Apply the eraser; with `dataset.zscore` the data is standardised per coordinate, `dataset.zscore_order`:
     "before" erasure (statistics of the raw data) or "after" it (statistics of the erased data, as the paper's
     code did). Gradient erasure optimises pixels in [0, 1] (sigmoid), so with "before" it erases first and then
     gets the same affine standardisation (statistics of the unerased data)."""
-    cache_dir, cert = Path(cfg["paths"]["cache_dir"]), bool(cfg.get("certificate", True))
-    if not cfg["dataset"].get("zscore"):
-        return apply_eraser(data, cfg["eraser"], cache_dir, with_certificate=cert)
-    order = str(cfg["dataset"].get("zscore_order") or "before")
-    if order not in ZSCORE_ORDERS:
-        raise ValueError(f"dataset.zscore_order must be one of {ZSCORE_ORDERS}, got {order!r}")
-    if order == "after":
-        x, info = apply_eraser(data, cfg["eraser"], cache_dir, with_certificate=cert)
+    cache_dir, cert, eraser = Path(cfg.paths.cache_dir), cfg.certificate, cfg.eraser
+    if not cfg.dataset.zscore:
+        return apply_eraser(data, eraser, cache_dir, with_certificate=cert)
+    if cfg.dataset.zscore_order == "after":
+        x, info = apply_eraser(data, eraser, cache_dir, with_certificate=cert)
         info["zscore"] = "after erasure (statistics of the erased data)"
         return zscore_map(x)(x), info
     standardize = zscore_map(data.x)
-    if ERASERS.meta(cfg["eraser"]["name"])["kind"] == "edit":
-        x, info = apply_eraser(data, cfg["eraser"], cache_dir, with_certificate=cert)
+    if ERASERS.meta(eraser.name)["kind"] == "edit":
+        x, info = apply_eraser(data, eraser, cache_dir, with_certificate=cert)
         info["zscore"] = "after erasure (gradient erasure works in pixel space)"
         return standardize(x), info
     zdata = LoadedData(data.name, standardize(data.x), data.y, data.num_classes, dict(data.info))
-    x, info = apply_eraser(zdata, cfg["eraser"], cache_dir, with_certificate=cert)
+    x, info = apply_eraser(zdata, eraser, cache_dir, with_certificate=cert)
     info["zscore"] = "before erasure"
     return x, info
 
 
+def _check_runtime(cfg: JobConfig, device: torch.device) -> None:
+    check_options(cfg.training.engine, cfg.training.workers, cfg.training.fused_optimizer, device)
+
+
 @TASKS.register("mdl", uses=None)
-def run_job(config: Mapping[str, Any]) -> dict[str, Any]:
-    cfg = load_config(config)  # bad values fail here, with one line, before any directory or data
-    job = JobDir(Path(cfg["paths"]["job_dir"]), config_hash(cfg), bool(cfg.get("force", False)))
-    device = resolve_device(str(cfg.get("device", "auto")))
-    opts = cfg.get("training") or {}
-    check_options(str(opts.get("engine", "auto")), opts.get("workers", "auto"), opts.get("fused_optimizer", False),
-                  device)
-    with job.locked():
-        if (done := job.finished()) is not None:
-            return done
-        if not cfg.force and (done := legacy_result(cfg, job.path)) is not None:
-            return done
-        return _run_job(cfg, job, device)
+def run_job(config: Mapping[str, Any] | JobConfig) -> dict[str, Any]:
+    return run_in_job_dir(config, _mdl_body, precheck=_check_runtime, describe=_describe)
 
 
-def _run_job(cfg: JobConfig, job: JobDir, device: torch.device) -> dict[str, Any]:
-    job_dir, cfg_hash = job.path, job.cfg_hash
-    t_start = time.perf_counter()
-    seed = int(cfg["seed"])
-    logger = RunLogger(cfg.get("logger"), cfg, job_dir, run_id=f"{cfg_hash}-s{seed}")
+def _describe(result: dict[str, Any]) -> str:
+    mdl = result["mdl"]
+    return f"{mdl['bits_per_sample']:.4f} bits/sample ({mdl['protocol']}), legacy {mdl['legacy']:.4f}"
+
+
+def _mdl_body(run: JobRun) -> dict[str, Any]:
+    cfg, t_start = run.cfg, time.perf_counter()
+    logger = RunLogger(cfg.logger, cfg.to_dict(), run.path, run_id=f"{run.cfg_hash}-s{cfg.seed}")
     try:
-        data = load_dataset(cfg["dataset"], cfg["paths"]["data_dir"])
+        data = load_dataset(cfg.dataset, cfg.paths.data_dir)
         x, erasure_info = erase_maybe_zscored(data, cfg)
-        m = cfg["mdl"]
-        split = make_split(len(data.y), seed, val_size=int(m["val_size"]), val_frac=float(m["val_frac"]),
-                           num_blocks=int(m["num_blocks"]), min_block=int(m["min_block"]))
-        trainer = Trainer(cfg, x, data.y, data.num_classes, split, device)
-        log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", job_dir, data.name,
-                 len(data.y), len(split.val_idx), split.block_sizes, trainer.hp["lr"], device)
+        m = cfg.mdl
+        split = make_split(len(data.y), cfg.seed, val_size=m.val_size, val_frac=m.val_frac,
+                           num_blocks=m.num_blocks, min_block=m.min_block)
+        trainer = Trainer(cfg, x, data.y, data.num_classes, split, run.device)
+        log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", run.path, data.name,
+                 len(data.y), len(split.val_idx), split.block_sizes, trainer.hp["lr"], run.device)
         t_mdl = time.perf_counter()
-        full_run = bool(m.get("full_run", True))
-        mdl = run_mdl(trainer, job_dir, cfg_hash, logger, with_full=full_run)
+        mdl = run_mdl(trainer, run.progress, logger, with_full=m.full_run)
         t_full = time.perf_counter()
-        final = run_full(trainer, logger) if full_run else None
+        final = run_full(trainer, logger) if m.full_run else None
         t_end = time.perf_counter()
-        result = {
-            "config_hash": cfg_hash,
-            "hash_version": HASH_VERSION,
-            "job_dir": str(job_dir),
-            "config": to_plain(cfg),
+        logger.summary({"mdl/bits_per_sample": mdl["bits_per_sample"], "mdl/legacy": mdl["legacy"]})
+        return {
             "dataset": data.info,
             "eraser": erasure_info,
             "model": trainer.model_info,
@@ -360,15 +332,8 @@ def _run_job(cfg: JobConfig, job: JobDir, device: torch.device) -> dict[str, Any
             "mdl": mdl,
             "final": final,
             "certificate": erasure_info.pop("certificate", None),
-            "device": str(device),
             "timings": {"erase_s": erasure_info["seconds"], "mdl_s": t_full - t_mdl,
-                        "full_run_s": t_end - t_full, "total_s": t_end - t_start},
+                        "full_run_s": t_end - t_full, "before_mdl_s": t_mdl - t_start},
         }
-        logger.summary({"mdl/bits_per_sample": mdl["bits_per_sample"], "mdl/legacy": mdl["legacy"]})
-        job.write_result(result)  # the job's last act: its presence means "done"
-        (job_dir / PROGRESS_FILE).unlink(missing_ok=True)
-        log.info("done %s: %.4f bits/sample (%s), legacy %.4f, %.1fs", job_dir, mdl["bits_per_sample"],
-                 mdl["protocol"], mdl["legacy"], t_end - t_start)
-        return result
     finally:
         logger.finish()

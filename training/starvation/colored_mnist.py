@@ -8,12 +8,13 @@ Fig. 3 (accuracy and mean predictive entropy in nats on grayscale/coloured × di
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
+from training.app.lifecycle import JobRun
 from training.app.tasks import TASKS
 from training.data.colored_mnist import colored_mnist, fig3_variants, pooled
 from training.engine.regularizers import build_regularizer, task_loss
@@ -22,6 +23,20 @@ from training.starvation.common import paper_mlp, run_task
 
 log = logging.getLogger(__name__)
 USES = ("dataset", "regularizer", "gs")  # the config groups this task reads (and its hash covers)
+POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ColoredMnistTask:
+    """`gs.*` of task=gs_colored_mnist (conf/experiment/gs_colored_mnist.yaml)."""
+
+    hidden: int = field(metadata=POSITIVE)
+    depth: int = field(metadata=POSITIVE)
+    init: Literal["default", "xavier"] = "xavier"  # xavier weights, zero biases (the official code)
+    lr: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
+    weight_decay: float = field(default=0.0, metadata={"check": lambda v: v >= 0, "allowed": "a number ≥ 0"})
+    steps: int = field(metadata=POSITIVE)
+    eval_every: int = field(default=50, metadata=POSITIVE)
 
 
 @torch.no_grad()
@@ -33,18 +48,20 @@ def evaluate(net: nn.Module, x: Tensor, y: Tensor) -> dict[str, float]:
             "entropy": float(entropy.mean())}
 
 
-def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, Any]:
-    gs, seed = cfg["gs"], int(cfg["seed"])
-    envs = colored_mnist(cfg["dataset"])
+def run(job: JobRun) -> dict[str, Any]:
+    cfg, device = job.cfg, job.device
+    gs: ColoredMnistTask = cfg.task_options
+    seed = cfg.seed
+    envs = colored_mnist(cfg.dataset)
     x, y = (t.to(device) for t in pooled(envs))
     test = envs["test"]
     xt, yt = test.x.to(device), test.y.to(device)
     with seeded_global_rng(seed, "init"):
-        net = paper_mlp(x[0].numel(), int(gs["hidden"]), int(gs["depth"]), 1, str(gs.get("init", "xavier")))
+        net = paper_mlp(x[0].numel(), gs.hidden, gs.depth, 1, gs.init)
     net.to(device)
-    opt = torch.optim.Adam(net.parameters(), lr=float(gs["lr"]), weight_decay=float(gs.get("weight_decay", 0.0)))
-    reg = build_regularizer(cfg.get("regularizer"), 2)
-    every, steps = int(gs.get("eval_every", 50)), int(gs["steps"])
+    opt = torch.optim.Adam(net.parameters(), lr=gs.lr, weight_decay=gs.weight_decay)
+    reg = build_regularizer(cfg.regularizer, 2)
+    every, steps = gs.eval_every, gs.steps
     curve: list[dict[str, float]] = []
     for step in range(steps):
         logits = net(x)
@@ -61,7 +78,7 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
         loss.backward()
         opt.step()
     net.eval()
-    source = cfg["dataset"].get("source", "mnist5k")
+    source = cfg.dataset.options.source
     out = {"dataset_source": "MNIST-5k: reduced, 5000 of the 60000 MNIST images" if source == "mnist5k" else source,
            "train": evaluate(net, x, y), "test": evaluate(net, xt, yt),
            "environments": {k: {**e.rates(), **evaluate(net, e.x.to(device), e.y.to(device))} for k, e in envs.items()},
@@ -72,6 +89,6 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
     return out
 
 
-@TASKS.register("gs_colored_mnist", uses=USES)
-def task(cfg: dict[str, Any]) -> dict[str, Any]:
+@TASKS.register("gs_colored_mnist", uses=USES, group="gs", options=ColoredMnistTask)
+def task(cfg: Any) -> dict[str, Any]:
     return run_task(cfg, run)

@@ -12,53 +12,38 @@ elsewhere do not invalidate finished two-moons / Colored-MNIST runs.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
-from training.app.results import JobDir, to_plain
-from training.app.schema import HASH_VERSION, config_hash, load_config
-from training.engine.devices import resolve_device
+from training.app.lifecycle import JobRun, run_in_job_dir
+from training.app.schema import JobConfig
+from training.engine.regularizers import SdOptions
 
 log = logging.getLogger(__name__)
-Body = Callable[[dict[str, Any], Path, torch.device], dict[str, Any]]
+Body = Callable[[JobRun], dict[str, Any]]
 
 
-def run_task(config: Mapping[str, Any], body: Body) -> dict[str, Any]:
-    """Skip/refuse logic, timing and the atomic result.json around a task body (the hash covers the config groups
-    the task's registry entry `uses`)."""
-    cfg = load_config(config)  # bad values fail here, with one line, before any directory or data
-    job = JobDir(Path(cfg["paths"]["job_dir"]), config_hash(cfg), bool(cfg.get("force", False)))
-    with job.locked():
-        if (done := job.finished()) is not None:
-            return done
-        t0 = time.perf_counter()
-        device = resolve_device(str(cfg.get("device", "auto")))
-        out = body(cfg, job.path, device)
-        result = {"config_hash": job.cfg_hash, "hash_version": HASH_VERSION, "job_dir": str(job.path),
-                  "task": cfg["task"], "method": method_name(cfg), "config": to_plain(cfg), **out,
-                  "device": str(device),
-                  "timings": {"total_s": time.perf_counter() - t0}}
-        job.write_result(result)
-    log.info("done %s (%s, %.1fs)", job.path, result["method"], result["timings"]["total_s"])
-    return result
+def run_task(config: Mapping[str, Any] | JobConfig, body: Body) -> dict[str, Any]:
+    """A Gradient Starvation task in the one job lifecycle (training/app/lifecycle.py); its result also names
+    the method (ERM / SD λ=...)."""
+    def with_method(run: JobRun) -> dict[str, Any]:
+        return {"method": method_name(run.cfg), **body(run)}
+
+    return run_in_job_dir(config, with_method, describe=lambda result: str(result["method"]))
 
 
-def method_name(cfg: Mapping[str, Any]) -> str:
+def method_name(cfg: JobConfig) -> str:
     """"ERM" / "SD λ=…", ", loss×s" for the official whole-loss rescale, "(from step t)", "+ WD w"."""
-    reg = cfg.get("regularizer") or {}
-    sd = reg.get("name") == "sd"
-    lam = reg.get("lam", 0.0) if sd else 0.0
-    lam_on = any(float(v) > 0 for v in lam) if isinstance(lam, list) else float(lam) > 0
-    scale = reg.get("loss_scale") if sd else None
+    sd: SdOptions | None = cfg.regularizer.options if cfg.regularizer.name == "sd" else None
+    lam = sd.lam if sd is not None else 0.0
+    lam_on = any(v > 0 for v in lam) if isinstance(lam, list) else lam > 0
+    scale = sd.loss_scale if sd is not None else None
     name = ", ".join([f"SD λ={lam}" if lam_on else "ERM"] + ([f"loss×{scale}"] if scale is not None else []))
-    if sd and (lam_on or scale is not None) and reg.get("start_step"):
-        name += f" (from step {reg['start_step']})"
-    wd = float((cfg.get("gs") or {}).get("weight_decay", 0.0) or 0.0)
+    if sd is not None and (lam_on or scale is not None) and sd.start_step:
+        name += f" (from step {sd.start_step})"
+    wd = getattr(cfg.task_options, "weight_decay", 0.0)
     return name + (f" + WD {wd:g}" if wd > 0 else "")
 
 

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from training.app.lifecycle import JobRun
+from training.app.schema import JobConfig, load_config
 from training.app.tasks import TASKS
 from training.data import load_dataset
-from training.engine.fit import FitConfig, cross_entropy_sum, fit, fit_temperature, predict_logits
+from training.engine.fit import cross_entropy_sum, fit, fit_temperature, predict_logits
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
 from training.starvation.common import run_task
@@ -27,6 +29,13 @@ from training.starvation.common import run_task
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
 USES = ("dataset", "eraser", "arch", "optim", "mdl", "regularizer", "gs")  # groups read (and hashed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErasedEvalTask:
+    """`gs.*` of task=gs_erased_eval (conf/experiment/gs_sd_erasure.yaml)."""
+
+    test_frac: float = field(default=0.2, metadata={"check": lambda v: 0 < v < 1, "allowed": "a number in (0, 1)"})
 
 
 def split(n: int, seed: int, test_frac: float, val_size: int, val_frac: float) -> dict[str, Tensor]:
@@ -46,18 +55,19 @@ def scores(model: nn.Module, x: Tensor, y: Tensor, temperature: float) -> dict[s
             "confidence": float(logits.softmax(1).max(1).values.mean())}
 
 
-def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, Any]:
+def run(job: JobRun) -> dict[str, Any]:
     import erasure
     from models import build_model, make_optimizer
-    from training.mdl.job import resolve_optim
+    from training.mdl.job import fit_config, resolve_optim
 
-    if cfg["dataset"].get("zscore"):
+    cfg, device = job.cfg, job.device
+    if cfg.dataset.zscore:
         raise ValueError("gs_erased_eval does not support dataset.zscore")
-    seed, gs, m = int(cfg["seed"]), cfg.get("gs") or {}, cfg["mdl"]
-    data = load_dataset(cfg["dataset"], cfg["paths"]["data_dir"])
+    seed, gs, m = cfg.seed, cfg.task_options or ErasedEvalTask(), cfg.mdl
+    data = load_dataset(cfg.dataset, cfg.paths.data_dir)
     x, y, k = data.x, data.y, data.num_classes
-    idx = split(len(y), seed, float(gs.get("test_frac", 0.2)), int(m["val_size"]), float(m["val_frac"]))
-    name, options = cfg["eraser"]["name"], dict(cfg["eraser"].get("options") or {})
+    idx = split(len(y), seed, gs.test_frac, m.val_size, m.val_frac)
+    name, options = cfg.eraser.name, dict(cfg.eraser.options)
     eraser = erasure.fit(name, x[idx["train"]], y[idx["train"]], **options)
 
     def erased(part: str) -> Tensor:
@@ -66,14 +76,13 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
 
     hp = resolve_optim(cfg)
     with seeded_global_rng(seed, "init", "gs_erased_eval"):
-        model = build_model(cfg["arch"], data.input_shape, k).to(device)
+        model = build_model(cfg.arch, data.input_shape, k).to(device)
     opt = make_optimizer(model, lr=hp["lr"], beta1=hp["beta1"], weight_decay=hp["weight_decay"],
                          warmup_steps=hp["warmup_steps"])
-    fit_cfg = FitConfig(batch_size=hp["batch_size"], patience=int(m["patience"]), max_epochs=int(m["max_epochs"]),
-                        augment=bool(cfg["dataset"].get("augment", False)), progress=bool(cfg.get("progress", True)))
     on = {p: (x[i].to(device), y[i].to(device)) for p, i in idx.items()}
-    res = fit(model, opt, *on["train"], *on["val"], fit_cfg, generator(seed, "batches", "gs_erased_eval"),
-              build_regularizer(cfg.get("regularizer"), k), desc="gs_erased_eval")
+    res = fit(model, opt, *on["train"], *on["val"], fit_config(cfg, hp["warmup_steps"]),
+              generator(seed, "batches", "gs_erased_eval"), build_regularizer(cfg.regularizer, k),
+              desc="gs_erased_eval")
     # fit() returns the best state with model and optimizer in eval mode: score as is.
     t = fit_temperature(model, *on["val"])
     out = {p: scores(model, *on[p], t) for p in ("train", "test")}
@@ -91,10 +100,11 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
             "optim": hp, "model": dict(getattr(model, "info", {})), "dataset": data.info}
 
 
-@TASKS.register("gs_erased_eval", uses=USES)
-def task(cfg: dict[str, Any]) -> dict[str, Any]:
-    if cfg["eraser"]["name"] == "control":
+@TASKS.register("gs_erased_eval", uses=USES, group="gs", options=ErasedEvalTask)
+def task(config: Any) -> dict[str, Any]:
+    cfg = config if isinstance(config, JobConfig) else load_config(config)
+    if cfg.eraser.name == "control":
         log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
-                 "original held-out metrics); no job written to %s", cfg["paths"]["job_dir"])
+                 "original held-out metrics); no job written to %s", cfg.paths.job_dir)
         return {}
     return run_task(cfg, run)

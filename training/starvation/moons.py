@@ -7,36 +7,61 @@ weight decay (`gs.weight_decay`, an optimizer setting) are config choices of the
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
+from training.app.lifecycle import JobRun
+from training.app.schema import JobConfig
 from training.app.tasks import TASKS
-from training.data.moons import two_moons
+from training.data.moons import TwoMoonsOptions, two_moons
 from training.engine.regularizers import build_regularizer, task_loss
 from training.engine.seeding import seeded_global_rng
-from training.starvation.common import paper_mlp, run_task
+from training.starvation.common import method_name, paper_mlp, run_task
 from training.starvation.geometry import Grid, geometry
 
 log = logging.getLogger(__name__)
 USES = ("dataset", "regularizer", "gs")  # the config groups this task reads (and its hash covers)
 BOUNDARY_FILE = "boundary.npz"
+POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
+NONNEG = {"check": lambda v: v >= 0, "allowed": "a number ≥ 0"}
 
 
-def train(cfg: dict[str, Any], x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple[nn.Module, list]:
-    gs, seed = cfg["gs"], int(cfg["seed"])
-    with seeded_global_rng(seed, "init"):
-        net = paper_mlp(2, int(gs["hidden"]), int(gs.get("depth", 1)), 1, str(gs.get("init", "default")))
+@dataclass(frozen=True, kw_only=True)
+class GridOptions:
+    lo: float = -2.5
+    hi: float = 2.5
+    n: int = field(default=301, metadata=POSITIVE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TwoMoonsTask:
+    """`gs.*` of task=gs_two_moons (conf/experiment/gs_two_moons.yaml)."""
+
+    hidden: int = field(metadata=POSITIVE)
+    depth: int = field(default=1, metadata=POSITIVE)
+    init: Literal["default", "xavier"] = "default"
+    lr: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
+    momentum: float = field(metadata=NONNEG)
+    weight_decay: float = field(default=0.0, metadata=NONNEG)
+    steps: int = field(metadata=POSITIVE)
+    grid: GridOptions = field(default_factory=GridOptions)  # where the boundary is drawn
+
+
+def train(cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple[nn.Module, list]:
+    gs: TwoMoonsTask = cfg.task_options
+    with seeded_global_rng(cfg.seed, "init"):
+        net = paper_mlp(2, gs.hidden, gs.depth, 1, gs.init)
     net.to(device)
-    opt = torch.optim.SGD(net.parameters(), lr=float(gs["lr"]), momentum=float(gs["momentum"]),
-                          weight_decay=float(gs.get("weight_decay", 0.0)))
-    reg = build_regularizer(cfg.get("regularizer"), 2)
+    opt = torch.optim.SGD(net.parameters(), lr=gs.lr, momentum=gs.momentum, weight_decay=gs.weight_decay)
+    reg = build_regularizer(cfg.regularizer, 2)
     x, y = x.to(device), y.to(device)
-    curve, every = [], max(1, int(gs["steps"]) // 20)
-    for step in range(int(gs["steps"])):
+    curve, every = [], max(1, gs.steps // 20)
+    for step in range(gs.steps):
         logits = net(x)
         loss = task_loss(logits, y)
         if step % every == 0:
@@ -83,19 +108,17 @@ def plot_boundary(path: Path, grid: Grid, x: np.ndarray, y: np.ndarray, title: s
     plt.close(fig)
 
 
-def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, Any]:
-    from training.starvation.common import method_name
-
-    x, y = two_moons(cfg["dataset"], "train")
-    xt, yt = two_moons(cfg["dataset"], "test")
+def run(job: JobRun) -> dict[str, Any]:
+    cfg, job_dir, device = job.cfg, job.path, job.device
+    moons: TwoMoonsOptions = cfg.dataset.options
+    x, y = two_moons(moons, "train")
+    xt, yt = two_moons(moons, "test")
     net, curve = train(cfg, x, y, device)
-    g = cfg["gs"].get("grid") or {}
-    f = logit_fn(net, device)
-    geo, grid = geometry(f, x.numpy().astype(np.float64), y.numpy(), float(g.get("lo", -2.5)),
-                         float(g.get("hi", 2.5)), int(g.get("n", 301)))
+    g = cfg.task_options.grid
+    geo, grid = geometry(logit_fn(net, device), x.numpy().astype(np.float64), y.numpy(), g.lo, g.hi, g.n)
     np.savez_compressed(job_dir / BOUNDARY_FILE, xs=grid.xs, ys=grid.ys, z=grid.z, x=x.numpy(), y=y.numpy())
     train_m, test_m = metrics(net, x, y, device), metrics(net, xt, yt, device)
-    title = f"{method_name(cfg)}, margin {cfg['dataset']['margin']}, seed {cfg['seed']}"
+    title = f"{method_name(cfg)}, margin {moons.margin}, seed {cfg.seed}"
     plot_boundary(job_dir / "boundary.png", grid, x.numpy(), y.numpy(), title)
     log.info("%s: train acc %.3f, test acc %.3f, min margin %.4f, turning %.3f", title, train_m["acc"],
              test_m["acc"], geo["min_margin"], geo["boundary_turning"])
@@ -103,6 +126,6 @@ def run(cfg: dict[str, Any], job_dir: Path, device: torch.device) -> dict[str, A
             "files": {"boundary": BOUNDARY_FILE, "plot": "boundary.png"}}
 
 
-@TASKS.register("gs_two_moons", uses=USES)
-def task(cfg: dict[str, Any]) -> dict[str, Any]:
+@TASKS.register("gs_two_moons", uses=USES, group="gs", options=TwoMoonsTask)
+def task(cfg: Any) -> dict[str, Any]:
     return run_task(cfg, run)

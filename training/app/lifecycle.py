@@ -1,0 +1,105 @@
+"""The one job lifecycle every task runs in: check the config, lock the job directory, skip or resume, run the
+task's body, write result.json last, clear the progress file.
+
+    @TASKS.register("mdl")
+    def run_job(config):
+        return run_in_job_dir(config, body)      # body(run: JobRun) -> the task's part of result.json
+
+The MDL jobs and the Gradient Starvation jobs share it, so a fix here (a lock, a resume rule, what a result must
+hold) reaches both. One-line errors and the multirun ledger sit above it (training/run.py, ledger.py): they see
+the same exceptions and results whatever the task.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from erasure.files import atomic_write_json, read_json
+from training.app.results import JobDir, legacy_result
+from training.app.schema import HASH_VERSION, JobConfig, config_hash, load_config
+from training.engine.devices import resolve_device
+
+log = logging.getLogger(__name__)
+PROGRESS_FILE = "progress.json"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The job's resumable units (MDL block models), saved after each one finishes; cleared with the result."""
+
+    path: Path
+    cfg_hash: str
+
+    def load(self) -> list[Any] | None:
+        """The saved units of this configuration; None if absent or another configuration's; a file that is not
+        `{"config_hash", "blocks": [...]}` is warned about and ignored."""
+        saved = read_json(self.path)
+        if saved is None:
+            return None
+        if not isinstance(saved, dict) or not isinstance(saved.get("blocks"), list):
+            log.warning("ignoring malformed %s (no list of blocks); starting the MDL blocks over", self.path)
+            return None
+        return saved["blocks"] if saved.get("config_hash") == self.cfg_hash else None
+
+    def save(self, units: list[Any]) -> None:
+        atomic_write_json(self.path, {"config_hash": self.cfg_hash, "blocks": units})
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """What a task's body gets: its typed config, directory, device and progress file."""
+
+    cfg: JobConfig
+    job: JobDir
+    device: torch.device
+    progress: Progress
+
+    @property
+    def path(self) -> Path:
+        return self.job.path
+
+    @property
+    def cfg_hash(self) -> str:
+        return self.job.cfg_hash
+
+
+Body = Callable[[JobRun], dict[str, Any]]
+Precheck = Callable[[JobConfig, torch.device], None]
+
+
+def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: Precheck | None = None,
+                   describe: Callable[[dict[str, Any]], str] | None = None) -> dict[str, Any]:
+    """Run `body` in the job's directory under its lock and return result.json's dict (an earlier run's when it
+    finished with this configuration). `precheck` refuses bad runtime options before anything is made."""
+    cfg = load_config(config)  # bad values fail here, with one line, before any directory or data
+    job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), cfg.force)
+    device = resolve_device(cfg.device)
+    if precheck is not None:
+        precheck(cfg, device)
+    with job.locked():
+        if (done := job.finished()) is not None:
+            return done
+        if not cfg.force and (done := legacy_result(cfg, job.path)) is not None:
+            return done
+        progress = Progress(job.path / PROGRESS_FILE, job.cfg_hash)
+        if cfg.force:
+            progress.clear()  # force=true recomputes from scratch
+        t0 = time.perf_counter()
+        out = body(JobRun(cfg, job, device, progress))
+        timings = {**out.pop("timings", {}), "total_s": time.perf_counter() - t0}
+        result = {"config_hash": job.cfg_hash, "hash_version": HASH_VERSION, "job_dir": str(job.path),
+                  "task": cfg.task, "config": cfg.to_dict(), **out, "device": str(device), "timings": timings}
+        job.write_result(result)  # the job's last act: its presence means "done"
+        progress.clear()
+    log.info("done %s: %s, %.1fs", job.path, describe(result) if describe else cfg.task, timings["total_s"])
+    return result

@@ -21,7 +21,7 @@ from models import build_model, make_optimizer
 from tests.helpers import job_config
 from training.app.schema import ArchConfig, group_config
 from training.engine.batches import DeviceData, compact
-from training.engine.fit import FitConfig, cross_entropy_sum, fit
+from training.engine.fit import FitConfig, FitResult, cross_entropy_sum, fit, snapshot
 from training.engine.flat_optim import cpu_compiler
 from training.engine.group import Member, balanced_parts, fit_group, resolve_engine, resolve_workers, why_not_vectorized
 from training.engine.seeding import generator, seeded_global_rng
@@ -112,6 +112,39 @@ def test_lenet_vectorised_equals_sequential_with_augmentation(engine: str) -> No
 @pytest.mark.parametrize("engine", ["loop", "stacked"])
 def test_eval_every_steps_and_own_validation_sets(engine: str) -> None:
     _compare("mlp", augment=True, engine=engine, eval_every=3, own_val=True)
+
+
+@pytest.mark.parametrize("engine", ["loop", "stacked"])
+def test_members_finishing_apart_are_each_reported_as_if_trained_alone(engine: str) -> None:
+    """Five members stop at different steps for both reasons, two on the same step, while the others go on:
+    `on_finish` comes in step order, each time with that member's model in eval mode holding exactly the state
+    (and result) of training it alone, although the group has been compacted around it."""
+    loss_rtol, param_tol = TOL["exact" if engine == "loop" else torch.float32]
+    data, y, xv, yv = _data()
+    sizes, patience = [45, 300, 64, 440, 100], [1, 3, 50, 1, 2]
+    subsets = [torch.arange(80, 80 + s) for s in sizes]
+    cfgs = [FitConfig(batch_size=32, patience=p, max_epochs=9, min_steps=30, progress=False) for p in patience]
+    alone = _models("mlp", list(range(5)))
+    seq = [fit(m, o, data, y, xv, yv, cfgs[k], generator(0, "b", k), idx=subsets[k])
+           for k, (m, o) in enumerate(alone)]
+    steps, reasons = [r.steps for r in seq], {r.stop_reason for r in seq}
+    assert len(set(steps)) < len(steps) and reasons == {"patience", "max_epochs"}, (steps, reasons)
+    members = [Member(m, o, subsets[k], generator(0, "b", k), cfgs[k])
+               for k, (m, o) in enumerate(_models("mlp", list(range(5))))]
+    seen: list[tuple[int, FitResult, bool, dict[str, Tensor]]] = []
+    vec = fit_group(members, data, y, xv, yv, engine=engine,
+                    on_finish=lambda k, model, res: seen.append((k, res, model.training, snapshot(model))))
+    assert [k for k, *_ in seen] == sorted(range(5), key=lambda k: (steps[k], k))
+    assert [r.seconds for _, r, *_ in seen] == sorted(r.seconds for _, r, *_ in seen)
+    for k, res, training, state in seen:
+        s = seq[k]
+        assert res is vec[k] and not training
+        assert (res.epochs, res.best_epoch, res.steps, res.stop_reason) == (s.epochs, s.best_epoch, s.steps,
+                                                                             s.stop_reason)
+        assert [t for t, _ in res.curve] == [t for t, _ in s.curve]
+        assert [v for _, v in res.curve] == pytest.approx([v for _, v in s.curve], rel=loss_rtol)
+        for name, a in alone[k][0].state_dict().items():
+            assert (a - state[name]).abs().max() <= param_tol * (a.abs().max() + 1e-3), (k, name)
 
 
 @pytest.mark.parametrize("arch", ["mlp", "lenet"])

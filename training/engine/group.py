@@ -6,7 +6,8 @@ One step takes one batch per live member: the batches of all members are gathere
 decoded in one go; a member whose epoch ends is validated (eval mode), and one that early-stops leaves the
 group. How the step's arithmetic is shared is the engine's business (training/engine/backends.py): `loop` (bitwise
 equal to sequential training; default on CPU) or `stacked` (vmap over stacked parameters; default on GPU).
-Equality with sequential training is tested in tests/test_vectorized.py.
+Equality with sequential training is tested in tests/test_vectorized.py. A group is one `_Lockstep`; each
+member's training state (epoch, batch, early stopping, curve, result) is one `LockstepMember`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +28,7 @@ from training.engine.backends import LoopEngine, StackedEngine, ValSet
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
 from training.engine.fit import FitConfig, FitResult, Regularizer
 from training.engine.flat_optim import fused_backend
+from training.engine.stopping import EarlyStopping
 
 ENGINES = ("auto", "loop", "stacked")
 
@@ -45,6 +47,29 @@ class Member:
 
 
 OnFinish = Callable[[int, nn.Module, FitResult], None]  # (member index, model in eval mode with best state, result)
+
+
+@dataclass(frozen=True)
+class GroupData:
+    """What a group trains and validates on: the data and its labels, and an optional shared validation set
+    (None: each member's `val_idx`)."""
+
+    data: DeviceData
+    y: Tensor
+    x_val: Tensor | None = None
+    y_val: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    """How a group trains (see `fit_group`); `engine` is resolved: "loop" or "stacked"."""
+
+    engine: str
+    on_finish: OnFinish | None = None
+    progress: bool = False
+    compile: bool | str | None = None
+    regularizer: Regularizer | None = None
+    fused_optimizer: bool | str = False
 
 
 def why_not_vectorized(model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -96,12 +121,12 @@ def fit_group(
     if not members:
         return []
     kind = check_options(engine, workers, fused_optimizer, data.device)
+    inputs = GroupData(data, y, x_val, y_val)
+    options = GroupOptions(kind, on_finish, progress, compile, regularizer, fused_optimizer)
     n_workers = resolve_workers(workers, data.device, kind, len(members))
     if n_workers > 1:
-        return _fit_threads(members, n_workers, data, y, x_val, y_val, on_finish, progress, compile, kind,
-                            regularizer, fused_optimizer)
-    return _fit_lockstep(members, data, y, x_val, y_val, on_finish, progress, compile, kind, regularizer,
-                         fused_optimizer)
+        return _fit_threads(members, inputs, options, n_workers)
+    return _Lockstep(members, inputs, options).run()
 
 
 def check_options(engine: str, workers: int | str, fused_optimizer: bool | str, device: torch.device) -> str:
@@ -172,27 +197,27 @@ class Cancelled(Exception):
     """A sibling worker failed (or the run was interrupted): this worker stopped early."""
 
 
-def _fit_threads(members: Sequence[Member], n_workers: int, data: DeviceData, y: Tensor, x_val: Tensor | None,
-                 y_val: Tensor | None, on_finish: OnFinish | None, progress: bool, compile: bool | str | None,
-                 engine: str, regularizer: Regularizer | None, fused_optimizer: bool | str) -> list[FitResult]:
+def _cost(member: Member, inputs: GroupData) -> float:
+    """A member's training samples + validation samples (a forward only: about half) per epoch, times the
+    epochs it may take (max_epochs, or more when warm-up / min_steps keep a small model going)."""
+    x_val, val_idx = inputs.x_val, member.val_idx
+    n_val = len(x_val) if x_val is not None else len(val_idx) if val_idx is not None else 0
+    spe = math.ceil(len(member.idx) / member.cfg.batch_size)
+    return (len(member.idx) + n_val / 2) * member.cfg.max_steps_estimate(spe) / spe
+
+
+def _fit_threads(members: Sequence[Member], inputs: GroupData, options: GroupOptions,
+                 n_workers: int) -> list[FitResult]:
     """Members split over `n_workers` threads, each one lockstep group with one intra-op thread.
 
     Torch kernels release the GIL, so the groups run on separate cores. `on_finish` calls are serialised
     (one lock); if a worker fails the others stop at their next step and the first error is raised.
     """
-    # Cost of a member: training samples + validation samples (a forward only: about half) per epoch, times the
-    # epochs it may take (max_epochs, or more when warm-up / min_steps keep a small model going).
-    n_val = [len(x_val) if x_val is not None else len(m.val_idx) if m.val_idx is not None else 0 for m in members]
-
-    def cost(m: Member, nv: int) -> float:
-        spe = math.ceil(len(m.idx) / m.cfg.batch_size)
-        return (len(m.idx) + nv / 2) * m.cfg.max_steps_estimate(spe) / spe
-
-    parts = balanced_parts([cost(m, nv) for m, nv in zip(members, n_val, strict=True)], n_workers)
+    parts = balanced_parts([_cost(m, inputs) for m in members], n_workers)
     results: list[FitResult | None] = [None] * len(members)
     lock, stop = threading.Lock(), threading.Event()
     bar = progress_bar(total=len(members), desc=f"{len(members)} models, {len(parts)} workers", unit="model",
-                       disable=not progress)
+                       disable=not options.progress)
 
     def work(part: list[int]) -> None:
         torch.set_num_threads(1)
@@ -200,12 +225,11 @@ def _fit_threads(members: Sequence[Member], n_workers: int, data: DeviceData, y:
         def done(j: int, model: nn.Module, res: FitResult) -> None:
             with lock:
                 results[part[j]] = res
-                if on_finish is not None:
-                    on_finish(part[j], model, res)
+                if options.on_finish is not None:
+                    options.on_finish(part[j], model, res)
                 bar.update(1)
 
-        _fit_lockstep([members[k] for k in part], data, y, x_val, y_val, done, False, compile, engine, regularizer,
-                      fused_optimizer, stop)
+        _Lockstep([members[k] for k in part], inputs, replace(options, on_finish=done, progress=False), stop).run()
 
     threads = torch.get_num_threads()
     try:
@@ -226,44 +250,97 @@ def _fit_threads(members: Sequence[Member], n_workers: int, data: DeviceData, y:
     return [r for r in results if r is not None]
 
 
+@dataclass
+class LockstepMember:
+    """One member's training state while its group runs: what `fit` keeps in local variables. Its best
+    state is kept by the engine (stacked per row by the stacked engine); the step count is the group's."""
+
+    index: int  # position in the group's member list (`on_finish`'s k)
+    spec: Member  # model, optimizer, generator (batch order + augmentation), config, validation indices
+    idx: Tensor  # training subset, on the data's device
+    steps_per_epoch: int
+    stopper: EarlyStopping  # best loss and epoch, patience bookkeeping
+    epoch: int = 1
+    batch: int = 0  # batches taken in the current epoch
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
+    stop_reason: str = ""
+    result: FitResult | None = None  # set when it finishes
+
+    @classmethod
+    def start(cls, index: int, spec: Member, device: torch.device) -> LockstepMember:
+        idx = spec.idx.to(device)
+        if len(idx) == 0:
+            raise ValueError("cannot fit on an empty training set")
+        spe = math.ceil(len(idx) / spec.cfg.batch_size)
+        return cls(index, spec, idx, spe, spec.cfg.stopper(spe))
+
+    @property
+    def size(self) -> int:
+        return len(self.idx)
+
+    @property
+    def epoch_ended(self) -> bool:
+        return self.batch == self.steps_per_epoch
+
+    @property
+    def validates_per_epoch(self) -> bool:
+        return not self.spec.cfg.eval_every_steps
+
+    def validates_after(self, step: int) -> bool:
+        every = self.spec.cfg.eval_every_steps
+        return bool(every) and step % every == 0
+
+    def record(self, step: int, loss: float) -> None:
+        self.curve.append((step, loss))
+        self.stopper.record(loss, self.epoch)
+
+    def end_epoch(self, step: int) -> bool:
+        """The current epoch ended after `step` steps: True when training stops here, else the next epoch starts."""
+        reason = self.stopper.end_epoch(self.epoch, step)
+        if reason is None:
+            self.epoch += 1
+            return False
+        self.stop_reason = reason
+        return True
+
+    def finish(self, step: int, seconds: float) -> FitResult:
+        s = self.stopper
+        self.result = FitResult(s.best_loss, s.best_epoch, self.epoch, step, self.curve, seconds, self.stop_reason)
+        return self.result
+
+
 class _Plan:
     """Each live member's (row's) epoch: its global sample indices, sample weights (0 = padding) and
     augmentation, padded to the longest epoch; `cursor` is the batch number within the epoch per row."""
 
-    def __init__(self, members: Sequence[Member], data: DeviceData) -> None:
+    def __init__(self, live: Sequence[LockstepMember], data: DeviceData) -> None:
         dev = data.device
-        self.members, self.data, self.dev = members, data, dev
-        self.bs, self.augment = members[0].cfg.batch_size, members[0].cfg.augment
-        if any(m.cfg.batch_size != self.bs or m.cfg.augment != self.augment for m in members):
+        self.data, self.dev = data, dev
+        cfg = live[0].spec.cfg
+        self.bs, self.augment = cfg.batch_size, cfg.augment
+        if any(m.spec.cfg.batch_size != self.bs or m.spec.cfg.augment != self.augment for m in live):
             raise ValueError("members of one group share the batch size and the augmentation flag")
         self.pad = augment_pad(data, self.augment)
-        self.sizes = [len(m.idx) for m in members]
-        if min(self.sizes) == 0:
-            raise ValueError("cannot fit on an empty training set")
-        self.steps_per_epoch = [math.ceil(n / self.bs) for n in self.sizes]
-        slots = max(self.steps_per_epoch) * self.bs
-        self.idxs = [m.idx.to(dev) for m in members]
-        self.idx = torch.stack([torch.cat([i, i[:1].expand(slots - len(i))]) for i in self.idxs])
-        self.w = torch.stack([(torch.arange(slots, device=dev) < n).float() for n in self.sizes])
-        self.off = torch.zeros(len(members), slots, 2, dtype=torch.long, device=dev)
-        self.flip = torch.zeros(len(members), slots, dtype=torch.bool, device=dev)
-        self.cursor = torch.zeros(len(members), dtype=torch.long, device=dev)
-        self.host_cursor = [0] * len(members)
+        slots = max(m.steps_per_epoch for m in live) * self.bs
+        self.idx = torch.stack([torch.cat([m.idx, m.idx[:1].expand(slots - m.size)]) for m in live])
+        self.w = torch.stack([(torch.arange(slots, device=dev) < m.size).float() for m in live])
+        self.off = torch.zeros(len(live), slots, 2, dtype=torch.long, device=dev)
+        self.flip = torch.zeros(len(live), slots, dtype=torch.bool, device=dev)
+        self.cursor = torch.zeros(len(live), dtype=torch.long, device=dev)
         self.slot = torch.arange(self.bs, device=dev)
-        for k in range(len(members)):
-            self.new_epoch(k, k)
+        for row, m in enumerate(live):
+            self.new_epoch(m, row)
 
-    def new_epoch(self, k: int, row: int) -> None:
-        """Member k (in `row`) starts an epoch: its batch order and augmentation drawn as `fit` draws them."""
-        size = self.sizes[k]
-        ep = draw_epoch(size, self.members[k].gen, self.augment, self.pad)
-        self.idx[row, :size] = self.idxs[k][ep.perm.to(self.dev)]
+    def new_epoch(self, m: LockstepMember, row: int) -> None:
+        """Member m (in `row`) starts an epoch: its batch order and augmentation drawn as `fit` draws them."""
+        ep = draw_epoch(m.size, m.spec.gen, self.augment, self.pad)
+        self.idx[row, :m.size] = m.idx[ep.perm.to(self.dev)]
         if ep.offsets is not None and ep.flips is not None:
-            self.off[row, :size] = ep.offsets.to(self.dev)
-            self.flip[row, :size] = ep.flips.to(self.dev)
-        self.host_cursor[row] = 0
+            self.off[row, :m.size] = ep.offsets.to(self.dev)
+            self.flip[row, :m.size] = ep.flips.to(self.dev)
+        m.batch = 0
 
-    def batch(self, live: list[int]) -> tuple[Tensor, Tensor, Tensor, list[int]]:
+    def batch(self, live: Sequence[LockstepMember]) -> tuple[Tensor, Tensor, Tensor, list[int]]:
         """The step's batch of every row: (global indices, inputs, sample weights, real samples per row)."""
         pos = self.cursor[:, None] * self.bs + self.slot  # (rows, bs)
         gidx = self.idx.gather(1, pos)
@@ -272,15 +349,13 @@ class _Plan:
             xb = self.data.batch(gidx, off, self.flip.gather(1, pos), self.pad)
         else:
             xb = self.data.batch(gidx)
-        counts = [min(self.bs, self.sizes[k] - self.host_cursor[r] * self.bs) for r, k in enumerate(live)]
+        counts = [min(self.bs, m.size - m.batch * self.bs) for m in live]
         return gidx, xb, self.w.gather(1, pos), counts
 
-    def advance(self) -> None:
+    def advance(self, live: Sequence[LockstepMember]) -> None:
         self.cursor += 1
-        self.host_cursor = [c + 1 for c in self.host_cursor]
-
-    def epoch_ends(self, live: list[int]) -> list[int]:
-        return [r for r, k in enumerate(live) if self.host_cursor[r] == self.steps_per_epoch[k]]
+        for m in live:
+            m.batch += 1
 
     def restart(self, rows: list[int]) -> None:
         """Rows whose new epoch was drawn (`new_epoch`) read from its first batch again."""
@@ -291,105 +366,100 @@ class _Plan:
         keep = torch.tensor(rows, device=self.dev)
         self.idx, self.w, self.off, self.flip, self.cursor = (t[keep] for t in (self.idx, self.w, self.off,
                                                                                self.flip, self.cursor))
-        self.host_cursor = [self.host_cursor[r] for r in rows]
 
 
-def _fit_lockstep(
-    members: Sequence[Member],
-    data: DeviceData,
-    y: Tensor,
-    x_val: Tensor | None,
-    y_val: Tensor | None,
-    on_finish: OnFinish | None,
-    progress: bool,
-    compile: bool | str | None,
-    kind: str,
-    regularizer: Regularizer | None,
-    fused_optimizer: bool | str = False,
-    stop: threading.Event | None = None,
-) -> list[FitResult]:
-    """One lockstep group on the current thread: every live member takes one batch per step; a member whose
-    epoch ends is validated and asked whether to stop (`EarlyStopping`), and a stopped one leaves the group."""
-    dev = data.device
-    y = y.to(dev)
-    val = ValSet(data, y, None if x_val is None else x_val.to(dev), None if y_val is None else y_val.to(dev),
-                 [m.val_idx for m in members])
-    plan = _Plan(members, data)
-    if regularizer is not None and kind == "stacked":
-        raise ValueError("the stacked engine does not support a regularizer; use engine='loop'")
+def _make_engine(members: Sequence[Member], options: GroupOptions) -> LoopEngine | StackedEngine:
     models, opts = [m.model for m in members], [m.optimizer for m in members]
-    eng = (StackedEngine(models, opts, compile) if kind == "stacked"
-           else LoopEngine(models, opts, compile, regularizer, fused_optimizer))
-    live = list(range(len(members)))  # member index of each row
-    epoch = [1] * len(members)
-    stoppers = [m.cfg.stopper(spe) for m, spe in zip(members, plan.steps_per_epoch, strict=True)]
-    curves: list[list[tuple[int, float]]] = [[] for _ in members]
-    reasons = [""] * len(members)
-    results: list[FitResult | None] = [None] * len(members)
-    step = 0
-    bar = progress_bar(total=len(members), desc=f"{len(members)} models", unit="model", disable=not progress)
-    t0 = time.perf_counter()
+    if options.engine != "stacked":
+        return LoopEngine(models, opts, options.compile, options.regularizer, options.fused_optimizer)
+    if options.regularizer is not None:
+        raise ValueError("the stacked engine does not support a regularizer; use engine='loop'")
+    return StackedEngine(models, opts, options.compile)
 
-    def validate(rows: list[int]) -> None:
+
+class _Lockstep:
+    """One lockstep group on the current thread: every live member takes one batch per step; a member whose
+    epoch ends is validated and asked whether to stop (`EarlyStopping`), and a stopped one leaves the group.
+    Row r of the plan and of the engine is `live[r]`."""
+
+    def __init__(self, members: Sequence[Member], inputs: GroupData, options: GroupOptions,
+                 stop: threading.Event | None = None) -> None:
+        dev = inputs.data.device
+        self.y = inputs.y.to(dev)
+        self.val = ValSet(inputs.data, self.y, None if inputs.x_val is None else inputs.x_val.to(dev),
+                          None if inputs.y_val is None else inputs.y_val.to(dev), [m.val_idx for m in members])
+        self.members = [LockstepMember.start(k, m, dev) for k, m in enumerate(members)]
+        self.live = list(self.members)
+        self.plan = _Plan(self.live, inputs.data)
+        self.engine = _make_engine(members, options)
+        self.on_finish, self.stop = options.on_finish, stop
+        self.step = 0
+        self.bar = progress_bar(total=len(members), desc=f"{len(members)} models", unit="model",
+                                disable=not options.progress)
+        self.t0 = time.perf_counter()
+
+    def run(self) -> list[FitResult]:
+        with self.engine if isinstance(self.engine, StackedEngine) else nullcontext():
+            self.engine.train()
+            while self.live:
+                self._train_step()
+                self._validate([r for r, m in enumerate(self.live) if m.validates_after(self.step)])
+                self._retire(self._end_epochs())
+        self.bar.close()
+        for m in self.members:
+            m.spec.model.eval()
+        return [m.result for m in self.members if m.result is not None]
+
+    def _train_step(self) -> None:
+        if self.stop is not None and self.stop.is_set():
+            raise Cancelled
+        gidx, xb, wb, counts = self.plan.batch(self.live)
+        self.engine.step(xb, self.y[gidx], wb, counts, self.step)
+        self.step += 1
+        self.plan.advance(self.live)
+
+    def _validate(self, rows: list[int]) -> None:
         if not rows:
             return
-        ks = [live[r] for r in rows]
-        losses = eng.validate(rows, ks, val, [stoppers[k].best_loss for k in ks])
-        for k, loss in zip(ks, losses, strict=True):
-            curves[k].append((step, loss))
-            stoppers[k].record(loss, epoch[k])
+        ms = [self.live[r] for r in rows]
+        losses = self.engine.validate(rows, [m.index for m in ms], self.val, [m.stopper.best_loss for m in ms])
+        for m, loss in zip(ms, losses, strict=True):
+            m.record(self.step, loss)
 
-    def end_epochs(ends: list[int]) -> list[int]:
-        """Validate the rows whose epoch just ended (per-epoch validation); the rows that stop."""
-        validate([r for r in ends if not members[live[r]].cfg.eval_every_steps])
+    def _end_epochs(self) -> list[int]:
+        """Rows whose epoch just ended are validated (per-epoch validation) and asked whether to stop; the
+        others draw their next epoch. Returns the rows that stop."""
+        ends = [r for r, m in enumerate(self.live) if m.epoch_ended]
+        self._validate([r for r in ends if self.live[r].validates_per_epoch])
         done = []
         for r in ends:
-            k = live[r]
-            if (reason := stoppers[k].end_epoch(epoch[k], step)) is not None:
-                reasons[k] = reason
+            if self.live[r].end_epoch(self.step):
                 done.append(r)
             else:
-                epoch[k] += 1
-                plan.new_epoch(k, r)
-        plan.restart([r for r in ends if r not in done])
+                self.plan.new_epoch(self.live[r], r)
+        self.plan.restart([r for r in ends if r not in done])
         return done
 
-    def finish(r: int) -> None:
-        k = live[r]
-        model = members[k].model
-        model.eval()
-        model.load_state_dict(eng.best_state(r))
-        results[k] = FitResult(stoppers[k].best_loss, stoppers[k].best_epoch, epoch[k], step, curves[k],
-                               time.perf_counter() - t0, reasons[k])
-        if on_finish is not None:
-            on_finish(k, model, results[k])
-        bar.update(1)
-        bar.set_postfix(step=step)
+    def _retire(self, done: list[int]) -> None:
+        """Finish the stopped rows, then compact the plan and the engine to the others."""
+        if not done:
+            return
+        for r in done:
+            self._finish(self.live[r], r)
+        rows = [r for r in range(len(self.live)) if r not in done]
+        self.live = [self.live[r] for r in rows]
+        if self.live:
+            self.engine.keep(rows)
+            self.plan.keep(rows)
+            self.engine.train()  # a finished member may have shared the template module (stacked engine)
 
-    with eng if isinstance(eng, StackedEngine) else nullcontext():
-        eng.train()
-        while live:
-            if stop is not None and stop.is_set():
-                raise Cancelled
-            gidx, xb, wb, counts = plan.batch(live)
-            eng.step(xb, y[gidx], wb, counts, step)
-            step += 1
-            plan.advance()
-            validate([r for r, k in enumerate(live)
-                      if members[k].cfg.eval_every_steps and step % members[k].cfg.eval_every_steps == 0])
-            ends = plan.epoch_ends(live)
-            done = end_epochs(ends) if ends else []
-            for r in done:
-                finish(r)
-            if done:
-                rows = [r for r in range(len(live)) if r not in done]
-                live = [live[r] for r in rows]
-                if not live:
-                    break
-                eng.keep(rows)
-                plan.keep(rows)
-                eng.train()  # a finished member may have shared the template module (stacked engine)
-    bar.close()
-    for m in members:
-        m.model.eval()
-    return [r for r in results if r is not None]
+    def _finish(self, m: LockstepMember, row: int) -> None:
+        """Best state loaded, eval mode, result reported."""
+        model = m.spec.model
+        model.eval()
+        model.load_state_dict(self.engine.best_state(row))
+        result = m.finish(self.step, time.perf_counter() - self.t0)
+        if self.on_finish is not None:
+            self.on_finish(m.index, model, result)
+        self.bar.update(1)
+        self.bar.set_postfix(step=self.step)

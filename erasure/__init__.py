@@ -12,6 +12,7 @@ from . import cache, gradient
 from .api import NAMES, data_options, default_options, erase, fit, resolve_options
 from .base import Eraser, load
 from .certificate import certificate
+from .split import split_fit
 
 __all__ = ["NAMES", "Eraser", "cache", "certificate", "data_options", "default_options", "erase", "fit", "gradient",
-           "load", "resolve_options"]
+           "load", "resolve_options", "split_fit"]

@@ -7,11 +7,16 @@ projection), take the class with the largest spectral norm ‖D_k‖₂, remove 
 the top singular vectors come from warm-started batched Lanczos (O(steps·k·d²)). Stop once the worst
 deviation is ≤ (1 − target)·initial, or after `max_rank` directions. A projection never increases any
 ‖D_k‖₂. The eraser is x' = μ + (I − VVᵀ)(x_L − μ) with x_L the LEACE output: one affine map for all x.
+
+`stop_norm="frobenius"` (the paper code's choice): the worst class and the stopping rule use ‖D_k‖_F instead
+of ‖D_k‖₂ (computed exactly after every removal); the removed direction is still the worst class's top
+singular vector. Frobenius mass spread over many directions keeps it going longer than the spectral rule.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 import numpy as np
 import torch
@@ -22,6 +27,8 @@ from .lanczos import top_abs_eig
 from .leace import leace_factors
 from .moments import class_moments
 from .registry import ERASERS
+
+Greedy = tuple[Tensor, list[float], str, list[float], list[float], int]
 
 
 class AlfQleaceEraser(Eraser):
@@ -39,17 +46,23 @@ class AlfQleaceEraser(Eraser):
 @ERASERS.register("alf_qleace", family="quadratic", kind="map")
 def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, target: float = 0.9,
                    max_rank: int | None = None, lanczos_steps: int = 64, eig_rtol: float = 1e-8,
-                   leace_rtol: float | None = None, seed: int = 0) -> AlfQleaceEraser:
+                   leace_rtol: float | None = None, seed: int = 0,
+                   stop_norm: Literal["spectral", "frobenius"] = "spectral") -> AlfQleaceEraser:
     """Fit ALF-QLEACE in float64.
 
     target: fraction of the worst class-covariance deviation (spectral norm, after LEACE) to remove.
     max_rank: cap on removed directions (None: d). lanczos_steps / eig_rtol: Krylov size per restart and
     residual tolerance (relative to the initial worst deviation) of the top-eigenvector search.
+    leace_rtol: LEACE's support threshold (see erasure.leace). stop_norm: "spectral" (‖D_k‖₂, default) or
+    "frobenius" (‖D_k‖_F, as the paper's code) for choosing the worst class and for the stopping rule; the
+    report's deviations are in that norm.
     """
     if not 0.0 <= target <= 1.0:
         raise ValueError(f"alf_qleace: target must be in [0, 1]; got {target}")
+    if stop_norm not in ("spectral", "frobenius"):
+        raise ValueError(f"alf_qleace: stop_norm must be 'spectral' or 'frobenius'; got {stop_norm!r}")
     options = {"target": target, "max_rank": max_rank, "lanczos_steps": lanczos_steps, "eig_rtol": eig_rtol,
-               "leace_rtol": leace_rtol, "seed": seed}
+               "leace_rtol": leace_rtol, "seed": seed, "stop_norm": stop_norm}
     t0 = time.perf_counter()
     x64, labels, flat, k = prepare_fit(x, y)
     d = x64.shape[1]
@@ -73,15 +86,42 @@ def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, target: fl
     for c in range(k):  # initial top eigenpairs (Lanczos, tolerance relative to ‖D_c‖_F ≥ ‖D_c‖₂)
         theta, vecs[c], mv = top_abs_eig(dev[c], noise[c], atol=eig_rtol * frob[c], max_steps=lanczos_steps)
         norms[c], matvecs = abs(theta), matvecs + mv
+    initial_spectral = max(norms)
+    atol = eig_rtol * initial_spectral
+    greedy = _frobenius_greedy if stop_norm == "frobenius" else _spectral_greedy
+    dirs, history, stopped, initial_per_class, final_per_class, matvecs = greedy(
+        dev, vecs, noise, norms, target, cap, atol, lanczos_steps, matvecs)
+    initial = max(initial_per_class)
+    info = base_info("alf_qleace", flat, k, mom.counts, options)
+    r_alf = int(dirs.shape[1])
+    info.update({
+        "leace_rank": lstats["rank_removed"], "alf_directions": r_alf,
+        "rank_removed": lstats["rank_removed"] + r_alf, "support_rank": lstats["support_rank"],
+        "initial_worst_deviation": initial, "final_worst_deviation": max(final_per_class),
+        "deviation_ratio": max(final_per_class) / initial if initial > 0 else 0.0,
+        "initial_deviation_per_class": initial_per_class, "final_deviation_per_class": final_per_class,
+        "worst_deviation_history": history + [max(final_per_class)], "stopped_by": stopped, "deviation_norm": stop_norm,
+        "lanczos_matvecs": matvecs, "leace_rtol_used": lstats["rtol_used"], "leace_edit_norm": lstats["edit_norm"],
+        "fit_seconds": time.perf_counter() - t0,
+    })
+    if stopped == "max_rank":
+        info["warnings"].append(f"alf_qleace: reached max_rank={cap} before the target {target}")
+    return AlfQleaceEraser({"mean": mom.mean, "left": left, "right": right, "directions": dirs}, info)
+
+
+def _spectral_greedy(dev: Tensor, vecs: Tensor, noise: Tensor, norms: list[float], target: float, cap: int,
+                     atol: float, lanczos_steps: int, matvecs: int) -> Greedy:
+    """The greedy with ‖D_k‖₂: (directions, history of the worst deviation before each removal, stopped_by,
+    initial and final spectral norms per class, matvecs). Updates `dev`, `vecs` and `norms` in place.
+
+    Lazy: a projection never increases ‖D_k‖₂, so stale norms are upper bounds; only the class on top of the
+    bounds is re-evaluated, and it is taken once its fresh norm is still the largest."""
+    k, d = dev.shape[0], dev.shape[1]
     initial_per_class = list(norms)
-    initial = max(norms)
-    threshold = (1.0 - target) * initial
-    atol = eig_rtol * initial
-    # Lazy greedy: a projection never increases ‖D_k‖₂, so stale norms are upper bounds; only the class on
-    # top of the bounds is re-evaluated, and it is taken once its fresh norm is still the largest.
+    threshold = (1.0 - target) * max(norms)
     fresh = [True] * k
     dirs = torch.zeros(d, 0, dtype=torch.float64, device=dev.device)
-    history: list[float] = []  # worst deviation before each removal
+    history: list[float] = []
     while True:
         c = max(range(k), key=lambda j: norms[j])
         if norms[c] <= threshold or dirs.shape[1] >= cap:
@@ -92,32 +132,53 @@ def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, target: fl
             theta, vecs[c], mv = top_abs_eig(dev[c], start, atol=atol, max_steps=lanczos_steps)
             norms[c], fresh[c], matvecs = abs(theta), True, matvecs + mv
             continue
-        v = vecs[c] - dirs @ (dirs.T @ vecs[c])
-        v = v / v.norm()
-        dv = dev @ v  # (k, d)
-        u = dv - 0.5 * (dv @ v)[:, None] * v  # D ← D − u vᵀ − v uᵀ  ==  (I − vvᵀ) D (I − vvᵀ)
-        vv = v.expand(k, d)
-        dev.baddbmm_(torch.stack([u, vv], 2), torch.stack([vv, u], 1), alpha=-1.0)
-        dirs = torch.cat([dirs, v[:, None]], 1)
+        dirs = _remove(dev, vecs[c], dirs)
         history.append(norms[c])
         fresh = [False] * k
-    final_per_class = []
+    final = []
     for c in range(k):
         start = vecs[c] - dirs @ (dirs.T @ vecs[c]) + 1e-4 * noise[c]
         theta, _, mv = top_abs_eig(dev[c], start, atol=atol, max_steps=lanczos_steps)
-        final_per_class.append(abs(theta))
+        final.append(abs(theta))
         matvecs += mv
-    info = base_info("alf_qleace", flat, k, mom.counts, options)
-    r_alf = int(dirs.shape[1])
-    info.update({
-        "leace_rank": lstats["rank_removed"], "alf_directions": r_alf,
-        "rank_removed": lstats["rank_removed"] + r_alf, "support_rank": lstats["support_rank"],
-        "initial_worst_deviation": initial, "final_worst_deviation": max(final_per_class),
-        "deviation_ratio": max(final_per_class) / initial if initial > 0 else 0.0,
-        "initial_deviation_per_class": initial_per_class, "final_deviation_per_class": final_per_class,
-        "worst_deviation_history": history + [max(final_per_class)], "stopped_by": stopped,
-        "lanczos_matvecs": matvecs, "fit_seconds": time.perf_counter() - t0,
-    })
-    if stopped == "max_rank":
-        info["warnings"].append(f"alf_qleace: reached max_rank={cap} before the target {target}")
-    return AlfQleaceEraser({"mean": mom.mean, "left": left, "right": right, "directions": dirs}, info)
+    return dirs, history, stopped, initial_per_class, final, matvecs
+
+
+def _remove(dev: Tensor, vec: Tensor, dirs: Tensor) -> Tensor:
+    """Project v = vec ⊥ dirs (normalised) out of every D_k in place; returns dirs with v appended."""
+    k, d = dev.shape[0], dev.shape[1]
+    v = vec - dirs @ (dirs.T @ vec)
+    v = v / v.norm()
+    dv = dev @ v  # (k, d)
+    u = dv - 0.5 * (dv @ v)[:, None] * v  # D ← D − u vᵀ − v uᵀ  ==  (I − vvᵀ) D (I − vvᵀ)
+    vv = v.expand(k, d)
+    dev.baddbmm_(torch.stack([u, vv], 2), torch.stack([vv, u], 1), alpha=-1.0)
+    return torch.cat([dirs, v[:, None]], 1)
+
+
+def _frobenius_greedy(dev: Tensor, vecs: Tensor, noise: Tensor, norms: list[float], target: float, cap: int,
+                      atol: float, lanczos_steps: int, matvecs: int) -> Greedy:
+    """The greedy with ‖D_k‖_F (exact after every removal) for the worst class and the stop; the same outputs
+    as _spectral_greedy, in the Frobenius norm. Updates `dev` and `vecs` in place."""
+    k, d = dev.shape[0], dev.shape[1]
+    fro = torch.linalg.matrix_norm(dev)
+    initial_per_class = [float(v) for v in fro]
+    threshold = (1.0 - target) * max(initial_per_class)
+    dirs = torch.zeros(d, 0, dtype=torch.float64, device=dev.device)
+    history: list[float] = []
+    fresh = [True] * k
+    while True:
+        c = int(torch.argmax(fro))
+        worst = float(fro[c])
+        if worst <= threshold or dirs.shape[1] >= cap:
+            stopped = "target" if worst <= threshold else "max_rank"
+            break
+        if not fresh[c]:
+            start = vecs[c] - dirs @ (dirs.T @ vecs[c]) + 1e-4 * noise[c]
+            _, vecs[c], mv = top_abs_eig(dev[c], start, atol=atol, max_steps=lanczos_steps)
+            matvecs += mv
+        dirs = _remove(dev, vecs[c], dirs)
+        history.append(worst)
+        fresh = [False] * k
+        fro = torch.linalg.matrix_norm(dev)
+    return dirs, history, stopped, initial_per_class, [float(v) for v in fro], matvecs

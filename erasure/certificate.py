@@ -1,4 +1,4 @@
-"""Erasure certificate: residual class-moment gaps and held-out probe accuracies vs chance."""
+"""Erasure certificate: residual class-moment gaps and cross-fitted probes scored against chance."""
 
 from __future__ import annotations
 
@@ -11,21 +11,47 @@ import torch
 from torch import Tensor
 
 from .moments import check_labels, class_moments, eigh_desc, flatten_features, numerical_rank
+from .split import stratified_folds
+
+LDA_SHRINKAGE = (1e-3, 1e-2, 0.1, 0.3, 1.0)  # linear probe: pooled covariance shrunk towards (tr/r)·I
+TEMPERATURES = torch.logspace(-3.0, 1.5, 46, dtype=torch.float64)  # × 1/spread of the calibration scores
+PROBES = ("linear", "quadratic")
 
 
-def certificate(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, seed: int = 0, test_fraction: float = 0.5,
-                probe_l2: float = 1e-2, qda_shrink: float = 0.3) -> dict[str, Any]:
+def certificate(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, seed: int = 0, qda_shrink: float = 0.3,
+                flag_se: float = 3.0) -> dict[str, Any]:
     """Numbers that say whether low-order class information is gone (JSON-serialisable).
 
     Moment gaps are measured on all of (x, y) in float64 (where an eraser makes its guarantee):
       max_mean_gap = max_k ‖m_k − μ‖₂ / √tr Σ, max_cov_gap = max_k ‖Σ_k − Σ̄‖_F / ‖Σ̄‖_F
-    (Σ the total covariance, Σ̄ = Σ_k w_k Σ_k). Probes are fitted on a deterministic stratified split
-    (`seed`, `test_fraction` held out) in the principal coordinates of the training part:
-    an L2-regularised multinomial logistic regression (linear) and regularised QDA (class covariances
-    shrunk towards the pooled one by `qda_shrink`). `chance` = majority-class rate on the held-out part.
-    Below-chance probe accuracy is expected when the eraser was fitted on these very rows: equal moments
-    on the whole set make the two halves' residual class differences exactly opposite, so a probe trained
-    on one half is anti-correlated on the other. Read "≤ chance" as "no usable information".
+    (Σ the total covariance, Σ̄ = Σ_k w_k Σ_k).
+
+    Probes are scored out of sample by 2-fold cross-fitting: a seeded split stratified by class (`seed`);
+    each half's probe is fitted on the other half (in the principal coordinates of that half, zero-variance
+    directions dropped) and every row is scored once, by the probe that never saw it. Linear probe: a
+    Gaussian classifier with a shared covariance (LDA) shrunk towards a multiple of I; quadratic probe: QDA,
+    class covariances shrunk towards the pooled one by `qda_shrink` (plus a small ridge). Each outputs
+    log p(k | x) ∝ log π_k + t·score_k(x), π the class priors of all of (x, y); the shrinkage (LDA) and the
+    temperature t ≥ 10⁻³/spread are chosen on an inner stratified split of the training half (fit on one
+    part, calibrate on the other; the weakest setting within one SE of the best), then the probe is
+    refitted on the whole training half. A probe that finds nothing shrinks towards t → 0, i.e. towards the
+    prior-only code, but never reaches it: its first-order sign survives (the z-scores below do not depend
+    on t as t → 0), so a probe trained on dependent data still shows which way it was pushed.
+
+    Reported per probe (`linear_probe_*`, `quadratic_probe_*`) over the n pooled held-out predictions:
+      acc, acc_se (binomial SE of the per-row 0/1, half a count added to each side), acc_null = Σ_k π_k q_k
+      (expected accuracy of a label-independent predictor with the probe's prediction frequencies q;
+      = `chance`, the majority rate, when it always predicts the majority class), acc_z = (acc − acc_null)/acc_se;
+      loss_bits (mean log-loss, bits), loss_se (SE of the per-row difference to the prior-only code's
+      log-loss), loss_z = (chance_loss_bits − loss_bits)/loss_se (positive: better than chance);
+      below_chance (acc_z or loss_z < −flag_se) and verdict: "dependence artefact" when below chance,
+      "information" when acc_z or loss_z > flag_se, else "no information detected".
+    Below chance is information too, not success: a held-out probe can only do reliably worse than the
+    prior when its training rows and the scored rows are dependent, e.g. when the eraser was fitted on these
+    very rows (equal class moments on the whole set make the two halves' class deviations exactly opposite).
+    `below_chance` and `verdict` at the top level summarise both probes. LEACE's guarantee covers the
+    log-loss of linear scores (any convex loss), not the accuracy of an argmax over K > 2 of them: that can
+    use covariance differences, so after LEACE linear_probe_acc may sit above chance while loss_z does not.
     """
     t0 = time.perf_counter()
     flat, _ = flatten_features(x)
@@ -39,39 +65,50 @@ def certificate(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, seed: int = 0
     pooled = torch.einsum("k,kij->ij", mom.priors, mom.class_covs)
     pooled_norm = float(torch.linalg.matrix_norm(pooled)) or 1.0
     cov_gaps = torch.linalg.matrix_norm(mom.class_covs - pooled) / pooled_norm
+    priors = mom.priors.cpu()
+    counts = mom.counts
     del mom
 
-    train, test = _split(labels, test_fraction, seed)
-    feats, dim = _principal(x64, train)
-    y_tr, y_te = labels[train], labels[test]
-    counts_te = torch.bincount(y_te, minlength=k)
-    lin = _logistic_acc(feats[train], y_tr, feats[test], y_te, k, probe_l2)
-    qda = _qda_acc(feats[train], y_tr, feats[test], y_te, k, qda_shrink)
-    return {
+    n = len(labels)
+    log_prior = torch.log(priors).to(x64.device)
+    folds = [f.to(x64.device) for f in stratified_folds(n, 2, seed, labels)]
+    logp = {p: torch.empty(n, k, dtype=torch.float64, device=x64.device) for p in PROBES}
+    settings: dict[str, list[dict[str, float]]] = {p: [] for p in PROBES}
+    dims = []
+    for f in range(2):
+        train, test = folds[1 - f], folds[f]
+        feats, dim = _principal(x64, train)
+        dims.append(dim)
+        xtr, ytr, xte = feats[train], labels[train], feats[test]
+        inner = [i.to(x64.device) for i in stratified_folds(len(train), 2, seed + 1 + f, ytr)]
+        for probe in PROBES:
+            logp[probe][test], setting = _fit_probe(probe, xtr, ytr, xte, k, log_prior, inner, qda_shrink)
+            settings[probe].append(setting)
+    out: dict[str, Any] = {
         "max_mean_gap": float(mean_gaps.max()), "max_cov_gap": float(cov_gaps.max()),
         "mean_gap_per_class": [float(v) for v in mean_gaps], "cov_gap_per_class": [float(v) for v in cov_gaps],
-        "linear_probe_acc": lin, "quadratic_probe_acc": qda,
-        "chance": float(counts_te.max()) / len(test), "n_train": len(train), "n_test": len(test),
-        "probe_dim": dim, "seconds": time.perf_counter() - t0,
+        "chance": float(counts.max()) / n, "chance_loss_bits": float(-(priors * torch.log2(priors)).sum()),
     }
-
-
-def _split(y: Tensor, test_fraction: float, seed: int) -> tuple[Tensor, Tensor]:
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    train, test = [], []
-    y_cpu = y.cpu()
-    for c in range(int(y_cpu.max()) + 1):
-        idx = (y_cpu == c).nonzero().flatten()
-        idx = idx[torch.randperm(len(idx), generator=gen)]
-        n_test = min(len(idx) - 1, max(1, round(len(idx) * test_fraction)))
-        test.append(idx[:n_test])
-        train.append(idx[n_test:])
-    return torch.cat(train).to(y.device), torch.cat(test).to(y.device)
+    verdicts = []
+    for probe in PROBES:
+        scores = _score(logp[probe].cpu(), labels.cpu(), priors, flag_se)
+        verdicts.append(scores["verdict"])
+        out.update({f"{probe}_probe_{key}": value for key, value in scores.items()})
+    out.update({
+        "below_chance": "dependence artefact" in verdicts,
+        "verdict": next((v for v in ("dependence artefact", "information") if v in verdicts),
+                        "no information detected"),
+        "probe_scoring": f"2-fold cross-fit (stratified, seed {seed}); log-loss in bits; flag at {flag_se:g} SE",
+        "probe_settings": settings, "n_train": len(folds[1]), "n_test": len(folds[0]), "n_scored": n,
+        "probe_dim": min(dims), "seconds": time.perf_counter() - t0,
+    })
+    return out
 
 
 def _principal(x64: Tensor, train: Tensor) -> tuple[Tensor, int]:
     """All rows in the principal coordinates of the training rows (zero-variance directions dropped),
-    scaled to unit mean variance. A rotation, so an L2 probe here equals one on the raw features."""
+    scaled to unit mean variance (a rotation and one scale: the probes' isotropic shrinkage targets keep
+    their meaning)."""
     xt = x64[train]
     mu = xt.mean(0)
     xc = xt - mu
@@ -81,37 +118,120 @@ def _principal(x64: Tensor, train: Tensor) -> tuple[Tensor, int]:
     return (x64 - mu) @ vecs[:, :r] / scale, r
 
 
-def _logistic_acc(xtr: Tensor, ytr: Tensor, xte: Tensor, yte: Tensor, k: int, l2: float) -> float:
-    xtr, xte = xtr.float(), xte.float()  # a probe needs no float64; halves the cost
-    w = torch.zeros(xtr.shape[1] + 1, k, dtype=xtr.dtype, device=xtr.device, requires_grad=True)
-    xtr1 = torch.cat([xtr, torch.ones(len(xtr), 1, dtype=xtr.dtype, device=xtr.device)], 1)
-    opt = torch.optim.LBFGS([w], lr=1.0, max_iter=100, history_size=20, line_search_fn="strong_wolfe",
-                            tolerance_grad=1e-6, tolerance_change=1e-9)
-
-    def closure() -> Tensor:
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(xtr1 @ w, ytr) + 0.5 * l2 * w[:-1].pow(2).sum()
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        opt.step(closure)
-    with torch.no_grad():
-        pred = (xte @ w[:-1] + w[-1]).argmax(1)
-    return float((pred == yte).double().mean())
+def _fit_probe(probe: str, xtr: Tensor, ytr: Tensor, xte: Tensor, k: int, log_prior: Tensor,
+               inner: list[Tensor], qda_shrink: float) -> tuple[Tensor, dict[str, float]]:
+    """Held-out log-probabilities (n_test, k) and the chosen settings: inner split for shrinkage and temperature,
+    then refit on all training rows."""
+    fit_rows, cal_rows = inner
+    x1, y1, x2, y2 = xtr[fit_rows], ytr[fit_rows], xtr[cal_rows], ytr[cal_rows]
+    if probe == "linear":
+        st = _lda_fit(x1, y1, k)
+        shrink, t = _select([(a, _lda_scores(st, a, x2)) for a in LDA_SHRINKAGE], y2, log_prior)
+        scores = _lda_scores(_lda_fit(xtr, ytr, k), shrink, xte)
+    else:
+        shrink, t = _select([(qda_shrink, _qda_scores(_qda_fit(x1, y1, k, qda_shrink), x2))], y2, log_prior)
+        scores = _qda_scores(_qda_fit(xtr, ytr, k, shrink), xte)
+    logp = torch.log_softmax(log_prior + t * scores, dim=1)
+    return logp, {"shrinkage": float(shrink), "temperature": float(t)}
 
 
-def _qda_acc(xtr: Tensor, ytr: Tensor, xte: Tensor, yte: Tensor, k: int, shrink: float) -> float:
-    d = xtr.shape[1]
-    mom = class_moments(xtr, ytr, k, class_covs=True)
-    assert mom.class_covs is not None
-    pooled = torch.einsum("k,kij->ij", mom.priors, mom.class_covs)
-    eye = torch.eye(d, dtype=xtr.dtype, device=xtr.device)
-    covs = (1 - shrink) * mom.class_covs + shrink * pooled + 1e-3 * float(torch.trace(pooled)) / d * eye
-    chol = torch.linalg.cholesky(covs)  # (k, d, d)
-    logdet = 2 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
-    scores = torch.empty(len(xte), k, dtype=xtr.dtype, device=xtr.device)
+def _class_means(x: Tensor, y: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Class means (k, r) (a class absent here gets the overall mean: it scores like no information) and counts."""
+    counts = torch.bincount(y, minlength=k)
+    sums = torch.zeros(k, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, y, x)
+    means = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1)[:, None].to(x), x.mean(0))
+    return means, counts
+
+
+def _lda_fit(x: Tensor, y: Tensor, k: int) -> dict[str, Tensor]:
+    means, counts = _class_means(x, y, k)
+    xc = x - means[y]
+    dof = max(len(x) - int((counts > 0).sum()), 1)
+    evals, evecs = eigh_desc(xc.T @ xc / dof)
+    return {"means": means, "evals": evals.clamp_min(0), "evecs": evecs}
+
+
+def _lda_scores(st: dict[str, Tensor], shrink: float, x: Tensor) -> Tensor:
+    """x·Σ⁻¹m_k − ½ m_kᵀΣ⁻¹m_k with Σ = (1 − shrink)·S_w + shrink·(tr S_w / r)·I."""
+    ev = st["evals"]
+    level = float(ev.mean()) or 1.0
+    prec = 1.0 / ((1 - shrink) * ev + shrink * level)
+    mv = st["means"] @ st["evecs"]  # (k, r) in the eigenbasis of S_w
+    return (x @ st["evecs"]) @ (mv * prec).T - 0.5 * (mv * mv * prec).sum(1)
+
+
+def _qda_fit(x: Tensor, y: Tensor, k: int, shrink: float) -> dict[str, Tensor]:
+    means, counts = _class_means(x, y, k)
+    r = x.shape[1]
+    scatter = torch.zeros(k, r, r, dtype=x.dtype, device=x.device)
     for c in range(k):
-        z = torch.linalg.solve_triangular(chol[c], (xte - mom.means[c]).T, upper=False)
-        scores[:, c] = torch.log(mom.priors[c]) - 0.5 * logdet[c] - 0.5 * z.pow(2).sum(0)
-    return float((scores.argmax(1) == yte).double().mean())
+        xc = x[y == c] - means[c]
+        scatter[c] = xc.T @ xc
+    pooled = scatter.sum(0) / max(len(x) - int((counts > 0).sum()), 1)
+    eye = torch.eye(r, dtype=x.dtype, device=x.device)
+    ridge = 1e-3 * (float(torch.trace(pooled)) / r or 1.0)
+    covs = torch.empty_like(scatter)
+    for c in range(k):
+        own = scatter[c] / (int(counts[c]) - 1) if counts[c] >= 2 else pooled  # too few rows: the pooled one
+        covs[c] = (1 - shrink) * own + shrink * pooled + ridge * eye
+    chol = torch.linalg.cholesky(covs)
+    inv = torch.linalg.solve_triangular(chol, eye.expand(k, r, r), upper=False)  # L⁻¹
+    logdet = 2 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
+    return {"means": means, "inv_chol": inv.float(), "logdet": logdet}
+
+
+def _qda_scores(st: dict[str, Tensor], x: Tensor) -> Tensor:
+    """−½ log det Σ_k − ½ (x − m_k)ᵀΣ_k⁻¹(x − m_k) (Mahalanobis terms in float32: a probe needs no more)."""
+    k = len(st["means"])
+    out = torch.empty(len(x), k, dtype=x.dtype, device=x.device)
+    for c in range(k):
+        z = (x - st["means"][c]).float() @ st["inv_chol"][c].T
+        out[:, c] = -0.5 * st["logdet"][c] - 0.5 * z.pow(2).sum(1).to(x.dtype)
+    return out
+
+
+def _select(candidates: list[tuple[float, Tensor]], y: Tensor, log_prior: Tensor) -> tuple[float, float]:
+    """(shrinkage, temperature) for the probe, from its calibration scores under each shrinkage.
+
+    Temperatures: a log grid c ∈ [10⁻³, 10^1.5] divided by the spread of the (row-centred) scores. The
+    one-SE rule: among all (shrinkage, c) whose mean log-loss log π + t·scores is within one SE (of the
+    per-row loss difference to the prior-only code, at the best pair) of the best, take the smallest c (then
+    the lowest loss). A probe without signal then stays at the weak end instead of fitting calibration noise.
+    """
+    chance = -log_prior[y]
+    pairs, losses = [], []
+    for shrink, scores in candidates:
+        s = scores - scores.mean(1, keepdim=True)
+        spread = float(s.std()) or 1.0
+        ts = (TEMPERATURES / spread).to(s)
+        logits = log_prior + ts[:, None, None] * s  # (T, m, k)
+        losses.append(-torch.log_softmax(logits, dim=2).gather(2, y.expand(len(ts), -1)[:, :, None]).squeeze(2))
+        pairs += [(shrink, float(t), i) for i, t in enumerate(ts)]
+    nll = torch.cat(losses)  # (candidates · T, m)
+    means = nll.mean(1)
+    best = int(torch.argmin(means))
+    se = float((nll[best] - chance).std()) / math.sqrt(nll.shape[1]) if nll.shape[1] > 1 else 0.0
+    ok = (means <= means[best] + se).nonzero().flatten().tolist()
+    pick = min(ok, key=lambda j: (pairs[j][2], float(means[j])))
+    return pairs[pick][0], pairs[pick][1]
+
+
+def _score(logp: Tensor, y: Tensor, priors: Tensor, flag_se: float) -> dict[str, Any]:
+    n = len(y)
+    root_n = math.sqrt(n)
+    loss = -logp.gather(1, y[:, None]).squeeze(1) / math.log(2)
+    diff = loss + torch.log2(priors)[y]  # per-row log-loss minus the prior-only code's (bits)
+    loss_se = float(diff.std()) / root_n if n > 1 else 0.0
+    pred = logp.argmax(1)
+    hits = int((pred == y).sum())
+    acc = hits / n
+    smooth = (hits + 0.5) / (n + 1)  # half a count each way: all right or all wrong still has an SE
+    acc_se = math.sqrt(smooth * (1 - smooth) / n)
+    acc_null = float((priors * torch.bincount(pred, minlength=len(priors)).double() / n).sum())
+    acc_z = (acc - acc_null) / acc_se if acc_se > 0 else 0.0
+    loss_z = -float(diff.mean()) / loss_se if loss_se > 0 else 0.0
+    below = acc_z < -flag_se or loss_z < -flag_se
+    info = acc_z > flag_se or loss_z > flag_se
+    return {"acc": acc, "acc_se": acc_se, "acc_null": acc_null, "acc_z": acc_z, "loss_bits": float(loss.mean()),
+            "loss_se": loss_se, "loss_z": loss_z, "below_chance": below,
+            "verdict": "dependence artefact" if below else "information" if info else "no information detected"}

@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -63,6 +64,29 @@ from .moments import check_labels, class_moments, eigh_desc, flatten_features, n
 from .registry import ERASERS
 
 MODES = ("coupling", "shrinkage", "truncate", "ridge")
+INJECTION_RATIO = 100  # min_k n_k / d below which class maps applied out of sample inject the label
+
+
+def label_injection_risk(class_counts: Sequence[int] | Tensor, d: int, *,
+                         ratio: float = INJECTION_RATIO) -> str | None:
+    """One warning line when QLEACE fitted on `class_counts` rows per class in `d` dimensions (the features, or
+    the working rank) is applied to rows it was not fitted on with min_k n_k / d < `ratio`; else None.
+
+    The map of class k is estimated from that class's n_k rows alone. Out of sample it maps the class's true
+    covariance not onto the barycenter but onto something that depends on the class's own estimation error, so
+    the coded rows of different classes end with different moments: label information is injected (the smaller
+    n_k / d, the more). The permuted-label control measures what that adds to the code length.
+    """
+    counts = [int(c) for c in (class_counts.tolist() if isinstance(class_counts, Tensor) else class_counts)]
+    if not counts or d <= 0:
+        raise ValueError(f"label_injection_risk: need class counts and d > 0; got {counts}, d={d}")
+    n_min = min(counts)
+    if n_min / d >= ratio:
+        return None
+    return (f"qleace fitted on held-out rows: the smallest class has {n_min} rows for d={d} "
+            f"(min n_k/d = {n_min / d:.3g} < {ratio:g}); class maps estimated from so few rows inject the label "
+            "into the coded rows (label injection). Compare with the permuted-label control "
+            "(dataset.permute_labels=true): its distance from the label entropy is this bias.")
 
 
 class QleaceEraser(Eraser):

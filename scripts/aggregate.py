@@ -4,17 +4,26 @@
     python scripts/aggregate.py outputs/runs --name all          # everything under a directory
     python scripts/aggregate.py --experiment demo --name demo    # exactly the jobs of a preset
     python scripts/aggregate.py --experiment paper_table_c --override paths.out_dir=/scratch/out
+    python scripts/aggregate.py outputs/runs --strict            # refuse cells mixing code versions
 
-Every cell (dataset, arch, width, depth, eraser) reports mean ± sd over its finished seeds. Jobs that did not
-finish are listed as missing, failed (a multirun's job-status ledger says so) or partial (progress.json: killed
-or still running); they are never filled in. With --experiment a result whose config hash differs from the
-preset's job is "other-config", not counted. Results of other tasks (`task != mdl`, e.g. Spectral Decoupling)
-go to scripts/aggregate_gs.py when it exists.
+Every cell (dataset, arch, width, depth, eraser) reports mean ± sd over its finished seeds. Erasers are compared
+only where everything else is equal: results whose semantic configs differ in anything but the eraser and the
+seed (a learning rate, a regularizer, a key one result did not record) fall into different groups, each with
+tables (and plots, and a claims verdict) of its own, headed by the keys that differ; eraser options are variants
+of the eraser. Jobs that did not finish are listed as missing, failed (a multirun's job-status ledger says so, or
+its MDL is not finite), partial (progress.json: killed or still running), incomplete (result.json without an mdl
+section) or malformed (a result.json that cannot be read: also a warning naming it); they are never filled in.
+A cell whose seeds come from different commits (result.json provenance; none recorded: "unknown") is marked;
+--strict refuses it. With --experiment a result whose config hash differs from the preset's job is
+"other-config", not counted. Results of other tasks (`task != mdl`, e.g. Spectral Decoupling) go to
+scripts/aggregate_gs.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import math
 import re
@@ -25,16 +34,26 @@ from typing import Any
 
 import pandas as pd
 
-from scripts.tables import eraser_order, md_table
+from scripts.tables import eraser_order, group_label, group_labels, groups_in, md_table, require_one_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
-ROW_KEY = ["dataset", "arch", "width", "depth", "variant"]  # a table row; variant: settings that differ, if any
+# A table row (group: the comparison group, a table of its own; variant: eraser options that differ, if any).
+ROW_KEY = ["group", "dataset", "arch", "width", "depth", "variant"]
 CELL = [*ROW_KEY, "eraser"]
-# Config keys shown by the row/column labels themselves; every other semantic key that differs between results
-# of one row splits it into variants (results of different configurations are never averaged together).
+LABELS = ["dataset", "arch", "width", "depth", "variant"]  # the row label columns of a table
+# Config keys shown by the row/column labels themselves; every other semantic key that differs within a
+# comparison puts results into different groups, eraser options into different variants of the eraser.
 SHOWN = {"seed", "dataset.tag", "dataset.name", "arch.tag", "arch.name", "arch.activation", "arch.width",
          "arch.depth", "eraser.name"}
+# Comparisons: the erasers of a table row, the widths of one eraser (MDL vs width), its depths.
+UNITS = [["dataset", "arch", "width", "depth"], ["dataset", "arch", "depth", "eraser", "variant"],
+         ["dataset", "arch", "width", "eraser", "variant"]]
+PAPER_KEYS = ("optim.lr", "optim.beta1", "optim.warmup_steps")  # conf/optim/schedulefree.yaml: the paper's rule
+PAPER_RULE = "paper_optim"  # such a key at the value its rule gives (arch.paper_optim per eraser family)
+MISSING_KEY = "?"  # a key the result did not record (written before the key existed)
+UNKNOWN_COMMIT = "unknown"
+MIXED = "†"  # a cell whose seeds come from different commits
 METRICS = ["bits_per_sample", "legacy", "final_val_loss"]
 CERT = {"max_mean_gap": "mean gap", "max_cov_gap": "cov gap", "linear_probe_acc": "linear probe",
         "quadratic_probe_acc": "quadratic probe", "chance": "chance"}
@@ -63,30 +82,109 @@ JOB_PATH = re.compile(r"(?P<dataset>[^/]+)/(?P<eraser>[^/]+)/(?P<arch>[^/]+)-w(?
 
 
 # --- collecting -------------------------------------------------------------------------------------------
-def _read(path: Path) -> dict[str, Any] | None:
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _read(path: Path) -> Any:
+    """Parsed JSON, or None when absent or unreadable (warned about, naming the file)."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        print(f"warning: unreadable {path}", file=sys.stderr)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        warn(f"skipped {path}: not readable JSON ({type(e).__name__}: {e})")
         return None
 
 
-def _settings(cfg: dict[str, Any]) -> str:
+def _load_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(result, None), or (None, why) for a file that is not a result (None, None: absent)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        return None, f"not readable JSON ({type(e).__name__}: {e})"
+    if not isinstance(data, dict):
+        return None, f"not a JSON object (a {type(data).__name__})"
+    if not isinstance(data.get("config"), dict):
+        return None, "no config"
+    return data, None
+
+
+@functools.cache
+def _closed_sections() -> dict[str, frozenset[str]]:
+    """Config groups that allow no undeclared keys, with their declared keys (training/app/schema.py)."""
+    from training.app.schema import JobConfig, Section
+
+    out = {}
+    for f in dataclasses.fields(JobConfig):
+        kind = f.metadata.get("kind")
+        if isinstance(kind, type) and issubclass(kind, Section) and not kind.open:
+            out[f.name] = frozenset(g.name for g in dataclasses.fields(kind) if g.name != "_extra")
+    return out
+
+
+def _dead(key: str) -> bool:
+    """A key of a closed group that the schema no longer declares (e.g. a pre-v2 result's eraser.cache)."""
+    group, _, rest = key.partition(".")
+    declared = _closed_sections().get(group)
+    return declared is not None and rest.split(".")[0] not in declared
+
+
+def _family(eraser: Any) -> str | None:
+    try:
+        from erasure.registry import ERASERS
+
+        return str(ERASERS.meta(str(eraser))["family"]) if eraser in ERASERS else None
+    except Exception:  # noqa: BLE001 - no registry, no rule: the value is compared as it is
+        return None
+
+
+def _paper_value(flat: dict[str, Any], key: str) -> Any:
+    """What conf/optim/schedulefree.yaml resolves `key` to by the paper's rule (None: no rule in this config)."""
+    if key == "optim.lr":
+        dataset_rule = f"dataset.paper_lr.{flat.get('arch.name')}"
+        if dataset_rule in flat:
+            return flat[dataset_rule]
+        family = _family(flat.get("eraser.name"))
+        return flat.get(f"arch.paper_optim.lr.{family}") if family else None
+    return flat.get(f"arch.paper_optim.{key.split('.', 1)[1]}")
+
+
+def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
+    """The semantic config (flat, dotted keys) as results are compared: what the job hash covers, as the result
+    recorded it (no defaults filled in for keys added since: those read "?"), without keys the schema has
+    dropped since; optim.lr/beta1/warmup_steps that follow the paper's rule (arch.paper_optim per eraser family,
+    dataset.paper_lr; null in a pre-v2 result) read PAPER_RULE, so erasers at their paper rates compare."""
     from training.app.results import flatten
     from training.app.schema import semantic
 
-    flat = flatten(semantic(cfg))
-    return json.dumps({k: v for k, v in flat.items() if k not in SHOWN}, sort_keys=True, default=str)
+    flat = {k: v for k, v in flatten(semantic(cfg, fill_defaults=False)).items() if not _dead(k)}
+    for key in PAPER_KEYS:
+        if key in flat and (flat[key] is None or flat[key] == _paper_value(flat, key)):
+            flat[key] = PAPER_RULE
+    if numerics_version is not None and "numerics_version" not in flat:
+        flat["numerics_version"] = numerics_version
+    return flat
 
 
-def _cell_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
+def _identity_columns(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, str]:
+    """`settings`: what must be equal for two results to be compared (all but labels, eraser and seed);
+    `eraser_settings`: the eraser's options (its variants)."""
+    flat = config_identity(cfg, numerics_version)
+    settings = {k: v for k, v in flat.items() if k not in SHOWN and not k.startswith("eraser.")}
+    eraser = {k: v for k, v in flat.items() if k.startswith("eraser.") and k not in SHOWN}
+    return {"settings": json.dumps(settings, sort_keys=True, default=str),
+            "eraser_settings": json.dumps(eraser, sort_keys=True, default=str)}
+
+
+def _cell_from_config(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
     arch = cfg["arch"]
     return {"dataset": cfg["dataset"].get("tag") or cfg["dataset"]["name"], "arch": arch.get("tag") or arch["name"],
-            "width": int(arch["width"]), "depth": int(arch["depth"]), "eraser": cfg["eraser"]["name"],
+            "width": int(arch["width"]), "depth": int(arch["depth"]), "eraser": str(cfg["eraser"]["name"]),
             "seed": int(cfg["seed"]), "protocol": (cfg.get("mdl") or {}).get("protocol", "prequential"),
-            "settings": _settings(cfg)}
+            **_identity_columns(cfg, numerics_version)}
 
 
 def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:
@@ -95,48 +193,124 @@ def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:
         return None
     d = m.groupdict()
     return {"dataset": d["dataset"], "arch": d["arch"], "width": int(d["width"]), "depth": int(d["depth"]),
-            "eraser": d["eraser"], "seed": int(d["seed"]), "protocol": "?", "settings": None}
+            "eraser": d["eraser"], "seed": int(d["seed"]), "protocol": "?", "settings": None,
+            "eraser_settings": None}
 
 
-def assign_variants(df: pd.DataFrame) -> pd.DataFrame:
-    """Label each row with the settings that differ from other results of its table row (`variant`, "" when
-    all agree), so different configurations land in different rows; drop repeated (cell, seed) entries."""
+def _key_values(flats: list[dict[str, Any]]) -> set[str]:
+    """Keys whose values differ between these flat configs (a key one of them lacks reads MISSING_KEY)."""
+    keys = set().union(*flats)
+    return {k for k in keys
+            if len({json.dumps(f.get(k, MISSING_KEY), sort_keys=True, default=str) for f in flats}) > 1}
+
+
+def assign_groups(df: pd.DataFrame) -> pd.DataFrame:
+    """Label each row with its comparison `group` and its eraser `variant`; drop repeated (cell, seed) entries.
+
+    variant: the eraser options that differ between results of one eraser on one dataset and architecture (part
+    of the eraser's identity). group: the values of every other semantic key that differs within a comparison
+    (the erasers of a table row; the widths, or depths, of one eraser): results of different groups are never
+    compared, averaged or plotted together. Rows without a config (a job known only by its directory) join the
+    group of the finished seeds in their c<hash> directory, or of their cell, when that is unambiguous."""
     if df.empty:
         return df
     df = df.copy()
-    df["variant"] = ""
-    rows = ["dataset", "arch", "width", "depth"]
-    for _, g in df[df.settings.notna()].groupby(rows, sort=False):
-        varying: set[str] = set()
-        for _, ge in g.groupby("eraser", sort=False):
-            flats = [json.loads(s) for s in set(ge.settings)]
-            keys = set().union(*flats)
-            varying |= {k for k in keys if len({json.dumps(f.get(k, "∅"), default=str) for f in flats}) > 1}
-        if varying:
-            for i in g.index:
-                flat = json.loads(df.at[i, "settings"])
-                df.at[i, "variant"] = ", ".join(f"{k}={flat[k]}" for k in sorted(varying) if k in flat)
+    df["variant"], df["group"] = "", None
+    known = df[df.settings.notna()]
+    for _, g in known.groupby(["dataset", "arch", "eraser"], sort=False):
+        flats = [json.loads(s) for s in set(g.eraser_settings)]
+        varying = sorted(_key_values(flats)) if len(flats) > 1 else []
+        for i in g.index if varying else ():
+            flat = json.loads(df.at[i, "eraser_settings"])
+            df.at[i, "variant"] = ", ".join(f"{k}={flat.get(k, MISSING_KEY)}" for k in varying)
+    known = df[df.settings.notna()]
+    split: set[str] = set()
+    for unit in UNITS:
+        for _, g in known.groupby(unit, sort=False):
+            flats = [json.loads(s) for s in set(g.settings)]
+            if len(flats) > 1:
+                split |= _key_values(flats)
+    for i in known.index:
+        flat = json.loads(df.at[i, "settings"])
+        df.at[i, "group"] = json.dumps({k: flat.get(k, MISSING_KEY) for k in sorted(split)}, default=str)
+    _place_unknown(df)
     order = df.assign(_rank=(df.status != "done").astype(int)).sort_values("_rank", kind="stable")
-    dup = order.duplicated([*CELL, "seed"], keep="first")
+    dup = order.duplicated([*CELL, "seed"], keep="first") & order.group.notna()
     if dup.any():
-        print(f"warning: {int(dup.sum())} repeated result(s) of the same config and seed ignored: "
-              + ", ".join(order[dup].job_dir.astype(str)), file=sys.stderr)
-    return df.drop(index=order[dup].index).drop(columns=["settings"])
+        warn(f"{int(dup.sum())} repeated result(s) of the same config and seed ignored: "
+             + ", ".join(order[dup].job_dir.astype(str)))
+    return df.drop(index=order[dup].index).drop(columns=["settings", "eraser_settings"])
 
 
-def _done_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
-    row = {**_cell_from_config(result["config"]), "job_dir": job_dir, "status": "done"}
-    mdl, final = result["mdl"], result.get("final") or {}
-    row.update(protocol=mdl.get("protocol", row["protocol"]), bits_per_sample=float(mdl["bits_per_sample"]),
-               legacy=float(mdl["legacy"]), final_val_loss=float(final.get("val_loss_bits", math.nan)))
+def _place_unknown(df: pd.DataFrame) -> None:
+    """Group and variant of rows known only by their directory (in place)."""
+    known = df[df.group.notna()]
+    by_dir: dict[str, set[tuple[str, str]]] = {}
+    by_cell: dict[tuple[Any, ...], set[tuple[str, str]]] = {}
+    for r in known.itertuples():
+        by_dir.setdefault(_cell_dir(r.job_dir), set()).add((r.group, r.variant))
+        by_cell.setdefault((r.dataset, r.arch, r.width, r.depth, r.eraser), set()).add((r.group, r.variant))
+    groups = set(known.group)
+    for i in df.index[df.group.isna()]:
+        r = df.loc[i]
+        found = by_dir.get(_cell_dir(r.job_dir)) or by_cell.get((r.dataset, r.arch, r.width, r.depth, r.eraser))
+        if found is not None and len(found) == 1:
+            df.at[i, "group"], df.at[i, "variant"] = next(iter(found))
+        elif found is None and len(groups) <= 1:
+            df.at[i, "group"] = next(iter(groups), "{}")
+
+
+def _cell_dir(job_dir: str) -> str:
+    """The c<hash> directory holding a job's seed directories ("" in the pre-v2 layout)."""
+    parent = Path(job_dir).parent
+    return str(parent) if re.fullmatch(r"c[0-9a-f]{8}", parent.name) else ""
+
+
+def commit_of(result: dict[str, Any]) -> str:
+    """The code version a result was computed with: its commit (10 hex digits, `+dirty` with uncommitted
+    changes), or UNKNOWN_COMMIT (written without provenance, or outside a git checkout)."""
+    prov = result.get("provenance")
+    code = prov.get("code") if isinstance(prov, dict) else None
+    commit = code.get("commit") if isinstance(code, dict) else None
+    if not isinstance(commit, str) or not commit:
+        return UNKNOWN_COMMIT
+    return commit[:10] + ("+dirty" if code.get("dirty") is True else "")
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _result_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
+    """The row of an MDL result: done; failed when its MDL is not finite; incomplete without an mdl section.
+    Raises (KeyError, TypeError, ValueError) on a malformed config or mdl section."""
+    numerics = result.get("numerics_version")
+    row = {**_cell_from_config(result["config"], numerics), "job_dir": job_dir, "status": "done",
+           "commit": commit_of(result)}
+    mdl, final = result.get("mdl"), result.get("final") or {}
+    if not isinstance(mdl, dict):
+        return {**row, "status": "incomplete", "error": "result.json has no mdl section"}
+    bits, legacy = _number(mdl.get("bits_per_sample")), _number(mdl.get("legacy", math.nan))
+    if bits is None or legacy is None:
+        raise ValueError(f"mdl.bits_per_sample / mdl.legacy not numbers: {mdl.get('bits_per_sample')!r}, "
+                         f"{mdl.get('legacy')!r}")
+    if not (math.isfinite(bits) and (math.isfinite(legacy) or "legacy" not in mdl)):
+        return {**row, "status": "failed", "error": f"non-finite MDL (bits_per_sample={bits}, legacy={legacy}): "
+                                                      "not counted as a seed"}
+    row.update(protocol=mdl.get("protocol", row["protocol"]), bits_per_sample=bits, legacy=legacy)
+    if not isinstance(final, dict):
+        raise TypeError(f"final is a {type(final).__name__}")
+    row["final_val_loss"] = _number(final.get("val_loss_bits", math.nan))
+    if row["final_val_loss"] is None:
+        row["final_val_loss"] = math.nan
     after = (result.get("certificate") or {}).get("after") or {}
     for key in CERT:
-        value = after.get(key)
-        row[key] = float(value) if isinstance(value, int | float) else math.nan
+        value = _number(after.get(key))
+        row[key] = math.nan if value is None else value
     report = (result.get("eraser") or {}).get("report") or {}
     for key in REPORT:
-        value = report.get(key)
-        row[key] = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+        value = _number(report.get(key))
+        row[key] = math.nan if value is None else value
     row["curve"] = final.get("val_loss_curve") or []
     return row
 
@@ -147,9 +321,9 @@ def failed_jobs(ledger_roots: Iterable[Path]) -> dict[str, str]:
     for root in ledger_roots:
         for path in sorted(root.glob(".multirun/*/job-*.json")):  # run ids sort by time
             entry = _read(path)
-            if entry and "job_dir" in entry:
+            if isinstance(entry, dict) and isinstance(entry.get("job_dir"), str):
                 latest[str(Path(entry["job_dir"]))] = entry
-    return {d: e.get("error", "") for d, e in latest.items() if e.get("status") == "failed"}
+    return {d: str(e.get("error", "")) for d, e in latest.items() if e.get("status") == "failed"}
 
 
 def _unfinished_row(cell: dict[str, Any], job_dir: Path, failed: dict[str, str]) -> dict[str, Any]:
@@ -158,36 +332,63 @@ def _unfinished_row(cell: dict[str, Any], job_dir: Path, failed: dict[str, str])
     if str(job_dir) in failed:
         row.update(status="failed", error=failed[str(job_dir)])
     elif progress is not None:
-        row.update(status="partial", error=f"{len(progress.get('blocks', []))} block models finished")
+        blocks = progress.get("blocks") if isinstance(progress, dict) else None
+        row.update(status="partial", error=f"{len(blocks) if isinstance(blocks, list) else 0} block models finished")
     return row
 
 
-def _is_mdl(result: dict[str, Any]) -> bool:
-    return (result.get("config") or {}).get("task", "mdl") == "mdl" and "mdl" in result
+def _is_mdl_task(result: dict[str, Any]) -> bool:
+    return (result.get("config") or {}).get("task", "mdl") == "mdl"
 
 
 def collect_dir(root: Path) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
-    """Rows of every MDL result.json under root plus failed/partial jobs found there; and all parsed results."""
+    """Rows of every MDL result.json under root plus failed/partial jobs found there; and all parsed results.
+    A file that is not a result is a warning naming it (and a `malformed` row when its path names a job); an
+    MDL result without an mdl section is `incomplete`; one whose MDL is not finite is `failed`."""
     rows, results, seen = [], [], set()
     for path in sorted(root.rglob("result.json")):
-        result = _read(path)
-        if result is None or "config" not in result:
+        result, why = _load_result(path)
+        if result is not None:
+            results.append(result)
+            if not _is_mdl_task(result):
+                seen.add(str(path.parent))
+                continue
+            try:
+                rows.append(_result_row(result, str(path.parent)))
+                seen.add(str(path.parent))
+                continue
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                why = f"malformed ({type(e).__name__}: {e})"
+        if why is None:
             continue
-        seen.add(str(path.parent))
-        results.append(result)
-        if _is_mdl(result):
-            rows.append(_done_row(result, str(path.parent)))
+        warn(f"skipped {path}: {why}")
+        cell = _cell_from_path(path.parent)
+        if cell is not None:
+            rows.append({**cell, "job_dir": str(path.parent), "status": "malformed", "error": why})
+            seen.add(str(path.parent))
     failed = failed_jobs([root, root / "runs"])
     unfinished = {str(p.parent) for p in root.rglob("progress.json")} | set(failed)
     for job_dir in sorted(unfinished - seen):
         cell = _cell_from_path(Path(job_dir))
         if cell is not None:
             rows.append(_unfinished_row(cell, Path(job_dir), failed))
-    return assign_variants(pd.DataFrame(rows)), results
+    df = assign_groups(pd.DataFrame(rows))
+    if len(df):  # groups in the order of their values (numbers as numbers); rows keep their order within one
+        df = df.iloc[sorted(range(len(df)), key=lambda i: _group_order(df.group.iloc[i]))]
+    return df, results
+
+
+def _group_order(group: Any) -> tuple[Any, ...]:
+    if not isinstance(group, str):
+        return (1,)
+    values = json.loads(group).values()
+    return (0, *((0, v, "") if isinstance(v, int | float) and not isinstance(v, bool) else (1, 0, json.dumps(v))
+                 for v in values))
 
 
 def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
-    """Exactly the jobs of a preset, in launch order; jobs without a matching result are listed as such."""
+    """Exactly the jobs of a preset, in launch order; jobs without a matching result are listed as such. Groups
+    come from the preset's configs (a result counts only when its config hashes to its job's)."""
     from training.app.schema import config_hash
     from training.app.sweeps import expand
 
@@ -197,21 +398,33 @@ def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[
     rows, results = [], []
     for cfg in cfgs:
         job_dir = Path(cfg["paths"]["job_dir"])
-        result = _read(job_dir / "result.json")
+        path = job_dir / "result.json"
+        result, why = _load_result(path)
+        if why is not None:
+            warn(f"skipped {path}: {why}")
         h = config_hash(cfg)  # the stored config is rehashed too: the hash's definition may have changed since
-        same = result is not None and h in (result.get("config_hash"), config_hash(result.get("config") or {}))
+        same = result is not None and h in (result.get("config_hash"), config_hash(result["config"]))
         if same:
             results.append(result)
         if cfg.get("task", "mdl") != "mdl":
             continue
+        cell = _cell_from_config(cfg)
         if same:
-            rows.append(_done_row(result, str(job_dir)))
+            assert result is not None
+            try:
+                row = _result_row(result, str(job_dir))
+                rows.append({**row, **{k: cell[k] for k in ("settings", "eraser_settings")}})
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                warn(f"skipped {path}: malformed ({type(e).__name__}: {e})")
+                rows.append({**cell, "job_dir": str(job_dir), "status": "malformed", "error": str(e)})
         elif result is not None:
-            rows.append({**_cell_from_config(cfg), "job_dir": str(job_dir), "status": "other-config",
+            rows.append({**cell, "job_dir": str(job_dir), "status": "other-config",
                          "error": f"result.json holds config {result.get('config_hash')}"})
+        elif why is not None:
+            rows.append({**cell, "job_dir": str(job_dir), "status": "malformed", "error": why})
         else:
-            rows.append(_unfinished_row(_cell_from_config(cfg), job_dir, failed))
-    return assign_variants(pd.DataFrame(rows)), results
+            rows.append(_unfinished_row(cell, job_dir, failed))
+    return assign_groups(pd.DataFrame(rows)), results
 
 
 # --- summarising ------------------------------------------------------------------------------------------
@@ -220,24 +433,41 @@ def _ordered(values: Iterable[str]) -> list[str]:
 
 
 def _mean_sd(values: pd.Series) -> tuple[float, float, int]:
-    v = values.astype(float).dropna()
+    """Over the finite values only (a NaN/inf never enters a mean)."""
+    v = pd.to_numeric(values, errors="coerce").astype(float)
+    v = v[v.map(math.isfinite)]
     return (float(v.mean()) if len(v) else math.nan, float(v.std(ddof=1)) if len(v) > 1 else math.nan, len(v))
 
 
+def _commits(done: pd.DataFrame) -> str:
+    """`<commit>: seeds 0 2; <commit>: seed 1` (in seed order of first appearance)."""
+    if "commit" not in done or done.empty:
+        return ""
+    by: dict[str, list[int]] = {}
+    for seed, commit in sorted(zip(done.seed, done.commit.fillna(UNKNOWN_COMMIT), strict=True)):
+        by.setdefault(str(commit), []).append(int(seed))
+    return "; ".join(f"{c}: seed{'s' if len(s) > 1 else ''} {' '.join(map(str, s))}" for c, s in by.items())
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: mean/sd/n of each metric over finished seeds; expected seeds = every seed of the
-    sweep (--experiment) or every seed seen anywhere under the directory."""
-    all_seeds = sorted(set(df.seed))
+    """One row per cell: mean/sd/n of each metric over finished seeds (a non-finite result is a failed seed,
+    not a seed); expected seeds = every seed of the cell's group (the sweep's, with --experiment); which
+    commits the seeds come from."""
     out = []
+    df = df[df.group.notna()]
+    seeds_of = {g: set(gg.seed) for g, gg in df.groupby("group", sort=False)}
     for key, g in df.groupby(CELL, sort=False):
         done = g[g.status == "done"]
         rec: dict[str, Any] = dict(zip(CELL, key, strict=True))
+        all_seeds = seeds_of[rec["group"]]
         rec["protocol"] = ",".join(sorted(set(done.protocol))) if len(done) else ""
-        rec["n"], rec["n_expected"] = len(done), len(set(all_seeds) | set(g.seed))
-        absent = sorted(set(all_seeds) - set(g.seed))
+        rec["n"], rec["n_expected"] = len(done), len(all_seeds | set(g.seed))
+        absent = sorted(all_seeds - set(g.seed))
         rec["missing_seeds"] = " ".join([f"{s}:{st}" for s, st in zip(g[g.status != "done"].seed,
                                                                        g[g.status != "done"].status, strict=True)]
                                         + [f"{s}:missing" for s in absent])
+        rec["commits"] = _commits(done)
+        rec["mixed_commits"] = "commit" in done and done.commit.nunique(dropna=False) > 1
         for col in METRICS + list(CERT) + REPORT:
             mean, sd, _ = _mean_sd(done[col]) if col in done and len(done) else (math.nan, math.nan, 0)
             rec[f"{col}_mean"], rec[f"{col}_sd"] = mean, sd
@@ -246,16 +476,40 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def increase_over_control(df: pd.DataFrame, metric: str = "bits_per_sample") -> pd.DataFrame:
-    """Per (row, eraser): mean ± sd over seeds of metric(eraser) - metric(control), paired by seed."""
-    done = df[df.status == "done"]
+    """Per (row, eraser): mean ± sd over seeds of metric(eraser) - metric(control), paired by seed; rows are
+    within one group, so an eraser is only ever paired with a control of the same configuration."""
+    done = df[(df.status == "done") & df.group.notna()]
     out = []
     for key, g in done.groupby(ROW_KEY, sort=False):
         control = g[g.eraser == "control"].set_index("seed")[metric]
+        if control.empty:
+            continue
         for eraser, ge in g[g.eraser != "control"].groupby("eraser", sort=False):
             diff = (ge.set_index("seed")[metric] - control).dropna()
             mean, sd, n = _mean_sd(diff)
             out.append({**dict(zip(ROW_KEY, key, strict=True)), "eraser": eraser, "mean": mean, "sd": sd, "n": n})
     return pd.DataFrame(out, columns=[*ROW_KEY, "eraser", "mean", "sd", "n"])
+
+
+def commit_problems(df: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(cells whose seeds come from different commits, as `<cell>: <commits>`; finished jobs without a known
+    commit) — what --strict refuses."""
+    done = df[df.status == "done"]
+    if "commit" not in done:
+        return [], []
+    mixed = []
+    for key, g in done.groupby(CELL, sort=False, dropna=False):
+        if g.commit.nunique(dropna=False) > 1:
+            mixed.append(f"{_cell_name(dict(zip(CELL, key, strict=True)))}: {_commits(g)}")
+    unknown = list(done[done.commit == UNKNOWN_COMMIT].job_dir.astype(str))
+    return mixed, unknown
+
+
+def _cell_name(rec: dict[str, Any] | pd.Series) -> str:
+    group = group_label(rec["group"]) if isinstance(rec["group"], str) else ""
+    variant = f" [{rec['variant']}]" if rec["variant"] else ""
+    where = f" ({group})" if group else ""
+    return f"{rec['dataset']} {rec['arch']} w{rec['width']} d{rec['depth']}{variant} {rec['eraser']}{where}"
 
 
 # --- formatting -------------------------------------------------------------------------------------------
@@ -269,9 +523,12 @@ def _cell_text(rec: pd.Series | None, metric: str, digits: int = 3) -> str:
     if rec is None:
         return "missing"
     if rec["n"] == 0:
-        return "failed" if ":failed" in rec["missing_seeds"] else "missing"
+        states = {s.split(":", 1)[1] for s in str(rec["missing_seeds"]).split()}
+        return "failed" if "failed" in states else "incomplete" if states & {"incomplete", "malformed"} \
+            else "missing"
     text = fmt(rec[f"{metric}_mean"], rec[f"{metric}_sd"], digits)
-    return text + (f" ({rec['n']}/{rec['n_expected']})" if rec["n"] < rec["n_expected"] else "")
+    text += f" ({rec['n']}/{rec['n_expected']})" if rec["n"] < rec["n_expected"] else ""
+    return text + (f" {MIXED}" if rec.get("mixed_commits") else "")
 
 
 def _row_keys(summary: pd.DataFrame) -> list[tuple[Any, ...]]:
@@ -284,17 +541,24 @@ def _labels(summary: pd.DataFrame) -> tuple[list[str], int]:
     return ["dataset", "arch", "w", "d", "variant"][:shown], shown
 
 
+def _label_cells(key: tuple[Any, ...], shown: int) -> list[str]:
+    return [str(v) for v in key[1:1 + shown]]  # key: ROW_KEY values (group first)
+
+
 def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str], list[list[str]]]:
+    """One table (rows × erasers) of one group; refused over several groups."""
+    require_one_group(summary, "a table")
     erasers = _ordered(summary.eraser)
     index = {tuple(k): r for k, (_, r) in zip(summary[CELL].itertuples(index=False), summary.iterrows(),
                                                strict=True)}
     labels, shown = _labels(summary)
-    rows = [[str(v) for v in key[:shown]] + [_cell_text(index.get((*key, e)), metric, digits) for e in erasers]
+    rows = [_label_cells(key, shown) + [_cell_text(index.get((*key, e)), metric, digits) for e in erasers]
             for key in _row_keys(summary)]
     return [*labels, *erasers], rows
 
 
 def increase_rows(inc: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    require_one_group(summary, "a table")
     erasers = [e for e in _ordered(summary.eraser) if e != "control"]
     look = {tuple(k): (m, s, n) for k, m, s, n in zip(inc[CELL].itertuples(index=False), inc["mean"], inc["sd"],
                                                        inc["n"], strict=True)}
@@ -305,7 +569,7 @@ def increase_rows(inc: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[str], 
         for e in erasers:
             m, s, n = look.get((*key, e), (math.nan, math.nan, 0))
             cells.append("missing" if n == 0 else (f"{m:+.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:+.3f}"))
-        rows.append([str(v) for v in key[:shown]] + cells)
+        rows.append(_label_cells(key, shown) + cells)
     return [*labels, *erasers], rows
 
 
@@ -329,8 +593,9 @@ def _report_cells(g: pd.DataFrame) -> list[str]:
 
 
 def certificate_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """One row per (dataset, eraser) (and variant, when results differ in settings): the certificate after
-    erasure and what the eraser reports it did."""
+    """One row per (dataset, eraser) (and variant, when results differ in eraser options) of one group: the
+    certificate after erasure and what the eraser reports it did."""
+    require_one_group(summary, "a table")
     with_variant = bool((summary.variant != "").any())
     keys = ["dataset", "variant", "eraser"] if with_variant else ["dataset", "eraser"]
     rows = []
@@ -345,64 +610,125 @@ def certificate_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]
 
 
 def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:
-    """Paper Appendix C next to ours (legacy units) for the CIFAR-10 base-size cells, if any exist."""
+    """Paper Appendix C next to ours (legacy units) for the CIFAR-10 base-size cells of one group, if any."""
+    require_one_group(summary, "a table")
+    group = groups_in(summary)[0] if len(summary) else "{}"
     index = {tuple(k): r for k, (_, r) in zip(summary[CELL].itertuples(index=False), summary.iterrows(),
                                                strict=True)}
     rows, found = [], False
     for name, (tag, width, depth) in PAPER_ARCHS.items():
         cells = []
         for eraser, (pm, ps) in PAPER_TABLE_C[name].items():
-            rec = index.get(("cifar10", tag, width, depth, "", eraser))
+            rec = index.get((group, "cifar10", tag, width, depth, "", eraser))
             found |= rec is not None
             cells.append(f"{_cell_text(rec, 'legacy', 2)} / {pm:.2f} ± {ps:.2f}")
         rows.append([name, *cells])
     return rows if found else None
 
 
-def unfinished(df: pd.DataFrame) -> list[list[str]]:
+def unfinished(df: pd.DataFrame, with_group: bool = False) -> list[list[str]]:
     bad = df[df.status != "done"]
-    return [[r.status, str(r.seed), r.job_dir, str(r.get("error", "") or "")] for _, r in bad.iterrows()]
+    rows = []
+    for _, r in bad.iterrows():
+        row = [r.status, str(r.seed), r.job_dir, str(r.get("error", "") or "")]
+        if with_group:
+            g = r.get("group")
+            row.insert(0, group_label(g) if isinstance(g, str) else "unknown (no result to tell)")
+        rows.append(row)
+    return rows
 
 
-def markdown(df: pd.DataFrame, summary: pd.DataFrame, title: str) -> str:
-    done, total = int((df.status == "done").sum()), len(df)
-    protocols = ", ".join(sorted({p for p in summary.protocol if p})) or "n/a"
-    parts = [f"# {title}\n", f"{done}/{total} jobs finished; MDL protocol: {protocols}. Cells: mean ± sd over "
-             "finished seeds, (n/N) when seeds are missing.\n"]
-    parts += ["## MDL (bits/sample)\n", md_table(*pivot(summary, "bits_per_sample"))]
-    parts += ["## Legacy MDL (the paper code's units)\n", md_table(*pivot(summary, "legacy"))]
+def _code_line(df: pd.DataFrame) -> str:
+    done = df[df.status == "done"]
+    if done.empty or "commit" not in done:
+        return ""
+    counts = done.commit.fillna(UNKNOWN_COMMIT).value_counts(sort=False)
+    shown = ", ".join(f"{c} ({n})" for c, n in counts.items())
+    note = "; unknown: no commit recorded (older result, or not a git checkout)" if UNKNOWN_COMMIT in counts else ""
+    return f"Code versions (commit: finished results): {shown}{note}.\n"
+
+
+def _mixed_lines(summary: pd.DataFrame) -> str:
+    mixed = summary[summary.mixed_commits.astype(bool)] if "mixed_commits" in summary else summary.iloc[0:0]
+    return "".join(f"{MIXED} seeds from different commits: {_cell_name(r)}: {r.commits}\n"
+                   for _, r in mixed.iterrows())
+
+
+def _group_sections(df: pd.DataFrame, summary: pd.DataFrame, h: str) -> list[str]:
+    parts = [f"{h} MDL (bits/sample)\n", md_table(*pivot(summary, "bits_per_sample"))]
+    mixed = _mixed_lines(summary)
+    if mixed:
+        parts.append(mixed)
+    parts += [f"{h} Legacy MDL (the paper code's units)\n", md_table(*pivot(summary, "legacy"))]
     inc = increase_over_control(df)
     if len(inc):
-        parts += ["## MDL increase over control (bits/sample, paired by seed)\n",
+        parts += [f"{h} MDL increase over control (bits/sample, paired by seed)\n",
                   md_table(*increase_rows(inc, summary))]
-    parts += ["## Final validation loss (bits, full-data run)\n", md_table(*pivot(summary, "final_val_loss"))]
-    parts += ["## Erasure certificate (after erasure)\n", md_table(*certificate_rows(summary))]
+    parts += [f"{h} Final validation loss (bits, full-data run)\n", md_table(*pivot(summary, "final_val_loss"))]
+    parts += [f"{h} Erasure certificate (after erasure)\n", md_table(*certificate_rows(summary))]
     paper = paper_rows(summary)
     if paper is not None:
         header = ["architecture", *[f"{PAPER_ERASER_NAMES[e]} (ours / paper)" for e in PAPER_TABLE_C["MLP"]]]
-        parts += ["## Paper Appendix C vs ours (CIFAR-10, legacy units)\n", md_table(header, paper)]
-    bad = unfinished(df)
+        parts += [f"{h} Paper Appendix C vs ours (CIFAR-10, legacy units)\n", md_table(header, paper)]
+    return parts
+
+
+def plot_stems(summary: pd.DataFrame, name: str) -> dict[str, str]:
+    """group -> file stem of its plots: `name`, or `name-g<i>` with several groups."""
+    groups = groups_in(summary)
+    return {g: name if len(groups) == 1 else f"{name}-g{i}" for i, g in enumerate(groups, 1)}
+
+
+def markdown(df: pd.DataFrame, summary: pd.DataFrame, title: str, name: str = "results") -> str:
+    done, total = int((df.status == "done").sum()), len(df)
+    protocols = ", ".join(sorted({p for p in summary.protocol if p})) or "n/a"
+    parts = [f"# {title}\n", f"{done}/{total} jobs finished; MDL protocol: {protocols}. Cells: mean ± sd over "
+             f"finished seeds, (n/N) when seeds are missing, {MIXED} when they come from different commits.\n"]
+    code = _code_line(df)
+    if code:
+        parts.append(code)
+    groups = groups_in(summary)
+    if len(groups) == 1:
+        parts += _group_sections(df, summary, "##")
+    else:
+        from scripts.tables import differing_keys
+
+        keys = ", ".join(differing_keys(groups))
+        parts.append(f"These results differ in {keys} besides the eraser and the seed: one set of tables per "
+                     f"group, erasers compared only within a group ({MISSING_KEY}: not recorded in the result; "
+                     f"{PAPER_RULE}: the paper's rate for the architecture and eraser family).\n")
+        stems, labels = plot_stems(summary, name), group_labels(groups)
+        for i, g in enumerate(groups, 1):
+            parts.append(f"## Group {i}: {labels[g]}\n\nPlots: {stems[g]}*.png\n")
+            parts += _group_sections(df[df.group == g], summary[summary.group == g], "###")
+    bad = unfinished(df, with_group=len(groups) > 1)
     if bad:
-        parts += ["## Jobs without a result\n", md_table(["status", "seed", "job dir", "detail"], bad)]
+        header = ["status", "seed", "job dir", "detail"]
+        parts += ["## Jobs without a result\n", md_table(["group", *header] if len(groups) > 1 else header, bad)]
     return "\n".join(parts)
 
 
 def _tex_escape(s: str) -> str:
-    return s.replace("_", r"\_").replace("±", r"$\pm$")
+    for char in "&%#":
+        s = s.replace(char, "\\" + char)
+    return s.replace("_", r"\_").replace("±", r"$\pm$").replace(MIXED, r"$\dagger$")
 
 
 def latex(summary: pd.DataFrame) -> str:
     out = []
-    for metric, caption in (("bits_per_sample", "Prequential MDL (bits/sample)"),
-                            ("legacy", "Legacy MDL (paper units)")):
-        header, rows = pivot(summary, metric)
-        shown = _labels(summary)[1]
-        out += [r"\begin{table}[t]", r"\centering",
-                r"\begin{tabular}{" + "l" * shown + "r" * (len(header) - shown) + "}",
-                r"\toprule", " & ".join(_tex_escape(h) for h in header) + r" \\", r"\midrule"]
-        out += [" & ".join(_tex_escape(c) for c in r) + r" \\" for r in rows]
-        out += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{caption}; mean $\pm$ sd over seeds.}}",
-                r"\end{table}", ""]
+    for g in groups_in(summary):
+        part = summary[summary.group == g]
+        where = f" ({_tex_escape(group_label(g))})" if group_label(g) else ""
+        for metric, caption in (("bits_per_sample", "Prequential MDL (bits/sample)"),
+                                ("legacy", "Legacy MDL (paper units)")):
+            header, rows = pivot(part, metric)
+            shown = _labels(part)[1]
+            out += [r"\begin{table}[t]", r"\centering",
+                    r"\begin{tabular}{" + "l" * shown + "r" * (len(header) - shown) + "}",
+                    r"\toprule", " & ".join(_tex_escape(h) for h in header) + r" \\", r"\midrule"]
+            out += [" & ".join(_tex_escape(c) for c in r) + r" \\" for r in rows]
+            out += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{caption}{where}; mean $\pm$ sd over seeds.}}",
+                    r"\end{table}", ""]
     return "\n".join(out)
 
 
@@ -419,7 +745,7 @@ def other_task_tables(results: list[dict[str, Any]], out: Path | None = None) ->
     knows: tasks other than mdl, and MDL runs with a regularizer). Its failure is reported, not fatal."""
     if not results:
         return {}
-    others = sum(not _is_mdl(r) for r in results)
+    others = sum(not _is_mdl_task(r) for r in results)
     try:
         module = gs_module()
         tables = dict(module.tables(results))
@@ -441,19 +767,35 @@ def write_all(df: pd.DataFrame, results: list[dict[str, Any]], out: Path, name: 
     text = ""
     if len(df):
         summary = summarize(df)
-        text = markdown(df, summary, title)
+        text = markdown(df, summary, title, name)
         (out / f"{name}.md").write_text(text)
         summary.to_csv(out / f"{name}.csv", index=False)
         df.drop(columns=["curve"], errors="ignore").to_csv(out / f"{name}_jobs.csv", index=False)
         (out / f"{name}.tex").write_text(latex(summary))
         from scripts.aggregate_plots import plot_all
 
-        plot_all(df, summary, increase_over_control(df), out, name)
+        inc = increase_over_control(df)
+        for group, stem in plot_stems(summary, name).items():  # one set of plots per group: never overlaid
+            plot_all(df[df.group == group], summary[summary.group == group], inc[inc.group == group], out, stem)
     for key, table in other_task_tables(results, out).items():
         fname = key if Path(key).suffix else f"{key}.md"
         (out / f"{name}_{fname}").write_text(table)
         text += f"\n{table}"
     return text
+
+
+def strict_refusal(df: pd.DataFrame) -> str | None:
+    """The one line --strict refuses with, or None: every cell's seeds from one known commit."""
+    mixed, unknown = commit_problems(df)
+    problems = []
+    if mixed:
+        problems.append(f"{len(mixed)} cell(s) with seeds from different commits (first: {mixed[0]})")
+    if unknown:
+        problems.append(f"{len(unknown)} result(s) without a recorded commit (first: {unknown[0]})")
+    if not problems:
+        return None
+    return ("--strict: " + "; ".join(problems) + "; rerun those jobs with one version of the code, or aggregate "
+            "without --strict")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -464,8 +806,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=None, help="table/plot file stem (default: experiment name or 'results')")
     ap.add_argument("--out", type=Path, default=Path("outputs/tables"))
     ap.add_argument("--claims", action="store_true",
-                    help="also print the paper's claims report (scripts/claims.py); with --experiment it is "
-                         "printed whenever the preset defines `claims`")
+                    help="also print the paper's claims report (scripts/claims.py), per group; with --experiment "
+                         "it is printed whenever the preset defines `claims`")
+    ap.add_argument("--strict", action="store_true",
+                    help="refuse (exit 2, one line) when a cell's seeds come from different commits or a result "
+                         "has no recorded commit (provenance.code.commit)")
     args = ap.parse_args(argv)
     if args.experiment:
         df, results = collect_experiment(args.experiment, args.override)
@@ -478,14 +823,17 @@ def main(argv: list[str] | None = None) -> int:
     if df.empty and not results:
         print("no results found", file=sys.stderr)
         return 1
+    if args.strict and not df.empty and (line := strict_refusal(df)) is not None:
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     name = args.name or args.experiment or "results"
     print(write_all(df, results, args.out, name, title))
     print(f"wrote {args.out}/{name}.md, .csv, _jobs.csv, .tex and PNG plots", file=sys.stderr)
     keys = preset_claims(args.experiment, args.override) if args.experiment else None
     if (args.claims or keys) and not df.empty:
-        import claims
+        from scripts import claims
 
-        report = claims.markdown(claims.evaluate(df, keys))
+        report = claims.markdown_groups(claims.evaluate_groups(df, keys))
         print(report)
         (args.out / f"{name}_claims.md").write_text(report)
     return 0

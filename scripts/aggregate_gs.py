@@ -30,7 +30,7 @@ FIG3 = ("grayscale_digit", "colored_digit", "grayscale_blank", "colored_blank")
 
 
 def _stat(values: Iterable[float], scale: float = 1.0, digits: int = 1) -> str:
-    v = [scale * float(x) for x in values if x is not None and not math.isnan(float(x))]
+    v = [scale * float(x) for x in values if x is not None and math.isfinite(float(x))]  # NaN/inf: no value
     if not v:
         return "–"
     if len(v) == 1:
@@ -119,7 +119,8 @@ def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
         control = by.get("control", {})
         for eraser in eraser_order(e for e in by if e != "control"):
             gaps = [v - control[s] for s, v in by[eraser].items() if s in control]
-            rows.append([ds, f"{arch}-w{w}-d{d}", method, "yes" if cal else "no", eraser, str(len(by[eraser])),
+            seeds = sum(isinstance(v, int | float) and math.isfinite(v) for v in by[eraser].values())
+            rows.append([ds, f"{arch}-w{w}-d{d}", method, "yes" if cal else "no", eraser, str(seeds),
                          _stat(control.values(), digits=4), _stat(by[eraser].values(), digits=4),
                          _stat(gaps, digits=4)])
     return md_table(["dataset", "arch", "method", "T-calibrated", "eraser", "seeds", "MDL control (bits/sample)",
@@ -129,7 +130,8 @@ def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
 def _is_regularized_mdl(r: dict[str, Any]) -> bool:
     c = r.get("config") or {}
     return c.get("task", "mdl") == "mdl" and "mdl" in r and (
-        str(c.get("experiment_name") or "").startswith("gs_") or (c.get("regularizer") or {}).get("name") != "none")
+        str(c.get("experiment_name") or "").startswith("gs_") or (c.get("regularizer") or {}).get("name", "none")
+        != "none")
 
 
 def tables(results: list[dict[str, Any]]) -> dict[str, str]:
@@ -227,9 +229,14 @@ def collect(roots: Iterable[Path]) -> list[dict[str, Any]]:
     for root in roots:
         for path in sorted(Path(root).rglob("result.json")):
             try:
-                results.append(json.loads(path.read_text()))
-            except json.JSONDecodeError:
-                print(f"warning: unreadable {path}", file=sys.stderr)
+                result = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+                print(f"warning: skipped {path}: not readable JSON ({type(e).__name__}: {e})", file=sys.stderr)
+                continue
+            if isinstance(result, dict) and isinstance(result.get("config"), dict):
+                results.append(result)
+            else:
+                print(f"warning: skipped {path}: not a result (no config)", file=sys.stderr)
     return results
 
 

@@ -1,5 +1,6 @@
 """PNG plots for scripts/aggregate.py: MDL per cell, MDL vs width / depth (paper Figs 4-8), validation-loss
-curves per eraser (Figs 9-15) and the MDL increase over control. Missing cells are gaps, never interpolated."""
+curves per eraser (Figs 9-15) and the MDL increase over control. Missing cells are gaps, never interpolated.
+Every plot shows one comparison group (scripts/aggregate.py); one that would overlay several is refused."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from scripts.tables import ERASER_ORDER, eraser_order  # noqa: E402
+from scripts.tables import ERASER_ORDER, eraser_order, require_one_group  # noqa: E402
 
 COLORS = {e: f"C{i}" for i, e in enumerate(ERASER_ORDER)}  # one colour per eraser in every plot
 MAX_PANELS = 16
@@ -40,6 +41,7 @@ def _save(fig: plt.Figure, path: Path) -> None:
 
 
 def plot_bars(summary: pd.DataFrame, path: Path) -> None:
+    require_one_group(summary, "a plot")
     rank = {e: i for i, e in enumerate(_erasers(summary.eraser))}
     s = summary.assign(_row=summary.groupby(["dataset", "arch", "width", "depth", "variant"], sort=False).ngroup(),
                        _rank=summary.eraser.map(rank)).sort_values(["_row", "_rank"]).reset_index(drop=True)
@@ -58,6 +60,7 @@ def plot_bars(summary: pd.DataFrame, path: Path) -> None:
 
 def plot_mdl_vs(summary: pd.DataFrame, axis: str, path: Path) -> bool:
     """MDL against `axis` (width or depth) at the most common value of the other, per (dataset, arch)."""
+    require_one_group(summary, "a plot")
     other = "depth" if axis == "width" else "width"
     panels = []
     for (dataset, arch, variant), g in summary.groupby(["dataset", "arch", "variant"], sort=False):
@@ -94,6 +97,7 @@ def _mean_curve(curves: list[list[list[float]]]) -> tuple[np.ndarray, np.ndarray
 
 
 def plot_curves(df: pd.DataFrame, path: Path) -> bool:
+    require_one_group(df, "a plot")
     done = df[(df.status == "done") & df.curve.map(lambda c: isinstance(c, list) and len(c) > 0)] \
         if "curve" in df else df.iloc[0:0]
     if done.empty:
@@ -113,6 +117,7 @@ def plot_curves(df: pd.DataFrame, path: Path) -> bool:
 
 
 def plot_increase(inc: pd.DataFrame, path: Path) -> bool:
+    require_one_group(inc, "a plot")
     if inc.empty:
         return False
     keys = list(dict.fromkeys(zip(inc.dataset, inc.arch, inc.width, inc.depth, inc.variant, strict=True)))

@@ -8,6 +8,10 @@ paired difference has the claimed sign (sign test p = 2^-n, 0.125 at 3 seeds), e
 "wider than ~1K does not lower MDL" is a negative one: it does not hold only when every seed's MDL is lower at
 the widest width than at ~1K. A claim's overall verdict: "does not hold" if a row does not, else "not enough
 seeds" if a row lacks seeds, else "holds". A claim without any row to test is "not testable here".
+
+Claims compare results of one comparison group only (scripts/aggregate.py: results whose configs differ in
+anything but eraser and seed are different groups): `evaluate` refuses a frame of several groups (one line naming
+the keys); `evaluate_groups` gives every group its own verdicts.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 from scipy import stats
+
+from scripts.tables import group_labels, groups_in, md_cell, require_one_group
 
 MIN_SEEDS = 3
 HOLDS, FAILS, FEW, UNTESTABLE = "holds", "does not hold", "not enough seeds", "not testable here"
@@ -121,12 +127,17 @@ def overall(tests: Sequence[RowTest]) -> str:
     return FAILS if FAILS in verdicts else FEW if FEW in verdicts else HOLDS
 
 
-def evaluate(df: pd.DataFrame, keys: Sequence[str] | None = None) -> list[tuple[Claim, list[RowTest], str]]:
+Results = list[tuple[Claim, list[RowTest], str]]
+
+
+def evaluate(df: pd.DataFrame, keys: Sequence[str] | None = None) -> Results:
     """Each claim (all, or `keys` in order) with its row tests and overall verdict. `df`: aggregate.py's job
-    table (status, dataset, arch, width, depth, variant, eraser, seed, bits_per_sample)."""
+    table (status, dataset, arch, width, depth, variant, eraser, seed, bits_per_sample; group) of one group:
+    results of several groups are refused (MixedGroupsError, one line naming the keys that differ)."""
     unknown = [k for k in keys or () if k not in CLAIMS]
     if unknown:
         raise ValueError(f"unknown claims {unknown}; known: {sorted(CLAIMS)}")
+    require_one_group(df, "a claim")
     # Unfinished jobs keep their row (so a row of the sweep without enough results says so), without a value.
     done = df.copy()
     if "status" in done:
@@ -141,14 +152,24 @@ def evaluate(df: pd.DataFrame, keys: Sequence[str] | None = None) -> list[tuple[
     return out
 
 
+def evaluate_groups(df: pd.DataFrame, keys: Sequence[str] | None = None) -> list[tuple[str, Results]]:
+    """`evaluate` per comparison group: [(group, its claims)], groups in order of appearance."""
+    if "group" not in df:
+        return [("{}", evaluate(df, keys))]
+    return [(g, evaluate(df[df.group == g], keys)) for g in groups_in(df)]
+
+
 def _num(x: float, digits: int = 3) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def markdown(results: Sequence[tuple[Claim, list[RowTest], str]]) -> str:
-    lines = ["## The paper's claims (paired by seed, bits/sample)", "",
-             f"Verdict per row: holds when all of ≥ {MIN_SEEDS} paired seeds show the claimed sign (exact sign "
-             "test p = 2^-n); the width claim fails only when every seed is lower at the widest width.", "",
+HEADER = ["## The paper's claims (paired by seed, bits/sample)", "",
+          f"Verdict per row: holds when all of ≥ {MIN_SEEDS} paired seeds show the claimed sign (exact sign "
+          "test p = 2^-n); the width claim fails only when every seed is lower at the widest width.", ""]
+
+
+def markdown(results: Results, header: bool = True) -> str:
+    lines = [*(HEADER if header else []),
              "| claim | row | per-seed differences | mean ± sd | sign test p | paired t p | verdict |",
              "|---|---|---|---|---|---|---|"]
     untestable = []
@@ -158,8 +179,8 @@ def markdown(results: Sequence[tuple[Claim, list[RowTest], str]]) -> str:
             continue
         for t in tests:
             diffs = ", ".join(f"s{s}: {v:+.3f}" for s, v in sorted(t.diffs.items()))
-            lines.append(f"| {claim.key} | {t.row} | {diffs} | {_num(t.mean)} ± {_num(t.sd)} | {_num(t.sign_p)} | "
-                         f"{_num(t.t_p)} | {t.verdict} |")
+            lines.append(f"| {claim.key} | {md_cell(t.row)} | {diffs} | {_num(t.mean)} ± {_num(t.sd)} | "
+                         f"{_num(t.sign_p)} | {_num(t.t_p)} | {t.verdict} |")
         lines.append(f"| **{claim.key}** | **overall** | | | | | **{verdict}** |")
     lines.append("")
     for claim, _, verdict in results:
@@ -167,3 +188,14 @@ def markdown(results: Sequence[tuple[Claim, list[RowTest], str]]) -> str:
     if untestable:
         lines += ["", "Not testable with these results: " + "; ".join(c.key for c in untestable)]
     return "\n".join(lines) + "\n"
+
+
+def markdown_groups(per_group: Sequence[tuple[str, Results]]) -> str:
+    """The report of `evaluate_groups`: as `markdown` for one group, else a section (and verdicts) per group."""
+    if len(per_group) == 1:
+        return markdown(per_group[0][1])
+    parts = ["\n".join(HEADER)]
+    labels = group_labels([g for g, _ in per_group])
+    for i, (group, results) in enumerate(per_group, 1):
+        parts.append(f"### Group {i}: {labels[group]}\n\n{markdown(results, header=False)}")
+    return "\n".join(parts)

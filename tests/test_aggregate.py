@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from scripts import aggregate
+from scripts.tables import MixedGroupsError, group_label, groups_in
 
 
 def _config(dataset: str, eraser: str, arch: str, width: int, depth: int, seed: int, task: str = "mdl") -> dict:
@@ -75,7 +76,11 @@ def fixture_runs(tmp_path: Path) -> Path:
 EXPECTED_MD = """\
 # Results under {root}
 
-4/6 jobs finished; MDL protocol: prequential. Cells: mean ± sd over finished seeds, (n/N) when seeds are missing.
+4/6 jobs finished; MDL protocol: prequential. Cells: mean ± sd over finished seeds, (n/N) when seeds are missing, \
+† when they come from different commits.
+
+Code versions (commit: finished results): unknown (4); unknown: no commit recorded (older result, or not a git \
+checkout).
 
 ## MDL (bits/sample)
 
@@ -202,8 +207,8 @@ def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Pat
 
 
 def test_different_configurations_are_never_averaged_together(tmp_path: Path, capsys) -> None:
-    """Same cell and seeds, two regularizers (e.g. `make demo` next to an SD sweep): two labelled rows. The
-    same result found twice (two copies of a run) counts once."""
+    """Same cell and seeds, two regularizers (e.g. `make demo` next to an SD sweep): two groups, a table each
+    (one table over both is refused). The same result found twice (two copies of a run) counts once."""
     root = tmp_path / "runs"
     for reg, bits in (("none", 1.0), ("sd", 2.0)):
         for seed in (0, 1):
@@ -214,13 +219,19 @@ def test_different_configurations_are_never_averaged_together(tmp_path: Path, ca
     (copy / "result.json").write_text((root / "none/mnist5k/control/mlp_relu-w128-d2/seed0/result.json").read_text())
     df, _ = aggregate.collect_dir(root)
     assert "repeated result" in capsys.readouterr().err
-    header, rows = aggregate.pivot(aggregate.summarize(df), "bits_per_sample")
-    assert header == ["dataset", "arch", "w", "d", "variant", "control"]
-    assert rows == [["mnist5k", "mlp_relu", "128", "2", "regularizer.name=none", "1.500 ± 0.707"],
-                    ["mnist5k", "mlp_relu", "128", "2", "regularizer.name=sd", "2.500 ± 0.707"]]
+    summary = aggregate.summarize(df)
+    with pytest.raises(MixedGroupsError, match=r"differ in regularizer.name \(none vs sd\)"):
+        aggregate.pivot(summary, "bits_per_sample")
+    tables = {group_label(g): aggregate.pivot(summary[summary.group == g], "bits_per_sample")
+              for g in groups_in(summary)}
+    assert tables == {"regularizer.name=none": (["dataset", "arch", "w", "d", "control"],
+                                                [["mnist5k", "mlp_relu", "128", "2", "1.500 ± 0.707"]]),
+                      "regularizer.name=sd": (["dataset", "arch", "w", "d", "control"],
+                                              [["mnist5k", "mlp_relu", "128", "2", "2.500 ± 0.707"]])}
     out = tmp_path / "tables"
     assert aggregate.main([str(root), "--out", str(out), "--name", "v"]) == 0
-    assert (out / "v.png").exists() and (out / "v_val_curves.png").exists()
+    for stem in ("v-g1", "v-g2"):  # a set of plots per group
+        assert (out / f"{stem}.png").exists() and (out / f"{stem}_val_curves.png").exists()
 
 
 def test_certificate_table_shows_what_the_erasers_report(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from erasure.files import atomic_write_json
+from training.app import results
 from training.app.report import exit_user_error, user_error_line
 from training.app.results import RESULT_FILE, flatten, mismatch_message, read_result, same_config
 from training.app.schema import config_hash, load_config, semantic
@@ -182,8 +183,11 @@ def tally(entries: list[dict[str, Any]]) -> dict[str, int]:
 
 def summary_line(entries: list[dict[str, Any]], total: int | None) -> str:
     t = tally(entries)
-    line = f"multirun: {len(entries)}/{total if total is not None else '?'} jobs ran: " + ", ".join(
-        f"{t[s]} {s}" for s in STATUSES)
+    by_other = sum(e.get("reason") == "done by another run" for e in entries)
+    shown = {s: f"{t[s]} {s}" for s in STATUSES}
+    if by_other:
+        shown["skipped"] += f" ({by_other} done by another run)"
+    line = f"multirun: {len(entries)}/{total if total is not None else '?'} jobs ran: " + ", ".join(shown.values())
     if total is not None and len(entries) < total:
         line += f", {total - len(entries)} not run"
     for e in entries:
@@ -280,6 +284,7 @@ class JobStatusCallback(Callback):
     # --- wherever a job runs ---------------------------------------------------------------------------
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         job_dir = _job_dir(config)
+        results.REUSED.discard(str(job_dir))
         self._stamps[str(job_dir)] = (_result_stamp(job_dir), time.time())
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
@@ -295,11 +300,19 @@ class JobStatusCallback(Callback):
             line = user_error_line(err) if isinstance(err, BaseException) else None
             entry.update(status="failed", error=line or f"{type(err).__name__}: {err}")
         else:
-            skipped = before is not None and before == _result_stamp(job_dir)
-            entry["status"] = "skipped" if skipped else "done"
+            # Skipped: the result was there before and untouched, or the job returned a stored result instead
+            # of computing one; the latter with a result.json new since the job started: another run of the same
+            # job (a concurrent identical sweep) finished it while this one waited on the directory's lock.
+            after = _result_stamp(job_dir)
+            reused = str(job_dir) in results.REUSED
+            entry["status"] = "skipped" if reused or (before is not None and before == after) else "done"
+            if reused and after != before:
+                entry["reason"] = "done by another run"
+        results.REUSED.discard(str(job_dir))
         atomic_write_json(Path(ledger) / f"job-{entry['num']:05d}.json", entry)
         total = os.environ.get(TOTAL_ENV) or "?"
         t = tally(read_ledger(Path(ledger)))
-        error = f": {entry['error']}" if entry["status"] == "failed" else ""
+        detail = f": {entry['error']}" if entry["status"] == "failed" else ""
+        detail += f" ({entry['reason']})" if "reason" in entry else ""
         log.info("[%d/%s] %s %s%s | done %d, skipped %d, failed %d", sum(t.values()), total, entry["status"],
-                 job_dir, error, t["done"], t["skipped"], t["failed"])
+                 job_dir, detail, t["done"], t["skipped"], t["failed"])

@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 RESULT_FILE = "result.json"
 LOCK_FILE = ".job.lock"
+# Job directories whose stored result this process returned instead of computing it (JobDir.finished: a SKIP,
+# also of a result a concurrent identical job wrote while this one waited on the lock); the multirun ledger
+# (training/app/ledger.py) counts such a job as skipped, not done.
+REUSED: set[str] = set()
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -131,6 +135,7 @@ class JobDir:
         if same_config(done, self.cfg_hash):
             if not self.force:
                 log.info("SKIP %s (finished, config hash %s)", self.path, self.cfg_hash)
+                REUSED.add(str(self.path))
                 return done
             log.warning("force=true: recomputing %s (finished with this configuration, hash %s)", self.path,
                         self.cfg_hash)

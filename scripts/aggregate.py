@@ -35,6 +35,8 @@ from typing import Any
 import pandas as pd
 
 from scripts.tables import eraser_order, group_label, group_labels, groups_in, md_table, require_one_group
+from training.app.results import stored_config
+from training.app.schema import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,13 +117,13 @@ def _load_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 @functools.cache
 def _closed_sections() -> dict[str, frozenset[str]]:
     """Config groups that allow no undeclared keys, with their declared keys (training/app/schema.py)."""
-    from training.app.schema import JobConfig, Section
+    from training.app.schema import JobConfig, OptionsSection, Section
 
     out = {}
     for f in dataclasses.fields(JobConfig):
         kind = f.metadata.get("kind")
-        if isinstance(kind, type) and issubclass(kind, Section) and not kind.open:
-            out[f.name] = frozenset(g.name for g in dataclasses.fields(kind) if g.name != "_extra")
+        if isinstance(kind, type) and issubclass(kind, Section) and not issubclass(kind, OptionsSection):
+            out[f.name] = frozenset(g.name for g in dataclasses.fields(kind) if not g.name.startswith("_"))
     return out
 
 
@@ -180,11 +182,10 @@ def _identity_columns(cfg: dict[str, Any], numerics_version: Any = None) -> dict
 
 
 def _cell_from_config(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
-    arch = cfg["arch"]
-    return {"dataset": cfg["dataset"].get("tag") or cfg["dataset"]["name"], "arch": arch.get("tag") or arch["name"],
-            "width": int(arch["width"]), "depth": int(arch["depth"]), "eraser": str(cfg["eraser"]["name"]),
-            "seed": int(cfg["seed"]), "protocol": (cfg.get("mdl") or {}).get("protocol", "prequential"),
-            **_identity_columns(cfg, numerics_version)}
+    c = stored_config(cfg)
+    return {"dataset": c["dataset.tag"], "arch": c["arch.tag"], "width": int(c["arch.width"]),
+            "depth": int(c["arch.depth"]), "eraser": str(c["eraser.name"]), "seed": int(c["seed"]),
+            "protocol": c["mdl.protocol"], **_identity_columns(cfg, numerics_version)}
 
 
 def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:
@@ -338,7 +339,7 @@ def _unfinished_row(cell: dict[str, Any], job_dir: Path, failed: dict[str, str])
 
 
 def _is_mdl_task(result: dict[str, Any]) -> bool:
-    return (result.get("config") or {}).get("task", "mdl") == "mdl"
+    return not isinstance(result.get("config"), dict) or stored_config(result["config"])["task"] == "mdl"
 
 
 def collect_dir(root: Path) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
@@ -406,7 +407,7 @@ def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[
         same = result is not None and h in (result.get("config_hash"), config_hash(result["config"]))
         if same:
             results.append(result)
-        if cfg.get("task", "mdl") != "mdl":
+        if stored_config(cfg)["task"] != "mdl":
             continue
         cell = _cell_from_config(cfg)
         if same:
@@ -844,7 +845,7 @@ def preset_claims(experiment: str, extra: list[str]) -> list[str] | None:
     from training.app.sweeps import expand
 
     cfgs = expand(experiment, extra)
-    keys = cfgs[0].get("claims") if cfgs else None
+    keys = load_config(cfgs[0]).claims if cfgs else None
     return [str(k) for k in keys] if keys else None
 
 

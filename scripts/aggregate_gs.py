@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from scripts.tables import eraser_order, md_table
-from training.starvation.common import method_name  # noqa: E402
+from training.app.results import stored_config  # noqa: E402
+from training.starvation.common import method_of_stored  # noqa: E402
 
 GS_TASKS = ("gs_two_moons", "gs_colored_mnist", "gs_erased_eval")
 PAPER_CMNIST = {"ERM (paper, 60k MNIST)": (91.1, 23.7), "SD (paper, 60k MNIST)": (70.0, 68.4)}
@@ -38,8 +39,12 @@ def _stat(values: Iterable[float], scale: float = 1.0, digits: int = 1) -> str:
     return f"{np.mean(v):.{digits}f} ± {np.std(v, ddof=1):.{digits}f}"
 
 
+def _task(r: dict[str, Any]) -> str | None:
+    return stored_config(r["config"])["task"] if isinstance(r.get("config"), dict) else None
+
+
 def _method(r: dict[str, Any]) -> str:
-    return method_name(r["config"])  # from the config, so renaming methods needs no re-run
+    return method_of_stored(r["config"])  # from the config, so renaming methods needs no re-run
 
 
 def _group(results: list[dict[str, Any]], key: Callable[[dict[str, Any]], tuple]) -> dict[tuple, list[dict[str, Any]]]:
@@ -88,9 +93,8 @@ def colored_mnist_tables(results: list[dict[str, Any]]) -> dict[str, str]:
 
 def erased_eval_table(results: list[dict[str, Any]]) -> str:
     def key(r: dict[str, Any]) -> tuple:
-        c = r["config"]
-        return (c["dataset"].get("tag", c["dataset"]["name"]), c["eraser"]["name"],
-                c["arch"].get("tag", c["arch"]["name"]), _method(r))
+        c = stored_config(r["config"])
+        return c["dataset.tag"], c["eraser.name"], c["arch.tag"], _method(r)
 
     rows = []
     for (ds, eraser, arch, method), rs in _group(results, key).items():
@@ -107,9 +111,9 @@ def erased_eval_table(results: list[dict[str, Any]]) -> str:
 def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
     """MDL (bits/sample) per eraser, ERM vs SD, and the erased-minus-control gap per seed."""
     def cell(r: dict[str, Any]) -> tuple:
-        c = r["config"]
-        return (c["dataset"].get("tag", c["dataset"]["name"]), c["arch"].get("tag", c["arch"]["name"]),
-                c["arch"].get("width"), c["arch"].get("depth"), _method(r), bool(c["mdl"].get("calibrate_temperature")))
+        c = stored_config(r["config"])
+        return (c["dataset.tag"], c["arch.tag"], c["arch.width"], c["arch.depth"], _method(r),
+                c["mdl.calibrate_temperature"])
 
     rows = []
     for (ds, arch, w, d, method, cal), rs in _group(results, cell).items():
@@ -128,16 +132,15 @@ def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
 
 
 def _is_regularized_mdl(r: dict[str, Any]) -> bool:
-    c = r.get("config") or {}
-    return c.get("task", "mdl") == "mdl" and "mdl" in r and (
-        str(c.get("experiment_name") or "").startswith("gs_") or (c.get("regularizer") or {}).get("name", "none")
-        != "none")
+    c = stored_config(r["config"]) if isinstance(r.get("config"), dict) else {}
+    return bool(c) and c["task"] == "mdl" and "mdl" in r and (
+        str(c["experiment_name"] or "").startswith("gs_") or c["regularizer.name"] != "none")
 
 
 def tables(results: list[dict[str, Any]]) -> dict[str, str]:
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in results:
-        task = (r.get("config") or {}).get("task", "mdl")
+        task = stored_config(r["config"])["task"] if isinstance(r.get("config"), dict) else "mdl"
         if task in GS_TASKS:
             by_task[task].append(r)
         elif _is_regularized_mdl(r):
@@ -218,7 +221,7 @@ def _cmnist_curves(results: list[dict[str, Any]], path: Path) -> Path | None:
 
 def plots(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    task = lambda name: [r for r in results if (r.get("config") or {}).get("task") == name]  # noqa: E731
+    task = lambda name: [r for r in results if _task(r) == name]  # noqa: E731
     made = [_boundary_figure(task("gs_two_moons"), out_dir / "gs_two_moons_boundaries.png"),
             _cmnist_curves(task("gs_colored_mnist"), out_dir / "gs_colored_mnist_curves.png")]
     return [p for p in made if p is not None]

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from tests.helpers import job_config
-from training.app.sweeps import expand
 from training.app.lifecycle import PROGRESS_FILE
+from training.app.sweeps import expand
 from training.mdl.job import Trainer, run_job
 
 REPO = Path(__file__).resolve().parents[1]

@@ -134,18 +134,18 @@ def check_sweep(config: DictConfig) -> int | None:
             continue
         assert isinstance(cfg, dict)
         try:
-            load_config(cfg)
-            h = config_hash(cfg)
+            job = load_config(cfg)
+            h = config_hash(job)
         except Exception as err:
             line = user_error_line(err)
             if line is None:  # not the user's mistake to fix up front: the job itself will fail and say so
                 log.warning("multirun: %s not checked (%s: %s)", where, type(err).__name__, _first_line(err))
                 continue
             exit_user_error(f"multirun refused (nothing ran): {where}: {line}", err)
-        by_dir.setdefault(str(cfg["paths"]["job_dir"]), []).append((num, combo, cfg, h))
+        by_dir.setdefault(job.paths.job_dir, []).append((num, combo, cfg, h, job.force))
     for job_dir, jobs in by_dir.items():
-        if len({h for *_, h in jobs}) > 1:
-            diff = differing_keys([cfg for _, _, cfg, _ in jobs])
+        if len({h for *_, h, _ in jobs}) > 1:
+            diff = differing_keys([cfg for _, _, cfg, _, _ in jobs])
             shown = "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in list(diff.items())[:4])
             exit_user_error(
                 f"multirun refused (nothing ran): jobs {', '.join(str(j[0]) for j in jobs)} would share the "
@@ -153,8 +153,8 @@ def check_sweep(config: DictConfig) -> int | None:
                 "run them with different paths.out_dir, or put those keys into paths.job_subdir")
     mismatched = []
     for job_dir, jobs in by_dir.items():
-        num, _, cfg, h = jobs[0]
-        if cfg.get("force"):
+        num, _, cfg, h, force = jobs[0]
+        if force:
             continue
         done = read_result(Path(job_dir) / RESULT_FILE)
         if done is not None and not same_config(done, h):
@@ -204,10 +204,8 @@ def _result_stamp(job_dir: Path) -> int | None:
 
 
 def _job_dir(config: DictConfig) -> Path:
-    paths = config.get("paths")
-    if paths is not None and paths.get("job_dir"):
-        return Path(str(paths.job_dir))
-    return Path(str(config.hydra.runtime.output_dir))
+    job_dir = OmegaConf.select(config, "paths.job_dir", default=None)
+    return Path(str(job_dir if job_dir else config.hydra.runtime.output_dir))
 
 
 class JobStatusCallback(Callback):
@@ -293,7 +291,8 @@ class JobStatusCallback(Callback):
             return
         job_dir = _job_dir(config)
         before, t0 = self._stamps.pop(str(job_dir), (None, time.time()))
-        entry: dict[str, Any] = {"num": int(config.hydra.job.get("num", 0) or 0), "job_dir": str(job_dir),
+        num = int(OmegaConf.select(config, "hydra.job.num", default=0) or 0)
+        entry: dict[str, Any] = {"num": num, "job_dir": str(job_dir),
                                  "seconds": round(time.time() - t0, 3)}
         if job_return.status == JobStatus.FAILED:
             err = job_return._return_value

@@ -23,7 +23,7 @@ from typing import Any
 
 from erasure.files import atomic_write_json, read_json
 from erasure.locks import waiting_lock
-from training.app.schema import JobConfig, config_hash, semantic
+from training.app.schema import JobConfig, config_hash, semantic, with_defaults
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,16 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def stored_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A result's stored config as dotted key -> value, the schema's defaults filled in for declared keys it lacks
+    (`view["mdl.protocol"]`), and a group's `tag` defaulting to its name (results written before tags)."""
+    view = flatten(with_defaults(config))
+    for group in ("dataset", "arch"):
+        if f"{group}.name" in view and view.get(f"{group}.tag") is None:
+            view[f"{group}.tag"] = view[f"{group}.name"]
+    return view
 
 
 # Before hash v2 these were null in the config and resolved in Python to the paper's values, as they now are in conf/.

@@ -593,6 +593,21 @@ def _semantic(cls: type[Section], data: Mapping[str, Any], fill_defaults: bool) 
     return out
 
 
+def with_defaults(data: Mapping[str, Any], cls: type[Section] = JobConfig) -> dict[str, Any]:
+    """A stored (or hand-written) config with the schema's default for every declared key it lacks, groups
+    included: how reports read configs written before a key existed, with the one default the schema declares."""
+    out = dict(data)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name.startswith("_") or f.metadata.get("typed_view"):
+            continue
+        kind = f.metadata.get("kind")
+        if f.name not in out and f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif isinstance(kind, type) and issubclass(kind, Section) and isinstance(out.get(f.name), Mapping):
+            out[f.name] = with_defaults(out[f.name], kind)
+    return out
+
+
 def _plain(v: Any) -> Any:
     if isinstance(v, Mapping):
         return {str(k): _plain(x) for k, x in v.items()}

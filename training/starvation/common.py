@@ -35,16 +35,33 @@ def run_task(config: Mapping[str, Any] | JobConfig, body: Body) -> dict[str, Any
 
 
 def method_name(cfg: JobConfig) -> str:
-    """"ERM" / "SD λ=…", ", loss×s" for the official whole-loss rescale, "(from step t)", "+ WD w"."""
+    """The method a job's config describes (see `method_label`)."""
     sd: SdOptions | None = cfg.regularizer.options if cfg.regularizer.name == "sd" else None
+    return method_label(sd, getattr(cfg.task_options, "weight_decay", 0.0))
+
+
+def method_of_stored(config: Mapping[str, Any]) -> str:
+    """The method of a result's stored config (so renaming methods needs no re-run)."""
+    from training.app.results import stored_config
+
+    c = stored_config(config)
+    sd = None
+    if c["regularizer.name"] == "sd":
+        given = {k.split(".", 1)[1]: v for k, v in c.items()
+                 if k.startswith("regularizer.") and k != "regularizer.name"}
+        sd = SdOptions(**{"lam": 0.0, "gamma": 0.0, "start_step": 0, "loss_scale": None, **given})
+    return method_label(sd, c["gs.weight_decay"] if "gs.weight_decay" in c else 0.0)
+
+
+def method_label(sd: SdOptions | None, weight_decay: float) -> str:
+    """"ERM" / "SD λ=…", ", loss×s" for the official whole-loss rescale, "(from step t)", "+ WD w"."""
     lam = sd.lam if sd is not None else 0.0
     lam_on = any(v > 0 for v in lam) if isinstance(lam, list) else lam > 0
     scale = sd.loss_scale if sd is not None else None
     name = ", ".join([f"SD λ={lam}" if lam_on else "ERM"] + ([f"loss×{scale}"] if scale is not None else []))
     if sd is not None and (lam_on or scale is not None) and sd.start_step:
         name += f" (from step {sd.start_step})"
-    wd = getattr(cfg.task_options, "weight_decay", 0.0)
-    return name + (f" + WD {wd:g}" if wd > 0 else "")
+    return name + (f" + WD {weight_decay:g}" if weight_decay > 0 else "")
 
 
 def paper_mlp(in_features: int, hidden: int, depth: int, out: int, init: str = "default") -> nn.Sequential:

@@ -40,6 +40,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,7 +88,7 @@ class Sizes:
 
 GPU_EPOCHS = 2
 GPU = Sizes(
-    pytest_args=("-m", "not slurm"),
+    pytest_args=(),  # the marker expression is --pytest-m (default "not slurm": slow and gpu tests included)
     job_data=("dataset=synthetic", "dataset.n=50000", "dataset.channels=3", "dataset.size=32",
               "dataset.num_classes=10", "dataset.augment=true"),
     # the epoch cap is the budget: no step floor keeps a small block (or the MLP's 1000-step warm-up) going
@@ -519,7 +520,7 @@ def step_tests(ctx: Context) -> str:
     if importlib.util.find_spec("pytest") is None:
         raise StepError("pytest is not importable: add its wheels to .whl/ (make gpu-wheels)")
     xml = ctx.logs / "pytest.xml"
-    args = ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}", *ctx.sizes.pytest_args]
+    args = ["-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}", *ctx.sizes.pytest_args]
     if ctx.gpu and importlib.util.find_spec("xdist") is not None:
         args += ["-n", str(min(8, max(1, len(os.sched_getaffinity(0)) // 2))), "--dist", "loadgroup"]
     gpu_ids: set[tuple[str, str]] = set()
@@ -528,8 +529,16 @@ def step_tests(ctx: Context) -> str:
                           "pytest-collect-gpu", check=False)
         gpu_ids = {junit_id(ln.strip()) for ln in coll.output.splitlines() if "::" in ln}
         ctx.figures["gpu_tests"] = len(gpu_ids)
+    if ctx.gpu and ctx.args.pytest_m:
+        args += ["-m", ctx.args.pytest_m]
     env = {**ctx.env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    proc = ctx.python(args, "pytest", env=env, check=False)
+    try:
+        proc = ctx.python(args, "pytest", env=env, check=False)
+    except StepError:  # out of time: the verbose lines say how far it got
+        outcomes = pytest_progress((ctx.logs / "pytest.log").read_text(errors="replace"))
+        ctx.figures["partial"] = {w.lower(): sum(o == w for o, _ in outcomes) for w in OUTCOMES}
+        ctx.figures["partial_failures"] = [t for o, t in outcomes if o in ("FAILED", "ERROR")][:40]
+        raise
     if not xml.exists():
         raise StepError(f"pytest: {error_line(proc.output, proc.rc)} (no junit xml)", tail(proc.output))
     counts, failures, gpu_skipped = read_junit(xml, gpu_ids)
@@ -553,6 +562,19 @@ def step_tests(ctx: Context) -> str:
 
 
 MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+OUTCOMES = ("PASSED", "FAILED", "SKIPPED", "ERROR")
+
+
+def pytest_progress(text: str) -> list[tuple[str, str]]:
+    """(outcome, test id) of each `pytest -v` result line: "tests/t.py::x PASSED [ 5%]" or, with xdist,
+    "[gw0] [ 5%] PASSED tests/t.py::x"."""
+    found = []
+    for line in text.splitlines():
+        test = re.search(r"(tests/\S+::\S+)", line)
+        outcome = re.search(r"\b(PASSED|FAILED|SKIPPED|ERROR)\b", line)
+        if test and outcome and not line.startswith(("FAILED ", "ERROR ", "SKIPPED ")):  # not the -r summary
+            found.append((outcome.group(1), test.group(1)))
+    return found
 
 
 def junit_id(nodeid: str) -> tuple[str, str]:
@@ -589,7 +611,7 @@ def read_junit(path: Path, gpu_ids: set[tuple[str, str]]) -> tuple[dict[str, int
 def job_overrides(ctx: Context, arch: str, out: Path, extra: Iterable[str] = ()) -> list[str]:
     s = ctx.sizes
     return [f"arch={arch}", *s.arch[arch], *s.job_data, *s.job_mdl, "eraser=control", "seed=0",
-            f"device={ctx.device}", "logger=none", "progress=false", "certificate=false", "force=true",
+            f"device={ctx.device}", "logger=none", "progress=false", "certificate=false",
             f"paths.out_dir={out}", f"paths.cache_dir={ctx.work / 'cache'}", *ctx.args.job_override, *extra]
 
 
@@ -597,6 +619,7 @@ def run_job(ctx: Context, arch: str, name: str, extra: Iterable[str] = ()) -> di
     """One `python -m training.run` job (through gpu_report_work `job` for the process's peak GPU memory):
     bits/sample, wall time, epochs/steps, peak memory."""
     out = ctx.out / "runs" / name
+    shutil.rmtree(out, ignore_errors=True)  # a fresh job: an earlier result here would be reused, not timed
     memory_file = ctx.work / f"{name}.memory.json"
     memory_file.unlink(missing_ok=True)
     overrides = job_overrides(ctx, arch, out, extra)
@@ -902,6 +925,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds for the whole report (e.g. 560 under a 600 s limit): a step gets at most what is "
                    "left, and is skipped when under 30 s are left")
     p.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every step's own time budget")
+    p.add_argument("--pytest-m", default="not slurm", help='GPU mode: the tests step\'s marker expression '
+                   '(default "not slurm": the whole suite, slow and gpu tests included; "not slurm and not slow" '
+                   'is quicker)')
     p.add_argument("--commit", default=None, help="the commit to record where this machine has no .git")
     p.add_argument("--job-override", action="append", default=[], help="extra training.run override for the "
                    "architecture jobs (repeatable), e.g. mdl.max_epochs=3")

@@ -169,3 +169,12 @@ def test_merge_keeps_each_steps_last_run(tmp_path: Path) -> None:
     m = json.loads((tmp_path / "m" / gr.JSON_NAME).read_text())
     assert m["steps"]["tests"]["status"] == "ok" and m["steps"]["job_mlp"]["status"] == "failed"
     assert m["counts"] == {"ok": 1, "failed": 1, "skipped": 0} and len(m["merged_from"]) == 2 and m["total_s"] == 20
+
+
+def test_pytest_progress_lines() -> None:
+    text = ("tests/test_a.py::test_x PASSED                  [ 50%]\n"
+            "[gw1] [ 75%] FAILED tests/test_b.py::test_y[1] \n"
+            "[gw0] [100%] SKIPPED tests/test_c.py::test_z \n"
+            "FAILED tests/test_b.py::test_y[1] - AssertionError\n")
+    assert gr.pytest_progress(text) == [("PASSED", "tests/test_a.py::test_x"), ("FAILED", "tests/test_b.py::test_y[1]"),
+                                        ("SKIPPED", "tests/test_c.py::test_z")]

@@ -713,7 +713,7 @@ def step_precision(ctx: Context) -> str:
     try:  # the job config `python -m training.run training.precision=bf16` would get (composed and checked)
         compose(["training.precision=bf16", "logger=none"])
     except Exception as err:
-        text = f"{err} {err.__cause__ or ''}"
+        text = f"{err}\n{err.__cause__ or ''}"
         line = " ".join(f"{type(err).__name__}: {text}".split())[:300]
         if "precision" in text and ("Could not override" in text or "not in struct" in text):
             why = next((ln.strip() for ln in text.splitlines() if "not in struct" in ln), line)

@@ -6,9 +6,13 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 EXP    ?= offline_table
 BENCH_ARGS ?=
+# scripts/gpu_report.py options, e.g. GPU_REPORT_ARGS="--steps jobs,speed --budget 560 --out $$OUT"
+GPU_REPORT_ARGS ?=
+# the GPU machine has no .venv (and no registry): there the report runs on python3 with the wheels in .whl/
+REPORT_PY = $(if $(wildcard $(PY)),$(PY),python3)
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=disabled
 
-.PHONY: help setup test test-all demo lint clean reproduce tables bench slurm-up slurm-down
+.PHONY: help setup test test-all demo lint clean reproduce tables bench gpu-report gpu-wheels slurm-up slurm-down
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -43,6 +47,12 @@ tables: setup  ## aggregate whatever is in outputs/runs into outputs/tables/
 bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm; BENCH_ARGS=--device cuda
 	WANDB_MODE=disabled $(PY) scripts/bench_mdl.py --fused $(BENCH_ARGS)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) scripts/bench_cache.py
+
+gpu-report:  ## GPU checks (tests, one job per arch, erasers, speed, sweep cost) → outputs/gpu_report/*.json|md; CPU toy sizes without CUDA
+	WANDB_MODE=disabled $(REPORT_PY) scripts/gpu_report.py $(GPU_REPORT_ARGS)
+
+gpu-wheels:  ## fill .whl/ with what the GPU machine lacks (hydra, mup, schedulefree, pytest, ...) for gpu-report there
+	scripts/gpu_wheels.sh
 
 slurm-up:  ## start a one-machine SLURM cluster with accounting (root, Debian packages); prints SLURM_CONF
 	python3 scripts/slurm_cluster.py install

@@ -176,6 +176,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="also write the per-method results to this JSON file")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--tol", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -215,6 +216,9 @@ def main() -> None:
             extra = {key: v for key, v in r.items() if key not in ("method", "seconds", "peak_mb")}
             print(f"  {method:12s} {r['seconds']:8.2f} s  peak {r['peak_mb']:8.0f} MB  {extra}", flush=True)
         _summary(results, out, args)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"n": args.n, "d": args.d, "k": args.k, "device": args.device,
+                                                   "cond": float(ev[-1] / ev[0]), "results": results}, indent=1))
 
 
 def _summary(results: dict, out: Path, args: argparse.Namespace) -> None:

@@ -278,6 +278,7 @@ def main() -> None:
     p.add_argument("--workers", default="auto", help="ours: training.workers (auto | N)")
     p.add_argument("--fused", action="store_true",
                    help="also measure ours with training.fused_optimizer=true (one-kernel optimizer step)")
+    p.add_argument("--json", default=None, help="also write the measurements (medians, ratios, bandwidth) here")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.device == "auto":
@@ -319,6 +320,11 @@ def main() -> None:
               f"{statistics.median(cpu_ratios):.2f}× ({', '.join(f'{q:.2f}' for q in cpu_ratios)})")
     print(f"peak memory ({mem}): " + ", ".join(
         f"{v} {statistics.median(x['peak_mb'] for x in rows[v]):.0f} MB" for v in variants))
+    summary: dict[str, Any] = {
+        "device": args.device, "n": args.n, "d": args.d, "epochs": args.epochs, "seeds": args.seeds,
+        "repeats": args.repeats, "threads": args.threads, "median_s": med,
+        "speedup": {v: med["naive"] / med[v] for v in variants[1:]},
+        "peak_mb": {v: statistics.median(x["peak_mb"] for x in rows[v]) for v in variants}, "runs": rows}
     if gpu:
         bw = spawn(args, "bandwidth")
         gb = bw["bytes"] / 1e9
@@ -329,6 +335,10 @@ def main() -> None:
             print(f"one epoch, {key.removeprefix('epoch_s_')} MLP-128 model(s) at once: {s * 1e3:.1f} ms = "
                   f"{s / bw['read_s']:.1f}× the device read, {s / bw['h2d_s']:.2f}× the host→device copy")
         print(f"bandwidth worker peak GPU memory: {bw['peak_mb']:.0f} MB")
+        summary["bandwidth"] = {**bw, "read_gbps": gb / bw["read_s"], "h2d_gbps": gb / bw["h2d_s"],
+                                "epoch_over_read": bw["epoch_s_1"] / bw["read_s"]}
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

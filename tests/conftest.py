@@ -41,9 +41,10 @@ def slurm_unavailable() -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     no_gpu = pytest.mark.skip(reason="needs CUDA")
     for item in items:
-        if "gpu" in item.keywords and not torch.cuda.is_available():
+        # markers, not item.keywords: keywords also hold the names of parent directories (a checkout in .../gpu/)
+        if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
             item.add_marker(no_gpu)
-        if "slurm" in item.keywords:
+        if item.get_closest_marker("slurm") is not None:
             item.add_marker(pytest.mark.xdist_group("slurm"))  # with `-n`: one worker, one cluster
             if (reason := slurm_unavailable()) is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))

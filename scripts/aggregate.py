@@ -35,7 +35,7 @@ from typing import Any
 import pandas as pd
 
 from scripts.tables import eraser_order, group_label, group_labels, groups_in, md_table, require_one_group
-from training.app.results import stored_config
+from training.app.results import same_config, stored_config
 from training.app.schema import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -403,8 +403,8 @@ def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[
         result, why = _load_result(path)
         if why is not None:
             warn(f"skipped {path}: {why}")
-        h = config_hash(cfg)  # the stored config is rehashed too: the hash's definition may have changed since
-        same = result is not None and h in (result.get("config_hash"), config_hash(result["config"]))
+        h = config_hash(cfg)  # same_config also rehashes the stored config (the hash may have changed since)
+        same = result is not None and same_config(result, h)
         if same:
             results.append(result)
         if stored_config(cfg)["task"] != "mdl":

@@ -12,7 +12,7 @@ import torch
 from erasure.files import atomic_write_json
 from models.mlp import MlpOptions
 from training.app.results import flatten, legacy_differences
-from training.app.schema import ConfigError, JobConfig, cell_hash, config_hash, load_config
+from training.app.schema import NUMERICS, ConfigError, JobConfig, cell_hash, config_hash, load_config
 from training.data import LoadedData
 from training.data.erase import _cache_key
 
@@ -111,13 +111,20 @@ def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(t
     old["optim"].update(lr=None, beta1=None, warmup_steps=10, name="adamw_schedulefree")
     old["eraser"]["cache"] = True
     legacy = Path(cfg["paths"]["legacy_job_dir"])
-    atomic_write_json(legacy / "result.json", {"config_hash": "0" * 16, "config": old, "mdl": {"bits_per_sample": 1.5}})
+    stored = {"config_hash": "0" * 16, "config": old, "mdl": {"bits_per_sample": 1.5}}
+    atomic_write_json(legacy / "result.json", stored)  # no numerics_version: older numbers, never reused
     assert legacy_differences(old, cfg) == []
+    with caplog.at_level("INFO"):
+        assert run_job(cfg)["mdl"]["bits_per_sample"] != 1.5  # recomputed
+    assert "numerics version 1" in caplog.text
+    cfg = job_config(tmp_path / "again", SMOKE)
+    atomic_write_json(Path(cfg["paths"]["legacy_job_dir"]) / "result.json", {**stored, "numerics_version": NUMERICS})
+    caplog.clear()
     with caplog.at_level("INFO"):
         assert run_job(cfg)["mdl"]["bits_per_sample"] == 1.5  # reused, not recomputed
     assert "pre-v2 layout" in caplog.text and not (Path(cfg["paths"]["job_dir"]) / "result.json").exists()
 
-    other = job_config(tmp_path, [*SMOKE, "mdl.num_blocks=3"])
+    other = job_config(tmp_path / "again", [*SMOKE, "mdl.num_blocks=3"])
     assert legacy_differences(old, other) == ["mdl.num_blocks"]
     caplog.clear()
     with caplog.at_level("INFO"):

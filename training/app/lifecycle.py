@@ -23,7 +23,7 @@ import torch
 
 from erasure.files import atomic_write_json, read_json
 from training.app.results import JobDir, legacy_result
-from training.app.schema import HASH_VERSION, JobConfig, config_hash, load_config
+from training.app.schema import HASH_VERSION, NUMERICS, JobConfig, config_hash, load_config
 from training.engine.devices import resolve_device
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,8 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: 
         t0 = time.perf_counter()
         out = body(JobRun(cfg, job, device, progress))
         timings = {**out.pop("timings", {}), "total_s": time.perf_counter() - t0}
-        result = {"config_hash": job.cfg_hash, "hash_version": HASH_VERSION, "job_dir": str(job.path),
+        result = {"config_hash": job.cfg_hash, "hash_version": HASH_VERSION, "numerics_version": NUMERICS,
+                  "job_dir": str(job.path),
                   "task": cfg.task, "config": cfg.to_dict(), **out, "device": str(device), "timings": timings}
         job.write_result(result)  # the job's last act: its presence means "done"
         progress.clear()

@@ -23,7 +23,7 @@ from typing import Any
 
 from erasure.files import atomic_write_json, read_json
 from erasure.locks import waiting_lock
-from training.app.schema import JobConfig, config_hash, semantic, with_defaults
+from training.app.schema import NUMERICS, JobConfig, config_hash, semantic, with_defaults
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,10 @@ def legacy_result(cfg: JobConfig, job_dir: Path) -> dict[str, Any] | None:
     done = read_json(Path(legacy) / RESULT_FILE)
     if not isinstance(done, dict) or "hash_version" in done or not isinstance(done.get("config"), dict):
         return None
+    if done.get("numerics_version", 1) != NUMERICS:
+        log.info("not reusing %s: written under numerics version %s, this job's is %d (README: Numerics "
+                 "versions)", legacy, done.get("numerics_version", 1), NUMERICS)
+        return None
     diff = legacy_differences(done["config"], cfg)
     if diff:
         log.info("not reusing %s (written before job directories carried the config hash): it differs in %s",
@@ -106,11 +110,18 @@ def read_result(path: Path) -> dict[str, Any] | None:
     return done
 
 
+def stored_hash(done: Mapping[str, Any]) -> str | None:
+    """A stored result's config hash recomputed with today's definition of the hash, under the numerics version
+    it was computed with (results without `numerics_version` predate it: 1)."""
+    if not isinstance(done.get("config"), dict):
+        return None
+    numerics = done["numerics_version"] if isinstance(done.get("numerics_version"), int) else 1
+    return config_hash(done["config"], numerics=numerics)
+
+
 def same_config(done: Mapping[str, Any], cfg_hash: str) -> bool:
-    if done.get("config_hash") == cfg_hash:
-        return True
-    # same config, when the stored hash predates a change of what the hash covers
-    return isinstance(done.get("config"), dict) and config_hash(done["config"]) == cfg_hash
+    # the stored hash, or (when it predates a change of what the hash covers) the stored config rehashed
+    return done.get("config_hash") == cfg_hash or stored_hash(done) == cfg_hash
 
 
 def mismatch_message(job_dir: Path, stored: object, cfg_hash: str) -> str:

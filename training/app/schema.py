@@ -548,6 +548,11 @@ def _eraser_hints(fitter: Any) -> dict[str, Any]:
 
 # ---- the job hash -------------------------------------------------------------------------------------------
 HASH_VERSION = 2  # 1: every key but a fixed list of groups (before the typed configs); 2: declared per field
+# The numerics version: bumped by every change that alters a job's numbers (README, "Numerics versions"). It enters
+# the job hash, so results of older numerics are never reused; result.json records it (absent: 1).
+# 1: before the version existed. 2: optim.beta2 reaches the optimizer (it was always 0.999); gs_erased_eval stops
+# with mdl's step-aware rule.
+NUMERICS = 2
 
 
 def semantic(cfg: Mapping[str, Any] | Section, fill_defaults: bool = True) -> dict[str, Any]:
@@ -639,12 +644,13 @@ def _digest(obj: Any, length: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
-def config_hash(cfg: Mapping[str, Any] | Section) -> str:
-    """The job's identity in result.json / progress.json (16 hex digits)."""
-    return _digest(semantic(cfg), 16)
+def config_hash(cfg: Mapping[str, Any] | Section, numerics: int = NUMERICS) -> str:
+    """The job's identity in result.json / progress.json (16 hex digits): its semantic config under a numerics
+    version (a stored result's own, `numerics_version`, when rehashing it)."""
+    return _digest({**semantic(cfg), "numerics": numerics}, 16)
 
 
 def cell_hash(cfg: Mapping[str, Any] | Section) -> str:
-    """8 hex digits naming the job directory: the semantic config without the seed (seeds of one
-    configuration sit side by side: <...>/c<cell hash>/seed<seed>)."""
-    return _digest({k: v for k, v in semantic(cfg).items() if k != "seed"}, 8)
+    """8 hex digits naming the job directory: the semantic config without the seed, under this numerics version
+    (seeds of one configuration sit side by side: <...>/c<cell hash>/seed<seed>)."""
+    return _digest({**{k: v for k, v in semantic(cfg).items() if k != "seed"}, "numerics": NUMERICS}, 8)

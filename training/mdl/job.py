@@ -48,6 +48,7 @@ def resolve_optim(cfg: JobConfig) -> dict[str, Any]:
         "lr": float(o.lr) * mult,
         "depth_lr_multiplier": mult,
         "beta1": float(o.beta1),
+        "beta2": float(o.beta2),
         "weight_decay": float(o.weight_decay),
         "warmup_steps": o.warmup_steps,
         "batch_size": o.batch_size,
@@ -97,7 +98,7 @@ class Trainer:
         with seeded_global_rng(self.seed, "init", tag):
             model = build_model(self.cfg.arch, self.input_shape, self.num_classes).to(self.device)
         self.model_info = dict(getattr(model, "info", {}))
-        opt = make_optimizer(model, lr=self.hp["lr"], beta1=self.hp["beta1"],
+        opt = make_optimizer(model, lr=self.hp["lr"], beta1=self.hp["beta1"], beta2=self.hp["beta2"],
                              weight_decay=self.hp["weight_decay"], warmup_steps=self.hp["warmup_steps"])
         return Member(model, opt, idx.to(self.device), generator(self.seed, "batches", tag),
                       self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx)

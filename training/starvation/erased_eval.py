@@ -77,7 +77,7 @@ def run(job: JobRun) -> dict[str, Any]:
     hp = resolve_optim(cfg)
     with seeded_global_rng(seed, "init", "gs_erased_eval"):
         model = build_model(cfg.arch, data.input_shape, k).to(device)
-    opt = make_optimizer(model, lr=hp["lr"], beta1=hp["beta1"], weight_decay=hp["weight_decay"],
+    opt = make_optimizer(model, lr=hp["lr"], beta1=hp["beta1"], beta2=hp["beta2"], weight_decay=hp["weight_decay"],
                          warmup_steps=hp["warmup_steps"])
     on = {p: (x[i].to(device), y[i].to(device)) for p, i in idx.items()}
     res = fit(model, opt, *on["train"], *on["val"], fit_config(cfg, hp["warmup_steps"]),

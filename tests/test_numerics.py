@@ -1,0 +1,63 @@
+"""Numbers change only with a numerics version bump: optim.beta2 reaches the optimizer, and a golden job's bits
+are pinned to training.app.schema.NUMERICS (tests/golden/numerics.json).
+
+When a change alters numbers on purpose: bump NUMERICS (say why in its comment and in the README's "Numerics
+versions"), then record the new golden bits: `python -m tests.test_numerics --record`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import job_config
+from training.app.schema import NUMERICS, config_hash, load_config
+from training.data import load_dataset
+from training.mdl.job import Trainer, run_job
+from training.mdl.splits import make_split
+
+GOLDEN = Path(__file__).parent / "golden" / "numerics.json"
+GOLDEN_JOB = ["experiment=smoke", "eraser=leace", "mdl.max_epochs=8", "optim.warmup_steps=5", "mdl.full_run=false",
+              "certificate=false", "optim.beta2=0.99"]
+
+
+def test_beta2_reaches_the_optimizer(tmp_path: Path) -> None:
+    cfg = load_config(job_config(tmp_path, ["experiment=smoke", "optim.beta2=0.98"]))
+    data = load_dataset(cfg.dataset)
+    split = make_split(len(data.y), 0, val_size=64, val_frac=0.1, num_blocks=3, min_block=64)
+    member = Trainer(cfg, data.x, data.y, data.num_classes, split, torch.device("cpu")).member(split.prefix(1), "t")
+    assert {tuple(g["betas"]) for g in member.optimizer.param_groups} == {(cfg.optim.beta1, 0.98)}
+
+
+def test_a_numerics_bump_moves_every_job_directory(tmp_path: Path) -> None:
+    cfg = job_config(tmp_path, ["experiment=smoke"])
+    assert config_hash(cfg) != config_hash(cfg, numerics=NUMERICS - 1)
+
+
+def golden_bits(out_dir: Path) -> dict[str, object]:
+    result = run_job(job_config(out_dir, GOLDEN_JOB))
+    return {"numerics_version": result["numerics_version"], "bits_per_sample": result["mdl"]["bits_per_sample"],
+            "block_ce_bits": result["mdl"]["block_ce_bits"]}
+
+
+def test_the_golden_job_changes_its_bits_only_with_a_numerics_bump(tmp_path: Path) -> None:
+    golden = json.loads(GOLDEN.read_text())
+    now = golden_bits(tmp_path)
+    if golden["numerics_version"] != NUMERICS:
+        pytest.fail(f"NUMERICS is {NUMERICS} but {GOLDEN} was recorded under {golden['numerics_version']}: record "
+                    "the new golden bits (python -m tests.test_numerics --record)")
+    # rel 1e-6: float round-off of another BLAS build passes; any real change of the numbers does not
+    assert now["block_ce_bits"] == pytest.approx(golden["block_ce_bits"], rel=1e-6, abs=1e-9), (
+        f"the golden job's numbers changed without a NUMERICS bump (still {NUMERICS}): bump it in "
+        "training/app/schema.py and say why in the README, or undo the change")
+
+
+if __name__ == "__main__" and "--record" in sys.argv:
+    GOLDEN.parent.mkdir(exist_ok=True)
+    GOLDEN.write_text(json.dumps(golden_bits(Path(tempfile.mkdtemp())), indent=1) + "\n")
+    print(f"recorded {GOLDEN}")

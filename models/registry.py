@@ -17,5 +17,5 @@ from typing import Any
 
 from erasure.registry import Registry
 
-ARCHS: Registry[Any] = Registry("architecture", discover=("models",),
-                                meta=("vectorises", "base_width", "depth_exponent", "init"))
+# The architecture modules that fill it are listed in models/__init__.py.
+ARCHS: Registry[Any] = Registry("architecture", meta=("vectorises", "base_width", "depth_exponent", "init"))

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from erasure.files import atomic_write_json, read_json
-from erasure.locks import waiting_lock
 from training.app.schema import config_hash, semantic
+from training.common.files import atomic_write_json, read_json
+from training.common.locks import waiting_lock
 from training.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -240,9 +240,9 @@ def _regularizers() -> list[str]:
 
 
 def _tasks() -> list[str]:
-    from training.app.tasks import TASKS
+    from training.app.tasks import task_names  # the static declaration: no task's code is imported
 
-    return TASKS.names()
+    return task_names()
 
 
 # ---- building and checking ----------------------------------------------------------------------------------
@@ -388,12 +388,9 @@ def _data_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _task_uses(task: str) -> tuple[str, ...] | None:
-    from training.app.tasks import TASKS
+    from training.app.tasks import task_uses  # the static declaration: no task's code is imported
 
-    if task not in TASKS:
-        return None
-    uses = TASKS.meta(task).get("uses")
-    return tuple(uses) if uses is not None else None
+    return task_uses(task)
 
 
 def _digest(obj: Any, length: int) -> str:

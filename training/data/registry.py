@@ -55,8 +55,8 @@ class LoadedData:
 
 
 Loader = Callable[[Mapping[str, Any], Path], LoadedData]
-# Loaders register themselves (`@register("name")`) in any module of training.data.
-DATASETS: Registry[Loader] = Registry("dataset", discover=("training.data",))
+# Loaders register themselves (`@register("name")`) in their module; training/data/__init__.py lists the modules.
+DATASETS: Registry[Loader] = Registry("dataset")
 register = DATASETS.register
 
 

@@ -84,7 +84,8 @@ def _coef(value: float | Sequence[float], num_classes: int, name: str) -> Tensor
 
 Builder = Callable[[Mapping[str, Any], int, BaseLoss], "Regularizer | None"]
 # `regularizer=<name>`: a builder (cfg, num_classes, base_loss) -> the penalty, or None for no regularizer.
-REGULARIZERS: Registry[Builder] = Registry("regularizer", discover=("training.engine",))
+# Its entries are the builders below (a new regularizer is one more here).
+REGULARIZERS: Registry[Builder] = Registry("regularizer")
 
 
 @REGULARIZERS.register("none")

@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from erasure.files import atomic_write_json, read_json
 from erasure.registry import ERASERS
 from models.registry import ARCHS
 from training.app.results import JobDir, legacy_result, to_plain
 from training.app.schema import HASH_VERSION, JobConfig, config_hash, load_config
 from training.app.tasks import TASKS
 from training.app.wandb_logger import RunLogger
+from training.common.files import atomic_write_json, read_json
 from training.data import LoadedData, load_dataset
 from training.data.erase import apply_eraser
 from training.engine.batches import DeviceData

@@ -1,5 +1,5 @@
 """Atomic file writes (temp file in the same directory, fsync, rename: readers never see half a file) and a
-tolerant JSON reader. The one helper every writer in erasure/ and training/ uses."""
+tolerant JSON reader. The one helper every writer of the harness uses (training/, scripts/)."""
 
 from __future__ import annotations
 

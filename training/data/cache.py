@@ -9,6 +9,9 @@ is logged and rebuilt.
 The cache is only an optimisation: when it cannot be written (a full disk, a read-only directory) the job logs a
 warning saying why, removes the partial entry and goes on with the erased data in memory. A job waiting for the
 lock (another process fitting the same eraser) logs that it waits, on which lock, and who holds it.
+
+It lives with the harness (training/data/), not in erasure/: the eraser library fits and applies erasers, the
+harness decides where their results are kept.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .files import atomic_write, atomic_write_text
-from .locks import waiting_lock
+import erasure
+from training.common.files import atomic_write, atomic_write_text
+from training.common.locks import waiting_lock
 
 log = logging.getLogger(__name__)
 CACHE_FORMAT = 1
@@ -39,7 +43,7 @@ CACHE_FORMAT = 1
 def code_version() -> str:
     """sha256 (16 hex digits) of every erasure/*.py file, by name and content."""
     h = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    for path in sorted(Path(erasure.__file__).parent.glob("*.py")):
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]

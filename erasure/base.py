@@ -90,9 +90,15 @@ class Eraser:
 
 
 def _atomic_save(payload: dict[str, Any], path: Path) -> None:
-    """torch.save to a temp file next to `path`, then one rename: a reader never sees half a file."""
+    """torch.save to a temp file next to `path`, then one rename: a reader never sees half a file. The file gets
+    the mode `open()` would give it (0o666 less the umask), not mkstemp's 0o600."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    try:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+    finally:
+        os.close(fd)
     try:
         torch.save(payload, tmp)
         os.replace(tmp, path)

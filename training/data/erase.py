@@ -60,10 +60,14 @@ def certify(x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
 
 def certify_original(data: LoadedData, cache_dir: Path) -> dict[str, Any]:
     """Certificate of the unerased data, cached per dataset content (every eraser's job needs it)."""
-    from training.data.cache import code_version
+    from training.data.cache import code_version, unreadable_line
 
     path = cache_dir / "certificates" / f"{data.name}-{data.content_hash()}-{code_version()[:12]}.json"
-    cached = read_json(path)
+    try:
+        cached = read_json(path)
+    except OSError as err:  # another user's file in a shared directory: not corrupt, not ours to replace
+        log.warning("%s", unreadable_line(path, err, "cached certificate", "computing it again"))
+        return certify(data.x, data.y)
     if cached is not None:
         return cached
     cert = certify(data.x, data.y)

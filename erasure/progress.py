@@ -1,49 +1,28 @@
-"""Progress that reads well where it ends up: a tqdm bar on a terminal, a log line at a modest interval otherwise.
+"""Progress of a long fit (gradient erasure's L-BFGS, class by class), shown however the caller chooses.
 
-When stderr is not a terminal (a SLURM log, Hydra's job log, a CI capture) a bar's thousands of `\\r` updates
-would land in the file; instead `progress_bar` logs `desc: n/total unit (postfix)` at most every
-`ERASURE_MDL_PROGRESS_SECONDS` (default 60) and once at the end.
+The library draws nothing itself (it imports only torch, numpy and the standard library): `progress_bar` gives a
+silent bar unless a caller installed a factory, for the duration of a block:
+
+    from tqdm.auto import tqdm
+    with erasure.progress.use(tqdm):
+        erasure.erase("gradient", x, y)
+
+A factory takes tqdm's keywords (total, desc, unit, leave) and returns an object with `update(n)`, `set_postfix(...)`
+and `close()`; tqdm itself is one. The harness installs its own (training/common/progress.py: a bar on a terminal,
+periodic log lines in a log file).
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-import time
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from tqdm.auto import tqdm
+Factory = Callable[..., Any]
 
-log = logging.getLogger("progress")
-
-
-class LogProgress:
-    """The tqdm calls the harness uses (update, set_postfix, close), as periodic log lines."""
-
-    def __init__(self, total: int | None, desc: str, unit: str, interval: float) -> None:
-        self.total, self.desc, self.unit, self.interval = total, desc, unit, interval
-        self.n, self.postfix, self.t0 = 0, "", time.monotonic()
-        self._last = self.t0
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        now = time.monotonic()
-        if now - self._last >= self.interval:
-            self._last = now
-            self._emit()
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        self.postfix = ", ".join(f"{k}={v}" for k, v in kwargs.items())
-
-    def close(self) -> None:
-        if self.n and time.monotonic() - self.t0 >= self.interval:
-            self._emit()
-
-    def _emit(self) -> None:
-        total = f"/{self.total}" if self.total is not None else ""
-        post = f" ({self.postfix})" if self.postfix else ""
-        log.info("%s: %d%s %s, %.0fs%s", self.desc, self.n, total, self.unit, time.monotonic() - self.t0, post)
+_lock = threading.Lock()
+_factory: Factory | None = None
 
 
 class _Off:
@@ -52,11 +31,23 @@ class _Off:
     def close(self) -> None: ...
 
 
+@contextmanager
+def use(factory: Factory | None) -> Iterator[None]:
+    """Inside the block, `progress_bar` draws with `factory` (None: nothing); the previous one is back after it."""
+    global _factory
+    with _lock:
+        previous, _factory = _factory, factory
+    try:
+        yield
+    finally:
+        with _lock:
+            _factory = previous
+
+
 def progress_bar(total: int | None = None, desc: str = "", unit: str = "it", leave: bool = False,
                  disable: bool = False) -> Any:
-    """A tqdm bar on a terminal, periodic log lines otherwise, nothing when `disable`."""
-    if disable:
+    """A bar from the installed factory; a silent one when none is installed or `disable`."""
+    factory = _factory
+    if disable or factory is None:
         return _Off()
-    if sys.stderr.isatty():
-        return tqdm(total=total, desc=desc, unit=unit, leave=leave)
-    return LogProgress(total, desc, unit, float(os.environ.get("ERASURE_MDL_PROGRESS_SECONDS", "60")))
+    return factory(total=total, desc=desc, unit=unit, leave=leave)

@@ -1,6 +1,6 @@
 """One small registry for everything chosen by name: erasers, datasets, architectures, tasks, regularizers.
 
-    ERASERS = Registry("eraser", discover=("erasure",), meta=("family", "kind"))
+    ERASERS = Registry("eraser", meta=("family", "kind"))
 
     @ERASERS.register("leace", family="linear", kind="map")
     def fit_leace(x, y, *, rtol=None): ...
@@ -8,15 +8,15 @@
     ERASERS.get("leace")            # the registered object
     ERASERS.meta("leace")["family"] # its metadata
 
-An entry registers itself where it is defined, so adding one is one module (plus its yaml). Lookups first import
-every module of the `discover` packages once, so a new module is found without being listed anywhere else.
+An entry registers itself where it is defined, when its module is imported. Nothing is discovered: each registry's
+package imports its member modules by an explicit list in its `__init__.py` (erasure/, models/, training/data/), so
+every edge is an import statement, and importing any module of the package (this one included) registers them all.
+Adding an entry is one module, its line in that list, and its yaml.
 It lives in erasure/ because that is the bottom layer: models/ and training/ may import it, it imports nothing.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -37,12 +37,10 @@ class Entry(Generic[T]):
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, discover: Sequence[str] = (), meta: Sequence[str] = ()) -> None:
+    def __init__(self, kind: str, meta: Sequence[str] = ()) -> None:
         self.kind = kind
-        self._discover = tuple(discover)
         self._required = tuple(meta)
         self._entries: dict[str, Entry[T]] = {}
-        self._discovered = False
 
     def register(self, name: str, **meta: Any) -> Callable[[T], T]:
         """Decorator: register the decorated object under `name` with its metadata."""
@@ -62,7 +60,6 @@ class Registry(Generic[T]):
         self._entries[name] = Entry(name, obj, MappingProxyType(dict(meta)))
 
     def entry(self, name: str) -> Entry[T]:
-        self._load()
         if name not in self._entries:
             raise UnknownNameError(f"unknown {self.kind} {name!r}; choose one of {self.names()}")
         return self._entries[name]
@@ -74,27 +71,13 @@ class Registry(Generic[T]):
         return self.entry(name).meta
 
     def names(self) -> list[str]:
-        self._load()
         return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:
-        self._load()
         return name in self._entries
 
     def __iter__(self) -> Iterator[Entry[T]]:
-        self._load()
         return iter([self._entries[k] for k in sorted(self._entries)])
-
-    def _load(self) -> None:
-        """Import every module of the discover packages once (they register themselves on import)."""
-        if self._discovered:
-            return
-        self._discovered = True
-        for package in self._discover:
-            pkg = importlib.import_module(package)
-            for info in pkgutil.iter_modules(getattr(pkg, "__path__", [])):
-                if not info.name.startswith("_"):
-                    importlib.import_module(f"{package}.{info.name}")
 
 
 def _origin(obj: object) -> str:
@@ -104,4 +87,5 @@ def _origin(obj: object) -> str:
 # Erasers: family (control | linear | quadratic: picks the paper's learning rate) and kind (map: a fitted eraser
 # applied to x; edit: edits a dataset, like gradient erasure). `runtime_options` do not change the erased data
 # (they stay out of the cache key and the job hash).
-ERASERS: Registry[Any] = Registry("eraser", discover=("erasure",), meta=("family", "kind"))
+# The eraser modules that fill it are listed in erasure/__init__.py.
+ERASERS: Registry[Any] = Registry("eraser", meta=("family", "kind"))

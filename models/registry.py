@@ -31,5 +31,6 @@ class Arch(Protocol):
     parametrization: str
     options: Any  # the architecture's own options dataclass
 
-ARCHS: Registry[Any] = Registry("architecture", discover=("models",),
-                                meta=("vectorises", "base_width", "depth_exponent", "init"))
+
+# The architecture modules that fill it are listed in models/__init__.py.
+ARCHS: Registry[Any] = Registry("architecture", meta=("vectorises", "base_width", "depth_exponent", "init"))

@@ -317,7 +317,7 @@ def _result_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
 
 
 def failed_jobs(ledger_roots: Iterable[Path]) -> dict[str, str]:
-    """job_dir -> error, from multirun ledgers (training/app/ledger.py); the latest entry per job wins."""
+    """job_dir -> error, from multirun ledgers (training/cli/ledger.py); the latest entry per job wins."""
     latest: dict[str, dict[str, Any]] = {}
     for root in ledger_roots:
         for path in sorted(root.glob(".multirun/*/job-*.json")):  # run ids sort by time

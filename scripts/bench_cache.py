@@ -1,4 +1,4 @@
-"""Benchmark: cold vs warm start of a job whose eraser is cached (erasure.cache.cached_erase).
+"""Benchmark: cold vs warm start of a job whose eraser is cached (training.data.cache.cached_erase).
 
     .venv/bin/python scripts/bench_cache.py                          # QLEACE on MNIST-5k (offline)
     .venv/bin/python scripts/bench_cache.py --eraser leace --dataset digits

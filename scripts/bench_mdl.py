@@ -72,7 +72,7 @@ def job_cfg(args: argparse.Namespace, seed: int) -> JobConfig:
         optim=load_section(OptimConfig, {"lr": 5e-4, "beta1": 0.95, "warmup_steps": 10}),
         mdl=load_section(MdlConfig, {"patience": args.epochs, "max_epochs": args.epochs, "stop_after_warmup": False}),
         regularizer=group_config("regularizer", "none"),
-        training=load_section(TrainingConfig, {"compile": args.compile}),
+        training=load_section(TrainingConfig, {"compile": args.compile or False}),
         logger=group_config("logger", "none"),
         paths=load_section(PathsConfig, {}),
         progress=False,

@@ -131,12 +131,14 @@ def erasers(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _arch_cfg(arch: str, p: dict[str, Any]) -> dict[str, Any]:
+def _arch_cfg(arch: str, p: dict[str, Any]) -> Any:
+    from training.app.schema import load_config
+
     c, s = p["shape"][0], p["shape"][1]
-    return compose([f"arch={arch}", *p["arch_overrides"].get(arch, []), "dataset=synthetic",
+    return load_config(compose([f"arch={arch}", *p["arch_overrides"].get(arch, []), "dataset=synthetic",
                     f"dataset.n={p['n']}", f"dataset.channels={c}", f"dataset.size={s}",
                     f"dataset.num_classes={NUM_CLASSES}", "dataset.augment=true", "logger=none", "progress=false",
-                    f"device={p['device']}", *p.get("overrides", [])])
+                    f"device={p['device']}", *p.get("overrides", [])]))
 
 
 def throughput(p: dict[str, Any]) -> dict[str, Any]:
@@ -163,10 +165,10 @@ def throughput(p: dict[str, Any]) -> dict[str, Any]:
             split = make_split(len(y), 0, val_size=p["val"], val_frac=0.5, num_blocks=2, min_block=p["subset"])
             trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device)
             subset = split.order[: p["subset"]]
-            opts = cfg.get("training") or {}
+            opts = cfg.training
 
             def epochs(k: int, models: int, trainer: Trainer = trainer, subset: Any = subset,
-                       opts: dict[str, Any] = opts) -> float:
+                       opts: Any = opts) -> float:
                 members = []
                 for j in range(models):
                     m = trainer.member(subset, ("throughput", j))
@@ -176,8 +178,7 @@ def throughput(p: dict[str, Any]) -> dict[str, Any]:
                 _sync(device)
                 t0 = time.perf_counter()
                 fit_group(members, trainer.data, trainer.y, trainer.x_val, trainer.y_val,
-                          engine=str(opts.get("engine", "auto")), workers=opts.get("workers", "auto"),
-                          compile=opts.get("compile"))
+                          engine=opts.engine, workers=opts.workers, compile=opts.compile)
                 _sync(device)
                 return time.perf_counter() - t0
 

@@ -285,8 +285,8 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
     from hydra.core.utils import JobReturn, JobStatus
     from omegaconf import OmegaConf
 
-    from training.app.ledger import LEDGER_ENV, JobStatusCallback, read_ledger, summary_line
     from training.app.results import JobDir
+    from training.cli.ledger import LEDGER_ENV, JobStatusCallback, read_ledger, summary_line
 
     ledger = tmp_path / "ledger"
     ledger.mkdir()

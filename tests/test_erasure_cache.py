@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from erasure.cache import cached_erase, code_version, key_hash
+from training.data.cache import cached_erase, code_version, key_hash
 
 KEY = {"dataset": "toy", "content": "abc123", "eraser": "leace", "options": {"rtol": None}}
 
@@ -35,7 +35,7 @@ def _entry(root: Path) -> Path:
 
 def test_second_call_hits_without_refit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     build = Builder()
-    with caplog.at_level(logging.INFO, logger="erasure.cache"):
+    with caplog.at_level(logging.INFO, logger="training.data.cache"):
         x1, r1, hit1 = cached_erase(tmp_path, KEY, build)
         x2, r2, hit2 = cached_erase(tmp_path, dict(reversed(list(KEY.items()))), build)  # key order irrelevant
     assert (hit1, hit2) == (False, True) and build.calls == 1
@@ -77,7 +77,7 @@ def test_corrupt_or_partial_entry_is_rebuilt(tmp_path: Path, caplog: pytest.LogC
         (entry / "manifest.json").write_text("{not json")
     else:
         (entry / "report.json").unlink()
-    with caplog.at_level(logging.WARNING, logger="erasure.cache"):
+    with caplog.at_level(logging.WARNING, logger="training.data.cache"):
         x, rep, hit = cached_erase(tmp_path, KEY, build)
     assert not hit and build.calls == 2 and rep == {"rank_removed": 2}
     assert "partial or corrupt" in caplog.text
@@ -89,7 +89,7 @@ _WORKER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     import torch
-    from erasure.cache import cached_erase
+    from training.data.cache import cached_erase
 
     root, log = Path(sys.argv[1]), Path(sys.argv[2])
 

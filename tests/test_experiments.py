@@ -105,7 +105,7 @@ def test_the_default_launcher_is_local() -> None:
         for name in ("smoke", "paper_table_c"):
             cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
             assert cfg.hydra.launcher._target_.endswith("BasicLauncher")
-            assert cfg.hydra.callbacks.job_status._target_ == "training.app.ledger.JobStatusCallback"
+            assert cfg.hydra.callbacks.job_status._target_ == "training.cli.ledger.JobStatusCallback"
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from erasure.registry import ERASERS, Registry, UnknownNameError
 from models.registry import ARCHS
 from training.app.tasks import TASKS
 from training.mdl.job import run_job
+from training.starvation import moons as _moons  # noqa: F401 - registers gs_two_moons
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -138,6 +139,19 @@ def test_registry_metadata_replaces_name_branches() -> None:
     assert ARCHS.meta("mlp")["vectorises"] and not ARCHS.meta("convnext")["vectorises"]
     assert ARCHS.meta("mlp")["depth_exponent"] == 1.5 and ARCHS.meta("swin")["depth_exponent"] == 0.5
     assert TASKS.meta("gs_two_moons")["uses"] == ("dataset", "regularizer", "gs") and TASKS.meta("mdl")["uses"] is None
+
+
+def test_every_declared_task_is_implemented_with_its_declared_uses() -> None:
+    import training.cli.run  # noqa: F401 - imports every task implementation
+    from training.app.tasks import DECLARED, TaskRegistry
+
+    assert TASKS.names() == sorted(DECLARED)
+    assert all(TASKS.meta(name)["uses"] == uses for name, uses in DECLARED.items())
+    reg = TaskRegistry("task", meta=("uses",))
+    with pytest.raises(ValueError, match="not declared"):
+        reg.add("gs_new", lambda cfg: {}, uses=("gs",))
+    with pytest.raises(ValueError, match="declares"):
+        reg.add("gs_two_moons", lambda cfg: {}, uses=("gs",))
 
 
 def test_registry_errors() -> None:

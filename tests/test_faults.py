@@ -30,14 +30,14 @@ import numpy as np
 import pytest
 import torch
 
-from erasure import cache as cache_mod
-from erasure.cache import cached_erase
-from erasure.locks import LOG_EVERY_ENV, waiting_lock
 from tests.helpers import job_config
 from training.app.lifecycle import PROGRESS_FILE, Progress
 from training.app.results import LOCK_FILE, ConfigMismatchError, JobDir
 from training.app.schema import ConfigError, config_hash, group_config
+from training.common.locks import LOG_EVERY_ENV, waiting_lock
+from training.data import cache as cache_mod
 from training.data import load_dataset
+from training.data.cache import cached_erase
 from training.errors import DataCorruptError
 from training.mdl import job as job_mod
 from training.mdl.job import read_progress, run_job
@@ -101,7 +101,7 @@ def _hold_lock_in_subprocess(lock: Path, release: Path) -> subprocess.Popen[str]
     script = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from erasure.locks import waiting_lock
+        from training.common.locks import waiting_lock
         with waiting_lock(Path({str(lock)!r}), "test holder"):
             Path({str(lock)!r} + ".ready").write_text("1")
             while not Path({str(release)!r}).exists():

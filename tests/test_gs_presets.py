@@ -46,6 +46,7 @@ QUICK_EVAL = ["experiment=gs_sd_erasure", "task=gs_erased_eval", "dataset=digits
 
 def test_erased_eval_control_is_a_noop_and_leace_reports_gaps(tmp_path: Path) -> None:
     from training.app.tasks import get_task
+    from training.starvation import erased_eval as _task  # noqa: F401 - registers the task
 
     task = get_task("gs_erased_eval")
     control = job_config(tmp_path, [*QUICK_EVAL, "eraser=control"])
@@ -72,6 +73,7 @@ def _fake_mdl(eraser: str, reg: str, seed: int, bits: float) -> dict:
 def test_aggregate_tables_and_standalone_run(tmp_path: Path, capsys) -> None:
     from scripts import aggregate_gs
     from training.app.tasks import get_task
+    from training.starvation import moons as _task  # noqa: F401 - registers the task
 
     results = [get_task("gs_two_moons")(job_config(tmp_path, ["experiment=gs_two_moons", f"seed={s}",
                                                                 f"regularizer.lam={lam}", "gs.steps=20",

@@ -66,18 +66,20 @@ def test_slurm_is_never_the_default() -> None:
 
 
 def test_failed_job_does_not_stop_the_sweep_but_the_multirun_fails(tmp_path: Path) -> None:
-    proc = _multirun(tmp_path, "eraser=control", "seed=0", "arch.activation=bogus,relu")
+    # a job that fails when it runs (its data is absent; a bad value would refuse the whole sweep up front)
+    proc = _multirun(tmp_path, "eraser=control", "seed=0", "++dataset.download=false", "dataset=cifar10,digits",
+                     f"paths.data_dir={tmp_path / 'no-data'}")
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text[-3000:]
-    assert "[1/2] failed" in text and "[2/2] done" in text
+    assert "[1/2] failed" in text and "[2/2] done" in text and "CIFAR-10 not found" in text
     assert "multirun: 2/2 jobs ran: 1 done, 0 skipped, 1 failed" in text
     assert len(list((tmp_path / "runs/digits/control/mlp_relu-w32-d2").glob("c*/seed0/result.json"))) == 1
-    assert not list((tmp_path / "runs/digits/control/mlp_bogus-w32-d2").glob("c*/seed0/result.json"))
+    assert not list((tmp_path / "runs/cifar10").rglob("result.json"))
     (summary_path,) = (tmp_path / "runs/.multirun").glob("*/summary.json")
     summary = json.loads(summary_path.read_text())
     assert (summary["total"], summary["done"], summary["skipped"], summary["failed"]) == (2, 1, 0, 1)
     failed = next(j for j in summary["jobs"] if j["status"] == "failed")
-    assert "mlp_bogus" in failed["job_dir"] and failed["error"]
+    assert "/cifar10/" in failed["job_dir"] and "CIFAR-10 not found" in failed["error"]
 
 
 def _all_results(out_dir: Path) -> list[Path]:

@@ -1,4 +1,4 @@
-"""SIGTERM stops a job at once and keeps its finished MDL blocks (training/app/preemption.py); a rerun resumes.
+"""SIGTERM stops a job at once and keeps its finished MDL blocks (training/cli/preemption.py); a rerun resumes.
 
 Under SLURM the same SIGTERM comes from pre-emption or `scontrol requeue` (tests/test_slurm.py runs that on a real
 cluster, where the requeued copy resumes); here it is a local multirun, its block models on two worker threads.
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from training.app.lifecycle import PROGRESS_FILE
-from training.app.preemption import EXIT_STATUS, Preempted, stop_on_sigterm
 from training.app.sweeps import expand
+from training.cli.preemption import EXIT_STATUS, Preempted, stop_on_sigterm
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}

@@ -9,7 +9,7 @@ import sys
 import pytest
 from tqdm.auto import tqdm
 
-from erasure.progress import LogProgress, progress_bar
+from training.common.progress import LogProgress, progress_bar
 
 
 def test_off_a_terminal_progress_is_periodic_log_lines(monkeypatch: pytest.MonkeyPatch, caplog) -> None:

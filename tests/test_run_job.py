@@ -110,8 +110,8 @@ def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
 
 
 def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) -> None:
-    from erasure.cache import key_hash
     from training.data import load_dataset
+    from training.data.cache import key_hash
     from training.data.erase import _cache_key, alf_rank, apply_eraser
 
     cfg = load_config(job_config(tmp_path, [*QUICK, "eraser=alf_qleace"]))

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from erasure.files import atomic_write_json
 from models.mlp import MlpOptions
 from training.app.results import flatten, legacy_differences
 from training.app.schema import NUMERICS, ConfigError, JobConfig, cell_hash, config_hash, load_config
+from training.common.files import atomic_write_json
 from training.data import LoadedData
 from training.data.erase import _cache_key
 

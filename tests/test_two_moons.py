@@ -57,6 +57,7 @@ def test_geometry_of_a_line_and_a_circle() -> None:
 
 def _job(tmp_path: Path, seed: int, lam: float, steps: int = 1000) -> dict:
     from training.app.tasks import get_task
+    from training.starvation import moons as _task  # noqa: F401 - registers the task
 
     cfg = job_config(tmp_path, ["experiment=gs_two_moons", f"seed={seed}", f"regularizer.lam={lam}",
                                 f"gs.steps={steps}", "gs.grid.n=201"])

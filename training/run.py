@@ -1,63 +1,7 @@
-"""Hydra entrypoint: `python -m training.run [overrides]` runs one job; add `-m` for a multirun.
+"""`python -m training.run [overrides]` runs one job; add `-m` for a multirun. The entry lives in
+training/cli/run.py (the command-line layer); this shim is what users type."""
 
-A user error (bad config value, missing or corrupt data, unwritable path, a directory holding another
-configuration's result) is one line on stderr and in the job's run.log, exit code 2 (`HYDRA_FULL_ERROR=1`
-adds the traceback). Config values are checked before anything is made: by the `job_status` callback before
-Hydra creates the run directory (and before any job of a multirun runs), and again here.
-"""
-
-from __future__ import annotations
-
-import logging
-from pathlib import Path
-
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
-
-from training.app.preemption import stop_on_sigterm
-from training.app.report import (
-    SweepJobFailed,
-    exit_user_error,
-    full_error,
-    remove_if_unused,
-    to_run_log,
-    user_error_line,
-)
-from training.app.schema import ConfigError, load_config
-from training.app.tasks import get_task
-
-log = logging.getLogger("training.run")
-
-
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> float | None:
-    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
-    try:
-        job = load_config(resolved)  # normally checked earlier, by the job_status callback
-        with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
-            result = get_task(job.task)(job)
-    except Exception as err:
-        line = user_error_line(err)
-        if line is None:
-            to_run_log(logging.ERROR, f"job failed: {type(err).__name__}: {err}", err)
-            raise
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
-        if isinstance(err, ConfigError) and not multirun and remove_if_unused(run_dir, Path(str(
-                resolved["paths"]["out_dir"]))):
-            exit_user_error(line, err)  # refused before it did anything: no directory left behind
-        to_run_log(logging.ERROR, f"error: {line}")
-        if multirun and not full_error():
-            raise SweepJobFailed(line) from err  # the ledger records the line; the sweep goes on
-        if multirun:
-            raise
-        exit_user_error(line, err)
-    code = result["mdl"] if isinstance(result.get("mdl"), dict) else {}
-    return code["bits_per_sample"] if "bits_per_sample" in code else None
-
+from training.cli.run import main
 
 if __name__ == "__main__":
     main()

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from erasure.files import atomic_write_json, read_json
 from training.app.results import JobDir, legacy_result
 from training.app.schema import HASH_VERSION, NUMERICS, JobConfig, config_hash, load_config
+from training.common.files import atomic_write_json, read_json
 from training.engine.devices import resolve_device
 
 log = logging.getLogger(__name__)

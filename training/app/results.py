@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from erasure.files import atomic_write_json, read_json
-from erasure.locks import waiting_lock
 from training.app.schema import NUMERICS, JobConfig, config_hash, semantic, with_defaults
+from training.common.files import atomic_write_json, read_json
+from training.common.locks import waiting_lock
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ RESULT_FILE = "result.json"
 LOCK_FILE = ".job.lock"
 # Job directories whose stored result this process returned instead of computing it (JobDir.finished: a SKIP,
 # also of a result a concurrent identical job wrote while this one waited on the lock); the multirun ledger
-# (training/app/ledger.py) counts such a job as skipped, not done.
+# (training/cli/ledger.py) counts such a job as skipped, not done.
 REUSED: set[str] = set()
 
 

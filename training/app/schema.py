@@ -273,8 +273,6 @@ def _regularizers() -> list[str]:
 def _member_options(kind: str, name: str) -> type[Any] | None:
     """The options dataclass a dataset, architecture or regularizer declares in its registry entry (None: it
     takes no options of its own)."""
-    registry = {"dataset": _datasets, "arch": _archs, "regularizer": _regularizers}[kind]
-    registry()  # loads the registry
     if kind == "dataset":
         from training.data.registry import DATASETS as reg
     elif kind == "arch":
@@ -285,23 +283,29 @@ def _member_options(kind: str, name: str) -> type[Any] | None:
 
 
 def _task_groups() -> set[str]:
-    from training.app.tasks import TASKS
+    """The groups tasks read of their own (`gs`): what their declared `uses` names beyond the job's groups."""
+    from training.app.tasks import DECLARED
 
-    return {str(e.meta["group"]) for e in TASKS if e.meta.get("group")}
+    own = {f.name for f in dataclasses.fields(JobConfig)}
+    return {g for uses in DECLARED.values() for g in (uses or ()) if g not in own}
 
 
 def _task_options(task: str) -> tuple[str | None, type[Any] | None]:
-    """The config group a task reads of its own (`gs`) and the dataclass that declares it."""
+    """The config group a task reads of its own (`gs`) and the dataclass that declares it, from the task's
+    registry entry; (None, None) where its implementation is not imported (hashing a stored config in the core:
+    the CLI imports every task, so a job's config is always checked)."""
     from training.app.tasks import TASKS
 
+    if task not in TASKS:
+        return None, None
     meta = TASKS.meta(task)
     return meta.get("group"), meta.get("options")
 
 
 def _tasks() -> list[str]:
-    from training.app.tasks import TASKS
+    from training.app.tasks import task_names  # the static declaration: no task's code is imported
 
-    return TASKS.names()
+    return task_names()
 
 
 # ---- building and checking ----------------------------------------------------------------------------------
@@ -631,12 +635,9 @@ def _data_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _task_uses(task: str) -> tuple[str, ...] | None:
-    from training.app.tasks import TASKS
+    from training.app.tasks import task_uses  # the static declaration: no task's code is imported
 
-    if task not in TASKS:
-        return None
-    uses = TASKS.meta(task).get("uses")
-    return tuple(uses) if uses is not None else None
+    return task_uses(task)
 
 
 def _digest(obj: Any, length: int) -> str:

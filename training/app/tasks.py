@@ -1,19 +1,66 @@
 """What a job can do (`task=` in the config): each task takes the job's config and returns result.json's dict.
 
-Tasks register themselves in their own module (`@TASKS.register("name")`); the registry finds every module of
-training.mdl and training.starvation on first lookup.
+Two halves, so that the core never needs a task's code:
+
+* `DECLARED` (here, static): every task's name and `uses`, the config groups it reads and its hash covers (None:
+  all of them). The config check (`task=` must be one of these) and the job hash (`schema.semantic`) read only this,
+  so hashing a config (scripts/aggregate.py, the multirun check) imports neither training.mdl nor
+  training.starvation.
+* `TASKS` (filled on import): each implementation registers itself in its module
+  (`@TASKS.register("name", uses=...)`), which must match its declaration here. The command line
+  (training/cli/run.py) imports every implementation; the core imports none.
+
+A new task is its module, its line in `DECLARED`, and its import in training/cli/run.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from erasure.registry import Registry
 
 Task = Callable[[Mapping[str, Any]], dict[str, Any]]
-TASKS: Registry[Task] = Registry("task", discover=("training.mdl", "training.starvation"))
+
+# name -> the config groups the task reads (hashed besides `task` and `seed`); None: every group.
+DECLARED: Mapping[str, tuple[str, ...] | None] = MappingProxyType({
+    "mdl": None,  # training/mdl/job.py
+    "gs_two_moons": ("dataset", "regularizer", "gs"),  # training/starvation/moons.py
+    "gs_colored_mnist": ("dataset", "regularizer", "gs"),  # training/starvation/colored_mnist.py
+    "gs_erased_eval": ("dataset", "eraser", "arch", "optim", "mdl", "regularizer", "gs"),  # .../erased_eval.py
+})
+
+
+class TaskRegistry(Registry[Task]):
+    """A Registry whose entries must be declared in DECLARED, with the same `uses`."""
+
+    def add(self, name: str, obj: Task, **meta: Any) -> None:
+        if name not in DECLARED:
+            raise ValueError(f"task {name!r} is not declared: add it and its `uses` to DECLARED in "
+                             "training/app/tasks.py")
+        uses = meta.get("uses")
+        if (tuple(uses) if uses is not None else None) != DECLARED[name]:
+            raise ValueError(f"task {name!r} registers uses={uses!r} but training/app/tasks.py declares "
+                             f"{DECLARED[name]!r}: the job hash follows the declaration; make them agree")
+        super().add(name, obj, **meta)
+
+
+TASKS: TaskRegistry = TaskRegistry("task", meta=("uses",))
+
+
+def task_names() -> list[str]:
+    return sorted(DECLARED)
+
+
+def task_uses(name: str) -> tuple[str, ...] | None:
+    """The groups task `name` reads and its hash covers; None for every group (and for an unknown name)."""
+    return DECLARED.get(name)
 
 
 def get_task(name: str) -> Task:
+    """The implementation of task `name`; its module must have been imported (training/cli/run.py imports all)."""
+    if name in DECLARED and name not in TASKS:
+        raise LookupError(f"task {name!r} is declared but its implementation is not imported (import it, or "
+                          "training.cli.run, which imports every task)")
     return TASKS.get(name)

@@ -11,8 +11,10 @@ from typing import Any, Protocol
 import torch
 
 from erasure import resolve_options
-from erasure.files import atomic_write_json, read_json
+from erasure.progress import use as erasure_progress
 from erasure.registry import ERASERS
+from training.common.files import atomic_write_json, read_json
+from training.common.progress import progress_bar
 from training.data import LoadedData
 
 log = logging.getLogger(__name__)
@@ -37,13 +39,14 @@ def _cache_key(data: LoadedData, name: str, options: Mapping[str, Any]) -> dict[
 def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
                   rank_hint: int | None = None) -> tuple[torch.Tensor, dict[str, Any], bool]:
     from erasure import erase
-    from erasure.cache import cached_erase
+    from training.data.cache import cached_erase
 
     flat = data.x.reshape(len(data.x), -1)
 
     def build() -> tuple[torch.Tensor, dict[str, Any]]:
         log.info("fitting eraser %s on %s (%d x %d)", name, data.name, *flat.shape)
-        return erase(name, flat, data.y, dict(options), rank_hint=rank_hint)
+        with erasure_progress(progress_bar):  # a long fit (gradient) shows the harness's bar / log lines
+            return erase(name, flat, data.y, dict(options), rank_hint=rank_hint)
 
     x, report, hit = cached_erase(cache_dir, _cache_key(data, name, options), build)
     return x.reshape(data.x.shape), report, hit
@@ -64,10 +67,14 @@ def certify(x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
 
 def certify_original(data: LoadedData, cache_dir: Path) -> dict[str, Any]:
     """Certificate of the unerased data, cached per dataset content (every eraser's job needs it)."""
-    from erasure.cache import code_version
+    from training.data.cache import code_version, unreadable_line
 
     path = cache_dir / "certificates" / f"{data.name}-{data.content_hash()}-{code_version()[:12]}.json"
-    cached = read_json(path)
+    try:
+        cached = read_json(path)
+    except OSError as err:  # another user's file in a shared directory: not corrupt, not ours to replace
+        log.warning("%s", unreadable_line(path, err, "cached certificate", "computing it again"))
+        return certify(data.x, data.y)
     if cached is not None:
         return cached
     cert = certify(data.x, data.y)

@@ -65,8 +65,9 @@ class DatasetCfg(Protocol):
 
 
 Loader = Callable[[DatasetCfg, Path], LoadedData]
-# Loaders register themselves (`@register("name", options=TheirOptions)`) in any module of training.data.
-DATASETS: Registry[Loader] = Registry("dataset", discover=("training.data",))
+# Loaders register themselves (`@register("name", options=TheirOptions)`) in their module; training/data/__init__.py
+# lists the modules.
+DATASETS: Registry[Loader] = Registry("dataset")
 register = DATASETS.register
 
 

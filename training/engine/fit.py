@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from erasure.progress import progress_bar
+from training.common.progress import progress_bar
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
 from training.engine.stopping import EarlyStopping
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor, nn
 
-from erasure.progress import progress_bar
+from training.common.progress import progress_bar
 from training.engine.backends import LoopEngine, StackedEngine, ValSet
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
 from training.engine.fit import FitConfig, FitResult, Regularizer

@@ -103,7 +103,8 @@ class SdOptions:
 
 Builder = Callable[[Any, int, BaseLoss], "Regularizer | None"]
 # `regularizer=<name>`: a builder (its options, num_classes, base_loss) -> the penalty, or None for no regularizer.
-REGULARIZERS: Registry[Builder] = Registry("regularizer", discover=("training.engine",))
+# Its entries are the builders below (a new regularizer is one more here).
+REGULARIZERS: Registry[Builder] = Registry("regularizer")
 
 
 @REGULARIZERS.register("none")

@@ -4,11 +4,16 @@ hash = sha256 of the canonical JSON of the caller's key plus `code_version()` (a
 sources, so editing an eraser invalidates old entries). A file lock makes concurrent jobs fit once (the
 second waits, then hits). Files are written to temporary names and renamed; the manifest (with sha256
 checksums) is written last, so an entry without a valid manifest is partial. A corrupt or partial entry
-is logged and rebuilt.
+(missing files, unparseable, a checksum mismatch) is logged and rebuilt.
 
 The cache is only an optimisation: when it cannot be written (a full disk, a read-only directory) the job logs a
-warning saying why, removes the partial entry and goes on with the erased data in memory. A job waiting for the
-lock (another process fitting the same eraser) logs that it waits, on which lock, and who holds it.
+warning saying why, removes the partial entry and goes on with the erased data in memory. An entry it may not read
+(another user's, in a shared output directory) is not corrupt: one warning names the file and its owner, the
+entry is left as it is, and the job erases in memory. A job waiting for the lock (another process fitting the
+same eraser) logs that it waits, on which lock, and who holds it.
+
+It lives with the harness (training/data/), not in erasure/: the eraser library fits and applies erasers, the
+harness decides where their results are kept.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import hashlib
 import json
 import logging
 import os
+import pwd
 import shutil
+import stat
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -28,8 +35,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .files import atomic_write, atomic_write_text
-from .locks import waiting_lock
+import erasure
+from training.common.files import atomic_write, atomic_write_text
+from training.common.locks import waiting_lock
 
 log = logging.getLogger(__name__)
 CACHE_FORMAT = 1
@@ -39,7 +47,7 @@ CACHE_FORMAT = 1
 def code_version() -> str:
     """sha256 (16 hex digits) of every erasure/*.py file, by name and content."""
     h = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    for path in sorted(Path(erasure.__file__).parent.glob("*.py")):
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -87,6 +95,9 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
             x, report = build()
             return x, report, False
         loaded = _load(entry)
+        if loaded is UNREADABLE:  # another user's entry: leave it, erase in memory
+            x, report = build()
+            return x, report, False
         if loaded is not None:
             log.info("cache hit: %s", entry)
             return loaded[0], loaded[1], True
@@ -148,10 +159,43 @@ def _store(entry: Path, key: Mapping[str, Any], x: Tensor, report: dict[str, Any
     atomic_write_text(entry / "manifest.json", json.dumps(manifest, indent=1))
 
 
+def owner(path: Path) -> str:
+    """The user name owning `path` (its uid when the name is unknown here), or "?" when it cannot be stat'ed."""
+    try:
+        uid = path.stat().st_uid
+    except OSError:
+        return "?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def unreadable_line(entry: Path, err: OSError, what: str = "erased-data cache entry",
+                    instead: str = "erasing in memory") -> str:
+    """One line for a cache entry this process may not read: which file, its mode and owner, and what to do."""
+    path = Path(err.filename) if err.filename else entry
+    try:
+        mode = f"mode {stat.filemode(path.stat().st_mode)}, "
+    except OSError:
+        mode = ""
+    return (f"{what} {path} is not readable ({err.strerror or err}; {mode}owner {owner(path)}): left as it is, "
+            f"{instead}; to share it, its owner runs `chmod -R g+rX {entry}` (and works with `umask 002`), or "
+            "point paths.cache_dir at a directory of your own")
+
+
+UNREADABLE: Any = object()  # `_load`: the entry exists but this process may not read it
+
+
 def _load(entry: Path) -> tuple[Tensor, dict[str, Any]] | None:
-    """The stored entry, or None when absent; a partial or corrupt entry is logged, removed and None."""
-    if not entry.exists():
-        return None
+    """The stored entry; None when absent, or when partial or corrupt (logged and removed); UNREADABLE when it
+    may not be read (a permission, an I/O error: logged, never removed)."""
+    try:
+        if not entry.exists():
+            return None
+    except OSError as err:  # the cache directory itself is not searchable
+        log.warning("%s", unreadable_line(entry, err))
+        return UNREADABLE
     try:
         manifest = json.loads((entry / "manifest.json").read_text())
         for name, digest in manifest["sha256"].items():
@@ -161,7 +205,11 @@ def _load(entry: Path) -> tuple[Tensor, dict[str, Any]] | None:
         report = json.loads((entry / "report.json").read_text())
         if list(x.shape) != manifest["shape"] or str(x.dtype).replace("torch.", "") != manifest["dtype"]:
             raise ValueError("stored tensor does not match the manifest")
-    except Exception as err:  # noqa: BLE001 - any failure means the entry cannot be trusted
+    except Exception as err:  # noqa: BLE001 - any failure to parse means the entry cannot be trusted
+        if isinstance(err, OSError) and not isinstance(err, FileNotFoundError | IsADirectoryError |
+                                                           NotADirectoryError):
+            log.warning("%s", unreadable_line(entry, err))  # unreadable is not corrupt: never delete it
+            return UNREADABLE
         log.warning("cache entry %s is partial or corrupt (%s: %s); rebuilding", entry, type(err).__name__, err)
         shutil.rmtree(entry, ignore_errors=True)
         return None

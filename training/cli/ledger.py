@@ -33,11 +33,11 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from erasure.files import atomic_write_json
 from training.app import results
-from training.app.report import exit_user_error, user_error_line
 from training.app.results import RESULT_FILE, flatten, mismatch_message, read_result, same_config
 from training.app.schema import config_hash, load_config, semantic
+from training.cli.report import exit_user_error, user_error_line
+from training.common.files import atomic_write_json
 
 log = logging.getLogger("training.multirun")
 LEDGER_ENV = "ERASURE_MDL_MULTIRUN_LEDGER"

@@ -1,0 +1,77 @@
+"""Hydra entrypoint: `python -m training.run [overrides]` runs one job; add `-m` for a multirun.
+
+`training/run.py` is the shim users type; this is the entry itself. It is the one module that imports every task's
+implementation (the core, training/app/, only declares them), so that `get_task` finds them all.
+
+A user error (bad config value, missing or corrupt data, unwritable path, a directory holding another
+configuration's result) is one line on stderr and in the job's run.log, exit code 2 (`HYDRA_FULL_ERROR=1`
+adds the traceback). Config values are checked before anything is made: by the `job_status` callback before
+Hydra creates the run directory (and before any job of a multirun runs), and again here.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from training.app.schema import ConfigError, load_config
+from training.app.tasks import get_task
+from training.cli.preemption import stop_on_sigterm
+from training.cli.report import (
+    SweepJobFailed,
+    exit_user_error,
+    full_error,
+    remove_if_unused,
+    to_run_log,
+    user_error_line,
+)
+from training.mdl import job as _mdl_job  # every task implementation (each registers itself in TASKS):
+from training.starvation import colored_mnist, erased_eval, moons  # a new task adds its import here
+
+TASK_MODULES = (_mdl_job, colored_mnist, erased_eval, moons)
+
+log = logging.getLogger("training.run")
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def job(cfg: DictConfig) -> float | None:
+    """Hydra's task function: one job of the (multi)run."""
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    try:
+        job = load_config(resolved)  # normally checked earlier, by the job_status callback
+        with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
+            result = get_task(job.task)(job)
+    except Exception as err:
+        line = user_error_line(err)
+        if line is None:
+            to_run_log(logging.ERROR, f"job failed: {type(err).__name__}: {err}", err)
+            raise
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        if isinstance(err, ConfigError) and not multirun and remove_if_unused(run_dir, Path(str(
+                resolved["paths"]["out_dir"]))):
+            exit_user_error(line, err)  # refused before it did anything: no directory left behind
+        to_run_log(logging.ERROR, f"error: {line}")
+        if multirun and not full_error():
+            raise SweepJobFailed(line) from err  # the ledger records the line; the sweep goes on
+        if multirun:
+            raise
+        exit_user_error(line, err)
+    code = result["mdl"] if isinstance(result.get("mdl"), dict) else {}
+    return code["bits_per_sample"] if "bits_per_sample" in code else None
+
+
+# The entry. `job` stays a plain module-level function so that a launcher running jobs in other processes (joblib,
+# submitit) pickles it by reference: the worker imports this module, hence every task implementation.
+# An absolute config path: Hydra resolves a relative one against the module's package (pkg://training/...).
+# The job's name (hence run.log) is this module's last part, `run`, as when the entry was training/run.py.
+main = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(job)
+
+if __name__ == "__main__":
+    main()

@@ -132,12 +132,24 @@ class DatasetConfig(OptionsSection):
     root: str | None = spec(None, kind=str, optional=True, hash=False)  # where the files are, not what they are
     download: bool = flag(True, hash=False)
     paper_lr: dict[str, Any] = spec(default_factory=dict, kind=dict, omit_empty=True)  # the paper's lr per arch
+    permute_labels: bool = spec(kind=bool, allowed="true or false")  # default: conf/config.yaml
 
 
 @dataclass(frozen=True, kw_only=True)
 class EraserConfig(Section):
+    """An eraser and how it is fitted; the fitting keys' defaults are in conf/config.yaml."""
+
     name: str = spec(kind=str, check=lambda v: v in _erasers(), allowed="a registered eraser")
     options: dict[str, Any] = spec(default_factory=dict, kind=dict)  # the fitter's keyword options (checked)
+    fit_on: str = spec(choices=("all", "holdout"))
+    fit_fraction: float = spec(kind=(int, float), check=lambda v: 0 < v <= 0.5, allowed="a number in (0, 0.5]")
+    fold: int = spec(kind=int, check=lambda v: v >= 0, allowed="an integer ≥ 0")
+    after_augment: bool = spec(kind=bool, allowed="true or false")
+
+    @property
+    def folds(self) -> int:
+        """How many disjoint parts `fit_on=holdout` cuts the training data into (cross-fitting folds)."""
+        return round(1 / self.fit_fraction)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -355,6 +367,7 @@ def _build(cls: type[Section], data: Any, prefix: str) -> Section:
     rest = {k: v for k, v in data.items() if k not in values}
     if cls is EraserConfig:
         _check_eraser_options(values["name"], values["options"])
+        _check_eraser_fitting(values)
     if issubclass(cls, OptionsSection):
         kind, owner = _options_owner(cls)
         options_cls = _member_options(kind, values["name"])
@@ -431,7 +444,9 @@ def group_config(group: str, name: str, **overrides: Any) -> Any:
         bases = [compose(str(d)) for d in node.pop("defaults", []) if d != "_self_"]
         return OmegaConf.merge(*bases, node)
 
-    node = OmegaConf.merge(compose(name), overrides)
+    root = OmegaConf.load(CONF_DIR / "config.yaml")  # keys every member of the group has (eraser.fit_on, ...)
+    shared = root[group] if group in root else {}
+    node = OmegaConf.merge(shared, compose(name), overrides)
     data = OmegaConf.to_container(node, resolve=True)
     assert isinstance(data, dict)
     return load_section(GROUPS[group], data, f"{group}.")
@@ -541,6 +556,23 @@ def _check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
             tp = float if isinstance(known[k], float) else type(known[k])
         if tp is not None:
             check_typed(f"eraser.options.{k}", v, tp)
+
+
+def _check_eraser_fitting(values: Mapping[str, Any]) -> None:
+    from erasure.registry import ERASERS
+
+    name = values["name"]
+    edits = ERASERS.meta(name)["kind"] == "edit"
+    if edits and values["fit_on"] == "holdout":
+        raise ConfigError(f"eraser.fit_on=holdout is not allowed: eraser {name} edits each sample and has no map "
+                          "to apply to held-out data; use eraser.fit_on=all")
+    if edits and values["after_augment"]:
+        raise ConfigError(f"eraser.after_augment=true is not allowed: eraser {name} edits the dataset once and "
+                          "has no map to apply to augmented batches")
+    folds = round(1 / values["fit_fraction"])
+    if values["fold"] >= folds:
+        raise ConfigError(f"eraser.fold={values['fold']} is not allowed: eraser.fit_fraction="
+                          f"{values['fit_fraction']} cuts the training data into {folds} folds (0..{folds - 1})")
 
 
 def _eraser_hints(fitter: Any) -> dict[str, Any]:

@@ -46,6 +46,11 @@ class LoadedData:
         c, h, w = self.x.shape[1:]
         return int(c), int(h), int(w)
 
+    def subset(self, idx: Tensor) -> LoadedData:
+        """The samples `idx` (a new LoadedData sharing nothing mutable with this one)."""
+        return LoadedData(self.name, self.x[idx].contiguous(), self.y[idx].contiguous(), self.num_classes,
+                          dict(self.info))
+
     def content_hash(self) -> str:
         """Hash of the tensors' bytes: the dataset's identity in cache keys."""
         h = hashlib.sha256()

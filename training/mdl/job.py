@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from erasure import split_fit
 from erasure.registry import ERASERS
 from models.registry import ARCHS
 from training.app.lifecycle import JobRun, Progress, run_in_job_dir
@@ -24,7 +25,7 @@ from training.app.schema import JobConfig, MdlConfig
 from training.app.tasks import TASKS
 from training.app.wandb_logger import RunLogger
 from training.data import LoadedData, load_dataset
-from training.data.erase import apply_eraser
+from training.data.erase import Holdout, apply_eraser
 from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, FitResult, cross_entropy_sum, fit, fit_temperature
 from training.engine.group import Member, OnFinish, check_options, fit_group, resolve_engine, why_not_vectorized
@@ -270,16 +271,37 @@ def zscore_map(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda v: ((v.double() - mean) / std).to(v.dtype)
 
 
-def erase_maybe_zscored(data: LoadedData, cfg: JobConfig) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Apply the eraser; with `dataset.zscore` the data is standardised per coordinate, `dataset.zscore_order`:
-    "before" erasure (statistics of the raw data) or "after" it (statistics of the erased data, as the paper's
-    code did). Gradient erasure optimises pixels in [0, 1] (sigmoid), so with "before" it erases first and then
-    gets the same affine standardisation (statistics of the unerased data)."""
+def prepare_data(cfg: JobConfig) -> tuple[LoadedData, torch.Tensor, dict[str, Any]]:
+    """The coded data of a job: loaded, labels permuted for the null control (`dataset.permute_labels`, seeded by
+    the job seed, before anything else sees them), then erased (`erase_maybe_zscored`). With
+    `eraser.fit_on=holdout` the returned data and erased images are the coded part only."""
+    data = load_dataset(cfg.dataset, cfg.paths.data_dir)
+    if cfg.dataset.permute_labels:
+        perm = torch.randperm(len(data.y), generator=generator(cfg.seed, "permute_labels"))
+        data = LoadedData(data.name, data.x, data.y[perm].contiguous(), data.num_classes,
+                          {**data.info, "permuted_labels": True})
+    holdout = None
+    if cfg.eraser.fit_on == "holdout":
+        fit_idx, coded_idx = split_fit(len(data.y), cfg.eraser.fit_fraction, cfg.eraser.fold, seed=cfg.seed,
+                                       labels=data.y)
+        holdout = Holdout(fit_idx, coded_idx, cfg.eraser.fold, cfg.eraser.folds)
+    x, info = erase_maybe_zscored(data, cfg, holdout)
+    coded = data if holdout is None else data.subset(holdout.coded_idx)
+    return coded, x, info
+
+
+def erase_maybe_zscored(data: LoadedData, cfg: JobConfig,
+                        holdout: Holdout | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Apply the eraser (fitted on `holdout.fit_idx` and applied to the coded part, with a holdout); with
+    `dataset.zscore` the data is standardised per coordinate, `dataset.zscore_order`: "before" erasure
+    (statistics of the raw data) or "after" it (statistics of the erased data, as the paper's code did). Gradient
+    erasure optimises pixels in [0, 1] (sigmoid), so with "before" it erases first and then gets the same affine
+    standardisation (statistics of the unerased data)."""
     cache_dir, cert, eraser = Path(cfg.paths.cache_dir), cfg.certificate, cfg.eraser
     if not cfg.dataset.zscore:
-        return apply_eraser(data, eraser, cache_dir, with_certificate=cert)
+        return apply_eraser(data, eraser, cache_dir, with_certificate=cert, holdout=holdout)
     if cfg.dataset.zscore_order == "after":
-        x, info = apply_eraser(data, eraser, cache_dir, with_certificate=cert)
+        x, info = apply_eraser(data, eraser, cache_dir, with_certificate=cert, holdout=holdout)
         info["zscore"] = "after erasure (statistics of the erased data)"
         return zscore_map(x)(x), info
     standardize = zscore_map(data.x)
@@ -288,7 +310,7 @@ def erase_maybe_zscored(data: LoadedData, cfg: JobConfig) -> tuple[torch.Tensor,
         info["zscore"] = "after erasure (gradient erasure works in pixel space)"
         return standardize(x), info
     zdata = LoadedData(data.name, standardize(data.x), data.y, data.num_classes, dict(data.info))
-    x, info = apply_eraser(zdata, eraser, cache_dir, with_certificate=cert)
+    x, info = apply_eraser(zdata, eraser, cache_dir, with_certificate=cert, holdout=holdout)
     info["zscore"] = "before erasure"
     return x, info
 
@@ -311,8 +333,7 @@ def _mdl_body(run: JobRun) -> dict[str, Any]:
     cfg, t_start = run.cfg, time.perf_counter()
     logger = RunLogger(cfg.logger, cfg.to_dict(), run.path, run_id=f"{run.cfg_hash}-s{cfg.seed}")
     try:
-        data = load_dataset(cfg.dataset, cfg.paths.data_dir)
-        x, erasure_info = erase_maybe_zscored(data, cfg)
+        data, x, erasure_info = prepare_data(cfg)
         m = cfg.mdl
         split = make_split(len(data.y), cfg.seed, val_size=m.val_size, val_frac=m.val_frac,
                            num_blocks=m.num_blocks, min_block=m.min_block)

@@ -56,7 +56,7 @@ def test_preset_composes_every_swept_value_exists_and_dirs_differ(name: str, tmp
 def test_paper_grids_match_the_paper() -> None:
     c = sweeper_params("paper_table_c")
     assert _values(c["arch"]) == ["mlp", "lenet", "convnext", "swin"]
-    assert set(_values(c["eraser"])) == {"control", "leace", "alf_qleace", "gradient_paper", "qleace_paper"}
+    assert set(_values(c["eraser"])) == {"control", "leace", "alf_qleace_paper", "gradient_paper", "qleace_paper"}
     assert _values(c["seed"]) == ["0", "1", "2", "3", "4"]
     for fig in ("paper_fig4", "paper_fig5"):
         w, d = sweeper_params(f"{fig}_width"), sweeper_params(f"{fig}_depth")
@@ -69,7 +69,7 @@ def test_paper_grids_match_the_paper() -> None:
             assert sweeper_params(f"{name}_{grid}")["arch.depth_counts"] == "linear"
     assert set(_values(sweeper_params("paper_fig4_width")["eraser"])) == {"control", "leace"}
     fig5 = set(_values(sweeper_params("paper_fig5_width")["eraser"]))
-    assert {"qleace_paper", "alf_qleace", "gradient_paper"} <= fig5
+    assert {"qleace_paper", "alf_qleace_paper", "gradient_paper"} <= fig5
     assert _values(sweeper_params("paper_fig8_width")["dataset"]) == ["cifarnet", "svhn"]
     offline = sweeper_params("offline_table")
     assert set(_values(offline["eraser"])) == ALL_ERASERS and _values(offline["arch"]) == ["mlp", "lenet"]

@@ -26,6 +26,10 @@ def test_paper_presets_use_shrinkage_and_8_bit_gradient_data(name: str, tmp_path
         assert erasure.resolve_options("qleace", job["eraser"]["options"])["rank_deficient"] == "shrinkage"
     for job in by_eraser["gradient"]:
         assert job["eraser"]["options"]["quantize"] is True and "/gradient/" in job["paths"]["job_dir"]
+        assert (job["eraser"]["options"]["quantize_mode"], job["eraser"]["options"]["loss"]) == ("truncate", "norm")
+    for job in by_eraser["alf_qleace"]:
+        assert job["eraser"]["options"]["stop_norm"] == "frobenius"
+    assert all(j["eraser"]["fit_on"] == "all" for j in jobs)  # the paper's protocol: fitted on the coded data
 
 
 def test_explicit_eraser_on_a_paper_preset_gets_the_default(tmp_path: Path) -> None:
@@ -38,3 +42,5 @@ def test_other_presets_use_the_defaults(name: str, tmp_path: Path) -> None:
     jobs = expand(name, [f"paths.out_dir={tmp_path}", "seed=0"])
     opts = {j["eraser"]["name"]: j["eraser"]["options"] for j in jobs}
     assert opts["qleace"]["rank_deficient"] == "coupling" and opts["gradient"]["quantize"] is False
+    assert (opts["gradient"]["loss"], opts["gradient"]["quantize_mode"], opts["alf_qleace"]["stop_norm"]) == (
+        "squared", "round", "spectral")

@@ -15,14 +15,14 @@ import torch
 from torch import Tensor, nn
 
 from training.app.lifecycle import JobRun
-from training.app.tasks import TASKS
+from training.app.tasks import DECLARED, TASKS
 from training.data.colored_mnist import colored_mnist, fig3_variants, pooled
 from training.engine.regularizers import build_regularizer, task_loss
 from training.engine.seeding import seeded_global_rng
 from training.starvation.common import paper_mlp, run_task
 
 log = logging.getLogger(__name__)
-USES = ("dataset", "regularizer", "gs")  # the config groups this task reads (and its hash covers)
+USES = DECLARED["gs_colored_mnist"]  # the config groups this task reads (and its hash covers)
 POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
 
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from training.app.lifecycle import JobRun
 from training.app.schema import JobConfig, load_config
-from training.app.tasks import TASKS
+from training.app.tasks import DECLARED, TASKS
 from training.data import load_dataset
 from training.engine.fit import cross_entropy_sum, fit, fit_temperature, predict_logits
 from training.engine.regularizers import build_regularizer
@@ -28,7 +28,7 @@ from training.starvation.common import run_task
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
-USES = ("dataset", "eraser", "arch", "optim", "mdl", "regularizer", "gs")  # groups read (and hashed)
+USES = DECLARED["gs_erased_eval"]  # the config groups this task reads (and its hash covers)
 
 
 @dataclass(frozen=True, kw_only=True)

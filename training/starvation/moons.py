@@ -17,7 +17,7 @@ from torch import nn
 
 from training.app.lifecycle import JobRun
 from training.app.schema import JobConfig
-from training.app.tasks import TASKS
+from training.app.tasks import DECLARED, TASKS
 from training.data.moons import TwoMoonsOptions, two_moons
 from training.engine.regularizers import build_regularizer, task_loss
 from training.engine.seeding import seeded_global_rng
@@ -25,7 +25,7 @@ from training.starvation.common import method_name, paper_mlp, run_task
 from training.starvation.geometry import Grid, geometry
 
 log = logging.getLogger(__name__)
-USES = ("dataset", "regularizer", "gs")  # the config groups this task reads (and its hash covers)
+USES = DECLARED["gs_two_moons"]  # the config groups this task reads (and its hash covers)
 BOUNDARY_FILE = "boundary.npz"
 POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
 NONNEG = {"check": lambda v: v >= 0, "allowed": "a number ≥ 0"}

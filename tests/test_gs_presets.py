@@ -95,3 +95,24 @@ def test_aggregate_tables_and_standalone_run(tmp_path: Path, capsys) -> None:
     for name in ("gs_two_moons.md", "gs_mdl_regularizer.md", "gs_two_moons_boundaries.png"):
         assert (tmp_path / "tables" / name).exists()
     assert "## gs_two_moons" in capsys.readouterr().out
+
+
+def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, monkeypatch) -> None:
+    """The GS erased evaluation hashes mdl.* and so stops by mdl's step-aware rule (it used to ignore
+    stop_after_warmup, min_steps and patience_min_steps)."""
+    from training.app.tasks import get_task
+    from training.starvation import erased_eval
+
+    seen = []
+    real_fit = erased_eval.fit
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - records the FitConfig the task trains with
+        seen.append(args[6])
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(erased_eval, "fit", spy)
+    cfg = job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "mdl.min_steps=40", "mdl.patience_min_steps=30",
+                                "mdl.stop_after_warmup=true"])
+    get_task("gs_erased_eval")(cfg)
+    (fc,) = seen
+    assert (fc.min_steps, fc.patience_min_steps, fc.warmup_steps) == (40, 30, 10)

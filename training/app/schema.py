@@ -14,69 +14,30 @@ declared by the eraser itself (`runtime_options` in its registry entry).
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import hashlib
 import json
 import math
-import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from training.errors import UserError
-
-Check = Callable[[Any], bool]
-
-
-class ConfigError(UserError, ValueError):
-    """A config value that is not allowed; the message is one line: key, value, what is allowed."""
-
-
-def spec(default: Any = dataclasses.MISSING, *, kind: type | tuple[type, ...] | None = None,
-         check: Check | None = None, allowed: str = "", choices: tuple[Any, ...] = (), optional: bool = False,
-         hash: bool = True, default_factory: Any = dataclasses.MISSING,  # noqa: A002 - mirrors the concept
-         omit_empty: bool = False) -> Any:
-    """A config field: its type (`kind`), value check and how to describe what is allowed, whether None is
-    allowed, whether it enters the job hash, and whether an empty value is left out of the composed dict."""
-    meta = {"kind": kind, "check": check, "allowed": allowed, "choices": choices, "optional": optional,
-            "hash": hash, "omit_empty": omit_empty}
-    if default_factory is not dataclasses.MISSING:
-        return field(default_factory=default_factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-# ---- common checks ------------------------------------------------------------------------------------------
-def positive_int(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
-    return spec(default, kind=int, check=lambda v: v >= 1, allowed="an integer ≥ 1", **kw)
-
-
-def nonneg_int(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
-    return spec(default, kind=int, check=lambda v: v >= 0, allowed="an integer ≥ 0", **kw)
-
-
-def positive_float(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
-    return spec(default, kind=(int, float), check=lambda v: v > 0 and math.isfinite(v), allowed="a number > 0",
-                **kw)
-
-
-def unit_interval(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
-    return spec(default, kind=(int, float), check=lambda v: 0 <= v < 1, allowed="a number in [0, 1)", **kw)
-
-
-def flag(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
-    return spec(default, kind=bool, allowed="true or false", **kw)
-
-
-def one_of(default: Any, *choices: Any, **kw: Any) -> Any:
-    return spec(default, choices=choices, **kw)
-
-
-def auto_or_positive_int(default: Any = "auto", **kw: Any) -> Any:
-    return spec(default, check=lambda v: v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
-                allowed="auto or an integer ≥ 1", **kw)
+from training.app.typed import (
+    ConfigError,
+    auto_or_positive_int,
+    build_options,
+    check_typed,
+    flag,
+    kind_name,
+    nonneg_int,
+    one_of,
+    positive_float,
+    positive_int,
+    spec,
+    unit_interval,
+)
 
 
 # ---- the sections -------------------------------------------------------------------------------------------
@@ -417,18 +378,12 @@ def _check(key: str, value: Any, meta: Mapping[str, Any]) -> Any:
         kinds = kind if isinstance(kind, tuple) else (kind,)
         bad_bool = isinstance(value, bool) and bool not in kinds
         if bad_bool or not isinstance(value, kinds):
-            allowed = meta.get("allowed") or _kind_name(kinds)
+            allowed = meta.get("allowed") or kind_name(kinds)
             raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {allowed}")
     check = meta.get("check")
     if check is not None and not check(value):
         raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {meta.get('allowed') or 'another value'}")
     return value
-
-
-def _kind_name(kinds: tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a group of keys",
-             list: "a list"}
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -450,92 +405,6 @@ def group_config(group: str, name: str, **overrides: Any) -> Any:
     data = OmegaConf.to_container(node, resolve=True)
     assert isinstance(data, dict)
     return load_section(GROUPS[group], data, f"{group}.")
-
-
-# ---- group members' own options (declared next to the module that registers them) ---------------------------
-def build_options(cls: type[Any] | None, data: Mapping[str, Any], prefix: str = "", known: tuple[str, ...] = (),
-                  owner: str = "") -> Any:
-    """An options dataclass from its keys, checked against the annotations (int, float, bool, str, Literal,
-    `X | None`, lists) and a field's `metadata={"check": ..., "allowed": ...}`; unknown keys are refused."""
-    fields = {f.name: f for f in dataclasses.fields(cls)} if cls is not None else {}
-    unknown = sorted(k for k in data if k not in fields)
-    if unknown:
-        k = unknown[0]
-        names = sorted([*known, *fields])
-        raise ConfigError(f"{prefix}{k}={data[k]!r} is not allowed: not an option of {owner}; known: "
-                          f"{', '.join(names)}")
-    if cls is None:
-        return None
-    hints = typing.get_type_hints(cls)
-    values = {}
-    for name, f in fields.items():
-        if name in data and dataclasses.is_dataclass(hints[name]):
-            values[name] = build_options(hints[name], data[name] or {}, f"{prefix}{name}.", owner=owner)
-        elif name in data:
-            values[name] = check_typed(prefix + name, data[name], hints[name], f.metadata)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{prefix}{name} is missing: set it in its yaml or on the command line "
-                              f"({prefix}{name}=...)")
-    return cls(**values)
-
-
-def check_typed(key: str, value: Any, tp: Any, meta: Mapping[str, Any] | None = None) -> Any:
-    """`value` checked against the annotation `tp` (an int is accepted where a float is declared); ConfigError
-    naming the key and what is allowed. Options dataclasses nest (a field typed by another dataclass)."""
-    meta = meta or {}
-    out, ok = _conform(value, tp)
-    if not ok:
-        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {meta.get('allowed') or _describe(tp)}")
-    check = meta.get("check")
-    if check is not None and out is not None and not check(out):
-        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {meta.get('allowed') or 'another value'}")
-    return out
-
-
-def _conform(value: Any, tp: Any) -> tuple[Any, bool]:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return value, True
-    if origin is typing.Literal:
-        return value, any(value == a and type(value) is type(a) for a in args)
-    if origin in (types.UnionType, typing.Union):
-        for arg in args:
-            out, ok = _conform(value, arg)
-            if ok:
-                return out, True
-        return value, False
-    if tp is type(None):
-        return None, value is None
-    if origin in (list, tuple, collections.abc.Sequence):
-        if not isinstance(value, (list, tuple)):
-            return value, False
-        item = args[0] if args else Any
-        items = [_conform(v, item) for v in value]
-        return [v for v, _ in items], all(ok for _, ok in items)
-    if origin is dict or tp is dict:
-        return value, isinstance(value, Mapping)
-    if tp is bool:
-        return value, isinstance(value, bool)
-    if tp is int:
-        return value, isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:  # an int stays an int (as composed): it is a float wherever one is used
-        return value, isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if tp is str:
-        return value, isinstance(value, str)
-    return value, isinstance(value, tp) if isinstance(tp, type) else True
-
-
-def _describe(tp: Any) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Literal:
-        return "one of " + ", ".join(json.dumps(a) if isinstance(a, bool) else str(a) for a in args)
-    if origin in (types.UnionType, typing.Union):
-        return " or ".join("null" if a is type(None) else _describe(a) for a in args)
-    if origin in (list, tuple, collections.abc.Sequence):
-        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s" if args else "a list"
-    names = {int: "an integer", float: "a finite number", str: "a string", bool: "true or false",
-             dict: "a group of keys"}
-    return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def _check_eraser_options(name: str, options: Mapping[str, Any]) -> None:

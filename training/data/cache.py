@@ -214,3 +214,43 @@ def _load(entry: Path) -> tuple[Tensor, dict[str, Any]] | None:
         shutil.rmtree(entry, ignore_errors=True)
         return None
     return x, report
+
+
+def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
+                  build: Callable[[], erasure.Eraser]) -> tuple[erasure.Eraser, bool]:
+    """(fitted eraser, hit): `<cache_root>/erasers/<hash>.pt` (written by `Eraser.save`: one rename, so never half a
+    file) or `build()` once under the entry's lock, then stored. `eraser.after_augment` needs the eraser object
+    itself (each augmented training batch is erased on the device), not only the erased data the `erased/` entries
+    hold. Like `cached_erase`, never fails because of the cache: an unwritable directory or a failed write is a
+    warning, an unreadable entry (another user's) is left as it is, and a corrupt one is rebuilt."""
+    root = Path(cache_root) / "erasers"
+    path = root / f"{key_hash(key)}.pt"
+    with ExitStack() as stack:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(waiting_lock(root / f"{path.name}.lock",
+                                             f"the fitted-eraser cache entry {path} (another job is fitting it)"))
+        except OSError as err:
+            log.warning("fitted-eraser cache not used: cannot write %s (%s); fitting in memory", root, why(err, root))
+            return build(), False
+        try:
+            eraser = erasure.load(path)
+            if eraser.name != key.get("eraser", eraser.name):
+                raise ValueError(f"holds a {eraser.name} eraser, not {key.get('eraser')}")
+            log.info("cache hit: %s", path)
+            return eraser, True
+        except FileNotFoundError:
+            pass
+        except OSError as err:  # another user's file: not corrupt, not ours to replace
+            log.warning("%s", unreadable_line(path, err, "fitted-eraser cache entry", "fitting in memory"))
+            return build(), False
+        except Exception as err:  # noqa: BLE001 - any failure to parse means the entry cannot be trusted
+            log.warning("cache entry %s is corrupt (%s: %s); rebuilding", path, type(err).__name__, err)
+        log.info("cache miss: %s (fitting)", path)
+        eraser = build()
+        try:
+            eraser.save(path)
+        except (OSError, RuntimeError) as err:
+            log.warning("could not write the cache entry %s (%s); going on with the eraser in memory", path,
+                        why(err, root))
+        return eraser, False

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from erasure import resolve_options
+from erasure import Eraser, resolve_options
 from erasure.leace import HOLDOUT_RTOL
 from erasure.progress import use as erasure_progress
 from erasure.qleace import label_injection_risk
@@ -41,13 +41,18 @@ def _cache_key(data: LoadedData, name: str, options: Mapping[str, Any]) -> dict[
 
 
 def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
-                  rank_hint: int | None = None) -> tuple[torch.Tensor, dict[str, Any], bool]:
+                  rank_hint: int | None = None, eraser: Eraser | None = None
+                  ) -> tuple[torch.Tensor, dict[str, Any], bool]:
+    """`data` erased by `name` fitted on it, through the cache; `eraser`: that eraser, already fitted (a cache miss
+    then applies it, which is what `erasure.erase` does after fitting)."""
     from erasure import erase
     from training.data.cache import cached_erase
 
     flat = data.x.reshape(len(data.x), -1)
 
     def build() -> tuple[torch.Tensor, dict[str, Any]]:
+        if eraser is not None:
+            return _apply_fitted(eraser, flat, data.y)
         log.info("fitting eraser %s on %s (%d x %d)", name, data.name, *flat.shape)
         with erasure_progress(progress_bar):  # a long fit (gradient) shows the harness's bar / log lines
             return erase(name, flat, data.y, dict(options), rank_hint=rank_hint)
@@ -80,24 +85,53 @@ def holdout_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _erase_holdout(fit: LoadedData, coded: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
-                   rank_hint: int | None) -> tuple[torch.Tensor, dict[str, Any], bool]:
-    """Fit on `fit`, apply to `coded`, through the cache (keyed by both)."""
+                   rank_hint: int | None, eraser: Eraser | None = None) -> tuple[torch.Tensor, dict[str, Any], bool]:
+    """Fit on `fit`, apply to `coded`, through the cache (keyed by both); `eraser`: already fitted on `fit`."""
     from erasure import fit as fit_eraser
     from training.data.cache import cached_erase
 
     def build() -> tuple[torch.Tensor, dict[str, Any]]:
+        if eraser is not None:
+            return _apply_fitted(eraser, coded.x.reshape(len(coded.x), -1), coded.y)
         log.info("fitting eraser %s on %d held-out samples of %s, applying it to the other %d", name, len(fit.y),
                  fit.name, len(coded.y))
         t0 = time.perf_counter()
         extra = {"rank_hint": rank_hint} if rank_hint is not None else {}
-        eraser = fit_eraser(name, fit.x.reshape(len(fit.x), -1), fit.y, **options, **extra)
+        fitted = fit_eraser(name, fit.x.reshape(len(fit.x), -1), fit.y, **options, **extra)
         flat = coded.x.reshape(len(coded.x), -1)
-        out = eraser(flat, coded.y) if eraser.needs_labels else eraser(flat)
-        return out, {**eraser.report(), "seconds": time.perf_counter() - t0}
+        out = fitted(flat, coded.y) if fitted.needs_labels else fitted(flat)
+        return out, {**fitted.report(), "seconds": time.perf_counter() - t0}
 
     key = {**_cache_key(coded, name, options), "fitted_on": fit.content_hash()}
     x, report, hit = cached_erase(cache_dir, key, build)
     return x.reshape(coded.x.shape), report, hit
+
+
+def _apply_fitted(eraser: Eraser, flat: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Any]]:
+    t0 = time.perf_counter()
+    out = eraser(flat, y) if eraser.needs_labels else eraser(flat)
+    return out, {**eraser.report(), "seconds": time.perf_counter() - t0}
+
+
+def fit_cached(fit: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
+               rank_hint: int | None = None) -> tuple[Eraser, bool]:
+    """The eraser `name` fitted on `fit` (a map eraser: `ERASERS.meta(name)["kind"] == "map"`), and whether it came
+    from the cache (`<cache_dir>/erasers/`, training/data/cache.py `cached_eraser`).
+
+    Cached rather than refitted per job: a fit costs seconds on MNIST-5k but QLEACE on CIFAR-10 (d = 3072) costs
+    minutes, and every seed/architecture of an `eraser.after_augment` sweep needs the same eraser. Keyed like the
+    erased data (dataset content, eraser, the options that change the result) plus the rank hint."""
+    from erasure import fit as fit_eraser
+    from training.data.cache import cached_eraser
+
+    def build() -> Eraser:
+        log.info("fitting eraser %s on %s (%d samples)", name, fit.name, len(fit.y))
+        extra = {"rank_hint": rank_hint} if rank_hint is not None else {}
+        with erasure_progress(progress_bar):
+            return fit_eraser(name, fit.x.reshape(len(fit.x), -1), fit.y, **options, **extra)
+
+    key = {**_cache_key(fit, name, options), "object": "fitted eraser", "rank_hint": rank_hint}
+    return cached_eraser(cache_dir, key, build)
 
 
 def alf_rank(data: LoadedData, cache_dir: Path) -> int | None:
@@ -138,6 +172,22 @@ def apply_eraser(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_
     """Erased images and an info dict: report, cache hit, how it was fitted, certificate before/after, seconds.
     With `holdout`, the eraser is fitted on `holdout.fit_idx` and the erased images are those of
     `holdout.coded_idx` (the samples the code then sees), in that order."""
+    x, info, _ = _apply(data, eraser_cfg, cache_dir, with_certificate, holdout, keep_eraser=False)
+    return x, info
+
+
+def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certificate: bool = True,
+                             holdout: Holdout | None = None) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
+    """`apply_eraser`, and the fitted eraser too (None for the identity control, which has nothing to apply), for
+    `eraser.after_augment`: the same erased images (the same cache entry), the eraser from `fit_cached`. A map
+    eraser only; an eraser that edits the dataset (gradient) has no map and is refused."""
+    if ERASERS.meta(eraser_cfg.name)["kind"] != "map":
+        raise ValueError(f"eraser {eraser_cfg.name} edits the dataset once and has no map to apply to other images")
+    return _apply(data, eraser_cfg, cache_dir, with_certificate, holdout, keep_eraser=True)
+
+
+def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certificate: bool,
+           holdout: Holdout | None, keep_eraser: bool) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
     name, options = eraser_cfg.name, dict(eraser_cfg.options)
     t0 = time.perf_counter()
     fit, coded = (data, data) if holdout is None else (data.subset(holdout.fit_idx), data.subset(holdout.coded_idx))
@@ -145,6 +195,7 @@ def apply_eraser(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_
         options = holdout_options(name, options)
     info: dict[str, Any] = {"name": name, "options": options, "fit": _fit_info(fit, coded, holdout)}
     identity = ERASERS.meta(name)["family"] == "control"
+    eraser = None
     if identity:
         x, info["report"], info["cache_hit"] = coded.x, {"rank_removed": 0}, None
     else:
@@ -152,18 +203,49 @@ def apply_eraser(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_
         resolved = resolve_options(name, options)
         if "rank" in resolved and resolved["rank"] is None:  # a rank-matched baseline: ALF-QLEACE's rank
             rank_hint = alf_rank(fit, cache_dir)
+        if keep_eraser:
+            eraser, info["eraser_cache_hit"] = fit_cached(fit, name, options, cache_dir, rank_hint)
         if holdout is None:
-            x, info["report"], info["cache_hit"] = _erase_cached(data, name, options, cache_dir, rank_hint)
+            x, info["report"], info["cache_hit"] = _erase_cached(data, name, options, cache_dir, rank_hint, eraser)
         else:
             _warn_label_injection(name, fit)
-            x, info["report"], info["cache_hit"] = _erase_holdout(fit, coded, name, options, cache_dir, rank_hint)
+            x, info["report"], info["cache_hit"] = _erase_holdout(fit, coded, name, options, cache_dir, rank_hint,
+                                                                  eraser)
         log.info("eraser %s: %s", name, "cache hit" if info["cache_hit"] else "fitted and cached")
     info["seconds"] = time.perf_counter() - t0
     if with_certificate:
         before = certify_original(coded, cache_dir)
         after = before if identity else certify(x, coded.y)
         info["certificate"] = {"before": before, "after": after}
-    return x, info
+    return x, info, eraser
+
+
+class BatchEraser:
+    """`eraser.after_augment`: a fitted eraser applied to each training batch (b, c, h, w) where it lies (the
+    paper code's `transform(augment(x))`); the training loops call it as `batch_transform(x, y)` after augmentation.
+
+    The eraser's math runs in float64 on the batch's device (`to` moves its state there once) and the result comes
+    back in the batch's dtype; a label-dependent eraser (QLEACE) gets the batch's labels (None: the identity
+    control). `then`: a map applied to the erased batch (the z-score of `dataset.zscore_order=after`), with a
+    `to(device)` of its own. Refused for a QLEACE whose fit left coupling noise (singular classes,
+    `rank_deficient=coupling`): that noise has exact moments on the rows of one call and a fixed seed per class, so
+    on a batch it would be a fixed, batch-dependent draw rather than the coupling."""
+
+    def __init__(self, eraser: Eraser | None, then: Any = None) -> None:
+        if eraser is not None and getattr(eraser, "has_noise", False):
+            raise ValueError(f"eraser.after_augment=true is not allowed here: the fitted {eraser.name} eraser adds "
+                             "coupling noise (singular classes), whose exact-moment draw is defined on whole classes, "
+                             "not on a batch; use eraser.options.rank_deficient=shrinkage (the paper code's "
+                             "estimator) or truncate")
+        self.eraser, self.then = eraser, then
+
+    def to(self, device: torch.device | str) -> BatchEraser:
+        return type(self)(None if self.eraser is None else self.eraser.to(device),
+                          None if self.then is None else self.then.to(device))
+
+    def __call__(self, x: Tensor, y: Tensor) -> Tensor:
+        out = x if self.eraser is None else self.eraser(x, y) if self.eraser.needs_labels else self.eraser(x)
+        return out if self.then is None else self.then(out)
 
 
 def _fit_info(fit: LoadedData, coded: LoadedData, holdout: Holdout | None) -> dict[str, Any]:

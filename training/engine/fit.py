@@ -21,6 +21,9 @@ from training.engine.batches import DeviceData, augment_pad, draw_epoch
 from training.engine.stopping import EarlyStopping
 
 Regularizer = Callable[[Tensor, Tensor, int], Tensor]  # (logits, y, step) -> penalty added to CE
+# (batch, labels) -> the batch the model trains on, applied after augmentation: e.g. `eraser.after_augment`
+# erases each augmented batch (training/data/erase.py BatchEraser). Validation data is never transformed.
+BatchTransform = Callable[[Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class FitConfig:
     warmup_steps: int = 0  # the optimiser's warm-up: no stop before it has ended
     min_steps: int = 0  # no stop before this many optimizer steps (even past max_epochs)
     patience_min_steps: int = 0  # patience in steps = max(patience × steps per epoch, patience_min_steps)
+    batch_transform: BatchTransform | None = None  # applied to each (augmented) training batch, on its device
 
     def stopper(self, steps_per_epoch: int) -> EarlyStopping:
         """A fresh early-stopping rule for a model taking `steps_per_epoch` optimizer steps per epoch."""
@@ -127,7 +131,8 @@ def fit(
 
     The training set is `x[idx], y[idx]` (all of x when idx is None). Each epoch draws its batch order and
     per-sample augmentation from `gen` in one go (`training.engine.batches.draw_epoch`); the vectorised trainer
-    draws the same streams. On return the model and optimizer are in eval mode (ready to code a block).
+    draws the same streams. `cfg.batch_transform` (if set) maps each augmented batch before the model sees it;
+    `x_val` is used as given. On return the model and optimizer are in eval mode (ready to code a block).
     """
     data = x if isinstance(x, DeviceData) else DeviceData(x, x.device, storage="float32")
     dev = data.device
@@ -164,8 +169,10 @@ def fit(
         for i in range(0, n, cfg.batch_size):
             sl = slice(i, i + cfg.batch_size)
             bi = order[sl]
-            xb = data.batch(bi, None if offsets is None else offsets[sl], None if flips is None else flips[sl], pad)
             yb = y[bi]
+            xb = data.batch(bi, None if offsets is None else offsets[sl], None if flips is None else flips[sl], pad)
+            if cfg.batch_transform is not None:
+                xb = cfg.batch_transform(xb, yb)
             logits = model(xb)
             loss = F.cross_entropy(logits, yb)
             if regularizer is not None:

@@ -3,9 +3,11 @@
 Each member keeps its own init, training subset, batch order, augmentation stream, schedule-free state and
 early stopping, exactly as `training.engine.fit.fit` would train it alone (it draws the same `draw_epoch` streams).
 One step takes one batch per live member: the batches of all members are gathered, cropped/flipped and
-decoded in one go; a member whose epoch ends is validated (eval mode), and one that early-stops leaves the
-group. How the step's arithmetic is shared is the engine's business (training/engine/backends.py): `loop` (bitwise
-equal to sequential training; default on CPU) or `stacked` (vmap over stacked parameters; default on GPU).
+decoded in one go, then mapped by the members' shared `FitConfig.batch_transform` if any (e.g. erased after
+augmentation, `eraser.after_augment`); a member whose epoch ends is validated (eval mode), and one that
+early-stops leaves the group. How the step's arithmetic is shared is the engine's business
+(training/engine/backends.py): `loop` (bitwise equal to sequential training; default on CPU) or `stacked` (vmap
+over stacked parameters; default on GPU).
 Equality with sequential training is tested in tests/test_vectorized.py. A group is one `_Lockstep`; each
 member's training state (epoch, batch, early stopping, curve, result) is one `LockstepMember`.
 """
@@ -26,7 +28,7 @@ from torch import Tensor, nn
 from training.common.progress import progress_bar
 from training.engine.backends import LoopEngine, StackedEngine, ValSet
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
-from training.engine.fit import FitConfig, FitResult, Regularizer
+from training.engine.fit import BatchTransform, FitConfig, FitResult, Regularizer
 from training.engine.flat_optim import fused_backend
 from training.engine.stopping import EarlyStopping
 
@@ -317,9 +319,10 @@ class _Plan:
         dev = data.device
         self.data, self.dev = data, dev
         cfg = live[0].spec.cfg
-        self.bs, self.augment = cfg.batch_size, cfg.augment
-        if any(m.spec.cfg.batch_size != self.bs or m.spec.cfg.augment != self.augment for m in live):
-            raise ValueError("members of one group share the batch size and the augmentation flag")
+        self.bs, self.augment, self.transform = cfg.batch_size, cfg.augment, cfg.batch_transform
+        if any(m.spec.cfg.batch_size != self.bs or m.spec.cfg.augment != self.augment
+               or m.spec.cfg.batch_transform is not self.transform for m in live):
+            raise ValueError("members of one group share the batch size, the augmentation flag and the batch transform")
         self.pad = augment_pad(data, self.augment)
         slots = max(m.steps_per_epoch for m in live) * self.bs
         self.idx = torch.stack([torch.cat([m.idx, m.idx[:1].expand(slots - m.size)]) for m in live])
@@ -391,6 +394,12 @@ class _Lockstep:
         self.members = [LockstepMember.start(k, m, dev) for k, m in enumerate(members)]
         self.live = list(self.members)
         self.plan = _Plan(self.live, inputs.data)
+        if self.plan.transform is not None and not self.val.shared:
+            raise ValueError("members with a batch transform need a shared x_val/y_val (their validation images are "
+                             "not drawn from the training data, which the transform maps)")
+        # The loop engine transforms each member's batch alone, exactly as `fit` does (bitwise equal); the stacked
+        # one transforms all rows in one call (padding rows too: they carry zero weight).
+        self.transform_rows = options.engine != "stacked"
         self.engine = _make_engine(members, options)
         self.on_finish, self.stop = options.on_finish, stop
         self.step = 0
@@ -414,9 +423,20 @@ class _Lockstep:
         if self.stop is not None and self.stop.is_set():
             raise Cancelled
         gidx, xb, wb, counts = self.plan.batch(self.live)
-        self.engine.step(xb, self.y[gidx], wb, counts, self.step)
+        yb = self.y[gidx]
+        if self.plan.transform is not None:
+            xb = self._transform(self.plan.transform, xb, yb, counts)
+        self.engine.step(xb, yb, wb, counts, self.step)
         self.step += 1
         self.plan.advance(self.live)
+
+    def _transform(self, transform: BatchTransform, xb: Tensor, yb: Tensor, counts: list[int]) -> Tensor:
+        """The members' `batch_transform` on the step's batches (rows, bs, c, h, w), after augmentation."""
+        if not self.transform_rows:
+            return transform(xb.reshape(-1, *xb.shape[2:]), yb.reshape(-1)).reshape(xb.shape)
+        for r, c in enumerate(counts):  # the rows past c are never read by the loop engine
+            xb[r, :c] = transform(xb[r, :c], yb[r, :c])
+        return xb
 
     def _validate(self, rows: list[int]) -> None:
         if not rows:

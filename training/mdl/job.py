@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,9 @@ from training.app.schema import JobConfig, MdlConfig
 from training.app.tasks import TASKS
 from training.app.wandb_logger import RunLogger
 from training.data import LoadedData, load_dataset
-from training.data.erase import Holdout, apply_eraser
+from training.data.erase import BatchEraser, Holdout, apply_eraser, apply_eraser_keeping_map
 from training.engine.batches import DeviceData
-from training.engine.fit import FitConfig, FitResult, cross_entropy_sum, fit, fit_temperature
+from training.engine.fit import BatchTransform, FitConfig, FitResult, cross_entropy_sum, fit, fit_temperature
 from training.engine.group import Member, OnFinish, check_options, fit_group, resolve_engine, why_not_vectorized
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
@@ -56,12 +57,14 @@ def resolve_optim(cfg: JobConfig) -> dict[str, Any]:
     }
 
 
-def fit_config(cfg: JobConfig, warmup_steps: int, eval_every_steps: int | None = None) -> FitConfig:
-    """The fit loop's settings of a job: batch size, `mdl.*` early stopping (step-aware) and augmentation."""
+def fit_config(cfg: JobConfig, warmup_steps: int, eval_every_steps: int | None = None,
+               batch_transform: BatchTransform | None = None) -> FitConfig:
+    """The fit loop's settings of a job: batch size, `mdl.*` early stopping (step-aware) and augmentation, and
+    the map of each augmented batch (`eraser.after_augment`: `BatchEraser`)."""
     m = cfg.mdl
     return FitConfig(batch_size=cfg.optim.batch_size, patience=m.patience, max_epochs=m.max_epochs,
                      augment=cfg.dataset.augment, eval_every_steps=eval_every_steps, progress=cfg.progress,
-                     **stop_options(m, warmup_steps))
+                     batch_transform=batch_transform, **stop_options(m, warmup_steps))
 
 
 class Trainer:
@@ -70,13 +73,22 @@ class Trainer:
     The data lives on the device once, in the smallest exact dtype (`training.storage`); batches are index
     gathers. `train_many` trains several models (the block models of a job) in vectorised groups of
     `training.parallel_models` (auto: all of them, for models the vectorised path supports).
+
+    `batches` (`eraser.after_augment`): the training batches are drawn from `batches.raw` (a second copy on the
+    device) and erased after augmentation by `batches.transform`; the validation set and the coded blocks are
+    the erased `x`, as without it.
     """
 
     def __init__(self, cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-                 split: MdlSplit, device: torch.device, data: DeviceData | None = None):
+                 split: MdlSplit, device: torch.device, data: DeviceData | None = None,
+                 batches: BatchErasure | None = None):
         self.cfg, self.seed, self.opts = cfg, cfg.seed, cfg.training
         # `data`: the same x already on the device (several seeds' trainers share one copy)
         self.data = data if data is not None else DeviceData(x, device, storage=self.opts.storage)
+        self.train_data, self.batch_transform = self.data, None
+        if batches is not None:
+            self.train_data = DeviceData(batches.raw, device, storage=self.opts.storage)
+            self.batch_transform = batches.transform.to(device)  # the eraser's state moves to the device once
         self.y = y.to(device)
         self.num_classes, self.split, self.device = num_classes, split, device
         self.hp = resolve_optim(cfg)
@@ -90,7 +102,7 @@ class Trainer:
         return self.cfg.mdl.eval_every_steps
 
     def fit_cfg(self, eval_every_steps: int | None = None) -> FitConfig:
-        return fit_config(self.cfg, self.hp["warmup_steps"], eval_every_steps)
+        return fit_config(self.cfg, self.hp["warmup_steps"], eval_every_steps, self.batch_transform)
 
     def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
         """A fresh model (init drawn from (seed, "init", tag)), its optimizer, data subset and generator."""
@@ -111,7 +123,7 @@ class Trainer:
         # Dropout/drop-path draw from the global RNG: seed it per (seed, tag) so a resumed job's block i
         # sees the same stream as in an uninterrupted run (and runs do not depend on earlier blocks).
         with seeded_global_rng(self.seed, "train", tag):
-            res = fit(m.model, m.optimizer, self.data, self.y, self.x_val, self.y_val, m.cfg, m.gen,
+            res = fit(m.model, m.optimizer, self.train_data, self.y, self.x_val, self.y_val, m.cfg, m.gen,
                       self.regularizer, desc=f"{tag}", idx=m.idx)
         return m.model, res
 
@@ -148,7 +160,7 @@ class Trainer:
             def done(k: int, model: torch.nn.Module, res: FitResult, offset: int = start) -> None:
                 on_finish(offset + k, model, res)
 
-            fit_group(members, self.data, self.y, self.x_val, self.y_val, on_finish=done,
+            fit_group(members, self.train_data, self.y, self.x_val, self.y_val, on_finish=done,
                       progress=self.cfg.progress, compile=self.opts.compile, engine=self.opts.engine,
                       regularizer=self.regularizer, workers=self.opts.workers,
                       fused_optimizer=self.opts.fused_optimizer)
@@ -260,21 +272,46 @@ def run_full(trainer: Trainer, logger: RunLogger) -> dict[str, Any]:
             "trained_with_block_models": alongside, **_fit_summary(res)}
 
 
-def zscore_map(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Per-coordinate (pixel, channel) standardisation with the statistics of `x` (paper Fig. 16).
+class ZScore:
+    """Per-coordinate (pixel, channel) standardisation with the statistics of `x` (paper Fig. 16), in float64, back
+    to the input's dtype. Constant coordinates (std < 1e-8, e.g. MNIST borders) are centred and left unscaled."""
 
-    Constant coordinates (std < 1e-8, e.g. MNIST borders) are centred and left unscaled.
-    """
-    mean = x.double().mean(dim=0, keepdim=True)
-    std = x.double().std(dim=0, keepdim=True)
-    std = torch.where(std < 1e-8, torch.ones_like(std), std)
-    return lambda v: ((v.double() - mean) / std).to(v.dtype)
+    def __init__(self, x: torch.Tensor) -> None:
+        mean = x.double().mean(dim=0, keepdim=True)
+        std = x.double().std(dim=0, keepdim=True)
+        self.mean, self.std = mean, torch.where(std < 1e-8, torch.ones_like(std), std)
+
+    def to(self, device: torch.device | str) -> ZScore:
+        out = object.__new__(ZScore)
+        out.mean, out.std = self.mean.to(device), self.std.to(device)
+        return out
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        return ((v.double() - self.mean) / self.std).to(v.dtype)
+
+
+def zscore_map(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Per-coordinate standardisation with the statistics of `x` (`ZScore`)."""
+    return ZScore(x)
 
 
 def prepare_data(cfg: JobConfig) -> tuple[LoadedData, torch.Tensor, dict[str, Any]]:
     """The coded data of a job: loaded, labels permuted for the null control (`dataset.permute_labels`, seeded by
     the job seed, before anything else sees them), then erased (`erase_maybe_zscored`). With
     `eraser.fit_on=holdout` the returned data and erased images are the coded part only."""
+    coded, x, info, _ = _prepare(cfg, after_augment=False)
+    return coded, x, info
+
+
+def prepare_inputs(cfg: JobConfig) -> tuple[LoadedData, torch.Tensor, dict[str, Any], BatchErasure | None]:
+    """`prepare_data`, and with `eraser.after_augment` what the training batches are drawn from instead: the
+    unerased images and the fitted eraser (`BatchErasure`). The erased images (validation set, coded blocks) are
+    the same as without it."""
+    return _prepare(cfg, after_augment=cfg.eraser.after_augment)
+
+
+def _prepare(cfg: JobConfig, after_augment: bool
+             ) -> tuple[LoadedData, torch.Tensor, dict[str, Any], BatchErasure | None]:
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
     if cfg.dataset.permute_labels:
         perm = torch.randperm(len(data.y), generator=generator(cfg.seed, "permute_labels"))
@@ -285,9 +322,13 @@ def prepare_data(cfg: JobConfig) -> tuple[LoadedData, torch.Tensor, dict[str, An
         fit_idx, coded_idx = split_fit(len(data.y), cfg.eraser.fit_fraction, cfg.eraser.fold, seed=cfg.seed,
                                        labels=data.y)
         holdout = Holdout(fit_idx, coded_idx, cfg.eraser.fold, cfg.eraser.folds)
-    x, info = erase_maybe_zscored(data, cfg, holdout)
     coded = data if holdout is None else data.subset(holdout.coded_idx)
-    return coded, x, info
+    if after_augment:
+        x, info, batches = erase_after_augment(data, cfg, holdout)
+        return coded, x, info, batches
+    x, info = erase_maybe_zscored(data, cfg, holdout)
+    info["after_augment"] = False
+    return coded, x, info, None
 
 
 def erase_maybe_zscored(data: LoadedData, cfg: JobConfig,
@@ -315,6 +356,48 @@ def erase_maybe_zscored(data: LoadedData, cfg: JobConfig,
     return x, info
 
 
+@dataclass(frozen=True)
+class BatchErasure:
+    """`eraser.after_augment=true`: the training batches are drawn from `raw`, the coded part's images unerased
+    (z-scored when `dataset.zscore_order=before`), and each (augmented) batch is erased on the device by
+    `transform(x, y)`."""
+
+    raw: torch.Tensor
+    transform: BatchEraser
+
+
+def erase_after_augment(data: LoadedData, cfg: JobConfig, holdout: Holdout | None = None
+                        ) -> tuple[torch.Tensor, dict[str, Any], BatchErasure | None]:
+    """`erase_maybe_zscored` (the same erased images, from the same cache entry: validation set and coded blocks are
+    erased once, unaugmented), plus the fitted eraser and the unerased images for the training batches. With
+    `dataset.zscore_order=after` each erased batch is then standardised with the statistics of the erased data,
+    as the erased images are. None instead of a `BatchErasure` where the batches are the erased images anyway (the
+    identity control without a z-score after it)."""
+    cache_dir, cert = Path(cfg.paths.cache_dir), cfg.certificate
+    then: ZScore | None = None
+    if cfg.dataset.zscore and cfg.dataset.zscore_order == "before":
+        standardize = zscore_map(data.x)
+        data = LoadedData(data.name, standardize(data.x), data.y, data.num_classes, dict(data.info))
+        x, info, eraser = apply_eraser_keeping_map(data, cfg.eraser, cache_dir, with_certificate=cert,
+                                                   holdout=holdout)
+        info["zscore"] = "before erasure"
+    else:
+        x, info, eraser = apply_eraser_keeping_map(data, cfg.eraser, cache_dir, with_certificate=cert,
+                                                   holdout=holdout)
+        if cfg.dataset.zscore:
+            then = ZScore(x)
+            x = then(x)
+            info["zscore"] = "after erasure (statistics of the erased data)"
+    info["after_augment"] = True
+    info["batch_eraser"] = ({"applied": False, "why": "the identity control has nothing to erase"} if eraser is None
+                            else {"applied": True, "report": eraser.report(),
+                                  "cache_hit": info.pop("eraser_cache_hit")})
+    if eraser is None and then is None:  # the control: the batches are the erased (= unerased) images, as without
+        return x, info, None
+    coded = data if holdout is None else data.subset(holdout.coded_idx)
+    return x, info, BatchErasure(coded.x, BatchEraser(eraser, then))
+
+
 def _check_runtime(cfg: JobConfig, device: torch.device) -> None:
     check_options(cfg.training.engine, cfg.training.workers, cfg.training.fused_optimizer, device)
 
@@ -333,11 +416,11 @@ def _mdl_body(run: JobRun) -> dict[str, Any]:
     cfg, t_start = run.cfg, time.perf_counter()
     logger = RunLogger(cfg.logger, cfg.to_dict(), run.path, run_id=f"{run.cfg_hash}-s{cfg.seed}")
     try:
-        data, x, erasure_info = prepare_data(cfg)
+        data, x, erasure_info, batches = prepare_inputs(cfg)
         m = cfg.mdl
         split = make_split(len(data.y), cfg.seed, val_size=m.val_size, val_frac=m.val_frac,
                            num_blocks=m.num_blocks, min_block=m.min_block)
-        trainer = Trainer(cfg, x, data.y, data.num_classes, split, run.device)
+        trainer = Trainer(cfg, x, data.y, data.num_classes, split, run.device, batches=batches)
         log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", run.path, data.name,
                  len(data.y), len(split.val_idx), split.block_sizes, trainer.hp["lr"], run.device)
         t_mdl = time.perf_counter()

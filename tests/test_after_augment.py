@@ -1,0 +1,199 @@
+"""eraser.after_augment=true (issue 21): each augmented training batch is erased on the device by the fitted
+eraser (`transform(augment(x))`, the paper code's order), while the validation set and the coded blocks are the
+once-erased, unaugmented images. Without augmentation it gives the numbers of after_augment=false."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+import erasure
+import models
+from tests.helpers import job_config
+from tests.test_vectorized import _data, _models
+from training.app.schema import load_config
+from training.data import LoadedData
+from training.data.erase import BatchEraser, fit_cached
+from training.engine.batches import DeviceData
+from training.engine.fit import FitConfig, fit
+from training.engine.group import Member, fit_group
+from training.engine.seeding import generator
+from training.mdl import job
+from training.mdl.job import prepare_data, run_job
+
+SMOKE = ["experiment=smoke", "mdl.full_run=false"]
+# 3×8×8 class-conditional Gaussians (300 per class: QLEACE's classes are non-singular, no coupling noise), few steps
+SYNTH = ["experiment=smoke", "mdl.full_run=false", "dataset=synthetic", "dataset.channels=3", "dataset.size=8",
+         "dataset.n=1200", "dataset.augment=true", "mdl.max_epochs=2", "mdl.min_steps=0", "mdl.patience_min_steps=0"]
+
+
+@pytest.mark.parametrize("overrides", [
+    ["eraser=leace"],
+    # label-dependent eraser fitted out of sample, erased batches z-scored with the erased data's statistics
+    ["eraser=qleace_paper", "eraser.fit_on=holdout", "dataset.zscore=true", "dataset.zscore_order=after"],
+], ids=["leace", "qleace-holdout-zscore-after"])
+def test_without_augmentation_after_augment_changes_nothing(overrides: list[str], tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Erasing each batch or the data once is the same row-wise map: the same code (measured: bitwise equal on
+    CPU, the float64 map rounds to the same float32 batch), while the batches really went through the eraser."""
+    calls = {"n": 0}
+
+    class Counting(BatchEraser):
+        def __call__(self, x: Tensor, y: Tensor) -> Tensor:
+            calls["n"] += 1
+            return super().__call__(x, y)
+
+    monkeypatch.setattr(job, "BatchEraser", Counting)
+    once = run_job(job_config(tmp_path, [*SMOKE, *overrides]))
+    per_batch = run_job(job_config(tmp_path, [*SMOKE, *overrides, "eraser.after_augment=true"]))
+    assert calls["n"] == sum(b["steps"] for b in per_batch["mdl"]["blocks"]) > 0
+    assert once["eraser"]["after_augment"] is False and per_batch["eraser"]["after_augment"] is True
+    assert per_batch["eraser"]["batch_eraser"]["report"]["name"] == per_batch["eraser"]["name"]
+    assert per_batch["mdl"]["block_ce_bits"] == pytest.approx(once["mdl"]["block_ce_bits"], rel=1e-5, abs=1e-6)
+    assert [b["steps"] for b in per_batch["mdl"]["blocks"]] == [b["steps"] for b in once["mdl"]["blocks"]]
+
+
+def _capture(monkeypatch: pytest.MonkeyPatch, keep: int = 6) -> dict[str, Any]:
+    """Record the job's Trainer, the first `keep` training gathers (idx, offsets, flips, pad) and the first `keep`
+    inputs a model saw in train mode (the fit loop: gather k feeds training forward k)."""
+    seen: dict[str, Any] = {"gathers": [], "inputs": []}
+    init, batch, build = job.Trainer.__init__, DeviceData.batch, models.build_model
+
+    def trainer_init(self: job.Trainer, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        seen["trainer"] = self
+
+    def gather(self: DeviceData, idx: Tensor, offsets: Tensor | None = None, flips: Tensor | None = None,
+               pad: int = 0) -> Tensor:
+        if len(seen["gathers"]) < keep:
+            seen["gathers"].append((idx.clone(), offsets.clone(), flips.clone(), pad))
+        return batch(self, idx, offsets, flips, pad)
+
+    def hooked(*args: Any, **kwargs: Any) -> torch.nn.Module:
+        model = build(*args, **kwargs)
+
+        def pre(module: torch.nn.Module, inputs: tuple[Tensor, ...]) -> None:
+            if module.training and len(seen["inputs"]) < keep:
+                seen["inputs"].append(inputs[0].detach().clone())
+
+        model.register_forward_pre_hook(pre)
+        return model
+
+    monkeypatch.setattr(job.Trainer, "__init__", trainer_init)
+    monkeypatch.setattr(DeviceData, "batch", gather)
+    monkeypatch.setattr(models, "build_model", hooked)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["leace", "qleace"])
+def test_training_batches_are_erased_after_augmentation(name: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    overrides = [*SYNTH, f"eraser={name}", "training.parallel_models=1"]
+    seen = _capture(monkeypatch)
+    result = run_job(job_config(tmp_path, [*overrides, "eraser.after_augment=true"]))
+    monkeypatch.undo()
+    trainer: job.Trainer = seen["trainer"]
+    coded, once, _ = prepare_data(load_config(job_config(tmp_path, overrides)))  # erased once, unaugmented
+
+    # validation set and coded blocks: the once-erased images, exactly as with after_augment=false
+    assert torch.equal(trainer.data.all(), once)
+    assert torch.equal(trainer.x_val, once[trainer.split.val_idx])
+    # training batches: drawn from the unerased images, erased by the eraser fitted on them (unaugmented)
+    assert torch.equal(trainer.train_data.all(), coded.x) and trainer.train_data is not trainer.data
+    eraser = trainer.batch_transform.eraser
+    assert eraser.name == name and eraser.needs_labels == (name == "qleace")
+    refit = erasure.fit(name, coded.x, coded.y, **load_config(job_config(tmp_path, overrides)).eraser.options)
+    for key, value in refit.state.items():
+        assert torch.allclose(eraser.state[key], value, rtol=1e-10, atol=1e-12), key
+    assert result["eraser"]["after_augment"] is True and result["eraser"]["batch_eraser"]["applied"] is True
+
+    assert len(seen["inputs"]) == len(seen["gathers"]) == 6
+    for (idx, offsets, flips, pad), model_input in zip(seen["gathers"], seen["inputs"], strict=True):
+        y = trainer.y[idx]
+        raw = trainer.train_data.batch(idx, offsets, flips, pad)
+        assert pad == 1 and not torch.equal(raw, trainer.train_data.batch(idx))  # really augmented
+        expected = eraser(raw, y) if eraser.needs_labels else eraser(raw)
+        assert torch.equal(model_input, expected)  # eraser(augment(raw batch)), bit for bit
+        # ... which is not augment(erased data): the zero padding is erased too
+        augmented_once = trainer.data.batch(idx, offsets, flips, pad)
+        assert float((model_input - augmented_once).abs().max()) > 1e-2
+        if eraser.needs_labels:  # QLEACE maps each row by its own label: the batch's labels were used
+            assert not torch.allclose(model_input, eraser(raw, y.roll(1)), atol=1e-3)
+
+
+def _leace_transform(data: DeviceData, y: Tensor) -> BatchEraser:
+    return BatchEraser(erasure.fit("leace", data.all(), y))
+
+
+@pytest.mark.parametrize("engine", ["loop", "stacked"])
+def test_group_engines_erase_each_members_batch_as_fit_does(engine: str) -> None:
+    """The lockstep group applies the members' batch transform after augmentation: the loop engine bitwise as
+    `fit` (each member's batch alone), the stacked one (all rows in one call) up to float32 rounding."""
+    data, y, xv, yv = _data()
+    transform = _leace_transform(data, y)
+    subsets = [torch.arange(80, 80 + s) for s in (45, 150, 300)]
+    cfg = FitConfig(batch_size=32, patience=2, max_epochs=4, augment=True, progress=False, batch_transform=transform)
+    alone = [fit(m, o, data, y, xv, yv, cfg, generator(0, "b", k), idx=subsets[k])
+             for k, (m, o) in enumerate(_models("mlp", [0, 1, 2]))]
+    members = [Member(m, o, subsets[k], generator(0, "b", k), cfg)
+               for k, (m, o) in enumerate(_models("mlp", [0, 1, 2]))]
+    together = fit_group(members, data, y, xv, yv, engine=engine)
+    for a, b in zip(alone, together, strict=True):
+        assert (a.epochs, a.steps) == (b.epochs, b.steps)
+        if engine == "loop":
+            assert a.curve == b.curve
+        else:
+            assert [v for _, v in b.curve] == pytest.approx([v for _, v in a.curve], rel=1e-5)
+    # the transform matters: without it the same members train differently
+    plain = fit(*_models("mlp", [0])[0], data, y, xv, yv, FitConfig(batch_size=32, patience=2, max_epochs=4,
+                                                                   augment=True, progress=False),
+                generator(0, "b", 0), idx=subsets[0])
+    assert plain.curve != alone[0].curve
+
+
+def test_group_with_a_batch_transform_needs_a_shared_validation_set() -> None:
+    data, y, _, _ = _data(n=200)
+    cfg = FitConfig(batch_size=32, max_epochs=1, progress=False, batch_transform=_leace_transform(data, y))
+    (model, opt), = _models("mlp", [0])
+    member = Member(model, opt, torch.arange(80, 200), generator(0, "b", 0), cfg, val_idx=torch.arange(80))
+    with pytest.raises(ValueError, match="need a shared x_val"):
+        fit_group([member], data, y, engine="loop")
+
+
+def test_qleace_coupling_noise_is_refused_per_batch_in_one_line() -> None:
+    """Singular classes (n_k < d): QLEACE's coupling noise has exact moments on a whole class, not on a batch."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(90, 12, generator=g, dtype=torch.float64), torch.arange(90) % 3
+    x[y == 0, :6] = 0.5  # half the pixels constant within class 0: a singular class
+    with pytest.warns(UserWarning, match="rank-deficient"):
+        fitted = erasure.fit("qleace", x, y)
+    assert fitted.has_noise
+    with pytest.raises(ValueError) as err:
+        BatchEraser(fitted)
+    assert "rank_deficient=shrinkage" in str(err.value) and "\n" not in str(err.value)
+    BatchEraser(erasure.fit("qleace", x, y, rank_deficient="shrinkage"))  # the paper code's estimator: fine
+
+
+def test_fitted_eraser_is_cached_and_a_corrupt_entry_refitted(tmp_path: Path, caplog: pytest.LogCaptureFixture
+                                                              ) -> None:
+    g = torch.Generator().manual_seed(0)
+    data = LoadedData("toy", torch.rand(60, 1, 4, 4, generator=g), torch.arange(60) % 3, 3)
+    first, hit1 = fit_cached(data, "leace", {}, tmp_path)
+    second, hit2 = fit_cached(data, "leace", {}, tmp_path)
+    assert (hit1, hit2) == (False, True)
+    assert all(torch.equal(first.state[k], second.state[k]) for k in first.state)
+    other, hit3 = fit_cached(LoadedData("toy", data.x, data.y.roll(1), 3), "leace", {}, tmp_path)
+    assert hit3 is False  # another content, another entry
+    (entry,) = [p for p in (tmp_path / "erasers").glob("*.pt") if p.stat().st_mtime_ns == min(
+        q.stat().st_mtime_ns for q in (tmp_path / "erasers").glob("*.pt"))]
+    entry.write_bytes(b"not a torch file")
+    with caplog.at_level(logging.WARNING):
+        again, hit4 = fit_cached(data, "leace", {}, tmp_path)
+    assert hit4 is False and "corrupt" in caplog.text
+    assert all(torch.equal(first.state[k], again.state[k]) for k in first.state)
+    assert fit_cached(data, "leace", {}, tmp_path)[1] is True

@@ -69,7 +69,6 @@ def test_holdout_and_in_sample_erase_differently(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("override, message", [
     (["eraser=gradient", "eraser.fit_on=holdout"], "eraser.fit_on=holdout is not allowed: eraser gradient edits"),
-    (["eraser=gradient", "eraser.after_augment=true"], "eraser.after_augment=true is not allowed"),
     (["eraser=leace", "eraser.fold=5"], "eraser.fold=5 is not allowed: eraser.fit_fraction=0.2 cuts the training "
                                          "data into 5 folds (0..4)"),
     (["eraser.fit_fraction=0.7"], "eraser.fit_fraction=0.7 is not allowed"),

@@ -30,6 +30,7 @@ def test_paper_presets_use_shrinkage_and_8_bit_gradient_data(name: str, tmp_path
     for job in by_eraser["alf_qleace"]:
         assert job["eraser"]["options"]["stop_norm"] == "frobenius"
     assert all(j["eraser"]["fit_on"] == "all" for j in jobs)  # the paper's protocol: fitted on the coded data
+    assert all(j["eraser"]["after_augment"] is True for j in jobs)  # transform(augment(x)), as its code
 
 
 def test_explicit_eraser_on_a_paper_preset_gets_the_default(tmp_path: Path) -> None:
@@ -44,3 +45,4 @@ def test_other_presets_use_the_defaults(name: str, tmp_path: Path) -> None:
     assert opts["qleace"]["rank_deficient"] == "coupling" and opts["gradient"]["quantize"] is False
     assert (opts["gradient"]["loss"], opts["gradient"]["quantize_mode"], opts["alf_qleace"]["stop_norm"]) == (
         "squared", "round", "spectral")
+    assert not any(j["eraser"]["after_augment"] for j in jobs)

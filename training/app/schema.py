@@ -435,9 +435,6 @@ def _check_eraser_fitting(values: Mapping[str, Any]) -> None:
     if edits and values["fit_on"] == "holdout":
         raise ConfigError(f"eraser.fit_on=holdout is not allowed: eraser {name} edits each sample and has no map "
                           "to apply to held-out data; use eraser.fit_on=all")
-    if edits and values["after_augment"]:
-        raise ConfigError(f"eraser.after_augment=true is not allowed: eraser {name} edits the dataset once and "
-                          "has no map to apply to augmented batches")
     folds = round(1 / values["fit_fraction"])
     if values["fold"] >= folds:
         raise ConfigError(f"eraser.fold={values['fold']} is not allowed: eraser.fit_fraction="

@@ -307,7 +307,11 @@ def prepare_inputs(cfg: JobConfig) -> tuple[LoadedData, torch.Tensor, dict[str, 
     """`prepare_data`, and with `eraser.after_augment` what the training batches are drawn from instead: the
     unerased images and the fitted eraser (`BatchErasure`). The erased images (validation set, coded blocks) are
     the same as without it."""
-    return _prepare(cfg, after_augment=cfg.eraser.after_augment)
+    edits = ERASERS.meta(cfg.eraser.name)["kind"] == "edit"  # a dataset edit has no map to apply per batch
+    if cfg.eraser.after_augment and edits:
+        log.info("eraser.after_augment: %s edits the dataset once (as the paper's precomputed datasets); the "
+                 "augmented batches are drawn from the edited data", cfg.eraser.name)
+    return _prepare(cfg, after_augment=cfg.eraser.after_augment and not edits)
 
 
 def _prepare(cfg: JobConfig, after_augment: bool

@@ -1,6 +1,6 @@
 """Issue 21 (requirements 2 and 3), the aggregate's side: eraser.fit_on is part of the eraser's identity, the folds
 of a cross-fitted cell are one cell, a permuted-label run is the null of its cell (bias = null MDL − label entropy,
-flagged against seed noise), and the certificate's out-of-sample probes.
+flagged against seed noise), the certificate's out-of-sample probes, and claims once the bias is accounted for.
 
 Fixtures are hand-written result.json files (no training).
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from scripts import aggregate
+from scripts import aggregate, claims
 from scripts.tables import groups_in
 
 LOG2_10 = math.log2(10)
@@ -219,8 +219,8 @@ def test_folds_of_a_cell_are_combined_and_listed(tmp_path: Path) -> None:
 
 def test_fit_on_is_a_variant_of_the_eraser_shown_separately(tmp_path: Path) -> None:
     """LEACE fitted on all and on a holdout (one fold), control on all only: one group, two rows told apart by
-    `fit on`; the holdout row has no control to pair with (never the control of the other row); the certificate
-    table has a `fit on` column."""
+    `fit on`; the holdout row has no control to pair with (never the control of the other row); the claim is
+    tested on the row that has both; the certificate table has a `fit on` column."""
     root = tmp_path / "runs"
     cert = {"max_mean_gap": 0.0, "max_cov_gap": 0.1, "linear_probe_acc": 0.1, "quadratic_probe_acc": 0.2,
             "chance": 0.1}
@@ -237,6 +237,8 @@ def test_fit_on_is_a_variant_of_the_eraser_shown_separately(tmp_path: Path) -> N
                             ["mnist5k", "mlp_relu", "128", "2", "holdout", "missing", "1.300 ± 0.100 [fold 0 of 5]"]]
     inc = aggregate.increase_over_control(df)
     assert inc[["fit_on", "eraser", "mean"]].values.tolist() == [["all", "leace", pytest.approx(0.5)]]
+    (claim, tests, verdict), = claims.evaluate(df, ["leace_raises_mdl"])
+    assert [t.row for t in tests] == ["mnist5k mlp_relu w128 d2"] and verdict == "holds"
     header, rows = aggregate.certificate_rows(summary)
     assert header[:3] == ["dataset", "fit on", "eraser"]
     assert sorted(r[:3] for r in rows) == [["mnist5k", "all", "control"], ["mnist5k", "all", "leace"],
@@ -303,3 +305,51 @@ def test_certificate_table_shows_out_of_sample_probes_and_a_below_chance_probe_a
     assert by["control"][-1] == "information (linear)"
     md = _run(root, tmp_path)
     assert "✓" not in md
+
+
+# --- claims once the bias is accounted for ----------------------------------------------------------------------
+
+def test_claims_report_which_claims_survive_the_bias(tmp_path: Path) -> None:
+    """LEACE raises MDL over control by 0.1 on the MLP, but its null's bias is 0.3 above control's: the claim holds
+    only before the bias there; on LeNet (+0.5, bias difference 0.1) it holds; on ConvNeXt there is no null."""
+    root = tmp_path / "runs"
+    cases = {"mlp_relu": (0.1, 3.32, 3.62), "lenet": (0.5, 3.32, 3.42), "convnext": (0.3, None, None)}
+    for net, (gain, control_null, leace_null) in cases.items():
+        for seed in range(3):
+            _write(root, _cfg("control", seed, net=net), 1.0 + 0.1 * seed)
+            _write(root, _cfg("leace", seed, net=net), 1.0 + gain + 0.1 * seed)
+            if control_null is not None:
+                _write(root, _cfg("control", seed, net=net, null=True), control_null)
+                _write(root, _cfg("leace", seed, net=net, null=True), leace_null)
+    df, _ = aggregate.collect_dir(root)
+    (claim, tests, verdict), = claims.evaluate(df, ["leace_raises_mdl"])
+    got = {t.row.split()[1]: (t.verdict, t.bias_verdict) for t in tests}
+    assert got == {"mlp_relu": ("holds", "holds only before the bias"), "lenet": ("holds", "holds"),
+                   "convnext": ("holds", "bias unknown (no null run)")}
+    mlp = next(t for t in tests if "mlp_relu" in t.row)
+    assert mlp.diffs == pytest.approx({0: 0.1, 1: 0.1, 2: 0.1})  # the null runs are no seeds of the cell
+    assert mlp.bias_a - mlp.bias_b == pytest.approx(0.3)
+    assert verdict == "holds" and claims.overall_after_bias(tests) == "holds only before the bias"
+    only_convnext = df[df.arch == "convnext"]
+    (_, tests, _), = claims.evaluate(only_convnext, ["leace_raises_mdl"])
+    assert claims.overall_after_bias(tests) == "bias unknown (no null run)"
+    _run(root, tmp_path, "--claims")
+    report = (tmp_path / "tables" / "t_claims.md").read_text()
+    assert ("- LEACE raises MDL for every architecture (MDL(leace) - MDL(control) > 0): **holds**; after the bias: "
+            "**holds only before the bias**") in report
+    assert "| +0.300 | holds only before the bias |" in report
+
+
+def test_a_claim_that_fails_before_and_after_the_bias_does_not_hold() -> None:
+    """Hand-built job table: LEACE lower than control on every seed, and its bias makes it no better."""
+    import pandas as pd
+
+    rows = []
+    for seed in range(3):
+        for eraser, bits, null in (("control", 1.2, 3.3), ("leace", 1.0, 3.4)):
+            rows.append({"dataset": "d", "arch": "mlp_relu", "width": 128, "depth": 2, "variant": "", "fit_on": "all",
+                         "eraser": eraser, "seed": seed, "status": "done", "bits_per_sample": bits, "null": False,
+                         "ref_bits": LOG2_10})
+            rows.append({**rows[-1], "bits_per_sample": null, "null": True})
+    (_, tests, verdict), = claims.evaluate(pd.DataFrame(rows), ["leace_raises_mdl"])
+    assert (verdict, tests[0].bias_verdict) == ("does not hold", "does not hold")

@@ -10,9 +10,14 @@ Every cell (dataset, arch, width, depth, eraser) reports mean ± sd over its fin
 only where everything else is equal: results whose semantic configs differ in anything but the eraser and the
 seed (a learning rate, a regularizer, a key one result did not record) fall into different groups, each with
 tables (and plots, and a claims verdict) of its own, headed by the keys that differ; eraser options are variants
-of the eraser. Jobs that did not finish are listed as missing, failed (a multirun's job-status ledger says so, or
-its MDL is not finite), partial (progress.json: killed or still running), incomplete (result.json without an mdl
-section) or malformed (a result.json that cannot be read: also a warning naming it); they are never filled in.
+of the eraser, and so is `eraser.fit_on` (a `fit on` column: all | holdout). The folds of a cross-fitted cell
+(`eraser.fit_on=holdout`, `eraser.fold=0..`) are one cell: each fold is its own MDL run, the cell reports the mean
+over folds × seeds (sd over seeds of the per-seed means) and lists the folds. A permuted-label run
+(`dataset.permute_labels=true`) is the null of the cell it otherwise matches: the "Null control" table gives its
+MDL and bias = null MDL − label entropy, flagged against seed noise (scripts/tables.py). Jobs that did not finish
+are listed as missing, failed (a multirun's job-status ledger says so, or its MDL is not finite), partial
+(progress.json: killed or still running), incomplete (result.json without an mdl section) or malformed (a
+result.json that cannot be read: also a warning naming it); they are never filled in.
 A cell whose seeds come from different commits (result.json provenance; none recorded: "unknown") is marked;
 --strict refuses it. With --experiment a result whose config hash differs from the preset's job is
 "other-config", not counted. Results of other tasks (`task != mdl`, e.g. Spectral Decoupling) go to
@@ -34,20 +39,41 @@ from typing import Any
 
 import pandas as pd
 
-from scripts.tables import eraser_order, group_label, group_labels, groups_in, md_table, require_one_group
+from scripts.tables import (
+    bias_flag,
+    bias_noise,
+    eraser_order,
+    fold_text,
+    group_label,
+    group_labels,
+    groups_in,
+    md_table,
+    null_bias,
+    require_one_group,
+    seed_means,
+)
 from training.app.results import same_config, stored_config
 from training.app.schema import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A table row (group: the comparison group, a table of its own; variant: eraser options that differ, if any).
-ROW_KEY = ["group", "dataset", "arch", "width", "depth", "variant"]
+# A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
+# variant: eraser options that differ, if any). A cell's runs: its seeds × folds, and its null runs (`null`).
+ROW_KEY = ["group", "dataset", "arch", "width", "depth", "fit_on", "variant"]
 CELL = [*ROW_KEY, "eraser"]
-LABELS = ["dataset", "arch", "width", "depth", "variant"]  # the row label columns of a table
+LABEL_NAMES = {"dataset": "dataset", "arch": "arch", "width": "w", "depth": "d", "fit_on": "fit on",
+               "variant": "variant"}  # the row label columns of a table (fit on, variant: only when they vary)
 # Config keys shown by the row/column labels themselves; every other semantic key that differs within a
 # comparison puts results into different groups, eraser options into different variants of the eraser.
 SHOWN = {"seed", "dataset.tag", "dataset.name", "arch.tag", "arch.name", "arch.activation", "arch.width",
-         "arch.depth", "eraser.name"}
+         "arch.depth", "eraser.name", "eraser.fit_on"}
+# Keys that are not identity: the folds of a cell are combined, a permuted-label run is the null of its cell.
+FOLD_KEY, NULL_KEY = "eraser.fold", "dataset.permute_labels"
+# Keys added with issue 21 whose defaults live in conf/config.yaml, not in the schema: a result written before them
+# ran exactly like these values (the eraser fitted on the coded data, no folds, true labels, erased before augment).
+FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_fraction": 0.2, FOLD_KEY: 0, "eraser.after_augment": False,
+                NULL_KEY: False}
+HOLDOUT_ONLY = ("eraser.fit_fraction", FOLD_KEY)  # no effect on a job with eraser.fit_on=all
 # Comparisons: the erasers of a table row, the widths of one eraser (MDL vs width), its depths.
 UNITS = [["dataset", "arch", "width", "depth"], ["dataset", "arch", "depth", "eraser", "variant"],
          ["dataset", "arch", "width", "eraser", "variant"]]
@@ -59,6 +85,12 @@ MIXED = "†"  # a cell whose seeds come from different commits
 METRICS = ["bits_per_sample", "legacy", "final_val_loss"]
 CERT = {"max_mean_gap": "mean gap", "max_cov_gap": "cov gap", "linear_probe_acc": "linear probe",
         "quadratic_probe_acc": "quadratic probe", "chance": "chance"}
+# The certificate's out-of-sample (cross-fitted) probe scores (erasure/certificate.py), where the result has them.
+PROBES = ("linear", "quadratic")
+PROBE_NUMBERS = [f"{p}_probe_{k}" for p in PROBES for k in ("acc_se", "acc_z", "loss_bits", "loss_se", "loss_z")] \
+    + ["chance_loss_bits"]
+ARTEFACT_Z = 3.0  # a probe whose accuracy or log-loss is below chance by more than this many SE: dependence artefact
+ARTEFACT, INFORMATION, NOTHING = "dependence artefact", "information", "no information detected"
 # What the eraser's report says it did (result.json "eraser" → "report"): QLEACE's working rank (of d), the
 # variance of the dropped directions and the coupling noise's largest share of tr C; gradient erasure's own
 # gaps to its targets (relative mean / covariance distance) before and after the optimisation.
@@ -156,13 +188,20 @@ def _paper_value(flat: dict[str, Any], key: str) -> Any:
 
 def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
     """The semantic config (flat, dotted keys) as results are compared: what the job hash covers, as the result
-    recorded it (no defaults filled in for keys added since: those read "?"), without keys the schema has
-    dropped since; optim.lr/beta1/warmup_steps that follow the paper's rule (arch.paper_optim per eraser family,
-    dataset.paper_lr; null in a pre-v2 result) read PAPER_RULE, so erasers at their paper rates compare."""
+    recorded it (no defaults filled in for keys added since: those read "?"; except FIT_DEFAULTS, whose absence
+    means exactly those values, and eraser.fit_fraction/fold, which do nothing with eraser.fit_on=all, are
+    dropped there), without keys the schema has dropped since; optim.lr/beta1/warmup_steps that follow the
+    paper's rule (arch.paper_optim per eraser family, dataset.paper_lr; null in a pre-v2 result) read PAPER_RULE,
+    so erasers at their paper rates compare."""
     from training.app.results import flatten
     from training.app.schema import semantic
 
     flat = {k: v for k, v in flatten(semantic(cfg, fill_defaults=False)).items() if not _dead(k)}
+    for key, default in FIT_DEFAULTS.items():
+        flat.setdefault(key, default)
+    if flat["eraser.fit_on"] == "all":
+        for key in HOLDOUT_ONLY:
+            flat.pop(key, None)
     for key in PAPER_KEYS:
         if key in flat and (flat[key] is None or flat[key] == _paper_value(flat, key)):
             flat[key] = PAPER_RULE
@@ -173,19 +212,30 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
 
 def _identity_columns(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, str]:
     """`settings`: what must be equal for two results to be compared (all but labels, eraser and seed);
-    `eraser_settings`: the eraser's options (its variants)."""
-    flat = config_identity(cfg, numerics_version)
+    `eraser_settings`: the eraser's options (its variants). Neither holds the fold (folds are combined) nor
+    dataset.permute_labels (a null run belongs to the cell of its true-label runs)."""
+    flat = {k: v for k, v in config_identity(cfg, numerics_version).items() if k not in (FOLD_KEY, NULL_KEY)}
     settings = {k: v for k, v in flat.items() if k not in SHOWN and not k.startswith("eraser.")}
     eraser = {k: v for k, v in flat.items() if k.startswith("eraser.") and k not in SHOWN}
     return {"settings": json.dumps(settings, sort_keys=True, default=str),
             "eraser_settings": json.dumps(eraser, sort_keys=True, default=str)}
 
 
+def stored_view(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`stored_config` with FIT_DEFAULTS for the keys a result written before them lacks."""
+    view = stored_config(cfg)
+    for key, default in FIT_DEFAULTS.items():
+        view.setdefault(key, default)
+    return view
+
+
 def _cell_from_config(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
-    c = stored_config(cfg)
+    c = stored_view(cfg)
+    fit_on = str(c["eraser.fit_on"])
     return {"dataset": c["dataset.tag"], "arch": c["arch.tag"], "width": int(c["arch.width"]),
             "depth": int(c["arch.depth"]), "eraser": str(c["eraser.name"]), "seed": int(c["seed"]),
-            "protocol": c["mdl.protocol"], **_identity_columns(cfg, numerics_version)}
+            "fit_on": fit_on, "fold": int(c[FOLD_KEY]) if fit_on == "holdout" else 0,
+            "null": bool(c[NULL_KEY]), "protocol": c["mdl.protocol"], **_identity_columns(cfg, numerics_version)}
 
 
 def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:
@@ -194,8 +244,8 @@ def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:
         return None
     d = m.groupdict()
     return {"dataset": d["dataset"], "arch": d["arch"], "width": int(d["width"]), "depth": int(d["depth"]),
-            "eraser": d["eraser"], "seed": int(d["seed"]), "protocol": "?", "settings": None,
-            "eraser_settings": None}
+            "eraser": d["eraser"], "seed": int(d["seed"]), "fit_on": None, "fold": None, "null": None,
+            "protocol": "?", "settings": None, "eraser_settings": None}
 
 
 def _key_values(flats: list[dict[str, Any]]) -> set[str]:
@@ -208,17 +258,18 @@ def _key_values(flats: list[dict[str, Any]]) -> set[str]:
 def assign_groups(df: pd.DataFrame) -> pd.DataFrame:
     """Label each row with its comparison `group` and its eraser `variant`; drop repeated (cell, seed) entries.
 
-    variant: the eraser options that differ between results of one eraser on one dataset and architecture (part
-    of the eraser's identity). group: the values of every other semantic key that differs within a comparison
-    (the erasers of a table row; the widths, or depths, of one eraser): results of different groups are never
-    compared, averaged or plotted together. Rows without a config (a job known only by its directory) join the
-    group of the finished seeds in their c<hash> directory, or of their cell, when that is unambiguous."""
+    variant: the eraser options that differ between results of one eraser (and fit_on) on one dataset and
+    architecture (part of the eraser's identity). group: the values of every other semantic key that differs
+    within a comparison (the erasers of a table row; the widths, or depths, of one eraser): results of different
+    groups are never compared, averaged or plotted together. Folds and null runs (`fold`, `null`) stay in their
+    cell. Rows without a config (a job known only by its directory) join the group of the finished seeds in their
+    c<hash> directory, or of their cell, when that is unambiguous."""
     if df.empty:
         return df
     df = df.copy()
     df["variant"], df["group"] = "", None
     known = df[df.settings.notna()]
-    for _, g in known.groupby(["dataset", "arch", "eraser"], sort=False):
+    for _, g in known.groupby(["dataset", "arch", "eraser", "fit_on"], sort=False):  # fit_on: a column of its own
         flats = [json.loads(s) for s in set(g.eraser_settings)]
         varying = sorted(_key_values(flats)) if len(flats) > 1 else []
         for i in g.index if varying else ():
@@ -235,30 +286,38 @@ def assign_groups(df: pd.DataFrame) -> pd.DataFrame:
         flat = json.loads(df.at[i, "settings"])
         df.at[i, "group"] = json.dumps({k: flat.get(k, MISSING_KEY) for k in sorted(split)}, default=str)
     _place_unknown(df)
+    df["null"] = df["null"].map(lambda v: pd.api.types.is_bool(v) and bool(v))
     order = df.assign(_rank=(df.status != "done").astype(int)).sort_values("_rank", kind="stable")
-    dup = order.duplicated([*CELL, "seed"], keep="first") & order.group.notna()
+    dup = order.duplicated([*CELL, "null", "fold", "seed"], keep="first") & order.group.notna()
     if dup.any():
         warn(f"{int(dup.sum())} repeated result(s) of the same config and seed ignored: "
              + ", ".join(order[dup].job_dir.astype(str)))
     return df.drop(index=order[dup].index).drop(columns=["settings", "eraser_settings"])
 
 
+PLACED = ("group", "variant", "fit_on", "fold", "null")  # what a row known only by its directory takes over
+
+
 def _place_unknown(df: pd.DataFrame) -> None:
-    """Group and variant of rows known only by their directory (in place)."""
+    """Group, variant, fit_on, fold and null of rows known only by their directory (in place): those of the
+    finished seeds in their c<hash> directory, or of their cell when unambiguous (else the group stays unknown)."""
     known = df[df.group.notna()]
-    by_dir: dict[str, set[tuple[str, str]]] = {}
-    by_cell: dict[tuple[Any, ...], set[tuple[str, str]]] = {}
+    by_dir: dict[str, set[tuple[Any, ...]]] = {}
+    by_cell: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {}
     for r in known.itertuples():
-        by_dir.setdefault(_cell_dir(r.job_dir), set()).add((r.group, r.variant))
-        by_cell.setdefault((r.dataset, r.arch, r.width, r.depth, r.eraser), set()).add((r.group, r.variant))
+        placed = tuple(getattr(r, k) for k in PLACED)
+        by_dir.setdefault(_cell_dir(r.job_dir), set()).add(placed)
+        by_cell.setdefault((r.dataset, r.arch, r.width, r.depth, r.eraser), set()).add(placed)
     groups = set(known.group)
     for i in df.index[df.group.isna()]:
         r = df.loc[i]
         found = by_dir.get(_cell_dir(r.job_dir)) or by_cell.get((r.dataset, r.arch, r.width, r.depth, r.eraser))
         if found is not None and len(found) == 1:
-            df.at[i, "group"], df.at[i, "variant"] = next(iter(found))
+            for key, value in zip(PLACED, next(iter(found)), strict=True):
+                df.at[i, key] = value
         elif found is None and len(groups) <= 1:
             df.at[i, "group"] = next(iter(groups), "{}")
+            df.at[i, "fit_on"], df.at[i, "fold"], df.at[i, "null"] = "all", 0, False
 
 
 def _cell_dir(job_dir: str) -> str:
@@ -280,6 +339,41 @@ def commit_of(result: dict[str, Any]) -> str:
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _label_entropy(result: dict[str, Any], mdl: dict[str, Any]) -> tuple[float, str]:
+    """(bits, source) the null's MDL is compared with: the entropy of the class prior where the result gives it
+    (result["dataset"]["class_counts"], or the certificate's `chance_loss_bits`: the prior-only code of the coded
+    labels), else log2 K (K: mdl.num_classes, or result["dataset"]["num_classes"]); (NaN, "") without either."""
+    info = result.get("dataset")
+    info = info if isinstance(info, dict) else {}
+    counts = info.get("class_counts")
+    if isinstance(counts, list) and counts and all(_number(c) is not None and c >= 0 for c in counts) \
+            and sum(counts) > 0:
+        total = float(sum(counts))
+        return -sum(c / total * math.log2(c / total) for c in counts if c > 0), "H(prior)"
+    cert = result.get("certificate")
+    for side in ("after", "before"):
+        scores = cert.get(side) if isinstance(cert, dict) else None
+        value = _number(scores.get("chance_loss_bits")) if isinstance(scores, dict) else None
+        if value is not None and math.isfinite(value):
+            return value, "H(prior)"
+    k = _number(mdl.get("num_classes"))
+    k = k if k is not None else _number(info.get("num_classes"))
+    return (math.log2(k), "log2 K") if k is not None and k >= 1 else (math.nan, "")
+
+
+def _probe_columns(after: dict[str, Any]) -> dict[str, Any]:
+    """The certificate's out-of-sample probe scores (NaN / None where absent: an older certificate)."""
+    row: dict[str, Any] = {}
+    for key in PROBE_NUMBERS:
+        value = _number(after.get(key))
+        row[key] = math.nan if value is None else value
+    for probe in PROBES:
+        flag, verdict = after.get(f"{probe}_probe_below_chance"), after.get(f"{probe}_probe_verdict")
+        row[f"{probe}_probe_below_chance"] = flag if isinstance(flag, bool) else None
+        row[f"{probe}_probe_verdict"] = verdict if isinstance(verdict, str) else None
+    return row
 
 
 def _result_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
@@ -308,6 +402,14 @@ def _result_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
     for key in CERT:
         value = _number(after.get(key))
         row[key] = math.nan if value is None else value
+    row.update(_probe_columns(after))
+    row["ref_bits"], row["ref_kind"] = _label_entropy(result, mdl)
+    info = result.get("dataset")
+    if isinstance(info, dict) and info.get("permuted_labels") is True:
+        row["null"] = True  # a null run, whatever its config says
+    fit = (result.get("eraser") or {}).get("fit")
+    folds = _number(fit.get("folds")) if isinstance(fit, dict) else None
+    row["folds_total"] = math.nan if folds is None else int(folds)
     report = (result.get("eraser") or {}).get("report") or {}
     for key in REPORT:
         value = _number(report.get(key))
@@ -450,43 +552,131 @@ def _commits(done: pd.DataFrame) -> str:
     return "; ".join(f"{c}: seed{'s' if len(s) > 1 else ''} {' '.join(map(str, s))}" for c, s in by.items())
 
 
+def _mean_sd_runs(done: pd.DataFrame, col: str) -> tuple[float, float]:
+    """Mean over a cell's finite runs (seeds × folds), sd over seeds of the per-seed means (one fold per seed:
+    the plain mean ± sd over seeds)."""
+    mean, _, n = _mean_sd(done[col])
+    if n == 0:
+        return math.nan, math.nan
+    per_seed = seed_means(done, col).dropna()
+    return mean, float(per_seed.std(ddof=1)) if len(per_seed) > 1 else math.nan
+
+
+def _run_label(seed: Any, fold: Any, holdout: bool) -> str:
+    return f"{seed}f{int(fold)}" if holdout and isinstance(fold, int | float) and fold == fold else str(seed)
+
+
+def _probe_verdict(runs: pd.DataFrame) -> str:
+    """The certificate verdict of a cell over its runs: "dependence artefact" when a probe of some run scores
+    below chance by more than ARTEFACT_Z SE (acc or log-loss; the certificate's own flag, or its z-scores),
+    "information" when one scores above chance, "no information detected", or "n/a" (no probe scores)."""
+    below: dict[str, int] = {}
+    info: dict[str, int] = {}
+    known = 0
+    for _, r in runs.iterrows():
+        seen = False
+        for probe in PROBES:
+            flag, verdict = r.get(f"{probe}_probe_below_chance"), r.get(f"{probe}_probe_verdict")
+            flag = bool(flag) if pd.api.types.is_bool(flag) else None  # absent: None or NaN in a frame
+            verdict = verdict if isinstance(verdict, str) else None
+            zs = [_number(r.get(f"{probe}_probe_{k}_z")) for k in ("acc", "loss")]
+            zs = [z for z in zs if z is not None and math.isfinite(z)]
+            if flag is None and verdict is None and not zs:
+                continue
+            seen = True
+            if flag is True or verdict == ARTEFACT or any(z < -ARTEFACT_Z for z in zs):
+                below[probe] = below.get(probe, 0) + 1
+            elif verdict == INFORMATION or (verdict is None and any(z > ARTEFACT_Z for z in zs)):
+                info[probe] = info.get(probe, 0) + 1
+        known += seen
+    if not known:
+        return "n/a"
+    for verdict, counts in ((ARTEFACT, below), (INFORMATION, info)):
+        if counts:
+            runs_text = "" if known == 1 else f"; {max(counts.values())}/{known} runs"
+            return f"{verdict} ({', '.join(p for p in PROBES if p in counts)}{runs_text})"
+    return NOTHING
+
+
+def _null_columns(nulls: pd.DataFrame, true_done: pd.DataFrame) -> dict[str, Any]:
+    """The cell's null (its finished permuted-label runs): MDL, label entropy, bias = null MDL − label entropy,
+    noise (scripts/tables.bias_noise) and flag."""
+    null_mean, bias = null_bias(nulls)
+    per_seed = seed_means(nulls).dropna() if len(nulls) else pd.Series(dtype=float)
+    noise, source = bias_noise(per_seed, seed_means(true_done).dropna() if len(true_done) else [])
+    kinds = sorted(set(nulls.ref_kind.dropna())) if "ref_kind" in nulls and len(nulls) else []
+    return {"null_mean": null_mean, "null_sd": float(per_seed.std(ddof=1)) if len(per_seed) > 1 else math.nan,
+            "null_seeds": len(per_seed), "null_runs": int(nulls.bits_per_sample.map(math.isfinite).sum())
+            if len(nulls) else 0,
+            "null_ref": float(nulls.ref_bits.mean()) if len(nulls) and "ref_bits" in nulls else math.nan,
+            "null_ref_kind": " / ".join(k for k in kinds if k), "null_folds": fold_text(nulls.fold)
+            if len(nulls) and (nulls.fit_on == "holdout").any() else "",
+            "bias": bias, "bias_noise": noise, "bias_noise_of": source,
+            "bias_flag": bias_flag(bias, noise) if len(nulls) else ""}
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: mean/sd/n of each metric over finished seeds (a non-finite result is a failed seed,
-    not a seed); expected seeds = every seed of the cell's group (the sweep's, with --experiment); which
-    commits the seeds come from."""
+    """One row per cell: mean/sd/n of each metric over finished runs (a non-finite result is a failed seed, not a
+    seed; with folds the mean is over seeds × folds and the sd over seeds of the per-seed means); expected runs =
+    every seed of the cell's group's true-label runs (the sweep's, with --experiment) × the folds found in the
+    cell; which commits the runs come from; the cell's null (`_null_columns`) from its permuted-label runs."""
     out = []
     df = df[df.group.notna()]
-    seeds_of = {g: set(gg.seed) for g, gg in df.groupby("group", sort=False)}
-    for key, g in df.groupby(CELL, sort=False):
+    if "null" not in df:
+        df = df.assign(null=False)
+    for col, default in (("fit_on", "all"), ("fold", 0)):
+        if col not in df:
+            df = df.assign(**{col: default})
+    seeds_of = {g: set(gg.seed) for g, gg in df[~df["null"]].groupby("group", sort=False)}  # not the nulls' seeds
+    for key, cell in df.groupby(CELL, sort=False):
+        g, nulls = cell[~cell["null"]], cell[cell["null"] & (cell.status == "done")]
         done = g[g.status == "done"]
         rec: dict[str, Any] = dict(zip(CELL, key, strict=True))
-        all_seeds = seeds_of[rec["group"]]
+        holdout = rec["fit_on"] == "holdout"
+        all_seeds = seeds_of.get(rec["group"], set())
+        folds = sorted({int(f) for f in g.fold if isinstance(f, int | float) and f == f}) if holdout else [0]
+        totals = {int(t) for t in done.get("folds_total", pd.Series(dtype=float)).dropna()}
+        rec["folds"] = fold_text(folds, next(iter(totals)) if len(totals) == 1 else None) if holdout else ""
         rec["protocol"] = ",".join(sorted(set(done.protocol))) if len(done) else ""
-        rec["n"], rec["n_expected"] = len(done), len(all_seeds | set(g.seed))
-        absent = sorted(all_seeds - set(g.seed))
-        rec["missing_seeds"] = " ".join([f"{s}:{st}" for s, st in zip(g[g.status != "done"].seed,
-                                                                       g[g.status != "done"].status, strict=True)]
-                                        + [f"{s}:missing" for s in absent])
+        rec["n"], rec["n_expected"] = len(done), len(all_seeds | set(g.seed)) * max(1, len(folds))
+        rec["n_seeds"] = len(set(done.seed))
+        present = {(s, int(f) if holdout and isinstance(f, int | float) and f == f else 0)
+                   for s, f in zip(g.seed, g.fold, strict=True)}
+        absent = sorted((s, f) for s in all_seeds | set(g.seed) for f in folds if (s, f) not in present)
+        rec["missing_seeds"] = " ".join(
+            [f"{_run_label(s, f, holdout)}:{st}" for s, f, st in zip(g[g.status != "done"].seed,
+                                                                   g[g.status != "done"].fold,
+                                                                   g[g.status != "done"].status, strict=True)]
+            + [f"{_run_label(s, f, holdout)}:missing" for s, f in absent])
         rec["commits"] = _commits(done)
         rec["mixed_commits"] = "commit" in done and done.commit.nunique(dropna=False) > 1
-        for col in METRICS + list(CERT) + REPORT:
-            mean, sd, _ = _mean_sd(done[col]) if col in done and len(done) else (math.nan, math.nan, 0)
+        for col in METRICS + list(CERT) + REPORT + PROBE_NUMBERS:
+            mean, sd = _mean_sd_runs(done, col) if col in done and len(done) else (math.nan, math.nan)
             rec[f"{col}_mean"], rec[f"{col}_sd"] = mean, sd
+        rec["probe_verdict"] = _probe_verdict(done)
+        rec.update(_null_columns(nulls, done))
         out.append(rec)
     return pd.DataFrame(out)
 
 
-def increase_over_control(df: pd.DataFrame, metric: str = "bits_per_sample") -> pd.DataFrame:
-    """Per (row, eraser): mean ± sd over seeds of metric(eraser) - metric(control), paired by seed; rows are
-    within one group, so an eraser is only ever paired with a control of the same configuration."""
+def _true_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Finished true-label runs of known groups (null runs are their cells' controls, never a value of the cell)."""
     done = df[(df.status == "done") & df.group.notna()]
+    return done[~done["null"]] if "null" in done else done
+
+
+def increase_over_control(df: pd.DataFrame, metric: str = "bits_per_sample") -> pd.DataFrame:
+    """Per (row, eraser): mean ± sd over seeds of metric(eraser) - metric(control), paired by seed (each side the
+    seed's mean over its folds); rows are within one group and one fit_on, so an eraser is only ever paired with a
+    control of the same configuration."""
+    done = _true_runs(df)
     out = []
     for key, g in done.groupby(ROW_KEY, sort=False):
-        control = g[g.eraser == "control"].set_index("seed")[metric]
+        control = seed_means(g[g.eraser == "control"], metric)
         if control.empty:
             continue
         for eraser, ge in g[g.eraser != "control"].groupby("eraser", sort=False):
-            diff = (ge.set_index("seed")[metric] - control).dropna()
+            diff = (seed_means(ge, metric) - control).dropna()
             mean, sd, n = _mean_sd(diff)
             out.append({**dict(zip(ROW_KEY, key, strict=True)), "eraser": eraser, "mean": mean, "sd": sd, "n": n})
     return pd.DataFrame(out, columns=[*ROW_KEY, "eraser", "mean", "sd", "n"])
@@ -499,9 +689,10 @@ def commit_problems(df: pd.DataFrame) -> tuple[list[str], list[str]]:
     if "commit" not in done:
         return [], []
     mixed = []
-    for key, g in done.groupby(CELL, sort=False, dropna=False):
+    for key, g in done.groupby([*CELL, "null"] if "null" in done else CELL, sort=False, dropna=False):
         if g.commit.nunique(dropna=False) > 1:
-            mixed.append(f"{_cell_name(dict(zip(CELL, key, strict=True)))}: {_commits(g)}")
+            null = " (null)" if len(key) > len(CELL) and key[-1] else ""
+            mixed.append(f"{_cell_name(dict(zip(CELL, key, strict=False)))}{null}: {_commits(g)}")
     unknown = list(done[done.commit == UNKNOWN_COMMIT].job_dir.astype(str))
     return mixed, unknown
 
@@ -509,8 +700,9 @@ def commit_problems(df: pd.DataFrame) -> tuple[list[str], list[str]]:
 def _cell_name(rec: dict[str, Any] | pd.Series) -> str:
     group = group_label(rec["group"]) if isinstance(rec["group"], str) else ""
     variant = f" [{rec['variant']}]" if rec["variant"] else ""
+    fit = f" (fit on {rec['fit_on']})" if rec.get("fit_on", "all") not in ("all", None) else ""
     where = f" ({group})" if group else ""
-    return f"{rec['dataset']} {rec['arch']} w{rec['width']} d{rec['depth']}{variant} {rec['eraser']}{where}"
+    return f"{rec['dataset']} {rec['arch']} w{rec['width']} d{rec['depth']}{variant} {rec['eraser']}{fit}{where}"
 
 
 # --- formatting -------------------------------------------------------------------------------------------
@@ -529,21 +721,36 @@ def _cell_text(rec: pd.Series | None, metric: str, digits: int = 3) -> str:
             else "missing"
     text = fmt(rec[f"{metric}_mean"], rec[f"{metric}_sd"], digits)
     text += f" ({rec['n']}/{rec['n_expected']})" if rec["n"] < rec["n_expected"] else ""
+    text += f" [{rec['folds']}]" if rec.get("folds") else ""
     return text + (f" {MIXED}" if rec.get("mixed_commits") else "")
 
 
 def _row_keys(summary: pd.DataFrame) -> list[tuple[Any, ...]]:
-    return list(dict.fromkeys(tuple(r) for r in summary[ROW_KEY].itertuples(index=False)))
+    """Table rows in order of appearance, a row fitted on all before its holdout twin."""
+    keys = list(dict.fromkeys(tuple(r) for r in summary[ROW_KEY].itertuples(index=False)))
+    at = ROW_KEY.index("fit_on")
+    first = {k[:at]: i for i, k in reversed(list(enumerate(keys)))}
+    return sorted(keys, key=lambda k: (first[k[:at]], k[at] != "all"))
 
 
-def _labels(summary: pd.DataFrame) -> tuple[list[str], int]:
-    """Row-label columns; `variant` only when some row has one."""
-    shown = 5 if (summary.variant != "").any() else 4
-    return ["dataset", "arch", "w", "d", "variant"][:shown], shown
+def _label_columns(summary: pd.DataFrame, fit_on: bool = True) -> list[str]:
+    """Row-label columns: dataset, arch, width, depth; `fit_on` when some row was fitted on a holdout, `variant`
+    when some row has one."""
+    cols = ["dataset", "arch", "width", "depth"]
+    if fit_on and "fit_on" in summary and (summary.fit_on != "all").any():
+        cols.append("fit_on")
+    return cols + (["variant"] if (summary.variant != "").any() else [])
 
 
-def _label_cells(key: tuple[Any, ...], shown: int) -> list[str]:
-    return [str(v) for v in key[1:1 + shown]]  # key: ROW_KEY values (group first)
+def _labels(summary: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(header names, ROW_KEY columns) of the row labels."""
+    cols = _label_columns(summary)
+    return [LABEL_NAMES[c] for c in cols], cols
+
+
+def _label_cells(key: tuple[Any, ...], cols: list[str]) -> list[str]:
+    values = dict(zip(ROW_KEY, key, strict=True))
+    return [str(values[c]) for c in cols]
 
 
 def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str], list[list[str]]]:
@@ -593,21 +800,101 @@ def _report_cells(g: pd.DataFrame) -> list[str]:
     return cells
 
 
+def _with_se(mean: float, se: float) -> str:
+    if math.isnan(mean):
+        return "n/a"
+    return f"{mean:.3f} ± {se:.3f}" if not math.isnan(se) else f"{mean:.3f}"
+
+
+def _has_probe_scores(summary: pd.DataFrame) -> bool:
+    """Whether some result of these cells has the certificate's out-of-sample probe scores (SE, z, verdict)."""
+    numbers = [f"{p}_probe_{k}_mean" for p in PROBES for k in ("acc_se", "loss_bits")]
+    return any(c in summary and summary[c].notna().any() for c in numbers) or \
+        ("probe_verdict" in summary and (summary.probe_verdict != "n/a").any())
+
+
+def _probe_cells(g: pd.DataFrame) -> list[str]:
+    """acc ± SE and log-loss ± SE (bits) per probe, chance (majority accuracy / prior-only code), the verdict."""
+    cells = []
+    for probe in PROBES:
+        cells.append(_with_se(_first(g, f"{probe}_probe_acc"), _first(g, f"{probe}_probe_acc_se")))
+        cells.append(_with_se(_first(g, f"{probe}_probe_loss_bits"), _first(g, f"{probe}_probe_loss_se")))
+    chance, chance_loss = _first(g, "chance"), _first(g, "chance_loss_bits")
+    cells.append(f"{'n/a' if math.isnan(chance) else f'{chance:.3f}'} / "
+                 f"{'n/a' if math.isnan(chance_loss) else f'{chance_loss:.3f}'}")
+    verdicts = [v for v in g.probe_verdict if v != "n/a"] if "probe_verdict" in g else []
+    cells.append(next((v for v in verdicts if v.startswith(ARTEFACT)), verdicts[0] if verdicts else "n/a"))
+    return cells
+
+
 def certificate_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """One row per (dataset, eraser) (and variant, when results differ in eraser options) of one group: the
-    certificate after erasure and what the eraser reports it did."""
+    """One row per (dataset, eraser) (and fit_on / variant, when some results were fitted on a holdout / differ
+    in eraser options) of one group: the certificate after erasure and what the eraser reports it did. With the
+    certificate's out-of-sample probes: each probe's accuracy and log-loss (bits) ± SE, chance, and the verdict
+    (a probe below chance by > ARTEFACT_Z SE reads "dependence artefact", never a success)."""
     require_one_group(summary, "a table")
-    with_variant = bool((summary.variant != "").any())
-    keys = ["dataset", "variant", "eraser"] if with_variant else ["dataset", "eraser"]
+    keys = ["dataset", *[c for c in _label_columns(summary) if c in ("fit_on", "variant")], "eraser"]
+    probes = _has_probe_scores(summary)
     rows = []
     for key, g in summary.groupby(keys, sort=False):
-        vals = [g[f"{k}_mean"].dropna() for k in CERT]
-        rows.append([*key] + [f"{v.iloc[0]:.3g}" if len(v) else "n/a" for v in vals] + _report_cells(g))
+        if probes:
+            gaps = [g[f"{k}_mean"].dropna() for k in ("max_mean_gap", "max_cov_gap")]
+            scores = [f"{v.iloc[0]:.3g}" if len(v) else "n/a" for v in gaps] + _probe_cells(g)
+        else:
+            scores = [f"{v.iloc[0]:.3g}" if len(v) else "n/a" for v in (g[f"{k}_mean"].dropna() for k in CERT)]
+        rows.append([*key, *scores, *_report_cells(g)])
     order = {e: i for i, e in enumerate(_ordered(summary.eraser))}
-    rows.sort(key=lambda r: (r[0], order[r[len(keys) - 1]], r[1]))
-    header = [*keys, *CERT.values(), "working rank", "variance dropped", "noise share (max)",
+    rows.sort(key=lambda r: (r[0], order[r[len(keys) - 1]], *r[1:len(keys) - 1]))
+    cert = [CERT["max_mean_gap"], CERT["max_cov_gap"], *[f"{p} probe {what}" for p in PROBES for what in
+                                                         ("acc ± SE", "loss ± SE (bits)")],
+            "chance acc / loss (bits)", "probe verdict"] if probes else list(CERT.values())
+    header = [*[k.replace("_", " ") for k in keys], *cert, "working rank", "variance dropped", "noise share (max)",
               "gradient gaps mean / cov (before → after)"]
     return header, rows
+
+
+NULL_HOWTO = ("–: no null run; run the cell again with `dataset.permute_labels=true` (same config and seeds "
+              "otherwise)")
+
+
+def null_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """The null control of one group: per cell (eraser × fit_on) its MDL, its null's MDL (permuted labels, mean
+    over the null's seeds × folds), the label entropy, bias = null MDL − label entropy, the noise the bias is
+    compared with (scripts/tables.bias_noise) and the flag, seeds (true / null)."""
+    require_one_group(summary, "a table")
+    cols = [c for c in _label_columns(summary, fit_on=False)]
+    order = {e: i for i, e in enumerate(_ordered(summary.eraser))}
+    rows_of = {k: i for i, k in enumerate(_row_keys(summary))}
+    recs = sorted((r for _, r in summary.iterrows()),
+                  key=lambda r: (rows_of[tuple(r[k] for k in ROW_KEY)], order[r.eraser]))
+    rows = []
+    for r in recs:
+        values = dict(zip(ROW_KEY, (r[k] for k in ROW_KEY), strict=True))
+        label = [str(values[c]) for c in cols] + [r.eraser, r.fit_on, _cell_text(r, "bits_per_sample")]
+        if r.null_runs == 0:
+            rows.append([*label, "–", "–", "–", "–", "", f"{r.n_seeds} / 0"])
+            continue
+        null = fmt(r.null_mean, r.null_sd) + (f" [{r.null_folds}]" if r.null_folds else "")
+        ref = "n/a" if math.isnan(r.null_ref) else f"{r.null_ref:.3f} ({r.null_ref_kind})"
+        bias = "n/a" if math.isnan(r.bias) else f"{r.bias:+.3f}"
+        noise = f"{r.bias_noise:.3f} ({r.bias_noise_of})" if r.bias_noise_of else "n/a (< 2 seeds)"
+        rows.append([*label, null, ref, bias, noise, r.bias_flag, f"{r.n_seeds} / {r.null_seeds}"])
+    header = [*[LABEL_NAMES[c] for c in cols], "eraser", "fit on", "MDL", "null MDL", "label entropy", "bias",
+              "noise (2 SE)", "flag", "n seeds (true / null)"]
+    return header, rows
+
+
+NULL_NOTE = (
+    "Null: the cell rerun with `dataset.permute_labels=true` (labels shuffled once per seed, same config otherwise), "
+    "mean over its seeds × folds. bias = null MDL − label entropy (H of the class prior where the result records "
+    "it, else log2 K): what the procedure charges for labels that carry no information (> 0: the cost of learning "
+    "nothing; < 0: the code found label information that is not in the images, e.g. put there by an eraser fitted "
+    "on the coded samples). flag: ⚠ when |bias| > noise = 2 × the standard error over seeds of the null MDL (the "
+    "null's own, `null`, with ≥ 2 null seeds; else the cell's true-label MDL, `true`); ok within it; ? fewer than "
+    "2 seeds on both. " + NULL_HOWTO + ".\n")
+NO_NULL = ("Null control: no permuted-label runs among these results, so the procedure's bias (null MDL − label "
+           "entropy) is unknown; rerun the cells with `dataset.permute_labels=true` (same config and seeds "
+           "otherwise) to measure it.\n")
 
 
 def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:
@@ -620,7 +907,7 @@ def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:
     for name, (tag, width, depth) in PAPER_ARCHS.items():
         cells = []
         for eraser, (pm, ps) in PAPER_TABLE_C[name].items():
-            rec = index.get((group, "cifar10", tag, width, depth, "", eraser))
+            rec = index.get((group, "cifar10", tag, width, depth, "all", "", eraser))
             found |= rec is not None
             cells.append(f"{_cell_text(rec, 'legacy', 2)} / {pm:.2f} ± {ps:.2f}")
         rows.append([name, *cells])
@@ -631,7 +918,9 @@ def unfinished(df: pd.DataFrame, with_group: bool = False) -> list[list[str]]:
     bad = df[df.status != "done"]
     rows = []
     for _, r in bad.iterrows():
-        row = [r.status, str(r.seed), r.job_dir, str(r.get("error", "") or "")]
+        null = r.get("null")
+        status = f"{r.status} (null)" if pd.api.types.is_bool(null) and null else r.status  # permuted labels
+        row = [status, str(r.seed), r.job_dir, str(r.get("error", "") or "")]
         if with_group:
             g = r.get("group")
             row.insert(0, group_label(g) if isinstance(g, str) else "unknown (no result to tell)")
@@ -665,6 +954,10 @@ def _group_sections(df: pd.DataFrame, summary: pd.DataFrame, h: str) -> list[str
     if len(inc):
         parts += [f"{h} MDL increase over control (bits/sample, paired by seed)\n",
                   md_table(*increase_rows(inc, summary))]
+    if "null_runs" in summary and (summary.null_runs > 0).any():
+        parts += [f"{h} Null control (permuted labels, bits/sample)\n", md_table(*null_rows(summary)), NULL_NOTE]
+    else:
+        parts.append(NO_NULL)
     parts += [f"{h} Final validation loss (bits, full-data run)\n", md_table(*pivot(summary, "final_val_loss"))]
     parts += [f"{h} Erasure certificate (after erasure)\n", md_table(*certificate_rows(summary))]
     paper = paper_rows(summary)
@@ -723,7 +1016,7 @@ def latex(summary: pd.DataFrame) -> str:
         for metric, caption in (("bits_per_sample", "Prequential MDL (bits/sample)"),
                                 ("legacy", "Legacy MDL (paper units)")):
             header, rows = pivot(part, metric)
-            shown = _labels(part)[1]
+            shown = len(_labels(part)[1])
             out += [r"\begin{table}[t]", r"\centering",
                     r"\begin{tabular}{" + "l" * shown + "r" * (len(header) - shown) + "}",
                     r"\toprule", " & ".join(_tex_escape(h) for h in header) + r" \\", r"\midrule"]

@@ -1,6 +1,7 @@
 """PNG plots for scripts/aggregate.py: MDL per cell, MDL vs width / depth (paper Figs 4-8), validation-loss
 curves per eraser (Figs 9-15) and the MDL increase over control. Missing cells are gaps, never interpolated.
-Every plot shows one comparison group (scripts/aggregate.py); one that would overlay several is refused."""
+Every plot shows one comparison group (scripts/aggregate.py); one that would overlay several is refused. Rows are
+(dataset, arch, width, depth, fit_on, variant); permuted-label (null) runs are controls, never plotted as a value."""
 
 from __future__ import annotations
 
@@ -25,6 +26,18 @@ def _erasers(values: pd.Series) -> list[str]:
     return eraser_order(values)
 
 
+def _fit(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with a `fit_on` column (frames from before fit_on: "all")."""
+    return frame if "fit_on" in frame else frame.assign(fit_on="all")
+
+
+def _row_text(fit_on: str, variant: str) -> str:
+    return " ".join(t for t in ("" if fit_on == "all" else f"(fit on {fit_on})", variant) if t)
+
+
+ROW = ["dataset", "arch", "width", "depth", "fit_on", "variant"]
+
+
 def _grid(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
     cols = min(n, 4)
     rows = math.ceil(n / cols)
@@ -42,12 +55,13 @@ def _save(fig: plt.Figure, path: Path) -> None:
 
 def plot_bars(summary: pd.DataFrame, path: Path) -> None:
     require_one_group(summary, "a plot")
+    summary = _fit(summary)
     rank = {e: i for i, e in enumerate(_erasers(summary.eraser))}
-    s = summary.assign(_row=summary.groupby(["dataset", "arch", "width", "depth", "variant"], sort=False).ngroup(),
+    s = summary.assign(_row=summary.groupby(ROW, sort=False).ngroup(),
                        _rank=summary.eraser.map(rank)).sort_values(["_row", "_rank"]).reset_index(drop=True)
-    several = len(s.groupby(["dataset", "arch", "width", "depth", "variant"])) > 1
-    labels = [f"{r.eraser}\n{r.arch}-w{r.width}-d{r.depth}\n{r.variant}".strip() if several else r.eraser
-              for r in s.itertuples()]
+    several = len(s.groupby(ROW)) > 1
+    labels = [f"{r.eraser}\n{r.arch}-w{r.width}-d{r.depth}\n{_row_text(r.fit_on, r.variant)}".strip() if several
+              else r.eraser for r in s.itertuples()]
     fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(labels)), 3.4))
     ax.bar(range(len(labels)), s.bits_per_sample_mean, yerr=s.bits_per_sample_sd.fillna(0), capsize=3,
            color=[COLORS.get(e, "gray") for e in s.eraser])
@@ -63,11 +77,12 @@ def plot_mdl_vs(summary: pd.DataFrame, axis: str, path: Path) -> bool:
     require_one_group(summary, "a plot")
     other = "depth" if axis == "width" else "width"
     panels = []
-    for (dataset, arch, variant), g in summary.groupby(["dataset", "arch", "variant"], sort=False):
+    for (dataset, arch, fit_on, variant), g in _fit(summary).groupby(["dataset", "arch", "fit_on", "variant"],
+                                                                     sort=False):
         fixed = g[other].mode().iloc[0]
         g = g[g[other] == fixed]
         if g[axis].nunique() >= 2:
-            panels.append((f"{dataset} {arch} ({other} {fixed}) {variant}".strip(), g))
+            panels.append((f"{dataset} {arch} ({other} {fixed}) {_row_text(fit_on, variant)}".strip(), g))
     if not panels:
         return False
     fig, axes = _grid(min(len(panels), MAX_PANELS))
@@ -98,19 +113,22 @@ def _mean_curve(curves: list[list[list[float]]]) -> tuple[np.ndarray, np.ndarray
 
 def plot_curves(df: pd.DataFrame, path: Path) -> bool:
     require_one_group(df, "a plot")
+    df = _fit(df)
+    if "null" in df:
+        df = df[~df["null"].astype(bool)]
     done = df[(df.status == "done") & df.curve.map(lambda c: isinstance(c, list) and len(c) > 0)] \
         if "curve" in df else df.iloc[0:0]
     if done.empty:
         return False
-    groups = list(done.groupby(["dataset", "arch", "width", "depth", "variant"], sort=False))[:MAX_PANELS]
+    groups = list(done.groupby(ROW, sort=False))[:MAX_PANELS]
     fig, axes = _grid(len(groups))
-    for ax, ((dataset, arch, width, depth, variant), g) in zip(axes, groups, strict=True):
+    for ax, ((dataset, arch, width, depth, fit_on, variant), g) in zip(axes, groups, strict=True):
         for eraser in _erasers(g.eraser):
             steps, loss = _mean_curve(list(g[g.eraser == eraser].curve))
             ax.plot(steps, loss, label=f"{eraser} ({(g.eraser == eraser).sum()} seeds)", color=COLORS.get(eraser))
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss (bits)")
-        ax.set_title(f"{dataset} {arch}-w{width}-d{depth} {variant}".strip(), fontsize=8)
+        ax.set_title(f"{dataset} {arch}-w{width}-d{depth} {_row_text(fit_on, variant)}".strip(), fontsize=8)
         ax.legend(fontsize=7)
     _save(fig, path)
     return True
@@ -120,20 +138,21 @@ def plot_increase(inc: pd.DataFrame, path: Path) -> bool:
     require_one_group(inc, "a plot")
     if inc.empty:
         return False
-    keys = list(dict.fromkeys(zip(inc.dataset, inc.arch, inc.width, inc.depth, inc.variant, strict=True)))
+    inc = _fit(inc)
+    keys = list(dict.fromkeys(zip(*(inc[c] for c in ROW), strict=True)))
     erasers = _erasers(inc.eraser)
     width = 0.8 / len(erasers)
     fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(keys) * max(1, len(erasers) / 3)), 3.4))
     for j, eraser in enumerate(erasers):
         ge = inc[inc.eraser == eraser]
-        look = {(r.dataset, r.arch, r.width, r.depth, r.variant): (r.mean, r.sd) for r in ge.itertuples()}
+        look = {tuple(getattr(r, c) for c in ROW): (r.mean, r.sd) for r in ge.itertuples()}
         vals = [look.get(k, (math.nan, math.nan)) for k in keys]
         ax.bar(np.arange(len(keys)) + j * width, [v[0] for v in vals], width,
                yerr=[0 if math.isnan(v[1]) else v[1] for v in vals], capsize=2, label=eraser,
                color=COLORS.get(eraser))
     ax.axhline(0, color="k", lw=0.7)
     ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2,
-                  [f"{d}\n{a}-w{w}-d{dd}\n{v}".strip() for d, a, w, dd, v in keys], fontsize=7)
+                  [f"{d}\n{a}-w{w}-d{dd}\n{_row_text(f, v)}".strip() for d, a, w, dd, f, v in keys], fontsize=7)
     ax.set_ylabel("MDL increase over control (bits/sample)")
     ax.legend(fontsize=7)
     _save(fig, path)

@@ -77,3 +77,78 @@ def require_one_group(frame: Any, what: str) -> None:
         keys = "; ".join(f"{k} ({' vs '.join(v)})" for k, v in differing_keys(groups).items())
         raise MixedGroupsError(f"refused: {what} would mix results that differ in {keys} besides the eraser and "
                                "seed; compare within one group (scripts/aggregate.py writes one table per group)")
+
+
+# --- cells: folds and the permuted-label null ---------------------------------------------------------------------
+# A cell's results are runs (seed, fold): with `eraser.fit_on=holdout` each fold of the cross-fitting is its own MDL
+# run (its own code, never pooled). A cell reports the mean over its runs; its noise is the spread over seeds of the
+# per-seed means over folds (folds of one seed share the seed's data order, so they are not independent seeds).
+NOISE_SE = 2.0  # the bias is flagged when |bias| > NOISE_SE standard errors (see `bias_noise`)
+
+
+def seed_means(frame: Any, column: str = "bits_per_sample") -> Any:
+    """Per-seed mean over the finite values of a cell's runs (its folds); a seed without one reads NaN."""
+    import pandas as pd
+
+    values = pd.to_numeric(frame[column], errors="coerce").astype(float)
+    values = values.where(values.map(lambda v: v == v and abs(v) != float("inf")))
+    return values.groupby(frame["seed"].to_numpy()).mean()
+
+
+def fold_text(folds: Iterable[int], total: int | None = None) -> str:
+    """`folds 0–4`, `folds 0, 2–3 of 5`, `fold 1` ("" without any)."""
+    found = sorted({int(f) for f in folds})
+    if not found:
+        return ""
+    spans: list[list[int]] = []
+    for f in found:
+        if spans and f == spans[-1][1] + 1:
+            spans[-1][1] = f
+        else:
+            spans.append([f, f])
+    text = ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in spans)
+    whole = total is not None and found == list(range(total))
+    return ("fold " if len(found) == 1 else "folds ") + text + ("" if whole or total is None else f" of {total}")
+
+
+def null_bias(nulls: Any) -> tuple[float, float]:
+    """(null MDL, bias) of a cell from its finished null runs (rows with bits_per_sample and ref_bits): the null MDL
+    is the mean over its runs (seeds × folds) of bits/sample; bias = null MDL − the mean of the runs' label entropy
+    (`ref_bits`: H of the class prior where the result gives it, else log2 K). NaN when there is no null run (or no
+    label entropy)."""
+    import math
+
+    import pandas as pd
+
+    bits = pd.to_numeric(nulls["bits_per_sample"], errors="coerce").astype(float) if len(nulls) else pd.Series([])
+    ref = pd.to_numeric(nulls["ref_bits"], errors="coerce").astype(float) if "ref_bits" in nulls and len(nulls) \
+        else pd.Series([math.nan] * len(bits))
+    ok = bits.map(math.isfinite).to_numpy()
+    if not ok.any():
+        return math.nan, math.nan
+    mean = float(bits[ok].mean())
+    refs = ref[ok]
+    return mean, (mean - float(refs.mean()) if refs.map(math.isfinite).all() else math.nan)
+
+
+def bias_noise(null_seed_means: Any, true_seed_means: Any) -> tuple[float, str]:
+    """(noise, what it is the SE of): NOISE_SE × the standard error over seeds of the null's MDL (per-seed means over
+    folds) when the null has ≥ 2 seeds, else of the true-label MDL of the cell when that has ≥ 2; (NaN, "") else."""
+    import math
+
+    for values, name in ((null_seed_means, "null"), (true_seed_means, "true")):
+        v = [float(x) for x in values if x == x]
+        if len(v) >= 2:
+            mean = sum(v) / len(v)
+            sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1))
+            return NOISE_SE * sd / math.sqrt(len(v)), name
+    return math.nan, ""
+
+
+def bias_flag(bias: float, noise: float) -> str:
+    """"⚠" when |bias| exceeds the noise, "ok" within it, "?" when the noise is unknown (< 2 seeds), "" no bias."""
+    if bias != bias:
+        return ""
+    if noise != noise:
+        return "?"
+    return "⚠" if abs(bias) > noise else "ok"

@@ -46,7 +46,7 @@ def method_of_stored(config: Mapping[str, Any]) -> str:
 
     c = stored_config(config)
     sd = None
-    if c["regularizer.name"] == "sd":
+    if "regularizer.name" in c and c["regularizer.name"] == "sd":
         given = {k.split(".", 1)[1]: v for k, v in c.items()
                  if k.startswith("regularizer.") and k != "regularizer.name"}
         sd = SdOptions(**{"lam": 0.0, "gamma": 0.0, "start_step": 0, "loss_scale": None, **given})

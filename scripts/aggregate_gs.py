@@ -133,8 +133,9 @@ def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
 
 def _is_regularized_mdl(r: dict[str, Any]) -> bool:
     c = stored_config(r["config"]) if isinstance(r.get("config"), dict) else {}
+    regularized = "regularizer.name" in c and c["regularizer.name"] != "none"
     return bool(c) and c["task"] == "mdl" and "mdl" in r and (
-        str(c["experiment_name"] or "").startswith("gs_") or ("regularizer.name" in c and c["regularizer.name"] != "none"))
+        str(c["experiment_name"] or "").startswith("gs_") or regularized)
 
 
 def tables(results: list[dict[str, Any]]) -> dict[str, str]:

@@ -6,8 +6,9 @@ task's body, write result.json last, clear the progress file.
         return run_in_job_dir(config, body)      # body(run: JobRun) -> the task's part of result.json
 
 The MDL jobs and the Gradient Starvation jobs share it, so a fix here (a lock, a resume rule, what a result must
-hold) reaches both. One-line errors and the multirun ledger sit above it (training/run.py, ledger.py): they see
-the same exceptions and results whatever the task.
+hold) reaches both. Every result records its `provenance` (code commit, versions, device, host, start and end:
+training/app/provenance.py). One-line errors and the multirun ledger sit above it (training/run.py, ledger.py):
+they see the same exceptions and results whatever the task.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from training.app.provenance import now_utc, provenance
 from training.app.results import JobDir, legacy_result
 from training.app.schema import HASH_VERSION, NUMERICS, JobConfig, config_hash, load_config
 from training.common.files import atomic_write_json, read_json
@@ -80,7 +82,8 @@ Precheck = Callable[[JobConfig, torch.device], None]
 def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: Precheck | None = None,
                    describe: Callable[[dict[str, Any]], str] | None = None) -> dict[str, Any]:
     """Run `body` in the job's directory under its lock and return result.json's dict (an earlier run's when it
-    finished with this configuration). `precheck` refuses bad runtime options before anything is made."""
+    finished with this configuration). `precheck` refuses bad runtime options before anything is made. Every
+    result gets `provenance` (training/app/provenance.py)."""
     cfg = load_config(config)  # bad values fail here, with one line, before any directory or data
     job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), cfg.force)
     device = resolve_device(cfg.device)
@@ -94,12 +97,13 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: 
         progress = Progress(job.path / PROGRESS_FILE, job.cfg_hash)
         if cfg.force:
             progress.clear()  # force=true recomputes from scratch
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), now_utc()
         out = body(JobRun(cfg, job, device, progress))
         timings = {**out.pop("timings", {}), "total_s": time.perf_counter() - t0}
         result = {"config_hash": job.cfg_hash, "hash_version": HASH_VERSION, "numerics_version": NUMERICS,
                   "job_dir": str(job.path),
-                  "task": cfg.task, "config": cfg.to_dict(), **out, "device": str(device), "timings": timings}
+                  "task": cfg.task, "config": cfg.to_dict(), **out, "device": str(device), "timings": timings,
+                  "provenance": provenance(device, started, now_utc())}
         job.write_result(result)  # the job's last act: its presence means "done"
         progress.clear()
     log.info("done %s: %s, %.1fs", job.path, describe(result) if describe else cfg.task, timings["total_s"])

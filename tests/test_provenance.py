@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import math
@@ -34,6 +35,8 @@ from training.app.lifecycle import PROGRESS_FILE, Progress, run_in_job_dir
 from training.app.schema import ConfigError, config_hash, group_config, load_config
 from training.data import load_dataset
 from training.data.cache import _store, cached_erase, key_hash
+from training.data.erase import _cache_key
+from training.data.idx import find_idx_pair
 from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, fit
 from training.engine.group import Member, fit_group
@@ -283,3 +286,59 @@ def test_3_nan_erased_data_fails_and_a_cached_nan_entry_is_rebuilt(tmp_path: Pat
     assert not hit and torch.equal(x, torch.ones(4, 3))
     lines = [r.getMessage() for r in caplog.records if "NaN" in r.getMessage()]
     assert len(lines) == 1 and str(entry) in lines[0] and "rebuilding" in lines[0]
+
+
+# --- 4. data identity ------------------------------------------------------------------------------------------
+
+def _idx(path: Path, arr: bytes, dims: list[int], gz: bool = False) -> None:
+    raw = bytes([0, 0, 8, len(dims)]) + b"".join(d.to_bytes(4, "big") for d in dims) + arr
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+
+
+def _fashion(folder: Path, pixel0: int = 0, gz_images: bool = False) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    n = 20
+    images = bytes([pixel0]) + bytes((i * 7) % 256 for i in range(1, n * 28 * 28))
+    _idx(folder / ("train-images-idx3-ubyte" + (".gz" if gz_images else "")), images, [n, 28, 28], gz_images)
+    _idx(folder / "train-labels-idx1-ubyte", bytes(i % 10 for i in range(n)), [n])
+
+
+def _load(folder: Path):
+    return load_dataset(group_config("dataset", "fashion_mnist", root=str(folder), download=False))
+
+
+def test_4_a_file_swapped_under_the_same_name_changes_fingerprint_and_cache_key(tmp_path: Path) -> None:
+    folder = tmp_path / "fm"
+    _fashion(folder)
+    before = _load(folder)
+    fp = before.info["fingerprint"]
+    assert fp["content"] == before.content_hash()
+    assert [f["name"] for f in fp["files"]] == ["train-images-idx3-ubyte", "train-labels-idx1-ubyte"]
+    images = folder / "train-images-idx3-ubyte"
+    assert fp["files"][0]["size"] == images.stat().st_size and len(fp["files"][0]["sha256"]) == 64
+    _fashion(folder, pixel0=255)  # same names, same sizes, one byte changed
+    after = _load(folder)
+    fp2 = after.info["fingerprint"]
+    assert fp2["content"] != fp["content"] and fp2["files"][0]["sha256"] != fp["files"][0]["sha256"]
+    assert fp2["files"][1] == fp["files"][1] and fp2["files"][0]["size"] == fp["files"][0]["size"]
+    assert key_hash(_cache_key(after, "leace", {})) != key_hash(_cache_key(before, "leace", {}))
+
+
+def test_4_result_json_records_the_data_fingerprint(tmp_path: Path) -> None:
+    result = run_job(job_config(tmp_path, TINY))
+    fp = json.loads((Path(result["job_dir"]) / "result.json").read_text())["dataset"]["fingerprint"]
+    data = load_dataset(group_config("dataset", "digits"))
+    assert fp == {"content": data.content_hash(), "files": []}  # sklearn's digits: no file of ours read
+
+
+def test_4_a_gzipped_and_a_plain_idx_file_mixed_are_used_with_one_warning(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "mix"
+    _fashion(folder, gz_images=True)
+    with caplog.at_level(logging.WARNING):
+        pair = find_idx_pair(folder)
+        data = _load(folder)
+    assert pair == (folder / "train-images-idx3-ubyte.gz", folder / "train-labels-idx1-ubyte")
+    assert len(data.y) == 20
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and str(pair[0]) in warnings[0] and str(pair[1]) in warnings[0], warnings

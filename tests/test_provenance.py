@@ -106,8 +106,15 @@ def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> Non
 def test_2_outside_a_git_checkout_commit_and_dirty_are_null(tmp_path: Path) -> None:
     from training.app import provenance as prov_mod
 
-    (tmp_path / "training").mkdir()  # an unpacked copy of the code: no .git
-    assert prov_mod.code_provenance(tmp_path) == {"commit": None, "dirty": None, "version": "0.1.0"}
+    site = tmp_path / "site-packages"  # an installed wheel: the package next to its dist-info, no .git
+    (site / "training").mkdir(parents=True)
+    (site / "erasure_mdl-0.1.0.dist-info").mkdir()
+    (site / "erasure_mdl-0.1.0.dist-info" / "METADATA").write_text("Name: erasure-mdl\nVersion: 0.1.0\n")
+    assert prov_mod.code_provenance(site) == {"commit": None, "dirty": None, "version": "0.1.0"}
+    unpacked = tmp_path / "unpacked"  # a copy of the checkout without .git: pyproject's version
+    (unpacked / "training").mkdir(parents=True)
+    (unpacked / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
+    assert prov_mod.code_provenance(unpacked) == {"commit": None, "dirty": None, "version": "0.1.0"}
     # git failing or absent (e.g. no git on the node) is null too, not an error
     fake = tmp_path / "fake"
     (fake / ".git").mkdir(parents=True)

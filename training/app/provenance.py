@@ -7,8 +7,9 @@
 `code.commit` is `git rev-parse HEAD` of the checkout holding the `training` package, `code.dirty` whether its
 tracked files differ from that commit (`git status --porcelain --untracked-files=no`: untracked files, e.g. the
 outputs, do not count). Outside a git checkout (an installed wheel) or when git fails, both are null and
-`code.version` (the installed package's version) is what is known. scripts/aggregate.py marks a cell whose seeds
-come from different commits. Computed once per process: a job costs nothing for it.
+`code.version` is what is known (pyproject.toml's in a checkout, the installed distribution's otherwise).
+scripts/aggregate.py marks a cell whose seeds come from different commits. Computed once per process: a job costs
+nothing for it.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import functools
 import logging
 import os
 import platform
+import re
 import socket
 import subprocess
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,6 @@ import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
-PACKAGE = "erasure-mdl"
 CHECKOUT = Path(__file__).resolve().parents[2]  # the directory holding the `training` package
 GIT_TIMEOUT_S = 5.0
 
@@ -50,11 +50,23 @@ def _git(checkout: Path, *args: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def package_version() -> str | None:
+def package_version(checkout: Path = CHECKOUT) -> str | None:
+    """The package's version: pyproject.toml's in a checkout (what runs), else the installed distribution's
+    METADATA next to the package (read as text: no importlib, tests/test_layers.py), else None."""
+    pyproject = checkout / "pyproject.toml"
     try:
-        return metadata.version(PACKAGE)
-    except metadata.PackageNotFoundError:
-        return None
+        if pyproject.is_file():
+            after = ("\n" + pyproject.read_text()).split("\n[project]\n", 1)[-1]
+            project = re.split(r"^\[", after, flags=re.MULTILINE)[0]  # up to the next table
+            found = re.search(r'^version\s*=\s*"([^"]+)"', project, flags=re.MULTILINE)
+            return found.group(1) if found else None
+        for meta in sorted(checkout.glob("erasure_mdl-*.dist-info/METADATA")):
+            found = re.search(r"^Version:\s*(\S+)", meta.read_text(), flags=re.MULTILINE)
+            if found:
+                return found.group(1)
+    except OSError:
+        pass
+    return None
 
 
 @functools.cache
@@ -69,7 +81,7 @@ def code_provenance(checkout: Path = CHECKOUT) -> dict[str, Any]:
         else:
             log.warning("provenance: cannot read the git commit of %s (git missing, failing or slow); the result "
                         "records commit null", checkout)
-    return {"commit": commit, "dirty": dirty, "version": package_version()}
+    return {"commit": commit, "dirty": dirty, "version": package_version(checkout)}
 
 
 @functools.cache

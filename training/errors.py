@@ -18,6 +18,11 @@ class DataCorruptError(UserError):
     """A data file exists but cannot be read as the expected format."""
 
 
+class NonFiniteError(UserError):
+    """A NaN or infinity where a job needs a number (a training or validation loss, a code length, input or erased
+    data, a result's MDL numbers): the job fails, nothing is written as a result. The line says where it happened."""
+
+
 class UnwritablePathError(UserError):
     """A path the job must write (its directory, result.json, progress.json) cannot be written."""
 

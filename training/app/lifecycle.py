@@ -6,25 +6,30 @@ task's body, write result.json last, clear the progress file.
         return run_in_job_dir(config, body)      # body(run: JobRun) -> the task's part of result.json
 
 The MDL jobs and the Gradient Starvation jobs share it, so a fix here (a lock, a resume rule, what a result must
-hold) reaches both. One-line errors and the multirun ledger sit above it (training/run.py, ledger.py): they see
-the same exceptions and results whatever the task.
+hold) reaches both. Every result records its `provenance` (code commit, versions, device, host, start and end:
+training/app/provenance.py); a result whose task-declared sections (`finite=`, MDL: mdl and final) hold a NaN or
+infinity is never written (NonFiniteError, one line). One-line errors and the multirun ledger sit above it
+(training/run.py, ledger.py): they see the same exceptions and results whatever the task.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from training.app.provenance import now_utc, provenance
 from training.app.results import JobDir, legacy_result
 from training.app.schema import HASH_VERSION, NUMERICS, JobConfig, config_hash, load_config
 from training.common.files import atomic_write_json, read_json
 from training.engine.devices import resolve_device
+from training.errors import NonFiniteError
 
 log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.json"
@@ -77,10 +82,34 @@ Body = Callable[[JobRun], dict[str, Any]]
 Precheck = Callable[[JobConfig, torch.device], None]
 
 
+def nonfinite_leaves(value: Any, path: str) -> Iterator[tuple[str, float]]:
+    """(dotted path, value) of every NaN/inf number in `value` (nested dicts and lists; None is not a number)."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from nonfinite_leaves(v, f"{path}.{k}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from nonfinite_leaves(v, f"{path}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        yield path, value
+
+
+def check_finite(result: Mapping[str, Any], sections: tuple[str, ...], job_path: Path) -> None:
+    """NonFiniteError (one line) when a number in the result's `sections` is NaN/inf: such a result is never
+    written (it would read as a finished job)."""
+    for section in sections:
+        for path, value in nonfinite_leaves(result.get(section), section):
+            raise NonFiniteError(f"non-finite {path} ({value}) in the result of {job_path}: lr too high or bad data; "
+                                 "nothing was written as a result")
+
+
 def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: Precheck | None = None,
-                   describe: Callable[[dict[str, Any]], str] | None = None) -> dict[str, Any]:
+                   describe: Callable[[dict[str, Any]], str] | None = None,
+                   finite: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run `body` in the job's directory under its lock and return result.json's dict (an earlier run's when it
-    finished with this configuration). `precheck` refuses bad runtime options before anything is made."""
+    finished with this configuration). `precheck` refuses bad runtime options before anything is made. `finite`:
+    the result's sections whose every number must be finite (else NonFiniteError and no result); every result
+    gets `provenance` (training/app/provenance.py)."""
     cfg = load_config(config)  # bad values fail here, with one line, before any directory or data
     job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), cfg.force)
     device = resolve_device(cfg.device)
@@ -94,12 +123,14 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: 
         progress = Progress(job.path / PROGRESS_FILE, job.cfg_hash)
         if cfg.force:
             progress.clear()  # force=true recomputes from scratch
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), now_utc()
         out = body(JobRun(cfg, job, device, progress))
         timings = {**out.pop("timings", {}), "total_s": time.perf_counter() - t0}
         result = {"config_hash": job.cfg_hash, "hash_version": HASH_VERSION, "numerics_version": NUMERICS,
                   "job_dir": str(job.path),
-                  "task": cfg.task, "config": cfg.to_dict(), **out, "device": str(device), "timings": timings}
+                  "task": cfg.task, "config": cfg.to_dict(), **out, "device": str(device), "timings": timings,
+                  "provenance": provenance(device, started, now_utc())}
+        check_finite(result, finite, job.path)
         job.write_result(result)  # the job's last act: its presence means "done"
         progress.clear()
     log.info("done %s: %s, %.1fs", job.path, describe(result) if describe else cfg.task, timings["total_s"])

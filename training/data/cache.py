@@ -4,7 +4,7 @@ hash = sha256 of the canonical JSON of the caller's key plus `code_version()` (a
 sources, so editing an eraser invalidates old entries). A file lock makes concurrent jobs fit once (the
 second waits, then hits). Files are written to temporary names and renamed; the manifest (with sha256
 checksums) is written last, so an entry without a valid manifest is partial. A corrupt or partial entry
-(missing files, unparseable, a checksum mismatch) is logged and rebuilt.
+(missing files, unparseable, a checksum mismatch, NaN or Inf in the data) is logged and rebuilt.
 
 The cache is only an optimisation: when it cannot be written (a full disk, a read-only directory) the job logs a
 warning saying why, removes the partial entry and goes on with the erased data in memory. An entry it may not read
@@ -205,6 +205,8 @@ def _load(entry: Path) -> tuple[Tensor, dict[str, Any]] | None:
         report = json.loads((entry / "report.json").read_text())
         if list(x.shape) != manifest["shape"] or str(x.dtype).replace("torch.", "") != manifest["dtype"]:
             raise ValueError("stored tensor does not match the manifest")
+        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            raise ValueError("stored data holds NaN or Inf")  # e.g. cached by a version that did not check
     except Exception as err:  # noqa: BLE001 - any failure to parse means the entry cannot be trusted
         if isinstance(err, OSError) and not isinstance(err, FileNotFoundError | IsADirectoryError |
                                                            NotADirectoryError):

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from training.data.idx import find_idx_pair, read_idx
 from training.data.offline import mnist5k_arrays
-from training.data.registry import DatasetCfg, DatasetMissingError, LoadedData, register
+from training.data.registry import DatasetCfg, DatasetMissingError, LoadedData, file_records, register
 from training.engine.seeding import derive_seed
 
 
@@ -60,12 +60,22 @@ def _mnist(cfg: DatasetCfg) -> tuple[np.ndarray, np.ndarray]:
     if cfg.options.source == "mnist5k":
         x, y = mnist5k_arrays()
         return x.reshape(-1, 28, 28), y
-    root = Path(cfg.root or "data/mnist")
+    pair = _idx_pair(cfg)
+    return read_idx(pair[0]).astype(np.float64), read_idx(pair[1])
+
+
+def _idx_root(cfg: DatasetCfg) -> Path:
+    return Path(cfg.root or "data/mnist")
+
+
+def _idx_pair(cfg: DatasetCfg) -> tuple[Path, Path]:
+    """The MNIST IDX files of `dataset.source=idx` (training images, training labels)."""
+    root = _idx_root(cfg)
     pair = find_idx_pair(root)
     if pair is None:
         raise DatasetMissingError(f"MNIST IDX files not found in {root}: put train-images-idx3-ubyte(.gz) and "
                                   "train-labels-idx1-ubyte(.gz) there, or use dataset.source=mnist5k")
-    return read_idx(pair[0]).astype(np.float64), read_idx(pair[1])
+    return pair
 
 
 def make_environment(images: Tensor, digits: Tensor, color_flip: float, label_noise: float,
@@ -124,4 +134,6 @@ def load_colored_mnist(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
               if cfg.options.source == "mnist5k" else f"MNIST IDX files in {cfg.root}")
     info = {"source": source, "pooled": "training environments",
             "environments": {k: e.rates() for k, e in envs.items()}}
+    if cfg.options.source == "idx":
+        info["files"] = file_records(_idx_pair(cfg), _idx_root(cfg))
     return LoadedData("colored_mnist", x, y, 2, info)

@@ -20,6 +20,7 @@ from erasure.registry import ERASERS
 from training.common.files import atomic_write_json, read_json
 from training.common.progress import progress_bar
 from training.data import LoadedData
+from training.errors import NonFiniteError
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +53,16 @@ def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache
 
     def build() -> tuple[torch.Tensor, dict[str, Any]]:
         if eraser is not None:
-            return _apply_fitted(eraser, flat, data.y)
-        log.info("fitting eraser %s on %s (%d x %d)", name, data.name, *flat.shape)
-        with erasure_progress(progress_bar):  # a long fit (gradient) shows the harness's bar / log lines
-            return erase(name, flat, data.y, dict(options), rank_hint=rank_hint)
+            x, report = _apply_fitted(eraser, flat, data.y)
+        else:
+            log.info("fitting eraser %s on %s (%d x %d)", name, data.name, *flat.shape)
+            with erasure_progress(progress_bar):  # a long fit (gradient) shows the harness's bar / log lines
+                x, report = erase(name, flat, data.y, dict(options), rank_hint=rank_hint)
+        if not bool(torch.isfinite(x).all()):  # never cached, never trained on
+            raise NonFiniteError(f"non-finite erased data: eraser {name} gave {int((~torch.isfinite(x)).sum())} "
+                                 f"NaN/Inf values on {data.name}; check eraser.options and the data; nothing was "
+                                 "cached or written as a result")
+        return x, report
 
     x, report, hit = cached_erase(cache_dir, _cache_key(data, name, options), build)
     return x.reshape(data.x.shape), report, hit

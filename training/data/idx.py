@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import gzip
+import logging
 from pathlib import Path
 
 import numpy as np
 
 from training.data.registry import reading
+
+log = logging.getLogger(__name__)
 
 # Names the files go by: the original distribution, torchvision's download layout, and a common misspelling.
 _STEMS = (("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -32,11 +35,22 @@ def read_idx(path: Path) -> np.ndarray:
 
 
 def find_idx_pair(folder: Path) -> tuple[Path, Path] | None:
-    """(training images, training labels) IDX files in `folder` or its usual subfolders, gzipped or not."""
+    """(training images, training labels) IDX files in `folder` or its usual subfolders, gzipped or not.
+
+    Both plain or both gzipped first; a gzipped file next to a plain one (e.g. images `.gz`, labels not) is used
+    too, with one warning naming both: the two may come from different downloads."""
     for sub in _SUBDIRS:
         for images, labels in _STEMS:
-            for suffix in ("", ".gz"):
-                xi, yi = folder / sub / f"{images}{suffix}", folder / sub / f"{labels}{suffix}"
+            pairs = [(s, s) for s in ("", ".gz")] + [("", ".gz"), (".gz", "")]
+            for k, (sx, sy) in enumerate(pairs):
+                xi, yi = folder / sub / f"{images}{sx}", folder / sub / f"{labels}{sy}"
                 if xi.exists() and yi.exists():
+                    if k >= 2 and (xi, yi) not in _WARNED:
+                        _WARNED.add((xi, yi))
+                        log.warning("IDX files mix a gzipped and a plain file: %s with %s (check they come from the "
+                                    "same download; gzip or unpack both to silence this)", xi, yi)
                     return xi, yi
     return None
+
+
+_WARNED: set[tuple[Path, Path]] = set()  # mixed pairs already warned about (once per process)

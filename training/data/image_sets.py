@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.data.registry import DatasetCfg, DatasetMissingError, LoadedData, reading, register
+from training.data.registry import DatasetCfg, DatasetMissingError, LoadedData, file_records, reading, register
 
 
 def _root(cfg: DatasetCfg, data_dir: Path) -> Path:
@@ -62,7 +62,8 @@ def load_cifar10(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
             xs.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
             ys.append(np.asarray(entry["labels"], dtype=np.int64))
     x = torch.from_numpy(np.concatenate(xs)).float().div_(255.0)
-    return LoadedData("cifar10", x, torch.from_numpy(np.concatenate(ys)), 10, {"source": str(folder)})
+    return LoadedData("cifar10", x, torch.from_numpy(np.concatenate(ys)), 10,
+                      {"source": str(folder), "files": file_records(batches, folder)})
 
 
 SVHN_URL = "http://ufldl.stanford.edu/housenumbers/train_32x32.mat"
@@ -87,13 +88,14 @@ def load_svhn(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
         y = mat["y"].astype(np.int64).reshape(-1) % 10  # the file labels digit 0 as 10
         x = np.transpose(x, (3, 0, 1, 2))
     return LoadedData("svhn", _nhwc_uint8(x), torch.from_numpy(y), 10,
-                      {"source": str(path)})
+                      {"source": str(path), "files": file_records([path], folder)})
 
 
 @register("cifarnet")
 def load_cifarnet(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     folder = _root(cfg, data_dir) / "cifarnet"
     npz = folder / "train.npz"
+    shards: list[Path] = []
     if npz.exists():
         with reading(npz, "CIFARNet (expects arrays `images` uint8 NHWC 64x64x3 and `labels`)"):
             with np.load(npz) as f:
@@ -108,7 +110,8 @@ def load_cifarnet(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
         images, labels = _read_parquet_images(shards)
     with reading(npz if npz.exists() else folder, "CIFARNet (images must be uint8 NHWC, one integer label each)"):
         x, y = _nhwc_uint8(images), torch.from_numpy(np.asarray(labels).astype(np.int64).reshape(-1))
-    return LoadedData("cifarnet", x, y, 10, {"source": str(folder)})
+    return LoadedData("cifarnet", x, y, 10,
+                      {"source": str(folder), "files": file_records(shards or [npz], folder)})
 
 
 def _read_parquet_images(shards: list[Path]) -> tuple[np.ndarray, np.ndarray]:

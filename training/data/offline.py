@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from training.data.idx import find_idx_pair, read_idx
-from training.data.registry import DatasetCfg, DatasetMissingError, LoadedData, register
+from training.data.registry import DatasetCfg, DatasetMissingError, LoadedData, file_records, register
 
 
 def _images(arr: np.ndarray, c: int, h: int, w: int, scale: float) -> torch.Tensor:
@@ -77,7 +77,7 @@ def _fashion_mnist_in(folder: Path) -> LoadedData | None:
         return None
     x, y = read_idx(pair[0]), read_idx(pair[1])
     return LoadedData("fashion_mnist", _images(x, 1, 28, 28, 255.0), torch.from_numpy(y.astype(np.int64)), 10,
-                      {"source": str(folder)})
+                      {"source": str(folder), "files": file_records(pair, folder)})
 
 
 POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}

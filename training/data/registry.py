@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,11 +52,35 @@ class LoadedData:
                           dict(self.info))
 
     def content_hash(self) -> str:
-        """Hash of the tensors' bytes: the dataset's identity in cache keys."""
+        """Hash of the tensors' bytes: the dataset's identity in cache keys (and `info["fingerprint"]`).
+        Remembered for the same tensors while they are not modified in place (their version counters)."""
+        stamp = (id(self.x), self.x._version, id(self.y), self.y._version)
+        memo = self.__dict__.get("_content_memo")
+        if memo is not None and memo[0] == stamp:
+            return memo[1]
         h = hashlib.sha256()
         h.update(self.x.contiguous().numpy().tobytes())
         h.update(self.y.contiguous().numpy().tobytes())
-        return h.hexdigest()[:16]
+        digest = h.hexdigest()[:16]
+        self.__dict__["_content_memo"] = (stamp, digest)
+        return digest
+
+
+def file_records(paths: Iterable[Path], base: Path | None = None) -> list[dict[str, Any]]:
+    """What a loader read from disk, for `info["files"]`: each file's name (relative to `base` where it lies
+    under it), size and sha256. Data files swapped under the same names then show in the result's fingerprint."""
+    out = []
+    for path in paths:
+        try:
+            name = str(path.relative_to(base)) if base is not None else path.name
+        except ValueError:
+            name = str(path)
+        h = hashlib.sha256()
+        with reading(path, "data file"), open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        out.append({"name": name, "size": path.stat().st_size, "sha256": h.hexdigest()})
+    return out
 
 
 class DatasetCfg(Protocol):
@@ -89,6 +113,9 @@ def load_dataset(cfg: DatasetCfg, data_dir: str | Path = "data") -> LoadedData:
         data.x, data.y = data.x[: cfg.limit].contiguous(), data.y[: cfg.limit].contiguous()
     _validate(data)
     data.info.update(n=len(data.y), input_shape=list(data.input_shape), num_classes=data.num_classes)
+    # the identity of the data loaded (result.json's dataset.fingerprint): the arrays' hash, which the erased-data
+    # cache key also holds, and the files read (name, size, sha256), for the loaders that read files
+    data.info["fingerprint"] = {"content": data.content_hash(), "files": data.info.pop("files", [])}
     return data
 
 

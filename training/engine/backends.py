@@ -88,6 +88,14 @@ def check_same_groups(models: Sequence[nn.Module], opts: Sequence[torch.optim.Op
     return groups[0]
 
 
+def nonfinite_rows(engine: LoopEngine | StackedEngine) -> list[int]:
+    """The rows of `engine.loss_sum` (each live member's training losses summed since the last check) that are
+    NaN/inf; restarts the sums. One sync: the group calls it where it syncs anyway (validation, a member's end)."""
+    bad = (~torch.isfinite(engine.loss_sum)).nonzero().flatten().tolist()
+    engine.loss_sum.zero_()
+    return bad
+
+
 class LoopEngine:
     """Members' own modules; one shared optimizer step. Bitwise equal to sequential training (with the
     library's optimizer step; `fused_optimizer`: training/engine/flat_optim.py)."""
@@ -104,24 +112,33 @@ class LoopEngine:
         self.opt = make_member_optim(str(fused_optimizer), type(opts[0]), groups,
                                      [dict(m.named_parameters()) for m in self.models])
         self.best: list[dict[str, Tensor]] = [snapshot(m) for m in self.models]
+        self.loss_sum = torch.zeros(len(self.models), device=next(self.models[0].parameters()).device)
 
     def train(self) -> None:
         for m in self.models:
             m.train()
         self.opt.train()
 
+    def nonfinite_rows(self) -> list[int]:
+        """Rows whose training loss was NaN/inf at a step since the last call (a sync: call it where the group
+        syncs anyway); restarts the sums."""
+        return nonfinite_rows(self)
+
     def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int], step: int) -> None:
         # Each member sees exactly its batch as in fit(); d(sum)/d(loss_r) = 1 keeps every gradient as alone.
         loss: Tensor | int = 0
+        parts = []
         for r, (f, c) in enumerate(zip(self.forward, counts, strict=True)):
             logits, yr = f(xb[r, :c]), yb[r, :c]
             loss_r = F.cross_entropy(logits, yr)
             if self.regularizer is not None:
                 loss_r = loss_r + self.regularizer(logits, yr, step)  # all members are at step `step`
             loss = loss + loss_r
+            parts.append(loss_r.detach())
         self.opt.zero_grad()
         loss.backward()  # type: ignore[union-attr]
         self.opt.step()
+        self.loss_sum += torch.stack(parts)  # checked at validation (nonfinite_rows): no sync per step
 
     def validate(self, rows: list[int], members: list[int], val: ValSet, best_loss: list[float]) -> list[float]:
         """Validation loss of each row (member) in eval mode; rows beating `best_loss` (aligned) snapshot."""
@@ -146,6 +163,7 @@ class LoopEngine:
         self.models = [self.models[r] for r in rows]
         self.forward = [self.forward[r] for r in rows]
         self.best = [self.best[r] for r in rows]
+        self.loss_sum = self.loss_sum[torch.tensor(rows, device=self.loss_sum.device)]
         self.opt.keep(rows)
 
 
@@ -177,6 +195,7 @@ class StackedEngine:
         self.opt_cls = type(opts[0])
         self.opt = self._build()
         self.best = {n: p.detach().clone() for n, p in self.params.items()}  # snapshot at init, like fit()
+        self.loss_sum = torch.zeros(len(models), device=next(iter(self.params.values())).device)
         template = self.template
 
         def member_loss(params: dict[str, Tensor], xb: Tensor, yb: Tensor, wb: Tensor) -> Tensor:
@@ -215,10 +234,15 @@ class StackedEngine:
         self.opt.train()
 
     def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int], step: int) -> None:
-        loss = self.loss(self.params, xb, yb, wb).sum()
+        losses = self.loss(self.params, xb, yb, wb)
+        self.loss_sum += losses.detach()  # read now (a CUDA graph's output is overwritten by its next replay)
+        loss = losses.sum()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
+
+    def nonfinite_rows(self) -> list[int]:
+        return nonfinite_rows(self)
 
     def _lerped(self, sel: Tensor, rows: dict[str, Tensor], weight: Callable[[float], float]) -> dict[str, Tensor]:
         out = {}
@@ -267,6 +291,7 @@ class StackedEngine:
         self.params = {n: p.detach()[keep].requires_grad_() for n, p in old_params.items()}
         self._mark_static()
         self.best = {n: v[keep] for n, v in self.best.items()}
+        self.loss_sum = self.loss_sum[keep]
         self.opt = self._build()
         carry_scalars(old, self.opt)
         for n, p in self.params.items():

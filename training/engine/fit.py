@@ -19,11 +19,23 @@ from torch import Tensor, nn
 from training.common.progress import progress_bar
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
 from training.engine.stopping import EarlyStopping
+from training.errors import NonFiniteError
 
 Regularizer = Callable[[Tensor, Tensor, int], Tensor]  # (logits, y, step) -> penalty added to CE
 # (batch, labels) -> the batch the model trains on, applied after augmentation: e.g. `eraser.after_augment`
 # erases each augmented batch (training/data/erase.py BatchEraser). Validation data is never transformed.
 BatchTransform = Callable[[Tensor, Tensor], Tensor]
+
+
+NONFINITE_HINT = "lr too high or bad data; nothing was written as a result"
+
+
+def nonfinite_loss(what: str, name: str, step: int, epoch: int) -> NonFiniteError:
+    """The one line for a NaN/inf `what` ("training loss", "validation loss") of model `name`. The training loss
+    is summed on the device step by step (no sync) and checked where the loop syncs anyway (each validation and
+    the end of training): it went non-finite at a step after the previous check, by `step`."""
+    when = f"by step {step}" if what.startswith("training") else f"at step {step}"
+    return NonFiniteError(f"non-finite {what} in {name} {when} (epoch {epoch}): {NONFINITE_HINT}")
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,7 @@ def fit(
     regularizer: Regularizer | None = None,
     desc: str = "fit",
     idx: Tensor | None = None,
+    name: str | None = None,
 ) -> FitResult:
     """Train until `patience` evaluations without improvement; return with the best state loaded.
 
@@ -133,6 +146,7 @@ def fit(
     per-sample augmentation from `gen` in one go (`training.engine.batches.draw_epoch`); the vectorised trainer
     draws the same streams. `cfg.batch_transform` (if set) maps each augmented batch before the model sees it;
     `x_val` is used as given. On return the model and optimizer are in eval mode (ready to code a block).
+    A NaN/inf training or validation loss raises NonFiniteError naming the model (`name`, else `desc`).
     """
     data = x if isinstance(x, DeviceData) else DeviceData(x, x.device, storage="float32")
     dev = data.device
@@ -147,13 +161,23 @@ def fit(
     best_state = snapshot(model)
     curve: list[tuple[int, float]] = []
     step, epoch = 0, 0
+    name = name or desc
+    loss_sum = torch.zeros((), device=dev)  # training losses since the last check, summed without a sync
     model.train()
     optimizer.train()  # schedule-free optimizers start in eval mode
+
+    def check_training_loss() -> None:
+        if not math.isfinite(float(loss_sum)):
+            raise nonfinite_loss("training loss", name, step, epoch)
+        loss_sum.zero_()
 
     def validate() -> None:
         nonlocal best_state
         with eval_mode(model, optimizer):
             loss = cross_entropy_sum(model, x_val, y_val) / len(y_val)
+            check_training_loss()  # here, where the loop syncs anyway (float above)
+            if not math.isfinite(loss):
+                raise nonfinite_loss("validation loss", name, step, epoch)
             curve.append((step, loss))
             if stopper.record(loss, epoch):
                 best_state = snapshot(model)
@@ -180,6 +204,7 @@ def fit(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            loss_sum.add_(loss.detach())
             step += 1
             if cfg.eval_every_steps and step % cfg.eval_every_steps == 0:
                 validate()
@@ -190,6 +215,7 @@ def fit(
             bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{stopper.best_loss:.4f}")
         reason = stopper.end_epoch(epoch, step)
     bar.close()
+    check_training_loss()  # the steps after the last validation (eval_every_steps)
     # Switch the optimizer first: eval() maps the train-mode weights to the averaged ones, so doing it
     # after loading the (already averaged) best state would corrupt that state.
     optimizer.eval()

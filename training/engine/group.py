@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from training.common.progress import progress_bar
 from training.engine.backends import LoopEngine, StackedEngine, ValSet
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
-from training.engine.fit import BatchTransform, FitConfig, FitResult, Regularizer
+from training.engine.fit import BatchTransform, FitConfig, FitResult, Regularizer, nonfinite_loss
 from training.engine.flat_optim import fused_backend
 from training.engine.stopping import EarlyStopping
 
@@ -46,6 +46,7 @@ class Member:
     gen: torch.Generator
     cfg: FitConfig
     val_idx: Tensor | None = None  # own validation set (indices into the data), e.g. another seed's split
+    name: str = ""  # how errors name it ("block model 3"); empty: "model <its index in the group>"
 
 
 OnFinish = Callable[[int, nn.Module, FitResult], None]  # (member index, model in eval mode with best state, result)
@@ -281,6 +282,10 @@ class LockstepMember:
         return len(self.idx)
 
     @property
+    def name(self) -> str:
+        return self.spec.name or f"model {self.index}"
+
+    @property
     def epoch_ended(self) -> bool:
         return self.batch == self.steps_per_epoch
 
@@ -443,8 +448,18 @@ class _Lockstep:
             return
         ms = [self.live[r] for r in rows]
         losses = self.engine.validate(rows, [m.index for m in ms], self.val, [m.stopper.best_loss for m in ms])
+        self._check_training_losses()  # after validation's sync: no sync of its own per step
         for m, loss in zip(ms, losses, strict=True):
+            if not math.isfinite(loss):
+                raise nonfinite_loss("validation loss", m.name, self.step, m.epoch)
             m.record(self.step, loss)
+
+    def _check_training_losses(self) -> None:
+        """NonFiniteError naming the first live member whose training loss was NaN/inf since the last check."""
+        bad = self.engine.nonfinite_rows()
+        if bad:
+            m = self.live[bad[0]]
+            raise nonfinite_loss("training loss", m.name, self.step, m.epoch)
 
     def _end_epochs(self) -> list[int]:
         """Rows whose epoch just ended are validated (per-epoch validation) and asked whether to stop; the
@@ -464,6 +479,7 @@ class _Lockstep:
         """Finish the stopped rows, then compact the plan and the engine to the others."""
         if not done:
             return
+        self._check_training_losses()  # steps after the last validation (eval_every_steps)
         for r in done:
             self._finish(self.live[r], r)
         rows = [r for r in range(len(self.live)) if r not in done]

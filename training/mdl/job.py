@@ -32,6 +32,7 @@ from training.engine.fit import BatchTransform, FitConfig, FitResult, cross_entr
 from training.engine.group import Member, OnFinish, check_options, fit_group, resolve_engine, why_not_vectorized
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
+from training.errors import NonFiniteError
 from training.mdl.code import paper_code, prequential_code
 from training.mdl.splits import MdlSplit, make_split
 
@@ -114,7 +115,7 @@ class Trainer:
         opt = make_optimizer(model, lr=self.hp["lr"], beta1=self.hp["beta1"], beta2=self.hp["beta2"],
                              weight_decay=self.hp["weight_decay"], warmup_steps=self.hp["warmup_steps"])
         return Member(model, opt, idx.to(self.device), generator(self.seed, "batches", tag),
-                      self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx)
+                      self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx, name=model_name(tag))
 
     def train(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None):
         return self._fit_one(self.member(idx, tag, eval_every_steps), tag)
@@ -124,7 +125,7 @@ class Trainer:
         # sees the same stream as in an uninterrupted run (and runs do not depend on earlier blocks).
         with seeded_global_rng(self.seed, "train", tag):
             res = fit(m.model, m.optimizer, self.train_data, self.y, self.x_val, self.y_val, m.cfg, m.gen,
-                      self.regularizer, desc=f"{tag}", idx=m.idx)
+                      self.regularizer, desc=f"{tag}", idx=m.idx, name=m.name)
         return m.model, res
 
     def group_size(self, first: Member, count: int) -> int:
@@ -171,6 +172,13 @@ class Trainer:
         idx = idx.to(self.device)
         t = fit_temperature(model, self.x_val, self.y_val) if self.cfg.mdl.calibrate_temperature else 1.0
         return cross_entropy_sum(model, self.data.all(idx), self.y[idx], temperature=t) / len(idx) / LN2, t
+
+
+def model_name(tag: object) -> str:
+    """How errors name a job's model: `("block", i)` → "block model i" (trained on blocks 1..i), "full"."""
+    if isinstance(tag, tuple) and len(tag) == 2 and tag[0] == "block":
+        return f"block model {tag[1]}"
+    return "the full-data model" if tag == "full" else str(tag)
 
 
 def stop_options(m: MdlConfig, warmup_steps: int) -> dict[str, int]:
@@ -232,6 +240,9 @@ def run_mdl(trainer: Trainer, progress: Progress, logger: RunLogger, with_full: 
         i = todo[k]
         coded = split.block(i + 1) if protocol == "prequential" else split.block(num_blocks)
         ce, temperature = trainer.code_bits(model, coded)
+        if not math.isfinite(ce):
+            raise NonFiniteError(f"non-finite code length ({ce} bits/sample) of block {i + 1} by block model {i}: "
+                                 "lr too high or bad data; nothing was written as a result")
         finished[i] = {"block": i + 1, "train_size": split.cumsizes[i - 1], "coded_size": len(coded),
                        "ce_bits": ce, "temperature": temperature, "seconds": res.seconds, **_fit_summary(res)}
         log.info("block %d/%d: trained on %d, coded %d at %.4f bits/sample (%d epochs, %d steps, best at epoch %d, "
@@ -408,7 +419,7 @@ def _check_runtime(cfg: JobConfig, device: torch.device) -> None:
 
 @TASKS.register("mdl", uses=None)
 def run_job(config: Mapping[str, Any] | JobConfig) -> dict[str, Any]:
-    return run_in_job_dir(config, _mdl_body, precheck=_check_runtime, describe=_describe)
+    return run_in_job_dir(config, _mdl_body, precheck=_check_runtime, describe=_describe, finite=("mdl", "final"))
 
 
 def _describe(result: dict[str, Any]) -> str:

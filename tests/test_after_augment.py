@@ -21,7 +21,7 @@ from training.data import LoadedData
 from training.data.erase import BatchEraser, fit_cached
 from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, fit
-from training.engine.group import Member, fit_group
+from training.engine.group import GroupData, GroupOptions, Member, fit_group
 from training.engine.seeding import generator
 from training.mdl import job
 from training.mdl.job import prepare_data, run_job
@@ -142,7 +142,7 @@ def test_group_engines_erase_each_members_batch_as_fit_does(engine: str) -> None
              for k, (m, o) in enumerate(_models("mlp", [0, 1, 2]))]
     members = [Member(m, o, subsets[k], generator(0, "b", k), cfg)
                for k, (m, o) in enumerate(_models("mlp", [0, 1, 2]))]
-    together = fit_group(members, data, y, xv, yv, engine=engine)
+    together = fit_group(members, GroupData(data, y, xv, yv), GroupOptions(engine=engine))
     for a, b in zip(alone, together, strict=True):
         assert (a.epochs, a.steps) == (b.epochs, b.steps)
         if engine == "loop":
@@ -162,7 +162,7 @@ def test_group_with_a_batch_transform_needs_a_shared_validation_set() -> None:
     (model, opt), = _models("mlp", [0])
     member = Member(model, opt, torch.arange(80, 200), generator(0, "b", 0), cfg, val_idx=torch.arange(80))
     with pytest.raises(ValueError, match="need a shared x_val"):
-        fit_group([member], data, y, engine="loop")
+        fit_group([member], GroupData(data, y), GroupOptions(engine="loop"))
 
 
 def test_qleace_coupling_noise_is_refused_per_batch_in_one_line() -> None:

@@ -39,7 +39,7 @@ from training.data.erase import _cache_key
 from training.data.idx import find_idx_pair
 from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, fit
-from training.engine.group import Member, fit_group
+from training.engine.group import GroupData, GroupOptions, Member, fit_group
 from training.errors import UserError  # NonFiniteError's base (tests fail, not error, on code without it)
 from training.mdl.job import run_job
 
@@ -206,7 +206,8 @@ def test_3_nan_training_loss_fails_the_lockstep_group_naming_the_member(monkeypa
     # call per step for both (call 6 = step 6, every member NaN: the first one is named)
     _nan_after(monkeypatch, 11 if engine == "loop" else 6)
     with pytest.raises(UserError) as err:
-        fit_group(members, DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:], engine=engine)
+        fit_group(members, GroupData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:]),
+                  GroupOptions(engine=engine))
     assert type(err.value).__name__ == "NonFiniteError"
     assert str(err.value) == ("non-finite training loss in block model 1 by step 8 (epoch 2): lr too high or bad "
                               "data; nothing was written as a result")

@@ -13,7 +13,7 @@ from tests.helpers import job_config
 from tests.test_vectorized import _data, _models
 from training.app.schema import MdlConfig, load_config, load_section
 from training.engine.fit import FitConfig, fit
-from training.engine.group import Member, fit_group
+from training.engine.group import GroupData, GroupOptions, Member, fit_group
 from training.engine.seeding import generator
 from training.engine.stopping import MAX_EPOCHS, PATIENCE, EarlyStopping
 from training.mdl.job import fit_config, stop_options
@@ -106,7 +106,7 @@ def test_fit_and_fit_group_stop_alike_and_report_why() -> None:
            for k, (model, opt) in enumerate(_models("mlp", [0, 1, 2]))]
     members = [Member(m, o, subsets[k], generator(0, "b", k), cfg)
                for k, (m, o) in enumerate(_models("mlp", [0, 1, 2]))]
-    vec = fit_group(members, data, y, xv, yv, engine="loop")
+    vec = fit_group(members, GroupData(data, y, xv, yv), GroupOptions(engine="loop"))
     for s, v, n in zip(seq, vec, sizes, strict=True):
         assert (v.epochs, v.best_epoch, v.steps, v.stop_reason) == (s.epochs, s.best_epoch, s.steps, s.stop_reason)
         assert v.curve == s.curve

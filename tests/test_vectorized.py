@@ -23,7 +23,16 @@ from training.app.schema import ArchConfig, group_config
 from training.engine.batches import DeviceData, compact
 from training.engine.fit import FitConfig, FitResult, cross_entropy_sum, fit, snapshot
 from training.engine.flat_optim import cpu_compiler
-from training.engine.group import Member, balanced_parts, fit_group, resolve_engine, resolve_workers, why_not_vectorized
+from training.engine.group import (
+    GroupData,
+    GroupOptions,
+    Member,
+    balanced_parts,
+    fit_group,
+    resolve_engine,
+    resolve_workers,
+    why_not_vectorized,
+)
 from training.engine.seeding import generator, seeded_global_rng
 from training.mdl.job import run_job
 
@@ -80,8 +89,9 @@ def _compare(arch: str, augment: bool, engine: str, eval_every: int | None = Non
                for k, (m, o) in enumerate(_models(arch, [0, 1, 2], lr, dtype, device))]
     order: list[int] = []
     shared = (None, None) if own_val else (xv, yv)
-    vec = fit_group(members, data, y, *shared, on_finish=lambda k, model, res: order.append(k), engine=engine,
-                    compile=compile, regularizer=regularizer, workers=workers, fused_optimizer=fused)
+    vec = fit_group(members, GroupData(data, y, *shared),
+                    GroupOptions(on_finish=lambda k, model, res: order.append(k), engine=engine, compile=compile,
+                                 regularizer=regularizer, workers=workers, fused_optimizer=fused))
     assert sorted(order) == [0, 1, 2]
     epochs = [r.epochs for _, r in seq]
     assert len(set(epochs)) > 1 and min(epochs) < 9, epochs  # the test really covers early stopping
@@ -132,8 +142,8 @@ def test_members_finishing_apart_are_each_reported_as_if_trained_alone(engine: s
     members = [Member(m, o, subsets[k], generator(0, "b", k), cfgs[k])
                for k, (m, o) in enumerate(_models("mlp", list(range(5))))]
     seen: list[tuple[int, FitResult, bool, dict[str, Tensor]]] = []
-    vec = fit_group(members, data, y, xv, yv, engine=engine,
-                    on_finish=lambda k, model, res: seen.append((k, res, model.training, snapshot(model))))
+    vec = fit_group(members, GroupData(data, y, xv, yv), GroupOptions(
+        engine=engine, on_finish=lambda k, model, res: seen.append((k, res, model.training, snapshot(model)))))
     assert [k for k, *_ in seen] == sorted(range(5), key=lambda k: (steps[k], k))
     assert [r.seconds for _, r, *_ in seen] == sorted(r.seconds for _, r, *_ in seen)
     for k, res, training, state in seen:
@@ -201,7 +211,7 @@ def test_a_failing_worker_stops_the_others() -> None:
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        fit_group(members, data, y, xv, yv, on_finish=on_finish, workers=2)
+        fit_group(members, GroupData(data, y, xv, yv), GroupOptions(on_finish=on_finish, workers=2))
     assert finished == [0]  # member 1 (10k epochs) was cancelled, not trained to the end
     assert torch.get_num_threads() == 1  # the caller's thread setting is restored
 

@@ -14,6 +14,7 @@ member's training state (epoch, batch, early stopping, curve, result) is one `Lo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -65,14 +66,16 @@ class GroupData:
 
 @dataclass(frozen=True)
 class GroupOptions:
-    """How a group trains (see `fit_group`); `engine` is resolved: "loop" or "stacked"."""
+    """How a group trains (see `fit_group`): `training.*` (engine auto | loop | stacked, workers, compile,
+    fused_optimizer), the regularizer, progress, and what to call as each member ends."""
 
-    engine: str
+    engine: str = "auto"
     on_finish: OnFinish | None = None
     progress: bool = False
     compile: bool | str | None = None
     regularizer: Regularizer | None = None
     fused_optimizer: bool | str = False
+    workers: int | str = 1
 
 
 def why_not_vectorized(model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -98,20 +101,8 @@ def resolve_engine(engine: str, device: torch.device) -> str:
     return engine
 
 
-def fit_group(
-    members: Sequence[Member],
-    data: DeviceData,
-    y: Tensor,
-    x_val: Tensor | None = None,
-    y_val: Tensor | None = None,
-    on_finish: OnFinish | None = None,
-    progress: bool = False,
-    compile: bool | str | None = None,
-    engine: str = "auto",
-    regularizer: Regularizer | None = None,
-    workers: int | str = 1,
-    fused_optimizer: bool | str = False,
-) -> list[FitResult]:
+def fit_group(members: Sequence[Member], inputs: GroupData, options: GroupOptions = GroupOptions()
+              ) -> list[FitResult]:
     """Train all members at once; each ends as `training.engine.fit.fit` would (best state loaded, eval mode).
 
     Validation on the shared (x_val, y_val), or, when those are None, on each member's `val_idx`.
@@ -123,10 +114,10 @@ def fit_group(
     """
     if not members:
         return []
-    kind = check_options(engine, workers, fused_optimizer, data.device)
-    inputs = GroupData(data, y, x_val, y_val)
-    options = GroupOptions(kind, on_finish, progress, compile, regularizer, fused_optimizer)
-    n_workers = resolve_workers(workers, data.device, kind, len(members))
+    device = inputs.data.device
+    kind = check_options(options.engine, options.workers, options.fused_optimizer, device)
+    options = dataclasses.replace(options, engine=kind)  # resolved: loop | stacked
+    n_workers = resolve_workers(options.workers, device, kind, len(members))
     if n_workers > 1:
         return _fit_threads(members, inputs, options, n_workers)
     return _Lockstep(members, inputs, options).run()

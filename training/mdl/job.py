@@ -29,7 +29,16 @@ from training.data import LoadedData, load_dataset
 from training.data.erase import BatchEraser, Holdout, apply_eraser, apply_eraser_keeping_map
 from training.engine.batches import DeviceData
 from training.engine.fit import BatchTransform, FitConfig, FitResult, cross_entropy_sum, fit, fit_temperature
-from training.engine.group import Member, OnFinish, check_options, fit_group, resolve_engine, why_not_vectorized
+from training.engine.group import (
+    GroupData,
+    GroupOptions,
+    Member,
+    OnFinish,
+    check_options,
+    fit_group,
+    resolve_engine,
+    why_not_vectorized,
+)
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
 from training.errors import NonFiniteError
@@ -161,10 +170,10 @@ class Trainer:
             def done(k: int, model: torch.nn.Module, res: FitResult, offset: int = start) -> None:
                 on_finish(offset + k, model, res)
 
-            fit_group(members, self.train_data, self.y, self.x_val, self.y_val, on_finish=done,
-                      progress=self.cfg.progress, compile=self.opts.compile, engine=self.opts.engine,
-                      regularizer=self.regularizer, workers=self.opts.workers,
-                      fused_optimizer=self.opts.fused_optimizer)
+            fit_group(members, GroupData(self.train_data, self.y, self.x_val, self.y_val),
+                      GroupOptions(on_finish=done, progress=self.cfg.progress, compile=self.opts.compile,
+                                   engine=self.opts.engine, regularizer=self.regularizer, workers=self.opts.workers,
+                                   fused_optimizer=self.opts.fused_optimizer))
 
     def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
         """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`, and the

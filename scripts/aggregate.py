@@ -889,9 +889,9 @@ NULL_NOTE = (
     "mean over its seeds × folds. bias = null MDL − label entropy (H of the class prior where the result records "
     "it, else log2 K): what the procedure charges for labels that carry no information (> 0: the cost of learning "
     "nothing; < 0: the code found label information that is not in the images, e.g. put there by an eraser fitted "
-    "on the coded samples). flag: ⚠ when |bias| > noise = 2 × the standard error over seeds of the null MDL (the "
-    "null's own, `null`, with ≥ 2 null seeds; else the cell's true-label MDL, `true`); ok within it; ? fewer than "
-    "2 seeds on both. " + NULL_HOWTO + ".\n")
+    "on the coded samples). flag: ⚠ when |bias| > noise = 2 × the larger standard error over seeds of the null "
+    "MDL (`null`) and the cell's true-label MDL (`true`), each with ≥ 2 seeds; ok within it; ? fewer than 2 seeds "
+    "on both. " + NULL_HOWTO + ".\n")
 NO_NULL = ("Null control: no permuted-label runs among these results, so the procedure's bias (null MDL − label "
            "entropy) is unknown; rerun the cells with `dataset.permute_labels=true` (same config and seeds "
            "otherwise) to measure it.\n")

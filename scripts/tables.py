@@ -132,17 +132,19 @@ def null_bias(nulls: Any) -> tuple[float, float]:
 
 
 def bias_noise(null_seed_means: Any, true_seed_means: Any) -> tuple[float, str]:
-    """(noise, what it is the SE of): NOISE_SE × the standard error over seeds of the null's MDL (per-seed means over
-    folds) when the null has ≥ 2 seeds, else of the true-label MDL of the cell when that has ≥ 2; (NaN, "") else."""
+    """(noise, whose SE it is): NOISE_SE × the larger standard error over seeds of the null's MDL and of the cell's
+    true-label MDL (per-seed means over folds), each where it has ≥ 2 seeds; (NaN, "") when neither has. A null
+    whose seeds all code at exactly the uniform code has SE 0: the true-label spread is then the noise."""
     import math
 
+    found: list[tuple[float, str]] = []
     for values, name in ((null_seed_means, "null"), (true_seed_means, "true")):
         v = [float(x) for x in values if x == x]
         if len(v) >= 2:
             mean = sum(v) / len(v)
             sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1))
-            return NOISE_SE * sd / math.sqrt(len(v)), name
-    return math.nan, ""
+            found.append((NOISE_SE * sd / math.sqrt(len(v)), name))
+    return max(found) if found else (math.nan, "")
 
 
 def bias_flag(bias: float, noise: float) -> str:

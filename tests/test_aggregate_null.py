@@ -102,15 +102,15 @@ def test_null_runs_are_the_null_of_their_cell_not_a_group_or_an_eraser(tmp_path:
                       "noise (2 SE)", "flag", "n seeds (true / null)"]
     assert rows == [
         ["mnist5k", "mlp_relu", "128", "2", "control", "all", "1.100 ± 0.100", "3.330 ± 0.010", "3.322 (log2 K)",
-         "+0.008", "0.012 (null)", "ok", "3 / 3"],
+         "+0.008", "0.115 (true)", "ok", "3 / 3"],
         ["mnist5k", "mlp_relu", "128", "2", "qleace", "all", "2.100 ± 0.100", "3.100 ± 0.020", "3.322 (log2 K)",
-         "-0.222", "0.023 (null)", "⚠", "3 / 3"]]
+         "-0.222", "0.115 (true)", "⚠", "3 / 3"]]
     md = _run(root, tmp_path)
     assert "## Null control (permuted labels, bits/sample)\n" in md and "Group" not in md
     table = list(csv.DictReader((tmp_path / "tables" / "t.csv").open()))
     q = next(r for r in table if r["eraser"] == "qleace")
     assert float(q["bias"]) == pytest.approx(3.10 - LOG2_10) and q["bias_flag"] == "⚠"
-    assert float(q["bias_noise"]) == pytest.approx(2 * 0.02 / math.sqrt(3)) and q["bias_noise_of"] == "null"
+    assert float(q["bias_noise"]) == pytest.approx(2 * 0.1 / math.sqrt(3)) and q["bias_noise_of"] == "true"
 
 
 def test_bias_flag_above_and_below_the_noise_and_where_the_noise_comes_from(tmp_path: Path) -> None:
@@ -134,10 +134,12 @@ def test_bias_flag_above_and_below_the_noise_and_where_the_noise_comes_from(tmp_
         ["qleace", "all", "2.500 ± 0.000", "–", "–", "–", "–", "", "3 / 0"]]
     md = _run(root, tmp_path)
     assert aggregate.NULL_HOWTO in md and "`dataset.permute_labels=true`" in md
-    # The rule itself: 2 SE of the null with ≥ 2 null seeds, else of the true-label MDL, else unknown ("?").
+    # The rule itself: 2 × the larger SE of the null and the true-label MDL (each with ≥ 2 seeds), else unknown
+    # ("?"): a null coding at exactly the uniform code every seed (SE 0) does not make every bias significant.
     from scripts.tables import bias_flag, bias_noise
 
-    assert bias_noise([3.0, 3.2], [1.0, 2.0]) == (pytest.approx(2 * math.sqrt(0.02) / math.sqrt(2)), "null")
+    assert bias_noise([3.0, 3.2], [1.0, 1.01]) == (pytest.approx(2 * math.sqrt(0.02) / math.sqrt(2)), "null")
+    assert bias_noise([3.3219, 3.3219], [1.0, 2.0]) == (pytest.approx(2 * math.sqrt(0.5) / math.sqrt(2)), "true")
     assert bias_noise([3.0], [1.0, 1.2]) == (pytest.approx(2 * math.sqrt(0.02) / math.sqrt(2)), "true")
     assert math.isnan(bias_noise([3.0], [1.0])[0]) and bias_flag(0.5, math.nan) == "?"
     assert (bias_flag(0.2, 0.1), bias_flag(-0.2, 0.1), bias_flag(0.05, 0.1)) == ("⚠", "⚠", "ok")

@@ -76,6 +76,19 @@ def key_hash(key: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def _lock_entry(stack: ExitStack, root: Path, lock_name: str, kind: str, entry: Path, doing: str) -> bool:
+    """Create `root` and hold the entry's lock for the `stack`'s lifetime (another job fitting it waits); False,
+    with one warning, when the cache cannot be written (the caller then works in memory)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        what = f"the {kind} cache entry {entry} (another job is fitting it)"
+        stack.enter_context(waiting_lock(root / lock_name, what))
+        return True
+    except OSError as err:
+        log.warning("%s cache not used: cannot write %s (%s); %s in memory", kind, root, why(err, root), doing)
+        return False
+
+
 def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
                  build: Callable[[], tuple[Tensor, dict[str, Any]]]) -> tuple[Tensor, dict[str, Any], bool]:
     """(erased x, report, hit). Loads `<cache_root>/erased/<hash>/` or calls `build()` once and stores it.
@@ -86,12 +99,7 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
     h = key_hash(key)
     entry = root / h
     with ExitStack() as stack:
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(waiting_lock(root / f"{h}.lock",
-                                             f"the erased-data cache entry {entry} (another job is fitting it)"))
-        except OSError as err:
-            log.warning("erased-data cache not used: cannot write %s (%s); erasing in memory", root, why(err, root))
+        if not _lock_entry(stack, root, f"{h}.lock", "erased-data", entry, "erasing"):
             x, report = build()
             return x, report, False
         loaded = _load(entry)
@@ -228,12 +236,7 @@ def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
     root = Path(cache_root) / "erasers"
     path = root / f"{key_hash(key)}.pt"
     with ExitStack() as stack:
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(waiting_lock(root / f"{path.name}.lock",
-                                             f"the fitted-eraser cache entry {path} (another job is fitting it)"))
-        except OSError as err:
-            log.warning("fitted-eraser cache not used: cannot write %s (%s); fitting in memory", root, why(err, root))
+        if not _lock_entry(stack, root, f"{path.name}.lock", "fitted-eraser", path, "fitting"):
             return build(), False
         try:
             eraser = erasure.load(path)

@@ -40,6 +40,7 @@ from training.data import load_dataset
 from training.data.cache import cached_erase
 from training.errors import DataCorruptError
 from training.mdl import job as job_mod
+from training.mdl import precheck as precheck_mod
 from training.mdl.job import read_progress, run_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,9 +151,9 @@ def test_result_of_another_config_written_meanwhile_is_not_overwritten(tmp_path:
     foreign = {"config_hash": "ffffffffffffffff", "config": {"seed": 99}, "mdl": {"bits_per_sample": 9.0}}
     erase = job_mod.erase_maybe_zscored
 
-    def erase_then_intrude(data: Any, c: Any) -> Any:  # a process that ignored the lock writes meanwhile
+    def erase_then_intrude(data: Any, c: Any, *rest: Any) -> Any:  # a process that ignored the lock writes meanwhile
         (job_dir / "result.json").write_text(json.dumps(foreign))
-        return erase(data, c)
+        return erase(data, c, *rest)
 
     monkeypatch.setattr(job_mod, "erase_maybe_zscored", erase_then_intrude)
     with pytest.raises(ConfigMismatchError, match="not overwritten") as err:
@@ -187,7 +188,7 @@ def test_library_run_job_checks_values_before_data_or_directory(tmp_path: Path, 
     def no_data(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("data loaded before the config was checked")
 
-    monkeypatch.setattr(job_mod, "load_dataset", no_data)
+    monkeypatch.setattr(precheck_mod, "load_dataset", no_data)  # the job's first load (then handed to its body)
     with pytest.raises(ConfigError, match=key) as err:
         run_job(job_config(tmp_path, [*TINY, override]))
     assert "\n" not in str(err.value) and "must be" in str(err.value)

@@ -27,6 +27,11 @@ class UnwritablePathError(UserError):
     """A path the job must write (its directory, result.json, progress.json) cannot be written."""
 
 
+class Refused(UserError):
+    """The job was refused before it made or changed anything (a device that is not there, a job that cannot fit
+    in memory, more MDL blocks than samples): nothing ran, so a single run leaves no directory behind."""
+
+
 # OSErrors that are about the user's files or disk, not a bug: reported as one line like a UserError.
 USER_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
 

@@ -33,11 +33,17 @@ from training.app.typed import (
     kind_name,
     nonneg_int,
     one_of,
+    path_part,
     positive_float,
     positive_int,
     spec,
     unit_interval,
 )
+
+
+def _device_name(v: str) -> bool:
+    kind, _, index = v.partition(":")
+    return v in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit())
 
 
 # ---- the sections -------------------------------------------------------------------------------------------
@@ -85,7 +91,7 @@ class OptionsSection(Section):
 @dataclass(frozen=True, kw_only=True)
 class DatasetConfig(OptionsSection):
     name: str = spec(kind=str, check=lambda v: v in _datasets(), allowed="a registered dataset")
-    tag: str = spec(kind=str, hash=False)  # names the job directory
+    tag: str = path_part(hash=False)  # names the job directory
     augment: bool = flag(False)
     zscore: bool = flag(False)
     limit: int | None = positive_int(None, optional=True)
@@ -116,7 +122,7 @@ class EraserConfig(Section):
 @dataclass(frozen=True, kw_only=True)
 class ArchConfig(OptionsSection):
     name: str = spec(kind=str, check=lambda v: v in _archs(), allowed="a registered architecture")
-    tag: str = spec(kind=str, hash=False)
+    tag: str = path_part(hash=False)
     width: int = positive_int()
     depth: int = positive_int()
     base_width: int | None = positive_int(None, optional=True)
@@ -195,8 +201,10 @@ class PathsConfig(Section):
 class JobConfig(Section):
     task: str = spec("mdl", kind=str, check=lambda v: v in _tasks(), allowed="a registered task")
     seed: int = nonneg_int(0)
-    device: str = spec("auto", kind=str, check=lambda v: v in ("auto", "cpu", "cuda") or v.startswith("cuda:"),
-                       allowed="auto, cpu, cuda or cuda:N", hash=False)
+    # where the job runs checks that the device is there (training/engine/devices.py), not the schema: a sweep for
+    # GPUs may be composed on a login node without one
+    device: str = spec("auto", kind=str, check=_device_name, allowed="auto, cpu, cuda or cuda:N (N a GPU index)",
+                       hash=False)
     force: bool = flag(False, hash=False)
     experiment_name: str | None = spec(None, kind=str, optional=True, hash=False)
     progress: bool = flag(True, hash=False)
@@ -292,7 +300,30 @@ def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
     data = {k: v for k, v in cfg.items() if k not in NON_CONFIG_KEYS}
     job = _build(JobConfig, data, "")
     assert isinstance(job, JobConfig)
+    _check_storage(job)
     return job
+
+
+def _check_storage(job: JobConfig) -> None:
+    """`training.storage=uint8|float16` keeps the data exactly or not at all (training/engine/batches.py): the data of
+    an eraser that maps it to arbitrary floats (LEACE, QLEACE, random, ...) or of `dataset.zscore` never fits, so such
+    a job is refused up front instead of after its erasure. (Control data and gradient erasure's quantized edits may
+    fit: the job checks the data itself.)"""
+    storage = job.training.storage
+    if storage not in ("uint8", "float16"):
+        return
+    from erasure.registry import ERASERS
+
+    meta = ERASERS.meta(job.eraser.name)
+    if job.dataset.zscore:
+        why = "with dataset.zscore=true (standardised data"
+    elif meta["kind"] == "map" and meta["family"] != "control":
+        why = f"with eraser={job.eraser.name} (its erased data"
+    else:
+        return
+    raise ConfigError(f"training.storage={storage!r} is not allowed: training.storage must be auto or float32 {why} is "
+                      f"not exactly representable as {storage}, so storing it so would change the numbers; auto "
+                      "keeps the smallest exact storage)")
 
 
 def load_section(cls: type[S], data: Mapping[str, Any], prefix: str = "") -> S:

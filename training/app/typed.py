@@ -72,6 +72,13 @@ def auto_or_positive_int(default: Any = "auto", **kw: Any) -> Any:
                 allowed="auto or an integer ≥ 1", **kw)
 
 
+def path_part(**kw: Any) -> Any:
+    """A name that becomes one directory of the job's path (`dataset.tag`, `arch.tag`): never empty, no `/`, `\\`
+    or `..` (which would put the job outside paths.out_dir/runs)."""
+    return spec(kind=str, check=lambda v: bool(v.strip()) and not any(c in v for c in ("/", "\\", "..", "\0")),
+                allowed="a non-empty name without /, \\ or .. (it names a directory)", **kw)
+
+
 def kind_name(kinds: tuple[type, ...]) -> str:
     names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a group of keys",
              list: "a list"}

@@ -38,6 +38,7 @@ from training.app.results import RESULT_FILE, flatten, mismatch_message, read_re
 from training.app.schema import config_hash, load_config, semantic
 from training.cli.report import exit_user_error, user_error_line
 from training.common.files import atomic_write_json
+from training.engine.devices import device_problem, resolve_device
 
 log = logging.getLogger("training.multirun")
 LEDGER_ENV = "ERASURE_MDL_MULTIRUN_LEDGER"
@@ -105,6 +106,8 @@ def check_sweep(config: DictConfig) -> int | None:
     configuration's result (unless force=true). Returns the number of jobs (None for another sweeper)."""
     from hydra.core.global_hydra import GlobalHydra
 
+    check_launcher(config)
+    here = jobs_run_here(config)
     combos = sweep_combos(config)
     if combos is None or not GlobalHydra.instance().is_initialized():
         return None if combos is None else len(combos)
@@ -142,6 +145,8 @@ def check_sweep(config: DictConfig) -> int | None:
                 log.warning("multirun: %s not checked (%s: %s)", where, type(err).__name__, _first_line(err))
                 continue
             exit_user_error(f"multirun refused (nothing ran): {where}: {line}", err)
+        if here and (problem := device_problem(job.device)) is not None:
+            exit_user_error(f"multirun refused (nothing ran): {where}: {problem}")
         by_dir.setdefault(job.paths.job_dir, []).append((num, combo, cfg, h, job.force))
     for job_dir, jobs in by_dir.items():
         if len({h for *_, h, _ in jobs}) > 1:
@@ -164,6 +169,26 @@ def check_sweep(config: DictConfig) -> int | None:
         exit_user_error(f"multirun refused (nothing ran): {mismatched[0]}{more}")
     log.info("multirun: checked %d job configs in %.1fs", len(combos), time.time() - t0)
     return len(combos)
+
+
+def launcher_target(config: DictConfig) -> str:
+    return str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+
+
+def jobs_run_here(config: DictConfig) -> bool:
+    """Whether the sweep's jobs run on this machine (every launcher but SLURM's, whose jobs run on its nodes): their
+    device is then checked up front, here."""
+    return "SlurmLauncher" not in launcher_target(config)
+
+
+def check_launcher(config: DictConfig) -> None:
+    """Launcher settings that would fail only once the sweep starts: refused up front (one line, exit 2)."""
+    if "JoblibLauncher" in launcher_target(config):
+        n_jobs = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None)
+        if n_jobs == 0:
+            exit_user_error("multirun refused (nothing ran): hydra.launcher.n_jobs=0 is not allowed: "
+                            "hydra.launcher.n_jobs must be an integer ≥ 1 (jobs at once) or negative (-1: one per "
+                            "CPU, -2: all CPUs but one, ...)")
 
 
 def read_ledger(ledger: Path) -> list[dict[str, Any]]:
@@ -227,7 +252,7 @@ class JobStatusCallback(Callback):
         except Exception:  # noqa: BLE001 - an interpolation error: Hydra and the job report it
             return
         try:
-            load_config(cfg)
+            resolve_device(load_config(cfg).device)  # a device that is not here: refused before the directory
             Path(str(config.hydra.run.dir)).mkdir(parents=True, exist_ok=True)
         except Exception as err:
             line = user_error_line(err)

@@ -30,6 +30,7 @@ from training.cli.report import (
     to_run_log,
     user_error_line,
 )
+from training.errors import Refused
 from training.mdl import job as _mdl_job  # every task implementation (each registers itself in TASKS):
 from training.starvation import colored_mnist, erased_eval, moons  # a new task adds its import here
 
@@ -54,7 +55,7 @@ def job(cfg: DictConfig) -> float | None:
             to_run_log(logging.ERROR, f"job failed: {type(err).__name__}: {err}", err)
             raise
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        if isinstance(err, ConfigError) and not multirun and remove_if_unused(run_dir, Path(str(
+        if isinstance(err, (ConfigError, Refused)) and not multirun and remove_if_unused(run_dir, Path(str(
                 resolved["paths"]["out_dir"]))):
             exit_user_error(line, err)  # refused before it did anything: no directory left behind
         to_run_log(logging.ERROR, f"error: {line}")

@@ -108,7 +108,9 @@ def _fixed_shuffle(data: LoadedData) -> LoadedData:
 
 
 def load_dataset(cfg: DatasetCfg, data_dir: str | Path = "data") -> LoadedData:
-    data = _fixed_shuffle(DATASETS.get(cfg.name)(cfg, Path(data_dir)))
+    data = DATASETS.get(cfg.name)(cfg, Path(data_dir))
+    _validate(data, _check_lengths)  # before the shuffle: it indexes the images by the labels' positions
+    data = _fixed_shuffle(data)
     if cfg.limit is not None:
         data.x, data.y = data.x[: cfg.limit].contiguous(), data.y[: cfg.limit].contiguous()
     _validate(data)
@@ -119,11 +121,19 @@ def load_dataset(cfg: DatasetCfg, data_dir: str | Path = "data") -> LoadedData:
     return data
 
 
-def _validate(data: LoadedData) -> None:
+def _validate(data: LoadedData, check: Callable[[LoadedData], None] | None = None) -> None:
     try:
-        _check(data)
+        (check or _check)(data)
     except ValueError as err:
         raise DataCorruptError(f"{err} (read from {data.info.get('source', '?')}): replace the files") from err
+
+
+def _check_lengths(data: LoadedData) -> None:
+    n_x = len(data.x) if data.x.ndim else 0
+    n_y = len(data.y) if data.y.ndim else 0
+    if n_x != n_y or data.y.ndim != 1:
+        raise ValueError(f"{data.name}: {n_x} images but {n_y} labels{'' if data.y.ndim == 1 else ' (not one list)'}; "
+                         "there must be one label per image")
 
 
 def _check(data: LoadedData) -> None:

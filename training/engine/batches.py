@@ -14,8 +14,13 @@ import torch
 from torch import Tensor
 
 from training.engine.augment import apply_crop_flip, default_pad, draw_crop_flip
+from training.errors import UserError
 
 STORAGES = ("auto", "float32", "float16", "uint8")
+
+
+class StorageError(UserError, ValueError):
+    """`training.storage` asks for a dtype that cannot hold the data exactly (one line)."""
 
 
 def _decode(raw: Tensor) -> Tensor:
@@ -61,7 +66,9 @@ def compact(x: Tensor, storage: str = "auto") -> Tensor:
     if storage != "auto":
         raw = _encode(x, storage)
         if raw is None:
-            raise ValueError(f"training.storage={storage} would change the data (not exactly representable)")
+            raise StorageError(f"training.storage={storage!r} is not allowed: training.storage must be auto or float32 "
+                               f"for this data (not exactly representable as {storage}, so storing it so would "
+                               "change the numbers; auto keeps the smallest exact storage)")
         return raw
     probe = x[: min(len(x), 256)]
     for kind in ("uint8", "float16"):

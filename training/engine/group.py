@@ -315,10 +315,13 @@ class _Plan:
         dev = data.device
         self.data, self.dev = data, dev
         cfg = live[0].spec.cfg
-        self.bs, self.augment, self.transform = cfg.batch_size, cfg.augment, cfg.batch_transform
-        if any(m.spec.cfg.batch_size != self.bs or m.spec.cfg.augment != self.augment
+        self.augment, self.transform = cfg.augment, cfg.batch_transform
+        if any(m.spec.cfg.batch_size != cfg.batch_size or m.spec.cfg.augment != self.augment
                or m.spec.cfg.batch_transform is not self.transform for m in live):
             raise ValueError("members of one group share the batch size, the augmentation flag and the batch transform")
+        # The buffers below are batch-size wide: a batch larger than every member's training set (optim.batch_size
+        # = 10**9) is that set, one step per epoch, so cap it there (the same batches; no 10**9-slot buffers).
+        self.bs = min(cfg.batch_size, max(m.size for m in live))
         self.pad = augment_pad(data, self.augment)
         slots = max(m.steps_per_epoch for m in live) * self.bs
         self.idx = torch.stack([torch.cat([m.idx, m.idx[:1].expand(slots - m.size)]) for m in live])

@@ -25,7 +25,7 @@ from training.app.lifecycle import JobRun, Progress, run_in_job_dir
 from training.app.schema import JobConfig, MdlConfig
 from training.app.tasks import TASKS
 from training.app.wandb_logger import RunLogger
-from training.data import LoadedData, load_dataset
+from training.data import LoadedData
 from training.data.erase import BatchEraser, Holdout, apply_eraser, apply_eraser_keeping_map
 from training.engine.batches import DeviceData
 from training.engine.fit import BatchTransform, FitConfig, FitResult, cross_entropy_sum, fit, fit_temperature
@@ -43,6 +43,8 @@ from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
 from training.errors import NonFiniteError
 from training.mdl.code import paper_code, prequential_code
+from training.mdl.precheck import forget as forget_loaded
+from training.mdl.precheck import load_data, precheck
 from training.mdl.splits import MdlSplit, make_split
 
 log = logging.getLogger(__name__)
@@ -336,7 +338,7 @@ def prepare_inputs(cfg: JobConfig) -> tuple[LoadedData, torch.Tensor, dict[str, 
 
 def _prepare(cfg: JobConfig, after_augment: bool
              ) -> tuple[LoadedData, torch.Tensor, dict[str, Any], BatchErasure | None]:
-    data = load_dataset(cfg.dataset, cfg.paths.data_dir)
+    data = load_data(cfg)  # loaded by the precheck (training/mdl/precheck.py), or now
     if cfg.dataset.permute_labels:
         perm = torch.randperm(len(data.y), generator=generator(cfg.seed, "permute_labels"))
         data = LoadedData(data.name, data.x, data.y[perm].contiguous(), data.num_classes,
@@ -424,11 +426,16 @@ def erase_after_augment(data: LoadedData, cfg: JobConfig, holdout: Holdout | Non
 
 def _check_runtime(cfg: JobConfig, device: torch.device) -> None:
     check_options(cfg.training.engine, cfg.training.workers, cfg.training.fused_optimizer, device)
+    precheck(cfg, device)  # loads the data: blocks, storage and memory checked before the directory is made
 
 
 @TASKS.register("mdl", uses=None)
 def run_job(config: Mapping[str, Any] | JobConfig) -> dict[str, Any]:
-    return run_in_job_dir(config, _mdl_body, precheck=_check_runtime, describe=_describe, finite=("mdl", "final"))
+    try:
+        return run_in_job_dir(config, _mdl_body, precheck=_check_runtime, describe=_describe,
+                              finite=("mdl", "final"))
+    finally:
+        forget_loaded()  # a job that skipped after waiting on its lock did not use the data its precheck loaded
 
 
 def _describe(result: dict[str, Any]) -> str:

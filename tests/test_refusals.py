@@ -1,0 +1,177 @@
+"""Issue 22, cases 5, 6: bad input is refused before anything runs; memory. One row per case.
+
+5. bad input: one line `error: key=value is not allowed: ...` on stderr, exit 2, no directory under
+   paths.out_dir/runs; a sweep is refused whole, up front (`nothing ran`)
+6. the batch buffers are capped at the data size; a job that cannot fit in memory is refused with the estimate
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import job_config
+from training.engine.group import GroupData, GroupOptions, Member, fit_group
+from training.mdl.job import run_job
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+       "PYTHONPATH": str(REPO)}
+ENV.pop("HYDRA_FULL_ERROR", None)
+TINY = ["dataset=digits", "mdl=quick", "mdl.max_epochs=2", "mdl.min_steps=0", "mdl.patience_min_steps=0",
+        "mdl.full_run=false", "arch.width=16", "optim.warmup_steps=5", "certificate=false"]
+
+
+def _cli(out_dir: Path, *overrides: str, multirun: bool = False, prelude: str = "", timeout: int = 300,
+         ) -> subprocess.CompletedProcess[str]:
+    """`python -m training.run`, after `prelude` (Python run first in the same process: a monkeypatch)."""
+    args = [*(["-m"] if multirun else []), f"paths.out_dir={out_dir}", "logger=none", "progress=false", *overrides]
+    if prelude:
+        run = f"from training.cli.run import main\nsys.argv = ['training.run', *{args!r}]\nmain()\n"
+        cmd = [sys.executable, "-c", f"import sys\n{prelude}\n{run}"]
+    else:
+        cmd = [sys.executable, "-m", "training.run", *args]
+    return subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def _refused(proc: subprocess.CompletedProcess[str], out_dir: Path, key: str) -> str:
+    """Exit 2, exactly one line on stderr, `error: ... key=... is not allowed: ...`, no job directory."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    assert f"{key}=" in lines[0] and "is not allowed: " in lines[0], lines[0]
+    assert not (out_dir / "runs").exists() or not any((out_dir / "runs").iterdir()), list((out_dir / "runs").rglob("*"))
+    return lines[0]
+
+
+# --- 5. bad input, refused before anything runs ------------------------------------------------------------------
+
+# (override, key named). The first six were already refused by the typed options (kept here as a guard); the rest
+# were tracebacks after the data had loaded (device, num_blocks, storage), or ran (tags escaping paths.out_dir).
+REFUSED = [
+    ("arch.activation=bogus", "arch.activation"),
+    ("arch.depth_counts=blocks", "arch.depth_counts"),
+    ("eraser=qleace eraser.options.rank_deficient=bogus", "eraser.options.rank_deficient"),
+    ("eraser=qleace eraser.options.max_iter=abc", "eraser.options.max_iter"),
+    ("regularizer=sd regularizer.lam=-1", "regularizer.lam"),
+    ("dataset=synthetic dataset.num_classes=0", "dataset.num_classes"),
+    ("device=cuda:abc", "device"),
+    ("dataset.tag=../../x", "dataset.tag"),
+    ("dataset.tag=", "dataset.tag"),
+    ("arch.tag=a/b", "arch.tag"),
+    ("arch.tag=a\\b", "arch.tag"),
+    ("training.storage=uint8 eraser=leace", "training.storage"),
+    ("training.storage=uint8", "training.storage"),  # control: digits pixels are k/16, not k/255
+    ("mdl.num_blocks=1000", "mdl.num_blocks"),  # digits: 1438 samples to code make at most 719 blocks
+]
+
+
+@pytest.mark.parametrize(("override", "key"), REFUSED, ids=[r[0] for r in REFUSED])
+def test_bad_input_is_one_line_exit_2_and_no_directory(tmp_path: Path, override: str, key: str) -> None:
+    _refused(_cli(tmp_path, *TINY, *override.split(" ")), tmp_path, key)
+
+
+def test_regularizer_lam_nan_is_refused(tmp_path: Path) -> None:
+    _refused(_cli(tmp_path, *TINY, "regularizer=sd", "regularizer.lam=nan"), tmp_path, "regularizer.lam")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_says_what_to_do(tmp_path: Path) -> None:
+    line = _refused(_cli(tmp_path, *TINY, "device=cuda"), tmp_path, "device")
+    assert "device=auto" in line and "GPU" in line
+    line = _refused(_cli(tmp_path, *TINY, "device=cuda:0", "seed=0,1", multirun=True), tmp_path, "device")
+    assert "multirun refused (nothing ran)" in line
+
+
+@pytest.mark.parametrize("override", ["arch.activation=bogus", "dataset.tag=../../x", "training.storage=uint8 "
+                                      "eraser=leace"])
+def test_a_sweep_with_a_bad_value_is_refused_whole(tmp_path: Path, override: str) -> None:
+    line = _refused(_cli(tmp_path, *TINY, *override.split(" "), "seed=0,1", multirun=True), tmp_path,
+                    override.split(" ")[0].split("=")[0])
+    assert "multirun refused (nothing ran)" in line
+
+
+def test_joblib_n_jobs_0_refuses_the_sweep(tmp_path: Path) -> None:
+    line = _refused(_cli(tmp_path, *TINY, "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0",
+                         multirun=True), tmp_path, "hydra.launcher.n_jobs")
+    assert "multirun refused (nothing ran)" in line
+
+
+def test_images_and_labels_of_different_lengths_are_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "data" / "cifarnet"
+    folder.mkdir(parents=True)
+    np.savez(folder / "train.npz", images=np.zeros((20, 8, 8, 3), np.uint8), labels=np.arange(21) % 10)
+    proc = _cli(tmp_path, *TINY, "dataset=cifarnet", f"paths.data_dir={tmp_path / 'data'}")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert "cifarnet: 20 images but 21 labels" in lines[0] and str(folder) in lines[0]
+
+
+# --- 6. memory ---------------------------------------------------------------------------------------------------
+
+def test_batch_buffers_are_capped_at_the_data_and_give_the_same_numbers() -> None:
+    from models import build_model, make_optimizer
+    from training.app.schema import group_config
+    from training.engine import group as group_mod
+    from training.engine.batches import DeviceData
+    from training.engine.fit import FitConfig
+
+    torch.manual_seed(0)
+    x, y = torch.rand(60, 1, 4, 4), torch.arange(60) % 3
+    data = DeviceData(x)
+    widths: list[int] = []
+    plan = group_mod._Plan
+
+    class Watched(plan):  # type: ignore[misc,valid-type]
+        def __init__(self, live: Any, d: Any) -> None:
+            super().__init__(live, d)
+            widths.append(int(self.idx.shape[1]))
+
+    def bits(batch_size: int) -> list[float]:
+        arch = group_config("arch", "mlp", width=8, depth=1)
+        members = []
+        for k, n in enumerate((10, 30)):
+            torch.manual_seed(k)
+            model = build_model(arch, (1, 4, 4), 3)
+            members.append(Member(model, make_optimizer(model, lr=1e-2, beta1=0.9, beta2=0.999, weight_decay=0.0,
+                                                        warmup_steps=0),
+                                  torch.arange(n), torch.Generator().manual_seed(k),
+                                  FitConfig(batch_size=batch_size, patience=3, max_epochs=4, progress=False),
+                                  val_idx=torch.arange(50, 60)))
+        return [r.best_val_loss for r in fit_group(members, GroupData(data, y), GroupOptions(engine="loop"))]
+
+    group_mod._Plan = Watched
+    try:
+        capped, exact = bits(10**6), bits(30)
+    finally:
+        group_mod._Plan = plan
+    assert widths[0] == 30, widths  # not 10**6 slots per row (10**9: an OOM kill at 23.7 GB before)
+    assert capped == exact
+
+
+def test_a_job_that_cannot_fit_in_memory_is_refused_with_the_estimate(tmp_path: Path, monkeypatch) -> None:
+    from training.errors import Refused
+    from training.mdl import precheck as precheck_mod
+
+    monkeypatch.setattr(precheck_mod, "available_memory", lambda device: 2**16)  # 64 KiB free
+    with pytest.raises(Refused) as err:
+        run_job(job_config(tmp_path, TINY))
+    line = str(err.value)
+    assert line.startswith("this job needs about ") and "(data " in line and "5 models " in line, line
+    assert "but the machine has 64 KiB available: lower optim.batch_size" in line and "\n" not in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_memory_refusal_from_the_command_line(tmp_path: Path) -> None:
+    prelude = "import training.mdl.precheck as p\np.available_memory = lambda device: 2**16"
+    proc = _cli(tmp_path, *TINY, prelude=prelude)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: this job needs about "), \
+        proc.stderr[-3000:]
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,205 @@
+"""What an MDL job checks once its data is loaded, before it takes its directory's lock or writes anything: the coded
+data can be cut into `mdl.num_blocks` blocks, `training.storage` holds it exactly, and its data and models fit in the
+memory it has. Each refusal is one line naming the key (exit 2; a single run leaves no directory behind).
+
+The data loaded here is handed to the job's body (`load_data`), so it is loaded once. A job that already finished
+with this configuration (a SKIP) loads nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.registry import ARCHS
+from training.app.results import RESULT_FILE, read_result, same_config
+from training.app.schema import ConfigError, JobConfig, config_hash
+from training.data import LoadedData, load_dataset
+from training.engine.batches import compact
+from training.engine.devices import available_memory
+from training.engine.seeding import generator
+from training.errors import Refused
+from training.mdl.splits import validation_size
+
+log = logging.getLogger(__name__)
+MEMORY_CHECK_ENV = "ERASURE_MDL_MEMORY_CHECK"  # 0: skip the memory check (its estimate is rough)
+GiB = 2**30
+# weights, gradients, the optimizer's two state tensors (schedule-free AdamW: z and the second moment) and the
+# best-so-far snapshot, float32 each
+MODEL_COPIES = 5
+PLAN_BYTES_PER_SLOT = 8 + 4 + 16 + 1  # the lockstep plan per training sample: index, weight, crop offset, flip
+
+_LOADED: dict[str, LoadedData] = {}  # the data the precheck loaded, for the job's body (one dataset at a time)
+
+
+def _key(cfg: JobConfig) -> str:
+    return json.dumps([cfg.dataset.to_dict(), str(cfg.paths.data_dir)], sort_keys=True, default=str)
+
+
+def load_data(cfg: JobConfig) -> LoadedData:
+    """The job's dataset: the one its precheck loaded (handed over once), else loaded now."""
+    data = _LOADED.pop(_key(cfg), None)
+    return data if data is not None else load_dataset(cfg.dataset, cfg.paths.data_dir)
+
+
+def forget() -> None:
+    """Drop the data a precheck loaded for a job that did not use it (it skipped after waiting on the lock)."""
+    _LOADED.clear()
+
+
+def precheck(cfg: JobConfig, device: torch.device) -> None:
+    """Refuse (one line) a job that cannot run on its data, before anything is made; see the module docstring."""
+    done = read_result(Path(cfg.paths.job_dir) / RESULT_FILE)
+    if done is not None and not cfg.force and same_config(done, config_hash(cfg)):
+        return  # finished: the lifecycle skips it
+    _LOADED.clear()
+    data = load_dataset(cfg.dataset, cfg.paths.data_dir)
+    coded = coded_indices(cfg, data)
+    n_coded = len(data.y) if coded is None else len(coded)
+    check_blocks(cfg, data.name, len(data.y), n_coded)
+    check_storage(cfg, data, coded)
+    check_memory(cfg, data, n_coded, device)
+    _LOADED[_key(cfg)] = data
+
+
+def coded_indices(cfg: JobConfig, data: LoadedData) -> torch.Tensor | None:
+    """The samples the job codes (None: all of them); mirrors `job.prepare_data` (labels permuted first, then the
+    eraser's holdout fold set aside)."""
+    if cfg.eraser.fit_on != "holdout":
+        return None
+    from erasure import split_fit
+
+    y = data.y
+    if cfg.dataset.permute_labels:
+        y = y[torch.randperm(len(y), generator=generator(cfg.seed, "permute_labels"))]
+    return split_fit(len(y), cfg.eraser.fit_fraction, cfg.eraser.fold, seed=cfg.seed, labels=y)[1]
+
+
+def check_blocks(cfg: JobConfig, name: str, n: int, n_coded: int) -> None:
+    """`mdl.num_blocks` must leave at least 2 samples a block (training/mdl/code.py `partition_logspace`)."""
+    m = cfg.mdl
+    n_val = validation_size(n_coded, m.val_size, m.val_frac)
+    rest = n_coded - n_val
+    if m.num_blocks <= rest // 2:
+        return
+    coded = "" if n_coded == n else f", {n_coded} coded (eraser.fit_on=holdout)"
+    raise ConfigError(f"mdl.num_blocks={m.num_blocks} is not allowed: {name} has {n} samples{coded}, {rest} to code "
+                      f"after {n_val} for validation: at most {rest // 2} blocks (of at least 2 samples; "
+                      f"mdl.min_block={m.min_block} shrinks to fit); lower mdl.num_blocks or use more data")
+
+
+def check_storage(cfg: JobConfig, data: LoadedData, coded: torch.Tensor | None) -> None:
+    """`training.storage=uint8|float16` with the control eraser stores the data itself: it must hold it exactly.
+    (Other erasers: the schema refuses map erasers and z-scoring up front; an edit eraser's output is checked when
+    it is stored.)"""
+    storage = cfg.training.storage
+    if storage not in ("uint8", "float16") or cfg.eraser.name != "control" or cfg.dataset.zscore:
+        return
+    try:
+        compact(data.x if coded is None else data.x[coded], storage)
+    except ValueError:
+        raise ConfigError(f"training.storage={storage!r} is not allowed: training.storage must be auto or float32 "
+                          f"for {data.name} (its images are not exactly representable as {storage}, so storing them "
+                          "so would change the numbers; auto keeps the smallest exact storage)") from None
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    data: int  # the data on the device, its validation copy
+    models: int  # the models trained at once, with gradients, optimizer state and best snapshot
+    batches: int  # their batch activations (forward and backward) and the lockstep plan
+    num_models: int
+
+    @property
+    def total(self) -> int:
+        return self.data + self.models + self.batches
+
+
+def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int) -> MemoryEstimate:
+    """A rough lower estimate of what the job holds at once on its device (see MODEL_COPIES)."""
+    numel = int(data.x[0].numel())
+    m = cfg.mdl
+    n_val = validation_size(n_coded, m.val_size, m.val_frac)
+    n_train = n_coded - n_val
+    models = m.num_blocks - 1 + int(m.full_run)
+    want = cfg.training.parallel_models
+    if want == "auto":
+        at_once = models if ARCHS.meta(cfg.arch.name)["vectorises"] else 1
+    else:
+        at_once = min(int(want), models)
+    params, acts = _model_size(cfg, data.input_shape, data.num_classes)
+    data_bytes = n_coded * numel * _storage_bytes(cfg, data) + n_val * numel * 4
+    if cfg.eraser.after_augment and cfg.eraser.name != "control":
+        data_bytes += n_coded * numel * 4  # the unerased images the training batches are drawn from (float32)
+    batch = min(cfg.optim.batch_size, n_train)
+    batch_bytes = at_once * (batch * (numel + 2 * acts) * 4 + n_train * PLAN_BYTES_PER_SLOT)
+    return MemoryEstimate(data_bytes, at_once * params * 4 * MODEL_COPIES, batch_bytes, at_once)
+
+
+def _storage_bytes(cfg: JobConfig, data: LoadedData) -> int:
+    storage = cfg.training.storage
+    if storage in ("uint8", "float16", "float32"):
+        return {"uint8": 1, "float16": 2, "float32": 4}[storage]
+    if cfg.eraser.name != "control" or cfg.dataset.zscore:
+        return 4  # erased (or standardised) data is stored as float32 (an edit eraser's may be smaller: rough)
+    return compact(data.x[:256]).element_size()  # what `auto` picks, judged on a probe
+
+
+def _model_size(cfg: JobConfig, input_shape: tuple[int, int, int], num_classes: int) -> tuple[int, int]:
+    """(parameters, activation floats per sample) of one model, from a shape-only build (no memory, no RNG)."""
+    from models import make_spec
+    from models.mup_utils import on_meta
+
+    model = on_meta(make_spec(cfg.arch, input_shape, num_classes).build)
+    params = sum(p.numel() for p in model.parameters())
+    acts = 0
+
+    def count(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        nonlocal acts
+        if isinstance(output, torch.Tensor):
+            acts += output.numel()
+
+    hooks = [mod.register_forward_hook(count) for mod in model.modules() if not list(mod.children())]
+    for mod in model.modules():
+        if hasattr(mod, "width_mult"):  # a μP readout without base shapes (shape-only model): its scale is moot
+            mod.width_mult = lambda: 1.0  # type: ignore[method-assign]
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, *input_shape, device="meta"))
+    except Exception as err:  # noqa: BLE001 - a model that cannot run on meta tensors: count its parameters only
+        log.debug("activation estimate skipped (%s: %s)", type(err).__name__, err)
+        acts = 0
+    finally:
+        for h in hooks:
+            h.remove()
+    return params, acts
+
+
+def _size(n: float) -> str:
+    if n >= 0.1 * GiB:
+        return f"{n / GiB:.1f} GiB"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def check_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torch.device) -> None:
+    """Refuse a job whose data and models cannot fit in the memory its device has free (`available_memory`);
+    `ERASURE_MDL_MEMORY_CHECK=0` skips the check."""
+    if os.environ.get(MEMORY_CHECK_ENV, "1") == "0":
+        return
+    free = available_memory(device)
+    if free is None:
+        return
+    est = estimate_memory(cfg, data, n_coded)
+    if est.total <= free:
+        return
+    where = "the machine has" if device.type == "cpu" else f"{device} has"
+    raise Refused(f"this job needs about {_size(est.total)} (data {_size(est.data)}, {est.num_models} models "
+                  f"{_size(est.models)}, batches {_size(est.batches)}) but {where} {_size(free)} available: lower "
+                  "optim.batch_size or training.parallel_models, use dataset.limit, or run it where more memory is "
+                  f"free ({MEMORY_CHECK_ENV}=0 skips this rough check)")

@@ -1,12 +1,16 @@
-"""Issue 22, cases 5, 6: bad input is refused before anything runs; memory. One row per case.
+"""Issue 22, cases 5, 6, 9: bad input is refused before anything runs, memory, a full disk. One row per case.
 
 5. bad input: one line `error: key=value is not allowed: ...` on stderr, exit 2, no directory under
    paths.out_dir/runs; a sweep is refused whole, up front (`nothing ran`)
 6. the batch buffers are capped at the data size; a job that cannot fit in memory is refused with the estimate
+9. a full disk while writing progress.json / result.json: one line; the ledger entry and the summary survive (and
+   when the ledger cannot be written either, it says so in one line and the summary still counts the job)
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +22,9 @@ import pytest
 import torch
 
 from tests.helpers import job_config
+from training.common import files as files_mod
 from training.engine.group import GroupData, GroupOptions, Member, fit_group
+from training.errors import user_error_line
 from training.mdl.job import run_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -175,3 +181,68 @@ def test_memory_refusal_from_the_command_line(tmp_path: Path) -> None:
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: this job needs about "), \
         proc.stderr[-3000:]
     assert not (tmp_path / "runs").exists()
+
+
+# --- 9. a full disk ----------------------------------------------------------------------------------------------
+
+FULL_DISK = """
+import errno, os
+_fsync = os.fsync  # the files named in FULL (by their first characters) cannot be written: a full disk
+FULL = {full!r}
+def fsync(fd):
+    name = os.path.basename(os.readlink(f"/proc/self/fd/{{fd}}"))
+    if any(name.startswith("." + f) for f in FULL):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as f.write/fsync raise it: no file name
+    _fsync(fd)
+"""
+INSTALL = "os.fsync = fsync\n"  # in the CLI's process (a test's own process: monkeypatch.setattr)
+
+
+def test_full_disk_writing_result_json_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    space: dict[str, Any] = {}
+    exec(FULL_DISK.format(full=["result.json"]), space)  # the CLI tests' patch, undone after this test
+    monkeypatch.setattr(os, "fsync", space["fsync"])
+    cfg = job_config(tmp_path, TINY)
+    with pytest.raises(OSError) as err:
+        run_job(cfg)
+    job_dir = Path(cfg["paths"]["job_dir"])
+    assert user_error_line(err.value) == (f"no space left on device writing {job_dir / 'result.json'}: free space "
+                                          "or point paths.out_dir elsewhere")
+    assert not list(job_dir.glob(".result.json.*"))  # no temp file left
+
+
+def test_full_disk_in_a_sweep_keeps_the_ledger_and_the_summary(tmp_path: Path) -> None:
+    proc = _cli(tmp_path, *TINY, "seed=0,1", multirun=True,
+                prelude=FULL_DISK.format(full=["progress.json", "result.json", "job-00001.json"]) + INSTALL)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in text, text[-3000:]
+    (ledger,) = (tmp_path / "runs" / ".multirun").iterdir()
+    summary = json.loads((ledger / "summary.json").read_text())
+    assert (summary["total"], summary["failed"]) == (2, 2)
+    for job in summary["jobs"]:  # job 1's entry could not be written: it is in the summary from memory
+        assert job["error"].startswith("no space left on device writing ") and "free space" in job["error"]
+        assert job["error"].split(" writing ")[1].split(":")[0].endswith(("progress.json", "result.json"))
+    assert (ledger / "job-00000.json").exists() and not (ledger / "job-00001.json").exists()
+    ledger_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("multirun ledger: ")]
+    assert len(ledger_lines) == 1 and "job-00001.json" in ledger_lines[0] and "counted in memory" in ledger_lines[0]
+    assert "multirun: 2/2 jobs ran: 0 done, 0 skipped, 2 failed" in text
+
+
+def test_full_disk_for_the_summary_still_prints_it(tmp_path: Path) -> None:
+    proc = _cli(tmp_path, *TINY, "seed=0,1", multirun=True,
+                prelude=FULL_DISK.format(full=["result.json", "job-", "summary.json"]) + INSTALL)
+    text = proc.stdout + proc.stderr
+    assert "Traceback" not in text, text[-3000:]
+    assert "multirun: 2/2 jobs ran: 0 done, 0 skipped, 2 failed" in text
+    assert sum(ln.startswith("multirun ledger: ") for ln in proc.stderr.splitlines()) == 3  # 2 entries + summary
+
+
+def test_full_disk_line_names_the_file_for_every_writer(tmp_path: Path, monkeypatch) -> None:
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files_mod.os, "fsync", no_space)
+    with pytest.raises(OSError) as err:
+        files_mod.atomic_write_json(tmp_path / "x" / "progress.json", {"a": 1})
+    assert err.value.filename == str(tmp_path / "x" / "progress.json")
+    assert list((tmp_path / "x").iterdir()) == []

@@ -41,8 +41,9 @@ def os_error_line(err: OSError) -> str | None:
     if err.errno not in USER_ERRNOS or not err.filename:
         return None
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        what, fix = "cannot write", "free some space"
-    elif err.errno == errno.EROFS:
+        quota = "disk quota exceeded" if err.errno == errno.EDQUOT else "no space left on device"
+        return f"{quota} writing {err.filename}: free space or point paths.out_dir elsewhere"
+    if err.errno == errno.EROFS:
         what, fix = "cannot write", "use a writable file system"
     else:
         what, fix = "no permission for", "fix its permissions"

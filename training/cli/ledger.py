@@ -233,12 +233,19 @@ def _job_dir(config: DictConfig) -> Path:
     return Path(str(job_dir if job_dir else config.hydra.runtime.output_dir))
 
 
+def _say_unwritable(path: Path, err: OSError, kept: str) -> None:
+    """One line on stderr: the ledger could not write `path` (a full disk, ...); what is kept instead."""
+    why = user_error_line(err) or f"cannot write {path}: {err.strerror or err}"
+    print(f"multirun ledger: {why}; {kept}", file=sys.stderr, flush=True)
+
+
 class JobStatusCallback(Callback):
     def __init__(self) -> None:
         self._stamps: dict[str, tuple[int | None, float]] = {}
         self._ledger: Path | None = None
         self._total: int | None = None
         self._reported = False
+        self._unwritten: dict[int, dict[str, Any]] = {}  # ledger entries a full disk kept off it
 
     # --- the launching process -------------------------------------------------------------------------
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -285,10 +292,8 @@ class JobStatusCallback(Callback):
             raise RuntimeError(f"{failed} job(s) failed (see {self._ledger})")
 
     def _finish(self) -> list[dict[str, Any]]:
-        assert self._ledger is not None
-        entries = read_ledger(self._ledger)
-        atomic_write_json(self._ledger / "summary.json", {"total": self._total, **tally(entries),
-                                                          "jobs": entries})
+        entries = self._entries_now()
+        self._write_summary(entries)
         if not self._reported:
             self._reported = True
             log.info("%s", summary_line(entries, self._total))
@@ -298,11 +303,27 @@ class JobStatusCallback(Callback):
         """The sweep raised (a failed job) or was interrupted: still say what happened."""
         if self._reported or self._ledger is None:
             return
-        entries = read_ledger(self._ledger)
-        atomic_write_json(self._ledger / "summary.json", {"total": self._total, **tally(entries),
-                                                          "jobs": entries})
+        entries = self._entries_now()
+        self._write_summary(entries)
         self._reported = True
         print(summary_line(entries, self._total), file=sys.stderr, flush=True)
+
+    def _entries_now(self, ledger: Path | None = None) -> list[dict[str, Any]]:
+        """The ledger's entries (every process's), with those this process could not write (a full disk)."""
+        ledger = ledger or self._ledger
+        assert ledger is not None
+        by_num = {e.get("num"): e for e in read_ledger(ledger)}
+        for num, e in self._unwritten.items():
+            by_num.setdefault(num, e)
+        return sorted(by_num.values(), key=lambda e: e.get("num", 0))
+
+    def _write_summary(self, entries: list[dict[str, Any]]) -> None:
+        assert self._ledger is not None
+        path = self._ledger / "summary.json"
+        try:
+            atomic_write_json(path, {"total": self._total, **tally(entries), "jobs": entries})
+        except OSError as err:  # the summary line still says what happened
+            _say_unwritable(path, err, "the summary line is all there is of it")
 
     # --- wherever a job runs ---------------------------------------------------------------------------
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -333,9 +354,14 @@ class JobStatusCallback(Callback):
             if reused and after != before:
                 entry["reason"] = "done by another run"
         results.REUSED.discard(str(job_dir))
-        atomic_write_json(Path(ledger) / f"job-{entry['num']:05d}.json", entry)
+        path = Path(ledger) / f"job-{entry['num']:05d}.json"
+        try:
+            atomic_write_json(path, entry)
+        except OSError as err:  # a full disk must not cost the sweep its count: kept here for the summary
+            self._unwritten[entry["num"]] = entry
+            _say_unwritable(path, err, f"job {entry['num']} ({entry['status']}) is counted in memory")
         total = os.environ.get(TOTAL_ENV) or "?"
-        t = tally(read_ledger(Path(ledger)))
+        t = tally(self._entries_now(Path(ledger)))
         detail = f": {entry['error']}" if entry["status"] == "failed" else ""
         detail += f" ({entry['reason']})" if "reason" in entry else ""
         log.info("[%d/%s] %s %s%s | done %d, skipped %d, failed %d", sum(t.values()), total, entry["status"],

@@ -7,6 +7,7 @@ with `umask 002` on a group-shared output directory, colleagues can read each ot
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -19,19 +20,26 @@ log = logging.getLogger(__name__)
 
 
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """`write(tmp_path)` fills a temp file next to `path`, which then replaces `path` in one rename."""
+    """`write(tmp_path)` fills a temp file next to `path`, which then replaces `path` in one rename. A full disk
+    (ENOSPC, EDQUOT) is raised as an OSError naming `path`, so that it reports as one line."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
-        os.fchmod(fd, default_mode())  # mkstemp creates 0o600 whatever the umask
-    finally:
-        os.close(fd)
-    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            os.fchmod(fd, default_mode())  # mkstemp creates 0o600 whatever the umask
+        finally:
+            os.close(fd)
         write(tmp)
         os.replace(tmp, path)
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT) and err.filename != str(path):
+            # f.write/fsync name no file, mkstemp the temp file: the user needs the file this was for
+            raise OSError(err.errno, os.strerror(err.errno), str(path)) from err
+        raise
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 

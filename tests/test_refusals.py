@@ -1,8 +1,11 @@
-"""Issue 22, cases 5, 6, 9: bad input is refused before anything runs, memory, a full disk. One row per case.
+"""Issue 22, cases 5, 6, 8, 9: bad input is refused before anything runs, memory, signals to a sweep's launching
+process, a full disk. One row per case.
 
 5. bad input: one line `error: key=value is not allowed: ...` on stderr, exit 2, no directory under
    paths.out_dir/runs; a sweep is refused whole, up front (`nothing ran`)
 6. the batch buffers are capped at the data size; a job that cannot fit in memory is refused with the estimate
+8. SIGTERM/SIGINT to the launching process of a joblib (`parallel`) sweep stops its workers within seconds and
+   frees their locks; a rerun resumes
 9. a full disk while writing progress.json / result.json: one line; the ledger entry and the summary survive (and
    when the ledger cannot be written either, it says so in one line and the summary still counts the job)
 """
@@ -12,8 +15,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,8 @@ import pytest
 import torch
 
 from tests.helpers import job_config
+from training.app.lifecycle import PROGRESS_FILE
+from training.app.results import LOCK_FILE
 from training.common import files as files_mod
 from training.engine.group import GroupData, GroupOptions, Member, fit_group
 from training.errors import user_error_line
@@ -246,3 +253,95 @@ def test_full_disk_line_names_the_file_for_every_writer(tmp_path: Path, monkeypa
         files_mod.atomic_write_json(tmp_path / "x" / "progress.json", {"a": 1})
     assert err.value.filename == str(tmp_path / "x" / "progress.json")
     assert list((tmp_path / "x").iterdir()) == []
+
+
+# --- 8. signals to a sweep's launching process -------------------------------------------------------------------
+
+SLOW = [*TINY, "mdl.max_epochs=300", "mdl.patience=300", "training.workers=1"]
+
+
+def _lock_is_free(lock: Path) -> bool:
+    import fcntl
+
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
+def _descendants(root: int) -> list[int]:
+    parents = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                parents[int(name)] = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], [root]
+    while todo:
+        parent = todo.pop()
+        kids = [p for p, pp in parents.items() if pp == parent]
+        out += kids
+        todo += kids
+    return [p for p in out if not _pid_gone(p)]
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize(("launcher", "sig"), [
+    ("parallel", signal.SIGTERM),
+    pytest.param("parallel", signal.SIGINT, marks=pytest.mark.slow),  # ~35 s each on 2 shared cores
+    pytest.param("submitit_local", signal.SIGTERM, marks=pytest.mark.slow),
+], ids=["parallel-SIGTERM", "parallel-SIGINT", "submitit_local-SIGTERM"])
+def test_signal_to_a_sweep_with_workers_stops_them_and_a_rerun_resumes(tmp_path: Path, launcher: str,
+                                                                        sig: int) -> None:
+    args = [sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none", "progress=false",
+            *SLOW, "seed=0,1", f"hydra/launcher={launcher}"]
+    log = tmp_path / "first.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list((tmp_path / "runs").rglob(PROGRESS_FILE)):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "timed out waiting for a finished block"
+            time.sleep(0.1)
+        workers = _descendants(proc.pid)
+        locks = list((tmp_path / "runs").rglob(LOCK_FILE))
+        assert workers and len(locks) == 2
+        proc.send_signal(sig)
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=60)
+        stopped_s = time.monotonic() - t0
+        gone = time.monotonic() + 10
+        while not all(_pid_gone(p) for p in workers) and time.monotonic() < gone:
+            time.sleep(0.1)
+        alive = [p for p in workers if not _pid_gone(p)]
+    finally:  # nothing of this test outlives it (its session: the sweep and its workers)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    text = log.read_text()
+    assert rc == 128 + sig, text[-3000:]
+    assert stopped_s < 15, f"took {stopped_s:.1f}s to stop"
+    assert not alive, f"workers still running: {alive}"
+    assert all(_lock_is_free(lock) for lock in locks)
+    assert f"{signal.Signals(sig).name}: stopping this sweep and its" in text
+    assert "multirun: " in text and "jobs ran" in text
+    rerun = subprocess.run(args, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    again = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, again[-3000:]
+    logs = again + "".join(p.read_text() for p in (tmp_path / "runs").rglob("*.log"))  # submitit: the jobs' logs
+    assert "resuming after block model" in logs
+    assert len(list((tmp_path / "runs").rglob("result.json"))) == 2

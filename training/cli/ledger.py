@@ -26,6 +26,7 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from training.app import results
 from training.app.results import RESULT_FILE, flatten, mismatch_message, read_result, same_config
 from training.app.schema import config_hash, load_config, semantic
+from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
 from training.cli.report import exit_user_error, user_error_line
 from training.common.files import atomic_write_json
 from training.engine.devices import device_problem, resolve_device
@@ -246,6 +248,7 @@ class JobStatusCallback(Callback):
         self._total: int | None = None
         self._reported = False
         self._unwritten: dict[int, dict[str, Any]] = {}  # ledger entries a full disk kept off it
+        self._restore_signals: Callable[[], None] = lambda: None
 
     # --- the launching process -------------------------------------------------------------------------
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -284,8 +287,11 @@ class JobStatusCallback(Callback):
         log.info("multirun: %s jobs, job status in %s", self._total if self._total is not None else "?",
                  self._ledger)
         atexit.register(self._report_at_exit)
+        if runs_jobs_in_workers(launcher_target(config)):  # SIGTERM/SIGINT here must stop them (preemption.py)
+            self._restore_signals = stop_workers_on_signal()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._restore_signals()
         entries = self._finish()
         failed = tally(entries)["failed"]
         if failed:  # the basic sweeper raises before this point; other sweepers must not exit 0 either

@@ -10,6 +10,12 @@ Who sends what, and what the job does:
   re-dumps the job, requeues it itself (`scontrol requeue`, at most `max_num_timeout` times) and exits; the
   SIGTERM of that requeue then finds the job already stopping.
 * A local run or multirun: SIGTERM (kill, a supervisor) likewise stops it; rerunning the command resumes.
+* The launching process of a sweep whose jobs run in worker processes (`hydra/launcher=parallel|joblib`: loky
+  workers; `submitit_local`: one subprocess per job): SIGTERM or SIGINT to it alone (a supervisor, `kill <pid>`)
+  would leave its workers running, holding their jobs' locks. `stop_workers_on_signal` makes it stop them first:
+  SIGTERM to every process below it (a worker inside a job stops as above), SIGKILL a few seconds later to what is
+  left (an idle loky worker survives a job's `Preempted`; finished blocks are in progress.json either way), then it
+  exits 143 (SIGTERM) or 130 (SIGINT), printing the multirun's summary. The kernel releases the workers' locks.
 
 How it stops: the SIGTERM handler raises `Preempted` (a `SystemExit` with status 143 = 128 + SIGTERM) in the
 main thread, wherever it is. CPU worker threads stop at their next step (training/engine/group.py stops its
@@ -26,6 +32,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -40,10 +47,11 @@ _stopping = threading.Event()
 
 
 class Preempted(SystemExit):
-    """The job was told to stop (SIGTERM); what it finished is saved."""
+    """The job (or sweep) was told to stop (SIGTERM, or SIGINT to a sweep's launching process); what it finished
+    is saved. Exit status 128 + the signal: 143 for SIGTERM, 130 for SIGINT."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(EXIT_STATUS)
+        super().__init__(128 + int(signum))
         self.signum = signum
 
 
@@ -96,3 +104,130 @@ def stop_on_sigterm() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+WORKER_LAUNCHERS = ("JoblibLauncher", "submitit_launcher.LocalLauncher")  # run jobs in processes below this one
+TERM_GRACE_S = 3.0  # between SIGTERM and SIGKILL to the workers
+KILL_WAIT_S = 5.0
+
+
+def runs_jobs_in_workers(launcher_target: str) -> bool:
+    return any(name in launcher_target for name in WORKER_LAUNCHERS)
+
+
+def stop_workers_on_signal() -> Callable[[], None]:
+    """In a sweep's launching process: SIGTERM or SIGINT stops every process below it, then raises `Preempted`
+    (module docstring). Returns the function that puts the previous handlers back; a no-op outside the main
+    thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    signums = (signal.SIGTERM, signal.SIGINT)
+    previous: dict[int, Handler] = {s: signal.getsignal(s) for s in signums}
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if _stopping.is_set():
+            return  # already stopping the workers (a second Ctrl-C, the supervisor's repeat)
+        _stopping.set()
+        pids = workers(os.getpid())
+        log.warning("%s: stopping this sweep and its %d worker processes; finished MDL blocks are in progress.json: "
+                    "rerun the command to resume", signal.Signals(signum).name, len(pids))
+        stop_processes(pids)
+        raise Preempted(signum)
+
+    _stopping.clear()
+    for s in signums:
+        signal.signal(s, on_signal)
+
+    def restore() -> None:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+    return restore
+
+
+def stop_processes(pids: list[int], grace: float = TERM_GRACE_S, wait: float = KILL_WAIT_S) -> list[int]:
+    """SIGTERM to `pids`, SIGKILL after `grace` seconds to those left and to whatever runs below this process by
+    then (a worker started meanwhile); returns the pids still alive after `wait` more seconds (none, normally)."""
+    _send(pids, signal.SIGTERM)
+    left = _wait_gone(pids, grace)
+    deadline = time.monotonic() + wait
+    while True:
+        left = sorted(set(_alive(left)) | set(workers(os.getpid())))
+        if not left or time.monotonic() > deadline:
+            return left
+        _send(left, signal.SIGKILL)
+        left = _wait_gone(left, 0.5)
+
+
+def _send(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """The pids that still run (a zombie, waiting for its parent to reap it, no longer does)."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            try:
+                os.kill(pid, 0)  # no /proc (not Linux): the pid exists
+            except (ProcessLookupError, PermissionError):
+                continue
+            state = "R"
+        if state not in ("Z", "X"):
+            out.append(pid)
+    return out
+
+
+def _wait_gone(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    left = _alive(pids)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = _alive(left)
+    return left
+
+
+def workers(root: int) -> list[int]:
+    """The processes below `root` that run jobs: all but loky's resource tracker, which cleans up after the workers
+    and exits with `root` (stopped first, it reports the workers' shared memory as unknown, in tracebacks)."""
+    out = []
+    for pid in descendants(root):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"resource_tracker" in f.read():
+                    continue
+        except OSError:
+            pass
+        out.append(pid)
+    return out
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below `root` (children, their children, ...), from /proc; [] where there is none."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            children.setdefault(int(fields[1]), []).append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return _alive(out)

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from erasure import split_fit
 from erasure.registry import ERASERS
 from models.registry import ARCHS
 from training.app.lifecycle import JobRun, Progress, run_in_job_dir
@@ -44,7 +43,7 @@ from training.engine.seeding import generator, seeded_global_rng
 from training.errors import NonFiniteError
 from training.mdl.code import paper_code, prequential_code
 from training.mdl.precheck import forget as forget_loaded
-from training.mdl.precheck import load_data, precheck
+from training.mdl.precheck import holdout_of, load_data, precheck, with_permuted_labels
 from training.mdl.splits import MdlSplit, make_split
 
 log = logging.getLogger(__name__)
@@ -338,16 +337,8 @@ def prepare_inputs(cfg: JobConfig) -> tuple[LoadedData, torch.Tensor, dict[str, 
 
 def _prepare(cfg: JobConfig, after_augment: bool
              ) -> tuple[LoadedData, torch.Tensor, dict[str, Any], BatchErasure | None]:
-    data = load_data(cfg)  # loaded by the precheck (training/mdl/precheck.py), or now
-    if cfg.dataset.permute_labels:
-        perm = torch.randperm(len(data.y), generator=generator(cfg.seed, "permute_labels"))
-        data = LoadedData(data.name, data.x, data.y[perm].contiguous(), data.num_classes,
-                          {**data.info, "permuted_labels": True})
-    holdout = None
-    if cfg.eraser.fit_on == "holdout":
-        fit_idx, coded_idx = split_fit(len(data.y), cfg.eraser.fit_fraction, cfg.eraser.fold, seed=cfg.seed,
-                                       labels=data.y)
-        holdout = Holdout(fit_idx, coded_idx, cfg.eraser.fold, cfg.eraser.folds)
+    data = with_permuted_labels(cfg, load_data(cfg))  # loaded by the precheck (training/mdl/precheck.py), or now
+    holdout = holdout_of(cfg, data)
     coded = data if holdout is None else data.subset(holdout.coded_idx)
     if after_augment:
         x, info, batches = erase_after_augment(data, cfg, holdout)

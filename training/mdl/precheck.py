@@ -21,6 +21,7 @@ from models.registry import ARCHS
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import ConfigError, JobConfig, config_hash
 from training.data import LoadedData, load_dataset
+from training.data.erase import Holdout
 from training.engine.batches import compact
 from training.engine.devices import available_memory
 from training.engine.seeding import generator
@@ -68,17 +69,30 @@ def precheck(cfg: JobConfig, device: torch.device) -> None:
     _LOADED[_key(cfg)] = data
 
 
-def coded_indices(cfg: JobConfig, data: LoadedData) -> torch.Tensor | None:
-    """The samples the job codes (None: all of them); mirrors `job.prepare_data` (labels permuted first, then the
-    eraser's holdout fold set aside)."""
+def with_permuted_labels(cfg: JobConfig, data: LoadedData) -> LoadedData:
+    """`dataset.permute_labels`: the labels shuffled once, seeded by the job seed, before anything else sees them."""
+    if not cfg.dataset.permute_labels:
+        return data
+    perm = torch.randperm(len(data.y), generator=generator(cfg.seed, "permute_labels"))
+    return LoadedData(data.name, data.x, data.y[perm].contiguous(), data.num_classes,
+                      {**data.info, "permuted_labels": True})
+
+
+def holdout_of(cfg: JobConfig, data: LoadedData) -> Holdout | None:
+    """`eraser.fit_on=holdout`: the fold the eraser is fitted on and the rest, which is coded (None: fit_on=all)."""
     if cfg.eraser.fit_on != "holdout":
         return None
     from erasure import split_fit
 
-    y = data.y
-    if cfg.dataset.permute_labels:
-        y = y[torch.randperm(len(y), generator=generator(cfg.seed, "permute_labels"))]
-    return split_fit(len(y), cfg.eraser.fit_fraction, cfg.eraser.fold, seed=cfg.seed, labels=y)[1]
+    fit_idx, coded_idx = split_fit(len(data.y), cfg.eraser.fit_fraction, cfg.eraser.fold, seed=cfg.seed,
+                                   labels=data.y)
+    return Holdout(fit_idx, coded_idx, cfg.eraser.fold, cfg.eraser.folds)
+
+
+def coded_indices(cfg: JobConfig, data: LoadedData) -> torch.Tensor | None:
+    """The samples the job codes (None: all of them), as `job.prepare_data` picks them."""
+    holdout = holdout_of(cfg, with_permuted_labels(cfg, data))
+    return None if holdout is None else holdout.coded_idx
 
 
 def check_blocks(cfg: JobConfig, name: str, n: int, n_coded: int) -> None:

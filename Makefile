@@ -33,10 +33,11 @@ test-all: setup  ## run every test including slow ones (gpu/slurm skip themselve
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 demo: setup  ## every eraser on MNIST-5k, MLP, 3 seeds + a permuted-label null, quick MDL; prints the table (offline)
-	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none
 	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none \
-	  dataset.permute_labels=true seed=0
-	$(PY) scripts/aggregate.py --experiment demo --name demo
+	  hydra/launcher=parallel hydra.launcher.n_jobs=2
+	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none \
+	  hydra/launcher=parallel hydra.launcher.n_jobs=2 dataset.permute_labels=true seed=0
+	$(PY) scripts/aggregate.py outputs/runs/mnist5k --name demo
 
 reproduce: setup  ## run a preset, then aggregate it (also after failed jobs): make reproduce EXP=<name> [ARGS="k=v ..."]
 	$(PY) -m training.run -m experiment=$(EXP) $(ARGS); rc=$$?; \

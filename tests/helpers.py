@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+# The environment of a job run as a subprocess (`python -m training.run ...`), and a tiny MDL job's overrides.
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+       "PYTHONPATH": str(REPO)}
+ENV.pop("HYDRA_FULL_ERROR", None)
+TINY = ["dataset=digits", "mdl=quick", "mdl.max_epochs=2", "mdl.min_steps=0", "mdl.patience_min_steps=0",
+        "mdl.full_run=false", "arch.width=16", "optim.warmup_steps=5", "certificate=false"]
+
 
 
 def job_config(out_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:

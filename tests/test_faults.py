@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import job_config
+from tests.helpers import ENV, REPO, TINY, job_config
 from training.app.lifecycle import PROGRESS_FILE, Progress
 from training.app.results import LOCK_FILE, ConfigMismatchError, JobDir
 from training.app.schema import ConfigError, config_hash, group_config
@@ -42,13 +42,6 @@ from training.errors import DataCorruptError
 from training.mdl import job as job_mod
 from training.mdl import precheck as precheck_mod
 from training.mdl.job import read_progress, run_job
-
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-       "PYTHONPATH": str(REPO)}
-ENV.pop("HYDRA_FULL_ERROR", None)
-TINY = ["dataset=digits", "mdl=quick", "mdl.max_epochs=2", "mdl.min_steps=0", "mdl.patience_min_steps=0",
-        "mdl.full_run=false", "arch.width=16", "optim.warmup_steps=5", "certificate=false"]
 
 
 def _cli(out_dir: Path, *overrides: str, multirun: bool = False, env: dict[str, str] | None = None,

@@ -17,7 +17,6 @@ import gzip
 import json
 import logging
 import math
-import os
 import re
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import job_config
+from tests.helpers import ENV, REPO, TINY, job_config
 from training.app.lifecycle import PROGRESS_FILE, Progress, run_in_job_dir
 from training.app.schema import ConfigError, config_hash, group_config, load_config
 from training.data import load_dataset
@@ -43,12 +42,6 @@ from training.engine.group import GroupData, GroupOptions, Member, fit_group
 from training.errors import UserError  # NonFiniteError's base (tests fail, not error, on code without it)
 from training.mdl.job import run_job
 
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-       "PYTHONPATH": str(REPO)}
-ENV.pop("HYDRA_FULL_ERROR", None)
-TINY = ["dataset=digits", "mdl=quick", "mdl.max_epochs=2", "mdl.min_steps=0", "mdl.patience_min_steps=0",
-        "mdl.full_run=false", "arch.width=16", "optim.warmup_steps=5", "certificate=false"]
 PROVENANCE_KEYS = {"code", "python", "torch", "numpy", "device_name", "host", "started", "ended"}
 ONE_LINE = re.compile(r"non-finite (training|validation) loss in block model \d+ (by|at) step \d+ \(epoch \d+\): "
                       r"lr too high or bad data; nothing was written as a result")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,3 +30,12 @@ def job_config(out_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     return resolved
+
+
+def fixture_job_dir(root: Path, cfg: dict[str, Any]) -> Path:
+    """Where a hand-written result.json fixture goes, like paths.job_subdir:
+    <dataset>/<eraser>/<arch>-w<w>-d<d>/c<cell hash>/seed<seed>."""
+    cell = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k != "seed"}, sort_keys=True).encode())
+    a = cfg["arch"]
+    return (root / cfg["dataset"]["tag"] / cfg["eraser"]["name"] / f"{a['tag']}-w{a['width']}-d{a['depth']}"
+            / f"c{cell.hexdigest()[:8]}" / f"seed{cfg['seed']}")

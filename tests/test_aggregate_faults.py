@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import hashlib
 import json
 import math
 import re
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 
 from scripts import aggregate
+from tests.helpers import fixture_job_dir
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 
@@ -41,14 +41,6 @@ def _cfg(eraser_name: str = "control", seed: int = 0, lr: float | None = 0.001, 
     return cfg
 
 
-def _job_dir(root: Path, cfg: dict[str, Any]) -> Path:
-    """paths.job_subdir: <dataset>/<eraser>/<arch>-w<w>-d<d>/c<cell hash>/seed<seed>."""
-    cell = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k != "seed"}, sort_keys=True).encode())
-    a = cfg["arch"]
-    return (root / cfg["dataset"]["tag"] / cfg["eraser"]["name"] / f"{a['tag']}-w{a['width']}-d{a['depth']}"
-            / f"c{cell.hexdigest()[:8]}" / f"seed{cfg['seed']}")
-
-
 def _write(root: Path, cfg: dict[str, Any], bits: float, commit: str | None = None, **top: Any) -> Path:
     result: dict[str, Any] = {
         "config_hash": "fixture", "hash_version": 2, "config": cfg,
@@ -58,7 +50,7 @@ def _write(root: Path, cfg: dict[str, Any], bits: float, commit: str | None = No
         result["provenance"] = {"code": {"commit": commit, "dirty": False, "version": "0.1.0"}, "python": "3.11",
                                 "torch": "2.3", "numpy": "1.26", "device_name": "cpu", "host": "h",
                                 "started": "2026-01-01T00:00:00", "ended": "2026-01-01T00:01:00"}
-    job_dir = _job_dir(root, cfg)
+    job_dir = fixture_job_dir(root, cfg)
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "result.json").write_text(json.dumps(result))
     return job_dir
@@ -227,7 +219,7 @@ def test_10_a_malformed_result_file_is_a_warning_naming_it(tmp_path: Path, capsy
     root = tmp_path / "runs"
     for seed in range(2):
         _write(root, _cfg("control", seed), 1.0 + seed)
-    bad = _job_dir(root, _cfg("leace", 0)) / "result.json"
+    bad = fixture_job_dir(root, _cfg("leace", 0)) / "result.json"
     bad.parent.mkdir(parents=True)
     bad.write_text(content)
     rc, md = _run(root, tmp_path)
@@ -269,7 +261,7 @@ def test_10_a_pipe_in_a_value_does_not_break_the_markdown_table(tmp_path: Path) 
     root = tmp_path / "runs"
     for mode in ("a|b", "c"):
         _write(root, _cfg("qleace", 0, eraser={"options": {"rank_deficient": mode}}), 1.0)
-    failed = _job_dir(root, _cfg("qleace", 1, eraser={"options": {"rank_deficient": "c"}}))
+    failed = fixture_job_dir(root, _cfg("qleace", 1, eraser={"options": {"rank_deficient": "c"}}))
     ledger = root / ".multirun" / "20260101-000000-1"
     ledger.mkdir(parents=True)
     (ledger / "job-00001.json").write_text(json.dumps({"num": 1, "job_dir": str(failed), "status": "failed",

@@ -8,7 +8,6 @@ Fixtures are hand-written result.json files (no training).
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from scripts import aggregate, claims
 from scripts.tables import groups_in
+from tests.helpers import fixture_job_dir
 
 LOG2_10 = math.log2(10)
 
@@ -34,13 +34,6 @@ def _cfg(eraser: str, seed: int, *, fit_on: str | None = "all", fold: int = 0, n
     if null is not None:
         cfg["dataset"]["permute_labels"] = null
     return cfg
-
-
-def _job_dir(root: Path, cfg: dict[str, Any]) -> Path:
-    cell = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k != "seed"}, sort_keys=True).encode())
-    a = cfg["arch"]
-    return (root / cfg["dataset"]["tag"] / cfg["eraser"]["name"] / f"{a['tag']}-w{a['width']}-d{a['depth']}"
-            / f"c{cell.hexdigest()[:8]}" / f"seed{cfg['seed']}")
 
 
 def _write(root: Path, cfg: dict[str, Any], bits: float, cert: dict[str, Any] | None = None,
@@ -64,7 +57,7 @@ def _write(root: Path, cfg: dict[str, Any], bits: float, cert: dict[str, Any] | 
         result["dataset"] = {"name": "mnist5k", "n": 5000, "num_classes": 10, **(dataset or {})}
         if cfg["dataset"].get("permute_labels"):
             result["dataset"]["permuted_labels"] = True
-    job_dir = _job_dir(root, cfg)
+    job_dir = fixture_job_dir(root, cfg)
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "result.json").write_text(json.dumps(result))
     return job_dir
@@ -150,7 +143,7 @@ def test_an_unfinished_null_run_is_listed_as_one_and_is_no_missing_seed_of_its_c
     for seed in range(2):
         _write(root, _cfg("control", seed), 1.0 + 0.1 * seed)
         _write(root, _cfg("control", seed, null=True), 3.3)
-    partial = _job_dir(root, _cfg("control", 2, null=True))  # the null sweep's third seed, killed
+    partial = fixture_job_dir(root, _cfg("control", 2, null=True))  # the null sweep's third seed, killed
     partial.mkdir(parents=True)
     (partial / "progress.json").write_text(json.dumps({"config_hash": "x", "blocks": [{}]}))
     md = _run(root, tmp_path)

@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 SLURM = ("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
          "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=5")
 ONE_JOB = ("eraser=control", "seed=0", "mdl.full_run=false")
-LONG_TRAINING_S = 60  # the time-limit job's block models, one after another: with start-up, over its 1-min limit
+FAILING_SWEEP = ("eraser=control", "seed=0", "dataset=cifar10,digits", "++dataset.download=false")
+LONG_TRAINING_S = 90  # the time-limit job's block models, one after another: well over its 1-min limit
 
 
 def _env() -> dict[str, str]:
@@ -166,13 +167,14 @@ def test_smoke_sweep_lands_every_result_with_the_local_numbers_and_a_rerun_skips
 
 @pytest.fixture(scope="module")
 def long_epochs(tmp_path_factory: pytest.TempPathFactory) -> int:
-    """Epochs that make the time-limit job's block models train ~LONG_TRAINING_S one after another here and now
-    (timed on 60 epochs: no early stopping, so fit time is linear in epochs), so the job outlasts its 1-minute
-    limit on a fast machine as on a slow or busy one."""
+    """Epochs that make the time-limit job's block models train ~LONG_TRAINING_S one after another here and now,
+    so the job outlasts its 1-minute limit on a fast machine as on a slow or busy one. Timed on a short run
+    without early stopping, per block as seconds per epoch *trained*: quick's step floor (min_steps) makes the
+    small blocks train more than max_epochs, so seconds / max_epochs would overstate an epoch's cost."""
     cfg = job_config(tmp_path_factory.mktemp("calibrate"), ["experiment=smoke", *ONE_JOB, "mdl.max_epochs=60",
                                                             "mdl.patience=60", "training.parallel_models=1"])
-    seconds = sum(b["seconds"] for b in run_job(cfg)["mdl"]["blocks"])
-    return max(300, round(60 * LONG_TRAINING_S / seconds))
+    per_epoch = sum(b["seconds"] / b["epochs"] for b in run_job(cfg)["mdl"]["blocks"])
+    return max(300, round(LONG_TRAINING_S / per_epoch))
 
 
 def test_time_limit_signals_requeues_and_resumes_after_the_last_finished_block(slurm_cluster: Path, tmp_path: Path,
@@ -239,10 +241,11 @@ def test_preempted_job_stops_at_once_and_its_requeued_copy_resumes(slurm_cluster
 
 @pytest.fixture(scope="module")
 def failing_sweep(slurm_cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
-    """One sweep for two tests: a task that fails (unknown activation) next to one that runs, one at a time."""
+    """One sweep for two tests: a task that fails when it runs (CIFAR-10 is not on disk and may not be downloaded;
+    a bad option would be refused before anything is submitted) next to one that runs, one at a time."""
     out = tmp_path_factory.mktemp("failing")
-    rc, text = _run(out, *SLURM, "hydra.launcher.array_parallelism=1", "eraser=control", "seed=0",
-                    "arch.activation=bogus,relu")
+    rc, text = _run(out, *SLURM, "hydra.launcher.array_parallelism=1", *FAILING_SWEEP,
+                    f"paths.data_dir={out / 'nodata'}")
     return out, rc, text
 
 
@@ -251,14 +254,14 @@ def test_one_failing_array_task_is_reported_and_the_others_keep_their_results(
     out, rc, text = failing_sweep
     assert rc != 0, text[-3000:]
     assert "multirun: 2/2 jobs ran: 1 done, 0 skipped, 1 failed" in text, text[-3000:]
-    bad, good = _job_dirs(out, "eraser=control", "seed=0", "arch.activation=bogus,relu")
-    assert re.search(rf"FAILED {re.escape(str(bad))}: \w+Error: .*bogus", text), text[-3000:]
+    bad, good = _job_dirs(out, *FAILING_SWEEP, f"paths.data_dir={out / 'nodata'}")
+    assert f"FAILED {bad}: CIFAR-10 not found" in text, text[-3000:]
     assert (good / "result.json").exists() and not (bad / "result.json").exists()
     (summary_path,) = (out / "runs/.multirun").glob("*/summary.json")
     summary = json.loads(summary_path.read_text())
     assert (summary["total"], summary["done"], summary["failed"]) == (2, 1, 1)
     failed = next(j for j in summary["jobs"] if j["status"] == "failed")
-    assert failed["job_dir"] == str(bad) and "bogus" in failed["error"]
+    assert failed["job_dir"] == str(bad) and failed["error"].startswith("CIFAR-10 not found")
 
 
 def test_array_parallelism_one_runs_the_tasks_one_after_another(failing_sweep: tuple[Path, int, str]) -> None:

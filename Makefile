@@ -2,8 +2,9 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# pytest-xdist workers for `make test` (the slurm tests share one worker and one cluster)
-TEST_WORKERS ?= 2
+# pytest-xdist workers for `make test`: the slurm tests share one worker and one cluster and mostly wait on the
+# scheduler (a time-limit job waits for its signal, requeue and restart), so a third worker keeps both cores busy
+TEST_WORKERS ?= 3
 EXP    ?= offline_table
 BENCH_ARGS ?=
 # scripts/gpu_report.py options, e.g. GPU_REPORT_ARGS="--steps jobs,speed --budget 560 --out $$OUT"

@@ -12,6 +12,9 @@ import erasure
 
 from .test_erasure_common import digits, mnist5k
 
+# One worker under `-n`, so each dataset's erasers are fitted once (module fixtures are per worker).
+pytestmark = pytest.mark.xdist_group("erasure_real")
+
 
 @pytest.fixture(scope="module", params=["digits", "mnist5k"])
 def data(request: pytest.FixtureRequest) -> tuple[str, Tensor, Tensor]:

@@ -23,7 +23,7 @@ from training.mdl.splits import make_split
 
 GOLDEN = Path(__file__).parent / "golden" / "numerics.json"
 GOLDEN_JOB = ["experiment=smoke", "eraser=leace", "mdl.max_epochs=8", "optim.warmup_steps=5", "mdl.full_run=false",
-              "certificate=false", "optim.beta2=0.99"]
+              "certificate=false", "optim.beta2=0.99", "mdl.min_steps=300", "mdl.patience_min_steps=150"]
 
 
 def test_beta2_reaches_the_optimizer(tmp_path: Path) -> None:

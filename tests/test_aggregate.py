@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from scripts import aggregate
+from scripts import aggregate, aggregate_collect, aggregate_render, aggregate_summary
 from scripts.tables import MixedGroupsError, group_label, groups_in
 
 
@@ -131,7 +131,7 @@ unknown; rerun the cells with `dataset.permute_labels=true` (same config and see
 
 
 def test_fixture_directory_gives_the_exact_table(fixture_runs: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(aggregate, "gs_module", lambda: SimpleNamespace(tables=lambda results: {}, plots=None))
+    monkeypatch.setattr(aggregate_render, "gs_module", lambda: SimpleNamespace(tables=lambda results: {}, plots=None))
     out = tmp_path / "tables"
     assert aggregate.main([str(fixture_runs), "--out", str(out), "--name", "fx"]) == 0
     md = (out / "fx.md").read_text()
@@ -175,11 +175,11 @@ def test_other_tasks_go_to_aggregate_gs_when_present(tmp_path: Path, monkeypatch
     def broken(results: list) -> dict[str, str]:
         raise KeyError("train")
 
-    monkeypatch.setattr(aggregate, "gs_module", lambda: SimpleNamespace(tables=tables))
-    assert aggregate.other_task_tables([{"config": {"task": "x"}}]) == {"gs": "| gs | 1 results |\n"}
-    assert aggregate.other_task_tables([]) == {}
-    monkeypatch.setattr(aggregate, "gs_module", lambda: SimpleNamespace(tables=broken))
-    assert aggregate.other_task_tables([{"config": {"task": "x"}}]) == {}  # reported on stderr, not fatal
+    monkeypatch.setattr(aggregate_render, "gs_module", lambda: SimpleNamespace(tables=tables))
+    assert aggregate_render.other_task_tables([{"config": {"task": "x"}}]) == {"gs": "| gs | 1 results |\n"}
+    assert aggregate_render.other_task_tables([]) == {}
+    monkeypatch.setattr(aggregate_render, "gs_module", lambda: SimpleNamespace(tables=broken))
+    assert aggregate_render.other_task_tables([{"config": {"task": "x"}}]) == {}  # reported on stderr, not fatal
 
 
 def test_no_results_is_an_error(tmp_path: Path) -> None:
@@ -202,10 +202,10 @@ def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Pat
                   "mdl": {"protocol": "prequential", "bits_per_sample": 1.0 + k, "legacy": 2.0 + k},
                   "final": None, "certificate": None}
         (job_dir / "result.json").write_text(json.dumps(result))
-    df, results = aggregate.collect_experiment("smoke", [f"paths.out_dir={tmp_path}"])
+    df, results = aggregate_collect.collect_experiment("smoke", [f"paths.out_dir={tmp_path}"])
     assert list(df.status) == ["done", "done", "other-config", "missing"]
     assert len(results) == 2
-    header, rows = aggregate.pivot(aggregate.summarize(df), "bits_per_sample")
+    header, rows = aggregate_render.pivot(aggregate_summary.summarize(df), "bits_per_sample")
     assert header[4:] == ["control", "leace"] and rows == [["digits", "mlp_relu", "32", "2", "1.500 ± 0.707",
                                                              "missing"]]
 
@@ -221,12 +221,12 @@ def test_different_configurations_are_never_averaged_together(tmp_path: Path, ca
     copy = root / "copy" / "mnist5k/control/mlp_relu-w128-d2/seed0"
     copy.mkdir(parents=True)
     (copy / "result.json").write_text((root / "none/mnist5k/control/mlp_relu-w128-d2/seed0/result.json").read_text())
-    df, _ = aggregate.collect_dir(root)
+    df, _ = aggregate_collect.collect_dir(root)
     assert "repeated result" in capsys.readouterr().err
-    summary = aggregate.summarize(df)
+    summary = aggregate_summary.summarize(df)
     with pytest.raises(MixedGroupsError, match=r"differ in regularizer.name \(none vs sd\)"):
-        aggregate.pivot(summary, "bits_per_sample")
-    tables = {group_label(g): aggregate.pivot(summary[summary.group == g], "bits_per_sample")
+        aggregate_render.pivot(summary, "bits_per_sample")
+    tables = {group_label(g): aggregate_render.pivot(summary[summary.group == g], "bits_per_sample")
               for g in groups_in(summary)}
     assert tables == {"regularizer.name=none": (["dataset", "arch", "w", "d", "control"],
                                                 [["mnist5k", "mlp_relu", "128", "2", "1.500 ± 0.707"]]),
@@ -251,8 +251,8 @@ def test_certificate_table_shows_what_the_erasers_report(tmp_path: Path) -> None
     write_result(root, _config("fmnist", "gradient", "mlp_relu", 128, 2, 0), 1.0, 2.0, 0.5, CERT_LEACE,
                  report={"max_mean_gap_before": 0.66, "max_cov_gap_before": 1.2, "max_mean_gap_after": 0.25,
                          "max_cov_gap_after": 0.14, "quantized": False})
-    df, _ = aggregate.collect_dir(root)
-    header, rows = aggregate.certificate_rows(aggregate.summarize(df))
+    df, _ = aggregate_collect.collect_dir(root)
+    header, rows = aggregate_render.certificate_rows(aggregate_summary.summarize(df))
     assert header[:3] == ["dataset", "variant", "eraser"] and header[-4:] == [
         "working rank", "variance dropped", "noise share (max)", "gradient gaps mean / cov (before → after)"]
     cells = {(r[1], r[2]): r[-4:] for r in rows}

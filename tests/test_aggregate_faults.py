@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from scripts import aggregate
+from scripts import aggregate, aggregate_collect, aggregate_render, aggregate_summary
 from tests.helpers import fixture_job_dir
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
@@ -103,11 +103,11 @@ def test_1_a_comparison_across_groups_is_refused_with_one_line(tmp_path: Path) -
     for seed in range(3):
         _write(root, _cfg("control", seed, lr=0.001), 1.0)
         _write(root, _cfg("leace", seed, lr=0.01), 2.0)
-    df, _ = aggregate.collect_dir(root)
-    summary = aggregate.summarize(df)
+    df, _ = aggregate_collect.collect_dir(root)
+    summary = aggregate_summary.summarize(df)
     for compare in (lambda: claims.evaluate(df, ["leace_raises_mdl"]),
                     lambda: aggregate_plots.plot_bars(summary, tmp_path / "x.png"),
-                    lambda: aggregate.pivot(summary, "bits_per_sample")):
+                    lambda: aggregate_render.pivot(summary, "bits_per_sample")):
         with pytest.raises(MixedGroupsError) as err:
             compare()
         line = str(err.value)
@@ -124,10 +124,10 @@ def test_1_a_result_that_did_not_record_a_key_is_not_compared_with_one_that_did(
     for seed in range(3):
         _write(root, _cfg("control", seed), 1.0)
         _write(root, _cfg("leace", seed, mdl={"min_steps": 300}), 2.0)
-    df, _ = aggregate.collect_dir(root)
+    df, _ = aggregate_collect.collect_dir(root)
     groups = {e: json.loads(g) for e, g in zip(df.eraser, df.group, strict=True)}
     assert groups == {"control": {"mdl.min_steps": "?"}, "leace": {"mdl.min_steps": 300}}
-    assert aggregate.increase_over_control(df).empty
+    assert aggregate_summary.increase_over_control(df).empty
 
 
 def test_1_what_stays_comparable_paper_rates_pre_v2_results_eraser_options(tmp_path: Path) -> None:
@@ -149,12 +149,12 @@ def test_1_what_stays_comparable_paper_rates_pre_v2_results_eraser_options(tmp_p
             q = _cfg("qleace", seed, lr=1e-3, net="convnext", width=40, arch=paper,
                      eraser={"options": {"rank_deficient": mode}})
             _write(root, q, bits + seed)
-    df, _ = aggregate.collect_dir(root)
+    df, _ = aggregate_collect.collect_dir(root)
     assert set(df.group) == {"{}"} and set(df.status) == {"done"}
     assert set(df[df.eraser == "qleace"].variant) == {"eraser.options.rank_deficient=coupling",
                                                       "eraser.options.rank_deficient=truncate"}
     assert set(df[df.eraser != "qleace"].variant) == {""}
-    inc = aggregate.increase_over_control(df)
+    inc = aggregate_summary.increase_over_control(df)
     assert inc[(inc.eraser == "leace") & (inc.n > 0)]["mean"].tolist() == [pytest.approx(0.5)]
 
 

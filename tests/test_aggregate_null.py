@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from scripts import aggregate, claims
+from scripts import aggregate, aggregate_collect, aggregate_render, aggregate_summary, claims
 from scripts.tables import groups_in
 from tests.helpers import fixture_job_dir
 
@@ -80,17 +80,17 @@ def test_null_runs_are_the_null_of_their_cell_not_a_group_or_an_eraser(tmp_path:
         _write(root, _cfg("qleace", seed), 2.0 + 0.1 * seed)
         _write(root, _cfg("control", seed, null=True), (3.33, 3.34, 3.32)[seed])
         _write(root, _cfg("qleace", seed, null=True), (3.10, 3.12, 3.08)[seed])
-    df, _ = aggregate.collect_dir(root)
+    df, _ = aggregate_collect.collect_dir(root)
     assert groups_in(df) == ["{}"] and set(df.variant) == {""}
     assert sorted(df[df["null"]].eraser) == ["control"] * 3 + ["qleace"] * 3
-    summary = aggregate.summarize(df)
+    summary = aggregate_summary.summarize(df)
     assert len(summary) == 2
-    assert aggregate.pivot(summary, "bits_per_sample") == (
+    assert aggregate_render.pivot(summary, "bits_per_sample") == (
         ["dataset", "arch", "w", "d", "control", "qleace"],
         [["mnist5k", "mlp_relu", "128", "2", "1.100 ± 0.100", "2.100 ± 0.100"]])
-    inc = aggregate.increase_over_control(df)
+    inc = aggregate_summary.increase_over_control(df)
     assert inc[["eraser", "mean", "n"]].values.tolist() == [["qleace", pytest.approx(1.0), 3]]
-    header, rows = aggregate.null_rows(summary)
+    header, rows = aggregate_render.null_rows(summary)
     assert header == ["dataset", "arch", "w", "d", "eraser", "fit on", "MDL", "null MDL", "label entropy", "bias",
                       "noise (2 SE)", "flag", "n seeds (true / null)"]
     assert rows == [
@@ -116,8 +116,8 @@ def test_bias_flag_above_and_below_the_noise_and_where_the_noise_comes_from(tmp_
         _write(root, _cfg("qleace", seed, net="lenet"), 2.5)
     _write(root, _cfg("control", 0, net="lenet", null=True), 3.60)
     _write(root, _cfg("leace", 0, net="lenet", null=True), 3.40)
-    df, _ = aggregate.collect_dir(root)
-    _, rows = aggregate.null_rows(aggregate.summarize(df))
+    df, _ = aggregate_collect.collect_dir(root)
+    _, rows = aggregate_render.null_rows(aggregate_summary.summarize(df))
     noise = 2 * 0.1 / math.sqrt(3)  # sd 0.1 over 3 seeds
     assert [r[4:] for r in rows] == [
         ["control", "all", "1.100 ± 0.100", "3.600", "3.322 (log2 K)", f"{3.60 - LOG2_10:+.3f}", f"{noise:.3f} (true)",
@@ -126,7 +126,7 @@ def test_bias_flag_above_and_below_the_noise_and_where_the_noise_comes_from(tmp_
          "ok", "3 / 1"],
         ["qleace", "all", "2.500 ± 0.000", "–", "–", "–", "–", "", "3 / 0"]]
     md = _run(root, tmp_path)
-    assert aggregate.NULL_HOWTO in md and "`dataset.permute_labels=true`" in md
+    assert aggregate_render.NULL_HOWTO in md and "`dataset.permute_labels=true`" in md
     # The rule itself: 2 × the larger SE of the null and the true-label MDL (each with ≥ 2 seeds), else unknown
     # ("?"): a null coding at exactly the uniform code every seed (SE 0) does not make every bias significant.
     from scripts.tables import bias_flag, bias_noise
@@ -149,23 +149,23 @@ def test_an_unfinished_null_run_is_listed_as_one_and_is_no_missing_seed_of_its_c
     md = _run(root, tmp_path)
     assert "| mnist5k | mlp_relu | 128 | 2 | 1.050 ± 0.071 |" in md  # not (2/3): seed 2 is the null's
     assert f"| partial (null) | 2 | {partial} | 1 block models finished |" in md
-    _, rows = aggregate.null_rows(aggregate.summarize(aggregate.collect_dir(root)[0]))
+    _, rows = aggregate_render.null_rows(aggregate_summary.summarize(aggregate_collect.collect_dir(root)[0]))
     assert rows[0][7] == "3.300 ± 0.000" and rows[0][-1] == "2 / 2"
 
 
 def test_label_entropy_is_the_class_prior_where_the_result_gives_it(tmp_path: Path) -> None:
     counts = [50] * 5 + [150] * 5
     h = -sum(c / 1000 * math.log2(c / 1000) for c in counts)
-    assert aggregate._label_entropy({"dataset": {"class_counts": counts}}, {"num_classes": 10}) == \
+    assert aggregate_collect._label_entropy({"dataset": {"class_counts": counts}}, {"num_classes": 10}) == \
         (pytest.approx(h), "H(prior)")
     cert = {"after": {"chance_loss_bits": 3.2}}
-    assert aggregate._label_entropy({"certificate": cert}, {"num_classes": 10}) == (3.2, "H(prior)")
-    assert aggregate._label_entropy({"dataset": {"num_classes": 4}}, {}) == (2.0, "log2 K")
+    assert aggregate_collect._label_entropy({"certificate": cert}, {"num_classes": 10}) == (3.2, "H(prior)")
+    assert aggregate_collect._label_entropy({"dataset": {"num_classes": 4}}, {}) == (2.0, "log2 K")
     root = tmp_path / "runs"
     for seed in range(2):
         _write(root, _cfg("control", seed), 1.0)
         _write(root, _cfg("control", seed, null=True), 3.2, dataset={"class_counts": counts})
-    _, rows = aggregate.null_rows(aggregate.summarize(aggregate.collect_dir(root)[0]))
+    _, rows = aggregate_render.null_rows(aggregate_summary.summarize(aggregate_collect.collect_dir(root)[0]))
     assert rows[0][8:10] == [f"{h:.3f} (H(prior))", f"{3.2 - h:+.3f}"]
 
 
@@ -186,11 +186,11 @@ def test_folds_of_a_cell_are_combined_and_listed(tmp_path: Path) -> None:
             _write(root, _cfg("qleace", seed, fit_on="holdout", fold=fold), 2.0 + 0.1 * seed + 0.01 * fold)
     for fold in range(5):
         _write(root, _cfg("qleace", 0, fit_on="holdout", fold=fold, null=True), 3.40)
-    df, _ = aggregate.collect_dir(root)
+    df, _ = aggregate_collect.collect_dir(root)
     assert groups_in(df) == ["{}"] and set(df.variant) == {""}
-    summary = aggregate.summarize(df)
+    summary = aggregate_summary.summarize(df)
     assert len(summary) == 4
-    header, rows = aggregate.pivot(summary, "bits_per_sample")
+    header, rows = aggregate_render.pivot(summary, "bits_per_sample")
     control_mean = (5.10 + 4.47) / 9  # seed 0: folds 0-4; seed 1: folds 0, 1, 2, 4
     control_sd = abs(5.10 / 5 - 4.47 / 4) / math.sqrt(2)
     assert header == ["dataset", "arch", "w", "d", "fit on", "control", "qleace"]
@@ -200,11 +200,11 @@ def test_folds_of_a_cell_are_combined_and_listed(tmp_path: Path) -> None:
          "2.070 ± 0.071 [folds 0–4]"]]
     cell = summary[(summary.eraser == "control") & (summary.fit_on == "holdout")].iloc[0]
     assert (cell.n, cell.n_expected, cell.n_seeds, cell.missing_seeds) == (9, 10, 2, "1f3:missing")
-    inc = aggregate.increase_over_control(df).set_index("fit_on")
+    inc = aggregate_summary.increase_over_control(df).set_index("fit_on")
     assert inc.loc["all", "mean"] == pytest.approx(1.0)
     assert inc.loc["holdout", "mean"] == pytest.approx(((2.02 - 1.02) + (2.12 - 4.47 / 4)) / 2)
     assert list(inc.n) == [2, 2]
-    _, nulls = aggregate.null_rows(summary)
+    _, nulls = aggregate_render.null_rows(summary)
     q = next(r for r in nulls if r[4:6] == ["qleace", "holdout"])
     assert q[7:] == ["3.400 [folds 0–4]", "3.322 (log2 K)", f"{3.40 - LOG2_10:+.3f}", "0.100 (true)", "ok", "2 / 1"]
     assert not any(r[4:6] == ["qleace", "all"] and r[7] != "–" for r in nulls)  # the holdout null stays there
@@ -223,18 +223,18 @@ def test_fit_on_is_a_variant_of_the_eraser_shown_separately(tmp_path: Path) -> N
         _write(root, _cfg("control", seed), 1.0 + 0.1 * seed)
         _write(root, _cfg("leace", seed), 1.5 + 0.1 * seed, cert=cert)
         _write(root, _cfg("leace", seed, fit_on="holdout"), 1.2 + 0.1 * seed, cert=cert)
-    df, _ = aggregate.collect_dir(root)
+    df, _ = aggregate_collect.collect_dir(root)
     assert groups_in(df) == ["{}"] and set(df.variant) == {""} and set(df.fit_on) == {"all", "holdout"}
-    summary = aggregate.summarize(df)
-    header, rows = aggregate.pivot(summary, "bits_per_sample")
+    summary = aggregate_summary.summarize(df)
+    header, rows = aggregate_render.pivot(summary, "bits_per_sample")
     assert header == ["dataset", "arch", "w", "d", "fit on", "control", "leace"]
     assert rows == [["mnist5k", "mlp_relu", "128", "2", "all", "1.100 ± 0.100", "1.600 ± 0.100"],
                             ["mnist5k", "mlp_relu", "128", "2", "holdout", "missing", "1.300 ± 0.100 [fold 0 of 5]"]]
-    inc = aggregate.increase_over_control(df)
+    inc = aggregate_summary.increase_over_control(df)
     assert inc[["fit_on", "eraser", "mean"]].values.tolist() == [["all", "leace", pytest.approx(0.5)]]
     (claim, tests, verdict), = claims.evaluate(df, ["leace_raises_mdl"])
     assert [t.row for t in tests] == ["mnist5k mlp_relu w128 d2"] and verdict == "holds"
-    header, rows = aggregate.certificate_rows(summary)
+    header, rows = aggregate_render.certificate_rows(summary)
     assert header[:3] == ["dataset", "fit on", "eraser"]
     assert sorted(r[:3] for r in rows) == [["mnist5k", "all", "control"], ["mnist5k", "all", "leace"],
                                            ["mnist5k", "holdout", "leace"]]
@@ -249,15 +249,15 @@ def test_old_results_without_the_new_keys_aggregate_with_new_ones_as_before(tmp_
         _write(root, _cfg("control", seed, fit_on=None, null=None), 1.0 + 0.1 * seed)  # old
         _write(root, _cfg("leace", seed, fit_on=None, null=None), 1.4 + 0.1 * seed)  # old
         _write(root, _cfg("leace", seed + 3), 1.8 + 0.1 * seed)  # new, at the defaults, seeds 3-5
-    df, _ = aggregate.collect_dir(root)
+    df, _ = aggregate_collect.collect_dir(root)
     assert groups_in(df) == ["{}"] and set(df.variant) == {""} and not df["null"].any()
-    summary = aggregate.summarize(df)
-    assert aggregate.pivot(summary, "bits_per_sample") == (
+    summary = aggregate_summary.summarize(df)
+    assert aggregate_render.pivot(summary, "bits_per_sample") == (
         ["dataset", "arch", "w", "d", "control", "leace"],
         [["mnist5k", "mlp_relu", "128", "2", "1.100 ± 0.100 (3/6)", "1.700 ± 0.237"]])
     md = _run(root, tmp_path)
     assert "| mnist5k | mlp_relu | 128 | 2 | +0.400 ± 0.000 |" in md
-    assert aggregate.NO_NULL in md and "fit on" not in md
+    assert aggregate_render.NO_NULL in md and "fit on" not in md
 
 
 # --- the certificate's out-of-sample probes -------------------------------------------------------------------
@@ -287,8 +287,8 @@ def test_certificate_table_shows_out_of_sample_probes_and_a_below_chance_probe_a
                                                    nothing))
     _write(root, _cfg("qleace", 0), 2.5, cert=_cert(nothing, _probe(0.085, -3.5, 3.35, -2.0, None)))
     _write(root, _cfg("control", 0), 1.0, cert=_cert(_probe(0.8, 50.0, 1.0, 60.0, "information"), nothing))
-    df, _ = aggregate.collect_dir(root)
-    header, rows = aggregate.certificate_rows(aggregate.summarize(df))
+    df, _ = aggregate_collect.collect_dir(root)
+    header, rows = aggregate_render.certificate_rows(aggregate_summary.summarize(df))
     assert header[:12] == ["dataset", "eraser", "mean gap", "cov gap", "linear probe acc ± SE",
                            "linear probe loss ± SE (bits)", "quadratic probe acc ± SE",
                            "quadratic probe loss ± SE (bits)", "chance acc / loss (bits)", "probe verdict",
@@ -316,7 +316,7 @@ def test_claims_report_which_claims_survive_the_bias(tmp_path: Path) -> None:
             if control_null is not None:
                 _write(root, _cfg("control", seed, net=net, null=True), control_null)
                 _write(root, _cfg("leace", seed, net=net, null=True), leace_null)
-    df, _ = aggregate.collect_dir(root)
+    df, _ = aggregate_collect.collect_dir(root)
     (claim, tests, verdict), = claims.evaluate(df, ["leace_raises_mdl"])
     got = {t.row.split()[1]: (t.verdict, t.bias_verdict) for t in tests}
     assert got == {"mlp_relu": ("holds", "holds only before the bias"), "lenet": ("holds", "holds"),

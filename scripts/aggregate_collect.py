@@ -1,0 +1,477 @@
+"""Collect result.json files into one row per job for scripts/aggregate.py: the config identity that decides
+a job's comparison group and eraser variant, the unfinished jobs (missing, failed, partial, incomplete,
+malformed), and the code version each result records.
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import re
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from training.app.results import same_config, stored_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
+# variant: eraser options that differ, if any). A cell's runs: its seeds × folds, and its null runs (`null`).
+ROW_KEY = ["group", "dataset", "arch", "width", "depth", "fit_on", "variant"]
+CELL = [*ROW_KEY, "eraser"]
+# Config keys shown by the row/column labels themselves; every other semantic key that differs within a
+# comparison puts results into different groups, eraser options into different variants of the eraser.
+SHOWN = {"seed", "dataset.tag", "dataset.name", "arch.tag", "arch.name", "arch.activation", "arch.width",
+         "arch.depth", "eraser.name", "eraser.fit_on"}
+# Keys that are not identity: the folds of a cell are combined, a permuted-label run is the null of its cell.
+FOLD_KEY, NULL_KEY = "eraser.fold", "dataset.permute_labels"
+# Keys added with issue 21 whose defaults live in conf/config.yaml, not in the schema: a result written before them
+# ran exactly like these values (the eraser fitted on the coded data, no folds, true labels, erased before augment).
+FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_fraction": 0.2, FOLD_KEY: 0, "eraser.after_augment": False,
+                NULL_KEY: False}
+HOLDOUT_ONLY = ("eraser.fit_fraction", FOLD_KEY)  # no effect on a job with eraser.fit_on=all
+# Comparisons: the erasers of a table row, the widths of one eraser (MDL vs width), its depths.
+UNITS = [["dataset", "arch", "width", "depth"], ["dataset", "arch", "depth", "eraser", "variant"],
+         ["dataset", "arch", "width", "eraser", "variant"]]
+PAPER_KEYS = ("optim.lr", "optim.beta1", "optim.warmup_steps")  # conf/optim/schedulefree.yaml: the paper's rule
+PAPER_RULE = "paper_optim"  # such a key at the value its rule gives (arch.paper_optim per eraser family)
+MISSING_KEY = "?"  # a key the result did not record (written before the key existed)
+UNKNOWN_COMMIT = "unknown"
+CERT = {"max_mean_gap": "mean gap", "max_cov_gap": "cov gap", "linear_probe_acc": "linear probe",
+        "quadratic_probe_acc": "quadratic probe", "chance": "chance"}
+# The certificate's out-of-sample (cross-fitted) probe scores (erasure/certificate.py), where the result has them.
+PROBES = ("linear", "quadratic")
+PROBE_NUMBERS = [f"{p}_probe_{k}" for p in PROBES for k in ("acc_se", "acc_z", "loss_bits", "loss_se", "loss_z")] \
+    + ["chance_loss_bits"]
+# What the eraser's report says it did (result.json "eraser" → "report"): QLEACE's working rank (of d), the
+# variance of the dropped directions and the coupling noise's largest share of tr C; gradient erasure's own
+# gaps to its targets (relative mean / covariance distance) before and after the optimisation.
+REPORT = ["working_rank", "d", "variance_dropped_fraction", "max_noise_share", "max_mean_gap_before",
+          "max_cov_gap_before", "max_mean_gap_after", "max_cov_gap_after"]
+JOB_PATH = re.compile(r"(?P<dataset>[^/]+)/(?P<eraser>[^/]+)/(?P<arch>[^/]+)-w(?P<width>\d+)-d(?P<depth>\d+)"
+                      r"(?:/c[0-9a-f]{8})?/seed(?P<seed>\d+)$")  # paths.job_subdir (and the pre-v2 layout)
+
+
+
+# --- collecting -------------------------------------------------------------------------------------------
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _read(path: Path) -> Any:
+    """Parsed JSON, or None when absent or unreadable (warned about, naming the file)."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        warn(f"skipped {path}: not readable JSON ({type(e).__name__}: {e})")
+        return None
+
+
+def _load_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(result, None), or (None, why) for a file that is not a result (None, None: absent)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        return None, f"not readable JSON ({type(e).__name__}: {e})"
+    if not isinstance(data, dict):
+        return None, f"not a JSON object (a {type(data).__name__})"
+    if not isinstance(data.get("config"), dict):
+        return None, "no config"
+    return data, None
+
+
+@functools.cache
+def _closed_sections() -> dict[str, frozenset[str]]:
+    """Config groups that allow no undeclared keys, with their declared keys (training/app/schema.py)."""
+    from training.app.schema import JobConfig, OptionsSection, Section
+
+    out = {}
+    for f in dataclasses.fields(JobConfig):
+        kind = f.metadata.get("kind")
+        if isinstance(kind, type) and issubclass(kind, Section) and not issubclass(kind, OptionsSection):
+            out[f.name] = frozenset(g.name for g in dataclasses.fields(kind) if not g.name.startswith("_"))
+    return out
+
+
+def _dead(key: str) -> bool:
+    """A key of a closed group that the schema no longer declares (e.g. a pre-v2 result's eraser.cache)."""
+    group, _, rest = key.partition(".")
+    declared = _closed_sections().get(group)
+    return declared is not None and rest.split(".")[0] not in declared
+
+
+def _family(eraser: Any) -> str | None:
+    try:
+        from erasure.registry import ERASERS
+
+        return str(ERASERS.meta(str(eraser))["family"]) if eraser in ERASERS else None
+    except Exception:  # noqa: BLE001 - no registry, no rule: the value is compared as it is
+        return None
+
+
+def _paper_value(flat: dict[str, Any], key: str) -> Any:
+    """What conf/optim/schedulefree.yaml resolves `key` to by the paper's rule (None: no rule in this config)."""
+    if key == "optim.lr":
+        dataset_rule = f"dataset.paper_lr.{flat.get('arch.name')}"
+        if dataset_rule in flat:
+            return flat[dataset_rule]
+        family = _family(flat.get("eraser.name"))
+        return flat.get(f"arch.paper_optim.lr.{family}") if family else None
+    return flat.get(f"arch.paper_optim.{key.split('.', 1)[1]}")
+
+
+def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
+    """The semantic config (flat, dotted keys) as results are compared: what the job hash covers, as the result
+    recorded it (no defaults filled in for keys added since: those read "?"; except FIT_DEFAULTS, whose absence
+    means exactly those values, and eraser.fit_fraction/fold, which do nothing with eraser.fit_on=all, are
+    dropped there), without keys the schema has dropped since; optim.lr/beta1/warmup_steps that follow the
+    paper's rule (arch.paper_optim per eraser family, dataset.paper_lr; null in a pre-v2 result) read PAPER_RULE,
+    so erasers at their paper rates compare."""
+    from training.app.results import flatten
+    from training.app.schema import semantic
+
+    flat = {k: v for k, v in flatten(semantic(cfg, fill_defaults=False)).items() if not _dead(k)}
+    for key, default in FIT_DEFAULTS.items():
+        flat.setdefault(key, default)
+    if flat["eraser.fit_on"] == "all":
+        for key in HOLDOUT_ONLY:
+            flat.pop(key, None)
+    for key in PAPER_KEYS:
+        if key in flat and (flat[key] is None or flat[key] == _paper_value(flat, key)):
+            flat[key] = PAPER_RULE
+    if numerics_version is not None and "numerics_version" not in flat:
+        flat["numerics_version"] = numerics_version
+    return flat
+
+
+def _identity_columns(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, str]:
+    """`settings`: what must be equal for two results to be compared (all but labels, eraser and seed);
+    `eraser_settings`: the eraser's options (its variants). Neither holds the fold (folds are combined) nor
+    dataset.permute_labels (a null run belongs to the cell of its true-label runs)."""
+    flat = {k: v for k, v in config_identity(cfg, numerics_version).items() if k not in (FOLD_KEY, NULL_KEY)}
+    settings = {k: v for k, v in flat.items() if k not in SHOWN and not k.startswith("eraser.")}
+    eraser = {k: v for k, v in flat.items() if k.startswith("eraser.") and k not in SHOWN}
+    return {"settings": json.dumps(settings, sort_keys=True, default=str),
+            "eraser_settings": json.dumps(eraser, sort_keys=True, default=str)}
+
+
+def stored_view(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`stored_config` with FIT_DEFAULTS for the keys a result written before them lacks."""
+    view = stored_config(cfg)
+    for key, default in FIT_DEFAULTS.items():
+        view.setdefault(key, default)
+    return view
+
+
+def _cell_from_config(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
+    c = stored_view(cfg)
+    fit_on = str(c["eraser.fit_on"])
+    return {"dataset": c["dataset.tag"], "arch": c["arch.tag"], "width": int(c["arch.width"]),
+            "depth": int(c["arch.depth"]), "eraser": str(c["eraser.name"]), "seed": int(c["seed"]),
+            "fit_on": fit_on, "fold": int(c[FOLD_KEY]) if fit_on == "holdout" else 0,
+            "null": bool(c[NULL_KEY]), "protocol": c["mdl.protocol"], **_identity_columns(cfg, numerics_version)}
+
+
+def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:
+    m = JOB_PATH.search(job_dir.as_posix())
+    if m is None:
+        return None
+    d = m.groupdict()
+    return {"dataset": d["dataset"], "arch": d["arch"], "width": int(d["width"]), "depth": int(d["depth"]),
+            "eraser": d["eraser"], "seed": int(d["seed"]), "fit_on": None, "fold": None, "null": None,
+            "protocol": "?", "settings": None, "eraser_settings": None}
+
+
+def _key_values(flats: list[dict[str, Any]]) -> set[str]:
+    """Keys whose values differ between these flat configs (a key one of them lacks reads MISSING_KEY)."""
+    keys = set().union(*flats)
+    return {k for k in keys
+            if len({json.dumps(f.get(k, MISSING_KEY), sort_keys=True, default=str) for f in flats}) > 1}
+
+
+def assign_groups(df: pd.DataFrame) -> pd.DataFrame:
+    """Label each row with its comparison `group` and its eraser `variant`; drop repeated (cell, seed) entries.
+
+    variant: the eraser options that differ between results of one eraser (and fit_on) on one dataset and
+    architecture (part of the eraser's identity). group: the values of every other semantic key that differs
+    within a comparison (the erasers of a table row; the widths, or depths, of one eraser): results of different
+    groups are never compared, averaged or plotted together. Folds and null runs (`fold`, `null`) stay in their
+    cell. Rows without a config (a job known only by its directory) join the group of the finished seeds in their
+    c<hash> directory, or of their cell, when that is unambiguous."""
+    if df.empty:
+        return df
+    df = df.copy()
+    df["variant"], df["group"] = "", None
+    known = df[df.settings.notna()]
+    for _, g in known.groupby(["dataset", "arch", "eraser", "fit_on"], sort=False):  # fit_on: a column of its own
+        flats = [json.loads(s) for s in set(g.eraser_settings)]
+        varying = sorted(_key_values(flats)) if len(flats) > 1 else []
+        for i in g.index if varying else ():
+            flat = json.loads(df.at[i, "eraser_settings"])
+            df.at[i, "variant"] = ", ".join(f"{k}={flat.get(k, MISSING_KEY)}" for k in varying)
+    known = df[df.settings.notna()]
+    split: set[str] = set()
+    for unit in UNITS:
+        for _, g in known.groupby(unit, sort=False):
+            flats = [json.loads(s) for s in set(g.settings)]
+            if len(flats) > 1:
+                split |= _key_values(flats)
+    for i in known.index:
+        flat = json.loads(df.at[i, "settings"])
+        df.at[i, "group"] = json.dumps({k: flat.get(k, MISSING_KEY) for k in sorted(split)}, default=str)
+    _place_unknown(df)
+    df["null"] = df["null"].map(lambda v: pd.api.types.is_bool(v) and bool(v))
+    order = df.assign(_rank=(df.status != "done").astype(int)).sort_values("_rank", kind="stable")
+    dup = order.duplicated([*CELL, "null", "fold", "seed"], keep="first") & order.group.notna()
+    if dup.any():
+        warn(f"{int(dup.sum())} repeated result(s) of the same config and seed ignored: "
+             + ", ".join(order[dup].job_dir.astype(str)))
+    return df.drop(index=order[dup].index).drop(columns=["settings", "eraser_settings"])
+
+
+PLACED = ("group", "variant", "fit_on", "fold", "null")  # what a row known only by its directory takes over
+
+
+def _place_unknown(df: pd.DataFrame) -> None:
+    """Group, variant, fit_on, fold and null of rows known only by their directory (in place): those of the
+    finished seeds in their c<hash> directory, or of their cell when unambiguous (else the group stays unknown)."""
+    known = df[df.group.notna()]
+    by_dir: dict[str, set[tuple[Any, ...]]] = {}
+    by_cell: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {}
+    for r in known.itertuples():
+        placed = tuple(getattr(r, k) for k in PLACED)
+        by_dir.setdefault(_cell_dir(r.job_dir), set()).add(placed)
+        by_cell.setdefault((r.dataset, r.arch, r.width, r.depth, r.eraser), set()).add(placed)
+    groups = set(known.group)
+    for i in df.index[df.group.isna()]:
+        r = df.loc[i]
+        found = by_dir.get(_cell_dir(r.job_dir)) or by_cell.get((r.dataset, r.arch, r.width, r.depth, r.eraser))
+        if found is not None and len(found) == 1:
+            for key, value in zip(PLACED, next(iter(found)), strict=True):
+                df.at[i, key] = value
+        elif found is None and len(groups) <= 1:
+            df.at[i, "group"] = next(iter(groups), "{}")
+            df.at[i, "fit_on"], df.at[i, "fold"], df.at[i, "null"] = "all", 0, False
+
+
+def _cell_dir(job_dir: str) -> str:
+    """The c<hash> directory holding a job's seed directories ("" in the pre-v2 layout)."""
+    parent = Path(job_dir).parent
+    return str(parent) if re.fullmatch(r"c[0-9a-f]{8}", parent.name) else ""
+
+
+def commit_of(result: dict[str, Any]) -> str:
+    """The code version a result was computed with: its commit (10 hex digits, `+dirty` with uncommitted
+    changes), or UNKNOWN_COMMIT (written without provenance, or outside a git checkout)."""
+    prov = result.get("provenance")
+    code = prov.get("code") if isinstance(prov, dict) else None
+    commit = code.get("commit") if isinstance(code, dict) else None
+    if not isinstance(commit, str) or not commit:
+        return UNKNOWN_COMMIT
+    return commit[:10] + ("+dirty" if code.get("dirty") is True else "")
+
+
+def as_number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _label_entropy(result: dict[str, Any], mdl: dict[str, Any]) -> tuple[float, str]:
+    """(bits, source) the null's MDL is compared with: the entropy of the class prior where the result gives it
+    (result["dataset"]["class_counts"], or the certificate's `chance_loss_bits`: the prior-only code of the coded
+    labels), else log2 K (K: mdl.num_classes, or result["dataset"]["num_classes"]); (NaN, "") without either."""
+    info = result.get("dataset")
+    info = info if isinstance(info, dict) else {}
+    counts = info.get("class_counts")
+    if isinstance(counts, list) and counts and all(as_number(c) is not None and c >= 0 for c in counts) \
+            and sum(counts) > 0:
+        total = float(sum(counts))
+        return -sum(c / total * math.log2(c / total) for c in counts if c > 0), "H(prior)"
+    cert = result.get("certificate")
+    for side in ("after", "before"):
+        scores = cert.get(side) if isinstance(cert, dict) else None
+        value = as_number(scores.get("chance_loss_bits")) if isinstance(scores, dict) else None
+        if value is not None and math.isfinite(value):
+            return value, "H(prior)"
+    k = as_number(mdl.get("num_classes"))
+    k = k if k is not None else as_number(info.get("num_classes"))
+    return (math.log2(k), "log2 K") if k is not None and k >= 1 else (math.nan, "")
+
+
+def _probe_columns(after: dict[str, Any]) -> dict[str, Any]:
+    """The certificate's out-of-sample probe scores (NaN / None where absent: an older certificate)."""
+    row: dict[str, Any] = {}
+    for key in PROBE_NUMBERS:
+        value = as_number(after.get(key))
+        row[key] = math.nan if value is None else value
+    for probe in PROBES:
+        flag, verdict = after.get(f"{probe}_probe_below_chance"), after.get(f"{probe}_probe_verdict")
+        row[f"{probe}_probe_below_chance"] = flag if isinstance(flag, bool) else None
+        row[f"{probe}_probe_verdict"] = verdict if isinstance(verdict, str) else None
+    return row
+
+
+def _result_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
+    """The row of an MDL result: done; failed when its MDL is not finite; incomplete without an mdl section.
+    Raises (KeyError, TypeError, ValueError) on a malformed config or mdl section."""
+    numerics = result.get("numerics_version")
+    row = {**_cell_from_config(result["config"], numerics), "job_dir": job_dir, "status": "done",
+           "commit": commit_of(result)}
+    mdl, final = result.get("mdl"), result.get("final") or {}
+    if not isinstance(mdl, dict):
+        return {**row, "status": "incomplete", "error": "result.json has no mdl section"}
+    bits, legacy = as_number(mdl.get("bits_per_sample")), as_number(mdl.get("legacy", math.nan))
+    if bits is None or legacy is None:
+        raise ValueError(f"mdl.bits_per_sample / mdl.legacy not numbers: {mdl.get('bits_per_sample')!r}, "
+                         f"{mdl.get('legacy')!r}")
+    if not (math.isfinite(bits) and (math.isfinite(legacy) or "legacy" not in mdl)):
+        return {**row, "status": "failed", "error": f"non-finite MDL (bits_per_sample={bits}, legacy={legacy}): "
+                                                      "not counted as a seed"}
+    row.update(protocol=mdl.get("protocol", row["protocol"]), bits_per_sample=bits, legacy=legacy)
+    if not isinstance(final, dict):
+        raise TypeError(f"final is a {type(final).__name__}")
+    row["final_val_loss"] = as_number(final.get("val_loss_bits", math.nan))
+    if row["final_val_loss"] is None:
+        row["final_val_loss"] = math.nan
+    after = (result.get("certificate") or {}).get("after") or {}
+    for key in CERT:
+        value = as_number(after.get(key))
+        row[key] = math.nan if value is None else value
+    row.update(_probe_columns(after))
+    row["ref_bits"], row["ref_kind"] = _label_entropy(result, mdl)
+    info = result.get("dataset")
+    if isinstance(info, dict) and info.get("permuted_labels") is True:
+        row["null"] = True  # a null run, whatever its config says
+    fit = (result.get("eraser") or {}).get("fit")
+    folds = as_number(fit.get("folds")) if isinstance(fit, dict) else None
+    row["folds_total"] = math.nan if folds is None else int(folds)
+    report = (result.get("eraser") or {}).get("report") or {}
+    for key in REPORT:
+        value = as_number(report.get(key))
+        row[key] = math.nan if value is None else value
+    row["curve"] = final.get("val_loss_curve") or []
+    return row
+
+
+def failed_jobs(ledger_roots: Iterable[Path]) -> dict[str, str]:
+    """job_dir -> error, from multirun ledgers (training/cli/ledger.py); the latest entry per job wins."""
+    latest: dict[str, dict[str, Any]] = {}
+    for root in ledger_roots:
+        for path in sorted(root.glob(".multirun/*/job-*.json")):  # run ids sort by time
+            entry = _read(path)
+            if isinstance(entry, dict) and isinstance(entry.get("job_dir"), str):
+                latest[str(Path(entry["job_dir"]))] = entry
+    return {d: str(e.get("error", "")) for d, e in latest.items() if e.get("status") == "failed"}
+
+
+def _unfinished_row(cell: dict[str, Any], job_dir: Path, failed: dict[str, str]) -> dict[str, Any]:
+    row = {**cell, "job_dir": str(job_dir), "status": "missing"}
+    progress = _read(job_dir / "progress.json")
+    if str(job_dir) in failed:
+        row.update(status="failed", error=failed[str(job_dir)])
+    elif progress is not None:
+        blocks = progress.get("blocks") if isinstance(progress, dict) else None
+        row.update(status="partial", error=f"{len(blocks) if isinstance(blocks, list) else 0} block models finished")
+    return row
+
+
+def is_mdl_task(result: dict[str, Any]) -> bool:
+    return not isinstance(result.get("config"), dict) or stored_config(result["config"])["task"] == "mdl"
+
+
+def collect_dir(root: Path) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """Rows of every MDL result.json under root plus failed/partial jobs found there; and all parsed results.
+    A file that is not a result is a warning naming it (and a `malformed` row when its path names a job); an
+    MDL result without an mdl section is `incomplete`; one whose MDL is not finite is `failed`."""
+    rows, results, seen = [], [], set()
+    for path in sorted(root.rglob("result.json")):
+        result, why = _load_result(path)
+        if result is not None:
+            results.append(result)
+            if not is_mdl_task(result):
+                seen.add(str(path.parent))
+                continue
+            try:
+                rows.append(_result_row(result, str(path.parent)))
+                seen.add(str(path.parent))
+                continue
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                why = f"malformed ({type(e).__name__}: {e})"
+        if why is None:
+            continue
+        warn(f"skipped {path}: {why}")
+        cell = _cell_from_path(path.parent)
+        if cell is not None:
+            rows.append({**cell, "job_dir": str(path.parent), "status": "malformed", "error": why})
+            seen.add(str(path.parent))
+    failed = failed_jobs([root, root / "runs"])
+    unfinished = {str(p.parent) for p in root.rglob("progress.json")} | set(failed)
+    for job_dir in sorted(unfinished - seen):
+        cell = _cell_from_path(Path(job_dir))
+        if cell is not None:
+            rows.append(_unfinished_row(cell, Path(job_dir), failed))
+    df = assign_groups(pd.DataFrame(rows))
+    if len(df):  # groups in the order of their values (numbers as numbers); rows keep their order within one
+        df = df.iloc[sorted(range(len(df)), key=lambda i: _group_order(df.group.iloc[i]))]
+    return df, results
+
+
+def _group_order(group: Any) -> tuple[Any, ...]:
+    if not isinstance(group, str):
+        return (1,)
+    values = json.loads(group).values()
+    return (0, *((0, v, "") if isinstance(v, int | float) and not isinstance(v, bool) else (1, 0, json.dumps(v))
+                 for v in values))
+
+
+def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """Exactly the jobs of a preset, in launch order; jobs without a matching result are listed as such. Groups
+    come from the preset's configs (a result counts only when its config hashes to its job's)."""
+    from training.app.schema import config_hash
+    from training.app.sweeps import expand
+
+    cfgs = expand(name, extra)
+    out_dirs = {Path(c["paths"]["out_dir"]) for c in cfgs}
+    failed = failed_jobs([d / "runs" for d in out_dirs])
+    rows, results = [], []
+    for cfg in cfgs:
+        job_dir = Path(cfg["paths"]["job_dir"])
+        path = job_dir / "result.json"
+        result, why = _load_result(path)
+        if why is not None:
+            warn(f"skipped {path}: {why}")
+        h = config_hash(cfg)  # same_config also rehashes the stored config (the hash may have changed since)
+        same = result is not None and same_config(result, h)
+        if same:
+            results.append(result)
+        if stored_config(cfg)["task"] != "mdl":
+            continue
+        cell = _cell_from_config(cfg)
+        if same:
+            assert result is not None
+            try:
+                row = _result_row(result, str(job_dir))
+                rows.append({**row, **{k: cell[k] for k in ("settings", "eraser_settings")}})
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                warn(f"skipped {path}: malformed ({type(e).__name__}: {e})")
+                rows.append({**cell, "job_dir": str(job_dir), "status": "malformed", "error": str(e)})
+        elif result is not None:
+            rows.append({**cell, "job_dir": str(job_dir), "status": "other-config",
+                         "error": f"result.json holds config {result.get('config_hash')}"})
+        elif why is not None:
+            rows.append({**cell, "job_dir": str(job_dir), "status": "malformed", "error": why})
+        else:
+            rows.append(_unfinished_row(cell, job_dir, failed))
+    return assign_groups(pd.DataFrame(rows)), results
+
+

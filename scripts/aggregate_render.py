@@ -1,0 +1,393 @@
+"""Write the aggregate's tables for scripts/aggregate.py: Markdown (one section per comparison group), CSV,
+LaTeX and the plots, and the tables of other tasks (scripts/aggregate_gs.py).
+"""
+
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from scripts.aggregate_collect import CELL, CERT, MISSING_KEY, PAPER_RULE, PROBES, ROW_KEY, UNKNOWN_COMMIT, is_mdl_task
+from scripts.aggregate_summary import ARTEFACT, cell_name, increase_over_control, ordered
+from scripts.tables import (
+    group_label,
+    group_labels,
+    groups_in,
+    md_table,
+    require_one_group,
+)
+
+LABEL_NAMES = {"dataset": "dataset", "arch": "arch", "width": "w", "depth": "d", "fit_on": "fit on",
+               "variant": "variant"}  # the row label columns of a table (fit on, variant: only when they vary)
+MIXED = "†"  # a cell whose seeds come from different commits
+# Paper Appendix C (CIFAR-10, legacy MDL units, 5 seeds; Quirke & Belrose 2025, App. C): (mean, sd).
+PAPER_TABLE_C: dict[str, dict[str, tuple[float, float]]] = {
+    "MLP": {"control": (7.14, 0.05), "leace": (8.49, 0.10), "alf_qleace": (8.94, 0.14),
+            "gradient": (10.02, 0.08), "qleace": (11.41, 0.00)},
+    "LeNet": {"control": (5.62, 0.02), "leace": (6.59, 0.28), "alf_qleace": (6.83, 0.11),
+              "gradient": (8.71, 0.09), "qleace": (8.68, 0.24)},
+    "ConvNeXtV2": {"control": (5.09, 0.09), "leace": (5.20, 0.15), "alf_qleace": (4.92, 0.05),
+                   "gradient": (5.37, 0.02), "qleace": (1.67, 0.20)},
+    "Swin V2": {"control": (8.18, 0.03), "leace": (9.00, 0.13), "alf_qleace": (8.67, 1.20),
+                "gradient": (9.29, 0.06), "qleace": (9.08, 0.13)},
+}
+PAPER_ARCHS = {"MLP": ("mlp_relu", 128, 2), "LeNet": ("lenet", 128, 2), "ConvNeXtV2": ("convnext", 40, 2),
+               "Swin V2": ("swin", 40, 2)}
+PAPER_ERASER_NAMES = {"control": "Control", "leace": "LEACE", "alf_qleace": "ALF-QLEACE",
+                      "gradient": "Gradient Quadratic", "qleace": "QLEACE"}
+
+# --- formatting -------------------------------------------------------------------------------------------
+def fmt(mean: float, sd: float, digits: int = 3) -> str:
+    if math.isnan(mean):
+        return "n/a"
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}" if not math.isnan(sd) else f"{mean:.{digits}f}"
+
+
+def _cell_text(rec: pd.Series | None, metric: str, digits: int = 3) -> str:
+    if rec is None:
+        return "missing"
+    if rec["n"] == 0:
+        states = {s.split(":", 1)[1] for s in str(rec["missing_seeds"]).split()}
+        return "failed" if "failed" in states else "incomplete" if states & {"incomplete", "malformed"} \
+            else "missing"
+    text = fmt(rec[f"{metric}_mean"], rec[f"{metric}_sd"], digits)
+    text += f" ({rec['n']}/{rec['n_expected']})" if rec["n"] < rec["n_expected"] else ""
+    text += f" [{rec['folds']}]" if rec.get("folds") else ""
+    return text + (f" {MIXED}" if rec.get("mixed_commits") else "")
+
+
+def _row_keys(summary: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """Table rows in order of appearance, a row fitted on all before its holdout twin."""
+    keys = list(dict.fromkeys(tuple(r) for r in summary[ROW_KEY].itertuples(index=False)))
+    at = ROW_KEY.index("fit_on")
+    first = {k[:at]: i for i, k in reversed(list(enumerate(keys)))}
+    return sorted(keys, key=lambda k: (first[k[:at]], k[at] != "all"))
+
+
+def _label_columns(summary: pd.DataFrame, fit_on: bool = True) -> list[str]:
+    """Row-label columns: dataset, arch, width, depth; `fit_on` when some row was fitted on a holdout, `variant`
+    when some row has one."""
+    cols = ["dataset", "arch", "width", "depth"]
+    if fit_on and "fit_on" in summary and (summary.fit_on != "all").any():
+        cols.append("fit_on")
+    return cols + (["variant"] if (summary.variant != "").any() else [])
+
+
+def _labels(summary: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(header names, ROW_KEY columns) of the row labels."""
+    cols = _label_columns(summary)
+    return [LABEL_NAMES[c] for c in cols], cols
+
+
+def _label_cells(key: tuple[Any, ...], cols: list[str]) -> list[str]:
+    values = dict(zip(ROW_KEY, key, strict=True))
+    return [str(values[c]) for c in cols]
+
+
+def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str], list[list[str]]]:
+    """One table (rows × erasers) of one group; refused over several groups."""
+    require_one_group(summary, "a table")
+    erasers = ordered(summary.eraser)
+    index = {tuple(k): r for k, (_, r) in zip(summary[CELL].itertuples(index=False), summary.iterrows(),
+                                               strict=True)}
+    labels, shown = _labels(summary)
+    rows = [_label_cells(key, shown) + [_cell_text(index.get((*key, e)), metric, digits) for e in erasers]
+            for key in _row_keys(summary)]
+    return [*labels, *erasers], rows
+
+
+def increase_rows(inc: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    require_one_group(summary, "a table")
+    erasers = [e for e in ordered(summary.eraser) if e != "control"]
+    look = {tuple(k): (m, s, n) for k, m, s, n in zip(inc[CELL].itertuples(index=False), inc["mean"], inc["sd"],
+                                                       inc["n"], strict=True)}
+    labels, shown = _labels(summary)
+    rows = []
+    for key in _row_keys(summary):
+        cells = []
+        for e in erasers:
+            m, s, n = look.get((*key, e), (math.nan, math.nan, 0))
+            cells.append("missing" if n == 0 else (f"{m:+.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:+.3f}"))
+        rows.append(_label_cells(key, shown) + cells)
+    return [*labels, *erasers], rows
+
+
+def _first(g: pd.DataFrame, key: str) -> float:
+    v = g[f"{key}_mean"].dropna() if f"{key}_mean" in g else pd.Series(dtype=float)
+    return float(v.iloc[0]) if len(v) else math.nan
+
+
+def _report_cells(g: pd.DataFrame) -> list[str]:
+    """working rank (of d), variance dropped, max noise share; gradient erasure's own gaps before → after."""
+    rank, d = _first(g, "working_rank"), _first(g, "d")
+    cells = ["n/a" if math.isnan(rank) else f"{rank:.0f}/{d:.0f}"]
+    for key in ("variance_dropped_fraction", "max_noise_share"):
+        v = _first(g, key)
+        cells.append("n/a" if math.isnan(v) else f"{v:.2%}")
+    gaps = [_first(g, k) for k in ("max_mean_gap_before", "max_cov_gap_before", "max_mean_gap_after",
+                                   "max_cov_gap_after")]
+    cells.append("n/a" if any(math.isnan(v) for v in gaps) else
+                 f"{gaps[0]:.3g} / {gaps[1]:.3g} → {gaps[2]:.3g} / {gaps[3]:.3g}")
+    return cells
+
+
+def _with_se(mean: float, se: float) -> str:
+    if math.isnan(mean):
+        return "n/a"
+    return f"{mean:.3f} ± {se:.3f}" if not math.isnan(se) else f"{mean:.3f}"
+
+
+def _has_probe_scores(summary: pd.DataFrame) -> bool:
+    """Whether some result of these cells has the certificate's out-of-sample probe scores (SE, z, verdict)."""
+    numbers = [f"{p}_probe_{k}_mean" for p in PROBES for k in ("acc_se", "loss_bits")]
+    return any(c in summary and summary[c].notna().any() for c in numbers) or \
+        ("probe_verdict" in summary and (summary.probe_verdict != "n/a").any())
+
+
+def _probe_cells(g: pd.DataFrame) -> list[str]:
+    """acc ± SE and log-loss ± SE (bits) per probe, chance (majority accuracy / prior-only code), the verdict."""
+    cells = []
+    for probe in PROBES:
+        cells.append(_with_se(_first(g, f"{probe}_probe_acc"), _first(g, f"{probe}_probe_acc_se")))
+        cells.append(_with_se(_first(g, f"{probe}_probe_loss_bits"), _first(g, f"{probe}_probe_loss_se")))
+    chance, chance_loss = _first(g, "chance"), _first(g, "chance_loss_bits")
+    cells.append(f"{'n/a' if math.isnan(chance) else f'{chance:.3f}'} / "
+                 f"{'n/a' if math.isnan(chance_loss) else f'{chance_loss:.3f}'}")
+    verdicts = [v for v in g.probe_verdict if v != "n/a"] if "probe_verdict" in g else []
+    cells.append(next((v for v in verdicts if v.startswith(ARTEFACT)), verdicts[0] if verdicts else "n/a"))
+    return cells
+
+
+def certificate_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """One row per (dataset, eraser) (and fit_on / variant, when some results were fitted on a holdout / differ
+    in eraser options) of one group: the certificate after erasure and what the eraser reports it did. With the
+    certificate's out-of-sample probes: each probe's accuracy and log-loss (bits) ± SE, chance, and the verdict
+    (a probe below chance by > ARTEFACT_Z SE reads "dependence artefact", never a success)."""
+    require_one_group(summary, "a table")
+    keys = ["dataset", *[c for c in _label_columns(summary) if c in ("fit_on", "variant")], "eraser"]
+    probes = _has_probe_scores(summary)
+    rows = []
+    for key, g in summary.groupby(keys, sort=False):
+        if probes:
+            gaps = [g[f"{k}_mean"].dropna() for k in ("max_mean_gap", "max_cov_gap")]
+            scores = [f"{v.iloc[0]:.3g}" if len(v) else "n/a" for v in gaps] + _probe_cells(g)
+        else:
+            scores = [f"{v.iloc[0]:.3g}" if len(v) else "n/a" for v in (g[f"{k}_mean"].dropna() for k in CERT)]
+        rows.append([*key, *scores, *_report_cells(g)])
+    order = {e: i for i, e in enumerate(ordered(summary.eraser))}
+    rows.sort(key=lambda r: (r[0], order[r[len(keys) - 1]], *r[1:len(keys) - 1]))
+    cert = [CERT["max_mean_gap"], CERT["max_cov_gap"], *[f"{p} probe {what}" for p in PROBES for what in
+                                                         ("acc ± SE", "loss ± SE (bits)")],
+            "chance acc / loss (bits)", "probe verdict"] if probes else list(CERT.values())
+    header = [*[k.replace("_", " ") for k in keys], *cert, "working rank", "variance dropped", "noise share (max)",
+              "gradient gaps mean / cov (before → after)"]
+    return header, rows
+
+
+NULL_HOWTO = ("–: no null run; run the cell again with `dataset.permute_labels=true` (same config and seeds "
+              "otherwise)")
+
+
+def null_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """The null control of one group: per cell (eraser × fit_on) its MDL, its null's MDL (permuted labels, mean
+    over the null's seeds × folds), the label entropy, bias = null MDL − label entropy, the noise the bias is
+    compared with (scripts/tables.bias_noise) and the flag, seeds (true / null)."""
+    require_one_group(summary, "a table")
+    cols = [c for c in _label_columns(summary, fit_on=False)]
+    order = {e: i for i, e in enumerate(ordered(summary.eraser))}
+    rows_of = {k: i for i, k in enumerate(_row_keys(summary))}
+    recs = sorted((r for _, r in summary.iterrows()),
+                  key=lambda r: (rows_of[tuple(r[k] for k in ROW_KEY)], order[r.eraser]))
+    rows = []
+    for r in recs:
+        values = dict(zip(ROW_KEY, (r[k] for k in ROW_KEY), strict=True))
+        label = [str(values[c]) for c in cols] + [r.eraser, r.fit_on, _cell_text(r, "bits_per_sample")]
+        if r.null_runs == 0:
+            rows.append([*label, "–", "–", "–", "–", "", f"{r.n_seeds} / 0"])
+            continue
+        null = fmt(r.null_mean, r.null_sd) + (f" [{r.null_folds}]" if r.null_folds else "")
+        ref = "n/a" if math.isnan(r.null_ref) else f"{r.null_ref:.3f} ({r.null_ref_kind})"
+        bias = "n/a" if math.isnan(r.bias) else f"{r.bias:+.3f}"
+        noise = f"{r.bias_noise:.3f} ({r.bias_noise_of})" if r.bias_noise_of else "n/a (< 2 seeds)"
+        rows.append([*label, null, ref, bias, noise, r.bias_flag, f"{r.n_seeds} / {r.null_seeds}"])
+    header = [*[LABEL_NAMES[c] for c in cols], "eraser", "fit on", "MDL", "null MDL", "label entropy", "bias",
+              "noise (2 SE)", "flag", "n seeds (true / null)"]
+    return header, rows
+
+
+NULL_NOTE = (
+    "Null: the cell rerun with `dataset.permute_labels=true` (labels shuffled once per seed, same config otherwise), "
+    "mean over its seeds × folds. bias = null MDL − label entropy (H of the class prior where the result records "
+    "it, else log2 K): what the procedure charges for labels that carry no information (> 0: the cost of learning "
+    "nothing; < 0: the code found label information that is not in the images, e.g. put there by an eraser fitted "
+    "on the coded samples). flag: ⚠ when |bias| > noise = 2 × the larger standard error over seeds of the null "
+    "MDL (`null`) and the cell's true-label MDL (`true`), each with ≥ 2 seeds; ok within it; ? fewer than 2 seeds "
+    "on both. " + NULL_HOWTO + ".\n")
+NO_NULL = ("Null control: no permuted-label runs among these results, so the procedure's bias (null MDL − label "
+           "entropy) is unknown; rerun the cells with `dataset.permute_labels=true` (same config and seeds "
+           "otherwise) to measure it.\n")
+
+
+def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:
+    """Paper Appendix C next to ours (legacy units) for the CIFAR-10 base-size cells of one group, if any."""
+    require_one_group(summary, "a table")
+    group = groups_in(summary)[0] if len(summary) else "{}"
+    index = {tuple(k): r for k, (_, r) in zip(summary[CELL].itertuples(index=False), summary.iterrows(),
+                                               strict=True)}
+    rows, found = [], False
+    for name, (tag, width, depth) in PAPER_ARCHS.items():
+        cells = []
+        for eraser, (pm, ps) in PAPER_TABLE_C[name].items():
+            rec = index.get((group, "cifar10", tag, width, depth, "all", "", eraser))
+            found |= rec is not None
+            cells.append(f"{_cell_text(rec, 'legacy', 2)} / {pm:.2f} ± {ps:.2f}")
+        rows.append([name, *cells])
+    return rows if found else None
+
+
+def unfinished(df: pd.DataFrame, with_group: bool = False) -> list[list[str]]:
+    bad = df[df.status != "done"]
+    rows = []
+    for _, r in bad.iterrows():
+        null = r.get("null")
+        status = f"{r.status} (null)" if pd.api.types.is_bool(null) and null else r.status  # permuted labels
+        row = [status, str(r.seed), r.job_dir, str(r.get("error", "") or "")]
+        if with_group:
+            g = r.get("group")
+            row.insert(0, group_label(g) if isinstance(g, str) else "unknown (no result to tell)")
+        rows.append(row)
+    return rows
+
+
+def _code_line(df: pd.DataFrame) -> str:
+    done = df[df.status == "done"]
+    if done.empty or "commit" not in done:
+        return ""
+    counts = done.commit.fillna(UNKNOWN_COMMIT).value_counts(sort=False)
+    shown = ", ".join(f"{c} ({n})" for c, n in counts.items())
+    note = "; unknown: no commit recorded (older result, or not a git checkout)" if UNKNOWN_COMMIT in counts else ""
+    return f"Code versions (commit: finished results): {shown}{note}.\n"
+
+
+def _mixed_lines(summary: pd.DataFrame) -> str:
+    mixed = summary[summary.mixed_commits.astype(bool)] if "mixed_commits" in summary else summary.iloc[0:0]
+    return "".join(f"{MIXED} seeds from different commits: {cell_name(r)}: {r.commits}\n"
+                   for _, r in mixed.iterrows())
+
+
+def _group_sections(df: pd.DataFrame, summary: pd.DataFrame, h: str) -> list[str]:
+    parts = [f"{h} MDL (bits/sample)\n", md_table(*pivot(summary, "bits_per_sample"))]
+    mixed = _mixed_lines(summary)
+    if mixed:
+        parts.append(mixed)
+    parts += [f"{h} Legacy MDL (the paper code's units)\n", md_table(*pivot(summary, "legacy"))]
+    inc = increase_over_control(df)
+    if len(inc):
+        parts += [f"{h} MDL increase over control (bits/sample, paired by seed)\n",
+                  md_table(*increase_rows(inc, summary))]
+    if "null_runs" in summary and (summary.null_runs > 0).any():
+        parts += [f"{h} Null control (permuted labels, bits/sample)\n", md_table(*null_rows(summary)), NULL_NOTE]
+    else:
+        parts.append(NO_NULL)
+    parts += [f"{h} Final validation loss (bits, full-data run)\n", md_table(*pivot(summary, "final_val_loss"))]
+    parts += [f"{h} Erasure certificate (after erasure)\n", md_table(*certificate_rows(summary))]
+    paper = paper_rows(summary)
+    if paper is not None:
+        header = ["architecture", *[f"{PAPER_ERASER_NAMES[e]} (ours / paper)" for e in PAPER_TABLE_C["MLP"]]]
+        parts += [f"{h} Paper Appendix C vs ours (CIFAR-10, legacy units)\n", md_table(header, paper)]
+    return parts
+
+
+def plot_stems(summary: pd.DataFrame, name: str) -> dict[str, str]:
+    """group -> file stem of its plots: `name`, or `name-g<i>` with several groups."""
+    groups = groups_in(summary)
+    return {g: name if len(groups) == 1 else f"{name}-g{i}" for i, g in enumerate(groups, 1)}
+
+
+def markdown(df: pd.DataFrame, summary: pd.DataFrame, title: str, name: str = "results") -> str:
+    done, total = int((df.status == "done").sum()), len(df)
+    protocols = ", ".join(sorted({p for p in summary.protocol if p})) or "n/a"
+    parts = [f"# {title}\n", f"{done}/{total} jobs finished; MDL protocol: {protocols}. Cells: mean ± sd over "
+             f"finished seeds, (n/N) when seeds are missing, {MIXED} when they come from different commits.\n"]
+    code = _code_line(df)
+    if code:
+        parts.append(code)
+    groups = groups_in(summary)
+    if len(groups) == 1:
+        parts += _group_sections(df, summary, "##")
+    else:
+        from scripts.tables import differing_keys
+
+        keys = ", ".join(differing_keys(groups))
+        parts.append(f"These results differ in {keys} besides the eraser and the seed: one set of tables per "
+                     f"group, erasers compared only within a group ({MISSING_KEY}: not recorded in the result; "
+                     f"{PAPER_RULE}: the paper's rate for the architecture and eraser family).\n")
+        stems, labels = plot_stems(summary, name), group_labels(groups)
+        for i, g in enumerate(groups, 1):
+            parts.append(f"## Group {i}: {labels[g]}\n\nPlots: {stems[g]}*.png\n")
+            parts += _group_sections(df[df.group == g], summary[summary.group == g], "###")
+    bad = unfinished(df, with_group=len(groups) > 1)
+    if bad:
+        header = ["status", "seed", "job dir", "detail"]
+        parts += ["## Jobs without a result\n", md_table(["group", *header] if len(groups) > 1 else header, bad)]
+    return "\n".join(parts)
+
+
+def _tex_escape(s: str) -> str:
+    for char in "&%#":
+        s = s.replace(char, "\\" + char)
+    return s.replace("_", r"\_").replace("±", r"$\pm$").replace(MIXED, r"$\dagger$")
+
+
+def latex(summary: pd.DataFrame) -> str:
+    out = []
+    for g in groups_in(summary):
+        part = summary[summary.group == g]
+        where = f" ({_tex_escape(group_label(g))})" if group_label(g) else ""
+        for metric, caption in (("bits_per_sample", "Prequential MDL (bits/sample)"),
+                                ("legacy", "Legacy MDL (paper units)")):
+            header, rows = pivot(part, metric)
+            shown = len(_labels(part)[1])
+            out += [r"\begin{table}[t]", r"\centering",
+                    r"\begin{tabular}{" + "l" * shown + "r" * (len(header) - shown) + "}",
+                    r"\toprule", " & ".join(_tex_escape(h) for h in header) + r" \\", r"\midrule"]
+            out += [" & ".join(_tex_escape(c) for c in r) + r" \\" for r in rows]
+            out += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{caption}{where}; mean $\pm$ sd over seeds.}}",
+                    r"\end{table}", ""]
+    return "\n".join(out)
+
+
+# --- other tasks ------------------------------------------------------------------------------------------
+def gs_module() -> Any:
+    """scripts/aggregate_gs.py (Spectral Decoupling tables and plots)."""
+    from scripts import aggregate_gs
+
+    return aggregate_gs
+
+
+def other_task_tables(results: list[dict[str, Any]], out: Path | None = None) -> dict[str, str]:
+    """Tables (and, with `out`, plots) from scripts/aggregate_gs.py (Spectral Decoupling; it picks the results it
+    knows: tasks other than mdl, and MDL runs with a regularizer). Its failure is reported, not fatal."""
+    if not results:
+        return {}
+    others = sum(not is_mdl_task(r) for r in results)
+    try:
+        module = gs_module()
+        tables = dict(module.tables(results))
+        if others and not tables:
+            print(f"note: {others} result(s) of other tasks have no table here (scripts/aggregate_gs.py made none)",
+                  file=sys.stderr)
+        if out is not None and tables:
+            for path in module.plots(results, out):
+                print(f"wrote {path}")
+        return tables
+    except Exception as e:  # noqa: BLE001 - the MDL tables stand on their own
+        print(f"warning: aggregate_gs failed ({type(e).__name__}: {e}); its tables are missing", file=sys.stderr)
+        return {}
+
+

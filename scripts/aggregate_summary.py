@@ -1,0 +1,203 @@
+"""Summarise collected rows for scripts/aggregate.py: mean ± sd per cell over seeds (and folds), the null
+control's bias, probe verdicts, the increase over the control and commits mixed within a cell.
+"""
+
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+from scripts.aggregate_collect import CELL, CERT, PROBE_NUMBERS, PROBES, REPORT, ROW_KEY, UNKNOWN_COMMIT, as_number
+from scripts.tables import (
+    bias_flag,
+    bias_noise,
+    eraser_order,
+    fold_text,
+    group_label,
+    null_bias,
+    seed_means,
+)
+
+METRICS = ["bits_per_sample", "legacy", "final_val_loss"]
+ARTEFACT_Z = 3.0  # a probe whose accuracy or log-loss is below chance by more than this many SE: dependence artefact
+ARTEFACT, INFORMATION, NOTHING = "dependence artefact", "information", "no information detected"
+
+# --- summarising ------------------------------------------------------------------------------------------
+def ordered(values: Iterable[str]) -> list[str]:
+    return eraser_order(values)
+
+
+def _mean_sd(values: pd.Series) -> tuple[float, float, int]:
+    """Over the finite values only (a NaN/inf never enters a mean)."""
+    v = pd.to_numeric(values, errors="coerce").astype(float)
+    v = v[v.map(math.isfinite)]
+    return (float(v.mean()) if len(v) else math.nan, float(v.std(ddof=1)) if len(v) > 1 else math.nan, len(v))
+
+
+def _commits(done: pd.DataFrame) -> str:
+    """`<commit>: seeds 0 2; <commit>: seed 1` (in seed order of first appearance)."""
+    if "commit" not in done or done.empty:
+        return ""
+    by: dict[str, list[int]] = {}
+    for seed, commit in sorted(zip(done.seed, done.commit.fillna(UNKNOWN_COMMIT), strict=True)):
+        by.setdefault(str(commit), []).append(int(seed))
+    return "; ".join(f"{c}: seed{'s' if len(s) > 1 else ''} {' '.join(map(str, s))}" for c, s in by.items())
+
+
+def _mean_sd_runs(done: pd.DataFrame, col: str) -> tuple[float, float]:
+    """Mean over a cell's finite runs (seeds × folds), sd over seeds of the per-seed means (one fold per seed:
+    the plain mean ± sd over seeds)."""
+    mean, _, n = _mean_sd(done[col])
+    if n == 0:
+        return math.nan, math.nan
+    per_seed = seed_means(done, col).dropna()
+    return mean, float(per_seed.std(ddof=1)) if len(per_seed) > 1 else math.nan
+
+
+def _run_label(seed: Any, fold: Any, holdout: bool) -> str:
+    return f"{seed}f{int(fold)}" if holdout and isinstance(fold, int | float) and fold == fold else str(seed)
+
+
+def _probe_verdict(runs: pd.DataFrame) -> str:
+    """The certificate verdict of a cell over its runs: "dependence artefact" when a probe of some run scores
+    below chance by more than ARTEFACT_Z SE (acc or log-loss; the certificate's own flag, or its z-scores),
+    "information" when one scores above chance, "no information detected", or "n/a" (no probe scores)."""
+    below: dict[str, int] = {}
+    info: dict[str, int] = {}
+    known = 0
+    for _, r in runs.iterrows():
+        seen = False
+        for probe in PROBES:
+            flag, verdict = r.get(f"{probe}_probe_below_chance"), r.get(f"{probe}_probe_verdict")
+            flag = bool(flag) if pd.api.types.is_bool(flag) else None  # absent: None or NaN in a frame
+            verdict = verdict if isinstance(verdict, str) else None
+            zs = [as_number(r.get(f"{probe}_probe_{k}_z")) for k in ("acc", "loss")]
+            zs = [z for z in zs if z is not None and math.isfinite(z)]
+            if flag is None and verdict is None and not zs:
+                continue
+            seen = True
+            if flag is True or verdict == ARTEFACT or any(z < -ARTEFACT_Z for z in zs):
+                below[probe] = below.get(probe, 0) + 1
+            elif verdict == INFORMATION or (verdict is None and any(z > ARTEFACT_Z for z in zs)):
+                info[probe] = info.get(probe, 0) + 1
+        known += seen
+    if not known:
+        return "n/a"
+    for verdict, counts in ((ARTEFACT, below), (INFORMATION, info)):
+        if counts:
+            runs_text = "" if known == 1 else f"; {max(counts.values())}/{known} runs"
+            return f"{verdict} ({', '.join(p for p in PROBES if p in counts)}{runs_text})"
+    return NOTHING
+
+
+def _null_columns(nulls: pd.DataFrame, true_done: pd.DataFrame) -> dict[str, Any]:
+    """The cell's null (its finished permuted-label runs): MDL, label entropy, bias = null MDL − label entropy,
+    noise (scripts/tables.bias_noise) and flag."""
+    null_mean, bias = null_bias(nulls)
+    per_seed = seed_means(nulls).dropna() if len(nulls) else pd.Series(dtype=float)
+    noise, source = bias_noise(per_seed, seed_means(true_done).dropna() if len(true_done) else [])
+    kinds = sorted(set(nulls.ref_kind.dropna())) if "ref_kind" in nulls and len(nulls) else []
+    return {"null_mean": null_mean, "null_sd": float(per_seed.std(ddof=1)) if len(per_seed) > 1 else math.nan,
+            "null_seeds": len(per_seed), "null_runs": int(nulls.bits_per_sample.map(math.isfinite).sum())
+            if len(nulls) else 0,
+            "null_ref": float(nulls.ref_bits.mean()) if len(nulls) and "ref_bits" in nulls else math.nan,
+            "null_ref_kind": " / ".join(k for k in kinds if k), "null_folds": fold_text(nulls.fold)
+            if len(nulls) and (nulls.fit_on == "holdout").any() else "",
+            "bias": bias, "bias_noise": noise, "bias_noise_of": source,
+            "bias_flag": bias_flag(bias, noise) if len(nulls) else ""}
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: mean/sd/n of each metric over finished runs (a non-finite result is a failed seed, not a
+    seed; with folds the mean is over seeds × folds and the sd over seeds of the per-seed means); expected runs =
+    every seed of the cell's group's true-label runs (the sweep's, with --experiment) × the folds found in the
+    cell; which commits the runs come from; the cell's null (`_null_columns`) from its permuted-label runs."""
+    out = []
+    df = df[df.group.notna()]
+    if "null" not in df:
+        df = df.assign(null=False)
+    for col, default in (("fit_on", "all"), ("fold", 0)):
+        if col not in df:
+            df = df.assign(**{col: default})
+    seeds_of = {g: set(gg.seed) for g, gg in df[~df["null"]].groupby("group", sort=False)}  # not the nulls' seeds
+    for key, cell in df.groupby(CELL, sort=False):
+        g, nulls = cell[~cell["null"]], cell[cell["null"] & (cell.status == "done")]
+        done = g[g.status == "done"]
+        rec: dict[str, Any] = dict(zip(CELL, key, strict=True))
+        holdout = rec["fit_on"] == "holdout"
+        all_seeds = seeds_of.get(rec["group"], set())
+        folds = sorted({int(f) for f in g.fold if isinstance(f, int | float) and f == f}) if holdout else [0]
+        totals = {int(t) for t in done.get("folds_total", pd.Series(dtype=float)).dropna()}
+        rec["folds"] = fold_text(folds, next(iter(totals)) if len(totals) == 1 else None) if holdout else ""
+        rec["protocol"] = ",".join(sorted(set(done.protocol))) if len(done) else ""
+        rec["n"], rec["n_expected"] = len(done), len(all_seeds | set(g.seed)) * max(1, len(folds))
+        rec["n_seeds"] = len(set(done.seed))
+        present = {(s, int(f) if holdout and isinstance(f, int | float) and f == f else 0)
+                   for s, f in zip(g.seed, g.fold, strict=True)}
+        absent = sorted((s, f) for s in all_seeds | set(g.seed) for f in folds if (s, f) not in present)
+        rec["missing_seeds"] = " ".join(
+            [f"{_run_label(s, f, holdout)}:{st}" for s, f, st in zip(g[g.status != "done"].seed,
+                                                                   g[g.status != "done"].fold,
+                                                                   g[g.status != "done"].status, strict=True)]
+            + [f"{_run_label(s, f, holdout)}:missing" for s, f in absent])
+        rec["commits"] = _commits(done)
+        rec["mixed_commits"] = "commit" in done and done.commit.nunique(dropna=False) > 1
+        for col in METRICS + list(CERT) + REPORT + PROBE_NUMBERS:
+            mean, sd = _mean_sd_runs(done, col) if col in done and len(done) else (math.nan, math.nan)
+            rec[f"{col}_mean"], rec[f"{col}_sd"] = mean, sd
+        rec["probe_verdict"] = _probe_verdict(done)
+        rec.update(_null_columns(nulls, done))
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def _true_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Finished true-label runs of known groups (null runs are their cells' controls, never a value of the cell)."""
+    done = df[(df.status == "done") & df.group.notna()]
+    return done[~done["null"]] if "null" in done else done
+
+
+def increase_over_control(df: pd.DataFrame, metric: str = "bits_per_sample") -> pd.DataFrame:
+    """Per (row, eraser): mean ± sd over seeds of metric(eraser) - metric(control), paired by seed (each side the
+    seed's mean over its folds); rows are within one group and one fit_on, so an eraser is only ever paired with a
+    control of the same configuration."""
+    done = _true_runs(df)
+    out = []
+    for key, g in done.groupby(ROW_KEY, sort=False):
+        control = seed_means(g[g.eraser == "control"], metric)
+        if control.empty:
+            continue
+        for eraser, ge in g[g.eraser != "control"].groupby("eraser", sort=False):
+            diff = (seed_means(ge, metric) - control).dropna()
+            mean, sd, n = _mean_sd(diff)
+            out.append({**dict(zip(ROW_KEY, key, strict=True)), "eraser": eraser, "mean": mean, "sd": sd, "n": n})
+    return pd.DataFrame(out, columns=[*ROW_KEY, "eraser", "mean", "sd", "n"])
+
+
+def commit_problems(df: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(cells whose seeds come from different commits, as `<cell>: <commits>`; finished jobs without a known
+    commit) — what --strict refuses."""
+    done = df[df.status == "done"]
+    if "commit" not in done:
+        return [], []
+    mixed = []
+    for key, g in done.groupby([*CELL, "null"] if "null" in done else CELL, sort=False, dropna=False):
+        if g.commit.nunique(dropna=False) > 1:
+            null = " (null)" if len(key) > len(CELL) and key[-1] else ""
+            mixed.append(f"{cell_name(dict(zip(CELL, key, strict=False)))}{null}: {_commits(g)}")
+    unknown = list(done[done.commit == UNKNOWN_COMMIT].job_dir.astype(str))
+    return mixed, unknown
+
+
+def cell_name(rec: dict[str, Any] | pd.Series) -> str:
+    group = group_label(rec["group"]) if isinstance(rec["group"], str) else ""
+    variant = f" [{rec['variant']}]" if rec["variant"] else ""
+    fit = f" (fit on {rec['fit_on']})" if rec.get("fit_on", "all") not in ("all", None) else ""
+    where = f" ({group})" if group else ""
+    return f"{rec['dataset']} {rec['arch']} w{rec['width']} d{rec['depth']}{variant} {rec['eraser']}{fit}{where}"
+
+

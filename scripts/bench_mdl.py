@@ -92,8 +92,8 @@ LABELS = {"ours": "ours (default config)", "fused": "ours + training.fused_optim
 
 def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> list[float]:
     """All block models of all seeds in one vectorised group, each with its own seed's split and validation."""
-    from training.engine.fit import cross_entropy_sum
-    from training.engine.group import GroupData, GroupOptions, fit_group
+    from training.engine.fit import TrainData, cross_entropy_sum
+    from training.engine.group import GroupOptions, fit_group
     from training.mdl.job import Trainer
     from training.mdl.splits import make_split
 
@@ -115,7 +115,7 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
     def code(k: int, model: torch.nn.Module, res: Any) -> None:
         ce[k] = cross_entropy_sum(model, data.all(coded[k]), y_dev[coded[k]]) / len(coded[k]) / math.log(2)
 
-    fit_group(members, GroupData(data, y_dev), GroupOptions(on_finish=code, compile=args.compile, engine=args.engine,
+    fit_group(members, TrainData(data, y_dev), GroupOptions(on_finish=code, compile=args.compile, engine=args.engine,
                                                             workers=args.workers,
                                                             fused_optimizer=args.worker == "fused"))
     return ce
@@ -208,7 +208,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
 def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict[str, Any]:
     """Time to read the float32 data once on the device, to copy it host→device, and one MLP-128 epoch."""
-    from training.engine.group import GroupData, GroupOptions, fit_group
+    from training.engine.group import GroupOptions, fit_group
     from training.mdl.job import Trainer
     from training.mdl.splits import make_split
 
@@ -241,7 +241,7 @@ def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
                                                progress=False)))
         sync(device)
         t0 = time.perf_counter()
-        fit_group(members, GroupData(trainer.data, trainer.y, trainer.x_val, trainer.y_val),
+        fit_group(members, trainer.train_set(),
                   GroupOptions(compile=args.compile, engine=args.engine))
         sync(device)
         return time.perf_counter() - t0

@@ -149,7 +149,7 @@ def throughput(p: dict[str, Any]) -> dict[str, Any]:
 
     from models.registry import ARCHS
     from training.engine.fit import cross_entropy_sum
-    from training.engine.group import GroupData, GroupOptions, fit_group
+    from training.engine.group import GroupOptions, fit_group
     from training.mdl.job import Trainer
     from training.mdl.splits import make_split
 
@@ -177,7 +177,7 @@ def throughput(p: dict[str, Any]) -> dict[str, Any]:
                     members.append(dataclasses.replace(m, cfg=fc))
                 _sync(device)
                 t0 = time.perf_counter()
-                fit_group(members, GroupData(trainer.data, trainer.y, trainer.x_val, trainer.y_val),
+                fit_group(members, trainer.train_set(),
                           GroupOptions(engine=opts.engine, workers=opts.workers, compile=opts.compile))
                 _sync(device)
                 return time.perf_counter() - t0

@@ -20,8 +20,8 @@ from training.app.schema import load_config
 from training.data import LoadedData
 from training.data.erase import BatchEraser, fit_cached
 from training.engine.batches import DeviceData
-from training.engine.fit import FitConfig, fit
-from training.engine.group import GroupData, GroupOptions, Member, fit_group
+from training.engine.fit import FitConfig, Member, TrainData, fit
+from training.engine.group import GroupOptions, fit_group
 from training.engine.seeding import generator
 from training.mdl import job
 from training.mdl.job import prepare_data, run_job
@@ -138,11 +138,11 @@ def test_group_engines_erase_each_members_batch_as_fit_does(engine: str) -> None
     transform = _leace_transform(data, y)
     subsets = [torch.arange(80, 80 + s) for s in (45, 150, 300)]
     cfg = FitConfig(batch_size=32, patience=2, max_epochs=4, augment=True, progress=False, batch_transform=transform)
-    alone = [fit(m, o, data, y, xv, yv, cfg, generator(0, "b", k), idx=subsets[k])
+    alone = [fit(Member(m, o, subsets[k], generator(0, "b", k), cfg), TrainData(data, y, xv, yv))
              for k, (m, o) in enumerate(_models("mlp", [0, 1, 2]))]
     members = [Member(m, o, subsets[k], generator(0, "b", k), cfg)
                for k, (m, o) in enumerate(_models("mlp", [0, 1, 2]))]
-    together = fit_group(members, GroupData(data, y, xv, yv), GroupOptions(engine=engine))
+    together = fit_group(members, TrainData(data, y, xv, yv), GroupOptions(engine=engine))
     for a, b in zip(alone, together, strict=True):
         assert (a.epochs, a.steps) == (b.epochs, b.steps)
         if engine == "loop":
@@ -150,9 +150,9 @@ def test_group_engines_erase_each_members_batch_as_fit_does(engine: str) -> None
         else:
             assert [v for _, v in b.curve] == pytest.approx([v for _, v in a.curve], rel=1e-5)
     # the transform matters: without it the same members train differently
-    plain = fit(*_models("mlp", [0])[0], data, y, xv, yv, FitConfig(batch_size=32, patience=2, max_epochs=4,
-                                                                   augment=True, progress=False),
-                generator(0, "b", 0), idx=subsets[0])
+    model, opt = _models("mlp", [0])[0]
+    plain_cfg = FitConfig(batch_size=32, patience=2, max_epochs=4, augment=True, progress=False)
+    plain = fit(Member(model, opt, subsets[0], generator(0, "b", 0), plain_cfg), TrainData(data, y, xv, yv))
     assert plain.curve != alone[0].curve
 
 
@@ -162,7 +162,7 @@ def test_group_with_a_batch_transform_needs_a_shared_validation_set() -> None:
     (model, opt), = _models("mlp", [0])
     member = Member(model, opt, torch.arange(80, 200), generator(0, "b", 0), cfg, val_idx=torch.arange(80))
     with pytest.raises(ValueError, match="need a shared x_val"):
-        fit_group([member], GroupData(data, y), GroupOptions(engine="loop"))
+        fit_group([member], TrainData(data, y), GroupOptions(engine="loop"))
 
 
 def test_qleace_coupling_noise_is_refused_per_batch_in_one_line() -> None:

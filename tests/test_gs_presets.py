@@ -106,9 +106,9 @@ def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, mon
     seen = []
     real_fit = erased_eval.fit
 
-    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - records the FitConfig the task trains with
-        seen.append(args[6])
-        return real_fit(*args, **kwargs)
+    def spy(member, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - records the member's FitConfig
+        seen.append(member.cfg)
+        return real_fit(member, *args, **kwargs)
 
     monkeypatch.setattr(erased_eval, "fit", spy)
     cfg = job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "mdl.min_steps=40", "mdl.patience_min_steps=30",

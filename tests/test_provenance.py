@@ -37,8 +37,8 @@ from training.data.cache import _store, cached_erase, key_hash
 from training.data.erase import _cache_key
 from training.data.idx import find_idx_pair
 from training.engine.batches import DeviceData
-from training.engine.fit import FitConfig, fit
-from training.engine.group import GroupData, GroupOptions, Member, fit_group
+from training.engine.fit import FitConfig, Member, TrainData, fit
+from training.engine.group import GroupOptions, fit_group
 from training.errors import UserError  # NonFiniteError's base (tests fail, not error, on code without it)
 from training.mdl.job import run_job
 
@@ -183,7 +183,7 @@ def test_3_nan_training_loss_at_step_k_fails_fit_with_one_line(monkeypatch: pyte
     m = _member(x, y, "block model 3", cfg)
     _nan_after(monkeypatch, 6)  # step 6 (epoch 2): caught at epoch 2's validation, after step 8
     with pytest.raises(UserError) as err:
-        fit(m.model, m.optimizer, x, y, x[64:], y[64:], cfg, m.gen, idx=m.idx, name="block model 3")
+        fit(m, TrainData(x, y, x[64:], y[64:]))
     assert type(err.value).__name__ == "NonFiniteError"
     assert str(err.value) == ("non-finite training loss in block model 3 by step 8 (epoch 2): lr too high or bad "
                               "data; nothing was written as a result")
@@ -199,7 +199,7 @@ def test_3_nan_training_loss_fails_the_lockstep_group_naming_the_member(monkeypa
     # call per step for both (call 6 = step 6, every member NaN: the first one is named)
     _nan_after(monkeypatch, 11 if engine == "loop" else 6)
     with pytest.raises(UserError) as err:
-        fit_group(members, GroupData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:]),
+        fit_group(members, TrainData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:]),
                   GroupOptions(engine=engine))
     assert type(err.value).__name__ == "NonFiniteError"
     assert str(err.value) == ("non-finite training loss in block model 1 by step 8 (epoch 2): lr too high or bad "

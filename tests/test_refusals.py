@@ -30,7 +30,8 @@ from tests.helpers import ENV, REPO, TINY, job_config
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import LOCK_FILE
 from training.common import files as files_mod
-from training.engine.group import GroupData, GroupOptions, Member, fit_group
+from training.engine.fit import Member, TrainData
+from training.engine.group import GroupOptions, fit_group
 from training.errors import user_error_line
 from training.mdl.job import run_job
 
@@ -150,7 +151,7 @@ def test_batch_buffers_are_capped_at_the_data_and_give_the_same_numbers() -> Non
                                   torch.arange(n), torch.Generator().manual_seed(k),
                                   FitConfig(batch_size=batch_size, patience=3, max_epochs=4, progress=False),
                                   val_idx=torch.arange(50, 60)))
-        return [r.best_val_loss for r in fit_group(members, GroupData(data, y), GroupOptions(engine="loop"))]
+        return [r.best_val_loss for r in fit_group(members, TrainData(data, y), GroupOptions(engine="loop"))]
 
     group_mod._Plan = Watched
     try:

@@ -7,7 +7,7 @@ import torch
 
 from models import build_model, make_optimizer
 from training.app.schema import group_config
-from training.engine.fit import FitConfig, cross_entropy_sum, eval_mode, fit
+from training.engine.fit import FitConfig, Member, TrainData, cross_entropy_sum, eval_mode, fit
 
 
 def _setup():
@@ -36,8 +36,8 @@ def test_evaluation_refuses_train_mode() -> None:
 def test_fit_validates_with_averaged_weights() -> None:
     """Validation losses in the curve are those of the eval-mode (averaged) weights, not the train ones."""
     model, opt, x, y = _setup()
-    res = fit(model, opt, x, y, x, y, FitConfig(batch_size=16, patience=50, max_epochs=5, progress=False),
-              torch.Generator().manual_seed(0))
+    cfg = FitConfig(batch_size=16, patience=50, max_epochs=5, progress=False)
+    res = fit(Member(model, opt, torch.arange(len(y)), torch.Generator().manual_seed(0), cfg), TrainData(x, y, x, y))
     assert not model.training and not opt.param_groups[0]["train_mode"]
     loss_eval = cross_entropy_sum(model, x, y) / len(y)
     assert loss_eval == pytest.approx(res.best_val_loss, rel=1e-6)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from tests.helpers import job_config
 from training.app.schema import RegularizerConfig, group_config, load_section
-from training.engine.fit import FitConfig, cross_entropy_sum, fit
+from training.engine.fit import FitConfig, Member, TrainData, cross_entropy_sum, fit
 from training.engine.regularizers import SpectralDecoupling, build_regularizer, sd_penalty, task_loss
 from training.engine.seeding import generator, seeded_global_rng
 
@@ -87,8 +87,8 @@ def _fit_mup_mlp(reg_cfg: dict | None, epochs: int = 3):  # reg_cfg: regularizer
     with seeded_global_rng(0, "init"):
         model = build_model(arch, (1, 4, 4), 3)
     opt = make_optimizer(model, lr=1e-2, beta1=0.9)
-    res = fit(model, opt, x, y, xv, yv, FitConfig(batch_size=32, patience=100, max_epochs=epochs, progress=False),
-              generator(0, "batches"),
+    cfg = FitConfig(batch_size=32, patience=100, max_epochs=epochs, progress=False)
+    res = fit(Member(model, opt, torch.arange(len(y)), generator(0, "batches"), cfg), TrainData(x, y, xv, yv),
               build_regularizer(None if reg_cfg is None else group_config("regularizer", "sd", **reg_cfg), 3))
     return model, res, (xv, yv)
 

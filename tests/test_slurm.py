@@ -32,7 +32,7 @@ SLURM = ("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launch
          "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=5")
 ONE_JOB = ("eraser=control", "seed=0", "mdl.full_run=false")
 FAILING_SWEEP = ("eraser=control", "seed=0", "dataset=cifar10,digits", "++dataset.download=false")
-LONG_TRAINING_S = 70  # the time-limit job's block models, one after another: over its 1-min limit with a margin
+LONG_TRAINING_S = 85  # the time-limit job's block models, one after another: over its 1-min limit with a margin
 
 
 def _env() -> dict[str, str]:
@@ -167,13 +167,23 @@ def test_smoke_sweep_lands_every_result_with_the_local_numbers_and_a_rerun_skips
 
 @pytest.fixture(scope="module")
 def long_epochs(tmp_path_factory: pytest.TempPathFactory) -> int:
-    """Epochs that make the time-limit job's block models train ~LONG_TRAINING_S one after another here and now,
-    so the job outlasts its 1-minute limit on a fast machine as on a slow or busy one. Timed on a short run
-    without early stopping, per block as seconds per epoch *trained*: quick's step floor (min_steps) makes the
-    small blocks train more than max_epochs, so seconds / max_epochs would overstate an epoch's cost."""
-    cfg = job_config(tmp_path_factory.mktemp("calibrate"), ["experiment=smoke", *ONE_JOB, "mdl.max_epochs=60",
-                                                            "mdl.patience=60", "training.parallel_models=1"])
-    per_epoch = sum(b["seconds"] / b["epochs"] for b in run_job(cfg)["mdl"]["blocks"])
+    """Epochs that make the time-limit job's block models train at least ~LONG_TRAINING_S one after another, so
+    the job outlasts its 1-minute limit on a fast machine as on a slow or busy one. Timed in CPU seconds of this
+    process (one thread), which a busy machine does not inflate as it does wall time: the job's wall time is at
+    least its CPU time, so load can only make it longer. No early stopping, so a run's time is its set-up plus
+    its epochs times the cost of one: the difference of two epoch budgets is the cost of the epochs alone
+    (wall seconds / epochs overstated it ~1.7×, and the job ended before its signal)."""
+    def cpu_seconds(epochs: int) -> float:
+        overrides = ["experiment=smoke", *ONE_JOB, f"mdl.max_epochs={epochs}", f"mdl.patience={epochs}",
+                     "training.parallel_models=1"]
+        cfg = job_config(tmp_path_factory.mktemp("calibrate"), overrides)
+        t0 = time.process_time()
+        run_job(cfg)
+        return time.process_time() - t0
+
+    cpu_seconds(1)  # the first job in this process pays for imports and caches: not an epoch's cost
+    short = cpu_seconds(60)
+    per_epoch = (cpu_seconds(240) - short) / 180
     return max(300, round(LONG_TRAINING_S / per_epoch))
 
 
@@ -182,12 +192,14 @@ def test_time_limit_signals_requeues_and_resumes_after_the_last_finished_block(s
     job = (*ONE_JOB, f"mdl.max_epochs={long_epochs}", f"mdl.patience={long_epochs}")
     # The reference trains the block models in lockstep (bitwise equal on CPU); the SLURM job one after another,
     # so its finished blocks advance steadily. slurmctld checks limits every 30 s and sends the warning signal
-    # when at most signal_delay_s + 30 s are left: with signal_delay_s=1, USR2 comes 29-59 s into an attempt (after
-    # its first block), and the limit itself, enforced at the next check, 30 s later.
+    # when at most signal_delay_s + 30 s are left: with signal_delay_s=1, USR2 comes 29-59 s into an attempt of the
+    # 1-minute limit (after its first block), before its ~85 s of training end even where the calibration
+    # overstated the job's speed 1.5-fold. A requeued attempt restarts its unfinished block, and the last block
+    # (~40% of the training) fits only a long enough window: up to 10 requeues.
     reference = _start(tmp_path / "local", tmp_path / "local.log", *job)
     out = tmp_path / "slurm"
     rc, text = _run(out, *job, "training.parallel_models=1", *SLURM, "hydra.launcher.timeout_min=1",
-                    "hydra.launcher.signal_delay_s=1", "hydra.launcher.max_num_timeout=6", timeout=600)
+                    "hydra.launcher.signal_delay_s=1", "hydra.launcher.max_num_timeout=10", timeout=600)
     assert rc == 0, text[-3000:]
     assert "multirun: 1/1 jobs ran: 1 done, 0 skipped, 0 failed" in text, text[-3000:]
     (task,) = _slurm_jobs(out)

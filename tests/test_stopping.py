@@ -12,8 +12,8 @@ import torch
 from tests.helpers import job_config
 from tests.test_vectorized import _data, _models
 from training.app.schema import MdlConfig, load_config, load_section
-from training.engine.fit import FitConfig, fit
-from training.engine.group import GroupData, GroupOptions, Member, fit_group
+from training.engine.fit import FitConfig, Member, TrainData, fit
+from training.engine.group import GroupOptions, fit_group
 from training.engine.seeding import generator
 from training.engine.stopping import MAX_EPOCHS, PATIENCE, EarlyStopping
 from training.mdl.job import fit_config, stop_options
@@ -102,11 +102,11 @@ def test_fit_and_fit_group_stop_alike_and_report_why() -> None:
     subsets = [torch.arange(80, 80 + s) for s in sizes]
     cfg = FitConfig(batch_size=32, patience=1, max_epochs=9, progress=False, warmup_steps=7, min_steps=25,
                     patience_min_steps=12)
-    seq = [fit(model, opt, data, y, xv, yv, cfg, generator(0, "b", k), idx=subsets[k])
+    seq = [fit(Member(model, opt, subsets[k], generator(0, "b", k), cfg), TrainData(data, y, xv, yv))
            for k, (model, opt) in enumerate(_models("mlp", [0, 1, 2]))]
     members = [Member(m, o, subsets[k], generator(0, "b", k), cfg)
                for k, (m, o) in enumerate(_models("mlp", [0, 1, 2]))]
-    vec = fit_group(members, GroupData(data, y, xv, yv), GroupOptions(engine="loop"))
+    vec = fit_group(members, TrainData(data, y, xv, yv), GroupOptions(engine="loop"))
     for s, v, n in zip(seq, vec, sizes, strict=True):
         assert (v.epochs, v.best_epoch, v.steps, v.stop_reason) == (s.epochs, s.best_epoch, s.steps, s.stop_reason)
         assert v.curve == s.curve
@@ -115,4 +115,4 @@ def test_fit_and_fit_group_stop_alike_and_report_why() -> None:
     assert seq[0].epochs > cfg.max_epochs  # 45 samples: 2 steps per epoch, 25 steps need 13 epochs
     plain = FitConfig(batch_size=32, patience=1, max_epochs=9, progress=False)
     model, opt = _models("mlp", [0])[0]
-    assert fit(model, opt, data, y, xv, yv, plain, generator(0, "b", 0), idx=subsets[0]).steps < 25
+    assert fit(Member(model, opt, subsets[0], generator(0, "b", 0), plain), TrainData(data, y, xv, yv)).steps < 25

@@ -21,12 +21,10 @@ from models import build_model, make_optimizer
 from tests.helpers import job_config
 from training.app.schema import ArchConfig, group_config
 from training.engine.batches import DeviceData, compact
-from training.engine.fit import FitConfig, FitResult, cross_entropy_sum, fit, snapshot
+from training.engine.fit import FitConfig, FitResult, Member, TrainData, cross_entropy_sum, fit, snapshot
 from training.engine.flat_optim import cpu_compiler
 from training.engine.group import (
-    GroupData,
     GroupOptions,
-    Member,
     balanced_parts,
     fit_group,
     resolve_engine,
@@ -82,14 +80,15 @@ def _compare(arch: str, augment: bool, engine: str, eval_every: int | None = Non
     val_idx = [torch.arange(80) + (20 * k if own_val else 0) for k in range(3)]  # own_val: 3 different sets
     seq = []
     for k, (model, opt) in enumerate(_models(arch, [0, 1, 2], lr, dtype, device)):
-        res = fit(model, opt, data, y, data.all(val_idx[k]), y[val_idx[k]], cfgs[k], generator(0, "b", k),
-                  regularizer, idx=subsets[k])
+        # its own validation set through the member's val_idx, as fit_group's members below
+        res = fit(Member(model, opt, subsets[k], generator(0, "b", k), cfgs[k], val_idx=val_idx[k]), TrainData(data, y),
+                  regularizer)
         seq.append((model, res))
     members = [Member(m, o, subsets[k], generator(0, "b", k), cfgs[k], val_idx=val_idx[k])
                for k, (m, o) in enumerate(_models(arch, [0, 1, 2], lr, dtype, device))]
     order: list[int] = []
     shared = (None, None) if own_val else (xv, yv)
-    vec = fit_group(members, GroupData(data, y, *shared),
+    vec = fit_group(members, TrainData(data, y, *shared),
                     GroupOptions(on_finish=lambda k, model, res: order.append(k), engine=engine, compile=compile,
                                  regularizer=regularizer, workers=workers, fused_optimizer=fused))
     assert sorted(order) == [0, 1, 2]
@@ -135,14 +134,14 @@ def test_members_finishing_apart_are_each_reported_as_if_trained_alone(engine: s
     subsets = [torch.arange(80, 80 + s) for s in sizes]
     cfgs = [FitConfig(batch_size=32, patience=p, max_epochs=9, min_steps=30, progress=False) for p in patience]
     alone = _models("mlp", list(range(5)))
-    seq = [fit(m, o, data, y, xv, yv, cfgs[k], generator(0, "b", k), idx=subsets[k])
+    seq = [fit(Member(m, o, subsets[k], generator(0, "b", k), cfgs[k]), TrainData(data, y, xv, yv))
            for k, (m, o) in enumerate(alone)]
     steps, reasons = [r.steps for r in seq], {r.stop_reason for r in seq}
     assert len(set(steps)) < len(steps) and reasons == {"patience", "max_epochs"}, (steps, reasons)
     members = [Member(m, o, subsets[k], generator(0, "b", k), cfgs[k])
                for k, (m, o) in enumerate(_models("mlp", list(range(5))))]
     seen: list[tuple[int, FitResult, bool, dict[str, Tensor]]] = []
-    vec = fit_group(members, GroupData(data, y, xv, yv), GroupOptions(
+    vec = fit_group(members, TrainData(data, y, xv, yv), GroupOptions(
         engine=engine, on_finish=lambda k, model, res: seen.append((k, res, model.training, snapshot(model)))))
     assert [k for k, *_ in seen] == sorted(range(5), key=lambda k: (steps[k], k))
     assert [r.seconds for _, r, *_ in seen] == sorted(r.seconds for _, r, *_ in seen)
@@ -211,7 +210,7 @@ def test_a_failing_worker_stops_the_others() -> None:
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        fit_group(members, GroupData(data, y, xv, yv), GroupOptions(on_finish=on_finish, workers=2))
+        fit_group(members, TrainData(data, y, xv, yv), GroupOptions(on_finish=on_finish, workers=2))
     assert finished == [0]  # member 1 (10k epochs) was cancelled, not trained to the end
     assert torch.get_num_threads() == 1  # the caller's thread setting is restored
 

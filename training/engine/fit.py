@@ -74,6 +74,46 @@ class FitResult:
     stop_reason: str = ""  # why training stopped: "patience" or "max_epochs" (training/engine/stopping.py)
 
 
+@dataclass
+class Member:
+    """One model to train: a fresh module (its init drawn), its own optimizer (read, never stepped), its
+    training subset (indices into the data) and its generator (batch order + augmentation)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    idx: Tensor
+    gen: torch.Generator
+    cfg: FitConfig
+    val_idx: Tensor | None = None  # own validation set (indices into the data), e.g. another seed's split
+    name: str = ""  # how errors name it ("block model 3"); empty: "model <its index in the group>"
+
+
+
+@dataclass(frozen=True)
+class TrainData:
+    """What a model (or a group, `training.engine.group.fit_group`) trains and validates on: the data (a tensor is
+    kept as float32 on its device) and its labels, and an optional shared validation set (None: each member's
+    `val_idx` into the data)."""
+
+    data: DeviceData
+    y: Tensor
+    x_val: Tensor | None = None
+    y_val: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, Tensor):
+            object.__setattr__(self, "data", DeviceData(self.data, self.data.device, storage="float32"))
+
+    def validation(self, member: Member) -> tuple[Tensor, Tensor]:
+        """The validation set of `member`: the shared one, else its own `val_idx`."""
+        if self.x_val is not None and self.y_val is not None:
+            return self.x_val, self.y_val
+        if member.val_idx is None:
+            raise ValueError("no validation set: give TrainData x_val/y_val or the member a val_idx")
+        idx = member.val_idx.to(self.data.device)
+        return self.data.all(idx), self.y.to(self.data.device)[idx]
+
+
 @contextmanager
 def eval_mode(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Iterator[None]:
     """Model and schedule-free optimizer both in eval mode inside; both back in train mode after."""
@@ -126,42 +166,30 @@ def snapshot(model: nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def fit(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    x: Tensor | DeviceData,
-    y: Tensor,
-    x_val: Tensor,
-    y_val: Tensor,
-    cfg: FitConfig,
-    gen: torch.Generator,
-    regularizer: Regularizer | None = None,
-    desc: str = "fit",
-    idx: Tensor | None = None,
-    name: str | None = None,
-) -> FitResult:
+def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None, desc: str = "fit") -> FitResult:
     """Train until `patience` evaluations without improvement; return with the best state loaded.
 
-    The training set is `x[idx], y[idx]` (all of x when idx is None). Each epoch draws its batch order and
-    per-sample augmentation from `gen` in one go (`training.engine.batches.draw_epoch`); the vectorised trainer
-    draws the same streams. `cfg.batch_transform` (if set) maps each augmented batch before the model sees it;
-    `x_val` is used as given. On return the model and optimizer are in eval mode (ready to code a block).
-    A NaN/inf training or validation loss raises NonFiniteError naming the model (`name`, else `desc`).
+    The training set is `member.idx` into `data`; validation is `data`'s shared set (used as given), else
+    `member.val_idx`. Each epoch draws its batch order and per-sample augmentation from `member.gen` in one go
+    (`training.engine.batches.draw_epoch`); the vectorised trainer draws the same streams. `cfg.batch_transform`
+    (if set) maps each augmented batch before the model sees it. On return the model and optimizer are in eval
+    mode (ready to code a block).
+    A NaN/inf training or validation loss raises NonFiniteError naming the model (`member.name`, else `desc`).
     """
-    data = x if isinstance(x, DeviceData) else DeviceData(x, x.device, storage="float32")
-    dev = data.device
-    idx = torch.arange(len(data), device=dev) if idx is None else idx.to(dev)
-    y = y.to(dev)
+    model, optimizer, gen, cfg = member.model, member.optimizer, member.gen, member.cfg
+    train, (x_val, y_val) = data.data, data.validation(member)
+    dev = train.device
+    idx, y = member.idx.to(dev), data.y.to(dev)
     n = len(idx)
     if n == 0:
         raise ValueError("cannot fit on an empty training set")
-    pad = augment_pad(data, cfg.augment)
+    pad = augment_pad(train, cfg.augment)
     t0 = time.perf_counter()
     stopper = cfg.stopper(math.ceil(n / cfg.batch_size))
     best_state = snapshot(model)
     curve: list[tuple[int, float]] = []
     step, epoch = 0, 0
-    name = name or desc
+    name = member.name or desc
     loss_sum = torch.zeros((), device=dev)  # training losses since the last check, summed without a sync
     model.train()
     optimizer.train()  # schedule-free optimizers start in eval mode
@@ -194,7 +222,7 @@ def fit(
             sl = slice(i, i + cfg.batch_size)
             bi = order[sl]
             yb = y[bi]
-            xb = data.batch(bi, None if offsets is None else offsets[sl], None if flips is None else flips[sl], pad)
+            xb = train.batch(bi, None if offsets is None else offsets[sl], None if flips is None else flips[sl], pad)
             if cfg.batch_transform is not None:
                 xb = cfg.batch_transform(xb, yb)
             logits = model(xb)

@@ -29,39 +29,14 @@ from torch import Tensor, nn
 from training.common.progress import progress_bar
 from training.engine.backends import LoopEngine, StackedEngine, ValSet
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
-from training.engine.fit import BatchTransform, FitConfig, FitResult, Regularizer, nonfinite_loss
+from training.engine.fit import BatchTransform, FitResult, Member, Regularizer, TrainData, nonfinite_loss
 from training.engine.flat_optim import fused_backend
 from training.engine.stopping import EarlyStopping
 
 ENGINES = ("auto", "loop", "stacked")
 
 
-@dataclass
-class Member:
-    """One model to train: a fresh module (its init drawn), its own optimizer (read, never stepped), its
-    training subset (indices into the data) and its generator (batch order + augmentation)."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    idx: Tensor
-    gen: torch.Generator
-    cfg: FitConfig
-    val_idx: Tensor | None = None  # own validation set (indices into the data), e.g. another seed's split
-    name: str = ""  # how errors name it ("block model 3"); empty: "model <its index in the group>"
-
-
 OnFinish = Callable[[int, nn.Module, FitResult], None]  # (member index, model in eval mode with best state, result)
-
-
-@dataclass(frozen=True)
-class GroupData:
-    """What a group trains and validates on: the data and its labels, and an optional shared validation set
-    (None: each member's `val_idx`)."""
-
-    data: DeviceData
-    y: Tensor
-    x_val: Tensor | None = None
-    y_val: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +76,7 @@ def resolve_engine(engine: str, device: torch.device) -> str:
     return engine
 
 
-def fit_group(members: Sequence[Member], inputs: GroupData, options: GroupOptions = GroupOptions()
+def fit_group(members: Sequence[Member], inputs: TrainData, options: GroupOptions = GroupOptions()
               ) -> list[FitResult]:
     """Train all members at once; each ends as `training.engine.fit.fit` would (best state loaded, eval mode).
 
@@ -191,7 +166,7 @@ class Cancelled(Exception):
     """A sibling worker failed (or the run was interrupted): this worker stopped early."""
 
 
-def _cost(member: Member, inputs: GroupData) -> float:
+def _cost(member: Member, inputs: TrainData) -> float:
     """A member's training samples + validation samples (a forward only: about half) per epoch, times the
     epochs it may take (max_epochs, or more when warm-up / min_steps keep a small model going)."""
     x_val, val_idx = inputs.x_val, member.val_idx
@@ -200,7 +175,7 @@ def _cost(member: Member, inputs: GroupData) -> float:
     return (len(member.idx) + n_val / 2) * member.cfg.max_steps_estimate(spe) / spe
 
 
-def _fit_threads(members: Sequence[Member], inputs: GroupData, options: GroupOptions,
+def _fit_threads(members: Sequence[Member], inputs: TrainData, options: GroupOptions,
                  n_workers: int) -> list[FitResult]:
     """Members split over `n_workers` threads, each one lockstep group with one intra-op thread.
 
@@ -384,7 +359,7 @@ class _Lockstep:
     epoch ends is validated and asked whether to stop (`EarlyStopping`), and a stopped one leaves the group.
     Row r of the plan and of the engine is `live[r]`."""
 
-    def __init__(self, members: Sequence[Member], inputs: GroupData, options: GroupOptions,
+    def __init__(self, members: Sequence[Member], inputs: TrainData, options: GroupOptions,
                  stop: threading.Event | None = None) -> None:
         dev = inputs.data.device
         self.y = inputs.y.to(dev)

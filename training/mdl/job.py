@@ -27,11 +27,18 @@ from training.app.wandb_logger import RunLogger
 from training.data import LoadedData
 from training.data.erase import BatchEraser, Holdout, apply_eraser, apply_eraser_keeping_map
 from training.engine.batches import DeviceData
-from training.engine.fit import BatchTransform, FitConfig, FitResult, cross_entropy_sum, fit, fit_temperature
-from training.engine.group import (
-    GroupData,
-    GroupOptions,
+from training.engine.fit import (
+    BatchTransform,
+    FitConfig,
+    FitResult,
     Member,
+    TrainData,
+    cross_entropy_sum,
+    fit,
+    fit_temperature,
+)
+from training.engine.group import (
+    GroupOptions,
     OnFinish,
     check_options,
     fit_group,
@@ -109,6 +116,10 @@ class Trainer:
         self.model_info: dict[str, Any] = {}
         self.full_fit: FitResult | None = None  # the full-data run, when run_mdl trained it alongside
 
+    def train_set(self) -> TrainData:
+        """What every model of this job trains on (raw when erased after augmentation) and validates on."""
+        return TrainData(self.train_data, self.y, self.x_val, self.y_val)
+
     def full_eval_every(self) -> int | None:
         return self.cfg.mdl.eval_every_steps
 
@@ -134,8 +145,7 @@ class Trainer:
         # Dropout/drop-path draw from the global RNG: seed it per (seed, tag) so a resumed job's block i
         # sees the same stream as in an uninterrupted run (and runs do not depend on earlier blocks).
         with seeded_global_rng(self.seed, "train", tag):
-            res = fit(m.model, m.optimizer, self.train_data, self.y, self.x_val, self.y_val, m.cfg, m.gen,
-                      self.regularizer, desc=f"{tag}", idx=m.idx, name=m.name)
+            res = fit(m, self.train_set(), self.regularizer, desc=f"{tag}")
         return m.model, res
 
     def group_size(self, first: Member, count: int) -> int:
@@ -171,7 +181,7 @@ class Trainer:
             def done(k: int, model: torch.nn.Module, res: FitResult, offset: int = start) -> None:
                 on_finish(offset + k, model, res)
 
-            fit_group(members, GroupData(self.train_data, self.y, self.x_val, self.y_val),
+            fit_group(members, self.train_set(),
                       GroupOptions(on_finish=done, progress=self.cfg.progress, compile=self.opts.compile,
                                    engine=self.opts.engine, regularizer=self.regularizer, workers=self.opts.workers,
                                    fused_optimizer=self.opts.fused_optimizer))

@@ -21,7 +21,7 @@ from training.app.lifecycle import JobRun
 from training.app.schema import JobConfig, load_config
 from training.app.tasks import DECLARED, TASKS
 from training.data import load_dataset
-from training.engine.fit import cross_entropy_sum, fit, fit_temperature, predict_logits
+from training.engine.fit import Member, TrainData, cross_entropy_sum, fit, fit_temperature, predict_logits
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
 from training.starvation.common import run_task
@@ -80,9 +80,9 @@ def run(job: JobRun) -> dict[str, Any]:
     opt = make_optimizer(model, lr=hp["lr"], beta1=hp["beta1"], beta2=hp["beta2"], weight_decay=hp["weight_decay"],
                          warmup_steps=hp["warmup_steps"])
     on = {p: (x[i].to(device), y[i].to(device)) for p, i in idx.items()}
-    res = fit(model, opt, *on["train"], *on["val"], fit_config(cfg, hp["warmup_steps"]),
-              generator(seed, "batches", "gs_erased_eval"), build_regularizer(cfg.regularizer, k),
-              desc="gs_erased_eval")
+    member = Member(model, opt, torch.arange(len(on["train"][1]), device=device),
+                    generator(seed, "batches", "gs_erased_eval"), fit_config(cfg, hp["warmup_steps"]))
+    res = fit(member, TrainData(*on["train"], *on["val"]), build_regularizer(cfg.regularizer, k), desc="gs_erased_eval")
     # fit() returns the best state with model and optimizer in eval mode: score as is.
     t = fit_temperature(model, *on["val"])
     out = {p: scores(model, *on[p], t) for p in ("train", "test")}

@@ -121,7 +121,7 @@ def preset_claims(experiment: str, extra: list[str]) -> list[str] | None:
     """The claims a preset defines (its `claims` key), or None."""
     from training.app.sweeps import expand
 
-    cfgs = expand(experiment, extra)
+    cfgs = expand(experiment, extra, limit=1)  # a preset-level key: every job has the same
     keys = load_config(cfgs[0]).claims if cfgs else None
     return [str(k) for k in keys] if keys else None
 

@@ -20,8 +20,6 @@ import pandas as pd
 
 from training.app.results import same_config, stored_config
 
-ROOT = Path(__file__).resolve().parents[1]
-
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
 # variant: eraser options that differ, if any). A cell's runs: its seeds × folds, and its null runs (`null`).
 ROW_KEY = ["group", "dataset", "arch", "width", "depth", "fit_on", "variant"]

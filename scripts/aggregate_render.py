@@ -13,8 +13,9 @@ from typing import Any
 import pandas as pd
 
 from scripts.aggregate_collect import CELL, CERT, MISSING_KEY, PAPER_RULE, PROBES, ROW_KEY, UNKNOWN_COMMIT, is_mdl_task
-from scripts.aggregate_summary import ARTEFACT, cell_name, increase_over_control, ordered
+from scripts.aggregate_summary import ARTEFACT, cell_name, increase_over_control
 from scripts.tables import (
+    eraser_order,
     group_label,
     group_labels,
     groups_in,
@@ -92,7 +93,7 @@ def _label_cells(key: tuple[Any, ...], cols: list[str]) -> list[str]:
 def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str], list[list[str]]]:
     """One table (rows × erasers) of one group; refused over several groups."""
     require_one_group(summary, "a table")
-    erasers = ordered(summary.eraser)
+    erasers = eraser_order(summary.eraser)
     index = {tuple(k): r for k, (_, r) in zip(summary[CELL].itertuples(index=False), summary.iterrows(),
                                                strict=True)}
     labels, shown = _labels(summary)
@@ -103,7 +104,7 @@ def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str
 
 def increase_rows(inc: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     require_one_group(summary, "a table")
-    erasers = [e for e in ordered(summary.eraser) if e != "control"]
+    erasers = [e for e in eraser_order(summary.eraser) if e != "control"]
     look = {tuple(k): (m, s, n) for k, m, s, n in zip(inc[CELL].itertuples(index=False), inc["mean"], inc["sd"],
                                                        inc["n"], strict=True)}
     labels, shown = _labels(summary)
@@ -136,12 +137,6 @@ def _report_cells(g: pd.DataFrame) -> list[str]:
     return cells
 
 
-def _with_se(mean: float, se: float) -> str:
-    if math.isnan(mean):
-        return "n/a"
-    return f"{mean:.3f} ± {se:.3f}" if not math.isnan(se) else f"{mean:.3f}"
-
-
 def _has_probe_scores(summary: pd.DataFrame) -> bool:
     """Whether some result of these cells has the certificate's out-of-sample probe scores (SE, z, verdict)."""
     numbers = [f"{p}_probe_{k}_mean" for p in PROBES for k in ("acc_se", "loss_bits")]
@@ -153,8 +148,8 @@ def _probe_cells(g: pd.DataFrame) -> list[str]:
     """acc ± SE and log-loss ± SE (bits) per probe, chance (majority accuracy / prior-only code), the verdict."""
     cells = []
     for probe in PROBES:
-        cells.append(_with_se(_first(g, f"{probe}_probe_acc"), _first(g, f"{probe}_probe_acc_se")))
-        cells.append(_with_se(_first(g, f"{probe}_probe_loss_bits"), _first(g, f"{probe}_probe_loss_se")))
+        cells.append(fmt(_first(g, f"{probe}_probe_acc"), _first(g, f"{probe}_probe_acc_se")))
+        cells.append(fmt(_first(g, f"{probe}_probe_loss_bits"), _first(g, f"{probe}_probe_loss_se")))
     chance, chance_loss = _first(g, "chance"), _first(g, "chance_loss_bits")
     cells.append(f"{'n/a' if math.isnan(chance) else f'{chance:.3f}'} / "
                  f"{'n/a' if math.isnan(chance_loss) else f'{chance_loss:.3f}'}")
@@ -179,7 +174,7 @@ def certificate_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]
         else:
             scores = [f"{v.iloc[0]:.3g}" if len(v) else "n/a" for v in (g[f"{k}_mean"].dropna() for k in CERT)]
         rows.append([*key, *scores, *_report_cells(g)])
-    order = {e: i for i, e in enumerate(ordered(summary.eraser))}
+    order = {e: i for i, e in enumerate(eraser_order(summary.eraser))}
     rows.sort(key=lambda r: (r[0], order[r[len(keys) - 1]], *r[1:len(keys) - 1]))
     cert = [CERT["max_mean_gap"], CERT["max_cov_gap"], *[f"{p} probe {what}" for p in PROBES for what in
                                                          ("acc ± SE", "loss ± SE (bits)")],
@@ -199,7 +194,7 @@ def null_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     compared with (scripts/tables.bias_noise) and the flag, seeds (true / null)."""
     require_one_group(summary, "a table")
     cols = [c for c in _label_columns(summary, fit_on=False)]
-    order = {e: i for i, e in enumerate(ordered(summary.eraser))}
+    order = {e: i for i, e in enumerate(eraser_order(summary.eraser))}
     rows_of = {k: i for i, k in enumerate(_row_keys(summary))}
     recs = sorted((r for _, r in summary.iterrows()),
                   key=lambda r: (rows_of[tuple(r[k] for k in ROW_KEY)], order[r.eraser]))

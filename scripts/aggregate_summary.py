@@ -6,7 +6,6 @@ control's bias, probe verdicts, the increase over the control and commits mixed 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
@@ -15,7 +14,6 @@ from scripts.aggregate_collect import CELL, CERT, PROBE_NUMBERS, PROBES, REPORT,
 from scripts.tables import (
     bias_flag,
     bias_noise,
-    eraser_order,
     fold_text,
     group_label,
     null_bias,
@@ -27,10 +25,6 @@ ARTEFACT_Z = 3.0  # a probe whose accuracy or log-loss is below chance by more t
 ARTEFACT, INFORMATION, NOTHING = "dependence artefact", "information", "no information detected"
 
 # --- summarising ------------------------------------------------------------------------------------------
-def ordered(values: Iterable[str]) -> list[str]:
-    return eraser_order(values)
-
-
 def _mean_sd(values: pd.Series) -> tuple[float, float, int]:
     """Over the finite values only (a NaN/inf never enters a mean)."""
     v = pd.to_numeric(values, errors="coerce").astype(float)

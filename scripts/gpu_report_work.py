@@ -48,7 +48,7 @@ def _memory(device: Any) -> dict[str, float]:
             "context_mb": max(0.0, (total - free - reserved) / 2**20)}
 
 
-def compose(overrides: list[str]) -> dict[str, Any]:
+def compose(overrides: list[str]) -> Any:  # a training.app.schema.JobConfig
     """The job config `python -m training.run <overrides>` would run, resolved and checked."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -132,13 +132,11 @@ def erasers(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _arch_cfg(arch: str, p: dict[str, Any]) -> Any:
-    from training.app.schema import load_config
-
     c, s = p["shape"][0], p["shape"][1]
-    return load_config(compose([f"arch={arch}", *p["arch_overrides"].get(arch, []), "dataset=synthetic",
-                    f"dataset.n={p['n']}", f"dataset.channels={c}", f"dataset.size={s}",
-                    f"dataset.num_classes={NUM_CLASSES}", "dataset.augment=true", "logger=none", "progress=false",
-                    f"device={p['device']}", *p.get("overrides", [])]))
+    return compose([f"arch={arch}", *p["arch_overrides"].get(arch, []), "dataset=synthetic", f"dataset.n={p['n']}",
+                    f"dataset.channels={c}", f"dataset.size={s}", f"dataset.num_classes={NUM_CLASSES}",
+                    "dataset.augment=true", "logger=none", "progress=false", f"device={p['device']}",
+                    *p.get("overrides", [])])
 
 
 def throughput(p: dict[str, Any]) -> dict[str, Any]:

@@ -52,9 +52,10 @@ def sweep_overrides(experiment: str, extra: Sequence[str] = ()) -> list[list[str
     return BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)[0]
 
 
-def expand(experiment: str, extra: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Resolved job configs (plain dicts) of every job in the experiment's sweep."""
-    combos = sweep_overrides(experiment, extra)
+def expand(experiment: str, extra: Sequence[str] = (), limit: int | None = None) -> list[dict[str, Any]]:
+    """Resolved job configs (plain dicts) of every job in the experiment's sweep (the first `limit` of them: each
+    job is one Hydra compose, ~0.1 s)."""
+    combos = sweep_overrides(experiment, extra)[:limit]
     jobs = []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for combo in combos:

@@ -156,13 +156,16 @@ def test_group_engines_erase_each_members_batch_as_fit_does(engine: str) -> None
     assert plain.curve != alone[0].curve
 
 
-def test_group_with_a_batch_transform_needs_a_shared_validation_set() -> None:
+def test_fit_and_group_with_a_batch_transform_need_a_shared_validation_set() -> None:
+    """Validating on the member's own `val_idx` would score raw (untransformed) training rows: both refuse."""
     data, y, _, _ = _data(n=200)
     cfg = FitConfig(batch_size=32, max_epochs=1, progress=False, batch_transform=_leace_transform(data, y))
     (model, opt), = _models("mlp", [0])
     member = Member(model, opt, torch.arange(80, 200), generator(0, "b", 0), cfg, val_idx=torch.arange(80))
     with pytest.raises(ValueError, match="need a shared x_val"):
         fit_group([member], TrainData(data, y), GroupOptions(engine="loop"))
+    with pytest.raises(ValueError, match="need a shared x_val"):
+        fit(member, TrainData(data, y))
 
 
 def test_qleace_coupling_noise_is_refused_per_batch_in_one_line() -> None:

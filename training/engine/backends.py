@@ -119,11 +119,6 @@ class LoopEngine:
             m.train()
         self.opt.train()
 
-    def nonfinite_rows(self) -> list[int]:
-        """Rows whose training loss was NaN/inf at a step since the last call (a sync: call it where the group
-        syncs anyway); restarts the sums."""
-        return nonfinite_rows(self)
-
     def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int], step: int) -> None:
         # Each member sees exactly its batch as in fit(); d(sum)/d(loss_r) = 1 keeps every gradient as alone.
         loss: Tensor | int = 0
@@ -240,9 +235,6 @@ class StackedEngine:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
-
-    def nonfinite_rows(self) -> list[int]:
-        return nonfinite_rows(self)
 
     def _lerped(self, sel: Tensor, rows: dict[str, Tensor], weight: Callable[[float], float]) -> dict[str, Tensor]:
         out = {}

@@ -28,6 +28,8 @@ BatchTransform = Callable[[Tensor, Tensor], Tensor]
 
 
 NONFINITE_HINT = "lr too high or bad data; nothing was written as a result"
+NEEDS_SHARED_VAL = ("members with a batch transform need a shared x_val/y_val (their validation images are not drawn "
+                    "from the training data, which the transform maps)")
 
 
 def nonfinite_loss(what: str, name: str, step: int, epoch: int) -> NonFiniteError:
@@ -108,6 +110,8 @@ class TrainData:
         """The validation set of `member`: the shared one, else its own `val_idx`."""
         if self.x_val is not None and self.y_val is not None:
             return self.x_val, self.y_val
+        if member.cfg.batch_transform is not None:
+            raise ValueError(NEEDS_SHARED_VAL)
         if member.val_idx is None:
             raise ValueError("no validation set: give TrainData x_val/y_val or the member a val_idx")
         idx = member.val_idx.to(self.data.device)

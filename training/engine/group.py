@@ -27,9 +27,17 @@ import torch
 from torch import Tensor, nn
 
 from training.common.progress import progress_bar
-from training.engine.backends import LoopEngine, StackedEngine, ValSet
+from training.engine.backends import LoopEngine, StackedEngine, ValSet, nonfinite_rows
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
-from training.engine.fit import BatchTransform, FitResult, Member, Regularizer, TrainData, nonfinite_loss
+from training.engine.fit import (
+    NEEDS_SHARED_VAL,
+    BatchTransform,
+    FitResult,
+    Member,
+    Regularizer,
+    TrainData,
+    nonfinite_loss,
+)
 from training.engine.flat_optim import fused_backend
 from training.engine.stopping import EarlyStopping
 
@@ -369,8 +377,7 @@ class _Lockstep:
         self.live = list(self.members)
         self.plan = _Plan(self.live, inputs.data)
         if self.plan.transform is not None and not self.val.shared:
-            raise ValueError("members with a batch transform need a shared x_val/y_val (their validation images are "
-                             "not drawn from the training data, which the transform maps)")
+            raise ValueError(NEEDS_SHARED_VAL)
         # The loop engine transforms each member's batch alone, exactly as `fit` does (bitwise equal); the stacked
         # one transforms all rows in one call (padding rows too: they carry zero weight).
         self.transform_rows = options.engine != "stacked"
@@ -425,7 +432,7 @@ class _Lockstep:
 
     def _check_training_losses(self) -> None:
         """NonFiniteError naming the first live member whose training loss was NaN/inf since the last check."""
-        bad = self.engine.nonfinite_rows()
+        bad = nonfinite_rows(self.engine)
         if bad:
             m = self.live[bad[0]]
             raise nonfinite_loss("training loss", m.name, self.step, m.epoch)

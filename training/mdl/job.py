@@ -28,6 +28,7 @@ from training.data import LoadedData
 from training.data.erase import BatchEraser, Holdout, apply_eraser, apply_eraser_keeping_map
 from training.engine.batches import DeviceData
 from training.engine.fit import (
+    NONFINITE_HINT,
     BatchTransform,
     FitConfig,
     FitResult,
@@ -261,8 +262,8 @@ def run_mdl(trainer: Trainer, progress: Progress, logger: RunLogger, with_full: 
         coded = split.block(i + 1) if protocol == "prequential" else split.block(num_blocks)
         ce, temperature = trainer.code_bits(model, coded)
         if not math.isfinite(ce):
-            raise NonFiniteError(f"non-finite code length ({ce} bits/sample) of block {i + 1} by block model {i}: "
-                                 "lr too high or bad data; nothing was written as a result")
+            raise NonFiniteError(f"non-finite code length ({ce} bits/sample) of block {i + 1} by "
+                                 f"{model_name(('block', i))}: {NONFINITE_HINT}")
         finished[i] = {"block": i + 1, "train_size": split.cumsizes[i - 1], "coded_size": len(coded),
                        "ce_bits": ce, "temperature": temperature, "seconds": res.seconds, **_fit_summary(res)}
         log.info("block %d/%d: trained on %d, coded %d at %.4f bits/sample (%d epochs, %d steps, best at epoch %d, "

@@ -167,11 +167,11 @@ def _storage_bytes(cfg: JobConfig, data: LoadedData) -> int:
 
 def _model_size(cfg: JobConfig, input_shape: tuple[int, int, int], num_classes: int) -> tuple[int, int]:
     """(parameters, activation floats per sample) of one model, from a shape-only build (no memory, no RNG)."""
-    from models import make_spec
+    from models import make_spec, param_count
     from models.mup_utils import on_meta
 
     model = on_meta(make_spec(cfg.arch, input_shape, num_classes).build)
-    params = sum(p.numel() for p in model.parameters())
+    params = param_count(model)
     acts = 0
 
     def count(module: torch.nn.Module, inputs: Any, output: Any) -> None:

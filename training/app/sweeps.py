@@ -8,7 +8,6 @@ Composing needs no data: the CIFAR/SVHN presets expand on a machine without the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
@@ -17,7 +16,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from training.app.schema import CONF_DIR
 
 
 def presets() -> list[str]:

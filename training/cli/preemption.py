@@ -55,11 +55,6 @@ class Preempted(SystemExit):
         self.signum = signum
 
 
-def stopping() -> bool:
-    """True once a stop signal has arrived (for loops that want to check)."""
-    return _stopping.is_set()
-
-
 def _submitit_signal() -> signal.Signals | None:
     """The signal submitit uses for time limits (USR2 unless SUBMITIT_PREEMPT_SIGNAL), when in a submitit job."""
     if not os.environ.get("SUBMITIT_EXECUTOR"):

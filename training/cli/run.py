@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from training.app.schema import ConfigError, load_config
+from training.app.schema import CONF_DIR, ConfigError, load_config
 from training.app.tasks import get_task
 from training.cli.preemption import stop_on_sigterm
 from training.cli.report import (
@@ -37,7 +37,6 @@ from training.starvation import colored_mnist, erased_eval, moons  # a new task 
 TASK_MODULES = (_mdl_job, colored_mnist, erased_eval, moons)
 
 log = logging.getLogger("training.run")
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def job(cfg: DictConfig) -> float | None:

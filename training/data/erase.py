@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,6 +41,19 @@ def _cache_key(data: LoadedData, name: str, options: Mapping[str, Any]) -> dict[
             "options": data_options(name, dict(options))}
 
 
+def _finite(build: Callable[[], tuple[Tensor, dict[str, Any]]], name: str, dataset: str
+            ) -> Callable[[], tuple[Tensor, dict[str, Any]]]:
+    """`build`, refusing erased data with NaN/Inf: never cached, never trained on."""
+    def checked() -> tuple[Tensor, dict[str, Any]]:
+        x, report = build()
+        if not bool(torch.isfinite(x).all()):
+            raise NonFiniteError(f"non-finite erased data: eraser {name} gave {int((~torch.isfinite(x)).sum())} "
+                                 f"NaN/Inf values on {dataset}; check eraser.options and the data; nothing was "
+                                 "cached or written as a result")
+        return x, report
+    return checked
+
+
 def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
                   rank_hint: int | None = None, eraser: Eraser | None = None
                   ) -> tuple[torch.Tensor, dict[str, Any], bool]:
@@ -58,13 +71,9 @@ def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache
             log.info("fitting eraser %s on %s (%d x %d)", name, data.name, *flat.shape)
             with erasure_progress(progress_bar):  # a long fit (gradient) shows the harness's bar / log lines
                 x, report = erase(name, flat, data.y, dict(options), rank_hint=rank_hint)
-        if not bool(torch.isfinite(x).all()):  # never cached, never trained on
-            raise NonFiniteError(f"non-finite erased data: eraser {name} gave {int((~torch.isfinite(x)).sum())} "
-                                 f"NaN/Inf values on {data.name}; check eraser.options and the data; nothing was "
-                                 "cached or written as a result")
         return x, report
 
-    x, report, hit = cached_erase(cache_dir, _cache_key(data, name, options), build)
+    x, report, hit = cached_erase(cache_dir, _cache_key(data, name, options), _finite(build, name, data.name))
     return x.reshape(data.x.shape), report, hit
 
 
@@ -105,12 +114,11 @@ def _erase_holdout(fit: LoadedData, coded: LoadedData, name: str, options: Mappi
         t0 = time.perf_counter()
         extra = {"rank_hint": rank_hint} if rank_hint is not None else {}
         fitted = fit_eraser(name, fit.x.reshape(len(fit.x), -1), fit.y, **options, **extra)
-        flat = coded.x.reshape(len(coded.x), -1)
-        out = fitted(flat, coded.y) if fitted.needs_labels else fitted(flat)
-        return out, {**fitted.report(), "seconds": time.perf_counter() - t0}
+        out, report = _apply_fitted(fitted, coded.x.reshape(len(coded.x), -1), coded.y)
+        return out, {**report, "seconds": time.perf_counter() - t0}  # the fit's time included
 
     key = {**_cache_key(coded, name, options), "fitted_on": fit.content_hash()}
-    x, report, hit = cached_erase(cache_dir, key, build)
+    x, report, hit = cached_erase(cache_dir, key, _finite(build, name, fit.name))
     return x.reshape(coded.x.shape), report, hit
 
 

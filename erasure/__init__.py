@@ -14,7 +14,7 @@ below is every one of them (a new eraser adds its line here).
 """
 
 # The eraser modules, each registering itself in ERASERS: imported before `api`, whose NAMES lists them.
-from . import alf_qleace, control, gradient, leace, progress, qleace, random_projection
+from . import alf_qleace, control, gradient, leace, progress, qleace, random_projection, streaming
 from .api import NAMES, data_options, default_options, erase, fit, resolve_options
 from .base import Eraser, load
 from .certificate import certificate
@@ -22,4 +22,4 @@ from .split import split_fit
 
 __all__ = ["NAMES", "Eraser", "alf_qleace", "certificate", "control", "data_options", "default_options", "erase",
            "fit", "gradient", "leace", "load", "progress", "qleace", "random_projection", "resolve_options",
-           "split_fit"]
+           "split_fit", "streaming"]

@@ -16,16 +16,16 @@ singular vector. Frobenius mass spread over many directions keeps it going longe
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from .base import Eraser, base_info, prepare_fit
+from .base import Eraser, counts_info, prepare_fit
 from .lanczos import top_abs_eig
 from .leace import leace_factors
-from .moments import class_moments
+from .moments import ClassMoments, class_moments
 from .registry import ERASERS
 
 Greedy = tuple[Tensor, list[float], str, list[float], list[float], int]
@@ -43,7 +43,34 @@ class AlfQleaceEraser(Eraser):
         return self.state["mean"] + z - (z @ v) @ v.T
 
 
-@ERASERS.register("alf_qleace", family="quadratic", kind="map")
+def alf_from_moments(mom: ClassMoments, *, input_dtype: str = "float32", target: float = 0.9,
+                     max_rank: int | None = None, lanczos_steps: int = 64, eig_rtol: float = 1e-8,
+                     leace_rtol: float | None = None, seed: int = 0,
+                     stop_norm: Literal["spectral", "frobenius"] = "spectral") -> AlfQleaceEraser:
+    """ALF-QLEACE from class moments (total and per-class covariances set): the class covariances after LEACE
+    are Gᵀ Σ_k G with G = I − right leftᵀ (x_L − m_k = (x − m_k) G)."""
+    options = _alf_options(target, max_rank, lanczos_steps, eig_rtol, leace_rtol, seed, stop_norm)
+    t0 = time.perf_counter()
+    assert mom.cov is not None and mom.class_covs is not None
+    left, right, lstats = leace_factors(mom.mean, mom.cov, mom.cross_cov(), rtol=leace_rtol)
+    g = torch.eye(mom.mean.shape[0], dtype=torch.float64, device=mom.mean.device) - right @ left.T
+    dev = g.T @ mom.class_covs @ g
+    dev = (dev + dev.mT) / 2
+    info = counts_info("alf_qleace", int(mom.mean.shape[0]), mom.counts, input_dtype, options)
+    return _alf_greedy(mom, left, right, lstats, dev, options, info, t0)
+
+
+def _alf_options(target: float, max_rank: int | None, lanczos_steps: int, eig_rtol: float, leace_rtol: float | None,
+                 seed: int, stop_norm: str) -> dict[str, Any]:
+    if not 0.0 <= target <= 1.0:
+        raise ValueError(f"alf_qleace: target must be in [0, 1]; got {target}")
+    if stop_norm not in ("spectral", "frobenius"):
+        raise ValueError(f"alf_qleace: stop_norm must be 'spectral' or 'frobenius'; got {stop_norm!r}")
+    return {"target": target, "max_rank": max_rank, "lanczos_steps": lanczos_steps, "eig_rtol": eig_rtol,
+            "leace_rtol": leace_rtol, "seed": seed, "stop_norm": stop_norm}
+
+
+@ERASERS.register("alf_qleace", family="quadratic", kind="map", from_moments=alf_from_moments)
 def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, target: float = 0.9,
                    max_rank: int | None = None, lanczos_steps: int = 64, eig_rtol: float = 1e-8,
                    leace_rtol: float | None = None, seed: int = 0,
@@ -57,15 +84,9 @@ def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, target: fl
     "frobenius" (‖D_k‖_F, as the paper's code) for choosing the worst class and for the stopping rule; the
     report's deviations are in that norm.
     """
-    if not 0.0 <= target <= 1.0:
-        raise ValueError(f"alf_qleace: target must be in [0, 1]; got {target}")
-    if stop_norm not in ("spectral", "frobenius"):
-        raise ValueError(f"alf_qleace: stop_norm must be 'spectral' or 'frobenius'; got {stop_norm!r}")
-    options = {"target": target, "max_rank": max_rank, "lanczos_steps": lanczos_steps, "eig_rtol": eig_rtol,
-               "leace_rtol": leace_rtol, "seed": seed, "stop_norm": stop_norm}
+    options = _alf_options(target, max_rank, lanczos_steps, eig_rtol, leace_rtol, seed, stop_norm)
     t0 = time.perf_counter()
     x64, labels, flat, k = prepare_fit(x, y)
-    d = x64.shape[1]
     mom = class_moments(x64, labels, k, total_cov=True)
     assert mom.cov is not None
     left, right, lstats = leace_factors(mom.mean, mom.cov, mom.cross_cov(), rtol=leace_rtol)
@@ -75,6 +96,16 @@ def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, target: fl
     dev = class_moments(xl, labels, k, class_covs=True).class_covs
     del xl
     assert dev is not None
+    info = counts_info("alf_qleace", int(flat.shape[1]), mom.counts, str(flat.dtype).replace("torch.", ""), options)
+    return _alf_greedy(mom, left, right, lstats, dev, options, info, t0)
+
+
+def _alf_greedy(mom: ClassMoments, left: Tensor, right: Tensor, lstats: dict[str, Any], dev: Tensor,
+                options: dict[str, Any], info: dict[str, Any], t0: float) -> AlfQleaceEraser:
+    """The greedy on the class covariances after LEACE (`dev`, overwritten by the deviations D_k)."""
+    k, d = mom.k, dev.shape[-1]
+    target, max_rank, seed = options["target"], options["max_rank"], options["seed"]
+    eig_rtol, lanczos_steps, stop_norm = options["eig_rtol"], options["lanczos_steps"], options["stop_norm"]
     dev -= torch.einsum("k,kij->ij", mom.priors.to(dev), dev)
     cap = d if max_rank is None else min(int(max_rank), d)
 
@@ -92,7 +123,6 @@ def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, target: fl
     dirs, history, stopped, initial_per_class, final_per_class, matvecs = greedy(
         dev, vecs, noise, norms, target, cap, atol, lanczos_steps, matvecs)
     initial = max(initial_per_class)
-    info = base_info("alf_qleace", flat, k, mom.counts, options)
     r_alf = int(dirs.shape[1])
     info.update({
         "leace_rank": lstats["rank_removed"], "alf_directions": r_alf,

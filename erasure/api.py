@@ -85,7 +85,7 @@ def erase(name: str, x: Tensor | np.ndarray, y: Tensor | np.ndarray, options: Ma
             opts["rank_hint"] = rank_hint
         eraser = fit(name, x, y, **opts)
         xt = torch.as_tensor(x)
-        out = eraser(xt, y) if eraser.needs_labels else eraser(xt)
+        out = eraser.apply_in_sample(xt, y) if eraser.needs_labels else eraser(xt)  # fitted on these very rows
         report = eraser.report()
     report["seconds"] = time.perf_counter() - t0
     return out, report

@@ -71,6 +71,12 @@ class Eraser:
             out[s:s + step] = res.to(out.device, out.dtype)
         return out.reshape(shape)
 
+    def apply_in_sample(self, x: Tensor | np.ndarray, y: Tensor | np.ndarray | None = None) -> Tensor:
+        """Erase the rows this eraser was fitted on. The same as `eraser(x, y)` for a deterministic map; an eraser
+        that adds noise (QLEACE's coupling) draws it with exact moments on its own fit rows, and independently on
+        any other rows (`__call__`)."""
+        return self(x, y)
+
     def _apply(self, x64: Tensor, y: Tensor | None) -> Tensor:
         raise NotImplementedError
 
@@ -119,9 +125,13 @@ def load(path: str | os.PathLike[str], map_location: str | torch.device = "cpu")
 
 
 def base_info(name: str, flat: Tensor, k: int, counts: Tensor, options: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "n": int(flat.shape[0]), "d": int(flat.shape[1]), "k": k,
-            "class_counts": [int(c) for c in counts], "input_dtype": str(flat.dtype).replace("torch.", ""),
-            "options": dict(options), "warnings": []}
+    return counts_info(name, int(flat.shape[1]), counts, str(flat.dtype).replace("torch.", ""), options)
+
+
+def counts_info(name: str, d: int, counts: Tensor, input_dtype: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The report's common part from the class counts (a fit from moments has no rows to look at)."""
+    return {"name": name, "n": int(counts.sum()), "d": d, "k": len(counts), "class_counts": [int(c) for c in counts],
+            "input_dtype": input_dtype, "options": dict(options), "warnings": []}
 
 
 def prepare_fit(x: Tensor | np.ndarray, y: Tensor | np.ndarray) -> tuple[Tensor, Tensor, Tensor, int]:

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .base import Eraser, base_info, prepare_fit
-from .moments import EPS64, class_moments, eigh_desc, numerical_rank
+from .base import Eraser, counts_info, prepare_fit
+from .moments import EPS64, ClassMoments, class_moments, eigh_desc, numerical_rank
 from .registry import ERASERS
 
 HOLDOUT_RTOL = 1e-6  # support threshold recommended for an eraser applied out of sample (see the module doc)
@@ -94,7 +94,19 @@ def _col_basis(a: Tensor) -> tuple[Tensor, Tensor]:
     return u[:, keep], s[keep]
 
 
-@ERASERS.register("leace", family="linear", kind="map")
+def leace_from_moments(mom: ClassMoments, *, input_dtype: str = "float32", method: Literal["leace", "orth"] = "leace",
+                       rtol: float | None = None) -> LeaceEraser:
+    """LEACE from class moments (the total covariance set): what `fit_leace` does after computing them."""
+    t0 = time.perf_counter()
+    assert mom.cov is not None
+    left, right, stats = leace_factors(mom.mean, mom.cov, mom.cross_cov(), method=method, rtol=rtol)
+    info = counts_info("leace", int(mom.mean.shape[0]), mom.counts, input_dtype, {"method": method, "rtol": rtol})
+    info.update(stats)
+    info["fit_seconds"] = time.perf_counter() - t0
+    return LeaceEraser({"mean": mom.mean, "left": left, "right": right}, info)
+
+
+@ERASERS.register("leace", family="linear", kind="map", from_moments=leace_from_moments)
 def fit_leace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, method: Literal["leace", "orth"] = "leace",
               rtol: float | None = None) -> LeaceEraser:
     """Fit LEACE in float64.
@@ -106,9 +118,6 @@ def fit_leace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, method: Literal
     t0 = time.perf_counter()
     x64, labels, flat, k = prepare_fit(x, y)
     mom = class_moments(x64, labels, k, total_cov=True)
-    assert mom.cov is not None
-    left, right, stats = leace_factors(mom.mean, mom.cov, mom.cross_cov(), method=method, rtol=rtol)
-    info = base_info("leace", flat, k, mom.counts, {"method": method, "rtol": rtol})
-    info.update(stats)
-    info["fit_seconds"] = time.perf_counter() - t0
-    return LeaceEraser({"mean": mom.mean, "left": left, "right": right}, info)
+    eraser = leace_from_moments(mom, input_dtype=str(flat.dtype).replace("torch.", ""), method=method, rtol=rtol)
+    eraser.info["fit_seconds"] = time.perf_counter() - t0
+    return eraser

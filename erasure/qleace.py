@@ -59,8 +59,8 @@ import torch
 from torch import Tensor
 
 from .barycenter import barycenter
-from .base import Eraser, base_info, prepare_fit
-from .moments import check_labels, class_moments, eigh_desc, flatten_features, numerical_rank
+from .base import Eraser, counts_info, prepare_fit
+from .moments import ClassMoments, check_labels, class_moments, eigh_desc, flatten_features, numerical_rank
 from .registry import ERASERS
 
 MODES = ("coupling", "shrinkage", "truncate", "ridge")
@@ -101,8 +101,18 @@ class QleaceEraser(Eraser):
         return "noise_rank" in self.state and bool((self.state["noise_rank"] > 0).any())
 
     def __call__(self, x: Tensor | np.ndarray, y: Tensor | np.ndarray | None = None) -> Tensor:
-        """Erase (x, y). With coupling noise every class is processed in one piece, so the noise has exact
-        moments on the rows given here (zero mean, orthogonal to their mapped data, covariance R_k)."""
+        """Erase rows (x, y) this eraser was NOT fitted on. With coupling noise each row of class k gets an
+        independent N(0, R_k) draw (seeded by `seed`, the class and the row's place among the class's rows): out of
+        sample the exact-moment construction would impose the fit sample's constraint on rows that do not obey it."""
+        return self._erase(x, y, in_sample=False)
+
+    def apply_in_sample(self, x: Tensor | np.ndarray, y: Tensor | np.ndarray | None = None) -> Tensor:
+        """Erase the rows this eraser was fitted on (the same rows, whole classes): the coupling noise is an
+        exact-moment draw of N(0, R_k) on them (zero mean, orthogonal to their mapped data, covariance R_k), so
+        every class ends with mean μ and covariance C exactly."""
+        return self._erase(x, y, in_sample=True)
+
+    def _erase(self, x: Tensor | np.ndarray, y: Tensor | np.ndarray | None, in_sample: bool) -> Tensor:
         if not self.has_noise:
             return super().__call__(x, y)
         if y is None:
@@ -117,9 +127,19 @@ class QleaceEraser(Eraser):
             idx = (labels == c).nonzero().flatten()
             z = (flat[idx.to(flat.device)].to(self.device, torch.float64) - mean) @ basis
             zb = (z - self.state["class_means"][c]) @ self.state["maps"][c]
-            zb = zb + self._noise(zb, c)
+            zb = zb + (self._noise(zb, c) if in_sample else self._iid_noise(len(zb), c))
             out[idx.to(out.device)] = (mean + zb @ basis.T).to(out.device, out.dtype)
         return out.reshape(shape)
+
+    def _iid_noise(self, n: int, c: int) -> Tensor:
+        """n independent draws of N(0, R_c) in the working coordinates."""
+        q = int(self.state["noise_rank"][c])
+        r = self.state["basis"].shape[1]
+        if q == 0:
+            return torch.zeros(n, r, dtype=torch.float64, device=self.device)
+        gen = torch.Generator(device="cpu").manual_seed(_class_seed(int(self.info["options"]["seed"]), c, 1))
+        g = torch.randn(n, q, generator=gen, dtype=torch.float64).to(self.device)
+        return g @ self.state["noise_factors"][c, :, :q].T
 
     def _apply(self, x64: Tensor, y: Tensor | None) -> Tensor:
         assert y is not None
@@ -171,11 +191,12 @@ class QleaceEraser(Eraser):
         return f @ f.T
 
 
-def _class_seed(seed: int, c: int) -> int:
-    return int(np.random.SeedSequence([seed, c]).generate_state(1)[0])
+def _class_seed(seed: int, c: int, stream: int = 0) -> int:
+    """The noise seed of class c: stream 0 the in-sample exact-moment draw, 1 the out-of-sample i.i.d. draw."""
+    key = [seed, c] if stream == 0 else [seed, c, stream]
+    return int(np.random.SeedSequence(key).generate_state(1)[0])
 
 
-@ERASERS.register("qleace", family="quadratic", kind="map")
 def fit_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, tol: float = 1e-8, max_iter: int = 100,
                anderson: int = 2, rank_deficient: Literal["coupling", "shrinkage", "truncate", "ridge"] = "coupling",
                class_rtol: float = 1e-7, ridge: float = 1e-6, support_rtol: float = 1e-10, null_rtol: float = 1e-7,
@@ -190,20 +211,46 @@ def fit_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, tol: float = 1
     objective_rtol (coupling with a singular class): the barycenter also stops once its objective decreases
     by less than this (relative) in one step. seed: the coupling noise (per class).
     """
-    if rank_deficient not in MODES:
-        raise ValueError(f"qleace: rank_deficient must be one of {list(MODES)}; got {rank_deficient!r}")
-    options = {"tol": tol, "max_iter": max_iter, "anderson": anderson, "rank_deficient": rank_deficient,
-               "class_rtol": class_rtol, "ridge": ridge, "support_rtol": support_rtol, "null_rtol": null_rtol,
-               "objective_rtol": objective_rtol, "seed": seed}
+    options = _qleace_options(tol, max_iter, anderson, rank_deficient, class_rtol, ridge, support_rtol, null_rtol,
+                              objective_rtol, seed)
     t0 = time.perf_counter()
     x64, labels, flat, k = prepare_fit(x, y)
     mom = class_moments(x64, labels, k, class_covs=True)
+    info = counts_info("qleace", int(flat.shape[1]), mom.counts, str(flat.dtype).replace("torch.", ""), options)
+    return _qleace_fit(mom, info, options, t0, (x64, labels))
+
+
+def qleace_from_moments(mom: ClassMoments, *, input_dtype: str = "float32", tol: float = 1e-8, max_iter: int = 100,
+                        anderson: int = 2,
+                        rank_deficient: Literal["coupling", "shrinkage", "truncate", "ridge"] = "coupling",
+                        class_rtol: float = 1e-7, ridge: float = 1e-6, support_rtol: float = 1e-10,
+                        null_rtol: float = 1e-7, objective_rtol: float = 1e-7, seed: int = 0) -> QleaceEraser:
+    """QLEACE from class moments (per-class covariances set): the coupling's class factors come from the
+    eigendecomposition of Lᵀ Σ_k L instead of the SVD of the class rows (equal up to round-off)."""
+    options = _qleace_options(tol, max_iter, anderson, rank_deficient, class_rtol, ridge, support_rtol, null_rtol,
+                              objective_rtol, seed)
+    t0 = time.perf_counter()
+    info = counts_info("qleace", int(mom.mean.shape[0]), mom.counts, input_dtype, options)
+    return _qleace_fit(mom, info, options, t0, None)
+
+
+def _qleace_options(tol: float, max_iter: int, anderson: int, rank_deficient: str, class_rtol: float, ridge: float,
+                    support_rtol: float, null_rtol: float, objective_rtol: float, seed: int) -> dict[str, Any]:
+    if rank_deficient not in MODES:
+        raise ValueError(f"qleace: rank_deficient must be one of {list(MODES)}; got {rank_deficient!r}")
+    return {"tol": tol, "max_iter": max_iter, "anderson": anderson, "rank_deficient": rank_deficient,
+            "class_rtol": class_rtol, "ridge": ridge, "support_rtol": support_rtol, "null_rtol": null_rtol,
+            "objective_rtol": objective_rtol, "seed": seed}
+
+
+def _qleace_fit(mom: ClassMoments, info: dict[str, Any], options: dict[str, Any], t0: float,
+                rows: tuple[Tensor, Tensor] | None) -> QleaceEraser:
+    """`rows`: the fit's (x64, labels), for the coupling's class SVDs; None: from the class covariances."""
     assert mom.class_covs is not None
-    info = base_info("qleace", flat, k, mom.counts, options)
-    if rank_deficient == "shrinkage":
-        state = _fit_shrinkage(mom.class_covs, mom, info, tol, max_iter, anderson)
+    if options["rank_deficient"] == "shrinkage":
+        state = _fit_shrinkage(mom.class_covs, mom, info, options["tol"], options["max_iter"], options["anderson"])
     else:
-        state = _fit_subspace(x64, labels, mom, info, options)
+        state = _fit_subspace(rows, mom, info, options)
     info["fit_seconds"] = time.perf_counter() - t0
     return QleaceEraser(state, info)
 
@@ -240,10 +287,10 @@ def _fit_shrinkage(class_covs: Tensor, mom: Any, info: dict[str, Any], tol: floa
             "barycenter": bary.cov}
 
 
-def _fit_subspace(x64: Tensor, labels: Tensor, mom: Any, info: dict[str, Any],
+def _fit_subspace(rows: tuple[Tensor, Tensor] | None, mom: Any, info: dict[str, Any],
                   o: dict[str, Any]) -> dict[str, Tensor]:
     """coupling / truncate / ridge: work in the leading principal directions of the pooled covariance."""
-    k, d = mom.k, x64.shape[1]
+    k, d = mom.k, mom.mean.shape[0]
     pooled = torch.einsum("k,kij->ij", mom.priors, mom.class_covs)
     vals, vecs = eigh_desc(pooled)
     s = numerical_rank(vals, o["support_rtol"])
@@ -286,7 +333,7 @@ def _fit_subspace(x64: Tensor, labels: Tensor, mom: Any, info: dict[str, Any],
              "barycenter": bary.cov}
     noise_rank, noise_share, class_rank = [0] * k, [0.0] * k, [r] * k
     if mode == "coupling":
-        maps, factors, noise_rank, class_rank, noise_share = _coupling(x64, labels, mom, basis, bary.cov,
+        maps, factors, noise_rank, class_rank, noise_share = _coupling(rows, covs, mom, basis, bary.cov,
                                                                        o["null_rtol"])
         state.update(maps=maps, noise_factors=factors, noise_rank=torch.tensor(noise_rank, dtype=torch.long))
         if r < s or max(noise_rank) > 0:
@@ -312,17 +359,24 @@ def _fit_subspace(x64: Tensor, labels: Tensor, mom: Any, info: dict[str, Any],
     return state
 
 
-def _coupling(x64: Tensor, labels: Tensor, mom: Any, basis: Tensor, cov: Tensor,
+def _coupling(rows: tuple[Tensor, Tensor] | None, covs: Tensor, mom: Any, basis: Tensor, cov: Tensor,
               null_rtol: float) -> tuple[Tensor, Tensor, list[int], list[int], list[float]]:
-    """Per class: B_k = (L Q₁ S₁⁻¹)(L Q₁)ᵀ, L Q₀ (noise factor), its rank, the class rank and tr R_k / tr C."""
+    """Per class: B_k = (L Q₁ S₁⁻¹)(L Q₁)ᵀ, L Q₀ (noise factor), its rank, the class rank and tr R_k / tr C.
+    S, Q: from the SVD of the class's rows (`rows`) or, without rows, the eigendecomposition of Lᵀ Σ_k L (`covs`,
+    the class covariances in the working basis)."""
     k, r = mom.k, basis.shape[1]
     chol = torch.linalg.cholesky(cov)
     maps = torch.empty(k, r, r, dtype=cov.dtype, device=cov.device)
     frames: list[Tensor] = []
     ranks: list[int] = []
     for c in range(k):
-        z = (x64[labels == c] - mom.means[c]) @ basis
-        _, sv, qh = torch.linalg.svd(z @ chol / math.sqrt(len(z) - 1), full_matrices=False)
+        if rows is not None:
+            x64, labels = rows
+            z = (x64[labels == c] - mom.means[c]) @ basis
+            _, sv, qh = torch.linalg.svd(z @ chol / math.sqrt(len(z) - 1), full_matrices=False)
+        else:
+            vals, vecs = eigh_desc(chol.T @ covs[c] @ chol)
+            sv, qh = vals.clamp_min(0).sqrt(), vecs.T
         rank = int((sv > null_rtol * sv[0]).sum())
         lq = chol @ qh.mT
         maps[c] = (lq[:, :rank] / sv[:rank]) @ lq[:, :rank].T
@@ -377,3 +431,6 @@ def _stable_rank(covs: Tensor, inv_sd: Tensor, class_rtol: float, hi: int) -> in
     if lo == 0:
         raise ValueError("qleace: some class covariance is numerically zero; cannot equalise covariances")
     return lo
+
+
+ERASERS.add("qleace", fit_qleace, family="quadratic", kind="map", from_moments=qleace_from_moments)

@@ -102,21 +102,33 @@ class DatasetConfig(OptionsSection):
     permute_labels: bool = spec(kind=bool, allowed="true or false")  # default: conf/config.yaml
 
 
+FIT_ON = ("all", "self", "holdout", "oracle")  # eraser.fit_on (INTERFACE: how an eraser is fitted)
+
+
 @dataclass(frozen=True, kw_only=True)
 class EraserConfig(Section):
     """An eraser and how it is fitted; the fitting keys' defaults are in conf/config.yaml."""
 
     name: str = spec(kind=str, check=lambda v: v in _erasers(), allowed="a registered eraser")
     options: dict[str, Any] = spec(default_factory=dict, kind=dict)  # the fitter's keyword options (checked)
-    fit_on: str = spec(choices=("all", "holdout"))
-    fit_fraction: float = spec(kind=(int, float), check=lambda v: 0 < v <= 0.5, allowed="a number in (0, 0.5]")
-    fold: int = spec(kind=int, check=lambda v: v >= 0, allowed="an integer ≥ 0")
+    fit_on: str = spec(choices=FIT_ON)
+    fit_source: str = spec(choices=("split", "pool"))
+    fit_fraction: float = spec(kind=(int, float), check=lambda v: 0 < v < 1, allowed="a number in (0, 1)")
+    repeat: int = spec(kind=int, check=lambda v: v >= 0, allowed="an integer ≥ 0")
+    n_fit: int | None = positive_int(None, optional=True)
     after_augment: bool = spec(kind=bool, allowed="true or false")
 
-    @property
-    def folds(self) -> int:
-        """How many disjoint parts `fit_on=holdout` cuts the training data into (cross-fitting folds)."""
-        return round(1 / self.fit_fraction)
+
+def fit_keys_used(fit_on: Any, fit_source: Any) -> tuple[str, ...]:
+    """The eraser fitting keys a mode reads (conf/config.yaml); the others do not enter the job hash."""
+    if fit_on == "oracle":
+        return ("n_fit",)
+    if fit_on in ("self", "holdout"):
+        return ("fit_source", "n_fit", "repeat") if fit_source == "pool" else ("fit_source", "fit_fraction", "repeat")
+    return ()
+
+
+FIT_KEYS = ("fit_source", "fit_fraction", "repeat", "n_fit")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,7 +313,26 @@ def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
     job = _build(JobConfig, data, "")
     assert isinstance(job, JobConfig)
     _check_storage(job)
+    _check_fit_data(job)
     return job
+
+
+def _check_fit_data(job: JobConfig) -> None:
+    """The fitting modes that need a kind of dataset: oracle a generator (fresh draws), pool a `dataset.limit`."""
+    from training.data.registry import DATASETS
+
+    e, name = job.eraser, job.dataset.name
+    if e.fit_on == "oracle" and not DATASETS.meta(name).get("generator"):
+        generators = ", ".join(n for n in DATASETS.names() if DATASETS.meta(n).get("generator"))
+        raise ConfigError(f"eraser.fit_on=oracle is not allowed: dataset {name} is not a generator (fresh draws need "
+                          f"one: {generators}); use eraser.fit_on=holdout or all")
+    if e.fit_on == "oracle" and job.dataset.permute_labels:
+        raise ConfigError("dataset.permute_labels=true is not allowed with eraser.fit_on=oracle (the fresh draws keep "
+                          "their true labels, so the null would fit one law and code another); use "
+                          "eraser.fit_on=holdout or all for the null")
+    if e.fit_on in ("self", "holdout") and e.fit_source == "pool" and job.dataset.limit is None:
+        raise ConfigError("eraser.fit_source=pool is not allowed: the pool is the rows beyond dataset.limit, which is "
+                          "not set; set dataset.limit (e.g. dataset.limit=20000) or use eraser.fit_source=split")
 
 
 def _check_storage(job: JobConfig) -> None:
@@ -461,15 +492,21 @@ def _check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
 def _check_eraser_fitting(values: Mapping[str, Any]) -> None:
     from erasure.registry import ERASERS
 
-    name = values["name"]
-    edits = ERASERS.meta(name)["kind"] == "edit"
-    if edits and values["fit_on"] == "holdout":
-        raise ConfigError(f"eraser.fit_on=holdout is not allowed: eraser {name} edits each sample and has no map "
-                          "to apply to held-out data; use eraser.fit_on=all")
-    folds = round(1 / values["fit_fraction"])
-    if values["fold"] >= folds:
-        raise ConfigError(f"eraser.fold={values['fold']} is not allowed: eraser.fit_fraction="
-                          f"{values['fit_fraction']} cuts the training data into {folds} folds (0..{folds - 1})")
+    name, fit_on = values["name"], values["fit_on"]
+    meta = ERASERS.meta(name)
+    if meta["kind"] == "edit" and fit_on != "all":
+        raise ConfigError(f"eraser.fit_on={fit_on} is not allowed: eraser {name} edits each sample and has no map "
+                          "to apply to other data; use eraser.fit_on=all")
+    if fit_on == "self" and values["fit_source"] == "pool":
+        raise ConfigError("eraser.fit_source=pool is not allowed with eraser.fit_on=self: self fits on the coded rows, "
+                          "which pool does not shrink (that is eraser.fit_on=all); use eraser.fit_source=split")
+    if fit_on == "oracle" and "from_moments" not in meta:
+        able = ", ".join(e.name for e in ERASERS if "from_moments" in e.meta)
+        raise ConfigError(f"eraser.fit_on=oracle is not allowed: eraser {name} cannot be fitted from streamed "
+                          f"moments; use one of {able}")
+    if fit_on == "oracle" and values["after_augment"]:
+        raise ConfigError("eraser.after_augment=true is not allowed with eraser.fit_on=oracle (generator data is "
+                          "not augmented); use eraser.after_augment=false")
 
 
 def _eraser_hints(fitter: Any) -> dict[str, Any]:
@@ -484,8 +521,9 @@ HASH_VERSION = 2  # 1: every key but a fixed list of groups (before the typed co
 # The numerics version: bumped by every change that alters a job's numbers (README, "Numerics versions"). It enters
 # the job hash, so results of older numerics are never reused; result.json records it (absent: 1).
 # 1: before the version existed. 2: optim.beta2 reaches the optimizer (it was always 0.999); gs_erased_eval stops
-# with mdl's step-aware rule.
-NUMERICS = 2
+# with mdl's step-aware rule. 3: QLEACE coupling noise applied to rows the eraser was not fitted on (holdout, the
+# gs_erased_eval validation/test rows) is drawn i.i.d. N(0, R_k), not with exact moments on those rows.
+NUMERICS = 3
 
 
 def semantic(cfg: Mapping[str, Any] | Section, fill_defaults: bool = True) -> dict[str, Any]:
@@ -505,6 +543,9 @@ def semantic(cfg: Mapping[str, Any] | Section, fill_defaults: bool = True) -> di
     eraser = out.get("eraser")
     if isinstance(eraser, dict) and isinstance(eraser.get("options"), dict):
         eraser["options"] = _data_options(str(eraser.get("name")), eraser["options"])
+    if isinstance(eraser, dict) and "fit_on" in eraser:  # keys the fitting mode does not read: not hashed
+        used = fit_keys_used(eraser["fit_on"], eraser.get("fit_source"))
+        out["eraser"] = {k: v for k, v in eraser.items() if k not in FIT_KEYS or k in used}
     return out
 
 

@@ -4,7 +4,9 @@ Each loader module registers its datasets in `registry.DATASETS` when imported; 
 (a new loader module adds its line here). `erase` (eraser through the cache) and `cache` are imported where used.
 """
 
-from training.data import colored_mnist, image_sets, moons, offline  # the loader modules, each registering itself
+# the loader modules, each registering itself
+from training.data import colored_mnist, generators, image_sets, moons, offline
 from training.data.registry import DatasetMissingError, LoadedData, load_dataset
 
-__all__ = ["DatasetMissingError", "LoadedData", "colored_mnist", "image_sets", "load_dataset", "moons", "offline"]
+__all__ = ["DatasetMissingError", "LoadedData", "colored_mnist", "generators", "image_sets", "load_dataset", "moons",
+           "offline"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,7 +66,7 @@ def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache
 
     def build() -> tuple[torch.Tensor, dict[str, Any]]:
         if eraser is not None:
-            x, report = _apply_fitted(eraser, flat, data.y)
+            x, report = _apply_fitted(eraser, flat, data.y, in_sample=True)
         else:
             log.info("fitting eraser %s on %s (%d x %d)", name, data.name, *flat.shape)
             with erasure_progress(progress_bar):  # a long fit (gradient) shows the harness's bar / log lines
@@ -78,13 +78,48 @@ def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache
 
 
 @dataclass(frozen=True)
-class Holdout:
-    """`eraser.fit_on=holdout`: the eraser is fitted on `fit_idx` and applied to `coded_idx` (disjoint)."""
+class OracleFit:
+    """`eraser.fit_on=oracle`: fresh draws of a generator dataset, streamed in chunks (`chunks()`), `n_fit` rows in
+    all; `key` identifies them (the generator's options and the row count) in the erased-data cache key."""
 
-    fit_idx: Tensor
-    coded_idx: Tensor
-    fold: int
-    folds: int
+    chunks: Callable[[], Iterable[tuple[Tensor, Tensor]]]
+    n_fit: int
+    key: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """How the eraser is fitted when not on every coded row (`eraser.fit_on` self | holdout | oracle; None: all).
+
+    coded_idx: the rows of the loaded data that are coded (None: all of them). holdout fits on the rows `fit_idx` of
+    the loaded data (a split) or on `pool` (rows beyond dataset.limit); self fits on the coded rows, oracle on
+    `oracle`'s draws. fit_source / fit_fraction / repeat: as configured where the mode reads them, else None."""
+
+    fit_on: str
+    coded_idx: Tensor | None = None
+    fit_idx: Tensor | None = None
+    pool: LoadedData | None = None
+    oracle: OracleFit | None = None
+    fit_source: str | None = None
+    fit_fraction: float | None = None
+    repeat: int | None = None
+
+    @property
+    def in_sample(self) -> bool:
+        return self.fit_on == "self"
+
+    def fit_rows(self, data: LoadedData) -> LoadedData | None:
+        """The rows fitted on, out of sample (holdout): a part of `data` or the pool; None for self and oracle."""
+        if self.fit_idx is not None:
+            return data.subset(self.fit_idx)
+        return self.pool
+
+    def mapped(self, fn: Callable[[Tensor], Tensor]) -> FitPlan:
+        """This plan with `fn` applied to the pool's images (the loaded data's z-score applies to the pool too)."""
+        if self.pool is None:
+            return self
+        p = self.pool
+        return replace(self, pool=LoadedData(p.name, fn(p.x), p.y, p.num_classes, dict(p.info)))
 
 
 # Out of sample, LEACE treats near-null directions of the fit sample as null (erasure/leace.py HOLDOUT_RTOL), so
@@ -108,13 +143,13 @@ def _erase_holdout(fit: LoadedData, coded: LoadedData, name: str, options: Mappi
 
     def build() -> tuple[torch.Tensor, dict[str, Any]]:
         if eraser is not None:
-            return _apply_fitted(eraser, coded.x.reshape(len(coded.x), -1), coded.y)
+            return _apply_fitted(eraser, coded.x.reshape(len(coded.x), -1), coded.y, in_sample=False)
         log.info("fitting eraser %s on %d held-out samples of %s, applying it to the other %d", name, len(fit.y),
                  fit.name, len(coded.y))
         t0 = time.perf_counter()
         extra = {"rank_hint": rank_hint} if rank_hint is not None else {}
         fitted = fit_eraser(name, fit.x.reshape(len(fit.x), -1), fit.y, **options, **extra)
-        out, report = _apply_fitted(fitted, coded.x.reshape(len(coded.x), -1), coded.y)
+        out, report = _apply_fitted(fitted, coded.x.reshape(len(coded.x), -1), coded.y, in_sample=False)
         return out, {**report, "seconds": time.perf_counter() - t0}  # the fit's time included
 
     key = {**_cache_key(coded, name, options), "fitted_on": fit.content_hash()}
@@ -122,9 +157,33 @@ def _erase_holdout(fit: LoadedData, coded: LoadedData, name: str, options: Mappi
     return x.reshape(coded.x.shape), report, hit
 
 
-def _apply_fitted(eraser: Eraser, flat: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Any]]:
+def _erase_oracle(coded: LoadedData, oracle: OracleFit, name: str, options: Mapping[str, Any], cache_dir: Path
+                  ) -> tuple[torch.Tensor, dict[str, Any], bool]:
+    """Fit on the oracle's fresh draws from moments accumulated chunk by chunk, apply to `coded`, through the cache
+    (keyed by the coded data and the draws' identity)."""
+    from erasure.streaming import fit_chunks
+    from training.data.cache import cached_erase
+
+    def build() -> tuple[torch.Tensor, dict[str, Any]]:
+        log.info("fitting eraser %s on %d fresh draws of %s (oracle), applying it to the %d coded rows", name,
+                 oracle.n_fit, coded.name, len(coded.y))
+        t0 = time.perf_counter()
+        fitted = fit_chunks(name, oracle.chunks(), coded.num_classes, **options)
+        out, report = _apply_fitted(fitted, coded.x.reshape(len(coded.x), -1), coded.y, in_sample=False)
+        return out, {**report, "seconds": time.perf_counter() - t0}
+
+    key = {**_cache_key(coded, name, options), "fitted_on": {"oracle": oracle.key}}
+    x, report, hit = cached_erase(cache_dir, key, _finite(build, name, coded.name))
+    return x.reshape(coded.x.shape), report, hit
+
+
+def _apply_fitted(eraser: Eraser, flat: Tensor, y: Tensor, in_sample: bool) -> tuple[Tensor, dict[str, Any]]:
+    """`eraser` applied to (flat, y); `in_sample`: these are the rows it was fitted on (`Eraser.apply_in_sample`)."""
     t0 = time.perf_counter()
-    out = eraser(flat, y) if eraser.needs_labels else eraser(flat)
+    if not eraser.needs_labels:
+        out = eraser(flat)
+    else:
+        out = eraser.apply_in_sample(flat, y) if in_sample else eraser(flat, y)
     return out, {**eraser.report(), "seconds": time.perf_counter() - t0}
 
 
@@ -183,32 +242,34 @@ def certify_original(data: LoadedData, cache_dir: Path) -> dict[str, Any]:
 
 
 def apply_eraser(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certificate: bool = True,
-                 holdout: Holdout | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+                 plan: FitPlan | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """Erased images and an info dict: report, cache hit, how it was fitted, certificate before/after, seconds.
-    With `holdout`, the eraser is fitted on `holdout.fit_idx` and the erased images are those of
-    `holdout.coded_idx` (the samples the code then sees), in that order."""
-    x, info, _ = _apply(data, eraser_cfg, cache_dir, with_certificate, holdout, keep_eraser=False)
+    With a `plan`, the eraser is fitted as it says and the erased images are those of `plan.coded_idx` (the samples
+    the code then sees), in that order."""
+    x, info, _ = _apply(data, eraser_cfg, cache_dir, with_certificate, plan, keep_eraser=False)
     return x, info
 
 
 def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certificate: bool = True,
-                             holdout: Holdout | None = None) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
+                             plan: FitPlan | None = None) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
     """`apply_eraser`, and the fitted eraser too (None for the identity control, which has nothing to apply), for
     `eraser.after_augment`: the same erased images (the same cache entry), the eraser from `fit_cached`. A map
     eraser only; an eraser that edits the dataset (gradient) has no map and is refused."""
     if ERASERS.meta(eraser_cfg.name)["kind"] != "map":
         raise ValueError(f"eraser {eraser_cfg.name} edits the dataset once and has no map to apply to other images")
-    return _apply(data, eraser_cfg, cache_dir, with_certificate, holdout, keep_eraser=True)
+    return _apply(data, eraser_cfg, cache_dir, with_certificate, plan, keep_eraser=True)
 
 
 def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certificate: bool,
-           holdout: Holdout | None, keep_eraser: bool) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
+           plan: FitPlan | None, keep_eraser: bool) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
     name, options = eraser_cfg.name, dict(eraser_cfg.options)
     t0 = time.perf_counter()
-    fit, coded = (data, data) if holdout is None else (data.subset(holdout.fit_idx), data.subset(holdout.coded_idx))
-    if holdout is not None:
+    coded = data if plan is None or plan.coded_idx is None else data.subset(plan.coded_idx)
+    in_sample = plan is None or plan.in_sample
+    fit = coded if in_sample else plan.fit_rows(data) if plan is not None else None
+    if not in_sample:
         options = holdout_options(name, options)
-    info: dict[str, Any] = {"name": name, "options": options, "fit": _fit_info(fit, coded, holdout)}
+    info: dict[str, Any] = {"name": name, "options": options, "fit": _fit_info(plan, fit, coded)}
     identity = ERASERS.meta(name)["family"] == "control"
     eraser = None
     if identity:
@@ -217,12 +278,17 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certif
         rank_hint = None
         resolved = resolve_options(name, options)
         if "rank" in resolved and resolved["rank"] is None:  # a rank-matched baseline: ALF-QLEACE's rank
+            assert fit is not None, "the schema refuses fit_on=oracle for an eraser without a moments fit"
             rank_hint = alf_rank(fit, cache_dir)
         if keep_eraser:
+            assert fit is not None, "the schema refuses eraser.after_augment with fit_on=oracle"
             eraser, info["eraser_cache_hit"] = fit_cached(fit, name, options, cache_dir, rank_hint)
-        if holdout is None:
-            x, info["report"], info["cache_hit"] = _erase_cached(data, name, options, cache_dir, rank_hint, eraser)
+        if in_sample:
+            x, info["report"], info["cache_hit"] = _erase_cached(coded, name, options, cache_dir, rank_hint, eraser)
+        elif plan is not None and plan.oracle is not None:
+            x, info["report"], info["cache_hit"] = _erase_oracle(coded, plan.oracle, name, options, cache_dir)
         else:
+            assert fit is not None
             _warn_label_injection(name, fit)
             x, info["report"], info["cache_hit"] = _erase_holdout(fit, coded, name, options, cache_dir, rank_hint,
                                                                   eraser)
@@ -263,12 +329,14 @@ class BatchEraser:
         return out if self.then is None else self.then(out)
 
 
-def _fit_info(fit: LoadedData, coded: LoadedData, holdout: Holdout | None) -> dict[str, Any]:
-    out: dict[str, Any] = {"fit_on": "all" if holdout is None else "holdout", "n_fit": len(fit.y),
-                           "n_coded": len(coded.y)}
-    if holdout is not None:
-        out.update(fold=holdout.fold, folds=holdout.folds)
-    return out
+def _fit_info(plan: FitPlan | None, fit: LoadedData | None, coded: LoadedData) -> dict[str, Any]:
+    """result.json `eraser.fit` (INTERFACE.md): how the eraser was fitted, null where the mode does not use a key."""
+    if plan is None:
+        return {"fit_on": "all", "fit_source": None, "n_fit": len(coded.y), "n_coded": len(coded.y),
+                "fit_fraction": None, "repeat": None}
+    n_fit = plan.oracle.n_fit if plan.oracle is not None else len(fit.y) if fit is not None else None
+    return {"fit_on": plan.fit_on, "fit_source": plan.fit_source, "n_fit": n_fit, "n_coded": len(coded.y),
+            "fit_fraction": plan.fit_fraction, "repeat": plan.repeat}
 
 
 def _warn_label_injection(name: str, fit: LoadedData) -> None:

@@ -25,7 +25,7 @@ from training.app.schema import JobConfig, MdlConfig
 from training.app.tasks import TASKS
 from training.app.wandb_logger import RunLogger
 from training.data import LoadedData
-from training.data.erase import BatchEraser, Holdout, apply_eraser, apply_eraser_keeping_map
+from training.data.erase import BatchEraser, FitPlan, apply_eraser, apply_eraser_keeping_map
 from training.engine.batches import DeviceData
 from training.engine.fit import (
     NONFINITE_HINT,
@@ -50,8 +50,8 @@ from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
 from training.errors import NonFiniteError
 from training.mdl.code import paper_code, prequential_code
+from training.mdl.precheck import fit_plan, load_data, precheck, with_permuted_labels
 from training.mdl.precheck import forget as forget_loaded
-from training.mdl.precheck import holdout_of, load_data, precheck, with_permuted_labels
 from training.mdl.splits import MdlSplit, make_split
 
 log = logging.getLogger(__name__)
@@ -330,7 +330,7 @@ def zscore_map(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
 def prepare_data(cfg: JobConfig) -> tuple[LoadedData, torch.Tensor, dict[str, Any]]:
     """The coded data of a job: loaded, labels permuted for the null control (`dataset.permute_labels`, seeded by
     the job seed, before anything else sees them), then erased (`erase_maybe_zscored`). With
-    `eraser.fit_on=holdout` the returned data and erased images are the coded part only."""
+    `eraser.fit_on=holdout` or `self` the returned data and erased images are the coded part only."""
     coded, x, info, _ = _prepare(cfg, after_augment=False)
     return coded, x, info
 
@@ -349,28 +349,28 @@ def prepare_inputs(cfg: JobConfig) -> tuple[LoadedData, torch.Tensor, dict[str, 
 def _prepare(cfg: JobConfig, after_augment: bool
              ) -> tuple[LoadedData, torch.Tensor, dict[str, Any], BatchErasure | None]:
     data = with_permuted_labels(cfg, load_data(cfg))  # loaded by the precheck (training/mdl/precheck.py), or now
-    holdout = holdout_of(cfg, data)
-    coded = data if holdout is None else data.subset(holdout.coded_idx)
+    plan = fit_plan(cfg, data)
+    coded = data if plan is None or plan.coded_idx is None else data.subset(plan.coded_idx)
     if after_augment:
-        x, info, batches = erase_after_augment(data, cfg, holdout)
+        x, info, batches = erase_after_augment(data, cfg, plan)
         return coded, x, info, batches
-    x, info = erase_maybe_zscored(data, cfg, holdout)
+    x, info = erase_maybe_zscored(data, cfg, plan)
     info["after_augment"] = False
     return coded, x, info, None
 
 
 def erase_maybe_zscored(data: LoadedData, cfg: JobConfig,
-                        holdout: Holdout | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Apply the eraser (fitted on `holdout.fit_idx` and applied to the coded part, with a holdout); with
+                        plan: FitPlan | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Apply the eraser (fitted as `plan` says and applied to the coded part, with a plan); with
     `dataset.zscore` the data is standardised per coordinate, `dataset.zscore_order`: "before" erasure
     (statistics of the raw data) or "after" it (statistics of the erased data, as the paper's code did). Gradient
     erasure optimises pixels in [0, 1] (sigmoid), so with "before" it erases first and then gets the same affine
     standardisation (statistics of the unerased data)."""
     cache_dir, cert, eraser = Path(cfg.paths.cache_dir), cfg.certificate, cfg.eraser
     if not cfg.dataset.zscore:
-        return apply_eraser(data, eraser, cache_dir, with_certificate=cert, holdout=holdout)
+        return apply_eraser(data, eraser, cache_dir, with_certificate=cert, plan=plan)
     if cfg.dataset.zscore_order == "after":
-        x, info = apply_eraser(data, eraser, cache_dir, with_certificate=cert, holdout=holdout)
+        x, info = apply_eraser(data, eraser, cache_dir, with_certificate=cert, plan=plan)
         info["zscore"] = "after erasure (statistics of the erased data)"
         return zscore_map(x)(x), info
     standardize = zscore_map(data.x)
@@ -379,7 +379,8 @@ def erase_maybe_zscored(data: LoadedData, cfg: JobConfig,
         info["zscore"] = "after erasure (gradient erasure works in pixel space)"
         return standardize(x), info
     zdata = LoadedData(data.name, standardize(data.x), data.y, data.num_classes, dict(data.info))
-    x, info = apply_eraser(zdata, eraser, cache_dir, with_certificate=cert, holdout=holdout)
+    x, info = apply_eraser(zdata, eraser, cache_dir, with_certificate=cert,
+                           plan=None if plan is None else plan.mapped(standardize))
     info["zscore"] = "before erasure"
     return x, info
 
@@ -394,7 +395,7 @@ class BatchErasure:
     transform: BatchEraser
 
 
-def erase_after_augment(data: LoadedData, cfg: JobConfig, holdout: Holdout | None = None
+def erase_after_augment(data: LoadedData, cfg: JobConfig, plan: FitPlan | None = None
                         ) -> tuple[torch.Tensor, dict[str, Any], BatchErasure | None]:
     """`erase_maybe_zscored` (the same erased images, from the same cache entry: validation set and coded blocks are
     erased once, unaugmented), plus the fitted eraser and the unerased images for the training batches. With
@@ -406,12 +407,13 @@ def erase_after_augment(data: LoadedData, cfg: JobConfig, holdout: Holdout | Non
     if cfg.dataset.zscore and cfg.dataset.zscore_order == "before":
         standardize = zscore_map(data.x)
         data = LoadedData(data.name, standardize(data.x), data.y, data.num_classes, dict(data.info))
+        plan = None if plan is None else plan.mapped(standardize)
         x, info, eraser = apply_eraser_keeping_map(data, cfg.eraser, cache_dir, with_certificate=cert,
-                                                   holdout=holdout)
+                                                   plan=plan)
         info["zscore"] = "before erasure"
     else:
         x, info, eraser = apply_eraser_keeping_map(data, cfg.eraser, cache_dir, with_certificate=cert,
-                                                   holdout=holdout)
+                                                   plan=plan)
         if cfg.dataset.zscore:
             then = ZScore(x)
             x = then(x)
@@ -422,7 +424,7 @@ def erase_after_augment(data: LoadedData, cfg: JobConfig, holdout: Holdout | Non
                                   "cache_hit": info.pop("eraser_cache_hit")})
     if eraser is None and then is None:  # the control: the batches are the erased (= unerased) images, as without
         return x, info, None
-    coded = data if holdout is None else data.subset(holdout.coded_idx)
+    coded = data if plan is None or plan.coded_idx is None else data.subset(plan.coded_idx)
     return x, info, BatchErasure(coded.x, BatchEraser(eraser, then))
 
 

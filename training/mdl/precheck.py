@@ -8,6 +8,7 @@ with this configuration (a SKIP) loads nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from models.registry import ARCHS
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import ConfigError, JobConfig, config_hash
 from training.data import LoadedData, load_dataset
-from training.data.erase import Holdout
+from training.data.erase import FitPlan, OracleFit
 from training.engine.batches import compact
 from training.engine.devices import available_memory
 from training.engine.seeding import generator
@@ -78,21 +79,96 @@ def with_permuted_labels(cfg: JobConfig, data: LoadedData) -> LoadedData:
                       {**data.info, "permuted_labels": True})
 
 
-def holdout_of(cfg: JobConfig, data: LoadedData) -> Holdout | None:
-    """`eraser.fit_on=holdout`: the fold the eraser is fitted on and the rest, which is coded (None: fit_on=all)."""
-    if cfg.eraser.fit_on != "holdout":
+def fit_plan(cfg: JobConfig, data: LoadedData) -> FitPlan | None:
+    """How the eraser is fitted (`eraser.fit_on`, INTERFACE.md) on `data` (labels already permuted for a null), and
+    which rows are coded; None for fit_on=all. A holdout that cannot be fitted is refused in one line (ConfigError)
+    here, in the precheck, before any directory is made."""
+    e = cfg.eraser
+    if e.fit_on == "all":
         return None
-    from erasure import split_fit
+    if e.fit_on == "oracle":
+        return FitPlan("oracle", oracle=oracle_fit(cfg, data))
+    if e.fit_source == "pool":
+        return FitPlan(e.fit_on, pool=_pool(cfg, data), fit_source="pool", repeat=e.repeat)
+    from erasure.split import holdout_split
 
-    fit_idx, coded_idx = split_fit(len(data.y), cfg.eraser.fit_fraction, cfg.eraser.fold, seed=cfg.seed,
-                                   labels=data.y)
-    return Holdout(fit_idx, coded_idx, cfg.eraser.fold, cfg.eraser.folds)
+    _check_split(cfg, data)
+    fit_idx, coded_idx = holdout_split(data.y, e.fit_fraction, seed=cfg.seed, repeat=e.repeat)
+    return FitPlan(e.fit_on, coded_idx=coded_idx, fit_idx=None if e.fit_on == "self" else fit_idx,
+                   fit_source="split", fit_fraction=float(e.fit_fraction), repeat=e.repeat)
+
+
+MIN_CLASS_ROWS = 2  # an eraser's fit needs at least 2 rows of every class (erasure/moments.py check_labels)
+
+
+def _check_split(cfg: JobConfig, data: LoadedData) -> None:
+    """Both parts of a split (the fit rows and the coded rows) need MIN_CLASS_ROWS rows of every class."""
+    from erasure.split import fit_counts
+
+    f = float(cfg.eraser.fit_fraction)
+    counts, fit = fit_counts(data.y, f)
+    coded = counts - fit
+    if int(fit.min()) >= MIN_CLASS_ROWS and int(coded.min()) >= MIN_CLASS_ROWS:
+        return
+    n_min = int(counts.min())
+    side, rows = ("fit", int(fit.min())) if int(fit.min()) < MIN_CLASS_ROWS else ("coded", int(coded.min()))
+    lo, hi = (MIN_CLASS_ROWS - 0.5) / n_min, 1 - (MIN_CLASS_ROWS - 0.5) / n_min
+    works = (f"use eraser.fit_fraction between {lo:.3g} and {hi:.3g}" if lo < hi else
+             f"no fit_fraction can leave {MIN_CLASS_ROWS} rows of each class on both sides")
+    raise ConfigError(f"eraser.fit_fraction={f:g} is not allowed here: the smallest class of {data.name} has {n_min} "
+                      f"rows, which leaves {rows} {side} rows of it (every class needs {MIN_CLASS_ROWS} on each side "
+                      f"to fit the eraser and code the rest); {works}, or use more data (dataset.limit)")
+
+
+def _pool(cfg: JobConfig, data: LoadedData) -> LoadedData:
+    """`eraser.fit_source=pool`: the dataset's rows beyond `dataset.limit` (labels permuted too for a null), all of
+    them or `eraser.n_fit` drawn stratified by (seed, repeat)."""
+    from dataclasses import replace
+
+    from erasure.split import stratified_sample
+
+    full = load_dataset(replace(cfg.dataset, limit=None), cfg.paths.data_dir)
+    limit = int(cfg.dataset.limit or 0)
+    if len(full.y) <= limit:
+        raise ConfigError(f"eraser.fit_source=pool is not allowed here: {data.name} has {len(full.y)} rows and "
+                          f"dataset.limit={limit} codes all of them, leaving no pool; lower dataset.limit or use "
+                          "eraser.fit_source=split")
+    pool = full.subset(torch.arange(limit, len(full.y)))
+    if cfg.dataset.permute_labels:
+        perm = torch.randperm(len(pool.y), generator=generator(cfg.seed, "permute_labels", "pool"))
+        pool = LoadedData(pool.name, pool.x, pool.y[perm].contiguous(), pool.num_classes, pool.info)
+    n_fit = cfg.eraser.n_fit
+    if n_fit is not None and n_fit > len(pool.y):
+        raise ConfigError(f"eraser.n_fit={n_fit} is not allowed here: the pool beyond dataset.limit={limit} has "
+                          f"{len(pool.y)} rows; use eraser.n_fit ≤ {len(pool.y)} or null (the whole pool)")
+    if n_fit is not None:
+        pool = pool.subset(stratified_sample(pool.y, n_fit, seed=cfg.seed, repeat=cfg.eraser.repeat))
+    counts = torch.bincount(pool.y, minlength=pool.num_classes)
+    if int(counts.min()) < MIN_CLASS_ROWS:
+        raise ConfigError(f"eraser.n_fit={n_fit} is not allowed here: the pool's smallest class gets "
+                          f"{int(counts.min())} rows (every class needs {MIN_CLASS_ROWS}); raise eraser.n_fit or "
+                          "lower dataset.limit")
+    return pool
+
+
+ORACLE_ROWS_PER_DIM = 200  # eraser.fit_on=oracle: default fit rows per class, per input dimension
+
+
+def oracle_fit(cfg: JobConfig, data: LoadedData) -> OracleFit:
+    """`eraser.fit_on=oracle`: fresh draws of the generator (never the coded rows), `eraser.n_fit` rows per class
+    (null: ORACLE_ROWS_PER_DIM · d)."""
+    from training.data.generators import oracle_chunks
+
+    o = cfg.dataset.options
+    per_class = cfg.eraser.n_fit or ORACLE_ROWS_PER_DIM * int(data.x[0].numel())
+    key = {"dataset": cfg.dataset.name, "options": dataclasses.asdict(o), "rows_per_class": per_class}
+    return OracleFit(lambda: oracle_chunks(o, per_class), per_class * data.num_classes, key)
 
 
 def coded_indices(cfg: JobConfig, data: LoadedData) -> torch.Tensor | None:
     """The samples the job codes (None: all of them), as `job.prepare_data` picks them."""
-    holdout = holdout_of(cfg, with_permuted_labels(cfg, data))
-    return None if holdout is None else holdout.coded_idx
+    plan = fit_plan(cfg, with_permuted_labels(cfg, data))
+    return None if plan is None else plan.coded_idx
 
 
 def check_blocks(cfg: JobConfig, name: str, n: int, n_coded: int) -> None:
@@ -102,7 +178,7 @@ def check_blocks(cfg: JobConfig, name: str, n: int, n_coded: int) -> None:
     rest = n_coded - n_val
     if m.num_blocks <= rest // 2:
         return
-    coded = "" if n_coded == n else f", {n_coded} coded (eraser.fit_on=holdout)"
+    coded = "" if n_coded == n else f", {n_coded} coded (eraser.fit_on={cfg.eraser.fit_on})"
     raise ConfigError(f"mdl.num_blocks={m.num_blocks} is not allowed: {name} has {n} samples{coded}, {rest} to code "
                       f"after {n_val} for validation: at most {rest // 2} blocks (of at least 2 samples; "
                       f"mdl.min_block={m.min_block} shrinks to fit); lower mdl.num_blocks or use more data")

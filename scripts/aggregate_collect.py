@@ -28,13 +28,22 @@ CELL = [*ROW_KEY, "eraser"]
 # comparison puts results into different groups, eraser options into different variants of the eraser.
 SHOWN = {"seed", "dataset.tag", "dataset.name", "arch.tag", "arch.name", "arch.activation", "arch.width",
          "arch.depth", "eraser.name", "eraser.fit_on"}
-# Keys that are not identity: the folds of a cell are combined, a permuted-label run is the null of its cell.
-FOLD_KEY, NULL_KEY = "eraser.fold", "dataset.permute_labels"
+# Keys that are not identity: the repeats of a cell's holdout are combined (the `fold` column; results written
+# before the rename record eraser.fold, read as eraser.repeat), a permuted-label run is the null of its cell.
+FOLD_KEY, LEGACY_FOLD_KEY, NULL_KEY = "eraser.repeat", "eraser.fold", "dataset.permute_labels"
 # Keys added with issue 21 whose defaults live in conf/config.yaml, not in the schema: a result written before them
 # ran exactly like these values (the eraser fitted on the coded data, no folds, true labels, erased before augment).
-FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_fraction": 0.2, FOLD_KEY: 0, "eraser.after_augment": False,
-                NULL_KEY: False}
-HOLDOUT_ONLY = ("eraser.fit_fraction", FOLD_KEY)  # no effect on a job with eraser.fit_on=all
+FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_source": "split", "eraser.fit_fraction": 0.2, FOLD_KEY: 0,
+                "eraser.n_fit": None, "eraser.after_augment": False, NULL_KEY: False}
+# keys a job with eraser.fit_on=all does not read (the job hash leaves them out too: schema.fit_keys_used)
+HOLDOUT_ONLY = ("eraser.fit_source", "eraser.fit_fraction", FOLD_KEY, "eraser.n_fit")
+
+
+def _legacy_fold(flat: dict[str, Any]) -> dict[str, Any]:
+    """eraser.fold (results before eraser.repeat) read as eraser.repeat."""
+    if LEGACY_FOLD_KEY in flat:
+        flat.setdefault(FOLD_KEY, flat.pop(LEGACY_FOLD_KEY))
+    return flat
 # Comparisons: the erasers of a table row, the widths of one eraser (MDL vs width), its depths.
 UNITS = [["dataset", "arch", "width", "depth"], ["dataset", "arch", "depth", "eraser", "variant"],
          ["dataset", "arch", "width", "eraser", "variant"]]
@@ -139,7 +148,7 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
     from training.app.results import flatten
     from training.app.schema import semantic
 
-    flat = {k: v for k, v in flatten(semantic(cfg, fill_defaults=False)).items() if not _dead(k)}
+    flat = _legacy_fold({k: v for k, v in flatten(semantic(cfg, fill_defaults=False)).items() if not _dead(k)})
     for key, default in FIT_DEFAULTS.items():
         flat.setdefault(key, default)
     if flat["eraser.fit_on"] == "all":
@@ -166,7 +175,7 @@ def _identity_columns(cfg: dict[str, Any], numerics_version: Any = None) -> dict
 
 def stored_view(cfg: dict[str, Any]) -> dict[str, Any]:
     """`stored_config` with FIT_DEFAULTS for the keys a result written before them lacks."""
-    view = stored_config(cfg)
+    view = _legacy_fold(stored_config(cfg))
     for key, default in FIT_DEFAULTS.items():
         view.setdefault(key, default)
     return view
@@ -177,7 +186,7 @@ def _cell_from_config(cfg: dict[str, Any], numerics_version: Any = None) -> dict
     fit_on = str(c["eraser.fit_on"])
     return {"dataset": c["dataset.tag"], "arch": c["arch.tag"], "width": int(c["arch.width"]),
             "depth": int(c["arch.depth"]), "eraser": str(c["eraser.name"]), "seed": int(c["seed"]),
-            "fit_on": fit_on, "fold": int(c[FOLD_KEY]) if fit_on == "holdout" else 0,
+            "fit_on": fit_on, "fold": int(c[FOLD_KEY]) if fit_on in ("holdout", "self") else 0,
             "null": bool(c[NULL_KEY]), "protocol": c["mdl.protocol"], **_identity_columns(cfg, numerics_version)}
 
 

@@ -56,7 +56,7 @@ def test_coupling_exact_moments_on_rank_deficient_imbalanced_data() -> None:
     assert rep["working_rank"] == min(20, int(counts.min()) - 1) == 14 and rep["rank_limited_by"] == "class size"
     # class 0's constant pixels leave ≥ 14 + 8 − 20 null directions in the working subspace
     assert rep["noise_rank"][0] >= 2 and rep["noise_rank"][1] == 0
-    xe = e(x, y)
+    xe = e.apply_in_sample(x, y)
     assert torch.isfinite(xe).all()
     assert max_mean_gap(xe, y) <= 1e-12 and max_cov_gap(xe, y) <= 1e-12
     cert = erasure.certificate(xe, y)
@@ -74,7 +74,7 @@ def test_coupling_exact_moments_on_rank_deficient_imbalanced_data() -> None:
 def test_coupling_noise_has_exact_in_sample_moments() -> None:
     x, y = _rank_deficient_data()
     e = _fit(x, y)
-    noise = e(x, y) - e._apply(x, y)  # the linear part B_k(x − m_k) without the noise
+    noise = e.apply_in_sample(x, y) - e._apply(x, y)  # the linear part B_k(x − m_k) without the noise
     for c in range(3):
         idx = y == c
         eps, xc = noise[idx], x[idx] - x[idx].mean(0)
@@ -135,12 +135,13 @@ def test_non_singular_class_gets_todays_map_and_no_noise() -> None:
 def test_coupling_is_deterministic_given_the_seed_and_survives_save_load(tmp_path) -> None:
     x, y = _rank_deficient_data()
     a, b, c = _fit(x, y), _fit(x, y), _fit(x, y, seed=1)
-    xa = a(x, y)
-    assert torch.equal(xa, b(x, y))
-    xc = c(x, y)
+    xa = a.apply_in_sample(x, y)
+    assert torch.equal(xa, b.apply_in_sample(x, y)) and torch.equal(a(x, y), b(x, y))  # out of sample too
+    xc = c.apply_in_sample(x, y)
     assert not torch.allclose(xa, xc) and max_cov_gap(xc, y) <= 1e-12
+    assert not torch.allclose(a(x, y), c(x, y))
     a.save(tmp_path / "q.pt")
-    assert torch.equal(erasure.load(tmp_path / "q.pt")(x, y), xa)
+    assert torch.equal(erasure.load(tmp_path / "q.pt").apply_in_sample(x, y), xa)
     # float32 in, float32 out; fitted and applied on images (n, C, H, W)
     img = x[:, :20].reshape(-1, 1, 4, 5).float()
     e = _fit(img, y)
@@ -153,7 +154,7 @@ def test_coupling_on_too_few_rows_falls_back_to_independent_noise() -> None:
     e = _fit(x, y)
     sub = torch.cat([(y == c).nonzero().flatten()[:3] for c in range(3)])
     with pytest.warns(UserWarning, match="fewer than"):
-        out = e(x[sub], y[sub])
+        out = e.apply_in_sample(x[sub], y[sub])
     assert torch.isfinite(out).all()
 
 
@@ -202,3 +203,26 @@ def test_unknown_mode_is_rejected() -> None:
     x, y = gaussian_classes(200, 4, 2)
     with pytest.raises(ValueError, match="coupling"):
         erasure.fit("qleace", x, y, rank_deficient="pca")
+
+
+# ---------------------------------------------------------------- out of sample: i.i.d. noise (issue 29)
+
+def test_out_of_sample_noise_is_iid_not_zero_sum_and_has_covariance_r() -> None:
+    """Applied to rows it was not fitted on, a QLEACE with a singular class draws N(0, R_k) independently per row:
+    the coded rows' noise is not exactly zero-sum per class (the in-sample draw is), and over many rows its
+    covariance approaches R_k."""
+    x, y = _rank_deficient_data()
+    e = _fit(x, y)
+    c = 0
+    assert e.report()["noise_rank"][c] >= 2
+    rows = x[y == c][:60] + 0.01  # rows the eraser was not fitted on
+    yc = torch.full((len(rows),), c)
+    noise_out = e(rows, yc) - e._apply(rows, yc)
+    noise_in = e.apply_in_sample(x, y)[y == c] - e._apply(x[y == c], y[y == c])
+    scale = float(e.barycenter_full().abs().max()) ** 0.5
+    assert float(noise_in.mean(0).abs().max()) <= 1e-12 * scale  # in sample: exact zero mean
+    assert float(noise_out.mean(0).abs().max()) > 1e-3 * scale  # out of sample: a plain draw
+    many = torch.zeros(20000, x.shape[1], dtype=F64)
+    noise = e(many, torch.full((20000,), c)) - e._apply(many, torch.full((20000,), c))
+    r = e.noise_cov_full(c)
+    assert float((noise.T @ noise / len(noise) - r).abs().max()) <= 0.05 * float(r.abs().max())

@@ -70,9 +70,11 @@ def run(job: JobRun) -> dict[str, Any]:
     name, options = cfg.eraser.name, dict(cfg.eraser.options)
     eraser = erasure.fit(name, x[idx["train"]], y[idx["train"]], **options)
 
-    def erased(part: str) -> Tensor:
+    def erased(part: str) -> Tensor:  # fitted on the train rows: in sample there, out of sample elsewhere
         xs, ys = x[idx[part]], y[idx[part]]
-        return eraser(xs, ys) if eraser.needs_labels else eraser(xs)
+        if not eraser.needs_labels:
+            return eraser(xs)
+        return eraser.apply_in_sample(xs, ys) if part == "train" else eraser(xs, ys)
 
     hp = resolve_optim(cfg)
     with seeded_global_rng(seed, "init", "gs_erased_eval"):

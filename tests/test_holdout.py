@@ -40,22 +40,22 @@ def test_permutation_keeps_the_prior_and_depends_on_the_seed(tmp_path: Path) -> 
     assert torch.equal(torch.bincount(a.y), torch.bincount(plain.y)) and torch.equal(a.x, plain.x)
 
 
-def test_holdout_fits_on_a_part_it_never_codes_and_folds_cover_the_data(tmp_path: Path) -> None:
+def test_holdout_fits_on_a_part_it_never_codes_and_repeats_draw_other_parts(tmp_path: Path) -> None:
     n = len(prepare_data(load_config(job_config(tmp_path, SMOKE)))[0].y)
-    fitted, coded_sizes = [], []
-    for fold in range(5):
-        overrides = [*SMOKE, "eraser=leace", "eraser.fit_on=holdout", f"eraser.fold={fold}"]
+    coded_sets = []
+    for repeat in range(3):
+        overrides = [*SMOKE, "eraser=leace", "eraser.fit_on=holdout", f"eraser.repeat={repeat}"]
         cfg = load_config(job_config(tmp_path, overrides))
         coded, x, info = prepare_data(cfg)
         assert info["fit"]["n_fit"] + info["fit"]["n_coded"] == n and len(coded.y) == len(x) == info["fit"]["n_coded"]
+        assert info["fit"]["n_fit"] == pytest.approx(0.2 * n, abs=10)  # 20% of every class (rounded per class)
         assert info["options"]["rtol"] == 1e-6  # LEACE out of sample: near-null directions are null
-        coded_sizes.append(len(coded.y))
-        fitted.append(info["fit"]["n_fit"])
-    assert sum(fitted) == n  # the five fit parts are disjoint and cover the data (cross-fitting)
-    result = run_job(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout"]))
-    assert result["eraser"]["fit"] == {"fit_on": "holdout", "n_fit": fitted[0], "n_coded": coded_sizes[0],
-                                       "fold": 0, "folds": 5}
-    assert result["mdl"]["n_coded"] + result["mdl"]["n_val"] == coded_sizes[0]
+        coded_sets.append(coded.content_hash())
+    assert len(set(coded_sets)) == 3  # each repeat is its own random draw
+    result = run_job(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout", "eraser.repeat=2"]))
+    assert result["eraser"]["fit"] == {"fit_on": "holdout", "fit_source": "split", "n_fit": n - len(coded.y),
+                                       "n_coded": len(coded.y), "fit_fraction": 0.2, "repeat": 2}
+    assert result["mdl"]["n_coded"] + result["mdl"]["n_val"] == len(coded.y)
 
 
 def test_holdout_and_in_sample_erase_differently(tmp_path: Path) -> None:
@@ -69,9 +69,18 @@ def test_holdout_and_in_sample_erase_differently(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("override, message", [
     (["eraser=gradient", "eraser.fit_on=holdout"], "eraser.fit_on=holdout is not allowed: eraser gradient edits"),
-    (["eraser=leace", "eraser.fold=5"], "eraser.fold=5 is not allowed: eraser.fit_fraction=0.2 cuts the training "
-                                         "data into 5 folds (0..4)"),
-    (["eraser.fit_fraction=0.7"], "eraser.fit_fraction=0.7 is not allowed"),
+    (["eraser=gradient", "eraser.fit_on=self"], "eraser.fit_on=self is not allowed: eraser gradient edits"),
+    (["eraser.fit_fraction=1.0"], "eraser.fit_fraction=1.0 is not allowed"),
+    (["eraser.fit_fraction=0"], "eraser.fit_fraction=0 is not allowed"),
+    (["eraser=leace", "eraser.fit_on=oracle"], "eraser.fit_on=oracle is not allowed: dataset digits is not a "
+                                                 "generator"),
+    (["eraser=random", "eraser.fit_on=oracle", "dataset=gaussian"], "eraser.fit_on=oracle is not allowed: eraser "
+                                                                      "random cannot be fitted from streamed moments"),
+    (["eraser=leace", "eraser.fit_on=self", "eraser.fit_source=pool"], "eraser.fit_source=pool is not allowed with "
+                                                                         "eraser.fit_on=self"),
+    (["eraser=leace", "eraser.fit_on=holdout", "eraser.fit_source=pool"], "eraser.fit_source=pool is not allowed: "
+                                                                            "the pool is the rows beyond"),
+    (["eraser=leace", "eraser.repeat=-1"], "eraser.repeat=-1 is not allowed"),
 ])
 def test_fitting_options_that_cannot_work_are_one_line(override: list[str], message: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:

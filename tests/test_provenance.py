@@ -280,13 +280,13 @@ def test_3_nan_erased_data_fails_and_a_cached_nan_entry_is_rebuilt(tmp_path: Pat
     monkeypatch.setattr(erasure, "erase", real)
     # fitted on a held-out part and applied to the rest: the same refusal, nothing cached
     from training.data import erase as erase_module
-    from training.data.erase import Holdout
+    from training.data.erase import FitPlan
 
     applied = erase_module._apply_fitted
-    monkeypatch.setattr(erase_module, "_apply_fitted", lambda *a: (applied(*a)[0] * math.nan, {}))
-    holdout = Holdout(torch.arange(400), torch.arange(400, len(data.y)), fold=0, folds=4)
+    monkeypatch.setattr(erase_module, "_apply_fitted", lambda *a, **kw: (applied(*a, **kw)[0] * math.nan, {}))
+    holdout = FitPlan("holdout", coded_idx=torch.arange(400, len(data.y)), fit_idx=torch.arange(400))
     with pytest.raises(UserError, match=r"^non-finite erased data: eraser leace gave \d+ NaN/Inf values on "):
-        apply_eraser(data, eraser, tmp_path, with_certificate=False, holdout=holdout)
+        apply_eraser(data, eraser, tmp_path, with_certificate=False, plan=holdout)
     assert not list((tmp_path / "erased").glob("*/data.pt"))
     monkeypatch.setattr(erase_module, "_apply_fitted", applied)
     # an entry holding NaN with a valid manifest (cached by a version that did not check): rebuilt, one line

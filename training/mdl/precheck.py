@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,10 +113,10 @@ def _check_split(cfg: JobConfig, data: LoadedData) -> None:
         return
     n_min = int(counts.min())
     side, rows = ("fit", int(fit.min())) if int(fit.min()) < MIN_CLASS_ROWS else ("coded", int(coded.min()))
-    lo, hi = (MIN_CLASS_ROWS - 0.5) / n_min, 1 - (MIN_CLASS_ROWS - 0.5) / n_min
-    works = (f"use eraser.fit_fraction between {lo:.3g} and {hi:.3g}" if lo < hi else
+    lo, hi = math.ceil(1000 * MIN_CLASS_ROWS / n_min) / 1000, math.floor(1000 * (1 - MIN_CLASS_ROWS / n_min)) / 1000
+    works = (f"use eraser.fit_fraction between {lo:g} and {hi:g}" if lo <= hi else
              f"no fit_fraction can leave {MIN_CLASS_ROWS} rows of each class on both sides")
-    raise ConfigError(f"eraser.fit_fraction={f:g} is not allowed here: the smallest class of {data.name} has {n_min} "
+    raise ConfigError(f"eraser.fit_fraction={f:g} is not allowed: the smallest class of {data.name} has {n_min} "
                       f"rows, which leaves {rows} {side} rows of it (every class needs {MIN_CLASS_ROWS} on each side "
                       f"to fit the eraser and code the rest); {works}, or use more data (dataset.limit)")
 
@@ -130,7 +131,7 @@ def _pool(cfg: JobConfig, data: LoadedData) -> LoadedData:
     full = load_dataset(replace(cfg.dataset, limit=None), cfg.paths.data_dir)
     limit = int(cfg.dataset.limit or 0)
     if len(full.y) <= limit:
-        raise ConfigError(f"eraser.fit_source=pool is not allowed here: {data.name} has {len(full.y)} rows and "
+        raise ConfigError(f"eraser.fit_source=pool is not allowed: {data.name} has {len(full.y)} rows and "
                           f"dataset.limit={limit} codes all of them, leaving no pool; lower dataset.limit or use "
                           "eraser.fit_source=split")
     pool = full.subset(torch.arange(limit, len(full.y)))
@@ -139,13 +140,13 @@ def _pool(cfg: JobConfig, data: LoadedData) -> LoadedData:
         pool = LoadedData(pool.name, pool.x, pool.y[perm].contiguous(), pool.num_classes, pool.info)
     n_fit = cfg.eraser.n_fit
     if n_fit is not None and n_fit > len(pool.y):
-        raise ConfigError(f"eraser.n_fit={n_fit} is not allowed here: the pool beyond dataset.limit={limit} has "
+        raise ConfigError(f"eraser.n_fit={n_fit} is not allowed: the pool beyond dataset.limit={limit} has "
                           f"{len(pool.y)} rows; use eraser.n_fit ≤ {len(pool.y)} or null (the whole pool)")
     if n_fit is not None:
         pool = pool.subset(stratified_sample(pool.y, n_fit, seed=cfg.seed, repeat=cfg.eraser.repeat))
     counts = torch.bincount(pool.y, minlength=pool.num_classes)
     if int(counts.min()) < MIN_CLASS_ROWS:
-        raise ConfigError(f"eraser.n_fit={n_fit} is not allowed here: the pool's smallest class gets "
+        raise ConfigError(f"eraser.n_fit={n_fit} is not allowed: the pool's smallest class gets "
                           f"{int(counts.min())} rows (every class needs {MIN_CLASS_ROWS}); raise eraser.n_fit or "
                           "lower dataset.limit")
     return pool

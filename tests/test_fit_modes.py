@@ -1,0 +1,174 @@
+"""How an eraser is fitted (INTERFACE.md, issues 29 and 30): eraser.fit_on all | self | holdout | oracle,
+fit_source split | pool, the real fit_fraction, repeat, n_fit; which keys enter the job hash; one-line refusals of a
+holdout that cannot be fitted; the generator datasets and their fresh draws."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import TINY, job_config
+from tests.test_refusals import _cli, _refused
+from training.app.schema import ConfigError, config_hash, load_config
+from training.data import load_dataset
+from training.data.generators import draw, oracle_chunks
+from training.mdl.job import prepare_data
+from training.mdl.precheck import fit_plan
+
+SMOKE = ["experiment=smoke", "mdl.full_run=false"]
+GAUSS = ["dataset=gaussian", "dataset.dim=8", "dataset.rows_per_dim=8"]
+
+
+def _hash(tmp: Path, *overrides: str) -> str:
+    return config_hash(load_config(job_config(tmp, [*SMOKE, "eraser=leace", *overrides])))
+
+
+# ---------------------------------------------------------------- the job hash
+
+
+@pytest.mark.parametrize("mode, unused, used", [
+    (["eraser.fit_on=all"], ["eraser.fit_fraction=0.4", "eraser.repeat=3", "eraser.fit_source=pool",
+                             "eraser.n_fit=100"], []),
+    (["eraser.fit_on=holdout"], ["eraser.n_fit=100"], ["eraser.fit_fraction=0.4", "eraser.repeat=3"]),
+    (["eraser.fit_on=self"], ["eraser.n_fit=100"], ["eraser.fit_fraction=0.4", "eraser.repeat=3"]),
+    (["eraser.fit_on=holdout", "eraser.fit_source=pool", "dataset.limit=1000"], ["eraser.fit_fraction=0.4"],
+     ["eraser.n_fit=100", "eraser.repeat=3"]),
+    ([*GAUSS, "eraser.fit_on=oracle"], ["eraser.fit_fraction=0.4", "eraser.repeat=3", "eraser.fit_source=pool"],
+     ["eraser.n_fit=100"]),
+], ids=["all", "holdout", "self", "pool", "oracle"])
+def test_keys_a_mode_does_not_read_do_not_change_the_hash(mode: list[str], unused: list[str], used: list[str],
+                                                           tmp_path: Path) -> None:
+    base = _hash(tmp_path, *mode)
+    for key in unused:
+        assert _hash(tmp_path, *mode, key) == base, key
+    for key in used:
+        assert _hash(tmp_path, *mode, key) != base, key
+    assert len({_hash(tmp_path, "eraser.fit_on=all"), _hash(tmp_path, "eraser.fit_on=self"),
+                _hash(tmp_path, "eraser.fit_on=holdout")}) == 3
+
+
+# ---------------------------------------------------------------- split: the real fraction, repeats, self
+
+
+@pytest.mark.parametrize("fraction", [0.4, 0.45, 0.5, 0.8])
+def test_fit_fraction_is_the_fraction_fitted_on_per_class(fraction: float, tmp_path: Path) -> None:
+    cfg = load_config(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout",
+                                            f"eraser.fit_fraction={fraction}"]))
+    data = load_dataset(cfg.dataset)
+    plan = fit_plan(cfg, data)
+    assert plan is not None and plan.fit_idx is not None and plan.coded_idx is not None
+    counts = torch.bincount(data.y)
+    fit = torch.bincount(data.y[plan.fit_idx], minlength=len(counts))
+    assert torch.equal(fit, torch.round(counts.double() * fraction).long())  # stratified, rounded per class
+    assert not set(plan.fit_idx.tolist()) & set(plan.coded_idx.tolist())
+    assert len(plan.fit_idx) + len(plan.coded_idx) == len(data.y)
+
+
+def test_self_codes_the_holdouts_rows_and_fits_on_them(tmp_path: Path) -> None:
+    def run(fit_on: str) -> tuple:
+        return prepare_data(load_config(job_config(tmp_path, [*SMOKE, "eraser=leace", f"eraser.fit_on={fit_on}",
+                                                              "eraser.fit_fraction=0.5"])))
+
+    coded_s, x_s, info_s = run("self")
+    coded_h, x_h, info_h = run("holdout")
+    assert torch.equal(coded_s.x, coded_h.x) and torch.equal(coded_s.y, coded_h.y)  # the same coded rows
+    assert info_s["fit"] == {"fit_on": "self", "fit_source": "split", "n_fit": len(coded_s.y),
+                             "n_coded": len(coded_s.y), "fit_fraction": 0.5, "repeat": 0}
+    assert info_s["options"]["rtol"] is None and info_h["options"]["rtol"] == 1e-6  # in sample / out of sample
+
+    def mean_gap(x: torch.Tensor, y: torch.Tensor) -> float:
+        flat = x.double().reshape(len(x), -1)
+        means = torch.stack([flat[y == k].mean(0) for k in range(10)])
+        return float((means - flat.mean(0)).abs().max())
+
+    assert mean_gap(x_s, coded_s.y) < 1e-5 < 1e-3 < mean_gap(x_h, coded_h.y)  # self erases its rows exactly
+
+
+# ---------------------------------------------------------------- pool
+
+
+def test_pool_fits_outside_the_coded_set_and_does_not_shrink_it(tmp_path: Path) -> None:
+    over = [*SMOKE, "eraser=leace", "dataset.limit=1000", "eraser.fit_on=holdout", "eraser.fit_source=pool"]
+    cfg = load_config(job_config(tmp_path, [*over, "eraser.n_fit=300"]))
+    coded, x, info = prepare_data(cfg)
+    assert len(coded.y) == len(x) == 1000
+    assert info["fit"] == {"fit_on": "holdout", "fit_source": "pool", "n_fit": 300, "n_coded": 1000,
+                           "fit_fraction": None, "repeat": 0}
+    plan = fit_plan(cfg, coded)
+    assert plan is not None and plan.pool is not None
+    full = load_dataset(load_config(job_config(tmp_path, SMOKE)).dataset)
+    full_rows = {tuple(r) for r in full.x[1000:].reshape(len(full.y) - 1000, -1).tolist()}
+    assert all(tuple(r) in full_rows for r in plan.pool.x.reshape(300, -1).tolist())  # beyond dataset.limit
+    whole = prepare_data(load_config(job_config(tmp_path, over)))[2]["fit"]
+    assert whole["n_fit"] == len(full.y) - 1000  # n_fit null: the whole pool
+
+
+# ---------------------------------------------------------------- one-line refusals before any directory
+
+
+@pytest.mark.parametrize("overrides, smallest", [
+    (["eraser.fit_fraction=0.001"], "the smallest class of digits has 174 rows"),
+    (["eraser.fit_fraction=0.999"], "the smallest class of digits has 174 rows"),
+    (["dataset.limit=40"], "the smallest class of digits has 1 rows"),
+])
+def test_a_holdout_that_cannot_be_fitted_is_one_line_before_any_directory(overrides: list[str], smallest: str,
+                                                                           tmp_path: Path) -> None:
+    proc = _cli(tmp_path, *TINY, "eraser=leace", "eraser.fit_on=holdout", *overrides)
+    line = _refused(proc, tmp_path, "eraser.fit_fraction")
+    assert smallest in line and ("use eraser.fit_fraction between" in line or "no fit_fraction can" in line)
+
+
+def test_a_feasible_fraction_named_by_the_refusal_works(tmp_path: Path) -> None:
+    cfg = load_config(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout",
+                                            "eraser.fit_fraction=0.001"]))
+    with pytest.raises(ConfigError) as err:
+        prepare_data(cfg)
+    lo = float(str(err.value).split("between ")[1].split(" and ")[0])
+    ok = load_config(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout",
+                                           f"eraser.fit_fraction={lo}"]))
+    assert prepare_data(ok)[2]["fit"]["n_fit"] >= 20  # at least 2 rows of each of the 10 classes
+
+
+def test_oracle_on_a_dataset_without_fresh_draws_is_one_line(tmp_path: Path) -> None:
+    proc = _cli(tmp_path, *TINY, "eraser=leace", "eraser.fit_on=oracle")
+    assert "dataset digits is not a generator" in _refused(proc, tmp_path, "eraser.fit_on")
+
+
+# ---------------------------------------------------------------- generators and the oracle
+
+
+def test_gaussian_generator_rows_per_dim_and_equal_covariances(tmp_path: Path) -> None:
+    cfg = load_config(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=6", "dataset.rows_per_dim=0.5",
+                                            "dataset.cov_gap=0"]))
+    data = load_dataset(cfg.dataset)
+    assert torch.equal(torch.bincount(data.y), torch.full((4,), 3)) and data.x.shape[1:] == (1, 1, 6)
+    x, y = next(oracle_chunks(cfg.dataset.options, 4000))
+    covs = torch.stack([torch.cov(x[y == k].reshape(-1, 6).double().T) for k in range(4)])
+    assert float((covs - covs.mean(0)).abs().max()) < 0.15  # cov_gap=0: one covariance (sampling error only)
+    gapped = load_config(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=6", "dataset.cov_gap=2"]))
+    x2, y2 = next(oracle_chunks(gapped.dataset.options, 4000))
+    covs2 = torch.stack([torch.cov(x2[y2 == k].reshape(-1, 6).double().T) for k in range(4)])
+    assert float((covs2 - covs2.mean(0)).abs().max()) > 1.0
+
+
+def test_oracle_draws_are_fresh_seeded_apart_and_counted(tmp_path: Path) -> None:
+    cfg = load_config(job_config(tmp_path, [*GAUSS, "eraser=qleace", "eraser.fit_on=oracle"]))
+    o = cfg.dataset.options
+    coded = draw(o, o.rows_per_class)[0]
+    fresh = next(oracle_chunks(o, o.rows_per_class))[0]
+    assert coded.shape == fresh.shape and not torch.allclose(coded, fresh)
+    assert torch.equal(next(oracle_chunks(o, 10))[0], next(oracle_chunks(o, 10))[0])  # deterministic
+    info = prepare_data(cfg)[2]
+    assert info["fit"] == {"fit_on": "oracle", "fit_source": None, "n_fit": 200 * 8 * 4, "n_coded": 64 * 4,
+                           "fit_fraction": None, "repeat": None}
+    few = load_config(job_config(tmp_path, [*GAUSS, "eraser=qleace", "eraser.fit_on=oracle", "eraser.n_fit=5000"]))
+    assert prepare_data(few)[2]["fit"]["n_fit"] == 5000 * 4  # several chunks (CHUNK_ROWS 4096)
+
+
+def test_oracle_with_permuted_labels_or_after_augment_is_refused(tmp_path: Path) -> None:
+    for extra, key in ((["dataset.permute_labels=true"], "dataset.permute_labels"),
+                       (["eraser.after_augment=true"], "eraser.after_augment")):
+        with pytest.raises(ConfigError, match=f"^{key}=true is not allowed"):
+            load_config(job_config(tmp_path, [*GAUSS, "eraser=leace", "eraser.fit_on=oracle", *extra]))

@@ -13,7 +13,7 @@ GPU_REPORT_ARGS ?=
 REPORT_PY = $(if $(wildcard $(PY)),$(PY),python3)
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=disabled
 
-.PHONY: help setup test test-all demo lint clean reproduce tables bench gpu-report gpu-wheels slurm-up slurm-down
+.PHONY: help setup test test-all demo calibrate lint clean reproduce tables bench gpu-report gpu-wheels slurm-up slurm-down
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -39,6 +39,16 @@ demo: setup  ## every eraser on MNIST-5k, MLP, 3 seeds + a permuted-label null, 
 	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none \
 	  hydra/launcher=parallel hydra.launcher.n_jobs=2 dataset.permute_labels=true seed=0
 	$(PY) scripts/aggregate.py outputs/runs/mnist5k --name demo
+
+calibrate: setup  ## MDL of erased generator data against the known truth (experiment=calibrate + 2 sweeps), prints the table
+	OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) -m training.run -m experiment=calibrate hydra/launcher=parallel \
+	  hydra.launcher.n_jobs=2
+	OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) -m training.run -m experiment=calibrate hydra/launcher=parallel \
+	  hydra.launcher.n_jobs=2 eraser=qleace,alf_qleace dataset.cov_gap=1
+	OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) -m training.run -m experiment=calibrate hydra/launcher=parallel \
+	  hydra.launcher.n_jobs=2 dataset=mixture dataset.dim=4 dataset.num_classes=2 dataset.mean_gap=0 \
+	  dataset.rows_per_dim=4,16,64 eraser=qleace
+	$(PY) scripts/calibrate.py outputs/runs
 
 reproduce: setup  ## run a preset, then aggregate it (also after failed jobs): make reproduce EXP=<name> [ARGS="k=v ..."]
 	$(PY) -m training.run -m experiment=$(EXP) $(ARGS); rc=$$?; \

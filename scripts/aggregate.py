@@ -10,9 +10,10 @@ Every cell (dataset, arch, width, depth, eraser) reports mean ± sd over its fin
 only where everything else is equal: results whose semantic configs differ in anything but the eraser and the
 seed (a learning rate, a regularizer, a key one result did not record) fall into different groups, each with
 tables (and plots, and a claims verdict) of its own, headed by the keys that differ; eraser options are variants
-of the eraser, and so is `eraser.fit_on` (a `fit on` column: all | holdout). The folds of a cross-fitted cell
-(`eraser.fit_on=holdout`, `eraser.fold=0..`) are one cell: each fold is its own MDL run, the cell reports the mean
-over folds × seeds (sd over seeds of the per-seed means) and lists the folds. A permuted-label run
+of the eraser, and so is `eraser.fit_on` (a `fit on` column: all | self | holdout | oracle). The repeats of a
+repeated holdout (`eraser.fit_on=holdout|self`, `eraser.repeat=0..`; `eraser.fold` in older results) are one cell:
+each repeat is its own MDL run, the cell reports the mean over repeats × seeds (sd over seeds of the per-seed means)
+and lists them (as "folds"). A permuted-label run
 (`dataset.permute_labels=true`) is the null of the cell it otherwise matches: the "Null control" table gives its
 MDL and bias = null MDL − label entropy, flagged against seed noise (scripts/tables.py). Jobs that did not finish
 are listed as missing, failed (a multirun's job-status ledger says so, or its MDL is not finite), partial

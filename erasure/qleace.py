@@ -28,7 +28,10 @@ in one class; n_k < d), and then no linear map can give every class the barycent
   mean μ and covariance (L Q)(L Q)ᵀ = C exactly (float64 round-off; no conditioning enters). E exists iff
   n_k − 1 − rank M_k ≥ q_k, i.e. r ≤ n_k − 1: hence the cap on r. E is a seeded Gaussian matrix (`seed`,
   class) projected off [1, U₁] and orthonormalised (QR), so the noise is an exact-moment draw of
-  N(0, R_k): zero sample mean, zero sample cross-covariance with the class's data, covariance R_k.
+  N(0, R_k): zero sample mean, zero sample cross-covariance with the class's data, covariance R_k. That exact
+  draw is for the rows the eraser was fitted on (`eraser.apply_in_sample(x, y)`, what `erasure.erase` does); on any
+  other rows (`eraser(x, y)`: a holdout, fresh draws) each row gets an independent N(0, R_k) draw, since imposing
+  the fit sample's constraint on rows that do not obey it would itself carry the label.
   The report gives each class's noise rank and noise share tr R_k / tr C. The barycenter of singular
   classes converges sublinearly; it stops once its objective settles (`objective_rtol`), which does not
   affect exactness (the moments equal whatever C is used), only optimality, to second order.
@@ -163,7 +166,7 @@ class QleaceEraser(Eraser):
         g = torch.randn(n, q, generator=gen, dtype=torch.float64).to(zb.device)
         if n - 1 - rank < q:  # too few rows here for exact moments: plain N(0, R_k) draws
             warnings.warn(f"qleace: class {c} has {n} rows here, fewer than the {rank + q + 1} that exact "
-                          "coupling noise needs; drew independent N(0, R_k) noise instead", stacklevel=3)
+                          "coupling noise needs; drew independent N(0, R_k) noise instead", stacklevel=4)
             return g @ factor.T
         data = torch.linalg.svd(zb, full_matrices=False).U[:, :rank]
         span = torch.linalg.qr(torch.cat([torch.full((n, 1), n ** -0.5, dtype=zb.dtype, device=zb.device),
@@ -344,7 +347,7 @@ def _fit_subspace(rows: tuple[Tensor, Tensor] | None, mom: Any, info: dict[str, 
     if handling in ("truncate", "ridge", "coupling"):
         msg = (f"qleace: class covariances are rank-deficient (classes {bad}; support rank {s} of d={d}; "
                f"n_k min {int(mom.counts.min())}): {what}")
-        warnings.warn(msg, stacklevel=3)
+        warnings.warn(msg, stacklevel=4)
         info["warnings"].append(msg)
     _warn_unconverged(bary, o["tol"], info)
     info.update({
@@ -402,7 +405,7 @@ def _warn_unconverged(bary: Any, tol: float, info: dict[str, Any]) -> None:
         return
     msg = (f"qleace: barycenter stopped after {bary.iterations} iterations at residual "
            f"{bary.residual:.3g} > tol {tol:g}")
-    warnings.warn(msg, stacklevel=4)
+    warnings.warn(msg, stacklevel=5)
     info["warnings"].append(msg)
 
 

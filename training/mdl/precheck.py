@@ -117,8 +117,9 @@ def _check_split(cfg: JobConfig, data: LoadedData) -> None:
     works = (f"use eraser.fit_fraction between {lo:g} and {hi:g}" if lo <= hi else
              f"no fit_fraction can leave {MIN_CLASS_ROWS} rows of each class on both sides")
     raise ConfigError(f"eraser.fit_fraction={f:g} is not allowed: the smallest class of {data.name} has {n_min} "
-                      f"rows, which leaves {rows} {side} rows of it (every class needs {MIN_CLASS_ROWS} on each side "
-                      f"to fit the eraser and code the rest); {works}, or use more data (dataset.limit)")
+                      f"rows and the {side} part gets as few as {rows} rows of a class (every class needs "
+                      f"{MIN_CLASS_ROWS} on each side to fit the eraser and code the rest); {works}, or use more "
+                      "data (dataset.limit)")
 
 
 def _pool(cfg: JobConfig, data: LoadedData) -> LoadedData:

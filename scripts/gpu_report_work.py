@@ -115,7 +115,7 @@ def erasers(p: dict[str, Any]) -> dict[str, Any]:
             e = erasure.fit(name, xs, ys, **options)
             _sync(where)
             res[f"fit_s_{'cpu' if where == 'cpu' else 'device'}"] = time.perf_counter() - t0
-            erased[where] = (e(xs, ys) if e.needs_labels else e(xs)).double().cpu()
+            erased[where] = (e.apply_in_sample(xs, ys) if e.needs_labels else e(xs)).double().cpu()
             report = e.report()
             for key in ("barycenter_iterations", "barycenter_residual", "rank", "final_worst_deviation"):
                 if key in report and isinstance(report[key], int | float):

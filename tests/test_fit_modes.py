@@ -172,3 +172,37 @@ def test_oracle_with_permuted_labels_or_after_augment_is_refused(tmp_path: Path)
                        (["eraser.after_augment=true"], "eraser.after_augment")):
         with pytest.raises(ConfigError, match=f"^{key}=true is not allowed"):
             load_config(job_config(tmp_path, [*GAUSS, "eraser=leace", "eraser.fit_on=oracle", *extra]))
+
+
+# ---------------------------------------------------------------- holdout QLEACE: i.i.d. coupling noise (issue 29)
+
+
+def test_holdout_qleace_noise_on_the_coded_rows_is_not_zero_sum_per_class(tmp_path: Path) -> None:
+    """Digits fitted on 80%: every class is singular (constant pixels) and gets coupling noise. Applied to the coded
+    rows (not fitted on) the noise is an i.i.d. N(0, R_k) draw: its per-class sum is not zero (the exact in-sample
+    draw's is, to round-off), and it is what the job's erased rows carry on top of the class maps."""
+    import warnings
+
+    import erasure
+    from training.data.erase import holdout_options
+
+    cfg = load_config(job_config(tmp_path, [*SMOKE, "eraser=qleace", "eraser.fit_on=holdout",
+                                            "eraser.fit_fraction=0.8"]))
+    coded, x, info = prepare_data(cfg)
+    assert min(info["report"]["noise_rank"]) > 0
+    plan = fit_plan(cfg, load_dataset(cfg.dataset))
+    assert plan is not None
+    fit = plan.fit_rows(load_dataset(cfg.dataset))
+    assert fit is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        e = erasure.fit("qleace", fit.x.reshape(len(fit.y), -1), fit.y, **holdout_options("qleace", {}))
+    flat = coded.x.reshape(len(coded.y), -1).double()
+    noise = x.reshape(len(coded.y), -1).double() - e._apply(flat, coded.y)
+    scale = float(e.barycenter_full().abs().max()) ** 0.5
+    for c in range(10):
+        sums = noise[coded.y == c].sum(0)
+        assert float(sums.abs().max()) > 1e-3 * scale  # out of sample: not zero-sum
+    in_sample = e.apply_in_sample(fit.x.reshape(len(fit.y), -1).double(), fit.y)
+    own = in_sample - e._apply(fit.x.reshape(len(fit.y), -1).double(), fit.y)
+    assert float(own[fit.y == 0].sum(0).abs().max()) < 1e-9 * scale  # in sample: zero-sum

@@ -49,3 +49,26 @@ def test_mixture_keeps_information_through_population_qleace(tmp_path: Path) -> 
     bits = [_bits(tmp_path, *mix, f"seed={s}") for s in range(3)]
     gap = 1.0 - statistics.fmean(bits)
     assert gap > 0.05 and gap > 3 * statistics.stdev(bits), bits
+    # the table (scripts/calibrate.py): the truth is H(Y|X') under population QLEACE, below H and below the MDL
+    from scripts.calibrate import collect, table, truth
+
+    cells, options = collect(tmp_path / "runs", "calibrate")
+    [(key, by_fit)] = cells.items()
+    assert key == ("mixture", 0.0, 64.0, "qleace", 2) and sorted(by_fit["oracle"]) == sorted(bits)
+    bound, _ = truth(*key[:1], "qleace", 0.0, 2, options[key])
+    assert bound is not None and bound < 1.0 - 0.3 and min(bits) > bound  # a finite-data code reads above it
+    row = table(cells, options).splitlines()[2]
+    assert f"{bound:.3f} = H(Y|X')" in row and f"{statistics.fmean(bits) - bound:+.3f}" in row
+
+
+def test_mixture_truth_tends_to_h_as_its_modes_merge(tmp_path: Path) -> None:
+    """H(Y|X') after population QLEACE: 1 bit when each class is (nearly) one Gaussian, well below with two modes."""
+    from training.app.schema import load_config
+    from training.data.generators import mixture_truth_bits
+
+    def bound(separation: float) -> float:
+        cfg = load_config(job_config(tmp_path, ["dataset=mixture", f"dataset.separation={separation}"]))
+        return mixture_truth_bits(cfg.dataset.options, 5000)
+
+    assert abs(bound(0.01) - 1.0) < 1e-6
+    assert bound(6.0) < 0.6 < bound(3.0) < 0.9

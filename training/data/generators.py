@@ -117,3 +117,41 @@ def load_gaussian(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
 @register("mixture", options=MixtureOptions, generator=True)
 def load_mixture(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     return _load("mixture", cfg)
+
+
+def mixture_truth_bits(o: MixtureOptions, rows_per_class: int = 50_000) -> float:
+    """H(Y | X') in bits for `mixture` after POPULATION QLEACE: the code length a learner approaches with unlimited
+    data (Monte Carlo over `rows_per_class` fresh draws per class, seeded; its standard error is printed by
+    scripts/calibrate.py as negligible at the default size).
+
+    QLEACE is fitted on the exact class moments (mean mean_gap·u_k, covariance σ²(I + s² a_k a_kᵀ)), so it is the
+    population map; class k's erased law is then ½N(±σ s M_k a_k, σ² M_k M_k) in the working basis (M_k its
+    symmetric map), and p(y | x') follows from those K two-component densities."""
+    from erasure.moments import ClassMoments
+    from erasure.streaming import fit_moments
+
+    u, a = _law(o)
+    k, d, s, sig = o.num_classes, o.dim, o.separation, o.sigma
+    means = o.mean_gap * u
+    covs = sig**2 * (torch.eye(d, dtype=torch.float64) + s**2 * torch.einsum("ki,kj->kij", a, a))
+    big = 10**9  # population: Bessel's correction vanishes
+    priors = torch.full((k,), 1.0 / k, dtype=torch.float64)
+    mean = priors @ means
+    total = torch.einsum("k,kij->ij", priors, covs) + torch.einsum("k,ki,kj->ij", priors, means - mean, means - mean)
+    mom = ClassMoments(torch.full((k,), big), priors, means, mean, total, covs.clone())
+    e = fit_moments("qleace", mom)
+    basis, maps = e.state["basis"], e.state["maps"]
+    modes = sig * s * torch.einsum("kij,kj->ki", maps, a @ basis)  # (K, r): ± the two modes of each class
+    chol = torch.linalg.cholesky(sig**2 * maps @ maps.mT)  # (K, r, r)
+    x, y = draw(o, rows_per_class, 2)
+    z = (x.reshape(len(y), -1).double() - mean) @ basis
+    zb = torch.einsum("nr,nrq->nq", z - e.state["class_means"][y], maps[y])
+    logp = torch.empty(len(y), k, dtype=torch.float64)
+    for j in range(k):
+        comps = []
+        for sign in (1.0, -1.0):
+            white = torch.linalg.solve_triangular(chol[j], (zb - sign * modes[j]).T, upper=False)
+            comps.append(-0.5 * (white**2).sum(0) - torch.log(torch.diagonal(chol[j])).sum())
+        logp[:, j] = torch.logsumexp(torch.stack(comps), 0) - math.log(2)
+    post = torch.log_softmax(logp, 1)[torch.arange(len(y)), y]
+    return float(-post.mean() / math.log(2))

@@ -425,7 +425,7 @@ def _num(x: float, digits: int = 3) -> str:
 
 
 HEADER = ["## The paper's claims (paired by seed, bits/sample)", "",
-          f"Per row: the raw differences a − b per fit mode and seed; the margin = how far the two sides separate "
+          f"Per row: the raw differences a − b per fit mode, in seed order; the margin = how far the two sides separate "
           f"in the claimed direction (a bracket [out of sample, in sample] per side where both fit modes ran at "
           f"equal n_coded; > 0 supports the claim), its mean ± 95% CI, one-sided sign test and paired t-test, "
           f"Holm-corrected across every row of this report. holds: separated on every one of ≥ {MIN_SEEDS} "
@@ -437,7 +437,7 @@ HEADER = ["## The paper's claims (paired by seed, bits/sample)", "",
 
 def _diff_text(t: RowTest) -> str:
     modes = list(t.diffs)
-    return "; ".join((f"{m}: " if len(modes) > 1 else "") + ", ".join(f"s{s} {v:+.3f}" for s, v in sorted(d.items()))
+    return "; ".join((f"{m} " if len(modes) > 1 else "") + " ".join(f"{v:+.3f}" for _, v in sorted(d.items()))
                      for m, d in t.diffs.items())
 
 

@@ -425,9 +425,9 @@ def _num(x: float, digits: int = 3) -> str:
 
 
 HEADER = ["## The paper's claims (paired by seed, bits/sample)", "",
-          f"Per row: the raw differences a − b per fit mode, in seed order; the margin = how far the two sides separate "
-          f"in the claimed direction (a bracket [out of sample, in sample] per side where both fit modes ran at "
-          f"equal n_coded; > 0 supports the claim), its mean ± 95% CI, one-sided sign test and paired t-test, "
+          f"Per row: the raw differences a − b per fit mode, in seed order; the margin = how far the two sides "
+          "separate in the claimed direction (a bracket [out of sample, in sample] per side where both fit modes "
+          "ran at equal n_coded; > 0 supports the claim), its mean ± 95% CI, one-sided sign test and paired t-test, "
           f"Holm-corrected across every row of this report. holds: separated on every one of ≥ {MIN_SEEDS} "
           f"seeds and no raw difference against the claim; brackets overlap; not identifiable: one fit mode only "
           f"and a side flagged (probe below chance, or null below the label entropy); budget-bound: > "

@@ -386,3 +386,20 @@ def test_claims_on_brackets_and_a_budget_bound_cell(tmp_path: Path) -> None:
     report = (tmp_path / "tables" / "t_claims.md").read_text()
     assert "- LEACE raises MDL for every architecture (MDL(leace) - MDL(control) > 0): **holds**" in report
     assert "after the bias" not in report and "Holm" in report
+
+
+def test_certificate_table_shows_the_mlp_probe_where_results_have_it(tmp_path: Path) -> None:
+    """The MLP probe (newer than the others) gets its columns once a result has it; its below-chance flag makes the
+    cell a dependence artefact like the others'."""
+    root = tmp_path / "runs"
+    nothing = _probe(0.1, 0.1, 3.322, -0.2, "no information detected")
+    cert = _cert(nothing, nothing)
+    cert.update({f"mlp_probe_{k}": v for k, v in _probe(0.05, -9.0, 3.5, -8.0, "dependence artefact").items()})
+    _write(root, _cfg("qleace", 0), 2.5, cert=cert)
+    _write(root, _cfg("control", 0), 1.0, cert=_cert(nothing, nothing))
+    header, rows = aggregate_render.certificate_rows(aggregate_summary.summarize(aggregate_collect.collect_dir(root)[0]))
+    assert header[8:12] == ["mlp probe acc ± SE", "mlp probe loss ± SE (bits)", "chance acc / loss (bits)",
+                            "probe verdict"]
+    by = {r[1]: r[2:12] for r in rows}
+    assert by["qleace"][6:] == ["0.050 ± 0.004", "3.500 ± 0.005", "0.100 / 3.322", "dependence artefact (mlp)"]
+    assert by["control"][6] == "n/a" and by["control"][-1] == "no information detected"

@@ -397,7 +397,8 @@ def test_certificate_table_shows_the_mlp_probe_where_results_have_it(tmp_path: P
     cert.update({f"mlp_probe_{k}": v for k, v in _probe(0.05, -9.0, 3.5, -8.0, "dependence artefact").items()})
     _write(root, _cfg("qleace", 0), 2.5, cert=cert)
     _write(root, _cfg("control", 0), 1.0, cert=_cert(nothing, nothing))
-    header, rows = aggregate_render.certificate_rows(aggregate_summary.summarize(aggregate_collect.collect_dir(root)[0]))
+    summary = aggregate_summary.summarize(aggregate_collect.collect_dir(root)[0])
+    header, rows = aggregate_render.certificate_rows(summary)
     assert header[8:12] == ["mlp probe acc ± SE", "mlp probe loss ± SE (bits)", "chance acc / loss (bits)",
                             "probe verdict"]
     by = {r[1]: r[2:12] for r in rows}

@@ -1,4 +1,5 @@
-"""Erasure certificate: residual class-moment gaps and cross-fitted probes scored against chance."""
+"""Erasure certificate: residual class-moment gaps and cross-fitted probes (linear, quadratic, MLP) scored against
+chance."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .mlp_probe import mlp_scores
 from .moments import check_labels, class_moments, eigh_desc, flatten_features, numerical_rank
 from .split import stratified_folds
 
 LDA_SHRINKAGE = (1e-3, 1e-2, 0.1, 0.3, 1.0)  # linear probe: pooled covariance shrunk towards (tr/r)·I
 TEMPERATURES = torch.logspace(-3.0, 1.5, 46, dtype=torch.float64)  # × 1/spread of the calibration scores
-PROBES = ("linear", "quadratic")
+PROBES = ("linear", "quadratic", "mlp")
 
 
 def certificate(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, seed: int = 0, qda_shrink: float = 0.3,
@@ -34,11 +36,14 @@ def certificate(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, seed: int = 0
     log p(k | x) ∝ log π_k + t·score_k(x), π the class priors of all of (x, y); the shrinkage (LDA) and the
     temperature t ≥ 10⁻³/spread are chosen on an inner stratified split of the training half (fit on one
     part, calibrate on the other; the weakest setting within one SE of the best), then the probe is
-    refitted on the whole training half. A probe that finds nothing shrinks towards t → 0, i.e. towards the
+    refitted on the whole training half. MLP probe (erasure/mlp_probe.py): one hidden ReLU layer on the
+    leading principal coordinates, seeded by `seed`, fitted on the inner fit part, early-stopped and
+    calibrated (temperature) on the inner calibration part, not refitted (it must stay cheap).
+    A probe that finds nothing shrinks towards t → 0, i.e. towards the
     prior-only code, but never reaches it: its first-order sign survives (the z-scores below do not depend
     on t as t → 0), so a probe trained on dependent data still shows which way it was pushed.
 
-    Reported per probe (`linear_probe_*`, `quadratic_probe_*`) over the n pooled held-out predictions:
+    Reported per probe (`linear_probe_*`, `quadratic_probe_*`, `mlp_probe_*`) over the n pooled held-out predictions:
       acc, acc_se (binomial SE of the per-row 0/1, half a count added to each side), acc_null = Σ_k π_k q_k
       (expected accuracy of a label-independent predictor with the probe's prediction frequencies q;
       = `chance`, the majority rate, when it always predicts the majority class), acc_z = (acc − acc_null)/acc_se;
@@ -82,7 +87,8 @@ def certificate(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, seed: int = 0
         xtr, ytr, xte = feats[train], labels[train], feats[test]
         inner = [i.to(x64.device) for i in stratified_folds(len(train), 2, seed + 1 + f, ytr)]
         for probe in PROBES:
-            logp[probe][test], setting = _fit_probe(probe, xtr, ytr, xte, k, log_prior, inner, qda_shrink)
+            logp[probe][test], setting = _fit_probe(probe, xtr, ytr, xte, k, log_prior, inner, qda_shrink,
+                                                    seed + 7 + f)
             settings[probe].append(setting)
     out: dict[str, Any] = {
         "max_mean_gap": float(mean_gaps.max()), "max_cov_gap": float(cov_gaps.max()),
@@ -119,12 +125,15 @@ def _principal(x64: Tensor, train: Tensor) -> tuple[Tensor, int]:
 
 
 def _fit_probe(probe: str, xtr: Tensor, ytr: Tensor, xte: Tensor, k: int, log_prior: Tensor,
-               inner: list[Tensor], qda_shrink: float) -> tuple[Tensor, dict[str, float]]:
+               inner: list[Tensor], qda_shrink: float, seed: int) -> tuple[Tensor, dict[str, float]]:
     """Held-out log-probabilities (n_test, k) and the chosen settings: inner split for shrinkage and temperature,
-    then refit on all training rows."""
+    then refit on all training rows (the MLP: no refit)."""
     fit_rows, cal_rows = inner
     x1, y1, x2, y2 = xtr[fit_rows], ytr[fit_rows], xtr[cal_rows], ytr[cal_rows]
-    if probe == "linear":
+    if probe == "mlp":
+        cal, y_cal, scores = mlp_scores(xtr, ytr, xte, k, inner, seed)
+        shrink, t = _select([(0.0, cal)], y_cal, log_prior)
+    elif probe == "linear":
         st = _lda_fit(x1, y1, k)
         shrink, t = _select([(a, _lda_scores(st, a, x2)) for a in LDA_SHRINKAGE], y2, log_prior)
         scores = _lda_scores(_lda_fit(xtr, ytr, k), shrink, xte)

@@ -11,11 +11,14 @@ only where everything else is equal: results whose semantic configs differ in an
 seed (a learning rate, a regularizer, a key one result did not record) fall into different groups, each with
 tables (and plots, and a claims verdict) of its own, headed by the keys that differ; eraser options are variants
 of the eraser, and so is `eraser.fit_on` (a `fit on` column: all | self | holdout | oracle). The repeats of a
-repeated holdout (`eraser.fit_on=holdout|self`, `eraser.repeat=0..`; `eraser.fold` in older results) are one cell:
-each repeat is its own MDL run, the cell reports the mean over repeats × seeds (sd over seeds of the per-seed means)
-and lists them (as "folds"). A permuted-label run
-(`dataset.permute_labels=true`) is the null of the cell it otherwise matches: the "Null control" table gives its
-MDL and bias = null MDL − label entropy, flagged against seed noise (scripts/tables.py). Jobs that did not finish
+repeated-holdout cell (`eraser.fit_on=holdout|self`, `eraser.repeat=0..`; `eraser.fold` in older results) are one
+cell: each repeat is its own MDL run, the cell reports the mean over repeats × seeds (sd over seeds of the per-seed
+means) and lists the repeats. Where an eraser ran out of sample (holdout) and in sample (self, or all at equal
+n_coded), the "Brackets" table gives [out, in]; "Fit and training budget" gives per cell n_fit, n_coded, QLEACE's
+working rank and dropped variance, why the block models stopped and the share at the cap (budget-bound above a
+fifth). A permuted-label run (`dataset.permute_labels=true`) is the null of the cell it otherwise matches: the "Null
+control" table gives its MDL and bias = null MDL − label entropy, flagged against the null's own SE with a floor
+(below the entropy: label injection; scripts/tables.py); it corrects no number. Jobs that did not finish
 are listed as missing, failed (a multirun's job-status ledger says so, or its MDL is not finite), partial
 (progress.json: killed or still running), incomplete (result.json without an mdl section) or malformed (a
 result.json that cannot be read: also a warning naming it); they are never filled in.

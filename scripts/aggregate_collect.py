@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from scripts.tables import PROBES
 from training.app.results import same_config, stored_config
 
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
@@ -28,22 +29,18 @@ CELL = [*ROW_KEY, "eraser"]
 # comparison puts results into different groups, eraser options into different variants of the eraser.
 SHOWN = {"seed", "dataset.tag", "dataset.name", "arch.tag", "arch.name", "arch.activation", "arch.width",
          "arch.depth", "eraser.name", "eraser.fit_on"}
-# Keys that are not identity: the repeats of a cell's holdout are combined (the `fold` column; results written
-# before the rename record eraser.fold, read as eraser.repeat), a permuted-label run is the null of its cell.
-FOLD_KEY, LEGACY_FOLD_KEY, NULL_KEY = "eraser.repeat", "eraser.fold", "dataset.permute_labels"
+# Keys that are not identity: the repeats of a cell (repeated holdout) are combined, a permuted-label run is the null
+# of its cell. `eraser.repeat` names the repeat; a result written before it names it `eraser.fold`.
+FOLD_KEY, REPEAT_KEY, NULL_KEY = "eraser.fold", "eraser.repeat", "dataset.permute_labels"
+REPEAT_KEYS = (REPEAT_KEY, FOLD_KEY)
 # Keys added with issue 21 whose defaults live in conf/config.yaml, not in the schema: a result written before them
 # ran exactly like these values (the eraser fitted on the coded data, no folds, true labels, erased before augment).
-FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_source": "split", "eraser.fit_fraction": 0.2, FOLD_KEY: 0,
+FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_source": "split", "eraser.fit_fraction": 0.2, REPEAT_KEY: 0,
                 "eraser.n_fit": None, "eraser.after_augment": False, NULL_KEY: False}
-# keys a job with eraser.fit_on=all does not read (the job hash leaves them out too: schema.fit_keys_used)
-HOLDOUT_ONLY = ("eraser.fit_source", "eraser.fit_fraction", FOLD_KEY, "eraser.n_fit")
-
-
-def _legacy_fold(flat: dict[str, Any]) -> dict[str, Any]:
-    """eraser.fold (results before eraser.repeat) read as eraser.repeat."""
-    if LEGACY_FOLD_KEY in flat:
-        flat.setdefault(FOLD_KEY, flat.pop(LEGACY_FOLD_KEY))
-    return flat
+SPLIT_MODES = ("holdout", "self")  # fit modes with a random split of the training rows (and so repeats)
+# The eraser.fit keys a fit mode does not use (no effect on its job; INTERFACE.md: not in the hash).
+UNUSED_FIT_KEYS = {"all": ("eraser.fit_fraction", FOLD_KEY, REPEAT_KEY, "eraser.fit_source", "eraser.n_fit"),
+                   "oracle": ("eraser.fit_fraction", FOLD_KEY, REPEAT_KEY, "eraser.fit_source")}
 # Comparisons: the erasers of a table row, the widths of one eraser (MDL vs width), its depths.
 UNITS = [["dataset", "arch", "width", "depth"], ["dataset", "arch", "depth", "eraser", "variant"],
          ["dataset", "arch", "width", "eraser", "variant"]]
@@ -52,9 +49,8 @@ PAPER_RULE = "paper_optim"  # such a key at the value its rule gives (arch.paper
 MISSING_KEY = "?"  # a key the result did not record (written before the key existed)
 UNKNOWN_COMMIT = "unknown"
 CERT = {"max_mean_gap": "mean gap", "max_cov_gap": "cov gap", "linear_probe_acc": "linear probe",
-        "quadratic_probe_acc": "quadratic probe", "chance": "chance"}
+        "quadratic_probe_acc": "quadratic probe", "mlp_probe_acc": "MLP probe", "chance": "chance"}
 # The certificate's out-of-sample (cross-fitted) probe scores (erasure/certificate.py), where the result has them.
-PROBES = ("linear", "quadratic")
 PROBE_NUMBERS = [f"{p}_probe_{k}" for p in PROBES for k in ("acc_se", "acc_z", "loss_bits", "loss_se", "loss_z")] \
     + ["chance_loss_bits"]
 # What the eraser's report says it did (result.json "eraser" → "report"): QLEACE's working rank (of d), the
@@ -62,6 +58,12 @@ PROBE_NUMBERS = [f"{p}_probe_{k}" for p in PROBES for k in ("acc_se", "acc_z", "
 # gaps to its targets (relative mean / covariance distance) before and after the optimisation.
 REPORT = ["working_rank", "d", "variance_dropped_fraction", "max_noise_share", "max_mean_gap_before",
           "max_cov_gap_before", "max_mean_gap_after", "max_cov_gap_after"]
+# Training budget (training/engine/stopping.py: a block model stops for `patience` or `max_epochs`; the step floor
+# can run it past max_epochs, so its `epochs` are what it ran). A block model is AT THE CAP when it stopped for
+# max_epochs (the patience rule never fired: it was still improving within its patience window) with its best
+# epoch in the last CAP_TAIL of the epochs it ran (at least the last one): the cap, not the data, ended it.
+CAP_TAIL = 0.1
+STOP_REASONS = ("patience", "max_epochs")
 JOB_PATH = re.compile(r"(?P<dataset>[^/]+)/(?P<eraser>[^/]+)/(?P<arch>[^/]+)-w(?P<width>\d+)-d(?P<depth>\d+)"
                       r"(?:/c[0-9a-f]{8})?/seed(?P<seed>\d+)$")  # paths.job_subdir (and the pre-v2 layout)
 
@@ -138,6 +140,13 @@ def _paper_value(flat: dict[str, Any], key: str) -> Any:
     return flat.get(f"arch.paper_optim.{key.split('.', 1)[1]}")
 
 
+def _legacy_fold(flat: dict[str, Any]) -> dict[str, Any]:
+    """eraser.fold (results written before eraser.repeat) read as eraser.repeat."""
+    if FOLD_KEY in flat:
+        flat.setdefault(REPEAT_KEY, flat.pop(FOLD_KEY))
+    return flat
+
+
 def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
     """The semantic config (flat, dotted keys) as results are compared: what the job hash covers, as the result
     recorded it (no defaults filled in for keys added since: those read "?"; except FIT_DEFAULTS, whose absence
@@ -151,9 +160,12 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
     flat = _legacy_fold({k: v for k, v in flatten(semantic(cfg, fill_defaults=False)).items() if not _dead(k)})
     for key, default in FIT_DEFAULTS.items():
         flat.setdefault(key, default)
-    if flat["eraser.fit_on"] == "all":
-        for key in HOLDOUT_ONLY:
-            flat.pop(key, None)
+    fit_on = flat["eraser.fit_on"]
+    if fit_on in SPLIT_MODES and flat.get("eraser.fit_source", "split") in ("split", None):
+        flat.pop("eraser.n_fit", None)  # the split decides the fit size
+        flat.pop("eraser.fit_source", None)  # split: the default (absent in results written before pool existed)
+    for key in UNUSED_FIT_KEYS.get(str(fit_on), ()):
+        flat.pop(key, None)
     for key in PAPER_KEYS:
         if key in flat and (flat[key] is None or flat[key] == _paper_value(flat, key)):
             flat[key] = PAPER_RULE
@@ -166,7 +178,7 @@ def _identity_columns(cfg: dict[str, Any], numerics_version: Any = None) -> dict
     """`settings`: what must be equal for two results to be compared (all but labels, eraser and seed);
     `eraser_settings`: the eraser's options (its variants). Neither holds the fold (folds are combined) nor
     dataset.permute_labels (a null run belongs to the cell of its true-label runs)."""
-    flat = {k: v for k, v in config_identity(cfg, numerics_version).items() if k not in (FOLD_KEY, NULL_KEY)}
+    flat = {k: v for k, v in config_identity(cfg, numerics_version).items() if k not in (*REPEAT_KEYS, NULL_KEY)}
     settings = {k: v for k, v in flat.items() if k not in SHOWN and not k.startswith("eraser.")}
     eraser = {k: v for k, v in flat.items() if k.startswith("eraser.") and k not in SHOWN}
     return {"settings": json.dumps(settings, sort_keys=True, default=str),
@@ -184,9 +196,10 @@ def stored_view(cfg: dict[str, Any]) -> dict[str, Any]:
 def _cell_from_config(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
     c = stored_view(cfg)
     fit_on = str(c["eraser.fit_on"])
+    repeat = next((c[k] for k in REPEAT_KEYS if c.get(k) is not None), 0)
     return {"dataset": c["dataset.tag"], "arch": c["arch.tag"], "width": int(c["arch.width"]),
             "depth": int(c["arch.depth"]), "eraser": str(c["eraser.name"]), "seed": int(c["seed"]),
-            "fit_on": fit_on, "fold": int(c[FOLD_KEY]) if fit_on in ("holdout", "self") else 0,
+            "fit_on": fit_on, "fold": int(repeat) if fit_on in SPLIT_MODES else 0,
             "null": bool(c[NULL_KEY]), "protocol": c["mdl.protocol"], **_identity_columns(cfg, numerics_version)}
 
 
@@ -328,6 +341,38 @@ def _probe_columns(after: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def at_cap(block: dict[str, Any]) -> bool | None:
+    """Whether a block model stopped at the cap (see CAP_TAIL); None when its result does not say."""
+    epochs, best = as_number(block.get("epochs")), as_number(block.get("best_epoch"))
+    reason = block.get("stop_reason")
+    if not isinstance(reason, str) or epochs is None or best is None:
+        return None
+    tail = max(1, math.ceil(CAP_TAIL * epochs))
+    return reason == "max_epochs" and best > epochs - tail
+
+
+def budget_columns(mdl: dict[str, Any]) -> dict[str, float]:
+    """Per run: block models with a known stop reason, those stopped by each reason, and those at the cap."""
+    blocks = [b for b in mdl.get("blocks") or [] if isinstance(b, dict)]
+    caps = [c for c in (at_cap(b) for b in blocks) if c is not None]
+    out = {"blocks_known": float(len(caps)) if caps else math.nan,
+           "blocks_at_cap": float(sum(caps)) if caps else math.nan}
+    for reason in STOP_REASONS:
+        out[f"blocks_{reason}"] = float(sum(b.get("stop_reason") == reason for b in blocks)) if caps else math.nan
+    return out
+
+
+def fit_columns(result: dict[str, Any], mdl: dict[str, Any]) -> dict[str, Any]:
+    """result.json eraser.fit (INTERFACE.md): fit_source, n_fit, n_coded (mdl.n_coded where fit lacks it)."""
+    fit = (result.get("eraser") or {}).get("fit")
+    fit = fit if isinstance(fit, dict) else {}
+    n_fit, n_coded = as_number(fit.get("n_fit")), as_number(fit.get("n_coded"))
+    n_coded = n_coded if n_coded is not None else as_number(mdl.get("n_coded"))
+    source = fit.get("fit_source")
+    return {"fit_source": source if isinstance(source, str) else "", "n_fit": math.nan if n_fit is None else n_fit,
+            "n_coded": math.nan if n_coded is None else n_coded}
+
+
 def _result_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
     """The row of an MDL result: done; failed when its MDL is not finite; incomplete without an mdl section.
     Raises (KeyError, TypeError, ValueError) on a malformed config or mdl section."""
@@ -366,6 +411,8 @@ def _result_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
     for key in REPORT:
         value = as_number(report.get(key))
         row[key] = math.nan if value is None else value
+    row.update(budget_columns(mdl))
+    row.update(fit_columns(result, mdl))
     row["curve"] = final.get("val_loss_curve") or []
     return row
 

@@ -12,9 +12,23 @@ from typing import Any
 
 import pandas as pd
 
-from scripts.aggregate_collect import CELL, CERT, MISSING_KEY, PAPER_RULE, PROBES, ROW_KEY, UNKNOWN_COMMIT, is_mdl_task
+from scripts.aggregate_collect import (
+    CAP_TAIL,
+    CELL,
+    CERT,
+    MISSING_KEY,
+    PAPER_RULE,
+    ROW_KEY,
+    UNKNOWN_COMMIT,
+    is_mdl_task,
+)
 from scripts.aggregate_summary import ARTEFACT, cell_name, increase_over_control
 from scripts.tables import (
+    BUDGET_SHARE,
+    INJECTION,
+    NOISE_SE,
+    NULL_FLOOR,
+    PROBES,
     eraser_order,
     group_label,
     group_labels,
@@ -144,10 +158,17 @@ def _has_probe_scores(summary: pd.DataFrame) -> bool:
         ("probe_verdict" in summary and (summary.probe_verdict != "n/a").any())
 
 
-def _probe_cells(g: pd.DataFrame) -> list[str]:
+def _shown_probes(summary: pd.DataFrame) -> list[str]:
+    """The probes some result of these cells has (the MLP probe is newer than the others: older certificates lack
+    it, and their tables keep their columns)."""
+    return [p for p in PROBES if p != "mlp" or any(
+        c in summary and summary[c].notna().any() for c in ("mlp_probe_acc_mean", "mlp_probe_acc_se_mean"))]
+
+
+def _probe_cells(g: pd.DataFrame, probes: list[str]) -> list[str]:
     """acc ± SE and log-loss ± SE (bits) per probe, chance (majority accuracy / prior-only code), the verdict."""
     cells = []
-    for probe in PROBES:
+    for probe in probes:
         cells.append(fmt(_first(g, f"{probe}_probe_acc"), _first(g, f"{probe}_probe_acc_se")))
         cells.append(fmt(_first(g, f"{probe}_probe_loss_bits"), _first(g, f"{probe}_probe_loss_se")))
     chance, chance_loss = _first(g, "chance"), _first(g, "chance_loss_bits")
@@ -165,33 +186,35 @@ def certificate_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]
     (a probe below chance by > ARTEFACT_Z SE reads "dependence artefact", never a success)."""
     require_one_group(summary, "a table")
     keys = ["dataset", *[c for c in _label_columns(summary) if c in ("fit_on", "variant")], "eraser"]
-    probes = _has_probe_scores(summary)
+    probes, shown = _has_probe_scores(summary), _shown_probes(summary)
+    cert_keys = [k for k in CERT if not k.endswith("_probe_acc") or k.removesuffix("_probe_acc") in shown]
     rows = []
     for key, g in summary.groupby(keys, sort=False):
         if probes:
             gaps = [g[f"{k}_mean"].dropna() for k in ("max_mean_gap", "max_cov_gap")]
-            scores = [f"{v.iloc[0]:.3g}" if len(v) else "n/a" for v in gaps] + _probe_cells(g)
+            scores = [f"{v.iloc[0]:.3g}" if len(v) else "n/a" for v in gaps] + _probe_cells(g, shown)
         else:
-            scores = [f"{v.iloc[0]:.3g}" if len(v) else "n/a" for v in (g[f"{k}_mean"].dropna() for k in CERT)]
+            scores = [f"{v.iloc[0]:.3g}" if len(v) else "n/a" for v in (g[f"{k}_mean"].dropna() for k in cert_keys)]
         rows.append([*key, *scores, *_report_cells(g)])
     order = {e: i for i, e in enumerate(eraser_order(summary.eraser))}
     rows.sort(key=lambda r: (r[0], order[r[len(keys) - 1]], *r[1:len(keys) - 1]))
-    cert = [CERT["max_mean_gap"], CERT["max_cov_gap"], *[f"{p} probe {what}" for p in PROBES for what in
+    cert = [CERT["max_mean_gap"], CERT["max_cov_gap"], *[f"{p} probe {what}" for p in shown for what in
                                                          ("acc ± SE", "loss ± SE (bits)")],
-            "chance acc / loss (bits)", "probe verdict"] if probes else list(CERT.values())
+            "chance acc / loss (bits)", "probe verdict"] if probes else [CERT[k] for k in cert_keys]
     header = [*[k.replace("_", " ") for k in keys], *cert, "working rank", "variance dropped", "noise share (max)",
               "gradient gaps mean / cov (before → after)"]
     return header, rows
 
 
-NULL_HOWTO = ("–: no null run; run the cell again with `dataset.permute_labels=true` (same config and seeds "
-              "otherwise)")
+NULL_HOWTO = ("–: no null run; run the cell again with `dataset.permute_labels=true` (same config, seeds and "
+              "repeats otherwise)")
 
 
 def null_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """The null control of one group: per cell (eraser × fit_on) its MDL, its null's MDL (permuted labels, mean
-    over the null's seeds × folds), the label entropy, bias = null MDL − label entropy, the noise the bias is
-    compared with (scripts/tables.bias_noise) and the flag, seeds (true / null)."""
+    over the null's seeds × repeats), the label entropy, bias = null MDL − label entropy, the noise the bias is
+    compared with (scripts/tables.bias_noise: the null's own SE, floored) and the flag, seeds (true / null) and
+    what of the cell's seeds and repeats the null lacks or adds."""
     require_one_group(summary, "a table")
     cols = [c for c in _label_columns(summary, fit_on=False)]
     order = {e: i for i, e in enumerate(eraser_order(summary.eraser))}
@@ -208,24 +231,127 @@ def null_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         null = fmt(r.null_mean, r.null_sd) + (f" [{r.null_folds}]" if r.null_folds else "")
         ref = "n/a" if math.isnan(r.null_ref) else f"{r.null_ref:.3f} ({r.null_ref_kind})"
         bias = "n/a" if math.isnan(r.bias) else f"{r.bias:+.3f}"
-        noise = f"{r.bias_noise:.3f} ({r.bias_noise_of})" if r.bias_noise_of else "n/a (< 2 seeds)"
-        rows.append([*label, null, ref, bias, noise, r.bias_flag, f"{r.n_seeds} / {r.null_seeds}"])
+        noise = f"{r.bias_noise:.3f} ({r.bias_noise_of})" if r.bias_noise_of else "n/a (< 2 null seeds)"
+        seeds = f"{r.n_seeds} / {r.null_seeds}" + (f" ({r.null_mismatch})" if r.get("null_mismatch") else "")
+        rows.append([*label, null, ref, bias, noise, r.bias_flag, seeds])
     header = [*[LABEL_NAMES[c] for c in cols], "eraser", "fit on", "MDL", "null MDL", "label entropy", "bias",
-              "noise (2 SE)", "flag", "n seeds (true / null)"]
+              "noise", "flag", "n seeds (true / null)"]
     return header, rows
 
 
 NULL_NOTE = (
-    "Null: the cell rerun with `dataset.permute_labels=true` (labels shuffled once per seed, same config otherwise), "
-    "mean over its seeds × folds. bias = null MDL − label entropy (H of the class prior where the result records "
-    "it, else log2 K): what the procedure charges for labels that carry no information (> 0: the cost of learning "
-    "nothing; < 0: the code found label information that is not in the images, e.g. put there by an eraser fitted "
-    "on the coded samples). flag: ⚠ when |bias| > noise = 2 × the larger standard error over seeds of the null "
-    "MDL (`null`) and the cell's true-label MDL (`true`), each with ≥ 2 seeds; ok within it; ? fewer than 2 seeds "
-    "on both. " + NULL_HOWTO + ".\n")
-NO_NULL = ("Null control: no permuted-label runs among these results, so the procedure's bias (null MDL − label "
-           "entropy) is unknown; rerun the cells with `dataset.permute_labels=true` (same config and seeds "
-           "otherwise) to measure it.\n")
+    "Null: the cell rerun with `dataset.permute_labels=true` (labels shuffled once per seed, same config "
+    "otherwise), mean over its seeds × repeats; bias = null MDL − label entropy (H of the class prior where the "
+    "result records it, else log2 K). Random labels carry no information, so the null should code at the label "
+    f"entropy. {INJECTION} (bias < −noise): the null codes BELOW the label entropy, so the erased rows carry "
+    "label information the images do not: a label-dependent map fitted on other rows injected it (e.g. QLEACE "
+    "fitted on a holdout). A null fitted in sample is censored at the uniform code and cannot show the "
+    "dependence an in-sample fit creates (see the probes), and out of sample it cannot see under-erasure: the "
+    "null detects injection, it does not correct an MDL (no number is shifted by it). "
+    f"{'⚠ excess'} (bias > noise): the procedure charges more than the label entropy for learning nothing. "
+    f"noise = {NOISE_SE:g} × the null's standard error over its seeds (per-seed means over repeats), at least "
+    f"{NULL_FLOOR} bits/sample (`floor`); ? with fewer than 2 null seeds. A null whose seeds or repeats differ "
+    "from its cell's says so in the last column. " + NULL_HOWTO + ".\n")
+NO_NULL = ("Null control: no permuted-label runs among these results, so label injection by the eraser (null MDL "
+           "below the label entropy) is not checked; rerun the cells with `dataset.permute_labels=true` (same "
+           "config, seeds and repeats otherwise) to check it.\n")
+
+
+def _count(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{v:.0f}"
+
+
+def has_fit_or_budget(summary: pd.DataFrame) -> bool:
+    """Whether some cell's results say how the eraser was fitted (eraser.fit, its report) or why the block models
+    stopped (results written before these keys do not)."""
+    cols = ["n_fit_mean", "n_coded_mean", "working_rank_mean"]
+    return any(c in summary and summary[c].notna().any() for c in cols) or \
+        ("blocks_known" in summary and (summary.blocks_known > 0).any())
+
+
+def fit_budget_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Per cell: MDL, rows fitted on and coded (eraser.fit), QLEACE's working rank and dropped variance, the block
+    models' stop reasons (counts over the cell's runs), the share at the cap, and whether it is budget-bound."""
+    require_one_group(summary, "a table")
+    cols = _label_columns(summary)
+    order = {e: i for i, e in enumerate(eraser_order(summary.eraser))}
+    rows_of = {k: i for i, k in enumerate(_row_keys(summary))}
+    recs = sorted((r for _, r in summary.iterrows()),
+                  key=lambda r: (rows_of[tuple(r[k] for k in ROW_KEY)], order[r.eraser]))
+    rows = []
+    for r in recs:
+        values = dict(zip(ROW_KEY, (r[k] for k in ROW_KEY), strict=True))
+        rank, d = r.get("working_rank_mean", math.nan), r.get("d_mean", math.nan)
+        dropped = r.get("variance_dropped_fraction_mean", math.nan)
+        share = r.get("at_cap_share", math.nan)
+        known = r.get("blocks_known", 0)
+        rows.append([*(str(values[c]) for c in cols), r.eraser, _cell_text(r, "bits_per_sample"),
+                     _count(r.get("n_fit_mean", math.nan)), _count(r.get("n_coded_mean", math.nan)),
+                     "n/a" if math.isnan(rank) else f"{rank:.0f}/{d:.0f}",
+                     "n/a" if math.isnan(dropped) else f"{dropped:.2%}", r.get("stops") or "n/a",
+                     "n/a" if not known or math.isnan(share) else f"{share:.0%} of {known}",
+                     "budget-bound" if r.get("budget_bound") else ""])
+    header = [*[LABEL_NAMES[c] for c in cols], "eraser", "MDL", "n fit", "n coded", "working rank",
+              "variance dropped", "block stops", "at cap", "budget"]
+    return header, rows
+
+
+FIT_BUDGET_NOTE = (
+    "n fit / n coded: rows the eraser was fitted on / coded (result.json eraser.fit; mean over runs). Block stops: "
+    "why the block models stopped (patience: no new best for the patience; max_epochs: the cap). At cap: block "
+    f"models stopped by max_epochs with their best epoch in the last {CAP_TAIL:.0%} of the epochs they ran (the "
+    f"step floor can run a model past max_epochs); budget-bound: more than {BUDGET_SHARE:.0%} at the cap, so the "
+    "cell measures learning within the budget, not the data.\n")
+
+
+def _same_n(a: float, b: float) -> bool:
+    """Equal row counts, or both unknown (results written before eraser.fit.n_coded)."""
+    return a == b or (a != a and b != b)
+
+
+def bracket_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]] | None:
+    """Per row (without fit on) and n_coded, each eraser's bracket [out of sample, in sample]: holdout with self,
+    or holdout with all at equal n_coded; None when no eraser has both ends."""
+    require_one_group(summary, "a table")
+    cols = [c for c in _label_columns(summary, fit_on=False)]
+    erasers = eraser_order(summary.eraser)
+    keys = [c for c in ROW_KEY if c != "fit_on"]
+    rows, found = [], False
+    for key, g in summary.groupby(keys, sort=False):
+        values = dict(zip(keys, key, strict=True))
+        by: dict[tuple[str, str], pd.Series] = {(r.eraser, r.fit_on): r for _, r in g.iterrows()}
+        holdout = g[g.fit_on == "holdout"]
+        ns: list[float] = []
+        for v in holdout.get("n_coded_mean", pd.Series(dtype=float)):
+            ns += [] if any(_same_n(v, u) for u in ns) else [v]
+        for n in ns:
+            cells = []
+            for e in erasers:
+                out = by.get((e, "holdout"))
+                if out is None or not _same_n(out.get("n_coded_mean", math.nan), n):
+                    cells.append("–")
+                    continue
+                partner = by.get((e, "self"))
+                alt = by.get((e, "all"))
+                if partner is None and alt is not None and alt.get("n_coded_mean") == n:  # pool: all codes as many
+                    partner = alt
+                lo = out.bits_per_sample_mean
+                if partner is None:
+                    cells.append(f"{lo:.3f} (holdout only)")
+                else:
+                    found = True
+                    cells.append(f"[{lo:.3f}, {partner.bits_per_sample_mean:.3f}]"
+                                 + ("" if partner.fit_on == "self" else " (all)"))
+            rows.append([*(str(values[c]) for c in cols), _count(n), *cells])
+    if not found:
+        return None
+    return [*[LABEL_NAMES[c] for c in cols], "n coded", *erasers], rows
+
+
+BRACKET_NOTE = ("Brackets [out of sample, in sample] at equal n_coded (bits/sample, mean over seeds × repeats): "
+                "holdout (fitted on other rows: under-erasure and label injection read low) and self (fitted on the "
+                "coded rows; or all where it codes as many rows: dependence reads high). The truth of a cell lies "
+                "between its ends; scripts/claims.py holds a claim only where the brackets separate.\n")
 
 
 def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:
@@ -285,6 +411,11 @@ def _group_sections(df: pd.DataFrame, summary: pd.DataFrame, h: str) -> list[str
     if len(inc):
         parts += [f"{h} MDL increase over control (bits/sample, paired by seed)\n",
                   md_table(*increase_rows(inc, summary))]
+    brackets = bracket_rows(summary)
+    if brackets is not None:
+        parts += [f"{h} Brackets at equal n coded (bits/sample)\n", md_table(*brackets), BRACKET_NOTE]
+    if has_fit_or_budget(summary):
+        parts += [f"{h} Fit and training budget\n", md_table(*fit_budget_rows(summary)), FIT_BUDGET_NOTE]
     if "null_runs" in summary and (summary.null_runs > 0).any():
         parts += [f"{h} Null control (permuted labels, bits/sample)\n", md_table(*null_rows(summary)), NULL_NOTE]
     else:

@@ -10,18 +10,23 @@ from typing import Any
 
 import pandas as pd
 
-from scripts.aggregate_collect import CELL, CERT, PROBE_NUMBERS, PROBES, REPORT, ROW_KEY, UNKNOWN_COMMIT, as_number
+from scripts.aggregate_collect import CELL, CERT, PROBE_NUMBERS, REPORT, ROW_KEY, SPLIT_MODES, UNKNOWN_COMMIT, as_number
 from scripts.tables import (
+    ARTEFACT_Z,
+    BUDGET_SHARE,
+    PROBES,
+    at_cap_share,
     bias_flag,
     bias_noise,
     fold_text,
     group_label,
     null_bias,
+    null_mismatch,
     seed_means,
 )
 
 METRICS = ["bits_per_sample", "legacy", "final_val_loss"]
-ARTEFACT_Z = 3.0  # a probe whose accuracy or log-loss is below chance by more than this many SE: dependence artefact
+FIT_NUMBERS = ["n_fit", "n_coded"]
 ARTEFACT, INFORMATION, NOTHING = "dependence artefact", "information", "no information detected"
 
 # --- summarising ------------------------------------------------------------------------------------------
@@ -53,7 +58,7 @@ def _mean_sd_runs(done: pd.DataFrame, col: str) -> tuple[float, float]:
 
 
 def _run_label(seed: Any, fold: Any, holdout: bool) -> str:
-    return f"{seed}f{int(fold)}" if holdout and isinstance(fold, int | float) and fold == fold else str(seed)
+    return f"{seed}r{int(fold)}" if holdout and isinstance(fold, int | float) and fold == fold else str(seed)
 
 
 def _probe_verdict(runs: pd.DataFrame) -> str:
@@ -90,19 +95,30 @@ def _probe_verdict(runs: pd.DataFrame) -> str:
 
 def _null_columns(nulls: pd.DataFrame, true_done: pd.DataFrame) -> dict[str, Any]:
     """The cell's null (its finished permuted-label runs): MDL, label entropy, bias = null MDL − label entropy,
-    noise (scripts/tables.bias_noise) and flag."""
+    noise (scripts/tables.bias_noise: the null's own SE, floored), flag, and what of the cell's seeds and repeats
+    the null lacks or adds (`null_mismatch`)."""
     null_mean, bias = null_bias(nulls)
     per_seed = seed_means(nulls).dropna() if len(nulls) else pd.Series(dtype=float)
-    noise, source = bias_noise(per_seed, seed_means(true_done).dropna() if len(true_done) else [])
+    noise, source = bias_noise(per_seed)
     kinds = sorted(set(nulls.ref_kind.dropna())) if "ref_kind" in nulls and len(nulls) else []
     return {"null_mean": null_mean, "null_sd": float(per_seed.std(ddof=1)) if len(per_seed) > 1 else math.nan,
             "null_seeds": len(per_seed), "null_runs": int(nulls.bits_per_sample.map(math.isfinite).sum())
             if len(nulls) else 0,
             "null_ref": float(nulls.ref_bits.mean()) if len(nulls) and "ref_bits" in nulls else math.nan,
             "null_ref_kind": " / ".join(k for k in kinds if k), "null_folds": fold_text(nulls.fold)
-            if len(nulls) and (nulls.fit_on == "holdout").any() else "",
+            if len(nulls) and nulls.fit_on.isin(SPLIT_MODES).any() else "",
             "bias": bias, "bias_noise": noise, "bias_noise_of": source,
-            "bias_flag": bias_flag(bias, noise) if len(nulls) else ""}
+            "bias_flag": bias_flag(bias, noise) if len(nulls) else "",
+            "null_mismatch": null_mismatch(true_done, nulls) if len(nulls) else ""}
+
+
+def _budget_columns(done: pd.DataFrame) -> dict[str, Any]:
+    """Stop reasons of the cell's block models (counts over its runs), the share at the cap, budget-bound."""
+    share, known = at_cap_share(done)
+    reasons = {r: int(done[f"blocks_{r}"].fillna(0).sum()) if f"blocks_{r}" in done else 0
+               for r in ("patience", "max_epochs")}
+    return {"blocks_known": known, "at_cap_share": share, "budget_bound": bool(known and share > BUDGET_SHARE),
+            "stops": ", ".join(f"{r} {n}" for r, n in reasons.items() if n) if known else ""}
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
@@ -122,7 +138,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         g, nulls = cell[~cell["null"]], cell[cell["null"] & (cell.status == "done")]
         done = g[g.status == "done"]
         rec: dict[str, Any] = dict(zip(CELL, key, strict=True))
-        holdout = rec["fit_on"] == "holdout"
+        holdout = rec["fit_on"] in SPLIT_MODES
         all_seeds = seeds_of.get(rec["group"], set())
         folds = sorted({int(f) for f in g.fold if isinstance(f, int | float) and f == f}) if holdout else [0]
         totals = {int(t) for t in done.get("folds_total", pd.Series(dtype=float)).dropna()}
@@ -140,11 +156,12 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             + [f"{_run_label(s, f, holdout)}:missing" for s, f in absent])
         rec["commits"] = _commits(done)
         rec["mixed_commits"] = "commit" in done and done.commit.nunique(dropna=False) > 1
-        for col in METRICS + list(CERT) + REPORT + PROBE_NUMBERS:
+        for col in METRICS + list(CERT) + REPORT + PROBE_NUMBERS + FIT_NUMBERS:
             mean, sd = _mean_sd_runs(done, col) if col in done and len(done) else (math.nan, math.nan)
             rec[f"{col}_mean"], rec[f"{col}_sd"] = mean, sd
         rec["probe_verdict"] = _probe_verdict(done)
         rec.update(_null_columns(nulls, done))
+        rec.update(_budget_columns(done))
         out.append(rec)
     return pd.DataFrame(out)
 

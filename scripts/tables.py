@@ -79,11 +79,17 @@ def require_one_group(frame: Any, what: str) -> None:
                                "seed; compare within one group (scripts/aggregate.py writes one table per group)")
 
 
-# --- cells: folds and the permuted-label null ---------------------------------------------------------------------
-# A cell's results are runs (seed, fold): with `eraser.fit_on=holdout` each fold of the cross-fitting is its own MDL
-# run (its own code, never pooled). A cell reports the mean over its runs; its noise is the spread over seeds of the
-# per-seed means over folds (folds of one seed share the seed's data order, so they are not independent seeds).
-NOISE_SE = 2.0  # the bias is flagged when |bias| > NOISE_SE standard errors (see `bias_noise`)
+# --- cells: repeats and the permuted-label null ------------------------------------------------------------------
+# A cell's results are runs (seed, repeat): with a split fit (`eraser.fit_on=holdout|self`) each repeat of the
+# repeated holdout is its own MDL run (its own code, never pooled). A cell reports the mean over its runs; its noise
+# is the spread over seeds of the per-seed means over repeats (repeats of one seed share the seed's data order, so
+# they are not independent seeds).
+NOISE_SE = 2.0  # a null's bias is flagged when |bias| > NOISE_SE standard errors of the null's MDL (`bias_noise`)
+NULL_FLOOR = 0.01  # bits/sample: ... and above this floor (a null censored at the uniform code has SE 0)
+INJECTION, EXCESS = "⚠ injection", "⚠ excess"  # null MDL below / above the label entropy by more than the noise
+ARTEFACT_Z = 3.0  # a probe whose accuracy or log-loss is below chance by more than this many SE: dependence artefact
+BUDGET_SHARE = 0.2  # a cell with more than this share of its block models at the cap is budget-bound
+PROBES = ("linear", "quadratic", "mlp")  # the certificate's out-of-sample probes (erasure/certificate.py)
 
 
 def seed_means(frame: Any, column: str = "bits_per_sample") -> Any:
@@ -96,7 +102,7 @@ def seed_means(frame: Any, column: str = "bits_per_sample") -> Any:
 
 
 def fold_text(folds: Iterable[int], total: int | None = None) -> str:
-    """`folds 0–4`, `folds 0, 2–3 of 5`, `fold 1` ("" without any)."""
+    """`repeats 0–4`, `repeats 0, 2–3 of 5`, `repeat 1` ("" without any)."""
     found = sorted({int(f) for f in folds})
     if not found:
         return ""
@@ -108,7 +114,7 @@ def fold_text(folds: Iterable[int], total: int | None = None) -> str:
             spans.append([f, f])
     text = ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in spans)
     whole = total is not None and found == list(range(total))
-    return ("fold " if len(found) == 1 else "folds ") + text + ("" if whole or total is None else f" of {total}")
+    return ("repeat " if len(found) == 1 else "repeats ") + text + ("" if whole or total is None else f" of {total}")
 
 
 def null_bias(nulls: Any) -> tuple[float, float]:
@@ -131,26 +137,73 @@ def null_bias(nulls: Any) -> tuple[float, float]:
     return mean, (mean - float(refs.mean()) if refs.map(math.isfinite).all() else math.nan)
 
 
-def bias_noise(null_seed_means: Any, true_seed_means: Any) -> tuple[float, str]:
-    """(noise, whose SE it is): NOISE_SE × the larger standard error over seeds of the null's MDL and of the cell's
-    true-label MDL (per-seed means over folds), each where it has ≥ 2 seeds; (NaN, "") when neither has. A null
-    whose seeds all code at exactly the uniform code has SE 0: the true-label spread is then the noise."""
+def bias_noise(null_seed_means: Any) -> tuple[float, str]:
+    """(noise, what it is) the bias of a null is compared with: NOISE_SE × the null's own standard error over
+    seeds (its per-seed means over repeats), floored at NULL_FLOOR ("2 SE" or "floor"); (NaN, "") with fewer than
+    2 null seeds. The true-label MDL's spread is not the null's noise: it would blunt the flag."""
     import math
 
-    found: list[tuple[float, str]] = []
-    for values, name in ((null_seed_means, "null"), (true_seed_means, "true")):
-        v = [float(x) for x in values if x == x]
-        if len(v) >= 2:
-            mean = sum(v) / len(v)
-            sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1))
-            found.append((NOISE_SE * sd / math.sqrt(len(v)), name))
-    return max(found) if found else (math.nan, "")
+    v = [float(x) for x in null_seed_means if x == x]
+    if len(v) < 2:
+        return math.nan, ""
+    mean = sum(v) / len(v)
+    se = NOISE_SE * math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1)) / math.sqrt(len(v))
+    return (se, f"{NOISE_SE:g} SE") if se > NULL_FLOOR else (NULL_FLOOR, "floor")
 
 
 def bias_flag(bias: float, noise: float) -> str:
-    """"⚠" when |bias| exceeds the noise, "ok" within it, "?" when the noise is unknown (< 2 seeds), "" no bias."""
+    """INJECTION when the null codes below the label entropy by more than the noise (a label-dependent map fitted
+    elsewhere added label information to the coded rows), EXCESS when above it (the procedure charges more than
+    the labels' entropy for learning nothing), "ok" within it, "?" when the noise is unknown (< 2 null seeds),
+    "" without a bias."""
     if bias != bias:
         return ""
     if noise != noise:
         return "?"
-    return "⚠" if abs(bias) > noise else "ok"
+    return INJECTION if bias < -noise else EXCESS if bias > noise else "ok"
+
+
+def null_mismatch(cell: Any, nulls: Any) -> str:
+    """What a cell's null lacks or has beyond the cell's runs: seeds, and repeats where the fit has them
+    (`frame.seed`, `frame.fold`); "" when they match."""
+    parts = []
+    for col, name in (("seed", "seeds"), ("fold", "repeats")):
+        if col not in cell or col not in nulls:
+            continue
+        a = {int(v) for v in cell[col] if v == v}
+        b = {int(v) for v in nulls[col] if v == v}
+        if a != b:
+            parts.append(f"{name} {_ints(b)} vs the cell's {_ints(a)}")
+    return "null " + "; ".join(parts) if parts else ""
+
+
+def _ints(values: set[int]) -> str:
+    return "{" + ", ".join(map(str, sorted(values))) + "}"
+
+
+def probe_below_chance(runs: Any) -> bool:
+    """Whether a probe of some run scores below chance by more than ARTEFACT_Z SE (the certificate's own flag or
+    verdict, or its z-scores): a dependence artefact of the erased rows."""
+    import math
+
+    for _, r in runs.iterrows():
+        for probe in PROBES:
+            flag, verdict = r.get(f"{probe}_probe_below_chance"), r.get(f"{probe}_probe_verdict")
+            if flag is True or verdict == "dependence artefact":
+                return True
+            for k in ("acc", "loss"):
+                z = r.get(f"{probe}_probe_{k}_z")
+                if isinstance(z, int | float) and math.isfinite(z) and z < -ARTEFACT_Z:
+                    return True
+    return False
+
+
+def at_cap_share(runs: Any) -> tuple[float, int]:
+    """(share of block models at the cap, block models with a known stop reason) over a cell's runs (NaN, 0 when
+    no run says: results written before block stop reasons)."""
+    import math
+
+    if "blocks_known" not in runs:
+        return math.nan, 0
+    known = float(runs["blocks_known"].fillna(0).sum())
+    return (float(runs["blocks_at_cap"].fillna(0).sum()) / known, int(known)) if known else (math.nan, 0)

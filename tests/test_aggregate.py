@@ -103,8 +103,9 @@ checkout).
 | mnist5k | mlp_relu | 128 | 2 | +0.500 |
 | mnist5k | lenet | 128 | 2 | missing |
 
-Null control: no permuted-label runs among these results, so the procedure's bias (null MDL − label entropy) is \
-unknown; rerun the cells with `dataset.permute_labels=true` (same config and seeds otherwise) to measure it.
+Null control: no permuted-label runs among these results, so label injection by the eraser (null MDL below the \
+label entropy) is not checked; rerun the cells with `dataset.permute_labels=true` (same config, seeds and repeats \
+otherwise) to check it.
 
 ## Final validation loss (bits, full-data run)
 

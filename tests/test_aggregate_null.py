@@ -1,6 +1,8 @@
-"""Issue 21 (requirements 2 and 3), the aggregate's side: eraser.fit_on is part of the eraser's identity, the folds
-of a cross-fitted cell are one cell, a permuted-label run is the null of its cell (bias = null MDL − label entropy,
-flagged against seed noise), the certificate's out-of-sample probes, and claims once the bias is accounted for.
+"""Issues 21, 29 and 30, the aggregate's side: eraser.fit_on is part of the eraser's identity, the repeats of a
+repeated-holdout cell are one cell (eraser.repeat; eraser.fold in older results), a permuted-label run is the null
+of its cell (bias = null MDL − label entropy, flagged against the null's own SE with a floor: a detector of label
+injection, never a correction), the certificate's out-of-sample probes, brackets [holdout, self] at equal n_coded,
+the fit and the training budget per cell, and the claims on them.
 
 Fixtures are hand-written result.json files (no training).
 """
@@ -23,13 +25,17 @@ LOG2_10 = math.log2(10)
 
 
 def _cfg(eraser: str, seed: int, *, fit_on: str | None = "all", fold: int = 0, null: bool | None = False,
-         net: str = "mlp_relu", width: int = 128) -> dict[str, Any]:
-    """A stored config; fit_on=None / null=None: written before eraser.fit_on / dataset.permute_labels existed."""
+         net: str = "mlp_relu", width: int = 128, repeat: bool = False) -> dict[str, Any]:
+    """A stored config; fit_on=None / null=None: written before eraser.fit_on / dataset.permute_labels existed;
+    repeat: the INTERFACE.md keys (eraser.repeat, fit_source; `fold` is the repeat) instead of eraser.fold."""
     cfg: dict[str, Any] = {"task": "mdl", "seed": seed, "dataset": {"name": "mnist5k", "tag": "mnist5k"},
                            "eraser": {"name": eraser, "options": {}},
                            "arch": {"name": net.split("_")[0], "tag": net, "width": width, "depth": 2},
                            "mdl": {"protocol": "prequential"}}
-    if fit_on is not None:
+    if fit_on is not None and repeat:
+        cfg["eraser"].update(fit_on=fit_on, fit_source="split", fit_fraction=0.2, repeat=fold, n_fit=None,
+                             after_augment=False)
+    elif fit_on is not None:
         cfg["eraser"].update(fit_on=fit_on, fit_fraction=0.2, fold=fold, after_augment=False)
     if null is not None:
         cfg["dataset"]["permute_labels"] = null
@@ -37,9 +43,11 @@ def _cfg(eraser: str, seed: int, *, fit_on: str | None = "all", fold: int = 0, n
 
 
 def _write(root: Path, cfg: dict[str, Any], bits: float, cert: dict[str, Any] | None = None,
-           dataset: dict[str, Any] | None = None) -> Path:
+           dataset: dict[str, Any] | None = None, blocks: list[dict[str, Any]] | None = None,
+           report: dict[str, Any] | None = None) -> Path:
     """A result.json as jobs on main write it (mdl.num_classes, eraser.fit, dataset.permuted_labels); a config
-    without the new keys gets a result without the new sections (an old result)."""
+    without the new keys gets a result without the new sections (an old result). With `repeat` in the config:
+    eraser.fit as INTERFACE.md gives it ({fit_on, fit_source, n_fit, n_coded, fit_fraction, repeat})."""
     new = "fit_on" in cfg["eraser"]
     result: dict[str, Any] = {
         "config_hash": "fixture", "hash_version": 2, "config": cfg,
@@ -50,10 +58,17 @@ def _write(root: Path, cfg: dict[str, Any], bits: float, cert: dict[str, Any] | 
         fit_on = cfg["eraser"]["fit_on"]
         fit = {"fit_on": fit_on, "n_fit": 5000 if fit_on == "all" else 1000, "n_coded": 5000 if fit_on == "all"
                else 4000}
-        if fit_on == "holdout":
+        if "repeat" in cfg["eraser"]:
+            fit = {"fit_on": fit_on, "fit_source": "split" if fit_on in ("holdout", "self") else None,
+                   "n_fit": 5000 if fit_on == "all" else 1000, "n_coded": 5000 if fit_on == "all" else 4000,
+                   "fit_fraction": 0.2 if fit_on in ("holdout", "self") else None,
+                   "repeat": cfg["eraser"]["repeat"] if fit_on in ("holdout", "self") else None}
+        elif fit_on == "holdout":
             fit.update(fold=cfg["eraser"]["fold"], folds=5)
         result["mdl"].update(num_classes=10, n_coded=fit["n_coded"])
-        result["eraser"] = {"name": cfg["eraser"]["name"], "fit": fit, "report": {}}
+        result["eraser"] = {"name": cfg["eraser"]["name"], "fit": fit, "report": report or {}}
+        if blocks is not None:
+            result["mdl"]["blocks"] = blocks
         result["dataset"] = {"name": "mnist5k", "n": 5000, "num_classes": 10, **(dataset or {})}
         if cfg["dataset"].get("permute_labels"):
             result["dataset"]["permuted_labels"] = True
@@ -92,50 +107,44 @@ def test_null_runs_are_the_null_of_their_cell_not_a_group_or_an_eraser(tmp_path:
     assert inc[["eraser", "mean", "n"]].values.tolist() == [["qleace", pytest.approx(1.0), 3]]
     header, rows = aggregate_render.null_rows(summary)
     assert header == ["dataset", "arch", "w", "d", "eraser", "fit on", "MDL", "null MDL", "label entropy", "bias",
-                      "noise (2 SE)", "flag", "n seeds (true / null)"]
+                      "noise", "flag", "n seeds (true / null)"]
     assert rows == [
         ["mnist5k", "mlp_relu", "128", "2", "control", "all", "1.100 ± 0.100", "3.330 ± 0.010", "3.322 (log2 K)",
-         "+0.008", "0.115 (true)", "ok", "3 / 3"],
+         "+0.008", "0.012 (2 SE)", "ok", "3 / 3"],
         ["mnist5k", "mlp_relu", "128", "2", "qleace", "all", "2.100 ± 0.100", "3.100 ± 0.020", "3.322 (log2 K)",
-         "-0.222", "0.115 (true)", "⚠", "3 / 3"]]
+         "-0.222", "0.023 (2 SE)", "⚠ injection", "3 / 3"]]
     md = _run(root, tmp_path)
     assert "## Null control (permuted labels, bits/sample)\n" in md and "Group" not in md
     table = list(csv.DictReader((tmp_path / "tables" / "t.csv").open()))
     q = next(r for r in table if r["eraser"] == "qleace")
-    assert float(q["bias"]) == pytest.approx(3.10 - LOG2_10) and q["bias_flag"] == "⚠"
-    assert float(q["bias_noise"]) == pytest.approx(2 * 0.1 / math.sqrt(3)) and q["bias_noise_of"] == "true"
+    assert float(q["bias"]) == pytest.approx(3.10 - LOG2_10) and q["bias_flag"] == "⚠ injection"
+    assert float(q["bias_noise"]) == pytest.approx(2 * 0.02 / math.sqrt(3)) and q["bias_noise_of"] == "2 SE"
+    assert "does not correct an MDL" in md and "BELOW the label entropy" in md and "after the bias" not in md
 
 
-def test_bias_flag_above_and_below_the_noise_and_where_the_noise_comes_from(tmp_path: Path) -> None:
-    """One null seed: the noise is 2 SE of the cell's true-label MDL over seeds (said: `true`); the bias of
-    control (+0.278) is above it, LEACE's (+0.078) below; a missing null reads – with how to run it."""
+def test_bias_flag_on_the_nulls_own_se_with_a_floor_and_a_null_that_does_not_match_its_cell(tmp_path: Path) -> None:
+    """Issue 30: control's null 0.0005 bits above log2 10 on 3 seeds (SE 0: censored) is within the 0.01-bit floor
+    (was `+0.000 ⚠`); LEACE's null 0.278 above on 3 seeds is `⚠ excess`; QLEACE's null of one seed has no SE
+    (`?`) and says its seeds differ from the cell's; ALF-QLEACE has no null (– with how to run it)."""
     root = tmp_path / "runs"
     for seed in range(3):
         _write(root, _cfg("control", seed, net="lenet"), 1.0 + 0.1 * seed)
         _write(root, _cfg("leace", seed, net="lenet"), 1.5 + 0.1 * seed)
         _write(root, _cfg("qleace", seed, net="lenet"), 2.5)
-    _write(root, _cfg("control", 0, net="lenet", null=True), 3.60)
-    _write(root, _cfg("leace", 0, net="lenet", null=True), 3.40)
+        _write(root, _cfg("alf_qleace", seed, net="lenet"), 2.0)
+        _write(root, _cfg("control", seed, net="lenet", null=True), LOG2_10 + 0.0005)
+        _write(root, _cfg("leace", seed, net="lenet", null=True), (3.60, 3.59, 3.61)[seed])
+    _write(root, _cfg("qleace", 0, net="lenet", null=True), 3.00)
     df, _ = aggregate_collect.collect_dir(root)
     _, rows = aggregate_render.null_rows(aggregate_summary.summarize(df))
-    noise = 2 * 0.1 / math.sqrt(3)  # sd 0.1 over 3 seeds
-    assert [r[4:] for r in rows] == [
-        ["control", "all", "1.100 ± 0.100", "3.600", "3.322 (log2 K)", f"{3.60 - LOG2_10:+.3f}", f"{noise:.3f} (true)",
-         "⚠", "3 / 1"],
-        ["leace", "all", "1.600 ± 0.100", "3.400", "3.322 (log2 K)", f"{3.40 - LOG2_10:+.3f}", f"{noise:.3f} (true)",
-         "ok", "3 / 1"],
-        ["qleace", "all", "2.500 ± 0.000", "–", "–", "–", "–", "", "3 / 0"]]
+    by = {r[4]: r[7:] for r in rows}
+    assert by["control"] == ["3.322 ± 0.000", "3.322 (log2 K)", "+0.001", "0.010 (floor)", "ok", "3 / 3"]
+    assert by["leace"] == ["3.600 ± 0.010", "3.322 (log2 K)", "+0.278", "0.012 (2 SE)", "⚠ excess", "3 / 3"]
+    assert by["qleace"] == ["3.000", "3.322 (log2 K)", "-0.322", "n/a (< 2 null seeds)", "?",
+                            "3 / 1 (null seeds {0} vs the cell's {0, 1, 2})"]
+    assert by["alf_qleace"] == ["–", "–", "–", "–", "", "3 / 0"]
     md = _run(root, tmp_path)
     assert aggregate_render.NULL_HOWTO in md and "`dataset.permute_labels=true`" in md
-    # The rule itself: 2 × the larger SE of the null and the true-label MDL (each with ≥ 2 seeds), else unknown
-    # ("?"): a null coding at exactly the uniform code every seed (SE 0) does not make every bias significant.
-    from scripts.tables import bias_flag, bias_noise
-
-    assert bias_noise([3.0, 3.2], [1.0, 1.01]) == (pytest.approx(2 * math.sqrt(0.02) / math.sqrt(2)), "null")
-    assert bias_noise([3.3219, 3.3219], [1.0, 2.0]) == (pytest.approx(2 * math.sqrt(0.5) / math.sqrt(2)), "true")
-    assert bias_noise([3.0], [1.0, 1.2]) == (pytest.approx(2 * math.sqrt(0.02) / math.sqrt(2)), "true")
-    assert math.isnan(bias_noise([3.0], [1.0])[0]) and bias_flag(0.5, math.nan) == "?"
-    assert (bias_flag(0.2, 0.1), bias_flag(-0.2, 0.1), bias_flag(0.05, 0.1)) == ("⚠", "⚠", "ok")
 
 
 def test_an_unfinished_null_run_is_listed_as_one_and_is_no_missing_seed_of_its_cell(tmp_path: Path) -> None:
@@ -150,7 +159,7 @@ def test_an_unfinished_null_run_is_listed_as_one_and_is_no_missing_seed_of_its_c
     assert "| mnist5k | mlp_relu | 128 | 2 | 1.050 ± 0.071 |" in md  # not (2/3): seed 2 is the null's
     assert f"| partial (null) | 2 | {partial} | 1 block models finished |" in md
     _, rows = aggregate_render.null_rows(aggregate_summary.summarize(aggregate_collect.collect_dir(root)[0]))
-    assert rows[0][7] == "3.300 ± 0.000" and rows[0][-1] == "2 / 2"
+    assert rows[0][7] == "3.300 ± 0.000" and rows[0][-1] == "2 / 2"  # the unfinished null seed is no mismatch
 
 
 def test_label_entropy_is_the_class_prior_where_the_result_gives_it(tmp_path: Path) -> None:
@@ -196,17 +205,18 @@ def test_folds_of_a_cell_are_combined_and_listed(tmp_path: Path) -> None:
     assert header == ["dataset", "arch", "w", "d", "fit on", "control", "qleace"]
     assert rows == [
         ["mnist5k", "mlp_relu", "128", "2", "all", "0.950 ± 0.071", "1.950 ± 0.071"],
-        ["mnist5k", "mlp_relu", "128", "2", "holdout", f"{control_mean:.3f} ± {control_sd:.3f} (9/10) [folds 0–4]",
-         "2.070 ± 0.071 [folds 0–4]"]]
+        ["mnist5k", "mlp_relu", "128", "2", "holdout",
+         f"{control_mean:.3f} ± {control_sd:.3f} (9/10) [repeats 0–4]", "2.070 ± 0.071 [repeats 0–4]"]]
     cell = summary[(summary.eraser == "control") & (summary.fit_on == "holdout")].iloc[0]
-    assert (cell.n, cell.n_expected, cell.n_seeds, cell.missing_seeds) == (9, 10, 2, "1f3:missing")
+    assert (cell.n, cell.n_expected, cell.n_seeds, cell.missing_seeds) == (9, 10, 2, "1r3:missing")
     inc = aggregate_summary.increase_over_control(df).set_index("fit_on")
     assert inc.loc["all", "mean"] == pytest.approx(1.0)
     assert inc.loc["holdout", "mean"] == pytest.approx(((2.02 - 1.02) + (2.12 - 4.47 / 4)) / 2)
     assert list(inc.n) == [2, 2]
     _, nulls = aggregate_render.null_rows(summary)
     q = next(r for r in nulls if r[4:6] == ["qleace", "holdout"])
-    assert q[7:] == ["3.400 [folds 0–4]", "3.322 (log2 K)", f"{3.40 - LOG2_10:+.3f}", "0.100 (true)", "ok", "2 / 1"]
+    assert q[7:] == ["3.400 [repeats 0–4]", "3.322 (log2 K)", f"{3.40 - LOG2_10:+.3f}", "n/a (< 2 null seeds)", "?",
+                     "2 / 1 (null seeds {0} vs the cell's {0, 1})"]
     assert not any(r[4:6] == ["qleace", "all"] and r[7] != "–" for r in nulls)  # the holdout null stays there
     md = _run(root, tmp_path)
     assert "| mnist5k | mlp_relu | 128 | 2 | holdout | +1.001 ± 0.002 |" in md
@@ -219,7 +229,7 @@ def test_fit_on_is_a_variant_of_the_eraser_shown_separately(tmp_path: Path) -> N
     root = tmp_path / "runs"
     cert = {"max_mean_gap": 0.0, "max_cov_gap": 0.1, "linear_probe_acc": 0.1, "quadratic_probe_acc": 0.2,
             "chance": 0.1}
-    for seed in range(3):
+    for seed in range(5):
         _write(root, _cfg("control", seed), 1.0 + 0.1 * seed)
         _write(root, _cfg("leace", seed), 1.5 + 0.1 * seed, cert=cert)
         _write(root, _cfg("leace", seed, fit_on="holdout"), 1.2 + 0.1 * seed, cert=cert)
@@ -228,8 +238,8 @@ def test_fit_on_is_a_variant_of_the_eraser_shown_separately(tmp_path: Path) -> N
     summary = aggregate_summary.summarize(df)
     header, rows = aggregate_render.pivot(summary, "bits_per_sample")
     assert header == ["dataset", "arch", "w", "d", "fit on", "control", "leace"]
-    assert rows == [["mnist5k", "mlp_relu", "128", "2", "all", "1.100 ± 0.100", "1.600 ± 0.100"],
-                            ["mnist5k", "mlp_relu", "128", "2", "holdout", "missing", "1.300 ± 0.100 [fold 0 of 5]"]]
+    assert rows == [["mnist5k", "mlp_relu", "128", "2", "all", "1.200 ± 0.158", "1.700 ± 0.158"],
+                    ["mnist5k", "mlp_relu", "128", "2", "holdout", "missing", "1.400 ± 0.158 [repeat 0 of 5]"]]
     inc = aggregate_summary.increase_over_control(df)
     assert inc[["fit_on", "eraser", "mean"]].values.tolist() == [["all", "leace", pytest.approx(0.5)]]
     (claim, tests, verdict), = claims.evaluate(df, ["leace_raises_mdl"])
@@ -302,49 +312,95 @@ def test_certificate_table_shows_out_of_sample_probes_and_a_below_chance_probe_a
     assert "✓" not in md
 
 
-# --- claims once the bias is accounted for ----------------------------------------------------------------------
+# --- brackets, fit and budget (INTERFACE.md keys), claims on them ----------------------------------------------------
 
-def test_claims_report_which_claims_survive_the_bias(tmp_path: Path) -> None:
-    """LEACE raises MDL over control by 0.1 on the MLP, but its null's bias is 0.3 above control's: the claim holds
-    only before the bias there; on LeNet (+0.5, bias difference 0.1) it holds; on ConvNeXt there is no null."""
+def _blocks(at_cap: int, total: int = 4) -> list[dict[str, Any]]:
+    """Block models: `at_cap` stopped by max_epochs with their best epoch at the end, the rest by patience."""
+    return [{"block": i + 2, "epochs": 60, "best_epoch": 59 if i < at_cap else 20,
+             "stop_reason": "max_epochs" if i < at_cap else "patience"} for i in range(total)]
+
+
+def _bracket_root(root: Path, qleace_holdout: float = 0.5, qleace_cap: int = 0) -> None:
+    """5 seeds × 2 repeats: control on a holdout split; LEACE and QLEACE fitted on a holdout and on the coded rows
+    (self), the same 4000 coded rows; QLEACE's holdout null injects the label (codes at 0.34)."""
+    rank = {"holdout": {"working_rank": 99, "d": 595, "variance_dropped_fraction": 0.093},
+            "self": {"working_rank": 499, "d": 595, "variance_dropped_fraction": 0.0007}}
+    for seed in range(5):
+        for rep in range(2):
+            w = 0.01 * seed + 0.002 * rep - 0.001  # the mean over repeats: 0.01 · seed
+            _write(root, _cfg("control", seed, fit_on="holdout", fold=rep, repeat=True), 0.83 + w, blocks=_blocks(0))
+            for fit_on, leace, qleace in (("holdout", 1.92, qleace_holdout), ("self", 2.10, 3.33)):
+                _write(root, _cfg("leace", seed, fit_on=fit_on, fold=rep, repeat=True), leace + w, blocks=_blocks(0))
+                _write(root, _cfg("qleace", seed, fit_on=fit_on, fold=rep, repeat=True), qleace + w,
+                       blocks=_blocks(qleace_cap), report=rank[fit_on])
+            _write(root, _cfg("qleace", seed, fit_on="holdout", fold=rep, repeat=True, null=True), 0.34 + w)
+
+
+def test_interface_keys_give_brackets_fit_and_budget_per_cell(tmp_path: Path) -> None:
+    """eraser.repeat is the repeat (averaged like folds were), fit_source/n_fit do not split a cell; the bracket
+    table pairs holdout with self at n coded 4000; the fit and budget table shows n fit, n coded, working rank,
+    variance dropped, block stop reasons and the at-cap share (QLEACE: 3 of 4 block models at the cap in every
+    run: budget-bound; the others: none)."""
     root = tmp_path / "runs"
-    cases = {"mlp_relu": (0.1, 3.32, 3.62), "lenet": (0.5, 3.32, 3.42), "convnext": (0.3, None, None)}
-    for net, (gain, control_null, leace_null) in cases.items():
-        for seed in range(3):
-            _write(root, _cfg("control", seed, net=net), 1.0 + 0.1 * seed)
-            _write(root, _cfg("leace", seed, net=net), 1.0 + gain + 0.1 * seed)
-            if control_null is not None:
-                _write(root, _cfg("control", seed, net=net, null=True), control_null)
-                _write(root, _cfg("leace", seed, net=net, null=True), leace_null)
+    _bracket_root(root, qleace_cap=3)
     df, _ = aggregate_collect.collect_dir(root)
-    (claim, tests, verdict), = claims.evaluate(df, ["leace_raises_mdl"])
-    got = {t.row.split()[1]: (t.verdict, t.bias_verdict) for t in tests}
-    assert got == {"mlp_relu": ("holds", "holds only before the bias"), "lenet": ("holds", "holds"),
-                   "convnext": ("holds", "bias unknown (no null run)")}
-    mlp = next(t for t in tests if "mlp_relu" in t.row)
-    assert mlp.diffs == pytest.approx({0: 0.1, 1: 0.1, 2: 0.1})  # the null runs are no seeds of the cell
-    assert mlp.bias_a - mlp.bias_b == pytest.approx(0.3)
-    assert verdict == "holds" and claims.overall_after_bias(tests) == "holds only before the bias"
-    only_convnext = df[df.arch == "convnext"]
-    (_, tests, _), = claims.evaluate(only_convnext, ["leace_raises_mdl"])
-    assert claims.overall_after_bias(tests) == "bias unknown (no null run)"
+    assert groups_in(df) == ["{}"] and set(df.variant) == {""} and sorted(set(df.fold)) == [0, 1]
+    summary = aggregate_summary.summarize(df)
+    header, rows = aggregate_render.bracket_rows(summary)
+    assert header == ["dataset", "arch", "w", "d", "n coded", "control", "leace", "qleace"]
+    assert rows == [["mnist5k", "mlp_relu", "128", "2", "4000", "0.850 (holdout only)", "[1.940, 2.120]",
+                     "[0.520, 3.350]"]]
+    header, rows = aggregate_render.fit_budget_rows(summary)
+    assert header == ["dataset", "arch", "w", "d", "fit on", "eraser", "MDL", "n fit", "n coded", "working rank",
+                      "variance dropped", "block stops", "at cap", "budget"]
+    by = {(r[5], r[4]): r[6:] for r in rows}
+    assert by[("qleace", "holdout")][1:] == ["1000", "4000", "99/595", "9.30%", "patience 10, max_epochs 30",
+                                             "75% of 40", "budget-bound"]
+    assert by[("qleace", "self")][3:] == ["499/595", "0.07%", "patience 10, max_epochs 30", "75% of 40",
+                                          "budget-bound"]
+    assert by[("leace", "self")][5:] == ["patience 40", "0% of 40", ""]
+    md = _run(root, tmp_path)
+    assert "## Brackets at equal n coded (bits/sample)" in md and "## Fit and training budget" in md
+    assert "[repeats 0–1]" in md
+
+
+def test_claims_on_brackets_and_a_budget_bound_cell(tmp_path: Path) -> None:
+    """The same cells through aggregate.py --claims: LEACE over control holds on its bracket; QLEACE over LEACE
+    does not (its holdout end is below LEACE's on every seed); with QLEACE's holdout at 2.5 its bracket separates
+    from LEACE's, but QLEACE is budget-bound; without the block models at the cap it holds."""
+    root = tmp_path / "runs"
+    _bracket_root(root)
+    df, _ = aggregate_collect.collect_dir(root)
+    results = {c.key: (tests, verdict) for c, tests, verdict in claims.evaluate(df)}
+    (leace,), verdict = results["leace_raises_mdl"]
+    assert (leace.row, leace.verdict, verdict) == ("mnist5k mlp_relu w128 d2 (fit on [holdout, self])", "holds",
+                                                   "holds")
+    assert leace.margins == pytest.approx({s: 1.92 - 0.83 for s in range(5)})
+    assert results["qleace_above_leace"][1] == "does not hold"
+    for cap, expected in ((3, "budget-bound"), (0, "holds")):
+        other = tmp_path / f"cap{cap}"
+        _bracket_root(other, qleace_holdout=2.5, qleace_cap=cap)
+        (_, tests, verdict), = claims.evaluate(aggregate_collect.collect_dir(other)[0], ["qleace_above_leace"])
+        assert verdict == expected and tests[0].bracket
     _run(root, tmp_path, "--claims")
     report = (tmp_path / "tables" / "t_claims.md").read_text()
-    assert ("- LEACE raises MDL for every architecture (MDL(leace) - MDL(control) > 0): **holds**; after the bias: "
-            "**holds only before the bias**") in report
-    assert "| +0.300 | holds only before the bias |" in report
+    assert "- LEACE raises MDL for every architecture (MDL(leace) - MDL(control) > 0): **holds**" in report
+    assert "after the bias" not in report and "Holm" in report
 
 
-def test_a_claim_that_fails_before_and_after_the_bias_does_not_hold() -> None:
-    """Hand-built job table: LEACE lower than control on every seed, and its bias makes it no better."""
-    import pandas as pd
-
-    rows = []
-    for seed in range(3):
-        for eraser, bits, null in (("control", 1.2, 3.3), ("leace", 1.0, 3.4)):
-            rows.append({"dataset": "d", "arch": "mlp_relu", "width": 128, "depth": 2, "variant": "", "fit_on": "all",
-                         "eraser": eraser, "seed": seed, "status": "done", "bits_per_sample": bits, "null": False,
-                         "ref_bits": LOG2_10})
-            rows.append({**rows[-1], "bits_per_sample": null, "null": True})
-    (_, tests, verdict), = claims.evaluate(pd.DataFrame(rows), ["leace_raises_mdl"])
-    assert (verdict, tests[0].bias_verdict) == ("does not hold", "does not hold")
+def test_certificate_table_shows_the_mlp_probe_where_results_have_it(tmp_path: Path) -> None:
+    """The MLP probe (newer than the others) gets its columns once a result has it; its below-chance flag makes the
+    cell a dependence artefact like the others'."""
+    root = tmp_path / "runs"
+    nothing = _probe(0.1, 0.1, 3.322, -0.2, "no information detected")
+    cert = _cert(nothing, nothing)
+    cert.update({f"mlp_probe_{k}": v for k, v in _probe(0.05, -9.0, 3.5, -8.0, "dependence artefact").items()})
+    _write(root, _cfg("qleace", 0), 2.5, cert=cert)
+    _write(root, _cfg("control", 0), 1.0, cert=_cert(nothing, nothing))
+    summary = aggregate_summary.summarize(aggregate_collect.collect_dir(root)[0])
+    header, rows = aggregate_render.certificate_rows(summary)
+    assert header[8:12] == ["mlp probe acc ± SE", "mlp probe loss ± SE (bits)", "chance acc / loss (bits)",
+                            "probe verdict"]
+    by = {r[1]: r[2:12] for r in rows}
+    assert by["qleace"][6:] == ["0.050 ± 0.004", "3.500 ± 0.005", "0.100 / 3.322", "dependence artefact (mlp)"]
+    assert by["control"][6] == "n/a" and by["control"][-1] == "no information detected"

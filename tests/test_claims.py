@@ -1,69 +1,277 @@
-"""The claims report (scripts/claims.py) on hand-made results: holds / does not hold / not enough seeds."""
+"""The claims report (scripts/claims.py) on hand-made job tables whose answer is known: holds, does not hold, not
+enough seeds, brackets overlap, not identifiable, budget-bound; Holm; which claims survive every group; and the
+README's MNIST-5k numbers, which the removed "after the bias" correction turned into "holds"."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import math
+from typing import Any
 
 import pandas as pd
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import claims  # noqa: E402
+from scripts import claims
+from scripts.aggregate_collect import at_cap
+from scripts.tables import INJECTION, bias_flag, bias_noise
+
+LOG2_10 = math.log2(10)
+SEEDS = range(claims.MIN_SEEDS)
+WOBBLE = (-0.02, 0.01, 0.0, 0.02, -0.01)  # per-seed noise, the same for every cell
 
 
-def _df(bits: dict[tuple[str, str, int], list[float]], status: str = "done") -> pd.DataFrame:
-    """Rows (arch, eraser, width) -> bits per seed 0, 1, ..."""
-    rows = [{"dataset": "d", "arch": arch, "width": w, "depth": 2, "variant": "", "eraser": e, "seed": s,
-             "status": status, "bits_per_sample": v}
-            for (arch, e, w), vals in bits.items() for s, v in enumerate(vals)]
-    return pd.DataFrame(rows)
+def _runs(eraser: str, values: float | list[float], *, fit_on: str = "all", arch: str = "mlp_relu",
+          width: int = 128, n_coded: float = 4000, null: bool = False, **extra: Any) -> list[dict[str, Any]]:
+    """One cell's runs, seeds 0..: a number is that value plus WOBBLE; extra columns go on every run."""
+    vals = values if isinstance(values, list) else [values + w for w in WOBBLE]
+    return [{"dataset": "d", "arch": arch, "width": width, "depth": 2, "variant": "", "eraser": eraser,
+             "fit_on": fit_on, "seed": s, "fold": 0, "status": "done", "bits_per_sample": v, "null": null,
+             "ref_bits": LOG2_10, "n_coded": n_coded, **extra} for s, v in enumerate(vals)]
+
+
+def _df(*cells: list[dict[str, Any]]) -> pd.DataFrame:
+    return pd.DataFrame([r for c in cells for r in c])
 
 
 def _verdicts(df: pd.DataFrame, keys: list[str]) -> dict[str, str]:
     return {c.key: v for c, _, v in claims.evaluate(df, keys)}
 
 
+def _rows(df: pd.DataFrame, key: str) -> dict[str, claims.RowTest]:
+    (_, tests, _), = claims.evaluate(df, [key])
+    return {t.row: t for t in tests}
+
+
 def test_claims_hold_on_results_that_show_them() -> None:
-    df = _df({("mlp_relu", "control", 128): [1.0, 1.1, 0.9], ("mlp_relu", "leace", 128): [1.5, 1.6, 1.3],
-              ("mlp_relu", "qleace", 128): [2.5, 2.4, 2.6], ("mlp_relu", "alf_qleace", 128): [2.0, 2.1, 2.2],
-              ("lenet", "control", 128): [0.8, 0.7, 0.9], ("lenet", "leace", 128): [1.0, 0.9, 1.2]})
+    df = _df(_runs("control", 1.0), _runs("leace", 1.5), _runs("qleace", 2.5), _runs("alf_qleace", 2.0),
+             _runs("control", 0.8, arch="lenet"), _runs("leace", 1.0, arch="lenet"))
     got = _verdicts(df, ["leace_raises_mdl", "qleace_above_leace", "alf_below_qleace", "wide_no_lower"])
     assert got == {"leace_raises_mdl": "holds", "qleace_above_leace": "holds", "alf_below_qleace": "holds",
                    "wide_no_lower": "not testable here"}
-    (claim, tests, _), = claims.evaluate(df, ["leace_raises_mdl"])
-    mlp = next(t for t in tests if "mlp_relu" in t.row)
-    assert mlp.diffs == pytest.approx({0: 0.5, 1: 0.5, 2: 0.4})
-    assert mlp.mean == pytest.approx(1.4 / 3) and mlp.sign_p == pytest.approx(0.125) and mlp.t_p < 0.01
-    assert "holds" in claims.markdown(claims.evaluate(df))
+    mlp = _rows(df, "leace_raises_mdl")["d mlp_relu w128 d2"]
+    assert mlp.diffs == {"all": pytest.approx({s: 0.5 for s in SEEDS})} and not mlp.bracket
+    assert mlp.mean == pytest.approx(0.5) and mlp.sign_p == pytest.approx(1 / 32)
+    assert mlp.ci == 0.0  # every seed the same difference: no spread
+    report = claims.markdown(claims.evaluate(df))
+    assert "| holds |" in report and "after the bias" not in report
+
+
+def test_paired_mean_ci_and_holm_across_the_rows_of_a_report() -> None:
+    spread = [0.3, 0.5, 0.7, 0.4, 0.6]
+    df = _df(_runs("control", [1.0] * 5), _runs("leace", [1.0 + d for d in spread]),
+             _runs("control", [1.0] * 5, arch="lenet"), _runs("leace", [1.0 + d / 10 for d in spread], arch="lenet"))
+    tests = _rows(df, "leace_raises_mdl")
+    mlp, lenet = tests["d mlp_relu w128 d2"], tests["d lenet w128 d2"]
+    sd = pd.Series(spread).std(ddof=1)
+    assert mlp.mean == pytest.approx(0.5) and mlp.ci == pytest.approx(2.776445 * sd / math.sqrt(5), rel=1e-5)
+    # Holm over 2 rows: the smaller p doubled, the larger kept (never below the smaller's adjusted value)
+    small, large = sorted([mlp, lenet], key=lambda t: t.t_p)
+    assert small.holm_t_p == pytest.approx(2 * small.t_p)
+    assert large.holm_t_p == pytest.approx(max(large.t_p, 2 * small.t_p))
+    assert mlp.holm_sign_p == pytest.approx(1 / 16)  # two rows at 1/32
+    assert claims.holm([0.01, 0.04, math.nan, 0.03]) == pytest.approx([0.03, 0.06, math.nan, 0.06], nan_ok=True)
 
 
 def test_a_claim_does_not_hold_when_a_seed_or_an_architecture_disagrees() -> None:
-    df = _df({("mlp_relu", "control", 128): [1.0, 1.1, 0.9], ("mlp_relu", "leace", 128): [1.5, 1.0, 1.3],
-              ("lenet", "control", 128): [0.8, 0.7, 0.9], ("lenet", "leace", 128): [1.0, 0.9, 1.2],
-              ("mlp_relu", "qleace", 128): [1.2, 1.1, 1.0], ("mlp_relu", "alf_qleace", 128): [1.3, 1.2, 1.1]})
+    df = _df(_runs("control", 1.0), _runs("leace", [1.5, 0.9, 1.3, 1.4, 1.5]),
+             _runs("control", 0.8, arch="lenet"), _runs("leace", 1.0, arch="lenet"),
+             _runs("qleace", 1.1), _runs("alf_qleace", 1.2))
     got = _verdicts(df, ["leace_raises_mdl", "qleace_above_leace", "alf_below_qleace"])
     assert got == {"leace_raises_mdl": "does not hold", "qleace_above_leace": "does not hold",
                    "alf_below_qleace": "does not hold"}
-    (_, tests, _), = claims.evaluate(df, ["leace_raises_mdl"])
-    assert {t.row.split()[1]: t.verdict for t in tests} == {"mlp_relu": "does not hold", "lenet": "holds"}
+    assert {t.row.split()[1]: t.verdict for t in _rows(df, "leace_raises_mdl").values()} == \
+        {"mlp_relu": "does not hold", "lenet": "holds"}
 
 
-def test_not_enough_seeds_and_unfinished_rows() -> None:
-    df = _df({("mlp_relu", "control", 128): [1.0, 1.1], ("mlp_relu", "leace", 128): [1.5, 1.6]})
-    assert _verdicts(df, ["leace_raises_mdl"]) == {"leace_raises_mdl": "not enough seeds"}
-    running = _df({("lenet", "control", 128): [0.8, 0.7, 0.9], ("lenet", "leace", 128): [1.0, 0.9, 1.2]},
-                  status="missing")
-    done = _df({("mlp_relu", "control", 128): [1.0, 1.1, 0.9], ("mlp_relu", "leace", 128): [1.5, 1.6, 1.3]})
+def test_not_enough_seeds_below_min_seeds_and_unfinished_rows() -> None:
+    few = _df(_runs("control", [1.0, 1.1, 0.9, 1.0]), _runs("leace", [1.5, 1.6, 1.4, 1.5]))
+    assert claims.MIN_SEEDS == 5
+    assert _verdicts(few, ["leace_raises_mdl"]) == {"leace_raises_mdl": "not enough seeds"}
+    enough = _df(_runs("control", 1.0), _runs("leace", 1.5))  # must not fire at 5 seeds
+    assert _verdicts(enough, ["leace_raises_mdl"]) == {"leace_raises_mdl": "holds"}
+    running = pd.DataFrame(_runs("control", 0.8, arch="lenet") + _runs("leace", 1.0, arch="lenet")).assign(
+        status="missing")
     # the MLP row holds, the LeNet row of the sweep has no results yet: not enough seeds overall
-    assert _verdicts(pd.concat([done, running]), ["leace_raises_mdl"]) == {"leace_raises_mdl": "not enough seeds"}
+    assert _verdicts(pd.concat([enough, running]), ["leace_raises_mdl"]) == {"leace_raises_mdl": "not enough seeds"}
 
 
 def test_width_claim() -> None:
-    flat = _df({("mlp_relu", "leace", 1024): [2.0, 2.1, 2.2], ("mlp_relu", "leace", 2048): [2.05, 2.0, 2.3],
-                ("mlp_relu", "leace", 128): [3.0, 3.0, 3.0]})
+    flat = _df(_runs("leace", [2.0, 2.1, 2.2, 2.0, 2.1], width=1024),
+               _runs("leace", [2.05, 2.0, 2.3, 2.1, 2.1], width=2048), _runs("leace", 3.0, width=128))
     assert _verdicts(flat, ["wide_no_lower"]) == {"wide_no_lower": "holds"}
-    lower = _df({("mlp_relu", "leace", 1024): [2.0, 2.1, 2.2], ("mlp_relu", "leace", 2048): [1.5, 1.6, 1.7]})
+    lower = _df(_runs("leace", 2.0, width=1024), _runs("leace", 1.5, width=2048))
     assert _verdicts(lower, ["wide_no_lower"]) == {"wide_no_lower": "does not hold"}
     with pytest.raises(ValueError, match="unknown claims"):
         claims.evaluate(flat, ["no_such_claim"])
+
+
+# --- brackets --------------------------------------------------------------------------------------------------
+
+def test_a_bracket_row_holds_only_when_the_brackets_separate_on_every_seed() -> None:
+    """QLEACE vs LEACE, each fitted out of sample (holdout) and in sample (self) on the same 4000 coded rows:
+    separated brackets hold; brackets that overlap while both fit modes agree read "brackets overlap"; a fit mode
+    whose difference goes the other way on some seed does not hold. Control (no fit) stands for both ends."""
+    base = [_runs("leace", 1.5, fit_on="holdout"), _runs("leace", 1.8, fit_on="self"),
+            _runs("control", 1.0, fit_on="holdout")]
+    apart = _df(*base, _runs("qleace", 2.0, fit_on="holdout"), _runs("qleace", 3.3, fit_on="self"))
+    row = _rows(apart, "qleace_above_leace")["d mlp_relu w128 d2 (fit on [holdout, self])"]
+    assert row.bracket and row.verdict == "holds"
+    assert row.margins == pytest.approx({s: 0.2 for s in SEEDS})  # min(qleace) − max(leace) = 2.0 − 1.8
+    assert _rows(apart, "leace_raises_mdl")["d mlp_relu w128 d2 (fit on [holdout, self])"].verdict == "holds"
+    overlap = _df(*base, _runs("qleace", 1.6, fit_on="holdout"), _runs("qleace", 3.3, fit_on="self"))
+    assert _verdicts(overlap, ["qleace_above_leace"]) == {"qleace_above_leace": "brackets overlap"}
+    against = _df(*base, _runs("qleace", 0.5, fit_on="holdout"), _runs("qleace", 3.3, fit_on="self"))
+    assert _verdicts(against, ["qleace_above_leace"]) == {"qleace_above_leace": "does not hold"}
+
+
+def test_holdout_pairs_with_all_only_at_equal_n_coded() -> None:
+    """fit_source=pool: holdout codes every row, so `all` is its in-sample end; a split holdout (fewer coded
+    rows) is not bracketed with `all` and each is its own row."""
+    pool = _df(_runs("leace", 1.5, fit_on="holdout", n_coded=5000), _runs("leace", 1.8, fit_on="all", n_coded=5000),
+               _runs("control", 1.0, fit_on="all", n_coded=5000))
+    assert list(_rows(pool, "leace_raises_mdl")) == ["d mlp_relu w128 d2 (fit on [holdout, all])"]
+    split = _df(_runs("leace", 1.5, fit_on="holdout", n_coded=4000), _runs("leace", 1.8, fit_on="all", n_coded=5000),
+                _runs("control", 1.0, fit_on="all", n_coded=5000), _runs("control", 1.05, fit_on="holdout"))
+    assert list(_rows(split, "leace_raises_mdl")) == ["d mlp_relu w128 d2", "d mlp_relu w128 d2 (fit on holdout)"]
+
+
+# --- flags: not identifiable ------------------------------------------------------------------------------------
+
+def test_a_single_fit_mode_with_a_side_flagged_is_not_identifiable() -> None:
+    """A probe below chance on a side (in sample: dependence) makes a row without a bracket not identifiable; the
+    same flag on a bracket row does not (the separation decides); no flag: holds."""
+    flagged = _runs("leace", 1.5, linear_probe_below_chance=True)
+    single = _df(_runs("control", 1.0), flagged)
+    row = _rows(single, "leace_raises_mdl")["d mlp_relu w128 d2"]
+    assert row.verdict == "not identifiable" and "probe below chance (all)" in row.why
+    clean = _df(_runs("control", 1.0), _runs("leace", 1.5, linear_probe_below_chance=False))
+    assert _verdicts(clean, ["leace_raises_mdl"]) == {"leace_raises_mdl": "holds"}
+    z_only = _df(_runs("control", 1.0), _runs("leace", 1.5, quadratic_probe_acc_z=-4.0))  # z < −3 SE: flagged too
+    assert _verdicts(z_only, ["leace_raises_mdl"]) == {"leace_raises_mdl": "not identifiable"}
+    bracket = _df(_runs("control", 1.0, fit_on="holdout"), _runs("leace", 1.5, fit_on="holdout"),
+                  _runs("leace", 1.8, fit_on="self", linear_probe_below_chance=True))
+    assert _verdicts(bracket, ["leace_raises_mdl"]) == {"leace_raises_mdl": "holds"}
+
+
+def test_a_null_below_the_label_entropy_flags_injection_and_a_tiny_bias_does_not() -> None:
+    """QLEACE on a holdout whose null codes 3 bits below log2 10 (label injection): not identifiable; a null
+    +0.0005 bits above the entropy (issue 30's `+0.000 ⚠`) is no flag: the row holds."""
+    cells = [_runs("leace", 1.5, fit_on="holdout"), _runs("qleace", 2.0, fit_on="holdout")]
+    injected = _df(*cells, _runs("qleace", 0.34, fit_on="holdout", null=True))
+    row = _rows(injected, "qleace_above_leace")["d mlp_relu w128 d2 (fit on holdout)"]
+    assert row.verdict == "not identifiable" and "b: " not in row.why and "null -2.98" in row.why
+    tiny = _df(*cells, _runs("qleace", [LOG2_10 + 0.0005] * 5, fit_on="holdout", null=True))
+    assert _verdicts(tiny, ["qleace_above_leace"]) == {"qleace_above_leace": "holds"}
+
+
+def test_null_flag_uses_the_nulls_own_se_with_a_floor() -> None:
+    # +0.0005 bits with a null at SE 0 (censored at the uniform code): within the floor, not flagged
+    noise, what = bias_noise([LOG2_10 + 0.0005] * 3)
+    assert (noise, what) == (0.01, "floor") and bias_flag(0.0005, noise) == "ok"
+    # the null's own SE, not the true-label one: 2 × sd/√n of [3.0, 3.2]
+    noise, what = bias_noise([3.0, 3.2])
+    assert noise == pytest.approx(2 * math.sqrt(0.02) / math.sqrt(2)) and what == "2 SE"
+    assert bias_flag(-0.5, noise) == INJECTION and bias_flag(-0.1, noise) == "ok"
+    assert bias_flag(0.5, noise) == "⚠ excess"
+    assert math.isnan(bias_noise([3.0])[0]) and bias_flag(-0.5, math.nan) == "?" and bias_flag(math.nan, 0.1) == ""
+
+
+# --- budget-bound -----------------------------------------------------------------------------------------------
+
+def test_at_the_cap_means_stopped_by_max_epochs_with_the_best_epoch_at_the_end() -> None:
+    assert at_cap({"epochs": 60, "best_epoch": 58, "stop_reason": "max_epochs"}) is True
+    assert at_cap({"epochs": 60, "best_epoch": 55, "stop_reason": "max_epochs"}) is True  # last 10%: 55–60
+    assert at_cap({"epochs": 60, "best_epoch": 54, "stop_reason": "max_epochs"}) is False
+    assert at_cap({"epochs": 60, "best_epoch": 60, "stop_reason": "patience"}) is False
+    # the step floor ran a small block past max_epochs=8: its own epochs count
+    assert at_cap({"epochs": 300, "best_epoch": 290, "stop_reason": "max_epochs"}) is True
+    assert at_cap({"epochs": 300, "best_epoch": 40, "stop_reason": "max_epochs"}) is False
+    assert at_cap({"epochs": 60, "best_epoch": 58}) is None  # written before stop reasons
+
+
+def test_a_cell_with_more_than_a_fifth_of_its_block_models_at_the_cap_is_budget_bound() -> None:
+    """10 block models per cell (2 per run): 2 at the cap (20%) is not budget-bound, 3 (30%) is."""
+    def cell(at: list[int]) -> list[dict[str, Any]]:
+        return _runs("leace", 1.5, blocks_known=2.0, blocks_at_cap=at, blocks_patience=2.0)
+
+    at_fifth = [dict(r, blocks_at_cap=float(a)) for r, a in zip(cell([0] * 5), [1, 1, 0, 0, 0], strict=True)]
+    over = [dict(r, blocks_at_cap=float(a)) for r, a in zip(cell([0] * 5), [1, 1, 1, 0, 0], strict=True)]
+    control = _runs("control", 1.0, blocks_known=2.0, blocks_at_cap=0.0)
+    assert _verdicts(_df(control, at_fifth), ["leace_raises_mdl"]) == {"leace_raises_mdl": "holds"}
+    row = _rows(_df(control, over), "leace_raises_mdl")["d mlp_relu w128 d2"]
+    assert row.verdict == "budget-bound" and row.why == "a: 30% at cap (all)"
+
+
+# --- the README's MNIST-5k numbers -------------------------------------------------------------------------------
+
+# README "What in-sample erasure does to MDL", MNIST-5k (quick MDL, MLP 128×2): (MDL mean, sd, null MDL) per fit_on.
+README_MNIST = {("control", "all"): (0.797, 0.030, 3.322), ("control", "holdout"): (0.832, 0.015, 3.322),
+                ("leace", "all"): (1.814, 0.039, 3.322), ("leace", "holdout"): (1.924, 0.060, 3.322),
+                ("alf_qleace", "all"): (3.121, 0.041, 3.323), ("alf_qleace", "holdout"): (2.895, 0.053, 3.322),
+                ("qleace", "all"): (3.332, 0.018, 3.322), ("qleace", "holdout"): (0.468, 0.076, 0.341)}
+BELOW_CHANCE_IN_SAMPLE = {"leace", "alf_qleace", "qleace"}  # the README's probes: dependence artefact on `all`
+
+
+def _readme_mnist() -> pd.DataFrame:
+    z = [-1.2649, -0.6325, 0.0, 0.6325, 1.2649]  # sd 1 over 5 seeds, mean 0
+    cells = []
+    for (eraser, fit_on), (mean, sd, null) in README_MNIST.items():
+        n = 4488 if fit_on == "all" else 3488
+        below = fit_on == "all" and eraser in BELOW_CHANCE_IN_SAMPLE
+        cells.append(_runs(eraser, [mean + sd * v for v in z], fit_on=fit_on, n_coded=n,
+                           linear_probe_below_chance=below))
+        cells.append(_runs(eraser, [null + 0.001 * v for v in z], fit_on=fit_on, n_coded=n, null=True))
+    return _df(*cells)
+
+
+def test_readme_mnist_holdout_row_does_not_make_qleace_claims_hold() -> None:
+    """Issue 29: fed the README's MNIST-5k numbers, "after the bias" turned qleace_above_leace and alf_below_qleace
+    into "holds" on the holdout row (an implied QLEACE MDL of 0.468 + 2.981 = 3.449 > log2 10). Without the
+    correction neither holds there: QLEACE's holdout null injects the label (not identifiable) and its raw
+    differences contradict both claims."""
+    df = _readme_mnist()
+    for key in ("qleace_above_leace", "alf_below_qleace"):
+        rows = _rows(df, key)
+        holdout = rows["d mlp_relu w128 d2 (fit on holdout)"]
+        assert holdout.verdict != "holds" and holdout.verdict == "not identifiable"
+        assert "null -2.98" in holdout.why
+        raw = holdout.diffs["holdout"]
+        assert all(v * (1 if key == "qleace_above_leace" else -1) < 0 for v in raw.values())  # raw: against
+        # the removed correction would have flipped it: raw − (bias a − bias b) has the claimed sign
+        bias = {"qleace": 0.341 - LOG2_10, "leace": 0.0, "alf_qleace": 0.0}
+        a, b = ("qleace", "leace") if key == "qleace_above_leace" else ("alf_qleace", "qleace")
+        sign = 1 if key == "qleace_above_leace" else -1
+        assert all((v - (bias[a] - bias[b])) * sign > 0 for v in raw.values())
+        # in sample every map eraser's probe is below chance: not identifiable either
+        assert rows["d mlp_relu w128 d2"].verdict == "not identifiable"
+    # LEACE over control on the holdout: separated on every seed, no flag
+    assert _rows(df, "leace_raises_mdl")["d mlp_relu w128 d2 (fit on holdout)"].verdict == "holds"
+
+
+# --- sensitivity: claims that survive every group ---------------------------------------------------------------
+
+def test_a_claim_survives_only_when_it_holds_in_every_group() -> None:
+    """Two groups (arch.parametrization mup | sp): LEACE > control in both, QLEACE > LEACE only under mup."""
+    mup = _df(_runs("control", 1.0), _runs("leace", 1.5), _runs("qleace", 2.5)).assign(
+        group='{"arch.parametrization": "mup"}')
+    sp = _df(_runs("control", 1.0), _runs("leace", 1.5), _runs("qleace", 1.2)).assign(
+        group='{"arch.parametrization": "sp"}')
+    per = claims.evaluate_groups(pd.concat([mup, sp]), ["leace_raises_mdl", "qleace_above_leace"])
+    assert claims.surviving(per) == {"leace_raises_mdl": True, "qleace_above_leace": False}
+    report = claims.markdown_groups(per)
+    assert "- leace_raises_mdl: **survives every group**" in report
+    assert "- qleace_above_leace: **does not survive every group**" in report
+    # Holm runs across both groups' rows: 2 rows of leace_raises_mdl + 2 of qleace_above_leace at sign p 1/32
+    (_, tests, _), _ = per[0][1]
+    assert tests[0].holm_sign_p == pytest.approx(4 / 32)
+
+
+def test_eraser_variants_pair_with_the_other_erasers_only_variant() -> None:
+    """QLEACE in two variants (rank_deficient coupling | shrinkage) against one LEACE: a row per variant, and the
+    claim holds only if both hold."""
+    coupling = [dict(r, variant="eraser.options.rank_deficient=coupling") for r in _runs("qleace", 2.5)]
+    shrinkage = [dict(r, variant="eraser.options.rank_deficient=shrinkage") for r in _runs("qleace", 1.2)]
+    df = _df(_runs("leace", 1.5), coupling, shrinkage)
+    rows = _rows(df, "qleace_above_leace")
+    assert {r.split("[")[1]: t.verdict for r, t in rows.items()} == {
+        "eraser.options.rank_deficient=coupling]": "holds", "eraser.options.rank_deficient=shrinkage]": "does not hold"}
+    assert _verdicts(df, ["qleace_above_leace"]) == {"qleace_above_leace": "does not hold"}

@@ -56,3 +56,25 @@ def test_images_and_float32(data: tuple[Tensor, Tensor]) -> None:
     b = erasure.certificate(x.float(), y)
     a.pop("seconds"), b.pop("seconds")
     assert a == b
+
+
+def test_mlp_probe_finds_what_linear_and_quadratic_probes_cannot_and_nothing_in_random_labels() -> None:
+    """y = [x1·x2·x3 > 0] on Gaussian x: equal class means and covariances, so the linear and quadratic probes see
+    nothing; the MLP probe does. With the labels permuted it must not fire. It leaves the global RNG alone (the
+    MDL training after it draws the same numbers)."""
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4000, 6, generator=g, dtype=torch.float64)
+    y = (x[:, 0] * x[:, 1] * x[:, 2] > 0).long()
+    state = torch.get_rng_state()
+    cert = erasure.certificate(x, y)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert cert["linear_probe_verdict"] == cert["quadratic_probe_verdict"] == "no information detected"
+    assert cert["mlp_probe_verdict"] == "information" and cert["mlp_probe_acc"] > 0.75
+    assert cert["verdict"] == "information" and cert["probe_settings"]["mlp"][0]["temperature"] > 0
+    shuffled = erasure.certificate(x, y[torch.randperm(len(y), generator=g)])
+    assert shuffled["mlp_probe_verdict"] == "no information detected"
+    assert abs(shuffled["mlp_probe_loss_z"]) < 3.0
+    again = erasure.certificate(x, y)
+    assert again["mlp_probe_loss_bits"] == cert["mlp_probe_loss_bits"]  # seeded: the same probe every time

@@ -13,7 +13,7 @@ from training.app.sweeps import CONF_DIR, expand, presets, sweep_overrides, swee
 
 PAPER = ["paper_table_c", "paper_fig4_width", "paper_fig4_depth", "paper_fig5_width", "paper_fig5_depth",
          "paper_fig6_7_width", "paper_fig6_7_depth", "paper_fig8_width", "paper_fig8_depth", "paper_fig16"]
-OFFLINE = ["offline_table", "smoke"]
+OFFLINE = ["offline_table", "offline_claims", "sensitivity", "smoke"]
 ALL_ERASERS = {"control", "leace", "qleace", "alf_qleace", "gradient", "random"}
 
 
@@ -114,3 +114,28 @@ def test_full_expansion_gives_distinct_job_dirs(name: str, tmp_path: Path) -> No
     jobs = expand(name, [f"paths.out_dir={tmp_path}"])
     dirs = [j["paths"]["job_dir"] for j in jobs]
     assert len(set(dirs)) == len(dirs)
+
+
+def test_presets_that_make_claims_run_enough_seeds_for_a_claim_to_hold() -> None:
+    """A claim holds only on ≥ claims.MIN_SEEDS seeds: a preset with `claims` that runs fewer could never say so."""
+    from omegaconf import OmegaConf
+
+    from scripts.claims import CLAIMS, MIN_SEEDS
+
+    with_claims = []
+    for name in presets():
+        cfg = OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml")
+        if cfg.get("claims"):
+            with_claims.append(name)
+            assert set(cfg.claims) <= set(CLAIMS), name
+            assert len(_values(sweeper_params(name)["seed"])) >= MIN_SEEDS, f"{name} runs fewer than {MIN_SEEDS} seeds"
+    assert {"offline_claims", "sensitivity"} <= set(with_claims)
+
+
+def test_sensitivity_preset_covers_parametrization_rank_handling_and_zscore_order(tmp_path: Path) -> None:
+    jobs = expand("sensitivity", [f"paths.out_dir={tmp_path}"])
+    seen = {(j["arch"]["parametrization"], j["dataset"]["zscore_order"], j["dataset"]["zscore"],
+             j["eraser"]["options"].get("rank_deficient")) for j in jobs if j["eraser"]["name"] == "qleace"}
+    assert seen == {(p, z, True, r) for p in ("mup", "sp") for z in ("before", "after")
+                    for r in ("coupling", "shrinkage")}
+    assert len(jobs) == 100 and len({j["paths"]["job_dir"] for j in jobs}) == 100

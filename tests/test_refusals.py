@@ -175,6 +175,27 @@ def test_a_job_that_cannot_fit_in_memory_is_refused_with_the_estimate(tmp_path: 
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(("extra", "together"), [
+    ([], 5),  # the lockstep group: every block model at once
+    (["regularizer=sd", "training.engine=stacked"], 1),  # the stacked engine takes no regularizer: one at a time
+    (["regularizer=sd", "training.engine=loop"], 5),  # the loop engine does
+    (["regularizer=sd", "training.engine=stacked", "training.parallel_models=3"], 1),
+    (["training.parallel_models=3"], 3),
+])
+def test_memory_estimate_counts_the_models_that_train_together(tmp_path: Path, extra: list[str],
+                                                              together: int) -> None:
+    from training.app.schema import load_config
+    from training.data import load_dataset
+    from training.mdl.precheck import estimate_memory
+
+    cfg = load_config(job_config(tmp_path, [*TINY, *extra]))
+    data = load_dataset(cfg.dataset, cfg.paths.data_dir)
+    est = estimate_memory(cfg, data, len(data.y), torch.device("cuda"))  # engine=auto would be stacked there
+    assert est.num_models == together
+    one = estimate_memory(load_config(job_config(tmp_path, TINY)), data, len(data.y))
+    assert est.models == together * one.models // one.num_models
+
+
 def test_memory_refusal_from_the_command_line(tmp_path: Path) -> None:
     prelude = "import training.mdl.precheck as p\np.available_memory = lambda device: 2**16"
     proc = _cli(tmp_path, *TINY, prelude=prelude)

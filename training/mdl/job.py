@@ -447,7 +447,8 @@ def _describe(result: dict[str, Any]) -> str:
 
 def _mdl_body(run: JobRun) -> dict[str, Any]:
     cfg, t_start = run.cfg, time.perf_counter()
-    logger = RunLogger(cfg.logger, cfg.to_dict(), run.path, run_id=f"{run.cfg_hash}-s{cfg.seed}")
+    logger = RunLogger(cfg.logger, cfg.to_dict(), run.path, run_id=f"{run.cfg_hash}-s{cfg.seed}",
+                       out_dir=Path(cfg.paths.out_dir))
     try:
         data, x, erasure_info, batches = prepare_inputs(cfg)
         m = cfg.mdl

@@ -62,6 +62,7 @@ from .barycenter import barycenter
 from .base import Eraser, base_info, prepare_fit
 from .moments import check_labels, class_moments, eigh_desc, flatten_features, numerical_rank
 from .registry import ERASERS
+from .threads import single_threaded
 
 MODES = ("coupling", "shrinkage", "truncate", "ridge")
 INJECTION_RATIO = 100  # min_k n_k / d below which class maps applied out of sample inject the label
@@ -100,6 +101,7 @@ class QleaceEraser(Eraser):
     def has_noise(self) -> bool:
         return "noise_rank" in self.state and bool((self.state["noise_rank"] > 0).any())
 
+    @single_threaded
     def __call__(self, x: Tensor | np.ndarray, y: Tensor | np.ndarray | None = None) -> Tensor:
         """Erase (x, y). With coupling noise every class is processed in one piece, so the noise has exact
         moments on the rows given here (zero mean, orthogonal to their mapped data, covariance R_k)."""

@@ -18,6 +18,7 @@ from training.errors import user_error_line as _line
 
 log = logging.getLogger("training.run")
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 class SweepJobFailed(UserError, CompactHydraException):
@@ -53,6 +54,30 @@ def exit_user_error(line: str, err: BaseException | None = None) -> NoReturn:
         traceback.print_exception(err)
     print(f"error: {line}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_USER_ERROR)
+
+
+def interrupted_line(job_dir: Path) -> str:
+    """What a Ctrl-C kept of the job in `job_dir`, and how to go on."""
+    from training.app.lifecycle import PROGRESS_FILE
+    from training.common.files import read_json
+
+    try:
+        blocks = len((read_json(job_dir / PROGRESS_FILE) or {}).get("blocks", []))
+    except (OSError, ValueError, AttributeError):
+        blocks = 0
+    kept = (f"{blocks} finished MDL block model{'s' if blocks != 1 else ''} kept in {job_dir / PROGRESS_FILE}"
+            if blocks else f"no finished MDL block to keep ({job_dir})")
+    return f"interrupted (Ctrl-C): {kept}; rerun the same command to resume"
+
+
+def exit_interrupted(job_dir: Path, err: BaseException) -> NoReturn:
+    """Ctrl-C on a job: one line saying what was kept and how to resume, exit 130 (128 + SIGINT)."""
+    line = interrupted_line(job_dir)
+    to_run_log(logging.WARNING, line)
+    if full_error():
+        traceback.print_exception(err)
+    print(line, file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_INTERRUPTED)
 
 
 def remove_if_unused(run_dir: Path, stop: Path) -> bool:

@@ -24,6 +24,7 @@ from training.app.tasks import get_task
 from training.cli.preemption import stop_on_sigterm
 from training.cli.report import (
     SweepJobFailed,
+    exit_interrupted,
     exit_user_error,
     full_error,
     remove_if_unused,
@@ -48,6 +49,8 @@ def job(cfg: DictConfig) -> float | None:
         job = load_config(resolved)  # normally checked earlier, by the job_status callback
         with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
             result = get_task(job.task)(job)
+    except KeyboardInterrupt as err:  # Ctrl-C: the job's lock is released on the way here
+        exit_interrupted(Path(job.paths.job_dir), err)
     except Exception as err:
         line = user_error_line(err)
         if line is None:

@@ -275,6 +275,31 @@ def test_full_disk_for_the_summary_still_prints_it(tmp_path: Path) -> None:
     assert sum(ln.startswith("multirun ledger: ") for ln in proc.stderr.splitlines()) == 3  # 2 entries + summary
 
 
+FULL_LOG = """
+import errno, logging, os
+class Full:  # a log file on a full disk: every write fails
+    def __init__(self, f): self.f = f
+    def write(self, s): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    def flush(self): pass
+    def close(self): self.f.close()
+_open = logging.FileHandler._open
+logging.FileHandler._open = lambda self: Full(_open(self))
+"""
+
+
+def test_full_disk_for_the_log_files_of_a_sweep_is_one_line(tmp_path: Path) -> None:
+    """Each job's run.log cannot be written: one warning line for the process, not a `--- Logging error ---`
+    traceback per record (858 stderr lines for two tiny jobs before); the jobs themselves run."""
+    proc = _cli(tmp_path, *TINY, "seed=0,1", multirun=True, prelude=FULL_LOG)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Logging error" not in text and "Traceback" not in text, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: cannot write the log file ") and \
+        lines[0].endswith("free space or point paths.out_dir elsewhere"), lines[:5]
+    assert "run.log (no space left on device)" in lines[0]
+    assert "multirun: 2/2 jobs ran: 2 done, 0 skipped, 0 failed" in text
+
+
 def test_full_disk_line_names_the_file_for_every_writer(tmp_path: Path, monkeypatch) -> None:
     def no_space(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -3,6 +3,7 @@ exit code 2; `HYDRA_FULL_ERROR=1` shows the traceback as well."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -42,6 +43,32 @@ def to_run_log(level: int, msg: str, exc: BaseException | None = None) -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
+
+
+_log_file_failed = False  # a log file could not be written in this process (said once)
+
+
+def quiet_log_file_errors() -> None:
+    """A log file (the job's run.log) that cannot be written, e.g. on a full disk, is said in one line and dropped,
+    instead of logging's `--- Logging error ---` traceback for every record (hundreds of lines in a multirun)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handleError = functools.partial(_drop_log_file, handler)  # type: ignore[method-assign]
+
+
+def _drop_log_file(handler: logging.FileHandler, record: logging.LogRecord) -> None:
+    global _log_file_failed
+    err = sys.exc_info()[1]
+    if not isinstance(err, OSError):
+        logging.FileHandler.handleError(handler, record)
+        return
+    logging.getLogger().removeHandler(handler)
+    if not _log_file_failed:
+        _log_file_failed = True
+        why = err.strerror or type(err).__name__
+        print(f"warning: cannot write the log file {handler.baseFilename} ({why.lower()}): the log goes to the "
+              "console only (log files this process cannot write later are dropped without a word); free space or "
+              "point paths.out_dir elsewhere", file=sys.stderr, flush=True)
 
 
 def log_files() -> list[Path]:

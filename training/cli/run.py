@@ -27,6 +27,7 @@ from training.cli.report import (
     exit_interrupted,
     exit_user_error,
     full_error,
+    quiet_log_file_errors,
     remove_if_unused,
     to_run_log,
     user_error_line,
@@ -43,6 +44,7 @@ log = logging.getLogger("training.run")
 def job(cfg: DictConfig) -> float | None:
     """Hydra's task function: one job of the (multi)run."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    quiet_log_file_errors()  # Hydra has set up this job's run.log
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     try:

@@ -353,6 +353,42 @@ def _pid_gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow  # ~40 s on 2 shared cores
+def test_ctrl_c_to_a_submitit_local_sweep_prints_no_worker_tracebacks(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the whole foreground process group: submitit's controllers (one per job) died with
+    KeyboardInterrupt tracebacks on the terminal. Now they ignore SIGINT; the launching process stops the workers."""
+    args = [sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none", "progress=false",
+            *SLOW, "seed=0,1", "hydra/launcher=submitit_local"]
+    log = tmp_path / "first.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list((tmp_path / "runs").rglob(PROGRESS_FILE)):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "timed out waiting for a finished block"
+            time.sleep(0.1)
+        workers = _descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)  # as the terminal sends it
+        rc = proc.wait(timeout=60)
+        gone = time.monotonic() + 10
+        while not all(_pid_gone(p) for p in workers) and time.monotonic() < gone:
+            time.sleep(0.1)
+        alive = [p for p in workers if not _pid_gone(p)]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    text = log.read_text()
+    assert rc == 130 and not alive, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert "SIGINT: stopping this sweep and its" in text
+    errs = "".join(p.read_text() for p in (tmp_path / "runs" / ".submitit").rglob("*_log.err"))
+    assert "Traceback" not in errs, errs[-3000:]
+
+
 @pytest.mark.parametrize(("launcher", "sig"), [
     ("parallel", signal.SIGTERM),
     pytest.param("parallel", signal.SIGINT, marks=pytest.mark.slow),  # ~35 s each on 2 shared cores

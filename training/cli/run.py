@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training.app.schema import CONF_DIR, ConfigError, load_config
 from training.app.tasks import get_task
+from training.cli.local_workers import sigint_back_in_local_job
 from training.cli.preemption import stop_on_sigterm
 from training.cli.report import (
     SweepJobFailed,
@@ -45,6 +46,7 @@ def job(cfg: DictConfig) -> float | None:
     """Hydra's task function: one job of the (multi)run."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     quiet_log_file_errors()  # Hydra has set up this job's run.log
+    sigint_back_in_local_job()
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     try:

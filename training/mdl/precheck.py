@@ -21,7 +21,7 @@ from models.registry import ARCHS
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import ConfigError, JobConfig, config_hash
 from training.data import LoadedData, load_dataset
-from training.data.erase import Holdout
+from training.data.erase import Holdout, after_augment_refusal
 from training.engine.batches import compact
 from training.engine.devices import available_memory
 from training.engine.group import resolve_engine
@@ -68,6 +68,7 @@ def precheck(cfg: JobConfig, device: torch.device) -> None:
     n_coded = len(data.y) if coded is None else len(coded)
     check_blocks(cfg, data.name, len(data.y), n_coded)
     check_storage(cfg, data, coded)
+    check_after_augment(cfg, data)
     line = floor_outlasts_cap(cfg, n_coded)
     if line is not None:
         log.log(logging.WARNING if set_on_command_line() else logging.INFO, "%s", line)
@@ -127,6 +128,32 @@ def check_storage(cfg: JobConfig, data: LoadedData, coded: torch.Tensor | None) 
         raise ConfigError(f"training.storage={storage!r} is not allowed: training.storage must be auto or float32 "
                           f"for {data.name} (its images are not exactly representable as {storage}, so storing them "
                           "so would change the numbers; auto keeps the smallest exact storage)") from None
+
+
+def check_after_augment(cfg: JobConfig, data: LoadedData) -> None:
+    """`eraser.after_augment=true` with QLEACE's coupling: refused when the fit would add coupling noise (singular
+    classes), predicted from the fit's data without fitting (erasure/qleace.py `coupling_noise_ranks`: seconds, no
+    barycenter). The prediction replaces the barycenter by the pooled covariance; where it misses, the fitted
+    eraser is refused with the same line (training/data/erase.py `BatchEraser`)."""
+    e = cfg.eraser
+    if not e.after_augment or e.name != "qleace":
+        return
+    from erasure import resolve_options
+    from erasure.qleace import coupling_noise_ranks
+
+    options = resolve_options(e.name, dict(e.options))
+    if options.get("rank_deficient") != "coupling":
+        return
+    data = with_permuted_labels(cfg, data)
+    holdout = holdout_of(cfg, data)
+    fit = data if holdout is None else data.subset(holdout.fit_idx)
+    try:
+        ranks = coupling_noise_ranks(fit.x.reshape(len(fit.x), -1), fit.y, **options)
+    except ValueError:
+        return  # a fit fold the fit itself refuses (too few rows): its own line says so
+    singular = [c for c, q in enumerate(ranks) if q > 0]
+    if singular:
+        raise ConfigError(after_augment_refusal(fit.name, singular))
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Erasure's float64 linear algebra on one CPU thread, so its results do not depend on the core count.
 
-A BLAS/LAPACK reduction split over threads adds its partial sums in a thread-dependent order: a QLEACE fit on 1 and 2
-threads differed by ~1e-16 in the erased data, and by far more where a rank decision (a singular value against a
-relative threshold) flipped. Fits, maps and certificates therefore run under `one_thread()`. It costs the fit its
-CPU parallelism (README: the slowdown measured); a fit on a GPU is unaffected (CUDA kernels are not split by
-`torch.set_num_threads`).
+A BLAS/LAPACK reduction split over threads adds its partial sums in a thread-dependent order: LEACE fits on 1 and 2
+threads differed by ~1e-17 in the erased data, QLEACE ones by up to 0.44 (digits) and 0.80 (MNIST-5k), where the
+round-off moved a singular value across a rank threshold and the coupling noise changed. Fits, maps and
+certificates therefore run under `one_thread()`, at the cost of the fit's CPU parallelism; a fit on a GPU is
+unaffected (CUDA kernels are not split by `torch.set_num_threads`).
 
 Re-entrant, and per thread: torch's thread count (OpenMP's) belongs to the calling thread, so each thread sets and
 restores its own; erasers called from the training's worker threads leave each thread's count as it was.

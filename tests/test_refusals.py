@@ -207,13 +207,14 @@ def test_memory_refusal_from_the_command_line(tmp_path: Path) -> None:
 
 def test_stop_keys_line_is_a_warning_when_the_command_line_sets_one(tmp_path: Path) -> None:
     """`mdl=quick mdl.max_epochs=8`: the step floor wins on small blocks, said once as the job starts (a warning;
-    an info line when only the presets chose the keys). The memory refusal ends the job right after it."""
-    prelude = "import training.mdl.precheck as p\np.available_memory = lambda device: 2**16"
+    an info line when only the presets chose the keys). The test ends the job right after it."""
+    prelude = ("import training.mdl.job as j\nfrom training.errors import Refused\n"
+               "def stop(*a, **k):\n    raise Refused('stopped by the test')\nj.Trainer = stop")
     asked = _cli(tmp_path, "dataset=digits", "mdl=quick", "mdl.max_epochs=8", "optim.warmup_steps=50",
                  prelude=prelude)
     preset = _cli(tmp_path, "dataset=digits", "mdl=quick", prelude=prelude)
     for proc in (asked, preset):
-        assert proc.returncode == 2 and "error: this job needs about" in proc.stderr, proc.stderr[-2000:]
+        assert proc.returncode == 2 and "error: stopped by the test" in proc.stderr, proc.stderr[-2000:]
     out = asked.stdout + asked.stderr
     assert "[WARNING] - mdl.min_steps=300 outlasts mdl.max_epochs=8: block model 1 (128 samples" in out, out[-2000:]
     assert out.count("outlasts") == 1

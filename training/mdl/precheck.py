@@ -28,7 +28,6 @@ from training.engine.group import resolve_engine
 from training.engine.seeding import generator
 from training.errors import Refused
 from training.mdl.splits import validation_size
-from training.mdl.stop_keys import floor_outlasts_cap, set_on_command_line
 
 log = logging.getLogger(__name__)
 MEMORY_CHECK_ENV = "ERASURE_MDL_MEMORY_CHECK"  # 0: skip the memory check (its estimate is rough)
@@ -69,9 +68,6 @@ def precheck(cfg: JobConfig, device: torch.device) -> None:
     check_blocks(cfg, data.name, len(data.y), n_coded)
     check_storage(cfg, data, coded)
     check_after_augment(cfg, data)
-    line = floor_outlasts_cap(cfg, n_coded)
-    if line is not None:
-        log.log(logging.WARNING if set_on_command_line() else logging.INFO, "%s", line)
     check_memory(cfg, data, n_coded, device)
     _LOADED[_key(cfg)] = data
 

@@ -2,17 +2,20 @@
 `mdl.min_steps` optimizer steps (nor, with `mdl.stop_after_warmup`, inside the warm-up). On a small block (one step an
 epoch) the step floor wins: `mdl=quick mdl.max_epochs=8` trains block model 1 for 300 epochs. That is the rule (it
 keeps small blocks from stopping inside the warm-up), so it is not refused; the job says so in one line when it
-starts: a warning when the user set one of the keys on the command line, else an info line.
+starts (in its directory, after the checks that may refuse it): a warning when the user set one of the keys on the
+command line, else an info line.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 from training.app.schema import JobConfig
 from training.mdl.code import partition_logspace
 from training.mdl.splits import validation_size
 
+log = logging.getLogger(__name__)
 STOP_KEYS = ("mdl.max_epochs", "mdl.min_steps", "mdl.stop_after_warmup", "optim.warmup_steps", "optim.batch_size")
 
 
@@ -45,3 +48,10 @@ def set_on_command_line() -> bool:
         return True
     overrides = HydraConfig.get().overrides.task
     return any(o.lstrip("+~").split("=", 1)[0] in STOP_KEYS for o in overrides)
+
+
+def say_stop_keys(cfg: JobConfig, n_coded: int) -> None:
+    """Log `floor_outlasts_cap`'s line, if any: a warning when the command line set a stop key, else info."""
+    line = floor_outlasts_cap(cfg, n_coded)
+    if line is not None:
+        log.log(logging.WARNING if set_on_command_line() else logging.INFO, "%s", line)

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from .base import Eraser
 from .registry import ERASERS
+from .threads import one_thread
 
 NAMES: tuple[str, ...] = tuple(ERASERS.names())
 
@@ -65,7 +66,8 @@ def fit(name: str, x: Tensor | np.ndarray, y: Tensor | np.ndarray, **options: An
     """Fit eraser `name` (control, leace, qleace, alf_qleace, random) on x (n, d) or (n, C, H, W) and y."""
     fitter = _fitter(name)
     _check_options(name, options, ("rank_hint",) if _takes_rank_hint(name) else ())
-    return fitter(x, y, **options)
+    with one_thread():
+        return fitter(x, y, **options)
 
 
 def erase(name: str, x: Tensor | np.ndarray, y: Tensor | np.ndarray, options: Mapping[str, Any] | None = None,
@@ -79,7 +81,8 @@ def erase(name: str, x: Tensor | np.ndarray, y: Tensor | np.ndarray, options: Ma
     t0 = time.perf_counter()
     if name in ERASERS and ERASERS.meta(name)["kind"] == "edit":
         _check_options(name, opts)
-        out, report = ERASERS.get(name)(x, y, return_report=True, **opts)
+        with one_thread():
+            out, report = ERASERS.get(name)(x, y, return_report=True, **opts)
     else:
         if name in ERASERS and _takes_rank_hint(name):
             opts["rank_hint"] = rank_hint

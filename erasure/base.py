@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .moments import check_labels, flatten_features
+from .threads import single_threaded
 
 FORMAT = "erasure-mdl/eraser-v1"
 _REGISTRY: dict[str, type[Eraser]] = {}
@@ -53,6 +54,7 @@ class Eraser:
     def to(self, device: str | torch.device) -> Eraser:
         return type(self)({k: v.to(device) for k, v in self.state.items()}, self.info)
 
+    @single_threaded
     def __call__(self, x: Tensor | np.ndarray, y: Tensor | np.ndarray | None = None) -> Tensor:
         flat, shape = flatten_features(x)
         if flat.shape[1] != self.dim:

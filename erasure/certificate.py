@@ -14,12 +14,14 @@ from torch import Tensor
 from .mlp_probe import mlp_scores
 from .moments import check_labels, class_moments, eigh_desc, flatten_features, numerical_rank
 from .split import stratified_folds
+from .threads import single_threaded
 
 LDA_SHRINKAGE = (1e-3, 1e-2, 0.1, 0.3, 1.0)  # linear probe: pooled covariance shrunk towards (tr/r)·I
 TEMPERATURES = torch.logspace(-3.0, 1.5, 46, dtype=torch.float64)  # × 1/spread of the calibration scores
 PROBES = ("linear", "quadratic", "mlp")
 
 
+@single_threaded
 def certificate(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, seed: int = 0, qda_shrink: float = 0.3,
                 flag_se: float = 3.0) -> dict[str, Any]:
     """Numbers that say whether low-order class information is gone (JSON-serialisable).

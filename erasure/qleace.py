@@ -65,6 +65,7 @@ from .barycenter import barycenter
 from .base import Eraser, counts_info, prepare_fit
 from .moments import ClassMoments, check_labels, class_moments, eigh_desc, flatten_features, numerical_rank
 from .registry import ERASERS
+from .threads import single_threaded
 
 MODES = ("coupling", "shrinkage", "truncate", "ridge")
 INJECTION_RATIO = 100  # min_k n_k / d below which class maps applied out of sample inject the label
@@ -92,6 +93,42 @@ def label_injection_risk(class_counts: Sequence[int] | Tensor, d: int, *,
             "(dataset.permute_labels=true): its distance from the label entropy is this bias.")
 
 
+@single_threaded
+def coupling_noise_ranks(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, support_rtol: float = 1e-10,
+                         null_rtol: float = 1e-7, **_: Any) -> list[int]:
+    """Per class, the rank of the noise a `rank_deficient="coupling"` fit would add, predicted without fitting.
+
+    The fit's own rule (`_fit_subspace`, `_coupling`) up to the barycenter: the working directions V (the top
+    r = min(support rank, min_k n_k − 1) eigenvectors of the pooled within-class covariance), then class k's noise
+    rank r − rank(Z_k V L) with the class rank counted at `null_rtol`. The fit's L is the Cholesky factor of the
+    barycenter C; here C is replaced by the pooled covariance (diagonal in V), so only the barycenter's iterations
+    are saved. Exact where a class is singular (its data span fewer than r directions: rank gaps of ~1e-15 against
+    null_rtol); a class whose smallest singular value is within the conditioning of C of `null_rtol` may be
+    predicted either way. Costs the fit's covariance and eigendecomposition (seconds on MNIST, no barycenter).
+    """
+    x64, labels, _, k = prepare_fit(x, y)
+    counts = torch.bincount(labels, minlength=k)
+    if int(counts.min()) < 2:
+        raise ValueError(f"qleace: every class needs at least 2 rows; counts {counts.tolist()}")
+    d = x64.shape[1]
+    pooled = torch.zeros(d, d, dtype=torch.float64, device=x64.device)
+    centred = []
+    for c in range(k):
+        z = x64[labels == c]
+        z = z - z.mean(0)
+        pooled += (int(counts[c]) / len(x64)) * (z.T @ z) / (len(z) - 1)
+        centred.append(z)
+    vals, vecs = eigh_desc(pooled)
+    s = numerical_rank(vals, support_rtol)
+    r = min(s, int(counts.min()) - 1)
+    scale = vecs[:, :r] * vals[:r].clamp_min(0).sqrt()
+    ranks = []
+    for z in centred:
+        sv = torch.linalg.svdvals(z @ scale / math.sqrt(len(z) - 1))
+        ranks.append(r - int((sv > null_rtol * sv[0]).sum()))
+    return ranks
+
+
 class QleaceEraser(Eraser):
     """Label-dependent eraser; state: mean (d,), basis (d, r), class_means (k, r), maps (k, r, r), and for
     the coupling noise_factors (k, r, q_max) = L Q₀ (zero-padded) and noise_rank (k,)."""
@@ -103,6 +140,7 @@ class QleaceEraser(Eraser):
     def has_noise(self) -> bool:
         return "noise_rank" in self.state and bool((self.state["noise_rank"] > 0).any())
 
+    @single_threaded
     def __call__(self, x: Tensor | np.ndarray, y: Tensor | np.ndarray | None = None) -> Tensor:
         """Erase rows (x, y) this eraser was NOT fitted on. With coupling noise each row of class k gets an
         independent N(0, R_k) draw (seeded by `seed`, the class and the row's place among the class's rows): out of

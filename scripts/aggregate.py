@@ -80,6 +80,24 @@ def strict_refusal(df: pd.DataFrame) -> str | None:
             "without --strict")
 
 
+def experiment_refusal(experiment: str, overrides: list[str]) -> str | None:
+    """One line when `--experiment` names no preset or an `--override` does not compose (else None)."""
+    from hydra.errors import HydraException
+
+    from training.app.sweeps import presets, sweep_overrides
+
+    names = presets()
+    if experiment not in names:
+        return (f"--experiment {experiment!r} is not a preset; the presets (conf/experiment/*.yaml) are: "
+                f"{', '.join(names)}")
+    try:
+        sweep_overrides(experiment, overrides)
+    except HydraException as err:
+        first = " ".join(str(err).split("\n")[0].split())
+        return f"--experiment {experiment} with --override {' '.join(overrides)}: {first}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("root", nargs="?", type=Path, help="directory searched for result.json")
@@ -95,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                          "has no recorded commit (provenance.code.commit)")
     args = ap.parse_args(argv)
     if args.experiment:
+        if (line := experiment_refusal(args.experiment, args.override)) is not None:
+            print(f"error: {line}", file=sys.stderr)
+            return 2
         df, results = collect_experiment(args.experiment, args.override)
         title = f"Experiment {args.experiment}"
     elif args.root:

@@ -5,6 +5,7 @@ once-erased, unaugmented images. Without augmentation it gives the numbers of af
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, Member, TrainData, fit
 from training.engine.group import GroupOptions, fit_group
 from training.engine.seeding import generator
+from training.errors import UserError
 from training.mdl import job
 from training.mdl.job import prepare_data, run_job
 
@@ -176,9 +178,11 @@ def test_qleace_coupling_noise_is_refused_per_batch_in_one_line() -> None:
     with pytest.warns(UserWarning, match="rank-deficient"):
         fitted = erasure.fit("qleace", x, y)
     assert fitted.has_noise
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(UserError) as err:
         BatchEraser(fitted)
-    assert "rank_deficient=shrinkage" in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).startswith("eraser.after_augment=true is not allowed with qleace's rank_deficient=coupling "
+                                     "here: classes [0] of the fitted eraser are singular")
+    assert "eraser=qleace_paper" in str(err.value) and "\n" not in str(err.value)
     BatchEraser(erasure.fit("qleace", x, y, rank_deficient="shrinkage"))  # the paper code's estimator: fine
 
 
@@ -200,3 +204,79 @@ def test_fitted_eraser_is_cached_and_a_corrupt_entry_refitted(tmp_path: Path, ca
     assert hit4 is False and "corrupt" in caplog.text
     assert all(torch.equal(first.state[k], again.state[k]) for k in first.state)
     assert fit_cached(data, "leace", {}, tmp_path)[1] is True
+
+
+def _singular(n_per_class: int = 30) -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(3 * n_per_class, 12, generator=g, dtype=torch.float64), torch.arange(3 * n_per_class) % 3
+    x[y == 0, :6] = 0.5  # half the pixels constant within class 0
+    return x, y
+
+
+def _digits(limit: int | None = None) -> tuple[Tensor, Tensor]:
+    from training.app.schema import group_config
+    from training.data import load_dataset
+
+    d = load_dataset(group_config("dataset", "digits", **({} if limit is None else {"limit": limit})))
+    return d.x.reshape(len(d.x), -1), d.y
+
+
+@pytest.mark.parametrize(("make", "noise"), [
+    (_singular, True),
+    (lambda: (torch.randn(900, 12, dtype=torch.float64), torch.arange(900) % 3), False),  # Gaussian classes
+    (_digits, True),  # 1797 rows: every class singular in the 61-dim support
+    (lambda: _digits(300), False),  # 30 rows a class: r = 29 directions, every class spans them
+], ids=["constant-pixels", "gaussian", "digits", "digits-300"])
+def test_coupling_noise_is_predicted_without_fitting(make: Any, noise: bool) -> None:
+    """The precheck's prediction (erasure/qleace.py `coupling_noise_ranks`) and the fit agree on whether the
+    coupling adds noise; on the exactly singular class they agree on its rank."""
+    from erasure.qleace import coupling_noise_ranks
+
+    x, y = make()
+    ranks = coupling_noise_ranks(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fitted = erasure.fit("qleace", x, y)
+    assert fitted.has_noise == noise and (max(ranks) > 0) == noise, (ranks, fitted.info["noise_rank"])
+    if make is _singular:
+        assert ranks == fitted.info["noise_rank"] == [6, 0, 0]
+
+
+DIGITS_AFTER = ["experiment=smoke", "dataset=digits", "eraser=qleace", "eraser.after_augment=true",
+                "dataset.augment=true", "mdl.full_run=false"]
+
+
+def test_after_augment_with_coupling_noise_is_refused_before_any_fit(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from training.app.schema import ConfigError
+
+    def no_fit(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the eraser was fitted")
+
+    monkeypatch.setattr(erasure.api, "fit", no_fit)
+    monkeypatch.setattr(erasure, "fit", no_fit)
+    with pytest.raises(ConfigError) as err:
+        run_job(job_config(tmp_path, DIGITS_AFTER))
+    assert str(err.value).startswith("eraser.after_augment=true is not allowed with qleace's rank_deficient=coupling "
+                                     "here: classes [0, 1, 2, 3, 4, 5, 6, 7, 8, 9] of digits are singular")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_after_augment_refusal_from_the_command_line_is_one_line(tmp_path: Path) -> None:
+    from tests.test_refusals import _cli
+
+    proc = _cli(tmp_path, *DIGITS_AFTER)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("error: eraser.after_augment=true is not allowed with qleace's") and \
+        lines[0].endswith("or eraser.after_augment=false")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("extra", [["eraser=qleace_paper"], ["eraser.options.rank_deficient=truncate"],
+                                   ["eraser.after_augment=false"], ["dataset.limit=300"]])
+def test_after_augment_alternatives_pass_the_precheck(tmp_path: Path, extra: list[str]) -> None:
+    from training.mdl.precheck import forget, precheck
+
+    precheck(load_config(job_config(tmp_path, [*DIGITS_AFTER, *extra])), torch.device("cpu"))
+    forget()

@@ -260,3 +260,19 @@ def test_certificate_table_shows_what_the_erasers_report(tmp_path: Path) -> None
     assert cells[("eraser.options.rank_deficient=coupling", "qleace")] == ["784/784", "0.00%", "4.07%", "n/a"]
     assert cells[("eraser.options.rank_deficient=truncate", "qleace")] == ["387/784", "1.23%", "0.00%", "n/a"]
     assert cells[("", "gradient")] == ["n/a", "n/a", "n/a", "0.66 / 1.2 → 0.25 / 0.14"]
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--experiment", "nonexist"], "error: --experiment 'nonexist' is not a preset; the presets "
+                                   "(conf/experiment/*.yaml) are: demo, "),
+    (["--experiment", "demo", "--override", "nokey=1"], "error: --experiment demo with --override nokey=1: "
+                                                        "Could not override 'nokey'."),
+])
+def test_an_unknown_preset_or_override_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   args: list[str], line: str) -> None:
+    assert aggregate.main([*args, "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(line), err
+    if "nonexist" in line:
+        assert "smoke" in err[0] and "paper_table_c" in err[0]
+    assert not (tmp_path / "t").exists()

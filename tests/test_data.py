@@ -35,16 +35,52 @@ def test_fashion_mnist_local() -> None:
     _check(load_dataset(group_config("dataset", "fashion_mnist", download=False, limit=2000)), 2000, (1, 28, 28))
 
 
-def test_cifar10_fixture(tmp_path: Path) -> None:
-    folder = tmp_path / "cifar-10-batches-py"
+def _cifar_batches(folder: Path, protocol: int = pickle.DEFAULT_PROTOCOL) -> None:
     folder.mkdir()
     rng = np.random.default_rng(0)
     for i in range(1, 6):
         labels = [(j + i) % 10 for j in range(20)]
         batch = {"data": rng.integers(0, 256, (20, 3072), dtype=np.uint8), "labels": labels,
-                 "batch_label": f"training batch {i} of 5", "filenames": [f"f{j}.png" for j in range(20)]}
+                 "batch_label": f"training batch {i} of 5", "filenames": [f"f{j}.png" for j in range(20)],
+                 "raw": b"bytes"}
         with open(folder / f"data_batch_{i}", "wb") as f:
-            pickle.dump(batch, f)
+            pickle.dump(batch, f, protocol=protocol)
+
+
+class _Payload:
+    """A pickle that runs a shell command when loaded by a plain pickle.load."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return os.system, (self.command,)
+
+
+@pytest.mark.parametrize("protocol", [2, pickle.DEFAULT_PROTOCOL])
+def test_cifar10_batch_that_would_run_code_is_refused_in_one_line(tmp_path: Path, protocol: int) -> None:
+    from training.errors import DataCorruptError
+
+    folder = tmp_path / "cifar-10-batches-py"
+    _cifar_batches(folder, protocol)
+    marker = tmp_path / "pwned"
+    with open(folder / "data_batch_3", "wb") as f:
+        pickle.dump({"data": _Payload(f"touch {marker}"), "labels": [0]}, f, protocol=protocol)
+    with pytest.raises(DataCorruptError, match=r"data_batch_3 .*refused posix\.system") as err:
+        load_dataset(group_config("dataset", "cifar10", download=False), tmp_path)
+    assert "\n" not in str(err.value)
+    assert not marker.exists()
+    with open(folder / "data_batch_3", "rb") as f:  # the control: the payload is live under a plain pickle.load
+        pickle.load(f)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("protocol", [2, pickle.DEFAULT_PROTOCOL])
+def test_cifar10_fixture(tmp_path: Path, protocol: int) -> None:
+    folder = tmp_path / "cifar-10-batches-py"
+    _cifar_batches(folder, protocol)
     d = load_dataset(group_config("dataset", "cifar10", download=False), tmp_path)
     _check(d, 100, (3, 32, 32))
     # Pixel layout: the pickle's row is 1024 R, 1024 G, 1024 B values in row-major order.

@@ -171,3 +171,61 @@ def test_numpy_input_and_images_keep_shape_and_dtype() -> None:
         assert torch.equal(out_np, out)
     out, rep = erasure.erase("qleace", img.numpy(), y.numpy(), {})
     assert out.shape == img.shape and out.dtype == torch.float32 and rep["name"] == "qleace"
+
+
+@pytest.mark.parametrize("name", ["leace", "qleace", "alf_qleace"])
+def test_erased_data_is_the_same_on_any_thread_count(name: str) -> None:
+    """The fit's float64 linear algebra runs on one thread (erasure/threads.py): 1 and 2 torch threads give ==
+    erased data and certificates (before: QLEACE on digits differed by up to 0.44, a rank decision flipped)."""
+    from erasure import certificate, fit
+    from training.app.schema import group_config
+    from training.data import load_dataset
+
+    d = load_dataset(group_config("dataset", "digits"))
+    x = d.x.reshape(len(d.x), -1)
+    before = torch.get_num_threads()
+    outs, certs = [], []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            eraser = fit(name, x, d.y)
+            out = eraser(x, d.y) if eraser.needs_labels else eraser(x)
+            assert torch.get_num_threads() == threads  # restored after the fit and the map
+            outs.append(out)
+            certs.append({k: v for k, v in certificate(out, d.y).items() if k != "seconds"})
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
+    assert certs[0] == certs[1]
+
+
+def test_one_thread_nests_and_restores_each_threads_own_count() -> None:
+    import threading
+
+    from erasure.threads import one_thread
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen: list[tuple[str, int]] = []
+        gate = threading.Barrier(2)
+
+        def worker(threads: int) -> None:
+            torch.set_num_threads(threads)  # a training worker thread keeps its own count (OpenMP's is per thread)
+            with one_thread():
+                gate.wait()
+                seen.append(("in", torch.get_num_threads()))
+                gate.wait()
+            seen.append(("after", torch.get_num_threads() - threads))
+
+        workers = [threading.Thread(target=worker, args=(n,)) for n in (1, 2)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        with one_thread(), one_thread():
+            seen.append(("nested", torch.get_num_threads()))
+        assert sorted(seen) == [("after", 0), ("after", 0), ("in", 1), ("in", 1), ("nested", 1)]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

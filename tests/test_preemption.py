@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from training.app.lifecycle import PROGRESS_FILE
+from training.app.results import LOCK_FILE
 from training.app.sweeps import expand
 from training.cli.preemption import EXIT_STATUS, Preempted, stop_on_sigterm
+from training.common.locks import holder_path
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
@@ -81,3 +83,34 @@ def test_sigterm_stops_a_local_multirun_promptly_keeping_finished_blocks(tmp_pat
     kept = len(json.loads((job_dir / PROGRESS_FILE).read_text())["blocks"])
     assert 1 <= kept < 5 and not (job_dir / "result.json").exists()  # a rerun resumes from here (test_resume.py)
 
+
+
+def test_ctrl_c_on_a_single_job_is_one_line_saying_what_was_kept(tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) to `python -m training.run`: no traceback, one line naming the kept blocks and how to resume,
+    exit 130; the job's lock is released (the rerun would resume, tests/test_resume.py)."""
+    cmd = [sys.executable, "-m", "training.run", "experiment=smoke", "eraser=control", "seed=0",
+           f"paths.out_dir={tmp_path}", "logger=none", "progress=false", "mdl.max_epochs=800", "mdl.patience=800"]
+    (job,) = expand("smoke", [f"paths.out_dir={tmp_path}", "eraser=control", "seed=0", "mdl.max_epochs=800",
+                              "mdl.patience=800"])
+    job_dir = Path(job["paths"]["job_dir"])
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (job_dir / PROGRESS_FILE).exists():
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "timed out waiting for the first finished block"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    kept = len(json.loads((job_dir / PROGRESS_FILE).read_text())["blocks"])
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in out + err
+    assert err.strip().splitlines() == [
+        f"interrupted (Ctrl-C): {kept} finished MDL block model{'s' if kept != 1 else ''} kept in "
+        f"{job_dir / PROGRESS_FILE}; rerun the same command to resume"], err[-3000:]
+    assert not (job_dir / "result.json").exists()
+    assert not holder_path(job_dir / LOCK_FILE).exists()  # released on the way out, not by the process's death

@@ -175,6 +175,27 @@ def test_a_job_that_cannot_fit_in_memory_is_refused_with_the_estimate(tmp_path: 
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(("extra", "together"), [
+    ([], 5),  # the lockstep group: every block model at once
+    (["regularizer=sd", "training.engine=stacked"], 1),  # the stacked engine takes no regularizer: one at a time
+    (["regularizer=sd", "training.engine=loop"], 5),  # the loop engine does
+    (["regularizer=sd", "training.engine=stacked", "training.parallel_models=3"], 1),
+    (["training.parallel_models=3"], 3),
+])
+def test_memory_estimate_counts_the_models_that_train_together(tmp_path: Path, extra: list[str],
+                                                              together: int) -> None:
+    from training.app.schema import load_config
+    from training.data import load_dataset
+    from training.mdl.precheck import estimate_memory
+
+    cfg = load_config(job_config(tmp_path, [*TINY, *extra]))
+    data = load_dataset(cfg.dataset, cfg.paths.data_dir)
+    est = estimate_memory(cfg, data, len(data.y), torch.device("cuda"))  # engine=auto would be stacked there
+    assert est.num_models == together
+    one = estimate_memory(load_config(job_config(tmp_path, TINY)), data, len(data.y))
+    assert est.models == together * one.models // one.num_models
+
+
 def test_memory_refusal_from_the_command_line(tmp_path: Path) -> None:
     prelude = "import training.mdl.precheck as p\np.available_memory = lambda device: 2**16"
     proc = _cli(tmp_path, *TINY, prelude=prelude)
@@ -182,6 +203,23 @@ def test_memory_refusal_from_the_command_line(tmp_path: Path) -> None:
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: this job needs about "), \
         proc.stderr[-3000:]
     assert not (tmp_path / "runs").exists()
+
+
+def test_stop_keys_line_is_a_warning_when_the_command_line_sets_one(tmp_path: Path) -> None:
+    """`mdl=quick mdl.max_epochs=8`: the step floor wins on small blocks, said once as the job starts (a warning;
+    an info line when only the presets chose the keys). The test ends the job right after it."""
+    prelude = ("import training.mdl.job as j\nfrom training.errors import Refused\n"
+               "def stop(*a, **k):\n    raise Refused('stopped by the test')\nj.Trainer = stop")
+    asked = _cli(tmp_path, "dataset=digits", "mdl=quick", "mdl.max_epochs=8", "optim.warmup_steps=50",
+                 prelude=prelude)
+    preset = _cli(tmp_path, "dataset=digits", "mdl=quick", prelude=prelude)
+    for proc in (asked, preset):
+        assert proc.returncode == 2 and "error: stopped by the test" in proc.stderr, proc.stderr[-2000:]
+    out = asked.stdout + asked.stderr
+    assert "[WARNING] - mdl.min_steps=300 outlasts mdl.max_epochs=8: block model 1 (128 samples" in out, out[-2000:]
+    assert out.count("outlasts") == 1
+    out = preset.stdout + preset.stderr
+    assert "[INFO] - the warm-up (optim.warmup_steps=1000" in out and "[WARNING]" not in out, out[-2000:]
 
 
 # --- 9. a full disk ----------------------------------------------------------------------------------------------
@@ -238,6 +276,31 @@ def test_full_disk_for_the_summary_still_prints_it(tmp_path: Path) -> None:
     assert sum(ln.startswith("multirun ledger: ") for ln in proc.stderr.splitlines()) == 3  # 2 entries + summary
 
 
+FULL_LOG = """
+import errno, logging, os
+class Full:  # a log file on a full disk: every write fails
+    def __init__(self, f): self.f = f
+    def write(self, s): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    def flush(self): pass
+    def close(self): self.f.close()
+_open = logging.FileHandler._open
+logging.FileHandler._open = lambda self: Full(_open(self))
+"""
+
+
+def test_full_disk_for_the_log_files_of_a_sweep_is_one_line(tmp_path: Path) -> None:
+    """Each job's run.log cannot be written: one warning line for the process, not a `--- Logging error ---`
+    traceback per record (858 stderr lines for two tiny jobs before); the jobs themselves run."""
+    proc = _cli(tmp_path, *TINY, "seed=0,1", multirun=True, prelude=FULL_LOG)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Logging error" not in text and "Traceback" not in text, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: cannot write the log file ") and \
+        lines[0].endswith("free space or point paths.out_dir elsewhere"), lines[:5]
+    assert "run.log (no space left on device)" in lines[0]
+    assert "multirun: 2/2 jobs ran: 2 done, 0 skipped, 0 failed" in text
+
+
 def test_full_disk_line_names_the_file_for_every_writer(tmp_path: Path, monkeypatch) -> None:
     def no_space(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -289,6 +352,42 @@ def _pid_gone(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
     except OSError:
         return True
+
+
+@pytest.mark.slow  # ~40 s on 2 shared cores
+def test_ctrl_c_to_a_submitit_local_sweep_prints_no_worker_tracebacks(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the whole foreground process group: submitit's controllers (one per job) died with
+    KeyboardInterrupt tracebacks on the terminal. Now they ignore SIGINT; the launching process stops the workers."""
+    args = [sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none", "progress=false",
+            *SLOW, "seed=0,1", "hydra/launcher=submitit_local"]
+    log = tmp_path / "first.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list((tmp_path / "runs").rglob(PROGRESS_FILE)):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "timed out waiting for a finished block"
+            time.sleep(0.1)
+        workers = _descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)  # as the terminal sends it
+        rc = proc.wait(timeout=60)
+        gone = time.monotonic() + 10
+        while not all(_pid_gone(p) for p in workers) and time.monotonic() < gone:
+            time.sleep(0.1)
+        alive = [p for p in workers if not _pid_gone(p)]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    text = log.read_text()
+    assert rc == 130 and not alive, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert "SIGINT: stopping this sweep and its" in text
+    errs = "".join(p.read_text() for p in (tmp_path / "runs" / ".submitit").rglob("*_log.err"))
+    assert "Traceback" not in errs, errs[-3000:]
 
 
 @pytest.mark.parametrize(("launcher", "sig"), [

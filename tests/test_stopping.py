@@ -116,3 +116,41 @@ def test_fit_and_fit_group_stop_alike_and_report_why() -> None:
     plain = FitConfig(batch_size=32, patience=1, max_epochs=9, progress=False)
     model, opt = _models("mlp", [0])[0]
     assert fit(Member(model, opt, subsets[0], generator(0, "b", 0), plain), TrainData(data, y, xv, yv)).steps < 25
+
+
+# --- stop keys that pull against each other (training/mdl/stop_keys.py) ------------------------------------------
+
+def _stop_line(tmp_path: Path, *overrides: str) -> str | None:
+    from training.mdl.stop_keys import floor_outlasts_cap
+
+    cfg = load_config(job_config(tmp_path, ["dataset=digits", "mdl=quick", *overrides]))
+    return floor_outlasts_cap(cfg, 1797)
+
+
+def test_a_step_floor_that_outlasts_the_epoch_cap_is_said_with_both_keys(tmp_path: Path) -> None:
+    line = _stop_line(tmp_path, "mdl.max_epochs=8", "optim.warmup_steps=50")
+    assert line == ("mdl.min_steps=300 outlasts mdl.max_epochs=8: block model 1 (128 samples, 1 step an epoch) "
+                    "trains 300 epochs, not 8 (no model stops before step 300); set mdl.min_steps=0 "
+                    "mdl.stop_after_warmup=false to stop every model by mdl.max_epochs")
+    warm = _stop_line(tmp_path, "mdl.max_epochs=8", "mdl.min_steps=0", "optim.warmup_steps=400")
+    assert warm is not None and warm.startswith("the warm-up (optim.warmup_steps=400 with mdl.stop_after_warmup=true)")
+    assert "trains 400 epochs, not 8" in warm
+    # the line's claim, on the stopping rule itself: a model that keeps improving stops at epoch 300, not 8
+    stop = EarlyStopping(5, 8, 1, 50, 300, 150)
+    epoch = 0
+    while True:
+        epoch += 1
+        stop.record(1.0 / epoch, epoch)
+        if stop.end_epoch(epoch, epoch) is not None:
+            break
+    assert epoch == 300
+
+
+@pytest.mark.parametrize("overrides", [
+    ["mdl.max_epochs=300", "optim.warmup_steps=50"],  # the cap reaches the floor
+    ["mdl.max_epochs=8", "mdl.min_steps=0", "mdl.stop_after_warmup=false"],  # no floor: the cap rules
+    ["mdl.max_epochs=8", "mdl.min_steps=0", "optim.warmup_steps=0"],
+    ["mdl.max_epochs=3", "optim.warmup_steps=50", "optim.batch_size=1"],  # 128 steps an epoch: 3 epochs pass 300
+])
+def test_no_stop_key_line_where_the_epoch_cap_holds(tmp_path: Path, overrides: list[str]) -> None:
+    assert _stop_line(tmp_path, *overrides) is None

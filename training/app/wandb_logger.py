@@ -1,4 +1,10 @@
-"""wandb logging: offline by default, one run per job with a deterministic id; `logger=none` disables."""
+"""wandb logging: offline by default, one run per job with a deterministic id; `logger=none` disables.
+
+wandb keeps more than the run: debug logs of its service (`~/.cache/wandb/logs`), an artifact cache and staging
+area, settings. While a run is open they go under `paths.out_dir` (`<out_dir>/_wandb/`), so nothing lands outside
+it: WANDB_CACHE_DIR and WANDB_DATA_DIR, and WANDB_CONFIG_DIR unless the run is online (an online run keeps the
+user's settings, e.g. a self-hosted base_url). A variable the user set is left alone.
+"""
 
 from __future__ import annotations
 
@@ -10,24 +16,53 @@ from typing import Any
 from training.app.schema import LoggerConfig
 
 
+def wandb_dirs(out_dir: Path, mode: str) -> dict[str, str]:
+    """The WANDB_*_DIR variables that keep wandb's files under `out_dir` (those the user has not set)."""
+    root = Path(out_dir).absolute() / "_wandb"  # not .wandb: wandb would put its runs there
+    names = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data"}
+    if mode != "online":
+        names["WANDB_CONFIG_DIR"] = "config"
+    return {var: str(root / sub) for var, sub in names.items() if not os.environ.get(var)}
+
+
 class RunLogger:
-    def __init__(self, cfg: LoggerConfig | None, run_cfg: Mapping[str, Any], job_dir: Path, run_id: str):
+    def __init__(self, cfg: LoggerConfig | None, run_cfg: Mapping[str, Any], job_dir: Path, run_id: str,
+                 out_dir: Path | None = None):
+        """`out_dir`: where wandb's own files go (`<out_dir>/_wandb/`; default `job_dir`)."""
         self._run = None
+        self._restore: dict[str, str | None] = {}
         if cfg is None or cfg.name == "none" or os.environ.get("WANDB_MODE") == "disabled":
             return
         import wandb
 
-        self._run = wandb.init(
-            project=cfg.project,
-            entity=cfg.entity,
-            mode=os.environ.get("WANDB_MODE", cfg.mode),
-            id=run_id,
-            name=str(job_dir),
-            dir=str(job_dir),
-            config=dict(run_cfg),
-            resume="allow",
-            reinit=True,
-        )
+        mode = os.environ.get("WANDB_MODE", cfg.mode)
+        for var, path in wandb_dirs(job_dir if out_dir is None else out_dir, mode).items():
+            Path(path).mkdir(parents=True, exist_ok=True)
+            self._restore[var] = os.environ.get(var)
+            os.environ[var] = path
+        try:
+            self._run = wandb.init(
+                project=cfg.project,
+                entity=cfg.entity,
+                mode=mode,
+                id=run_id,
+                name=str(job_dir),
+                dir=str(job_dir),
+                config=dict(run_cfg),
+                resume="allow",
+                reinit=True,
+            )
+        except BaseException:
+            self._restore_env()
+            raise
+
+    def _restore_env(self) -> None:
+        for var, old in self._restore.items():
+            if old is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = old
+        self._restore = {}
 
     def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         if self._run is not None:
@@ -39,5 +74,8 @@ class RunLogger:
 
     def finish(self) -> None:
         if self._run is not None:
-            self._run.finish()
-            self._run = None
+            try:
+                self._run.finish()
+            finally:
+                self._run = None
+                self._restore_env()

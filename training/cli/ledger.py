@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from training.app import results
 from training.app.results import RESULT_FILE, flatten, mismatch_message, read_result, same_config
 from training.app.schema import config_hash, load_config, semantic
+from training.cli.local_workers import controllers_ignore_sigint
 from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
 from training.cli.report import exit_user_error, user_error_line
 from training.common.files import atomic_write_json
@@ -288,7 +289,8 @@ class JobStatusCallback(Callback):
                  self._ledger)
         atexit.register(self._report_at_exit)
         if runs_jobs_in_workers(launcher_target(config)):  # SIGTERM/SIGINT here must stop them (preemption.py)
-            self._restore_signals = stop_workers_on_signal()
+            restore, unshield = stop_workers_on_signal(), controllers_ignore_sigint()
+            self._restore_signals = lambda: (unshield(), restore())
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._restore_signals()

@@ -3,6 +3,7 @@ exit code 2; `HYDRA_FULL_ERROR=1` shows the traceback as well."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -18,6 +19,7 @@ from training.errors import user_error_line as _line
 
 log = logging.getLogger("training.run")
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 class SweepJobFailed(UserError, CompactHydraException):
@@ -43,6 +45,32 @@ def to_run_log(level: int, msg: str, exc: BaseException | None = None) -> None:
             handler.handle(record)
 
 
+_log_file_failed = False  # a log file could not be written in this process (said once)
+
+
+def quiet_log_file_errors() -> None:
+    """A log file (the job's run.log) that cannot be written, e.g. on a full disk, is said in one line and dropped,
+    instead of logging's `--- Logging error ---` traceback for every record (hundreds of lines in a multirun)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handleError = functools.partial(_drop_log_file, handler)  # type: ignore[method-assign]
+
+
+def _drop_log_file(handler: logging.FileHandler, record: logging.LogRecord) -> None:
+    global _log_file_failed
+    err = sys.exc_info()[1]
+    if not isinstance(err, OSError):
+        logging.FileHandler.handleError(handler, record)
+        return
+    logging.getLogger().removeHandler(handler)
+    if not _log_file_failed:
+        _log_file_failed = True
+        why = err.strerror or type(err).__name__
+        print(f"warning: cannot write the log file {handler.baseFilename} ({why.lower()}): the log goes to the "
+              "console only (log files this process cannot write later are dropped without a word); free space or "
+              "point paths.out_dir elsewhere", file=sys.stderr, flush=True)
+
+
 def log_files() -> list[Path]:
     return [Path(h.baseFilename) for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
 
@@ -53,6 +81,30 @@ def exit_user_error(line: str, err: BaseException | None = None) -> NoReturn:
         traceback.print_exception(err)
     print(f"error: {line}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_USER_ERROR)
+
+
+def interrupted_line(job_dir: Path) -> str:
+    """What a Ctrl-C kept of the job in `job_dir`, and how to go on."""
+    from training.app.lifecycle import PROGRESS_FILE
+    from training.common.files import read_json
+
+    try:
+        blocks = len((read_json(job_dir / PROGRESS_FILE) or {}).get("blocks", []))
+    except (OSError, ValueError, AttributeError):
+        blocks = 0
+    kept = (f"{blocks} finished MDL block model{'s' if blocks != 1 else ''} kept in {job_dir / PROGRESS_FILE}"
+            if blocks else f"no finished MDL block to keep ({job_dir})")
+    return f"interrupted (Ctrl-C): {kept}; rerun the same command to resume"
+
+
+def exit_interrupted(job_dir: Path, err: BaseException) -> NoReturn:
+    """Ctrl-C on a job: one line saying what was kept and how to resume, exit 130 (128 + SIGINT)."""
+    line = interrupted_line(job_dir)
+    to_run_log(logging.WARNING, line)
+    if full_error():
+        traceback.print_exception(err)
+    print(line, file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_INTERRUPTED)
 
 
 def remove_if_unused(run_dir: Path, stop: Path) -> bool:

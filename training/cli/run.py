@@ -21,11 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from training.app.schema import CONF_DIR, ConfigError, load_config
 from training.app.tasks import get_task
+from training.cli.local_workers import sigint_back_in_local_job
 from training.cli.preemption import stop_on_sigterm
 from training.cli.report import (
     SweepJobFailed,
+    exit_interrupted,
     exit_user_error,
     full_error,
+    quiet_log_file_errors,
     remove_if_unused,
     to_run_log,
     user_error_line,
@@ -42,12 +45,16 @@ log = logging.getLogger("training.run")
 def job(cfg: DictConfig) -> float | None:
     """Hydra's task function: one job of the (multi)run."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    quiet_log_file_errors()  # Hydra has set up this job's run.log
+    sigint_back_in_local_job()
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     try:
         job = load_config(resolved)  # normally checked earlier, by the job_status callback
         with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
             result = get_task(job.task)(job)
+    except KeyboardInterrupt as err:  # Ctrl-C: the job's lock is released on the way here
+        exit_interrupted(Path(job.paths.job_dir), err)
     except Exception as err:
         line = user_error_line(err)
         if line is None:

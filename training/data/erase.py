@@ -20,7 +20,7 @@ from erasure.registry import ERASERS
 from training.common.files import atomic_write_json, read_json
 from training.common.progress import progress_bar
 from training.data import LoadedData
-from training.errors import NonFiniteError
+from training.errors import NonFiniteError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -301,6 +301,14 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certif
     return x, info, eraser
 
 
+def after_augment_refusal(of: str, singular: list[int]) -> str:
+    """The one line refusing `eraser.after_augment=true` for a QLEACE coupling that adds noise."""
+    return (f"eraser.after_augment=true is not allowed with qleace's rank_deficient=coupling here: classes "
+            f"{singular} of {of} are singular, and the coupling noise that fills them has exact moments on whole "
+            "classes, not on a batch; use eraser=qleace_paper (shrinkage, the paper code's estimator), "
+            "eraser.options.rank_deficient=truncate or ridge, or eraser.after_augment=false")
+
+
 class BatchEraser:
     """`eraser.after_augment`: a fitted eraser applied to each training batch (b, c, h, w) where it lies (the
     paper code's `transform(augment(x))`); the training loops call it as `batch_transform(x, y)` after augmentation.
@@ -313,11 +321,9 @@ class BatchEraser:
     on a batch it would be a fixed, batch-dependent draw rather than the coupling."""
 
     def __init__(self, eraser: Eraser | None, then: Any = None) -> None:
-        if eraser is not None and getattr(eraser, "has_noise", False):
-            raise ValueError(f"eraser.after_augment=true is not allowed here: the fitted {eraser.name} eraser adds "
-                             "coupling noise (singular classes), whose exact-moment draw is defined on whole classes, "
-                             "not on a batch; use eraser.options.rank_deficient=shrinkage (the paper code's "
-                             "estimator) or truncate")
+        if eraser is not None and getattr(eraser, "has_noise", False):  # the precheck predicts this, up front
+            classes = [c for c, q in enumerate(eraser.state["noise_rank"].tolist()) if q > 0]
+            raise UserError(after_augment_refusal("the fitted eraser", classes))
         self.eraser, self.then = eraser, then
 
     def to(self, device: torch.device | str) -> BatchEraser:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,6 +37,32 @@ def _try_download(cfg: DatasetCfg, fetch: Callable[[], object]) -> str:
 
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+# What a CIFAR-10 batch pickle references: numpy arrays (their rebuild function, class and dtype, under numpy 1's
+# and numpy 2's module names) and `_codecs.encode` (bytes in protocol-2 pickles). Anything else is refused.
+CIFAR_PICKLE_GLOBALS = frozenset({
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+})
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickles only what a CIFAR-10 batch holds (dicts, lists, strings, bytes, ints, numpy arrays): a crafted
+    file cannot run code (a plain `pickle.load` would call whatever its `__reduce__` names, e.g. os.system)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in CIFAR_PICKLE_GLOBALS:
+            raise pickle.UnpicklingError(f"refused {module}.{name}: a CIFAR-10 batch holds only lists, strings and "
+                                         "numpy arrays, so this file is not one (it could run code)")
+        return super().find_class(module, name)
+
+
+def load_cifar_batch(path: Path) -> dict[str, Any]:
+    """One CIFAR-10 python batch file, read with `_CifarUnpickler` (latin1 for its Python 2 strings)."""
+    with open(path, "rb") as f:
+        entry = _CifarUnpickler(f, encoding="latin1").load()
+    if not isinstance(entry, dict):
+        raise ValueError(f"expected a dict with data and labels, got {type(entry).__name__}")
+    return entry
 
 
 @register("cifar10")
@@ -57,8 +84,7 @@ def load_cifar10(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     xs, ys = [], []
     for b in batches:
         with reading(b, "CIFAR-10 batch"):
-            with open(b, "rb") as f:
-                entry = pickle.load(f, encoding="latin1")
+            entry = load_cifar_batch(b)
             xs.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
             ys.append(np.asarray(entry["labels"], dtype=np.int64))
     x = torch.from_numpy(np.concatenate(xs)).float().div_(255.0)

@@ -53,6 +53,7 @@ from training.mdl.code import paper_code, prequential_code
 from training.mdl.precheck import fit_plan, load_data, precheck, with_permuted_labels
 from training.mdl.precheck import forget as forget_loaded
 from training.mdl.splits import MdlSplit, make_split
+from training.mdl.stop_keys import say_stop_keys
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
@@ -449,12 +450,14 @@ def _describe(result: dict[str, Any]) -> str:
 
 def _mdl_body(run: JobRun) -> dict[str, Any]:
     cfg, t_start = run.cfg, time.perf_counter()
-    logger = RunLogger(cfg.logger, cfg.to_dict(), run.path, run_id=f"{run.cfg_hash}-s{cfg.seed}")
+    logger = RunLogger(cfg.logger, cfg.to_dict(), run.path, run_id=f"{run.cfg_hash}-s{cfg.seed}",
+                       out_dir=Path(cfg.paths.out_dir))
     try:
         data, x, erasure_info, batches = prepare_inputs(cfg)
         m = cfg.mdl
         split = make_split(len(data.y), cfg.seed, val_size=m.val_size, val_frac=m.val_frac,
                            num_blocks=m.num_blocks, min_block=m.min_block)
+        say_stop_keys(cfg, len(data.y))
         trainer = Trainer(cfg, x, data.y, data.num_classes, split, run.device, batches=batches)
         log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", run.path, data.name,
                  len(data.y), len(split.val_idx), split.block_sizes, trainer.hp["lr"], run.device)

@@ -23,9 +23,10 @@ from models.registry import ARCHS
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import ConfigError, JobConfig, config_hash
 from training.data import LoadedData, load_dataset
-from training.data.erase import FitPlan, OracleFit
+from training.data.erase import FitPlan, OracleFit, after_augment_refusal
 from training.engine.batches import compact
 from training.engine.devices import available_memory
+from training.engine.group import resolve_engine
 from training.engine.seeding import generator
 from training.errors import Refused
 from training.mdl.splits import validation_size
@@ -33,6 +34,7 @@ from training.mdl.splits import validation_size
 log = logging.getLogger(__name__)
 MEMORY_CHECK_ENV = "ERASURE_MDL_MEMORY_CHECK"  # 0: skip the memory check (its estimate is rough)
 GiB = 2**30
+CPU = torch.device("cpu")
 # weights, gradients, the optimizer's two state tensors (schedule-free AdamW: z and the second moment) and the
 # best-so-far snapshot, float32 each
 MODEL_COPIES = 5
@@ -67,6 +69,7 @@ def precheck(cfg: JobConfig, device: torch.device) -> None:
     n_coded = len(data.y) if coded is None else len(coded)
     check_blocks(cfg, data.name, len(data.y), n_coded)
     check_storage(cfg, data, coded)
+    check_after_augment(cfg, data)
     check_memory(cfg, data, n_coded, device)
     _LOADED[_key(cfg)] = data
 
@@ -201,6 +204,37 @@ def check_storage(cfg: JobConfig, data: LoadedData, coded: torch.Tensor | None) 
                           "so would change the numbers; auto keeps the smallest exact storage)") from None
 
 
+def check_after_augment(cfg: JobConfig, data: LoadedData) -> None:
+    """`eraser.after_augment=true` with QLEACE's coupling: refused when the fit would add coupling noise (singular
+    classes), predicted from the fit's data without fitting (erasure/qleace.py `coupling_noise_ranks`: seconds, no
+    barycenter). The prediction replaces the barycenter by the pooled covariance; where it misses, the fitted
+    eraser is refused with the same line (training/data/erase.py `BatchEraser`)."""
+    e = cfg.eraser
+    if not e.after_augment or e.name != "qleace":
+        return
+    from erasure import resolve_options
+    from erasure.qleace import coupling_noise_ranks
+
+    options = resolve_options(e.name, dict(e.options))
+    if options.get("rank_deficient") != "coupling":
+        return
+    data = with_permuted_labels(cfg, data)
+    try:
+        plan = fit_plan(cfg, data)
+    except ConfigError:
+        return  # a fit part the split refuses (too few rows): its own line says so
+    fit = data if plan is None else plan.fit_rows(data)
+    if fit is None:  # self: the coded rows
+        fit = data if plan is None or plan.coded_idx is None else data.subset(plan.coded_idx)
+    try:
+        ranks = coupling_noise_ranks(fit.x.reshape(len(fit.x), -1), fit.y, **options)
+    except ValueError:
+        return  # a fit fold the fit itself refuses (too few rows): its own line says so
+    singular = [c for c, q in enumerate(ranks) if q > 0]
+    if singular:
+        raise ConfigError(after_augment_refusal(fit.name, singular))
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     data: int  # the data on the device, its validation copy
@@ -213,19 +247,38 @@ class MemoryEstimate:
         return self.data + self.models + self.batches
 
 
-def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int) -> MemoryEstimate:
+def models_at_once(cfg: JobConfig, models: int, device: torch.device, not_vectorised: str | None) -> int:
+    """How many of the job's `models` train together, as `Trainer.group_size` decides it: `training.parallel_models`
+    (auto: all where the architecture vectorises), 1 where the group engine cannot take them (`not_vectorised`)."""
+    want = cfg.training.parallel_models
+    if not_vectorised is not None:
+        return 1
+    if want == "auto":
+        return models if ARCHS.meta(cfg.arch.name)["vectorises"] else 1
+    return max(1, min(int(want), models))
+
+
+def _why_not_vectorised(cfg: JobConfig, model: torch.nn.Module, device: torch.device) -> str | None:
+    """`why_not_vectorized` on what the config and a shape-only model tell (the optimizer is always schedule-free)."""
+    if cfg.regularizer.name != "none" and resolve_engine(cfg.training.engine, device) == "stacked":
+        return "a regularizer with the stacked engine"
+    if any(True for _ in model.buffers()) or any(
+            isinstance(m, (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._NormBase))
+            for m in model.modules()):
+        return "buffers, dropout or batch norm"
+    return None
+
+
+def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int,
+                    device: torch.device = CPU) -> MemoryEstimate:
     """A rough lower estimate of what the job holds at once on its device (see MODEL_COPIES)."""
     numel = int(data.x[0].numel())
     m = cfg.mdl
     n_val = validation_size(n_coded, m.val_size, m.val_frac)
     n_train = n_coded - n_val
     models = m.num_blocks - 1 + int(m.full_run)
-    want = cfg.training.parallel_models
-    if want == "auto":
-        at_once = models if ARCHS.meta(cfg.arch.name)["vectorises"] else 1
-    else:
-        at_once = min(int(want), models)
-    params, acts = _model_size(cfg, data.input_shape, data.num_classes)
+    params, acts, model = _model_size(cfg, data.input_shape, data.num_classes)
+    at_once = models_at_once(cfg, models, device, _why_not_vectorised(cfg, model, device))
     data_bytes = n_coded * numel * _storage_bytes(cfg, data) + n_val * numel * 4
     if cfg.eraser.after_augment and cfg.eraser.name != "control":
         data_bytes += n_coded * numel * 4  # the unerased images the training batches are drawn from (float32)
@@ -243,8 +296,10 @@ def _storage_bytes(cfg: JobConfig, data: LoadedData) -> int:
     return compact(data.x[:256]).element_size()  # what `auto` picks, judged on a probe
 
 
-def _model_size(cfg: JobConfig, input_shape: tuple[int, int, int], num_classes: int) -> tuple[int, int]:
-    """(parameters, activation floats per sample) of one model, from a shape-only build (no memory, no RNG)."""
+def _model_size(cfg: JobConfig, input_shape: tuple[int, int, int], num_classes: int
+                ) -> tuple[int, int, torch.nn.Module]:
+    """(parameters, activation floats per sample, the model) of one model, from a shape-only build (no memory, no
+    RNG)."""
     from models import make_spec, param_count
     from models.mup_utils import on_meta
 
@@ -270,7 +325,7 @@ def _model_size(cfg: JobConfig, input_shape: tuple[int, int, int], num_classes: 
     finally:
         for h in hooks:
             h.remove()
-    return params, acts
+    return params, acts, model
 
 
 def _size(n: float) -> str:
@@ -287,7 +342,7 @@ def check_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torch.d
     free = available_memory(device)
     if free is None:
         return
-    est = estimate_memory(cfg, data, n_coded)
+    est = estimate_memory(cfg, data, n_coded, device)
     if est.total <= free:
         return
     where = "the machine has" if device.type == "cpu" else f"{device} has"

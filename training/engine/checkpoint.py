@@ -1,0 +1,94 @@
+"""Checkpoints inside a block: a training loop stopped by a signal saves its whole state here and the next attempt
+goes on from it, with the numbers of an uninterrupted run.
+
+One file per training group (`fit`: one model; a lockstep group: its members) in the job directory, named after
+the group's member names: `checkpoint-<digest>.pt`. It holds a SHA-256 of its payload and the job's config hash:
+a file that is unreadable, corrupt or of another configuration is ignored with one log line (the group starts
+over). A group deletes its file when it finishes; the job deletes what is left when it ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.common.files import atomic_write
+
+log = logging.getLogger(__name__)
+FORMAT = 1
+PATTERN = "checkpoint-*.pt"
+
+
+def _digest(names: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class CheckpointStore:
+    """Where the groups of one job save their state (`directory`), and the config hash they must match (`key`)."""
+
+    directory: Path
+    key: str
+
+    def path(self, names: Sequence[str]) -> Path:
+        return Path(self.directory) / f"checkpoint-{_digest(names)}.pt"
+
+    def save(self, names: Sequence[str], state: dict[str, Any]) -> Path:
+        """Write the group's `state` atomically; returns its path."""
+        buf = io.BytesIO()
+        torch.save({"format": FORMAT, "key": self.key, "names": list(names), "state": state}, buf)
+        payload = buf.getvalue()
+        header = hashlib.sha256(payload).hexdigest().encode() + b"\n"
+        path = self.path(names)
+
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                f.write(header + payload)
+
+        atomic_write(path, write)
+        log.info("checkpoint of %d model(s) written to %s (%.1f MB)", len(names), path, len(payload) / 1e6)
+        return path
+
+    def saved(self) -> Iterator[tuple[Path, list[str], dict[str, Any]]]:
+        """Every readable checkpoint of this configuration: (path, member names, state). One log line for each
+        other file, which is left alone."""
+        for path in sorted(Path(self.directory).glob(PATTERN)):
+            why, loaded = _read(path, self.key)
+            if loaded is None:
+                log.warning("ignoring checkpoint %s: %s; its models start over", path, why)
+                continue
+            yield path, loaded["names"], loaded["state"]
+
+    def delete(self, path: Path) -> None:
+        Path(path).unlink(missing_ok=True)
+
+    def clear(self) -> None:
+        for path in Path(self.directory).glob(PATTERN):
+            path.unlink(missing_ok=True)
+
+
+def _read(path: Path, key: str) -> tuple[str, dict[str, Any] | None]:
+    """The file's content, or (why not, None)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        return f"unreadable ({err.strerror or err})", None
+    digest, _, payload = raw.partition(b"\n")
+    if hashlib.sha256(payload).hexdigest().encode() != digest:
+        return "its hash does not match (a corrupt or truncated file)", None
+    try:
+        loaded = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unpickling error means "unusable", nothing more
+        return f"unreadable ({type(err).__name__})", None
+    if not isinstance(loaded, dict) or loaded.get("format") != FORMAT:
+        return "not a checkpoint of this version", None
+    if loaded.get("key") != key:
+        return "another configuration's", None
+    return "", loaded

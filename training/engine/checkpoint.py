@@ -53,7 +53,8 @@ class CheckpointStore:
                 f.write(header + payload)
 
         atomic_write(path, write)
-        log.info("checkpoint of %d model(s) written to %s (%.1f MB)", len(names), path, len(payload) / 1e6)
+        log.info("checkpoint of %d model(s) at step %s written to %s (%.1f MB)", len(names), state.get("step"), path,
+                 len(payload) / 1e6)
         return path
 
     def saved(self) -> Iterator[tuple[Path, list[str], dict[str, Any]]]:

@@ -120,12 +120,14 @@ def test_the_checkpoint_holds_the_whole_group_mid_block(tmp_path: Path, monkeypa
     assert path.stat().st_size < 2_000_000
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "other-config"])
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "other-config", "other-code", "other-code-fit",
+                                    "garbage-fit"])
 def test_a_corrupt_or_stale_checkpoint_is_ignored_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                 caplog: pytest.LogCaptureFixture,
                                                                 damage: str) -> None:
-    reference = run_job(job_config(tmp_path / "ref", JOB))
-    cfg = job_config(tmp_path / "cut", JOB)
+    job = [*JOB, "training.parallel_models=1"] if damage.endswith("fit") else JOB
+    reference = run_job(job_config(tmp_path / "ref", job))
+    cfg = job_config(tmp_path / "cut", job)
     job_dir = Path(cfg["paths"]["job_dir"])
     with monkeypatch.context() as m:
         _stop_at(m, 30)
@@ -134,16 +136,26 @@ def test_a_corrupt_or_stale_checkpoint_is_ignored_with_one_line(tmp_path: Path, 
     (path,) = job_dir.glob(PATTERN)
     if damage == "truncate":
         path.write_bytes(path.read_bytes()[:-100])
-    elif damage == "garbage":
+    elif damage.startswith("garbage"):
         path.write_bytes(b"not a checkpoint")
-    else:
+    elif damage == "other-config":
         saved = _load(path)
         CheckpointStore(job_dir, "another-config-hash").save(saved["names"], saved["state"])
+    else:  # the same configuration, written by code whose model has other shapes (or an older format)
+        saved = _load(path)
+        state = saved["state"]
+        if "shapes" in state:
+            state["shapes"] = {n: [*shape, 1] for n, shape in state["shapes"].items()}
+        else:
+            state["model"] = {n: v[None] for n, v in state["model"].items()}
+        CheckpointStore(job_dir, saved["key"]).save(saved["names"], state)
     with caplog.at_level(logging.WARNING):
         result = run_job(cfg)
     lines = [r.getMessage() for r in caplog.records if "ignoring checkpoint" in r.getMessage()]
     assert len(lines) == 1 and str(path) in lines[0], lines
-    assert ("another configuration" if damage == "other-config" else "hash does not match") in lines[0]
+    why = {"other-config": "another configuration", "other-code": "does not fit these models",
+           "other-code-fit": "does not fit these models"}.get(damage, "hash does not match")
+    assert why in lines[0], lines
     assert "resuming" not in caplog.text
     assert _numbers(result) == _numbers(reference)
     assert not list(job_dir.glob(PATTERN))

@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class CheckpointStore:
 
     directory: Path
     key: str
+    reported: set[str] = field(default_factory=set, compare=False)  # files already said to be ignored
 
     def path(self, names: Sequence[str]) -> Path:
         return Path(self.directory) / f"checkpoint-{_digest(names)}.pt"
@@ -59,13 +60,24 @@ class CheckpointStore:
 
     def saved(self) -> Iterator[tuple[Path, list[str], dict[str, Any]]]:
         """Every readable checkpoint of this configuration: (path, member names, state). One log line for each
-        other file, which is left alone."""
+        other file (once per job), which is left alone."""
         for path in sorted(Path(self.directory).glob(PATTERN)):
             why, loaded = _read(path, self.key)
             if loaded is None:
-                log.warning("ignoring checkpoint %s: %s; its models start over", path, why)
+                if str(path) not in self.reported:
+                    self.reported.add(str(path))
+                    log.warning("ignoring checkpoint %s: %s; its models start over", path, why)
                 continue
             yield path, loaded["names"], loaded["state"]
+
+    def unfit(self, names: Sequence[str]) -> None:
+        """One line for each readable checkpoint of any of these models that was not restored (written by other
+        code or with other `training.*` settings): they start over."""
+        for path, saved, _ in self.saved():
+            if set(saved) & set(names) and str(path) not in self.reported:
+                self.reported.add(str(path))
+                log.warning("ignoring checkpoint %s: it does not fit these models (other code, engine or training "
+                            "settings); they start over", path)
 
     def delete(self, path: Path) -> None:
         Path(path).unlink(missing_ok=True)
@@ -73,6 +85,15 @@ class CheckpointStore:
     def clear(self) -> None:
         for path in Path(self.directory).glob(PATTERN):
             path.unlink(missing_ok=True)
+
+
+def fits_safely(fits: Callable[[list[str], dict[str, Any]], bool], names: list[str], state: dict[str, Any]) -> bool:
+    """`fits(names, state)`: whether a saved state continues this training; False for content this code did not
+    write (a missing key, another type)."""
+    try:
+        return bool(fits(names, state))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
 
 
 def _read(path: Path, key: str) -> tuple[str, dict[str, Any] | None]:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from training.common import interrupt
 from training.common.progress import progress_bar
 from training.engine.batches import DeviceData, Epoch, augment_pad, draw_epoch
-from training.engine.checkpoint import CheckpointStore
+from training.engine.checkpoint import CheckpointStore, fits_safely
 from training.engine.stopping import EarlyStopping
 from training.errors import NonFiniteError
 
@@ -204,7 +204,10 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     optimizer.train()  # schedule-free optimizers start in eval mode
     st = FitState(cfg.stopper(math.ceil(n / cfg.batch_size)), snapshot(model), torch.zeros((), device=dev))
     restored_from = None
-    if checkpoint is not None and (found := st.find(checkpoint, name, n)) is not None:
+    found = None if checkpoint is None else st.find(checkpoint, member, name)
+    if checkpoint is not None and found is None:
+        checkpoint.unfit([name])
+    elif found is not None:
         restored_from, saved = found
         st.restore(saved, member)
         t0 -= float(saved["elapsed"])
@@ -300,15 +303,22 @@ class FitState:
 
     def state_dict(self, member: Member, elapsed: float) -> dict[str, Any]:
         ep = self.epoch_draw
-        return {"size": len(member.idx), "elapsed": elapsed, "model": snapshot(member.model),
+        return {"kind": "fit", "size": len(member.idx), "elapsed": elapsed, "model": snapshot(member.model),
                 "opt": member.optimizer.state_dict(), "gen": member.gen.get_state(), "rng": _global_rng(),
                 "stopper": dataclasses.asdict(self.stopper), "best": self.best_state, "loss_sum": self.loss_sum,
                 "curve": list(self.curve), "step": self.step, "epoch": self.epoch, "batch": self.batch,
                 "draw": None if ep is None else {"perm": ep.perm, "offsets": ep.offsets, "flips": ep.flips}}
 
     @staticmethod
-    def find(store: CheckpointStore, name: str, size: int) -> tuple[Path, dict[str, Any]] | None:
-        return next(((p, s) for p, names, s in store.saved() if names == [name] and s.get("size") == size), None)
+    def find(store: CheckpointStore, member: Member, name: str) -> tuple[Path, dict[str, Any]] | None:
+        """This model's checkpoint: its name, training set size and parameter shapes (other code, same config)."""
+        shapes = {k: v.shape for k, v in member.model.state_dict().items()}
+
+        def fits(names: list[str], s: dict[str, Any]) -> bool:
+            return (names == [name] and s.get("kind") == "fit" and s.get("size") == len(member.idx)
+                    and {k: v.shape for k, v in s["model"].items()} == shapes)
+
+        return next(((p, s) for p, names, s in store.saved() if fits_safely(fits, names, s)), None)
 
     def restore(self, saved: dict[str, Any], member: Member) -> None:
         dev = self.loss_sum.device

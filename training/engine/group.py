@@ -32,7 +32,7 @@ from training.common import interrupt
 from training.common.progress import progress_bar
 from training.engine.backends import LoopEngine, StackedEngine, ValSet, nonfinite_rows
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
-from training.engine.checkpoint import CheckpointStore
+from training.engine.checkpoint import CheckpointStore, fits_safely
 from training.engine.fit import (
     NEEDS_SHARED_VAL,
     BatchTransform,
@@ -244,7 +244,9 @@ def _saved_parts(members: Sequence[Member], store: CheckpointStore | None) -> li
         return []
     names = [_name(m, k) for k, m in enumerate(members)]
     parts = []
-    for _, saved, _ in store.saved():
+    for _, saved, state in store.saved():
+        if state.get("kind") != "group":
+            continue
         part = [k for k, n in enumerate(names) if n in saved and not any(k in p for p in parts)]
         if part:
             parts.append(part)
@@ -554,7 +556,8 @@ class _Lockstep:
         optimizer, best states), and each finished member's result and best state (its block may not be saved
         by the caller yet)."""
         assert self.store is not None
-        state = {"engine_kind": self.engine_kind, "step": self.step, "elapsed": time.perf_counter() - self.t0,
+        state = {"kind": "group", "engine_kind": self.engine_kind, "shapes": self._shapes(), "step": self.step,
+                 "elapsed": time.perf_counter() - self.t0,
                  "live": [m.name for m in self.live], "members": {m.name: m.state_dict() for m in self.live},
                  "finished": {n: {"result": dataclasses.asdict(res), "best": snapshot(model)}
                               for n, (model, res) in self.finished.items()},
@@ -567,17 +570,24 @@ class _Lockstep:
     def _matches(self, names: list[str], state: dict) -> bool:
         """Whether a saved group continues as this one: its live members are this group's members that are not
         finished there, in this order, with the same training sets, on the same engine."""
+        if state.get("kind") != "group" or state.get("engine_kind") != self.engine_kind:
+            return False
         live, finished = state["live"], state["finished"]
-        return (state["engine_kind"] == self.engine_kind and set(self.names) <= set(names)
+        return (state["shapes"] == self._shapes() and set(self.names) <= set(names)
                 and [n for n in self.names if n not in finished] == live
                 and all(state["members"][m.name]["size"] == m.size for m in self.members if m.name in live))
+
+    def _shapes(self) -> dict[str, list[int]]:
+        """The members' parameter shapes (a checkpoint of other code with the same config does not fit)."""
+        return {n: list(p.shape) for n, p in self.members[0].spec.model.state_dict().items()}
 
     def _restore(self) -> None:
         """Go on from this group's checkpoint, if an earlier attempt saved one: finished members are reported
         again (best state loaded), the others continue from the saved step."""
         assert self.store is not None
-        found = next(((p, s) for p, names, s in self.store.saved() if self._matches(names, s)), None)
+        found = next(((p, s) for p, names, s in self.store.saved() if fits_safely(self._matches, names, s)), None)
         if found is None:
+            self.store.unfit(self.names)
             return
         path, state = found
         done = [m for m in self.members if m.name in state["finished"]]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import torch
 
 from tests.helpers import job_config
 from training.app.lifecycle import PROGRESS_FILE
+from training.cli.preemption import Preempted, stop_on_sigterm
 from training.common import interrupt
 from training.engine.checkpoint import PATTERN, CheckpointStore, _read
 from training.mdl.job import run_job
@@ -90,19 +93,26 @@ def _interrupted_run(cfg: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplo
     return result
 
 
-@pytest.mark.parametrize("overrides", [
-    [],  # the loop engine, all block models and the full-data model in one lockstep group
-    ["training.engine=stacked"],
-    ["training.parallel_models=1"],  # `fit`, one model after another (a checkpoint mid-epoch)
-    ["training.workers=2"],  # two worker threads, each a lockstep group with its own checkpoint
-    ["training.fused_optimizer=eager"],  # the loop engine's flat optimizer buffers
-], ids=["loop", "stacked", "fit", "workers", "flat-optim"])
+STOPS = [7, 25, 60]
+
+
+@pytest.mark.parametrize(("overrides", "stops"), [
+    ([], STOPS),  # the loop engine, all block models and the full-data model in one lockstep group
+    (["training.engine=stacked"], STOPS),
+    (["training.parallel_models=1"], STOPS),  # `fit`, one model after another (a checkpoint mid-epoch)
+    (["training.workers=2"], STOPS),  # two worker threads, each a lockstep group with its own checkpoint
+    (["training.fused_optimizer=eager"], STOPS),  # the loop engine's flat optimizer buffers
+    # Blocks 2-5 are finished at step 79: the next attempt has one model left, which goes on in its group (not
+    # alone, as a resumed job's last model would otherwise train)
+    (["mdl.full_run=false"], [80]),
+    (["mdl.full_run=false", "training.engine=stacked"], [80]),
+], ids=["loop", "stacked", "fit", "workers", "flat-optim", "last-model", "last-model-stacked"])
 def test_a_job_stopped_inside_its_blocks_resumes_to_the_uninterrupted_numbers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-        overrides: list[str]) -> None:
+        overrides: list[str], stops: list[int]) -> None:
     reference = run_job(job_config(tmp_path / "ref", [*JOB, *overrides]))
     cfg = job_config(tmp_path / "cut", [*JOB, *overrides])
-    result = _interrupted_run(cfg, monkeypatch, caplog, stops=[7, 25, 60])
+    result = _interrupted_run(cfg, monkeypatch, caplog, stops=stops)
     assert _numbers(result) == _numbers(reference)
 
 
@@ -167,3 +177,62 @@ def test_no_request_no_checkpoint_and_a_request_outside_a_loop_is_refused(tmp_pa
     cfg = job_config(tmp_path, JOB)
     run_job(cfg)
     assert not list(Path(cfg["paths"]["job_dir"]).glob(PATTERN))
+
+
+def _signal_at(monkeypatch: pytest.MonkeyPatch, signum: int, step: int) -> None:
+    """The real signal, sent to this process at the step-th check of the attempt (the loop's own check follows)."""
+    real, calls = interrupt.requested, {"n": 0}
+
+    def requested() -> bool:
+        calls["n"] += 1
+        if calls["n"] == step:
+            os.kill(os.getpid(), signum)  # the handler runs in the main thread before the next bytecode
+        return real()
+
+    monkeypatch.setattr(interrupt, "requested", requested)
+
+
+def test_sigterm_while_models_train_saves_them_then_stops_with_143(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = run_job(job_config(tmp_path / "ref", JOB))
+    cfg = job_config(tmp_path / "cut", JOB)
+    job_dir = Path(cfg["paths"]["job_dir"])
+    with monkeypatch.context() as m:
+        _signal_at(m, signal.SIGTERM, 40)
+        with pytest.raises(Preempted) as stopped, stop_on_sigterm():
+            run_job(cfg)
+    assert stopped.value.code == 143
+    assert _saved_steps(job_dir) == [39]  # the request came at the 40th step's check: 39 steps taken
+    assert not interrupt.requested()  # cleared for the next job of the process
+    assert _numbers(run_job(cfg)) == _numbers(reference)
+
+
+def test_the_time_limit_signal_requeues_only_after_the_checkpoint(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under submitit, USR2 runs submitit's handler (requeue, exit) once the models have saved, not at once."""
+    cfg = job_config(tmp_path, JOB)
+    job_dir = Path(cfg["paths"]["job_dir"])
+    seen: list[list[int]] = []
+
+    def submitit_handler(signum: int, frame: object) -> None:
+        seen.append(_saved_steps(job_dir))
+        raise SystemExit(-1)
+
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    previous = signal.signal(signal.SIGUSR2, submitit_handler)
+    try:
+        with monkeypatch.context() as m:
+            _signal_at(m, signal.SIGUSR2, 25)
+            with pytest.raises(SystemExit) as stopped, stop_on_sigterm():
+                run_job(cfg)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert stopped.value.code == -1 and seen == [[24]]
+
+
+def test_a_signal_outside_training_stops_at_once(tmp_path: Path) -> None:
+    """Before any model trains (loading, erasing) SIGTERM raises at once, as before; nothing is saved."""
+    with pytest.raises(Preempted), stop_on_sigterm():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # never reached the end
+    assert not interrupt.requested()

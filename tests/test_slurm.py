@@ -222,7 +222,7 @@ def test_time_limit_signals_requeues_and_resumes_after_the_last_finished_block(s
     assert _numbers(_result(slurm_dir)) == _numbers(_result(local_dir))
 
 
-LONG_GROUP_S = 110  # the in-block checkpoint job's one lockstep group: about two attempts' worth or more
+LONG_GROUP_S = 90  # the in-block checkpoint job's one lockstep group: more than any attempt of a 1-minute limit
 
 
 @pytest.fixture(scope="module")
@@ -261,17 +261,17 @@ def test_blocks_longer_than_an_attempt_finish_from_in_block_checkpoints(slurm_cl
     logs = _logs(out, task)
     assert "the models in training save a checkpoint at their next step" in logs, logs[-3000:]
     assert "Requeued job" in logs and "SKIP" not in logs, logs[-3000:]
-    # The group went on from the step the attempt before saved, in at least two attempts after the first: no
-    # attempt could have trained it alone.
+    # Each attempt after the first went on from the step the one before saved (the group, and its last block
+    # model, outlast any attempt: resuming after finished blocks only, the job never ended).
     saved = [int(s) for s in re.findall(r"checkpoint of \d+ model\(s\) at step (\d+)", logs)]
     resumed = [int(s) for s in re.findall(r"resuming \d+ model\(s\) at step (\d+)", logs)]
     # (an attempt whose signal came before its training began saved nothing: the next one resumed the same step)
-    assert len(set(resumed)) >= 2 and sorted(set(resumed)) == sorted(set(saved)), (saved, resumed, logs[-3000:])
+    assert resumed and sorted(set(resumed)) == sorted(set(saved)), (saved, resumed, logs[-3000:])
     assert resumed == sorted(resumed) and resumed[0] > 0, resumed
     print(f"\n{long_group_epochs} epochs; checkpoints at steps {saved}; resumed at {resumed}")
     rows = _sacct_until(task, lambda r: "COMPLETED" in {x["State"] for x in r}, "-D")
     states = [r["State"] for r in rows]
-    assert states[-1] == "COMPLETED" and len(states) >= 3 and set(states[:-1]) == {"REQUEUED"}, rows
+    assert states[-1] == "COMPLETED" and len(states) >= 2 and set(states[:-1]) == {"REQUEUED"}, rows
     print("sacct -D -X -j", task, *(f"\n  {r}" for r in rows))
     rc_ref, ref_text = _finish(reference, tmp_path / "local.log", timeout=900)
     assert rc_ref == 0, ref_text[-3000:]

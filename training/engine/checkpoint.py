@@ -70,6 +70,10 @@ class CheckpointStore:
                 continue
             yield path, loaded["names"], loaded["state"]
 
+    def in_group(self, name: str) -> bool:
+        """Whether a lockstep group's checkpoint holds the model `name` (saved when it trained with others)."""
+        return any(state.get("kind") == "group" and name in names for _, names, state in self.saved())
+
     def unfit(self, names: Sequence[str]) -> None:
         """One line for each readable checkpoint of any of these models that was not restored (written by other
         code or with other `training.*` settings): they start over."""

@@ -173,6 +173,8 @@ class Trainer:
             return
         first = self.member(*jobs[0])
         size = self.group_size(first, len(jobs))
+        if size == 1 and len(jobs) == 1 and self.checkpoint is not None and self.checkpoint.in_group(first.name):
+            size = 2  # the last model of a group an earlier attempt saved goes on in that group's engine
         if size <= 1:
             for k, job in enumerate(jobs):
                 on_finish(k, *self._fit_one(first if k == 0 else self.member(*job), job[1]))

@@ -222,7 +222,7 @@ def test_time_limit_signals_requeues_and_resumes_after_the_last_finished_block(s
     assert _numbers(_result(slurm_dir)) == _numbers(_result(local_dir))
 
 
-LONG_GROUP_S = 90  # the in-block checkpoint job's one lockstep group: more than any attempt of a 1-minute limit
+LONG_GROUP_S = 60  # the in-block checkpoint job's one lockstep group: more than any attempt of a 1-minute limit
 
 
 @pytest.fixture(scope="module")

@@ -102,11 +102,14 @@ STOPS = [7, 25, 60]
     (["training.parallel_models=1"], STOPS),  # `fit`, one model after another (a checkpoint mid-epoch)
     (["training.workers=2"], STOPS),  # two worker threads, each a lockstep group with its own checkpoint
     (["training.fused_optimizer=eager"], STOPS),  # the loop engine's flat optimizer buffers
+    (["dataset.augment=true"], STOPS),  # crops and flips drawn per epoch: saved with the batch order
+    (["dataset.augment=true", "training.parallel_models=1"], STOPS),
     # Blocks 2-5 are finished at step 79: the next attempt has one model left, which goes on in its group (not
     # alone, as a resumed job's last model would otherwise train)
     (["mdl.full_run=false"], [80]),
     (["mdl.full_run=false", "training.engine=stacked"], [80]),
-], ids=["loop", "stacked", "fit", "workers", "flat-optim", "last-model", "last-model-stacked"])
+], ids=["loop", "stacked", "fit", "workers", "flat-optim", "augment", "augment-fit", "last-model",
+        "last-model-stacked"])
 def test_a_job_stopped_inside_its_blocks_resumes_to_the_uninterrupted_numbers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
         overrides: list[str], stops: list[int]) -> None:

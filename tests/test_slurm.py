@@ -222,6 +222,66 @@ def test_time_limit_signals_requeues_and_resumes_after_the_last_finished_block(s
     assert _numbers(_result(slurm_dir)) == _numbers(_result(local_dir))
 
 
+LONG_GROUP_S = 60  # the in-block checkpoint job's one lockstep group: more than any attempt of a 1-minute limit
+
+
+@pytest.fixture(scope="module")
+def long_group_epochs(tmp_path_factory: pytest.TempPathFactory) -> int:
+    """Epochs that make the block models of one job, trained together in one lockstep group (the CPU default),
+    take at least ~LONG_GROUP_S CPU seconds: longer than any attempt of a 1-minute limit. Calibrated as
+    `long_epochs` (CPU seconds of one thread; the difference of two budgets is the cost of the epochs alone)."""
+    def cpu_seconds(epochs: int) -> float:
+        overrides = ["experiment=smoke", *ONE_JOB, f"mdl.max_epochs={epochs}", f"mdl.patience={epochs}"]
+        cfg = job_config(tmp_path_factory.mktemp("calibrate_group"), overrides)
+        t0 = time.process_time()
+        run_job(cfg)
+        return time.process_time() - t0
+
+    cpu_seconds(1)
+    short = cpu_seconds(60)
+    per_epoch = (cpu_seconds(240) - short) / 180
+    return max(300, round(LONG_GROUP_S / per_epoch))
+
+
+def test_blocks_longer_than_an_attempt_finish_from_in_block_checkpoints(slurm_cluster: Path, tmp_path: Path,
+                                                                        long_group_epochs: int) -> None:
+    """Issue 30, bug 6: every block model of this job trains in one lockstep group that needs more time than any
+    attempt gets (USR2 29-59 s into each attempt of the 1-minute limit, as above). Resuming only after finished
+    blocks, it was requeued until "timed-out too many times"; now each attempt saves the group at the signal
+    (training/engine/checkpoint.py) and the next one goes on from that step, and the job ends with the local
+    run's numbers."""
+    job = (*ONE_JOB, f"mdl.max_epochs={long_group_epochs}", f"mdl.patience={long_group_epochs}")
+    reference = _start(tmp_path / "local", tmp_path / "local.log", *job)
+    out = tmp_path / "slurm"
+    rc, text = _run(out, *job, *SLURM, "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=1",
+                    "hydra.launcher.max_num_timeout=12", timeout=900)
+    assert rc == 0, text[-3000:]
+    assert "multirun: 1/1 jobs ran: 1 done, 0 skipped, 0 failed" in text, text[-3000:]
+    (task,) = _slurm_jobs(out)
+    logs = _logs(out, task)
+    assert "the models in training save a checkpoint at their next step" in logs, logs[-3000:]
+    assert "Requeued job" in logs and "SKIP" not in logs, logs[-3000:]
+    # Each attempt after the first went on from the step the one before saved (the group, and its last block
+    # model, outlast any attempt: resuming after finished blocks only, the job never ended).
+    saved = [int(s) for s in re.findall(r"checkpoint of \d+ model\(s\) at step (\d+)", logs)]
+    resumed = [int(s) for s in re.findall(r"resuming \d+ model\(s\) at step (\d+)", logs)]
+    # (an attempt whose signal came before its training began saved nothing: the next one resumed the same step)
+    assert resumed and sorted(set(resumed)) == sorted(set(saved)), (saved, resumed, logs[-3000:])
+    assert resumed == sorted(resumed) and resumed[0] > 0, resumed
+    print(f"\n{long_group_epochs} epochs; checkpoints at steps {saved}; resumed at {resumed}")
+    rows = _sacct_until(task, lambda r: "COMPLETED" in {x["State"] for x in r}, "-D")
+    states = [r["State"] for r in rows]
+    assert states[-1] == "COMPLETED" and len(states) >= 2 and set(states[:-1]) == {"REQUEUED"}, rows
+    print("sacct -D -X -j", task, *(f"\n  {r}" for r in rows))
+    rc_ref, ref_text = _finish(reference, tmp_path / "local.log", timeout=900)
+    assert rc_ref == 0, ref_text[-3000:]
+    (slurm_dir,), (local_dir,) = _job_dirs(out, *job), _job_dirs(tmp_path / "local", *job)
+    ours, theirs = _result(slurm_dir), _result(local_dir)
+    assert _numbers(ours) == _numbers(theirs)
+    assert [b["best_epoch"] for b in ours["mdl"]["blocks"]] == [b["best_epoch"] for b in theirs["mdl"]["blocks"]]
+    assert not list(slurm_dir.glob("checkpoint-*.pt"))
+
+
 def test_preempted_job_stops_at_once_and_its_requeued_copy_resumes(slurm_cluster: Path, tmp_path: Path) -> None:
     job = (*ONE_JOB, "mdl.max_epochs=200", "mdl.patience=200", "training.parallel_models=1")
     reference = _start(tmp_path / "local", tmp_path / "local.log", *job)

@@ -17,12 +17,14 @@ Who sends what, and what the job does:
   left (an idle loky worker survives a job's `Preempted`; finished blocks are in progress.json either way), then it
   exits 143 (SIGTERM) or 130 (SIGINT), printing the multirun's summary. The kernel releases the workers' locks.
 
-How it stops: the SIGTERM handler raises `Preempted` (a `SystemExit` with status 143 = 128 + SIGTERM) in the
-main thread, wherever it is. CPU worker threads stop at their next step (training/engine/group.py stops its
-workers when the main thread's wait is interrupted). `progress.json` already holds every finished MDL block
-(written atomically after each one), so the next attempt resumes after the last of them; a half-trained block
-model is retrained from its start with its own (seed, block) generators, so the numbers equal an uninterrupted
-run. `Preempted` is not an `Exception`: Hydra does not record the attempt as a failed job and submitit writes no
+How it stops: while models train (training/common/interrupt.py `checkpointing`), the signal is a request: at
+their next step they write their whole state to a checkpoint in the job directory (training/engine/checkpoint.py)
+and raise `Interrupted`; the job then exits as below (submitit's handler requeues it, or `Preempted`), and the
+next attempt goes on from that step, so a block longer than one attempt still finishes, with the numbers of an
+uninterrupted run. Elsewhere (loading, erasing) the SIGTERM handler raises `Preempted` (a `SystemExit` with status
+143 = 128 + SIGTERM) in the main thread at once and submitit's handler runs at once. `progress.json` holds every
+finished MDL block (written atomically after each one), so the next attempt resumes after the last of them.
+`Preempted` is not an `Exception`: Hydra does not record the attempt as a failed job and submitit writes no
 result for it, so the submitting command keeps waiting for the requeued copy.
 """
 
@@ -37,6 +39,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
+
+from training.common import interrupt
 
 log = logging.getLogger(__name__)
 EXIT_STATUS = 128 + int(signal.SIGTERM)
@@ -71,12 +75,18 @@ def stop_on_sigterm() -> Iterator[None]:
         yield
         return
     previous: dict[int, Handler] = {signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
+    deferred: dict[int, Callable[[int, FrameType | None], Any]] = {}
     usr = _submitit_signal()
     if usr is not None and callable(submitit_handler := signal.getsignal(usr)):
         previous[usr] = submitit_handler
 
         def on_time_limit(signum: int, frame: FrameType | None) -> None:
             _stopping.set()  # the SIGTERM of submitit's `scontrol requeue` must not interrupt its handler
+            if interrupt.request(signum):
+                deferred[signum] = submitit_handler  # run once the models in training have saved a checkpoint
+                log.warning("%s: near the time limit; the models in training save a checkpoint at their next step, "
+                            "then submitit requeues the job, which goes on from it", signal.Signals(signum).name)
+                return
             log.warning("%s: near the time limit; submitit requeues the job, which resumes after its last finished "
                         "block", signal.Signals(signum).name)
             submitit_handler(signum, frame)
@@ -88,15 +98,25 @@ def stop_on_sigterm() -> Iterator[None]:
             log.info("SIGTERM: already stopping")
             return
         _stopping.set()
+        if interrupt.request(signum):
+            log.warning("SIGTERM (pre-emption, requeue, scancel or time limit): stopping now, after a checkpoint of "
+                        "the models in training at their next step; a requeued job or a rerun goes on from it")
+            return
         log.warning("SIGTERM (pre-emption, requeue, scancel or time limit): stopping now; finished MDL blocks are "
                     "in progress.json and a requeued job or a rerun resumes after them")
         raise Preempted(signum)
 
     _stopping.clear()
+    interrupt.clear()
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
+    except interrupt.Interrupted as stop:  # the models in training saved a checkpoint on a request made here
+        if (handler := deferred.pop(stop.signum, None)) is not None:
+            handler(stop.signum, None)  # submitit's: requeue and exit
+        raise Preempted(stop.signum) from None
     finally:
+        interrupt.clear()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 

@@ -154,6 +154,21 @@ class LoopEngine:
     def best_state(self, r: int) -> dict[str, Tensor]:
         return self.best[r]
 
+    def state_dict(self) -> dict:
+        """Every live row's parameters (train mode), optimizer state, best state and unchecked loss sum."""
+        return {"params": [{n: p.detach().clone() for n, p in m.named_parameters()} for m in self.models],
+                "opt": self.opt.state_dict(), "best": self.best, "loss_sum": self.loss_sum.clone()}
+
+    @torch.no_grad()
+    def load_state_dict(self, saved: dict) -> None:
+        dev = self.loss_sum.device
+        for m, params in zip(self.models, saved["params"], strict=True):
+            for n, p in m.named_parameters():
+                p.copy_(params[n])
+        self.opt.load_state_dict(saved["opt"])
+        self.best = [{k: v.to(dev) for k, v in b.items()} for b in saved["best"]]
+        self.loss_sum = saved["loss_sum"].to(dev)
+
     def keep(self, rows: list[int]) -> None:
         self.models = [self.models[r] for r in rows]
         self.forward = [self.forward[r] for r in rows]
@@ -276,6 +291,25 @@ class StackedEngine:
 
     def best_state(self, r: int) -> dict[str, Tensor]:
         return {n: v[r].clone() for n, v in self.best.items()}
+
+    def state_dict(self) -> dict:
+        """The stacked parameters (train mode), optimizer state and scalars, best states and unchecked loss sums."""
+        return {"params": {n: p.detach().clone() for n, p in self.params.items()},
+                "opt": {n: {k: v.detach().clone() if torch.is_tensor(v) else v
+                            for k, v in self.opt.state[p].items()} for n, p in self.params.items()},
+                "groups": [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups],
+                "best": {n: v.clone() for n, v in self.best.items()}, "loss_sum": self.loss_sum.clone()}
+
+    @torch.no_grad()
+    def load_state_dict(self, saved: dict) -> None:
+        dev = self.loss_sum.device
+        for n, p in self.params.items():
+            p.copy_(saved["params"][n])  # in place: a compiled step's static addresses stay valid
+            self.opt.state[p] = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in saved["opt"][n].items()}
+        for g, scalars in zip(self.opt.param_groups, saved["groups"], strict=True):
+            g.update(scalars)
+        self.best = {n: v.to(dev) for n, v in saved["best"].items()}
+        self.loss_sum = saved["loss_sum"].to(dev)
 
     def keep(self, rows: list[int]) -> None:
         keep = torch.tensor(rows, device=next(iter(self.params.values())).device)

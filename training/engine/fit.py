@@ -6,21 +6,28 @@ in the model after `optimizer.eval()`. Every validation, coding and snapshot her
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from training.common import interrupt
 from training.common.progress import progress_bar
-from training.engine.batches import DeviceData, augment_pad, draw_epoch
+from training.engine.batches import DeviceData, Epoch, augment_pad, draw_epoch
+from training.engine.checkpoint import CheckpointStore, fits_safely
 from training.engine.stopping import EarlyStopping
 from training.errors import NonFiniteError
 
+log = logging.getLogger(__name__)
 Regularizer = Callable[[Tensor, Tensor, int], Tensor]  # (logits, y, step) -> penalty added to CE
 # (batch, labels) -> the batch the model trains on, applied after augmentation: e.g. `eraser.after_augment`
 # erases each augmented batch (training/data/erase.py BatchEraser). Validation data is never transformed.
@@ -170,7 +177,8 @@ def snapshot(model: nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None, desc: str = "fit") -> FitResult:
+def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None, desc: str = "fit",
+        checkpoint: CheckpointStore | None = None) -> FitResult:
     """Train until `patience` evaluations without improvement; return with the best state loaded.
 
     The training set is `member.idx` into `data`; validation is `data`'s shared set (used as given), else
@@ -179,6 +187,8 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     (if set) maps each augmented batch before the model sees it. On return the model and optimizer are in eval
     mode (ready to code a block).
     A NaN/inf training or validation loss raises NonFiniteError naming the model (`member.name`, else `desc`).
+    `checkpoint`: a stop request (training/common/interrupt.py) saves the whole state there before the next batch
+    and raises `Interrupted`; a later call with the same model name goes on from it (`FitState`).
     """
     model, optimizer, gen, cfg = member.model, member.optimizer, member.gen, member.cfg
     train, (x_val, y_val) = data.data, data.validation(member)
@@ -189,69 +199,148 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
         raise ValueError("cannot fit on an empty training set")
     pad = augment_pad(train, cfg.augment)
     t0 = time.perf_counter()
-    stopper = cfg.stopper(math.ceil(n / cfg.batch_size))
-    best_state = snapshot(model)
-    curve: list[tuple[int, float]] = []
-    step, epoch = 0, 0
     name = member.name or desc
-    loss_sum = torch.zeros((), device=dev)  # training losses since the last check, summed without a sync
     model.train()
     optimizer.train()  # schedule-free optimizers start in eval mode
+    st = FitState(cfg.stopper(math.ceil(n / cfg.batch_size)), snapshot(model), torch.zeros((), device=dev))
+    restored_from = None
+    found = None if checkpoint is None else st.find(checkpoint, member, name)
+    if checkpoint is not None and found is None:
+        checkpoint.unfit([name])
+    elif found is not None:
+        restored_from, saved = found
+        st.restore(saved, member)
+        t0 -= float(saved["elapsed"])
+        log.info("resuming %s at step %d (epoch %d) from %s", name, st.step, st.epoch, restored_from)
+    stopper, curve = st.stopper, st.curve
 
     def check_training_loss() -> None:
-        if not math.isfinite(float(loss_sum)):
-            raise nonfinite_loss("training loss", name, step, epoch)
-        loss_sum.zero_()
+        if not math.isfinite(float(st.loss_sum)):
+            raise nonfinite_loss("training loss", name, st.step, st.epoch)
+        st.loss_sum.zero_()
 
     def validate() -> None:
-        nonlocal best_state
         with eval_mode(model, optimizer):
             loss = cross_entropy_sum(model, x_val, y_val) / len(y_val)
             check_training_loss()  # here, where the loop syncs anyway (float above)
             if not math.isfinite(loss):
-                raise nonfinite_loss("validation loss", name, step, epoch)
-            curve.append((step, loss))
-            if stopper.record(loss, epoch):
-                best_state = snapshot(model)
+                raise nonfinite_loss("validation loss", name, st.step, st.epoch)
+            curve.append((st.step, loss))
+            if stopper.record(loss, st.epoch):
+                st.best_state = snapshot(model)
 
     bar = progress_bar(total=cfg.max_epochs, desc=desc, unit="ep", leave=False, disable=not cfg.progress)
     reason: str | None = None
-    while reason is None:  # at most max_epochs epochs, unless warm-up / min_steps keep a small model going
-        epoch += 1
-        ep = draw_epoch(n, gen, cfg.augment, pad)
-        order = idx[ep.perm.to(dev)]
-        offsets = None if ep.offsets is None else ep.offsets.to(dev)
-        flips = None if ep.flips is None else ep.flips.to(dev)
-        for i in range(0, n, cfg.batch_size):
-            sl = slice(i, i + cfg.batch_size)
-            bi = order[sl]
-            yb = y[bi]
-            xb = train.batch(bi, None if offsets is None else offsets[sl], None if flips is None else flips[sl], pad)
-            if cfg.batch_transform is not None:
-                xb = cfg.batch_transform(xb, yb)
-            logits = model(xb)
-            loss = F.cross_entropy(logits, yb)
-            if regularizer is not None:
-                loss = loss + regularizer(logits, yb, step)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum.add_(loss.detach())
-            step += 1
-            if cfg.eval_every_steps and step % cfg.eval_every_steps == 0:
+    with interrupt.checkpointing() if checkpoint is not None else nullcontext():
+        while reason is None:  # at most max_epochs epochs, unless warm-up / min_steps keep a small model going
+            if st.epoch_draw is None:  # a resumed attempt goes on in its saved epoch
+                st.epoch += 1
+                st.epoch_draw, st.batch = draw_epoch(n, gen, cfg.augment, pad), 0
+            ep = st.epoch_draw
+            order = idx[ep.perm.to(dev)]
+            offsets = None if ep.offsets is None else ep.offsets.to(dev)
+            flips = None if ep.flips is None else ep.flips.to(dev)
+            for i in range(st.batch * cfg.batch_size, n, cfg.batch_size):
+                if checkpoint is not None and interrupt.requested():
+                    path = checkpoint.save([name], st.state_dict(member, time.perf_counter() - t0))
+                    if restored_from is not None and restored_from != path:
+                        checkpoint.delete(restored_from)
+                    raise interrupt.Interrupted(interrupt.signum())
+                sl = slice(i, i + cfg.batch_size)
+                bi = order[sl]
+                yb = y[bi]
+                xb = train.batch(bi, None if offsets is None else offsets[sl], None if flips is None else flips[sl],
+                                 pad)
+                if cfg.batch_transform is not None:
+                    xb = cfg.batch_transform(xb, yb)
+                logits = model(xb)
+                loss = F.cross_entropy(logits, yb)
+                if regularizer is not None:
+                    loss = loss + regularizer(logits, yb, st.step)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                st.loss_sum.add_(loss.detach())
+                st.step += 1
+                st.batch += 1
+                if cfg.eval_every_steps and st.step % cfg.eval_every_steps == 0:
+                    validate()
+            st.epoch_draw = None
+            if not cfg.eval_every_steps:
                 validate()
-        if not cfg.eval_every_steps:
-            validate()
-        bar.update(1)
-        if cfg.progress:
-            bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{stopper.best_loss:.4f}")
-        reason = stopper.end_epoch(epoch, step)
+            bar.update(1)
+            if cfg.progress:
+                bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{stopper.best_loss:.4f}")
+            reason = stopper.end_epoch(st.epoch, st.step)
     bar.close()
     check_training_loss()  # the steps after the last validation (eval_every_steps)
     # Switch the optimizer first: eval() maps the train-mode weights to the averaged ones, so doing it
     # after loading the (already averaged) best state would corrupt that state.
     optimizer.eval()
     model.eval()
-    model.load_state_dict(best_state)
-    return FitResult(stopper.best_loss, stopper.best_epoch, epoch, step, curve, time.perf_counter() - t0,
+    model.load_state_dict(st.best_state)
+    if checkpoint is not None:
+        checkpoint.delete(checkpoint.path([name]))
+        if restored_from is not None:
+            checkpoint.delete(restored_from)
+    return FitResult(stopper.best_loss, stopper.best_epoch, st.epoch, st.step, curve, time.perf_counter() - t0,
                      reason)
+
+
+@dataclass
+class FitState:
+    """What `fit` keeps between batches, which a checkpoint saves (with the model, the optimizer, the generator
+    and the global RNG, which dropout draws from)."""
+
+    stopper: EarlyStopping
+    best_state: dict[str, Tensor]
+    loss_sum: Tensor  # training losses since the last check, summed without a sync
+    curve: list[tuple[int, float]] = field(default_factory=list)
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0  # batches taken in the current epoch
+    epoch_draw: Epoch | None = None  # the current epoch's batch order and augmentation (None between epochs)
+
+    def state_dict(self, member: Member, elapsed: float) -> dict[str, Any]:
+        ep = self.epoch_draw
+        return {"kind": "fit", "size": len(member.idx), "elapsed": elapsed, "model": snapshot(member.model),
+                "opt": member.optimizer.state_dict(), "gen": member.gen.get_state(), "rng": _global_rng(),
+                "stopper": dataclasses.asdict(self.stopper), "best": self.best_state, "loss_sum": self.loss_sum,
+                "curve": list(self.curve), "step": self.step, "epoch": self.epoch, "batch": self.batch,
+                "draw": None if ep is None else {"perm": ep.perm, "offsets": ep.offsets, "flips": ep.flips}}
+
+    @staticmethod
+    def find(store: CheckpointStore, member: Member, name: str) -> tuple[Path, dict[str, Any]] | None:
+        """This model's checkpoint: its name, training set size and parameter shapes (other code, same config)."""
+        shapes = {k: v.shape for k, v in member.model.state_dict().items()}
+
+        def fits(names: list[str], s: dict[str, Any]) -> bool:
+            return (names == [name] and s.get("kind") == "fit" and s.get("size") == len(member.idx)
+                    and {k: v.shape for k, v in s["model"].items()} == shapes)
+
+        return next(((p, s) for p, names, s in store.saved() if fits_safely(fits, names, s)), None)
+
+    def restore(self, saved: dict[str, Any], member: Member) -> None:
+        dev = self.loss_sum.device
+        member.model.load_state_dict(saved["model"])
+        member.optimizer.load_state_dict(saved["opt"])
+        member.gen.set_state(saved["gen"])
+        _set_global_rng(saved["rng"])
+        self.stopper = EarlyStopping(**saved["stopper"])
+        self.best_state = {k: v.to(dev) for k, v in saved["best"].items()}
+        self.loss_sum = saved["loss_sum"].to(dev)
+        self.curve = [(int(s), float(v)) for s, v in saved["curve"]]
+        self.step, self.epoch, self.batch = int(saved["step"]), int(saved["epoch"]), int(saved["batch"])
+        draw = saved["draw"]
+        self.epoch_draw = None if draw is None else Epoch(draw["perm"], draw["offsets"], draw["flips"])
+
+
+def _global_rng() -> dict[str, Any]:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    return {"cpu": torch.get_rng_state(), "cuda": cuda}
+
+
+def _set_global_rng(saved: dict[str, Any]) -> None:
+    torch.set_rng_state(saved["cpu"])
+    if saved["cuda"]:
+        torch.cuda.set_rng_state_all(saved["cuda"])

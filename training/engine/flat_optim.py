@@ -62,6 +62,20 @@ class LibraryOptim:
                 if "z" in self.opt.state[p]:
                     p.lerp_(self.opt.state[p]["z"], w)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Per-group scalars (k, lr_max, weight_sum, train_mode, ...) and each member's per-parameter state."""
+        return {"groups": [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups],
+                "state": [{n: {k: _copy(v) for k, v in self.opt.state[p].items()} for n, p in ps.items()
+                           if p in self.opt.state} for ps in self.params]}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        for g, scalars in zip(self.opt.param_groups, saved["groups"], strict=True):
+            g.update(scalars)
+        for ps, state in zip(self.params, saved["state"], strict=True):
+            for n, st in state.items():
+                p = ps[n]
+                self.opt.state[p] = {k: v.to(p.device) if torch.is_tensor(v) else v for k, v in st.items()}
+
     def keep(self, rows: list[int]) -> None:
         old = self.opt
         dropped = [p for r in range(len(self.params)) if r not in rows for p in self.params[r].values()]
@@ -73,6 +87,10 @@ class LibraryOptim:
                 self.opt.state[p] = old.state[p]
         for p in dropped:
             old.state.pop(p, None)
+
+
+def _copy(v: Any) -> Any:
+    return v.detach().clone() if torch.is_tensor(v) else v
 
 
 def _sf_update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, lr: Tensor, ckp1: Tensor, bc2: Tensor, y_coef: Tensor,
@@ -207,6 +225,18 @@ class FlatScheduleFree:
             if z is not None:
                 s, e = self.spans[gi][r]
                 self.y[gi][s:e].lerp_(z[s:e], weight(hp["betas"][0]))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The flat buffers (y, z, v), the per-group scalars and the mode."""
+        return {"y": [y.clone() for y in self.y], "z": [None if z is None else z.clone() for z in self.z],
+                "v": [v.clone() for v in self.v], "hp": [dict(hp) for hp in self.hp], "train_mode": self.train_mode}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        dev = self.y[0].device
+        self._pack([[y.to(dev)] for y in saved["y"]], [None if z is None else z.to(dev) for z in saved["z"]],
+                   [v.to(dev) for v in saved["v"]])
+        self.hp = [dict(hp) for hp in saved["hp"]]
+        self.train_mode = bool(saved["train_mode"])
 
     def keep(self, rows: list[int]) -> None:
         def take(buf: Tensor, gi: int) -> Tensor:

@@ -15,6 +15,7 @@ member's training state (epoch, batch, early stopping, curve, result) is one `Lo
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import threading
 import time
@@ -22,13 +23,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from training.common import interrupt
 from training.common.progress import progress_bar
 from training.engine.backends import LoopEngine, StackedEngine, ValSet, nonfinite_rows
 from training.engine.batches import DeviceData, augment_pad, draw_epoch
+from training.engine.checkpoint import CheckpointStore, fits_safely
 from training.engine.fit import (
     NEEDS_SHARED_VAL,
     BatchTransform,
@@ -37,11 +41,13 @@ from training.engine.fit import (
     Regularizer,
     TrainData,
     nonfinite_loss,
+    snapshot,
 )
 from training.engine.flat_optim import fused_backend
 from training.engine.stopping import EarlyStopping
 
 ENGINES = ("auto", "loop", "stacked")
+log = logging.getLogger(__name__)
 
 
 OnFinish = Callable[[int, nn.Module, FitResult], None]  # (member index, model in eval mode with best state, result)
@@ -59,6 +65,7 @@ class GroupOptions:
     regularizer: Regularizer | None = None
     fused_optimizer: bool | str = False
     workers: int | str = 1
+    checkpoint: CheckpointStore | None = None  # where a stop request (training/common/interrupt.py) saves the group
 
 
 def why_not_vectorized(model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -190,7 +197,10 @@ def _fit_threads(members: Sequence[Member], inputs: TrainData, options: GroupOpt
     Torch kernels release the GIL, so the groups run on separate cores. `on_finish` calls are serialised
     (one lock); if a worker fails the others stop at their next step and the first error is raised.
     """
-    parts = balanced_parts([_cost(m, inputs) for m in members], n_workers)
+    parts = _saved_parts(members, options.checkpoint)
+    rest = [k for k in range(len(members)) if not any(k in p for p in parts)]
+    if rest:
+        parts += [[rest[j] for j in p] for p in balanced_parts([_cost(members[k], inputs) for k in rest], n_workers)]
     results: list[FitResult | None] = [None] * len(members)
     lock, stop = threading.Lock(), threading.Event()
     bar = progress_bar(total=len(members), desc=f"{len(members)} models, {len(parts)} workers", unit="model",
@@ -227,6 +237,26 @@ def _fit_threads(members: Sequence[Member], inputs: TrainData, options: GroupOpt
     return [r for r in results if r is not None]
 
 
+def _saved_parts(members: Sequence[Member], store: CheckpointStore | None) -> list[list[int]]:
+    """The members (indices) of each worker group an interrupted attempt checkpointed, so that each group finds its
+    checkpoint again (the worker threads' split does not change the numbers)."""
+    if store is None:
+        return []
+    names = [_name(m, k) for k, m in enumerate(members)]
+    parts = []
+    for _, saved, state in store.saved():
+        if state.get("kind") != "group":
+            continue
+        part = [k for k, n in enumerate(names) if n in saved and not any(k in p for p in parts)]
+        if part:
+            parts.append(part)
+    return parts
+
+
+def _name(member: Member, index: int) -> str:
+    return member.name or f"model {index}"
+
+
 @dataclass
 class LockstepMember:
     """One member's training state while its group runs: what `fit` keeps in local variables. Its best
@@ -257,7 +287,18 @@ class LockstepMember:
 
     @property
     def name(self) -> str:
-        return self.spec.name or f"model {self.index}"
+        return _name(self.spec, self.index)
+
+    def state_dict(self) -> dict:
+        return {"size": self.size, "epoch": self.epoch, "batch": self.batch,
+                "stopper": dataclasses.asdict(self.stopper),
+                "curve": list(self.curve), "gen": self.spec.gen.get_state()}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.epoch, self.batch = int(saved["epoch"]), int(saved["batch"])
+        self.stopper = EarlyStopping(**saved["stopper"])
+        self.curve = [(int(s), float(v)) for s, v in saved["curve"]]
+        self.spec.gen.set_state(saved["gen"])
 
     @property
     def epoch_ended(self) -> bool:
@@ -352,6 +393,19 @@ class _Plan:
         self.idx, self.w, self.off, self.flip, self.cursor = (t[keep] for t in (self.idx, self.w, self.off,
                                                                                self.flip, self.cursor))
 
+    PARTS = ("idx", "w", "off", "flip", "cursor")
+
+    def state_dict(self) -> dict:
+        """The live rows' drawn epochs and batch cursors (the batch width too: it was set by the group's first
+        members, some of which may have finished since)."""
+        return {"bs": self.bs, **{k: getattr(self, k).clone() for k in self.PARTS}}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.bs = int(saved["bs"])
+        self.slot = torch.arange(self.bs, device=self.dev)
+        for k in self.PARTS:
+            setattr(self, k, saved[k].to(self.dev))
+
 
 def _make_engine(members: Sequence[Member], options: GroupOptions) -> LoopEngine | StackedEngine:
     models, opts = [m.model for m in members], [m.optimizer for m in members]
@@ -384,18 +438,34 @@ class _Lockstep:
         self.engine = _make_engine(members, options)
         self.on_finish, self.stop = options.on_finish, stop
         self.step = 0
+        self.names = [m.name for m in self.members]
+        self.store = options.checkpoint if len(set(self.names)) == len(self.names) else None
+        self.engine_kind = f"{type(self.engine.opt).__name__}/{options.engine}" if options.engine != "stacked" \
+            else "stacked"
+        self.finished: dict[str, tuple[nn.Module, FitResult]] = {}  # for a checkpoint: their results, best states
+        self.restored_from: Path | None = None
         self.bar = progress_bar(total=len(members), desc=f"{len(members)} models", unit="model",
                                 disable=not options.progress)
         self.t0 = time.perf_counter()
 
     def run(self) -> list[FitResult]:
-        with self.engine if isinstance(self.engine, StackedEngine) else nullcontext():
+        with (self.engine if isinstance(self.engine, StackedEngine) else nullcontext(),
+              interrupt.checkpointing() if self.store is not None else nullcontext()):
+            if self.store is not None:
+                self._restore()
             self.engine.train()
             while self.live:
+                if self.store is not None and interrupt.requested():
+                    self._save()
+                    raise interrupt.Interrupted(interrupt.signum())
                 self._train_step()
                 self._validate([r for r, m in enumerate(self.live) if m.validates_after(self.step)])
                 self._retire(self._end_epochs())
         self.bar.close()
+        if self.store is not None:
+            self.store.delete(self.store.path(self.names))
+            if self.restored_from is not None:
+                self.store.delete(self.restored_from)
         for m in self.members:
             m.spec.model.eval()
         return [m.result for m in self.members if m.result is not None]
@@ -470,8 +540,74 @@ class _Lockstep:
         model = m.spec.model
         model.eval()
         model.load_state_dict(self.engine.best_state(row))
-        result = m.finish(self.step, time.perf_counter() - self.t0)
+        self._report(m, m.finish(self.step, time.perf_counter() - self.t0))
+
+    def _report(self, m: LockstepMember, result: FitResult) -> None:
+        if self.store is not None:
+            self.finished[m.name] = (m.spec.model, result)
         if self.on_finish is not None:
-            self.on_finish(m.index, model, result)
+            self.on_finish(m.index, m.spec.model, result)
         self.bar.update(1)
         self.bar.set_postfix(step=self.step)
+
+    def _save(self) -> None:
+        """The group's whole state at this step boundary (training/engine/checkpoint.py): each live member's
+        epoch, batch cursor, early stopping, curve and generator, the drawn epochs, the engine (parameters,
+        optimizer, best states), and each finished member's result and best state (its block may not be saved
+        by the caller yet)."""
+        assert self.store is not None
+        state = {"kind": "group", "engine_kind": self.engine_kind, "shapes": self._shapes(), "step": self.step,
+                 "elapsed": time.perf_counter() - self.t0,
+                 "live": [m.name for m in self.live], "members": {m.name: m.state_dict() for m in self.live},
+                 "finished": {n: {"result": dataclasses.asdict(res), "best": snapshot(model)}
+                              for n, (model, res) in self.finished.items()},
+                 "plan": self.plan.state_dict(), "engine": self.engine.state_dict()}
+        path = self.store.save(self.names, state)
+        if self.restored_from is not None and self.restored_from != path:
+            self.store.delete(self.restored_from)  # superseded
+            self.restored_from = None
+
+    def _matches(self, names: list[str], state: dict) -> bool:
+        """Whether a saved group continues as this one: its live members are this group's members that are not
+        finished there, in this order, with the same training sets, on the same engine."""
+        if state.get("kind") != "group" or state.get("engine_kind") != self.engine_kind:
+            return False
+        live, finished = state["live"], state["finished"]
+        return (state["shapes"] == self._shapes() and set(self.names) <= set(names)
+                and [n for n in self.names if n not in finished] == live
+                and all(state["members"][m.name]["size"] == m.size for m in self.members if m.name in live))
+
+    def _shapes(self) -> dict[str, list[int]]:
+        """The members' parameter shapes (a checkpoint of other code with the same config does not fit)."""
+        return {n: list(p.shape) for n, p in self.members[0].spec.model.state_dict().items()}
+
+    def _restore(self) -> None:
+        """Go on from this group's checkpoint, if an earlier attempt saved one: finished members are reported
+        again (best state loaded), the others continue from the saved step."""
+        assert self.store is not None
+        found = next(((p, s) for p, names, s in self.store.saved() if fits_safely(self._matches, names, s)), None)
+        if found is None:
+            self.store.unfit(self.names)
+            return
+        path, state = found
+        done = [m for m in self.members if m.name in state["finished"]]
+        for m in done:
+            saved = state["finished"][m.name]
+            m.spec.model.eval()
+            m.spec.model.load_state_dict(saved["best"])
+            m.result = FitResult(**{**saved["result"], "curve": [tuple(c) for c in saved["result"]["curve"]]})
+            self._report(m, m.result)
+        rows = [r for r, m in enumerate(self.live) if m.name not in state["finished"]]
+        self.live = [self.live[r] for r in rows]
+        if len(rows) < len(self.members) and self.live:
+            self.engine.keep(rows)
+            self.plan.keep(rows)
+        for m in self.live:
+            m.load_state_dict(state["members"][m.name])
+        if self.live:
+            self.plan.load_state_dict(state["plan"])
+            self.engine.load_state_dict(state["engine"])
+        self.step, self.restored_from = int(state["step"]), path
+        self.t0 = time.perf_counter() - float(state["elapsed"])
+        log.info("resuming %d model(s) at step %d from %s (%d finished there)", len(self.live), self.step, path,
+                 len(done))

@@ -27,6 +27,7 @@ from training.app.wandb_logger import RunLogger
 from training.data import LoadedData
 from training.data.erase import BatchEraser, FitPlan, apply_eraser, apply_eraser_keeping_map
 from training.engine.batches import DeviceData
+from training.engine.checkpoint import CheckpointStore
 from training.engine.fit import (
     NONFINITE_HINT,
     BatchTransform,
@@ -101,8 +102,9 @@ class Trainer:
 
     def __init__(self, cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                  split: MdlSplit, device: torch.device, data: DeviceData | None = None,
-                 batches: BatchErasure | None = None):
+                 batches: BatchErasure | None = None, checkpoint: CheckpointStore | None = None):
         self.cfg, self.seed, self.opts = cfg, cfg.seed, cfg.training
+        self.checkpoint = checkpoint  # where a signal saves the models in training (training/engine/checkpoint.py)
         # `data`: the same x already on the device (several seeds' trainers share one copy)
         self.data = data if data is not None else DeviceData(x, device, storage=self.opts.storage)
         self.train_data, self.batch_transform = self.data, None
@@ -147,7 +149,7 @@ class Trainer:
         # Dropout/drop-path draw from the global RNG: seed it per (seed, tag) so a resumed job's block i
         # sees the same stream as in an uninterrupted run (and runs do not depend on earlier blocks).
         with seeded_global_rng(self.seed, "train", tag):
-            res = fit(m, self.train_set(), self.regularizer, desc=f"{tag}")
+            res = fit(m, self.train_set(), self.regularizer, desc=f"{tag}", checkpoint=self.checkpoint)
         return m.model, res
 
     def group_size(self, first: Member, count: int) -> int:
@@ -172,6 +174,8 @@ class Trainer:
             return
         first = self.member(*jobs[0])
         size = self.group_size(first, len(jobs))
+        if size == 1 and len(jobs) == 1 and self.checkpoint is not None and self.checkpoint.in_group(first.name):
+            size = 2  # the last model of a group an earlier attempt saved goes on in that group's engine
         if size <= 1:
             for k, job in enumerate(jobs):
                 on_finish(k, *self._fit_one(first if k == 0 else self.member(*job), job[1]))
@@ -186,7 +190,7 @@ class Trainer:
             fit_group(members, self.train_set(),
                       GroupOptions(on_finish=done, progress=self.cfg.progress, compile=self.opts.compile,
                                    engine=self.opts.engine, regularizer=self.regularizer, workers=self.opts.workers,
-                                   fused_optimizer=self.opts.fused_optimizer))
+                                   fused_optimizer=self.opts.fused_optimizer, checkpoint=self.checkpoint))
 
     def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
         """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`, and the
@@ -458,7 +462,10 @@ def _mdl_body(run: JobRun) -> dict[str, Any]:
         split = make_split(len(data.y), cfg.seed, val_size=m.val_size, val_frac=m.val_frac,
                            num_blocks=m.num_blocks, min_block=m.min_block)
         say_stop_keys(cfg, len(data.y))
-        trainer = Trainer(cfg, x, data.y, data.num_classes, split, run.device, batches=batches)
+        checkpoint = CheckpointStore(run.path, run.cfg_hash)
+        if cfg.force:
+            checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
+        trainer = Trainer(cfg, x, data.y, data.num_classes, split, run.device, batches=batches, checkpoint=checkpoint)
         log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", run.path, data.name,
                  len(data.y), len(split.val_idx), split.block_sizes, trainer.hp["lr"], run.device)
         t_mdl = time.perf_counter()
@@ -466,6 +473,7 @@ def _mdl_body(run: JobRun) -> dict[str, Any]:
         t_full = time.perf_counter()
         final = run_full(trainer, logger) if m.full_run else None
         t_end = time.perf_counter()
+        checkpoint.clear()  # a group deletes its own; this drops stale ones (another split, a corrupt file)
         logger.summary({"mdl/bits_per_sample": mdl["bits_per_sample"], "mdl/legacy": mdl["legacy"]})
         return {
             "dataset": data.info,

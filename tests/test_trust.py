@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import ENV, REPO, TINY, job_config
+from tests.helpers import ENV, TINY, job_config
 from training.app.provenance import code_provenance, head_from_files
 
 
@@ -88,3 +88,164 @@ def test_3_unreadable_head_says_why(tmp_path: Path, caplog: pytest.LogCaptureFix
         code = code_provenance.__wrapped__(repo)
     assert code["commit"] is None
     assert "refs/heads/nowhere has no commit" in caplog.text
+
+
+# --- bug 2: data swapped under the same file names ----------------------------------------------------------------
+def _idx(path: Path, arr: np.ndarray) -> None:
+    head = bytes([0, 0, 8, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(head + arr.astype(np.uint8).tobytes())
+
+
+def _fashion_fixture(root: Path, n: int = 300) -> None:
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True)
+    y = np.arange(n) % 10
+    x = rng.integers(0, 60, size=(n, 28, 28)) + (y[:, None, None] * 15)  # learnable: brightness says the class
+    _idx(root / "train-images-idx3-ubyte.gz", x)
+    _idx(root / "train-labels-idx1-ubyte.gz", y)
+
+
+SMALL = [*TINY, "dataset=fashion_mnist", "dataset.download=false", "mdl.num_blocks=2", "mdl.val_size=64"]
+
+
+def _run(out: Path, *overrides: str) -> dict:
+    from training.mdl.job import run_job
+
+    return run_job(job_config(out, [*SMALL, *overrides]))
+
+
+def test_2_swapped_labels_under_the_same_names_rerun_the_job(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from training.app.results import REUSED
+
+    root = tmp_path / "data"
+    _fashion_fixture(root)
+    first = _run(tmp_path / "out", f"dataset.root={root}")
+    again = _run(tmp_path / "out", f"dataset.root={root}")
+    assert again["provenance"] == first["provenance"] and str(Path(first["job_dir"])) in REUSED  # unchanged: SKIP
+    labels = root / "train-labels-idx1-ubyte.gz"
+    with gzip.open(labels, "rb") as f:
+        raw = bytearray(f.read())
+    body = np.frombuffer(bytes(raw[8:]), dtype=np.uint8).copy()
+    np.random.default_rng(1).shuffle(body)
+    raw[8:] = body.tobytes()
+    with gzip.open(labels, "wb") as f:
+        f.write(bytes(raw))
+    REUSED.clear()
+    with caplog.at_level(logging.WARNING):
+        swapped = _run(tmp_path / "out", f"dataset.root={root}")
+    assert str(Path(first["job_dir"])) not in REUSED
+    assert swapped["dataset"]["fingerprint"] != first["dataset"]["fingerprint"]
+    assert swapped["mdl"]["bits_per_sample"] != first["mdl"]["bits_per_sample"]
+    lines = [r.getMessage() for r in caplog.records if "not reusing" in r.getMessage()]
+    assert len(lines) == 1 and "data fingerprint" in lines[0] and str(root) in lines[0], lines
+
+
+def test_2_another_copy_of_the_data_is_reused_only_when_identical(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    from training.app.results import REUSED
+
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    _fashion_fixture(a)
+    shutil.copytree(a, b)  # the same files elsewhere: the same data, reused
+    _fashion_fixture(c, n=310)  # other data under the same names
+    first = _run(tmp_path / "out", f"dataset.root={a}")
+    REUSED.clear()
+    _run(tmp_path / "out", f"dataset.root={b}")
+    assert str(Path(first["job_dir"])) in REUSED
+    REUSED.clear()
+    with caplog.at_level(logging.WARNING):
+        other = _run(tmp_path / "out", f"dataset.root={c}")
+    assert str(Path(first["job_dir"])) not in REUSED and other["dataset"]["n"] == 310
+    assert "data fingerprint" in caplog.text
+
+
+# --- ugly: a result.json with a valid hash but no mdl section -----------------------------------------------------
+def test_6_result_without_mdl_section_is_rerun_with_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from training.app.results import REUSED
+    from training.mdl.job import run_job
+
+    cfg = job_config(tmp_path, TINY)
+    done = run_job(cfg)
+    path = Path(done["job_dir"]) / "result.json"
+    stored = json.loads(path.read_text())
+    del stored["mdl"]
+    path.write_text(json.dumps(stored))
+    REUSED.clear()
+    with caplog.at_level(logging.WARNING):
+        again = run_job(cfg)
+    assert str(Path(done["job_dir"])) not in REUSED
+    assert again["mdl"]["bits_per_sample"] == done["mdl"]["bits_per_sample"]
+    assert "mdl" in json.loads(path.read_text())
+    lines = [r.getMessage() for r in caplog.records if "not reusing" in r.getMessage()]
+    assert len(lines) == 1 and "no mdl section (incomplete)" in lines[0], lines
+
+
+# --- bug 4: no path part built from config leaves paths.out_dir ---------------------------------------------------
+ESCAPES = [  # (override, the key the refusal names)
+    ("paths.cell=../../../../../../esc_cell", "paths.cell"),
+    ("paths.cell=a/b", "paths.cell"),
+    ("paths.job_subdir=../../esc_sub", "paths.job_subdir"),
+    ("paths.job_subdir=/tmp/esc_abs", "paths.job_subdir"),
+    ("paths.job_subdir=a//b", "paths.job_subdir"),
+    ("+paths.by_task.mdl=../../esc_task", "paths.by_task"),
+    ("dataset.tag=../esc_tag", "dataset.tag"),
+    ("arch.tag=x/../../esc_arch", "arch.tag"),
+]
+
+
+def _tree(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize(("override", "key"), ESCAPES)
+def test_4_each_path_part_is_refused_in_one_line(tmp_path: Path, override: str, key: str) -> None:
+    from training.app.schema import ConfigError
+    from training.mdl.job import run_job
+
+    out = tmp_path / "deep" / "er" / "out"
+    out.mkdir(parents=True)
+    before = _tree(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        run_job(job_config(out, [*TINY, override]))
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"{key}=") and "is not allowed" in line, line
+    assert _tree(tmp_path) == before  # nothing written, inside or outside out_dir
+    assert not Path("/tmp/esc_abs").exists()
+
+
+@pytest.mark.parametrize("override", ["paths.job_subdir=mine/sub", "paths.cell=c_mine", "dataset.tag=my.tag",
+                                      "paths.out_dir=../relative_is_fine"])
+def test_4_ordinary_path_parts_are_accepted(tmp_path: Path, override: str) -> None:
+    from training.app.schema import load_config
+
+    cfg = job_config(tmp_path, [*TINY, override])
+    if override.startswith("paths.out_dir"):
+        cfg = {**cfg, "paths": {**cfg["paths"], "out_dir": "../relative_is_fine",
+                                "job_dir": "../relative_is_fine/runs/x/seed0"}}
+    load_config(cfg)  # no refusal
+
+
+def test_4_cli_refuses_the_issue_repro_and_writes_nothing(tmp_path: Path) -> None:
+    start = tmp_path / "a" / "b" / "c"
+    start.mkdir(parents=True)
+    proc = subprocess.run([sys.executable, "-m", "training.run", "paths.out_dir=out", "logger=none", "progress=false",
+                           "paths.cell=../../../../../../esc_cell", *TINY], cwd=start, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().count("\n") == 0 and "paths.cell=" in proc.stderr, proc.stderr
+    assert list(tmp_path.rglob("*")) == [tmp_path / "a", start.parent, start]  # no directory anywhere
+
+
+# --- bug 5: hydra.job.chdir=true with a relative paths.out_dir ------------------------------------------------------
+def test_5_chdir_with_relative_out_dir_writes_where_the_command_started(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "training.run", "hydra.job.chdir=true", "paths.out_dir=rel",
+                           "logger=none", "progress=false", *TINY], cwd=tmp_path, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = sorted(tmp_path.rglob("result.json"))
+    assert len(results) == 1, results
+    rel = results[0].relative_to(tmp_path)
+    assert rel.parts[:2] == ("rel", "runs") and rel.parts.count("rel") == 1, rel  # not nested in the job dir
+    stored = json.loads(results[0].read_text())
+    assert Path(stored["job_dir"]) == results[0].parent

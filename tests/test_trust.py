@@ -249,3 +249,29 @@ def test_5_chdir_with_relative_out_dir_writes_where_the_command_started(tmp_path
     assert rel.parts[:2] == ("rel", "runs") and rel.parts.count("rel") == 1, rel  # not nested in the job dir
     stored = json.loads(results[0].read_text())
     assert Path(stored["job_dir"]) == results[0].parent
+
+
+# --- bug 2: the aggregate never averages two data fingerprints in a cell ------------------------------------------
+def test_2_aggregate_marks_a_cell_on_two_data_and_strict_refuses(tmp_path: Path, capsys) -> None:
+    from tests.test_aggregate_faults import COMMIT_A, _cfg, _run, _write
+
+    root = tmp_path / "runs"
+    for seed, data in ((0, "real"), (1, "real"), (2, "shuffled")):  # control: seed 2 on swapped labels
+        fingerprint = {"content": f"{data:0<16}"[:16], "files": []}
+        _write(root, _cfg("control", seed), 1.0 + seed, commit=COMMIT_A, dataset={"fingerprint": fingerprint})
+        _write(root, _cfg("leace", seed), 2.0 + seed, commit=COMMIT_A,
+               dataset={"fingerprint": {"content": "real000000000000", "files": []}})
+    rc, md = _run(root, tmp_path)
+    assert rc == 0
+    assert "| mnist5k | mlp_relu | 128 | 2 | different data ‡ | 3.000 ± 1.000 |" in md, md  # leace: one data, averaged
+    assert ("‡ runs on different data (dataset.fingerprint), not averaged: mnist5k mlp_relu w128 d2 control: "
+            "real000000: seeds 0 1; shuffled00: seed 2\n") in md
+    capsys.readouterr()
+    rc, _ = _run(root, tmp_path / "strict", "--strict")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "1 cell(s) with runs on different data" in err[0], err
+    for seed in (0, 1):  # one data in every cell: accepted under --strict, no mark
+        _write(root, _cfg("control", seed), 1.0 + seed, commit=COMMIT_A,
+               dataset={"fingerprint": {"content": "shuffled00000000", "files": []}})
+    rc, md = _run(root, tmp_path / "ok", "--strict")
+    assert rc == 0 and "‡" not in md and "| 2.000 ± 1.000 | 3.000 ± 1.000 |" in md

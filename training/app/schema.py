@@ -331,18 +331,45 @@ def _check_inside_out_dir(job: JobConfig) -> None:
                               "the parts built from config (paths.cell, paths.job_subdir, tags) must stay inside it")
 
 
+# Keys read only when another key has a given value: (key, that key, its value, the one value accepted otherwise).
+READ_ONLY_WITH: tuple[tuple[str, str, Any, Any], ...] = (
+    ("dataset.zscore_order", "dataset.zscore", True, "before"),
+    ("arch.swiglu_ratio", "arch.activation", "swiglu", None),
+)
+
+
+def _value(job: JobConfig, key: str) -> Any:
+    group, name = key.split(".", 1)
+    return getattr(job, group).to_dict().get(name, dataclasses.MISSING)
+
+
+def _shown(v: Any) -> str:
+    """A value as it is written on the command line (true, null, swiglu)."""
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b and type(a) is type(b)
+
+
 def _check_task_reads(job: JobConfig) -> None:
-    """A hashed key the job's task does not read (training/app/tasks.py FIXED) must keep the one value it accepts:
-    otherwise it would change the job's hash (and directory) but not its numbers."""
+    """A hashed key the job's task does not read (training/app/tasks.py FIXED), or that is read only with another
+    key's value (READ_ONLY_WITH), must keep the one value it accepts: otherwise it would change the job's hash (and
+    directory) but not its numbers."""
     from training.app.tasks import fixed_keys
 
     for key, accepted in fixed_keys(job.task).items():
-        group, name = key.split(".", 1)
-        value = getattr(getattr(job, group), name)
-        if value != accepted or type(value) is not type(accepted):
-            raise ConfigError(f"{key}={value!r} is not allowed with task={job.task}: the task does not read {key} "
-                              f"(it would change the job's hash, not its numbers); leave it at {accepted!r} or use "
-                              "another task")
+        value = _value(job, key)
+        if value is not dataclasses.MISSING and not _same(value, accepted):
+            raise ConfigError(f"{key}={_shown(value)} is not allowed with task={job.task}: the task does not read "
+                              f"{key} (it would change the job's hash, not its numbers); leave it at "
+                              f"{_shown(accepted)} or use another task")
+    for key, when, needed, accepted in READ_ONLY_WITH:
+        value = _value(job, key)
+        if value is not dataclasses.MISSING and not _same(value, accepted) and not _same(_value(job, when), needed):
+            raise ConfigError(f"{key}={_shown(value)} is not allowed: {key} is read only with {when}={_shown(needed)} "
+                              f"(here {_shown(_value(job, when))}); leave it at {_shown(accepted)} or set "
+                              f"{when}={_shown(needed)}")
 
 
 def _check_storage(job: JobConfig) -> None:

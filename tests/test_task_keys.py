@@ -25,13 +25,13 @@ from training.app.schema import ConfigError, config_hash, semantic
 from training.app.tasks import get_task
 from training.cli import run as _every_task  # noqa: F401 - imports (registers) every task's implementation
 
-# gs_erased_eval: early stopping that binds (patience 1 stops it at step 135 of 180, inside a 300-step warm-up
+# Early stopping that binds (gs_erased_eval: patience 1 stops it at step 135 of 180, inside a 300-step warm-up
 # because stop_after_warmup is off), so that every stopping key can show it is read; depth 3: the depth lr rule.
-ERASED_EVAL = ["experiment=gs_sd_erasure", "task=gs_erased_eval", "eraser=leace", "dataset=digits", "arch.width=16",
-               "arch.depth=3", "optim.lr=0.05", "optim.warmup_steps=300", "mdl.max_epochs=20", "mdl.patience=1",
-               "mdl.stop_after_warmup=false", "mdl.min_steps=0", "mdl.patience_min_steps=0"]
+STOPPING = ["arch.width=16", "arch.depth=3", "optim.lr=0.05", "optim.warmup_steps=300", "mdl.max_epochs=20",
+            "mdl.patience=1", "mdl.stop_after_warmup=false", "mdl.min_steps=0", "mdl.patience_min_steps=0"]
+ERASED_EVAL = ["experiment=gs_sd_erasure", "task=gs_erased_eval", "eraser=leace", "dataset=digits", *STOPPING]
 BASES: dict[str, list[str]] = {  # tiny budgets; each reaches its every key (e.g. SD starts before the last step)
-    "mdl": [*TINY, "arch.depth=3"],
+    "mdl": [*TINY, *STOPPING],
     "gs_two_moons": ["experiment=gs_two_moons", "gs.steps=30", "gs.hidden=16", "gs.grid.n=41"],
     "gs_colored_mnist": ["experiment=gs_colored_mnist", "gs.steps=4", "gs.hidden=8", "gs.eval_every=1",
                          "regularizer.start_step=1", "dataset.n_test=200"],
@@ -62,10 +62,11 @@ OTHER: dict[str, str] = {
     "eraser.options.rtol": "0.1",
     "mdl.protocol": "paper",
     "mdl.val_size": "100",
-    "mdl.patience": "1",
+    "mdl.patience": "3",
+    "mdl.patience_min_steps": "200",
     "mdl.max_epochs": "1",
     "mdl.eval_every_steps": "3",
-    "mdl.min_steps": "40",
+    "mdl.min_steps": "150",
     "regularizer.loss_scale": "2.0",
     "regularizer.gamma": "0.5",
     "gs.init": "xavier",
@@ -80,9 +81,6 @@ OTHER_BY_TASK: dict[tuple[str, str], str] = {
     ("gs_erased_eval", "eraser.name"): "eraser=random",
     ("mdl", "eraser.name"): "eraser=leace",
     ("gs_colored_mnist", "gs.init"): "default",
-    ("gs_erased_eval", "mdl.patience"): "3",
-    ("gs_erased_eval", "mdl.patience_min_steps"): "200",
-    ("gs_erased_eval", "mdl.min_steps"): "150",
 }
 # Keys with no other value to try here, and why.
 NO_OTHER_BY_TASK = {

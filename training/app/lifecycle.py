@@ -97,11 +97,22 @@ def stale_reason(done: Mapping[str, Any], cfg: JobConfig, complete: tuple[str, .
     if fingerprint is None or stored is None:
         return None  # a result written before fingerprints: nothing to compare
     now = json.loads(json.dumps(fingerprint(cfg), default=str))  # as result.json holds it
-    if now == stored:
+    if _identity(now) == _identity(stored):
         return None
     where = cfg.dataset.root or cfg.paths.data_dir
     return (f"its data fingerprint ({_short(stored)}) differs from the {cfg.dataset.name} data now read from "
             f"{where} ({_short(now)}): the data files changed")
+
+
+def _identity(fingerprint: Any) -> Any:
+    """What identifies the data in a fingerprint: the arrays' content hash and the files' sizes and sha256 (not
+    their names or folder: the same files elsewhere are the same data)."""
+    if not isinstance(fingerprint, Mapping):
+        return fingerprint
+    files = fingerprint.get("files")
+    records = sorted((str(f.get("sha256")), f.get("size")) for f in files if isinstance(f, Mapping)) \
+        if isinstance(files, list) else files
+    return fingerprint.get("content"), records
 
 
 def _short(fingerprint: Any) -> str:

@@ -335,7 +335,14 @@ def _check_inside_out_dir(job: JobConfig) -> None:
 READ_ONLY_WITH: tuple[tuple[str, str, Any, Any], ...] = (
     ("dataset.zscore_order", "dataset.zscore", True, "before"),
     ("arch.swiglu_ratio", "arch.activation", "swiglu", None),
+    ("mdl.eval_every_steps", "mdl.full_run", True, None),  # MDL: the full run's validation cadence only
 )
+
+
+def _task_reads(task: str, key: str) -> bool:
+    """Whether `key` enters task `task`'s hash (its declared `uses`: every group, a group, or the key itself)."""
+    uses = _task_uses(task)
+    return uses is None or key in uses or key.split(".", 1)[0] in uses
 
 
 def _value(job: JobConfig, key: str) -> Any:
@@ -365,6 +372,8 @@ def _check_task_reads(job: JobConfig) -> None:
                               f"{key} (it would change the job's hash, not its numbers); leave it at "
                               f"{_shown(accepted)} or use another task")
     for key, when, needed, accepted in READ_ONLY_WITH:
+        if not (_task_reads(job.task, key) and _task_reads(job.task, when)):
+            continue  # e.g. gs_erased_eval reads mdl.eval_every_steps and has no full run
         value = _value(job, key)
         if value is not dataclasses.MISSING and not _same(value, accepted) and not _same(_value(job, when), needed):
             raise ConfigError(f"{key}={_shown(value)} is not allowed: {key} is read only with {when}={_shown(needed)} "

@@ -13,7 +13,6 @@ rule (flip a bool, ×0.5 a float, +1 an int) does not fit it.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -152,12 +151,13 @@ def _known(key: str) -> str | None:
     return next((why for k, why in KNOWN.items() if key == k or key.startswith(k + ".")), None)
 
 
-def _walk(task: str, tmp_path: Path, only: set[str] | None = None) -> None:
-    base_cfg = job_config(tmp_path / "base", BASES[task])
+def _walk(task: str, tmp_path: Path, only: set[str] | None = None, overrides: list[str] | None = None) -> None:
+    given = BASES[task] if overrides is None else overrides
+    base_cfg = job_config(tmp_path / "base", given)
     run = get_task(task)
     base = run(base_cfg)
     assert base, f"{task}: the base job computed nothing"
-    again = run(job_config(tmp_path / "again", [*BASES[task], "force=true"]))
+    again = run(job_config(tmp_path / "again", [*given, "force=true"]))
     assert _computed(again, task) == _computed(base, task), f"{task}: the base job is not deterministic"
     dead, tried, known = [], 0, []
     for i, (key, value) in enumerate(sorted(_leaves(base_cfg).items())):
@@ -167,7 +167,7 @@ def _walk(task: str, tmp_path: Path, only: set[str] | None = None) -> None:
         if override is None:
             continue
         try:
-            cfg = job_config(tmp_path / f"k{i}", [*BASES[task], override])
+            cfg = job_config(tmp_path / f"k{i}", [*given, override])
         except Exception as err:  # noqa: BLE001 - Hydra's own refusal of a value
             raise AssertionError(f"{task}: {override} does not compose: {err}") from err
         if config_hash(cfg) == config_hash(base_cfg):
@@ -204,7 +204,7 @@ MDL_FAST = {"dataset.permute_labels", "dataset.limit", "dataset.zscore", "datase
 
 
 def test_1_mdl_task_walk_fast(tmp_path: Path) -> None:
-    _walk("mdl", tmp_path, only=MDL_FAST)
+    _walk("mdl", tmp_path, only=MDL_FAST, overrides=TINY)  # no stopping key: the cheapest MDL job
 
 
 @pytest.mark.slow
@@ -220,4 +220,29 @@ def test_1_the_walk_catches_a_dead_key(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(tasks, "FIXED", {**tasks.FIXED, "gs_two_moons": fixed})
     with pytest.raises(AssertionError, match=r"dataset\.permute_labels=False"):
         _walk("gs_two_moons", tmp_path, only={"dataset.permute_labels"})
-    assert math.isfinite(0.0)
+
+
+@pytest.mark.parametrize(("overrides", "refused"), [
+    (["dataset.zscore_order=after"], "dataset.zscore_order"),
+    (["dataset.zscore=true", "dataset.zscore_order=after"], None),
+    (["arch.swiglu_ratio=0.5"], "arch.swiglu_ratio"),
+    (["arch.activation=swiglu", "arch.swiglu_ratio=0.5"], None),
+    (["mdl.full_run=false", "mdl.eval_every_steps=5"], "mdl.eval_every_steps"),
+    (["mdl.full_run=true", "mdl.eval_every_steps=5"], None),
+    # gs_erased_eval reads mdl.eval_every_steps and has no full run (mdl.full_run is not in its hash)
+    ([*ERASED_EVAL[:4], "mdl.full_run=false", "mdl.eval_every_steps=5"], None),
+    (["experiment=gs_two_moons", "dataset.permute_labels=true"], "dataset.permute_labels"),
+    ([*ERASED_EVAL[:4], "dataset.permute_labels=true"], None),
+    ([*ERASED_EVAL[:4], "eraser.fit_on=holdout"], "eraser.fit_on"),
+])
+def test_1_a_key_is_refused_only_where_it_is_not_read(tmp_path: Path, overrides: list[str], refused: str | None
+                                                      ) -> None:
+    from training.app.schema import load_config
+
+    cfg = job_config(tmp_path, overrides)
+    if refused is None:
+        load_config(cfg)
+        return
+    with pytest.raises(ConfigError, match=rf"^{refused}=\S+ is not allowed"):
+        load_config(cfg)
+    assert not any(tmp_path.iterdir())

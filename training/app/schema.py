@@ -321,11 +321,11 @@ def _check_inside_out_dir(job: JobConfig) -> None:
     """A job directory built under paths.out_dir (as conf/paths/default.yaml builds it) must stay there, whatever
     its parts resolved to (each part is checked by typed.path_refusal; this is the backstop)."""
     p = job.paths
-    out = os.path.normpath(p.out_dir)
+    out = os.path.abspath(p.out_dir)
     for key, path in (("paths.job_dir", p.job_dir), ("paths.legacy_job_dir", p.legacy_job_dir)):
         if path is None or not path.startswith(p.out_dir.rstrip("/") + "/"):
             continue  # given explicitly, not built from paths.out_dir
-        norm = os.path.normpath(path)
+        norm = os.path.abspath(path)
         if os.path.commonpath([out, norm]) != out or norm == out:
             raise ConfigError(f"{key}={path!r} is not allowed: it resolves to {norm}, outside paths.out_dir={out}; "
                               "the parts built from config (paths.cell, paths.job_subdir, tags) must stay inside it")

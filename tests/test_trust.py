@@ -275,3 +275,18 @@ def test_2_aggregate_marks_a_cell_on_two_data_and_strict_refuses(tmp_path: Path,
                dataset={"fingerprint": {"content": "shuffled00000000", "files": []}})
     rc, md = _run(root, tmp_path / "ok", "--strict")
     assert rc == 0 and "‡" not in md and "| 2.000 ± 1.000 | 3.000 ± 1.000 |" in md
+
+
+def test_2_data_unreadable_since_the_result_reuses_it_with_a_warning(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    from training.app.results import REUSED
+
+    root = tmp_path / "data"
+    _fashion_fixture(root)
+    first = _run(tmp_path / "out", f"dataset.root={root}")
+    (root / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip")  # unreadable now: nothing to compare
+    REUSED.clear()
+    with caplog.at_level(logging.WARNING):
+        again = _run(tmp_path / "out", f"dataset.root={root}")
+    assert again["provenance"] == first["provenance"] and str(Path(first["job_dir"])) in REUSED
+    assert "cannot check the data" in caplog.text

@@ -30,7 +30,7 @@ from training.app.results import JobDir, legacy_result
 from training.app.schema import HASH_VERSION, NUMERICS, JobConfig, config_hash, load_config
 from training.common.files import atomic_write_json, read_json
 from training.engine.devices import resolve_device
-from training.errors import NonFiniteError
+from training.errors import NonFiniteError, UserError
 
 log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.json"
@@ -96,7 +96,12 @@ def stale_reason(done: Mapping[str, Any], cfg: JobConfig, complete: tuple[str, .
     stored = info.get("fingerprint") if isinstance(info, Mapping) else None
     if fingerprint is None or stored is None:
         return None  # a result written before fingerprints: nothing to compare
-    now = json.loads(json.dumps(fingerprint(cfg), default=str))  # as result.json holds it
+    try:
+        now = json.loads(json.dumps(fingerprint(cfg), default=str))  # as result.json holds it
+    except UserError as err:  # missing or unreadable now: the result stands for the data it was computed on
+        log.warning("cannot check the data of %s against its result (%s); reusing the result", cfg.paths.job_dir,
+                    err)
+        return None
     if _identity(now) == _identity(stored):
         return None
     where = cfg.dataset.root or cfg.paths.data_dir

@@ -20,9 +20,9 @@ are listed as missing, failed (a multirun's job-status ledger says so, or its MD
 result.json that cannot be read: also a warning naming it); they are never filled in.
 A cell whose seeds come from different commits (result.json provenance; none recorded: "unknown") is marked;
 --strict refuses it. A cell whose runs were computed on different data (result.json `dataset.fingerprint`: files
-swapped under the same names, another copy) is marked ‡ and never averaged; --strict refuses it. With --experiment a result whose config hash differs from the preset's job is
-"other-config", not counted. Results of other tasks (`task != mdl`, e.g. Spectral Decoupling) go to
-scripts/aggregate_gs.py.
+swapped under the same names, another copy) is marked ‡ and never averaged; --strict refuses it.
+With --experiment a result whose config hash differs from the preset's job is "other-config", not counted. Results
+of other tasks (`task != mdl`, e.g. Spectral Decoupling) go to scripts/aggregate_gs.py.
 """
 
 from __future__ import annotations

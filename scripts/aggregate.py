@@ -23,9 +23,10 @@ are listed as missing, failed (a multirun's job-status ledger says so, or its MD
 (progress.json: killed or still running), incomplete (result.json without an mdl section) or malformed (a
 result.json that cannot be read: also a warning naming it); they are never filled in.
 A cell whose seeds come from different commits (result.json provenance; none recorded: "unknown") is marked;
---strict refuses it. With --experiment a result whose config hash differs from the preset's job is
-"other-config", not counted. Results of other tasks (`task != mdl`, e.g. Spectral Decoupling) go to
-scripts/aggregate_gs.py.
+--strict refuses it. A cell whose runs were computed on different data (result.json `dataset.fingerprint`: files
+swapped under the same names, another copy) is marked ‡ and never averaged; --strict refuses it.
+With --experiment a result whose config hash differs from the preset's job is "other-config", not counted. Results
+of other tasks (`task != mdl`, e.g. Spectral Decoupling) go to scripts/aggregate_gs.py.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import pandas as pd
 
 from scripts.aggregate_collect import collect_dir, collect_experiment
 from scripts.aggregate_render import latex, markdown, other_task_tables, plot_stems
-from scripts.aggregate_summary import commit_problems, increase_over_control, summarize
+from scripts.aggregate_summary import commit_problems, data_problems, increase_over_control, summarize
 from training.app.schema import load_config
 
 
@@ -67,9 +68,12 @@ def write_all(df: pd.DataFrame, results: list[dict[str, Any]], out: Path, name: 
 
 
 def strict_refusal(df: pd.DataFrame) -> str | None:
-    """The one line --strict refuses with, or None: every cell's seeds from one known commit."""
+    """The one line --strict refuses with, or None: every cell's seeds from one known commit, on one data."""
     mixed, unknown = commit_problems(df)
     problems = []
+    if other_data := data_problems(df):
+        problems.append(f"{len(other_data)} cell(s) with runs on different data, by their dataset.fingerprint "
+                        f"(first: {other_data[0]}); rerun them on one copy of the data")
     if mixed:
         problems.append(f"{len(mixed)} cell(s) with seeds from different commits (first: {mixed[0]})")
     if unknown:
@@ -109,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also print the paper's claims report (scripts/claims.py), per group; with --experiment "
                          "it is printed whenever the preset defines `claims`")
     ap.add_argument("--strict", action="store_true",
-                    help="refuse (exit 2, one line) when a cell's seeds come from different commits or a result "
-                         "has no recorded commit (provenance.code.commit)")
+                    help="refuse (exit 2, one line) when a cell's seeds come from different commits or data "
+                         "(dataset.fingerprint) or a result has no recorded commit (provenance.code.commit)")
     args = ap.parse_args(argv)
     if args.experiment:
         if (line := experiment_refusal(args.experiment, args.override)) is not None:

@@ -302,6 +302,15 @@ def commit_of(result: dict[str, Any]) -> str:
     return commit[:10] + ("+dirty" if code.get("dirty") is True else "")
 
 
+def data_of(result: dict[str, Any]) -> str | None:
+    """The identity of the data a result was computed on: its `dataset.fingerprint` content hash (the loaded
+    arrays', before any label permutation), or None for a result written without one."""
+    info = result.get("dataset")
+    fingerprint = info.get("fingerprint") if isinstance(info, dict) else None
+    content = fingerprint.get("content") if isinstance(fingerprint, dict) else None
+    return content if isinstance(content, str) and content else None
+
+
 def as_number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -378,7 +387,7 @@ def _result_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
     Raises (KeyError, TypeError, ValueError) on a malformed config or mdl section."""
     numerics = result.get("numerics_version")
     row = {**_cell_from_config(result["config"], numerics), "job_dir": job_dir, "status": "done",
-           "commit": commit_of(result)}
+           "commit": commit_of(result), "data": data_of(result)}
     mdl, final = result.get("mdl"), result.get("final") or {}
     if not isinstance(mdl, dict):
         return {**row, "status": "incomplete", "error": "result.json has no mdl section"}

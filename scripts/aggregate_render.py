@@ -40,6 +40,7 @@ from scripts.tables import (
 LABEL_NAMES = {"dataset": "dataset", "arch": "arch", "width": "w", "depth": "d", "fit_on": "fit on",
                "variant": "variant"}  # the row label columns of a table (fit on, variant: only when they vary)
 MIXED = "†"  # a cell whose seeds come from different commits
+MIXED_DATA = "‡"  # a cell whose runs were computed on different data (dataset.fingerprint): not averaged
 # Paper Appendix C (CIFAR-10, legacy MDL units, 5 seeds; Quirke & Belrose 2025, App. C): (mean, sd).
 PAPER_TABLE_C: dict[str, dict[str, tuple[float, float]]] = {
     "MLP": {"control": (7.14, 0.05), "leace": (8.49, 0.10), "alf_qleace": (8.94, 0.14),
@@ -70,6 +71,8 @@ def _cell_text(rec: pd.Series | None, metric: str, digits: int = 3) -> str:
         states = {s.split(":", 1)[1] for s in str(rec["missing_seeds"]).split()}
         return "failed" if "failed" in states else "incomplete" if states & {"incomplete", "malformed"} \
             else "missing"
+    if rec.get("mixed_data"):
+        return f"different data {MIXED_DATA}"
     text = fmt(rec[f"{metric}_mean"], rec[f"{metric}_sd"], digits)
     text += f" ({rec['n']}/{rec['n_expected']})" if rec["n"] < rec["n_expected"] else ""
     text += f" [{rec['folds']}]" if rec.get("folds") else ""
@@ -397,8 +400,10 @@ def _code_line(df: pd.DataFrame) -> str:
 
 def _mixed_lines(summary: pd.DataFrame) -> str:
     mixed = summary[summary.mixed_commits.astype(bool)] if "mixed_commits" in summary else summary.iloc[0:0]
-    return "".join(f"{MIXED} seeds from different commits: {cell_name(r)}: {r.commits}\n"
-                   for _, r in mixed.iterrows())
+    data = summary[summary.mixed_data.astype(bool)] if "mixed_data" in summary else summary.iloc[0:0]
+    return "".join([f"{MIXED} seeds from different commits: {cell_name(r)}: {r.commits}\n" for _, r in mixed.iterrows()]
+                   + [f"{MIXED_DATA} runs on different data (dataset.fingerprint), not averaged: {cell_name(r)}: "
+                      f"{r.data}\n" for _, r in data.iterrows()])
 
 
 def _group_sections(df: pd.DataFrame, summary: pd.DataFrame, h: str) -> list[str]:
@@ -467,7 +472,7 @@ def markdown(df: pd.DataFrame, summary: pd.DataFrame, title: str, name: str = "r
 def _tex_escape(s: str) -> str:
     for char in "&%#":
         s = s.replace(char, "\\" + char)
-    return s.replace("_", r"\_").replace("±", r"$\pm$").replace(MIXED, r"$\dagger$")
+    return s.replace("_", r"\_").replace("±", r"$\pm$").replace(MIXED, r"$\dagger$").replace(MIXED_DATA, r"$\ddagger$")
 
 
 def latex(summary: pd.DataFrame) -> str:

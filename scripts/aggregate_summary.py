@@ -47,6 +47,23 @@ def _commits(done: pd.DataFrame) -> str:
     return "; ".join(f"{c}: seed{'s' if len(s) > 1 else ''} {' '.join(map(str, s))}" for c, s in by.items())
 
 
+def _data(runs: pd.DataFrame) -> str:
+    """`<data fingerprint>: seeds 0 2; <fingerprint>: seed 1` over the runs that record one."""
+    if "data" not in runs or runs.empty:
+        return ""
+    by: dict[str, list[int]] = {}
+    for seed, data in sorted(zip(runs.seed, runs.data, strict=True), key=lambda t: (t[0], str(t[1]))):
+        if isinstance(data, str):
+            by.setdefault(data[:10], []).append(int(seed))
+    return "; ".join(f"{d}: seed{'s' if len(s) > 1 else ''} {' '.join(map(str, s))}" for d, s in by.items())
+
+
+def mixed_data(runs: pd.DataFrame) -> bool:
+    """Whether a cell's runs (null runs included: the same data, labels permuted) were computed on different data
+    (different `dataset.fingerprint`s; runs that record none are not compared)."""
+    return "data" in runs and runs.data.dropna().nunique() > 1
+
+
 def _mean_sd_runs(done: pd.DataFrame, col: str) -> tuple[float, float]:
     """Mean over a cell's finite runs (seeds × folds), sd over seeds of the per-seed means (one fold per seed:
     the plain mean ± sd over seeds)."""
@@ -156,8 +173,11 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             + [f"{_run_label(s, f, holdout)}:missing" for s, f in absent])
         rec["commits"] = _commits(done)
         rec["mixed_commits"] = "commit" in done and done.commit.nunique(dropna=False) > 1
+        runs = pd.concat([done, nulls])
+        rec["data"], rec["mixed_data"] = _data(runs), mixed_data(runs)
         for col in METRICS + list(CERT) + REPORT + PROBE_NUMBERS + FIT_NUMBERS:
-            mean, sd = _mean_sd_runs(done, col) if col in done and len(done) else (math.nan, math.nan)
+            averaged = col in done and len(done) and not rec["mixed_data"]  # never a mean over different data
+            mean, sd = _mean_sd_runs(done, col) if averaged else (math.nan, math.nan)
             rec[f"{col}_mean"], rec[f"{col}_sd"] = mean, sd
         rec["probe_verdict"] = _probe_verdict(done)
         rec.update(_null_columns(nulls, done))
@@ -202,6 +222,16 @@ def commit_problems(df: pd.DataFrame) -> tuple[list[str], list[str]]:
             mixed.append(f"{cell_name(dict(zip(CELL, key, strict=False)))}{null}: {_commits(g)}")
     unknown = list(done[done.commit == UNKNOWN_COMMIT].job_dir.astype(str))
     return mixed, unknown
+
+
+def data_problems(df: pd.DataFrame) -> list[str]:
+    """Cells whose runs were computed on different data (`<cell>: <fingerprints>`): what --strict refuses."""
+    done = df[df.status == "done"]
+    if "data" not in done or done.empty:
+        return []
+    cols = [c for c in CELL if c in done]
+    return [f"{cell_name(dict(zip(cols, key, strict=True)))}: {_data(g)}"
+            for key, g in done.groupby(cols, sort=False, dropna=False) if mixed_data(g)]
 
 
 def cell_name(rec: dict[str, Any] | pd.Series) -> str:

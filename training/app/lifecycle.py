@@ -14,6 +14,7 @@ infinity is never written (NonFiniteError, one line). One-line errors and the mu
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -29,7 +30,7 @@ from training.app.results import JobDir, legacy_result
 from training.app.schema import HASH_VERSION, NUMERICS, JobConfig, config_hash, load_config
 from training.common.files import atomic_write_json, read_json
 from training.engine.devices import resolve_device
-from training.errors import NonFiniteError
+from training.errors import NonFiniteError, UserError
 
 log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.json"
@@ -80,6 +81,48 @@ class JobRun:
 
 Body = Callable[[JobRun], dict[str, Any]]
 Precheck = Callable[[JobConfig, torch.device], None]
+Fingerprint = Callable[[JobConfig], Any]  # the identity of the data a job would read now (dataset.fingerprint)
+
+
+def stale_reason(done: Mapping[str, Any], cfg: JobConfig, complete: tuple[str, ...],
+                 fingerprint: Fingerprint | None) -> str | None:
+    """Why a finished result of this configuration must not be reused (None: reuse it): a section the task
+    always writes is missing (`complete`), or the result's `dataset.fingerprint` differs from the data now on disk
+    (files swapped under the same names, or `dataset.root` pointing at another copy)."""
+    for section in complete:
+        if not isinstance(done.get(section), Mapping):
+            return f"it has no {section} section (incomplete)"
+    info = done.get("dataset")
+    stored = info.get("fingerprint") if isinstance(info, Mapping) else None
+    if fingerprint is None or stored is None:
+        return None  # a result written before fingerprints: nothing to compare
+    try:
+        now = json.loads(json.dumps(fingerprint(cfg), default=str))  # as result.json holds it
+    except UserError as err:  # missing or unreadable now: the result stands for the data it was computed on
+        log.warning("cannot check the data of %s against its result (%s); reusing the result", cfg.paths.job_dir,
+                    err)
+        return None
+    if _identity(now) == _identity(stored):
+        return None
+    where = cfg.dataset.root or cfg.paths.data_dir
+    return (f"its data fingerprint ({_short(stored)}) differs from the {cfg.dataset.name} data now read from "
+            f"{where} ({_short(now)}): the data files changed")
+
+
+def _identity(fingerprint: Any) -> Any:
+    """What identifies the data in a fingerprint: the arrays' content hash and the files' sizes and sha256 (not
+    their names or folder: the same files elsewhere are the same data)."""
+    if not isinstance(fingerprint, Mapping):
+        return fingerprint
+    files = fingerprint.get("files")
+    records = sorted((str(f.get("sha256")), f.get("size")) for f in files if isinstance(f, Mapping)) \
+        if isinstance(files, list) else files
+    return fingerprint.get("content"), records
+
+
+def _short(fingerprint: Any) -> str:
+    content = fingerprint.get("content") if isinstance(fingerprint, Mapping) else None
+    return f"content {content}" if isinstance(content, str) else json.dumps(fingerprint, default=str)[:40]
 
 
 def nonfinite_leaves(value: Any, path: str) -> Iterator[tuple[str, float]]:
@@ -105,18 +148,20 @@ def check_finite(result: Mapping[str, Any], sections: tuple[str, ...], job_path:
 
 def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: Precheck | None = None,
                    describe: Callable[[dict[str, Any]], str] | None = None,
-                   finite: tuple[str, ...] = ()) -> dict[str, Any]:
+                   finite: tuple[str, ...] = (), complete: tuple[str, ...] = (),
+                   fingerprint: Fingerprint | None = None) -> dict[str, Any]:
     """Run `body` in the job's directory under its lock and return result.json's dict (an earlier run's when it
     finished with this configuration). `precheck` refuses bad runtime options before anything is made. `finite`:
     the result's sections whose every number must be finite (else NonFiniteError and no result); every result
-    gets `provenance` (training/app/provenance.py)."""
+    gets `provenance` (training/app/provenance.py). An earlier result is not reused (one line says why) when it
+    lacks a `complete` section or its `dataset.fingerprint` differs from `fingerprint(cfg)`, the data now."""
     cfg = load_config(config)  # bad values fail here, with one line, before any directory or data
     job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), cfg.force)
     device = resolve_device(cfg.device)
     if precheck is not None:
         precheck(cfg, device)
     with job.locked():
-        if (done := job.finished()) is not None:
+        if (done := job.finished(lambda d: stale_reason(d, cfg, complete, fingerprint))) is not None:
             return done
         if not cfg.force and (done := legacy_result(cfg, job.path)) is not None:
             return done

@@ -4,9 +4,11 @@
      "python": "3.11.9", "torch": "2.3.1", "numpy": "1.26.4", "device_name": "NVIDIA H100 ...", "host": "node7",
      "started": "2026-01-01T12:00:00+00:00", "ended": "2026-01-01T12:03:10+00:00"}
 
-`code.commit` is `git rev-parse HEAD` of the checkout holding the `training` package, `code.dirty` whether its
-tracked files differ from that commit (`git status --porcelain --untracked-files=no`: untracked files, e.g. the
-outputs, do not count). Outside a git checkout (an installed wheel) or when git fails, both are null and
+`code.commit` is the commit HEAD names in the checkout holding the `training` package, read from its git
+directory's files (so a checkout owned by another user, which git refuses as "dubious ownership", still gives it),
+`code.dirty` whether its tracked files differ from that commit (`git status --porcelain --untracked-files=no`:
+untracked files, e.g. the outputs, do not count; null, with git's own reason in the warning, where git refuses).
+Outside a git checkout (an installed wheel) or when the files cannot be read, both are null and
 `code.version` is what is known (pyproject.toml's in a checkout, the installed distribution's otherwise).
 scripts/aggregate.py marks a cell whose seeds come from different commits. Computed once per process: a job costs
 nothing for it.
@@ -38,16 +40,21 @@ def now_utc() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _git(checkout: Path, *args: str) -> str | None:
-    """stdout of `git <args>` in `checkout`, or None when git is absent, fails or takes too long."""
+def _git(checkout: Path, *args: str) -> tuple[str | None, str]:
+    """(stdout of `git <args>` in `checkout`, "") or (None, why it failed: git's own first error line, or that
+    git is missing or slow)."""
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}  # status never takes the index lock
     try:
         proc = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True,
                               timeout=GIT_TIMEOUT_S, env=env, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None, f"git took more than {GIT_TIMEOUT_S:g} s"
     except (OSError, subprocess.SubprocessError) as err:
-        log.debug("git %s in %s: %s", " ".join(args), checkout, err)
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+        return None, f"git cannot run: {err}"
+    if proc.returncode == 0:
+        return proc.stdout, ""
+    lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+    return None, lines[0] if lines else f"git exited with {proc.returncode}"
 
 
 def package_version(checkout: Path = CHECKOUT) -> str | None:
@@ -69,18 +76,86 @@ def package_version(checkout: Path = CHECKOUT) -> str | None:
     return None
 
 
+SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+
+
+class NoCommit(Exception):
+    """Why the commit of a checkout could not be read from its files (the message says exactly what failed)."""
+
+
+def _git_dir(checkout: Path) -> Path:
+    """The checkout's git directory: `.git` itself, or where a worktree's `.git` file points (`gitdir: ...`)."""
+    dot = checkout / ".git"
+    if dot.is_dir():
+        return dot
+    text = dot.read_text().strip()
+    if not text.startswith("gitdir:"):
+        raise NoCommit(f"{dot} is neither a directory nor a 'gitdir:' file")
+    target = Path(text.removeprefix("gitdir:").strip())
+    return target if target.is_absolute() else (checkout / target).resolve()
+
+
+def _ref(git_dir: Path, common: Path, name: str) -> str | None:
+    for base in (git_dir, common):  # per-worktree refs first, then the repository's loose refs
+        loose = base / name
+        if loose.is_file():
+            return loose.read_text().strip()
+    packed = common / "packed-refs"
+    if packed.is_file():
+        for line in packed.read_text().splitlines():
+            sha, _, ref = line.partition(" ")
+            if ref.strip() == name and SHA.match(sha):
+                return sha
+    return None
+
+
+def head_from_files(checkout: Path) -> str:
+    """The commit HEAD names, read from the git directory's files (HEAD, loose refs, packed-refs) without running
+    git: git refuses a repository owned by another user ("dubious ownership", safe.directory), its files do not.
+    NoCommit says exactly why when it cannot be read (unreadable files, an unborn branch, a reftable repository)."""
+    try:
+        git_dir = _git_dir(checkout)
+        common_file = git_dir / "commondir"
+        common = (git_dir / common_file.read_text().strip()).resolve() if common_file.is_file() else git_dir
+        head = (git_dir / "HEAD").read_text().strip()
+        for _ in range(5):  # a symbolic ref may point at another symbolic ref
+            if SHA.match(head):
+                return head
+            if not head.startswith("ref:"):
+                raise NoCommit(f"{git_dir / 'HEAD'} holds neither a commit nor a ref: {head[:60]!r}")
+            name = head.removeprefix("ref:").strip()
+            target = _ref(git_dir, common, name)
+            if target is None:
+                why = " (a reftable repository)" if (common / "reftable").exists() else ""
+                raise NoCommit(f"{name} has no commit in {common}{why}")
+            head = target
+        raise NoCommit(f"HEAD of {git_dir} is a chain of more than 5 symbolic refs")
+    except OSError as err:
+        raise NoCommit(f"cannot read {getattr(err, 'filename', None) or checkout}: {err.strerror or err}") from err
+
+
 @functools.cache
 def code_provenance(checkout: Path = CHECKOUT) -> dict[str, Any]:
-    """{"commit", "dirty", "version"} of the code in `checkout` (commit and dirty null outside a git checkout)."""
+    """{"commit", "dirty", "version"} of the code in `checkout` (commit and dirty null outside a git checkout).
+
+    The commit is read from the git directory's files (`head_from_files`), so it is known whoever owns the
+    checkout; `dirty` needs `git status`, which git refuses for a checkout another user owns (null then: running
+    git's own config of someone else's repository is what safe.directory guards against). Each warning says
+    exactly what could not be read and why."""
     commit, dirty = None, None
     if (checkout / ".git").exists():  # a checkout or a worktree (.git is then a file); never a parent's repo
-        head = _git(checkout, "rev-parse", "HEAD")
-        status = _git(checkout, "status", "--porcelain", "--untracked-files=no") if head else None
-        if head and status is not None:
-            commit, dirty = head.strip(), bool(status.strip())
+        try:
+            commit = head_from_files(checkout)
+        except NoCommit as err:
+            log.warning("provenance: cannot read the git commit of %s: %s; the result records commit null",
+                        checkout, err)
+        status, why = _git(checkout, "status", "--porcelain", "--untracked-files=no")
+        if status is not None:
+            dirty = bool(status.strip())
         else:
-            log.warning("provenance: cannot read the git commit of %s (git missing, failing or slow); the result "
-                        "records commit null", checkout)
+            hint = "; add it to git's safe.directory to record it" if "dubious ownership" in why else ""
+            log.warning("provenance: cannot tell whether %s has uncommitted changes, git status failed: %s; the "
+                        "result records dirty null (the commit is read from its files)%s", checkout, why, hint)
     return {"commit": commit, "dirty": dirty, "version": package_version(checkout)}
 
 

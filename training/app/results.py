@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,14 +146,19 @@ class JobDir:
         with waiting_lock(self.path / LOCK_FILE, f"job directory {self.path} (another job with it is running)"):
             yield self
 
-    def finished(self) -> dict[str, Any] | None:
+    def finished(self, stale: Callable[[dict[str, Any]], str | None] | None = None) -> dict[str, Any] | None:
         """The stored result when this job already finished (logs SKIP), else None; refuses another config's
-        result unless force=true. force=true also recomputes a finished job of this configuration."""
+        result unless force=true. force=true also recomputes a finished job of this configuration, and so does a
+        result that `stale` gives a reason not to reuse (incomplete, computed on other data): one line says why."""
         done = read_result(self.path / RESULT_FILE)
         if done is None:
             return None
         self.found = str(done["config_hash"])
         if same_config(done, self.cfg_hash):
+            why = stale(done) if stale is not None and not self.force else None
+            if why is not None:
+                log.warning("not reusing %s: %s; running the job again", self.path / RESULT_FILE, why)
+                return None
             if not self.force:
                 log.info("SKIP %s (finished, config hash %s)", self.path, self.cfg_hash)
                 REUSED.add(str(self.path))

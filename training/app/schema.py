@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from training.app.typed import (
+    NAME_ALLOWED,
+    SUBPATH_ALLOWED,
     ConfigError,
     auto_or_positive_int,
     build_options,
@@ -34,6 +37,7 @@ from training.app.typed import (
     nonneg_int,
     one_of,
     path_part,
+    path_refusal,
     positive_float,
     positive_int,
     spec,
@@ -204,9 +208,15 @@ class PathsConfig(Section):
     cache_dir: str = spec("outputs/cache", kind=str)
     job_dir: str = spec("outputs/job", kind=str)
     legacy_job_dir: str | None = spec(None, kind=str, optional=True)
-    cell: str | None = spec(None, kind=str, optional=True)
-    job_subdir: str | None = spec(None, kind=str, optional=True)
-    by_task: dict[str, Any] = spec(default_factory=dict, kind=dict, omit_empty=True)  # a job_subdir per task
+    # the parts of a job's path built from config: checked by typed.path_refusal, as dataset.tag and arch.tag
+    cell: str | None = spec(None, kind=str, optional=True, check=lambda v: path_refusal(v, single=True) is None,
+                            allowed=NAME_ALLOWED)
+    job_subdir: str | None = spec(None, kind=str, optional=True, check=lambda v: path_refusal(v, single=False) is None,
+                                  allowed=SUBPATH_ALLOWED)
+    by_task: dict[str, Any] = spec(default_factory=dict, kind=dict, omit_empty=True,  # a job_subdir per task
+                                   check=lambda v: all(isinstance(p, str) and path_refusal(p, single=False) is None
+                                                       for p in v.values()),
+                                   allowed=f"a group of task: job_subdir, each {SUBPATH_ALLOWED}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -280,7 +290,8 @@ def _task_groups() -> set[str]:
     from training.app.tasks import DECLARED
 
     own = {f.name for f in dataclasses.fields(JobConfig)}
-    return {g for uses in DECLARED.values() for g in (uses or ()) if g not in own}
+    groups = {entry.partition(".")[0] for uses in DECLARED.values() for entry in (uses or ())}
+    return groups - own
 
 
 def _task_options(task: str) -> tuple[str | None, type[Any] | None]:
@@ -312,6 +323,8 @@ def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
     data = {k: v for k, v in cfg.items() if k not in NON_CONFIG_KEYS}
     job = _build(JobConfig, data, "")
     assert isinstance(job, JobConfig)
+    _check_task_reads(job)
+    _check_inside_out_dir(job)
     _check_storage(job)
     _check_fit_data(job)
     return job
@@ -333,6 +346,70 @@ def _check_fit_data(job: JobConfig) -> None:
     if e.fit_on in ("self", "holdout") and e.fit_source == "pool" and job.dataset.limit is None:
         raise ConfigError("eraser.fit_source=pool is not allowed: the pool is the rows beyond dataset.limit, which is "
                           "not set; set dataset.limit (e.g. dataset.limit=20000) or use eraser.fit_source=split")
+
+
+def _check_inside_out_dir(job: JobConfig) -> None:
+    """A job directory built under paths.out_dir (as conf/paths/default.yaml builds it) must stay there, whatever
+    its parts resolved to (each part is checked by typed.path_refusal; this is the backstop)."""
+    p = job.paths
+    out = os.path.abspath(p.out_dir)
+    for key, path in (("paths.job_dir", p.job_dir), ("paths.legacy_job_dir", p.legacy_job_dir)):
+        if path is None or not path.startswith(p.out_dir.rstrip("/") + "/"):
+            continue  # given explicitly, not built from paths.out_dir
+        norm = os.path.abspath(path)
+        if os.path.commonpath([out, norm]) != out or norm == out:
+            raise ConfigError(f"{key}={path!r} is not allowed: it resolves to {norm}, outside paths.out_dir={out}; "
+                              "the parts built from config (paths.cell, paths.job_subdir, tags) must stay inside it")
+
+
+# Keys read only when another key has a given value: (key, that key, its value, the one value accepted otherwise).
+READ_ONLY_WITH: tuple[tuple[str, str, Any, Any], ...] = (
+    ("dataset.zscore_order", "dataset.zscore", True, "before"),
+    ("arch.swiglu_ratio", "arch.activation", "swiglu", None),
+    ("mdl.eval_every_steps", "mdl.full_run", True, None),  # MDL: the full run's validation cadence only
+)
+
+
+def _task_reads(task: str, key: str) -> bool:
+    """Whether `key` enters task `task`'s hash (its declared `uses`: every group, a group, or the key itself)."""
+    uses = _task_uses(task)
+    return uses is None or key in uses or key.split(".", 1)[0] in uses
+
+
+def _value(job: JobConfig, key: str) -> Any:
+    group, name = key.split(".", 1)
+    return getattr(job, group).to_dict().get(name, dataclasses.MISSING)
+
+
+def _shown(v: Any) -> str:
+    """A value as it is written on the command line (true, null, swiglu)."""
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b and type(a) is type(b)
+
+
+def _check_task_reads(job: JobConfig) -> None:
+    """A hashed key the job's task does not read (training/app/tasks.py FIXED), or that is read only with another
+    key's value (READ_ONLY_WITH), must keep the one value it accepts: otherwise it would change the job's hash (and
+    directory) but not its numbers."""
+    from training.app.tasks import fixed_keys
+
+    for key, accepted in fixed_keys(job.task).items():
+        value = _value(job, key)
+        if value is not dataclasses.MISSING and not _same(value, accepted):
+            raise ConfigError(f"{key}={_shown(value)} is not allowed with task={job.task}: the task does not read "
+                              f"{key} (it would change the job's hash, not its numbers); leave it at "
+                              f"{_shown(accepted)} or use another task")
+    for key, when, needed, accepted in READ_ONLY_WITH:
+        if not (_task_reads(job.task, key) and _task_reads(job.task, when)):
+            continue  # e.g. gs_erased_eval reads mdl.eval_every_steps and has no full run
+        value = _value(job, key)
+        if value is not dataclasses.MISSING and not _same(value, accepted) and not _same(_value(job, when), needed):
+            raise ConfigError(f"{key}={_shown(value)} is not allowed: {key} is read only with {when}={_shown(needed)} "
+                              f"(here {_shown(_value(job, when))}); leave it at {_shown(accepted)} or set "
+                              f"{when}={_shown(needed)}")
 
 
 def _check_storage(job: JobConfig) -> None:
@@ -539,7 +616,7 @@ def semantic(cfg: Mapping[str, Any] | Section, fill_defaults: bool = True) -> di
     out = _semantic(JobConfig, data, fill_defaults)
     uses = _task_uses(str(data.get("task", "mdl")))
     if uses is not None:
-        out = {k: v for k, v in out.items() if k in ("task", "seed", *uses)}
+        out = _only(out, ("task", "seed", *uses))
     eraser = out.get("eraser")
     if isinstance(eraser, dict) and isinstance(eraser.get("options"), dict):
         eraser["options"] = _data_options(str(eraser.get("name")), eraser["options"])
@@ -547,6 +624,16 @@ def semantic(cfg: Mapping[str, Any] | Section, fill_defaults: bool = True) -> di
         used = fit_keys_used(eraser["fit_on"], eraser.get("fit_source"))
         out["eraser"] = {k: v for k, v in eraser.items() if k not in FIT_KEYS or k in used}
     return out
+
+
+def _only(out: Mapping[str, Any], uses: tuple[str, ...]) -> dict[str, Any]:
+    """The part of a semantic config a task reads: whole groups (`dataset`) and single keys (`mdl.patience`)."""
+    kept: dict[str, Any] = {k: v for k, v in out.items() if k in uses}
+    for entry in uses:
+        group, _, key = entry.partition(".")
+        if key and isinstance(out.get(group), Mapping) and key in out[group]:
+            kept.setdefault(group, {})[key] = out[group][key]
+    return kept
 
 
 def _semantic(cls: type[Section], data: Mapping[str, Any], fill_defaults: bool) -> dict[str, Any]:

@@ -23,12 +23,29 @@ from erasure.registry import Registry
 
 Task = Callable[[Mapping[str, Any]], dict[str, Any]]
 
-# name -> the config groups the task reads (hashed besides `task` and `seed`); None: every group.
+# name -> the config groups the task reads (hashed besides `task` and `seed`); None: every group. A dotted entry
+# (`mdl.patience`) names one key of a group the task reads only in part.
+_ERASED_EVAL_MDL = tuple(f"mdl.{k}" for k in ("val_size", "val_frac", "patience", "max_epochs", "eval_every_steps",
+                                              "stop_after_warmup", "min_steps", "patience_min_steps"))
 DECLARED: Mapping[str, tuple[str, ...] | None] = MappingProxyType({
     "mdl": None,  # training/mdl/job.py
     "gs_two_moons": ("dataset", "regularizer", "gs"),  # training/starvation/moons.py
     "gs_colored_mnist": ("dataset", "regularizer", "gs"),  # training/starvation/colored_mnist.py
-    "gs_erased_eval": ("dataset", "eraser", "arch", "optim", "mdl", "regularizer", "gs"),  # .../erased_eval.py
+    "gs_erased_eval": ("dataset", "eraser", "arch", "optim", *_ERASED_EVAL_MDL, "regularizer", "gs"),  # erased_eval.py
+})
+
+# name -> hashed keys (of the groups it reads) that the task does not read, each with the one value it accepts:
+# any other value is refused in one line (a key that enters the hash and changes nothing makes a "null" that is
+# not one). tests/test_task_keys.py walks every task × every hashed key.
+_NOT_AN_IMAGE_PIPELINE = {"dataset.augment": False, "dataset.zscore": False, "dataset.zscore_order": "before",
+                          "dataset.limit": None, "dataset.permute_labels": False}
+FIXED: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "mdl": {},
+    "gs_two_moons": {"dataset.name": "two_moons", **_NOT_AN_IMAGE_PIPELINE},
+    "gs_colored_mnist": {"dataset.name": "colored_mnist", **_NOT_AN_IMAGE_PIPELINE},
+    # the eraser is always fitted on the training split and applied to held-out data; no augmentation
+    "gs_erased_eval": {"dataset.zscore": False, "dataset.zscore_order": "before", "eraser.fit_on": "all",
+                       "eraser.after_augment": False},
 })
 
 
@@ -56,6 +73,11 @@ def task_names() -> list[str]:
 def task_uses(name: str) -> tuple[str, ...] | None:
     """The groups task `name` reads and its hash covers; None for every group (and for an unknown name)."""
     return DECLARED.get(name)
+
+
+def fixed_keys(name: str) -> Mapping[str, Any]:
+    """The hashed keys task `name` does not read, each with the one value it accepts (see FIXED)."""
+    return FIXED.get(name, {})
 
 
 def get_task(name: str) -> Task:

@@ -73,10 +73,29 @@ def auto_or_positive_int(default: Any = "auto", **kw: Any) -> Any:
 
 
 def path_part(**kw: Any) -> Any:
-    """A name that becomes one directory of the job's path (`dataset.tag`, `arch.tag`): never empty, no `/`, `\\`
-    or `..` (which would put the job outside paths.out_dir/runs)."""
-    return spec(kind=str, check=lambda v: bool(v.strip()) and not any(c in v for c in ("/", "\\", "..", "\0")),
-                allowed="a non-empty name without /, \\ or .. (it names a directory)", **kw)
+    """A name that becomes one directory of the job's path (`dataset.tag`, `arch.tag`): see `path_refusal`."""
+    return spec(kind=str, check=lambda v: path_refusal(v, single=True) is None, allowed=NAME_ALLOWED, **kw)
+
+
+NAME_ALLOWED = "a non-empty name without /, \\ or .. (it names a directory)"
+SUBPATH_ALLOWED = "a relative path without .. or empty parts (it names directories under paths.out_dir)"
+
+
+def path_refusal(value: str, single: bool) -> str | None:
+    """Why `value` may not be a part of a job's path built from config, or None. The one check of every such part
+    (`dataset.tag`, `arch.tag`, `paths.cell`: one name, `single`; `paths.job_subdir`, `paths.by_task.*`: a relative
+    path): never empty, no NUL, no `..` (it would put the job outside paths.out_dir), no absolute part."""
+    if not value.strip() or "\0" in value:
+        return "empty" if not value.strip() else "a NUL character"
+    if single and ("/" in value or "\\" in value):
+        return "a separator where one name is expected"
+    if ".." in value:
+        return "'..' (it would leave paths.out_dir)"
+    if value.startswith(("/", "\\")) or (len(value) > 1 and value[1] == ":"):
+        return "an absolute path"
+    if any(not part.strip() for part in value.replace("\\", "/").split("/")):
+        return "an empty part (//)"
+    return None
 
 
 def kind_name(kinds: tuple[type, ...]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -49,6 +50,7 @@ def job(cfg: DictConfig) -> float | None:
     sigint_back_in_local_job()
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
+    resolved = anchored(resolved, Path(HydraConfig.get().runtime.cwd))
     try:
         job = load_config(resolved)  # normally checked earlier, by the job_status callback
         with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
@@ -72,6 +74,24 @@ def job(cfg: DictConfig) -> float | None:
         exit_user_error(line, err)
     code = result["mdl"] if isinstance(result.get("mdl"), dict) else {}
     return code["bits_per_sample"] if "bits_per_sample" in code else None
+
+
+PATH_KEYS = (("paths", "out_dir"), ("paths", "data_dir"), ("paths", "cache_dir"), ("paths", "job_dir"),
+             ("paths", "legacy_job_dir"), ("dataset", "root"))
+
+
+def anchored(resolved: dict[str, Any], start: Path) -> dict[str, Any]:
+    """The config with its relative paths made absolute against `start`, the directory the command was started in,
+    when the job runs elsewhere (`hydra.job.chdir=true` moves it into its run directory, where a relative
+    paths.out_dir would nest every output inside the job's own directory). Unchanged when it runs where it started."""
+    if Path.cwd().resolve() == start.resolve():
+        return resolved
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in resolved.items()}
+    for group, key in PATH_KEYS:
+        value = out.get(group, {}).get(key) if isinstance(out.get(group), dict) else None
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            out[group][key] = str(start / value)
+    return out
 
 
 # The entry. `job` stays a plain module-level function so that a launcher running jobs in other processes (joblib,

@@ -51,7 +51,7 @@ from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
 from training.errors import NonFiniteError
 from training.mdl.code import paper_code, prequential_code
-from training.mdl.precheck import fit_plan, load_data, precheck, with_permuted_labels
+from training.mdl.precheck import data_fingerprint, fit_plan, load_data, precheck, with_permuted_labels
 from training.mdl.precheck import forget as forget_loaded
 from training.mdl.splits import MdlSplit, make_split
 from training.mdl.stop_keys import say_stop_keys
@@ -442,7 +442,7 @@ def _check_runtime(cfg: JobConfig, device: torch.device) -> None:
 def run_job(config: Mapping[str, Any] | JobConfig) -> dict[str, Any]:
     try:
         return run_in_job_dir(config, _mdl_body, precheck=_check_runtime, describe=_describe,
-                              finite=("mdl", "final"))
+                              finite=("mdl", "final"), complete=("mdl",), fingerprint=data_fingerprint)
     finally:
         forget_loaded()  # a job that skipped after waiting on its lock did not use the data its precheck loaded
 

@@ -53,6 +53,15 @@ def load_data(cfg: JobConfig) -> LoadedData:
     return data if data is not None else load_dataset(cfg.dataset, cfg.paths.data_dir)
 
 
+def data_fingerprint(cfg: JobConfig) -> Any:
+    """The fingerprint of the job's data as it is on disk now (result.json's `dataset.fingerprint`), to compare with a
+    finished result's; the data is kept for the job's body in case the job runs again."""
+    data = load_dataset(cfg.dataset, cfg.paths.data_dir)
+    _LOADED.clear()
+    _LOADED[_key(cfg)] = data
+    return data.info["fingerprint"]
+
+
 def forget() -> None:
     """Drop the data a precheck loaded for a job that did not use it (it skipped after waiting on the lock)."""
     _LOADED.clear()

@@ -59,12 +59,11 @@ def run(job: JobRun) -> dict[str, Any]:
     import erasure
     from models import build_model, make_optimizer
     from training.mdl.job import fit_config, resolve_optim
+    from training.mdl.precheck import with_permuted_labels
 
-    cfg, device = job.cfg, job.device
-    if cfg.dataset.zscore:
-        raise ValueError("gs_erased_eval does not support dataset.zscore")
+    cfg, device = job.cfg, job.device  # dataset.zscore is refused by the config check (tasks.py FIXED)
     seed, gs, m = cfg.seed, cfg.task_options or ErasedEvalTask(), cfg.mdl
-    data = load_dataset(cfg.dataset, cfg.paths.data_dir)
+    data = with_permuted_labels(cfg, load_dataset(cfg.dataset, cfg.paths.data_dir))  # the null: before the split
     x, y, k = data.x, data.y, data.num_classes
     idx = split(len(y), seed, gs.test_frac, m.val_size, m.val_frac)
     name, options = cfg.eraser.name, dict(cfg.eraser.options)
@@ -83,7 +82,8 @@ def run(job: JobRun) -> dict[str, Any]:
                          warmup_steps=hp["warmup_steps"])
     on = {p: (x[i].to(device), y[i].to(device)) for p, i in idx.items()}
     member = Member(model, opt, torch.arange(len(on["train"][1]), device=device),
-                    generator(seed, "batches", "gs_erased_eval"), fit_config(cfg, hp["warmup_steps"]))
+                    generator(seed, "batches", "gs_erased_eval"),
+                    fit_config(cfg, hp["warmup_steps"], m.eval_every_steps))
     res = fit(member, TrainData(*on["train"], *on["val"]), build_regularizer(cfg.regularizer, k), desc="gs_erased_eval")
     # fit() returns the best state with model and optimizer in eval mode: score as is.
     t = fit_temperature(model, *on["val"])
@@ -109,4 +109,9 @@ def task(config: Any) -> dict[str, Any]:
         log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
                  "original held-out metrics); no job written to %s", cfg.paths.job_dir)
         return {}
-    return run_task(cfg, run)
+    return run_task(cfg, run, fingerprint=data_fingerprint)
+
+
+def data_fingerprint(cfg: JobConfig) -> Any:
+    """The fingerprint of the job's data on disk now (a finished result on other data is not reused)."""
+    return load_dataset(cfg.dataset, cfg.paths.data_dir).info["fingerprint"]

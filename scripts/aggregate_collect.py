@@ -45,6 +45,7 @@ UNUSED_FIT_KEYS = {"all": ("eraser.fit_fraction", FOLD_KEY, REPEAT_KEY, "eraser.
 UNITS = [["dataset", "arch", "width", "depth"], ["dataset", "arch", "depth", "eraser", "variant"],
          ["dataset", "arch", "width", "eraser", "variant"]]
 PAPER_KEYS = ("optim.lr", "optim.beta1", "optim.warmup_steps")  # conf/optim/schedulefree.yaml: the paper's rule
+PAPER_TABLES = ("arch.paper_optim.", "dataset.paper_lr.")  # the tables of that rule (not hashed, not identity)
 PAPER_RULE = "paper_optim"  # such a key at the value its rule gives (arch.paper_optim per eraser family)
 MISSING_KEY = "?"  # a key the result did not record (written before the key existed)
 UNKNOWN_COMMIT = "unknown"
@@ -166,8 +167,9 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
         flat.pop("eraser.fit_source", None)  # split: the default (absent in results written before pool existed)
     for key in UNUSED_FIT_KEYS.get(str(fit_on), ()):
         flat.pop(key, None)
+    tables = {k: v for k, v in flatten(cfg).items() if k.startswith(PAPER_TABLES)}  # not hashed: the stored config's
     for key in PAPER_KEYS:
-        if key in flat and (flat[key] is None or flat[key] == _paper_value(flat, key)):
+        if key in flat and (flat[key] is None or flat[key] == _paper_value({**tables, **flat}, key)):
             flat[key] = PAPER_RULE
     if numerics_version is not None and "numerics_version" not in flat:
         flat["numerics_version"] = numerics_version

@@ -102,7 +102,8 @@ class DatasetConfig(OptionsSection):
     zscore_order: str = one_of("before", "before", "after")  # standardise before erasure (ours) or after (paper code)
     root: str | None = spec(None, kind=str, optional=True, hash=False)  # where the files are, not what they are
     download: bool = flag(True, hash=False)
-    paper_lr: dict[str, Any] = spec(default_factory=dict, kind=dict, omit_empty=True)  # the paper's lr per arch
+    # the paper's lr per arch: a table conf/optim interpolates into optim.lr (hashed itself), so not hashed
+    paper_lr: dict[str, Any] = spec(default_factory=dict, kind=dict, omit_empty=True, hash=False)
     permute_labels: bool = spec(kind=bool, allowed="true or false")  # default: conf/config.yaml
 
 
@@ -144,7 +145,8 @@ class ArchConfig(OptionsSection):
     base_width: int | None = positive_int(None, optional=True)
     base_depth: int = positive_int(2)
     parametrization: str = one_of("mup", "mup", "sp")
-    paper_optim: dict[str, Any] = spec(default_factory=dict, kind=dict)  # read by conf/optim (lr per family)
+    # read by conf/optim (lr per eraser family): a table interpolated into optim.* (hashed themselves), so not hashed
+    paper_optim: dict[str, Any] = spec(default_factory=dict, kind=dict, hash=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -623,7 +625,26 @@ def semantic(cfg: Mapping[str, Any] | Section, fill_defaults: bool = True) -> di
     if isinstance(eraser, dict) and "fit_on" in eraser:  # keys the fitting mode does not read: not hashed
         used = fit_keys_used(eraser["fit_on"], eraser.get("fit_source"))
         out["eraser"] = {k: v for k, v in eraser.items() if k not in FIT_KEYS or k in used}
+    if isinstance(out.get("eraser"), dict) and not _batch_erasing(out["eraser"], out.get("dataset")):
+        out["eraser"].pop("after_augment", None)  # nothing is erased per batch: the key changes nothing
     return out
+
+
+def _batch_erasing(eraser: Mapping[str, Any], dataset: Any) -> bool:
+    """Whether `eraser.after_augment` can change a job's numbers: not for an eraser that edits the dataset once (the
+    job then ignores it) nor for the identity control, unless a z-score follows it per batch
+    (`dataset.zscore_order=after`)."""
+    from erasure.registry import ERASERS
+
+    name = str(eraser.get("name"))
+    if name not in ERASERS:
+        return True
+    meta = ERASERS.meta(name)
+    if meta["kind"] == "edit":
+        return False
+    if meta["family"] != "control":
+        return True
+    return isinstance(dataset, Mapping) and bool(dataset.get("zscore")) and dataset.get("zscore_order") == "after"
 
 
 def _only(out: Mapping[str, Any], uses: tuple[str, ...]) -> dict[str, Any]:

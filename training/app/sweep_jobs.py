@@ -68,7 +68,11 @@ def fast_expand(experiment: str, extra: Sequence[str] = ()) -> list[dict[str, An
     """Resolved job configs (plain dicts) of every job of `python -m training.run -m experiment=<experiment>
     <extra>`, in launch order: == `sweeps.expand(experiment, extra)`, at one composition per distinct tuple of
     group choices."""
-    combos = sweep_overrides(experiment, extra)
+    return expand_overrides(sweep_overrides(experiment, extra))
+
+
+def expand_overrides(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
+    """The resolved job config of each override list (one job's, as `sweeps.sweep_overrides` gives them)."""
     with _parse_once():
         if GlobalHydra.instance().is_initialized():
             return _expand(combos)
@@ -76,7 +80,7 @@ def fast_expand(experiment: str, extra: Sequence[str] = ()) -> list[dict[str, An
             return _expand(combos)
 
 
-def _expand(combos: list[list[str]]) -> list[dict[str, Any]]:
+def _expand(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
     parsed = _Parsed()
     composed: dict[tuple[str, ...], DictConfig] = {}
     jobs = []
@@ -85,7 +89,7 @@ def _expand(combos: list[list[str]]) -> list[dict[str, Any]]:
         choices = tuple(line for line, _, is_value in kinds if not is_value)
         if choices not in composed:
             composed[choices] = compose("config", overrides=list(choices))
-        cfg = copy.deepcopy(composed[choices])
+        cfg = copy.deepcopy(composed[choices])  # the composed config is shared: each job changes a copy
         ConfigLoaderImpl._apply_overrides_to_config([ov for _, ov, is_value in kinds if is_value], cfg)
         resolved = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(resolved, dict)

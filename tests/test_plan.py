@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -126,7 +127,7 @@ def test_cost_from_bench_and_gpu_report_with_their_source_and_toy_reports_ignore
     bench.write_text(json.dumps({"device": "cpu", "n": 8000, "d": 768, "epochs": 20, "seeds": 2, "threads": 2,
                                  "median_s": {"naive": 100.0, "ours": 72.0}}))
     gpu = tmp_path / "gpu_report.json"
-    toy = {"updated": "2026-11-01T00:00:00+00:00", "env": {"device": {"name": "CPU: x"}},
+    toy: dict[str, Any] = {"updated": "2026-11-01T00:00:00+00:00", "env": {"device": {"name": "CPU: x"}},
            "steps": {"job_mlp": {"status": "ok", "figures": {"wall_s": 9.0, "device": "cpu",
                                                              "epochs_per_block": [1]}}}}
     gpu.write_text(json.dumps(toy))

@@ -93,5 +93,5 @@ def _expand(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
         ConfigLoaderImpl._apply_overrides_to_config([ov for _, ov, is_value in kinds if is_value], cfg)
         resolved = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(resolved, dict)
-        jobs.append(resolved)
+        jobs.append({str(k): v for k, v in resolved.items()})
     return jobs

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.errors import HydraException
+
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import config_hash, load_config
@@ -273,8 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         print(report(args.experiment, args.overrides, args.cells, args.bench, args.gpu_report))
-    except UserError as err:
-        print(f"plan: {err}", file=sys.stderr)
+    except (UserError, HydraException) as err:  # a bad override: Hydra's message, as `training.run` would say it
+        print(f"plan: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     return 0
 

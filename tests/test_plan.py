@@ -81,6 +81,12 @@ def test_a_bad_override_fails_as_in_hydra(tmp_path: Path) -> None:
         fast_expand("smoke", bad)
 
 
+def test_plan_says_a_bad_override_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan.main(["smoke", "arch.no_such_key=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("plan: Could not override 'arch.no_such_key'") and "\n" not in err
+
+
 # --------------------------------------------------------------------------------------- done / remaining
 def _write_result(job: plan.Job, cfg_hash: str) -> None:
     job.job_dir.mkdir(parents=True, exist_ok=True)

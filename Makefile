@@ -13,7 +13,7 @@ GPU_REPORT_ARGS ?=
 REPORT_PY = $(if $(wildcard $(PY)),$(PY),python3)
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=disabled
 
-.PHONY: help setup test test-all demo calibrate lint clean reproduce tables bench gpu-report gpu-wheels slurm-up slurm-down
+.PHONY: help setup test test-all demo calibrate lint clean reproduce plan tables bench gpu-report gpu-wheels slurm-up slurm-down
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -55,11 +55,15 @@ reproduce: setup  ## run a preset, then aggregate it (also after failed jobs): m
 	  $(PY) scripts/aggregate.py --experiment $(EXP) --name $(EXP) $(addprefix --override ,$(ARGS)) || rc=1; \
 	  exit $$rc
 
+plan: setup  ## a sweep's jobs, cells, done/remaining and CPU/GPU hours, without running it: make plan EXP=<name> [ARGS="k=v ..."]
+	$(PY) -m scripts.plan $(EXP) $(ARGS)
+
 tables: setup  ## aggregate whatever is in outputs/runs into outputs/tables/
 	$(PY) scripts/aggregate.py outputs/runs --name all
 
 bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm; BENCH_ARGS=--device cuda
-	WANDB_MODE=disabled $(PY) scripts/bench_mdl.py --fused $(BENCH_ARGS)
+	mkdir -p outputs/bench
+	WANDB_MODE=disabled $(PY) scripts/bench_mdl.py --fused --json outputs/bench/bench_mdl.json $(BENCH_ARGS)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) scripts/bench_cache.py
 
 gpu-report:  ## GPU checks (tests, one job per arch, erasers, speed, sweep cost) → outputs/gpu_report/*.json|md; CPU toy sizes without CUDA

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -54,9 +55,11 @@ def _finite(build: Callable[[], tuple[Tensor, dict[str, Any]]], name: str, datas
     return checked
 
 
+Erased = tuple[Tensor, dict[str, Any], bool, dict[str, Any]]  # erased x, report, cache hit, the entry's key
+
+
 def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
-                  rank_hint: int | None = None, eraser: Eraser | None = None
-                  ) -> tuple[torch.Tensor, dict[str, Any], bool]:
+                  rank_hint: int | None = None, eraser: Eraser | None = None) -> Erased:
     """`data` erased by `name` fitted on it, through the cache; `eraser`: that eraser, already fitted (a cache miss
     then applies it, which is what `erasure.erase` does after fitting)."""
     from erasure import erase
@@ -73,8 +76,9 @@ def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache
                 x, report = erase(name, flat, data.y, dict(options), rank_hint=rank_hint)
         return x, report
 
-    x, report, hit = cached_erase(cache_dir, _cache_key(data, name, options), _finite(build, name, data.name))
-    return x.reshape(data.x.shape), report, hit
+    key = _cache_key(data, name, options)
+    x, report, hit = cached_erase(cache_dir, key, _finite(build, name, data.name))
+    return x.reshape(data.x.shape), report, hit, key
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,7 @@ def holdout_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _erase_holdout(fit: LoadedData, coded: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
-                   rank_hint: int | None, eraser: Eraser | None = None) -> tuple[torch.Tensor, dict[str, Any], bool]:
+                   rank_hint: int | None, eraser: Eraser | None = None) -> Erased:
     """Fit on `fit`, apply to `coded`, through the cache (keyed by both); `eraser`: already fitted on `fit`."""
     from erasure import fit as fit_eraser
     from training.data.cache import cached_erase
@@ -154,11 +158,11 @@ def _erase_holdout(fit: LoadedData, coded: LoadedData, name: str, options: Mappi
 
     key = {**_cache_key(coded, name, options), "fitted_on": fit.content_hash()}
     x, report, hit = cached_erase(cache_dir, key, _finite(build, name, fit.name))
-    return x.reshape(coded.x.shape), report, hit
+    return x.reshape(coded.x.shape), report, hit, key
 
 
 def _erase_oracle(coded: LoadedData, oracle: OracleFit, name: str, options: Mapping[str, Any], cache_dir: Path
-                  ) -> tuple[torch.Tensor, dict[str, Any], bool]:
+                  ) -> Erased:
     """Fit on the oracle's fresh draws from moments accumulated chunk by chunk, apply to `coded`, through the cache
     (keyed by the coded data and the draws' identity)."""
     from erasure.streaming import fit_chunks
@@ -174,7 +178,7 @@ def _erase_oracle(coded: LoadedData, oracle: OracleFit, name: str, options: Mapp
 
     key = {**_cache_key(coded, name, options), "fitted_on": {"oracle": oracle.key}}
     x, report, hit = cached_erase(cache_dir, key, _finite(build, name, coded.name))
-    return x.reshape(coded.x.shape), report, hit
+    return x.reshape(coded.x.shape), report, hit, key
 
 
 def _apply_fitted(eraser: Eraser, flat: Tensor, y: Tensor, in_sample: bool) -> tuple[Tensor, dict[str, Any]]:
@@ -210,7 +214,7 @@ def fit_cached(fit: LoadedData, name: str, options: Mapping[str, Any], cache_dir
 
 def alf_rank(data: LoadedData, cache_dir: Path) -> int | None:
     """The rank ALF-QLEACE (default options) removes on this dataset, fitting it through the cache if needed."""
-    _, report, _ = _erase_cached(data, "alf_qleace", {}, cache_dir)
+    _, report, _, _ = _erase_cached(data, "alf_qleace", {}, cache_dir)
     rank = report.get("rank_removed")
     return int(rank) if rank is not None else None
 
@@ -238,6 +242,34 @@ def certify_original(data: LoadedData, cache_dir: Path) -> dict[str, Any]:
         atomic_write_json(path, cert)
     except OSError as err:  # a cache: not worth losing the job over
         log.warning("could not cache the certificate in %s (%s); going on", path, err)
+    return cert
+
+
+def certify_erased(x: Tensor, y: Tensor, key: Mapping[str, Any], cache_dir: Path) -> dict[str, Any]:
+    """Certificate of erased data `x` (the erased-data cache entry of `key`) with labels `y`, cached in that entry
+    as `certificate-<labels hash>.json`: every seed of a `fit_on=all` cell codes the same erased data and labels.
+    Written only into a complete entry (its manifest present), so a rebuilt entry drops its old certificates; a
+    corrupt or unreadable file is recomputed with one log line."""
+    from training.data.cache import key_hash, unreadable_line
+
+    entry = cache_dir / "erased" / key_hash(key)
+    labels = hashlib.sha256(y.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+    path = entry / f"certificate-{labels}.json"
+    try:
+        cached = read_json(path)
+    except OSError as err:  # another user's file in a shared directory: not corrupt, not ours to replace
+        log.warning("%s", unreadable_line(path, err, "cached certificate", "computing it again"))
+        return certify(x, y)
+    if isinstance(cached, dict):
+        return cached
+    if cached is not None:  # parsed, but not a certificate
+        log.warning("ignoring %s: it holds a %s, not a certificate; computing it again", path, type(cached).__name__)
+    cert = certify(x, y)
+    if (entry / "manifest.json").is_file():
+        try:
+            atomic_write_json(path, cert)
+        except OSError as err:  # a cache: not worth losing the job over
+            log.warning("could not cache the certificate in %s (%s); going on", path, err)
     return cert
 
 
@@ -271,7 +303,7 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certif
         options = holdout_options(name, options)
     info: dict[str, Any] = {"name": name, "options": options, "fit": _fit_info(plan, fit, coded)}
     identity = ERASERS.meta(name)["family"] == "control"
-    eraser = None
+    eraser, key = None, None
     if identity:
         x, info["report"], info["cache_hit"] = coded.x, {"rank_removed": 0}, None
     else:
@@ -284,19 +316,20 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certif
             assert fit is not None, "the schema refuses eraser.after_augment with fit_on=oracle"
             eraser, info["eraser_cache_hit"] = fit_cached(fit, name, options, cache_dir, rank_hint)
         if in_sample:
-            x, info["report"], info["cache_hit"] = _erase_cached(coded, name, options, cache_dir, rank_hint, eraser)
+            x, info["report"], info["cache_hit"], key = _erase_cached(coded, name, options, cache_dir, rank_hint,
+                                                                      eraser)
         elif plan is not None and plan.oracle is not None:
-            x, info["report"], info["cache_hit"] = _erase_oracle(coded, plan.oracle, name, options, cache_dir)
+            x, info["report"], info["cache_hit"], key = _erase_oracle(coded, plan.oracle, name, options, cache_dir)
         else:
             assert fit is not None
             _warn_label_injection(name, fit)
-            x, info["report"], info["cache_hit"] = _erase_holdout(fit, coded, name, options, cache_dir, rank_hint,
-                                                                  eraser)
+            x, info["report"], info["cache_hit"], key = _erase_holdout(fit, coded, name, options, cache_dir,
+                                                                       rank_hint, eraser)
         log.info("eraser %s: %s", name, "cache hit" if info["cache_hit"] else "fitted and cached")
     info["seconds"] = time.perf_counter() - t0
     if with_certificate:
         before = certify_original(coded, cache_dir)
-        after = before if identity else certify(x, coded.y)
+        after = before if key is None else certify_erased(x, coded.y, key, cache_dir)
         info["certificate"] = {"before": before, "after": after}
     return x, info, eraser
 

@@ -1,0 +1,285 @@
+"""`make plan EXP=<preset> [ARGS="k=v ..."]`: what a sweep would run, without running it.
+
+    .venv/bin/python -m scripts.plan paper_table_c                  # the preset as `make reproduce` runs it
+    .venv/bin/python -m scripts.plan demo seed=0,1 paths.out_dir=/scratch/me --cells 0
+
+Prints the jobs and their cells (one line per job directory's parent, c<cell hash>: dataset/eraser/arch, the
+swept values that are not in that path, its seeds), how many jobs already finished (a result.json with this job's
+config hash in its directory: the job would SKIP) and how many remain, and the cost of those that remain, from
+per-job costs measured earlier, each figure with the file and date it comes from:
+  - this sweep's finished jobs (their result.json `timings.total_s`, by architecture and device);
+  - CPU: `make bench` (outputs/bench/bench_mdl.json: one MLP-128 prequential MDL, no early stopping);
+  - GPU: `make gpu-report` (outputs/gpu_report/gpu_report.json: one job per architecture, epochs capped).
+Without a measurement it says so ("no measurement: run make bench") instead of guessing.
+
+The sweep is expanded by training/app/sweep_jobs.py (one Hydra composition per distinct group choice, the same
+job configs, hashes and directories as Hydra's): a 560-job preset in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.errors import HydraException
+
+from training.app.lifecycle import PROGRESS_FILE
+from training.app.results import RESULT_FILE, read_result, same_config
+from training.app.schema import config_hash, load_config
+from training.app.sweep_jobs import fast_expand
+from training.app.sweeps import sweep_overrides
+from training.errors import UserError
+
+BENCH_JSON = Path("outputs/bench/bench_mdl.json")
+GPU_REPORT_JSON = Path("outputs/gpu_report/gpu_report.json")
+# swept keys the cell's path already shows (<dataset>/<eraser>/<arch>-w<width>-d<depth>)
+IN_PATH = {"seed", "dataset", "eraser", "arch", "arch.width", "arch.depth", "experiment"}
+
+
+@dataclass
+class Job:
+    cfg: dict[str, Any]
+    overrides: list[str]
+    job_dir: Path
+    cfg_hash: str | None  # None: the config is refused (see `refused`)
+    refused: str | None = None
+    status: str = "to run"  # done | other config | in progress | to run | refused
+
+    @property
+    def arch(self) -> str:
+        return str(self.cfg["arch"].get("name") or self.cfg["arch"].get("tag"))
+
+
+@dataclass
+class Cell:
+    path: str
+    label: str
+    seeds: list[Any] = field(default_factory=list)
+    done: int = 0
+
+
+def job_hash(cfg: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(config hash, None), or (None, the one-line refusal) for a config the job would refuse."""
+    try:
+        return config_hash(load_config(cfg)), None
+    except UserError as err:
+        return None, str(err).splitlines()[0]
+
+
+def job_status(job: Job) -> str:
+    """What the job would do now, read as the job reads its directory (training/app/results.py JobDir.finished):
+    done (a result.json of this config: SKIP), other config (refused unless force=true), in progress (a
+    progress.json: it resumes), to run."""
+    if job.cfg_hash is None:
+        return "refused"
+    done = read_result(job.job_dir / RESULT_FILE)
+    if done is not None:
+        return "done" if same_config(done, job.cfg_hash) else "other config"
+    return "in progress" if (job.job_dir / PROGRESS_FILE).exists() else "to run"
+
+
+def plan_jobs(experiment: str, extra: Sequence[str]) -> list[Job]:
+    configs = fast_expand(experiment, extra)
+    combos = sweep_overrides(experiment, extra)
+    jobs = []
+    for cfg, combo in zip(configs, combos, strict=True):
+        h, refused = job_hash(cfg)
+        job = Job(cfg, combo, Path(cfg["paths"]["job_dir"]), h, refused)
+        job.status = job_status(job)
+        jobs.append(job)
+    return jobs
+
+
+def varying_keys(jobs: Sequence[Job]) -> list[str]:
+    """Override keys whose value differs between jobs, in the order they appear, less those the path shows."""
+    values: dict[str, set[str]] = defaultdict(set)
+    for job in jobs:
+        for line in job.overrides:
+            key, _, value = line.partition("=")
+            values[key].add(value)
+    return [k for k, v in values.items() if len(v) > 1 and k.lstrip("+") not in IN_PATH]
+
+
+def cells(jobs: Sequence[Job]) -> list[Cell]:
+    shown = varying_keys(jobs)
+    out: dict[str, Cell] = {}
+    for job in jobs:
+        key = str(job.job_dir.parent)
+        if key not in out:
+            sub = Path(job.cfg["paths"]["job_subdir"]).parent
+            given = dict(line.partition("=")[::2] for line in job.overrides)
+            extra = " ".join(f"{k}={given[k]}" for k in shown if k in given)
+            out[key] = Cell(key, f"{sub}" + (f"  {extra}" if extra else ""))
+        out[key].seeds.append(job.cfg["seed"])
+        out[key].done += job.status == "done"
+    return list(out.values())
+
+
+def spans(seeds: Sequence[Any]) -> str:
+    """0,1,2,3,5 -> "0-3,5" (seeds that are not integers are listed as they are)."""
+    if not all(isinstance(s, int) for s in seeds):
+        return ",".join(map(str, seeds))
+    nums = sorted(set(seeds))
+    parts, start = [], nums[0]
+    for a, b in zip(nums, [*nums[1:], None], strict=True):
+        if b != a + 1:
+            parts.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ",".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------- cost
+@dataclass(frozen=True)
+class Cost:
+    """Seconds per job of one architecture on one kind of device, and where that figure comes from."""
+
+    seconds: float
+    source: str
+
+
+def _date(path: Path) -> str:
+    return dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def finished_costs(jobs: Sequence[Job]) -> dict[tuple[str, str], Cost]:
+    """(device kind, arch) -> median `timings.total_s` of this sweep's finished jobs."""
+    seen: dict[tuple[str, str], list[float]] = defaultdict(list)
+    dates: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for job in jobs:
+        if job.status != "done":
+            continue
+        result = read_result(job.job_dir / RESULT_FILE) or {}
+        total = (result.get("timings") or {}).get("total_s")
+        if isinstance(total, int | float):
+            kind = "gpu" if str(result.get("device", "")).startswith("cuda") else "cpu"
+            seen[kind, job.arch].append(float(total))
+            dates[kind, job.arch].append(_date(job.job_dir / RESULT_FILE))
+    return {k: Cost(statistics.median(v), f"median of {len(v)} finished job(s) of this sweep "
+                                          f"(result.json timings.total_s, {min(dates[k])} .. {max(dates[k])})")
+            for k, v in seen.items()}
+
+
+def bench_cost(path: Path) -> tuple[dict[str, Cost], str | None]:
+    """CPU seconds per MLP job from `make bench`'s scripts/bench_mdl.py --json; or why there is none."""
+    try:
+        bench = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}, "no measurement: run make bench"
+    except (OSError, ValueError) as err:
+        return {}, f"no measurement: {path} cannot be read ({err}); run make bench"
+    if not isinstance(bench, dict) or str(bench.get("device", "")).startswith("cuda") or \
+            "ours" not in (bench.get("median_s") or {}):
+        return {}, f"no measurement: {path} holds no CPU run; run make bench"
+    per_job = float(bench["median_s"]["ours"]) / max(int(bench.get("seeds") or 1), 1)
+    what = (f"{path} ({_date(path)}): one MLP-128 prequential MDL, {bench.get('n')} x {bench.get('d')} synthetic "
+            f"rows, {bench.get('epochs')} epochs per block model, no early stopping, {bench.get('threads')} "
+            "thread(s)")
+    return {"mlp": Cost(per_job, what)}, None
+
+
+def gpu_report_cost(path: Path) -> tuple[dict[str, Cost], str | None]:
+    """GPU seconds per job of each architecture from `make gpu-report`'s job_<arch> steps; or why there are none."""
+    try:
+        report = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}, "no measurement: run make gpu-report"
+    except (OSError, ValueError) as err:
+        return {}, f"no measurement: {path} cannot be read ({err}); run make gpu-report"
+    out = {}
+    for name, step in (report.get("steps") or {}).items():
+        figures = step.get("figures") or {}
+        if not name.startswith("job_") or step.get("status") != "ok" or "wall_s" not in figures:
+            continue
+        if not str(figures.get("device", "")).startswith("cuda"):
+            continue  # a toy run on CPU: not a GPU measurement
+        epochs = max(figures.get("epochs_per_block") or [0])
+        out[name.removeprefix("job_")] = Cost(float(figures["wall_s"]), (
+            f"{path} ({report.get('updated') or _date(path)}, {report.get('env', {}).get('device', {}).get('name')}"
+            f"): one job at the paper's base size, {epochs} epoch(s) per block model (capped), CIFAR-shaped data"))
+    if not out:
+        return {}, f"no measurement: {path} has no GPU job step; run make gpu-report on a GPU"
+    return out, None
+
+
+def estimate(kind: str, remaining: Sequence[Job], costs: dict[str, Cost], missing: str | None) -> list[str]:
+    """Lines: hours for the remaining jobs whose architecture has a cost, and which have none."""
+    if not remaining:
+        return [f"{kind}: nothing left to run"]
+    by_arch: dict[str, int] = defaultdict(int)
+    for job in remaining:
+        by_arch[job.arch] += 1
+    known = {a: n for a, n in by_arch.items() if a in costs}
+    lines = []
+    if known:
+        hours = sum(n * costs[a].seconds for a, n in known.items()) / 3600
+        lines.append(f"{kind}: {hours:.2f} h for {sum(known.values())} job(s) "
+                     f"({', '.join(f'{a}: {n} x {costs[a].seconds:.1f} s' for a, n in known.items())})")
+        lines += [f"  {a}: {costs[a].source}" for a in known]
+    unknown = {a: n for a, n in by_arch.items() if a not in costs}
+    if unknown:
+        why = missing or f"no measurement for {', '.join(unknown)}"
+        lines.append(f"{kind}: {why} ({sum(unknown.values())} job(s): "
+                     f"{', '.join(f'{a} {n}' for a, n in unknown.items())})")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------------- main
+def report(experiment: str, extra: Sequence[str], max_cells: int, bench: Path, gpu_report: Path) -> str:
+    t0 = time.perf_counter()
+    jobs = plan_jobs(experiment, extra)
+    seconds = time.perf_counter() - t0
+    groups = cells(jobs)
+    counts = {s: sum(j.status == s for j in jobs) for s in ("done", "other config", "in progress", "to run",
+                                                              "refused")}
+    lines = [f"plan: experiment={experiment}" + (f" {' '.join(extra)}" if extra else "")
+             + f": {len(jobs)} jobs in {len(groups)} cells (expanded in {seconds:.1f} s)",
+             "cells (<dataset>/<eraser>/<arch>-w<width>-d<depth>/c<cell hash>, other swept values: seeds, done):"]
+    shown = groups if max_cells <= 0 else groups[:max_cells]
+    width = max((len(c.label) for c in shown), default=0)
+    lines += [f"  {c.label:<{width}}  seeds {spans(c.seeds)}  done {c.done}/{len(c.seeds)}" for c in shown]
+    if len(shown) < len(groups):
+        lines.append(f"  ... {len(groups) - len(shown)} more cells (--cells 0 lists them all)")
+    lines.append(f"jobs: {len(jobs)}; done {counts['done']} (a result.json with the same config hash: SKIP); "
+                 f"to run {len(jobs) - counts['done']}: {counts['to run']} new, {counts['in progress']} resume "
+                 f"(progress.json), {counts['other config']} hold another config's result (refused unless "
+                 f"force=true), {counts['refused']} refused")
+    for job in [j for j in jobs if j.refused][:3]:
+        lines.append(f"  refused {job.job_dir}: {job.refused}")
+    remaining = [j for j in jobs if j.status != "done"]
+    finished = finished_costs(jobs)
+    lines.append("cost of the jobs to run (per-job cost x jobs, by architecture):")
+    for kind, (costs, missing) in (("CPU", bench_cost(bench)), ("GPU", gpu_report_cost(gpu_report))):
+        here = {a: c for (k, a), c in finished.items() if k == kind.lower()}
+        lines += [f"  {line}" for line in estimate(kind, remaining, {**costs, **here}, missing)]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    p.add_argument("experiment", help="a preset of conf/experiment/")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, as `make reproduce ARGS=...` passes them")
+    p.add_argument("--cells", type=int, default=40, help="cells listed (0: all)")
+    p.add_argument("--bench", type=Path, default=BENCH_JSON, help="make bench's measurements")
+    p.add_argument("--gpu-report", type=Path, default=GPU_REPORT_JSON, help="make gpu-report's measurements")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        print(report(args.experiment, args.overrides, args.cells, args.bench, args.gpu_report))
+    except (UserError, HydraException) as err:  # a bad override: Hydra's message, as `training.run` would say it
+        print(f"plan: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""`make plan`: the fast sweep expansion equals Hydra's on every preset; done/remaining and cost are read right."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from scripts import plan
+from training.app.schema import config_hash, load_config
+from training.app.sweep_jobs import expand_overrides, fast_expand
+from training.app.sweeps import CONF_DIR, presets, sweep_overrides
+
+SPREAD = 5  # jobs per preset spread over the sweep (first and last included), plus one for each swept value not in them
+
+
+def _hydra(combos: list[list[str]]) -> list[dict]:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        out = [OmegaConf.to_container(compose("config", overrides=c), resolve=True) for c in combos]
+    assert all(isinstance(o, dict) for o in out)
+    return out  # type: ignore[return-value]
+
+
+def _hash(cfg: dict) -> str | None:
+    return plan.job_hash(cfg)[0]
+
+
+def _sample(combos: list[list[str]]) -> list[int]:
+    """Indices of `SPREAD` jobs spread over the sweep, then of the first job with each override (key=value) none of
+    those has: every swept value of every key is composed at least once."""
+    n = len(combos)
+    chosen = sorted({round(i * (n - 1) / (SPREAD - 1)) for i in range(SPREAD)}) if n > 1 else [0]
+    covered = {line for i in chosen for line in combos[i]}
+    for i, combo in enumerate(combos):
+        if set(combo) - covered:
+            chosen.append(i)
+            covered |= set(combo)
+    return chosen
+
+
+def test_every_preset_expands_as_hydra_composes_it(tmp_path: Path) -> None:
+    """Every preset: job configs, config hashes and job dirs of jobs spread over the sweep (first and last
+    included, every swept value at least once) == those of a full Hydra composition of the same jobs. A whole
+    sweep goes through the fast path in the next test; here a sample keeps 3000 Hydra compositions out of it."""
+    extra = [f"paths.out_dir={tmp_path}"]
+    checked = 0
+    for name in presets():
+        combos = sweep_overrides(name, extra)
+        idx = _sample(combos)
+        sample = [combos[i] for i in idx]
+        for i, got, want in zip(idx, expand_overrides(sample), _hydra(sample), strict=True):
+            assert got == want, f"{name} job {i}: {combos[i]}"
+            assert _hash(got) == _hash(want) and got["paths"]["job_dir"] == want["paths"]["job_dir"]
+            checked += 1
+    assert checked >= 4 * len(presets())  # 170 jobs in all today
+
+
+def test_a_whole_sweep_with_extra_group_and_value_sweeps_expands_as_hydra_does(tmp_path: Path) -> None:
+    """Every job, with ARGS that sweep a group (arch), a value that an interpolation reads (arch.width: the tag
+    and the cell hash) and an eraser option, on top of the preset's own sweep."""
+    extra = [f"paths.out_dir={tmp_path}", "arch=mlp,lenet", "arch.width=16,32", "eraser.fit_on=all,holdout"]
+    fast = fast_expand("smoke", extra)
+    combos = sweep_overrides("smoke", extra)
+    assert len(fast) == 2 * 2 * 2 * 4
+    ref = _hydra(combos)
+    assert fast == ref
+    assert [_hash(j) for j in fast] == [_hash(j) for j in ref]
+    assert len({_hash(j) for j in fast}) == len(fast)
+
+
+def test_a_bad_override_fails_as_in_hydra(tmp_path: Path) -> None:
+    bad = [f"paths.out_dir={tmp_path}", "arch.no_such_key=1"]
+    with pytest.raises(ConfigCompositionException):
+        _hydra(sweep_overrides("smoke", bad)[:1])
+    with pytest.raises(ConfigCompositionException):
+        fast_expand("smoke", bad)
+
+
+def test_plan_says_a_bad_override_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan.main(["smoke", "arch.no_such_key=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("plan: Could not override 'arch.no_such_key'") and "\n" not in err
+
+
+# --------------------------------------------------------------------------------------- done / remaining
+def _write_result(job: plan.Job, cfg_hash: str) -> None:
+    job.job_dir.mkdir(parents=True, exist_ok=True)
+    (job.job_dir / "result.json").write_text(json.dumps({"config_hash": cfg_hash, "config": job.cfg,
+                                                         "device": "cpu", "timings": {"total_s": 360.0}}))
+
+
+def test_plan_counts_done_other_config_resume_and_new(tmp_path: Path) -> None:
+    extra = [f"paths.out_dir={tmp_path}", "seed=0,1,2"]
+    jobs = plan.plan_jobs("smoke", extra)
+    assert len(jobs) == 6 and {j.status for j in jobs} == {"to run"}
+    _write_result(jobs[0], config_hash(load_config(jobs[0].cfg)))
+    _write_result(jobs[1], "0123456789abcdef")  # another configuration's result
+    jobs[2].job_dir.mkdir(parents=True)
+    (jobs[2].job_dir / "progress.json").write_text("{}")
+    jobs[3].job_dir.mkdir(parents=True)
+    (jobs[3].job_dir / "result.json").write_text("[]")  # malformed: recomputed, not done
+    statuses = [j.status for j in plan.plan_jobs("smoke", extra)]
+    assert statuses == ["done", "other config", "in progress", "to run", "to run", "to run"]
+    text = plan.report("smoke", extra, 40, tmp_path / "none.json", tmp_path / "none.json")
+    assert "6 jobs in 2 cells" in text
+    assert "done 1 " in text and "to run 5: 3 new, 1 resume" in text and "1 hold another config" in text
+    assert "seeds 0-2  done 1/3" in text and "seeds 0-2  done 0/3" in text
+
+
+def test_cell_list_shows_swept_values_not_in_the_path_and_seed_spans() -> None:
+    assert plan.spans([0, 1, 2, 3, 5, 7, 8]) == "0-3,5,7-8" and plan.spans([4]) == "4"
+    jobs = plan.plan_jobs("leakage", [])
+    cells = plan.cells(jobs)
+    assert len(cells) == 24 and all(len(c.seeds) == 3 for c in cells)
+    assert any("eraser.fit_on=holdout" in c.label and "dataset.permute_labels=True" in c.label for c in cells)
+    assert not any("seed=" in c.label or "eraser=" in c.label for c in cells)
+
+
+# --------------------------------------------------------------------------------------------------- cost
+def test_no_measurement_says_which_make_target_to_run(tmp_path: Path) -> None:
+    text = plan.report("smoke", [f"paths.out_dir={tmp_path}"], 40, tmp_path / "a.json", tmp_path / "b.json")
+    assert "CPU: no measurement: run make bench" in text and "GPU: no measurement: run make gpu-report" in text
+    assert " h for " not in text
+
+
+def test_cost_from_bench_and_gpu_report_with_their_source_and_toy_reports_ignored(tmp_path: Path) -> None:
+    bench = tmp_path / "bench_mdl.json"
+    bench.write_text(json.dumps({"device": "cpu", "n": 8000, "d": 768, "epochs": 20, "seeds": 2, "threads": 2,
+                                 "median_s": {"naive": 100.0, "ours": 72.0}}))
+    gpu = tmp_path / "gpu_report.json"
+    toy: dict[str, Any] = {"updated": "2026-11-01T00:00:00+00:00", "env": {"device": {"name": "CPU: x"}},
+           "steps": {"job_mlp": {"status": "ok", "figures": {"wall_s": 9.0, "device": "cpu",
+                                                             "epochs_per_block": [1]}}}}
+    gpu.write_text(json.dumps(toy))
+    extra = [f"paths.out_dir={tmp_path / 'runs'}", "seed=0,1,2,3,4"]  # 10 MLP jobs
+    text = plan.report("smoke", extra, 40, bench, gpu)
+    assert "CPU: 0.10 h for 10 job(s) (mlp: 10 x 36.0 s)" in text  # 72 s for 2 seeds = 36 s per job
+    assert str(bench) in text and "8000 x 768" in text
+    assert "GPU: no measurement" in text and "no GPU job step" in text  # a CPU toy run is not a GPU figure
+    toy["steps"]["job_mlp"]["figures"]["device"] = "cuda:0"
+    toy["env"]["device"]["name"] = "NVIDIA H100"
+    gpu.write_text(json.dumps(toy))
+    text = plan.report("smoke", extra, 40, bench, gpu)
+    assert "GPU: 0.03 h for 10 job(s) (mlp: 10 x 9.0 s)" in text and "2026-11-01" in text and "H100" in text
+    # finished jobs of the sweep are the better figure for the rest of it
+    jobs = plan.plan_jobs("smoke", extra)
+    _write_result(jobs[0], config_hash(load_config(jobs[0].cfg)))
+    text = plan.report("smoke", extra, 40, bench, gpu)
+    assert "CPU: 0.90 h for 9 job(s) (mlp: 9 x 360.0 s)" in text and "median of 1 finished job(s)" in text

@@ -1,0 +1,97 @@
+"""A sweep's resolved job configs without one Hydra composition per job: what `make plan` reads.
+
+Hydra composes a job in two stages: group choices (`eraser=leace`, `+experiment/net=lenet`, `hydra/...`) pick the
+defaults list, which is composed into one config; then the plain value overrides (`seed=3`, `arch.width=256`) are
+applied to it (`ConfigLoaderImpl._apply_overrides_to_config`), and interpolations resolve when the job reads them.
+`fast_expand` does the first stage once per distinct tuple of group choices and the second itself, with Hydra's
+own function on a copy of that composed (unresolved) config, so interpolations over swept keys (the job
+directory's cell hash, the tags, `optim.lr` by eraser family) resolve per job exactly as in a full compose
+(tests/test_plan.py compares job configs, hashes and directories with `sweeps.expand` on every preset).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from omegaconf import DictConfig, OmegaConf
+from omegaconf import base as omegaconf_base
+
+from training.app.schema import CONF_DIR
+from training.app.sweeps import sweep_overrides
+
+
+class _Parsed:
+    """Each distinct override string parsed once, and classified as Hydra classifies it: a value override is applied
+    to the composed config; anything else (a config group choice, a `hydra...` key) decides the composition."""
+
+    def __init__(self) -> None:
+        self.parser = OverridesParser.create()
+        self.seen: dict[str, tuple[Override, bool]] = {}
+        loader = GlobalHydra.instance().config_loader()
+        assert isinstance(loader, ConfigLoaderImpl)
+        self.repo = loader.repository
+
+    def __call__(self, line: str) -> tuple[Override, bool]:
+        if line not in self.seen:
+            (ov,) = self.parser.parse_overrides([line])
+            key = ov.key_or_group
+            value = ov.value()
+            is_value = (isinstance(value, dict) or not self.repo.group_exists(key)) and not (
+                key == "hydra" or key.startswith(("hydra.", "hydra/")) or ov.package is not None)
+            self.seen[line] = (ov, is_value)
+        return self.seen[line]
+
+
+@contextmanager
+def _parse_once() -> Iterator[None]:
+    """OmegaConf parses an interpolation string (`${paths.out_dir}/runs/...`) with its ANTLR grammar every time it
+    resolves it, half the cost of resolving a job; the jobs of a sweep share a few dozen such strings. While the
+    sweep expands, each string is parsed once (the parse tree is only read by the resolver)."""
+    original = omegaconf_base.parse
+    omegaconf_base.parse = functools.lru_cache(maxsize=4096)(original)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        omegaconf_base.parse = original  # type: ignore[assignment]
+
+
+def fast_expand(experiment: str, extra: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Resolved job configs (plain dicts) of every job of `python -m training.run -m experiment=<experiment>
+    <extra>`, in launch order: == `sweeps.expand(experiment, extra)`, at one composition per distinct tuple of
+    group choices."""
+    return expand_overrides(sweep_overrides(experiment, extra))
+
+
+def expand_overrides(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
+    """The resolved job config of each override list (one job's, as `sweeps.sweep_overrides` gives them)."""
+    with _parse_once():
+        if GlobalHydra.instance().is_initialized():
+            return _expand(combos)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return _expand(combos)
+
+
+def _expand(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
+    parsed = _Parsed()
+    composed: dict[tuple[str, ...], DictConfig] = {}
+    jobs = []
+    for combo in combos:
+        kinds = [(line, *parsed(line)) for line in combo]
+        choices = tuple(line for line, _, is_value in kinds if not is_value)
+        if choices not in composed:
+            composed[choices] = compose("config", overrides=list(choices))
+        cfg = copy.deepcopy(composed[choices])  # the composed config is shared: each job changes a copy
+        ConfigLoaderImpl._apply_overrides_to_config([ov for _, ov, is_value in kinds if is_value], cfg)
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(resolved, dict)
+        jobs.append({str(k): v for k, v in resolved.items()})
+    return jobs

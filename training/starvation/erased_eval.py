@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from training.app.lifecycle import JobRun
+from training.app.lifecycle import DataOnDisk, JobRun, Outcome
 from training.app.schema import JobConfig, load_config
 from training.app.tasks import DECLARED, TASKS
 from training.data import load_dataset
@@ -103,15 +104,15 @@ def run(job: JobRun) -> dict[str, Any]:
 
 
 @TASKS.register("gs_erased_eval", uses=USES, group="gs", options=ErasedEvalTask)
-def task(config: Any) -> dict[str, Any]:
+def task(config: Any) -> Outcome:
     cfg = config if isinstance(config, JobConfig) else load_config(config)
     if cfg.eraser.name == "control":
         log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
                  "original held-out metrics); no job written to %s", cfg.paths.job_dir)
-        return {}
+        return Outcome("skipped", Path(cfg.paths.job_dir), {})
     return run_task(cfg, run, fingerprint=data_fingerprint)
 
 
-def data_fingerprint(cfg: JobConfig) -> Any:
+def data_fingerprint(cfg: JobConfig) -> DataOnDisk:
     """The fingerprint of the job's data on disk now (a finished result on other data is not reused)."""
-    return load_dataset(cfg.dataset, cfg.paths.data_dir).info["fingerprint"]
+    return DataOnDisk(load_dataset(cfg.dataset, cfg.paths.data_dir).info["fingerprint"])

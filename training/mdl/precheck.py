@@ -29,6 +29,7 @@ from training.engine.devices import available_memory
 from training.engine.group import resolve_engine
 from training.engine.seeding import generator
 from training.errors import Refused
+from training.mdl.code import MIN_BLOCK_SAMPLES, most_blocks
 from training.mdl.splits import validation_size
 
 log = logging.getLogger(__name__)
@@ -172,15 +173,16 @@ def coded_indices(cfg: JobConfig, data: LoadedData) -> torch.Tensor | None:
 
 
 def check_blocks(cfg: JobConfig, name: str, n: int, n_coded: int) -> None:
-    """`mdl.num_blocks` must leave at least 2 samples a block (training/mdl/code.py `partition_logspace`)."""
+    """`mdl.num_blocks` must leave at least 2 samples a block (training/mdl/code.py `most_blocks`)."""
     m = cfg.mdl
     n_val = validation_size(n_coded, m.val_size, m.val_frac)
     rest = n_coded - n_val
-    if m.num_blocks <= rest // 2:
+    if m.num_blocks <= most_blocks(rest):
         return
     coded = "" if n_coded == n else f", {n_coded} coded (eraser.fit_on={cfg.eraser.fit_on})"
     raise ConfigError(f"mdl.num_blocks={m.num_blocks} is not allowed: {name} has {n} samples{coded}, {rest} to code "
-                      f"after {n_val} for validation: at most {rest // 2} blocks (of at least 2 samples; "
+                      f"after {n_val} for validation: at most {most_blocks(rest)} blocks (of at least "
+                      f"{MIN_BLOCK_SAMPLES} samples; "
                       f"mdl.min_block={m.min_block} shrinks to fit); lower mdl.num_blocks or use more data")
 
 

@@ -41,3 +41,32 @@ def fixture_job_dir(root: Path, cfg: dict[str, Any]) -> Path:
     a = cfg["arch"]
     return JobPath(cfg["dataset"]["tag"], cfg["eraser"]["name"], a["tag"], int(a["width"]), int(a["depth"]),
                    f"c{cell.hexdigest()[:8]}", int(cfg["seed"])).under(root)
+
+
+# The engine's settings have no defaults (every default lives once: training/app/schema.py); an engine test gives
+# what it tests and, through these, turns the rest off.
+FIT_OFF = {"augment": False, "eval_every_steps": None, "progress": False, "warmup_steps": 0, "min_steps": 0,
+           "patience_min_steps": 0}
+GROUP_PLAIN = {"engine": "auto", "progress": False, "compile": None, "fused_optimizer": False, "workers": 1}
+ADAMW_PLAIN = {"beta2": 0.999, "weight_decay": 0.0, "warmup_steps": 0}
+
+
+def fit_settings(**given: Any) -> Any:
+    """A `training.engine.fit.FitConfig` of `given`, the rest off (FIT_OFF)."""
+    from training.engine.fit import FitConfig
+
+    return FitConfig(**{**FIT_OFF, **given})
+
+
+def group_options(**given: Any) -> Any:
+    """A `training.engine.group.GroupOptions` of `given`, the rest plain (GROUP_PLAIN)."""
+    from training.engine.group import GroupOptions
+
+    return GroupOptions(**{**GROUP_PLAIN, **given})
+
+
+def optimizer(model: Any, **given: Any) -> Any:
+    """`models.make_optimizer` with `given` (lr, beta1, ...), the rest plain (ADAMW_PLAIN)."""
+    from models import make_optimizer
+
+    return make_optimizer(model, **{**ADAMW_PLAIN, **given})

@@ -29,7 +29,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import ENV, REPO, TINY, job_config
+from tests.helpers import ENV, REPO, TINY, fit_settings, group_options, job_config
 from training.app.lifecycle import PROGRESS_FILE, Progress, run_in_job_dir
 from training.app.schema import ConfigError, config_hash, group_config, load_config
 from training.data import load_dataset
@@ -38,7 +38,7 @@ from training.data.erase import _cache_key
 from training.data.idx import find_idx_pair
 from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, Member, TrainData, fit
-from training.engine.group import GroupOptions, fit_group
+from training.engine.group import fit_group
 from training.errors import UserError  # NonFiniteError's base (tests fail, not error, on code without it)
 from training.mdl.job import run_job
 
@@ -179,7 +179,7 @@ def _member(x: torch.Tensor, y: torch.Tensor, name: str, cfg: FitConfig) -> Memb
 
 def test_3_nan_training_loss_at_step_k_fails_fit_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     x, y = _toy()
-    cfg = FitConfig(batch_size=16, patience=50, max_epochs=10, progress=False)  # 4 steps an epoch
+    cfg = fit_settings(batch_size=16, patience=50, max_epochs=10, progress=False)  # 4 steps an epoch
     m = _member(x, y, "block model 3", cfg)
     _nan_after(monkeypatch, 6)  # step 6 (epoch 2): caught at epoch 2's validation, after step 8
     with pytest.raises(UserError) as err:
@@ -193,14 +193,14 @@ def test_3_nan_training_loss_at_step_k_fails_fit_with_one_line(monkeypatch: pyte
 def test_3_nan_training_loss_fails_the_lockstep_group_naming_the_member(monkeypatch: pytest.MonkeyPatch,
                                                                         engine: str) -> None:
     x, y = _toy()
-    cfg = FitConfig(batch_size=16, patience=50, max_epochs=10, progress=False)
+    cfg = fit_settings(batch_size=16, patience=50, max_epochs=10, progress=False)
     members = [_member(x, y, f"block model {i}", cfg) for i in (1, 2)]
     # loop engine: one cross-entropy per member per step (call 11 = member 1 at step 6); stacked: one vmapped
     # call per step for both (call 6 = step 6, every member NaN: the first one is named)
     _nan_after(monkeypatch, 11 if engine == "loop" else 6)
     with pytest.raises(UserError) as err:
         fit_group(members, TrainData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:]),
-                  GroupOptions(engine=engine))
+                  group_options(engine=engine))
     assert type(err.value).__name__ == "NonFiniteError"
     assert str(err.value) == ("non-finite training loss in block model 1 by step 8 (epoch 2): lr too high or bad "
                               "data; nothing was written as a result")

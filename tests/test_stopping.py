@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import job_config
+from tests.helpers import fit_settings, group_options, job_config
 from tests.test_vectorized import _data, _models
 from training.app.schema import MdlConfig, load_config, load_section
-from training.engine.fit import FitConfig, Member, TrainData, fit
-from training.engine.group import GroupOptions, fit_group
+from training.engine.fit import Member, TrainData, fit
+from training.engine.group import fit_group
 from training.engine.seeding import generator
 from training.engine.stopping import MAX_EPOCHS, PATIENCE, EarlyStopping
 from training.mdl.job import fit_config, stop_options
@@ -100,20 +100,20 @@ def test_fit_and_fit_group_stop_alike_and_report_why() -> None:
     data, y, xv, yv = _data()
     sizes = [45, 150, 440]  # 2, 5, 14 steps per epoch at batch 32
     subsets = [torch.arange(80, 80 + s) for s in sizes]
-    cfg = FitConfig(batch_size=32, patience=1, max_epochs=9, progress=False, warmup_steps=7, min_steps=25,
+    cfg = fit_settings(batch_size=32, patience=1, max_epochs=9, progress=False, warmup_steps=7, min_steps=25,
                     patience_min_steps=12)
     seq = [fit(Member(model, opt, subsets[k], generator(0, "b", k), cfg), TrainData(data, y, xv, yv))
            for k, (model, opt) in enumerate(_models("mlp", [0, 1, 2]))]
     members = [Member(m, o, subsets[k], generator(0, "b", k), cfg)
                for k, (m, o) in enumerate(_models("mlp", [0, 1, 2]))]
-    vec = fit_group(members, TrainData(data, y, xv, yv), GroupOptions(engine="loop"))
+    vec = fit_group(members, TrainData(data, y, xv, yv), group_options(engine="loop"))
     for s, v, n in zip(seq, vec, sizes, strict=True):
         assert (v.epochs, v.best_epoch, v.steps, v.stop_reason) == (s.epochs, s.best_epoch, s.steps, s.stop_reason)
         assert v.curve == s.curve
         assert s.steps >= 25 and s.stop_reason in (PATIENCE, MAX_EPOCHS)
         assert s.steps == s.epochs * -(-n // 32)
     assert seq[0].epochs > cfg.max_epochs  # 45 samples: 2 steps per epoch, 25 steps need 13 epochs
-    plain = FitConfig(batch_size=32, patience=1, max_epochs=9, progress=False)
+    plain = fit_settings(batch_size=32, patience=1, max_epochs=9, progress=False)
     model, opt = _models("mlp", [0])[0]
     assert fit(Member(model, opt, subsets[0], generator(0, "b", 0), plain), TrainData(data, y, xv, yv)).steps < 25
 

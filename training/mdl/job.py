@@ -8,6 +8,7 @@ exactly the uninterrupted numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -47,6 +48,7 @@ from training.engine.group import (
     resolve_engine,
     why_not_vectorized,
 )
+from training.engine.optim import OptimSettings
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
 from training.errors import NonFiniteError
@@ -59,22 +61,15 @@ log = logging.getLogger(__name__)
 LN2 = math.log(2)
 
 
-def resolve_optim(cfg: JobConfig) -> dict[str, Any]:
+def resolve_optim(cfg: JobConfig) -> OptimSettings:
     """The optimiser settings of the job (the paper's come from conf/ through optim.*), with the depth rule."""
     from models import depth_lr_multiplier
 
     o = cfg.optim
     mult = float(depth_lr_multiplier(cfg.arch)) if o.depth_lr_rule else 1.0
-    return {
-        "lr_base": float(o.lr),
-        "lr": float(o.lr) * mult,
-        "depth_lr_multiplier": mult,
-        "beta1": float(o.beta1),
-        "beta2": float(o.beta2),
-        "weight_decay": float(o.weight_decay),
-        "warmup_steps": o.warmup_steps,
-        "batch_size": o.batch_size,
-    }
+    return OptimSettings(lr_base=float(o.lr), lr=float(o.lr) * mult, depth_lr_multiplier=mult, beta1=float(o.beta1),
+                         beta2=float(o.beta2), weight_decay=float(o.weight_decay), warmup_steps=o.warmup_steps,
+                         batch_size=o.batch_size)
 
 
 def fit_config(cfg: JobConfig, warmup_steps: int, eval_every_steps: int | None = None,
@@ -112,7 +107,7 @@ class Trainer:
             self.batch_transform = batches.transform.to(device)  # the eraser's state moves to the device once
         self.y = y.to(device)
         self.num_classes, self.split, self.device = num_classes, split, device
-        self.hp = resolve_optim(cfg)
+        self.optim = resolve_optim(cfg)
         self.regularizer = build_regularizer(cfg.regularizer, num_classes)
         self.x_val, self.y_val = self.data.all(split.val_idx), self.y[split.val_idx.to(device)]
         self.input_shape = tuple(int(s) for s in x.shape[1:])
@@ -126,17 +121,16 @@ class Trainer:
         return self.cfg.mdl.eval_every_steps
 
     def fit_cfg(self, eval_every_steps: int | None = None) -> FitConfig:
-        return fit_config(self.cfg, self.hp["warmup_steps"], eval_every_steps, self.batch_transform)
+        return fit_config(self.cfg, self.optim.warmup_steps, eval_every_steps, self.batch_transform)
 
     def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
         """A fresh model (init drawn from (seed, "init", tag)), its optimizer, data subset and generator."""
-        from models import build_model, make_optimizer
+        from models import build_model
 
         with seeded_global_rng(self.seed, "init", tag):
             model = build_model(self.cfg.arch, self.input_shape, self.num_classes).to(self.device)
         self.model_info = dict(getattr(model, "info", {}))
-        opt = make_optimizer(model, lr=self.hp["lr"], beta1=self.hp["beta1"], beta2=self.hp["beta2"],
-                             weight_decay=self.hp["weight_decay"], warmup_steps=self.hp["warmup_steps"])
+        opt = self.optim.build(model)
         return Member(model, opt, idx.to(self.device), generator(self.seed, "batches", tag),
                       self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx, name=model_name(tag))
 
@@ -467,7 +461,7 @@ def _mdl_body(run: JobRun) -> dict[str, Any]:
             checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
         trainer = Trainer(cfg, x, data.y, data.num_classes, split, run.device, batches=batches, checkpoint=checkpoint)
         log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", run.path, data.name,
-                 len(data.y), len(split.val_idx), split.block_sizes, trainer.hp["lr"], run.device)
+                 len(data.y), len(split.val_idx), split.block_sizes, trainer.optim.lr, run.device)
         t_mdl = time.perf_counter()
         mdl, full_fit = run_mdl(trainer, run.progress, logger, with_full=m.full_run)
         t_full = time.perf_counter()
@@ -479,7 +473,7 @@ def _mdl_body(run: JobRun) -> dict[str, Any]:
             "dataset": data.info,
             "eraser": erasure_info,
             "model": trainer.model_info,
-            "optim": trainer.hp,
+            "optim": dataclasses.asdict(trainer.optim),
             "mdl": mdl,
             "final": final,
             "certificate": erasure_info.pop("certificate", None),

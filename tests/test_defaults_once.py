@@ -44,6 +44,15 @@ def test_the_engine_settings_declare_no_defaults() -> None:
                     "in training/app/schema.py"
 
 
+def test_the_stop_rule_declares_no_default_settings() -> None:
+    """EarlyStopping holds a model's stop rule (settings, from FitConfig) and its state (which starts empty)."""
+    from training.engine.stopping import EarlyStopping
+
+    state = {"best_loss", "best_epoch", "improved", "improved_step"}
+    for f in dataclasses.fields(EarlyStopping):
+        assert (f.default is dataclasses.MISSING) == (f.name not in state), f.name
+
+
 def test_make_optimizer_declares_no_defaults() -> None:
     params = list(inspect.signature(make_optimizer).parameters.values())[1:]
     assert {p.name for p in params} == {"lr", "beta1", "beta2", "weight_decay", "warmup_steps"}

@@ -48,18 +48,20 @@ def test_without_step_options_it_is_the_plain_epoch_rule(seed: int) -> None:
     rng = random.Random(seed)
     patience, max_epochs, spe = rng.randint(1, 6), rng.randint(3, 40), rng.randint(1, 20)
     losses = [rng.random() for _ in range(max_epochs)]
-    stop, best_epoch, _, reason = _run(EarlyStopping(patience, max_epochs, spe), losses)
+    stop, best_epoch, _, reason = _run(EarlyStopping(patience, max_epochs, spe, 0, 0, 0), losses)
     assert (stop, best_epoch, reason) == _plain_rule(losses, patience, max_epochs)
 
 
 def test_no_stop_inside_the_warmup_or_before_the_step_floor() -> None:
     # The demo's smallest block: 1 step per epoch, patience 5 epochs, loss rising from the first validation.
     rising = [1.0 + 0.01 * e for e in range(2000)]
-    assert _run(EarlyStopping(5, 60, 1), rising)[:3] == (6, 1, 6)  # the plain rule: stops inside the warm-up
-    stop, best, steps, reason = _run(EarlyStopping(5, 60, 1, warmup_steps=50), rising)
+    assert _run(EarlyStopping(5, 60, 1, 0, 0, 0), rising)[:3] == (6, 1, 6)  # the plain rule: stops inside the warm-up
+    stop, best, steps, reason = _run(EarlyStopping(5, 60, 1, warmup_steps=50, min_steps=0, patience_min_steps=0),
+                                      rising)
     assert (stop, best, steps, reason) == (50, 1, 50, PATIENCE)
     # min_steps keeps it going past max_epochs (60 steps here); the patience floor alone does not stop it early
-    stop, _, steps, reason = _run(EarlyStopping(5, 60, 1, warmup_steps=50, min_steps=300), rising)
+    stop, _, steps, reason = _run(EarlyStopping(5, 60, 1, warmup_steps=50, min_steps=300,
+                                            patience_min_steps=0), rising)
     assert (steps, reason) == (300, PATIENCE)
     # a late improvement (after the warm-up) restarts the step patience: max(5 × 1, 150) steps after it
     late = [1.0] + [2.0] * 99 + [0.5] + [2.0] * 1000

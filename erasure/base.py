@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from atomicio import atomic_write
 
 from .moments import check_labels, flatten_features
 from .threads import single_threaded
@@ -91,28 +92,10 @@ class Eraser:
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"format": FORMAT, "name": self.name, "info": self.info,
                    "state": {k: v.detach().cpu() for k, v in self.state.items()}}
-        _atomic_save(payload, path)
+        atomic_write(path, lambda tmp: torch.save(payload, tmp))  # a reader never sees half a file
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(d={self.dim}, k={self.info.get('k')})"
-
-
-def _atomic_save(payload: dict[str, Any], path: Path) -> None:
-    """torch.save to a temp file next to `path`, then one rename: a reader never sees half a file. The file gets
-    the mode `open()` would give it (0o666 less the umask), not mkstemp's 0o600."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        umask = os.umask(0o022)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-    finally:
-        os.close(fd)
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def load(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> Eraser:

@@ -98,13 +98,15 @@ def depth_lr_multiplier(arch: Arch) -> float:
 
 def make_optimizer(
     model: nn.Module,
+    *,
     lr: float,
     beta1: float,
-    weight_decay: float = 0.0,
-    warmup_steps: int = 0,
-    beta2: float = 0.999,
+    beta2: float,
+    weight_decay: float,
+    warmup_steps: int,
 ) -> schedulefree.AdamWScheduleFree:
-    """μP schedule-free AdamW: MuAdam splits matrix-like weights into groups with lr / width_mult.
+    """μP schedule-free AdamW: MuAdam splits matrix-like weights into groups with lr / width_mult. Every setting is
+    given (a job's come from its `optim` section, whose defaults live in training/app/schema.py).
 
     Remember schedule-free's modes: `optimizer.train()` before stepping, `optimizer.eval()` (and
     `model.eval()`) before evaluating or saving.

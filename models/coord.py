@@ -89,7 +89,7 @@ def coord_check(
             model = build_model(dataclasses.replace(arch, width=width), input_shape, k, parametrization=parametrization)
             if len(eff) == wi:
                 eff.append(effective_width(model))
-            opt = make_optimizer(model, lr=lr, beta1=beta1)
+            opt = make_optimizer(model, lr=lr, beta1=beta1, beta2=0.999, weight_decay=0.0, warmup_steps=0)  # plain
             model.train()
             opt.train()
             hooks = []

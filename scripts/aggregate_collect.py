@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import json
 import math
-import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from scripts.tables import PROBES
+from training.app.job_paths import JobPath
 from training.app.results import same_config, stored_config
 
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
@@ -65,8 +65,6 @@ REPORT = ["working_rank", "d", "variance_dropped_fraction", "max_noise_share", "
 # epoch in the last CAP_TAIL of the epochs it ran (at least the last one): the cap, not the data, ended it.
 CAP_TAIL = 0.1
 STOP_REASONS = ("patience", "max_epochs")
-JOB_PATH = re.compile(r"(?P<dataset>[^/]+)/(?P<eraser>[^/]+)/(?P<arch>[^/]+)-w(?P<width>\d+)-d(?P<depth>\d+)"
-                      r"(?:/c[0-9a-f]{8})?/seed(?P<seed>\d+)$")  # paths.job_subdir (and the pre-v2 layout)
 
 
 
@@ -206,12 +204,11 @@ def _cell_from_config(cfg: dict[str, Any], numerics_version: Any = None) -> dict
 
 
 def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:
-    m = JOB_PATH.search(job_dir.as_posix())
-    if m is None:
+    p = JobPath.parse(job_dir)  # paths.job_subdir (and the pre-v2 layout)
+    if p is None:
         return None
-    d = m.groupdict()
-    return {"dataset": d["dataset"], "arch": d["arch"], "width": int(d["width"]), "depth": int(d["depth"]),
-            "eraser": d["eraser"], "seed": int(d["seed"]), "fit_on": None, "fold": None, "null": None,
+    return {"dataset": p.dataset, "arch": p.arch, "width": p.width, "depth": p.depth,
+            "eraser": p.eraser, "seed": p.seed, "fit_on": None, "fold": None, "null": None,
             "protocol": "?", "settings": None, "eraser_settings": None}
 
 
@@ -289,8 +286,8 @@ def _place_unknown(df: pd.DataFrame) -> None:
 
 def _cell_dir(job_dir: str) -> str:
     """The c<hash> directory holding a job's seed directories ("" in the pre-v2 layout)."""
-    parent = Path(job_dir).parent
-    return str(parent) if re.fullmatch(r"c[0-9a-f]{8}", parent.name) else ""
+    p = JobPath.parse(job_dir)
+    return str(Path(job_dir).parent) if p is not None and p.cell is not None else ""
 
 
 def commit_of(result: dict[str, Any]) -> str:

@@ -56,7 +56,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
                                       "mdl.max_epochs=1", "mdl.full_run=false", "certificate=false",
                                       f"paths.cache_dir={args.cache}", f"device={args.device}", "force=true"])
     t0 = time.perf_counter()
-    result = run_job(cfg)
+    result = run_job(cfg).result
     seconds = time.perf_counter() - t0
     cuda = str(result.get("device", "cpu")).startswith("cuda")
     peak = (torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

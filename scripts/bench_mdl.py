@@ -116,7 +116,7 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
         ce[k] = cross_entropy_sum(model, data.all(coded[k]), y_dev[coded[k]]) / len(coded[k]) / math.log(2)
 
     fit_group(members, TrainData(data, y_dev), GroupOptions(on_finish=code, compile=args.compile, engine=args.engine,
-                                                            workers=args.workers,
+                                                            workers=args.workers, progress=False,
                                                             fused_optimizer=args.worker == "fused"))
     return ce
 
@@ -139,7 +139,8 @@ def run_naive(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
         for i in range(1, len(split.block_sizes)):
             with seeded_global_rng(seed, "init", ("block", i)):
                 model = build_model(cfg.arch, tuple(x.shape[1:]), NUM_CLASSES).to(device)
-            opt = make_optimizer(model, lr=o.lr, beta1=o.beta1, warmup_steps=o.warmup_steps)
+            opt = make_optimizer(model, lr=o.lr, beta1=o.beta1, beta2=o.beta2, weight_decay=o.weight_decay,
+                                 warmup_steps=o.warmup_steps)
             gen = generator(seed, "batches", ("block", i))
             idx = split.prefix(i).to(device)
             xs, ys = x[idx], y[idx]
@@ -238,11 +239,13 @@ def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
             m = trainer.member(torch.arange(len(y)), ("epoch", s))
             members.append(type(m)(m.model, m.optimizer, m.idx, m.gen,
                                    type(m.cfg)(batch_size=128, patience=k, max_epochs=k, augment=m.cfg.augment,
-                                               progress=False)))
+                                               eval_every_steps=None, progress=False, warmup_steps=0, min_steps=0,
+                                               patience_min_steps=0)))
         sync(device)
         t0 = time.perf_counter()
         fit_group(members, trainer.train_set(),
-                  GroupOptions(compile=args.compile, engine=args.engine))
+                  GroupOptions(compile=args.compile, engine=args.engine, progress=False, workers=1,
+                               fused_optimizer=False))
         sync(device)
         return time.perf_counter() - t0
 

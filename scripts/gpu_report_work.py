@@ -176,7 +176,8 @@ def throughput(p: dict[str, Any]) -> dict[str, Any]:
                 _sync(device)
                 t0 = time.perf_counter()
                 fit_group(members, trainer.train_set(),
-                          GroupOptions(engine=opts.engine, workers=opts.workers, compile=opts.compile))
+                          GroupOptions(engine=opts.engine, workers=opts.workers, compile=opts.compile, progress=False,
+                                       fused_optimizer=False))
                 _sync(device)
                 return time.perf_counter() - t0
 

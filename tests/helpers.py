@@ -33,9 +33,40 @@ def job_config(out_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
 
 
 def fixture_job_dir(root: Path, cfg: dict[str, Any]) -> Path:
-    """Where a hand-written result.json fixture goes, like paths.job_subdir:
-    <dataset>/<eraser>/<arch>-w<w>-d<d>/c<cell hash>/seed<seed>."""
+    """Where a hand-written result.json fixture goes, in the job-path scheme (training/app/job_paths.py), with a
+    cell hash of its own (a fixture's config is partial: a digest of it without the seed)."""
+    from training.app.job_paths import JobPath
+
     cell = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k != "seed"}, sort_keys=True).encode())
     a = cfg["arch"]
-    return (root / cfg["dataset"]["tag"] / cfg["eraser"]["name"] / f"{a['tag']}-w{a['width']}-d{a['depth']}"
-            / f"c{cell.hexdigest()[:8]}" / f"seed{cfg['seed']}")
+    return JobPath(cfg["dataset"]["tag"], cfg["eraser"]["name"], a["tag"], int(a["width"]), int(a["depth"]),
+                   f"c{cell.hexdigest()[:8]}", int(cfg["seed"])).under(root)
+
+
+# The engine's settings have no defaults (every default lives once: training/app/schema.py); an engine test gives
+# what it tests and, through these, turns the rest off.
+FIT_OFF = {"augment": False, "eval_every_steps": None, "progress": False, "warmup_steps": 0, "min_steps": 0,
+           "patience_min_steps": 0}
+GROUP_PLAIN = {"engine": "auto", "progress": False, "compile": None, "fused_optimizer": False, "workers": 1}
+ADAMW_PLAIN = {"beta2": 0.999, "weight_decay": 0.0, "warmup_steps": 0}
+
+
+def fit_settings(**given: Any) -> Any:
+    """A `training.engine.fit.FitConfig` of `given`, the rest off (FIT_OFF)."""
+    from training.engine.fit import FitConfig
+
+    return FitConfig(**{**FIT_OFF, **given})
+
+
+def group_options(**given: Any) -> Any:
+    """A `training.engine.group.GroupOptions` of `given`, the rest plain (GROUP_PLAIN)."""
+    from training.engine.group import GroupOptions
+
+    return GroupOptions(**{**GROUP_PLAIN, **given})
+
+
+def optimizer(model: Any, **given: Any) -> Any:
+    """`models.make_optimizer` with `given` (lr, beta1, ...), the rest plain (ADAMW_PLAIN)."""
+    from models import make_optimizer
+
+    return make_optimizer(model, **{**ADAMW_PLAIN, **given})

@@ -15,14 +15,14 @@ from torch import Tensor
 
 import erasure
 import models
-from tests.helpers import job_config
+from tests.helpers import fit_settings, group_options, job_config
 from tests.test_vectorized import _data, _models
 from training.app.schema import load_config
 from training.data import LoadedData
 from training.data.erase import BatchEraser, fit_cached
 from training.engine.batches import DeviceData
-from training.engine.fit import FitConfig, Member, TrainData, fit
-from training.engine.group import GroupOptions, fit_group
+from training.engine.fit import Member, TrainData, fit
+from training.engine.group import fit_group
 from training.engine.seeding import generator
 from training.errors import UserError
 from training.mdl import job
@@ -51,8 +51,8 @@ def test_without_augmentation_after_augment_changes_nothing(overrides: list[str]
             return super().__call__(x, y)
 
     monkeypatch.setattr(job, "BatchEraser", Counting)
-    once = run_job(job_config(tmp_path, [*SMOKE, *overrides]))
-    per_batch = run_job(job_config(tmp_path, [*SMOKE, *overrides, "eraser.after_augment=true"]))
+    once = run_job(job_config(tmp_path, [*SMOKE, *overrides])).result
+    per_batch = run_job(job_config(tmp_path, [*SMOKE, *overrides, "eraser.after_augment=true"])).result
     assert calls["n"] == sum(b["steps"] for b in per_batch["mdl"]["blocks"]) > 0
     assert once["eraser"]["after_augment"] is False and per_batch["eraser"]["after_augment"] is True
     assert per_batch["eraser"]["batch_eraser"]["report"]["name"] == per_batch["eraser"]["name"]
@@ -97,7 +97,7 @@ def test_training_batches_are_erased_after_augmentation(name: str, tmp_path: Pat
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     overrides = [*SYNTH, f"eraser={name}", "training.parallel_models=1"]
     seen = _capture(monkeypatch)
-    result = run_job(job_config(tmp_path, [*overrides, "eraser.after_augment=true"]))
+    result = run_job(job_config(tmp_path, [*overrides, "eraser.after_augment=true"])).result
     monkeypatch.undo()
     trainer: job.Trainer = seen["trainer"]
     coded, once, _ = prepare_data(load_config(job_config(tmp_path, overrides)))  # erased once, unaugmented
@@ -139,12 +139,12 @@ def test_group_engines_erase_each_members_batch_as_fit_does(engine: str) -> None
     data, y, xv, yv = _data()
     transform = _leace_transform(data, y)
     subsets = [torch.arange(80, 80 + s) for s in (45, 150, 300)]
-    cfg = FitConfig(batch_size=32, patience=2, max_epochs=4, augment=True, progress=False, batch_transform=transform)
+    cfg = fit_settings(batch_size=32, patience=2, max_epochs=4, augment=True, progress=False, batch_transform=transform)
     alone = [fit(Member(m, o, subsets[k], generator(0, "b", k), cfg), TrainData(data, y, xv, yv))
              for k, (m, o) in enumerate(_models("mlp", [0, 1, 2]))]
     members = [Member(m, o, subsets[k], generator(0, "b", k), cfg)
                for k, (m, o) in enumerate(_models("mlp", [0, 1, 2]))]
-    together = fit_group(members, TrainData(data, y, xv, yv), GroupOptions(engine=engine))
+    together = fit_group(members, TrainData(data, y, xv, yv), group_options(engine=engine))
     for a, b in zip(alone, together, strict=True):
         assert (a.epochs, a.steps) == (b.epochs, b.steps)
         if engine == "loop":
@@ -153,7 +153,7 @@ def test_group_engines_erase_each_members_batch_as_fit_does(engine: str) -> None
             assert [v for _, v in b.curve] == pytest.approx([v for _, v in a.curve], rel=1e-5)
     # the transform matters: without it the same members train differently
     model, opt = _models("mlp", [0])[0]
-    plain_cfg = FitConfig(batch_size=32, patience=2, max_epochs=4, augment=True, progress=False)
+    plain_cfg = fit_settings(batch_size=32, patience=2, max_epochs=4, augment=True, progress=False)
     plain = fit(Member(model, opt, subsets[0], generator(0, "b", 0), plain_cfg), TrainData(data, y, xv, yv))
     assert plain.curve != alone[0].curve
 
@@ -161,11 +161,12 @@ def test_group_engines_erase_each_members_batch_as_fit_does(engine: str) -> None
 def test_fit_and_group_with_a_batch_transform_need_a_shared_validation_set() -> None:
     """Validating on the member's own `val_idx` would score raw (untransformed) training rows: both refuse."""
     data, y, _, _ = _data(n=200)
-    cfg = FitConfig(batch_size=32, max_epochs=1, progress=False, batch_transform=_leace_transform(data, y))
+    cfg = fit_settings(batch_size=32, patience=100, max_epochs=1, progress=False,
+                       batch_transform=_leace_transform(data, y))
     (model, opt), = _models("mlp", [0])
     member = Member(model, opt, torch.arange(80, 200), generator(0, "b", 0), cfg, val_idx=torch.arange(80))
     with pytest.raises(ValueError, match="need a shared x_val"):
-        fit_group([member], TrainData(data, y), GroupOptions(engine="loop"))
+        fit_group([member], TrainData(data, y), group_options(engine="loop"))
     with pytest.raises(ValueError, match="need a shared x_val"):
         fit(member, TrainData(data, y))
 
@@ -276,7 +277,6 @@ def test_after_augment_refusal_from_the_command_line_is_one_line(tmp_path: Path)
 @pytest.mark.parametrize("extra", [["eraser=qleace_paper"], ["eraser.options.rank_deficient=truncate"],
                                    ["eraser.after_augment=false"], ["dataset.limit=300"]])
 def test_after_augment_alternatives_pass_the_precheck(tmp_path: Path, extra: list[str]) -> None:
-    from training.mdl.precheck import forget, precheck
+    from training.mdl.precheck import precheck
 
-    precheck(load_config(job_config(tmp_path, [*DIGITS_AFTER, *extra])), torch.device("cpu"))
-    forget()
+    assert precheck(load_config(job_config(tmp_path, [*DIGITS_AFTER, *extra])), torch.device("cpu")) is not None

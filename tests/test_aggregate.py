@@ -23,10 +23,12 @@ def _config(dataset: str, eraser: str, arch: str, width: int, depth: int, seed: 
             "mdl": {"protocol": "prequential"}}
 
 
-def _job_dir(root: Path, cfg: dict) -> Path:
+def _job_dir(root: Path, cfg: dict) -> Path:  # the pre-v2 layout (no c<hash> part)
+    from training.app.job_paths import JobPath
+
     a = cfg["arch"]
-    return root / cfg["dataset"]["tag"] / cfg["eraser"]["name"] / f"{a['tag']}-w{a['width']}-d{a['depth']}" / \
-        f"seed{cfg['seed']}"
+    return JobPath(cfg["dataset"]["tag"], cfg["eraser"]["name"], a["tag"], a["width"], a["depth"], None,
+                   cfg["seed"]).under(root)
 
 
 def write_result(root: Path, cfg: dict, bits: float, legacy: float, final: float,

@@ -277,6 +277,7 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
     from hydra.core.utils import JobReturn, JobStatus
     from omegaconf import OmegaConf
 
+    from training.app.lifecycle import Outcome
     from training.app.results import JobDir
     from training.cli.ledger import LEDGER_ENV, JobStatusCallback, read_ledger, summary_line
 
@@ -286,27 +287,47 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
     h = "0123456789abcdef"
     result = {"config_hash": h, "config": {}, "mdl": {"bits_per_sample": 1.0}}
     callback = JobStatusCallback()
-    dirs = [tmp_path / f"job{n}" for n in range(3)]
+    dirs = [tmp_path / f"job{n}" for n in range(5)]
     for d in dirs:
         d.mkdir()
 
     def run(n: int, body: Any) -> None:  # what Hydra does around a job, in the job's process
         config = OmegaConf.create({"paths": {"job_dir": str(dirs[n])}, "hydra": {"job": {"num": n}}})
         callback.on_job_start(config)
-        body()
-        callback.on_job_end(config, JobReturn(status=JobStatus.COMPLETED, _return_value=1.0))
+        returned = body()
+        status = JobStatus.FAILED if isinstance(returned, BaseException) else JobStatus.COMPLETED
+        callback.on_job_end(config, JobReturn(status=status, _return_value=returned))
 
-    run(0, lambda: JobDir(dirs[0], h).write_result(result))  # computes its result
+    def computes() -> Outcome:
+        JobDir(dirs[0], h).write_result(result)
+        return Outcome("done", dirs[0], result)
 
-    def waits_then_finds() -> None:
+    run(0, computes)
+
+    def waits_then_finds() -> Outcome:
         JobDir(dirs[1], h).write_result(copy.deepcopy(result))  # the other sweep's identical job, meanwhile
-        assert JobDir(dirs[1], h).finished() is not None  # this job, once it has the lock: SKIP
+        done = JobDir(dirs[1], h).finished()  # this job, once it has the lock: SKIP
+        assert done is not None
+        return Outcome("skipped", dirs[1], done)
 
     run(1, waits_then_finds)
     JobDir(dirs[2], h).write_result(result)  # finished before this sweep started
-    run(2, lambda: JobDir(dirs[2], h).finished())
+    run(2, lambda: Outcome("skipped", dirs[2], JobDir(dirs[2], h).finished()))
+    run(3, lambda: Outcome("reused", dirs[3], result))  # the same configuration's result in its pre-v2 directory
+    run(4, lambda: ValueError("bad"))
     entries = sorted(read_ledger(ledger), key=lambda e: e["num"])
     assert [(e["status"], e.get("reason")) for e in entries] == [("done", None),
                                                                  ("skipped", "done by another run"),
-                                                                 ("skipped", None)]
-    assert "3/3 jobs ran: 1 done, 2 skipped (1 done by another run), 0 failed" in summary_line(entries, 3)
+                                                                 ("skipped", None), ("skipped", None),
+                                                                 ("failed", None)]
+    assert entries[4]["error"] == "ValueError: bad"
+    assert "5/5 jobs ran: 1 done, 3 skipped (1 done by another run), 1 failed" in summary_line(entries, 5)
+
+
+def test_the_ledger_refuses_a_task_that_returns_no_outcome(tmp_path: Path, monkeypatch) -> None:
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from training.cli.ledger import job_outcome
+
+    with pytest.raises(TypeError, match="not an Outcome"):
+        job_outcome(tmp_path, JobReturn(status=JobStatus.COMPLETED, _return_value={"mdl": {}}))

@@ -22,7 +22,7 @@ TOL = 0.02
 
 
 def _bits(tmp: Path, *overrides: str) -> float:
-    return float(run_job(job_config(tmp, [*CAL, *overrides]))["mdl"]["bits_per_sample"])
+    return float(run_job(job_config(tmp, [*CAL, *overrides])).result["mdl"]["bits_per_sample"])
 
 
 @pytest.mark.parametrize("eraser, cov_gap", [("qleace", 1.0), ("leace", 0.0)], ids=["qleace", "leace-equal-cov"])

@@ -87,7 +87,7 @@ def _interrupted_run(cfg: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplo
         last = steps
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        result = run_job(cfg)
+        result = run_job(cfg).result
     assert set(last) & set(_resumed_steps(caplog.text)), (last, caplog.text[-2000:])
     assert not list(job_dir.glob(PATTERN)) and not (job_dir / PROGRESS_FILE).exists()
     return result
@@ -113,7 +113,7 @@ STOPS = [7, 25, 60]
 def test_a_job_stopped_inside_its_blocks_resumes_to_the_uninterrupted_numbers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
         overrides: list[str], stops: list[int]) -> None:
-    reference = run_job(job_config(tmp_path / "ref", [*JOB, *overrides]))
+    reference = run_job(job_config(tmp_path / "ref", [*JOB, *overrides])).result
     cfg = job_config(tmp_path / "cut", [*JOB, *overrides])
     result = _interrupted_run(cfg, monkeypatch, caplog, stops=stops)
     assert _numbers(result) == _numbers(reference)
@@ -139,7 +139,7 @@ def test_a_corrupt_or_stale_checkpoint_is_ignored_with_one_line(tmp_path: Path, 
                                                                 caplog: pytest.LogCaptureFixture,
                                                                 damage: str) -> None:
     job = [*JOB, "training.parallel_models=1"] if damage.endswith("fit") else JOB
-    reference = run_job(job_config(tmp_path / "ref", job))
+    reference = run_job(job_config(tmp_path / "ref", job)).result
     cfg = job_config(tmp_path / "cut", job)
     job_dir = Path(cfg["paths"]["job_dir"])
     with monkeypatch.context() as m:
@@ -163,7 +163,7 @@ def test_a_corrupt_or_stale_checkpoint_is_ignored_with_one_line(tmp_path: Path, 
             state["model"] = {n: v[None] for n, v in state["model"].items()}
         CheckpointStore(job_dir, saved["key"]).save(saved["names"], state)
     with caplog.at_level(logging.WARNING):
-        result = run_job(cfg)
+        result = run_job(cfg).result
     lines = [r.getMessage() for r in caplog.records if "ignoring checkpoint" in r.getMessage()]
     assert len(lines) == 1 and str(path) in lines[0], lines
     why = {"other-config": "another configuration", "other-code": "does not fit these models",
@@ -197,7 +197,7 @@ def _signal_at(monkeypatch: pytest.MonkeyPatch, signum: int, step: int) -> None:
 
 def test_sigterm_while_models_train_saves_them_then_stops_with_143(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    reference = run_job(job_config(tmp_path / "ref", JOB))
+    reference = run_job(job_config(tmp_path / "ref", JOB)).result
     cfg = job_config(tmp_path / "cut", JOB)
     job_dir = Path(cfg["paths"]["job_dir"])
     with monkeypatch.context() as m:
@@ -207,7 +207,7 @@ def test_sigterm_while_models_train_saves_them_then_stops_with_143(tmp_path: Pat
     assert stopped.value.code == 143
     assert _saved_steps(job_dir) == [39]  # the request came at the 40th step's check: 39 steps taken
     assert not interrupt.requested()  # cleared for the next job of the process
-    assert _numbers(run_job(cfg)) == _numbers(reference)
+    assert _numbers(run_job(cfg).result) == _numbers(reference)
 
 
 def test_the_time_limit_signal_requeues_only_after_the_checkpoint(tmp_path: Path,

@@ -107,7 +107,7 @@ def test_a_toy_eraser_and_architecture_run_from_one_module_and_one_yaml_each(toy
     job = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(job, dict)
     assert job["optim"]["lr"] == 2.0e-3  # the paper-optim table of the new arch, at the new eraser's family
-    result = run_job(job)
+    result = run_job(job).result
     assert result["model"]["arch"] == "toy_mlp" and result["eraser"]["name"] == "toy_mean_shift"
     assert result["certificate"]["after"]["max_mean_gap"] < 1e-6 < result["certificate"]["before"]["max_mean_gap"]
     assert result["mdl"]["bits_per_sample"] > 0 and len(result["mdl"]["blocks"]) == job["mdl"]["num_blocks"] - 1

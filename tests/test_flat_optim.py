@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from models import make_optimizer
+from tests.helpers import optimizer
 from tests.test_vectorized import _models
 from training.engine.backends import check_same_groups
 from training.engine.flat_optim import FlatScheduleFree, LibraryOptim, cpu_compiler, make_member_optim
@@ -24,7 +24,7 @@ def _pair(n_members: int = 3, weight_decay: float = 0.0):
     twins = []
     for _ in range(2):
         models = [m for m, _ in _models("mlp", list(range(n_members)))]
-        opts = [make_optimizer(m, lr=3e-3, beta1=0.9, weight_decay=weight_decay, warmup_steps=5) for m in models]
+        opts = [optimizer(m, lr=3e-3, beta1=0.9, weight_decay=weight_decay, warmup_steps=5) for m in models]
         twins.append((models, check_same_groups(models, opts), type(opts[0])))
     return twins
 
@@ -68,8 +68,8 @@ def test_flat_step_matches_the_library(backend: str, weight_decay: float) -> Non
     moved = max(float((a - b).detach().abs().max()) for a, b in zip(lib_models[0].parameters(),
                                                             _models("mlp", [0])[0][0].parameters(), strict=True))
     assert moved > 1e-2  # the test really trains
-    for g_lib, hp in zip(lib.opt.param_groups, flat.hp, strict=True):
-        assert (g_lib["k"], g_lib["weight_sum"], g_lib["lr_max"]) == (hp["k"], hp["weight_sum"], hp["lr_max"])
+    for g_lib, group in zip(lib.opt.param_groups, flat.group_settings, strict=True):
+        assert (g_lib["k"], g_lib["weight_sum"], g_lib["lr_max"]) == (group["k"], group["weight_sum"], group["lr_max"])
     # Parameters and gradients are views into the flat buffers: one kernel updates all members.
     buffers = {b.untyped_storage().data_ptr() for b in flat.y}
     assert len(buffers) == len(groups)

@@ -50,15 +50,20 @@ def test_erased_eval_control_is_a_noop_and_leace_reports_gaps(tmp_path: Path) ->
 
     task = get_task("gs_erased_eval")
     control = job_config(tmp_path, [*QUICK_EVAL, "eraser=control"])
-    assert task(control) == {} and not Path(control["paths"]["job_dir"]).exists()
+    nothing = task(control)
+    assert (nothing.status, nothing.result) == ("skipped", {}) and not Path(control["paths"]["job_dir"]).exists()
     cfg = job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "regularizer=sd"])
-    r = task(cfg)
+    first = task(cfg)
+    r = first.result
+    assert first.status == "done"
     assert r["method"] == "SD λ=0.1" and r["split_sizes"]["test"] == round(0.2 * 1797)
     ev = r["eval"]
     assert ev["test"]["acc"] > 0.3  # learned the original task (chance 0.1)
     assert r["gap_erased_minus_original"]["acc"] == pytest.approx(ev["test_erased"]["acc"] - ev["test"]["acc"])
     assert r["temperature"] > 0 and r["eraser"]["name"] == "leace"
-    again = task(cfg)  # finished: skipped
+    outcome = task(cfg)  # finished: skipped
+    again = outcome.result
+    assert outcome.status == "skipped"
     assert again["config_hash"] == r["config_hash"] and again["eval"] == ev
 
 
@@ -77,7 +82,7 @@ def test_aggregate_tables_and_standalone_run(tmp_path: Path, capsys) -> None:
 
     results = [get_task("gs_two_moons")(job_config(tmp_path, ["experiment=gs_two_moons", f"seed={s}",
                                                                 f"regularizer.lam={lam}", "gs.steps=20",
-                                                                "gs.grid.n=101"]))
+                                                                "gs.grid.n=101"])).result
                for s in (0, 1) for lam in (0, 0.003)]
     results += [_fake_mdl(e, reg, s, b + (0.5 if e == "leace" else 0) + (0.1 if reg == "sd" else 0) + 0.01 * s)
                 for e in ("control", "leace") for reg in ("none", "sd") for s, b in ((0, 1.0), (1, 1.0))]

@@ -2,7 +2,8 @@
 included), and every edge is an import statement (no discovery by importlib / pkgutil).
 
 The layers, bottom up:
-    erasure/              the eraser library: torch, numpy, the standard library and itself, nothing else
+    atomicio/             atomic file writes, shared by erasure/ and training/common/: the standard library only
+    erasure/              the eraser library: torch, numpy, atomicio, the standard library and itself, nothing else
     models/               architectures; of erasure/ only the Registry class
     training/common/      the harness's utilities (atomic files, locks, progress): nothing of training/ above it
     training/engine/, training/data/
@@ -21,12 +22,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("erasure", "models", "training", "scripts")
+PACKAGES = ("atomicio", "erasure", "models", "training", "scripts")
 CLI = ("training.cli", "training.run")
 TASK_CODE = ("training.mdl", "training.starvation")
 
 # package prefix -> module prefixes it must not import
 FORBIDDEN = {
+    "atomicio": ("erasure", "models", "training", "scripts", "torch", "numpy"),
     "erasure": ("training", "models", "scripts"),
     "models": ("training", "scripts"),
     "training.common": ("training", "erasure", "models", "scripts"),  # except itself: see _forbidden
@@ -45,7 +47,7 @@ EXCEPT = {
 # models/ may use the Registry class of erasure/, nothing else of it (not the erasers, not the library entry).
 MODELS_FROM_ERASURE = ("erasure.registry",)
 # erasure/ imports only these (besides the standard library and itself).
-ERASURE_MAY_IMPORT = ("torch", "numpy")
+ERASURE_MAY_IMPORT = ("torch", "numpy", "atomicio")
 DYNAMIC = ("importlib", "pkgutil")
 
 
@@ -139,6 +141,7 @@ def test_the_check_catches_each_rule(tmp_path: Path) -> None:
     cases = {
         "erasure.cache": "from filelock import FileLock\nfrom training.data import LoadedData\n",
         "erasure.progress": "from tqdm.auto import tqdm\n",
+        "atomicio": "import torch\nfrom training.common.files import read_json\n",
         "erasure.registry": "import importlib\nimportlib.import_module('erasure.leace')\n",
         "models.build": "from erasure.api import fit\n",
         "training.common.files": "from training.app.schema import config_hash\n",

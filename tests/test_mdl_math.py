@@ -74,3 +74,33 @@ def test_config_hash_ignores_where_and_how_but_not_what() -> None:
     assert config_hash(base) == config_hash({**base, "paths": {"out_dir": "b"}, "training": {"engine": "stacked"},
                                              "logger": {"name": "none"}, "device": "cuda"})
     assert config_hash(base) != config_hash({**base, "seed": 1})
+
+
+@pytest.mark.parametrize("n_coded", [9, 10, 11, 40])
+def test_block_feasibility_is_one_rule_the_partition_split_and_precheck_share(n_coded: int, tmp_path) -> None:
+    """`most_blocks` decides; the partition, the split and the job's precheck accept exactly up to it and refuse one
+    more (each in its own words)."""
+    from tests.helpers import job_config
+    from training.app.schema import ConfigError, load_config
+    from training.mdl.code import most_blocks
+    from training.mdl.precheck import check_blocks
+
+    n_val = 3
+    n = n_coded + n_val
+    most = most_blocks(n_coded)
+    assert most == n_coded // 2
+    for blocks, ok in ((most, True), (most + 1, False)):
+        cfg = load_config(job_config(tmp_path, ["experiment=smoke", f"mdl.num_blocks={max(blocks, 2)}",
+                                                f"mdl.val_size={n_val}", "mdl.val_frac=0.5"]))
+        if ok:
+            assert sum(partition_logspace(n_coded, blocks, 8)) == n_coded
+            assert len(make_split(n, 0, val_size=n_val, val_frac=0.5, num_blocks=blocks, min_block=8).block_sizes) \
+                == blocks
+            check_blocks(cfg, "toy", n, n)
+            continue
+        with pytest.raises(ValueError, match="cannot be cut"):
+            partition_logspace(n_coded, blocks, 8)
+        with pytest.raises(ConfigError, match=f"at most {most} blocks"):
+            make_split(n, 0, val_size=n_val, val_frac=0.5, num_blocks=blocks, min_block=8)
+        with pytest.raises(ConfigError, match=f"at most {most} blocks"):
+            check_blocks(cfg, "toy", n, n)

@@ -12,12 +12,13 @@ import torch.nn.functional as F
 from mup import MuReadout
 from omegaconf import OmegaConf
 
-from models import build_model, depth_lr_multiplier, make_optimizer, param_count
+from models import build_model, depth_lr_multiplier, param_count
 from models.convnext import NAMED_SIZES as CONVNEXT_SIZES
 from models.lenet import lenet_param_count, match_lenet
 from models.mlp import mlp_param_count
 from models.mup_utils import on_meta
 from models.swin import NAMED_SIZES as SWIN_SIZES
+from tests.helpers import optimizer
 from training.app.schema import ArchConfig, group_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def arch_cfg(name: str, **overrides: object) -> ArchConfig:
 def one_step(model: torch.nn.Module, shape: tuple[int, int, int], k: int = 10, batch: int = 2) -> float:
     """Forward (checks (B, K) logits), backward, one optimiser step; returns the loss."""
     x, y = torch.rand(batch, *shape), torch.arange(batch) % k
-    opt = make_optimizer(model, lr=1e-3, beta1=0.9)
+    opt = optimizer(model, lr=1e-3, beta1=0.9)
     model.train()
     opt.train()
     logits = model(x)
@@ -218,7 +219,7 @@ def test_mup_infshapes_readout_and_groups(name: str) -> None:
             assert m.weight.infshape.ninf() >= 1, n  # base/delta differ in every hidden size
     mults = {round(p.infshape.width_mult(), 6) for p in model.parameters() if p.infshape.ninf() == 2}
     assert mults and all(1.3 < w <= 2.0 for w in mults)
-    opt = make_optimizer(model, lr=1e-3, beta1=0.9, warmup_steps=5)
+    opt = optimizer(model, lr=1e-3, beta1=0.9, warmup_steps=5)
     lrs = sorted({g["lr"] for g in opt.param_groups})
     assert lrs[-1] == pytest.approx(1e-3) and lrs[0] < 1e-3  # hidden matrices get lr / width_mult
     assert all(g["warmup_steps"] == 5 and g["betas"] == (0.9, 0.999) for g in opt.param_groups)
@@ -242,7 +243,7 @@ def test_sp_control_is_standard() -> None:
     model = build_model(arch_cfg("mlp"), (1, 8, 8), 10, parametrization="sp")
     assert torch.count_nonzero(model.readout.weight) > 0
     assert all(p.infshape.ninf() == 0 for p in model.parameters())
-    opt = make_optimizer(model, lr=1e-3, beta1=0.9)
+    opt = optimizer(model, lr=1e-3, beta1=0.9)
     assert {g["lr"] for g in opt.param_groups} == {1e-3}
 
 
@@ -305,7 +306,7 @@ def test_depth_lr_multiplier() -> None:
 def test_forward_backward_cuda(name: str) -> None:
     torch.manual_seed(0)
     model = build_model(arch_cfg(name), (3, 32, 32), 10).cuda()
-    opt = make_optimizer(model, lr=1e-3, beta1=0.9)
+    opt = optimizer(model, lr=1e-3, beta1=0.9)
     model.train()
     opt.train()
     x, y = torch.rand(8, 3, 32, 32, device="cuda"), torch.arange(8, device="cuda") % 10

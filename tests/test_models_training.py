@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 
-from models import build_model, make_optimizer
+from models import build_model
+from tests.helpers import optimizer
 from tests.test_models import arch_cfg
 
 # arch overrides and (lr, steps): small, fast models; lr above the paper's so a few steps suffice
@@ -47,7 +48,7 @@ def test_short_training_lowers_validation_loss(setup: str, digits: tuple[torch.T
     name = setup.split("_")[0]
     torch.manual_seed(0)
     model = build_model(arch_cfg(name, **overrides), (1, 8, 8), 10)
-    opt = make_optimizer(model, lr=lr, beta1=0.9)
+    opt = optimizer(model, lr=lr, beta1=0.9)
     model.train()
     opt.train()
     start = val_loss(model, opt, xva, yva)

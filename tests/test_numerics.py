@@ -40,7 +40,7 @@ def test_a_numerics_bump_moves_every_job_directory(tmp_path: Path) -> None:
 
 
 def golden_bits(out_dir: Path) -> dict[str, object]:
-    result = run_job(job_config(out_dir, GOLDEN_JOB))
+    result = run_job(job_config(out_dir, GOLDEN_JOB)).result
     return {"numerics_version": result["numerics_version"], "bits_per_sample": result["mdl"]["bits_per_sample"],
             "block_ce_bits": result["mdl"]["block_ce_bits"]}
 

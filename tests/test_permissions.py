@@ -181,3 +181,24 @@ def test_an_unreadable_cached_certificate_is_computed_again(tmp_path: Path, monk
         cert = erase_mod.certify_original(data, tmp_path)
     assert "max_mean_gap" in cert
     assert any("cached certificate" in r.getMessage() and "not readable" in r.getMessage() for r in caplog.records)
+
+
+def test_the_eraser_library_and_the_harness_write_files_with_one_implementation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """erasure/ (which imports nothing of the harness) and training/common/files.py share atomicio.atomic_write:
+    a full disk while an eraser saves is named by the eraser's file (as for a result), and leaves no temp file."""
+    import atomicio
+    from erasure import base
+    from training.common import files
+
+    assert files.atomic_write is atomicio.atomic_write and base.atomic_write is atomicio.atomic_write
+
+    def full_disk(obj: object, f: str) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a write on a full disk: no file name
+
+    eraser = erasure.fit("leace", torch.randn(40, 3), torch.arange(40) % 2)
+    monkeypatch.setattr(base.torch, "save", full_disk)
+    with pytest.raises(OSError) as err:
+        eraser.save(tmp_path / "e.pt")
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(tmp_path / "e.pt")
+    assert list(tmp_path.iterdir()) == []

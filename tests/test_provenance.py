@@ -29,7 +29,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import ENV, REPO, TINY, job_config
+from tests.helpers import ENV, REPO, TINY, fit_settings, group_options, job_config
 from training.app.lifecycle import PROGRESS_FILE, Progress, run_in_job_dir
 from training.app.schema import ConfigError, config_hash, group_config, load_config
 from training.data import load_dataset
@@ -38,7 +38,7 @@ from training.data.erase import _cache_key
 from training.data.idx import find_idx_pair
 from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, Member, TrainData, fit
-from training.engine.group import GroupOptions, fit_group
+from training.engine.group import fit_group
 from training.errors import UserError  # NonFiniteError's base (tests fail, not error, on code without it)
 from training.mdl.job import run_job
 
@@ -83,9 +83,9 @@ def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> Non
     from training.starvation import moons as _gs  # noqa: F401 - registers gs_two_moons
 
     t0 = datetime.now(timezone.utc)
-    mdl = run_job(job_config(tmp_path / "mdl", TINY))
+    mdl = run_job(job_config(tmp_path / "mdl", TINY)).result
     gs = get_task("gs_two_moons")(job_config(tmp_path / "gs", ["experiment=gs_two_moons", "gs.steps=20",
-                                                                "gs.grid.n=51"]))
+                                                                "gs.grid.n=51"])).result
     t1 = datetime.now(timezone.utc)
     for result in (mdl, gs):
         on_disk = json.loads((Path(result["job_dir"]) / "result.json").read_text())
@@ -125,10 +125,10 @@ def test_2_force_recomputes_from_scratch_no_stale_progress_block(tmp_path: Path)
         Progress(job_dir / PROGRESS_FILE, config_hash(load_config(cfg))).save([fake])
 
     plant()
-    resumed = run_job(cfg)  # the planted block is this configuration's: a plain run resumes from it
+    resumed = run_job(cfg).result  # the planted block is this configuration's: a plain run resumes from it
     assert resumed["mdl"]["blocks"][0]["ce_bits"] == fake["ce_bits"]
     plant()
-    forced = run_job({**cfg, "force": True})
+    forced = run_job({**cfg, "force": True}).result
     assert fake["ce_bits"] not in [b["ce_bits"] for b in forced["mdl"]["blocks"]]
     assert not (job_dir / PROGRESS_FILE).exists()
 
@@ -179,7 +179,7 @@ def _member(x: torch.Tensor, y: torch.Tensor, name: str, cfg: FitConfig) -> Memb
 
 def test_3_nan_training_loss_at_step_k_fails_fit_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     x, y = _toy()
-    cfg = FitConfig(batch_size=16, patience=50, max_epochs=10, progress=False)  # 4 steps an epoch
+    cfg = fit_settings(batch_size=16, patience=50, max_epochs=10, progress=False)  # 4 steps an epoch
     m = _member(x, y, "block model 3", cfg)
     _nan_after(monkeypatch, 6)  # step 6 (epoch 2): caught at epoch 2's validation, after step 8
     with pytest.raises(UserError) as err:
@@ -193,14 +193,14 @@ def test_3_nan_training_loss_at_step_k_fails_fit_with_one_line(monkeypatch: pyte
 def test_3_nan_training_loss_fails_the_lockstep_group_naming_the_member(monkeypatch: pytest.MonkeyPatch,
                                                                         engine: str) -> None:
     x, y = _toy()
-    cfg = FitConfig(batch_size=16, patience=50, max_epochs=10, progress=False)
+    cfg = fit_settings(batch_size=16, patience=50, max_epochs=10, progress=False)
     members = [_member(x, y, f"block model {i}", cfg) for i in (1, 2)]
     # loop engine: one cross-entropy per member per step (call 11 = member 1 at step 6); stacked: one vmapped
     # call per step for both (call 6 = step 6, every member NaN: the first one is named)
     _nan_after(monkeypatch, 11 if engine == "loop" else 6)
     with pytest.raises(UserError) as err:
         fit_group(members, TrainData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:]),
-                  GroupOptions(engine=engine))
+                  group_options(engine=engine))
     assert type(err.value).__name__ == "NonFiniteError"
     assert str(err.value) == ("non-finite training loss in block model 1 by step 8 (epoch 2): lr too high or bad "
                               "data; nothing was written as a result")
@@ -337,7 +337,7 @@ def test_4_a_file_swapped_under_the_same_name_changes_fingerprint_and_cache_key(
 
 
 def test_4_result_json_records_the_data_fingerprint(tmp_path: Path) -> None:
-    result = run_job(job_config(tmp_path, TINY))
+    result = run_job(job_config(tmp_path, TINY)).result
     fp = json.loads((Path(result["job_dir"]) / "result.json").read_text())["dataset"]["fingerprint"]
     data = load_dataset(group_config("dataset", "digits"))
     assert fp == {"content": data.content_hash(), "files": []}  # sklearn's digits: no file of ours read

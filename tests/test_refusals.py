@@ -26,12 +26,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import ENV, REPO, TINY, job_config
+from tests.helpers import ENV, REPO, TINY, fit_settings, group_options, job_config, optimizer
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import LOCK_FILE
 from training.common import files as files_mod
 from training.engine.fit import Member, TrainData
-from training.engine.group import GroupOptions, fit_group
+from training.engine.group import fit_group
 from training.errors import user_error_line
 from training.mdl.job import run_job
 
@@ -123,11 +123,10 @@ def test_images_and_labels_of_different_lengths_are_one_line(tmp_path: Path) -> 
 # --- 6. memory ---------------------------------------------------------------------------------------------------
 
 def test_batch_buffers_are_capped_at_the_data_and_give_the_same_numbers() -> None:
-    from models import build_model, make_optimizer
+    from models import build_model
     from training.app.schema import group_config
     from training.engine import group as group_mod
     from training.engine.batches import DeviceData
-    from training.engine.fit import FitConfig
 
     torch.manual_seed(0)
     x, y = torch.rand(60, 1, 4, 4), torch.arange(60) % 3
@@ -146,12 +145,12 @@ def test_batch_buffers_are_capped_at_the_data_and_give_the_same_numbers() -> Non
         for k, n in enumerate((10, 30)):
             torch.manual_seed(k)
             model = build_model(arch, (1, 4, 4), 3)
-            members.append(Member(model, make_optimizer(model, lr=1e-2, beta1=0.9, beta2=0.999, weight_decay=0.0,
+            members.append(Member(model, optimizer(model, lr=1e-2, beta1=0.9, beta2=0.999, weight_decay=0.0,
                                                         warmup_steps=0),
                                   torch.arange(n), torch.Generator().manual_seed(k),
-                                  FitConfig(batch_size=batch_size, patience=3, max_epochs=4, progress=False),
+                                  fit_settings(batch_size=batch_size, patience=3, max_epochs=4, progress=False),
                                   val_idx=torch.arange(50, 60)))
-        return [r.best_val_loss for r in fit_group(members, TrainData(data, y), GroupOptions(engine="loop"))]
+        return [r.best_val_loss for r in fit_group(members, TrainData(data, y), group_options(engine="loop"))]
 
     group_mod._Plan = Watched
     try:

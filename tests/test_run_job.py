@@ -23,7 +23,7 @@ QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=8", "mdl.min_steps=0", "
 
 def test_digits_job_writes_complete_result(tmp_path: Path) -> None:
     cfg = job_config(tmp_path, QUICK)
-    result = run_job(cfg)
+    result = run_job(cfg).result
     path = Path(cfg["paths"]["job_dir"]) / "result.json"
     on_disk = json.loads(path.read_text())
     assert on_disk["config_hash"] == result["config_hash"]
@@ -42,17 +42,34 @@ def test_digits_job_writes_complete_result(tmp_path: Path) -> None:
     assert cert["before"]["linear_probe_acc"] > 0.5 and cert["after"] == cert["before"]  # control: unchanged
 
 
+def test_the_data_the_precheck_loads_is_the_data_the_job_uses_and_a_skip_outcome_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The precheck returns the data it loaded and the lifecycle hands it to the body (no module state): one load
+    for a job that runs; a rerun is `skipped` and loads only what its fingerprint check reads."""
+    from training.mdl import precheck as precheck_mod
+
+    loads: list[str] = []
+    real = precheck_mod.load_dataset
+    monkeypatch.setattr(precheck_mod, "load_dataset", lambda *a, **k: loads.append("load") or real(*a, **k))
+    cfg = job_config(tmp_path, [*QUICK, "mdl.full_run=false", "mdl.num_blocks=3"])
+    first = run_job(cfg)
+    assert (first.status, len(loads)) == ("done", 1) and first.result is not None
+    again = run_job(cfg)
+    assert again.status == "skipped" and again.result == first.result and len(loads) == 2  # the fingerprint's
+
+
 def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, caplog) -> None:
     cfg = job_config(tmp_path / "a", QUICK)
-    first = run_job(cfg)
+    first = run_job(cfg).result
     mtime = (Path(cfg["paths"]["job_dir"]) / "result.json").stat().st_mtime_ns
     with caplog.at_level("INFO"):
-        again = run_job(cfg)
-    assert "SKIP" in caplog.text
+        outcome = run_job(cfg)
+    again = outcome.result
+    assert "SKIP" in caplog.text and outcome.status == "skipped"
     assert (Path(cfg["paths"]["job_dir"]) / "result.json").stat().st_mtime_ns == mtime
     assert again["mdl"] == first["mdl"]
     # Same seed in a fresh directory: identical numbers.
-    fresh = run_job(job_config(tmp_path / "b", QUICK))
+    fresh = run_job(job_config(tmp_path / "b", QUICK)).result
     assert fresh["mdl"]["block_ce_bits"] == first["mdl"]["block_ce_bits"]
     assert fresh["final"]["val_loss_curve"] == first["final"]["val_loss_curve"]
     # Another config gets its own directory (the c<hash> part of paths.job_dir) ...
@@ -62,23 +79,23 @@ def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, capl
     same_dir = f"paths.job_dir={cfg['paths']['job_dir']}"
     with pytest.raises(ConfigMismatchError, match="force=true"):
         run_job(job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001", same_dir]))
-    forced = run_job(job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001", same_dir, "force=true"]))
+    forced = run_job(job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001", same_dir, "force=true"])).result
     assert forced["config_hash"] != first["config_hash"]
 
 
 def test_other_seed_differs(tmp_path: Path) -> None:
-    a = run_job(job_config(tmp_path, QUICK))
-    b = run_job(job_config(tmp_path, [*QUICK, "seed=1"]))
+    a = run_job(job_config(tmp_path, QUICK)).result
+    b = run_job(job_config(tmp_path, [*QUICK, "seed=1"])).result
     assert a["mdl"]["block_ce_bits"] != b["mdl"]["block_ce_bits"]
 
 
 def test_leace_job_certificate_and_cache_hit(tmp_path: Path, caplog) -> None:
-    first = run_job(job_config(tmp_path, [*QUICK, "eraser=leace", "mdl.full_run=false"]))
+    first = run_job(job_config(tmp_path, [*QUICK, "eraser=leace", "mdl.full_run=false"])).result
     cert = first["certificate"]
     assert cert["after"]["max_mean_gap"] < 1e-6 < cert["before"]["max_mean_gap"]
     assert first["eraser"]["cache_hit"] is False
     with caplog.at_level("INFO"):
-        second = run_job(job_config(tmp_path, [*QUICK, "eraser=leace", "mdl.full_run=false", "seed=1"]))
+        second = run_job(job_config(tmp_path, [*QUICK, "eraser=leace", "mdl.full_run=false", "seed=1"])).result
     assert second["eraser"]["cache_hit"] is True and "cache hit" in caplog.text
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models import build_model, make_optimizer
+from models import build_model
+from tests.helpers import fit_settings, optimizer
 from training.app.schema import group_config
-from training.engine.fit import FitConfig, Member, TrainData, cross_entropy_sum, eval_mode, fit
+from training.engine.fit import Member, TrainData, cross_entropy_sum, eval_mode, fit
 
 
 def _setup():
     torch.manual_seed(0)
     model = build_model(group_config("arch", "mlp", width=32, depth=1, base_width=32), (1, 4, 4), 3)
-    opt = make_optimizer(model, lr=1e-2, beta1=0.9)
+    opt = optimizer(model, lr=1e-2, beta1=0.9)
     x, y = torch.randn(64, 1, 4, 4), torch.randint(0, 3, (64,))
     return model, opt, x, y
 
@@ -36,7 +37,7 @@ def test_evaluation_refuses_train_mode() -> None:
 def test_fit_validates_with_averaged_weights() -> None:
     """Validation losses in the curve are those of the eval-mode (averaged) weights, not the train ones."""
     model, opt, x, y = _setup()
-    cfg = FitConfig(batch_size=16, patience=50, max_epochs=5, progress=False)
+    cfg = fit_settings(batch_size=16, patience=50, max_epochs=5, progress=False)
     res = fit(Member(model, opt, torch.arange(len(y)), torch.Generator().manual_seed(0), cfg), TrainData(x, y, x, y))
     assert not model.training and not opt.param_groups[0]["train_mode"]
     loss_eval = cross_entropy_sum(model, x, y) / len(y)

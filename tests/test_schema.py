@@ -115,19 +115,20 @@ def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(t
     atomic_write_json(legacy / "result.json", stored)  # no numerics_version: older numbers, never reused
     assert legacy_differences(old, cfg) == []
     with caplog.at_level("INFO"):
-        assert run_job(cfg)["mdl"]["bits_per_sample"] != 1.5  # recomputed
+        assert run_job(cfg).result["mdl"]["bits_per_sample"] != 1.5  # recomputed
     assert "numerics version 1" in caplog.text
     cfg = job_config(tmp_path / "again", SMOKE)
     atomic_write_json(Path(cfg["paths"]["legacy_job_dir"]) / "result.json", {**stored, "numerics_version": NUMERICS})
     caplog.clear()
     with caplog.at_level("INFO"):
-        assert run_job(cfg)["mdl"]["bits_per_sample"] == 1.5  # reused, not recomputed
+        reused = run_job(cfg)
+    assert reused.status == "reused" and reused.result["mdl"]["bits_per_sample"] == 1.5  # not recomputed
     assert "pre-v2 layout" in caplog.text and not (Path(cfg["paths"]["job_dir"]) / "result.json").exists()
 
     other = job_config(tmp_path / "again", [*SMOKE, "mdl.num_blocks=3"])
     assert legacy_differences(old, other) == ["mdl.num_blocks"]
     caplog.clear()
     with caplog.at_level("INFO"):
-        result = run_job(other)
+        result = run_job(other).result
     assert "it differs in mdl.num_blocks" in caplog.text
     assert result["hash_version"] == 2 and len(result["mdl"]["blocks"]) == 2

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import job_config
+from tests.helpers import fit_settings, job_config, optimizer
 from training.app.schema import RegularizerConfig, group_config, load_section
-from training.engine.fit import FitConfig, Member, TrainData, cross_entropy_sum, fit
+from training.engine.fit import Member, TrainData, cross_entropy_sum, fit
 from training.engine.regularizers import SpectralDecoupling, build_regularizer, sd_penalty, task_loss
 from training.engine.seeding import generator, seeded_global_rng
 
@@ -78,7 +78,7 @@ def test_config_errors() -> None:
 
 
 def _fit_mup_mlp(reg_cfg: dict | None, epochs: int = 3):  # reg_cfg: regularizer=sd's overrides, or None
-    from models import build_model, make_optimizer
+    from models import build_model
 
     g = torch.Generator().manual_seed(1)
     x, y = torch.rand(96, 1, 4, 4, generator=g), torch.arange(96) % 3
@@ -86,8 +86,8 @@ def _fit_mup_mlp(reg_cfg: dict | None, epochs: int = 3):  # reg_cfg: regularizer
     arch = group_config("arch", "mlp", width=16, depth=2, base_width=8)
     with seeded_global_rng(0, "init"):
         model = build_model(arch, (1, 4, 4), 3)
-    opt = make_optimizer(model, lr=1e-2, beta1=0.9)
-    cfg = FitConfig(batch_size=32, patience=100, max_epochs=epochs, progress=False)
+    opt = optimizer(model, lr=1e-2, beta1=0.9)
+    cfg = fit_settings(batch_size=32, patience=100, max_epochs=epochs, progress=False)
     res = fit(Member(model, opt, torch.arange(len(y)), generator(0, "batches"), cfg), TrainData(x, y, xv, yv),
               build_regularizer(None if reg_cfg is None else group_config("regularizer", "sd", **reg_cfg), 3))
     return model, res, (xv, yv)
@@ -113,8 +113,8 @@ def test_mdl_job_with_sd_and_temperature(tmp_path: Path) -> None:
 
     quick = ["dataset=digits", "mdl=quick", "mdl.max_epochs=4", "mdl.num_blocks=3", "optim.warmup_steps=10",
              "certificate=false", "mdl.full_run=false", "arch.width=32", "mdl.calibrate_temperature=true"]
-    erm = run_job(job_config(tmp_path / "erm", quick))
-    sd = run_job(job_config(tmp_path / "sd", [*quick, "regularizer=sd", "regularizer.lam=0.5"]))
+    erm = run_job(job_config(tmp_path / "erm", quick)).result
+    sd = run_job(job_config(tmp_path / "sd", [*quick, "regularizer=sd", "regularizer.lam=0.5"])).result
     assert sd["config"]["regularizer"]["name"] == "sd"
     temps = [b["temperature"] for b in sd["mdl"]["blocks"]]
     assert all(t > 0 for t in temps)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import job_config
+from tests.helpers import fit_settings, group_options, job_config
 from tests.test_vectorized import _data, _models
 from training.app.schema import MdlConfig, load_config, load_section
-from training.engine.fit import FitConfig, Member, TrainData, fit
-from training.engine.group import GroupOptions, fit_group
+from training.engine.fit import Member, TrainData, fit
+from training.engine.group import fit_group
 from training.engine.seeding import generator
 from training.engine.stopping import MAX_EPOCHS, PATIENCE, EarlyStopping
 from training.mdl.job import fit_config, stop_options
@@ -48,18 +48,20 @@ def test_without_step_options_it_is_the_plain_epoch_rule(seed: int) -> None:
     rng = random.Random(seed)
     patience, max_epochs, spe = rng.randint(1, 6), rng.randint(3, 40), rng.randint(1, 20)
     losses = [rng.random() for _ in range(max_epochs)]
-    stop, best_epoch, _, reason = _run(EarlyStopping(patience, max_epochs, spe), losses)
+    stop, best_epoch, _, reason = _run(EarlyStopping(patience, max_epochs, spe, 0, 0, 0), losses)
     assert (stop, best_epoch, reason) == _plain_rule(losses, patience, max_epochs)
 
 
 def test_no_stop_inside_the_warmup_or_before_the_step_floor() -> None:
     # The demo's smallest block: 1 step per epoch, patience 5 epochs, loss rising from the first validation.
     rising = [1.0 + 0.01 * e for e in range(2000)]
-    assert _run(EarlyStopping(5, 60, 1), rising)[:3] == (6, 1, 6)  # the plain rule: stops inside the warm-up
-    stop, best, steps, reason = _run(EarlyStopping(5, 60, 1, warmup_steps=50), rising)
+    assert _run(EarlyStopping(5, 60, 1, 0, 0, 0), rising)[:3] == (6, 1, 6)  # the plain rule: stops inside the warm-up
+    stop, best, steps, reason = _run(EarlyStopping(5, 60, 1, warmup_steps=50, min_steps=0, patience_min_steps=0),
+                                      rising)
     assert (stop, best, steps, reason) == (50, 1, 50, PATIENCE)
     # min_steps keeps it going past max_epochs (60 steps here); the patience floor alone does not stop it early
-    stop, _, steps, reason = _run(EarlyStopping(5, 60, 1, warmup_steps=50, min_steps=300), rising)
+    stop, _, steps, reason = _run(EarlyStopping(5, 60, 1, warmup_steps=50, min_steps=300,
+                                            patience_min_steps=0), rising)
     assert (steps, reason) == (300, PATIENCE)
     # a late improvement (after the warm-up) restarts the step patience: max(5 × 1, 150) steps after it
     late = [1.0] + [2.0] * 99 + [0.5] + [2.0] * 1000
@@ -100,20 +102,20 @@ def test_fit_and_fit_group_stop_alike_and_report_why() -> None:
     data, y, xv, yv = _data()
     sizes = [45, 150, 440]  # 2, 5, 14 steps per epoch at batch 32
     subsets = [torch.arange(80, 80 + s) for s in sizes]
-    cfg = FitConfig(batch_size=32, patience=1, max_epochs=9, progress=False, warmup_steps=7, min_steps=25,
+    cfg = fit_settings(batch_size=32, patience=1, max_epochs=9, progress=False, warmup_steps=7, min_steps=25,
                     patience_min_steps=12)
     seq = [fit(Member(model, opt, subsets[k], generator(0, "b", k), cfg), TrainData(data, y, xv, yv))
            for k, (model, opt) in enumerate(_models("mlp", [0, 1, 2]))]
     members = [Member(m, o, subsets[k], generator(0, "b", k), cfg)
                for k, (m, o) in enumerate(_models("mlp", [0, 1, 2]))]
-    vec = fit_group(members, TrainData(data, y, xv, yv), GroupOptions(engine="loop"))
+    vec = fit_group(members, TrainData(data, y, xv, yv), group_options(engine="loop"))
     for s, v, n in zip(seq, vec, sizes, strict=True):
         assert (v.epochs, v.best_epoch, v.steps, v.stop_reason) == (s.epochs, s.best_epoch, s.steps, s.stop_reason)
         assert v.curve == s.curve
         assert s.steps >= 25 and s.stop_reason in (PATIENCE, MAX_EPOCHS)
         assert s.steps == s.epochs * -(-n // 32)
     assert seq[0].epochs > cfg.max_epochs  # 45 samples: 2 steps per epoch, 25 steps need 13 epochs
-    plain = FitConfig(batch_size=32, patience=1, max_epochs=9, progress=False)
+    plain = fit_settings(batch_size=32, patience=1, max_epochs=9, progress=False)
     model, opt = _models("mlp", [0])[0]
     assert fit(Member(model, opt, subsets[0], generator(0, "b", 0), plain), TrainData(data, y, xv, yv)).steps < 25
 

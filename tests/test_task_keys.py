@@ -145,9 +145,9 @@ def _walk(task: str, tmp_path: Path, only: set[str] | None = None, overrides: li
     given = BASES[task] if overrides is None else overrides
     base_cfg = job_config(tmp_path / "base", given)
     run = get_task(task)
-    base = run(base_cfg)
+    base = run(base_cfg).result
     assert base, f"{task}: the base job computed nothing"
-    again = run(job_config(tmp_path / "again", [*given, "force=true"]))
+    again = run(job_config(tmp_path / "again", [*given, "force=true"])).result
     assert _computed(again, task) == _computed(base, task), f"{task}: the base job is not deterministic"
     dead, tried, known = [], 0, []
     for i, (key, value) in enumerate(sorted(_leaves(base_cfg).items())):
@@ -164,7 +164,7 @@ def _walk(task: str, tmp_path: Path, only: set[str] | None = None, overrides: li
             continue  # not in the hash (or the same value): nothing to honour
         tried += 1
         try:
-            result = run(cfg)
+            result = run(cfg).result
         except ConfigError as err:  # refused, in one line naming the key
             line = str(err)
             assert "\n" not in line and "is not allowed" in line, line

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import ENV, TINY, job_config
+from training.app.lifecycle import Outcome
 from training.app.provenance import code_provenance, head_from_files
 
 
@@ -109,20 +110,18 @@ def _fashion_fixture(root: Path, n: int = 300) -> None:
 SMALL = [*TINY, "dataset=fashion_mnist", "dataset.download=false", "mdl.num_blocks=2", "mdl.val_size=64"]
 
 
-def _run(out: Path, *overrides: str) -> dict:
+def _run(out: Path, *overrides: str) -> Outcome:
     from training.mdl.job import run_job
 
     return run_job(job_config(out, [*SMALL, *overrides]))
 
 
 def test_2_swapped_labels_under_the_same_names_rerun_the_job(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from training.app.results import REUSED
-
     root = tmp_path / "data"
     _fashion_fixture(root)
-    first = _run(tmp_path / "out", f"dataset.root={root}")
+    first = _run(tmp_path / "out", f"dataset.root={root}").result
     again = _run(tmp_path / "out", f"dataset.root={root}")
-    assert again["provenance"] == first["provenance"] and str(Path(first["job_dir"])) in REUSED  # unchanged: SKIP
+    assert again.status == "skipped" and again.result["provenance"] == first["provenance"]  # unchanged: SKIP
     labels = root / "train-labels-idx1-ubyte.gz"
     with gzip.open(labels, "rb") as f:
         raw = bytearray(f.read())
@@ -131,10 +130,10 @@ def test_2_swapped_labels_under_the_same_names_rerun_the_job(tmp_path: Path, cap
     raw[8:] = body.tobytes()
     with gzip.open(labels, "wb") as f:
         f.write(bytes(raw))
-    REUSED.clear()
     with caplog.at_level(logging.WARNING):
-        swapped = _run(tmp_path / "out", f"dataset.root={root}")
-    assert str(Path(first["job_dir"])) not in REUSED
+        outcome = _run(tmp_path / "out", f"dataset.root={root}")
+    swapped = outcome.result
+    assert outcome.status == "done"
     assert swapped["dataset"]["fingerprint"] != first["dataset"]["fingerprint"]
     assert swapped["mdl"]["bits_per_sample"] != first["mdl"]["bits_per_sample"]
     lines = [r.getMessage() for r in caplog.records if "not reusing" in r.getMessage()]
@@ -143,38 +142,32 @@ def test_2_swapped_labels_under_the_same_names_rerun_the_job(tmp_path: Path, cap
 
 def test_2_another_copy_of_the_data_is_reused_only_when_identical(tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    from training.app.results import REUSED
-
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     _fashion_fixture(a)
     shutil.copytree(a, b)  # the same files elsewhere: the same data, reused
     _fashion_fixture(c, n=310)  # other data under the same names
-    first = _run(tmp_path / "out", f"dataset.root={a}")
-    REUSED.clear()
-    _run(tmp_path / "out", f"dataset.root={b}")
-    assert str(Path(first["job_dir"])) in REUSED
-    REUSED.clear()
+    assert _run(tmp_path / "out", f"dataset.root={a}").status == "done"
+    assert _run(tmp_path / "out", f"dataset.root={b}").status == "skipped"
     with caplog.at_level(logging.WARNING):
         other = _run(tmp_path / "out", f"dataset.root={c}")
-    assert str(Path(first["job_dir"])) not in REUSED and other["dataset"]["n"] == 310
+    assert other.status == "done" and other.result["dataset"]["n"] == 310
     assert "data fingerprint" in caplog.text
 
 
 # --- ugly: a result.json with a valid hash but no mdl section -----------------------------------------------------
 def test_6_result_without_mdl_section_is_rerun_with_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from training.app.results import REUSED
     from training.mdl.job import run_job
 
     cfg = job_config(tmp_path, TINY)
-    done = run_job(cfg)
+    done = run_job(cfg).result
     path = Path(done["job_dir"]) / "result.json"
     stored = json.loads(path.read_text())
     del stored["mdl"]
     path.write_text(json.dumps(stored))
-    REUSED.clear()
     with caplog.at_level(logging.WARNING):
-        again = run_job(cfg)
-    assert str(Path(done["job_dir"])) not in REUSED
+        outcome = run_job(cfg)
+    again = outcome.result
+    assert outcome.status == "done"
     assert again["mdl"]["bits_per_sample"] == done["mdl"]["bits_per_sample"]
     assert "mdl" in json.loads(path.read_text())
     lines = [r.getMessage() for r in caplog.records if "not reusing" in r.getMessage()]
@@ -279,14 +272,11 @@ def test_2_aggregate_marks_a_cell_on_two_data_and_strict_refuses(tmp_path: Path,
 
 def test_2_data_unreadable_since_the_result_reuses_it_with_a_warning(tmp_path: Path,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
-    from training.app.results import REUSED
-
     root = tmp_path / "data"
     _fashion_fixture(root)
-    first = _run(tmp_path / "out", f"dataset.root={root}")
+    first = _run(tmp_path / "out", f"dataset.root={root}").result
     (root / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip")  # unreadable now: nothing to compare
-    REUSED.clear()
     with caplog.at_level(logging.WARNING):
         again = _run(tmp_path / "out", f"dataset.root={root}")
-    assert again["provenance"] == first["provenance"] and str(Path(first["job_dir"])) in REUSED
+    assert again.status == "skipped" and again.result["provenance"] == first["provenance"]
     assert "cannot check the data" in caplog.text

@@ -17,14 +17,13 @@ import pytest
 import torch
 from torch import Tensor
 
-from models import build_model, make_optimizer
-from tests.helpers import job_config
+from models import build_model
+from tests.helpers import fit_settings, group_options, job_config, optimizer
 from training.app.schema import ArchConfig, group_config
 from training.engine.batches import DeviceData, compact
-from training.engine.fit import FitConfig, FitResult, Member, TrainData, cross_entropy_sum, fit, snapshot
+from training.engine.fit import FitResult, Member, TrainData, cross_entropy_sum, fit, snapshot
 from training.engine.flat_optim import cpu_compiler
 from training.engine.group import (
-    GroupOptions,
     balanced_parts,
     fit_group,
     resolve_engine,
@@ -63,7 +62,7 @@ def _models(arch: str, tags: list[int], lr: float = 4e-3, dtype: torch.dtype = t
     for t in tags:
         with seeded_global_rng(0, "init", t):
             model = build_model(_arch(arch), SHAPE, K).to(device=device, dtype=dtype)
-        out.append((model, make_optimizer(model, lr=lr, beta1=0.9, warmup_steps=7)))
+        out.append((model, optimizer(model, lr=lr, beta1=0.9, warmup_steps=7)))
     return out
 
 
@@ -75,7 +74,7 @@ def _compare(arch: str, augment: bool, engine: str, eval_every: int | None = Non
     data, y, xv, yv = _data(dtype=dtype, device=device)
     sizes, patience = [45, 150, 440], [1, 2, 50]  # partial last batches; different stop epochs
     subsets = [torch.arange(80, 80 + s) for s in sizes]
-    cfgs = [FitConfig(batch_size=32, patience=p, max_epochs=9, augment=augment, eval_every_steps=eval_every,
+    cfgs = [fit_settings(batch_size=32, patience=p, max_epochs=9, augment=augment, eval_every_steps=eval_every,
                       progress=False) for p in patience]
     val_idx = [torch.arange(80) + (20 * k if own_val else 0) for k in range(3)]  # own_val: 3 different sets
     seq = []
@@ -89,7 +88,7 @@ def _compare(arch: str, augment: bool, engine: str, eval_every: int | None = Non
     order: list[int] = []
     shared = (None, None) if own_val else (xv, yv)
     vec = fit_group(members, TrainData(data, y, *shared),
-                    GroupOptions(on_finish=lambda k, model, res: order.append(k), engine=engine, compile=compile,
+                    group_options(on_finish=lambda k, model, res: order.append(k), engine=engine, compile=compile,
                                  regularizer=regularizer, workers=workers, fused_optimizer=fused))
     assert sorted(order) == [0, 1, 2]
     epochs = [r.epochs for _, r in seq]
@@ -132,7 +131,7 @@ def test_members_finishing_apart_are_each_reported_as_if_trained_alone(engine: s
     data, y, xv, yv = _data()
     sizes, patience = [45, 300, 64, 440, 100], [1, 3, 50, 1, 2]
     subsets = [torch.arange(80, 80 + s) for s in sizes]
-    cfgs = [FitConfig(batch_size=32, patience=p, max_epochs=9, min_steps=30, progress=False) for p in patience]
+    cfgs = [fit_settings(batch_size=32, patience=p, max_epochs=9, min_steps=30, progress=False) for p in patience]
     alone = _models("mlp", list(range(5)))
     seq = [fit(Member(m, o, subsets[k], generator(0, "b", k), cfgs[k]), TrainData(data, y, xv, yv))
            for k, (m, o) in enumerate(alone)]
@@ -141,7 +140,7 @@ def test_members_finishing_apart_are_each_reported_as_if_trained_alone(engine: s
     members = [Member(m, o, subsets[k], generator(0, "b", k), cfgs[k])
                for k, (m, o) in enumerate(_models("mlp", list(range(5))))]
     seen: list[tuple[int, FitResult, bool, dict[str, Tensor]]] = []
-    vec = fit_group(members, TrainData(data, y, xv, yv), GroupOptions(
+    vec = fit_group(members, TrainData(data, y, xv, yv), group_options(
         engine=engine, on_finish=lambda k, model, res: seen.append((k, res, model.training, snapshot(model)))))
     assert [k for k, *_ in seen] == sorted(range(5), key=lambda k: (steps[k], k))
     assert [r.seconds for _, r, *_ in seen] == sorted(r.seconds for _, r, *_ in seen)
@@ -200,8 +199,8 @@ def test_a_failing_worker_stops_the_others() -> None:
     """An error in one worker (here in on_finish) is raised once and the other worker stops early."""
     data, y, xv, yv = _data()
     models = _models("mlp", [0, 1])
-    cfgs = [FitConfig(batch_size=32, patience=1, max_epochs=1, progress=False),
-            FitConfig(batch_size=32, patience=10_000, max_epochs=10_000, progress=False)]
+    cfgs = [fit_settings(batch_size=32, patience=1, max_epochs=1, progress=False),
+            fit_settings(batch_size=32, patience=10_000, max_epochs=10_000, progress=False)]
     members = [Member(m, o, torch.arange(80, 200), generator(0, "b", k), cfgs[k]) for k, (m, o) in enumerate(models)]
     finished: list[int] = []
 
@@ -210,7 +209,7 @@ def test_a_failing_worker_stops_the_others() -> None:
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        fit_group(members, TrainData(data, y, xv, yv), GroupOptions(on_finish=on_finish, workers=2))
+        fit_group(members, TrainData(data, y, xv, yv), group_options(on_finish=on_finish, workers=2))
     assert finished == [0]  # member 1 (10k epochs) was cancelled, not trained to the end
     assert torch.get_num_threads() == 1  # the caller's thread setting is restored
 
@@ -278,17 +277,17 @@ def test_job_parallel_equals_one_at_a_time(tmp_path: Path) -> None:
     """A job's block models + full-data run in one group (default) give the one-at-a-time numbers."""
     quick = ["dataset=digits", "mdl=quick", "mdl.max_epochs=4", "optim.warmup_steps=10", "certificate=false",
              "mdl.eval_every_steps=5"]
-    par = run_job(job_config(tmp_path / "par", quick))
-    one = run_job(job_config(tmp_path / "one", [*quick, "training.parallel_models=1"]))
+    par = run_job(job_config(tmp_path / "par", quick)).result
+    one = run_job(job_config(tmp_path / "one", [*quick, "training.parallel_models=1"])).result
     assert par["mdl"]["block_ce_bits"] == one["mdl"]["block_ce_bits"]  # CPU default engine: loop, bitwise equal
     assert par["final"]["val_loss_curve"] == one["final"]["val_loss_curve"]
     assert [b["epochs"] for b in par["mdl"]["blocks"]] == [b["epochs"] for b in one["mdl"]["blocks"]]
     assert [b["block"] for b in par["mdl"]["blocks"]] == list(range(2, len(par["mdl"]["block_sizes"]) + 1))
-    thr = run_job(job_config(tmp_path / "thr", [*quick, "training.workers=2"]))
+    thr = run_job(job_config(tmp_path / "thr", [*quick, "training.workers=2"])).result
     assert thr["mdl"]["block_ce_bits"] == one["mdl"]["block_ce_bits"]  # two worker threads: still bitwise
     assert thr["final"]["val_loss_curve"] == one["final"]["val_loss_curve"]
     blocks_only = [o for o in quick if not o.startswith("mdl.eval_every_steps")]  # the full run's cadence only
-    stk = run_job(job_config(tmp_path / "stk", [*blocks_only, "training.engine=stacked", "mdl.full_run=false"]))
+    stk = run_job(job_config(tmp_path / "stk", [*blocks_only, "training.engine=stacked", "mdl.full_run=false"])).result
     assert stk["mdl"]["block_ce_bits"] == pytest.approx(one["mdl"]["block_ce_bits"], rel=LOSS_RTOL)
 
 

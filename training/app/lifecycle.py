@@ -5,6 +5,10 @@ task's body, write result.json last, clear the progress file.
     def run_job(config):
         return run_in_job_dir(config, body)      # body(run: JobRun) -> the task's part of result.json
 
+It returns an `Outcome`: done (computed now), skipped (the directory held this configuration's result), reused
+(the same configuration finished in its pre-v2 directory) or failed (the ledger's record of an error), with the
+result. What a precheck loaded reaches the body as `JobRun.loaded`: nothing travels through module state.
+
 The MDL jobs and the Gradient Starvation jobs share it, so a fix here (a lock, a resume rule, what a result must
 hold) reaches both. Every result records its `provenance` (code commit, versions, device, host, start and end:
 training/app/provenance.py); a result whose task-declared sections (`finite=`, MDL: mdl and final) hold a NaN or
@@ -21,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -61,14 +65,45 @@ class Progress:
         self.path.unlink(missing_ok=True)
 
 
+Status = Literal["done", "skipped", "reused", "failed"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a job came to (see the module docstring) and its result.json (None when it failed: `error` is the
+    line that says why). `run_in_job_dir` returns done, skipped or reused and raises a failure; the multirun ledger
+    (training/cli/ledger.py) records a raised failure as `failed`."""
+
+    status: Status
+    job_dir: Path
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def computed(self) -> bool:
+        """The result was computed by this run (not found finished)."""
+        return self.status == "done"
+
+
+@dataclass(frozen=True)
+class DataOnDisk:
+    """What a `Fingerprint` hook read: the fingerprint of the job's data as it is on disk now (result.json's
+    `dataset.fingerprint`) and the data itself, handed to the body if the job runs again (None: the body loads it)."""
+
+    fingerprint: Any
+    loaded: Any = None
+
+
 @dataclass(frozen=True)
 class JobRun:
-    """What a task's body gets: its typed config, directory, device and progress file."""
+    """What a task's body gets: its typed config, directory, device and progress file, and what its precheck (or
+    fingerprint) loaded (None: nothing; the body loads its data itself)."""
 
     cfg: JobConfig
     job: JobDir
     device: torch.device
     progress: Progress
+    loaded: Any = None
 
     @property
     def path(self) -> Path:
@@ -80,15 +115,16 @@ class JobRun:
 
 
 Body = Callable[[JobRun], dict[str, Any]]
-Precheck = Callable[[JobConfig, torch.device], None]
-Fingerprint = Callable[[JobConfig], Any]  # the identity of the data a job would read now (dataset.fingerprint)
+# Refuses bad runtime options before anything is made; returns what it loaded for the body (None: nothing).
+Precheck = Callable[[JobConfig, torch.device], Any]
+Fingerprint = Callable[[JobConfig], DataOnDisk]  # the identity of the data a job would read now (and that data)
 
 
 def stale_reason(done: Mapping[str, Any], cfg: JobConfig, complete: tuple[str, ...],
-                 fingerprint: Fingerprint | None) -> str | None:
+                 fingerprint: Callable[[JobConfig], Any] | None) -> str | None:
     """Why a finished result of this configuration must not be reused (None: reuse it): a section the task
-    always writes is missing (`complete`), or the result's `dataset.fingerprint` differs from the data now on disk
-    (files swapped under the same names, or `dataset.root` pointing at another copy)."""
+    always writes is missing (`complete`), or the result's `dataset.fingerprint` differs from `fingerprint(cfg)`,
+    the data now on disk (files swapped under the same names, or `dataset.root` pointing at another copy)."""
     for section in complete:
         if not isinstance(done.get(section), Mapping):
             return f"it has no {section} section (incomplete)"
@@ -149,27 +185,38 @@ def check_finite(result: Mapping[str, Any], sections: tuple[str, ...], job_path:
 def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: Precheck | None = None,
                    describe: Callable[[dict[str, Any]], str] | None = None,
                    finite: tuple[str, ...] = (), complete: tuple[str, ...] = (),
-                   fingerprint: Fingerprint | None = None) -> dict[str, Any]:
-    """Run `body` in the job's directory under its lock and return result.json's dict (an earlier run's when it
-    finished with this configuration). `precheck` refuses bad runtime options before anything is made. `finite`:
-    the result's sections whose every number must be finite (else NonFiniteError and no result); every result
-    gets `provenance` (training/app/provenance.py). An earlier result is not reused (one line says why) when it
-    lacks a `complete` section or its `dataset.fingerprint` differs from `fingerprint(cfg)`, the data now."""
+                   fingerprint: Fingerprint | None = None) -> Outcome:
+    """Run `body` in the job's directory under its lock and return its Outcome: done with the new result, or
+    skipped/reused with an earlier run's result of this configuration. `precheck` refuses bad runtime options
+    before anything is made and returns what it loaded, for the body (`JobRun.loaded`). `finite`: the result's
+    sections whose every number must be finite (else NonFiniteError and no result); every result gets
+    `provenance` (training/app/provenance.py). An earlier result is not reused (one line says why) when it lacks a
+    `complete` section or its `dataset.fingerprint` differs from `fingerprint(cfg)`, the data now (which the body
+    then gets, as it gets a precheck's)."""
     cfg = load_config(config)  # bad values fail here, with one line, before any directory or data
     job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), cfg.force)
     device = resolve_device(cfg.device)
-    if precheck is not None:
-        precheck(cfg, device)
+    loaded = precheck(cfg, device) if precheck is not None else None
+    read_now: list[DataOnDisk] = []  # what the fingerprint hook read, if the stale check called it
+
+    def now_on_disk(c: JobConfig) -> Any:
+        assert fingerprint is not None
+        read_now.append(fingerprint(c))
+        return read_now[-1].fingerprint
+
+    check = now_on_disk if fingerprint is not None else None
     with job.locked():
-        if (done := job.finished(lambda d: stale_reason(d, cfg, complete, fingerprint))) is not None:
-            return done
+        if (done := job.finished(lambda d: stale_reason(d, cfg, complete, check))) is not None:
+            return Outcome("skipped", job.path, done)
         if not cfg.force and (done := legacy_result(cfg, job.path)) is not None:
-            return done
+            return Outcome("reused", job.path, done)
+        if read_now:  # the stale check read the data again: the newest copy is the one to use
+            loaded = read_now[-1].loaded
         progress = Progress(job.path / PROGRESS_FILE, job.cfg_hash)
         if cfg.force:
             progress.clear()  # force=true recomputes from scratch
         t0, started = time.perf_counter(), now_utc()
-        out = body(JobRun(cfg, job, device, progress))
+        out = body(JobRun(cfg, job, device, progress, loaded))
         timings = {**out.pop("timings", {}), "total_s": time.perf_counter() - t0}
         result = {"config_hash": job.cfg_hash, "hash_version": HASH_VERSION, "numerics_version": NUMERICS,
                   "job_dir": str(job.path),
@@ -179,4 +226,4 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: 
         job.write_result(result)  # the job's last act: its presence means "done"
         progress.clear()
     log.info("done %s: %s, %.1fs", job.path, describe(result) if describe else cfg.task, timings["total_s"])
-    return result
+    return Outcome("done", job.path, result)

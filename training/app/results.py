@@ -30,10 +30,6 @@ log = logging.getLogger(__name__)
 
 RESULT_FILE = "result.json"
 LOCK_FILE = ".job.lock"
-# Job directories whose stored result this process returned instead of computing it (JobDir.finished: a SKIP,
-# also of a result a concurrent identical job wrote while this one waited on the lock); the multirun ledger
-# (training/cli/ledger.py) counts such a job as skipped, not done.
-REUSED: set[str] = set()
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -161,7 +157,6 @@ class JobDir:
                 return None
             if not self.force:
                 log.info("SKIP %s (finished, config hash %s)", self.path, self.cfg_hash)
-                REUSED.add(str(self.path))
                 return done
             log.warning("force=true: recomputing %s (finished with this configuration, hash %s)", self.path,
                         self.cfg_hash)

@@ -1,4 +1,5 @@
-"""What a job can do (`task=` in the config): each task takes the job's config and returns result.json's dict.
+"""What a job can do (`task=` in the config): each task takes the job's config and returns its Outcome (done, skipped,
+reused or failed, with result.json's dict: training/app/lifecycle.py).
 
 Two halves, so that the core never needs a task's code:
 
@@ -17,11 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from erasure.registry import Registry
 
-Task = Callable[[Mapping[str, Any]], dict[str, Any]]
+if TYPE_CHECKING:  # the lifecycle imports torch: the hash (which reads DECLARED) does not need it
+    from training.app.lifecycle import Outcome
+
+Task = Callable[[Mapping[str, Any]], "Outcome"]
 
 # name -> the config groups the task reads (hashed besides `task` and `seed`); None: every group. A dotted entry
 # (`mdl.patience`) names one key of a group the task reads only in part.

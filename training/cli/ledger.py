@@ -34,7 +34,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from training.app import results
+from training.app.lifecycle import Outcome
 from training.app.results import RESULT_FILE, flatten, mismatch_message, read_result, same_config
 from training.app.schema import config_hash, load_config, semantic
 from training.cli.local_workers import controllers_ignore_sigint
@@ -336,7 +336,6 @@ class JobStatusCallback(Callback):
     # --- wherever a job runs ---------------------------------------------------------------------------
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         job_dir = _job_dir(config)
-        results.REUSED.discard(str(job_dir))
         self._stamps[str(job_dir)] = (_result_stamp(job_dir), time.time())
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
@@ -348,20 +347,17 @@ class JobStatusCallback(Callback):
         num = int(OmegaConf.select(config, "hydra.job.num", default=0) or 0)
         entry: dict[str, Any] = {"num": num, "job_dir": str(job_dir),
                                  "seconds": round(time.time() - t0, 3)}
-        if job_return.status == JobStatus.FAILED:
-            err = job_return._return_value
-            line = user_error_line(err) if isinstance(err, BaseException) else None
-            entry.update(status="failed", error=line or f"{type(err).__name__}: {err}")
+        outcome = job_outcome(job_dir, job_return)
+        if outcome.status == "failed":
+            entry.update(status="failed", error=outcome.error)
         else:
-            # Skipped: the result was there before and untouched, or the job returned a stored result instead
-            # of computing one; the latter with a result.json new since the job started: another run of the same
-            # job (a concurrent identical sweep) finished it while this one waited on the directory's lock.
+            # Skipped (or reused): the job returned a stored result instead of computing one; with a result.json
+            # new since the job started, another run of the same job (a concurrent identical sweep) finished it
+            # while this one waited on the directory's lock.
             after = _result_stamp(job_dir)
-            reused = str(job_dir) in results.REUSED
-            entry["status"] = "skipped" if reused or (before is not None and before == after) else "done"
-            if reused and after != before:
+            entry["status"] = "done" if outcome.status == "done" else "skipped"
+            if outcome.status == "skipped" and after != before:
                 entry["reason"] = "done by another run"
-        results.REUSED.discard(str(job_dir))
         path = Path(ledger) / f"job-{entry['num']:05d}.json"
         try:
             atomic_write_json(path, entry)
@@ -374,3 +370,16 @@ class JobStatusCallback(Callback):
         detail += f" ({entry['reason']})" if "reason" in entry else ""
         log.info("[%d/%s] %s %s%s | done %d, skipped %d, failed %d", sum(t.values()), total, entry["status"],
                  job_dir, detail, t["done"], t["skipped"], t["failed"])
+
+
+def job_outcome(job_dir: Path, job_return: JobReturn) -> Outcome:
+    """The job's Outcome: what its task returned (training/app/lifecycle.py), or `failed` with the error's line."""
+    if job_return.status == JobStatus.FAILED:
+        err = job_return._return_value
+        line = user_error_line(err) if isinstance(err, BaseException) else None
+        return Outcome("failed", job_dir, error=line or f"{type(err).__name__}: {err}")
+    value = job_return._return_value
+    if not isinstance(value, Outcome):
+        raise TypeError(f"the job of {job_dir} returned {type(value).__name__}, not an Outcome: a task function "
+                        "returns run_in_job_dir's Outcome (training/app/lifecycle.py)")
+    return value

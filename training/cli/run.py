@@ -20,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from training.app.lifecycle import Outcome
 from training.app.schema import CONF_DIR, ConfigError, load_config
 from training.app.tasks import get_task
 from training.cli.local_workers import sigint_back_in_local_job
@@ -43,8 +44,9 @@ TASK_MODULES = (_mdl_job, colored_mnist, erased_eval, moons)
 log = logging.getLogger("training.run")
 
 
-def job(cfg: DictConfig) -> float | None:
-    """Hydra's task function: one job of the (multi)run."""
+def job(cfg: DictConfig) -> Outcome:
+    """Hydra's task function: one job of the (multi)run. Its Outcome is Hydra's return value, which the multirun
+    ledger (training/cli/ledger.py) reads."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     quiet_log_file_errors()  # Hydra has set up this job's run.log
     sigint_back_in_local_job()
@@ -54,7 +56,7 @@ def job(cfg: DictConfig) -> float | None:
     try:
         job = load_config(resolved)  # normally checked earlier, by the job_status callback
         with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
-            result = get_task(job.task)(job)
+            outcome = get_task(job.task)(job)
     except KeyboardInterrupt as err:  # Ctrl-C: the job's lock is released on the way here
         exit_interrupted(Path(job.paths.job_dir), err)
     except Exception as err:
@@ -72,8 +74,7 @@ def job(cfg: DictConfig) -> float | None:
         if multirun:
             raise
         exit_user_error(line, err)
-    code = result["mdl"] if isinstance(result.get("mdl"), dict) else {}
-    return code["bits_per_sample"] if "bits_per_sample" in code else None
+    return outcome
 
 
 PATH_KEYS = (("paths", "out_dir"), ("paths", "data_dir"), ("paths", "cache_dir"), ("paths", "job_dir"),

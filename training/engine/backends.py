@@ -82,8 +82,8 @@ def check_same_groups(models: Sequence[nn.Module], opts: Sequence[torch.optim.Op
     """The members' (identical) μP param groups as (parameter names, hyperparameters)."""
     groups = [_optimizer_groups(o, {id(p): n for n, p in m.named_parameters()})
               for m, o in zip(models, opts, strict=True)]
-    ref = [(names, repr(hp)) for names, hp in groups[0]]
-    if any([(names, repr(hp)) for names, hp in g] != ref for g in groups[1:]):
+    ref = [(names, repr(group)) for names, group in groups[0]]
+    if any([(names, repr(group)) for names, group in g] != ref for g in groups[1:]):
         raise ValueError("members of one vectorised group need identical optimizer param groups")
     return groups[0]
 
@@ -230,7 +230,7 @@ class StackedEngine:
                 torch._dynamo.mark_static_address(p)
 
     def _build(self) -> torch.optim.Optimizer:
-        return self.opt_cls([{**hp, "params": [self.params[n] for n in names]} for names, hp in self.groups])
+        return self.opt_cls([{**group, "params": [self.params[n] for n in names]} for names, group in self.groups])
 
     def __enter__(self) -> StackedEngine:
         self.readouts.__enter__()
@@ -253,8 +253,8 @@ class StackedEngine:
 
     def _lerped(self, sel: Tensor, rows: dict[str, Tensor], weight: Callable[[float], float]) -> dict[str, Tensor]:
         out = {}
-        for names, hp in self.groups:
-            w = weight(hp["betas"][0])
+        for names, group in self.groups:
+            w = weight(group["betas"][0])
             for n in names:
                 z = self.opt.state[self.params[n]].get("z")
                 out[n] = rows[n] if z is None else rows[n].lerp(z[sel], w)

@@ -49,17 +49,20 @@ def nonfinite_loss(what: str, name: str, step: int, epoch: int) -> NonFiniteErro
 
 @dataclass(frozen=True)
 class FitConfig:
-    batch_size: int = 128
-    patience: int = 100
-    max_epochs: int = 30000
-    augment: bool = False
-    eval_every_steps: int | None = None  # None: once per epoch
-    progress: bool = True
+    """The fit loop's settings, all given: the job builds them from its typed config (training/mdl/job.py
+    `fit_config`), where every default lives once (training/app/schema.py; tests/test_defaults_once.py checks)."""
+
+    batch_size: int
+    patience: int
+    max_epochs: int
+    augment: bool
+    eval_every_steps: int | None  # None: once per epoch
+    progress: bool
     # Step-aware early stopping (training/engine/stopping.py); all 0: stop after `patience` epochs without a
     # new best or after `max_epochs`, whatever the number of steps.
-    warmup_steps: int = 0  # the optimiser's warm-up: no stop before it has ended
-    min_steps: int = 0  # no stop before this many optimizer steps (even past max_epochs)
-    patience_min_steps: int = 0  # patience in steps = max(patience × steps per epoch, patience_min_steps)
+    warmup_steps: int  # the optimiser's warm-up: no stop before it has ended
+    min_steps: int  # no stop before this many optimizer steps (even past max_epochs)
+    patience_min_steps: int  # patience in steps = max(patience × steps per epoch, patience_min_steps)
     batch_transform: BatchTransform | None = None  # applied to each (augmented) training batch, on its device
 
     def stopper(self, steps_per_epoch: int) -> EarlyStopping:

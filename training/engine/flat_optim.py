@@ -41,8 +41,8 @@ class LibraryOptim:
         self.opt = self._build()
 
     def _build(self) -> torch.optim.Optimizer:
-        return self.opt_cls([{**hp, "params": [p[n] for p in self.params for n in names]}
-                             for names, hp in self.groups])
+        return self.opt_cls([{**group, "params": [p[n] for p in self.params for n in names]}
+                             for names, group in self.groups])
 
     def train(self) -> None:
         self.opt.train()  # type: ignore[attr-defined]
@@ -55,8 +55,8 @@ class LibraryOptim:
 
     @torch.no_grad()
     def lerp_member(self, r: int, weight: Callable[[float], float]) -> None:
-        for names, hp in self.groups:
-            w = weight(hp["betas"][0])
+        for names, group in self.groups:
+            w = weight(group["betas"][0])
             for n in names:
                 p = self.params[r][n]
                 if "z" in self.opt.state[p]:
@@ -149,9 +149,9 @@ class FlatScheduleFree:
 
     def __init__(self, groups: Groups, params: list[dict[str, Tensor]], backend: str = "numba") -> None:
         self.groups = groups
-        self.hp = [dict(hp) for _, hp in groups]
-        for hp in self.hp:
-            if hp.get("r", 0.0) != 0.0 or hp.get("k", 0) != 0:
+        self.group_settings = [dict(group) for _, group in groups]
+        for group in self.group_settings:
+            if group.get("r", 0.0) != 0.0 or group.get("k", 0) != 0:
                 raise ValueError("fused_optimizer supports schedule-free AdamW with r=0, from its first step")
         self.params = params
         self.update = update_fn(backend, next(iter(params[0].values())).device)
@@ -203,39 +203,40 @@ class FlatScheduleFree:
     def step(self) -> None:
         if not self.train_mode:
             raise RuntimeError("optimizer step in eval mode: call train() first")
-        for gi, hp in enumerate(self.hp):
-            k = hp["k"]
-            beta1, beta2 = hp["betas"]
-            sched = (k + 1) / hp["warmup_steps"] if k < hp["warmup_steps"] else 1.0
-            lr = hp["lr"] * sched
-            hp["lr_max"] = max(lr, hp["lr_max"])
-            weight = hp["lr_max"] ** hp["weight_lr_power"]
-            hp["weight_sum"] = hp["weight_sum"] + weight
-            ckp1 = weight / hp["weight_sum"] if hp["weight_sum"] != 0 else 0.0
+        for gi, group in enumerate(self.group_settings):
+            k = group["k"]
+            beta1, beta2 = group["betas"]
+            sched = (k + 1) / group["warmup_steps"] if k < group["warmup_steps"] else 1.0
+            lr = group["lr"] * sched
+            group["lr_max"] = max(lr, group["lr_max"])
+            weight = group["lr_max"] ** group["weight_lr_power"]
+            group["weight_sum"] = group["weight_sum"] + weight
+            ckp1 = weight / group["weight_sum"] if group["weight_sum"] != 0 else 0.0
             if self.z[gi] is None:
                 self.z[gi] = self.y[gi].clone()
             self.update(self.y[gi], self.z[gi], self.v[gi], self.g[gi], lr, ckp1, 1 - beta2 ** (k + 1),
-                        lr * (beta1 * (1 - ckp1) - 1), beta2, hp["eps"], hp["weight_decay"])
-            hp["k"] = k + 1
+                        lr * (beta1 * (1 - ckp1) - 1), beta2, group["eps"], group["weight_decay"])
+            group["k"] = k + 1
 
     @torch.no_grad()
     def lerp_member(self, r: int, weight: Callable[[float], float]) -> None:
-        for gi, hp in enumerate(self.hp):
+        for gi, group in enumerate(self.group_settings):
             z = self.z[gi]
             if z is not None:
                 s, e = self.spans[gi][r]
-                self.y[gi][s:e].lerp_(z[s:e], weight(hp["betas"][0]))
+                self.y[gi][s:e].lerp_(z[s:e], weight(group["betas"][0]))
 
     def state_dict(self) -> dict[str, Any]:
         """The flat buffers (y, z, v), the per-group scalars and the mode."""
         return {"y": [y.clone() for y in self.y], "z": [None if z is None else z.clone() for z in self.z],
-                "v": [v.clone() for v in self.v], "hp": [dict(hp) for hp in self.hp], "train_mode": self.train_mode}
+                "v": [v.clone() for v in self.v], "hp": [dict(group) for group in self.group_settings],
+                "train_mode": self.train_mode}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         dev = self.y[0].device
         self._pack([[y.to(dev)] for y in saved["y"]], [None if z is None else z.to(dev) for z in saved["z"]],
                    [v.to(dev) for v in saved["v"]])
-        self.hp = [dict(hp) for hp in saved["hp"]]
+        self.group_settings = [dict(group) for group in saved["hp"]]
         self.train_mode = bool(saved["train_mode"])
 
     def keep(self, rows: list[int]) -> None:

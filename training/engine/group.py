@@ -56,15 +56,16 @@ OnFinish = Callable[[int, nn.Module, FitResult], None]  # (member index, model i
 @dataclass(frozen=True)
 class GroupOptions:
     """How a group trains (see `fit_group`): `training.*` (engine auto | loop | stacked, workers, compile,
-    fused_optimizer), the regularizer, progress, and what to call as each member ends."""
+    fused_optimizer) and `progress`, all given (their defaults live once, in training/app/schema.py); the
+    regularizer and what to call as each member ends (None: none)."""
 
-    engine: str = "auto"
+    engine: str
+    progress: bool
+    compile: bool | str | None
+    fused_optimizer: bool | str
+    workers: int | str
     on_finish: OnFinish | None = None
-    progress: bool = False
-    compile: bool | str | None = None
     regularizer: Regularizer | None = None
-    fused_optimizer: bool | str = False
-    workers: int | str = 1
     checkpoint: CheckpointStore | None = None  # where a stop request (training/common/interrupt.py) saves the group
 
 
@@ -91,8 +92,7 @@ def resolve_engine(engine: str, device: torch.device) -> str:
     return engine
 
 
-def fit_group(members: Sequence[Member], inputs: TrainData, options: GroupOptions = GroupOptions()
-              ) -> list[FitResult]:
+def fit_group(members: Sequence[Member], inputs: TrainData, options: GroupOptions) -> list[FitResult]:
     """Train all members at once; each ends as `training.engine.fit.fit` would (best state loaded, eval mode).
 
     Validation on the shared (x_val, y_val), or, when those are None, on each member's `val_idx`.

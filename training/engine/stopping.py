@@ -27,14 +27,15 @@ PATIENCE, MAX_EPOCHS = "patience", "max_epochs"  # why a model stopped (FitResul
 
 @dataclass
 class EarlyStopping:
-    """Best validation loss so far and the (step-aware) stop rule of one model."""
+    """Best validation loss so far and the (step-aware) stop rule of one model. The rule's settings are all given
+    (FitConfig.stopper; their defaults live once, in training/app/schema.py); the state starts empty."""
 
     patience: int  # epochs
     max_epochs: int
-    steps_per_epoch: int = 1
-    warmup_steps: int = 0  # no stop before the warm-up has ended (0: no such rule)
-    min_steps: int = 0  # no stop before this many optimizer steps
-    patience_min_steps: int = 0  # floor of the patience in steps
+    steps_per_epoch: int
+    warmup_steps: int  # no stop before the warm-up has ended (0: no such rule)
+    min_steps: int  # no stop before this many optimizer steps (0: none)
+    patience_min_steps: int  # floor of the patience in steps (0: none)
     best_loss: float = math.inf
     best_epoch: int = 0
     improved: bool = False  # a new best since the last epoch end

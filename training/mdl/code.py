@@ -9,6 +9,14 @@ import math
 from dataclasses import dataclass
 from itertools import accumulate
 
+MIN_BLOCK_SAMPLES = 2  # the smallest block: `mdl.min_block` shrinks to this when the data is too small for it
+
+
+def most_blocks(n: int) -> int:
+    """The most blocks `n` samples can be cut into: the one feasibility rule that the partition, the split and the
+    job's precheck (training/mdl/splits.py, precheck.py) apply."""
+    return n // MIN_BLOCK_SAMPLES
+
 
 def partition_logspace(n: int, num_blocks: int, min_block: int) -> list[int]:
     """Split n into num_blocks sizes that grow geometrically from min_block and sum exactly to n.
@@ -18,9 +26,9 @@ def partition_logspace(n: int, num_blocks: int, min_block: int) -> list[int]:
     """
     if num_blocks < 2:
         raise ValueError("prequential MDL needs at least 2 blocks")
-    if n < 2 * num_blocks:
+    if num_blocks > most_blocks(n):
         raise ValueError(f"{n} samples cannot be cut into {num_blocks} blocks")
-    start = min(min_block, n // (2 * num_blocks)) if min_block * num_blocks >= n else min_block
+    start = min(min_block, n // (MIN_BLOCK_SAMPLES * num_blocks)) if min_block * num_blocks >= n else min_block
 
     def total(r: float) -> float:
         return start * num_blocks if r == 1.0 else start * (r**num_blocks - 1) / (r - 1)

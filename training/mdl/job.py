@@ -8,6 +8,7 @@ exactly the uninterrupted numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -20,7 +21,7 @@ import torch
 
 from erasure.registry import ERASERS
 from models.registry import ARCHS
-from training.app.lifecycle import JobRun, Progress, run_in_job_dir
+from training.app.lifecycle import JobRun, Outcome, Progress, run_in_job_dir
 from training.app.schema import JobConfig, MdlConfig
 from training.app.tasks import TASKS
 from training.app.wandb_logger import RunLogger
@@ -47,12 +48,12 @@ from training.engine.group import (
     resolve_engine,
     why_not_vectorized,
 )
+from training.engine.optim import OptimSettings
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
 from training.errors import NonFiniteError
 from training.mdl.code import paper_code, prequential_code
 from training.mdl.precheck import data_fingerprint, fit_plan, load_data, precheck, with_permuted_labels
-from training.mdl.precheck import forget as forget_loaded
 from training.mdl.splits import MdlSplit, make_split
 from training.mdl.stop_keys import say_stop_keys
 
@@ -60,22 +61,15 @@ log = logging.getLogger(__name__)
 LN2 = math.log(2)
 
 
-def resolve_optim(cfg: JobConfig) -> dict[str, Any]:
+def resolve_optim(cfg: JobConfig) -> OptimSettings:
     """The optimiser settings of the job (the paper's come from conf/ through optim.*), with the depth rule."""
     from models import depth_lr_multiplier
 
     o = cfg.optim
     mult = float(depth_lr_multiplier(cfg.arch)) if o.depth_lr_rule else 1.0
-    return {
-        "lr_base": float(o.lr),
-        "lr": float(o.lr) * mult,
-        "depth_lr_multiplier": mult,
-        "beta1": float(o.beta1),
-        "beta2": float(o.beta2),
-        "weight_decay": float(o.weight_decay),
-        "warmup_steps": o.warmup_steps,
-        "batch_size": o.batch_size,
-    }
+    return OptimSettings(lr_base=float(o.lr), lr=float(o.lr) * mult, depth_lr_multiplier=mult, beta1=float(o.beta1),
+                         beta2=float(o.beta2), weight_decay=float(o.weight_decay), warmup_steps=o.warmup_steps,
+                         batch_size=o.batch_size)
 
 
 def fit_config(cfg: JobConfig, warmup_steps: int, eval_every_steps: int | None = None,
@@ -113,12 +107,11 @@ class Trainer:
             self.batch_transform = batches.transform.to(device)  # the eraser's state moves to the device once
         self.y = y.to(device)
         self.num_classes, self.split, self.device = num_classes, split, device
-        self.hp = resolve_optim(cfg)
+        self.optim = resolve_optim(cfg)
         self.regularizer = build_regularizer(cfg.regularizer, num_classes)
         self.x_val, self.y_val = self.data.all(split.val_idx), self.y[split.val_idx.to(device)]
         self.input_shape = tuple(int(s) for s in x.shape[1:])
         self.model_info: dict[str, Any] = {}
-        self.full_fit: FitResult | None = None  # the full-data run, when run_mdl trained it alongside
 
     def train_set(self) -> TrainData:
         """What every model of this job trains on (raw when erased after augmentation) and validates on."""
@@ -128,17 +121,16 @@ class Trainer:
         return self.cfg.mdl.eval_every_steps
 
     def fit_cfg(self, eval_every_steps: int | None = None) -> FitConfig:
-        return fit_config(self.cfg, self.hp["warmup_steps"], eval_every_steps, self.batch_transform)
+        return fit_config(self.cfg, self.optim.warmup_steps, eval_every_steps, self.batch_transform)
 
     def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
         """A fresh model (init drawn from (seed, "init", tag)), its optimizer, data subset and generator."""
-        from models import build_model, make_optimizer
+        from models import build_model
 
         with seeded_global_rng(self.seed, "init", tag):
             model = build_model(self.cfg.arch, self.input_shape, self.num_classes).to(self.device)
         self.model_info = dict(getattr(model, "info", {}))
-        opt = make_optimizer(model, lr=self.hp["lr"], beta1=self.hp["beta1"], beta2=self.hp["beta2"],
-                             weight_decay=self.hp["weight_decay"], warmup_steps=self.hp["warmup_steps"])
+        opt = self.optim.build(model)
         return Member(model, opt, idx.to(self.device), generator(self.seed, "batches", tag),
                       self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx, name=model_name(tag))
 
@@ -243,12 +235,13 @@ def read_progress(progress: Progress, num_blocks: int) -> list[dict[str, Any]]:
     return blocks
 
 
-def run_mdl(trainer: Trainer, progress: Progress, logger: RunLogger, with_full: bool = False) -> dict[str, Any]:
-    """Train the B-1 block models (resuming finished ones from progress.json) and return the code.
+def run_mdl(trainer: Trainer, progress: Progress, logger: RunLogger, with_full: bool = False
+            ) -> tuple[dict[str, Any], FitResult | None]:
+    """Train the B-1 block models (resuming finished ones from progress.json) and return the code, and the full-data
+    model's fit when `with_full` trained it (else None).
 
     `with_full`: also train the full-data model (`run_full`) alongside, in the same vectorised group
-    (it is the longest run: in lockstep with the block models the job's wall time is about halved on GPU);
-    its result waits in `trainer.full_fit` for `run_full`.
+    (it is the longest run: in lockstep with the block models the job's wall time is about halved on GPU).
     """
     split, protocol = trainer.split, trainer.cfg.mdl.protocol
     num_blocks = len(split.block_sizes)
@@ -257,11 +250,12 @@ def run_mdl(trainer: Trainer, progress: Progress, logger: RunLogger, with_full: 
         log.info("resuming after block model %d/%d from %s", len(blocks), num_blocks - 1, progress.path)
     todo = list(range(len(blocks) + 1, num_blocks))
     finished: dict[int, dict[str, Any]] = {}
+    full: list[FitResult] = []  # the full-data model's fit, when trained alongside
 
     def on_finish(k: int, model: torch.nn.Module, res: FitResult) -> None:
         # Block models of one vectorised group end in any order; progress.json keeps a finished prefix.
         if k == len(todo):
-            trainer.full_fit = res
+            full.append(res)
             return
         i = todo[k]
         coded = split.block(i + 1) if protocol == "prequential" else split.block(num_blocks)
@@ -294,12 +288,13 @@ def run_mdl(trainer: Trainer, progress: Progress, logger: RunLogger, with_full: 
     out["num_classes"] = trainer.num_classes
     out["n_coded"] = sum(split.block_sizes)
     out["n_val"] = len(split.val_idx)
-    return out
+    return out, (full[0] if full else None)
 
 
-def run_full(trainer: Trainer, logger: RunLogger) -> dict[str, Any]:
-    """One model on all non-validation data, logging the validation loss curve (paper Figs 9-15)."""
-    res, alongside = trainer.full_fit, trainer.full_fit is not None  # run_mdl(with_full=True) trained it
+def run_full(trainer: Trainer, logger: RunLogger, trained: FitResult | None = None) -> dict[str, Any]:
+    """One model on all non-validation data, logging the validation loss curve (paper Figs 9-15); `trained`: its
+    fit, when run_mdl(with_full=True) trained it alongside the block models."""
+    res, alongside = trained, trained is not None
     if res is None:
         res = trainer.train(trainer.split.order, "full", eval_every_steps=trainer.full_eval_every())[1]
     for step, loss in res.curve:
@@ -332,15 +327,17 @@ def zscore_map(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return ZScore(x)
 
 
-def prepare_data(cfg: JobConfig) -> tuple[LoadedData, torch.Tensor, dict[str, Any]]:
-    """The coded data of a job: loaded, labels permuted for the null control (`dataset.permute_labels`, seeded by
-    the job seed, before anything else sees them), then erased (`erase_maybe_zscored`). With
-    `eraser.fit_on=holdout` or `self` the returned data and erased images are the coded part only."""
-    coded, x, info, _ = _prepare(cfg, after_augment=False)
+def prepare_data(cfg: JobConfig, loaded: LoadedData | None = None) -> tuple[LoadedData, torch.Tensor, dict[str, Any]]:
+    """The coded data of a job: loaded (or `loaded`, what its precheck read), labels permuted for the null control
+    (`dataset.permute_labels`, seeded by the job seed, before anything else sees them), then erased
+    (`erase_maybe_zscored`). With `eraser.fit_on=holdout` or `self` the returned data and erased images are the
+    coded part only."""
+    coded, x, info, _ = _prepare(cfg, False, loaded)
     return coded, x, info
 
 
-def prepare_inputs(cfg: JobConfig) -> tuple[LoadedData, torch.Tensor, dict[str, Any], BatchErasure | None]:
+def prepare_inputs(cfg: JobConfig, loaded: LoadedData | None = None
+                   ) -> tuple[LoadedData, torch.Tensor, dict[str, Any], BatchErasure | None]:
     """`prepare_data`, and with `eraser.after_augment` what the training batches are drawn from instead: the
     unerased images and the fitted eraser (`BatchErasure`). The erased images (validation set, coded blocks) are
     the same as without it."""
@@ -348,12 +345,12 @@ def prepare_inputs(cfg: JobConfig) -> tuple[LoadedData, torch.Tensor, dict[str, 
     if cfg.eraser.after_augment and edits:
         log.info("eraser.after_augment: %s edits the dataset once (as the paper's precomputed datasets); the "
                  "augmented batches are drawn from the edited data", cfg.eraser.name)
-    return _prepare(cfg, after_augment=cfg.eraser.after_augment and not edits)
+    return _prepare(cfg, cfg.eraser.after_augment and not edits, loaded)
 
 
-def _prepare(cfg: JobConfig, after_augment: bool
+def _prepare(cfg: JobConfig, after_augment: bool, loaded: LoadedData | None
              ) -> tuple[LoadedData, torch.Tensor, dict[str, Any], BatchErasure | None]:
-    data = with_permuted_labels(cfg, load_data(cfg))  # loaded by the precheck (training/mdl/precheck.py), or now
+    data = with_permuted_labels(cfg, load_data(cfg, loaded))  # loaded by the precheck (precheck.py), or now
     plan = fit_plan(cfg, data)
     coded = data if plan is None or plan.coded_idx is None else data.subset(plan.coded_idx)
     if after_augment:
@@ -433,18 +430,15 @@ def erase_after_augment(data: LoadedData, cfg: JobConfig, plan: FitPlan | None =
     return x, info, BatchErasure(coded.x, BatchEraser(eraser, then))
 
 
-def _check_runtime(cfg: JobConfig, device: torch.device) -> None:
+def _check_runtime(cfg: JobConfig, device: torch.device) -> LoadedData | None:
     check_options(cfg.training.engine, cfg.training.workers, cfg.training.fused_optimizer, device)
-    precheck(cfg, device)  # loads the data: blocks, storage and memory checked before the directory is made
+    return precheck(cfg, device)  # loads the data: blocks, storage and memory checked before the directory is made
 
 
 @TASKS.register("mdl", uses=None)
-def run_job(config: Mapping[str, Any] | JobConfig) -> dict[str, Any]:
-    try:
-        return run_in_job_dir(config, _mdl_body, precheck=_check_runtime, describe=_describe,
-                              finite=("mdl", "final"), complete=("mdl",), fingerprint=data_fingerprint)
-    finally:
-        forget_loaded()  # a job that skipped after waiting on its lock did not use the data its precheck loaded
+def run_job(config: Mapping[str, Any] | JobConfig) -> Outcome:
+    return run_in_job_dir(config, _mdl_body, precheck=_check_runtime, describe=_describe,
+                          finite=("mdl", "final"), complete=("mdl",), fingerprint=data_fingerprint)
 
 
 def _describe(result: dict[str, Any]) -> str:
@@ -457,7 +451,7 @@ def _mdl_body(run: JobRun) -> dict[str, Any]:
     logger = RunLogger(cfg.logger, cfg.to_dict(), run.path, run_id=f"{run.cfg_hash}-s{cfg.seed}",
                        out_dir=Path(cfg.paths.out_dir))
     try:
-        data, x, erasure_info, batches = prepare_inputs(cfg)
+        data, x, erasure_info, batches = prepare_inputs(cfg, run.loaded)
         m = cfg.mdl
         split = make_split(len(data.y), cfg.seed, val_size=m.val_size, val_frac=m.val_frac,
                            num_blocks=m.num_blocks, min_block=m.min_block)
@@ -467,11 +461,11 @@ def _mdl_body(run: JobRun) -> dict[str, Any]:
             checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
         trainer = Trainer(cfg, x, data.y, data.num_classes, split, run.device, batches=batches, checkpoint=checkpoint)
         log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", run.path, data.name,
-                 len(data.y), len(split.val_idx), split.block_sizes, trainer.hp["lr"], run.device)
+                 len(data.y), len(split.val_idx), split.block_sizes, trainer.optim.lr, run.device)
         t_mdl = time.perf_counter()
-        mdl = run_mdl(trainer, run.progress, logger, with_full=m.full_run)
+        mdl, full_fit = run_mdl(trainer, run.progress, logger, with_full=m.full_run)
         t_full = time.perf_counter()
-        final = run_full(trainer, logger) if m.full_run else None
+        final = run_full(trainer, logger, full_fit) if m.full_run else None
         t_end = time.perf_counter()
         checkpoint.clear()  # a group deletes its own; this drops stale ones (another split, a corrupt file)
         logger.summary({"mdl/bits_per_sample": mdl["bits_per_sample"], "mdl/legacy": mdl["legacy"]})
@@ -479,7 +473,7 @@ def _mdl_body(run: JobRun) -> dict[str, Any]:
             "dataset": data.info,
             "eraser": erasure_info,
             "model": trainer.model_info,
-            "optim": trainer.hp,
+            "optim": dataclasses.asdict(trainer.optim),
             "mdl": mdl,
             "final": final,
             "certificate": erasure_info.pop("certificate", None),

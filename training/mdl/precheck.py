@@ -2,14 +2,13 @@
 data can be cut into `mdl.num_blocks` blocks, `training.storage` holds it exactly, and its data and models fit in the
 memory it has. Each refusal is one line naming the key (exit 2; a single run leaves no directory behind).
 
-The data loaded here is handed to the job's body (`load_data`), so it is loaded once. A job that already finished
-with this configuration (a SKIP) loads nothing.
+`precheck` returns the data it loaded, which the lifecycle hands to the job's body (`JobRun.loaded`), so it is
+loaded once. A job that already finished with this configuration (a SKIP) loads nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from models.registry import ARCHS
+from training.app.lifecycle import DataOnDisk
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import ConfigError, JobConfig, config_hash
 from training.data import LoadedData, load_dataset
@@ -29,6 +29,7 @@ from training.engine.devices import available_memory
 from training.engine.group import resolve_engine
 from training.engine.seeding import generator
 from training.errors import Refused
+from training.mdl.code import MIN_BLOCK_SAMPLES, most_blocks
 from training.mdl.splits import validation_size
 
 log = logging.getLogger(__name__)
@@ -40,39 +41,25 @@ CPU = torch.device("cpu")
 MODEL_COPIES = 5
 PLAN_BYTES_PER_SLOT = 8 + 4 + 16 + 1  # the lockstep plan per training sample: index, weight, crop offset, flip
 
-_LOADED: dict[str, LoadedData] = {}  # the data the precheck loaded, for the job's body (one dataset at a time)
+
+def load_data(cfg: JobConfig, loaded: LoadedData | None = None) -> LoadedData:
+    """The job's dataset: `loaded` (what its precheck loaded, `JobRun.loaded`), else loaded now."""
+    return loaded if loaded is not None else load_dataset(cfg.dataset, cfg.paths.data_dir)
 
 
-def _key(cfg: JobConfig) -> str:
-    return json.dumps([cfg.dataset.to_dict(), str(cfg.paths.data_dir)], sort_keys=True, default=str)
-
-
-def load_data(cfg: JobConfig) -> LoadedData:
-    """The job's dataset: the one its precheck loaded (handed over once), else loaded now."""
-    data = _LOADED.pop(_key(cfg), None)
-    return data if data is not None else load_dataset(cfg.dataset, cfg.paths.data_dir)
-
-
-def data_fingerprint(cfg: JobConfig) -> Any:
+def data_fingerprint(cfg: JobConfig) -> DataOnDisk:
     """The fingerprint of the job's data as it is on disk now (result.json's `dataset.fingerprint`), to compare with a
-    finished result's; the data is kept for the job's body in case the job runs again."""
+    finished result's, and the data, for the job's body in case the job runs again."""
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
-    _LOADED.clear()
-    _LOADED[_key(cfg)] = data
-    return data.info["fingerprint"]
+    return DataOnDisk(data.info["fingerprint"], data)
 
 
-def forget() -> None:
-    """Drop the data a precheck loaded for a job that did not use it (it skipped after waiting on the lock)."""
-    _LOADED.clear()
-
-
-def precheck(cfg: JobConfig, device: torch.device) -> None:
-    """Refuse (one line) a job that cannot run on its data, before anything is made; see the module docstring."""
+def precheck(cfg: JobConfig, device: torch.device) -> LoadedData | None:
+    """Refuse (one line) a job that cannot run on its data, before anything is made; see the module docstring.
+    Returns the data it loaded (None: the job finished with this configuration and loads nothing)."""
     done = read_result(Path(cfg.paths.job_dir) / RESULT_FILE)
     if done is not None and not cfg.force and same_config(done, config_hash(cfg)):
-        return  # finished: the lifecycle skips it
-    _LOADED.clear()
+        return None  # finished: the lifecycle skips it
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
     coded = coded_indices(cfg, data)
     n_coded = len(data.y) if coded is None else len(coded)
@@ -80,7 +67,7 @@ def precheck(cfg: JobConfig, device: torch.device) -> None:
     check_storage(cfg, data, coded)
     check_after_augment(cfg, data)
     check_memory(cfg, data, n_coded, device)
-    _LOADED[_key(cfg)] = data
+    return data
 
 
 def with_permuted_labels(cfg: JobConfig, data: LoadedData) -> LoadedData:
@@ -186,15 +173,16 @@ def coded_indices(cfg: JobConfig, data: LoadedData) -> torch.Tensor | None:
 
 
 def check_blocks(cfg: JobConfig, name: str, n: int, n_coded: int) -> None:
-    """`mdl.num_blocks` must leave at least 2 samples a block (training/mdl/code.py `partition_logspace`)."""
+    """`mdl.num_blocks` must leave at least 2 samples a block (training/mdl/code.py `most_blocks`)."""
     m = cfg.mdl
     n_val = validation_size(n_coded, m.val_size, m.val_frac)
     rest = n_coded - n_val
-    if m.num_blocks <= rest // 2:
+    if m.num_blocks <= most_blocks(rest):
         return
     coded = "" if n_coded == n else f", {n_coded} coded (eraser.fit_on={cfg.eraser.fit_on})"
     raise ConfigError(f"mdl.num_blocks={m.num_blocks} is not allowed: {name} has {n} samples{coded}, {rest} to code "
-                      f"after {n_val} for validation: at most {rest // 2} blocks (of at least 2 samples; "
+                      f"after {n_val} for validation: at most {most_blocks(rest)} blocks (of at least "
+                      f"{MIN_BLOCK_SAMPLES} samples; "
                       f"mdl.min_block={m.min_block} shrinks to fit); lower mdl.num_blocks or use more data")
 
 

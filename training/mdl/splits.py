@@ -8,7 +8,7 @@ import torch
 
 from training.app.schema import ConfigError
 from training.engine.seeding import generator
-from training.mdl.code import cumulative, partition_logspace
+from training.mdl.code import MIN_BLOCK_SAMPLES, cumulative, most_blocks, partition_logspace
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ def make_split(n: int, seed: int, *, val_size: int, val_frac: float, num_blocks:
     perm = torch.randperm(n, generator=generator(seed, "split"))
     nv = validation_size(n, val_size, val_frac)
     rest = perm[nv:]
-    if len(rest) < 2 * num_blocks:  # the job's precheck (precheck.py) refuses this before anything is made
+    if num_blocks > most_blocks(len(rest)):  # the job's precheck (precheck.py) refuses this before anything is made
         raise ConfigError(f"mdl.num_blocks={num_blocks} is not allowed: {len(rest)} samples to code (after {nv} for "
-                          f"validation) make at most {len(rest) // 2} blocks of at least 2; lower mdl.num_blocks")
+                          f"validation) make at most {most_blocks(len(rest))} blocks of at least {MIN_BLOCK_SAMPLES}; "
+                          "lower mdl.num_blocks")
     return MdlSplit(perm[:nv], rest, partition_logspace(len(rest), num_blocks, min_block))

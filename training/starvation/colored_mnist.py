@@ -14,7 +14,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from training.app.lifecycle import JobRun
+from training.app.lifecycle import JobRun, Outcome
 from training.app.tasks import DECLARED, TASKS
 from training.data.colored_mnist import colored_mnist, fig3_variants, pooled
 from training.engine.regularizers import build_regularizer, task_loss
@@ -90,5 +90,5 @@ def run(job: JobRun) -> dict[str, Any]:
 
 
 @TASKS.register("gs_colored_mnist", uses=USES, group="gs", options=ColoredMnistTask)
-def task(cfg: Any) -> dict[str, Any]:
+def task(cfg: Any) -> Outcome:
     return run_task(cfg, run)

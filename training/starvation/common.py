@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from training.app.lifecycle import Fingerprint, JobRun, run_in_job_dir
+from training.app.lifecycle import Fingerprint, JobRun, Outcome, run_in_job_dir
 from training.app.schema import JobConfig
 from training.engine.regularizers import SdOptions
 
@@ -26,7 +26,7 @@ Body = Callable[[JobRun], dict[str, Any]]
 
 
 def run_task(config: Mapping[str, Any] | JobConfig, body: Body, fingerprint: Fingerprint | None = None
-             ) -> dict[str, Any]:
+             ) -> Outcome:
     """A Gradient Starvation task in the one job lifecycle (training/app/lifecycle.py); its result also names
     the method (ERM / SD λ=...). `fingerprint`: the data's identity now, for a task that reads data files."""
     def with_method(run: JobRun) -> dict[str, Any]:

@@ -9,15 +9,17 @@ original validation set (SD's logits are small by design; the temperature makes 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from training.app.lifecycle import JobRun
+from training.app.lifecycle import DataOnDisk, JobRun, Outcome
 from training.app.schema import JobConfig, load_config
 from training.app.tasks import DECLARED, TASKS
 from training.data import load_dataset
@@ -57,7 +59,7 @@ def scores(model: nn.Module, x: Tensor, y: Tensor, temperature: float) -> dict[s
 
 def run(job: JobRun) -> dict[str, Any]:
     import erasure
-    from models import build_model, make_optimizer
+    from models import build_model
     from training.mdl.job import fit_config, resolve_optim
     from training.mdl.precheck import with_permuted_labels
 
@@ -75,15 +77,14 @@ def run(job: JobRun) -> dict[str, Any]:
             return eraser(xs)
         return eraser.apply_in_sample(xs, ys) if part == "train" else eraser(xs, ys)
 
-    hp = resolve_optim(cfg)
+    optim = resolve_optim(cfg)
     with seeded_global_rng(seed, "init", "gs_erased_eval"):
         model = build_model(cfg.arch, data.input_shape, k).to(device)
-    opt = make_optimizer(model, lr=hp["lr"], beta1=hp["beta1"], beta2=hp["beta2"], weight_decay=hp["weight_decay"],
-                         warmup_steps=hp["warmup_steps"])
+    opt = optim.build(model)
     on = {p: (x[i].to(device), y[i].to(device)) for p, i in idx.items()}
     member = Member(model, opt, torch.arange(len(on["train"][1]), device=device),
                     generator(seed, "batches", "gs_erased_eval"),
-                    fit_config(cfg, hp["warmup_steps"], m.eval_every_steps))
+                    fit_config(cfg, optim.warmup_steps, m.eval_every_steps))
     res = fit(member, TrainData(*on["train"], *on["val"]), build_regularizer(cfg.regularizer, k), desc="gs_erased_eval")
     # fit() returns the best state with model and optimizer in eval mode: score as is.
     t = fit_temperature(model, *on["val"])
@@ -99,19 +100,19 @@ def run(job: JobRun) -> dict[str, Any]:
             "fit": {"best_val_loss": res.best_val_loss, "best_epoch": res.best_epoch, "epochs": res.epochs,
                     "steps": res.steps},
             "split_sizes": {p: len(i) for p, i in idx.items()}, "eraser": {"name": name, "report": eraser.report()},
-            "optim": hp, "model": dict(getattr(model, "info", {})), "dataset": data.info}
+            "optim": dataclasses.asdict(optim), "model": dict(getattr(model, "info", {})), "dataset": data.info}
 
 
 @TASKS.register("gs_erased_eval", uses=USES, group="gs", options=ErasedEvalTask)
-def task(config: Any) -> dict[str, Any]:
+def task(config: Any) -> Outcome:
     cfg = config if isinstance(config, JobConfig) else load_config(config)
     if cfg.eraser.name == "control":
         log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
                  "original held-out metrics); no job written to %s", cfg.paths.job_dir)
-        return {}
+        return Outcome("skipped", Path(cfg.paths.job_dir), {})
     return run_task(cfg, run, fingerprint=data_fingerprint)
 
 
-def data_fingerprint(cfg: JobConfig) -> Any:
+def data_fingerprint(cfg: JobConfig) -> DataOnDisk:
     """The fingerprint of the job's data on disk now (a finished result on other data is not reused)."""
-    return load_dataset(cfg.dataset, cfg.paths.data_dir).info["fingerprint"]
+    return DataOnDisk(load_dataset(cfg.dataset, cfg.paths.data_dir).info["fingerprint"])

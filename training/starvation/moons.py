@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.app.lifecycle import JobRun
+from training.app.lifecycle import JobRun, Outcome
 from training.app.schema import JobConfig
 from training.app.tasks import DECLARED, TASKS
 from training.data.moons import TwoMoonsOptions, two_moons
@@ -127,5 +127,5 @@ def run(job: JobRun) -> dict[str, Any]:
 
 
 @TASKS.register("gs_two_moons", uses=USES, group="gs", options=TwoMoonsTask)
-def task(cfg: Any) -> dict[str, Any]:
+def task(cfg: Any) -> Outcome:
     return run_task(cfg, run)

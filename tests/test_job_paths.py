@@ -1,0 +1,42 @@
+"""The job-path scheme is one module (training/app/job_paths.py): it makes and parses every job directory, and the
+yaml interpolation of conf/paths/default.yaml gives the same directories on every preset that uses it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.helpers import job_config
+from training.app.job_paths import JobPath, job_dir
+from training.app.sweeps import CONF_DIR, expand, presets
+
+# Gradient Starvation presets lay their jobs out by their own keys (conf/experiment/gs_*.yaml `paths.job_subdir`);
+# nothing parses those paths. Every other preset uses the scheme.
+OWN_LAYOUT = {"gs_colored_mnist", "gs_sd_erasure", "gs_two_moons"}
+
+
+def test_the_presets_with_their_own_layout_are_the_known_ones() -> None:
+    own = {n for n in presets() if "job_subdir" in OmegaConf.load(CONF_DIR / "experiment" / f"{n}.yaml").get(
+        "paths", {})}
+    assert own == OWN_LAYOUT
+
+
+@pytest.mark.parametrize("name", sorted(set(presets()) - OWN_LAYOUT))
+def test_the_yaml_and_the_module_give_every_preset_job_the_same_directories(name: str, tmp_path: Path) -> None:
+    for job in expand(name, [f"paths.out_dir={tmp_path}"], limit=3):
+        assert job["paths"]["job_dir"] == str(job_dir(tmp_path, job)), name
+        assert job["paths"]["legacy_job_dir"] == str(JobPath.of(job, legacy=True).under(tmp_path / "runs")), name
+        assert JobPath.parse(job["paths"]["job_dir"]) == JobPath.of(job)
+        assert JobPath.parse(job["paths"]["legacy_job_dir"]) == JobPath.of(job, legacy=True)
+
+
+def test_another_config_another_cell_and_a_path_of_another_shape_parses_to_none(tmp_path: Path) -> None:
+    a = JobPath.of(job_config(tmp_path, ["experiment=smoke"]))
+    b = JobPath.of(job_config(tmp_path, ["experiment=smoke", "optim.lr=0.001"]))
+    assert a.cell != b.cell and a.cell is not None and (a.dataset, a.eraser, a.width, a.seed) == ("digits", "control",
+                                                                                                   32, 0)
+    assert JobPath.parse(a.under(tmp_path)) == a and JobPath.parse(f"{tmp_path}/x/{a.subdir}") == a
+    for other in ("digits/control/mlp-w32/seed0", "digits/control/mlp-w32-d2/c123/seed0", "a/b/seed0", ""):
+        assert JobPath.parse(other) is None, other

@@ -1,0 +1,31 @@
+"""The optimiser of a fit as the engine takes it: μP schedule-free AdamW with the job's settings, all given (no
+defaults here: every default lives once, in training/app/schema.py `OptimConfig` or the conf/optim yaml;
+tests/test_defaults_once.py checks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """The resolved optimiser settings of a job (result.json's `optim` section, in this order)."""
+
+    lr_base: float  # optim.lr
+    lr: float  # lr_base × depth_lr_multiplier
+    depth_lr_multiplier: float  # the depth rule's (1 without optim.depth_lr_rule)
+    beta1: float
+    beta2: float
+    weight_decay: float
+    warmup_steps: int
+    batch_size: int
+
+    def build(self, model: nn.Module) -> torch.optim.Optimizer:
+        """A fresh optimizer of `model` with these settings (models/build.py `make_optimizer`)."""
+        from models import make_optimizer
+
+        return make_optimizer(model, lr=self.lr, beta1=self.beta1, beta2=self.beta2, weight_decay=self.weight_decay,
+                              warmup_steps=self.warmup_steps)

@@ -38,9 +38,9 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_second_seed_reuses_the_after_certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _counting(monkeypatch)
-    first = run_job(job_config(tmp_path, [*LEACE, "seed=0"]))
+    first = run_job(job_config(tmp_path, [*LEACE, "seed=0"])).result
     assert len(calls) == 2  # before (cached per dataset) and after (cached with the erased data)
-    second = run_job(job_config(tmp_path, [*LEACE, "seed=1"]))
+    second = run_job(job_config(tmp_path, [*LEACE, "seed=1"])).result
     assert len(calls) == 2  # seed 1: both from the cache
     assert second["eraser"]["cache_hit"] is True
     assert second["certificate"] == first["certificate"]  # seconds included: the same cached file

@@ -255,4 +255,4 @@ def test_keys_left_out_of_the_hash_change_nothing(zscore: bool, tmp_path: Path) 
         return
     assert config_hash(per_batch) == config_hash(plain)
     run = get_task("mdl")
-    assert _computed(run(per_batch), "mdl") == _computed(run(plain), "mdl")
+    assert _computed(run(per_batch).result, "mdl") == _computed(run(plain).result, "mdl")

@@ -23,13 +23,20 @@ from erasure.registry import Registry
 class Arch(Protocol):
     """The typed `arch` config group (training/app/schema.py ArchConfig) as models read it."""
 
-    name: str
-    width: int
-    depth: int
-    base_width: int | None
-    base_depth: int
-    parametrization: str
-    options: Any  # the architecture's own options dataclass
+    @property
+    def name(self) -> str: ...
+    @property
+    def width(self) -> int: ...
+    @property
+    def depth(self) -> int: ...
+    @property
+    def base_width(self) -> int | None: ...
+    @property
+    def base_depth(self) -> int: ...
+    @property
+    def parametrization(self) -> str: ...
+    @property
+    def options(self) -> Any: ...  # the architecture's own options dataclass
 
 
 # The architecture modules that fill it are listed in models/__init__.py.

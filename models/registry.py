@@ -15,13 +15,17 @@ A Spec class has `from_arch(arch, input_shape, num_classes)`, `with_width(w)`, `
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import Field
+from typing import Any, ClassVar, Protocol
 
 from erasure.registry import Registry
 
 
 class Arch(Protocol):
-    """The typed `arch` config group (training/app/schema.py ArchConfig) as models read it."""
+    """The typed `arch` config group (training/app/schema.py ArchConfig) as models read it: a frozen dataclass
+    (`dataclasses.replace` makes variants of it)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
     @property
     def name(self) -> str: ...

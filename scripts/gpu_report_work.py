@@ -52,16 +52,14 @@ def compose(overrides: list[str]) -> Any:  # a training.app.schema.JobConfig
     """The job config `python -m training.run <overrides>` would run, resolved and checked."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
 
     import training  # noqa: F401  (registers the resolvers conf/ uses)
+    from training.app.resolvers import resolved_dict
     from training.app.schema import load_config
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = hydra_compose("config", overrides=overrides)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
-    return load_config(resolved)
+    return load_config(resolved_dict(cfg))
 
 
 def cifar_like(n: int, shape: tuple[int, int, int], seed: int = 0) -> tuple[Any, Any]:

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from erasure.registry import Registry
 
-Task = Callable[[Mapping[str, Any]], dict[str, Any]]
+if TYPE_CHECKING:
+    from training.app.schema import JobConfig
+
+Task = Callable[["JobConfig"], dict[str, Any]]  # the job's typed config -> its result.json fields
 
 # name -> the config groups the task reads (hashed besides `task` and `seed`); None: every group. A dotted entry
 # (`mdl.patience`) names one key of a group the task reads only in part.

@@ -39,7 +39,7 @@ def user_error_line(err: BaseException) -> str | None:
 def to_run_log(level: int, msg: str, exc: BaseException | None = None) -> None:
     """Write to the job's log files only (run.log), not the console."""
     exc_info = (type(exc), exc, exc.__traceback__) if exc is not None else None
-    record = log.makeRecord(log.name, level, __file__, 0, msg, None, exc_info)
+    record = log.makeRecord(log.name, level, __file__, 0, msg, (), exc_info)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)

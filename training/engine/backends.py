@@ -202,7 +202,7 @@ class StackedEngine:
         self.readouts = _ReadoutConstants(self.template)
         self.params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]).requires_grad_()
                        for n, _ in self.template.named_parameters()}
-        self.opt_cls = type(opts[0])
+        self.opt_cls: Callable[..., torch.optim.Optimizer] = type(opts[0])
         self.opt = self._build()
         self.best = {n: p.detach().clone() for n, p in self.params.items()}  # snapshot at init, like fit()
         self.loss_sum = torch.zeros(len(models), device=next(iter(self.params.values())).device)
@@ -241,7 +241,7 @@ class StackedEngine:
 
     def train(self) -> None:
         self.template.train()
-        self.opt.train()
+        self.opt.train()  # type: ignore[attr-defined]  # schedule-free's train()/eval(); the library is untyped
 
     def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int], step: int) -> None:
         losses = self.loss(self.params, xb, yb, wb)
@@ -282,11 +282,11 @@ class StackedEngine:
         losses = (F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(1) / targets.shape[1]).tolist()
         for j, (r, loss, best) in enumerate(zip(rows, losses, best_loss, strict=True)):
             if loss < best:
-                for n in self.best:
-                    self.best[n][r] = eval_params[n][j]
+                for name in self.best:
+                    self.best[name][r] = eval_params[name][j]
         back = self._lerped(sel, eval_params, TRAIN_W)
-        for n, v in back.items():
-            self.params[n][sel] = v
+        for name, v in back.items():
+            self.params[name][sel] = v
         return losses
 
     def best_state(self, r: int) -> dict[str, Tensor]:

@@ -228,7 +228,7 @@ def loop(p: dict[str, Any]) -> dict[str, Any]:
     trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device)
     m = trainer.member(split.order, ("loop", 0))
     model, opt = m.model.train(), m.optimizer
-    opt.train()
+    opt.train()  # type: ignore[attr-defined]  # schedule-free's train()/eval(); the library is untyped
     gen, crops = torch.Generator(device=device).manual_seed(0), torch.Generator().manual_seed(1)  # crops: CPU
     bs = 128
 

@@ -24,7 +24,8 @@ from erasure.registry import Registry
 if TYPE_CHECKING:
     from training.app.schema import JobConfig
 
-Task = Callable[["JobConfig"], dict[str, Any]]  # the job's typed config -> its result.json fields
+# the job's config (typed, or as composed) -> its result.json fields
+Task = Callable[["Mapping[str, Any] | JobConfig"], dict[str, Any]]
 
 # name -> the config groups the task reads (hashed besides `task` and `seed`); None: every group. A dotted entry
 # (`mdl.patience`) names one key of a group the task reads only in part.

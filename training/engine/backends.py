@@ -26,6 +26,7 @@ from mup import MuReadout
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from training.engine.batches import DeviceData
 from training.engine.fit import Regularizer, cross_entropy_sum, snapshot
 from training.engine.flat_optim import carry_scalars, make_member_optim
 
@@ -51,7 +52,7 @@ def compile_mode(flag: bool | str | None) -> str | None:
 class ValSet:
     """Each member's validation data: one shared (x, y), or per-member indices into the data (cached)."""
 
-    def __init__(self, data, y: Tensor, x_val: Tensor | None, y_val: Tensor | None,
+    def __init__(self, data: DeviceData, y: Tensor, x_val: Tensor | None, y_val: Tensor | None,
                  val_idx: Sequence[Tensor | None]) -> None:
         self.data, self.y = data, y
         self.shared = x_val is not None and y_val is not None

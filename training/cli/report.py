@@ -71,10 +71,6 @@ def _drop_log_file(handler: logging.FileHandler, record: logging.LogRecord) -> N
               "point paths.out_dir elsewhere", file=sys.stderr, flush=True)
 
 
-def log_files() -> list[Path]:
-    return [Path(h.baseFilename) for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-
-
 def exit_user_error(line: str, err: BaseException | None = None) -> NoReturn:
     """Print `error: <line>` on stderr (and the traceback with HYDRA_FULL_ERROR=1), exit with code 2."""
     if err is not None and full_error():

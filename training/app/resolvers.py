@@ -1,4 +1,5 @@
-"""OmegaConf resolvers used by conf/ (registered when the `training` package is imported)."""
+"""OmegaConf resolvers used by conf/ (registered when the `training` package is imported), and `resolved_dict`:
+a composed config node as the plain dict the typed config is loaded from."""
 
 from __future__ import annotations
 

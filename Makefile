@@ -79,9 +79,10 @@ slurm-up:  ## start a one-machine SLURM cluster with accounting (root, Debian pa
 slurm-down:  ## stop that cluster (its jobs, then the daemons it started, by pid) and remove its directory
 	python3 scripts/slurm_cluster.py down $(if $(SLURM_DIR),--dir $(SLURM_DIR))
 
-lint: setup  ## ruff
+lint: setup  ## ruff, then mypy (its files and settings: [tool.mypy] in pyproject.toml)
 	$(VENV)/bin/ruff check atomicio erasure models training scripts tests
+	$(VENV)/bin/mypy
 
 clean:  ## remove caches (keeps .venv and outputs/)
-	rm -rf .pytest_cache .ruff_cache build *.egg-info
+	rm -rf .pytest_cache .ruff_cache .mypy_cache build *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -34,7 +34,6 @@ class Barycenter:
     iterations: int  # fixed-point updates performed
     residual: float  # ‖Σ_k w_k T_k⁻¹ − I‖_F / √d at `cov`
     converged: bool
-    min_class_eig: float  # smallest eigenvalue of Lᵀ Σ_k L at the first iterate (relative class variance)
     history: list[float] = field(default_factory=list)
     objective: list[float] = field(default_factory=list)  # Σ_k w_k W₂² per evaluation (relative to Σ w_k tr Σ_k)
     stopped_by: str = "residual"  # residual | objective | stall | max_iter
@@ -88,7 +87,6 @@ def barycenter(covs: Tensor, weights: Tensor, *, tol: float = 1e-9, max_iter: in
     stopped_by = "max_iter"
     fs: list[Tensor] = []
     gs: list[Tensor] = []
-    min_eig0 = 0.0
     stall = 0
     it = 0
     for it in range(max_iter + 1):
@@ -98,8 +96,6 @@ def barycenter(covs: Tensor, weights: Tensor, *, tol: float = 1e-9, max_iter: in
             ev = _evaluate(s, covs, w)
         if ev is None:
             raise ValueError("barycenter: the weighted mean covariance is not positive definite")
-        if it == 0:
-            min_eig0 = float(ev.vals.min())
         history.append(ev.residual)
         objective.append(1.0 + ev.objective / scale)
         settled = objective_rtol is not None and len(objective) > 1 and \
@@ -118,7 +114,7 @@ def barycenter(covs: Tensor, weights: Tensor, *, tol: float = 1e-9, max_iter: in
     floor = best.vals[:, -1:] * best.vals.shape[-1] * torch.finfo(best.vals.dtype).eps
     inv_sqrt = torch.where(best.vals > floor, best.vals.clamp_min(floor.min()).rsqrt(), 0.0)
     maps = sym((lq * inv_sqrt[:, None, :]) @ lq.mT)
-    return Barycenter(best_s, maps, it, best.residual, best.residual <= tol, min_eig0, history, objective,
+    return Barycenter(best_s, maps, it, best.residual, best.residual <= tol, history, objective,
                       stopped_by)
 
 

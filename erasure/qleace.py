@@ -95,7 +95,7 @@ def label_injection_risk(class_counts: Sequence[int] | Tensor, d: int, *,
 
 @single_threaded
 def coupling_noise_ranks(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, support_rtol: float = 1e-10,
-                         null_rtol: float = 1e-7, **_: Any) -> list[int]:
+                         null_rtol: float = 1e-7, **_options: Any) -> list[int]:
     """Per class, the rank of the noise a `rank_deficient="coupling"` fit would add, predicted without fitting.
 
     The fit's own rule (`_fit_subspace`, `_coupling`) up to the barycenter: the working directions V (the top

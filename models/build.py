@@ -30,13 +30,13 @@ def spec_class(name: str) -> Any:
     return ARCHS.get(name)
 
 
-def make_spec(arch: Arch, input_shape: tuple[int, int, int], num_classes: int) -> Spec:
+def make_spec(arch: Arch, input_shape: tuple[int, ...], num_classes: int) -> Spec:
     return spec_class(arch.name).from_arch(arch, tuple(int(s) for s in input_shape), int(num_classes))
 
 
 def build_model(
     arch: Arch,
-    input_shape: tuple[int, int, int],
+    input_shape: tuple[int, ...],  # (C, H, W) images, or (d,) features for the MLP
     num_classes: int,
     *,
     parametrization: str | None = None,
@@ -62,7 +62,7 @@ def build_model(
         apply_sp(model)
     else:
         raise ValueError(f"parametrization must be 'mup' or 'sp', got {mode!r}")
-    model.info = {
+    model.info = {  # type: ignore[assignment]  # torch types Module.__setattr__ for tensors/modules only
         "arch": name,
         "params": param_count(model),
         "parametrization": mode,
@@ -80,7 +80,7 @@ def _check_width_dims(model: nn.Module, fixed_modules: tuple[str, ...]) -> None:
     """Every Linear/Conv must have a width dimension (else base and delta models failed to differ in it)."""
     for name, module in model.named_modules():
         if isinstance(module, (nn.Linear, nn.Conv2d)) and not any(f in name for f in fixed_modules):
-            if module.weight.infshape.ninf() == 0:
+            if module.weight.infshape.ninf() == 0:  # type: ignore[attr-defined]  # set by mup (untyped)
                 raise RuntimeError(f"μP: {name} has no width dimension; base and delta models share its shape")
 
 

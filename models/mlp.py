@@ -121,7 +121,7 @@ class MLPSpec:
         return (arch.depth if depth is None else depth,)
 
     @classmethod
-    def from_arch(cls, arch: Arch, input_shape: tuple[int, int, int], num_classes: int) -> MLPSpec:
+    def from_arch(cls, arch: Arch, input_shape: tuple[int, ...], num_classes: int) -> MLPSpec:
         opts: MlpOptions = arch.options
         return cls(in_features=math.prod(input_shape), width=arch.width, depth=hidden_layers(arch),
                    num_classes=num_classes, activation=opts.activation, swiglu_ratio=opts.swiglu_ratio)

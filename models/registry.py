@@ -15,21 +15,32 @@ A Spec class has `from_arch(arch, input_shape, num_classes)`, `with_width(w)`, `
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import Field
+from typing import Any, ClassVar, Protocol
 
 from erasure.registry import Registry
 
 
 class Arch(Protocol):
-    """The typed `arch` config group (training/app/schema.py ArchConfig) as models read it."""
+    """The typed `arch` config group (training/app/schema.py ArchConfig) as models read it: a frozen dataclass
+    (`dataclasses.replace` makes variants of it)."""
 
-    name: str
-    width: int
-    depth: int
-    base_width: int | None
-    base_depth: int
-    parametrization: str
-    options: Any  # the architecture's own options dataclass
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def width(self) -> int: ...
+    @property
+    def depth(self) -> int: ...
+    @property
+    def base_width(self) -> int | None: ...
+    @property
+    def base_depth(self) -> int: ...
+    @property
+    def parametrization(self) -> str: ...
+    @property
+    def options(self) -> Any: ...  # the architecture's own options dataclass
 
 
 # The architecture modules that fill it are listed in models/__init__.py.

@@ -296,7 +296,7 @@ def commit_of(result: dict[str, Any]) -> str:
     prov = result.get("provenance")
     code = prov.get("code") if isinstance(prov, dict) else None
     commit = code.get("commit") if isinstance(code, dict) else None
-    if not isinstance(commit, str) or not commit:
+    if not isinstance(code, dict) or not isinstance(commit, str) or not commit:
         return UNKNOWN_COMMIT
     return commit[:10] + ("+dirty" if code.get("dirty") is True else "")
 
@@ -505,7 +505,8 @@ def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[
     cfgs = expand(name, extra)
     out_dirs = {Path(c["paths"]["out_dir"]) for c in cfgs}
     failed = failed_jobs([d / "runs" for d in out_dirs])
-    rows, results = [], []
+    rows: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
     for cfg in cfgs:
         job_dir = Path(cfg["paths"]["job_dir"])
         path = job_dir / "result.json"
@@ -515,6 +516,7 @@ def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[
         h = config_hash(cfg)  # same_config also rehashes the stored config (the hash may have changed since)
         same = result is not None and same_config(result, h)
         if same:
+            assert result is not None
             results.append(result)
         if stored_config(cfg)["task"] != "mdl":
             continue

@@ -117,7 +117,7 @@ def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
 
     rows = []
     for (ds, arch, w, d, method, cal), rs in _group(results, cell).items():
-        by = defaultdict(dict)
+        by: defaultdict[str, dict[int, float]] = defaultdict(dict)
         for r in rs:
             by[r["config"]["eraser"]["name"]][r["config"]["seed"]] = r["mdl"]["bits_per_sample"]
         control = by.get("control", {})

@@ -91,8 +91,8 @@ def _probe_verdict(runs: pd.DataFrame) -> str:
             flag, verdict = r.get(f"{probe}_probe_below_chance"), r.get(f"{probe}_probe_verdict")
             flag = bool(flag) if pd.api.types.is_bool(flag) else None  # absent: None or NaN in a frame
             verdict = verdict if isinstance(verdict, str) else None
-            zs = [as_number(r.get(f"{probe}_probe_{k}_z")) for k in ("acc", "loss")]
-            zs = [z for z in zs if z is not None and math.isfinite(z)]
+            raw = [as_number(r.get(f"{probe}_probe_{k}_z")) for k in ("acc", "loss")]
+            zs = [z for z in raw if z is not None and math.isfinite(z)]
             if flag is None and verdict is None and not zs:
                 continue
             seen = True

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -136,6 +137,7 @@ def worker(method: str, data_path: Path, out_dir: Path, device: str, rank: int, 
         _ = LeaceFitter.fit(x, z, shrinkage=False, constrain_cov_trace=False, svd_tol=1e-9).eraser
     elif method in ("ours_qleace", "ours_qleace_eq"):
         e = erasure.fit("qleace", x, y, **({"tol": tol} if tol is not None else {}))
+        assert isinstance(e, erasure.qleace.QleaceEraser)
         maps = e.maps_full()
         rep = e.report()
         result.update(iterations=rep["barycenter_iterations"], residual=rep["barycenter_residual"])
@@ -198,7 +200,7 @@ def main() -> None:
               f"cond(Σ)={float(ev[-1] / ev[0]):.2e} device={args.device} threads={args.threads or 'default'}")
         torch.save((x, y), out / "data.pt")
         del x, y, cov
-        results = {}
+        results: dict[str, Any] = {}
         for method in args.methods.split(","):
             cmd = [sys.executable, __file__, "--worker", method, "--data", str(out / "data.pt"), "--out", str(out),
                    "--device", args.device, "--rank", str(args.rank), "--threads", str(args.threads)]

@@ -162,6 +162,7 @@ def run_naive(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
                     val = float(F.cross_entropy(model(x_val).double(), y_val))
                 if val < best:
                     best, best_state = val, {k: v.clone() for k, v in model.state_dict().items()}
+            assert best_state is not None, "every validation loss was NaN"
             model.load_state_dict(best_state)
             coded = split.block(i + 1).to(device)
             with torch.no_grad():

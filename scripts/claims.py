@@ -228,7 +228,7 @@ def _side(name: str, runs: pd.DataFrame) -> Side:
     return Side(name, _by_mode(runs), control=name.startswith("control"))
 
 
-def _eraser_pairs(a: str, b: str, archs: tuple[str, ...] | None = None):
+def _eraser_pairs(a: str, b: str, archs: tuple[str, ...] | None = None) -> Callable[[pd.DataFrame], Rows]:
     """Rows where erasers a and b both have finished seeds (archs: arch tags starting with one of these); each
     variant of one paired with the same variant of the other, or with the other's only (unnamed) one."""
     def rows(df: pd.DataFrame) -> Rows:

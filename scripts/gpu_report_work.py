@@ -52,16 +52,14 @@ def compose(overrides: list[str]) -> Any:  # a training.app.schema.JobConfig
     """The job config `python -m training.run <overrides>` would run, resolved and checked."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
 
     import training  # noqa: F401  (registers the resolvers conf/ uses)
+    from training.app.resolvers import resolved_dict
     from training.app.schema import load_config
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = hydra_compose("config", overrides=overrides)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
-    return load_config(resolved)
+    return load_config(resolved_dict(cfg))
 
 
 def cifar_like(n: int, shape: tuple[int, int, int], seed: int = 0) -> tuple[Any, Any]:
@@ -231,7 +229,7 @@ def loop(p: dict[str, Any]) -> dict[str, Any]:
     trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device)
     m = trainer.member(split.order, ("loop", 0))
     model, opt = m.model.train(), m.optimizer
-    opt.train()
+    opt.train()  # type: ignore[attr-defined]  # schedule-free's train()/eval(); the library is untyped
     gen, crops = torch.Generator(device=device).manual_seed(0), torch.Generator().manual_seed(1)  # crops: CPU
     bs = 128
 

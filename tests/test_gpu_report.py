@@ -18,7 +18,11 @@ from typing import Any
 
 import pytest
 
-from scripts import gpu_report as gr
+from scripts.gpu_report import all_steps, main, select
+from scripts.gpu_report_output import JSON_NAME, MD_NAME, now, write_report
+from scripts.gpu_report_pytest import MISSING_MODULE, junit_id, pytest_progress, read_junit
+from scripts.gpu_report_runner import Context, Step, StepSkipped, run_steps
+from scripts.gpu_report_sizes import ARCHS, TOY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,25 +45,23 @@ def test_toy_mode_runs_every_step(tmp_path: Path) -> None:
     env.pop("OUT", None)
     proc = subprocess.run([sys.executable, "scripts/gpu_report.py", "--toy", "--device", "cpu", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    report = json.loads((out / gr.JSON_NAME).read_text())  # strict JSON: json.dumps(allow_nan=False) wrote it
+    report = json.loads((out / JSON_NAME).read_text())  # strict JSON: json.dumps(allow_nan=False) wrote it
     steps = report["steps"]
     failed = {n: (s.get("error"), s.get("tail", "")[-1500:]) for n, s in steps.items() if s["status"] == "failed"}
     assert proc.returncode == 0 and not failed, f"{failed}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert report["finished"] and report["mode"] == "toy"
-    assert list(steps) == [s.name for s in gr.all_steps(gr.TOY)]
+    assert list(steps) == [s.name for s in all_steps(TOY)]
     for name, s in steps.items():
         assert s["status"] in ("ok", "skipped"), name
         assert s["status"] == "ok" or s["reason"], name
         bad = [(p, v) for p, v in numbers(s.get("figures", {}), name) if not math.isfinite(v)]
         assert not bad, bad
-    # the precision step applies only once training.precision exists
-    assert steps["precision"]["status"] == "ok" or "does not exist" in steps["precision"]["reason"]
     env_rec = report["env"]
     assert env_rec["device"]["type"] == "cpu" and env_rec["device"]["name"].startswith("CPU")
     assert env_rec["python"] and env_rec["torch"] and env_rec["git"]["commit"] and env_rec["git"]["tree_digest"]
     f = {n: s["figures"] for n, s in steps.items()}
     assert f["tests"]["passed"] > 0 and f["tests"]["failed"] == 0
-    for arch in gr.ARCHS:
+    for arch in ARCHS:
         job = f[f"job_{arch}"]
         assert 0 < job["bits_per_sample"] < 2 * math.log2(10) and job["wall_s"] > 0 and job["steps_total"] > 0
         assert (out / job["result"]).is_file()
@@ -70,49 +72,65 @@ def test_toy_mode_runs_every_step(tmp_path: Path) -> None:
     assert f["bench_mdl"]["speedup"]["ours"] > 0
     assert {"ours_leace", "ce_leace"} <= set(f["bench_erasers_device"]["results"])
     assert f["sweep_cost"]["mlp"]["throughput_scaling"] == {"1": 1.0}
-    md = (out / gr.MD_NAME).read_text()
+    md = (out / MD_NAME).read_text()
     assert "| step | status |" in md and "job_swin" in md
 
 
-def fake_ctx(tmp_path: Path) -> tuple[gr.Context, dict[str, Any]]:
+def test_plain_script_takes_its_pieces_from_its_own_checkout(tmp_path: Path) -> None:
+    """The GPU machine runs `python3 scripts/gpu_report.py` with nothing installed, from anywhere: the script puts
+    its checkout on the path, so its modules (scripts/gpu_report_*.py) are this checkout's, not an installed copy."""
+    code = ("import runpy, sys; runpy.run_path(sys.argv[1]); import scripts.gpu_report_runner as r, "
+            "scripts.gpu_report_steps as s; print(r.__file__); print(s.__file__)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "scripts" / "gpu_report.py")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(ROOT / "scripts" / f"gpu_report_{m}.py") for m in ("runner", "steps")]
+    listed = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_report.py"), "--list", "--toy"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert [ln.split()[0] for ln in listed.stdout.splitlines() if ln.strip()] == [s.name for s in all_steps(TOY)]
+
+
+def fake_ctx(tmp_path: Path) -> tuple[Context, dict[str, Any]]:
     args = argparse.Namespace(out=str(tmp_path / "out"), work=str(tmp_path / "work"), device="cpu")
     Path(args.out).mkdir()
-    report: dict[str, Any] = {"started": gr.now(), "mode": "toy", "env": {}, "steps": {}, "finished": False}
-    return gr.Context(args, gr.TOY, report, dict(os.environ)), report
+    report: dict[str, Any] = {"started": now(), "mode": "toy", "env": {}, "steps": {}, "finished": False}
+    return Context(args, TOY, report, dict(os.environ)), report
 
 
 def test_runner_records_failures_and_goes_on(tmp_path: Path) -> None:
     ctx, report = fake_ctx(tmp_path)
     seen: dict[str, Any] = {}
 
-    def raises(c: gr.Context) -> str:
+    def raises(c: Context) -> str:
         c.figures["partial"] = 1.5  # kept although the step fails
         raise RuntimeError("boom\nsecond line")
 
-    def slow(c: gr.Context) -> str:
+    def slow(c: Context) -> str:
         c.python(["-c", "import time; print('working', flush=True); time.sleep(60)"], "slow")
         return "never"
 
-    def fails(c: gr.Context) -> str:
+    def fails(c: Context) -> str:
         c.python(["-c", "raise ValueError('bad value')"], "fails")
         return "never"
 
-    def skipped(c: gr.Context) -> str:
-        raise gr.StepSkipped("not here")
+    def skipped(c: Context) -> str:
+        raise StepSkipped("not here")
 
-    def ok(c: gr.Context) -> str:
+    def ok(c: Context) -> str:
         # the report on disk already holds the earlier steps (it is rewritten after every step)
-        seen.setdefault(c.step, json.loads((c.out / gr.JSON_NAME).read_text())["steps"])
+        seen.setdefault(c.step, json.loads((c.out / JSON_NAME).read_text())["steps"])
         c.figures.update(x=float("nan"), y=2.0)
         return "fine"
 
-    steps = [gr.Step("raises", "g", raises, 30, ""), gr.Step("slow", "g", slow, 2, ""),
-             gr.Step("fails", "g", fails, 30, ""), gr.Step("skipped", "g", skipped, 30, ""),
-             gr.Step("ok", "h", ok, 30, ""), gr.Step("late", "h", ok, 100, "")]
+    steps = [Step("raises", "g", raises, 30, ""), Step("slow", "g", slow, 2, ""),
+             Step("fails", "g", fails, 30, ""), Step("skipped", "g", skipped, 30, ""),
+             Step("ok", "h", ok, 30, ""), Step("late", "h", ok, 100, "")]
     t0 = time.monotonic()
-    gr.run_steps(steps, ctx, report, budget=60)
+    run_steps(steps, ctx, report, budget=60)
     assert time.monotonic() - t0 < 30
-    s = json.loads((ctx.out / gr.JSON_NAME).read_text())["steps"]
+    s = json.loads((ctx.out / JSON_NAME).read_text())["steps"]
     assert s["raises"]["status"] == "failed" and s["raises"]["error"] == "RuntimeError: boom"
     assert s["raises"]["figures"] == {"partial": 1.5} and "Traceback" in s["raises"]["tail"]
     assert s["slow"]["status"] == "failed" and "timed out" in s["slow"]["error"] and "working" in s["slow"]["tail"]
@@ -126,17 +144,17 @@ def test_runner_records_failures_and_goes_on(tmp_path: Path) -> None:
     assert during["raises"]["status"] == "failed" and during["skipped"]["status"] == "skipped"
     assert during["ok"]["status"] == "failed" and "did not finish" in during["ok"]["error"]
     assert during["late"]["status"] == "skipped" and "not reached" in during["late"]["reason"]
-    md = (ctx.out / gr.MD_NAME).read_text()
+    md = (ctx.out / MD_NAME).read_text()
     assert "## Failures" in md and "RuntimeError: boom" in md
 
 
 def test_select_and_junit(tmp_path: Path) -> None:
-    steps = gr.all_steps(gr.TOY)
-    assert [s.name for s in gr.select(steps, "jobs,tests", None)] == ["tests", "job_mlp", "job_lenet",
+    steps = all_steps(TOY)
+    assert [s.name for s in select(steps, "jobs,tests", None)] == ["tests", "job_mlp", "job_lenet",
                                                                       "job_convnext", "job_swin"]
-    assert "tests" not in [s.name for s in gr.select(steps, None, "tests,speed")]
+    assert "tests" not in [s.name for s in select(steps, None, "tests,speed")]
     with pytest.raises(SystemExit, match="unknown step"):
-        gr.select(steps, "nope", None)
+        select(steps, "nope", None)
     xml = tmp_path / "j.xml"
     xml.write_text("""<testsuites><testsuite>
       <testcase classname="tests.test_models" name="test_cuda[mlp]"><skipped message="needs CUDA"/></testcase>
@@ -145,17 +163,17 @@ def test_select_and_junit(tmp_path: Path) -> None:
         <failure message="ModuleNotFoundError: No module named 'numba'"/></testcase>
       <testcase classname="tests.test_a.TestC" name="test_x"><error message="boom"/></testcase>
     </testsuite></testsuites>""")
-    gpu_ids = {gr.junit_id("tests/test_models.py::test_cuda[mlp]")}
-    counts, failures, gpu_skipped = gr.read_junit(xml, gpu_ids)
+    gpu_ids = {junit_id("tests/test_models.py::test_cuda[mlp]")}
+    counts, failures, gpu_skipped = read_junit(xml, gpu_ids)
     assert counts == {"passed": 1, "failed": 1, "errors": 1, "skipped": 1}
     assert gpu_skipped == [("tests.test_models::test_cuda[mlp]", "needs CUDA")]
-    assert gr.junit_id("tests/test_a.py::TestC::test_x") == ("tests.test_a.TestC", "test_x")
-    assert gr.MISSING_MODULE.search(failures[0]).group(1) == "numba"
+    assert junit_id("tests/test_a.py::TestC::test_x") == ("tests.test_a.TestC", "test_x")
+    assert MISSING_MODULE.search(failures[0]).group(1) == "numba"
 
 
 def test_merge_keeps_each_steps_last_run(tmp_path: Path) -> None:
     def rep(steps: dict[str, Any]) -> dict[str, Any]:
-        return {"started": gr.now(), "mode": "gpu", "env": {"device": {"name": "X"}}, "steps": steps,
+        return {"started": now(), "mode": "gpu", "env": {"device": {"name": "X"}}, "steps": steps,
                 "finished": True, "total_s": 10}
 
     a, b = tmp_path / "a", tmp_path / "b"
@@ -164,9 +182,9 @@ def test_merge_keeps_each_steps_last_run(tmp_path: Path) -> None:
                      (b, {"tests": {"status": "skipped", "reason": "not reached: the report ended before this step"},
                           "job_mlp": {"status": "failed", "error": "x"}})):
         d.mkdir()
-        gr.write_report(rep(steps), d)
-    assert gr.main(["--merge", str(a / gr.JSON_NAME), str(b / gr.JSON_NAME), "--out", str(tmp_path / "m")]) == 0
-    m = json.loads((tmp_path / "m" / gr.JSON_NAME).read_text())
+        write_report(rep(steps), d)
+    assert main(["--merge", str(a / JSON_NAME), str(b / JSON_NAME), "--out", str(tmp_path / "m")]) == 0
+    m = json.loads((tmp_path / "m" / JSON_NAME).read_text())
     assert m["steps"]["tests"]["status"] == "ok" and m["steps"]["job_mlp"]["status"] == "failed"
     assert m["counts"] == {"ok": 1, "failed": 1, "skipped": 0} and len(m["merged_from"]) == 2 and m["total_s"] == 20
 
@@ -176,5 +194,5 @@ def test_pytest_progress_lines() -> None:
             "[gw1] [ 75%] FAILED tests/test_b.py::test_y[1] \n"
             "[gw0] [100%] SKIPPED tests/test_c.py::test_z \n"
             "FAILED tests/test_b.py::test_y[1] - AssertionError\n")
-    assert gr.pytest_progress(text) == [("PASSED", "tests/test_a.py::test_x"), ("FAILED", "tests/test_b.py::test_y[1]"),
+    assert pytest_progress(text) == [("PASSED", "tests/test_a.py::test_x"), ("FAILED", "tests/test_b.py::test_y[1]"),
                                         ("SKIPPED", "tests/test_c.py::test_z")]

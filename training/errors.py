@@ -23,10 +23,6 @@ class NonFiniteError(UserError):
     data, a result's MDL numbers): the job fails, nothing is written as a result. The line says where it happened."""
 
 
-class UnwritablePathError(UserError):
-    """A path the job must write (its directory, result.json, progress.json) cannot be written."""
-
-
 class Refused(UserError):
     """The job was refused before it made or changed anything (a device that is not there, a job that cannot fit
     in memory, more MDL blocks than samples): nothing ran, so a single run leaves no directory behind."""

@@ -1,8 +1,9 @@
-"""OmegaConf resolvers used by conf/ (registered when the `training` package is imported)."""
+"""OmegaConf resolvers used by conf/ (registered when the `training` package is imported), and `resolved_dict`:
+a composed config node as the plain dict the typed config is loaded from."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -30,6 +31,14 @@ def _cell_hash(*, _root_: DictConfig) -> str:
         node = _root_[key]
         plain[str(key)] = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
     return cell_hash(plain)
+
+
+def resolved_dict(node: Any, resolve: bool = True) -> dict[str, Any]:
+    """A config node (DictConfig) as a plain dict, interpolations resolved (or not)."""
+    plain = OmegaConf.to_container(node, resolve=resolve)
+    if not isinstance(plain, dict):
+        raise TypeError(f"expected a group of keys, got {type(plain).__name__}")
+    return cast(dict[str, Any], plain)  # conf/'s groups have string keys
 
 
 def register() -> None:

@@ -23,7 +23,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from training.app.typed import (
     NAME_ALLOWED,
@@ -43,6 +43,9 @@ from training.app.typed import (
     spec,
     unit_interval,
 )
+
+if TYPE_CHECKING:
+    from erasure.registry import Registry
 
 
 def _device_name(v: str) -> bool:
@@ -278,12 +281,11 @@ def _regularizers() -> list[str]:
 def _member_options(kind: str, name: str) -> type[Any] | None:
     """The options dataclass a dataset, architecture or regularizer declares in its registry entry (None: it
     takes no options of its own)."""
-    if kind == "dataset":
-        from training.data.registry import DATASETS as reg
-    elif kind == "arch":
-        from models.registry import ARCHS as reg  # type: ignore[assignment]
-    else:
-        from training.engine.regularizers import REGULARIZERS as reg  # type: ignore[assignment]
+    from models.registry import ARCHS
+    from training.data.registry import DATASETS
+    from training.engine.regularizers import REGULARIZERS
+
+    reg: Registry[Any] = DATASETS if kind == "dataset" else ARCHS if kind == "arch" else REGULARIZERS
     return reg.meta(name).get("options")
 
 
@@ -453,7 +455,7 @@ def _build(cls: type[Section], data: Any, prefix: str) -> Section:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}={data!r} is not allowed: it must be a group of keys")
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         if f.name.startswith("_") or f.metadata.get("typed_view"):
             continue
         key = prefix + f.name
@@ -533,19 +535,21 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 def group_config(group: str, name: str, **overrides: Any) -> Any:
     """One config group as conf/<group>/<name>.yaml composes it, with overrides, typed and checked (library use
     and tests: `build_model(group_config("arch", "mlp", width=64), ...)`)."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
+
+    from training.app.resolvers import resolved_dict
 
     def compose(member: str) -> Any:
         node = OmegaConf.load(CONF_DIR / group / f"{member}.yaml")
+        assert isinstance(node, DictConfig)
         bases = [compose(str(d)) for d in node.pop("defaults", []) if d != "_self_"]
         return OmegaConf.merge(*bases, node)
 
     root = OmegaConf.load(CONF_DIR / "config.yaml")  # keys every member of the group has (eraser.fit_on, ...)
+    assert isinstance(root, DictConfig)
     shared = root[group] if group in root else {}
     node = OmegaConf.merge(shared, compose(name), overrides)
-    data = OmegaConf.to_container(node, resolve=True)
-    assert isinstance(data, dict)
-    return load_section(GROUPS[group], data, f"{group}.")
+    return load_section(GROUPS[group], resolved_dict(node), f"{group}.")
 
 
 def _check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
@@ -658,13 +662,13 @@ def _only(out: Mapping[str, Any], uses: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _semantic(cls: type[Section], data: Mapping[str, Any], fill_defaults: bool) -> dict[str, Any]:
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     out: dict[str, Any] = {}
     items = dict(data)
     if fill_defaults:
-        for name, f in fields.items():
-            if name not in items and not name.startswith("_") and f.default is not dataclasses.MISSING:
-                items[name] = f.default
+        for name, declared in fields.items():
+            if name not in items and not name.startswith("_") and declared.default is not dataclasses.MISSING:
+                items[name] = declared.default
     for k, v in items.items():
         f = fields.get(k)
         if f is None:
@@ -684,7 +688,7 @@ def with_defaults(data: Mapping[str, Any], cls: type[Section] = JobConfig) -> di
     """A stored (or hand-written) config with the schema's default for every declared key it lacks, groups
     included: how reports read configs written before a key existed, with the one default the schema declares."""
     out = dict(data)
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         if f.name.startswith("_") or f.metadata.get("typed_view"):
             continue
         kind = f.metadata.get("kind")

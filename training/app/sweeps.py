@@ -16,6 +16,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from training.app.resolvers import resolved_dict
 from training.app.schema import CONF_DIR
 
 
@@ -58,7 +59,5 @@ def expand(experiment: str, extra: Sequence[str] = (), limit: int | None = None)
     jobs = []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for combo in combos:
-            resolved = OmegaConf.to_container(compose("config", overrides=combo), resolve=True)
-            assert isinstance(resolved, dict)
-            jobs.append(resolved)
+            jobs.append(resolved_dict(compose("config", overrides=combo)))
     return jobs

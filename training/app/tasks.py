@@ -24,8 +24,10 @@ from erasure.registry import Registry
 
 if TYPE_CHECKING:  # the lifecycle imports torch: the hash (which reads DECLARED) does not need it
     from training.app.lifecycle import Outcome
+    from training.app.schema import JobConfig
 
-Task = Callable[[Mapping[str, Any]], "Outcome"]
+# the job's config (typed, or as composed) -> its Outcome (result.json's fields in `.result`)
+Task = Callable[["Mapping[str, Any] | JobConfig"], "Outcome"]
 
 # name -> the config groups the task reads (hashed besides `task` and `seed`); None: every group. A dotted entry
 # (`mdl.patience`) names one key of a group the task reads only in part.

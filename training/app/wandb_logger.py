@@ -44,7 +44,7 @@ class RunLogger:
             self._run = wandb.init(
                 project=cfg.project,
                 entity=cfg.entity,
-                mode=mode,
+                mode=mode,  # type: ignore[arg-type]  # WANDB_MODE may be a legacy name (dryrun, run); wandb checks
                 id=run_id,
                 name=str(job_dir),
                 dir=str(job_dir),

@@ -35,6 +35,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from training.app.lifecycle import Outcome
+from training.app.resolvers import resolved_dict
 from training.app.results import RESULT_FILE, flatten, mismatch_message, read_result, same_config
 from training.app.schema import config_hash, load_config, semantic
 from training.cli.local_workers import controllers_ignore_sigint
@@ -116,7 +117,7 @@ def check_sweep(config: DictConfig) -> int | None:
         return None if combos is None else len(combos)
     loader = GlobalHydra.instance().config_loader()
     t0 = time.time()
-    by_dir: dict[str, list[tuple[int, list[str], dict[str, Any], str]]] = {}
+    by_dir: dict[str, list[tuple[int, list[str], dict[str, Any], str, bool]]] = {}  # num, combo, cfg, hash, force
     composed: dict[tuple[str, ...], DictConfig] = {}
     for num, combo in enumerate(combos):
         where = f"job {num} ({' '.join(combo) or 'no overrides'})"
@@ -134,11 +135,10 @@ def check_sweep(config: DictConfig) -> int | None:
         except Exception as err:  # noqa: BLE001 - the sweeper would fail on it too, with a longer story
             exit_user_error(f"multirun refused (nothing ran): {where} cannot be composed: {_first_line(err)}", err)
         try:
-            cfg = OmegaConf.to_container(job_cfg, resolve=True)
+            cfg = resolved_dict(job_cfg)
         except Exception as err:  # noqa: BLE001 - e.g. ${hydra:...} in a path: the job itself will tell
             log.debug("multirun: %s not checked (%s)", where, _first_line(err))
             continue
-        assert isinstance(cfg, dict)
         try:
             job = load_config(cfg)
             h = config_hash(job)
@@ -249,7 +249,7 @@ class JobStatusCallback(Callback):
         self._total: int | None = None
         self._reported = False
         self._unwritten: dict[int, dict[str, Any]] = {}  # ledger entries a full disk kept off it
-        self._restore_signals: Callable[[], None] = lambda: None
+        self._restore_signals: Callable[[], object] = lambda: None
 
     # --- the launching process -------------------------------------------------------------------------
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -258,8 +258,7 @@ class JobStatusCallback(Callback):
         with open_dict(job_cfg):
             del job_cfg["hydra"]
         try:
-            cfg = OmegaConf.to_container(job_cfg, resolve=True)
-            assert isinstance(cfg, dict)
+            cfg = resolved_dict(job_cfg)
         except Exception:  # noqa: BLE001 - an interpolation error: Hydra and the job report it
             return
         try:

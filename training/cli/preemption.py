@@ -117,8 +117,8 @@ def stop_on_sigterm() -> Iterator[None]:
         raise Preempted(stop.signum) from None
     finally:
         interrupt.clear()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 WORKER_LAUNCHERS = ("JoblibLauncher", "submitit_launcher.LocalLauncher")  # run jobs in processes below this one

@@ -39,7 +39,7 @@ def user_error_line(err: BaseException) -> str | None:
 def to_run_log(level: int, msg: str, exc: BaseException | None = None) -> None:
     """Write to the job's log files only (run.log), not the console."""
     exc_info = (type(exc), exc, exc.__traceback__) if exc is not None else None
-    record = log.makeRecord(log.name, level, __file__, 0, msg, None, exc_info)
+    record = log.makeRecord(log.name, level, __file__, 0, msg, (), exc_info)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
@@ -69,10 +69,6 @@ def _drop_log_file(handler: logging.FileHandler, record: logging.LogRecord) -> N
         print(f"warning: cannot write the log file {handler.baseFilename} ({why.lower()}): the log goes to the "
               "console only (log files this process cannot write later are dropped without a word); free space or "
               "point paths.out_dir elsewhere", file=sys.stderr, flush=True)
-
-
-def log_files() -> list[Path]:
-    return [Path(h.baseFilename) for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
 
 
 def exit_user_error(line: str, err: BaseException | None = None) -> NoReturn:

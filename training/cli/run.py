@@ -18,9 +18,10 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from training.app.lifecycle import Outcome
+from training.app.resolvers import resolved_dict
 from training.app.schema import CONF_DIR, ConfigError, load_config
 from training.app.tasks import get_task
 from training.cli.local_workers import sigint_back_in_local_job
@@ -50,9 +51,7 @@ def job(cfg: DictConfig) -> Outcome:
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     quiet_log_file_errors()  # Hydra has set up this job's run.log
     sigint_back_in_local_job()
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
-    resolved = anchored(resolved, Path(HydraConfig.get().runtime.cwd))
+    resolved = anchored(resolved_dict(cfg), Path(HydraConfig.get().runtime.cwd))
     try:
         job = load_config(resolved)  # normally checked earlier, by the job_status callback
         with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)

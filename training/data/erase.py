@@ -29,8 +29,10 @@ log = logging.getLogger(__name__)
 class EraserCfg(Protocol):
     """The typed `eraser` config group (training/app/schema.py EraserConfig): its name and fitter options."""
 
-    name: str
-    options: Mapping[str, Any]
+    @property
+    def name(self) -> str: ...
+    @property
+    def options(self) -> Mapping[str, Any]: ...
 
 
 def _cache_key(data: LoadedData, name: str, options: Mapping[str, Any]) -> dict[str, Any]:

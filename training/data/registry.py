@@ -86,11 +86,16 @@ def file_records(paths: Iterable[Path], base: Path | None = None) -> list[dict[s
 class DatasetCfg(Protocol):
     """The typed `dataset` config group (training/app/schema.py DatasetConfig) as loaders read it."""
 
-    name: str
-    root: str | None
-    download: bool
-    limit: int | None
-    options: Any  # the dataset's own options dataclass (`options=` in its registry entry), or None
+    @property
+    def name(self) -> str: ...
+    @property
+    def root(self) -> str | None: ...
+    @property
+    def download(self) -> bool: ...
+    @property
+    def limit(self) -> int | None: ...
+    @property
+    def options(self) -> Any: ...  # the dataset's own options dataclass (`options=` in its registry entry), or None
 
 
 Loader = Callable[[DatasetCfg, Path], LoadedData]

@@ -26,6 +26,7 @@ from mup import MuReadout
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from training.engine.batches import DeviceData
 from training.engine.fit import Regularizer, cross_entropy_sum, snapshot
 from training.engine.flat_optim import carry_scalars, make_member_optim
 
@@ -51,7 +52,7 @@ def compile_mode(flag: bool | str | None) -> str | None:
 class ValSet:
     """Each member's validation data: one shared (x, y), or per-member indices into the data (cached)."""
 
-    def __init__(self, data, y: Tensor, x_val: Tensor | None, y_val: Tensor | None,
+    def __init__(self, data: DeviceData, y: Tensor, x_val: Tensor | None, y_val: Tensor | None,
                  val_idx: Sequence[Tensor | None]) -> None:
         self.data, self.y = data, y
         self.shared = x_val is not None and y_val is not None
@@ -202,7 +203,7 @@ class StackedEngine:
         self.readouts = _ReadoutConstants(self.template)
         self.params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]).requires_grad_()
                        for n, _ in self.template.named_parameters()}
-        self.opt_cls = type(opts[0])
+        self.opt_cls: Callable[..., torch.optim.Optimizer] = type(opts[0])
         self.opt = self._build()
         self.best = {n: p.detach().clone() for n, p in self.params.items()}  # snapshot at init, like fit()
         self.loss_sum = torch.zeros(len(models), device=next(iter(self.params.values())).device)
@@ -241,7 +242,7 @@ class StackedEngine:
 
     def train(self) -> None:
         self.template.train()
-        self.opt.train()
+        self.opt.train()  # type: ignore[attr-defined]  # schedule-free's train()/eval(); the library is untyped
 
     def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int], step: int) -> None:
         losses = self.loss(self.params, xb, yb, wb)
@@ -282,11 +283,11 @@ class StackedEngine:
         losses = (F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(1) / targets.shape[1]).tolist()
         for j, (r, loss, best) in enumerate(zip(rows, losses, best_loss, strict=True)):
             if loss < best:
-                for n in self.best:
-                    self.best[n][r] = eval_params[n][j]
+                for name in self.best:
+                    self.best[name][r] = eval_params[name][j]
         back = self._lerped(sel, eval_params, TRAIN_W)
-        for n, v in back.items():
-            self.params[n][sel] = v
+        for name, v in back.items():
+            self.params[name][sel] = v
         return losses
 
     def best_state(self, r: int) -> dict[str, Tensor]:

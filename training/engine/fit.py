@@ -204,7 +204,7 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     t0 = time.perf_counter()
     name = member.name or desc
     model.train()
-    optimizer.train()  # schedule-free optimizers start in eval mode
+    optimizer.train()  # type: ignore[attr-defined]  # schedule-free optimizers (untyped) start in eval mode
     st = FitState(cfg.stopper(math.ceil(n / cfg.batch_size)), snapshot(model), torch.zeros((), device=dev))
     restored_from = None
     found = None if checkpoint is None else st.find(checkpoint, member, name)
@@ -279,7 +279,7 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     check_training_loss()  # the steps after the last validation (eval_every_steps)
     # Switch the optimizer first: eval() maps the train-mode weights to the averaged ones, so doing it
     # after loading the (already averaged) best state would corrupt that state.
-    optimizer.eval()
+    optimizer.eval()  # type: ignore[attr-defined]  # schedule-free's (the library is untyped)
     model.eval()
     model.load_state_dict(st.best_state)
     if checkpoint is not None:

@@ -36,7 +36,7 @@ def carry_scalars(old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> Non
 class LibraryOptim:
     """The members' own optimizer class over all members' parameters (foreach kernels)."""
 
-    def __init__(self, opt_cls: type[torch.optim.Optimizer], groups: Groups, params: list[dict[str, Tensor]]):
+    def __init__(self, opt_cls: Callable[..., torch.optim.Optimizer], groups: Groups, params: list[dict[str, Tensor]]):
         self.opt_cls, self.groups, self.params = opt_cls, groups, params
         self.opt = self._build()
 
@@ -134,7 +134,7 @@ def update_fn(backend: str, device: torch.device) -> Update:
     if backend == "compile" and device.type == "cpu" and cpu_compiler() is None:
         raise RuntimeError("training.fused_optimizer=compile uses torch.compile, which on CPU needs a C++ compiler "
                            "(g++ or clang++, or $CXX): none found. Install one, or use numba (the CPU default)")
-    kernel = _compiled_update() if backend == "compile" else _sf_update
+    kernel: Callable[..., None] = _compiled_update() if backend == "compile" else _sf_update
 
     def update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, lr: float, ckp1: float, bc2: float, coef: float,
                beta2: float, eps: float, decay: float) -> None:
@@ -212,9 +212,10 @@ class FlatScheduleFree:
             weight = group["lr_max"] ** group["weight_lr_power"]
             group["weight_sum"] = group["weight_sum"] + weight
             ckp1 = weight / group["weight_sum"] if group["weight_sum"] != 0 else 0.0
-            if self.z[gi] is None:
-                self.z[gi] = self.y[gi].clone()
-            self.update(self.y[gi], self.z[gi], self.v[gi], self.g[gi], lr, ckp1, 1 - beta2 ** (k + 1),
+            z = self.z[gi]
+            if z is None:
+                z = self.z[gi] = self.y[gi].clone()
+            self.update(self.y[gi], z, self.v[gi], self.g[gi], lr, ckp1, 1 - beta2 ** (k + 1),
                         lr * (beta1 * (1 - ckp1) - 1), beta2, group["eps"], group["weight_decay"])
             group["k"] = k + 1
 
@@ -270,7 +271,7 @@ def fused_backend(flag: bool | str | None, device: torch.device) -> str | None:
     return kind
 
 
-def make_member_optim(kind: str, opt_cls: type[torch.optim.Optimizer], groups: Groups,
+def make_member_optim(kind: str, opt_cls: Callable[..., torch.optim.Optimizer], groups: Groups,
                       params: list[dict[str, Tensor]]) -> LibraryOptim | FlatScheduleFree:
     """`training.fused_optimizer` (see `fused_backend`): the library's step or the flat kernel."""
     backend = fused_backend(kind, next(iter(params[0].values())).device)

@@ -164,7 +164,7 @@ def balanced_parts(costs: Sequence[float], n: int) -> list[list[int]]:
                 if gap <= 0:
                     continue
                 # move i from a to b, or swap i (in a) with j (in b): the best that shrinks the gap
-                options = [(abs(gap - 2 * costs[i]), i, None) for i in a]
+                options: list[tuple[float, int, int | None]] = [(abs(gap - 2 * costs[i]), i, None) for i in a]
                 options += [(abs(gap - 2 * (costs[i] - costs[j])), i, j) for i in a for j in b]
                 best, i, j = min(options, key=lambda o: o[0])
                 if best < gap - 1e-9:
@@ -243,7 +243,7 @@ def _saved_parts(members: Sequence[Member], store: CheckpointStore | None) -> li
     if store is None:
         return []
     names = [_name(m, k) for k, m in enumerate(members)]
-    parts = []
+    parts: list[list[int]] = []
     for _, saved, state in store.saved():
         if state.get("kind") != "group":
             continue
@@ -310,7 +310,9 @@ class LockstepMember:
 
     def validates_after(self, step: int) -> bool:
         every = self.spec.cfg.eval_every_steps
-        return bool(every) and step % every == 0
+        if not every:
+            return False
+        return step % every == 0
 
     def record(self, step: int, loss: float) -> None:
         self.curve.append((step, loss))

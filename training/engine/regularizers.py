@@ -86,8 +86,10 @@ def _all_nonneg(v: float | list[float]) -> bool:
 class RegularizerCfg(Protocol):
     """The typed `regularizer` config group (training/app/schema.py RegularizerConfig)."""
 
-    name: str
-    options: Any  # the regularizer's own options dataclass, or None
+    @property
+    def name(self) -> str: ...
+    @property
+    def options(self) -> Any: ...  # the regularizer's own options dataclass, or None
 
 
 @dataclass(frozen=True, kw_only=True)

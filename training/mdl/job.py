@@ -134,7 +134,8 @@ class Trainer:
         return Member(model, opt, idx.to(self.device), generator(self.seed, "batches", tag),
                       self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx, name=model_name(tag))
 
-    def train(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None):
+    def train(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None
+              ) -> tuple[torch.nn.Module, FitResult]:
         return self._fit_one(self.member(idx, tag, eval_every_steps), tag)
 
     def _fit_one(self, m: Member, tag: object) -> tuple[torch.nn.Module, FitResult]:

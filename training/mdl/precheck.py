@@ -312,7 +312,7 @@ def _model_size(cfg: JobConfig, input_shape: tuple[int, int, int], num_classes: 
     hooks = [mod.register_forward_hook(count) for mod in model.modules() if not list(mod.children())]
     for mod in model.modules():
         if hasattr(mod, "width_mult"):  # a μP readout without base shapes (shape-only model): its scale is moot
-            mod.width_mult = lambda: 1.0  # type: ignore[method-assign]
+            mod.width_mult = lambda: 1.0  # type: ignore[assignment]  # torch types Module.__setattr__ for tensors/modules
     try:
         with torch.no_grad():
             model(torch.zeros(1, *input_shape, device="meta"))

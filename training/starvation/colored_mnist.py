@@ -79,7 +79,8 @@ def run(job: JobRun) -> dict[str, Any]:
         opt.step()
     net.eval()
     source = cfg.dataset.options.source
-    out = {"dataset_source": "MNIST-5k: reduced, 5000 of the 60000 MNIST images" if source == "mnist5k" else source,
+    out: dict[str, Any] = {
+           "dataset_source": "MNIST-5k: reduced, 5000 of the 60000 MNIST images" if source == "mnist5k" else source,
            "train": evaluate(net, x, y), "test": evaluate(net, xt, yt),
            "environments": {k: {**e.rates(), **evaluate(net, e.x.to(device), e.y.to(device))} for k, e in envs.items()},
            "fig3": {k: evaluate(net, v.to(device), yt) for k, v in fig3_variants(test).items()},

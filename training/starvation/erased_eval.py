@@ -23,6 +23,7 @@ from training.app.lifecycle import DataOnDisk, JobRun, Outcome
 from training.app.schema import JobConfig, load_config
 from training.app.tasks import DECLARED, TASKS
 from training.data import load_dataset
+from training.engine.batches import DeviceData
 from training.engine.fit import Member, TrainData, cross_entropy_sum, fit, fit_temperature, predict_logits
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
@@ -85,7 +86,10 @@ def run(job: JobRun) -> dict[str, Any]:
     member = Member(model, opt, torch.arange(len(on["train"][1]), device=device),
                     generator(seed, "batches", "gs_erased_eval"),
                     fit_config(cfg, optim.warmup_steps, m.eval_every_steps))
-    res = fit(member, TrainData(*on["train"], *on["val"]), build_regularizer(cfg.regularizer, k), desc="gs_erased_eval")
+    x_train = on["train"][0]
+    train = DeviceData(x_train, x_train.device, storage="float32")  # what TrainData makes of a tensor
+    res = fit(member, TrainData(train, on["train"][1], *on["val"]), build_regularizer(cfg.regularizer, k),
+              desc="gs_erased_eval")
     # fit() returns the best state with model and optimizer in eval mode: score as is.
     t = fit_temperature(model, *on["val"])
     out = {p: scores(model, *on[p], t) for p in ("train", "test")}

@@ -7,6 +7,7 @@ weight decay (`gs.weight_decay`, an optimizer setting) are config choices of the
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -74,7 +75,7 @@ def train(cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, device: torch.device
     return net.eval(), curve
 
 
-def logit_fn(net: nn.Module, device: torch.device):
+def logit_fn(net: nn.Module, device: torch.device) -> Callable[[np.ndarray], np.ndarray]:
     @torch.no_grad()
     def f(points: np.ndarray) -> np.ndarray:
         t = torch.from_numpy(np.asarray(points, dtype=np.float32)).to(device)

@@ -59,6 +59,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     result = run_job(cfg).result
     seconds = time.perf_counter() - t0
+    assert result is not None, "the bench job skipped (force=true should rerun it)"
     cuda = str(result.get("device", "cpu")).startswith("cuda")
     peak = (torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     return {"seconds": seconds, "erase_s": result["timings"]["erase_s"], "cache_hit": result["eraser"]["cache_hit"],

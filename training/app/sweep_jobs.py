@@ -57,11 +57,11 @@ def _parse_once() -> Iterator[None]:
     resolves it, half the cost of resolving a job; the jobs of a sweep share a few dozen such strings. While the
     sweep expands, each string is parsed once (the parse tree is only read by the resolver)."""
     original = omegaconf_base.parse
-    omegaconf_base.parse = functools.lru_cache(maxsize=4096)(original)  # type: ignore[assignment]
+    omegaconf_base.parse = functools.lru_cache(maxsize=4096)(original)
     try:
         yield
     finally:
-        omegaconf_base.parse = original  # type: ignore[assignment]
+        omegaconf_base.parse = original
 
 
 def fast_expand(experiment: str, extra: Sequence[str] = ()) -> list[dict[str, Any]]:

@@ -370,9 +370,15 @@ def budget_columns(mdl: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def erasure_record(result: dict[str, Any]) -> dict[str, Any]:
+    """result.json's `eraser` section (what the erasure did: fit, report; {} where absent): a record, not config."""
+    record = result.get("eraser")
+    return record if isinstance(record, dict) else {}
+
+
 def fit_columns(result: dict[str, Any], mdl: dict[str, Any]) -> dict[str, Any]:
     """result.json eraser.fit (INTERFACE.md): fit_source, n_fit, n_coded (mdl.n_coded where fit lacks it)."""
-    fit = (result.get("eraser") or {}).get("fit")
+    fit = erasure_record(result).get("fit")
     fit = fit if isinstance(fit, dict) else {}
     n_fit, n_coded = as_number(fit.get("n_fit")), as_number(fit.get("n_coded"))
     n_coded = n_coded if n_coded is not None else as_number(mdl.get("n_coded"))
@@ -412,10 +418,10 @@ def _result_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
     info = result.get("dataset")
     if isinstance(info, dict) and info.get("permuted_labels") is True:
         row["null"] = True  # a null run, whatever its config says
-    fit = (result.get("eraser") or {}).get("fit")
+    fit = erasure_record(result).get("fit")
     folds = as_number(fit.get("folds")) if isinstance(fit, dict) else None
     row["folds_total"] = math.nan if folds is None else int(folds)
-    report = (result.get("eraser") or {}).get("report") or {}
+    report = erasure_record(result).get("report") or {}
     for key in REPORT:
         value = as_number(report.get(key))
         row[key] = math.nan if value is None else value

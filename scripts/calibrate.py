@@ -62,9 +62,10 @@ def collect(root: Path, experiment: str) -> tuple[Cells, Options]:
             result = json.loads(path.read_text())
             cfg = result["config"]
             bits = float(result["mdl"]["bits_per_sample"])
+            name = cfg["experiment_name"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if cfg.get("experiment_name") != experiment or result.get("numerics_version") != NUMERICS:
+        if name != experiment or result.get("numerics_version") != NUMERICS:
             continue
         d, e = cfg["dataset"], cfg["eraser"]
         key = (d["name"], float(d.get("cov_gap", 0.0)), float(d["rows_per_dim"]), e["name"], int(d["num_classes"]))

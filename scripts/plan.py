@@ -57,7 +57,7 @@ class Job:
 
     @property
     def arch(self) -> str:
-        return str(self.cfg["arch"].get("name") or self.cfg["arch"].get("tag"))
+        return str(self.cfg["arch"]["name"])
 
 
 @dataclass

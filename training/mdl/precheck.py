@@ -213,7 +213,7 @@ def check_after_augment(cfg: JobConfig, data: LoadedData) -> None:
     from erasure.qleace import coupling_noise_ranks
 
     options = resolve_options(e.name, dict(e.options))
-    if options.get("rank_deficient") != "coupling":
+    if options["rank_deficient"] != "coupling":
         return
     data = with_permuted_labels(cfg, data)
     try:

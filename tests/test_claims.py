@@ -203,7 +203,7 @@ def test_a_cell_with_more_than_a_fifth_of_its_block_models_at_the_cap_is_budget_
 
 # --- the README's MNIST-5k numbers -------------------------------------------------------------------------------
 
-# The README's MNIST-5k table before issue 29 ("What in-sample erasure does to MDL"; quick MDL, MLP 128×2): (MDL mean, sd, null MDL) per fit_on.
+# The README's MNIST-5k table before issue 29 (quick MDL, MLP 128×2): (MDL mean, sd, null MDL) per fit_on.
 README_MNIST = {("control", "all"): (0.797, 0.030, 3.322), ("control", "holdout"): (0.832, 0.015, 3.322),
                 ("leace", "all"): (1.814, 0.039, 3.322), ("leace", "holdout"): (1.924, 0.060, 3.322),
                 ("alf_qleace", "all"): (3.121, 0.041, 3.323), ("alf_qleace", "holdout"): (2.895, 0.053, 3.322),

@@ -213,6 +213,14 @@ NULL_HOWTO = ("–: no null run; run the cell again with `dataset.permute_labels
               "repeats otherwise)")
 
 
+def _cells_in_table_order(summary: pd.DataFrame) -> list[pd.Series]:
+    """The summary's cells in the tables' order: by table row, then the paper's eraser order."""
+    order = {e: i for i, e in enumerate(eraser_order(summary.eraser))}
+    rows_of = {k: i for i, k in enumerate(_row_keys(summary))}
+    return sorted((r for _, r in summary.iterrows()),
+                  key=lambda r: (rows_of[tuple(r[k] for k in ROW_KEY)], order[r.eraser]))
+
+
 def null_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """The null control of one group: per cell (eraser × fit_on) its MDL, its null's MDL (permuted labels, mean
     over the null's seeds × repeats), the label entropy, bias = null MDL − label entropy, the noise the bias is
@@ -220,10 +228,7 @@ def null_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     what of the cell's seeds and repeats the null lacks or adds."""
     require_one_group(summary, "a table")
     cols = [c for c in _label_columns(summary, fit_on=False)]
-    order = {e: i for i, e in enumerate(eraser_order(summary.eraser))}
-    rows_of = {k: i for i, k in enumerate(_row_keys(summary))}
-    recs = sorted((r for _, r in summary.iterrows()),
-                  key=lambda r: (rows_of[tuple(r[k] for k in ROW_KEY)], order[r.eraser]))
+    recs = _cells_in_table_order(summary)
     rows = []
     for r in recs:
         values = dict(zip(ROW_KEY, (r[k] for k in ROW_KEY), strict=True))
@@ -277,10 +282,7 @@ def fit_budget_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     models' stop reasons (counts over the cell's runs), the share at the cap, and whether it is budget-bound."""
     require_one_group(summary, "a table")
     cols = _label_columns(summary)
-    order = {e: i for i, e in enumerate(eraser_order(summary.eraser))}
-    rows_of = {k: i for i, k in enumerate(_row_keys(summary))}
-    recs = sorted((r for _, r in summary.iterrows()),
-                  key=lambda r: (rows_of[tuple(r[k] for k in ROW_KEY)], order[r.eraser]))
+    recs = _cells_in_table_order(summary)
     rows = []
     for r in recs:
         values = dict(zip(ROW_KEY, (r[k] for k in ROW_KEY), strict=True))

@@ -353,12 +353,10 @@ def _pid_gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.slow  # ~40 s on 2 shared cores
-def test_ctrl_c_to_a_submitit_local_sweep_prints_no_worker_tracebacks(tmp_path: Path) -> None:
-    """A terminal's Ctrl-C reaches the whole foreground process group: submitit's controllers (one per job) died with
-    KeyboardInterrupt tracebacks on the terminal. Now they ignore SIGINT; the launching process stops the workers."""
+def _start_sweep(tmp_path: Path, launcher: str) -> tuple[list[str], subprocess.Popen[bytes], Path]:
+    """Two SLOW jobs under `launcher` in a session of their own, returned once a block model has finished."""
     args = [sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none", "progress=false",
-            *SLOW, "seed=0,1", "hydra/launcher=submitit_local"]
+            *SLOW, "seed=0,1", f"hydra/launcher={launcher}"]
     log = tmp_path / "first.log"
     with log.open("w") as out:
         proc = subprocess.Popen(args, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -368,19 +366,41 @@ def test_ctrl_c_to_a_submitit_local_sweep_prints_no_worker_tracebacks(tmp_path: 
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "timed out waiting for a finished block"
             time.sleep(0.1)
+    except BaseException:
+        _kill_session(proc)
+        raise
+    return args, proc, log
+
+
+def _still_running(pids: list[int], wait_s: float = 10) -> list[int]:
+    """The processes of `pids` still running after up to `wait_s` seconds."""
+    gone = time.monotonic() + wait_s
+    while not all(_pid_gone(p) for p in pids) and time.monotonic() < gone:
+        time.sleep(0.1)
+    return [p for p in pids if not _pid_gone(p)]
+
+
+def _kill_session(proc: subprocess.Popen[bytes]) -> None:
+    """Nothing of a test outlives it: its session (the sweep and its workers) is killed."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+@pytest.mark.slow  # ~40 s on 2 shared cores
+def test_ctrl_c_to_a_submitit_local_sweep_prints_no_worker_tracebacks(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the whole foreground process group: submitit's controllers (one per job) died with
+    KeyboardInterrupt tracebacks on the terminal. Now they ignore SIGINT; the launching process stops the workers."""
+    _, proc, log = _start_sweep(tmp_path, "submitit_local")
+    try:
         workers = _descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)  # as the terminal sends it
         rc = proc.wait(timeout=60)
-        gone = time.monotonic() + 10
-        while not all(_pid_gone(p) for p in workers) and time.monotonic() < gone:
-            time.sleep(0.1)
-        alive = [p for p in workers if not _pid_gone(p)]
+        alive = _still_running(workers)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        _kill_session(proc)
     text = log.read_text()
     assert rc == 130 and not alive, text[-3000:]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
@@ -396,17 +416,8 @@ def test_ctrl_c_to_a_submitit_local_sweep_prints_no_worker_tracebacks(tmp_path: 
 ], ids=["parallel-SIGTERM", "parallel-SIGINT", "submitit_local-SIGTERM"])
 def test_signal_to_a_sweep_with_workers_stops_them_and_a_rerun_resumes(tmp_path: Path, launcher: str,
                                                                         sig: int) -> None:
-    args = [sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none", "progress=false",
-            *SLOW, "seed=0,1", f"hydra/launcher={launcher}"]
-    log = tmp_path / "first.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(args, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    args, proc, log = _start_sweep(tmp_path, launcher)
     try:
-        deadline = time.monotonic() + 240
-        while not list((tmp_path / "runs").rglob(PROGRESS_FILE)):
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "timed out waiting for a finished block"
-            time.sleep(0.1)
         workers = _descendants(proc.pid)
         locks = list((tmp_path / "runs").rglob(LOCK_FILE))
         assert workers and len(locks) == 2
@@ -414,16 +425,9 @@ def test_signal_to_a_sweep_with_workers_stops_them_and_a_rerun_resumes(tmp_path:
         t0 = time.monotonic()
         rc = proc.wait(timeout=60)
         stopped_s = time.monotonic() - t0
-        gone = time.monotonic() + 10
-        while not all(_pid_gone(p) for p in workers) and time.monotonic() < gone:
-            time.sleep(0.1)
-        alive = [p for p in workers if not _pid_gone(p)]
+        alive = _still_running(workers)
     finally:  # nothing of this test outlives it (its session: the sweep and its workers)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        _kill_session(proc)
     text = log.read_text()
     assert rc == 128 + sig, text[-3000:]
     assert stopped_s < 15, f"took {stopped_s:.1f}s to stop"

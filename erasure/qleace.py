@@ -140,7 +140,6 @@ class QleaceEraser(Eraser):
     def has_noise(self) -> bool:
         return "noise_rank" in self.state and bool((self.state["noise_rank"] > 0).any())
 
-    @single_threaded
     def __call__(self, x: Tensor | np.ndarray, y: Tensor | np.ndarray | None = None) -> Tensor:
         """Erase rows (x, y) this eraser was NOT fitted on. With coupling noise each row of class k gets an
         independent N(0, R_k) draw (seeded by `seed`, the class and the row's place among the class's rows): out of
@@ -153,6 +152,7 @@ class QleaceEraser(Eraser):
         every class ends with mean μ and covariance C exactly."""
         return self._erase(x, y, in_sample=True)
 
+    @single_threaded  # both ways in (out of sample and in sample): the noise's linear algebra too
     def _erase(self, x: Tensor | np.ndarray, y: Tensor | np.ndarray | None, in_sample: bool) -> Tensor:
         if not self.has_noise:
             return super().__call__(x, y)

@@ -23,6 +23,7 @@ from torch import Tensor
 from .base import Eraser
 from .moments import ClassMoments, as_tensor, sym
 from .registry import ERASERS
+from .threads import single_threaded
 
 
 class MomentSums:
@@ -78,6 +79,7 @@ class MomentSums:
         return ClassMoments(self.counts.clone(), priors, self.means.clone(), mean, cov, class_covs)
 
 
+@single_threaded
 def fit_moments(name: str, mom: ClassMoments, *, input_dtype: str = "float32", **options: Any) -> Eraser:
     """Eraser `name` fitted from class moments (total and per-class covariances set), with its fitter's options."""
     if name not in ERASERS or "from_moments" not in ERASERS.meta(name):
@@ -88,6 +90,7 @@ def fit_moments(name: str, mom: ClassMoments, *, input_dtype: str = "float32", *
     return ERASERS.meta(name)["from_moments"](mom, input_dtype=input_dtype, **options)
 
 
+@single_threaded  # the chunks' moment sums too
 def fit_chunks(name: str, chunks: Iterable[tuple[Tensor, Tensor]], num_classes: int, **options: Any) -> Eraser:
     """`fit_moments` on the moments of every (x, y) chunk, accumulated one chunk at a time."""
     sums: MomentSums | None = None

@@ -174,6 +174,29 @@ def test_6_result_without_mdl_section_is_rerun_with_one_line(tmp_path: Path, cap
     assert len(lines) == 1 and "no mdl section (incomplete)" in lines[0], lines
 
 
+def test_a_stale_result_reruns_only_after_the_checks_a_new_job_gets(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished result found stale (here incomplete; likewise other data) runs the job again: the data checks
+    (blocks, storage, memory) run on it as on any job that runs, though the precheck first took it for finished."""
+    from training.app.schema import ConfigError
+    from training.mdl import precheck
+    from training.mdl.job import run_job
+
+    cfg = job_config(tmp_path, TINY)
+    path = Path(run_job(cfg).result["job_dir"]) / "result.json"
+    stored = json.loads(path.read_text())
+    del stored["mdl"]
+    path.write_text(json.dumps(stored))
+
+    def refuse(*_: object) -> None:
+        raise ConfigError("memory check ran")
+
+    monkeypatch.setattr(precheck, "check_memory", refuse)
+    with pytest.raises(ConfigError, match="memory check ran"):
+        run_job(cfg)
+    assert "mdl" not in json.loads(path.read_text())  # refused: nothing rewritten
+
+
 # --- bug 4: no path part built from config leaves paths.out_dir ---------------------------------------------------
 ESCAPES = [  # (override, the key the refusal names)
     ("paths.cell=../../../../../../esc_cell", "paths.cell"),

@@ -115,8 +115,10 @@ class JobRun:
 
 
 Body = Callable[[JobRun], dict[str, Any]]
-# Refuses bad runtime options before anything is made; returns what it loaded for the body (None: nothing).
-Precheck = Callable[[JobConfig, torch.device], Any]
+# Refuses bad runtime options before anything is made; returns what it loaded for the body (None: the job looked
+# finished). Called again with rerun=True when that finished result is stale, with the data its fingerprint check
+# read again (None: not read), so a job that runs is always checked.
+Precheck = Callable[[JobConfig, torch.device, Any, bool], Any]
 Fingerprint = Callable[[JobConfig], DataOnDisk]  # the identity of the data a job would read now (and that data)
 
 
@@ -196,7 +198,7 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: 
     cfg = load_config(config)  # bad values fail here, with one line, before any directory or data
     job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), cfg.force)
     device = resolve_device(cfg.device)
-    loaded = precheck(cfg, device) if precheck is not None else None
+    loaded = precheck(cfg, device, None, False) if precheck is not None else None
     read_now: list[DataOnDisk] = []  # what the fingerprint hook read, if the stale check called it
 
     def now_on_disk(c: JobConfig) -> Any:
@@ -210,8 +212,11 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: 
             return Outcome("skipped", job.path, done)
         if not cfg.force and (done := legacy_result(cfg, job.path)) is not None:
             return Outcome("reused", job.path, done)
-        if read_now:  # the stale check read the data again: the newest copy is the one to use
-            loaded = read_now[-1].loaded
+        fresh = read_now[-1].loaded if read_now else None  # the stale check read the data again: the newest copy
+        if precheck is not None and loaded is None:  # the precheck took the job for finished: checked now
+            loaded = precheck(cfg, device, fresh, True)
+        elif fresh is not None:
+            loaded = fresh
         progress = Progress(job.path / PROGRESS_FILE, job.cfg_hash)
         if cfg.force:
             progress.clear()  # force=true recomputes from scratch

@@ -431,9 +431,11 @@ def erase_after_augment(data: LoadedData, cfg: JobConfig, plan: FitPlan | None =
     return x, info, BatchErasure(coded.x, BatchEraser(eraser, then))
 
 
-def _check_runtime(cfg: JobConfig, device: torch.device) -> LoadedData | None:
+def _check_runtime(cfg: JobConfig, device: torch.device, data: LoadedData | None = None,
+                   rerun: bool = False) -> LoadedData | None:
     check_options(cfg.training.engine, cfg.training.workers, cfg.training.fused_optimizer, device)
-    return precheck(cfg, device)  # loads the data: blocks, storage and memory checked before the directory is made
+    # loads the data (or checks `data`): blocks, storage and memory checked before the directory is made
+    return precheck(cfg, device, data, rerun)
 
 
 @TASKS.register("mdl", uses=None)

@@ -54,13 +54,18 @@ def data_fingerprint(cfg: JobConfig) -> DataOnDisk:
     return DataOnDisk(data.info["fingerprint"], data)
 
 
-def precheck(cfg: JobConfig, device: torch.device) -> LoadedData | None:
+def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = None, rerun: bool = False
+             ) -> LoadedData | None:
     """Refuse (one line) a job that cannot run on its data, before anything is made; see the module docstring.
-    Returns the data it loaded (None: the job finished with this configuration and loads nothing)."""
-    done = read_result(Path(cfg.paths.job_dir) / RESULT_FILE)
-    if done is not None and not cfg.force and same_config(done, config_hash(cfg)):
-        return None  # finished: the lifecycle skips it
-    data = load_dataset(cfg.dataset, cfg.paths.data_dir)
+    Returns the data it loaded (None: the job finished with this configuration and loads nothing). `rerun`: the
+    lifecycle found that finished result stale, so the job runs after all and is checked like any (on `data`, the
+    data its fingerprint check read again, where it has it)."""
+    if not rerun:
+        done = read_result(Path(cfg.paths.job_dir) / RESULT_FILE)
+        if done is not None and not cfg.force and same_config(done, config_hash(cfg)):
+            return None  # finished: the lifecycle skips it, unless its result is stale (then it calls again)
+    if data is None:
+        data = load_dataset(cfg.dataset, cfg.paths.data_dir)
     coded = coded_indices(cfg, data)
     n_coded = len(data.y) if coded is None else len(coded)
     check_blocks(cfg, data.name, len(data.y), n_coded)

@@ -36,7 +36,7 @@ from hydra.errors import HydraException
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import config_hash, load_config
-from training.app.sweep_jobs import fast_expand
+from training.app.sweep_jobs import expand_overrides
 from training.app.sweeps import sweep_overrides
 from training.errors import UserError
 
@@ -89,8 +89,8 @@ def job_status(job: Job) -> str:
 
 
 def plan_jobs(experiment: str, extra: Sequence[str]) -> list[Job]:
-    configs = fast_expand(experiment, extra)
     combos = sweep_overrides(experiment, extra)
+    configs = expand_overrides(combos)
     jobs = []
     for cfg, combo in zip(configs, combos, strict=True):
         h, refused = job_hash(cfg)

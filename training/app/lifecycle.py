@@ -79,11 +79,6 @@ class Outcome:
     result: dict[str, Any] | None = None
     error: str | None = None
 
-    @property
-    def computed(self) -> bool:
-        """The result was computed by this run (not found finished)."""
-        return self.status == "done"
-
 
 @dataclass(frozen=True)
 class DataOnDisk:

@@ -249,7 +249,7 @@ class MemoryEstimate:
         return self.data + self.models + self.batches
 
 
-def models_at_once(cfg: JobConfig, models: int, device: torch.device, not_vectorised: str | None) -> int:
+def models_at_once(cfg: JobConfig, models: int, not_vectorised: str | None) -> int:
     """How many of the job's `models` train together, as `Trainer.group_size` decides it: `training.parallel_models`
     (auto: all where the architecture vectorises), 1 where the group engine cannot take them (`not_vectorised`)."""
     want = cfg.training.parallel_models
@@ -280,7 +280,7 @@ def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int,
     n_train = n_coded - n_val
     models = m.num_blocks - 1 + int(m.full_run)
     params, acts, model = _model_size(cfg, data.input_shape, data.num_classes)
-    at_once = models_at_once(cfg, models, device, _why_not_vectorised(cfg, model, device))
+    at_once = models_at_once(cfg, models, _why_not_vectorised(cfg, model, device))
     data_bytes = n_coded * numel * _storage_bytes(cfg, data) + n_val * numel * 4
     if cfg.eraser.after_augment and cfg.eraser.name != "control":
         data_bytes += n_coded * numel * 4  # the unerased images the training batches are drawn from (float32)

@@ -12,7 +12,7 @@ import logging
 import math
 
 from training.app.schema import JobConfig
-from training.mdl.code import partition_logspace
+from training.mdl.code import most_blocks, partition_logspace
 from training.mdl.splits import validation_size
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ def floor_outlasts_cap(cfg: JobConfig, n_coded: int) -> str | None:
     warmup = cfg.optim.warmup_steps if m.stop_after_warmup else 0
     floor = max(m.min_steps, warmup)
     rest = n_coded - validation_size(n_coded, m.val_size, m.val_frac)
-    if floor == 0 or rest < 2 * m.num_blocks:
+    if floor == 0 or m.num_blocks > most_blocks(rest):  # infeasible: the precheck refuses it
         return None
     smallest = partition_logspace(rest, m.num_blocks, m.min_block)[0]  # block model 1 trains on block 1 alone
     per_epoch = math.ceil(smallest / cfg.optim.batch_size)

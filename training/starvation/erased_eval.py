@@ -19,10 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from training.app.lifecycle import DataOnDisk, JobRun, Outcome
+from training.app.lifecycle import JobRun, Outcome
 from training.app.schema import JobConfig, load_config
 from training.app.tasks import DECLARED, TASKS
-from training.data import load_dataset
 from training.engine.batches import DeviceData
 from training.engine.fit import Member, TrainData, cross_entropy_sum, fit, fit_temperature, predict_logits
 from training.engine.regularizers import build_regularizer
@@ -62,11 +61,11 @@ def run(job: JobRun) -> dict[str, Any]:
     import erasure
     from models import build_model
     from training.mdl.job import fit_config, resolve_optim
-    from training.mdl.precheck import with_permuted_labels
+    from training.mdl.precheck import load_data, with_permuted_labels
 
     cfg, device = job.cfg, job.device  # dataset.zscore is refused by the config check (tasks.py FIXED)
     seed, gs, m = cfg.seed, cfg.task_options or ErasedEvalTask(), cfg.mdl
-    data = with_permuted_labels(cfg, load_dataset(cfg.dataset, cfg.paths.data_dir))  # the null: before the split
+    data = with_permuted_labels(cfg, load_data(cfg, job.loaded))  # the null: before the split
     x, y, k = data.x, data.y, data.num_classes
     idx = split(len(y), seed, gs.test_frac, m.val_size, m.val_frac)
     name, options = cfg.eraser.name, dict(cfg.eraser.options)
@@ -114,9 +113,7 @@ def task(config: Any) -> Outcome:
         log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
                  "original held-out metrics); no job written to %s", cfg.paths.job_dir)
         return Outcome("skipped", Path(cfg.paths.job_dir), {})
+    from training.mdl.precheck import data_fingerprint  # the data now, and (for a rerun) the data itself
+
     return run_task(cfg, run, fingerprint=data_fingerprint)
 
-
-def data_fingerprint(cfg: JobConfig) -> DataOnDisk:
-    """The fingerprint of the job's data on disk now (a finished result on other data is not reused)."""
-    return DataOnDisk(load_dataset(cfg.dataset, cfg.paths.data_dir).info["fingerprint"])

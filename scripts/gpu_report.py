@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if not __package__:  # run as a plain script (the GPU machine installs nothing): its pieces are this checkout's
     sys.path.insert(0, str(ROOT))
 
-from scripts.gpu_report_env import add_versions, ensure_packages, environment  # noqa: E402
+from scripts.gpu_report_env import ensure_packages, environment  # noqa: E402
+from scripts.gpu_report_model import Report, as_json  # noqa: E402
 from scripts.gpu_report_output import JSON_NAME, MD_NAME, now, write_report  # noqa: E402
 from scripts.gpu_report_pytest import step_tests  # noqa: E402
 from scripts.gpu_report_runner import Context, Killed, Step, run_steps  # noqa: E402
@@ -117,17 +118,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def merge(paths: list[str], out: Path) -> int:
     """One report from several (the device allows 10 minutes a call): steps in order of first appearance, each
     from the last report that ran it (not "not reached"); env and mode from the first; all runs listed."""
-    reports = [json.loads(Path(p).read_text()) for p in paths]
-    merged = {**reports[0], "steps": {}, "merged_from": [
-        {"path": p, "started": r.get("started"), "argv": r.get("argv"), "device": r.get("env", {}).get("device"),
-         "commit": r.get("env", {}).get("git", {}).get("commit")} for p, r in zip(paths, reports, strict=True)]}
+    reports = [Report.from_json(json.loads(Path(p).read_text())) for p in paths]
+    merged = dataclasses.replace(reports[0], steps={}, merged_from=[
+        {"path": p, "started": r.started, "argv": r.argv, "device": as_json(r.env.device),
+         "commit": r.env.git.commit} for p, r in zip(paths, reports, strict=True)])
     for r in reports:
-        for name, rec in r["steps"].items():
-            ran = not (rec["status"] == "skipped" and str(rec.get("reason", "")).startswith(("not reached", "no time")))
-            if ran or name not in merged["steps"]:
-                merged["steps"][name] = rec
-    merged["total_s"] = sum(r.get("total_s", 0) for r in reports)
-    merged["finished"] = all(r.get("finished") for r in reports)
+        for name, rec in r.steps.items():
+            if rec.ran or name not in merged.steps:
+                merged.steps[name] = rec
+    merged.total_s = sum(r.total_s for r in reports)
+    merged.finished = all(r.finished for r in reports)
     out.mkdir(parents=True, exist_ok=True)
     write_report(merged, out)
     print(f"[gpu-report] merged {len(paths)} reports → {out / JSON_NAME}", flush=True)
@@ -138,9 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.merge:
         return merge(args.merge, Path(args.out))
-    report: dict[str, Any] = {"schema": "erasure-mdl gpu-report 1", "started": now(), "finished": False,
-                              "argv": sys.argv[1:] if argv is None else argv, "env": {}, "steps": {}}
-    env = ensure_packages(report["env"])
+    report = Report(started=now(), argv=sys.argv[1:] if argv is None else argv)
+    env, install = ensure_packages()
     import torch
 
     if args.device == "auto":
@@ -155,11 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in steps:
             print(f"{s.name:30s} [{s.group}] {s.timeout:5.0f} s  {s.title}")
         return 0
-    report["mode"] = "toy" if toy else "gpu"
-    report["device"] = args.device
-    report["env"].update(environment(args))
-    add_versions(report["env"])
-    report["sizes"] = dataclasses.asdict(sizes)
+    report.mode, report.device, report.sizes = "toy" if toy else "gpu", args.device, dataclasses.asdict(sizes)
+    report.env = environment(args, install)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpu_report_") as tmp:
@@ -172,17 +168,17 @@ def main(argv: list[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, killed)
         signal.signal(signal.SIGINT, killed)
-        print(f"[gpu-report] {report['mode']} mode on {report['env']['device']['name']}; writing {out / JSON_NAME}",
+        print(f"[gpu-report] {report.mode} mode on {report.env.device.name}; writing {out / JSON_NAME}",
               flush=True)
         try:
             run_steps(steps, ctx, report, args.budget)
         except Killed:
             print("[gpu-report] stopped; the report holds every finished step", flush=True)
             return 130
-        report["finished"] = True
+        report.finished = True
         write_report(report, out)
-    c = report["counts"]
-    print(f"[gpu-report] done in {report.get('total_s', 0):.0f} s: {c['ok']} ok, {c['failed']} failed, "
+    c = report.counts
+    print(f"[gpu-report] done in {report.total_s:.0f} s: {c['ok']} ok, {c['failed']} failed, "
           f"{c['skipped']} skipped → {out / JSON_NAME}, {out / MD_NAME}", flush=True)
     return 1 if c["failed"] else 0
 

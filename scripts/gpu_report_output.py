@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from scripts.gpu_report_model import Report
+
 JSON_NAME, MD_NAME = "gpu_report.json", "gpu_report.md"
 
 
@@ -28,12 +30,10 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_report(report: dict[str, Any], out: Path) -> None:
+def write_report(report: Report, out: Path) -> None:
     """Both files, atomically (temp file + rename): a kill while writing leaves the previous version."""
-    report["updated"] = now()
-    counts = {s: sum(r["status"] == s for r in report["steps"].values()) for s in ("ok", "failed", "skipped")}
-    report["counts"] = counts
-    for name, text in ((JSON_NAME, json.dumps(finite(report), indent=1, allow_nan=False)),
+    report.updated = now()
+    for name, text in ((JSON_NAME, json.dumps(finite(report.to_json()), indent=1, allow_nan=False)),
                        (MD_NAME, markdown(report))):
         tmp = out / f".{name}.tmp"
         tmp.write_text(text + "\n")
@@ -56,39 +56,36 @@ def flat_items(d: dict[str, Any], prefix: str = "", depth: int = 0) -> Iterable[
             yield f"{prefix}{k}", v
 
 
-def markdown(report: dict[str, Any]) -> str:
-    env = report.get("env", {})
-    dev = env.get("device", {})
-    c = report.get("counts", {})
-    lines = [f"# GPU report: {dev.get('name', '?')} ({report['mode']} mode)", "",
-             f"- device: {dev.get('name', '?')}" + (f", {dev['total_memory_gb']:.1f} GB" if dev.get(
-                 "total_memory_gb") else "") + f"; host CPU: {env.get('host', {}).get('cpu', '?')}",
-             f"- python {env.get('python', '?')}, torch {env.get('torch', '?')} (CUDA {env.get('cuda', '-')}), "
-             f"commit {env.get('git', {}).get('commit', '?')}" + (" (with uncommitted changes)" if env.get(
-                 "git", {}).get("dirty") else "") + f", source digest {env.get('git', {}).get('tree_digest', '?')}",
-             f"- started {report['started']}, updated {report.get('updated', '?')}, "
-             f"{report.get('total_s', 0):.0f} s; steps: {c.get('ok', 0)} ok, {c.get('failed', 0)} failed, "
-             f"{c.get('skipped', 0)} skipped" + ("" if report.get("finished") else " (not finished)"), ""]
-    missing = env.get("install", {}).get("missing")
-    if missing:
-        lines += [f"- not importable: {', '.join(missing)}", ""]
+def markdown(report: Report) -> str:
+    env, dev, c = report.env, report.env.device, report.counts
+    git = env.git
+    lines = [f"# GPU report: {dev.name} ({report.mode} mode)", "",
+             f"- device: {dev.name}" + (f", {dev.total_memory_gb:.1f} GB" if dev.total_memory_gb else "")
+             + f"; host CPU: {env.host.cpu}",
+             f"- python {env.python}, torch {env.torch} (CUDA {env.cuda or '-'}), commit {git.commit}"
+             + (" (with uncommitted changes)" if git.dirty else "") + f", source digest {git.tree_digest}",
+             f"- started {report.started}, updated {report.updated or '?'}, {report.total_s:.0f} s; steps: "
+             f"{c['ok']} ok, {c['failed']} failed, {c['skipped']} skipped"
+             + ("" if report.finished else " (not finished)"), ""]
+    if env.install.missing:
+        lines += [f"- not importable: {', '.join(env.install.missing)}", ""]
     lines += ["| step | status | seconds | result |", "|---|---|---:|---|"]
-    for name, r in report["steps"].items():
-        what = r.get("summary") or r.get("reason") or r.get("error") or ""
-        lines.append(f"| {name} | {r['status']} | {r.get('seconds', '')} | {what.replace('|', '/')} |")
-    failed = [(n, r) for n, r in report["steps"].items() if r["status"] == "failed"]
+    for name, r in report.steps.items():
+        seconds = "" if r.seconds is None else r.seconds
+        lines.append(f"| {name} | {r.status} | {seconds} | {r.line.replace('|', '/')} |")
+    failed = [(n, r) for n, r in report.steps.items() if r.status == "failed"]
     if failed:
         lines += ["", "## Failures"]
         for name, r in failed:
-            lines += ["", f"### {name}", "", f"`{r.get('error', '')}`"]
-            if r.get("tail"):
-                lines += ["", "```", r["tail"], "```"]
+            lines += ["", f"### {name}", "", f"`{r.error or ''}`"]
+            if r.tail:
+                lines += ["", "```", r.tail, "```"]
     lines += ["", "## Figures"]
-    for name, r in report["steps"].items():
-        if r.get("figures"):
+    for name, r in report.steps.items():
+        if r.figures:
             lines += ["", f"### {name}", ""]
-            lines += [f"- {k}: {fmt(v)}" for k, v in flat_items(r["figures"]) if not k.endswith("failures")]
-            for k, v in flat_items(r["figures"]):
+            lines += [f"- {k}: {fmt(v)}" for k, v in flat_items(r.figures) if not k.endswith("failures")]
+            for k, v in flat_items(r.figures):
                 if k.endswith("failures") and v:
                     lines += [f"- {k}:"] + [f"  - {x}" for x in v]
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scripts.gpu_report_model import Report, StepRecord
 from scripts.gpu_report_output import now, write_report
 from scripts.gpu_report_sizes import Sizes
 
@@ -76,7 +77,7 @@ class Context:
     """What a step function gets: sizes, device, output folders, a subprocess runner bound to the step's budget,
     `figures` to fill (kept even when the step fails half-way) and the report so far."""
 
-    def __init__(self, args: argparse.Namespace, sizes: Sizes, report: dict[str, Any], env: dict[str, str]) -> None:
+    def __init__(self, args: argparse.Namespace, sizes: Sizes, report: Report, env: dict[str, str]) -> None:
         self.args, self.sizes, self.report, self.env = args, sizes, report, env
         self.out = Path(args.out)
         self.logs = self.out / "logs"
@@ -159,24 +160,22 @@ def cpu_seconds() -> float:
                                                   resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
-def run_steps(steps: list[Step], ctx: Context, report: dict[str, Any], budget: float | None) -> None:
+def run_steps(steps: list[Step], ctx: Context, report: Report, budget: float | None) -> None:
     """Run each step within its own time budget, recording ok/failed/skipped, and rewrite the report every time."""
     t_start = time.monotonic()
     for step in steps:
-        report["steps"][step.name] = {"group": step.group, "title": step.title, "status": "skipped",
-                                      "reason": "not reached: the report ended before this step"}
+        report.steps[step.name] = StepRecord(step.group, step.title,
+                                             reason="not reached: the report ended before this step")
     write_report(report, ctx.out)
     for step in steps:
-        rec = report["steps"][step.name]
         left = math.inf if budget is None else budget - (time.monotonic() - t_start)
         if left < min(30.0, step.timeout):
-            rec.update(status="skipped", reason=f"no time left in --budget ({max(left, 0):.0f} s)")
+            report.steps[step.name].reason = f"no time left in --budget ({max(left, 0):.0f} s)"
             write_report(report, ctx.out)
             continue
         timeout = min(step.timeout, left)
-        rec.clear()
-        rec.update(group=step.group, title=step.title, status="failed", timeout_s=timeout, started=now(),
-                   error="did not finish: the report was stopped during this step")
+        rec = report.steps[step.name] = StepRecord(step.group, step.title, "failed", timeout_s=timeout, started=now(),
+                                                   error="did not finish: the report was stopped during this step")
         write_report(report, ctx.out)
         ctx.figures, ctx.step = {}, step.name
         t0, c0 = time.monotonic(), cpu_seconds()
@@ -184,24 +183,21 @@ def run_steps(steps: list[Step], ctx: Context, report: dict[str, Any], budget: f
         print(f"[gpu-report] {step.name}: {step.title} (budget {timeout:.0f} s)", flush=True)
         try:
             summary = step.fn(ctx)
-            rec.update(status="ok", summary=summary or "")
-            rec.pop("error")
+            rec.status, rec.summary, rec.error = "ok", summary or "", None
         except StepSkipped as err:
-            rec.update(status="skipped", reason=str(err))
-            rec.pop("error")
+            rec.status, rec.reason, rec.error = "skipped", str(err), None
         except StepError as err:
-            rec.update(error=err.line, tail=err.tail)
+            rec.error, rec.tail = err.line, err.tail
         except Killed:
-            rec.update(seconds=time.monotonic() - t0, figures=ctx.figures, error="killed (SIGTERM/SIGINT)")
+            rec.seconds, rec.figures, rec.error = time.monotonic() - t0, ctx.figures, "killed (SIGTERM/SIGINT)"
             write_report(report, ctx.out)
             raise
         except Exception as err:
-            rec.update(error=f"{type(err).__name__}: {err}".splitlines()[0][:300],
-                       tail=tail(traceback.format_exc()))
-        rec["seconds"] = round(time.monotonic() - t0, 2)
-        rec["cpu_s"] = round(cpu_seconds() - c0, 2)  # this process and its finished children
-        rec["figures"] = ctx.figures
-        report["total_s"] = round(time.monotonic() - t_start, 1)
+            rec.error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            rec.tail = tail(traceback.format_exc())
+        rec.seconds = round(time.monotonic() - t0, 2)
+        rec.cpu_s = round(cpu_seconds() - c0, 2)  # this process and its finished children
+        rec.figures = ctx.figures
+        report.total_s = round(time.monotonic() - t_start, 1)
         write_report(report, ctx.out)
-        line = rec.get("summary") or rec.get("reason") or rec.get("error") or ""
-        print(f"[gpu-report] {step.name}: {rec['status']} in {rec['seconds']:.1f} s  {line}", flush=True)
+        print(f"[gpu-report] {step.name}: {rec.status} in {rec.seconds:.1f} s  {rec.line}", flush=True)

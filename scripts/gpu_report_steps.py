@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from scripts.gpu_report_model import Report
 from scripts.gpu_report_runner import ROOT, Context, Proc, StepError, StepSkipped, error_line, parse_result, stop, tail
 from scripts.gpu_report_sizes import ARCHS
 
@@ -199,7 +200,7 @@ def run_concurrent(ctx: Context, arch: str, procs: int) -> dict[str, Any]:
 def step_sweep_cost(ctx: Context) -> str:
     """Per architecture: GPU-seconds per epoch per job (the job step's measurement), memory per job, how many
     jobs fit on the device by memory, and how aggregate throughput scales with processes sharing it."""
-    total_mb = (ctx.report["env"]["device"].get("total_memory_gb") or 0) * 1e9 / 2**20
+    total_mb = (ctx.report.env.device.total_memory_gb or 0) * 1e9 / 2**20
     out: dict[str, Any] = {}
     parts = []
     for arch in ARCHS:
@@ -247,11 +248,9 @@ def step_sweep_cost(ctx: Context) -> str:
 
 def earlier_figures(ctx: Context, step: str) -> tuple[dict[str, Any], str | None]:
     """A finished step's figures: from this report, else from a --previous report (an earlier device call)."""
-    rec = ctx.report["steps"].get(step, {})
-    if rec.get("status") == "ok":
-        return rec.get("figures") or {}, "this report"
+    if (figures := ctx.report.ok_figures(step)) is not None:
+        return figures, "this report"
     for path in ctx.args.previous:
-        rec = json.loads(Path(path).read_text())["steps"].get(step, {})
-        if rec.get("status") == "ok":
-            return rec.get("figures") or {}, str(path)
+        if (figures := Report.from_json(json.loads(Path(path).read_text())).ok_figures(step)) is not None:
+            return figures, str(path)
     return {}, None

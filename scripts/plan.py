@@ -33,6 +33,7 @@ from typing import Any
 
 from hydra.errors import HydraException
 
+from scripts.gpu_report_model import Report
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import config_hash, load_config
@@ -190,22 +191,22 @@ def bench_cost(path: Path) -> tuple[dict[str, Cost], str | None]:
 def gpu_report_cost(path: Path) -> tuple[dict[str, Cost], str | None]:
     """GPU seconds per job of each architecture from `make gpu-report`'s job_<arch> steps; or why there are none."""
     try:
-        report = json.loads(path.read_text())
+        report = Report.from_json(json.loads(path.read_text()))
     except FileNotFoundError:
         return {}, "no measurement: run make gpu-report"
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, TypeError) as err:
         return {}, f"no measurement: {path} cannot be read ({err}); run make gpu-report"
     out = {}
-    for name, step in (report.get("steps") or {}).items():
-        figures = step.get("figures") or {}
-        if not name.startswith("job_") or step.get("status") != "ok" or "wall_s" not in figures:
+    for name, step in report.steps.items():
+        figures = step.ok_figures or {}
+        if not name.startswith("job_") or "wall_s" not in figures:
             continue
-        if not str(figures.get("device", "")).startswith("cuda"):
+        if not str(figures["device"] if "device" in figures else "").startswith("cuda"):
             continue  # a toy run on CPU: not a GPU measurement
-        epochs = max(figures.get("epochs_per_block") or [0])
+        epochs = max(figures["epochs_per_block"] if "epochs_per_block" in figures else [0])
         out[name.removeprefix("job_")] = Cost(float(figures["wall_s"]), (
-            f"{path} ({report.get('updated') or _date(path)}, {report.get('env', {}).get('device', {}).get('name')}"
-            f"): one job at the paper's base size, {epochs} epoch(s) per block model (capped), CIFAR-shaped data"))
+            f"{path} ({report.updated or _date(path)}, {report.env.device.name}): one job at the paper's base "
+            f"size, {epochs} epoch(s) per block model (capped), CIFAR-shaped data"))
     if not out:
         return {}, f"no measurement: {path} has no GPU job step; run make gpu-report on a GPU"
     return out, None

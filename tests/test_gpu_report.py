@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from scripts.gpu_report import all_steps, main, select
+from scripts.gpu_report_model import Report
 from scripts.gpu_report_output import JSON_NAME, MD_NAME, now, write_report
 from scripts.gpu_report_pytest import MISSING_MODULE, junit_id, pytest_progress, read_junit
 from scripts.gpu_report_runner import Context, Step, StepSkipped, run_steps
@@ -92,10 +93,10 @@ def test_plain_script_takes_its_pieces_from_its_own_checkout(tmp_path: Path) -> 
     assert [ln.split()[0] for ln in listed.stdout.splitlines() if ln.strip()] == [s.name for s in all_steps(TOY)]
 
 
-def fake_ctx(tmp_path: Path) -> tuple[Context, dict[str, Any]]:
+def fake_ctx(tmp_path: Path) -> tuple[Context, Report]:
     args = argparse.Namespace(out=str(tmp_path / "out"), work=str(tmp_path / "work"), device="cpu")
     Path(args.out).mkdir()
-    report: dict[str, Any] = {"started": now(), "mode": "toy", "env": {}, "steps": {}, "finished": False}
+    report = Report(started=now())
     return Context(args, TOY, report, dict(os.environ)), report
 
 
@@ -182,7 +183,7 @@ def test_merge_keeps_each_steps_last_run(tmp_path: Path) -> None:
                      (b, {"tests": {"status": "skipped", "reason": "not reached: the report ended before this step"},
                           "job_mlp": {"status": "failed", "error": "x"}})):
         d.mkdir()
-        write_report(rep(steps), d)
+        write_report(Report.from_json(rep(steps)), d)
     assert main(["--merge", str(a / JSON_NAME), str(b / JSON_NAME), "--out", str(tmp_path / "m")]) == 0
     m = json.loads((tmp_path / "m" / JSON_NAME).read_text())
     assert m["steps"]["tests"]["status"] == "ok" and m["steps"]["job_mlp"]["status"] == "failed"
@@ -196,3 +197,20 @@ def test_pytest_progress_lines() -> None:
             "FAILED tests/test_b.py::test_y[1] - AssertionError\n")
     assert pytest_progress(text) == [("PASSED", "tests/test_a.py::test_x"), ("FAILED", "tests/test_b.py::test_y[1]"),
                                         ("SKIPPED", "tests/test_c.py::test_z")]
+
+
+def test_report_json_is_read_into_types_and_written_back_with_unknown_keys_kept() -> None:
+    raw = {"started": "t0", "mode": "gpu", "finished": True, "total_s": 5.0, "future_key": 1,
+           "env": {"python": "3.13", "device": {"name": "NVIDIA H100", "total_memory_gb": 79.6, "sm": "9.0"},
+                   "git": {"commit": "abc", "tree_digest": "d"}},
+           "steps": {"a": {"status": "ok", "figures": {"x": 1}, "new_field": "kept"},
+                     "b": {"status": "skipped", "reason": "no time left in --budget (3 s)"},
+                     "c": {"status": "skipped", "reason": "needs CUDA"}}}
+    rep = Report.from_json(raw)
+    assert rep.env.device.name == "NVIDIA H100" and rep.env.device.total_memory_gb == 79.6
+    assert rep.ok_figures("a") == {"x": 1} and rep.ok_figures("b") is None and rep.ok_figures("nope") is None
+    assert [rep.steps[n].ran for n in "abc"] == [True, False, True]  # a budget skip never ran; "needs CUDA" did
+    out = rep.to_json()
+    assert out["steps"]["a"]["new_field"] == "kept" and out["env"]["device"]["sm"] == "9.0"
+    assert out["counts"] == {"ok": 1, "failed": 0, "skipped": 2} and "future_key" not in out  # top level: declared
+    assert Report.from_json(out).to_json() == out

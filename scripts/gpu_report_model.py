@@ -127,7 +127,7 @@ class Env:
 class Report:
     """The whole report: what ran where (env), each step's record, in order, and the totals."""
 
-    started: str
+    started: str = "?"
     argv: list[str] = field(default_factory=list)
     schema: str = SCHEMA
     mode: str = "toy"

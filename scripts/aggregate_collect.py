@@ -11,7 +11,7 @@ import functools
 import json
 import math
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import pandas as pd
 from scripts.tables import PROBES
 from training.app.job_paths import JobPath
 from training.app.result_codec import FOLD_KEY, REPEAT_KEY, MalformedResultError, legacy_fold, read
-from training.app.result_types import BlockRecord, MdlRecord, MdlResult, Result, number, number_or_nan
+from training.app.result_types import BlockRecord, Certificate, MdlRecord, MdlResult, Result, number
 from training.app.results import same_config, stored_config
 
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
@@ -310,22 +310,21 @@ def _label_entropy(result: MdlResult, mdl: MdlRecord | None) -> tuple[float, str
     if counts is not None and sum(counts) > 0:
         total = float(sum(counts))
         return -sum(c / total * math.log2(c / total) for c in counts if c > 0), "H(prior)"
-    for scores in (result.certificate.after, result.certificate.before):
-        value = number(scores.get("chance_loss_bits"))
-        if value is not None and math.isfinite(value):
+    for side in ("after", "before"):
+        value = result.certificate.score("chance_loss_bits", side)
+        if math.isfinite(value):
             return value, "H(prior)"
     k = mdl.num_classes if mdl is not None else None
     k = k if k is not None else result.dataset.num_classes
     return (math.log2(k), "log2 K") if k is not None and k >= 1 else (math.nan, "")
 
 
-def _probe_columns(after: Mapping[str, Any]) -> dict[str, Any]:
+def _probe_columns(cert: Certificate) -> dict[str, Any]:
     """The certificate's out-of-sample probe scores (NaN / None where absent: an older certificate)."""
-    row: dict[str, Any] = {key: number_or_nan(after.get(key)) for key in PROBE_NUMBERS}
+    row: dict[str, Any] = {key: cert.score(key) for key in PROBE_NUMBERS}
     for probe in PROBES:
-        flag, verdict = after.get(f"{probe}_probe_below_chance"), after.get(f"{probe}_probe_verdict")
-        row[f"{probe}_probe_below_chance"] = flag if isinstance(flag, bool) else None
-        row[f"{probe}_probe_verdict"] = verdict if isinstance(verdict, str) else None
+        row[f"{probe}_probe_below_chance"] = cert.flag(f"{probe}_probe_below_chance")
+        row[f"{probe}_probe_verdict"] = cert.verdict(f"{probe}_probe_verdict")
     return row
 
 
@@ -378,10 +377,9 @@ def _result_row(result: Result, job_dir: str) -> dict[str, Any]:
     final = result.final
     val_loss = final.val_loss_bits if final is not None else math.nan
     row["final_val_loss"] = math.nan if val_loss is None else val_loss
-    after = result.certificate.after
     for key in CERT:
-        row[key] = number_or_nan(after.get(key))
-    row.update(_probe_columns(after))
+        row[key] = result.certificate.score(key)
+    row.update(_probe_columns(result.certificate))
     row["ref_bits"], row["ref_kind"] = _label_entropy(result, mdl)
     if result.dataset.permuted_labels:
         row["null"] = True  # a null run, whatever its config says

@@ -239,6 +239,22 @@ class Certificate:
         d = mapping(value)
         return cls(mapping(d.get("before")), mapping(d.get("after")))
 
+    def score(self, key: str, side: str = "after") -> float:
+        """A number of the certificate (NaN where it lacks it: an older certificate, or none)."""
+        return number_or_nan(self._side(side).get(key))
+
+    def flag(self, key: str) -> bool | None:
+        """A yes/no of the certificate after erasure (None where it lacks it)."""
+        value = self.after.get(key)
+        return value if isinstance(value, bool) else None
+
+    def verdict(self, key: str) -> str | None:
+        """A verdict word of the certificate after erasure (None where it lacks it)."""
+        return text(self.after.get(key))
+
+    def _side(self, side: str) -> Mapping[str, Any]:
+        return self.after if side == "after" else self.before
+
 
 @dataclass(frozen=True)
 class MdlResult(Result):

@@ -19,7 +19,7 @@ import pandas as pd
 
 from scripts.tables import PROBES
 from training.app.job_paths import JobPath
-from training.app.result_codec import FOLD_KEY, REPEAT_KEY, MalformedResultError, legacy_fold, read
+from training.app.result_codec import FIT_DEFAULTS, REPEAT_KEY, MalformedResultError, legacy_fold, read
 from training.app.result_types import BlockRecord, Certificate, MdlRecord, MdlResult, Result, number
 from training.app.results import same_config, stored_config
 
@@ -32,17 +32,12 @@ CELL = [*ROW_KEY, "eraser"]
 SHOWN = {"seed", "dataset.tag", "dataset.name", "arch.tag", "arch.name", "arch.activation", "arch.width",
          "arch.depth", "eraser.name", "eraser.fit_on"}
 # Keys that are not identity: the repeats of a cell (repeated holdout) are combined, a permuted-label run is the null
-# of its cell. `eraser.repeat` names the repeat; a result written before it names it `eraser.fold`.
+# of its cell. `eraser.repeat` names the repeat (result_codec reads a result's older `eraser.fold` as it).
 NULL_KEY = "dataset.permute_labels"
-REPEAT_KEYS = (REPEAT_KEY, FOLD_KEY)
-# Keys added with issue 21 whose defaults live in conf/config.yaml, not in the schema: a result written before them
-# ran exactly like these values (the eraser fitted on the coded data, no folds, true labels, erased before augment).
-FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_source": "split", "eraser.fit_fraction": 0.2, REPEAT_KEY: 0,
-                "eraser.n_fit": None, "eraser.after_augment": False, NULL_KEY: False}
 SPLIT_MODES = ("holdout", "self")  # fit modes with a random split of the training rows (and so repeats)
 # The eraser.fit keys a fit mode does not use (no effect on its job; INTERFACE.md: not in the hash).
-UNUSED_FIT_KEYS = {"all": ("eraser.fit_fraction", FOLD_KEY, REPEAT_KEY, "eraser.fit_source", "eraser.n_fit"),
-                   "oracle": ("eraser.fit_fraction", FOLD_KEY, REPEAT_KEY, "eraser.fit_source")}
+UNUSED_FIT_KEYS = {"all": ("eraser.fit_fraction", REPEAT_KEY, "eraser.fit_source", "eraser.n_fit"),
+                   "oracle": ("eraser.fit_fraction", REPEAT_KEY, "eraser.fit_source")}
 # Comparisons: the erasers of a table row, the widths of one eraser (MDL vs width), its depths.
 UNITS = [["dataset", "arch", "width", "depth"], ["dataset", "arch", "depth", "eraser", "variant"],
          ["dataset", "arch", "width", "eraser", "variant"]]
@@ -171,25 +166,17 @@ def _identity_columns(cfg: dict[str, Any], numerics_version: Any = None) -> dict
     """`settings`: what must be equal for two results to be compared (all but labels, eraser and seed);
     `eraser_settings`: the eraser's options (its variants). Neither holds the fold (folds are combined) nor
     dataset.permute_labels (a null run belongs to the cell of its true-label runs)."""
-    flat = {k: v for k, v in config_identity(cfg, numerics_version).items() if k not in (*REPEAT_KEYS, NULL_KEY)}
+    flat = {k: v for k, v in config_identity(cfg, numerics_version).items() if k not in (REPEAT_KEY, NULL_KEY)}
     settings = {k: v for k, v in flat.items() if k not in SHOWN and not k.startswith("eraser.")}
     eraser = {k: v for k, v in flat.items() if k.startswith("eraser.") and k not in SHOWN}
     return {"settings": json.dumps(settings, sort_keys=True, default=str),
             "eraser_settings": json.dumps(eraser, sort_keys=True, default=str)}
 
 
-def stored_view(cfg: dict[str, Any]) -> dict[str, Any]:
-    """`stored_config` with FIT_DEFAULTS for the keys a result written before them lacks."""
-    view = stored_config(cfg)  # eraser.fold read as eraser.repeat
-    for key, default in FIT_DEFAULTS.items():
-        view.setdefault(key, default)
-    return view
-
-
 def _cell_from_config(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
-    c = stored_view(cfg)
+    c = stored_config(cfg)  # older spellings read as today's (result_codec.config_view)
     fit_on = str(c["eraser.fit_on"])
-    repeat = next((c[k] for k in REPEAT_KEYS if c.get(k) is not None), 0)
+    repeat = c[REPEAT_KEY] or 0
     return {"dataset": c["dataset.tag"], "arch": c["arch.tag"], "width": int(c["arch.width"]),
             "depth": int(c["arch.depth"]), "eraser": str(c["eraser.name"]), "seed": int(c["seed"]),
             "fit_on": fit_on, "fold": int(repeat) if fit_on in SPLIT_MODES else 0,

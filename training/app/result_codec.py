@@ -36,6 +36,10 @@ from training.app.result_types import (
 
 RESULT_FILE = "result.json"
 FOLD_KEY, REPEAT_KEY = "eraser.fold", "eraser.repeat"  # a result written before eraser.repeat names it eraser.fold
+# Keys added with issue 21 whose defaults live in conf/config.yaml, not in the schema: a result written before them
+# ran exactly like these values (the eraser fitted on the coded data, no repeats, true labels, erased before augment).
+FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_source": "split", "eraser.fit_fraction": 0.2, REPEAT_KEY: 0,
+                "eraser.n_fit": None, "eraser.after_augment": False, "dataset.permute_labels": False}
 STARVATION_TASKS = ("gs_two_moons", "gs_colored_mnist", "gs_erased_eval")
 RESULT_TYPES: dict[str, type[Result]] = {"mdl": MdlResult, **dict.fromkeys(STARVATION_TASKS, StarvationResult)}
 
@@ -66,7 +70,8 @@ def upgrade(raw: Mapping[str, Any]) -> dict[str, Any]:
 def config_view(config: Mapping[str, Any]) -> dict[str, Any]:
     """A recorded config as dotted key -> value, read as today's schema spells it: the schema's defaults for
     declared keys it lacks, a group's `tag` defaulting to its name (results written before tags), `eraser.fold`
-    read as `eraser.repeat` (results written before repeats were named so)."""
+    read as `eraser.repeat` (results written before repeats were named so), FIT_DEFAULTS for the fitting keys
+    a result written before them lacks."""
     from training.app.results import flatten
     from training.app.schema import with_defaults
 
@@ -74,7 +79,10 @@ def config_view(config: Mapping[str, Any]) -> dict[str, Any]:
     for group in ("dataset", "arch"):
         if f"{group}.name" in view and view.get(f"{group}.tag") is None:
             view[f"{group}.tag"] = view[f"{group}.name"]
-    return legacy_fold(view)
+    view = legacy_fold(view)
+    for key, default in FIT_DEFAULTS.items():
+        view.setdefault(key, default)
+    return view
 
 
 def legacy_fold(flat: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,9 @@ from training.app.result_types import (
     Provenance,
     Result,
     StarvationResult,
+    at,
+    mapping,
+    text,
 )
 
 RESULT_FILE = "result.json"
@@ -53,13 +56,12 @@ def upgrade(raw: Mapping[str, Any]) -> dict[str, Any]:
     values they stood for. The config is left as recorded (see `config_view`); a current result is returned
     unchanged (a copy)."""
     out = dict(raw)
-    version = out.get("schema_version", 1)
+    version = at(out, "schema_version", default=1)
     if not isinstance(version, int) or version > RESULT_SCHEMA:
         raise MalformedResultError(f"schema_version {version!r} is not one this code reads (≤ {RESULT_SCHEMA}): "
                                    "read it with the code that wrote it")
     if version < 2:
-        config = out.get("config")
-        task = config.get("task") if isinstance(config, Mapping) else None
+        task = at(out, "config", "task")
         out.setdefault("numerics_version", 1)  # written before numerics versions: the first
         out.setdefault("hash_version", 1)  # written before hash v2 (declared per field)
         out.setdefault("task", task if isinstance(task, str) else "mdl")  # written before tasks: an MDL job
@@ -102,36 +104,33 @@ def decode(raw: Any) -> Result:
     if not isinstance(raw, Mapping):
         raise MalformedResultError(f"not a JSON object (a {type(raw).__name__})")
     data = upgrade(raw)
-    config = data.get("config")
-    task = data["task"] if isinstance(data["task"], str) else "mdl"
+    config, task = at(data, "config"), text(data["task"]) or "mdl"
     sections = {k: v for k, v in data.items() if k not in ENVELOPE_KEYS}
     tail = tuple(k for k in data if k in TAIL_KEYS)
     common: dict[str, Any] = dict(
-        config_hash=data["config_hash"] if isinstance(data.get("config_hash"), str) else "",
+        config_hash=text(at(data, "config_hash")) or "",
         hash_version=_int(data["hash_version"], 1), numerics_version=_int(data["numerics_version"], 1),
         schema_version=data["schema_version"], task=task,
         config=config if isinstance(config, Mapping) else None,
-        job_dir=data["job_dir"] if isinstance(data.get("job_dir"), str) else None, sections=sections,
-        device=data["device"] if isinstance(data.get("device"), str) else None,
-        timings=data["timings"] if isinstance(data.get("timings"), Mapping) else {},
-        provenance=Provenance.of(data.get("provenance")), dataset=DatasetInfo.of(data.get("dataset")), tail=tail)
-    cls = RESULT_TYPES.get(task, Result)
+        job_dir=text(at(data, "job_dir")), sections=sections, device=text(at(data, "device")),
+        timings=mapping(at(data, "timings")), provenance=Provenance.of(at(data, "provenance")),
+        dataset=DatasetInfo.of(at(data, "dataset")), tail=tail)
+    cls = RESULT_TYPES[task] if task in RESULT_TYPES else Result
     if cls is MdlResult:
         return MdlResult(**common, **_mdl_sections(sections))
     if cls is StarvationResult:
-        method = sections.get("method")
-        return StarvationResult(**common, method=method if isinstance(method, str) else None)
+        return StarvationResult(**common, method=text(at(sections, "method")))
     return Result(**common)
 
 
 def _mdl_sections(sections: Mapping[str, Any]) -> dict[str, Any]:
-    mdl, final = sections.get("mdl"), sections.get("final")
+    mdl, final = at(sections, "mdl"), at(sections, "final")
     if final and not isinstance(final, Mapping):
         raise MalformedResultError(f"final is a {type(final).__name__}")
     return {"mdl": MdlRecord.of(mdl) if isinstance(mdl, Mapping) else None,
             "final": FinalRecord.of(final) if isinstance(final, Mapping) else None,
-            "erasure": ErasureRecord.of(sections.get("eraser")),
-            "certificate": Certificate.of(sections.get("certificate"))}
+            "erasure": ErasureRecord.of(at(sections, "eraser")),
+            "certificate": Certificate.of(at(sections, "certificate"))}
 
 
 def encode(result: Result) -> dict[str, Any]:

@@ -40,6 +40,16 @@ def mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def at(value: Any, *path: str, default: Any = None) -> Any:
+    """The value at a key path of parsed JSON (`at(result, "provenance", "code", "commit")`), or `default` where a
+    step is absent or not an object: how this module and the codec read result.json's optional keys."""
+    for key in path:
+        if not isinstance(value, Mapping) or key not in value:
+            return default
+        value = value[key]
+    return value
+
+
 def text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -60,17 +70,17 @@ class Fingerprint:
             return None
         if not isinstance(value, Mapping):
             return cls(None, None, value)
-        files = value.get("files")
+        files = at(value, "files")
         listed = tuple(f for f in files if isinstance(f, Mapping)) if isinstance(files, list) else None
-        return cls(text(value.get("content")), listed, value)
+        return cls(text(at(value, "content")), listed, value)
 
     def identity(self) -> Any:
         """What identifies the data: the content hash and the files' sha256 and sizes (not their names or folder:
         the same files elsewhere are the same data)."""
         if self.raw is not None and not isinstance(self.raw, Mapping):
             return self.raw
-        records = sorted((str(f.get("sha256")), f.get("size")) for f in self.files) if self.files is not None \
-            else (self.raw or {}).get("files")
+        records = sorted((str(at(f, "sha256")), at(f, "size")) for f in self.files) if self.files is not None \
+            else at(self.raw, "files")
         return self.content, records
 
     def short(self) -> str:
@@ -90,14 +100,13 @@ class DatasetInfo:
 
     @classmethod
     def of(cls, value: Any) -> DatasetInfo:
-        d = mapping(value)
-        counts = d.get("class_counts")
+        counts = at(value, "class_counts")
         parsed = tuple(number(c) for c in counts) if isinstance(counts, list) and counts else None
         valid = parsed is not None and all(c is not None and c >= 0 for c in parsed)
-        n, k = number(d.get("n")), number(d.get("num_classes"))
+        n, k = number(at(value, "n")), number(at(value, "num_classes"))
         return cls(None if n is None else int(n), None if k is None else int(k),
                    tuple(c for c in parsed if c is not None) if valid and parsed else None,
-                   d.get("permuted_labels") is True, Fingerprint.of(d.get("fingerprint")), d)
+                   at(value, "permuted_labels") is True, Fingerprint.of(at(value, "fingerprint")), mapping(value))
 
 
 @dataclass(frozen=True)
@@ -113,9 +122,8 @@ class Provenance:
     def of(cls, value: Any) -> Provenance | None:
         if not isinstance(value, Mapping):
             return None
-        code = mapping(value.get("code"))
-        commit = text(code.get("commit"))
-        return cls(commit or None, code.get("dirty") is True, value)
+        commit = text(at(value, "code", "commit"))
+        return cls(commit or None, at(value, "code", "dirty") is True, value)
 
 
 @dataclass(frozen=True)
@@ -139,7 +147,7 @@ class Result:
 
     def section(self, name: str) -> Mapping[str, Any] | None:
         """A task section that is an object (None where absent or of another type)."""
-        value = self.sections.get(name)
+        value = at(self.sections, name)
         return value if isinstance(value, Mapping) else None
 
 
@@ -154,7 +162,7 @@ class BlockRecord:
 
     @classmethod
     def of(cls, value: Mapping[str, Any]) -> BlockRecord:
-        return cls(number(value.get("epochs")), number(value.get("best_epoch")), text(value.get("stop_reason")))
+        return cls(number(at(value, "epochs")), number(at(value, "best_epoch")), text(at(value, "stop_reason")))
 
 
 @dataclass(frozen=True)
@@ -173,11 +181,11 @@ class MdlRecord:
 
     @classmethod
     def of(cls, value: Mapping[str, Any]) -> MdlRecord:
-        blocks = value.get("blocks")
+        blocks = at(value, "blocks")
         listed = tuple(BlockRecord.of(b) for b in blocks if isinstance(b, Mapping)) if isinstance(blocks, list) \
             else ()
-        return cls(text(value.get("protocol")), value.get("bits_per_sample"), value.get("legacy", math.nan),
-                   "legacy" in value, number(value.get("num_classes")), number(value.get("n_coded")), listed, value)
+        return cls(text(at(value, "protocol")), at(value, "bits_per_sample"), at(value, "legacy", default=math.nan),
+                   "legacy" in value, number(at(value, "num_classes")), number(at(value, "n_coded")), listed, value)
 
 
 @dataclass(frozen=True)
@@ -190,7 +198,8 @@ class FinalRecord:
 
     @classmethod
     def of(cls, value: Mapping[str, Any]) -> FinalRecord:
-        return cls(number(value.get("val_loss_bits", math.nan)), tuple(value.get("val_loss_curve") or ()), value)
+        return cls(number(at(value, "val_loss_bits", default=math.nan)), tuple(at(value, "val_loss_curve") or ()),
+                   value)
 
 
 @dataclass(frozen=True)
@@ -204,9 +213,8 @@ class EraserFit:
 
     @classmethod
     def of(cls, value: Any) -> EraserFit:
-        d = mapping(value)
-        return cls(text(d.get("fit_source")), number(d.get("n_fit")), number(d.get("n_coded")),
-                   number(d.get("folds")))
+        return cls(text(at(value, "fit_source")), number(at(value, "n_fit")), number(at(value, "n_coded")),
+                   number(at(value, "folds")))
 
 
 @dataclass(frozen=True)
@@ -220,11 +228,10 @@ class ErasureRecord:
 
     @classmethod
     def of(cls, value: Any) -> ErasureRecord:
-        d = mapping(value)
-        return cls(EraserFit.of(d.get("fit")), mapping(d.get("report")), d)
+        return cls(EraserFit.of(at(value, "fit")), mapping(at(value, "report")), mapping(value))
 
     def report_number(self, key: str) -> float:
-        return number_or_nan(self.report.get(key))
+        return number_or_nan(at(self.report, key))
 
 
 @dataclass(frozen=True)
@@ -236,21 +243,20 @@ class Certificate:
 
     @classmethod
     def of(cls, value: Any) -> Certificate:
-        d = mapping(value)
-        return cls(mapping(d.get("before")), mapping(d.get("after")))
+        return cls(mapping(at(value, "before")), mapping(at(value, "after")))
 
     def score(self, key: str, side: str = "after") -> float:
         """A number of the certificate (NaN where it lacks it: an older certificate, or none)."""
-        return number_or_nan(self._side(side).get(key))
+        return number_or_nan(at(self._side(side), key))
 
     def flag(self, key: str) -> bool | None:
         """A yes/no of the certificate after erasure (None where it lacks it)."""
-        value = self.after.get(key)
+        value = at(self.after, key)
         return value if isinstance(value, bool) else None
 
     def verdict(self, key: str) -> str | None:
         """A verdict word of the certificate after erasure (None where it lacks it)."""
-        return text(self.after.get(key))
+        return text(at(self.after, key))
 
     def _side(self, side: str) -> Mapping[str, Any]:
         return self.after if side == "after" else self.before

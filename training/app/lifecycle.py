@@ -32,7 +32,7 @@ import torch
 from training.app.provenance import now_utc, provenance
 from training.app.result_codec import encode, new_result
 from training.app.result_types import Fingerprint as FingerprintRecord
-from training.app.result_types import Result
+from training.app.result_types import Result, at
 from training.app.results import JobDir, legacy_result
 from training.app.schema import HASH_VERSION, NUMERICS, JobConfig, config_hash, load_config
 from training.common.files import atomic_write_json, read_json
@@ -156,11 +156,11 @@ def nonfinite_leaves(value: Any, path: str) -> Iterator[tuple[str, float]]:
         yield path, value
 
 
-def check_finite(result: Mapping[str, Any], sections: tuple[str, ...], job_path: Path) -> None:
+def check_finite(result: Result, sections: tuple[str, ...], job_path: Path) -> None:
     """NonFiniteError (one line) when a number in the result's `sections` is NaN/inf: such a result is never
     written (it would read as a finished job)."""
     for section in sections:
-        for path, value in nonfinite_leaves(result.get(section), section):
+        for path, value in nonfinite_leaves(at(result.sections, section), section):
             raise NonFiniteError(f"non-finite {path} ({value}) in the result of {job_path}: lr too high or bad data; "
                                  "nothing was written as a result")
 
@@ -204,12 +204,12 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: 
         t0, started = time.perf_counter(), now_utc()
         out = body(JobRun(cfg, job, device, progress, loaded))
         timings = {**out.pop("timings", {}), "total_s": time.perf_counter() - t0}
-        result = encode(new_result(config_hash=job.cfg_hash, hash_version=HASH_VERSION, numerics_version=NUMERICS,
-                                   job_dir=str(job.path), task=cfg.task, config=cfg.to_dict(), sections=out,
-                                   device=str(device), timings=timings,
-                                   provenance=provenance(device, started, now_utc())))
-        check_finite(result, finite, job.path)
-        job.write_result(result)  # the job's last act: its presence means "done"
+        typed = new_result(config_hash=job.cfg_hash, hash_version=HASH_VERSION, numerics_version=NUMERICS,
+                           job_dir=str(job.path), task=cfg.task, config=cfg.to_dict(), sections=out,
+                           device=str(device), timings=timings, provenance=provenance(device, started, now_utc()))
+        check_finite(typed, finite, job.path)
+        job.write_result(typed)  # the job's last act: its presence means "done"
+        result = encode(typed)
         progress.clear()
     log.info("done %s: %s, %.1fs", job.path, describe(result) if describe else cfg.task, timings["total_s"])
     return Outcome("done", job.path, result)

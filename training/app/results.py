@@ -165,20 +165,20 @@ class JobDir:
             return None
         raise ConfigMismatchError(mismatch_message(self.path, self.found, self.cfg_hash))
 
-    def write_result(self, result: Mapping[str, Any]) -> Path:
-        """Write result.json (atomically) after re-checking what is there: a result of another configuration
-        that appeared while this job ran (a process that ignored the lock) is never overwritten; this job's
-        result then goes to `result.<hash>.json` and the job fails with one line."""
+    def write_result(self, result: Result) -> Path:
+        """Write result.json (atomically, through the codec: `encode`) after re-checking what is there: a result
+        of another configuration that appeared while this job ran (a process that ignored the lock) is never
+        overwritten; this job's result then goes to `result.<hash>.json` and the job fails with one line."""
         path = self.path / RESULT_FILE
         done = read_result(path)
         if done is not None and not same_config(done, self.cfg_hash) and not (self.force and
                                                                                done.config_hash == self.found):
             aside = self.path / f"result.{self.cfg_hash}.json"
-            atomic_write_json(aside, result)
+            atomic_write_json(aside, encode(result))
             raise ConfigMismatchError(
                 f"{path} was written by another configuration (hash {done.config_hash}) while this job "
                 f"({self.cfg_hash}) ran: not overwritten, this job's result is in {aside}; give the two "
                 "configurations different directories (paths.out_dir)")
-        atomic_write_json(path, result)
+        atomic_write_json(path, encode(result))
         return path
 

@@ -344,7 +344,8 @@ def fit_columns(result: MdlResult, mdl: MdlRecord) -> dict[str, Any]:
 
 def _result_row(result: Result, job_dir: str) -> dict[str, Any]:
     """The row of an MDL result: done; failed when its MDL is not finite; incomplete without an mdl section.
-    Raises (KeyError, TypeError, ValueError) on a malformed config or mdl section."""
+    Raises (KeyError, TypeError, ValueError) on a malformed config or mdl section (a malformed `final` is refused
+    by the codec: result_codec.decode)."""
     assert isinstance(result, MdlResult) and result.config is not None
     row = {**_cell_from_config(dict(result.config), result.numerics_version), "job_dir": job_dir,
            "status": "done", "commit": commit_of(result), "data": data_of(result)}
@@ -358,9 +359,6 @@ def _result_row(result: Result, job_dir: str) -> dict[str, Any]:
         return {**row, "status": "failed", "error": f"non-finite MDL (bits_per_sample={bits}, legacy={legacy}): "
                                                       "not counted as a seed"}
     row.update(protocol=mdl.protocol or row["protocol"], bits_per_sample=bits, legacy=legacy)
-    written = result.sections["final"] if "final" in result.sections else None
-    if written and result.final is None:
-        raise TypeError(f"final is a {type(written).__name__}")
     final = result.final
     val_loss = final.val_loss_bits if final is not None else math.nan
     row["final_val_loss"] = math.nan if val_loss is None else val_loss

@@ -104,13 +104,13 @@ def decode(raw: Any) -> Result:
     if not isinstance(raw, Mapping):
         raise MalformedResultError(f"not a JSON object (a {type(raw).__name__})")
     data = upgrade(raw)
-    config, task = at(data, "config"), text(data["task"]) or "mdl"
+    config, task = at(data, "config"), text(at(data, "task")) or "mdl"
     sections = {k: v for k, v in data.items() if k not in ENVELOPE_KEYS}
     tail = tuple(k for k in data if k in TAIL_KEYS)
     common: dict[str, Any] = dict(
         config_hash=text(at(data, "config_hash")) or "",
-        hash_version=_int(data["hash_version"], 1), numerics_version=_int(data["numerics_version"], 1),
-        schema_version=data["schema_version"], task=task,
+        hash_version=_int(at(data, "hash_version"), 1), numerics_version=_int(at(data, "numerics_version"), 1),
+        schema_version=RESULT_SCHEMA, task=task,
         config=config if isinstance(config, Mapping) else None,
         job_dir=text(at(data, "job_dir")), sections=sections, device=text(at(data, "device")),
         timings=mapping(at(data, "timings")), provenance=Provenance.of(at(data, "provenance")),

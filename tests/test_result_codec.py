@@ -119,3 +119,16 @@ def test_the_aggregate_reads_every_stored_version(tmp_path: Path) -> None:
         row = df[df.job_dir.str.endswith(JobPath.parse(raw["job_dir"]).subdir)].iloc[0]  # type: ignore[union-attr]
         assert row.bits_per_sample == raw["mdl"]["bits_per_sample"]
         assert math.isclose(row.n_coded, raw["eraser"]["fit"]["n_coded"])
+
+
+def test_a_job_directory_writes_and_reads_through_the_codec(tmp_path: Path) -> None:
+    from training.app.results import JobDir, read_result
+
+    raw = _raw(CURRENT)
+    job = JobDir(tmp_path, raw["config_hash"])
+    job.write_result(decode(raw))
+    assert json.loads((tmp_path / "result.json").read_text()) == raw
+    done = job.finished()
+    assert isinstance(done, MdlResult) and encode(done) == raw  # SKIP: the stored result, typed
+    (tmp_path / "result.json").write_text(json.dumps({**raw, "schema_version": RESULT_SCHEMA + 1}))
+    assert read_result(tmp_path / "result.json") is None  # a newer schema: not read (warned), never reused

@@ -34,18 +34,18 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from scripts.aggregate_collect import collect_dir, collect_experiment
 from scripts.aggregate_render import latex, markdown, other_task_tables, plot_stems
 from scripts.aggregate_summary import commit_problems, data_problems, increase_over_control, summarize
+from training.app.result_types import Result
 from training.app.schema import load_config
 
 
 # --- main -------------------------------------------------------------------------------------------------
-def write_all(df: pd.DataFrame, results: list[dict[str, Any]], out: Path, name: str, title: str) -> str:
+def write_all(df: pd.DataFrame, results: list[Result], out: Path, name: str, title: str) -> str:
     out.mkdir(parents=True, exist_ok=True)
     text = ""
     if len(df):

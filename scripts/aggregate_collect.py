@@ -19,6 +19,8 @@ import pandas as pd
 
 from scripts.tables import PROBES
 from training.app.job_paths import JobPath
+from training.app.result_codec import FIT_DEFAULTS, REPEAT_KEY, MalformedResultError, legacy_fold, read
+from training.app.result_types import BlockRecord, Certificate, MdlRecord, MdlResult, Result, number
 from training.app.results import same_config, stored_config
 
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
@@ -30,17 +32,12 @@ CELL = [*ROW_KEY, "eraser"]
 SHOWN = {"seed", "dataset.tag", "dataset.name", "arch.tag", "arch.name", "arch.activation", "arch.width",
          "arch.depth", "eraser.name", "eraser.fit_on"}
 # Keys that are not identity: the repeats of a cell (repeated holdout) are combined, a permuted-label run is the null
-# of its cell. `eraser.repeat` names the repeat; a result written before it names it `eraser.fold`.
-FOLD_KEY, REPEAT_KEY, NULL_KEY = "eraser.fold", "eraser.repeat", "dataset.permute_labels"
-REPEAT_KEYS = (REPEAT_KEY, FOLD_KEY)
-# Keys added with issue 21 whose defaults live in conf/config.yaml, not in the schema: a result written before them
-# ran exactly like these values (the eraser fitted on the coded data, no folds, true labels, erased before augment).
-FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_source": "split", "eraser.fit_fraction": 0.2, REPEAT_KEY: 0,
-                "eraser.n_fit": None, "eraser.after_augment": False, NULL_KEY: False}
+# of its cell. `eraser.repeat` names the repeat (result_codec reads a result's older `eraser.fold` as it).
+NULL_KEY = "dataset.permute_labels"
 SPLIT_MODES = ("holdout", "self")  # fit modes with a random split of the training rows (and so repeats)
 # The eraser.fit keys a fit mode does not use (no effect on its job; INTERFACE.md: not in the hash).
-UNUSED_FIT_KEYS = {"all": ("eraser.fit_fraction", FOLD_KEY, REPEAT_KEY, "eraser.fit_source", "eraser.n_fit"),
-                   "oracle": ("eraser.fit_fraction", FOLD_KEY, REPEAT_KEY, "eraser.fit_source")}
+UNUSED_FIT_KEYS = {"all": ("eraser.fit_fraction", REPEAT_KEY, "eraser.fit_source", "eraser.n_fit"),
+                   "oracle": ("eraser.fit_fraction", REPEAT_KEY, "eraser.fit_source")}
 # Comparisons: the erasers of a table row, the widths of one eraser (MDL vs width), its depths.
 UNITS = [["dataset", "arch", "width", "depth"], ["dataset", "arch", "depth", "eraser", "variant"],
          ["dataset", "arch", "width", "eraser", "variant"]]
@@ -84,19 +81,17 @@ def _read(path: Path) -> Any:
         return None
 
 
-def _load_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+def _load_result(path: Path) -> tuple[Result | None, str | None]:
     """(result, None), or (None, why) for a file that is not a result (None, None: absent)."""
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None, None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        result = read(path)
+    except MalformedResultError as e:
+        return None, str(e)
+    except OSError as e:
         return None, f"not readable JSON ({type(e).__name__}: {e})"
-    if not isinstance(data, dict):
-        return None, f"not a JSON object (a {type(data).__name__})"
-    if not isinstance(data.get("config"), dict):
+    if result is not None and result.config is None:
         return None, "no config"
-    return data, None
+    return result, None
 
 
 @functools.cache
@@ -139,13 +134,6 @@ def _paper_value(flat: dict[str, Any], key: str) -> Any:
     return flat.get(f"arch.paper_optim.{key.split('.', 1)[1]}")
 
 
-def _legacy_fold(flat: dict[str, Any]) -> dict[str, Any]:
-    """eraser.fold (results written before eraser.repeat) read as eraser.repeat."""
-    if FOLD_KEY in flat:
-        flat.setdefault(REPEAT_KEY, flat.pop(FOLD_KEY))
-    return flat
-
-
 def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
     """The semantic config (flat, dotted keys) as results are compared: what the job hash covers, as the result
     recorded it (no defaults filled in for keys added since: those read "?"; except FIT_DEFAULTS, whose absence
@@ -156,7 +144,7 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
     from training.app.results import flatten
     from training.app.schema import semantic
 
-    flat = _legacy_fold({k: v for k, v in flatten(semantic(cfg, fill_defaults=False)).items() if not _dead(k)})
+    flat = legacy_fold({k: v for k, v in flatten(semantic(cfg, fill_defaults=False)).items() if not _dead(k)})
     for key, default in FIT_DEFAULTS.items():
         flat.setdefault(key, default)
     fit_on = flat["eraser.fit_on"]
@@ -178,25 +166,17 @@ def _identity_columns(cfg: dict[str, Any], numerics_version: Any = None) -> dict
     """`settings`: what must be equal for two results to be compared (all but labels, eraser and seed);
     `eraser_settings`: the eraser's options (its variants). Neither holds the fold (folds are combined) nor
     dataset.permute_labels (a null run belongs to the cell of its true-label runs)."""
-    flat = {k: v for k, v in config_identity(cfg, numerics_version).items() if k not in (*REPEAT_KEYS, NULL_KEY)}
+    flat = {k: v for k, v in config_identity(cfg, numerics_version).items() if k not in (REPEAT_KEY, NULL_KEY)}
     settings = {k: v for k, v in flat.items() if k not in SHOWN and not k.startswith("eraser.")}
     eraser = {k: v for k, v in flat.items() if k.startswith("eraser.") and k not in SHOWN}
     return {"settings": json.dumps(settings, sort_keys=True, default=str),
             "eraser_settings": json.dumps(eraser, sort_keys=True, default=str)}
 
 
-def stored_view(cfg: dict[str, Any]) -> dict[str, Any]:
-    """`stored_config` with FIT_DEFAULTS for the keys a result written before them lacks."""
-    view = _legacy_fold(stored_config(cfg))
-    for key, default in FIT_DEFAULTS.items():
-        view.setdefault(key, default)
-    return view
-
-
 def _cell_from_config(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
-    c = stored_view(cfg)
+    c = stored_config(cfg)  # older spellings read as today's (result_codec.config_view)
     fit_on = str(c["eraser.fit_on"])
-    repeat = next((c[k] for k in REPEAT_KEYS if c.get(k) is not None), 0)
+    repeat = c[REPEAT_KEY] or 0
     return {"dataset": c["dataset.tag"], "arch": c["arch.tag"], "width": int(c["arch.width"]),
             "depth": int(c["arch.depth"]), "eraser": str(c["eraser.name"]), "seed": int(c["seed"]),
             "fit_on": fit_on, "fold": int(repeat) if fit_on in SPLIT_MODES else 0,
@@ -290,144 +270,111 @@ def _cell_dir(job_dir: str) -> str:
     return str(Path(job_dir).parent) if p is not None and p.cell is not None else ""
 
 
-def commit_of(result: dict[str, Any]) -> str:
+def commit_of(result: Result) -> str:
     """The code version a result was computed with: its commit (10 hex digits, `+dirty` with uncommitted
     changes), or UNKNOWN_COMMIT (written without provenance, or outside a git checkout)."""
-    prov = result.get("provenance")
-    code = prov.get("code") if isinstance(prov, dict) else None
-    commit = code.get("commit") if isinstance(code, dict) else None
-    if not isinstance(code, dict) or not isinstance(commit, str) or not commit:
+    prov = result.provenance
+    if prov is None or prov.commit is None:
         return UNKNOWN_COMMIT
-    return commit[:10] + ("+dirty" if code.get("dirty") is True else "")
+    return prov.commit[:10] + ("+dirty" if prov.dirty else "")
 
 
-def data_of(result: dict[str, Any]) -> str | None:
+def data_of(result: Result) -> str | None:
     """The identity of the data a result was computed on: its `dataset.fingerprint` content hash (the loaded
     arrays', before any label permutation), or None for a result written without one."""
-    info = result.get("dataset")
-    fingerprint = info.get("fingerprint") if isinstance(info, dict) else None
-    content = fingerprint.get("content") if isinstance(fingerprint, dict) else None
-    return content if isinstance(content, str) and content else None
+    fingerprint = result.dataset.fingerprint
+    return fingerprint.content if fingerprint is not None and fingerprint.content else None
 
 
-def as_number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+as_number = number
 
 
-def _label_entropy(result: dict[str, Any], mdl: dict[str, Any]) -> tuple[float, str]:
+def _label_entropy(result: MdlResult, mdl: MdlRecord | None) -> tuple[float, str]:
     """(bits, source) the null's MDL is compared with: the entropy of the class prior where the result gives it
-    (result["dataset"]["class_counts"], or the certificate's `chance_loss_bits`: the prior-only code of the coded
-    labels), else log2 K (K: mdl.num_classes, or result["dataset"]["num_classes"]); (NaN, "") without either."""
-    info = result.get("dataset")
-    info = info if isinstance(info, dict) else {}
-    counts = info.get("class_counts")
-    if isinstance(counts, list) and counts and all(as_number(c) is not None and c >= 0 for c in counts) \
-            and sum(counts) > 0:
+    (`dataset.class_counts`, or the certificate's `chance_loss_bits`: the prior-only code of the coded labels),
+    else log2 K (K: mdl.num_classes, or dataset.num_classes); (NaN, "") without either."""
+    counts = result.dataset.class_counts
+    if counts is not None and sum(counts) > 0:
         total = float(sum(counts))
         return -sum(c / total * math.log2(c / total) for c in counts if c > 0), "H(prior)"
-    cert = result.get("certificate")
     for side in ("after", "before"):
-        scores = cert.get(side) if isinstance(cert, dict) else None
-        value = as_number(scores.get("chance_loss_bits")) if isinstance(scores, dict) else None
-        if value is not None and math.isfinite(value):
+        value = result.certificate.score("chance_loss_bits", side)
+        if math.isfinite(value):
             return value, "H(prior)"
-    k = as_number(mdl.get("num_classes"))
-    k = k if k is not None else as_number(info.get("num_classes"))
+    k = mdl.num_classes if mdl is not None else None
+    k = k if k is not None else result.dataset.num_classes
     return (math.log2(k), "log2 K") if k is not None and k >= 1 else (math.nan, "")
 
 
-def _probe_columns(after: dict[str, Any]) -> dict[str, Any]:
+def _probe_columns(cert: Certificate) -> dict[str, Any]:
     """The certificate's out-of-sample probe scores (NaN / None where absent: an older certificate)."""
-    row: dict[str, Any] = {}
-    for key in PROBE_NUMBERS:
-        value = as_number(after.get(key))
-        row[key] = math.nan if value is None else value
+    row: dict[str, Any] = {key: cert.score(key) for key in PROBE_NUMBERS}
     for probe in PROBES:
-        flag, verdict = after.get(f"{probe}_probe_below_chance"), after.get(f"{probe}_probe_verdict")
-        row[f"{probe}_probe_below_chance"] = flag if isinstance(flag, bool) else None
-        row[f"{probe}_probe_verdict"] = verdict if isinstance(verdict, str) else None
+        row[f"{probe}_probe_below_chance"] = cert.flag(f"{probe}_probe_below_chance")
+        row[f"{probe}_probe_verdict"] = cert.verdict(f"{probe}_probe_verdict")
     return row
 
 
-def at_cap(block: dict[str, Any]) -> bool | None:
+def at_cap(block: BlockRecord) -> bool | None:
     """Whether a block model stopped at the cap (see CAP_TAIL); None when its result does not say."""
-    epochs, best = as_number(block.get("epochs")), as_number(block.get("best_epoch"))
-    reason = block.get("stop_reason")
-    if not isinstance(reason, str) or epochs is None or best is None:
+    epochs, best, reason = block.epochs, block.best_epoch, block.stop_reason
+    if reason is None or epochs is None or best is None:
         return None
     tail = max(1, math.ceil(CAP_TAIL * epochs))
     return reason == "max_epochs" and best > epochs - tail
 
 
-def budget_columns(mdl: dict[str, Any]) -> dict[str, float]:
+def budget_columns(mdl: MdlRecord) -> dict[str, float]:
     """Per run: block models with a known stop reason, those stopped by each reason, and those at the cap."""
-    blocks = [b for b in mdl.get("blocks") or [] if isinstance(b, dict)]
-    caps = [c for c in (at_cap(b) for b in blocks) if c is not None]
+    caps = [c for c in (at_cap(b) for b in mdl.blocks) if c is not None]
     out = {"blocks_known": float(len(caps)) if caps else math.nan,
            "blocks_at_cap": float(sum(caps)) if caps else math.nan}
     for reason in STOP_REASONS:
-        out[f"blocks_{reason}"] = float(sum(b.get("stop_reason") == reason for b in blocks)) if caps else math.nan
+        out[f"blocks_{reason}"] = float(sum(b.stop_reason == reason for b in mdl.blocks)) if caps else math.nan
     return out
 
 
-def erasure_record(result: dict[str, Any]) -> dict[str, Any]:
-    """result.json's `eraser` section (what the erasure did: fit, report; {} where absent): a record, not config."""
-    record = result.get("eraser")
-    return record if isinstance(record, dict) else {}
-
-
-def fit_columns(result: dict[str, Any], mdl: dict[str, Any]) -> dict[str, Any]:
+def fit_columns(result: MdlResult, mdl: MdlRecord) -> dict[str, Any]:
     """result.json eraser.fit (INTERFACE.md): fit_source, n_fit, n_coded (mdl.n_coded where fit lacks it)."""
-    fit = erasure_record(result).get("fit")
-    fit = fit if isinstance(fit, dict) else {}
-    n_fit, n_coded = as_number(fit.get("n_fit")), as_number(fit.get("n_coded"))
-    n_coded = n_coded if n_coded is not None else as_number(mdl.get("n_coded"))
-    source = fit.get("fit_source")
-    return {"fit_source": source if isinstance(source, str) else "", "n_fit": math.nan if n_fit is None else n_fit,
+    fit = result.erasure.fit
+    n_coded = fit.n_coded if fit.n_coded is not None else mdl.n_coded
+    return {"fit_source": fit.fit_source or "", "n_fit": math.nan if fit.n_fit is None else fit.n_fit,
             "n_coded": math.nan if n_coded is None else n_coded}
 
 
-def _result_row(result: dict[str, Any], job_dir: str) -> dict[str, Any]:
+def _result_row(result: Result, job_dir: str) -> dict[str, Any]:
     """The row of an MDL result: done; failed when its MDL is not finite; incomplete without an mdl section.
-    Raises (KeyError, TypeError, ValueError) on a malformed config or mdl section."""
-    numerics = result.get("numerics_version")
-    row = {**_cell_from_config(result["config"], numerics), "job_dir": job_dir, "status": "done",
-           "commit": commit_of(result), "data": data_of(result)}
-    mdl, final = result.get("mdl"), result.get("final") or {}
-    if not isinstance(mdl, dict):
+    Raises (KeyError, TypeError, ValueError) on a malformed config or mdl section (a malformed `final` is refused
+    by the codec: result_codec.decode)."""
+    assert isinstance(result, MdlResult) and result.config is not None
+    row = {**_cell_from_config(dict(result.config), result.numerics_version), "job_dir": job_dir,
+           "status": "done", "commit": commit_of(result), "data": data_of(result)}
+    mdl = result.mdl
+    if mdl is None:
         return {**row, "status": "incomplete", "error": "result.json has no mdl section"}
-    bits, legacy = as_number(mdl.get("bits_per_sample")), as_number(mdl.get("legacy", math.nan))
+    bits, legacy = as_number(mdl.bits_per_sample), as_number(mdl.legacy)
     if bits is None or legacy is None:
-        raise ValueError(f"mdl.bits_per_sample / mdl.legacy not numbers: {mdl.get('bits_per_sample')!r}, "
-                         f"{mdl.get('legacy')!r}")
-    if not (math.isfinite(bits) and (math.isfinite(legacy) or "legacy" not in mdl)):
+        raise ValueError(f"mdl.bits_per_sample / mdl.legacy not numbers: {mdl.bits_per_sample!r}, {mdl.legacy!r}")
+    if not (math.isfinite(bits) and (math.isfinite(legacy) or not mdl.has_legacy)):
         return {**row, "status": "failed", "error": f"non-finite MDL (bits_per_sample={bits}, legacy={legacy}): "
                                                       "not counted as a seed"}
-    row.update(protocol=mdl.get("protocol", row["protocol"]), bits_per_sample=bits, legacy=legacy)
-    if not isinstance(final, dict):
-        raise TypeError(f"final is a {type(final).__name__}")
-    row["final_val_loss"] = as_number(final.get("val_loss_bits", math.nan))
-    if row["final_val_loss"] is None:
-        row["final_val_loss"] = math.nan
-    after = (result.get("certificate") or {}).get("after") or {}
+    row.update(protocol=mdl.protocol or row["protocol"], bits_per_sample=bits, legacy=legacy)
+    final = result.final
+    val_loss = final.val_loss_bits if final is not None else math.nan
+    row["final_val_loss"] = math.nan if val_loss is None else val_loss
     for key in CERT:
-        value = as_number(after.get(key))
-        row[key] = math.nan if value is None else value
-    row.update(_probe_columns(after))
+        row[key] = result.certificate.score(key)
+    row.update(_probe_columns(result.certificate))
     row["ref_bits"], row["ref_kind"] = _label_entropy(result, mdl)
-    info = result.get("dataset")
-    if isinstance(info, dict) and info.get("permuted_labels") is True:
+    if result.dataset.permuted_labels:
         row["null"] = True  # a null run, whatever its config says
-    fit = erasure_record(result).get("fit")
-    folds = as_number(fit.get("folds")) if isinstance(fit, dict) else None
+    folds = result.erasure.fit.folds
     row["folds_total"] = math.nan if folds is None else int(folds)
-    report = erasure_record(result).get("report") or {}
     for key in REPORT:
-        value = as_number(report.get(key))
-        row[key] = math.nan if value is None else value
+        row[key] = result.erasure.report_number(key)
     row.update(budget_columns(mdl))
     row.update(fit_columns(result, mdl))
-    row["curve"] = final.get("val_loss_curve") or []
+    row["curve"] = list(final.val_loss_curve) if final is not None else []
     return row
 
 
@@ -453,11 +400,11 @@ def _unfinished_row(cell: dict[str, Any], job_dir: Path, failed: dict[str, str])
     return row
 
 
-def is_mdl_task(result: dict[str, Any]) -> bool:
-    return not isinstance(result.get("config"), dict) or stored_config(result["config"])["task"] == "mdl"
+def is_mdl_task(result: Result) -> bool:
+    return result.task == "mdl"
 
 
-def collect_dir(root: Path) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+def collect_dir(root: Path) -> tuple[pd.DataFrame, list[Result]]:
     """Rows of every MDL result.json under root plus failed/partial jobs found there; and all parsed results.
     A file that is not a result is a warning naming it (and a `malformed` row when its path names a job); an
     MDL result without an mdl section is `incomplete`; one whose MDL is not finite is `failed`."""
@@ -502,7 +449,7 @@ def _group_order(group: Any) -> tuple[Any, ...]:
                  for v in values))
 
 
-def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[Result]]:
     """Exactly the jobs of a preset, in launch order; jobs without a matching result are listed as such. Groups
     come from the preset's configs (a result counts only when its config hashes to its job's)."""
     from training.app.schema import config_hash
@@ -512,7 +459,7 @@ def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[
     out_dirs = {Path(c["paths"]["out_dir"]) for c in cfgs}
     failed = failed_jobs([d / "runs" for d in out_dirs])
     rows: list[dict[str, Any]] = []
-    results: list[dict[str, Any]] = []
+    results: list[Result] = []
     for cfg in cfgs:
         job_dir = Path(cfg["paths"]["job_dir"])
         path = job_dir / "result.json"
@@ -537,7 +484,7 @@ def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[
                 rows.append({**cell, "job_dir": str(job_dir), "status": "malformed", "error": str(e)})
         elif result is not None:
             rows.append({**cell, "job_dir": str(job_dir), "status": "other-config",
-                         "error": f"result.json holds config {result.get('config_hash')}"})
+                         "error": f"result.json holds config {result.config_hash or None}"})
         elif why is not None:
             rows.append({**cell, "job_dir": str(job_dir), "status": "malformed", "error": why})
         else:

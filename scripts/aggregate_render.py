@@ -36,6 +36,8 @@ from scripts.tables import (
     md_table,
     require_one_group,
 )
+from training.app.result_codec import encode
+from training.app.result_types import Result
 
 LABEL_NAMES = {"dataset": "dataset", "arch": "arch", "width": "w", "depth": "d", "fit_on": "fit on",
                "variant": "variant"}  # the row label columns of a table (fit on, variant: only when they vary)
@@ -503,20 +505,21 @@ def gs_module() -> Any:
     return aggregate_gs
 
 
-def other_task_tables(results: list[dict[str, Any]], out: Path | None = None) -> dict[str, str]:
+def other_task_tables(results: list[Result], out: Path | None = None) -> dict[str, str]:
     """Tables (and, with `out`, plots) from scripts/aggregate_gs.py (Spectral Decoupling; it picks the results it
     knows: tasks other than mdl, and MDL runs with a regularizer). Its failure is reported, not fatal."""
     if not results:
         return {}
     others = sum(not is_mdl_task(r) for r in results)
+    written = [encode(r) for r in results]  # aggregate_gs reads result.json as written
     try:
         module = gs_module()
-        tables = dict(module.tables(results))
+        tables = dict(module.tables(written))
         if others and not tables:
             print(f"note: {others} result(s) of other tasks have no table here (scripts/aggregate_gs.py made none)",
                   file=sys.stderr)
         if out is not None and tables:
-            for path in module.plots(results, out):
+            for path in module.plots(written, out):
                 print(f"wrote {path}")
         return tables
     except Exception as e:  # noqa: BLE001 - the MDL tables stand on their own

@@ -42,6 +42,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import erasure
+    from training.app.result_codec import decode
     from training.mdl.job import run_job
 
     fits = 0
@@ -60,7 +61,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     result = run_job(cfg).result
     seconds = time.perf_counter() - t0
     assert result is not None, "the bench job skipped (force=true should rerun it)"
-    cuda = str(result.get("device", "cpu")).startswith("cuda")
+    cuda = str(decode(result).device).startswith("cuda")
     peak = (torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     return {"seconds": seconds, "erase_s": result["timings"]["erase_s"], "cache_hit": result["eraser"]["cache_hit"],
             "fits": fits, "peak_mb": peak / 2**20}

@@ -15,7 +15,6 @@ covariances) only "below H(Y)" is known and no error is printed.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -53,19 +52,21 @@ Options = dict[tuple[Any, ...], list[dict[str, Any]]]
 
 def collect(root: Path, experiment: str) -> tuple[Cells, Options]:
     """Per cell, the MDL of each fit_on's runs, and the distinct dataset options of its runs (one per data seed)."""
+    from training.app.result_codec import MalformedResultError, read
+    from training.app.result_types import MdlResult, number
     from training.app.schema import NUMERICS
 
     cells: Cells = defaultdict(lambda: defaultdict(list))
     options: Options = {}
     for path in sorted(root.rglob("result.json")):
         try:
-            result = json.loads(path.read_text())
-            cfg = result["config"]
-            bits = float(result["mdl"]["bits_per_sample"])
-            name = cfg["experiment_name"]
-        except (OSError, ValueError, KeyError, TypeError):
+            result = read(path)
+        except (OSError, MalformedResultError):
             continue
-        if name != experiment or result.get("numerics_version") != NUMERICS:
+        if not isinstance(result, MdlResult) or result.mdl is None or result.config is None:
+            continue
+        cfg, bits = result.config, number(result.mdl.bits_per_sample)
+        if bits is None or cfg.get("experiment_name") != experiment or result.numerics_version != NUMERICS:
             continue
         d, e = cfg["dataset"], cfg["eraser"]
         key = (d["name"], float(d.get("cov_gap", 0.0)), float(d["rows_per_dim"]), e["name"], int(d["num_classes"]))

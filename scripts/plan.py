@@ -35,6 +35,7 @@ from hydra.errors import HydraException
 
 from scripts.gpu_report_model import Report
 from training.app.lifecycle import PROGRESS_FILE
+from training.app.result_types import number
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import config_hash, load_config
 from training.app.sweep_jobs import expand_overrides
@@ -159,10 +160,10 @@ def finished_costs(jobs: Sequence[Job]) -> dict[tuple[str, str], Cost]:
     for job in jobs:
         if job.status != "done":
             continue
-        result = read_result(job.job_dir / RESULT_FILE) or {}
-        total = (result.get("timings") or {}).get("total_s")
-        if isinstance(total, int | float):
-            kind = "gpu" if str(result.get("device", "")).startswith("cuda") else "cpu"
+        result = read_result(job.job_dir / RESULT_FILE)
+        total = number(result.timings.get("total_s")) if result is not None else None
+        if result is not None and total is not None:
+            kind = "gpu" if str(result.device).startswith("cuda") else "cpu"
             seen[kind, job.arch].append(float(total))
             dates[kind, job.arch].append(_date(job.job_dir / RESULT_FILE))
     return {k: Cost(statistics.median(v), f"median of {len(v)} finished job(s) of this sweep "

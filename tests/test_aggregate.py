@@ -13,6 +13,7 @@ import pytest
 
 from scripts import aggregate, aggregate_collect, aggregate_render, aggregate_summary
 from scripts.tables import MixedGroupsError, group_label, groups_in
+from training.app.result_codec import decode
 
 
 def _config(dataset: str, eraser: str, arch: str, width: int, depth: int, seed: int, task: str = "mdl") -> dict:
@@ -179,10 +180,10 @@ def test_other_tasks_go_to_aggregate_gs_when_present(tmp_path: Path, monkeypatch
         raise KeyError("train")
 
     monkeypatch.setattr(aggregate_render, "gs_module", lambda: SimpleNamespace(tables=tables))
-    assert aggregate_render.other_task_tables([{"config": {"task": "x"}}]) == {"gs": "| gs | 1 results |\n"}
+    assert aggregate_render.other_task_tables([decode({"config": {"task": "x"}})]) == {"gs": "| gs | 1 results |\n"}
     assert aggregate_render.other_task_tables([]) == {}
     monkeypatch.setattr(aggregate_render, "gs_module", lambda: SimpleNamespace(tables=broken))
-    assert aggregate_render.other_task_tables([{"config": {"task": "x"}}]) == {}  # reported on stderr, not fatal
+    assert aggregate_render.other_task_tables([decode({"config": {"task": "x"}})]) == {}  # on stderr, not fatal
 
 
 def test_no_results_is_an_error(tmp_path: Path) -> None:

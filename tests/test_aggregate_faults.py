@@ -278,6 +278,7 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
     from omegaconf import OmegaConf
 
     from training.app.lifecycle import Outcome
+    from training.app.result_codec import decode, encode
     from training.app.results import JobDir
     from training.cli.ledger import LEDGER_ENV, JobStatusCallback, read_ledger, summary_line
 
@@ -299,20 +300,20 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
         callback.on_job_end(config, JobReturn(status=status, _return_value=returned))
 
     def computes() -> Outcome:
-        JobDir(dirs[0], h).write_result(result)
+        JobDir(dirs[0], h).write_result(decode(result))
         return Outcome("done", dirs[0], result)
 
     run(0, computes)
 
     def waits_then_finds() -> Outcome:
-        JobDir(dirs[1], h).write_result(copy.deepcopy(result))  # the other sweep's identical job, meanwhile
+        JobDir(dirs[1], h).write_result(decode(copy.deepcopy(result)))  # the other sweep's identical job, meanwhile
         done = JobDir(dirs[1], h).finished()  # this job, once it has the lock: SKIP
         assert done is not None
-        return Outcome("skipped", dirs[1], done)
+        return Outcome("skipped", dirs[1], encode(done))
 
     run(1, waits_then_finds)
-    JobDir(dirs[2], h).write_result(result)  # finished before this sweep started
-    run(2, lambda: Outcome("skipped", dirs[2], JobDir(dirs[2], h).finished()))
+    JobDir(dirs[2], h).write_result(decode(result))  # finished before this sweep started
+    run(2, lambda: Outcome("skipped", dirs[2], encode(JobDir(dirs[2], h).finished())))
     run(3, lambda: Outcome("reused", dirs[3], result))  # the same configuration's result in its pre-v2 directory
     run(4, lambda: ValueError("bad"))
     entries = sorted(read_ledger(ledger), key=lambda e: e["num"])

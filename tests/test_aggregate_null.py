@@ -20,6 +20,8 @@ import pytest
 from scripts import aggregate, aggregate_collect, aggregate_render, aggregate_summary, claims
 from scripts.tables import groups_in
 from tests.helpers import fixture_job_dir
+from training.app.result_codec import decode
+from training.app.result_types import MdlRecord
 
 LOG2_10 = math.log2(10)
 
@@ -165,11 +167,13 @@ def test_an_unfinished_null_run_is_listed_as_one_and_is_no_missing_seed_of_its_c
 def test_label_entropy_is_the_class_prior_where_the_result_gives_it(tmp_path: Path) -> None:
     counts = [50] * 5 + [150] * 5
     h = -sum(c / 1000 * math.log2(c / 1000) for c in counts)
-    assert aggregate_collect._label_entropy({"dataset": {"class_counts": counts}}, {"num_classes": 10}) == \
-        (pytest.approx(h), "H(prior)")
-    cert = {"after": {"chance_loss_bits": 3.2}}
-    assert aggregate_collect._label_entropy({"certificate": cert}, {"num_classes": 10}) == (3.2, "H(prior)")
-    assert aggregate_collect._label_entropy({"dataset": {"num_classes": 4}}, {}) == (2.0, "log2 K")
+    def entropy(result: dict[str, Any], mdl: dict[str, Any]) -> tuple[float, str]:
+        return aggregate_collect._label_entropy(decode({"config": {}, **result}), MdlRecord.of(mdl))
+
+    assert entropy({"dataset": {"class_counts": counts}}, {"num_classes": 10}) == (pytest.approx(h), "H(prior)")
+    assert entropy({"certificate": {"after": {"chance_loss_bits": 3.2}}}, {"num_classes": 10}) == (3.2, "H(prior)")
+    assert entropy({"dataset": {"num_classes": 4}}, {}) == (2.0, "log2 K")
+    assert entropy({"dataset": {"class_counts": [1, -1]}}, {"num_classes": 8}) == (3.0, "log2 K")  # not counts
     root = tmp_path / "runs"
     for seed in range(2):
         _write(root, _cfg("control", seed), 1.0)

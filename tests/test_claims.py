@@ -13,6 +13,7 @@ import pytest
 from scripts import claims
 from scripts.aggregate_collect import at_cap
 from scripts.tables import INJECTION, bias_flag, bias_noise
+from training.app.result_types import BlockRecord
 
 LOG2_10 = math.log2(10)
 SEEDS = range(claims.MIN_SEEDS)
@@ -178,14 +179,14 @@ def test_null_flag_uses_the_nulls_own_se_with_a_floor() -> None:
 # --- budget-bound -----------------------------------------------------------------------------------------------
 
 def test_at_the_cap_means_stopped_by_max_epochs_with_the_best_epoch_at_the_end() -> None:
-    assert at_cap({"epochs": 60, "best_epoch": 58, "stop_reason": "max_epochs"}) is True
-    assert at_cap({"epochs": 60, "best_epoch": 55, "stop_reason": "max_epochs"}) is True  # last 10%: 55–60
-    assert at_cap({"epochs": 60, "best_epoch": 54, "stop_reason": "max_epochs"}) is False
-    assert at_cap({"epochs": 60, "best_epoch": 60, "stop_reason": "patience"}) is False
+    assert at_cap(BlockRecord.of({"epochs": 60, "best_epoch": 58, "stop_reason": "max_epochs"})) is True
+    assert at_cap(BlockRecord.of({"epochs": 60, "best_epoch": 55, "stop_reason": "max_epochs"})) is True  # last 10%
+    assert at_cap(BlockRecord.of({"epochs": 60, "best_epoch": 54, "stop_reason": "max_epochs"})) is False
+    assert at_cap(BlockRecord.of({"epochs": 60, "best_epoch": 60, "stop_reason": "patience"})) is False
     # the step floor ran a small block past max_epochs=8: its own epochs count
-    assert at_cap({"epochs": 300, "best_epoch": 290, "stop_reason": "max_epochs"}) is True
-    assert at_cap({"epochs": 300, "best_epoch": 40, "stop_reason": "max_epochs"}) is False
-    assert at_cap({"epochs": 60, "best_epoch": 58}) is None  # written before stop reasons
+    assert at_cap(BlockRecord.of({"epochs": 300, "best_epoch": 290, "stop_reason": "max_epochs"})) is True
+    assert at_cap(BlockRecord.of({"epochs": 300, "best_epoch": 40, "stop_reason": "max_epochs"})) is False
+    assert at_cap(BlockRecord.of({"epochs": 60, "best_epoch": 58})) is None  # written before stop reasons
 
 
 def test_a_cell_with_more_than_a_fifth_of_its_block_models_at_the_cap_is_budget_bound() -> None:

@@ -92,8 +92,9 @@ def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> Non
         _check_provenance(on_disk["provenance"], t0, t1)
     # scripts/aggregate.py reads exactly these keys
     from scripts.aggregate_collect import UNKNOWN_COMMIT, commit_of
+    from training.app.result_codec import decode
 
-    assert (commit_of(mdl) != UNKNOWN_COMMIT) is (REPO / ".git").exists()
+    assert (commit_of(decode(mdl)) != UNKNOWN_COMMIT) is (REPO / ".git").exists()
 
 
 def test_2_outside_a_git_checkout_commit_and_dirty_are_null(tmp_path: Path) -> None:

@@ -30,6 +30,9 @@ from typing import Any, Literal
 import torch
 
 from training.app.provenance import now_utc, provenance
+from training.app.result_codec import encode, new_result
+from training.app.result_types import Fingerprint as FingerprintRecord
+from training.app.result_types import Result, at
 from training.app.results import JobDir, legacy_result
 from training.app.schema import HASH_VERSION, NUMERICS, JobConfig, config_hash, load_config
 from training.common.files import atomic_write_json, read_json
@@ -117,45 +120,28 @@ Precheck = Callable[[JobConfig, torch.device, Any, bool], Any]
 Fingerprint = Callable[[JobConfig], DataOnDisk]  # the identity of the data a job would read now (and that data)
 
 
-def stale_reason(done: Mapping[str, Any], cfg: JobConfig, complete: tuple[str, ...],
+def stale_reason(done: Result, cfg: JobConfig, complete: tuple[str, ...],
                  fingerprint: Callable[[JobConfig], Any] | None) -> str | None:
     """Why a finished result of this configuration must not be reused (None: reuse it): a section the task
     always writes is missing (`complete`), or the result's `dataset.fingerprint` differs from `fingerprint(cfg)`,
     the data now on disk (files swapped under the same names, or `dataset.root` pointing at another copy)."""
     for section in complete:
-        if not isinstance(done.get(section), Mapping):
+        if done.section(section) is None:
             return f"it has no {section} section (incomplete)"
-    info = done.get("dataset")
-    stored = info.get("fingerprint") if isinstance(info, Mapping) else None
+    stored = done.dataset.fingerprint
     if fingerprint is None or stored is None:
         return None  # a result written before fingerprints: nothing to compare
     try:
-        now = json.loads(json.dumps(fingerprint(cfg), default=str))  # as result.json holds it
+        now = FingerprintRecord.of(json.loads(json.dumps(fingerprint(cfg), default=str)))  # as result.json holds it
     except UserError as err:  # missing or unreadable now: the result stands for the data it was computed on
         log.warning("cannot check the data of %s against its result (%s); reusing the result", cfg.paths.job_dir,
                     err)
         return None
-    if _identity(now) == _identity(stored):
+    if now is not None and now.identity() == stored.identity():
         return None
     where = cfg.dataset.root or cfg.paths.data_dir
-    return (f"its data fingerprint ({_short(stored)}) differs from the {cfg.dataset.name} data now read from "
-            f"{where} ({_short(now)}): the data files changed")
-
-
-def _identity(fingerprint: Any) -> Any:
-    """What identifies the data in a fingerprint: the arrays' content hash and the files' sizes and sha256 (not
-    their names or folder: the same files elsewhere are the same data)."""
-    if not isinstance(fingerprint, Mapping):
-        return fingerprint
-    files = fingerprint.get("files")
-    records = sorted((str(f.get("sha256")), f.get("size")) for f in files if isinstance(f, Mapping)) \
-        if isinstance(files, list) else files
-    return fingerprint.get("content"), records
-
-
-def _short(fingerprint: Any) -> str:
-    content = fingerprint.get("content") if isinstance(fingerprint, Mapping) else None
-    return f"content {content}" if isinstance(content, str) else json.dumps(fingerprint, default=str)[:40]
+    return (f"its data fingerprint ({stored.short()}) differs from the {cfg.dataset.name} data now read from "
+            f"{where} ({'none' if now is None else now.short()}): the data files changed")
 
 
 def nonfinite_leaves(value: Any, path: str) -> Iterator[tuple[str, float]]:
@@ -170,11 +156,11 @@ def nonfinite_leaves(value: Any, path: str) -> Iterator[tuple[str, float]]:
         yield path, value
 
 
-def check_finite(result: Mapping[str, Any], sections: tuple[str, ...], job_path: Path) -> None:
+def check_finite(result: Result, sections: tuple[str, ...], job_path: Path) -> None:
     """NonFiniteError (one line) when a number in the result's `sections` is NaN/inf: such a result is never
     written (it would read as a finished job)."""
     for section in sections:
-        for path, value in nonfinite_leaves(result.get(section), section):
+        for path, value in nonfinite_leaves(at(result.sections, section), section):
             raise NonFiniteError(f"non-finite {path} ({value}) in the result of {job_path}: lr too high or bad data; "
                                  "nothing was written as a result")
 
@@ -204,9 +190,9 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: 
     check = now_on_disk if fingerprint is not None else None
     with job.locked():
         if (done := job.finished(lambda d: stale_reason(d, cfg, complete, check))) is not None:
-            return Outcome("skipped", job.path, done)
+            return Outcome("skipped", job.path, encode(done))
         if not cfg.force and (done := legacy_result(cfg, job.path)) is not None:
-            return Outcome("reused", job.path, done)
+            return Outcome("reused", job.path, encode(done))
         fresh = read_now[-1].loaded if read_now else None  # the stale check read the data again: the newest copy
         if precheck is not None and loaded is None:  # the precheck took the job for finished: checked now
             loaded = precheck(cfg, device, fresh, True)
@@ -218,12 +204,12 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: 
         t0, started = time.perf_counter(), now_utc()
         out = body(JobRun(cfg, job, device, progress, loaded))
         timings = {**out.pop("timings", {}), "total_s": time.perf_counter() - t0}
-        result = {"config_hash": job.cfg_hash, "hash_version": HASH_VERSION, "numerics_version": NUMERICS,
-                  "job_dir": str(job.path),
-                  "task": cfg.task, "config": cfg.to_dict(), **out, "device": str(device), "timings": timings,
-                  "provenance": provenance(device, started, now_utc())}
-        check_finite(result, finite, job.path)
-        job.write_result(result)  # the job's last act: its presence means "done"
+        typed = new_result(config_hash=job.cfg_hash, hash_version=HASH_VERSION, numerics_version=NUMERICS,
+                           job_dir=str(job.path), task=cfg.task, config=cfg.to_dict(), sections=out,
+                           device=str(device), timings=timings, provenance=provenance(device, started, now_utc()))
+        check_finite(typed, finite, job.path)
+        job.write_result(typed)  # the job's last act: its presence means "done"
+        result = encode(typed)
         progress.clear()
     log.info("done %s: %s, %.1fs", job.path, describe(result) if describe else cfg.task, timings["total_s"])
     return Outcome("done", job.path, result)

@@ -13,7 +13,6 @@ taken for another configuration's result.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -21,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.app.schema import NUMERICS, JobConfig, config_hash, semantic, with_defaults
-from training.common.files import atomic_write_json, read_json
+from training.app.result_codec import MalformedResultError, config_view, encode, read
+from training.app.result_types import Result
+from training.app.schema import NUMERICS, JobConfig, config_hash, semantic
+from training.common.files import atomic_write_json
 from training.common.locks import waiting_lock
 from training.errors import UserError
 
@@ -44,13 +45,9 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def stored_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A result's stored config as dotted key -> value, the schema's defaults filled in for declared keys it lacks
-    (`view["mdl.protocol"]`), and a group's `tag` defaulting to its name (results written before tags)."""
-    view = flatten(with_defaults(config))
-    for group in ("dataset", "arch"):
-        if f"{group}.name" in view and view.get(f"{group}.tag") is None:
-            view[f"{group}.tag"] = view[f"{group}.name"]
-    return view
+    """A result's stored config as dotted key -> value, read as today's schema spells it (result_codec.config_view:
+    defaults for declared keys it lacks, tags defaulting to names, eraser.fold read as eraser.repeat)."""
+    return config_view(config)
 
 
 # Before hash v2 these were null in the config and resolved in Python to the paper's values, as they now are in conf/.
@@ -68,19 +65,22 @@ def legacy_differences(old_config: Mapping[str, Any], cfg: Mapping[str, Any] | J
                   if k not in old or (old[k] != v and not (old[k] is None and k in _V1_RESOLVED)))
 
 
-def legacy_result(cfg: JobConfig, job_dir: Path) -> dict[str, Any] | None:
+def legacy_result(cfg: JobConfig, job_dir: Path) -> Result | None:
     """A finished result of this configuration in its pre-v2 directory (`paths.legacy_job_dir`), if any."""
     legacy = cfg.paths.legacy_job_dir
     if not legacy or (job_dir / RESULT_FILE).exists():
         return None
-    done = read_json(Path(legacy) / RESULT_FILE)
-    if not isinstance(done, dict) or "hash_version" in done or not isinstance(done.get("config"), dict):
+    try:
+        done = read(Path(legacy) / RESULT_FILE)
+    except MalformedResultError:
         return None
-    if done.get("numerics_version", 1) != NUMERICS:
+    if done is None or done.hash_version >= 2 or done.config is None:
+        return None
+    if done.numerics_version != NUMERICS:
         log.info("not reusing %s: written under numerics version %s, this job's is %d (README: Numerics "
-                 "versions)", legacy, done.get("numerics_version", 1), NUMERICS)
+                 "versions)", legacy, done.numerics_version, NUMERICS)
         return None
-    diff = legacy_differences(done["config"], cfg)
+    diff = legacy_differences(done.config, cfg)
     if diff:
         log.info("not reusing %s (written before job directories carried the config hash): it differs in %s",
                  legacy, ", ".join(diff[:6]) + (" ..." if len(diff) > 6 else ""))
@@ -94,30 +94,29 @@ class ConfigMismatchError(UserError, RuntimeError):
     """A job directory already holds a result of a different configuration."""
 
 
-def read_result(path: Path) -> dict[str, Any] | None:
+def read_result(path: Path) -> Result | None:
     """The stored result, or None when absent or malformed (a malformed file is warned about: it is recomputed)."""
-    done = read_json(path)
-    if done is None:
+    try:
+        done = read(path)
+    except MalformedResultError as err:
+        log.warning("ignoring malformed %s (%s); recomputing it", path, err)
         return None
-    if not isinstance(done, dict) or not isinstance(done.get("config_hash"), str) or not done["config_hash"]:
-        shown = json.dumps(done)[:60] if not isinstance(done, dict) else f"keys {sorted(done)[:6]}"
-        log.warning("ignoring malformed %s (no config hash: %s); recomputing it", path, shown)
+    if done is not None and not done.config_hash:
+        log.warning("ignoring malformed %s (no config hash: keys %s); recomputing it", path,
+                    sorted(encode(done))[:6])
         return None
     return done
 
 
-def stored_hash(done: Mapping[str, Any]) -> str | None:
+def stored_hash(done: Result) -> str | None:
     """A stored result's config hash recomputed with today's definition of the hash, under the numerics version
-    it was computed with (results without `numerics_version` predate it: 1)."""
-    if not isinstance(done.get("config"), dict):
-        return None
-    numerics = done["numerics_version"] if isinstance(done.get("numerics_version"), int) else 1
-    return config_hash(done["config"], numerics=numerics)
+    it was computed with (result_codec.upgrade: 1 for results written before numerics versions)."""
+    return None if done.config is None else config_hash(done.config, numerics=done.numerics_version)
 
 
-def same_config(done: Mapping[str, Any], cfg_hash: str) -> bool:
+def same_config(done: Result, cfg_hash: str) -> bool:
     # the stored hash, or (when it predates a change of what the hash covers) the stored config rehashed
-    return done.get("config_hash") == cfg_hash or stored_hash(done) == cfg_hash
+    return done.config_hash == cfg_hash or stored_hash(done) == cfg_hash
 
 
 def mismatch_message(job_dir: Path, stored: object, cfg_hash: str) -> str:
@@ -142,14 +141,14 @@ class JobDir:
         with waiting_lock(self.path / LOCK_FILE, f"job directory {self.path} (another job with it is running)"):
             yield self
 
-    def finished(self, stale: Callable[[dict[str, Any]], str | None] | None = None) -> dict[str, Any] | None:
+    def finished(self, stale: Callable[[Result], str | None] | None = None) -> Result | None:
         """The stored result when this job already finished (logs SKIP), else None; refuses another config's
         result unless force=true. force=true also recomputes a finished job of this configuration, and so does a
         result that `stale` gives a reason not to reuse (incomplete, computed on other data): one line says why."""
         done = read_result(self.path / RESULT_FILE)
         if done is None:
             return None
-        self.found = str(done["config_hash"])
+        self.found = done.config_hash
         if same_config(done, self.cfg_hash):
             why = stale(done) if stale is not None and not self.force else None
             if why is not None:
@@ -166,20 +165,20 @@ class JobDir:
             return None
         raise ConfigMismatchError(mismatch_message(self.path, self.found, self.cfg_hash))
 
-    def write_result(self, result: Mapping[str, Any]) -> Path:
-        """Write result.json (atomically) after re-checking what is there: a result of another configuration
-        that appeared while this job ran (a process that ignored the lock) is never overwritten; this job's
-        result then goes to `result.<hash>.json` and the job fails with one line."""
+    def write_result(self, result: Result) -> Path:
+        """Write result.json (atomically, through the codec: `encode`) after re-checking what is there: a result
+        of another configuration that appeared while this job ran (a process that ignored the lock) is never
+        overwritten; this job's result then goes to `result.<hash>.json` and the job fails with one line."""
         path = self.path / RESULT_FILE
         done = read_result(path)
         if done is not None and not same_config(done, self.cfg_hash) and not (self.force and
-                                                                               done["config_hash"] == self.found):
+                                                                               done.config_hash == self.found):
             aside = self.path / f"result.{self.cfg_hash}.json"
-            atomic_write_json(aside, result)
+            atomic_write_json(aside, encode(result))
             raise ConfigMismatchError(
-                f"{path} was written by another configuration (hash {done['config_hash']}) while this job "
+                f"{path} was written by another configuration (hash {done.config_hash}) while this job "
                 f"({self.cfg_hash}) ran: not overwritten, this job's result is in {aside}; give the two "
                 "configurations different directories (paths.out_dir)")
-        atomic_write_json(path, result)
+        atomic_write_json(path, encode(result))
         return path
 

@@ -166,7 +166,7 @@ def check_sweep(config: DictConfig) -> int | None:
             continue
         done = read_result(Path(job_dir) / RESULT_FILE)
         if done is not None and not same_config(done, h):
-            mismatched.append(mismatch_message(Path(job_dir), done["config_hash"], h))
+            mismatched.append(mismatch_message(Path(job_dir), done.config_hash, h))
     if mismatched:
         more = f" ({len(mismatched) - 1} more job directories hold other configurations)" if len(mismatched) > 1 else ""
         exit_user_error(f"multirun refused (nothing ran): {mismatched[0]}{more}")

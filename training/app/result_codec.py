@@ -1,0 +1,168 @@
+"""The one codec of result.json: `encode(result) -> dict` (what the job writes), `decode(dict) -> Result`, and
+`upgrade(raw)`, the one function that reads results of an older schema version.
+
+    result = decode(json.loads(path.read_text()))        # upgrade() first, then the task's Result class
+    atomic_write_json(path, encode(result))               # exactly the sections the job wrote, in its order
+
+Older results (tests/fixtures/results/ holds real ones) differ in:
+- no `schema_version` (version 1), no `numerics_version` (numerics 1), no `hash_version` (hash 1), no `task`
+  (the config's task; before tasks: mdl);
+- their config: the group tags (`dataset.tag`, `arch.tag`) absent (their names), `eraser.fold` where today's is
+  `eraser.repeat`, keys added since absent (their schema defaults). `Result.config` stays as recorded (the job hash
+  is recomputed from exactly that); `config_view` is how older configs read today.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from training.app.result_types import (
+    ENVELOPE_KEYS,
+    RESULT_SCHEMA,
+    TAIL_KEYS,
+    Certificate,
+    DatasetInfo,
+    ErasureRecord,
+    FinalRecord,
+    MdlRecord,
+    MdlResult,
+    Provenance,
+    Result,
+    StarvationResult,
+    at,
+    mapping,
+    text,
+)
+
+RESULT_FILE = "result.json"
+FOLD_KEY, REPEAT_KEY = "eraser.fold", "eraser.repeat"  # a result written before eraser.repeat names it eraser.fold
+# Keys added with issue 21 whose defaults live in conf/config.yaml, not in the schema: a result written before them
+# ran exactly like these values (the eraser fitted on the coded data, no repeats, true labels, erased before augment).
+FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_source": "split", "eraser.fit_fraction": 0.2, REPEAT_KEY: 0,
+                "eraser.n_fit": None, "eraser.after_augment": False, "dataset.permute_labels": False}
+STARVATION_TASKS = ("gs_two_moons", "gs_colored_mnist", "gs_erased_eval")
+RESULT_TYPES: dict[str, type[Result]] = {"mdl": MdlResult, **dict.fromkeys(STARVATION_TASKS, StarvationResult)}
+
+
+class MalformedResultError(ValueError):
+    """A result.json that cannot be read as a result (the message says what is wrong with it)."""
+
+
+def upgrade(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored result in today's schema (RESULT_SCHEMA): the envelope keys written before they existed get the
+    values they stood for. The config is left as recorded (see `config_view`); a current result is returned
+    unchanged (a copy)."""
+    out = dict(raw)
+    version = at(out, "schema_version", default=1)
+    if not isinstance(version, int) or version > RESULT_SCHEMA:
+        raise MalformedResultError(f"schema_version {version!r} is not one this code reads (≤ {RESULT_SCHEMA}): "
+                                   "read it with the code that wrote it")
+    if version < 2:
+        task = at(out, "config", "task")
+        out.setdefault("numerics_version", 1)  # written before numerics versions: the first
+        out.setdefault("hash_version", 1)  # written before hash v2 (declared per field)
+        out.setdefault("task", task if isinstance(task, str) else "mdl")  # written before tasks: an MDL job
+        out["schema_version"] = RESULT_SCHEMA
+    return out
+
+
+def config_view(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded config as dotted key -> value, read as today's schema spells it: the schema's defaults for
+    declared keys it lacks, a group's `tag` defaulting to its name (results written before tags), `eraser.fold`
+    read as `eraser.repeat` (results written before repeats were named so), FIT_DEFAULTS for the fitting keys
+    a result written before them lacks."""
+    from training.app.results import flatten
+    from training.app.schema import with_defaults
+
+    view = flatten(with_defaults(config))
+    for group in ("dataset", "arch"):
+        if f"{group}.name" in view and view.get(f"{group}.tag") is None:
+            view[f"{group}.tag"] = view[f"{group}.name"]
+    view = legacy_fold(view)
+    for key, default in FIT_DEFAULTS.items():
+        view.setdefault(key, default)
+    return view
+
+
+def legacy_fold(flat: dict[str, Any]) -> dict[str, Any]:
+    """eraser.fold (a flat config written before eraser.repeat) read as eraser.repeat, in place."""
+    if FOLD_KEY in flat:
+        flat.setdefault(REPEAT_KEY, flat.pop(FOLD_KEY))
+    return flat
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def decode(raw: Any) -> Result:
+    """The Result a stored result.json holds (any schema version: `upgrade` first), of its task's class.
+    MalformedResultError (one line) for a file that is not a result."""
+    if not isinstance(raw, Mapping):
+        raise MalformedResultError(f"not a JSON object (a {type(raw).__name__})")
+    data = upgrade(raw)
+    config, task = at(data, "config"), text(at(data, "task")) or "mdl"
+    sections = {k: v for k, v in data.items() if k not in ENVELOPE_KEYS}
+    tail = tuple(k for k in data if k in TAIL_KEYS)
+    common: dict[str, Any] = dict(
+        config_hash=text(at(data, "config_hash")) or "",
+        hash_version=_int(at(data, "hash_version"), 1), numerics_version=_int(at(data, "numerics_version"), 1),
+        schema_version=RESULT_SCHEMA, task=task,
+        config=config if isinstance(config, Mapping) else None,
+        job_dir=text(at(data, "job_dir")), sections=sections, device=text(at(data, "device")),
+        timings=mapping(at(data, "timings")), provenance=Provenance.of(at(data, "provenance")),
+        dataset=DatasetInfo.of(at(data, "dataset")), tail=tail)
+    cls = RESULT_TYPES[task] if task in RESULT_TYPES else Result
+    if cls is MdlResult:
+        return MdlResult(**common, **_mdl_sections(sections))
+    if cls is StarvationResult:
+        return StarvationResult(**common, method=text(at(sections, "method")))
+    return Result(**common)
+
+
+def _mdl_sections(sections: Mapping[str, Any]) -> dict[str, Any]:
+    mdl, final = at(sections, "mdl"), at(sections, "final")
+    if final and not isinstance(final, Mapping):
+        raise MalformedResultError(f"final is a {type(final).__name__}")
+    return {"mdl": MdlRecord.of(mdl) if isinstance(mdl, Mapping) else None,
+            "final": FinalRecord.of(final) if isinstance(final, Mapping) else None,
+            "erasure": ErasureRecord.of(at(sections, "eraser")),
+            "certificate": Certificate.of(at(sections, "certificate"))}
+
+
+def encode(result: Result) -> dict[str, Any]:
+    """What result.json holds for `result`: the envelope, the task's sections in the order the task wrote them,
+    then device, timings and provenance."""
+    head: dict[str, Any] = {"config_hash": result.config_hash, "hash_version": result.hash_version,
+                            "numerics_version": result.numerics_version, "schema_version": result.schema_version,
+                            "job_dir": result.job_dir, "task": result.task, "config": result.config}
+    if result.job_dir is None:
+        del head["job_dir"]
+    tail: dict[str, Any] = {"device": result.device, "timings": dict(result.timings),
+                            "provenance": None if result.provenance is None else result.provenance.raw}
+    return {**head, **result.sections, **{k: tail[k] for k in result.tail}}
+
+
+def new_result(*, config_hash: str, hash_version: int, numerics_version: int, job_dir: str, task: str,
+               config: Mapping[str, Any], sections: Mapping[str, Any], device: str, timings: Mapping[str, Any],
+               provenance: Mapping[str, Any]) -> Result:
+    """The Result a job that just ran writes (training/app/lifecycle.py), of its task's class."""
+    return decode({"config_hash": config_hash, "hash_version": hash_version, "numerics_version": numerics_version,
+                   "schema_version": RESULT_SCHEMA, "job_dir": job_dir, "task": task, "config": dict(config),
+                   **sections, "device": device, "timings": dict(timings), "provenance": dict(provenance)})
+
+
+def read(path: Path) -> Result | None:
+    """The Result stored at `path`; None when the file is absent. MalformedResultError (one line) for a file that
+    cannot be parsed or is not a result; a file this process may not read raises its OSError, for the caller to
+    name."""
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MalformedResultError(f"not readable JSON ({type(e).__name__}: {e})") from e
+    return decode(raw)

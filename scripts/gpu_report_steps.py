@@ -19,6 +19,8 @@ from typing import Any
 from scripts.gpu_report_model import Report
 from scripts.gpu_report_runner import ROOT, Context, Proc, StepError, StepSkipped, error_line, parse_result, stop, tail
 from scripts.gpu_report_sizes import ARCHS
+from training.app.result_codec import read as read_result
+from training.app.result_types import MdlResult
 
 
 def job_overrides(ctx: Context, arch: str, out: Path, extra: Iterable[str] = ()) -> list[str]:
@@ -48,19 +50,21 @@ def run_job(ctx: Context, arch: str, name: str, extra: Iterable[str] = ()) -> di
     if proc.rc != 0 or not results:
         ctx.figures.update(fig)
         raise StepError(f"{name}: {error_line(proc.output, proc.rc)}", tail(proc.output))
-    res = json.loads(results[-1].read_text())
-    mdl, final, timings = res["mdl"], res.get("final") or {}, res.get("timings", {})
-    blocks = mdl.get("blocks", [])
+    res = read_result(results[-1])
+    if not isinstance(res, MdlResult) or res.mdl is None:
+        raise StepError(f"{name}: {results[-1]} is not an MDL result")
+    mdl, final, timings = res.mdl, res.final, res.timings
+    model = res.section("model") or {}
     fig.update({
-        "bits_per_sample": mdl["bits_per_sample"], "legacy": mdl.get("legacy"), "protocol": mdl.get("protocol"),
-        "n_coded": mdl.get("n_coded"), "block_models": len(blocks),
-        "epochs_per_block": [b["epochs"] for b in blocks], "steps_total": sum(b["steps"] for b in blocks)
-        + int(final.get("steps") or 0), "full_run_epochs": final.get("epochs"),
-        "params": (res.get("model") or {}).get("params"), "timings": timings, "device": res.get("device"),
-        "result": str(results[-1].relative_to(ctx.out)),
+        "bits_per_sample": mdl.bits_per_sample, "legacy": mdl.legacy if mdl.has_legacy else None,
+        "protocol": mdl.protocol, "n_coded": mdl.n_coded, "block_models": len(mdl.blocks),
+        "epochs_per_block": [b.epochs for b in mdl.blocks],
+        "steps_total": sum(b.steps or 0 for b in mdl.blocks) + (final.steps or 0 if final else 0),
+        "full_run_epochs": final.epochs if final else None, "params": model["params"] if "params" in model else None,
+        "timings": dict(timings), "device": res.device, "result": str(results[-1].relative_to(ctx.out)),
     })
-    epochs = max([b["epochs"] for b in blocks] + [int(final.get("epochs") or 0)] or [1])
-    fig["train_s"] = float(timings.get("mdl_s", 0.0)) + float(timings.get("full_run_s", 0.0))
+    epochs = max([b.epochs or 0 for b in mdl.blocks] + [final.epochs or 0 if final else 0]) or 1
+    fig["train_s"] = sum(float(timings[k]) for k in ("mdl_s", "full_run_s") if k in timings)
     fig["job_s_per_epoch"] = fig["train_s"] / max(epochs, 1)  # all block models + the full run, one epoch each
     ctx.figures.update(fig)
     return fig

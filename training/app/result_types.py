@@ -159,10 +159,12 @@ class BlockRecord:
     epochs: float | None
     best_epoch: float | None
     stop_reason: str | None
+    steps: float | None = None
 
     @classmethod
     def of(cls, value: Mapping[str, Any]) -> BlockRecord:
-        return cls(number(at(value, "epochs")), number(at(value, "best_epoch")), text(at(value, "stop_reason")))
+        return cls(number(at(value, "epochs")), number(at(value, "best_epoch")), text(at(value, "stop_reason")),
+                   number(at(value, "steps")))
 
 
 @dataclass(frozen=True)
@@ -195,11 +197,13 @@ class FinalRecord:
     val_loss_bits: float | None
     val_loss_curve: tuple[Any, ...]
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    epochs: float | None = None
+    steps: float | None = None
 
     @classmethod
     def of(cls, value: Mapping[str, Any]) -> FinalRecord:
         return cls(number(at(value, "val_loss_bits", default=math.nan)), tuple(at(value, "val_loss_curve") or ()),
-                   value)
+                   value, number(at(value, "epochs")), number(at(value, "steps")))
 
 
 @dataclass(frozen=True)

@@ -424,12 +424,12 @@ def _check_storage(job: JobConfig) -> None:
     storage = job.training.storage
     if storage not in ("uint8", "float16"):
         return
-    from erasure.registry import ERASERS
+    from erasure.traits import eraser_traits
 
-    meta = ERASERS.meta(job.eraser.name)
+    traits = eraser_traits(job.eraser.name)
     if job.dataset.zscore:
         why = "with dataset.zscore=true (standardised data"
-    elif meta["kind"] == "map" and meta["family"] != "control":
+    elif traits.has_map and not traits.identity:
         why = f"with eraser={job.eraser.name} (its erased data"
     else:
         return
@@ -639,14 +639,15 @@ def _batch_erasing(eraser: Mapping[str, Any], dataset: Any) -> bool:
     job then ignores it) nor for the identity control, unless a z-score follows it per batch
     (`dataset.zscore_order=after`)."""
     from erasure.registry import ERASERS
+    from erasure.traits import eraser_traits
 
     name = str(eraser.get("name"))
     if name not in ERASERS:
         return True
-    meta = ERASERS.meta(name)
-    if meta["kind"] == "edit":
+    traits = eraser_traits(name)
+    if not traits.has_map:
         return False
-    if meta["family"] != "control":
+    if not traits.identity:
         return True
     return isinstance(dataset, Mapping) and bool(dataset.get("zscore")) and dataset.get("zscore_order") == "after"
 

@@ -17,7 +17,6 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
 from types import MappingProxyType
 from typing import Any
 
@@ -68,10 +67,19 @@ _DECLARED = {"family", "kind", "defaults", "needs_labels", "identity", "holdout_
              "runtime_options", "from_moments"}
 
 
-@cache
-def _traits(name: str, meta_id: int) -> EraserTraits:
+_READ: dict[str, tuple[Any, EraserTraits]] = {}  # name -> (the entry read, its traits)
+
+
+def eraser_traits(name: str) -> EraserTraits:
+    """The declared properties of eraser `name` (UnknownNameError, listing the names, for one not registered)."""
     entry = ERASERS.entry(name)
-    meta = entry.meta
+    read = _READ.get(name)
+    if read is None or read[0] is not entry:  # a re-registered name is read again
+        read = _READ[name] = (entry, _traits(name, entry.obj, entry.meta))
+    return read[1]
+
+
+def _traits(name: str, fitter: Callable[..., Any], meta: Mapping[str, Any]) -> EraserTraits:
     unknown = set(meta) - _DECLARED
     if unknown:
         raise TypeError(f"eraser {name!r}: unknown metadata {sorted(unknown)}; known: {sorted(_DECLARED)}")
@@ -79,16 +87,11 @@ def _traits(name: str, meta_id: int) -> EraserTraits:
         raise TypeError(f"eraser {name!r}: kind must be map or edit; got {meta['kind']!r}")
     return EraserTraits(
         name=name, family=str(meta["family"]), has_map=meta["kind"] == "map",
-        options=_options_class(name, _defaults(entry.obj, meta)), needs_labels=_needs_labels(name, entry.obj, meta),
+        options=_options_class(name, _defaults(fitter, meta)), needs_labels=_needs_labels(name, fitter, meta),
         identity=bool(meta.get("identity", False)),
         holdout_options=MappingProxyType(dict(meta.get("holdout_options", {}))), rank_hint=meta.get("rank_hint"),
         batch_noise=meta.get("batch_noise"), runtime_options=frozenset(meta.get("runtime_options", ())),
         from_moments=meta.get("from_moments"))
-
-
-def eraser_traits(name: str) -> EraserTraits:
-    """The declared properties of eraser `name` (UnknownNameError, listing the names, for one not registered)."""
-    return _traits(name, id(ERASERS.entry(name)))  # keyed by the entry: a re-registered name is read again
 
 
 def _defaults(fitter: Callable[..., Any], meta: Mapping[str, Any]) -> dict[str, Any]:

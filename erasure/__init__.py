@@ -19,7 +19,8 @@ from .api import NAMES, data_options, default_options, erase, fit, resolve_optio
 from .base import Eraser, load
 from .certificate import certificate
 from .split import split_fit
+from .traits import EraserTraits, eraser_traits
 
-__all__ = ["NAMES", "Eraser", "alf_qleace", "certificate", "control", "data_options", "default_options", "erase",
-           "fit", "gradient", "leace", "load", "progress", "qleace", "random_projection", "resolve_options",
-           "split_fit", "streaming"]
+__all__ = ["NAMES", "Eraser", "EraserTraits", "alf_qleace", "certificate", "control", "data_options",
+           "default_options", "erase", "eraser_traits", "fit", "gradient", "leace", "load", "progress", "qleace",
+           "random_projection", "resolve_options", "split_fit", "streaming"]

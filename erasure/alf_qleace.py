@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .base import Eraser, counts_info, prepare_fit
 from .lanczos import top_abs_eig
-from .leace import leace_factors
+from .leace import HOLDOUT_RTOL, leace_factors
 from .moments import ClassMoments, class_moments
 from .registry import ERASERS
 
@@ -70,7 +70,8 @@ def _alf_options(target: float, max_rank: int | None, lanczos_steps: int, eig_rt
             "leace_rtol": leace_rtol, "seed": seed, "stop_norm": stop_norm}
 
 
-@ERASERS.register("alf_qleace", family="quadratic", kind="map", from_moments=alf_from_moments)
+@ERASERS.register("alf_qleace", family="quadratic", kind="map", from_moments=alf_from_moments,
+                  holdout_options={"leace_rtol": HOLDOUT_RTOL})
 def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, target: float = 0.9,
                    max_rank: int | None = None, lanczos_steps: int = 64, eig_rtol: float = 1e-8,
                    leace_rtol: float | None = None, seed: int = 0,

@@ -14,18 +14,15 @@ from torch import Tensor
 from .base import Eraser
 from .registry import ERASERS
 from .threads import one_thread
+from .traits import eraser_traits
 
 NAMES: tuple[str, ...] = tuple(ERASERS.names())
 
 
 def default_options(name: str) -> dict[str, Any]:
-    """Every option of eraser `name` with its default (what conf/eraser/<name>.yaml lists): the entry's
-    `defaults` metadata, else the fitter's keyword-only parameters."""
-    entry = ERASERS.entry(name)
-    if "defaults" in entry.meta:
-        return dict(entry.meta["defaults"])
-    params = inspect.signature(entry.obj).parameters.values()
-    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name != "rank_hint"}
+    """Every option of eraser `name` with its default (what conf/eraser/<name>.yaml lists): its options dataclass
+    (erasure/traits.py)."""
+    return eraser_traits(name).defaults()
 
 
 def resolve_options(name: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -39,14 +36,14 @@ def resolve_options(name: str, options: Mapping[str, Any] | None = None) -> dict
 def data_options(name: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """`resolve_options` without the options that do not change the erased data (the entry's
     `runtime_options`, e.g. a progress bar or the device): what the cache key and the job hash see."""
-    runtime = set(ERASERS.meta(name).get("runtime_options", ()))
+    runtime = eraser_traits(name).runtime_options
     return {k: v for k, v in resolve_options(name, options).items() if k not in runtime}
 
 
 def _fitter(name: str) -> Callable[..., Eraser]:
     if name not in ERASERS:
         raise ValueError(f"unknown eraser {name!r}; choose one of {list(NAMES)}")
-    if ERASERS.meta(name)["kind"] != "map":
+    if not eraser_traits(name).has_map:
         raise ValueError(f"{name!r} edits a dataset and has no reusable eraser: use erasure.erase({name!r}, x, y, "
                          "options)")
     return ERASERS.get(name)
@@ -79,7 +76,7 @@ def erase(name: str, x: Tensor | np.ndarray, y: Tensor | np.ndarray, options: Ma
     """
     opts = dict(options or {})
     t0 = time.perf_counter()
-    if name in ERASERS and ERASERS.meta(name)["kind"] == "edit":
+    if name in ERASERS and not eraser_traits(name).has_map:
         _check_options(name, opts)
         with one_thread():
             out, report = ERASERS.get(name)(x, y, return_report=True, **opts)

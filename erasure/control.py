@@ -26,7 +26,7 @@ def control_from_moments(mom: ClassMoments, *, input_dtype: str = "float32") -> 
     return ControlEraser({"mean": mom.mean}, info)
 
 
-@ERASERS.register("control", family="control", kind="map", from_moments=control_from_moments)
+@ERASERS.register("control", family="control", kind="map", identity=True, from_moments=control_from_moments)
 def fit_control(x: Tensor | np.ndarray, y: Tensor | np.ndarray) -> ControlEraser:
     x64, labels, flat, k = prepare_fit(x, y)
     info: dict[str, Any] = base_info("control", flat, k, torch.bincount(labels, minlength=k).cpu(), {})

@@ -163,5 +163,5 @@ def _loss(x: Tensor, x0: Tensor, mu: Tensor, sigma: Tensor, o: dict[str, Any]) -
     return loss, stats
 
 
-ERASERS.add("gradient", erase_dataset, family="quadratic", kind="edit", defaults=DEFAULTS,
+ERASERS.add("gradient", erase_dataset, family="quadratic", kind="edit", defaults=DEFAULTS, needs_labels=True,
             runtime_options=RUNTIME_OPTIONS)

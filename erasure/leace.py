@@ -106,7 +106,8 @@ def leace_from_moments(mom: ClassMoments, *, input_dtype: str = "float32", metho
     return LeaceEraser({"mean": mom.mean, "left": left, "right": right}, info)
 
 
-@ERASERS.register("leace", family="linear", kind="map", from_moments=leace_from_moments)
+@ERASERS.register("leace", family="linear", kind="map", from_moments=leace_from_moments,
+                  holdout_options={"rtol": HOLDOUT_RTOL})
 def fit_leace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, method: Literal["leace", "orth"] = "leace",
               rtol: float | None = None) -> LeaceEraser:
     """Fit LEACE in float64.

@@ -66,6 +66,7 @@ from .base import Eraser, counts_info, prepare_fit
 from .moments import ClassMoments, check_labels, class_moments, eigh_desc, flatten_features, numerical_rank
 from .registry import ERASERS
 from .threads import single_threaded
+from .traits import BatchNoise
 
 MODES = ("coupling", "shrinkage", "truncate", "ridge")
 INJECTION_RATIO = 100  # min_k n_k / d below which class maps applied out of sample inject the label
@@ -474,4 +475,7 @@ def _stable_rank(covs: Tensor, inv_sd: Tensor, class_rtol: float, hi: int) -> in
     return lo
 
 
-ERASERS.add("qleace", fit_qleace, family="quadratic", kind="map", from_moments=qleace_from_moments)
+# Coupling noise has exact moments on whole classes, not on a training batch: `eraser.after_augment` refuses it.
+COUPLING_NOISE = BatchNoise(applies=lambda options: options["rank_deficient"] == "coupling", ranks=coupling_noise_ranks)
+ERASERS.add("qleace", fit_qleace, family="quadratic", kind="map", from_moments=qleace_from_moments,
+            batch_noise=COUPLING_NOISE)

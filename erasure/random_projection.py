@@ -10,6 +10,7 @@ from torch import Tensor
 
 from .base import Eraser, base_info, prepare_fit
 from .registry import ERASERS
+from .traits import RankHint
 
 
 class RandomEraser(Eraser):
@@ -23,7 +24,7 @@ class RandomEraser(Eraser):
         return x64 - (z @ v) @ v.T
 
 
-@ERASERS.register("random", family="linear", kind="map")
+@ERASERS.register("random", family="linear", kind="map", rank_hint=RankHint(option="rank", source="alf_qleace"))
 def fit_random(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, rank: int | None = None, seed: int = 0,
                rank_hint: int | None = None) -> RandomEraser:
     """rank: dimensions to remove; None uses `rank_hint` (the ALF-QLEACE rank of the same data, passed by

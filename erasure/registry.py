@@ -85,7 +85,7 @@ def _origin(obj: object) -> str:
 
 
 # Erasers: family (control | linear | quadratic: picks the paper's learning rate) and kind (map: a fitted eraser
-# applied to x; edit: edits a dataset, like gradient erasure). `runtime_options` do not change the erased data
-# (they stay out of the cache key and the job hash).
+# applied to x; edit: edits a dataset, like gradient erasure), and optionally the other properties erasure/traits.py
+# reads into `EraserTraits` (identity, holdout options, rank hint, ...): code elsewhere asks those, never a name.
 # The eraser modules that fill it are listed in erasure/__init__.py.
 ERASERS: Registry[Any] = Registry("eraser", meta=("family", "kind"))

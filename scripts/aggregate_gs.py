@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from scripts.tables import eraser_order, md_table
+from scripts.tables import eraser_order, is_identity, md_table
 from training.app.results import stored_config  # noqa: E402
 from training.starvation.common import method_of_stored  # noqa: E402
 
@@ -120,8 +120,8 @@ def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
         by: defaultdict[str, dict[int, float]] = defaultdict(dict)
         for r in rs:
             by[r["config"]["eraser"]["name"]][r["config"]["seed"]] = r["mdl"]["bits_per_sample"]
-        control = by.get("control", {})
-        for eraser in eraser_order(e for e in by if e != "control"):
+        control = next((by[e] for e in by if is_identity(e)), {})
+        for eraser in eraser_order(e for e in by if not is_identity(e)):
             gaps = [v - control[s] for s, v in by[eraser].items() if s in control]
             seeds = sum(isinstance(v, int | float) and math.isfinite(v) for v in by[eraser].values())
             rows.append([ds, f"{arch}-w{w}-d{d}", method, "yes" if cal else "no", eraser, str(seeds),

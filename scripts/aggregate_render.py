@@ -33,6 +33,7 @@ from scripts.tables import (
     group_label,
     group_labels,
     groups_in,
+    is_identity,
     md_table,
     require_one_group,
 )
@@ -123,7 +124,7 @@ def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str
 
 def increase_rows(inc: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     require_one_group(summary, "a table")
-    erasers = [e for e in eraser_order(summary.eraser) if e != "control"]
+    erasers = [e for e in eraser_order(summary.eraser) if not is_identity(e)]
     look = {tuple(k): (m, s, n) for k, m, s, n in zip(inc[CELL].itertuples(index=False), inc["mean"], inc["sd"],
                                                        inc["n"], strict=True)}
     labels, shown = _labels(summary)

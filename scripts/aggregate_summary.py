@@ -20,6 +20,7 @@ from scripts.tables import (
     bias_noise,
     fold_text,
     group_label,
+    is_identity,
     null_bias,
     null_mismatch,
     seed_means,
@@ -199,10 +200,11 @@ def increase_over_control(df: pd.DataFrame, metric: str = "bits_per_sample") -> 
     done = _true_runs(df)
     out = []
     for key, g in done.groupby(ROW_KEY, sort=False):
-        control = seed_means(g[g.eraser == "control"], metric)
+        identity = g.eraser.map(is_identity).astype(bool)
+        control = seed_means(g[identity], metric)
         if control.empty:
             continue
-        for eraser, ge in g[g.eraser != "control"].groupby("eraser", sort=False):
+        for eraser, ge in g[~identity].groupby("eraser", sort=False):
             diff = (seed_means(ge, metric) - control).dropna()
             mean, sd, n = _mean_sd(diff)
             out.append({**dict(zip(ROW_KEY, key, strict=True)), "eraser": eraser, "mean": mean, "sd": sd, "n": n})

@@ -51,6 +51,7 @@ from scripts.tables import (
     bias_noise,
     group_labels,
     groups_in,
+    is_identity,
     md_cell,
     null_bias,
     probe_below_chance,
@@ -225,7 +226,7 @@ def _variant_runs(true: pd.DataFrame, eraser: str, variant: str) -> pd.DataFrame
 
 
 def _side(name: str, runs: pd.DataFrame) -> Side:
-    return Side(name, _by_mode(runs), control=name.startswith("control"))
+    return Side(name, _by_mode(runs), control=is_identity(name))
 
 
 def _eraser_pairs(a: str, b: str, archs: tuple[str, ...] | None = None) -> Callable[[pd.DataFrame], Rows]:

@@ -64,25 +64,28 @@ def main() -> None:
     order = torch.tensor(firsts)[torch.randperm(len(firsts), generator=gen)].tolist()
     shown = (order + torch.randperm(len(y), generator=gen).tolist())[: args.images]
 
-    alf_rank = None
+    ranks: dict[str, int] = {}  # rank removed per eraser: the source of a rank-matched baseline (`RankHint`)
+    hints = {n: erasure.eraser_traits(n).rank_hint for n in names}
+    ranked = {n for n, h in hints.items() if h is not None} | {h.source for h in hints.values() if h is not None}
     columns: dict[str, Tensor] = {}
     for name in names:
-        opts = {"iterations": args.gradient_iterations} if name == "gradient" else {}
-        if name == "random" and alf_rank is None:
-            alf_rank = erasure.erase("alf_qleace", x, y, {})[1]["rank_removed"]
+        opts = {"iterations": args.gradient_iterations} if "iterations" in erasure.default_options(name) else {}
+        hint = hints[name]
+        if hint is not None and hint.source not in ranks:
+            ranks[hint.source] = erasure.erase(hint.source, x, y, {})[1]["rank_removed"]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            xe, rep = erasure.erase(name, x, y, opts, rank_hint=alf_rank)
-        if name == "alf_qleace":
-            alf_rank = rep["rank_removed"]
+            xe, rep = erasure.erase(name, x, y, opts, rank_hint=None if hint is None else ranks[hint.source])
+        if rep.get("rank_removed") is not None:
+            ranks[name] = rep["rank_removed"]
         columns[name] = xe[shown]
         print(f"{name:10s} {rep['seconds']:7.2f} s  rank removed: {rep.get('rank_removed')}")
 
     fig, axes = plt.subplots(len(shown), len(names), figsize=(1.6 * len(names), 1.6 * len(shown)), squeeze=False)
     for j, name in enumerate(names):
         title = TITLES.get(name, name)
-        if name in ("alf_qleace", "random") and alf_rank is not None:
-            title += f"\nrank d−{alf_rank}"
+        if name in ranked and name in ranks:
+            title += f"\nrank d−{ranks[name]}"
         axes[0, j].set_title(title, fontsize=9)
         for i in range(len(shown)):
             img = columns[name][i].clamp(0, 1)

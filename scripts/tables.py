@@ -15,6 +15,15 @@ def eraser_order(names: Iterable[str]) -> list[str]:
     return sorted(set(names), key=lambda e: (ERASER_ORDER.index(e) if e in ERASER_ORDER else len(ERASER_ORDER), e))
 
 
+def is_identity(eraser: object) -> bool:
+    """Whether `eraser` names the identity eraser (the control every other eraser is compared with): its declared
+    property (erasure/traits.py), never its name."""
+    from erasure.registry import ERASERS
+    from erasure.traits import eraser_traits
+
+    return isinstance(eraser, str) and eraser in ERASERS and eraser_traits(eraser).identity
+
+
 def md_cell(value: object) -> str:
     """A value as one markdown table cell: `|` escaped, line breaks folded (an error message may hold both)."""
     return " ".join(str(value).replace("|", r"\|").split("\n"))

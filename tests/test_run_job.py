@@ -130,7 +130,7 @@ def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
 def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) -> None:
     from training.data import load_dataset
     from training.data.cache import key_hash
-    from training.data.erase import _cache_key, alf_rank, apply_eraser
+    from training.data.erase import _cache_key, apply_eraser, source_rank
 
     cfg = load_config(job_config(tmp_path, [*QUICK, "eraser=alf_qleace"]))
     data = load_dataset(cfg.dataset)
@@ -138,7 +138,7 @@ def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) ->
     _, alf = apply_eraser(data, cfg.eraser, cache, with_certificate=False)
     assert key_hash(_cache_key(data, "alf_qleace", {})) == key_hash(_cache_key(data, "alf_qleace",
                                                                               cfg.eraser.options))
-    assert alf_rank(data, cache) == alf["report"]["rank_removed"] > 0
+    assert source_rank(data, "alf_qleace", cache) == alf["report"]["rank_removed"] > 0
     rnd_cfg = load_config(job_config(tmp_path, [*QUICK, "eraser=random"]))
     _, rnd = apply_eraser(data, rnd_cfg.eraser, cache, with_certificate=False)
     assert rnd["report"]["rank_removed"] == alf["report"]["rank_removed"]

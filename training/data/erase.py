@@ -13,11 +13,9 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from erasure import Eraser, resolve_options
-from erasure.leace import HOLDOUT_RTOL
+from erasure import Eraser, eraser_traits, resolve_options
 from erasure.progress import use as erasure_progress
 from erasure.qleace import label_injection_risk
-from erasure.registry import ERASERS
 from training.common.files import atomic_write_json, read_json
 from training.common.progress import progress_bar
 from training.data import LoadedData
@@ -128,14 +126,11 @@ class FitPlan:
         return replace(self, pool=LoadedData(p.name, fn(p.x), p.y, p.num_classes, dict(p.info)))
 
 
-# Out of sample, LEACE treats near-null directions of the fit sample as null (erasure/leace.py HOLDOUT_RTOL), so
-# held-out rows are not blown up along directions the fit never saw; an explicit option wins.
-HOLDOUT_OPTIONS = {"leace": {"rtol": HOLDOUT_RTOL}, "alf_qleace": {"leace_rtol": HOLDOUT_RTOL}}
-
-
 def holdout_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """`options` with the eraser's declared holdout options filling the unset ones (e.g. LEACE treats near-null
+    directions of the fit sample as null out of sample, erasure/leace.py HOLDOUT_RTOL); an explicit option wins."""
     resolved = dict(options)
-    for key, value in HOLDOUT_OPTIONS.get(name, {}).items():
+    for key, value in eraser_traits(name).holdout_options.items():
         if resolved.get(key) is None:
             resolved[key] = value
     return resolved
@@ -195,7 +190,7 @@ def _apply_fitted(eraser: Eraser, flat: Tensor, y: Tensor, in_sample: bool) -> t
 
 def fit_cached(fit: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
                rank_hint: int | None = None) -> tuple[Eraser, bool]:
-    """The eraser `name` fitted on `fit` (a map eraser: `ERASERS.meta(name)["kind"] == "map"`), and whether it came
+    """The eraser `name` fitted on `fit` (a map eraser: `eraser_traits(name).has_map`), and whether it came
     from the cache (`<cache_dir>/erasers/`, training/data/cache.py `cached_eraser`).
 
     Cached rather than refitted per job: a fit costs seconds on MNIST-5k but QLEACE on CIFAR-10 (d = 3072) costs
@@ -214,9 +209,10 @@ def fit_cached(fit: LoadedData, name: str, options: Mapping[str, Any], cache_dir
     return cached_eraser(cache_dir, key, build)
 
 
-def alf_rank(data: LoadedData, cache_dir: Path) -> int | None:
-    """The rank ALF-QLEACE (default options) removes on this dataset, fitting it through the cache if needed."""
-    _, report, _, _ = _erase_cached(data, "alf_qleace", {}, cache_dir)
+def source_rank(data: LoadedData, source: str, cache_dir: Path) -> int | None:
+    """The rank eraser `source` (default options; a `RankHint`'s source) removes on this dataset, fitting it through
+    the cache if needed."""
+    _, report, _, _ = _erase_cached(data, source, {}, cache_dir)
     rank = report.get("rank_removed")
     return int(rank) if rank is not None else None
 
@@ -289,7 +285,7 @@ def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserCfg, cache_dir:
     """`apply_eraser`, and the fitted eraser too (None for the identity control, which has nothing to apply), for
     `eraser.after_augment`: the same erased images (the same cache entry), the eraser from `fit_cached`. A map
     eraser only; an eraser that edits the dataset (gradient) has no map and is refused."""
-    if ERASERS.meta(eraser_cfg.name)["kind"] != "map":
+    if not eraser_traits(eraser_cfg.name).has_map:
         raise ValueError(f"eraser {eraser_cfg.name} edits the dataset once and has no map to apply to other images")
     return _apply(data, eraser_cfg, cache_dir, with_certificate, plan, keep_eraser=True)
 
@@ -304,16 +300,16 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certif
     if not in_sample:
         options = holdout_options(name, options)
     info: dict[str, Any] = {"name": name, "options": options, "fit": _fit_info(plan, fit, coded)}
-    identity = ERASERS.meta(name)["family"] == "control"
+    traits = eraser_traits(name)
     eraser, key = None, None
-    if identity:
+    if traits.identity:
         x, info["report"], info["cache_hit"] = coded.x, {"rank_removed": 0}, None
     else:
         rank_hint = None
         resolved = resolve_options(name, options)
-        if "rank" in resolved and resolved["rank"] is None:  # a rank-matched baseline: ALF-QLEACE's rank
+        if traits.rank_hint is not None and traits.rank_hint.wanted(resolved):  # a rank-matched baseline
             assert fit is not None, "the schema refuses fit_on=oracle for an eraser without a moments fit"
-            rank_hint = alf_rank(fit, cache_dir)
+            rank_hint = source_rank(fit, traits.rank_hint.source, cache_dir)
         if keep_eraser:
             assert fit is not None, "the schema refuses eraser.after_augment with fit_on=oracle"
             eraser, info["eraser_cache_hit"] = fit_cached(fit, name, options, cache_dir, rank_hint)
@@ -381,8 +377,9 @@ def _fit_info(plan: FitPlan | None, fit: LoadedData | None, coded: LoadedData) -
 
 
 def _warn_label_injection(name: str, fit: LoadedData) -> None:
-    """QLEACE's class maps estimated from few samples inject the label into held-out data: one warning line."""
-    if name != "qleace":
+    """A label-dependent map (QLEACE's class maps) estimated from few samples injects the label into held-out data:
+    one warning line."""
+    if not eraser_traits(name).needs_labels:
         return
     counts = torch.bincount(fit.y, minlength=fit.num_classes)
     line = label_injection_risk(counts, int(fit.x[0].numel()))

@@ -9,7 +9,8 @@ early-stops leaves the group. How the step's arithmetic is shared is the engine'
 (training/engine/backends.py): `loop` (bitwise equal to sequential training; default on CPU) or `stacked` (vmap
 over stacked parameters; default on GPU).
 Equality with sequential training is tested in tests/test_vectorized.py. A group is one `_Lockstep`; each
-member's training state (epoch, batch, early stopping, curve, result) is one `LockstepMember`.
+member's training state (epoch, batch, early stopping, curve, result) is one `LockstepMember`
+(training/engine/lockstep_state.py, with the drawn epochs `_Plan`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -31,7 +32,6 @@ from torch import Tensor, nn
 from training.common import interrupt
 from training.common.progress import progress_bar
 from training.engine.backends import LoopEngine, StackedEngine, ValSet, nonfinite_rows
-from training.engine.batches import DeviceData, augment_pad, draw_epoch
 from training.engine.checkpoint import CheckpointStore, fits_safely
 from training.engine.fit import (
     NEEDS_SHARED_VAL,
@@ -44,7 +44,7 @@ from training.engine.fit import (
     snapshot,
 )
 from training.engine.flat_optim import fused_backend
-from training.engine.stopping import EarlyStopping
+from training.engine.lockstep_state import LockstepMember, _name, _Plan
 
 ENGINES = ("auto", "loop", "stacked")
 log = logging.getLogger(__name__)
@@ -251,162 +251,6 @@ def _saved_parts(members: Sequence[Member], store: CheckpointStore | None) -> li
         if part:
             parts.append(part)
     return parts
-
-
-def _name(member: Member, index: int) -> str:
-    return member.name or f"model {index}"
-
-
-@dataclass
-class LockstepMember:
-    """One member's training state while its group runs: what `fit` keeps in local variables. Its best
-    state is kept by the engine (stacked per row by the stacked engine); the step count is the group's."""
-
-    index: int  # position in the group's member list (`on_finish`'s k)
-    spec: Member  # model, optimizer, generator (batch order + augmentation), config, validation indices
-    idx: Tensor  # training subset, on the data's device
-    steps_per_epoch: int
-    stopper: EarlyStopping  # best loss and epoch, patience bookkeeping
-    epoch: int = 1
-    batch: int = 0  # batches taken in the current epoch
-    curve: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
-    stop_reason: str = ""
-    result: FitResult | None = None  # set when it finishes
-
-    @classmethod
-    def start(cls, index: int, spec: Member, device: torch.device) -> LockstepMember:
-        idx = spec.idx.to(device)
-        if len(idx) == 0:
-            raise ValueError("cannot fit on an empty training set")
-        spe = math.ceil(len(idx) / spec.cfg.batch_size)
-        return cls(index, spec, idx, spe, spec.cfg.stopper(spe))
-
-    @property
-    def size(self) -> int:
-        return len(self.idx)
-
-    @property
-    def name(self) -> str:
-        return _name(self.spec, self.index)
-
-    def state_dict(self) -> dict:
-        return {"size": self.size, "epoch": self.epoch, "batch": self.batch,
-                "stopper": dataclasses.asdict(self.stopper),
-                "curve": list(self.curve), "gen": self.spec.gen.get_state()}
-
-    def load_state_dict(self, saved: dict) -> None:
-        self.epoch, self.batch = int(saved["epoch"]), int(saved["batch"])
-        self.stopper = EarlyStopping(**saved["stopper"])
-        self.curve = [(int(s), float(v)) for s, v in saved["curve"]]
-        self.spec.gen.set_state(saved["gen"])
-
-    @property
-    def epoch_ended(self) -> bool:
-        return self.batch == self.steps_per_epoch
-
-    @property
-    def validates_per_epoch(self) -> bool:
-        return not self.spec.cfg.eval_every_steps
-
-    def validates_after(self, step: int) -> bool:
-        every = self.spec.cfg.eval_every_steps
-        if not every:
-            return False
-        return step % every == 0
-
-    def record(self, step: int, loss: float) -> None:
-        self.curve.append((step, loss))
-        self.stopper.record(loss, self.epoch)
-
-    def end_epoch(self, step: int) -> bool:
-        """The current epoch ended after `step` steps: True when training stops here, else the next epoch starts."""
-        reason = self.stopper.end_epoch(self.epoch, step)
-        if reason is None:
-            self.epoch += 1
-            return False
-        self.stop_reason = reason
-        return True
-
-    def finish(self, step: int, seconds: float) -> FitResult:
-        s = self.stopper
-        self.result = FitResult(s.best_loss, s.best_epoch, self.epoch, step, self.curve, seconds, self.stop_reason)
-        return self.result
-
-
-class _Plan:
-    """Each live member's (row's) epoch: its global sample indices, sample weights (0 = padding) and
-    augmentation, padded to the longest epoch; `cursor` is the batch number within the epoch per row."""
-
-    def __init__(self, live: Sequence[LockstepMember], data: DeviceData) -> None:
-        dev = data.device
-        self.data, self.dev = data, dev
-        cfg = live[0].spec.cfg
-        self.augment, self.transform = cfg.augment, cfg.batch_transform
-        if any(m.spec.cfg.batch_size != cfg.batch_size or m.spec.cfg.augment != self.augment
-               or m.spec.cfg.batch_transform is not self.transform for m in live):
-            raise ValueError("members of one group share the batch size, the augmentation flag and the batch transform")
-        # The buffers below are batch-size wide: a batch larger than every member's training set (optim.batch_size
-        # = 10**9) is that set, one step per epoch, so cap it there (the same batches; no 10**9-slot buffers).
-        self.bs = min(cfg.batch_size, max(m.size for m in live))
-        self.pad = augment_pad(data, self.augment)
-        slots = max(m.steps_per_epoch for m in live) * self.bs
-        self.idx = torch.stack([torch.cat([m.idx, m.idx[:1].expand(slots - m.size)]) for m in live])
-        self.w = torch.stack([(torch.arange(slots, device=dev) < m.size).float() for m in live])
-        self.off = torch.zeros(len(live), slots, 2, dtype=torch.long, device=dev)
-        self.flip = torch.zeros(len(live), slots, dtype=torch.bool, device=dev)
-        self.cursor = torch.zeros(len(live), dtype=torch.long, device=dev)
-        self.slot = torch.arange(self.bs, device=dev)
-        for row, m in enumerate(live):
-            self.new_epoch(m, row)
-
-    def new_epoch(self, m: LockstepMember, row: int) -> None:
-        """Member m (in `row`) starts an epoch: its batch order and augmentation drawn as `fit` draws them."""
-        ep = draw_epoch(m.size, m.spec.gen, self.augment, self.pad)
-        self.idx[row, :m.size] = m.idx[ep.perm.to(self.dev)]
-        if ep.offsets is not None and ep.flips is not None:
-            self.off[row, :m.size] = ep.offsets.to(self.dev)
-            self.flip[row, :m.size] = ep.flips.to(self.dev)
-        m.batch = 0
-
-    def batch(self, live: Sequence[LockstepMember]) -> tuple[Tensor, Tensor, Tensor, list[int]]:
-        """The step's batch of every row: (global indices, inputs, sample weights, real samples per row)."""
-        pos = self.cursor[:, None] * self.bs + self.slot  # (rows, bs)
-        gidx = self.idx.gather(1, pos)
-        if self.augment:
-            off = self.off.gather(1, pos[..., None].expand(-1, -1, 2))
-            xb = self.data.batch(gidx, off, self.flip.gather(1, pos), self.pad)
-        else:
-            xb = self.data.batch(gidx)
-        counts = [min(self.bs, m.size - m.batch * self.bs) for m in live]
-        return gidx, xb, self.w.gather(1, pos), counts
-
-    def advance(self, live: Sequence[LockstepMember]) -> None:
-        self.cursor += 1
-        for m in live:
-            m.batch += 1
-
-    def restart(self, rows: list[int]) -> None:
-        """Rows whose new epoch was drawn (`new_epoch`) read from its first batch again."""
-        if rows:
-            self.cursor[torch.tensor(rows, device=self.dev)] = 0
-
-    def keep(self, rows: list[int]) -> None:
-        keep = torch.tensor(rows, device=self.dev)
-        self.idx, self.w, self.off, self.flip, self.cursor = (t[keep] for t in (self.idx, self.w, self.off,
-                                                                               self.flip, self.cursor))
-
-    PARTS = ("idx", "w", "off", "flip", "cursor")
-
-    def state_dict(self) -> dict:
-        """The live rows' drawn epochs and batch cursors (the batch width too: it was set by the group's first
-        members, some of which may have finished since)."""
-        return {"bs": self.bs, **{k: getattr(self, k).clone() for k in self.PARTS}}
-
-    def load_state_dict(self, saved: dict) -> None:
-        self.bs = int(saved["bs"])
-        self.slot = torch.arange(self.bs, device=self.dev)
-        for k in self.PARTS:
-            setattr(self, k, saved[k].to(self.dev))
 
 
 def _make_engine(members: Sequence[Member], options: GroupOptions) -> LoopEngine | StackedEngine:

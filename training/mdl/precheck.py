@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from erasure.traits import eraser_traits
 from models.registry import ARCHS
 from training.app.lifecycle import DataOnDisk
 from training.app.results import RESULT_FILE, read_result, same_config
@@ -192,11 +193,11 @@ def check_blocks(cfg: JobConfig, name: str, n: int, n_coded: int) -> None:
 
 
 def check_storage(cfg: JobConfig, data: LoadedData, coded: torch.Tensor | None) -> None:
-    """`training.storage=uint8|float16` with the control eraser stores the data itself: it must hold it exactly.
-    (Other erasers: the schema refuses map erasers and z-scoring up front; an edit eraser's output is checked when
-    it is stored.)"""
+    """`training.storage=uint8|float16` with the identity (control) eraser stores the data itself: it must hold it
+    exactly. (Other erasers: the schema refuses map erasers and z-scoring up front; an edit eraser's output is
+    checked when it is stored.)"""
     storage = cfg.training.storage
-    if storage not in ("uint8", "float16") or cfg.eraser.name != "control" or cfg.dataset.zscore:
+    if storage not in ("uint8", "float16") or not eraser_traits(cfg.eraser.name).identity or cfg.dataset.zscore:
         return
     try:
         compact(data.x if coded is None else data.x[coded], storage)
@@ -207,18 +208,19 @@ def check_storage(cfg: JobConfig, data: LoadedData, coded: torch.Tensor | None) 
 
 
 def check_after_augment(cfg: JobConfig, data: LoadedData) -> None:
-    """`eraser.after_augment=true` with QLEACE's coupling: refused when the fit would add coupling noise (singular
-    classes), predicted from the fit's data without fitting (erasure/qleace.py `coupling_noise_ranks`: seconds, no
-    barycenter). The prediction replaces the barycenter by the pooled covariance; where it misses, the fitted
-    eraser is refused with the same line (training/data/erase.py `BatchEraser`)."""
+    """`eraser.after_augment=true` with an eraser whose fit may add noise (`EraserTraits.batch_noise`, QLEACE's
+    coupling): refused when the fit would add it (singular classes), predicted from the fit's data without fitting
+    (erasure/qleace.py `coupling_noise_ranks`: seconds, no barycenter). The prediction replaces the barycenter by the
+    pooled covariance; where it misses, the fitted eraser is refused with the same line (training/data/erase.py
+    `BatchEraser`)."""
     e = cfg.eraser
-    if not e.after_augment or e.name != "qleace":
+    noise = eraser_traits(e.name).batch_noise
+    if not e.after_augment or noise is None:
         return
     from erasure import resolve_options
-    from erasure.qleace import coupling_noise_ranks
 
     options = resolve_options(e.name, dict(e.options))
-    if options["rank_deficient"] != "coupling":
+    if not noise.applies(options):
         return
     data = with_permuted_labels(cfg, data)
     try:
@@ -229,7 +231,7 @@ def check_after_augment(cfg: JobConfig, data: LoadedData) -> None:
     if fit is None:  # self: the coded rows
         fit = data if plan is None or plan.coded_idx is None else data.subset(plan.coded_idx)
     try:
-        ranks = coupling_noise_ranks(fit.x.reshape(len(fit.x), -1), fit.y, **options)
+        ranks = noise.ranks(fit.x.reshape(len(fit.x), -1), fit.y, **options)
     except ValueError:
         return  # a fit fold the fit itself refuses (too few rows): its own line says so
     singular = [c for c, q in enumerate(ranks) if q > 0]
@@ -282,7 +284,7 @@ def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int,
     params, acts, model = _model_size(cfg, data.input_shape, data.num_classes)
     at_once = models_at_once(cfg, models, _why_not_vectorised(cfg, model, device))
     data_bytes = n_coded * numel * _storage_bytes(cfg, data) + n_val * numel * 4
-    if cfg.eraser.after_augment and cfg.eraser.name != "control":
+    if cfg.eraser.after_augment and not eraser_traits(cfg.eraser.name).identity:
         data_bytes += n_coded * numel * 4  # the unerased images the training batches are drawn from (float32)
     batch = min(cfg.optim.batch_size, n_train)
     batch_bytes = at_once * (batch * (numel + 2 * acts) * 4 + n_train * PLAN_BYTES_PER_SLOT)
@@ -293,7 +295,7 @@ def _storage_bytes(cfg: JobConfig, data: LoadedData) -> int:
     storage = cfg.training.storage
     if storage in ("uint8", "float16", "float32"):
         return {"uint8": 1, "float16": 2, "float32": 4}[storage]
-    if cfg.eraser.name != "control" or cfg.dataset.zscore:
+    if not eraser_traits(cfg.eraser.name).identity or cfg.dataset.zscore:
         return 4  # erased (or standardised) data is stored as float32 (an edit eraser's may be smaller: rough)
     return compact(data.x[:256]).element_size()  # what `auto` picks, judged on a probe
 

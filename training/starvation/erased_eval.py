@@ -109,7 +109,8 @@ def run(job: JobRun) -> dict[str, Any]:
 @TASKS.register("gs_erased_eval", uses=USES, group="gs", options=ErasedEvalTask)
 def task(config: Any) -> Outcome:
     cfg = config if isinstance(config, JobConfig) else load_config(config)
-    if cfg.eraser.name == "control":
+    from erasure.traits import eraser_traits  # the identity eraser (control) has nothing to erase
+    if eraser_traits(cfg.eraser.name).identity:
         log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
                  "original held-out metrics); no job written to %s", cfg.paths.job_dir)
         return Outcome("skipped", Path(cfg.paths.job_dir), {})

@@ -1,0 +1,306 @@
+"""Building and checking the typed config: `load_config` turns a composed config into a `JobConfig` (or one
+`ConfigError` line), `load_section` / `group_config` one group; the cross-field checks (what a task reads, storage,
+fitting data, eraser options and fitting modes). The sections are in training/app/sections.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from training.app.sections import (
+    GROUPS,
+    NON_CONFIG_KEYS,
+    ArchConfig,
+    DatasetConfig,
+    EraserConfig,
+    JobConfig,
+    OptionsSection,
+    RegularizerConfig,
+    S,
+    Section,
+    _member_options,
+    _task_groups,
+    _task_options,
+    _task_uses,
+)
+from training.app.typed import ConfigError, build_options, check_typed, kind_name
+
+
+def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
+    """The typed config of a composed, resolved job config; ConfigError (one line) for a bad value."""
+    if isinstance(cfg, JobConfig):
+        return cfg
+    data = {k: v for k, v in cfg.items() if k not in NON_CONFIG_KEYS}
+    job = _build(JobConfig, data, "")
+    assert isinstance(job, JobConfig)
+    _check_task_reads(job)
+    _check_inside_out_dir(job)
+    _check_storage(job)
+    _check_fit_data(job)
+    return job
+
+
+def _check_fit_data(job: JobConfig) -> None:
+    """The fitting modes that need a kind of dataset: oracle a generator (fresh draws), pool a `dataset.limit`."""
+    from training.data.registry import DATASETS
+
+    e, name = job.eraser, job.dataset.name
+    if e.fit_on == "oracle" and not DATASETS.meta(name).get("generator"):
+        generators = ", ".join(n for n in DATASETS.names() if DATASETS.meta(n).get("generator"))
+        raise ConfigError(f"eraser.fit_on=oracle is not allowed: dataset {name} is not a generator (fresh draws need "
+                          f"one: {generators}); use eraser.fit_on=holdout or all")
+    if e.fit_on == "oracle" and job.dataset.permute_labels:
+        raise ConfigError("dataset.permute_labels=true is not allowed with eraser.fit_on=oracle (the fresh draws keep "
+                          "their true labels, so the null would fit one law and code another); use "
+                          "eraser.fit_on=holdout or all for the null")
+    if e.fit_on in ("self", "holdout") and e.fit_source == "pool" and job.dataset.limit is None:
+        raise ConfigError("eraser.fit_source=pool is not allowed: the pool is the rows beyond dataset.limit, which is "
+                          "not set; set dataset.limit (e.g. dataset.limit=20000) or use eraser.fit_source=split")
+
+
+def _check_inside_out_dir(job: JobConfig) -> None:
+    """A job directory built under paths.out_dir (as conf/paths/default.yaml builds it) must stay there, whatever
+    its parts resolved to (each part is checked by typed.path_refusal; this is the backstop)."""
+    p = job.paths
+    out = os.path.abspath(p.out_dir)
+    for key, path in (("paths.job_dir", p.job_dir), ("paths.legacy_job_dir", p.legacy_job_dir)):
+        if path is None or not path.startswith(p.out_dir.rstrip("/") + "/"):
+            continue  # given explicitly, not built from paths.out_dir
+        norm = os.path.abspath(path)
+        if os.path.commonpath([out, norm]) != out or norm == out:
+            raise ConfigError(f"{key}={path!r} is not allowed: it resolves to {norm}, outside paths.out_dir={out}; "
+                              "the parts built from config (paths.cell, paths.job_subdir, tags) must stay inside it")
+
+
+# Keys read only when another key has a given value: (key, that key, its value, the one value accepted otherwise).
+READ_ONLY_WITH: tuple[tuple[str, str, Any, Any], ...] = (
+    ("dataset.zscore_order", "dataset.zscore", True, "before"),
+    ("arch.swiglu_ratio", "arch.activation", "swiglu", None),
+    ("mdl.eval_every_steps", "mdl.full_run", True, None),  # MDL: the full run's validation cadence only
+)
+
+
+def _task_reads(task: str, key: str) -> bool:
+    """Whether `key` enters task `task`'s hash (its declared `uses`: every group, a group, or the key itself)."""
+    uses = _task_uses(task)
+    return uses is None or key in uses or key.split(".", 1)[0] in uses
+
+
+def _value(job: JobConfig, key: str) -> Any:
+    group, name = key.split(".", 1)
+    return getattr(job, group).to_dict().get(name, dataclasses.MISSING)
+
+
+def _shown(v: Any) -> str:
+    """A value as it is written on the command line (true, null, swiglu)."""
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b and type(a) is type(b)
+
+
+def _check_task_reads(job: JobConfig) -> None:
+    """A hashed key the job's task does not read (training/app/tasks.py FIXED), or that is read only with another
+    key's value (READ_ONLY_WITH), must keep the one value it accepts: otherwise it would change the job's hash (and
+    directory) but not its numbers."""
+    from training.app.tasks import fixed_keys
+
+    for key, accepted in fixed_keys(job.task).items():
+        value = _value(job, key)
+        if value is not dataclasses.MISSING and not _same(value, accepted):
+            raise ConfigError(f"{key}={_shown(value)} is not allowed with task={job.task}: the task does not read "
+                              f"{key} (it would change the job's hash, not its numbers); leave it at "
+                              f"{_shown(accepted)} or use another task")
+    for key, when, needed, accepted in READ_ONLY_WITH:
+        if not (_task_reads(job.task, key) and _task_reads(job.task, when)):
+            continue  # e.g. gs_erased_eval reads mdl.eval_every_steps and has no full run
+        value = _value(job, key)
+        if value is not dataclasses.MISSING and not _same(value, accepted) and not _same(_value(job, when), needed):
+            raise ConfigError(f"{key}={_shown(value)} is not allowed: {key} is read only with {when}={_shown(needed)} "
+                              f"(here {_shown(_value(job, when))}); leave it at {_shown(accepted)} or set "
+                              f"{when}={_shown(needed)}")
+
+
+def _check_storage(job: JobConfig) -> None:
+    """`training.storage=uint8|float16` keeps the data exactly or not at all (training/engine/batches.py): the data of
+    an eraser that maps it to arbitrary floats (LEACE, QLEACE, random, ...) or of `dataset.zscore` never fits, so such
+    a job is refused up front instead of after its erasure. (Control data and gradient erasure's quantized edits may
+    fit: the job checks the data itself.)"""
+    storage = job.training.storage
+    if storage not in ("uint8", "float16"):
+        return
+    from erasure.traits import eraser_traits
+
+    traits = eraser_traits(job.eraser.name)
+    if job.dataset.zscore:
+        why = "with dataset.zscore=true (standardised data"
+    elif traits.has_map and not traits.identity:
+        why = f"with eraser={job.eraser.name} (its erased data"
+    else:
+        return
+    raise ConfigError(f"training.storage={storage!r} is not allowed: training.storage must be auto or float32 {why} is "
+                      f"not exactly representable as {storage}, so storing it so would change the numbers; auto "
+                      "keeps the smallest exact storage)")
+
+
+def load_section(cls: type[S], data: Mapping[str, Any], prefix: str = "") -> S:
+    """One group's typed config from its composed mapping (e.g. `load_section(ArchConfig, arch_yaml)`)."""
+    section = _build(cls, data, prefix)
+    assert isinstance(section, cls)
+    return section
+
+
+
+
+def _build(cls: type[Section], data: Any, prefix: str) -> Section:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}={data!r} is not allowed: it must be a group of keys")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name.startswith("_") or f.metadata.get("typed_view"):
+            continue
+        key = prefix + f.name
+        if f.name in data:
+            value = data[f.name]
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            raise ConfigError(f"{key} is missing: set it in its yaml or on the command line ({key}=...)")
+        values[f.name] = _check(key, value, f.metadata)
+    rest = {k: v for k, v in data.items() if k not in values}
+    if cls is EraserConfig:
+        _check_eraser_options(values["name"], values["options"])
+        _check_eraser_fitting(values)
+    if issubclass(cls, OptionsSection):
+        kind, owner = _options_owner(cls)
+        options_cls = _member_options(kind, values["name"])
+        view = build_options(options_cls, rest, prefix, known=tuple(values), owner=f"{owner} {values['name']}")
+        return cls(**values, options=view, _options=rest)
+    if cls is JobConfig:
+        return cls(**values, **_task_group(str(values["task"]), rest))
+    if rest:
+        k = sorted(rest)[0]
+        raise ConfigError(f"{prefix}{k}={rest[k]!r} is not allowed: unknown key; known: {', '.join(values)}")
+    return cls(**values)
+
+
+def _options_owner(cls: type[OptionsSection]) -> tuple[str, str]:
+    return {DatasetConfig: ("dataset", "dataset"), ArchConfig: ("arch", "architecture"),
+            RegularizerConfig: ("regularizer", "regularizer")}[cls]
+
+
+def _task_group(task: str, rest: Mapping[str, Any]) -> dict[str, Any]:
+    """The task's own group (e.g. `gs` for the Gradient Starvation tasks), checked by its options dataclass."""
+    group, options_cls = _task_options(task)
+    others = _task_groups()  # a sweep over tasks (gs_sd_erasure) composes every task's group into each job
+    unknown = sorted(k for k in rest if k != group and k not in others)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}={rest[unknown[0]]!r} is not allowed: unknown key (task {task} reads "
+                          f"{group or 'no group of its own'})")
+    view = None
+    if group is not None and options_cls is not None:
+        view = build_options(options_cls, rest.get(group, {}), f"{group}.", owner=f"task {task}")
+    return {"task_options": view, "_task_group": dict(rest)}
+
+
+def _check(key: str, value: Any, meta: Mapping[str, Any]) -> Any:
+    kind = meta.get("kind")
+    if value is None:
+        if meta.get("optional") or (meta.get("choices") and None in meta["choices"]):
+            return None
+        raise ConfigError(f"{key}=null is not allowed: {key} must be {meta.get('allowed') or 'set'}")
+    if isinstance(kind, type) and issubclass(kind, Section):
+        return _build(kind, value, key + ".")
+    if meta.get("choices"):
+        if not any(value == c and type(value) is type(c) for c in meta["choices"]):
+            shown = ", ".join(json.dumps(c) if isinstance(c, bool) else str(c) for c in meta["choices"])
+            raise ConfigError(f"{key}={value!r} is not allowed: {key} must be one of {shown}")
+        return value
+    if kind is not None:
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        bad_bool = isinstance(value, bool) and bool not in kinds
+        if bad_bool or not isinstance(value, kinds):
+            allowed = meta.get("allowed") or kind_name(kinds)
+            raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {allowed}")
+    check = meta.get("check")
+    if check is not None and not check(value):
+        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {meta.get('allowed') or 'another value'}")
+    return value
+
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def group_config(group: str, name: str, **overrides: Any) -> Any:
+    """One config group as conf/<group>/<name>.yaml composes it, with overrides, typed and checked (library use
+    and tests: `build_model(group_config("arch", "mlp", width=64), ...)`)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from training.app.resolvers import resolved_dict
+
+    def compose(member: str) -> Any:
+        node = OmegaConf.load(CONF_DIR / group / f"{member}.yaml")
+        assert isinstance(node, DictConfig)
+        bases = [compose(str(d)) for d in node.pop("defaults", []) if d != "_self_"]
+        return OmegaConf.merge(*bases, node)
+
+    root = OmegaConf.load(CONF_DIR / "config.yaml")  # keys every member of the group has (eraser.fit_on, ...)
+    assert isinstance(root, DictConfig)
+    shared = root[group] if group in root else {}
+    node = OmegaConf.merge(shared, compose(name), overrides)
+    return load_section(GROUPS[group], resolved_dict(node), f"{group}.")
+
+
+def _check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
+    """Eraser options are the fitter's keyword arguments: checked against their annotations (or, for an eraser
+    that declares `defaults`, against the defaults' types)."""
+    from erasure import default_options
+    from erasure.registry import ERASERS
+
+    known = default_options(name)
+    for k in options:
+        if k not in known:
+            raise ConfigError(f"eraser.options.{k} is not allowed: not an option of eraser {name}; known: "
+                              f"{', '.join(sorted(known))}")
+    hints = _eraser_hints(ERASERS.get(name))
+    for k, v in options.items():
+        tp = hints.get(k)
+        if tp is None and known[k] is not None:
+            tp = float if isinstance(known[k], float) else type(known[k])
+        if tp is not None:
+            check_typed(f"eraser.options.{k}", v, tp)
+
+
+def _check_eraser_fitting(values: Mapping[str, Any]) -> None:
+    from erasure.registry import ERASERS
+
+    name, fit_on = values["name"], values["fit_on"]
+    meta = ERASERS.meta(name)
+    if meta["kind"] == "edit" and fit_on != "all":
+        raise ConfigError(f"eraser.fit_on={fit_on} is not allowed: eraser {name} edits each sample and has no map "
+                          "to apply to other data; use eraser.fit_on=all")
+    if fit_on == "self" and values["fit_source"] == "pool":
+        raise ConfigError("eraser.fit_source=pool is not allowed with eraser.fit_on=self: self fits on the coded rows, "
+                          "which pool does not shrink (that is eraser.fit_on=all); use eraser.fit_source=split")
+    if fit_on == "oracle" and "from_moments" not in meta:
+        able = ", ".join(e.name for e in ERASERS if "from_moments" in e.meta)
+        raise ConfigError(f"eraser.fit_on=oracle is not allowed: eraser {name} cannot be fitted from streamed "
+                          f"moments; use one of {able}")
+    if fit_on == "oracle" and values["after_augment"]:
+        raise ConfigError("eraser.after_augment=true is not allowed with eraser.fit_on=oracle (generator data is "
+                          "not augmented); use eraser.after_augment=false")
+
+
+def _eraser_hints(fitter: Any) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fitter)
+    except (NameError, TypeError):  # an annotation that does not resolve: checked by name only
+        return {}

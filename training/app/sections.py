@@ -1,0 +1,320 @@
+"""The typed config sections: one frozen dataclass per config group, each field declaring its type, check,
+default and whether it enters the job hash (`hash=False`), and the registries the checks look names up in.
+training/app/loading.py builds them from a composed config; training/app/schema.py hashes them and is where
+callers import them from."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from training.app.typed import (
+    NAME_ALLOWED,
+    SUBPATH_ALLOWED,
+    auto_or_positive_int,
+    flag,
+    nonneg_int,
+    one_of,
+    path_part,
+    path_refusal,
+    positive_float,
+    positive_int,
+    spec,
+    unit_interval,
+)
+
+if TYPE_CHECKING:
+    from erasure.registry import Registry
+
+
+def _device_name(v: str) -> bool:
+    kind, _, index = v.partition(":")
+    return v in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit())
+
+
+# ---- the sections -------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Section:
+    """A config group: frozen, typed fields read as attributes. `to_dict()` gives it back as composed (what
+    result.json stores and the job hash covers)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name.startswith("_") or f.metadata.get("typed_view"):
+                continue
+            v = getattr(self, f.name)
+            if f.metadata.get("omit_empty") and not v:
+                continue  # as composed: only the groups that carry it (dataset.paper_lr)
+            out[f.name] = v.to_dict() if isinstance(v, Section) else _plain(v)
+        return {**out, **_plain(self._given_options())}
+
+    def _given_options(self) -> dict[str, Any]:
+        return {}
+
+
+def _options_view() -> Any:
+    """The group member's own options (a dataclass declared next to the module that registers it), typed."""
+    return field(default=None, compare=False, repr=False, metadata={"typed_view": True, "hash": False})
+
+
+def _given() -> Any:
+    return field(default_factory=dict, repr=False, metadata={"hash": True})
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptionsSection(Section):
+    """A group whose members declare their own options (flat keys in the yaml, e.g. `arch.activation`): the
+    registered options dataclass validates them and `.options` reads them typed."""
+
+    options: Any = _options_view()
+    _options: dict[str, Any] = _given()  # the option keys as composed
+
+    def _given_options(self) -> dict[str, Any]:
+        return dict(self._options)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetConfig(OptionsSection):
+    name: str = spec(kind=str, check=lambda v: v in _datasets(), allowed="a registered dataset")
+    tag: str = path_part(hash=False)  # names the job directory
+    augment: bool = flag(False)
+    zscore: bool = flag(False)
+    limit: int | None = positive_int(None, optional=True)
+    zscore_order: str = one_of("before", "before", "after")  # standardise before erasure (ours) or after (paper code)
+    root: str | None = spec(None, kind=str, optional=True, hash=False)  # where the files are, not what they are
+    download: bool = flag(True, hash=False)
+    # the paper's lr per arch: a table conf/optim interpolates into optim.lr (hashed itself), so not hashed
+    paper_lr: dict[str, Any] = spec(default_factory=dict, kind=dict, omit_empty=True, hash=False)
+    permute_labels: bool = spec(kind=bool, allowed="true or false")  # default: conf/config.yaml
+
+
+FIT_ON = ("all", "self", "holdout", "oracle")  # eraser.fit_on (INTERFACE: how an eraser is fitted)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EraserConfig(Section):
+    """An eraser and how it is fitted; the fitting keys' defaults are in conf/config.yaml."""
+
+    name: str = spec(kind=str, check=lambda v: v in _erasers(), allowed="a registered eraser")
+    options: dict[str, Any] = spec(default_factory=dict, kind=dict)  # the fitter's keyword options (checked)
+    fit_on: str = spec(choices=FIT_ON)
+    fit_source: str = spec(choices=("split", "pool"))
+    fit_fraction: float = spec(kind=(int, float), check=lambda v: 0 < v < 1, allowed="a number in (0, 1)")
+    repeat: int = spec(kind=int, check=lambda v: v >= 0, allowed="an integer ≥ 0")
+    n_fit: int | None = positive_int(None, optional=True)
+    after_augment: bool = spec(kind=bool, allowed="true or false")
+
+
+def fit_keys_used(fit_on: Any, fit_source: Any) -> tuple[str, ...]:
+    """The eraser fitting keys a mode reads (conf/config.yaml); the others do not enter the job hash."""
+    if fit_on == "oracle":
+        return ("n_fit",)
+    if fit_on in ("self", "holdout"):
+        return ("fit_source", "n_fit", "repeat") if fit_source == "pool" else ("fit_source", "fit_fraction", "repeat")
+    return ()
+
+
+FIT_KEYS = ("fit_source", "fit_fraction", "repeat", "n_fit")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArchConfig(OptionsSection):
+    name: str = spec(kind=str, check=lambda v: v in _archs(), allowed="a registered architecture")
+    tag: str = path_part(hash=False)
+    width: int = positive_int()
+    depth: int = positive_int()
+    base_width: int | None = positive_int(None, optional=True)
+    base_depth: int = positive_int(2)
+    parametrization: str = one_of("mup", "mup", "sp")
+    # read by conf/optim (lr per eraser family): a table interpolated into optim.* (hashed themselves), so not hashed
+    paper_optim: dict[str, Any] = spec(default_factory=dict, kind=dict, hash=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig(Section):
+    lr: float = positive_float()
+    beta1: float = unit_interval()
+    beta2: float = unit_interval(0.999)
+    weight_decay: float = spec(0.0, kind=(int, float), check=lambda v: v >= 0 and math.isfinite(v),
+                               allowed="a finite number ≥ 0")
+    warmup_steps: int = nonneg_int(0)
+    batch_size: int = positive_int(128)
+    depth_lr_rule: bool = flag(True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MdlConfig(Section):
+    protocol: str = one_of("prequential", "prequential", "paper")
+    num_blocks: int = spec(10, kind=int, check=lambda v: v >= 2, allowed="an integer ≥ 2")
+    min_block: int = positive_int(1024)
+    val_size: int = positive_int(2048)
+    val_frac: float = spec(0.2, kind=(int, float), check=lambda v: 0 < v < 1, allowed="a number in (0, 1)")
+    patience: int = positive_int(100)
+    max_epochs: int = positive_int(30000)
+    eval_every_steps: int | None = positive_int(None, optional=True)
+    full_run: bool = flag(True)
+    calibrate_temperature: bool = flag(False)
+    stop_after_warmup: bool = flag(True)  # step-aware early stopping (training/engine/stopping.py)
+    min_steps: int = nonneg_int(0)
+    patience_min_steps: int = nonneg_int(0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegularizerConfig(OptionsSection):
+    name: str = spec(kind=str, check=lambda v: v in _regularizers(), allowed="a registered regularizer")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggerConfig(Section):
+    name: str = one_of("none", "none", "wandb")
+    project: str = spec("erasure-mdl", kind=str)
+    entity: str | None = spec(None, kind=str, optional=True)
+    mode: str = one_of("offline", "offline", "online", "disabled")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingConfig(Section):
+    """Speed only: every option gives the numbers of one-at-a-time training (tests/test_vectorized.py)."""
+
+    parallel_models: Any = auto_or_positive_int()
+    engine: str = one_of("auto", "auto", "loop", "stacked")
+    workers: Any = auto_or_positive_int()
+    storage: str = one_of("auto", "auto", "float32", "float16", "uint8")
+    compile: Any = one_of(False, False, True, "default", "reduce-overhead", "max-autotune")
+    fused_optimizer: Any = one_of(False, False, True, "numba", "compile", "eager")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PathsConfig(Section):
+    out_dir: str = spec("outputs", kind=str)
+    data_dir: str = spec("data", kind=str)
+    cache_dir: str = spec("outputs/cache", kind=str)
+    job_dir: str = spec("outputs/job", kind=str)
+    legacy_job_dir: str | None = spec(None, kind=str, optional=True)
+    # the parts of a job's path built from config: checked by typed.path_refusal, as dataset.tag and arch.tag
+    cell: str | None = spec(None, kind=str, optional=True, check=lambda v: path_refusal(v, single=True) is None,
+                            allowed=NAME_ALLOWED)
+    job_subdir: str | None = spec(None, kind=str, optional=True, check=lambda v: path_refusal(v, single=False) is None,
+                                  allowed=SUBPATH_ALLOWED)
+    by_task: dict[str, Any] = spec(default_factory=dict, kind=dict, omit_empty=True,  # a job_subdir per task
+                                   check=lambda v: all(isinstance(p, str) and path_refusal(p, single=False) is None
+                                                       for p in v.values()),
+                                   allowed=f"a group of task: job_subdir, each {SUBPATH_ALLOWED}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig(Section):
+    task: str = spec("mdl", kind=str, check=lambda v: v in _tasks(), allowed="a registered task")
+    seed: int = nonneg_int(0)
+    # where the job runs checks that the device is there (training/engine/devices.py), not the schema: a sweep for
+    # GPUs may be composed on a login node without one
+    device: str = spec("auto", kind=str, check=_device_name, allowed="auto, cpu, cuda or cuda:N (N a GPU index)",
+                       hash=False)
+    force: bool = flag(False, hash=False)
+    experiment_name: str | None = spec(None, kind=str, optional=True, hash=False)
+    progress: bool = flag(True, hash=False)
+    certificate: bool = flag(True)
+    claims: list[str] | None = spec(None, kind=list, optional=True, hash=False)  # what scripts/claims.py tests
+    dataset: DatasetConfig = spec(kind=DatasetConfig)
+    eraser: EraserConfig = spec(kind=EraserConfig)
+    arch: ArchConfig = spec(kind=ArchConfig)
+    optim: OptimConfig = spec(kind=OptimConfig)
+    mdl: MdlConfig = spec(kind=MdlConfig)
+    regularizer: RegularizerConfig = spec(kind=RegularizerConfig)
+    training: TrainingConfig = spec(kind=TrainingConfig, hash=False)
+    logger: LoggerConfig = spec(kind=LoggerConfig, hash=False)
+    paths: PathsConfig = spec(kind=PathsConfig, hash=False)
+    task_options: Any = _options_view()  # the task's own group (gs), typed by the task's registry entry
+    _task_group: dict[str, Any] = _given()  # that group as composed, under its name
+
+    def _given_options(self) -> dict[str, Any]:
+        return dict(self._task_group)
+
+
+# ---- registries, looked up lazily (conf composition should not import every model) --------------------------
+def _datasets() -> list[str]:
+    from training.data.registry import DATASETS
+
+    return DATASETS.names()
+
+
+def _erasers() -> list[str]:
+    from erasure.registry import ERASERS
+
+    return ERASERS.names()
+
+
+def _archs() -> list[str]:
+    from models.registry import ARCHS
+
+    return ARCHS.names()
+
+
+def _regularizers() -> list[str]:
+    from training.engine.regularizers import REGULARIZERS
+
+    return REGULARIZERS.names()
+
+
+def _member_options(kind: str, name: str) -> type[Any] | None:
+    """The options dataclass a dataset, architecture or regularizer declares in its registry entry (None: it
+    takes no options of its own)."""
+    from models.registry import ARCHS
+    from training.data.registry import DATASETS
+    from training.engine.regularizers import REGULARIZERS
+
+    reg: Registry[Any] = DATASETS if kind == "dataset" else ARCHS if kind == "arch" else REGULARIZERS
+    return reg.meta(name).get("options")
+
+
+def _task_groups() -> set[str]:
+    """The groups tasks read of their own (`gs`): what their declared `uses` names beyond the job's groups."""
+    from training.app.tasks import DECLARED
+
+    own = {f.name for f in dataclasses.fields(JobConfig)}
+    groups = {entry.partition(".")[0] for uses in DECLARED.values() for entry in (uses or ())}
+    return groups - own
+
+
+def _task_options(task: str) -> tuple[str | None, type[Any] | None]:
+    """The config group a task reads of its own (`gs`) and the dataclass that declares it, from the task's
+    registry entry; (None, None) where its implementation is not imported (hashing a stored config in the core:
+    the CLI imports every task, so a job's config is always checked)."""
+    from training.app.tasks import TASKS
+
+    if task not in TASKS:
+        return None, None
+    meta = TASKS.meta(task)
+    return meta.get("group"), meta.get("options")
+
+
+def _tasks() -> list[str]:
+    from training.app.tasks import task_names  # the static declaration: no task's code is imported
+
+    return task_names()
+
+
+def _task_uses(task: str) -> tuple[str, ...] | None:
+    from training.app.tasks import task_uses  # the static declaration: no task's code is imported
+
+    return task_uses(task)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+NON_CONFIG_KEYS = ("hydra",)  # composed alongside the job's config, not part of it
+
+S = TypeVar("S", bound=Section)
+GROUPS: dict[str, type[Section]] = {"dataset": DatasetConfig, "eraser": EraserConfig, "arch": ArchConfig,
+                                    "optim": OptimConfig, "mdl": MdlConfig, "regularizer": RegularizerConfig,
+                                    "logger": LoggerConfig, "paths": PathsConfig}

@@ -291,27 +291,23 @@ def _member_options(kind: str, name: str) -> type[Any] | None:
 
 def _task_groups() -> set[str]:
     """The groups tasks read of their own (`gs`): what their declared `uses` names beyond the job's groups."""
-    from training.app.tasks import DECLARED
+    from training.app.tasks import tasks
 
     own = {f.name for f in dataclasses.fields(JobConfig)}
-    groups = {entry.partition(".")[0] for uses in DECLARED.values() for entry in (uses or ())}
+    groups = {entry.partition(".")[0] for task in tasks() for entry in (task.uses or ())}
     return groups - own
 
 
 def _task_options(task: str) -> tuple[str | None, type[Any] | None]:
-    """The config group a task reads of its own (`gs`) and the dataclass that declares it, from the task's
-    registry entry; (None, None) where its implementation is not imported (hashing a stored config in the core:
-    the CLI imports every task, so a job's config is always checked)."""
-    from training.app.tasks import TASKS
+    """The config group a task reads of its own (`gs`) and the dataclass that declares it (its declaration in the
+    `tasks` namespace: no task code is imported)."""
+    from training.app.tasks import task_group
 
-    if task not in TASKS:
-        return None, None
-    meta = TASKS.meta(task)
-    return meta.get("group"), meta.get("options")
+    return task_group(task)
 
 
 def _tasks() -> list[str]:
-    from training.app.tasks import task_names  # the static declaration: no task's code is imported
+    from training.app.tasks import task_names  # the declarations: no task's code is imported
 
     return task_names()
 
@@ -395,10 +391,10 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _check_task_reads(job: JobConfig) -> None:
-    """A hashed key the job's task does not read (training/app/tasks.py FIXED), or that is read only with another
+    """A hashed key the job's task does not read (its declaration's `fixed`), or that is read only with another
     key's value (READ_ONLY_WITH), must keep the one value it accepts: otherwise it would change the job's hash (and
-    directory) but not its numbers."""
-    from training.app.tasks import fixed_keys
+    directory) but not its numbers. Then what the task itself refuses (`Task.refusal`)."""
+    from training.app.tasks import fixed_keys, get_task
 
     for key, accepted in fixed_keys(job.task).items():
         value = _value(job, key)
@@ -414,6 +410,8 @@ def _check_task_reads(job: JobConfig) -> None:
             raise ConfigError(f"{key}={_shown(value)} is not allowed: {key} is read only with {when}={_shown(needed)} "
                               f"(here {_shown(_value(job, when))}); leave it at {_shown(accepted)} or set "
                               f"{when}={_shown(needed)}")
+    if (refusal := get_task(job.task).refusal(job)) is not None:
+        raise ConfigError(refusal)
 
 
 def _check_storage(job: JobConfig) -> None:
@@ -717,7 +715,7 @@ def _data_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _task_uses(task: str) -> tuple[str, ...] | None:
-    from training.app.tasks import task_uses  # the static declaration: no task's code is imported
+    from training.app.tasks import task_uses  # the declarations: no task's code is imported
 
     return task_uses(task)
 

@@ -11,6 +11,12 @@ The layers, bottom up:
     training/mdl/, training/starvation/   the tasks
     training/cli/         the command line (Hydra entry, one-line errors, SIGTERM, the multirun ledger); imported
                           only by the shim training/run.py
+    tasks/                the task declarations (a namespace package: one module per task), which bind a task's
+                          implementation (training/mdl, training/starvation) and its tables (scripts/) in their
+                          methods; at their top level they import only the standard library, training.app and tasks
+
+The one dynamic import: training/app/tasks.py discovers the modules of the `tasks` namespace (a new task is a module
+that nothing else names). So the core reads a task's declaration without its code, its top level imports nothing else.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("atomicio", "erasure", "models", "training", "scripts")
+PACKAGES = ("atomicio", "erasure", "models", "training", "scripts", "tasks")
 CLI = ("training.cli", "training.run")
 TASK_CODE = ("training.mdl", "training.starvation")
 
@@ -38,7 +44,10 @@ FORBIDDEN = {
     "training.mdl": (*CLI, "training.app.sweeps", "training.starvation", "scripts"),
     "training.starvation": (*CLI, "training.app.sweeps", "scripts"),
     "scripts": CLI,
+    "tasks": CLI,
 }
+DISCOVERS = ("training.app.tasks",)  # the one module that imports modules by name: the `tasks` namespace's
+TASK_TOP_LEVEL = ("training.app", "tasks")  # what a task module imports when discovered (besides the stdlib)
 # What a package may import of a forbidden prefix all the same.
 EXCEPT = {
     "training.common": ("training.common",),
@@ -89,6 +98,18 @@ def _calls(path: Path) -> set[str]:
     return names
 
 
+def _top_level_imports(path: Path) -> set[str]:
+    """What a module imports when it is imported: its module-level import statements (not those in functions or
+    under `if TYPE_CHECKING:`)."""
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
 def _matches(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
@@ -114,8 +135,15 @@ def _violations(modules: dict[str, Path]) -> list[str]:
         if not _matches(module, "training.cli") and module != "training.run":
             bad += [f"{module} imports {name} (only the shim training/run.py imports the command-line layer)"
                     for name in imported if any(_matches(name, c) for c in CLI)]
+        if _matches(module, "tasks"):
+            bad += [f"{module} imports {name} when discovered (a task module's top level imports only the standard "
+                    f"library and {', '.join(TASK_TOP_LEVEL)}; import the task's code in its methods)"
+                    for name in sorted(_top_level_imports(path)) if name.split(".")[0] not in sys.stdlib_module_names
+                    and name != "__future__" and not any(_matches(name, a) for a in TASK_TOP_LEVEL)]
         if _matches(module, "scripts"):
             continue  # scripts may probe what is installed (scripts/gpu_report.py); the registries live below
+        if module in DISCOVERS:
+            continue
         bad += [f"{module} imports {name} (a hidden edge: import modules by name, in a list)"
                 for name in imported if any(_matches(name, d) for d in DYNAMIC)]
         bad += [f"{module} calls {call}() (a hidden edge: import modules by name, in a list)"
@@ -149,6 +177,8 @@ def test_the_check_catches_each_rule(tmp_path: Path) -> None:
         "training.app.ledger": "from training.cli.report import exit_user_error\n",
         "scripts.aggregate": "from training.cli.run import main\n",
         "training.data.erase": "from training.run import main\n",
+        "tasks.toy": "import torch\nfrom training.app.tasks import Task\n",
+        "training.app.schema": "import importlib\n",
     }
     modules = {}
     for name, text in cases.items():

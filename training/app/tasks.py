@@ -98,8 +98,8 @@ class TaskRegistry(Registry[Task]):
             task = getattr(importlib.import_module(info.name), "TASK", None)
             if not isinstance(task, Task):
                 raise TypeError(f"{info.name} declares no task: define TASK = <a training.app.tasks.Task subclass>()")
-            self._modules.add(info.name)
             self.add(task.name, task)
+            self._modules.add(info.name)
         self._searched = paths
         return self
 

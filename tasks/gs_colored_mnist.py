@@ -35,6 +35,8 @@ class ColoredMnist(StarvationTask):
         return run(prepared)
 
     def rows(self, collected: Collected) -> dict[str, str]:
+        if not collected.results:
+            return {}
         from scripts.aggregate_gs import cmnist_curves, colored_mnist_tables
 
         cmnist_curves(collected.results, collected.out / "gs_colored_mnist_curves.png")

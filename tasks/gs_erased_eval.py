@@ -74,6 +74,8 @@ class ErasedEval(StarvationTask):
         return super().__call__(cfg)
 
     def rows(self, collected: Collected) -> dict[str, str]:
+        if not collected.results:
+            return {}
         from scripts.aggregate_gs import erased_eval_table
 
         return {"gs_erased_eval": erased_eval_table(collected.results)}

@@ -43,6 +43,8 @@ class TwoMoons(StarvationTask):
         return run(prepared)
 
     def rows(self, collected: Collected) -> dict[str, str]:
+        if not collected.results:
+            return {}
         from scripts.aggregate_gs import two_moons_boundaries, two_moons_table
 
         two_moons_boundaries(collected.results, collected.out / "gs_two_moons_boundaries.png")

@@ -87,6 +87,11 @@ class Task:
 class TaskRegistry(Registry[Task]):
     """The tasks discovered in the `tasks` namespace (each registered once, by its module's `TASK`)."""
 
+    def __init__(self) -> None:
+        super().__init__("task")
+        self._modules: set[str] = set()
+        self._searched: tuple[str, ...] = ()
+
     def discover(self) -> TaskRegistry:
         namespace = importlib.import_module(NAMESPACE)
         paths = tuple(namespace.__path__)  # recomputed by Python when sys.path changes
@@ -102,11 +107,6 @@ class TaskRegistry(Registry[Task]):
             self._modules.add(info.name)
         self._searched = paths
         return self
-
-    def __init__(self) -> None:
-        super().__init__("task")
-        self._modules: set[str] = set()
-        self._searched: tuple[str, ...] = ()
 
 
 TASKS: TaskRegistry = TaskRegistry()

@@ -37,6 +37,7 @@ from training.cli.report import (
     user_error_line,
 )
 from training.errors import Refused
+
 log = logging.getLogger("training.run")
 
 

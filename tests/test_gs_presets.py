@@ -1,4 +1,4 @@
-"""Gradient Starvation presets, the erased-data evaluation task and scripts/aggregate_gs.py."""
+"""Gradient Starvation presets, the erased-data evaluation task and their tables (tasks/gs_*.py `rows`)."""
 
 from __future__ import annotations
 

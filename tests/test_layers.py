@@ -43,7 +43,8 @@ FORBIDDEN = {
     "training.app": (*TASK_CODE, *CLI, "scripts"),
     "training.mdl": (*CLI, "training.app.sweeps", "training.starvation", "scripts"),
     "training.starvation": (*CLI, "training.app.sweeps", "scripts"),
-    "scripts": CLI,
+    "scripts": (*CLI, "tasks"),
+    "training": ("tasks",),  # the task modules are discovered, never imported by name
     "tasks": CLI,
 }
 DISCOVERS = ("training.app.tasks",)  # the one module that imports modules by name: the `tasks` namespace's
@@ -178,6 +179,7 @@ def test_the_check_catches_each_rule(tmp_path: Path) -> None:
         "scripts.aggregate": "from training.cli.run import main\n",
         "training.data.erase": "from training.run import main\n",
         "tasks.toy": "import torch\nfrom training.app.tasks import Task\n",
+        "training.starvation.moons": "from tasks.gs_two_moons import TwoMoonsOptions\n",
         "training.app.schema": "import importlib\n",
     }
     modules = {}

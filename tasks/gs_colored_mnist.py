@@ -4,10 +4,13 @@ MNIST (training/starvation/colored_mnist.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tasks._starvation import NOT_AN_IMAGE_PIPELINE, POSITIVE, StarvationTask
 from training.app.tasks import Collected
+
+if TYPE_CHECKING:
+    from training.app.lifecycle import JobRun
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +31,11 @@ class ColoredMnist(StarvationTask):
     uses = ("dataset", "regularizer", "gs")
     fixed = {"dataset.name": "colored_mnist", **NOT_AN_IMAGE_PIPELINE}
     options = ColoredMnistOptions
+
+    def prepare(self, job: JobRun) -> Any:
+        from training.starvation.colored_mnist import prepare
+
+        return prepare(job)
 
     def run(self, prepared: Any) -> dict[str, Any]:
         from training.starvation.colored_mnist import run

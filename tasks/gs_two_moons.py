@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tasks._starvation import NONNEG, NOT_AN_IMAGE_PIPELINE, POSITIVE, StarvationTask
 from training.app.tasks import Collected
+
+if TYPE_CHECKING:
+    from training.app.lifecycle import JobRun
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +39,11 @@ class TwoMoons(StarvationTask):
     uses = ("dataset", "regularizer", "gs")
     fixed = {"dataset.name": "two_moons", **NOT_AN_IMAGE_PIPELINE}
     options = TwoMoonsOptions
+
+    def prepare(self, job: JobRun) -> Any:
+        from training.starvation.moons import prepare
+
+        return prepare(job)
 
     def run(self, prepared: Any) -> dict[str, Any]:
         from training.starvation.moons import run

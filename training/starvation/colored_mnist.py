@@ -9,13 +9,14 @@ Fig. 3 (accuracy and mean predictive entropy in nats on grayscale/coloured × di
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from training.app.lifecycle import JobRun
-from training.data.colored_mnist import colored_mnist, fig3_variants, pooled
+from training.data.colored_mnist import Environment, colored_mnist, fig3_variants, pooled
 from training.engine.regularizers import build_regularizer, task_loss
 from training.engine.seeding import seeded_global_rng
 from training.starvation.common import method_name, paper_mlp
@@ -32,11 +33,23 @@ def evaluate(net: nn.Module, x: Tensor, y: Tensor) -> dict[str, float]:
             "entropy": float(entropy.mean())}
 
 
-def run(job: JobRun) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Environments:
+    """The job and its data: the Colored MNIST environments (`dataset.*`), training ones and test."""
+
+    job: JobRun
+    envs: dict[str, Environment]
+
+
+def prepare(job: JobRun) -> Environments:
+    return Environments(job, colored_mnist(job.cfg.dataset))
+
+
+def run(prepared: Environments) -> dict[str, Any]:
+    job, envs = prepared.job, prepared.envs
     cfg, device = job.cfg, job.device
     gs = cfg.task_options  # tasks/gs_colored_mnist.py ColoredMnistOptions
     seed = cfg.seed
-    envs = colored_mnist(cfg.dataset)
     x, y = (t.to(device) for t in pooled(envs))
     test = envs["test"]
     xt, yt = test.x.to(device), test.y.to(device)

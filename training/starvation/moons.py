@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +85,24 @@ def plot_boundary(path: Path, grid: Grid, x: np.ndarray, y: np.ndarray, title: s
     plt.close(fig)
 
 
-def run(job: JobRun) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Moons:
+    """The job and its data: the training and test draws of two moons (`dataset.*`)."""
+
+    job: JobRun
+    train: tuple[torch.Tensor, torch.Tensor]
+    test: tuple[torch.Tensor, torch.Tensor]
+
+
+def prepare(job: JobRun) -> Moons:
+    moons: TwoMoonsOptions = job.cfg.dataset.options
+    return Moons(job, two_moons(moons, "train"), two_moons(moons, "test"))
+
+
+def run(prepared: Moons) -> dict[str, Any]:
+    job, (x, y), (xt, yt) = prepared.job, prepared.train, prepared.test
     cfg, job_dir, device = job.cfg, job.path, job.device
     moons: TwoMoonsOptions = cfg.dataset.options
-    x, y = two_moons(moons, "train")
-    xt, yt = two_moons(moons, "test")
     net, curve = train(cfg, x, y, device)
     g = cfg.task_options.grid
     geo, grid = geometry(logit_fn(net, device), x.numpy().astype(np.float64), y.numpy(), g.lo, g.hi, g.n)

@@ -119,9 +119,10 @@ def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
 
 
 def is_regularized_mdl(r: dict[str, Any]) -> bool:
+    """An MDL result (the MDL task's `rows` passes only those) of a GS preset or with a regularizer."""
     c = stored_config(r["config"]) if isinstance(r.get("config"), dict) else {}
     regularized = "regularizer.name" in c and c["regularizer.name"] != "none"
-    return bool(c) and c["task"] == "mdl" and "mdl" in r and (
+    return bool(c) and "mdl" in r and (
         str(c["experiment_name"] or "").startswith("gs_") or regularized)
 
 

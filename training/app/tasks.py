@@ -93,7 +93,11 @@ class TaskRegistry(Registry[Task]):
         self._searched: tuple[str, ...] = ()
 
     def discover(self) -> TaskRegistry:
-        namespace = importlib.import_module(NAMESPACE)
+        try:
+            namespace = importlib.import_module(NAMESPACE)
+        except ModuleNotFoundError as err:
+            raise ModuleNotFoundError(f"no task modules: the `{NAMESPACE}` namespace (the repository's tasks/) is not "
+                                      "on the path; run from the repository root or reinstall (make setup)") from err
         paths = tuple(namespace.__path__)  # recomputed by Python when sys.path changes
         if paths == self._searched:
             return self

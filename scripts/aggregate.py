@@ -25,45 +25,51 @@ result.json that cannot be read: also a warning naming it); they are never fille
 A cell whose seeds come from different commits (result.json provenance; none recorded: "unknown") is marked;
 --strict refuses it. A cell whose runs were computed on different data (result.json `dataset.fingerprint`: files
 swapped under the same names, another copy) is marked ‡ and never averaged; --strict refuses it.
-With --experiment a result whose config hash differs from the preset's job is "other-config", not counted. Results
-of other tasks (`task != mdl`, e.g. Spectral Decoupling) go to scripts/aggregate_gs.py.
+With --experiment a result whose config hash differs from the preset's job is "other-config", not counted. Every
+task makes the tables of its own results (`Task.rows`, training/tasks/*.py): the above are the MDL task's; the Gradient
+Starvation tasks' are in scripts/aggregate_gs.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
 
 from scripts.aggregate_collect import collect_dir, collect_experiment
-from scripts.aggregate_render import latex, markdown, other_task_tables, plot_stems
-from scripts.aggregate_summary import commit_problems, data_problems, increase_over_control, summarize
+from scripts.aggregate_summary import commit_problems, data_problems
 from training.app.result_types import Result
 from training.app.schema import load_config
+from training.app.tasks import Collected, task_names, tasks
 
 
 # --- main -------------------------------------------------------------------------------------------------
 def write_all(df: pd.DataFrame, results: list[Result], out: Path, name: str, title: str) -> str:
+    """Every task's tables (`Task.rows`, training/tasks/*.py) from its results: table "" as <name>.md, table t as
+    <name>_<t>.md; the text of all of them, the main tables first. A task whose tables fail is reported, not fatal."""
     out.mkdir(parents=True, exist_ok=True)
+    mine: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        mine[r.task].append(r)
+    known = task_names()
+    if unknown := sorted(set(mine) - set(known)):
+        print(f"note: {sum(len(mine[t]) for t in unknown)} result(s) of tasks not declared here ({', '.join(unknown)}) "
+              "have no table", file=sys.stderr)
+    tables: dict[str, str] = {}
+    for task in tasks():
+        try:
+            made = task.rows(Collected(mine[task.name], df, out, name, title))
+        except Exception as e:  # noqa: BLE001 - the other tasks' tables stand on their own
+            print(f"warning: the tables of task {task.name} failed ({type(e).__name__}: {e})", file=sys.stderr)
+            continue
+        tables.update(made)
     text = ""
-    if len(df):
-        summary = summarize(df)
-        text = markdown(df, summary, title, name)
-        (out / f"{name}.md").write_text(text)
-        summary.to_csv(out / f"{name}.csv", index=False)
-        df.drop(columns=["curve"], errors="ignore").to_csv(out / f"{name}_jobs.csv", index=False)
-        (out / f"{name}.tex").write_text(latex(summary))
-        from scripts.aggregate_plots import plot_all
-
-        inc = increase_over_control(df)
-        for group, stem in plot_stems(summary, name).items():  # one set of plots per group: never overlaid
-            plot_all(df[df.group == group], summary[summary.group == group], inc[inc.group == group], out, stem)
-    for key, table in other_task_tables(results, out).items():
-        fname = key if Path(key).suffix else f"{key}.md"
-        (out / f"{name}_{fname}").write_text(table)
-        text += f"\n{table}"
+    for key in sorted(tables, key=lambda k: (k != "", k)):
+        (out / (f"{name}_{key}.md" if key else f"{name}.md")).write_text(tables[key])
+        text += tables[key] if not text else f"\n{tables[key]}"
     return text
 
 

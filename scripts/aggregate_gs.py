@@ -1,19 +1,11 @@
-#!/usr/bin/env python
-"""Tables and plots for the Gradient Starvation tasks (gs_two_moons, gs_colored_mnist, gs_erased_eval) and
-for MDL jobs that ran with a regularizer section (ERM vs SD, e.g. the gs_sd_erasure preset).
-
-    python scripts/aggregate_gs.py outputs/runs            # prints tables, writes outputs/tables/gs_*.md + PNGs
-
-Library use: `tables(results) -> {name: markdown}` and `plots(results, out_dir) -> [paths]`, where `results`
-are parsed result.json dicts (others are ignored).
+"""Tables and plots of the Gradient Starvation tasks (gs_two_moons, gs_colored_mnist, gs_erased_eval) and the
+ERM-vs-SD table of MDL jobs that ran with a regularizer (e.g. the gs_sd_erasure preset). Each task's `rows`
+(training/tasks/*.py) calls its functions; scripts/aggregate.py asks every task for its tables.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -25,7 +17,6 @@ from scripts.tables import eraser_order, is_identity, md_table
 from training.app.results import stored_config  # noqa: E402
 from training.starvation.common import method_of_stored  # noqa: E402
 
-GS_TASKS = ("gs_two_moons", "gs_colored_mnist", "gs_erased_eval")
 PAPER_CMNIST = {"ERM (paper, 60k MNIST)": (91.1, 23.7), "SD (paper, 60k MNIST)": (70.0, 68.4)}
 FIG3 = ("grayscale_digit", "colored_digit", "grayscale_blank", "colored_blank")
 
@@ -37,10 +28,6 @@ def _stat(values: Iterable[float], scale: float = 1.0, digits: int = 1) -> str:
     if len(v) == 1:
         return f"{v[0]:.{digits}f}"
     return f"{np.mean(v):.{digits}f} ± {np.std(v, ddof=1):.{digits}f}"
-
-
-def _task(r: dict[str, Any]) -> str | None:
-    return stored_config(r["config"])["task"] if isinstance(r.get("config"), dict) else None
 
 
 def _method(r: dict[str, Any]) -> str:
@@ -131,34 +118,16 @@ def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
                       "MDL erased (bits/sample)", "gap (paired by seed)"], rows)
 
 
-def _is_regularized_mdl(r: dict[str, Any]) -> bool:
+def is_regularized_mdl(r: dict[str, Any]) -> bool:
+    """An MDL result (the MDL task's `rows` passes only those) of a GS preset or with a regularizer."""
     c = stored_config(r["config"]) if isinstance(r.get("config"), dict) else {}
     regularized = "regularizer.name" in c and c["regularizer.name"] != "none"
-    return bool(c) and c["task"] == "mdl" and "mdl" in r and (
+    return bool(c) and "mdl" in r and (
         str(c["experiment_name"] or "").startswith("gs_") or regularized)
 
 
-def tables(results: list[dict[str, Any]]) -> dict[str, str]:
-    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in results:
-        task = stored_config(r["config"])["task"] if isinstance(r.get("config"), dict) else "mdl"
-        if task in GS_TASKS:
-            by_task[task].append(r)
-        elif _is_regularized_mdl(r):
-            by_task["mdl"].append(r)
-    out: dict[str, str] = {}
-    if by_task["gs_two_moons"]:
-        out["gs_two_moons"] = two_moons_table(by_task["gs_two_moons"])
-    if by_task["gs_colored_mnist"]:
-        out.update(colored_mnist_tables(by_task["gs_colored_mnist"]))
-    if by_task["gs_erased_eval"]:
-        out["gs_erased_eval"] = erased_eval_table(by_task["gs_erased_eval"])
-    if by_task["mdl"]:
-        out["gs_mdl_regularizer"] = mdl_regularizer_table(by_task["mdl"])
-    return out
-
-
-def _boundary_figure(results: list[dict[str, Any]], path: Path) -> Path | None:
+def two_moons_boundaries(results: list[dict[str, Any]], path: Path) -> Path | None:
+    """The mean decision boundary per (data margin, method), one panel each, in `path` (None: no boundary files)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,7 +163,8 @@ def _boundary_figure(results: list[dict[str, Any]], path: Path) -> Path | None:
     return path
 
 
-def _cmnist_curves(results: list[dict[str, Any]], path: Path) -> Path | None:
+def cmnist_curves(results: list[dict[str, Any]], path: Path) -> Path | None:
+    """Train and test accuracy over training steps per method, in `path` (None: no curves)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -218,50 +188,3 @@ def _cmnist_curves(results: list[dict[str, Any]], path: Path) -> Path | None:
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
-
-
-def plots(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    task = lambda name: [r for r in results if _task(r) == name]  # noqa: E731
-    made = [_boundary_figure(task("gs_two_moons"), out_dir / "gs_two_moons_boundaries.png"),
-            _cmnist_curves(task("gs_colored_mnist"), out_dir / "gs_colored_mnist_curves.png")]
-    return [p for p in made if p is not None]
-
-
-def collect(roots: Iterable[Path]) -> list[dict[str, Any]]:
-    results = []
-    for root in roots:
-        for path in sorted(Path(root).rglob("result.json")):
-            try:
-                result = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-                print(f"warning: skipped {path}: not readable JSON ({type(e).__name__}: {e})", file=sys.stderr)
-                continue
-            if isinstance(result, dict) and isinstance(result.get("config"), dict):
-                results.append(result)
-            else:
-                print(f"warning: skipped {path}: not a result (no config)", file=sys.stderr)
-    return results
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("roots", nargs="*", type=Path, default=[Path("outputs/runs")])
-    ap.add_argument("--out", type=Path, default=Path("outputs/tables"))
-    args = ap.parse_args(argv)
-    results = collect(args.roots)
-    out = tables(results)
-    if not out:
-        print(f"no Gradient Starvation results under {[str(r) for r in args.roots]}")
-        return 1
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, md in out.items():
-        (args.out / f"{name}.md").write_text(md)
-        print(f"## {name}\n\n{md}")
-    for p in plots(results, args.out):
-        print(f"wrote {p}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -6,8 +6,6 @@ LaTeX and the plots, and the tables of other tasks (scripts/aggregate_gs.py).
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -20,7 +18,6 @@ from scripts.aggregate_collect import (
     PAPER_RULE,
     ROW_KEY,
     UNKNOWN_COMMIT,
-    is_mdl_task,
 )
 from scripts.aggregate_summary import ARTEFACT, cell_name, increase_over_control
 from scripts.tables import (
@@ -37,8 +34,6 @@ from scripts.tables import (
     md_table,
     require_one_group,
 )
-from training.app.result_codec import encode
-from training.app.result_types import Result
 
 LABEL_NAMES = {"dataset": "dataset", "arch": "arch", "width": "w", "depth": "d", "fit_on": "fit on",
                "variant": "variant"}  # the row label columns of a table (fit on, variant: only when they vary)
@@ -496,35 +491,3 @@ def latex(summary: pd.DataFrame) -> str:
             out += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{caption}{where}; mean $\pm$ sd over seeds.}}",
                     r"\end{table}", ""]
     return "\n".join(out)
-
-
-# --- other tasks ------------------------------------------------------------------------------------------
-def gs_module() -> Any:
-    """scripts/aggregate_gs.py (Spectral Decoupling tables and plots)."""
-    from scripts import aggregate_gs
-
-    return aggregate_gs
-
-
-def other_task_tables(results: list[Result], out: Path | None = None) -> dict[str, str]:
-    """Tables (and, with `out`, plots) from scripts/aggregate_gs.py (Spectral Decoupling; it picks the results it
-    knows: tasks other than mdl, and MDL runs with a regularizer). Its failure is reported, not fatal."""
-    if not results:
-        return {}
-    others = sum(not is_mdl_task(r) for r in results)
-    written = [encode(r) for r in results]  # aggregate_gs reads result.json as written
-    try:
-        module = gs_module()
-        tables = dict(module.tables(written))
-        if others and not tables:
-            print(f"note: {others} result(s) of other tasks have no table here (scripts/aggregate_gs.py made none)",
-                  file=sys.stderr)
-        if out is not None and tables:
-            for path in module.plots(written, out):
-                print(f"wrote {path}")
-        return tables
-    except Exception as e:  # noqa: BLE001 - the MDL tables stand on their own
-        print(f"warning: aggregate_gs failed ({type(e).__name__}: {e}); its tables are missing", file=sys.stderr)
-        return {}
-
-

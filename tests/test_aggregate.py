@@ -6,9 +6,9 @@ import csv
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from scripts import aggregate, aggregate_collect, aggregate_render, aggregate_summary
@@ -135,12 +135,16 @@ otherwise) to check it.
 
 
 def test_fixture_directory_gives_the_exact_table(fixture_runs: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(aggregate_render, "gs_module", lambda: SimpleNamespace(tables=lambda results: {}, plots=None))
+    from training.app.tasks import get_task
+
+    given: list[Any] = []
+    monkeypatch.setattr(get_task("gs_colored_mnist"), "rows", lambda collected: given.append(collected.results) or {})
     out = tmp_path / "tables"
     assert aggregate.main([str(fixture_runs), "--out", str(out), "--name", "fx"]) == 0
     md = (out / "fx.md").read_text()
     assert md == EXPECTED_MD.format(root=fixture_runs)
-    assert "other task" in capsys.readouterr().err  # the gs result is skipped, not mistaken for an MDL row
+    # the gs result goes to its own task's tables, not mistaken for an MDL row
+    assert [[r.config for r in results] for results in given] == [[{"task": "gs_colored_mnist", "seed": 0}]]
     rows = list(csv.DictReader((out / "fx.csv").open()))
     control = next(r for r in rows if r["eraser"] == "control" and r["arch"] == "mlp_relu")
     assert (control["n"], control["n_expected"], control["missing_seeds"]) == ("2", "3", "1:failed")
@@ -172,18 +176,25 @@ def test_width_and_depth_plots_and_paper_table(tmp_path: Path) -> None:
     assert "| LeNet | missing / 5.62 ± 0.02 |" in md
 
 
-def test_other_tasks_go_to_aggregate_gs_when_present(tmp_path: Path, monkeypatch) -> None:
-    def tables(results: list) -> dict[str, str]:
-        return {"gs": f"| gs | {len(results)} results |\n"}
+def test_every_task_tables_its_own_results(tmp_path: Path, monkeypatch, capsys) -> None:
+    """scripts/aggregate.py asks every task (the registry) for the tables of its results; one task's failure is
+    reported and the others' tables stand; a result of a task not declared here is named."""
+    from training.app.tasks import get_task
 
-    def broken(results: list) -> dict[str, str]:
+    def tables(collected: Any) -> dict[str, str]:
+        return {"gs": f"| gs | {len(collected.results)} results |\n"} if collected.results else {}
+
+    def broken(collected: Any) -> dict[str, str]:
         raise KeyError("train")
 
-    monkeypatch.setattr(aggregate_render, "gs_module", lambda: SimpleNamespace(tables=tables))
-    assert aggregate_render.other_task_tables([decode({"config": {"task": "x"}})]) == {"gs": "| gs | 1 results |\n"}
-    assert aggregate_render.other_task_tables([]) == {}
-    monkeypatch.setattr(aggregate_render, "gs_module", lambda: SimpleNamespace(tables=broken))
-    assert aggregate_render.other_task_tables([decode({"config": {"task": "x"}})]) == {}  # on stderr, not fatal
+    monkeypatch.setattr(get_task("gs_two_moons"), "rows", tables)
+    monkeypatch.setattr(get_task("gs_colored_mnist"), "rows", broken)
+    results = [decode({"config": {"task": "gs_two_moons"}})] * 2 + [decode({"config": {"task": "gone"}})]
+    text = aggregate.write_all(pd.DataFrame(), results, tmp_path, "x", "title")
+    assert text == "| gs | 2 results |\n" and (tmp_path / "x_gs.md").read_text() == text
+    err = capsys.readouterr().err
+    assert "tables of task gs_colored_mnist failed (KeyError: 'train')" in err
+    assert "1 result(s) of tasks not declared here (gone)" in err
 
 
 def test_no_results_is_an_error(tmp_path: Path) -> None:

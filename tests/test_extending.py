@@ -1,4 +1,6 @@
-"""Adding an eraser or an architecture is one module + one yaml: a toy entry of each runs a real MDL job."""
+"""Adding an eraser or an architecture is one module + one yaml: a toy entry of each runs a real MDL job. Adding a task
+is one module of `training.tasks` + one preset: a toy task, written to a temporary directory, runs from the
+command line and its rows reach the aggregate's tables, with no file of the project edited."""
 
 from __future__ import annotations
 
@@ -15,9 +17,8 @@ from torch import nn
 from erasure.base import Eraser
 from erasure.registry import ERASERS, Registry, UnknownNameError
 from models.registry import ARCHS
-from training.app.tasks import TASKS
+from training.app.tasks import TASKS, Task, get_task, task_names
 from training.mdl.job import run_job
-from training.starvation import moons as _moons  # noqa: F401 - registers gs_two_moons
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -138,20 +139,153 @@ def test_registry_metadata_replaces_name_branches() -> None:
         "qleace": "quadratic", "random": "linear"}
     assert ARCHS.meta("mlp")["vectorises"] and not ARCHS.meta("convnext")["vectorises"]
     assert ARCHS.meta("mlp")["depth_exponent"] == 1.5 and ARCHS.meta("swin")["depth_exponent"] == 0.5
-    assert TASKS.meta("gs_two_moons")["uses"] == ("dataset", "regularizer", "gs") and TASKS.meta("mdl")["uses"] is None
+    assert get_task("gs_two_moons").uses == ("dataset", "regularizer", "gs") and get_task("mdl").uses is None
 
 
-def test_every_declared_task_is_implemented_with_its_declared_uses() -> None:
-    import training.cli.run  # noqa: F401 - imports every task implementation
-    from training.app.tasks import DECLARED, TaskRegistry
+def test_every_task_is_discovered_once_from_its_module() -> None:
+    assert task_names() == ["gs_colored_mnist", "gs_erased_eval", "gs_two_moons", "mdl"]
+    assert all(isinstance(get_task(name), Task) for name in task_names())
+    assert {name: type(get_task(name)).__module__ for name in task_names()} == {
+        "gs_colored_mnist": "training.tasks.gs_colored_mnist", "gs_erased_eval": "training.tasks.gs_erased_eval",
+        "gs_two_moons": "training.tasks.gs_two_moons", "mdl": "training.tasks.mdl"}
 
-    assert TASKS.names() == sorted(DECLARED)
-    assert all(TASKS.meta(name)["uses"] == uses for name, uses in DECLARED.items())
-    reg = TaskRegistry("task", meta=("uses",))
-    with pytest.raises(ValueError, match="not declared"):
-        reg.add("gs_new", lambda cfg: {}, uses=("gs",))
-    with pytest.raises(ValueError, match="declares"):
-        reg.add("gs_two_moons", lambda cfg: {}, uses=("gs",))
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("from training.tasks.mdl import Mdl\nTASK = type('Again', (Mdl,), {})()\n", "registered twice"),
+    ("NAME = 'no task'\n", "declares no task"),
+])
+def test_a_task_module_declares_one_new_task(text: str, error: str, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    (tmp_path / "training" / "tasks").mkdir(parents=True)
+    (tmp_path / "training" / "tasks" / "broken.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises((ValueError, TypeError), match=error):
+            task_names()
+    finally:
+        sys.modules.pop("training.tasks.broken", None)
+        monkeypatch.undo()
+    assert "mdl" in task_names()
+
+
+# --- the "package" of a toy task: counts each class and averages the pixels of the job's (erased) data ------------
+TOY_TASK = '''"""task=toy_count: the class counts and the mean pixel (times toy.scale) of the job's data."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from training.app.result_types import Result
+from training.app.tasks import Collected, Task
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToyCountOptions:
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class ToyCountResult(Result):  # its result.json sections, typed
+    counts: tuple[int, ...] = ()
+    mean_pixel: float = 0.0
+
+    @classmethod
+    def typed_sections(cls, sections: Mapping[str, Any]) -> dict[str, Any]:
+        return {"counts": tuple(sections["counts"]), "mean_pixel": float(sections["mean_pixel"])}
+
+
+class ToyCount(Task):
+    name = "toy_count"
+    uses = ("dataset", "toy")
+    group = "toy"
+    options = ToyCountOptions
+    result_type = ToyCountResult
+    fixed = {"dataset.augment": False, "dataset.zscore": False, "dataset.zscore_order": "before"}
+
+    def prepare(self, job: Any) -> Any:
+        from training.mdl.precheck import load_data, with_permuted_labels
+
+        return job.cfg, with_permuted_labels(job.cfg, load_data(job.cfg, job.loaded))
+
+    def run(self, prepared: Any) -> dict[str, Any]:
+        import torch
+
+        cfg, data = prepared
+        counts = torch.bincount(data.y, minlength=data.num_classes).tolist()
+        return {"counts": counts, "mean_pixel": float(data.x.double().mean()) * cfg.task_options.scale}
+
+    def rows(self, collected: Collected) -> dict[str, str]:
+        from scripts.tables import md_table
+
+        rows = [[r.config["dataset"]["name"], str(r.config["seed"]), f"{r.mean_pixel:.6f}", str(sum(r.counts))]
+                for r in collected.results if isinstance(r, ToyCountResult)]
+        return {"toy_count": md_table(["dataset", "seed", "mean pixel × scale", "samples"], rows)}
+
+
+TASK = ToyCount()
+'''
+TOY_PRESET = """# @package _global_
+defaults:
+  - override /dataset: digits
+
+task: toy_count
+experiment_name: toy_count
+toy:
+  scale: 2.0
+paths:
+  job_subdir: toy_count/${dataset.tag}/seed${seed}
+"""
+
+
+@pytest.fixture
+def toy_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The toy task's module in <tmp>/training/tasks/ (found with <tmp> on sys.path: `training.tasks` spans every
+    such directory)
+    and its preset in <tmp>/conf_extra (a Hydra search path); removed from the registry afterwards."""
+    import sys
+
+    (tmp_path / "training" / "tasks").mkdir(parents=True)
+    (tmp_path / "training" / "tasks" / "toy_count.py").write_text(TOY_TASK)
+    (tmp_path / "conf_extra" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf_extra" / "experiment" / "toy_count.yaml").write_text(TOY_PRESET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    TASKS._entries.pop("toy_count", None)
+    TASKS._modules.discard("training.tasks.toy_count")
+    sys.modules.pop("training.tasks.toy_count", None)
+
+
+def test_a_toy_task_runs_from_the_command_line_and_reaches_the_aggregate(toy_task: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from scripts.aggregate import main as aggregate
+
+    root = Path(__file__).resolve().parents[1]
+    out = toy_task / "out"
+    cmd = [sys.executable, "-m", "training.run", f"hydra.searchpath=[file://{toy_task / 'conf_extra'}]",
+           "experiment=toy_count", "seed=3", f"paths.out_dir={out}", "logger=none", "progress=false"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(toy_task), str(root)]), "WANDB_MODE": "disabled"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (path,) = out.rglob("result.json")
+    result = json.loads(path.read_text())
+    assert result["counts"] == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]  # sklearn's digits: 1797 images
+    assert result["mean_pixel"] > 0 and result["config"]["toy"] == {"scale": 2.0}
+    # the same job again: the lifecycle finds it finished (its hash covers the declared `uses`: dataset, toy)
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300, env=env)
+    assert again.returncode == 0 and json.loads(path.read_text()) == result
+    assert "toy_count" in task_names()  # discovered in this process too (tmp_path is on sys.path)
+    tables = toy_task / "tables"
+    assert aggregate([str(out), "--out", str(tables), "--name", "toy"]) == 0
+    table = (tables / "toy_toy_count.md").read_text()
+    assert f"| digits | 3 | {result['mean_pixel']:.6f} | 1797 |" in table
 
 
 def test_registry_errors() -> None:

@@ -1,8 +1,7 @@
-"""Gradient Starvation presets, the erased-data evaluation task and scripts/aggregate_gs.py."""
+"""Gradient Starvation presets, the erased-data evaluation task and their tables (training/tasks/gs_*.py `rows`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -46,7 +45,6 @@ QUICK_EVAL = ["experiment=gs_sd_erasure", "task=gs_erased_eval", "dataset=digits
 
 def test_erased_eval_control_is_a_noop_and_leace_reports_gaps(tmp_path: Path) -> None:
     from training.app.tasks import get_task
-    from training.starvation import erased_eval as _task  # noqa: F401 - registers the task
 
     task = get_task("gs_erased_eval")
     control = job_config(tmp_path, [*QUICK_EVAL, "eraser=control"])
@@ -75,10 +73,13 @@ def _fake_mdl(eraser: str, reg: str, seed: int, bits: float) -> dict:
     return {"config": cfg, "mdl": {"bits_per_sample": bits}}
 
 
-def test_aggregate_tables_and_standalone_run(tmp_path: Path, capsys) -> None:
-    from scripts import aggregate_gs
-    from training.app.tasks import get_task
-    from training.starvation import moons as _task  # noqa: F401 - registers the task
+def test_aggregate_tables_from_each_task(tmp_path: Path, capsys) -> None:
+    """Each task makes the tables of its results (`Task.rows`); scripts/aggregate.py asks every task."""
+    import pandas as pd
+
+    from scripts.aggregate import main as aggregate
+    from training.app.result_codec import decode
+    from training.app.tasks import Collected, get_task
 
     results = [get_task("gs_two_moons")(job_config(tmp_path, ["experiment=gs_two_moons", f"seed={s}",
                                                                 f"regularizer.lam={lam}", "gs.steps=20",
@@ -86,20 +87,21 @@ def test_aggregate_tables_and_standalone_run(tmp_path: Path, capsys) -> None:
                for s in (0, 1) for lam in (0, 0.003)]
     results += [_fake_mdl(e, reg, s, b + (0.5 if e == "leace" else 0) + (0.1 if reg == "sd" else 0) + 0.01 * s)
                 for e in ("control", "leace") for reg in ("none", "sd") for s, b in ((0, 1.0), (1, 1.0))]
-    out = aggregate_gs.tables(results)
-    assert set(out) == {"gs_two_moons", "gs_mdl_regularizer"}
-    assert "| +0.1 | ERM | 2 |" in out["gs_two_moons"] and "SD λ=0.003" in out["gs_two_moons"]
-    mdl_rows = [line for line in out["gs_mdl_regularizer"].splitlines() if "leace" in line]
+
+    def rows(task: str, mine: list[dict]) -> dict[str, str]:
+        return get_task(task).rows(Collected([decode(r) for r in mine], pd.DataFrame(), tmp_path, "t", "title"))
+
+    moons, mdl = rows("gs_two_moons", results[:4]), rows("mdl", results[4:])
+    assert set(moons) == {"gs_two_moons"} and set(mdl) == {"gs_mdl_regularizer"}
+    assert "| +0.1 | ERM | 2 |" in moons["gs_two_moons"] and "SD λ=0.003" in moons["gs_two_moons"]
+    assert (tmp_path / "gs_two_moons_boundaries.png").exists()
+    mdl_rows = [line for line in mdl["gs_mdl_regularizer"].splitlines() if "leace" in line]
     assert len(mdl_rows) == 2 and all(row.rstrip(" |").endswith("0.5000 ± 0.0000") for row in mdl_rows)  # paired gap
-    for r in results[4:]:
-        path = tmp_path / "runs" / "fake" / r["config"]["eraser"]["name"] / r["config"]["regularizer"]["name"]
-        path = path / f"s{r['config']['seed']}"
-        path.mkdir(parents=True)
-        (path / "result.json").write_text(json.dumps(r))
-    assert aggregate_gs.main([str(tmp_path / "runs"), "--out", str(tmp_path / "tables")]) == 0
-    for name in ("gs_two_moons.md", "gs_mdl_regularizer.md", "gs_two_moons_boundaries.png"):
+    assert rows("gs_colored_mnist", []) == {} and rows("gs_erased_eval", []) == {}  # no results, no table
+    assert aggregate([str(tmp_path / "runs"), "--out", str(tmp_path / "tables"), "--name", "gs"]) == 0
+    for name in ("gs_gs_two_moons.md", "gs_two_moons_boundaries.png"):
         assert (tmp_path / "tables" / name).exists()
-    assert "## gs_two_moons" in capsys.readouterr().out
+    assert "| +0.1 | ERM | 2 |" in capsys.readouterr().out
 
 
 def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, monkeypatch) -> None:
@@ -121,3 +123,20 @@ def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, mon
     get_task("gs_erased_eval")(cfg)
     (fc,) = seen
     assert (fc.min_steps, fc.patience_min_steps, fc.warmup_steps) == (40, 30, 10)
+
+
+def test_erased_eval_erases_through_the_mdl_cache(tmp_path: Path) -> None:
+    """gs_erased_eval erases as MDL does (training/mdl/job.py erase_maybe_zscored): through the erased-data cache
+    (a rerun fits nothing), out of sample on the test rows with MDL's holdout options (it used to call erasure.fit
+    itself, with no cache)."""
+    from training.app.tasks import get_task
+
+    task = get_task("gs_erased_eval")
+    cfg = job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "mdl.max_epochs=2"])
+    first = task(cfg).result
+    assert first["eraser"]["cache_hit"] == {"train": False, "test": False}
+    assert first["eraser"]["test_options"]["rtol"] is not None  # MDL's holdout rtol for LEACE out of sample
+    assert any(Path(cfg["paths"]["cache_dir"]).rglob("*"))
+    again = task(job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "mdl.max_epochs=2", "force=true"])).result
+    assert again["eraser"]["cache_hit"] == {"train": True, "test": True}
+    assert again["eval"] == first["eval"]

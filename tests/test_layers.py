@@ -11,6 +11,12 @@ The layers, bottom up:
     training/mdl/, training/starvation/   the tasks
     training/cli/         the command line (Hydra entry, one-line errors, SIGTERM, the multirun ledger); imported
                           only by the shim training/run.py
+    training/tasks/       the task declarations (one module per task), which bind a task's implementation
+                          (training/mdl, training/starvation) and its tables (scripts/) in their methods; at their
+                          top level they import only the standard library, training.app and training.tasks
+
+The one dynamic import: training/app/tasks.py discovers the modules of `training.tasks` (a new task is a module
+that nothing else names). So the core reads a task's declaration without its code, its top level imports nothing else.
 """
 
 from __future__ import annotations
@@ -37,8 +43,12 @@ FORBIDDEN = {
     "training.app": (*TASK_CODE, *CLI, "scripts"),
     "training.mdl": (*CLI, "training.app.sweeps", "training.starvation", "scripts"),
     "training.starvation": (*CLI, "training.app.sweeps", "scripts"),
-    "scripts": CLI,
+    "scripts": (*CLI, "training.tasks"),
+    "training": ("training.tasks",),  # the task modules are discovered, never imported by name (but by each other)
+    "training.tasks": CLI,
 }
+DISCOVERS = ("training.app.tasks",)  # the one module that imports modules by name: those of training.tasks
+TASK_TOP_LEVEL = ("training.app", "training.tasks")  # what a task module imports when discovered (besides the stdlib)
 # What a package may import of a forbidden prefix all the same.
 EXCEPT = {
     "training.common": ("training.common",),
@@ -89,6 +99,18 @@ def _calls(path: Path) -> set[str]:
     return names
 
 
+def _top_level_imports(path: Path) -> set[str]:
+    """What a module imports when it is imported: its module-level import statements (not those in functions or
+    under `if TYPE_CHECKING:`)."""
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
 def _matches(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
@@ -100,7 +122,7 @@ def _violations(modules: dict[str, Path]) -> list[str]:
         for owner, forbidden in FORBIDDEN.items():
             if not _matches(module, owner):
                 continue
-            allowed = EXCEPT.get(owner, ())
+            allowed = EXCEPT.get(owner, ()) + (("training.tasks",) if _matches(module, "training.tasks") else ())
             bad += [f"{module} imports {name}" for name in imported
                     if any(_matches(name, f) for f in forbidden) and not any(_matches(name, a) for a in allowed)]
         if _matches(module, "models"):
@@ -114,8 +136,15 @@ def _violations(modules: dict[str, Path]) -> list[str]:
         if not _matches(module, "training.cli") and module != "training.run":
             bad += [f"{module} imports {name} (only the shim training/run.py imports the command-line layer)"
                     for name in imported if any(_matches(name, c) for c in CLI)]
+        if _matches(module, "training.tasks"):
+            bad += [f"{module} imports {name} when discovered (a task module's top level imports only the standard "
+                    f"library and {', '.join(TASK_TOP_LEVEL)}; import the task's code in its methods)"
+                    for name in sorted(_top_level_imports(path)) if name.split(".")[0] not in sys.stdlib_module_names
+                    and name != "__future__" and not any(_matches(name, a) for a in TASK_TOP_LEVEL)]
         if _matches(module, "scripts"):
             continue  # scripts may probe what is installed (scripts/gpu_report.py); the registries live below
+        if module in DISCOVERS:
+            continue
         bad += [f"{module} imports {name} (a hidden edge: import modules by name, in a list)"
                 for name in imported if any(_matches(name, d) for d in DYNAMIC)]
         bad += [f"{module} calls {call}() (a hidden edge: import modules by name, in a list)"
@@ -149,6 +178,9 @@ def test_the_check_catches_each_rule(tmp_path: Path) -> None:
         "training.app.ledger": "from training.cli.report import exit_user_error\n",
         "scripts.aggregate": "from training.cli.run import main\n",
         "training.data.erase": "from training.run import main\n",
+        "training.tasks.toy": "import torch\nfrom training.app.tasks import Task\n",
+        "training.starvation.moons": "from training.tasks.gs_two_moons import TwoMoonsOptions\n",
+        "training.app.schema": "import importlib\n",
     }
     modules = {}
     for name, text in cases.items():

@@ -80,7 +80,6 @@ def _check_provenance(prov: dict[str, Any], t0: datetime, t1: datetime) -> None:
 
 def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> None:
     from training.app.tasks import get_task
-    from training.starvation import moons as _gs  # noqa: F401 - registers gs_two_moons
 
     t0 = datetime.now(timezone.utc)
     mdl = run_job(job_config(tmp_path / "mdl", TINY)).result
@@ -139,8 +138,6 @@ def test_2_force_recomputes_from_scratch_no_stale_progress_block(tmp_path: Path)
 @pytest.mark.parametrize("override", ["regularizer=sd regularizer.lam=nan", "optim.weight_decay=inf",
                                       "optim.lr=nan", "optim.lr=inf"])
 def test_3_nonfinite_config_values_are_refused_up_front(tmp_path: Path, override: str) -> None:
-    import training.cli.run  # noqa: F401 - every task's options known, as in the CLI
-
     with pytest.raises(ConfigError, match=re.escape(override.split()[-1].split("=")[0])):
         load_config(job_config(tmp_path, override.split()))
 

@@ -22,7 +22,6 @@ from tests.helpers import TINY, job_config
 from training.app.results import flatten
 from training.app.schema import ConfigError, config_hash, semantic
 from training.app.tasks import get_task
-from training.cli import run as _every_task  # noqa: F401 - imports (registers) every task's implementation
 
 # Early stopping that binds (gs_erased_eval: patience 1 stops it at step 135 of 180, inside a 300-step warm-up
 # because stop_after_warmup is off), so that every stopping key can show it is read; depth 3: the depth lr rule.
@@ -204,10 +203,9 @@ def test_1_mdl_task_walk_every_key(tmp_path: Path) -> None:
 
 def test_1_the_walk_catches_a_dead_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The walk fails on a hashed key that changes nothing: two moons' permute_labels, were it not refused."""
-    from training.app import tasks
-
-    fixed = {k: v for k, v in tasks.FIXED["gs_two_moons"].items() if k != "dataset.permute_labels"}
-    monkeypatch.setattr(tasks, "FIXED", {**tasks.FIXED, "gs_two_moons": fixed})
+    task = get_task("gs_two_moons")
+    fixed = {k: v for k, v in task.fixed.items() if k != "dataset.permute_labels"}
+    monkeypatch.setattr(task, "fixed", fixed)
     with pytest.raises(AssertionError, match=r"dataset\.permute_labels=False"):
         _walk("gs_two_moons", tmp_path, only={"dataset.permute_labels"})
 
@@ -224,6 +222,9 @@ def test_1_the_walk_catches_a_dead_key(tmp_path: Path, monkeypatch: pytest.Monke
     (["experiment=gs_two_moons", "dataset.permute_labels=true"], "dataset.permute_labels"),
     ([*ERASED_EVAL[:4], "dataset.permute_labels=true"], None),
     ([*ERASED_EVAL[:4], "eraser.fit_on=holdout"], "eraser.fit_on"),
+    ([*ERASED_EVAL[:4], "dataset.zscore=true"], "dataset.zscore"),
+    ([*ERASED_EVAL[:4], "eraser=gradient"], "eraser"),  # no map for held-out rows (training/tasks/gs_erased_eval.py)
+    (["experiment=smoke", "eraser=gradient"], None),
 ])
 def test_1_a_key_is_refused_only_where_it_is_not_read(tmp_path: Path, overrides: list[str], refused: str | None
                                                       ) -> None:

@@ -1,8 +1,7 @@
 """The one job lifecycle every task runs in: check the config, lock the job directory, skip or resume, run the
 task's body, write result.json last, clear the progress file.
 
-    @TASKS.register("mdl")
-    def run_job(config):
+    def run_job(config):                     # Task.__call__ (training/app/tasks.py) does this for every task
         return run_in_job_dir(config, body)      # body(run: JobRun) -> the task's part of result.json
 
 It returns an `Outcome`: done (computed now), skipped (the directory held this configuration's result), reused

@@ -106,10 +106,10 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _check_task_reads(job: JobConfig) -> None:
-    """A hashed key the job's task does not read (training/app/tasks.py FIXED), or that is read only with another
+    """A hashed key the job's task does not read (its declaration's `fixed`), or that is read only with another
     key's value (READ_ONLY_WITH), must keep the one value it accepts: otherwise it would change the job's hash (and
-    directory) but not its numbers."""
-    from training.app.tasks import fixed_keys
+    directory) but not its numbers. Then what the task itself refuses (`Task.refusal`)."""
+    from training.app.tasks import fixed_keys, get_task
 
     for key, accepted in fixed_keys(job.task).items():
         value = _value(job, key)
@@ -125,6 +125,8 @@ def _check_task_reads(job: JobConfig) -> None:
             raise ConfigError(f"{key}={_shown(value)} is not allowed: {key} is read only with {when}={_shown(needed)} "
                               f"(here {_shown(_value(job, when))}); leave it at {_shown(accepted)} or set "
                               f"{when}={_shown(needed)}")
+    if (refusal := get_task(job.task).refusal(job)) is not None:
+        raise ConfigError(refusal)
 
 
 def _check_storage(job: JobConfig) -> None:

@@ -23,19 +23,14 @@ from training.app.result_types import (
     ENVELOPE_KEYS,
     RESULT_SCHEMA,
     TAIL_KEYS,
-    Certificate,
     DatasetInfo,
-    ErasureRecord,
-    FinalRecord,
-    MdlRecord,
-    MdlResult,
     Provenance,
     Result,
-    StarvationResult,
     at,
     mapping,
     text,
 )
+from training.app.tasks import result_type
 
 RESULT_FILE = "result.json"
 FOLD_KEY, REPEAT_KEY = "eraser.fold", "eraser.repeat"  # a result written before eraser.repeat names it eraser.fold
@@ -43,8 +38,6 @@ FOLD_KEY, REPEAT_KEY = "eraser.fold", "eraser.repeat"  # a result written before
 # ran exactly like these values (the eraser fitted on the coded data, no repeats, true labels, erased before augment).
 FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_source": "split", "eraser.fit_fraction": 0.2, REPEAT_KEY: 0,
                 "eraser.n_fit": None, "eraser.after_augment": False, "dataset.permute_labels": False}
-STARVATION_TASKS = ("gs_two_moons", "gs_colored_mnist", "gs_erased_eval")
-RESULT_TYPES: dict[str, type[Result]] = {"mdl": MdlResult, **dict.fromkeys(STARVATION_TASKS, StarvationResult)}
 
 
 class MalformedResultError(ValueError):
@@ -115,22 +108,12 @@ def decode(raw: Any) -> Result:
         job_dir=text(at(data, "job_dir")), sections=sections, device=text(at(data, "device")),
         timings=mapping(at(data, "timings")), provenance=Provenance.of(at(data, "provenance")),
         dataset=DatasetInfo.of(at(data, "dataset")), tail=tail)
-    cls = RESULT_TYPES[task] if task in RESULT_TYPES else Result
-    if cls is MdlResult:
-        return MdlResult(**common, **_mdl_sections(sections))
-    if cls is StarvationResult:
-        return StarvationResult(**common, method=text(at(sections, "method")))
-    return Result(**common)
-
-
-def _mdl_sections(sections: Mapping[str, Any]) -> dict[str, Any]:
-    mdl, final = at(sections, "mdl"), at(sections, "final")
-    if final and not isinstance(final, Mapping):
-        raise MalformedResultError(f"final is a {type(final).__name__}")
-    return {"mdl": MdlRecord.of(mdl) if isinstance(mdl, Mapping) else None,
-            "final": FinalRecord.of(final) if isinstance(final, Mapping) else None,
-            "erasure": ErasureRecord.of(at(sections, "eraser")),
-            "certificate": Certificate.of(at(sections, "certificate"))}
+    cls = result_type(task)
+    try:
+        typed = cls.typed_sections(sections)
+    except ValueError as e:
+        raise MalformedResultError(str(e)) from e
+    return cls(**common, **typed)
 
 
 def encode(result: Result) -> dict[str, Any]:

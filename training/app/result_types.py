@@ -129,7 +129,8 @@ class Provenance:
 @dataclass(frozen=True)
 class Result:
     """The envelope of every result: identity, the config as recorded, the task's sections, and where and how it
-    ran. A task with typed sections subclasses it (result_codec.RESULT_TYPES maps task -> class)."""
+    ran. A task with typed sections subclasses it, reads them in `typed_sections`, and names the class as its
+    `Task.result_type` (training/app/tasks.py); the codec builds a result of its task's class."""
 
     config_hash: str
     hash_version: int
@@ -144,6 +145,11 @@ class Result:
     provenance: Provenance | None = None
     dataset: DatasetInfo = field(default_factory=lambda: DatasetInfo.of(None))
     tail: tuple[str, ...] = field(default=TAIL_KEYS, repr=False)  # the envelope keys written after the sections
+
+    @classmethod
+    def typed_sections(cls, sections: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields this class adds to the envelope, read from the task's sections (none here)."""
+        return {}
 
     def section(self, name: str) -> Mapping[str, Any] | None:
         """A task section that is an object (None where absent or of another type)."""
@@ -275,6 +281,16 @@ class MdlResult(Result):
     erasure: ErasureRecord = field(default_factory=lambda: ErasureRecord.of(None))
     certificate: Certificate = field(default_factory=lambda: Certificate.of(None))
 
+    @classmethod
+    def typed_sections(cls, sections: Mapping[str, Any]) -> dict[str, Any]:
+        mdl, final = at(sections, "mdl"), at(sections, "final")
+        if final and not isinstance(final, Mapping):
+            raise ValueError(f"final is a {type(final).__name__}")
+        return {"mdl": MdlRecord.of(mdl) if isinstance(mdl, Mapping) else None,
+                "final": FinalRecord.of(final) if isinstance(final, Mapping) else None,
+                "erasure": ErasureRecord.of(at(sections, "eraser")),
+                "certificate": Certificate.of(at(sections, "certificate"))}
+
 
 # ---- Gradient Starvation --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -283,3 +299,7 @@ class StarvationResult(Result):
     the method its config describes (ERM / SD λ=…) and its metric sections, read by scripts/aggregate_gs.py."""
 
     method: str | None = None
+
+    @classmethod
+    def typed_sections(cls, sections: Mapping[str, Any]) -> dict[str, Any]:
+        return {"method": text(at(sections, "method"))}

@@ -273,33 +273,29 @@ def _member_options(kind: str, name: str) -> type[Any] | None:
 
 def _task_groups() -> set[str]:
     """The groups tasks read of their own (`gs`): what their declared `uses` names beyond the job's groups."""
-    from training.app.tasks import DECLARED
+    from training.app.tasks import tasks
 
     own = {f.name for f in dataclasses.fields(JobConfig)}
-    groups = {entry.partition(".")[0] for uses in DECLARED.values() for entry in (uses or ())}
+    groups = {entry.partition(".")[0] for task in tasks() for entry in (task.uses or ())}
     return groups - own
 
 
 def _task_options(task: str) -> tuple[str | None, type[Any] | None]:
-    """The config group a task reads of its own (`gs`) and the dataclass that declares it, from the task's
-    registry entry; (None, None) where its implementation is not imported (hashing a stored config in the core:
-    the CLI imports every task, so a job's config is always checked)."""
-    from training.app.tasks import TASKS
+    """The config group a task reads of its own (`gs`) and the dataclass that declares it (its declaration in the
+    `tasks` namespace: no task code is imported)."""
+    from training.app.tasks import task_group
 
-    if task not in TASKS:
-        return None, None
-    meta = TASKS.meta(task)
-    return meta.get("group"), meta.get("options")
+    return task_group(task)
 
 
 def _tasks() -> list[str]:
-    from training.app.tasks import task_names  # the static declaration: no task's code is imported
+    from training.app.tasks import task_names  # the declarations: no task's code is imported
 
     return task_names()
 
 
 def _task_uses(task: str) -> tuple[str, ...] | None:
-    from training.app.tasks import task_uses  # the static declaration: no task's code is imported
+    from training.app.tasks import task_uses  # the declarations: no task's code is imported
 
     return task_uses(task)
 

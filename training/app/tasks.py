@@ -1,94 +1,182 @@
-"""What a job can do (`task=` in the config): each task takes the job's config and returns its Outcome (done, skipped,
-reused or failed, with result.json's dict: training/app/lifecycle.py).
+"""What a job can do (`task=` in the config): a `Task`, declared once, in a module of its own in the package
+`training.tasks` (training/tasks/<name>.py or training/tasks/<name>/__init__.py, in the repository or in any
+<dir>/training/tasks/ directory with <dir> on sys.path).
 
-Two halves, so that the core never needs a task's code:
+A task module defines `TASK`, an instance of a `Task` subclass, whose class attributes declare what the core needs:
+its `name`, the config groups it reads (`uses`, which the job hash covers), the hashed keys it does not read
+(`fixed`), and its own config group with its options dataclass (`group`, `options`). The core (the config check,
+the job hash `schema.semantic`) reads only these, so a task module imports at its top level nothing of its
+implementation (training.mdl, training.starvation, torch): its methods import that when a job runs
+(tests/test_layers.py checks both).
 
-* `DECLARED` (here, static): every task's name and `uses`, the config groups it reads and its hash covers (None:
-  all of them). The config check (`task=` must be one of these) and the job hash (`schema.semantic`) read only this,
-  so hashing a config (scripts/aggregate.py, the multirun check) imports neither training.mdl nor
-  training.starvation.
-* `TASKS` (filled on import): each implementation registers itself in its module
-  (`@TASKS.register("name", uses=...)`), which must match its declaration here. The command line
-  (training/cli/run.py) imports every implementation; the core imports none.
-
-A new task is its module, its line in `DECLARED`, and its import in training/cli/run.py.
+Discovery (`TASKS`, filled on first use) is the one dynamic import of the harness: every module of `training.tasks`
+whose name does not start with "_". Adding a task is its module (+ a preset and a test); nothing else
+names it: the command line runs `get_task(cfg.task)(cfg)` and scripts/aggregate.py asks every task for its tables.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import importlib
+import os
+import pkgutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from erasure.registry import Registry
+from training.app.result_types import Result
 
-if TYPE_CHECKING:  # the lifecycle imports torch: the hash (which reads DECLARED) does not need it
-    from training.app.lifecycle import Outcome
+if TYPE_CHECKING:  # the lifecycle imports torch: the hash (which reads the declarations) does not need it
+    from training.app.lifecycle import JobRun, Outcome
     from training.app.schema import JobConfig
 
-# the job's config (typed, or as composed) -> its Outcome (result.json's fields in `.result`)
-Task = Callable[["Mapping[str, Any] | JobConfig"], "Outcome"]
+NAMESPACE = "training.tasks"  # the package of task modules; it spans every <dir>/training/tasks/ on sys.path
 
-# name -> the config groups the task reads (hashed besides `task` and `seed`); None: every group. A dotted entry
-# (`mdl.patience`) names one key of a group the task reads only in part.
-_ERASED_EVAL_MDL = tuple(f"mdl.{k}" for k in ("val_size", "val_frac", "patience", "max_epochs", "eval_every_steps",
-                                              "stop_after_warmup", "min_steps", "patience_min_steps"))
-DECLARED: Mapping[str, tuple[str, ...] | None] = MappingProxyType({
-    "mdl": None,  # training/mdl/job.py
-    "gs_two_moons": ("dataset", "regularizer", "gs"),  # training/starvation/moons.py
-    "gs_colored_mnist": ("dataset", "regularizer", "gs"),  # training/starvation/colored_mnist.py
-    "gs_erased_eval": ("dataset", "eraser", "arch", "optim", *_ERASED_EVAL_MDL, "regularizer", "gs"),  # erased_eval.py
-})
 
-# name -> hashed keys (of the groups it reads) that the task does not read, each with the one value it accepts:
-# any other value is refused in one line (a key that enters the hash and changes nothing makes a "null" that is
-# not one). tests/test_task_keys.py walks every task × every hashed key.
-_NOT_AN_IMAGE_PIPELINE = {"dataset.augment": False, "dataset.zscore": False, "dataset.zscore_order": "before",
-                          "dataset.limit": None, "dataset.permute_labels": False}
-FIXED: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    "mdl": {},
-    "gs_two_moons": {"dataset.name": "two_moons", **_NOT_AN_IMAGE_PIPELINE},
-    "gs_colored_mnist": {"dataset.name": "colored_mnist", **_NOT_AN_IMAGE_PIPELINE},
-    # the eraser is always fitted on the training split and applied to held-out data; no augmentation
-    "gs_erased_eval": {"dataset.zscore": False, "dataset.zscore_order": "before", "eraser.fit_on": "all",
-                       "eraser.after_augment": False},
-})
+@dataclass(frozen=True)
+class Collected:
+    """What scripts/aggregate.py hands a task for its tables: the task's Results (training/app/result_types.py),
+    the job table the collection made of MDL jobs (scripts/aggregate_collect.py; missing and failed jobs included),
+    and where and under which file stem and title the tables go."""
+
+    results: list[Result]
+    jobs: Any  # a pandas DataFrame (scripts/aggregate_collect.py), empty without MDL jobs
+    out: Path
+    name: str
+    title: str
+
+    def as_written(self) -> list[dict[str, Any]]:
+        """The results as their result.json holds them (a task's own open sections: curves, files, metrics)."""
+        from training.app.result_codec import encode
+
+        return [encode(r) for r in self.results]
+
+
+class Task:
+    """A task. Subclasses declare the class attributes and implement `prepare` and `run` (importing their code
+    inside the method); `__call__` runs the job in the one lifecycle (training/app/lifecycle.py)."""
+
+    name: ClassVar[str]
+    uses: ClassVar[tuple[str, ...] | None] = None  # the groups it reads (hashed besides task, seed); None: all
+    # hashed keys (of the groups it reads) it does not read, each with the one value it accepts: any other value is
+    # refused in one line (a key that enters the hash and changes nothing makes a "null" that is not one)
+    fixed: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    group: ClassVar[str | None] = None  # its own config group (e.g. `gs`), checked by `options`
+    options: ClassVar[type[Any] | None] = None  # that group's dataclass (`cfg.task_options`)
+    result_type: ClassVar[type[Result]] = Result  # its result.json typed (training/app/result_types.py)
+
+    def refusal(self, job: JobConfig) -> str | None:
+        """Why this task cannot run `job` (one line, for a ConfigError), or None. Called by the config check."""
+        return None
+
+    def lifecycle(self) -> dict[str, Any]:
+        """Keyword arguments of `run_in_job_dir` (precheck, describe, finite, complete, fingerprint)."""
+        return {}
+
+    def prepare(self, job: JobRun) -> Any:
+        """The job's inputs: data loaded, labels permuted, split, erased (what `run` takes)."""
+        return job
+
+    def run(self, prepared: Any) -> dict[str, Any]:
+        """The job's body on its prepared inputs: result.json's fields."""
+        raise NotImplementedError(f"task {self.name} has no run()")
+
+    def rows(self, collected: Collected) -> dict[str, str]:
+        """The task's tables for the aggregate, file name (or stem) -> Markdown; it may write files (plots, CSV) to
+        `collected.out`. Its results only (`collected.results`)."""
+        return {}
+
+    def __call__(self, config: Mapping[str, Any] | JobConfig) -> Outcome:
+        from training.app.lifecycle import run_in_job_dir
+
+        return run_in_job_dir(config, lambda job: self.run(self.prepare(job)), **self.lifecycle())
 
 
 class TaskRegistry(Registry[Task]):
-    """A Registry whose entries must be declared in DECLARED, with the same `uses`."""
+    """The tasks discovered in `training.tasks` (each registered once, by its module's `TASK`)."""
 
-    def add(self, name: str, obj: Task, **meta: Any) -> None:
-        if name not in DECLARED:
-            raise ValueError(f"task {name!r} is not declared: add it and its `uses` to DECLARED in "
-                             "training/app/tasks.py")
-        uses = meta.get("uses")
-        if (tuple(uses) if uses is not None else None) != DECLARED[name]:
-            raise ValueError(f"task {name!r} registers uses={uses!r} but training/app/tasks.py declares "
-                             f"{DECLARED[name]!r}: the job hash follows the declaration; make them agree")
-        super().add(name, obj, **meta)
+    def __init__(self) -> None:
+        super().__init__("task")
+        self._modules: set[str] = set()
+        self._searched: tuple[str, ...] = ()
+        self._home: list[str] | None = None  # the package's own directory
+
+    def discover(self) -> TaskRegistry:
+        package = importlib.import_module(NAMESPACE)
+        if self._home is None:
+            self._home = list(package.__path__)
+        paths = tuple(self._home + _outside(self._home))
+        package.__path__[:] = paths  # where its modules are imported from
+        if paths == self._searched:
+            return self
+        for info in pkgutil.iter_modules(paths, f"{NAMESPACE}."):
+            if info.name.rpartition(".")[2].startswith("_") or info.name in self._modules:
+                continue
+            task = getattr(importlib.import_module(info.name), "TASK", None)
+            if not isinstance(task, Task):
+                raise TypeError(f"{info.name} declares no task: define TASK = <a training.app.tasks.Task subclass>()")
+            self.add(task.name, task)
+            self._modules.add(info.name)
+        self._searched = paths
+        return self
 
 
-TASKS: TaskRegistry = TaskRegistry("task", meta=("uses",))
+def _outside(home: list[str]) -> list[str]:
+    """Every <dir>/training/tasks/ with <dir> on sys.path now, besides the package's own: tasks kept elsewhere."""
+    found: list[str] = []
+    for entry in sys.path:
+        extra = os.path.join(entry or ".", *NAMESPACE.split("."))
+        if os.path.isdir(extra) and not any(os.path.samefile(extra, p) for p in [*home, *found]):
+            found.append(extra)
+    return found
+
+
+TASKS: TaskRegistry = TaskRegistry()
+
+
+def tasks() -> list[Task]:
+    """Every task, by name (a `training/tasks/` directory added to sys.path since is searched again)."""
+    reg = TASKS.discover()
+    return [reg.get(name) for name in reg.names()]
 
 
 def task_names() -> list[str]:
-    return sorted(DECLARED)
+    return TASKS.discover().names()
+
+
+def get_task(name: str) -> Task:
+    """Task `name` (its implementation is imported when it runs)."""
+    reg = TASKS.discover()
+    return reg.get(name)
+
+
+def _declared(name: str) -> Task | None:
+    reg = TASKS.discover()
+    return reg.get(name) if name in reg else None
 
 
 def task_uses(name: str) -> tuple[str, ...] | None:
     """The groups task `name` reads and its hash covers; None for every group (and for an unknown name)."""
-    return DECLARED.get(name)
+    task = _declared(name)
+    return None if task is None or task.uses is None else tuple(task.uses)
 
 
 def fixed_keys(name: str) -> Mapping[str, Any]:
-    """The hashed keys task `name` does not read, each with the one value it accepts (see FIXED)."""
-    return FIXED.get(name, {})
+    """The hashed keys task `name` does not read, each with the one value it accepts (`Task.fixed`)."""
+    task = _declared(name)
+    return {} if task is None else task.fixed
 
 
-def get_task(name: str) -> Task:
-    """The implementation of task `name`; its module must have been imported (training/cli/run.py imports all)."""
-    if name in DECLARED and name not in TASKS:
-        raise LookupError(f"task {name!r} is declared but its implementation is not imported (import it, or "
-                          "training.cli.run, which imports every task)")
-    return TASKS.get(name)
+def result_type(name: str) -> type[Result]:
+    """The Result class of task `name`'s results (the plain envelope for a task not declared here)."""
+    task = _declared(name)
+    return Result if task is None else task.result_type
+
+
+def task_group(name: str) -> tuple[str | None, type[Any] | None]:
+    """Task `name`'s own config group and its options dataclass; (None, None) for an unknown name."""
+    task = _declared(name)
+    return (None, None) if task is None else (task.group, task.options)

@@ -1,7 +1,7 @@
 """Hydra entrypoint: `python -m training.run [overrides]` runs one job; add `-m` for a multirun.
 
-`training/run.py` is the shim users type; this is the entry itself. It is the one module that imports every task's
-implementation (the core, training/app/, only declares them), so that `get_task` finds them all.
+`training/run.py` is the shim users type; this is the entry itself. It runs `get_task(cfg.task)(cfg)`: the task's
+declaration (training/tasks/<name>.py, discovered by training/app/tasks.py) imports its implementation when it runs.
 
 A user error (bad config value, missing or corrupt data, unwritable path, a directory holding another
 configuration's result) is one line on stderr and in the job's run.log, exit code 2 (`HYDRA_FULL_ERROR=1`
@@ -37,10 +37,6 @@ from training.cli.report import (
     user_error_line,
 )
 from training.errors import Refused
-from training.mdl import job as _mdl_job  # every task implementation (each registers itself in TASKS):
-from training.starvation import colored_mnist, erased_eval, moons  # a new task adds its import here
-
-TASK_MODULES = (_mdl_job, colored_mnist, erased_eval, moons)
 
 log = logging.getLogger("training.run")
 
@@ -95,7 +91,7 @@ def anchored(resolved: dict[str, Any], start: Path) -> dict[str, Any]:
 
 
 # The entry. `job` stays a plain module-level function so that a launcher running jobs in other processes (joblib,
-# submitit) pickles it by reference: the worker imports this module, hence every task implementation.
+# submitit) pickles it by reference: the worker imports this module and discovers the tasks again.
 # An absolute config path: Hydra resolves a relative one against the module's package (pkg://training/...).
 # The job's name (hence run.log) is this module's last part, `run`, as when the entry was training/run.py.
 main = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(job)

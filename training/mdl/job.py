@@ -23,7 +23,6 @@ from erasure.registry import ERASERS
 from models.registry import ARCHS
 from training.app.lifecycle import JobRun, Outcome, Progress, run_in_job_dir
 from training.app.schema import JobConfig, MdlConfig
-from training.app.tasks import TASKS
 from training.app.wandb_logger import RunLogger
 from training.data import LoadedData
 from training.data.erase import BatchEraser, FitPlan, apply_eraser, apply_eraser_keeping_map
@@ -438,35 +437,64 @@ def _check_runtime(cfg: JobConfig, device: torch.device, data: LoadedData | None
     return precheck(cfg, device, data, rerun)
 
 
-@TASKS.register("mdl", uses=None)
-def run_job(config: Mapping[str, Any] | JobConfig) -> Outcome:
-    return run_in_job_dir(config, _mdl_body, precheck=_check_runtime, describe=_describe,
-                          finite=("mdl", "final"), complete=("mdl",), fingerprint=data_fingerprint)
-
-
 def _describe(result: dict[str, Any]) -> str:
     mdl = result["mdl"]
     return f"{mdl['bits_per_sample']:.4f} bits/sample ({mdl['protocol']}), legacy {mdl['legacy']:.4f}"
 
 
-def _mdl_body(run: JobRun) -> dict[str, Any]:
-    cfg, t_start = run.cfg, time.perf_counter()
-    logger = RunLogger(cfg.logger, cfg.to_dict(), run.path, run_id=f"{run.cfg_hash}-s{cfg.seed}",
+# run_in_job_dir's hooks of an MDL job (training/tasks/mdl.py declares the task)
+LIFECYCLE: dict[str, Any] = {"precheck": _check_runtime, "describe": _describe, "finite": ("mdl", "final"),
+                             "complete": ("mdl",), "fingerprint": data_fingerprint}
+
+
+def run_job(config: Mapping[str, Any] | JobConfig) -> Outcome:
+    """One MDL job in the one lifecycle: `run(prepare(job))`."""
+    return run_in_job_dir(config, lambda job: run(prepare(job)), **LIFECYCLE)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An MDL job's inputs (`prepare`): the coded data (labels permuted for a null), its erased images and how they
+    were erased, the batches' eraser (`eraser.after_augment`) and the split into blocks."""
+
+    job: JobRun
+    data: LoadedData
+    x: torch.Tensor
+    erasure: dict[str, Any]
+    batches: BatchErasure | None
+    split: MdlSplit
+    started: float  # perf_counter() when the job's body began (timings.before_mdl_s)
+
+
+def prepare(job: JobRun) -> Prepared:
+    """Data loaded (or what the precheck loaded), labels permuted, the eraser's fit split, erased (through the
+    erased-data cache), and the MDL split of the coded rows."""
+    cfg, started = job.cfg, time.perf_counter()
+    data, x, erasure_info, batches = prepare_inputs(cfg, job.loaded)
+    m = cfg.mdl
+    split = make_split(len(data.y), cfg.seed, val_size=m.val_size, val_frac=m.val_frac,
+                       num_blocks=m.num_blocks, min_block=m.min_block)
+    return Prepared(job, data, x, erasure_info, batches, split, started)
+
+
+def run(prepared: Prepared) -> dict[str, Any]:
+    """The block models, the code, the full-data run: result.json's fields."""
+    job, data, split, erasure_info = prepared.job, prepared.data, prepared.split, prepared.erasure
+    cfg = job.cfg
+    logger = RunLogger(cfg.logger, cfg.to_dict(), job.path, run_id=f"{job.cfg_hash}-s{cfg.seed}",
                        out_dir=Path(cfg.paths.out_dir))
     try:
-        data, x, erasure_info, batches = prepare_inputs(cfg, run.loaded)
         m = cfg.mdl
-        split = make_split(len(data.y), cfg.seed, val_size=m.val_size, val_frac=m.val_frac,
-                           num_blocks=m.num_blocks, min_block=m.min_block)
         say_stop_keys(cfg, len(data.y))
-        checkpoint = CheckpointStore(run.path, run.cfg_hash)
+        checkpoint = CheckpointStore(job.path, job.cfg_hash)
         if cfg.force:
             checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
-        trainer = Trainer(cfg, x, data.y, data.num_classes, split, run.device, batches=batches, checkpoint=checkpoint)
-        log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", run.path, data.name,
-                 len(data.y), len(split.val_idx), split.block_sizes, trainer.optim.lr, run.device)
+        trainer = Trainer(cfg, prepared.x, data.y, data.num_classes, split, job.device, batches=prepared.batches,
+                          checkpoint=checkpoint)
+        log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", job.path, data.name,
+                 len(data.y), len(split.val_idx), split.block_sizes, trainer.optim.lr, job.device)
         t_mdl = time.perf_counter()
-        mdl, full_fit = run_mdl(trainer, run.progress, logger, with_full=m.full_run)
+        mdl, full_fit = run_mdl(trainer, job.progress, logger, with_full=m.full_run)
         t_full = time.perf_counter()
         final = run_full(trainer, logger, full_fit) if m.full_run else None
         t_end = time.perf_counter()
@@ -481,7 +509,7 @@ def _mdl_body(run: JobRun) -> dict[str, Any]:
             "final": final,
             "certificate": erasure_info.pop("certificate", None),
             "timings": {"erase_s": erasure_info["seconds"], "mdl_s": t_full - t_mdl,
-                        "full_run_s": t_end - t_full, "before_mdl_s": t_mdl - t_start},
+                        "full_run_s": t_end - t_full, "before_mdl_s": t_mdl - prepared.started},
         }
     finally:
         logger.finish()

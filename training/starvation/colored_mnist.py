@@ -1,5 +1,6 @@
-"""task=gs_colored_mnist: the paper's Table 2 / Fig. 3 — a 2×300 ReLU MLP trained full batch with Adam on
-the pooled training environments of Colored MNIST; one logit (logistic loss), as the official code.
+"""task=gs_colored_mnist (declared in training/tasks/gs_colored_mnist.py): the paper's Table 2 / Fig. 3 — a 2×300 ReLU
+MLP trained full batch with Adam on the pooled training environments of Colored MNIST; one logit (logistic loss), as the
+official code.
 
 Reports final train/test accuracy, per-environment accuracy, a learning curve, and the four probes of
 Fig. 3 (accuracy and mean predictive entropy in nats on grayscale/coloured × digit/blank test images).
@@ -8,35 +9,19 @@ Fig. 3 (accuracy and mean predictive entropy in nats on grayscale/coloured × di
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from training.app.lifecycle import JobRun, Outcome
-from training.app.tasks import DECLARED, TASKS
-from training.data.colored_mnist import colored_mnist, fig3_variants, pooled
+from training.app.lifecycle import JobRun
+from training.data.colored_mnist import Environment, colored_mnist, fig3_variants, pooled
 from training.engine.regularizers import build_regularizer, task_loss
 from training.engine.seeding import seeded_global_rng
-from training.starvation.common import paper_mlp, run_task
+from training.starvation.common import method_name, paper_mlp
 
 log = logging.getLogger(__name__)
-USES = DECLARED["gs_colored_mnist"]  # the config groups this task reads (and its hash covers)
-POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
-
-
-@dataclass(frozen=True, kw_only=True)
-class ColoredMnistTask:
-    """`gs.*` of task=gs_colored_mnist (conf/experiment/gs_colored_mnist.yaml)."""
-
-    hidden: int = field(metadata=POSITIVE)
-    depth: int = field(metadata=POSITIVE)
-    init: Literal["default", "xavier"] = "xavier"  # xavier weights, zero biases (the official code)
-    lr: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
-    weight_decay: float = field(default=0.0, metadata={"check": lambda v: v >= 0, "allowed": "a number ≥ 0"})
-    steps: int = field(metadata=POSITIVE)
-    eval_every: int = field(default=50, metadata=POSITIVE)
 
 
 @torch.no_grad()
@@ -48,11 +33,23 @@ def evaluate(net: nn.Module, x: Tensor, y: Tensor) -> dict[str, float]:
             "entropy": float(entropy.mean())}
 
 
-def run(job: JobRun) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Environments:
+    """The job and its data: the Colored MNIST environments (`dataset.*`), training ones and test."""
+
+    job: JobRun
+    envs: dict[str, Environment]
+
+
+def prepare(job: JobRun) -> Environments:
+    return Environments(job, colored_mnist(job.cfg.dataset))
+
+
+def run(prepared: Environments) -> dict[str, Any]:
+    job, envs = prepared.job, prepared.envs
     cfg, device = job.cfg, job.device
-    gs: ColoredMnistTask = cfg.task_options
+    gs = cfg.task_options  # training/tasks/gs_colored_mnist.py ColoredMnistOptions
     seed = cfg.seed
-    envs = colored_mnist(cfg.dataset)
     x, y = (t.to(device) for t in pooled(envs))
     test = envs["test"]
     xt, yt = test.x.to(device), test.y.to(device)
@@ -79,7 +76,7 @@ def run(job: JobRun) -> dict[str, Any]:
         opt.step()
     net.eval()
     source = cfg.dataset.options.source
-    out: dict[str, Any] = {
+    out: dict[str, Any] = {"method": method_name(cfg),
            "dataset_source": "MNIST-5k: reduced, 5000 of the 60000 MNIST images" if source == "mnist5k" else source,
            "train": evaluate(net, x, y), "test": evaluate(net, xt, yt),
            "environments": {k: {**e.rates(), **evaluate(net, e.x.to(device), e.y.to(device))} for k, e in envs.items()},
@@ -88,8 +85,3 @@ def run(job: JobRun) -> dict[str, Any]:
     log.info("seed %d: train acc %.3f, test acc %.3f; fig3 %s", seed, out["train"]["acc"], out["test"]["acc"],
              {k: round(v["acc"], 3) for k, v in out["fig3"].items()})
     return out
-
-
-@TASKS.register("gs_colored_mnist", uses=USES, group="gs", options=ColoredMnistTask)
-def task(cfg: Any) -> Outcome:
-    return run_task(cfg, run)

@@ -1,4 +1,5 @@
-"""Gradient Starvation tasks (Pezeshki et al. 2021), registered with `training.app.tasks` on import.
+"""Gradient Starvation tasks (Pezeshki et al. 2021), declared in training/tasks/gs_*.py; what their implementations
+share.
 
     task=gs_two_moons      2-layer ReLU net, full-batch SGD on two moons: accuracy, margin, boundary shape
     task=gs_colored_mnist  2×300 MLP, full-batch Adam on Colored MNIST: accuracy and the Fig. 3 probes
@@ -12,28 +13,15 @@ elsewhere do not invalidate finished two-moons / Colored-MNIST runs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
-from training.app.lifecycle import Fingerprint, JobRun, Outcome, run_in_job_dir
 from training.app.schema import JobConfig
 from training.engine.regularizers import SdOptions
 
 log = logging.getLogger(__name__)
-Body = Callable[[JobRun], dict[str, Any]]
-
-
-def run_task(config: Mapping[str, Any] | JobConfig, body: Body, fingerprint: Fingerprint | None = None
-             ) -> Outcome:
-    """A Gradient Starvation task in the one job lifecycle (training/app/lifecycle.py); its result also names
-    the method (ERM / SD λ=...). `fingerprint`: the data's identity now, for a task that reads data files."""
-    def with_method(run: JobRun) -> dict[str, Any]:
-        return {"method": method_name(run.cfg), **body(run)}
-
-    return run_in_job_dir(config, with_method, describe=lambda result: str(result["method"]),
-                          fingerprint=fingerprint)
 
 
 def method_name(cfg: JobConfig) -> str:

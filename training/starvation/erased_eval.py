@@ -1,10 +1,12 @@
 """task=gs_erased_eval: does Spectral Decoupling make a model lean less on what an eraser removes?
 
-Split the dataset (seeded): held-out test (`gs.test_frac`), validation (MDL's val_size/val_frac, early
-stopping only) and training. Fit `eraser` on the training split only, train the μP model of `arch` on
-the ORIGINAL training data with `regularizer` (ERM: none or λ=0; SD), then evaluate it on original and
-erased test (and training) data. Cross-entropy is reported raw and with one temperature fitted on the
-original validation set (SD's logits are small by design; the temperature makes codes comparable).
+Split the dataset (seeded, after the labels are permuted for a null): held-out test (`gs.test_frac`), validation
+(MDL's val_size/val_frac, early stopping only) and training. The eraser is fitted on the training split only,
+through MDL's erasure path (`training.mdl.job.erase_maybe_zscored`, the erased-data cache): in sample on the training
+rows, out of sample (MDL's holdout options) on the test rows. The μP model of `arch` is trained on the ORIGINAL
+training data with `regularizer` (ERM: none or λ=0; SD), then evaluated on original and erased test (and training)
+data. Cross-entropy is reported raw and with one temperature fitted on the original validation set (SD's logits are
+small by design; the temperature makes codes comparable). training/tasks/gs_erased_eval.py declares the task.
 """
 
 from __future__ import annotations
@@ -12,32 +14,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from training.app.lifecycle import JobRun, Outcome
-from training.app.schema import JobConfig, load_config
-from training.app.tasks import DECLARED, TASKS
+from training.app.lifecycle import JobRun
+from training.data import LoadedData
+from training.data.erase import FitPlan
 from training.engine.batches import DeviceData
 from training.engine.fit import Member, TrainData, cross_entropy_sum, fit, fit_temperature, predict_logits
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
-from training.starvation.common import run_task
+from training.mdl.job import erase_maybe_zscored, fit_config, resolve_optim
+from training.mdl.precheck import load_data, with_permuted_labels
+from training.starvation.common import method_name
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
-USES = DECLARED["gs_erased_eval"]  # the config groups this task reads (and its hash covers)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ErasedEvalTask:
-    """`gs.*` of task=gs_erased_eval (conf/experiment/gs_sd_erasure.yaml)."""
-
-    test_frac: float = field(default=0.2, metadata={"check": lambda v: 0 < v < 1, "allowed": "a number in (0, 1)"})
 
 
 def split(n: int, seed: int, test_frac: float, val_size: int, val_frac: float) -> dict[str, Tensor]:
@@ -57,26 +52,39 @@ def scores(model: nn.Module, x: Tensor, y: Tensor, temperature: float) -> dict[s
             "confidence": float(logits.softmax(1).max(1).values.mean())}
 
 
-def run(job: JobRun) -> dict[str, Any]:
-    import erasure
-    from models import build_model
-    from training.mdl.job import fit_config, resolve_optim
-    from training.mdl.precheck import load_data, with_permuted_labels
+@dataclass(frozen=True)
+class Prepared:
+    """The job's inputs: data (labels permuted for a null), its split, and the train and test rows erased by the
+    eraser fitted on the train rows (through the erased-data cache)."""
 
-    cfg, device = job.cfg, job.device  # dataset.zscore is refused by the config check (tasks.py FIXED)
-    seed, gs, m = cfg.seed, cfg.task_options or ErasedEvalTask(), cfg.mdl
+    job: JobRun
+    data: LoadedData
+    idx: dict[str, Tensor]
+    erased: dict[str, Tensor]
+    erasure: dict[str, dict[str, Any]]
+
+
+def prepare(job: JobRun) -> Prepared:
+    cfg = job.cfg  # dataset.zscore, eraser.fit_on and eraser=gradient are refused (training/tasks/gs_erased_eval.py)
+    gs = cfg.task_options  # training/tasks/gs_erased_eval.py ErasedEvalOptions
     data = with_permuted_labels(cfg, load_data(cfg, job.loaded))  # the null: before the split
+    idx = split(len(data.y), cfg.seed, gs.test_frac, cfg.mdl.val_size, cfg.mdl.val_frac)
+    plans = {"train": FitPlan("self", coded_idx=idx["train"]),  # in sample: the rows it is fitted on
+             "test": FitPlan("holdout", coded_idx=idx["test"], fit_idx=idx["train"])}
+    erased, info = {}, {}
+    for part, plan in plans.items():
+        erased[part], info[part] = erase_maybe_zscored(data, cfg, plan)
+    return Prepared(job, data, idx, erased, info)
+
+
+def run(prepared: Prepared) -> dict[str, Any]:
+    from models import build_model
+
+    job, data, idx = prepared.job, prepared.data, prepared.idx
+    cfg, device = job.cfg, job.device
+    seed, m = cfg.seed, cfg.mdl
     x, y, k = data.x, data.y, data.num_classes
-    idx = split(len(y), seed, gs.test_frac, m.val_size, m.val_frac)
-    name, options = cfg.eraser.name, dict(cfg.eraser.options)
-    eraser = erasure.fit(name, x[idx["train"]], y[idx["train"]], **options)
-
-    def erased(part: str) -> Tensor:  # fitted on the train rows: in sample there, out of sample elsewhere
-        xs, ys = x[idx[part]], y[idx[part]]
-        if not eraser.needs_labels:
-            return eraser(xs)
-        return eraser.apply_in_sample(xs, ys) if part == "train" else eraser(xs, ys)
-
+    name = cfg.eraser.name
     optim = resolve_optim(cfg)
     with seeded_global_rng(seed, "init", "gs_erased_eval"):
         model = build_model(cfg.arch, data.input_shape, k).to(device)
@@ -93,28 +101,18 @@ def run(job: JobRun) -> dict[str, Any]:
     t = fit_temperature(model, *on["val"])
     out = {p: scores(model, *on[p], t) for p in ("train", "test")}
     for p in ("train", "test"):
-        out[f"{p}_erased"] = scores(model, erased(p).to(device), on[p][1], t)
+        out[f"{p}_erased"] = scores(model, prepared.erased[p].to(device), on[p][1], t)
     gaps = {metric: out["test_erased"][metric] - out["test"][metric]
             for metric in ("acc", "ce_bits", "ce_bits_calibrated", "confidence")}
     log.info("%s on %s: test acc %.4f -> %.4f erased (gap %+.4f), calibrated CE %.4f -> %.4f bits", name,
              data.name, out["test"]["acc"], out["test_erased"]["acc"], gaps["acc"], out["test"]["ce_bits_calibrated"],
              out["test_erased"]["ce_bits_calibrated"])
-    return {"eval": out, "gap_erased_minus_original": gaps, "temperature": t,
+    erasure = prepared.erasure
+    return {"method": method_name(cfg), "eval": out, "gap_erased_minus_original": gaps, "temperature": t,
             "fit": {"best_val_loss": res.best_val_loss, "best_epoch": res.best_epoch, "epochs": res.epochs,
                     "steps": res.steps},
-            "split_sizes": {p: len(i) for p, i in idx.items()}, "eraser": {"name": name, "report": eraser.report()},
+            "split_sizes": {p: len(i) for p, i in idx.items()},
+            "eraser": {"name": name, "report": erasure["train"]["report"],
+                       "cache_hit": {p: erasure[p]["cache_hit"] for p in erasure},
+                       "test_options": erasure["test"]["options"]},
             "optim": dataclasses.asdict(optim), "model": dict(getattr(model, "info", {})), "dataset": data.info}
-
-
-@TASKS.register("gs_erased_eval", uses=USES, group="gs", options=ErasedEvalTask)
-def task(config: Any) -> Outcome:
-    cfg = config if isinstance(config, JobConfig) else load_config(config)
-    from erasure.traits import eraser_traits  # the identity eraser (control) has nothing to erase
-    if eraser_traits(cfg.eraser.name).identity:
-        log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
-                 "original held-out metrics); no job written to %s", cfg.paths.job_dir)
-        return Outcome("skipped", Path(cfg.paths.job_dir), {})
-    from training.mdl.precheck import data_fingerprint  # the data now, and (for a rerun) the data itself
-
-    return run_task(cfg, run, fingerprint=data_fingerprint)
-

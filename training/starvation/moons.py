@@ -1,4 +1,5 @@
-"""task=gs_two_moons: the paper's Fig. 1 — a 2-layer ReLU net trained full batch with SGD + momentum.
+"""task=gs_two_moons (declared in training/tasks/gs_two_moons.py): the paper's Fig. 1 — a 2-layer ReLU net trained full
+batch with SGD + momentum.
 
 The network has one logit (logistic loss, as the official code). ERM, SD (`regularizer.lam`) and
 weight decay (`gs.weight_decay`, an optimizer setting) are config choices of the same job.
@@ -8,53 +9,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from training.app.lifecycle import JobRun, Outcome
+from training.app.lifecycle import JobRun
 from training.app.schema import JobConfig
-from training.app.tasks import DECLARED, TASKS
 from training.data.moons import TwoMoonsOptions, two_moons
 from training.engine.regularizers import build_regularizer, task_loss
 from training.engine.seeding import seeded_global_rng
-from training.starvation.common import method_name, paper_mlp, run_task
+from training.starvation.common import method_name, paper_mlp
 from training.starvation.geometry import Grid, geometry
 
 log = logging.getLogger(__name__)
-USES = DECLARED["gs_two_moons"]  # the config groups this task reads (and its hash covers)
 BOUNDARY_FILE = "boundary.npz"
-POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
-NONNEG = {"check": lambda v: v >= 0, "allowed": "a number ≥ 0"}
-
-
-@dataclass(frozen=True, kw_only=True)
-class GridOptions:
-    lo: float = -2.5
-    hi: float = 2.5
-    n: int = field(default=301, metadata=POSITIVE)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TwoMoonsTask:
-    """`gs.*` of task=gs_two_moons (conf/experiment/gs_two_moons.yaml)."""
-
-    hidden: int = field(metadata=POSITIVE)
-    depth: int = field(default=1, metadata=POSITIVE)
-    init: Literal["default", "xavier"] = "default"
-    lr: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
-    momentum: float = field(metadata=NONNEG)
-    weight_decay: float = field(default=0.0, metadata=NONNEG)
-    steps: int = field(metadata=POSITIVE)
-    grid: GridOptions = field(default_factory=GridOptions)  # where the boundary is drawn
 
 
 def train(cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple[nn.Module, list]:
-    gs: TwoMoonsTask = cfg.task_options
+    gs = cfg.task_options  # training/tasks/gs_two_moons.py TwoMoonsOptions
     with seeded_global_rng(cfg.seed, "init"):
         net = paper_mlp(2, gs.hidden, gs.depth, 1, gs.init)
     net.to(device)
@@ -109,11 +85,24 @@ def plot_boundary(path: Path, grid: Grid, x: np.ndarray, y: np.ndarray, title: s
     plt.close(fig)
 
 
-def run(job: JobRun) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Moons:
+    """The job and its data: the training and test draws of two moons (`dataset.*`)."""
+
+    job: JobRun
+    train: tuple[torch.Tensor, torch.Tensor]
+    test: tuple[torch.Tensor, torch.Tensor]
+
+
+def prepare(job: JobRun) -> Moons:
+    moons: TwoMoonsOptions = job.cfg.dataset.options
+    return Moons(job, two_moons(moons, "train"), two_moons(moons, "test"))
+
+
+def run(prepared: Moons) -> dict[str, Any]:
+    job, (x, y), (xt, yt) = prepared.job, prepared.train, prepared.test
     cfg, job_dir, device = job.cfg, job.path, job.device
     moons: TwoMoonsOptions = cfg.dataset.options
-    x, y = two_moons(moons, "train")
-    xt, yt = two_moons(moons, "test")
     net, curve = train(cfg, x, y, device)
     g = cfg.task_options.grid
     geo, grid = geometry(logit_fn(net, device), x.numpy().astype(np.float64), y.numpy(), g.lo, g.hi, g.n)
@@ -123,10 +112,5 @@ def run(job: JobRun) -> dict[str, Any]:
     plot_boundary(job_dir / "boundary.png", grid, x.numpy(), y.numpy(), title)
     log.info("%s: train acc %.3f, test acc %.3f, min margin %.4f, turning %.3f", title, train_m["acc"],
              test_m["acc"], geo["min_margin"], geo["boundary_turning"])
-    return {"train": train_m, "test": test_m, "geometry": geo, "train_loss_curve": curve,
+    return {"method": method_name(cfg), "train": train_m, "test": test_m, "geometry": geo, "train_loss_curve": curve,
             "files": {"boundary": BOUNDARY_FILE, "plot": "boundary.png"}}
-
-
-@TASKS.register("gs_two_moons", uses=USES, group="gs", options=TwoMoonsTask)
-def task(cfg: Any) -> Outcome:
-    return run_task(cfg, run)

@@ -1,0 +1,28 @@
+"""What the Gradient Starvation task modules share (a module of training.tasks named "_..." is no task)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from training.app.result_types import StarvationResult
+from training.app.tasks import Task
+
+# hashed dataset keys of the image pipeline, which the synthetic GS tasks do not read
+NOT_AN_IMAGE_PIPELINE = {"dataset.augment": False, "dataset.zscore": False, "dataset.zscore_order": "before",
+                         "dataset.limit": None, "dataset.permute_labels": False}
+POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
+NONNEG = {"check": lambda v: v >= 0, "allowed": "a number ≥ 0"}
+
+
+def _method(result: dict[str, Any]) -> str:
+    return str(result["method"])
+
+
+class StarvationTask(Task):
+    """A Gradient Starvation task: options in the `gs` group; its result names the method (ERM / SD λ=...)."""
+
+    group = "gs"
+    result_type = StarvationResult
+
+    def lifecycle(self) -> dict[str, Any]:
+        return {"describe": _method}

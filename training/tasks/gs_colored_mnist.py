@@ -1,0 +1,54 @@
+"""task=gs_colored_mnist: the paper's Table 2 / Fig. 3, a 2×300 ReLU MLP trained full batch with Adam on Colored
+MNIST (training/starvation/colored_mnist.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from training.app.tasks import Collected
+from training.tasks._starvation import NOT_AN_IMAGE_PIPELINE, POSITIVE, StarvationTask
+
+if TYPE_CHECKING:
+    from training.app.lifecycle import JobRun
+
+
+@dataclass(frozen=True, kw_only=True)
+class ColoredMnistOptions:
+    """`gs.*` of task=gs_colored_mnist (conf/experiment/gs_colored_mnist.yaml)."""
+
+    hidden: int = field(metadata=POSITIVE)
+    depth: int = field(metadata=POSITIVE)
+    init: Literal["default", "xavier"] = "xavier"  # xavier weights, zero biases (the official code)
+    lr: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
+    weight_decay: float = field(default=0.0, metadata={"check": lambda v: v >= 0, "allowed": "a number ≥ 0"})
+    steps: int = field(metadata=POSITIVE)
+    eval_every: int = field(default=50, metadata=POSITIVE)
+
+
+class ColoredMnist(StarvationTask):
+    name = "gs_colored_mnist"
+    uses = ("dataset", "regularizer", "gs")
+    fixed = {"dataset.name": "colored_mnist", **NOT_AN_IMAGE_PIPELINE}
+    options = ColoredMnistOptions
+
+    def prepare(self, job: JobRun) -> Any:
+        from training.starvation.colored_mnist import prepare
+
+        return prepare(job)
+
+    def run(self, prepared: Any) -> dict[str, Any]:
+        from training.starvation.colored_mnist import run
+
+        return run(prepared)
+
+    def rows(self, collected: Collected) -> dict[str, str]:
+        if not collected.results:
+            return {}
+        from scripts.aggregate_gs import cmnist_curves, colored_mnist_tables
+
+        cmnist_curves(collected.as_written(), collected.out / "gs_colored_mnist_curves.png")
+        return colored_mnist_tables(collected.as_written())
+
+
+TASK = ColoredMnist()

@@ -1,0 +1,62 @@
+"""task=gs_two_moons: the paper's Fig. 1, a 2-layer ReLU net trained full batch with SGD + momentum
+(training/starvation/moons.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from training.app.tasks import Collected
+from training.tasks._starvation import NONNEG, NOT_AN_IMAGE_PIPELINE, POSITIVE, StarvationTask
+
+if TYPE_CHECKING:
+    from training.app.lifecycle import JobRun
+
+
+@dataclass(frozen=True, kw_only=True)
+class GridOptions:
+    lo: float = -2.5
+    hi: float = 2.5
+    n: int = field(default=301, metadata=POSITIVE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TwoMoonsOptions:
+    """`gs.*` of task=gs_two_moons (conf/experiment/gs_two_moons.yaml)."""
+
+    hidden: int = field(metadata=POSITIVE)
+    depth: int = field(default=1, metadata=POSITIVE)
+    init: Literal["default", "xavier"] = "default"
+    lr: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
+    momentum: float = field(metadata=NONNEG)
+    weight_decay: float = field(default=0.0, metadata=NONNEG)
+    steps: int = field(metadata=POSITIVE)
+    grid: GridOptions = field(default_factory=GridOptions)  # where the boundary is drawn
+
+
+class TwoMoons(StarvationTask):
+    name = "gs_two_moons"
+    uses = ("dataset", "regularizer", "gs")
+    fixed = {"dataset.name": "two_moons", **NOT_AN_IMAGE_PIPELINE}
+    options = TwoMoonsOptions
+
+    def prepare(self, job: JobRun) -> Any:
+        from training.starvation.moons import prepare
+
+        return prepare(job)
+
+    def run(self, prepared: Any) -> dict[str, Any]:
+        from training.starvation.moons import run
+
+        return run(prepared)
+
+    def rows(self, collected: Collected) -> dict[str, str]:
+        if not collected.results:
+            return {}
+        from scripts.aggregate_gs import two_moons_boundaries, two_moons_table
+
+        two_moons_boundaries(collected.as_written(), collected.out / "gs_two_moons_boundaries.png")
+        return {"gs_two_moons": two_moons_table(collected.as_written())}
+
+
+TASK = TwoMoons()

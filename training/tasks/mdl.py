@@ -1,0 +1,41 @@
+"""task=mdl (the default): dataset -> eraser -> prequential MDL -> full-data run (training/mdl/job.py); its tables
+are the aggregate's MDL pipeline (scripts/aggregate_mdl.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from training.app.result_types import MdlResult
+from training.app.tasks import Collected, Task
+
+if TYPE_CHECKING:
+    from training.app.lifecycle import JobRun
+
+
+class Mdl(Task):
+    name = "mdl"
+    uses = None  # every group
+    result_type = MdlResult
+
+    def prepare(self, job: JobRun) -> Any:
+        from training.mdl.job import prepare
+
+        return prepare(job)
+
+    def run(self, prepared: Any) -> dict[str, Any]:
+        from training.mdl.job import run
+
+        return run(prepared)
+
+    def lifecycle(self) -> dict[str, Any]:
+        from training.mdl.job import LIFECYCLE  # the precheck, the data fingerprint, the finished sections
+
+        return LIFECYCLE
+
+    def rows(self, collected: Collected) -> dict[str, str]:
+        from scripts.aggregate_mdl import mdl_tables
+
+        return mdl_tables(collected)
+
+
+TASK = Mdl()

@@ -80,7 +80,7 @@ slurm-down:  ## stop that cluster (its jobs, then the daemons it started, by pid
 	python3 scripts/slurm_cluster.py down $(if $(SLURM_DIR),--dir $(SLURM_DIR))
 
 lint: setup  ## ruff, then mypy (its files and settings: [tool.mypy] in pyproject.toml)
-	$(VENV)/bin/ruff check atomicio erasure models training scripts tests
+	$(VENV)/bin/ruff check atomicio erasure models training scripts tests hydra_plugins
 	$(VENV)/bin/mypy
 
 clean:  ## remove caches (keeps .venv and outputs/)

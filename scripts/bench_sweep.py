@@ -4,7 +4,7 @@ fits its erasers once). Prints both wall times and their ratio, where the time w
 result.json `timings`), and checks every job's result.json is == between the two (exit 1 if not).
 
     .venv/bin/python scripts/bench_sweep.py            # MNIST-5k, control/leace/qleace x seeds 0-4, quick MDL
-    .venv/bin/python scripts/bench_sweep.py --quick    # digits, tiny MDL, 2 erasers x 2 seeds: seconds
+    .venv/bin/python scripts/bench_sweep.py --quick    # digits, tiny MDL, 2 erasers x 3 seeds: seconds
 """
 
 from __future__ import annotations
@@ -77,16 +77,16 @@ def run_sweep(out_dir: Path, base: list[str], sweep: list[str], launcher: list[s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="digits, tiny MDL, control/leace x 2 seeds (seconds)")
+    p.add_argument("--quick", action="store_true", help="digits, tiny MDL, control/leace x 3 seeds (seconds)")
     p.add_argument("--erasers", default=None, help="comma list (default control,leace,qleace; quick: control,leace)")
-    p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5; quick: 2)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5; quick: 3)")
     p.add_argument("--n-jobs", type=int, default=2, help="worker processes of both runs")
     p.add_argument("--pack-size", type=int, default=None, help="training.pack_size (default: seeds / 2, rounded up, "
                    "so the packs spread over the workers)")
     p.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = p.parse_args(argv)
     erasers = args.erasers or ("control,leace" if args.quick else "control,leace,qleace")
-    seeds = args.seeds or (2 if args.quick else 5)
+    seeds = args.seeds or (3 if args.quick else 5)
     pack_size = args.pack_size or math.ceil(seeds / 2)
     base = QUICK if args.quick else FULL
     sweep = [f"eraser={erasers}", f"seed={','.join(map(str, range(seeds)))}"]

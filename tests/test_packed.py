@@ -183,3 +183,25 @@ def test_shared_erased_data_is_read_once_per_pack_and_equals_the_entry(tmp_path:
         x3.add_(1)  # edited in place by a job: the next one loads the entry again
         x4, _, hit4 = cached_erase(tmp_path, key, build)
     assert (len(loads), len(built), hit4) == (4, 1, True) and torch.equal(x4, x_disk)
+
+
+def test_bench_sweep_compares_every_number_but_wall_times() -> None:
+    from scripts.bench_sweep import differences
+
+    a = {"j0": {"mdl.bits_per_sample": 1.25, "timings.mdl_s": 3.0, "mdl.blocks.0.seconds": 1.0}}
+    same = {"j0": {"mdl.bits_per_sample": 1.25, "timings.mdl_s": 9.0, "mdl.blocks.0.seconds": 2.0}}
+    assert differences(a, same) == []
+    off = {"j0": {"mdl.bits_per_sample": 1.2500000000000002, "timings.mdl_s": 3.0, "mdl.blocks.0.seconds": 1.0}}
+    assert differences(a, off) == ["j0: mdl.bits_per_sample 1.25 != 1.2500000000000002"]
+    assert differences(a, {**same, "j1": {}}) == ["j1: only in the second run"]
+
+
+def test_bench_sweep_quick_runs_both_ways_and_finds_them_equal(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "scripts/bench_sweep.py", "--quick", "--json", str(out)], cwd=REPO,
+                          env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "job-per-process" in proc.stdout and "ratio" in proc.stdout and "all 6 jobs' result.json ==" in proc.stdout
+    bench = json.loads(out.read_text())
+    assert bench["equal"] and bench["jobs"] == 6 and bench["pack_size"] == 2
+    assert bench["ratio"] == pytest.approx(bench["per_process_s"] / bench["packed_s"])

@@ -33,11 +33,12 @@ test: setup  ## run the test suite (not slow/gpu; slurm tests start their own cl
 test-all: setup  ## run every test including slow ones (gpu/slurm skip themselves when unavailable)
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
-demo: setup  ## every eraser on MNIST-5k, MLP, 3 seeds + a permuted-label null, quick MDL; prints the table (offline)
+demo: setup  ## every eraser on MNIST-5k, MLP, 3 seeds (packed) + a permuted-label null, quick MDL; prints the table (offline)
 	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none \
-	  hydra/launcher=parallel hydra.launcher.n_jobs=2
+	  hydra/launcher=packed hydra.launcher.inner=parallel ++hydra.launcher.inner_options.n_jobs=2
 	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none \
-	  hydra/launcher=parallel hydra.launcher.n_jobs=2 dataset.permute_labels=true seed=0
+	  hydra/launcher=packed hydra.launcher.inner=parallel ++hydra.launcher.inner_options.n_jobs=2 \
+	  dataset.permute_labels=true seed=0
 	$(PY) scripts/aggregate.py outputs/runs/mnist5k --name demo
 
 calibrate: setup  ## MDL of erased generator data against the known truth (experiment=calibrate + 2 sweeps), prints the table

@@ -205,3 +205,13 @@ def test_bench_sweep_quick_runs_both_ways_and_finds_them_equal(tmp_path: Path) -
     bench = json.loads(out.read_text())
     assert bench["equal"] and bench["jobs"] == 6 and bench["pack_size"] == 2
     assert bench["ratio"] == pytest.approx(bench["per_process_s"] / bench["packed_s"])
+
+
+def test_memo_keeps_the_latest_entries_only() -> None:
+    memo = shared.Memo("test", max_entries=2)
+    tensors = [torch.zeros(1) for _ in range(3)]
+    for i, t in enumerate(tensors):
+        memo.put(i, t, [t])
+    assert memo.get(0) is None and memo.get(1) is tensors[1] and memo.get(2) is tensors[2]
+    memo.put(3, tensors[0], [tensors[0]])  # 1 was used less recently than 2
+    assert memo.get(1) is None and memo.get(2) is tensors[2]

@@ -24,7 +24,10 @@ from typing import Any, TypeVar
 from torch import Tensor
 
 log = logging.getLogger(__name__)
-MAX_ENTRIES = 8  # per kind: a pack's jobs share one dataset and a few erasers; older entries are dropped
+# per kind: a pack's jobs (seeds of one cell) share one dataset (two with eraser.fit_source=pool) and one erased
+# entry (two for a rank-matched baseline: ALF-QLEACE's too); older entries are dropped, so what the memo keeps beyond
+# the running job's own data is at most about one more copy of it
+MAX_ENTRIES = 2
 T = TypeVar("T")
 
 

@@ -92,6 +92,13 @@ def test_pack_size_splits_packs_run_by_joblib(tmp_path: Path, lone: dict[str, An
     assert "multirun: 6/6 jobs ran: 0 done, 6 skipped, 0 failed" in again
 
 
+def test_packs_run_by_submitit_local_one_subprocess_each(tmp_path: Path, lone: dict[str, Any]) -> None:
+    text = _sweep(tmp_path, SEEDS, "hydra/launcher=packed", "hydra.launcher.inner=submitit_local")
+    assert "6 jobs in 2 packs, run by hydra/launcher=submitit_local" in text
+    assert "multirun: 6/6 jobs ran: 6 done, 0 skipped, 0 failed" in text
+    assert _results(tmp_path) == lone
+
+
 def test_packs_hold_jobs_that_differ_only_in_seed() -> None:
     jobs = [["eraser=control", "seed=0"], ["eraser=leace", "seed=0"], ["eraser=control", "seed=1"],
             ["eraser=leace", "seed=1"], ["eraser=control", "seed=2"],

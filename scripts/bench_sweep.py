@@ -5,6 +5,7 @@ result.json `timings`), and checks every job's result.json is == between the two
 
     .venv/bin/python scripts/bench_sweep.py            # MNIST-5k, control/leace/qleace x seeds 0-4, quick MDL
     .venv/bin/python scripts/bench_sweep.py --quick    # digits, tiny MDL, 2 erasers x 3 seeds: seconds
+    .venv/bin/python scripts/bench_sweep.py --repeats 3  # interleaved runs, medians (a shared machine is noisy)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-jobs", type=int, default=2, help="worker processes of both runs")
     p.add_argument("--pack-size", type=int, default=None, help="training.pack_size (default: seeds / 2, rounded up, "
                    "so the packs spread over the workers)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each, interleaved; medians are reported")
     p.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = p.parse_args(argv)
     erasers = args.erasers or ("control,leace" if args.quick else "control,leace,qleace")
@@ -90,30 +93,39 @@ def main(argv: list[str] | None = None) -> int:
     pack_size = args.pack_size or math.ceil(seeds / 2)
     base = QUICK if args.quick else FULL
     sweep = [f"eraser={erasers}", f"seed={','.join(map(str, range(seeds)))}"]
-    n_jobs = f"hydra.launcher.n_jobs={args.n_jobs}"
+    launchers = {"per_process": ["hydra/launcher=parallel", f"hydra.launcher.n_jobs={args.n_jobs}"],
+                 "packed": ["hydra/launcher=packed", "hydra.launcher.inner=parallel",
+                            f"++hydra.launcher.inner_options.n_jobs={args.n_jobs}", f"training.pack_size={pack_size}"]}
+    walls: dict[str, list[float]] = {"per_process": [], "packed": []}
+    runs: dict[str, list[dict[str, dict[str, Any]]]] = {"per_process": [], "packed": []}
     with tempfile.TemporaryDirectory(prefix="bench_sweep_") as tmp:
-        lone_dir, packed_dir = Path(tmp) / "per_process", Path(tmp) / "packed"
-        lone = run_sweep(lone_dir, base, sweep, ["hydra/launcher=parallel", n_jobs])
-        packed = run_sweep(packed_dir, base, sweep, ["hydra/launcher=packed", "hydra.launcher.inner=parallel",
-                                                     f"++hydra.launcher.inner_options.n_jobs={args.n_jobs}",
-                                                     f"training.pack_size={pack_size}"])
-        a, b = results(lone_dir), results(packed_dir)
+        for r in range(args.repeats):  # interleaved, the order alternating: a busy machine slows both alike
+            for name in (("per_process", "packed") if r % 2 == 0 else ("packed", "per_process")):
+                out_dir = Path(tmp) / f"{name}{r}"
+                walls[name].append(run_sweep(out_dir, base, sweep, launchers[name]))
+                runs[name].append(results(out_dir))
+    a, b = runs["per_process"][0], runs["packed"][0]
+    lone, packed = statistics.median(walls["per_process"]), statistics.median(walls["packed"])
     jobs = len(a)
-    print(f"sweep: {' '.join(base + sweep)}: {jobs} jobs, {args.n_jobs} workers, pack_size {pack_size}")
+    print(f"sweep: {' '.join(base + sweep)}: {jobs} jobs, {args.n_jobs} workers, pack_size {pack_size}, "
+          f"{args.repeats} repeat(s), medians")
+    if args.repeats > 1:
+        print("  each (s): " + "; ".join(f"{k} {', '.join(f'{w:.1f}' for w in v)}" for k, v in walls.items()))
     print(f"  job-per-process  {lone:7.1f} s")
     print(f"  packed           {packed:7.1f} s")
     print(f"  ratio            {lone / packed:7.2f}x")
-    split = {"per_process": time_split(a), "packed": time_split(b)}
+    split = {"per_process": time_split(a), "packed": time_split(b)}  # the first repeat's
     print("  summed over jobs (s)  total  before-MDL  erase   MDL  full-run | outside jobs (workers x wall - total)")
-    for name, wall in (("per_process", lone), ("packed", packed)):
+    for name, wall in (("per_process", walls["per_process"][0]), ("packed", walls["packed"][0])):
         s = split[name]
         print(f"  {name:<20} {s['total_s']:6.1f} {s['before_mdl_s']:10.1f} {s['erase_s']:6.1f} {s['mdl_s']:5.1f} "
               f"{s['full_run_s']:8.1f} | {args.n_jobs * wall - s['total_s']:6.1f}")
-    diff = differences(a, b)
+    diff = [line for name in runs for other in runs[name] for line in differences(a, other)]
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"jobs": jobs, "n_jobs": args.n_jobs, "pack_size": pack_size,
                                          "per_process_s": lone, "packed_s": packed, "ratio": lone / packed,
+                                         "walls": walls,
                                          "split": split, "equal": not diff}, indent=1))
     if not jobs or len(b) != jobs:
         print(f"FAIL: {jobs} and {len(b)} result.json files", file=sys.stderr)

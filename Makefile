@@ -33,11 +33,12 @@ test: setup  ## run the test suite (not slow/gpu; slurm tests start their own cl
 test-all: setup  ## run every test including slow ones (gpu/slurm skip themselves when unavailable)
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
-demo: setup  ## every eraser on MNIST-5k, MLP, 3 seeds + a permuted-label null, quick MDL; prints the table (offline)
+demo: setup  ## every eraser on MNIST-5k, MLP, 3 seeds (packed) + a permuted-label null, quick MDL; prints the table (offline)
 	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none \
-	  hydra/launcher=parallel hydra.launcher.n_jobs=2
+	  hydra/launcher=packed hydra.launcher.inner=parallel ++hydra.launcher.inner_options.n_jobs=2
 	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none \
-	  hydra/launcher=parallel hydra.launcher.n_jobs=2 dataset.permute_labels=true seed=0
+	  hydra/launcher=packed hydra.launcher.inner=parallel ++hydra.launcher.inner_options.n_jobs=2 \
+	  dataset.permute_labels=true seed=0
 	$(PY) scripts/aggregate.py outputs/runs/mnist5k --name demo
 
 calibrate: setup  ## MDL of erased generator data against the known truth (experiment=calibrate + 2 sweeps), prints the table
@@ -61,10 +62,11 @@ plan: setup  ## a sweep's jobs, cells, done/remaining and CPU/GPU hours, without
 tables: setup  ## aggregate whatever is in outputs/runs into outputs/tables/
 	$(PY) scripts/aggregate.py outputs/runs --name all
 
-bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm; BENCH_ARGS=--device cuda
+bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm, sweep packed vs per process; BENCH_ARGS=--device cuda
 	mkdir -p outputs/bench
 	WANDB_MODE=disabled $(PY) scripts/bench_mdl.py --fused --json outputs/bench/bench_mdl.json $(BENCH_ARGS)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) scripts/bench_cache.py
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) scripts/bench_sweep.py --json outputs/bench/bench_sweep.json
 
 gpu-report:  ## GPU checks (tests, one job per arch, erasers, speed, sweep cost) → outputs/gpu_report/*.json|md; CPU toy sizes without CUDA
 	WANDB_MODE=disabled $(REPORT_PY) scripts/gpu_report.py $(GPU_REPORT_ARGS)
@@ -80,7 +82,7 @@ slurm-down:  ## stop that cluster (its jobs, then the daemons it started, by pid
 	python3 scripts/slurm_cluster.py down $(if $(SLURM_DIR),--dir $(SLURM_DIR))
 
 lint: setup  ## ruff, then mypy (its files and settings: [tool.mypy] in pyproject.toml)
-	$(VENV)/bin/ruff check atomicio erasure models training scripts tests
+	$(VENV)/bin/ruff check atomicio erasure models training scripts tests hydra_plugins
 	$(VENV)/bin/mypy
 
 clean:  ## remove caches (keeps .venv and outputs/)

@@ -186,6 +186,8 @@ class TrainingConfig(Section):
     storage: str = one_of("auto", "auto", "float32", "float16", "uint8")
     compile: Any = one_of(False, False, True, "default", "reduce-overhead", "max-autotune")
     fused_optimizer: Any = one_of(False, False, True, "numba", "compile", "eager")
+    # hydra/launcher=packed: at most this many jobs (of one cell, differing in seed) run in one process (null: all)
+    pack_size: int | None = positive_int(None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)

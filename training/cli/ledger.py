@@ -174,8 +174,17 @@ def check_sweep(config: DictConfig) -> int | None:
     return len(combos)
 
 
+# hydra/launcher=packed runs each pack as one job of its inner launcher (hydra.launcher.inner): where jobs run
+PACKED_INNER = {"local": "BasicLauncher", "basic": "BasicLauncher", "parallel": "JoblibLauncher",
+                "joblib": "JoblibLauncher", "submitit_local": "submitit_launcher.LocalLauncher",
+                "slurm": "submitit_launcher.SlurmLauncher", "submitit_slurm": "submitit_launcher.SlurmLauncher"}
+
+
 def launcher_target(config: DictConfig) -> str:
-    return str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+    if target.endswith("PackedLauncher"):
+        return PACKED_INNER.get(str(OmegaConf.select(config, "hydra.launcher.inner", default="")), target)
+    return target
 
 
 def jobs_run_here(config: DictConfig) -> bool:

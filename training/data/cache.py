@@ -98,6 +98,9 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
     root = Path(cache_root) / "erased"
     h = key_hash(key)
     entry = root / h
+    if (shared_entry := _shared_entry(entry)) is not None:  # another job of this process loaded or stored it
+        log.info("cache hit (shared in this process): %s", entry)
+        return shared_entry
     with ExitStack() as stack:
         if not _lock_entry(stack, root, f"{h}.lock", "erased-data", entry, "erasing"):
             x, report = build()
@@ -108,6 +111,7 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
             return x, report, False
         if loaded is not None:
             log.info("cache hit: %s", entry)
+            _share_entry(entry, *loaded)
             return loaded[0], loaded[1], True
         log.info("cache miss: %s (fitting)", entry)
         x, report = build()
@@ -117,7 +121,34 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
             shutil.rmtree(entry, ignore_errors=True)
             log.warning("could not write the cache entry %s (%s); removed it, going on with the erased data in "
                         "memory", entry, why(err, root))
+        else:  # what a later job would load from the entry: the stored tensor and the report as report.json has it
+            _share_entry(entry, x.detach().cpu().contiguous(), json.loads(_report_text(report)))
         return x, report, False
+
+
+def _shared_entry(entry: Path) -> tuple[Tensor, dict[str, Any], bool] | None:
+    """The erased data of `entry` as another job of this process loaded or stored it (training/data/shared.py), while
+    jobs share data and the entry is still complete on disk (else the job goes through the cache as a lone one)."""
+    from training.data import shared
+
+    if not shared.active():
+        return None
+    found = shared.ERASED.get(str(entry.resolve()))
+    if found is None or not (entry / "manifest.json").is_file():
+        return None
+    x, report = found
+    return x, shared.fresh(report), True
+
+
+def _share_entry(entry: Path, x: Tensor, report: dict[str, Any]) -> None:
+    from training.data import shared
+
+    if shared.active():
+        shared.ERASED.put(str(entry.resolve()), (x, shared.fresh(report)), [x])
+
+
+def _report_text(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=1, default=str)
 
 
 def why(err: BaseException, where: Path) -> str:
@@ -160,7 +191,7 @@ def _store(entry: Path, key: Mapping[str, Any], x: Tensor, report: dict[str, Any
         shutil.rmtree(entry)
     entry.mkdir(parents=True)
     atomic_write(entry / "data.pt", functools.partial(_save_tensor, x.detach().cpu().contiguous()))
-    atomic_write_text(entry / "report.json", json.dumps(report, indent=1, default=str))
+    atomic_write_text(entry / "report.json", _report_text(report))
     manifest = {"format": CACHE_FORMAT, "code_version": code_version(), "key": canonical(key),
                 "shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""),
                 "sha256": {"data.pt": _sha256(entry / "data.pt"), "report.json": _sha256(entry / "report.json")}}

@@ -113,6 +113,26 @@ def _fixed_shuffle(data: LoadedData) -> LoadedData:
 
 
 def load_dataset(cfg: DatasetCfg, data_dir: str | Path = "data") -> LoadedData:
+    """The dataset `cfg` names, read from `data_dir`: read once per process while jobs share data (a pack,
+    training/data/shared.py), else every time."""
+    from training.data import shared
+
+    key = (repr(cfg), str(Path(data_dir).resolve()))
+    return shared.remembered(shared.DATASETS, key, lambda: _load_dataset(cfg, data_dir),
+                             lambda d: [d.x, d.y], _own_copy)
+
+
+def _own_copy(data: LoadedData) -> LoadedData:
+    """A LoadedData of its own (its `info` copied) holding the shared tensors (and their remembered hash)."""
+    from training.data.shared import fresh
+
+    out = LoadedData(data.name, data.x, data.y, data.num_classes, fresh(data.info))
+    if "_content_memo" in data.__dict__:
+        out.__dict__["_content_memo"] = data.__dict__["_content_memo"]
+    return out
+
+
+def _load_dataset(cfg: DatasetCfg, data_dir: str | Path) -> LoadedData:
     data = DATASETS.get(cfg.name)(cfg, Path(data_dir))
     _validate(data, _check_lengths)  # before the shuffle: it indexes the images by the labels' positions
     data = _fixed_shuffle(data)

@@ -1,0 +1,120 @@
+"""`hydra/launcher=packed`: the sweep's jobs that differ only in `seed` run in one process, a pack, as one job of
+an inner launcher (local, parallel = joblib, submitit_local, slurm: on SLURM one array task runs one pack).
+
+Inside a pack every job runs through Hydra's own `run_job`, exactly as the inner launcher would run it alone: its
+own composed config, directory, run.log, lock, result.json, resume (progress.json) and ledger line (the sweep's
+callbacks see each job, never the pack). What the jobs share is the process: imports and start-up are paid once,
+and the loaded dataset and the erased data are computed once (training/data/shared.py). A pack killed part-way is
+re-run by the same command: its finished jobs skip, the others resume. One failed job does not stop its pack.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, RunMode, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+Job = tuple[int, list[str]]  # (the job's number in the sweep, its overrides)
+
+
+def packs_of(job_overrides: Sequence[Sequence[str]], pack_size: int | None, first_num: int = 0) -> list[list[Job]]:
+    """The jobs grouped by every override but `seed=...` (in sweep order), cut into packs of at most `pack_size`."""
+    cells: dict[tuple[str, ...], list[Job]] = {}
+    for num, overrides in enumerate(job_overrides, start=first_num):
+        rest = tuple(sorted(o for o in overrides if not o.startswith("seed=")))
+        cells.setdefault(rest, []).append((num, list(overrides)))
+    size = pack_size or max((len(jobs) for jobs in cells.values()), default=1)
+    return [jobs[i:i + size] for jobs in cells.values() for i in range(0, len(jobs), size)]
+
+
+class PackTask:
+    """The inner launcher's task function: runs the pack whose number the inner launcher gave its job (picklable:
+    joblib and submitit send it to their workers). (Not a dataclass: Hydra's plugin scan executes this module
+    outside sys.modules, where dataclasses cannot read string annotations.)"""
+
+    def __init__(self, packs: list[list[Job]], sweep_config: DictConfig, hydra_context: HydraContext,
+                 task_function: TaskFunction) -> None:
+        self.packs = packs
+        self.sweep_config = sweep_config  # the multirun's config: each job's is composed from it (basic launcher)
+        self.hydra_context = hydra_context  # the sweep's, with its callbacks (the ledger)
+        self.task_function = task_function
+
+    def __call__(self, _lead: DictConfig) -> list[JobReturn]:
+        from training.data.shared import sharing
+
+        pack = self.packs[int(HydraConfig.get().job.num)]
+        log.info("pack of %d jobs: %s", len(pack), " ".join(str(num) for num, _ in pack))
+        out = []
+        with sharing():
+            for num, overrides in pack:
+                config = self.hydra_context.config_loader.load_sweep_config(self.sweep_config, overrides)
+                with open_dict(config):
+                    config.hydra.job.id = f"{HydraConfig.get().job.id}_{num}"
+                    config.hydra.job.num = num
+                out.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function,
+                                   config=config, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
+        return out
+
+
+class PackedLauncher(Launcher):
+    def __init__(self, inner: str = "local", inner_options: Any = None) -> None:
+        self.inner = inner
+        self.inner_options = dict(inner_options or {})
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def inner_config(self) -> DictConfig:
+        """The sweep's config with `hydra.launcher` replaced by the inner launcher's (conf/hydra/launcher/<inner>
+        with `inner_options` on top), composed as Hydra would for `hydra/launcher=<inner>`."""
+        assert self.config is not None and self.hydra_context is not None
+        if self.inner == "packed":
+            raise ValueError("hydra.launcher.inner=packed is not allowed: the inner launcher runs the packs "
+                             "(local, parallel, submitit_local or slurm)")
+        overrides = [f"hydra/launcher={self.inner}"] + [f"hydra.launcher.{k}={v}" for k, v in
+                                                        self.inner_options.items()]
+        composed = self.hydra_context.config_loader.load_configuration(
+            config_name=str(self.config.hydra.job.config_name), overrides=overrides, run_mode=RunMode.MULTIRUN)
+        config = self.config.copy()
+        with open_dict(config):
+            config.hydra.launcher = composed.hydra.launcher
+        return config
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from hydra._internal.callbacks import Callbacks
+
+        setup_globals()
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        pack_size = OmegaConf.select(self.config, "training.pack_size", default=None)
+        packs = packs_of(job_overrides, pack_size, initial_job_idx)
+        log.info("packed launcher: %d jobs in %d packs, run by hydra/launcher=%s", len(job_overrides), len(packs),
+                 self.inner)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        task = PackTask(packs, self.config, self.hydra_context, self.task_function)
+        # the inner launcher sees one job per pack (its first job's config), with no callbacks: the sweep's
+        # callbacks see each job of the pack, inside it
+        quiet = HydraContext(config_loader=self.hydra_context.config_loader, callbacks=Callbacks())
+        inner = Plugins.instance().instantiate_launcher(hydra_context=quiet, task_function=task,
+                                                        config=self.inner_config())
+        returns = inner.launch([pack[0][1] for pack in packs], initial_job_idx=0)
+        by_num: dict[int, JobReturn] = {}
+        for pack, ret in zip(packs, returns, strict=True):
+            if ret.status == JobStatus.COMPLETED:
+                by_num.update({num: r for (num, _), r in zip(pack, ret.return_value, strict=True)})
+            else:  # the pack itself failed (its process died, it could not start): each of its jobs failed so
+                for num, _ in pack:
+                    by_num[num] = JobReturn(status=JobStatus.FAILED, _return_value=ret._return_value,
+                                            overrides=ret.overrides, hydra_cfg=ret.hydra_cfg, cfg=ret.cfg)
+        return [by_num[num] for num in sorted(by_num)]

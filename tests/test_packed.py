@@ -1,0 +1,224 @@
+"""`hydra/launcher=packed`: jobs differing only in seed run in one process, each with its own directory, result.json,
+resume and ledger line, and numbers == each job run alone; jobs of a pack share datasets and erased data."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hydra_plugins.erasure_mdl_packed.packed_launcher import packs_of
+from training.app.lifecycle import PROGRESS_FILE
+from training.data import shared
+from training.data.cache import cached_erase
+from training.data.registry import load_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+SEEDS = "seed=0,1,2"  # smoke's 2 erasers x 3 seeds: 6 jobs, 2 cells
+# wall times, dates and the stored config's pack size (unhashed, speed only): the only keys that may differ
+VOLATILE = ("seconds", "timings.", "provenance.", "config.training.pack_size")
+
+
+def _command(out_dir: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "training.run", "-m", "experiment=smoke", f"paths.out_dir={out_dir}",
+            "logger=none", "progress=false", *overrides]
+
+
+def _sweep(out_dir: Path, *overrides: str) -> str:
+    proc = subprocess.run(_command(out_dir, *overrides), cwd=REPO, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    return text
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.").items()}
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in _flat(item, f"{prefix}{i}.").items()}
+    return {prefix.rstrip("."): value}
+
+
+def _results(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every job's result.json by its directory under runs/, flattened, without wall times, its out_dir replaced."""
+    out = {}
+    for path in sorted((out_dir / "runs").rglob("result.json")):
+        flat = _flat(json.loads(path.read_text()))
+        out[str(path.parent.relative_to(out_dir / "runs"))] = {
+            k: v.replace(str(out_dir), "OUT") if isinstance(v, str) else v
+            for k, v in flat.items() if not any(part in k for part in VOLATILE)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def lone(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """The 6 jobs, one per worker process (joblib), as `make demo` runs them."""
+    out = tmp_path_factory.mktemp("lone")
+    _sweep(out, SEEDS, "hydra/launcher=parallel")
+    results = _results(out)
+    assert len(results) == 6
+    return results
+
+
+def test_packed_jobs_equal_lone_jobs_each_in_its_own_directory(tmp_path: Path, lone: dict[str, Any]) -> None:
+    text = _sweep(tmp_path, SEEDS, "hydra/launcher=packed")
+    assert "6 jobs in 2 packs, run by hydra/launcher=local" in text
+    assert "pack of 3 jobs" in text and "multirun: 6/6 jobs ran: 6 done, 0 skipped, 0 failed" in text
+    assert "cache hit (shared in this process)" in text  # the leace pack's seeds 1 and 2
+    packed = _results(tmp_path)
+    assert sorted(packed) == sorted(lone)  # the same job directories, one result.json each
+    for job in lone:
+        assert packed[job] == lone[job], job
+    (summary,) = (tmp_path / "runs/.multirun").glob("*/summary.json")
+    assert len({j["job_dir"] for j in json.loads(summary.read_text())["jobs"]}) == 6  # a ledger line per job
+
+
+def test_pack_size_splits_packs_run_by_joblib(tmp_path: Path, lone: dict[str, Any]) -> None:
+    text = _sweep(tmp_path, SEEDS, "hydra/launcher=packed", "hydra.launcher.inner=parallel", "training.pack_size=2")
+    assert "6 jobs in 4 packs, run by hydra/launcher=parallel" in text
+    assert "pack of 2 jobs" in text and "pack of 1 jobs" in text and "pack of 3 jobs" not in text
+    assert _results(tmp_path) == lone
+    again = _sweep(tmp_path, SEEDS, "hydra/launcher=packed", "hydra.launcher.inner=parallel", "training.pack_size=2")
+    assert "multirun: 6/6 jobs ran: 0 done, 6 skipped, 0 failed" in again
+
+
+def test_packs_run_by_submitit_local_one_subprocess_each(tmp_path: Path, lone: dict[str, Any]) -> None:
+    text = _sweep(tmp_path, SEEDS, "hydra/launcher=packed", "hydra.launcher.inner=submitit_local")
+    assert "6 jobs in 2 packs, run by hydra/launcher=submitit_local" in text
+    assert "multirun: 6/6 jobs ran: 6 done, 0 skipped, 0 failed" in text
+    assert _results(tmp_path) == lone
+
+
+def test_packs_hold_jobs_that_differ_only_in_seed() -> None:
+    jobs = [["eraser=control", "seed=0"], ["eraser=leace", "seed=0"], ["eraser=control", "seed=1"],
+            ["eraser=leace", "seed=1"], ["eraser=control", "seed=2"],
+            ["eraser=control", "seed=3", "dataset.limit=500"]]
+    packs = packs_of(jobs, None, first_num=10)
+    assert [[num for num, _ in pack] for pack in packs] == [[10, 12, 14], [11, 13], [15]]
+    assert [[num for num, _ in pack] for pack in packs_of(jobs, 2)] == [[0, 2], [4], [1, 3], [5]]
+    assert packs_of([["seed=0", "eraser=leace"], ["eraser=leace", "seed=1"]], None)[0][1][0] == 1  # order-blind
+
+
+def _state(runs: Path) -> tuple[set[Path], set[Path]]:
+    finished = {p.parent for p in runs.rglob("result.json")}
+    return finished, {p.parent for p in runs.rglob(PROGRESS_FILE)} - finished
+
+
+def test_killed_pack_resumes_each_of_its_jobs(tmp_path: Path, lone: dict[str, Any]) -> None:
+    out, runs = tmp_path / "killed", tmp_path / "killed/runs"
+    command = _command(out, SEEDS, "hydra/launcher=packed")
+    with (tmp_path / "first.log").open("w") as log:
+        proc = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.monotonic() + 300
+        try:
+            while True:  # kill the pack once its first job has finished and the next has a finished block model
+                finished, partial = _state(runs)
+                if finished and partial:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    break
+                assert proc.poll() is None, "ended before it was killed:\n" + (tmp_path / "first.log").read_text()
+                assert time.monotonic() < deadline, "timed out waiting for the first finished block"
+                time.sleep(0.01)
+        finally:
+            proc.wait(timeout=60)
+    finished, partial = _state(runs)
+    assert len(finished) == 1 and len(partial) == 1, (finished, partial)
+    (first,), (killed,) = finished, partial
+    stamp = (first / "result.json").stat().st_mtime_ns
+    rerun = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    text = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, text[-3000:]
+    assert f"SKIP {first}" in text and (first / "result.json").stat().st_mtime_ns == stamp
+    assert "resuming after block model" in text
+    assert "multirun: 6/6 jobs ran: 5 done, 1 skipped, 0 failed" in text
+    assert not list(runs.rglob(PROGRESS_FILE)) and (killed / "result.json").is_file()
+    assert _results(out) == lone
+
+
+def test_shared_datasets_are_loaded_once_and_never_seen_modified(tmp_path: Path) -> None:
+    from tests.helpers import job_config
+    from training.app.schema import load_config
+
+    cfg = load_config(job_config(tmp_path, ["dataset=digits"])).dataset
+    apart = load_dataset(cfg), load_dataset(cfg)
+    assert apart[0].x is not apart[1].x  # off outside a pack
+    with shared.sharing():
+        a, b = load_dataset(cfg), load_dataset(cfg)
+        assert a.x is b.x and a.y is b.y and a is not b and a.info is not b.info
+        assert torch.equal(a.x, apart[0].x) and a.info == apart[0].info
+        a.info["fingerprint"]["content"] = "edited"  # a job's own dicts
+        assert load_dataset(cfg).info == apart[0].info
+        a.x.mul_(2)  # a job that edits the shared tensor in place: the next job gets the data as on disk
+        c = load_dataset(cfg)
+        assert c.x is not a.x and torch.equal(c.x, apart[0].x)
+    assert load_dataset(cfg).x is not c.x  # the memo ends with the pack
+
+
+def test_shared_erased_data_is_read_once_per_pack_and_equals_the_entry(tmp_path: Path, monkeypatch) -> None:
+    import training.data.cache as cache
+
+    built, loads = [], []
+    real_load = cache._load
+    monkeypatch.setattr(cache, "_load", lambda entry: loads.append(entry) or real_load(entry))
+
+    def build() -> tuple[torch.Tensor, dict[str, Any]]:
+        built.append(1)
+        return torch.arange(12.0).reshape(3, 4).t(), {"rank_removed": (1, 2)}  # not contiguous; a tuple
+
+    key = {"dataset": "x", "eraser": "y"}
+    with shared.sharing():
+        x0, r0, hit0 = cached_erase(tmp_path, key, build)
+        x1, r1, hit1 = cached_erase(tmp_path, key, build)
+        x2, _, _ = cached_erase(tmp_path, key, build)
+    assert (len(built), len(loads), hit0, hit1) == (1, 1, False, True)
+    x_disk, r_disk, hit_disk = cached_erase(tmp_path, key, build)  # a lone job: from the entry
+    assert hit_disk and torch.equal(x1, x_disk) and x1.stride() == x_disk.stride() and r1 == r_disk
+    assert r1 == {"rank_removed": [1, 2]} and r1 is not r0
+    with shared.sharing():
+        x3, _, _ = cached_erase(tmp_path, key, build)
+        x3.add_(1)  # edited in place by a job: the next one loads the entry again
+        x4, _, hit4 = cached_erase(tmp_path, key, build)
+    assert (len(loads), len(built), hit4) == (4, 1, True) and torch.equal(x4, x_disk)
+
+
+def test_bench_sweep_compares_every_number_but_wall_times() -> None:
+    from scripts.bench_sweep import differences
+
+    a = {"j0": {"mdl.bits_per_sample": 1.25, "timings.mdl_s": 3.0, "mdl.blocks.0.seconds": 1.0}}
+    same = {"j0": {"mdl.bits_per_sample": 1.25, "timings.mdl_s": 9.0, "mdl.blocks.0.seconds": 2.0}}
+    assert differences(a, same) == []
+    off = {"j0": {"mdl.bits_per_sample": 1.2500000000000002, "timings.mdl_s": 3.0, "mdl.blocks.0.seconds": 1.0}}
+    assert differences(a, off) == ["j0: mdl.bits_per_sample 1.25 != 1.2500000000000002"]
+    assert differences(a, {**same, "j1": {}}) == ["j1: only in the second run"]
+
+
+def test_bench_sweep_quick_runs_both_ways_and_finds_them_equal(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "scripts/bench_sweep.py", "--quick", "--json", str(out)], cwd=REPO,
+                          env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "job-per-process" in proc.stdout and "ratio" in proc.stdout and "all 6 jobs' result.json ==" in proc.stdout
+    bench = json.loads(out.read_text())
+    assert bench["equal"] and bench["jobs"] == 6 and bench["pack_size"] == 2
+    assert bench["ratio"] == pytest.approx(bench["per_process_s"] / bench["packed_s"])
+
+
+def test_memo_keeps_the_latest_entries_only() -> None:
+    memo = shared.Memo("test", max_entries=2)
+    tensors = [torch.zeros(1) for _ in range(3)]
+    for i, t in enumerate(tensors):
+        memo.put(i, t, [t])
+    assert memo.get(0) is None and memo.get(1) is tensors[1] and memo.get(2) is tensors[2]
+    memo.put(3, tensors[0], [tensors[0]])  # 1 was used less recently than 2
+    assert memo.get(1) is None and memo.get(2) is tensors[2]

@@ -1,0 +1,106 @@
+"""What jobs running in one process share: the loaded datasets and the erased data, each computed once.
+
+Off by default; `sharing()` turns it on for a block (the packed launcher's pack, training/cli/packed.py), so a lone
+job and the tests see exactly what they always did. Inside it, `load_dataset` and the erased-data cache
+(training/data/cache.py) keep what they produced in a small bounded memo, keyed by what identifies it (the
+dataset's config and data directory; the erased-data entry's hash). A job gets the same tensors, but its own
+LoadedData and its own copies of every dict, so rebinding fields or editing `info` never reaches another job.
+
+Tensors are not copied (that is the saving), so a job that modified one in place would hand the next job other
+numbers: every entry remembers its tensors' version counters, and an entry whose tensor changed since is dropped
+(with a warning) and computed again, as a lone job would. The numbers therefore never depend on which jobs shared a
+process.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+# per kind: a pack's jobs (seeds of one cell) share one dataset (two with eraser.fit_source=pool) and one erased
+# entry (two for a rank-matched baseline: ALF-QLEACE's too); older entries are dropped, so what the memo keeps beyond
+# the running job's own data is at most about one more copy of it
+MAX_ENTRIES = 2
+T = TypeVar("T")
+
+
+class Memo:
+    """A bounded least-recently-used memo of values holding tensors, refusing those modified in place since."""
+
+    def __init__(self, kind: str, max_entries: int = MAX_ENTRIES) -> None:
+        self.kind = kind
+        self.max_entries = max_entries
+        self._entries: OrderedDict[Hashable, tuple[Any, list[tuple[Tensor, int]]]] = OrderedDict()
+        self.hits = 0
+
+    def get(self, key: Hashable) -> Any | None:
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        value, stamps = found
+        if any(t._version != v for t, v in stamps):
+            log.warning("shared %s %s was modified in place by a job: dropped, computed again", self.kind, key)
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return value
+
+    def put(self, key: Hashable, value: Any, tensors: list[Tensor]) -> None:
+        self._entries[key] = (value, [(t, t._version) for t in tensors])
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.hits = 0
+
+
+DATASETS = Memo("dataset")
+ERASED = Memo("erased data")
+_active = 0
+
+
+def active() -> bool:
+    return _active > 0
+
+
+@contextmanager
+def sharing() -> Iterator[None]:
+    """Jobs run inside this block share datasets and erased data (nested blocks share the outer one's); the memo is
+    emptied when the outermost block ends."""
+    global _active
+    _active += 1
+    try:
+        yield
+    finally:
+        _active -= 1
+        if not _active:
+            DATASETS.clear()
+            ERASED.clear()
+
+
+def remembered(memo: Memo, key: Hashable, make: Callable[[], T], tensors: Callable[[T], list[Tensor]],
+               own_copy: Callable[[T], T]) -> T:
+    """`make()` once per `key` while sharing is on (every call's result is `own_copy` of the shared one); just
+    `make()` when it is off."""
+    if not active():
+        return make()
+    found = memo.get(key)
+    if found is None:
+        found = make()
+        memo.put(key, found, tensors(found))
+    return own_copy(found)
+
+
+def fresh(value: T) -> T:
+    """A deep copy of plain data (dicts, lists, numbers), for the parts of a shared value a job may edit."""
+    return copy.deepcopy(value)

@@ -11,6 +11,7 @@ import functools
 import json
 import math
 import sys
+import typing
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -102,10 +103,9 @@ def _closed_sections() -> dict[str, frozenset[str]]:
     from training.app.schema import JobConfig, OptionsSection, Section
 
     out = {}
-    for f in dataclasses.fields(JobConfig):
-        kind = f.metadata.get("kind")
+    for name, kind in typing.get_type_hints(JobConfig).items():  # a section's field is typed as its class
         if isinstance(kind, type) and issubclass(kind, Section) and not issubclass(kind, OptionsSection):
-            out[f.name] = frozenset(g.name for g in dataclasses.fields(kind) if not g.name.startswith("_"))
+            out[name] = frozenset(g.name for g in dataclasses.fields(kind) if not g.name.startswith("_"))
     return out
 
 
@@ -127,13 +127,11 @@ def _family(eraser: Any) -> str | None:
 
 def _paper_value(flat: dict[str, Any], key: str) -> Any:
     """What conf/optim/schedulefree.yaml resolves `key` to by the paper's rule (None: no rule in this config)."""
-    if key == "optim.lr":
-        dataset_rule = f"dataset.paper_lr.{flat.get('arch.name')}"
-        if dataset_rule in flat:
-            return flat[dataset_rule]
-        family = _family(flat.get("eraser.name"))
-        return flat.get(f"arch.paper_optim.lr.{family}") if family else None
-    return flat.get(f"arch.paper_optim.{key.split('.', 1)[1]}")
+    if key == "optim.lr":  # the dataset's rate for the architecture, else the architecture's for the eraser family
+        rules = [f"dataset.paper_lr.{flat['arch.name']}", f"arch.paper_optim.lr.{_family(flat['eraser.name'])}"]
+    else:
+        rules = [f"arch.paper_optim.{key.split('.', 1)[1]}"]
+    return next((flat[rule] for rule in rules if rule in flat), None)  # no family: no such key
 
 
 def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:

@@ -11,12 +11,15 @@ import functools
 import json
 import math
 import sys
+import typing
+from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from scripts.aggregate_rows import LedgerEntry, Progress, Recorded
 from scripts.tables import PROBES
 from training.app.job_paths import JobPath
 from training.app.result_codec import FIT_DEFAULTS, REPEAT_KEY, MalformedResultError, legacy_fold, read
@@ -36,15 +39,15 @@ SHOWN = {"seed", "dataset.tag", "dataset.name", "arch.tag", "arch.name", "arch.a
 NULL_KEY = "dataset.permute_labels"
 SPLIT_MODES = ("holdout", "self")  # fit modes with a random split of the training rows (and so repeats)
 # The eraser.fit keys a fit mode does not use (no effect on its job; INTERFACE.md: not in the hash).
-UNUSED_FIT_KEYS = {"all": ("eraser.fit_fraction", REPEAT_KEY, "eraser.fit_source", "eraser.n_fit"),
-                   "oracle": ("eraser.fit_fraction", REPEAT_KEY, "eraser.fit_source")}
+UNUSED_FIT_KEYS: defaultdict[str, tuple[str, ...]] = defaultdict(tuple, {  # other modes: none unused
+    "all": ("eraser.fit_fraction", REPEAT_KEY, "eraser.fit_source", "eraser.n_fit"),
+    "oracle": ("eraser.fit_fraction", REPEAT_KEY, "eraser.fit_source")})
 # Comparisons: the erasers of a table row, the widths of one eraser (MDL vs width), its depths.
 UNITS = [["dataset", "arch", "width", "depth"], ["dataset", "arch", "depth", "eraser", "variant"],
          ["dataset", "arch", "width", "eraser", "variant"]]
 PAPER_KEYS = ("optim.lr", "optim.beta1", "optim.warmup_steps")  # conf/optim/schedulefree.yaml: the paper's rule
 PAPER_TABLES = ("arch.paper_optim.", "dataset.paper_lr.")  # the tables of that rule (not hashed, not identity)
 PAPER_RULE = "paper_optim"  # such a key at the value its rule gives (arch.paper_optim per eraser family)
-MISSING_KEY = "?"  # a key the result did not record (written before the key existed)
 UNKNOWN_COMMIT = "unknown"
 CERT = {"max_mean_gap": "mean gap", "max_cov_gap": "cov gap", "linear_probe_acc": "linear probe",
         "quadratic_probe_acc": "quadratic probe", "mlp_probe_acc": "MLP probe", "chance": "chance"}
@@ -100,18 +103,17 @@ def _closed_sections() -> dict[str, frozenset[str]]:
     from training.app.schema import JobConfig, OptionsSection, Section
 
     out = {}
-    for f in dataclasses.fields(JobConfig):
-        kind = f.metadata.get("kind")
+    for name, kind in typing.get_type_hints(JobConfig).items():  # a section's field is typed as its class
         if isinstance(kind, type) and issubclass(kind, Section) and not issubclass(kind, OptionsSection):
-            out[f.name] = frozenset(g.name for g in dataclasses.fields(kind) if not g.name.startswith("_"))
+            out[name] = frozenset(g.name for g in dataclasses.fields(kind) if not g.name.startswith("_"))
     return out
 
 
 def _dead(key: str) -> bool:
     """A key of a closed group that the schema no longer declares (e.g. a pre-v2 result's eraser.cache)."""
     group, _, rest = key.partition(".")
-    declared = _closed_sections().get(group)
-    return declared is not None and rest.split(".")[0] not in declared
+    sections = _closed_sections()
+    return group in sections and rest.split(".")[0] not in sections[group]
 
 
 def _family(eraser: Any) -> str | None:
@@ -125,13 +127,11 @@ def _family(eraser: Any) -> str | None:
 
 def _paper_value(flat: dict[str, Any], key: str) -> Any:
     """What conf/optim/schedulefree.yaml resolves `key` to by the paper's rule (None: no rule in this config)."""
-    if key == "optim.lr":
-        dataset_rule = f"dataset.paper_lr.{flat.get('arch.name')}"
-        if dataset_rule in flat:
-            return flat[dataset_rule]
-        family = _family(flat.get("eraser.name"))
-        return flat.get(f"arch.paper_optim.lr.{family}") if family else None
-    return flat.get(f"arch.paper_optim.{key.split('.', 1)[1]}")
+    if key == "optim.lr":  # the dataset's rate for the architecture, else the architecture's for the eraser family
+        rules = [f"dataset.paper_lr.{flat['arch.name']}", f"arch.paper_optim.lr.{_family(flat['eraser.name'])}"]
+    else:
+        rules = [f"arch.paper_optim.{key.split('.', 1)[1]}"]
+    return next((flat[rule] for rule in rules if rule in flat), None)  # no family: no such key
 
 
 def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
@@ -148,10 +148,10 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
     for key, default in FIT_DEFAULTS.items():
         flat.setdefault(key, default)
     fit_on = flat["eraser.fit_on"]
-    if fit_on in SPLIT_MODES and flat.get("eraser.fit_source", "split") in ("split", None):
+    if fit_on in SPLIT_MODES and flat["eraser.fit_source"] in ("split", None):  # FIT_DEFAULTS: always there
         flat.pop("eraser.n_fit", None)  # the split decides the fit size
         flat.pop("eraser.fit_source", None)  # split: the default (absent in results written before pool existed)
-    for key in UNUSED_FIT_KEYS.get(str(fit_on), ()):
+    for key in UNUSED_FIT_KEYS[str(fit_on)]:
         flat.pop(key, None)
     tables = {k: v for k, v in flatten(cfg).items() if k.startswith(PAPER_TABLES)}  # not hashed: the stored config's
     for key in PAPER_KEYS:
@@ -192,11 +192,10 @@ def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:
             "protocol": "?", "settings": None, "eraser_settings": None}
 
 
-def _key_values(flats: list[dict[str, Any]]) -> set[str]:
+def _key_values(flats: list[Recorded]) -> set[str]:
     """Keys whose values differ between these flat configs (a key one of them lacks reads MISSING_KEY)."""
     keys = set().union(*flats)
-    return {k for k in keys
-            if len({json.dumps(f.get(k, MISSING_KEY), sort_keys=True, default=str) for f in flats}) > 1}
+    return {k for k in keys if len({json.dumps(f[k], sort_keys=True, default=str) for f in flats}) > 1}
 
 
 def assign_groups(df: pd.DataFrame) -> pd.DataFrame:
@@ -214,21 +213,21 @@ def assign_groups(df: pd.DataFrame) -> pd.DataFrame:
     df["variant"], df["group"] = "", None
     known = df[df.settings.notna()]
     for _, g in known.groupby(["dataset", "arch", "eraser", "fit_on"], sort=False):  # fit_on: a column of its own
-        flats = [json.loads(s) for s in set(g.eraser_settings)]
+        flats = [Recorded(json.loads(s)) for s in set(g.eraser_settings)]
         varying = sorted(_key_values(flats)) if len(flats) > 1 else []
         for i in g.index if varying else ():
-            flat = json.loads(df.at[i, "eraser_settings"])
-            df.at[i, "variant"] = ", ".join(f"{k}={flat.get(k, MISSING_KEY)}" for k in varying)
+            flat = Recorded(json.loads(df.at[i, "eraser_settings"]))
+            df.at[i, "variant"] = ", ".join(f"{k}={flat[k]}" for k in varying)
     known = df[df.settings.notna()]
     split: set[str] = set()
     for unit in UNITS:
         for _, g in known.groupby(unit, sort=False):
-            flats = [json.loads(s) for s in set(g.settings)]
+            flats = [Recorded(json.loads(s)) for s in set(g.settings)]
             if len(flats) > 1:
                 split |= _key_values(flats)
     for i in known.index:
-        flat = json.loads(df.at[i, "settings"])
-        df.at[i, "group"] = json.dumps({k: flat.get(k, MISSING_KEY) for k in sorted(split)}, default=str)
+        flat = Recorded(json.loads(df.at[i, "settings"]))
+        df.at[i, "group"] = json.dumps({k: flat[k] for k in sorted(split)}, default=str)
     _place_unknown(df)
     df["null"] = df["null"].map(lambda v: pd.api.types.is_bool(v) and bool(v))
     order = df.assign(_rank=(df.status != "done").astype(int)).sort_values("_rank", kind="stable")
@@ -246,20 +245,20 @@ def _place_unknown(df: pd.DataFrame) -> None:
     """Group, variant, fit_on, fold and null of rows known only by their directory (in place): those of the
     finished seeds in their c<hash> directory, or of their cell when unambiguous (else the group stays unknown)."""
     known = df[df.group.notna()]
-    by_dir: dict[str, set[tuple[Any, ...]]] = {}
-    by_cell: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {}
+    by_dir: defaultdict[str, set[tuple[Any, ...]]] = defaultdict(set)
+    by_cell: defaultdict[tuple[Any, ...], set[tuple[Any, ...]]] = defaultdict(set)
     for r in known.itertuples():
         placed = tuple(getattr(r, k) for k in PLACED)
-        by_dir.setdefault(_cell_dir(r.job_dir), set()).add(placed)
-        by_cell.setdefault((r.dataset, r.arch, r.width, r.depth, r.eraser), set()).add(placed)
+        by_dir[_cell_dir(r.job_dir)].add(placed)
+        by_cell[(r.dataset, r.arch, r.width, r.depth, r.eraser)].add(placed)
     groups = set(known.group)
     for i in df.index[df.group.isna()]:
         r = df.loc[i]
-        found = by_dir.get(_cell_dir(r.job_dir)) or by_cell.get((r.dataset, r.arch, r.width, r.depth, r.eraser))
-        if found is not None and len(found) == 1:
+        found = by_dir[_cell_dir(r.job_dir)] or by_cell[(r.dataset, r.arch, r.width, r.depth, r.eraser)]
+        if len(found) == 1:
             for key, value in zip(PLACED, next(iter(found)), strict=True):
                 df.at[i, key] = value
-        elif found is None and len(groups) <= 1:
+        elif not found and len(groups) <= 1:
             df.at[i, "group"] = next(iter(groups), "{}")
             df.at[i, "fit_on"], df.at[i, "fold"], df.at[i, "null"] = "all", 0, False
 
@@ -380,13 +379,14 @@ def _result_row(result: Result, job_dir: str) -> dict[str, Any]:
 
 def failed_jobs(ledger_roots: Iterable[Path]) -> dict[str, str]:
     """job_dir -> error, from multirun ledgers (training/cli/ledger.py); the latest entry per job wins."""
-    latest: dict[str, dict[str, Any]] = {}
+    latest: dict[str, LedgerEntry] = {}
     for root in ledger_roots:
         for path in sorted(root.glob(".multirun/*/job-*.json")):  # run ids sort by time
-            entry = _read(path)
-            if isinstance(entry, dict) and isinstance(entry.get("job_dir"), str):
-                latest[str(Path(entry["job_dir"]))] = entry
-    return {d: str(e.get("error", "")) for d, e in latest.items() if e.get("status") == "failed"}
+            parsed = _read(path)
+            entry = LedgerEntry.of(parsed) if isinstance(parsed, dict) else None
+            if entry is not None and isinstance(entry.job_dir, str):
+                latest[str(Path(entry.job_dir))] = entry
+    return {d: str(e.error) for d, e in latest.items() if e.status == "failed"}
 
 
 def _unfinished_row(cell: dict[str, Any], job_dir: Path, failed: dict[str, str]) -> dict[str, Any]:
@@ -395,7 +395,7 @@ def _unfinished_row(cell: dict[str, Any], job_dir: Path, failed: dict[str, str])
     if str(job_dir) in failed:
         row.update(status="failed", error=failed[str(job_dir)])
     elif progress is not None:
-        blocks = progress.get("blocks") if isinstance(progress, dict) else None
+        blocks = Progress.of(progress).blocks if isinstance(progress, dict) else None
         row.update(status="partial", error=f"{len(blocks) if isinstance(blocks, list) else 0} block models finished")
     return row
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from scripts.tables import eraser_order, is_identity, md_table
+from training.app.result_types import MdlResult, Result, at
 from training.app.results import stored_config  # noqa: E402
 from training.starvation.common import method_of_stored  # noqa: E402
 
@@ -118,12 +119,13 @@ def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
                       "MDL erased (bits/sample)", "gap (paired by seed)"], rows)
 
 
-def is_regularized_mdl(r: dict[str, Any]) -> bool:
-    """An MDL result (the MDL task's `rows` passes only those) of a GS preset or with a regularizer."""
-    c = stored_config(r["config"]) if isinstance(r.get("config"), dict) else {}
+def is_regularized_mdl(r: Result) -> bool:
+    """An MDL result with an mdl section, of a GS preset or with a regularizer."""
+    if not isinstance(r, MdlResult) or r.config is None or r.mdl is None:
+        return False
+    c = stored_config(r.config)
     regularized = "regularizer.name" in c and c["regularizer.name"] != "none"
-    return bool(c) and "mdl" in r and (
-        str(c["experiment_name"] or "").startswith("gs_") or regularized)
+    return bool(c) and (str(c["experiment_name"] or "").startswith("gs_") or regularized)
 
 
 def two_moons_boundaries(results: list[dict[str, Any]], path: Path) -> Path | None:
@@ -135,8 +137,9 @@ def two_moons_boundaries(results: list[dict[str, Any]], path: Path) -> Path | No
 
     panels = []
     for (margin, method), rs in _group(results, lambda r: (-r["config"]["dataset"]["margin"], _method(r))).items():
-        pairs = [(r, np.load(Path(r["job_dir"]) / r["files"]["boundary"])) for r in rs
-                 if (Path(r["job_dir"]) / r.get("files", {}).get("boundary", "-")).exists()]
+        files = [(r, at(r, "files", "boundary")) for r in rs]  # result.json `files`: a run's own files (optional)
+        pairs = [(r, np.load(Path(r["job_dir"]) / f)) for r, f in files
+                 if f is not None and (Path(r["job_dir"]) / f).exists()]
         pairs = [(r, g) for r, g in pairs if g["z"].shape == pairs[0][1]["z"].shape]
         if pairs:
             first = min(pairs, key=lambda p: p[0]["config"]["seed"])[1]
@@ -170,7 +173,7 @@ def cmnist_curves(results: list[dict[str, Any]], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = _group([r for r in results if r.get("curve")], lambda r: (_method(r),))
+    groups = _group([r for r in results if at(r, "curve")], lambda r: (_method(r),))
     if not groups:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))

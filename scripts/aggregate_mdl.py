@@ -27,7 +27,7 @@ def mdl_tables(collected: Collected) -> dict[str, str]:
         inc = increase_over_control(df)
         for group, stem in plot_stems(summary, name).items():  # one set of plots per group: never overlaid
             plot_all(df[df.group == group], summary[summary.group == group], inc[inc.group == group], out, stem)
-    regularized = [r for r in collected.as_written() if is_regularized_mdl(r)]
+    regularized = [w for r, w in zip(collected.results, collected.as_written(), strict=True) if is_regularized_mdl(r)]
     if regularized:
         tables["gs_mdl_regularizer"] = mdl_regularizer_table(regularized)
     return tables

@@ -6,7 +6,9 @@ Every plot shows one comparison group (scripts/aggregate.py); one that would ove
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -18,6 +20,11 @@ import pandas as pd  # noqa: E402
 from scripts.tables import ERASER_ORDER, eraser_order, require_one_group  # noqa: E402
 
 COLORS = {e: f"C{i}" for i, e in enumerate(ERASER_ORDER)}  # one colour per eraser in every plot
+
+
+def color(eraser: str) -> str | None:
+    """The eraser's colour in every plot; None for an eraser the paper's order does not know (matplotlib's next)."""
+    return COLORS[eraser] if eraser in COLORS else None
 MAX_PANELS = 16
 LN2 = math.log(2)
 
@@ -64,7 +71,7 @@ def plot_bars(summary: pd.DataFrame, path: Path) -> None:
               else r.eraser for r in s.itertuples()]
     fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(labels)), 3.4))
     ax.bar(range(len(labels)), s.bits_per_sample_mean, yerr=s.bits_per_sample_sd.fillna(0), capsize=3,
-           color=[COLORS.get(e, "gray") for e in s.eraser])
+           color=[color(e) or "gray" for e in s.eraser])
     ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=30 if several else 0, ha="right" if several
                   else "center")
     ax.set_ylabel("MDL (bits/sample)")
@@ -90,7 +97,7 @@ def plot_mdl_vs(summary: pd.DataFrame, axis: str, path: Path) -> bool:
         for eraser in _erasers(g.eraser):
             ge = g[g.eraser == eraser].sort_values(axis)
             ax.errorbar(ge[axis], ge.bits_per_sample_mean, yerr=ge.bits_per_sample_sd.fillna(0), marker="o",
-                        ms=3, capsize=2, label=eraser, color=COLORS.get(eraser))
+                        ms=3, capsize=2, label=eraser, color=color(eraser))
         if axis == "width":
             ax.set_xscale("log", base=2)
         ax.set_xlabel(axis)
@@ -125,7 +132,7 @@ def plot_curves(df: pd.DataFrame, path: Path) -> bool:
     for ax, ((dataset, arch, width, depth, fit_on, variant), g) in zip(axes, groups, strict=True):
         for eraser in _erasers(g.eraser):
             steps, loss = _mean_curve(list(g[g.eraser == eraser].curve))
-            ax.plot(steps, loss, label=f"{eraser} ({(g.eraser == eraser).sum()} seeds)", color=COLORS.get(eraser))
+            ax.plot(steps, loss, label=f"{eraser} ({(g.eraser == eraser).sum()} seeds)", color=color(eraser))
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss (bits)")
         ax.set_title(f"{dataset} {arch}-w{width}-d{depth} {_row_text(fit_on, variant)}".strip(), fontsize=8)
@@ -145,11 +152,12 @@ def plot_increase(inc: pd.DataFrame, path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(keys) * max(1, len(erasers) / 3)), 3.4))
     for j, eraser in enumerate(erasers):
         ge = inc[inc.eraser == eraser]
-        look = {tuple(getattr(r, c) for c in ROW): (r.mean, r.sd) for r in ge.itertuples()}
-        vals = [look.get(k, (math.nan, math.nan)) for k in keys]
+        look: defaultdict[tuple[Any, ...], tuple[float, float]] = defaultdict(lambda: (math.nan, math.nan))
+        look.update({tuple(getattr(r, c) for c in ROW): (r.mean, r.sd) for r in ge.itertuples()})  # absent: no bar
+        vals = [look[k] for k in keys]
         ax.bar(np.arange(len(keys)) + j * width, [v[0] for v in vals], width,
                yerr=[0 if math.isnan(v[1]) else v[1] for v in vals], capsize=2, label=eraser,
-               color=COLORS.get(eraser))
+               color=color(eraser))
     ax.axhline(0, color="k", lw=0.7)
     ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2,
                   [f"{d}\n{a}-w{w}-d{dd}\n{_row_text(f, v)}".strip() for d, a, w, dd, f, v in keys], fontsize=7)

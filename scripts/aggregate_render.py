@@ -6,6 +6,7 @@ LaTeX and the plots, and the tables of other tasks (scripts/aggregate_gs.py).
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from typing import Any
 
 import pandas as pd
@@ -14,11 +15,11 @@ from scripts.aggregate_collect import (
     CAP_TAIL,
     CELL,
     CERT,
-    MISSING_KEY,
     PAPER_RULE,
     ROW_KEY,
     UNKNOWN_COMMIT,
 )
+from scripts.aggregate_rows import MISSING_KEY, CellRow, JobRow
 from scripts.aggregate_summary import ARTEFACT, cell_name, increase_over_control
 from scripts.tables import (
     BUDGET_SHARE,
@@ -69,12 +70,13 @@ def _cell_text(rec: pd.Series | None, metric: str, digits: int = 3) -> str:
         states = {s.split(":", 1)[1] for s in str(rec["missing_seeds"]).split()}
         return "failed" if "failed" in states else "incomplete" if states & {"incomplete", "malformed"} \
             else "missing"
-    if rec.get("mixed_data"):
+    cell = CellRow.of(rec)
+    if cell.mixed_data:
         return f"different data {MIXED_DATA}"
     text = fmt(rec[f"{metric}_mean"], rec[f"{metric}_sd"], digits)
     text += f" ({rec['n']}/{rec['n_expected']})" if rec["n"] < rec["n_expected"] else ""
-    text += f" [{rec['folds']}]" if rec.get("folds") else ""
-    return text + (f" {MIXED}" if rec.get("mixed_commits") else "")
+    text += f" [{cell.folds}]" if cell.folds else ""
+    return text + (f" {MIXED}" if cell.mixed_commits else "")
 
 
 def _row_keys(summary: pd.DataFrame) -> list[tuple[Any, ...]]:
@@ -120,14 +122,15 @@ def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str
 def increase_rows(inc: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     require_one_group(summary, "a table")
     erasers = [e for e in eraser_order(summary.eraser) if not is_identity(e)]
-    look = {tuple(k): (m, s, n) for k, m, s, n in zip(inc[CELL].itertuples(index=False), inc["mean"], inc["sd"],
-                                                       inc["n"], strict=True)}
+    look: defaultdict[tuple[Any, ...], tuple[float, float, int]] = defaultdict(lambda: (math.nan, math.nan, 0))
+    look.update({tuple(k): (m, s, n) for k, m, s, n in zip(inc[CELL].itertuples(index=False), inc["mean"],
+                                                            inc["sd"], inc["n"], strict=True)})  # absent: no pair
     labels, shown = _labels(summary)
     rows = []
     for key in _row_keys(summary):
         cells = []
         for e in erasers:
-            m, s, n = look.get((*key, e), (math.nan, math.nan, 0))
+            m, s, n = look[(*key, e)]
             cells.append("missing" if n == 0 else (f"{m:+.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:+.3f}"))
         rows.append(_label_cells(key, shown) + cells)
     return [*labels, *erasers], rows
@@ -238,7 +241,8 @@ def null_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         ref = "n/a" if math.isnan(r.null_ref) else f"{r.null_ref:.3f} ({r.null_ref_kind})"
         bias = "n/a" if math.isnan(r.bias) else f"{r.bias:+.3f}"
         noise = f"{r.bias_noise:.3f} ({r.bias_noise_of})" if r.bias_noise_of else "n/a (< 2 null seeds)"
-        seeds = f"{r.n_seeds} / {r.null_seeds}" + (f" ({r.null_mismatch})" if r.get("null_mismatch") else "")
+        mismatch = CellRow.of(r).null_mismatch
+        seeds = f"{r.n_seeds} / {r.null_seeds}" + (f" ({mismatch})" if mismatch else "")
         rows.append([*label, null, ref, bias, noise, r.bias_flag, seeds])
     header = [*[LABEL_NAMES[c] for c in cols], "eraser", "fit on", "MDL", "null MDL", "label entropy", "bias",
               "noise", "flag", "n seeds (true / null)"]
@@ -284,16 +288,15 @@ def fit_budget_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     rows = []
     for r in recs:
         values = dict(zip(ROW_KEY, (r[k] for k in ROW_KEY), strict=True))
-        rank, d = r.get("working_rank_mean", math.nan), r.get("d_mean", math.nan)
-        dropped = r.get("variance_dropped_fraction_mean", math.nan)
-        share = r.get("at_cap_share", math.nan)
-        known = r.get("blocks_known", 0)
+        cell = CellRow.of(r)
+        rank, dropped, share, known = (cell.working_rank_mean, cell.variance_dropped_fraction_mean,
+                                       cell.at_cap_share, cell.blocks_known)
         rows.append([*(str(values[c]) for c in cols), r.eraser, _cell_text(r, "bits_per_sample"),
-                     _count(r.get("n_fit_mean", math.nan)), _count(r.get("n_coded_mean", math.nan)),
-                     "n/a" if math.isnan(rank) else f"{rank:.0f}/{d:.0f}",
-                     "n/a" if math.isnan(dropped) else f"{dropped:.2%}", r.get("stops") or "n/a",
+                     _count(cell.n_fit_mean), _count(cell.n_coded_mean),
+                     "n/a" if math.isnan(rank) else f"{rank:.0f}/{cell.d_mean:.0f}",
+                     "n/a" if math.isnan(dropped) else f"{dropped:.2%}", cell.stops or "n/a",
                      "n/a" if not known or math.isnan(share) else f"{share:.0%} of {known}",
-                     "budget-bound" if r.get("budget_bound") else ""])
+                     "budget-bound" if cell.budget_bound else ""])
     header = [*[LABEL_NAMES[c] for c in cols], "eraser", "MDL", "n fit", "n coded", "working rank",
               "variance dropped", "block stops", "at cap", "budget"]
     return header, rows
@@ -325,18 +328,18 @@ def bracket_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]] | N
         by: dict[tuple[str, str], pd.Series] = {(r.eraser, r.fit_on): r for _, r in g.iterrows()}
         holdout = g[g.fit_on == "holdout"]
         ns: list[float] = []
-        for v in holdout.get("n_coded_mean", pd.Series(dtype=float)):
+        for v in (CellRow.of(r).n_coded_mean for _, r in holdout.iterrows()):
             ns += [] if any(_same_n(v, u) for u in ns) else [v]
         for n in ns:
             cells = []
             for e in erasers:
                 out = by.get((e, "holdout"))
-                if out is None or not _same_n(out.get("n_coded_mean", math.nan), n):
+                if out is None or not _same_n(CellRow.of(out).n_coded_mean, n):
                     cells.append("–")
                     continue
                 partner = by.get((e, "self"))
                 alt = by.get((e, "all"))
-                if partner is None and alt is not None and alt.get("n_coded_mean") == n:  # pool: all codes as many
+                if partner is None and alt is not None and CellRow.of(alt).n_coded_mean == n:  # pool: all codes as many
                     partner = alt
                 lo = out.bits_per_sample_mean
                 if partner is None:
@@ -378,11 +381,12 @@ def unfinished(df: pd.DataFrame, with_group: bool = False) -> list[list[str]]:
     bad = df[df.status != "done"]
     rows = []
     for _, r in bad.iterrows():
-        null = r.get("null")
-        status = f"{r.status} (null)" if pd.api.types.is_bool(null) and null else r.status  # permuted labels
-        row = [status, str(r.seed), r.job_dir, str(r.get("error", "") or "")]
+        job = JobRow.of(r)
+        null = job.null
+        status = f"{job.status} (null)" if pd.api.types.is_bool(null) and null else job.status  # permuted labels
+        row = [status, str(job.seed), job.job_dir, str(job.error or "")]
         if with_group:
-            g = r.get("group")
+            g = job.group
             row.insert(0, group_label(g) if isinstance(g, str) else "unknown (no result to tell)")
         rows.append(row)
     return rows

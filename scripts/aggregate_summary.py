@@ -6,11 +6,13 @@ control's bias, probe verdicts, the increase over the control and commits mixed 
 from __future__ import annotations
 
 import math
+from collections import Counter, defaultdict
 from typing import Any
 
 import pandas as pd
 
 from scripts.aggregate_collect import CELL, CERT, PROBE_NUMBERS, REPORT, ROW_KEY, SPLIT_MODES, UNKNOWN_COMMIT, as_number
+from scripts.aggregate_rows import ProbeRow
 from scripts.tables import (
     ARTEFACT_Z,
     BUDGET_SHARE,
@@ -83,24 +85,24 @@ def _probe_verdict(runs: pd.DataFrame) -> str:
     """The certificate verdict of a cell over its runs: "dependence artefact" when a probe of some run scores
     below chance by more than ARTEFACT_Z SE (acc or log-loss; the certificate's own flag, or its z-scores),
     "information" when one scores above chance, "no information detected", or "n/a" (no probe scores)."""
-    below: dict[str, int] = {}
-    info: dict[str, int] = {}
+    below: Counter[str] = Counter()
+    info: Counter[str] = Counter()
     known = 0
     for _, r in runs.iterrows():
         seen = False
         for probe in PROBES:
-            flag, verdict = r.get(f"{probe}_probe_below_chance"), r.get(f"{probe}_probe_verdict")
-            flag = bool(flag) if pd.api.types.is_bool(flag) else None  # absent: None or NaN in a frame
-            verdict = verdict if isinstance(verdict, str) else None
-            raw = [as_number(r.get(f"{probe}_probe_{k}_z")) for k in ("acc", "loss")]
+            scores = ProbeRow.of(r, probe)
+            flag = bool(scores.below_chance) if pd.api.types.is_bool(scores.below_chance) else None  # absent: NaN
+            verdict = scores.verdict if isinstance(scores.verdict, str) else None
+            raw = [as_number(z) for z in scores.zs]
             zs = [z for z in raw if z is not None and math.isfinite(z)]
             if flag is None and verdict is None and not zs:
                 continue
             seen = True
             if flag is True or verdict == ARTEFACT or any(z < -ARTEFACT_Z for z in zs):
-                below[probe] = below.get(probe, 0) + 1
+                below[probe] += 1
             elif verdict == INFORMATION or (verdict is None and any(z > ARTEFACT_Z for z in zs)):
-                info[probe] = info.get(probe, 0) + 1
+                info[probe] += 1
         known += seen
     if not known:
         return "n/a"
@@ -151,15 +153,16 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     for col, default in (("fit_on", "all"), ("fold", 0)):
         if col not in df:
             df = df.assign(**{col: default})
-    seeds_of = {g: set(gg.seed) for g, gg in df[~df["null"]].groupby("group", sort=False)}  # not the nulls' seeds
+    seeds_of: defaultdict[str, set[Any]] = defaultdict(set)  # the true-label runs' seeds (not the nulls')
+    seeds_of.update({g: set(gg.seed) for g, gg in df[~df["null"]].groupby("group", sort=False)})
     for key, cell in df.groupby(CELL, sort=False):
         g, nulls = cell[~cell["null"]], cell[cell["null"] & (cell.status == "done")]
         done = g[g.status == "done"]
         rec: dict[str, Any] = dict(zip(CELL, key, strict=True))
         holdout = rec["fit_on"] in SPLIT_MODES
-        all_seeds = seeds_of.get(rec["group"], set())
+        all_seeds = seeds_of[rec["group"]]
         folds = sorted({int(f) for f in g.fold if isinstance(f, int | float) and f == f}) if holdout else [0]
-        totals = {int(t) for t in done.get("folds_total", pd.Series(dtype=float)).dropna()}
+        totals = {int(t) for t in done.folds_total.dropna()} if "folds_total" in done else set()
         rec["folds"] = fold_text(folds, next(iter(totals)) if len(totals) == 1 else None) if holdout else ""
         rec["protocol"] = ",".join(sorted(set(done.protocol))) if len(done) else ""
         rec["n"], rec["n_expected"] = len(done), len(all_seeds | set(g.seed)) * max(1, len(folds))
@@ -239,7 +242,8 @@ def data_problems(df: pd.DataFrame) -> list[str]:
 def cell_name(rec: dict[str, Any] | pd.Series) -> str:
     group = group_label(rec["group"]) if isinstance(rec["group"], str) else ""
     variant = f" [{rec['variant']}]" if rec["variant"] else ""
-    fit = f" (fit on {rec['fit_on']})" if rec.get("fit_on", "all") not in ("all", None) else ""
+    fit_on = rec["fit_on"] if "fit_on" in rec else "all"  # a data_problems cell of a frame without fit modes
+    fit = f" (fit on {fit_on})" if fit_on not in ("all", None) else ""
     where = f" ({group})" if group else ""
     return f"{rec['dataset']} {rec['arch']} w{rec['width']} d{rec['depth']}{variant} {rec['eraser']}{fit}{where}"
 

@@ -19,6 +19,7 @@ data and times one MLP-128 epoch against them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from typing import Any
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from scripts.bench_summary import BenchSummary
 from scripts.bench_worker import run_worker
 from training.app.schema import (
     JobConfig,
@@ -325,11 +327,10 @@ def main() -> None:
               f"{statistics.median(cpu_ratios):.2f}× ({', '.join(f'{q:.2f}' for q in cpu_ratios)})")
     print(f"peak memory ({mem}): " + ", ".join(
         f"{v} {statistics.median(x['peak_mb'] for x in rows[v]):.0f} MB" for v in variants))
-    summary: dict[str, Any] = {
-        "device": args.device, "n": args.n, "d": args.d, "epochs": args.epochs, "seeds": args.seeds,
-        "repeats": args.repeats, "threads": args.threads, "median_s": med,
-        "speedup": {v: med["naive"] / med[v] for v in variants[1:]},
-        "peak_mb": {v: statistics.median(x["peak_mb"] for x in rows[v]) for v in variants}, "runs": rows}
+    summary = BenchSummary(
+        device=args.device, n=args.n, d=args.d, epochs=args.epochs, seeds=args.seeds, repeats=args.repeats,
+        threads=args.threads, median_s=med, speedup={v: med["naive"] / med[v] for v in variants[1:]},
+        peak_mb={v: statistics.median(x["peak_mb"] for x in rows[v]) for v in variants}, runs=rows)
     if gpu:
         bw = spawn(args, "bandwidth")
         gb = bw["bytes"] / 1e9
@@ -340,10 +341,11 @@ def main() -> None:
             print(f"one epoch, {key.removeprefix('epoch_s_')} MLP-128 model(s) at once: {s * 1e3:.1f} ms = "
                   f"{s / bw['read_s']:.1f}× the device read, {s / bw['h2d_s']:.2f}× the host→device copy")
         print(f"bandwidth worker peak GPU memory: {bw['peak_mb']:.0f} MB")
-        summary["bandwidth"] = {**bw, "read_gbps": gb / bw["read_s"], "h2d_gbps": gb / bw["h2d_s"],
-                                "epoch_over_read": bw["epoch_s_1"] / bw["read_s"]}
+        summary = dataclasses.replace(summary, bandwidth={
+            **bw, "read_gbps": gb / bw["read_s"], "h2d_gbps": gb / bw["h2d_s"],
+            "epoch_over_read": bw["epoch_s_1"] / bw["read_s"]})
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=1))
+        Path(args.json).write_text(summary.to_json())
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def truth(dataset: str, eraser: str, cov_gap: float, k: int, options: list[dict[
     return None, f"< {h:.3f} (below H(Y))"
 
 
-Cells = dict[tuple[Any, ...], dict[str, list[float]]]
+Cells = defaultdict[tuple[Any, ...], defaultdict[str, list[float]]]
 Options = dict[tuple[Any, ...], list[dict[str, Any]]]
 
 
@@ -54,6 +54,7 @@ def collect(root: Path, experiment: str) -> tuple[Cells, Options]:
     """Per cell, the MDL of each fit_on's runs, and the distinct dataset options of its runs (one per data seed)."""
     from training.app.result_codec import MalformedResultError, read
     from training.app.result_types import MdlResult, number
+    from training.app.results import stored_config
     from training.app.schema import NUMERICS
 
     cells: Cells = defaultdict(lambda: defaultdict(list))
@@ -65,12 +66,13 @@ def collect(root: Path, experiment: str) -> tuple[Cells, Options]:
             continue
         if not isinstance(result, MdlResult) or result.mdl is None or result.config is None:
             continue
-        cfg, bits = result.config, number(result.mdl.bits_per_sample)
-        if bits is None or cfg.get("experiment_name") != experiment or result.numerics_version != NUMERICS:
+        c, bits = stored_config(result.config), number(result.mdl.bits_per_sample)  # as today's schema spells it
+        if bits is None or c["experiment_name"] != experiment or result.numerics_version != NUMERICS:
             continue
-        d, e = cfg["dataset"], cfg["eraser"]
-        key = (d["name"], float(d.get("cov_gap", 0.0)), float(d["rows_per_dim"]), e["name"], int(d["num_classes"]))
-        cells[key][e["fit_on"]].append(bits)
+        d = result.config["dataset"]  # the generator's options (GaussianOptions / MixtureOptions: cov_gap required)
+        key = (c["dataset.name"], float(c["dataset.cov_gap"]), float(c["dataset.rows_per_dim"]), c["eraser.name"],
+               int(c["dataset.num_classes"]))
+        cells[key][c["eraser.fit_on"]].append(bits)
         if dict(d) not in options.setdefault(key, []):
             options[key].append(dict(d))
     return cells, options
@@ -93,7 +95,7 @@ def table(cells: Cells, options: Options) -> str:
         true, shown = truth(dataset, eraser, cov_gap, k, options[(dataset, cov_gap, rows, eraser, k)])
         row = [dataset, f"{cov_gap:g}", f"{rows:g}", eraser, shown]
         for f in FIT_ON:
-            row += _cell(by_fit.get(f, []), true)
+            row += _cell(by_fit[f], true)  # a defaultdict: no run of this fit_on, no values
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

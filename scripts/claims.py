@@ -37,6 +37,7 @@ group (a sensitivity sweep's groups: `experiment=sensitivity`).
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -77,10 +78,9 @@ class Side:
     control: bool = False  # no fit: runs of one fit mode stand for the others at the same n_coded
 
     def n_coded(self, mode: str) -> float:
-        g = self.runs.get(mode)
-        if g is None or "n_coded" not in g:
+        if mode not in self.runs or "n_coded" not in self.runs[mode]:
             return math.nan
-        v = pd.to_numeric(g["n_coded"], errors="coerce").dropna()
+        v = pd.to_numeric(self.runs[mode]["n_coded"], errors="coerce").dropna()
         return float(v.iloc[0]) if len(v) and v.nunique() == 1 else math.nan
 
 
@@ -154,10 +154,9 @@ def _flags(runs: dict[str, pd.DataFrame], nulls: dict[str, pd.DataFrame]) -> lis
     for mode, g in runs.items():
         if probe_below_chance(g):
             out.append(f"probe below chance ({mode})")
-        null = nulls.get(mode)
-        if null is not None and len(null):
-            bias = null_bias(null)[1]
-            if bias_flag(bias, bias_noise(seed_means(null).dropna())[0]) == INJECTION:
+        if mode in nulls and len(nulls[mode]):
+            bias = null_bias(nulls[mode])[1]
+            if bias_flag(bias, bias_noise(seed_means(nulls[mode]).dropna())[0]) == INJECTION:
                 out.append(f"null {bias:+.3f} ({mode})")
     return out
 
@@ -414,11 +413,11 @@ def evaluate_groups(df: pd.DataFrame, keys: Sequence[str] | None = None) -> list
 
 def surviving(per_group: Sequence[tuple[str, Results]]) -> dict[str, bool]:
     """Claim key -> whether it holds in every group (a claim some group cannot test does not survive)."""
-    out: dict[str, bool] = {}
+    verdicts: defaultdict[str, list[str]] = defaultdict(list)
     for _, results in per_group:
         for claim, _, verdict in results:
-            out[claim.key] = out.get(claim.key, True) and verdict == HOLDS
-    return out
+            verdicts[claim.key].append(verdict)
+    return {key: all(v == HOLDS for v in vs) for key, vs in verdicts.items()}
 
 
 def _num(x: float, digits: int = 3) -> str:

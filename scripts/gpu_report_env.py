@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from scripts.gpu_report_model import DeviceInfo, Env, GitInfo, HostInfo, InstallInfo, build
+from scripts.gpu_report_payload import Payload
 from scripts.gpu_report_runner import ROOT, tail
 
 SITE = Path(os.environ.get("GPU_REPORT_SITE", "/tmp/site"))  # where .whl/ is installed (shared/gpu/README.md)
@@ -111,7 +112,7 @@ def environment(args: argparse.Namespace, install: InstallInfo) -> Env:
                     round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1))
     if args.device.startswith("cuda"):  # asked in a subprocess: this process holds no CUDA context (memory)
         proc = subprocess.run([sys.executable, "-m", "scripts.gpu_report_work", "device",
-                               json.dumps({"device": args.device})], capture_output=True, text=True, timeout=120,
+                               Payload(device=args.device).to_json()], capture_output=True, text=True, timeout=120,
                               cwd=ROOT)
         if proc.returncode != 0:
             raise SystemExit(f"gpu_report: cannot read the CUDA device: {tail(proc.stderr, 3)}")

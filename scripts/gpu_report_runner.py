@@ -20,6 +20,7 @@ from typing import Any
 
 from scripts.gpu_report_model import Report, StepRecord
 from scripts.gpu_report_output import now, write_report
+from scripts.gpu_report_payload import Payload
 from scripts.gpu_report_sizes import Sizes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,9 +127,9 @@ class Context:
     def python(self, args: list[str], log: str, **kw: Any) -> Proc:
         return self.run([sys.executable, *args], log, **kw)
 
-    def work_result(self, kind: str, payload: dict[str, Any], log: str, **kw: Any) -> dict[str, Any]:
+    def work_result(self, kind: str, payload: Payload, log: str, **kw: Any) -> dict[str, Any]:
         """scripts/gpu_report_work.py <kind> in a fresh process; its `RESULT {json}` line."""
-        proc = self.python(["-m", "scripts.gpu_report_work", kind, json.dumps(payload)], log, **kw)
+        proc = self.python(["-m", "scripts.gpu_report_work", kind, payload.to_json()], log, **kw)
         return parse_result(proc)
 
 

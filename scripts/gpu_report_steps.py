@@ -3,6 +3,7 @@ benchmarks, and the sweep cost (GPU-seconds and memory per job, jobs sharing one
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -16,7 +17,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from scripts.gpu_report_model import Report
+from scripts.bench_summary import BenchSummary
+from scripts.gpu_report_model import Report, build
+from scripts.gpu_report_payload import Payload
 from scripts.gpu_report_runner import ROOT, Context, Proc, StepError, StepSkipped, error_line, parse_result, stop, tail
 from scripts.gpu_report_sizes import ARCHS
 from training.app.result_codec import read as read_result
@@ -38,10 +41,10 @@ def run_job(ctx: Context, arch: str, name: str, extra: Iterable[str] = ()) -> di
     memory_file = ctx.work / f"{name}.memory.json"
     memory_file.unlink(missing_ok=True)
     overrides = job_overrides(ctx, arch, out, extra)
-    payload = {"overrides": overrides, "memory_file": str(memory_file), "device": ctx.device}
+    payload = Payload(overrides=overrides, memory_file=str(memory_file), device=ctx.device)
     env = {**ctx.env, "OMP_NUM_THREADS": ctx.env.get("OMP_NUM_THREADS", "1") if not ctx.gpu else "8"}
     t0 = time.monotonic()
-    proc = ctx.python(["-m", "scripts.gpu_report_work", "job", json.dumps(payload)], name, env=env, check=False)
+    proc = ctx.python(["-m", "scripts.gpu_report_work", "job", payload.to_json()], name, env=env, check=False)
     wall = time.monotonic() - t0
     fig: dict[str, Any] = {"overrides": " ".join(overrides), "wall_s": wall}
     if memory_file.exists():
@@ -82,7 +85,9 @@ def make_job_step(arch: str) -> Callable[[Context], str]:
 
 
 def step_erasers_device(ctx: Context) -> str:
-    payload = {**ctx.sizes.eraser, "device": ctx.device, "threads": len(os.sched_getaffinity(0))}
+    e = ctx.sizes.eraser
+    payload = Payload(n=e.n, d=e.d, k=e.k, alf_max_rank=e.alf_max_rank, device=ctx.device,
+                      threads=len(os.sched_getaffinity(0)))
     res = ctx.work_result("erasers", payload, "erasers_device")
     ctx.figures.update(res)
     names = ("leace", "qleace", "alf_qleace")
@@ -127,18 +132,20 @@ def step_bench_mdl(ctx: Context) -> str:
                "bench_mdl")
     res = json.loads(json_path.read_text())
     ctx.figures.update(res)
-    s = f"ours {res['speedup']['ours']:.2f}× the naive loop"
-    bw = res.get("bandwidth")
+    bench = BenchSummary.from_json(res)
+    s = f"ours {bench.speedup['ours']:.2f}× the naive loop"
+    bw = bench.bandwidth
     if bw:
         s += (f"; device read {bw['read_gbps']:.0f} GB/s, MLP-128 epoch = {bw['epoch_over_read']:.0f}× one read "
               f"of the data")
     return s
 
 
-def throughput_payload(ctx: Context, archs: Iterable[str]) -> dict[str, Any]:
+def throughput_payload(ctx: Context, archs: Iterable[str]) -> Payload:
     s = ctx.sizes
-    return {"archs": list(archs), "n": s.n, "shape": list(s.shape), "device": ctx.device,
-            "arch_overrides": {a: list(o) for a, o in s.arch.items()}, **s.throughput}
+    return Payload(archs=list(archs), n=s.n, shape=list(s.shape), device=ctx.device,
+                   arch_overrides={a: list(o) for a, o in s.arch.items()}, subset=s.throughput.subset,
+                   val=s.throughput.val, group=s.throughput.group, quick=s.throughput.quick)
 
 
 def step_throughput(ctx: Context) -> str:
@@ -157,16 +164,16 @@ def run_concurrent(ctx: Context, arch: str, procs: int) -> dict[str, Any]:
     flags.mkdir(parents=True, exist_ok=True)
     for f in flags.iterdir():
         f.unlink()
-    payload = {**throughput_payload(ctx, [arch]), "arch": arch, "seconds": ctx.sizes.loop_seconds,
-               "go": str(flags / "go")}
+    payload = dataclasses.replace(throughput_payload(ctx, [arch]), arch=arch, seconds=ctx.sizes.loop_seconds,
+                                  go=str(flags / "go"))
     running = []
     env = {**ctx.env, "OMP_NUM_THREADS": "1" if not ctx.gpu else "2"}
     try:
         for i in range(procs):
-            own = {**payload, "ready": str(flags / f"ready{i}")}
+            own = dataclasses.replace(payload, ready=str(flags / f"ready{i}"))
             log = ctx.logs / f"sweep_{arch}_x{procs}_{i}.log"
             fh = open(log, "w")
-            cmd = [sys.executable, "-m", "scripts.gpu_report_work", "loop", json.dumps(own)]
+            cmd = [sys.executable, "-m", "scripts.gpu_report_work", "loop", own.to_json()]
             running.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                              start_new_session=True), log, fh))
         while sum((flags / f"ready{i}").exists() for i in range(procs)) < procs:
@@ -201,6 +208,16 @@ def run_concurrent(ctx: Context, arch: str, procs: int) -> dict[str, Any]:
     return res
 
 
+@dataclasses.dataclass(frozen=True)
+class JobFigures:
+    """What the sweep-cost step reads of a job step's figures (`run_job`; the memory ones only on CUDA)."""
+
+    job_s_per_epoch: float | None = None
+    block_models: int = 0
+    peak_reserved_mb: float | None = None
+    context_mb: float = 0.0  # the CUDA context and work space beyond torch's cache
+
+
 def step_sweep_cost(ctx: Context) -> str:
     """Per architecture: GPU-seconds per epoch per job (the job step's measurement), memory per job, how many
     jobs fit on the device by memory, and how aggregate throughput scales with processes sharing it."""
@@ -208,15 +225,16 @@ def step_sweep_cost(ctx: Context) -> str:
     out: dict[str, Any] = {}
     parts = []
     for arch in ARCHS:
-        job, source = earlier_figures(ctx, f"job_{arch}")
+        figures, source = earlier_figures(ctx, f"job_{arch}")
+        job = build(JobFigures, figures)
         a: dict[str, Any] = {"job_figures_from": source} if source else {}
-        if "job_s_per_epoch" in job:
-            a["job_s_per_epoch"] = job["job_s_per_epoch"]
-            a["job_block_models"] = job.get("block_models", 0) + 1
-        if job.get("peak_reserved_mb"):
-            a["job_peak_reserved_mb"] = job["peak_reserved_mb"]
-            a["job_context_mb"] = job.get("context_mb", 0.0)
-            per_job = job["peak_reserved_mb"] + job.get("context_mb", 0.0)
+        if job.job_s_per_epoch is not None:
+            a["job_s_per_epoch"] = job.job_s_per_epoch
+            a["job_block_models"] = job.block_models + 1
+        if job.peak_reserved_mb:
+            a["job_peak_reserved_mb"] = job.peak_reserved_mb
+            a["job_context_mb"] = job.context_mb
+            per_job = job.peak_reserved_mb + job.context_mb
             a["job_memory_mb"] = per_job
             if total_mb:
                 a["jobs_fit_by_memory"] = int(max(0.0, 0.95 * total_mb) // per_job)

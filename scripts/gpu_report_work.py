@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scripts.gpu_report_payload import Payload
+
 ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 10
 
@@ -77,33 +79,33 @@ def cifar_like(n: int, shape: tuple[int, int, int], seed: int = 0) -> tuple[Any,
 # ---------------------------------------------------------------------------------------------------- kinds
 
 
-def job(p: dict[str, Any]) -> dict[str, Any]:
-    """`python -m training.run <overrides>` in this process; its peak GPU memory goes to p["memory_file"]."""
+def job(p: Payload) -> dict[str, Any]:
+    """`python -m training.run <overrides>` in this process; its peak GPU memory goes to p.memory_file."""
     import runpy
 
     import torch
 
-    sys.argv = [str(ROOT / "training" / "run.py"), *p["overrides"]]
-    cuda = torch.cuda.is_available() and p.get("device", "cpu").startswith("cuda")
+    sys.argv = [str(ROOT / "training" / "run.py"), *p.overrides]
+    cuda = torch.cuda.is_available() and p.device.startswith("cuda")
     try:  # as `python -m training.run`: Hydra finds conf/ relative to the __main__ module's file
         runpy.run_module("training.run", run_name="__main__", alter_sys=True)
     finally:
-        Path(p["memory_file"]).write_text(json.dumps(_memory("cuda" if cuda else "cpu")))
+        Path(p.memory_file).write_text(json.dumps(_memory("cuda" if cuda else "cpu")))
     return {}
 
 
-def erasers(p: dict[str, Any]) -> dict[str, Any]:
+def erasers(p: Payload) -> dict[str, Any]:
     """LEACE, QLEACE and ALF-QLEACE fitted in float64 on the device and on CPU from the same data: fit seconds
     on each and the largest difference of the erased data."""
 
     import erasure
     from scripts.bench_erasers import make_data
 
-    device = p["device"]
-    x, y = make_data(p["n"], p["d"], p["k"], 0, 1.5, 0.3)
+    device = p.device
+    x, y = make_data(p.n, p.d, p.k, 0, 1.5, 0.3)
     scale = float(x.abs().max())
-    out: dict[str, Any] = {"n": p["n"], "d": p["d"], "k": p["k"], "device": device, "data_max_abs": scale}
-    for name, options in (("leace", {}), ("qleace", {}), ("alf_qleace", {"max_rank": p["alf_max_rank"]})):
+    out: dict[str, Any] = {"n": p.n, "d": p.d, "k": p.k, "device": device, "data_max_abs": scale}
+    for name, options in (("leace", {}), ("qleace", {}), ("alf_qleace", {"max_rank": p.alf_max_rank})):
         res: dict[str, Any] = {}
         erased = {}
         for where in ("cpu", device):
@@ -120,7 +122,7 @@ def erasers(p: dict[str, Any]) -> dict[str, Any]:
                     res[f"{key}_{'cpu' if where == 'cpu' else 'device'}"] = report[key]
             if where == device and device == "cpu":
                 break
-        other = erased.get(device, erased["cpu"])
+        other = erased[device]  # the CPU fit itself when the device is the CPU
         diff = float((erased["cpu"] - other).abs().max())
         res["max_abs_diff"] = diff
         res["max_rel_diff"] = diff / scale
@@ -129,15 +131,15 @@ def erasers(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _arch_cfg(arch: str, p: dict[str, Any]) -> Any:
-    c, s = p["shape"][0], p["shape"][1]
-    return compose([f"arch={arch}", *p["arch_overrides"].get(arch, []), "dataset=synthetic", f"dataset.n={p['n']}",
+def _arch_cfg(arch: str, p: Payload) -> Any:
+    c, s = p.shape[0], p.shape[1]
+    return compose([f"arch={arch}", *p.arch_overrides[arch], "dataset=synthetic", f"dataset.n={p.n}",
                     f"dataset.channels={c}", f"dataset.size={s}", f"dataset.num_classes={NUM_CLASSES}",
-                    "dataset.augment=true", "logger=none", "progress=false", f"device={p['device']}",
-                    *p.get("overrides", [])])
+                    "dataset.augment=true", "logger=none", "progress=false", f"device={p.device}",
+                    *p.overrides])
 
 
-def throughput(p: dict[str, Any]) -> dict[str, Any]:
+def throughput(p: Payload) -> dict[str, Any]:
     """Per architecture, through the job's own Trainer and group engine: seconds per epoch of one model on a
     `subset` of the resident data (validation included), training samples/s, evaluation samples/s, and for
     the architectures a job trains as one vectorised group, one epoch of `group` models at once."""
@@ -149,18 +151,18 @@ def throughput(p: dict[str, Any]) -> dict[str, Any]:
     from training.mdl.job import Trainer
     from training.mdl.splits import make_split
 
-    device = torch.device(p["device"])
-    x, y = cifar_like(p["n"], tuple(p["shape"]))
+    device = torch.device(p.device)
+    x, y = cifar_like(p.n, (p.shape[0], p.shape[1], p.shape[2]))
     out: dict[str, Any] = {}
-    for arch in p["archs"]:
+    for arch in p.archs:
         try:
             cfg = _arch_cfg(arch, p)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-            split = make_split(len(y), 0, val_size=p["val"], val_frac=0.5, num_blocks=2, min_block=p["subset"])
+            split = make_split(len(y), 0, val_size=p.val, val_frac=0.5, num_blocks=2, min_block=p.subset)
             trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device)
-            subset = split.order[: p["subset"]]
+            subset = split.order[: p.subset]
             opts = cfg.training
 
             def epochs(k: int, models: int, trainer: Trainer = trainer, subset: Any = subset,
@@ -180,12 +182,12 @@ def throughput(p: dict[str, Any]) -> dict[str, Any]:
                 return time.perf_counter() - t0
 
             def per_epoch(models: int) -> float:
-                if p.get("quick"):  # toy: the path, not the figure
+                if p.quick:  # toy: the path, not the figure
                     return epochs(1, models)
                 one, three = epochs(1, models), epochs(3, models)
                 return (three - one) / 2 if three > one else three / 3  # start-up cost removed when measurable
 
-            if not p.get("quick"):
+            if not p.quick:
                 epochs(1, 1)  # warm-up: kernels, allocator, cuDNN autotuning
             res: dict[str, Any] = {"subset": len(subset), "val": len(split.val_idx), "epoch_s": per_epoch(1)}
             model = trainer.member(subset, ("eval", 0)).model.eval()
@@ -199,10 +201,10 @@ def throughput(p: dict[str, Any]) -> dict[str, Any]:
             val_s = len(split.val_idx) / res["eval_sps"]
             res["train_sps"] = len(subset) / max(res["epoch_s"] - val_s, 1e-9)
             res["vectorises"] = bool(ARCHS.meta(arch)["vectorises"])
-            if res["vectorises"] and p["group"] > 1:
-                res["group_models"] = p["group"]
-                res["group_epoch_s"] = per_epoch(p["group"])
-                res["group_model_sps"] = p["group"] * len(subset) / res["group_epoch_s"]
+            if res["vectorises"] and p.group > 1:
+                res["group_models"] = p.group
+                res["group_epoch_s"] = per_epoch(p.group)
+                res["group_model_sps"] = p.group * len(subset) / res["group_epoch_s"]
             res["params"] = sum(t.numel() for t in model.parameters())
             res.update(_memory(device))
             out[arch] = res
@@ -213,19 +215,19 @@ def throughput(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def loop(p: dict[str, Any]) -> dict[str, Any]:
+def loop(p: Payload) -> dict[str, Any]:
     """Train one model (batch 128, augmentation) in a plain loop for `seconds`, after the others are ready:
-    touches p["ready"], waits for p["go"], then counts samples. Several at once share the device."""
+    touches p.ready, waits for p.go, then counts samples. Several at once share the device."""
     import torch
 
     from training.engine.augment import crop_flip
     from training.mdl.job import Trainer
     from training.mdl.splits import make_split
 
-    device = torch.device(p["device"])
-    x, y = cifar_like(p["n"], tuple(p["shape"]))
-    cfg = _arch_cfg(p["arch"], p)
-    split = make_split(len(y), 0, val_size=p["val"], val_frac=0.5, num_blocks=2, min_block=p["subset"])
+    device = torch.device(p.device)
+    x, y = cifar_like(p.n, (p.shape[0], p.shape[1], p.shape[2]))
+    cfg = _arch_cfg(p.arch, p)
+    split = make_split(len(y), 0, val_size=p.val, val_frac=0.5, num_blocks=2, min_block=p.subset)
     trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device)
     m = trainer.member(split.order, ("loop", 0))
     model, opt = m.model.train(), m.optimizer
@@ -243,10 +245,10 @@ def loop(p: dict[str, Any]) -> dict[str, Any]:
     for _ in range(10):
         step()
     _sync(device)
-    Path(p["ready"]).touch()
+    Path(p.ready).touch()
     t_wait = time.monotonic()
-    while not Path(p["go"]).exists():
-        if time.monotonic() - t_wait > p.get("wait_s", 300):
+    while not Path(p.go).exists():
+        if time.monotonic() - t_wait > p.wait_s:
             raise TimeoutError("no go signal from the report")
         time.sleep(0.01)
     t0, steps = time.perf_counter(), 0
@@ -255,16 +257,16 @@ def loop(p: dict[str, Any]) -> dict[str, Any]:
             step()
         steps += 10
         _sync(device)
-        if time.perf_counter() - t0 >= p["seconds"]:
+        if time.perf_counter() - t0 >= p.seconds:
             break
     seconds = time.perf_counter() - t0
-    return {"arch": p["arch"], "steps": steps, "seconds": seconds, "sps": steps * bs / seconds, **_memory(device)}
+    return {"arch": p.arch, "steps": steps, "seconds": seconds, "sps": steps * bs / seconds, **_memory(device)}
 
 
-def device(p: dict[str, Any]) -> dict[str, Any]:
+def device(p: Payload) -> dict[str, Any]:
     import torch
 
-    d = torch.device(p["device"])
+    d = torch.device(p.device)
     props = torch.cuda.get_device_properties(d)
     return {"type": "cuda", "name": torch.cuda.get_device_name(d), "total_memory_gb": props.total_memory / 1e9,
             "capability": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count,
@@ -275,11 +277,11 @@ KINDS = {"device": device, "job": job, "erasers": erasers, "throughput": through
 
 
 def main() -> None:
-    kind, payload = sys.argv[1], json.loads(sys.argv[2])
-    if "threads" in payload:
+    kind, payload = sys.argv[1], Payload.from_json(sys.argv[2])
+    if payload.threads is not None:
         import torch
 
-        torch.set_num_threads(int(payload["threads"]))
+        torch.set_num_threads(payload.threads)
     result = KINDS[kind](payload)
     sys.stdout.flush()
     print("RESULT " + json.dumps(result), flush=True)

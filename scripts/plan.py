@@ -33,9 +33,10 @@ from typing import Any
 
 from hydra.errors import HydraException
 
+from scripts.bench_summary import BenchSummary
 from scripts.gpu_report_model import Report
 from training.app.lifecycle import PROGRESS_FILE
-from training.app.result_types import number
+from training.app.result_types import at, number
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import config_hash, load_config
 from training.app.sweep_jobs import expand_overrides
@@ -161,7 +162,7 @@ def finished_costs(jobs: Sequence[Job]) -> dict[tuple[str, str], Cost]:
         if job.status != "done":
             continue
         result = read_result(job.job_dir / RESULT_FILE)
-        total = number(result.timings.get("total_s")) if result is not None else None
+        total = number(at(result.timings, "total_s")) if result is not None else None  # timings: open
         if result is not None and total is not None:
             kind = "gpu" if str(result.device).startswith("cuda") else "cpu"
             seen[kind, job.arch].append(float(total))
@@ -179,13 +180,12 @@ def bench_cost(path: Path) -> tuple[dict[str, Cost], str | None]:
         return {}, "no measurement: run make bench"
     except (OSError, ValueError) as err:
         return {}, f"no measurement: {path} cannot be read ({err}); run make bench"
-    if not isinstance(bench, dict) or str(bench.get("device", "")).startswith("cuda") or \
-            "ours" not in (bench.get("median_s") or {}):
+    summary = BenchSummary.from_json(bench) if isinstance(bench, dict) else None
+    per_job = summary.seconds_per_seed if summary is not None else None
+    if summary is None or per_job is None or str(summary.device).startswith("cuda"):
         return {}, f"no measurement: {path} holds no CPU run; run make bench"
-    per_job = float(bench["median_s"]["ours"]) / max(int(bench.get("seeds") or 1), 1)
-    what = (f"{path} ({_date(path)}): one MLP-128 prequential MDL, {bench.get('n')} x {bench.get('d')} synthetic "
-            f"rows, {bench.get('epochs')} epochs per block model, no early stopping, {bench.get('threads')} "
-            "thread(s)")
+    what = (f"{path} ({_date(path)}): one MLP-128 prequential MDL, {summary.n} x {summary.d} synthetic "
+            f"rows, {summary.epochs} epochs per block model, no early stopping, {summary.threads} thread(s)")
     return {"mlp": Cost(per_job, what)}, None
 
 

@@ -29,6 +29,11 @@ TITLES = {"control": "original", "leace": "LEACE", "qleace": "QLEACE", "alf_qlea
           "gradient": "gradient", "random": "random proj."}
 
 
+def title_of(name: str) -> str:
+    """A column's title: the eraser's display name, or its registry name for one TITLES does not know."""
+    return TITLES[name] if name in TITLES else name
+
+
 def load(name: str, data_dir: str, limit: int | None) -> tuple[Tensor, Tensor, str]:
     """Images (n, C, H, W) in [0, 1] and labels, via training.data.load_dataset (sklearn digits if absent)."""
     try:
@@ -76,14 +81,15 @@ def main() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             xe, rep = erasure.erase(name, x, y, opts, rank_hint=None if hint is None else ranks[hint.source])
-        if rep.get("rank_removed") is not None:
-            ranks[name] = rep["rank_removed"]
+        removed = rep["rank_removed"] if "rank_removed" in rep else None  # not every eraser reports one
+        if removed is not None:
+            ranks[name] = removed
         columns[name] = xe[shown]
-        print(f"{name:10s} {rep['seconds']:7.2f} s  rank removed: {rep.get('rank_removed')}")
+        print(f"{name:10s} {rep['seconds']:7.2f} s  rank removed: {removed}")
 
     fig, axes = plt.subplots(len(shown), len(names), figsize=(1.6 * len(names), 1.6 * len(shown)), squeeze=False)
     for j, name in enumerate(names):
-        title = TITLES.get(name, name)
+        title = title_of(name)
         if name in ranked and name in ranks:
             title += f"\nrank d−{ranks[name]}"
         axes[0, j].set_title(title, fontsize=9)

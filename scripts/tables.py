@@ -7,6 +7,8 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from scripts.aggregate_rows import MISSING_KEY, ProbeRow, Recorded
+
 # The paper's column order (Appendix C), then our additions; unknown erasers go last, alphabetically.
 ERASER_ORDER = ["control", "leace", "alf_qleace", "gradient", "qleace", "random"]
 
@@ -50,9 +52,9 @@ def group_labels(groups: Sequence[str]) -> dict[str, str]:
     """Each group's heading: the keys that differ between the groups, with its values; a key it did not record
     (`?`, e.g. `regularizer.lam` of regularizer none) only where the heading needs it to tell groups apart."""
     keys = differing_keys(groups)
-    parsed = {g: json.loads(g) for g in groups}
-    full = {g: ", ".join(f"{k}={_show(p.get(k, '?'))}" for k in keys) for g, p in parsed.items()}
-    short = {g: ", ".join(f"{k}={_show(p[k])}" for k in keys if p.get(k, "?") != "?") for g, p in parsed.items()}
+    parsed = {g: Recorded(json.loads(g)) for g in groups}
+    full = {g: ", ".join(f"{k}={_show(p[k])}" for k in keys) for g, p in parsed.items()}
+    short = {g: ", ".join(f"{k}={_show(p[k])}" for k in keys if p[k] != MISSING_KEY) for g, p in parsed.items()}
     distinct = len(set(short.values())) == len(groups) and all(short.values())
     return short if distinct else full
 
@@ -66,10 +68,10 @@ def groups_in(frame: Any) -> list[str]:
 
 def differing_keys(groups: Sequence[str]) -> dict[str, list[str]]:
     """Keys whose values differ between the groups, with their shown values."""
-    parsed = [json.loads(g) for g in groups]
+    parsed = [Recorded(json.loads(g)) for g in groups]
     out: dict[str, list[str]] = {}
     for k in sorted(set().union(*parsed)):
-        values = list(dict.fromkeys(_show(p.get(k, "?")) for p in parsed))
+        values = list(dict.fromkeys(_show(p[k]) for p in parsed))
         if len(values) > 1:
             out[k] = values
     return out
@@ -197,11 +199,10 @@ def probe_below_chance(runs: Any) -> bool:
 
     for _, r in runs.iterrows():
         for probe in PROBES:
-            flag, verdict = r.get(f"{probe}_probe_below_chance"), r.get(f"{probe}_probe_verdict")
-            if flag is True or verdict == "dependence artefact":
+            scores = ProbeRow.of(r, probe)
+            if scores.below_chance is True or scores.verdict == "dependence artefact":
                 return True
-            for k in ("acc", "loss"):
-                z = r.get(f"{probe}_probe_{k}_z")
+            for z in scores.zs:
                 if isinstance(z, int | float) and math.isfinite(z) and z < -ARTEFACT_Z:
                     return True
     return False

@@ -54,7 +54,7 @@ def collect(root: Path, experiment: str) -> tuple[Cells, Options]:
     """Per cell, the MDL of each fit_on's runs, and the distinct dataset options of its runs (one per data seed)."""
     from training.app.result_codec import MalformedResultError, read
     from training.app.result_types import MdlResult, number
-    from training.app.schema import NUMERICS
+    from training.app.schema import numerics_of
 
     cells: Cells = defaultdict(lambda: defaultdict(list))
     options: Options = {}
@@ -66,7 +66,7 @@ def collect(root: Path, experiment: str) -> tuple[Cells, Options]:
         if not isinstance(result, MdlResult) or result.mdl is None or result.config is None:
             continue
         cfg, bits = result.config, number(result.mdl.bits_per_sample)
-        if bits is None or cfg.get("experiment_name") != experiment or result.numerics_version != NUMERICS:
+        if bits is None or cfg.get("experiment_name") != experiment or result.numerics_version != numerics_of("mdl"):
             continue
         d, e = cfg["dataset"], cfg["eraser"]
         key = (d["name"], float(d.get("cov_gap", 0.0)), float(d["rows_per_dim"]), e["name"], int(d["num_classes"]))

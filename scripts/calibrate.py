@@ -55,7 +55,7 @@ def collect(root: Path, experiment: str) -> tuple[Cells, Options]:
     from training.app.result_codec import MalformedResultError, read
     from training.app.result_types import MdlResult, number
     from training.app.results import stored_config
-    from training.app.schema import NUMERICS
+    from training.app.schema import numerics_of
 
     cells: Cells = defaultdict(lambda: defaultdict(list))
     options: Options = {}
@@ -67,7 +67,7 @@ def collect(root: Path, experiment: str) -> tuple[Cells, Options]:
         if not isinstance(result, MdlResult) or result.mdl is None or result.config is None:
             continue
         c, bits = stored_config(result.config), number(result.mdl.bits_per_sample)  # as today's schema spells it
-        if bits is None or c["experiment_name"] != experiment or result.numerics_version != NUMERICS:
+        if bits is None or c["experiment_name"] != experiment or result.numerics_version != numerics_of("mdl"):
             continue
         d = result.config["dataset"]  # the generator's options (GaussianOptions / MixtureOptions: cov_gap required)
         key = (c["dataset.name"], float(c["dataset.cov_gap"]), float(c["dataset.rows_per_dim"]), c["eraser.name"],

@@ -204,7 +204,7 @@ def test_no_results_is_an_error(tmp_path: Path) -> None:
 def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Path) -> None:
     """--experiment: a result of the job's config is done (also when its stored hash predates a change of the
     hash's definition); another config's result in the job's directory is not counted."""
-    from training.app.schema import NUMERICS, config_hash
+    from training.app.schema import config_hash, numerics_of
     from training.app.sweeps import expand
 
     jobs = expand("smoke", [f"paths.out_dir={tmp_path}"])
@@ -213,7 +213,7 @@ def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Pat
         job_dir.mkdir(parents=True)
         stored = {**cfg, "optim": {**cfg["optim"], "lr": 0.1}} if k == 2 else cfg
         result = {"config_hash": config_hash(cfg) if k == 0 else "old-definition", "config": stored,
-                  "numerics_version": NUMERICS,
+                  "numerics_version": numerics_of("mdl"),
                   "mdl": {"protocol": "prequential", "bits_per_sample": 1.0 + k, "legacy": 2.0 + k},
                   "final": None, "certificate": None}
         (job_dir / "result.json").write_text(json.dumps(result))

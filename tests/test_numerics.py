@@ -1,8 +1,9 @@
 """Numbers change only with a numerics version bump: optim.beta2 reaches the optimizer, and a golden job's bits
-are pinned to training.app.schema.NUMERICS (tests/golden/numerics.json).
+are pinned to task=mdl's numerics version (tests/golden/numerics.json; training.app.schema.numerics_of).
 
 When a change alters numbers on purpose: bump NUMERICS (say why in its comment and in the README's "Numerics
-versions"), then record the new golden bits: `python -m tests.test_numerics --record`.
+versions"), set it as the `numerics` of the tasks whose numbers changed (training/tasks/<name>.py), then record the
+new golden bits if the MDL task's changed: `python -m tests.test_numerics --record`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from tests.helpers import job_config
-from training.app.schema import NUMERICS, config_hash, load_config
+from training.app.schema import NUMERICS, config_hash, load_config, numerics_of
 from training.data import load_dataset
 from training.mdl.job import Trainer, run_job
 from training.mdl.splits import make_split
@@ -36,7 +37,20 @@ def test_beta2_reaches_the_optimizer(tmp_path: Path) -> None:
 
 def test_a_numerics_bump_moves_every_job_directory(tmp_path: Path) -> None:
     cfg = job_config(tmp_path, ["experiment=smoke"])
-    assert config_hash(cfg) != config_hash(cfg, numerics=NUMERICS - 1)
+    assert config_hash(cfg) != config_hash(cfg, numerics=numerics_of("mdl") - 1)
+
+
+def test_a_job_is_hashed_under_its_own_tasks_numerics_version(tmp_path: Path) -> None:
+    """Version 4 changed only gs_erased_eval's numbers: its jobs moved, the MDL and other GS jobs kept their hash."""
+    from training.app.schema import cell_hash
+
+    mdl = job_config(tmp_path, ["experiment=smoke"])
+    erased_eval = job_config(tmp_path, ["experiment=gs_sd_erasure", "task=gs_erased_eval", "eraser=leace"])
+    assert (numerics_of("mdl"), numerics_of("gs_two_moons"), numerics_of("gs_erased_eval")) == (3, 3, NUMERICS)
+    assert numerics_of("a task not declared here") == NUMERICS
+    assert config_hash(mdl) == config_hash(mdl, numerics=3) and config_hash(erased_eval) == config_hash(
+        erased_eval, numerics=NUMERICS) != config_hash(erased_eval, numerics=3)
+    assert cell_hash(erased_eval) != cell_hash({**erased_eval, "task": "mdl"})
 
 
 def golden_bits(out_dir: Path) -> dict[str, object]:
@@ -48,13 +62,15 @@ def golden_bits(out_dir: Path) -> dict[str, object]:
 def test_the_golden_job_changes_its_bits_only_with_a_numerics_bump(tmp_path: Path) -> None:
     golden = json.loads(GOLDEN.read_text())
     now = golden_bits(tmp_path)
-    if golden["numerics_version"] != NUMERICS:
-        pytest.fail(f"NUMERICS is {NUMERICS} but {GOLDEN} was recorded under {golden['numerics_version']}: record "
-                    "the new golden bits (python -m tests.test_numerics --record)")
+    if golden["numerics_version"] != numerics_of("mdl"):
+        pytest.fail(f"task=mdl's numerics version is {numerics_of('mdl')} but {GOLDEN} was recorded under "
+                    f"{golden['numerics_version']}: record the new golden bits "
+                    "(python -m tests.test_numerics --record)")
     # rel 1e-6: float round-off of another BLAS build passes; any real change of the numbers does not
     assert now["block_ce_bits"] == pytest.approx(golden["block_ce_bits"], rel=1e-6, abs=1e-9), (
-        f"the golden job's numbers changed without a NUMERICS bump (still {NUMERICS}): bump it in "
-        "training/app/schema.py and say why in the README, or undo the change")
+        f"the golden job's numbers changed without a numerics bump (task=mdl: still {numerics_of('mdl')}): bump "
+        "NUMERICS in training/app/schema.py, set it as the task's `numerics` (training/tasks/mdl.py) and say why in "
+        "the README, or undo the change")
 
 
 if __name__ == "__main__" and "--record" in sys.argv:

@@ -11,7 +11,7 @@ import torch
 
 from models.mlp import MlpOptions
 from training.app.results import flatten, legacy_differences
-from training.app.schema import NUMERICS, ConfigError, JobConfig, cell_hash, config_hash, load_config
+from training.app.schema import ConfigError, JobConfig, cell_hash, config_hash, load_config, numerics_of
 from training.common.files import atomic_write_json
 from training.data import LoadedData
 from training.data.erase import _cache_key
@@ -118,7 +118,8 @@ def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(t
         assert run_job(cfg).result["mdl"]["bits_per_sample"] != 1.5  # recomputed
     assert "numerics version 1" in caplog.text
     cfg = job_config(tmp_path / "again", SMOKE)
-    atomic_write_json(Path(cfg["paths"]["legacy_job_dir"]) / "result.json", {**stored, "numerics_version": NUMERICS})
+    atomic_write_json(Path(cfg["paths"]["legacy_job_dir"]) / "result.json",
+                      {**stored, "numerics_version": numerics_of("mdl")})
     caplog.clear()
     with caplog.at_level("INFO"):
         reused = run_job(cfg)

@@ -33,7 +33,7 @@ from training.app.result_codec import encode, new_result
 from training.app.result_types import Fingerprint as FingerprintRecord
 from training.app.result_types import Result, at
 from training.app.results import JobDir, legacy_result
-from training.app.schema import HASH_VERSION, NUMERICS, JobConfig, config_hash, load_config
+from training.app.schema import HASH_VERSION, JobConfig, config_hash, load_config, numerics_of
 from training.common.files import atomic_write_json, read_json
 from training.engine.devices import resolve_device
 from training.errors import NonFiniteError, UserError
@@ -203,7 +203,8 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: 
         t0, started = time.perf_counter(), now_utc()
         out = body(JobRun(cfg, job, device, progress, loaded))
         timings = {**out.pop("timings", {}), "total_s": time.perf_counter() - t0}
-        typed = new_result(config_hash=job.cfg_hash, hash_version=HASH_VERSION, numerics_version=NUMERICS,
+        typed = new_result(config_hash=job.cfg_hash, hash_version=HASH_VERSION,
+                           numerics_version=numerics_of(cfg.task),
                            job_dir=str(job.path), task=cfg.task, config=cfg.to_dict(), sections=out,
                            device=str(device), timings=timings, provenance=provenance(device, started, now_utc()))
         check_finite(typed, finite, job.path)

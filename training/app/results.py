@@ -22,7 +22,7 @@ from typing import Any
 
 from training.app.result_codec import MalformedResultError, config_view, encode, read
 from training.app.result_types import Result
-from training.app.schema import NUMERICS, JobConfig, config_hash, semantic
+from training.app.schema import JobConfig, config_hash, numerics_of, semantic
 from training.common.files import atomic_write_json
 from training.common.locks import waiting_lock
 from training.errors import UserError
@@ -76,9 +76,9 @@ def legacy_result(cfg: JobConfig, job_dir: Path) -> Result | None:
         return None
     if done is None or done.hash_version >= 2 or done.config is None:
         return None
-    if done.numerics_version != NUMERICS:
+    if done.numerics_version != numerics_of(cfg.task):
         log.info("not reusing %s: written under numerics version %s, this job's is %d (README: Numerics "
-                 "versions)", legacy, done.numerics_version, NUMERICS)
+                 "versions)", legacy, done.numerics_version, numerics_of(cfg.task))
         return None
     diff = legacy_differences(done.config, cfg)
     if diff:

@@ -55,6 +55,7 @@ from training.app.typed import ConfigError
 
 # What callers import from here (the sections and their loading live in sections.py and loading.py).
 __all__ = ["CONF_DIR", "FIT_KEYS", "FIT_ON", "GROUPS", "HASH_VERSION", "NON_CONFIG_KEYS", "NUMERICS", "READ_ONLY_WITH",
+           "numerics_of",
            "ArchConfig", "ConfigError", "DatasetConfig", "EraserConfig", "JobConfig", "LoggerConfig", "MdlConfig",
            "OptimConfig", "OptionsSection", "PathsConfig", "RegularizerConfig", "Section", "TrainingConfig",
            "cell_hash", "config_hash", "fit_keys_used", "group_config", "load_config", "load_section", "semantic",
@@ -68,7 +69,19 @@ HASH_VERSION = 2  # 1: every key but a fixed list of groups (before the typed co
 # 1: before the version existed. 2: optim.beta2 reaches the optimizer (it was always 0.999); gs_erased_eval stops
 # with mdl's step-aware rule. 3: QLEACE coupling noise applied to rows the eraser was not fitted on (holdout, the
 # gs_erased_eval validation/test rows) is drawn i.i.d. N(0, R_k), not with exact moments on those rows.
-NUMERICS = 3
+# 4: gs_erased_eval erases through MDL's erase path: its test rows get the eraser's holdout options (LEACE's rtol).
+# A job is hashed under its task's own version (`Task.numerics`, the last version that changed that task's numbers;
+# by default this latest one), so a change to one task's numbers does not invalidate the others' results.
+NUMERICS = 4
+
+
+def numerics_of(task: str) -> int:
+    """The numerics version jobs of `task` are computed (and hashed) under: its declared `Task.numerics`, else the
+    latest (NUMERICS; also for a task not declared here)."""
+    from training.app.tasks import task_numerics  # the declarations: no task's code is imported
+
+    declared = task_numerics(task)
+    return NUMERICS if declared is None else declared
 
 
 def semantic(cfg: Mapping[str, Any] | Section, fill_defaults: bool = True) -> dict[str, Any]:
@@ -179,13 +192,19 @@ def _digest(obj: Any, length: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
-def config_hash(cfg: Mapping[str, Any] | Section, numerics: int = NUMERICS) -> str:
+def config_hash(cfg: Mapping[str, Any] | Section, numerics: int | None = None) -> str:
     """The job's identity in result.json / progress.json (16 hex digits): its semantic config under a numerics
-    version (a stored result's own, `numerics_version`, when rehashing it)."""
-    return _digest({**semantic(cfg), "numerics": numerics}, 16)
+    version (a stored result's own, `numerics_version`, when rehashing it; by default its task's: numerics_of)."""
+    sem = semantic(cfg)
+    return _digest({**sem, "numerics": numerics_of(_task(sem)) if numerics is None else numerics}, 16)
 
 
 def cell_hash(cfg: Mapping[str, Any] | Section) -> str:
     """8 hex digits naming the job directory: the semantic config without the seed, under this numerics version
     (seeds of one configuration sit side by side: <...>/c<cell hash>/seed<seed>)."""
-    return _digest({**{k: v for k, v in semantic(cfg).items() if k != "seed"}, "numerics": NUMERICS}, 8)
+    sem = semantic(cfg)
+    return _digest({**{k: v for k, v in sem.items() if k != "seed"}, "numerics": numerics_of(_task(sem))}, 8)
+
+
+def _task(sem: Mapping[str, Any]) -> str:
+    return str(sem["task"]) if "task" in sem else "mdl"

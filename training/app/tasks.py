@@ -67,6 +67,9 @@ class Task:
     group: ClassVar[str | None] = None  # its own config group (e.g. `gs`), checked by `options`
     options: ClassVar[type[Any] | None] = None  # that group's dataclass (`cfg.task_options`)
     result_type: ClassVar[type[Result]] = Result  # its result.json typed (training/app/result_types.py)
+    # the numerics version its jobs are computed and hashed under: the last NUMERICS bump that changed this task's
+    # numbers (training/app/schema.py); None: the latest (a task that pins none follows every bump)
+    numerics: ClassVar[int | None] = None
 
     def refusal(self, job: JobConfig) -> str | None:
         """Why this task cannot run `job` (one line, for a ConfigError), or None. Called by the config check."""
@@ -168,6 +171,12 @@ def fixed_keys(name: str) -> Mapping[str, Any]:
     """The hashed keys task `name` does not read, each with the one value it accepts (`Task.fixed`)."""
     task = _declared(name)
     return {} if task is None else task.fixed
+
+
+def task_numerics(name: str) -> int | None:
+    """The numerics version task `name` declares (None: the latest, and for a task not declared here)."""
+    task = _declared(name)
+    return None if task is None else task.numerics
 
 
 def result_type(name: str) -> type[Result]:

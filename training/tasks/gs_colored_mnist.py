@@ -30,6 +30,7 @@ class ColoredMnist(StarvationTask):
     name = "gs_colored_mnist"
     uses = ("dataset", "regularizer", "gs")
     fixed = {"dataset.name": "colored_mnist", **NOT_AN_IMAGE_PIPELINE}
+    numerics = 3  # unchanged by 4 (gs_erased_eval's erase path)
     options = ColoredMnistOptions
 
     def prepare(self, job: JobRun) -> Any:

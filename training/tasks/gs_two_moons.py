@@ -38,6 +38,7 @@ class TwoMoons(StarvationTask):
     name = "gs_two_moons"
     uses = ("dataset", "regularizer", "gs")
     fixed = {"dataset.name": "two_moons", **NOT_AN_IMAGE_PIPELINE}
+    numerics = 3  # unchanged by 4 (gs_erased_eval's erase path)
     options = TwoMoonsOptions
 
     def prepare(self, job: JobRun) -> Any:

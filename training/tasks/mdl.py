@@ -16,6 +16,7 @@ class Mdl(Task):
     name = "mdl"
     uses = None  # every group
     result_type = MdlResult
+    numerics = 3  # unchanged by 4 (gs_erased_eval's erase path)
 
     def prepare(self, job: JobRun) -> Any:
         from training.mdl.job import prepare

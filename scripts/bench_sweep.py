@@ -51,18 +51,21 @@ def differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> l
     """Lines naming every job missing on one side and every key (but wall times) whose values are not ==."""
     out = [f"{job}: only in {'the first' if job in a else 'the second'} run" for job in sorted(set(a) ^ set(b))]
     for job in sorted(set(a) & set(b)):
-        for key in sorted(set(a[job]) | set(b[job])):
+        x, y = a[job], b[job]
+        for key in sorted(set(x) | set(y)):
             if any(part in key for part in VOLATILE):
                 continue
-            if a[job].get(key) != b[job].get(key):
-                out.append(f"{job}: {key} {a[job].get(key)!r} != {b[job].get(key)!r}")
+            if key not in x or key not in y:
+                out.append(f"{job}: {key} only in {'the first' if key in x else 'the second'} run")
+            elif x[key] != y[key]:
+                out.append(f"{job}: {key} {x[key]!r} != {y[key]!r}")
     return out
 
 
 def time_split(res: dict[str, dict[str, Any]]) -> dict[str, float]:
     """The jobs' own time, summed: before MDL (data, eraser, certificates), of which erasing, MDL, full run."""
     keys = ("total_s", "before_mdl_s", "erase_s", "mdl_s", "full_run_s")
-    return {k: sum(float(r.get(f"timings.{k}") or 0.0) for r in res.values()) for k in keys}
+    return {k: sum(float(r[f"timings.{k}"] or 0.0) for r in res.values() if f"timings.{k}" in r) for k in keys}
 
 
 def run_sweep(out_dir: Path, base: list[str], sweep: list[str], launcher: list[str]) -> float:

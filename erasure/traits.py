@@ -63,7 +63,7 @@ class EraserTraits:
         return {f.name: getattr(self.options(), f.name) for f in dataclasses.fields(self.options)}
 
 
-_DECLARED = {"family", "kind", "defaults", "needs_labels", "identity", "holdout_options", "rank_hint", "batch_noise",
+_KNOWN_META = {"family", "kind", "defaults", "needs_labels", "identity", "holdout_options", "rank_hint", "batch_noise",
              "runtime_options", "from_moments"}
 
 
@@ -80,9 +80,9 @@ def eraser_traits(name: str) -> EraserTraits:
 
 
 def _traits(name: str, fitter: Callable[..., Any], meta: Mapping[str, Any]) -> EraserTraits:
-    unknown = set(meta) - _DECLARED
+    unknown = set(meta) - _KNOWN_META
     if unknown:
-        raise TypeError(f"eraser {name!r}: unknown metadata {sorted(unknown)}; known: {sorted(_DECLARED)}")
+        raise TypeError(f"eraser {name!r}: unknown metadata {sorted(unknown)}; known: {sorted(_KNOWN_META)}")
     if meta["kind"] not in ("map", "edit"):
         raise TypeError(f"eraser {name!r}: kind must be map or edit; got {meta['kind']!r}")
     return EraserTraits(

@@ -70,3 +70,37 @@ def optimizer(model: Any, **given: Any) -> Any:
     from models import make_optimizer
 
     return make_optimizer(model, **{**ADAMW_PLAIN, **given})
+
+
+def job_states(runs: Path) -> tuple[set[Path], set[Path]]:
+    """(finished job directories, those with a progress file and no result yet) under `runs`."""
+    from training.app.lifecycle import PROGRESS_FILE
+
+    finished = {p.parent for p in runs.rglob("result.json")}
+    return finished, {p.parent for p in runs.rglob(PROGRESS_FILE)} - finished
+
+
+def kill_once_one_done_one_partial(command: Sequence[str], runs: Path, log_path: Path, cwd: Path,
+                                   env: dict[str, str]) -> tuple[set[Path], set[Path]]:
+    """Start `command` in its own process group, SIGKILL the group as soon as one job under `runs` is finished and
+    another has a finished block model, and return the job states then."""
+    import signal
+    import subprocess
+    import time
+
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(list(command), cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.monotonic() + 300
+        try:
+            while True:
+                finished, partial = job_states(runs)
+                if finished and partial:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    break
+                assert proc.poll() is None, "ended before it was killed:\n" + log_path.read_text()
+                assert time.monotonic() < deadline, "timed out waiting for the first finished block"
+                time.sleep(0.01)
+        finally:
+            proc.wait(timeout=60)
+    return job_states(runs)

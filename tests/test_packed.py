@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ import pytest
 import torch
 
 from hydra_plugins.erasure_mdl_packed.packed_launcher import packs_of
+from tests.helpers import kill_once_one_done_one_partial
 from training.app.lifecycle import PROGRESS_FILE
 from training.data import shared
 from training.data.cache import cached_erase
@@ -41,23 +40,12 @@ def _sweep(out_dir: Path, *overrides: str) -> str:
     return text
 
 
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.").items()}
-    if isinstance(value, list):
-        return {k: v for i, item in enumerate(value) for k, v in _flat(item, f"{prefix}{i}.").items()}
-    return {prefix.rstrip("."): value}
-
-
 def _results(out_dir: Path) -> dict[str, dict[str, Any]]:
-    """Every job's result.json by its directory under runs/, flattened, without wall times, its out_dir replaced."""
-    out = {}
-    for path in sorted((out_dir / "runs").rglob("result.json")):
-        flat = _flat(json.loads(path.read_text()))
-        out[str(path.parent.relative_to(out_dir / "runs"))] = {
-            k: v.replace(str(out_dir), "OUT") if isinstance(v, str) else v
-            for k, v in flat.items() if not any(part in k for part in VOLATILE)}
-    return out
+    """Every job's result.json by its directory under runs/, flattened (scripts/bench_sweep.py), without wall times."""
+    from scripts.bench_sweep import results
+
+    return {job: {k: v for k, v in flat.items() if not any(part in k for part in VOLATILE)}
+            for job, flat in results(out_dir).items()}
 
 
 @pytest.fixture(scope="module")
@@ -109,30 +97,10 @@ def test_packs_hold_jobs_that_differ_only_in_seed() -> None:
     assert packs_of([["seed=0", "eraser=leace"], ["eraser=leace", "seed=1"]], None)[0][1][0] == 1  # order-blind
 
 
-def _state(runs: Path) -> tuple[set[Path], set[Path]]:
-    finished = {p.parent for p in runs.rglob("result.json")}
-    return finished, {p.parent for p in runs.rglob(PROGRESS_FILE)} - finished
-
-
 def test_killed_pack_resumes_each_of_its_jobs(tmp_path: Path, lone: dict[str, Any]) -> None:
     out, runs = tmp_path / "killed", tmp_path / "killed/runs"
     command = _command(out, SEEDS, "hydra/launcher=packed")
-    with (tmp_path / "first.log").open("w") as log:
-        proc = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        deadline = time.monotonic() + 300
-        try:
-            while True:  # kill the pack once its first job has finished and the next has a finished block model
-                finished, partial = _state(runs)
-                if finished and partial:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    break
-                assert proc.poll() is None, "ended before it was killed:\n" + (tmp_path / "first.log").read_text()
-                assert time.monotonic() < deadline, "timed out waiting for the first finished block"
-                time.sleep(0.01)
-        finally:
-            proc.wait(timeout=60)
-    finished, partial = _state(runs)
+    finished, partial = kill_once_one_done_one_partial(command, runs, tmp_path / "first.log", REPO, ENV)
     assert len(finished) == 1 and len(partial) == 1, (finished, partial)
     (first,), (killed,) = finished, partial
     stamp = (first / "result.json").stat().st_mtime_ns

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.helpers import job_config
+from tests.helpers import job_config, kill_once_one_done_one_partial
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.sweeps import expand
 from training.mdl.job import Trainer, run_job
@@ -41,32 +39,10 @@ def _numbers(result: dict[str, Any]) -> dict[str, Any]:
             "curve": (result["final"] or {}).get("val_loss_curve")}
 
 
-def _state(runs: Path) -> tuple[set[Path], set[Path]]:
-    finished = {p.parent for p in runs.rglob("result.json")}
-    partial = {p.parent for p in runs.rglob(PROGRESS_FILE)} - finished
-    return finished, partial
-
-
 def test_killed_multirun_skips_finished_and_resumes_the_killed_job(tmp_path: Path) -> None:
     out = tmp_path / "killed"
     runs = out / "runs"
-    log = (tmp_path / "first.log").open("w")
-    proc = subprocess.Popen(smoke_command(out), cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    deadline = time.monotonic() + 300
-    try:
-        while True:  # kill as soon as one job is finished and another has finished >= 1 block model
-            finished, partial = _state(runs)
-            if finished and partial:
-                os.killpg(proc.pid, signal.SIGKILL)
-                break
-            assert proc.poll() is None, "multirun ended before it was killed:\n" + (tmp_path / "first.log").read_text()
-            assert time.monotonic() < deadline, "timed out waiting for the first finished block"
-            time.sleep(0.01)
-    finally:
-        proc.wait(timeout=60)
-        log.close()
-    finished, partial = _state(runs)
+    finished, partial = kill_once_one_done_one_partial(smoke_command(out), runs, tmp_path / "first.log", REPO, ENV)
     assert len(partial) == 1, (finished, partial)
     killed = next(iter(partial))
     blocks_done = len(json.loads((killed / PROGRESS_FILE).read_text())["blocks"])

@@ -28,7 +28,7 @@ from training.app.sections import (
     _task_options,
     _task_uses,
 )
-from training.app.typed import ConfigError, build_options, check_typed, kind_name
+from training.app.typed import ConfigError, FieldSpec, build_options, check_typed, field_spec, kind_name
 
 
 def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
@@ -165,7 +165,7 @@ def _build(cls: type[Section], data: Any, prefix: str) -> Section:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}={data!r} is not allowed: it must be a group of keys")
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
-        if f.name.startswith("_") or f.metadata.get("typed_view"):
+        if f.name.startswith("_") or field_spec(f).typed_view:
             continue
         key = prefix + f.name
         if f.name in data:
@@ -176,7 +176,7 @@ def _build(cls: type[Section], data: Any, prefix: str) -> Section:
             value = f.default_factory()
         else:
             raise ConfigError(f"{key} is missing: set it in its yaml or on the command line ({key}=...)")
-        values[f.name] = _check(key, value, f.metadata)
+        values[f.name] = _check(key, value, field_spec(f))
     rest = {k: v for k, v in data.items() if k not in values}
     if cls is EraserConfig:
         _check_eraser_options(values["name"], values["options"])
@@ -213,28 +213,26 @@ def _task_group(task: str, rest: Mapping[str, Any]) -> dict[str, Any]:
     return {"task_options": view, "_task_group": dict(rest)}
 
 
-def _check(key: str, value: Any, meta: Mapping[str, Any]) -> Any:
-    kind = meta.get("kind")
+def _check(key: str, value: Any, declared: FieldSpec) -> Any:
+    kind, choices = declared.kind, declared.choices
     if value is None:
-        if meta.get("optional") or (meta.get("choices") and None in meta["choices"]):
+        if declared.optional or (choices and None in choices):
             return None
-        raise ConfigError(f"{key}=null is not allowed: {key} must be {meta.get('allowed') or 'set'}")
+        raise ConfigError(f"{key}=null is not allowed: {key} must be {declared.describe('set')}")
     if isinstance(kind, type) and issubclass(kind, Section):
         return _build(kind, value, key + ".")
-    if meta.get("choices"):
-        if not any(value == c and type(value) is type(c) for c in meta["choices"]):
-            shown = ", ".join(json.dumps(c) if isinstance(c, bool) else str(c) for c in meta["choices"])
+    if choices:
+        if not any(value == c and type(value) is type(c) for c in choices):
+            shown = ", ".join(json.dumps(c) if isinstance(c, bool) else str(c) for c in choices)
             raise ConfigError(f"{key}={value!r} is not allowed: {key} must be one of {shown}")
         return value
     if kind is not None:
         kinds = kind if isinstance(kind, tuple) else (kind,)
         bad_bool = isinstance(value, bool) and bool not in kinds
         if bad_bool or not isinstance(value, kinds):
-            allowed = meta.get("allowed") or kind_name(kinds)
-            raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {allowed}")
-    check = meta.get("check")
-    if check is not None and not check(value):
-        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {meta.get('allowed') or 'another value'}")
+            raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {declared.describe(kind_name(kinds))}")
+    if declared.check is not None and not declared.check(value):
+        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {declared.describe('another value')}")
     return value
 
 

@@ -51,7 +51,7 @@ from training.app.sections import (
     _task_uses,
     fit_keys_used,
 )
-from training.app.typed import ConfigError
+from training.app.typed import ConfigError, field_spec
 
 # What callers import from here (the sections and their loading live in sections.py and loading.py).
 __all__ = ["CONF_DIR", "FIT_KEYS", "FIT_ON", "GROUPS", "HASH_VERSION", "NON_CONFIG_KEYS", "NUMERICS", "READ_ONLY_WITH",
@@ -142,17 +142,17 @@ def _semantic(cls: type[Section], data: Mapping[str, Any], fill_defaults: bool) 
     out: dict[str, Any] = {}
     items = dict(data)
     if fill_defaults:
-        for name, declared in fields.items():
-            if name not in items and not name.startswith("_") and declared.default is not dataclasses.MISSING:
-                items[name] = declared.default
+        for name, f in fields.items():
+            if name not in items and not name.startswith("_") and f.default is not dataclasses.MISSING:
+                items[name] = f.default
     for k, v in items.items():
-        f = fields.get(k)
-        if f is None:
+        if k not in fields:
             out[k] = _plain(v)  # an extra: semantic
             continue
-        if not f.metadata.get("hash", True):
+        declared = field_spec(fields[k])
+        if not declared.hash:
             continue
-        kind = f.metadata.get("kind")
+        kind = declared.kind
         if isinstance(kind, type) and issubclass(kind, Section) and isinstance(v, Mapping):
             out[k] = _semantic(kind, v, fill_defaults)
         else:
@@ -165,9 +165,9 @@ def with_defaults(data: Mapping[str, Any], cls: type[Section] = JobConfig) -> di
     included: how reports read configs written before a key existed, with the one default the schema declares."""
     out = dict(data)
     for f in dataclasses.fields(cls):
-        if f.name.startswith("_") or f.metadata.get("typed_view"):
+        if f.name.startswith("_") or field_spec(f).typed_view:
             continue
-        kind = f.metadata.get("kind")
+        kind = field_spec(f).kind
         if f.name not in out and f.default is not dataclasses.MISSING:
             out[f.name] = f.default
         elif isinstance(kind, type) and issubclass(kind, Section) and isinstance(out.get(f.name), Mapping):

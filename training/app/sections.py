@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from training.app.typed import (
     NAME_ALLOWED,
     SUBPATH_ALLOWED,
     auto_or_positive_int,
+    field_spec,
     flag,
     nonneg_int,
     one_of,
@@ -44,10 +45,10 @@ class Section:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
-            if f.name.startswith("_") or f.metadata.get("typed_view"):
+            if f.name.startswith("_") or field_spec(f).typed_view:
                 continue
             v = getattr(self, f.name)
-            if f.metadata.get("omit_empty") and not v:
+            if field_spec(f).omit_empty and not v:
                 continue  # as composed: only the groups that carry it (dataset.paper_lr)
             out[f.name] = v.to_dict() if isinstance(v, Section) else _plain(v)
         return {**out, **_plain(self._given_options())}
@@ -58,11 +59,11 @@ class Section:
 
 def _options_view() -> Any:
     """The group member's own options (a dataclass declared next to the module that registers it), typed."""
-    return field(default=None, compare=False, repr=False, metadata={"typed_view": True, "hash": False})
+    return spec(None, typed_view=True, hash=False, compare=False, repr=False)
 
 
 def _given() -> Any:
-    return field(default_factory=dict, repr=False, metadata={"hash": True})
+    return spec(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)

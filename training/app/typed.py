@@ -16,7 +16,7 @@ import math
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
 
 from training.errors import UserError
@@ -28,17 +28,47 @@ class ConfigError(UserError, ValueError):
     """A config value that is not allowed; the message is one line: key, value, what is allowed."""
 
 
+@dataclass(frozen=True)
+class FieldSpec:
+    """What a config field declares: its type (`kind`; a Section for a nested group), value check and how to describe
+    what is allowed, its choices, whether None is allowed, whether it enters the job hash, whether an empty value is
+    left out of the composed dict, and whether it is a typed view of other keys (not a key of its own)."""
+
+    kind: type | tuple[type, ...] | None = None
+    check: Check | None = None
+    allowed: str = ""
+    choices: tuple[Any, ...] = ()
+    optional: bool = False
+    hash: bool = True
+    omit_empty: bool = False
+    typed_view: bool = False
+
+    def describe(self, fallback: str) -> str:
+        return self.allowed or fallback
+
+
+SPEC = "spec"  # the metadata key of a field's FieldSpec
+_SPEC_KEYS = frozenset(f.name for f in dataclasses.fields(FieldSpec))
+
+
+def field_spec(f: dataclasses.Field[Any]) -> FieldSpec:
+    """A field's FieldSpec: the one `spec(...)` stored, or read once from a plain `metadata={"check": ...,
+    "allowed": ...}` (a member's options dataclass)."""
+    meta = f.metadata
+    if SPEC in meta:
+        return meta[SPEC]
+    return FieldSpec(**{k: meta[k] for k in _SPEC_KEYS if k in meta})
+
+
 def spec(default: Any = dataclasses.MISSING, *, kind: type | tuple[type, ...] | None = None,
          check: Check | None = None, allowed: str = "", choices: tuple[Any, ...] = (), optional: bool = False,
          hash: bool = True, default_factory: Any = dataclasses.MISSING,  # noqa: A002 - mirrors the concept
-         omit_empty: bool = False) -> Any:
-    """A config field: its type (`kind`), value check and how to describe what is allowed, whether None is
-    allowed, whether it enters the job hash, and whether an empty value is left out of the composed dict."""
-    meta = {"kind": kind, "check": check, "allowed": allowed, "choices": choices, "optional": optional,
-            "hash": hash, "omit_empty": omit_empty}
+         omit_empty: bool = False, typed_view: bool = False, **field_kw: Any) -> Any:
+    """A config field declared by its FieldSpec (see there)."""
+    meta = {SPEC: FieldSpec(kind, check, allowed, choices, optional, hash, omit_empty, typed_view)}
     if default_factory is not dataclasses.MISSING:
-        return field(default_factory=default_factory, metadata=meta)
-    return field(default=default, metadata=meta)
+        return field(default_factory=default_factory, metadata=meta, **field_kw)
+    return field(default=default, metadata=meta, **field_kw)
 
 
 # ---- common checks ------------------------------------------------------------------------------------------
@@ -123,23 +153,22 @@ def build_options(cls: type[Any] | None, data: Mapping[str, Any], prefix: str = 
         if name in data and dataclasses.is_dataclass(hints[name]):
             values[name] = build_options(hints[name], data[name] or {}, f"{prefix}{name}.", owner=owner)
         elif name in data:
-            values[name] = check_typed(prefix + name, data[name], hints[name], f.metadata)
+            values[name] = check_typed(prefix + name, data[name], hints[name], field_spec(f))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{prefix}{name} is missing: set it in its yaml or on the command line "
                               f"({prefix}{name}=...)")
     return cls(**values)
 
 
-def check_typed(key: str, value: Any, tp: Any, meta: Mapping[str, Any] | None = None) -> Any:
+def check_typed(key: str, value: Any, tp: Any, declared: FieldSpec | None = None) -> Any:
     """`value` checked against the annotation `tp` (an int is accepted where a float is declared); ConfigError
     naming the key and what is allowed. Options dataclasses nest (a field typed by another dataclass)."""
-    meta = meta or {}
+    declared = declared or FieldSpec()
     out, ok = _conform(value, tp)
     if not ok:
-        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {meta.get('allowed') or _describe(tp)}")
-    check = meta.get("check")
-    if check is not None and out is not None and not check(out):
-        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {meta.get('allowed') or 'another value'}")
+        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {declared.describe(_describe(tp))}")
+    if declared.check is not None and out is not None and not declared.check(out):
+        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {declared.describe('another value')}")
     return out
 
 

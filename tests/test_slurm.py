@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 # What a one-node, 2-core cluster can give a job (the config's defaults ask for a GPU and 8 cores).
 SLURM = ("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
          "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=5")
+PACKED_SLURM = ("hydra/launcher=packed", "hydra.launcher.inner=slurm", *(
+    f"++hydra.launcher.inner_options.{o.split('.', 2)[2]}" for o in SLURM[1:]))  # each pack one job of SLURM's
 ONE_JOB = ("eraser=control", "seed=0", "mdl.full_run=false")
 FAILING_SWEEP = ("eraser=control", "seed=0", "dataset=cifar10,digits", "++dataset.download=false")
 LONG_TRAINING_S = 85  # the time-limit job's block models, one after another: over its 1-min limit with a margin
@@ -163,6 +165,15 @@ def test_smoke_sweep_lands_every_result_with_the_local_numbers_and_a_rerun_skips
     assert rc == 0, text[-3000:]
     assert "multirun: 4/4 jobs ran: 0 done, 4 skipped, 0 failed" in text, text[-3000:]
     assert [(d / "result.json").stat().st_mtime_ns for d in slurm_dirs] == stamps
+
+    # hydra/launcher=packed on SLURM: one array task per pack (the two seeds of each eraser), the same numbers
+    rc, text = _run(tmp_path / "packed", *PACKED_SLURM)
+    assert rc == 0, text[-3000:]
+    assert "multirun: 4/4 jobs ran: 4 done, 0 skipped, 0 failed" in text, text[-3000:]
+    tasks = _slurm_jobs(tmp_path / "packed")
+    assert len(tasks) == 2 and len({t.split("_")[0] for t in tasks}) == 1, tasks  # one array of two packs
+    for s, loc in zip(_job_dirs(tmp_path / "packed"), local_dirs, strict=True):
+        assert _numbers(_result(s)) == _numbers(_result(loc)), s
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# wall times, dates and the stored config's pack size (unhashed, speed only): the keys allowed to differ
-VOLATILE = ("seconds", "timings.", "provenance.", "config.training.pack_size")
+# wall times, dates, the stored config's pack size (unhashed, speed only) and whether this job or another of the
+# sweep fitted the shared eraser (scheduling decides): the keys allowed to differ
+VOLATILE = ("seconds", "timings.", "provenance.", "config.training.pack_size", "eraser.cache_hit")
 FULL = ["experiment=demo", "logger=none", "progress=false"]  # demo's MNIST-5k, MLP, quick MDL
 QUICK = ["experiment=smoke", "mdl.max_epochs=4", "logger=none", "progress=false"]
 

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
 SEEDS = "seed=0,1,2"  # smoke's 2 erasers x 3 seeds: 6 jobs, 2 cells
 # wall times, dates and the stored config's pack size (unhashed, speed only): the only keys that may differ
-VOLATILE = ("seconds", "timings.", "provenance.", "config.training.pack_size")
+VOLATILE = ("seconds", "timings.", "provenance.", "config.training.pack_size", "eraser.cache_hit")
 
 
 def _command(out_dir: Path, *overrides: str) -> list[str]:
@@ -169,6 +169,11 @@ def test_bench_sweep_compares_every_number_but_wall_times() -> None:
     off = {"j0": {"mdl.bits_per_sample": 1.2500000000000002, "timings.mdl_s": 3.0, "mdl.blocks.0.seconds": 1.0}}
     assert differences(a, off) == ["j0: mdl.bits_per_sample 1.25 != 1.2500000000000002"]
     assert differences(a, {**same, "j1": {}}) == ["j1: only in the second run"]
+    # which job of a parallel sweep fitted the shared eraser is scheduling, not a number; what it erased is one
+    fitted = {"j0": {**a["j0"], "eraser.cache_hit": False, "eraser.report.rank": 9}}
+    assert differences(fitted, {"j0": {**a["j0"], "eraser.cache_hit": True, "eraser.report.rank": 9}}) == []
+    assert differences(fitted, {"j0": {**a["j0"], "eraser.cache_hit": True, "eraser.report.rank": 8}}) == [
+        "j0: eraser.report.rank 9 != 8"]
 
 
 def test_bench_sweep_quick_runs_both_ways_and_finds_them_equal(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from erasure.registry import Registry
@@ -56,8 +56,8 @@ class Collected:
 
 
 class Task:
-    """A task. Subclasses declare the class attributes and implement `prepare` and `run` (importing their code
-    inside the method); `__call__` runs the job in the one lifecycle (training/app/lifecycle.py)."""
+    """A task. Subclasses declare the class attributes and name their implementation (a module with `prepare` and
+    `run`, imported inside the method); `__call__` runs the job in the one lifecycle (training/app/lifecycle.py)."""
 
     name: ClassVar[str]
     uses: ClassVar[tuple[str, ...] | None] = None  # the groups it reads (hashed besides task, seed); None: all
@@ -79,13 +79,18 @@ class Task:
         """Keyword arguments of `run_in_job_dir` (precheck, describe, finite, complete, fingerprint)."""
         return {}
 
+    def implementation(self) -> ModuleType:
+        """The module with the task's `prepare(job)` and `run(prepared)`, imported here, when a job runs (the
+        declaration imports no task code); or override `prepare` and `run` themselves."""
+        raise NotImplementedError(f"task {self.name} names no implementation and overrides no prepare/run")
+
     def prepare(self, job: JobRun) -> Any:
         """The job's inputs: data loaded, labels permuted, split, erased (what `run` takes)."""
-        return job
+        return self.implementation().prepare(job)
 
     def run(self, prepared: Any) -> dict[str, Any]:
         """The job's body on its prepared inputs: result.json's fields."""
-        raise NotImplementedError(f"task {self.name} has no run()")
+        return dict(self.implementation().run(prepared))
 
     def rows(self, collected: Collected) -> dict[str, str]:
         """The task's tables for the aggregate, file name (or stem) -> Markdown; it may write files (plots, CSV) to

@@ -4,13 +4,11 @@ MNIST (training/starvation/colored_mnist.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from types import ModuleType
+from typing import Literal
 
 from training.app.tasks import Collected
 from training.tasks._starvation import NOT_AN_IMAGE_PIPELINE, POSITIVE, StarvationTask
-
-if TYPE_CHECKING:
-    from training.app.lifecycle import JobRun
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,23 +31,19 @@ class ColoredMnist(StarvationTask):
     numerics = 3  # unchanged by 4 (gs_erased_eval's erase path)
     options = ColoredMnistOptions
 
-    def prepare(self, job: JobRun) -> Any:
-        from training.starvation.colored_mnist import prepare
+    def implementation(self) -> ModuleType:
+        from training.starvation import colored_mnist
 
-        return prepare(job)
-
-    def run(self, prepared: Any) -> dict[str, Any]:
-        from training.starvation.colored_mnist import run
-
-        return run(prepared)
+        return colored_mnist
 
     def rows(self, collected: Collected) -> dict[str, str]:
         if not collected.results:
             return {}
         from scripts.aggregate_gs import cmnist_curves, colored_mnist_tables
 
-        cmnist_curves(collected.as_written(), collected.out / "gs_colored_mnist_curves.png")
-        return colored_mnist_tables(collected.as_written())
+        written = collected.as_written()
+        cmnist_curves(written, collected.out / "gs_colored_mnist_curves.png")
+        return colored_mnist_tables(written)
 
 
 TASK = ColoredMnist()

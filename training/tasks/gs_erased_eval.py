@@ -7,13 +7,14 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from training.app.tasks import Collected
 from training.tasks._starvation import StarvationTask
 
 if TYPE_CHECKING:
-    from training.app.lifecycle import JobRun, Outcome
+    from training.app.lifecycle import Outcome
     from training.app.schema import JobConfig
 
 log = logging.getLogger(__name__)
@@ -54,15 +55,10 @@ class ErasedEval(StarvationTask):
 
         return {**super().lifecycle(), "fingerprint": data_fingerprint}
 
-    def prepare(self, job: JobRun) -> Any:
-        from training.starvation.erased_eval import prepare
+    def implementation(self) -> ModuleType:
+        from training.starvation import erased_eval
 
-        return prepare(job)
-
-    def run(self, prepared: Any) -> dict[str, Any]:
-        from training.starvation.erased_eval import run
-
-        return run(prepared)
+        return erased_eval
 
     def __call__(self, config: Mapping[str, Any] | JobConfig) -> Outcome:
         from erasure.traits import eraser_traits

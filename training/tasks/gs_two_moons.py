@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from types import ModuleType
+from typing import Literal
 
 from training.app.tasks import Collected
 from training.tasks._starvation import NONNEG, NOT_AN_IMAGE_PIPELINE, POSITIVE, StarvationTask
-
-if TYPE_CHECKING:
-    from training.app.lifecycle import JobRun
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,23 +39,19 @@ class TwoMoons(StarvationTask):
     numerics = 3  # unchanged by 4 (gs_erased_eval's erase path)
     options = TwoMoonsOptions
 
-    def prepare(self, job: JobRun) -> Any:
-        from training.starvation.moons import prepare
+    def implementation(self) -> ModuleType:
+        from training.starvation import moons
 
-        return prepare(job)
-
-    def run(self, prepared: Any) -> dict[str, Any]:
-        from training.starvation.moons import run
-
-        return run(prepared)
+        return moons
 
     def rows(self, collected: Collected) -> dict[str, str]:
         if not collected.results:
             return {}
         from scripts.aggregate_gs import two_moons_boundaries, two_moons_table
 
-        two_moons_boundaries(collected.as_written(), collected.out / "gs_two_moons_boundaries.png")
-        return {"gs_two_moons": two_moons_table(collected.as_written())}
+        written = collected.as_written()
+        two_moons_boundaries(written, collected.out / "gs_two_moons_boundaries.png")
+        return {"gs_two_moons": two_moons_table(written)}
 
 
 TASK = TwoMoons()

@@ -3,13 +3,11 @@ are the aggregate's MDL pipeline (scripts/aggregate_mdl.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import Any
 
 from training.app.result_types import MdlResult
 from training.app.tasks import Collected, Task
-
-if TYPE_CHECKING:
-    from training.app.lifecycle import JobRun
 
 
 class Mdl(Task):
@@ -18,15 +16,10 @@ class Mdl(Task):
     result_type = MdlResult
     numerics = 3  # unchanged by 4 (gs_erased_eval's erase path)
 
-    def prepare(self, job: JobRun) -> Any:
-        from training.mdl.job import prepare
+    def implementation(self) -> ModuleType:
+        from training.mdl import job
 
-        return prepare(job)
-
-    def run(self, prepared: Any) -> dict[str, Any]:
-        from training.mdl.job import run
-
-        return run(prepared)
+        return job
 
     def lifecycle(self) -> dict[str, Any]:
         from training.mdl.job import LIFECYCLE  # the precheck, the data fingerprint, the finished sections

@@ -36,6 +36,12 @@ def packs_of(job_overrides: Sequence[Sequence[str]], pack_size: int | None, firs
     return [jobs[i:i + size] for jobs in cells.values() for i in range(0, len(jobs), size)]
 
 
+def seeds_of(pack: Sequence[Job]) -> list[int]:
+    """The seeds of a pack's jobs, in order (a job without a `seed=` override: none, so no pack group)."""
+    seeds = [next((o.split("=", 1)[1] for o in overrides if o.startswith("seed=")), "") for _, overrides in pack]
+    return [int(s) for s in seeds] if all(s.isdigit() for s in seeds) else []
+
+
 class PackTask:
     """The inner launcher's task function: runs the pack whose number the inner launcher gave its job (picklable:
     joblib and submitit send it to their workers). (Not a dataclass: Hydra's plugin scan executes this module
@@ -49,12 +55,13 @@ class PackTask:
         self.task_function = task_function
 
     def __call__(self, _lead: DictConfig) -> list[JobReturn]:
+        from training.common.packs import packed
         from training.data.shared import sharing
 
         pack = self.packs[int(HydraConfig.get().job.num)]
         log.info("pack of %d jobs: %s", len(pack), " ".join(str(num) for num, _ in pack))
         out = []
-        with sharing():
+        with sharing(), packed(seeds_of(pack)):
             for num, overrides in pack:
                 config = self.hydra_context.config_loader.load_sweep_config(self.sweep_config, overrides)
                 with open_dict(config):

@@ -189,6 +189,8 @@ class TrainingConfig(Section):
     fused_optimizer: Any = one_of(False, False, True, "numba", "compile", "eager")
     # hydra/launcher=packed: at most this many jobs (of one cell, differing in seed) run in one process (null: all)
     pack_size: int | None = positive_int(None, optional=True)
+    # hydra/launcher=packed: the pack's later seeds train in the first job's lockstep group (training/mdl/pack_group.py)
+    pack_group: Any = one_of("auto", "auto", True, False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,13 +51,22 @@ from training.engine.optim import OptimSettings
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
 from training.errors import NonFiniteError
+from training.mdl import pack_group
 from training.mdl.code import paper_code, prequential_code
-from training.mdl.precheck import data_fingerprint, fit_plan, load_data, precheck, with_permuted_labels
+from training.mdl.precheck import (
+    data_fingerprint,
+    fit_plan,
+    jobs_that_fit,
+    load_data,
+    precheck,
+    with_permuted_labels,
+)
 from training.mdl.splits import MdlSplit, make_split
 from training.mdl.stop_keys import say_stop_keys
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
+FitJob = tuple[torch.Tensor, object, "int | None"]  # (training rows, tag, eval_every_steps): one model to train
 
 
 def resolve_optim(cfg: JobConfig) -> OptimSettings:
@@ -110,7 +119,14 @@ class Trainer:
         self.regularizer = build_regularizer(cfg.regularizer, num_classes)
         self.x_val, self.y_val = self.data.all(split.val_idx), self.y[split.val_idx.to(device)]
         self.input_shape = tuple(int(s) for s in x.shape[1:])
+        self.x = x  # the images as given (the pack group checks a later seed's models were trained on them)
         self.model_info: dict[str, Any] = {}
+        self.pack_room = 1  # how many jobs' models fit in memory at once (a pack group: training/mdl/pack_group.py)
+
+    def for_seed(self, cfg: JobConfig) -> Trainer:
+        """This job's trainer for another seed of its configuration, on the same data (one copy on the device): a
+        pack group's companion (training/mdl/pack_group.py), with no checkpoint of its own."""
+        return Trainer(cfg, self.x, self.y, self.num_classes, split_of(cfg, len(self.y)), self.device, data=self.data)
 
     def train_set(self) -> TrainData:
         """What every model of this job trains on (raw when erased after augmentation) and validates on."""
@@ -158,10 +174,19 @@ class Trainer:
             return 1
         return max(1, int(want))
 
-    def train_many(self, jobs: list[tuple[torch.Tensor, object, int | None]], on_finish: OnFinish) -> None:
+    def train_many(self, jobs: list[FitJob], on_finish: OnFinish) -> None:
         """Train one model per (idx, tag, eval_every_steps); `on_finish(k, model, result)` as each one ends (any
         order within a group). Same numbers as `train` one by one: bitwise with the loop engine (CPU default),
-        up to float32 rounding with the stacked one (tests/test_vectorized.py)."""
+        up to float32 rounding with the stacked one (tests/test_vectorized.py). In a pack (hydra/launcher=packed)
+        the models an earlier seed's group trained for this job are taken from there, and this job's group may
+        train the pack's later seeds' models too (training/mdl/pack_group.py)."""
+        rest = pack_group.take_trained(self, jobs, on_finish)
+        if len(rest) < len(jobs):
+            self._train_many([jobs[k] for k in rest], lambda k, model, res: on_finish(rest[k], model, res), False)
+        else:
+            self._train_many(jobs, on_finish, True)
+
+    def _train_many(self, jobs: list[FitJob], on_finish: OnFinish, with_pack: bool) -> None:
         if not jobs:
             return
         first = self.member(*jobs[0])
@@ -172,6 +197,10 @@ class Trainer:
             for k, job in enumerate(jobs):
                 on_finish(k, *self._fit_one(first if k == 0 else self.member(*job), job[1]))
             return
+        if with_pack and size >= len(jobs) and (
+                others := pack_group.companions(self, self.all_models(), self.pack_room - 1)):
+            self._train_pack_group(first, jobs, others, on_finish)
+            return
         for start in range(0, len(jobs), size):
             chunk = jobs[start: start + size]
             members = [first if start == 0 and j == 0 else self.member(*job) for j, job in enumerate(chunk)]
@@ -179,10 +208,43 @@ class Trainer:
             def done(k: int, model: torch.nn.Module, res: FitResult, offset: int = start) -> None:
                 on_finish(offset + k, model, res)
 
-            fit_group(members, self.train_set(),
-                      GroupOptions(on_finish=done, progress=self.cfg.progress, compile=self.opts.compile,
-                                   engine=self.opts.engine, regularizer=self.regularizer, workers=self.opts.workers,
-                                   fused_optimizer=self.opts.fused_optimizer, checkpoint=self.checkpoint))
+            fit_group(members, self.train_set(), self.group_options(done))
+
+    def group_options(self, on_finish: OnFinish) -> GroupOptions:
+        o = self.opts
+        return GroupOptions(on_finish=on_finish, progress=self.cfg.progress, compile=o.compile, engine=o.engine,
+                            regularizer=self.regularizer, workers=o.workers, fused_optimizer=o.fused_optimizer,
+                            checkpoint=self.checkpoint)
+
+    def all_models(self) -> list[FitJob]:
+        """Every model of an MDL job (`run_mdl`): the block models, then the full-data model with `mdl.full_run`."""
+        return model_jobs(self, list(range(1, len(self.split.block_sizes))), self.cfg.mdl.full_run)
+
+    def _train_pack_group(self, first: Member, jobs: list[FitJob], others: list[pack_group.Companion],
+                          on_finish: OnFinish) -> None:
+        """This job's models and the pack's later seeds' (`others`) in one lockstep group; theirs are kept in the
+        pack for their jobs. If the group fails, this job's unfinished models train alone (its own failure is
+        raised then, as alone)."""
+        own = [first] + [self.member(*job) for job in jobs[1:]]
+        theirs = [(c, job, m) for c in others for job, m in zip(c.jobs, pack_group.members_of(c), strict=True)]
+        finished: set[int] = set()
+
+        def done(k: int, model: torch.nn.Module, res: FitResult) -> None:
+            if k < len(own):
+                on_finish(k, model, res)
+                finished.add(k)
+            else:
+                pack_group.keep_for_later(*theirs[k - len(own)][:2], model, res, theirs[k - len(own)][2])
+
+        log.info("pack group: this job's %d models and %d of seed(s) %s train in one lockstep group", len(own),
+                 len(theirs), ", ".join(str(c.seed) for c in others))
+        try:
+            fit_group(own + [m for _, _, m in theirs], TrainData(self.train_data, self.y), self.group_options(done))
+        except Exception as err:  # noqa: BLE001 - any failure: this job's own models train alone (interrupts pass)
+            left = [k for k in range(len(jobs)) if k not in finished]
+            log.warning("the pack group failed (%s: %s); this job's %d unfinished model(s) train alone",
+                        type(err).__name__, err, len(left))
+            self._train_many([jobs[k] for k in left], lambda k, model, res: on_finish(left[k], model, res), False)
 
     def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
         """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`, and the
@@ -235,6 +297,14 @@ def read_progress(progress: Progress, num_blocks: int) -> list[dict[str, Any]]:
     return blocks
 
 
+def model_jobs(trainer: Trainer, blocks: list[int], with_full: bool) -> list[FitJob]:
+    """What `Trainer.train_many` trains for an MDL job: block model i on the first i blocks, for each of `blocks`,
+    then (`with_full`) the full-data model on every non-validation row."""
+    split = trainer.split
+    jobs: list[FitJob] = [(split.prefix(i), ("block", i), None) for i in blocks]
+    return jobs + ([(split.order, "full", trainer.full_eval_every())] if with_full else [])
+
+
 def run_mdl(trainer: Trainer, progress: Progress, logger: RunLogger, with_full: bool = False
             ) -> tuple[dict[str, Any], FitResult | None]:
     """Train the B-1 block models (resuming finished ones from progress.json) and return the code, and the full-data
@@ -274,8 +344,7 @@ def run_mdl(trainer: Trainer, progress: Progress, logger: RunLogger, with_full: 
             progress.save(blocks)
             logger.log({"mdl/block": b["block"], "mdl/ce_bits": b["ce_bits"], "mdl/train_size": b["train_size"]})
 
-    jobs = [(split.prefix(i), ("block", i), None) for i in todo]
-    trainer.train_many(jobs + ([(split.order, "full", trainer.full_eval_every())] if with_full else []), on_finish)
+    trainer.train_many(model_jobs(trainer, todo, with_full), on_finish)
     ces = [b["ce_bits"] for b in blocks]
     if protocol == "prequential":
         code = prequential_code(split.block_sizes, ces, trainer.num_classes)
@@ -471,10 +540,14 @@ def prepare(job: JobRun) -> Prepared:
     erased-data cache), and the MDL split of the coded rows."""
     cfg, started = job.cfg, time.perf_counter()
     data, x, erasure_info, batches = prepare_inputs(cfg, job.loaded)
+    return Prepared(job, data, x, erasure_info, batches, split_of(cfg, len(data.y)), started)
+
+
+def split_of(cfg: JobConfig, n: int) -> MdlSplit:
+    """The job's MDL split of its `n` coded rows (validation set and blocks, drawn from its seed)."""
     m = cfg.mdl
-    split = make_split(len(data.y), cfg.seed, val_size=m.val_size, val_frac=m.val_frac,
-                       num_blocks=m.num_blocks, min_block=m.min_block)
-    return Prepared(job, data, x, erasure_info, batches, split, started)
+    return make_split(n, cfg.seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
+                      min_block=m.min_block)
 
 
 def run(prepared: Prepared) -> dict[str, Any]:
@@ -491,6 +564,7 @@ def run(prepared: Prepared) -> dict[str, Any]:
             checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
         trainer = Trainer(cfg, prepared.x, data.y, data.num_classes, split, job.device, batches=prepared.batches,
                           checkpoint=checkpoint)
+        trainer.pack_room = jobs_that_fit(cfg, data, job.device)
         log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", job.path, data.name,
                  len(data.y), len(split.val_idx), split.block_sizes, trainer.optim.lr, job.device)
         t_mdl = time.perf_counter()

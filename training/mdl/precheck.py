@@ -338,6 +338,17 @@ def _size(n: float) -> str:
     return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
+def jobs_that_fit(cfg: JobConfig, data: LoadedData, device: torch.device) -> int:
+    """How many jobs of this configuration (seeds of a pack: training/mdl/pack_group.py) can train their models at
+    once on one copy of `data` (the coded rows) in the memory the device has free: the memory estimate of a pack
+    group. Without a figure (or with the check off) as many as there are."""
+    free = available_memory(device) if os.environ.get(MEMORY_CHECK_ENV, "1") != "0" else None
+    if free is None:
+        return 1 << 30
+    est = estimate_memory(cfg, data, len(data.y), device)
+    return max(1, 1 + (free - est.total) // max(1, est.models + est.batches))
+
+
 def check_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torch.device) -> None:
     """Refuse a job whose data and models cannot fit in the memory its device has free (`available_memory`);
     `ERASURE_MDL_MEMORY_CHECK=0` skips the check."""

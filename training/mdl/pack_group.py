@@ -1,0 +1,189 @@
+"""A pack group (`hydra/launcher=packed`, `training.pack_group`): the block models of a pack's jobs in one lockstep
+group, members = jobs x blocks.
+
+The jobs of a pack differ only in seed and run one after another, each through its own lifecycle (directory, lock,
+result.json, resume). Where their training data is the same for every seed (`eraser.fit_on=all`, labels not
+permuted, no per-batch erasure), the first job to train also trains the block models of the pack's later jobs in its
+own group (each member keeps its seed's init, split, batch order and validation set), and leaves their finished
+models in the pack (training/common/packs.py). A later job takes its models from there, checks they were trained on
+exactly what it would train them on (config hash, training rows, validation rows, data, labels), and codes them as
+if it had trained them itself; anything else it trains as alone. With the loop engine a member's arithmetic does
+not depend on its group, so the numbers are bitwise those of lone jobs; the stacked engine's likewise
+(tests/test_pack_group.py checks both).
+
+Later jobs that are done, or have progress of their own (an earlier attempt), train alone; so do jobs beyond what the
+memory estimate says fits (`room`). If the group fails, the job's own unfinished models train again alone, so a
+failure of another seed's model never becomes this job's (its own failure is then raised as it would be alone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from training.app.job_paths import JobPath
+from training.app.results import RESULT_FILE
+from training.app.schema import JobConfig, config_hash
+from training.common import packs
+from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
+from training.engine.fit import FitResult, Member, snapshot
+from training.engine.group import resolve_engine
+from training.mdl.splits import MdlSplit
+
+if TYPE_CHECKING:
+    from training.mdl.job import Trainer
+
+log = logging.getLogger(__name__)
+FitJob = tuple[Tensor, object, "int | None"]  # (training rows, tag, eval_every_steps), as Trainer.train_many takes
+OnFinish = Callable[[int, nn.Module, FitResult], None]
+PROGRESS_FILE = "progress.json"
+
+
+@dataclass(frozen=True)
+class TrainedAhead:
+    """A later job's model, trained in an earlier job's group: its best state and fit, and what it was trained on."""
+
+    state: dict[str, Tensor]
+    result: FitResult
+    idx: Tensor
+    val_idx: Tensor | None
+    x: Tensor  # the (erased) images and labels its group trained on (the shared tensors: no copy)
+    y: Tensor
+
+    def fits(self, member: Member, x: Tensor, y: Tensor) -> bool:
+        """Whether it is exactly the model `member` would train on `x`, `y` (its init and batch order come from the
+        config hash, which keyed it)."""
+        def same(a: Tensor | None, b: Tensor | None) -> bool:
+            if a is None or b is None:
+                return a is b
+            return a is b or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu()))
+
+        return same(self.idx, member.idx) and same(self.val_idx, member.val_idx) and same(self.x, x) \
+            and same(self.y, y)
+
+
+def wanted(trainer: Trainer) -> bool:
+    """`training.pack_group`: true, false, or auto = where the stacked engine trains (GPU; on CPU the loop engine's
+    per-member kernels gain nothing from a larger group: scripts/bench_sweep.py --pack-group measures it)."""
+    flag = trainer.opts.pack_group
+    if flag == "auto":
+        return resolve_engine(trainer.opts.engine, trainer.device) == "stacked"
+    return bool(flag)
+
+
+def seed_free(cfg: JobConfig) -> str | None:
+    """None when every seed of the job's configuration trains on the same data and labels, else why not."""
+    if cfg.dataset.permute_labels:
+        return "dataset.permute_labels draws each seed's labels"
+    if cfg.eraser.fit_on != "all":
+        return f"eraser.fit_on={cfg.eraser.fit_on} splits each seed's rows"
+    if cfg.eraser.after_augment:
+        return "eraser.after_augment erases each batch"
+    return None
+
+
+def take_trained(trainer: Trainer, jobs: Sequence[FitJob], on_finish: OnFinish) -> list[int]:
+    """Report (`on_finish`) every model of `jobs` an earlier job of the pack trained for this one; returns the
+    indices of the others (all of them outside a pack)."""
+    pack = packs.current()
+    if pack is None or not pack.ahead:
+        return list(range(len(jobs)))
+    key, rest, used = config_hash(trainer.cfg), [], 0
+    for k, job in enumerate(jobs):
+        found = pack.take(key, _name(job[1]))
+        if found is None:
+            rest.append(k)
+            continue
+        member = trainer.member(*job)
+        if not found.fits(member, trainer.x, trainer.y):
+            log.warning("the %s trained ahead in this pack does not fit this job (other rows or data): trained "
+                        "again", member.name)
+            rest.append(k)
+            continue
+        member.model.load_state_dict(found.state)
+        member.model.eval()
+        on_finish(k, member.model, found.result)
+        used += 1
+    if used:
+        log.info("%d of this job's %d models were trained in an earlier seed's pack group (hydra/launcher=packed, "
+                 "training.pack_group)", used, len(jobs))
+    return rest
+
+
+@dataclass(frozen=True)
+class Companion:
+    """A later job of the pack whose models join this job's group."""
+
+    seed: int
+    cfg_hash: str
+    trainer: Trainer
+    jobs: list[FitJob]
+
+
+def companions(trainer: Trainer, jobs: Sequence[FitJob], room: int) -> list[Companion]:
+    """The pack's later jobs (at most `room`) whose models can train in this job's group: same data for every seed,
+    not done, no progress of their own. Their jobs are this job's (the blocks of their own split) or, where this
+    job resumes, every block of theirs."""
+    pack = packs.current()
+    cfg = trainer.cfg
+    if pack is None or room < 1 or not wanted(trainer) or seed_free(cfg) is not None:
+        return []
+    out: list[Companion] = []
+    for seed in pack.later(cfg.seed):
+        if len(out) >= room:
+            log.info("pack group: %d more seed(s) of this pack would not fit in memory with this job's models; they "
+                     "train in groups of their own", len(pack.later(cfg.seed)) - len(out))
+            break
+        job_dir = JobPath.sibling(cfg.paths.job_dir, seed)
+        if job_dir is None:
+            return []
+        if not cfg.force and _started(job_dir):
+            continue
+        other = dataclasses.replace(cfg, seed=seed, paths=dataclasses.replace(cfg.paths, job_dir=str(job_dir)))
+        sibling = trainer.for_seed(other)
+        out.append(Companion(seed, config_hash(other), sibling, _their_jobs(sibling.split, jobs)))
+    return out
+
+
+def _started(job_dir: Path) -> bool:
+    """Whether the job is done or an attempt of it saved progress (then it resumes alone, from its own files)."""
+    return any((job_dir / f).exists() for f in (RESULT_FILE, PROGRESS_FILE)) or any(job_dir.glob(CHECKPOINT_PATTERN))
+
+
+def _their_jobs(split: MdlSplit, mine: Sequence[FitJob]) -> list[FitJob]:
+    """A later seed's models for this job's `mine`: the same tags, on that seed's rows."""
+    out: list[FitJob] = []
+    for _, tag, every in mine:
+        if tag == "full":
+            out.append((split.order, tag, every))
+        elif isinstance(tag, tuple) and tag[0] == "block":
+            out.append((split.prefix(int(tag[1])), tag, every))
+        else:
+            raise ValueError(f"pack group: unknown model tag {tag!r}")
+    return out
+
+
+def members_of(companion: Companion) -> list[Member]:
+    """A companion's members, named after their seed (a group's member names are unique: its checkpoint)."""
+    members = [companion.trainer.member(*job) for job in companion.jobs]
+    return [dataclasses.replace(m, name=f"seed {companion.seed} {m.name}") for m in members]
+
+
+def keep_for_later(companion: Companion, job: FitJob, model: nn.Module, result: FitResult, member: Member) -> None:
+    pack = packs.current()
+    assert pack is not None
+    pack.ahead[(companion.cfg_hash, _name(job[1]))] = TrainedAhead(
+        snapshot(model), result, member.idx, member.val_idx, companion.trainer.x, companion.trainer.y)
+
+
+def _name(tag: object) -> str:
+    from training.mdl.job import model_name
+
+    return model_name(tag)

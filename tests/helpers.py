@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,13 @@ def kill_once_one_done_one_partial(command: Sequence[str], runs: Path, log_path:
                                    env: dict[str, str]) -> tuple[set[Path], set[Path]]:
     """Start `command` in its own process group, SIGKILL the group as soon as one job under `runs` is finished and
     another has a finished block model, and return the job states then."""
+    return kill_when(command, runs, log_path, cwd, env, lambda finished, partial: bool(finished and partial))
+
+
+def kill_when(command: Sequence[str], runs: Path, log_path: Path, cwd: Path, env: dict[str, str],
+              ready: Callable[[set[Path], set[Path]], bool]) -> tuple[set[Path], set[Path]]:
+    """Start `command` in its own process group, SIGKILL the group as soon as `ready(finished, partial)` (the job
+    states under `runs`: `job_states`), and return the job states then."""
     import signal
     import subprocess
     import time
@@ -95,7 +102,7 @@ def kill_once_one_done_one_partial(command: Sequence[str], runs: Path, log_path:
         try:
             while True:
                 finished, partial = job_states(runs)
-                if finished and partial:
+                if ready(finished, partial):
                     os.killpg(proc.pid, signal.SIGKILL)
                     break
                 assert proc.poll() is None, "ended before it was killed:\n" + log_path.read_text()

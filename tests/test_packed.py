@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hydra_plugins.erasure_mdl_packed.packed_launcher import packs_of
-from tests.helpers import kill_once_one_done_one_partial
+from tests.helpers import kill_once_one_done_one_partial, kill_when
 from training.app.lifecycle import PROGRESS_FILE
 from training.data import shared
 from training.data.cache import cached_erase
@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
 SEEDS = "seed=0,1,2"  # smoke's 2 erasers x 3 seeds: 6 jobs, 2 cells
 # wall times, dates and the stored config's pack size (unhashed, speed only): the only keys that may differ
-VOLATILE = ("seconds", "timings.", "provenance.", "config.training.pack_size", "eraser.cache_hit")
+VOLATILE = ("seconds", "timings.", "provenance.", "config.training.pack_size", "config.training.pack_group",
+            "eraser.cache_hit")
 
 
 def _command(out_dir: Path, *overrides: str) -> list[str]:
@@ -62,6 +63,7 @@ def test_packed_jobs_equal_lone_jobs_each_in_its_own_directory(tmp_path: Path, l
     text = _sweep(tmp_path, SEEDS, "hydra/launcher=packed")
     assert "6 jobs in 2 packs, run by hydra/launcher=local" in text
     assert "pack of 3 jobs" in text and "multirun: 6/6 jobs ran: 6 done, 0 skipped, 0 failed" in text
+    assert "pack group" not in text  # training.pack_group=auto: not with the loop engine (CPU)
     assert "cache hit (shared in this process)" in text  # the leace pack's seeds 1 and 2
     packed = _results(tmp_path)
     assert sorted(packed) == sorted(lone)  # the same job directories, one result.json each
@@ -111,6 +113,24 @@ def test_killed_pack_resumes_each_of_its_jobs(tmp_path: Path, lone: dict[str, An
     assert "resuming after block model" in text
     assert "multirun: 6/6 jobs ran: 5 done, 1 skipped, 0 failed" in text
     assert not list(runs.rglob(PROGRESS_FILE)) and (killed / "result.json").is_file()
+    assert _results(out) == lone
+
+
+def test_a_pack_killed_in_its_pack_group_resumes_each_of_its_jobs(tmp_path: Path, lone: dict[str, Any]) -> None:
+    """Killed while the first job's group trains every seed's models (a block of seed 0 saved, no job done): the
+    rerun resumes seed 0 after its saved blocks, its group takes the later seeds' models again, numbers == lone."""
+    out, runs = tmp_path / "killed", tmp_path / "killed/runs"
+    command = _command(out, SEEDS, "hydra/launcher=packed", "training.pack_group=true")
+    finished, partial = kill_when(command, runs, tmp_path / "first.log", REPO, ENV,
+                                  lambda finished, partial: bool(partial) and not finished)
+    assert not finished and len(partial) == 1, (finished, partial)
+    assert "pack group: this job's 6 models and 12 of seed(s) 1, 2" in (tmp_path / "first.log").read_text()
+    rerun = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    text = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, text[-3000:]
+    assert "resuming after block model" in text and "and 12 of seed(s) 1, 2 train in one lockstep group" in text
+    assert "multirun: 6/6 jobs ran: 6 done, 0 skipped, 0 failed" in text
+    assert "were not used" not in text
     assert _results(out) == lone
 
 

@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from training.common import interrupt
+from training.common import env, interrupt
 
 log = logging.getLogger(__name__)
 EXIT_STATUS = 128 + int(signal.SIGTERM)
@@ -61,9 +61,9 @@ class Preempted(SystemExit):
 
 def _submitit_signal() -> signal.Signals | None:
     """The signal submitit uses for time limits (USR2 unless SUBMITIT_PREEMPT_SIGNAL), when in a submitit job."""
-    if not os.environ.get("SUBMITIT_EXECUTOR"):
+    if env.submitit_executor() is None:
         return None
-    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+    return getattr(signal, "SIG" + env.submitit_preempt_signal(), None)
 
 
 @contextmanager

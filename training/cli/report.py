@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import NoReturn
 from hydra.errors import CompactHydraException
 
 from training.app.schema import ConfigError
+from training.common import env
 from training.errors import UserError
 from training.errors import user_error_line as _line
 
@@ -28,7 +28,7 @@ class SweepJobFailed(UserError, CompactHydraException):
 
 
 def full_error() -> bool:
-    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+    return env.hydra_full_error()
 
 
 def user_error_line(err: BaseException) -> str | None:

@@ -21,17 +21,11 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from training.common import env
+
 log = logging.getLogger(__name__)
-LOG_EVERY_ENV = "ERASURE_MDL_LOCK_LOG_EVERY"
-DEFAULT_LOG_EVERY = 60.0
-
-
-def log_every() -> float:
-    """Seconds between "still waiting" lines (env ERASURE_MDL_LOCK_LOG_EVERY, default 60)."""
-    try:
-        return max(0.01, float(os.environ.get(LOG_EVERY_ENV, DEFAULT_LOG_EVERY)))
-    except ValueError:
-        return DEFAULT_LOG_EVERY
+LOG_EVERY_ENV = env.LOCK_LOG_EVERY
+log_every = env.lock_log_every  # seconds between "still waiting" lines (env ERASURE_MDL_LOCK_LOG_EVERY, default 60)
 
 
 def holder_path(lock_path: Path) -> Path:

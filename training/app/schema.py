@@ -179,10 +179,11 @@ def with_defaults(data: Mapping[str, Any], cls: type[Section] = JobConfig) -> di
 
 def _data_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     from erasure.registry import ERASERS
+    from erasure.traits import eraser_traits
 
     if name not in ERASERS:
         return dict(options)
-    runtime = set(ERASERS.meta(name).get("runtime_options", ()))
+    runtime = eraser_traits(name).runtime_options
     return {k: v for k, v in options.items() if k not in runtime}
 
 

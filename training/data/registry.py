@@ -99,10 +99,26 @@ class DatasetCfg(Protocol):
 
 
 Loader = Callable[[DatasetCfg, Path], LoadedData]
+
+
+@dataclass(frozen=True)
+class DatasetTraits:
+    """What a dataset declares where it registers (`@register("gaussian", options=GaussianOptions, generator=True)`)."""
+
+    options: type[Any] | None = None  # the dataclass of its own keys (`dataset.n`, ...); None: it has none
+    generator: bool = False  # it draws fresh samples (what eraser.fit_on=oracle fits on)
+
+
 # Loaders register themselves (`@register("name", options=TheirOptions)`) in their module; training/data/__init__.py
 # lists the modules.
-DATASETS: Registry[Loader] = Registry("dataset")
+DATASETS: Registry[Loader] = Registry("dataset", declares=DatasetTraits)
 register = DATASETS.register
+
+
+def dataset_traits(name: str) -> DatasetTraits:
+    """What dataset `name` declared at registration (UnknownNameError, listing the names, for one not registered)."""
+    declared: DatasetTraits = DATASETS.declared(name)
+    return declared
 
 
 def _fixed_shuffle(data: LoadedData) -> LoadedData:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from erasure.registry import ERASERS
-from models.registry import ARCHS
+from models.registry import arch_traits
 from training.app.lifecycle import JobRun, Outcome, Progress, run_in_job_dir
 from training.app.schema import JobConfig, MdlConfig
 from training.app.wandb_logger import RunLogger
@@ -151,7 +151,7 @@ class Trainer:
         reason = why_not_vectorized(first.model, first.optimizer, self.regularizer, engine)
         if str(want) == "auto":
             # training.parallel_models=auto vectorises small models (launch-bound), as their registry entry says
-            auto = bool(ARCHS.meta(self.cfg.arch.name)["vectorises"]) and reason is None
+            auto = arch_traits(self.cfg.arch.name).vectorises and reason is None
             return count if auto else 1
         if int(want) > 1 and reason is not None:
             log.warning("training.parallel_models=%s ignored: %s; training one model at a time", want, reason)

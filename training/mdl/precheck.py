@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from erasure.traits import eraser_traits
-from models.registry import ARCHS
+from models.registry import arch_traits
 from training.app.lifecycle import DataOnDisk
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import ConfigError, JobConfig, config_hash
@@ -257,7 +257,7 @@ def models_at_once(cfg: JobConfig, models: int, not_vectorised: str | None) -> i
     if not_vectorised is not None:
         return 1
     if want == "auto":
-        return models if ARCHS.meta(cfg.arch.name)["vectorises"] else 1
+        return models if arch_traits(cfg.arch.name).vectorises else 1
     return max(1, min(int(want), models))
 
 

@@ -19,10 +19,11 @@ from typing import Any
 
 import pandas as pd
 
-from scripts.aggregate_rows import Progress, Recorded
+from scripts.aggregate_rows import Recorded
 from scripts.tables import PROBES
 from training.app.job_paths import JobPath
 from training.app.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
+from training.app.lifecycle import SavedProgress
 from training.app.result_codec import FIT_DEFAULTS, REPEAT_KEY, MalformedResultError, legacy_fold, read
 from training.app.result_types import BlockRecord, Certificate, MdlRecord, MdlResult, Result, number
 from training.app.results import same_config, stored_config
@@ -395,8 +396,11 @@ def _unfinished_row(cell: dict[str, Any], job_dir: Path, failed: dict[str, str])
     if str(job_dir) in failed:
         row.update(status="failed", error=failed[str(job_dir)])
     elif progress is not None:
-        blocks = Progress.of(progress).blocks if isinstance(progress, dict) else None
-        row.update(status="partial", error=f"{len(blocks) if isinstance(blocks, list) else 0} block models finished")
+        try:
+            blocks = len(SavedProgress.from_json(progress).blocks)
+        except ValueError:
+            blocks = 0
+        row.update(status="partial", error=f"{blocks} block models finished")
     return row
 
 

@@ -89,14 +89,3 @@ class ProbeRow:
     @property
     def zs(self) -> tuple[Any, Any]:
         return self.acc_z, self.loss_z
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A running or killed job's progress.json (training/app/lifecycle.py): the block models it finished."""
-
-    blocks: Any = None
-
-    @classmethod
-    def of(cls, value: Mapping[str, Any]) -> Progress:
-        return _of(cls, value)

@@ -81,13 +81,13 @@ def exit_user_error(line: str, err: BaseException | None = None) -> NoReturn:
 
 def interrupted_line(job_dir: Path) -> str:
     """What a Ctrl-C kept of the job in `job_dir`, and how to go on."""
-    from training.app.lifecycle import PROGRESS_FILE
-    from training.common.files import read_json
+    from training.app.lifecycle import PROGRESS_FILE, SavedProgress
 
     try:
-        blocks = len((read_json(job_dir / PROGRESS_FILE) or {}).get("blocks", []))
-    except (OSError, ValueError, AttributeError):
-        blocks = 0
+        saved = SavedProgress.read(job_dir / PROGRESS_FILE)
+    except (OSError, ValueError):
+        saved = None
+    blocks = 0 if saved is None else len(saved.blocks)
     kept = (f"{blocks} finished MDL block model{'s' if blocks != 1 else ''} kept in {job_dir / PROGRESS_FILE}"
             if blocks else f"no finished MDL block to keep ({job_dir})")
     return f"interrupted (Ctrl-C): {kept}; rerun the same command to resume"

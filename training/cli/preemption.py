@@ -35,6 +35,7 @@ import os
 import signal
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -226,7 +227,7 @@ def workers(root: int) -> list[int]:
 
 def descendants(root: int) -> list[int]:
     """Every live process below `root` (children, their children, ...), from /proc; [] where there is none."""
-    children: dict[int, list[int]] = {}
+    children: defaultdict[int, list[int]] = defaultdict(list)  # pid -> its children (none: [])
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -237,12 +238,12 @@ def descendants(root: int) -> list[int]:
         try:
             with open(f"/proc/{name}/stat") as f:
                 fields = f.read().rpartition(")")[2].split()
-            children.setdefault(int(fields[1]), []).append(int(name))
+            children[int(fields[1])].append(int(name))
         except (OSError, IndexError, ValueError):
             continue
     out, todo = [], [root]
     while todo:
-        for child in children.get(todo.pop(), []):
+        for child in children[todo.pop()]:
             out.append(child)
             todo.append(child)
     return _alive(out)

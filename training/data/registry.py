@@ -40,6 +40,9 @@ class LoadedData:
     y: Tensor  # (n,) int64 in 0..K-1
     num_classes: int
     info: dict[str, Any] = field(default_factory=dict)
+    # content_hash's memo: (the tensors' identity and version counters, their hash)
+    _content_memo: tuple[tuple[int, int, int, int], str] | None = field(default=None, init=False, repr=False,
+                                                                      compare=False)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -55,14 +58,14 @@ class LoadedData:
         """Hash of the tensors' bytes: the dataset's identity in cache keys (and `info["fingerprint"]`).
         Remembered for the same tensors while they are not modified in place (their version counters)."""
         stamp = (id(self.x), self.x._version, id(self.y), self.y._version)
-        memo = self.__dict__.get("_content_memo")
+        memo = self._content_memo
         if memo is not None and memo[0] == stamp:
             return memo[1]
         h = hashlib.sha256()
         h.update(self.x.contiguous().numpy().tobytes())
         h.update(self.y.contiguous().numpy().tobytes())
         digest = h.hexdigest()[:16]
-        self.__dict__["_content_memo"] = (stamp, digest)
+        self._content_memo = (stamp, digest)
         return digest
 
 
@@ -143,8 +146,7 @@ def _own_copy(data: LoadedData) -> LoadedData:
     from training.data.shared import fresh
 
     out = LoadedData(data.name, data.x, data.y, data.num_classes, fresh(data.info))
-    if "_content_memo" in data.__dict__:
-        out.__dict__["_content_memo"] = data.__dict__["_content_memo"]
+    out._content_memo = data._content_memo
     return out
 
 

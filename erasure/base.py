@@ -17,6 +17,7 @@ from .moments import check_labels, flatten_features
 from .threads import single_threaded
 
 FORMAT = "erasure-mdl/eraser-v1"
+ENVELOPE = ("format", "name", "info", "state")  # what an eraser file holds (`Eraser.save`)
 _REGISTRY: dict[str, type[Eraser]] = {}
 _CHUNK_BYTES = 256 * 2**20  # float64 working memory per applied chunk
 
@@ -91,7 +92,7 @@ class Eraser:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"format": FORMAT, "name": self.name, "info": self.info,
-                   "state": {k: v.detach().cpu() for k, v in self.state.items()}}
+                   "state": {k: v.detach().cpu() for k, v in self.state.items()}}  # ENVELOPE
         atomic_write(path, lambda tmp: torch.save(payload, tmp))  # a reader never sees half a file
 
     def __repr__(self) -> str:
@@ -101,7 +102,7 @@ class Eraser:
 def load(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> Eraser:
     """Load an eraser written by `Eraser.save`."""
     payload = torch.load(Path(path), map_location=map_location, weights_only=True)
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+    if not isinstance(payload, dict) or any(k not in payload for k in ENVELOPE) or payload["format"] != FORMAT:
         raise ValueError(f"{path} is not an eraser file written by erasure.save (format {FORMAT})")
     name = payload["name"]
     if name not in _REGISTRY:

@@ -5,8 +5,12 @@
     @ERASERS.register("leace", family="linear", kind="map")
     def fit_leace(x, y, *, rtol=None): ...
 
-    ERASERS.get("leace")            # the registered object
+    ERASERS.get("leace")            # the registered object (UnknownNameError for a name not registered)
     ERASERS.meta("leace")["family"] # its metadata
+
+A registry may declare its metadata as a frozen dataclass (`Registry("dataset", declares=DatasetTraits)`): each
+entry's metadata is then built into it at registration (an unknown or missing key is refused there), and
+`declared(name)` returns it, read as attributes.
 
 An entry registers itself where it is defined, when its module is imported. Nothing is discovered: each registry's
 package imports its member modules by an explicit list in its `__init__.py` (erasure/, models/, training/data/), so
@@ -17,6 +21,7 @@ It lives in erasure/ because that is the bottom layer: models/ and training/ may
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -34,12 +39,19 @@ class Entry(Generic[T]):
     name: str
     obj: T
     meta: Mapping[str, Any] = field(default_factory=dict)
+    declared: Any = None  # the metadata as the registry's declaration dataclass (None: it declares none)
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, meta: Sequence[str] = ()) -> None:
+    def __init__(self, kind: str, meta: Sequence[str] = (), declares: type[Any] | None = None) -> None:
+        """`meta`: the metadata keys every entry must give; `declares`: a frozen dataclass of the metadata (its
+        fields without a default are then the required keys)."""
         self.kind = kind
-        self._required = tuple(meta)
+        self._declares = declares
+        fields = dataclasses.fields(declares) if declares is not None else ()
+        required = [f.name for f in fields if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]
+        self._required = tuple(meta) + tuple(required)
         self._entries: dict[str, Entry[T]] = {}
 
     def register(self, name: str, **meta: Any) -> Callable[[T], T]:
@@ -57,7 +69,14 @@ class Registry(Generic[T]):
         old = self._entries.get(name)
         if old is not None and old.obj is not obj and _origin(old.obj) != _origin(obj):
             raise ValueError(f"{self.kind} {name!r} is registered twice ({_origin(old.obj)} and {_origin(obj)})")
-        self._entries[name] = Entry(name, obj, MappingProxyType(dict(meta)))
+        declared = None
+        if self._declares is not None:
+            unknown = sorted(set(meta) - {f.name for f in dataclasses.fields(self._declares)})
+            if unknown:
+                raise TypeError(f"{self.kind} {name!r}: unknown metadata {unknown}; declared: "
+                                f"{[f.name for f in dataclasses.fields(self._declares)]}")
+            declared = self._declares(**meta)
+        self._entries[name] = Entry(name, obj, MappingProxyType(dict(meta)), declared)
 
     def entry(self, name: str) -> Entry[T]:
         if name not in self._entries:
@@ -69,6 +88,12 @@ class Registry(Generic[T]):
 
     def meta(self, name: str) -> Mapping[str, Any]:
         return self.entry(name).meta
+
+    def declared(self, name: str) -> Any:
+        """The entry's metadata as the registry's declaration dataclass (`declares`)."""
+        if self._declares is None:
+            raise TypeError(f"the {self.kind} registry declares no metadata dataclass")
+        return self.entry(name).declared
 
     def names(self) -> list[str]:
         return sorted(self._entries)

@@ -59,12 +59,19 @@ class EraserTraits:
     runtime_options: frozenset[str] = frozenset()  # options that do not change the erased data (not hashed)
     from_moments: Callable[..., Any] | None = None  # a fit from accumulated class moments (erasure/streaming.py)
 
+    def __post_init__(self) -> None:  # the declaration's values, whatever container they came in, frozen
+        object.__setattr__(self, "identity", bool(self.identity))
+        object.__setattr__(self, "holdout_options", MappingProxyType(dict(self.holdout_options)))
+        object.__setattr__(self, "runtime_options", frozenset(self.runtime_options))
+
     def defaults(self) -> dict[str, Any]:
         return {f.name: getattr(self.options(), f.name) for f in dataclasses.fields(self.options)}
 
 
-_KNOWN_META = {"family", "kind", "defaults", "needs_labels", "identity", "holdout_options", "rank_hint", "batch_noise",
-             "runtime_options", "from_moments"}
+_READ_HERE = {"family", "kind", "defaults", "needs_labels"}  # the rest is passed to EraserTraits as declared
+_DECLARED = {f.name for f in dataclasses.fields(EraserTraits) if f.default is not dataclasses.MISSING
+             or f.default_factory is not dataclasses.MISSING}
+_KNOWN_META = _READ_HERE | _DECLARED
 
 
 _READ: dict[str, tuple[Any, EraserTraits]] = {}  # name -> (the entry read, its traits)
@@ -85,13 +92,11 @@ def _traits(name: str, fitter: Callable[..., Any], meta: Mapping[str, Any]) -> E
         raise TypeError(f"eraser {name!r}: unknown metadata {sorted(unknown)}; known: {sorted(_KNOWN_META)}")
     if meta["kind"] not in ("map", "edit"):
         raise TypeError(f"eraser {name!r}: kind must be map or edit; got {meta['kind']!r}")
+    declared = {k: v for k, v in meta.items() if k in _DECLARED}  # the optional properties: defaults in EraserTraits
     return EraserTraits(
         name=name, family=str(meta["family"]), has_map=meta["kind"] == "map",
         options=_options_class(name, _defaults(fitter, meta)), needs_labels=_needs_labels(name, fitter, meta),
-        identity=bool(meta.get("identity", False)),
-        holdout_options=MappingProxyType(dict(meta.get("holdout_options", {}))), rank_hint=meta.get("rank_hint"),
-        batch_noise=meta.get("batch_noise"), runtime_options=frozenset(meta.get("runtime_options", ())),
-        from_moments=meta.get("from_moments"))
+        **declared)
 
 
 def _defaults(fitter: Callable[..., Any], meta: Mapping[str, Any]) -> dict[str, Any]:

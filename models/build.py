@@ -14,7 +14,7 @@ from models.mup_utils import (
     on_meta,
     param_count,
 )
-from models.registry import ARCHS, Arch
+from models.registry import ARCHS, Arch, arch_traits
 
 
 class Spec(Protocol):
@@ -51,12 +51,12 @@ def build_model(
     spec = make_spec(arch, input_shape, num_classes)
     model = spec.build()
     mode = parametrization or arch.parametrization
-    meta = ARCHS.meta(name)
-    base_width = arch.base_width or int(meta["base_width"])
+    declared = arch_traits(name)
+    base_width = arch.base_width or declared.base_width
     if mode == "mup":
         base = on_meta(spec.with_width(base_width).build)
         delta = on_meta(spec.with_width(2 * base_width).build)
-        apply_mup(model, base, delta, meta["init"])
+        apply_mup(model, base, delta, declared.init)
         _check_width_dims(model, getattr(spec, "fixed_modules", ()))
     elif mode == "sp":
         apply_sp(model)
@@ -93,7 +93,7 @@ def depth_lr_multiplier(arch: Arch) -> float:
     """(L_base / L)^exponent (the architecture's `depth_exponent`: 3/2 for MLPs, 1/2 otherwise); L counts
     blocks, L_base at `arch.base_depth` (2)."""
     ratio = _depth_blocks(arch, arch.base_depth) / _depth_blocks(arch)
-    return float(ratio ** ARCHS.meta(arch.name)["depth_exponent"])
+    return float(ratio ** arch_traits(arch.name).depth_exponent)
 
 
 def make_optimizer(

@@ -15,7 +15,8 @@ A Spec class has `from_arch(arch, input_shape, num_classes)`, `with_width(w)`, `
 
 from __future__ import annotations
 
-from dataclasses import Field
+from collections.abc import Callable
+from dataclasses import Field, dataclass
 from typing import Any, ClassVar, Protocol
 
 from erasure.registry import Registry
@@ -43,5 +44,22 @@ class Arch(Protocol):
     def options(self) -> Any: ...  # the architecture's own options dataclass
 
 
+@dataclass(frozen=True)
+class ArchTraits:
+    """What an architecture declares where it registers (see above)."""
+
+    vectorises: bool
+    base_width: int
+    depth_exponent: float
+    init: Callable[..., Any]
+    options: type[Any] | None = None
+
+
 # The architecture modules that fill it are listed in models/__init__.py.
-ARCHS: Registry[Any] = Registry("architecture", meta=("vectorises", "base_width", "depth_exponent", "init"))
+ARCHS: Registry[Any] = Registry("architecture", declares=ArchTraits)
+
+
+def arch_traits(name: str) -> ArchTraits:
+    """What architecture `name` declared at registration (UnknownNameError for one not registered)."""
+    declared: ArchTraits = ARCHS.declared(name)
+    return declared

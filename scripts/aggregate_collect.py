@@ -19,9 +19,11 @@ from typing import Any
 
 import pandas as pd
 
-from scripts.aggregate_rows import LedgerEntry, Progress, Recorded
+from scripts.aggregate_rows import Recorded
 from scripts.tables import PROBES
 from training.app.job_paths import JobPath
+from training.app.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
+from training.app.lifecycle import SavedProgress
 from training.app.result_codec import FIT_DEFAULTS, REPEAT_KEY, MalformedResultError, legacy_fold, read
 from training.app.result_types import BlockRecord, Certificate, MdlRecord, MdlResult, Result, number
 from training.app.results import same_config, stored_config
@@ -381,12 +383,11 @@ def failed_jobs(ledger_roots: Iterable[Path]) -> dict[str, str]:
     """job_dir -> error, from multirun ledgers (training/cli/ledger.py); the latest entry per job wins."""
     latest: dict[str, LedgerEntry] = {}
     for root in ledger_roots:
-        for path in sorted(root.glob(".multirun/*/job-*.json")):  # run ids sort by time
-            parsed = _read(path)
-            entry = LedgerEntry.of(parsed) if isinstance(parsed, dict) else None
-            if entry is not None and isinstance(entry.job_dir, str):
+        for path in sorted(root.glob(f".multirun/*/{ENTRY_GLOB}")):  # run ids sort by time
+            entry = read_entry(path)
+            if entry is not None:
                 latest[str(Path(entry.job_dir))] = entry
-    return {d: str(e.error) for d, e in latest.items() if e.status == "failed"}
+    return {d: e.error or "" for d, e in latest.items() if e.status == "failed"}
 
 
 def _unfinished_row(cell: dict[str, Any], job_dir: Path, failed: dict[str, str]) -> dict[str, Any]:
@@ -395,8 +396,11 @@ def _unfinished_row(cell: dict[str, Any], job_dir: Path, failed: dict[str, str])
     if str(job_dir) in failed:
         row.update(status="failed", error=failed[str(job_dir)])
     elif progress is not None:
-        blocks = Progress.of(progress).blocks if isinstance(progress, dict) else None
-        row.update(status="partial", error=f"{len(blocks) if isinstance(blocks, list) else 0} block models finished")
+        try:
+            blocks = len(SavedProgress.from_json(progress).blocks)
+        except ValueError:
+            blocks = 0
+        row.update(status="partial", error=f"{blocks} block models finished")
     return row
 
 

@@ -89,27 +89,3 @@ class ProbeRow:
     @property
     def zs(self) -> tuple[Any, Any]:
         return self.acc_z, self.loss_z
-
-
-@dataclass(frozen=True)
-class LedgerEntry:
-    """A job's status file in a multirun ledger (training/cli/ledger.py: `.multirun/<id>/job-*.json`)."""
-
-    job_dir: Any = None  # not a string: not an entry the aggregate can place
-    status: Any = None
-    error: Any = ""
-
-    @classmethod
-    def of(cls, value: Mapping[str, Any]) -> LedgerEntry:
-        return _of(cls, value)
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A running or killed job's progress.json (training/app/lifecycle.py): the block models it finished."""
-
-    blocks: Any = None
-
-    @classmethod
-    def of(cls, value: Mapping[str, Any]) -> Progress:
-        return _of(cls, value)

@@ -277,10 +277,11 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
     from hydra.core.utils import JobReturn, JobStatus
     from omegaconf import OmegaConf
 
+    from training.app.ledger_entry import read_ledger
     from training.app.lifecycle import Outcome
     from training.app.result_codec import decode, encode
     from training.app.results import JobDir
-    from training.cli.ledger import LEDGER_ENV, JobStatusCallback, read_ledger, summary_line
+    from training.cli.ledger import LEDGER_ENV, JobStatusCallback, summary_line
 
     ledger = tmp_path / "ledger"
     ledger.mkdir()
@@ -316,12 +317,10 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
     run(2, lambda: Outcome("skipped", dirs[2], encode(JobDir(dirs[2], h).finished())))
     run(3, lambda: Outcome("reused", dirs[3], result))  # the same configuration's result in its pre-v2 directory
     run(4, lambda: ValueError("bad"))
-    entries = sorted(read_ledger(ledger), key=lambda e: e["num"])
-    assert [(e["status"], e.get("reason")) for e in entries] == [("done", None),
-                                                                 ("skipped", "done by another run"),
-                                                                 ("skipped", None), ("skipped", None),
-                                                                 ("failed", None)]
-    assert entries[4]["error"] == "ValueError: bad"
+    entries = read_ledger(ledger)
+    assert [(e.status, e.reason) for e in entries] == [("done", None), ("skipped", "done by another run"),
+                                                       ("skipped", None), ("skipped", None), ("failed", None)]
+    assert entries[4].error == "ValueError: bad"
     assert "5/5 jobs ran: 1 done, 3 skipped (1 done by another run), 1 failed" in summary_line(entries, 5)
 
 

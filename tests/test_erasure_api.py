@@ -59,6 +59,11 @@ def test_load_rejects_foreign_files(tmp_path: Path) -> None:
     torch.save({"hello": 1}, tmp_path / "x.pt")
     with pytest.raises(ValueError, match="not an eraser file"):
         erasure.load(tmp_path / "x.pt")
+    from erasure.base import FORMAT
+
+    torch.save({"format": FORMAT, "info": {}}, tmp_path / "half.pt")  # the format, not the rest: no KeyError
+    with pytest.raises(ValueError, match="not an eraser file"):
+        erasure.load(tmp_path / "half.pt")
 
 
 def test_report_is_a_copy(images: tuple[Tensor, Tensor]) -> None:

@@ -17,6 +17,7 @@ infinity is never written (NonFiniteError, one line). One-line errors and the mu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -43,6 +44,31 @@ PROGRESS_FILE = "progress.json"
 
 
 @dataclass(frozen=True)
+class SavedProgress:
+    """What progress.json holds: the units finished (MDL block models) by a run of the configuration `config_hash`
+    (read by the job to resume, by the Ctrl-C line and by the aggregate for its partial jobs)."""
+
+    blocks: list[Any]
+    config_hash: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config_hash": self.config_hash, "blocks": self.blocks}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> SavedProgress:
+        """ValueError for what is not `{"config_hash", "blocks": [...]}`."""
+        if not isinstance(raw, dict) or "blocks" not in raw or not isinstance(raw["blocks"], list):
+            raise ValueError("no list of blocks")
+        return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
+
+    @classmethod
+    def read(cls, path: Path) -> SavedProgress | None:
+        """The file's content; None if absent; ValueError if it is not progress (unparsable files count as absent)."""
+        raw = read_json(path)
+        return None if raw is None else cls.from_json(raw)
+
+
+@dataclass(frozen=True)
 class Progress:
     """The job's resumable units (MDL block models), saved after each one finishes; cleared with the result."""
 
@@ -52,16 +78,15 @@ class Progress:
     def load(self) -> list[Any] | None:
         """The saved units of this configuration; None if absent or another configuration's; a file that is not
         `{"config_hash", "blocks": [...]}` is warned about and ignored."""
-        saved = read_json(self.path)
-        if saved is None:
+        try:
+            saved = SavedProgress.read(self.path)
+        except ValueError as err:
+            log.warning("ignoring malformed %s (%s); starting the MDL blocks over", self.path, err)
             return None
-        if not isinstance(saved, dict) or not isinstance(saved.get("blocks"), list):
-            log.warning("ignoring malformed %s (no list of blocks); starting the MDL blocks over", self.path)
-            return None
-        return saved["blocks"] if saved.get("config_hash") == self.cfg_hash else None
+        return saved.blocks if saved is not None and saved.config_hash == self.cfg_hash else None
 
     def save(self, units: list[Any]) -> None:
-        atomic_write_json(self.path, {"config_hash": self.cfg_hash, "blocks": units})
+        atomic_write_json(self.path, SavedProgress(units, self.cfg_hash).to_json())
 
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)

@@ -47,11 +47,11 @@ def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
 
 def _check_fit_data(job: JobConfig) -> None:
     """The fitting modes that need a kind of dataset: oracle a generator (fresh draws), pool a `dataset.limit`."""
-    from training.data.registry import DATASETS
+    from training.data.registry import DATASETS, dataset_traits
 
     e, name = job.eraser, job.dataset.name
-    if e.fit_on == "oracle" and not DATASETS.meta(name).get("generator"):
-        generators = ", ".join(n for n in DATASETS.names() if DATASETS.meta(n).get("generator"))
+    if e.fit_on == "oracle" and not dataset_traits(name).generator:
+        generators = ", ".join(n for n in DATASETS.names() if dataset_traits(n).generator)
         raise ConfigError(f"eraser.fit_on=oracle is not allowed: dataset {name} is not a generator (fresh draws need "
                           f"one: {generators}); use eraser.fit_on=holdout or all")
     if e.fit_on == "oracle" and job.dataset.permute_labels:

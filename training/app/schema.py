@@ -21,7 +21,8 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from training.app.loading import (
     CONF_DIR,
@@ -73,6 +74,7 @@ HASH_VERSION = 2  # 1: every key but a fixed list of groups (before the typed co
 # A job is hashed under its task's own version (`Task.numerics`, the last version that changed that task's numbers;
 # by default this latest one), so a change to one task's numbers does not invalidate the others' results.
 NUMERICS = 4
+_R = TypeVar("_R")
 
 
 def numerics_of(task: str) -> int:
@@ -95,28 +97,77 @@ def semantic(cfg: Mapping[str, Any] | Section, fill_defaults: bool = True) -> di
     plain = cfg.to_dict() if isinstance(cfg, Section) else cfg
     data = {k: v for k, v in plain.items() if k not in NON_CONFIG_KEYS}
     out = _semantic(JobConfig, data, fill_defaults)
-    uses = _task_uses(str(data.get("task", "mdl")))
+    uses = _task_uses(_task(out))
     if uses is not None:
         out = _only(out, ("task", "seed", *uses))
-    eraser = out.get("eraser")
-    if isinstance(eraser, dict) and isinstance(eraser.get("options"), dict):
-        eraser["options"] = _data_options(str(eraser.get("name")), eraser["options"])
-    if isinstance(eraser, dict) and "fit_on" in eraser:  # keys the fitting mode does not read: not hashed
-        used = fit_keys_used(eraser["fit_on"], eraser.get("fit_source"))
-        out["eraser"] = {k: v for k, v in eraser.items() if k not in FIT_KEYS or k in used}
-    if isinstance(out.get("eraser"), dict) and not _batch_erasing(out["eraser"], out.get("dataset")):
-        out["eraser"].pop("after_augment", None)  # nothing is erased per batch: the key changes nothing
+    raw = _RawJob.of(out)
+    if isinstance(raw.eraser, dict):
+        out["eraser"] = _hashed_eraser(raw.eraser, _RawEraser.of(raw.eraser), raw.dataset)
     return out
 
 
-def _batch_erasing(eraser: Mapping[str, Any], dataset: Any) -> bool:
+def _raw_view(cls: type[_R], section: Mapping[str, Any]) -> _R:
+    """The keys of a raw config section that `cls` declares (those it lacks read as the field's default)."""
+    return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls) if f.name in section})  # type: ignore[arg-type]
+
+
+# Typed views of a raw (semantic, unchecked or stored) config, for the hash rules below: tolerant, so any value
+# may be of any type; a key the section lacks reads ABSENT.
+ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "ABSENT"})()
+
+
+@dataclass(frozen=True)
+class _RawJob:
+    eraser: Any = ABSENT
+    dataset: Any = ABSENT
+
+    @classmethod
+    def of(cls, out: Mapping[str, Any]) -> _RawJob:
+        return _raw_view(cls, out)
+
+
+@dataclass(frozen=True)
+class _RawEraser:
+    name: Any = None
+    options: Any = ABSENT
+    fit_on: Any = ABSENT
+    fit_source: Any = None
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any]) -> _RawEraser:
+        return _raw_view(cls, section)
+
+
+@dataclass(frozen=True)
+class _RawDataset:
+    zscore: Any = False
+    zscore_order: Any = None
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any]) -> _RawDataset:
+        return _raw_view(cls, section)
+
+
+def _hashed_eraser(section: dict[str, Any], eraser: _RawEraser, dataset: Any) -> dict[str, Any]:
+    """The eraser section as the job hash covers it: the options that change the erased data, the fitting keys the
+    fitting mode reads, and `after_augment` only where something is erased per batch."""
+    if isinstance(eraser.options, dict):
+        section["options"] = _data_options(str(eraser.name), eraser.options)
+    if eraser.fit_on is not ABSENT:  # keys the fitting mode does not read: not hashed
+        used = fit_keys_used(eraser.fit_on, eraser.fit_source)
+        section = {k: v for k, v in section.items() if k not in FIT_KEYS or k in used}
+    if not _batch_erasing(str(eraser.name), dataset):
+        section.pop("after_augment", None)  # nothing is erased per batch: the key changes nothing
+    return section
+
+
+def _batch_erasing(name: str, dataset: Any) -> bool:
     """Whether `eraser.after_augment` can change a job's numbers: not for an eraser that edits the dataset once (the
     job then ignores it) nor for the identity control, unless a z-score follows it per batch
     (`dataset.zscore_order=after`)."""
     from erasure.registry import ERASERS
     from erasure.traits import eraser_traits
 
-    name = str(eraser.get("name"))
     if name not in ERASERS:
         return True
     traits = eraser_traits(name)
@@ -124,7 +175,10 @@ def _batch_erasing(eraser: Mapping[str, Any], dataset: Any) -> bool:
         return False
     if not traits.identity:
         return True
-    return isinstance(dataset, Mapping) and bool(dataset.get("zscore")) and dataset.get("zscore_order") == "after"
+    if not isinstance(dataset, Mapping):
+        return False
+    view = _RawDataset.of(dataset)
+    return bool(view.zscore) and view.zscore_order == "after"
 
 
 def _only(out: Mapping[str, Any], uses: tuple[str, ...]) -> dict[str, Any]:
@@ -179,10 +233,11 @@ def with_defaults(data: Mapping[str, Any], cls: type[Section] = JobConfig) -> di
 
 def _data_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     from erasure.registry import ERASERS
+    from erasure.traits import eraser_traits
 
     if name not in ERASERS:
         return dict(options)
-    runtime = set(ERASERS.meta(name).get("runtime_options", ()))
+    runtime = eraser_traits(name).runtime_options
     return {k: v for k, v in options.items() if k not in runtime}
 
 

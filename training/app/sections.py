@@ -9,7 +9,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from training.app.typed import (
     NAME_ALLOWED,
@@ -26,9 +26,6 @@ from training.app.typed import (
     spec,
     unit_interval,
 )
-
-if TYPE_CHECKING:
-    from erasure.registry import Registry
 
 
 def _device_name(v: str) -> bool:
@@ -268,12 +265,12 @@ def _regularizers() -> list[str]:
 def _member_options(kind: str, name: str) -> type[Any] | None:
     """The options dataclass a dataset, architecture or regularizer declares in its registry entry (None: it
     takes no options of its own)."""
-    from models.registry import ARCHS
-    from training.data.registry import DATASETS
-    from training.engine.regularizers import REGULARIZERS
+    from models.registry import arch_traits
+    from training.data.registry import dataset_traits
+    from training.engine.regularizers import regularizer_traits
 
-    reg: Registry[Any] = DATASETS if kind == "dataset" else ARCHS if kind == "arch" else REGULARIZERS
-    return reg.meta(name).get("options")
+    traits = dataset_traits if kind == "dataset" else arch_traits if kind == "arch" else regularizer_traits
+    return traits(name).options
 
 
 def _task_groups() -> set[str]:

@@ -148,7 +148,7 @@ TASKS: TaskRegistry = TaskRegistry()
 def tasks() -> list[Task]:
     """Every task, by name (a `training/tasks/` directory added to sys.path since is searched again)."""
     reg = TASKS.discover()
-    return [reg.get(name) for name in reg.names()]
+    return [entry.obj for entry in reg]
 
 
 def task_names() -> list[str]:

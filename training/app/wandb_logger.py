@@ -8,12 +8,12 @@ user's settings, e.g. a self-hosted base_url). A variable the user set is left a
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from training.app.schema import LoggerConfig
+from training.common import env
 
 
 def wandb_dirs(out_dir: Path, mode: str) -> dict[str, str]:
@@ -22,7 +22,7 @@ def wandb_dirs(out_dir: Path, mode: str) -> dict[str, str]:
     names = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data"}
     if mode != "online":
         names["WANDB_CONFIG_DIR"] = "config"
-    return {var: str(root / sub) for var, sub in names.items() if not os.environ.get(var)}
+    return env.unset({var: str(root / sub) for var, sub in names.items()})
 
 
 class RunLogger:
@@ -30,16 +30,17 @@ class RunLogger:
                  out_dir: Path | None = None):
         """`out_dir`: where wandb's own files go (`<out_dir>/_wandb/`; default `job_dir`)."""
         self._run = None
-        self._restore: dict[str, str | None] = {}
-        if cfg is None or cfg.name == "none" or os.environ.get("WANDB_MODE") == "disabled":
+        self._restore_env: Callable[[], None] = lambda: None
+        if cfg is None or cfg.name == "none" or env.wandb_mode() == "disabled":
             return
         import wandb
 
-        mode = os.environ.get("WANDB_MODE", cfg.mode)
-        for var, path in wandb_dirs(job_dir if out_dir is None else out_dir, mode).items():
+        mode = env.wandb_mode()
+        mode = cfg.mode if mode is None else mode
+        dirs = wandb_dirs(job_dir if out_dir is None else out_dir, mode)
+        for path in dirs.values():
             Path(path).mkdir(parents=True, exist_ok=True)
-            self._restore[var] = os.environ.get(var)
-            os.environ[var] = path
+        self._restore_env = env.setting(dirs)
         try:
             self._run = wandb.init(
                 project=cfg.project,
@@ -53,16 +54,8 @@ class RunLogger:
                 reinit=True,
             )
         except BaseException:
-            self._restore_env()
+            self._put_env_back()
             raise
-
-    def _restore_env(self) -> None:
-        for var, old in self._restore.items():
-            if old is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = old
-        self._restore = {}
 
     def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         if self._run is not None:
@@ -78,4 +71,8 @@ class RunLogger:
                 self._run.finish()
             finally:
                 self._run = None
-                self._restore_env()
+                self._put_env_back()
+
+    def _put_env_back(self) -> None:
+        self._restore_env()
+        self._restore_env = lambda: None

@@ -34,6 +34,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from training.app.ledger_entry import DONE_BY_ANOTHER_RUN, STATUSES, LedgerEntry, read_ledger
 from training.app.lifecycle import Outcome
 from training.app.resolvers import resolved_dict
 from training.app.results import RESULT_FILE, flatten, mismatch_message, read_result, same_config
@@ -41,13 +42,12 @@ from training.app.schema import config_hash, load_config, semantic
 from training.cli.local_workers import controllers_ignore_sigint
 from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
 from training.cli.report import exit_user_error, user_error_line
+from training.common import env
 from training.common.files import atomic_write_json
 from training.engine.devices import device_problem, resolve_device
 
 log = logging.getLogger("training.multirun")
-LEDGER_ENV = "ERASURE_MDL_MULTIRUN_LEDGER"
-TOTAL_ENV = "ERASURE_MDL_MULTIRUN_TOTAL"
-STATUSES = ("done", "skipped", "failed")
+LEDGER_ENV = env.MULTIRUN_LEDGER
 
 
 def sweep_combos(config: DictConfig) -> list[list[str]] | None:
@@ -203,33 +203,23 @@ def check_launcher(config: DictConfig) -> None:
                             "CPU, -2: all CPUs but one, ...)")
 
 
-def read_ledger(ledger: Path) -> list[dict[str, Any]]:
-    entries = []
-    for path in sorted(ledger.glob("job-*.json")):
-        try:
-            entries.append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
-    return entries
+def tally(entries: list[LedgerEntry]) -> dict[str, int]:
+    counts = Counter(e.status for e in entries)
+    return {s: counts[s] for s in STATUSES}
 
 
-def tally(entries: list[dict[str, Any]]) -> dict[str, int]:
-    counts = Counter(e["status"] for e in entries)
-    return {s: counts.get(s, 0) for s in STATUSES}
-
-
-def summary_line(entries: list[dict[str, Any]], total: int | None) -> str:
+def summary_line(entries: list[LedgerEntry], total: int | None) -> str:
     t = tally(entries)
-    by_other = sum(e.get("reason") == "done by another run" for e in entries)
+    by_other = sum(e.done_by_another_run for e in entries)
     shown = {s: f"{t[s]} {s}" for s in STATUSES}
     if by_other:
-        shown["skipped"] += f" ({by_other} done by another run)"
+        shown["skipped"] += f" ({by_other} {DONE_BY_ANOTHER_RUN})"
     line = f"multirun: {len(entries)}/{total if total is not None else '?'} jobs ran: " + ", ".join(shown.values())
     if total is not None and len(entries) < total:
         line += f", {total - len(entries)} not run"
     for e in entries:
-        if e["status"] == "failed":
-            line += f"\n  FAILED {e['job_dir']}: {e.get('error', '')}"
+        if e.status == "failed":
+            line += f"\n  FAILED {e.job_dir}: {e.error or ''}"
     return line
 
 
@@ -257,7 +247,7 @@ class JobStatusCallback(Callback):
         self._ledger: Path | None = None
         self._total: int | None = None
         self._reported = False
-        self._unwritten: dict[int, dict[str, Any]] = {}  # ledger entries a full disk kept off it
+        self._unwritten: dict[int, LedgerEntry] = {}  # ledger entries a full disk kept off it
         self._restore_signals: Callable[[], object] = lambda: None
 
     # --- the launching process -------------------------------------------------------------------------
@@ -291,8 +281,7 @@ class JobStatusCallback(Callback):
             self._ledger.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             exit_user_error(user_error_line(err) or f"cannot create {self._ledger}: {err}", err)
-        os.environ[LEDGER_ENV] = str(self._ledger)  # inherited by joblib/submitit workers and sbatch jobs
-        os.environ[TOTAL_ENV] = "" if self._total is None else str(self._total)
+        env.set_multirun(self._ledger, self._total)  # inherited by joblib/submitit workers and sbatch jobs
         log.info("multirun: %s jobs, job status in %s", self._total if self._total is not None else "?",
                  self._ledger)
         atexit.register(self._report_at_exit)
@@ -307,7 +296,7 @@ class JobStatusCallback(Callback):
         if failed:  # the basic sweeper raises before this point; other sweepers must not exit 0 either
             raise RuntimeError(f"{failed} job(s) failed (see {self._ledger})")
 
-    def _finish(self) -> list[dict[str, Any]]:
+    def _finish(self) -> list[LedgerEntry]:
         entries = self._entries_now()
         self._write_summary(entries)
         if not self._reported:
@@ -324,20 +313,20 @@ class JobStatusCallback(Callback):
         self._reported = True
         print(summary_line(entries, self._total), file=sys.stderr, flush=True)
 
-    def _entries_now(self, ledger: Path | None = None) -> list[dict[str, Any]]:
+    def _entries_now(self, ledger: Path | None = None) -> list[LedgerEntry]:
         """The ledger's entries (every process's), with those this process could not write (a full disk)."""
         ledger = ledger or self._ledger
         assert ledger is not None
-        by_num = {e.get("num"): e for e in read_ledger(ledger)}
+        by_num = {e.num: e for e in read_ledger(ledger)}
         for num, e in self._unwritten.items():
             by_num.setdefault(num, e)
-        return sorted(by_num.values(), key=lambda e: e.get("num", 0))
+        return sorted(by_num.values(), key=lambda e: e.num)
 
-    def _write_summary(self, entries: list[dict[str, Any]]) -> None:
+    def _write_summary(self, entries: list[LedgerEntry]) -> None:
         assert self._ledger is not None
         path = self._ledger / "summary.json"
         try:
-            atomic_write_json(path, {"total": self._total, **tally(entries), "jobs": entries})
+            atomic_write_json(path, {"total": self._total, **tally(entries), "jobs": [e.to_json() for e in entries]})
         except OSError as err:  # the summary line still says what happened
             _say_unwritable(path, err, "the summary line is all there is of it")
 
@@ -347,36 +336,35 @@ class JobStatusCallback(Callback):
         self._stamps[str(job_dir)] = (_result_stamp(job_dir), time.time())
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        ledger = os.environ.get(LEDGER_ENV)
-        if not ledger:  # a single run, not part of a multirun
+        ledger = env.multirun_ledger()
+        if ledger is None:  # a single run, not part of a multirun
             return
         job_dir = _job_dir(config)
         before, t0 = self._stamps.pop(str(job_dir), (None, time.time()))
         num = int(OmegaConf.select(config, "hydra.job.num", default=0) or 0)
-        entry: dict[str, Any] = {"num": num, "job_dir": str(job_dir),
-                                 "seconds": round(time.time() - t0, 3)}
+        seconds = round(time.time() - t0, 3)
         outcome = job_outcome(job_dir, job_return)
         if outcome.status == "failed":
-            entry.update(status="failed", error=outcome.error)
+            entry = LedgerEntry(num, str(job_dir), "failed", seconds, error=outcome.error)
         else:
             # Skipped (or reused): the job returned a stored result instead of computing one; with a result.json
             # new since the job started, another run of the same job (a concurrent identical sweep) finished it
             # while this one waited on the directory's lock.
             after = _result_stamp(job_dir)
-            entry["status"] = "done" if outcome.status == "done" else "skipped"
-            if outcome.status == "skipped" and after != before:
-                entry["reason"] = "done by another run"
-        path = Path(ledger) / f"job-{entry['num']:05d}.json"
+            by_other = outcome.status == "skipped" and after != before
+            entry = LedgerEntry(num, str(job_dir), "done" if outcome.status == "done" else "skipped", seconds,
+                                reason=DONE_BY_ANOTHER_RUN if by_other else None)
+        path = ledger / entry.file_name
         try:
-            atomic_write_json(path, entry)
+            atomic_write_json(path, entry.to_json())
         except OSError as err:  # a full disk must not cost the sweep its count: kept here for the summary
-            self._unwritten[entry["num"]] = entry
-            _say_unwritable(path, err, f"job {entry['num']} ({entry['status']}) is counted in memory")
-        total = os.environ.get(TOTAL_ENV) or "?"
-        t = tally(self._entries_now(Path(ledger)))
-        detail = f": {entry['error']}" if entry["status"] == "failed" else ""
-        detail += f" ({entry['reason']})" if "reason" in entry else ""
-        log.info("[%d/%s] %s %s%s | done %d, skipped %d, failed %d", sum(t.values()), total, entry["status"],
+            self._unwritten[entry.num] = entry
+            _say_unwritable(path, err, f"job {entry.num} ({entry.status}) is counted in memory")
+        total = env.multirun_total()
+        t = tally(self._entries_now(ledger))
+        detail = f": {entry.error}" if entry.status == "failed" else ""
+        detail += f" ({entry.reason})" if entry.reason is not None else ""
+        log.info("[%d/%s] %s %s%s | done %d, skipped %d, failed %d", sum(t.values()), total, entry.status,
                  job_dir, detail, t["done"], t["skipped"], t["failed"])
 
 

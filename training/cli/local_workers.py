@@ -9,11 +9,12 @@ SIGKILL: training/cli/preemption.py `stop_workers_on_signal`), so the controller
 from __future__ import annotations
 
 import functools
-import os
 import signal
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from training.common import env
 
 
 def controllers_ignore_sigint() -> Callable[[], None]:
@@ -45,6 +46,6 @@ def controllers_ignore_sigint() -> Callable[[], None]:
 def sigint_back_in_local_job() -> None:
     """In a job of a submitit_local sweep (its controller ignores SIGINT, and so did this process from birth):
     Ctrl-C and submitit's timeout interrupt it again."""
-    if (os.environ.get("SUBMITIT_EXECUTOR") == "local" and threading.current_thread() is threading.main_thread()
+    if (env.submitit_executor() == "local" and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGINT) == signal.SIG_IGN):
         signal.signal(signal.SIGINT, signal.default_int_handler)

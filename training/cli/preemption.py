@@ -35,12 +35,13 @@ import os
 import signal
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from training.common import interrupt
+from training.common import env, interrupt
 
 log = logging.getLogger(__name__)
 EXIT_STATUS = 128 + int(signal.SIGTERM)
@@ -61,9 +62,9 @@ class Preempted(SystemExit):
 
 def _submitit_signal() -> signal.Signals | None:
     """The signal submitit uses for time limits (USR2 unless SUBMITIT_PREEMPT_SIGNAL), when in a submitit job."""
-    if not os.environ.get("SUBMITIT_EXECUTOR"):
+    if env.submitit_executor() is None:
         return None
-    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+    return getattr(signal, "SIG" + env.submitit_preempt_signal(), None)
 
 
 @contextmanager
@@ -226,7 +227,7 @@ def workers(root: int) -> list[int]:
 
 def descendants(root: int) -> list[int]:
     """Every live process below `root` (children, their children, ...), from /proc; [] where there is none."""
-    children: dict[int, list[int]] = {}
+    children: defaultdict[int, list[int]] = defaultdict(list)  # pid -> its children (none: [])
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -237,12 +238,12 @@ def descendants(root: int) -> list[int]:
         try:
             with open(f"/proc/{name}/stat") as f:
                 fields = f.read().rpartition(")")[2].split()
-            children.setdefault(int(fields[1]), []).append(int(name))
+            children[int(fields[1])].append(int(name))
         except (OSError, IndexError, ValueError):
             continue
     out, todo = [], [root]
     while todo:
-        for child in children.get(todo.pop(), []):
+        for child in children[todo.pop()]:
             out.append(child)
             todo.append(child)
     return _alive(out)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import NoReturn
 from hydra.errors import CompactHydraException
 
 from training.app.schema import ConfigError
+from training.common import env
 from training.errors import UserError
 from training.errors import user_error_line as _line
 
@@ -28,7 +28,7 @@ class SweepJobFailed(UserError, CompactHydraException):
 
 
 def full_error() -> bool:
-    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+    return env.hydra_full_error()
 
 
 def user_error_line(err: BaseException) -> str | None:
@@ -81,13 +81,13 @@ def exit_user_error(line: str, err: BaseException | None = None) -> NoReturn:
 
 def interrupted_line(job_dir: Path) -> str:
     """What a Ctrl-C kept of the job in `job_dir`, and how to go on."""
-    from training.app.lifecycle import PROGRESS_FILE
-    from training.common.files import read_json
+    from training.app.lifecycle import PROGRESS_FILE, SavedProgress
 
     try:
-        blocks = len((read_json(job_dir / PROGRESS_FILE) or {}).get("blocks", []))
-    except (OSError, ValueError, AttributeError):
-        blocks = 0
+        saved = SavedProgress.read(job_dir / PROGRESS_FILE)
+    except (OSError, ValueError):
+        saved = None
+    blocks = 0 if saved is None else len(saved.blocks)
     kept = (f"{blocks} finished MDL block model{'s' if blocks != 1 else ''} kept in {job_dir / PROGRESS_FILE}"
             if blocks else f"no finished MDL block to keep ({job_dir})")
     return f"interrupted (Ctrl-C): {kept}; rerun the same command to resume"

@@ -9,6 +9,7 @@ keeps locks of dead clients: stop that process, or delete the `.lock` file (see 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -16,43 +17,59 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 
+from training.common import env
+
 log = logging.getLogger(__name__)
-LOG_EVERY_ENV = "ERASURE_MDL_LOCK_LOG_EVERY"
-DEFAULT_LOG_EVERY = 60.0
-
-
-def log_every() -> float:
-    """Seconds between "still waiting" lines (env ERASURE_MDL_LOCK_LOG_EVERY, default 60)."""
-    try:
-        return max(0.01, float(os.environ.get(LOG_EVERY_ENV, DEFAULT_LOG_EVERY)))
-    except ValueError:
-        return DEFAULT_LOG_EVERY
+LOG_EVERY_ENV = env.LOCK_LOG_EVERY
+log_every = env.lock_log_every  # seconds between "still waiting" lines (env ERASURE_MDL_LOCK_LOG_EVERY, default 60)
 
 
 def holder_path(lock_path: Path) -> Path:
     return lock_path.with_name(lock_path.name + ".holder")
 
 
-def read_holder(lock_path: Path) -> dict[str, Any]:
-    try:
-        info = json.loads(holder_path(lock_path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
+@dataclass(frozen=True)
+class Holder:
+    """The note the holder of a lock leaves beside it (`<lock>.holder`), so that the processes waiting name it.
+    Written by another process (of any version): a key it lacks reads as unknown."""
+
+    pid: Any = "?"
+    host: Any = "?"
+    since: Any = None  # time.time() when it took the lock
+
+    @classmethod
+    def mine(cls) -> Holder:
+        return cls(os.getpid(), socket.gethostname(), time.time())
+
+    @classmethod
+    def read(cls, lock_path: Path) -> Holder | None:
+        """The holder's note; None where there is none, or it is not a (non-empty) JSON object."""
+        try:
+            raw = json.loads(holder_path(lock_path).read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(raw, dict) or not raw:
+            return None
+        return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        since = self.since
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, int | float) else "?"
+        return f"held since {when} by pid {self.pid} on {self.host}"
 
 
 def describe_holder(lock_path: Path) -> str:
-    info = read_holder(lock_path)
-    if not info:
-        return "holder unknown"
-    since = info.get("since")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, int | float) else "?"
-    return f"held since {when} by pid {info.get('pid', '?')} on {info.get('host', '?')}"
+    holder = Holder.read(lock_path)
+    return "holder unknown" if holder is None else holder.describe()
 
 
 @contextmanager
@@ -77,8 +94,7 @@ def waiting_lock(lock_path: Path, what: str, every: float | None = None) -> Iter
         log.info("got the lock on %s after %.1fs", what, time.time() - t0)
     try:
         try:
-            holder_path(lock_path).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                                          "since": time.time()}))
+            holder_path(lock_path).write_text(json.dumps(Holder.mine().to_json()))
         except OSError:
             pass  # the holder note only helps waiting processes name us; the lock itself is held
         yield

@@ -11,12 +11,13 @@ The fit loops use it directly; the eraser library, which draws nothing itself, g
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from typing import Any
 
 from tqdm.auto import tqdm
+
+from training.common import env
 
 log = logging.getLogger("progress")
 
@@ -62,4 +63,4 @@ def progress_bar(total: int | None = None, desc: str = "", unit: str = "it", lea
         return _Off()
     if sys.stderr.isatty():
         return tqdm(total=total, desc=desc, unit=unit, leave=leave)
-    return LogProgress(total, desc, unit, float(os.environ.get("ERASURE_MDL_PROGRESS_SECONDS", "60")))
+    return LogProgress(total, desc, unit, env.progress_seconds())

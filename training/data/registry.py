@@ -40,6 +40,9 @@ class LoadedData:
     y: Tensor  # (n,) int64 in 0..K-1
     num_classes: int
     info: dict[str, Any] = field(default_factory=dict)
+    # content_hash's memo: (the tensors' identity and version counters, their hash)
+    _content_memo: tuple[tuple[int, int, int, int], str] | None = field(default=None, init=False, repr=False,
+                                                                      compare=False)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -55,14 +58,14 @@ class LoadedData:
         """Hash of the tensors' bytes: the dataset's identity in cache keys (and `info["fingerprint"]`).
         Remembered for the same tensors while they are not modified in place (their version counters)."""
         stamp = (id(self.x), self.x._version, id(self.y), self.y._version)
-        memo = self.__dict__.get("_content_memo")
+        memo = self._content_memo
         if memo is not None and memo[0] == stamp:
             return memo[1]
         h = hashlib.sha256()
         h.update(self.x.contiguous().numpy().tobytes())
         h.update(self.y.contiguous().numpy().tobytes())
         digest = h.hexdigest()[:16]
-        self.__dict__["_content_memo"] = (stamp, digest)
+        self._content_memo = (stamp, digest)
         return digest
 
 
@@ -99,10 +102,26 @@ class DatasetCfg(Protocol):
 
 
 Loader = Callable[[DatasetCfg, Path], LoadedData]
+
+
+@dataclass(frozen=True)
+class DatasetTraits:
+    """What a dataset declares where it registers (`@register("gaussian", options=GaussianOptions, generator=True)`)."""
+
+    options: type[Any] | None = None  # the dataclass of its own keys (`dataset.n`, ...); None: it has none
+    generator: bool = False  # it draws fresh samples (what eraser.fit_on=oracle fits on)
+
+
 # Loaders register themselves (`@register("name", options=TheirOptions)`) in their module; training/data/__init__.py
 # lists the modules.
-DATASETS: Registry[Loader] = Registry("dataset")
+DATASETS: Registry[Loader] = Registry("dataset", declares=DatasetTraits)
 register = DATASETS.register
+
+
+def dataset_traits(name: str) -> DatasetTraits:
+    """What dataset `name` declared at registration (UnknownNameError, listing the names, for one not registered)."""
+    declared: DatasetTraits = DATASETS.declared(name)
+    return declared
 
 
 def _fixed_shuffle(data: LoadedData) -> LoadedData:
@@ -127,8 +146,7 @@ def _own_copy(data: LoadedData) -> LoadedData:
     from training.data.shared import fresh
 
     out = LoadedData(data.name, data.x, data.y, data.num_classes, fresh(data.info))
-    if "_content_memo" in data.__dict__:
-        out.__dict__["_content_memo"] = data.__dict__["_content_memo"]
+    out._content_memo = data._content_memo
     return out
 
 

@@ -26,6 +26,20 @@ FORMAT = 1
 PATTERN = "checkpoint-*.pt"
 
 
+ENVELOPE = ("format", "key", "names", "state")  # what a checkpoint file holds (after its digest line)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A readable checkpoint of this configuration: the member names it holds, the kind of training loop that wrote
+    it (`fit`: one model; `group`: a lockstep group) and that loop's state."""
+
+    path: Path
+    names: list[str]
+    kind: str
+    state: dict[str, Any]
+
+
 def _digest(names: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
 
@@ -42,7 +56,8 @@ class CheckpointStore:
         return Path(self.directory) / f"checkpoint-{_digest(names)}.pt"
 
     def save(self, names: Sequence[str], state: dict[str, Any]) -> Path:
-        """Write the group's `state` atomically; returns its path."""
+        """Write the group's `state` (a training loop's state dict: its `kind` and `step` included) atomically;
+        returns its path."""
         buf = io.BytesIO()
         torch.save({"format": FORMAT, "key": self.key, "names": list(names), "state": state}, buf)
         payload = buf.getvalue()
@@ -54,13 +69,13 @@ class CheckpointStore:
                 f.write(header + payload)
 
         atomic_write(path, write)
-        log.info("checkpoint of %d model(s) at step %s written to %s (%.1f MB)", len(names), state.get("step"), path,
+        log.info("checkpoint of %d model(s) at step %s written to %s (%.1f MB)", len(names), state["step"], path,
                  len(payload) / 1e6)
         return path
 
-    def saved(self) -> Iterator[tuple[Path, list[str], dict[str, Any]]]:
-        """Every readable checkpoint of this configuration: (path, member names, state). One log line for each
-        other file (once per job), which is left alone."""
+    def saved(self) -> Iterator[Saved]:
+        """Every readable checkpoint of this configuration. One log line for each other file (once per job), which
+        is left alone."""
         for path in sorted(Path(self.directory).glob(PATTERN)):
             why, loaded = _read(path, self.key)
             if loaded is None:
@@ -68,20 +83,20 @@ class CheckpointStore:
                     self.reported.add(str(path))
                     log.warning("ignoring checkpoint %s: %s; its models start over", path, why)
                 continue
-            yield path, loaded["names"], loaded["state"]
+            yield Saved(path, loaded["names"], loaded["state"]["kind"], loaded["state"])
 
     def in_group(self, name: str) -> bool:
         """Whether a lockstep group's checkpoint holds the model `name` (saved when it trained with others)."""
-        return any(state.get("kind") == "group" and name in names for _, names, state in self.saved())
+        return any(s.kind == "group" and name in s.names for s in self.saved())
 
     def unfit(self, names: Sequence[str]) -> None:
         """One line for each readable checkpoint of any of these models that was not restored (written by other
         code or with other `training.*` settings): they start over."""
-        for path, saved, _ in self.saved():
-            if set(saved) & set(names) and str(path) not in self.reported:
-                self.reported.add(str(path))
+        for s in self.saved():
+            if set(s.names) & set(names) and str(s.path) not in self.reported:
+                self.reported.add(str(s.path))
                 log.warning("ignoring checkpoint %s: it does not fit these models (other code, engine or training "
-                            "settings); they start over", path)
+                            "settings); they start over", s.path)
 
     def delete(self, path: Path) -> None:
         Path(path).unlink(missing_ok=True)
@@ -91,11 +106,11 @@ class CheckpointStore:
             path.unlink(missing_ok=True)
 
 
-def fits_safely(fits: Callable[[list[str], dict[str, Any]], bool], names: list[str], state: dict[str, Any]) -> bool:
-    """`fits(names, state)`: whether a saved state continues this training; False for content this code did not
-    write (a missing key, another type)."""
+def fits_safely(fits: Callable[[Saved], bool], saved: Saved) -> bool:
+    """`fits(saved)`: whether a saved state continues this training; False for content this code did not write (a
+    missing key, another type)."""
     try:
-        return bool(fits(names, state))
+        return bool(fits(saved))
     except (KeyError, TypeError, ValueError, AttributeError):
         return False
 
@@ -113,8 +128,9 @@ def _read(path: Path, key: str) -> tuple[str, dict[str, Any] | None]:
         loaded = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unpickling error means "unusable", nothing more
         return f"unreadable ({type(err).__name__})", None
-    if not isinstance(loaded, dict) or loaded.get("format") != FORMAT:
+    if not isinstance(loaded, dict) or any(k not in loaded for k in ENVELOPE) or loaded["format"] != FORMAT \
+            or not isinstance(loaded["state"], dict) or "kind" not in loaded["state"]:
         return "not a checkpoint of this version", None
-    if loaded.get("key") != key:
+    if loaded["key"] != key:
         return "another configuration's", None
     return "", loaded

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from training.common import interrupt
 from training.common.progress import progress_bar
 from training.engine.batches import DeviceData, Epoch, augment_pad, draw_epoch
-from training.engine.checkpoint import CheckpointStore, fits_safely
+from training.engine.checkpoint import CheckpointStore, Saved, fits_safely
 from training.engine.stopping import EarlyStopping
 from training.errors import NonFiniteError
 
@@ -317,11 +317,12 @@ class FitState:
         """This model's checkpoint: its name, training set size and parameter shapes (other code, same config)."""
         shapes = {k: v.shape for k, v in member.model.state_dict().items()}
 
-        def fits(names: list[str], s: dict[str, Any]) -> bool:
-            return (names == [name] and s.get("kind") == "fit" and s.get("size") == len(member.idx)
+        def fits(saved: Saved) -> bool:
+            s = saved.state
+            return (saved.names == [name] and saved.kind == "fit" and s["size"] == len(member.idx)
                     and {k: v.shape for k, v in s["model"].items()} == shapes)
 
-        return next(((p, s) for p, names, s in store.saved() if fits_safely(fits, names, s)), None)
+        return next(((s.path, s.state) for s in store.saved() if fits_safely(fits, s)), None)
 
     def restore(self, saved: dict[str, Any], member: Member) -> None:
         dev = self.loss_sum.device

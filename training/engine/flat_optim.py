@@ -16,13 +16,14 @@ member only, and `keep(rows)` drops finished members (they leave the buffers: no
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from training.common import env
 
 Groups = list[tuple[list[str], dict[str, Any]]]  # (parameter names, hyperparameters) per param group
 
@@ -107,7 +108,8 @@ def _sf_update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, lr: Tensor, ckp1: Ten
 
 def cpu_compiler() -> str | None:
     """The C++ compiler torch.compile (inductor) would use for CPU kernels, if one is installed."""
-    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    named = env.cxx()
+    candidates = [named] if named is not None else ["g++", "c++", "clang++"]
     return next((c for c in candidates if shutil.which(c)), None)
 
 

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from training.common import interrupt
 from training.common.progress import progress_bar
 from training.engine.backends import LoopEngine, StackedEngine, ValSet, nonfinite_rows
-from training.engine.checkpoint import CheckpointStore, fits_safely
+from training.engine.checkpoint import CheckpointStore, Saved, fits_safely
 from training.engine.fit import (
     NEEDS_SHARED_VAL,
     BatchTransform,
@@ -244,10 +244,10 @@ def _saved_parts(members: Sequence[Member], store: CheckpointStore | None) -> li
         return []
     names = [_name(m, k) for k, m in enumerate(members)]
     parts: list[list[int]] = []
-    for _, saved, state in store.saved():
-        if state.get("kind") != "group":
+    for saved in store.saved():
+        if saved.kind != "group":
             continue
-        part = [k for k, n in enumerate(names) if n in saved and not any(k in p for p in parts)]
+        part = [k for k, n in enumerate(names) if n in saved.names and not any(k in p for p in parts)]
         if part:
             parts.append(part)
     return parts
@@ -413,10 +413,11 @@ class _Lockstep:
             self.store.delete(self.restored_from)  # superseded
             self.restored_from = None
 
-    def _matches(self, names: list[str], state: dict) -> bool:
+    def _matches(self, saved: Saved) -> bool:
         """Whether a saved group continues as this one: its live members are this group's members that are not
         finished there, in this order, with the same training sets, on the same engine."""
-        if state.get("kind") != "group" or state.get("engine_kind") != self.engine_kind:
+        names, state = saved.names, saved.state
+        if saved.kind != "group" or state["engine_kind"] != self.engine_kind:
             return False
         live, finished = state["live"], state["finished"]
         return (state["shapes"] == self._shapes() and set(self.names) <= set(names)
@@ -431,7 +432,7 @@ class _Lockstep:
         """Go on from this group's checkpoint, if an earlier attempt saved one: finished members are reported
         again (best state loaded), the others continue from the saved step."""
         assert self.store is not None
-        found = next(((p, s) for p, names, s in self.store.saved() if fits_safely(self._matches, names, s)), None)
+        found = next(((s.path, s.state) for s in self.store.saved() if fits_safely(self._matches, s)), None)
         if found is None:
             self.store.unfit(self.names)
             return

@@ -104,9 +104,22 @@ class SdOptions:
 
 
 Builder = Callable[[Any, int, BaseLoss], "Regularizer | None"]
+
+
+@dataclass(frozen=True)
+class RegularizerTraits:
+    """What a regularizer declares where it registers."""
+
+    options: type[Any] | None = None  # the dataclass of its own keys (`regularizer.lam`, ...); None: it has none
+
 # `regularizer=<name>`: a builder (its options, num_classes, base_loss) -> the penalty, or None for no regularizer.
 # Its entries are the builders below (a new regularizer is one more here).
-REGULARIZERS: Registry[Builder] = Registry("regularizer")
+REGULARIZERS: Registry[Builder] = Registry("regularizer", declares=RegularizerTraits)
+
+
+def regularizer_traits(name: str) -> RegularizerTraits:
+    declared: RegularizerTraits = REGULARIZERS.declared(name)
+    return declared
 
 
 @REGULARIZERS.register("none")

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from erasure.registry import ERASERS
-from models.registry import ARCHS
+from models.registry import arch_traits
 from training.app.lifecycle import JobRun, Outcome, Progress, run_in_job_dir
 from training.app.schema import JobConfig, MdlConfig
 from training.app.wandb_logger import RunLogger
@@ -167,7 +167,7 @@ class Trainer:
         reason = why_not_vectorized(first.model, first.optimizer, self.regularizer, engine)
         if str(want) == "auto":
             # training.parallel_models=auto vectorises small models (launch-bound), as their registry entry says
-            auto = bool(ARCHS.meta(self.cfg.arch.name)["vectorises"]) and reason is None
+            auto = arch_traits(self.cfg.arch.name).vectorises and reason is None
             return count if auto else 1
         if int(want) > 1 and reason is not None:
             log.warning("training.parallel_models=%s ignored: %s; training one model at a time", want, reason)
@@ -277,6 +277,17 @@ BLOCK_FIELDS = ("block", "train_size", "coded_size", "ce_bits", "temperature", "
                 "best_epoch", "epochs", "steps")
 
 
+def _block_problem(saved: Any, block: int) -> str | None:
+    """What is wrong with a saved block model (progress.json) that should be block `block`; None: nothing."""
+    missing = [k for k in BLOCK_FIELDS if k not in saved] if isinstance(saved, dict) else list(BLOCK_FIELDS)
+    if missing:
+        return f"missing {missing}"
+    ce = saved["ce_bits"]
+    if saved["block"] != block or not isinstance(ce, int | float) or not math.isfinite(ce):
+        return f"block {saved['block']}, ce_bits {ce!r}"
+    return None
+
+
 def read_progress(progress: Progress, num_blocks: int) -> list[dict[str, Any]]:
     """The finished block models saved in progress.json by an earlier run of this configuration, or [] (start
     over): absent, another configuration's, or malformed (warned about; a file missing a field never resumes)."""
@@ -284,11 +295,9 @@ def read_progress(progress: Progress, num_blocks: int) -> list[dict[str, Any]]:
     if blocks is None:
         return []
     for j, b in enumerate(blocks):
-        missing = [k for k in BLOCK_FIELDS if k not in b] if isinstance(b, dict) else list(BLOCK_FIELDS)
-        ce = b.get("ce_bits") if isinstance(b, dict) else None
-        if missing or b["block"] != j + 2 or not isinstance(ce, int | float) or not math.isfinite(ce):
-            log.warning("ignoring malformed %s (entry %d: %s); starting the MDL blocks over", path, j,
-                        f"missing {missing}" if missing else f"block {b.get('block')}, ce_bits {ce!r}")
+        problem = _block_problem(b, j + 2)
+        if problem is not None:
+            log.warning("ignoring malformed %s (entry %d: %s); starting the MDL blocks over", path, j, problem)
             return []
     if len(blocks) > num_blocks - 1:
         log.warning("ignoring %s: %d block models saved, this job has %d; starting over", path, len(blocks),

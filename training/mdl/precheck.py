@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,11 @@ from typing import Any
 import torch
 
 from erasure.traits import eraser_traits
-from models.registry import ARCHS
+from models.registry import arch_traits
 from training.app.lifecycle import DataOnDisk
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import ConfigError, JobConfig, config_hash
+from training.common import env
 from training.data import LoadedData, load_dataset
 from training.data.erase import FitPlan, OracleFit, after_augment_refusal
 from training.engine.batches import compact
@@ -34,7 +34,6 @@ from training.mdl.code import MIN_BLOCK_SAMPLES, most_blocks
 from training.mdl.splits import validation_size
 
 log = logging.getLogger(__name__)
-MEMORY_CHECK_ENV = "ERASURE_MDL_MEMORY_CHECK"  # 0: skip the memory check (its estimate is rough)
 GiB = 2**30
 CPU = torch.device("cpu")
 # weights, gradients, the optimizer's two state tensors (schedule-free AdamW: z and the second moment) and the
@@ -258,7 +257,7 @@ def models_at_once(cfg: JobConfig, models: int, not_vectorised: str | None) -> i
     if not_vectorised is not None:
         return 1
     if want == "auto":
-        return models if ARCHS.meta(cfg.arch.name)["vectorises"] else 1
+        return models if arch_traits(cfg.arch.name).vectorises else 1
     return max(1, min(int(want), models))
 
 
@@ -352,7 +351,7 @@ def jobs_that_fit(cfg: JobConfig, data: LoadedData, device: torch.device) -> int
 def check_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torch.device) -> None:
     """Refuse a job whose data and models cannot fit in the memory its device has free (`available_memory`);
     `ERASURE_MDL_MEMORY_CHECK=0` skips the check."""
-    if os.environ.get(MEMORY_CHECK_ENV, "1") == "0":
+    if not env.memory_check():
         return
     free = available_memory(device)
     if free is None:
@@ -364,4 +363,4 @@ def check_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torch.d
     raise Refused(f"this job needs about {_size(est.total)} (data {_size(est.data)}, {est.num_models} models "
                   f"{_size(est.models)}, batches {_size(est.batches)}) but {where} {_size(free)} available: lower "
                   "optim.batch_size or training.parallel_models, use dataset.limit, or run it where more memory is "
-                  f"free ({MEMORY_CHECK_ENV}=0 skips this rough check)")
+                  f"free ({env.MEMORY_CHECK}=0 skips this rough check)")

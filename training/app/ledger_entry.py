@@ -1,0 +1,95 @@
+"""A multirun ledger's entry: one job's status file, `<sweep dir>/.multirun/<run id>/job-<num>.json`.
+
+Written by the Hydra callback (training/cli/ledger.py) wherever the job ran, read back by it for the running tally
+and the summary, and by the aggregate (scripts/aggregate_collect.py) for the failed jobs' errors. The file is
+decoded once, here (`LedgerEntry.from_json`); a file that is not an entry is skipped with one log line naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+STATUSES = ("done", "skipped", "failed")
+DONE_BY_ANOTHER_RUN = "done by another run"  # a skipped job's reason: a concurrent identical sweep finished it
+ENTRY_GLOB = "job-*.json"
+
+
+class LedgerEntryError(ValueError):
+    """A ledger file that is not an entry; the message says what is wrong in one line."""
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    num: int  # hydra.job.num
+    job_dir: str
+    status: str  # one of STATUSES
+    seconds: float | None = None  # the job's wall time (absent in hand-written entries)
+    error: str | None = None  # failed: the error's line
+    reason: str | None = None  # skipped: why (DONE_BY_ANOTHER_RUN), when not by an earlier run
+
+    @property
+    def file_name(self) -> str:
+        return f"job-{self.num:05d}.json"
+
+    @property
+    def done_by_another_run(self) -> bool:
+        return self.reason == DONE_BY_ANOTHER_RUN
+
+    def to_json(self) -> dict[str, Any]:
+        """The file's content: the keys in the order older versions wrote them; error and reason only when set."""
+        out: dict[str, Any] = {"num": self.num, "job_dir": self.job_dir}
+        if self.seconds is not None:
+            out["seconds"] = self.seconds
+        out["status"] = self.status
+        if self.error is not None:
+            out["error"] = self.error
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Any) -> LedgerEntry:
+        """The entry a parsed file holds (other keys are ignored); LedgerEntryError for one that is not an entry."""
+        if not isinstance(raw, dict):
+            raise LedgerEntryError(f"a JSON object expected, not {type(raw).__name__}")
+        fields = dataclasses.fields(cls)
+        missing = [f.name for f in fields if f.default is dataclasses.MISSING and f.name not in raw]
+        if missing:
+            raise LedgerEntryError(f"it lacks {', '.join(missing)}")
+        entry = cls(**{f.name: raw[f.name] for f in fields if f.name in raw})
+        entry._check()
+        return entry
+
+    def _check(self) -> None:
+        wrong = [name for name, ok in (
+            ("num", isinstance(self.num, int) and not isinstance(self.num, bool)),
+            ("job_dir", isinstance(self.job_dir, str)),
+            ("status", self.status in STATUSES),
+            ("seconds", self.seconds is None or (isinstance(self.seconds, (int, float))
+                                                  and not isinstance(self.seconds, bool))),
+            ("error", self.error is None or isinstance(self.error, str)),
+            ("reason", self.reason is None or isinstance(self.reason, str))) if not ok]
+        if wrong:
+            shown = ", ".join(f"{k}={getattr(self, k)!r}" for k in wrong)
+            raise LedgerEntryError(f"{shown} is not allowed (num: an integer, job_dir: a path, status: one of "
+                                   f"{', '.join(STATUSES)}, error/reason: text)")
+
+
+def read_entry(path: Path) -> LedgerEntry | None:
+    """The entry in `path`, or None (with one warning naming the file) for one that cannot be read or is not one."""
+    try:
+        return LedgerEntry.from_json(json.loads(Path(path).read_text()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, LedgerEntryError) as err:
+        log.warning("ignoring the multirun ledger entry %s: %s", path, err)
+        return None
+
+
+def read_ledger(ledger: Path) -> list[LedgerEntry]:
+    """The entries of one ledger directory, by file name (so by job number)."""
+    return [e for path in sorted(Path(ledger).glob(ENTRY_GLOB)) if (e := read_entry(path)) is not None]

@@ -1,0 +1,116 @@
+"""The environment variables the harness reads, each named once, here, with its type and default.
+
+Code elsewhere calls the accessor (`env.wandb_mode()`), never `os.environ` by name; the multirun ledger's two
+variables are also set here (`set_multirun`), so that workers and sbatch jobs inherit them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+MEMORY_CHECK = "ERASURE_MDL_MEMORY_CHECK"  # 0: skip the memory check (its estimate is rough)
+PROGRESS_SECONDS = "ERASURE_MDL_PROGRESS_SECONDS"  # seconds between progress lines (default 60)
+LOCK_LOG_EVERY = "ERASURE_MDL_LOCK_LOG_EVERY"  # seconds between "still waiting" lines of a lock (default 60)
+MULTIRUN_LEDGER = "ERASURE_MDL_MULTIRUN_LEDGER"  # the running multirun's ledger directory (training/cli/ledger.py)
+MULTIRUN_TOTAL = "ERASURE_MDL_MULTIRUN_TOTAL"  # how many jobs it launches ("" unknown)
+DEFAULT_LOCK_LOG_EVERY = 60.0
+
+
+def _value(name: str) -> str | None:
+    """The variable's value; None where it is unset."""
+    return os.environ.get(name)
+
+
+def _set(name: str) -> str | None:
+    """The variable's value; None where it is unset or empty."""
+    return _value(name) or None
+
+
+def memory_check() -> bool:
+    """Whether the MDL precheck refuses a job its device has not the memory for (ERASURE_MDL_MEMORY_CHECK=0: no)."""
+    return _value(MEMORY_CHECK) != "0"
+
+
+def progress_seconds() -> float:
+    """Seconds between progress lines (training/common/progress.py)."""
+    raw = _value(PROGRESS_SECONDS)
+    return float("60" if raw is None else raw)
+
+
+def lock_log_every() -> float:
+    """Seconds between a waiting lock's log lines: at least 0.01; the default for a value that is not a number."""
+    raw = _value(LOCK_LOG_EVERY)
+    try:
+        return max(0.01, float(DEFAULT_LOCK_LOG_EVERY if raw is None else raw))
+    except ValueError:
+        return DEFAULT_LOCK_LOG_EVERY
+
+
+def multirun_ledger() -> Path | None:
+    """The ledger directory of the multirun this job is part of (None: a single run)."""
+    found = _set(MULTIRUN_LEDGER)
+    return None if found is None else Path(found)
+
+
+def multirun_total() -> str:
+    """How many jobs the multirun launches, as the progress line shows it ("?" unknown)."""
+    return _set(MULTIRUN_TOTAL) or "?"
+
+
+def set_multirun(ledger: Path, total: int | None) -> None:
+    """Name the multirun's ledger and size for the processes it starts (joblib/submitit workers, sbatch jobs)."""
+    os.environ[MULTIRUN_LEDGER] = str(ledger)
+    os.environ[MULTIRUN_TOTAL] = "" if total is None else str(total)
+
+
+def hydra_full_error() -> bool:
+    return _value("HYDRA_FULL_ERROR") == "1"
+
+
+def cxx() -> str | None:
+    """The C++ compiler the user named (CXX)."""
+    return _set("CXX")
+
+
+def submitit_executor() -> str | None:
+    """`slurm` or `local` inside a submitit job; None elsewhere."""
+    return _set("SUBMITIT_EXECUTOR")
+
+
+def submitit_preempt_signal() -> str:
+    """The name (without SIG) of the signal submitit sends at a time limit."""
+    raw = _value("SUBMITIT_PREEMPT_SIGNAL")
+    return "USR2" if raw is None else raw
+
+
+def wandb_mode() -> str | None:
+    """WANDB_MODE as the user set it (None: the logger config's mode)."""
+    return _value("WANDB_MODE")
+
+
+def omp_threads(default: str = "1") -> str:
+    """OMP_NUM_THREADS for a child process: the user's, else `default`."""
+    found = _value("OMP_NUM_THREADS")
+    return default if found is None else found
+
+
+def unset(names: Mapping[str, str]) -> dict[str, str]:
+    """The entries of `names` (variable -> value) whose variable is unset or empty."""
+    return {var: value for var, value in names.items() if _set(var) is None}
+
+
+def setting(values: Mapping[str, str]) -> Callable[[], None]:
+    """Set the variables; returns what puts back the values they had (unset ones unset again)."""
+    old = {var: _value(var) for var in values}
+    os.environ.update(values)
+
+    def restore() -> None:
+        for var, was in old.items():
+            if was is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = was
+
+    return restore

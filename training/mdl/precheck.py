@@ -341,7 +341,7 @@ def jobs_that_fit(cfg: JobConfig, data: LoadedData, device: torch.device) -> int
     """How many jobs of this configuration (seeds of a pack: training/mdl/pack_group.py) can train their models at
     once on one copy of `data` (the coded rows) in the memory the device has free: the memory estimate of a pack
     group. Without a figure (or with the check off) as many as there are."""
-    free = available_memory(device) if os.environ.get(MEMORY_CHECK_ENV, "1") != "0" else None
+    free = available_memory(device) if env.memory_check() else None
     if free is None:
         return 1 << 30
     est = estimate_memory(cfg, data, len(data.y), device)

@@ -58,14 +58,15 @@ class PackTask:
         from training.common.packs import packed
         from training.data.shared import sharing
 
-        pack = self.packs[int(HydraConfig.get().job.num)]
+        lead = HydraConfig.get().job  # the pack's own job (each run_job below sets HydraConfig to its job's)
+        pack = self.packs[int(lead.num)]
         log.info("pack of %d jobs: %s", len(pack), " ".join(str(num) for num, _ in pack))
         out = []
         with sharing(), packed(seeds_of(pack)):
             for num, overrides in pack:
                 config = self.hydra_context.config_loader.load_sweep_config(self.sweep_config, overrides)
                 with open_dict(config):
-                    config.hydra.job.id = f"{HydraConfig.get().job.id}_{num}"
+                    config.hydra.job.id = f"{lead.id}_{num}"
                     config.hydra.job.num = num
                 out.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function,
                                    config=config, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))

@@ -44,10 +44,11 @@ log = logging.getLogger("training.run")
 def job(cfg: DictConfig) -> Outcome:
     """Hydra's task function: one job of the (multi)run. Its Outcome is Hydra's return value, which the multirun
     ledger (training/cli/ledger.py) reads."""
-    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    hydra = HydraConfig.get()
+    multirun = hydra.mode == RunMode.MULTIRUN
     quiet_log_file_errors()  # Hydra has set up this job's run.log
     sigint_back_in_local_job()
-    resolved = anchored(resolved_dict(cfg), Path(HydraConfig.get().runtime.cwd))
+    resolved = anchored(resolved_dict(cfg), Path(hydra.runtime.cwd))
     try:
         job = load_config(resolved)  # normally checked earlier, by the job_status callback
         with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
@@ -59,7 +60,7 @@ def job(cfg: DictConfig) -> Outcome:
         if line is None:
             to_run_log(logging.ERROR, f"job failed: {type(err).__name__}: {err}", err)
             raise
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        run_dir = Path(hydra.runtime.output_dir)
         if isinstance(err, (ConfigError, Refused)) and not multirun and remove_if_unused(run_dir, Path(str(
                 resolved["paths"]["out_dir"]))):
             exit_user_error(line, err)  # refused before it did anything: no directory left behind

@@ -1,6 +1,7 @@
-"""Benchmark: one sweep run job-per-process (`make demo`'s way: hydra/launcher=parallel, 2 workers) and packed
-(hydra/launcher=packed hydra.launcher.inner=parallel, 2 workers), side by side, each in a fresh out_dir (so each
-fits its erasers once). Prints both wall times and their ratio, where the time went (summed from every job's
+"""Benchmark: one sweep run job-per-process (`make demo`'s way: hydra/launcher=parallel, 2 workers), packed
+(hydra/launcher=packed hydra.launcher.inner=parallel, 2 workers) and packed with a pack group (training.pack_group=
+true: each pack's seeds train in one lockstep group), side by side, each in a fresh out_dir (so each fits its
+erasers once). Prints the wall times and their ratios to job-per-process, where the time went (summed from every job's
 result.json `timings`), and checks every job's result.json is == between the two (exit 1 if not).
 
     .venv/bin/python scripts/bench_sweep.py            # MNIST-5k, control/leace/qleace x seeds 0-4, quick MDL
@@ -25,7 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 # wall times, dates, the stored config's pack size (unhashed, speed only) and whether this job or another of the
 # sweep fitted the shared eraser (scheduling decides): the keys allowed to differ
-VOLATILE = ("seconds", "timings.", "provenance.", "config.training.pack_size", "eraser.cache_hit")
+VOLATILE = ("seconds", "timings.", "provenance.", "config.training.pack_size", "config.training.pack_group",
+            "eraser.cache_hit")
 FULL = ["experiment=demo", "logger=none", "progress=false"]  # demo's MNIST-5k, MLP, quick MDL
 QUICK = ["experiment=smoke", "mdl.max_epochs=4", "logger=none", "progress=false"]
 
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pack-size", type=int, default=None, help="training.pack_size (default: seeds / 2, rounded up, "
                    "so the packs spread over the workers)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each, interleaved; medians are reported")
+    p.add_argument("--no-pack-group", action="store_true", help="skip the packed run with training.pack_group=true")
     p.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = p.parse_args(argv)
     erasers = args.erasers or ("control,leace" if args.quick else "control,leace,qleace")
@@ -100,27 +103,33 @@ def main(argv: list[str] | None = None) -> int:
     launchers = {"per_process": ["hydra/launcher=parallel", f"hydra.launcher.n_jobs={args.n_jobs}"],
                  "packed": ["hydra/launcher=packed", "hydra.launcher.inner=parallel",
                             f"++hydra.launcher.inner_options.n_jobs={args.n_jobs}", f"training.pack_size={pack_size}"]}
-    walls: dict[str, list[float]] = {"per_process": [], "packed": []}
-    runs: dict[str, list[dict[str, dict[str, Any]]]] = {"per_process": [], "packed": []}
+    if not args.no_pack_group:
+        launchers["pack_group"] = [*launchers["packed"], "training.pack_group=true"]
+    names = list(launchers)
+    walls: dict[str, list[float]] = {name: [] for name in names}
+    runs: dict[str, list[dict[str, dict[str, Any]]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="bench_sweep_") as tmp:
-        for r in range(args.repeats):  # interleaved, the order alternating: a busy machine slows both alike
-            for name in (("per_process", "packed") if r % 2 == 0 else ("packed", "per_process")):
+        for r in range(args.repeats):  # interleaved, the order rotating: a busy machine slows all alike
+            for name in names[r % len(names):] + names[:r % len(names)]:
                 out_dir = Path(tmp) / f"{name}{r}"
                 walls[name].append(run_sweep(out_dir, base, sweep, launchers[name]))
                 runs[name].append(results(out_dir))
     a, b = runs["per_process"][0], runs["packed"][0]
-    lone, packed = statistics.median(walls["per_process"]), statistics.median(walls["packed"])
+    median = {name: statistics.median(walls[name]) for name in names}
+    lone, packed = median["per_process"], median["packed"]
     jobs = len(a)
     print(f"sweep: {' '.join(base + sweep)}: {jobs} jobs, {args.n_jobs} workers, pack_size {pack_size}, "
           f"{args.repeats} repeat(s), medians")
     if args.repeats > 1:
         print("  each (s): " + "; ".join(f"{k} {', '.join(f'{w:.1f}' for w in v)}" for k, v in walls.items()))
     print(f"  job-per-process  {lone:7.1f} s")
-    print(f"  packed           {packed:7.1f} s")
-    print(f"  ratio            {lone / packed:7.2f}x")
-    split = {"per_process": time_split(a), "packed": time_split(b)}  # the first repeat's
+    print(f"  packed           {packed:7.1f} s   {lone / packed:5.2f}x")
+    if "pack_group" in median:
+        print(f"  + pack group     {median['pack_group']:7.1f} s   {lone / median['pack_group']:5.2f}x  "
+              "(training.pack_group=true: a pack's seeds in one lockstep group)")
+    split = {name: time_split(runs[name][0]) for name in names}  # the first repeat's
     print("  summed over jobs (s)  total  before-MDL  erase   MDL  full-run | outside jobs (workers x wall - total)")
-    for name, wall in (("per_process", walls["per_process"][0]), ("packed", walls["packed"][0])):
+    for name, wall in ((name, walls[name][0]) for name in names):
         s = split[name]
         print(f"  {name:<20} {s['total_s']:6.1f} {s['before_mdl_s']:10.1f} {s['erase_s']:6.1f} {s['mdl_s']:5.1f} "
               f"{s['full_run_s']:8.1f} | {args.n_jobs * wall - s['total_s']:6.1f}")
@@ -129,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"jobs": jobs, "n_jobs": args.n_jobs, "pack_size": pack_size,
                                          "per_process_s": lone, "packed_s": packed, "ratio": lone / packed,
+                                         "medians": median,
                                          "walls": walls,
                                          "split": split, "equal": not diff}, indent=1))
     if not jobs or len(b) != jobs:

@@ -196,14 +196,16 @@ def test_bench_sweep_compares_every_number_but_wall_times() -> None:
         "j0: eraser.report.rank 9 != 8"]
 
 
-def test_bench_sweep_quick_runs_both_ways_and_finds_them_equal(tmp_path: Path) -> None:
+def test_bench_sweep_quick_runs_all_three_ways_and_finds_them_equal(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "scripts/bench_sweep.py", "--quick", "--json", str(out)], cwd=REPO,
                           env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert "job-per-process" in proc.stdout and "ratio" in proc.stdout and "all 6 jobs' result.json ==" in proc.stdout
+    assert "job-per-process" in proc.stdout and "+ pack group" in proc.stdout
+    assert "all 6 jobs' result.json ==" in proc.stdout
     bench = json.loads(out.read_text())
     assert bench["equal"] and bench["jobs"] == 6 and bench["pack_size"] == 2
+    assert set(bench["medians"]) == {"per_process", "packed", "pack_group"}
     assert bench["ratio"] == pytest.approx(bench["per_process_s"] / bench["packed_s"])
 
 

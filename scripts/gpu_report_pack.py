@@ -32,8 +32,10 @@ ARCH = "mlp"
 GROUP_FORMED = "pack group: this job's"
 FROM_GROUP = "were trained in an earlier seed's pack group"
 GROUP_FAILED = "the pack group failed"
-MEMORY_NOTE = ("per-process peaks (torch.cuda.max_memory_reserved + the CUDA context on CUDA, max RSS on CPU): "
-               "lone_memory_mb is the sum over the 5 processes, packed_memory_mb the one process's")
+MEMORY_NOTE = ("per-process peaks (torch.cuda.max_memory_reserved on CUDA, max RSS on CPU): lone_memory_mb is the "
+               "sum over the 5 processes, packed_memory_mb the one process's; on CUDA each process also holds a CUDA "
+               "context (context_mb, measured in the pack, which ran alone): the *_with_contexts_mb figures add 5 of "
+               "them to the lone sum and one to the pack")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,18 +44,34 @@ class ProcessMemory:
 
     peak_allocated_mb: float | None = None
     peak_reserved_mb: float | None = None
-    context_mb: float = 0.0
+    context_mb: float | None = None  # device used beyond torch's cache: only this process's when it ran alone
     peak_rss_mb: float | None = None
 
     @property
-    def total_mb(self) -> float | None:
-        if self.peak_reserved_mb is not None:
-            return self.peak_reserved_mb + self.context_mb
-        return self.peak_rss_mb
+    def peak_mb(self) -> float | None:
+        """torch's peak reserved memory on CUDA, else the peak RSS."""
+        return self.peak_reserved_mb if self.peak_reserved_mb is not None else self.peak_rss_mb
 
 
 def read_memory(path: Path) -> ProcessMemory | None:
     return build(ProcessMemory, json.loads(path.read_text())) if path.exists() else None
+
+
+def memory_figures(lone: list[ProcessMemory | None], packed: ProcessMemory | None) -> dict[str, Any]:
+    """The lone processes' peaks (each, and summed when all five are known), the pack's, and on CUDA both with the
+    CUDA context of each process (the pack's, measured alone: a lone process's own reads the others' memory too)."""
+    out: dict[str, Any] = {}
+    peaks = [m.peak_mb for m in lone if m is not None and m.peak_mb is not None]
+    if len(peaks) == len(lone):
+        out.update(lone_memory_mb=sum(peaks), lone_memory_each_mb=peaks)
+    if packed is None or packed.peak_mb is None:
+        return out
+    out["packed_memory_mb"] = packed.peak_mb
+    if packed.context_mb is not None:
+        out.update(context_mb=packed.context_mb, packed_memory_with_contexts_mb=packed.peak_mb + packed.context_mb)
+        if "lone_memory_mb" in out:
+            out["lone_memory_with_contexts_mb"] = out["lone_memory_mb"] + len(lone) * packed.context_mb
+    return out
 
 
 def pack_checks(lone: dict[str, dict[str, Any]], packed: dict[str, dict[str, Any]], pack_log: str) -> dict[str, Any]:
@@ -136,10 +154,7 @@ def step_pack(ctx: Context) -> str:
     f["lone_overrides"] = " ".join(job_overrides(ctx, ARCH, outs["lone"], seed="<s>"))
     lone_wall, each = run_at_once(ctx, commands, {**ctx.env, "OMP_NUM_THREADS": lone_threads})
     f.update(lone_wall_s=lone_wall, lone_each_s=each)
-    memories = [m for m in map(read_memory, lone_mem) if m is not None]
-    if len(memories) == SEEDS and all(m.total_mb is not None for m in memories):
-        f["lone_memory_mb"] = sum(m.total_mb or 0.0 for m in memories)
-        f["lone_memory_each_mb"] = [m.total_mb for m in memories]
+    lone_memory = [read_memory(m) for m in lone_mem]
 
     pack_mem = ctx.work / "pack_packed.memory.json"
     overrides = ["-m", *job_overrides(ctx, ARCH, outs["packed"], seed=",".join(seeds)),
@@ -148,8 +163,7 @@ def step_pack(ctx: Context) -> str:
     proc = ctx.run(job_command(ctx, overrides, pack_mem), "pack_packed",
                    env={**ctx.env, "OMP_NUM_THREADS": pack_threads}, check=False)
     f["packed_wall_s"] = proc.seconds
-    if (memory := read_memory(pack_mem)) is not None and memory.total_mb is not None:
-        f["packed_memory_mb"] = memory.total_mb
+    f.update(memory_figures(lone_memory, read_memory(pack_mem)))
     if proc.rc != 0:
         raise StepError(f"pack_packed: {error_line(proc.output, proc.rc)}", tail(proc.output))
 
@@ -161,8 +175,10 @@ def step_pack(ctx: Context) -> str:
     f["jobs_time_s"] = {"lone": time_split(lone), "packed": time_split(packed)}
     f.update(pack_checks(lone, packed, proc.output))
     mem = ""
-    if "lone_memory_mb" in f and "packed_memory_mb" in f:
-        mem = f", memory {f['lone_memory_mb']:.0f} MB (5 processes, summed) vs {f['packed_memory_mb']:.0f} MB"
+    suffix = "_with_contexts_mb" if "lone_memory_with_contexts_mb" in f else "_mb"
+    if f"lone_memory{suffix}" in f and f"packed_memory{suffix}" in f:
+        mem = f", peak memory {f[f'lone_memory{suffix}']:.0f} MB (5 processes, summed) vs " \
+              f"{f[f'packed_memory{suffix}']:.0f} MB"
     verdict = "numbers ==" if f["equal"] else "NUMBERS DIFFER"
     group = f"group formed ({f['seeds_from_group']} later seeds from it)" if f["group_formed"] else "NO GROUP"
     flags = f"; flags: {' / '.join(f['flags'])}" if f["flags"] else ""

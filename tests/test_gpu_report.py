@@ -21,7 +21,16 @@ import pytest
 from scripts.gpu_report import all_steps, main, select
 from scripts.gpu_report_model import Report
 from scripts.gpu_report_output import JSON_NAME, MD_NAME, now, write_report
-from scripts.gpu_report_pack import FROM_GROUP, GROUP_FAILED, GROUP_FORMED, SEEDS, pack_checks, run_at_once
+from scripts.gpu_report_pack import (
+    FROM_GROUP,
+    GROUP_FAILED,
+    GROUP_FORMED,
+    SEEDS,
+    ProcessMemory,
+    memory_figures,
+    pack_checks,
+    run_at_once,
+)
 from scripts.gpu_report_pytest import MISSING_MODULE, junit_id, pytest_progress, read_junit
 from scripts.gpu_report_runner import Context, Step, StepError, StepSkipped, run_steps
 from scripts.gpu_report_sizes import ARCHS, TOY
@@ -274,3 +283,15 @@ def test_run_at_once_runs_together_and_fails_on_an_error_or_the_budget(tmp_path:
     with pytest.raises(StepError, match="timed out"):
         run_at_once(ctx, [([sys.executable, "-c", "import time; time.sleep(60)"], "slow")], dict(os.environ))
     assert time.monotonic() - t0 < 20
+
+
+def test_pack_memory_sums_the_lone_peaks_and_adds_one_context_per_process_on_cuda() -> None:
+    cuda = [ProcessMemory(peak_allocated_mb=90.0, peak_reserved_mb=100.0 + i, context_mb=5000.0) for i in range(5)]
+    pack = ProcessMemory(peak_allocated_mb=300.0, peak_reserved_mb=400.0, context_mb=500.0)
+    m = memory_figures(cuda, pack)  # a lone process's own context_mb (5000) read the others' memory: not used
+    assert m == {"lone_memory_mb": 510.0, "lone_memory_each_mb": [100.0, 101.0, 102.0, 103.0, 104.0],
+                 "packed_memory_mb": 400.0, "context_mb": 500.0, "packed_memory_with_contexts_mb": 900.0,
+                 "lone_memory_with_contexts_mb": 510.0 + 5 * 500.0}
+    cpu = memory_figures([ProcessMemory(peak_rss_mb=600.0)] * 5, ProcessMemory(peak_rss_mb=700.0))
+    assert cpu == {"lone_memory_mb": 3000.0, "lone_memory_each_mb": [600.0] * 5, "packed_memory_mb": 700.0}
+    assert memory_figures([*cuda[:4], None], None) == {}  # a process that wrote no memory file: no sum

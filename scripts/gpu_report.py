@@ -21,6 +21,8 @@ Steps (groups in brackets; `--steps`/`--skip` take step or group names):
   throughput [speed]         train and eval samples/s per architecture through the job's Trainer
   sweep_cost [sweep]         per architecture: GPU-seconds per epoch per job, memory per job, jobs per GPU
                              (by memory, and measured: aggregate samples/s of 1, 2, 4 processes at once)
+  pack [sweep]               one MLP cell, 5 seeds: 5 `training.run` processes at once vs one pack
+                             (hydra/launcher=packed training.pack_group=true): wall times, ratio, memory, ==
 
 Without CUDA (or with --toy) every step runs on CPU at toy sizes in about a minute, so the path is known to
 work before a GPU sees it (tests/test_gpu_report.py runs it).
@@ -45,6 +47,7 @@ if not __package__:  # run as a plain script (the GPU machine installs nothing):
 from scripts.gpu_report_env import ensure_packages, environment  # noqa: E402
 from scripts.gpu_report_model import Report, as_json  # noqa: E402
 from scripts.gpu_report_output import JSON_NAME, MD_NAME, now, write_report  # noqa: E402
+from scripts.gpu_report_pack import step_pack  # noqa: E402
 from scripts.gpu_report_pytest import step_tests  # noqa: E402
 from scripts.gpu_report_runner import Context, Killed, Step, run_steps  # noqa: E402
 from scripts.gpu_report_sizes import ARCHS, GPU, TOY, Sizes  # noqa: E402
@@ -74,6 +77,7 @@ def all_steps(sizes: Sizes) -> list[Step]:
         Step("bench_mdl", "speed", step_bench_mdl, t["bench_mdl"], "scripts/bench_mdl.py: ours vs naive, bandwidth"),
         Step("throughput", "speed", step_throughput, t["throughput"], "train/eval samples/s per architecture"),
         Step("sweep_cost", "sweep", step_sweep_cost, t["sweep_cost"], "GPU-s per epoch per job, jobs per GPU"),
+        Step("pack", "sweep", step_pack, t["pack"], "5 seeds: 5 processes at once vs one pack (pack group)"),
     ]
 
 

@@ -68,7 +68,7 @@ GPU = Sizes(
     loop_archs=ARCHS, loop_procs=(1, 4), loop_seconds=5.0,
     timeouts={"tests": 480, "job": 300, "erasers_device": 300, "bench_erasers_device": 300,
               "bench_erasers_cpu_reference": 300, "bench_mdl": 300, "throughput": 240,
-              "sweep_cost": 300},
+              "sweep_cost": 300, "pack": 360},
 )
 TOY = Sizes(
     pytest_args=("tests/test_mdl_math.py",),
@@ -89,5 +89,5 @@ TOY = Sizes(
     loop_archs=("mlp",), loop_procs=(1,), loop_seconds=0.3,
     timeouts={"tests": 60, "job": 60, "erasers_device": 60, "bench_erasers_device": 60,
               "bench_erasers_cpu_reference": 60, "bench_mdl": 60, "throughput": 60,
-              "sweep_cost": 60},
+              "sweep_cost": 60, "pack": 120},
 )

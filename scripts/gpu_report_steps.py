@@ -26,9 +26,9 @@ from training.app.result_codec import read as read_result
 from training.app.result_types import MdlResult
 
 
-def job_overrides(ctx: Context, arch: str, out: Path, extra: Iterable[str] = ()) -> list[str]:
+def job_overrides(ctx: Context, arch: str, out: Path, extra: Iterable[str] = (), seed: str = "0") -> list[str]:
     s = ctx.sizes
-    return [f"arch={arch}", *s.arch[arch], *s.job_data, *s.job_mdl, "eraser=control", "seed=0",
+    return [f"arch={arch}", *s.arch[arch], *s.job_data, *s.job_mdl, "eraser=control", f"seed={seed}",
             f"device={ctx.device}", "logger=none", "progress=false", "certificate=false",
             f"paths.out_dir={out}", f"paths.cache_dir={ctx.work / 'cache'}", *ctx.args.job_override, *extra]
 

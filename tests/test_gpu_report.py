@@ -21,8 +21,18 @@ import pytest
 from scripts.gpu_report import all_steps, main, select
 from scripts.gpu_report_model import Report
 from scripts.gpu_report_output import JSON_NAME, MD_NAME, now, write_report
+from scripts.gpu_report_pack import (
+    FROM_GROUP,
+    GROUP_FAILED,
+    GROUP_FORMED,
+    SEEDS,
+    ProcessMemory,
+    memory_figures,
+    pack_checks,
+    run_at_once,
+)
 from scripts.gpu_report_pytest import MISSING_MODULE, junit_id, pytest_progress, read_junit
-from scripts.gpu_report_runner import Context, Step, StepSkipped, run_steps
+from scripts.gpu_report_runner import Context, Step, StepError, StepSkipped, run_steps
 from scripts.gpu_report_sizes import ARCHS, TOY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,8 +83,18 @@ def test_toy_mode_runs_every_step(tmp_path: Path) -> None:
     assert f["bench_mdl"]["speedup"]["ours"] > 0
     assert {"ours_leace", "ce_leace"} <= set(f["bench_erasers_device"]["results"])
     assert f["sweep_cost"]["mlp"]["throughput_scaling"] == {"1": 1.0}
+    pack = f["pack"]  # 5 seeds: 5 processes at once vs one pack with its group (the loop engine: bitwise ==)
+    assert pack["lone_wall_s"] > 0 and pack["packed_wall_s"] > 0 and len(pack["lone_each_s"]) == SEEDS
+    assert pack["ratio"] == pytest.approx(pack["lone_wall_s"] / pack["packed_wall_s"])
+    assert pack["equal"] and pack["differences"] == [] and pack["flags"] == []
+    assert pack["group_formed"] and pack["seeds_from_group"] == SEEDS - 1 and not pack["group_failed"]
+    assert len(pack["bits_per_sample"]) == SEEDS and pack["jobs_time_s"]["packed"]["total_s"] > 0
+    assert len(pack["lone_memory_each_mb"]) == SEEDS  # CPU: max RSS per process; five of them outweigh the one
+    assert pack["lone_memory_mb"] == pytest.approx(sum(pack["lone_memory_each_mb"]))
+    assert pack["lone_memory_mb"] > pack["packed_memory_mb"] > 0
+    assert len(list((out / "runs" / "pack_packed").rglob("result.json"))) == SEEDS
     md = (out / MD_NAME).read_text()
-    assert "| step | status |" in md and "job_swin" in md
+    assert "| step | status |" in md and "job_swin" in md and "| pack | ok |" in md
 
 
 def test_plain_script_takes_its_pieces_from_its_own_checkout(tmp_path: Path) -> None:
@@ -214,3 +234,64 @@ def test_report_json_is_read_into_types_and_written_back_with_unknown_keys_kept(
     assert out["steps"]["a"]["new_field"] == "kept" and out["env"]["device"]["sm"] == "9.0"
     assert out["counts"] == {"ok": 1, "failed": 0, "skipped": 2} and "future_key" not in out  # top level: declared
     assert Report.from_json(out).to_json() == out
+
+
+def pack_log(formed: bool, from_group: int, failed: bool = False) -> str:
+    lines = ["[2026][training.mdl.job][INFO] - job seed0: synthetic"]
+    if formed:
+        lines.append(f"[2026][training.mdl.job][INFO] - {GROUP_FORMED} 2 models and 8 of seed(s) 1, 2, 3, 4 train")
+    if failed:
+        lines.append(f"[2026][training.mdl.job][WARNING] - {GROUP_FAILED} (RuntimeError: x); 2 models train alone")
+    lines += [f"[2026][training.mdl.pack_group][INFO] - 2 of this job's 2 models {FROM_GROUP} (...)"] * from_group
+    return "\n".join(lines)
+
+
+def test_pack_checks_flag_differing_numbers_and_a_missing_group_and_nothing_else() -> None:
+    def jobs(bits: float, seconds: float) -> dict[str, dict[str, Any]]:
+        return {f"c/seed{s}": {"mdl.bits_per_sample": bits + s, "timings.total_s": seconds, "seed": s}
+                for s in range(SEEDS)}
+
+    lone, packed = jobs(2.5, 10.0), jobs(2.5, 3.0)  # wall times differ: not a difference
+    ok = pack_checks(lone, packed, pack_log(True, SEEDS - 1))
+    assert ok["equal"] and ok["group_formed"] and ok["seeds_from_group"] == SEEDS - 1 and ok["flags"] == []
+    assert ok["group_line"].startswith(GROUP_FORMED)
+    packed["c/seed3"]["mdl.bits_per_sample"] += 1e-12
+    bad = pack_checks(lone, packed, pack_log(True, SEEDS - 1))
+    assert not bad["equal"] and len(bad["flags"]) == 1 and "numbers differ" in bad["flags"][0]
+    assert bad["differences"] == ["c/seed3: mdl.bits_per_sample 5.5 != 5.500000000001"]
+    missing = pack_checks(lone, jobs(2.5, 3.0), pack_log(False, 0))
+    assert missing["equal"] and not missing["group_formed"] and missing["group_line"] is None
+    assert len(missing["flags"]) == 1 and "did not form" in missing["flags"][0]
+    partial = pack_checks(lone, jobs(2.5, 3.0), pack_log(True, 2, failed=True))
+    assert partial["group_formed"] and partial["group_failed"] and partial["seeds_from_group"] == 2
+    assert len(partial["flags"]) == 2 and partial["flags"][0].startswith(f"only 2 of the {SEEDS - 1} later seeds")
+    assert partial["flags"][1].startswith("the pack group failed")
+
+
+def test_run_at_once_runs_together_and_fails_on_an_error_or_the_budget(tmp_path: Path) -> None:
+    ctx, _ = fake_ctx(tmp_path)
+    ctx.deadline = time.monotonic() + 60
+    sleep = [sys.executable, "-c", "import time; time.sleep(2)"]
+    wall, each = run_at_once(ctx, [(sleep, "a"), (sleep, "b"), (sleep, "c")], dict(os.environ))
+    assert 2 <= wall < 5.5 and len(each) == 3 and max(each) == wall  # at once: one after another takes 6 s
+    assert (ctx.logs / "b.log").read_text().startswith("$ ")
+    with pytest.raises(StepError, match=r"^bad: ValueError: nope"):
+        run_at_once(ctx, [(sleep, "fine"), ([sys.executable, "-c", "raise ValueError('nope')"], "bad")],
+                    dict(os.environ))
+    ctx.deadline = time.monotonic() + 1
+    t0 = time.monotonic()
+    with pytest.raises(StepError, match="timed out"):
+        run_at_once(ctx, [([sys.executable, "-c", "import time; time.sleep(60)"], "slow")], dict(os.environ))
+    assert time.monotonic() - t0 < 20
+
+
+def test_pack_memory_sums_the_lone_peaks_and_adds_one_context_per_process_on_cuda() -> None:
+    cuda = [ProcessMemory(peak_allocated_mb=90.0, peak_reserved_mb=100.0 + i, context_mb=5000.0) for i in range(5)]
+    pack = ProcessMemory(peak_allocated_mb=300.0, peak_reserved_mb=400.0, context_mb=500.0)
+    m = memory_figures(cuda, pack)  # a lone process's own context_mb (5000) read the others' memory: not used
+    assert m == {"lone_memory_mb": 510.0, "lone_memory_each_mb": [100.0, 101.0, 102.0, 103.0, 104.0],
+                 "packed_memory_mb": 400.0, "context_mb": 500.0, "packed_memory_with_contexts_mb": 900.0,
+                 "lone_memory_with_contexts_mb": 510.0 + 5 * 500.0}
+    cpu = memory_figures([ProcessMemory(peak_rss_mb=600.0)] * 5, ProcessMemory(peak_rss_mb=700.0))
+    assert cpu == {"lone_memory_mb": 3000.0, "lone_memory_each_mb": [600.0] * 5, "packed_memory_mb": 700.0}
+    assert memory_figures([*cuda[:4], None], None) == {}  # a process that wrote no memory file: no sum

@@ -1,0 +1,186 @@
+"""scripts/gpu_report.py's `pack` step: one MDL cell with 5 seeds (MLP at the paper's base size on the job steps'
+CIFAR-shaped synthetic data; toy sizes without CUDA) run (a) as 5 `python -m training.run` processes at once on the
+one device and (b) as one pack, `-m seed=0,1,2,3,4 hydra/launcher=packed training.pack_group=true` (one process; on
+CUDA the stacked engine trains the 5 seeds' block models in one lockstep group, training/mdl/pack_group.py).
+
+Records both wall times and their ratio (a)/(b) (issue 32's goal on a GPU: at least 5x), each process's peak memory
+(per process: (a)'s is the sum of its five processes' peaks), whether every job's result.json is == between (a) and
+(b) (scripts/bench_sweep.py's comparison: wall times aside) and whether the pack group formed (the pack's log). Numbers
+that differ or a group that did not form are flagged, not failed: the step fails only when a run fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from scripts.bench_sweep import differences, results, time_split
+from scripts.gpu_report_model import build
+from scripts.gpu_report_payload import Payload
+from scripts.gpu_report_runner import ROOT, Context, StepError, error_line, stop, tail
+from scripts.gpu_report_steps import job_overrides
+
+SEEDS = 5
+ARCH = "mlp"
+# the pack's log lines (training/mdl/job.py, training/mdl/pack_group.py) that say what its group did
+GROUP_FORMED = "pack group: this job's"
+FROM_GROUP = "were trained in an earlier seed's pack group"
+GROUP_FAILED = "the pack group failed"
+MEMORY_NOTE = ("per-process peaks (torch.cuda.max_memory_reserved on CUDA, max RSS on CPU): lone_memory_mb is the "
+               "sum over the 5 processes, packed_memory_mb the one process's; on CUDA each process also holds a CUDA "
+               "context (context_mb, measured in the pack, which ran alone): the *_with_contexts_mb figures add 5 of "
+               "them to the lone sum and one to the pack")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessMemory:
+    """A job process's memory file (gpu_report_work `_memory`): the CUDA figures, or max RSS on CPU."""
+
+    peak_allocated_mb: float | None = None
+    peak_reserved_mb: float | None = None
+    context_mb: float | None = None  # device used beyond torch's cache: only this process's when it ran alone
+    peak_rss_mb: float | None = None
+
+    @property
+    def peak_mb(self) -> float | None:
+        """torch's peak reserved memory on CUDA, else the peak RSS."""
+        return self.peak_reserved_mb if self.peak_reserved_mb is not None else self.peak_rss_mb
+
+
+def read_memory(path: Path) -> ProcessMemory | None:
+    return build(ProcessMemory, json.loads(path.read_text())) if path.exists() else None
+
+
+def memory_figures(lone: list[ProcessMemory | None], packed: ProcessMemory | None) -> dict[str, Any]:
+    """The lone processes' peaks (each, and summed when all five are known), the pack's, and on CUDA both with the
+    CUDA context of each process (the pack's, measured alone: a lone process's own reads the others' memory too)."""
+    out: dict[str, Any] = {}
+    peaks = [m.peak_mb for m in lone if m is not None and m.peak_mb is not None]
+    if len(peaks) == len(lone):
+        out.update(lone_memory_mb=sum(peaks), lone_memory_each_mb=peaks)
+    if packed is None or packed.peak_mb is None:
+        return out
+    out["packed_memory_mb"] = packed.peak_mb
+    if packed.context_mb is not None:
+        out.update(context_mb=packed.context_mb, packed_memory_with_contexts_mb=packed.peak_mb + packed.context_mb)
+        if "lone_memory_mb" in out:
+            out["lone_memory_with_contexts_mb"] = out["lone_memory_mb"] + len(lone) * packed.context_mb
+    return out
+
+
+def pack_checks(lone: dict[str, dict[str, Any]], packed: dict[str, dict[str, Any]], pack_log: str) -> dict[str, Any]:
+    """Whether every job's numbers are == between the lone processes and the pack, whether the pack group formed
+    and fed the later seeds, and the flags a reader must see (none when all is as expected)."""
+    diff = differences(lone, packed)
+    formed = [ln[ln.index(GROUP_FORMED):] for ln in pack_log.splitlines() if GROUP_FORMED in ln]
+    from_group = sum(FROM_GROUP in ln for ln in pack_log.splitlines())
+    failed = GROUP_FAILED in pack_log
+    flags = []
+    if diff:
+        flags.append(f"numbers differ between the lone processes and the pack in {len(diff)} place(s), e.g. {diff[0]}")
+    if not formed:
+        flags.append(f"the pack group did not form (no '{GROUP_FORMED}' line in the pack's log)")
+    elif from_group < SEEDS - 1:
+        flags.append(f"only {from_group} of the {SEEDS - 1} later seeds took their models from the pack group")
+    if failed:
+        flags.append("the pack group failed: its first job's models trained alone")
+    return {"equal": not diff, "differences": diff[:10], "group_formed": bool(formed),
+            "group_line": formed[0] if formed else None, "seeds_from_group": from_group, "group_failed": failed,
+            "flags": flags}
+
+
+def job_command(ctx: Context, overrides: list[str], memory_file: Path) -> list[str]:
+    """`python -m training.run <overrides>` through gpu_report_work `job` (the process's peak memory to a file)."""
+    memory_file.unlink(missing_ok=True)
+    payload = Payload(overrides=overrides, memory_file=str(memory_file), device=ctx.device)
+    return [sys.executable, "-m", "scripts.gpu_report_work", "job", payload.to_json()]
+
+
+def run_at_once(ctx: Context, commands: list[tuple[list[str], str]], env: dict[str, str]) -> tuple[float, list[float]]:
+    """Start every command at once (each its own log and process group); wait for all within the step's budget.
+    The wall time from the first start to the last exit, and each one's own seconds."""
+    started: list[tuple[subprocess.Popen[bytes], Path, IO[str]]] = []
+    ends: dict[int, float] = {}
+    t0 = time.monotonic()
+    try:
+        for cmd, log in commands:
+            path = ctx.logs / f"{log}.log"
+            fh = open(path, "w")  # noqa: SIM115 - closed in the finally below
+            fh.write("$ " + " ".join(cmd) + "\n")
+            fh.flush()
+            started.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                             start_new_session=True), path, fh))
+        while len(ends) < len(started):
+            for i, (p, _, _) in enumerate(started):
+                if i not in ends and p.poll() is not None:
+                    ends[i] = time.monotonic() - t0
+            if len(ends) < len(started) and ctx.remaining() < 0:
+                raise StepError(f"{', '.join(log for _, log in commands)}: timed out after "
+                                f"{time.monotonic() - t0:.0f} s (time budget)")
+            time.sleep(0.02)
+    finally:
+        for p, _, handle in started:
+            if p.poll() is None:
+                stop(p)
+            handle.close()
+    for p, path, _ in started:
+        if p.returncode != 0:
+            output = path.read_text(errors="replace")
+            raise StepError(f"{path.stem}: {error_line(output, p.returncode)}", tail(output))
+    return max(ends.values()), [ends[i] for i in range(len(started))]
+
+
+def step_pack(ctx: Context) -> str:
+    seeds = [str(s) for s in range(SEEDS)]
+    outs = {"lone": ctx.out / "runs" / "pack_lone", "packed": ctx.out / "runs" / "pack_packed"}
+    for out in outs.values():
+        shutil.rmtree(out, ignore_errors=True)  # fresh jobs: an earlier result here would be reused, not timed
+    # CPU threads: the concurrent processes as sweep_cost's (2 each on a GPU), the pack as a job step's (8)
+    threads = ctx.env.get("OMP_NUM_THREADS", "1")
+    lone_threads, pack_threads = ("2", "8") if ctx.gpu else (threads, threads)
+    f = ctx.figures
+    f.update(seeds=SEEDS, arch=ARCH, device=ctx.device, lone_omp_threads=int(lone_threads),
+             packed_omp_threads=int(pack_threads), memory_note=MEMORY_NOTE)
+
+    lone_mem = [ctx.work / f"pack_lone_{s}.memory.json" for s in seeds]
+    commands = [(job_command(ctx, job_overrides(ctx, ARCH, outs["lone"], seed=s), mem), f"pack_lone_seed{s}")
+                for s, mem in zip(seeds, lone_mem, strict=True)]
+    f["lone_overrides"] = " ".join(job_overrides(ctx, ARCH, outs["lone"], seed="<s>"))
+    lone_wall, each = run_at_once(ctx, commands, {**ctx.env, "OMP_NUM_THREADS": lone_threads})
+    f.update(lone_wall_s=lone_wall, lone_each_s=each)
+    lone_memory = [read_memory(m) for m in lone_mem]
+
+    pack_mem = ctx.work / "pack_packed.memory.json"
+    overrides = ["-m", *job_overrides(ctx, ARCH, outs["packed"], seed=",".join(seeds)),
+                 "hydra/launcher=packed", "training.pack_group=true"]
+    f["packed_overrides"] = " ".join(overrides)
+    proc = ctx.run(job_command(ctx, overrides, pack_mem), "pack_packed",
+                   env={**ctx.env, "OMP_NUM_THREADS": pack_threads}, check=False)
+    f["packed_wall_s"] = proc.seconds
+    f.update(memory_figures(lone_memory, read_memory(pack_mem)))
+    if proc.rc != 0:
+        raise StepError(f"pack_packed: {error_line(proc.output, proc.rc)}", tail(proc.output))
+
+    lone, packed = results(outs["lone"]), results(outs["packed"])
+    if len(lone) != SEEDS or len(packed) != SEEDS:
+        raise StepError(f"pack: {len(lone)} and {len(packed)} result.json files of {SEEDS} (lone, packed)")
+    f["ratio"] = lone_wall / proc.seconds
+    f["bits_per_sample"] = {job: r["mdl.bits_per_sample"] for job, r in packed.items()}
+    f["jobs_time_s"] = {"lone": time_split(lone), "packed": time_split(packed)}
+    f.update(pack_checks(lone, packed, proc.output))
+    mem = ""
+    suffix = "_with_contexts_mb" if "lone_memory_with_contexts_mb" in f else "_mb"
+    if f"lone_memory{suffix}" in f and f"packed_memory{suffix}" in f:
+        mem = f", peak memory {f[f'lone_memory{suffix}']:.0f} MB (5 processes, summed) vs " \
+              f"{f[f'packed_memory{suffix}']:.0f} MB"
+    verdict = "numbers ==" if f["equal"] else "NUMBERS DIFFER"
+    group = f"group formed ({f['seeds_from_group']} later seeds from it)" if f["group_formed"] else "NO GROUP"
+    flags = f"; flags: {' / '.join(f['flags'])}" if f["flags"] else ""
+    return (f"{SEEDS} processes {lone_wall:.1f} s, pack {proc.seconds:.1f} s: {f['ratio']:.2f}×{mem}; {verdict}, "
+            f"{group}{flags}")

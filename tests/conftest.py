@@ -1,7 +1,8 @@
 """Shared test setup: single-threaded torch, wandb disabled, GPU/SLURM tests skipped when unavailable.
 
 SLURM tests (marked `slurm`) run against a one-machine cluster that the `slurm_cluster` fixture starts once per
-session (per xdist worker: `make test` runs them in two groups, so two clusters) with scripts/slurm_cluster.py (root + Debian packages; `.ci/run` installs them) and stops at the end.
+session (per xdist worker: `make test` runs them in two xdist groups, two clusters) with scripts/slurm_cluster.py
+(root + Debian packages; `.ci/run` installs them) and stops at the end.
 Where it cannot run they skip with the script's one-line reason; a cluster that can run but fails to start fails.
 """
 
@@ -38,13 +39,6 @@ def slurm_unavailable() -> str | None:
     return (proc.stdout.strip() or proc.stderr.strip() or "scripts/slurm_cluster.py check failed").splitlines()[0]
 
 
-# `make test` runs the slurm tests in two xdist groups, each on one worker with one cluster: the two time-limit
-# tests (each is timed to outlast SLURM's 1-minute limit, so they run one after the other, not side by side), and
-# the rest. `--dist loadgroup` hands out groups with the most tests first, so both start at once and their waits on
-# the scheduler overlap the CPU-bound tests of the third worker (late, they were the suite's tail).
-SLURM_TIME_LIMIT_TESTS = ("test_time_limit_signals", "test_blocks_longer_than_an_attempt")
-
-
 # tryfirst: xdist's own hook reads the xdist_group markers (into the node ids it schedules by) and must see these
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -54,8 +48,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
             item.add_marker(no_gpu)
         if item.get_closest_marker("slurm") is not None:
-            limit = item.name.startswith(SLURM_TIME_LIMIT_TESTS)
-            item.add_marker(pytest.mark.xdist_group("slurm_time_limit" if limit else "slurm"))
+            if item.get_closest_marker("xdist_group") is None:  # tests/test_slurm.py puts some in a second group
+                item.add_marker(pytest.mark.xdist_group("slurm"))  # with `-n`: one worker, one cluster per group
             if (reason := slurm_unavailable()) is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))
     if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup

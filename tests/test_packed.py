@@ -49,8 +49,8 @@ def _results(out_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 # The tests that compare with `lone` run on one worker under `make test` (module fixtures are per worker): its 6
-# jobs once, not once per worker.
-LONE_GROUP = pytest.mark.xdist_group("packed_lone")
+# jobs once, not once per worker (tests/test_erasure_real.py shares the group: one long group, handed out first).
+LONE_GROUP = pytest.mark.xdist_group("expensive_module_fixtures")
 
 
 @pytest.fixture(scope="module")

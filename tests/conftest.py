@@ -1,7 +1,8 @@
 """Shared test setup: single-threaded torch, wandb disabled, GPU/SLURM tests skipped when unavailable.
 
 SLURM tests (marked `slurm`) run against a one-machine cluster that the `slurm_cluster` fixture starts once per
-session with scripts/slurm_cluster.py (root + Debian packages; `.ci/run` installs them) and stops at the end.
+session (per xdist worker: `make test` runs them in two xdist groups, two clusters) with scripts/slurm_cluster.py
+(root + Debian packages; `.ci/run` installs them) and stops at the end.
 Where it cannot run they skip with the script's one-line reason; a cluster that can run but fails to start fails.
 """
 
@@ -38,6 +39,8 @@ def slurm_unavailable() -> str | None:
     return (proc.stdout.strip() or proc.stderr.strip() or "scripts/slurm_cluster.py check failed").splitlines()[0]
 
 
+# tryfirst: xdist's own hook reads the xdist_group markers (into the node ids it schedules by) and must see these
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     no_gpu = pytest.mark.skip(reason="needs CUDA")
     for item in items:
@@ -45,9 +48,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
             item.add_marker(no_gpu)
         if item.get_closest_marker("slurm") is not None:
-            item.add_marker(pytest.mark.xdist_group("slurm"))  # with `-n`: one worker, one cluster
+            if item.get_closest_marker("xdist_group") is None:  # tests/test_slurm.py puts some in a second group
+                item.add_marker(pytest.mark.xdist_group("slurm"))  # with `-n`: one worker, one cluster per group
             if (reason := slurm_unavailable()) is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+        _group_ids(items)
+
+
+def _group_ids(items: list[pytest.Item]) -> None:
+    """Give each xdist_group-marked test id its `@group` suffix, which the loadgroup scheduler groups by. xdist
+    3.8 writes it into `item._nodeid`, which pytest 9.2's structured ids (`item._id`) no longer read: no group took
+    effect (pytest-dev/pytest-xdist#1386), and tests of one group ran on several workers. Where pytest still reads
+    `_nodeid` (older pytest, or a fixed xdist), xdist's own hook does it: nothing here."""
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        if hasattr(item, "_nodeid") or not hasattr(item, "_id"):
+            return
+        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                 for m in item.iter_markers("xdist_group")}
+        if names:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(names))}")
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,9 @@ import erasure
 
 from .test_erasure_common import digits, mnist5k
 
-# One worker under `-n`, so each dataset's erasers are fitted once (module fixtures are per worker).
-pytestmark = pytest.mark.xdist_group("erasure_real")
+# One worker under `-n`, so each dataset's erasers are fitted once (module fixtures are per worker); the group is
+# shared with tests/test_packed.py's tests of its `lone` fixture.
+pytestmark = pytest.mark.xdist_group("expensive_module_fixtures")
 
 
 @pytest.fixture(scope="module", params=["digits", "mnist5k"])

@@ -9,6 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from training.app.sweep_jobs import fast_expand
 from training.app.sweeps import CONF_DIR, expand, presets, sweep_overrides, sweeper_params
 
 PAPER = ["paper_table_c", "paper_fig4_width", "paper_fig4_depth", "paper_fig5_width", "paper_fig5_depth",
@@ -133,7 +134,7 @@ def test_presets_that_make_claims_run_enough_seeds_for_a_claim_to_hold() -> None
 
 
 def test_sensitivity_preset_covers_parametrization_rank_handling_and_zscore_order(tmp_path: Path) -> None:
-    jobs = expand("sensitivity", [f"paths.out_dir={tmp_path}"])
+    jobs = fast_expand("sensitivity", [f"paths.out_dir={tmp_path}"])  # == Hydra's: tests/test_plan.py
     seen = {(j["arch"]["parametrization"], j["dataset"]["zscore_order"], j["dataset"]["zscore"],
              j["eraser"]["options"].get("rank_deficient")) for j in jobs if j["eraser"]["name"] == "qleace"}
     assert seen == {(p, z, True, r) for p in ("mup", "sp") for z in ("before", "after")

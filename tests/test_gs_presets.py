@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import job_config
+from training.app.sweep_jobs import fast_expand
 from training.app.sweeps import expand
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,7 +17,7 @@ PRESETS = {"gs_two_moons": "gs_two_moons", "gs_colored_mnist": "gs_colored_mnist
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_preset_expands_to_distinct_job_dirs(name: str, tmp_path: Path) -> None:
-    jobs = expand(name, [f"paths.out_dir={tmp_path}"])
+    jobs = fast_expand(name, [f"paths.out_dir={tmp_path}"])  # == Hydra's: tests/test_plan.py
     dirs = [j["paths"]["job_dir"] for j in jobs]
     assert len(set(dirs)) == len(dirs) > 1
     assert all(j["experiment_name"] == name and d.startswith(f"{tmp_path}/runs/{name}/") for j, d in zip(jobs, dirs,

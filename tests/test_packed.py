@@ -49,6 +49,11 @@ def _results(out_dir: Path) -> dict[str, dict[str, Any]]:
             for job, flat in results(out_dir).items()}
 
 
+# The tests that compare with `lone` run on one worker under `make test` (module fixtures are per worker): its 6
+# jobs once, not once per worker (tests/test_erasure_real.py shares the group: one long group, handed out first).
+LONE_GROUP = pytest.mark.xdist_group("expensive_module_fixtures")
+
+
 @pytest.fixture(scope="module")
 def lone(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """The 6 jobs, one per worker process (joblib), as `make demo` runs them."""
@@ -59,6 +64,7 @@ def lone(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     return results
 
 
+@LONE_GROUP
 def test_packed_jobs_equal_lone_jobs_each_in_its_own_directory(tmp_path: Path, lone: dict[str, Any]) -> None:
     text = _sweep(tmp_path, SEEDS, "hydra/launcher=packed")
     assert "6 jobs in 2 packs, run by hydra/launcher=local" in text
@@ -73,6 +79,7 @@ def test_packed_jobs_equal_lone_jobs_each_in_its_own_directory(tmp_path: Path, l
     assert len({j["job_dir"] for j in json.loads(summary.read_text())["jobs"]}) == 6  # a ledger line per job
 
 
+@LONE_GROUP
 def test_pack_size_splits_packs_run_by_joblib(tmp_path: Path, lone: dict[str, Any]) -> None:
     text = _sweep(tmp_path, SEEDS, "hydra/launcher=packed", "hydra.launcher.inner=parallel", "training.pack_size=2")
     assert "6 jobs in 4 packs, run by hydra/launcher=parallel" in text
@@ -82,6 +89,7 @@ def test_pack_size_splits_packs_run_by_joblib(tmp_path: Path, lone: dict[str, An
     assert "multirun: 6/6 jobs ran: 0 done, 6 skipped, 0 failed" in again
 
 
+@LONE_GROUP
 def test_packs_run_by_submitit_local_one_subprocess_each(tmp_path: Path, lone: dict[str, Any]) -> None:
     text = _sweep(tmp_path, SEEDS, "hydra/launcher=packed", "hydra.launcher.inner=submitit_local")
     assert "6 jobs in 2 packs, run by hydra/launcher=submitit_local" in text
@@ -99,6 +107,7 @@ def test_packs_hold_jobs_that_differ_only_in_seed() -> None:
     assert packs_of([["seed=0", "eraser=leace"], ["eraser=leace", "seed=1"]], None)[0][1][0] == 1  # order-blind
 
 
+@LONE_GROUP
 def test_killed_pack_resumes_each_of_its_jobs(tmp_path: Path, lone: dict[str, Any]) -> None:
     out, runs = tmp_path / "killed", tmp_path / "killed/runs"
     command = _command(out, SEEDS, "hydra/launcher=packed")

@@ -43,21 +43,26 @@ def _sample(combos: list[list[str]]) -> list[int]:
     return chosen
 
 
-def test_every_preset_expands_as_hydra_composes_it(tmp_path: Path) -> None:
+def test_there_are_presets_to_expand() -> None:
+    assert len(presets()) >= 10  # the next test is parametrized by presets(): an empty list would test nothing
+
+
+# One test per preset (~170 Hydra compositions in all): under `make test` they spread over the workers.
+@pytest.mark.parametrize("name", presets())
+def test_every_preset_expands_as_hydra_composes_it(name: str, tmp_path: Path) -> None:
     """Every preset: job configs, config hashes and job dirs of jobs spread over the sweep (first and last
     included, every swept value at least once) == those of a full Hydra composition of the same jobs. A whole
     sweep goes through the fast path in the next test; here a sample keeps 3000 Hydra compositions out of it."""
     extra = [f"paths.out_dir={tmp_path}"]
     checked = 0
-    for name in presets():
-        combos = sweep_overrides(name, extra)
-        idx = _sample(combos)
-        sample = [combos[i] for i in idx]
-        for i, got, want in zip(idx, expand_overrides(sample), _hydra(sample), strict=True):
-            assert got == want, f"{name} job {i}: {combos[i]}"
-            assert _hash(got) == _hash(want) and got["paths"]["job_dir"] == want["paths"]["job_dir"]
-            checked += 1
-    assert checked >= 4 * len(presets())  # 170 jobs in all today
+    combos = sweep_overrides(name, extra)
+    idx = _sample(combos)
+    sample = [combos[i] for i in idx]
+    for i, got, want in zip(idx, expand_overrides(sample), _hydra(sample), strict=True):
+        assert got == want, f"{name} job {i}: {combos[i]}"
+        assert _hash(got) == _hash(want) and got["paths"]["job_dir"] == want["paths"]["job_dir"]
+        checked += 1
+    assert checked >= 4  # 170 jobs over all presets today
 
 
 def test_a_whole_sweep_with_extra_group_and_value_sweeps_expands_as_hydra_does(tmp_path: Path) -> None:

@@ -34,6 +34,10 @@ PACKED_SLURM = ("hydra/launcher=packed", "hydra.launcher.inner=slurm", *(
     f"++hydra.launcher.inner_options.{o.split('.', 2)[2]}" for o in SLURM[1:]))  # each pack one job of SLURM's
 ONE_JOB = ("eraser=control", "seed=0", "mdl.full_run=false")
 FAILING_SWEEP = ("eraser=control", "seed=0", "dataset=cifar10,digits", "++dataset.download=false")
+# Under `make test` (xdist --dist loadgroup) the slurm tests run in two groups, each on its own worker with its own
+# cluster (tests/conftest.py puts the others in "slurm"): the two time-limit tests, which wait on the scheduler for
+# minutes, side by side; groups with more tests are handed out first, so both start with the suite.
+SECOND_CLUSTER = pytest.mark.xdist_group("slurm_second_cluster")
 LONG_TRAINING_S = 85  # the time-limit job's block models, one after another: over its 1-min limit with a margin
 
 
@@ -198,6 +202,7 @@ def long_epochs(tmp_path_factory: pytest.TempPathFactory) -> int:
     return max(300, round(LONG_TRAINING_S / per_epoch))
 
 
+@SECOND_CLUSTER
 def test_time_limit_signals_requeues_and_resumes_after_the_last_finished_block(slurm_cluster: Path, tmp_path: Path,
                                                                                 long_epochs: int) -> None:
     job = (*ONE_JOB, f"mdl.max_epochs={long_epochs}", f"mdl.patience={long_epochs}")
@@ -332,6 +337,7 @@ def failing_sweep(slurm_cluster: Path, tmp_path_factory: pytest.TempPathFactory)
     return out, rc, text
 
 
+@SECOND_CLUSTER
 def test_one_failing_array_task_is_reported_and_the_others_keep_their_results(
         failing_sweep: tuple[Path, int, str]) -> None:
     out, rc, text = failing_sweep
@@ -347,6 +353,7 @@ def test_one_failing_array_task_is_reported_and_the_others_keep_their_results(
     assert failed["job_dir"] == str(bad) and failed["error"].startswith("CIFAR-10 not found")
 
 
+@SECOND_CLUSTER
 def test_array_parallelism_one_runs_the_tasks_one_after_another(failing_sweep: tuple[Path, int, str]) -> None:
     out, _, text = failing_sweep
     tasks = _slurm_jobs(out)

@@ -52,24 +52,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.xdist_group("slurm"))  # with `-n`: one worker, one cluster per group
             if (reason := slurm_unavailable()) is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))
-    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
-        _group_ids(items)
-
-
-def _group_ids(items: list[pytest.Item]) -> None:
-    """Give each xdist_group-marked test id its `@group` suffix, which the loadgroup scheduler groups by. xdist
-    3.8 writes it into `item._nodeid`, which pytest 9.2's structured ids (`item._id`) no longer read: no group took
-    effect (pytest-dev/pytest-xdist#1386), and tests of one group ran on several workers. Where pytest still reads
-    `_nodeid` (older pytest, or a fixed xdist), xdist's own hook does it: nothing here."""
-    from _pytest.nodeid import NodeId
-
-    for item in items:
-        if hasattr(item, "_nodeid") or not hasattr(item, "_id"):
-            return
-        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                 for m in item.iter_markers("xdist_group")}
-        if names:
-            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(names))}")
 
 
 @pytest.fixture(scope="session")

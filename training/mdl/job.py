@@ -199,7 +199,8 @@ class Trainer:
             return
         if with_pack and size >= len(jobs) and (
                 others := pack_group.companions(self, self.all_models(), self.pack_room - 1)):
-            self._train_pack_group(first, jobs, others, on_finish)
+            pack_group.train_together(self, first, jobs, others, on_finish,
+                                      lambda rest, done: self._train_many(rest, done, False))
             return
         for start in range(0, len(jobs), size):
             chunk = jobs[start: start + size]
@@ -219,32 +220,6 @@ class Trainer:
     def all_models(self) -> list[FitJob]:
         """Every model of an MDL job (`run_mdl`): the block models, then the full-data model with `mdl.full_run`."""
         return model_jobs(self, list(range(1, len(self.split.block_sizes))), self.cfg.mdl.full_run)
-
-    def _train_pack_group(self, first: Member, jobs: list[FitJob], others: list[pack_group.Companion],
-                          on_finish: OnFinish) -> None:
-        """This job's models and the pack's later seeds' (`others`) in one lockstep group; theirs are kept in the
-        pack for their jobs. If the group fails, this job's unfinished models train alone (its own failure is
-        raised then, as alone)."""
-        own = [first] + [self.member(*job) for job in jobs[1:]]
-        theirs = [(c, job, m) for c in others for job, m in zip(c.jobs, pack_group.members_of(c), strict=True)]
-        finished: set[int] = set()
-
-        def done(k: int, model: torch.nn.Module, res: FitResult) -> None:
-            if k < len(own):
-                on_finish(k, model, res)
-                finished.add(k)
-            else:
-                pack_group.keep_for_later(*theirs[k - len(own)][:2], model, res, theirs[k - len(own)][2])
-
-        log.info("pack group: this job's %d models and %d of seed(s) %s train in one lockstep group", len(own),
-                 len(theirs), ", ".join(str(c.seed) for c in others))
-        try:
-            fit_group(own + [m for _, _, m in theirs], TrainData(self.train_data, self.y), self.group_options(done))
-        except Exception as err:  # noqa: BLE001 - any failure: this job's own models train alone (interrupts pass)
-            left = [k for k in range(len(jobs)) if k not in finished]
-            log.warning("the pack group failed (%s: %s); this job's %d unfinished model(s) train alone",
-                        type(err).__name__, err, len(left))
-            self._train_many([jobs[k] for k in left], lambda k, model, res: on_finish(left[k], model, res), False)
 
     def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
         """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`, and the

@@ -33,8 +33,8 @@ from training.app.results import RESULT_FILE
 from training.app.schema import JobConfig, config_hash
 from training.common import packs
 from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
-from training.engine.fit import FitResult, Member, snapshot
-from training.engine.group import resolve_engine
+from training.engine.fit import FitResult, Member, TrainData, snapshot
+from training.engine.group import fit_group, resolve_engine
 from training.mdl.splits import MdlSplit
 
 if TYPE_CHECKING:
@@ -168,6 +168,35 @@ def _their_jobs(split: MdlSplit, mine: Sequence[FitJob]) -> list[FitJob]:
         else:
             raise ValueError(f"pack group: unknown model tag {tag!r}")
     return out
+
+
+def train_together(trainer: Trainer, first: Member, jobs: Sequence[FitJob], others: list[Companion],
+                   on_finish: OnFinish, alone: Callable[[list[FitJob], OnFinish], None]) -> None:
+    """This job's models (`first` built, then the rest of `jobs`) and the pack's later seeds' (`others`) in one
+    lockstep group; theirs are kept in the pack for their jobs. If the group fails, this job's unfinished models
+    train `alone` (its own failure is raised then, as it would be alone)."""
+    own = [first] + [trainer.member(*job) for job in jobs[1:]]
+    theirs = [(c, job, m) for c in others for job, m in zip(c.jobs, members_of(c), strict=True)]
+    finished: set[int] = set()
+
+    def done(k: int, model: nn.Module, res: FitResult) -> None:
+        if k < len(own):
+            on_finish(k, model, res)
+            finished.add(k)
+        else:
+            companion, job, member = theirs[k - len(own)]
+            keep_for_later(companion, job, model, res, member)
+
+    log.info("pack group: this job's %d models and %d of seed(s) %s train in one lockstep group", len(own),
+             len(theirs), ", ".join(str(c.seed) for c in others))
+    try:
+        fit_group(own + [m for _, _, m in theirs], TrainData(trainer.train_data, trainer.y),
+                  trainer.group_options(done))
+    except Exception as err:  # noqa: BLE001 - any failure: this job's own models train alone (interrupts pass)
+        left = [k for k in range(len(jobs)) if k not in finished]
+        log.warning("the pack group failed (%s: %s); this job's %d unfinished model(s) train alone",
+                    type(err).__name__, err, len(left))
+        alone([jobs[k] for k in left], lambda k, model, res: on_finish(left[k], model, res))
 
 
 def members_of(companion: Companion) -> list[Member]:

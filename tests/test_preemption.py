@@ -20,7 +20,7 @@ import pytest
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import LOCK_FILE
 from training.app.sweeps import expand
-from training.cli.preemption import EXIT_STATUS, Preempted, stop_on_sigterm
+from training.cli.preemption import EXIT_STATUS, Preempted, ignore_time_limit_signal, stop_on_sigterm
 from training.common.locks import holder_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +36,22 @@ def test_sigterm_raises_preempted_in_the_main_thread_and_the_old_handler_comes_b
             time.sleep(0.01)
     assert info.value.code == EXIT_STATUS == 143 and not isinstance(info.value, Exception)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_finished_submitit_job_ignores_a_late_time_limit_signal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A USR2 landing as a finished job's process exits (default handler back) would kill it by the signal, and SLURM
+    would record the finished job as FAILED (exit 12): after the work, the signal is ignored. Not outside submitit."""
+    before = signal.getsignal(signal.SIGUSR2)
+    try:
+        monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+        ignore_time_limit_signal()
+        assert signal.getsignal(signal.SIGUSR2) == before  # a local run: nothing changes
+        monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+        ignore_time_limit_signal()
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+        signal.raise_signal(signal.SIGUSR2)  # would end this process under the default disposition
+    finally:
+        signal.signal(signal.SIGUSR2, before)
 
 
 def test_outside_the_main_thread_it_changes_nothing() -> None:

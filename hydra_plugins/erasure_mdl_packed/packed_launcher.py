@@ -55,6 +55,7 @@ class PackTask:
         self.task_function = task_function
 
     def __call__(self, _lead: DictConfig) -> list[JobReturn]:
+        from training.cli.preemption import ignore_time_limit_signal
         from training.common.packs import packed
         from training.data.shared import sharing
 
@@ -70,6 +71,7 @@ class PackTask:
                     config.hydra.job.num = num
                 out.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function,
                                    config=config, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
+        ignore_time_limit_signal()  # the pack is done: a late time-limit signal must not fail it in SLURM's records
         return out
 
 

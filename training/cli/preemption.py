@@ -67,6 +67,15 @@ def _submitit_signal() -> signal.Signals | None:
     return getattr(signal, "SIG" + env.submitit_preempt_signal(), None)
 
 
+def ignore_time_limit_signal() -> None:
+    """Once a submitit job's work is done, its time-limit signal is ignored from here on. Arriving while the process
+    exits (after Python has put back the default handlers) it would kill the process by that signal (USR2: exit 12)
+    and SLURM would record the finished job as FAILED. No-op outside a submitit job or the main thread."""
+    usr = _submitit_signal()
+    if usr is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(usr, signal.SIG_IGN)
+
+
 @contextmanager
 def stop_on_sigterm() -> Iterator[None]:
     """Inside: SIGTERM raises `Preempted`; submitit's time-limit signal marks the job as stopping before

@@ -25,7 +25,7 @@ from training.app.resolvers import resolved_dict
 from training.app.schema import CONF_DIR, ConfigError, load_config
 from training.app.tasks import get_task
 from training.cli.local_workers import sigint_back_in_local_job
-from training.cli.preemption import stop_on_sigterm
+from training.cli.preemption import ignore_time_limit_signal, stop_on_sigterm
 from training.cli.report import (
     SweepJobFailed,
     exit_interrupted,
@@ -36,6 +36,7 @@ from training.cli.report import (
     to_run_log,
     user_error_line,
 )
+from training.common import packs
 from training.errors import Refused
 
 log = logging.getLogger("training.run")
@@ -44,11 +45,11 @@ log = logging.getLogger("training.run")
 def job(cfg: DictConfig) -> Outcome:
     """Hydra's task function: one job of the (multi)run. Its Outcome is Hydra's return value, which the multirun
     ledger (training/cli/ledger.py) reads."""
-    hydra = HydraConfig.get()
-    multirun = hydra.mode == RunMode.MULTIRUN
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
     quiet_log_file_errors()  # Hydra has set up this job's run.log
     sigint_back_in_local_job()
-    resolved = anchored(resolved_dict(cfg), Path(hydra.runtime.cwd))
+    resolved = anchored(resolved_dict(cfg), Path(hc.runtime.cwd))
     try:
         job = load_config(resolved)  # normally checked earlier, by the job_status callback
         with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
@@ -60,7 +61,7 @@ def job(cfg: DictConfig) -> Outcome:
         if line is None:
             to_run_log(logging.ERROR, f"job failed: {type(err).__name__}: {err}", err)
             raise
-        run_dir = Path(hydra.runtime.output_dir)
+        run_dir = Path(hc.runtime.output_dir)
         if isinstance(err, (ConfigError, Refused)) and not multirun and remove_if_unused(run_dir, Path(str(
                 resolved["paths"]["out_dir"]))):
             exit_user_error(line, err)  # refused before it did anything: no directory left behind
@@ -70,6 +71,8 @@ def job(cfg: DictConfig) -> Outcome:
         if multirun:
             raise
         exit_user_error(line, err)
+    if packs.current() is None:  # a pack's process goes on with its next job: the packed launcher does it at its end
+        ignore_time_limit_signal()
     return outcome
 
 

@@ -100,9 +100,9 @@ def semantic(cfg: Mapping[str, Any] | Section, fill_defaults: bool = True) -> di
     uses = _task_uses(_task(out))
     if uses is not None:
         out = _only(out, ("task", "seed", *uses))
-    raw = _RawJob.of(out)
+    raw = _raw_view(_RawJob, out)
     if isinstance(raw.eraser, dict):
-        out["eraser"] = _hashed_eraser(raw.eraser, _RawEraser.of(raw.eraser), raw.dataset)
+        out["eraser"] = _hashed_eraser(raw.eraser, _raw_view(_RawEraser, raw.eraser), raw.dataset)
     return out
 
 
@@ -121,10 +121,6 @@ class _RawJob:
     eraser: Any = ABSENT
     dataset: Any = ABSENT
 
-    @classmethod
-    def of(cls, out: Mapping[str, Any]) -> _RawJob:
-        return _raw_view(cls, out)
-
 
 @dataclass(frozen=True)
 class _RawEraser:
@@ -133,19 +129,11 @@ class _RawEraser:
     fit_on: Any = ABSENT
     fit_source: Any = None
 
-    @classmethod
-    def of(cls, section: Mapping[str, Any]) -> _RawEraser:
-        return _raw_view(cls, section)
-
 
 @dataclass(frozen=True)
 class _RawDataset:
     zscore: Any = False
     zscore_order: Any = None
-
-    @classmethod
-    def of(cls, section: Mapping[str, Any]) -> _RawDataset:
-        return _raw_view(cls, section)
 
 
 def _hashed_eraser(section: dict[str, Any], eraser: _RawEraser, dataset: Any) -> dict[str, Any]:
@@ -177,7 +165,7 @@ def _batch_erasing(name: str, dataset: Any) -> bool:
         return True
     if not isinstance(dataset, Mapping):
         return False
-    view = _RawDataset.of(dataset)
+    view = _raw_view(_RawDataset, dataset)
     return bool(view.zscore) and view.zscore_order == "after"
 
 

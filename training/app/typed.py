@@ -19,6 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# the option checks of plain dataclasses, re-exported for the task modules (whose top level imports training.app only)
+from training.common.option_checks import NONNEG as NONNEG
+from training.common.option_checks import POSITIVE as POSITIVE
+from training.common.option_checks import POSITIVE_NUMBER as POSITIVE_NUMBER
 from training.errors import UserError
 
 Check = Callable[[Any], bool]

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from training.common.option_checks import POSITIVE
 from training.data.idx import find_idx_pair, read_idx
 from training.data.offline import mnist5k_arrays
 from training.data.registry import DatasetCfg, DatasetMissingError, LoadedData, file_records, register
@@ -47,7 +48,7 @@ class ColoredMnistOptions:
     """`dataset=colored_mnist`'s own keys (conf/dataset/colored_mnist.yaml)."""
 
     source: Literal["mnist5k", "idx"]  # idx: full MNIST IDX files under dataset.root
-    n_test: int = field(metadata={"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"})
+    n_test: int = field(metadata=POSITIVE)
     label_noise: float = field(metadata=PROBABILITY)
     color_flip: list[float] = field(metadata={"check": lambda v: len(v) >= 1 and all(0 <= f <= 1 for f in v),
                                               "allowed": "a list of probabilities, one per environment"})

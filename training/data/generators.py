@@ -25,10 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from training.common.option_checks import NONNEG, POSITIVE, POSITIVE_NUMBER
 from training.data.registry import DatasetCfg, LoadedData, register
 
-POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
-NONNEG = {"check": lambda v: v >= 0, "allowed": "a number ≥ 0"}
 CHUNK_ROWS = 4096  # rows per class per oracle chunk (memory: K · CHUNK_ROWS · d float64)
 
 
@@ -38,10 +37,10 @@ class GaussianOptions:
 
     dim: int = field(metadata=POSITIVE)
     num_classes: int = field(metadata={"check": lambda v: v >= 2, "allowed": "an integer ≥ 2"})
-    rows_per_dim: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
+    rows_per_dim: float = field(metadata=POSITIVE_NUMBER)
     mean_gap: float = field(metadata=NONNEG)  # norm of each class-mean offset
     cov_gap: float = field(metadata=NONNEG)  # strength of each class's own covariance direction (0: equal)
-    sigma: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
+    sigma: float = field(metadata=POSITIVE_NUMBER)
     data_seed: int = field(metadata=NONNEG)
 
     @property
@@ -53,7 +52,7 @@ class GaussianOptions:
 class MixtureOptions(GaussianOptions):
     """`dataset=mixture`: GaussianOptions (cov_gap unused: 0) and the half-distance of each class's two modes."""
 
-    separation: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
+    separation: float = field(metadata=POSITIVE_NUMBER)
 
 
 def _gen(*key: int) -> torch.Generator:

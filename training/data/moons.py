@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from training.common.option_checks import NONNEG, POSITIVE
 from training.data.registry import DatasetCfg, LoadedData, register
 from training.engine.seeding import derive_seed
 
@@ -36,7 +37,6 @@ def two_moons_arrays(n: int, noise: float, margin: float, seed: int, rotation: f
     return x.astype(np.float32), y.astype(np.int64)
 
 
-POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +45,7 @@ class TwoMoonsOptions:
 
     n: int = field(metadata=POSITIVE)
     n_test: int = field(metadata=POSITIVE)  # an independent test draw
-    noise: float = field(metadata={"check": lambda v: v >= 0, "allowed": "a number ≥ 0"})
+    noise: float = field(metadata=NONNEG)
     margin: float  # > 0: linearly separable along one coordinate with a gap of 2·margin
     rotation: float  # degrees
     data_seed: int = field(metadata={"check": lambda v: v >= 0, "allowed": "an integer ≥ 0"})

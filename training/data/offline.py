@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from training.common.option_checks import NONNEG, POSITIVE, POSITIVE_NUMBER
 from training.data.idx import find_idx_pair, read_idx
 from training.data.registry import DatasetCfg, DatasetMissingError, LoadedData, file_records, register
 
@@ -80,8 +81,6 @@ def _fashion_mnist_in(folder: Path) -> LoadedData | None:
                       {"source": str(folder), "files": file_records(pair, folder)})
 
 
-POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
-NONNEG = {"check": lambda v: v >= 0, "allowed": "a number ≥ 0"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,7 +93,7 @@ class SyntheticOptions:
     size: int = field(metadata=POSITIVE)
     mean_gap: float = field(metadata=NONNEG)  # norm of each class-mean offset
     cov_gap: float = field(metadata=NONNEG)  # strength of class-specific covariance directions
-    sigma: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
+    sigma: float = field(metadata=POSITIVE_NUMBER)
     data_seed: int = field(metadata=NONNEG)
 
 

@@ -10,8 +10,6 @@ from training.app.tasks import Task
 # hashed dataset keys of the image pipeline, which the synthetic GS tasks do not read
 NOT_AN_IMAGE_PIPELINE = {"dataset.augment": False, "dataset.zscore": False, "dataset.zscore_order": "before",
                          "dataset.limit": None, "dataset.permute_labels": False}
-POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
-NONNEG = {"check": lambda v: v >= 0, "allowed": "a number ≥ 0"}
 
 
 def _method(result: dict[str, Any]) -> str:

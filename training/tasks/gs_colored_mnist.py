@@ -8,7 +8,8 @@ from types import ModuleType
 from typing import Literal
 
 from training.app.tasks import Collected
-from training.tasks._starvation import NOT_AN_IMAGE_PIPELINE, POSITIVE, StarvationTask
+from training.app.typed import NONNEG, POSITIVE, POSITIVE_NUMBER
+from training.tasks._starvation import NOT_AN_IMAGE_PIPELINE, StarvationTask
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,8 +19,8 @@ class ColoredMnistOptions:
     hidden: int = field(metadata=POSITIVE)
     depth: int = field(metadata=POSITIVE)
     init: Literal["default", "xavier"] = "xavier"  # xavier weights, zero biases (the official code)
-    lr: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
-    weight_decay: float = field(default=0.0, metadata={"check": lambda v: v >= 0, "allowed": "a number ≥ 0"})
+    lr: float = field(metadata=POSITIVE_NUMBER)
+    weight_decay: float = field(default=0.0, metadata=NONNEG)
     steps: int = field(metadata=POSITIVE)
     eval_every: int = field(default=50, metadata=POSITIVE)
 

@@ -8,7 +8,8 @@ from types import ModuleType
 from typing import Literal
 
 from training.app.tasks import Collected
-from training.tasks._starvation import NONNEG, NOT_AN_IMAGE_PIPELINE, POSITIVE, StarvationTask
+from training.app.typed import NONNEG, POSITIVE, POSITIVE_NUMBER
+from training.tasks._starvation import NOT_AN_IMAGE_PIPELINE, StarvationTask
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,7 +26,7 @@ class TwoMoonsOptions:
     hidden: int = field(metadata=POSITIVE)
     depth: int = field(default=1, metadata=POSITIVE)
     init: Literal["default", "xavier"] = "default"
-    lr: float = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0"})
+    lr: float = field(metadata=POSITIVE_NUMBER)
     momentum: float = field(metadata=NONNEG)
     weight_decay: float = field(default=0.0, metadata=NONNEG)
     steps: int = field(metadata=POSITIVE)

@@ -24,6 +24,7 @@ from models.registry import arch_traits
 from training.app.lifecycle import JobRun, Outcome, Progress, run_in_job_dir
 from training.app.schema import JobConfig, MdlConfig
 from training.app.wandb_logger import RunLogger
+from training.common import packs
 from training.data import LoadedData
 from training.data.erase import BatchEraser, FitPlan, apply_eraser, apply_eraser_keeping_map
 from training.engine.batches import DeviceData
@@ -198,7 +199,7 @@ class Trainer:
                 on_finish(k, *self._fit_one(first if k == 0 else self.member(*job), job[1]))
             return
         if with_pack and size >= len(jobs) and (
-                others := pack_group.companions(self, self.all_models(), self.pack_room - 1)):
+                others := pack_group.companions(self, self.pack_room - 1)):
             pack_group.train_together(self, first, jobs, others, on_finish,
                                       lambda rest, done: self._train_many(rest, done, False))
             return
@@ -548,7 +549,8 @@ def run(prepared: Prepared) -> dict[str, Any]:
             checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
         trainer = Trainer(cfg, prepared.x, data.y, data.num_classes, split, job.device, batches=prepared.batches,
                           checkpoint=checkpoint)
-        trainer.pack_room = jobs_that_fit(cfg, data, job.device)
+        if packs.current() is not None:  # the memory estimate of a pack group (training/mdl/pack_group.py)
+            trainer.pack_room = jobs_that_fit(cfg, data, job.device)
         log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", job.path, data.name,
                  len(data.y), len(split.val_idx), split.block_sizes, trainer.optim.lr, job.device)
         t_mdl = time.perf_counter()

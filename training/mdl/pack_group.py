@@ -29,13 +29,13 @@ import torch
 from torch import Tensor, nn
 
 from training.app.job_paths import JobPath
+from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import RESULT_FILE
 from training.app.schema import JobConfig, config_hash
 from training.common import packs
 from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
 from training.engine.fit import FitResult, Member, TrainData, snapshot
 from training.engine.group import fit_group, resolve_engine
-from training.mdl.splits import MdlSplit
 
 if TYPE_CHECKING:
     from training.mdl.job import Trainer
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 FitJob = tuple[Tensor, object, "int | None"]  # (training rows, tag, eval_every_steps), as Trainer.train_many takes
 OnFinish = Callable[[int, nn.Module, FitResult], None]
-PROGRESS_FILE = "progress.json"
 
 
 @dataclass(frozen=True)
@@ -127,10 +126,10 @@ class Companion:
     jobs: list[FitJob]
 
 
-def companions(trainer: Trainer, jobs: Sequence[FitJob], room: int) -> list[Companion]:
+def companions(trainer: Trainer, room: int) -> list[Companion]:
     """The pack's later jobs (at most `room`) whose models can train in this job's group: same data for every seed,
-    not done, no progress of their own. Their jobs are this job's (the blocks of their own split) or, where this
-    job resumes, every block of theirs."""
+    not done, no progress of their own; each trains all its models (`Trainer.all_models`), also where this job
+    resumes."""
     pack = packs.current()
     cfg = trainer.cfg
     if pack is None or room < 1 or not wanted(trainer) or seed_free(cfg) is not None:
@@ -148,26 +147,13 @@ def companions(trainer: Trainer, jobs: Sequence[FitJob], room: int) -> list[Comp
             continue
         other = dataclasses.replace(cfg, seed=seed, paths=dataclasses.replace(cfg.paths, job_dir=str(job_dir)))
         sibling = trainer.for_seed(other)
-        out.append(Companion(seed, config_hash(other), sibling, _their_jobs(sibling.split, jobs)))
+        out.append(Companion(seed, config_hash(other), sibling, sibling.all_models()))
     return out
 
 
 def _started(job_dir: Path) -> bool:
     """Whether the job is done or an attempt of it saved progress (then it resumes alone, from its own files)."""
     return any((job_dir / f).exists() for f in (RESULT_FILE, PROGRESS_FILE)) or any(job_dir.glob(CHECKPOINT_PATTERN))
-
-
-def _their_jobs(split: MdlSplit, mine: Sequence[FitJob]) -> list[FitJob]:
-    """A later seed's models for this job's `mine`: the same tags, on that seed's rows."""
-    out: list[FitJob] = []
-    for _, tag, every in mine:
-        if tag == "full":
-            out.append((split.order, tag, every))
-        elif isinstance(tag, tuple) and tag[0] == "block":
-            out.append((split.prefix(int(tag[1])), tag, every))
-        else:
-            raise ValueError(f"pack group: unknown model tag {tag!r}")
-    return out
 
 
 def train_together(trainer: Trainer, first: Member, jobs: Sequence[FitJob], others: list[Companion],

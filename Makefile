@@ -13,7 +13,7 @@ GPU_REPORT_ARGS ?=
 REPORT_PY = $(if $(wildcard $(PY)),$(PY),python3)
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=disabled
 
-.PHONY: help setup test test-all demo calibrate lint clean reproduce plan tables bench gpu-report gpu-wheels slurm-up slurm-down
+.PHONY: help setup test test-all demo calibrate lint docs clean reproduce plan tables bench gpu-report gpu-wheels slurm-up slurm-down
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -84,6 +84,9 @@ slurm-down:  ## stop that cluster (its jobs, then the daemons it started, by pid
 lint: setup  ## ruff, then mypy (its files and settings: [tool.mypy] in pyproject.toml)
 	$(VENV)/bin/ruff check atomicio erasure models training scripts tests hydra_plugins
 	$(VENV)/bin/mypy
+
+docs: setup  ## build the documentation site (docs/ → build/site) with mkdocs --strict: a broken link fails
+	$(VENV)/bin/mkdocs build --strict
 
 clean:  ## remove caches (keeps .venv and outputs/)
 	rm -rf .pytest_cache .ruff_cache .mypy_cache build *.egg-info

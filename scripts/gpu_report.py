@@ -43,6 +43,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if not __package__:  # run as a plain script (the GPU machine installs nothing): its pieces are this checkout's
     sys.path.insert(0, str(ROOT))
+# before any import below: they reach training/ (hydra, omegaconf, mup), absent on the bare GPU machine
+from scripts.gpu_report_bootstrap import bootstrap  # noqa: E402
+
+BOOTSTRAP = bootstrap()
 
 from scripts.gpu_report_env import ensure_packages, environment  # noqa: E402
 from scripts.gpu_report_model import Report, as_json  # noqa: E402
@@ -143,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         return merge(args.merge, Path(args.out))
     report = Report(started=now(), argv=sys.argv[1:] if argv is None else argv)
-    env, install = ensure_packages()
+    env, install = ensure_packages(BOOTSTRAP)
     import torch
 
     if args.device == "auto":

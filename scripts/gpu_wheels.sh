@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel 2>/dev/null || dirname "$0"/..)"
 mkdir -p .whl
 # the versions pyproject.toml asks for: timm's floor (the GPU image's is older), the dev extra's pytest pin
-timm=$(grep -o '"timm[^"]*"' pyproject.toml | tr -d '"')
+timm=$(grep -o '"timm>=[^"]*"' pyproject.toml | tr -d '"' | sed 's/>=/==/')
 pytest=$(grep -o '"pytest>=[^"]*"' pyproject.toml | tr -d '"')
 plat=(--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
       --platform manylinux2014_x86_64 --platform any)

@@ -295,3 +295,51 @@ def test_pack_memory_sums_the_lone_peaks_and_adds_one_context_per_process_on_cud
     cpu = memory_figures([ProcessMemory(peak_rss_mb=600.0)] * 5, ProcessMemory(peak_rss_mb=700.0))
     assert cpu == {"lone_memory_mb": 3000.0, "lone_memory_each_mb": [600.0] * 5, "packed_memory_mb": 700.0}
     assert memory_figures([*cuda[:4], None], None) == {}  # a process that wrote no memory file: no sum
+
+
+BOOTSTRAPPED = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "mup", "schedulefree", "filelock", "mlxtend")
+
+
+def _wheel_from_installed(dist_name: str, into: Path) -> set[str]:
+    """A wheel of an installed pure-Python distribution, zipped from its installed files; returns its top-level
+    names (what a Python without it must not see)."""
+    import importlib.metadata
+    import zipfile
+
+    dist = importlib.metadata.distribution(dist_name)
+    name = dist.metadata["Name"].replace("-", "_")
+    files = [f for f in dist.files or [] if not str(f).startswith("..") and "__pycache__" not in str(f)]
+    with zipfile.ZipFile(into / f"{name}-{dist.version}-py3-none-any.whl", "w") as z:
+        for f in files:
+            z.write(Path(str(dist.locate_file(f))), str(f))
+    return {str(f).split("/")[0] for f in files}
+
+
+def test_bootstraps_on_a_python_without_the_harness(tmp_path: Path) -> None:
+    """Issue 37: on the bare GPU machine `python3 scripts/gpu_report.py` died importing omegaconf before it installed
+    `.whl/`. Here under `python -S` with a site of the venv's packages less hydra/omegaconf/mup/schedulefree/
+    filelock/mlxtend (and no editable install of this project), with those as wheels built from the venv: it
+    installs them and gets as far as listing its steps, which imports every step module and so training/."""
+    import site
+
+    wheels, bare, target = tmp_path / "whl", tmp_path / "bare", tmp_path / "site"
+    wheels.mkdir()
+    bare.mkdir()
+    hidden = {"hydra_plugins", "erasure_mdl-0.1.0.dist-info"}
+    for dist in BOOTSTRAPPED:
+        hidden |= _wheel_from_installed(dist, wheels)
+    packages = Path(next(p for p in site.getsitepackages() if Path(p, "torch").is_dir()))
+    for entry in packages.iterdir():
+        if entry.name not in hidden and entry.suffix != ".pth" and not entry.name.startswith("__editable__"):
+            (bare / entry.name).symlink_to(entry)
+    env = {**{k: v for k, v in os.environ.items() if k != "OUT"}, "PYTHONPATH": str(bare),
+           "GPU_REPORT_WHEELS": str(wheels), "GPU_REPORT_SITE": str(target), "OMP_NUM_THREADS": "1"}
+    for module in ("hydra", "omegaconf", "mup", "schedulefree"):
+        probe = subprocess.run([sys.executable, "-S", "-c", f"import {module}"], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert probe.returncode != 0 and "No module named" in probe.stderr, module  # really absent
+    proc = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / "gpu_report.py"), "--list", "--toy"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert [ln.split()[0] for ln in proc.stdout.splitlines() if ln.strip()] == [s.name for s in all_steps(TOY)]
+    assert {"hydra", "omegaconf", "mup", "schedulefree"} <= {p.name for p in target.iterdir()}

@@ -33,6 +33,7 @@ from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import RESULT_FILE
 from training.app.schema import JobConfig, config_hash
 from training.common import packs
+from training.engine import numerics
 from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
 from training.engine.fit import FitResult, Member, TrainData, snapshot
 from training.engine.group import fit_group, resolve_engine
@@ -55,6 +56,7 @@ class TrainedAhead:
     val_idx: Tensor | None
     x: Tensor  # the (erased) images and labels its group trained on (the shared tensors: no copy)
     y: Tensor
+    groups: frozenset[tuple[str, int]] = frozenset()  # how it trained: the numerics signature's engine, group size
 
     def fits(self, member: Member, x: Tensor, y: Tensor) -> bool:
         """Whether it is exactly the model `member` would train on `x`, `y` (its init and batch order come from the
@@ -108,6 +110,7 @@ def take_trained(trainer: Trainer, jobs: Sequence[FitJob], on_finish: OnFinish) 
             continue
         member.model.load_state_dict(found.state)
         member.model.eval()
+        numerics.note(found.groups)
         on_finish(k, member.model, found.result)
         used += 1
     if used:
@@ -195,7 +198,8 @@ def keep_for_later(companion: Companion, job: FitJob, model: nn.Module, result: 
     pack = packs.current()
     assert pack is not None
     pack.ahead[(companion.cfg_hash, _name(job[1]))] = TrainedAhead(
-        snapshot(model), result, member.idx, member.val_idx, companion.trainer.x, companion.trainer.y)
+        snapshot(model), result, member.idx, member.val_idx, companion.trainer.x, companion.trainer.y,
+        numerics.trained_with())
 
 
 def _name(tag: object) -> str:

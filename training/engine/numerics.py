@@ -134,11 +134,3 @@ def trained_with() -> frozenset[tuple[str, int]]:
 def note(groups: frozenset[tuple[str, int]]) -> None:
     """This job's models include some trained elsewhere (a pack group) with `groups`."""
     _CURRENT.groups.update(groups)
-
-
-def signature_text(sig: Any) -> str | None:
-    """A short comparable text of a recorded signature (None when the result records none)."""
-    if not isinstance(sig, dict):
-        return None
-    keys = ("device_name", "torch", "cuda", "cudnn", "precision", "engine", "models_together", "deterministic")
-    return "|".join(str(sig.get(k)) for k in keys)

@@ -7,9 +7,11 @@ permuted, no per-batch erasure), the first job to train also trains the block mo
 own group (each member keeps its seed's init, split, batch order and validation set), and leaves their finished
 models in the pack (training/common/packs.py). A later job takes its models from there, checks they were trained on
 exactly what it would train them on (config hash, training rows, validation rows, data, labels), and codes them as
-if it had trained them itself; anything else it trains as alone. With the loop engine a member's arithmetic does
-not depend on its group, so the numbers are bitwise those of lone jobs; the stacked engine's likewise
-(tests/test_pack_group.py checks both).
+if it had trained them itself; anything else it trains as alone. With the loop engine on CPU a member's arithmetic
+does not depend on its group, so the numbers are bitwise those of lone jobs (tests/test_pack_group.py). The stacked
+engine, and any engine on a GPU, picks kernels by the group's shape (10 vs 50 models sum in another order): there
+the numbers are those of lone jobs within the numerics contract's tolerance (training/engine/numerics.py), and
+result.json's numerics signature records the group size (`models_together`).
 
 Later jobs that are done, or have progress of their own (an earlier attempt), train alone; so do jobs beyond what the
 memory estimate says fits (`room`). If the group fails, the job's own unfinished models train again alone, so a

@@ -58,12 +58,13 @@ _CURRENT = _Job()
 def _set_fp32_precision(tf32: bool) -> Callable[[], None]:
     """TF32 on/off for CUDA matmul and cuDNN convolutions; returns what restores the previous setting."""
     b = torch.backends
-    if hasattr(b.cuda.matmul, "fp32_precision") and hasattr(b.cudnn, "conv"):  # torch >= 2.9 (legacy flags warn)
-        old = (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision)
-        b.cuda.matmul.fp32_precision = b.cudnn.conv.fp32_precision = "tf32" if tf32 else "ieee"
+    conv: Any = getattr(b.cudnn, "conv", None)  # torch >= 2.9: the fp32_precision API (the legacy flags warn)
+    if hasattr(b.cuda.matmul, "fp32_precision") and conv is not None:
+        old = (b.cuda.matmul.fp32_precision, conv.fp32_precision)
+        b.cuda.matmul.fp32_precision = conv.fp32_precision = "tf32" if tf32 else "ieee"
 
         def restore() -> None:
-            b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision = old
+            b.cuda.matmul.fp32_precision, conv.fp32_precision = old
         return restore
     legacy = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32)
     b.cuda.matmul.allow_tf32 = b.cudnn.allow_tf32 = tf32
@@ -109,9 +110,11 @@ def training_forward(device: torch.device, engine: str = "fit", models: int = 1)
 
 
 def forward(model: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
-    """`model(x)` as one model's training step runs it (`fit`): float32 logits in every precision."""
+    """`model(x)` as one model's training step runs it (`fit`): bf16 logits come back float32 (a float64 model's
+    stay float64)."""
     with training_forward(x.device):
-        return model(x).float()
+        out = model(x)
+    return out.float() if out.dtype in (torch.bfloat16, torch.float16) else out
 
 
 def signature(device: torch.device | str, device_name: str) -> dict[str, Any]:

@@ -6,11 +6,12 @@ grids are 16×16 → 8×8 → 4×4 → 2×2. `arch.stages` = 3: depths [D, D, 3D
 (this harness's earlier shape; its 4th stage holds most parameters while seeing 4 tokens).
 Heads: `num_heads` in the first stage, doubling per stage, the same at every width, so μP scales the head
 dimension (SwinV2's cosine attention needs no 1/d correction).
-Windows: `arch.window_size` = 7 (paper): timm (1.0.31 here) pads a grid that 7 does not divide to a multiple of 7
-(16×16 → 21×21, 3×3 windows; 8×8 → 14×14), as torchvision's SwinV2 does, and uses the whole grid as the window
-when the grid is at most 7 wide (4×4, 2×2: one window, no shift; torchvision pads those to 7×7 instead, with
-the same single window per image but zero tokens in it). `window_size` = null: per stage, the whole grid if it
-is at most 7 wide, else the largest of 7…4 dividing it (4 at 16×16; no padding).
+Windows: `arch.window_size` = 7 (paper): timm (>= 1.0.31, pyproject's floor; 1.0.29 cannot build this) pads a grid
+that 7 does not divide to a multiple of 7 (16×16 → 21×21, 3×3 windows; 8×8 → 14×14), as torchvision's SwinV2
+does, and uses the whole grid as the window when the grid is at most 7 wide (4×4, 2×2: one window, no shift;
+torchvision pads those to 7×7 instead, with the same single window per image but zero tokens in it).
+`window_size` = null: per stage, the whole grid if it is at most 7 wide, else the largest of 7…4 dividing it (4 at
+16×16; no padding).
 """
 
 from __future__ import annotations

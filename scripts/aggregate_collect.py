@@ -13,7 +13,7 @@ import math
 import sys
 import typing
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -280,6 +280,18 @@ def commit_of(result: Result) -> str:
     return prov.commit[:10] + ("+dirty" if prov.dirty else "")
 
 
+SIGNATURE = ("device_name", "torch", "cuda", "cudnn", "precision", "engine", "models_together", "deterministic")
+
+
+def numerics_of(result: Result) -> str | None:
+    """The numerics signature a result records (`provenance.numerics`, training/engine/numerics.py) as one text,
+    or None for a result written before it (not compared)."""
+    sig = result.provenance.raw.get("numerics") if result.provenance is not None else None
+    if not isinstance(sig, Mapping):
+        return None
+    return " ".join(f"{k}={sig.get(k)}" for k in SIGNATURE)
+
+
 def data_of(result: Result) -> str | None:
     """The identity of the data a result was computed on: its `dataset.fingerprint` content hash (the loaded
     arrays', before any label permutation), or None for a result written without one."""
@@ -349,7 +361,8 @@ def _result_row(result: Result, job_dir: str) -> dict[str, Any]:
     by the codec: result_codec.decode)."""
     assert isinstance(result, MdlResult) and result.config is not None
     row = {**_cell_from_config(dict(result.config), result.numerics_version), "job_dir": job_dir,
-           "status": "done", "commit": commit_of(result), "data": data_of(result)}
+           "status": "done", "commit": commit_of(result), "data": data_of(result),
+           "numerics": numerics_of(result)}
     mdl = result.mdl
     if mdl is None:
         return {**row, "status": "incomplete", "error": "result.json has no mdl section"}

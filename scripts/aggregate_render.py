@@ -39,6 +39,7 @@ from scripts.tables import (
 LABEL_NAMES = {"dataset": "dataset", "arch": "arch", "width": "w", "depth": "d", "fit_on": "fit on",
                "variant": "variant"}  # the row label columns of a table (fit on, variant: only when they vary)
 MIXED = "†"  # a cell whose seeds come from different commits
+MIXED_NUMERICS = "§"  # a cell whose seeds ran under different numerics signatures (training/engine/numerics.py)
 MIXED_DATA = "‡"  # a cell whose runs were computed on different data (dataset.fingerprint): not averaged
 # Paper Appendix C (CIFAR-10, legacy MDL units, 5 seeds; Quirke & Belrose 2025, App. C): (mean, sd).
 PAPER_TABLE_C: dict[str, dict[str, tuple[float, float]]] = {
@@ -76,7 +77,7 @@ def _cell_text(rec: pd.Series | None, metric: str, digits: int = 3) -> str:
     text = fmt(rec[f"{metric}_mean"], rec[f"{metric}_sd"], digits)
     text += f" ({rec['n']}/{rec['n_expected']})" if rec["n"] < rec["n_expected"] else ""
     text += f" [{cell.folds}]" if cell.folds else ""
-    return text + (f" {MIXED}" if cell.mixed_commits else "")
+    return text + (f" {MIXED}" if cell.mixed_commits else "") + (f" {MIXED_NUMERICS}" if cell.mixed_numerics else "")
 
 
 def _row_keys(summary: pd.DataFrame) -> list[tuple[Any, ...]]:
@@ -405,7 +406,10 @@ def _code_line(df: pd.DataFrame) -> str:
 def _mixed_lines(summary: pd.DataFrame) -> str:
     mixed = summary[summary.mixed_commits.astype(bool)] if "mixed_commits" in summary else summary.iloc[0:0]
     data = summary[summary.mixed_data.astype(bool)] if "mixed_data" in summary else summary.iloc[0:0]
+    sigs = summary[summary.mixed_numerics.astype(bool)] if "mixed_numerics" in summary else summary.iloc[0:0]
     return "".join([f"{MIXED} seeds from different commits: {cell_name(r)}: {r.commits}\n" for _, r in mixed.iterrows()]
+                   + [f"{MIXED_NUMERICS} seeds under different numerics signatures (GPU: equal within tolerance, not "
+                      f"bitwise): {cell_name(r)}: {r.numerics}\n" for _, r in sigs.iterrows()]
                    + [f"{MIXED_DATA} runs on different data (dataset.fingerprint), not averaged: {cell_name(r)}: "
                       f"{r.data}\n" for _, r in data.iterrows()])
 

@@ -40,6 +40,7 @@ class CellRow:
 
     mixed_data: Any = False
     mixed_commits: Any = False
+    mixed_numerics: Any = False
     folds: Any = ""
     null_mismatch: Any = ""
     n_fit_mean: float = math.nan

@@ -61,6 +61,23 @@ def _data(runs: pd.DataFrame) -> str:
     return "; ".join(f"{d}: seed{'s' if len(s) > 1 else ''} {' '.join(map(str, s))}" for d, s in by.items())
 
 
+def _numerics(done: pd.DataFrame) -> str:
+    """`<signature>: seeds 0 2; <signature>: seed 1` over the runs that record one."""
+    if "numerics" not in done or done.empty:
+        return ""
+    by: dict[str, list[int]] = {}
+    for seed, sig in sorted(zip(done.seed, done.numerics, strict=True), key=lambda t: (t[0], str(t[1]))):
+        if isinstance(sig, str):
+            by.setdefault(sig, []).append(int(seed))
+    return "; ".join(f"{d}: seed{'s' if len(s) > 1 else ''} {' '.join(map(str, s))}" for d, s in by.items())
+
+
+def mixed_numerics(done: pd.DataFrame) -> bool:
+    """Whether a cell's finished seeds record different numerics signatures (device, versions, precision, engine,
+    models trained together, deterministic); results written before the signature are not compared."""
+    return "numerics" in done and done.numerics.dropna().nunique() > 1
+
+
 def mixed_data(runs: pd.DataFrame) -> bool:
     """Whether a cell's runs (null runs included: the same data, labels permuted) were computed on different data
     (different `dataset.fingerprint`s; runs that record none are not compared)."""
@@ -177,6 +194,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             + [f"{_run_label(s, f, holdout)}:missing" for s, f in absent])
         rec["commits"] = _commits(done)
         rec["mixed_commits"] = "commit" in done and done.commit.nunique(dropna=False) > 1
+        rec["numerics"], rec["mixed_numerics"] = _numerics(done), mixed_numerics(done)
         runs = pd.concat([done, nulls])
         rec["data"], rec["mixed_data"] = _data(runs), mixed_data(runs)
         for col in METRICS + list(CERT) + REPORT + PROBE_NUMBERS + FIT_NUMBERS:

@@ -2,7 +2,7 @@
 
     python3 scripts/gpu_report.py --out "$OUT"                 # on the GPU machine (installs .whl/ if needed)
     .venv/bin/python scripts/gpu_report.py                      # no CUDA here: the same steps on CPU, toy sizes
-    python3 scripts/gpu_report.py --steps tests,erasers --budget 560 --out "$OUT"
+    python3 scripts/gpu_report.py --steps erasers,bench_mdl --out "$OUT"   # a second call: what the first skipped
 
 Writes `<out>/gpu_report.json`, `<out>/gpu_report.md` and one log per subprocess under `<out>/logs/`. Both
 files are rewritten after every step (and before it: a step the report dies in reads "failed: did not
@@ -10,19 +10,23 @@ finish", steps after it "skipped: not reached"), so a killed run loses nothing i
 records its one-line error and the tail of its output, and the next step runs. Each step has its own time
 budget (`--budget` caps the whole run: a step gets at most what is left).
 
-Steps (groups in brackets; `--steps`/`--skip` take step or group names):
-  tests [tests]              pytest -m "not slurm" (GPU: gpu-marked tests that skip count as failures)
+Steps, in priority order (groups in brackets; `--steps`/`--skip` take step or group names). On a GPU the whole
+report has a default budget of 540 s (one 10-minute device call with its start); steps it does not reach are
+listed as skipped, with the reason:
+  tests [tests]              pytest -m gpu (GPU: gpu-marked tests that skip count as failures; --pytest-m)
   job_<arch> [jobs]          one `python -m training.run` MDL job per architecture at the paper's base size on
                              CIFAR-shaped synthetic data (50 000 × 3×32×32, 10 classes), capped epochs
+  throughput [speed]         samples/s per architecture through the job's own paths: one model by fit() (as a job
+                             trains it), the vectorised group by fit_group (where the job vectorises), eval
+  pack [sweep]               one MLP cell, 5 seeds: 5 `training.run` processes at once vs one pack
+                             (hydra/launcher=packed training.pack_group=true): wall times, ratio, memory, and the
+                             numbers against the numerics contract's tolerance (largest deviation vs seed SD)
   erasers_device [erasers]   LEACE, QLEACE, ALF-QLEACE fitted in float64 on the device vs CPU: max |Δ| erased
+  bench_mdl [speed]          scripts/bench_mdl.py: ours vs the naive loop, device read bandwidth vs an MLP epoch
   bench_erasers_device, bench_erasers_cpu_reference [erasers]
                              scripts/bench_erasers.py: ours on the device beside concept-erasure's float64 CPU fit
-  bench_mdl [speed]          scripts/bench_mdl.py: ours vs the naive loop, device read bandwidth vs an MLP epoch
-  throughput [speed]         train and eval samples/s per architecture through the job's Trainer
   sweep_cost [sweep]         per architecture: GPU-seconds per epoch per job, memory per job, jobs per GPU
                              (by memory, and measured: aggregate samples/s of 1, 2, 4 processes at once)
-  pack [sweep]               one MLP cell, 5 seeds: 5 `training.run` processes at once vs one pack
-                             (hydra/launcher=packed training.pack_group=true): wall times, ratio, memory, ==
 
 Without CUDA (or with --toy) every step runs on CPU at toy sizes in about a minute, so the path is known to
 work before a GPU sees it (tests/test_gpu_report.py runs it).
@@ -43,6 +47,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if not __package__:  # run as a plain script (the GPU machine installs nothing): its pieces are this checkout's
     sys.path.insert(0, str(ROOT))
+# before any import below: they reach training/ (hydra, omegaconf, mup), absent on the bare GPU machine
+from scripts.gpu_report_bootstrap import bootstrap  # noqa: E402
+
+BOOTSTRAP = bootstrap()
 
 from scripts.gpu_report_env import ensure_packages, environment  # noqa: E402
 from scripts.gpu_report_model import Report, as_json  # noqa: E402
@@ -61,23 +69,27 @@ from scripts.gpu_report_steps import (  # noqa: E402
     step_throughput,
 )
 
+DEFAULT_BUDGET = 540.0  # GPU mode: one 10-minute device call less the wheels' install and start-up
+
 
 def all_steps(sizes: Sizes) -> list[Step]:
+    """In priority order: a budget that runs out skips the last ones (--budget; GPU default DEFAULT_BUDGET)."""
     t = sizes.timeouts
     return [
         Step("tests", "tests", step_tests, t["tests"], "test suite (gpu-marked tests included on CUDA)"),
         *[Step(f"job_{a}", "jobs", make_job_step(a), t["job"], f"one MDL job, {a}, base size, synthetic CIFAR shape")
           for a in ARCHS],
+        Step("throughput", "speed", step_throughput, t["throughput"],
+             "train/eval samples/s per architecture: one model (fit) and the vectorised group"),
+        Step("pack", "sweep", step_pack, t["pack"], "5 seeds: 5 processes at once vs one pack (pack group)"),
         Step("erasers_device", "erasers", step_erasers_device, t["erasers_device"],
              "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
+        Step("bench_mdl", "speed", step_bench_mdl, t["bench_mdl"], "scripts/bench_mdl.py: ours vs naive, bandwidth"),
         Step("bench_erasers_device", "erasers", step_bench_erasers_device, t["bench_erasers_device"],
              "scripts/bench_erasers.py, ours on the device"),
+        Step("sweep_cost", "sweep", step_sweep_cost, t["sweep_cost"], "GPU-s per epoch per job, jobs per GPU"),
         Step("bench_erasers_cpu_reference", "erasers", step_bench_erasers_cpu, t["bench_erasers_cpu_reference"],
              "scripts/bench_erasers.py, concept-erasure float64 on CPU"),
-        Step("bench_mdl", "speed", step_bench_mdl, t["bench_mdl"], "scripts/bench_mdl.py: ours vs naive, bandwidth"),
-        Step("throughput", "speed", step_throughput, t["throughput"], "train/eval samples/s per architecture"),
-        Step("sweep_cost", "sweep", step_sweep_cost, t["sweep_cost"], "GPU-s per epoch per job, jobs per GPU"),
-        Step("pack", "sweep", step_pack, t["pack"], "5 seeds: 5 processes at once vs one pack (pack group)"),
     ]
 
 
@@ -101,12 +113,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", help="only these steps or groups (comma-separated)")
     p.add_argument("--skip", help="leave out these steps or groups")
     p.add_argument("--budget", type=float, default=None,
-                   help="seconds for the whole report (e.g. 560 under a 600 s limit): a step gets at most what is "
-                   "left, and is skipped when under 30 s are left")
+                   help=f"seconds for the whole report: a step gets at most what is left, and is skipped when under "
+                   f"30 s are left (default on a GPU: {DEFAULT_BUDGET:.0f}, one 10-minute device call with its start; "
+                   f"toy mode: none)")
     p.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every step's own time budget")
-    p.add_argument("--pytest-m", default="not slurm", help='GPU mode: the tests step\'s marker expression '
-                   '(default "not slurm": the whole suite, slow and gpu tests included; "not slurm and not slow" '
-                   'is quicker)')
+    p.add_argument("--pytest-m", default="gpu", help='GPU mode: the tests step\'s marker expression (default '
+                   '"gpu": the tests that need CUDA, within one call; "not slurm": the whole suite, slow tests '
+                   'included, in a call of its own)')
     p.add_argument("--commit", default=None, help="the commit to record where this machine has no .git")
     p.add_argument("--job-override", action="append", default=[], help="extra training.run override for the "
                    "architecture jobs (repeatable), e.g. mdl.max_epochs=3")
@@ -143,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         return merge(args.merge, Path(args.out))
     report = Report(started=now(), argv=sys.argv[1:] if argv is None else argv)
-    env, install = ensure_packages()
+    env, install = ensure_packages(BOOTSTRAP)
     import torch
 
     if args.device == "auto":
@@ -175,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[gpu-report] {report.mode} mode on {report.env.device.name}; writing {out / JSON_NAME}",
               flush=True)
         try:
-            run_steps(steps, ctx, report, args.budget)
+            run_steps(steps, ctx, report, args.budget if args.budget is not None or toy else DEFAULT_BUDGET)
         except Killed:
             print("[gpu-report] stopped; the report holds every finished step", flush=True)
             return 130

@@ -12,45 +12,24 @@ import os
 import platform
 import subprocess
 import sys
-import time
-from pathlib import Path
+from typing import Any
 
+from scripts.gpu_report_bootstrap import REQUIRED, SITE
 from scripts.gpu_report_model import DeviceInfo, Env, GitInfo, HostInfo, InstallInfo, build
 from scripts.gpu_report_payload import Payload
 from scripts.gpu_report_runner import ROOT, tail
 
-SITE = Path(os.environ.get("GPU_REPORT_SITE", "/tmp/site"))  # where .whl/ is installed (shared/gpu/README.md)
-REQUIRED = ("hydra", "omegaconf", "mup", "schedulefree", "filelock", "mlxtend")  # the harness cannot run without
 PACKAGES = ("hydra-core", "omegaconf", "mup", "schedulefree", "timm", "numpy", "scipy", "pytest", "pytest-xdist",
             "concept-erasure", "numba")  # their versions are recorded
 OPTIONAL = ("pytest", "xdist", "concept_erasure", "numba", "submitit", "wandb")  # some tests/steps need them
 
 
-def ensure_packages() -> tuple[dict[str, str], InstallInfo]:
-    """Make the harness importable here and in subprocesses: on a machine that lacks hydra etc. (the GPU
-    machine), pip-install `.whl/` into /tmp/site (shared/gpu/README.md). Returns the subprocess environment and
-    what the install did."""
-    t0 = time.monotonic()
-    info = InstallInfo()
-    paths = [str(ROOT)]
-    if SITE.is_dir() and str(SITE) not in sys.path:  # installed by an earlier call on this (warm) machine
-        sys.path.insert(0, str(SITE))
-    missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
-    wheels = sorted((ROOT / ".whl").glob("*.whl"))
-    info.wheels = len(wheels)
-    if missing and wheels:
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-               "--upgrade", "--target", str(SITE), *map(str, wheels)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        info.pip = {"rc": proc.returncode, "tail": tail(proc.stderr, 10, 1500)}
-        if str(SITE) not in sys.path:
-            sys.path.insert(0, str(SITE))
-        importlib.invalidate_caches()
-    if SITE.is_dir():
-        paths.append(str(SITE))
-    sys.path.insert(0, str(ROOT))
+def ensure_packages(done: dict[str, Any]) -> tuple[dict[str, str], InstallInfo]:
+    """The subprocess environment (this checkout and /tmp/site on PYTHONPATH) and what the bootstrap did
+    (scripts/gpu_report_bootstrap.py, run before anything was imported)."""
+    info = InstallInfo(wheels=done["wheels"], seconds=done["seconds"], pip=done["pip"])
+    paths = [str(ROOT), *([str(SITE)] if SITE.is_dir() else [])]
     info.missing = [m for m in (*REQUIRED, *OPTIONAL) if importlib.util.find_spec(m) is None]
-    info.seconds = round(time.monotonic() - t0, 2)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([*paths, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     env.setdefault("WANDB_MODE", "disabled")

@@ -154,7 +154,9 @@ def step_throughput(ctx: Context) -> str:
     bad = [a for a, r in res.items() if "error" in r]
     if bad:
         raise StepError(f"throughput {bad[0]}: {res[bad[0]]['error']}")
-    return ", ".join(f"{a} train {r['train_sps']:.0f}/s eval {r['eval_sps']:.0f}/s" for a, r in res.items())
+    return ", ".join(f"{a} one model (fit) {r['train_sps']:.0f}/s" + (
+        f", group of {r['group_models']} {r['group_model_sps']:.0f} model-samples/s" if "group_model_sps" in r
+        else ", not vectorised") + f", eval {r['eval_sps']:.0f}/s" for a, r in res.items())
 
 
 def run_concurrent(ctx: Context, arch: str, procs: int) -> dict[str, Any]:

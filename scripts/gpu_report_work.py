@@ -140,14 +140,15 @@ def _arch_cfg(arch: str, p: Payload) -> Any:
 
 
 def throughput(p: Payload) -> dict[str, Any]:
-    """Per architecture, through the job's own Trainer and group engine: seconds per epoch of one model on a
-    `subset` of the resident data (validation included), training samples/s, evaluation samples/s, and for
-    the architectures a job trains as one vectorised group, one epoch of `group` models at once."""
+    """Per architecture, through the job's own Trainer: seconds per epoch of one model trained by `fit()` (as a job
+    trains one model) on a `subset` of the resident data (validation included), training samples/s, evaluation
+    samples/s, and for the architectures a job trains as one vectorised group, one epoch of `group` models at once
+    through `fit_group` (the job's engine)."""
     import torch
 
     from models.registry import ARCHS
-    from training.engine.fit import cross_entropy_sum
-    from training.engine.group import GroupOptions, fit_group
+    from training.engine.fit import cross_entropy_sum, fit
+    from training.engine.group import GroupOptions, fit_group, resolve_engine, why_not_vectorized
     from training.mdl.job import Trainer
     from training.mdl.splits import make_split
 
@@ -175,9 +176,12 @@ def throughput(p: Payload) -> dict[str, Any]:
                     members.append(dataclasses.replace(m, cfg=fc))
                 _sync(device)
                 t0 = time.perf_counter()
-                fit_group(members, trainer.train_set(),
-                          GroupOptions(engine=opts.engine, workers=opts.workers, compile=opts.compile, progress=False,
-                                       fused_optimizer=False))
+                if models == 1:  # as a job trains one model (Trainer.train): fit(), not a group of one
+                    fit(members[0], trainer.train_set(), trainer.regularizer)
+                else:
+                    fit_group(members, trainer.train_set(),
+                              GroupOptions(engine=opts.engine, workers=opts.workers, compile=opts.compile,
+                                           progress=False, fused_optimizer=False))
                 _sync(device)
                 return time.perf_counter() - t0
 
@@ -200,7 +204,12 @@ def throughput(p: Payload) -> dict[str, Any]:
             res["eval_sps"] = len(y) / (time.perf_counter() - t0)
             val_s = len(split.val_idx) / res["eval_sps"]
             res["train_sps"] = len(subset) / max(res["epoch_s"] - val_s, 1e-9)
-            res["vectorises"] = bool(ARCHS.meta(arch)["vectorises"])
+            probe = trainer.member(subset, ("probe", 0))  # the job's own verdict (Trainer.group_size)
+            why = why_not_vectorized(probe.model, probe.optimizer, trainer.regularizer,
+                                     resolve_engine(opts.engine, device))
+            res["vectorises"] = why is None and bool(ARCHS.meta(arch)["vectorises"])
+            if why is not None:
+                res["why_not_vectorised"] = why
             if res["vectorises"] and p.group > 1:
                 res["group_models"] = p.group
                 res["group_epoch_s"] = per_epoch(p.group)

@@ -9,7 +9,9 @@ config hash in its directory: the job would SKIP) and how many remain, and the c
 per-job costs measured earlier, each figure with the file and date it comes from:
   - this sweep's finished jobs (their result.json `timings.total_s`, by architecture and device);
   - CPU: `make bench` (outputs/bench/bench_mdl.json: one MLP-128 prequential MDL, no early stopping);
-  - GPU: `make gpu-report` (outputs/gpu_report/gpu_report.json: one job per architecture, epochs capped).
+  - GPU: `make gpu-report` (outputs/gpu_report/gpu_report.json: one job per architecture, epochs capped), priced
+    per epoch at the epochs the cell's protocol will run: measured from this sweep's finished jobs of the same
+    architecture, else a lower bound from `mdl.patience` (the line says which).
 Without a measurement it says so ("no measurement: run make bench") instead of guessing.
 
 The sweep is expanded by training/app/sweep_jobs.py (one Hydra composition per distinct group choice, the same
@@ -36,7 +38,7 @@ from hydra.errors import HydraException
 from scripts.bench_summary import BenchSummary
 from scripts.gpu_report_model import Report
 from training.app.lifecycle import PROGRESS_FILE
-from training.app.result_types import at, number
+from training.app.result_types import MdlResult, at, number
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import config_hash, load_config
 from training.app.sweep_jobs import expand_overrides
@@ -189,8 +191,20 @@ def bench_cost(path: Path) -> tuple[dict[str, Cost], str | None]:
     return {"mlp": Cost(per_job, what)}, None
 
 
-def gpu_report_cost(path: Path) -> tuple[dict[str, Cost], str | None]:
-    """GPU seconds per job of each architecture from `make gpu-report`'s job_<arch> steps; or why there are none."""
+@dataclass
+class EpochCost:
+    """A GPU job of one architecture from `make gpu-report`: seconds outside training, seconds per epoch of all its
+    models (the report caps epochs: never a job's price as it stands), where that comes from."""
+
+    overhead_s: float
+    per_epoch_s: float
+    epochs_measured: float
+    source: str
+
+
+def gpu_report_cost(path: Path) -> tuple[dict[str, EpochCost], str | None]:
+    """Per architecture, GPU seconds per epoch (and outside training) from `make gpu-report`'s job_<arch> steps; or
+    why there are none."""
     try:
         report = Report.from_json(json.loads(path.read_text()))
     except FileNotFoundError:
@@ -204,13 +218,47 @@ def gpu_report_cost(path: Path) -> tuple[dict[str, Cost], str | None]:
             continue
         if not str(figures["device"] if "device" in figures else "").startswith("cuda"):
             continue  # a toy run on CPU: not a GPU measurement
-        epochs = max(figures["epochs_per_block"] if "epochs_per_block" in figures else [0])
-        out[name.removeprefix("job_")] = Cost(float(figures["wall_s"]), (
+        epochs = max(figures["epochs_per_block"] if "epochs_per_block" in figures else [0]) or 1
+        wall = float(figures["wall_s"])
+        train = float(figures["train_s"]) if "train_s" in figures else wall
+        per_epoch = float(figures["job_s_per_epoch"]) if "job_s_per_epoch" in figures else train / epochs
+        out[name.removeprefix("job_")] = EpochCost(max(wall - train, 0.0), per_epoch, epochs, (
             f"{path} ({report.updated or _date(path)}, {report.env.device.name}): one job at the paper's base "
-            f"size, {epochs} epoch(s) per block model (capped), CIFAR-shaped data"))
+            f"size, CIFAR-shaped data, {per_epoch:.1f} s per epoch of its models (measured over {epochs:g} capped "
+            f"epoch(s)) + {max(wall - train, 0.0):.1f} s outside training"))
     if not out:
         return {}, f"no measurement: {path} has no GPU job step; run make gpu-report on a GPU"
     return out, None
+
+
+def protocol_epochs(arch: str, remaining: Sequence[Job], finished: Sequence[Job]) -> tuple[float, str]:
+    """Epochs per block model a job of `arch` will run: the median of this sweep's finished jobs of that
+    architecture (their result.json blocks), else a lower bound from the protocol (no patience stop before
+    `mdl.patience` + 1 epochs, none past `mdl.max_epochs`); and which of the two it is."""
+    seen = []
+    for job in finished:
+        result = read_result(job.job_dir / RESULT_FILE) if job.arch == arch else None
+        blocks = result.mdl.blocks if isinstance(result, MdlResult) and result.mdl is not None else ()
+        if epochs := [b.epochs for b in blocks if b.epochs]:
+            seen.append(max(epochs))
+    if seen:
+        return statistics.median(seen), f"measured: median of {len(seen)} finished job(s)' epochs per block model"
+    bounds = [min(int(j.cfg["mdl"]["max_epochs"]), int(j.cfg["mdl"]["patience"]) + 1)
+              for j in remaining if j.arch == arch and "mdl" in j.cfg]
+    if not bounds:
+        return 1.0, "lower bound: 1 epoch (no mdl settings)"
+    low = min(bounds)
+    return float(low), (f"LOWER BOUND: {low} epochs per block model (early stopping waits mdl.patience epochs "
+                        f"after the best; the real figure is higher, known once jobs of this family finish)")
+
+
+def gpu_prices(costs: dict[str, EpochCost], remaining: Sequence[Job], finished: Sequence[Job]) -> dict[str, Cost]:
+    """Seconds per job at the epochs the protocol will run (`protocol_epochs`), not the report's capped ones."""
+    out = {}
+    for arch, c in costs.items():
+        epochs, how = protocol_epochs(arch, remaining, finished)
+        out[arch] = Cost(c.overhead_s + c.per_epoch_s * epochs, f"{c.source}; x {epochs:g} epochs ({how})")
+    return out
 
 
 def estimate(kind: str, remaining: Sequence[Job], costs: dict[str, Cost], missing: str | None) -> list[str]:
@@ -260,7 +308,10 @@ def report(experiment: str, extra: Sequence[str], max_cells: int, bench: Path, g
     remaining = [j for j in jobs if j.status != "done"]
     finished = finished_costs(jobs)
     lines.append("cost of the jobs to run (per-job cost x jobs, by architecture):")
-    for kind, (costs, missing) in (("CPU", bench_cost(bench)), ("GPU", gpu_report_cost(gpu_report))):
+    gpu, gpu_missing = gpu_report_cost(gpu_report)
+    done = [j for j in jobs if j.status == "done"]
+    for kind, (costs, missing) in (("CPU", bench_cost(bench)), ("GPU", (gpu_prices(gpu, remaining, done),
+                                                                         gpu_missing))):
         here = {a: c for (k, a), c in finished.items() if k == kind.lower()}
         lines += [f"  {line}" for line in estimate(kind, remaining, {**costs, **here}, missing)]
     return "\n".join(lines)

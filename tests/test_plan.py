@@ -151,9 +151,57 @@ def test_cost_from_bench_and_gpu_report_with_their_source_and_toy_reports_ignore
     toy["env"]["device"]["name"] = "NVIDIA H100"
     gpu.write_text(json.dumps(toy))
     text = plan.report("smoke", extra, 40, bench, gpu)
-    assert "GPU: 0.03 h for 10 job(s) (mlp: 10 x 9.0 s)" in text and "2026-11-01" in text and "H100" in text
+    # priced per epoch at the protocol's epochs (smoke: patience 5, so at least 6), not the report's capped 1
+    assert "GPU: 0.15 h for 10 job(s) (mlp: 10 x 54.0 s)" in text and "2026-11-01" in text and "H100" in text
+    assert "LOWER BOUND: 6 epochs per block model" in text
     # finished jobs of the sweep are the better figure for the rest of it
     jobs = plan.plan_jobs("smoke", extra)
     _write_result(jobs[0], config_hash(load_config(jobs[0].cfg)))
     text = plan.report("smoke", extra, 40, bench, gpu)
     assert "CPU: 0.90 h for 9 job(s) (mlp: 9 x 360.0 s)" in text and "median of 1 finished job(s)" in text
+
+
+def _capped_report(path: Path, arch: str = "convnext") -> None:
+    """The H100 report's job_convnext (shared/gpu/h100-2026-11-27): 2 epochs per block model (capped), 108.6 s
+    wall, 91.8 s training."""
+    path.write_text(json.dumps({"updated": "2026-11-27T12:07:58+00:00", "env": {"device": {"name": "NVIDIA H100"}},
+                                "steps": {f"job_{arch}": {"status": "ok", "figures": {
+                                    "wall_s": 108.6, "train_s": 91.8, "job_s_per_epoch": 45.9, "device": "cuda",
+                                    "epochs_per_block": [2.0] * 9}}}}))
+
+
+def test_a_capped_gpu_report_does_not_price_the_presets_at_its_capped_budget(tmp_path: Path) -> None:
+    """Issue 37: fed the report's 2-epoch jobs, plan priced paper_table_c at their wall time (1.00 GPU-hour). The
+    presets stop on patience (100): at least 101 epochs per block model, a stated lower bound."""
+    gpu = tmp_path / "gpu_report.json"
+    _capped_report(gpu)
+    jobs = [j for j in plan.plan_jobs("paper_table_c", [f"paths.out_dir={tmp_path}"]) if j.arch == "convnext"]
+    assert jobs and {j.cfg["mdl"]["patience"] for j in jobs} == {100}
+    costs, missing = plan.gpu_report_cost(gpu)
+    assert missing is None
+    (price,) = plan.gpu_prices(costs, jobs, []).values()
+    assert price.seconds == pytest.approx(108.6 - 91.8 + 45.9 * 101)  # not 108.6 (the capped job)
+    assert "LOWER BOUND: 101 epochs" in price.source and "measured over 2 capped epoch(s)" in price.source
+    text = plan.report("paper_table_c", [f"paths.out_dir={tmp_path}"], 0, tmp_path / "none.json", gpu)
+    gpu_line = next(ln for ln in text.splitlines() if ln.strip().startswith("GPU: "))
+    hours = float(gpu_line.split()[1])
+    assert hours == pytest.approx(len(jobs) * price.seconds / 3600, abs=0.01)
+    assert hours > 40 * len(jobs) * 108.6 / 3600 and "LOWER BOUND" in text  # 43x the capped price, at least
+
+
+def test_gpu_price_uses_the_epochs_finished_jobs_of_the_family_ran(tmp_path: Path) -> None:
+    gpu = tmp_path / "gpu_report.json"
+    _capped_report(gpu, "mlp")
+    extra = [f"paths.out_dir={tmp_path / 'runs'}", "seed=0,1,2"]
+    jobs = plan.plan_jobs("smoke", extra)
+    done = jobs[0]
+    done.job_dir.mkdir(parents=True)
+    (done.job_dir / "result.json").write_text(json.dumps({
+        "config_hash": config_hash(load_config(done.cfg)), "config": done.cfg, "task": "mdl", "device": "cpu",
+        "timings": {"total_s": 10.0}, "mdl": {"protocol": "prequential", "bits_per_sample": 1.0,
+                                              "blocks": [{"epochs": 12}, {"epochs": 20}]}}))
+    jobs = plan.plan_jobs("smoke", extra)
+    epochs, how = plan.protocol_epochs("mlp", [j for j in jobs if j.status != "done"],
+                                       [j for j in jobs if j.status == "done"])
+    assert epochs == 20 and how.startswith("measured: median of 1 finished job")
+    assert plan.protocol_epochs("mlp", jobs, [])[0] == 6  # none finished: smoke's patience 5 + 1, a lower bound

@@ -42,7 +42,7 @@ from training.engine.group import fit_group
 from training.errors import UserError  # NonFiniteError's base (tests fail, not error, on code without it)
 from training.mdl.job import run_job
 
-PROVENANCE_KEYS = {"code", "python", "torch", "numpy", "device_name", "host", "started", "ended"}
+PROVENANCE_KEYS = {"code", "python", "torch", "numpy", "device_name", "host", "started", "ended", "numerics"}
 ONE_LINE = re.compile(r"non-finite (training|validation) loss in block model \d+ (by|at) step \d+ \(epoch \d+\): "
                       r"lr too high or bad data; nothing was written as a result")
 
@@ -67,6 +67,8 @@ def _git(*args: str) -> str:
 def _check_provenance(prov: dict[str, Any], t0: datetime, t1: datetime) -> None:
     assert set(prov) == PROVENANCE_KEYS, sorted(prov)
     assert set(prov["code"]) == {"commit", "dirty", "version"}
+    assert set(prov["numerics"]) == {"device_name", "torch", "cuda", "cudnn", "precision", "engine", "models_together",
+                                     "deterministic"}  # training/engine/numerics.py
     assert prov["code"]["version"] == "0.1.0"
     if (REPO / ".git").exists():  # run from a checkout: its commit; dirty iff tracked files differ
         assert prov["code"]["commit"] == _git("rev-parse", "HEAD")

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import torch
 
-from training.app.provenance import now_utc, provenance
+from training.app.provenance import device_name, now_utc, provenance
 from training.app.result_codec import encode, new_result
 from training.app.result_types import Fingerprint as FingerprintRecord
 from training.app.result_types import Result, at
@@ -37,6 +37,7 @@ from training.app.results import JobDir, legacy_result
 from training.app.schema import HASH_VERSION, JobConfig, config_hash, load_config, numerics_of
 from training.common.files import atomic_write_json, read_json
 from training.engine.devices import resolve_device
+from training.engine.numerics import job_numerics, signature
 from training.errors import NonFiniteError, UserError
 
 log = logging.getLogger(__name__)
@@ -226,12 +227,15 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: 
         if cfg.force:
             progress.clear()  # force=true recomputes from scratch
         t0, started = time.perf_counter(), now_utc()
-        out = body(JobRun(cfg, job, device, progress, loaded))
+        with job_numerics(cfg.training.precision, cfg.training.deterministic):  # training/engine/numerics.py
+            out = body(JobRun(cfg, job, device, progress, loaded))
+            numerics = signature(device, device_name(str(device)))
         timings = {**out.pop("timings", {}), "total_s": time.perf_counter() - t0}
         typed = new_result(config_hash=job.cfg_hash, hash_version=HASH_VERSION,
                            numerics_version=numerics_of(cfg.task),
                            job_dir=str(job.path), task=cfg.task, config=cfg.to_dict(), sections=out,
-                           device=str(device), timings=timings, provenance=provenance(device, started, now_utc()))
+                           device=str(device), timings=timings,
+                           provenance={**provenance(device, started, now_utc()), "numerics": numerics})
         check_finite(typed, finite, job.path)
         job.write_result(typed)  # the job's last act: its presence means "done"
         result = encode(typed)

@@ -197,7 +197,9 @@ def _semantic(cls: type[Section], data: Mapping[str, Any], fill_defaults: bool) 
         kind = declared.kind
         if isinstance(kind, type) and issubclass(kind, Section) and isinstance(v, Mapping):
             out[k] = _semantic(kind, v, fill_defaults)
-        else:
+            if not out[k] and not declared.hash_default:
+                del out[k]  # a group whose keys are all at their defaults (training: precision fp32)
+        elif declared.hash_default or _plain(v) != _plain(fields[k].default):
             out[k] = _plain(v)
     return out
 

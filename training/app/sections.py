@@ -176,18 +176,24 @@ class LoggerConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingConfig(Section):
-    """Speed only: every option gives the numbers of one-at-a-time training (tests/test_vectorized.py)."""
+    """How models train. `precision` changes the numbers (hashed when not fp32); the other keys are speed only,
+    under the numerics contract (training/engine/numerics.py): bitwise on CPU with the loop engine; on a GPU within
+    a stated tolerance, bitwise run to run only with `deterministic` and the same numerics signature."""
 
-    parallel_models: Any = auto_or_positive_int()
-    engine: str = one_of("auto", "auto", "loop", "stacked")
-    workers: Any = auto_or_positive_int()
-    storage: str = one_of("auto", "auto", "float32", "float16", "uint8")
-    compile: Any = one_of(False, False, True, "default", "reduce-overhead", "max-autotune")
-    fused_optimizer: Any = one_of(False, False, True, "numba", "compile", "eager")
+    parallel_models: Any = auto_or_positive_int(hash=False)
+    engine: str = one_of("auto", "auto", "loop", "stacked", hash=False)
+    workers: Any = auto_or_positive_int(hash=False)
+    storage: str = one_of("auto", "auto", "float32", "float16", "uint8", hash=False)
+    compile: Any = one_of(False, False, True, "default", "reduce-overhead", "max-autotune", hash=False)
+    fused_optimizer: Any = one_of(False, False, True, "numba", "compile", "eager", hash=False)
     # hydra/launcher=packed: at most this many jobs (of one cell, differing in seed) run in one process (null: all)
-    pack_size: int | None = positive_int(None, optional=True)
+    pack_size: int | None = positive_int(None, optional=True, hash=False)
     # hydra/launcher=packed: the pack's later seeds train in the first job's lockstep group (training/mdl/pack_group.py)
-    pack_group: Any = one_of("auto", "auto", True, False)
+    pack_group: Any = one_of("auto", "auto", True, False, hash=False)
+    # fp32 (TF32 off for matmul and cuDNN) | tf32 | bf16 (autocast forward, fp32 weights and optimizer state)
+    precision: str = one_of("fp32", "fp32", "tf32", "bf16", hash_default=False)
+    # deterministic algorithms + CUBLAS_WORKSPACE_CONFIG: GPU runs bitwise run to run (slower); recorded, not hashed
+    deterministic: bool = flag(False, hash=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,7 +233,7 @@ class JobConfig(Section):
     optim: OptimConfig = spec(kind=OptimConfig)
     mdl: MdlConfig = spec(kind=MdlConfig)
     regularizer: RegularizerConfig = spec(kind=RegularizerConfig)
-    training: TrainingConfig = spec(kind=TrainingConfig, hash=False)
+    training: TrainingConfig = spec(kind=TrainingConfig, hash_default=False)  # its hashed keys: precision
     logger: LoggerConfig = spec(kind=LoggerConfig, hash=False)
     paths: PathsConfig = spec(kind=PathsConfig, hash=False)
     task_options: Any = _options_view()  # the task's own group (gs), typed by the task's registry entry

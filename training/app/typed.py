@@ -35,7 +35,8 @@ class ConfigError(UserError, ValueError):
 @dataclass(frozen=True)
 class FieldSpec:
     """What a config field declares: its type (`kind`; a Section for a nested group), value check and how to describe
-    what is allowed, its choices, whether None is allowed, whether it enters the job hash, whether an empty value is
+    what is allowed, its choices, whether None is allowed, whether it enters the job hash (`hash_default` False: only
+    when not at its default, so a key added later leaves existing hashes as they were), whether an empty value is
     left out of the composed dict, and whether it is a typed view of other keys (not a key of its own)."""
 
     kind: type | tuple[type, ...] | None = None
@@ -46,6 +47,7 @@ class FieldSpec:
     hash: bool = True
     omit_empty: bool = False
     typed_view: bool = False
+    hash_default: bool = True
 
     def describe(self, fallback: str) -> str:
         return self.allowed or fallback
@@ -67,9 +69,9 @@ def field_spec(f: dataclasses.Field[Any]) -> FieldSpec:
 def spec(default: Any = dataclasses.MISSING, *, kind: type | tuple[type, ...] | None = None,
          check: Check | None = None, allowed: str = "", choices: tuple[Any, ...] = (), optional: bool = False,
          hash: bool = True, default_factory: Any = dataclasses.MISSING,  # noqa: A002 - mirrors the concept
-         omit_empty: bool = False, typed_view: bool = False, **field_kw: Any) -> Any:
+         omit_empty: bool = False, typed_view: bool = False, hash_default: bool = True, **field_kw: Any) -> Any:
     """A config field declared by its FieldSpec (see there)."""
-    meta = {SPEC: FieldSpec(kind, check, allowed, choices, optional, hash, omit_empty, typed_view)}
+    meta = {SPEC: FieldSpec(kind, check, allowed, choices, optional, hash, omit_empty, typed_view, hash_default)}
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=meta, **field_kw)
     return field(default=default, metadata=meta, **field_kw)

@@ -24,6 +24,7 @@ from training.common import interrupt
 from training.common.progress import progress_bar
 from training.engine.batches import DeviceData, Epoch, augment_pad, draw_epoch
 from training.engine.checkpoint import CheckpointStore, Saved, fits_safely
+from training.engine.numerics import forward
 from training.engine.stopping import EarlyStopping
 from training.errors import NonFiniteError
 
@@ -256,7 +257,7 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                                  pad)
                 if cfg.batch_transform is not None:
                     xb = cfg.batch_transform(xb, yb)
-                logits = model(xb)
+                logits = forward(model, xb)  # training.precision (training/engine/numerics.py)
                 loss = F.cross_entropy(logits, yb)
                 if regularizer is not None:
                     loss = loss + regularizer(logits, yb, st.step)

@@ -45,6 +45,7 @@ from training.engine.fit import (
 )
 from training.engine.flat_optim import fused_backend
 from training.engine.lockstep_state import LockstepMember, _name, _Plan
+from training.engine.numerics import training_forward
 
 ENGINES = ("auto", "loop", "stacked")
 log = logging.getLogger(__name__)
@@ -323,7 +324,8 @@ class _Lockstep:
         yb = self.y[gidx]
         if self.plan.transform is not None:
             xb = self._transform(self.plan.transform, xb, yb, counts)
-        self.engine.step(xb, yb, wb, counts, self.step)
+        with training_forward(xb.device, type(self.engine).__name__[:-6].lower(), len(self.members)):  # precision
+            self.engine.step(xb, yb, wb, counts, self.step)
         self.step += 1
         self.plan.advance(self.live)
 

@@ -177,8 +177,9 @@ class Trainer:
 
     def train_many(self, jobs: list[FitJob], on_finish: OnFinish) -> None:
         """Train one model per (idx, tag, eval_every_steps); `on_finish(k, model, result)` as each one ends (any
-        order within a group). Same numbers as `train` one by one: bitwise with the loop engine (CPU default),
-        up to float32 rounding with the stacked one (tests/test_vectorized.py). In a pack (hydra/launcher=packed)
+        order within a group). Numbers as `train` one by one under the numerics contract (training/engine/numerics.py):
+        bitwise with the loop engine on CPU (the default there); the stacked engine, and any engine on a GPU, within
+        its tolerance (tests/test_vectorized.py). In a pack (hydra/launcher=packed)
         the models an earlier seed's group trained for this job are taken from there, and this job's group may
         train the pack's later seeds' models too (training/mdl/pack_group.py)."""
         rest = pack_group.take_trained(self, jobs, on_finish)

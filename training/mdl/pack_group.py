@@ -7,9 +7,11 @@ permuted, no per-batch erasure), the first job to train also trains the block mo
 own group (each member keeps its seed's init, split, batch order and validation set), and leaves their finished
 models in the pack (training/common/packs.py). A later job takes its models from there, checks they were trained on
 exactly what it would train them on (config hash, training rows, validation rows, data, labels), and codes them as
-if it had trained them itself; anything else it trains as alone. With the loop engine a member's arithmetic does
-not depend on its group, so the numbers are bitwise those of lone jobs; the stacked engine's likewise
-(tests/test_pack_group.py checks both).
+if it had trained them itself; anything else it trains as alone. With the loop engine on CPU a member's arithmetic
+does not depend on its group, so the numbers are bitwise those of lone jobs (tests/test_pack_group.py). The stacked
+engine, and any engine on a GPU, picks kernels by the group's shape (10 vs 50 models sum in another order): there
+the numbers are those of lone jobs within the numerics contract's tolerance (training/engine/numerics.py), and
+result.json's numerics signature records the group size (`models_together`).
 
 Later jobs that are done, or have progress of their own (an earlier attempt), train alone; so do jobs beyond what the
 memory estimate says fits (`room`). If the group fails, the job's own unfinished models train again alone, so a
@@ -33,6 +35,7 @@ from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import RESULT_FILE
 from training.app.schema import JobConfig, config_hash
 from training.common import packs
+from training.engine import numerics
 from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
 from training.engine.fit import FitResult, Member, TrainData, snapshot
 from training.engine.group import fit_group, resolve_engine
@@ -55,6 +58,7 @@ class TrainedAhead:
     val_idx: Tensor | None
     x: Tensor  # the (erased) images and labels its group trained on (the shared tensors: no copy)
     y: Tensor
+    groups: frozenset[tuple[str, int]] = frozenset()  # how it trained: the numerics signature's engine, group size
 
     def fits(self, member: Member, x: Tensor, y: Tensor) -> bool:
         """Whether it is exactly the model `member` would train on `x`, `y` (its init and batch order come from the
@@ -108,6 +112,7 @@ def take_trained(trainer: Trainer, jobs: Sequence[FitJob], on_finish: OnFinish) 
             continue
         member.model.load_state_dict(found.state)
         member.model.eval()
+        numerics.note(found.groups)
         on_finish(k, member.model, found.result)
         used += 1
     if used:
@@ -195,7 +200,8 @@ def keep_for_later(companion: Companion, job: FitJob, model: nn.Module, result: 
     pack = packs.current()
     assert pack is not None
     pack.ahead[(companion.cfg_hash, _name(job[1]))] = TrainedAhead(
-        snapshot(model), result, member.idx, member.val_idx, companion.trainer.x, companion.trainer.y)
+        snapshot(model), result, member.idx, member.val_idx, companion.trainer.x, companion.trainer.y,
+        numerics.trained_with())
 
 
 def _name(tag: object) -> str:

@@ -1,0 +1,79 @@
+"""`training.precision` and `training.deterministic` (training/engine/numerics.py): the hash, the flags, the
+autocast, and the numerics signature every result.json records."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import job_config
+from training.app.schema import cell_hash, config_hash, semantic
+from training.engine import numerics
+from training.mdl.job import run_job
+
+SMOKE = ["experiment=smoke", "mdl.max_epochs=3", "mdl.full_run=false", "certificate=false"]
+QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=2", "mdl.min_steps=0", "mdl.patience_min_steps=0",
+         "optim.warmup_steps=10", "certificate=false"]
+
+
+def test_precision_is_hashed_only_away_from_its_default(tmp_path: Path) -> None:
+    base = job_config(tmp_path, SMOKE)
+    assert "training" not in semantic(base)  # at fp32 the hash is what it was before the key existed
+    older = {**base, "training": {k: v for k, v in base["training"].items() if k not in ("precision", "deterministic")}}
+    assert config_hash(older) == config_hash(base) and cell_hash(older) == cell_hash(base)
+    hashes = {config_hash(job_config(tmp_path, [*SMOKE, f"training.precision={p}"])) for p in ("tf32", "bf16")}
+    assert len(hashes) == 2 and config_hash(base) not in hashes
+    assert cell_hash(job_config(tmp_path, [*SMOKE, "training.precision=bf16"])) != cell_hash(base)
+    for same in (["training.precision=fp32"], ["training.deterministic=true"], ["training.engine=loop"]):
+        assert config_hash(job_config(tmp_path, [*SMOKE, *same])) == config_hash(base), same
+
+
+def test_job_numerics_sets_the_flags_for_the_job_and_restores_them() -> None:
+    mm, det = torch.backends.cuda.matmul.fp32_precision, torch.are_deterministic_algorithms_enabled()
+    cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    with numerics.job_numerics("tf32", True):
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32" == torch.backends.cudnn.conv.fp32_precision
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == numerics.CUBLAS_WORKSPACE
+    with numerics.job_numerics("fp32", False):
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee" == torch.backends.cudnn.conv.fp32_precision
+        assert not torch.are_deterministic_algorithms_enabled()
+    assert (torch.backends.cuda.matmul.fp32_precision, torch.are_deterministic_algorithms_enabled()) == (mm, det)
+    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == cublas
+    with pytest.raises(ValueError, match="training.precision='fp16'"):
+        with numerics.job_numerics("fp16", False):
+            pass
+
+
+def test_bf16_autocasts_the_training_forward_only() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 10)
+    x = torch.randn(8, 64)
+    with numerics.job_numerics("fp32", False):
+        exact = numerics.forward(model, x)
+    with numerics.job_numerics("bf16", False):
+        low = numerics.forward(model, x)
+        plain = model(x)  # outside the training forward (validation, code lengths): float32
+    assert exact.dtype == low.dtype == torch.float32 and model.weight.dtype == torch.float32
+    assert torch.equal(exact, model(x)) and torch.equal(plain, exact)
+    assert not torch.equal(low, exact) and torch.allclose(low, exact, atol=0.05)  # bf16 rounding, not garbage
+
+
+def test_contract_tolerance() -> None:
+    assert numerics.bits_tolerance(None) == numerics.bits_tolerance(0.0) == 1e-3
+    assert numerics.bits_tolerance(0.1) == pytest.approx(0.005)
+    assert numerics.within_contract(3.0, 3.0009, 0.0) and not numerics.within_contract(3.0, 3.0011, 0.0)
+    assert numerics.within_contract(3.0, 3.004, 0.1) and not numerics.within_contract(3.0, 3.006, 0.1)
+
+
+@pytest.mark.parametrize("extra, engine", [([], "loop"), (["training.parallel_models=1"], "fit")])
+def test_result_records_the_numerics_signature(tmp_path: Path, extra: list[str], engine: str) -> None:
+    res = run_job(job_config(tmp_path, [*QUICK, *extra, "training.engine=loop"])).result
+    sig = res["provenance"]["numerics"]
+    assert sig["precision"] == "fp32" and sig["deterministic"] is False and sig["torch"] == torch.__version__
+    assert sig["device_name"] == res["provenance"]["device_name"] and sig["cuda"] is None
+    assert sig["engine"] == engine
+    assert sig["models_together"] == (1 if engine == "fit" else len(res["mdl"]["block_ce_bits"]))

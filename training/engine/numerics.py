@@ -1,0 +1,139 @@
+"""What a job's numbers depend on beyond its config, and the contract they keep.
+
+`training.precision`: fp32 (strict: TF32 off for matmul and cuDNN convolutions), tf32 (both on; CUDA only, the
+same as fp32 on CPU), bf16 (the training forward under autocast to bfloat16; weights, gradients and optimizer
+state stay float32, validation and code lengths are computed in float32). `training.deterministic`: torch's
+deterministic algorithms and CUBLAS_WORKSPACE_CONFIG, so a GPU run repeats bitwise (slower).
+
+The contract (README "Numerics"):
+- CPU, loop engine (and `fit()`): bitwise, run to run and one model at a time vs in a group.
+- GPU: bitwise run to run only with `training.deterministic=true` and the same numerics signature. Otherwise
+  within a tolerance: one optimizer step within STEP_RTOL (relative, on the parameters), final bits/sample within
+  max(BITS_ATOL, BITS_SD_FRACTION × the cell's seed SD) (`within_contract`).
+The numerics signature (result.json `provenance.numerics`): device, torch/CUDA/cuDNN versions, precision, engine,
+models trained together, deterministic. scripts/aggregate.py marks a cell whose seeds mix signatures.
+
+`job_numerics` sets the process-wide flags for one job and restores them after; `training_forward` is the one
+place the training step enters autocast.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+CUBLAS_WORKSPACE = ":4096:8"  # what torch's reproducibility notes ask for deterministic cuBLAS
+STEP_RTOL = 1e-3  # GPU, one optimizer step, relative on the parameters: a bound to check, not yet measured
+BITS_ATOL = 1e-3  # GPU, final bits/sample: within max(BITS_ATOL, BITS_SD_FRACTION × the cell's seed SD)
+BITS_SD_FRACTION = 0.05
+
+
+def bits_tolerance(seed_sd: float | None) -> float:
+    """The contract's bound on |Δ bits/sample| between two GPU runs of one cell (seed SD unknown: BITS_ATOL)."""
+    sd = seed_sd if seed_sd is not None and seed_sd == seed_sd else 0.0
+    return max(BITS_ATOL, BITS_SD_FRACTION * sd)
+
+
+def within_contract(a: float, b: float, seed_sd: float | None) -> bool:
+    return abs(a - b) <= bits_tolerance(seed_sd)
+
+
+@dataclass
+class _Job:
+    precision: str = "fp32"
+    deterministic: bool = False
+    groups: set[tuple[str, int]] = field(default_factory=set)  # (engine, models trained together) seen
+
+
+_CURRENT = _Job()
+
+
+def _set_fp32_precision(tf32: bool) -> Callable[[], None]:
+    """TF32 on/off for CUDA matmul and cuDNN convolutions; returns what restores the previous setting."""
+    b = torch.backends
+    conv: Any = getattr(b.cudnn, "conv", None)  # torch >= 2.9: the fp32_precision API (the legacy flags warn)
+    if hasattr(b.cuda.matmul, "fp32_precision") and conv is not None:
+        old = (b.cuda.matmul.fp32_precision, conv.fp32_precision)
+        b.cuda.matmul.fp32_precision = conv.fp32_precision = "tf32" if tf32 else "ieee"
+
+        def restore() -> None:
+            b.cuda.matmul.fp32_precision, conv.fp32_precision = old
+        return restore
+    legacy = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32)
+    b.cuda.matmul.allow_tf32 = b.cudnn.allow_tf32 = tf32
+
+    def restore_legacy() -> None:
+        b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = legacy
+    return restore_legacy
+
+
+@contextmanager
+def job_numerics(precision: str, deterministic: bool) -> Iterator[None]:
+    """One job's numerics, process-wide while it runs (a pack runs its jobs one after another in one process)."""
+    global _CURRENT
+    if precision not in PRECISIONS:
+        raise ValueError(f"training.precision={precision!r}: use one of {', '.join(PRECISIONS)}")
+    saved = (_CURRENT, torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    restore = _set_fp32_precision(precision == "tf32")
+    _CURRENT = _Job(precision, deterministic)
+    if deterministic:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
+    try:
+        yield
+    finally:
+        restore()
+        _CURRENT, det, cublas, torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved
+        torch.use_deterministic_algorithms(det)
+        if cublas is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = cublas
+
+
+def training_forward(device: torch.device, engine: str = "fit", models: int = 1) -> Any:
+    """The context of a training step's forward: autocast to bfloat16 under `precision=bf16`, else nothing. Records
+    (engine, models trained together) for the job's numerics signature."""
+    _CURRENT.groups.add((engine, models))
+    if _CURRENT.precision != "bf16":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def forward(model: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """`model(x)` as one model's training step runs it (`fit`): bf16 logits come back float32 (a float64 model's
+    stay float64)."""
+    with training_forward(x.device):
+        out = model(x)
+    return out.float() if out.dtype in (torch.bfloat16, torch.float16) else out
+
+
+def signature(device: torch.device | str, device_name: str) -> dict[str, Any]:
+    """The numerics signature of the job that runs now in this process on `device` (named `device_name`)."""
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    engines = sorted({e for e, _ in _CURRENT.groups})
+    return {"device_name": device_name, "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
+            "cudnn": torch.backends.cudnn.version() if cuda and torch.backends.cudnn.is_available() else None,
+            "precision": _CURRENT.precision, "engine": "+".join(engines) or None,
+            "models_together": max((m for _, m in _CURRENT.groups), default=None),
+            "deterministic": _CURRENT.deterministic}
+
+
+def trained_with() -> frozenset[tuple[str, int]]:
+    """(engine, models together) of this job's training so far: kept with models trained for another job."""
+    return frozenset(_CURRENT.groups)
+
+
+def note(groups: frozenset[tuple[str, int]]) -> None:
+    """This job's models include some trained elsewhere (a pack group) with `groups`."""
+    _CURRENT.groups.update(groups)

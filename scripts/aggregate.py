@@ -40,7 +40,7 @@ from pathlib import Path
 import pandas as pd
 
 from scripts.aggregate_collect import collect_dir, collect_experiment
-from scripts.aggregate_summary import commit_problems, data_problems
+from scripts.aggregate_summary import commit_problems, data_problems, unverified_problems
 from training.app.result_types import Result
 from training.app.schema import load_config
 from training.app.tasks import Collected, task_names, tasks
@@ -84,6 +84,9 @@ def strict_refusal(df: pd.DataFrame) -> str | None:
         problems.append(f"{len(mixed)} cell(s) with seeds from different commits (first: {mixed[0]})")
     if unknown:
         problems.append(f"{len(unknown)} result(s) without a recorded commit (first: {unknown[0]})")
+    if unverified := unverified_problems(df):
+        problems.append(f"{len(unverified)} result(s) whose checkout may have had uncommitted changes (provenance "
+                        f"dirty null: git could not tell, e.g. safe.directory; first: {unverified[0]})")
     if not problems:
         return None
     return ("--strict: " + "; ".join(problems) + "; rerun those jobs with one version of the code, or aggregate "
@@ -121,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strict", action="store_true",
                     help="refuse (exit 2, one line) when a cell's seeds come from different commits or data "
                          "(dataset.fingerprint) or a result has no recorded commit (provenance.code.commit)")
+    ap.add_argument("--set-aside", action="store_true",
+                    help="also read the results a job moved aside when its data changed (result.data-<fingerprint>"
+                         ".json; marked as runs on different data, never averaged)")
     args = ap.parse_args(argv)
     if args.experiment:
         if (line := experiment_refusal(args.experiment, args.override)) is not None:
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         df, results = collect_experiment(args.experiment, args.override)
         title = f"Experiment {args.experiment}"
     elif args.root:
-        df, results = collect_dir(args.root)
+        df, results = collect_dir(args.root, args.set_aside)
         title = f"Results under {args.root}"
     else:
         ap.error("give a directory or --experiment")

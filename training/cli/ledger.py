@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from training.app.ledger_entry import DONE_BY_ANOTHER_RUN, STATUSES, LedgerEntry, read_ledger
 from training.app.lifecycle import Outcome
 from training.app.resolvers import resolved_dict
-from training.app.results import RESULT_FILE, flatten, mismatch_message, read_result, same_config
+from training.app.results import RESULT_FILE, NewerResultError, flatten, mismatch_message, read_result, same_config
 from training.app.schema import config_hash, load_config, semantic
 from training.cli.local_workers import controllers_ignore_sigint
 from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
@@ -164,7 +164,11 @@ def check_sweep(config: DictConfig) -> int | None:
         num, _, cfg, h, force = jobs[0]
         if force:
             continue
-        done = read_result(Path(job_dir) / RESULT_FILE)
+        try:
+            done = read_result(Path(job_dir) / RESULT_FILE, refuse_newer=True)
+        except NewerResultError as err:  # written by newer code: never replaced without force=true
+            mismatched.append(str(err))
+            continue
         if done is not None and not same_config(done, h):
             mismatched.append(mismatch_message(Path(job_dir), done.config_hash, h))
     if mismatched:

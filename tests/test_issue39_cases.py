@@ -1,0 +1,80 @@
+"""Issue 39: the bugs and ugly cases, each a test that failed before the fix (most at config-composition level)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_aggregate_faults import _cfg, _run, _write
+
+
+# --- req 5: --strict means verified ---------------------------------------------------------------------------------
+def test_strict_refuses_results_whose_cleanliness_is_unknown(tmp_path: Path, capsys) -> None:
+    root = tmp_path / "runs"
+    dirs = [_write(root, _cfg("control", seed), 1.0 + seed, commit="a" * 40) for seed in (0, 1)]
+    assert _run(root, tmp_path, "--strict")[0] == 0  # one known clean commit: accepted
+    path = dirs[1] / "result.json"
+    result = json.loads(path.read_text())
+    result["provenance"]["code"]["dirty"] = None  # git could not tell (a checkout another user owns)
+    path.write_text(json.dumps(result))
+    capsys.readouterr()
+    assert _run(root, tmp_path, "--strict")[0] == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dirty null" in err[0] and str(dirs[1]) in err[0], err
+    assert _run(root, tmp_path)[0] == 0  # without --strict: tabulated
+
+
+# --- req 3: a finished job is a SKIP whatever its directory's permissions; run.log never stops a sweep ---------------
+def _as_reader(out: Path, readonly: Path) -> list[str]:
+    """The prefix of a command run as a user who cannot write `readonly` (nor its files) but can write the rest of
+    `out`: `nobody` (setpriv) when the tests run as root (chmod does not stop root), else chmod a-w."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        for p in [readonly, *readonly.iterdir()]:
+            p.chmod(p.stat().st_mode & ~0o222)
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("root without setpriv: cannot act as a user who may not write")
+    for p in [out, *out.rglob("*")]:
+        shutil.chown(p, 65534, 65534)
+        p.chmod(p.stat().st_mode | 0o755 if p.is_dir() else p.stat().st_mode | 0o644)
+    for p in [readonly, *readonly.iterdir()]:
+        shutil.chown(p, 0, 0)
+        p.chmod(0o755 if p.is_dir() else 0o644)
+
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def test_a_finished_job_in_a_read_only_directory_is_a_skip_and_the_sweep_goes_on() -> None:
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from tests.helpers import ENV, REPO, TINY
+
+    out = Path(tempfile.mkdtemp(prefix="erasure-mdl-ro-"))
+    out.chmod(0o755)
+    try:
+        run = [sys.executable, "-m", "training.run"]
+        base = [*run, f"paths.out_dir={out}", "logger=none", *TINY]
+        subprocess.run([*base, "seed=0"], check=True, capture_output=True, env=ENV, cwd=REPO, timeout=300)
+        seed0 = next(out.rglob("result.json")).parent
+        result = (seed0 / "result.json").read_text()
+        reader = _as_reader(out, seed0)
+        env = {**ENV, "HOME": str(out)}
+        one = subprocess.run([*reader, *base, "seed=0"], capture_output=True, text=True, env=env, cwd=out,
+                             timeout=300)
+        assert one.returncode == 0 and "SKIP" in one.stdout and "Traceback" not in one.stderr, one.stderr[-3000:]
+        assert sum("cannot write the log file" in ln for ln in one.stderr.splitlines()) == 1, one.stderr
+        sweep = subprocess.run([*reader, *run, "-m", *base[3:], "seed=0,1"], capture_output=True, text=True, env=env,
+                               cwd=out, timeout=300)
+        assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-3000:]
+        assert "2/2 jobs ran: 1 done, 1 skipped, 0 failed" in sweep.stdout + sweep.stderr, sweep.stdout[-2000:]
+        assert (seed0 / "result.json").read_text() == result
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

@@ -78,3 +78,39 @@ def test_a_finished_job_in_a_read_only_directory_is_a_skip_and_the_sweep_goes_on
         assert (seed0 / "result.json").read_text() == result
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+# --- req 4: a signal is a checkpoint at every point of a job, the cache write included ------------------------------
+def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Path, monkeypatch) -> None:
+    """torch.save into a Python file object turns the SIGTERM handler's Preempted, raised while torch writes, into
+    RuntimeError("unexpected pos ..."): the cache took it for a failed write and the job ran on to the end."""
+    import os
+    import signal
+
+    import torch
+
+    from training.cli.preemption import Preempted, stop_on_sigterm
+    from training.data import cache as cache_mod
+
+    class SignalledFile:  # a SIGTERM lands during torch.save's second write (during its first, torch passes it on)
+        def __init__(self, f) -> None:
+            self.f, self.writes = f, 0
+
+        def write(self, b) -> int:
+            self.writes += 1
+            if self.writes == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return self.f.write(b)
+
+        def flush(self) -> None:
+            self.f.flush()
+
+    def save(x: torch.Tensor, tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            torch.save(x, SignalledFile(f))
+
+    monkeypatch.setattr(cache_mod, "_save_tensor", save)
+    with pytest.raises(Preempted) as stop, stop_on_sigterm():
+        cache_mod.cached_erase(tmp_path, {"k": 1}, lambda: (torch.zeros(1000, 4), {"r": 1}))
+    assert stop.value.code == 143
+    assert not list((tmp_path / "erased").glob("*/manifest.json"))  # no half entry left as if complete

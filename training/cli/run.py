@@ -36,7 +36,7 @@ from training.cli.report import (
     to_run_log,
     user_error_line,
 )
-from training.common import packs
+from training.common import interrupt, packs
 from training.errors import Refused
 
 log = logging.getLogger("training.run")
@@ -57,6 +57,7 @@ def job(cfg: DictConfig) -> Outcome:
     except KeyboardInterrupt as err:  # Ctrl-C: the job's lock is released on the way here
         exit_interrupted(Path(job.paths.job_dir), err)
     except Exception as err:
+        interrupt.stop_behind(err)  # a signal's stop that torch.save turned into a RuntimeError: a stop, not a failure
         line = user_error_line(err)
         if line is None:
             to_run_log(logging.ERROR, f"job failed: {type(err).__name__}: {err}", err)

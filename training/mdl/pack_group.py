@@ -32,7 +32,7 @@ from training.app.job_paths import JobPath
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import RESULT_FILE
 from training.app.schema import JobConfig, config_hash
-from training.common import packs
+from training.common import interrupt, packs
 from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
 from training.engine.fit import FitResult, Member, TrainData, snapshot
 from training.engine.group import fit_group, resolve_engine
@@ -179,6 +179,7 @@ def train_together(trainer: Trainer, first: Member, jobs: Sequence[FitJob], othe
         fit_group(own + [m for _, _, m in theirs], TrainData(trainer.train_data, trainer.y),
                   trainer.group_options(done))
     except Exception as err:  # noqa: BLE001 - any failure: this job's own models train alone (interrupts pass)
+        interrupt.stop_behind(err)  # a stop torch.save turned into a RuntimeError passes too
         left = [k for k in range(len(jobs)) if k not in finished]
         log.warning("the pack group failed (%s: %s); this job's %d unfinished model(s) train alone",
                     type(err).__name__, err, len(left))

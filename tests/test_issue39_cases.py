@@ -114,3 +114,47 @@ def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Pa
         cache_mod.cached_erase(tmp_path, {"k": 1}, lambda: (torch.zeros(1000, 4), {"r": 1}))
     assert stop.value.code == 143
     assert not list((tmp_path / "erased").glob("*/manifest.json"))  # no half entry left as if complete
+
+
+# --- bugs: the packed launcher outside the checkout's root, and with hydra.job.chdir=true ---------------------------
+QUICK = ["logger=none", "progress=false", "dataset=digits", "mdl=quick", "mdl.max_epochs=1", "mdl.min_steps=0",
+         "mdl.patience_min_steps=0", "mdl.full_run=false", "arch.width=8", "optim.warmup_steps=0",
+         "certificate=false", "seed=0,1", "hydra/launcher=packed"]
+
+
+def _sweep(cwd: Path, env: dict, *overrides: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "training.run", "-m", *QUICK, *overrides], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_the_packed_launcher_is_found_outside_the_checkouts_root(tmp_path: Path) -> None:
+    """A researcher's own folder: the package importable (as an editable install makes it: here its top-level
+    packages on PYTHONPATH, without the checkout's root, so `hydra_plugins/` is no directory on sys.path)."""
+    from tests.helpers import ENV, REPO
+
+    farm = tmp_path / "site"
+    farm.mkdir()
+    for name in ("training", "erasure", "models", "atomicio", "scripts", "conf"):  # all but hydra_plugins
+        (farm / name).symlink_to(REPO / name)
+    import importlib.util
+
+    if importlib.util.find_spec("hydra_plugins.erasure_mdl_packed") is None:
+        pytest.skip("the package is not installed (pip install -e .): no launcher to find outside the checkout")
+    proc = _sweep(tmp_path, {**ENV, "PYTHONPATH": str(farm)}, f"paths.out_dir={tmp_path / 'out'}")
+    assert "Unknown plugin class" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0 and "2/2 jobs ran: 2 done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
+def test_packed_with_chdir_and_a_relative_out_dir_writes_where_the_command_started(tmp_path: Path) -> None:
+    from tests.helpers import ENV
+
+    for attempt in ("first", "rerun"):
+        proc = _sweep(tmp_path, ENV, "paths.out_dir=rel", "hydra.job.chdir=true")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ran = "2 done, 0 skipped" if attempt == "first" else "0 done, 2 skipped"
+        assert f"2/2 jobs ran: {ran}, 0 failed" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
+    results = sorted(tmp_path.rglob("result.json"))
+    assert len(results) == 2 and all(r.relative_to(tmp_path).parts.count("rel") == 1 for r in results), results

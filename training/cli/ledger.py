@@ -235,8 +235,12 @@ def _result_stamp(job_dir: Path) -> int | None:
 
 
 def _job_dir(config: DictConfig) -> Path:
-    job_dir = OmegaConf.select(config, "paths.job_dir", default=None)
-    return Path(str(job_dir if job_dir else config.hydra.runtime.output_dir))
+    """The job's directory; a relative one is where the command started (`hydra.runtime.cwd`): with
+    hydra.job.chdir=true the job's callbacks run inside its own directory."""
+    job_dir = Path(str(OmegaConf.select(config, "paths.job_dir", default=None)
+                       or config.hydra.runtime.output_dir))
+    start = OmegaConf.select(config, "hydra.runtime.cwd", default=None)
+    return job_dir if job_dir.is_absolute() or not start else Path(str(start)) / job_dir
 
 
 def _say_unwritable(path: Path, err: OSError, kept: str) -> None:
@@ -280,7 +284,7 @@ class JobStatusCallback(Callback):
             log.warning("multirun: the job configs could not be checked up front (%s: %s)", type(err).__name__, err)
             self._total = count_jobs(config)
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        self._ledger = Path(str(config.hydra.sweep.dir)) / ".multirun" / run_id
+        self._ledger = Path(str(config.hydra.sweep.dir)).absolute() / ".multirun" / run_id  # jobs may chdir
         try:
             self._ledger.mkdir(parents=True, exist_ok=True)
         except OSError as err:

@@ -95,6 +95,21 @@ def anchored(resolved: dict[str, Any], start: Path) -> dict[str, Any]:
     return out
 
 
+def register_packed_launcher() -> None:
+    """`hydra/launcher=packed` from any directory. Hydra finds plugins by listing `hydra_plugins.__path__` with
+    pkgutil, and a setuptools editable install (PEP 660, its default mode) maps `hydra_plugins.erasure_mdl_packed`
+    through an import finder that pkgutil cannot list: importable, but never found, except from the checkout's
+    root (where `hydra_plugins/` is a directory on sys.path). Registered here, the entry finds it whatever the
+    install and the working directory."""
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.erasure_mdl_packed.packed_launcher import PackedLauncher
+
+    Plugins.instance().register(PackedLauncher)
+
+
+register_packed_launcher()
+
 # The entry. `job` stays a plain module-level function so that a launcher running jobs in other processes (joblib,
 # submitit) pickles it by reference: the worker imports this module and discovers the tasks again.
 # An absolute config path: Hydra resolves a relative one against the module's package (pkg://training/...).

@@ -103,11 +103,31 @@ def experiment_refusal(experiment: str, overrides: list[str]) -> str | None:
     if experiment not in names:
         return (f"--experiment {experiment!r} is not a preset; the presets (conf/experiment/*.yaml) are: "
                 f"{', '.join(names)}")
+    from training.app.schema import ConfigError
+    from training.app.sweeps import expand
+
     try:
         sweep_overrides(experiment, overrides)
-    except HydraException as err:
+        for cfg in expand(experiment, overrides, limit=1):
+            load_config(cfg)  # a value the jobs would refuse
+    except (HydraException, ConfigError) as err:
         first = " ".join(str(err).split("\n")[0].split())
         return f"--experiment {experiment} with --override {' '.join(overrides)}: {first}"
+    return None
+
+
+def output_refusal(out: Path, name: str) -> str | None:
+    """One line when the tables cannot be written as `<out>/<name>.*` (a name with a separator, a folder that cannot
+    be made or written), checked before anything is computed; else None."""
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        return f"--name {name!r} is not allowed: it names files in --out, so one name without / (e.g. --name demo)"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".{name}.write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        return f"--out {out} cannot be written ({err.strerror or err}): nothing was written; choose another --out"
     return None
 
 
@@ -146,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {line}", file=sys.stderr)
         return 2
     name = args.name or args.experiment or "results"
+    if (line := output_refusal(args.out, name)) is not None:
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     print(write_all(df, results, args.out, name, title))
     print(f"wrote {args.out}/{name}.md, .csv, _jobs.csv, .tex and PNG plots", file=sys.stderr)
     keys = preset_claims(args.experiment, args.override) if args.experiment else None

@@ -158,3 +158,129 @@ def test_packed_with_chdir_and_a_relative_out_dir_writes_where_the_command_start
         assert f"2/2 jobs ran: {ran}, 0 failed" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
     results = sorted(tmp_path.rglob("result.json"))
     assert len(results) == 2 and all(r.relative_to(tmp_path).parts.count("rel") == 1 for r in results), results
+
+
+# --- req 7: the ugly cases, each one line (config level: nothing composed but the config, nothing trained) ---------
+def _refusal(tmp_path: Path, overrides: list[str], precheck: bool = False) -> str:
+    import torch
+
+    from tests.helpers import job_config
+    from training.app.schema import ConfigError, load_config
+
+    try:
+        cfg = load_config(job_config(tmp_path / "out", overrides))
+        if precheck:
+            from training.mdl.precheck import precheck as check
+
+            check(cfg, torch.device("cpu"))
+    except ConfigError as err:
+        line = str(err)
+        assert "\n" not in line and "is not allowed" in line, line
+        return line
+    raise AssertionError(f"{overrides} accepted")
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["dataset=mixture", "dataset.cov_gap=3"], "mixture does not read dataset.cov_gap"),
+    (["eraser=leace", "eraser.after_augment=true"], "read only with dataset.augment=true"),
+    (["dataset=gaussian", "eraser=leace", "eraser.fit_on=oracle", "eraser.n_fit=1"], "at least 2"),
+    (["dataset=gaussian", "dataset.dim=100000"], "of memory"),
+    (["paths.cell=."], "paths.cell='.'"),
+    (["dataset.tag=."], "dataset.tag='.'"),
+    ([f"dataset.tag={'x' * 256}"], "at most 255 bytes"),
+    ([f"paths.out_dir=/tmp/{'y' * 256}"], "over the file system's 255"),
+])
+def test_a_config_that_changes_nothing_or_cannot_run_is_one_line(tmp_path: Path, overrides: list[str],
+                                                                  says: str) -> None:
+    assert says in _refusal(tmp_path, overrides)
+
+
+def test_the_accepted_neighbours_still_compose(tmp_path: Path) -> None:
+    """Where the refusals above must not fire."""
+    from tests.helpers import job_config
+    from training.app.schema import load_config
+
+    for overrides in (["dataset=mixture"], ["dataset=cifar10", "eraser=leace", "eraser.after_augment=true"],
+                      ["dataset=gaussian", "eraser=leace", "eraser.fit_on=oracle", "eraser.n_fit=2"],
+                      ["dataset=gaussian", "dataset.dim=64"], ["paths.cell=c.1"], ["dataset.tag=a.b"]):
+        load_config(job_config(tmp_path / "out", overrides))
+
+
+def test_a_dangling_symlink_as_out_dir_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    line = _refusal(tmp_path, [f"paths.out_dir={tmp_path / 'link' / 'sub'}"])
+    assert "symbolic link" in line and str(tmp_path / "nowhere") in line
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["dataset=gaussian", "arch=lenet"], "arch=lenet is not allowed with dataset=gaussian"),
+    (["dataset=gaussian", "dataset.augment=true"], "vectors"),
+    (["dataset=mixture", "dataset.augment=true"], "vectors"),
+])
+def test_what_the_samples_shape_rules_out_is_one_line(tmp_path: Path, overrides: list[str], says: str) -> None:
+    assert says in _refusal(tmp_path, overrides, precheck=True)
+
+
+def test_an_unknown_eraser_name_is_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers import ENV, REPO
+
+    proc = subprocess.run([sys.executable, "-m", "training.run", f"paths.out_dir={tmp_path}", "logger=none",
+                           "eraser.name=bogus"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "eraser.name='bogus'" in lines[0], proc.stderr[-3000:]
+
+
+def test_a_packed_inner_launcher_is_refused_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers import ENV, REPO
+
+    proc = subprocess.run([sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none",
+                           "seed=0,1", "hydra/launcher=packed", "hydra.launcher.inner=packed"], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "hydra.launcher.inner=packed" in lines[0], proc.stderr[-3000:]
+    assert not list(tmp_path.rglob("result.json"))
+
+
+# --- the aggregate's arguments ---------------------------------------------------------------------------------------
+def test_aggregate_refuses_a_bad_override_value_a_name_with_a_separator_and_an_unwritable_out(tmp_path: Path,
+                                                                                                capsys) -> None:
+    from scripts import aggregate
+
+    assert aggregate.main(["--experiment", "demo", "--override", "arch.width=abc"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "arch.width" in err[0], err
+    root = tmp_path / "runs"
+    _write(root, _cfg("control", 0), 1.0, commit="a" * 40)
+    assert aggregate.main([str(root), "--name", "a/b", "--out", str(tmp_path / "t")]) == 2
+    out, err = capsys.readouterr()
+    assert "wrote" not in err and "--name 'a/b' is not allowed" in err, err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert aggregate.main([str(root), "--out", str(blocker / "t")]) == 2  # a folder that cannot be made
+    out, err = capsys.readouterr()
+    assert "wrote" not in err and "cannot be written" in err, err
+
+
+# --- the pack group trains together only the seeds of one cell -----------------------------------------------------
+def test_a_pack_knows_which_seeds_are_another_configuration() -> None:
+    """calibrate: dataset.data_seed=${seed}, so each seed is its own cell (its own data): a pack of its seeds must
+    not train them in one group (it trained them, then threw the models away); demo's seeds share their data."""
+    from hydra import compose, initialize_config_dir
+
+    from hydra_plugins.erasure_mdl_packed.packed_launcher import job_dirs_of
+    from tests.helpers import CONF
+    from training.common.packs import Pack
+
+    for experiment, together in (("calibrate", False), ("demo", True)):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            configs = [compose("config", overrides=[f"experiment={experiment}", f"seed={s}"]) for s in (0, 1)]
+        dirs = job_dirs_of([0, 1], configs)
+        pack = Pack((0, 1), job_dirs=dirs)
+        sibling = str(Path(dirs[0]).parent / "seed1")
+        assert pack.same_cell(1, sibling) is together, (experiment, dirs)

@@ -43,6 +43,16 @@ def seeds_of(pack: Sequence[Job]) -> list[int]:
     return [int(s) for s in seeds] if all(s.isdigit() for s in seeds) else []
 
 
+def job_dirs_of(seeds: Sequence[int], configs: Sequence[DictConfig]) -> dict[int, str]:
+    """seed -> its job's directory (absolute), for the pack group to train together only the seeds of one cell
+    (training/mdl/pack_group.py); {} where a directory cannot be resolved here (the job itself then says why)."""
+    try:
+        return {seed: str(Path(str(OmegaConf.select(c, "paths.job_dir", default=""))).absolute())
+                for seed, c in zip(seeds, configs, strict=False)}
+    except Exception:  # noqa: BLE001 - an interpolation error: each job reports it
+        return {}
+
+
 class PackTask:
     """The inner launcher's task function: runs the pack whose number the inner launcher gave its job (picklable:
     joblib and submitit send it to their workers). (Not a dataclass: Hydra's plugin scan executes this module
@@ -70,9 +80,11 @@ class PackTask:
             # hydra.job.chdir=true put this process in the pack's first job's directory: each job starts where the
             # sweep did, or a relative paths.out_dir would nest every job in that directory
             os.chdir(str(origin or here))
-            with sharing(), packed(seeds_of(pack)):
-                for num, overrides in pack:
-                    config = self.hydra_context.config_loader.load_sweep_config(self.sweep_config, overrides)
+            configs = [self.hydra_context.config_loader.load_sweep_config(self.sweep_config, overrides)
+                       for _, overrides in pack]
+            seeds = seeds_of(pack)
+            with sharing(), packed(seeds, job_dirs_of(seeds, configs)):
+                for (num, _), config in zip(pack, configs, strict=True):
                     with open_dict(config):
                         config.hydra.job.id = f"{lead.id}_{num}"
                         config.hydra.job.num = num

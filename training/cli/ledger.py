@@ -199,6 +199,11 @@ def jobs_run_here(config: DictConfig) -> bool:
 
 def check_launcher(config: DictConfig) -> None:
     """Launcher settings that would fail only once the sweep starts: refused up front (one line, exit 2)."""
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+    inner = OmegaConf.select(config, "hydra.launcher.inner", default=None)
+    if target.endswith("PackedLauncher") and str(inner) not in PACKED_INNER:
+        exit_user_error(f"multirun refused (nothing ran): hydra.launcher.inner={inner} is not allowed: the inner "
+                        "launcher runs the packs, one of local, parallel, submitit_local or slurm")
     if "JoblibLauncher" in launcher_target(config):
         n_jobs = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None)
         if n_jobs == 0:

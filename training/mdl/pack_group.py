@@ -143,6 +143,10 @@ def companions(trainer: Trainer, room: int) -> list[Companion]:
         job_dir = JobPath.sibling(cfg.paths.job_dir, seed)
         if job_dir is None:
             return []
+        if not pack.same_cell(seed, str(Path(job_dir).absolute())):
+            log.info("pack group: seed %d's job is another configuration (a key follows the seed, e.g. "
+                     "dataset.data_seed): it trains in its own job", seed)
+            continue
         if not cfg.force and _started(job_dir):
             continue
         other = dataclasses.replace(cfg, seed=seed, paths=dataclasses.replace(cfg.paths, job_dir=str(job_dir)))

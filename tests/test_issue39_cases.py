@@ -284,3 +284,64 @@ def test_a_pack_knows_which_seeds_are_another_configuration() -> None:
         pack = Pack((0, 1), job_dirs=dirs)
         sibling = str(Path(dirs[0]).parent / "seed1")
         assert pack.same_cell(1, sibling) is together, (experiment, dirs)
+
+
+# --- SIGKILL of a parallel sweep's parent: its loky workers stop and exit ------------------------------------------
+def _children(pid: int) -> set[int]:
+    import os
+
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_workers_of_a_killed_parallel_sweep_exit(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import ENV, REPO
+
+    parent = subprocess.Popen([sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none",
+                               "progress=false", "dataset=digits", "mdl=quick", "mdl.max_epochs=400", "mdl.min_steps=0",
+                               "arch.width=16", "certificate=false", "seed=0,1", "hydra/launcher=parallel"],
+                              cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    workers: set[int] = set()
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and len(list(tmp_path.rglob("run.log"))) < 2:
+            time.sleep(0.5)
+        workers = {p for p in _children(parent.pid) if b"loky" in Path(f"/proc/{p}/cmdline").read_bytes()
+                   or b"joblib" in Path(f"/proc/{p}/cmdline").read_bytes()}
+        assert workers, "the sweep's jobs did not start in workers"
+        assert not list(tmp_path.rglob("result.json")), "the jobs finished before the parent was killed"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.time() + 90
+        while time.time() < deadline and any(_alive(p) for p in workers):
+            time.sleep(0.5)
+        assert not any(_alive(p) for p in workers), "loky workers outlived their sweep's parent"
+        assert not list(tmp_path.rglob("result.json"))  # stopped, not finished for nobody
+    finally:
+        for p in workers | {parent.pid}:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)

@@ -299,6 +299,7 @@ class JobStatusCallback(Callback):
                  self._ledger)
         atexit.register(self._report_at_exit)
         if runs_jobs_in_workers(launcher_target(config)):  # SIGTERM/SIGINT here must stop them (preemption.py)
+            env.set_sweep_parent(os.getpid())  # and its workers stop when it dies (local_workers.exit_with_parent)
             restore, unshield = stop_workers_on_signal(), controllers_ignore_sigint()
             self._restore_signals = lambda: (unshield(), restore())
 

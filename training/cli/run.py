@@ -12,6 +12,8 @@ Hydra creates the run directory (and before any job of a multirun runs), and aga
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from training.app.lifecycle import Outcome
 from training.app.resolvers import resolved_dict
 from training.app.schema import CONF_DIR, ConfigError, load_config
 from training.app.tasks import get_task
-from training.cli.local_workers import sigint_back_in_local_job
+from training.cli.local_workers import exit_with_parent, orphaned, sigint_back_in_local_job
 from training.cli.preemption import ignore_time_limit_signal, stop_on_sigterm
 from training.cli.report import (
     SweepJobFailed,
@@ -49,6 +51,16 @@ def job(cfg: DictConfig) -> Outcome:
     multirun = hc.mode == RunMode.MULTIRUN
     quiet_log_file_errors()  # Hydra has set up this job's run.log
     sigint_back_in_local_job()
+    exit_with_parent()  # a worker whose sweep's launching process dies stops and exits
+    try:
+        return _job(cfg, hc, multirun)
+    finally:
+        if orphaned():  # nobody reads this worker's results any more: exit now, not after loky's idle minutes
+            logging.shutdown()
+            os._exit(128 + int(signal.SIGTERM))
+
+
+def _job(cfg: DictConfig, hc: Any, multirun: bool) -> Outcome:
     resolved = anchored(resolved_dict(cfg), Path(hc.runtime.cwd))
     try:
         job = load_config(resolved)  # normally checked earlier, by the job_status callback

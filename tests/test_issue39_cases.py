@@ -345,3 +345,37 @@ def test_workers_of_a_killed_parallel_sweep_exit(tmp_path: Path) -> None:
         for p in workers | {parent.pid}:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+# --- make plan -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("content", ["[]", '{"steps": 5}'])
+def test_plan_reads_a_gpu_report_of_the_wrong_shape_as_no_measurement(tmp_path: Path, content: str) -> None:
+    from scripts.plan import gpu_report_cost
+
+    path = tmp_path / "gpu_report.json"
+    path.write_text(content)
+    costs, missing = gpu_report_cost(path)
+    assert costs == {} and missing is not None and "cannot be read" in missing and "make gpu-report" in missing
+
+
+def test_plan_fails_on_a_sweep_that_would_be_refused(tmp_path: Path, capsys) -> None:
+    from scripts import plan
+
+    none = str(tmp_path / "none.json")
+    assert plan.main(["smoke", f"paths.out_dir={tmp_path}", "--bench", none, "--gpu-report", none]) == 0
+    capsys.readouterr()
+    assert plan.main(["smoke", f"paths.out_dir={tmp_path}", "arch.width=abc", "--bench", none, "--gpu-report",
+                      none]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "arch.width='abc' is not allowed" in err[0], err
+
+
+def test_plan_names_a_group_choice_the_path_does_not_show(tmp_path: Path) -> None:
+    """sensitivity: eraser=qleace and eraser=qleace_paper both write under .../qleace/...: their cells differ."""
+    from scripts import plan
+
+    none = tmp_path / "none.json"
+    text = plan.report("sensitivity", [f"paths.out_dir={tmp_path}", "arch.parametrization=mup",
+                                       "dataset.zscore_order=before", "seed=0"], 0, none, none)
+    qleace = [ln for ln in text.splitlines() if "/qleace/" in ln]
+    assert len(qleace) == 2 and sum("eraser=qleace_paper" in ln for ln in qleace) == 1, qleace

@@ -181,7 +181,8 @@ def _refusal(tmp_path: Path, overrides: list[str], precheck: bool = False) -> st
 
 
 @pytest.mark.parametrize("overrides, says", [
-    (["dataset=mixture", "dataset.cov_gap=3"], "mixture does not read dataset.cov_gap"),
+    (["dataset=mixture", "dataset.cov_gap=3"], "dataset.cov_gap is not read there"),
+    (["dataset=two_moons", "dataset.n_test=500"], "with dataset=two_moons with task=mdl"),
     (["eraser=leace", "eraser.after_augment=true"], "read only with dataset.augment=true"),
     (["dataset=gaussian", "eraser=leace", "eraser.fit_on=oracle", "eraser.n_fit=1"], "at least 2"),
     (["dataset=gaussian", "dataset.dim=100000"], "of memory"),

@@ -116,9 +116,10 @@ READ_ONLY_WITH: tuple[tuple[str, str, Any, Any], ...] = (
     ("mdl.eval_every_steps", "mdl.full_run", True, None),  # MDL: the full run's validation cadence only
     ("eraser.after_augment", "dataset.augment", True, False),  # nothing augmented: erasing per batch = once
 )
-# Keys a dataset shares with another's options but does not read: (key, dataset, the one value accepted).
-UNREAD_BY_DATASET: tuple[tuple[str, str, Any], ...] = (
-    ("dataset.cov_gap", "mixture", 0.0),  # its class covariance comes from dataset.separation
+# Keys a dataset declares but a task does not read: (key, dataset, the one value accepted, the tasks (None: all)).
+UNREAD_BY_DATASET: tuple[tuple[str, str, Any, tuple[str, ...] | None], ...] = (
+    ("dataset.cov_gap", "mixture", 0.0, None),  # its class covariance comes from dataset.separation
+    ("dataset.n_test", "two_moons", 1000, ("mdl",)),  # the test draw of task=gs_two_moons; MDL codes the n rows
 )
 
 
@@ -162,12 +163,13 @@ def _check_task_reads(job: JobConfig) -> None:
             raise ConfigError(f"{key}={_shown(value)} is not allowed: {key} is read only with {when}={_shown(needed)} "
                               f"(here {_shown(_value(job, when))}); leave it at {_shown(accepted)} or set "
                               f"{when}={_shown(needed)}")
-    for key, dataset, accepted in UNREAD_BY_DATASET:
+    for key, dataset, accepted, tasks in UNREAD_BY_DATASET:
         value = _value(job, key)
-        if job.dataset.name == dataset and value is not dataclasses.MISSING and value != accepted:
-            raise ConfigError(f"{key}={_shown(value)} is not allowed with dataset={dataset}: {dataset} does not read "
-                              f"{key} (it would change the job's hash, not its numbers); leave it at "
-                              f"{_shown(accepted)}")
+        if (job.dataset.name == dataset and (tasks is None or job.task in tasks) and value is not dataclasses.MISSING
+                and value != accepted):
+            who = f"dataset={dataset}" + (f" with task={job.task}" if tasks is not None else "")
+            raise ConfigError(f"{key}={_shown(value)} is not allowed with {who}: {key} is not read there (it "
+                              f"would change the job's hash, not its numbers); leave it at {_shown(accepted)}")
     if (refusal := get_task(job.task).refusal(job)) is not None:
         raise ConfigError(refusal)
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import pandas as pd
 
 from scripts.aggregate_collect import collect_dir, collect_experiment
-from scripts.aggregate_summary import commit_problems, data_problems
+from scripts.aggregate_summary import commit_problems, data_problems, unverified_problems
 from training.app.result_types import Result
 from training.app.schema import load_config
 from training.app.tasks import Collected, task_names, tasks
@@ -84,6 +84,9 @@ def strict_refusal(df: pd.DataFrame) -> str | None:
         problems.append(f"{len(mixed)} cell(s) with seeds from different commits (first: {mixed[0]})")
     if unknown:
         problems.append(f"{len(unknown)} result(s) without a recorded commit (first: {unknown[0]})")
+    if unverified := unverified_problems(df):
+        problems.append(f"{len(unverified)} result(s) whose checkout may have had uncommitted changes (provenance "
+                        f"dirty null: git could not tell, e.g. safe.directory; first: {unverified[0]})")
     if not problems:
         return None
     return ("--strict: " + "; ".join(problems) + "; rerun those jobs with one version of the code, or aggregate "
@@ -100,11 +103,31 @@ def experiment_refusal(experiment: str, overrides: list[str]) -> str | None:
     if experiment not in names:
         return (f"--experiment {experiment!r} is not a preset; the presets (conf/experiment/*.yaml) are: "
                 f"{', '.join(names)}")
+    from training.app.schema import ConfigError
+    from training.app.sweeps import expand
+
     try:
         sweep_overrides(experiment, overrides)
-    except HydraException as err:
+        for cfg in expand(experiment, overrides, limit=1):
+            load_config(cfg)  # a value the jobs would refuse
+    except (HydraException, ConfigError) as err:
         first = " ".join(str(err).split("\n")[0].split())
         return f"--experiment {experiment} with --override {' '.join(overrides)}: {first}"
+    return None
+
+
+def output_refusal(out: Path, name: str) -> str | None:
+    """One line when the tables cannot be written as `<out>/<name>.*` (a name with a separator, a folder that cannot
+    be made or written), checked before anything is computed; else None."""
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        return f"--name {name!r} is not allowed: it names files in --out, so one name without / (e.g. --name demo)"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".{name}.write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        return f"--out {out} cannot be written ({err.strerror or err}): nothing was written; choose another --out"
     return None
 
 
@@ -121,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strict", action="store_true",
                     help="refuse (exit 2, one line) when a cell's seeds come from different commits or data "
                          "(dataset.fingerprint) or a result has no recorded commit (provenance.code.commit)")
+    ap.add_argument("--set-aside", action="store_true",
+                    help="also read the results a job moved aside when its data changed (result.data-<fingerprint>"
+                         ".json; marked as runs on different data, never averaged)")
     args = ap.parse_args(argv)
     if args.experiment:
         if (line := experiment_refusal(args.experiment, args.override)) is not None:
@@ -129,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         df, results = collect_experiment(args.experiment, args.override)
         title = f"Experiment {args.experiment}"
     elif args.root:
-        df, results = collect_dir(args.root)
+        df, results = collect_dir(args.root, args.set_aside)
         title = f"Results under {args.root}"
     else:
         ap.error("give a directory or --experiment")
@@ -140,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {line}", file=sys.stderr)
         return 2
     name = args.name or args.experiment or "results"
+    if (line := output_refusal(args.out, name)) is not None:
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     print(write_all(df, results, args.out, name, title))
     print(f"wrote {args.out}/{name}.md, .csv, _jobs.csv, .tex and PNG plots", file=sys.stderr)
     keys = preset_claims(args.experiment, args.override) if args.experiment else None

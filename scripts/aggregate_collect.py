@@ -26,7 +26,7 @@ from training.app.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
 from training.app.lifecycle import SavedProgress
 from training.app.result_codec import FIT_DEFAULTS, REPEAT_KEY, MalformedResultError, legacy_fold, read
 from training.app.result_types import BlockRecord, Certificate, MdlRecord, MdlResult, Result, number
-from training.app.results import same_config, stored_config
+from training.app.results import RESULT_FILE, SET_ASIDE, same_config, stored_config
 
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
 # variant: eraser options that differ, if any). A cell's runs: its seeds × folds, and its null runs (`null`).
@@ -51,6 +51,7 @@ PAPER_KEYS = ("optim.lr", "optim.beta1", "optim.warmup_steps")  # conf/optim/sch
 PAPER_TABLES = ("arch.paper_optim.", "dataset.paper_lr.")  # the tables of that rule (not hashed, not identity)
 PAPER_RULE = "paper_optim"  # such a key at the value its rule gives (arch.paper_optim per eraser family)
 UNKNOWN_COMMIT = "unknown"
+DIRTY, UNKNOWN_DIRTY = "+dirty", "+dirty?"  # after a commit: uncommitted changes; whether there were is unknown
 CERT = {"max_mean_gap": "mean gap", "max_cov_gap": "cov gap", "linear_probe_acc": "linear probe",
         "quadratic_probe_acc": "quadratic probe", "mlp_probe_acc": "MLP probe", "chance": "chance"}
 # The certificate's out-of-sample (cross-fitted) probe scores (erasure/certificate.py), where the result has them.
@@ -233,7 +234,8 @@ def assign_groups(df: pd.DataFrame) -> pd.DataFrame:
     _place_unknown(df)
     df["null"] = df["null"].map(lambda v: pd.api.types.is_bool(v) and bool(v))
     order = df.assign(_rank=(df.status != "done").astype(int)).sort_values("_rank", kind="stable")
-    dup = order.duplicated([*CELL, "null", "fold", "seed"], keep="first") & order.group.notna()
+    aside = ["set_aside"] if "set_aside" in order else []  # a result moved aside is not a repeat of result.json
+    dup = order.duplicated([*CELL, "null", "fold", "seed", *aside], keep="first") & order.group.notna()
     if dup.any():
         warn(f"{int(dup.sum())} repeated result(s) of the same config and seed ignored: "
              + ", ".join(order[dup].job_dir.astype(str)))
@@ -273,11 +275,12 @@ def _cell_dir(job_dir: str) -> str:
 
 def commit_of(result: Result) -> str:
     """The code version a result was computed with: its commit (10 hex digits, `+dirty` with uncommitted
-    changes), or UNKNOWN_COMMIT (written without provenance, or outside a git checkout)."""
+    changes, `+dirty?` where that is unknown), or UNKNOWN_COMMIT (written without provenance, or outside a git
+    checkout)."""
     prov = result.provenance
     if prov is None or prov.commit is None:
         return UNKNOWN_COMMIT
-    return prov.commit[:10] + ("+dirty" if prov.dirty else "")
+    return prov.commit[:10] + {True: DIRTY, False: "", None: UNKNOWN_DIRTY}[prov.dirty]
 
 
 SIGNATURE = ("device_name", "torch", "cuda", "cudnn", "precision", "engine", "models_together", "deterministic")
@@ -421,12 +424,15 @@ def is_mdl_task(result: Result) -> bool:
     return result.task == "mdl"
 
 
-def collect_dir(root: Path) -> tuple[pd.DataFrame, list[Result]]:
+def collect_dir(root: Path, set_aside: bool = False) -> tuple[pd.DataFrame, list[Result]]:
     """Rows of every MDL result.json under root plus failed/partial jobs found there; and all parsed results.
     A file that is not a result is a warning naming it (and a `malformed` row when its path names a job); an
-    MDL result without an mdl section is `incomplete`; one whose MDL is not finite is `failed`."""
+    MDL result without an mdl section is `incomplete`; one whose MDL is not finite is `failed`. `set_aside`: also
+    the results a job moved aside when its data changed (result.data-<fingerprint>.json; never averaged with
+    the result.json beside them: their data differ)."""
     rows, results, seen = [], [], set()
-    for path in sorted(root.rglob("result.json")):
+    found = [*root.rglob(RESULT_FILE), *(root.rglob(SET_ASIDE.format("*")) if set_aside else ())]
+    for path in sorted(found):
         result, why = _load_result(path)
         if result is not None:
             results.append(result)
@@ -434,7 +440,8 @@ def collect_dir(root: Path) -> tuple[pd.DataFrame, list[Result]]:
                 seen.add(str(path.parent))
                 continue
             try:
-                rows.append(_result_row(result, str(path.parent)))
+                row = _result_row(result, str(path.parent))
+                rows.append(row if path.name == RESULT_FILE else {**row, "set_aside": path.name})
                 seen.add(str(path.parent))
                 continue
             except (KeyError, TypeError, ValueError, AttributeError) as e:

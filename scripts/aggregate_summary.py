@@ -11,7 +11,17 @@ from typing import Any
 
 import pandas as pd
 
-from scripts.aggregate_collect import CELL, CERT, PROBE_NUMBERS, REPORT, ROW_KEY, SPLIT_MODES, UNKNOWN_COMMIT, as_number
+from scripts.aggregate_collect import (
+    CELL,
+    CERT,
+    PROBE_NUMBERS,
+    REPORT,
+    ROW_KEY,
+    SPLIT_MODES,
+    UNKNOWN_COMMIT,
+    UNKNOWN_DIRTY,
+    as_number,
+)
 from scripts.aggregate_rows import ProbeRow
 from scripts.tables import (
     ARTEFACT_Z,
@@ -245,6 +255,15 @@ def commit_problems(df: pd.DataFrame) -> tuple[list[str], list[str]]:
             mixed.append(f"{cell_name(dict(zip(CELL, key, strict=False)))}{null}: {_commits(g)}")
     unknown = list(done[done.commit == UNKNOWN_COMMIT].job_dir.astype(str))
     return mixed, unknown
+
+
+def unverified_problems(df: pd.DataFrame) -> list[str]:
+    """Finished jobs whose checkout may have had uncommitted changes (`provenance.code.dirty` null: git could not
+    tell): their commit does not identify their code, so --strict refuses them."""
+    done = df[df.status == "done"]
+    if "commit" not in done:
+        return []
+    return list(done[done.commit.astype(str).str.endswith(UNKNOWN_DIRTY)].job_dir.astype(str))
 
 
 def data_problems(df: pd.DataFrame) -> list[str]:

@@ -123,7 +123,10 @@ def cells(jobs: Sequence[Job]) -> list[Cell]:
         if key not in out:
             sub = Path(job.cfg["paths"]["job_subdir"]).parent
             given = dict(line.partition("=")[::2] for line in job.overrides)
-            extra = " ".join(f"{k}={given[k]}" for k in shown if k in given)
+            # a group choice the path names otherwise (eraser=qleace_paper: qleace with other options)
+            renamed = [f"{k}={given[k]}" for k in ("dataset", "eraser", "arch") if k in given
+                       and given[k] not in (str(job.cfg[k].get("name")), str(job.cfg[k].get("tag")))]
+            extra = " ".join([*renamed, *(f"{k}={given[k]}" for k in shown if k in given)])
             out[key] = Cell(key, f"{sub}" + (f"  {extra}" if extra else ""))
         out[key].seeds.append(job.cfg["seed"])
         out[key].done += job.status == "done"
@@ -209,8 +212,8 @@ def gpu_report_cost(path: Path) -> tuple[dict[str, EpochCost], str | None]:
         report = Report.from_json(json.loads(path.read_text()))
     except FileNotFoundError:
         return {}, "no measurement: run make gpu-report"
-    except (OSError, ValueError, TypeError) as err:
-        return {}, f"no measurement: {path} cannot be read ({err}); run make gpu-report"
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as err:  # not JSON, or not a report's shape
+        return {}, f"no measurement: {path} cannot be read ({type(err).__name__}: {err}); run make gpu-report"
     out = {}
     for name, step in report.steps.items():
         figures = step.ok_figures or {}
@@ -327,10 +330,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
-        print(report(args.experiment, args.overrides, args.cells, args.bench, args.gpu_report))
+        text = report(args.experiment, args.overrides, args.cells, args.bench, args.gpu_report)
     except (UserError, HydraException) as err:  # a bad override: Hydra's message, as `training.run` would say it
         print(f"plan: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    print(text)
+    if refused := [ln.strip() for ln in text.splitlines() if ln.startswith("  refused ")]:
+        print(f"plan: the sweep would be refused (nothing would run): {refused[0]}", file=sys.stderr)
+        return 2  # as `python -m training.run -m` refuses a sweep with one refused job
     return 0
 
 

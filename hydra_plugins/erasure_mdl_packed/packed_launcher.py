@@ -11,6 +11,7 @@ re-run by the same command: its finished jobs skip, the others resume. One faile
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,16 @@ def seeds_of(pack: Sequence[Job]) -> list[int]:
     return [int(s) for s in seeds] if all(s.isdigit() for s in seeds) else []
 
 
+def job_dirs_of(seeds: Sequence[int], configs: Sequence[DictConfig]) -> dict[int, str]:
+    """seed -> its job's directory (absolute), for the pack group to train together only the seeds of one cell
+    (training/mdl/pack_group.py); {} where a directory cannot be resolved here (the job itself then says why)."""
+    try:
+        return {seed: str(Path(str(OmegaConf.select(c, "paths.job_dir", default=""))).absolute())
+                for seed, c in zip(seeds, configs, strict=False)}
+    except Exception:  # noqa: BLE001 - an interpolation error: each job reports it
+        return {}
+
+
 class PackTask:
     """The inner launcher's task function: runs the pack whose number the inner launcher gave its job (picklable:
     joblib and submitit send it to their workers). (Not a dataclass: Hydra's plugin scan executes this module
@@ -63,14 +74,25 @@ class PackTask:
         pack = self.packs[int(lead.num)]
         log.info("pack of %d jobs: %s", len(pack), " ".join(str(num) for num, _ in pack))
         out = []
-        with sharing(), packed(seeds_of(pack)):
-            for num, overrides in pack:
-                config = self.hydra_context.config_loader.load_sweep_config(self.sweep_config, overrides)
-                with open_dict(config):
-                    config.hydra.job.id = f"{lead.id}_{num}"
-                    config.hydra.job.num = num
-                out.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function,
-                                   config=config, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
+        here = os.getcwd()
+        origin = OmegaConf.select(self.sweep_config, "hydra.runtime.cwd", default=None)
+        try:
+            # hydra.job.chdir=true put this process in the pack's first job's directory: each job starts where the
+            # sweep did, or a relative paths.out_dir would nest every job in that directory
+            os.chdir(str(origin or here))
+            configs = [self.hydra_context.config_loader.load_sweep_config(self.sweep_config, overrides)
+                       for _, overrides in pack]
+            seeds = seeds_of(pack)
+            with sharing(), packed(seeds, job_dirs_of(seeds, configs)):
+                for (num, _), config in zip(pack, configs, strict=True):
+                    with open_dict(config):
+                        config.hydra.job.id = f"{lead.id}_{num}"
+                        config.hydra.job.num = num
+                    out.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function,
+                                       config=config, job_dir_key="hydra.sweep.dir",
+                                       job_subdir_key="hydra.sweep.subdir"))
+        finally:
+            os.chdir(here)
         ignore_time_limit_signal()  # the pack is done: a late time-limit signal must not fail it in SLURM's records
         return out
 

@@ -33,7 +33,7 @@ from training.app.provenance import device_name, now_utc, provenance
 from training.app.result_codec import encode, new_result
 from training.app.result_types import Fingerprint as FingerprintRecord
 from training.app.result_types import Result, at
-from training.app.results import JobDir, legacy_result
+from training.app.results import JobDir, Stale, legacy_result, set_aside_name
 from training.app.schema import HASH_VERSION, JobConfig, config_hash, load_config, numerics_of
 from training.common.files import atomic_write_json, read_json
 from training.engine.devices import resolve_device
@@ -146,13 +146,14 @@ Fingerprint = Callable[[JobConfig], DataOnDisk]  # the identity of the data a jo
 
 
 def stale_reason(done: Result, cfg: JobConfig, complete: tuple[str, ...],
-                 fingerprint: Callable[[JobConfig], Any] | None) -> str | None:
+                 fingerprint: Callable[[JobConfig], Any] | None) -> Stale | None:
     """Why a finished result of this configuration must not be reused (None: reuse it): a section the task
     always writes is missing (`complete`), or the result's `dataset.fingerprint` differs from `fingerprint(cfg)`,
-    the data now on disk (files swapped under the same names, or `dataset.root` pointing at another copy)."""
+    the data now on disk (files swapped under the same names, or `dataset.root` pointing at another copy): that
+    result is a finished measurement of other data, kept aside (`Stale.keep_as`) before the job runs again."""
     for section in complete:
         if done.section(section) is None:
-            return f"it has no {section} section (incomplete)"
+            return Stale(f"it has no {section} section (incomplete)")
     stored = done.dataset.fingerprint
     if fingerprint is None or stored is None:
         return None  # a result written before fingerprints: nothing to compare
@@ -165,8 +166,9 @@ def stale_reason(done: Result, cfg: JobConfig, complete: tuple[str, ...],
     if now is not None and now.identity() == stored.identity():
         return None
     where = cfg.dataset.root or cfg.paths.data_dir
-    return (f"its data fingerprint ({stored.short()}) differs from the {cfg.dataset.name} data now read from "
-            f"{where} ({'none' if now is None else now.short()}): the data files changed")
+    return Stale(f"its data fingerprint ({stored.short()}) differs from the {cfg.dataset.name} data now read from "
+                 f"{where} ({'none' if now is None else now.short()}): the data files changed",
+                 keep_as=set_aside_name(stored))
 
 
 def nonfinite_leaves(value: Any, path: str) -> Iterator[tuple[str, float]]:

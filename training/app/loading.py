@@ -28,7 +28,7 @@ from training.app.sections import (
     _task_options,
     _task_uses,
 )
-from training.app.typed import ConfigError, FieldSpec, build_options, check_typed, field_spec, kind_name
+from training.app.typed import NAME_MAX, ConfigError, FieldSpec, build_options, check_typed, field_spec, kind_name
 
 
 def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
@@ -58,9 +58,32 @@ def _check_fit_data(job: JobConfig) -> None:
         raise ConfigError("dataset.permute_labels=true is not allowed with eraser.fit_on=oracle (the fresh draws keep "
                           "their true labels, so the null would fit one law and code another); use "
                           "eraser.fit_on=holdout or all for the null")
+    if e.fit_on == "oracle" and e.n_fit is not None and e.n_fit < 2:
+        raise ConfigError(f"eraser.n_fit={e.n_fit} is not allowed with eraser.fit_on=oracle: the fit needs at least 2 "
+                          "rows of every class (their means and covariances); set eraser.n_fit ≥ 2, or null "
+                          "(200 rows per class and input dimension)")
+    _check_generated_size(job)
     if e.fit_on in ("self", "holdout") and e.fit_source == "pool" and job.dataset.limit is None:
         raise ConfigError("eraser.fit_source=pool is not allowed: the pool is the rows beyond dataset.limit, which is "
                           "not set; set dataset.limit (e.g. dataset.limit=20000) or use eraser.fit_source=split")
+
+
+def _check_generated_size(job: JobConfig) -> None:
+    """A generator dataset draws its rows in float64 at once (training/data/generators.py): one that would not fit in
+    this machine's memory is refused before it is drawn (it would fail after minutes, in a traceback)."""
+    o = job.dataset.options
+    rows_per_class, dim, classes = (getattr(o, k, None) for k in ("rows_per_class", "dim", "num_classes"))
+    if not (isinstance(rows_per_class, int) and isinstance(dim, int) and isinstance(classes, int)):
+        return
+    need = 2 * rows_per_class * classes * dim * 8  # the float64 draws and what they become
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise ConfigError(f"dataset.dim={dim} is not allowed here: dataset={job.dataset.name} would draw "
+                          f"{rows_per_class * classes} rows of {dim} numbers ({need / 2**30:.0f} GiB), more than this "
+                          f"machine's {have / 2**30:.0f} GiB of memory; lower dataset.dim or dataset.rows_per_dim")
 
 
 def _check_inside_out_dir(job: JobConfig) -> None:
@@ -68,6 +91,15 @@ def _check_inside_out_dir(job: JobConfig) -> None:
     its parts resolved to (each part is checked by typed.path_refusal; this is the backstop)."""
     p = job.paths
     out = os.path.abspath(p.out_dir)
+    for key, given in (("paths.out_dir", p.out_dir), ("paths.job_dir", p.job_dir)):
+        if given is not None and (long := [part for part in Path(given).parts if len(part.encode()) > NAME_MAX]):
+            raise ConfigError(f"{key}={given[:60]!r}... is not allowed: its part {long[0][:40]!r}... is "
+                              f"{len(long[0].encode())} bytes, over the file system's {NAME_MAX} (a tag, paths.cell "
+                              "or paths.out_dir too long); shorten it")
+    for above in (Path(out), *Path(out).parents):
+        if above.is_symlink() and not above.exists():
+            raise ConfigError(f"paths.out_dir={p.out_dir} is not allowed: {above} is a symbolic link to "
+                              f"{os.readlink(above)}, which does not exist; create it or point paths.out_dir elsewhere")
     for key, path in (("paths.job_dir", p.job_dir), ("paths.legacy_job_dir", p.legacy_job_dir)):
         if path is None or not path.startswith(p.out_dir.rstrip("/") + "/"):
             continue  # given explicitly, not built from paths.out_dir
@@ -82,6 +114,12 @@ READ_ONLY_WITH: tuple[tuple[str, str, Any, Any], ...] = (
     ("dataset.zscore_order", "dataset.zscore", True, "before"),
     ("arch.swiglu_ratio", "arch.activation", "swiglu", None),
     ("mdl.eval_every_steps", "mdl.full_run", True, None),  # MDL: the full run's validation cadence only
+    ("eraser.after_augment", "dataset.augment", True, False),  # nothing augmented: erasing per batch = once
+)
+# Keys a dataset declares but a task does not read: (key, dataset, the one value accepted, the tasks (None: all)).
+UNREAD_BY_DATASET: tuple[tuple[str, str, Any, tuple[str, ...] | None], ...] = (
+    ("dataset.cov_gap", "mixture", 0.0, None),  # its class covariance comes from dataset.separation
+    ("dataset.n_test", "two_moons", 1000, ("mdl",)),  # the test draw of task=gs_two_moons; MDL codes the n rows
 )
 
 
@@ -125,6 +163,13 @@ def _check_task_reads(job: JobConfig) -> None:
             raise ConfigError(f"{key}={_shown(value)} is not allowed: {key} is read only with {when}={_shown(needed)} "
                               f"(here {_shown(_value(job, when))}); leave it at {_shown(accepted)} or set "
                               f"{when}={_shown(needed)}")
+    for key, dataset, accepted, tasks in UNREAD_BY_DATASET:
+        value = _value(job, key)
+        if (job.dataset.name == dataset and (tasks is None or job.task in tasks) and value is not dataclasses.MISSING
+                and value != accepted):
+            who = f"dataset={dataset}" + (f" with task={job.task}" if tasks is not None else "")
+            raise ConfigError(f"{key}={_shown(value)} is not allowed with {who}: {key} is not read there (it "
+                              f"would change the job's hash, not its numbers); leave it at {_shown(accepted)}")
     if (refusal := get_task(job.task).refusal(job)) is not None:
         raise ConfigError(refusal)
 

@@ -17,6 +17,8 @@ def _eraser_family(name: str) -> str:
     """`${eraser_family:${eraser.name}}`: control | linear | quadratic, from the eraser's registry entry."""
     from erasure.registry import ERASERS
 
+    if str(name) not in ERASERS:  # composes, so that the job's config check refuses the name in one line (it would
+        return "control"  # otherwise fail inside Hydra's interpolation, hundreds of lines)
     return str(ERASERS.meta(str(name))["family"])
 
 

@@ -44,13 +44,20 @@ class MalformedResultError(ValueError):
     """A result.json that cannot be read as a result (the message says what is wrong with it)."""
 
 
+class NewerSchemaError(MalformedResultError):
+    """A result.json written by newer code (a schema_version above RESULT_SCHEMA): a job never replaces it
+    without force=true (training/app/results.py)."""
+
+
 def upgrade(raw: Mapping[str, Any]) -> dict[str, Any]:
     """A stored result in today's schema (RESULT_SCHEMA): the envelope keys written before they existed get the
     values they stood for. The config is left as recorded (see `config_view`); a current result is returned
     unchanged (a copy)."""
     out = dict(raw)
     version = at(out, "schema_version", default=1)
-    if not isinstance(version, int) or version > RESULT_SCHEMA:
+    if isinstance(version, int) and version > RESULT_SCHEMA:
+        raise NewerSchemaError(f"schema_version {version} is newer than this code's ({RESULT_SCHEMA})")
+    if not isinstance(version, int):
         raise MalformedResultError(f"schema_version {version!r} is not one this code reads (≤ {RESULT_SCHEMA}): "
                                    "read it with the code that wrote it")
     if version < 2:

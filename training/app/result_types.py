@@ -75,10 +75,13 @@ class Fingerprint:
         return cls(text(at(value, "content")), listed, value)
 
     def identity(self) -> Any:
-        """What identifies the data: the content hash and the files' sha256 and sizes (not their names or folder:
-        the same files elsewhere are the same data)."""
+        """What identifies the data: the content hash of the decoded arrays where recorded (the same data in
+        another encoding, e.g. a re-gzipped file, is the same data), else the files' sha256 and sizes (not their
+        names or folder: the same files elsewhere are the same data)."""
         if self.raw is not None and not isinstance(self.raw, Mapping):
             return self.raw
+        if self.content is not None:
+            return self.content
         records = sorted((str(at(f, "sha256")), at(f, "size")) for f in self.files) if self.files is not None \
             else at(self.raw, "files")
         return self.content, records
@@ -112,10 +115,10 @@ class DatasetInfo:
 @dataclass(frozen=True)
 class Provenance:
     """result.json `provenance.code`: the commit (None outside a git checkout, or written before provenance) and
-    whether the checkout had uncommitted changes."""
+    whether the checkout had uncommitted changes (None: unknown, e.g. git refused a checkout another user owns)."""
 
     commit: str | None
-    dirty: bool
+    dirty: bool | None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -123,7 +126,8 @@ class Provenance:
         if not isinstance(value, Mapping):
             return None
         commit = text(at(value, "code", "commit"))
-        return cls(commit or None, at(value, "code", "dirty") is True, value)
+        dirty = at(value, "code", "dirty")
+        return cls(commit or None, dirty if isinstance(dirty, bool) else None, value)
 
 
 @dataclass(frozen=True)

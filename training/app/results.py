@@ -13,15 +13,19 @@ taken for another configuration's result.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import logging
+import os
+import re
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.app.result_codec import MalformedResultError, config_view, encode, read
-from training.app.result_types import Result
+from training.app.result_codec import MalformedResultError, NewerSchemaError, config_view, encode, read
+from training.app.result_types import Fingerprint, Result
 from training.app.schema import JobConfig, config_hash, numerics_of, semantic
 from training.common.files import atomic_write_json
 from training.common.locks import waiting_lock
@@ -31,6 +35,7 @@ log = logging.getLogger(__name__)
 
 RESULT_FILE = "result.json"
 LOCK_FILE = ".job.lock"
+READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)  # what opening a file in a directory we may not write raises
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -90,14 +95,44 @@ def legacy_result(cfg: JobConfig, job_dir: Path) -> Result | None:
     return done
 
 
+@dataclass(frozen=True)
+class Stale:
+    """Why a finished result of this configuration is not reused; `keep_as`: the file name it is moved to (in its
+    directory) before the job runs again, when it is a finished measurement of other data (None: replaced)."""
+
+    reason: str
+    keep_as: str | None = None
+
+
+SET_ASIDE = "result.data-{}.json"  # a result of other data, moved aside: read by aggregate.py --set-aside only
+
+
+def set_aside_name(fingerprint: Fingerprint) -> str:
+    """The file a result computed on data `fingerprint` is moved to when the data changed (named by it)."""
+    ident = fingerprint.content or hashlib.sha256(repr(fingerprint.identity()).encode()).hexdigest()[:16]
+    return SET_ASIDE.format(re.sub(r"[^0-9A-Za-z_.-]", "_", ident)[:64])
+
+
 class ConfigMismatchError(UserError, RuntimeError):
     """A job directory already holds a result of a different configuration."""
 
 
-def read_result(path: Path) -> Result | None:
-    """The stored result, or None when absent or malformed (a malformed file is warned about: it is recomputed)."""
+class NewerResultError(UserError, RuntimeError):
+    """A job directory holds a result written by newer code (a schema this code cannot read)."""
+
+
+def read_result(path: Path, refuse_newer: bool = False) -> Result | None:
+    """The stored result, or None when absent or malformed (a malformed file is warned about: it is recomputed).
+    `refuse_newer` (a job about to write there, without force=true): a result of a newer schema raises
+    NewerResultError (one line) instead, so an older checkout never replaces a newer one's result."""
     try:
         done = read(path)
+    except NewerSchemaError as err:
+        if refuse_newer:
+            raise NewerResultError(f"{path} was written by newer code ({err}): run this job with that code, or "
+                                   "pass force=true to replace it") from err
+        log.warning("ignoring %s (%s); read it with the code that wrote it", path, err)
+        return None
     except MalformedResultError as err:
         log.warning("ignoring malformed %s (%s); recomputing it", path, err)
         return None
@@ -137,22 +172,34 @@ class JobDir:
     def locked(self) -> Iterator[JobDir]:
         """Hold the directory's lock for the whole job: a second job with the same directory waits (logging that
         it waits, on what and since when), then skips or refuses according to what the first one left."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        with waiting_lock(self.path / LOCK_FILE, f"job directory {self.path} (another job with it is running)"):
+        with ExitStack() as stack:
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                stack.enter_context(waiting_lock(self.path / LOCK_FILE,
+                                                 f"job directory {self.path} (another job with it is running)"))
+            except OSError as err:  # a read-only directory (an archive): its finished result is still a SKIP
+                if err.errno not in READ_ONLY or not (self.path / RESULT_FILE).is_file():
+                    raise
+                log.info("%s cannot be written (%s): reading its result without the job lock", self.path,
+                         err.strerror)
             yield self
 
-    def finished(self, stale: Callable[[Result], str | None] | None = None) -> Result | None:
+    def finished(self, stale: Callable[[Result], Stale | None] | None = None) -> Result | None:
         """The stored result when this job already finished (logs SKIP), else None; refuses another config's
         result unless force=true. force=true also recomputes a finished job of this configuration, and so does a
         result that `stale` gives a reason not to reuse (incomplete, computed on other data): one line says why."""
-        done = read_result(self.path / RESULT_FILE)
+        done = read_result(self.path / RESULT_FILE, refuse_newer=not self.force)
         if done is None:
             return None
         self.found = done.config_hash
         if same_config(done, self.cfg_hash):
             why = stale(done) if stale is not None and not self.force else None
             if why is not None:
-                log.warning("not reusing %s: %s; running the job again", self.path / RESULT_FILE, why)
+                kept = ""
+                if why.keep_as is not None:  # a finished measurement of other data: never destroyed
+                    os.replace(self.path / RESULT_FILE, self.path / why.keep_as)
+                    kept = f" (kept as {why.keep_as})"
+                log.warning("not reusing %s: %s; running the job again%s", self.path / RESULT_FILE, why.reason, kept)
                 return None
             if not self.force:
                 log.info("SKIP %s (finished, config hash %s)", self.path, self.cfg_hash)
@@ -170,10 +217,14 @@ class JobDir:
         of another configuration that appeared while this job ran (a process that ignored the lock) is never
         overwritten; this job's result then goes to `result.<hash>.json` and the job fails with one line."""
         path = self.path / RESULT_FILE
-        done = read_result(path)
+        aside = self.path / f"result.{self.cfg_hash}.json"
+        try:
+            done = read_result(path, refuse_newer=not self.force)
+        except NewerResultError as err:  # written by newer code while this job ran: kept, this one's set aside
+            atomic_write_json(aside, encode(result))
+            raise NewerResultError(f"{err}; this job's result is in {aside}") from err
         if done is not None and not same_config(done, self.cfg_hash) and not (self.force and
                                                                                done.config_hash == self.found):
-            aside = self.path / f"result.{self.cfg_hash}.json"
             atomic_write_json(aside, encode(result))
             raise ConfigMismatchError(
                 f"{path} was written by another configuration (hash {done.config_hash}) while this job "

@@ -113,8 +113,10 @@ def path_part(**kw: Any) -> Any:
     return spec(kind=str, check=lambda v: path_refusal(v, single=True) is None, allowed=NAME_ALLOWED, **kw)
 
 
-NAME_ALLOWED = "a non-empty name without /, \\ or .. (it names a directory)"
-SUBPATH_ALLOWED = "a relative path without .. or empty parts (it names directories under paths.out_dir)"
+NAME_ALLOWED = "a non-empty name without /, \\ or .., not '.', at most 255 bytes (it names a directory)"
+SUBPATH_ALLOWED = ("a relative path without .., '.' or empty parts, each at most 255 bytes (it names directories under "
+                   "paths.out_dir)")
+NAME_MAX = 255  # bytes of one name in a path (the limit of Linux file systems)
 
 
 def path_refusal(value: str, single: bool) -> str | None:
@@ -129,8 +131,13 @@ def path_refusal(value: str, single: bool) -> str | None:
         return "'..' (it would leave paths.out_dir)"
     if value.startswith(("/", "\\")) or (len(value) > 1 and value[1] == ":"):
         return "an absolute path"
-    if any(not part.strip() for part in value.replace("\\", "/").split("/")):
+    parts = value.replace("\\", "/").split("/")
+    if any(not part.strip() for part in parts):
         return "an empty part (//)"
+    if "." in parts:
+        return "'.' (the directory above: jobs would land in another layout)"
+    if any(len(part.encode()) > NAME_MAX for part in parts):
+        return f"a name over {NAME_MAX} bytes"
     return None
 
 

@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from training.app.ledger_entry import DONE_BY_ANOTHER_RUN, STATUSES, LedgerEntry, read_ledger
 from training.app.lifecycle import Outcome
 from training.app.resolvers import resolved_dict
-from training.app.results import RESULT_FILE, flatten, mismatch_message, read_result, same_config
+from training.app.results import RESULT_FILE, NewerResultError, flatten, mismatch_message, read_result, same_config
 from training.app.schema import config_hash, load_config, semantic
 from training.cli.local_workers import controllers_ignore_sigint
 from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
@@ -164,7 +164,11 @@ def check_sweep(config: DictConfig) -> int | None:
         num, _, cfg, h, force = jobs[0]
         if force:
             continue
-        done = read_result(Path(job_dir) / RESULT_FILE)
+        try:
+            done = read_result(Path(job_dir) / RESULT_FILE, refuse_newer=True)
+        except NewerResultError as err:  # written by newer code: never replaced without force=true
+            mismatched.append(str(err))
+            continue
         if done is not None and not same_config(done, h):
             mismatched.append(mismatch_message(Path(job_dir), done.config_hash, h))
     if mismatched:
@@ -195,6 +199,11 @@ def jobs_run_here(config: DictConfig) -> bool:
 
 def check_launcher(config: DictConfig) -> None:
     """Launcher settings that would fail only once the sweep starts: refused up front (one line, exit 2)."""
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+    inner = OmegaConf.select(config, "hydra.launcher.inner", default=None)
+    if target.endswith("PackedLauncher") and str(inner) not in PACKED_INNER:
+        exit_user_error(f"multirun refused (nothing ran): hydra.launcher.inner={inner} is not allowed: the inner "
+                        "launcher runs the packs, one of local, parallel, submitit_local or slurm")
     if "JoblibLauncher" in launcher_target(config):
         n_jobs = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None)
         if n_jobs == 0:
@@ -231,8 +240,12 @@ def _result_stamp(job_dir: Path) -> int | None:
 
 
 def _job_dir(config: DictConfig) -> Path:
-    job_dir = OmegaConf.select(config, "paths.job_dir", default=None)
-    return Path(str(job_dir if job_dir else config.hydra.runtime.output_dir))
+    """The job's directory; a relative one is where the command started (`hydra.runtime.cwd`): with
+    hydra.job.chdir=true the job's callbacks run inside its own directory."""
+    job_dir = Path(str(OmegaConf.select(config, "paths.job_dir", default=None)
+                       or config.hydra.runtime.output_dir))
+    start = OmegaConf.select(config, "hydra.runtime.cwd", default=None)
+    return job_dir if job_dir.is_absolute() or not start else Path(str(start)) / job_dir
 
 
 def _say_unwritable(path: Path, err: OSError, kept: str) -> None:
@@ -276,7 +289,7 @@ class JobStatusCallback(Callback):
             log.warning("multirun: the job configs could not be checked up front (%s: %s)", type(err).__name__, err)
             self._total = count_jobs(config)
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        self._ledger = Path(str(config.hydra.sweep.dir)) / ".multirun" / run_id
+        self._ledger = Path(str(config.hydra.sweep.dir)).absolute() / ".multirun" / run_id  # jobs may chdir
         try:
             self._ledger.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -286,6 +299,7 @@ class JobStatusCallback(Callback):
                  self._ledger)
         atexit.register(self._report_at_exit)
         if runs_jobs_in_workers(launcher_target(config)):  # SIGTERM/SIGINT here must stop them (preemption.py)
+            env.set_sweep_parent(os.getpid())  # and its workers stop when it dies (local_workers.exit_with_parent)
             restore, unshield = stop_workers_on_signal(), controllers_ignore_sigint()
             self._restore_signals = lambda: (unshield(), restore())
 

@@ -48,6 +48,24 @@ def to_run_log(level: int, msg: str, exc: BaseException | None = None) -> None:
 _log_file_failed = False  # a log file could not be written in this process (said once)
 
 
+class RunLog(logging.FileHandler):
+    """The job's run.log (conf/config.yaml hydra.job_logging): opened at its first record, and a file that cannot
+    be opened (a read-only archive of finished jobs) is one warning through `handleError`, never an exception
+    that stops the job or the sweep."""
+
+    def __init__(self, filename: str, mode: str = "a", encoding: str | None = None) -> None:
+        super().__init__(filename, mode, encoding, delay=True)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.stream is None:
+            try:
+                self.stream = self._open()
+            except OSError:
+                self.handleError(record)
+                return
+        super().emit(record)
+
+
 def quiet_log_file_errors() -> None:
     """A log file (the job's run.log) that cannot be written, e.g. on a full disk, is said in one line and dropped,
     instead of logging's `--- Logging error ---` traceback for every record (hundreds of lines in a multirun)."""

@@ -12,6 +12,8 @@ Hydra creates the run directory (and before any job of a multirun runs), and aga
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from training.app.lifecycle import Outcome
 from training.app.resolvers import resolved_dict
 from training.app.schema import CONF_DIR, ConfigError, load_config
 from training.app.tasks import get_task
-from training.cli.local_workers import sigint_back_in_local_job
+from training.cli.local_workers import exit_with_parent, orphaned, sigint_back_in_local_job
 from training.cli.preemption import ignore_time_limit_signal, stop_on_sigterm
 from training.cli.report import (
     SweepJobFailed,
@@ -36,7 +38,7 @@ from training.cli.report import (
     to_run_log,
     user_error_line,
 )
-from training.common import packs
+from training.common import interrupt, packs
 from training.errors import Refused
 
 log = logging.getLogger("training.run")
@@ -49,6 +51,16 @@ def job(cfg: DictConfig) -> Outcome:
     multirun = hc.mode == RunMode.MULTIRUN
     quiet_log_file_errors()  # Hydra has set up this job's run.log
     sigint_back_in_local_job()
+    exit_with_parent()  # a worker whose sweep's launching process dies stops and exits
+    try:
+        return _job(cfg, hc, multirun)
+    finally:
+        if orphaned():  # nobody reads this worker's results any more: exit now, not after loky's idle minutes
+            logging.shutdown()
+            os._exit(128 + int(signal.SIGTERM))
+
+
+def _job(cfg: DictConfig, hc: Any, multirun: bool) -> Outcome:
     resolved = anchored(resolved_dict(cfg), Path(hc.runtime.cwd))
     try:
         job = load_config(resolved)  # normally checked earlier, by the job_status callback
@@ -57,6 +69,7 @@ def job(cfg: DictConfig) -> Outcome:
     except KeyboardInterrupt as err:  # Ctrl-C: the job's lock is released on the way here
         exit_interrupted(Path(job.paths.job_dir), err)
     except Exception as err:
+        interrupt.stop_behind(err)  # a signal's stop that torch.save turned into a RuntimeError: a stop, not a failure
         line = user_error_line(err)
         if line is None:
             to_run_log(logging.ERROR, f"job failed: {type(err).__name__}: {err}", err)
@@ -93,6 +106,23 @@ def anchored(resolved: dict[str, Any], start: Path) -> dict[str, Any]:
             out[group][key] = str(start / value)
     return out
 
+
+def register_packed_launcher() -> None:
+    """`hydra/launcher=packed` from any directory. Hydra finds plugins by listing `hydra_plugins.__path__` with
+    pkgutil, and a setuptools editable install (PEP 660, its default mode) maps `hydra_plugins.erasure_mdl_packed`
+    through an import finder that pkgutil cannot list: importable, but never found, except from the checkout's
+    root (where `hydra_plugins/` is a directory on sys.path). Registered here, the entry finds it whatever the
+    install and the working directory."""
+    import importlib
+
+    from hydra.core.plugins import Plugins
+
+    # by name: mypy checks hydra_plugins/erasure_mdl_packed as a top-level package of its own (pyproject.toml)
+    launcher = importlib.import_module("hydra_plugins.erasure_mdl_packed.packed_launcher")
+    Plugins.instance().register(launcher.PackedLauncher)
+
+
+register_packed_launcher()
 
 # The entry. `job` stays a plain module-level function so that a launcher running jobs in other processes (joblib,
 # submitit) pickles it by reference: the worker imports this module and discovers the tasks again.

@@ -15,6 +15,7 @@ PROGRESS_SECONDS = "ERASURE_MDL_PROGRESS_SECONDS"  # seconds between progress li
 LOCK_LOG_EVERY = "ERASURE_MDL_LOCK_LOG_EVERY"  # seconds between "still waiting" lines of a lock (default 60)
 MULTIRUN_LEDGER = "ERASURE_MDL_MULTIRUN_LEDGER"  # the running multirun's ledger directory (training/cli/ledger.py)
 MULTIRUN_TOTAL = "ERASURE_MDL_MULTIRUN_TOTAL"  # how many jobs it launches ("" unknown)
+SWEEP_PARENT = "ERASURE_MDL_SWEEP_PARENT"  # pid of a sweep's launching process whose workers are its children
 DEFAULT_LOCK_LOG_EVERY = 60.0
 
 
@@ -63,6 +64,16 @@ def set_multirun(ledger: Path, total: int | None) -> None:
     """Name the multirun's ledger and size for the processes it starts (joblib/submitit workers, sbatch jobs)."""
     os.environ[MULTIRUN_LEDGER] = str(ledger)
     os.environ[MULTIRUN_TOTAL] = "" if total is None else str(total)
+
+
+def set_sweep_parent(pid: int) -> None:
+    """The launching process of a sweep whose jobs run in its child processes (joblib/loky workers)."""
+    os.environ[SWEEP_PARENT] = str(pid)
+
+
+def sweep_parent() -> int | None:
+    found = _set(SWEEP_PARENT)
+    return int(found) if found and found.isdigit() else None
 
 
 def hydra_full_error() -> bool:

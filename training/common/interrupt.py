@@ -36,6 +36,20 @@ def request(signum: int) -> bool:
         return True
 
 
+def stop_behind(err: BaseException) -> None:
+    """Raise the stop (a `SystemExit`: a signal handler's `Preempted`, an `Interrupted`) or KeyboardInterrupt that
+    `err` stands for, if any: torch.save writing to a Python file object turns a signal handler's exception raised
+    during a write into `RuntimeError("unexpected pos ...")`, with the stop only as its context. Code that catches
+    RuntimeError (a full disk) calls this first, so a signal is never taken for a failed write and swallowed."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, SystemExit | KeyboardInterrupt):
+            raise cause
+        cause = cause.__cause__ or cause.__context__
+
+
 def requested() -> bool:
     """Whether a loop should checkpoint and stop now (its one check per step: no RNG, no sync)."""
     return _requested.is_set()

@@ -22,6 +22,13 @@ log = logging.getLogger(__name__)
 class Pack:
     seeds: tuple[int, ...]  # the pack's jobs, in the order they run
     ahead: dict[tuple[str, str], Any] = field(default_factory=dict)  # (config hash, name) -> computed for that job
+    job_dirs: dict[int, str] = field(default_factory=dict)  # seed -> its job's directory, where the launcher knows it
+
+    def same_cell(self, seed: int, job_dir: str) -> bool:
+        """Whether the pack's job of `seed` is the job whose directory is `job_dir` (False where a key follows the
+        seed, e.g. dataset.data_seed=${seed}: that job is another configuration, in another cell); True where the
+        launcher did not say."""
+        return self.job_dirs.get(seed, job_dir) == job_dir
 
     def later(self, seed: int) -> tuple[int, ...]:
         """The seeds of the pack's jobs that run after the job of `seed` (none for a seed not in the pack)."""
@@ -41,9 +48,9 @@ def current() -> Pack | None:
 
 
 @contextmanager
-def packed(seeds: Sequence[int]) -> Iterator[Pack]:
-    """Jobs run inside this block form one pack, in the order of `seeds`."""
-    pack = Pack(tuple(int(s) for s in seeds))
+def packed(seeds: Sequence[int], job_dirs: dict[int, str] | None = None) -> Iterator[Pack]:
+    """Jobs run inside this block form one pack, in the order of `seeds` (`job_dirs`: seed -> its job's directory)."""
+    pack = Pack(tuple(int(s) for s in seeds), job_dirs=dict(job_dirs or {}))
     _stack.append(pack)
     try:
         yield pack

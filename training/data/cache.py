@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 import erasure
+from training.common import interrupt
 from training.common.files import atomic_write, atomic_write_text
 from training.common.locks import waiting_lock
 
@@ -119,6 +120,7 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
             _store(entry, key, x, report)
         except (OSError, RuntimeError) as err:  # torch.save reports a full disk as RuntimeError
             shutil.rmtree(entry, ignore_errors=True)
+            interrupt.stop_behind(err)  # ... and a signal's stop arriving during the write too
             log.warning("could not write the cache entry %s (%s); removed it, going on with the erased data in "
                         "memory", entry, why(err, root))
         else:  # what a later job would load from the entry: the stored tensor and the report as report.json has it
@@ -287,6 +289,7 @@ def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
         try:
             eraser.save(path)
         except (OSError, RuntimeError) as err:
+            interrupt.stop_behind(err)  # a signal's stop arriving during the write: not a failed write
             log.warning("could not write the cache entry %s (%s); going on with the eraser in memory", path,
                         why(err, root))
         return eraser, False

@@ -34,7 +34,7 @@ from training.app.job_paths import JobPath
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import RESULT_FILE
 from training.app.schema import JobConfig, config_hash
-from training.common import packs
+from training.common import interrupt, packs
 from training.engine import numerics
 from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
 from training.engine.fit import FitResult, Member, TrainData, snapshot
@@ -148,6 +148,10 @@ def companions(trainer: Trainer, room: int) -> list[Companion]:
         job_dir = JobPath.sibling(cfg.paths.job_dir, seed)
         if job_dir is None:
             return []
+        if not pack.same_cell(seed, str(Path(job_dir).absolute())):
+            log.info("pack group: seed %d's job is another configuration (a key follows the seed, e.g. "
+                     "dataset.data_seed): it trains in its own job", seed)
+            continue
         if not cfg.force and _started(job_dir):
             continue
         other = dataclasses.replace(cfg, seed=seed, paths=dataclasses.replace(cfg.paths, job_dir=str(job_dir)))
@@ -184,6 +188,7 @@ def train_together(trainer: Trainer, first: Member, jobs: Sequence[FitJob], othe
         fit_group(own + [m for _, _, m in theirs], TrainData(trainer.train_data, trainer.y),
                   trainer.group_options(done))
     except Exception as err:  # noqa: BLE001 - any failure: this job's own models train alone (interrupts pass)
+        interrupt.stop_behind(err)  # a stop torch.save turned into a RuntimeError passes too
         left = [k for k in range(len(jobs)) if k not in finished]
         log.warning("the pack group failed (%s: %s); this job's %d unfinished model(s) train alone",
                     type(err).__name__, err, len(left))

@@ -68,6 +68,7 @@ def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = Non
         data = load_dataset(cfg.dataset, cfg.paths.data_dir)
     coded = coded_indices(cfg, data)
     n_coded = len(data.y) if coded is None else len(coded)
+    check_input(cfg, data)
     check_blocks(cfg, data.name, len(data.y), n_coded)
     check_storage(cfg, data, coded)
     check_after_augment(cfg, data)
@@ -175,6 +176,23 @@ def coded_indices(cfg: JobConfig, data: LoadedData) -> torch.Tensor | None:
     """The samples the job codes (None: all of them), as `job.prepare_data` picks them."""
     plan = fit_plan(cfg, with_permuted_labels(cfg, data))
     return None if plan is None else plan.coded_idx
+
+
+def check_input(cfg: JobConfig, data: LoadedData) -> None:
+    """What the samples' shape rules out, in one line: augmentation (random crops and flips of images) of vectors,
+    which would zero most of each one, and an architecture that cannot take them (LeNet below 4×4)."""
+    c, h, w = data.input_shape
+    if cfg.dataset.augment and h == 1:
+        raise ConfigError(f"dataset.augment=true is not allowed with dataset={cfg.dataset.name}: its samples are "
+                          f"vectors ({w} numbers) and augmentation crops and flips images; set dataset.augment=false")
+    from models import make_spec
+    from models.mup_utils import on_meta
+
+    try:
+        on_meta(make_spec(cfg.arch, data.input_shape, data.num_classes).build)
+    except ValueError as err:
+        raise ConfigError(f"arch={cfg.arch.name} is not allowed with dataset={cfg.dataset.name} (samples of shape "
+                          f"{c}×{h}×{w}): {err}; use arch=mlp") from err
 
 
 def check_blocks(cfg: JobConfig, name: str, n: int, n_coded: int) -> None:

@@ -1,0 +1,69 @@
+"""Every key a job hashes is read, for every dataset (issue 39, req 2): the generic walk of tests/test_task_keys.py
+over the datasets instead of the tasks, at the data level (no training).
+
+For each dataset that loads here (the generators, and the bundled or offline ones), every `dataset.*` leaf of the
+job's semantic config (what the job hash covers) is set to another value. Where that changes the hash, the job must
+either refuse it in one line (load_config, or the precheck's look at the samples: `check_input`) or read it: the data
+loaded differ, or the key is one of those applied after loading (AFTER_LOADING, whose effect the task walk checks on
+real jobs). A key that changes the hash and nothing else fails the test (mixture's cov_gap did).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import job_config
+from tests.test_task_keys import _other
+from training.app.results import flatten
+from training.app.schema import ConfigError, config_hash, load_config, semantic
+
+# the datasets that load without downloads here (CIFAR, SVHN, Fashion-MNIST need files: their keys are the image
+# keys these share)
+DATASETS = ("gaussian", "mixture", "synthetic", "two_moons", *(pytest.param(d, marks=pytest.mark.slow)
+                                                             for d in ("digits", "mnist5k", "colored_mnist")))
+# applied to the loaded data by the job (their effect on the numbers: tests/test_task_keys.py, on real jobs)
+AFTER_LOADING = {"dataset.augment", "dataset.zscore", "dataset.zscore_order", "dataset.permute_labels"}
+SKIP = {"dataset.name": "another dataset altogether"}
+
+
+def _loaded(overrides: list[str], tmp_path: Path) -> tuple[Any, Any]:
+    from training.data import load_dataset
+    from training.mdl.precheck import check_input
+
+    cfg = load_config(job_config(tmp_path, overrides))
+    data = load_dataset(cfg.dataset, cfg.paths.data_dir)
+    check_input(cfg, data)
+    return cfg, data
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_every_hashed_dataset_key_is_read_or_refused(dataset: str, tmp_path: Path) -> None:
+    base = [f"dataset={dataset}"]
+    try:
+        base_cfg = job_config(tmp_path, base)
+        _, data = _loaded(base, tmp_path)
+    except Exception as err:  # noqa: BLE001 - a dataset that needs files this machine lacks
+        pytest.skip(f"{dataset} does not load here: {type(err).__name__}: {str(err)[:80]}")
+    content, tried, dead = data.content_hash(), 0, []
+    for key, value in sorted(flatten(semantic(base_cfg)).items()):
+        if not key.startswith("dataset.") or key in SKIP:
+            continue
+        override = f"++{key}={len(data.y) // 2}" if key == "dataset.limit" else _other("mdl", key, value)
+        if override is None:
+            continue
+        cfg = job_config(tmp_path, [*base, override])
+        if config_hash(cfg) == config_hash(base_cfg):
+            continue
+        tried += 1
+        try:
+            _, other = _loaded([*base, override], tmp_path)
+        except ConfigError as err:
+            assert "\n" not in str(err) and "is not allowed" in str(err), str(err)
+            continue
+        if other.content_hash() == content and key not in AFTER_LOADING:  # the hash covers the samples and labels
+            dead.append(f"{key}={value!r} -> {override}")
+    assert tried > 0
+    assert not dead, f"dataset {dataset}: keys that change the hash but not the data: {dead}"

@@ -1,0 +1,382 @@
+"""Issue 39: the bugs and ugly cases, each a test that failed before the fix (most at config-composition level)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_aggregate_faults import _cfg, _run, _write
+
+
+# --- req 5: --strict means verified ---------------------------------------------------------------------------------
+def test_strict_refuses_results_whose_cleanliness_is_unknown(tmp_path: Path, capsys) -> None:
+    root = tmp_path / "runs"
+    dirs = [_write(root, _cfg("control", seed), 1.0 + seed, commit="a" * 40) for seed in (0, 1)]
+    assert _run(root, tmp_path, "--strict")[0] == 0  # one known clean commit: accepted
+    path = dirs[1] / "result.json"
+    result = json.loads(path.read_text())
+    result["provenance"]["code"]["dirty"] = None  # git could not tell (a checkout another user owns)
+    path.write_text(json.dumps(result))
+    capsys.readouterr()
+    assert _run(root, tmp_path, "--strict")[0] == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dirty null" in err[0] and str(dirs[1]) in err[0], err
+    assert _run(root, tmp_path)[0] == 0  # without --strict: tabulated
+
+
+# --- req 3: a finished job is a SKIP whatever its directory's permissions; run.log never stops a sweep ---------------
+def _as_reader(out: Path, readonly: Path) -> list[str]:
+    """The prefix of a command run as a user who cannot write `readonly` (nor its files) but can write the rest of
+    `out`: `nobody` (setpriv) when the tests run as root (chmod does not stop root), else chmod a-w."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        for p in [readonly, *readonly.iterdir()]:
+            p.chmod(p.stat().st_mode & ~0o222)
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("root without setpriv: cannot act as a user who may not write")
+    for p in [out, *out.rglob("*")]:
+        shutil.chown(p, 65534, 65534)
+        p.chmod(p.stat().st_mode | 0o755 if p.is_dir() else p.stat().st_mode | 0o644)
+    for p in [readonly, *readonly.iterdir()]:
+        shutil.chown(p, 0, 0)
+        p.chmod(0o755 if p.is_dir() else 0o644)
+
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def test_a_finished_job_in_a_read_only_directory_is_a_skip_and_the_sweep_goes_on() -> None:
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from tests.helpers import ENV, REPO, TINY
+
+    out = Path(tempfile.mkdtemp(prefix="erasure-mdl-ro-"))
+    out.chmod(0o755)
+    try:
+        run = [sys.executable, "-m", "training.run"]
+        base = [*run, f"paths.out_dir={out}", "logger=none", *TINY]
+        subprocess.run([*base, "seed=0"], check=True, capture_output=True, env=ENV, cwd=REPO, timeout=300)
+        seed0 = next(out.rglob("result.json")).parent
+        result = (seed0 / "result.json").read_text()
+        reader = _as_reader(out, seed0)
+        env = {**ENV, "HOME": str(out)}
+        one = subprocess.run([*reader, *base, "seed=0"], capture_output=True, text=True, env=env, cwd=out,
+                             timeout=300)
+        assert one.returncode == 0 and "SKIP" in one.stdout and "Traceback" not in one.stderr, one.stderr[-3000:]
+        assert sum("cannot write the log file" in ln for ln in one.stderr.splitlines()) == 1, one.stderr
+        sweep = subprocess.run([*reader, *run, "-m", *base[3:], "seed=0,1"], capture_output=True, text=True, env=env,
+                               cwd=out, timeout=300)
+        assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-3000:]
+        assert "2/2 jobs ran: 1 done, 1 skipped, 0 failed" in sweep.stdout + sweep.stderr, sweep.stdout[-2000:]
+        assert (seed0 / "result.json").read_text() == result
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+# --- req 4: a signal is a checkpoint at every point of a job, the cache write included ------------------------------
+def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Path, monkeypatch) -> None:
+    """torch.save into a Python file object turns the SIGTERM handler's Preempted, raised while torch writes, into
+    RuntimeError("unexpected pos ..."): the cache took it for a failed write and the job ran on to the end."""
+    import os
+    import signal
+
+    import torch
+
+    from training.cli.preemption import Preempted, stop_on_sigterm
+    from training.data import cache as cache_mod
+
+    class SignalledFile:  # a SIGTERM lands during torch.save's second write (during its first, torch passes it on)
+        def __init__(self, f) -> None:
+            self.f, self.writes = f, 0
+
+        def write(self, b) -> int:
+            self.writes += 1
+            if self.writes == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return self.f.write(b)
+
+        def flush(self) -> None:
+            self.f.flush()
+
+    def save(x: torch.Tensor, tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            torch.save(x, SignalledFile(f))
+
+    monkeypatch.setattr(cache_mod, "_save_tensor", save)
+    with pytest.raises(Preempted) as stop, stop_on_sigterm():
+        cache_mod.cached_erase(tmp_path, {"k": 1}, lambda: (torch.zeros(1000, 4), {"r": 1}))
+    assert stop.value.code == 143
+    assert not list((tmp_path / "erased").glob("*/manifest.json"))  # no half entry left as if complete
+
+
+# --- bugs: the packed launcher outside the checkout's root, and with hydra.job.chdir=true ---------------------------
+QUICK = ["logger=none", "progress=false", "dataset=digits", "mdl=quick", "mdl.max_epochs=1", "mdl.min_steps=0",
+         "mdl.patience_min_steps=0", "mdl.full_run=false", "arch.width=8", "optim.warmup_steps=0",
+         "certificate=false", "seed=0,1", "hydra/launcher=packed"]
+
+
+def _sweep(cwd: Path, env: dict, *overrides: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "training.run", "-m", *QUICK, *overrides], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_the_packed_launcher_is_found_outside_the_checkouts_root(tmp_path: Path) -> None:
+    """A researcher's own folder: the package importable (as an editable install makes it: here its top-level
+    packages on PYTHONPATH, without the checkout's root, so `hydra_plugins/` is no directory on sys.path)."""
+    from tests.helpers import ENV, REPO
+
+    farm = tmp_path / "site"
+    farm.mkdir()
+    for name in ("training", "erasure", "models", "atomicio", "scripts", "conf"):  # all but hydra_plugins
+        (farm / name).symlink_to(REPO / name)
+    import importlib.util
+
+    if importlib.util.find_spec("hydra_plugins.erasure_mdl_packed") is None:
+        pytest.skip("the package is not installed (pip install -e .): no launcher to find outside the checkout")
+    proc = _sweep(tmp_path, {**ENV, "PYTHONPATH": str(farm)}, f"paths.out_dir={tmp_path / 'out'}")
+    assert "Unknown plugin class" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0 and "2/2 jobs ran: 2 done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
+def test_packed_with_chdir_and_a_relative_out_dir_writes_where_the_command_started(tmp_path: Path) -> None:
+    from tests.helpers import ENV
+
+    for attempt in ("first", "rerun"):
+        proc = _sweep(tmp_path, ENV, "paths.out_dir=rel", "hydra.job.chdir=true")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ran = "2 done, 0 skipped" if attempt == "first" else "0 done, 2 skipped"
+        assert f"2/2 jobs ran: {ran}, 0 failed" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
+    results = sorted(tmp_path.rglob("result.json"))
+    assert len(results) == 2 and all(r.relative_to(tmp_path).parts.count("rel") == 1 for r in results), results
+
+
+# --- req 7: the ugly cases, each one line (config level: nothing composed but the config, nothing trained) ---------
+def _refusal(tmp_path: Path, overrides: list[str], precheck: bool = False) -> str:
+    import torch
+
+    from tests.helpers import job_config
+    from training.app.schema import ConfigError, load_config
+
+    try:
+        cfg = load_config(job_config(tmp_path / "out", overrides))
+        if precheck:
+            from training.mdl.precheck import precheck as check
+
+            check(cfg, torch.device("cpu"))
+    except ConfigError as err:
+        line = str(err)
+        assert "\n" not in line and "is not allowed" in line, line
+        return line
+    raise AssertionError(f"{overrides} accepted")
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["dataset=mixture", "dataset.cov_gap=3"], "dataset.cov_gap is not read there"),
+    (["dataset=two_moons", "dataset.n_test=500"], "with dataset=two_moons with task=mdl"),
+    (["eraser=leace", "eraser.after_augment=true"], "read only with dataset.augment=true"),
+    (["dataset=gaussian", "eraser=leace", "eraser.fit_on=oracle", "eraser.n_fit=1"], "at least 2"),
+    (["dataset=gaussian", "dataset.dim=100000"], "of memory"),
+    (["paths.cell=."], "paths.cell='.'"),
+    (["dataset.tag=."], "dataset.tag='.'"),
+    ([f"dataset.tag={'x' * 256}"], "at most 255 bytes"),
+    ([f"paths.out_dir=/tmp/{'y' * 256}"], "over the file system's 255"),
+])
+def test_a_config_that_changes_nothing_or_cannot_run_is_one_line(tmp_path: Path, overrides: list[str],
+                                                                  says: str) -> None:
+    assert says in _refusal(tmp_path, overrides)
+
+
+def test_the_accepted_neighbours_still_compose(tmp_path: Path) -> None:
+    """Where the refusals above must not fire."""
+    from tests.helpers import job_config
+    from training.app.schema import load_config
+
+    for overrides in (["dataset=mixture"], ["dataset=cifar10", "eraser=leace", "eraser.after_augment=true"],
+                      ["dataset=gaussian", "eraser=leace", "eraser.fit_on=oracle", "eraser.n_fit=2"],
+                      ["dataset=gaussian", "dataset.dim=64"], ["paths.cell=c.1"], ["dataset.tag=a.b"]):
+        load_config(job_config(tmp_path / "out", overrides))
+
+
+def test_a_dangling_symlink_as_out_dir_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    line = _refusal(tmp_path, [f"paths.out_dir={tmp_path / 'link' / 'sub'}"])
+    assert "symbolic link" in line and str(tmp_path / "nowhere") in line
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["dataset=gaussian", "arch=lenet"], "arch=lenet is not allowed with dataset=gaussian"),
+    (["dataset=gaussian", "dataset.augment=true"], "vectors"),
+    (["dataset=mixture", "dataset.augment=true"], "vectors"),
+])
+def test_what_the_samples_shape_rules_out_is_one_line(tmp_path: Path, overrides: list[str], says: str) -> None:
+    assert says in _refusal(tmp_path, overrides, precheck=True)
+
+
+def test_an_unknown_eraser_name_is_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers import ENV, REPO
+
+    proc = subprocess.run([sys.executable, "-m", "training.run", f"paths.out_dir={tmp_path}", "logger=none",
+                           "eraser.name=bogus"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "eraser.name='bogus'" in lines[0], proc.stderr[-3000:]
+
+
+def test_a_packed_inner_launcher_is_refused_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers import ENV, REPO
+
+    proc = subprocess.run([sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none",
+                           "seed=0,1", "hydra/launcher=packed", "hydra.launcher.inner=packed"], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "hydra.launcher.inner=packed" in lines[0], proc.stderr[-3000:]
+    assert not list(tmp_path.rglob("result.json"))
+
+
+# --- the aggregate's arguments ---------------------------------------------------------------------------------------
+def test_aggregate_refuses_a_bad_override_value_a_name_with_a_separator_and_an_unwritable_out(tmp_path: Path,
+                                                                                                capsys) -> None:
+    from scripts import aggregate
+
+    assert aggregate.main(["--experiment", "demo", "--override", "arch.width=abc"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "arch.width" in err[0], err
+    root = tmp_path / "runs"
+    _write(root, _cfg("control", 0), 1.0, commit="a" * 40)
+    assert aggregate.main([str(root), "--name", "a/b", "--out", str(tmp_path / "t")]) == 2
+    out, err = capsys.readouterr()
+    assert "wrote" not in err and "--name 'a/b' is not allowed" in err, err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert aggregate.main([str(root), "--out", str(blocker / "t")]) == 2  # a folder that cannot be made
+    out, err = capsys.readouterr()
+    assert "wrote" not in err and "cannot be written" in err, err
+
+
+# --- the pack group trains together only the seeds of one cell -----------------------------------------------------
+def test_a_pack_knows_which_seeds_are_another_configuration() -> None:
+    """calibrate: dataset.data_seed=${seed}, so each seed is its own cell (its own data): a pack of its seeds must
+    not train them in one group (it trained them, then threw the models away); demo's seeds share their data."""
+    from hydra import compose, initialize_config_dir
+
+    from hydra_plugins.erasure_mdl_packed.packed_launcher import job_dirs_of
+    from tests.helpers import CONF
+    from training.common.packs import Pack
+
+    for experiment, together in (("calibrate", False), ("demo", True)):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            configs = [compose("config", overrides=[f"experiment={experiment}", f"seed={s}"]) for s in (0, 1)]
+        dirs = job_dirs_of([0, 1], configs)
+        pack = Pack((0, 1), job_dirs=dirs)
+        sibling = str(Path(dirs[0]).parent / "seed1")
+        assert pack.same_cell(1, sibling) is together, (experiment, dirs)
+
+
+# --- SIGKILL of a parallel sweep's parent: its loky workers stop and exit ------------------------------------------
+def _children(pid: int) -> set[int]:
+    import os
+
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_workers_of_a_killed_parallel_sweep_exit(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import ENV, REPO
+
+    parent = subprocess.Popen([sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none",
+                               "progress=false", "dataset=digits", "mdl=quick", "mdl.max_epochs=400", "mdl.min_steps=0",
+                               "arch.width=16", "certificate=false", "seed=0,1", "hydra/launcher=parallel"],
+                              cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    workers: set[int] = set()
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and len(list(tmp_path.rglob("run.log"))) < 2:
+            time.sleep(0.5)
+        workers = {p for p in _children(parent.pid) if b"loky" in Path(f"/proc/{p}/cmdline").read_bytes()
+                   or b"joblib" in Path(f"/proc/{p}/cmdline").read_bytes()}
+        assert workers, "the sweep's jobs did not start in workers"
+        assert not list(tmp_path.rglob("result.json")), "the jobs finished before the parent was killed"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.time() + 90
+        while time.time() < deadline and any(_alive(p) for p in workers):
+            time.sleep(0.5)
+        assert not any(_alive(p) for p in workers), "loky workers outlived their sweep's parent"
+        assert not list(tmp_path.rglob("result.json"))  # stopped, not finished for nobody
+    finally:
+        for p in workers | {parent.pid}:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+# --- make plan -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("content", ["[]", '{"steps": 5}'])
+def test_plan_reads_a_gpu_report_of_the_wrong_shape_as_no_measurement(tmp_path: Path, content: str) -> None:
+    from scripts.plan import gpu_report_cost
+
+    path = tmp_path / "gpu_report.json"
+    path.write_text(content)
+    costs, missing = gpu_report_cost(path)
+    assert costs == {} and missing is not None and "cannot be read" in missing and "make gpu-report" in missing
+
+
+def test_plan_fails_on_a_sweep_that_would_be_refused(tmp_path: Path, capsys) -> None:
+    from scripts import plan
+
+    none = str(tmp_path / "none.json")
+    assert plan.main(["smoke", f"paths.out_dir={tmp_path}", "--bench", none, "--gpu-report", none]) == 0
+    capsys.readouterr()
+    assert plan.main(["smoke", f"paths.out_dir={tmp_path}", "arch.width=abc", "--bench", none, "--gpu-report",
+                      none]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "arch.width='abc' is not allowed" in err[0], err
+
+
+def test_plan_names_a_group_choice_the_path_does_not_show(tmp_path: Path) -> None:
+    """sensitivity: eraser=qleace and eraser=qleace_paper both write under .../qleace/...: their cells differ."""
+    from scripts import plan
+
+    none = tmp_path / "none.json"
+    text = plan.report("sensitivity", [f"paths.out_dir={tmp_path}", "arch.parametrization=mup",
+                                       "dataset.zscore_order=before", "seed=0"], 0, none, none)
+    qleace = [ln for ln in text.splitlines() if "/qleace/" in ln]
+    assert len(qleace) == 2 and sum("eraser=qleace_paper" in ln for ln in qleace) == 1, qleace

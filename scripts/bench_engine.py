@@ -81,7 +81,7 @@ def counting() -> Iterator[Counting]:
         mode.syncs += 1
         return tolist(self)
 
-    torch.Tensor.tolist = counted  # type: ignore[method-assign]
+    torch.Tensor.tolist = counted  # type: ignore[method-assign, assignment]
     try:
         with mode:
             yield mode
@@ -158,8 +158,8 @@ def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8) 
         members.append(Member(m, o, torch.arange(32, 32 + steps * bs), generator(0, "b", k), cfg, name=f"m{k}"))
     inputs = TrainData(data, y, xv, yv)
     if kind == "fit":
-        for m in members:
-            fit(m, inputs)
+        for member in members:
+            fit(member, inputs)
         return
     fit_group(members, inputs, GroupOptions(engine=kind, progress=False, compile=None, fused_optimizer=False,
                                             workers=1))
@@ -181,8 +181,8 @@ def syncs(paths: list[str], models: int = 3) -> tuple[dict[str, float], dict[str
     out, up = {}, {}
     for path in paths:
         arch = "lenet" if "augment" in path else "mlp"
-        out[path] = per_step(lambda s, p=path, a=arch: _dispatch_counts(p, models, s, a).syncs)
-        up[path] = per_step(lambda s, p=path, a=arch: _dispatch_counts(p, models, s, a).uploads)
+        out[path] = per_step(lambda s, p=path, a=arch: float(_dispatch_counts(p, models, s, a).syncs))  # type: ignore[misc]
+        up[path] = per_step(lambda s, p=path, a=arch: float(_dispatch_counts(p, models, s, a).uploads))  # type: ignore[misc]
     return out, up
 
 
@@ -193,8 +193,9 @@ def ops(models: list[int], path: str = "stacked") -> tuple[dict[str, float], dic
             _run(path, m, s)
         return box[0]
 
-    n_ops = {str(m): per_step(lambda s, m=m: sum(_dispatch_counts(path, m, s).ops.values())) for m in models}
-    n_calls = {str(m): per_step(lambda s, m=m: calls(m, s)) for m in models}
+    n_ops = {str(m): per_step(lambda s, m=m: float(sum(_dispatch_counts(path, m, s).ops.values())))  # type: ignore[misc]
+             for m in models}
+    n_calls = {str(m): per_step(lambda s, m=m: calls(m, s)) for m in models}  # type: ignore[misc]
     return n_ops, n_calls
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -124,3 +125,29 @@ def draw_epoch(n: int, gen: torch.Generator, augment: bool, pad: int) -> Epoch:
 
 def augment_pad(data: DeviceData, augment: bool) -> int:
     return default_pad(data.shape[1]) if augment else 0
+
+
+@dataclass(frozen=True)
+class ClassSegments:
+    """A batch's rows grouped by class, worked out on the host, which knows the labels of every batch ahead: `order`
+    (on the device) lists the rows class by class (stably), `counts[c]` is how many rows class c has. A label-dependent
+    batch transform (QLEACE per batch) maps each class's rows without reading labels back from the device."""
+
+    order: Tensor
+    counts: tuple[int, ...]
+
+
+def class_segments(labels: np.ndarray, device: torch.device) -> ClassSegments:
+    """The segments of a batch whose labels (any shape) the host holds; the order goes to the device without
+    blocking (pinned on CUDA)."""
+    flat = labels.reshape(-1)
+    order = torch.from_numpy(np.argsort(flat, kind="stable"))
+    counts = tuple(int(c) for c in np.bincount(flat))
+    if device.type == "cuda":
+        order = order.pin_memory()
+    return ClassSegments(order.to(device, non_blocking=True), counts)
+
+
+def host_copy(t: Tensor) -> np.ndarray:
+    """A host (numpy) copy of `t`, read once outside the training steps (labels, training indices)."""
+    return t.detach().cpu().numpy().copy()

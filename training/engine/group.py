@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from training.common import interrupt
 from training.common.progress import progress_bar
 from training.engine.backends import LoopEngine, StackedEngine, ValSet, nonfinite_rows
+from training.engine.batches import host_copy
 from training.engine.checkpoint import CheckpointStore, Saved, fits_safely
 from training.engine.fit import (
     NEEDS_SHARED_VAL,
@@ -47,6 +48,7 @@ from training.engine.flat_optim import fused_backend
 from training.engine.lockstep_state import LockstepMember, _name, _Plan
 
 ENGINES = ("auto", "loop", "stacked")
+GROUP_FORMAT = 2  # a group checkpoint's layout (2: the batch cursors on the host, in the plan)
 log = logging.getLogger(__name__)
 
 
@@ -275,7 +277,10 @@ class _Lockstep:
                           None if inputs.y_val is None else inputs.y_val.to(dev), [m.val_idx for m in members])
         self.members = [LockstepMember.start(k, m, dev) for k, m in enumerate(members)]
         self.live = list(self.members)
-        self.plan = _Plan(self.live, inputs.data)
+        transform = members[0].cfg.batch_transform
+        # a label-dependent batch transform gets each step's class segments from the host's labels (no read back)
+        self.plan = _Plan(self.live, inputs.data,
+                          host_copy(inputs.y) if transform is not None and transform.needs_labels else None)
         if self.plan.transform is not None and not self.val.shared:
             raise ValueError(NEEDS_SHARED_VAL)
         # The loop engine transforms each member's batch alone, exactly as `fit` does (bitwise equal); the stacked
@@ -305,7 +310,7 @@ class _Lockstep:
                     self._save()
                     raise interrupt.Interrupted(interrupt.signum())
                 self._train_step()
-                self._validate([r for r, m in enumerate(self.live) if m.validates_after(self.step)])
+                self._validate(self.plan.validating(self.step))
                 self._retire(self._end_epochs())
         self.bar.close()
         if self.store is not None:
@@ -319,20 +324,24 @@ class _Lockstep:
     def _train_step(self) -> None:
         if self.stop is not None and self.stop.is_set():
             raise Cancelled
-        gidx, xb, wb, counts = self.plan.batch(self.live)
+        gidx, xb, wb = self.plan.batch()
         yb = self.y[gidx]
+        counts = self.plan.counts() if self.transform_rows else None  # the loop engine's slices
         if self.plan.transform is not None:
             xb = self._transform(self.plan.transform, xb, yb, counts)
         self.engine.step(xb, yb, wb, counts, self.step)
         self.step += 1
-        self.plan.advance(self.live)
+        self.plan.advance()
 
-    def _transform(self, transform: BatchTransform, xb: Tensor, yb: Tensor, counts: list[int]) -> Tensor:
-        """The members' `batch_transform` on the step's batches (rows, bs, c, h, w), after augmentation."""
-        if not self.transform_rows:
-            return transform(xb.reshape(-1, *xb.shape[2:]), yb.reshape(-1)).reshape(xb.shape)
+    def _transform(self, transform: BatchTransform, xb: Tensor, yb: Tensor, counts: list[int] | None) -> Tensor:
+        """The members' `batch_transform` on the step's batches (rows, bs, c, h, w), after augmentation; a
+        label-dependent one with the class segments of its rows, from the host's labels."""
+        labels = self.plan.labels() if transform.needs_labels else None
+        if counts is None:
+            segments = None if labels is None else self.plan.segments(labels)
+            return transform(xb.reshape(-1, *xb.shape[2:]), yb.reshape(-1), segments).reshape(xb.shape)
         for r, c in enumerate(counts):  # the rows past c are never read by the loop engine
-            xb[r, :c] = transform(xb[r, :c], yb[r, :c])
+            xb[r, :c] = transform(xb[r, :c], yb[r, :c], None if labels is None else self.plan.segments(labels[r, :c]))
         return xb
 
     def _validate(self, rows: list[int]) -> None:
@@ -356,7 +365,7 @@ class _Lockstep:
     def _end_epochs(self) -> list[int]:
         """Rows whose epoch just ended are validated (per-epoch validation) and asked whether to stop; the
         others draw their next epoch. Returns the rows that stop."""
-        ends = [r for r, m in enumerate(self.live) if m.epoch_ended]
+        ends = self.plan.ended()
         self._validate([r for r in ends if self.live[r].validates_per_epoch])
         done = []
         for r in ends:
@@ -402,7 +411,8 @@ class _Lockstep:
         optimizer, best states), and each finished member's result and best state (its block may not be saved
         by the caller yet)."""
         assert self.store is not None
-        state = {"kind": "group", "engine_kind": self.engine_kind, "shapes": self._shapes(), "step": self.step,
+        state = {"kind": "group", "format": GROUP_FORMAT, "engine_kind": self.engine_kind, "shapes": self._shapes(),
+                 "step": self.step,
                  "elapsed": time.perf_counter() - self.t0,
                  "live": [m.name for m in self.live], "members": {m.name: m.state_dict() for m in self.live},
                  "finished": {n: {"result": dataclasses.asdict(res), "best": snapshot(model)}
@@ -417,7 +427,7 @@ class _Lockstep:
         """Whether a saved group continues as this one: its live members are this group's members that are not
         finished there, in this order, with the same training sets, on the same engine."""
         names, state = saved.names, saved.state
-        if saved.kind != "group" or state["engine_kind"] != self.engine_kind:
+        if saved.kind != "group" or state.get("format") != GROUP_FORMAT or state["engine_kind"] != self.engine_kind:
             return False
         live, finished = state["live"], state["finished"]
         return (state["shapes"] == self._shapes() and set(self.names) <= set(names)

@@ -252,8 +252,10 @@ def demo_steps(cells: list[str], out_dir: Path) -> list[list[int]]:
                                                "experiment=demo", f"eraser={eraser}", f"seed={seed}"])
         run_job(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
         result = next(p for p in out_dir.rglob("result.json") if f"seed{seed}" in str(p) and eraser in str(p))
-        blocks = json.loads(result.read_text())["blocks"]
-        groups.append([int(b["steps"]) for b in blocks])
+        res = json.loads(result.read_text())
+        full = res.get("full") or {}
+        steps = [int(b["steps"]) for b in res["mdl"]["blocks"]]
+        groups.append(steps + ([int(full["steps"])] if "steps" in full else []))
         print(f"  demo {cell}: block models' steps {groups[-1]}", flush=True)
     return groups
 

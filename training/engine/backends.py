@@ -205,6 +205,9 @@ class StackedEngine:
                  compile: bool | str | None = None) -> None:
         self.groups = check_same_groups(models, opts)
         self.template = models[0]
+        buffers = dict(self.template.named_buffers())
+        if any(not torch.equal(b, buffers[n]) for m in models[1:] for n, b in m.named_buffers()):
+            raise ValueError("members of one stacked group need equal buffers (the template's serve them all)")
         self.readouts = _ReadoutConstants(self.template)
         self.params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
                        for n, _ in self.template.named_parameters()}

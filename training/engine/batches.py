@@ -129,23 +129,19 @@ def augment_pad(data: DeviceData, augment: bool) -> int:
 
 @dataclass(frozen=True)
 class ClassSegments:
-    """A batch's rows grouped by class, worked out on the host, which knows the labels of every batch ahead: `order`
-    (on the device) lists the rows class by class (stably), `counts[c]` is how many rows class c has. A label-dependent
-    batch transform (QLEACE per batch) maps each class's rows without reading labels back from the device."""
+    """A batch's rows grouped by class without reading the labels back: `order` (on the device) lists the rows class
+    by class (stably), `counts[c]` (host integers, from the host's copy of the labels) is how many rows class c has.
+    A label-dependent batch transform (QLEACE per batch) maps each class's rows by them."""
 
     order: Tensor
     counts: tuple[int, ...]
 
 
-def class_segments(labels: np.ndarray, device: torch.device) -> ClassSegments:
-    """The segments of a batch whose labels (any shape) the host holds; the order goes to the device without
-    blocking (pinned on CUDA)."""
-    flat = labels.reshape(-1)
-    order = torch.from_numpy(np.argsort(flat, kind="stable"))
-    counts = tuple(int(c) for c in np.bincount(flat))
-    if device.type == "cuda":
-        order = order.pin_memory()
-    return ClassSegments(order.to(device, non_blocking=True), counts)
+def class_segments(y: Tensor, labels: np.ndarray) -> ClassSegments:
+    """The segments of a batch with labels `y` on the device, whose copy `labels` the host holds: the order is a stable
+    sort on the device (no upload), the counts are counted on the host (no read back)."""
+    order = torch.sort(y.reshape(-1), stable=True).indices
+    return ClassSegments(order, tuple(int(c) for c in np.bincount(labels.reshape(-1))))
 
 
 def host_copy(t: Tensor) -> np.ndarray:

@@ -196,7 +196,7 @@ def snapshot(model: nn.Module) -> dict[str, Tensor]:
 
 
 def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None, desc: str = "fit",
-        checkpoint: CheckpointStore | None = None) -> FitResult:
+        checkpoint: CheckpointStore | None = None, compile: str | None = None) -> FitResult:
     """Train until `patience` evaluations without improvement; return with the best state loaded.
 
     The training set is `member.idx` into `data`; validation is `data`'s shared set (used as given), else
@@ -207,6 +207,8 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     A NaN/inf training or validation loss raises NonFiniteError naming the model (`member.name`, else `desc`).
     `checkpoint`: a stop request (training/common/interrupt.py) saves the whole state there before the next batch
     and raises `Interrupted`; a later call with the same model name goes on from it (`FitState`).
+    `compile`: a torch.compile mode for the training forward (`training.compile`, see
+    `training.engine.backends.compile_mode`); None: eager.
     """
     model, optimizer, gen, cfg = member.model, member.optimizer, member.gen, member.cfg
     train, (x_val, y_val) = data.data, data.validation(member)
@@ -223,6 +225,7 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     name = member.name or desc
     model.train()
     optimizer.train()  # type: ignore[attr-defined]  # schedule-free optimizers (untyped) start in eval mode
+    forward = model if compile is None else torch.compile(model, mode=compile)  # shares the model's parameters
     st = FitState(cfg.stopper(math.ceil(n / cfg.batch_size)), snapshot(model), torch.zeros((), device=dev))
     restored_from = None
     found = None if checkpoint is None else st.find(checkpoint, member, name)
@@ -274,8 +277,8 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                 xb = train.batch(bi, None if offsets is None else offsets[sl], None if flips is None else flips[sl],
                                  pad)
                 if transform is not None:
-                    xb = transform(xb, yb, None if labels is None else class_segments(labels[sl], dev))
-                logits = model(xb)
+                    xb = transform(xb, yb, None if labels is None else class_segments(yb, labels[sl]))
+                logits = forward(xb)
                 loss = F.cross_entropy(logits, yb)
                 if regularizer is not None:
                     loss = loss + regularizer(logits, yb, st.step)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from training.engine.batches import ClassSegments, DeviceData, augment_pad, class_segments, draw_epoch, host_copy
+from training.engine.batches import DeviceData, augment_pad, draw_epoch, host_copy
 from training.engine.fit import FitResult, Member, to_device
 from training.engine.stopping import EarlyStopping
 
@@ -159,8 +159,6 @@ class _Plan:
         pos = self.batches[:, None] * self.bs + np.arange(self.bs)
         return self.y_host[np.take_along_axis(self.host_idx, pos, 1)]
 
-    def segments(self, labels: np.ndarray) -> ClassSegments:
-        return class_segments(labels, self.dev)
 
     def advance(self) -> None:
         self.cursor += 1

@@ -8,7 +8,8 @@
   around `tolist`). Per step = (count of a run of 2S steps − count of a run of S steps) / S, both runs with one
   epoch and one validation: what validation, set-up and the epoch boundary cost cancels, what each step costs
   does not. `syncs_per_step` is the largest over the paths in `syncs_by_path` (one model's `fit()`, the loop and
-  stacked engines, with crop/flip augmentation and with per-batch QLEACE erasure `eraser.after_augment`).
+  stacked engines, with crop/flip augmentation, with per-batch QLEACE erasure `eraser.after_augment` and with
+  per-batch LEACE).
   `uploads_by_path`: host-made tensors (`torch.tensor(...)`, `lift_fresh`) per step, which on a GPU are pageable
   host-to-device copies.
 - `ops_per_step` keyed by the number of models ("1", "64"): aten operations the stacked engine dispatches per
@@ -133,23 +134,24 @@ def _model(arch: str, tag: int, shape: tuple[int, ...] = SHAPE) -> tuple[torch.n
     return model, make_optimizer(model, lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.0, warmup_steps=3)
 
 
-def _qleace_transform(data: Any, y: torch.Tensor) -> Any:
+def _eraser_transform(name: str, data: Any, y: torch.Tensor) -> Any:
     import erasure
     from training.data.erase import BatchEraser
 
-    return BatchEraser(erasure.fit("qleace", data.all(), y))
+    return BatchEraser(erasure.fit(name, data.all(), y))
 
 
 def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8) -> None:
     """Train `models` models for one epoch of `steps` steps (batch `bs`) on `path`: fit | loop | stacked, with
-    "+augment" (crop/flip) and/or "+erase" (per-batch QLEACE)."""
+    "+augment" (crop/flip) and/or "+erase" (per-batch QLEACE) or "+leace" (per-batch LEACE)."""
     from training.engine.fit import FitConfig, Member, TrainData, fit
     from training.engine.group import GroupOptions, fit_group
     from training.engine.seeding import generator
 
     kind, *extras = path.split("+")
     data, y, xv, yv = _data()
-    transform = _qleace_transform(data, y) if "erase" in extras else None
+    eraser = "qleace" if "erase" in extras else "leace" if "leace" in extras else None
+    transform = None if eraser is None else _eraser_transform(eraser, data, y)
     cfg = FitConfig(batch_size=bs, patience=5, max_epochs=1, augment="augment" in extras, eval_every_steps=None,
                     progress=False, warmup_steps=0, min_steps=0, patience_min_steps=0, batch_transform=transform)
     members = []
@@ -261,7 +263,7 @@ def demo_steps(cells: list[str], out_dir: Path) -> list[list[int]]:
 
 
 PATHS = ["fit", "loop", "stacked", "fit+augment", "loop+augment", "stacked+augment", "fit+erase", "loop+erase",
-         "stacked+erase"]
+         "stacked+erase", "fit+leace"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

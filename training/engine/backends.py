@@ -7,13 +7,18 @@
 * `StackedEngine`: parameters stacked per name (M, *shape); the model's forward under `torch.func.vmap` +
   `functional_call` (Linear → batched matmul, Conv → grouped conv), so one step is one set of kernels for
   all members. Partial batches are padded with zero-weight rows. Same arithmetic up to float32 rounding of
-  the batched kernels. Best on GPU, where launches dominate for small models.
+  the batched kernels. Best on GPU, where launches dominate for small models. Its step (gradients and the
+  schedule-free update, training/engine/stacked_optim.py) is one function with no read back and host work that
+  does not grow with M; `training.compile` compiles it whole (fullgraph). Dropout / drop path draw per member
+  (vmap randomness="different"); constant buffers (SwinV2's relative positions) are the template's.
 
-Both: the optimizer is the members' own optimizer class with their μP param groups (MuAdam: lr / width_mult
-per group). Schedule-free AdamW is elementwise except its per-group scalars (k, lr_max, weight_sum); all
-members start together and every live member steps every step, so those scalars are identical for all of
-them. Validation mirrors `optimizer.eval()` / `.train()` on the validated members only. A finished member
-is dropped (its parameters leave the optimizer), so no Adam-type update touches it again.
+Both: the members' μP param groups (MuAdam: lr / width_mult per group) and schedule-free AdamW's formulas:
+the loop engine with the members' own optimizer class (or `fused_optimizer`), the stacked engine with the same
+operations written over the stacked tensors (bitwise the library's on CPU). Schedule-free AdamW is elementwise
+except its per-group scalars (k, lr_max, weight_sum); all members start together and every live member steps
+every step, so those scalars are identical for all of them. Validation mirrors `optimizer.eval()` / `.train()`
+on the validated members only. A finished member is dropped (its parameters leave the optimizer), so no
+Adam-type update touches it again.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Swin in the stacked engine equal to training them one by one."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -140,3 +142,23 @@ def test_swin_drop_path_draws_per_member_in_the_stacked_engine() -> None:
     assert same[0] == same[1]
     apart = twins(0.2)
     assert apart[0] != apart[1]
+
+
+@pytest.mark.parametrize("flag, modes", [("true", ["default"]), ("false", [])])
+def test_training_compile_reaches_the_one_model_fit(flag: str, modes: list[str], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job training one model at a time (`parallel_models=1`: ConvNeXt's and Swin's default) compiles each
+    model's training forward with `training.compile`, and only then."""
+    from tests.helpers import job_config
+    from training.mdl.job import run_job
+
+    seen: list[str | None] = []
+
+    def compile_spy(model: torch.nn.Module, mode: str | None = None, **_: object) -> torch.nn.Module:
+        seen.append(mode)
+        return model
+
+    monkeypatch.setattr(torch, "compile", compile_spy)
+    run_job(job_config(tmp_path, ["experiment=smoke", "eraser=control", "mdl.full_run=false",
+                                  "training.parallel_models=1", f"training.compile={flag}"]))
+    assert sorted(set(seen)) == modes and (len(seen) > 1) == bool(modes)

@@ -343,7 +343,8 @@ def after_augment_refusal(of: str, singular: list[int]) -> str:
 
 class BatchEraser:
     """`eraser.after_augment`: a fitted eraser applied to each training batch (b, c, h, w) where it lies (the
-    paper code's `transform(augment(x))`); the training loops call it as `batch_transform(x, y)` after augmentation.
+    paper code's `transform(augment(x))`); the training loops call it as `batch_transform(x, y, segments)` after
+    augmentation.
 
     The eraser's math runs in float64 on the batch's device (`to` moves its state there once) and the result comes
     back in the batch's dtype; a label-dependent eraser (QLEACE) gets the batch's labels (None: the identity

@@ -62,11 +62,12 @@ plan: setup  ## a sweep's jobs, cells, done/remaining and CPU/GPU hours, without
 tables: setup  ## aggregate whatever is in outputs/runs into outputs/tables/
 	$(PY) scripts/aggregate.py outputs/runs --name all
 
-bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm, sweep packed vs per process; BENCH_ARGS=--device cuda
+bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm, sweep packed vs per process, engine counts (syncs/ops per step, graph breaks, occupancy); BENCH_ARGS=--device cuda
 	mkdir -p outputs/bench
 	WANDB_MODE=disabled $(PY) scripts/bench_mdl.py --fused --json outputs/bench/bench_mdl.json $(BENCH_ARGS)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) scripts/bench_cache.py
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) scripts/bench_sweep.py --json outputs/bench/bench_sweep.json
+	OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) scripts/bench_engine.py --json outputs/bench/bench_engine.json
 
 gpu-report:  ## GPU checks (tests, one job per arch, erasers, speed, sweep cost) → outputs/gpu_report/*.json|md; CPU toy sizes without CUDA
 	WANDB_MODE=disabled $(REPORT_PY) scripts/gpu_report.py $(GPU_REPORT_ARGS)

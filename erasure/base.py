@@ -81,6 +81,13 @@ class Eraser:
         any other rows (`__call__`)."""
         return self(x, y)
 
+    def map_rows(self, x64: Tensor) -> Tensor:
+        """The label-free map on float64 rows (n, d) already on this eraser's device, unchecked: no value is read
+        back to the host (a training loop's per-batch path); `eraser(x)` checks the input and works in chunks."""
+        if self.needs_labels:
+            raise ValueError(f"the {self.name} eraser is label-dependent: map_rows needs no labels")
+        return self._apply(x64, None)
+
     def _apply(self, x64: Tensor, y: Tensor | None) -> Tensor:
         raise NotImplementedError
 

@@ -193,6 +193,24 @@ class QleaceEraser(Eraser):
             out[idx] = (z[idx] - self.state["class_means"][c]) @ self.state["maps"][c]
         return mean + out @ basis.T
 
+    def apply_sorted(self, x64: Tensor, order: Tensor, counts: Sequence[int]) -> Tensor:
+        """`_apply` (the noise-free map) on float64 rows x64 without reading their labels on the device: `order` lists
+        the rows class by class (stably: class 0's rows in their order, then class 1's, ...) and `counts[c]` is the
+        number of class c's rows (host integers: a training loop knows its batches' labels ahead). Row for row the
+        same arithmetic as `_apply`, so the same bits."""
+        mean, basis = self.state["mean"], self.state["basis"]
+        z = (x64 - mean) @ basis
+        grouped = z.index_select(0, order)
+        mapped = torch.empty_like(grouped)
+        start = 0
+        for c, n in enumerate(counts):
+            if n:
+                rows = slice(start, start + n)
+                mapped[rows] = (grouped[rows] - self.state["class_means"][c]) @ self.state["maps"][c]
+            start += n
+        out = torch.empty_like(z).index_copy_(0, order, mapped)
+        return mean + out @ basis.T
+
     def _noise(self, zb: Tensor, c: int) -> Tensor:
         """√(n−1)·E·(L Q₀)ᵀ for the n mapped rows zb of class c: E orthonormal, ⊥ ones and ⊥ col(zb)."""
         q = int(self.state["noise_rank"][c])

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from mup import MuReadout
-from torch import nn
+from torch import Tensor, nn
 
 from models.mup_utils import normal_init
 from models.registry import ARCHS, Arch
@@ -50,6 +50,15 @@ def stage_depths(arch: Arch, table: Mapping[str, tuple[tuple[int, ...], int]],
     if d < 1:
         raise ValueError(f"{arch.name} depth must be >= 1, got {d}")
     return tuple(m * d for m in pattern)
+
+
+class SpatialMean(nn.Module):
+    """Global average pooling as a mean over (H, W): what `adaptive_avg_pool2d(x, 1)` computes (torch takes the same
+    mean there, so the same bits), without its channels-last `as_strided_`, which vmap has no batching rule for (the
+    stacked engine would fall back to a loop over models)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.mean((-2, -1), keepdim=True)
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,7 @@ class ConvNeXtSpec:
             drop_path_rate=self.drop_path_rate,
         )
         model.head.fc = MuReadout(self.dims[-1], self.num_classes, readout_zero_init=True)
+        model.head.global_pool.pool = SpatialMean()
         return model
 
     def info(self) -> dict[str, Any]:

@@ -46,9 +46,9 @@ def test_without_augmentation_after_augment_changes_nothing(overrides: list[str]
     calls = {"n": 0}
 
     class Counting(BatchEraser):
-        def __call__(self, x: Tensor, y: Tensor) -> Tensor:
+        def __call__(self, x: Tensor, y: Tensor, segments: Any = None) -> Tensor:
             calls["n"] += 1
-            return super().__call__(x, y)
+            return super().__call__(x, y, segments)
 
     monkeypatch.setattr(job, "BatchEraser", Counting)
     once = run_job(job_config(tmp_path, [*SMOKE, *overrides])).result

@@ -135,8 +135,8 @@ def test_batch_buffers_are_capped_at_the_data_and_give_the_same_numbers() -> Non
     plan = group_mod._Plan
 
     class Watched(plan):  # type: ignore[misc,valid-type]
-        def __init__(self, live: Any, d: Any) -> None:
-            super().__init__(live, d)
+        def __init__(self, live: Any, d: Any, *rest: Any) -> None:
+            super().__init__(live, d, *rest)
             widths.append(int(self.idx.shape[1]))
 
     def bits(batch_size: int) -> list[float]:

@@ -15,10 +15,11 @@ from torch import Tensor
 
 from erasure import Eraser, eraser_traits, resolve_options
 from erasure.progress import use as erasure_progress
-from erasure.qleace import label_injection_risk
+from erasure.qleace import QleaceEraser, label_injection_risk
 from training.common.files import atomic_write_json, read_json
 from training.common.progress import progress_bar
 from training.data import LoadedData
+from training.engine.batches import ClassSegments
 from training.errors import NonFiniteError, UserError
 
 log = logging.getLogger(__name__)
@@ -342,7 +343,8 @@ def after_augment_refusal(of: str, singular: list[int]) -> str:
 
 class BatchEraser:
     """`eraser.after_augment`: a fitted eraser applied to each training batch (b, c, h, w) where it lies (the
-    paper code's `transform(augment(x))`); the training loops call it as `batch_transform(x, y)` after augmentation.
+    paper code's `transform(augment(x))`); the training loops call it as `batch_transform(x, y, segments)` after
+    augmentation.
 
     The eraser's math runs in float64 on the batch's device (`to` moves its state there once) and the result comes
     back in the batch's dtype; a label-dependent eraser (QLEACE) gets the batch's labels (None: the identity
@@ -356,14 +358,32 @@ class BatchEraser:
             classes = [c for c, q in enumerate(eraser.state["noise_rank"].tolist()) if q > 0]
             raise UserError(after_augment_refusal("the fitted eraser", classes))
         self.eraser, self.then = eraser, then
+        self.needs_labels = eraser is not None and eraser.needs_labels  # the loops then pass the class segments
 
     def to(self, device: torch.device | str) -> BatchEraser:
         return type(self)(None if self.eraser is None else self.eraser.to(device),
                           None if self.then is None else self.then.to(device))
 
-    def __call__(self, x: Tensor, y: Tensor) -> Tensor:
-        out = x if self.eraser is None else self.eraser(x, y) if self.eraser.needs_labels else self.eraser(x)
+    def __call__(self, x: Tensor, y: Tensor, segments: ClassSegments | None = None) -> Tensor:
+        """The erased batch. Without a host read where the training loops call it: a label-free eraser maps the rows
+        as they are; QLEACE maps each class's rows by `segments` (the host knows every batch's labels ahead), the
+        same arithmetic as `eraser(x, y)`, which reads the labels back to find the classes (the fallback without
+        segments). The input is not checked for NaN/Inf here (that too is a read back): it is finite training data."""
+        e = self.eraser
+        if e is None:
+            out = x
+        elif not e.needs_labels:
+            out = _rows(x, e.device, e.map_rows)
+        elif segments is not None and isinstance(e, QleaceEraser):
+            out = _rows(x, e.device, lambda x64: e.apply_sorted(x64, segments.order, segments.counts))
+        else:
+            out = e(x, y)
         return out if self.then is None else self.then(out)
+
+
+def _rows(x: Tensor, device: torch.device, apply: Callable[[Tensor], Tensor]) -> Tensor:
+    """`apply` on x's rows flattened, in float64 on `device`, back in x's dtype, device and shape."""
+    return apply(x.reshape(len(x), -1).to(device, torch.float64)).to(x.device, x.dtype).reshape(x.shape)
 
 
 def _fit_info(plan: FitPlan | None, fit: LoadedData | None, coded: LoadedData) -> dict[str, Any]:

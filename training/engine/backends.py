@@ -7,13 +7,18 @@
 * `StackedEngine`: parameters stacked per name (M, *shape); the model's forward under `torch.func.vmap` +
   `functional_call` (Linear → batched matmul, Conv → grouped conv), so one step is one set of kernels for
   all members. Partial batches are padded with zero-weight rows. Same arithmetic up to float32 rounding of
-  the batched kernels. Best on GPU, where launches dominate for small models.
+  the batched kernels. Best on GPU, where launches dominate for small models. Its step (gradients and the
+  schedule-free update, training/engine/stacked_optim.py) is one function with no read back and host work that
+  does not grow with M; `training.compile` compiles it whole (fullgraph). Dropout / drop path draw per member
+  (vmap randomness="different"); constant buffers (SwinV2's relative positions) are the template's.
 
-Both: the optimizer is the members' own optimizer class with their μP param groups (MuAdam: lr / width_mult
-per group). Schedule-free AdamW is elementwise except its per-group scalars (k, lr_max, weight_sum); all
-members start together and every live member steps every step, so those scalars are identical for all of
-them. Validation mirrors `optimizer.eval()` / `.train()` on the validated members only. A finished member
-is dropped (its parameters leave the optimizer), so no Adam-type update touches it again.
+Both: the members' μP param groups (MuAdam: lr / width_mult per group) and schedule-free AdamW's formulas:
+the loop engine with the members' own optimizer class (or `fused_optimizer`), the stacked engine with the same
+operations written over the stacked tensors (bitwise the library's on CPU). Schedule-free AdamW is elementwise
+except its per-group scalars (k, lr_max, weight_sum); all members start together and every live member steps
+every step, so those scalars are identical for all of them. Validation mirrors `optimizer.eval()` / `.train()`
+on the validated members only. A finished member is dropped (its parameters leave the optimizer), so no
+Adam-type update touches it again.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ import torch
 import torch.nn.functional as F
 from mup import MuReadout
 from torch import Tensor, nn
-from torch.func import functional_call, vmap
+from torch.func import functional_call, grad, vmap
 
 from training.engine.batches import DeviceData
 from training.engine.fit import Regularizer, cross_entropy_sum, snapshot
-from training.engine.flat_optim import carry_scalars, make_member_optim
+from training.engine.flat_optim import make_member_optim
+from training.engine.stacked_optim import StackedScheduleFree, StepScalars
 
 VAL_CHUNK = 1024  # as training.engine.fit.predict_logits
 
@@ -120,7 +126,8 @@ class LoopEngine:
             m.train()
         self.opt.train()
 
-    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int], step: int) -> None:
+    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int] | None, step: int) -> None:
+        assert counts is not None
         # Each member sees exactly its batch as in fit(); d(sum)/d(loss_r) = 1 keeps every gradient as alone.
         loss: Tensor | int = 0
         parts = []
@@ -194,18 +201,24 @@ class _ReadoutConstants:
 
 
 class StackedEngine:
-    """Stacked parameters, vmapped forward: one set of kernels per step for all live members."""
+    """Stacked parameters, vmapped forward: one set of kernels per step for all live members. The step (gradients
+    by `torch.func.grad` of the summed vmapped losses, and the schedule-free update, training/engine/stacked_optim.py)
+    is one function of tensors and host-known floats: `training.compile` compiles it whole (`fullgraph=True`), and
+    its host work does not grow with the number of members."""
 
     def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
                  compile: bool | str | None = None) -> None:
         self.groups = check_same_groups(models, opts)
         self.template = models[0]
+        buffers = dict(self.template.named_buffers())
+        if any(not torch.equal(b, buffers[n]) for m in models[1:] for n, b in m.named_buffers()):
+            raise ValueError("members of one stacked group need equal buffers (the template's serve them all)")
         self.readouts = _ReadoutConstants(self.template)
-        self.params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]).requires_grad_()
+        self.params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
                        for n, _ in self.template.named_parameters()}
-        self.opt_cls: Callable[..., torch.optim.Optimizer] = type(opts[0])
-        self.opt = self._build()
-        self.best = {n: p.detach().clone() for n, p in self.params.items()}  # snapshot at init, like fit()
+        self.compiled = compile_mode(compile)
+        self.opt = StackedScheduleFree(self.groups, self.params, per_row=self.compiled is not None)
+        self.best = {n: p.clone() for n, p in self.params.items()}  # snapshot at init, like fit()
         self.loss_sum = torch.zeros(len(models), device=next(iter(self.params.values())).device)
         template = self.template
 
@@ -213,25 +226,36 @@ class StackedEngine:
             ce = F.cross_entropy(functional_call(template, params, (xb,)), yb, reduction="none")
             return (ce * wb).sum() / wb.sum()
 
+        def total_loss(params: dict[str, Tensor], xb: Tensor, yb: Tensor, wb: Tensor) -> tuple[Tensor, Tensor]:
+            # randomness="different": a member's dropout / drop path draws its own masks
+            losses = vmap(member_loss, randomness="different")(params, xb, yb, wb)
+            return losses.sum(), losses.detach()
+
         def member_logits(params: dict[str, Tensor], xb: Tensor) -> Tensor:
             return functional_call(template, params, (xb,))
 
-        self.loss = vmap(member_loss)
+        self.grads = grad(total_loss, has_aux=True)
         self.predict_shared = vmap(member_logits, in_dims=(0, None))
         self.predict_own = vmap(member_logits)
-        self.compiled = compile_mode(compile)
+        self._step: Callable[..., None] = self._train_step
         if self.compiled:
-            self.loss = torch.compile(self.loss, mode=self.compiled)
+            self._step = torch.compile(self._train_step, mode=self.compiled, fullgraph=True)
             self._mark_static()
 
-    def _mark_static(self) -> None:
-        """Parameters live at fixed addresses between compactions: CUDA graphs need not copy them per step."""
-        if self.compiled:
-            for p in self.params.values():
-                torch._dynamo.mark_static_address(p)
+    def _train_step(self, xb: Tensor, yb: Tensor, wb: Tensor, scalars: list[StepScalars] | None) -> None:
+        if scalars is None:  # per-row scalars on the device (a compiled step)
+            scalars = self.opt.row_scalars()
+        grads, losses = self.grads(self.params, xb, yb, wb)
+        self.loss_sum += losses  # checked at validation (nonfinite_rows): no sync per step
+        self.opt.update(self.params, grads, scalars)
 
-    def _build(self) -> torch.optim.Optimizer:
-        return self.opt_cls([{**group, "params": [self.params[n] for n in names]} for names, group in self.groups])
+    def _mark_static(self) -> None:
+        """Parameters and optimizer state live at fixed addresses between compactions: CUDA graphs need not copy
+        them per step."""
+        if self.compiled:
+            rows = () if self.opt.rows is None else tuple(self.opt.rows.values())
+            for t in (*self.params.values(), *self.opt.z.values(), *self.opt.v.values(), *rows, self.loss_sum):
+                torch._dynamo.mark_static_address(t)
 
     def __enter__(self) -> StackedEngine:
         self.readouts.__enter__()
@@ -242,29 +266,22 @@ class StackedEngine:
 
     def train(self) -> None:
         self.template.train()
-        self.opt.train()  # type: ignore[attr-defined]  # schedule-free's train()/eval(); the library is untyped
 
-    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int], step: int) -> None:
-        losses = self.loss(self.params, xb, yb, wb)
-        self.loss_sum += losses.detach()  # read now (a CUDA graph's output is overwritten by its next replay)
-        loss = losses.sum()
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
+    @torch.no_grad()
+    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int] | None, step: int) -> None:
+        self._step(xb, yb, wb, None if self.compiled else self.opt.scalars())
 
     def _lerped(self, sel: Tensor, rows: dict[str, Tensor], weight: Callable[[float], float]) -> dict[str, Tensor]:
         out = {}
-        for names, group in self.groups:
-            w = weight(group["betas"][0])
+        for names, w in self.opt.lerp_weights(weight):
             for n in names:
-                z = self.opt.state[self.params[n]].get("z")
-                out[n] = rows[n] if z is None else rows[n].lerp(z[sel], w)
+                out[n] = rows[n].lerp(self.opt.z[n][sel], w)
         return out
 
     @torch.no_grad()
     def validate(self, rows: list[int], members: list[int], val: ValSet, best_loss: list[float]) -> list[float]:
         sel = torch.tensor(rows, device=next(iter(self.params.values())).device)
-        eval_params = self._lerped(sel, {n: p.detach()[sel] for n, p in self.params.items()}, EVAL_W)
+        eval_params = self._lerped(sel, {n: p[sel] for n, p in self.params.items()}, EVAL_W)
         self.template.eval()
         if val.shared:
             x, y = val.xy(members[0])
@@ -295,10 +312,7 @@ class StackedEngine:
 
     def state_dict(self) -> dict:
         """The stacked parameters (train mode), optimizer state and scalars, best states and unchecked loss sums."""
-        return {"params": {n: p.detach().clone() for n, p in self.params.items()},
-                "opt": {n: {k: v.detach().clone() if torch.is_tensor(v) else v
-                            for k, v in self.opt.state[p].items()} for n, p in self.params.items()},
-                "groups": [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups],
+        return {"params": {n: p.clone() for n, p in self.params.items()}, "opt": self.opt.state_dict(),
                 "best": {n: v.clone() for n, v in self.best.items()}, "loss_sum": self.loss_sum.clone()}
 
     @torch.no_grad()
@@ -306,21 +320,14 @@ class StackedEngine:
         dev = self.loss_sum.device
         for n, p in self.params.items():
             p.copy_(saved["params"][n])  # in place: a compiled step's static addresses stay valid
-            self.opt.state[p] = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in saved["opt"][n].items()}
-        for g, scalars in zip(self.opt.param_groups, saved["groups"], strict=True):
-            g.update(scalars)
+        self.opt.load_state_dict(saved["opt"], dev)
         self.best = {n: v.to(dev) for n, v in saved["best"].items()}
-        self.loss_sum = saved["loss_sum"].to(dev)
+        self.loss_sum.copy_(saved["loss_sum"])
 
     def keep(self, rows: list[int]) -> None:
         keep = torch.tensor(rows, device=next(iter(self.params.values())).device)
-        old, old_params = self.opt, self.params
-        self.params = {n: p.detach()[keep].requires_grad_() for n, p in old_params.items()}
-        self._mark_static()
+        self.params = {n: p[keep] for n, p in self.params.items()}
+        self.opt.keep(keep)
         self.best = {n: v[keep] for n, v in self.best.items()}
         self.loss_sum = self.loss_sum[keep]
-        self.opt = self._build()
-        carry_scalars(old, self.opt)
-        for n, p in self.params.items():
-            self.opt.state[p] = {k: (v[keep] if torch.is_tensor(v) and v.dim() > 0 else v)
-                                 for k, v in old.state[old_params[n]].items()}
+        self._mark_static()

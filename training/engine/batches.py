@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -124,3 +125,25 @@ def draw_epoch(n: int, gen: torch.Generator, augment: bool, pad: int) -> Epoch:
 
 def augment_pad(data: DeviceData, augment: bool) -> int:
     return default_pad(data.shape[1]) if augment else 0
+
+
+@dataclass(frozen=True)
+class ClassSegments:
+    """A batch's rows grouped by class without reading the labels back: `order` (on the device) lists the rows class
+    by class (stably), `counts[c]` (host integers, from the host's copy of the labels) is how many rows class c has.
+    A label-dependent batch transform (QLEACE per batch) maps each class's rows by them."""
+
+    order: Tensor
+    counts: tuple[int, ...]
+
+
+def class_segments(y: Tensor, labels: np.ndarray) -> ClassSegments:
+    """The segments of a batch with labels `y` on the device, whose copy `labels` the host holds: the order is a stable
+    sort on the device (no upload), the counts are counted on the host (no read back)."""
+    order = torch.sort(y.reshape(-1), stable=True).indices
+    return ClassSegments(order, tuple(int(c) for c in np.bincount(labels.reshape(-1))))
+
+
+def host_copy(t: Tensor) -> np.ndarray:
+    """A host (numpy) copy of `t`, read once outside the training steps (labels, training indices)."""
+    return t.detach().cpu().numpy().copy()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from training.common import interrupt
 from training.common.progress import progress_bar
-from training.engine.batches import DeviceData, Epoch, augment_pad, draw_epoch
+from training.engine.batches import ClassSegments, DeviceData, Epoch, augment_pad, class_segments, draw_epoch, host_copy
 from training.engine.checkpoint import CheckpointStore, Saved, fits_safely
 from training.engine.numerics import forward
 from training.engine.stopping import EarlyStopping
@@ -30,9 +30,17 @@ from training.errors import NonFiniteError
 
 log = logging.getLogger(__name__)
 Regularizer = Callable[[Tensor, Tensor, int], Tensor]  # (logits, y, step) -> penalty added to CE
-# (batch, labels) -> the batch the model trains on, applied after augmentation: e.g. `eraser.after_augment`
-# erases each augmented batch (training/data/erase.py BatchEraser). Validation data is never transformed.
-BatchTransform = Callable[[Tensor, Tensor], Tensor]
+
+
+class BatchTransform(Protocol):
+    """(batch, labels, class segments) -> the batch the model trains on, applied after augmentation: e.g.
+    `eraser.after_augment` erases each augmented batch (training/data/erase.py BatchEraser). `needs_labels`: the
+    loops then pass the batch's `ClassSegments`, worked out on the host (no read back). Validation data is never
+    transformed."""
+
+    needs_labels: bool
+
+    def __call__(self, x: Tensor, y: Tensor, segments: ClassSegments | None = None) -> Tensor: ...
 
 
 NONFINITE_HINT = "lr too high or bad data; nothing was written as a result"
@@ -176,13 +184,20 @@ def fit_temperature(model: nn.Module, x_val: Tensor, y_val: Tensor) -> float:
     return float(log_t.detach().exp())
 
 
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """A host tensor drawn for an epoch on `device` without blocking the host (pinned first on CUDA)."""
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
 def snapshot(model: nn.Module) -> dict[str, Tensor]:
     """A copy of the state dict (never deepcopy a μP module: it drops infshape)."""
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None, desc: str = "fit",
-        checkpoint: CheckpointStore | None = None) -> FitResult:
+        checkpoint: CheckpointStore | None = None, compile: str | None = None) -> FitResult:
     """Train until `patience` evaluations without improvement; return with the best state loaded.
 
     The training set is `member.idx` into `data`; validation is `data`'s shared set (used as given), else
@@ -193,11 +208,16 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     A NaN/inf training or validation loss raises NonFiniteError naming the model (`member.name`, else `desc`).
     `checkpoint`: a stop request (training/common/interrupt.py) saves the whole state there before the next batch
     and raises `Interrupted`; a later call with the same model name goes on from it (`FitState`).
+    `compile`: a torch.compile mode for the training forward (`training.compile`, see
+    `training.engine.backends.compile_mode`); None: eager.
     """
     model, optimizer, gen, cfg = member.model, member.optimizer, member.gen, member.cfg
     train, (x_val, y_val) = data.data, data.validation(member)
     dev = train.device
     idx, y = member.idx.to(dev), data.y.to(dev)
+    transform = cfg.batch_transform
+    # a label-dependent transform gets each batch's class segments from the host's copy of the labels
+    host = (host_copy(member.idx), host_copy(data.y)) if transform is not None and transform.needs_labels else None
     n = len(idx)
     if n == 0:
         raise ValueError("cannot fit on an empty training set")
@@ -206,6 +226,7 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     name = member.name or desc
     model.train()
     optimizer.train()  # type: ignore[attr-defined]  # schedule-free optimizers (untyped) start in eval mode
+    net = model if compile is None else torch.compile(model, mode=compile)  # shares the model's parameters
     st = FitState(cfg.stopper(math.ceil(n / cfg.batch_size)), snapshot(model), torch.zeros((), device=dev))
     restored_from = None
     found = None if checkpoint is None else st.find(checkpoint, member, name)
@@ -241,9 +262,10 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                 st.epoch += 1
                 st.epoch_draw, st.batch = draw_epoch(n, gen, cfg.augment, pad), 0
             ep = st.epoch_draw
-            order = idx[ep.perm.to(dev)]
-            offsets = None if ep.offsets is None else ep.offsets.to(dev)
-            flips = None if ep.flips is None else ep.flips.to(dev)
+            order = idx[to_device(ep.perm, dev)]
+            offsets = None if ep.offsets is None else to_device(ep.offsets, dev)
+            flips = None if ep.flips is None else to_device(ep.flips, dev)
+            labels = None if host is None else host[1][host[0][ep.perm.numpy()]]  # the epoch's labels in order
             for i in range(st.batch * cfg.batch_size, n, cfg.batch_size):
                 if checkpoint is not None and interrupt.requested():
                     path = checkpoint.save([name], st.state_dict(member, time.perf_counter() - t0))
@@ -255,9 +277,9 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                 yb = y[bi]
                 xb = train.batch(bi, None if offsets is None else offsets[sl], None if flips is None else flips[sl],
                                  pad)
-                if cfg.batch_transform is not None:
-                    xb = cfg.batch_transform(xb, yb)
-                logits = forward(model, xb)  # training.precision (training/engine/numerics.py)
+                if transform is not None:
+                    xb = transform(xb, yb, None if labels is None else class_segments(yb, labels[sl]))
+                logits = forward(net, xb)  # training.precision (training/engine/numerics.py)
                 loss = F.cross_entropy(logits, yb)
                 if regularizer is not None:
                     loss = loss + regularizer(logits, yb, st.step)

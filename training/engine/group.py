@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from training.common import interrupt
 from training.common.progress import progress_bar
 from training.engine.backends import LoopEngine, StackedEngine, ValSet, nonfinite_rows
+from training.engine.batches import class_segments, host_copy
 from training.engine.checkpoint import CheckpointStore, Saved, fits_safely
 from training.engine.fit import (
     NEEDS_SHARED_VAL,
@@ -40,6 +41,8 @@ from training.engine.fit import (
     Member,
     Regularizer,
     TrainData,
+    _global_rng,
+    _set_global_rng,
     nonfinite_loss,
     snapshot,
 )
@@ -48,6 +51,7 @@ from training.engine.lockstep_state import LockstepMember, _name, _Plan
 from training.engine.numerics import training_forward
 
 ENGINES = ("auto", "loop", "stacked")
+GROUP_FORMAT = 2  # a group checkpoint's layout (2: the batch cursors on the host, in the plan)
 log = logging.getLogger(__name__)
 
 
@@ -76,13 +80,31 @@ def why_not_vectorized(model: nn.Module, optimizer: torch.optim.Optimizer,
     to `fit`)."""
     if regularizer is not None and engine == "stacked":
         return "a regularizer is set (the stacked engine's padded batches would change its batch mean)"
-    if any(True for _ in model.buffers()):
-        return "the model has buffers (e.g. batch norm)"
-    if any(isinstance(m, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase)) for m in model.modules()):
-        return "the model has dropout or batch norm"
+    refusal = module_refusal(model, engine)
+    if refusal is not None:
+        return refusal
     if not all(k in optimizer.param_groups[0] for k in ("k", "weight_sum", "betas", "train_mode")):
         return f"{type(optimizer).__name__} is not a schedule-free AdamW"
     return None
+
+
+def module_refusal(model: nn.Module, engine: str) -> str | None:
+    """Why `model`'s modules cannot train in a group on `engine` (None: they can). Constant buffers (SwinV2's
+    relative positions) are fine; dropout and drop path at p = 0 too (they return their input)."""
+    if any(isinstance(m, nn.modules.batchnorm._NormBase) for m in model.modules()):
+        return "the model has batch norm (its running statistics are state that training changes)"
+    if engine != "stacked" and any(drop_rate(m) > 0 for m in model.modules()):
+        # the stacked engine draws each member's masks itself (vmap randomness="different")
+        return "the model has dropout or drop path (the loop engine's members would draw from one random stream)"
+    return None
+
+
+def drop_rate(module: nn.Module) -> float:
+    """A dropout's p or a drop path's drop_prob (timm's DropPath); 0 for any other module (and at p = 0, where
+    dropout returns its input unchanged: no reason to refuse)."""
+    if isinstance(module, nn.modules.dropout._DropoutNd):
+        return float(module.p)
+    return float(getattr(module, "drop_prob", 0.0) or 0.0)
 
 
 def resolve_engine(engine: str, device: torch.device) -> str:
@@ -276,7 +298,10 @@ class _Lockstep:
                           None if inputs.y_val is None else inputs.y_val.to(dev), [m.val_idx for m in members])
         self.members = [LockstepMember.start(k, m, dev) for k, m in enumerate(members)]
         self.live = list(self.members)
-        self.plan = _Plan(self.live, inputs.data)
+        transform = members[0].cfg.batch_transform
+        # a label-dependent batch transform gets each step's class segments from the host's labels (no read back)
+        self.plan = _Plan(self.live, inputs.data,
+                          host_copy(inputs.y) if transform is not None and transform.needs_labels else None)
         if self.plan.transform is not None and not self.val.shared:
             raise ValueError(NEEDS_SHARED_VAL)
         # The loop engine transforms each member's batch alone, exactly as `fit` does (bitwise equal); the stacked
@@ -296,8 +321,12 @@ class _Lockstep:
         self.t0 = time.perf_counter()
 
     def run(self) -> list[FitResult]:
-        with (self.engine if isinstance(self.engine, StackedEngine) else nullcontext(),
+        # Dropout / drop path (stacked engine) draw from the global RNG: seeded from the first member's batch
+        # generator, so a group's masks do not depend on what ran before it (and a checkpoint saves the RNG).
+        with (torch.random.fork_rng(devices=[self.y.device] if self.y.device.type == "cuda" else []),
+              self.engine if isinstance(self.engine, StackedEngine) else nullcontext(),
               interrupt.checkpointing() if self.store is not None else nullcontext()):
+            torch.manual_seed(self.members[0].spec.gen.initial_seed())
             if self.store is not None:
                 self._restore()
             self.engine.train()
@@ -306,7 +335,7 @@ class _Lockstep:
                     self._save()
                     raise interrupt.Interrupted(interrupt.signum())
                 self._train_step()
-                self._validate([r for r, m in enumerate(self.live) if m.validates_after(self.step)])
+                self._validate(self.plan.validating(self.step))
                 self._retire(self._end_epochs())
         self.bar.close()
         if self.store is not None:
@@ -320,21 +349,26 @@ class _Lockstep:
     def _train_step(self) -> None:
         if self.stop is not None and self.stop.is_set():
             raise Cancelled
-        gidx, xb, wb, counts = self.plan.batch(self.live)
+        gidx, xb, wb = self.plan.batch()
         yb = self.y[gidx]
+        counts = self.plan.counts() if self.transform_rows else None  # the loop engine's slices
         if self.plan.transform is not None:
             xb = self._transform(self.plan.transform, xb, yb, counts)
         with training_forward(xb.device, type(self.engine).__name__[:-6].lower(), len(self.members)):  # precision
             self.engine.step(xb, yb, wb, counts, self.step)
         self.step += 1
-        self.plan.advance(self.live)
+        self.plan.advance()
 
-    def _transform(self, transform: BatchTransform, xb: Tensor, yb: Tensor, counts: list[int]) -> Tensor:
-        """The members' `batch_transform` on the step's batches (rows, bs, c, h, w), after augmentation."""
-        if not self.transform_rows:
-            return transform(xb.reshape(-1, *xb.shape[2:]), yb.reshape(-1)).reshape(xb.shape)
+    def _transform(self, transform: BatchTransform, xb: Tensor, yb: Tensor, counts: list[int] | None) -> Tensor:
+        """The members' `batch_transform` on the step's batches (rows, bs, c, h, w), after augmentation; a
+        label-dependent one with the class segments of its rows, from the host's labels."""
+        labels = self.plan.labels() if transform.needs_labels else None
+        if counts is None:
+            segments = None if labels is None else class_segments(yb, labels)
+            return transform(xb.reshape(-1, *xb.shape[2:]), yb.reshape(-1), segments).reshape(xb.shape)
         for r, c in enumerate(counts):  # the rows past c are never read by the loop engine
-            xb[r, :c] = transform(xb[r, :c], yb[r, :c])
+            segments = None if labels is None else class_segments(yb[r, :c], labels[r, :c])
+            xb[r, :c] = transform(xb[r, :c], yb[r, :c], segments)
         return xb
 
     def _validate(self, rows: list[int]) -> None:
@@ -358,7 +392,7 @@ class _Lockstep:
     def _end_epochs(self) -> list[int]:
         """Rows whose epoch just ended are validated (per-epoch validation) and asked whether to stop; the
         others draw their next epoch. Returns the rows that stop."""
-        ends = [r for r, m in enumerate(self.live) if m.epoch_ended]
+        ends = self.plan.ended()
         self._validate([r for r in ends if self.live[r].validates_per_epoch])
         done = []
         for r in ends:
@@ -387,7 +421,7 @@ class _Lockstep:
         """Best state loaded, eval mode, result reported."""
         model = m.spec.model
         model.eval()
-        model.load_state_dict(self.engine.best_state(row))
+        model.load_state_dict({**model.state_dict(), **self.engine.best_state(row)})  # its own constant buffers
         self._report(m, m.finish(self.step, time.perf_counter() - self.t0))
 
     def _report(self, m: LockstepMember, result: FitResult) -> None:
@@ -404,12 +438,13 @@ class _Lockstep:
         optimizer, best states), and each finished member's result and best state (its block may not be saved
         by the caller yet)."""
         assert self.store is not None
-        state = {"kind": "group", "engine_kind": self.engine_kind, "shapes": self._shapes(), "step": self.step,
+        state = {"kind": "group", "format": GROUP_FORMAT, "engine_kind": self.engine_kind, "shapes": self._shapes(),
+                 "step": self.step,
                  "elapsed": time.perf_counter() - self.t0,
                  "live": [m.name for m in self.live], "members": {m.name: m.state_dict() for m in self.live},
                  "finished": {n: {"result": dataclasses.asdict(res), "best": snapshot(model)}
                               for n, (model, res) in self.finished.items()},
-                 "plan": self.plan.state_dict(), "engine": self.engine.state_dict()}
+                 "plan": self.plan.state_dict(), "engine": self.engine.state_dict(), "rng": _global_rng()}
         path = self.store.save(self.names, state)
         if self.restored_from is not None and self.restored_from != path:
             self.store.delete(self.restored_from)  # superseded
@@ -419,7 +454,7 @@ class _Lockstep:
         """Whether a saved group continues as this one: its live members are this group's members that are not
         finished there, in this order, with the same training sets, on the same engine."""
         names, state = saved.names, saved.state
-        if saved.kind != "group" or state["engine_kind"] != self.engine_kind:
+        if saved.kind != "group" or state.get("format") != GROUP_FORMAT or state["engine_kind"] != self.engine_kind:
             return False
         live, finished = state["live"], state["finished"]
         return (state["shapes"] == self._shapes() and set(self.names) <= set(names)
@@ -456,6 +491,7 @@ class _Lockstep:
         if self.live:
             self.plan.load_state_dict(state["plan"])
             self.engine.load_state_dict(state["engine"])
+        _set_global_rng(state["rng"])
         self.step, self.restored_from = int(state["step"]), path
         self.t0 = time.perf_counter() - float(state["elapsed"])
         log.info("resuming %d model(s) at step %d from %s (%d finished there)", len(self.live), self.step, path,

@@ -27,6 +27,7 @@ from training.app.wandb_logger import RunLogger
 from training.common import packs
 from training.data import LoadedData
 from training.data.erase import BatchEraser, FitPlan, apply_eraser, apply_eraser_keeping_map
+from training.engine.backends import compile_mode
 from training.engine.batches import DeviceData
 from training.engine.checkpoint import CheckpointStore
 from training.engine.fit import (
@@ -158,7 +159,8 @@ class Trainer:
         # Dropout/drop-path draw from the global RNG: seed it per (seed, tag) so a resumed job's block i
         # sees the same stream as in an uninterrupted run (and runs do not depend on earlier blocks).
         with seeded_global_rng(self.seed, "train", tag):
-            res = fit(m, self.train_set(), self.regularizer, desc=f"{tag}", checkpoint=self.checkpoint)
+            res = fit(m, self.train_set(), self.regularizer, desc=f"{tag}", checkpoint=self.checkpoint,
+                      compile=compile_mode(self.opts.compile))
         return m.model, res
 
     def group_size(self, first: Member, count: int) -> int:

@@ -27,7 +27,7 @@ from training.data import LoadedData, load_dataset
 from training.data.erase import FitPlan, OracleFit, after_augment_refusal
 from training.engine.batches import compact
 from training.engine.devices import available_memory
-from training.engine.group import resolve_engine
+from training.engine.group import module_refusal, resolve_engine
 from training.engine.seeding import generator
 from training.errors import Refused
 from training.mdl.code import MIN_BLOCK_SAMPLES, most_blocks
@@ -281,13 +281,10 @@ def models_at_once(cfg: JobConfig, models: int, not_vectorised: str | None) -> i
 
 def _why_not_vectorised(cfg: JobConfig, model: torch.nn.Module, device: torch.device) -> str | None:
     """`why_not_vectorized` on what the config and a shape-only model tell (the optimizer is always schedule-free)."""
-    if cfg.regularizer.name != "none" and resolve_engine(cfg.training.engine, device) == "stacked":
+    engine = resolve_engine(cfg.training.engine, device)
+    if cfg.regularizer.name != "none" and engine == "stacked":
         return "a regularizer with the stacked engine"
-    if any(True for _ in model.buffers()) or any(
-            isinstance(m, (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._NormBase))
-            for m in model.modules()):
-        return "buffers, dropout or batch norm"
-    return None
+    return module_refusal(model, engine)
 
 
 def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int,

@@ -1,0 +1,308 @@
+"""Engine counts on CPU: deterministic counts, not timings, that predict how the training step behaves on a GPU.
+
+    .venv/bin/python scripts/bench_engine.py --json outputs/bench/bench_engine.json [--quick]
+
+- `syncs_per_step` (goal 0): operations inside a training step that make the host wait for the device on a GPU:
+  `aten::_local_scalar_dense` (`.item()`, `float(t)`, `int(t)`, `bool(t)`), `nonzero`, `unique`, `masked_select`,
+  `equal`, indexing with a boolean mask, and `Tensor.tolist()`, counted by a TorchDispatchMode (and a wrapper
+  around `tolist`). Per step = (count of a run of 2S steps − count of a run of S steps) / S, both runs with one
+  epoch and one validation: what validation, set-up and the epoch boundary cost cancels, what each step costs
+  does not. `syncs_per_step` is the largest over the paths in `syncs_by_path` (one model's `fit()`, the loop and
+  stacked engines, with crop/flip augmentation, with per-batch QLEACE erasure `eraser.after_augment` and with
+  per-batch LEACE).
+  `uploads_by_path`: host-made tensors (`torch.tensor(...)`, `lift_fresh`) per step, which on a GPU are pageable
+  host-to-device copies.
+- `ops_per_step` keyed by the number of models ("1", "64"): aten operations the stacked engine dispatches per
+  step; `py_calls_per_step`: Python function calls per step (`sys.setprofile`), the host's own work. Goal: the
+  value for 64 models within 10% of the value for 1.
+- `graph_breaks` keyed by architecture: graph breaks `torch._dynamo.explain` finds in the stacked engine's
+  whole training step (forward, backward and the optimizer update) for a tiny model of each architecture.
+  Goal 0 each.
+- `occupancy`: the share of row-steps that do work when the demo's cells (experiment=demo: MNIST-5k, MLP w128 d2,
+  quick MDL) train their block models as one group: Σ steps of each model / (models × the group's steps).
+  Goal ≥ 0.9. The steps come from training the cells here (`--cells`), a few minutes on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE, K = (3, 8, 8), 4
+SYNC_OPS = {"_local_scalar_dense", "nonzero", "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive",
+            "masked_select", "equal", "is_nonzero"}
+BOOL_INDEX_OPS = {"index", "index_put", "index_put_", "_index_put_impl_"}
+UPLOAD_OPS = {"lift_fresh"}
+
+
+def _is_bool_index(func: Any, args: tuple) -> bool:
+    if func.overloadpacket.__name__ not in BOOL_INDEX_OPS or len(args) < 2:
+        return False
+    return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] or ()))
+
+
+class Counting(TorchDispatchMode):
+    """Every aten op dispatched while active, by name; `syncs` and `uploads` as defined above."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.syncs = 0
+        self.uploads = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        name = func.overloadpacket.__name__
+        self.ops[name] += 1
+        if name in SYNC_OPS or _is_bool_index(func, args):
+            self.syncs += 1
+        if name in UPLOAD_OPS:
+            self.uploads += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[Counting]:
+    """The dispatch mode, and `Tensor.tolist` counted as a sync (it reads the data without dispatching)."""
+    mode = Counting()
+    tolist = torch.Tensor.tolist
+
+    def counted(self: torch.Tensor) -> Any:
+        mode.syncs += 1
+        return tolist(self)
+
+    torch.Tensor.tolist = counted  # type: ignore[method-assign, assignment]
+    try:
+        with mode:
+            yield mode
+    finally:
+        torch.Tensor.tolist = tolist  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def python_calls() -> Iterator[list[int]]:
+    """Python (and builtin) function calls made while active: the host's work, deterministic."""
+    box = [0]
+
+    def prof(frame: Any, event: str, arg: Any) -> None:
+        if event in ("call", "c_call"):
+            box[0] += 1
+
+    sys.setprofile(prof)
+    try:
+        yield box
+    finally:
+        sys.setprofile(None)
+
+
+def _data(n: int = 160) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from training.engine.batches import DeviceData
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(n) % K
+    x = torch.rand(n, *SHAPE, generator=g) * 0.7
+    x[:, 0, :4] += 0.1 * (y[:, None, None] % 2)
+    x = (x * 255).round() / 255
+    return DeviceData(x), y, x[:32].clone(), y[:32].clone()
+
+
+def _arch(name: str) -> Any:
+    from training.app.schema import group_config
+
+    extra: dict[str, Any] = {"stages": 3} if name == "swin" else {}
+    width = 8 if name in ("convnext", "swin") else 16
+    return group_config("arch", name, width=width, depth=1, base_width=width, **extra)
+
+
+def _model(arch: str, tag: int, shape: tuple[int, ...] = SHAPE) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    from models import build_model, make_optimizer
+    from training.engine.seeding import seeded_global_rng
+
+    with seeded_global_rng(0, "init", tag):
+        model = build_model(_arch(arch), shape, K)
+    return model, make_optimizer(model, lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.0, warmup_steps=3)
+
+
+def _eraser_transform(name: str, data: Any, y: torch.Tensor) -> Any:
+    import erasure
+    from training.data.erase import BatchEraser
+
+    return BatchEraser(erasure.fit(name, data.all(), y))
+
+
+def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8) -> None:
+    """Train `models` models for one epoch of `steps` steps (batch `bs`) on `path`: fit | loop | stacked, with
+    "+augment" (crop/flip) and/or "+erase" (per-batch QLEACE) or "+leace" (per-batch LEACE)."""
+    from training.engine.fit import FitConfig, Member, TrainData, fit
+    from training.engine.group import GroupOptions, fit_group
+    from training.engine.seeding import generator
+
+    kind, *extras = path.split("+")
+    data, y, xv, yv = _data()
+    eraser = "qleace" if "erase" in extras else "leace" if "leace" in extras else None
+    transform = None if eraser is None else _eraser_transform(eraser, data, y)
+    cfg = FitConfig(batch_size=bs, patience=5, max_epochs=1, augment="augment" in extras, eval_every_steps=None,
+                    progress=False, warmup_steps=0, min_steps=0, patience_min_steps=0, batch_transform=transform)
+    members = []
+    for k in range(models):
+        m, o = _model(arch, k)
+        members.append(Member(m, o, torch.arange(32, 32 + steps * bs), generator(0, "b", k), cfg, name=f"m{k}"))
+    inputs = TrainData(data, y, xv, yv)
+    if kind == "fit":
+        for member in members:
+            fit(member, inputs)
+        return
+    fit_group(members, inputs, GroupOptions(engine=kind, progress=False, compile=None, fused_optimizer=False,
+                                            workers=1))
+
+
+def per_step(measure: Callable[[int], float], steps: int = 4) -> float:
+    """(measure(2·steps) − measure(steps)) / steps: what one more step costs."""
+    return (measure(2 * steps) - measure(steps)) / steps
+
+
+def _dispatch_counts(path: str, models: int, steps: int, arch: str = "mlp") -> Counting:
+    _run(path, models, 1, arch=arch)  # warm-up: lazy imports and caches out of the counted runs
+    with counting() as mode:
+        _run(path, models, steps, arch=arch)
+    return mode
+
+
+def syncs(paths: list[str], models: int = 3) -> tuple[dict[str, float], dict[str, float]]:
+    out, up = {}, {}
+    for path in paths:
+        arch = "lenet" if "augment" in path else "mlp"
+        out[path] = per_step(lambda s, p=path, a=arch: float(_dispatch_counts(p, models, s, a).syncs))  # type: ignore[misc]
+        up[path] = per_step(lambda s, p=path, a=arch: float(_dispatch_counts(p, models, s, a).uploads))  # type: ignore[misc]
+    return out, up
+
+
+def ops(models: list[int], path: str = "stacked") -> tuple[dict[str, float], dict[str, float]]:
+    def calls(m: int, s: int) -> float:
+        _run(path, m, 1)
+        with python_calls() as box:
+            _run(path, m, s)
+        return box[0]
+
+    n_ops = {str(m): per_step(lambda s, m=m: float(sum(_dispatch_counts(path, m, s).ops.values())))  # type: ignore[misc]
+             for m in models}
+    n_calls = {str(m): per_step(lambda s, m=m: calls(m, s)) for m in models}  # type: ignore[misc]
+    return n_ops, n_calls
+
+
+def step_callable(arch: str, models: int = 2, shape: tuple[int, ...] = (3, 16, 16)) -> tuple[Callable, tuple]:
+    """The stacked engine's training step for `models` tiny models of `arch` and the arguments of one step."""
+    from training.engine.backends import StackedEngine
+
+    pairs = [_model(arch, k, shape) for k in range(models)]
+    engine = StackedEngine([m for m, _ in pairs], [o for _, o in pairs])
+    engine.__enter__()
+    engine.train()
+    bs = 4
+    xb = torch.rand(models, bs, *shape)
+    yb = torch.randint(0, K, (models, bs))
+    wb = torch.ones(models, bs)
+    return engine.step, (xb, yb, wb, [bs] * models, 0)
+
+
+def graph_breaks(archs: list[str]) -> dict[str, int]:
+    import torch._dynamo
+
+    out = {}
+    for arch in archs:
+        fn, args = step_callable(arch)
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(fn)(*args)
+        out[arch] = int(explained.graph_break_count)
+        reasons = sorted({str(b.reason).splitlines()[0][:120] for b in explained.break_reasons})
+        print(f"  {arch}: {out[arch]} graph breaks; reasons: {reasons[:4]}", flush=True)
+    torch._dynamo.reset()
+    return out
+
+
+def occupancy_of(steps: list[list[int]]) -> float:
+    """Σ steps / (rows × the group's steps) over groups (each group: its models' steps; the group runs as long as
+    its longest model, every row held from start to end)."""
+    work = sum(sum(g) for g in steps)
+    held = sum(len(g) * max(g) for g in steps if g)
+    return work / held if held else math.nan
+
+
+def demo_steps(cells: list[str], out_dir: Path) -> list[list[int]]:
+    """The block models' steps of each demo cell (`eraser:seed`), trained here (one job per cell)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from training.mdl.job import run_job
+
+    groups = []
+    for cell in cells:
+        eraser, seed = cell.split(":")
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=[f"paths.out_dir={out_dir}", "logger=none", "progress=false",
+                                               "experiment=demo", f"eraser={eraser}", f"seed={seed}"])
+        run_job(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+        result = next(p for p in out_dir.rglob("result.json") if f"seed{seed}" in str(p) and eraser in str(p))
+        res = json.loads(result.read_text())
+        full = res.get("full") or {}
+        steps = [int(b["steps"]) for b in res["mdl"]["blocks"]]
+        groups.append(steps + ([int(full["steps"])] if "steps" in full else []))
+        print(f"  demo {cell}: block models' steps {groups[-1]}", flush=True)
+    return groups
+
+
+PATHS = ["fit", "loop", "stacked", "fit+augment", "loop+augment", "stacked+augment", "fit+erase", "loop+erase",
+         "stacked+erase", "fit+leace"]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", type=Path, help="write the counts here")
+    ap.add_argument("--quick", action="store_true", help="no graph-break count of convnext/swin, no demo cells")
+    ap.add_argument("--cells", default="control:0,control:1,control:2",
+                    help="demo cells (eraser:seed, comma-separated) whose block models give the occupancy")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print("syncs per step (dispatch counts, 3 models):", flush=True)
+    by_path, uploads = syncs(PATHS)
+    for p in PATHS:
+        print(f"  {p:18s} syncs {by_path[p]:6.2f}  uploads {uploads[p]:6.2f}", flush=True)
+    print("ops per step of the stacked engine (1 and 64 models):", flush=True)
+    n_ops, n_calls = ops([1, 64])
+    loop_ops, _ = ops([1, 64], "loop")
+    print(f"  aten ops {n_ops}, python calls {n_calls}; loop engine aten ops {loop_ops}", flush=True)
+    print("graph breaks in the stacked engine's step:", flush=True)
+    archs = ["mlp", "lenet"] if args.quick else ["mlp", "lenet", "convnext", "swin"]
+    breaks = graph_breaks(archs)
+    occ: float | None = None
+    cell_steps: list[list[int]] = []
+    if not args.quick and args.cells:
+        print("occupancy on the demo's cells:", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            cell_steps = demo_steps(args.cells.split(","), Path(tmp))
+        occ = occupancy_of(cell_steps)
+        print(f"  occupancy {occ:.3f}", flush=True)
+    report = {"device": "cpu", "syncs_per_step": max(by_path.values()), "syncs_by_path": by_path,
+              "uploads_by_path": uploads, "ops_per_step": n_ops, "py_calls_per_step": n_calls,
+              "loop_ops_per_step": loop_ops, "graph_breaks": breaks, "occupancy": occ,
+              "occupancy_steps": cell_steps}
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

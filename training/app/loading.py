@@ -10,7 +10,9 @@ import os
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from omegaconf import OmegaConf
 
 from training.app.sections import (
     GROUPS,
@@ -28,6 +30,7 @@ from training.app.sections import (
     _task_options,
     _task_uses,
 )
+from training.app.task_spec import fixed_keys, task_spec
 from training.app.typed import ConfigError, FieldSpec, build_options, check_typed, field_spec, kind_name
 
 
@@ -109,8 +112,6 @@ def _check_task_reads(job: JobConfig) -> None:
     """A hashed key the job's task does not read (its declaration's `fixed`), or that is read only with another
     key's value (READ_ONLY_WITH), must keep the one value it accepts: otherwise it would change the job's hash (and
     directory) but not its numbers. Then what the task itself refuses (`Task.refusal`)."""
-    from training.app.tasks import fixed_keys, get_task
-
     for key, accepted in fixed_keys(job.task).items():
         value = _value(job, key)
         if value is not dataclasses.MISSING and not _same(value, accepted):
@@ -125,7 +126,7 @@ def _check_task_reads(job: JobConfig) -> None:
             raise ConfigError(f"{key}={_shown(value)} is not allowed: {key} is read only with {when}={_shown(needed)} "
                               f"(here {_shown(_value(job, when))}); leave it at {_shown(accepted)} or set "
                               f"{when}={_shown(needed)}")
-    if (refusal := get_task(job.task).refusal(job)) is not None:
+    if (refusal := task_spec(job.task).refusal(job)) is not None:
         raise ConfigError(refusal)
 
 
@@ -239,12 +240,18 @@ def _check(key: str, value: Any, declared: FieldSpec) -> Any:
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
+def resolved_dict(node: Any, resolve: bool = True) -> dict[str, Any]:
+    """A config node (DictConfig) as a plain dict, interpolations resolved (or not)."""
+    plain = OmegaConf.to_container(node, resolve=resolve)
+    if not isinstance(plain, dict):
+        raise TypeError(f"expected a group of keys, got {type(plain).__name__}")
+    return cast(dict[str, Any], plain)  # conf/'s groups have string keys
+
+
 def group_config(group: str, name: str, **overrides: Any) -> Any:
     """One config group as conf/<group>/<name>.yaml composes it, with overrides, typed and checked (library use
     and tests: `build_model(group_config("arch", "mlp", width=64), ...)`)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    from training.app.resolvers import resolved_dict
+    from omegaconf import DictConfig
 
     def compose(member: str) -> Any:
         node = OmegaConf.load(CONF_DIR / group / f"{member}.yaml")

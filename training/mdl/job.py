@@ -62,7 +62,7 @@ from training.mdl.precheck import (
     precheck,
     with_permuted_labels,
 )
-from training.mdl.splits import MdlSplit, make_split
+from training.mdl.splits import MdlSplit, make_split, model_name
 from training.mdl.stop_keys import say_stop_keys
 
 log = logging.getLogger(__name__)
@@ -228,13 +228,6 @@ class Trainer:
         idx = idx.to(self.device)
         t = fit_temperature(model, self.x_val, self.y_val) if self.cfg.mdl.calibrate_temperature else 1.0
         return cross_entropy_sum(model, self.data.all(idx), self.y[idx], temperature=t) / len(idx) / LN2, t
-
-
-def model_name(tag: object) -> str:
-    """How errors name a job's model: `("block", i)` → "block model i" (trained on blocks 1..i), "full"."""
-    if isinstance(tag, tuple) and len(tag) == 2 and tag[0] == "block":
-        return f"block model {tag[1]}"
-    return "the full-data model" if tag == "full" else str(tag)
 
 
 def stop_options(m: MdlConfig, warmup_steps: int) -> dict[str, int]:

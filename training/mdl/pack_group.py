@@ -36,6 +36,7 @@ from training.common import packs
 from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
 from training.engine.fit import FitResult, Member, TrainData, snapshot
 from training.engine.group import fit_group, resolve_engine
+from training.mdl.splits import model_name
 
 if TYPE_CHECKING:
     from training.mdl.job import Trainer
@@ -199,6 +200,4 @@ def keep_for_later(companion: Companion, job: FitJob, model: nn.Module, result: 
 
 
 def _name(tag: object) -> str:
-    from training.mdl.job import model_name
-
     return model_name(tag)

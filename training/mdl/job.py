@@ -141,11 +141,12 @@ class Trainer:
 
     def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
         """A fresh model (init drawn from (seed, "init", tag)), its optimizer, data subset and generator."""
-        from models import build_model
+        from models import build_with_facts
 
         with seeded_global_rng(self.seed, "init", tag):
-            model = build_model(self.cfg.arch, self.input_shape, self.num_classes).to(self.device)
-        self.model_info = dict(getattr(model, "info", {}))
+            model, facts = build_with_facts(self.cfg.arch, self.input_shape, self.num_classes)
+            model = model.to(self.device)
+        self.model_info = facts
         opt = self.optim.build(model)
         return Member(model, opt, idx.to(self.device), generator(self.seed, "batches", tag),
                       self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx, name=model_name(tag))

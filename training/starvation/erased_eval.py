@@ -78,7 +78,7 @@ def prepare(job: JobRun) -> Prepared:
 
 
 def run(prepared: Prepared) -> dict[str, Any]:
-    from models import build_model
+    from models import build_with_facts
 
     job, data, idx = prepared.job, prepared.data, prepared.idx
     cfg, device = job.cfg, job.device
@@ -87,7 +87,8 @@ def run(prepared: Prepared) -> dict[str, Any]:
     name = cfg.eraser.name
     optim = resolve_optim(cfg)
     with seeded_global_rng(seed, "init", "gs_erased_eval"):
-        model = build_model(cfg.arch, data.input_shape, k).to(device)
+        model, facts = build_with_facts(cfg.arch, data.input_shape, k)
+        model = model.to(device)
     opt = optim.build(model)
     on = {p: (x[i].to(device), y[i].to(device)) for p, i in idx.items()}
     member = Member(model, opt, torch.arange(len(on["train"][1]), device=device),
@@ -115,4 +116,4 @@ def run(prepared: Prepared) -> dict[str, Any]:
             "eraser": {"name": name, "report": erasure["train"]["report"],
                        "cache_hit": {p: erasure[p]["cache_hit"] for p in erasure},
                        "test_options": erasure["test"]["options"]},
-            "optim": dataclasses.asdict(optim), "model": dict(getattr(model, "info", {})), "dataset": data.info}
+            "optim": dataclasses.asdict(optim), "model": facts, "dataset": data.info}

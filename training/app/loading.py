@@ -14,6 +14,9 @@ from typing import Any, cast
 
 from omegaconf import OmegaConf
 
+from erasure import default_options
+from erasure.registry import ERASERS
+from erasure.traits import eraser_traits
 from training.app.sections import (
     GROUPS,
     NON_CONFIG_KEYS,
@@ -32,6 +35,7 @@ from training.app.sections import (
 )
 from training.app.task_spec import fixed_keys, task_spec
 from training.app.typed import ConfigError, FieldSpec, build_options, check_typed, field_spec, kind_name
+from training.data.registry import DATASETS, dataset_traits
 
 
 def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
@@ -50,8 +54,6 @@ def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
 
 def _check_fit_data(job: JobConfig) -> None:
     """The fitting modes that need a kind of dataset: oracle a generator (fresh draws), pool a `dataset.limit`."""
-    from training.data.registry import DATASETS, dataset_traits
-
     e, name = job.eraser, job.dataset.name
     if e.fit_on == "oracle" and not dataset_traits(name).generator:
         generators = ", ".join(n for n in DATASETS.names() if dataset_traits(n).generator)
@@ -138,7 +140,6 @@ def _check_storage(job: JobConfig) -> None:
     storage = job.training.storage
     if storage not in ("uint8", "float16"):
         return
-    from erasure.traits import eraser_traits
 
     traits = eraser_traits(job.eraser.name)
     if job.dataset.zscore:
@@ -269,9 +270,6 @@ def group_config(group: str, name: str, **overrides: Any) -> Any:
 def _check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
     """Eraser options are the fitter's keyword arguments: checked against their annotations (or, for an eraser
     that declares `defaults`, against the defaults' types)."""
-    from erasure import default_options
-    from erasure.registry import ERASERS
-
     known = default_options(name)
     for k in options:
         if k not in known:
@@ -287,8 +285,6 @@ def _check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
 
 
 def _check_eraser_fitting(values: Mapping[str, Any]) -> None:
-    from erasure.registry import ERASERS
-
     name, fit_on = values["name"], values["fit_on"]
     meta = ERASERS.meta(name)
     if meta["kind"] == "edit" and fit_on != "all":

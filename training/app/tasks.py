@@ -44,11 +44,11 @@ from training.app.task_spec import (  # noqa: F401  (the declarations' names, re
 @dataclass(frozen=True)
 class Collected:
     """What scripts/aggregate.py hands a task for its tables: the task's Results (training/app/result_types.py),
-    the job table the collection made of MDL jobs (scripts/aggregate_collect.py; missing and failed jobs included),
-    and where and under which file stem and title the tables go."""
+    the job table the collection made of MDL jobs (training/analysis/aggregate_collect.py; missing and failed jobs
+    included), and where and under which file stem and title the tables go."""
 
     results: list[Result]
-    jobs: Any  # a pandas DataFrame (scripts/aggregate_collect.py), empty without MDL jobs
+    jobs: Any  # a pandas DataFrame (training/analysis/aggregate_collect.py), empty without MDL jobs
     out: Path
     name: str
     title: str

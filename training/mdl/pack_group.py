@@ -39,7 +39,7 @@ from training.engine.group import fit_group, resolve_engine
 from training.mdl.splits import model_name
 
 if TYPE_CHECKING:
-    from training.mdl.job import Trainer
+    from training.mdl.trainer import Trainer
 
 log = logging.getLogger(__name__)
 FitJob = tuple[Tensor, object, "int | None"]  # (training rows, tag, eval_every_steps), as Trainer.train_many takes

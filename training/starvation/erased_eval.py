@@ -2,7 +2,7 @@
 
 Split the dataset (seeded, after the labels are permuted for a null): held-out test (`gs.test_frac`), validation
 (MDL's val_size/val_frac, early stopping only) and training. The eraser is fitted on the training split only,
-through MDL's erasure path (`training.mdl.job.erase_maybe_zscored`, the erased-data cache): in sample on the training
+through MDL's erasure path (`training.mdl.inputs.erase_maybe_zscored`, the erased-data cache): in sample on the training
 rows, out of sample (MDL's holdout options) on the test rows. The μP model of `arch` is trained on the ORIGINAL
 training data with `regularizer` (ERM: none or λ=0; SD), then evaluated on original and erased test (and training)
 data. Cross-entropy is reported raw and with one temperature fitted on the original validation set (SD's logits are
@@ -27,8 +27,9 @@ from training.engine.batches import DeviceData
 from training.engine.fit import Member, TrainData, cross_entropy_sum, fit, fit_temperature, predict_logits
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
-from training.mdl.job import erase_maybe_zscored, fit_config, resolve_optim
+from training.mdl.inputs import erase_maybe_zscored
 from training.mdl.precheck import load_data, with_permuted_labels
+from training.mdl.trainer import fit_config, resolve_optim
 from training.starvation.common import method_name
 
 log = logging.getLogger(__name__)

@@ -82,9 +82,10 @@ slurm-up:  ## start a one-machine SLURM cluster with accounting (root, Debian pa
 slurm-down:  ## stop that cluster (its jobs, then the daemons it started, by pid) and remove its directory
 	python3 scripts/slurm_cluster.py down $(if $(SLURM_DIR),--dir $(SLURM_DIR))
 
-lint: setup  ## ruff, then mypy (its files and settings: [tool.mypy] in pyproject.toml)
+lint: setup  ## ruff, mypy ([tool.mypy] in pyproject.toml), then lint-imports (the import contracts: [tool.importlinter])
 	$(VENV)/bin/ruff check atomicio erasure models training scripts tests hydra_plugins
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 docs: setup  ## build the documentation site (docs/ → build/site) with mkdocs --strict: a broken link fails
 	$(VENV)/bin/mkdocs build --strict

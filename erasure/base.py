@@ -18,7 +18,6 @@ from .threads import single_threaded
 
 FORMAT = "erasure-mdl/eraser-v1"
 ENVELOPE = ("format", "name", "info", "state")  # what an eraser file holds (`Eraser.save`)
-_REGISTRY: dict[str, type[Eraser]] = {}
 _CHUNK_BYTES = 256 * 2**20  # float64 working memory per applied chunk
 
 
@@ -31,11 +30,6 @@ class Eraser:
 
     name: ClassVar[str] = ""
     needs_labels: ClassVar[bool] = False
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.name:
-            _REGISTRY[cls.name] = cls
 
     def __init__(self, state: dict[str, Tensor], info: dict[str, Any]):
         self.state = state
@@ -112,9 +106,23 @@ def load(path: str | os.PathLike[str], map_location: str | torch.device = "cpu")
     if not isinstance(payload, dict) or any(k not in payload for k in ENVELOPE) or payload["format"] != FORMAT:
         raise ValueError(f"{path} is not an eraser file written by erasure.save (format {FORMAT})")
     name = payload["name"]
-    if name not in _REGISTRY:
-        raise ValueError(f"{path}: unknown eraser {name!r}; known: {sorted(_REGISTRY)}")
-    return _REGISTRY[name](payload["state"], payload["info"])
+    classes = eraser_classes()
+    if name not in classes:
+        raise ValueError(f"{path}: unknown eraser {name!r}; known: {sorted(classes)}")
+    return classes[name](payload["state"], payload["info"])
+
+
+def eraser_classes() -> dict[str, type[Eraser]]:
+    """The fitted-eraser classes by the name a saved eraser records: the subclasses of `Eraser` that name themselves
+    (read off the class hierarchy: the one registry of erasers is registry.ERASERS, of their fitters)."""
+    found: dict[str, type[Eraser]] = {}
+    todo = list(Eraser.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.name:
+            found[cls.name] = cls
+    return found
 
 
 def base_info(name: str, flat: Tensor, k: int, counts: Tensor, options: dict[str, Any]) -> dict[str, Any]:

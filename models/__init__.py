@@ -5,11 +5,12 @@ Each architecture module registers its Spec in `registry.ARCHS` when imported; t
 """
 
 from models import convnext, lenet, mlp, swin  # the architecture modules, each registering itself in ARCHS
-from models.build import build_model, depth_lr_multiplier, make_optimizer, make_spec
+from models.build import build_model, build_with_facts, depth_lr_multiplier, make_optimizer, make_spec
 from models.mup_utils import param_count
 
 __all__ = [
     "build_model",
+    "build_with_facts",
     "convnext",
     "depth_lr_multiplier",
     "lenet",

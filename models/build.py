@@ -1,4 +1,5 @@
-"""One entry point: `build_model(cfg.arch, input_shape, num_classes)` -> μP-ready nn.Module with `.info`."""
+"""One entry point: `build_model(cfg.arch, input_shape, num_classes)` -> μP-ready nn.Module; `build_with_facts`
+returns the model's facts beside it (what result.json records: parameters, widths, parametrization)."""
 
 from __future__ import annotations
 
@@ -41,11 +42,23 @@ def build_model(
     *,
     parametrization: str | None = None,
 ) -> nn.Module:
+    """The model of `build_with_facts`, without its facts."""
+    return build_with_facts(arch, input_shape, num_classes, parametrization=parametrization)[0]
+
+
+def build_with_facts(
+    arch: Arch,
+    input_shape: tuple[int, ...],  # (C, H, W) images, or (d,) features for the MLP
+    num_classes: int,
+    *,
+    parametrization: str | None = None,
+) -> tuple[nn.Module, dict[str, Any]]:
     """Build the model described by `arch` (the resolved `cfg.arch`) for C×H×W inputs and K classes.
 
     Draws only from torch's global RNG (the caller seeds it). `parametrization` (default
     `arch.parametrization`, else "mup"): "mup" sets base shapes against base/delta models of the same depth
-    and re-initialises μP-style; "sp" is the standard-parametrisation control used by the coord check.
+    and re-initialises μP-style; "sp" is the standard-parametrisation control used by the coord check. Returns the
+    model and its facts (JSON-serialisable: arch, params, parametrization, widths, shapes, the architecture's own).
     """
     name = arch.name
     spec = make_spec(arch, input_shape, num_classes)
@@ -62,7 +75,7 @@ def build_model(
         apply_sp(model)
     else:
         raise ValueError(f"parametrization must be 'mup' or 'sp', got {mode!r}")
-    model.info = {  # type: ignore[assignment]  # torch types Module.__setattr__ for tensors/modules only
+    facts = {
         "arch": name,
         "params": param_count(model),
         "parametrization": mode,
@@ -73,7 +86,7 @@ def build_model(
         "depth_lr_multiplier": depth_lr_multiplier(arch),
         **spec.info(),
     }
-    return model
+    return model, facts
 
 
 def _check_width_dims(model: nn.Module, fixed_modules: tuple[str, ...]) -> None:

@@ -18,7 +18,7 @@ n_coded), the "Brackets" table gives [out, in]; "Fit and training budget" gives 
 working rank and dropped variance, why the block models stopped and the share at the cap (budget-bound above a
 fifth). A permuted-label run (`dataset.permute_labels=true`) is the null of the cell it otherwise matches: the "Null
 control" table gives its MDL and bias = null MDL − label entropy, flagged against the null's own SE with a floor
-(below the entropy: label injection; scripts/tables.py); it corrects no number. Jobs that did not finish
+(below the entropy: label injection; training/analysis/tables.py); it corrects no number. Jobs that did not finish
 are listed as missing, failed (a multirun's job-status ledger says so, or its MDL is not finite), partial
 (progress.json: killed or still running), incomplete (result.json without an mdl section) or malformed (a
 result.json that cannot be read: also a warning naming it); they are never filled in.
@@ -27,7 +27,7 @@ A cell whose seeds come from different commits (result.json provenance; none rec
 swapped under the same names, another copy) is marked ‡ and never averaged; --strict refuses it.
 With --experiment a result whose config hash differs from the preset's job is "other-config", not counted. Every
 task makes the tables of its own results (`Task.rows`, training/tasks/*.py): the above are the MDL task's; the Gradient
-Starvation tasks' are in scripts/aggregate_gs.py.
+Starvation tasks' are in training/analysis/aggregate_gs.py.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from scripts.aggregate_collect import collect_dir, collect_experiment
-from scripts.aggregate_summary import commit_problems, data_problems, unverified_problems
+from training.analysis.aggregate_collect import collect_dir, collect_experiment
+from training.analysis.aggregate_summary import commit_problems, data_problems, unverified_problems
 from training.app.result_types import Result
 from training.app.schema import load_config
 from training.app.tasks import Collected, task_names, tasks

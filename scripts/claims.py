@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from scipy import stats
 
-from scripts.tables import (
+from training.analysis.tables import (
     BUDGET_SHARE,
     INJECTION,
     at_cap_share,

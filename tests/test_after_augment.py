@@ -25,8 +25,9 @@ from training.engine.fit import Member, TrainData, fit
 from training.engine.group import fit_group
 from training.engine.seeding import generator
 from training.errors import UserError
-from training.mdl import job
-from training.mdl.job import prepare_data, run_job
+from training.mdl import inputs, job
+from training.mdl.inputs import prepare_data
+from training.mdl.job import run_job
 
 SMOKE = ["experiment=smoke", "mdl.full_run=false"]
 # 3×8×8 class-conditional Gaussians (300 per class: QLEACE's classes are non-singular, no coupling noise), few steps
@@ -50,7 +51,7 @@ def test_without_augmentation_after_augment_changes_nothing(overrides: list[str]
             calls["n"] += 1
             return super().__call__(x, y, segments)
 
-    monkeypatch.setattr(job, "BatchEraser", Counting)
+    monkeypatch.setattr(inputs, "BatchEraser", Counting)
     once = run_job(job_config(tmp_path, [*SMOKE, *overrides])).result
     per_batch = run_job(job_config(tmp_path, [*SMOKE, *overrides, "eraser.after_augment=true"])).result
     assert calls["n"] == sum(b["steps"] for b in per_batch["mdl"]["blocks"]) > 0
@@ -64,7 +65,7 @@ def _capture(monkeypatch: pytest.MonkeyPatch, keep: int = 6) -> dict[str, Any]:
     """Record the job's Trainer, the first `keep` training gathers (idx, offsets, flips, pad) and the first `keep`
     inputs a model saw in train mode (the fit loop: gather k feeds training forward k)."""
     seen: dict[str, Any] = {"gathers": [], "inputs": []}
-    init, batch, build = job.Trainer.__init__, DeviceData.batch, models.build_model
+    init, batch, build = job.Trainer.__init__, DeviceData.batch, models.build_with_facts
 
     def trainer_init(self: job.Trainer, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
@@ -76,19 +77,19 @@ def _capture(monkeypatch: pytest.MonkeyPatch, keep: int = 6) -> dict[str, Any]:
             seen["gathers"].append((idx.clone(), offsets.clone(), flips.clone(), pad))
         return batch(self, idx, offsets, flips, pad)
 
-    def hooked(*args: Any, **kwargs: Any) -> torch.nn.Module:
-        model = build(*args, **kwargs)
+    def hooked(*args: Any, **kwargs: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
+        model, facts = build(*args, **kwargs)
 
         def pre(module: torch.nn.Module, inputs: tuple[Tensor, ...]) -> None:
             if module.training and len(seen["inputs"]) < keep:
                 seen["inputs"].append(inputs[0].detach().clone())
 
         model.register_forward_pre_hook(pre)
-        return model
+        return model, facts
 
     monkeypatch.setattr(job.Trainer, "__init__", trainer_init)
     monkeypatch.setattr(DeviceData, "batch", gather)
-    monkeypatch.setattr(models, "build_model", hooked)
+    monkeypatch.setattr(models, "build_with_facts", hooked)
     return seen
 
 

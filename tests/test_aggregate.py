@@ -11,8 +11,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from scripts import aggregate, aggregate_collect, aggregate_render, aggregate_summary
-from scripts.tables import MixedGroupsError, group_label, groups_in
+from scripts import aggregate
+from training.analysis import aggregate_collect, aggregate_render, aggregate_summary
+from training.analysis.tables import MixedGroupsError, group_label, groups_in
 from training.app.result_codec import decode
 
 

@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
-from scripts import aggregate, aggregate_collect, aggregate_render, aggregate_summary
+from scripts import aggregate
 from tests.helpers import fixture_job_dir
+from training.analysis import aggregate_collect, aggregate_render, aggregate_summary
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 
@@ -96,8 +97,9 @@ def test_1_erasers_at_different_learning_rates_get_a_table_each_and_no_verdict(t
 
 
 def test_1_a_comparison_across_groups_is_refused_with_one_line(tmp_path: Path) -> None:
-    from scripts import aggregate_plots, claims
-    from scripts.tables import MixedGroupsError
+    from scripts import claims
+    from training.analysis import aggregate_plots
+    from training.analysis.tables import MixedGroupsError
 
     root = tmp_path / "runs"
     for seed in range(3):

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from scripts import aggregate, aggregate_collect, aggregate_render, aggregate_summary, claims
-from scripts.tables import groups_in
+from scripts import aggregate, claims
 from tests.helpers import fixture_job_dir
+from training.analysis import aggregate_collect, aggregate_render, aggregate_summary
+from training.analysis.tables import groups_in
 from training.app.result_codec import decode
 from training.app.result_types import MdlRecord
 

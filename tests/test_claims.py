@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from scripts import claims
-from scripts.aggregate_collect import at_cap
-from scripts.tables import INJECTION, bias_flag, bias_noise
+from training.analysis.aggregate_collect import at_cap
+from training.analysis.tables import INJECTION, bias_flag, bias_noise
 from training.app.result_types import BlockRecord
 
 LOG2_10 = math.log2(10)

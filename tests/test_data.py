@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
-from training.app.schema import DatasetConfig, group_config, load_section
+from training.app.schema import CONF_DIR, DatasetConfig, group_config, load_section
 from training.data import DatasetMissingError, load_dataset
+from training.data.registry import DATASETS
 from training.engine.augment import crop_flip
 
 
@@ -134,3 +136,22 @@ def test_crop_flip_per_sample() -> None:
                         kinds.add((flip, dy, dx))
     assert len(kinds) > 10  # per-sample, not one transform for the batch
     assert any(k[0] for k in kinds) and any(not k[0] for k in kinds)
+
+
+@pytest.mark.parametrize("name", DATASETS.names())
+def test_every_registered_dataset_loads_or_says_where_its_files_go(name: str, tmp_path: Path) -> None:
+    """Every registered dataset (training/data/registry.py), with no list to edit: its yaml composes and is typed,
+    and from an empty data directory it either loads (shipped or generated data) as checked images and labels with
+    their fingerprint, or is refused in one line naming where its files go (no download here)."""
+    no_download = {"download": False} if "download" in OmegaConf.load(CONF_DIR / "dataset" / f"{name}.yaml") else {}
+    cfg = group_config("dataset", name, **no_download)
+    assert cfg.name == name
+    try:
+        data = load_dataset(cfg, tmp_path)
+    except DatasetMissingError as err:
+        assert "\n" not in str(err) and str(tmp_path) in str(err), str(err)
+        return
+    assert data.x.dtype == torch.float32 and data.x.ndim == 4 and len(data.x) == len(data.y) > 0
+    assert set(data.y.tolist()) == set(range(data.num_classes))
+    assert data.info["fingerprint"]["content"] == data.content_hash()
+

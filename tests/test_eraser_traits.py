@@ -109,7 +109,7 @@ def test_declared_holdout_options_fill_unset_options_out_of_sample_only(toys: No
 
 
 def test_declared_identity_is_never_fitted_and_counts_as_the_control(toys: None, tmp_path: Path) -> None:
-    from scripts.tables import is_identity
+    from training.analysis.tables import is_identity
     from training.app.schema import _batch_erasing
 
     data = _data()
@@ -166,7 +166,7 @@ def test_builtin_erasers_declare_what_the_harness_relied_on_their_names_for() ->
 NAMING_ALLOWED = {
     "scripts/bench_erasers.py": ("any", "benchmarks these erasers against concept-erasure by name"),
     "scripts/calibrate.py": ("any", "the known true code length after QLEACE on a Gaussian/mixture is QLEACE's math"),
-    "scripts/aggregate_render.py": ("table", "the paper's published numbers per eraser, and its names for them"),
+    "training/analysis/aggregate_render.py": ("table", "the paper's published numbers per eraser, and their names"),
     "scripts/show_erasure.py": ("table", "a figure's column titles"),
 }
 

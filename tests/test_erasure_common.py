@@ -10,6 +10,8 @@ import torch
 from torch import Tensor
 
 import erasure
+from erasure.registry import ERASERS
+from erasure.traits import eraser_traits
 
 F64 = torch.float64
 
@@ -77,8 +79,9 @@ def digits() -> tuple[Tensor, Tensor]:
 
 # ---------------------------------------------------------------- input validation
 
-LABEL_FREE = ["control", "leace", "alf_qleace", "random"]
-ALL_FITTED = [*LABEL_FREE, "qleace"]
+# every registered eraser with a map (a fitted eraser), and those of them that do not take the labels
+ALL_FITTED = [name for name in ERASERS.names() if eraser_traits(name).has_map]
+LABEL_FREE = [name for name in ALL_FITTED if not eraser_traits(name).needs_labels]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +89,7 @@ def small() -> tuple[Tensor, Tensor]:
     return gaussian_classes(300, 6, 3, seed=1)
 
 
-@pytest.mark.parametrize("name", [*ALL_FITTED, "gradient"])
+@pytest.mark.parametrize("name", ERASERS.names())
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_input_is_rejected(small: tuple[Tensor, Tensor], name: str, bad: float) -> None:
     x, y = small
@@ -96,7 +99,7 @@ def test_non_finite_input_is_rejected(small: tuple[Tensor, Tensor], name: str, b
         erasure.erase(name, x, y, {})
 
 
-@pytest.mark.parametrize("name", [*ALL_FITTED, "gradient"])
+@pytest.mark.parametrize("name", ERASERS.names())
 def test_class_with_one_sample_is_named(small: tuple[Tensor, Tensor], name: str) -> None:
     x, y = small
     y = y.clone()

@@ -219,7 +219,7 @@ class ToyCount(Task):
         return {"counts": counts, "mean_pixel": float(data.x.double().mean()) * cfg.task_options.scale}
 
     def rows(self, collected: Collected) -> dict[str, str]:
-        from scripts.tables import md_table
+        from training.analysis.tables import md_table
 
         rows = [[r.config["dataset"]["name"], str(r.config["seed"]), f"{r.mean_pixel:.6f}", str(sum(r.counts))]
                 for r in collected.results if isinstance(r, ToyCountResult)]

@@ -14,7 +14,7 @@ from tests.test_refusals import _cli, _refused
 from training.app.schema import ConfigError, config_hash, load_config
 from training.data import load_dataset
 from training.data.generators import draw, oracle_chunks
-from training.mdl.job import prepare_data
+from training.mdl.inputs import prepare_data
 from training.mdl.precheck import fit_plan
 
 SMOKE = ["experiment=smoke", "mdl.full_run=false"]

@@ -12,7 +12,8 @@ import torch
 from tests.helpers import job_config
 from training.app.schema import ConfigError, load_config
 from training.data import load_dataset
-from training.mdl.job import prepare_data, run_job
+from training.mdl.inputs import prepare_data
+from training.mdl.job import run_job
 
 SMOKE = ["experiment=smoke", "mdl.full_run=false"]
 

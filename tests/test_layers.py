@@ -1,21 +1,22 @@
-"""Data flows one way: no module imports code of a layer above it (checked on every import statement, lazy imports
-included), and every edge is an import statement (no discovery by importlib / pkgutil).
+"""Data flows one way. The layers and the rules between packages are import-linter contracts in pyproject.toml
+([tool.importlinter], checked by `make lint` with lint-imports; they count imports inside functions too); this file
+holds what a contract cannot say, and checks that the contracts catch each edge they forbid.
 
 The layers, bottom up:
     atomicio/             atomic file writes, shared by erasure/ and training/common/: the standard library only
     erasure/              the eraser library: torch, numpy, atomicio, the standard library and itself, nothing else
     models/               architectures; of erasure/ only the Registry class
-    training/common/      the harness's utilities (atomic files, locks, progress): nothing of training/ above it
+    training/common/, training/errors.py   the harness's utilities (atomic files, locks, progress) and its errors
     training/engine/, training/data/
-    training/app/         the core: typed configs and the job hash, results, the task declarations, sweeps
-    training/mdl/, training/starvation/   the tasks
-    training/cli/         the command line (Hydra entry, one-line errors, SIGTERM, the multirun ledger); imported
-                          only by the shim training/run.py
+    training/app/         the core: typed configs and the job hash, results, the task declarations (TaskSpec), sweeps
+    training/mdl/, training/starvation/   the tasks' code
     training/tasks/       the task declarations (one module per task), which bind a task's implementation
-                          (training/mdl, training/starvation) and its tables (scripts/) in their methods; at their
-                          top level they import only the standard library, training.app and training.tasks
+                          (training/mdl, training/starvation) and its tables in their methods; at their top level
+                          they import only the standard library, training.app and training.tasks
+    training/cli/, scripts/   the command line (Hydra entry, one-line errors, SIGTERM, the multirun ledger; imported
+                          only by the shim training/run.py) and the scripts
 
-The one dynamic import: training/app/tasks.py discovers the modules of `training.tasks` (a new task is a module
+The one dynamic import: training/app/task_spec.py discovers the modules of `training.tasks` (a new task is a module
 that nothing else names). So the core reads a task's declaration without its code, its top level imports nothing else.
 """
 
@@ -23,42 +24,17 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("atomicio", "erasure", "models", "training", "scripts")
-CLI = ("training.cli", "training.run")
-TASK_CODE = ("training.mdl", "training.starvation")
-
-# package prefix -> module prefixes it must not import
-FORBIDDEN = {
-    "atomicio": ("erasure", "models", "training", "scripts", "torch", "numpy"),
-    "erasure": ("training", "models", "scripts"),
-    "models": ("training", "scripts"),
-    "training.common": ("training", "erasure", "models", "scripts"),  # except itself: see _forbidden
-    "training.engine": ("training.app", *TASK_CODE, *CLI, "scripts"),
-    "training.data": ("training.app", *TASK_CODE, *CLI, "scripts"),
-    "training.app": (*TASK_CODE, *CLI, "scripts"),
-    "training.mdl": (*CLI, "training.app.sweeps", "training.starvation", "scripts"),
-    "training.starvation": (*CLI, "training.app.sweeps", "scripts"),
-    "scripts": (*CLI, "training.tasks"),
-    "training": ("training.tasks",),  # the task modules are discovered, never imported by name (but by each other)
-    "training.tasks": CLI,
-}
-DISCOVERS = ("training.app.tasks",)  # the one module that imports modules by name: those of training.tasks
+DISCOVERS = "training.app.task_spec"  # the one module that imports modules by name: those of training.tasks
 TASK_TOP_LEVEL = ("training.app", "training.tasks")  # what a task module imports when discovered (besides the stdlib)
-# What a package may import of a forbidden prefix all the same.
-EXCEPT = {
-    "training.common": ("training.common",),
-    "models": (),
-}
-# models/ may use the Registry class of erasure/, nothing else of it (not the erasers, not the library entry).
-MODELS_FROM_ERASURE = ("erasure.registry",)
-# erasure/ imports only these (besides the standard library and itself).
-ERASURE_MAY_IMPORT = ("torch", "numpy", "atomicio")
-DYNAMIC = ("importlib", "pkgutil")
 
 
 def _modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -68,23 +44,6 @@ def _modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
             parts = path.relative_to(ROOT).with_suffix("").parts
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
-
-
-def _imports(path: Path, module: str) -> set[str]:
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against the module's package
-                package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-                base = package[: len(package) - node.level + 1]
-                found.add(".".join([*base, node.module] if node.module else base))
-                found.update(".".join([*base, *([node.module] if node.module else []), a.name]) for a in node.names)
-            elif node.module:
-                found.add(node.module)
-                found.update(f"{node.module}.{a.name}" for a in node.names)
-    return found
 
 
 def _calls(path: Path) -> set[str]:
@@ -116,71 +75,31 @@ def _matches(name: str, prefix: str) -> bool:
 
 
 def _violations(modules: dict[str, Path]) -> list[str]:
+    """What the contracts cannot say: a task module's top level, and dynamic-import calls."""
     bad = []
     for module, path in modules.items():
-        imported = sorted(_imports(path, module))
-        for owner, forbidden in FORBIDDEN.items():
-            if not _matches(module, owner):
-                continue
-            allowed = EXCEPT.get(owner, ()) + (("training.tasks",) if _matches(module, "training.tasks") else ())
-            bad += [f"{module} imports {name}" for name in imported
-                    if any(_matches(name, f) for f in forbidden) and not any(_matches(name, a) for a in allowed)]
-        if _matches(module, "models"):
-            bad += [f"{module} imports {name} (models/ may use only {MODELS_FROM_ERASURE} of erasure/)"
-                    for name in imported if _matches(name, "erasure")
-                    and not any(_matches(name, a) or _matches(a, name) for a in MODELS_FROM_ERASURE)]
-        if _matches(module, "erasure"):
-            bad += [f"{module} imports {name} (erasure/ imports only torch, numpy, the standard library and itself)"
-                    for name in imported if name.split(".")[0] not in (*ERASURE_MAY_IMPORT, "erasure")
-                    and name.split(".")[0] not in sys.stdlib_module_names]
-        if not _matches(module, "training.cli") and module != "training.run":
-            bad += [f"{module} imports {name} (only the shim training/run.py imports the command-line layer)"
-                    for name in imported if any(_matches(name, c) for c in CLI)]
         if _matches(module, "training.tasks"):
             bad += [f"{module} imports {name} when discovered (a task module's top level imports only the standard "
                     f"library and {', '.join(TASK_TOP_LEVEL)}; import the task's code in its methods)"
                     for name in sorted(_top_level_imports(path)) if name.split(".")[0] not in sys.stdlib_module_names
                     and name != "__future__" and not any(_matches(name, a) for a in TASK_TOP_LEVEL)]
-        if _matches(module, "scripts"):
+        if _matches(module, "scripts") or module == DISCOVERS:
             continue  # scripts may probe what is installed (scripts/gpu_report.py); the registries live below
-        if module in DISCOVERS:
-            continue
-        bad += [f"{module} imports {name} (a hidden edge: import modules by name, in a list)"
-                for name in imported if any(_matches(name, d) for d in DYNAMIC)]
         bad += [f"{module} calls {call}() (a hidden edge: import modules by name, in a list)"
                 for call in sorted(_calls(path))]
     return bad
 
 
-def test_no_module_imports_upward() -> None:
+def test_what_the_contracts_cannot_say_holds() -> None:
     bad = _violations(_modules())
     assert not bad, bad
 
 
-def test_the_check_sees_imports() -> None:
-    assert "erasure.registry" in _imports(ROOT / "models" / "registry.py", "models.registry")
-    assert "erasure.registry" in _imports(ROOT / "erasure" / "leace.py", "erasure.leace")
-    assert "erasure.api" in _imports(ROOT / "erasure" / "__init__.py", "erasure")  # `from .api import ...`
-    assert "erasure.leace" in _imports(ROOT / "erasure" / "__init__.py", "erasure")  # `from . import leace`
-    assert "training.cli.run" in _imports(ROOT / "training" / "run.py", "training.run")
-
-
 def test_the_check_catches_each_rule(tmp_path: Path) -> None:
-    """Each rule fails on a module that breaks it (these are the edges the tree had before the rules)."""
     cases = {
-        "erasure.cache": "from filelock import FileLock\nfrom training.data import LoadedData\n",
-        "erasure.progress": "from tqdm.auto import tqdm\n",
-        "atomicio": "import torch\nfrom training.common.files import read_json\n",
-        "erasure.registry": "import importlib\nimportlib.import_module('erasure.leace')\n",
-        "models.build": "from erasure.api import fit\n",
-        "training.common.files": "from training.app.schema import config_hash\n",
-        "training.app.tasks": "from training.mdl.job import run_job\n",
-        "training.app.ledger": "from training.cli.report import exit_user_error\n",
-        "scripts.aggregate": "from training.cli.run import main\n",
-        "training.data.erase": "from training.run import main\n",
+        "erasure.registry": "x = __import__('erasure.leace')\n",
         "training.tasks.toy": "import torch\nfrom training.app.tasks import Task\n",
-        "training.starvation.moons": "from training.tasks.gs_two_moons import TwoMoonsOptions\n",
-        "training.app.schema": "import importlib\n",
+        "training.app.schema": "from importlib import import_module\nimport_module('training.mdl')\n",
     }
     modules = {}
     for name, text in cases.items():
@@ -190,6 +109,54 @@ def test_the_check_catches_each_rule(tmp_path: Path) -> None:
     bad = _violations(modules)
     for name in cases:
         assert any(line.startswith(f"{name} ") for line in bad), (name, bad)
+
+
+# An edge each contract forbids (module to add -> its code), and what the report then names.
+BROKEN = {
+    "erasure/_bad.py": ("import filelock\nfrom training.data import cache\n", ["erasure._bad -> filelock",
+                                                                                  "erasure._bad -> training.data"]),
+    "atomicio/_bad.py": ("import torch\n", ["atomicio._bad -> torch"]),
+    "models/_bad.py": ("from erasure.api import fit\n", ["models._bad -> erasure.api"]),
+    "training/common/_bad.py": ("from training.app.schema import config_hash\n",
+                                ["training.common._bad -> training.app.schema"]),
+    "training/app/_bad.py": ("from training.mdl.job import run_job\n", ["training.app._bad -> training.mdl.job"]),
+    "training/data/_bad.py": ("from training.run import main\n", ["training.data._bad -> training.run"]),
+    "training/starvation/_bad.py": ("from training.tasks.gs_two_moons import TwoMoonsOptions\n",
+                                    ["training.starvation._bad -> training.tasks.gs_two_moons"]),
+    "training/tasks/_bad.py": ("from scripts import aggregate\n", ["training.tasks._bad -> scripts.aggregate"]),
+    "scripts/_bad.py": ("from training.cli.run import main\nfrom training.tasks import mdl\n",
+                        ["scripts._bad -> training.cli.run", "scripts._bad -> training.tasks.mdl"]),
+    "training/engine/_bad.py": ("import importlib\n", ["training.engine._bad -> importlib"]),
+    "training/mdl/_bad.py": ("from training.app.sweeps import expand\n", ["training.mdl._bad -> training.app.sweeps"]),
+    "training/app/_loop_a.py": ("from training.app import _loop_b\n", ["- ._loop_"]),  # the edge it would cut
+    "training/app/_loop_b.py": ("from training.app import _loop_a\n", []),
+}
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from importlinter.cli import lint_imports_command; sys.argv = ['lint-imports']; " \
+           "lint_imports_command()"
+    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": path, "NO_COLOR": "1", "COLUMNS": "200"})
+
+
+def test_the_contracts_hold_and_catch_each_forbidden_edge(tmp_path: Path) -> None:
+    """lint-imports passes on the tree, and fails on a copy of it with one forbidden edge per contract, naming each."""
+    pytest.importorskip("importlinter", reason="import-linter is in the dev extra: make setup installs it")
+    ok = _lint_imports(ROOT)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    for path, (code, _) in BROKEN.items():
+        (tmp_path / path).write_text(code)
+    broken = _lint_imports(tmp_path)
+    assert broken.returncode != 0
+    for _, named in BROKEN.values():
+        for edge in named:
+            assert edge in broken.stdout, (edge, broken.stdout[-5000:])
+    assert "KEPT" not in broken.stdout, broken.stdout  # each contract caught its edge
 
 
 def test_erasure_alone_imports_no_harness() -> None:

@@ -12,11 +12,12 @@ import torch.nn.functional as F
 from mup import MuReadout
 from omegaconf import OmegaConf
 
-from models import build_model, depth_lr_multiplier, param_count
+from models import build_model, build_with_facts, depth_lr_multiplier, param_count
 from models.convnext import NAMED_SIZES as CONVNEXT_SIZES
 from models.lenet import lenet_param_count, match_lenet
 from models.mlp import mlp_param_count
 from models.mup_utils import on_meta
+from models.registry import ARCHS, arch_traits
 from models.swin import NAMED_SIZES as SWIN_SIZES
 from tests.helpers import optimizer
 from training.app.schema import ArchConfig, group_config
@@ -50,7 +51,7 @@ def one_step(model: torch.nn.Module, shape: tuple[int, int, int], k: int = 10, b
 # ---------------------------------------------------------------- configs
 
 
-@pytest.mark.parametrize("name", ["mlp", "lenet", "convnext", "swin"])
+@pytest.mark.parametrize("name", ARCHS.names())
 def test_arch_yaml_has_every_field(name: str) -> None:
     raw = OmegaConf.load(ROOT / "conf" / "arch" / f"{name}.yaml")
     for key in ("name", "tag", "width", "depth", "base_width", "base_depth", "parametrization"):
@@ -75,63 +76,65 @@ def test_arch_yaml_has_every_field(name: str) -> None:
 @pytest.mark.parametrize("depth", [1, 2, 8])
 def test_mlp_lenet_build_every_input(name: str, shape: tuple[int, int, int], depth: int) -> None:
     torch.manual_seed(0)
-    model = build_model(arch_cfg(name, depth=depth), shape, 10)
+    model, info = build_with_facts(arch_cfg(name, depth=depth), shape, 10)
     assert model(torch.rand(3, *shape)).shape == (3, 10)
-    assert model.info["params"] == param_count(model)
-    json.dumps(model.info)
+    assert info["params"] == param_count(model)
+    json.dumps(info)
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
 def test_mlp_activations_parameter_counts(activation: str) -> None:
     for width in PAPER_WIDTHS:
-        model = build_model(arch_cfg("mlp", activation=activation, width=width), (3, 32, 32), 10)
+        model, info = build_with_facts(arch_cfg("mlp", activation=activation, width=width), (3, 32, 32), 10)
         relu = mlp_param_count(3072, width, 2, 10)
-        assert model.info["relu_mlp_params"] == relu
+        assert info["relu_mlp_params"] == relu
         if activation == "swiglu":  # hidden size matched to the ReLU MLP's parameter count
-            assert abs(model.info["params"] / relu - 1) < 0.02
-            assert model.info["hidden"] < width
+            assert abs(info["params"] / relu - 1) < 0.02
+            assert info["hidden"] < width
         else:
-            assert model.info["params"] == relu
+            assert info["params"] == relu
             assert len(model.layers) == 2  # depth = number of hidden layers
 
 
 def test_swiglu_explicit_ratio() -> None:
-    model = build_model(arch_cfg("mlp", activation="swiglu", swiglu_ratio=2 / 3), (1, 8, 8), 10)
-    assert model.info["hidden"] == round(2 * 128 / 3)
+    model, info = build_with_facts(arch_cfg("mlp", activation="swiglu", swiglu_ratio=2 / 3), (1, 8, 8), 10)
+    assert info["hidden"] == round(2 * 128 / 3)
 
 
 @pytest.mark.parametrize("size", list(CONVNEXT_SIZES))
 @pytest.mark.parametrize("name", ["convnext", "swin"])
 def test_named_sizes_build_and_train_one_step(name: str, size: str) -> None:
     torch.manual_seed(0)
-    model = build_model(arch_cfg(name, size=size), (3, 32, 32), 10)
+    model, info = build_with_facts(arch_cfg(name, size=size), (3, 32, 32), 10)
     depths, width = (CONVNEXT_SIZES if name == "convnext" else SWIN_SIZES)[size]
-    assert model.info["size"] == size
-    assert model.info["depths"] == list(depths)
-    assert model.info["dims"][0] == width
+    assert info["size"] == size
+    assert info["depths"] == list(depths)
+    assert info["dims"][0] == width
     before = [p.detach().clone() for p in model.parameters()]
     one_step(model, (3, 32, 32))
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 @pytest.mark.parametrize("shape", INPUTS, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("name", ["convnext", "swin"])
-def test_timm_models_every_input(name: str, shape: tuple[int, int, int]) -> None:
+@pytest.mark.parametrize("name", ARCHS.names())
+def test_every_architecture_builds_on_every_input(name: str, shape: tuple[int, int, int]) -> None:
+    """Every registered architecture (models/registry.py): its model and its facts, on every input shape."""
     torch.manual_seed(0)
-    model = build_model(arch_cfg(name, depth=1), shape, 7)
+    model, info = build_with_facts(arch_cfg(name, depth=1), shape, 7)
     model.eval()
     assert model(torch.rand(2, *shape)).shape == (2, 7)
-    json.dumps(model.info)
+    assert info["arch"] == name and info["params"] == param_count(model) and info["num_classes"] == 7
+    json.dumps(info)
 
 
 def test_convnext_patch_size_rule() -> None:
-    patch = {s: build_model(arch_cfg("convnext", depth=1), s, 10).info["patch_size"] for s in INPUTS}
+    patch = {s: build_with_facts(arch_cfg("convnext", depth=1), s, 10)[1]["patch_size"] for s in INPUTS}
     assert patch == {(1, 28, 28): 1, (3, 32, 32): 1, (3, 64, 64): 2, (1, 8, 8): 1}
 
 
 def test_convnext_is_v2_and_scales() -> None:
-    model = build_model(arch_cfg("convnext", width=48, depth=3), (3, 32, 32), 10)
-    assert model.info["depths"] == [3, 3, 9, 3] and model.info["dims"] == [48, 96, 192, 384]
+    model, info = build_with_facts(arch_cfg("convnext", width=48, depth=3), (3, 32, 32), 10)
+    assert info["depths"] == [3, 3, 9, 3] and info["dims"] == [48, 96, 192, 384]
     names = [n for n, _ in model.named_modules()]
     assert any(n.endswith("mlp.grn") for n in names)  # GlobalResponseNorm: ConvNeXt V2
     assert model.stem[0].kernel_size == (1, 1)
@@ -140,9 +143,9 @@ def test_convnext_is_v2_and_scales() -> None:
 def test_swin_windows_divide_every_stage() -> None:
     # the 3-stage shape with automatic windows (arch.stages=3 arch.window_size=null)
     for shape, windows in [((3, 32, 32), [4, 4, 4]), ((1, 28, 28), [7, 7, 4]), ((1, 8, 8), [4, 2, 1])]:
-        model = build_model(arch_cfg("swin", width=48, depth=3, stages=3, window_size=None), shape, 10)
-        assert model.info["window_sizes"] == windows
-        assert model.info["depths"] == [3, 3, 9] and model.info["num_heads"] == [2, 4, 8]
+        model, info = build_with_facts(arch_cfg("swin", width=48, depth=3, stages=3, window_size=None), shape, 10)
+        assert info["window_sizes"] == windows
+        assert info["depths"] == [3, 3, 9] and info["num_heads"] == [2, 4, 8]
     with pytest.raises(ValueError, match="divisible"):
         build_model(arch_cfg("swin", width=41), (3, 32, 32), 10)
 
@@ -192,8 +195,8 @@ def build_model_spec_lenet(shape: tuple[int, int, int], width: int, depth: int) 
 
 
 def test_lenet_info_and_width_scaling() -> None:
-    small = build_model(arch_cfg("lenet", width=64), (3, 32, 32), 10).info
-    large = build_model(arch_cfg("lenet", width=1024), (3, 32, 32), 10).info
+    small = build_with_facts(arch_cfg("lenet", width=64), (3, 32, 32), 10)[1]
+    large = build_with_facts(arch_cfg("lenet", width=1024), (3, 32, 32), 10)[1]
     assert small["lenet_params"] == small["params"]
     assert abs(small["param_match_rel_err"]) <= 0.01
     assert small["matched_mlp_params"] == mlp_param_count(3072, 64, 2, 10)
@@ -206,9 +209,9 @@ def test_lenet_info_and_width_scaling() -> None:
 # ---------------------------------------------------------------- μP wiring
 
 
-@pytest.mark.parametrize("name", ["mlp", "lenet", "convnext", "swin"])
+@pytest.mark.parametrize("name", ARCHS.names())
 def test_mup_infshapes_readout_and_groups(name: str) -> None:
-    base = 128 if name in ("mlp", "lenet") else 40
+    base = arch_cfg(name).base_width or arch_traits(name).base_width
     torch.manual_seed(0)
     model = build_model(arch_cfg(name, width=2 * base, depth=2 if name == "mlp" else 1), (1, 8, 8), 10)
     heads = [m for m in model.modules() if isinstance(m, MuReadout)]
@@ -247,7 +250,7 @@ def test_sp_control_is_standard() -> None:
     assert {g["lr"] for g in opt.param_groups} == {1e-3}
 
 
-@pytest.mark.parametrize("name", ["mlp", "lenet", "convnext", "swin"])
+@pytest.mark.parametrize("name", ARCHS.names())
 def test_build_is_deterministic_from_global_rng(name: str) -> None:
     def build(seed: int) -> dict[str, torch.Tensor]:
         with torch.random.fork_rng():
@@ -302,7 +305,7 @@ def test_depth_lr_multiplier() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["mlp", "lenet", "convnext", "swin"])
+@pytest.mark.parametrize("name", ARCHS.names())
 def test_forward_backward_cuda(name: str) -> None:
     torch.manual_seed(0)
     model = build_model(arch_cfg(name), (3, 32, 32), 10).cuda()
@@ -322,16 +325,15 @@ def test_forward_backward_cuda(name: str) -> None:
 def test_swin_has_the_paper_codes_shape_by_default() -> None:
     """4 stages [2, 2, 6, 2], heads [2, 4, 8, 16], window 7 (timm pads the 16×16 grid to 21×21 and uses the
     whole grid where it is at most 7 wide), drop path 0.2; the 3-stage shape stays available."""
-    model = build_model(arch_cfg("swin"), (3, 32, 32), 10)
-    info = model.info
+    model, info = build_with_facts(arch_cfg("swin"), (3, 32, 32), 10)
     assert info["depths"] == [2, 2, 6, 2] and info["num_heads"] == [2, 4, 8, 16]
     assert info["dims"] == [40, 80, 160, 320] and info["drop_path_rate"] == 0.2 and info["patch_size"] == 2
     assert info["window_sizes"] == [7, 7, 4, 2]
     assert [blk.window_size for stage in model.layers for blk in stage.blocks][:2] == [(7, 7), (7, 7)]
     one_step(model, (3, 32, 32))
-    small = build_model(arch_cfg("swin", stages=3, window_size=None), (3, 32, 32), 10).info
+    small = build_with_facts(arch_cfg("swin", stages=3, window_size=None), (3, 32, 32), 10)[1]
     assert small["depths"] == [2, 2, 6] and small["num_heads"] == [2, 4, 8] and small["window_sizes"] == [4, 4, 4]
-    assert build_model(arch_cfg("swin", size="tiny", stages=3), (3, 32, 32), 10).info["depths"] == [2, 2, 6]
+    assert build_with_facts(arch_cfg("swin", size="tiny", stages=3), (3, 32, 32), 10)[1]["depths"] == [2, 2, 6]
     with pytest.raises(ValueError, match="stages"):
         build_model(arch_cfg("swin", stages=5), (3, 32, 32), 10)
 
@@ -341,9 +343,9 @@ def test_depth_counts_linear_layers_as_the_paper_code(name: str) -> None:
     """`depth_counts: linear`: depth = Linear layers incl. the readout (EleutherAI/mdl num_layers), so depth d
     builds the model with d - 1 hidden layers; `hidden` (default) counts hidden layers."""
     for d in (2, 3, 5):
-        paper = build_model(arch_cfg(name, depth=d, depth_counts="linear"), (1, 8, 8), 10)
+        paper, info = build_with_facts(arch_cfg(name, depth=d, depth_counts="linear"), (1, 8, 8), 10)
         ours = build_model(arch_cfg(name, depth=d - 1), (1, 8, 8), 10)
-        assert paper.info["depth"] == d - 1
+        assert info["depth"] == d - 1
         assert sum(p.numel() for p in paper.parameters()) == sum(p.numel() for p in ours.parameters())
         linears = [m for m in paper.modules() if isinstance(m, torch.nn.Linear)]
         if name == "mlp":

@@ -92,7 +92,7 @@ def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> Non
         on_disk = json.loads((Path(result["job_dir"]) / "result.json").read_text())
         _check_provenance(on_disk["provenance"], t0, t1)
     # scripts/aggregate.py reads exactly these keys
-    from scripts.aggregate_collect import UNKNOWN_COMMIT, commit_of
+    from training.analysis.aggregate_collect import UNKNOWN_COMMIT, commit_of
     from training.app.result_codec import decode
 
     assert (commit_of(decode(mdl)) != UNKNOWN_COMMIT) is (REPO / ".git").exists()

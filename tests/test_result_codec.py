@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from scripts import aggregate_collect
+from training.analysis import aggregate_collect
 from training.app.job_paths import JobPath
 from training.app.result_codec import MalformedResultError, config_view, decode, encode, upgrade
 from training.app.result_types import RESULT_SCHEMA, MdlResult, Result, StarvationResult

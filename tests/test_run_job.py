@@ -111,7 +111,7 @@ def test_cli_single_job(tmp_path: Path) -> None:
 
 def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
     from training.data import load_dataset
-    from training.mdl.job import erase_maybe_zscored
+    from training.mdl.inputs import erase_maybe_zscored
 
     cfg = load_config(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
     data = load_dataset(cfg.dataset)
@@ -148,7 +148,7 @@ def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) ->
 
 def test_zscore_after_erasure_standardises_the_erased_data(tmp_path: Path) -> None:
     from training.data import load_dataset
-    from training.mdl.job import erase_maybe_zscored
+    from training.mdl.inputs import erase_maybe_zscored
 
     cfg = load_config(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "dataset.zscore_order=after",
                                              "eraser=leace"]))

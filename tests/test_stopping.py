@@ -16,7 +16,7 @@ from training.engine.fit import Member, TrainData, fit
 from training.engine.group import fit_group
 from training.engine.seeding import generator
 from training.engine.stopping import MAX_EPOCHS, PATIENCE, EarlyStopping
-from training.mdl.job import fit_config, stop_options
+from training.mdl.trainer import fit_config, stop_options
 
 
 def _plain_rule(losses: list[float], patience: int, max_epochs: int) -> tuple[int, int, str]:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.app.schema import NON_CONFIG_KEYS, cell_hash
+
 RUNS = "runs"  # the folder under paths.out_dir that holds every job directory
 _PATTERN = re.compile(r"(?P<dataset>[^/]+)/(?P<eraser>[^/]+)/(?P<arch>[^/]+)-w(?P<width>\d+)-d(?P<depth>\d+)"
                       r"(?:/(?P<cell>c[0-9a-f]{8}))?/seed(?P<seed>\d+)$")
@@ -39,8 +41,6 @@ class JobPath:
     @classmethod
     def of(cls, cfg: Mapping[str, Any], legacy: bool = False) -> JobPath:
         """The path of a resolved job config (a plain dict, as composed); `legacy`: its pre-v2 directory."""
-        from training.app.schema import NON_CONFIG_KEYS, cell_hash
-
         a = cfg["arch"]
         cell = None if legacy else "c" + cell_hash({k: v for k, v in cfg.items()
                                                     if k not in NON_CONFIG_KEYS and k != "paths"})

@@ -10,8 +10,13 @@ import os
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from omegaconf import OmegaConf
+
+from erasure import default_options
+from erasure.registry import ERASERS
+from erasure.traits import eraser_traits
 from training.app.sections import (
     GROUPS,
     NON_CONFIG_KEYS,
@@ -28,7 +33,9 @@ from training.app.sections import (
     _task_options,
     _task_uses,
 )
+from training.app.task_spec import fixed_keys, task_spec
 from training.app.typed import NAME_MAX, ConfigError, FieldSpec, build_options, check_typed, field_spec, kind_name
+from training.data.registry import DATASETS, dataset_traits
 
 
 def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
@@ -47,8 +54,6 @@ def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
 
 def _check_fit_data(job: JobConfig) -> None:
     """The fitting modes that need a kind of dataset: oracle a generator (fresh draws), pool a `dataset.limit`."""
-    from training.data.registry import DATASETS, dataset_traits
-
     e, name = job.eraser, job.dataset.name
     if e.fit_on == "oracle" and not dataset_traits(name).generator:
         generators = ", ".join(n for n in DATASETS.names() if dataset_traits(n).generator)
@@ -147,8 +152,6 @@ def _check_task_reads(job: JobConfig) -> None:
     """A hashed key the job's task does not read (its declaration's `fixed`), or that is read only with another
     key's value (READ_ONLY_WITH), must keep the one value it accepts: otherwise it would change the job's hash (and
     directory) but not its numbers. Then what the task itself refuses (`Task.refusal`)."""
-    from training.app.tasks import fixed_keys, get_task
-
     for key, accepted in fixed_keys(job.task).items():
         value = _value(job, key)
         if value is not dataclasses.MISSING and not _same(value, accepted):
@@ -170,7 +173,7 @@ def _check_task_reads(job: JobConfig) -> None:
             who = f"dataset={dataset}" + (f" with task={job.task}" if tasks is not None else "")
             raise ConfigError(f"{key}={_shown(value)} is not allowed with {who}: {key} is not read there (it "
                               f"would change the job's hash, not its numbers); leave it at {_shown(accepted)}")
-    if (refusal := get_task(job.task).refusal(job)) is not None:
+    if (refusal := task_spec(job.task).refusal(job)) is not None:
         raise ConfigError(refusal)
 
 
@@ -182,7 +185,6 @@ def _check_storage(job: JobConfig) -> None:
     storage = job.training.storage
     if storage not in ("uint8", "float16"):
         return
-    from erasure.traits import eraser_traits
 
     traits = eraser_traits(job.eraser.name)
     if job.dataset.zscore:
@@ -284,12 +286,18 @@ def _check(key: str, value: Any, declared: FieldSpec) -> Any:
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
+def resolved_dict(node: Any, resolve: bool = True) -> dict[str, Any]:
+    """A config node (DictConfig) as a plain dict, interpolations resolved (or not)."""
+    plain = OmegaConf.to_container(node, resolve=resolve)
+    if not isinstance(plain, dict):
+        raise TypeError(f"expected a group of keys, got {type(plain).__name__}")
+    return cast(dict[str, Any], plain)  # conf/'s groups have string keys
+
+
 def group_config(group: str, name: str, **overrides: Any) -> Any:
     """One config group as conf/<group>/<name>.yaml composes it, with overrides, typed and checked (library use
     and tests: `build_model(group_config("arch", "mlp", width=64), ...)`)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    from training.app.resolvers import resolved_dict
+    from omegaconf import DictConfig
 
     def compose(member: str) -> Any:
         node = OmegaConf.load(CONF_DIR / group / f"{member}.yaml")
@@ -307,9 +315,6 @@ def group_config(group: str, name: str, **overrides: Any) -> Any:
 def _check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
     """Eraser options are the fitter's keyword arguments: checked against their annotations (or, for an eraser
     that declares `defaults`, against the defaults' types)."""
-    from erasure import default_options
-    from erasure.registry import ERASERS
-
     known = default_options(name)
     for k in options:
         if k not in known:
@@ -325,8 +330,6 @@ def _check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
 
 
 def _check_eraser_fitting(values: Mapping[str, Any]) -> None:
-    from erasure.registry import ERASERS
-
     name, fit_on = values["name"], values["fit_on"]
     meta = ERASERS.meta(name)
     if meta["kind"] == "edit" and fit_on != "all":

@@ -3,9 +3,12 @@ a composed config node as the plain dict the typed config is loaded from."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from training.app.loading import resolved_dict  # noqa: F401  (callers import it from here)
+from training.app.schema import NON_CONFIG_KEYS, cell_hash
 
 
 def _suffix(value: object, sep: str = "_") -> str:
@@ -24,8 +27,6 @@ def _eraser_family(name: str) -> str:
 
 def _cell_hash(*, _root_: DictConfig) -> str:
     """`${cell_hash:}`: 8 hex digits of the job's semantic config without the seed (training/app/schema.py)."""
-    from training.app.schema import NON_CONFIG_KEYS, cell_hash
-
     plain: dict[str, Any] = {}
     for key in _root_:
         if key in NON_CONFIG_KEYS or key == "paths":
@@ -33,14 +34,6 @@ def _cell_hash(*, _root_: DictConfig) -> str:
         node = _root_[key]
         plain[str(key)] = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
     return cell_hash(plain)
-
-
-def resolved_dict(node: Any, resolve: bool = True) -> dict[str, Any]:
-    """A config node (DictConfig) as a plain dict, interpolations resolved (or not)."""
-    plain = OmegaConf.to_container(node, resolve=resolve)
-    if not isinstance(plain, dict):
-        raise TypeError(f"expected a group of keys, got {type(plain).__name__}")
-    return cast(dict[str, Any], plain)  # conf/'s groups have string keys
 
 
 def register() -> None:

@@ -30,7 +30,8 @@ from training.app.result_types import (
     mapping,
     text,
 )
-from training.app.tasks import result_type
+from training.app.schema import with_defaults
+from training.app.task_spec import result_type
 
 RESULT_FILE = "result.json"
 FOLD_KEY, REPEAT_KEY = "eraser.fold", "eraser.repeat"  # a result written before eraser.repeat names it eraser.fold
@@ -69,14 +70,22 @@ def upgrade(raw: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value of a nested config (an empty group is a value of its own, e.g. `eraser.options: {}`)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def config_view(config: Mapping[str, Any]) -> dict[str, Any]:
     """A recorded config as dotted key -> value, read as today's schema spells it: the schema's defaults for
     declared keys it lacks, a group's `tag` defaulting to its name (results written before tags), `eraser.fold`
     read as `eraser.repeat` (results written before repeats were named so), FIT_DEFAULTS for the fitting keys
     a result written before them lacks."""
-    from training.app.results import flatten
-    from training.app.schema import with_defaults
-
     view = flatten(with_defaults(config))
     for group in ("dataset", "arch"):
         if f"{group}.name" in view and view.get(f"{group}.tag") is None:

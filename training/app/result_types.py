@@ -300,7 +300,8 @@ class MdlResult(Result):
 @dataclass(frozen=True)
 class StarvationResult(Result):
     """A Gradient Starvation result (training/starvation/*.py: gs_two_moons, gs_colored_mnist, gs_erased_eval):
-    the method its config describes (ERM / SD λ=…) and its metric sections, read by scripts/aggregate_gs.py."""
+    the method its config describes (ERM / SD λ=…) and its metric sections, read by
+    training/analysis/aggregate_gs.py."""
 
     method: str | None = None
 

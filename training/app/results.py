@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.app.result_codec import MalformedResultError, NewerSchemaError, config_view, encode, read
+from training.app.result_codec import MalformedResultError, NewerSchemaError, config_view, encode, flatten, read
 from training.app.result_types import Fingerprint, Result
 from training.app.schema import JobConfig, config_hash, numerics_of, semantic
 from training.common.files import atomic_write_json
@@ -36,17 +36,6 @@ log = logging.getLogger(__name__)
 RESULT_FILE = "result.json"
 LOCK_FILE = ".job.lock"
 READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)  # what opening a file in a directory we may not write raises
-
-
-def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Dotted key -> value of a nested config (an empty group is a value of its own, e.g. `eraser.options: {}`)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, Mapping) and v:
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def stored_config(config: Mapping[str, Any]) -> dict[str, Any]:

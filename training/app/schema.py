@@ -52,6 +52,7 @@ from training.app.sections import (
     _task_uses,
     fit_keys_used,
 )
+from training.app.task_spec import task_numerics  # the declarations: no task's code is imported
 from training.app.typed import ConfigError, field_spec
 
 # What callers import from here (the sections and their loading live in sections.py and loading.py).
@@ -80,8 +81,6 @@ _R = TypeVar("_R")
 def numerics_of(task: str) -> int:
     """The numerics version jobs of `task` are computed (and hashed) under: its declared `Task.numerics`, else the
     latest (NUMERICS; also for a task not declared here)."""
-    from training.app.tasks import task_numerics  # the declarations: no task's code is imported
-
     declared = task_numerics(task)
     return NUMERICS if declared is None else declared
 

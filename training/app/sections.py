@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from training.app.task_spec import specs, task_group, task_names, task_uses
 from training.app.typed import (
     NAME_ALLOWED,
     SUBPATH_ALLOWED,
@@ -281,31 +282,23 @@ def _member_options(kind: str, name: str) -> type[Any] | None:
 
 def _task_groups() -> set[str]:
     """The groups tasks read of their own (`gs`): what their declared `uses` names beyond the job's groups."""
-    from training.app.tasks import tasks
-
     own = {f.name for f in dataclasses.fields(JobConfig)}
-    groups = {entry.partition(".")[0] for task in tasks() for entry in (task.uses or ())}
+    groups = {entry.partition(".")[0] for task in specs() for entry in (task.uses or ())}
     return groups - own
 
 
 def _task_options(task: str) -> tuple[str | None, type[Any] | None]:
     """The config group a task reads of its own (`gs`) and the dataclass that declares it (its declaration in the
     `tasks` namespace: no task code is imported)."""
-    from training.app.tasks import task_group
-
     return task_group(task)
 
 
 def _tasks() -> list[str]:
-    from training.app.tasks import task_names  # the declarations: no task's code is imported
-
-    return task_names()
+    return task_names()  # the declarations: no task's code is imported
 
 
 def _task_uses(task: str) -> tuple[str, ...] | None:
-    from training.app.tasks import task_uses  # the declarations: no task's code is imported
-
-    return task_uses(task)
+    return task_uses(task)  # the declarations: no task's code is imported
 
 
 def _plain(v: Any) -> Any:

@@ -5,53 +5,56 @@
 A task module defines `TASK`, an instance of a `Task` subclass, whose class attributes declare what the core needs:
 its `name`, the config groups it reads (`uses`, which the job hash covers), the hashed keys it does not read
 (`fixed`), and its own config group with its options dataclass (`group`, `options`). The core (the config check,
-the job hash `schema.semantic`) reads only these, so a task module imports at its top level nothing of its
-implementation (training.mdl, training.starvation, torch): its methods import that when a job runs
-(tests/test_layers.py checks both).
+the job hash `schema.semantic`) reads only these, as the task's `spec` (training/app/task_spec.py), so a task
+module imports at its top level nothing of its implementation (training.mdl, training.starvation, torch): its
+methods import that when a job runs (tests/test_layers.py checks both).
 
-Discovery (`TASKS`, filled on first use) is the one dynamic import of the harness: every module of `training.tasks`
-whose name does not start with "_". Adding a task is its module (+ a preset and a test); nothing else
-names it: the command line runs `get_task(cfg.task)(cfg)` and scripts/aggregate.py asks every task for its tables.
+Discovery (`TASKS` in training/app/task_spec.py, filled on first use) is the one dynamic import of the harness:
+every module of `training.tasks` whose name does not start with "_". Adding a task is its module (+ a preset and a
+test); nothing else names it: the command line runs `get_task(cfg.task)(cfg)` and scripts/aggregate.py asks every
+task for its tables.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import pkgutil
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from erasure.registry import Registry
+from training.app.lifecycle import JobRun, Outcome, run_in_job_dir
+from training.app.result_codec import encode
 from training.app.result_types import Result
-
-if TYPE_CHECKING:  # the lifecycle imports torch: the hash (which reads the declarations) does not need it
-    from training.app.lifecycle import JobRun, Outcome
-    from training.app.schema import JobConfig
-
-NAMESPACE = "training.tasks"  # the package of task modules; it spans every <dir>/training/tasks/ on sys.path
+from training.app.schema import JobConfig
+from training.app.task_spec import (  # noqa: F401  (the declarations' names, re-exported)
+    NAMESPACE,
+    TASKS,
+    TaskRegistry,
+    TaskSpec,
+    fixed_keys,
+    result_type,
+    task_group,
+    task_names,
+    task_numerics,
+    task_uses,
+)
 
 
 @dataclass(frozen=True)
 class Collected:
     """What scripts/aggregate.py hands a task for its tables: the task's Results (training/app/result_types.py),
-    the job table the collection made of MDL jobs (scripts/aggregate_collect.py; missing and failed jobs included),
-    and where and under which file stem and title the tables go."""
+    the job table the collection made of MDL jobs (training/analysis/aggregate_collect.py; missing and failed jobs
+    included), and where and under which file stem and title the tables go."""
 
     results: list[Result]
-    jobs: Any  # a pandas DataFrame (scripts/aggregate_collect.py), empty without MDL jobs
+    jobs: Any  # a pandas DataFrame (training/analysis/aggregate_collect.py), empty without MDL jobs
     out: Path
     name: str
     title: str
 
     def as_written(self) -> list[dict[str, Any]]:
         """The results as their result.json holds them (a task's own open sections: curves, files, metrics)."""
-        from training.app.result_codec import encode
-
         return [encode(r) for r in self.results]
 
 
@@ -97,100 +100,23 @@ class Task:
         `collected.out`. Its results only (`collected.results`)."""
         return {}
 
+    @property
+    def spec(self) -> TaskSpec:
+        """The declaration the core reads (training/app/task_spec.py)."""
+        return TaskSpec(self.name, self.uses, self.fixed, self.group, self.options, self.result_type, self.numerics,
+                        self.refusal)
+
     def __call__(self, config: Mapping[str, Any] | JobConfig) -> Outcome:
-        from training.app.lifecycle import run_in_job_dir
-
         return run_in_job_dir(config, lambda job: self.run(self.prepare(job)), **self.lifecycle())
-
-
-class TaskRegistry(Registry[Task]):
-    """The tasks discovered in `training.tasks` (each registered once, by its module's `TASK`)."""
-
-    def __init__(self) -> None:
-        super().__init__("task")
-        self._modules: set[str] = set()
-        self._searched: tuple[str, ...] = ()
-        self._home: list[str] | None = None  # the package's own directory
-
-    def discover(self) -> TaskRegistry:
-        package = importlib.import_module(NAMESPACE)
-        if self._home is None:
-            self._home = list(package.__path__)
-        paths = tuple(self._home + _outside(self._home))
-        package.__path__[:] = paths  # where its modules are imported from
-        if paths == self._searched:
-            return self
-        for info in pkgutil.iter_modules(paths, f"{NAMESPACE}."):
-            if info.name.rpartition(".")[2].startswith("_") or info.name in self._modules:
-                continue
-            task = getattr(importlib.import_module(info.name), "TASK", None)
-            if not isinstance(task, Task):
-                raise TypeError(f"{info.name} declares no task: define TASK = <a training.app.tasks.Task subclass>()")
-            self.add(task.name, task)
-            self._modules.add(info.name)
-        self._searched = paths
-        return self
-
-
-def _outside(home: list[str]) -> list[str]:
-    """Every <dir>/training/tasks/ with <dir> on sys.path now, besides the package's own: tasks kept elsewhere."""
-    found: list[str] = []
-    for entry in sys.path:
-        extra = os.path.join(entry or ".", *NAMESPACE.split("."))
-        if os.path.isdir(extra) and not any(os.path.samefile(extra, p) for p in [*home, *found]):
-            found.append(extra)
-    return found
-
-
-TASKS: TaskRegistry = TaskRegistry()
 
 
 def tasks() -> list[Task]:
     """Every task, by name (a `training/tasks/` directory added to sys.path since is searched again)."""
-    reg = TASKS.discover()
-    return [entry.obj for entry in reg]
-
-
-def task_names() -> list[str]:
-    return TASKS.discover().names()
+    return [entry.obj for entry in TASKS.discover()]
 
 
 def get_task(name: str) -> Task:
     """Task `name` (its implementation is imported when it runs)."""
-    reg = TASKS.discover()
-    return reg.get(name)
-
-
-def _declared(name: str) -> Task | None:
-    reg = TASKS.discover()
-    return reg.get(name) if name in reg else None
-
-
-def task_uses(name: str) -> tuple[str, ...] | None:
-    """The groups task `name` reads and its hash covers; None for every group (and for an unknown name)."""
-    task = _declared(name)
-    return None if task is None or task.uses is None else tuple(task.uses)
-
-
-def fixed_keys(name: str) -> Mapping[str, Any]:
-    """The hashed keys task `name` does not read, each with the one value it accepts (`Task.fixed`)."""
-    task = _declared(name)
-    return {} if task is None else task.fixed
-
-
-def task_numerics(name: str) -> int | None:
-    """The numerics version task `name` declares (None: the latest, and for a task not declared here)."""
-    task = _declared(name)
-    return None if task is None else task.numerics
-
-
-def result_type(name: str) -> type[Result]:
-    """The Result class of task `name`'s results (the plain envelope for a task not declared here)."""
-    task = _declared(name)
-    return Result if task is None else task.result_type
-
-
-def task_group(name: str) -> tuple[str | None, type[Any] | None]:
-    """Task `name`'s own config group and its options dataclass; (None, None) for an unknown name."""
-    task = _declared(name)
-    return (None, None) if task is None else (task.group, task.options)
+    task = TASKS.discover().get(name)
+    assert isinstance(task, Task), task
+    return task

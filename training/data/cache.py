@@ -39,6 +39,7 @@ import erasure
 from training.common import interrupt
 from training.common.files import atomic_write, atomic_write_text
 from training.common.locks import waiting_lock
+from training.data import shared
 
 log = logging.getLogger(__name__)
 CACHE_FORMAT = 1
@@ -131,8 +132,6 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
 def _shared_entry(entry: Path) -> tuple[Tensor, dict[str, Any], bool] | None:
     """The erased data of `entry` as another job of this process loaded or stored it (training/data/shared.py), while
     jobs share data and the entry is still complete on disk (else the job goes through the cache as a lone one)."""
-    from training.data import shared
-
     if not shared.active():
         return None
     found = shared.ERASED.get(str(entry.resolve()))
@@ -143,8 +142,6 @@ def _shared_entry(entry: Path) -> tuple[Tensor, dict[str, Any], bool] | None:
 
 
 def _share_entry(entry: Path, x: Tensor, report: dict[str, Any]) -> None:
-    from training.data import shared
-
     if shared.active():
         shared.ERASED.put(str(entry.resolve()), (x, shared.fresh(report)), [x])
 

@@ -13,12 +13,14 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from erasure import Eraser, eraser_traits, resolve_options
+from erasure import Eraser, data_options, eraser_traits, resolve_options
 from erasure.progress import use as erasure_progress
 from erasure.qleace import QleaceEraser, label_injection_risk
+from erasure.streaming import fit_chunks
 from training.common.files import atomic_write_json, read_json
 from training.common.progress import progress_bar
 from training.data import LoadedData
+from training.data.cache import cached_erase, cached_eraser, code_version, key_hash, unreadable_line
 from training.engine.batches import ClassSegments
 from training.errors import NonFiniteError, UserError
 
@@ -37,8 +39,6 @@ class EraserCfg(Protocol):
 def _cache_key(data: LoadedData, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """Dataset identity + eraser + the options that change the erased data, defaults filled in (so `{}` and the
     yaml's defaults agree, and a progress bar or the device never forces a refit)."""
-    from erasure import data_options
-
     return {"dataset": data.name, "content": data.content_hash(), "eraser": name,
             "options": data_options(name, dict(options))}
 
@@ -64,7 +64,6 @@ def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache
     """`data` erased by `name` fitted on it, through the cache; `eraser`: that eraser, already fitted (a cache miss
     then applies it, which is what `erasure.erase` does after fitting)."""
     from erasure import erase
-    from training.data.cache import cached_erase
 
     flat = data.x.reshape(len(data.x), -1)
 
@@ -141,7 +140,6 @@ def _erase_holdout(fit: LoadedData, coded: LoadedData, name: str, options: Mappi
                    rank_hint: int | None, eraser: Eraser | None = None) -> Erased:
     """Fit on `fit`, apply to `coded`, through the cache (keyed by both); `eraser`: already fitted on `fit`."""
     from erasure import fit as fit_eraser
-    from training.data.cache import cached_erase
 
     def build() -> tuple[torch.Tensor, dict[str, Any]]:
         if eraser is not None:
@@ -163,9 +161,6 @@ def _erase_oracle(coded: LoadedData, oracle: OracleFit, name: str, options: Mapp
                   ) -> Erased:
     """Fit on the oracle's fresh draws from moments accumulated chunk by chunk, apply to `coded`, through the cache
     (keyed by the coded data and the draws' identity)."""
-    from erasure.streaming import fit_chunks
-    from training.data.cache import cached_erase
-
     def build() -> tuple[torch.Tensor, dict[str, Any]]:
         log.info("fitting eraser %s on %d fresh draws of %s (oracle), applying it to the %d coded rows", name,
                  oracle.n_fit, coded.name, len(coded.y))
@@ -198,7 +193,6 @@ def fit_cached(fit: LoadedData, name: str, options: Mapping[str, Any], cache_dir
     minutes, and every seed/architecture of an `eraser.after_augment` sweep needs the same eraser. Keyed like the
     erased data (dataset content, eraser, the options that change the result) plus the rank hint."""
     from erasure import fit as fit_eraser
-    from training.data.cache import cached_eraser
 
     def build() -> Eraser:
         log.info("fitting eraser %s on %s (%d samples)", name, fit.name, len(fit.y))
@@ -226,8 +220,6 @@ def certify(x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
 
 def certify_original(data: LoadedData, cache_dir: Path) -> dict[str, Any]:
     """Certificate of the unerased data, cached per dataset content (every eraser's job needs it)."""
-    from training.data.cache import code_version, unreadable_line
-
     path = cache_dir / "certificates" / f"{data.name}-{data.content_hash()}-{code_version()[:12]}.json"
     try:
         cached = read_json(path)
@@ -249,8 +241,6 @@ def certify_erased(x: Tensor, y: Tensor, key: Mapping[str, Any], cache_dir: Path
     as `certificate-<labels hash>.json`: every seed of a `fit_on=all` cell codes the same erased data and labels.
     Written only into a complete entry (its manifest present), so a rebuilt entry drops its old certificates; a
     corrupt or unreadable file is recomputed with one log line."""
-    from training.data.cache import key_hash, unreadable_line
-
     entry = cache_dir / "erased" / key_hash(key)
     labels = hashlib.sha256(y.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
     path = entry / f"certificate-{labels}.json"

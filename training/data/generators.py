@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from erasure.moments import ClassMoments
+from erasure.streaming import fit_moments
 from training.common.option_checks import NONNEG, POSITIVE, POSITIVE_NUMBER
 from training.data.registry import DatasetCfg, LoadedData, register
 
@@ -126,9 +128,6 @@ def mixture_truth_bits(o: MixtureOptions, rows_per_class: int = 50_000) -> float
     QLEACE is fitted on the exact class moments (mean mean_gap·u_k, covariance σ²(I + s² a_k a_kᵀ)), so it is the
     population map; class k's erased law is then ½N(±σ s M_k a_k, σ² M_k M_k) in the working basis (M_k its
     symmetric map), and p(y | x') follows from those K two-component densities."""
-    from erasure.moments import ClassMoments
-    from erasure.streaming import fit_moments
-
     u, a = _law(o)
     k, d, s, sig = o.num_classes, o.dim, o.separation, o.sigma
     means = o.mean_gap * u

@@ -13,6 +13,8 @@ import torch
 from torch import Tensor
 
 from erasure.registry import Registry
+from training.data import shared
+from training.data.shared import fresh
 from training.errors import DataCorruptError, UserError
 
 
@@ -134,8 +136,6 @@ def _fixed_shuffle(data: LoadedData) -> LoadedData:
 def load_dataset(cfg: DatasetCfg, data_dir: str | Path = "data") -> LoadedData:
     """The dataset `cfg` names, read from `data_dir`: read once per process while jobs share data (a pack,
     training/data/shared.py), else every time."""
-    from training.data import shared
-
     key = (repr(cfg), str(Path(data_dir).resolve()))
     return shared.remembered(shared.DATASETS, key, lambda: _load_dataset(cfg, data_dir),
                              lambda d: [d.x, d.y], _own_copy)
@@ -143,8 +143,6 @@ def load_dataset(cfg: DatasetCfg, data_dir: str | Path = "data") -> LoadedData:
 
 def _own_copy(data: LoadedData) -> LoadedData:
     """A LoadedData of its own (its `info` copied) holding the shared tensors (and their remembered hash)."""
-    from training.data.shared import fresh
-
     out = LoadedData(data.name, data.x, data.y, data.num_classes, fresh(data.info))
     out._content_memo = data._content_memo
     return out

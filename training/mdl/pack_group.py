@@ -39,9 +39,10 @@ from training.engine import numerics
 from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
 from training.engine.fit import FitResult, Member, TrainData, snapshot
 from training.engine.group import fit_group, resolve_engine
+from training.mdl.splits import model_name
 
 if TYPE_CHECKING:
-    from training.mdl.job import Trainer
+    from training.mdl.trainer import Trainer
 
 log = logging.getLogger(__name__)
 FitJob = tuple[Tensor, object, "int | None"]  # (training rows, tag, eval_every_steps), as Trainer.train_many takes
@@ -210,6 +211,4 @@ def keep_for_later(companion: Companion, job: FitJob, model: nn.Module, result: 
 
 
 def _name(tag: object) -> str:
-    from training.mdl.job import model_name
-
     return model_name(tag)

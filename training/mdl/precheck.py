@@ -17,7 +17,11 @@ from typing import Any
 
 import torch
 
+from erasure import resolve_options
+from erasure.split import fit_counts, holdout_split, stratified_sample
 from erasure.traits import eraser_traits
+from models import make_spec, param_count
+from models.mup_utils import on_meta
 from models.registry import arch_traits
 from training.app.lifecycle import DataOnDisk
 from training.app.results import RESULT_FILE, read_result, same_config
@@ -25,6 +29,7 @@ from training.app.schema import ConfigError, JobConfig, config_hash
 from training.common import env
 from training.data import LoadedData, load_dataset
 from training.data.erase import FitPlan, OracleFit, after_augment_refusal
+from training.data.generators import oracle_chunks
 from training.engine.batches import compact
 from training.engine.devices import available_memory
 from training.engine.group import module_refusal, resolve_engine
@@ -96,7 +101,6 @@ def fit_plan(cfg: JobConfig, data: LoadedData) -> FitPlan | None:
         return FitPlan("oracle", oracle=oracle_fit(cfg, data))
     if e.fit_source == "pool":
         return FitPlan(e.fit_on, pool=_pool(cfg, data), fit_source="pool", repeat=e.repeat)
-    from erasure.split import holdout_split
 
     _check_split(cfg, data)
     fit_idx, coded_idx = holdout_split(data.y, e.fit_fraction, seed=cfg.seed, repeat=e.repeat)
@@ -109,8 +113,6 @@ MIN_CLASS_ROWS = 2  # an eraser's fit needs at least 2 rows of every class (eras
 
 def _check_split(cfg: JobConfig, data: LoadedData) -> None:
     """Both parts of a split (the fit rows and the coded rows) need MIN_CLASS_ROWS rows of every class."""
-    from erasure.split import fit_counts
-
     f = float(cfg.eraser.fit_fraction)
     counts, fit = fit_counts(data.y, f)
     coded = counts - fit
@@ -132,7 +134,6 @@ def _pool(cfg: JobConfig, data: LoadedData) -> LoadedData:
     them or `eraser.n_fit` drawn stratified by (seed, repeat)."""
     from dataclasses import replace
 
-    from erasure.split import stratified_sample
 
     full = load_dataset(replace(cfg.dataset, limit=None), cfg.paths.data_dir)
     limit = int(cfg.dataset.limit or 0)
@@ -164,8 +165,6 @@ ORACLE_ROWS_PER_DIM = 200  # eraser.fit_on=oracle: default fit rows per class, p
 def oracle_fit(cfg: JobConfig, data: LoadedData) -> OracleFit:
     """`eraser.fit_on=oracle`: fresh draws of the generator (never the coded rows), `eraser.n_fit` rows per class
     (null: ORACLE_ROWS_PER_DIM · d)."""
-    from training.data.generators import oracle_chunks
-
     o = cfg.dataset.options
     per_class = cfg.eraser.n_fit or ORACLE_ROWS_PER_DIM * int(data.x[0].numel())
     key = {"dataset": cfg.dataset.name, "options": dataclasses.asdict(o), "rows_per_class": per_class}
@@ -173,7 +172,7 @@ def oracle_fit(cfg: JobConfig, data: LoadedData) -> OracleFit:
 
 
 def coded_indices(cfg: JobConfig, data: LoadedData) -> torch.Tensor | None:
-    """The samples the job codes (None: all of them), as `job.prepare_data` picks them."""
+    """The samples the job codes (None: all of them), as `inputs.prepare_data` picks them."""
     plan = fit_plan(cfg, with_permuted_labels(cfg, data))
     return None if plan is None else plan.coded_idx
 
@@ -234,7 +233,6 @@ def check_after_augment(cfg: JobConfig, data: LoadedData) -> None:
     noise = eraser_traits(e.name).batch_noise
     if not e.after_augment or noise is None:
         return
-    from erasure import resolve_options
 
     options = resolve_options(e.name, dict(e.options))
     if not noise.applies(options):
@@ -318,9 +316,6 @@ def _model_size(cfg: JobConfig, input_shape: tuple[int, int, int], num_classes: 
                 ) -> tuple[int, int, torch.nn.Module]:
     """(parameters, activation floats per sample, the model) of one model, from a shape-only build (no memory, no
     RNG)."""
-    from models import make_spec, param_count
-    from models.mup_utils import on_meta
-
     model = on_meta(make_spec(cfg.arch, input_shape, num_classes).build)
     params = param_count(model)
     acts = 0

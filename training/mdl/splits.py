@@ -44,3 +44,10 @@ def make_split(n: int, seed: int, *, val_size: int, val_frac: float, num_blocks:
                           f"validation) make at most {most_blocks(len(rest))} blocks of at least {MIN_BLOCK_SAMPLES}; "
                           "lower mdl.num_blocks")
     return MdlSplit(perm[:nv], rest, partition_logspace(len(rest), num_blocks, min_block))
+
+
+def model_name(tag: object) -> str:
+    """How errors name a job's model: `("block", i)` → "block model i" (trained on blocks 1..i), "full"."""
+    if isinstance(tag, tuple) and len(tag) == 2 and tag[0] == "block":
+        return f"block model {tag[1]}"
+    return "the full-data model" if tag == "full" else str(tag)

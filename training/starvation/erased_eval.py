@@ -2,7 +2,7 @@
 
 Split the dataset (seeded, after the labels are permuted for a null): held-out test (`gs.test_frac`), validation
 (MDL's val_size/val_frac, early stopping only) and training. The eraser is fitted on the training split only,
-through MDL's erasure path (`training.mdl.job.erase_maybe_zscored`, the erased-data cache): in sample on the training
+through MDL's erasure path (`training.mdl.inputs.erase_maybe_zscored`, the erased-data cache): in sample on the training
 rows, out of sample (MDL's holdout options) on the test rows. The μP model of `arch` is trained on the ORIGINAL
 training data with `regularizer` (ERM: none or λ=0; SD), then evaluated on original and erased test (and training)
 data. Cross-entropy is reported raw and with one temperature fitted on the original validation set (SD's logits are
@@ -27,8 +27,9 @@ from training.engine.batches import DeviceData
 from training.engine.fit import Member, TrainData, cross_entropy_sum, fit, fit_temperature, predict_logits
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
-from training.mdl.job import erase_maybe_zscored, fit_config, resolve_optim
+from training.mdl.inputs import erase_maybe_zscored
 from training.mdl.precheck import load_data, with_permuted_labels
+from training.mdl.trainer import fit_config, resolve_optim
 from training.starvation.common import method_name
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def prepare(job: JobRun) -> Prepared:
 
 
 def run(prepared: Prepared) -> dict[str, Any]:
-    from models import build_model
+    from models import build_with_facts
 
     job, data, idx = prepared.job, prepared.data, prepared.idx
     cfg, device = job.cfg, job.device
@@ -87,7 +88,8 @@ def run(prepared: Prepared) -> dict[str, Any]:
     name = cfg.eraser.name
     optim = resolve_optim(cfg)
     with seeded_global_rng(seed, "init", "gs_erased_eval"):
-        model = build_model(cfg.arch, data.input_shape, k).to(device)
+        model, facts = build_with_facts(cfg.arch, data.input_shape, k)
+        model = model.to(device)
     opt = optim.build(model)
     on = {p: (x[i].to(device), y[i].to(device)) for p, i in idx.items()}
     member = Member(model, opt, torch.arange(len(on["train"][1]), device=device),
@@ -115,4 +117,4 @@ def run(prepared: Prepared) -> dict[str, Any]:
             "eraser": {"name": name, "report": erasure["train"]["report"],
                        "cache_hit": {p: erasure[p]["cache_hit"] for p in erasure},
                        "test_options": erasure["test"]["options"]},
-            "optim": dataclasses.asdict(optim), "model": dict(getattr(model, "info", {})), "dataset": data.info}
+            "optim": dataclasses.asdict(optim), "model": facts, "dataset": data.info}

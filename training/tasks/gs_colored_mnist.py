@@ -40,7 +40,7 @@ class ColoredMnist(StarvationTask):
     def rows(self, collected: Collected) -> dict[str, str]:
         if not collected.results:
             return {}
-        from scripts.aggregate_gs import cmnist_curves, colored_mnist_tables
+        from training.analysis.aggregate_gs import cmnist_curves, colored_mnist_tables
 
         written = collected.as_written()
         cmnist_curves(written, collected.out / "gs_colored_mnist_curves.png")

@@ -75,7 +75,7 @@ class ErasedEval(StarvationTask):
     def rows(self, collected: Collected) -> dict[str, str]:
         if not collected.results:
             return {}
-        from scripts.aggregate_gs import erased_eval_table
+        from training.analysis.aggregate_gs import erased_eval_table
 
         return {"gs_erased_eval": erased_eval_table(collected.as_written())}
 

@@ -48,7 +48,7 @@ class TwoMoons(StarvationTask):
     def rows(self, collected: Collected) -> dict[str, str]:
         if not collected.results:
             return {}
-        from scripts.aggregate_gs import two_moons_boundaries, two_moons_table
+        from training.analysis.aggregate_gs import two_moons_boundaries, two_moons_table
 
         written = collected.as_written()
         two_moons_boundaries(written, collected.out / "gs_two_moons_boundaries.png")

@@ -1,5 +1,5 @@
 """task=mdl (the default): dataset -> eraser -> prequential MDL -> full-data run (training/mdl/job.py); its tables
-are the aggregate's MDL pipeline (scripts/aggregate_mdl.py)."""
+are the aggregate's MDL pipeline (training/analysis/aggregate_mdl.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class Mdl(Task):
         return LIFECYCLE
 
     def rows(self, collected: Collected) -> dict[str, str]:
-        from scripts.aggregate_mdl import mdl_tables
+        from training.analysis.aggregate_mdl import mdl_tables
 
         return mdl_tables(collected)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from scripts.aggregate_collect import (
+from training.analysis.aggregate_collect import (
     CELL,
     CERT,
     PROBE_NUMBERS,
@@ -22,8 +22,8 @@ from scripts.aggregate_collect import (
     UNKNOWN_DIRTY,
     as_number,
 )
-from scripts.aggregate_rows import ProbeRow
-from scripts.tables import (
+from training.analysis.aggregate_rows import ProbeRow
+from training.analysis.tables import (
     ARTEFACT_Z,
     BUDGET_SHARE,
     PROBES,
@@ -142,7 +142,7 @@ def _probe_verdict(runs: pd.DataFrame) -> str:
 
 def _null_columns(nulls: pd.DataFrame, true_done: pd.DataFrame) -> dict[str, Any]:
     """The cell's null (its finished permuted-label runs): MDL, label entropy, bias = null MDL − label entropy,
-    noise (scripts/tables.bias_noise: the null's own SE, floored), flag, and what of the cell's seeds and repeats
+    noise (tables.bias_noise: the null's own SE, floored), flag, and what of the cell's seeds and repeats
     the null lacks or adds (`null_mismatch`)."""
     null_mean, bias = null_bias(nulls)
     per_seed = seed_means(nulls).dropna() if len(nulls) else pd.Series(dtype=float)

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from scripts.tables import ERASER_ORDER, eraser_order, require_one_group  # noqa: E402
+from training.analysis.tables import ERASER_ORDER, eraser_order, require_one_group  # noqa: E402
 
 COLORS = {e: f"C{i}" for i, e in enumerate(ERASER_ORDER)}  # one colour per eraser in every plot
 

@@ -1,5 +1,5 @@
 """Write the aggregate's tables for scripts/aggregate.py: Markdown (one section per comparison group), CSV,
-LaTeX and the plots, and the tables of other tasks (scripts/aggregate_gs.py).
+LaTeX and the plots, and the tables of other tasks (training/analysis/aggregate_gs.py).
 """
 
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from scripts.aggregate_collect import (
+from training.analysis.aggregate_collect import (
     CAP_TAIL,
     CELL,
     CERT,
@@ -19,14 +19,15 @@ from scripts.aggregate_collect import (
     ROW_KEY,
     UNKNOWN_COMMIT,
 )
-from scripts.aggregate_rows import MISSING_KEY, CellRow, JobRow
-from scripts.aggregate_summary import ARTEFACT, cell_name, increase_over_control
-from scripts.tables import (
+from training.analysis.aggregate_rows import MISSING_KEY, CellRow, JobRow
+from training.analysis.aggregate_summary import ARTEFACT, cell_name, increase_over_control
+from training.analysis.tables import (
     BUDGET_SHARE,
     INJECTION,
     NOISE_SE,
     NULL_FLOOR,
     PROBES,
+    differing_keys,
     eraser_order,
     group_label,
     group_labels,
@@ -226,7 +227,7 @@ def _cells_in_table_order(summary: pd.DataFrame) -> list[pd.Series]:
 def null_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """The null control of one group: per cell (eraser × fit_on) its MDL, its null's MDL (permuted labels, mean
     over the null's seeds × repeats), the label entropy, bias = null MDL − label entropy, the noise the bias is
-    compared with (scripts/tables.bias_noise: the null's own SE, floored) and the flag, seeds (true / null) and
+    compared with (tables.bias_noise: the null's own SE, floored) and the flag, seeds (true / null) and
     what of the cell's seeds and repeats the null lacks or adds."""
     require_one_group(summary, "a table")
     cols = [c for c in _label_columns(summary, fit_on=False)]
@@ -460,8 +461,6 @@ def markdown(df: pd.DataFrame, summary: pd.DataFrame, title: str, name: str = "r
     if len(groups) == 1:
         parts += _group_sections(df, summary, "##")
     else:
-        from scripts.tables import differing_keys
-
         keys = ", ".join(differing_keys(groups))
         parts.append(f"These results differ in {keys} besides the eraser and the seed: one set of tables per "
                      f"group, erasers compared only within a group ({MISSING_KEY}: not recorded in the result; "

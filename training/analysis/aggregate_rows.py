@@ -1,5 +1,5 @@
 """Typed rows of the aggregate's frames, each read once from its pandas row: a summary cell
-(scripts/aggregate_summary.summarize), a collected job (scripts/aggregate_collect) and a run's probe scores. The
+(aggregate_summary.summarize), a collected job (aggregate_collect) and a run's probe scores. The
 columns a frame may lack (results written before the key existed; a frame without unfinished jobs has no `error`)
 are declared here with their defaults, once; a present column is taken as it is (NaN included).
 """
@@ -36,7 +36,7 @@ class Recorded(dict[str, Any]):
 
 @dataclass(frozen=True)
 class CellRow:
-    """What the tables read of a summary cell beyond its label and metric columns (scripts/aggregate_render)."""
+    """What the tables read of a summary cell beyond its label and metric columns (aggregate_render)."""
 
     mixed_data: Any = False
     mixed_commits: Any = False

@@ -19,14 +19,17 @@ from typing import Any
 
 import pandas as pd
 
-from scripts.aggregate_rows import Recorded
-from scripts.tables import PROBES
+from erasure.registry import ERASERS
+from training.analysis.aggregate_rows import Recorded
+from training.analysis.tables import PROBES
 from training.app.job_paths import JobPath
 from training.app.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
 from training.app.lifecycle import SavedProgress
 from training.app.result_codec import FIT_DEFAULTS, REPEAT_KEY, MalformedResultError, legacy_fold, read
 from training.app.result_types import BlockRecord, Certificate, MdlRecord, MdlResult, Result, number
-from training.app.results import RESULT_FILE, SET_ASIDE, same_config, stored_config
+from training.app.results import RESULT_FILE, SET_ASIDE, flatten, same_config, stored_config
+from training.app.schema import JobConfig, OptionsSection, Section, config_hash, semantic
+from training.app.sweeps import expand
 
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
 # variant: eraser options that differ, if any). A cell's runs: its seeds × folds, and its null runs (`null`).
@@ -103,8 +106,6 @@ def _load_result(path: Path) -> tuple[Result | None, str | None]:
 @functools.cache
 def _closed_sections() -> dict[str, frozenset[str]]:
     """Config groups that allow no undeclared keys, with their declared keys (training/app/schema.py)."""
-    from training.app.schema import JobConfig, OptionsSection, Section
-
     out = {}
     for name, kind in typing.get_type_hints(JobConfig).items():  # a section's field is typed as its class
         if isinstance(kind, type) and issubclass(kind, Section) and not issubclass(kind, OptionsSection):
@@ -121,8 +122,6 @@ def _dead(key: str) -> bool:
 
 def _family(eraser: Any) -> str | None:
     try:
-        from erasure.registry import ERASERS
-
         return str(ERASERS.meta(str(eraser))["family"]) if eraser in ERASERS else None
     except Exception:  # noqa: BLE001 - no registry, no rule: the value is compared as it is
         return None
@@ -144,9 +143,6 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
     dropped there), without keys the schema has dropped since; optim.lr/beta1/warmup_steps that follow the
     paper's rule (arch.paper_optim per eraser family, dataset.paper_lr; null in a pre-v2 result) read PAPER_RULE,
     so erasers at their paper rates compare."""
-    from training.app.results import flatten
-    from training.app.schema import semantic
-
     flat = legacy_fold({k: v for k, v in flatten(semantic(cfg, fill_defaults=False)).items() if not _dead(k)})
     for key, default in FIT_DEFAULTS.items():
         flat.setdefault(key, default)
@@ -476,9 +472,6 @@ def _group_order(group: Any) -> tuple[Any, ...]:
 def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[Result]]:
     """Exactly the jobs of a preset, in launch order; jobs without a matching result are listed as such. Groups
     come from the preset's configs (a result counts only when its config hashes to its job's)."""
-    from training.app.schema import config_hash
-    from training.app.sweeps import expand
-
     cfgs = expand(name, extra)
     out_dirs = {Path(c["paths"]["out_dir"]) for c in cfgs}
     failed = failed_jobs([d / "runs" for d in out_dirs])

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from scripts.tables import eraser_order, is_identity, md_table
+from training.analysis.tables import eraser_order, is_identity, md_table
 from training.app.result_types import MdlResult, Result, at
 from training.app.results import stored_config  # noqa: E402
 from training.starvation.common import method_of_stored  # noqa: E402

@@ -7,7 +7,9 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from scripts.aggregate_rows import MISSING_KEY, ProbeRow, Recorded
+from erasure.registry import ERASERS
+from erasure.traits import eraser_traits
+from training.analysis.aggregate_rows import MISSING_KEY, ProbeRow, Recorded
 
 # The paper's column order (Appendix C), then our additions; unknown erasers go last, alphabetically.
 ERASER_ORDER = ["control", "leace", "alf_qleace", "gradient", "qleace", "random"]
@@ -20,9 +22,6 @@ def eraser_order(names: Iterable[str]) -> list[str]:
 def is_identity(eraser: object) -> bool:
     """Whether `eraser` names the identity eraser (the control every other eraser is compared with): its declared
     property (erasure/traits.py), never its name."""
-    from erasure.registry import ERASERS
-    from erasure.traits import eraser_traits
-
     return isinstance(eraser, str) and eraser in ERASERS and eraser_traits(eraser).identity
 
 

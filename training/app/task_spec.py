@@ -1,0 +1,134 @@
+"""What the core knows of a task: its frozen declaration, `TaskSpec` (name, the groups it reads, the keys it fixes, its
+own options, its result type, its numerics version, its refusal), and the discovery of the task modules of the
+package `training.tasks` (`TASKS`, filled on first use; training/app/tasks.py says how a task is declared).
+
+The bottom of training/app: the config check, the job hash and the result codec read a task's declaration here, by
+name, and never import what runs it (training/app/tasks.py, above them, runs a task in the lifecycle). Discovery is
+the one dynamic import of the harness: every module of `training.tasks` whose name does not start with "_"; its
+`TASK` declares itself by its `spec`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from erasure.registry import Registry
+from training.app.result_types import Result
+
+if TYPE_CHECKING:
+    from training.app.sections import JobConfig
+
+NAMESPACE = "training.tasks"  # the package of task modules; it spans every <dir>/training/tasks/ on sys.path
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task's declaration, as the core reads it (a `Task`'s class attributes: training/app/tasks.py)."""
+
+    name: str
+    uses: tuple[str, ...] | None  # the groups it reads (hashed besides task, seed); None: all
+    fixed: Mapping[str, Any]  # hashed keys it does not read, each with the one value it accepts
+    group: str | None  # its own config group (e.g. `gs`), checked by `options`
+    options: type[Any] | None  # that group's dataclass (`cfg.task_options`)
+    result_type: type[Result]  # its result.json typed (training/app/result_types.py)
+    numerics: int | None  # the numerics version its jobs are hashed under (None: the latest)
+    refusal: Callable[[JobConfig], str | None]  # why it cannot run a job (one line), or None
+
+
+class TaskRegistry(Registry[Any]):
+    """The tasks discovered in `training.tasks` (each registered once, by its module's `TASK`)."""
+
+    def __init__(self) -> None:
+        super().__init__("task")
+        self._modules: set[str] = set()
+        self._searched: tuple[str, ...] = ()
+        self._home: list[str] | None = None  # the package's own directory
+
+    def discover(self) -> TaskRegistry:
+        package = importlib.import_module(NAMESPACE)
+        if self._home is None:
+            self._home = list(package.__path__)
+        paths = tuple(self._home + _outside(self._home))
+        package.__path__[:] = paths  # where its modules are imported from
+        if paths == self._searched:
+            return self
+        for info in pkgutil.iter_modules(paths, f"{NAMESPACE}."):
+            if info.name.rpartition(".")[2].startswith("_") or info.name in self._modules:
+                continue
+            task = getattr(importlib.import_module(info.name), "TASK", None)
+            spec = getattr(task, "spec", None)
+            if not isinstance(spec, TaskSpec):
+                raise TypeError(f"{info.name} declares no task: define TASK = <a training.app.tasks.Task subclass>()")
+            self.add(spec.name, task)
+            self._modules.add(info.name)
+        self._searched = paths
+        return self
+
+
+def _outside(home: list[str]) -> list[str]:
+    """Every <dir>/training/tasks/ with <dir> on sys.path now, besides the package's own: tasks kept elsewhere."""
+    found: list[str] = []
+    for entry in sys.path:
+        extra = os.path.join(entry or ".", *NAMESPACE.split("."))
+        if os.path.isdir(extra) and not any(os.path.samefile(extra, p) for p in [*home, *found]):
+            found.append(extra)
+    return found
+
+
+TASKS: TaskRegistry = TaskRegistry()
+
+
+def specs() -> list[TaskSpec]:
+    """Every task's declaration, by name (a `training/tasks/` directory added to sys.path since is searched again)."""
+    return [entry.obj.spec for entry in TASKS.discover()]
+
+
+def task_names() -> list[str]:
+    return TASKS.discover().names()
+
+
+def task_spec(name: str) -> TaskSpec:
+    """Task `name`'s declaration (UnknownNameError, listing the tasks, for a name no task has)."""
+    spec: TaskSpec = TASKS.discover().get(name).spec
+    return spec
+
+
+def _declared(name: str) -> TaskSpec | None:
+    reg = TASKS.discover()
+    return reg.get(name).spec if name in reg else None
+
+
+def task_uses(name: str) -> tuple[str, ...] | None:
+    """The groups task `name` reads and its hash covers; None for every group (and for an unknown name)."""
+    task = _declared(name)
+    return None if task is None or task.uses is None else tuple(task.uses)
+
+
+def fixed_keys(name: str) -> Mapping[str, Any]:
+    """The hashed keys task `name` does not read, each with the one value it accepts (`Task.fixed`)."""
+    task = _declared(name)
+    return {} if task is None else task.fixed
+
+
+def task_numerics(name: str) -> int | None:
+    """The numerics version task `name` declares (None: the latest, and for a task not declared here)."""
+    task = _declared(name)
+    return None if task is None else task.numerics
+
+
+def result_type(name: str) -> type[Result]:
+    """The Result class of task `name`'s results (the plain envelope for a task not declared here)."""
+    task = _declared(name)
+    return Result if task is None else task.result_type
+
+
+def task_group(name: str) -> tuple[str | None, type[Any] | None]:
+    """Task `name`'s own config group and its options dataclass; (None, None) for an unknown name."""
+    task = _declared(name)
+    return (None, None) if task is None else (task.group, task.options)

@@ -1,0 +1,220 @@
+"""The MDL job's trainer: a fresh μP model and optimizer per fit, trained on index subsets of on-device data
+(`Trainer`), the job's optimiser and fit-loop settings, and the models an MDL job trains (`model_jobs`)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from models import depth_lr_multiplier
+from models.registry import arch_traits
+from training.app.schema import JobConfig, MdlConfig
+from training.engine.backends import compile_mode
+from training.engine.batches import DeviceData
+from training.engine.checkpoint import CheckpointStore
+from training.engine.fit import (
+    BatchTransform,
+    FitConfig,
+    FitResult,
+    Member,
+    TrainData,
+    cross_entropy_sum,
+    fit,
+    fit_temperature,
+)
+from training.engine.group import GroupOptions, OnFinish, fit_group, resolve_engine, why_not_vectorized
+from training.engine.optim import OptimSettings
+from training.engine.regularizers import build_regularizer
+from training.engine.seeding import generator, seeded_global_rng
+from training.mdl import pack_group
+from training.mdl.inputs import BatchErasure
+from training.mdl.splits import MdlSplit, make_split, model_name
+
+log = logging.getLogger(__name__)
+LN2 = math.log(2)
+FitJob = tuple[torch.Tensor, object, "int | None"]  # (training rows, tag, eval_every_steps): one model to train
+
+
+def resolve_optim(cfg: JobConfig) -> OptimSettings:
+    """The optimiser settings of the job (the paper's come from conf/ through optim.*), with the depth rule."""
+    o = cfg.optim
+    mult = float(depth_lr_multiplier(cfg.arch)) if o.depth_lr_rule else 1.0
+    return OptimSettings(lr_base=float(o.lr), lr=float(o.lr) * mult, depth_lr_multiplier=mult, beta1=float(o.beta1),
+                         beta2=float(o.beta2), weight_decay=float(o.weight_decay), warmup_steps=o.warmup_steps,
+                         batch_size=o.batch_size)
+
+
+def fit_config(cfg: JobConfig, warmup_steps: int, eval_every_steps: int | None = None,
+               batch_transform: BatchTransform | None = None) -> FitConfig:
+    """The fit loop's settings of a job: batch size, `mdl.*` early stopping (step-aware) and augmentation, and
+    the map of each augmented batch (`eraser.after_augment`: `BatchEraser`)."""
+    m = cfg.mdl
+    return FitConfig(batch_size=cfg.optim.batch_size, patience=m.patience, max_epochs=m.max_epochs,
+                     augment=cfg.dataset.augment, eval_every_steps=eval_every_steps, progress=cfg.progress,
+                     batch_transform=batch_transform, **stop_options(m, warmup_steps))
+
+
+class Trainer:
+    """Builds a fresh μP model + optimizer per fit and trains it on index subsets of on-device data.
+
+    The data lives on the device once, in the smallest exact dtype (`training.storage`); batches are index
+    gathers. `train_many` trains several models (the block models of a job) in vectorised groups of
+    `training.parallel_models` (auto: all of them, for models the vectorised path supports).
+
+    `batches` (`eraser.after_augment`): the training batches are drawn from `batches.raw` (a second copy on the
+    device) and erased after augmentation by `batches.transform`; the validation set and the coded blocks are
+    the erased `x`, as without it.
+    """
+
+    def __init__(self, cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
+                 split: MdlSplit, device: torch.device, data: DeviceData | None = None,
+                 batches: BatchErasure | None = None, checkpoint: CheckpointStore | None = None):
+        self.cfg, self.seed, self.opts = cfg, cfg.seed, cfg.training
+        self.checkpoint = checkpoint  # where a signal saves the models in training (training/engine/checkpoint.py)
+        # `data`: the same x already on the device (several seeds' trainers share one copy)
+        self.data = data if data is not None else DeviceData(x, device, storage=self.opts.storage)
+        self.train_data, self.batch_transform = self.data, None
+        if batches is not None:
+            self.train_data = DeviceData(batches.raw, device, storage=self.opts.storage)
+            self.batch_transform = batches.transform.to(device)  # the eraser's state moves to the device once
+        self.y = y.to(device)
+        self.num_classes, self.split, self.device = num_classes, split, device
+        self.optim = resolve_optim(cfg)
+        self.regularizer = build_regularizer(cfg.regularizer, num_classes)
+        self.x_val, self.y_val = self.data.all(split.val_idx), self.y[split.val_idx.to(device)]
+        self.input_shape = tuple(int(s) for s in x.shape[1:])
+        self.x = x  # the images as given (the pack group checks a later seed's models were trained on them)
+        self.model_info: dict[str, Any] = {}
+        self.pack_room = 1  # how many jobs' models fit in memory at once (a pack group: training/mdl/pack_group.py)
+
+    def for_seed(self, cfg: JobConfig) -> Trainer:
+        """This job's trainer for another seed of its configuration, on the same data (one copy on the device): a
+        pack group's companion (training/mdl/pack_group.py), with no checkpoint of its own."""
+        return Trainer(cfg, self.x, self.y, self.num_classes, split_of(cfg, len(self.y)), self.device, data=self.data)
+
+    def train_set(self) -> TrainData:
+        """What every model of this job trains on (raw when erased after augmentation) and validates on."""
+        return TrainData(self.train_data, self.y, self.x_val, self.y_val)
+
+    def full_eval_every(self) -> int | None:
+        return self.cfg.mdl.eval_every_steps
+
+    def fit_cfg(self, eval_every_steps: int | None = None) -> FitConfig:
+        return fit_config(self.cfg, self.optim.warmup_steps, eval_every_steps, self.batch_transform)
+
+    def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
+        """A fresh model (init drawn from (seed, "init", tag)), its optimizer, data subset and generator."""
+        from models import build_with_facts
+
+        with seeded_global_rng(self.seed, "init", tag):
+            model, facts = build_with_facts(self.cfg.arch, self.input_shape, self.num_classes)
+            model = model.to(self.device)
+        self.model_info = facts
+        opt = self.optim.build(model)
+        return Member(model, opt, idx.to(self.device), generator(self.seed, "batches", tag),
+                      self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx, name=model_name(tag))
+
+    def train(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None
+              ) -> tuple[torch.nn.Module, FitResult]:
+        return self._fit_one(self.member(idx, tag, eval_every_steps), tag)
+
+    def _fit_one(self, m: Member, tag: object) -> tuple[torch.nn.Module, FitResult]:
+        # Dropout/drop-path draw from the global RNG: seed it per (seed, tag) so a resumed job's block i
+        # sees the same stream as in an uninterrupted run (and runs do not depend on earlier blocks).
+        with seeded_global_rng(self.seed, "train", tag):
+            res = fit(m, self.train_set(), self.regularizer, desc=f"{tag}", checkpoint=self.checkpoint,
+                      compile=compile_mode(self.opts.compile))
+        return m.model, res
+
+    def group_size(self, first: Member, count: int) -> int:
+        """How many models train at once: `training.parallel_models` (auto | N), 1 where not vectorisable."""
+        want = self.opts.parallel_models
+        engine = resolve_engine(self.opts.engine, self.device)
+        reason = why_not_vectorized(first.model, first.optimizer, self.regularizer, engine)
+        if str(want) == "auto":
+            # training.parallel_models=auto vectorises small models (launch-bound), as their registry entry says
+            auto = arch_traits(self.cfg.arch.name).vectorises and reason is None
+            return count if auto else 1
+        if int(want) > 1 and reason is not None:
+            log.warning("training.parallel_models=%s ignored: %s; training one model at a time", want, reason)
+            return 1
+        return max(1, int(want))
+
+    def train_many(self, jobs: list[FitJob], on_finish: OnFinish) -> None:
+        """Train one model per (idx, tag, eval_every_steps); `on_finish(k, model, result)` as each one ends (any
+        order within a group). Numbers as `train` one by one under the numerics contract (training/engine/numerics.py):
+        bitwise with the loop engine on CPU (the default there); the stacked engine, and any engine on a GPU, within
+        its tolerance (tests/test_vectorized.py). In a pack (hydra/launcher=packed)
+        the models an earlier seed's group trained for this job are taken from there, and this job's group may
+        train the pack's later seeds' models too (training/mdl/pack_group.py)."""
+        rest = pack_group.take_trained(self, jobs, on_finish)
+        if len(rest) < len(jobs):
+            self._train_many([jobs[k] for k in rest], lambda k, model, res: on_finish(rest[k], model, res), False)
+        else:
+            self._train_many(jobs, on_finish, True)
+
+    def _train_many(self, jobs: list[FitJob], on_finish: OnFinish, with_pack: bool) -> None:
+        if not jobs:
+            return
+        first = self.member(*jobs[0])
+        size = self.group_size(first, len(jobs))
+        if size == 1 and len(jobs) == 1 and self.checkpoint is not None and self.checkpoint.in_group(first.name):
+            size = 2  # the last model of a group an earlier attempt saved goes on in that group's engine
+        if size <= 1:
+            for k, job in enumerate(jobs):
+                on_finish(k, *self._fit_one(first if k == 0 else self.member(*job), job[1]))
+            return
+        if with_pack and size >= len(jobs) and (
+                others := pack_group.companions(self, self.pack_room - 1)):
+            pack_group.train_together(self, first, jobs, others, on_finish,
+                                      lambda rest, done: self._train_many(rest, done, False))
+            return
+        for start in range(0, len(jobs), size):
+            chunk = jobs[start: start + size]
+            members = [first if start == 0 and j == 0 else self.member(*job) for j, job in enumerate(chunk)]
+
+            def done(k: int, model: torch.nn.Module, res: FitResult, offset: int = start) -> None:
+                on_finish(offset + k, model, res)
+
+            fit_group(members, self.train_set(), self.group_options(done))
+
+    def group_options(self, on_finish: OnFinish) -> GroupOptions:
+        o = self.opts
+        return GroupOptions(on_finish=on_finish, progress=self.cfg.progress, compile=o.compile, engine=o.engine,
+                            regularizer=self.regularizer, workers=o.workers, fused_optimizer=o.fused_optimizer,
+                            checkpoint=self.checkpoint)
+
+    def all_models(self) -> list[FitJob]:
+        """Every model of an MDL job (`run_mdl`): the block models, then the full-data model with `mdl.full_run`."""
+        return model_jobs(self, list(range(1, len(self.split.block_sizes))), self.cfg.mdl.full_run)
+
+    def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
+        """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`, and the
+        temperature used (1 unless `mdl.calibrate_temperature`, then fitted on the validation set)."""
+        idx = idx.to(self.device)
+        t = fit_temperature(model, self.x_val, self.y_val) if self.cfg.mdl.calibrate_temperature else 1.0
+        return cross_entropy_sum(model, self.data.all(idx), self.y[idx], temperature=t) / len(idx) / LN2, t
+
+
+def stop_options(m: MdlConfig, warmup_steps: int) -> dict[str, int]:
+    """The step-aware early-stopping options of `mdl` (training/engine/stopping.py) as FitConfig fields."""
+    return {"warmup_steps": warmup_steps if m.stop_after_warmup else 0, "min_steps": m.min_steps,
+            "patience_min_steps": m.patience_min_steps}
+
+
+def split_of(cfg: JobConfig, n: int) -> MdlSplit:
+    """The job's MDL split of its `n` coded rows (validation set and blocks, drawn from its seed)."""
+    m = cfg.mdl
+    return make_split(n, cfg.seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
+                      min_block=m.min_block)
+
+
+def model_jobs(trainer: Trainer, blocks: list[int], with_full: bool) -> list[FitJob]:
+    """What `Trainer.train_many` trains for an MDL job: block model i on the first i blocks, for each of `blocks`,
+    then (`with_full`) the full-data model on every non-validation row."""
+    split = trainer.split
+    jobs: list[FitJob] = [(split.prefix(i), ("block", i), None) for i in blocks]
+    return jobs + ([(split.order, "full", trainer.full_eval_every())] if with_full else [])

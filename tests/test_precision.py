@@ -77,3 +77,11 @@ def test_result_records_the_numerics_signature(tmp_path: Path, extra: list[str],
     assert sig["device_name"] == res["provenance"]["device_name"] and sig["cuda"] is None
     assert sig["engine"] == engine
     assert sig["models_together"] == (1 if engine == "fit" else len(res["mdl"]["block_ce_bits"]))
+
+
+def test_deterministic_is_recorded_and_on_cpu_changes_no_number(tmp_path: Path) -> None:
+    plain = run_job(job_config(tmp_path / "a", QUICK)).result
+    det = run_job(job_config(tmp_path / "b", [*QUICK, "training.deterministic=true"])).result
+    assert det["provenance"]["numerics"]["deterministic"] is True
+    assert det["config_hash"] == plain["config_hash"] and det["mdl"]["block_ce_bits"] == plain["mdl"]["block_ce_bits"]
+    assert not torch.are_deterministic_algorithms_enabled()  # restored after the job

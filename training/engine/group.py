@@ -308,6 +308,7 @@ class _Lockstep:
         # one transforms all rows in one call (padding rows too: they carry zero weight).
         self.transform_rows = options.engine != "stacked"
         self.engine = _make_engine(members, options)
+        self.random = any(drop_rate(m) > 0 for m in members[0].model.modules())  # draws masks from the global RNG
         self.on_finish, self.stop = options.on_finish, stop
         self.step = 0
         self.names = [m.name for m in self.members]
@@ -321,12 +322,14 @@ class _Lockstep:
         self.t0 = time.perf_counter()
 
     def run(self) -> list[FitResult]:
-        # Dropout / drop path (stacked engine) draw from the global RNG: seeded from the first member's batch
+        # Dropout / drop path (stacked engine only) draw from the global RNG: seeded from the first member's batch
         # generator, so a group's masks do not depend on what ran before it (and a checkpoint saves the RNG).
-        with (torch.random.fork_rng(devices=[self.y.device] if self.y.device.type == "cuda" else []),
+        devices = [self.y.device] if self.y.device.type == "cuda" else []
+        with (torch.random.fork_rng(devices, enabled=self.random),
               self.engine if isinstance(self.engine, StackedEngine) else nullcontext(),
               interrupt.checkpointing() if self.store is not None else nullcontext()):
-            torch.manual_seed(self.members[0].spec.gen.initial_seed())
+            if self.random:
+                torch.manual_seed(self.members[0].spec.gen.initial_seed())
             if self.store is not None:
                 self._restore()
             self.engine.train()
@@ -444,7 +447,8 @@ class _Lockstep:
                  "live": [m.name for m in self.live], "members": {m.name: m.state_dict() for m in self.live},
                  "finished": {n: {"result": dataclasses.asdict(res), "best": snapshot(model)}
                               for n, (model, res) in self.finished.items()},
-                 "plan": self.plan.state_dict(), "engine": self.engine.state_dict(), "rng": _global_rng()}
+                 "plan": self.plan.state_dict(), "engine": self.engine.state_dict(),
+                 "rng": _global_rng() if self.random else None}
         path = self.store.save(self.names, state)
         if self.restored_from is not None and self.restored_from != path:
             self.store.delete(self.restored_from)  # superseded
@@ -491,7 +495,8 @@ class _Lockstep:
         if self.live:
             self.plan.load_state_dict(state["plan"])
             self.engine.load_state_dict(state["engine"])
-        _set_global_rng(state["rng"])
+        if self.random:
+            _set_global_rng(state["rng"])
         self.step, self.restored_from = int(state["step"]), path
         self.t0 = time.perf_counter() - float(state["elapsed"])
         log.info("resuming %d model(s) at step %d from %s (%d finished there)", len(self.live), self.step, path,

@@ -149,8 +149,8 @@ def throughput(p: Payload) -> dict[str, Any]:
     from models.registry import ARCHS
     from training.engine.fit import cross_entropy_sum, fit
     from training.engine.group import GroupOptions, fit_group, resolve_engine, why_not_vectorized
-    from training.mdl.job import Trainer
     from training.mdl.splits import make_split
+    from training.mdl.trainer import Trainer
 
     device = torch.device(p.device)
     x, y = cifar_like(p.n, (p.shape[0], p.shape[1], p.shape[2]))
@@ -179,8 +179,8 @@ def throughput(p: Payload) -> dict[str, Any]:
                 if models == 1:  # as a job trains one model (Trainer.train): fit(), not a group of one
                     fit(members[0], trainer.train_set(), trainer.regularizer)
                 else:
-                    fit_group(members, trainer.train_set(),
-                              GroupOptions(engine=opts.engine, workers=opts.workers, compile=opts.compile,
+                    fit_group(members, trainer.train_set(),  # the stacked engine: one group, whatever the device
+                              GroupOptions(engine="stacked", workers=opts.workers, compile=opts.compile,
                                            progress=False, fused_optimizer=False))
                 _sync(device)
                 return time.perf_counter() - t0
@@ -204,10 +204,13 @@ def throughput(p: Payload) -> dict[str, Any]:
             res["eval_sps"] = len(y) / (time.perf_counter() - t0)
             val_s = len(split.val_idx) / res["eval_sps"]
             res["train_sps"] = len(subset) / max(res["epoch_s"] - val_s, 1e-9)
-            probe = trainer.member(subset, ("probe", 0))  # the job's own verdict (Trainer.group_size)
-            why = why_not_vectorized(probe.model, probe.optimizer, trainer.regularizer,
-                                     resolve_engine(opts.engine, device))
-            res["vectorises"] = why is None and bool(ARCHS.meta(arch)["vectorises"])
+            probe = trainer.member(subset, ("probe", 0))
+            # whether the architecture can train as one stacked group (the engine's own verdict), and whether a job
+            # groups its block models by default (`training.parallel_models=auto`: the registry's policy)
+            why = why_not_vectorized(probe.model, probe.optimizer, trainer.regularizer, "stacked")
+            res["vectorises"] = why is None
+            res["grouped_by_default"] = why is None and bool(ARCHS.meta(arch)["vectorises"]) and why_not_vectorized(
+                probe.model, probe.optimizer, trainer.regularizer, resolve_engine(opts.engine, device)) is None
             if why is not None:
                 res["why_not_vectorised"] = why
             if res["vectorises"] and p.group > 1:
@@ -230,8 +233,8 @@ def loop(p: Payload) -> dict[str, Any]:
     import torch
 
     from training.engine.augment import crop_flip
-    from training.mdl.job import Trainer
     from training.mdl.splits import make_split
+    from training.mdl.trainer import Trainer
 
     device = torch.device(p.device)
     x, y = cifar_like(p.n, (p.shape[0], p.shape[1], p.shape[2]))

@@ -78,6 +78,9 @@ def test_toy_mode_runs_every_step(tmp_path: Path) -> None:
         assert 0 < job["bits_per_sample"] < 2 * math.log2(10) and job["wall_s"] > 0 and job["steps_total"] > 0
         assert (out / job["result"]).is_file()
         assert f["throughput"][arch]["train_sps"] > 0 and f["throughput"][arch]["eval_sps"] > 0
+        # issue 37: every architecture trains as one stacked group, and the group's figure is measured
+        assert f["throughput"][arch]["vectorises"] is True, f["throughput"][arch].get("why_not_vectorised")
+        assert f["throughput"][arch]["group_model_sps"] > 0
         assert f["sweep_cost"][arch]["job_s_per_epoch"] > 0
     for name in ("leace", "qleace", "alf_qleace"):
         assert f["erasers_device"][name]["max_abs_diff"] == 0.0  # CPU vs CPU: the same computation

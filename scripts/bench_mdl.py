@@ -96,8 +96,8 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
     """All block models of all seeds in one vectorised group, each with its own seed's split and validation."""
     from training.engine.fit import TrainData, cross_entropy_sum
     from training.engine.group import GroupOptions, fit_group
-    from training.mdl.job import Trainer
     from training.mdl.splits import make_split
+    from training.mdl.trainer import Trainer
 
     members, coded = [], []
     data = y_dev = None
@@ -213,8 +213,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict[str, Any]:
     """Time to read the float32 data once on the device, to copy it host→device, and one MLP-128 epoch."""
     from training.engine.group import GroupOptions, fit_group
-    from training.mdl.job import Trainer
     from training.mdl.splits import make_split
+    from training.mdl.trainer import Trainer
 
     def timed(fn: Any, reps: int = 5) -> float:
         fn()

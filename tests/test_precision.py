@@ -31,6 +31,16 @@ def test_precision_is_hashed_only_away_from_its_default(tmp_path: Path) -> None:
         assert config_hash(job_config(tmp_path, [*SMOKE, *same])) == config_hash(base), same
 
 
+@pytest.mark.parametrize("preset", ["gs_two_moons", "gs_colored_mnist"])
+def test_precision_moves_the_hash_of_a_task_that_hashes_only_the_groups_it_uses(tmp_path: Path, preset: str) -> None:
+    """A Gradient Starvation task hashes its own groups only; a bf16 run of it still gets a directory of its own
+    (else it would SKIP on the fp32 result), and its fp32 hash is the one it had before precision existed."""
+    fp32 = job_config(tmp_path, [f"experiment={preset}"])
+    bf16 = job_config(tmp_path, [f"experiment={preset}", "training.precision=bf16"])
+    assert "training" not in semantic(fp32) and semantic(bf16)["training"] == {"precision": "bf16"}
+    assert config_hash(bf16) != config_hash(fp32) and cell_hash(bf16) != cell_hash(fp32)
+
+
 def test_job_numerics_sets_the_flags_for_the_job_and_restores_them() -> None:
     mm, det = torch.backends.cuda.matmul.fp32_precision, torch.are_deterministic_algorithms_enabled()
     cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")

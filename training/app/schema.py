@@ -98,7 +98,8 @@ def semantic(cfg: Mapping[str, Any] | Section, fill_defaults: bool = True) -> di
     out = _semantic(JobConfig, data, fill_defaults)
     uses = _task_uses(_task(out))
     if uses is not None:
-        out = _only(out, ("task", "seed", *uses))
+        # `training` is in `out` only away from its defaults (training.precision): it moves numbers of every task
+        out = _only(out, ("task", "seed", "training", *uses))
     raw = _raw_view(_RawJob, out)
     if isinstance(raw.eraser, dict):
         out["eraser"] = _hashed_eraser(raw.eraser, _raw_view(_RawEraser, raw.eraser), raw.dataset)

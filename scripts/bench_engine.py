@@ -39,6 +39,17 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import erasure
+from models import build_model, make_optimizer
+from training.app.schema import group_config
+from training.data.erase import BatchEraser
+from training.engine.backends import StackedEngine
+from training.engine.batches import DeviceData
+from training.engine.fit import FitConfig, Member, TrainData, fit
+from training.engine.group import GroupOptions, fit_group
+from training.engine.seeding import generator, seeded_global_rng
+from training.mdl.job import run_job
+
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE, K = (3, 8, 8), 4
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive",
@@ -107,8 +118,6 @@ def python_calls() -> Iterator[list[int]]:
 
 
 def _data(n: int = 160) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from training.engine.batches import DeviceData
-
     g = torch.Generator().manual_seed(0)
     y = torch.arange(n) % K
     x = torch.rand(n, *SHAPE, generator=g) * 0.7
@@ -118,35 +127,24 @@ def _data(n: int = 160) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def _arch(name: str) -> Any:
-    from training.app.schema import group_config
-
     extra: dict[str, Any] = {"stages": 3} if name == "swin" else {}
     width = 8 if name in ("convnext", "swin") else 16
     return group_config("arch", name, width=width, depth=1, base_width=width, **extra)
 
 
 def _model(arch: str, tag: int, shape: tuple[int, ...] = SHAPE) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    from models import build_model, make_optimizer
-    from training.engine.seeding import seeded_global_rng
-
     with seeded_global_rng(0, "init", tag):
         model = build_model(_arch(arch), shape, K)
     return model, make_optimizer(model, lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.0, warmup_steps=3)
 
 
 def _eraser_transform(name: str, data: Any, y: torch.Tensor) -> Any:
-    import erasure
-    from training.data.erase import BatchEraser
-
     return BatchEraser(erasure.fit(name, data.all(), y))
 
 
 def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8) -> None:
     """Train `models` models for one epoch of `steps` steps (batch `bs`) on `path`: fit | loop | stacked, with
     "+augment" (crop/flip) and/or "+erase" (per-batch QLEACE) or "+leace" (per-batch LEACE)."""
-    from training.engine.fit import FitConfig, Member, TrainData, fit
-    from training.engine.group import GroupOptions, fit_group
-    from training.engine.seeding import generator
 
     kind, *extras = path.split("+")
     data, y, xv, yv = _data()
@@ -203,7 +201,6 @@ def ops(models: list[int], path: str = "stacked") -> tuple[dict[str, float], dic
 
 def step_callable(arch: str, models: int = 2, shape: tuple[int, ...] = (3, 16, 16)) -> tuple[Callable, tuple]:
     """The stacked engine's training step for `models` tiny models of `arch` and the arguments of one step."""
-    from training.engine.backends import StackedEngine
 
     pairs = [_model(arch, k, shape) for k in range(models)]
     engine = StackedEngine([m for m, _ in pairs], [o for _, o in pairs])
@@ -244,7 +241,6 @@ def demo_steps(cells: list[str], out_dir: Path) -> list[list[int]]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from training.mdl.job import run_job
 
     groups = []
     for cell in cells:

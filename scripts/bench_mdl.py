@@ -32,6 +32,7 @@ from typing import Any
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from models import build_model, make_optimizer
 from scripts.bench_summary import BenchSummary
 from scripts.bench_worker import run_worker
 from training.app.schema import (
@@ -43,6 +44,12 @@ from training.app.schema import (
     group_config,
     load_section,
 )
+from training.engine.augment import crop_flip
+from training.engine.fit import TrainData, cross_entropy_sum
+from training.engine.group import GroupOptions, fit_group
+from training.engine.seeding import generator, seeded_global_rng
+from training.mdl.splits import make_split
+from training.mdl.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 10
@@ -94,10 +101,6 @@ LABELS = {"ours": "ours (default config)", "fused": "ours + training.fused_optim
 
 def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> list[float]:
     """All block models of all seeds in one vectorised group, each with its own seed's split and validation."""
-    from training.engine.fit import TrainData, cross_entropy_sum
-    from training.engine.group import GroupOptions, fit_group
-    from training.mdl.splits import make_split
-    from training.mdl.trainer import Trainer
 
     members, coded = [], []
     data = y_dev = None
@@ -124,10 +127,6 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
 
 
 def run_naive(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> list[float]:
-    from models import build_model, make_optimizer
-    from training.engine.augment import crop_flip
-    from training.engine.seeding import generator, seeded_global_rng
-    from training.mdl.splits import make_split
 
     x, y = x.to(device), y.to(device)
     augment = image_shape(args.d)[0] == 3
@@ -212,9 +211,6 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
 def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict[str, Any]:
     """Time to read the float32 data once on the device, to copy it host→device, and one MLP-128 epoch."""
-    from training.engine.group import GroupOptions, fit_group
-    from training.mdl.splits import make_split
-    from training.mdl.trainer import Trainer
 
     def timed(fn: Any, reps: int = 5) -> float:
         fn()

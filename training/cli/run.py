@@ -113,13 +113,11 @@ def register_packed_launcher() -> None:
     through an import finder that pkgutil cannot list: importable, but never found, except from the checkout's
     root (where `hydra_plugins/` is a directory on sys.path). Registered here, the entry finds it whatever the
     install and the working directory."""
-    import importlib
-
     from hydra.core.plugins import Plugins
 
-    # by name: mypy checks hydra_plugins/erasure_mdl_packed as a top-level package of its own (pyproject.toml)
-    launcher = importlib.import_module("hydra_plugins.erasure_mdl_packed.packed_launcher")
-    Plugins.instance().register(launcher.PackedLauncher)
+    from hydra_plugins.erasure_mdl_packed.packed_launcher import PackedLauncher
+
+    Plugins.instance().register(PackedLauncher)
 
 
 register_packed_launcher()

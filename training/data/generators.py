@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from erasure.moments import ClassMoments
 from training.common.option_checks import NONNEG, POSITIVE, POSITIVE_NUMBER
 from training.data.registry import DatasetCfg, LoadedData, register
 
@@ -118,28 +119,45 @@ def load_mixture(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     return _load("mixture", cfg)
 
 
+POPULATION_N = 10**9  # each class's count in population moments: Bessel's correction vanishes
+
+
+def class_laws(o: GaussianOptions) -> tuple[Tensor, Tensor]:
+    """Each class's exact mean (K, d) and covariance (K, d, d), float64: gaussian σ²(I + cov_gap·(d/4)·a_k a_kᵀ)
+    (what `draw` makes: z + boost·(z·a)a has covariance (I + ((1 + boost)² − 1) a aᵀ)); mixture σ²(I + s² a_k a_kᵀ)
+    (its two modes ± σ s a_k, equal weights)."""
+    u, a = _law(o)
+    strength = o.separation**2 if isinstance(o, MixtureOptions) else o.cov_gap * o.dim / 4
+    covs = o.sigma**2 * (torch.eye(o.dim, dtype=torch.float64) + strength * torch.einsum("ki,kj->kij", a, a))
+    return o.mean_gap * u, covs
+
+
+def population_moments(o: GaussianOptions) -> ClassMoments:
+    """The generator's exact class moments (`eraser.fit_on=population`: the eraser fitted on the population, as
+    if from infinitely many rows): balanced priors, class means and covariances from `class_laws`."""
+    means, covs = class_laws(o)
+    k = o.num_classes
+    priors = torch.full((k,), 1.0 / k, dtype=torch.float64)
+    mean = priors @ means
+    total = torch.einsum("k,kij->ij", priors, covs) + torch.einsum("k,ki,kj->ij", priors, means - mean, means - mean)
+    return ClassMoments(torch.full((k,), POPULATION_N), priors, means, mean, total, covs)
+
+
 def mixture_truth_bits(o: MixtureOptions, rows_per_class: int = 50_000) -> float:
     """H(Y | X') in bits for `mixture` after POPULATION QLEACE: the code length a learner approaches with unlimited
     data (Monte Carlo over `rows_per_class` fresh draws per class, seeded; its standard error is printed by
     scripts/calibrate.py as negligible at the default size).
 
-    QLEACE is fitted on the exact class moments (mean mean_gap·u_k, covariance σ²(I + s² a_k a_kᵀ)), so it is the
-    population map; class k's erased law is then ½N(±σ s M_k a_k, σ² M_k M_k) in the working basis (M_k its
-    symmetric map), and p(y | x') follows from those K two-component densities."""
-    from erasure.moments import ClassMoments
+    QLEACE is fitted on the exact class moments (`population_moments`), so it is the population map; class k's
+    erased law is then ½N(±σ s M_k a_k, σ² M_k M_k) in the working basis (M_k its symmetric map), and p(y | x')
+    follows from those K two-component densities."""
     from erasure.streaming import fit_moments
 
-    u, a = _law(o)
-    k, d, s, sig = o.num_classes, o.dim, o.separation, o.sigma
-    means = o.mean_gap * u
-    covs = sig**2 * (torch.eye(d, dtype=torch.float64) + s**2 * torch.einsum("ki,kj->kij", a, a))
-    big = 10**9  # population: Bessel's correction vanishes
-    priors = torch.full((k,), 1.0 / k, dtype=torch.float64)
-    mean = priors @ means
-    total = torch.einsum("k,kij->ij", priors, covs) + torch.einsum("k,ki,kj->ij", priors, means - mean, means - mean)
-    mom = ClassMoments(torch.full((k,), big), priors, means, mean, total, covs.clone())
-    e = fit_moments("qleace", mom)
+    _, a = _law(o)
+    k, s, sig = o.num_classes, o.separation, o.sigma
+    e = fit_moments("qleace", population_moments(o))
     basis, maps = e.state["basis"], e.state["maps"]
+    mean = population_moments(o).mean
     modes = sig * s * torch.einsum("kij,kj->ki", maps, a @ basis)  # (K, r): ± the two modes of each class
     chol = torch.linalg.cholesky(sig**2 * maps @ maps.mT)  # (K, r, r)
     x, y = draw(o, rows_per_class, 2)

@@ -67,8 +67,8 @@ MAX_SEEDS = 10_000  # "seeds needed" beyond this reads "> MAX_SEEDS"
 SUPPORTED, CONTRADICTED, INCONCLUSIVE, UNDERPOWERED = "supported", "contradicted", "inconclusive", "underpowered"
 FEW, UNTESTABLE, NOT_IDENTIFIABLE, BUDGET = "not enough seeds", "not testable here", "not identifiable", "budget-bound"
 ORDER = (CONTRADICTED, NOT_IDENTIFIABLE, BUDGET, FEW, UNDERPOWERED, INCONCLUSIVE)  # a claim's verdict: first a row has
-IN_SAMPLE = ("self", "all")  # in-sample bracket ends (holdout: the out-of-sample end; oracle: a single row)
-FIT_MODES = ("all", "self", "holdout", "oracle")
+IN_SAMPLE = ("self", "all")  # in-sample bracket ends (holdout: the out-of-sample end; oracle, population: single)
+FIT_MODES = ("all", "self", "holdout", "oracle", "population")  # population: generator data only
 WIDE = 1024  # "widths beyond ~1K"
 
 
@@ -126,7 +126,7 @@ def measurements(sides: Sequence[Side]) -> list[Measurement]:
             used |= {"holdout", partner}
     for mode in FIT_MODES:
         if mode in common and mode not in used:
-            out.append(Measurement(mode, mode if mode in ("holdout", "oracle") else None,
+            out.append(Measurement(mode, mode if mode in ("holdout", "oracle", "population") else None,
                                    mode if mode in IN_SAMPLE else None))
     return [m for m in out if all(_control_runs(c, m, ref) for c in controls)]
 

@@ -20,6 +20,7 @@ results is part of the cell (dataset.dim, permute_labels, the eraser's options .
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -97,7 +98,7 @@ def truth(cell: Cell, rows_per_class: int = 50_000) -> float | None:
     if kind is None or eraser not in ERASERS or "from_moments" not in ERASERS.meta(eraser) \
             or cell.config.get("dataset.permute_labels"):
         return None
-    fields = set(kind.__dataclass_fields__)
+    fields = {f.name for f in dataclasses.fields(kind)}
     options = {k[len("eraser.options."):]: v for k, v in cell.config.items() if k.startswith("eraser.options.")}
     options = {k: v for k, v in options.items() if k not in ("progress", "device")}
     return statistics.fmean(population_truth_bits(kind(**{f: v for f, v in o.items() if f in fields}),

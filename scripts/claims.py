@@ -276,6 +276,9 @@ def _width_pairs(df: pd.DataFrame) -> Rows:
 CLAIMS: dict[str, Claim] = {c.key: c for c in (
     Claim("leace_raises_mdl", "LEACE raises MDL for every architecture (MDL(leace) - MDL(control) > 0)", +1,
           _eraser_pairs("leace", "control")),
+    Claim("leace_above_random", "LEACE raises MDL more than removing as many random directions (MDL(leace) - "
+          "MDL(random) > 0; the non-specific-removal control: eraser=random eraser.options.rank=K-1)", +1,
+          _eraser_pairs("leace", "random")),
     Claim("qleace_above_leace", "QLEACE raises MDL more than LEACE for MLPs and LeNets "
           "(MDL(qleace) - MDL(leace) > 0)", +1, _eraser_pairs("qleace", "leace", ("mlp", "lenet"))),
     Claim("alf_below_qleace", "ALF-QLEACE raises MDL less than QLEACE (MDL(alf_qleace) - MDL(qleace) < 0)", -1,

@@ -170,7 +170,7 @@ def _class_maps(eraser: Any, d: int, k: int) -> tuple[Tensor, Tensor]:
 def population_truth_bits(o: GaussianOptions, eraser: str, options: dict[str, Any] | None = None,
                           rows_per_class: int = 50_000) -> tuple[float, float]:
     """H(Y | X') in bits after the POPULATION eraser `eraser` (fitted on `population_moments`, float64), and its
-    Monte Carlo standard error: the code length a learner approaches with unlimited data (`control`: H(Y | X)).
+    Monte Carlo standard error: the code length a learner approaches with unlimited data (control: H(Y | X)).
 
     The eraser is affine per class (x ↦ A_j x + b_j: LEACE, QLEACE and ALF-QLEACE on full-rank moments), so class j's
     erased law is its components pushed through (A_j m + b_j, A_j C A_jᵀ); the posterior p(y | x') follows from
@@ -179,11 +179,8 @@ def population_truth_bits(o: GaussianOptions, eraser: str, options: dict[str, An
     from erasure.streaming import fit_moments
 
     k, d = o.num_classes, o.dim
-    if eraser == "control":
-        maps, shifts = torch.eye(d, dtype=torch.float64).expand(k, d, d), torch.zeros(k, d, dtype=torch.float64)
-    else:
-        fitted = fit_moments(eraser, population_moments(o), input_dtype="float64", **(options or {}))
-        maps, shifts = _class_maps(fitted, d, k)
+    fitted = fit_moments(eraser, population_moments(o), input_dtype="float64", **(options or {}))
+    maps, shifts = _class_maps(fitted, d, k)
     laws = [[(maps[j] @ m + shifts[j], maps[j] @ c @ maps[j].T) for m, c in comps]
             for j, comps in enumerate(_components(o))]
     centre = torch.stack([m for comps in laws for m, _ in comps]).mean(0)

@@ -158,11 +158,18 @@ class Row:
 
 
 def rows(cells: Cells, rows_per_class: int = 50_000) -> list[Row]:
-    shown = _shown_keys(cells)
+    """A row per cell, labelled by its eraser and every other key whose value differs between the cells (an
+    eraser option: where it differs between cells of that eraser)."""
+    shown = [k for k in _shown_keys(cells) if not k.startswith("eraser.")]
+    by_eraser: defaultdict[str, Cells] = defaultdict(dict)
+    for key, cell in cells.items():
+        by_eraser[str(cell.config.get("eraser.name"))][key] = cell
     out = []
     for cell in cells.values():
-        label = ", ".join(f"{k.removeprefix('dataset.')}={cell.config.get(k, '?')}" for k in shown) or \
-            str(cell.config.get("dataset.name"))
+        eraser = str(cell.config.get("eraser.name"))
+        keys = shown + [k for k in _shown_keys(by_eraser[eraser]) if k.startswith("eraser.")]
+        label = f"{eraser}: " + (", ".join(f"{k.removeprefix('dataset.')}={cell.config.get(k, '?')}" for k in keys)
+                                 or str(cell.config.get("dataset.name")))
         true = truth(cell, rows_per_class)
         out.append(Row(label, cell, true, floor(cell, true)))
     return sorted(out, key=lambda r: r.label)

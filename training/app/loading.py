@@ -293,7 +293,8 @@ def _check_eraser_fitting(values: Mapping[str, Any]) -> None:
                           "which pool does not shrink (that is eraser.fit_on=all); use eraser.fit_source=split")
     if fit_on in ("oracle", "population") and "from_moments" not in meta:
         able = ", ".join(e.name for e in ERASERS if "from_moments" in e.meta)
-        raise ConfigError(f"eraser.fit_on={fit_on} is not allowed: eraser {name} cannot be fitted from "
+        streamed = "streamed " if fit_on == "oracle" else ""
+        raise ConfigError(f"eraser.fit_on={fit_on} is not allowed: eraser {name} cannot be fitted from {streamed}"
                           f"moments; use one of {able}")
     if fit_on in ("oracle", "population") and values["after_augment"]:
         raise ConfigError(f"eraser.after_augment=true is not allowed with eraser.fit_on={fit_on} (generator data is "

@@ -46,16 +46,16 @@ def test_leace_on_unequal_covariances_leaves_information_the_oracle_cannot_remov
 
 
 def test_mixture_keeps_information_through_population_qleace(tmp_path: Path) -> None:
-    """Two modes per class: QLEACE fitted on the population codes below H(Y) = 1 bit by more than the seed noise
-    (3 seeds, one data law); the table's truth H(Y|X') is below H and below the finite-data MDL."""
+    """Two modes per class: QLEACE fitted on fresh draws (every row coded) codes below H(Y) = 1 bit by more than the
+    seed noise (3 seeds, one data law); the table's truth H(Y|X') is below H and below the finite-data MDL."""
     mix = ["dataset=mixture", "dataset.dim=4", "dataset.num_classes=2", "dataset.mean_gap=0", "dataset.rows_per_dim=64",
-           "eraser=qleace", "eraser.fit_on=population"]
+           "eraser=qleace", "eraser.fit_on=oracle"]
     bits = [_bits(tmp_path, *mix, f"seed={s}") for s in range(3)]
     gap = 1.0 - statistics.fmean(bits)
     assert gap > 0.05 and gap > 3 * statistics.stdev(bits), bits
     cells = calibrate.collect(tmp_path / "runs", "calibrate")
     [cell] = cells.values()
-    assert sorted(cell.runs["population"].values()) == sorted(bits)
+    assert sorted(cell.runs["oracle"].values()) == sorted(bits)
     bound = calibrate.truth(cell, 10_000)
     assert bound is not None and bound < 1.0 - 0.3 and min(bits) > bound  # a finite-data code reads above it
     row = calibrate.table(calibrate.rows(cells, 10_000)).splitlines()[2]

@@ -41,15 +41,17 @@ demo: setup  ## every eraser on MNIST-5k, MLP, 3 seeds (packed) + a permuted-lab
 	  dataset.permute_labels=true seed=0
 	$(PY) scripts/aggregate.py outputs/runs/mnist5k --name demo
 
-calibrate: setup  ## MDL of erased generator data against the known truth (experiment=calibrate + 2 sweeps), prints the table
-	OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) -m training.run -m experiment=calibrate hydra/launcher=parallel \
-	  hydra.launcher.n_jobs=2
-	OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) -m training.run -m experiment=calibrate hydra/launcher=parallel \
-	  hydra.launcher.n_jobs=2 eraser=qleace,alf_qleace dataset.cov_gap=1
-	OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) -m training.run -m experiment=calibrate hydra/launcher=parallel \
-	  hydra.launcher.n_jobs=2 dataset=mixture dataset.dim=4 dataset.num_classes=2 dataset.mean_gap=0 \
-	  dataset.rows_per_dim=4,16,64 eraser=qleace
-	$(PY) scripts/calibrate.py outputs/runs
+CAL_OUT ?= outputs/calibrate
+CAL_RUN = OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) -m training.run -m experiment=calibrate hydra/launcher=parallel \
+	  hydra.launcher.n_jobs=2 paths.out_dir=$(CAL_OUT)
+calibrate: setup  ## known answers: MDL of erased generator data beside the population eraser on the same rows (own sweep in CAL_OUT; ARGS="k=v ...")
+	$(CAL_RUN) $(ARGS)
+	$(CAL_RUN) eraser=control eraser.fit_on=self $(ARGS)
+	$(CAL_RUN) dataset.cov_gap=1 dataset.mean_gap=0 $(ARGS)
+	$(CAL_RUN) dataset.cov_gap=1 dataset.mean_gap=0 eraser=control eraser.fit_on=self $(ARGS)
+	$(CAL_RUN) dataset=mixture dataset.dim=4 dataset.num_classes=2 dataset.mean_gap=0 dataset.rows_per_dim=256 \
+	  eraser=qleace $(ARGS)
+	$(PY) scripts/calibrate.py $(CAL_OUT)/runs
 
 reproduce: setup  ## run a preset, then aggregate it (also after failed jobs): make reproduce EXP=<name> [ARGS="k=v ..."]
 	$(PY) -m training.run -m experiment=$(EXP) $(ARGS); rc=$$?; \

@@ -1,24 +1,32 @@
-"""The calibration table (issue 29, `make calibrate`): MDL of erased generator data against the known truth.
+"""The calibration table (issues 29 and 38, `make calibrate`): MDL of erased generator data against known answers.
 
-    python scripts/calibrate.py [outputs/runs] [--experiment calibrate]
+    python scripts/calibrate.py [outputs/calibrate] [--experiment calibrate]
 
-Reads the result.json files of the preset's jobs (conf/experiment/calibrate.yaml and the extra sweeps of `make
-calibrate`) and prints one row per (dataset, covariance gap, rows per class / d, eraser): the truth, then per
-eraser.fit_on (oracle, all, holdout) the MDL in bits/sample, mean ± sd over seeds (n), and its error against the
-truth. Truth: H(Y) = log2 K where the population eraser leaves x independent of y (Gaussians: QLEACE always, LEACE and
-ALF-QLEACE with equal covariances). For the mixture after QLEACE it is H(Y | X') under the population eraser
-(training/data/generators.py `mixture_truth_bits`, Monte Carlo): the per-sample code length a learner approaches with
-unlimited data, so a finite-data MDL reads above it by its learning cost. Elsewhere (LEACE/ALF-QLEACE on unequal
-covariances) only "below H(Y)" is known and no error is printed.
+Reads the result.json files of the preset's jobs under the given folder (`make calibrate` runs its sweep into
+outputs/calibrate and reads only that) and prints one row per cell: every config key that differs between the
+results is part of the cell (dataset.dim, permute_labels, the eraser's options ...), except the seed and the fit mode
+(eraser.fit_on), which are the columns. Per cell:
+
+- truth: H(Y | X') after the POPULATION eraser (training/data/generators.py `population_truth_bits`, Monte Carlo
+  over fresh draws, its standard error below 0.005): the code length a learner approaches with unlimited data;
+- floor: the Bayes posterior coded on the cell's own blocks, in expectation: block 1 at log2 K (the uniform code),
+  the rest at the truth;
+- per fit mode (population, self, holdout, oracle, all): the MDL, mean ± sd over seeds (n);
+- bias of each fitted mode against the paired population eraser (the same coded rows, split and initialisations:
+  `eraser.fit_on=population`), mean ± 95% t CI over seeds;
+- coverage: the share of seeds whose population MDL lies inside [min(holdout, self), max(holdout, self)].
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import statistics
 import sys
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,39 +34,36 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-FIT_ON = ("oracle", "all", "holdout")
+FIT_ON = ("population", "self", "holdout", "oracle", "all")
+FITTED = ("self", "holdout", "oracle", "all")  # bias against the paired population eraser
+# Keys that are not part of a cell: the seed pairs runs, the fit mode is a column, and the fitting keys only say how
+# each mode was fitted (each mode reads its own: training/app/sections.fit_keys_used).
+NOT_CELL = ("seed", "eraser.fit_on", "eraser.fit_source", "eraser.fit_fraction", "eraser.n_fit", "numerics_version")
 
 
-def truth(dataset: str, eraser: str, cov_gap: float, k: int, options: list[dict[str, Any]]
-          ) -> tuple[float | None, str]:
-    """(the true code length in bits/sample or None, how it reads in the table); `options`: the dataset options of
-    the cell's runs (the mixture's truth depends on each data seed's class law: their mean)."""
-    h = math.log2(k)
-    if dataset == "gaussian" and (eraser == "qleace" or cov_gap == 0):
-        return h, f"{h:.3f} = H(Y)"
-    if dataset == "mixture" and eraser == "qleace":
-        from training.data.generators import MixtureOptions, mixture_truth_bits
+@dataclass
+class Cell:
+    """One cell's runs: fit mode -> seed -> MDL; the dataset options of its runs (one per data seed); the eraser and
+    its options; the first block's share of the coded rows (for the floor)."""
 
-        fields = set(MixtureOptions.__dataclass_fields__)
-        bound = statistics.fmean(mixture_truth_bits(MixtureOptions(**{f: v for f, v in o.items() if f in fields}))
-                                 for o in options)
-        return bound, f"{bound:.3f} = H(Y|X') < H(Y) = {h:.3f}"
-    return None, f"< {h:.3f} (below H(Y))"
+    config: dict[str, Any]
+    runs: defaultdict[str, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))
+    options: list[dict[str, Any]] = field(default_factory=list)
+    first_share: list[float] = field(default_factory=list)
 
 
-Cells = defaultdict[tuple[Any, ...], defaultdict[str, list[float]]]
-Options = dict[tuple[Any, ...], list[dict[str, Any]]]
+Cells = dict[str, Cell]
 
 
-def collect(root: Path, experiment: str) -> tuple[Cells, Options]:
-    """Per cell, the MDL of each fit_on's runs, and the distinct dataset options of its runs (one per data seed)."""
+def collect(root: Path, experiment: str) -> Cells:
+    """Per cell (its identity as JSON, every differing key), the MDL of each fit mode's runs by seed."""
+    from training.analysis.aggregate_collect import config_identity
     from training.app.result_codec import MalformedResultError, read
     from training.app.result_types import MdlResult, number
     from training.app.results import stored_config
     from training.app.schema import numerics_of
 
-    cells: Cells = defaultdict(lambda: defaultdict(list))
-    options: Options = {}
+    cells: Cells = {}
     for path in sorted(root.rglob("result.json")):
         try:
             result = read(path)
@@ -66,54 +71,162 @@ def collect(root: Path, experiment: str) -> tuple[Cells, Options]:
             continue
         if not isinstance(result, MdlResult) or result.mdl is None or result.config is None:
             continue
-        c, bits = stored_config(result.config), number(result.mdl.bits_per_sample)  # as today's schema spells it
+        c, bits = stored_config(result.config), number(result.mdl.bits_per_sample)
         if bits is None or c["experiment_name"] != experiment or result.numerics_version != numerics_of("mdl"):
             continue
-        d = result.config["dataset"]  # the generator's options (GaussianOptions / MixtureOptions: cov_gap required)
-        key = (c["dataset.name"], float(c["dataset.cov_gap"]), float(c["dataset.rows_per_dim"]), c["eraser.name"],
-               int(c["dataset.num_classes"]))
-        cells[key][c["eraser.fit_on"]].append(bits)
-        if dict(d) not in options.setdefault(key, []):
-            options[key].append(dict(d))
-    return cells, options
+        identity = {k: v for k, v in config_identity(dict(result.config)).items() if k not in NOT_CELL}
+        key = json.dumps(identity, sort_keys=True, default=str)
+        cell = cells.setdefault(key, Cell(identity))
+        cell.runs[str(c["eraser.fit_on"])][int(c["seed"])] = float(bits)
+        d = dict(result.config["dataset"])
+        if d not in cell.options:
+            cell.options.append(d)
+        sizes = result.mdl.raw.get("block_sizes")
+        if isinstance(sizes, list) and sizes and sum(sizes) > 0:
+            cell.first_share.append(sizes[0] / sum(sizes))
+    return cells
 
 
-def _cell(values: list[float], true: float | None) -> list[str]:
+def truth(cell: Cell, rows_per_class: int = 50_000) -> float | None:
+    """H(Y | X') under the population eraser (the mean over the cell's data seeds); None where the data is not a
+    generator's or the eraser has no moments fit."""
+    from erasure.registry import ERASERS
+    from training.data.generators import GaussianOptions, MixtureOptions, population_truth_bits
+
+    name, eraser = cell.config.get("dataset.name"), str(cell.config.get("eraser.name"))
+    kind = {"gaussian": GaussianOptions, "mixture": MixtureOptions}.get(str(name))
+    if kind is None or eraser not in ERASERS or "from_moments" not in ERASERS.meta(eraser) \
+            or cell.config.get("dataset.permute_labels"):
+        return None
+    fields = {f.name for f in dataclasses.fields(kind)}
+    options = {k[len("eraser.options."):]: v for k, v in cell.config.items() if k.startswith("eraser.options.")}
+    options = {k: v for k, v in options.items() if k not in ("progress", "device")}
+    return statistics.fmean(population_truth_bits(kind(**{f: v for f, v in o.items() if f in fields}),
+                                                  eraser, options, rows_per_class)[0] for o in cell.options)
+
+
+def floor(cell: Cell, true: float | None) -> float | None:
+    """The Bayes posterior's expected code on the cell's blocks: block 1 at log2 K, the rest at the truth."""
+    k = cell.config.get("dataset.num_classes")
+    if true is None or not cell.first_share or not isinstance(k, int):
+        return None
+    share = statistics.fmean(cell.first_share)
+    return share * math.log2(k) + (1 - share) * true
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and half-width of the 95% t interval (NaN below 2 values)."""
+    from scipy import stats
+
     if not values:
-        return ["–", "–"]
+        return math.nan, math.nan
     mean = statistics.fmean(values)
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return [f"{mean:.3f} ± {sd:.3f} ({len(values)})", "–" if true is None else f"{mean - true:+.3f}"]
+    if len(values) < 2:
+        return mean, math.nan
+    return mean, float(stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)))
 
 
-def table(cells: Cells, options: Options) -> str:
-    head = ["dataset", "cov gap", "rows/class ÷ d", "eraser", "truth"]
-    for f in FIT_ON:
-        head += [f"{f}", "error"]
+def bias(cell: Cell, mode: str) -> list[float]:
+    """Per seed that has both: MDL(mode) − MDL(population) on the same coded rows."""
+    pop, fit = cell.runs.get("population", {}), cell.runs.get(mode, {})
+    return [fit[s] - pop[s] for s in sorted(set(pop) & set(fit))]
+
+
+def coverage(cell: Cell) -> tuple[int, int]:
+    """(seeds whose population MDL lies inside [min(holdout, self), max(holdout, self)], seeds with all three)."""
+    pop, h, s = (cell.runs.get(m, {}) for m in ("population", "holdout", "self"))
+    seeds = sorted(set(pop) & set(h) & set(s))
+    return sum(min(h[i], s[i]) <= pop[i] <= max(h[i], s[i]) for i in seeds), len(seeds)
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+    return "–" if x is None or math.isnan(x) else f"{x:.{digits}f}"
+
+
+def _shown_keys(cells: Cells) -> list[str]:
+    """The keys whose values differ between the cells (every one of them is shown)."""
+    keys = sorted(set().union(*(c.config for c in cells.values())))
+    return [k for k in keys if len({json.dumps(c.config.get(k), default=str) for c in cells.values()}) > 1]
+
+
+@dataclass
+class Row:
+    label: str
+    cell: Cell
+    truth: float | None
+    floor: float | None
+
+
+def rows(cells: Cells, rows_per_class: int = 50_000) -> list[Row]:
+    """A row per cell, labelled by its eraser and every other key whose value differs between the cells (an
+    eraser option: where it differs between cells of that eraser)."""
+    shown = [k for k in _shown_keys(cells) if not k.startswith("eraser.")]
+    by_eraser: defaultdict[str, Cells] = defaultdict(dict)
+    for key, cell in cells.items():
+        by_eraser[str(cell.config.get("eraser.name"))][key] = cell
+    out = []
+    for cell in cells.values():
+        eraser = str(cell.config.get("eraser.name"))
+        keys = shown + [k for k in _shown_keys(by_eraser[eraser]) if k.startswith("eraser.")]
+        label = f"{eraser}: " + (", ".join(f"{k.removeprefix('dataset.')}={cell.config.get(k, '?')}" for k in keys)
+                                 or str(cell.config.get("dataset.name")))
+        true = truth(cell, rows_per_class)
+        out.append(Row(label, cell, true, floor(cell, true)))
+    return sorted(out, key=lambda r: r.label)
+
+
+def table(rows_: list[Row]) -> str:
+    modes = [m for m in FIT_ON if any(m in r.cell.runs for r in rows_)]
+    head = ["cell", "truth", "floor", *(f"{m}" for m in modes), *(f"bias {m}" for m in FITTED if m in modes),
+            "coverage"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (dataset, cov_gap, rows, eraser, k), by_fit in sorted(cells.items()):
-        true, shown = truth(dataset, eraser, cov_gap, k, options[(dataset, cov_gap, rows, eraser, k)])
-        row = [dataset, f"{cov_gap:g}", f"{rows:g}", eraser, shown]
-        for f in FIT_ON:
-            row += _cell(by_fit[f], true)  # a defaultdict: no run of this fit_on, no values
+    for r in rows_:
+        row = [r.label, _num(r.truth), _num(r.floor)]
+        for m in modes:
+            v = list(r.cell.runs.get(m, {}).values())
+            sd = statistics.stdev(v) if len(v) > 1 else math.nan
+            row.append(f"{statistics.fmean(v):.3f} ± {_num(sd)} ({len(v)})" if v else "–")
+        for m in FITTED:
+            if m in modes:
+                b = bias(r.cell, m)
+                mean, ci = mean_ci(b)
+                row.append(f"{mean:+.3f} ± {_num(ci)}" if b else "–")
+        inside, n = coverage(r.cell)
+        row.append(f"{inside}/{n}" if n else "–")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
+def summary(rows_: list[Row]) -> str:
+    """Coverage over every cell × seed, and per fitted mode its mean bias over the cells."""
+    inside = sum(coverage(r.cell)[0] for r in rows_)
+    total = sum(coverage(r.cell)[1] for r in rows_)
+    parts = [f"coverage {inside}/{total} = {inside / total:.2f} of cell × seed pairs" if total else "no coverage"]
+    for m in FITTED:
+        b = [v for r in rows_ for v in bias(r.cell, m)]
+        if b:
+            mean, ci = mean_ci(b)
+            parts.append(f"bias {m} {mean:+.3f} ± {_num(ci)}")
+    return "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("root", nargs="?", default="outputs/runs", type=Path)
+    parser.add_argument("root", nargs="?", default="outputs/calibrate", type=Path)
     parser.add_argument("--experiment", default="calibrate")
     args = parser.parse_args(argv)
-    cells, options = collect(args.root, args.experiment)
+    cells = collect(args.root, args.experiment)
     if not cells:
         print(f"error: no results of experiment {args.experiment} under {args.root}: run `make calibrate` first",
               file=sys.stderr)
         return 1
-    print(table(cells, options))
-    print("\nMDL in bits/sample, mean ± sd over seeds (n); error = MDL − truth. oracle: fitted on 200·d fresh rows per "
-          "class; all: on the coded rows (in sample); holdout: on half of the training rows, applied to the other "
-          "half.")
+    found = rows(cells)
+    print(table(found))
+    print(f"\n{summary(found)}")
+    print("\nMDL in bits/sample, mean ± sd over seeds (n). truth: H(Y|X') under the population eraser; floor: the "
+          "Bayes posterior on the same blocks (block 1 at log2 K); bias: MDL(mode) − MDL(population) on the same "
+          "rows, mean ± 95% CI over seeds; coverage: seeds whose population MDL lies in [min, max] of holdout and "
+          "self.")
     return 0
 
 

@@ -9,34 +9,34 @@ BRACKET per seed, [min, max] of the two. A row is one measurement: a bracket (ho
 equal n_coded), or one fit mode alone (all, self, holdout, oracle: "single"). The identity eraser (control) has no
 fit: its runs at one n_coded stand for either end.
 
-Verdict of one row, first that applies:
-- "not enough seeds": fewer than MIN_SEEDS seeds have every value;
-- "does not hold": on some seed a raw difference (per fit mode) contradicts the claim, or (single row) not every
-  seed shows the claimed sign;
-- "brackets overlap": a bracket row whose raw differences agree but whose brackets do not separate on every seed;
-- "not identifiable": a single row where a side is flagged: a probe below chance (dependence) or its permuted-label
-  null below the label entropy (injection; scripts/tables.bias_flag);
-- "budget-bound": a side has more than BUDGET_SHARE of its block models at the cap (scripts/aggregate_collect.at_cap);
-- "holds": the two sides separate in the claimed direction on every seed (bracket: the whole brackets).
-The claim "wider than ~1K does not lower MDL" is a negative one: it does not hold when the widest width's bracket
-lies below ~1K's on every seed; raw differences all lower in one fit mode while the brackets overlap read "brackets
-overlap"; else it holds (flags and budget as above).
+One standard of evidence (issue 38). Per seed the difference a − b lies in [d_lo, d_hi] (d_lo = min a − max b,
+d_hi = max a − min b over the brackets' ends; one fit mode: d_lo = d_hi = a − b). A claim "a − b > 0" is SUPPORTED
+when the one-sided paired t-test of d_lo > 0 rejects at ALPHA after Holm's correction across the claim's rows (the
+row's margin CI, printed at its Holm level, then excludes zero), CONTRADICTED when the same test of d_hi < 0
+rejects, else INCONCLUSIVE, or UNDERPOWERED where the CI's half-width exceeds the claim's effect of interest
+(`Claim.effect`, bits/sample). "a − b < 0" mirrors it. A claim of absence (sign 0: "widths beyond ~1K do not lower
+MDL") is an equivalence claim with margin δ = `Claim.effect`: supported by TOST (both d_lo > −δ and d_hi < δ,
+p = the larger one-sided p), contradicted when the change is beyond −δ (d_hi < −δ). Each row says how many seeds
+it needs to be decidable (the CI's half-width at its level below max(|mean margin|, effect), at the observed sd).
+Before that: "not enough seeds" below MIN_SEEDS; a supported or contradicted single row with a flagged side (probe
+below chance, injecting null: scripts/tables.bias_flag) is "not identifiable"; a side with more than BUDGET_SHARE
+of its block models at the cap is "budget-bound" (scripts/aggregate_collect.at_cap).
 
-Beside the verdict: the per-seed margin (how far the sides separate in the claimed direction; > 0 supports it), its
-mean ± 95% CI (t), an exact one-sided sign test and a one-sided paired t-test of the margin, each Holm-corrected
-across the rows of all claims (and groups) of one report. A claim's overall verdict: the first of does not hold,
-brackets overlap, not identifiable, budget-bound, not enough seeds that a row has, else holds; without a row it is
-"not testable here".
+A claim's verdict in one group: contradicted if a row is, else the first of not identifiable, budget-bound, not
+enough seeds, underpowered, inconclusive that a row has, else supported (every row supported); without a row "not
+testable here". Its p is the largest Holm p of its rows (every row must hold: an intersection-union test).
 
 Claims compare results of one comparison group only (scripts/aggregate.py: results whose configs differ in
 anything but eraser and seed are different groups): `evaluate` refuses a frame of several groups (one line naming
-the keys); `evaluate_groups` gives every group its own verdicts, and the report says which claims hold in every
-group (a sensitivity sweep's groups: `experiment=sensitivity`).
+the keys); `evaluate_groups` gives every group its own verdicts (Holm within each claim of each group, never across
+groups), and a claim "survives every group" when its largest p over the groups is below ALPHA (intersection-union:
+no correction across groups).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -61,11 +61,14 @@ from training.analysis.tables import (
 )
 
 MIN_SEEDS = 5
-HOLDS, FAILS, FEW, UNTESTABLE = "holds", "does not hold", "not enough seeds", "not testable here"
-OVERLAP, NOT_IDENTIFIABLE, BUDGET = "brackets overlap", "not identifiable", "budget-bound"
-ORDER = (FAILS, OVERLAP, NOT_IDENTIFIABLE, BUDGET, FEW)  # a claim's overall verdict: the first a row has
-IN_SAMPLE = ("self", "all")  # in-sample bracket ends (holdout: the out-of-sample end; oracle: a single row)
-FIT_MODES = ("all", "self", "holdout", "oracle")
+ALPHA = 0.05  # family-wise level of one claim's rows (Holm)
+EFFECT = 0.05  # bits/sample: the default effect of interest (absence claims: the equivalence margin δ)
+MAX_SEEDS = 10_000  # "seeds needed" beyond this reads "> MAX_SEEDS"
+SUPPORTED, CONTRADICTED, INCONCLUSIVE, UNDERPOWERED = "supported", "contradicted", "inconclusive", "underpowered"
+FEW, UNTESTABLE, NOT_IDENTIFIABLE, BUDGET = "not enough seeds", "not testable here", "not identifiable", "budget-bound"
+ORDER = (CONTRADICTED, NOT_IDENTIFIABLE, BUDGET, FEW, UNDERPOWERED, INCONCLUSIVE)  # a claim's verdict: first a row has
+IN_SAMPLE = ("self", "all")  # in-sample bracket ends (holdout: the out-of-sample end; oracle, population: single)
+FIT_MODES = ("all", "self", "holdout", "oracle", "population")  # population: generator data only
 WIDE = 1024  # "widths beyond ~1K"
 
 
@@ -123,7 +126,7 @@ def measurements(sides: Sequence[Side]) -> list[Measurement]:
             used |= {"holdout", partner}
     for mode in FIT_MODES:
         if mode in common and mode not in used:
-            out.append(Measurement(mode, mode if mode in ("holdout", "oracle") else None,
+            out.append(Measurement(mode, mode if mode in ("holdout", "oracle", "population") else None,
                                    mode if mode in IN_SAMPLE else None))
     return [m for m in out if all(_control_runs(c, m, ref) for c in controls)]
 
@@ -203,8 +206,9 @@ Rows = list[RowInput]
 class Claim:
     key: str
     text: str
-    sign: int  # +1: the difference (a - b) is claimed > 0; -1: < 0; 0: the negative width claim (not all < 0)
+    sign: int  # +1: the difference (a - b) is claimed > 0; -1: < 0; 0: absence (|a - b| < effect, TOST)
     rows: Callable[[pd.DataFrame], Rows]  # the rows of a job table (true-label and null runs)
+    effect: float = EFFECT  # bits/sample: the effect of interest (sign 0: the equivalence margin δ)
 
 
 def _split(g: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -268,15 +272,21 @@ def _width_pairs(df: pd.DataFrame) -> Rows:
     return out
 
 
+
 CLAIMS: dict[str, Claim] = {c.key: c for c in (
     Claim("leace_raises_mdl", "LEACE raises MDL for every architecture (MDL(leace) - MDL(control) > 0)", +1,
           _eraser_pairs("leace", "control")),
+    Claim("leace_above_random", "LEACE raises MDL more than removing as many random directions (MDL(leace) - "
+          "MDL(random) > 0; the non-specific-removal control: eraser=random eraser.options.rank=K-1)", +1,
+          _eraser_pairs("leace", "random")),
     Claim("qleace_above_leace", "QLEACE raises MDL more than LEACE for MLPs and LeNets "
           "(MDL(qleace) - MDL(leace) > 0)", +1, _eraser_pairs("qleace", "leace", ("mlp", "lenet"))),
     Claim("alf_below_qleace", "ALF-QLEACE raises MDL less than QLEACE (MDL(alf_qleace) - MDL(qleace) < 0)", -1,
           _eraser_pairs("alf_qleace", "qleace")),
-    Claim("wide_no_lower", "Widths beyond ~1K do not lower MDL (MDL(widest) - MDL(~1K) not < 0 on every seed)", 0,
-          _width_pairs),
+    Claim("alf_below_leace", "ALF-QLEACE raises MDL less than LEACE (MDL(alf_qleace) - MDL(leace) < 0; paper §4)",
+          -1, _eraser_pairs("alf_qleace", "leace")),
+    Claim("wide_no_lower", f"Widths beyond ~1K do not change MDL (|MDL(widest) - MDL(~1K)| < {EFFECT} bits/sample, "
+          "TOST; contradicted by a drop beyond it)", 0, _width_pairs),
 )}
 
 
@@ -285,70 +295,67 @@ class RowTest:
     claim: str
     row: str
     diffs: dict[str, dict[int, float]]  # fit mode -> seed -> raw difference a - b
-    margins: dict[int, float]  # seed -> separation in the tested direction (> 0: separated that way)
+    margins: dict[int, float]  # seed -> margin in the claimed direction (> 0 supports the claim on that seed)
     mean: float  # of the margins
-    ci: float  # half-width of the 95% t interval of the mean margin
-    sign_p: float  # one-sided exact sign test of the margins (> 0)
-    t_p: float  # one-sided paired t-test of the margins (> 0)
-    verdict: str
+    sd: float  # of the margins
+    p: float  # one-sided p of the claim on this row (paired t; absence: TOST)
+    p_against: float  # one-sided p of the contrary (sign ±1: the other direction; absence: a drop beyond δ)
     bracket: bool = False
+    flags: list[str] = field(default_factory=list)
+    budget: list[str] = field(default_factory=list)
+    holm_p: float = math.nan  # Holm across the claim's rows (what the verdict uses)
+    holm_p_against: float = math.nan
+    level: float = math.nan  # the one-sided level of this row's Holm step (ALPHA / (rows - rank))
+    ci: float = math.nan  # half-width of the two-sided 1 - 2·level t interval of the mean margin
+    seeds_needed: int | None = None  # to be decidable at this level and sd (None: more than MAX_SEEDS)
+    verdict: str = ""
     why: str = ""  # flags / budget behind the verdict
-    holm_sign_p: float = math.nan
-    holm_t_p: float = math.nan
+
+    @property
+    def n(self) -> int:
+        return len(self.margins)
 
 
-def _margins(direction: int, a: dict[str, pd.Series], b: dict[str, pd.Series]) -> pd.Series:
-    """Per seed: how far the sides' brackets ([min, max] over fit modes) separate in `direction` (> 0: a above b
-    for +1, a below b for -1); only seeds with every value."""
+def t_p(values: Sequence[float], shift: float = 0.0) -> float:
+    """One-sided p of the t-test that the mean of `values` exceeds `shift` (scipy's ttest_1samp, 'greater'); a
+    sample without spread: 0 if its mean is above `shift`, else 1; NaN below 2 values."""
+    n = len(values)
+    if n < 2:
+        return math.nan
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    if sd == 0:
+        return 0.0 if mean > shift else 1.0
+    return float(stats.t.sf((mean - shift) / (sd / math.sqrt(n)), n - 1))
+
+
+def _ends(a: dict[str, pd.Series], b: dict[str, pd.Series]) -> tuple[pd.Series, pd.Series]:
+    """Per seed (only seeds with every value) the lowest and highest difference a − b the brackets allow."""
     fa, fb = pd.concat(a, axis=1), pd.concat(b, axis=1)
     seeds = fa.dropna().index.intersection(fb.dropna().index)
     fa, fb = fa.loc[seeds], fb.loc[seeds]
-    if direction > 0:
-        return fa.min(axis=1) - fb.max(axis=1)
-    return fb.min(axis=1) - fa.max(axis=1)
+    return fa.min(axis=1) - fb.max(axis=1), fa.max(axis=1) - fb.min(axis=1)
 
 
 def row_test(claim: Claim, r: RowInput) -> RowTest:
-    direction = claim.sign if claim.sign != 0 else -1  # width claim: test for a decrease
-    margins = _margins(direction, r.a, r.b)
+    """The row's margins and one-sided p values (before Holm: `evaluate` corrects and decides)."""
+    lo, hi = _ends(r.a, r.b)
+    d = claim.effect
+    if claim.sign > 0:
+        margins, p, against = lo, t_p(list(lo)), t_p(list(-hi))
+    elif claim.sign < 0:
+        margins, p, against = -hi, t_p(list(-hi)), t_p(list(lo))
+    else:  # absence: TOST for |a − b| < δ; contradicted by a drop beyond δ
+        margins = pd.concat([lo + d, d - hi], axis=1).min(axis=1)
+        p = max(t_p(list(lo), -d), t_p(list(-hi), -d))
+        against = t_p(list(-hi), d)
     diffs = {mode: {int(s): float(v) for s, v in (r.a[mode] - r.b[mode]).loc[margins.index].items()}
              for mode in r.a}
     m = {int(s): float(v) for s, v in margins.items()}
     n = len(m)
-    values = list(m.values())
-    mean = float(sum(values) / n) if n else math.nan
-    sd = float(pd.Series(values).std(ddof=1)) if n > 1 else math.nan
-    ci = float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)) if n > 1 else math.nan
-    sign_p = float(stats.binomtest(sum(v > 0 for v in values), n, 0.5, alternative="greater").pvalue) if n \
-        else math.nan
-    t_p = float(stats.t.sf(mean / (sd / math.sqrt(n)), n - 1)) if n > 1 and sd > 0 else math.nan
-    separated = n > 0 and all(v > 0 for v in values)
-    # raw differences: per fit mode, do all seeds show the tested direction? does some seed contradict it?
-    every = [all(v * direction > 0 for v in d.values()) for d in diffs.values()]
-    against = any(v * direction < 0 for d in diffs.values() for v in d.values())
-    why = "; ".join(r.flags + r.budget)
-    if n < MIN_SEEDS:
-        verdict = FEW
-    elif claim.sign == 0:  # the negative claim: refuted by a separated decrease
-        verdict = FAILS if separated else OVERLAP if any(every) else HOLDS
-    elif against or (not r.bracket and not separated):
-        verdict = FAILS
-    elif not separated:
-        verdict = OVERLAP
-    else:
-        verdict = HOLDS
-    if verdict in (HOLDS, FAILS) and not r.bracket and r.flags:
-        verdict = NOT_IDENTIFIABLE
-    elif verdict in (HOLDS, FAILS, OVERLAP) and r.budget:
-        verdict = BUDGET
-    return RowTest(claim.key, r.row, diffs, m, mean, ci, sign_p, t_p, verdict, r.bracket, why)
-
-
-def overall(tests: Sequence[RowTest]) -> str:
-    verdicts = {t.verdict for t in tests}
-    if not verdicts:
-        return UNTESTABLE
-    return next((v for v in ORDER if v in verdicts), HOLDS)
+    mean = float(margins.mean()) if n else math.nan
+    sd = float(margins.std(ddof=1)) if n > 1 else math.nan
+    return RowTest(claim.key, r.row, diffs, m, mean, sd, p, against, r.bracket, r.flags, r.budget,
+                   why="; ".join(r.flags + r.budget))
 
 
 def holm(ps: Sequence[float]) -> list[float]:
@@ -361,17 +368,81 @@ def holm(ps: Sequence[float]) -> list[float]:
     return out
 
 
-def apply_holm(tests: Sequence[RowTest]) -> None:
-    """Holm-correct the sign-test and t-test p of these row tests (all rows of one report), in place."""
-    for attr in ("sign_p", "t_p"):
-        for t, p in zip(tests, holm([getattr(t, attr) for t in tests]), strict=True):
-            setattr(t, f"holm_{attr}", p)
+def holm_levels(ps: Sequence[float], alpha: float = ALPHA) -> list[float]:
+    """Each p's Holm step level alpha / (m − rank) (rank by p, NaN: NaN): a row whose Holm p is below alpha has its
+    raw p below this level, so its CI at this level excludes zero."""
+    idx = sorted((i for i, p in enumerate(ps) if not math.isnan(p)), key=lambda i: ps[i])
+    out = [math.nan] * len(ps)
+    for rank, i in enumerate(idx):
+        out[i] = alpha / (len(idx) - rank)
+    return out
+
+
+def _half_width(sd: float, n: int, level: float) -> float:
+    if n < 2 or math.isnan(sd) or math.isnan(level):
+        return math.nan
+    return float(stats.t.ppf(1 - level, n - 1) * sd / math.sqrt(n))
+
+
+def seeds_needed(sd: float, target: float, level: float) -> int | None:
+    """The fewest seeds (≥ MIN_SEEDS) whose t interval at `level` has a half-width below `target` at this sd;
+    None beyond MAX_SEEDS. (The half-width falls with n: bisection.)"""
+    if math.isnan(sd) or math.isnan(level) or target <= 0:
+        return None
+    if not _half_width(sd, MAX_SEEDS, level) < target:
+        return None
+    lo, hi = 1, MAX_SEEDS  # half-width(lo) ≥ target (n = 1: infinite), half-width(hi) < target
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _half_width(sd, mid, level) < target else (mid, hi)
+    return max(MIN_SEEDS, hi)
+
+
+def decide(claim: Claim, tests: Sequence[RowTest], alpha: float = ALPHA) -> None:
+    """Holm across the claim's rows, each row's CI at its Holm level, seeds needed, and the verdict, in place."""
+    for attr, ps in (("holm_p", [t.p for t in tests]), ("holm_p_against", [t.p_against for t in tests])):
+        for t, q in zip(tests, holm(ps), strict=True):
+            setattr(t, attr, q)
+    for t, level in zip(tests, holm_levels([t.p for t in tests], alpha), strict=True):
+        t.level = level
+        t.ci = _half_width(t.sd, t.n, level)
+        t.seeds_needed = seeds_needed(t.sd, max(abs(t.mean), claim.effect), level)
+        if t.n < MIN_SEEDS:
+            verdict = FEW
+        elif t.holm_p < alpha:
+            verdict = SUPPORTED
+        elif t.holm_p_against < alpha:
+            verdict = CONTRADICTED
+        else:
+            verdict = UNDERPOWERED if not t.ci <= claim.effect else INCONCLUSIVE
+        if verdict in (SUPPORTED, CONTRADICTED) and not t.bracket and t.flags:
+            verdict = NOT_IDENTIFIABLE
+        elif verdict != FEW and t.budget:
+            verdict = BUDGET
+        t.verdict = verdict
+
+
+def overall(tests: Sequence[RowTest]) -> str:
+    verdicts = {t.verdict for t in tests}
+    if not verdicts:
+        return UNTESTABLE
+    return next((v for v in ORDER if v in verdicts), SUPPORTED)
+
+
+def claim_p(tests: Sequence[RowTest]) -> float:
+    """A claim's p in one group: the largest Holm p of its rows (every row must hold); NaN without rows."""
+    ps = [t.holm_p for t in tests]
+    return math.nan if not ps or any(math.isnan(p) for p in ps) else max(ps)
 
 
 Results = list[tuple[Claim, list[RowTest], str]]
 
 
-def _evaluate(df: pd.DataFrame, keys: Sequence[str] | None) -> Results:
+def evaluate(df: pd.DataFrame, keys: Sequence[str] | None = None) -> Results:
+    """Each claim (all, or `keys` in order) with its row tests (Holm across the claim's rows) and overall verdict.
+    `df`: aggregate.py's job table (status, dataset, arch, width, depth, variant, eraser, seed, bits_per_sample;
+    where present fit_on, fold, null, ref_bits, n_coded, probe flags, blocks_at_cap/blocks_known) of one group:
+    results of several groups are refused (MixedGroupsError, one line naming the keys that differ)."""
     unknown = [k for k in keys or () if k not in CLAIMS]
     if unknown:
         raise ValueError(f"unknown claims {unknown}; known: {sorted(CLAIMS)}")
@@ -387,50 +458,52 @@ def _evaluate(df: pd.DataFrame, keys: Sequence[str] | None) -> Results:
     for key in keys or list(CLAIMS):
         claim = CLAIMS[key]
         tests = [row_test(claim, row) for row in claim.rows(done)]
+        decide(claim, tests)
         out.append((claim, tests, overall(tests)))
     return out
 
 
-def evaluate(df: pd.DataFrame, keys: Sequence[str] | None = None) -> Results:
-    """Each claim (all, or `keys` in order) with its row tests (Holm across all of them) and overall verdict.
-    `df`: aggregate.py's job table (status, dataset, arch, width, depth, variant, eraser, seed, bits_per_sample;
-    where present fit_on, fold, null, ref_bits, n_coded, probe flags, blocks_at_cap/blocks_known) of one group:
-    results of several groups are refused (MixedGroupsError, one line naming the keys that differ)."""
-    out = _evaluate(df, keys)
-    apply_holm([t for _, tests, _ in out for t in tests])
-    return out
-
-
 def evaluate_groups(df: pd.DataFrame, keys: Sequence[str] | None = None) -> list[tuple[str, Results]]:
-    """`evaluate` per comparison group: [(group, its claims)], groups in order of appearance; Holm across the
-    rows of every group."""
+    """`evaluate` per comparison group: [(group, its claims)], groups in order of appearance; Holm within each
+    claim of each group (never across groups: surviving every group is an intersection-union test)."""
     if "group" not in df:
         return [("{}", evaluate(df, keys))]
-    per = [(g, _evaluate(df[df.group == g], keys)) for g in groups_in(df)]
-    apply_holm([t for _, results in per for _, tests, _ in results for t in tests])
-    return per
+    return [(g, evaluate(df[df.group == g], keys)) for g in groups_in(df)]
 
 
-def surviving(per_group: Sequence[tuple[str, Results]]) -> dict[str, bool]:
-    """Claim key -> whether it holds in every group (a claim some group cannot test does not survive)."""
+def group_p(per_group: Sequence[tuple[str, Results]]) -> dict[str, float]:
+    """Claim key -> its largest p over the groups (NaN where some group cannot test it)."""
+    ps: defaultdict[str, list[float]] = defaultdict(list)
+    for _, results in per_group:
+        for claim, tests, _ in results:
+            ps[claim.key].append(claim_p(tests))
+    return {k: math.nan if any(math.isnan(p) for p in v) else max(v) for k, v in ps.items()}
+
+
+def surviving(per_group: Sequence[tuple[str, Results]], alpha: float = ALPHA) -> dict[str, bool]:
+    """Claim key -> whether it is supported in every group: its largest p over the groups below `alpha`, no flag,
+    budget or missing seeds in any group."""
     verdicts: defaultdict[str, list[str]] = defaultdict(list)
     for _, results in per_group:
         for claim, _, verdict in results:
             verdicts[claim.key].append(verdict)
-    return {key: all(v == HOLDS for v in vs) for key, vs in verdicts.items()}
+    return {k: p < alpha and all(v == SUPPORTED for v in verdicts[k]) for k, p in group_p(per_group).items()}
 
 
-def _num(x: float, digits: int = 3) -> str:
+def _num(x: float | None, digits: int = 3) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
 HEADER = ["## The paper's claims (paired by seed, bits/sample)", "",
-          f"Per row: the raw differences a − b per fit mode, in seed order; the margin = how far the two sides "
+          "Per row: the raw differences a − b per fit mode, in seed order; the margin = how far the two sides "
           "separate in the claimed direction (a bracket [out of sample, in sample] per side where both fit modes "
-          "ran at equal n_coded; > 0 supports the claim), its mean ± 95% CI, one-sided sign test and paired t-test, "
-          f"Holm-corrected across every row of this report. holds: separated on every one of ≥ {MIN_SEEDS} "
-          f"seeds and no raw difference against the claim; brackets overlap; not identifiable: one fit mode only "
-          f"and a side flagged (probe below chance, or null below the label entropy); budget-bound: > "
+          "ran at equal n_coded; > 0 supports the claim), its mean ± CI at the row's Holm level (two-sided, "
+          "1 − 2·level), the one-sided paired t p of the claim and of its contrary, Holm-corrected across the "
+          f"claim's rows. supported: Holm p < {ALPHA}; contradicted: Holm p of the contrary < {ALPHA}; "
+          "underpowered: neither, and the CI wider than the claim's effect of interest; inconclusive: neither. An "
+          "absence claim is TOST with margin δ = its effect. Seeds needed: for the CI at this level and sd to be "
+          f"narrower than max(|mean|, effect). Below {MIN_SEEDS} seeds: not enough seeds; not identifiable: one fit "
+          "mode only and a side flagged (probe below chance, or null below the label entropy); budget-bound: > "
           f"{BUDGET_SHARE:.0%} of a side's block models stopped at max_epochs with their best epoch in the last "
           "10% of the epochs they ran.", ""]
 
@@ -441,10 +514,15 @@ def _diff_text(t: RowTest) -> str:
                      for m, d in t.diffs.items())
 
 
+def _ci_text(t: RowTest) -> str:
+    level = "" if math.isnan(t.level) else f" ({1 - 2 * t.level:.1%})"
+    return f"{_num(t.mean)} ± {_num(t.ci)}{level}"
+
+
 def markdown(results: Results, header: bool = True) -> str:
     lines = [*(HEADER if header else []),
-             "| claim | row | raw differences a − b | margin mean ± 95% CI | sign p | t p | Holm p (sign / t) "
-             "| verdict | why |",
+             "| claim | row | raw differences a − b | margin mean ± CI (level) | p / Holm p | against: p / Holm p "
+             "| seeds needed | verdict | why |",
              "|---|---|---|---|---|---|---|---|---|"]
     untestable = []
     for claim, tests, verdict in results:
@@ -452,10 +530,11 @@ def markdown(results: Results, header: bool = True) -> str:
             untestable.append(claim)
             continue
         for t in tests:
-            lines.append(f"| {claim.key} | {md_cell(t.row)} | {_diff_text(t)} | {_num(t.mean)} ± {_num(t.ci)} | "
-                         f"{_num(t.sign_p)} | {_num(t.t_p)} | {_num(t.holm_sign_p)} / {_num(t.holm_t_p)} | "
+            need = f"> {MAX_SEEDS}" if t.seeds_needed is None else str(t.seeds_needed)
+            lines.append(f"| {claim.key} | {md_cell(t.row)} | {_diff_text(t)} | {_ci_text(t)} | {_num(t.p)} / "
+                         f"{_num(t.holm_p)} | {_num(t.p_against)} / {_num(t.holm_p_against)} | {need} | "
                          f"{t.verdict} | {md_cell(t.why)} |")
-        lines.append(f"| **{claim.key}** | **overall** | | | | | | **{verdict}** | |")
+        lines.append(f"| **{claim.key}** | **overall** (p {_num(claim_p(tests))}) | | | | | | **{verdict}** | |")
     lines.append("")
     for claim, _, verdict in results:
         lines.append(f"- {claim.text}: **{verdict}**")
@@ -466,16 +545,16 @@ def markdown(results: Results, header: bool = True) -> str:
 
 def markdown_groups(per_group: Sequence[tuple[str, Results]]) -> str:
     """The report of `evaluate_groups`: as `markdown` for one group, else a section (and verdicts) per group and
-    which claims hold in every group."""
+    which claims are supported in every group (the largest p over the groups)."""
     if len(per_group) == 1:
         return markdown(per_group[0][1])
     parts = ["\n".join(HEADER)]
     labels = group_labels([g for g, _ in per_group])
     for i, (group, results) in enumerate(per_group, 1):
         parts.append(f"### Group {i}: {labels[group]}\n\n{markdown(results, header=False)}")
-    survive = surviving(per_group)
-    lines = [f"### Across all {len(per_group)} groups", ""]
-    lines += [f"- {k}: **{'survives every group' if ok else 'does not survive every group'}**"
+    survive, ps = surviving(per_group), group_p(per_group)
+    lines = [f"### Across all {len(per_group)} groups (largest p over the groups; no correction across them)", ""]
+    lines += [f"- {k}: **{'survives every group' if ok else 'does not survive every group'}** (p {_num(ps[k])})"
               for k, ok in survive.items()]
     parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)

@@ -88,7 +88,7 @@ def test_1_erasers_at_different_learning_rates_get_a_table_each_and_no_verdict(t
     assert md.count("| dataset | arch | w | d | control |\n") == 3  # group 1's MDL, legacy, final-loss tables
     claims = (tmp_path / "tables" / "t_claims.md").read_text()
     assert "### Group 1: optim.lr=0.001" in claims and "### Group 2: optim.lr=0.01" in claims
-    assert "**holds**" not in claims and claims.count("LEACE raises MDL for every architecture "
+    assert "**supported**" not in claims and claims.count("LEACE raises MDL for every architecture "
                                                       "(MDL(leace) - MDL(control) > 0): **not testable here**") == 2
     summary = list(csv.DictReader((tmp_path / "tables" / "t.csv").open()))
     assert {r["eraser"]: json.loads(r["group"]) for r in summary} == {"control": {"optim.lr": 0.001},

@@ -248,7 +248,7 @@ def test_fit_on_is_a_variant_of_the_eraser_shown_separately(tmp_path: Path) -> N
     inc = aggregate_summary.increase_over_control(df)
     assert inc[["fit_on", "eraser", "mean"]].values.tolist() == [["all", "leace", pytest.approx(0.5)]]
     (claim, tests, verdict), = claims.evaluate(df, ["leace_raises_mdl"])
-    assert [t.row for t in tests] == ["mnist5k mlp_relu w128 d2"] and verdict == "holds"
+    assert [t.row for t in tests] == ["mnist5k mlp_relu w128 d2"] and verdict == "supported"
     header, rows = aggregate_render.certificate_rows(summary)
     assert header[:3] == ["dataset", "fit on", "eraser"]
     assert sorted(r[:3] for r in rows) == [["mnist5k", "all", "control"], ["mnist5k", "all", "leace"],
@@ -370,26 +370,26 @@ def test_interface_keys_give_brackets_fit_and_budget_per_cell(tmp_path: Path) ->
 
 
 def test_claims_on_brackets_and_a_budget_bound_cell(tmp_path: Path) -> None:
-    """The same cells through aggregate.py --claims: LEACE over control holds on its bracket; QLEACE over LEACE
-    does not (its holdout end is below LEACE's on every seed); with QLEACE's holdout at 2.5 its bracket separates
-    from LEACE's, but QLEACE is budget-bound; without the block models at the cap it holds."""
+    """The same cells through aggregate.py --claims: LEACE over control is supported on its bracket; QLEACE over
+    LEACE is inconclusive (its bracket contains LEACE's); with QLEACE's holdout at 2.5 its bracket separates from
+    LEACE's, but QLEACE is budget-bound; without the block models at the cap it is supported."""
     root = tmp_path / "runs"
     _bracket_root(root)
     df, _ = aggregate_collect.collect_dir(root)
     results = {c.key: (tests, verdict) for c, tests, verdict in claims.evaluate(df)}
     (leace,), verdict = results["leace_raises_mdl"]
-    assert (leace.row, leace.verdict, verdict) == ("mnist5k mlp_relu w128 d2 (fit on [holdout, self])", "holds",
-                                                   "holds")
+    assert (leace.row, leace.verdict, verdict) == ("mnist5k mlp_relu w128 d2 (fit on [holdout, self])", "supported",
+                                                   "supported")
     assert leace.margins == pytest.approx({s: 1.92 - 0.83 for s in range(5)})
-    assert results["qleace_above_leace"][1] == "does not hold"
-    for cap, expected in ((3, "budget-bound"), (0, "holds")):
+    assert results["qleace_above_leace"][1] == "inconclusive"  # brackets [0.5, 3.33] and [1.92, 2.10] overlap
+    for cap, expected in ((3, "budget-bound"), (0, "supported")):
         other = tmp_path / f"cap{cap}"
         _bracket_root(other, qleace_holdout=2.5, qleace_cap=cap)
         (_, tests, verdict), = claims.evaluate(aggregate_collect.collect_dir(other)[0], ["qleace_above_leace"])
         assert verdict == expected and tests[0].bracket
     _run(root, tmp_path, "--claims")
     report = (tmp_path / "tables" / "t_claims.md").read_text()
-    assert "- LEACE raises MDL for every architecture (MDL(leace) - MDL(control) > 0): **holds**" in report
+    assert "- LEACE raises MDL for every architecture (MDL(leace) - MDL(control) > 0): **supported**" in report
     assert "after the bias" not in report and "Holm" in report
 
 

@@ -1,6 +1,9 @@
 """Calibration against a known answer through the real pipeline (issue 29): erased class-conditional Gaussians
-code at H(Y) when the eraser is fitted on the population (fit_on=oracle), in sample (all) reads at or above it,
-out of sample (holdout) at or below it; a two-mode mixture keeps information QLEACE cannot remove.
+code at H(Y) when the eraser is fitted on fresh draws (fit_on=oracle), in sample (all) reads at or above it,
+out of sample (holdout) at or below it; a two-mode mixture keeps information QLEACE cannot remove. Then (issue 38)
+the table of scripts/calibrate.py on results whose answer is known: cells keyed by every key that differs, truth
+against an independent computation, coverage and bias against the paired population eraser, the always-log2 K
+harness failing the grid, and the claims report run on the grid.
 
 The learner must be able to learn this data, or every test below would pass trivially: the unerased control codes
 well below H(Y) on it (checked)."""
@@ -13,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts import calibrate
 from tests.helpers import job_config
 from training.mdl.job import run_job
 
@@ -42,23 +46,20 @@ def test_leace_on_unequal_covariances_leaves_information_the_oracle_cannot_remov
 
 
 def test_mixture_keeps_information_through_population_qleace(tmp_path: Path) -> None:
-    """Two modes per class: QLEACE fitted on the population codes below H(Y) = 1 bit by more than the seed noise
-    (3 seeds, each with its own data)."""
+    """Two modes per class: QLEACE fitted on fresh draws (every row coded) codes below H(Y) = 1 bit by more than the
+    seed noise (3 seeds, one data law); the table's truth H(Y|X') is below H and below the finite-data MDL."""
     mix = ["dataset=mixture", "dataset.dim=4", "dataset.num_classes=2", "dataset.mean_gap=0", "dataset.rows_per_dim=64",
            "eraser=qleace", "eraser.fit_on=oracle"]
     bits = [_bits(tmp_path, *mix, f"seed={s}") for s in range(3)]
     gap = 1.0 - statistics.fmean(bits)
     assert gap > 0.05 and gap > 3 * statistics.stdev(bits), bits
-    # the table (scripts/calibrate.py): the truth is H(Y|X') under population QLEACE, below H and below the MDL
-    from scripts.calibrate import collect, table, truth
-
-    cells, options = collect(tmp_path / "runs", "calibrate")
-    [(key, by_fit)] = cells.items()
-    assert key == ("mixture", 0.0, 64.0, "qleace", 2) and sorted(by_fit["oracle"]) == sorted(bits)
-    bound, _ = truth(*key[:1], "qleace", 0.0, 2, options[key])
+    cells = calibrate.collect(tmp_path / "runs", "calibrate")
+    [cell] = cells.values()
+    assert sorted(cell.runs["oracle"].values()) == sorted(bits)
+    bound = calibrate.truth(cell, 10_000)
     assert bound is not None and bound < 1.0 - 0.3 and min(bits) > bound  # a finite-data code reads above it
-    row = table(cells, options).splitlines()[2]
-    assert f"{bound:.3f} = H(Y|X')" in row and f"{statistics.fmean(bits) - bound:+.3f}" in row
+    row = calibrate.table(calibrate.rows(cells, 10_000)).splitlines()[2]
+    assert f"| {bound:.3f} |" in row
 
 
 def test_mixture_truth_tends_to_h_as_its_modes_merge(tmp_path: Path) -> None:
@@ -72,3 +73,215 @@ def test_mixture_truth_tends_to_h_as_its_modes_merge(tmp_path: Path) -> None:
 
     assert abs(bound(0.01) - 1.0) < 1e-6
     assert bound(6.0) < 0.6 < bound(3.0) < 0.9
+
+
+# ---------------------------------------------------------------- the table (issue 38)
+
+GRID = {  # the cells of `make calibrate` (Makefile): dataset overrides, eraser, its fit modes
+    "leace cov4": (["dataset.cov_gap=4", "dataset.mean_gap=1"], "leace", ("population", "self", "holdout")),
+    "control cov4": (["dataset.cov_gap=4", "dataset.mean_gap=1"], "control", ("self",)),
+    "leace cov1": (["dataset.cov_gap=1", "dataset.mean_gap=0"], "leace", ("population", "self", "holdout")),
+    "control cov1": (["dataset.cov_gap=1", "dataset.mean_gap=0"], "control", ("self",)),
+}
+ROWS = (1, 4, 16)
+
+
+def _fake(root: Path, overrides: list[str], values: dict[int, float], block_sizes: tuple[int, ...] = (64, 960)
+          ) -> None:
+    """result.json files as the calibrate preset's jobs write them (one config, one file per seed)."""
+    from training.app.result_codec import encode, new_result
+    from training.app.schema import config_hash, load_config, numerics_of
+
+    cfg = load_config(job_config(root, ["experiment=calibrate", *overrides]))
+    h = config_hash(cfg)
+    for seed, bits in values.items():
+        mdl = {"protocol": "prequential", "bits_per_sample": bits, "legacy": bits, "block_sizes": list(block_sizes),
+               "n_coded": sum(block_sizes), "num_classes": 4}
+        job = root / "runs" / h / f"seed{seed}"
+        job.mkdir(parents=True)
+        result = new_result(config_hash=h, hash_version=2, numerics_version=numerics_of("mdl"), job_dir=str(job),
+                            task="mdl", config={**cfg.to_dict(), "seed": seed}, sections={"mdl": mdl}, device="cpu",
+                            timings={}, provenance={})
+        (job / "result.json").write_text(__import__("json").dumps(encode(result)))
+
+
+def _independent_leace_truth(dim: int, cov_gap: float, mean_gap: float, eraser: str, n: int = 20_000) -> float:
+    """H(Y | X') by numpy/scipy alone: the class laws written out from the generator's definition (its u_k, a_k),
+    population LEACE in closed form (x' = x − Σ^{1/2} P Σ^{-1/2}(x − μ), P the projection onto Σ^{-1/2} Σ_xz),
+    draws from numpy, densities from scipy on the span of the erased laws."""
+    import numpy as np
+    from scipy import stats
+
+    from training.app.schema import load_config
+    from training.data.generators import _law
+
+    o = load_config(job_config(Path("/tmp"), ["dataset=gaussian", f"dataset.dim={dim}", f"dataset.cov_gap={cov_gap}",
+                                              f"dataset.mean_gap={mean_gap}"])).dataset.options
+    u, a = (t.numpy() for t in _law(o))
+    k = o.num_classes
+    means = mean_gap * u
+    covs = [np.eye(dim) + cov_gap * dim / 4 * np.outer(a[j], a[j]) for j in range(k)]
+    mu = means.mean(0)
+    sigma = sum(covs) / k + sum(np.outer(m - mu, m - mu) for m in means) / k
+    if eraser == "leace":
+        w, v = np.linalg.eigh(sigma)
+        half, inv_half = v @ np.diag(w**0.5) @ v.T, v @ np.diag(w**-0.5) @ v.T
+        left, sv, _ = np.linalg.svd(inv_half @ (means - mu).T)  # Σ^{-1/2} Σ_xz: columns m_k − μ (rank ≤ K − 1)
+        q = left[:, :int((sv > 1e-9).sum())]  # no mean gap: rank 0, LEACE is the identity
+        m = np.eye(dim) - half @ q @ q.T @ inv_half
+    else:
+        m = np.eye(dim)
+    e_means = [m @ (x - mu) for x in means]
+    e_covs = [m @ c @ m.T for c in covs]
+    w, v = np.linalg.eigh(sum(e_covs))
+    basis = v[:, w > 1e-9 * w.max()]
+    rng = np.random.default_rng(0)
+    bits = []
+    for j in range(k):
+        x = rng.multivariate_normal(means[j], covs[j], n)
+        z = (x - mu) @ m.T @ basis
+        logp = np.stack([stats.multivariate_normal(basis.T @ e_means[i], basis.T @ e_covs[i] @ basis).logpdf(z)
+                         for i in range(k)], 1)
+        bits.append((np.log(np.exp(logp - logp.max(1, keepdims=True)).sum(1)) + logp.max(1) - logp[:, j])
+                    / np.log(2))
+    return float(np.concatenate(bits).mean())
+
+
+@pytest.mark.parametrize("cov_gap, mean_gap, eraser", [(4, 1, "leace"), (4, 1, "control"), (1, 0, "leace")])
+def test_truth_agrees_with_an_independent_computation(cov_gap: float, mean_gap: float, eraser: str,
+                                                      tmp_path: Path) -> None:
+    from training.app.schema import load_config
+    from training.data.generators import population_truth_bits
+
+    o = load_config(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=8", f"dataset.cov_gap={cov_gap}",
+                                          f"dataset.mean_gap={mean_gap}"])).dataset.options
+    ours, se = population_truth_bits(o, eraser, rows_per_class=20_000)
+    theirs = _independent_leace_truth(8, cov_gap, mean_gap, eraser)
+    assert abs(ours - theirs) < 5 * math.sqrt(2) * se + 0.005, (ours, theirs, se)
+    assert 0.2 * H < ours < 0.9 * H  # informative: neither nothing left nor everything
+
+
+def test_population_qleace_and_alf_qleace_leave_exactly_log2_k(tmp_path: Path) -> None:
+    """QLEACE on Gaussians, and ALF-QLEACE at cov gap 1 (every class deviation has rank 1, so ALF-QLEACE removes
+    all of them: the README's "< 2.000, upper bound only" was a mislabel): the truth is log2 K to Monte Carlo
+    precision, while the control keeps information."""
+    from training.app.schema import load_config
+    from training.data.generators import population_truth_bits
+
+    o = load_config(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=8", "dataset.cov_gap=1"])).dataset.options
+    for eraser in ("qleace", "alf_qleace"):
+        assert population_truth_bits(o, eraser, rows_per_class=5000)[0] == pytest.approx(H, abs=1e-6), eraser
+    assert population_truth_bits(o, "control", rows_per_class=5000)[0] < H - 0.5
+
+
+def test_the_grids_truths_are_informative(tmp_path: Path) -> None:
+    """Every cell of `make calibrate` at d = 32 has a truth between 0.2 and 0.9 × log2 K (the mixture at
+    256 rows/d: K = 2)."""
+    from training.app.schema import load_config
+    from training.data.generators import population_truth_bits
+
+    for over, eraser, _ in GRID.values():
+        o = load_config(job_config(tmp_path, ["experiment=calibrate", *over])).dataset.options
+        assert 0.2 * H < population_truth_bits(o, eraser, rows_per_class=5000)[0] < 0.9 * H, (over, eraser)
+    mix = load_config(job_config(tmp_path, ["experiment=calibrate", "dataset=mixture", "dataset.dim=4",
+                                            "dataset.num_classes=2", "dataset.mean_gap=0"])).dataset.options
+    assert 0.2 < population_truth_bits(mix, "qleace", rows_per_class=5000)[0] < 0.9
+
+
+def test_cells_are_keyed_by_every_key_that_differs(tmp_path: Path) -> None:
+    """Runs with dataset.dim 8 and 32 and a permuted-label null: three rows, each with its own seeds (before, one
+    row "2.001 ± 0.001 (3)" labelled as seeds, from one seed)."""
+    _fake(tmp_path, ["dataset.dim=8", "eraser.fit_on=population"], {0: 1.0})
+    _fake(tmp_path, ["dataset.dim=32", "eraser.fit_on=population"], {0: 1.5})
+    _fake(tmp_path, ["dataset.dim=32", "dataset.permute_labels=true", "eraser.fit_on=self"], {0: 2.0})
+    cells = calibrate.collect(tmp_path / "runs", "calibrate")
+    assert len(cells) == 3
+    found = calibrate.rows(cells, 2000)
+    labels = [r.label for r in found]
+    assert len(set(labels)) == 3 and all("dim=" in x and "permute_labels=" in x for x in labels)
+    assert sorted(v for r in found for m in r.cell.runs.values() for v in m.values()) == [1.0, 1.5, 2.0]
+    null = next(r for r in found if r.cell.config["dataset.permute_labels"])
+    assert null.truth is None  # a permuted-label null has no population truth here
+    assert "(1)" in calibrate.table(found)
+
+
+def test_coverage_bias_and_floor_on_known_values(tmp_path: Path) -> None:
+    """Population 1.0 on every seed; holdout and self around it on seeds 0–2, both above it on seeds 3–4:
+    coverage 3/5; bias of self +0.2 exactly; floor = block 1 at log2 K, the rest at the truth."""
+    pop = {s: 1.0 for s in range(5)}
+    _fake(tmp_path, ["eraser.fit_on=population"], pop, block_sizes=(100, 300))
+    _fake(tmp_path, ["eraser.fit_on=self"], {s: 1.2 for s in range(5)}, block_sizes=(100, 300))
+    _fake(tmp_path, ["eraser.fit_on=holdout"], {0: 0.9, 1: 0.8, 2: 0.95, 3: 1.1, 4: 1.05}, block_sizes=(100, 300))
+    [cell] = calibrate.collect(tmp_path / "runs", "calibrate").values()
+    assert calibrate.coverage(cell) == (3, 5)
+    assert calibrate.bias(cell, "self") == pytest.approx([0.2] * 5)
+    mean, ci = calibrate.mean_ci(calibrate.bias(cell, "holdout"))
+    assert mean == pytest.approx(-0.04) and ci == pytest.approx(2.776445 * statistics.stdev(
+        [-0.1, -0.2, -0.05, 0.1, 0.05]) / math.sqrt(5), rel=1e-5)
+    assert calibrate.floor(cell, 0.6) == pytest.approx(0.25 * H + 0.75 * 0.6)
+    [row] = calibrate.rows({"c": cell}, 2000)
+    line = calibrate.table([row]).splitlines()[2]
+    assert "| +0.200 ± 0.000 |" in line and line.endswith("| 3/5 |")
+    assert "coverage 3/5 = 0.60" in calibrate.summary([row])
+
+
+def _grid(root: Path, value: dict[str, float], noise: float = 0.02) -> None:
+    """Fake grid results: every cell × rows/d × fit mode × 10 seeds at `value[cell]` plus per-seed noise (the same
+    noise for every fit mode of a seed: paired)."""
+    import numpy as np
+
+    wobble = np.random.default_rng(0).normal(0, noise, 10)
+    for name, (over, eraser, modes) in GRID.items():
+        for rows in ROWS:
+            for mode in modes:
+                shift = {"self": 0.05, "holdout": -0.05}.get(mode, 0.0)
+                _fake(root, [*over, f"eraser={eraser}", f"eraser.fit_on={mode}", f"dataset.rows_per_dim={rows}"],
+                      {s: value[name] + shift + float(wobble[s]) for s in range(10)})
+
+
+def test_a_harness_that_always_prints_log2_k_fails_the_grid(tmp_path: Path) -> None:
+    """Fed a harness whose every run prints log2 K, the table's truth is more than 0.5 bits/sample away in at least
+    4 cells; a harness printing the truths is within 0.1 everywhere (so the check can tell them apart)."""
+    _grid(tmp_path / "log2k", {name: H for name in GRID}, noise=0.0)
+    found = calibrate.rows(calibrate.collect(tmp_path / "log2k" / "runs", "calibrate"), 5000)
+    assert len(found) == 12
+    off = [r.label for r in found if r.truth is not None and
+           abs(statistics.fmean(next(iter(r.cell.runs.values())).values()) - r.truth) > 0.5]
+    assert len(off) >= 4, off
+    truths = {name: calibrate.truth(calibrate.Cell({"dataset.name": "gaussian", "eraser.name": e,
+                                                     "dataset.num_classes": 4}, options=[_options(tmp_path, over)]),
+                                    5000) for name, (over, e, _) in GRID.items()}
+    _grid(tmp_path / "true", {k: float(v) for k, v in truths.items() if v is not None}, noise=0.0)
+    good = calibrate.rows(calibrate.collect(tmp_path / "true" / "runs", "calibrate"), 5000)
+    assert all(abs(statistics.fmean(r.cell.runs["self"].values()) - 0.05 - r.truth) < 0.1 for r in good
+               if r.truth is not None)
+
+
+def _options(tmp: Path, over: list[str]) -> dict:
+    import dataclasses
+
+    from training.app.schema import load_config
+
+    return dataclasses.asdict(load_config(job_config(tmp, ["experiment=calibrate", *over])).dataset.options)
+
+
+def test_the_claims_report_runs_on_the_grid(tmp_path: Path) -> None:
+    """The grid's cells pair by seed (one data law for all 10 seeds): the aggregate's job table puts each
+    (cov gap, mean gap, rows/d) in its own group, and the claims report gives every group a LEACE-vs-control row
+    of 10 seeds. Population LEACE equal to the control (cov gap 1, mean gap 0: the true effect is 0) is never
+    "supported"; at cov gap 4, mean gap 1 (true effect +0.17 bits) it is."""
+    from scripts import claims
+    from training.analysis.aggregate_collect import collect_dir
+
+    _grid(tmp_path, {"leace cov4": 0.85, "control cov4": 0.68, "leace cov1": 1.2, "control cov1": 1.2})
+    df, _ = collect_dir(tmp_path / "runs")
+    per = claims.evaluate_groups(df, ["leace_raises_mdl"])
+    assert len(per) == 6
+    report = claims.markdown_groups(per)
+    assert "Group 6" in report
+    for group, ((_, tests, _),) in per:
+        assert tests and all(t.n == 10 for t in tests), group
+        population = [t for t in tests if "population" in t.row]
+        assert population, [t.row for t in tests]
+        effect = '"dataset.cov_gap": 4' in group
+        assert all((t.verdict == "supported") == effect for t in population), (group, population[0].verdict)

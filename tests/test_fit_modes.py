@@ -1,4 +1,5 @@
-"""How an eraser is fitted (INTERFACE.md, issues 29 and 30): eraser.fit_on all | self | holdout | oracle,
+"""How an eraser is fitted (INTERFACE.md, issues 29, 30 and 38): eraser.fit_on all | self | holdout | oracle |
+population,
 fit_source split | pool, the real fit_fraction, repeat, n_fit; which keys enter the job hash; one-line refusals of a
 holdout that cannot be fitted; the generator datasets and their fresh draws."""
 
@@ -13,7 +14,7 @@ from tests.helpers import TINY, job_config
 from tests.test_refusals import _cli, _refused
 from training.app.schema import ConfigError, config_hash, load_config
 from training.data import load_dataset
-from training.data.generators import draw, oracle_chunks
+from training.data.generators import draw, oracle_chunks, population_moments
 from training.mdl.inputs import prepare_data
 from training.mdl.precheck import fit_plan
 
@@ -37,7 +38,8 @@ def _hash(tmp: Path, *overrides: str) -> str:
      ["eraser.n_fit=100", "eraser.repeat=3"]),
     ([*GAUSS, "eraser.fit_on=oracle"], ["eraser.fit_fraction=0.4", "eraser.repeat=3", "eraser.fit_source=pool"],
      ["eraser.n_fit=100"]),
-], ids=["all", "holdout", "self", "pool", "oracle"])
+    ([*GAUSS, "eraser.fit_on=population"], ["eraser.n_fit=100"], ["eraser.fit_fraction=0.4", "eraser.repeat=3"]),
+], ids=["all", "holdout", "self", "pool", "oracle", "population"])
 def test_keys_a_mode_does_not_read_do_not_change_the_hash(mode: list[str], unused: list[str], used: list[str],
                                                            tmp_path: Path) -> None:
     base = _hash(tmp_path, *mode)
@@ -172,6 +174,59 @@ def test_oracle_with_permuted_labels_or_after_augment_is_refused(tmp_path: Path)
                        (["eraser.after_augment=true"], "eraser.after_augment")):
         with pytest.raises(ConfigError, match=f"^{key}=true is not allowed"):
             load_config(job_config(tmp_path, [*GAUSS, "eraser=leace", "eraser.fit_on=oracle", *extra]))
+
+
+# ---------------------------------------------------------------- population: the paired truth (issue 38)
+
+
+def test_population_moments_are_the_generators_law(tmp_path: Path) -> None:
+    """The exact class moments `population_moments` gives match 40 000 fresh draws per class (gaussian with its own
+    direction per class, and the two-mode mixture) to sampling error."""
+    for over in (["dataset=gaussian", "dataset.cov_gap=2", "dataset.mean_gap=1.5"],
+                 ["dataset=mixture", "dataset.separation=2"]):
+        o = load_config(job_config(tmp_path, [*over, "dataset.dim=6"])).dataset.options
+        mom = population_moments(o)
+        x, y = draw(o, 40_000, 7)
+        flat = x.reshape(len(y), -1).double()
+        for k in range(o.num_classes):
+            assert torch.allclose(flat[y == k].mean(0), mom.means[k], atol=0.05), over
+            assert torch.allclose(torch.cov(flat[y == k].T), mom.class_covs[k], atol=0.15 * o.sigma**2 * 4), over
+        assert torch.allclose(torch.cov(flat.T), mom.cov, atol=0.2), over
+
+
+def test_population_codes_the_rows_self_and_holdout_code_with_the_exact_eraser(tmp_path: Path) -> None:
+    from erasure.streaming import fit_moments
+
+    def run(fit_on: str) -> tuple:
+        return prepare_data(load_config(job_config(tmp_path, [*GAUSS, "dataset.cov_gap=1", "eraser=qleace",
+                                                              f"eraser.fit_on={fit_on}", "eraser.fit_fraction=0.5"])))
+
+    (coded_p, x_p, info_p), (coded_s, _, _), (coded_h, _, _) = run("population"), run("self"), run("holdout")
+    for coded in (coded_s, coded_h):
+        assert torch.equal(coded.x, coded_p.x) and torch.equal(coded.y, coded_p.y)  # the same coded rows
+    assert info_p["fit"] == {"fit_on": "population", "fit_source": "split", "n_fit": None,
+                             "n_coded": len(coded_p.y), "fit_fraction": 0.5, "repeat": 0}
+    cfg = load_config(job_config(tmp_path, [*GAUSS, "dataset.cov_gap=1"]))
+    exact = fit_moments("qleace", population_moments(cfg.dataset.options), **info_p["options"])
+    flat = coded_p.x.reshape(len(coded_p.y), -1)
+    assert torch.allclose(x_p.reshape(len(flat), -1), exact(flat, coded_p.y), atol=1e-5)
+    # the population map erases the law, not the sample: fresh rows through it have equal class moments
+    fresh, fy = draw(cfg.dataset.options, 20_000, 9)
+    erased = exact(fresh.reshape(len(fy), -1), fy).double()
+    means = torch.stack([erased[fy == k].mean(0) for k in range(4)])
+    assert float((means - means.mean(0)).abs().max()) < 0.05
+
+
+def test_population_refusals_are_one_line(tmp_path: Path) -> None:
+    proc = _cli(tmp_path, *TINY, "eraser=leace", "eraser.fit_on=population")
+    assert "dataset digits is not a generator" in _refused(proc, tmp_path, "eraser.fit_on")
+    for extra, key in ((["dataset.permute_labels=true"], "dataset.permute_labels=true"),
+                       (["eraser.after_augment=true"], "eraser.after_augment=true"),
+                       (["eraser.fit_source=pool"], "eraser.fit_source=pool"),
+                       (["eraser=gradient"], "eraser.fit_on=population")):
+        with pytest.raises(ConfigError, match=f"^{key} is not allowed") as err:
+            load_config(job_config(tmp_path, [*GAUSS, "eraser=leace", "eraser.fit_on=population", *extra]))
+        assert "\n" not in str(err.value)
 
 
 # ---------------------------------------------------------------- holdout QLEACE: i.i.d. coupling noise (issue 29)

@@ -74,7 +74,7 @@ def _shuffle_labels(labels: Path) -> None:
 
 def test_a_result_of_other_data_is_moved_aside_and_read_by_the_aggregate_only_when_asked(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from scripts.aggregate_collect import collect_dir
+    from training.analysis.aggregate_collect import collect_dir
 
     root = tmp_path / "data"
     _fashion_fixture(root)

@@ -55,13 +55,14 @@ def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
 def _check_fit_data(job: JobConfig) -> None:
     """The fitting modes that need a kind of dataset: oracle a generator (fresh draws), pool a `dataset.limit`."""
     e, name = job.eraser, job.dataset.name
-    if e.fit_on == "oracle" and not dataset_traits(name).generator:
+    if e.fit_on in ("oracle", "population") and not dataset_traits(name).generator:
         generators = ", ".join(n for n in DATASETS.names() if dataset_traits(n).generator)
-        raise ConfigError(f"eraser.fit_on=oracle is not allowed: dataset {name} is not a generator (fresh draws need "
+        need = "fresh draws need" if e.fit_on == "oracle" else "exact class statistics need"
+        raise ConfigError(f"eraser.fit_on={e.fit_on} is not allowed: dataset {name} is not a generator ({need} "
                           f"one: {generators}); use eraser.fit_on=holdout or all")
-    if e.fit_on == "oracle" and job.dataset.permute_labels:
-        raise ConfigError("dataset.permute_labels=true is not allowed with eraser.fit_on=oracle (the fresh draws keep "
-                          "their true labels, so the null would fit one law and code another); use "
+    if e.fit_on in ("oracle", "population") and job.dataset.permute_labels:
+        raise ConfigError(f"dataset.permute_labels=true is not allowed with eraser.fit_on={e.fit_on} (its fit keeps "
+                          "the true labels, so the null would fit one law and code another); use "
                           "eraser.fit_on=holdout or all for the null")
     if e.fit_on == "oracle" and e.n_fit is not None and e.n_fit < 2:
         raise ConfigError(f"eraser.n_fit={e.n_fit} is not allowed with eraser.fit_on=oracle: the fit needs at least 2 "
@@ -338,13 +339,17 @@ def _check_eraser_fitting(values: Mapping[str, Any]) -> None:
     if fit_on == "self" and values["fit_source"] == "pool":
         raise ConfigError("eraser.fit_source=pool is not allowed with eraser.fit_on=self: self fits on the coded rows, "
                           "which pool does not shrink (that is eraser.fit_on=all); use eraser.fit_source=split")
-    if fit_on == "oracle" and "from_moments" not in meta:
+    if fit_on in ("oracle", "population") and "from_moments" not in meta:
         able = ", ".join(e.name for e in ERASERS if "from_moments" in e.meta)
-        raise ConfigError(f"eraser.fit_on=oracle is not allowed: eraser {name} cannot be fitted from streamed "
+        streamed = "streamed " if fit_on == "oracle" else ""
+        raise ConfigError(f"eraser.fit_on={fit_on} is not allowed: eraser {name} cannot be fitted from {streamed}"
                           f"moments; use one of {able}")
-    if fit_on == "oracle" and values["after_augment"]:
-        raise ConfigError("eraser.after_augment=true is not allowed with eraser.fit_on=oracle (generator data is "
+    if fit_on in ("oracle", "population") and values["after_augment"]:
+        raise ConfigError(f"eraser.after_augment=true is not allowed with eraser.fit_on={fit_on} (generator data is "
                           "not augmented); use eraser.after_augment=false")
+    if fit_on == "population" and values["fit_source"] == "pool":
+        raise ConfigError("eraser.fit_source=pool is not allowed with eraser.fit_on=population: population codes the "
+                          "rows a split's self and holdout code; use eraser.fit_source=split")
 
 
 def _eraser_hints(fitter: Any) -> dict[str, Any]:

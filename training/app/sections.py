@@ -91,7 +91,7 @@ class DatasetConfig(OptionsSection):
     permute_labels: bool = spec(kind=bool, allowed="true or false")  # default: conf/config.yaml
 
 
-FIT_ON = ("all", "self", "holdout", "oracle")  # eraser.fit_on (INTERFACE: how an eraser is fitted)
+FIT_ON = ("all", "self", "holdout", "oracle", "population")  # eraser.fit_on (INTERFACE: how an eraser is fitted)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +112,8 @@ def fit_keys_used(fit_on: Any, fit_source: Any) -> tuple[str, ...]:
     """The eraser fitting keys a mode reads (conf/config.yaml); the others do not enter the job hash."""
     if fit_on == "oracle":
         return ("n_fit",)
+    if fit_on == "population":  # the exact class moments, coding the rows `self` and `holdout` code
+        return ("fit_source", "fit_fraction", "repeat")
     if fit_on in ("self", "holdout"):
         return ("fit_source", "n_fit", "repeat") if fit_source == "pool" else ("fit_source", "fit_fraction", "repeat")
     return ()

@@ -92,18 +92,30 @@ class OracleFit:
 
 
 @dataclass(frozen=True)
+class PopulationFit:
+    """`eraser.fit_on=population`: a generator dataset's exact class moments (`moments()`, erasure ClassMoments);
+    `key` identifies them (the generator's options) in the erased-data cache key."""
+
+    moments: Callable[[], Any]
+    key: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class FitPlan:
-    """How the eraser is fitted when not on every coded row (`eraser.fit_on` self | holdout | oracle; None: all).
+    """How the eraser is fitted when not on every coded row (`eraser.fit_on` self | holdout | oracle | population;
+    None: all).
 
     coded_idx: the rows of the loaded data that are coded (None: all of them). holdout fits on the rows `fit_idx` of
     the loaded data (a split) or on `pool` (rows beyond dataset.limit); self fits on the coded rows, oracle on
-    `oracle`'s draws. fit_source / fit_fraction / repeat: as configured where the mode reads them, else None."""
+    `oracle`'s draws, population on `population`'s exact moments (coding the rows self codes). fit_source /
+    fit_fraction / repeat: as configured where the mode reads them, else None."""
 
     fit_on: str
     coded_idx: Tensor | None = None
     fit_idx: Tensor | None = None
     pool: LoadedData | None = None
     oracle: OracleFit | None = None
+    population: PopulationFit | None = None
     fit_source: str | None = None
     fit_fraction: float | None = None
     repeat: int | None = None
@@ -170,6 +182,26 @@ def _erase_oracle(coded: LoadedData, oracle: OracleFit, name: str, options: Mapp
         return out, {**report, "seconds": time.perf_counter() - t0}
 
     key = {**_cache_key(coded, name, options), "fitted_on": {"oracle": oracle.key}}
+    x, report, hit = cached_erase(cache_dir, key, _finite(build, name, coded.name))
+    return x.reshape(coded.x.shape), report, hit, key
+
+
+def _erase_population(coded: LoadedData, population: PopulationFit, name: str, options: Mapping[str, Any],
+                      cache_dir: Path) -> Erased:
+    """Fit from the generator's exact class moments, apply to `coded`, through the cache (keyed by the coded data and
+    the generator's identity)."""
+    from erasure.streaming import fit_moments
+    from training.data.cache import cached_erase
+
+    def build() -> tuple[torch.Tensor, dict[str, Any]]:
+        log.info("fitting eraser %s on the exact class moments of %s (population), applying it to the %d coded "
+                 "rows", name, coded.name, len(coded.y))
+        t0 = time.perf_counter()
+        fitted = fit_moments(name, population.moments(), **options)
+        out, report = _apply_fitted(fitted, coded.x.reshape(len(coded.x), -1), coded.y, in_sample=False)
+        return out, {**report, "seconds": time.perf_counter() - t0}
+
+    key = {**_cache_key(coded, name, options), "fitted_on": {"population": population.key}}
     x, report, hit = cached_erase(cache_dir, key, _finite(build, name, coded.name))
     return x.reshape(coded.x.shape), report, hit, key
 
@@ -307,6 +339,9 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certif
         if in_sample:
             x, info["report"], info["cache_hit"], key = _erase_cached(coded, name, options, cache_dir, rank_hint,
                                                                       eraser)
+        elif plan is not None and plan.population is not None:
+            x, info["report"], info["cache_hit"], key = _erase_population(coded, plan.population, name, options,
+                                                                          cache_dir)
         elif plan is not None and plan.oracle is not None:
             x, info["report"], info["cache_hit"], key = _erase_oracle(coded, plan.oracle, name, options, cache_dir)
         else:

@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -120,36 +121,86 @@ def load_mixture(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     return _load("mixture", cfg)
 
 
-def mixture_truth_bits(o: MixtureOptions, rows_per_class: int = 50_000) -> float:
-    """H(Y | X') in bits for `mixture` after POPULATION QLEACE: the code length a learner approaches with unlimited
-    data (Monte Carlo over `rows_per_class` fresh draws per class, seeded; its standard error is printed by
-    scripts/calibrate.py as negligible at the default size).
+POPULATION_N = 10**9  # each class's count in population moments: Bessel's correction vanishes
 
-    QLEACE is fitted on the exact class moments (mean mean_gap·u_k, covariance σ²(I + s² a_k a_kᵀ)), so it is the
-    population map; class k's erased law is then ½N(±σ s M_k a_k, σ² M_k M_k) in the working basis (M_k its
-    symmetric map), and p(y | x') follows from those K two-component densities."""
+
+def class_laws(o: GaussianOptions) -> tuple[Tensor, Tensor]:
+    """Each class's exact mean (K, d) and covariance (K, d, d), float64: gaussian σ²(I + cov_gap·(d/4)·a_k a_kᵀ)
+    (what `draw` makes: z + boost·(z·a)a has covariance (I + ((1 + boost)² − 1) a aᵀ)); mixture σ²(I + s² a_k a_kᵀ)
+    (its two modes ± σ s a_k, equal weights)."""
     u, a = _law(o)
-    k, d, s, sig = o.num_classes, o.dim, o.separation, o.sigma
-    means = o.mean_gap * u
-    covs = sig**2 * (torch.eye(d, dtype=torch.float64) + s**2 * torch.einsum("ki,kj->kij", a, a))
-    big = 10**9  # population: Bessel's correction vanishes
+    strength = o.separation**2 if isinstance(o, MixtureOptions) else o.cov_gap * o.dim / 4
+    covs = o.sigma**2 * (torch.eye(o.dim, dtype=torch.float64) + strength * torch.einsum("ki,kj->kij", a, a))
+    return o.mean_gap * u, covs
+
+
+def population_moments(o: GaussianOptions) -> ClassMoments:
+    """The generator's exact class moments (`eraser.fit_on=population`: the eraser fitted on the population, as
+    if from infinitely many rows): balanced priors, class means and covariances from `class_laws`."""
+    means, covs = class_laws(o)
+    k = o.num_classes
     priors = torch.full((k,), 1.0 / k, dtype=torch.float64)
     mean = priors @ means
     total = torch.einsum("k,kij->ij", priors, covs) + torch.einsum("k,ki,kj->ij", priors, means - mean, means - mean)
-    mom = ClassMoments(torch.full((k,), big), priors, means, mean, total, covs.clone())
-    e = fit_moments("qleace", mom)
-    basis, maps = e.state["basis"], e.state["maps"]
-    modes = sig * s * torch.einsum("kij,kj->ki", maps, a @ basis)  # (K, r): ± the two modes of each class
-    chol = torch.linalg.cholesky(sig**2 * maps @ maps.mT)  # (K, r, r)
-    x, y = draw(o, rows_per_class, 2)
-    z = (x.reshape(len(y), -1).double() - mean) @ basis
-    zb = torch.einsum("nr,nrq->nq", z - e.state["class_means"][y], maps[y])
-    logp = torch.empty(len(y), k, dtype=torch.float64)
+    return ClassMoments(torch.full((k,), POPULATION_N), priors, means, mean, total, covs)
+
+
+def _components(o: GaussianOptions) -> list[list[tuple[Tensor, Tensor]]]:
+    """Per class its Gaussian components (mean, covariance), equally weighted: one (gaussian), two (mixture)."""
+    means, covs = class_laws(o)
+    if not isinstance(o, MixtureOptions):
+        return [[(means[k], covs[k])] for k in range(o.num_classes)]
+    _, a = _law(o)
+    eye = o.sigma**2 * torch.eye(o.dim, dtype=torch.float64)
+    return [[(means[k] + sign * o.sigma * o.separation * a[k], eye) for sign in (1.0, -1.0)]
+            for k in range(o.num_classes)]
+
+
+def _class_maps(eraser: Any, d: int, k: int) -> tuple[Tensor, Tensor]:
+    """The affine map x ↦ A_j x + b_j a fitted eraser applies to rows of label j, probed on 0 and the unit
+    vectors: (K, d, d), (K, d)."""
+    probe = torch.cat([torch.zeros(1, d), torch.eye(d)]).double()
+    maps, shifts = [], []
     for j in range(k):
-        comps = []
-        for sign in (1.0, -1.0):
-            white = torch.linalg.solve_triangular(chol[j], (zb - sign * modes[j]).T, upper=False)
-            comps.append(-0.5 * (white**2).sum(0) - torch.log(torch.diagonal(chol[j])).sum())
-        logp[:, j] = torch.logsumexp(torch.stack(comps), 0) - math.log(2)
-    post = torch.log_softmax(logp, 1)[torch.arange(len(y)), y]
-    return float(-post.mean() / math.log(2))
+        out = (eraser(probe, torch.full((d + 1,), j)) if eraser.needs_labels else eraser(probe)).double()
+        maps.append((out[1:] - out[0]).T)
+        shifts.append(out[0])
+    return torch.stack(maps), torch.stack(shifts)
+
+
+def population_truth_bits(o: GaussianOptions, eraser: str, options: dict[str, Any] | None = None,
+                          rows_per_class: int = 50_000) -> tuple[float, float]:
+    """H(Y | X') in bits after the POPULATION eraser `eraser` (fitted on `population_moments`, float64), and its
+    Monte Carlo standard error: the code length a learner approaches with unlimited data (control: H(Y | X)).
+
+    The eraser is affine per class (x ↦ A_j x + b_j: LEACE, QLEACE and ALF-QLEACE on full-rank moments), so class j's
+    erased law is its components pushed through (A_j m + b_j, A_j C A_jᵀ); the posterior p(y | x') follows from
+    those densities on the span of the erased laws. Monte Carlo over `rows_per_class` fresh draws per class
+    (seeded, never the coded rows)."""
+    k, d = o.num_classes, o.dim
+    fitted = fit_moments(eraser, population_moments(o), input_dtype="float64", **(options or {}))
+    maps, shifts = _class_maps(fitted, d, k)
+    laws = [[(maps[j] @ m + shifts[j], maps[j] @ c @ maps[j].T) for m, c in comps]
+            for j, comps in enumerate(_components(o))]
+    centre = torch.stack([m for comps in laws for m, _ in comps]).mean(0)
+    spread = sum(c + torch.outer(m - centre, m - centre) for comps in laws for m, c in comps)
+    vals, vecs = torch.linalg.eigh(spread)
+    basis = vecs[:, vals > 1e-9 * vals.max()]  # the span of the erased laws
+    x, y = draw(o, rows_per_class, 2)
+    flat = x.reshape(len(y), -1).double()
+    z = (torch.einsum("nij,nj->ni", maps[y], flat) + shifts[y] - centre) @ basis
+    logp = torch.empty(len(y), k, dtype=torch.float64)
+    for j, comps in enumerate(laws):
+        parts = []
+        for m, c in comps:
+            chol = torch.linalg.cholesky(basis.T @ c @ basis)
+            white = torch.linalg.solve_triangular(chol, (z - (m - centre) @ basis).T, upper=False)
+            parts.append(-0.5 * (white**2).sum(0) - torch.log(torch.diagonal(chol)).sum())
+        logp[:, j] = torch.logsumexp(torch.stack(parts), 0) - math.log(len(comps))
+    bits = -torch.log_softmax(logp, 1)[torch.arange(len(y)), y] / math.log(2)
+    return float(bits.mean()), float(bits.std() / math.sqrt(len(bits)))
+
+
+def mixture_truth_bits(o: MixtureOptions, rows_per_class: int = 50_000) -> float:
+    """H(Y | X') in bits for `mixture` after POPULATION QLEACE (`population_truth_bits`)."""
+    return population_truth_bits(o, "qleace", rows_per_class=rows_per_class)[0]

@@ -28,8 +28,8 @@ from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import ConfigError, JobConfig, config_hash
 from training.common import env
 from training.data import LoadedData, load_dataset
-from training.data.erase import FitPlan, OracleFit, after_augment_refusal
-from training.data.generators import oracle_chunks
+from training.data.erase import FitPlan, OracleFit, PopulationFit, after_augment_refusal
+from training.data.generators import oracle_chunks, population_moments
 from training.engine.batches import compact
 from training.engine.devices import available_memory
 from training.engine.group import module_refusal, resolve_engine
@@ -104,8 +104,9 @@ def fit_plan(cfg: JobConfig, data: LoadedData) -> FitPlan | None:
 
     _check_split(cfg, data)
     fit_idx, coded_idx = holdout_split(data.y, e.fit_fraction, seed=cfg.seed, repeat=e.repeat)
-    return FitPlan(e.fit_on, coded_idx=coded_idx, fit_idx=None if e.fit_on == "self" else fit_idx,
-                   fit_source="split", fit_fraction=float(e.fit_fraction), repeat=e.repeat)
+    population = population_fit(cfg) if e.fit_on == "population" else None  # codes the rows self codes
+    return FitPlan(e.fit_on, coded_idx=coded_idx, fit_idx=fit_idx if e.fit_on == "holdout" else None,
+                   fit_source="split", fit_fraction=float(e.fit_fraction), repeat=e.repeat, population=population)
 
 
 MIN_CLASS_ROWS = 2  # an eraser's fit needs at least 2 rows of every class (erasure/moments.py check_labels)
@@ -169,6 +170,13 @@ def oracle_fit(cfg: JobConfig, data: LoadedData) -> OracleFit:
     per_class = cfg.eraser.n_fit or ORACLE_ROWS_PER_DIM * int(data.x[0].numel())
     key = {"dataset": cfg.dataset.name, "options": dataclasses.asdict(o), "rows_per_class": per_class}
     return OracleFit(lambda: oracle_chunks(o, per_class), per_class * data.num_classes, key)
+
+
+def population_fit(cfg: JobConfig) -> PopulationFit:
+    """`eraser.fit_on=population`: the generator's exact class moments (training/data/generators.py)."""
+    o = cfg.dataset.options
+    key = {"dataset": cfg.dataset.name, "options": dataclasses.asdict(o), "population": True}
+    return PopulationFit(lambda: population_moments(o), key)
 
 
 def coded_indices(cfg: JobConfig, data: LoadedData) -> torch.Tensor | None:

@@ -71,7 +71,7 @@ def legacy_result(cfg: JobConfig, job_dir: Path) -> Result | None:
     if done is None or done.hash_version >= 2 or done.config is None:
         return None
     if done.numerics_version != numerics_of(cfg.task):
-        log.info("not reusing %s: written under numerics version %s, this job's is %d (README: Numerics "
+        log.info("not reusing %s: written under numerics version %s, this job's is %d (docs/running.md: Numerics "
                  "versions)", legacy, done.numerics_version, numerics_of(cfg.task))
         return None
     diff = legacy_differences(done.config, cfg)
@@ -79,7 +79,7 @@ def legacy_result(cfg: JobConfig, job_dir: Path) -> Result | None:
         log.info("not reusing %s (written before job directories carried the config hash): it differs in %s",
                  legacy, ", ".join(diff[:6]) + (" ..." if len(diff) > 6 else ""))
         return None
-    log.info("SKIP %s: the same configuration finished in %s (pre-v2 layout; README: Where results go)",
+    log.info("SKIP %s: the same configuration finished in %s (pre-v2 layout; docs/running.md: Where results go)",
              job_dir, legacy)
     return done
 

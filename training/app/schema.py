@@ -66,8 +66,8 @@ __all__ = ["CONF_DIR", "FIT_KEYS", "FIT_ON", "GROUPS", "HASH_VERSION", "NON_CONF
 
 # ---- the job hash -------------------------------------------------------------------------------------------
 HASH_VERSION = 2  # 1: every key but a fixed list of groups (before the typed configs); 2: declared per field
-# The numerics version: bumped by every change that alters a job's numbers (README, "Numerics versions"). It enters
-# the job hash, so results of older numerics are never reused; result.json records it (absent: 1).
+# The numerics version: bumped by every change that alters a job's numbers (docs/running.md, "Numerics versions").
+# It enters the job hash, so results of older numerics are never reused; result.json records it (absent: 1).
 # 1: before the version existed. 2: optim.beta2 reaches the optimizer (it was always 0.999); gs_erased_eval stops
 # with mdl's step-aware rule. 3: QLEACE coupling noise applied to rows the eraser was not fitted on (holdout, the
 # gs_erased_eval validation/test rows) is drawn i.i.d. N(0, R_k), not with exact moments on those rows.

@@ -4,7 +4,7 @@ stuck behind a hung process does not sit silently with an empty log.
 The holder writes `<lock>.holder` (pid, host, since) next to the lock file after acquiring it and removes it on
 release. The lock itself is an OS lock (`flock` through `filelock`): the kernel releases it when its process dies,
 even after SIGKILL. A lock is only "stale" while its holder still runs (hung) or on a network file system that
-keeps locks of dead clients: stop that process, or delete the `.lock` file (see the README).
+keeps locks of dead clients: stop that process, or delete the `.lock` file (docs/troubleshooting.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ same as fp32 on CPU), bf16 (the training forward under autocast to bfloat16; wei
 state stay float32, validation and code lengths are computed in float32). `training.deterministic`: torch's
 deterministic algorithms and CUBLAS_WORKSPACE_CONFIG, so a GPU run repeats bitwise (slower).
 
-The contract (README "Numerics"):
+The contract (docs/running.md, "Precision, the numerics contract and the signature"):
 - CPU, loop engine (and `fit()`): bitwise, run to run and one model at a time vs in a group.
 - GPU: bitwise run to run only with `training.deterministic=true` and the same numerics signature. Otherwise
   within a tolerance: one optimizer step within STEP_RTOL (relative, on the parameters), final bits/sample within

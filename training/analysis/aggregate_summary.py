@@ -60,26 +60,25 @@ def _commits(done: pd.DataFrame) -> str:
     return "; ".join(f"{c}: seed{'s' if len(s) > 1 else ''} {' '.join(map(str, s))}" for c, s in by.items())
 
 
-def _data(runs: pd.DataFrame) -> str:
-    """`<data fingerprint>: seeds 0 2; <fingerprint>: seed 1` over the runs that record one."""
-    if "data" not in runs or runs.empty:
+def _seeds_by(runs: pd.DataFrame, column: str, width: int | None = None) -> str:
+    """`<value>: seeds 0 2; <value>: seed 1` over the runs that record `column` (a string, cut to `width`)."""
+    if column not in runs or runs.empty:
         return ""
     by: dict[str, list[int]] = {}
-    for seed, data in sorted(zip(runs.seed, runs.data, strict=True), key=lambda t: (t[0], str(t[1]))):
-        if isinstance(data, str):
-            by.setdefault(data[:10], []).append(int(seed))
+    for seed, value in sorted(zip(runs.seed, runs[column], strict=True), key=lambda t: (t[0], str(t[1]))):
+        if isinstance(value, str):
+            by.setdefault(value[:width], []).append(int(seed))
     return "; ".join(f"{d}: seed{'s' if len(s) > 1 else ''} {' '.join(map(str, s))}" for d, s in by.items())
+
+
+def _data(runs: pd.DataFrame) -> str:
+    """`<data fingerprint>: seeds 0 2; <fingerprint>: seed 1` over the runs that record one."""
+    return _seeds_by(runs, "data", 10)
 
 
 def _numerics(done: pd.DataFrame) -> str:
     """`<signature>: seeds 0 2; <signature>: seed 1` over the runs that record one."""
-    if "numerics" not in done or done.empty:
-        return ""
-    by: dict[str, list[int]] = {}
-    for seed, sig in sorted(zip(done.seed, done.numerics, strict=True), key=lambda t: (t[0], str(t[1]))):
-        if isinstance(sig, str):
-            by.setdefault(sig, []).append(int(seed))
-    return "; ".join(f"{d}: seed{'s' if len(s) > 1 else ''} {' '.join(map(str, s))}" for d, s in by.items())
+    return _seeds_by(done, "numerics")
 
 
 def mixed_numerics(done: pd.DataFrame) -> bool:

@@ -1,6 +1,6 @@
 """μP coordinate check: activation size vs width after a few optimiser steps.
 
-For each width (and seed) we build the model through `build_model`, train it for `nsteps` steps of
+For each width (and seed) we build the model through `build_with_facts`, train it for `nsteps` steps of
 `make_optimizer` on one fixed batch, and record the mean |activation| of every submodule at the last step.
 Under μP these are width-independent (log-log slope ≈ 0); under the standard parametrisation with Adam they
 grow with width (slope ≈ 1 for pre-activations and logits).
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.build import build_model, make_optimizer
+from models.build import build_with_facts, make_optimizer
 from models.registry import Arch
 
 LOGITS = "<logits>"
@@ -46,10 +46,10 @@ class CoordResult:
         return self.slopes[LOGITS]
 
 
-def effective_width(model: nn.Module) -> float:
-    """The width the architecture actually scales: LeNet's fc width, the hidden size of a SwiGLU, else width."""
-    info = getattr(model, "info", {})
-    return float(info.get("fc_width") or info.get("hidden") or info["width"])
+def effective_width(facts: dict[str, Any]) -> float:
+    """The width the architecture actually scales, from a model's facts (`build_with_facts`): LeNet's fc width, the
+    hidden size of a SwiGLU, else width."""
+    return float(facts.get("fc_width") or facts.get("hidden") or facts["width"])
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -86,9 +86,10 @@ def coord_check(
     for wi, width in enumerate(widths):
         for seed in seeds:
             torch.manual_seed(seed)
-            model = build_model(dataclasses.replace(arch, width=width), input_shape, k, parametrization=parametrization)
+            model, facts = build_with_facts(dataclasses.replace(arch, width=width), input_shape, k,
+                                            parametrization=parametrization)
             if len(eff) == wi:
-                eff.append(effective_width(model))
+                eff.append(effective_width(facts))
             opt = make_optimizer(model, lr=lr, beta1=beta1, beta2=0.999, weight_decay=0.0, warmup_steps=0)  # plain
             model.train()
             opt.train()

@@ -138,17 +138,20 @@ def _model(arch: str, tag: int, shape: tuple[int, ...] = SHAPE) -> tuple[torch.n
     return model, make_optimizer(model, lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.0, warmup_steps=3)
 
 
+ERASER_OF_PATH = {"erase": "qleace", "linear": "leace"}  # a path's per-batch eraser: quadratic, linear
+
+
 def _eraser_transform(name: str, data: Any, y: torch.Tensor) -> Any:
     return BatchEraser(erasure.fit(name, data.all(), y))
 
 
 def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8) -> None:
     """Train `models` models for one epoch of `steps` steps (batch `bs`) on `path`: fit | loop | stacked, with
-    "+augment" (crop/flip) and/or "+erase" (per-batch QLEACE) or "+leace" (per-batch LEACE)."""
+    "+augment" (crop/flip) and/or "+erase" (per-batch QLEACE) or "+linear" (per-batch LEACE)."""
 
     kind, *extras = path.split("+")
     data, y, xv, yv = _data()
-    eraser = "qleace" if "erase" in extras else "leace" if "leace" in extras else None
+    eraser = next((ERASER_OF_PATH[e] for e in extras if e in ERASER_OF_PATH), None)
     transform = None if eraser is None else _eraser_transform(eraser, data, y)
     cfg = FitConfig(batch_size=bs, patience=5, max_epochs=1, augment="augment" in extras, eval_every_steps=None,
                     progress=False, warmup_steps=0, min_steps=0, patience_min_steps=0, batch_transform=transform)
@@ -259,7 +262,7 @@ def demo_steps(cells: list[str], out_dir: Path) -> list[list[int]]:
 
 
 PATHS = ["fit", "loop", "stacked", "fit+augment", "loop+augment", "stacked+augment", "fit+erase", "loop+erase",
-         "stacked+erase", "fit+leace"]
+         "stacked+erase", "fit+linear"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -47,6 +47,10 @@ class Cell:
     its options; the first block's share of the coded rows (for the floor)."""
 
     config: dict[str, Any]
+    dataset: str  # what the cell's own code reads of its config, typed once (stored_config has every declared key)
+    eraser: str
+    num_classes: int
+    permuted: bool
     runs: defaultdict[str, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))
     options: list[dict[str, Any]] = field(default_factory=list)
     first_share: list[float] = field(default_factory=list)
@@ -76,7 +80,8 @@ def collect(root: Path, experiment: str) -> Cells:
             continue
         identity = {k: v for k, v in config_identity(dict(result.config)).items() if k not in NOT_CELL}
         key = json.dumps(identity, sort_keys=True, default=str)
-        cell = cells.setdefault(key, Cell(identity))
+        cell = cells.setdefault(key, Cell(identity, str(c["dataset.name"]), str(c["eraser.name"]),
+                                          int(c["dataset.num_classes"]), bool(c["dataset.permute_labels"])))
         cell.runs[str(c["eraser.fit_on"])][int(c["seed"])] = float(bits)
         d = dict(result.config["dataset"])
         if d not in cell.options:
@@ -93,10 +98,9 @@ def truth(cell: Cell, rows_per_class: int = 50_000) -> float | None:
     from erasure.registry import ERASERS
     from training.data.generators import GaussianOptions, MixtureOptions, population_truth_bits
 
-    name, eraser = cell.config.get("dataset.name"), str(cell.config.get("eraser.name"))
-    kind = {"gaussian": GaussianOptions, "mixture": MixtureOptions}.get(str(name))
-    if kind is None or eraser not in ERASERS or "from_moments" not in ERASERS.meta(eraser) \
-            or cell.config.get("dataset.permute_labels"):
+    eraser = cell.eraser
+    kind = {"gaussian": GaussianOptions, "mixture": MixtureOptions}.get(cell.dataset)
+    if kind is None or eraser not in ERASERS or "from_moments" not in ERASERS.meta(eraser) or cell.permuted:
         return None
     fields = {f.name for f in dataclasses.fields(kind)}
     options = {k[len("eraser.options."):]: v for k, v in cell.config.items() if k.startswith("eraser.options.")}
@@ -107,8 +111,8 @@ def truth(cell: Cell, rows_per_class: int = 50_000) -> float | None:
 
 def floor(cell: Cell, true: float | None) -> float | None:
     """The Bayes posterior's expected code on the cell's blocks: block 1 at log2 K, the rest at the truth."""
-    k = cell.config.get("dataset.num_classes")
-    if true is None or not cell.first_share or not isinstance(k, int):
+    k = cell.num_classes
+    if true is None or not cell.first_share:
         return None
     share = statistics.fmean(cell.first_share)
     return share * math.log2(k) + (1 - share) * true
@@ -146,7 +150,12 @@ def _num(x: float | None, digits: int = 3) -> str:
 def _shown_keys(cells: Cells) -> list[str]:
     """The keys whose values differ between the cells (every one of them is shown)."""
     keys = sorted(set().union(*(c.config for c in cells.values())))
-    return [k for k in keys if len({json.dumps(c.config.get(k), default=str) for c in cells.values()}) > 1]
+    return [k for k in keys if len({json.dumps(_value(c, k), default=str) for c in cells.values()}) > 1]
+
+
+def _value(cell: Cell, key: str) -> Any:
+    """A key of the cell's identity, "?" where its results did not record it."""
+    return cell.config[key] if key in cell.config else "?"
 
 
 @dataclass
@@ -163,13 +172,13 @@ def rows(cells: Cells, rows_per_class: int = 50_000) -> list[Row]:
     shown = [k for k in _shown_keys(cells) if not k.startswith("eraser.")]
     by_eraser: defaultdict[str, Cells] = defaultdict(dict)
     for key, cell in cells.items():
-        by_eraser[str(cell.config.get("eraser.name"))][key] = cell
+        by_eraser[cell.eraser][key] = cell
     out = []
     for cell in cells.values():
-        eraser = str(cell.config.get("eraser.name"))
+        eraser = cell.eraser
         keys = shown + [k for k in _shown_keys(by_eraser[eraser]) if k.startswith("eraser.")]
-        label = f"{eraser}: " + (", ".join(f"{k.removeprefix('dataset.')}={cell.config.get(k, '?')}" for k in keys)
-                                 or str(cell.config.get("dataset.name")))
+        label = f"{eraser}: " + (", ".join(f"{k.removeprefix('dataset.')}={_value(cell, k)}" for k in keys)
+                                 or cell.dataset)
         true = truth(cell, rows_per_class)
         out.append(Row(label, cell, true, floor(cell, true)))
     return sorted(out, key=lambda r: r.label)

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from training.app.results import stored_config
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -34,8 +36,8 @@ def collect(out: Path) -> dict[tuple[str, str], dict[int, float]]:
     found: dict[tuple[str, str], dict[int, float]] = {}
     for path in out.rglob("result.json"):
         res = json.loads(path.read_text())
-        cfg = res["config"]
-        key = (cfg["eraser"]["name"], cfg.get("training", {}).get("precision", "fp32"))
+        cfg = stored_config(res["config"])  # every declared key, at its default where the result lacks it
+        key = (str(cfg["eraser.name"]), str(res["provenance"]["numerics"]["precision"]))  # the signature's
         found.setdefault(key, {})[int(cfg["seed"])] = float(res["mdl"]["bits_per_sample"])
     return found
 

@@ -48,8 +48,8 @@ def test_leace_on_unequal_covariances_leaves_information_the_oracle_cannot_remov
 def test_mixture_keeps_information_through_population_qleace(tmp_path: Path) -> None:
     """Two modes per class: QLEACE fitted on fresh draws (every row coded) codes below H(Y) = 1 bit by more than the
     seed noise (3 seeds, one data law); the table's truth H(Y|X') is below H and below the finite-data MDL."""
-    mix = ["dataset=mixture", "dataset.dim=4", "dataset.num_classes=2", "dataset.mean_gap=0", "dataset.rows_per_dim=64",
-           "eraser=qleace", "eraser.fit_on=oracle"]
+    mix = ["dataset=mixture", "dataset.dim=4", "dataset.num_classes=2", "dataset.mean_gap=0", "dataset.cov_gap=0",
+           "dataset.rows_per_dim=64", "eraser=qleace", "eraser.fit_on=oracle"]
     bits = [_bits(tmp_path, *mix, f"seed={s}") for s in range(3)]
     gap = 1.0 - statistics.fmean(bits)
     assert gap > 0.05 and gap > 3 * statistics.stdev(bits), bits
@@ -184,7 +184,8 @@ def test_the_grids_truths_are_informative(tmp_path: Path) -> None:
         o = load_config(job_config(tmp_path, ["experiment=calibrate", *over])).dataset.options
         assert 0.2 * H < population_truth_bits(o, eraser, rows_per_class=5000)[0] < 0.9 * H, (over, eraser)
     mix = load_config(job_config(tmp_path, ["experiment=calibrate", "dataset=mixture", "dataset.dim=4",
-                                            "dataset.num_classes=2", "dataset.mean_gap=0"])).dataset.options
+                                            "dataset.num_classes=2", "dataset.mean_gap=0", "dataset.cov_gap=0"])
+                      ).dataset.options
     assert 0.2 < population_truth_bits(mix, "qleace", rows_per_class=5000)[0] < 0.9
 
 
@@ -249,7 +250,8 @@ def test_a_harness_that_always_prints_log2_k_fails_the_grid(tmp_path: Path) -> N
            abs(statistics.fmean(next(iter(r.cell.runs.values())).values()) - r.truth) > 0.5]
     assert len(off) >= 4, off
     truths = {name: calibrate.truth(calibrate.Cell({"dataset.name": "gaussian", "eraser.name": e,
-                                                     "dataset.num_classes": 4}, options=[_options(tmp_path, over)]),
+                                                     "dataset.num_classes": 4}, "gaussian", e, 4, False,
+                                                    options=[_options(tmp_path, over)]),
                                     5000) for name, (over, e, _) in GRID.items()}
     _grid(tmp_path / "true", {k: float(v) for k, v in truths.items() if v is not None}, noise=0.0)
     good = calibrate.rows(calibrate.collect(tmp_path / "true" / "runs", "calibrate"), 5000)

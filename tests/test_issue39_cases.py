@@ -270,21 +270,24 @@ def test_aggregate_refuses_a_bad_override_value_a_name_with_a_separator_and_an_u
 
 # --- the pack group trains together only the seeds of one cell -----------------------------------------------------
 def test_a_pack_knows_which_seeds_are_another_configuration() -> None:
-    """calibrate: dataset.data_seed=${seed}, so each seed is its own cell (its own data): a pack of its seeds must
-    not train them in one group (it trained them, then threw the models away); demo's seeds share their data."""
+    """dataset.data_seed=${seed} (how calibrate drew its data before issue 38 fixed the law across seeds): each seed
+    is its own cell (its own data), so a pack of its seeds must not train them in one group (it trained them, then
+    threw the models away); demo's seeds, and calibrate's now, share their data."""
     from hydra import compose, initialize_config_dir
 
     from hydra_plugins.erasure_mdl_packed.packed_launcher import job_dirs_of
     from tests.helpers import CONF
     from training.common.packs import Pack
 
-    for experiment, together in (("calibrate", False), ("demo", True)):
+    cases = ((["experiment=calibrate", "dataset.data_seed=${seed}"], False), (["experiment=calibrate"], True),
+             (["experiment=demo"], True))
+    for over, together in cases:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            configs = [compose("config", overrides=[f"experiment={experiment}", f"seed={s}"]) for s in (0, 1)]
+            configs = [compose("config", overrides=[*over, f"seed={s}"]) for s in (0, 1)]
         dirs = job_dirs_of([0, 1], configs)
         pack = Pack((0, 1), job_dirs=dirs)
         sibling = str(Path(dirs[0]).parent / "seed1")
-        assert pack.same_cell(1, sibling) is together, (experiment, dirs)
+        assert pack.same_cell(1, sibling) is together, (over, dirs)
 
 
 # --- SIGKILL of a parallel sweep's parent: its loky workers stop and exit ------------------------------------------

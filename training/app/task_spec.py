@@ -100,8 +100,8 @@ def task_spec(name: str) -> TaskSpec:
 
 
 def _declared(name: str) -> TaskSpec | None:
-    reg = TASKS.discover()
-    return reg.get(name).spec if name in reg else None
+    found = TASKS.discover()
+    return found.get(name).spec if name in found else None
 
 
 def task_uses(name: str) -> tuple[str, ...] | None:

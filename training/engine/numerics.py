@@ -19,7 +19,6 @@ place the training step enters autocast.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -27,6 +26,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from training.common import env
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 CUBLAS_WORKSPACE = ":4096:8"  # what torch's reproducibility notes ask for deterministic cuBLAS
@@ -80,24 +81,22 @@ def job_numerics(precision: str, deterministic: bool) -> Iterator[None]:
     global _CURRENT
     if precision not in PRECISIONS:
         raise ValueError(f"training.precision={precision!r}: use one of {', '.join(PRECISIONS)}")
-    saved = (_CURRENT, torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    saved = (_CURRENT, torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.deterministic)
     restore = _set_fp32_precision(precision == "tf32")
     _CURRENT = _Job(precision, deterministic)
+    restore_env: Callable[[], None] = lambda: None  # noqa: E731
     if deterministic:
-        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+        restore_env = env.setting({"CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE})
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
     try:
         yield
     finally:
         restore()
-        _CURRENT, det, cublas, torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved
+        restore_env()
+        _CURRENT, det, torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved
         torch.use_deterministic_algorithms(det)
-        if cublas is None:
-            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
-        else:
-            os.environ["CUBLAS_WORKSPACE_CONFIG"] = cublas
 
 
 def training_forward(device: torch.device, engine: str = "fit", models: int = 1) -> Any:

@@ -140,3 +140,24 @@ def test_sensitivity_preset_covers_parametrization_rank_handling_and_zscore_orde
     assert seen == {(p, z, True, r) for p in ("mup", "sp") for z in ("before", "after")
                     for r in ("coupling", "shrinkage")}
     assert len(jobs) == 100 and len({j["paths"]["job_dir"] for j in jobs}) == 100
+
+
+def test_no_job_of_any_preset_is_refused() -> None:
+    """Every job a preset expands to passes the config check (a refusal added for one case must not refuse a paper
+    preset: `eraser.after_augment=true` without augmentation is what paper_fig8 runs on SVHN)."""
+    from training.app.schema import load_config
+    from training.app.sweep_jobs import fast_expand
+    from training.errors import UserError
+
+    refused = []
+    for name in presets():
+        jobs = fast_expand(name)
+        first = min(int(cfg["seed"]) for cfg in jobs)
+        for cfg in jobs:
+            if int(cfg["seed"]) != first:  # a seed refuses nothing the first seed's jobs would not
+                continue
+            try:
+                load_config(cfg)
+            except UserError as err:
+                refused.append(f"{name}: {str(err).splitlines()[0]}")
+    assert not refused, f"{len(refused)} refused, e.g. {refused[:3]}"

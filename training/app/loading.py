@@ -120,7 +120,6 @@ READ_ONLY_WITH: tuple[tuple[str, str, Any, Any], ...] = (
     ("dataset.zscore_order", "dataset.zscore", True, "before"),
     ("arch.swiglu_ratio", "arch.activation", "swiglu", None),
     ("mdl.eval_every_steps", "mdl.full_run", True, None),  # MDL: the full run's validation cadence only
-    ("eraser.after_augment", "dataset.augment", True, False),  # nothing augmented: erasing per batch = once
 )
 # Keys a dataset declares but a task does not read: (key, dataset, the one value accepted, the tasks (None: all)).
 UNREAD_BY_DATASET: tuple[tuple[str, str, Any, tuple[str, ...] | None], ...] = (

@@ -16,13 +16,10 @@ import pkgutil
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from erasure.registry import Registry
 from training.app.result_types import Result
-
-if TYPE_CHECKING:
-    from training.app.sections import JobConfig
 
 NAMESPACE = "training.tasks"  # the package of task modules; it spans every <dir>/training/tasks/ on sys.path
 
@@ -38,7 +35,9 @@ class TaskSpec:
     options: type[Any] | None  # that group's dataclass (`cfg.task_options`)
     result_type: type[Result]  # its result.json typed (training/app/result_types.py)
     numerics: int | None  # the numerics version its jobs are hashed under (None: the latest)
-    refusal: Callable[[JobConfig], str | None]  # why it cannot run a job (one line), or None
+    # why it cannot run a job (one line), or None; it takes the job's JobConfig (training/app/sections.py, which
+    # builds on this module: typed there, not imported here)
+    refusal: Callable[[Any], str | None]
 
 
 class TaskRegistry(Registry[Any]):

@@ -36,10 +36,10 @@ import torch
 from torch import Tensor
 
 import erasure
+import training.data.shared as shared
 from training.common import interrupt
 from training.common.files import atomic_write, atomic_write_text
 from training.common.locks import waiting_lock
-from training.data import shared
 
 log = logging.getLogger(__name__)
 CACHE_FORMAT = 1

@@ -19,8 +19,8 @@ from erasure.qleace import QleaceEraser, label_injection_risk
 from erasure.streaming import fit_chunks
 from training.common.files import atomic_write_json, read_json
 from training.common.progress import progress_bar
-from training.data import LoadedData
 from training.data.cache import cached_erase, cached_eraser, code_version, key_hash, unreadable_line
+from training.data.registry import LoadedData
 from training.engine.batches import ClassSegments
 from training.errors import NonFiniteError, UserError
 

@@ -12,8 +12,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+import training.data.shared as shared
 from erasure.registry import Registry
-from training.data import shared
 from training.data.shared import fresh
 from training.errors import DataCorruptError, UserError
 

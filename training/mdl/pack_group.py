@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -34,19 +34,38 @@ from training.app.job_paths import JobPath
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import RESULT_FILE
 from training.app.schema import JobConfig, config_hash
+from training.app.sections import TrainingConfig
 from training.common import interrupt, packs
 from training.engine import numerics
+from training.engine.batches import DeviceData
 from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
 from training.engine.fit import FitResult, Member, TrainData, snapshot
-from training.engine.group import fit_group, resolve_engine
+from training.engine.group import GroupOptions, fit_group, resolve_engine
 from training.mdl.splits import model_name
-
-if TYPE_CHECKING:
-    from training.mdl.trainer import Trainer
 
 log = logging.getLogger(__name__)
 FitJob = tuple[Tensor, object, "int | None"]  # (training rows, tag, eval_every_steps), as Trainer.train_many takes
 OnFinish = Callable[[int, nn.Module, FitResult], None]
+
+
+class Trainer(Protocol):
+    """What a pack group reads of a job's trainer (training/mdl/trainer.py's `Trainer` has it; this module does not
+    import it, the trainer imports this one)."""
+
+    cfg: JobConfig
+    opts: TrainingConfig
+    device: torch.device
+    x: Tensor  # the images as given and the labels on the device (what a later seed's models must have seen)
+    y: Tensor
+    train_data: DeviceData
+
+    def member(self, idx: Tensor, tag: object, eval_every_steps: int | None = None) -> Member: ...
+
+    def for_seed(self, cfg: JobConfig) -> Trainer: ...
+
+    def all_models(self) -> list[FitJob]: ...
+
+    def group_options(self, on_finish: OnFinish) -> GroupOptions: ...
 
 
 @dataclass(frozen=True)

@@ -151,16 +151,17 @@ def test_shared_datasets_are_loaded_once_and_never_seen_modified(tmp_path: Path)
     cfg = load_config(job_config(tmp_path, ["dataset=digits"])).dataset
     apart = load_dataset(cfg), load_dataset(cfg)
     assert apart[0].x is not apart[1].x  # off outside a pack
-    with shared.sharing():
-        a, b = load_dataset(cfg), load_dataset(cfg)
+    with shared.packed() as pack:
+        memo = pack.datasets
+        a, b = load_dataset(cfg, memo=memo), load_dataset(cfg, memo=memo)
         assert a.x is b.x and a.y is b.y and a is not b and a.info is not b.info
         assert torch.equal(a.x, apart[0].x) and a.info == apart[0].info
         a.info["fingerprint"]["content"] = "edited"  # a job's own dicts
-        assert load_dataset(cfg).info == apart[0].info
+        assert load_dataset(cfg, memo=memo).info == apart[0].info
         a.x.mul_(2)  # a job that edits the shared tensor in place: the next job gets the data as on disk
-        c = load_dataset(cfg)
+        c = load_dataset(cfg, memo=memo)
         assert c.x is not a.x and torch.equal(c.x, apart[0].x)
-    assert load_dataset(cfg).x is not c.x  # the memo ends with the pack
+    assert load_dataset(cfg, memo=memo).x is not c.x  # the memo ends with the pack
 
 
 def test_shared_erased_data_is_read_once_per_pack_and_equals_the_entry(tmp_path: Path, monkeypatch) -> None:
@@ -175,18 +176,18 @@ def test_shared_erased_data_is_read_once_per_pack_and_equals_the_entry(tmp_path:
         return torch.arange(12.0).reshape(3, 4).t(), {"rank_removed": (1, 2)}  # not contiguous; a tuple
 
     key = {"dataset": "x", "eraser": "y"}
-    with shared.sharing():
-        x0, r0, hit0 = cached_erase(tmp_path, key, build)
-        x1, r1, hit1 = cached_erase(tmp_path, key, build)
-        x2, _, _ = cached_erase(tmp_path, key, build)
+    with shared.packed() as pack:
+        x0, r0, hit0 = cached_erase(tmp_path, key, build, pack.erased)
+        x1, r1, hit1 = cached_erase(tmp_path, key, build, pack.erased)
+        x2, _, _ = cached_erase(tmp_path, key, build, pack.erased)
     assert (len(built), len(loads), hit0, hit1) == (1, 1, False, True)
     x_disk, r_disk, hit_disk = cached_erase(tmp_path, key, build)  # a lone job: from the entry
     assert hit_disk and torch.equal(x1, x_disk) and x1.stride() == x_disk.stride() and r1 == r_disk
     assert r1 == {"rank_removed": [1, 2]} and r1 is not r0
-    with shared.sharing():
-        x3, _, _ = cached_erase(tmp_path, key, build)
+    with shared.packed() as pack:
+        x3, _, _ = cached_erase(tmp_path, key, build, pack.erased)
         x3.add_(1)  # edited in place by a job: the next one loads the entry again
-        x4, _, hit4 = cached_erase(tmp_path, key, build)
+        x4, _, hit4 = cached_erase(tmp_path, key, build, pack.erased)
     assert (len(loads), len(built), hit4) == (4, 1, True) and torch.equal(x4, x_disk)
 
 

@@ -3,18 +3,21 @@ an inner launcher (local, parallel = joblib, submitit_local, slurm: on SLURM one
 
 Inside a pack every job runs through Hydra's own `run_job`, exactly as the inner launcher would run it alone: its
 own composed config, directory, run.log, lock, result.json, resume (progress.json) and ledger line (the sweep's
-callbacks see each job, never the pack). What the jobs share is the process: imports and start-up are paid once,
-and the loaded dataset and the erased data are computed once (training/data/shared.py). A pack killed part-way is
-re-run by the same command: its finished jobs skip, the others resume. One failed job does not stop its pack.
+callbacks see each job, never the pack). What the jobs share is the process (imports and start-up are paid once)
+and one `Pack` (training/data/shared.py) that the pack's task creates and hands to each job's run: the loaded
+dataset and the erased data are computed once, and a pack group's models trained ahead wait there. A pack killed
+part-way is re-run by the same command: its finished jobs skip, the others resume. One failed job does not stop its
+pack.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.plugins import Plugins
@@ -67,8 +70,7 @@ class PackTask:
 
     def __call__(self, _lead: DictConfig) -> list[JobReturn]:
         from training.cli.preemption import ignore_time_limit_signal
-        from training.common.packs import packed
-        from training.data.shared import sharing
+        from training.data.shared import packed
 
         lead = HydraConfig.get().job  # the pack's own job (each run_job below sets HydraConfig to its job's)
         pack = self.packs[int(lead.num)]
@@ -83,12 +85,14 @@ class PackTask:
             configs = [self.hydra_context.config_loader.load_sweep_config(self.sweep_config, overrides)
                        for _, overrides in pack]
             seeds = seeds_of(pack)
-            with sharing(), packed(seeds, job_dirs_of(seeds, configs)):
+            with packed(seeds, job_dirs_of(seeds, configs)) as shared:  # what the pack's jobs share, for its lifetime
+                # training.cli.run.job takes it
+                run = functools.partial(cast(Callable[..., Any], self.task_function), pack=shared)
                 for (num, _), config in zip(pack, configs, strict=True):
                     with open_dict(config):
                         config.hydra.job.id = f"{lead.id}_{num}"
                         config.hydra.job.num = num
-                    out.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function,
+                    out.append(run_job(hydra_context=self.hydra_context, task_function=run,
                                        config=config, job_dir_key="hydra.sweep.dir",
                                        job_subdir_key="hydra.sweep.subdir"))
         finally:

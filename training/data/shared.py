@@ -95,15 +95,20 @@ class Pack:
 
 
 @contextmanager
-def packed(seeds: Sequence[int] = (), job_dirs: dict[int, str] | None = None) -> Iterator[Pack]:
+def packed(seeds: Sequence[int] = (), job_dirs: dict[int, str] | None = None, share: Pack | None = None
+           ) -> Iterator[Pack]:
     """A pack for the jobs run inside this block, in the order of `seeds` (`job_dirs`: seed -> its job's directory);
-    its memos are emptied when the block ends, and results computed ahead that no job took are reported."""
+    its memos are emptied when the block ends, and results computed ahead that no job took are reported. `share`: a
+    bucket's pack (hydra.launcher.pack_by=shape), whose memos this one uses (the bucket's block empties them)."""
     pack = Pack(tuple(int(s) for s in seeds), job_dirs=dict(job_dirs or {}))
+    if share is not None:
+        pack.datasets, pack.erased = share.datasets, share.erased
     try:
         yield pack
     finally:
-        pack.datasets.clear()
-        pack.erased.clear()
+        if share is None:
+            pack.datasets.clear()
+            pack.erased.clear()
         if pack.ahead:
             log.warning("%d result(s) computed ahead for later jobs of this pack were not used (a job failed, was "
                         "already done, or its data differed)", len(pack.ahead))

@@ -7,6 +7,8 @@ result.json `timings`), and checks every job's result.json is == between the two
     .venv/bin/python scripts/bench_sweep.py            # MNIST-5k, control/leace/qleace x seeds 0-4, quick MDL
     .venv/bin/python scripts/bench_sweep.py --quick    # digits, tiny MDL, 2 erasers x 3 seeds: seconds
     .venv/bin/python scripts/bench_sweep.py --repeats 3  # interleaved runs, medians (a shared machine is noisy)
+    .venv/bin/python scripts/bench_sweep.py --bucket   # and bucket workers: hydra.launcher.pack_by=shape, one
+                                                       # bucket of the sweep's jobs per worker
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                    "so the packs spread over the workers)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each, interleaved; medians are reported")
     p.add_argument("--no-pack-group", action="store_true", help="skip the packed run with training.pack_group=true")
+    p.add_argument("--bucket", action="store_true", help="also run bucket workers (hydra.launcher.pack_by=shape: "
+                   "every cell of one model shape in one process, the sweep cut into one bucket per worker)")
     p.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = p.parse_args(argv)
     erasers = args.erasers or ("control,leace" if args.quick else "control,leace,qleace")
@@ -105,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
                             f"++hydra.launcher.inner_options.n_jobs={args.n_jobs}", f"training.pack_size={pack_size}"]}
     if not args.no_pack_group:
         launchers["pack_group"] = [*launchers["packed"], "training.pack_group=true"]
+    if args.bucket:  # every job has one shape here: a bucket per worker
+        per_worker = math.ceil(len(erasers.split(",")) * seeds / args.n_jobs)
+        launchers["bucket"] = [*launchers["packed"][:-1], "hydra.launcher.pack_by=shape",
+                               f"training.pack_size={per_worker}"]
     names = list(launchers)
     walls: dict[str, list[float]] = {name: [] for name in names}
     runs: dict[str, list[dict[str, dict[str, Any]]]] = {name: [] for name in names}
@@ -127,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     if "pack_group" in median:
         print(f"  + pack group     {median['pack_group']:7.1f} s   {lone / median['pack_group']:5.2f}x  "
               "(training.pack_group=true: a pack's seeds in one lockstep group)")
+    if "bucket" in median:
+        print(f"  bucket workers   {median['bucket']:7.1f} s   {lone / median['bucket']:5.2f}x  "
+              "(hydra.launcher.pack_by=shape: a worker runs every cell of one model shape)")
     split = {name: time_split(runs[name][0]) for name in names}  # the first repeat's
     print("  summed over jobs (s)  total  before-MDL  erase   MDL  full-run | outside jobs (workers x wall - total)")
     for name, wall in ((name, walls[name][0]) for name in names):

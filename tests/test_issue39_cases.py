@@ -277,7 +277,7 @@ def test_a_pack_knows_which_seeds_are_another_configuration() -> None:
 
     from hydra_plugins.erasure_mdl_packed.packed_launcher import job_dirs_of
     from tests.helpers import CONF
-    from training.common.packs import Pack
+    from training.data.shared import Pack
 
     cases = ((["experiment=calibrate", "dataset.data_seed=${seed}"], False), (["experiment=calibrate"], True),
              (["experiment=demo"], True))

@@ -18,8 +18,7 @@ import torch
 
 from tests.helpers import job_config
 from training.app.schema import load_config
-from training.common import packs
-from training.data.shared import sharing
+from training.data import shared
 from training.mdl import pack_group
 from training.mdl.job import run_job
 
@@ -47,9 +46,9 @@ def _alone(out: Path, *extra: str, seeds: tuple[int, ...] = SEEDS) -> dict[int, 
     return {s: _numbers(run_job(_config(out, s, *extra)).result) for s in seeds}
 
 
-def _packed(out: Path, *extra: str, seeds: tuple[int, ...] = SEEDS) -> tuple[dict[int, dict[str, Any]], packs.Pack]:
-    with sharing(), packs.packed(seeds) as pack:
-        results = {s: _numbers(run_job(_config(out, s, *extra)).result) for s in seeds}
+def _packed(out: Path, *extra: str, seeds: tuple[int, ...] = SEEDS) -> tuple[dict[int, dict[str, Any]], shared.Pack]:
+    with shared.packed(seeds) as pack:
+        results = {s: _numbers(run_job(_config(out, s, *extra), pack).result) for s in seeds}
     return results, pack
 
 
@@ -115,7 +114,7 @@ def test_a_model_trained_ahead_on_other_data_is_trained_again(tmp_path: Path, mo
 
     def on_other_labels(companion: pack_group.Companion, *args: Any) -> None:
         real(companion, *args)
-        pack = packs.current()
+        pack = companion.trainer.pack
         assert pack is not None
         for key, found in pack.ahead.items():  # as if the later seed's group had trained on other labels
             pack.ahead[key] = dataclasses.replace(found, y=torch.roll(found.y, 1))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from hydra_plugins.erasure_mdl_packed.packed_launcher import packs_of
+from hydra_plugins.erasure_mdl_packed.packed_launcher import bucket_key, buckets_of, cells_in, packs_of
 from tests.helpers import kill_once_one_done_one_partial, kill_when
 from training.app.lifecycle import PROGRESS_FILE
 from training.data import shared
@@ -151,16 +151,17 @@ def test_shared_datasets_are_loaded_once_and_never_seen_modified(tmp_path: Path)
     cfg = load_config(job_config(tmp_path, ["dataset=digits"])).dataset
     apart = load_dataset(cfg), load_dataset(cfg)
     assert apart[0].x is not apart[1].x  # off outside a pack
-    with shared.sharing():
-        a, b = load_dataset(cfg), load_dataset(cfg)
+    with shared.packed() as pack:
+        memo = pack.datasets
+        a, b = load_dataset(cfg, memo=memo), load_dataset(cfg, memo=memo)
         assert a.x is b.x and a.y is b.y and a is not b and a.info is not b.info
         assert torch.equal(a.x, apart[0].x) and a.info == apart[0].info
         a.info["fingerprint"]["content"] = "edited"  # a job's own dicts
-        assert load_dataset(cfg).info == apart[0].info
+        assert load_dataset(cfg, memo=memo).info == apart[0].info
         a.x.mul_(2)  # a job that edits the shared tensor in place: the next job gets the data as on disk
-        c = load_dataset(cfg)
+        c = load_dataset(cfg, memo=memo)
         assert c.x is not a.x and torch.equal(c.x, apart[0].x)
-    assert load_dataset(cfg).x is not c.x  # the memo ends with the pack
+    assert load_dataset(cfg, memo=memo).x is not c.x  # the memo ends with the pack
 
 
 def test_shared_erased_data_is_read_once_per_pack_and_equals_the_entry(tmp_path: Path, monkeypatch) -> None:
@@ -175,18 +176,18 @@ def test_shared_erased_data_is_read_once_per_pack_and_equals_the_entry(tmp_path:
         return torch.arange(12.0).reshape(3, 4).t(), {"rank_removed": (1, 2)}  # not contiguous; a tuple
 
     key = {"dataset": "x", "eraser": "y"}
-    with shared.sharing():
-        x0, r0, hit0 = cached_erase(tmp_path, key, build)
-        x1, r1, hit1 = cached_erase(tmp_path, key, build)
-        x2, _, _ = cached_erase(tmp_path, key, build)
+    with shared.packed() as pack:
+        x0, r0, hit0 = cached_erase(tmp_path, key, build, pack.erased)
+        x1, r1, hit1 = cached_erase(tmp_path, key, build, pack.erased)
+        x2, _, _ = cached_erase(tmp_path, key, build, pack.erased)
     assert (len(built), len(loads), hit0, hit1) == (1, 1, False, True)
     x_disk, r_disk, hit_disk = cached_erase(tmp_path, key, build)  # a lone job: from the entry
     assert hit_disk and torch.equal(x1, x_disk) and x1.stride() == x_disk.stride() and r1 == r_disk
     assert r1 == {"rank_removed": [1, 2]} and r1 is not r0
-    with shared.sharing():
-        x3, _, _ = cached_erase(tmp_path, key, build)
+    with shared.packed() as pack:
+        x3, _, _ = cached_erase(tmp_path, key, build, pack.erased)
         x3.add_(1)  # edited in place by a job: the next one loads the entry again
-        x4, _, hit4 = cached_erase(tmp_path, key, build)
+        x4, _, hit4 = cached_erase(tmp_path, key, build, pack.erased)
     assert (len(loads), len(built), hit4) == (4, 1, True) and torch.equal(x4, x_disk)
 
 
@@ -229,3 +230,53 @@ def test_memo_keeps_the_latest_entries_only() -> None:
     assert memo.get(0) is None and memo.get(1) is tensors[1] and memo.get(2) is tensors[2]
     memo.put(3, tensors[0], [tensors[0]])  # 1 was used less recently than 2
     assert memo.get(1) is None and memo.get(2) is tensors[2]
+
+
+def test_buckets_by_shape_hold_every_job_of_one_model_shape_once() -> None:
+    jobs = [["arch=mlp", "eraser=control", "seed=0"], ["arch=lenet", "eraser=control", "seed=0"],
+            ["arch=mlp", "eraser=leace", "seed=0"], ["arch=mlp", "eraser=control", "seed=1"],
+            ["arch=lenet", "eraser=leace", "seed=1"], ["eraser=leace", "arch=mlp", "seed=1"],
+            ["arch=mlp", "+arch.width=8", "eraser=leace", "seed=0"], ["dataset=digits", "arch=mlp", "seed=0"],
+            ["arch=mlp", "eraser=control", "mdl.num_blocks=4", "seed=0"]]
+
+    def nums(groups: list[list[Any]]) -> list[list[int]]:
+        return [[num for num, _ in g] for g in groups]
+
+    buckets = buckets_of(jobs, None, first_num=10, pack_by="shape")
+    # a bucket: one arch and dataset (what decides the model's shape), its cells' seeds next to each other
+    assert nums(buckets) == [[10, 13, 12, 15, 18], [11, 14], [16], [17]]
+    assert nums(cells_in(buckets[0])) == [[10, 13], [12, 15], [18]]
+    assert nums(buckets_of(jobs, 3, pack_by="shape")) == [[0, 3, 2], [5, 8], [1, 4], [6], [7]]  # at most 3 a bucket
+    for size in (None, 2, 3):
+        got = sorted(n for b in buckets_of(jobs, size, pack_by="shape") for n in nums([b])[0])
+        assert got == list(range(len(jobs)))  # every job once
+        assert buckets_of(jobs, size, pack_by="cell") == packs_of(jobs, size)  # the default: packs as before
+    assert bucket_key(["arch=mlp", "seed=3", "eraser=leace", "++dataset.limit=500", "~arch.width"]) == (
+        "++dataset.limit=500", "arch=mlp", "~arch.width")
+    with pytest.raises(ValueError, match="hydra.launcher.pack_by='arch' is not allowed"):
+        buckets_of(jobs, None, pack_by="arch")
+
+
+def test_the_packs_of_a_bucket_share_its_memos_until_the_bucket_ends() -> None:
+    t = torch.zeros(2)
+    with shared.packed() as bucket:
+        with shared.packed((0, 1), share=bucket) as cell:
+            assert cell.datasets is bucket.datasets and cell.erased is bucket.erased and cell.seeds == (0, 1)
+            cell.datasets.put("d", t, [t])
+        with shared.packed((0, 1), share=bucket) as other:  # the next cell of the bucket finds it
+            assert other.datasets.get("d") is t and other.ahead is not cell.ahead
+    assert bucket.datasets.get("d") is None  # emptied with the bucket
+    with shared.packed() as alone:
+        alone.datasets.put("d", t, [t])
+    assert alone.datasets.get("d") is None
+
+
+@LONE_GROUP
+def test_a_bucket_per_model_shape_runs_every_cell_in_one_process(tmp_path: Path, lone: dict[str, Any]) -> None:
+    text = _sweep(tmp_path, SEEDS, "hydra/launcher=packed", "hydra.launcher.pack_by=shape")
+    assert "6 jobs in 1 packs (a pack per model shape: hydra.launcher.pack_by=shape)" in text
+    assert "pack of 6 jobs" in text and "multirun: 6/6 jobs ran: 6 done, 0 skipped, 0 failed" in text
+    assert "cache hit (shared in this process)" in text
+    assert _results(tmp_path) == lone  # each job its own directory and result, its lone numbers
+    (summary,) = (tmp_path / "runs/.multirun").glob("*/summary.json")
+    assert len({j["job_dir"] for j in json.loads(summary.read_text())["jobs"]}) == 6  # a ledger line per job

@@ -62,10 +62,10 @@ def test_bf16_autocasts_the_training_forward_only() -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 10)
     x = torch.randn(8, 64)
-    with numerics.job_numerics("fp32", False):
-        exact = numerics.forward(model, x)
-    with numerics.job_numerics("bf16", False):
-        low = numerics.forward(model, x)
+    with numerics.job_numerics("fp32", False) as job:
+        exact = job.forward(model, x)
+    with numerics.job_numerics("bf16", False) as job:
+        low = job.forward(model, x)
         plain = model(x)  # outside the training forward (validation, code lengths): float32
     assert exact.dtype == low.dtype == torch.float32 and model.weight.dtype == torch.float32
     assert torch.equal(exact, model(x)) and torch.equal(plain, exact)

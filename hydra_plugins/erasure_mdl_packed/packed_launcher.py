@@ -1,20 +1,26 @@
 """`hydra/launcher=packed`: the sweep's jobs that differ only in `seed` run in one process, a pack, as one job of
 an inner launcher (local, parallel = joblib, submitit_local, slurm: on SLURM one array task runs one pack).
+`hydra.launcher.pack_by=shape` makes it a bucket worker: one process runs every job of the sweep whose model has
+one shape (the same architecture and dataset overrides: `bucket_key`), cell after cell, each cell a pack, all of
+them sharing the bucket's loaded datasets and erased data (one array task a bucket on SLURM).
 
 Inside a pack every job runs through Hydra's own `run_job`, exactly as the inner launcher would run it alone: its
 own composed config, directory, run.log, lock, result.json, resume (progress.json) and ledger line (the sweep's
-callbacks see each job, never the pack). What the jobs share is the process: imports and start-up are paid once,
-and the loaded dataset and the erased data are computed once (training/data/shared.py). A pack killed part-way is
-re-run by the same command: its finished jobs skip, the others resume. One failed job does not stop its pack.
+callbacks see each job, never the pack). What the jobs share is the process (imports and start-up are paid once)
+and one `Pack` (training/data/shared.py) that the pack's task creates and hands to each job's run: the loaded
+dataset and the erased data are computed once, and a pack group's models trained ahead wait there. A pack killed
+part-way is re-run by the same command: its finished jobs skip, the others resume. One failed job does not stop its
+pack.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.plugins import Plugins
@@ -27,14 +33,63 @@ log = logging.getLogger(__name__)
 Job = tuple[int, list[str]]  # (the job's number in the sweep, its overrides)
 
 
+PACK_BY = ("cell", "shape")
+# the overrides that can change a job's model shape (its architecture, its input shape and classes): every key of
+# these config groups, and the experiment (which sets them)
+SHAPE_GROUPS = ("experiment", "arch", "dataset")
+
+
 def packs_of(job_overrides: Sequence[Sequence[str]], pack_size: int | None, first_num: int = 0) -> list[list[Job]]:
     """The jobs grouped by every override but `seed=...` (in sweep order), cut into packs of at most `pack_size`."""
     cells: dict[tuple[str, ...], list[Job]] = {}
     for num, overrides in enumerate(job_overrides, start=first_num):
-        rest = tuple(sorted(o for o in overrides if not o.startswith("seed=")))
-        cells.setdefault(rest, []).append((num, list(overrides)))
+        cells.setdefault(cell_key(overrides), []).append((num, list(overrides)))
     size = pack_size or max((len(jobs) for jobs in cells.values()), default=1)
     return [jobs[i:i + size] for jobs in cells.values() for i in range(0, len(jobs), size)]
+
+
+def cell_key(overrides: Sequence[str]) -> tuple[str, ...]:
+    """A job's overrides but its seed, in order: the jobs of one cell have the same."""
+    return tuple(sorted(o for o in overrides if not o.startswith("seed=")))
+
+
+def _group(override: str) -> str:
+    """The config group (or top-level key) an override sets: `arch` for `arch=mlp`, `+arch.width=8`, `~arch.x`."""
+    return override.lstrip("+~").split("=", 1)[0].split(".", 1)[0].split("@", 1)[0]
+
+
+def bucket_key(overrides: Sequence[str]) -> tuple[str, ...]:
+    """The overrides that decide a job's model shape (SHAPE_GROUPS): the jobs of one bucket have the same. Coarse on
+    purpose: two jobs apart here may still share a shape (they then run in two buckets); never the reverse, as
+    long as only arch, dataset and experiment choose shapes."""
+    return tuple(sorted(o for o in overrides if _group(o) in SHAPE_GROUPS))
+
+
+def buckets_of(job_overrides: Sequence[Sequence[str]], pack_size: int | None, first_num: int = 0,
+               pack_by: str = "cell") -> list[list[Job]]:
+    """What each process runs: `pack_by=cell` the packs of `packs_of`; `shape` every job of one model shape (in
+    sweep order of their shapes), the jobs of a cell next to each other in seed order, cut into buckets of at most
+    `pack_size` jobs. Every job is in exactly one."""
+    if pack_by not in PACK_BY:
+        raise ValueError(f"hydra.launcher.pack_by={pack_by!r} is not allowed: use one of {', '.join(PACK_BY)}")
+    if pack_by == "cell":
+        return packs_of(job_overrides, pack_size, first_num)
+    shapes: dict[tuple[str, ...], list[Job]] = {}
+    for pack in packs_of(job_overrides, None, first_num):  # whole cells, in sweep order
+        shapes.setdefault(bucket_key(pack[0][1]), []).extend(pack)
+    size = pack_size or max((len(jobs) for jobs in shapes.values()), default=1)
+    return [jobs[i:i + size] for jobs in shapes.values() for i in range(0, len(jobs), size)]
+
+
+def cells_in(bucket: Sequence[Job]) -> list[list[Job]]:
+    """A bucket's jobs cut into its cells' runs of consecutive jobs (one pack each)."""
+    out: list[list[Job]] = []
+    for job in bucket:
+        if out and cell_key(out[-1][-1][1]) == cell_key(job[1]):
+            out[-1].append(job)
+        else:
+            out.append([job])
+    return out
 
 
 def seeds_of(pack: Sequence[Job]) -> list[int]:
@@ -67,30 +122,33 @@ class PackTask:
 
     def __call__(self, _lead: DictConfig) -> list[JobReturn]:
         from training.cli.preemption import ignore_time_limit_signal
-        from training.common.packs import packed
-        from training.data.shared import sharing
+        from training.data.shared import packed
 
         lead = HydraConfig.get().job  # the pack's own job (each run_job below sets HydraConfig to its job's)
-        pack = self.packs[int(lead.num)]
-        log.info("pack of %d jobs: %s", len(pack), " ".join(str(num) for num, _ in pack))
-        out = []
+        bucket = self.packs[int(lead.num)]
+        log.info("pack of %d jobs: %s", len(bucket), " ".join(str(num) for num, _ in bucket))
+        out: list[JobReturn] = []
         here = os.getcwd()
         origin = OmegaConf.select(self.sweep_config, "hydra.runtime.cwd", default=None)
         try:
             # hydra.job.chdir=true put this process in the pack's first job's directory: each job starts where the
             # sweep did, or a relative paths.out_dir would nest every job in that directory
             os.chdir(str(origin or here))
-            configs = [self.hydra_context.config_loader.load_sweep_config(self.sweep_config, overrides)
-                       for _, overrides in pack]
-            seeds = seeds_of(pack)
-            with sharing(), packed(seeds, job_dirs_of(seeds, configs)):
-                for (num, _), config in zip(pack, configs, strict=True):
-                    with open_dict(config):
-                        config.hydra.job.id = f"{lead.id}_{num}"
-                        config.hydra.job.num = num
-                    out.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function,
-                                       config=config, job_dir_key="hydra.sweep.dir",
-                                       job_subdir_key="hydra.sweep.subdir"))
+            with packed() as shared:  # the bucket's datasets and erased data, for its lifetime
+                for pack in cells_in(bucket):  # one cell (all of it with pack_by=cell)
+                    configs = [self.hydra_context.config_loader.load_sweep_config(self.sweep_config, overrides)
+                               for _, overrides in pack]
+                    seeds = seeds_of(pack)
+                    with packed(seeds, job_dirs_of(seeds, configs), shared) as cell:  # + what its seeds share
+                        # training.cli.run.job takes it
+                        run = functools.partial(cast(Callable[..., Any], self.task_function), pack=cell)
+                        for (num, _), config in zip(pack, configs, strict=True):
+                            with open_dict(config):
+                                config.hydra.job.id = f"{lead.id}_{num}"
+                                config.hydra.job.num = num
+                            out.append(run_job(hydra_context=self.hydra_context, task_function=run,
+                                               config=config, job_dir_key="hydra.sweep.dir",
+                                               job_subdir_key="hydra.sweep.subdir"))
         finally:
             os.chdir(here)
         ignore_time_limit_signal()  # the pack is done: a late time-limit signal must not fail it in SLURM's records
@@ -98,8 +156,8 @@ class PackTask:
 
 
 class PackedLauncher(Launcher):
-    def __init__(self, inner: str = "local", inner_options: Any = None) -> None:
-        self.inner = inner
+    def __init__(self, inner: str = "local", inner_options: Any = None, pack_by: str = "cell") -> None:
+        self.inner, self.pack_by = inner, pack_by
         self.inner_options = dict(inner_options or {})
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
@@ -130,8 +188,9 @@ class PackedLauncher(Launcher):
         setup_globals()
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         pack_size = OmegaConf.select(self.config, "training.pack_size", default=None)
-        packs = packs_of(job_overrides, pack_size, initial_job_idx)
-        log.info("packed launcher: %d jobs in %d packs, run by hydra/launcher=%s", len(job_overrides), len(packs),
+        packs = buckets_of(job_overrides, pack_size, initial_job_idx, self.pack_by)
+        log.info("packed launcher: %d jobs in %d packs%s, run by hydra/launcher=%s", len(job_overrides), len(packs),
+                 " (a pack per model shape: hydra.launcher.pack_by=shape)" if self.pack_by == "shape" else "",
                  self.inner)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         task = PackTask(packs, self.config, self.hydra_context, self.task_function)

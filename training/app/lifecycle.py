@@ -36,8 +36,9 @@ from training.app.result_types import Result, at
 from training.app.results import JobDir, Stale, legacy_result, set_aside_name
 from training.app.schema import HASH_VERSION, JobConfig, config_hash, load_config, numerics_of
 from training.common.files import atomic_write_json, read_json
+from training.data.shared import Pack
 from training.engine.devices import resolve_device
-from training.engine.numerics import job_numerics, signature
+from training.engine.numerics import JobNumerics, job_numerics
 from training.errors import NonFiniteError, UserError
 
 log = logging.getLogger(__name__)
@@ -119,14 +120,18 @@ class DataOnDisk:
 
 @dataclass(frozen=True)
 class JobRun:
-    """What a task's body gets: its typed config, directory, device and progress file, and what its precheck (or
-    fingerprint) loaded (None: nothing; the body loads its data itself)."""
+    """What a task's body gets: its typed config, directory, device and progress file, what its precheck (or
+    fingerprint) loaded (None: nothing; the body loads its data itself), what it shares with the other jobs of its
+    pack (`pack`, training/data/shared.py; None: a lone job) and its numerics (training/engine/numerics.py: passed
+    to what trains; the signature in result.json is read from it)."""
 
     cfg: JobConfig
     job: JobDir
     device: torch.device
     progress: Progress
     loaded: Any = None
+    pack: Pack | None = None
+    numerics: JobNumerics | None = None
 
     @property
     def path(self) -> Path:
@@ -141,8 +146,9 @@ Body = Callable[[JobRun], dict[str, Any]]
 # Refuses bad runtime options before anything is made; returns what it loaded for the body (None: the job looked
 # finished). Called again with rerun=True when that finished result is stale, with the data its fingerprint check
 # read again (None: not read), so a job that runs is always checked.
-Precheck = Callable[[JobConfig, torch.device, Any, bool], Any]
-Fingerprint = Callable[[JobConfig], DataOnDisk]  # the identity of the data a job would read now (and that data)
+Precheck = Callable[[JobConfig, torch.device, Any, bool, Pack | None], Any]
+# the identity of the data a job would read now (and that data), read once per pack
+Fingerprint = Callable[[JobConfig, Pack | None], DataOnDisk]
 
 
 def stale_reason(done: Result, cfg: JobConfig, complete: tuple[str, ...],
@@ -195,23 +201,24 @@ def check_finite(result: Result, sections: tuple[str, ...], job_path: Path) -> N
 def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: Precheck | None = None,
                    describe: Callable[[dict[str, Any]], str] | None = None,
                    finite: tuple[str, ...] = (), complete: tuple[str, ...] = (),
-                   fingerprint: Fingerprint | None = None) -> Outcome:
+                   fingerprint: Fingerprint | None = None, pack: Pack | None = None) -> Outcome:
     """Run `body` in the job's directory under its lock and return its Outcome: done with the new result, or
     skipped/reused with an earlier run's result of this configuration. `precheck` refuses bad runtime options
     before anything is made and returns what it loaded, for the body (`JobRun.loaded`). `finite`: the result's
     sections whose every number must be finite (else NonFiniteError and no result); every result gets
     `provenance` (training/app/provenance.py). An earlier result is not reused (one line says why) when it lacks a
     `complete` section or its `dataset.fingerprint` differs from `fingerprint(cfg)`, the data now (which the body
-    then gets, as it gets a precheck's)."""
+    then gets, as it gets a precheck's). `pack`: what the job shares with the other jobs of its pack (the packed
+    launcher's, training/data/shared.py), handed to the hooks and the body; None for a lone job."""
     cfg = load_config(config)  # bad values fail here, with one line, before any directory or data
     job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), cfg.force)
     device = resolve_device(cfg.device)
-    loaded = precheck(cfg, device, None, False) if precheck is not None else None
+    loaded = precheck(cfg, device, None, False, pack) if precheck is not None else None
     read_now: list[DataOnDisk] = []  # what the fingerprint hook read, if the stale check called it
 
     def now_on_disk(c: JobConfig) -> Any:
         assert fingerprint is not None
-        read_now.append(fingerprint(c))
+        read_now.append(fingerprint(c, pack))
         return read_now[-1].fingerprint
 
     check = now_on_disk if fingerprint is not None else None
@@ -222,16 +229,16 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: 
             return Outcome("reused", job.path, encode(done))
         fresh = read_now[-1].loaded if read_now else None  # the stale check read the data again: the newest copy
         if precheck is not None and loaded is None:  # the precheck took the job for finished: checked now
-            loaded = precheck(cfg, device, fresh, True)
+            loaded = precheck(cfg, device, fresh, True, pack)
         elif fresh is not None:
             loaded = fresh
         progress = Progress(job.path / PROGRESS_FILE, job.cfg_hash)
         if cfg.force:
             progress.clear()  # force=true recomputes from scratch
         t0, started = time.perf_counter(), now_utc()
-        with job_numerics(cfg.training.precision, cfg.training.deterministic):  # training/engine/numerics.py
-            out = body(JobRun(cfg, job, device, progress, loaded))
-            numerics = signature(device, device_name(str(device)))
+        with job_numerics(cfg.training.precision, cfg.training.deterministic) as job_num:  # engine/numerics.py
+            out = body(JobRun(cfg, job, device, progress, loaded, pack, job_num))
+            numerics = job_num.signature(device, device_name(str(device)))
         timings = {**out.pop("timings", {}), "total_s": time.perf_counter() - t0}
         typed = new_result(config_hash=job.cfg_hash, hash_version=HASH_VERSION,
                            numerics_version=numerics_of(cfg.task),

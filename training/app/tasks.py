@@ -39,6 +39,7 @@ from training.app.task_spec import (  # noqa: F401  (the declarations' names, re
     task_numerics,
     task_uses,
 )
+from training.data.shared import Pack
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,10 @@ class Task:
         return TaskSpec(self.name, self.uses, self.fixed, self.group, self.options, self.result_type, self.numerics,
                         self.refusal)
 
-    def __call__(self, config: Mapping[str, Any] | JobConfig) -> Outcome:
-        return run_in_job_dir(config, lambda job: self.run(self.prepare(job)), **self.lifecycle())
+    def __call__(self, config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> Outcome:
+        """The job of `config` in the one lifecycle; `pack`: what it shares with the other jobs of its pack (the
+        packed launcher's, training/data/shared.py), None alone."""
+        return run_in_job_dir(config, lambda job: self.run(self.prepare(job)), pack=pack, **self.lifecycle())
 
 
 def tasks() -> list[Task]:

@@ -38,34 +38,36 @@ from training.cli.report import (
     to_run_log,
     user_error_line,
 )
-from training.common import interrupt, packs
+from training.common import interrupt
+from training.data.shared import Pack
 from training.errors import Refused
 
 log = logging.getLogger("training.run")
 
 
-def job(cfg: DictConfig) -> Outcome:
+def job(cfg: DictConfig, pack: Pack | None = None) -> Outcome:
     """Hydra's task function: one job of the (multi)run. Its Outcome is Hydra's return value, which the multirun
-    ledger (training/cli/ledger.py) reads."""
+    ledger (training/cli/ledger.py) reads. `pack`: what the job shares with the other jobs of its pack (the packed
+    launcher passes its own, hydra_plugins/erasure_mdl_packed); None for a lone job."""
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     quiet_log_file_errors()  # Hydra has set up this job's run.log
     sigint_back_in_local_job()
     exit_with_parent()  # a worker whose sweep's launching process dies stops and exits
     try:
-        return _job(cfg, hc, multirun)
+        return _job(cfg, hc, multirun, pack)
     finally:
         if orphaned():  # nobody reads this worker's results any more: exit now, not after loky's idle minutes
             logging.shutdown()
             os._exit(128 + int(signal.SIGTERM))
 
 
-def _job(cfg: DictConfig, hc: Any, multirun: bool) -> Outcome:
+def _job(cfg: DictConfig, hc: Any, multirun: bool, pack: Pack | None) -> Outcome:
     resolved = anchored(resolved_dict(cfg), Path(hc.runtime.cwd))
     try:
         job = load_config(resolved)  # normally checked earlier, by the job_status callback
         with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
-            outcome = get_task(job.task)(job)
+            outcome = get_task(job.task)(job, pack)
     except KeyboardInterrupt as err:  # Ctrl-C: the job's lock is released on the way here
         exit_interrupted(Path(job.paths.job_dir), err)
     except Exception as err:
@@ -84,7 +86,7 @@ def _job(cfg: DictConfig, hc: Any, multirun: bool) -> Outcome:
         if multirun:
             raise
         exit_user_error(line, err)
-    if packs.current() is None:  # a pack's process goes on with its next job: the packed launcher does it at its end
+    if pack is None:  # a pack's process goes on with its next job: the packed launcher does it at its end
         ignore_time_limit_signal()
     return outcome
 

@@ -92,15 +92,17 @@ def _lock_entry(stack: ExitStack, root: Path, lock_name: str, kind: str, entry: 
 
 
 def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
-                 build: Callable[[], tuple[Tensor, dict[str, Any]]]) -> tuple[Tensor, dict[str, Any], bool]:
-    """(erased x, report, hit). Loads `<cache_root>/erased/<hash>/` or calls `build()` once and stores it.
+                 build: Callable[[], tuple[Tensor, dict[str, Any]]], memo: shared.Memo | None = None
+                 ) -> tuple[Tensor, dict[str, Any], bool]:
+    """(erased x, report, hit). Loads `<cache_root>/erased/<hash>/` or calls `build()` once and stores it; `memo`
+    (a pack's `erased`, training/data/shared.py) keeps what was loaded or stored for the pack's later jobs.
 
     Never fails because of the cache: an unwritable cache directory or a failed write is a warning and the
     erased data is returned from memory (hit False)."""
     root = Path(cache_root) / "erased"
     h = key_hash(key)
     entry = root / h
-    if (shared_entry := _shared_entry(entry)) is not None:  # another job of this process loaded or stored it
+    if (shared_entry := _shared_entry(memo, entry)) is not None:  # another job of this process loaded or stored it
         log.info("cache hit (shared in this process): %s", entry)
         return shared_entry
     with ExitStack() as stack:
@@ -113,7 +115,7 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
             return x, report, False
         if loaded is not None:
             log.info("cache hit: %s", entry)
-            _share_entry(entry, *loaded)
+            _share_entry(memo, entry, *loaded)
             return loaded[0], loaded[1], True
         log.info("cache miss: %s (fitting)", entry)
         x, report = build()
@@ -125,25 +127,25 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
             log.warning("could not write the cache entry %s (%s); removed it, going on with the erased data in "
                         "memory", entry, why(err, root))
         else:  # what a later job would load from the entry: the stored tensor and the report as report.json has it
-            _share_entry(entry, x.detach().cpu().contiguous(), json.loads(_report_text(report)))
+            _share_entry(memo, entry, x.detach().cpu().contiguous(), json.loads(_report_text(report)))
         return x, report, False
 
 
-def _shared_entry(entry: Path) -> tuple[Tensor, dict[str, Any], bool] | None:
-    """The erased data of `entry` as another job of this process loaded or stored it (training/data/shared.py), while
-    jobs share data and the entry is still complete on disk (else the job goes through the cache as a lone one)."""
-    if not shared.active():
+def _shared_entry(memo: shared.Memo | None, entry: Path) -> tuple[Tensor, dict[str, Any], bool] | None:
+    """The erased data of `entry` as another job of the pack loaded or stored it (`memo`), while the entry is still
+    complete on disk (else the job goes through the cache as a lone one)."""
+    if memo is None:
         return None
-    found = shared.ERASED.get(str(entry.resolve()))
+    found = memo.get(str(entry.resolve()))
     if found is None or not (entry / "manifest.json").is_file():
         return None
     x, report = found
     return x, shared.fresh(report), True
 
 
-def _share_entry(entry: Path, x: Tensor, report: dict[str, Any]) -> None:
-    if shared.active():
-        shared.ERASED.put(str(entry.resolve()), (x, shared.fresh(report)), [x])
+def _share_entry(memo: shared.Memo | None, entry: Path, x: Tensor, report: dict[str, Any]) -> None:
+    if memo is not None:
+        memo.put(str(entry.resolve()), (x, shared.fresh(report)), [x])
 
 
 def _report_text(report: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ from training.common.files import atomic_write_json, read_json
 from training.common.progress import progress_bar
 from training.data.cache import cached_erase, cached_eraser, code_version, key_hash, unreadable_line
 from training.data.registry import LoadedData
+from training.data.shared import Memo
 from training.engine.batches import ClassSegments
 from training.errors import NonFiniteError, UserError
 
@@ -60,9 +61,9 @@ Erased = tuple[Tensor, dict[str, Any], bool, dict[str, Any]]  # erased x, report
 
 
 def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
-                  rank_hint: int | None = None, eraser: Eraser | None = None) -> Erased:
-    """`data` erased by `name` fitted on it, through the cache; `eraser`: that eraser, already fitted (a cache miss
-    then applies it, which is what `erasure.erase` does after fitting)."""
+                  rank_hint: int | None = None, eraser: Eraser | None = None, memo: Memo | None = None) -> Erased:
+    """`data` erased by `name` fitted on it, through the cache (and `memo`, a pack's: `cached_erase`); `eraser`: that
+    eraser, already fitted (a cache miss then applies it, which is what `erasure.erase` does after fitting)."""
     from erasure import erase
 
     flat = data.x.reshape(len(data.x), -1)
@@ -77,7 +78,7 @@ def _erase_cached(data: LoadedData, name: str, options: Mapping[str, Any], cache
         return x, report
 
     key = _cache_key(data, name, options)
-    x, report, hit = cached_erase(cache_dir, key, _finite(build, name, data.name))
+    x, report, hit = cached_erase(cache_dir, key, _finite(build, name, data.name), memo)
     return x.reshape(data.x.shape), report, hit, key
 
 
@@ -149,7 +150,7 @@ def holdout_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _erase_holdout(fit: LoadedData, coded: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
-                   rank_hint: int | None, eraser: Eraser | None = None) -> Erased:
+                   rank_hint: int | None, eraser: Eraser | None = None, memo: Memo | None = None) -> Erased:
     """Fit on `fit`, apply to `coded`, through the cache (keyed by both); `eraser`: already fitted on `fit`."""
     from erasure import fit as fit_eraser
 
@@ -165,12 +166,12 @@ def _erase_holdout(fit: LoadedData, coded: LoadedData, name: str, options: Mappi
         return out, {**report, "seconds": time.perf_counter() - t0}  # the fit's time included
 
     key = {**_cache_key(coded, name, options), "fitted_on": fit.content_hash()}
-    x, report, hit = cached_erase(cache_dir, key, _finite(build, name, fit.name))
+    x, report, hit = cached_erase(cache_dir, key, _finite(build, name, fit.name), memo)
     return x.reshape(coded.x.shape), report, hit, key
 
 
-def _erase_oracle(coded: LoadedData, oracle: OracleFit, name: str, options: Mapping[str, Any], cache_dir: Path
-                  ) -> Erased:
+def _erase_oracle(coded: LoadedData, oracle: OracleFit, name: str, options: Mapping[str, Any], cache_dir: Path,
+                  memo: Memo | None = None) -> Erased:
     """Fit on the oracle's fresh draws from moments accumulated chunk by chunk, apply to `coded`, through the cache
     (keyed by the coded data and the draws' identity)."""
     def build() -> tuple[torch.Tensor, dict[str, Any]]:
@@ -182,12 +183,12 @@ def _erase_oracle(coded: LoadedData, oracle: OracleFit, name: str, options: Mapp
         return out, {**report, "seconds": time.perf_counter() - t0}
 
     key = {**_cache_key(coded, name, options), "fitted_on": {"oracle": oracle.key}}
-    x, report, hit = cached_erase(cache_dir, key, _finite(build, name, coded.name))
+    x, report, hit = cached_erase(cache_dir, key, _finite(build, name, coded.name), memo)
     return x.reshape(coded.x.shape), report, hit, key
 
 
 def _erase_population(coded: LoadedData, population: PopulationFit, name: str, options: Mapping[str, Any],
-                      cache_dir: Path) -> Erased:
+                      cache_dir: Path, memo: Memo | None = None) -> Erased:
     """Fit from the generator's exact class moments, apply to `coded`, through the cache (keyed by the coded data and
     the generator's identity)."""
     from erasure.streaming import fit_moments
@@ -202,7 +203,7 @@ def _erase_population(coded: LoadedData, population: PopulationFit, name: str, o
         return out, {**report, "seconds": time.perf_counter() - t0}
 
     key = {**_cache_key(coded, name, options), "fitted_on": {"population": population.key}}
-    x, report, hit = cached_erase(cache_dir, key, _finite(build, name, coded.name))
+    x, report, hit = cached_erase(cache_dir, key, _finite(build, name, coded.name), memo)
     return x.reshape(coded.x.shape), report, hit, key
 
 
@@ -236,10 +237,10 @@ def fit_cached(fit: LoadedData, name: str, options: Mapping[str, Any], cache_dir
     return cached_eraser(cache_dir, key, build)
 
 
-def source_rank(data: LoadedData, source: str, cache_dir: Path) -> int | None:
+def source_rank(data: LoadedData, source: str, cache_dir: Path, memo: Memo | None = None) -> int | None:
     """The rank eraser `source` (default options; a `RankHint`'s source) removes on this dataset, fitting it through
     the cache if needed."""
-    _, report, _, _ = _erase_cached(data, source, {}, cache_dir)
+    _, report, _, _ = _erase_cached(data, source, {}, cache_dir, memo=memo)
     rank = report.get("rank_removed")
     return int(rank) if rank is not None else None
 
@@ -295,26 +296,28 @@ def certify_erased(x: Tensor, y: Tensor, key: Mapping[str, Any], cache_dir: Path
 
 
 def apply_eraser(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certificate: bool = True,
-                 plan: FitPlan | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+                 plan: FitPlan | None = None, memo: Memo | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """Erased images and an info dict: report, cache hit, how it was fitted, certificate before/after, seconds.
     With a `plan`, the eraser is fitted as it says and the erased images are those of `plan.coded_idx` (the samples
-    the code then sees), in that order."""
-    x, info, _ = _apply(data, eraser_cfg, cache_dir, with_certificate, plan, keep_eraser=False)
+    the code then sees), in that order. `memo`: a pack's erased data (training/data/shared.py), None for a lone job."""
+    x, info, _ = _apply(data, eraser_cfg, cache_dir, with_certificate, plan, keep_eraser=False, memo=memo)
     return x, info
 
 
 def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certificate: bool = True,
-                             plan: FitPlan | None = None) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
+                             plan: FitPlan | None = None, memo: Memo | None = None
+                             ) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
     """`apply_eraser`, and the fitted eraser too (None for the identity control, which has nothing to apply), for
     `eraser.after_augment`: the same erased images (the same cache entry), the eraser from `fit_cached`. A map
     eraser only; an eraser that edits the dataset (gradient) has no map and is refused."""
     if not eraser_traits(eraser_cfg.name).has_map:
         raise ValueError(f"eraser {eraser_cfg.name} edits the dataset once and has no map to apply to other images")
-    return _apply(data, eraser_cfg, cache_dir, with_certificate, plan, keep_eraser=True)
+    return _apply(data, eraser_cfg, cache_dir, with_certificate, plan, keep_eraser=True, memo=memo)
 
 
 def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certificate: bool,
-           plan: FitPlan | None, keep_eraser: bool) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
+           plan: FitPlan | None, keep_eraser: bool, memo: Memo | None = None
+           ) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
     name, options = eraser_cfg.name, dict(eraser_cfg.options)
     t0 = time.perf_counter()
     coded = data if plan is None or plan.coded_idx is None else data.subset(plan.coded_idx)
@@ -332,23 +335,24 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certif
         resolved = resolve_options(name, options)
         if traits.rank_hint is not None and traits.rank_hint.wanted(resolved):  # a rank-matched baseline
             assert fit is not None, "the schema refuses fit_on=oracle for an eraser without a moments fit"
-            rank_hint = source_rank(fit, traits.rank_hint.source, cache_dir)
+            rank_hint = source_rank(fit, traits.rank_hint.source, cache_dir, memo)
         if keep_eraser:
             assert fit is not None, "the schema refuses eraser.after_augment with fit_on=oracle"
             eraser, info["eraser_cache_hit"] = fit_cached(fit, name, options, cache_dir, rank_hint)
         if in_sample:
             x, info["report"], info["cache_hit"], key = _erase_cached(coded, name, options, cache_dir, rank_hint,
-                                                                      eraser)
+                                                                      eraser, memo)
         elif plan is not None and plan.population is not None:
             x, info["report"], info["cache_hit"], key = _erase_population(coded, plan.population, name, options,
-                                                                          cache_dir)
+                                                                          cache_dir, memo)
         elif plan is not None and plan.oracle is not None:
-            x, info["report"], info["cache_hit"], key = _erase_oracle(coded, plan.oracle, name, options, cache_dir)
+            x, info["report"], info["cache_hit"], key = _erase_oracle(coded, plan.oracle, name, options, cache_dir,
+                                                                      memo)
         else:
             assert fit is not None
             _warn_label_injection(name, fit)
             x, info["report"], info["cache_hit"], key = _erase_holdout(fit, coded, name, options, cache_dir,
-                                                                       rank_hint, eraser)
+                                                                       rank_hint, eraser, memo)
         log.info("eraser %s: %s", name, "cache hit" if info["cache_hit"] else "fitted and cached")
     info["seconds"] = time.perf_counter() - t0
     if with_certificate:

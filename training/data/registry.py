@@ -133,11 +133,11 @@ def _fixed_shuffle(data: LoadedData) -> LoadedData:
     return data
 
 
-def load_dataset(cfg: DatasetCfg, data_dir: str | Path = "data") -> LoadedData:
-    """The dataset `cfg` names, read from `data_dir`: read once per process while jobs share data (a pack,
-    training/data/shared.py), else every time."""
+def load_dataset(cfg: DatasetCfg, data_dir: str | Path = "data", memo: shared.Memo | None = None) -> LoadedData:
+    """The dataset `cfg` names, read from `data_dir`: once per `memo` (a pack's `datasets`, training/data/shared.py),
+    else every time."""
     key = (repr(cfg), str(Path(data_dir).resolve()))
-    return shared.remembered(shared.DATASETS, key, lambda: _load_dataset(cfg, data_dir),
+    return shared.remembered(memo, key, lambda: _load_dataset(cfg, data_dir),
                              lambda d: [d.x, d.y], _own_copy)
 
 

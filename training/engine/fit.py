@@ -24,7 +24,7 @@ from training.common import interrupt
 from training.common.progress import progress_bar
 from training.engine.batches import ClassSegments, DeviceData, Epoch, augment_pad, class_segments, draw_epoch, host_copy
 from training.engine.checkpoint import CheckpointStore, Saved, fits_safely
-from training.engine.numerics import forward
+from training.engine.numerics import JobNumerics, forward
 from training.engine.stopping import EarlyStopping
 from training.errors import NonFiniteError
 
@@ -73,6 +73,8 @@ class FitConfig:
     min_steps: int  # no stop before this many optimizer steps (even past max_epochs)
     patience_min_steps: int  # patience in steps = max(patience × steps per epoch, patience_min_steps)
     batch_transform: BatchTransform | None = None  # applied to each (augmented) training batch, on its device
+    # the job's numerics (training.precision; what its signature records), None outside a job: fp32
+    numerics: JobNumerics | None = field(default=None, compare=False)
 
     def stopper(self, steps_per_epoch: int) -> EarlyStopping:
         """A fresh early-stopping rule for a model taking `steps_per_epoch` optimizer steps per epoch."""
@@ -279,7 +281,7 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                                  pad)
                 if transform is not None:
                     xb = transform(xb, yb, None if labels is None else class_segments(yb, labels[sl]))
-                logits = forward(net, xb)  # training.precision (training/engine/numerics.py)
+                logits = forward(net, xb, cfg.numerics)  # training.precision (training/engine/numerics.py)
                 loss = F.cross_entropy(logits, yb)
                 if regularizer is not None:
                     loss = loss + regularizer(logits, yb, st.step)

@@ -357,7 +357,8 @@ class _Lockstep:
         counts = self.plan.counts() if self.transform_rows else None  # the loop engine's slices
         if self.plan.transform is not None:
             xb = self._transform(self.plan.transform, xb, yb, counts)
-        with training_forward(xb.device, type(self.engine).__name__[:-6].lower(), len(self.members)):  # precision
+        with training_forward(xb.device, type(self.engine).__name__[:-6].lower(), len(self.members),
+                              self.members[0].spec.cfg.numerics):  # training.precision, the job's signature
             self.engine.step(xb, yb, wb, counts, self.step)
         self.step += 1
         self.plan.advance()

@@ -13,8 +13,9 @@ The contract (docs/running.md, "Precision, the numerics contract and the signatu
 The numerics signature (result.json `provenance.numerics`): device, torch/CUDA/cuDNN versions, precision, engine,
 models trained together, deterministic. scripts/aggregate.py marks a cell whose seeds mix signatures.
 
-`job_numerics` sets the process-wide flags for one job and restores them after; `training_forward` is the one
-place the training step enters autocast.
+`job_numerics` sets torch's process-wide flags for one job, restores them after, and yields the job's `JobNumerics`,
+which the job passes to its training (`FitConfig.numerics`); its `training_forward` is the one place the training
+step enters autocast.
 """
 
 from __future__ import annotations
@@ -47,13 +48,48 @@ def within_contract(a: float, b: float, seed_sd: float | None) -> bool:
 
 
 @dataclass
-class _Job:
+class JobNumerics:
+    """One job's numerics: its precision and determinism, and the (engine, models trained together) its training
+    used so far, for its signature. `job_numerics` makes it; the job hands it to what trains (`FitConfig.numerics`)
+    and reads the signature from it: no module state."""
+
     precision: str = "fp32"
     deterministic: bool = False
     groups: set[tuple[str, int]] = field(default_factory=set)  # (engine, models trained together) seen
 
+    def training_forward(self, device: torch.device, engine: str = "fit", models: int = 1) -> Any:
+        """The context of a training step's forward: autocast to bfloat16 under `precision=bf16`, else nothing.
+        Records (engine, models trained together) for the signature."""
+        self.groups.add((engine, models))
+        if self.precision != "bf16":
+            return nullcontext()
+        return torch.autocast(device.type, dtype=torch.bfloat16)
 
-_CURRENT = _Job()
+    def forward(self, model: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+        """`model(x)` as one model's training step runs it (`fit`): bf16 logits come back float32 (a float64
+        model's stay float64)."""
+        with self.training_forward(x.device):
+            out = model(x)
+        return out.float() if out.dtype in (torch.bfloat16, torch.float16) else out
+
+    def signature(self, device: torch.device | str, device_name: str) -> dict[str, Any]:
+        """The numerics signature of this job, run on `device` (named `device_name`)."""
+        dev = torch.device(device)
+        cuda = dev.type == "cuda"
+        engines = sorted({e for e, _ in self.groups})
+        return {"device_name": device_name, "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
+                "cudnn": torch.backends.cudnn.version() if cuda and torch.backends.cudnn.is_available() else None,
+                "precision": self.precision, "engine": "+".join(engines) or None,
+                "models_together": max((m for _, m in self.groups), default=None),
+                "deterministic": self.deterministic}
+
+    def trained_with(self) -> frozenset[tuple[str, int]]:
+        """(engine, models together) of this job's training so far: kept with models trained for another job."""
+        return frozenset(self.groups)
+
+    def note(self, groups: frozenset[tuple[str, int]]) -> None:
+        """This job's models include some trained elsewhere (a pack group) with `groups`."""
+        self.groups.update(groups)
 
 
 def _set_fp32_precision(tf32: bool) -> Callable[[], None]:
@@ -76,63 +112,34 @@ def _set_fp32_precision(tf32: bool) -> Callable[[], None]:
 
 
 @contextmanager
-def job_numerics(precision: str, deterministic: bool) -> Iterator[None]:
-    """One job's numerics, process-wide while it runs (a pack runs its jobs one after another in one process)."""
-    global _CURRENT
+def job_numerics(precision: str, deterministic: bool) -> Iterator[JobNumerics]:
+    """One job's numerics: torch's process-wide flags set for it while it runs (a pack runs its jobs one after
+    another in one process) and restored after; yields the job's `JobNumerics`."""
     if precision not in PRECISIONS:
         raise ValueError(f"training.precision={precision!r}: use one of {', '.join(PRECISIONS)}")
-    saved = (_CURRENT, torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
              torch.backends.cudnn.deterministic)
     restore = _set_fp32_precision(precision == "tf32")
-    _CURRENT = _Job(precision, deterministic)
     restore_env: Callable[[], None] = lambda: None  # noqa: E731
     if deterministic:
         restore_env = env.setting({"CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE})
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
     try:
-        yield
+        yield JobNumerics(precision, deterministic)
     finally:
         restore()
         restore_env()
-        _CURRENT, det, torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved
+        det, torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved
         torch.use_deterministic_algorithms(det)
 
 
-def training_forward(device: torch.device, engine: str = "fit", models: int = 1) -> Any:
-    """The context of a training step's forward: autocast to bfloat16 under `precision=bf16`, else nothing. Records
-    (engine, models trained together) for the job's numerics signature."""
-    _CURRENT.groups.add((engine, models))
-    if _CURRENT.precision != "bf16":
-        return nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
+def training_forward(device: torch.device, engine: str = "fit", models: int = 1,
+                     numerics: JobNumerics | None = None) -> Any:
+    """`numerics.training_forward` (None, outside a job: fp32, nothing recorded)."""
+    return nullcontext() if numerics is None else numerics.training_forward(device, engine, models)
 
 
-def forward(model: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
-    """`model(x)` as one model's training step runs it (`fit`): bf16 logits come back float32 (a float64 model's
-    stay float64)."""
-    with training_forward(x.device):
-        out = model(x)
-    return out.float() if out.dtype in (torch.bfloat16, torch.float16) else out
-
-
-def signature(device: torch.device | str, device_name: str) -> dict[str, Any]:
-    """The numerics signature of the job that runs now in this process on `device` (named `device_name`)."""
-    dev = torch.device(device)
-    cuda = dev.type == "cuda"
-    engines = sorted({e for e, _ in _CURRENT.groups})
-    return {"device_name": device_name, "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
-            "cudnn": torch.backends.cudnn.version() if cuda and torch.backends.cudnn.is_available() else None,
-            "precision": _CURRENT.precision, "engine": "+".join(engines) or None,
-            "models_together": max((m for _, m in _CURRENT.groups), default=None),
-            "deterministic": _CURRENT.deterministic}
-
-
-def trained_with() -> frozenset[tuple[str, int]]:
-    """(engine, models together) of this job's training so far: kept with models trained for another job."""
-    return frozenset(_CURRENT.groups)
-
-
-def note(groups: frozenset[tuple[str, int]]) -> None:
-    """This job's models include some trained elsewhere (a pack group) with `groups`."""
-    _CURRENT.groups.update(groups)
+def forward(model: Callable[[Tensor], Tensor], x: Tensor, numerics: JobNumerics | None = None) -> Tensor:
+    """`numerics.forward` (None, outside a job: `model(x)` in fp32)."""
+    return model(x) if numerics is None else numerics.forward(model, x)

@@ -15,6 +15,7 @@ from erasure.registry import ERASERS
 from training.app.schema import JobConfig
 from training.data import LoadedData
 from training.data.erase import BatchEraser, FitPlan, apply_eraser, apply_eraser_keeping_map
+from training.data.shared import Pack, erased_of
 from training.mdl.precheck import fit_plan, load_data, with_permuted_labels
 
 log = logging.getLogger(__name__)
@@ -43,16 +44,17 @@ def zscore_map(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return ZScore(x)
 
 
-def prepare_data(cfg: JobConfig, loaded: LoadedData | None = None) -> tuple[LoadedData, torch.Tensor, dict[str, Any]]:
+def prepare_data(cfg: JobConfig, loaded: LoadedData | None = None, pack: Pack | None = None
+                 ) -> tuple[LoadedData, torch.Tensor, dict[str, Any]]:
     """The coded data of a job: loaded (or `loaded`, what its precheck read), labels permuted for the null control
     (`dataset.permute_labels`, seeded by the job seed, before anything else sees them), then erased
     (`erase_maybe_zscored`). With `eraser.fit_on=holdout` or `self` the returned data and erased images are the
-    coded part only."""
-    coded, x, info, _ = _prepare(cfg, False, loaded)
+    coded part only. `pack`: what the job shares with its pack's others (training/data/shared.py), None alone."""
+    coded, x, info, _ = _prepare(cfg, False, loaded, pack)
     return coded, x, info
 
 
-def prepare_inputs(cfg: JobConfig, loaded: LoadedData | None = None
+def prepare_inputs(cfg: JobConfig, loaded: LoadedData | None = None, pack: Pack | None = None
                    ) -> tuple[LoadedData, torch.Tensor, dict[str, Any], BatchErasure | None]:
     """`prepare_data`, and with `eraser.after_augment` what the training batches are drawn from instead: the
     unerased images and the fitted eraser (`BatchErasure`). The erased images (validation set, coded blocks) are
@@ -61,44 +63,44 @@ def prepare_inputs(cfg: JobConfig, loaded: LoadedData | None = None
     if cfg.eraser.after_augment and edits:
         log.info("eraser.after_augment: %s edits the dataset once (as the paper's precomputed datasets); the "
                  "augmented batches are drawn from the edited data", cfg.eraser.name)
-    return _prepare(cfg, cfg.eraser.after_augment and not edits, loaded)
+    return _prepare(cfg, cfg.eraser.after_augment and not edits, loaded, pack)
 
 
-def _prepare(cfg: JobConfig, after_augment: bool, loaded: LoadedData | None
+def _prepare(cfg: JobConfig, after_augment: bool, loaded: LoadedData | None, pack: Pack | None
              ) -> tuple[LoadedData, torch.Tensor, dict[str, Any], BatchErasure | None]:
-    data = with_permuted_labels(cfg, load_data(cfg, loaded))  # loaded by the precheck (precheck.py), or now
-    plan = fit_plan(cfg, data)
+    data = with_permuted_labels(cfg, load_data(cfg, loaded, pack))  # loaded by the precheck (precheck.py), or now
+    plan = fit_plan(cfg, data, pack)
     coded = data if plan is None or plan.coded_idx is None else data.subset(plan.coded_idx)
     if after_augment:
-        x, info, batches = erase_after_augment(data, cfg, plan)
+        x, info, batches = erase_after_augment(data, cfg, plan, pack)
         return coded, x, info, batches
-    x, info = erase_maybe_zscored(data, cfg, plan)
+    x, info = erase_maybe_zscored(data, cfg, plan, pack)
     info["after_augment"] = False
     return coded, x, info, None
 
 
-def erase_maybe_zscored(data: LoadedData, cfg: JobConfig,
-                        plan: FitPlan | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+def erase_maybe_zscored(data: LoadedData, cfg: JobConfig, plan: FitPlan | None = None, pack: Pack | None = None
+                        ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Apply the eraser (fitted as `plan` says and applied to the coded part, with a plan); with
     `dataset.zscore` the data is standardised per coordinate, `dataset.zscore_order`: "before" erasure
     (statistics of the raw data) or "after" it (statistics of the erased data, as the paper's code did). Gradient
     erasure optimises pixels in [0, 1] (sigmoid), so with "before" it erases first and then gets the same affine
     standardisation (statistics of the unerased data)."""
-    cache_dir, cert, eraser = Path(cfg.paths.cache_dir), cfg.certificate, cfg.eraser
+    cache_dir, cert, eraser, memo = Path(cfg.paths.cache_dir), cfg.certificate, cfg.eraser, erased_of(pack)
     if not cfg.dataset.zscore:
-        return apply_eraser(data, eraser, cache_dir, with_certificate=cert, plan=plan)
+        return apply_eraser(data, eraser, cache_dir, with_certificate=cert, plan=plan, memo=memo)
     if cfg.dataset.zscore_order == "after":
-        x, info = apply_eraser(data, eraser, cache_dir, with_certificate=cert, plan=plan)
+        x, info = apply_eraser(data, eraser, cache_dir, with_certificate=cert, plan=plan, memo=memo)
         info["zscore"] = "after erasure (statistics of the erased data)"
         return zscore_map(x)(x), info
     standardize = zscore_map(data.x)
     if ERASERS.meta(eraser.name)["kind"] == "edit":
-        x, info = apply_eraser(data, eraser, cache_dir, with_certificate=cert)
+        x, info = apply_eraser(data, eraser, cache_dir, with_certificate=cert, memo=memo)
         info["zscore"] = "after erasure (gradient erasure works in pixel space)"
         return standardize(x), info
     zdata = LoadedData(data.name, standardize(data.x), data.y, data.num_classes, dict(data.info))
     x, info = apply_eraser(zdata, eraser, cache_dir, with_certificate=cert,
-                           plan=None if plan is None else plan.mapped(standardize))
+                           plan=None if plan is None else plan.mapped(standardize), memo=memo)
     info["zscore"] = "before erasure"
     return x, info
 
@@ -113,25 +115,25 @@ class BatchErasure:
     transform: BatchEraser
 
 
-def erase_after_augment(data: LoadedData, cfg: JobConfig, plan: FitPlan | None = None
+def erase_after_augment(data: LoadedData, cfg: JobConfig, plan: FitPlan | None = None, pack: Pack | None = None
                         ) -> tuple[torch.Tensor, dict[str, Any], BatchErasure | None]:
     """`erase_maybe_zscored` (the same erased images, from the same cache entry: validation set and coded blocks are
     erased once, unaugmented), plus the fitted eraser and the unerased images for the training batches. With
     `dataset.zscore_order=after` each erased batch is then standardised with the statistics of the erased data,
     as the erased images are. None instead of a `BatchErasure` where the batches are the erased images anyway (the
     identity control without a z-score after it)."""
-    cache_dir, cert = Path(cfg.paths.cache_dir), cfg.certificate
+    cache_dir, cert, memo = Path(cfg.paths.cache_dir), cfg.certificate, erased_of(pack)
     then: ZScore | None = None
     if cfg.dataset.zscore and cfg.dataset.zscore_order == "before":
         standardize = zscore_map(data.x)
         data = LoadedData(data.name, standardize(data.x), data.y, data.num_classes, dict(data.info))
         plan = None if plan is None else plan.mapped(standardize)
         x, info, eraser = apply_eraser_keeping_map(data, cfg.eraser, cache_dir, with_certificate=cert,
-                                                   plan=plan)
+                                                   plan=plan, memo=memo)
         info["zscore"] = "before erasure"
     else:
         x, info, eraser = apply_eraser_keeping_map(data, cfg.eraser, cache_dir, with_certificate=cert,
-                                                   plan=plan)
+                                                   plan=plan, memo=memo)
         if cfg.dataset.zscore:
             then = ZScore(x)
             x = then(x)

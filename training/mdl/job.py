@@ -22,8 +22,8 @@ import torch
 from training.app.lifecycle import JobRun, Outcome, Progress, run_in_job_dir
 from training.app.schema import JobConfig
 from training.app.wandb_logger import RunLogger
-from training.common import packs
 from training.data import LoadedData
+from training.data.shared import Pack
 from training.engine.checkpoint import CheckpointStore
 from training.engine.fit import NONFINITE_HINT, FitResult
 from training.engine.group import check_options
@@ -146,10 +146,10 @@ def run_full(trainer: Trainer, logger: RunLogger, trained: FitResult | None = No
 
 
 def _check_runtime(cfg: JobConfig, device: torch.device, data: LoadedData | None = None,
-                   rerun: bool = False) -> LoadedData | None:
+                   rerun: bool = False, pack: Pack | None = None) -> LoadedData | None:
     check_options(cfg.training.engine, cfg.training.workers, cfg.training.fused_optimizer, device)
     # loads the data (or checks `data`): blocks, storage and memory checked before the directory is made
-    return precheck(cfg, device, data, rerun)
+    return precheck(cfg, device, data, rerun, pack)
 
 
 def _describe(result: dict[str, Any]) -> str:
@@ -162,9 +162,10 @@ LIFECYCLE: dict[str, Any] = {"precheck": _check_runtime, "describe": _describe, 
                              "complete": ("mdl",), "fingerprint": data_fingerprint}
 
 
-def run_job(config: Mapping[str, Any] | JobConfig) -> Outcome:
-    """One MDL job in the one lifecycle: `run(prepare(job))`."""
-    return run_in_job_dir(config, lambda job: run(prepare(job)), **LIFECYCLE)
+def run_job(config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> Outcome:
+    """One MDL job in the one lifecycle: `run(prepare(job))`; `pack`: what it shares with the other jobs of its pack
+    (training/data/shared.py), None alone."""
+    return run_in_job_dir(config, lambda job: run(prepare(job)), pack=pack, **LIFECYCLE)
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ def prepare(job: JobRun) -> Prepared:
     """Data loaded (or what the precheck loaded), labels permuted, the eraser's fit split, erased (through the
     erased-data cache), and the MDL split of the coded rows."""
     cfg, started = job.cfg, time.perf_counter()
-    data, x, erasure_info, batches = prepare_inputs(cfg, job.loaded)
+    data, x, erasure_info, batches = prepare_inputs(cfg, job.loaded, job.pack)
     return Prepared(job, data, x, erasure_info, batches, split_of(cfg, len(data.y)), started)
 
 
@@ -202,8 +203,8 @@ def run(prepared: Prepared) -> dict[str, Any]:
         if cfg.force:
             checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
         trainer = Trainer(cfg, prepared.x, data.y, data.num_classes, split, job.device, batches=prepared.batches,
-                          checkpoint=checkpoint)
-        if packs.current() is not None:  # the memory estimate of a pack group (training/mdl/pack_group.py)
+                          checkpoint=checkpoint, numerics=job.numerics, pack=job.pack)
+        if job.pack is not None:  # the memory estimate of a pack group (training/mdl/pack_group.py)
             trainer.pack_room = jobs_that_fit(cfg, data, job.device)
         log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", job.path, data.name,
                  len(data.y), len(split.val_idx), split.block_sizes, trainer.optim.lr, job.device)

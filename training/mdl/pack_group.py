@@ -5,13 +5,14 @@ The jobs of a pack differ only in seed and run one after another, each through i
 result.json, resume). Where their training data is the same for every seed (`eraser.fit_on=all`, labels not
 permuted, no per-batch erasure), the first job to train also trains the block models of the pack's later jobs in its
 own group (each member keeps its seed's init, split, batch order and validation set), and leaves their finished
-models in the pack (training/common/packs.py). A later job takes its models from there, checks they were trained on
-exactly what it would train them on (config hash, training rows, validation rows, data, labels), and codes them as
-if it had trained them itself; anything else it trains as alone. With the loop engine on CPU a member's arithmetic
-does not depend on its group, so the numbers are bitwise those of lone jobs (tests/test_pack_group.py). The stacked
-engine, and any engine on a GPU, picks kernels by the group's shape (10 vs 50 models sum in another order): there
-the numbers are those of lone jobs within the numerics contract's tolerance (training/engine/numerics.py), and
-result.json's numerics signature records the group size (`models_together`).
+models in the pack (`Pack.ahead`, training/data/shared.py: the object the packed launcher hands each job). A later
+job takes its models from there, checks they were trained on exactly what it would train them on (config hash,
+training rows, validation rows, data, labels), and codes them as if it had trained them itself; anything else it
+trains as alone. With the loop engine on CPU a member's arithmetic does not depend on its group, so the numbers are
+bitwise those of lone jobs (tests/test_pack_group.py). The stacked engine, and any engine on a GPU, picks kernels by
+the group's shape (10 vs 50 models sum in another order): there the numbers are those of lone jobs within the
+numerics contract's tolerance (training/engine/numerics.py), and result.json's numerics signature records the group
+size (`models_together`).
 
 Later jobs that are done, or have progress of their own (an earlier attempt), train alone; so do jobs beyond what the
 memory estimate says fits (`room`). If the group fails, the job's own unfinished models train again alone, so a
@@ -25,7 +26,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -34,19 +35,41 @@ from training.app.job_paths import JobPath
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import RESULT_FILE
 from training.app.schema import JobConfig, config_hash
-from training.common import interrupt, packs
-from training.engine import numerics
+from training.app.sections import TrainingConfig
+from training.common import interrupt
+from training.data.shared import Pack
+from training.engine.batches import DeviceData
 from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
 from training.engine.fit import FitResult, Member, TrainData, snapshot
-from training.engine.group import fit_group, resolve_engine
+from training.engine.group import GroupOptions, fit_group, resolve_engine
+from training.engine.numerics import JobNumerics
 from training.mdl.splits import model_name
-
-if TYPE_CHECKING:
-    from training.mdl.trainer import Trainer
 
 log = logging.getLogger(__name__)
 FitJob = tuple[Tensor, object, "int | None"]  # (training rows, tag, eval_every_steps), as Trainer.train_many takes
 OnFinish = Callable[[int, nn.Module, FitResult], None]
+
+
+class Trainer(Protocol):
+    """What a pack group reads of a job's trainer (training/mdl/trainer.py's `Trainer` has it; this module does not
+    import it, the trainer imports this one)."""
+
+    cfg: JobConfig
+    opts: TrainingConfig
+    device: torch.device
+    x: Tensor  # the images as given and the labels on the device (what a later seed's models must have seen)
+    y: Tensor
+    train_data: DeviceData
+    numerics: JobNumerics | None  # the job's (its signature records how its models trained)
+    pack: Pack | None  # what the job shares with its pack (None: a lone job)
+
+    def member(self, idx: Tensor, tag: object, eval_every_steps: int | None = None) -> Member: ...
+
+    def for_seed(self, cfg: JobConfig) -> Trainer: ...
+
+    def all_models(self) -> list[FitJob]: ...
+
+    def group_options(self, on_finish: OnFinish) -> GroupOptions: ...
 
 
 @dataclass(frozen=True)
@@ -96,7 +119,7 @@ def seed_free(cfg: JobConfig) -> str | None:
 def take_trained(trainer: Trainer, jobs: Sequence[FitJob], on_finish: OnFinish) -> list[int]:
     """Report (`on_finish`) every model of `jobs` an earlier job of the pack trained for this one; returns the
     indices of the others (all of them outside a pack)."""
-    pack = packs.current()
+    pack = trainer.pack
     if pack is None or not pack.ahead:
         return list(range(len(jobs)))
     key, rest, used = config_hash(trainer.cfg), [], 0
@@ -113,7 +136,8 @@ def take_trained(trainer: Trainer, jobs: Sequence[FitJob], on_finish: OnFinish) 
             continue
         member.model.load_state_dict(found.state)
         member.model.eval()
-        numerics.note(found.groups)
+        if trainer.numerics is not None:
+            trainer.numerics.note(found.groups)
         on_finish(k, member.model, found.result)
         used += 1
     if used:
@@ -136,8 +160,7 @@ def companions(trainer: Trainer, room: int) -> list[Companion]:
     """The pack's later jobs (at most `room`) whose models can train in this job's group: same data for every seed,
     not done, no progress of their own; each trains all its models (`Trainer.all_models`), also where this job
     resumes."""
-    pack = packs.current()
-    cfg = trainer.cfg
+    pack, cfg = trainer.pack, trainer.cfg
     if pack is None or room < 1 or not wanted(trainer) or seed_free(cfg) is not None:
         return []
     out: list[Companion] = []
@@ -203,11 +226,11 @@ def members_of(companion: Companion) -> list[Member]:
 
 
 def keep_for_later(companion: Companion, job: FitJob, model: nn.Module, result: FitResult, member: Member) -> None:
-    pack = packs.current()
+    pack, numerics = companion.trainer.pack, companion.trainer.numerics
     assert pack is not None
     pack.ahead[(companion.cfg_hash, _name(job[1]))] = TrainedAhead(
         snapshot(model), result, member.idx, member.val_idx, companion.trainer.x, companion.trainer.y,
-        numerics.trained_with())
+        frozenset() if numerics is None else numerics.trained_with())
 
 
 def _name(tag: object) -> str:

@@ -30,6 +30,7 @@ from training.common import env
 from training.data import LoadedData, load_dataset
 from training.data.erase import FitPlan, OracleFit, PopulationFit, after_augment_refusal
 from training.data.generators import oracle_chunks, population_moments
+from training.data.shared import Pack, datasets_of
 from training.engine.batches import compact
 from training.engine.devices import available_memory
 from training.engine.group import module_refusal, resolve_engine
@@ -47,36 +48,36 @@ MODEL_COPIES = 5
 PLAN_BYTES_PER_SLOT = 8 + 4 + 16 + 1  # the lockstep plan per training sample: index, weight, crop offset, flip
 
 
-def load_data(cfg: JobConfig, loaded: LoadedData | None = None) -> LoadedData:
-    """The job's dataset: `loaded` (what its precheck loaded, `JobRun.loaded`), else loaded now."""
-    return loaded if loaded is not None else load_dataset(cfg.dataset, cfg.paths.data_dir)
+def load_data(cfg: JobConfig, loaded: LoadedData | None = None, pack: Pack | None = None) -> LoadedData:
+    """The job's dataset: `loaded` (what its precheck loaded, `JobRun.loaded`), else loaded now (once per `pack`)."""
+    return loaded if loaded is not None else load_dataset(cfg.dataset, cfg.paths.data_dir, datasets_of(pack))
 
 
-def data_fingerprint(cfg: JobConfig) -> DataOnDisk:
+def data_fingerprint(cfg: JobConfig, pack: Pack | None = None) -> DataOnDisk:
     """The fingerprint of the job's data as it is on disk now (result.json's `dataset.fingerprint`), to compare with a
     finished result's, and the data, for the job's body in case the job runs again."""
-    data = load_dataset(cfg.dataset, cfg.paths.data_dir)
+    data = load_dataset(cfg.dataset, cfg.paths.data_dir, datasets_of(pack))
     return DataOnDisk(data.info["fingerprint"], data)
 
 
-def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = None, rerun: bool = False
-             ) -> LoadedData | None:
+def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = None, rerun: bool = False,
+             pack: Pack | None = None) -> LoadedData | None:
     """Refuse (one line) a job that cannot run on its data, before anything is made; see the module docstring.
     Returns the data it loaded (None: the job finished with this configuration and loads nothing). `rerun`: the
     lifecycle found that finished result stale, so the job runs after all and is checked like any (on `data`, the
-    data its fingerprint check read again, where it has it)."""
+    data its fingerprint check read again, where it has it). `pack`: what the job shares with its pack's others."""
     if not rerun:
         done = read_result(Path(cfg.paths.job_dir) / RESULT_FILE)
         if done is not None and not cfg.force and same_config(done, config_hash(cfg)):
             return None  # finished: the lifecycle skips it, unless its result is stale (then it calls again)
     if data is None:
-        data = load_dataset(cfg.dataset, cfg.paths.data_dir)
-    coded = coded_indices(cfg, data)
+        data = load_dataset(cfg.dataset, cfg.paths.data_dir, datasets_of(pack))
+    coded = coded_indices(cfg, data, pack)
     n_coded = len(data.y) if coded is None else len(coded)
     check_input(cfg, data)
     check_blocks(cfg, data.name, len(data.y), n_coded)
     check_storage(cfg, data, coded)
-    check_after_augment(cfg, data)
+    check_after_augment(cfg, data, pack)
     check_memory(cfg, data, n_coded, device)
     return data
 
@@ -90,7 +91,7 @@ def with_permuted_labels(cfg: JobConfig, data: LoadedData) -> LoadedData:
                       {**data.info, "permuted_labels": True})
 
 
-def fit_plan(cfg: JobConfig, data: LoadedData) -> FitPlan | None:
+def fit_plan(cfg: JobConfig, data: LoadedData, pack: Pack | None = None) -> FitPlan | None:
     """How the eraser is fitted (`eraser.fit_on`, INTERFACE.md) on `data` (labels already permuted for a null), and
     which rows are coded; None for fit_on=all. A holdout that cannot be fitted is refused in one line (ConfigError)
     here, in the precheck, before any directory is made."""
@@ -100,7 +101,7 @@ def fit_plan(cfg: JobConfig, data: LoadedData) -> FitPlan | None:
     if e.fit_on == "oracle":
         return FitPlan("oracle", oracle=oracle_fit(cfg, data))
     if e.fit_source == "pool":
-        return FitPlan(e.fit_on, pool=_pool(cfg, data), fit_source="pool", repeat=e.repeat)
+        return FitPlan(e.fit_on, pool=_pool(cfg, data, pack), fit_source="pool", repeat=e.repeat)
 
     _check_split(cfg, data)
     fit_idx, coded_idx = holdout_split(data.y, e.fit_fraction, seed=cfg.seed, repeat=e.repeat)
@@ -130,13 +131,13 @@ def _check_split(cfg: JobConfig, data: LoadedData) -> None:
                       "data (dataset.limit)")
 
 
-def _pool(cfg: JobConfig, data: LoadedData) -> LoadedData:
+def _pool(cfg: JobConfig, data: LoadedData, pack: Pack | None) -> LoadedData:
     """`eraser.fit_source=pool`: the dataset's rows beyond `dataset.limit` (labels permuted too for a null), all of
     them or `eraser.n_fit` drawn stratified by (seed, repeat)."""
     from dataclasses import replace
 
 
-    full = load_dataset(replace(cfg.dataset, limit=None), cfg.paths.data_dir)
+    full = load_dataset(replace(cfg.dataset, limit=None), cfg.paths.data_dir, datasets_of(pack))
     limit = int(cfg.dataset.limit or 0)
     if len(full.y) <= limit:
         raise ConfigError(f"eraser.fit_source=pool is not allowed: {data.name} has {len(full.y)} rows and "
@@ -179,9 +180,9 @@ def population_fit(cfg: JobConfig) -> PopulationFit:
     return PopulationFit(lambda: population_moments(o), key)
 
 
-def coded_indices(cfg: JobConfig, data: LoadedData) -> torch.Tensor | None:
+def coded_indices(cfg: JobConfig, data: LoadedData, pack: Pack | None = None) -> torch.Tensor | None:
     """The samples the job codes (None: all of them), as `inputs.prepare_data` picks them."""
-    plan = fit_plan(cfg, with_permuted_labels(cfg, data))
+    plan = fit_plan(cfg, with_permuted_labels(cfg, data), pack)
     return None if plan is None else plan.coded_idx
 
 
@@ -231,7 +232,7 @@ def check_storage(cfg: JobConfig, data: LoadedData, coded: torch.Tensor | None) 
                           "so would change the numbers; auto keeps the smallest exact storage)") from None
 
 
-def check_after_augment(cfg: JobConfig, data: LoadedData) -> None:
+def check_after_augment(cfg: JobConfig, data: LoadedData, pack: Pack | None = None) -> None:
     """`eraser.after_augment=true` with an eraser whose fit may add noise (`EraserTraits.batch_noise`, QLEACE's
     coupling): refused when the fit would add it (singular classes), predicted from the fit's data without fitting
     (erasure/qleace.py `coupling_noise_ranks`: seconds, no barycenter). The prediction replaces the barycenter by the
@@ -247,7 +248,7 @@ def check_after_augment(cfg: JobConfig, data: LoadedData) -> None:
         return
     data = with_permuted_labels(cfg, data)
     try:
-        plan = fit_plan(cfg, data)
+        plan = fit_plan(cfg, data, pack)
     except ConfigError:
         return  # a fit part the split refuses (too few rows): its own line says so
     fit = data if plan is None else plan.fit_rows(data)

@@ -12,6 +12,7 @@ import torch
 from models import depth_lr_multiplier
 from models.registry import arch_traits
 from training.app.schema import JobConfig, MdlConfig
+from training.data.shared import Pack
 from training.engine.backends import compile_mode
 from training.engine.batches import DeviceData
 from training.engine.checkpoint import CheckpointStore
@@ -26,6 +27,7 @@ from training.engine.fit import (
     fit_temperature,
 )
 from training.engine.group import GroupOptions, OnFinish, fit_group, resolve_engine, why_not_vectorized
+from training.engine.numerics import JobNumerics
 from training.engine.optim import OptimSettings
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
@@ -48,13 +50,13 @@ def resolve_optim(cfg: JobConfig) -> OptimSettings:
 
 
 def fit_config(cfg: JobConfig, warmup_steps: int, eval_every_steps: int | None = None,
-               batch_transform: BatchTransform | None = None) -> FitConfig:
-    """The fit loop's settings of a job: batch size, `mdl.*` early stopping (step-aware) and augmentation, and
-    the map of each augmented batch (`eraser.after_augment`: `BatchEraser`)."""
+               batch_transform: BatchTransform | None = None, numerics: JobNumerics | None = None) -> FitConfig:
+    """The fit loop's settings of a job: batch size, `mdl.*` early stopping (step-aware) and augmentation, the map
+    of each augmented batch (`eraser.after_augment`: `BatchEraser`) and the job's numerics (`JobRun.numerics`)."""
     m = cfg.mdl
     return FitConfig(batch_size=cfg.optim.batch_size, patience=m.patience, max_epochs=m.max_epochs,
                      augment=cfg.dataset.augment, eval_every_steps=eval_every_steps, progress=cfg.progress,
-                     batch_transform=batch_transform, **stop_options(m, warmup_steps))
+                     batch_transform=batch_transform, numerics=numerics, **stop_options(m, warmup_steps))
 
 
 class Trainer:
@@ -67,12 +69,17 @@ class Trainer:
     `batches` (`eraser.after_augment`): the training batches are drawn from `batches.raw` (a second copy on the
     device) and erased after augmentation by `batches.transform`; the validation set and the coded blocks are
     the erased `x`, as without it.
+
+    `numerics`: the job's (training/engine/numerics.py; None outside a job: fp32). `pack`: what the job shares with
+    the other jobs of its pack (training/data/shared.py; None alone), where a pack group keeps models trained ahead.
     """
 
     def __init__(self, cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                  split: MdlSplit, device: torch.device, data: DeviceData | None = None,
-                 batches: BatchErasure | None = None, checkpoint: CheckpointStore | None = None):
+                 batches: BatchErasure | None = None, checkpoint: CheckpointStore | None = None,
+                 numerics: JobNumerics | None = None, pack: Pack | None = None):
         self.cfg, self.seed, self.opts = cfg, cfg.seed, cfg.training
+        self.numerics, self.pack = numerics, pack
         self.checkpoint = checkpoint  # where a signal saves the models in training (training/engine/checkpoint.py)
         # `data`: the same x already on the device (several seeds' trainers share one copy)
         self.data = data if data is not None else DeviceData(x, device, storage=self.opts.storage)
@@ -93,7 +100,8 @@ class Trainer:
     def for_seed(self, cfg: JobConfig) -> Trainer:
         """This job's trainer for another seed of its configuration, on the same data (one copy on the device): a
         pack group's companion (training/mdl/pack_group.py), with no checkpoint of its own."""
-        return Trainer(cfg, self.x, self.y, self.num_classes, split_of(cfg, len(self.y)), self.device, data=self.data)
+        return Trainer(cfg, self.x, self.y, self.num_classes, split_of(cfg, len(self.y)), self.device, data=self.data,
+                       numerics=self.numerics, pack=self.pack)
 
     def train_set(self) -> TrainData:
         """What every model of this job trains on (raw when erased after augmentation) and validates on."""
@@ -103,7 +111,7 @@ class Trainer:
         return self.cfg.mdl.eval_every_steps
 
     def fit_cfg(self, eval_every_steps: int | None = None) -> FitConfig:
-        return fit_config(self.cfg, self.optim.warmup_steps, eval_every_steps, self.batch_transform)
+        return fit_config(self.cfg, self.optim.warmup_steps, eval_every_steps, self.batch_transform, self.numerics)
 
     def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
         """A fresh model (init drawn from (seed, "init", tag)), its optimizer, data subset and generator."""

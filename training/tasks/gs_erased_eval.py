@@ -16,6 +16,7 @@ from training.tasks._starvation import StarvationTask
 if TYPE_CHECKING:
     from training.app.lifecycle import Outcome
     from training.app.schema import JobConfig
+    from training.data.shared import Pack
 
 log = logging.getLogger(__name__)
 # the mdl keys it reads: the validation split and the early stopping of its one model
@@ -60,7 +61,7 @@ class ErasedEval(StarvationTask):
 
         return erased_eval
 
-    def __call__(self, config: Mapping[str, Any] | JobConfig) -> Outcome:
+    def __call__(self, config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> Outcome:
         from erasure.traits import eraser_traits
         from training.app.lifecycle import Outcome
         from training.app.schema import JobConfig, load_config
@@ -70,7 +71,7 @@ class ErasedEval(StarvationTask):
             log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
                      "original held-out metrics); no job written to %s", cfg.paths.job_dir)
             return Outcome("skipped", Path(cfg.paths.job_dir), {})
-        return super().__call__(cfg)
+        return super().__call__(cfg, pack)
 
     def rows(self, collected: Collected) -> dict[str, str]:
         if not collected.results:

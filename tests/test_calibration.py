@@ -287,3 +287,24 @@ def test_the_claims_report_runs_on_the_grid(tmp_path: Path) -> None:
         assert population, [t.row for t in tests]
         effect = '"dataset.cov_gap": 4' in group
         assert all((t.verdict == "supported") == effect for t in population), (group, population[0].verdict)
+
+
+def test_population_is_a_split_mode_its_repeats_are_runs_of_one_cell(tmp_path: Path) -> None:
+    """eraser.fit_on=population codes the rows a split's self codes, so its repeats (eraser.repeat) are folds of one
+    cell as self's are, not repeated results of one job (before: fold 0 for every repeat, one of them dropped)."""
+    from training.analysis.aggregate_collect import SPLIT_MODES, collect_dir
+    from training.analysis.aggregate_summary import summarize
+
+    assert "population" in SPLIT_MODES
+    for mode in ("population", "self"):
+        for repeat in (0, 1):
+            _fake(tmp_path, ["eraser=leace", f"eraser.fit_on={mode}", f"eraser.repeat={repeat}"],
+                  {s: 1.0 + 0.1 * repeat + 0.01 * s for s in range(3)})
+    df, _ = collect_dir(tmp_path / "runs")
+    for mode in ("population", "self"):
+        runs = df[df.fit_on == mode]
+        assert sorted(runs.fold) == [0, 0, 0, 1, 1, 1], mode
+    summary = summarize(df).set_index("fit_on")
+    assert summary.loc["population", "n"] == summary.loc["self", "n"] == 6
+    assert summary.loc["population", "folds"] == summary.loc["self", "folds"] != ""
+    assert summary.loc["population", "bits_per_sample_mean"] == pytest.approx(1.06)

@@ -22,6 +22,13 @@ Before that: "not enough seeds" below MIN_SEEDS; a supported or contradicted sin
 below chance, injecting null: scripts/tables.bias_flag) is "not identifiable"; a side with more than BUDGET_SHARE
 of its block models at the cap is "budget-bound" (scripts/aggregate_collect.at_cap).
 
+Non-specific removal (issue 38). A fitted LEACE removes K − 1 directions chosen partly by the noise of its fit
+sample, which raise the code whatever the concept: at equal class means (population LEACE is the identity) both
+bracket ends sit above the control on every seed. So `leace_raises_mdl` measures LEACE against LEACE fitted on
+shuffled labels (`eraser.fit_labels=shuffled`, applied to the same true-label rows) in the fit modes where that
+ran, and against the control only in the others (population; results without the shuffled fit). Shuffled-fit runs
+are a control, not a variant: no other claim reads them (`fit_labels_apart`).
+
 A claim's verdict in one group: contradicted if a row is, else the first of not identifiable, budget-bound, not
 enough seeds, underpowered, inconclusive that a row has, else supported (every row supported); without a row "not
 testable here". Its p is the largest Holm p of its rows (every row must hold: an intersection-union test).
@@ -265,15 +272,13 @@ def _eraser_pairs(a: str, b: str, archs: tuple[str, ...] | None = None,
             for x in va:
                 name = f"{dataset} {arch} w{width} d{depth}"
                 sa, covered = _side(a, _variant_runs(true, a, x)), set()
-                control = shuffled[(shuffled.eraser == a) & (shuffled.variant == x)] if nonspecific else shuffled[:0]
+                control, c_null = ((f[(f.eraser == a) & (f.variant == x)] for f in (shuffled, shuffled_null))
+                                   if nonspecific else (shuffled[:0], shuffled_null[:0]))
                 if len(control):
-                    sc = Side(f"{a} (shuffled fit)", _by_mode(control))
-                    found = _row_inputs(name + (f" [{x}]" if x else "") + " vs shuffled fit", sa, sc,
-                                        _by_mode(_variant_runs(null, a, x)),
-                                        _by_mode(shuffled_null[(shuffled_null.eraser == a)
-                                                               & (shuffled_null.variant == x)]))
-                    covered = {m for r in found for m in r.a}
-                    out += found
+                    found = _row_inputs(name + (f" [{x}]" if x else "") + " vs shuffled fit", sa,
+                                        Side(f"{a} (shuffled fit)", _by_mode(control)),
+                                        _by_mode(_variant_runs(null, a, x)), _by_mode(c_null))
+                    covered, out = {m for r in found for m in r.a}, out + found
                 for y in vb:
                     if x != y and x and y:
                         continue
@@ -299,7 +304,6 @@ def _width_pairs(df: pd.DataFrame) -> Rows:
         out += _row_inputs(label, _side(eraser, true[true.width == hi]), _side(eraser, true[true.width == lo]),
                            _by_mode(null[null.width == hi]), _by_mode(null[null.width == lo]))
     return out
-
 
 
 CLAIMS: dict[str, Claim] = {c.key: c for c in (

@@ -310,9 +310,6 @@ CLAIMS: dict[str, Claim] = {c.key: c for c in (
     Claim("leace_raises_mdl", "LEACE raises MDL for every architecture, beyond non-specific removal (MDL(leace) - "
           "MDL(b) > 0; b: LEACE fitted on shuffled labels in the fit modes where that ran, eraser.fit_labels="
           "shuffled, else the control)", +1, _eraser_pairs("leace", "control", nonspecific=True)),
-    Claim("leace_above_random", "LEACE raises MDL more than removing as many random directions (MDL(leace) - "
-          "MDL(random) > 0; the non-specific-removal control: eraser=random eraser.options.rank=K-1)", +1,
-          _eraser_pairs("leace", "random")),
     Claim("qleace_above_leace", "QLEACE raises MDL more than LEACE for MLPs and LeNets "
           "(MDL(qleace) - MDL(leace) > 0)", +1, _eraser_pairs("qleace", "leace", ("mlp", "lenet"))),
     Claim("alf_below_qleace", "ALF-QLEACE raises MDL less than QLEACE (MDL(alf_qleace) - MDL(qleace) < 0)", -1,

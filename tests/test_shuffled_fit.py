@@ -75,3 +75,17 @@ def test_modes_and_erasers_without_a_fitted_map_refuse_it_in_one_line(extra: lis
     with pytest.raises(ConfigError, match="^eraser.fit_labels=shuffled is not allowed") as err:
         _cfg(tmp_path, *extra, "eraser.fit_labels=shuffled")
     assert names in str(err.value) and "\n" not in str(err.value) and "use " in str(err.value)
+
+
+def test_after_augment_erases_batches_with_the_shuffled_fit(tmp_path: Path) -> None:
+    """eraser.after_augment=true: the per-batch eraser is the shuffled fit (the fitted-eraser cache keeps it apart
+    from the true-label fit of the same rows, fitted first here), and it gives the erased images of the coded rows."""
+    from training.mdl.inputs import prepare_inputs
+
+    over = ("eraser.fit_on=self", "eraser.after_augment=true")
+    prepare_inputs(_cfg(tmp_path, *over))  # the true-label fit of the same rows, cached first
+    coded, x, _, batches = prepare_inputs(_cfg(tmp_path, *over, "eraser.fit_labels=shuffled"))
+    _, x_once, _ = prepare_data(_cfg(tmp_path, "eraser.fit_on=self", "eraser.fit_labels=shuffled"))
+    assert batches is not None and torch.equal(x, x_once)
+    assert torch.allclose(batches.transform(coded.x, coded.y), x, atol=1e-5)
+    assert _mean_gap(x, coded.y) > 0.3

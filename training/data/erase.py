@@ -364,8 +364,7 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certif
             x, info["report"], info["cache_hit"], key = _erase_oracle(coded, plan.oracle, name, options, cache_dir)
         else:
             assert fit is not None
-            if not shuffled:
-                _warn_label_injection(name, fit)
+            _warn_label_injection(name, fit)
             x, info["report"], info["cache_hit"], key = _erase_holdout(fit, coded, name, options, cache_dir,
                                                                        rank_hint, eraser)
         log.info("eraser %s: %s", name, "cache hit" if info["cache_hit"] else "fitted and cached")

@@ -92,8 +92,8 @@ def with_permuted_labels(cfg: JobConfig, data: LoadedData) -> LoadedData:
 
 def fit_plan(cfg: JobConfig, data: LoadedData) -> FitPlan | None:
     """How the eraser is fitted (`eraser.fit_on`, INTERFACE.md) on `data` (labels already permuted for a null), and
-    which rows are coded; None for fit_on=all. A holdout that cannot be fitted is refused in one line (ConfigError)
-    here, in the precheck, before any directory is made."""
+    which rows are coded; None for fit_on=all (with the coded labels). A holdout that cannot be fitted is refused in
+    one line (ConfigError) here, in the precheck, before any directory is made."""
     e = cfg.eraser
     shuffle = (cfg.seed, e.repeat) if e.fit_labels == "shuffled" else None  # the fit labels' permutation
     if e.fit_on == "all":

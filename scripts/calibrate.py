@@ -11,7 +11,8 @@ results is part of the cell (dataset.dim, permute_labels, the eraser's options .
   over fresh draws, its standard error below 0.005): the code length a learner approaches with unlimited data;
 - floor: the Bayes posterior coded on the cell's own blocks, in expectation: block 1 at log2 K (the uniform code),
   the rest at the truth;
-- per fit mode (population, self, holdout, oracle, all): the MDL, mean ± sd over seeds (n);
+- per fit mode (population, self, holdout, oracle, all; "self shuffled" ...: fitted on shuffled labels,
+  `eraser.fit_labels=shuffled`, the non-specific-removal control): the MDL, mean ± sd over seeds (n);
 - bias of each fitted mode against the paired population eraser (the same coded rows, split and initialisations:
   `eraser.fit_on=population`), mean ± 95% t CI over seeds;
 - coverage: the share of seeds whose population MDL lies inside [min(holdout, self), max(holdout, self)].
@@ -34,11 +35,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-FIT_ON = ("population", "self", "holdout", "oracle", "all")
-FITTED = ("self", "holdout", "oracle", "all")  # bias against the paired population eraser
+# Fit modes (columns); "<mode> shuffled": fitted on shuffled labels (eraser.fit_labels=shuffled, the non-specific-
+# removal control), applied to the same true-label rows.
+SHUFFLED = tuple(f"{m} shuffled" for m in ("self", "holdout", "all"))
+FIT_ON = ("population", "self", "holdout", "oracle", "all", *SHUFFLED)
+FITTED = ("self", "holdout", "oracle", "all", *SHUFFLED)  # bias against the paired population eraser
 # Keys that are not part of a cell: the seed pairs runs, the fit mode is a column, and the fitting keys only say how
 # each mode was fitted (each mode reads its own: training/app/sections.fit_keys_used).
-NOT_CELL = ("seed", "eraser.fit_on", "eraser.fit_source", "eraser.fit_fraction", "eraser.n_fit", "numerics_version")
+NOT_CELL = ("seed", "eraser.fit_on", "eraser.fit_source", "eraser.fit_fraction", "eraser.n_fit", "numerics_version",
+            "eraser.fit_labels")
 
 
 @dataclass
@@ -82,7 +87,8 @@ def collect(root: Path, experiment: str) -> Cells:
         key = json.dumps(identity, sort_keys=True, default=str)
         cell = cells.setdefault(key, Cell(identity, str(c["dataset.name"]), str(c["eraser.name"]),
                                           int(c["dataset.num_classes"]), bool(c["dataset.permute_labels"])))
-        cell.runs[str(c["eraser.fit_on"])][int(c["seed"])] = float(bits)
+        mode = str(c["eraser.fit_on"]) + (" shuffled" if c["eraser.fit_labels"] == "shuffled" else "")
+        cell.runs[mode][int(c["seed"])] = float(bits)
         d = dict(result.config["dataset"])
         if d not in cell.options:
             cell.options.append(d)

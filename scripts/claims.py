@@ -22,6 +22,13 @@ Before that: "not enough seeds" below MIN_SEEDS; a supported or contradicted sin
 below chance, injecting null: scripts/tables.bias_flag) is "not identifiable"; a side with more than BUDGET_SHARE
 of its block models at the cap is "budget-bound" (scripts/aggregate_collect.at_cap).
 
+Non-specific removal (issue 38). A fitted LEACE removes K − 1 directions chosen partly by the noise of its fit
+sample, which raise the code whatever the concept: at equal class means (population LEACE is the identity) both
+bracket ends sit above the control on every seed. So `leace_raises_mdl` measures LEACE against LEACE fitted on
+shuffled labels (`eraser.fit_labels=shuffled`, applied to the same true-label rows) in the fit modes where that
+ran, and against the control only in the others (population; results without the shuffled fit). Shuffled-fit runs
+are a control, not a variant: no other claim reads them (`fit_labels_apart`).
+
 A claim's verdict in one group: contradicted if a row is, else the first of not identifiable, budget-bound, not
 enough seeds, underpowered, inconclusive that a row has, else supported (every row supported); without a row "not
 testable here". Its p is the largest Holm p of its rows (every row must hold: an intersection-union test).
@@ -184,10 +191,13 @@ class RowInput:
 
 
 def _row_inputs(label: str, a: Side, b: Side, nulls_a: dict[str, pd.DataFrame],
-                nulls_b: dict[str, pd.DataFrame]) -> list[RowInput]:
+                nulls_b: dict[str, pd.DataFrame], skip: set[str] | None = None) -> list[RowInput]:
+    """The rows of a against b; `skip`: fit modes measured against another side already (no row uses them)."""
     out = []
     ref = a if not a.control else b
     for m in measurements([a, b]):
+        if skip and skip & set(m.modes):
+            continue
         ra, rb = _side_runs(a, m, ref), _side_runs(b, m, ref)
         if not ra or not rb:
             continue
@@ -211,10 +221,21 @@ class Claim:
     effect: float = EFFECT  # bits/sample: the effect of interest (sign 0: the equivalence margin δ)
 
 
-def _split(g: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(true-label runs, null runs)."""
-    null = g["null"].astype(bool)
-    return g[~null], g[null]
+def _split(g: pd.DataFrame, shuffled: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(true-label runs, null runs) of erasers fitted on the coded labels (`shuffled`: on shuffled labels, the
+    non-specific-removal control, which only the claims that name it read)."""
+    null, fit = g["null"].astype(bool), g["shuffled"].astype(bool) == shuffled
+    return g[~null & fit], g[null & fit]
+
+
+SHUFFLED = "eraser.fit_labels=shuffled"  # the variant item of an eraser fitted on shuffled labels
+
+
+def fit_labels_apart(variant: str) -> tuple[str, bool]:
+    """(a variant without its eraser.fit_labels item, whether its eraser was fitted on shuffled labels): the
+    shuffled fit is a control of its eraser, not a variant of it."""
+    items = [i for i in str(variant).split(", ") if i]
+    return ", ".join(i for i in items if not i.startswith("eraser.fit_labels=")), SHUFFLED in items
 
 
 def _by_mode(g: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -232,26 +253,39 @@ def _side(name: str, runs: pd.DataFrame) -> Side:
     return Side(name, _by_mode(runs), control=is_identity(name))
 
 
-def _eraser_pairs(a: str, b: str, archs: tuple[str, ...] | None = None) -> Callable[[pd.DataFrame], Rows]:
+def _eraser_pairs(a: str, b: str, archs: tuple[str, ...] | None = None,
+                  nonspecific: bool = False) -> Callable[[pd.DataFrame], Rows]:
     """Rows where erasers a and b both have finished seeds (archs: arch tags starting with one of these); each
-    variant of one paired with the same variant of the other, or with the other's only (unnamed) one."""
+    variant of one paired with the same variant of the other, or with the other's only (unnamed) one.
+    `nonspecific`: in the fit modes where a also ran fitted on shuffled labels (eraser.fit_labels=shuffled), a is
+    measured against that (the non-specific-removal control: as many directions, chosen without the concept)
+    instead of b."""
     def rows(df: pd.DataFrame) -> Rows:
         out: Rows = []
         for (dataset, arch, width, depth), g in df.groupby(["dataset", "arch", "width", "depth"], sort=False):
             if archs is not None and not str(arch).startswith(archs):
                 continue
             true, null = _split(g)
+            shuffled, shuffled_null = _split(g, shuffled=True)
             va = list(dict.fromkeys(true[true.eraser == a].variant))
             vb = list(dict.fromkeys(true[true.eraser == b].variant))
             for x in va:
+                name = f"{dataset} {arch} w{width} d{depth}"
+                sa, covered = _side(a, _variant_runs(true, a, x)), set()
+                control, c_null = ((f[(f.eraser == a) & (f.variant == x)] for f in (shuffled, shuffled_null))
+                                   if nonspecific else (shuffled[:0], shuffled_null[:0]))
+                if len(control):
+                    found = _row_inputs(name + (f" [{x}]" if x else "") + " vs shuffled fit", sa,
+                                        Side(f"{a} (shuffled fit)", _by_mode(control)),
+                                        _by_mode(_variant_runs(null, a, x)), _by_mode(c_null))
+                    covered, out = {m for r in found for m in r.a}, out + found
                 for y in vb:
                     if x != y and x and y:
                         continue
-                    label = f"{dataset} {arch} w{width} d{depth}" + "".join(f" [{v}]" for v in dict.fromkeys((x, y))
-                                                                          if v)
-                    sa, sb = _side(a, _variant_runs(true, a, x)), _side(b, _variant_runs(true, b, y))
+                    label = name + "".join(f" [{v}]" for v in dict.fromkeys((x, y)) if v)
+                    sb = _side(b, _variant_runs(true, b, y))
                     out += _row_inputs(label, sa, sb, _by_mode(_variant_runs(null, a, x)),
-                                       _by_mode(_variant_runs(null, b, y)))
+                                       _by_mode(_variant_runs(null, b, y)), covered)
         return out
     return rows
 
@@ -272,13 +306,10 @@ def _width_pairs(df: pd.DataFrame) -> Rows:
     return out
 
 
-
 CLAIMS: dict[str, Claim] = {c.key: c for c in (
-    Claim("leace_raises_mdl", "LEACE raises MDL for every architecture (MDL(leace) - MDL(control) > 0)", +1,
-          _eraser_pairs("leace", "control")),
-    Claim("leace_above_random", "LEACE raises MDL more than removing as many random directions (MDL(leace) - "
-          "MDL(random) > 0; the non-specific-removal control: eraser=random eraser.options.rank=K-1)", +1,
-          _eraser_pairs("leace", "random")),
+    Claim("leace_raises_mdl", "LEACE raises MDL for every architecture, beyond non-specific removal (MDL(leace) - "
+          "MDL(b) > 0; b: LEACE fitted on shuffled labels in the fit modes where that ran, eraser.fit_labels="
+          "shuffled, else the control)", +1, _eraser_pairs("leace", "control", nonspecific=True)),
     Claim("qleace_above_leace", "QLEACE raises MDL more than LEACE for MLPs and LeNets "
           "(MDL(qleace) - MDL(leace) > 0)", +1, _eraser_pairs("qleace", "leace", ("mlp", "lenet"))),
     Claim("alf_below_qleace", "ALF-QLEACE raises MDL less than QLEACE (MDL(alf_qleace) - MDL(qleace) < 0)", -1,
@@ -454,6 +485,8 @@ def evaluate(df: pd.DataFrame, keys: Sequence[str] | None = None) -> Results:
     for col, default in (("variant", ""), ("fit_on", "all"), ("null", False), ("ref_bits", math.nan)):
         if col not in done:
             done = done.assign(**{col: default})
+    apart = [fit_labels_apart(v) for v in done.variant]
+    done = done.assign(variant=[v for v, _ in apart], shuffled=[s for _, s in apart])
     out = []
     for key in keys or list(CLAIMS):
         claim = CLAIMS[key]

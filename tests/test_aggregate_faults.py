@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from scripts import aggregate
+from scripts.claims import CLAIMS
 from tests.helpers import fixture_job_dir
 from training.analysis import aggregate_collect, aggregate_render, aggregate_summary
 
@@ -88,8 +89,8 @@ def test_1_erasers_at_different_learning_rates_get_a_table_each_and_no_verdict(t
     assert md.count("| dataset | arch | w | d | control |\n") == 3  # group 1's MDL, legacy, final-loss tables
     claims = (tmp_path / "tables" / "t_claims.md").read_text()
     assert "### Group 1: optim.lr=0.001" in claims and "### Group 2: optim.lr=0.01" in claims
-    assert "**supported**" not in claims and claims.count("LEACE raises MDL for every architecture "
-                                                      "(MDL(leace) - MDL(control) > 0): **not testable here**") == 2
+    leace = CLAIMS["leace_raises_mdl"].text
+    assert "**supported**" not in claims and claims.count(f"{leace}: **not testable here**") == 2
     summary = list(csv.DictReader((tmp_path / "tables" / "t.csv").open()))
     assert {r["eraser"]: json.loads(r["group"]) for r in summary} == {"control": {"optim.lr": 0.001},
                                                                        "leace": {"optim.lr": 0.01}}

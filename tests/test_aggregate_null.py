@@ -389,7 +389,7 @@ def test_claims_on_brackets_and_a_budget_bound_cell(tmp_path: Path) -> None:
         assert verdict == expected and tests[0].bracket
     _run(root, tmp_path, "--claims")
     report = (tmp_path / "tables" / "t_claims.md").read_text()
-    assert "- LEACE raises MDL for every architecture (MDL(leace) - MDL(control) > 0): **supported**" in report
+    assert f"- {claims.CLAIMS['leace_raises_mdl'].text}: **supported**" in report
     assert "after the bias" not in report and "Holm" in report
 
 

@@ -287,3 +287,55 @@ def test_the_claims_report_runs_on_the_grid(tmp_path: Path) -> None:
         assert population, [t.row for t in tests]
         effect = '"dataset.cov_gap": 4' in group
         assert all((t.verdict == "supported") == effect for t in population), (group, population[0].verdict)
+
+
+def test_population_is_a_split_mode_its_repeats_are_runs_of_one_cell(tmp_path: Path) -> None:
+    """eraser.fit_on=population codes the rows a split's self codes, so its repeats (eraser.repeat) are folds of one
+    cell as self's are, not repeated results of one job (before: fold 0 for every repeat, one of them dropped)."""
+    from training.analysis.aggregate_collect import SPLIT_MODES, collect_dir
+    from training.analysis.aggregate_summary import summarize
+
+    assert "population" in SPLIT_MODES
+    for mode in ("population", "self"):
+        for repeat in (0, 1):
+            _fake(tmp_path, ["eraser=leace", f"eraser.fit_on={mode}", f"eraser.repeat={repeat}"],
+                  {s: 1.0 + 0.1 * repeat + 0.01 * s for s in range(3)})
+    df, _ = collect_dir(tmp_path / "runs")
+    for mode in ("population", "self"):
+        runs = df[df.fit_on == mode]
+        assert sorted(runs.fold) == [0, 0, 0, 1, 1, 1], mode
+    summary = summarize(df).set_index("fit_on")
+    assert summary.loc["population", "n"] == summary.loc["self", "n"] == 6
+    assert summary.loc["population", "folds"] == summary.loc["self", "folds"] != ""
+    assert summary.loc["population", "bits_per_sample_mean"] == pytest.approx(1.06)
+
+
+def test_the_shuffled_fit_control_reaches_the_claims_through_the_aggregate(tmp_path: Path) -> None:
+    """Equal class means at 16 rows/d as measured (population LEACE = the control; LEACE's bracket +0.10 / +0.05
+    above it, the shuffled fit's +0.09 / +0.07): result.json files through the aggregate's job table (the shuffled
+    fit a variant `eraser.fit_labels=shuffled` of its own) into the claims. LEACE is measured against the shuffled
+    fit, not the control, and is not supported; without the shuffled-fit runs the same bracket is."""
+    import numpy as np
+
+    from scripts import claims
+    from training.analysis.aggregate_collect import collect_dir
+
+    rng = np.random.default_rng(6)
+    c = 1.72 + rng.normal(0, 0.05, 10)
+    cell = ["dataset.cov_gap=1", "dataset.mean_gap=0", "dataset.rows_per_dim=16"]
+    for over, shift in ((["eraser=control", "eraser.fit_on=self"], 0.0), (["eraser.fit_on=population"], 0.0),
+                        (["eraser.fit_on=self"], 0.10), (["eraser.fit_on=holdout"], 0.05),
+                        (["eraser.fit_on=self", "eraser.fit_labels=shuffled"], 0.09),
+                        (["eraser.fit_on=holdout", "eraser.fit_labels=shuffled"], 0.07)):
+        noise = rng.normal(0, 0.02, 10) if shift else np.zeros(10)
+        _fake(tmp_path, [*cell, "eraser=leace", *over], {s: float(c[s] + shift + noise[s]) for s in range(10)})
+    df, _ = collect_dir(tmp_path / "runs")
+    assert set(df[df.fit_on == "self"].variant) == {"", "eraser.fit_labels=coded", claims.SHUFFLED}
+    (_, tests, verdict), = claims.evaluate(df, ["leace_raises_mdl"])
+    rows = {t.row: t for t in tests}
+    assert set(rows) == {"gaussian mlp_relu w64 d2 vs shuffled fit (fit on [holdout, self])",
+                         "gaussian mlp_relu w64 d2 (fit on population)"}
+    assert all(t.verdict != "supported" and t.n == 10 for t in tests) and verdict != "supported"
+    plain = df[~df.variant.str.contains(claims.SHUFFLED)]
+    (_, before, _), = claims.evaluate(plain, ["leace_raises_mdl"])
+    assert {t.row: t.verdict for t in before}["gaussian mlp_relu w64 d2 (fit on [holdout, self])"] == "supported"

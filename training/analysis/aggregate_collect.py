@@ -42,7 +42,8 @@ SHOWN = {"seed", "dataset.tag", "dataset.name", "arch.tag", "arch.name", "arch.a
 # Keys that are not identity: the repeats of a cell (repeated holdout) are combined, a permuted-label run is the null
 # of its cell. `eraser.repeat` names the repeat (result_codec reads a result's older `eraser.fold` as it).
 NULL_KEY = "dataset.permute_labels"
-SPLIT_MODES = ("holdout", "self")  # fit modes with a random split of the training rows (and so repeats)
+# Fit modes with a random split of the training rows (and so repeats): population codes the rows self codes.
+SPLIT_MODES = ("holdout", "self", "population")
 # The eraser.fit keys a fit mode does not use (no effect on its job; INTERFACE.md: not in the hash).
 UNUSED_FIT_KEYS: defaultdict[str, tuple[str, ...]] = defaultdict(tuple, {  # other modes: none unused
     "all": ("eraser.fit_fraction", REPEAT_KEY, "eraser.fit_source", "eraser.n_fit"),

@@ -90,10 +90,10 @@ def require_one_group(frame: Any, what: str) -> None:
 
 
 # --- cells: repeats and the permuted-label null ------------------------------------------------------------------
-# A cell's results are runs (seed, repeat): with a split fit (`eraser.fit_on=holdout|self`) each repeat of the
-# repeated holdout is its own MDL run (its own code, never pooled). A cell reports the mean over its runs; its noise
-# is the spread over seeds of the per-seed means over repeats (repeats of one seed share the seed's data order, so
-# they are not independent seeds).
+# A cell's results are runs (seed, repeat): with a split fit (`eraser.fit_on=holdout|self|population`) each repeat
+# of the repeated holdout is its own MDL run (its own code, never pooled). A cell reports the mean over its runs;
+# its noise is the spread over seeds of the per-seed means over repeats (repeats of one seed share the seed's data
+# order, so they are not independent seeds).
 NOISE_SE = 2.0  # a null's bias is flagged when |bias| > NOISE_SE standard errors of the null's MDL (`bias_noise`)
 NULL_FLOOR = 0.01  # bits/sample: ... and above this floor (a null censored at the uniform code has SE 0)
 INJECTION, EXCESS = "⚠ injection", "⚠ excess"  # null MDL below / above the label entropy by more than the noise

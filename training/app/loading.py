@@ -349,6 +349,13 @@ def _check_eraser_fitting(values: Mapping[str, Any]) -> None:
     if fit_on == "population" and values["fit_source"] == "pool":
         raise ConfigError("eraser.fit_source=pool is not allowed with eraser.fit_on=population: population codes the "
                           "rows a split's self and holdout code; use eraser.fit_source=split")
+    if values["fit_labels"] == "shuffled":
+        if fit_on in ("oracle", "population"):
+            raise ConfigError(f"eraser.fit_labels=shuffled is not allowed with eraser.fit_on={fit_on}: it shuffles the "
+                              "labels of fit rows, which this mode has none of; use eraser.fit_on=self, holdout or all")
+        if meta["kind"] == "edit" or eraser_traits(name).identity:
+            raise ConfigError(f"eraser.fit_labels=shuffled is not allowed with eraser={name}: it fits no map to apply "
+                              "to the true-label data; use a fitted map eraser (leace, qleace, alf_qleace)")
 
 
 def _eraser_hints(fitter: Any) -> dict[str, Any]:

@@ -38,7 +38,8 @@ FOLD_KEY, REPEAT_KEY = "eraser.fold", "eraser.repeat"  # a result written before
 # Keys added with issue 21 whose defaults live in conf/config.yaml, not in the schema: a result written before them
 # ran exactly like these values (the eraser fitted on the coded data, no repeats, true labels, erased before augment).
 FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_source": "split", "eraser.fit_fraction": 0.2, REPEAT_KEY: 0,
-                "eraser.n_fit": None, "eraser.after_augment": False, "dataset.permute_labels": False}
+                "eraser.n_fit": None, "eraser.after_augment": False, "dataset.permute_labels": False,
+                "eraser.fit_labels": "coded"}
 
 
 class MalformedResultError(ValueError):

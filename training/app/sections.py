@@ -106,6 +106,9 @@ class EraserConfig(Section):
     repeat: int = spec(kind=int, check=lambda v: v >= 0, allowed="an integer ≥ 0")
     n_fit: int | None = positive_int(None, optional=True)
     after_augment: bool = spec(kind=bool, allowed="true or false")
+    # shuffled: fitted on a fixed permutation of the fit rows' labels, applied to the true-label data (the
+    # non-specific-removal control); hashed only away from its default, so existing job hashes stay as they were
+    fit_labels: str = one_of("coded", "coded", "shuffled", hash_default=False)
 
 
 def fit_keys_used(fit_on: Any, fit_source: Any) -> tuple[str, ...]:

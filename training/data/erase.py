@@ -23,6 +23,7 @@ from training.data.cache import cached_erase, cached_eraser, code_version, key_h
 from training.data.registry import LoadedData
 from training.data.shared import Memo
 from training.engine.batches import ClassSegments
+from training.engine.seeding import generator
 from training.errors import NonFiniteError, UserError
 
 log = logging.getLogger(__name__)
@@ -120,10 +121,20 @@ class FitPlan:
     fit_source: str | None = None
     fit_fraction: float | None = None
     repeat: int | None = None
+    shuffle: tuple[int, int] | None = None  # eraser.fit_labels=shuffled: (seed, repeat) of the fit labels' permutation
 
     @property
     def in_sample(self) -> bool:
-        return self.fit_on == "self"
+        return self.fit_on in ("self", "all")
+
+    def labelled(self, fit: LoadedData) -> LoadedData:
+        """The fit rows with the labels the eraser is fitted on: their own, or (`shuffle`) a fixed permutation of
+        them (the same class counts, no relation to the rows): the coded rows keep their true labels."""
+        if self.shuffle is None:
+            return fit
+        perm = torch.randperm(len(fit.y), generator=generator(*self.shuffle, "fit_labels"))
+        return LoadedData(fit.name, fit.x, fit.y[perm].contiguous(), fit.num_classes,
+                          {**fit.info, "shuffled_fit_labels": True})
 
     def fit_rows(self, data: LoadedData) -> LoadedData | None:
         """The rows fitted on, out of sample (holdout): a part of `data` or the pool; None for self and oracle."""
@@ -323,6 +334,13 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certif
     coded = data if plan is None or plan.coded_idx is None else data.subset(plan.coded_idx)
     in_sample = plan is None or plan.in_sample
     fit = coded if in_sample else plan.fit_rows(data) if plan is not None else None
+    ranked = fit  # a rank-matched baseline's source rank: on the fit rows' own labels
+    shuffled = plan is not None and plan.shuffle is not None and fit is not None
+    if shuffled:  # fitted on shuffled labels, then applied like a holdout eraser to the true-label coded rows
+        assert plan is not None and fit is not None
+        fit = plan.labelled(fit)
+        log.info("eraser %s: fitted on shuffled labels of its %d fit rows (eraser.fit_labels=shuffled)", name,
+                 len(fit.y))
     if not in_sample:
         options = holdout_options(name, options)
     info: dict[str, Any] = {"name": name, "options": options, "fit": _fit_info(plan, fit, coded)}
@@ -334,12 +352,12 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certif
         rank_hint = None
         resolved = resolve_options(name, options)
         if traits.rank_hint is not None and traits.rank_hint.wanted(resolved):  # a rank-matched baseline
-            assert fit is not None, "the schema refuses fit_on=oracle for an eraser without a moments fit"
-            rank_hint = source_rank(fit, traits.rank_hint.source, cache_dir, memo)
+            assert ranked is not None, "the schema refuses fit_on=oracle for an eraser without a moments fit"
+            rank_hint = source_rank(ranked, traits.rank_hint.source, cache_dir, memo)
         if keep_eraser:
             assert fit is not None, "the schema refuses eraser.after_augment with fit_on=oracle"
             eraser, info["eraser_cache_hit"] = fit_cached(fit, name, options, cache_dir, rank_hint)
-        if in_sample:
+        if in_sample and not shuffled:
             x, info["report"], info["cache_hit"], key = _erase_cached(coded, name, options, cache_dir, rank_hint,
                                                                       eraser, memo)
         elif plan is not None and plan.population is not None:

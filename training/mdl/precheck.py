@@ -93,21 +93,23 @@ def with_permuted_labels(cfg: JobConfig, data: LoadedData) -> LoadedData:
 
 def fit_plan(cfg: JobConfig, data: LoadedData, pack: Pack | None = None) -> FitPlan | None:
     """How the eraser is fitted (`eraser.fit_on`, INTERFACE.md) on `data` (labels already permuted for a null), and
-    which rows are coded; None for fit_on=all. A holdout that cannot be fitted is refused in one line (ConfigError)
-    here, in the precheck, before any directory is made."""
+    which rows are coded; None for fit_on=all (with the coded labels). A holdout that cannot be fitted is refused in
+    one line (ConfigError) here, in the precheck, before any directory is made."""
     e = cfg.eraser
+    shuffle = (cfg.seed, e.repeat) if e.fit_labels == "shuffled" else None  # the fit labels' permutation
     if e.fit_on == "all":
-        return None
+        return None if shuffle is None else FitPlan("all", shuffle=shuffle)
     if e.fit_on == "oracle":
         return FitPlan("oracle", oracle=oracle_fit(cfg, data))
     if e.fit_source == "pool":
-        return FitPlan(e.fit_on, pool=_pool(cfg, data, pack), fit_source="pool", repeat=e.repeat)
+        return FitPlan(e.fit_on, pool=_pool(cfg, data, pack), fit_source="pool", repeat=e.repeat, shuffle=shuffle)
 
     _check_split(cfg, data)
     fit_idx, coded_idx = holdout_split(data.y, e.fit_fraction, seed=cfg.seed, repeat=e.repeat)
     population = population_fit(cfg) if e.fit_on == "population" else None  # codes the rows self codes
     return FitPlan(e.fit_on, coded_idx=coded_idx, fit_idx=fit_idx if e.fit_on == "holdout" else None,
-                   fit_source="split", fit_fraction=float(e.fit_fraction), repeat=e.repeat, population=population)
+                   fit_source="split", fit_fraction=float(e.fit_fraction), repeat=e.repeat, population=population,
+                   shuffle=shuffle)
 
 
 MIN_CLASS_ROWS = 2  # an eraser's fit needs at least 2 rows of every class (erasure/moments.py check_labels)
@@ -254,6 +256,7 @@ def check_after_augment(cfg: JobConfig, data: LoadedData, pack: Pack | None = No
     fit = data if plan is None else plan.fit_rows(data)
     if fit is None:  # self: the coded rows
         fit = data if plan is None or plan.coded_idx is None else data.subset(plan.coded_idx)
+    fit = fit if plan is None else plan.labelled(fit)
     try:
         ranks = noise.ranks(fit.x.reshape(len(fit.x), -1), fit.y, **options)
     except ValueError:

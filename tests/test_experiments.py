@@ -143,15 +143,18 @@ def test_sensitivity_preset_covers_parametrization_rank_handling_and_zscore_orde
 
 
 def test_no_job_of_any_preset_is_refused() -> None:
-    """Every job a preset expands to passes the config check (a refusal added for one case must not refuse a paper
-    preset: `eraser.after_augment=true` without augmentation is what paper_fig8 runs on SVHN)."""
-    from training.app.schema import load_config
+    """Every job a preset expands to passes the config check, and no preset's sweep is refused (a refusal added for one
+    case must not refuse a paper preset: `eraser.after_augment=true` without augmentation is what paper_fig8 runs on
+    SVHN)."""
+    from training.app.schema import duplicate_jobs, load_config
     from training.app.sweep_jobs import fast_expand
     from training.errors import UserError
 
     refused = []
     for name in presets():
         jobs = fast_expand(name)
+        if (same := duplicate_jobs(list(enumerate(jobs)))) is not None:  # the sweep's own refusal (training/cli)
+            refused.append(f"{name} (the sweep): {same}")
         first = min(int(cfg["seed"]) for cfg in jobs)
         for cfg in jobs:
             if int(cfg["seed"]) != first:  # a seed refuses nothing the first seed's jobs would not

@@ -217,6 +217,7 @@ def test_a_dangling_symlink_as_out_dir_is_one_line(tmp_path: Path) -> None:
     (["dataset=gaussian", "arch=lenet"], "arch=lenet is not allowed with dataset=gaussian"),
     (["dataset=gaussian", "dataset.augment=true"], "vectors"),
     (["dataset=mixture", "dataset.augment=true"], "vectors"),
+    (["dataset=two_moons", "dataset.augment=true"], "vectors"),
 ])
 def test_what_the_samples_shape_rules_out_is_one_line(tmp_path: Path, overrides: list[str], says: str) -> None:
     assert says in _refusal(tmp_path, overrides, precheck=True)
@@ -460,3 +461,26 @@ def test_plan_refuses_a_sweep_over_a_key_that_changes_nothing(tmp_path: Path, ca
     assert plan.main([*args, "eraser.after_augment=true,false", *options]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sweep one value of eraser.after_augment" in err[0], err
+
+
+# --- req 6: make calibrate runs and reads only its own sweep, and honours ARGS ---------------------------------------
+def test_make_calibrate_runs_and_reads_only_its_own_sweep_with_args(tmp_path: Path) -> None:
+    """The recipe as make would run it (`make -n`): every sweep writes under CAL_OUT with ARGS last (they win), and the
+    table reads CAL_OUT/runs only (it used to ignore ARGS and read all of outputs/runs)."""
+    import shutil
+    import subprocess
+
+    from tests.helpers import REPO
+
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+    out = tmp_path / "cal"
+    proc = subprocess.run(["make", "-n", "calibrate", "ARGS=dataset.dim=8 seed=3", f"CAL_OUT={out}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.replace("\\\n", " ").splitlines()
+    sweeps = [ln for ln in lines if "-m training.run" in ln]
+    assert len(sweeps) >= 2 and all(f"paths.out_dir={out}" in ln and ln.rstrip().endswith("dataset.dim=8 seed=3")
+                                    for ln in sweeps), sweeps
+    table = [ln for ln in lines if "scripts/calibrate.py" in ln]
+    assert len(table) == 1 and table[0].split()[-1] == str(out / "runs"), table

@@ -117,8 +117,8 @@ def _seen(cfg: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def _outcome(base: dict[str, Any], cfg: dict[str, Any], key: str) -> str:
-    """unhashed | refused | duplicate (a sweep over both is refused) | read | dead."""
+def _outcome(base: dict[str, Any], cfg: dict[str, Any], key: str, base_seen: str | None = None) -> str:
+    """unhashed | refused | duplicate (a sweep over both is refused) | read | dead (`base_seen`: `_seen(base)`)."""
     if config_hash(cfg) == config_hash(base):
         return "unhashed"
     if duplicate_jobs([(0, base), (1, cfg)]) is not None:
@@ -129,7 +129,7 @@ def _outcome(base: dict[str, Any], cfg: dict[str, Any], key: str) -> str:
         line = str(err)
         assert "\n" not in line and "is not allowed" in line, line
         return "refused"
-    return "read" if seen != _seen(base) else "dead"
+    return "read" if seen != (base_seen or _seen(base)) else "dead"
 
 
 def _walk(choice: str, bases: dict[str, list[str]], tmp_path: Path, keys: set[str] | None = None,
@@ -137,12 +137,12 @@ def _walk(choice: str, bases: dict[str, list[str]], tmp_path: Path, keys: set[st
     """{key: {base: outcome}} for every hashed `eraser.*` leaf (or those in `keys`) of `eraser=<choice>` over the
     bases."""
     outcomes: dict[str, dict[str, str]] = {}
-    eraser = str(job_config(tmp_path, [f"eraser={choice}"])["eraser"]["name"])
+    eraser = str(_name(choice))
     for tag, given in bases.items():
         base = job_config(tmp_path / tag, [f"eraser={choice}", *CHEAP.get(eraser, []), *given,
                                            f"paths.cache_dir={tmp_path / 'cache'}"])
         try:
-            _seen(base)
+            seen = _seen(base)
         except ValueError as err:  # the eraser's own refusal of these data (gradient: pixels in [0, 1])
             assert "erasure" in type(err).__module__ or not isinstance(err, ConfigError), err
             outcomes.setdefault("(bases the eraser refuses)", {})[tag] = str(err)
@@ -152,7 +152,7 @@ def _walk(choice: str, bases: dict[str, list[str]], tmp_path: Path, keys: set[st
                 continue
             if only_fit and not key.startswith(("eraser.fit_", "eraser.repeat", "eraser.n_fit")):
                 continue
-            outcomes.setdefault(key, {})[tag] = _outcome(base, _set(base, key, _value(key, value)), key)
+            outcomes.setdefault(key, {})[tag] = _outcome(base, _set(base, key, _value(key, value)), key, seen)
     return outcomes
 
 
@@ -162,19 +162,21 @@ def _dead(outcomes: dict[str, dict[str, str]]) -> list[str]:
             if "dead" in by.values() and "read" not in by.values()]
 
 
+def _name(choice: str) -> str | None:
+    """The eraser an `eraser=<choice>` config names (its own `name`, else its parent's: qleace_paper -> qleace)."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(CONF / "eraser" / f"{choice}.yaml")
+    if "name" in node:
+        return str(node["name"])
+    parents = [d for d in node.get("defaults", []) if d != "_self_"]
+    return _name(str(parents[0])) if parents else None
+
+
 def _choices(eraser: str) -> list[str]:
     """The `eraser=` choices (conf/eraser/*.yaml) of registered eraser `eraser`: its own and its variants
     (qleace_paper: rank_deficient=shrinkage, which reads other options)."""
-    from omegaconf import OmegaConf
-
-    def name(path: Path) -> str | None:
-        node = OmegaConf.load(path)
-        if "name" in node:
-            return str(node["name"])
-        parents = [d for d in node.get("defaults", []) if d != "_self_"]
-        return name(path.parent / f"{parents[0]}.yaml") if parents else None
-
-    return sorted(p.stem for p in (CONF / "eraser").glob("*.yaml") if name(p) == eraser)
+    return sorted(p.stem for p in (CONF / "eraser").glob("*.yaml") if _name(p.stem) == eraser)
 
 
 @pytest.mark.parametrize("eraser", ERASERS.names())

@@ -392,7 +392,7 @@ def test_plan_names_a_group_choice_the_path_does_not_show(tmp_path: Path) -> Non
 SWEPT = ["dataset=digits", "eraser=leace", "certificate=false"]
 
 
-def _sweep(tmp_path: Path, values: list[list[str]]) -> str | None:
+def _duplicates(tmp_path: Path, values: list[list[str]]) -> str | None:
     from tests.helpers import job_config
     from training.app.schema import duplicate_jobs
 
@@ -429,7 +429,7 @@ def test_a_sweep_over_a_key_that_changes_nothing_is_refused_in_one_line(tmp_path
 def test_a_sweep_is_refused_only_where_its_jobs_are_equal_but_for_such_a_key(tmp_path: Path, values: list[list[str]],
                                                                              refused: bool) -> None:
     values = [[v for v in vs if "," not in v] for vs in values]
-    why = _sweep(tmp_path, values)
+    why = _duplicates(tmp_path, values)
     assert (why is not None) == refused, why
     if refused:
         assert why == ("jobs 0 and 1 differ only in eraser.after_augment=true,false, which changes nothing here "

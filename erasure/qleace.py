@@ -495,5 +495,10 @@ def _stable_rank(covs: Tensor, inv_sd: Tensor, class_rtol: float, hi: int) -> in
 
 # Coupling noise has exact moments on whole classes, not on a training batch: `eraser.after_augment` refuses it.
 COUPLING_NOISE = BatchNoise(applies=lambda options: options["rank_deficient"] == "coupling", ranks=coupling_noise_ranks)
+SUBSPACE = ("coupling", "truncate", "ridge")  # the modes of `_fit_subspace`; shrinkage reads tol, max_iter, anderson
 ERASERS.add("qleace", fit_qleace, family="quadratic", kind="map", from_moments=qleace_from_moments,
-            batch_noise=COUPLING_NOISE)
+            batch_noise=COUPLING_NOISE,
+            read_only_with={"ridge": ("rank_deficient", ("ridge",)), "null_rtol": ("rank_deficient", ("coupling",)),
+                            "objective_rtol": ("rank_deficient", ("coupling",)),
+                            "seed": ("rank_deficient", ("coupling",)), "class_rtol": ("rank_deficient", SUBSPACE),
+                            "support_rtol": ("rank_deficient", SUBSPACE)})

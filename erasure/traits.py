@@ -58,14 +58,27 @@ class EraserTraits:
     batch_noise: BatchNoise | None = None
     runtime_options: frozenset[str] = frozenset()  # options that do not change the erased data (not hashed)
     from_moments: Callable[..., Any] | None = None  # a fit from accumulated class moments (erasure/streaming.py)
+    # options read only with another option's value: {option: (that option, the values it is read with)} (QLEACE's
+    # ridge: rank_deficient=ridge only); elsewhere they must keep their default (the harness refuses another value)
+    read_only_with: Mapping[str, tuple[str, tuple[Any, ...]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:  # the declaration's values, whatever container they came in, frozen
         object.__setattr__(self, "identity", bool(self.identity))
         object.__setattr__(self, "holdout_options", MappingProxyType(dict(self.holdout_options)))
         object.__setattr__(self, "runtime_options", frozenset(self.runtime_options))
+        object.__setattr__(self, "read_only_with", MappingProxyType(dict(self.read_only_with)))
 
     def defaults(self) -> dict[str, Any]:
         return {f.name: getattr(self.options(), f.name) for f in dataclasses.fields(self.options)}
+
+    def unread_option(self, options: Mapping[str, Any]) -> tuple[str, str, tuple[Any, ...]] | None:
+        """(an option of `options` away from its default that these options do not read (`read_only_with`), the
+        option it needs, the values it is read with), or None."""
+        resolved = {**self.defaults(), **options}
+        for key, (when, values) in self.read_only_with.items():
+            if key in options and options[key] != self.defaults()[key] and resolved[when] not in values:
+                return key, when, values
+        return None
 
 
 _READ_HERE = {"family", "kind", "defaults", "needs_labels"}  # the rest is passed to EraserTraits as declared

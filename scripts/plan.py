@@ -40,7 +40,7 @@ from scripts.gpu_report_model import Report
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.result_types import MdlResult, at, number
 from training.app.results import RESULT_FILE, read_result, same_config
-from training.app.schema import config_hash, load_config
+from training.app.schema import config_hash, duplicate_jobs, load_config
 from training.app.sweep_jobs import expand_overrides
 from training.app.sweeps import sweep_overrides
 from training.errors import UserError
@@ -308,6 +308,8 @@ def report(experiment: str, extra: Sequence[str], max_cells: int, bench: Path, g
                  f"force=true), {counts['refused']} refused")
     for job in [j for j in jobs if j.refused][:3]:
         lines.append(f"  refused {job.job_dir}: {job.refused}")
+    if (same := duplicate_jobs([(i, j.cfg) for i, j in enumerate(jobs) if not j.refused])) is not None:
+        lines.append(f"  refused (the sweep): {same}")  # as `python -m training.run -m` refuses it
     remaining = [j for j in jobs if j.status != "done"]
     finished = finished_costs(jobs)
     lines.append("cost of the jobs to run (per-job cost x jobs, by architecture):")

@@ -144,10 +144,11 @@ def test_sensitivity_preset_covers_parametrization_rank_handling_and_zscore_orde
 
 @pytest.mark.parametrize("name", presets())
 def test_no_job_of_any_preset_is_refused(name: str) -> None:
-    """Every job a preset expands to passes the config check (a refusal added for one case must not refuse a paper
-    preset: `eraser.after_augment=true` without augmentation is what paper_fig8 runs on SVHN). The first seed's
-    jobs only: a seed refuses nothing the first seed's jobs would not."""
-    from training.app.schema import load_config
+    """Every job a preset expands to passes the config check, and no preset's sweep is refused (a refusal added for one
+    case must not refuse a paper preset: `eraser.after_augment=true` without augmentation is what paper_fig8 runs on
+    SVHN). The first seed's jobs only: a seed refuses nothing the first seed's jobs would not, and two jobs the sweep
+    refuses as one measurement have the same seed."""
+    from training.app.schema import duplicate_jobs, load_config
     from training.app.sweep_jobs import expand_overrides
     from training.errors import UserError
 
@@ -156,6 +157,8 @@ def test_no_job_of_any_preset_is_refused(name: str) -> None:
     jobs = expand_overrides([c for c in combos if not first or first[0] in c])
     assert jobs
     refused = []
+    if (same := duplicate_jobs(list(enumerate(jobs)))) is not None:  # the sweep's own refusal (training/cli)
+        refused.append(f"{name} (the sweep): {same}")
     for cfg in jobs:
         try:
             load_config(cfg)

@@ -217,6 +217,7 @@ def test_a_dangling_symlink_as_out_dir_is_one_line(tmp_path: Path) -> None:
     (["dataset=gaussian", "arch=lenet"], "arch=lenet is not allowed with dataset=gaussian"),
     (["dataset=gaussian", "dataset.augment=true"], "vectors"),
     (["dataset=mixture", "dataset.augment=true"], "vectors"),
+    (["dataset=two_moons", "dataset.augment=true"], "vectors"),
 ])
 def test_what_the_samples_shape_rules_out_is_one_line(tmp_path: Path, overrides: list[str], says: str) -> None:
     assert says in _refusal(tmp_path, overrides, precheck=True)
@@ -383,3 +384,101 @@ def test_plan_names_a_group_choice_the_path_does_not_show(tmp_path: Path) -> Non
                                        "dataset.zscore_order=before", "seed=0"], 0, none, none)
     qleace = [ln for ln in text.splitlines() if "/qleace/" in ln]
     assert len(qleace) == 2 and sum("eraser=qleace_paper" in ln for ln in qleace) == 1, qleace
+
+
+# --- eraser.after_augment=true,false without augmentation: two cells with bit-equal numbers -----------------------
+# eraser.after_augment stays hashed without augmentation (paper_fig8 sets it on SVHN without augmentation: its 325
+# job hashes must stay), so a single job with either value runs; a sweep over both values is refused.
+SWEPT = ["dataset=digits", "eraser=leace", "certificate=false"]
+
+
+def _duplicates(tmp_path: Path, values: list[list[str]]) -> str | None:
+    from tests.helpers import job_config
+    from training.app.schema import duplicate_jobs
+
+    return duplicate_jobs([(i, job_config(tmp_path, [*SWEPT, *v])) for i, v in enumerate(values)])
+
+
+def test_a_sweep_over_a_key_that_changes_nothing_is_refused_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers import ENV, REPO
+
+    proc = subprocess.run([sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none",
+                           *SWEPT, "eraser.after_augment=true,false"], cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("error: multirun refused (nothing ran): jobs 0 and 1 differ only in "
+                               "eraser.after_augment=true,false") and lines[0].endswith(
+        "sweep one value of eraser.after_augment"), lines[0]
+    assert "read only with dataset.augment=true" in lines[0], lines[0]
+    assert not list(tmp_path.rglob("result.json")) and not list(tmp_path.rglob("progress.json"))
+
+
+@pytest.mark.parametrize("values, refused", [
+    ([["eraser.after_augment=true"], ["eraser.after_augment=false"]], True),
+    ([["eraser.after_augment=true", "dataset.augment=true"], ["eraser.after_augment=false", "dataset.augment=true"]],
+     False),  # with augmentation: per batch erases the augmented images, another computation
+    ([["eraser.after_augment=true", "seed=1"], ["eraser.after_augment=false", "seed=2"]], False),  # other seeds
+    ([["eraser.after_augment=true", "eraser=control"], ["eraser.after_augment=false", "eraser=control"]], False),
+    # the identity control: after_augment is not hashed, the two are one job (the sweep runs it once)
+])
+def test_a_sweep_is_refused_only_where_its_jobs_are_equal_but_for_such_a_key(tmp_path: Path, values: list[list[str]],
+                                                                             refused: bool) -> None:
+    why = _duplicates(tmp_path, values)
+    assert (why is not None) == refused, why
+    if refused:
+        assert why == ("jobs 0 and 1 differ only in eraser.after_augment=true,false, which changes nothing here "
+                       "(eraser.after_augment is read only with dataset.augment=true): their numbers would be equal "
+                       "under two hashes; sweep one value of eraser.after_augment")
+
+
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_a_single_job_with_either_after_augment_value_is_accepted(tmp_path: Path, value: str) -> None:
+    """(Their equal numbers: tests/test_after_augment.py::test_without_augmentation_after_augment_changes_nothing.)"""
+    import torch
+
+    from tests.helpers import job_config
+    from training.app.schema import load_config
+    from training.mdl.precheck import precheck
+
+    cfg = load_config(job_config(tmp_path, [*SWEPT, f"eraser.after_augment={value}"]))
+    assert precheck(cfg, torch.device("cpu")) is not None
+
+
+def test_plan_refuses_a_sweep_over_a_key_that_changes_nothing(tmp_path: Path, capsys) -> None:
+    from scripts import plan
+
+    none = str(tmp_path / "none.json")
+    args = ["smoke", f"paths.out_dir={tmp_path}", "eraser=leace", "seed=0"]
+    options = ["--bench", none, "--gpu-report", none]
+    assert plan.main([*args, "eraser.after_augment=true", *options]) == 0
+    capsys.readouterr()
+    assert plan.main([*args, "eraser.after_augment=true,false", *options]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sweep one value of eraser.after_augment" in err[0], err
+
+
+# --- req 6: make calibrate runs and reads only its own sweep, and honours ARGS ---------------------------------------
+def test_make_calibrate_runs_and_reads_only_its_own_sweep_with_args(tmp_path: Path) -> None:
+    """The recipe as make would run it (`make -n`): every sweep writes under CAL_OUT with ARGS last (they win), and the
+    table reads CAL_OUT/runs only (it used to ignore ARGS and read all of outputs/runs)."""
+    import shutil
+    import subprocess
+
+    from tests.helpers import REPO
+
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+    out = tmp_path / "cal"
+    proc = subprocess.run(["make", "-n", "calibrate", "ARGS=dataset.dim=8 seed=3", f"CAL_OUT={out}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.replace("\\\n", " ").splitlines()
+    sweeps = [ln for ln in lines if "-m training.run" in ln]
+    assert len(sweeps) >= 2 and all(f"paths.out_dir={out}" in ln and ln.rstrip().endswith("dataset.dim=8 seed=3")
+                                    for ln in sweeps), sweeps
+    table = [ln for ln in lines if "scripts/calibrate.py" in ln]
+    assert len(table) == 1 and table[0].split()[-1] == str(out / "runs"), table

@@ -327,6 +327,13 @@ def _check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
             tp = float if isinstance(known[k], float) else type(known[k])
         if tp is not None:
             check_typed(f"eraser.options.{k}", v, tp)
+    unread = eraser_traits(name).unread_option(options)
+    if unread is not None:  # hashed, not read: it would change the job's hash, not its numbers
+        key, when, values = unread
+        here = {**known, **options}[when]
+        raise ConfigError(f"eraser.options.{key}={_shown(options[key])} is not allowed: eraser {name} reads {key} only "
+                          f"with eraser.options.{when}={' or '.join(map(_shown, values))} (here {_shown(here)}); leave "
+                          f"it at {_shown(known[key])} or set eraser.options.{when}={_shown(values[0])}")
 
 
 def _check_eraser_fitting(values: Mapping[str, Any]) -> None:

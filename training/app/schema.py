@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -60,8 +60,8 @@ __all__ = ["CONF_DIR", "FIT_KEYS", "FIT_ON", "GROUPS", "HASH_VERSION", "NON_CONF
            "numerics_of",
            "ArchConfig", "ConfigError", "DatasetConfig", "EraserConfig", "JobConfig", "LoggerConfig", "MdlConfig",
            "OptimConfig", "OptionsSection", "PathsConfig", "RegularizerConfig", "Section", "TrainingConfig",
-           "cell_hash", "config_hash", "fit_keys_used", "group_config", "load_config", "load_section", "semantic",
-           "with_defaults"]
+           "cell_hash", "config_hash", "duplicate_jobs", "fit_keys_used", "group_config", "load_config", "load_section",
+           "semantic", "with_defaults"]
 
 
 # ---- the job hash -------------------------------------------------------------------------------------------
@@ -230,6 +230,50 @@ def _data_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     runtime = eraser_traits(name).runtime_options
     return {k: v for k, v in options.items() if k not in runtime}
 
+
+
+# Keys hashed although they change nothing for some jobs: (key, the key it needs, the value it needs). They stay in
+# those jobs' hash so that the presets' job hashes stay (paper_fig8 sets eraser.after_augment=true on SVHN without
+# augmentation); a sweep over two of their values is refused instead (`duplicate_jobs`).
+HASHED_UNREAD: tuple[tuple[str, str, Any], ...] = (
+    ("eraser.after_augment", "dataset.augment", True),  # without augmentation, erasing each batch is erasing once
+)
+
+
+def duplicate_jobs(jobs: Sequence[tuple[Any, Mapping[str, Any] | Section]]) -> str | None:
+    """Why two of `jobs` (a sweep's resolved job configs, each with the job's number) would compute the same numbers
+    under two hashes: they differ only in keys that change nothing for them (HASHED_UNREAD), e.g.
+    `eraser.after_augment=true,false` without augmentation; None if no two do. The reason names the two jobs, the
+    keys and what to do."""
+    seen: dict[str, tuple[Any, str, dict[str, Any]]] = {}
+    for i, cfg in jobs:
+        plain = cfg.to_dict() if isinstance(cfg, Section) else cfg
+        sem, full = _leaves(semantic(plain)), config_hash(plain)
+        unread = {key: (when, needed) for key, when, needed in HASHED_UNREAD
+                  if key in sem and _leaves(plain).get(when, False) != needed}
+        same = _digest({k: v for k, v in sem.items() if k not in unread}, 16)
+        if same not in seen:
+            seen[same] = (i, full, sem)
+            continue
+        j, other, first = seen[same]
+        if other == full:
+            continue  # the same job twice: the sweep runs it once
+        keys = sorted(k for k in unread if first.get(k) != sem.get(k))
+        why = "; ".join(f"{k} is read only with {unread[k][0]}={json.dumps(unread[k][1])}" for k in keys)
+        values = ", ".join(f"{k}={json.dumps(first.get(k))},{json.dumps(sem.get(k))}" for k in keys)
+        return (f"jobs {j} and {i} differ only in {values}, which changes nothing here ({why}): their numbers would be "
+                f"equal under two hashes; sweep one value of {', '.join(keys)}")
+    return None
+
+
+def _leaves(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping) and v:
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def _digest(obj: Any, length: int) -> str:

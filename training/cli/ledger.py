@@ -38,7 +38,7 @@ from training.app.ledger_entry import DONE_BY_ANOTHER_RUN, STATUSES, LedgerEntry
 from training.app.lifecycle import Outcome
 from training.app.resolvers import resolved_dict
 from training.app.results import RESULT_FILE, NewerResultError, flatten, mismatch_message, read_result, same_config
-from training.app.schema import config_hash, load_config, semantic
+from training.app.schema import config_hash, duplicate_jobs, load_config, semantic
 from training.cli.local_workers import controllers_ignore_sigint
 from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
 from training.cli.report import exit_user_error, user_error_line
@@ -159,6 +159,9 @@ def check_sweep(config: DictConfig) -> int | None:
                 f"multirun refused (nothing ran): jobs {', '.join(str(j[0]) for j in jobs)} would share the "
                 f"directory {job_dir} with different configurations (they differ in {shown or 'unknown keys'}); "
                 "run them with different paths.out_dir, or put those keys into paths.job_subdir")
+    checked = sorted(((num, cfg) for jobs in by_dir.values() for num, _, cfg, _, _ in jobs), key=lambda job: job[0])
+    if (same := duplicate_jobs(checked)) is not None:  # two hashes, the same numbers (HASHED_UNREAD)
+        exit_user_error(f"multirun refused (nothing ran): {same}")
     mismatched = []
     for job_dir, jobs in by_dir.items():
         num, _, cfg, h, force = jobs[0]

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -213,7 +214,7 @@ def step_callable(arch: str, models: int = 2, shape: tuple[int, ...] = (3, 16, 1
     xb = torch.rand(models, bs, *shape)
     yb = torch.randint(0, K, (models, bs))
     wb = torch.ones(models, bs)
-    return engine.step, (xb, yb, wb, [bs] * models, 0)
+    return engine.step, (xb, yb, wb, [bs] * models, np.zeros(models, dtype=np.int64))
 
 
 def graph_breaks(archs: list[str]) -> dict[str, int]:

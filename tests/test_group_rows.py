@@ -18,11 +18,14 @@ from torch import Tensor
 from models import build_model
 from tests.helpers import fit_settings, group_options, job_config, optimizer
 from training.app.schema import group_config
+from training.common import interrupt
 from training.engine.batches import DeviceData
+from training.engine.checkpoint import PATTERN
 from training.engine.fit import FitResult, Member, TrainData, fit, snapshot
-from training.engine.group import _Lockstep
+from training.engine.group import GROUP_FORMAT, _Lockstep
 from training.engine.lockstep_state import RowSchedule, replay
 from training.engine.seeding import generator, seeded_global_rng
+from tests.test_checkpoint import _load, _stop_at
 from tests.test_checkpoint import _numbers as _job_numbers
 from training.mdl.job import run_job
 
@@ -132,3 +135,24 @@ def test_a_job_with_fewer_rows_than_models_gives_the_same_numbers(tmp_path: Path
     ref = run_job(job_config(tmp_path / "all", JOB)).result
     two = run_job(job_config(tmp_path / "two", [*JOB, "training.parallel_models=2"])).result
     assert _job_numbers(ref) == _job_numbers(two)
+
+
+def test_a_checkpoint_after_a_refill_holds_the_rows_and_the_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """Stopped at step 129 of two rows for six models: a member that took a freed row (its own start step), the
+    pending members by name, and the row-steps counted so far. Resuming from it: tests/test_checkpoint.py
+    ("refill", "refill-stacked")."""
+    cfg = job_config(tmp_path, [*JOB, "training.parallel_models=2"])
+    _stop_at(monkeypatch, 130)
+    with pytest.raises(interrupt.Interrupted):
+        run_job(cfg)
+    (path,) = Path(cfg["paths"]["job_dir"]).glob(PATTERN)
+    saved = _load(path)
+    state = saved["state"]
+    assert state["format"] == GROUP_FORMAT == 3 and state["step"] == 129 and len(saved["names"]) == 6
+    starts = {n: state["members"][n]["first_step"] for n in state["live"]}
+    assert len(starts) == 2 and any(s > 0 for s in starts.values()), starts
+    sched = state["schedule"]
+    assert sched["rows"] == 2 and sched["queue"] and set(sched["queue"]) <= set(saved["names"])
+    assert sched["steps"] == 129 and sched["work"] == 2 * 129  # rows full so far
+    assert not set(sched["queue"]) & (set(state["live"]) | set(state["finished"]))

@@ -538,8 +538,6 @@ class _Lockstep:
             self._report(m, m.result)
         by_name = {m.name: m for m in self.members}
         self.live = [by_name[n] for n in state["live"]]
-        for m in self.live:
-            m.load_state_dict(state["members"][m.name])
         self.schedule.load_state_dict({**state["schedule"],
                                        "queue": [self.names.index(n) for n in state["schedule"]["queue"]]})
         self.refill = bool(state["refill"])
@@ -549,7 +547,10 @@ class _Lockstep:
         return state
 
     def _load(self, state: dict) -> None:
-        """The saved step's plan, engine, global RNG, step and clock (after `_restore` and `_build`)."""
+        """The saved step's members, plan, engine, global RNG, step and clock (after `_restore` and `_build`, whose
+        plan drew an epoch from each live member's generator: the saved generators replace them)."""
+        for m in self.live:
+            m.load_state_dict(state["members"][m.name])
         if self.live:
             self.plan.load_state_dict(state["plan"])
             self.engine.load_state_dict(state["engine"])

@@ -17,16 +17,16 @@ from torch import Tensor
 
 from models import build_model
 from tests.helpers import fit_settings, group_options, job_config, optimizer
+from tests.test_checkpoint import _load, _stop_at
+from tests.test_checkpoint import _numbers as _job_numbers
 from training.app.schema import group_config
 from training.common import interrupt
-from training.engine.batches import DeviceData
+from training.engine.batches import DeviceData, Epoch, augment_pad, draw_epoch
 from training.engine.checkpoint import PATTERN
 from training.engine.fit import FitResult, Member, TrainData, fit, snapshot
 from training.engine.group import GROUP_FORMAT, _Lockstep
-from training.engine.lockstep_state import RowSchedule, replay
+from training.engine.lockstep_state import LockstepMember, RowSchedule, _Plan, replay
 from training.engine.seeding import generator, seeded_global_rng
-from tests.test_checkpoint import _load, _stop_at
-from tests.test_checkpoint import _numbers as _job_numbers
 from training.mdl.job import run_job
 
 SHAPE, K = (3, 8, 8), 4
@@ -156,3 +156,24 @@ def test_a_checkpoint_after_a_refill_holds_the_rows_and_the_queue(tmp_path: Path
     assert sched["rows"] == 2 and sched["queue"] and set(sched["queue"]) <= set(saved["names"])
     assert sched["steps"] == 129 and sched["work"] == 2 * 129  # rows full so far
     assert not set(sched["queue"]) & (set(state["live"]) | set(state["finished"]))
+
+
+def test_each_rows_next_epoch_is_drawn_one_ahead_in_fits_order() -> None:
+    """A row starts with its first epoch and the second drawn ahead; at an epoch end it takes the one drawn ahead
+    and draws the next: the member's generator gives the epochs `fit` would draw, in its order."""
+    data, _, _, _ = _data()
+    member = _members(augment=True)[1]
+    row = LockstepMember.start(0, member, data.device)
+    plan = _Plan([row], data)
+    gen = generator(0, "b", 1)
+    pad = augment_pad(data, True)
+    epochs = [draw_epoch(row.size, gen, True, pad) for _ in range(3)]
+
+    def held(idx: Tensor, off: Tensor, ep: Epoch) -> bool:
+        assert ep.offsets is not None
+        return torch.equal(idx[0, :row.size], row.idx[ep.perm]) and torch.equal(off[0, :row.size], ep.offsets)
+
+    assert held(plan.idx, plan.off, epochs[0]) and held(plan.next_idx, plan.next_off, epochs[1])
+    plan.new_epoch(row, 0)
+    assert held(plan.idx, plan.off, epochs[1]) and held(plan.next_idx, plan.next_off, epochs[2])
+    assert not held(plan.idx, plan.off, epochs[2])

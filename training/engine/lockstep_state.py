@@ -158,7 +158,11 @@ class _Plan:
     """Each live member's (row's) epoch: its global sample indices, sample weights (0 = padding) and
     augmentation, padded to the longest epoch; `cursor` is the batch number within the epoch per row, on the device
     and (`batches`) on the host. With a label-dependent batch transform the host keeps the drawn indices too
-    (`host_idx`), so that each step's class segments come from the host's labels (`y_host`)."""
+    (`host_idx`), so that each step's class segments come from the host's labels (`y_host`).
+
+    Each row's next epoch is drawn one ahead (`next_*`): when an epoch ends the row takes the epoch drawn (and sent
+    to the device, pinned and without blocking on CUDA) one epoch earlier and draws the one after. A member's
+    generator draws the same epochs in the same order as `fit`'s, so the numbers do not change."""
 
     def __init__(self, live: Sequence[LockstepMember], data: DeviceData, y_host: np.ndarray | None = None,
                  pending: Sequence[LockstepMember] = ()) -> None:
@@ -180,6 +184,8 @@ class _Plan:
         self.w = torch.stack([self._weights(m) for m in live])
         self.off = torch.zeros(len(live), self.slots, 2, dtype=torch.long, device=dev)
         self.flip = torch.zeros(len(live), self.slots, dtype=torch.bool, device=dev)
+        self.next_idx, self.next_off, self.next_flip = self.idx.clone(), self.off.clone(), self.flip.clone()
+        self.next_host_idx = None if self.host_idx is None else self.host_idx.copy()
         self.cursor = torch.zeros(len(live), dtype=torch.long, device=dev)
         self.slot = torch.arange(self.bs, device=dev)
         # host: per row the batches taken in the current epoch, the epoch's length, its size, validation period and
@@ -190,7 +196,7 @@ class _Plan:
         self.every = np.array([m.spec.cfg.eval_every_steps or 0 for m in live], dtype=np.int64)
         self.start = np.array([m.first_step for m in live], dtype=np.int64)
         for row, m in enumerate(live):
-            self.new_epoch(m, row)
+            self.begin(m, row)
 
     def _padded(self, m: LockstepMember) -> Tensor:
         return torch.cat([m.idx, m.idx[:1].expand(self.slots - m.size)])
@@ -200,31 +206,52 @@ class _Plan:
 
     def replace(self, row: int, m: LockstepMember) -> None:
         """Member m takes `row` (its former member stopped) and draws its first epoch; no read back."""
-        self.idx[row] = self._padded(m)
+        for idx, off, flip in ((self.idx, self.off, self.flip), (self.next_idx, self.next_off, self.next_flip)):
+            idx[row] = self._padded(m)
+            off[row] = 0
+            flip[row] = False
         self.w[row] = self._weights(m)
-        self.off[row] = 0
-        self.flip[row] = False
         self.cursor[row] = 0
-        if self.host_idx is not None:  # read once per member, at its start, outside the steps
+        if self.host_idx is not None and self.next_host_idx is not None:  # read once per member, outside the steps
             if m.host_idx is None:
                 m.host_idx = host_copy(m.idx)
             self.host_idx[row] = np.concatenate([m.host_idx, np.repeat(m.host_idx[:1], self.slots - m.size)])
+            self.next_host_idx[row] = self.host_idx[row]
         self.spe[row], self.sizes[row] = m.steps_per_epoch, m.size
         self.every[row], self.start[row] = m.spec.cfg.eval_every_steps or 0, m.first_step
-        self.new_epoch(m, row)
+        self.begin(m, row)
+
+    def begin(self, m: LockstepMember, row: int) -> None:
+        """Member m starts in `row`: its first epoch drawn, and the second one ahead."""
+        self._draw(m, row, ahead=False)
+        self._draw(m, row, ahead=True)
+        self.batches[row] = 0
 
     def new_epoch(self, m: LockstepMember, row: int) -> None:
-        """Member m (in `row`) starts an epoch: its batch order and augmentation drawn as `fit` draws them."""
+        """Member m (in `row`) starts its next epoch, the one drawn ahead (a copy on the device), and draws the one
+        after (sent to the device without blocking)."""
+        self.idx[row] = self.next_idx[row]
+        self.off[row] = self.next_off[row]
+        self.flip[row] = self.next_flip[row]
+        if self.host_idx is not None and self.next_host_idx is not None:
+            self.host_idx[row] = self.next_host_idx[row]
+        self._draw(m, row, ahead=True)
+        self.batches[row] = 0
+
+    def _draw(self, m: LockstepMember, row: int, ahead: bool) -> None:
+        """An epoch of m's batch order and augmentation, drawn as `fit` draws it, into the row's current or next
+        epoch."""
+        idx, off, flip, host = (self.next_idx, self.next_off, self.next_flip, self.next_host_idx) if ahead else \
+            (self.idx, self.off, self.flip, self.host_idx)
         ep = draw_epoch(m.size, m.spec.gen, self.augment, self.pad)
-        self.idx[row, :m.size] = m.idx[to_device(ep.perm, self.dev)]
-        if self.host_idx is not None:
+        idx[row, :m.size] = m.idx[to_device(ep.perm, self.dev)]
+        if host is not None:
             if m.host_idx is None:
                 m.host_idx = host_copy(m.idx)
-            self.host_idx[row, :m.size] = m.host_idx[ep.perm.numpy()]
+            host[row, :m.size] = m.host_idx[ep.perm.numpy()]
         if ep.offsets is not None and ep.flips is not None:
-            self.off[row, :m.size] = to_device(ep.offsets, self.dev)
-            self.flip[row, :m.size] = to_device(ep.flips, self.dev)
-        self.batches[row] = 0
+            off[row, :m.size] = to_device(ep.offsets, self.dev)
+            flip[row, :m.size] = to_device(ep.flips, self.dev)
 
     def counts(self) -> list[int]:
         """Real samples in each row's batch this step (the loop engine's slices)."""
@@ -262,28 +289,29 @@ class _Plan:
         return np.flatnonzero(due).tolist()
 
     def restart(self, rows: list[int]) -> None:
-        """Rows whose new epoch was drawn (`new_epoch`) read from its first batch again."""
+        """Rows that started a new epoch (`new_epoch`) read from its first batch again."""
         if rows:
             self.cursor[torch.tensor(rows, device=self.dev)] = 0
 
     HOST = ("batches", "spe", "sizes", "every", "start")
 
+    PARTS = ("idx", "w", "off", "flip", "cursor", "next_idx", "next_off", "next_flip")
+
     def keep(self, rows: list[int]) -> None:
         keep = torch.tensor(rows, device=self.dev)
-        self.idx, self.w, self.off, self.flip, self.cursor = (t[keep] for t in (self.idx, self.w, self.off,
-                                                                               self.flip, self.cursor))
-        if self.host_idx is not None:
-            self.host_idx = self.host_idx[rows]
+        for k in self.PARTS:
+            setattr(self, k, getattr(self, k)[keep])
+        if self.host_idx is not None and self.next_host_idx is not None:
+            self.host_idx, self.next_host_idx = self.host_idx[rows], self.next_host_idx[rows]
         for k in self.HOST:
             setattr(self, k, getattr(self, k)[rows])
-
-    PARTS = ("idx", "w", "off", "flip", "cursor")
 
     def state_dict(self) -> dict:
         """The live rows' drawn epochs and batch cursors (the batch width too: it was set by the group's first
         members, some of which may have finished since)."""
         return {"bs": self.bs, "slots": self.slots, **{k: getattr(self, k).clone() for k in self.PARTS},
-                "host_idx": None if self.host_idx is None else torch.from_numpy(self.host_idx.copy()),
+                **{k: None if getattr(self, k) is None else torch.from_numpy(getattr(self, k).copy())
+                   for k in ("host_idx", "next_host_idx")},
                 **{k: torch.from_numpy(getattr(self, k).copy()) for k in self.HOST}}
 
     def load_state_dict(self, saved: dict) -> None:
@@ -294,4 +322,4 @@ class _Plan:
         for k in self.HOST:
             setattr(self, k, saved[k].numpy().astype(np.int64))
         if self.y_host is not None:
-            self.host_idx = saved["host_idx"].numpy().copy()
+            self.host_idx, self.next_host_idx = saved["host_idx"].numpy().copy(), saved["next_host_idx"].numpy().copy()

@@ -24,6 +24,7 @@ member is dropped (its parameters leave the optimizer), so no Adam-type update t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -240,7 +241,10 @@ class StackedEngine:
         # per-row scalars on the device: compiled (no changing Python float) or rows refilled (`replace`)
         self.opt = StackedScheduleFree(self.groups, self.params, per_row=per_row or self.compiled is not None)
         self.best = {n: p.clone() for n, p in self.params.items()}  # snapshot at init, like fit()
-        self.loss_sum = torch.zeros(len(models), device=next(iter(self.params.values())).device)
+        dev = next(iter(self.params.values())).device
+        self.loss_sum = torch.zeros(len(models), device=dev)
+        # each row's best validation loss on the device: the best state is kept with torch.where, no per-row Python
+        self.best_loss = torch.full((len(models),), math.inf, dtype=torch.float64, device=dev)
         template = self.template
 
         def member_loss(params: dict[str, Tensor], xb: Tensor, yb: Tensor, wb: Tensor) -> Tensor:
@@ -323,15 +327,15 @@ class StackedEngine:
                                 for i in range(0, n, VAL_CHUNK)], dim=1)
             targets = torch.stack(ys)
         self.template.train()
-        losses = (F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(1) / targets.shape[1]).tolist()
-        for j, (r, loss, best) in enumerate(zip(rows, losses, best_loss, strict=True)):
-            if loss < best:
-                for name in self.best:
-                    self.best[name][r] = eval_params[name][j]
+        losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(1) / targets.shape[1]
+        better = losses < self.best_loss[sel]  # float64, as the host's early stopping compares the same values
+        self.best_loss[sel] = torch.where(better, losses, self.best_loss[sel])
+        for name, v in eval_params.items():
+            self.best[name][sel] = torch.where(better.view(-1, *[1] * (v.dim() - 1)), v, self.best[name][sel])
         back = self._lerped(sel, eval_params, TRAIN_W)
         for name, v in back.items():
             self.params[name][sel] = v
-        return losses
+        return losses.tolist()  # validation's one read back: curves and early stopping on the host
 
     def best_state(self, r: int) -> dict[str, Tensor]:
         return {n: v[r].clone() for n, v in self.best.items()}
@@ -339,7 +343,8 @@ class StackedEngine:
     def state_dict(self) -> dict:
         """The stacked parameters (train mode), optimizer state and scalars, best states and unchecked loss sums."""
         return {"params": {n: p.clone() for n, p in self.params.items()}, "opt": self.opt.state_dict(),
-                "best": {n: v.clone() for n, v in self.best.items()}, "loss_sum": self.loss_sum.clone()}
+                "best": {n: v.clone() for n, v in self.best.items()}, "loss_sum": self.loss_sum.clone(),
+                "best_loss": self.best_loss.clone()}
 
     @torch.no_grad()
     def load_state_dict(self, saved: dict) -> None:
@@ -349,13 +354,14 @@ class StackedEngine:
         self.opt.load_state_dict(saved["opt"], dev)
         self.best = {n: v.to(dev) for n, v in saved["best"].items()}
         self.loss_sum.copy_(saved["loss_sum"])
+        self.best_loss = saved["best_loss"].to(dev)
 
     def keep(self, rows: list[int]) -> None:
         keep = torch.tensor(rows, device=next(iter(self.params.values())).device)
         self.params = {n: p[keep] for n, p in self.params.items()}
         self.opt.keep(keep)
         self.best = {n: v[keep] for n, v in self.best.items()}
-        self.loss_sum = self.loss_sum[keep]
+        self.loss_sum, self.best_loss = self.loss_sum[keep], self.best_loss[keep]
         self._mark_static()
 
     @torch.no_grad()
@@ -371,4 +377,5 @@ class StackedEngine:
                 t[r] = p.detach()
             self.opt.v[n][r] = 0
         self.loss_sum[r] = 0
+        self.best_loss[r] = math.inf
         self.opt.reset_row(r)

@@ -351,11 +351,24 @@ class _Lockstep:
         self.engine = _make_engine([m.spec for m in self.live], self.options, self.refill)
 
     def run(self) -> list[FitResult]:
-        # Dropout / drop path (stacked engine only) draw from the global RNG: seeded from the first member's batch
-        # generator, so a group's masks do not depend on what ran before it (and a checkpoint saves the RNG).
-        devices = [self.y.device] if self.y.device.type == "cuda" else []
         saved = self._restore() if self.store is not None else None
-        self._build()
+        if self.live:  # (a checkpoint may hold every member finished)
+            self._build()
+            self._train(saved)
+        self.bar.close()
+        if self.store is not None:
+            self.store.delete(self.store.path(self.names))
+            if self.restored_from is not None:
+                self.store.delete(self.restored_from)
+        for m in self.members:
+            m.spec.model.eval()
+        return [m.result for m in self.members if m.result is not None]
+
+    def _train(self, saved: dict | None) -> None:
+        """Steps until every member has stopped (from the saved step, if any). Dropout / drop path (stacked engine
+        only) draw from the global RNG: seeded from the first member's batch generator, so a group's masks do not
+        depend on what ran before it (and a checkpoint saves the RNG)."""
+        devices = [self.y.device] if self.y.device.type == "cuda" else []
         with (torch.random.fork_rng(devices, enabled=self.random),
               self.engine if isinstance(self.engine, StackedEngine) else nullcontext(),
               interrupt.checkpointing() if self.store is not None else nullcontext()):
@@ -371,14 +384,6 @@ class _Lockstep:
                 self._train_step()
                 self._validate(self.plan.validating(self.step))
                 self._retire(self._end_epochs())
-        self.bar.close()
-        if self.store is not None:
-            self.store.delete(self.store.path(self.names))
-            if self.restored_from is not None:
-                self.store.delete(self.restored_from)
-        for m in self.members:
-            m.spec.model.eval()
-        return [m.result for m in self.members if m.result is not None]
 
     def _train_step(self) -> None:
         if self.stop is not None and self.stop.is_set():

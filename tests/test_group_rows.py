@@ -24,7 +24,7 @@ from training.common import interrupt
 from training.engine.batches import DeviceData, Epoch, augment_pad, draw_epoch
 from training.engine.checkpoint import PATTERN
 from training.engine.fit import FitResult, Member, TrainData, fit, snapshot
-from training.engine.group import GROUP_FORMAT, _Lockstep
+from training.engine.group import GROUP_FORMAT, _Lockstep, fit_group
 from training.engine.lockstep_state import LockstepMember, RowSchedule, _Plan, replay
 from training.engine.seeding import generator, seeded_global_rng
 from training.mdl.job import run_job
@@ -177,3 +177,15 @@ def test_each_rows_next_epoch_is_drawn_one_ahead_in_fits_order() -> None:
     plan.new_epoch(row, 0)
     assert held(plan.idx, plan.off, epochs[1]) and held(plan.next_idx, plan.next_off, epochs[2])
     assert not held(plan.idx, plan.off, epochs[2])
+
+
+def test_refilled_rows_split_over_worker_threads_give_the_same_numbers() -> None:
+    """`training.workers=2` with 3 rows for 5 members: each worker thread a group of ⌈3 × its members / 5⌉ rows
+    (the one with 3 members: 2 rows, refilled), from its share of the members: `==` one group without refill."""
+    data, y, xv, yv = _data()
+    ref, ref_states, _ = _group(_members(), rows=None)
+    members = _members()
+    results = fit_group(members, TrainData(data, y, xv, yv), group_options(engine="loop", rows=3, workers=2))
+    assert [_numbers(r) for r in results] == [_numbers(r) for r in ref]
+    for k, m in enumerate(members):
+        assert all(torch.equal(v, ref_states[k][n]) for n, v in snapshot(m.model).items()), k

@@ -18,9 +18,14 @@
 - `graph_breaks` keyed by architecture: graph breaks `torch._dynamo.explain` finds in the stacked engine's
   whole training step (forward, backward and the optimizer update) for a tiny model of each architecture.
   Goal 0 each.
-- `occupancy`: the share of row-steps that do work when the demo's cells (experiment=demo: MNIST-5k, MLP w128 d2,
-  quick MDL) train their block models as one group: Σ steps of each model / (models × the group's steps).
-  Goal ≥ 0.9. The steps come from training the cells here (`--cells`), a few minutes on CPU.
+- `occupancy`: the share of row-steps that do work, Σ steps of each model / (rows × the group's steps), when the
+  demo's cells (experiment=demo: MNIST-5k, MLP w128 d2, quick MDL; `--cells`) train their block models through
+  `--rows` rows (default: one job's number of models) that are refilled as models stop (training/engine/
+  lockstep_state.py `RowSchedule`, replayed with the models' measured steps: a model's steps do not depend on its
+  row or start, tests/test_group_rows.py). `occupancy_before`: each job its own group of a row per model, held
+  until its longest model stops (no model waits, nothing to refill); `occupancy_by_rows`: one job's models through
+  fewer rows (`training.parallel_models=N`). Goal ≥ 0.9. The steps come from training the cells here, a few
+  minutes on CPU.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -47,6 +53,7 @@ from training.engine.backends import StackedEngine
 from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, Member, TrainData, fit
 from training.engine.group import GroupOptions, fit_group
+from training.engine.lockstep_state import replay
 from training.engine.seeding import generator, seeded_global_rng
 from training.mdl.job import run_job
 
@@ -213,7 +220,7 @@ def step_callable(arch: str, models: int = 2, shape: tuple[int, ...] = (3, 16, 1
     xb = torch.rand(models, bs, *shape)
     yb = torch.randint(0, K, (models, bs))
     wb = torch.ones(models, bs)
-    return engine.step, (xb, yb, wb, [bs] * models, 0)
+    return engine.step, (xb, yb, wb, [bs] * models, np.zeros(models, dtype=np.int64))
 
 
 def graph_breaks(archs: list[str]) -> dict[str, int]:
@@ -231,21 +238,22 @@ def graph_breaks(archs: list[str]) -> dict[str, int]:
     return out
 
 
-def occupancy_of(steps: list[list[int]]) -> float:
-    """Σ steps / (rows × the group's steps) over groups (each group: its models' steps; the group runs as long as
-    its longest model, every row held from start to end)."""
-    work = sum(sum(g) for g in steps)
-    held = sum(len(g) * max(g) for g in steps if g)
-    return work / held if held else math.nan
+def occupancy_of(steps: list[list[int]], sizes: list[list[int]], rows: int | None = None) -> float:
+    """Σ steps / (rows × the group's steps) over groups, each group's models (their steps, training-set sizes)
+    through `rows` refilled rows (None: a row per model, held until the longest model stops)."""
+    scheds = [replay(s, z, rows) for s, z in zip(steps, sizes, strict=True) if s]
+    held = sum(s.rows * s.steps for s in scheds)
+    return sum(s.work for s in scheds) / held if held else math.nan
 
 
-def demo_steps(cells: list[str], out_dir: Path) -> list[list[int]]:
-    """The block models' steps of each demo cell (`eraser:seed`), trained here (one job per cell)."""
+def demo_steps(cells: list[str], out_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
+    """The block models' steps and training-set sizes of each demo cell (`eraser:seed`), trained here (one job per
+    cell)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
 
-    groups = []
+    groups, sizes = [], []
     for cell in cells:
         eraser, seed = cell.split(":")
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -257,8 +265,10 @@ def demo_steps(cells: list[str], out_dir: Path) -> list[list[int]]:
         full = res.get("full") or {}
         steps = [int(b["steps"]) for b in res["mdl"]["blocks"]]
         groups.append(steps + ([int(full["steps"])] if "steps" in full else []))
-        print(f"  demo {cell}: block models' steps {groups[-1]}", flush=True)
-    return groups
+        sizes.append([int(b["train_size"]) for b in res["mdl"]["blocks"]]
+                     + ([int(res["mdl"]["blocks"][-1]["train_size"]) + 1] if "steps" in full else []))  # full: largest
+        print(f"  demo {cell}: block models' steps {groups[-1]}, training sets {sizes[-1]}", flush=True)
+    return groups, sizes
 
 
 PATHS = ["fit", "loop", "stacked", "fit+augment", "loop+augment", "stacked+augment", "fit+erase", "loop+erase",
@@ -271,6 +281,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="no graph-break count of convnext/swin, no demo cells")
     ap.add_argument("--cells", default="control:0,control:1,control:2",
                     help="demo cells (eraser:seed, comma-separated) whose block models give the occupancy")
+    ap.add_argument("--rows", type=int, default=None,
+                    help="rows the cells' models share for `occupancy` (default: one cell's number of models)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     print("syncs per step (dispatch counts, 3 models):", flush=True)
@@ -285,16 +297,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     archs = ["mlp", "lenet"] if args.quick else ["mlp", "lenet", "convnext", "swin"]
     breaks = graph_breaks(archs)
     occ: float | None = None
+    before: float | None = None
+    by_rows: dict[str, float] = {}
     cell_steps: list[list[int]] = []
+    rows: int | None = None
     if not args.quick and args.cells:
         print("occupancy on the demo's cells:", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
-            cell_steps = demo_steps(args.cells.split(","), Path(tmp))
-        occ = occupancy_of(cell_steps)
-        print(f"  occupancy {occ:.3f}", flush=True)
+            cell_steps, cell_sizes = demo_steps(args.cells.split(","), Path(tmp))
+        rows = args.rows or max(len(s) for s in cell_steps)
+        before = occupancy_of(cell_steps, cell_sizes)
+        occ = occupancy_of([sum(cell_steps, [])], [sum(cell_sizes, [])], rows)
+        by_rows = {str(r): occupancy_of(cell_steps, cell_sizes, r) for r in range(1, max(map(len, cell_steps)) + 1)}
+        print(f"  before (each job a row per model) {before:.3f}; after (the cells' {sum(map(len, cell_steps))} "
+              f"models through {rows} refilled rows) {occ:.3f}; one job through N rows {by_rows}", flush=True)
     report = {"device": "cpu", "syncs_per_step": max(by_path.values()), "syncs_by_path": by_path,
               "uploads_by_path": uploads, "ops_per_step": n_ops, "py_calls_per_step": n_calls,
               "loop_ops_per_step": loop_ops, "graph_breaks": breaks, "occupancy": occ,
+              "occupancy_rows": rows, "occupancy_before": before, "occupancy_by_rows": by_rows,
               "occupancy_steps": cell_steps}
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

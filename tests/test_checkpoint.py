@@ -94,6 +94,7 @@ def _interrupted_run(cfg: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplo
 
 
 STOPS = [7, 25, 60]
+REFILL_STOPS = [60, 75, 30]  # steps 59, 133 and 162 of 216 (each attempt counts from its resumed step)
 
 
 @pytest.mark.parametrize(("overrides", "stops"), [
@@ -108,8 +109,12 @@ STOPS = [7, 25, 60]
     # alone, as a resumed job's last model would otherwise train)
     (["mdl.full_run=false"], [80]),
     (["mdl.full_run=false", "training.engine=stacked"], [80]),
+    # Two rows for six models: stops before and after rows were refilled (the first at step 108)
+    (["training.parallel_models=2"], REFILL_STOPS),
+    (["training.parallel_models=2", "training.engine=stacked"], REFILL_STOPS),
+    (["training.parallel_models=2", "training.fused_optimizer=eager"], REFILL_STOPS),  # chunks of two, no refill
 ], ids=["loop", "stacked", "fit", "workers", "flat-optim", "augment", "augment-fit", "last-model",
-        "last-model-stacked"])
+        "last-model-stacked", "refill", "refill-stacked", "chunks-flat-optim"])
 def test_a_job_stopped_inside_its_blocks_resumes_to_the_uninterrupted_numbers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
         overrides: list[str], stops: list[int]) -> None:

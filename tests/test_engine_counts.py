@@ -74,8 +74,16 @@ def test_the_stacked_step_compiles_without_graph_breaks(arch: str) -> None:
 
 
 def test_occupancy_of_known_groups() -> None:
-    assert bench.occupancy_of([[10, 10], [5, 10]]) == pytest.approx(35 / 40)
-    assert bench.occupancy_of([[300, 300, 360, 660, 1200]]) == pytest.approx(2820 / 6000)
+    """Without refill a group holds a row per model until its longest stops; with refill (rows < models) the
+    models queue, largest training set first (exact row-steps: tests/test_group_rows.py)."""
+    assert bench.occupancy_of([[10, 10], [5, 10]], [[1, 2], [1, 2]]) == pytest.approx(35 / 40)
+    demo = [300, 300, 360, 660, 1200]  # the demo's control cell, seed 0: block models 1-5
+    assert bench.occupancy_of([demo], [[1, 2, 3, 4, 5]]) == pytest.approx(2820 / 6000)
+    # two rows: 1200 | 660, 360 (from 660), 300 (from 1020); the last 300 from 1200 on the first row: 1500 steps
+    assert bench.occupancy_of([demo], [[1, 2, 3, 4, 5]], rows=2) == pytest.approx(2820 / 3000)
+    # the cell twice through five rows: 1200, 1200, 660, 660, 360 start; 360 takes the row freed at 360 (to 720),
+    # 300s those freed at 660 (to 960, 960) and 720 (to 1020), the last 300 one freed at 960 (to 1260)
+    assert bench.occupancy_of([demo + demo], [[1, 2, 3, 4, 5] * 2], rows=5) == pytest.approx(5640 / (5 * 1260))
 
 
 def _tiny(name: str, drop_path: float = 0.0) -> object:

@@ -15,16 +15,19 @@
 Both: the members' μP param groups (MuAdam: lr / width_mult per group) and schedule-free AdamW's formulas:
 the loop engine with the members' own optimizer class (or `fused_optimizer`), the stacked engine with the same
 operations written over the stacked tensors (bitwise the library's on CPU). Schedule-free AdamW is elementwise
-except its per-group scalars (k, lr_max, weight_sum); all members start together and every live member steps
-every step, so those scalars are identical for all of them. Validation mirrors `optimizer.eval()` / `.train()`
-on the validated members only. A finished member is dropped (its parameters leave the optimizer), so no
-Adam-type update touches it again.
+except its per-group scalars (k, lr_max, weight_sum). Members that start together step together, so those scalars
+are theirs in common: the loop engine keeps one optimizer per such cohort; the stacked engine computes them once on
+the host, or, where a row takes a new member (`replace`: rows refilled from a queue) or the step is compiled, per
+row on the device. Validation mirrors `optimizer.eval()` / `.train()` on the validated members only. A finished
+member is dropped (its parameters leave the optimizer), so no Adam-type update touches it again.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from mup import MuReadout
@@ -33,7 +36,7 @@ from torch.func import functional_call, grad, vmap
 
 from training.engine.batches import DeviceData
 from training.engine.fit import Regularizer, cross_entropy_sum, snapshot
-from training.engine.flat_optim import make_member_optim
+from training.engine.flat_optim import LibraryOptim, make_member_optim
 from training.engine.stacked_optim import StackedScheduleFree, StepScalars
 
 VAL_CHUNK = 1024  # as training.engine.fit.predict_logits
@@ -95,6 +98,13 @@ def check_same_groups(models: Sequence[nn.Module], opts: Sequence[torch.optim.Op
     return groups[0]
 
 
+def check_joins(groups: list[tuple[list[str], dict]], model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """A member taking a row has the group's param groups (`groups`, as `check_same_groups` gave them)."""
+    mine = _optimizer_groups(opt, {id(p): n for n, p in model.named_parameters()})
+    if [(names, repr(group)) for names, group in mine] != [(names, repr(group)) for names, group in groups]:
+        raise ValueError("members of one vectorised group need identical optimizer param groups")
+
+
 def nonfinite_rows(engine: LoopEngine | StackedEngine) -> list[int]:
     """The rows of `engine.loss_sum` (each live member's training losses summed since the last check) that are
     NaN/inf; restarts the sums. One sync: the group calls it where it syncs anyway (validation, a member's end)."""
@@ -113,7 +123,7 @@ class LoopEngine:
         groups = check_same_groups(models, opts)
         self.models = list(models)  # per live row
         self.regularizer = regularizer
-        mode = compile_mode(compile)
+        self.mode = mode = compile_mode(compile)
         # Compiled wrappers share the modules' parameters (one graph for all: same structure, params as inputs).
         self.forward = [torch.compile(m, mode=mode) if mode else m for m in self.models]
         self.opt = make_member_optim(str(fused_optimizer), type(opts[0]), groups,
@@ -126,7 +136,8 @@ class LoopEngine:
             m.train()
         self.opt.train()
 
-    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int] | None, step: int) -> None:
+    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int] | None, steps: np.ndarray) -> None:
+        """One step of every row; `steps`: each row's own step count so far (the regularizer's step)."""
         assert counts is not None
         # Each member sees exactly its batch as in fit(); d(sum)/d(loss_r) = 1 keeps every gradient as alone.
         loss: Tensor | int = 0
@@ -135,7 +146,7 @@ class LoopEngine:
             logits, yr = f(xb[r, :c]), yb[r, :c]
             loss_r = F.cross_entropy(logits, yr)
             if self.regularizer is not None:
-                loss_r = loss_r + self.regularizer(logits, yr, step)  # all members are at step `step`
+                loss_r = loss_r + self.regularizer(logits, yr, int(steps[r]))
             loss = loss + loss_r
             parts.append(loss_r.detach())
         self.opt.zero_grad()
@@ -184,6 +195,17 @@ class LoopEngine:
         self.loss_sum = self.loss_sum[torch.tensor(rows, device=self.loss_sum.device)]
         self.opt.keep(rows)
 
+    def replace(self, r: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """Row r takes a new member (its model, fresh optimizer): it trains as alone, from its first step."""
+        if not isinstance(self.opt, LibraryOptim):
+            raise ValueError("rows are refilled with the library's optimizer step (not training.fused_optimizer)")
+        check_joins(self.opt.groups, model, opt)
+        self.models[r] = model
+        self.forward[r] = torch.compile(model, mode=self.mode) if self.mode else model
+        self.best[r] = snapshot(model)
+        self.loss_sum[r] = 0
+        self.opt.replace(r, dict(model.named_parameters()))
+
 
 class _ReadoutConstants:
     """functional_call swaps in batched weights that carry no `infshape`: pin each MuReadout's width_mult."""
@@ -207,19 +229,22 @@ class StackedEngine:
     its host work does not grow with the number of members."""
 
     def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
-                 compile: bool | str | None = None) -> None:
+                 compile: bool | str | None = None, per_row: bool = False) -> None:
         self.groups = check_same_groups(models, opts)
         self.template = models[0]
-        buffers = dict(self.template.named_buffers())
-        if any(not torch.equal(b, buffers[n]) for m in models[1:] for n, b in m.named_buffers()):
-            raise ValueError("members of one stacked group need equal buffers (the template's serve them all)")
+        for m in models[1:]:
+            self._check_buffers(m)
         self.readouts = _ReadoutConstants(self.template)
         self.params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
                        for n, _ in self.template.named_parameters()}
         self.compiled = compile_mode(compile)
-        self.opt = StackedScheduleFree(self.groups, self.params, per_row=self.compiled is not None)
+        # per-row scalars on the device: compiled (no changing Python float) or rows refilled (`replace`)
+        self.opt = StackedScheduleFree(self.groups, self.params, per_row=per_row or self.compiled is not None)
         self.best = {n: p.clone() for n, p in self.params.items()}  # snapshot at init, like fit()
-        self.loss_sum = torch.zeros(len(models), device=next(iter(self.params.values())).device)
+        dev = next(iter(self.params.values())).device
+        self.loss_sum = torch.zeros(len(models), device=dev)
+        # each row's best validation loss on the device: the best state is kept with torch.where, no per-row Python
+        self.best_loss = torch.full((len(models),), math.inf, dtype=torch.float64, device=dev)
         template = self.template
 
         def member_loss(params: dict[str, Tensor], xb: Tensor, yb: Tensor, wb: Tensor) -> Tensor:
@@ -242,8 +267,13 @@ class StackedEngine:
             self._step = torch.compile(self._train_step, mode=self.compiled, fullgraph=True)
             self._mark_static()
 
+    def _check_buffers(self, model: nn.Module) -> None:
+        buffers = dict(self.template.named_buffers())
+        if any(not torch.equal(b, buffers[n]) for n, b in model.named_buffers()):
+            raise ValueError("members of one stacked group need equal buffers (the template's serve them all)")
+
     def _train_step(self, xb: Tensor, yb: Tensor, wb: Tensor, scalars: list[StepScalars] | None) -> None:
-        if scalars is None:  # per-row scalars on the device (a compiled step)
+        if scalars is None:  # per-row scalars on the device
             scalars = self.opt.row_scalars()
         grads, losses = self.grads(self.params, xb, yb, wb)
         self.loss_sum += losses  # checked at validation (nonfinite_rows): no sync per step
@@ -268,8 +298,8 @@ class StackedEngine:
         self.template.train()
 
     @torch.no_grad()
-    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int] | None, step: int) -> None:
-        self._step(xb, yb, wb, None if self.compiled else self.opt.scalars())
+    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int] | None, steps: np.ndarray) -> None:
+        self._step(xb, yb, wb, None if self.opt.rows is not None else self.opt.scalars())
 
     def _lerped(self, sel: Tensor, rows: dict[str, Tensor], weight: Callable[[float], float]) -> dict[str, Tensor]:
         out = {}
@@ -297,15 +327,15 @@ class StackedEngine:
                                 for i in range(0, n, VAL_CHUNK)], dim=1)
             targets = torch.stack(ys)
         self.template.train()
-        losses = (F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(1) / targets.shape[1]).tolist()
-        for j, (r, loss, best) in enumerate(zip(rows, losses, best_loss, strict=True)):
-            if loss < best:
-                for name in self.best:
-                    self.best[name][r] = eval_params[name][j]
+        losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(1) / targets.shape[1]
+        better = losses < self.best_loss[sel]  # float64, as the host's early stopping compares the same values
+        self.best_loss[sel] = torch.where(better, losses, self.best_loss[sel])
+        for name, v in eval_params.items():
+            self.best[name][sel] = torch.where(better.view(-1, *[1] * (v.dim() - 1)), v, self.best[name][sel])
         back = self._lerped(sel, eval_params, TRAIN_W)
         for name, v in back.items():
             self.params[name][sel] = v
-        return losses
+        return losses.tolist()  # validation's one read back: curves and early stopping on the host
 
     def best_state(self, r: int) -> dict[str, Tensor]:
         return {n: v[r].clone() for n, v in self.best.items()}
@@ -313,7 +343,8 @@ class StackedEngine:
     def state_dict(self) -> dict:
         """The stacked parameters (train mode), optimizer state and scalars, best states and unchecked loss sums."""
         return {"params": {n: p.clone() for n, p in self.params.items()}, "opt": self.opt.state_dict(),
-                "best": {n: v.clone() for n, v in self.best.items()}, "loss_sum": self.loss_sum.clone()}
+                "best": {n: v.clone() for n, v in self.best.items()}, "loss_sum": self.loss_sum.clone(),
+                "best_loss": self.best_loss.clone()}
 
     @torch.no_grad()
     def load_state_dict(self, saved: dict) -> None:
@@ -323,11 +354,28 @@ class StackedEngine:
         self.opt.load_state_dict(saved["opt"], dev)
         self.best = {n: v.to(dev) for n, v in saved["best"].items()}
         self.loss_sum.copy_(saved["loss_sum"])
+        self.best_loss = saved["best_loss"].to(dev)
 
     def keep(self, rows: list[int]) -> None:
         keep = torch.tensor(rows, device=next(iter(self.params.values())).device)
         self.params = {n: p[keep] for n, p in self.params.items()}
         self.opt.keep(keep)
         self.best = {n: v[keep] for n, v in self.best.items()}
-        self.loss_sum = self.loss_sum[keep]
+        self.loss_sum, self.best_loss = self.loss_sum[keep], self.best_loss[keep]
         self._mark_static()
+
+    @torch.no_grad()
+    def replace(self, r: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """Row r takes a new member (its model, fresh optimizer), in place (a compiled step's static addresses stay
+        valid): its parameters, z = y, second moment 0, best state = init, and its row's scalars from the start."""
+        if self.opt.rows is None:
+            raise ValueError("rows are refilled with per-row optimizer scalars (StackedEngine(per_row=True))")
+        check_joins(self.groups, model, opt)
+        self._check_buffers(model)
+        for n, p in model.named_parameters():
+            for t in (self.params[n], self.opt.z[n], self.best[n]):
+                t[r] = p.detach()
+            self.opt.v[n][r] = 0
+        self.loss_sum[r] = 0
+        self.best_loss[r] = math.inf
+        self.opt.reset_row(r)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -35,59 +35,93 @@ def carry_scalars(old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> Non
 
 
 class LibraryOptim:
-    """The members' own optimizer class over all members' parameters (foreach kernels)."""
+    """The members' own optimizer class over the members' parameters (foreach kernels): one optimizer per cohort
+    (the members that started at the same step share the library's per-group scalars k, lr_max, weight_sum)."""
 
     def __init__(self, opt_cls: Callable[..., torch.optim.Optimizer], groups: Groups, params: list[dict[str, Tensor]]):
         self.opt_cls, self.groups, self.params = opt_cls, groups, params
-        self.opt = self._build()
+        self.cohort = [0] * len(params)  # per row: its cohort (an id)
+        self.opts = {0: self._build(range(len(params)))}
 
-    def _build(self) -> torch.optim.Optimizer:
-        return self.opt_cls([{**group, "params": [p[n] for p in self.params for n in names]}
+    def _build(self, rows: Iterable[int]) -> torch.optim.Optimizer:
+        rows = list(rows)
+        return self.opt_cls([{**group, "params": [self.params[r][n] for r in rows for n in names]}
                              for names, group in self.groups])
 
+    def _rows(self, c: int) -> list[int]:
+        return [r for r, k in enumerate(self.cohort) if k == c]
+
+    def _of(self, r: int) -> torch.optim.Optimizer:
+        return self.opts[self.cohort[r]]
+
     def train(self) -> None:
-        self.opt.train()  # type: ignore[attr-defined]
+        for opt in self.opts.values():
+            opt.train()  # type: ignore[attr-defined]
 
     def zero_grad(self) -> None:
-        self.opt.zero_grad(set_to_none=True)
+        for opt in self.opts.values():
+            opt.zero_grad(set_to_none=True)
 
     def step(self) -> None:
-        self.opt.step()
+        for opt in self.opts.values():
+            opt.step()
 
     @torch.no_grad()
     def lerp_member(self, r: int, weight: Callable[[float], float]) -> None:
+        state = self._of(r).state
         for names, group in self.groups:
             w = weight(group["betas"][0])
             for n in names:
                 p = self.params[r][n]
-                if "z" in self.opt.state[p]:
-                    p.lerp_(self.opt.state[p]["z"], w)
+                if "z" in state[p]:
+                    p.lerp_(state[p]["z"], w)
 
     def state_dict(self) -> dict[str, Any]:
-        """Per-group scalars (k, lr_max, weight_sum, train_mode, ...) and each member's per-parameter state."""
-        return {"groups": [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups],
-                "state": [{n: {k: _copy(v) for k, v in self.opt.state[p].items()} for n, p in ps.items()
-                           if p in self.opt.state} for ps in self.params]}
+        """Per cohort its per-group scalars (k, lr_max, weight_sum, train_mode, ...); each row's cohort and
+        per-parameter state."""
+        return {"cohort": list(self.cohort),
+                "groups": {c: [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+                           for c, opt in self.opts.items()},
+                "state": [{n: {k: _copy(v) for k, v in self._of(r).state[p].items()} for n, p in ps.items()
+                           if p in self._of(r).state} for r, ps in enumerate(self.params)]}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        for g, scalars in zip(self.opt.param_groups, saved["groups"], strict=True):
-            g.update(scalars)
-        for ps, state in zip(self.params, saved["state"], strict=True):
+        self.cohort = [int(c) for c in saved["cohort"]]
+        self.opts = {c: self._build(self._rows(c)) for c in sorted(set(self.cohort))}
+        for c, opt in self.opts.items():
+            for g, scalars in zip(opt.param_groups, saved["groups"][c], strict=True):
+                g.update(scalars)
+        for r, (ps, state) in enumerate(zip(self.params, saved["state"], strict=True)):
             for n, st in state.items():
                 p = ps[n]
-                self.opt.state[p] = {k: v.to(p.device) if torch.is_tensor(v) else v for k, v in st.items()}
+                self._of(r).state[p] = {k: v.to(p.device) if torch.is_tensor(v) else v for k, v in st.items()}
 
     def keep(self, rows: list[int]) -> None:
-        old = self.opt
-        dropped = [p for r in range(len(self.params)) if r not in rows for p in self.params[r].values()]
+        old = self.opts
         self.params = [self.params[r] for r in rows]
-        self.opt = self._build()
-        carry_scalars(old, self.opt)
-        for p in (p for ps in self.params for p in ps.values()):
-            if p in old.state:
-                self.opt.state[p] = old.state[p]
-        for p in dropped:
-            old.state.pop(p, None)
+        self.cohort = [self.cohort[r] for r in rows]
+        self.opts = {}
+        for c in sorted(set(self.cohort)):
+            self._rebuild(c, old[c])
+
+    def replace(self, r: int, params: dict[str, Tensor]) -> None:
+        """Row r takes a new member (`params`): a cohort of its own, from the library's initial scalars; the old
+        cohort loses the finished member's parameters (no update touches them again)."""
+        old, new = self.cohort[r], max(self.opts) + 1
+        self.params[r], self.cohort[r] = params, new
+        self.opts[new] = self._build([r])
+        if old in self.cohort:
+            self._rebuild(old, self.opts[old])
+        else:
+            del self.opts[old]
+
+    def _rebuild(self, c: int, carry: torch.optim.Optimizer) -> None:
+        """Cohort c's optimizer over its rows now, with `carry`'s scalars and per-parameter state."""
+        opt = self.opts[c] = self._build(self._rows(c))
+        carry_scalars(carry, opt)
+        for p in (p for r in self._rows(c) for p in self.params[r].values()):
+            if p in carry.state:
+                opt.state[p] = carry.state[p]
 
 
 def _copy(v: Any) -> Any:

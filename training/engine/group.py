@@ -5,7 +5,9 @@ early stopping, exactly as `training.engine.fit.fit` would train it alone (it dr
 One step takes one batch per live member: the batches of all members are gathered, cropped/flipped and
 decoded in one go, then mapped by the members' shared `FitConfig.batch_transform` if any (e.g. erased after
 augmentation, `eraser.after_augment`); a member whose epoch ends is validated (eval mode), and one that
-early-stops leaves the group. How the step's arithmetic is shared is the engine's business
+early-stops leaves the group: with fewer rows than members (`GroupOptions.rows`), its row takes the next pending
+member (training/engine/lockstep_state.py `RowSchedule`), which starts there as it would alone. How the step's
+arithmetic is shared is the engine's business
 (training/engine/backends.py): `loop` (bitwise equal to sequential training; default on CPU) or `stacked` (vmap
 over stacked parameters; default on GPU).
 Equality with sequential training is tested in tests/test_vectorized.py. A group is one `_Lockstep`; each
@@ -47,11 +49,11 @@ from training.engine.fit import (
     snapshot,
 )
 from training.engine.flat_optim import fused_backend
-from training.engine.lockstep_state import LockstepMember, _name, _Plan
+from training.engine.lockstep_state import LockstepMember, RowSchedule, _name, _Plan
 from training.engine.numerics import training_forward
 
 ENGINES = ("auto", "loop", "stacked")
-GROUP_FORMAT = 2  # a group checkpoint's layout (2: the batch cursors on the host, in the plan)
+GROUP_FORMAT = 3  # a group checkpoint's layout (3: rows refilled from a queue, per-member start steps)
 log = logging.getLogger(__name__)
 
 
@@ -72,6 +74,7 @@ class GroupOptions:
     on_finish: OnFinish | None = None
     regularizer: Regularizer | None = None
     checkpoint: CheckpointStore | None = None  # where a stop request (training/common/interrupt.py) saves the group
+    rows: int | None = None  # at most this many members train at once, the others wait for a row (None: all)
 
 
 def why_not_vectorized(model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -133,7 +136,25 @@ def fit_group(members: Sequence[Member], inputs: TrainData, options: GroupOption
     n_workers = resolve_workers(options.workers, device, kind, len(members))
     if n_workers > 1:
         return _fit_threads(members, inputs, options, n_workers)
-    return _Lockstep(members, inputs, options).run()
+    return _fit_rows(members, inputs, options)
+
+
+def _fit_rows(members: Sequence[Member], inputs: TrainData, options: GroupOptions,
+              stop: threading.Event | None = None) -> list[FitResult]:
+    """One lockstep group of `options.rows` rows refilled from the queue; with `training.fused_optimizer` (whose
+    flat buffers step one cohort) the queue trains in chunks of `rows` members instead."""
+    rows = options.rows
+    if rows is None or rows >= len(members) or fused_backend(options.fused_optimizer, inputs.data.device) is None:
+        return _Lockstep(members, inputs, options, stop).run()
+    results: list[FitResult] = []
+    for start in range(0, len(members), rows):
+        def done(k: int, model: nn.Module, res: FitResult, offset: int = start) -> None:
+            if options.on_finish is not None:
+                options.on_finish(offset + k, model, res)
+
+        results += _Lockstep(members[start: start + rows], inputs, replace(options, on_finish=done, rows=None),
+                             stop).run()
+    return results
 
 
 def check_options(engine: str, workers: int | str, fused_optimizer: bool | str, device: torch.device) -> str:
@@ -239,7 +260,8 @@ def _fit_threads(members: Sequence[Member], inputs: TrainData, options: GroupOpt
                     options.on_finish(part[j], model, res)
                 bar.update(1)
 
-        _Lockstep([members[k] for k in part], inputs, replace(options, on_finish=done, progress=False), stop).run()
+        rows = None if options.rows is None else max(1, math.ceil(options.rows * len(part) / len(members)))
+        _fit_rows([members[k] for k in part], inputs, replace(options, on_finish=done, progress=False, rows=rows), stop)
 
     threads = torch.get_num_threads()
     try:
@@ -276,13 +298,13 @@ def _saved_parts(members: Sequence[Member], store: CheckpointStore | None) -> li
     return parts
 
 
-def _make_engine(members: Sequence[Member], options: GroupOptions) -> LoopEngine | StackedEngine:
+def _make_engine(members: Sequence[Member], options: GroupOptions, refill: bool) -> LoopEngine | StackedEngine:
     models, opts = [m.model for m in members], [m.optimizer for m in members]
     if options.engine != "stacked":
         return LoopEngine(models, opts, options.compile, options.regularizer, options.fused_optimizer)
     if options.regularizer is not None:
         raise ValueError("the stacked engine does not support a regularizer; use engine='loop'")
-    return StackedEngine(models, opts, options.compile)
+    return StackedEngine(models, opts, options.compile, per_row=refill)
 
 
 class _Lockstep:
@@ -293,53 +315,46 @@ class _Lockstep:
     def __init__(self, members: Sequence[Member], inputs: TrainData, options: GroupOptions,
                  stop: threading.Event | None = None) -> None:
         dev = inputs.data.device
-        self.y = inputs.y.to(dev)
+        self.y, self.data, self.options = inputs.y.to(dev), inputs.data, options
         self.val = ValSet(inputs.data, self.y, None if inputs.x_val is None else inputs.x_val.to(dev),
                           None if inputs.y_val is None else inputs.y_val.to(dev), [m.val_idx for m in members])
         self.members = [LockstepMember.start(k, m, dev) for k, m in enumerate(members)]
-        self.live = list(self.members)
+        self.schedule = RowSchedule([m.size for m in self.members], options.rows)
+        self.live = [self.members[k] for k in self.schedule.first]
+        self.refill = bool(self.schedule.queue)  # rows take new members: per-row optimizer scalars
         transform = members[0].cfg.batch_transform
         # a label-dependent batch transform gets each step's class segments from the host's labels (no read back)
-        self.plan = _Plan(self.live, inputs.data,
-                          host_copy(inputs.y) if transform is not None and transform.needs_labels else None)
-        if self.plan.transform is not None and not self.val.shared:
+        self.y_host = host_copy(inputs.y) if transform is not None and transform.needs_labels else None
+        if transform is not None and not self.val.shared:
             raise ValueError(NEEDS_SHARED_VAL)
         # The loop engine transforms each member's batch alone, exactly as `fit` does (bitwise equal); the stacked
         # one transforms all rows in one call (padding rows too: they carry zero weight).
         self.transform_rows = options.engine != "stacked"
-        self.engine = _make_engine(members, options)
         self.random = any(drop_rate(m) > 0 for m in members[0].model.modules())  # draws masks from the global RNG
         self.on_finish, self.stop = options.on_finish, stop
         self.step = 0
         self.names = [m.name for m in self.members]
         self.store = options.checkpoint if len(set(self.names)) == len(self.names) else None
-        self.engine_kind = f"{type(self.engine.opt).__name__}/{options.engine}" if options.engine != "stacked" \
-            else "stacked"
+        fused = fused_backend(options.fused_optimizer, dev) is not None and options.engine != "stacked"
+        self.engine_kind = "stacked" if options.engine == "stacked" else \
+            f"{'FlatScheduleFree' if fused else 'LibraryOptim'}/{options.engine}"
         self.finished: dict[str, tuple[nn.Module, FitResult]] = {}  # for a checkpoint: their results, best states
         self.restored_from: Path | None = None
         self.bar = progress_bar(total=len(members), desc=f"{len(members)} models", unit="model",
                                 disable=not options.progress)
         self.t0 = time.perf_counter()
 
+    def _build(self) -> None:
+        """The plan and the engine of the live rows (pending members size the plan's buffers)."""
+        pending = [self.members[k] for k in self.schedule.queue]
+        self.plan = _Plan(self.live, self.data, self.y_host, pending)
+        self.engine = _make_engine([m.spec for m in self.live], self.options, self.refill)
+
     def run(self) -> list[FitResult]:
-        # Dropout / drop path (stacked engine only) draw from the global RNG: seeded from the first member's batch
-        # generator, so a group's masks do not depend on what ran before it (and a checkpoint saves the RNG).
-        devices = [self.y.device] if self.y.device.type == "cuda" else []
-        with (torch.random.fork_rng(devices, enabled=self.random),
-              self.engine if isinstance(self.engine, StackedEngine) else nullcontext(),
-              interrupt.checkpointing() if self.store is not None else nullcontext()):
-            if self.random:
-                torch.manual_seed(self.members[0].spec.gen.initial_seed())
-            if self.store is not None:
-                self._restore()
-            self.engine.train()
-            while self.live:
-                if self.store is not None and interrupt.requested():
-                    self._save()
-                    raise interrupt.Interrupted(interrupt.signum())
-                self._train_step()
-                self._validate(self.plan.validating(self.step))
-                self._retire(self._end_epochs())
+        saved = self._restore() if self.store is not None else None
+        if self.live:  # (a checkpoint may hold every member finished)
+            self._build()
+            self._train(saved)
         self.bar.close()
         if self.store is not None:
             self.store.delete(self.store.path(self.names))
@@ -348,6 +363,27 @@ class _Lockstep:
         for m in self.members:
             m.spec.model.eval()
         return [m.result for m in self.members if m.result is not None]
+
+    def _train(self, saved: dict | None) -> None:
+        """Steps until every member has stopped (from the saved step, if any). Dropout / drop path (stacked engine
+        only) draw from the global RNG: seeded from the first member's batch generator, so a group's masks do not
+        depend on what ran before it (and a checkpoint saves the RNG)."""
+        devices = [self.y.device] if self.y.device.type == "cuda" else []
+        with (torch.random.fork_rng(devices, enabled=self.random),
+              self.engine if isinstance(self.engine, StackedEngine) else nullcontext(),
+              interrupt.checkpointing() if self.store is not None else nullcontext()):
+            if self.random:
+                torch.manual_seed(self.members[0].spec.gen.initial_seed())
+            if saved is not None:
+                self._load(saved)
+            self.engine.train()
+            while self.live:
+                if self.store is not None and interrupt.requested():
+                    self._save()
+                    raise interrupt.Interrupted(interrupt.signum())
+                self._train_step()
+                self._validate(self.plan.validating(self.step))
+                self._retire(self._end_epochs())
 
     def _train_step(self) -> None:
         if self.stop is not None and self.stop.is_set():
@@ -359,8 +395,9 @@ class _Lockstep:
             xb = self._transform(self.plan.transform, xb, yb, counts)
         with training_forward(xb.device, type(self.engine).__name__[:-6].lower(), len(self.members),
                               self.members[0].spec.cfg.numerics):  # training.precision, the job's signature
-            self.engine.step(xb, yb, wb, counts, self.step)
+            self.engine.step(xb, yb, wb, counts, self.step - self.plan.start)  # each row's own steps so far
         self.step += 1
+        self.schedule.step(len(self.live))
         self.plan.advance()
 
     def _transform(self, transform: BatchTransform, xb: Tensor, yb: Tensor, counts: list[int] | None) -> Tensor:
@@ -383,7 +420,7 @@ class _Lockstep:
         self._check_training_losses()  # after validation's sync: no sync of its own per step
         for m, loss in zip(ms, losses, strict=True):
             if not math.isfinite(loss):
-                raise nonfinite_loss("validation loss", m.name, self.step, m.epoch)
+                raise nonfinite_loss("validation loss", m.name, self.step - m.first_step, m.epoch)
             m.record(self.step, loss)
 
     def _check_training_losses(self) -> None:
@@ -391,7 +428,7 @@ class _Lockstep:
         bad = nonfinite_rows(self.engine)
         if bad:
             m = self.live[bad[0]]
-            raise nonfinite_loss("training loss", m.name, self.step, m.epoch)
+            raise nonfinite_loss("training loss", m.name, self.step - m.first_step, m.epoch)
 
     def _end_epochs(self) -> list[int]:
         """Rows whose epoch just ended are validated (per-epoch validation) and asked whether to stop; the
@@ -408,25 +445,42 @@ class _Lockstep:
         return done
 
     def _retire(self, done: list[int]) -> None:
-        """Finish the stopped rows, then compact the plan and the engine to the others."""
+        """Finish the stopped rows; each takes the next pending member, if any; compact the plan and the engine to
+        the rows still held."""
         if not done:
             return
         self._check_training_losses()  # steps after the last validation (eval_every_steps)
         for r in done:
             self._finish(self.live[r], r)
-        rows = [r for r in range(len(self.live)) if r not in done]
-        self.live = [self.live[r] for r in rows]
+        rows = []
+        for r in range(len(self.live)):
+            if r in done:
+                k = self.schedule.next()
+                if k is None:
+                    continue
+                self._take(r, self.members[k])
+            rows.append(r)
+        if len(rows) < len(self.live):
+            self.live = [self.live[r] for r in rows]
+            if self.live:
+                self.engine.keep(rows)
+                self.plan.keep(rows)
         if self.live:
-            self.engine.keep(rows)
-            self.plan.keep(rows)
             self.engine.train()  # a finished member may have shared the template module (stacked engine)
+
+    def _take(self, row: int, m: LockstepMember) -> None:
+        """Member m takes `row` from the next step on: its first step is its step 1, as alone."""
+        m.first_step, m.started_s = self.step, time.perf_counter() - self.t0
+        self.live[row] = m
+        self.engine.replace(row, m.spec.model, m.spec.optimizer)
+        self.plan.replace(row, m)
 
     def _finish(self, m: LockstepMember, row: int) -> None:
         """Best state loaded, eval mode, result reported."""
         model = m.spec.model
         model.eval()
         model.load_state_dict({**model.state_dict(), **self.engine.best_state(row)})  # its own constant buffers
-        self._report(m, m.finish(self.step, time.perf_counter() - self.t0))
+        self._report(m, m.finish(self.step, time.perf_counter() - self.t0))  # its own steps and seconds
 
     def _report(self, m: LockstepMember, result: FitResult) -> None:
         if self.store is not None:
@@ -438,13 +492,14 @@ class _Lockstep:
 
     def _save(self) -> None:
         """The group's whole state at this step boundary (training/engine/checkpoint.py): each live member's
-        epoch, batch cursor, early stopping, curve and generator, the drawn epochs, the engine (parameters,
-        optimizer, best states), and each finished member's result and best state (its block may not be saved
-        by the caller yet)."""
+        epoch, start, batch cursor, early stopping, curve and generator, the rows' schedule (pending members by
+        name), the drawn epochs, the engine (parameters, optimizer, best states), and each finished member's
+        result and best state (its block may not be saved by the caller yet)."""
         assert self.store is not None
+        schedule = {**self.schedule.state_dict(), "queue": [self.names[k] for k in self.schedule.queue]}
         state = {"kind": "group", "format": GROUP_FORMAT, "engine_kind": self.engine_kind, "shapes": self._shapes(),
-                 "step": self.step,
-                 "elapsed": time.perf_counter() - self.t0,
+                 "step": self.step, "refill": self.refill,
+                 "elapsed": time.perf_counter() - self.t0, "schedule": schedule,
                  "live": [m.name for m in self.live], "members": {m.name: m.state_dict() for m in self.live},
                  "finished": {n: {"result": dataclasses.asdict(res), "best": snapshot(model)}
                               for n, (model, res) in self.finished.items()},
@@ -456,28 +511,29 @@ class _Lockstep:
             self.restored_from = None
 
     def _matches(self, saved: Saved) -> bool:
-        """Whether a saved group continues as this one: its live members are this group's members that are not
-        finished there, in this order, with the same training sets, on the same engine."""
+        """Whether a saved group continues as this one: this group's members that are not finished there are its
+        live and pending members, with the same training sets, on the same engine."""
         names, state = saved.names, saved.state
         if saved.kind != "group" or state.get("format") != GROUP_FORMAT or state["engine_kind"] != self.engine_kind:
             return False
-        live, finished = state["live"], state["finished"]
+        live, finished, queue = state["live"], state["finished"], state["schedule"]["queue"]
+        sizes = {m.name: m.size for m in self.members}
         return (state["shapes"] == self._shapes() and set(self.names) <= set(names)
-                and [n for n in self.names if n not in finished] == live
-                and all(state["members"][m.name]["size"] == m.size for m in self.members if m.name in live))
+                and sorted(n for n in self.names if n not in finished) == sorted(live + queue)
+                and all(state["members"][n]["size"] == sizes[n] for n in live))
 
     def _shapes(self) -> dict[str, list[int]]:
         """The members' parameter shapes (a checkpoint of other code with the same config does not fit)."""
         return {n: list(p.shape) for n, p in self.members[0].spec.model.state_dict().items()}
 
-    def _restore(self) -> None:
-        """Go on from this group's checkpoint, if an earlier attempt saved one: finished members are reported
-        again (best state loaded), the others continue from the saved step."""
+    def _restore(self) -> dict | None:
+        """This group's checkpoint, if an earlier attempt saved one: finished members are reported again (best
+        state loaded), the saved live members take the rows (`_load` then restores the step's state)."""
         assert self.store is not None
         found = next(((s.path, s.state) for s in self.store.saved() if fits_safely(self._matches, s)), None)
         if found is None:
             self.store.unfit(self.names)
-            return
+            return None
         path, state = found
         done = [m for m in self.members if m.name in state["finished"]]
         for m in done:
@@ -486,11 +542,19 @@ class _Lockstep:
             m.spec.model.load_state_dict(saved["best"])
             m.result = FitResult(**{**saved["result"], "curve": [tuple(c) for c in saved["result"]["curve"]]})
             self._report(m, m.result)
-        rows = [r for r, m in enumerate(self.live) if m.name not in state["finished"]]
-        self.live = [self.live[r] for r in rows]
-        if len(rows) < len(self.members) and self.live:
-            self.engine.keep(rows)
-            self.plan.keep(rows)
+        by_name = {m.name: m for m in self.members}
+        self.live = [by_name[n] for n in state["live"]]
+        self.schedule.load_state_dict({**state["schedule"],
+                                       "queue": [self.names.index(n) for n in state["schedule"]["queue"]]})
+        self.refill = bool(state["refill"])
+        self.restored_from = path
+        log.info("resuming %d model(s) at step %d from %s (%d finished there)", len(self.live), state["step"], path,
+                 len(done))
+        return state
+
+    def _load(self, state: dict) -> None:
+        """The saved step's members, plan, engine, global RNG, step and clock (after `_restore` and `_build`, whose
+        plan drew an epoch from each live member's generator: the saved generators replace them)."""
         for m in self.live:
             m.load_state_dict(state["members"][m.name])
         if self.live:
@@ -498,7 +562,5 @@ class _Lockstep:
             self.engine.load_state_dict(state["engine"])
         if self.random:
             _set_global_rng(state["rng"])
-        self.step, self.restored_from = int(state["step"]), path
+        self.step = int(state["step"])
         self.t0 = time.perf_counter() - float(state["elapsed"])
-        log.info("resuming %d model(s) at step %d from %s (%d finished there)", len(self.live), self.step, path,
-                 len(done))

@@ -1,5 +1,6 @@
 """A lockstep group's state (training/engine/group.py): each member's training state (`LockstepMember`: epoch,
-early stopping, curve, result) and the live members' drawn epochs and batch cursors (`_Plan`).
+early stopping, curve, result), the live members' drawn epochs and batch cursors (`_Plan`) and which member holds
+each of the group's rows (`RowSchedule`: a row whose member stops takes the next pending one).
 
 Per step the host does the same few operations whatever the number of rows: the batch cursors live in the plan as
 one device vector and one host (numpy) vector, and which rows end an epoch or validate is found with one vectorised
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -28,7 +30,8 @@ def _name(member: Member, index: int) -> str:
 @dataclass
 class LockstepMember:
     """One member's training state while its group runs: what `fit` keeps in local variables. Its best
-    state is kept by the engine (stacked per row by the stacked engine); the step count is the group's."""
+    state is kept by the engine (stacked per row by the stacked engine); its own step count is the group's step
+    minus `start` (the group step at which it took its row)."""
 
     index: int  # position in the group's member list (`on_finish`'s k)
     spec: Member  # model, optimizer, generator (batch order + augmentation), config, validation indices
@@ -40,6 +43,8 @@ class LockstepMember:
     host_idx: np.ndarray | None = None  # the training subset on the host (read once where labels are needed)
     stop_reason: str = ""
     result: FitResult | None = None  # set when it finishes
+    first_step: int = 0  # the group's step when this member took its row
+    started_s: float = 0.0  # the group's elapsed seconds then
 
     @classmethod
     def start(cls, index: int, spec: Member, device: torch.device) -> LockstepMember:
@@ -58,12 +63,13 @@ class LockstepMember:
         return _name(self.spec, self.index)
 
     def state_dict(self) -> dict:
-        return {"size": self.size, "epoch": self.epoch,
+        return {"size": self.size, "epoch": self.epoch, "first_step": self.first_step, "started_s": self.started_s,
                 "stopper": dataclasses.asdict(self.stopper),
                 "curve": list(self.curve), "gen": self.spec.gen.get_state()}
 
     def load_state_dict(self, saved: dict) -> None:
-        self.epoch = int(saved["epoch"])
+        self.epoch, self.first_step = int(saved["epoch"]), int(saved["first_step"])
+        self.started_s = float(saved["started_s"])
         self.stopper = EarlyStopping(**saved["stopper"])
         self.curve = [(int(s), float(v)) for s, v in saved["curve"]]
         self.spec.gen.set_state(saved["gen"])
@@ -73,70 +79,179 @@ class LockstepMember:
         return not self.spec.cfg.eval_every_steps
 
     def record(self, step: int, loss: float) -> None:
-        self.curve.append((step, loss))
+        self.curve.append((step - self.first_step, loss))
         self.stopper.record(loss, self.epoch)
 
     def end_epoch(self, step: int) -> bool:
-        """The current epoch ended after `step` steps: True when training stops here, else the next epoch starts."""
-        reason = self.stopper.end_epoch(self.epoch, step)
+        """The current epoch ended at group step `step`: True when training stops here, else the next epoch starts."""
+        reason = self.stopper.end_epoch(self.epoch, step - self.first_step)
         if reason is None:
             self.epoch += 1
             return False
         self.stop_reason = reason
         return True
 
-    def finish(self, step: int, seconds: float) -> FitResult:
+    def finish(self, step: int, elapsed: float) -> FitResult:
+        """Its result at group step `step`, `elapsed` seconds into the group."""
         s = self.stopper
-        self.result = FitResult(s.best_loss, s.best_epoch, self.epoch, step, self.curve, seconds, self.stop_reason)
+        self.result = FitResult(s.best_loss, s.best_epoch, self.epoch, step - self.first_step, self.curve,
+                                elapsed - self.started_s, self.stop_reason)
         return self.result
+
+
+class RowSchedule:
+    """Which members hold the group's `rows` rows. With fewer rows than members, the members with the largest
+    training sets start (they tend to run longest) and the others queue, largest first: a row whose member stops
+    takes the next one, so the group keeps `rows` models working (a member's numbers do not depend on its row or
+    its start). With a row per member the order is the members' own. Counts the row-steps that did work:
+    `occupancy` = work / (rows × steps)."""
+
+    def __init__(self, sizes: Sequence[int], rows: int | None = None) -> None:
+        n = len(sizes)
+        self.rows = n if rows is None else max(1, min(int(rows), n))
+        order = list(range(n)) if self.rows >= n else sorted(range(n), key=lambda k: (-sizes[k], k))
+        self.first = order[:self.rows]
+        self.queue = deque(order[self.rows:])
+        self.steps = 0  # the group's steps
+        self.work = 0  # Σ over steps of the rows holding a member
+
+    def step(self, live: int) -> None:
+        self.steps += 1
+        self.work += live
+
+    def next(self) -> int | None:
+        """The next pending member (its index), or None when none is left."""
+        return self.queue.popleft() if self.queue else None
+
+    @property
+    def occupancy(self) -> float:
+        return self.work / (self.rows * self.steps) if self.steps else math.nan
+
+    def state_dict(self) -> dict:
+        return {"rows": self.rows, "queue": list(self.queue), "steps": self.steps, "work": self.work}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.rows, self.steps, self.work = int(saved["rows"]), int(saved["steps"]), int(saved["work"])
+        self.queue = deque(int(k) for k in saved["queue"])
+
+
+def replay(steps: Sequence[int], sizes: Sequence[int], rows: int | None = None) -> RowSchedule:
+    """The schedule a group of members with these step counts (and training-set sizes) runs through `rows` rows,
+    as the group runs it (training/engine/group.py: a stopped row is refilled before the next step)."""
+    sched = RowSchedule(sizes, rows)
+    ends = [steps[k] for k in sched.first]  # the group step at which each row's member stops
+    while ends:
+        now = min(ends)
+        for _ in range(now - sched.steps):
+            sched.step(len(ends))
+        kept = []
+        for end in ends:
+            if end > now:
+                kept.append(end)
+            elif (k := sched.next()) is not None:
+                kept.append(now + steps[k])
+        ends = kept
+    return sched
 
 
 class _Plan:
     """Each live member's (row's) epoch: its global sample indices, sample weights (0 = padding) and
     augmentation, padded to the longest epoch; `cursor` is the batch number within the epoch per row, on the device
     and (`batches`) on the host. With a label-dependent batch transform the host keeps the drawn indices too
-    (`host_idx`), so that each step's class segments come from the host's labels (`y_host`)."""
+    (`host_idx`), so that each step's class segments come from the host's labels (`y_host`).
 
-    def __init__(self, live: Sequence[LockstepMember], data: DeviceData, y_host: np.ndarray | None = None) -> None:
+    Each row's next epoch is drawn one ahead (`next_*`): when an epoch ends the row takes the epoch drawn (and sent
+    to the device, pinned and without blocking on CUDA) one epoch earlier and draws the one after. A member's
+    generator draws the same epochs in the same order as `fit`'s, so the numbers do not change."""
+
+    def __init__(self, live: Sequence[LockstepMember], data: DeviceData, y_host: np.ndarray | None = None,
+                 pending: Sequence[LockstepMember] = ()) -> None:
         dev = data.device
         self.data, self.dev, self.y_host = data, dev, y_host
         cfg = live[0].spec.cfg
         self.augment, self.transform = cfg.augment, cfg.batch_transform
+        every = [*live, *pending]  # the buffers fit every member that may take a row (`replace`)
         if any(m.spec.cfg.batch_size != cfg.batch_size or m.spec.cfg.augment != self.augment
-               or m.spec.cfg.batch_transform is not self.transform for m in live):
+               or m.spec.cfg.batch_transform is not self.transform for m in every):
             raise ValueError("members of one group share the batch size, the augmentation flag and the batch transform")
         # The buffers below are batch-size wide: a batch larger than every member's training set (optim.batch_size
         # = 10**9) is that set, one step per epoch, so cap it there (the same batches; no 10**9-slot buffers).
-        self.bs = min(cfg.batch_size, max(m.size for m in live))
+        self.bs = min(cfg.batch_size, max(m.size for m in every))
         self.pad = augment_pad(data, self.augment)
-        slots = max(m.steps_per_epoch for m in live) * self.bs
-        self.idx = torch.stack([torch.cat([m.idx, m.idx[:1].expand(slots - m.size)]) for m in live])
+        self.slots = max(m.steps_per_epoch for m in every) * self.bs
+        self.idx = torch.stack([self._padded(m) for m in live])
         self.host_idx = None if y_host is None else host_copy(self.idx)
-        self.w = torch.stack([(torch.arange(slots, device=dev) < m.size).float() for m in live])
-        self.off = torch.zeros(len(live), slots, 2, dtype=torch.long, device=dev)
-        self.flip = torch.zeros(len(live), slots, dtype=torch.bool, device=dev)
+        self.w = torch.stack([self._weights(m) for m in live])
+        self.off = torch.zeros(len(live), self.slots, 2, dtype=torch.long, device=dev)
+        self.flip = torch.zeros(len(live), self.slots, dtype=torch.bool, device=dev)
+        self.next_idx, self.next_off, self.next_flip = self.idx.clone(), self.off.clone(), self.flip.clone()
+        self.next_host_idx = None if self.host_idx is None else self.host_idx.copy()
         self.cursor = torch.zeros(len(live), dtype=torch.long, device=dev)
         self.slot = torch.arange(self.bs, device=dev)
-        # host: per row the batches taken in the current epoch, the epoch's length, its size and validation period
+        # host: per row the batches taken in the current epoch, the epoch's length, its size, validation period and
+        # the group step at which its member started
         self.batches = np.zeros(len(live), dtype=np.int64)
         self.spe = np.array([m.steps_per_epoch for m in live], dtype=np.int64)
         self.sizes = np.array([m.size for m in live], dtype=np.int64)
         self.every = np.array([m.spec.cfg.eval_every_steps or 0 for m in live], dtype=np.int64)
+        self.start = np.array([m.first_step for m in live], dtype=np.int64)
         for row, m in enumerate(live):
-            self.new_epoch(m, row)
+            self.begin(m, row)
 
-    def new_epoch(self, m: LockstepMember, row: int) -> None:
-        """Member m (in `row`) starts an epoch: its batch order and augmentation drawn as `fit` draws them."""
-        ep = draw_epoch(m.size, m.spec.gen, self.augment, self.pad)
-        self.idx[row, :m.size] = m.idx[to_device(ep.perm, self.dev)]
-        if self.host_idx is not None:
+    def _padded(self, m: LockstepMember) -> Tensor:
+        return torch.cat([m.idx, m.idx[:1].expand(self.slots - m.size)])
+
+    def _weights(self, m: LockstepMember) -> Tensor:
+        return (torch.arange(self.slots, device=self.dev) < m.size).float()
+
+    def replace(self, row: int, m: LockstepMember) -> None:
+        """Member m takes `row` (its former member stopped) and draws its first epoch; no read back."""
+        for idx, off, flip in ((self.idx, self.off, self.flip), (self.next_idx, self.next_off, self.next_flip)):
+            idx[row] = self._padded(m)
+            off[row] = 0
+            flip[row] = False
+        self.w[row] = self._weights(m)
+        self.cursor[row] = 0
+        if self.host_idx is not None and self.next_host_idx is not None:  # read once per member, outside the steps
             if m.host_idx is None:
                 m.host_idx = host_copy(m.idx)
-            self.host_idx[row, :m.size] = m.host_idx[ep.perm.numpy()]
-        if ep.offsets is not None and ep.flips is not None:
-            self.off[row, :m.size] = to_device(ep.offsets, self.dev)
-            self.flip[row, :m.size] = to_device(ep.flips, self.dev)
+            self.host_idx[row] = np.concatenate([m.host_idx, np.repeat(m.host_idx[:1], self.slots - m.size)])
+            self.next_host_idx[row] = self.host_idx[row]
+        self.spe[row], self.sizes[row] = m.steps_per_epoch, m.size
+        self.every[row], self.start[row] = m.spec.cfg.eval_every_steps or 0, m.first_step
+        self.begin(m, row)
+
+    def begin(self, m: LockstepMember, row: int) -> None:
+        """Member m starts in `row`: its first epoch drawn, and the second one ahead."""
+        self._draw(m, row, ahead=False)
+        self._draw(m, row, ahead=True)
         self.batches[row] = 0
+
+    def new_epoch(self, m: LockstepMember, row: int) -> None:
+        """Member m (in `row`) starts its next epoch, the one drawn ahead (a copy on the device), and draws the one
+        after (sent to the device without blocking)."""
+        self.idx[row] = self.next_idx[row]
+        self.off[row] = self.next_off[row]
+        self.flip[row] = self.next_flip[row]
+        if self.host_idx is not None and self.next_host_idx is not None:
+            self.host_idx[row] = self.next_host_idx[row]
+        self._draw(m, row, ahead=True)
+        self.batches[row] = 0
+
+    def _draw(self, m: LockstepMember, row: int, ahead: bool) -> None:
+        """An epoch of m's batch order and augmentation, drawn as `fit` draws it, into the row's current or next
+        epoch."""
+        idx, off, flip, host = (self.next_idx, self.next_off, self.next_flip, self.next_host_idx) if ahead else \
+            (self.idx, self.off, self.flip, self.host_idx)
+        ep = draw_epoch(m.size, m.spec.gen, self.augment, self.pad)
+        idx[row, :m.size] = m.idx[to_device(ep.perm, self.dev)]
+        if host is not None:
+            if m.host_idx is None:
+                m.host_idx = host_copy(m.idx)
+            host[row, :m.size] = m.host_idx[ep.perm.numpy()]
+        if ep.offsets is not None and ep.flips is not None:
+            off[row, :m.size] = to_device(ep.offsets, self.dev)
+            flip[row, :m.size] = to_device(ep.flips, self.dev)
 
     def counts(self) -> list[int]:
         """Real samples in each row's batch this step (the loop engine's slices)."""
@@ -169,41 +284,42 @@ class _Plan:
         return np.flatnonzero(self.batches == self.spe).tolist()
 
     def validating(self, step: int) -> list[int]:
-        """Rows that validate after `step` steps (`eval_every_steps`)."""
-        due = (self.every > 0) & (step % np.maximum(self.every, 1) == 0)
+        """Rows that validate after group step `step` (each after its own `eval_every_steps` steps)."""
+        due = (self.every > 0) & ((step - self.start) % np.maximum(self.every, 1) == 0)
         return np.flatnonzero(due).tolist()
 
     def restart(self, rows: list[int]) -> None:
-        """Rows whose new epoch was drawn (`new_epoch`) read from its first batch again."""
+        """Rows that started a new epoch (`new_epoch`) read from its first batch again."""
         if rows:
             self.cursor[torch.tensor(rows, device=self.dev)] = 0
 
-    HOST = ("batches", "spe", "sizes", "every")
+    HOST = ("batches", "spe", "sizes", "every", "start")
+
+    PARTS = ("idx", "w", "off", "flip", "cursor", "next_idx", "next_off", "next_flip")
 
     def keep(self, rows: list[int]) -> None:
         keep = torch.tensor(rows, device=self.dev)
-        self.idx, self.w, self.off, self.flip, self.cursor = (t[keep] for t in (self.idx, self.w, self.off,
-                                                                               self.flip, self.cursor))
-        if self.host_idx is not None:
-            self.host_idx = self.host_idx[rows]
+        for k in self.PARTS:
+            setattr(self, k, getattr(self, k)[keep])
+        if self.host_idx is not None and self.next_host_idx is not None:
+            self.host_idx, self.next_host_idx = self.host_idx[rows], self.next_host_idx[rows]
         for k in self.HOST:
             setattr(self, k, getattr(self, k)[rows])
-
-    PARTS = ("idx", "w", "off", "flip", "cursor")
 
     def state_dict(self) -> dict:
         """The live rows' drawn epochs and batch cursors (the batch width too: it was set by the group's first
         members, some of which may have finished since)."""
-        return {"bs": self.bs, **{k: getattr(self, k).clone() for k in self.PARTS},
-                "host_idx": None if self.host_idx is None else torch.from_numpy(self.host_idx.copy()),
+        return {"bs": self.bs, "slots": self.slots, **{k: getattr(self, k).clone() for k in self.PARTS},
+                **{k: None if getattr(self, k) is None else torch.from_numpy(getattr(self, k).copy())
+                   for k in ("host_idx", "next_host_idx")},
                 **{k: torch.from_numpy(getattr(self, k).copy()) for k in self.HOST}}
 
     def load_state_dict(self, saved: dict) -> None:
-        self.bs = int(saved["bs"])
+        self.bs, self.slots = int(saved["bs"]), int(saved["slots"])
         self.slot = torch.arange(self.bs, device=self.dev)
         for k in self.PARTS:
             setattr(self, k, saved[k].to(self.dev))
         for k in self.HOST:
             setattr(self, k, saved[k].numpy().astype(np.int64))
         if self.y_host is not None:
-            self.host_idx = saved["host_idx"].numpy().copy()
+            self.host_idx, self.next_host_idx = saved["host_idx"].numpy().copy(), saved["next_host_idx"].numpy().copy()

@@ -10,8 +10,9 @@ moment are made at construction (the library makes them at the first step, from 
 
 `per_row=True` (a compiled step: `training.compile`): the same scalars as device tensors of length M per group,
 computed inside the step from a device step counter (float64), so the compiled graph takes no changing Python
-float (which would recompile it) and no upload; each row has its own k, lr_max and weight_sum, so rows could hold
-models at different steps. Same formulas; float rounding differs (tensor × tensor where the library passes alpha).
+float (which would recompile it) and no upload; each row has its own k, lr_max and weight_sum, so rows hold
+models at different steps (a row refilled from a group's queue starts again: `reset_row`). Same formulas; float
+rounding differs (tensor × tensor where the library passes alpha).
 """
 
 from __future__ import annotations
@@ -131,6 +132,13 @@ class StackedScheduleFree:
         if self.rows is not None:
             for k, t in self.rows.items():
                 t.copy_(saved["rows"][k].to(device))
+
+    def reset_row(self, r: int) -> None:
+        """Row r holds a new model: its k, lr_max and weight_sum as the library starts them."""
+        assert self.rows is not None
+        self.rows["k"][r] = 0
+        self.rows["lr_max"][:, r] = -1.0
+        self.rows["weight_sum"][:, r] = 0
 
     def keep(self, rows: Tensor) -> None:
         self.z = {n: t[rows] for n, t in self.z.items()}

@@ -180,20 +180,15 @@ class Trainer:
             pack_group.train_together(self, first, jobs, others, on_finish,
                                       lambda rest, done: self._train_many(rest, done, False))
             return
-        for start in range(0, len(jobs), size):
-            chunk = jobs[start: start + size]
-            members = [first if start == 0 and j == 0 else self.member(*job) for j, job in enumerate(chunk)]
+        # `size` rows: a row whose model stops takes the next model (training/engine/lockstep_state.py RowSchedule)
+        members = [first] + [self.member(*job) for job in jobs[1:]]
+        fit_group(members, self.train_set(), self.group_options(on_finish, rows=size))
 
-            def done(k: int, model: torch.nn.Module, res: FitResult, offset: int = start) -> None:
-                on_finish(offset + k, model, res)
-
-            fit_group(members, self.train_set(), self.group_options(done))
-
-    def group_options(self, on_finish: OnFinish) -> GroupOptions:
+    def group_options(self, on_finish: OnFinish, rows: int | None = None) -> GroupOptions:
         o = self.opts
         return GroupOptions(on_finish=on_finish, progress=self.cfg.progress, compile=o.compile, engine=o.engine,
                             regularizer=self.regularizer, workers=o.workers, fused_optimizer=o.fused_optimizer,
-                            checkpoint=self.checkpoint)
+                            checkpoint=self.checkpoint, rows=rows)
 
     def all_models(self) -> list[FitJob]:
         """Every model of an MDL job (`run_mdl`): the block models, then the full-data model with `mdl.full_run`."""

@@ -1,0 +1,191 @@
+"""Rows that stay full (training/engine/group.py, lockstep_state.py `RowSchedule`): a group of M rows trains more
+members than M; a row whose member stops takes the next pending one, which trains exactly as it would alone.
+
+The loop engine on CPU: results `==` training each member alone and `==` the same group without refill (a
+member's arithmetic does not depend on its row or its start). The stacked engine (per-row optimizer scalars on the
+device): within the stacked tolerance of tests/test_vectorized.py. Occupancy is counted on known schedules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor
+
+from models import build_model
+from tests.helpers import fit_settings, group_options, job_config, optimizer
+from tests.test_checkpoint import _load, _stop_at
+from tests.test_checkpoint import _numbers as _job_numbers
+from training.app.schema import group_config
+from training.common import interrupt
+from training.engine.batches import DeviceData, Epoch, augment_pad, draw_epoch
+from training.engine.checkpoint import PATTERN
+from training.engine.fit import FitResult, Member, TrainData, fit, snapshot
+from training.engine.group import GROUP_FORMAT, _Lockstep, fit_group
+from training.engine.lockstep_state import LockstepMember, RowSchedule, _Plan, replay
+from training.engine.seeding import generator, seeded_global_rng
+from training.mdl.job import run_job
+
+SHAPE, K = (3, 8, 8), 4
+SIZES, PATIENCE = [45, 300, 64, 440, 100], [1, 3, 50, 1, 2]  # stops at different steps, for both reasons
+
+
+def _data() -> tuple[DeviceData, Tensor, Tensor, Tensor]:
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, K, (520,), generator=g)
+    x = torch.rand(520, *SHAPE, generator=g) * 0.7
+    x[:, 0, :4] += 0.1 * (y[:, None, None] % 2)
+    data = DeviceData((x * 255).round() / 255)
+    return data, y, data.all(torch.arange(80)), y[:80]
+
+
+def _members(augment: bool = False, eval_every: int | None = None, max_epochs: int = 9,
+             patience: list[int] = PATIENCE) -> list[Member]:
+    out = []
+    for k, (size, p) in enumerate(zip(SIZES, patience, strict=True)):
+        with seeded_global_rng(0, "init", k):
+            model = build_model(group_config("arch", "mlp", width=48, depth=2, base_width=32), SHAPE, K)
+        cfg = fit_settings(batch_size=32, patience=p, max_epochs=max_epochs, min_steps=30, augment=augment,
+                           eval_every_steps=eval_every)
+        out.append(Member(model, optimizer(model, lr=4e-3, beta1=0.9, warmup_steps=7), torch.arange(80, 80 + size),
+                          generator(0, "b", k), cfg, name=f"m{k}"))
+    return out
+
+
+def _group(members: list[Member], rows: int | None, engine: str = "loop"
+           ) -> tuple[list[FitResult], list[dict[str, Tensor]], RowSchedule]:
+    data, y, xv, yv = _data()
+    group = _Lockstep(members, TrainData(data, y, xv, yv), group_options(engine=engine, rows=rows))
+    results = group.run()
+    return results, [snapshot(m.model) for m in members], group.schedule
+
+
+def _numbers(res: FitResult) -> dict:
+    return {k: v for k, v in dataclasses.asdict(res).items() if k != "seconds"}
+
+
+def test_replay_counts_the_row_steps_of_a_known_schedule() -> None:
+    """Members of 10, 4, 6, 3 steps (training sets 100, 40, 60, 30) through 2 rows: the largest two start (10 and
+    6 steps); at step 6 the 4-step member takes the freed row (to step 10); at step 10 the 3-step member takes one
+    row (to step 13) and the other row is left: 2 × 10 + 3 = 23 row-steps of work in 2 × 13 held."""
+    sched = replay([10, 4, 6, 3], [100, 40, 60, 30], rows=2)
+    assert sched.first == [0, 2] and not sched.queue
+    assert (sched.work, sched.steps, sched.rows) == (23, 13, 2)
+    assert sched.occupancy == pytest.approx(23 / 26)
+    alone = replay([10, 4, 6, 3], [100, 40, 60, 30])  # a row per member: held as long as the longest
+    assert (alone.work, alone.steps, alone.rows, alone.first) == (23, 10, 4, [0, 1, 2, 3])
+    assert alone.occupancy == pytest.approx(23 / 40)
+    assert replay([7, 5], [1, 1], rows=1).occupancy == 1.0  # one row, always refilled: nothing idle
+
+
+@pytest.mark.parametrize("extra", [{}, {"augment": True, "eval_every": 3}], ids=["plain", "augment-eval-every"])
+def test_refilled_rows_train_each_member_as_alone_bitwise_on_the_loop_engine(extra: dict) -> None:
+    data, y, xv, yv = _data()
+    alone_members = _members(**extra)
+    alone = [fit(m, TrainData(data, y, xv, yv)) for m in alone_members]
+    steps = [r.steps for r in alone]
+    assert len(set(steps)) == len(steps) or len(set(steps)) > 2, steps  # members stop apart
+    full, full_states, full_sched = _group(_members(**extra), rows=None)
+    refilled, states, sched = _group(_members(**extra), rows=2)
+    for k, res in enumerate(alone):
+        assert _numbers(refilled[k]) == _numbers(res) == _numbers(full[k]), k
+        for name, a in snapshot(alone_members[k].model).items():
+            assert torch.equal(states[k][name], a) and torch.equal(full_states[k][name], a), (k, name)
+    # the group counted exactly the schedule its members' step counts give, and refill filled its rows
+    expect = replay(steps, SIZES, rows=2)
+    assert (sched.work, sched.steps, sched.rows) == (expect.work, expect.steps, 2) and sched.work == sum(steps)
+    assert (full_sched.work, full_sched.steps) == (sum(steps), max(steps))
+    assert sched.occupancy > full_sched.occupancy
+
+
+def test_refilled_rows_on_the_stacked_engine_within_its_tolerance() -> None:
+    """Per-row schedule-free scalars on the device: each refilled member within the stacked engine's tolerance of
+    training alone (tests/test_vectorized.py), the same stopping epochs."""
+    data, y, xv, yv = _data()
+    alone_members = _members()
+    alone = [fit(m, TrainData(data, y, xv, yv)) for m in alone_members]
+    results, states, sched = _group(_members(), rows=2, engine="stacked")
+    assert sched.occupancy > 0.9
+    for k, (res, ref) in enumerate(zip(results, alone, strict=True)):
+        assert (res.epochs, res.best_epoch, res.steps) == (ref.epochs, ref.best_epoch, ref.steps), k
+        assert res.best_val_loss == pytest.approx(ref.best_val_loss, rel=1e-5)
+        for name, a in snapshot(alone_members[k].model).items():
+            assert (states[k][name] - a).abs().max() <= 1e-4 * (a.abs().max() + 1e-3), (k, name)
+
+
+def test_a_member_taking_a_row_has_the_groups_optimizer_settings() -> None:
+    members = _members()
+    with seeded_global_rng(0, "init", 9):
+        model = build_model(group_config("arch", "mlp", width=48, depth=2, base_width=32), SHAPE, K)
+    members[-1] = dataclasses.replace(members[-1], model=model, optimizer=optimizer(model, lr=1e-3, beta1=0.9,
+                                                                                    warmup_steps=7))
+    with pytest.raises(ValueError, match="identical optimizer param groups"):
+        _group(members, rows=2)
+
+
+JOB = ["experiment=smoke", "eraser=control", "seed=0", "mdl.max_epochs=12", "mdl.patience=12"]
+
+
+def test_a_job_with_fewer_rows_than_models_gives_the_same_numbers(tmp_path: Path) -> None:
+    """`training.parallel_models=2`: the job's six models through two rows, refilled: `==` the default (all six
+    at once) on the loop engine."""
+    ref = run_job(job_config(tmp_path / "all", JOB)).result
+    two = run_job(job_config(tmp_path / "two", [*JOB, "training.parallel_models=2"])).result
+    assert _job_numbers(ref) == _job_numbers(two)
+
+
+def test_a_checkpoint_after_a_refill_holds_the_rows_and_the_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """Stopped at step 129 of two rows for six models: a member that took a freed row (its own start step), the
+    pending members by name, and the row-steps counted so far. Resuming from it: tests/test_checkpoint.py
+    ("refill", "refill-stacked")."""
+    cfg = job_config(tmp_path, [*JOB, "training.parallel_models=2"])
+    _stop_at(monkeypatch, 130)
+    with pytest.raises(interrupt.Interrupted):
+        run_job(cfg)
+    (path,) = Path(cfg["paths"]["job_dir"]).glob(PATTERN)
+    saved = _load(path)
+    state = saved["state"]
+    assert state["format"] == GROUP_FORMAT == 3 and state["step"] == 129 and len(saved["names"]) == 6
+    starts = {n: state["members"][n]["first_step"] for n in state["live"]}
+    assert len(starts) == 2 and any(s > 0 for s in starts.values()), starts
+    sched = state["schedule"]
+    assert sched["rows"] == 2 and sched["queue"] and set(sched["queue"]) <= set(saved["names"])
+    assert sched["steps"] == 129 and sched["work"] == 2 * 129  # rows full so far
+    assert not set(sched["queue"]) & (set(state["live"]) | set(state["finished"]))
+
+
+def test_each_rows_next_epoch_is_drawn_one_ahead_in_fits_order() -> None:
+    """A row starts with its first epoch and the second drawn ahead; at an epoch end it takes the one drawn ahead
+    and draws the next: the member's generator gives the epochs `fit` would draw, in its order."""
+    data, _, _, _ = _data()
+    member = _members(augment=True)[1]
+    row = LockstepMember.start(0, member, data.device)
+    plan = _Plan([row], data)
+    gen = generator(0, "b", 1)
+    pad = augment_pad(data, True)
+    epochs = [draw_epoch(row.size, gen, True, pad) for _ in range(3)]
+
+    def held(idx: Tensor, off: Tensor, ep: Epoch) -> bool:
+        assert ep.offsets is not None
+        return torch.equal(idx[0, :row.size], row.idx[ep.perm]) and torch.equal(off[0, :row.size], ep.offsets)
+
+    assert held(plan.idx, plan.off, epochs[0]) and held(plan.next_idx, plan.next_off, epochs[1])
+    plan.new_epoch(row, 0)
+    assert held(plan.idx, plan.off, epochs[1]) and held(plan.next_idx, plan.next_off, epochs[2])
+    assert not held(plan.idx, plan.off, epochs[2])
+
+
+def test_refilled_rows_split_over_worker_threads_give_the_same_numbers() -> None:
+    """`training.workers=2` with 3 rows for 5 members: each worker thread a group of ⌈3 × its members / 5⌉ rows
+    (the one with 3 members: 2 rows, refilled), from its share of the members: `==` one group without refill."""
+    data, y, xv, yv = _data()
+    ref, ref_states, _ = _group(_members(), rows=None)
+    members = _members()
+    results = fit_group(members, TrainData(data, y, xv, yv), group_options(engine="loop", rows=3, workers=2))
+    assert [_numbers(r) for r in results] == [_numbers(r) for r in ref]
+    for k, m in enumerate(members):
+        assert all(torch.equal(v, ref_states[k][n]) for n, v in snapshot(m.model).items()), k

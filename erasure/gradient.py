@@ -164,4 +164,5 @@ def _loss(x: Tensor, x0: Tensor, mu: Tensor, sigma: Tensor, o: dict[str, Any]) -
 
 
 ERASERS.add("gradient", erase_dataset, family="quadratic", kind="edit", defaults=DEFAULTS, needs_labels=True,
-            runtime_options=RUNTIME_OPTIONS, read_only_with={"quantize_mode": ("quantize", (True,))})
+            runtime_options=RUNTIME_OPTIONS, read_only_with={"quantize_mode": ("quantize", (True,))},
+            input_range=(0.0, 1.0))

@@ -61,6 +61,7 @@ class EraserTraits:
     # options read only with another option's value: {option: (that option, the values it is read with)} (QLEACE's
     # ridge: rank_deficient=ridge only); elsewhere they must keep their default (the harness refuses another value)
     read_only_with: Mapping[str, tuple[str, tuple[Any, ...]]] = field(default_factory=dict)
+    input_range: tuple[float, float] | None = None  # the values it can take (gradient erasure: [0, 1], a sigmoid)
 
     def __post_init__(self) -> None:  # the declaration's values, whatever container they came in, frozen
         object.__setattr__(self, "identity", bool(self.identity))

@@ -218,9 +218,20 @@ def test_a_dangling_symlink_as_out_dir_is_one_line(tmp_path: Path) -> None:
     (["dataset=gaussian", "dataset.augment=true"], "vectors"),
     (["dataset=mixture", "dataset.augment=true"], "vectors"),
     (["dataset=two_moons", "dataset.augment=true"], "vectors"),
+    (["dataset=gaussian", "eraser=gradient"], "takes samples in [0, 1], these lie in ["),  # was a ValueError traceback
 ])
 def test_what_the_samples_shape_rules_out_is_one_line(tmp_path: Path, overrides: list[str], says: str) -> None:
     assert says in _refusal(tmp_path, overrides, precheck=True)
+
+
+def test_gradient_erasure_on_samples_in_its_range_passes_the_precheck(tmp_path: Path) -> None:
+    import torch
+
+    from tests.helpers import job_config
+    from training.app.schema import load_config
+    from training.mdl.precheck import precheck
+
+    precheck(load_config(job_config(tmp_path / "out", ["dataset=digits", "eraser=gradient"])), torch.device("cpu"))
 
 
 def test_an_unknown_eraser_name_is_one_line(tmp_path: Path) -> None:

@@ -189,14 +189,18 @@ def coded_indices(cfg: JobConfig, data: LoadedData, pack: Pack | None = None) ->
 
 
 def check_input(cfg: JobConfig, data: LoadedData) -> None:
-    """What the samples' shape rules out, in one line: augmentation (random crops and flips of images) of vectors,
-    which would zero most of each one, and an architecture that cannot take them (LeNet below 4×4)."""
+    """What the samples rule out, in one line: augmentation (random crops and flips of images) of vectors, which
+    would zero most of each one, an eraser that cannot take their values (`input_range`), and an architecture that
+    cannot take their shape (LeNet below 4×4)."""
     c, h, w = data.input_shape
     if cfg.dataset.augment and h == 1:
         raise ConfigError(f"dataset.augment=true is not allowed with dataset={cfg.dataset.name}: its samples are "
                           f"vectors ({w} numbers) and augmentation crops and flips images; set dataset.augment=false")
-    from models import make_spec
-    from models.mup_utils import on_meta
+    bounds = eraser_traits(cfg.eraser.name).input_range
+    if bounds is not None and (float(data.x.min()) < bounds[0] or float(data.x.max()) > bounds[1]):
+        raise ConfigError(f"eraser={cfg.eraser.name} is not allowed with dataset={cfg.dataset.name}: it takes "
+                          f"samples in [{bounds[0]:g}, {bounds[1]:g}], these lie in [{float(data.x.min()):.3g}, "
+                          f"{float(data.x.max()):.3g}]; use an image dataset or another eraser")
 
     try:
         on_meta(make_spec(cfg.arch, data.input_shape, data.num_classes).build)

@@ -145,8 +145,8 @@ def test_sensitivity_preset_covers_parametrization_rank_handling_and_zscore_orde
 def test_no_job_of_any_preset_is_refused() -> None:
     """Every job a preset expands to passes the config check (a refusal added for one case must not refuse a paper
     preset: `eraser.after_augment=true` without augmentation is what paper_fig8 runs on SVHN)."""
-    from training.app.schema import load_config
     from training.app.sweep_jobs import fast_expand
+    from training.app.tasks import load_job
     from training.errors import UserError
 
     refused = []
@@ -157,7 +157,7 @@ def test_no_job_of_any_preset_is_refused() -> None:
             if int(cfg["seed"]) != first:  # a seed refuses nothing the first seed's jobs would not
                 continue
             try:
-                load_config(cfg)
+                load_job(cfg)
             except UserError as err:
                 refused.append(f"{name}: {str(err).splitlines()[0]}")
     assert not refused, f"{len(refused)} refused, e.g. {refused[:3]}"

@@ -165,10 +165,11 @@ def _refusal(tmp_path: Path, overrides: list[str], precheck: bool = False) -> st
     import torch
 
     from tests.helpers import job_config
-    from training.app.schema import ConfigError, load_config
+    from training.app.schema import ConfigError
+    from training.app.tasks import load_job
 
     try:
-        cfg = load_config(job_config(tmp_path / "out", overrides))
+        cfg = load_job(job_config(tmp_path / "out", overrides))
         if precheck:
             from training.mdl.precheck import precheck as check
 
@@ -198,13 +199,13 @@ def test_a_config_that_changes_nothing_or_cannot_run_is_one_line(tmp_path: Path,
 def test_the_accepted_neighbours_still_compose(tmp_path: Path) -> None:
     """Where the refusals above must not fire."""
     from tests.helpers import job_config
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
 
     for overrides in (["dataset=mixture"], ["dataset=cifar10", "eraser=leace", "eraser.after_augment=true"],
                       ["eraser=leace", "eraser.after_augment=true"],  # paper_fig8 (SVHN, no augmentation) sets it
                       ["dataset=gaussian", "eraser=leace", "eraser.fit_on=oracle", "eraser.n_fit=2"],
                       ["dataset=gaussian", "dataset.dim=64"], ["paths.cell=c.1"], ["dataset.tag=a.b"]):
-        load_config(job_config(tmp_path / "out", overrides))
+        load_job(job_config(tmp_path / "out", overrides))
 
 
 def test_a_dangling_symlink_as_out_dir_is_one_line(tmp_path: Path) -> None:

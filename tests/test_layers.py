@@ -177,10 +177,10 @@ def test_a_plain_start_imports_no_numba_and_the_core_no_task_code() -> None:
     code = """
 import sys
 from tests.helpers import job_config
-from training.app.schema import cell_hash, config_hash, load_config
+from training.app.tasks import job_cell_hash, job_hash, load_job
 for overrides in (["experiment=smoke"], ["experiment=gs_two_moons"], ["experiment=demo", "regularizer=sd"]):
     cfg = job_config("/tmp/unused", overrides)
-    load_config(cfg), config_hash(cfg), cell_hash(cfg)
+    load_job(cfg), job_hash(cfg), job_cell_hash(cfg)
 core = sorted(m for m in sys.modules if m.startswith(("training.mdl", "training.starvation", "training.cli")))
 import training.cli.run
 print(core, "numba" in sys.modules)

@@ -233,13 +233,13 @@ def test_4_each_path_part_is_refused_in_one_line(tmp_path: Path, override: str, 
 @pytest.mark.parametrize("override", ["paths.job_subdir=mine/sub", "paths.cell=c_mine", "dataset.tag=my.tag",
                                       "paths.out_dir=../relative_is_fine"])
 def test_4_ordinary_path_parts_are_accepted(tmp_path: Path, override: str) -> None:
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
 
     cfg = job_config(tmp_path, [*TINY, override])
     if override.startswith("paths.out_dir"):
         cfg = {**cfg, "paths": {**cfg["paths"], "out_dir": "../relative_is_fine",
                                 "job_dir": "../relative_is_fine/runs/x/seed0"}}
-    load_config(cfg)  # no refusal
+    load_job(cfg)  # no refusal
 
 
 def test_4_cli_refuses_the_issue_repro_and_writes_nothing(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from training.app.lifecycle import JobRun, Outcome, Progress, run_in_job_dir
-from training.app.schema import JobConfig
+from training.app.schema import JobConfig, load_config
+from training.app.tasks import own_groups, spec_of
 from training.app.wandb_logger import RunLogger
 from training.common import packs
 from training.data import LoadedData
@@ -163,8 +164,10 @@ LIFECYCLE: dict[str, Any] = {"precheck": _check_runtime, "describe": _describe, 
 
 
 def run_job(config: Mapping[str, Any] | JobConfig) -> Outcome:
-    """One MDL job in the one lifecycle: `run(prepare(job))`."""
-    return run_in_job_dir(config, lambda job: run(prepare(job)), **LIFECYCLE)
+    """One MDL job in the one lifecycle: `run(prepare(job))` (scripts and tests; the command line runs the task
+    the config names, training/tasks/mdl.py, which runs the same)."""
+    spec = spec_of("mdl")
+    return run_in_job_dir(load_config(config, spec, own_groups()), spec, lambda job: run(prepare(job)), **LIFECYCLE)
 
 
 @dataclass(frozen=True)

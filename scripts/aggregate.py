@@ -96,14 +96,14 @@ def experiment_refusal(experiment: str, overrides: list[str]) -> str | None:
     """One line when `--experiment` names no preset or an `--override` does not compose (else None)."""
     from hydra.errors import HydraException
 
-    from training.app.sweeps import presets, sweep_overrides
+    from training.common.sweeps import presets, sweep_overrides
 
     names = presets()
     if experiment not in names:
         return (f"--experiment {experiment!r} is not a preset; the presets (conf/experiment/*.yaml) are: "
                 f"{', '.join(names)}")
     from training.app.schema import ConfigError
-    from training.app.sweeps import expand
+    from training.common.sweeps import expand
 
     try:
         sweep_overrides(experiment, overrides)
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def preset_claims(experiment: str, extra: list[str]) -> list[str] | None:
     """The claims a preset defines (its `claims` key), or None."""
-    from training.app.sweeps import expand
+    from training.common.sweeps import expand
 
     cfgs = expand(experiment, extra, limit=1)  # a preset-level key: every job has the same
     keys = load_job(cfgs[0]).claims if cfgs else None

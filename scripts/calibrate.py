@@ -63,10 +63,11 @@ def collect(root: Path, experiment: str) -> Cells:
     """Per cell (its identity as JSON, every differing key), the MDL of each fit mode's runs by seed."""
     from training.analysis.aggregate_collect import config_identity
     from training.app.result_codec import MalformedResultError, read
-    from training.app.result_types import MdlResult, number
+    from training.app.result_types import number
     from training.app.results import stored_config
     from training.app.schema import numerics_of
     from training.app.tasks import spec_of
+    from training.mdl.result import MdlResult
 
     mdl = spec_of("mdl")
 

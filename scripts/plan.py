@@ -14,7 +14,7 @@ per-job costs measured earlier, each figure with the file and date it comes from
     architecture, else a lower bound from `mdl.patience` (the line says which).
 Without a measurement it says so ("no measurement: run make bench") instead of guessing.
 
-The sweep is expanded by training/app/sweep_jobs.py (one Hydra composition per distinct group choice, the same
+The sweep is expanded by training/common/sweep_jobs.py (one Hydra composition per distinct group choice, the same
 job configs, hashes and directories as Hydra's): a 560-job preset in seconds.
 """
 
@@ -38,13 +38,14 @@ from hydra.errors import HydraException
 from scripts.bench_summary import BenchSummary
 from scripts.gpu_report_model import Report
 from training.app.lifecycle import PROGRESS_FILE
-from training.app.result_types import MdlResult, at, number
+from training.app.result_types import at, number
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import config_hash
-from training.app.sweep_jobs import expand_overrides
-from training.app.sweeps import sweep_overrides
 from training.app.tasks import load_job, spec_of
+from training.common.sweep_jobs import expand_overrides
+from training.common.sweeps import sweep_overrides
 from training.errors import UserError
+from training.mdl.result import MdlResult
 
 BENCH_JSON = Path("outputs/bench/bench_mdl.json")
 GPU_REPORT_JSON = Path("outputs/gpu_report/gpu_report.json")

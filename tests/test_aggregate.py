@@ -206,8 +206,8 @@ def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Pat
     """--experiment: a result of the job's config is done (also when its stored hash predates a change of the
     hash's definition); another config's result in the job's directory is not counted."""
     from training.app.schema import numerics_of
-    from training.app.sweeps import expand
     from training.app.tasks import job_hash
+    from training.common.sweeps import expand
 
     jobs = expand("smoke", [f"paths.out_dir={tmp_path}"])
     for k, cfg in enumerate(jobs[:3]):

@@ -280,12 +280,12 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
     from hydra.core.utils import JobReturn, JobStatus
     from omegaconf import OmegaConf
 
-    from training.app.ledger_entry import read_ledger
     from training.app.lifecycle import Outcome
     from training.app.result_codec import encode
     from training.app.results import JobDir
     from training.app.tasks import decode_result
     from training.cli.ledger import LEDGER_ENV, JobStatusCallback, summary_line
+    from training.common.ledger_entry import read_ledger
 
     MDL = spec_of("mdl")
 

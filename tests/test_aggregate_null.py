@@ -21,8 +21,8 @@ from scripts import aggregate, claims
 from tests.helpers import fixture_job_dir
 from training.analysis import aggregate_collect, aggregate_render, aggregate_summary
 from training.analysis.tables import groups_in
-from training.app.result_types import MdlRecord
 from training.app.tasks import decode_result
+from training.mdl.result import MdlRecord
 
 LOG2_10 = math.log2(10)
 

@@ -1,5 +1,5 @@
 """Experiment presets: each composes without data, every swept value exists, every job gets its own directory,
-and training/app/sweeps.py expands a preset exactly as Hydra's basic sweeper does."""
+and training/common/sweeps.py expands a preset exactly as Hydra's basic sweeper does."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from training.app.sweep_jobs import fast_expand
-from training.app.sweeps import CONF_DIR, expand, presets, sweep_overrides, sweeper_params
+from training.common.sweep_jobs import fast_expand
+from training.common.sweeps import CONF_DIR, expand, presets, sweep_overrides, sweeper_params
 
 PAPER = ["paper_table_c", "paper_fig4_width", "paper_fig4_depth", "paper_fig5_width", "paper_fig5_depth",
          "paper_fig6_7_width", "paper_fig6_7_depth", "paper_fig8_width", "paper_fig8_depth", "paper_fig16"]
@@ -145,8 +145,8 @@ def test_sensitivity_preset_covers_parametrization_rank_handling_and_zscore_orde
 def test_no_job_of_any_preset_is_refused() -> None:
     """Every job a preset expands to passes the config check (a refusal added for one case must not refuse a paper
     preset: `eraser.after_augment=true` without augmentation is what paper_fig8 runs on SVHN)."""
-    from training.app.sweep_jobs import fast_expand
     from training.app.tasks import load_job
+    from training.common.sweep_jobs import fast_expand
     from training.errors import UserError
 
     refused = []

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import job_config
-from training.app.sweep_jobs import fast_expand
-from training.app.sweeps import expand
+from training.common.sweep_jobs import fast_expand
+from training.common.sweeps import expand
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 
 from tests.helpers import job_config
 from training.app.job_paths import JobPath, job_dir
-from training.app.sweeps import CONF_DIR, expand, presets
 from training.app.tasks import spec_of
+from training.common.sweeps import CONF_DIR, expand, presets
 
 # Gradient Starvation presets lay their jobs out by their own keys (conf/experiment/gs_*.yaml `paths.job_subdir`);
 # nothing parses those paths. Every other preset uses the scheme.

@@ -12,9 +12,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from scripts import plan
-from training.app.sweep_jobs import expand_overrides, fast_expand
-from training.app.sweeps import CONF_DIR, presets, sweep_overrides
 from training.app.tasks import job_hash, load_job
+from training.common.sweep_jobs import expand_overrides, fast_expand
+from training.common.sweeps import CONF_DIR, presets, sweep_overrides
 
 SPREAD = 5  # jobs per preset spread over the sweep (first and last included), plus one for each swept value not in them
 

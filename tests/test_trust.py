@@ -24,7 +24,7 @@ import pytest
 
 from tests.helpers import ENV, TINY, job_config
 from training.app.lifecycle import Outcome
-from training.app.provenance import code_provenance, head_from_files
+from training.common.provenance import code_provenance, head_from_files
 
 
 # --- bug 3: the commit of a checkout another user owns ------------------------------------------------------------
@@ -72,7 +72,7 @@ def test_3_checkout_owned_by_another_user_still_gives_the_commit(tmp_path: Path,
     env = {k: v for k, v in os.environ.items() if k not in ("SUDO_UID", "GIT_CONFIG_GLOBAL")}
     plain = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, env=env)
     assert plain.returncode != 0 and "dubious ownership" in plain.stderr  # git itself refuses it
-    with caplog.at_level(logging.WARNING, logger="training.app.provenance"):
+    with caplog.at_level(logging.WARNING, logger="training.common.provenance"):
         code = code_provenance.__wrapped__(repo)
     assert code["commit"] == sha
     assert code["dirty"] is None  # git status is refused: not guessed
@@ -85,7 +85,7 @@ def test_3_unreadable_head_says_why(tmp_path: Path, caplog: pytest.LogCaptureFix
     repo = tmp_path / "repo"
     _repo(repo)
     (repo / ".git" / "HEAD").write_text("ref: refs/heads/nowhere\n")
-    with caplog.at_level(logging.WARNING, logger="training.app.provenance"):
+    with caplog.at_level(logging.WARNING, logger="training.common.provenance"):
         code = code_provenance.__wrapped__(repo)
     assert code["commit"] is None
     assert "refs/heads/nowhere has no commit" in caplog.text

@@ -23,14 +23,15 @@ from erasure.registry import ERASERS
 from training.analysis.aggregate_rows import Recorded
 from training.analysis.tables import PROBES
 from training.app.job_paths import JobPath
-from training.app.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
 from training.app.lifecycle import SavedProgress
 from training.app.result_codec import FIT_DEFAULTS, REPEAT_KEY, MalformedResultError, legacy_fold
-from training.app.result_types import BlockRecord, Certificate, MdlRecord, MdlResult, Result, number
+from training.app.result_types import Result, number
 from training.app.results import RESULT_FILE, SET_ASIDE, flatten, same_config, stored_config
 from training.app.schema import JobConfig, OptionsSection, Section, config_hash
-from training.app.sweeps import expand
 from training.app.tasks import job_semantic, read_any, spec_of
+from training.common.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
+from training.common.sweeps import expand
+from training.mdl.result import BlockRecord, Certificate, MdlRecord, MdlResult
 
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
 # variant: eraser options that differ, if any). A cell's runs: its seeds × folds, and its null runs (`null`).

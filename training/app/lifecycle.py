@@ -10,7 +10,7 @@ result. What a precheck loaded reaches the body as `JobRun.loaded`: nothing trav
 
 The MDL jobs and the Gradient Starvation jobs share it, so a fix here (a lock, a resume rule, what a result must
 hold) reaches both. Every result records its `provenance` (code commit, versions, device, host, start and end:
-training/app/provenance.py); a result whose task-declared sections (`finite=`, MDL: mdl and final) hold a NaN or
+training/common/provenance.py); a result whose task-declared sections (`finite=`, MDL: mdl and final) hold a NaN or
 infinity is never written (NonFiniteError, one line). One-line errors and the multirun ledger sit above it
 (training/run.py, ledger.py): they see the same exceptions and results whatever the task.
 """
@@ -29,7 +29,6 @@ from typing import Any, Literal
 
 import torch
 
-from training.app.provenance import device_name, now_utc, provenance
 from training.app.result_codec import encode, new_result
 from training.app.result_types import Fingerprint as FingerprintRecord
 from training.app.result_types import Result, at
@@ -37,6 +36,7 @@ from training.app.results import JobDir, Stale, legacy_result, set_aside_name
 from training.app.schema import HASH_VERSION, JobConfig, config_hash, load_config, numerics_of
 from training.app.task_spec import TaskSpec
 from training.common.files import atomic_write_json, read_json
+from training.common.provenance import device_name, now_utc, provenance
 from training.engine.devices import resolve_device
 from training.engine.numerics import job_numerics, signature
 from training.errors import NonFiniteError, UserError
@@ -202,7 +202,7 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, spec: TaskSpec, body: 
     result, or skipped/reused with an earlier run's result of this configuration. `precheck` refuses bad runtime
     options before anything is made and returns what it loaded, for the body (`JobRun.loaded`). `finite`: the
     result's sections whose every number must be finite (else NonFiniteError and no result); every result gets
-    `provenance` (training/app/provenance.py). An earlier result is not reused (one line says why) when it lacks a
+    `provenance` (training/common/provenance.py). An earlier result is not reused (one line says why) when it lacks a
     `complete` section or its `dataset.fingerprint` differs from `fingerprint(cfg)`, the data now (which the body
     then gets, as it gets a precheck's)."""
     cfg = load_config(config, spec)  # bad values fail here, with one line, before any directory or data

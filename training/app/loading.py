@@ -10,7 +10,7 @@ import os
 import typing
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -32,6 +32,7 @@ from training.app.sections import (
 )
 from training.app.task_spec import TaskSpec
 from training.app.typed import NAME_MAX, ConfigError, FieldSpec, build_options, check_typed, field_spec, kind_name
+from training.common.conf import CONF_DIR, resolved_dict
 from training.data.registry import DATASETS, dataset_traits
 
 
@@ -284,17 +285,6 @@ def _check(key: str, value: Any, declared: FieldSpec) -> Any:
     if declared.check is not None and not declared.check(value):
         raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {declared.describe('another value')}")
     return value
-
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
-
-def resolved_dict(node: Any, resolve: bool = True) -> dict[str, Any]:
-    """A config node (DictConfig) as a plain dict, interpolations resolved (or not)."""
-    plain = OmegaConf.to_container(node, resolve=resolve)
-    if not isinstance(plain, dict):
-        raise TypeError(f"expected a group of keys, got {type(plain).__name__}")
-    return cast(dict[str, Any], plain)  # conf/'s groups have string keys
 
 
 def group_config(group: str, name: str, **overrides: Any) -> Any:

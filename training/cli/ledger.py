@@ -34,7 +34,6 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from training.app.ledger_entry import DONE_BY_ANOTHER_RUN, STATUSES, LedgerEntry, read_ledger
 from training.app.lifecycle import Outcome
 from training.app.resolvers import resolved_dict
 from training.app.results import RESULT_FILE, NewerResultError, flatten, mismatch_message, read_result, same_config
@@ -45,6 +44,7 @@ from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
 from training.cli.report import exit_user_error, user_error_line
 from training.common import env
 from training.common.files import atomic_write_json
+from training.common.ledger_entry import DONE_BY_ANOTHER_RUN, STATUSES, LedgerEntry, read_ledger
 from training.engine.devices import device_problem, resolve_device
 
 log = logging.getLogger("training.multirun")

@@ -22,7 +22,6 @@ import torch
 from training.app.lifecycle import JobRun, Outcome, Progress, run_in_job_dir
 from training.app.schema import JobConfig, load_config
 from training.app.tasks import own_groups, spec_of
-from training.app.wandb_logger import RunLogger
 from training.common import packs
 from training.data import LoadedData
 from training.engine.checkpoint import CheckpointStore
@@ -35,6 +34,7 @@ from training.mdl.precheck import data_fingerprint, jobs_that_fit, precheck
 from training.mdl.splits import MdlSplit, model_name
 from training.mdl.stop_keys import say_stop_keys
 from training.mdl.trainer import LN2, Trainer, model_jobs, split_of
+from training.mdl.wandb_logger import RunLogger
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from training.analysis.aggregate_rows import Recorded
 from training.analysis.tables import PROBES
 from training.app.job_paths import JobPath
 from training.app.lifecycle import SavedProgress
-from training.app.result_codec import FIT_DEFAULTS, REPEAT_KEY, MalformedResultError, legacy_fold
+from training.app.result_codec import FIT_DEFAULTS, REPEAT_KEY, MalformedResultError, flatten, legacy_fold
 from training.app.result_types import Result, number
-from training.app.results import RESULT_FILE, SET_ASIDE, flatten, same_config, stored_config
+from training.app.results import RESULT_FILE, SET_ASIDE, same_config, stored_config
 from training.app.schema import JobConfig, OptionsSection, Section, config_hash
 from training.app.tasks import job_semantic, read_any, spec_of
 from training.common.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry

@@ -7,9 +7,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from training.app.loading import resolved_dict  # noqa: F401  (callers import it from here)
 from training.app.schema import NON_CONFIG_KEYS
 from training.app.tasks import job_cell_hash
+from training.common.conf import resolved_dict as resolved_dict  # callers import it from here
 
 
 def _suffix(value: object, sep: str = "_") -> str:

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from training.app.loading import (
-    CONF_DIR,
     READ_ONLY_WITH,
     group_config,
     load_config,
@@ -53,6 +52,7 @@ from training.app.sections import (
 )
 from training.app.task_spec import TaskSpec
 from training.app.typed import ConfigError, field_spec
+from training.common.conf import CONF_DIR
 
 # What callers import from here (the sections and their loading live in sections.py and loading.py).
 __all__ = ["CONF_DIR", "FIT_KEYS", "FIT_ON", "GROUPS", "HASH_VERSION", "NON_CONFIG_KEYS", "NUMERICS", "READ_ONLY_WITH",

@@ -29,15 +29,10 @@ from training.app.lifecycle import JobRun, Outcome, run_in_job_dir
 from training.app.result_codec import decode, encode, read_json, upgrade
 from training.app.result_types import Result
 from training.app.schema import ConfigError, JobConfig, cell_hash, config_hash, load_config, semantic
-from training.app.task_spec import (  # noqa: F401  (the declarations' names, re-exported)
-    NAMESPACE,
-    TASKS,
-    TaskRegistry,
-    TaskSpec,
-    specs,
-    task_names,
-    task_spec,
-)
+from training.app.task_spec import TASKS as TASKS  # the declarations' names, re-exported
+from training.app.task_spec import TaskSpec as TaskSpec
+from training.app.task_spec import specs, task_spec
+from training.app.task_spec import task_names as task_names
 
 
 @dataclass(frozen=True)

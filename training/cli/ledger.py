@@ -36,7 +36,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from training.app.lifecycle import Outcome
 from training.app.resolvers import resolved_dict
-from training.app.results import RESULT_FILE, NewerResultError, flatten, mismatch_message, read_result, same_config
+from training.app.result_codec import flatten
+from training.app.results import RESULT_FILE, NewerResultError, mismatch_message, read_result, same_config
 from training.app.schema import config_hash
 from training.app.tasks import TaskSpec, job_semantic, load_job
 from training.cli.local_workers import controllers_ignore_sigint

@@ -1,15 +1,16 @@
 """Follow one value through the code (issue 41's "value trail"): run a tiny job in this process under `sys.settrace`,
-take the object an entry function receives as one of its arguments, and record every later call of a project
-function that receives that same object (by identity) as an argument. Printed per trail:
+take the object an entry function receives as one of its arguments, and record every call of a project function,
+made inside the entry's call, that receives that same object (by identity) as an argument. Printed per trail:
 
     functions  the distinct functions it was handed to (the entry included)
     returns    how often it came back to a module it had left before (A -> B -> A counts one)
     modules    the distinct modules it visited
 
-    PYTHONPATH=$PWD python scripts/value_trail.py          # run_job:config, prepare_inputs:cfg, apply_eraser:data
+    PYTHONPATH=$PWD python scripts/value_trail.py [-v]     # -v: the functions of each trail
 
 Only frames of the project's packages count (atomicio, erasure, models, training, scripts); the object is followed
-by identity, so a value rebuilt on the way (a raw config loaded into a JobConfig) ends its trail there.
+by identity, so a value rebuilt on the way (a raw config loaded into a JobConfig) ends its trail there: the job's
+JobConfig is followed from the lifecycle's entry (`run_in_job_dir:config`, which gets it loaded).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Trail:
     function: str
     argument: str
     target: Any = None
+    entry: FrameType | None = None  # the entry's frame: calls are recorded while it is on the stack
     visits: list[tuple[str, str]] = field(default_factory=list)  # (module, function) per call it was handed to
 
     def figures(self) -> tuple[int, int, int]:
@@ -50,6 +52,14 @@ def _arguments(frame: FrameType) -> list[Any]:
     return [frame.f_locals[name] for name in code.co_varnames[:n] if name in frame.f_locals]
 
 
+def _inside(frame: FrameType | None, entry: FrameType | None) -> bool:
+    while frame is not None:
+        if frame is entry:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def follow(trails: list[Trail], run: Callable[[], Any], project: tuple[str, ...] = PROJECT) -> None:
     """Run `run()` under a tracer that fills every trail's visits (each trail starts at its entry's first call)."""
 
@@ -63,8 +73,8 @@ def follow(trails: list[Trail], run: Callable[[], Any], project: tuple[str, ...]
         args = None
         for trail in trails:
             if trail.target is None and name == trail.function and trail.argument in frame.f_locals:
-                trail.target = frame.f_locals[trail.argument]
-            if trail.target is not None:
+                trail.target, trail.entry = frame.f_locals[trail.argument], frame
+            if trail.target is not None and _inside(frame, trail.entry):
                 args = _arguments(frame) if args is None else args
                 if any(a is trail.target for a in args):
                     trail.visits.append((module, frame.f_code.co_qualname))
@@ -81,14 +91,15 @@ def main() -> None:
     from training.common.sweeps import expand
     from training.mdl.job import run_job
 
-    trails = [Trail("run_job", "config"), Trail("prepare_inputs", "cfg"), Trail("apply_eraser", "data")]
+    trails = [Trail("run_job", "config"), Trail("run_in_job_dir", "config"), Trail("prepare_inputs", "cfg"),
+              Trail("apply_eraser", "data")]
     with tempfile.TemporaryDirectory() as out:
         job = expand("smoke", [f"paths.out_dir={out}", "eraser=leace", "mdl.max_epochs=1", "progress=false"])[0]
         follow(trails, lambda: run_job(job))
-    print("value             functions  returns  modules")
+    print("value                  functions  returns  modules")
     for t in trails:
         f, r, m = t.figures()
-        print(f"{t.function}:{t.argument:<10} {f:>9} {r:>8} {m:>8}")
+        print(f"{t.function + ':' + t.argument:<22} {f:>9} {r:>8} {m:>8}")
         if "-v" in sys.argv:
             for module, fn in dict.fromkeys(t.visits):
                 print(f"    {module}.{fn}")

@@ -32,6 +32,17 @@ def test_the_tracer_counts_functions_returns_and_modules_of_a_toy_chain() -> Non
     assert trail.figures() == (3, 0, 1)
 
 
+def _outer(x: Any) -> Any:
+    _a(x)
+    return _c(x)  # after _a returned: outside the trail of _a
+
+
+def test_only_calls_inside_the_entrys_call_count() -> None:
+    trail = Trail("_a", "x")
+    follow([trail], lambda: _outer(object()), project=("tests",))
+    assert [fn for _, fn in trail.visits] == ["_a", "_b", "_c", "_b"]
+
+
 def test_returns_count_each_time_the_value_comes_back_to_a_module_it_left() -> None:
     trail = Trail("f", "x")
     trail.visits = [("m1", "f"), ("m2", "g"), ("m1", "h"), ("m1", "f"), ("m3", "k"), ("m2", "g"), ("m1", "f")]

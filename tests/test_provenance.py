@@ -100,7 +100,7 @@ def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> Non
 
 
 def test_2_outside_a_git_checkout_commit_and_dirty_are_null(tmp_path: Path) -> None:
-    from training.app import provenance as prov_mod
+    from training.common import provenance as prov_mod
 
     site = tmp_path / "site-packages"  # an installed wheel: the package next to its dist-info, no .git
     (site / "training").mkdir(parents=True)

@@ -42,8 +42,7 @@ import pandas as pd
 from training.analysis.aggregate_collect import collect_dir, collect_experiment
 from training.analysis.aggregate_summary import commit_problems, data_problems, unverified_problems
 from training.app.result_types import Result
-from training.app.schema import load_config
-from training.app.tasks import Collected, task_names, tasks
+from training.app.tasks import Collected, load_job, task_names, tasks
 
 
 # --- main -------------------------------------------------------------------------------------------------
@@ -97,19 +96,19 @@ def experiment_refusal(experiment: str, overrides: list[str]) -> str | None:
     """One line when `--experiment` names no preset or an `--override` does not compose (else None)."""
     from hydra.errors import HydraException
 
-    from training.app.sweeps import presets, sweep_overrides
+    from training.common.sweeps import presets, sweep_overrides
 
     names = presets()
     if experiment not in names:
         return (f"--experiment {experiment!r} is not a preset; the presets (conf/experiment/*.yaml) are: "
                 f"{', '.join(names)}")
     from training.app.schema import ConfigError
-    from training.app.sweeps import expand
+    from training.common.sweeps import expand
 
     try:
         sweep_overrides(experiment, overrides)
         for cfg in expand(experiment, overrides, limit=1):
-            load_config(cfg)  # a value the jobs would refuse
+            load_job(cfg)  # a value the jobs would refuse
     except (HydraException, ConfigError) as err:
         first = " ".join(str(err).split("\n")[0].split())
         return f"--experiment {experiment} with --override {' '.join(overrides)}: {first}"
@@ -183,10 +182,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def preset_claims(experiment: str, extra: list[str]) -> list[str] | None:
     """The claims a preset defines (its `claims` key), or None."""
-    from training.app.sweeps import expand
+    from training.common.sweeps import expand
 
     cfgs = expand(experiment, extra, limit=1)  # a preset-level key: every job has the same
-    keys = load_config(cfgs[0]).claims if cfgs else None
+    keys = load_job(cfgs[0]).claims if cfgs else None
     return [str(k) for k in keys] if keys else None
 
 

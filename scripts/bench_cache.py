@@ -42,7 +42,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import erasure
-    from training.app.result_codec import decode
+    from training.app.tasks import decode_result as decode
     from training.mdl.job import run_job
 
     fits = 0

@@ -68,20 +68,24 @@ def collect(root: Path, experiment: str) -> Cells:
     """Per cell (its identity as JSON, every differing key), the MDL of each fit mode's runs by seed."""
     from training.analysis.aggregate_collect import config_identity
     from training.app.result_codec import MalformedResultError, read
-    from training.app.result_types import MdlResult, number
+    from training.app.result_types import number
     from training.app.results import stored_config
     from training.app.schema import numerics_of
+    from training.app.tasks import spec_of
+    from training.mdl.result import MdlResult
+
+    mdl = spec_of("mdl")
 
     cells: Cells = {}
     for path in sorted(root.rglob("result.json")):
         try:
-            result = read(path)
+            result = read(path, mdl)
         except (OSError, MalformedResultError):
             continue
         if not isinstance(result, MdlResult) or result.mdl is None or result.config is None:
             continue
         c, bits = stored_config(result.config), number(result.mdl.bits_per_sample)
-        if bits is None or c["experiment_name"] != experiment or result.numerics_version != numerics_of("mdl"):
+        if bits is None or c["experiment_name"] != experiment or result.numerics_version != numerics_of(mdl):
             continue
         identity = {k: v for k, v in config_identity(dict(result.config)).items() if k not in NOT_CELL}
         key = json.dumps(identity, sort_keys=True, default=str)

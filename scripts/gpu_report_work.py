@@ -57,11 +57,11 @@ def compose(overrides: list[str]) -> Any:  # a training.app.schema.JobConfig
 
     import training  # noqa: F401  (registers the resolvers conf/ uses)
     from training.app.resolvers import resolved_dict
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = hydra_compose("config", overrides=overrides)
-    return load_config(resolved_dict(cfg))
+    return load_job(resolved_dict(cfg))
 
 
 def cifar_like(n: int, shape: tuple[int, int, int], seed: int = 0) -> tuple[Any, Any]:

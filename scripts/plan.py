@@ -14,7 +14,7 @@ per-job costs measured earlier, each figure with the file and date it comes from
     architecture, else a lower bound from `mdl.patience` (the line says which).
 Without a measurement it says so ("no measurement: run make bench") instead of guessing.
 
-The sweep is expanded by training/app/sweep_jobs.py (one Hydra composition per distinct group choice, the same
+The sweep is expanded by training/common/sweep_jobs.py (one Hydra composition per distinct group choice, the same
 job configs, hashes and directories as Hydra's): a 560-job preset in seconds.
 """
 
@@ -38,12 +38,14 @@ from hydra.errors import HydraException
 from scripts.bench_summary import BenchSummary
 from scripts.gpu_report_model import Report
 from training.app.lifecycle import PROGRESS_FILE
-from training.app.result_types import MdlResult, at, number
+from training.app.result_types import at, number
 from training.app.results import RESULT_FILE, read_result, same_config
-from training.app.schema import config_hash, duplicate_jobs, load_config
-from training.app.sweep_jobs import expand_overrides
-from training.app.sweeps import sweep_overrides
+from training.app.schema import config_hash, duplicate_jobs
+from training.app.tasks import load_job, spec_of
+from training.common.sweep_jobs import expand_overrides
+from training.common.sweeps import sweep_overrides
 from training.errors import UserError
+from training.mdl.result import MdlResult
 
 BENCH_JSON = Path("outputs/bench/bench_mdl.json")
 GPU_REPORT_JSON = Path("outputs/gpu_report/gpu_report.json")
@@ -76,7 +78,7 @@ class Cell:
 def job_hash(cfg: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """(config hash, None), or (None, the one-line refusal) for a config the job would refuse."""
     try:
-        return config_hash(load_config(cfg)), None
+        return config_hash(load_job(cfg)), None
     except UserError as err:
         return None, str(err).splitlines()[0]
 
@@ -87,9 +89,10 @@ def job_status(job: Job) -> str:
     progress.json: it resumes), to run."""
     if job.cfg_hash is None:
         return "refused"
-    done = read_result(job.job_dir / RESULT_FILE)
+    spec = spec_of(job.cfg)
+    done = read_result(job.job_dir / RESULT_FILE, spec)
     if done is not None:
-        return "done" if same_config(done, job.cfg_hash) else "other config"
+        return "done" if same_config(done, job.cfg_hash, spec) else "other config"
     return "in progress" if (job.job_dir / PROGRESS_FILE).exists() else "to run"
 
 
@@ -166,7 +169,7 @@ def finished_costs(jobs: Sequence[Job]) -> dict[tuple[str, str], Cost]:
     for job in jobs:
         if job.status != "done":
             continue
-        result = read_result(job.job_dir / RESULT_FILE)
+        result = read_result(job.job_dir / RESULT_FILE, spec_of(job.cfg))
         total = number(at(result.timings, "total_s")) if result is not None else None  # timings: open
         if result is not None and total is not None:
             kind = "gpu" if str(result.device).startswith("cuda") else "cpu"
@@ -240,7 +243,7 @@ def protocol_epochs(arch: str, remaining: Sequence[Job], finished: Sequence[Job]
     `mdl.patience` + 1 epochs, none past `mdl.max_epochs`); and which of the two it is."""
     seen = []
     for job in finished:
-        result = read_result(job.job_dir / RESULT_FILE) if job.arch == arch else None
+        result = read_result(job.job_dir / RESULT_FILE, spec_of(job.cfg)) if job.arch == arch else None
         blocks = result.mdl.blocks if isinstance(result, MdlResult) and result.mdl is not None else ()
         if epochs := [b.epochs for b in blocks if b.epochs]:
             seen.append(max(epochs))
@@ -308,7 +311,7 @@ def report(experiment: str, extra: Sequence[str], max_cells: int, bench: Path, g
                  f"force=true), {counts['refused']} refused")
     for job in [j for j in jobs if j.refused][:3]:
         lines.append(f"  refused {job.job_dir}: {job.refused}")
-    if (same := duplicate_jobs([(i, j.cfg) for i, j in enumerate(jobs) if not j.refused])) is not None:
+    if (same := duplicate_jobs([(i, j.cfg, spec_of(j.cfg)) for i, j in enumerate(jobs) if not j.refused])) is not None:
         lines.append(f"  refused (the sweep): {same}")  # as `python -m training.run -m` refuses it
     remaining = [j for j in jobs if j.status != "done"]
     finished = finished_costs(jobs)

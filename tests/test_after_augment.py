@@ -17,7 +17,7 @@ import erasure
 import models
 from tests.helpers import fit_settings, group_options, job_config
 from tests.test_vectorized import _data, _models
-from training.app.schema import load_config
+from training.app.tasks import load_job
 from training.data import LoadedData
 from training.data.erase import BatchEraser, fit_cached
 from training.engine.batches import DeviceData
@@ -102,7 +102,7 @@ def test_training_batches_are_erased_after_augmentation(name: str, tmp_path: Pat
     result = run_job(job_config(tmp_path, [*overrides, "eraser.after_augment=true"])).result
     monkeypatch.undo()
     trainer: job.Trainer = seen["trainer"]
-    coded, once, _ = prepare_data(load_config(job_config(tmp_path, overrides)))  # erased once, unaugmented
+    coded, once, _ = prepare_data(load_job(job_config(tmp_path, overrides)))  # erased once, unaugmented
 
     # validation set and coded blocks: the once-erased images, exactly as with after_augment=false
     assert torch.equal(trainer.data.all(), once)
@@ -111,7 +111,7 @@ def test_training_batches_are_erased_after_augmentation(name: str, tmp_path: Pat
     assert torch.equal(trainer.train_data.all(), coded.x) and trainer.train_data is not trainer.data
     eraser = trainer.batch_transform.eraser
     assert eraser.name == name and eraser.needs_labels == (name == "qleace")
-    refit = erasure.fit(name, coded.x, coded.y, **load_config(job_config(tmp_path, overrides)).eraser.options)
+    refit = erasure.fit(name, coded.x, coded.y, **load_job(job_config(tmp_path, overrides)).eraser.options)
     for key, value in refit.state.items():
         assert torch.allclose(eraser.state[key], value, rtol=1e-10, atol=1e-12), key
     assert result["eraser"]["after_augment"] is True and result["eraser"]["batch_eraser"]["applied"] is True
@@ -281,4 +281,4 @@ def test_after_augment_refusal_from_the_command_line_is_one_line(tmp_path: Path)
 def test_after_augment_alternatives_pass_the_precheck(tmp_path: Path, extra: list[str]) -> None:
     from training.mdl.precheck import precheck
 
-    assert precheck(load_config(job_config(tmp_path, [*DIGITS_AFTER, *extra])), torch.device("cpu")) is not None
+    assert precheck(load_job(job_config(tmp_path, [*DIGITS_AFTER, *extra])), torch.device("cpu")) is not None

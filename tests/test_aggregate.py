@@ -14,7 +14,7 @@ import pytest
 from scripts import aggregate
 from training.analysis import aggregate_collect, aggregate_render, aggregate_summary
 from training.analysis.tables import MixedGroupsError, group_label, groups_in
-from training.app.result_codec import decode
+from training.app.tasks import decode_result, spec_of
 
 
 def _config(dataset: str, eraser: str, arch: str, width: int, depth: int, seed: int, task: str = "mdl") -> dict:
@@ -190,7 +190,7 @@ def test_every_task_tables_its_own_results(tmp_path: Path, monkeypatch, capsys) 
 
     monkeypatch.setattr(get_task("gs_two_moons"), "rows", tables)
     monkeypatch.setattr(get_task("gs_colored_mnist"), "rows", broken)
-    results = [decode({"config": {"task": "gs_two_moons"}})] * 2 + [decode({"config": {"task": "gone"}})]
+    results = [decode_result({"config": {"task": "gs_two_moons"}})] * 2 + [decode_result({"config": {"task": "gone"}})]
     text = aggregate.write_all(pd.DataFrame(), results, tmp_path, "x", "title")
     assert text == "| gs | 2 results |\n" and (tmp_path / "x_gs.md").read_text() == text
     err = capsys.readouterr().err
@@ -205,16 +205,17 @@ def test_no_results_is_an_error(tmp_path: Path) -> None:
 def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Path) -> None:
     """--experiment: a result of the job's config is done (also when its stored hash predates a change of the
     hash's definition); another config's result in the job's directory is not counted."""
-    from training.app.schema import config_hash, numerics_of
-    from training.app.sweeps import expand
+    from training.app.schema import numerics_of
+    from training.app.tasks import job_hash
+    from training.common.sweeps import expand
 
     jobs = expand("smoke", [f"paths.out_dir={tmp_path}"])
     for k, cfg in enumerate(jobs[:3]):
         job_dir = Path(cfg["paths"]["job_dir"])
         job_dir.mkdir(parents=True)
         stored = {**cfg, "optim": {**cfg["optim"], "lr": 0.1}} if k == 2 else cfg
-        result = {"config_hash": config_hash(cfg) if k == 0 else "old-definition", "config": stored,
-                  "numerics_version": numerics_of("mdl"),
+        result = {"config_hash": job_hash(cfg) if k == 0 else "old-definition", "config": stored,
+                  "numerics_version": numerics_of(spec_of("mdl")),
                   "mdl": {"protocol": "prequential", "bits_per_sample": 1.0 + k, "legacy": 2.0 + k},
                   "final": None, "certificate": None}
         (job_dir / "result.json").write_text(json.dumps(result))

@@ -27,6 +27,7 @@ from scripts import aggregate
 from scripts.claims import CLAIMS
 from tests.helpers import fixture_job_dir
 from training.analysis import aggregate_collect, aggregate_render, aggregate_summary
+from training.app.tasks import spec_of
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 
@@ -280,11 +281,14 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
     from hydra.core.utils import JobReturn, JobStatus
     from omegaconf import OmegaConf
 
-    from training.app.ledger_entry import read_ledger
     from training.app.lifecycle import Outcome
-    from training.app.result_codec import decode, encode
+    from training.app.result_codec import encode
     from training.app.results import JobDir
+    from training.app.tasks import decode_result
     from training.cli.ledger import LEDGER_ENV, JobStatusCallback, summary_line
+    from training.common.ledger_entry import read_ledger
+
+    MDL = spec_of("mdl")
 
     ledger = tmp_path / "ledger"
     ledger.mkdir()
@@ -304,20 +308,20 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
         callback.on_job_end(config, JobReturn(status=status, _return_value=returned))
 
     def computes() -> Outcome:
-        JobDir(dirs[0], h).write_result(decode(result))
+        JobDir(dirs[0], h, MDL).write_result(decode_result(result))
         return Outcome("done", dirs[0], result)
 
     run(0, computes)
 
     def waits_then_finds() -> Outcome:
-        JobDir(dirs[1], h).write_result(decode(copy.deepcopy(result)))  # the other sweep's identical job, meanwhile
-        done = JobDir(dirs[1], h).finished()  # this job, once it has the lock: SKIP
+        JobDir(dirs[1], h, MDL).write_result(decode_result(copy.deepcopy(result)))  # the other sweep's job, meanwhile
+        done = JobDir(dirs[1], h, MDL).finished()  # this job, once it has the lock: SKIP
         assert done is not None
         return Outcome("skipped", dirs[1], encode(done))
 
     run(1, waits_then_finds)
-    JobDir(dirs[2], h).write_result(decode(result))  # finished before this sweep started
-    run(2, lambda: Outcome("skipped", dirs[2], encode(JobDir(dirs[2], h).finished())))
+    JobDir(dirs[2], h, MDL).write_result(decode_result(result))  # finished before this sweep started
+    run(2, lambda: Outcome("skipped", dirs[2], encode(JobDir(dirs[2], h, MDL).finished())))
     run(3, lambda: Outcome("reused", dirs[3], result))  # the same configuration's result in its pre-v2 directory
     run(4, lambda: ValueError("bad"))
     entries = read_ledger(ledger)

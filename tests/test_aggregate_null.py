@@ -21,8 +21,8 @@ from scripts import aggregate, claims
 from tests.helpers import fixture_job_dir
 from training.analysis import aggregate_collect, aggregate_render, aggregate_summary
 from training.analysis.tables import groups_in
-from training.app.result_codec import decode
-from training.app.result_types import MdlRecord
+from training.app.tasks import decode_result
+from training.mdl.result import MdlRecord
 
 LOG2_10 = math.log2(10)
 
@@ -169,7 +169,7 @@ def test_label_entropy_is_the_class_prior_where_the_result_gives_it(tmp_path: Pa
     counts = [50] * 5 + [150] * 5
     h = -sum(c / 1000 * math.log2(c / 1000) for c in counts)
     def entropy(result: dict[str, Any], mdl: dict[str, Any]) -> tuple[float, str]:
-        return aggregate_collect._label_entropy(decode({"config": {}, **result}), MdlRecord.of(mdl))
+        return aggregate_collect._label_entropy(decode_result({"config": {}, **result}), MdlRecord.of(mdl))
 
     assert entropy({"dataset": {"class_counts": counts}}, {"num_classes": 10}) == (pytest.approx(h), "H(prior)")
     assert entropy({"certificate": {"after": {"chance_loss_bits": 3.2}}}, {"num_classes": 10}) == (3.2, "H(prior)")

@@ -64,11 +64,11 @@ def test_mixture_keeps_information_through_population_qleace(tmp_path: Path) -> 
 
 def test_mixture_truth_tends_to_h_as_its_modes_merge(tmp_path: Path) -> None:
     """H(Y|X') after population QLEACE: 1 bit when each class is (nearly) one Gaussian, well below with two modes."""
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
     from training.data.generators import mixture_truth_bits
 
     def bound(separation: float) -> float:
-        cfg = load_config(job_config(tmp_path, ["dataset=mixture", f"dataset.separation={separation}"]))
+        cfg = load_job(job_config(tmp_path, ["dataset=mixture", f"dataset.separation={separation}"]))
         return mixture_truth_bits(cfg.dataset.options, 5000)
 
     assert abs(bound(0.01) - 1.0) < 1e-6
@@ -90,18 +90,19 @@ def _fake(root: Path, overrides: list[str], values: dict[int, float], block_size
           ) -> None:
     """result.json files as the calibrate preset's jobs write them (one config, one file per seed)."""
     from training.app.result_codec import encode, new_result
-    from training.app.schema import config_hash, load_config, numerics_of
+    from training.app.schema import numerics_of
+    from training.app.tasks import job_hash, load_job
 
-    cfg = load_config(job_config(root, ["experiment=calibrate", *overrides]))
-    h = config_hash(cfg)
+    cfg = load_job(job_config(root, ["experiment=calibrate", *overrides]))
+    h = job_hash(cfg)
     for seed, bits in values.items():
         mdl = {"protocol": "prequential", "bits_per_sample": bits, "legacy": bits, "block_sizes": list(block_sizes),
                "n_coded": sum(block_sizes), "num_classes": 4}
         job = root / "runs" / h / f"seed{seed}"
         job.mkdir(parents=True)
-        result = new_result(config_hash=h, hash_version=2, numerics_version=numerics_of("mdl"), job_dir=str(job),
-                            task="mdl", config={**cfg.to_dict(), "seed": seed}, sections={"mdl": mdl}, device="cpu",
-                            timings={}, provenance={})
+        result = new_result(config_hash=h, hash_version=2, numerics_version=numerics_of(cfg.task_spec),
+                            job_dir=str(job), task="mdl", config={**cfg.to_dict(), "seed": seed},
+                            sections={"mdl": mdl}, device="cpu", timings={}, provenance={}, spec=cfg.task_spec)
         (job / "result.json").write_text(__import__("json").dumps(encode(result)))
 
 
@@ -112,10 +113,10 @@ def _independent_leace_truth(dim: int, cov_gap: float, mean_gap: float, eraser: 
     import numpy as np
     from scipy import stats
 
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
     from training.data.generators import _law
 
-    o = load_config(job_config(Path("/tmp"), ["dataset=gaussian", f"dataset.dim={dim}", f"dataset.cov_gap={cov_gap}",
+    o = load_job(job_config(Path("/tmp"), ["dataset=gaussian", f"dataset.dim={dim}", f"dataset.cov_gap={cov_gap}",
                                               f"dataset.mean_gap={mean_gap}"])).dataset.options
     u, a = (t.numpy() for t in _law(o))
     k = o.num_classes
@@ -150,10 +151,10 @@ def _independent_leace_truth(dim: int, cov_gap: float, mean_gap: float, eraser: 
 @pytest.mark.parametrize("cov_gap, mean_gap, eraser", [(4, 1, "leace"), (4, 1, "control"), (1, 0, "leace")])
 def test_truth_agrees_with_an_independent_computation(cov_gap: float, mean_gap: float, eraser: str,
                                                       tmp_path: Path) -> None:
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
     from training.data.generators import population_truth_bits
 
-    o = load_config(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=8", f"dataset.cov_gap={cov_gap}",
+    o = load_job(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=8", f"dataset.cov_gap={cov_gap}",
                                           f"dataset.mean_gap={mean_gap}"])).dataset.options
     ours, se = population_truth_bits(o, eraser, rows_per_class=20_000)
     theirs = _independent_leace_truth(8, cov_gap, mean_gap, eraser)
@@ -165,10 +166,10 @@ def test_population_qleace_and_alf_qleace_leave_exactly_log2_k(tmp_path: Path) -
     """QLEACE on Gaussians, and ALF-QLEACE at cov gap 1 (every class deviation has rank 1, so ALF-QLEACE removes
     all of them: the README's "< 2.000, upper bound only" was a mislabel): the truth is log2 K to Monte Carlo
     precision, while the control keeps information."""
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
     from training.data.generators import population_truth_bits
 
-    o = load_config(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=8", "dataset.cov_gap=1"])).dataset.options
+    o = load_job(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=8", "dataset.cov_gap=1"])).dataset.options
     for eraser in ("qleace", "alf_qleace"):
         assert population_truth_bits(o, eraser, rows_per_class=5000)[0] == pytest.approx(H, abs=1e-6), eraser
     assert population_truth_bits(o, "control", rows_per_class=5000)[0] < H - 0.5
@@ -177,13 +178,13 @@ def test_population_qleace_and_alf_qleace_leave_exactly_log2_k(tmp_path: Path) -
 def test_the_grids_truths_are_informative(tmp_path: Path) -> None:
     """Every cell of `make calibrate` at d = 32 has a truth between 0.2 and 0.9 × log2 K (the mixture at
     256 rows/d: K = 2)."""
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
     from training.data.generators import population_truth_bits
 
     for over, eraser, _ in GRID.values():
-        o = load_config(job_config(tmp_path, ["experiment=calibrate", *over])).dataset.options
+        o = load_job(job_config(tmp_path, ["experiment=calibrate", *over])).dataset.options
         assert 0.2 * H < population_truth_bits(o, eraser, rows_per_class=5000)[0] < 0.9 * H, (over, eraser)
-    mix = load_config(job_config(tmp_path, ["experiment=calibrate", "dataset=mixture", "dataset.dim=4",
+    mix = load_job(job_config(tmp_path, ["experiment=calibrate", "dataset=mixture", "dataset.dim=4",
                                             "dataset.num_classes=2", "dataset.mean_gap=0", "dataset.cov_gap=0"])
                       ).dataset.options
     assert 0.2 < population_truth_bits(mix, "qleace", rows_per_class=5000)[0] < 0.9
@@ -262,9 +263,9 @@ def test_a_harness_that_always_prints_log2_k_fails_the_grid(tmp_path: Path) -> N
 def _options(tmp: Path, over: list[str]) -> dict:
     import dataclasses
 
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
 
-    return dataclasses.asdict(load_config(job_config(tmp, ["experiment=calibrate", *over])).dataset.options)
+    return dataclasses.asdict(load_job(job_config(tmp, ["experiment=calibrate", *over])).dataset.options)
 
 
 def test_the_claims_report_runs_on_the_grid(tmp_path: Path) -> None:

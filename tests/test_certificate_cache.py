@@ -11,7 +11,7 @@ import pytest
 
 import erasure
 from tests.helpers import TINY, job_config
-from training.app.schema import load_config
+from training.app.tasks import load_job
 from training.data import load_dataset
 from training.data.cache import key_hash
 from training.data.erase import _cache_key, apply_eraser, certify, certify_erased
@@ -48,7 +48,7 @@ def test_second_seed_reuses_the_after_certificate(tmp_path: Path, monkeypatch: p
                          .read_text())
     assert on_disk["certificate"] == first["certificate"]
     # == a certificate computed afresh from the erased data (its timing aside)
-    cfg = load_config(job_config(tmp_path, LEACE))
+    cfg = load_job(job_config(tmp_path, LEACE))
     data = load_dataset(cfg.dataset)
     x, _ = apply_eraser(data, cfg.eraser, Path(cfg.paths.cache_dir), with_certificate=False)
     fresh = json.loads(json.dumps(certify(x, data.y), default=float))  # as result.json stores it
@@ -58,7 +58,7 @@ def test_second_seed_reuses_the_after_certificate(tmp_path: Path, monkeypatch: p
 
 def test_cached_certificate_is_keyed_by_labels_and_rebuilt_when_corrupt(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    cfg = load_config(job_config(tmp_path, LEACE))
+    cfg = load_job(job_config(tmp_path, LEACE))
     data = load_dataset(cfg.dataset)
     cache = Path(cfg.paths.cache_dir)
     x, _ = apply_eraser(data, cfg.eraser, cache, with_certificate=False)
@@ -86,7 +86,7 @@ def test_cached_certificate_is_keyed_by_labels_and_rebuilt_when_corrupt(
 
 def test_no_entry_no_certificate_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a complete erased-data entry (an unwritable cache) the certificate is computed and nothing written."""
-    cfg = load_config(job_config(tmp_path, LEACE))
+    cfg = load_job(job_config(tmp_path, LEACE))
     data = load_dataset(cfg.dataset)
     calls = _counting(monkeypatch)
     key = _cache_key(data, "leace", cfg.eraser.options)

@@ -17,7 +17,7 @@ from scipy import stats
 from scripts import claims
 from training.analysis.aggregate_collect import at_cap
 from training.analysis.tables import INJECTION, bias_flag, bias_noise
-from training.app.result_types import BlockRecord
+from training.mdl.result import BlockRecord
 
 LOG2_10 = math.log2(10)
 SEEDS = range(claims.MIN_SEEDS)

@@ -19,7 +19,8 @@ import pytest
 from tests.helpers import job_config
 from tests.test_task_keys import _other
 from training.app.results import flatten
-from training.app.schema import ConfigError, config_hash, load_config, semantic
+from training.app.schema import ConfigError
+from training.app.tasks import job_hash, job_semantic, load_job
 from training.data.registry import DATASETS as REGISTERED
 from training.errors import UserError
 
@@ -36,7 +37,7 @@ def _loaded(overrides: list[str], tmp_path: Path) -> tuple[Any, Any]:
     from training.data import load_dataset
     from training.mdl.precheck import check_input
 
-    cfg = load_config(job_config(tmp_path, overrides))
+    cfg = load_job(job_config(tmp_path, overrides))
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
     check_input(cfg, data)
     return cfg, data
@@ -51,14 +52,14 @@ def test_every_hashed_dataset_key_is_read_or_refused(dataset: str, tmp_path: Pat
     except (UserError, OSError) as err:  # a dataset that needs files this machine lacks (DatasetMissingError)
         pytest.skip(f"{dataset} does not load here: {type(err).__name__}: {str(err)[:80]}")
     content, tried, dead = data.content_hash(), 0, []
-    for key, value in sorted(flatten(semantic(base_cfg)).items()):
+    for key, value in sorted(flatten(job_semantic(base_cfg)).items()):
         if not key.startswith("dataset.") or key in SKIP:
             continue
         override = f"++{key}={len(data.y) // 2}" if key == "dataset.limit" else _other("mdl", key, value)
         if override is None:
             continue
         cfg = job_config(tmp_path, [*base, override])
-        if config_hash(cfg) == config_hash(base_cfg):
+        if job_hash(cfg) == job_hash(base_cfg):
             continue
         tried += 1
         try:

@@ -15,7 +15,7 @@ import pytest
 import training.engine
 from models import make_optimizer
 from tests.helpers import job_config
-from training.app.schema import load_config
+from training.app.tasks import load_job
 
 # Fields of the engine's settings that are runtime objects, not settings: None means "none", never a default value.
 RUNTIME = {"batch_transform", "on_finish", "regularizer", "checkpoint"}
@@ -70,7 +70,7 @@ def test_the_job_builds_the_engine_settings_from_its_typed_config(tmp_path: Path
     would differ), the fit's from `mdl`, `optim`, `dataset` and `progress`."""
     from training.mdl.trainer import fit_config, resolve_optim
 
-    cfg = load_config(job_config(tmp_path, OFF_DEFAULT))
+    cfg = load_job(job_config(tmp_path, OFF_DEFAULT))
     optim = resolve_optim(cfg)
     o, m = cfg.optim, cfg.mdl
     assert optim.depth_lr_multiplier != 1.0 and optim.lr == pytest.approx(o.lr * optim.depth_lr_multiplier)

@@ -1,5 +1,5 @@
 """Experiment presets: each composes without data, every swept value exists, every job gets its own directory,
-and training/app/sweeps.py expands a preset exactly as Hydra's basic sweeper does."""
+and training/common/sweeps.py expands a preset exactly as Hydra's basic sweeper does."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from training.app.sweep_jobs import fast_expand
-from training.app.sweeps import CONF_DIR, expand, presets, sweep_overrides, sweeper_params
+from training.common.sweep_jobs import fast_expand
+from training.common.sweeps import CONF_DIR, expand, presets, sweep_overrides, sweeper_params
 
 PAPER = ["paper_table_c", "paper_fig4_width", "paper_fig4_depth", "paper_fig5_width", "paper_fig5_depth",
          "paper_fig6_7_width", "paper_fig6_7_depth", "paper_fig8_width", "paper_fig8_depth", "paper_fig16"]
@@ -148,8 +148,9 @@ def test_no_job_of_any_preset_is_refused(name: str) -> None:
     case must not refuse a paper preset: `eraser.after_augment=true` without augmentation is what paper_fig8 runs on
     SVHN). The first seed's jobs only: a seed refuses nothing the first seed's jobs would not, and two jobs the sweep
     refuses as one measurement have the same seed."""
-    from training.app.schema import duplicate_jobs, load_config
-    from training.app.sweep_jobs import expand_overrides
+    from training.app.schema import duplicate_jobs
+    from training.app.tasks import load_job, spec_of
+    from training.common.sweep_jobs import expand_overrides
     from training.errors import UserError
 
     combos = sweep_overrides(name, [])
@@ -157,11 +158,11 @@ def test_no_job_of_any_preset_is_refused(name: str) -> None:
     jobs = expand_overrides([c for c in combos if not first or first[0] in c])
     assert jobs
     refused = []
-    if (same := duplicate_jobs(list(enumerate(jobs)))) is not None:  # the sweep's own refusal (training/cli)
-        refused.append(f"{name} (the sweep): {same}")
+    if (same := duplicate_jobs([(i, cfg, spec_of(cfg)) for i, cfg in enumerate(jobs)])) is not None:
+        refused.append(f"{name} (the sweep): {same}")  # the sweep's own refusal (training/cli)
     for cfg in jobs:
         try:
-            load_config(cfg)
+            load_job(cfg)
         except UserError as err:
             refused.append(f"{name}: {str(err).splitlines()[0]}")
     assert not refused, f"{len(refused)} refused, e.g. {refused[:3]}"

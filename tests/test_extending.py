@@ -116,7 +116,8 @@ def test_a_toy_eraser_and_architecture_run_from_one_module_and_one_yaml_each(toy
 
 
 def test_an_architecture_option_is_one_dataclass_field(toy_entries: Path, tmp_path: Path) -> None:
-    from training.app.schema import ConfigError, load_config
+    from training.app.schema import ConfigError
+    from training.app.tasks import load_job
 
     def composed(*extra: str) -> dict[str, Any]:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -124,12 +125,12 @@ def test_an_architecture_option_is_one_dataclass_field(toy_entries: Path, tmp_pa
                                                "arch=toy_mlp", f"paths.out_dir={tmp_path}", *extra])
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
-    assert load_config(composed()).arch.options.activation == "relu"  # the dataclass default
-    job = load_config(composed("+arch.activation=tanh"))
+    assert load_job(composed()).arch.options.activation == "relu"  # the dataclass default
+    job = load_job(composed("+arch.activation=tanh"))
     assert job.arch.options == ToyOptions(activation="tanh")
     with pytest.raises(ConfigError, match="arch.activation='gelu' is not allowed: arch.activation must be one of "
                                           "relu, tanh"):
-        load_config(composed("+arch.activation=gelu"))
+        load_job(composed("+arch.activation=gelu"))
 
 
 def test_registry_metadata_replaces_name_branches() -> None:

@@ -33,7 +33,8 @@ import torch
 from tests.helpers import ENV, REPO, TINY, job_config
 from training.app.lifecycle import PROGRESS_FILE, Progress
 from training.app.results import LOCK_FILE, ConfigMismatchError, JobDir
-from training.app.schema import ConfigError, config_hash, group_config
+from training.app.schema import ConfigError, group_config
+from training.app.tasks import job_hash, spec_of
 from training.common.locks import LOG_EVERY_ENV, waiting_lock
 from training.data import cache as cache_mod
 from training.data import load_dataset
@@ -127,7 +128,7 @@ def test_second_job_with_the_same_directory_waits_logs_it_then_skips(tmp_path: P
             time.sleep(0.05)
         assert worker.is_alive()
         # the first job finishes: its result is there when the lock is released
-        first = {"config_hash": config_hash(cfg), "config": cfg, "mdl": {"bits_per_sample": 1.25}}
+        first = {"config_hash": job_hash(cfg), "config": cfg, "mdl": {"bits_per_sample": 1.25}}
         (job_dir / "result.json").write_text(json.dumps(first))
         (tmp_path / "release").write_text("1")
         worker.join(60)
@@ -152,7 +153,7 @@ def test_result_of_another_config_written_meanwhile_is_not_overwritten(tmp_path:
     with pytest.raises(ConfigMismatchError, match="not overwritten") as err:
         run_job(cfg)
     assert json.loads((job_dir / "result.json").read_text()) == foreign
-    aside = job_dir / f"result.{config_hash(cfg)}.json"
+    aside = job_dir / f"result.{job_hash(cfg)}.json"
     assert str(aside) in str(err.value) and json.loads(aside.read_text())["mdl"]["bits_per_sample"] > 0
 
 
@@ -368,7 +369,7 @@ def test_lock_holder_note_is_removed_on_release(tmp_path: Path) -> None:
 def test_malformed_result_counts_as_absent(tmp_path: Path, content: str, caplog) -> None:
     (tmp_path / "result.json").write_text(content)
     with caplog.at_level(logging.WARNING):
-        assert JobDir(tmp_path, "abc", force=False).finished() is None  # neither SKIP nor "another config"
+        assert JobDir(tmp_path, "abc", spec_of("mdl"), force=False).finished() is None  # not SKIP, not "another config"
     assert "result.json" in caplog.text
 
 
@@ -400,7 +401,7 @@ def test_job_with_progress_missing_a_field_recomputes(tmp_path: Path) -> None:
     cfg = job_config(tmp_path, TINY)
     job_dir = Path(cfg["paths"]["job_dir"])
     job_dir.mkdir(parents=True)
-    (job_dir / PROGRESS_FILE).write_text(json.dumps({"config_hash": config_hash(cfg),
+    (job_dir / PROGRESS_FILE).write_text(json.dumps({"config_hash": job_hash(cfg),
                                                      "blocks": [{"block": 2, "train_size": 128}]}))
     result = run_job(cfg).result
     assert len(result["mdl"]["blocks"]) == len(result["mdl"]["block_sizes"]) - 1

@@ -12,7 +12,8 @@ import torch
 
 from tests.helpers import TINY, job_config
 from tests.test_refusals import _cli, _refused
-from training.app.schema import ConfigError, config_hash, load_config
+from training.app.schema import ConfigError
+from training.app.tasks import job_hash, load_job
 from training.data import load_dataset
 from training.data.generators import draw, oracle_chunks, population_moments
 from training.mdl.inputs import prepare_data
@@ -23,7 +24,7 @@ GAUSS = ["dataset=gaussian", "dataset.dim=8", "dataset.rows_per_dim=8"]
 
 
 def _hash(tmp: Path, *overrides: str) -> str:
-    return config_hash(load_config(job_config(tmp, [*SMOKE, "eraser=leace", *overrides])))
+    return job_hash(load_job(job_config(tmp, [*SMOKE, "eraser=leace", *overrides])))
 
 
 # ---------------------------------------------------------------- the job hash
@@ -56,7 +57,7 @@ def test_keys_a_mode_does_not_read_do_not_change_the_hash(mode: list[str], unuse
 
 @pytest.mark.parametrize("fraction", [0.4, 0.45, 0.5, 0.8])
 def test_fit_fraction_is_the_fraction_fitted_on_per_class(fraction: float, tmp_path: Path) -> None:
-    cfg = load_config(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout",
+    cfg = load_job(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout",
                                             f"eraser.fit_fraction={fraction}"]))
     data = load_dataset(cfg.dataset)
     plan = fit_plan(cfg, data)
@@ -70,7 +71,7 @@ def test_fit_fraction_is_the_fraction_fitted_on_per_class(fraction: float, tmp_p
 
 def test_self_codes_the_holdouts_rows_and_fits_on_them(tmp_path: Path) -> None:
     def run(fit_on: str) -> tuple:
-        return prepare_data(load_config(job_config(tmp_path, [*SMOKE, "eraser=leace", f"eraser.fit_on={fit_on}",
+        return prepare_data(load_job(job_config(tmp_path, [*SMOKE, "eraser=leace", f"eraser.fit_on={fit_on}",
                                                               "eraser.fit_fraction=0.5"])))
 
     coded_s, x_s, info_s = run("self")
@@ -93,17 +94,17 @@ def test_self_codes_the_holdouts_rows_and_fits_on_them(tmp_path: Path) -> None:
 
 def test_pool_fits_outside_the_coded_set_and_does_not_shrink_it(tmp_path: Path) -> None:
     over = [*SMOKE, "eraser=leace", "dataset.limit=1000", "eraser.fit_on=holdout", "eraser.fit_source=pool"]
-    cfg = load_config(job_config(tmp_path, [*over, "eraser.n_fit=300"]))
+    cfg = load_job(job_config(tmp_path, [*over, "eraser.n_fit=300"]))
     coded, x, info = prepare_data(cfg)
     assert len(coded.y) == len(x) == 1000
     assert info["fit"] == {"fit_on": "holdout", "fit_source": "pool", "n_fit": 300, "n_coded": 1000,
                            "fit_fraction": None, "repeat": 0}
     plan = fit_plan(cfg, coded)
     assert plan is not None and plan.pool is not None
-    full = load_dataset(load_config(job_config(tmp_path, SMOKE)).dataset)
+    full = load_dataset(load_job(job_config(tmp_path, SMOKE)).dataset)
     full_rows = {tuple(r) for r in full.x[1000:].reshape(len(full.y) - 1000, -1).tolist()}
     assert all(tuple(r) in full_rows for r in plan.pool.x.reshape(300, -1).tolist())  # beyond dataset.limit
-    whole = prepare_data(load_config(job_config(tmp_path, over)))[2]["fit"]
+    whole = prepare_data(load_job(job_config(tmp_path, over)))[2]["fit"]
     assert whole["n_fit"] == len(full.y) - 1000  # n_fit null: the whole pool
 
 
@@ -123,12 +124,12 @@ def test_a_holdout_that_cannot_be_fitted_is_one_line_before_any_directory(overri
 
 
 def test_a_feasible_fraction_named_by_the_refusal_works(tmp_path: Path) -> None:
-    cfg = load_config(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout",
+    cfg = load_job(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout",
                                             "eraser.fit_fraction=0.001"]))
     with pytest.raises(ConfigError) as err:
         prepare_data(cfg)
     lo = float(str(err.value).split("between ")[1].split(" and ")[0])
-    ok = load_config(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout",
+    ok = load_job(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout",
                                            f"eraser.fit_fraction={lo}"]))
     assert prepare_data(ok)[2]["fit"]["n_fit"] >= 20  # at least 2 rows of each of the 10 classes
 
@@ -142,21 +143,21 @@ def test_oracle_on_a_dataset_without_fresh_draws_is_one_line(tmp_path: Path) -> 
 
 
 def test_gaussian_generator_rows_per_dim_and_equal_covariances(tmp_path: Path) -> None:
-    cfg = load_config(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=6", "dataset.rows_per_dim=0.5",
+    cfg = load_job(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=6", "dataset.rows_per_dim=0.5",
                                             "dataset.cov_gap=0"]))
     data = load_dataset(cfg.dataset)
     assert torch.equal(torch.bincount(data.y), torch.full((4,), 3)) and data.x.shape[1:] == (1, 1, 6)
     x, y = next(oracle_chunks(cfg.dataset.options, 4000))
     covs = torch.stack([torch.cov(x[y == k].reshape(-1, 6).double().T) for k in range(4)])
     assert float((covs - covs.mean(0)).abs().max()) < 0.15  # cov_gap=0: one covariance (sampling error only)
-    gapped = load_config(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=6", "dataset.cov_gap=2"]))
+    gapped = load_job(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=6", "dataset.cov_gap=2"]))
     x2, y2 = next(oracle_chunks(gapped.dataset.options, 4000))
     covs2 = torch.stack([torch.cov(x2[y2 == k].reshape(-1, 6).double().T) for k in range(4)])
     assert float((covs2 - covs2.mean(0)).abs().max()) > 1.0
 
 
 def test_oracle_draws_are_fresh_seeded_apart_and_counted(tmp_path: Path) -> None:
-    cfg = load_config(job_config(tmp_path, [*GAUSS, "eraser=qleace", "eraser.fit_on=oracle"]))
+    cfg = load_job(job_config(tmp_path, [*GAUSS, "eraser=qleace", "eraser.fit_on=oracle"]))
     o = cfg.dataset.options
     coded = draw(o, o.rows_per_class)[0]
     fresh = next(oracle_chunks(o, o.rows_per_class))[0]
@@ -165,7 +166,7 @@ def test_oracle_draws_are_fresh_seeded_apart_and_counted(tmp_path: Path) -> None
     info = prepare_data(cfg)[2]
     assert info["fit"] == {"fit_on": "oracle", "fit_source": None, "n_fit": 200 * 8 * 4, "n_coded": 64 * 4,
                            "fit_fraction": None, "repeat": None}
-    few = load_config(job_config(tmp_path, [*GAUSS, "eraser=qleace", "eraser.fit_on=oracle", "eraser.n_fit=5000"]))
+    few = load_job(job_config(tmp_path, [*GAUSS, "eraser=qleace", "eraser.fit_on=oracle", "eraser.n_fit=5000"]))
     assert prepare_data(few)[2]["fit"]["n_fit"] == 5000 * 4  # several chunks (CHUNK_ROWS 4096)
 
 
@@ -173,7 +174,7 @@ def test_oracle_with_permuted_labels_or_after_augment_is_refused(tmp_path: Path)
     for extra, key in ((["dataset.permute_labels=true"], "dataset.permute_labels"),
                        (["eraser.after_augment=true"], "eraser.after_augment")):
         with pytest.raises(ConfigError, match=f"^{key}=true is not allowed"):
-            load_config(job_config(tmp_path, [*GAUSS, "eraser=leace", "eraser.fit_on=oracle", *extra]))
+            load_job(job_config(tmp_path, [*GAUSS, "eraser=leace", "eraser.fit_on=oracle", *extra]))
 
 
 # ---------------------------------------------------------------- population: the paired truth (issue 38)
@@ -184,7 +185,7 @@ def test_population_moments_are_the_generators_law(tmp_path: Path) -> None:
     direction per class, and the two-mode mixture) to sampling error."""
     for over in (["dataset=gaussian", "dataset.cov_gap=2", "dataset.mean_gap=1.5"],
                  ["dataset=mixture", "dataset.separation=2"]):
-        o = load_config(job_config(tmp_path, [*over, "dataset.dim=6"])).dataset.options
+        o = load_job(job_config(tmp_path, [*over, "dataset.dim=6"])).dataset.options
         mom = population_moments(o)
         x, y = draw(o, 40_000, 7)
         flat = x.reshape(len(y), -1).double()
@@ -198,7 +199,7 @@ def test_population_codes_the_rows_self_and_holdout_code_with_the_exact_eraser(t
     from erasure.streaming import fit_moments
 
     def run(fit_on: str) -> tuple:
-        return prepare_data(load_config(job_config(tmp_path, [*GAUSS, "dataset.cov_gap=1", "eraser=qleace",
+        return prepare_data(load_job(job_config(tmp_path, [*GAUSS, "dataset.cov_gap=1", "eraser=qleace",
                                                               f"eraser.fit_on={fit_on}", "eraser.fit_fraction=0.5"])))
 
     (coded_p, x_p, info_p), (coded_s, _, _), (coded_h, _, _) = run("population"), run("self"), run("holdout")
@@ -206,7 +207,7 @@ def test_population_codes_the_rows_self_and_holdout_code_with_the_exact_eraser(t
         assert torch.equal(coded.x, coded_p.x) and torch.equal(coded.y, coded_p.y)  # the same coded rows
     assert info_p["fit"] == {"fit_on": "population", "fit_source": "split", "n_fit": None,
                              "n_coded": len(coded_p.y), "fit_fraction": 0.5, "repeat": 0}
-    cfg = load_config(job_config(tmp_path, [*GAUSS, "dataset.cov_gap=1"]))
+    cfg = load_job(job_config(tmp_path, [*GAUSS, "dataset.cov_gap=1"]))
     exact = fit_moments("qleace", population_moments(cfg.dataset.options), **info_p["options"])
     flat = coded_p.x.reshape(len(coded_p.y), -1)
     assert torch.allclose(x_p.reshape(len(flat), -1), exact(flat, coded_p.y), atol=1e-5)
@@ -225,7 +226,7 @@ def test_population_refusals_are_one_line(tmp_path: Path) -> None:
                        (["eraser.fit_source=pool"], "eraser.fit_source=pool"),
                        (["eraser=gradient"], "eraser.fit_on=population")):
         with pytest.raises(ConfigError, match=f"^{key} is not allowed") as err:
-            load_config(job_config(tmp_path, [*GAUSS, "eraser=leace", "eraser.fit_on=population", *extra]))
+            load_job(job_config(tmp_path, [*GAUSS, "eraser=leace", "eraser.fit_on=population", *extra]))
         assert "\n" not in str(err.value)
 
 
@@ -241,7 +242,7 @@ def test_holdout_qleace_noise_on_the_coded_rows_is_not_zero_sum_per_class(tmp_pa
     import erasure
     from training.data.erase import holdout_options
 
-    cfg = load_config(job_config(tmp_path, [*SMOKE, "eraser=qleace", "eraser.fit_on=holdout",
+    cfg = load_job(job_config(tmp_path, [*SMOKE, "eraser=qleace", "eraser.fit_on=holdout",
                                             "eraser.fit_fraction=0.8"]))
     coded, x, info = prepare_data(cfg)
     assert min(info["report"]["noise_rank"]) > 0

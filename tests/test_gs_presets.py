@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import job_config
-from training.app.sweep_jobs import fast_expand
-from training.app.sweeps import expand
+from training.common.sweep_jobs import fast_expand
+from training.common.sweeps import expand
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,8 +79,7 @@ def test_aggregate_tables_from_each_task(tmp_path: Path, capsys) -> None:
     import pandas as pd
 
     from scripts.aggregate import main as aggregate
-    from training.app.result_codec import decode
-    from training.app.tasks import Collected, get_task
+    from training.app.tasks import Collected, decode_result, get_task
 
     results = [get_task("gs_two_moons")(job_config(tmp_path, ["experiment=gs_two_moons", f"seed={s}",
                                                                 f"regularizer.lam={lam}", "gs.steps=20",
@@ -90,7 +89,7 @@ def test_aggregate_tables_from_each_task(tmp_path: Path, capsys) -> None:
                 for e in ("control", "leace") for reg in ("none", "sd") for s, b in ((0, 1.0), (1, 1.0))]
 
     def rows(task: str, mine: list[dict]) -> dict[str, str]:
-        return get_task(task).rows(Collected([decode(r) for r in mine], pd.DataFrame(), tmp_path, "t", "title"))
+        return get_task(task).rows(Collected([decode_result(r) for r in mine], pd.DataFrame(), tmp_path, "t", "title"))
 
     moons, mdl = rows("gs_two_moons", results[:4]), rows("mdl", results[4:])
     assert set(moons) == {"gs_two_moons"} and set(mdl) == {"gs_mdl_regularizer"}

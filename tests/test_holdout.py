@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tests.helpers import job_config
-from training.app.schema import ConfigError, load_config
+from training.app.schema import ConfigError
+from training.app.tasks import load_job
 from training.data import load_dataset
 from training.mdl.inputs import prepare_data
 from training.mdl.job import run_job
@@ -28,25 +29,25 @@ def test_permuted_labels_code_at_the_label_entropy(eraser: list[str], tmp_path: 
     """Random labels cannot be compressed: the null job codes at >= H(label prior) - 0.01 bits/sample."""
     cfg = job_config(tmp_path, [*SMOKE, *eraser, "dataset.permute_labels=true"])
     result = run_job(cfg).result
-    prior = _entropy_bits(load_dataset(load_config(cfg).dataset).y)
+    prior = _entropy_bits(load_dataset(load_job(cfg).dataset).y)
     assert result["mdl"]["bits_per_sample"] >= prior - 0.01
     assert result["dataset"]["permuted_labels"] is True
 
 
 def test_permutation_keeps_the_prior_and_depends_on_the_seed(tmp_path: Path) -> None:
-    plain = prepare_data(load_config(job_config(tmp_path, SMOKE)))[0]
-    a, b, c = (prepare_data(load_config(job_config(tmp_path, [*SMOKE, "dataset.permute_labels=true", f"seed={s}"]))
+    plain = prepare_data(load_job(job_config(tmp_path, SMOKE)))[0]
+    a, b, c = (prepare_data(load_job(job_config(tmp_path, [*SMOKE, "dataset.permute_labels=true", f"seed={s}"]))
                             )[0] for s in (0, 0, 1))
     assert torch.equal(a.y, b.y) and not torch.equal(a.y, c.y) and not torch.equal(a.y, plain.y)
     assert torch.equal(torch.bincount(a.y), torch.bincount(plain.y)) and torch.equal(a.x, plain.x)
 
 
 def test_holdout_fits_on_a_part_it_never_codes_and_repeats_draw_other_parts(tmp_path: Path) -> None:
-    n = len(prepare_data(load_config(job_config(tmp_path, SMOKE)))[0].y)
+    n = len(prepare_data(load_job(job_config(tmp_path, SMOKE)))[0].y)
     coded_sets = []
     for repeat in range(3):
         overrides = [*SMOKE, "eraser=leace", "eraser.fit_on=holdout", f"eraser.repeat={repeat}"]
-        cfg = load_config(job_config(tmp_path, overrides))
+        cfg = load_job(job_config(tmp_path, overrides))
         coded, x, info = prepare_data(cfg)
         assert info["fit"]["n_fit"] + info["fit"]["n_coded"] == n and len(coded.y) == len(x) == info["fit"]["n_coded"]
         assert info["fit"]["n_fit"] == pytest.approx(0.2 * n, abs=10)  # 20% of every class (rounded per class)
@@ -60,8 +61,8 @@ def test_holdout_fits_on_a_part_it_never_codes_and_repeats_draw_other_parts(tmp_
 
 
 def test_holdout_and_in_sample_erase_differently(tmp_path: Path) -> None:
-    all_x = prepare_data(load_config(job_config(tmp_path, [*SMOKE, "eraser=leace"])))[1]
-    cfg = load_config(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout"]))
+    all_x = prepare_data(load_job(job_config(tmp_path, [*SMOKE, "eraser=leace"])))[1]
+    cfg = load_job(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout"]))
     coded, x, _ = prepare_data(cfg)
     assert x.shape[1:] == all_x.shape[1:] and len(x) < len(all_x)
     class_means = torch.stack([x[coded.y == k].double().reshape(-1, 64).mean(0) for k in range(10)])
@@ -85,12 +86,12 @@ def test_holdout_and_in_sample_erase_differently(tmp_path: Path) -> None:
 ])
 def test_fitting_options_that_cannot_work_are_one_line(override: list[str], message: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
-        load_config(job_config(tmp_path, [*SMOKE, *override]))
+        load_job(job_config(tmp_path, [*SMOKE, *override]))
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
 def test_qleace_out_of_sample_on_small_classes_warns_once(tmp_path: Path, caplog) -> None:
-    cfg = load_config(job_config(tmp_path, [*SMOKE, "eraser=qleace", "eraser.fit_on=holdout"]))
+    cfg = load_job(job_config(tmp_path, [*SMOKE, "eraser=qleace", "eraser.fit_on=holdout"]))
     with caplog.at_level(logging.WARNING):
         prepare_data(cfg)
     lines = [r.message for r in caplog.records if "label injection" in r.message]

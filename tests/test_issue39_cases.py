@@ -165,10 +165,11 @@ def _refusal(tmp_path: Path, overrides: list[str], precheck: bool = False) -> st
     import torch
 
     from tests.helpers import job_config
-    from training.app.schema import ConfigError, load_config
+    from training.app.schema import ConfigError
+    from training.app.tasks import load_job
 
     try:
-        cfg = load_config(job_config(tmp_path / "out", overrides))
+        cfg = load_job(job_config(tmp_path / "out", overrides))
         if precheck:
             from training.mdl.precheck import precheck as check
 
@@ -198,13 +199,13 @@ def test_a_config_that_changes_nothing_or_cannot_run_is_one_line(tmp_path: Path,
 def test_the_accepted_neighbours_still_compose(tmp_path: Path) -> None:
     """Where the refusals above must not fire."""
     from tests.helpers import job_config
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
 
     for overrides in (["dataset=mixture"], ["dataset=cifar10", "eraser=leace", "eraser.after_augment=true"],
                       ["eraser=leace", "eraser.after_augment=true"],  # paper_fig8 (SVHN, no augmentation) sets it
                       ["dataset=gaussian", "eraser=leace", "eraser.fit_on=oracle", "eraser.n_fit=2"],
                       ["dataset=gaussian", "dataset.dim=64"], ["paths.cell=c.1"], ["dataset.tag=a.b"]):
-        load_config(job_config(tmp_path / "out", overrides))
+        load_job(job_config(tmp_path / "out", overrides))
 
 
 def test_a_dangling_symlink_as_out_dir_is_one_line(tmp_path: Path) -> None:
@@ -228,10 +229,10 @@ def test_gradient_erasure_on_samples_in_its_range_passes_the_precheck(tmp_path: 
     import torch
 
     from tests.helpers import job_config
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
     from training.mdl.precheck import precheck
 
-    precheck(load_config(job_config(tmp_path / "out", ["dataset=digits", "eraser=gradient"])), torch.device("cpu"))
+    precheck(load_job(job_config(tmp_path / "out", ["dataset=digits", "eraser=gradient"])), torch.device("cpu"))
 
 
 def test_an_unknown_eraser_name_is_one_line(tmp_path: Path) -> None:
@@ -406,8 +407,10 @@ SWEPT = ["dataset=digits", "eraser=leace", "certificate=false"]
 def _duplicates(tmp_path: Path, values: list[list[str]]) -> str | None:
     from tests.helpers import job_config
     from training.app.schema import duplicate_jobs
+    from training.app.tasks import spec_of
 
-    return duplicate_jobs([(i, job_config(tmp_path, [*SWEPT, *v])) for i, v in enumerate(values)])
+    jobs = [job_config(tmp_path, [*SWEPT, *v]) for v in values]
+    return duplicate_jobs([(i, cfg, spec_of(cfg)) for i, cfg in enumerate(jobs)])
 
 
 def test_a_sweep_over_a_key_that_changes_nothing_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -452,10 +455,10 @@ def test_a_single_job_with_either_after_augment_value_is_accepted(tmp_path: Path
     import torch
 
     from tests.helpers import job_config
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
     from training.mdl.precheck import precheck
 
-    cfg = load_config(job_config(tmp_path, [*SWEPT, f"eraser.after_augment={value}"]))
+    cfg = load_job(job_config(tmp_path, [*SWEPT, f"eraser.after_augment={value}"]))
     assert precheck(cfg, torch.device("cpu")) is not None
 
 

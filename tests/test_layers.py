@@ -34,7 +34,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("atomicio", "erasure", "models", "training", "scripts")
 DISCOVERS = "training.app.task_spec"  # the one module that imports modules by name: those of training.tasks
-TASK_TOP_LEVEL = ("training.app", "training.tasks")  # what a task module imports when discovered (besides the stdlib)
+# what a task module imports when discovered (besides the stdlib): the core, its fellow declarations, and its result
+# type's module in the task's package (which itself imports only the stdlib and training.app: RESULT_MODULES)
+RESULT_MODULES = ("training.mdl.result", "training.starvation.result")
+TASK_TOP_LEVEL = ("training.app", "training.tasks", *RESULT_MODULES)
 
 
 def _modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -83,6 +86,11 @@ def _violations(modules: dict[str, Path]) -> list[str]:
                     f"library and {', '.join(TASK_TOP_LEVEL)}; import the task's code in its methods)"
                     for name in sorted(_top_level_imports(path)) if name.split(".")[0] not in sys.stdlib_module_names
                     and name != "__future__" and not any(_matches(name, a) for a in TASK_TOP_LEVEL)]
+        if module in RESULT_MODULES:
+            bad += [f"{module} imports {name} (a result module, imported when tasks are discovered, imports only the "
+                    "standard library and training.app)" for name in sorted(_top_level_imports(path))
+                    if name.split(".")[0] not in sys.stdlib_module_names and name != "__future__"
+                    and not _matches(name, "training.app")]
         if _matches(module, "scripts") or module == DISCOVERS:
             continue  # scripts may probe what is installed (scripts/gpu_report.py); the registries live below
         bad += [f"{module} calls {call}() (a hidden edge: import modules by name, in a list)"
@@ -127,7 +135,8 @@ BROKEN = {
     "scripts/_bad.py": ("from training.cli.run import main\nfrom training.tasks import mdl\n",
                         ["scripts._bad -> training.cli.run", "scripts._bad -> training.tasks.mdl"]),
     "training/engine/_bad.py": ("import importlib\n", ["training.engine._bad -> importlib"]),
-    "training/mdl/_bad.py": ("from training.app.sweeps import expand\n", ["training.mdl._bad -> training.app.sweeps"]),
+    "training/mdl/_bad.py": ("from training.common.sweeps import expand\n",
+                             ["training.mdl._bad -> training.common.sweeps"]),
     "training/app/_loop_a.py": ("from training.app import _loop_b\n", ["- ._loop_"]),  # the edge it would cut
     "training/app/_loop_b.py": ("from training.app import _loop_a\n", []),
 }
@@ -173,15 +182,18 @@ def test_erasure_alone_imports_no_harness() -> None:
 
 def test_a_plain_start_imports_no_numba_and_the_core_no_task_code() -> None:
     """Checking and hashing a config, and importing the command line, load numba only when the fused optimizer
-    runs (it cost 1.9 s on every start); the core alone loads no task code and no command line."""
+    runs (it cost 1.9 s on every start); the core alone loads no task code and no command line (the task packages'
+    result modules, which the declarations name, are no code: RESULT_MODULES)."""
     code = """
 import sys
 from tests.helpers import job_config
-from training.app.schema import cell_hash, config_hash, load_config
+from training.app.tasks import job_cell_hash, job_hash, load_job
 for overrides in (["experiment=smoke"], ["experiment=gs_two_moons"], ["experiment=demo", "regularizer=sd"]):
     cfg = job_config("/tmp/unused", overrides)
-    load_config(cfg), config_hash(cfg), cell_hash(cfg)
-core = sorted(m for m in sys.modules if m.startswith(("training.mdl", "training.starvation", "training.cli")))
+    load_job(cfg), job_hash(cfg), job_cell_hash(cfg)
+results = ("training.mdl", "training.starvation", "training.mdl.result", "training.starvation.result")
+core = sorted(m for m in sys.modules if m.startswith(("training.mdl", "training.starvation", "training.cli"))
+              and m not in results)  # the tasks' result types (declarations, discovered with them) are no task code
 import training.cli.run
 print(core, "numba" in sys.modules)
 """

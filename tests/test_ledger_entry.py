@@ -1,4 +1,4 @@
-"""The multirun ledger's entry (training/app/ledger_entry.py): decoded once, entries of older versions read as they
+"""The multirun ledger's entry (training/common/ledger_entry.py): decoded once, entries of older versions read as they
 were written, and a file that is not an entry is one warning naming it, never a traceback."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from training.app.ledger_entry import LedgerEntry, LedgerEntryError, read_ledger
+from training.common.ledger_entry import LedgerEntry, LedgerEntryError, read_ledger
 
 # What the callback wrote before the entry was a type (the keys in this order; error/reason only when set).
 OLDER = [{"num": 0, "job_dir": "/r/a", "seconds": 1.25, "status": "done"},

@@ -68,12 +68,12 @@ def test_split_is_nested_disjoint_and_seeded() -> None:
 
 
 def test_config_hash_ignores_where_and_how_but_not_what() -> None:
-    from training.app.schema import config_hash
+    from training.app.tasks import job_hash
 
     base = {"seed": 0, "dataset": {"name": "digits"}, "paths": {"out_dir": "a"}, "training": {"engine": "loop"}}
-    assert config_hash(base) == config_hash({**base, "paths": {"out_dir": "b"}, "training": {"engine": "stacked"},
+    assert job_hash(base) == job_hash({**base, "paths": {"out_dir": "b"}, "training": {"engine": "stacked"},
                                              "logger": {"name": "none"}, "device": "cuda"})
-    assert config_hash(base) != config_hash({**base, "seed": 1})
+    assert job_hash(base) != job_hash({**base, "seed": 1})
 
 
 @pytest.mark.parametrize("n_coded", [9, 10, 11, 40])
@@ -81,7 +81,8 @@ def test_block_feasibility_is_one_rule_the_partition_split_and_precheck_share(n_
     """`most_blocks` decides; the partition, the split and the job's precheck accept exactly up to it and refuse one
     more (each in its own words)."""
     from tests.helpers import job_config
-    from training.app.schema import ConfigError, load_config
+    from training.app.schema import ConfigError
+    from training.app.tasks import load_job
     from training.mdl.code import most_blocks
     from training.mdl.precheck import check_blocks
 
@@ -90,7 +91,7 @@ def test_block_feasibility_is_one_rule_the_partition_split_and_precheck_share(n_
     most = most_blocks(n_coded)
     assert most == n_coded // 2
     for blocks, ok in ((most, True), (most + 1, False)):
-        cfg = load_config(job_config(tmp_path, ["experiment=smoke", f"mdl.num_blocks={max(blocks, 2)}",
+        cfg = load_job(job_config(tmp_path, ["experiment=smoke", f"mdl.num_blocks={max(blocks, 2)}",
                                                 f"mdl.val_size={n_val}", "mdl.val_frac=0.5"]))
         if ok:
             assert sum(partition_logspace(n_coded, blocks, 8)) == n_coded

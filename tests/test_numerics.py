@@ -8,6 +8,7 @@ new golden bits if the MDL task's changed: `python -m tests.test_numerics --reco
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import tempfile
@@ -17,7 +18,8 @@ import pytest
 import torch
 
 from tests.helpers import job_config
-from training.app.schema import NUMERICS, config_hash, load_config, numerics_of
+from training.app.schema import NUMERICS, numerics_of
+from training.app.tasks import job_hash, load_job, spec_of
 from training.data import load_dataset
 from training.mdl.job import Trainer, run_job
 from training.mdl.splits import make_split
@@ -28,7 +30,7 @@ GOLDEN_JOB = ["experiment=smoke", "eraser=leace", "mdl.max_epochs=8", "optim.war
 
 
 def test_beta2_reaches_the_optimizer(tmp_path: Path) -> None:
-    cfg = load_config(job_config(tmp_path, ["experiment=smoke", "optim.beta2=0.98"]))
+    cfg = load_job(job_config(tmp_path, ["experiment=smoke", "optim.beta2=0.98"]))
     data = load_dataset(cfg.dataset)
     split = make_split(len(data.y), 0, val_size=64, val_frac=0.1, num_blocks=3, min_block=64)
     member = Trainer(cfg, data.x, data.y, data.num_classes, split, torch.device("cpu")).member(split.prefix(1), "t")
@@ -37,20 +39,20 @@ def test_beta2_reaches_the_optimizer(tmp_path: Path) -> None:
 
 def test_a_numerics_bump_moves_every_job_directory(tmp_path: Path) -> None:
     cfg = job_config(tmp_path, ["experiment=smoke"])
-    assert config_hash(cfg) != config_hash(cfg, numerics=numerics_of("mdl") - 1)
+    assert job_hash(cfg) != job_hash(cfg, numerics=numerics_of(spec_of("mdl")) - 1)
 
 
 def test_a_job_is_hashed_under_its_own_tasks_numerics_version(tmp_path: Path) -> None:
     """Version 4 changed only gs_erased_eval's numbers: its jobs moved, the MDL and other GS jobs kept their hash."""
-    from training.app.schema import cell_hash
+    from training.app.tasks import job_cell_hash
 
     mdl = job_config(tmp_path, ["experiment=smoke"])
     erased_eval = job_config(tmp_path, ["experiment=gs_sd_erasure", "task=gs_erased_eval", "eraser=leace"])
-    assert (numerics_of("mdl"), numerics_of("gs_two_moons"), numerics_of("gs_erased_eval")) == (3, 3, NUMERICS)
-    assert numerics_of("a task not declared here") == NUMERICS
-    assert config_hash(mdl) == config_hash(mdl, numerics=3) and config_hash(erased_eval) == config_hash(
-        erased_eval, numerics=NUMERICS) != config_hash(erased_eval, numerics=3)
-    assert cell_hash(erased_eval) != cell_hash({**erased_eval, "task": "mdl"})
+    assert [numerics_of(spec_of(t)) for t in ("mdl", "gs_two_moons", "gs_erased_eval")] == [3, 3, NUMERICS]
+    assert numerics_of(dataclasses.replace(spec_of("mdl"), numerics=None)) == NUMERICS  # a task that pins none
+    assert job_hash(mdl) == job_hash(mdl, numerics=3) and job_hash(erased_eval) == job_hash(
+        erased_eval, numerics=NUMERICS) != job_hash(erased_eval, numerics=3)
+    assert job_cell_hash(erased_eval) != job_cell_hash({**erased_eval, "task": "mdl"})
 
 
 def golden_bits(out_dir: Path) -> dict[str, object]:
@@ -62,13 +64,14 @@ def golden_bits(out_dir: Path) -> dict[str, object]:
 def test_the_golden_job_changes_its_bits_only_with_a_numerics_bump(tmp_path: Path) -> None:
     golden = json.loads(GOLDEN.read_text())
     now = golden_bits(tmp_path)
-    if golden["numerics_version"] != numerics_of("mdl"):
-        pytest.fail(f"task=mdl's numerics version is {numerics_of('mdl')} but {GOLDEN} was recorded under "
+    if golden["numerics_version"] != numerics_of(spec_of("mdl")):
+        pytest.fail(f"task=mdl's numerics version is {numerics_of(spec_of('mdl'))} but {GOLDEN} was recorded under "
                     f"{golden['numerics_version']}: record the new golden bits "
                     "(python -m tests.test_numerics --record)")
     # rel 1e-6: float round-off of another BLAS build passes; any real change of the numbers does not
     assert now["block_ce_bits"] == pytest.approx(golden["block_ce_bits"], rel=1e-6, abs=1e-9), (
-        f"the golden job's numbers changed without a numerics bump (task=mdl: still {numerics_of('mdl')}): bump "
+        f"the golden job's numbers changed without a numerics bump (task=mdl: still {numerics_of(spec_of('mdl'))}): "
+        "bump "
         "NUMERICS in training/app/schema.py, set it as the task's `numerics` (training/tasks/mdl.py) and say why in "
         "the README, or undo the change")
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.helpers import job_config
-from training.app.schema import load_config
+from training.app.tasks import load_job
 from training.data import shared
 from training.mdl import pack_group
 from training.mdl.job import run_job
@@ -99,7 +99,7 @@ def test_the_memory_estimate_covers_the_pack(tmp_path: Path, monkeypatch: pytest
     from training.data import load_dataset
     from training.mdl import precheck
 
-    cfg = load_config(_config(tmp_path, 0))
+    cfg = load_job(_config(tmp_path, 0))
     data = load_dataset(cfg.dataset)
     est = precheck.estimate_memory(cfg, data, len(data.y))
     per_job = est.models + est.batches

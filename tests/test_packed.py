@@ -146,9 +146,9 @@ def test_a_pack_killed_in_its_pack_group_resumes_each_of_its_jobs(tmp_path: Path
 
 def test_shared_datasets_are_loaded_once_and_never_seen_modified(tmp_path: Path) -> None:
     from tests.helpers import job_config
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
 
-    cfg = load_config(job_config(tmp_path, ["dataset=digits"])).dataset
+    cfg = load_job(job_config(tmp_path, ["dataset=digits"])).dataset
     apart = load_dataset(cfg), load_dataset(cfg)
     assert apart[0].x is not apart[1].x  # off outside a pack
     with shared.packed() as pack:

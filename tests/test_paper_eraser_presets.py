@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import erasure
-from training.app.sweep_jobs import fast_expand
-from training.app.sweeps import expand
+from training.common.sweep_jobs import fast_expand
+from training.common.sweeps import expand
 
 PAPER = ["paper_table_c", "paper_fig5_width", "paper_fig5_depth", "paper_fig6_7_width", "paper_fig6_7_depth",
          "paper_fig8_width", "paper_fig8_depth", "paper_fig16"]

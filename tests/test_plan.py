@@ -12,9 +12,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from scripts import plan
-from training.app.schema import config_hash, load_config
-from training.app.sweep_jobs import expand_overrides, fast_expand
-from training.app.sweeps import CONF_DIR, presets, sweep_overrides
+from training.app.tasks import job_hash, load_job
+from training.common.sweep_jobs import expand_overrides, fast_expand
+from training.common.sweeps import CONF_DIR, presets, sweep_overrides
 
 SPREAD = 5  # jobs per preset spread over the sweep (first and last included), plus one for each swept value not in them
 
@@ -103,7 +103,7 @@ def test_plan_counts_done_other_config_resume_and_new(tmp_path: Path) -> None:
     extra = [f"paths.out_dir={tmp_path}", "seed=0,1,2"]
     jobs = plan.plan_jobs("smoke", extra)
     assert len(jobs) == 6 and {j.status for j in jobs} == {"to run"}
-    _write_result(jobs[0], config_hash(load_config(jobs[0].cfg)))
+    _write_result(jobs[0], job_hash(load_job(jobs[0].cfg)))
     _write_result(jobs[1], "0123456789abcdef")  # another configuration's result
     jobs[2].job_dir.mkdir(parents=True)
     (jobs[2].job_dir / "progress.json").write_text("{}")
@@ -156,7 +156,7 @@ def test_cost_from_bench_and_gpu_report_with_their_source_and_toy_reports_ignore
     assert "LOWER BOUND: 6 epochs per block model" in text
     # finished jobs of the sweep are the better figure for the rest of it
     jobs = plan.plan_jobs("smoke", extra)
-    _write_result(jobs[0], config_hash(load_config(jobs[0].cfg)))
+    _write_result(jobs[0], job_hash(load_job(jobs[0].cfg)))
     text = plan.report("smoke", extra, 40, bench, gpu)
     assert "CPU: 0.90 h for 9 job(s) (mlp: 9 x 360.0 s)" in text and "median of 1 finished job(s)" in text
 
@@ -197,7 +197,7 @@ def test_gpu_price_uses_the_epochs_finished_jobs_of_the_family_ran(tmp_path: Pat
     done = jobs[0]
     done.job_dir.mkdir(parents=True)
     (done.job_dir / "result.json").write_text(json.dumps({
-        "config_hash": config_hash(load_config(done.cfg)), "config": done.cfg, "task": "mdl", "device": "cpu",
+        "config_hash": job_hash(load_job(done.cfg)), "config": done.cfg, "task": "mdl", "device": "cpu",
         "timings": {"total_s": 10.0}, "mdl": {"protocol": "prequential", "bits_per_sample": 1.0,
                                               "blocks": [{"epochs": 12}, {"epochs": 20}]}}))
     jobs = plan.plan_jobs("smoke", extra)

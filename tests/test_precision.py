@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers import job_config
-from training.app.schema import cell_hash, config_hash, semantic
+from training.app.tasks import job_cell_hash, job_hash, job_semantic
 from training.engine import numerics
 from training.mdl.job import run_job
 
@@ -21,14 +21,14 @@ QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=2", "mdl.min_steps=0", "
 
 def test_precision_is_hashed_only_away_from_its_default(tmp_path: Path) -> None:
     base = job_config(tmp_path, SMOKE)
-    assert "training" not in semantic(base)  # at fp32 the hash is what it was before the key existed
+    assert "training" not in job_semantic(base)  # at fp32 the hash is what it was before the key existed
     older = {**base, "training": {k: v for k, v in base["training"].items() if k not in ("precision", "deterministic")}}
-    assert config_hash(older) == config_hash(base) and cell_hash(older) == cell_hash(base)
-    hashes = {config_hash(job_config(tmp_path, [*SMOKE, f"training.precision={p}"])) for p in ("tf32", "bf16")}
-    assert len(hashes) == 2 and config_hash(base) not in hashes
-    assert cell_hash(job_config(tmp_path, [*SMOKE, "training.precision=bf16"])) != cell_hash(base)
+    assert job_hash(older) == job_hash(base) and job_cell_hash(older) == job_cell_hash(base)
+    hashes = {job_hash(job_config(tmp_path, [*SMOKE, f"training.precision={p}"])) for p in ("tf32", "bf16")}
+    assert len(hashes) == 2 and job_hash(base) not in hashes
+    assert job_cell_hash(job_config(tmp_path, [*SMOKE, "training.precision=bf16"])) != job_cell_hash(base)
     for same in (["training.precision=fp32"], ["training.deterministic=true"], ["training.engine=loop"]):
-        assert config_hash(job_config(tmp_path, [*SMOKE, *same])) == config_hash(base), same
+        assert job_hash(job_config(tmp_path, [*SMOKE, *same])) == job_hash(base), same
 
 
 @pytest.mark.parametrize("preset", ["gs_two_moons", "gs_colored_mnist"])
@@ -37,8 +37,8 @@ def test_precision_moves_the_hash_of_a_task_that_hashes_only_the_groups_it_uses(
     (else it would SKIP on the fp32 result), and its fp32 hash is the one it had before precision existed."""
     fp32 = job_config(tmp_path, [f"experiment={preset}"])
     bf16 = job_config(tmp_path, [f"experiment={preset}", "training.precision=bf16"])
-    assert "training" not in semantic(fp32) and semantic(bf16)["training"] == {"precision": "bf16"}
-    assert config_hash(bf16) != config_hash(fp32) and cell_hash(bf16) != cell_hash(fp32)
+    assert "training" not in job_semantic(fp32) and job_semantic(bf16)["training"] == {"precision": "bf16"}
+    assert job_hash(bf16) != job_hash(fp32) and job_cell_hash(bf16) != job_cell_hash(fp32)
 
 
 def test_job_numerics_sets_the_flags_for_the_job_and_restores_them() -> None:

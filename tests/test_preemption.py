@@ -19,9 +19,9 @@ import pytest
 
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import LOCK_FILE
-from training.app.sweeps import expand
 from training.cli.preemption import EXIT_STATUS, Preempted, ignore_time_limit_signal, stop_on_sigterm
 from training.common.locks import holder_path
+from training.common.sweeps import expand
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}

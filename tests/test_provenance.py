@@ -31,7 +31,8 @@ from torch import nn
 
 from tests.helpers import ENV, REPO, TINY, fit_settings, group_options, job_config
 from training.app.lifecycle import PROGRESS_FILE, Progress, run_in_job_dir
-from training.app.schema import ConfigError, config_hash, group_config, load_config
+from training.app.schema import ConfigError, group_config
+from training.app.tasks import job_hash, load_job, spec_of
 from training.data import load_dataset
 from training.data.cache import _store, cached_erase, key_hash
 from training.data.erase import _cache_key
@@ -93,13 +94,13 @@ def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> Non
         _check_provenance(on_disk["provenance"], t0, t1)
     # scripts/aggregate.py reads exactly these keys
     from training.analysis.aggregate_collect import UNKNOWN_COMMIT, commit_of
-    from training.app.result_codec import decode
+    from training.app.tasks import decode_result
 
-    assert (commit_of(decode(mdl)) != UNKNOWN_COMMIT) is (REPO / ".git").exists()
+    assert (commit_of(decode_result(mdl)) != UNKNOWN_COMMIT) is (REPO / ".git").exists()
 
 
 def test_2_outside_a_git_checkout_commit_and_dirty_are_null(tmp_path: Path) -> None:
-    from training.app import provenance as prov_mod
+    from training.common import provenance as prov_mod
 
     site = tmp_path / "site-packages"  # an installed wheel: the package next to its dist-info, no .git
     (site / "training").mkdir(parents=True)
@@ -124,7 +125,7 @@ def test_2_force_recomputes_from_scratch_no_stale_progress_block(tmp_path: Path)
             "seconds": 0.0, "best_val_loss": 1.0, "best_epoch": 1, "epochs": 1, "steps": 1}
 
     def plant() -> None:
-        Progress(job_dir / PROGRESS_FILE, config_hash(load_config(cfg))).save([fake])
+        Progress(job_dir / PROGRESS_FILE, job_hash(load_job(cfg))).save([fake])
 
     plant()
     resumed = run_job(cfg).result  # the planted block is this configuration's: a plain run resumes from it
@@ -141,7 +142,7 @@ def test_2_force_recomputes_from_scratch_no_stale_progress_block(tmp_path: Path)
                                       "optim.lr=nan", "optim.lr=inf"])
 def test_3_nonfinite_config_values_are_refused_up_front(tmp_path: Path, override: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(override.split()[-1].split("=")[0])):
-        load_config(job_config(tmp_path, override.split()))
+        load_job(job_config(tmp_path, override.split()))
 
 
 def _nan_after(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
@@ -260,7 +261,7 @@ def test_3_nonfinite_code_length_or_result_number_writes_no_result(tmp_path: Pat
     cfg2 = job_config(tmp_path / "b", TINY)
     body = lambda run: {"mdl": {"bits_per_sample": 1.0, "blocks": [{"ce_bits": math.nan}]}, "final": None}  # noqa: E731
     with pytest.raises(UserError, match=r"^non-finite mdl\.blocks\[0\]\.ce_bits \(nan\) in the result of "):
-        run_in_job_dir(cfg2, body, finite=("mdl", "final"))
+        run_in_job_dir(cfg2, spec_of(cfg2), body, finite=("mdl", "final"))
     assert not (Path(cfg2["paths"]["job_dir"]) / "result.json").exists()
 
 

@@ -183,15 +183,15 @@ def test_a_job_that_cannot_fit_in_memory_is_refused_with_the_estimate(tmp_path: 
 ])
 def test_memory_estimate_counts_the_models_that_train_together(tmp_path: Path, extra: list[str],
                                                               together: int) -> None:
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
     from training.data import load_dataset
     from training.mdl.precheck import estimate_memory
 
-    cfg = load_config(job_config(tmp_path, [*TINY, *extra]))
+    cfg = load_job(job_config(tmp_path, [*TINY, *extra]))
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
     est = estimate_memory(cfg, data, len(data.y), torch.device("cuda"))  # engine=auto would be stacked there
     assert est.num_models == together
-    one = estimate_memory(load_config(job_config(tmp_path, TINY)), data, len(data.y))
+    one = estimate_memory(load_job(job_config(tmp_path, TINY)), data, len(data.y))
     assert est.models == together * one.models // one.num_models
 
 

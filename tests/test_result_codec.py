@@ -18,9 +18,12 @@ import pytest
 
 from training.analysis import aggregate_collect
 from training.app.job_paths import JobPath
-from training.app.result_codec import MalformedResultError, config_view, decode, encode, upgrade
-from training.app.result_types import RESULT_SCHEMA, MdlResult, Result, StarvationResult
+from training.app.result_codec import MalformedResultError, config_view, encode, upgrade
+from training.app.result_types import RESULT_SCHEMA, Result
 from training.app.results import stored_hash
+from training.app.tasks import decode_result, spec_of
+from training.mdl.result import MdlResult
+from training.starvation.result import StarvationResult
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 CURRENT = "schema2_digits_leace.json"
@@ -34,7 +37,7 @@ def _raw(name: str) -> dict[str, Any]:
 @pytest.mark.parametrize("name", [CURRENT, *OLDER])
 def test_every_stored_version_decodes_to_a_typed_mdl_result(name: str) -> None:
     raw = _raw(name)
-    result = decode(raw)
+    result = decode_result(raw)
     assert isinstance(result, MdlResult) and result.schema_version == RESULT_SCHEMA and result.task == "mdl"
     assert result.mdl is not None and result.mdl.bits_per_sample == raw["mdl"]["bits_per_sample"]
     assert result.mdl.legacy == raw["mdl"]["legacy"] and result.mdl.has_legacy
@@ -52,7 +55,7 @@ def test_what_the_writer_writes_round_trips_byte_for_byte() -> None:
     text = (FIXTURES / CURRENT).read_text()
     raw = json.loads(text)
     assert upgrade(raw) == raw  # a current result is not touched
-    again = encode(decode(raw))
+    again = encode(decode_result(raw))
     assert again == raw and list(again) == list(raw)
     assert json.dumps(again, indent=2) == json.dumps(raw, indent=2)
     assert list(raw)[:7] == ["config_hash", "hash_version", "numerics_version", "schema_version", "job_dir",
@@ -63,10 +66,10 @@ def test_what_the_writer_writes_round_trips_byte_for_byte() -> None:
 def test_an_older_result_gains_only_its_schema_version(name: str) -> None:
     raw = _raw(name)
     assert "schema_version" not in raw
-    upgraded = encode(decode(raw))
+    upgraded = encode(decode_result(raw))
     assert upgraded.pop("schema_version") == RESULT_SCHEMA
     assert upgraded == raw and list(upgraded) == list(raw)
-    result = decode(raw)
+    result = decode_result(raw)
     assert result.numerics_version == 2 and result.hash_version == 2
     assert result.dataset.fingerprint is not None and result.dataset.fingerprint.content == \
         raw["dataset"]["fingerprint"]["content"]
@@ -75,7 +78,7 @@ def test_an_older_result_gains_only_its_schema_version(name: str) -> None:
 
 def test_a_result_written_before_hash_v2_reads_with_the_values_it_stood_for() -> None:
     raw = _raw("pre_v2_leace_trimmed.json")
-    result = decode(raw)
+    result = decode_result(raw)
     assert (result.numerics_version, result.hash_version, result.task) == (1, 1, "mdl")
     assert result.dataset.fingerprint is None and result.provenance is None
     assert aggregate_collect.commit_of(result) == aggregate_collect.UNKNOWN_COMMIT
@@ -83,23 +86,23 @@ def test_a_result_written_before_hash_v2_reads_with_the_values_it_stood_for() ->
     view = config_view(result.config)
     assert view["dataset.tag"] == "mnist5k" and view["arch.tag"] == "mlp"  # tags default to the names
     assert view["eraser.repeat"] == 0 and "eraser.fold" not in view  # eraser.fold reads as eraser.repeat
-    assert stored_hash(result) is not None  # rehashed under numerics 1, as the lifecycle does
+    assert stored_hash(result, spec_of("mdl")) is not None  # rehashed under numerics 1, as the lifecycle does
     assert JobPath.parse(str(result.job_dir)) == JobPath("mnist5k", "leace", "mlp_relu", 128, 2, None, 1)
 
 
 def test_a_result_of_a_newer_schema_or_not_an_object_is_refused_in_one_line() -> None:
     with pytest.raises(MalformedResultError, match=r"schema_version 3 is newer than this code"):
-        decode({**_raw(CURRENT), "schema_version": RESULT_SCHEMA + 1})
+        decode_result({**_raw(CURRENT), "schema_version": RESULT_SCHEMA + 1})
     for bad in ([], 42, "text"):
         with pytest.raises(MalformedResultError, match="not a JSON object"):
-            decode(bad)
+            decode_result(bad)
 
 
 def test_other_tasks_decode_to_their_own_class() -> None:
-    gs = decode({"config_hash": "h", "task": "gs_two_moons", "config": {"task": "gs_two_moons"}, "method": "ERM",
+    gs = decode_result({"config_hash": "h", "task": "gs_two_moons", "config": {"task": "gs_two_moons"}, "method": "ERM",
                  "train": {"acc": 1.0}})
     assert isinstance(gs, StarvationResult) and gs.method == "ERM" and gs.section("train") == {"acc": 1.0}
-    other = decode({"config_hash": "h", "config": {"task": "toy"}})
+    other = decode_result({"config_hash": "h", "config": {"task": "toy"}})
     assert type(other) is Result and other.task == "toy"  # no schema_version: the task comes from the config
 
 
@@ -125,10 +128,10 @@ def test_a_job_directory_writes_and_reads_through_the_codec(tmp_path: Path) -> N
     from training.app.results import JobDir, read_result
 
     raw = _raw(CURRENT)
-    job = JobDir(tmp_path, raw["config_hash"])
-    job.write_result(decode(raw))
+    job = JobDir(tmp_path, raw["config_hash"], spec_of("mdl"))
+    job.write_result(decode_result(raw))
     assert json.loads((tmp_path / "result.json").read_text()) == raw
     done = job.finished()
     assert isinstance(done, MdlResult) and encode(done) == raw  # SKIP: the stored result, typed
     (tmp_path / "result.json").write_text(json.dumps({**raw, "schema_version": RESULT_SCHEMA + 1}))
-    assert read_result(tmp_path / "result.json") is None  # a newer schema: not read (warned), never reused
+    assert read_result(tmp_path / "result.json", spec_of("mdl")) is None  # a newer schema: not read, never reused

@@ -19,7 +19,7 @@ import torch
 
 from tests.helpers import job_config, kill_once_one_done_one_partial
 from training.app.lifecycle import PROGRESS_FILE
-from training.app.sweeps import expand
+from training.common.sweeps import expand
 from training.mdl.job import Trainer, run_job
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ import torch
 from tests.helpers import job_config
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import ConfigMismatchError
-from training.app.schema import load_config
+from training.app.tasks import load_job
 from training.mdl.job import run_job
 
 QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=8", "mdl.min_steps=0", "mdl.patience_min_steps=0",
@@ -113,7 +113,7 @@ def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
     from training.data import load_dataset
     from training.mdl.inputs import erase_maybe_zscored
 
-    cfg = load_config(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
+    cfg = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
     data = load_dataset(cfg.dataset)
     x, info = erase_maybe_zscored(data, cfg)
     assert info["zscore"] == "before erasure"
@@ -121,7 +121,7 @@ def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
     varying = data.x.reshape(len(x), -1).std(0) > 1e-8
     assert flat.mean(0).abs().max() < 1e-5  # LEACE keeps the global mean of standardised data (zero)
     assert info["certificate"]["after"]["max_mean_gap"] < 1e-6
-    control = load_config(job_config(tmp_path, [*QUICK, "eraser=control", "dataset.zscore=true"]))
+    control = load_job(job_config(tmp_path, [*QUICK, "eraser=control", "dataset.zscore=true"]))
     plain, _ = erase_maybe_zscored(data, control)
     stds = plain.reshape(len(x), -1).double().std(0)
     assert torch.allclose(stds[varying], torch.ones_like(stds[varying]), atol=1e-4)
@@ -132,14 +132,14 @@ def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) ->
     from training.data.cache import key_hash
     from training.data.erase import _cache_key, apply_eraser, source_rank
 
-    cfg = load_config(job_config(tmp_path, [*QUICK, "eraser=alf_qleace"]))
+    cfg = load_job(job_config(tmp_path, [*QUICK, "eraser=alf_qleace"]))
     data = load_dataset(cfg.dataset)
     cache = Path(cfg.paths.cache_dir)
     _, alf = apply_eraser(data, cfg.eraser, cache, with_certificate=False)
     assert key_hash(_cache_key(data, "alf_qleace", {})) == key_hash(_cache_key(data, "alf_qleace",
                                                                               cfg.eraser.options))
     assert source_rank(data, "alf_qleace", cache) == alf["report"]["rank_removed"] > 0
-    rnd_cfg = load_config(job_config(tmp_path, [*QUICK, "eraser=random"]))
+    rnd_cfg = load_job(job_config(tmp_path, [*QUICK, "eraser=random"]))
     _, rnd = apply_eraser(data, rnd_cfg.eraser, cache, with_certificate=False)
     assert rnd["report"]["rank_removed"] == alf["report"]["rank_removed"]
     entries = [p for p in (cache / "erased").iterdir() if p.is_dir()]
@@ -150,7 +150,7 @@ def test_zscore_after_erasure_standardises_the_erased_data(tmp_path: Path) -> No
     from training.data import load_dataset
     from training.mdl.inputs import erase_maybe_zscored
 
-    cfg = load_config(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "dataset.zscore_order=after",
+    cfg = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "dataset.zscore_order=after",
                                              "eraser=leace"]))
     data = load_dataset(cfg.dataset)
     x, info = erase_maybe_zscored(data, cfg)
@@ -160,9 +160,9 @@ def test_zscore_after_erasure_standardises_the_erased_data(tmp_path: Path) -> No
     varying = stds > 1e-3
     assert flat.mean(0).abs().max() < 1e-5
     assert torch.allclose(stds[varying], torch.ones_like(stds[varying]), atol=1e-4)  # unit variance after erasure
-    leace_first = load_config(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
+    leace_first = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
     before, _ = erase_maybe_zscored(data, leace_first)
     assert not torch.allclose(before, x)  # the order matters for LEACE
     with pytest.raises(ValueError, match="zscore_order"):
-        erase_maybe_zscored(data, load_config(job_config(tmp_path, [*QUICK, "dataset.zscore=true",
+        erase_maybe_zscored(data, load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true",
                                                         "dataset.zscore_order=sideways"])))

@@ -11,7 +11,8 @@ import torch
 
 from models.mlp import MlpOptions
 from training.app.results import flatten, legacy_differences
-from training.app.schema import ConfigError, JobConfig, cell_hash, config_hash, load_config, numerics_of
+from training.app.schema import ConfigError, JobConfig, numerics_of
+from training.app.tasks import job_cell_hash, job_hash, load_job, spec_of
 from training.common.files import atomic_write_json
 from training.data import LoadedData
 from training.data.erase import _cache_key
@@ -40,13 +41,13 @@ def test_bad_values_are_one_line_naming_key_value_and_what_is_allowed(override: 
                                                                       tmp_path: Path) -> None:
     cfg = job_config(tmp_path, [*SMOKE, override])
     with pytest.raises(ConfigError) as err:
-        load_config(cfg)
+        load_job(cfg)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
 def test_the_job_receives_frozen_typed_sections_read_as_attributes(tmp_path: Path) -> None:
     composed = job_config(tmp_path, SMOKE)
-    job = load_config(composed)
+    job = load_job(composed)
     assert isinstance(job, JobConfig) and job.mdl.max_epochs == 3 and job.training.engine == "auto"
     assert isinstance(job.arch.options, MlpOptions) and job.arch.options.activation == "relu"  # the MLP's own key
     assert not hasattr(job, "get") and not hasattr(job.mdl, "get")  # no mapping reads with a default on the side
@@ -54,7 +55,7 @@ def test_the_job_receives_frozen_typed_sections_read_as_attributes(tmp_path: Pat
         job.mdl.patience = 1  # type: ignore[misc]
     stored = flatten(job.to_dict())  # what result.json stores: every composed key, unchanged
     assert all(stored[k] == v for k, v in flatten(composed).items() if not k.startswith("hydra."))
-    assert config_hash(job) == config_hash(composed)
+    assert job_hash(job) == job_hash(composed)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -68,10 +69,10 @@ def test_the_job_receives_frozen_typed_sections_read_as_attributes(tmp_path: Pat
 def test_group_options_are_declared_by_their_module(override: str, message: str | None, tmp_path: Path) -> None:
     cfg = job_config(tmp_path, [*SMOKE, override])
     if message is None:
-        load_config(cfg)
+        load_job(cfg)
         return
     with pytest.raises(ConfigError) as err:
-        load_config(cfg)
+        load_job(cfg)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
@@ -80,19 +81,19 @@ def test_hash_ignores_where_and_how_but_not_what(tmp_path: Path) -> None:
     same = [["+dataset.download=false"], ["+dataset.root=/elsewhere"], ["training.workers=1"], ["progress=true"],
             ["device=cpu"], ["logger=wandb"], [f"paths.out_dir={tmp_path / 'other'}"], ["dataset.tag=renamed"]]
     for extra in same:
-        assert config_hash(job_config(tmp_path, [*SMOKE, *extra])) == config_hash(base), extra
+        assert job_hash(job_config(tmp_path, [*SMOKE, *extra])) == job_hash(base), extra
     for extra in (["mdl.max_epochs=4"], ["optim.lr=0.002"], ["seed=1"], ["dataset.limit=100"]):
-        assert config_hash(job_config(tmp_path, [*SMOKE, *extra])) != config_hash(base), extra
+        assert job_hash(job_config(tmp_path, [*SMOKE, *extra])) != job_hash(base), extra
     # the directory's cell hash leaves out the seed only
-    assert cell_hash(job_config(tmp_path, [*SMOKE, "seed=1"])) == cell_hash(base)
-    assert cell_hash(job_config(tmp_path, [*SMOKE, "optim.lr=0.002"])) != cell_hash(base)
+    assert job_cell_hash(job_config(tmp_path, [*SMOKE, "seed=1"])) == job_cell_hash(base)
+    assert job_cell_hash(job_config(tmp_path, [*SMOKE, "optim.lr=0.002"])) != job_cell_hash(base)
 
 
 def test_runtime_eraser_options_stay_out_of_hash_and_cache_key(tmp_path: Path) -> None:
     a = job_config(tmp_path, [*SMOKE, "eraser=gradient"])
     b = job_config(tmp_path, [*SMOKE, "eraser=gradient", "eraser.options.progress=false", "eraser.options.device=cpu"])
-    assert config_hash(a) == config_hash(b)
-    assert config_hash(a) != config_hash(job_config(tmp_path, [*SMOKE, "eraser=gradient", "eraser.options.w_mse=2"]))
+    assert job_hash(a) == job_hash(b)
+    assert job_hash(a) != job_hash(job_config(tmp_path, [*SMOKE, "eraser=gradient", "eraser.options.w_mse=2"]))
     data = LoadedData("toy", torch.zeros(4, 1, 2, 2), torch.tensor([0, 1, 0, 1]), 2)
     assert _cache_key(data, "gradient", a["eraser"]["options"]) == _cache_key(data, "gradient", b["eraser"]["options"])
     assert "progress" not in _cache_key(data, "gradient", {})["options"]
@@ -113,13 +114,13 @@ def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(t
     legacy = Path(cfg["paths"]["legacy_job_dir"])
     stored = {"config_hash": "0" * 16, "config": old, "mdl": {"bits_per_sample": 1.5}}
     atomic_write_json(legacy / "result.json", stored)  # no numerics_version: older numbers, never reused
-    assert legacy_differences(old, cfg) == []
+    assert legacy_differences(old, load_job(cfg)) == []
     with caplog.at_level("INFO"):
         assert run_job(cfg).result["mdl"]["bits_per_sample"] != 1.5  # recomputed
     assert "numerics version 1" in caplog.text
     cfg = job_config(tmp_path / "again", SMOKE)
     atomic_write_json(Path(cfg["paths"]["legacy_job_dir"]) / "result.json",
-                      {**stored, "numerics_version": numerics_of("mdl")})
+                      {**stored, "numerics_version": numerics_of(spec_of("mdl"))})
     caplog.clear()
     with caplog.at_level("INFO"):
         reused = run_job(cfg)
@@ -127,7 +128,7 @@ def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(t
     assert "pre-v2 layout" in caplog.text and not (Path(cfg["paths"]["job_dir"]) / "result.json").exists()
 
     other = job_config(tmp_path / "again", [*SMOKE, "mdl.num_blocks=3"])
-    assert legacy_differences(old, other) == ["mdl.num_blocks"]
+    assert legacy_differences(old, load_job(other)) == ["mdl.num_blocks"]
     caplog.clear()
     with caplog.at_level("INFO"):
         result = run_job(other).result

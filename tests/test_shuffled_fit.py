@@ -11,7 +11,8 @@ import torch
 
 from erasure import fit as fit_eraser
 from tests.helpers import job_config
-from training.app.schema import ConfigError, config_hash, load_config
+from training.app.schema import ConfigError, config_hash
+from training.app.tasks import load_job
 from training.data import load_dataset
 from training.engine.seeding import generator
 from training.mdl.inputs import prepare_data
@@ -22,7 +23,7 @@ GAUSS = ["experiment=smoke", "mdl.full_run=false", "dataset=gaussian", "dataset.
 
 
 def _cfg(tmp: Path, *overrides: str):  # noqa: ANN202 - a JobConfig
-    return load_config(job_config(tmp, [*GAUSS, *overrides]))
+    return load_job(job_config(tmp, [*GAUSS, *overrides]))
 
 
 def _mean_gap(x: torch.Tensor, y: torch.Tensor) -> float:

@@ -11,7 +11,8 @@ import torch
 
 from tests.helpers import fit_settings, group_options, job_config
 from tests.test_vectorized import _data, _models
-from training.app.schema import MdlConfig, load_config, load_section
+from training.app.schema import MdlConfig, load_section
+from training.app.tasks import load_job
 from training.engine.fit import Member, TrainData, fit
 from training.engine.group import fit_group
 from training.engine.seeding import generator
@@ -90,7 +91,7 @@ def test_stop_after_warmup_has_one_default(tmp_path: Path) -> None:
     loop of an MDL job and of a GS erased evaluation use (it used to be True in the schema, False in the job)."""
     cfg = job_config(tmp_path, ["experiment=smoke"])
     del cfg["mdl"]["stop_after_warmup"]
-    job = load_config(cfg)
+    job = load_job(cfg)
     default = next(f.default for f in dataclasses.fields(MdlConfig) if f.name == "stop_after_warmup")
     assert job.mdl.stop_after_warmup is default is True
     assert fit_config(job, warmup_steps=50).warmup_steps == 50
@@ -125,7 +126,7 @@ def test_fit_and_fit_group_stop_alike_and_report_why() -> None:
 def _stop_line(tmp_path: Path, *overrides: str) -> str | None:
     from training.mdl.stop_keys import floor_outlasts_cap
 
-    cfg = load_config(job_config(tmp_path, ["dataset=digits", "mdl=quick", *overrides]))
+    cfg = load_job(job_config(tmp_path, ["dataset=digits", "mdl=quick", *overrides]))
     return floor_outlasts_cap(cfg, 1797)
 
 

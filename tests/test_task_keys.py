@@ -22,8 +22,8 @@ import pytest
 from tests.helpers import TINY, job_config
 from training.app.result_types import Result
 from training.app.results import flatten
-from training.app.schema import ConfigError, config_hash, semantic
-from training.app.tasks import get_task, task_names
+from training.app.schema import ConfigError
+from training.app.tasks import get_task, job_hash, job_semantic, task_names
 
 # Early stopping that binds (gs_erased_eval: patience 1 stops it at step 135 of 180, inside a 300-step warm-up
 # because stop_after_warmup is off), so that every stopping key can show it is read; depth 3: the depth lr rule.
@@ -142,7 +142,7 @@ def _outputs(task: str, result: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _leaves(cfg: dict[str, Any]) -> dict[str, Any]:
-    return flatten(semantic(cfg))
+    return flatten(job_semantic(cfg))
 
 
 def _known(key: str) -> str | None:
@@ -168,7 +168,7 @@ def _walk(task: str, tmp_path: Path, only: set[str] | None = None, overrides: li
             cfg = job_config(tmp_path / f"k{i}", [*given, override, f"paths.cache_dir={tmp_path / 'base' / 'cache'}"])
         except Exception as err:  # noqa: BLE001 - Hydra's own refusal of a value
             raise AssertionError(f"{task}: {override} does not compose: {err}") from err
-        if config_hash(cfg) == config_hash(base_cfg):
+        if job_hash(cfg) == job_hash(base_cfg):
             continue  # not in the hash (or the same value): nothing to honour
         tried += 1
         try:
@@ -237,14 +237,14 @@ def test_1_the_walk_catches_a_dead_key(tmp_path: Path, monkeypatch: pytest.Monke
 ])
 def test_1_a_key_is_refused_only_where_it_is_not_read(tmp_path: Path, overrides: list[str], refused: str | None
                                                       ) -> None:
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
 
     cfg = job_config(tmp_path, overrides)
     if refused is None:
-        load_config(cfg)
+        load_job(cfg)
         return
     with pytest.raises(ConfigError, match=rf"^{refused}=\S+ is not allowed"):
-        load_config(cfg)
+        load_job(cfg)
     assert not any(tmp_path.iterdir())
 
 
@@ -258,11 +258,11 @@ def test_keys_left_out_of_the_hash_change_nothing(zscore: bool, tmp_path: Path) 
         base += ["dataset.zscore=true", "dataset.zscore_order=after"]
     plain = job_config(tmp_path / "a", base)
     tables = job_config(tmp_path / "b", [*base, "++arch.paper_optim.lr.qleace=0.5", "++dataset.paper_lr.lenet=0.1"])
-    assert tables["optim"] == plain["optim"] and config_hash(tables) == config_hash(plain)
+    assert tables["optim"] == plain["optim"] and job_hash(tables) == job_hash(plain)
     per_batch = job_config(tmp_path / "c", [*base, "eraser.after_augment=true"])
     if zscore:
-        assert config_hash(per_batch) != config_hash(plain)
+        assert job_hash(per_batch) != job_hash(plain)
         return
-    assert config_hash(per_batch) == config_hash(plain)
+    assert job_hash(per_batch) == job_hash(plain)
     run = get_task("mdl")
     assert _computed(run(per_batch).result, "mdl") == _computed(run(plain).result, "mdl")

@@ -24,7 +24,7 @@ import pytest
 
 from tests.helpers import ENV, TINY, job_config
 from training.app.lifecycle import Outcome
-from training.app.provenance import code_provenance, head_from_files
+from training.common.provenance import code_provenance, head_from_files
 
 
 # --- bug 3: the commit of a checkout another user owns ------------------------------------------------------------
@@ -72,7 +72,7 @@ def test_3_checkout_owned_by_another_user_still_gives_the_commit(tmp_path: Path,
     env = {k: v for k, v in os.environ.items() if k not in ("SUDO_UID", "GIT_CONFIG_GLOBAL")}
     plain = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, env=env)
     assert plain.returncode != 0 and "dubious ownership" in plain.stderr  # git itself refuses it
-    with caplog.at_level(logging.WARNING, logger="training.app.provenance"):
+    with caplog.at_level(logging.WARNING, logger="training.common.provenance"):
         code = code_provenance.__wrapped__(repo)
     assert code["commit"] == sha
     assert code["dirty"] is None  # git status is refused: not guessed
@@ -85,7 +85,7 @@ def test_3_unreadable_head_says_why(tmp_path: Path, caplog: pytest.LogCaptureFix
     repo = tmp_path / "repo"
     _repo(repo)
     (repo / ".git" / "HEAD").write_text("ref: refs/heads/nowhere\n")
-    with caplog.at_level(logging.WARNING, logger="training.app.provenance"):
+    with caplog.at_level(logging.WARNING, logger="training.common.provenance"):
         code = code_provenance.__wrapped__(repo)
     assert code["commit"] is None
     assert "refs/heads/nowhere has no commit" in caplog.text
@@ -233,13 +233,13 @@ def test_4_each_path_part_is_refused_in_one_line(tmp_path: Path, override: str, 
 @pytest.mark.parametrize("override", ["paths.job_subdir=mine/sub", "paths.cell=c_mine", "dataset.tag=my.tag",
                                       "paths.out_dir=../relative_is_fine"])
 def test_4_ordinary_path_parts_are_accepted(tmp_path: Path, override: str) -> None:
-    from training.app.schema import load_config
+    from training.app.tasks import load_job
 
     cfg = job_config(tmp_path, [*TINY, override])
     if override.startswith("paths.out_dir"):
         cfg = {**cfg, "paths": {**cfg["paths"], "out_dir": "../relative_is_fine",
                                 "job_dir": "../relative_is_fine/runs/x/seed0"}}
-    load_config(cfg)  # no refusal
+    load_job(cfg)  # no refusal
 
 
 def test_4_cli_refuses_the_issue_repro_and_writes_nothing(tmp_path: Path) -> None:

@@ -23,13 +23,15 @@ from erasure.registry import ERASERS
 from training.analysis.aggregate_rows import Recorded
 from training.analysis.tables import PROBES
 from training.app.job_paths import JobPath
-from training.app.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
 from training.app.lifecycle import SavedProgress
-from training.app.result_codec import FIT_DEFAULTS, REPEAT_KEY, MalformedResultError, legacy_fold, read
-from training.app.result_types import BlockRecord, Certificate, MdlRecord, MdlResult, Result, number
-from training.app.results import RESULT_FILE, SET_ASIDE, flatten, same_config, stored_config
-from training.app.schema import JobConfig, OptionsSection, Section, config_hash, semantic
-from training.app.sweeps import expand
+from training.app.result_codec import FIT_DEFAULTS, REPEAT_KEY, MalformedResultError, flatten, legacy_fold
+from training.app.result_types import Result, number
+from training.app.results import RESULT_FILE, SET_ASIDE, same_config, stored_config
+from training.app.schema import JobConfig, OptionsSection, Section, config_hash
+from training.app.tasks import job_semantic, read_any, spec_of
+from training.common.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
+from training.common.sweeps import expand
+from training.mdl.result import BlockRecord, Certificate, MdlRecord, MdlResult
 
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
 # variant: eraser options that differ, if any). A cell's runs: its seeds × folds, and its null runs (`null`).
@@ -94,7 +96,7 @@ def _read(path: Path) -> Any:
 def _load_result(path: Path) -> tuple[Result | None, str | None]:
     """(result, None), or (None, why) for a file that is not a result (None, None: absent)."""
     try:
-        result = read(path)
+        result = read_any(path)
     except MalformedResultError as e:
         return None, str(e)
     except OSError as e:
@@ -144,7 +146,7 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
     dropped there), without keys the schema has dropped since; optim.lr/beta1/warmup_steps that follow the
     paper's rule (arch.paper_optim per eraser family, dataset.paper_lr; null in a pre-v2 result) read PAPER_RULE,
     so erasers at their paper rates compare."""
-    flat = legacy_fold({k: v for k, v in flatten(semantic(cfg, fill_defaults=False)).items() if not _dead(k)})
+    flat = legacy_fold({k: v for k, v in flatten(job_semantic(cfg, fill_defaults=False)).items() if not _dead(k)})
     for key, default in FIT_DEFAULTS.items():
         flat.setdefault(key, default)
     fit_on = flat["eraser.fit_on"]
@@ -484,8 +486,9 @@ def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[
         result, why = _load_result(path)
         if why is not None:
             warn(f"skipped {path}: {why}")
-        h = config_hash(cfg)  # same_config also rehashes the stored config (the hash may have changed since)
-        same = result is not None and same_config(result, h)
+        spec = spec_of(cfg)  # the edge: the config's task -> its TaskSpec
+        h = config_hash(cfg, spec)  # same_config also rehashes the stored config (the hash may have changed since)
+        same = result is not None and same_config(result, h, spec)
         if same:
             assert result is not None
             results.append(result)

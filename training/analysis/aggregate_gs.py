@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from training.analysis.tables import eraser_order, is_identity, md_table
-from training.app.result_types import MdlResult, Result, at
+from training.app.result_types import Result, at
 from training.app.results import stored_config  # noqa: E402
+from training.mdl.result import MdlResult
 from training.starvation.common import method_of_stored  # noqa: E402
 
 PAPER_CMNIST = {"ERM (paper, 60k MNIST)": (91.1, 23.7), "SD (paper, 60k MNIST)": (70.0, 68.4)}

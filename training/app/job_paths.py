@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from training.app.schema import NON_CONFIG_KEYS, cell_hash
+from training.app.task_spec import TaskSpec
 
 RUNS = "runs"  # the folder under paths.out_dir that holds every job directory
 _PATTERN = re.compile(r"(?P<dataset>[^/]+)/(?P<eraser>[^/]+)/(?P<arch>[^/]+)-w(?P<width>\d+)-d(?P<depth>\d+)"
@@ -39,11 +40,12 @@ class JobPath:
     seed: int
 
     @classmethod
-    def of(cls, cfg: Mapping[str, Any], legacy: bool = False) -> JobPath:
-        """The path of a resolved job config (a plain dict, as composed); `legacy`: its pre-v2 directory."""
+    def of(cls, cfg: Mapping[str, Any], spec: TaskSpec, legacy: bool = False) -> JobPath:
+        """The path of a resolved job config of task `spec` (a plain dict, as composed); `legacy`: its pre-v2
+        directory."""
         a = cfg["arch"]
         cell = None if legacy else "c" + cell_hash({k: v for k, v in cfg.items()
-                                                    if k not in NON_CONFIG_KEYS and k != "paths"})
+                                                    if k not in NON_CONFIG_KEYS and k != "paths"}, spec)
         return cls(str(cfg["dataset"]["tag"]), str(cfg["eraser"]["name"]), str(a["tag"]), int(a["width"]),
                    int(a["depth"]), cell, int(cfg["seed"]))
 
@@ -75,6 +77,6 @@ class JobPath:
         return Path(runs) / self.subdir
 
 
-def job_dir(out_dir: str | Path, cfg: Mapping[str, Any]) -> Path:
-    """paths.job_dir of a resolved job config, for `out_dir`."""
-    return JobPath.of(cfg).under(Path(out_dir) / RUNS)
+def job_dir(out_dir: str | Path, cfg: Mapping[str, Any], spec: TaskSpec) -> Path:
+    """paths.job_dir of a resolved job config of task `spec`, for `out_dir`."""
+    return JobPath.of(cfg, spec).under(Path(out_dir) / RUNS)

@@ -2,7 +2,7 @@
 task's body, write result.json last, clear the progress file.
 
     def run_job(config):                     # Task.__call__ (training/app/tasks.py) does this for every task
-        return run_in_job_dir(config, body)      # body(run: JobRun) -> the task's part of result.json
+        return run_in_job_dir(config, spec, body)  # body(run: JobRun) -> the task's part of result.json
 
 It returns an `Outcome`: done (computed now), skipped (the directory held this configuration's result), reused
 (the same configuration finished in its pre-v2 directory) or failed (the ledger's record of an error), with the
@@ -10,7 +10,7 @@ result. What a precheck loaded reaches the body as `JobRun.loaded`: nothing trav
 
 The MDL jobs and the Gradient Starvation jobs share it, so a fix here (a lock, a resume rule, what a result must
 hold) reaches both. Every result records its `provenance` (code commit, versions, device, host, start and end:
-training/app/provenance.py); a result whose task-declared sections (`finite=`, MDL: mdl and final) hold a NaN or
+training/common/provenance.py); a result whose task-declared sections (`finite=`, MDL: mdl and final) hold a NaN or
 infinity is never written (NonFiniteError, one line). One-line errors and the multirun ledger sit above it
 (training/run.py, ledger.py): they see the same exceptions and results whatever the task.
 """
@@ -29,13 +29,14 @@ from typing import Any, Literal
 
 import torch
 
-from training.app.provenance import device_name, now_utc, provenance
 from training.app.result_codec import encode, new_result
 from training.app.result_types import Fingerprint as FingerprintRecord
 from training.app.result_types import Result, at
 from training.app.results import JobDir, Stale, legacy_result, set_aside_name
 from training.app.schema import HASH_VERSION, JobConfig, config_hash, load_config, numerics_of
+from training.app.task_spec import TaskSpec
 from training.common.files import atomic_write_json, read_json
+from training.common.provenance import device_name, now_utc, provenance
 from training.data.shared import Pack
 from training.engine.devices import resolve_device
 from training.engine.numerics import JobNumerics, job_numerics
@@ -198,20 +199,21 @@ def check_finite(result: Result, sections: tuple[str, ...], job_path: Path) -> N
                                  "nothing was written as a result")
 
 
-def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: Precheck | None = None,
+def run_in_job_dir(config: Mapping[str, Any] | JobConfig, spec: TaskSpec, body: Body,
+                   precheck: Precheck | None = None,
                    describe: Callable[[dict[str, Any]], str] | None = None,
                    finite: tuple[str, ...] = (), complete: tuple[str, ...] = (),
                    fingerprint: Fingerprint | None = None, pack: Pack | None = None) -> Outcome:
-    """Run `body` in the job's directory under its lock and return its Outcome: done with the new result, or
-    skipped/reused with an earlier run's result of this configuration. `precheck` refuses bad runtime options
-    before anything is made and returns what it loaded, for the body (`JobRun.loaded`). `finite`: the result's
-    sections whose every number must be finite (else NonFiniteError and no result); every result gets
-    `provenance` (training/app/provenance.py). An earlier result is not reused (one line says why) when it lacks a
+    """Run `body`, a job of task `spec`, in the job's directory under its lock and return its Outcome: done with the
+    new result, or skipped/reused with an earlier run's result of this configuration. `precheck` refuses bad runtime
+    options before anything is made and returns what it loaded, for the body (`JobRun.loaded`). `finite`: the
+    result's sections whose every number must be finite (else NonFiniteError and no result); every result gets
+    `provenance` (training/common/provenance.py). An earlier result is not reused (one line says why) when it lacks a
     `complete` section or its `dataset.fingerprint` differs from `fingerprint(cfg)`, the data now (which the body
     then gets, as it gets a precheck's). `pack`: what the job shares with the other jobs of its pack (the packed
     launcher's, training/data/shared.py), handed to the hooks and the body; None for a lone job."""
-    cfg = load_config(config)  # bad values fail here, with one line, before any directory or data
-    job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), cfg.force)
+    cfg = load_config(config, spec)  # bad values fail here, with one line, before any directory or data
+    job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), spec, cfg.force)
     device = resolve_device(cfg.device)
     loaded = precheck(cfg, device, None, False, pack) if precheck is not None else None
     read_now: list[DataOnDisk] = []  # what the fingerprint hook read, if the stale check called it
@@ -241,10 +243,10 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, body: Body, precheck: 
             numerics = job_num.signature(device, device_name(str(device)))
         timings = {**out.pop("timings", {}), "total_s": time.perf_counter() - t0}
         typed = new_result(config_hash=job.cfg_hash, hash_version=HASH_VERSION,
-                           numerics_version=numerics_of(cfg.task),
+                           numerics_version=numerics_of(spec),
                            job_dir=str(job.path), task=cfg.task, config=cfg.to_dict(), sections=out,
                            device=str(device), timings=timings,
-                           provenance={**provenance(device, started, now_utc()), "numerics": numerics})
+                           provenance={**provenance(device, started, now_utc()), "numerics": numerics}, spec=spec)
         check_finite(typed, finite, job.path)
         job.write_result(typed)  # the job's last act: its presence means "done"
         result = encode(typed)

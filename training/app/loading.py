@@ -8,9 +8,9 @@ import dataclasses
 import json
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -29,22 +29,26 @@ from training.app.sections import (
     S,
     Section,
     _member_options,
-    _task_groups,
-    _task_options,
-    _task_uses,
 )
-from training.app.task_spec import fixed_keys, task_spec
+from training.app.task_spec import TaskSpec
 from training.app.typed import NAME_MAX, ConfigError, FieldSpec, build_options, check_typed, field_spec, kind_name
+from training.common.conf import CONF_DIR, resolved_dict
 from training.data.registry import DATASETS, dataset_traits
 
 
-def load_config(cfg: Mapping[str, Any] | JobConfig) -> JobConfig:
-    """The typed config of a composed, resolved job config; ConfigError (one line) for a bad value."""
+def load_config(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec, others: Collection[str] = ()) -> JobConfig:
+    """The typed config of a composed, resolved job config of task `spec`; ConfigError (one line) for a bad value.
+    `others`: the groups other tasks read of their own (a sweep over tasks composes each into every job)."""
     if isinstance(cfg, JobConfig):
+        if cfg.task_spec != spec:
+            raise ValueError(f"a config of task {cfg.task} loaded as task {spec.name}")
         return cfg
     data = {k: v for k, v in cfg.items() if k not in NON_CONFIG_KEYS}
     job = _build(JobConfig, data, "")
     assert isinstance(job, JobConfig)
+    if job.task != spec.name:
+        raise ConfigError(f"task={job.task} is not allowed here: this config is loaded as task {spec.name}")
+    job = dataclasses.replace(job, task_spec=spec, **_task_group(spec, job._task_group, others))
     _check_task_reads(job)
     _check_inside_out_dir(job)
     _check_storage(job)
@@ -128,9 +132,9 @@ UNREAD_BY_DATASET: tuple[tuple[str, str, Any, tuple[str, ...] | None], ...] = (
 )
 
 
-def _task_reads(task: str, key: str) -> bool:
-    """Whether `key` enters task `task`'s hash (its declared `uses`: every group, a group, or the key itself)."""
-    uses = _task_uses(task)
+def _task_reads(spec: TaskSpec, key: str) -> bool:
+    """Whether `key` enters task `spec`'s hash (its declared `uses`: every group, a group, or the key itself)."""
+    uses = spec.uses
     return uses is None or key in uses or key.split(".", 1)[0] in uses
 
 
@@ -152,14 +156,15 @@ def _check_task_reads(job: JobConfig) -> None:
     """A hashed key the job's task does not read (its declaration's `fixed`), or that is read only with another
     key's value (READ_ONLY_WITH), must keep the one value it accepts: otherwise it would change the job's hash (and
     directory) but not its numbers. Then what the task itself refuses (`Task.refusal`)."""
-    for key, accepted in fixed_keys(job.task).items():
+    spec = job.task_spec
+    for key, accepted in spec.fixed.items():
         value = _value(job, key)
         if value is not dataclasses.MISSING and not _same(value, accepted):
             raise ConfigError(f"{key}={_shown(value)} is not allowed with task={job.task}: the task does not read "
                               f"{key} (it would change the job's hash, not its numbers); leave it at "
                               f"{_shown(accepted)} or use another task")
     for key, when, needed, accepted in READ_ONLY_WITH:
-        if not (_task_reads(job.task, key) and _task_reads(job.task, when)):
+        if not (_task_reads(spec, key) and _task_reads(spec, when)):
             continue  # e.g. gs_erased_eval reads mdl.eval_every_steps and has no full run
         value = _value(job, key)
         if value is not dataclasses.MISSING and not _same(value, accepted) and not _same(_value(job, when), needed):
@@ -173,7 +178,7 @@ def _check_task_reads(job: JobConfig) -> None:
             who = f"dataset={dataset}" + (f" with task={job.task}" if tasks is not None else "")
             raise ConfigError(f"{key}={_shown(value)} is not allowed with {who}: {key} is not read there (it "
                               f"would change the job's hash, not its numbers); leave it at {_shown(accepted)}")
-    if (refusal := task_spec(job.task).refusal(job)) is not None:
+    if (refusal := spec.refusal(job)) is not None:
         raise ConfigError(refusal)
 
 
@@ -234,7 +239,7 @@ def _build(cls: type[Section], data: Any, prefix: str) -> Section:
         view = build_options(options_cls, rest, prefix, known=tuple(values), owner=f"{owner} {values['name']}")
         return cls(**values, options=view, _options=rest)
     if cls is JobConfig:
-        return cls(**values, **_task_group(str(values["task"]), rest))
+        return cls(**values, _task_group=dict(rest))  # checked by the task's options (load_config)
     if rest:
         k = sorted(rest)[0]
         raise ConfigError(f"{prefix}{k}={rest[k]!r} is not allowed: unknown key; known: {', '.join(values)}")
@@ -246,10 +251,9 @@ def _options_owner(cls: type[OptionsSection]) -> tuple[str, str]:
             RegularizerConfig: ("regularizer", "regularizer")}[cls]
 
 
-def _task_group(task: str, rest: Mapping[str, Any]) -> dict[str, Any]:
+def _task_group(spec: TaskSpec, rest: Mapping[str, Any], others: Collection[str]) -> dict[str, Any]:
     """The task's own group (e.g. `gs` for the Gradient Starvation tasks), checked by its options dataclass."""
-    group, options_cls = _task_options(task)
-    others = _task_groups()  # a sweep over tasks (gs_sd_erasure) composes every task's group into each job
+    group, options_cls, task = spec.group, spec.options, spec.name
     unknown = sorted(k for k in rest if k != group and k not in others)
     if unknown:
         raise ConfigError(f"{unknown[0]}={rest[unknown[0]]!r} is not allowed: unknown key (task {task} reads "
@@ -281,17 +285,6 @@ def _check(key: str, value: Any, declared: FieldSpec) -> Any:
     if declared.check is not None and not declared.check(value):
         raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {declared.describe('another value')}")
     return value
-
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
-
-def resolved_dict(node: Any, resolve: bool = True) -> dict[str, Any]:
-    """A config node (DictConfig) as a plain dict, interpolations resolved (or not)."""
-    plain = OmegaConf.to_container(node, resolve=resolve)
-    if not isinstance(plain, dict):
-        raise TypeError(f"expected a group of keys, got {type(plain).__name__}")
-    return cast(dict[str, Any], plain)  # conf/'s groups have string keys
 
 
 def group_config(group: str, name: str, **overrides: Any) -> Any:

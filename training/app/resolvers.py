@@ -7,8 +7,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from training.app.loading import resolved_dict  # noqa: F401  (callers import it from here)
-from training.app.schema import NON_CONFIG_KEYS, cell_hash
+from training.app.schema import NON_CONFIG_KEYS
+from training.app.tasks import job_cell_hash
+from training.common.conf import resolved_dict as resolved_dict  # callers import it from here
 
 
 def _suffix(value: object, sep: str = "_") -> str:
@@ -33,7 +34,7 @@ def _cell_hash(*, _root_: DictConfig) -> str:
             continue
         node = _root_[key]
         plain[str(key)] = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-    return cell_hash(plain)
+    return job_cell_hash(plain)  # the edge: the config's task named by its `task` key
 
 
 def register() -> None:

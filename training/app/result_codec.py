@@ -1,7 +1,7 @@
 """The one codec of result.json: `encode(result) -> dict` (what the job writes), `decode(dict) -> Result`, and
 `upgrade(raw)`, the one function that reads results of an older schema version.
 
-    result = decode(json.loads(path.read_text()))        # upgrade() first, then the task's Result class
+    result = decode(json.loads(path.read_text()), spec)  # upgrade() first, then the class of task `spec`
     atomic_write_json(path, encode(result))               # exactly the sections the job wrote, in its order
 
 Older results (tests/fixtures/results/ holds real ones) differ in:
@@ -31,7 +31,7 @@ from training.app.result_types import (
     text,
 )
 from training.app.schema import with_defaults
-from training.app.task_spec import result_type
+from training.app.task_spec import TaskSpec
 
 RESULT_FILE = "result.json"
 FOLD_KEY, REPEAT_KEY = "eraser.fold", "eraser.repeat"  # a result written before eraser.repeat names it eraser.fold
@@ -108,9 +108,10 @@ def _int(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def decode(raw: Any) -> Result:
-    """The Result a stored result.json holds (any schema version: `upgrade` first), of its task's class.
-    MalformedResultError (one line) for a file that is not a result."""
+def decode(raw: Any, spec: TaskSpec | None) -> Result:
+    """The Result a stored result.json holds (any schema version: `upgrade` first), of task `spec`'s class (the
+    plain envelope for a result of another task, or `spec` None: a task not declared here). MalformedResultError
+    (one line) for a file that is not a result."""
     if not isinstance(raw, Mapping):
         raise MalformedResultError(f"not a JSON object (a {type(raw).__name__})")
     data = upgrade(raw)
@@ -125,7 +126,7 @@ def decode(raw: Any) -> Result:
         job_dir=text(at(data, "job_dir")), sections=sections, device=text(at(data, "device")),
         timings=mapping(at(data, "timings")), provenance=Provenance.of(at(data, "provenance")),
         dataset=DatasetInfo.of(at(data, "dataset")), tail=tail)
-    cls = result_type(task)
+    cls = spec.result_type if spec is not None and spec.name == task else Result
     try:
         typed = cls.typed_sections(sections)
     except ValueError as e:
@@ -148,21 +149,26 @@ def encode(result: Result) -> dict[str, Any]:
 
 def new_result(*, config_hash: str, hash_version: int, numerics_version: int, job_dir: str, task: str,
                config: Mapping[str, Any], sections: Mapping[str, Any], device: str, timings: Mapping[str, Any],
-               provenance: Mapping[str, Any]) -> Result:
-    """The Result a job that just ran writes (training/app/lifecycle.py), of its task's class."""
+               provenance: Mapping[str, Any], spec: TaskSpec) -> Result:
+    """The Result a job of task `spec` that just ran writes (training/app/lifecycle.py), of its task's class."""
     return decode({"config_hash": config_hash, "hash_version": hash_version, "numerics_version": numerics_version,
                    "schema_version": RESULT_SCHEMA, "job_dir": job_dir, "task": task, "config": dict(config),
-                   **sections, "device": device, "timings": dict(timings), "provenance": dict(provenance)})
+                   **sections, "device": device, "timings": dict(timings), "provenance": dict(provenance)}, spec)
 
 
-def read(path: Path) -> Result | None:
-    """The Result stored at `path`; None when the file is absent. MalformedResultError (one line) for a file that
-    cannot be parsed or is not a result; a file this process may not read raises its OSError, for the caller to
-    name."""
+def read(path: Path, spec: TaskSpec | None) -> Result | None:
+    """The Result stored at `path` (`decode`: of task `spec`'s class); None when the file is absent.
+    MalformedResultError (one line) for a file that cannot be parsed or is not a result; a file this process may
+    not read raises its OSError, for the caller to name."""
+    raw = read_json(path)
+    return None if raw is None else decode(raw, spec)
+
+
+def read_json(path: Path) -> Any:
+    """A result.json's parsed JSON (None when the file is absent; MalformedResultError when it is not JSON)."""
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise MalformedResultError(f"not readable JSON ({type(e).__name__}: {e})") from e
-    return decode(raw)

@@ -1,6 +1,6 @@
 """A job directory: result.json, the config hash, skip/refuse logic, and the lock a job holds on its directory.
 
-    job = JobDir(job_dir, cfg_hash, force)
+    job = JobDir(job_dir, cfg_hash, spec, force)
     with job.locked():                      # a second job with this directory waits here (and says so)
         if (done := job.finished()) is not None:
             return done                     # SKIP: finished with this configuration
@@ -27,6 +27,7 @@ from typing import Any
 from training.app.result_codec import MalformedResultError, NewerSchemaError, config_view, encode, flatten, read
 from training.app.result_types import Fingerprint, Result
 from training.app.schema import JobConfig, config_hash, numerics_of, semantic
+from training.app.task_spec import TaskSpec
 from training.common.files import atomic_write_json
 from training.common.locks import waiting_lock
 from training.errors import UserError
@@ -48,13 +49,13 @@ def stored_config(config: Mapping[str, Any]) -> dict[str, Any]:
 _V1_RESOLVED = ("optim.lr", "optim.beta1", "optim.warmup_steps")
 
 
-def legacy_differences(old_config: Mapping[str, Any], cfg: Mapping[str, Any] | JobConfig) -> list[str]:
+def legacy_differences(old_config: Mapping[str, Any], cfg: JobConfig) -> list[str]:
     """Semantic keys on which a result written before hash v2 differs from `cfg` (empty: the same job).
 
     A key the old config lacks counts as a difference (it was added since, possibly with new behaviour); a key
     only the old config has (since removed as dead) does not.
     """
-    old, new = flatten(semantic(old_config, fill_defaults=False)), flatten(semantic(cfg))
+    old, new = flatten(semantic(old_config, cfg.task_spec, fill_defaults=False)), flatten(semantic(cfg))
     return sorted(k for k, v in new.items()
                   if k not in old or (old[k] != v and not (old[k] is None and k in _V1_RESOLVED)))
 
@@ -65,14 +66,16 @@ def legacy_result(cfg: JobConfig, job_dir: Path) -> Result | None:
     if not legacy or (job_dir / RESULT_FILE).exists():
         return None
     try:
-        done = read(Path(legacy) / RESULT_FILE)
+        done = read(Path(legacy) / RESULT_FILE, cfg.task_spec)
     except MalformedResultError:
         return None
     if done is None or done.hash_version >= 2 or done.config is None:
         return None
-    if done.numerics_version != numerics_of(cfg.task):
+    if done.task != cfg.task or done.config.get("task", "mdl") != cfg.task:
+        return None  # another task's result: another job
+    if done.numerics_version != numerics_of(cfg.task_spec):
         log.info("not reusing %s: written under numerics version %s, this job's is %d (docs/running.md: Numerics "
-                 "versions)", legacy, done.numerics_version, numerics_of(cfg.task))
+                 "versions)", legacy, done.numerics_version, numerics_of(cfg.task_spec))
         return None
     diff = legacy_differences(done.config, cfg)
     if diff:
@@ -110,12 +113,13 @@ class NewerResultError(UserError, RuntimeError):
     """A job directory holds a result written by newer code (a schema this code cannot read)."""
 
 
-def read_result(path: Path, refuse_newer: bool = False) -> Result | None:
-    """The stored result, or None when absent or malformed (a malformed file is warned about: it is recomputed).
-    `refuse_newer` (a job about to write there, without force=true): a result of a newer schema raises
-    NewerResultError (one line) instead, so an older checkout never replaces a newer one's result."""
+def read_result(path: Path, spec: TaskSpec | None, refuse_newer: bool = False) -> Result | None:
+    """The stored result (of task `spec`'s class: result_codec.decode), or None when absent or malformed (a
+    malformed file is warned about: it is recomputed). `refuse_newer` (a job about to write there, without
+    force=true): a result of a newer schema raises NewerResultError (one line) instead, so an older checkout never
+    replaces a newer one's result."""
     try:
-        done = read(path)
+        done = read(path, spec)
     except NewerSchemaError as err:
         if refuse_newer:
             raise NewerResultError(f"{path} was written by newer code ({err}): run this job with that code, or "
@@ -132,15 +136,19 @@ def read_result(path: Path, refuse_newer: bool = False) -> Result | None:
     return done
 
 
-def stored_hash(done: Result) -> str | None:
+def stored_hash(done: Result, spec: TaskSpec) -> str | None:
     """A stored result's config hash recomputed with today's definition of the hash, under the numerics version
-    it was computed with (result_codec.upgrade: 1 for results written before numerics versions)."""
-    return None if done.config is None else config_hash(done.config, numerics=done.numerics_version)
+    it was computed with (result_codec.upgrade: 1 for results written before numerics versions); None for a
+    result of another task than `spec` (its hash is another job's)."""
+    if done.config is None or done.task != spec.name or done.config.get("task", "mdl") != spec.name:
+        return None
+    return config_hash(done.config, spec, numerics=done.numerics_version)
 
 
-def same_config(done: Result, cfg_hash: str) -> bool:
-    # the stored hash, or (when it predates a change of what the hash covers) the stored config rehashed
-    return done.config_hash == cfg_hash or stored_hash(done) == cfg_hash
+def same_config(done: Result, cfg_hash: str, spec: TaskSpec) -> bool:
+    """Whether `done` is a result of the job of task `spec` hashed `cfg_hash`: the stored hash, or (when it
+    predates a change of what the hash covers) the stored config rehashed."""
+    return done.config_hash == cfg_hash or stored_hash(done, spec) == cfg_hash
 
 
 def mismatch_message(job_dir: Path, stored: object, cfg_hash: str) -> str:
@@ -154,6 +162,7 @@ class JobDir:
 
     path: Path
     cfg_hash: str
+    spec: TaskSpec  # the job's task: how a stored result is read and rehashed
     force: bool = False
     found: str | None = None  # hash of the result present when the job started: force=true replaces that one only
 
@@ -177,11 +186,11 @@ class JobDir:
         """The stored result when this job already finished (logs SKIP), else None; refuses another config's
         result unless force=true. force=true also recomputes a finished job of this configuration, and so does a
         result that `stale` gives a reason not to reuse (incomplete, computed on other data): one line says why."""
-        done = read_result(self.path / RESULT_FILE, refuse_newer=not self.force)
+        done = read_result(self.path / RESULT_FILE, self.spec, refuse_newer=not self.force)
         if done is None:
             return None
         self.found = done.config_hash
-        if same_config(done, self.cfg_hash):
+        if same_config(done, self.cfg_hash, self.spec):
             why = stale(done) if stale is not None and not self.force else None
             if why is not None:
                 kept = ""
@@ -208,11 +217,11 @@ class JobDir:
         path = self.path / RESULT_FILE
         aside = self.path / f"result.{self.cfg_hash}.json"
         try:
-            done = read_result(path, refuse_newer=not self.force)
+            done = read_result(path, self.spec, refuse_newer=not self.force)
         except NewerResultError as err:  # written by newer code while this job ran: kept, this one's set aside
             atomic_write_json(aside, encode(result))
             raise NewerResultError(f"{err}; this job's result is in {aside}") from err
-        if done is not None and not same_config(done, self.cfg_hash) and not (self.force and
+        if done is not None and not same_config(done, self.cfg_hash, self.spec) and not (self.force and
                                                                                done.config_hash == self.found):
             atomic_write_json(aside, encode(result))
             raise ConfigMismatchError(

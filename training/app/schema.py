@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from training.app.loading import (
-    CONF_DIR,
     READ_ONLY_WITH,
     group_config,
     load_config,
@@ -49,11 +48,11 @@ from training.app.sections import (
     Section,
     TrainingConfig,
     _plain,
-    _task_uses,
     fit_keys_used,
 )
-from training.app.task_spec import task_numerics  # the declarations: no task's code is imported
+from training.app.task_spec import TaskSpec
 from training.app.typed import ConfigError, field_spec
+from training.common.conf import CONF_DIR
 
 # What callers import from here (the sections and their loading live in sections.py and loading.py).
 __all__ = ["CONF_DIR", "FIT_KEYS", "FIT_ON", "GROUPS", "HASH_VERSION", "NON_CONFIG_KEYS", "NUMERICS", "READ_ONLY_WITH",
@@ -78,25 +77,29 @@ NUMERICS = 4
 _R = TypeVar("_R")
 
 
-def numerics_of(task: str) -> int:
-    """The numerics version jobs of `task` are computed (and hashed) under: its declared `Task.numerics`, else the
-    latest (NUMERICS; also for a task not declared here)."""
-    declared = task_numerics(task)
-    return NUMERICS if declared is None else declared
+def numerics_of(spec: TaskSpec) -> int:
+    """The numerics version jobs of task `spec` are computed (and hashed) under: its declared `Task.numerics`, else
+    the latest (NUMERICS)."""
+    return NUMERICS if spec.numerics is None else spec.numerics
 
 
-def semantic(cfg: Mapping[str, Any] | Section, fill_defaults: bool = True) -> dict[str, Any]:
+def semantic(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None,
+             fill_defaults: bool = True) -> dict[str, Any]:
     """The part of a (resolved) job config that determines its numbers: what the job hash covers.
 
     Tolerant of bad values (used to name directories before the config is checked). Declared fields the config
     lacks count with their defaults (so a plain dict and its typed config hash alike), unless `fill_defaults` is
-    false (reading a result written before the field existed). A task whose registry entry lists `uses` (e.g.
-    Gradient Starvation tasks) is hashed on those groups only, so unrelated defaults do not move its results.
+    false (reading a result written before the field existed). A task that declares `uses` (e.g. the Gradient
+    Starvation tasks) is hashed on those groups only, so unrelated defaults do not move its results. `spec`: the
+    config's task (a JobConfig carries its own).
     """
+    spec = _spec(cfg, spec)
     plain = cfg.to_dict() if isinstance(cfg, Section) else cfg
     data = {k: v for k, v in plain.items() if k not in NON_CONFIG_KEYS}
     out = _semantic(JobConfig, data, fill_defaults)
-    uses = _task_uses(_task(out))
+    if _task(out) != spec.name:
+        raise ValueError(f"a config of task {_task(out)} hashed as task {spec.name}")
+    uses = spec.uses
     if uses is not None:
         # `training` is in `out` only away from its defaults (training.precision): it moves numbers of every task
         out = _only(out, ("task", "seed", "training", *uses))
@@ -240,15 +243,15 @@ HASHED_UNREAD: tuple[tuple[str, str, Any], ...] = (
 )
 
 
-def duplicate_jobs(jobs: Sequence[tuple[Any, Mapping[str, Any] | Section]]) -> str | None:
-    """Why two of `jobs` (a sweep's resolved job configs, each with the job's number) would compute the same numbers
-    under two hashes: they differ only in keys that change nothing for them (HASHED_UNREAD), e.g.
+def duplicate_jobs(jobs: Sequence[tuple[Any, Mapping[str, Any] | JobConfig, TaskSpec]]) -> str | None:
+    """Why two of `jobs` (a sweep's resolved job configs, each with the job's number and its task) would compute the
+    same numbers under two hashes: they differ only in keys that change nothing for them (HASHED_UNREAD), e.g.
     `eraser.after_augment=true,false` without augmentation; None if no two do. The reason names the two jobs, the
     keys and what to do."""
     seen: dict[str, tuple[Any, str, dict[str, Any]]] = {}
-    for i, cfg in jobs:
+    for i, cfg, spec in jobs:
         plain = cfg.to_dict() if isinstance(cfg, Section) else cfg
-        sem, full = _leaves(semantic(plain)), config_hash(plain)
+        sem, full = _leaves(semantic(plain, spec)), config_hash(plain, spec)
         unread = {key: (when, needed) for key, when, needed in HASHED_UNREAD
                   if key in sem and _leaves(plain).get(when, False) != needed}
         same = _digest({k: v for k, v in sem.items() if k not in unread}, 16)
@@ -281,18 +284,28 @@ def _digest(obj: Any, length: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
-def config_hash(cfg: Mapping[str, Any] | Section, numerics: int | None = None) -> str:
+def config_hash(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None, numerics: int | None = None) -> str:
     """The job's identity in result.json / progress.json (16 hex digits): its semantic config under a numerics
     version (a stored result's own, `numerics_version`, when rehashing it; by default its task's: numerics_of)."""
-    sem = semantic(cfg)
-    return _digest({**sem, "numerics": numerics_of(_task(sem)) if numerics is None else numerics}, 16)
+    spec = _spec(cfg, spec)
+    return _digest({**semantic(cfg, spec), "numerics": numerics_of(spec) if numerics is None else numerics}, 16)
 
 
-def cell_hash(cfg: Mapping[str, Any] | Section) -> str:
+def cell_hash(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None) -> str:
     """8 hex digits naming the job directory: the semantic config without the seed, under this numerics version
     (seeds of one configuration sit side by side: <...>/c<cell hash>/seed<seed>)."""
-    sem = semantic(cfg)
-    return _digest({**{k: v for k, v in sem.items() if k != "seed"}, "numerics": numerics_of(_task(sem))}, 8)
+    spec = _spec(cfg, spec)
+    sem = semantic(cfg, spec)
+    return _digest({**{k: v for k, v in sem.items() if k != "seed"}, "numerics": numerics_of(spec)}, 8)
+
+
+def _spec(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None) -> TaskSpec:
+    """The task a config is hashed as: `spec`, which a plain mapping needs; a JobConfig carries its own."""
+    if spec is not None:
+        return spec
+    if isinstance(cfg, JobConfig):
+        return cfg.task_spec
+    raise TypeError("hashing a plain config needs its TaskSpec (training.app.tasks.spec_of(config) at the edge)")
 
 
 def _task(sem: Mapping[str, Any]) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from training.app.task_spec import specs, task_group, task_names, task_uses
+from training.app.task_spec import TaskSpec
 from training.app.typed import (
     NAME_ALLOWED,
     SUBPATH_ALLOWED,
@@ -222,7 +222,7 @@ class PathsConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class JobConfig(Section):
-    task: str = spec("mdl", kind=str, check=lambda v: v in _tasks(), allowed="a registered task")
+    task: str = spec("mdl", kind=str)  # its TaskSpec is handed to load_config (`task_spec` below)
     seed: int = nonneg_int(0)
     # where the job runs checks that the device is there (training/engine/devices.py), not the schema: a sweep for
     # GPUs may be composed on a login node without one
@@ -244,6 +244,8 @@ class JobConfig(Section):
     paths: PathsConfig = spec(kind=PathsConfig, hash=False)
     task_options: Any = _options_view()  # the task's own group (gs), typed by the task's registry entry
     _task_group: dict[str, Any] = _given()  # that group as composed, under its name
+    # the task's declaration, handed to load_config with the config: what the hash and the lifecycle read of it
+    task_spec: TaskSpec = spec(None, typed_view=True, hash=False, compare=False, repr=False)
 
     def _given_options(self) -> dict[str, Any]:
         return dict(self._task_group)
@@ -283,27 +285,6 @@ def _member_options(kind: str, name: str) -> type[Any] | None:
 
     traits = dataset_traits if kind == "dataset" else arch_traits if kind == "arch" else regularizer_traits
     return traits(name).options
-
-
-def _task_groups() -> set[str]:
-    """The groups tasks read of their own (`gs`): what their declared `uses` names beyond the job's groups."""
-    own = {f.name for f in dataclasses.fields(JobConfig)}
-    groups = {entry.partition(".")[0] for task in specs() for entry in (task.uses or ())}
-    return groups - own
-
-
-def _task_options(task: str) -> tuple[str | None, type[Any] | None]:
-    """The config group a task reads of its own (`gs`) and the dataclass that declares it (its declaration in the
-    `tasks` namespace: no task code is imported)."""
-    return task_group(task)
-
-
-def _tasks() -> list[str]:
-    return task_names()  # the declarations: no task's code is imported
-
-
-def _task_uses(task: str) -> tuple[str, ...] | None:
-    return task_uses(task)  # the declarations: no task's code is imported
 
 
 def _plain(v: Any) -> Any:

@@ -2,8 +2,9 @@
 own options, its result type, its numerics version, its refusal), and the discovery of the task modules of the
 package `training.tasks` (`TASKS`, filled on first use; training/app/tasks.py says how a task is declared).
 
-The bottom of training/app: the config check, the job hash and the result codec read a task's declaration here, by
-name, and never import what runs it (training/app/tasks.py, above them, runs a task in the lifecycle). Discovery is
+The bottom of training/app: the config check, the job hash, the result codec and the lifecycle are handed a task's
+`TaskSpec` as an argument and never look one up; a name becomes a spec once, at the edges (the command line, the
+ledger, the aggregate, the plan: `task_spec(name)` here, or training/app/tasks.py's `spec_of(config)`). Discovery is
 the one dynamic import of the harness: every module of `training.tasks` whose name does not start with "_"; its
 `TASK` declares itself by its `spec`.
 """
@@ -96,38 +97,3 @@ def task_spec(name: str) -> TaskSpec:
     """Task `name`'s declaration (UnknownNameError, listing the tasks, for a name no task has)."""
     spec: TaskSpec = TASKS.discover().get(name).spec
     return spec
-
-
-def _declared(name: str) -> TaskSpec | None:
-    found = TASKS.discover()
-    return found.get(name).spec if name in found else None
-
-
-def task_uses(name: str) -> tuple[str, ...] | None:
-    """The groups task `name` reads and its hash covers; None for every group (and for an unknown name)."""
-    task = _declared(name)
-    return None if task is None or task.uses is None else tuple(task.uses)
-
-
-def fixed_keys(name: str) -> Mapping[str, Any]:
-    """The hashed keys task `name` does not read, each with the one value it accepts (`Task.fixed`)."""
-    task = _declared(name)
-    return {} if task is None else task.fixed
-
-
-def task_numerics(name: str) -> int | None:
-    """The numerics version task `name` declares (None: the latest, and for a task not declared here)."""
-    task = _declared(name)
-    return None if task is None else task.numerics
-
-
-def result_type(name: str) -> type[Result]:
-    """The Result class of task `name`'s results (the plain envelope for a task not declared here)."""
-    task = _declared(name)
-    return Result if task is None else task.result_type
-
-
-def task_group(name: str) -> tuple[str | None, type[Any] | None]:
-    """Task `name`'s own config group and its options dataclass; (None, None) for an unknown name."""
-    task = _declared(name)
-    return (None, None) if task is None else (task.group, task.options)

@@ -17,28 +17,22 @@ task for its tables.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Any, ClassVar
 
+from erasure.registry import UnknownNameError
 from training.app.lifecycle import JobRun, Outcome, run_in_job_dir
-from training.app.result_codec import encode
+from training.app.result_codec import decode, encode, read_json, upgrade
 from training.app.result_types import Result
-from training.app.schema import JobConfig
-from training.app.task_spec import (  # noqa: F401  (the declarations' names, re-exported)
-    NAMESPACE,
-    TASKS,
-    TaskRegistry,
-    TaskSpec,
-    fixed_keys,
-    result_type,
-    task_group,
-    task_names,
-    task_numerics,
-    task_uses,
-)
+from training.app.schema import ConfigError, JobConfig, cell_hash, config_hash, load_config, semantic
+from training.app.task_spec import TASKS as TASKS  # the declarations' names, re-exported
+from training.app.task_spec import TaskSpec as TaskSpec
+from training.app.task_spec import specs, task_spec
+from training.app.task_spec import task_names as task_names
 from training.data.shared import Pack
 
 
@@ -110,7 +104,8 @@ class Task:
     def __call__(self, config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> Outcome:
         """The job of `config` in the one lifecycle; `pack`: what it shares with the other jobs of its pack (the
         packed launcher's, training/data/shared.py), None alone."""
-        return run_in_job_dir(config, lambda job: self.run(self.prepare(job)), pack=pack, **self.lifecycle())
+        cfg = config if isinstance(config, JobConfig) else load_config(config, self.spec, own_groups())
+        return run_in_job_dir(cfg, self.spec, lambda job: self.run(self.prepare(job)), pack=pack, **self.lifecycle())
 
 
 def tasks() -> list[Task]:
@@ -123,3 +118,58 @@ def get_task(name: str) -> Task:
     task = TASKS.discover().get(name)
     assert isinstance(task, Task), task
     return task
+
+
+# ---- the edges: a config's task name -> its TaskSpec, once (the command line, the ledger, the aggregate, the plan,
+# scripts and tests); the core functions they call are handed the spec ----------------------------------------
+def spec_of(config: Mapping[str, Any] | JobConfig | str) -> TaskSpec:
+    """The TaskSpec of a config's task (its `task` key; a config without one is an MDL job's), or of a task name.
+    ConfigError (one line, listing the tasks) for a task no module declares."""
+    if isinstance(config, JobConfig):
+        return config.task_spec
+    name = config if isinstance(config, str) else config.get("task", "mdl")
+    try:
+        return task_spec(str(name))
+    except UnknownNameError:
+        raise ConfigError(f"task={name} is not allowed: task must be one of {', '.join(task_names())}") from None
+
+
+def own_groups() -> set[str]:
+    """The config groups tasks read of their own (`gs`): what their declared `uses` names beyond the job's
+    groups. A sweep over tasks (gs_sd_erasure) composes each into every job."""
+    job = {f.name for f in dataclasses.fields(JobConfig)}
+    return {entry.partition(".")[0] for spec in specs() for entry in (spec.uses or ())} - job
+
+
+def load_job(config: Mapping[str, Any] | JobConfig) -> JobConfig:
+    """`load_config` of a composed config, handed the TaskSpec its `task` key names."""
+    return config if isinstance(config, JobConfig) else load_config(config, spec_of(config), own_groups())
+
+
+def job_hash(config: Mapping[str, Any] | JobConfig, numerics: int | None = None) -> str:
+    """`config_hash` of a config, as its task's."""
+    return config_hash(config, spec_of(config), numerics)
+
+
+def job_cell_hash(config: Mapping[str, Any] | JobConfig) -> str:
+    """`cell_hash` of a config, as its task's."""
+    return cell_hash(config, spec_of(config))
+
+
+def job_semantic(config: Mapping[str, Any] | JobConfig, fill_defaults: bool = True) -> dict[str, Any]:
+    """`semantic` of a config, as its task's."""
+    return semantic(config, spec_of(config), fill_defaults)
+
+
+def decode_result(raw: Any) -> Result:
+    """`decode` of a stored result.json, as its task's Result class (the plain envelope for a task not declared
+    here)."""
+    task = (upgrade(raw).get("task") or "mdl") if isinstance(raw, Mapping) else None  # as `decode` reads it
+    found = TASKS.discover()
+    return decode(raw, found.get(task).spec if isinstance(task, str) and task in found else None)
+
+
+def read_any(path: Path) -> Result | None:
+    """`read` of a stored result.json of any task, as its task's Result class."""
+    raw = read_json(path)
+    return None if raw is None else decode_result(raw)

@@ -62,7 +62,8 @@ def field_spec(f: dataclasses.Field[Any]) -> FieldSpec:
     "allowed": ...}` (a member's options dataclass)."""
     meta = f.metadata
     if SPEC in meta:
-        return meta[SPEC]
+        stored: FieldSpec = meta[SPEC]
+        return stored
     return FieldSpec(**{k: meta[k] for k in _SPEC_KEYS if k in meta})
 
 

@@ -34,16 +34,18 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from training.app.ledger_entry import DONE_BY_ANOTHER_RUN, STATUSES, LedgerEntry, read_ledger
 from training.app.lifecycle import Outcome
 from training.app.resolvers import resolved_dict
-from training.app.results import RESULT_FILE, NewerResultError, flatten, mismatch_message, read_result, same_config
-from training.app.schema import config_hash, duplicate_jobs, load_config, semantic
+from training.app.result_codec import flatten
+from training.app.results import RESULT_FILE, NewerResultError, mismatch_message, read_result, same_config
+from training.app.schema import config_hash, duplicate_jobs
+from training.app.tasks import TaskSpec, job_semantic, load_job
 from training.cli.local_workers import controllers_ignore_sigint
 from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
 from training.cli.report import exit_user_error, user_error_line
 from training.common import env
 from training.common.files import atomic_write_json
+from training.common.ledger_entry import DONE_BY_ANOTHER_RUN, STATUSES, LedgerEntry, read_ledger
 from training.engine.devices import device_problem, resolve_device
 
 log = logging.getLogger("training.multirun")
@@ -77,7 +79,7 @@ def count_jobs(config: DictConfig) -> int | None:
 
 def differing_keys(cfgs: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """Semantic keys (dotted) whose values differ between the configs, with their distinct values."""
-    flats = [flatten(semantic(c)) for c in cfgs]
+    flats = [flatten(job_semantic(c)) for c in cfgs]
     out: dict[str, list[Any]] = {}
     for k in sorted(set().union(*flats)):
         distinct = list(dict.fromkeys(json.dumps(f.get(k), sort_keys=True, default=str) for f in flats))
@@ -117,7 +119,8 @@ def check_sweep(config: DictConfig) -> int | None:
         return None if combos is None else len(combos)
     loader = GlobalHydra.instance().config_loader()
     t0 = time.time()
-    by_dir: dict[str, list[tuple[int, list[str], dict[str, Any], str, bool]]] = {}  # num, combo, cfg, hash, force
+    # num, combo, cfg, hash, force, task
+    by_dir: dict[str, list[tuple[int, list[str], dict[str, Any], str, bool, TaskSpec]]] = {}
     composed: dict[tuple[str, ...], DictConfig] = {}
     for num, combo in enumerate(combos):
         where = f"job {num} ({' '.join(combo) or 'no overrides'})"
@@ -140,7 +143,7 @@ def check_sweep(config: DictConfig) -> int | None:
             log.debug("multirun: %s not checked (%s)", where, _first_line(err))
             continue
         try:
-            job = load_config(cfg)
+            job = load_job(cfg)  # the edge: the config's task -> its TaskSpec
             h = config_hash(job)
         except Exception as err:
             line = user_error_line(err)
@@ -150,29 +153,30 @@ def check_sweep(config: DictConfig) -> int | None:
             exit_user_error(f"multirun refused (nothing ran): {where}: {line}", err)
         if here and (problem := device_problem(job.device)) is not None:
             exit_user_error(f"multirun refused (nothing ran): {where}: {problem}")
-        by_dir.setdefault(job.paths.job_dir, []).append((num, combo, cfg, h, job.force))
+        by_dir.setdefault(job.paths.job_dir, []).append((num, combo, cfg, h, job.force, job.task_spec))
     for job_dir, jobs in by_dir.items():
-        if len({h for *_, h, _ in jobs}) > 1:
-            diff = differing_keys([cfg for _, _, cfg, _, _ in jobs])
+        if len({j[3] for j in jobs}) > 1:
+            diff = differing_keys([j[2] for j in jobs])
             shown = "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in list(diff.items())[:4])
             exit_user_error(
                 f"multirun refused (nothing ran): jobs {', '.join(str(j[0]) for j in jobs)} would share the "
                 f"directory {job_dir} with different configurations (they differ in {shown or 'unknown keys'}); "
                 "run them with different paths.out_dir, or put those keys into paths.job_subdir")
-    checked = sorted(((num, cfg) for jobs in by_dir.values() for num, _, cfg, _, _ in jobs), key=lambda job: job[0])
+    checked = sorted(((num, cfg, spec) for jobs in by_dir.values() for num, _, cfg, _, _, spec in jobs),
+                     key=lambda job: job[0])
     if (same := duplicate_jobs(checked)) is not None:  # two hashes, the same numbers (HASHED_UNREAD)
         exit_user_error(f"multirun refused (nothing ran): {same}")
     mismatched = []
     for job_dir, jobs in by_dir.items():
-        num, _, cfg, h, force = jobs[0]
+        num, _, cfg, h, force, spec = jobs[0]
         if force:
             continue
         try:
-            done = read_result(Path(job_dir) / RESULT_FILE, refuse_newer=True)
+            done = read_result(Path(job_dir) / RESULT_FILE, spec, refuse_newer=True)
         except NewerResultError as err:  # written by newer code: never replaced without force=true
             mismatched.append(str(err))
             continue
-        if done is not None and not same_config(done, h):
+        if done is not None and not same_config(done, h, spec):
             mismatched.append(mismatch_message(Path(job_dir), done.config_hash, h))
     if mismatched:
         more = f" ({len(mismatched) - 1} more job directories hold other configurations)" if len(mismatched) > 1 else ""
@@ -277,7 +281,7 @@ class JobStatusCallback(Callback):
         except Exception:  # noqa: BLE001 - an interpolation error: Hydra and the job report it
             return
         try:
-            resolve_device(load_config(cfg).device)  # a device that is not here: refused before the directory
+            resolve_device(load_job(cfg).device)  # a device that is not here: refused before the directory
             Path(str(config.hydra.run.dir)).mkdir(parents=True, exist_ok=True)
         except Exception as err:
             line = user_error_line(err)

@@ -24,8 +24,8 @@ from omegaconf import DictConfig
 
 from training.app.lifecycle import Outcome
 from training.app.resolvers import resolved_dict
-from training.app.schema import CONF_DIR, ConfigError, load_config
-from training.app.tasks import get_task
+from training.app.schema import CONF_DIR, ConfigError
+from training.app.tasks import get_task, load_job
 from training.cli.local_workers import exit_with_parent, orphaned, sigint_back_in_local_job
 from training.cli.preemption import ignore_time_limit_signal, stop_on_sigterm
 from training.cli.report import (
@@ -65,7 +65,7 @@ def job(cfg: DictConfig, pack: Pack | None = None) -> Outcome:
 def _job(cfg: DictConfig, hc: Any, multirun: bool, pack: Pack | None) -> Outcome:
     resolved = anchored(resolved_dict(cfg), Path(hc.runtime.cwd))
     try:
-        job = load_config(resolved)  # normally checked earlier, by the job_status callback
+        job = load_job(resolved)  # task name -> TaskSpec, once (normally checked earlier: the job_status callback)
         with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
             outcome = get_task(job.task)(job, pack)
     except KeyboardInterrupt as err:  # Ctrl-C: the job's lock is released on the way here

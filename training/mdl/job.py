@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from training.app.lifecycle import JobRun, Outcome, Progress, run_in_job_dir
-from training.app.schema import JobConfig
-from training.app.wandb_logger import RunLogger
+from training.app.schema import JobConfig, load_config
+from training.app.tasks import own_groups, spec_of
 from training.data import LoadedData
 from training.data.shared import Pack
 from training.engine.checkpoint import CheckpointStore
@@ -34,6 +34,7 @@ from training.mdl.precheck import data_fingerprint, jobs_that_fit, precheck
 from training.mdl.splits import MdlSplit, model_name
 from training.mdl.stop_keys import say_stop_keys
 from training.mdl.trainer import LN2, Trainer, model_jobs, split_of
+from training.mdl.wandb_logger import RunLogger
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +165,11 @@ LIFECYCLE: dict[str, Any] = {"precheck": _check_runtime, "describe": _describe, 
 
 def run_job(config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> Outcome:
     """One MDL job in the one lifecycle: `run(prepare(job))`; `pack`: what it shares with the other jobs of its pack
-    (training/data/shared.py), None alone."""
-    return run_in_job_dir(config, lambda job: run(prepare(job)), pack=pack, **LIFECYCLE)
+    (training/data/shared.py), None alone (scripts and tests; the command line runs the task the config names,
+    training/tasks/mdl.py, which runs the same)."""
+    spec = spec_of("mdl")
+    return run_in_job_dir(load_config(config, spec, own_groups()), spec, lambda job: run(prepare(job)), pack=pack,
+                          **LIFECYCLE)
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,8 @@ def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = Non
     lifecycle found that finished result stale, so the job runs after all and is checked like any (on `data`, the
     data its fingerprint check read again, where it has it). `pack`: what the job shares with its pack's others."""
     if not rerun:
-        done = read_result(Path(cfg.paths.job_dir) / RESULT_FILE)
-        if done is not None and not cfg.force and same_config(done, config_hash(cfg)):
+        done = read_result(Path(cfg.paths.job_dir) / RESULT_FILE, cfg.task_spec)
+        if done is not None and not cfg.force and same_config(done, config_hash(cfg), cfg.task_spec):
             return None  # finished: the lifecycle skips it, unless its result is stale (then it calls again)
     if data is None:
         data = load_dataset(cfg.dataset, cfg.paths.data_dir, datasets_of(pack))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.app.result_types import StarvationResult
 from training.app.tasks import Task
+from training.starvation.result import StarvationResult
 
 # hashed dataset keys of the image pipeline, which the synthetic GS tasks do not read
 NOT_AN_IMAGE_PIPELINE = {"dataset.augment": False, "dataset.zscore": False, "dataset.zscore_order": "before",

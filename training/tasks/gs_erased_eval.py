@@ -65,8 +65,9 @@ class ErasedEval(StarvationTask):
         from erasure.traits import eraser_traits
         from training.app.lifecycle import Outcome
         from training.app.schema import JobConfig, load_config
+        from training.app.tasks import own_groups
 
-        cfg = config if isinstance(config, JobConfig) else load_config(config)
+        cfg = config if isinstance(config, JobConfig) else load_config(config, self.spec, own_groups())
         if eraser_traits(cfg.eraser.name).identity:
             log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
                      "original held-out metrics); no job written to %s", cfg.paths.job_dir)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from training.app.result_types import MdlResult
 from training.app.tasks import Collected, Task
+from training.mdl.result import MdlResult
 
 
 class Mdl(Task):

@@ -25,8 +25,8 @@ from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf
 from omegaconf import base as omegaconf_base
 
-from training.app.schema import CONF_DIR
-from training.app.sweeps import sweep_overrides
+from training.common.conf import CONF_DIR
+from training.common.sweeps import sweep_overrides
 
 
 class _Parsed:

@@ -2,7 +2,8 @@
 
 The expansion is Hydra's own (`BasicSweeper.split_arguments` on the preset's params followed by the
 command-line overrides), so `expand(name)` lists exactly the jobs of `python -m training.run -m experiment=name`.
-Composing needs no data: the CIFAR/SVHN presets expand on a machine without the datasets.
+Composing needs no data: the CIFAR/SVHN presets expand on a machine without the datasets. The `training`
+package's import registers the resolvers conf/ uses (training/app/resolvers.py).
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from training.app.resolvers import resolved_dict
-from training.app.schema import CONF_DIR
+from training.common.conf import CONF_DIR, resolved_dict
 
 
 def presets() -> list[str]:

@@ -1,0 +1,109 @@
+"""Follow one value through the code (issue 41's "value trail"): run a tiny job in this process under `sys.settrace`,
+take the object an entry function receives as one of its arguments, and record every call of a project function,
+made inside the entry's call, that receives that same object (by identity) as an argument. Printed per trail:
+
+    functions  the distinct functions it was handed to (the entry included)
+    returns    how often it came back to a module it had left before (A -> B -> A counts one)
+    modules    the distinct modules it visited
+
+    PYTHONPATH=$PWD python scripts/value_trail.py [-v]     # -v: the functions of each trail
+
+Only frames of the project's packages count (atomicio, erasure, models, training, scripts); the object is followed
+by identity, so a value rebuilt on the way (a raw config loaded into a JobConfig) ends its trail there: the job's
+JobConfig is followed from the lifecycle's entry (`run_in_job_dir:config`, which gets it loaded).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+PROJECT = ("atomicio", "erasure", "models", "training", "scripts")
+
+
+@dataclass
+class Trail:
+    """One followed value: the entry `function` (a code object's name) and the `argument` whose object is followed."""
+
+    function: str
+    argument: str
+    target: Any = None
+    entry: FrameType | None = None  # the entry's frame: calls are recorded while it is on the stack
+    visits: list[tuple[str, str]] = field(default_factory=list)  # (module, function) per call it was handed to
+
+    def figures(self) -> tuple[int, int, int]:
+        """(functions, returns to a module left before, modules)."""
+        modules = [m for m, _ in self.visits]
+        back, seen = 0, set[str]()
+        for i, m in enumerate(modules):
+            if i and m != modules[i - 1] and m in seen:
+                back += 1
+            seen.add(m)
+        return len(dict.fromkeys(self.visits)), back, len(seen)
+
+
+def _arguments(frame: FrameType) -> list[Any]:
+    code = frame.f_code
+    n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+    return [frame.f_locals[name] for name in code.co_varnames[:n] if name in frame.f_locals]
+
+
+def _inside(frame: FrameType | None, entry: FrameType | None) -> bool:
+    while frame is not None:
+        if frame is entry:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def follow(trails: list[Trail], run: Callable[[], Any], project: tuple[str, ...] = PROJECT) -> None:
+    """Run `run()` under a tracer that fills every trail's visits (each trail starts at its entry's first call)."""
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> None:
+        if event != "call":
+            return None
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith(project) and module != "__main__":
+            return None
+        name = frame.f_code.co_name
+        args = None
+        for trail in trails:
+            if trail.target is None and name == trail.function and trail.argument in frame.f_locals:
+                trail.target, trail.entry = frame.f_locals[trail.argument], frame
+            if trail.target is not None and _inside(frame, trail.entry):
+                args = _arguments(frame) if args is None else args
+                if any(a is trail.target for a in args):
+                    trail.visits.append((module, frame.f_code.co_qualname))
+        return None
+
+    sys.settrace(tracer)  # a tracer that returns None traces no lines of the frame
+    try:
+        run()
+    finally:
+        sys.settrace(None)
+
+
+def main() -> None:
+    from training.common.sweeps import expand
+    from training.mdl.job import run_job
+
+    trails = [Trail("run_job", "config"), Trail("run_in_job_dir", "config"), Trail("prepare_inputs", "cfg"),
+              Trail("apply_eraser", "data")]
+    with tempfile.TemporaryDirectory() as out:
+        job = expand("smoke", [f"paths.out_dir={out}", "eraser=leace", "mdl.max_epochs=1", "progress=false"])[0]
+        follow(trails, lambda: run_job(job))
+    print("value                  functions  returns  modules")
+    for t in trails:
+        f, r, m = t.figures()
+        print(f"{t.function + ':' + t.argument:<22} {f:>9} {r:>8} {m:>8}")
+        if "-v" in sys.argv:
+            for module, fn in dict.fromkeys(t.visits):
+                print(f"    {module}.{fn}")
+
+
+if __name__ == "__main__":
+    main()

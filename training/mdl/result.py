@@ -1,0 +1,146 @@
+"""What a task=mdl result.json holds beyond the envelope (training/app/result_types.py), typed: the code length and
+its block models, the final model, the erasure record and the certificate (`MdlResult`, the task's `result_type`,
+read by the tables: training/analysis/aggregate_collect.py)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from training.app.result_types import Result, at, mapping, number, number_or_nan, text
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """One block model of the prequential code (`mdl.blocks[i]`): how long it trained and why it stopped."""
+
+    epochs: float | None
+    best_epoch: float | None
+    stop_reason: str | None
+    steps: float | None = None
+
+    @classmethod
+    def of(cls, value: Mapping[str, Any]) -> BlockRecord:
+        return cls(number(at(value, "epochs")), number(at(value, "best_epoch")), text(at(value, "stop_reason")),
+                   number(at(value, "steps")))
+
+
+@dataclass(frozen=True)
+class MdlRecord:
+    """result.json `mdl`: the code length (bits per sample; `legacy`: the paper's normalisation, absent in some
+    protocols) and its block models."""
+
+    protocol: str | None
+    bits_per_sample: Any  # a number in a well-formed result (checked where it is read: the aggregate)
+    legacy: Any  # idem; math.nan where the protocol does not give it (`has_legacy` false)
+    has_legacy: bool
+    num_classes: float | None
+    n_coded: float | None
+    blocks: tuple[BlockRecord, ...]
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, value: Mapping[str, Any]) -> MdlRecord:
+        blocks = at(value, "blocks")
+        listed = tuple(BlockRecord.of(b) for b in blocks if isinstance(b, Mapping)) if isinstance(blocks, list) \
+            else ()
+        return cls(text(at(value, "protocol")), at(value, "bits_per_sample"), at(value, "legacy", default=math.nan),
+                   "legacy" in value, number(at(value, "num_classes")), number(at(value, "n_coded")), listed, value)
+
+
+@dataclass(frozen=True)
+class FinalRecord:
+    """result.json `final`: the model trained on all coded data (its validation loss and curve)."""
+
+    val_loss_bits: float | None
+    val_loss_curve: tuple[Any, ...]
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    epochs: float | None = None
+    steps: float | None = None
+
+    @classmethod
+    def of(cls, value: Mapping[str, Any]) -> FinalRecord:
+        return cls(number(at(value, "val_loss_bits", default=math.nan)), tuple(at(value, "val_loss_curve") or ()),
+                   value, number(at(value, "epochs")), number(at(value, "steps")))
+
+
+@dataclass(frozen=True)
+class EraserFit:
+    """result.json `eraser.fit`: what the eraser was fitted on and what was coded."""
+
+    fit_source: str | None
+    n_fit: float | None
+    n_coded: float | None
+    folds: float | None
+
+    @classmethod
+    def of(cls, value: Any) -> EraserFit:
+        return cls(text(at(value, "fit_source")), number(at(value, "n_fit")), number(at(value, "n_coded")),
+                   number(at(value, "folds")))
+
+
+@dataclass(frozen=True)
+class ErasureRecord:
+    """result.json `eraser`: what the erasure did (a record, not config); `report` is the eraser's own (its keys
+    depend on the eraser)."""
+
+    fit: EraserFit
+    report: Mapping[str, Any]
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, value: Any) -> ErasureRecord:
+        return cls(EraserFit.of(at(value, "fit")), mapping(at(value, "report")), mapping(value))
+
+    def report_number(self, key: str) -> float:
+        return number_or_nan(at(self.report, key))
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """result.json `certificate`: the probe scores on the data before and after erasure (score name -> value)."""
+
+    before: Mapping[str, Any]
+    after: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, value: Any) -> Certificate:
+        return cls(mapping(at(value, "before")), mapping(at(value, "after")))
+
+    def score(self, key: str, side: str = "after") -> float:
+        """A number of the certificate (NaN where it lacks it: an older certificate, or none)."""
+        return number_or_nan(at(self._side(side), key))
+
+    def flag(self, key: str) -> bool | None:
+        """A yes/no of the certificate after erasure (None where it lacks it)."""
+        value = at(self.after, key)
+        return value if isinstance(value, bool) else None
+
+    def verdict(self, key: str) -> str | None:
+        """A verdict word of the certificate after erasure (None where it lacks it)."""
+        return text(at(self.after, key))
+
+    def _side(self, side: str) -> Mapping[str, Any]:
+        return self.after if side == "after" else self.before
+
+
+@dataclass(frozen=True)
+class MdlResult(Result):
+    """A task=mdl result: its code length, final model, erasure record and certificate (None: not written)."""
+
+    mdl: MdlRecord | None = None
+    final: FinalRecord | None = None
+    erasure: ErasureRecord = field(default_factory=lambda: ErasureRecord.of(None))
+    certificate: Certificate = field(default_factory=lambda: Certificate.of(None))
+
+    @classmethod
+    def typed_sections(cls, sections: Mapping[str, Any]) -> dict[str, Any]:
+        mdl, final = at(sections, "mdl"), at(sections, "final")
+        if final and not isinstance(final, Mapping):
+            raise ValueError(f"final is a {type(final).__name__}")
+        return {"mdl": MdlRecord.of(mdl) if isinstance(mdl, Mapping) else None,
+                "final": FinalRecord.of(final) if isinstance(final, Mapping) else None,
+                "erasure": ErasureRecord.of(at(sections, "eraser")),
+                "certificate": Certificate.of(at(sections, "certificate"))}

@@ -22,8 +22,8 @@ MEMOISERS = {"cache", "lru_cache"}
 
 ALLOWED = {
     # process facts and compiled code, the same for every job of the process
-    ("training/app/provenance.py", "code_provenance"): "the checkout's commit and status, read once",
-    ("training/app/provenance.py", "device_name"): "the device's name",
+    ("training/common/provenance.py", "code_provenance"): "the checkout's commit and status, read once",
+    ("training/common/provenance.py", "device_name"): "the device's name",
     ("training/data/cache.py", "code_version"): "the code's version, for cache keys",
     ("training/engine/flat_optim.py", "_compiled_update"): "a compiled kernel (code, not data)",
     ("models/lenet.py", "match_lenet"): "a pure function of the architecture's numbers",

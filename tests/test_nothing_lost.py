@@ -13,10 +13,9 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from tests.test_trust import _fashion_fixture, _run
+from tests.test_trust import _fashion_fixture, _run, _shuffle_labels
 from training.app.result_types import RESULT_SCHEMA
 from training.errors import UserError
 
@@ -60,16 +59,6 @@ def test_a_multirun_over_a_newer_result_is_refused_before_anything_runs(tmp_path
     assert len(errors) == 1 and "newer code" in errors[0], proc.stderr[-2000:]
     assert json.loads(path.read_text()) == newer
     assert not (path.parent.parent / "seed1" / "result.json").exists()  # nothing ran
-
-
-def _shuffle_labels(labels: Path) -> None:
-    with gzip.open(labels, "rb") as f:
-        raw = bytearray(f.read())
-    body = np.frombuffer(bytes(raw[8:]), dtype=np.uint8).copy()
-    np.random.default_rng(1).shuffle(body)
-    raw[8:] = body.tobytes()
-    with gzip.open(labels, "wb") as f:
-        f.write(bytes(raw))
 
 
 def test_a_result_of_other_data_is_moved_aside_and_read_by_the_aggregate_only_when_asked(

@@ -116,13 +116,8 @@ def _run(out: Path, *overrides: str) -> Outcome:
     return run_job(job_config(out, [*SMALL, *overrides]))
 
 
-def test_2_swapped_labels_under_the_same_names_rerun_the_job(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    root = tmp_path / "data"
-    _fashion_fixture(root)
-    first = _run(tmp_path / "out", f"dataset.root={root}").result
-    again = _run(tmp_path / "out", f"dataset.root={root}")
-    assert again.status == "skipped" and again.result["provenance"] == first["provenance"]  # unchanged: SKIP
-    labels = root / "train-labels-idx1-ubyte.gz"
+def _shuffle_labels(labels: Path) -> None:
+    """The same label bytes in another order, under the same file name (an IDX label file, gzipped)."""
     with gzip.open(labels, "rb") as f:
         raw = bytearray(f.read())
     body = np.frombuffer(bytes(raw[8:]), dtype=np.uint8).copy()
@@ -130,6 +125,15 @@ def test_2_swapped_labels_under_the_same_names_rerun_the_job(tmp_path: Path, cap
     raw[8:] = body.tobytes()
     with gzip.open(labels, "wb") as f:
         f.write(bytes(raw))
+
+
+def test_2_swapped_labels_under_the_same_names_rerun_the_job(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "data"
+    _fashion_fixture(root)
+    first = _run(tmp_path / "out", f"dataset.root={root}").result
+    again = _run(tmp_path / "out", f"dataset.root={root}")
+    assert again.status == "skipped" and again.result["provenance"] == first["provenance"]  # unchanged: SKIP
+    _shuffle_labels(root / "train-labels-idx1-ubyte.gz")
     with caplog.at_level(logging.WARNING):
         outcome = _run(tmp_path / "out", f"dataset.root={root}")
     swapped = outcome.result

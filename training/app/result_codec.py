@@ -30,6 +30,7 @@ from training.app.result_types import (
     mapping,
     text,
 )
+from training.app.schema import flatten as flatten  # re-exported: readers of results flatten configs
 from training.app.schema import with_defaults
 from training.app.task_spec import TaskSpec
 
@@ -70,16 +71,6 @@ def upgrade(raw: Mapping[str, Any]) -> dict[str, Any]:
         out["schema_version"] = RESULT_SCHEMA
     return out
 
-
-def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Dotted key -> value of a nested config (an empty group is a value of its own, e.g. `eraser.options: {}`)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, Mapping) and v:
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def config_view(config: Mapping[str, Any]) -> dict[str, Any]:

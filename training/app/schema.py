@@ -251,9 +251,9 @@ def duplicate_jobs(jobs: Sequence[tuple[Any, Mapping[str, Any] | JobConfig, Task
     seen: dict[str, tuple[Any, str, dict[str, Any]]] = {}
     for i, cfg, spec in jobs:
         plain = cfg.to_dict() if isinstance(cfg, Section) else cfg
-        sem, full = _leaves(semantic(plain, spec)), config_hash(plain, spec)
+        sem, full = flatten(semantic(plain, spec)), config_hash(plain, spec)
         unread = {key: (when, needed) for key, when, needed in HASHED_UNREAD
-                  if key in sem and _leaves(plain).get(when, False) != needed}
+                  if key in sem and flatten(plain).get(when, False) != needed}
         same = _digest({k: v for k, v in sem.items() if k not in unread}, 16)
         if same not in seen:
             seen[same] = (i, full, sem)
@@ -269,11 +269,12 @@ def duplicate_jobs(jobs: Sequence[tuple[Any, Mapping[str, Any] | JobConfig, Task
     return None
 
 
-def _leaves(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value of a nested config (an empty group is a value of its own, e.g. `eraser.options: {}`)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, Mapping) and v:
-            out.update(_leaves(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out

@@ -128,7 +128,8 @@ def _outcome(base: dict[str, Any], cfg: dict[str, Any], key: str, base_seen: str
         assert "\n" not in line and "is not allowed" in line, line
         return "refused"
     same = seen == (base_seen or _seen(base))
-    if duplicate_jobs([(0, base, spec_of(base)), (1, cfg, spec_of(cfg))]) is not None:  # a sweep over both is refused: they must be the same
+    pair = [(0, base, spec_of(base)), (1, cfg, spec_of(cfg))]
+    if duplicate_jobs(pair) is not None:  # a sweep over both is refused: they must be the same
         assert same, f"a sweep over {key} is refused although it changes the erased data"
         return "duplicate"
     return "dead" if same else "read"

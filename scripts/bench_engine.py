@@ -172,7 +172,7 @@ def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8) 
             fit(member, inputs)
         return
     fit_group(members, inputs, GroupOptions(engine=kind, progress=False, compile=None, fused_optimizer=False,
-                                            workers=1))
+                                            workers=1, rows=None))
 
 
 def per_step(measure: Callable[[int], float], steps: int = 4) -> float:

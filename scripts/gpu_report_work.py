@@ -181,7 +181,7 @@ def throughput(p: Payload) -> dict[str, Any]:
                 else:
                     fit_group(members, trainer.train_set(),  # the stacked engine: one group, whatever the device
                               GroupOptions(engine="stacked", workers=opts.workers, compile=opts.compile,
-                                           progress=False, fused_optimizer=False))
+                                           progress=False, fused_optimizer=False, rows=None))
                 _sync(device)
                 return time.perf_counter() - t0
 

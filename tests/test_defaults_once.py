@@ -18,7 +18,7 @@ from tests.helpers import job_config
 from training.app.tasks import load_job
 
 # Fields of the engine's settings that are runtime objects, not settings: None means "none", never a default value.
-RUNTIME = {"batch_transform", "on_finish", "regularizer", "checkpoint"}
+RUNTIME = {"batch_transform", "on_finish", "regularizer", "checkpoint", "numerics"}  # objects the job hands in
 SETTINGS = ("Config", "Options", "Settings")
 
 
@@ -79,7 +79,8 @@ def test_the_job_builds_the_engine_settings_from_its_typed_config(tmp_path: Path
     fit = fit_config(cfg, optim.warmup_steps, m.eval_every_steps)
     assert dataclasses.asdict(fit) == {
         "batch_size": 40, "patience": 7, "max_epochs": 11, "augment": True, "eval_every_steps": 13, "progress": True,
-        "warmup_steps": 17, "min_steps": 19, "patience_min_steps": 23, "batch_transform": None}
+        "warmup_steps": 17, "min_steps": 19, "patience_min_steps": 23, "batch_transform": None,
+        "numerics": None}  # numerics: the job's JobNumerics, handed in by the lifecycle (JobRun.numerics), not config
     from models import build_model
 
     model = build_model(cfg.arch, (1, 8, 8), 10)

@@ -68,7 +68,7 @@ def test_flat_step_matches_the_library(backend: str, weight_decay: float) -> Non
     moved = max(float((a - b).detach().abs().max()) for a, b in zip(lib_models[0].parameters(),
                                                             _models("mlp", [0])[0][0].parameters(), strict=True))
     assert moved > 1e-2  # the test really trains
-    for g_lib, group in zip(lib.opt.param_groups, flat.group_settings, strict=True):
+    for g_lib, group in zip(lib.opts[0].param_groups, flat.group_settings, strict=True):  # one cohort
         assert (g_lib["k"], g_lib["weight_sum"], g_lib["lr_max"]) == (group["k"], group["weight_sum"], group["lr_max"])
     # Parameters and gradients are views into the flat buffers: one kernel updates all members.
     buffers = {b.untyped_storage().data_ptr() for b in flat.y}

@@ -71,10 +71,10 @@ class GroupOptions:
     compile: bool | str | None
     fused_optimizer: bool | str
     workers: int | str
+    rows: int | None  # at most this many members train at once, the others wait for a row (None: all)
     on_finish: OnFinish | None = None
     regularizer: Regularizer | None = None
     checkpoint: CheckpointStore | None = None  # where a stop request (training/common/interrupt.py) saves the group
-    rows: int | None = None  # at most this many members train at once, the others wait for a row (None: all)
 
 
 def why_not_vectorized(model: nn.Module, optimizer: torch.optim.Optimizer,

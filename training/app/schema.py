@@ -251,7 +251,8 @@ def duplicate_jobs(jobs: Sequence[tuple[Any, Mapping[str, Any] | JobConfig, Task
     seen: dict[str, tuple[Any, str, dict[str, Any]]] = {}
     for i, cfg, spec in jobs:
         plain = cfg.to_dict() if isinstance(cfg, Section) else cfg
-        sem, full = flatten(semantic(plain, spec)), config_hash(plain, spec)
+        nested = semantic(plain, spec)
+        sem, full = flatten(nested), _digest({**nested, "numerics": numerics_of(spec)}, 16)  # == config_hash
         unread = {key: (when, needed) for key, when, needed in HASHED_UNREAD
                   if key in sem and flatten(plain).get(when, False) != needed}
         same = _digest({k: v for k, v in sem.items() if k not in unread}, 16)

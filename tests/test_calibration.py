@@ -340,3 +340,57 @@ def test_the_shuffled_fit_control_reaches_the_claims_through_the_aggregate(tmp_p
     plain = df[~df.variant.str.contains(claims.SHUFFLED)]
     (_, before, _), = claims.evaluate(plain, ["leace_raises_mdl"])
     assert {t.row: t.verdict for t in before}["gaussian mlp_relu w64 d2 (fit on [holdout, self])"] == "supported"
+
+
+def _independent_mixture_qleace_truth(o: object, fit_rows: int = 400_000, n: int = 20_000) -> float:
+    """H(Y | X') of the mixture after QLEACE by numpy/scipy plus concept-erasure 0.2.4's QuadraticEraser (the
+    independent oracle): each class ½N(mean_gap·u_k ± separation·σ·a_k, σ² I) written out from the generator's
+    definition (its u_k, a_k only), the eraser fitted in float64 on `fit_rows` numpy draws per class (its moments
+    within ~1/sqrt(fit_rows) of the population's), each class's modes pushed through its transport map, densities
+    from scipy on fresh draws."""
+    import numpy as np
+    import torch
+    from concept_erasure import QuadraticEraser
+    from scipy import stats
+
+    from training.data.generators import MixtureOptions, _law
+
+    assert isinstance(o, MixtureOptions)
+    u, a = (t.numpy() for t in _law(o))
+    k, d, s = o.num_classes, o.dim, o.sigma
+    modes = [[o.mean_gap * u[j] + sign * s * o.separation * a[j] for sign in (1.0, -1.0)] for j in range(k)]
+    rng = np.random.default_rng(1)
+
+    def sample(j: int, rows: int) -> np.ndarray:
+        pick = rng.integers(0, 2, rows)
+        return np.stack(modes[j])[pick] + s * rng.standard_normal((rows, d))
+
+    fit_x = np.concatenate([sample(j, fit_rows) for j in range(k)])
+    fit_z = np.repeat(np.arange(k), fit_rows)
+    eraser = QuadraticEraser.fit(torch.from_numpy(fit_x), torch.from_numpy(fit_z))
+    maps, means = eraser.ot_maps.numpy(), eraser.class_means.numpy()
+    centre = eraser.global_mean.numpy()
+    # class j's erased modes: x ↦ A_j (x − μ_j) + μ̄ (concept-erasure's optimal_transport), covariance A_j σ² I A_jᵀ
+    laws = [[(maps[j] @ (m - means[j]) + centre, s**2 * maps[j] @ maps[j].T) for m in modes[j]] for j in range(k)]
+    bits = []
+    for j in range(k):
+        z = (sample(j, n) - means[j]) @ maps[j].T + centre
+        logp = np.stack([np.logaddexp(*(stats.multivariate_normal(m, c).logpdf(z) for m, c in laws[i])) - np.log(2)
+                         for i in range(k)], 1)
+        bits.append((np.logaddexp.reduce(logp, axis=1) - logp[:, j]) / np.log(2))
+    return float(np.concatenate(bits).mean())
+
+
+def test_the_mixture_truth_agrees_with_an_independent_computation(tmp_path: Path) -> None:
+    """The grid's mixture cell (d = 4, K = 2, separation 6: `make calibrate`): the project's population QLEACE truth
+    against concept-erasure's QuadraticEraser and scipy, and informative (0.2 to 0.9 × log2 K = 1)."""
+    from training.app.tasks import load_job
+    from training.data.generators import population_truth_bits
+
+    o = load_job(job_config(tmp_path, ["experiment=calibrate", "dataset=mixture", "dataset.dim=4",
+                                          "dataset.num_classes=2", "dataset.mean_gap=0", "dataset.cov_gap=0"])
+                 ).dataset.options
+    ours, se = population_truth_bits(o, "qleace", rows_per_class=20_000)
+    theirs = _independent_mixture_qleace_truth(o)
+    assert abs(ours - theirs) < 5 * math.sqrt(2) * se + 0.01, (ours, theirs, se)
+    assert 0.2 < ours < 0.9

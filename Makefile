@@ -49,8 +49,8 @@ calibrate: setup  ## known answers: MDL of erased generator data beside the popu
 	$(CAL_RUN) eraser=control eraser.fit_on=self $(ARGS)
 	$(CAL_RUN) dataset.cov_gap=1 dataset.mean_gap=0 $(ARGS)
 	$(CAL_RUN) dataset.cov_gap=1 dataset.mean_gap=0 eraser=control eraser.fit_on=self $(ARGS)
-	$(CAL_RUN) dataset.rows_per_dim=16 eraser.fit_on=self,holdout eraser.fit_labels=shuffled $(ARGS)
-	$(CAL_RUN) dataset.cov_gap=1 dataset.mean_gap=0 dataset.rows_per_dim=16 eraser.fit_on=self,holdout \
+	$(CAL_RUN) eraser.fit_on=self,holdout eraser.fit_labels=shuffled $(ARGS)
+	$(CAL_RUN) dataset.cov_gap=1 dataset.mean_gap=0 eraser.fit_on=self,holdout \
 	  eraser.fit_labels=shuffled $(ARGS)
 	$(CAL_RUN) dataset=mixture dataset.dim=4 dataset.num_classes=2 dataset.mean_gap=0 dataset.cov_gap=0 \
 	  dataset.rows_per_dim=256 eraser=qleace $(ARGS)

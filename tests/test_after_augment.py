@@ -15,7 +15,7 @@ from torch import Tensor
 
 import erasure
 import models
-from tests.helpers import fit_settings, group_options, job_config
+from tests.helpers import fit_settings, group_options, job_config, result_of
 from tests.test_vectorized import _data, _models
 from training.app.tasks import load_job
 from training.data import LoadedData
@@ -53,8 +53,8 @@ def test_without_augmentation_after_augment_changes_nothing(overrides: list[str]
             return super().__call__(x, y, segments)
 
     monkeypatch.setattr(inputs, "BatchEraser", Counting)
-    once = run_job(job_config(tmp_path, [*SMOKE, *overrides])).result
-    per_batch = run_job(job_config(tmp_path, [*SMOKE, *overrides, "eraser.after_augment=true"])).result
+    once = result_of(run_job(job_config(tmp_path, [*SMOKE, *overrides])))
+    per_batch = result_of(run_job(job_config(tmp_path, [*SMOKE, *overrides, "eraser.after_augment=true"])))
     assert calls["n"] == sum(b["steps"] for b in per_batch["mdl"]["blocks"]) > 0
     assert once["eraser"]["after_augment"] is False and per_batch["eraser"]["after_augment"] is True
     assert per_batch["eraser"]["batch_eraser"]["report"]["name"] == per_batch["eraser"]["name"]
@@ -99,7 +99,7 @@ def test_training_batches_are_erased_after_augmentation(name: str, tmp_path: Pat
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     overrides = [*SYNTH, f"eraser={name}", "training.parallel_models=1"]
     seen = _capture(monkeypatch)
-    result = run_job(job_config(tmp_path, [*overrides, "eraser.after_augment=true"])).result
+    result = result_of(run_job(job_config(tmp_path, [*overrides, "eraser.after_augment=true"])))
     monkeypatch.undo()
     trainer: job.Trainer = seen["trainer"]
     coded, once, _ = prepare_data(load_job(job_config(tmp_path, overrides)))  # erased once, unaugmented

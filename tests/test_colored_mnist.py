@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import job_config
+from tests.helpers import job_config, result_of
 from training.app.schema import group_config
 from training.data import load_dataset
 from training.data.colored_mnist import colored_mnist, fig3_variants, make_environment
@@ -82,7 +82,7 @@ def test_task_reports_accuracy_and_fig3(tmp_path: Path) -> None:
 
     cfg = job_config(tmp_path, ["experiment=gs_colored_mnist", "gs.steps=12", "gs.hidden=16", "gs.eval_every=5",
                                 "regularizer.start_step=6"])
-    r = get_task("gs_colored_mnist")(cfg).result
+    r = result_of(get_task("gs_colored_mnist")(cfg))
     assert r["method"] == "SD λ=1.0, loss×2e-05 (from step 6)"
     assert set(r["fig3"]) == {"grayscale_digit", "colored_digit", "grayscale_blank", "colored_blank"}
     assert 0 <= r["test"]["acc"] <= 1 and [c["step"] for c in r["curve"]] == [0, 5, 10, 11]

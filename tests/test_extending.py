@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pytest
 import torch
@@ -17,6 +17,7 @@ from torch import nn
 from erasure.base import Eraser
 from erasure.registry import ERASERS, Registry, UnknownNameError
 from models.registry import ARCHS
+from tests.helpers import result_of
 from training.app.tasks import TASKS, Task, get_task, task_names
 from training.mdl.job import run_job
 
@@ -105,10 +106,11 @@ def test_a_toy_eraser_and_architecture_run_from_one_module_and_one_yaml_each(toy
         cfg = compose("config", overrides=[f"hydra.searchpath=[file://{toy_entries}]", "experiment=smoke",
                                            "eraser=toy_mean_shift", "arch=toy_mlp", f"paths.out_dir={tmp_path}",
                                            "certificate=true", "mdl.max_epochs=3"])
-    job = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(job, dict)
+    composed = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(composed, dict)
+    job = cast(dict[str, Any], composed)  # a composed config's keys are strings
     assert job["optim"]["lr"] == 2.0e-3  # the paper-optim table of the new arch, at the new eraser's family
-    result = run_job(job).result
+    result = result_of(run_job(job))
     assert result["model"]["arch"] == "toy_mlp" and result["eraser"]["name"] == "toy_mean_shift"
     assert result["certificate"]["after"]["max_mean_gap"] < 1e-6 < result["certificate"]["before"]["max_mean_gap"]
     assert result["mdl"]["bits_per_sample"] > 0 and len(result["mdl"]["blocks"]) == job["mdl"]["num_blocks"] - 1

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import ENV, REPO, TINY, job_config
+from tests.helpers import ENV, REPO, TINY, job_config, result_of
 from training.app.lifecycle import PROGRESS_FILE, Progress
 from training.app.results import LOCK_FILE, ConfigMismatchError, JobDir
 from training.app.schema import ConfigError, group_config
@@ -246,7 +246,7 @@ def test_unwritable_cache_dir_warns_and_erases_in_memory(tmp_path: Path, monkeyp
 def test_job_survives_a_full_disk_in_the_cache(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(cache_mod, "_save_tensor", _enospc)
     cfg = job_config(tmp_path, [*TINY, "eraser=leace"])
-    result = run_job(cfg).result
+    result = result_of(run_job(cfg))
     assert (Path(cfg["paths"]["job_dir"]) / "result.json").exists() and result["mdl"]["bits_per_sample"] > 0
     assert result["eraser"]["cache_hit"] is False
 
@@ -378,7 +378,7 @@ def test_malformed_result_is_recomputed_and_not_refused_by_a_sweep(tmp_path: Pat
     job_dir = Path(cfg["paths"]["job_dir"])
     job_dir.mkdir(parents=True)
     (job_dir / "result.json").write_text("[]")
-    result = run_job(cfg).result
+    result = result_of(run_job(cfg))
     assert json.loads((job_dir / "result.json").read_text())["config_hash"] == result["config_hash"]
 
 
@@ -403,7 +403,7 @@ def test_job_with_progress_missing_a_field_recomputes(tmp_path: Path) -> None:
     job_dir.mkdir(parents=True)
     (job_dir / PROGRESS_FILE).write_text(json.dumps({"config_hash": job_hash(cfg),
                                                      "blocks": [{"block": 2, "train_size": 128}]}))
-    result = run_job(cfg).result
+    result = result_of(run_job(cfg))
     assert len(result["mdl"]["blocks"]) == len(result["mdl"]["block_sizes"]) - 1
 
 
@@ -412,13 +412,13 @@ def test_job_with_progress_missing_a_field_recomputes(tmp_path: Path) -> None:
 def test_force_recomputes_a_finished_job_of_the_same_config(tmp_path: Path, caplog) -> None:
     cfg = job_config(tmp_path, TINY)
     path = Path(cfg["paths"]["job_dir"]) / "result.json"
-    first = run_job(cfg).result
+    first = result_of(run_job(cfg))
     stored = json.loads(path.read_text())
     stored["mdl"]["bits_per_sample"] = -1.0  # a marker: a skip would return it
     path.write_text(json.dumps(stored))
-    assert run_job(cfg).result["mdl"]["bits_per_sample"] == -1.0  # without force: SKIP
+    assert result_of(run_job(cfg))["mdl"]["bits_per_sample"] == -1.0  # without force: SKIP
     with caplog.at_level(logging.WARNING):
-        again = run_job({**cfg, "force": True}).result
+        again = result_of(run_job({**cfg, "force": True}))
     assert "force=true: recomputing" in caplog.text
     assert again["mdl"]["bits_per_sample"] == first["mdl"]["bits_per_sample"]  # same seed, same numbers
     assert json.loads(path.read_text())["mdl"]["bits_per_sample"] == first["mdl"]["bits_per_sample"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import job_config
+from tests.helpers import job_config, result_of
 from training.common.sweep_jobs import fast_expand
 from training.common.sweeps import expand
 
@@ -81,9 +81,9 @@ def test_aggregate_tables_from_each_task(tmp_path: Path, capsys) -> None:
     from scripts.aggregate import main as aggregate
     from training.app.tasks import Collected, decode_result, get_task
 
-    results = [get_task("gs_two_moons")(job_config(tmp_path, ["experiment=gs_two_moons", f"seed={s}",
-                                                                f"regularizer.lam={lam}", "gs.steps=20",
-                                                                "gs.grid.n=101"])).result
+    results = [result_of(get_task("gs_two_moons")(job_config(tmp_path, ["experiment=gs_two_moons", f"seed={s}",
+                                                                          f"regularizer.lam={lam}", "gs.steps=20",
+                                                                          "gs.grid.n=101"])))
                for s in (0, 1) for lam in (0, 0.003)]
     results += [_fake_mdl(e, reg, s, b + (0.5 if e == "leace" else 0) + (0.1 if reg == "sd" else 0) + 0.01 * s)
                 for e in ("control", "leace") for reg in ("none", "sd") for s, b in ((0, 1.0), (1, 1.0))]
@@ -133,10 +133,10 @@ def test_erased_eval_erases_through_the_mdl_cache(tmp_path: Path) -> None:
 
     task = get_task("gs_erased_eval")
     cfg = job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "mdl.max_epochs=2"])
-    first = task(cfg).result
+    first = result_of(task(cfg))
     assert first["eraser"]["cache_hit"] == {"train": False, "test": False}
     assert first["eraser"]["test_options"]["rtol"] is not None  # MDL's holdout rtol for LEACE out of sample
     assert any(Path(cfg["paths"]["cache_dir"]).rglob("*"))
-    again = task(job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "mdl.max_epochs=2", "force=true"])).result
+    again = result_of(task(job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "mdl.max_epochs=2", "force=true"])))
     assert again["eraser"]["cache_hit"] == {"train": True, "test": True}
     assert again["eval"] == first["eval"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import job_config
+from tests.helpers import job_config, result_of
 from training.app.tasks import job_cell_hash, job_hash, job_semantic
 from training.engine import numerics
 from training.mdl.job import run_job
@@ -81,7 +81,7 @@ def test_contract_tolerance() -> None:
 
 @pytest.mark.parametrize("extra, engine", [([], "loop"), (["training.parallel_models=1"], "fit")])
 def test_result_records_the_numerics_signature(tmp_path: Path, extra: list[str], engine: str) -> None:
-    res = run_job(job_config(tmp_path, [*QUICK, *extra, "training.engine=loop"])).result
+    res = result_of(run_job(job_config(tmp_path, [*QUICK, *extra, "training.engine=loop"])))
     sig = res["provenance"]["numerics"]
     assert sig["precision"] == "fp32" and sig["deterministic"] is False and sig["torch"] == torch.__version__
     assert sig["device_name"] == res["provenance"]["device_name"] and sig["cuda"] is None
@@ -90,8 +90,8 @@ def test_result_records_the_numerics_signature(tmp_path: Path, extra: list[str],
 
 
 def test_deterministic_is_recorded_and_on_cpu_changes_no_number(tmp_path: Path) -> None:
-    plain = run_job(job_config(tmp_path / "a", QUICK)).result
-    det = run_job(job_config(tmp_path / "b", [*QUICK, "training.deterministic=true"])).result
+    plain = result_of(run_job(job_config(tmp_path / "a", QUICK)))
+    det = result_of(run_job(job_config(tmp_path / "b", [*QUICK, "training.deterministic=true"])))
     assert det["provenance"]["numerics"]["deterministic"] is True
     assert det["config_hash"] == plain["config_hash"] and det["mdl"]["block_ce_bits"] == plain["mdl"]["block_ce_bits"]
     assert not torch.are_deterministic_algorithms_enabled()  # restored after the job

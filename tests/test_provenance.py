@@ -29,7 +29,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import ENV, REPO, TINY, fit_settings, group_options, job_config
+from tests.helpers import ENV, REPO, TINY, fit_settings, group_options, job_config, result_of
 from training.app.lifecycle import PROGRESS_FILE, Progress, run_in_job_dir
 from training.app.schema import ConfigError, group_config
 from training.app.tasks import job_hash, load_job, spec_of
@@ -85,9 +85,9 @@ def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> Non
     from training.app.tasks import get_task
 
     t0 = datetime.now(timezone.utc)
-    mdl = run_job(job_config(tmp_path / "mdl", TINY)).result
-    gs = get_task("gs_two_moons")(job_config(tmp_path / "gs", ["experiment=gs_two_moons", "gs.steps=20",
-                                                                "gs.grid.n=51"])).result
+    mdl = result_of(run_job(job_config(tmp_path / "mdl", TINY)))
+    gs = result_of(get_task("gs_two_moons")(job_config(tmp_path / "gs", ["experiment=gs_two_moons", "gs.steps=20",
+                                                                          "gs.grid.n=51"])))
     t1 = datetime.now(timezone.utc)
     for result in (mdl, gs):
         on_disk = json.loads((Path(result["job_dir"]) / "result.json").read_text())
@@ -128,10 +128,10 @@ def test_2_force_recomputes_from_scratch_no_stale_progress_block(tmp_path: Path)
         Progress(job_dir / PROGRESS_FILE, job_hash(load_job(cfg))).save([fake])
 
     plant()
-    resumed = run_job(cfg).result  # the planted block is this configuration's: a plain run resumes from it
+    resumed = result_of(run_job(cfg))  # the planted block is this configuration's: a plain run resumes from it
     assert resumed["mdl"]["blocks"][0]["ce_bits"] == fake["ce_bits"]
     plant()
-    forced = run_job({**cfg, "force": True}).result
+    forced = result_of(run_job({**cfg, "force": True}))
     assert fake["ce_bits"] not in [b["ce_bits"] for b in forced["mdl"]["blocks"]]
     assert not (job_dir / PROGRESS_FILE).exists()
 
@@ -338,7 +338,7 @@ def test_4_a_file_swapped_under_the_same_name_changes_fingerprint_and_cache_key(
 
 
 def test_4_result_json_records_the_data_fingerprint(tmp_path: Path) -> None:
-    result = run_job(job_config(tmp_path, TINY)).result
+    result = result_of(run_job(job_config(tmp_path, TINY)))
     fp = json.loads((Path(result["job_dir"]) / "result.json").read_text())["dataset"]["fingerprint"]
     data = load_dataset(group_config("dataset", "digits"))
     assert fp == {"content": data.content_hash(), "files": []}  # sklearn's digits: no file of ours read

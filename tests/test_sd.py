@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import fit_settings, job_config, optimizer
+from tests.helpers import fit_settings, job_config, optimizer, result_of
 from training.app.schema import RegularizerConfig, group_config, load_section
 from training.engine.fit import Member, TrainData, cross_entropy_sum, fit
 from training.engine.regularizers import SpectralDecoupling, build_regularizer, sd_penalty, task_loss
@@ -113,8 +113,8 @@ def test_mdl_job_with_sd_and_temperature(tmp_path: Path) -> None:
 
     quick = ["dataset=digits", "mdl=quick", "mdl.max_epochs=4", "mdl.num_blocks=3", "optim.warmup_steps=10",
              "certificate=false", "mdl.full_run=false", "arch.width=32", "mdl.calibrate_temperature=true"]
-    erm = run_job(job_config(tmp_path / "erm", quick)).result
-    sd = run_job(job_config(tmp_path / "sd", [*quick, "regularizer=sd", "regularizer.lam=0.5"])).result
+    erm = result_of(run_job(job_config(tmp_path / "erm", quick)))
+    sd = result_of(run_job(job_config(tmp_path / "sd", [*quick, "regularizer=sd", "regularizer.lam=0.5"])))
     assert sd["config"]["regularizer"]["name"] == "sd"
     temps = [b["temperature"] for b in sd["mdl"]["blocks"]]
     assert all(t > 0 for t in temps)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import ENV, TINY, job_config
+from tests.helpers import ENV, TINY, job_config, result_of
 from training.app.lifecycle import Outcome
 from training.common.provenance import code_provenance, head_from_files
 
@@ -130,7 +130,7 @@ def _shuffle_labels(labels: Path) -> None:
 def test_2_swapped_labels_under_the_same_names_rerun_the_job(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "data"
     _fashion_fixture(root)
-    first = _run(tmp_path / "out", f"dataset.root={root}").result
+    first = result_of(_run(tmp_path / "out", f"dataset.root={root}"))
     again = _run(tmp_path / "out", f"dataset.root={root}")
     assert again.status == "skipped" and again.result["provenance"] == first["provenance"]  # unchanged: SKIP
     _shuffle_labels(root / "train-labels-idx1-ubyte.gz")
@@ -163,7 +163,7 @@ def test_6_result_without_mdl_section_is_rerun_with_one_line(tmp_path: Path, cap
     from training.mdl.job import run_job
 
     cfg = job_config(tmp_path, TINY)
-    done = run_job(cfg).result
+    done = result_of(run_job(cfg))
     path = Path(done["job_dir"]) / "result.json"
     stored = json.loads(path.read_text())
     del stored["mdl"]
@@ -187,7 +187,7 @@ def test_a_stale_result_reruns_only_after_the_checks_a_new_job_gets(tmp_path: Pa
     from training.mdl.job import run_job
 
     cfg = job_config(tmp_path, TINY)
-    path = Path(run_job(cfg).result["job_dir"]) / "result.json"
+    path = Path(result_of(run_job(cfg))["job_dir"]) / "result.json"
     stored = json.loads(path.read_text())
     del stored["mdl"]
     path.write_text(json.dumps(stored))
@@ -301,7 +301,7 @@ def test_2_data_unreadable_since_the_result_reuses_it_with_a_warning(tmp_path: P
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "data"
     _fashion_fixture(root)
-    first = _run(tmp_path / "out", f"dataset.root={root}").result
+    first = result_of(_run(tmp_path / "out", f"dataset.root={root}"))
     (root / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip")  # unreadable now: nothing to compare
     with caplog.at_level(logging.WARNING):
         again = _run(tmp_path / "out", f"dataset.root={root}")

@@ -135,7 +135,8 @@ otherwise) to check it.
 """
 
 
-def test_fixture_directory_gives_the_exact_table(fixture_runs: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+def test_fixture_directory_gives_the_exact_table(fixture_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from training.app.tasks import get_task
 
     given: list[Any] = []
@@ -177,7 +178,8 @@ def test_width_and_depth_plots_and_paper_table(tmp_path: Path) -> None:
     assert "| LeNet | missing / 5.62 ± 0.02 |" in md
 
 
-def test_every_task_tables_its_own_results(tmp_path: Path, monkeypatch, capsys) -> None:
+def test_every_task_tables_its_own_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
     """scripts/aggregate.py asks every task (the registry) for the tables of its results; one task's failure is
     reported and the others' tables stand; a result of a task not declared here is named."""
     from training.app.tasks import get_task
@@ -227,7 +229,8 @@ def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Pat
                                                              "missing"]]
 
 
-def test_different_configurations_are_never_averaged_together(tmp_path: Path, capsys) -> None:
+def test_different_configurations_are_never_averaged_together(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """Same cell and seeds, two regularizers (e.g. `make demo` next to an SD sweep): two groups, a table each
     (one table over both is refused). The same result found twice (two copies of a run) counts once."""
     root = tmp_path / "runs"

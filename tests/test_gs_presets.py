@@ -74,7 +74,7 @@ def _fake_mdl(eraser: str, reg: str, seed: int, bits: float) -> dict:
     return {"config": cfg, "mdl": {"bits_per_sample": bits}}
 
 
-def test_aggregate_tables_from_each_task(tmp_path: Path, capsys) -> None:
+def test_aggregate_tables_from_each_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Each task makes the tables of its results (`Task.rows`); scripts/aggregate.py asks every task."""
     import pandas as pd
 
@@ -104,7 +104,7 @@ def test_aggregate_tables_from_each_task(tmp_path: Path, capsys) -> None:
     assert "| +0.1 | ERM | 2 |" in capsys.readouterr().out
 
 
-def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, monkeypatch) -> None:
+def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The GS erased evaluation hashes mdl.* and so stops by mdl's step-aware rule (it used to ignore
     stop_after_warmup, min_steps and patience_min_steps)."""
     from training.app.tasks import get_task

@@ -91,7 +91,7 @@ def test_fitting_options_that_cannot_work_are_one_line(override: list[str], mess
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
-def test_qleace_out_of_sample_on_small_classes_warns_once(tmp_path: Path, caplog) -> None:
+def test_qleace_out_of_sample_on_small_classes_warns_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = load_job(job_config(tmp_path, [*SMOKE, "eraser=qleace", "eraser.fit_on=holdout"]))
     with caplog.at_level(logging.WARNING):
         prepare_data(cfg)

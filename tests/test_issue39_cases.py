@@ -11,7 +11,8 @@ from tests.test_aggregate_faults import _cfg, _run, _write
 
 
 # --- req 5: --strict means verified ---------------------------------------------------------------------------------
-def test_strict_refuses_results_whose_cleanliness_is_unknown(tmp_path: Path, capsys) -> None:
+def test_strict_refuses_results_whose_cleanliness_is_unknown(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "runs"
     dirs = [_write(root, _cfg("control", seed), 1.0 + seed, commit="a" * 40) for seed in (0, 1)]
     assert _run(root, tmp_path, "--strict")[0] == 0  # one known clean commit: accepted
@@ -81,7 +82,8 @@ def test_a_finished_job_in_a_read_only_directory_is_a_skip_and_the_sweep_goes_on
 
 
 # --- req 4: a signal is a checkpoint at every point of a job, the cache write included ------------------------------
-def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Path, monkeypatch) -> None:
+def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.save into a Python file object turns the SIGTERM handler's Preempted, raised while torch writes, into
     RuntimeError("unexpected pos ..."): the cache took it for a failed write and the job ran on to the end."""
     import os
@@ -262,8 +264,8 @@ def test_a_packed_inner_launcher_is_refused_in_one_line(tmp_path: Path) -> None:
 
 
 # --- the aggregate's arguments ---------------------------------------------------------------------------------------
-def test_aggregate_refuses_a_bad_override_value_a_name_with_a_separator_and_an_unwritable_out(tmp_path: Path,
-                                                                                                capsys) -> None:
+def test_aggregate_refuses_a_bad_override_value_a_name_with_a_separator_and_an_unwritable_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from scripts import aggregate
 
     assert aggregate.main(["--experiment", "demo", "--override", "arch.width=abc"]) == 2
@@ -375,7 +377,7 @@ def test_plan_reads_a_gpu_report_of_the_wrong_shape_as_no_measurement(tmp_path: 
     assert costs == {} and missing is not None and "cannot be read" in missing and "make gpu-report" in missing
 
 
-def test_plan_fails_on_a_sweep_that_would_be_refused(tmp_path: Path, capsys) -> None:
+def test_plan_fails_on_a_sweep_that_would_be_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from scripts import plan
 
     none = str(tmp_path / "none.json")
@@ -462,7 +464,8 @@ def test_a_single_job_with_either_after_augment_value_is_accepted(tmp_path: Path
     assert precheck(cfg, torch.device("cpu")) is not None
 
 
-def test_plan_refuses_a_sweep_over_a_key_that_changes_nothing(tmp_path: Path, capsys) -> None:
+def test_plan_refuses_a_sweep_over_a_key_that_changes_nothing(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     from scripts import plan
 
     none = str(tmp_path / "none.json")

@@ -77,7 +77,7 @@ def _make_entry(root: Path) -> Path:
     return root / "erased" / key_hash(KEY)
 
 
-def test_an_unreadable_entry_is_named_with_its_owner_and_never_deleted(tmp_path: Path, caplog,
+def test_an_unreadable_entry_is_named_with_its_owner_and_never_deleted(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Simulated: tests run as root, where chmod 000 does not stop reading (a real other user: the test below)."""
     entry = _make_entry(tmp_path)
@@ -167,7 +167,7 @@ def test_another_users_unreadable_entry_is_left_alone(shared_dir: Path) -> None:
 
 
 def test_an_unreadable_cached_certificate_is_computed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            caplog) -> None:
+                                                            caplog: pytest.LogCaptureFixture) -> None:
     from training.data import erase as erase_mod
     from training.data.registry import LoadedData
 

@@ -12,7 +12,8 @@ from tqdm.auto import tqdm
 from training.common.progress import LogProgress, progress_bar
 
 
-def test_off_a_terminal_progress_is_periodic_log_lines(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+def test_off_a_terminal_progress_is_periodic_log_lines(monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal (a SLURM or Hydra log file)
     monkeypatch.setenv("ERASURE_MDL_PROGRESS_SECONDS", "0")
     bar = progress_bar(total=3, desc="2 models", unit="model")
@@ -28,7 +29,7 @@ def test_off_a_terminal_progress_is_periodic_log_lines(monkeypatch: pytest.Monke
     assert sys.stderr.getvalue() == ""  # nothing written as a bar
 
 
-def test_the_interval_limits_the_lines(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+def test_the_interval_limits_the_lines(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     monkeypatch.setenv("ERASURE_MDL_PROGRESS_SECONDS", "3600")
     bar = progress_bar(total=1000, desc="fit", unit="ep")

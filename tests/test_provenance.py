@@ -265,7 +265,7 @@ def test_3_nonfinite_code_length_or_result_number_writes_no_result(tmp_path: Pat
     assert not (Path(cfg2["paths"]["job_dir"]) / "result.json").exists()
 
 
-def test_3_nan_erased_data_fails_and_a_cached_nan_entry_is_rebuilt(tmp_path: Path, monkeypatch,
+def test_3_nan_erased_data_fails_and_a_cached_nan_entry_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     import erasure
     from training.data.erase import apply_eraser

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -132,7 +133,7 @@ def test_non_singular_class_gets_todays_map_and_no_noise() -> None:
     assert float((a(xp, yp) - b(xp, yp)).abs().max()) <= 1e-9 * float(xp.abs().max())
 
 
-def test_coupling_is_deterministic_given_the_seed_and_survives_save_load(tmp_path) -> None:
+def test_coupling_is_deterministic_given_the_seed_and_survives_save_load(tmp_path: Path) -> None:
     x, y = _rank_deficient_data()
     a, b, c = _fit(x, y), _fit(x, y), _fit(x, y, seed=1)
     xa = a.apply_in_sample(x, y)

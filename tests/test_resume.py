@@ -70,7 +70,8 @@ QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=6", "optim.warmup_steps=
          "arch.width=32"]
 
 
-def test_resume_after_a_crash_in_block_k_equals_an_uninterrupted_run(tmp_path: Path, monkeypatch, caplog) -> None:
+def test_resume_after_a_crash_in_block_k_equals_an_uninterrupted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
     reference = result_of(run_job(job_config(tmp_path / "ref", QUICK)))
     cfg = job_config(tmp_path / "crash", QUICK)
     real, calls = Trainer.code_bits, {"n": 0}
@@ -94,7 +95,7 @@ def test_resume_after_a_crash_in_block_k_equals_an_uninterrupted_run(tmp_path: P
     assert _numbers(resumed) == _numbers(reference)
 
 
-def test_progress_of_another_config_is_ignored(tmp_path: Path, caplog) -> None:
+def test_progress_of_another_config_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = job_config(tmp_path, QUICK)
     job_dir = Path(cfg["paths"]["job_dir"])
     job_dir.mkdir(parents=True)
@@ -121,7 +122,7 @@ def test_dropout_streams_do_not_depend_on_the_process_history(tmp_path: Path) ->
     assert a["mdl"]["block_ce_bits"] == b["mdl"]["block_ce_bits"]
 
 
-def test_skip_survives_a_change_of_the_hash_definition(tmp_path: Path, caplog) -> None:
+def test_skip_survives_a_change_of_the_hash_definition(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A result whose stored hash was computed before the hash covered other keys is still this config's result."""
     cfg = job_config(tmp_path, [*QUICK, "mdl.full_run=false"])
     first = result_of(run_job(cfg))

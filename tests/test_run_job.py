@@ -58,7 +58,7 @@ def test_the_data_the_precheck_loads_is_the_data_the_job_uses_and_a_skip_outcome
     assert again.status == "skipped" and again.result == first.result and len(loads) == 2  # the fingerprint's
 
 
-def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, caplog) -> None:
+def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = job_config(tmp_path / "a", QUICK)
     first = result_of(run_job(cfg))
     mtime = (Path(cfg["paths"]["job_dir"]) / "result.json").stat().st_mtime_ns
@@ -89,7 +89,7 @@ def test_other_seed_differs(tmp_path: Path) -> None:
     assert a["mdl"]["block_ce_bits"] != b["mdl"]["block_ce_bits"]
 
 
-def test_leace_job_certificate_and_cache_hit(tmp_path: Path, caplog) -> None:
+def test_leace_job_certificate_and_cache_hit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     first = result_of(run_job(job_config(tmp_path, [*QUICK, "eraser=leace", "mdl.full_run=false"])))
     cert = first["certificate"]
     assert cert["after"]["max_mean_gap"] < 1e-6 < cert["before"]["max_mean_gap"]

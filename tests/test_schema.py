@@ -104,7 +104,8 @@ def test_dead_config_is_gone(tmp_path: Path) -> None:
     assert "cache" not in cfg["eraser"] and "name" not in cfg["optim"]
 
 
-def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(tmp_path: Path, caplog) -> None:
+def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from training.mdl.job import run_job
 
     cfg = job_config(tmp_path, SMOKE)

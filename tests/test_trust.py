@@ -272,7 +272,8 @@ def test_5_chdir_with_relative_out_dir_writes_where_the_command_started(tmp_path
 
 
 # --- bug 2: the aggregate never averages two data fingerprints in a cell ------------------------------------------
-def test_2_aggregate_marks_a_cell_on_two_data_and_strict_refuses(tmp_path: Path, capsys) -> None:
+def test_2_aggregate_marks_a_cell_on_two_data_and_strict_refuses(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     from tests.test_aggregate_faults import COMMIT_A, _cfg, _run, _write
 
     root = tmp_path / "runs"

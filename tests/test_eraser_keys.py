@@ -29,8 +29,7 @@ import pytest
 from erasure.registry import ERASERS
 from tests.helpers import CONF, job_config
 from tests.test_task_keys import _other
-from training.app.results import flatten
-from training.app.schema import FIT_ON, ConfigError, duplicate_jobs
+from training.app.schema import FIT_ON, ConfigError, duplicate_jobs, flatten
 from training.app.tasks import job_hash, job_semantic, load_job, spec_of
 
 # The data bases: a gaussian wider than a Lanczos run (ALF-QLEACE's seed and eig_rtol bind above 64 dimensions) with

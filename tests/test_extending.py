@@ -4,6 +4,7 @@ command line and its rows reach the aggregate's tables, with no file of the proj
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -82,7 +83,7 @@ class ToySpec:
 
 
 @pytest.fixture
-def toy_entries(tmp_path: Path):
+def toy_entries(tmp_path: Path) -> Iterator[Path]:
     from models.mup_utils import kaiming_uniform_init
 
     ERASERS.add("toy_mean_shift", fit_toy_mean_shift, family="linear", kind="map")
@@ -101,7 +102,7 @@ def toy_entries(tmp_path: Path):
         reg._entries.pop(name, None)
 
 
-def test_a_toy_eraser_and_architecture_run_from_one_module_and_one_yaml_each(toy_entries: Path, tmp_path: Path):
+def test_a_toy_eraser_and_architecture_run_from_one_module_and_one_yaml_each(toy_entries: Path, tmp_path: Path) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"hydra.searchpath=[file://{toy_entries}]", "experiment=smoke",
                                            "eraser=toy_mean_shift", "arch=toy_mlp", f"paths.out_dir={tmp_path}",
@@ -245,7 +246,7 @@ paths:
 
 
 @pytest.fixture
-def toy_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def toy_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The toy task's module in <tmp>/training/tasks/ (found with <tmp> on sys.path: `training.tasks` spans every
     such directory)
     and its preset in <tmp>/conf_extra (a Hydra search path); removed from the registry afterwards."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.helpers import job_config, result_of
 from training.common.sweep_jobs import fast_expand
 from training.common.sweeps import expand
+from training.engine.fit import FitConfig, FitResult, Member
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,10 +112,10 @@ def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, mon
     from training.app.tasks import get_task
     from training.starvation import erased_eval
 
-    seen = []
+    seen: list[FitConfig] = []
     real_fit = erased_eval.fit
 
-    def spy(member, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - records the member's FitConfig
+    def spy(member: Member, *args: Any, **kwargs: Any) -> FitResult:  # records the member's FitConfig
         seen.append(member.cfg)
         return real_fit(member, *args, **kwargs)
 

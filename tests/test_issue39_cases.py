@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, cast
 
 import pytest
 
 from tests.test_aggregate_faults import _cfg, _run, _write
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 # --- req 5: --strict means verified ---------------------------------------------------------------------------------
@@ -95,10 +99,10 @@ def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Pa
     from training.data import cache as cache_mod
 
     class SignalledFile:  # a SIGTERM lands during torch.save's second write (during its first, torch passes it on)
-        def __init__(self, f) -> None:
+        def __init__(self, f: IO[bytes]) -> None:
             self.f, self.writes = f, 0
 
-        def write(self, b) -> int:
+        def write(self, b: bytes) -> int:
             self.writes += 1
             if self.writes == 2:
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -109,7 +113,7 @@ def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Pa
 
     def save(x: torch.Tensor, tmp: str) -> None:
         with open(tmp, "wb") as f:
-            torch.save(x, SignalledFile(f))
+            torch.save(x, cast(IO[bytes], SignalledFile(f)))  # a file object as far as torch.save goes
 
     monkeypatch.setattr(cache_mod, "_save_tensor", save)
     with pytest.raises(Preempted) as stop, stop_on_sigterm():
@@ -124,7 +128,7 @@ QUICK = ["logger=none", "progress=false", "dataset=digits", "mdl=quick", "mdl.ma
          "certificate=false", "seed=0,1", "hydra/launcher=packed"]
 
 
-def _sweep(cwd: Path, env: dict, *overrides: str):
+def _sweep(cwd: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess[str]:
     import subprocess
     import sys
 

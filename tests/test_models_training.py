@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from schedulefree import AdamWScheduleFree
 from sklearn.datasets import load_digits
 
 from models import build_model
@@ -32,7 +33,7 @@ def digits() -> tuple[torch.Tensor, ...]:
 
 
 @torch.no_grad()
-def val_loss(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
+def val_loss(model: torch.nn.Module, opt: AdamWScheduleFree, x: torch.Tensor, y: torch.Tensor) -> float:
     model.eval()
     opt.eval()  # schedule-free: evaluate at the averaged weights
     loss = F.cross_entropy(model(x), y).item()

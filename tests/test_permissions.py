@@ -11,8 +11,9 @@ import pwd
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -38,8 +39,8 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def _build(value: float = 1.0):
-    calls = []
+def _build(value: float = 1.0) -> tuple[Callable[[], tuple[torch.Tensor, dict]], list[int]]:
+    calls: list[int] = []
 
     def build() -> tuple[torch.Tensor, dict]:
         calls.append(1)
@@ -84,7 +85,7 @@ def test_an_unreadable_entry_is_named_with_its_owner_and_never_deleted(tmp_path:
     before = {p.name: p.read_bytes() for p in entry.iterdir()}
     read_text = Path.read_text
 
-    def denied(self: Path, *args, **kwargs) -> str:
+    def denied(self: Path, *args: Any, **kwargs: Any) -> str:
         if self.parent == entry:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
         return read_text(self, *args, **kwargs)

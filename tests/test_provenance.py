@@ -37,6 +37,7 @@ from training.data import load_dataset
 from training.data.cache import _store, cached_erase, key_hash
 from training.data.erase import _cache_key
 from training.data.idx import find_idx_pair
+from training.data.registry import LoadedData
 from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, Member, TrainData, fit
 from training.engine.group import fit_group
@@ -184,7 +185,7 @@ def test_3_nan_training_loss_at_step_k_fails_fit_with_one_line(monkeypatch: pyte
     m = _member(x, y, "block model 3", cfg)
     _nan_after(monkeypatch, 6)  # step 6 (epoch 2): caught at epoch 2's validation, after step 8
     with pytest.raises(UserError) as err:
-        fit(m, TrainData(x, y, x[64:], y[64:]))
+        fit(m, TrainData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:]))
     assert type(err.value).__name__ == "NonFiniteError"
     assert str(err.value) == ("non-finite training loss in block model 3 by step 8 (epoch 2): lr too high or bad "
                               "data; nothing was written as a result")
@@ -316,7 +317,7 @@ def _fashion(folder: Path, pixel0: int = 0, gz_images: bool = False) -> None:
     _idx(folder / "train-labels-idx1-ubyte", bytes(i % 10 for i in range(n)), [n])
 
 
-def _load(folder: Path):
+def _load(folder: Path) -> LoadedData:
     return load_dataset(group_config("dataset", "fashion_mnist", root=str(folder), download=False))
 
 

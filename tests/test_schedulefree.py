@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from schedulefree import AdamWScheduleFree
 
 from models import build_model
 from tests.helpers import fit_settings, optimizer
@@ -11,7 +12,7 @@ from training.app.schema import group_config
 from training.engine.fit import Member, TrainData, cross_entropy_sum, eval_mode, fit
 
 
-def _setup():
+def _setup() -> tuple[torch.nn.Module, AdamWScheduleFree, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
     model = build_model(group_config("arch", "mlp", width=32, depth=1, base_width=32), (1, 4, 4), 3)
     opt = optimizer(model, lr=1e-2, beta1=0.9)

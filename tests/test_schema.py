@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from models.mlp import MlpOptions
-from training.app.results import flatten, legacy_differences
-from training.app.schema import ConfigError, JobConfig, numerics_of
+from training.app.results import legacy_differences
+from training.app.schema import ConfigError, JobConfig, flatten, numerics_of
 from training.app.tasks import job_cell_hash, job_hash, load_job, spec_of
 from training.common.files import atomic_write_json
 from training.data import LoadedData

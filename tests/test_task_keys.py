@@ -21,8 +21,7 @@ import pytest
 
 from tests.helpers import TINY, job_config, result_of
 from training.app.result_types import Result
-from training.app.results import flatten
-from training.app.schema import ConfigError
+from training.app.schema import ConfigError, flatten
 from training.app.tasks import get_task, job_hash, job_semantic, task_names
 
 # Early stopping that binds (gs_erased_eval: patience 1 stops it at step 135 of 180, inside a 300-step warm-up

@@ -15,6 +15,7 @@ from torch import Tensor
 
 import erasure
 import models
+from erasure.qleace import QleaceEraser
 from tests.helpers import fit_settings, group_options, job_config, result_of
 from tests.test_vectorized import _data, _models
 from training.app.tasks import load_job
@@ -75,6 +76,7 @@ def _capture(monkeypatch: pytest.MonkeyPatch, keep: int = 6) -> dict[str, Any]:
     def gather(self: DeviceData, idx: Tensor, offsets: Tensor | None = None, flips: Tensor | None = None,
                pad: int = 0) -> Tensor:
         if len(seen["gathers"]) < keep:
+            assert offsets is not None and flips is not None  # an augmented batch
             seen["gathers"].append((idx.clone(), offsets.clone(), flips.clone(), pad))
         return batch(self, idx, offsets, flips, pad)
 
@@ -109,6 +111,7 @@ def test_training_batches_are_erased_after_augmentation(name: str, tmp_path: Pat
     assert torch.equal(trainer.x_val, once[trainer.split.val_idx])
     # training batches: drawn from the unerased images, erased by the eraser fitted on them (unaugmented)
     assert torch.equal(trainer.train_data.all(), coded.x) and trainer.train_data is not trainer.data
+    assert trainer.batch_transform is not None and trainer.batch_transform.eraser is not None
     eraser = trainer.batch_transform.eraser
     assert eraser.name == name and eraser.needs_labels == (name == "qleace")
     refit = erasure.fit(name, coded.x, coded.y, **load_job(job_config(tmp_path, overrides)).eraser.options)
@@ -180,7 +183,7 @@ def test_qleace_coupling_noise_is_refused_per_batch_in_one_line() -> None:
     x[y == 0, :6] = 0.5  # half the pixels constant within class 0: a singular class
     with pytest.warns(UserWarning, match="rank-deficient"):
         fitted = erasure.fit("qleace", x, y)
-    assert fitted.has_noise
+    assert isinstance(fitted, QleaceEraser) and fitted.has_noise
     with pytest.raises(UserError) as err:
         BatchEraser(fitted)
     assert str(err.value).startswith("eraser.after_augment=true is not allowed with qleace's rank_deficient=coupling "
@@ -240,6 +243,7 @@ def test_coupling_noise_is_predicted_without_fitting(make: Any, noise: bool) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fitted = erasure.fit("qleace", x, y)
+    assert isinstance(fitted, QleaceEraser)
     assert fitted.has_noise == noise and (max(ranks) > 0) == noise, (ranks, fitted.info["noise_rank"])
     if make is _singular:
         assert ranks == fitted.info["noise_rank"] == [6, 0, 0]

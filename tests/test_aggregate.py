@@ -137,10 +137,15 @@ otherwise) to check it.
 
 def test_fixture_directory_gives_the_exact_table(fixture_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from training.app.tasks import get_task
+    from training.app.tasks import Collected, get_task
 
     given: list[Any] = []
-    monkeypatch.setattr(get_task("gs_colored_mnist"), "rows", lambda collected: given.append(collected.results) or {})
+
+    def record(collected: Collected) -> dict[str, str]:
+        given.append(collected.results)
+        return {}
+
+    monkeypatch.setattr(get_task("gs_colored_mnist"), "rows", record)
     out = tmp_path / "tables"
     assert aggregate.main([str(fixture_runs), "--out", str(out), "--name", "fx"]) == 0
     md = (out / "fx.md").read_text()

@@ -326,7 +326,13 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
 
     run(1, waits_then_finds)
     JobDir(dirs[2], h, MDL).write_result(decode_result(result))  # finished before this sweep started
-    run(2, lambda: Outcome("skipped", dirs[2], encode(JobDir(dirs[2], h, MDL).finished())))
+
+    def finds() -> Outcome:
+        done = JobDir(dirs[2], h, MDL).finished()
+        assert done is not None
+        return Outcome("skipped", dirs[2], encode(done))
+
+    run(2, finds)
     run(3, lambda: Outcome("reused", dirs[3], result))  # the same configuration's result in its pre-v2 directory
     run(4, lambda: ValueError("bad"))
     entries = read_ledger(ledger)

@@ -166,9 +166,10 @@ def _dead(outcomes: dict[str, dict[str, str]]) -> list[str]:
 
 def _name(choice: str) -> str | None:
     """The eraser an `eraser=<choice>` config names (its own `name`, else its parent's: qleace_paper -> qleace)."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     node = OmegaConf.load(CONF / "eraser" / f"{choice}.yaml")
+    assert isinstance(node, DictConfig)
     if "name" in node:
         return str(node["name"])
     parents = [d for d in node.get("defaults", []) if d != "_self_"]

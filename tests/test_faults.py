@@ -395,6 +395,7 @@ def test_malformed_progress_starts_over(tmp_path: Path, caplog: pytest.LogCaptur
     path.write_text(json.dumps({"config_hash": "h", "blocks": [good]}))
     assert read_progress(Progress(path, "h"), 6) == [good]
     assert read_progress(Progress(path, "other"), 6) == []
+    bad: Any  # JSON of any shape but a progress file's
     for bad in ([], 42, {}, {"config_hash": "h"}, {"config_hash": "h", "blocks": [{"block": 2}]},
                 {"config_hash": "h", "blocks": [{**good, "ce_bits": None}]},
                 {"config_hash": "h", "blocks": [{**good, "block": 3}]}):

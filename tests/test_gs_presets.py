@@ -55,7 +55,7 @@ def test_erased_eval_control_is_a_noop_and_leace_reports_gaps(tmp_path: Path) ->
     assert (nothing.status, nothing.result) == ("skipped", {}) and not Path(control["paths"]["job_dir"]).exists()
     cfg = job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "regularizer=sd"])
     first = task(cfg)
-    r = first.result
+    r = result_of(first)
     assert first.status == "done"
     assert r["method"] == "SD λ=0.1" and r["split_sizes"]["test"] == round(0.2 * 1797)
     ev = r["eval"]
@@ -63,7 +63,7 @@ def test_erased_eval_control_is_a_noop_and_leace_reports_gaps(tmp_path: Path) ->
     assert r["gap_erased_minus_original"]["acc"] == pytest.approx(ev["test_erased"]["acc"] - ev["test"]["acc"])
     assert r["temperature"] > 0 and r["eraser"]["name"] == "leace"
     outcome = task(cfg)  # finished: skipped
-    again = outcome.result
+    again = result_of(outcome)
     assert outcome.status == "skipped"
     assert again["config_hash"] == r["config_hash"] and again["eval"] == ev
 

@@ -273,8 +273,8 @@ def test_aggregate_refuses_a_bad_override_value_a_name_with_a_separator_and_an_u
     from scripts import aggregate
 
     assert aggregate.main(["--experiment", "demo", "--override", "arch.width=abc"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "arch.width" in err[0], err
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "arch.width" in lines[0], lines
     root = tmp_path / "runs"
     _write(root, _cfg("control", 0), 1.0, commit="a" * 40)
     assert aggregate.main([str(root), "--name", "a/b", "--out", str(tmp_path / "t")]) == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,7 +15,7 @@ from tests.helpers import optimizer
 from tests.test_models import arch_cfg
 
 # arch overrides and (lr, steps): small, fast models; lr above the paper's so a few steps suffice
-SETUPS = {
+SETUPS: dict[str, tuple[dict[str, Any], float, int]] = {
     "mlp": ({}, 3e-3, 40),
     "mlp_swiglu": ({"activation": "swiglu"}, 3e-3, 40),
     "lenet": ({}, 3e-3, 40),

@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from tests.helpers import job_config, result_of
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import ConfigMismatchError
 from training.app.tasks import load_job
+from training.data.registry import LoadedData
 from training.mdl.job import run_job
 
 QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=8", "mdl.min_steps=0", "mdl.patience_min_steps=0",
@@ -50,7 +52,12 @@ def test_the_data_the_precheck_loads_is_the_data_the_job_uses_and_a_skip_outcome
 
     loads: list[str] = []
     real = precheck_mod.load_dataset
-    monkeypatch.setattr(precheck_mod, "load_dataset", lambda *a, **k: loads.append("load") or real(*a, **k))
+
+    def load_dataset(*a: Any, **k: Any) -> LoadedData:
+        loads.append("load")
+        return real(*a, **k)
+
+    monkeypatch.setattr(precheck_mod, "load_dataset", load_dataset)
     cfg = job_config(tmp_path, [*QUICK, "mdl.full_run=false", "mdl.num_blocks=3"])
     first = run_job(cfg)
     assert (first.status, len(loads)) == ("done", 1) and first.result is not None
@@ -64,7 +71,7 @@ def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, capl
     mtime = (Path(cfg["paths"]["job_dir"]) / "result.json").stat().st_mtime_ns
     with caplog.at_level("INFO"):
         outcome = run_job(cfg)
-    again = outcome.result
+    again = result_of(outcome)
     assert "SKIP" in caplog.text and outcome.status == "skipped"
     assert (Path(cfg["paths"]["job_dir"]) / "result.json").stat().st_mtime_ns == mtime
     assert again["mdl"] == first["mdl"]

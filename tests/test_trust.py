@@ -132,11 +132,11 @@ def test_2_swapped_labels_under_the_same_names_rerun_the_job(tmp_path: Path, cap
     _fashion_fixture(root)
     first = result_of(_run(tmp_path / "out", f"dataset.root={root}"))
     again = _run(tmp_path / "out", f"dataset.root={root}")
-    assert again.status == "skipped" and again.result["provenance"] == first["provenance"]  # unchanged: SKIP
+    assert again.status == "skipped" and result_of(again)["provenance"] == first["provenance"]  # unchanged: SKIP
     _shuffle_labels(root / "train-labels-idx1-ubyte.gz")
     with caplog.at_level(logging.WARNING):
         outcome = _run(tmp_path / "out", f"dataset.root={root}")
-    swapped = outcome.result
+    swapped = result_of(outcome)
     assert outcome.status == "done"
     assert swapped["dataset"]["fingerprint"] != first["dataset"]["fingerprint"]
     assert swapped["mdl"]["bits_per_sample"] != first["mdl"]["bits_per_sample"]
@@ -154,7 +154,7 @@ def test_2_another_copy_of_the_data_is_reused_only_when_identical(tmp_path: Path
     assert _run(tmp_path / "out", f"dataset.root={b}").status == "skipped"
     with caplog.at_level(logging.WARNING):
         other = _run(tmp_path / "out", f"dataset.root={c}")
-    assert other.status == "done" and other.result["dataset"]["n"] == 310
+    assert other.status == "done" and result_of(other)["dataset"]["n"] == 310
     assert "data fingerprint" in caplog.text
 
 
@@ -170,7 +170,7 @@ def test_6_result_without_mdl_section_is_rerun_with_one_line(tmp_path: Path, cap
     path.write_text(json.dumps(stored))
     with caplog.at_level(logging.WARNING):
         outcome = run_job(cfg)
-    again = outcome.result
+    again = result_of(outcome)
     assert outcome.status == "done"
     assert again["mdl"]["bits_per_sample"] == done["mdl"]["bits_per_sample"]
     assert "mdl" in json.loads(path.read_text())
@@ -306,5 +306,5 @@ def test_2_data_unreadable_since_the_result_reuses_it_with_a_warning(tmp_path: P
     (root / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip")  # unreadable now: nothing to compare
     with caplog.at_level(logging.WARNING):
         again = _run(tmp_path / "out", f"dataset.root={root}")
-    assert again.status == "skipped" and again.result["provenance"] == first["provenance"]
+    assert again.status == "skipped" and result_of(again)["provenance"] == first["provenance"]
     assert "cannot check the data" in caplog.text

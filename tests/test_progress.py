@@ -14,7 +14,8 @@ from training.common.progress import LogProgress, progress_bar
 
 def test_off_a_terminal_progress_is_periodic_log_lines(monkeypatch: pytest.MonkeyPatch,
                                                        caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal (a SLURM or Hydra log file)
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)  # not a terminal (a SLURM or Hydra log file)
     monkeypatch.setenv("ERASURE_MDL_PROGRESS_SECONDS", "0")
     bar = progress_bar(total=3, desc="2 models", unit="model")
     assert isinstance(bar, LogProgress)
@@ -26,7 +27,7 @@ def test_off_a_terminal_progress_is_periodic_log_lines(monkeypatch: pytest.Monke
     lines = [r.getMessage() for r in caplog.records if r.name == "progress"]
     assert lines[0].startswith("2 models: 1/3 model") and lines[-1].startswith("2 models: 3/3 model")
     assert all("\r" not in line and line.endswith("(step=7)") for line in lines)
-    assert sys.stderr.getvalue() == ""  # nothing written as a bar
+    assert stderr.getvalue() == ""  # nothing written as a bar
 
 
 def test_the_interval_limits_the_lines(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

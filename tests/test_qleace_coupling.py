@@ -50,6 +50,7 @@ def test_coupling_exact_moments_on_rank_deficient_imbalanced_data() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         e = erasure.fit("qleace", x, y)
+    assert isinstance(e, QleaceEraser)
     assert [str(w.message) for w in caught if "rank-deficient" in str(w.message)]  # said what it did
     rep = e.report()
     counts = torch.bincount(y)

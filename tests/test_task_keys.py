@@ -156,7 +156,9 @@ def _walk(task: str, tmp_path: Path, only: set[str] | None = None, overrides: li
     assert base, f"{task}: the base job computed nothing"
     again = result_of(run(job_config(tmp_path / "again", [*given, "force=true"])))
     assert _computed(again, task) == _computed(base, task), f"{task}: the base job is not deterministic"
-    dead, tried, known = [], 0, []
+    dead: list[str] = []
+    known: list[str] = []
+    tried = 0
     for i, (key, value) in enumerate(sorted(_leaves(base_cfg).items())):
         if only is not None and key not in only:
             continue

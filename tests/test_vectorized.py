@@ -21,7 +21,7 @@ from models import build_model
 from tests.helpers import fit_settings, group_options, job_config, optimizer, result_of
 from training.app.schema import ArchConfig, group_config
 from training.engine.batches import DeviceData, compact
-from training.engine.fit import FitResult, Member, TrainData, cross_entropy_sum, fit, snapshot
+from training.engine.fit import FitResult, Member, Regularizer, TrainData, cross_entropy_sum, fit, snapshot
 from training.engine.flat_optim import cpu_compiler
 from training.engine.group import (
     balanced_parts,
@@ -68,7 +68,8 @@ def _models(arch: str, tags: list[int], lr: float = 4e-3, dtype: torch.dtype = t
 
 def _compare(arch: str, augment: bool, engine: str, eval_every: int | None = None, lr: float = 4e-3,
              dtype: torch.dtype = torch.float32, own_val: bool = False, device: str = "cpu",
-             compile: str | None = None, regularizer=None, workers: int = 1, fused: str = "false") -> None:
+             compile: str | None = None, regularizer: Regularizer | None = None, workers: int = 1,
+             fused: str = "false") -> None:
     exact = engine == "loop" and device == "cpu" and not compile and fused == "false"
     loss_rtol, param_tol = TOL["exact" if exact else dtype]
     data, y, xv, yv = _data(dtype=dtype, device=device)
@@ -200,7 +201,7 @@ def test_a_failing_worker_stops_the_others() -> None:
     members = [Member(m, o, torch.arange(80, 200), generator(0, "b", k), cfgs[k]) for k, (m, o) in enumerate(models)]
     finished: list[int] = []
 
-    def on_finish(k: int, model: torch.nn.Module, res) -> None:
+    def on_finish(k: int, model: torch.nn.Module, res: FitResult) -> None:
         finished.append(k)
         raise OSError("disk full")
 

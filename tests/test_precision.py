@@ -44,7 +44,7 @@ def test_precision_moves_the_hash_of_a_task_that_hashes_only_the_groups_it_uses(
 def test_job_numerics_sets_the_flags_for_the_job_and_restores_them() -> None:
     mm, det = torch.backends.cuda.matmul.fp32_precision, torch.are_deterministic_algorithms_enabled()
     cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
-    conv = torch.backends.cudnn.conv  # type: ignore[attr-defined]  # torch >= 2.9's fp32_precision API: not in its hints
+    conv = torch.backends.cudnn.conv  # type: ignore[attr-defined]  # torch >= 2.9's fp32_precision API, untyped
     with numerics.job_numerics("tf32", True):
         assert torch.backends.cuda.matmul.fp32_precision == "tf32" == conv.fp32_precision
         assert torch.are_deterministic_algorithms_enabled()

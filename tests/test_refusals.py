@@ -152,7 +152,7 @@ def test_batch_buffers_are_capped_at_the_data_and_give_the_same_numbers() -> Non
                                   val_idx=torch.arange(50, 60)))
         return [r.best_val_loss for r in fit_group(members, TrainData(data, y), group_options(engine="loop"))]
 
-    group_mod._Plan = Watched  # type: ignore[misc,assignment]  # the engine's plan class swapped for the call, restored below
+    group_mod._Plan = Watched  # type: ignore[misc,assignment]  # a class swapped in, restored below
     try:
         capped, exact = bits(10**6), bits(30)
     finally:

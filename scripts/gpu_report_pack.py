@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -60,7 +61,7 @@ def read_memory(path: Path) -> ProcessMemory | None:
     return build(ProcessMemory, json.loads(path.read_text())) if path.exists() else None
 
 
-def memory_figures(lone: list[ProcessMemory | None], packed: ProcessMemory | None) -> dict[str, Any]:
+def memory_figures(lone: Sequence[ProcessMemory | None], packed: ProcessMemory | None) -> dict[str, Any]:
     """The lone processes' peaks (each, and summed when all five are known), the pack's, and on CUDA both with the
     CUDA context of each process (the pack's, measured alone: a lone process's own reads the others' memory too)."""
     out: dict[str, Any] = {}

@@ -7,10 +7,13 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+
+if TYPE_CHECKING:
+    from training.app.lifecycle import Outcome
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # The environment of a job run as a subprocess (`python -m training.run ...`), and a tiny MDL job's overrides.
@@ -29,7 +32,13 @@ def job_config(out_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
                                            *overrides])
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
-    return resolved
+    return cast(dict[str, Any], resolved)  # a composed config's keys are strings
+
+
+def result_of(outcome: Outcome) -> dict[str, Any]:
+    """A job's result.json (`Outcome.result`), which a job that did not fail has (a failed one: its error)."""
+    assert outcome.result is not None, outcome.error
+    return outcome.result
 
 
 def fixture_job_dir(root: Path, cfg: dict[str, Any]) -> Path:

@@ -15,7 +15,8 @@ from torch import Tensor
 
 import erasure
 import models
-from tests.helpers import fit_settings, group_options, job_config
+from erasure.qleace import QleaceEraser
+from tests.helpers import fit_settings, group_options, job_config, result_of
 from tests.test_vectorized import _data, _models
 from training.app.tasks import load_job
 from training.data import LoadedData
@@ -53,8 +54,8 @@ def test_without_augmentation_after_augment_changes_nothing(overrides: list[str]
             return super().__call__(x, y, segments)
 
     monkeypatch.setattr(inputs, "BatchEraser", Counting)
-    once = run_job(job_config(tmp_path, [*SMOKE, *overrides])).result
-    per_batch = run_job(job_config(tmp_path, [*SMOKE, *overrides, "eraser.after_augment=true"])).result
+    once = result_of(run_job(job_config(tmp_path, [*SMOKE, *overrides])))
+    per_batch = result_of(run_job(job_config(tmp_path, [*SMOKE, *overrides, "eraser.after_augment=true"])))
     assert calls["n"] == sum(b["steps"] for b in per_batch["mdl"]["blocks"]) > 0
     assert once["eraser"]["after_augment"] is False and per_batch["eraser"]["after_augment"] is True
     assert per_batch["eraser"]["batch_eraser"]["report"]["name"] == per_batch["eraser"]["name"]
@@ -75,6 +76,7 @@ def _capture(monkeypatch: pytest.MonkeyPatch, keep: int = 6) -> dict[str, Any]:
     def gather(self: DeviceData, idx: Tensor, offsets: Tensor | None = None, flips: Tensor | None = None,
                pad: int = 0) -> Tensor:
         if len(seen["gathers"]) < keep:
+            assert offsets is not None and flips is not None  # an augmented batch
             seen["gathers"].append((idx.clone(), offsets.clone(), flips.clone(), pad))
         return batch(self, idx, offsets, flips, pad)
 
@@ -99,7 +101,7 @@ def test_training_batches_are_erased_after_augmentation(name: str, tmp_path: Pat
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     overrides = [*SYNTH, f"eraser={name}", "training.parallel_models=1"]
     seen = _capture(monkeypatch)
-    result = run_job(job_config(tmp_path, [*overrides, "eraser.after_augment=true"])).result
+    result = result_of(run_job(job_config(tmp_path, [*overrides, "eraser.after_augment=true"])))
     monkeypatch.undo()
     trainer: job.Trainer = seen["trainer"]
     coded, once, _ = prepare_data(load_job(job_config(tmp_path, overrides)))  # erased once, unaugmented
@@ -109,6 +111,7 @@ def test_training_batches_are_erased_after_augmentation(name: str, tmp_path: Pat
     assert torch.equal(trainer.x_val, once[trainer.split.val_idx])
     # training batches: drawn from the unerased images, erased by the eraser fitted on them (unaugmented)
     assert torch.equal(trainer.train_data.all(), coded.x) and trainer.train_data is not trainer.data
+    assert trainer.batch_transform is not None and trainer.batch_transform.eraser is not None
     eraser = trainer.batch_transform.eraser
     assert eraser.name == name and eraser.needs_labels == (name == "qleace")
     refit = erasure.fit(name, coded.x, coded.y, **load_job(job_config(tmp_path, overrides)).eraser.options)
@@ -180,7 +183,7 @@ def test_qleace_coupling_noise_is_refused_per_batch_in_one_line() -> None:
     x[y == 0, :6] = 0.5  # half the pixels constant within class 0: a singular class
     with pytest.warns(UserWarning, match="rank-deficient"):
         fitted = erasure.fit("qleace", x, y)
-    assert fitted.has_noise
+    assert isinstance(fitted, QleaceEraser) and fitted.has_noise
     with pytest.raises(UserError) as err:
         BatchEraser(fitted)
     assert str(err.value).startswith("eraser.after_augment=true is not allowed with qleace's rank_deficient=coupling "
@@ -240,6 +243,7 @@ def test_coupling_noise_is_predicted_without_fitting(make: Any, noise: bool) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fitted = erasure.fit("qleace", x, y)
+    assert isinstance(fitted, QleaceEraser)
     assert fitted.has_noise == noise and (max(ranks) > 0) == noise, (ranks, fitted.info["noise_rank"])
     if make is _singular:
         assert ranks == fitted.info["noise_rank"] == [6, 0, 0]

@@ -135,11 +135,17 @@ otherwise) to check it.
 """
 
 
-def test_fixture_directory_gives_the_exact_table(fixture_runs: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    from training.app.tasks import get_task
+def test_fixture_directory_gives_the_exact_table(fixture_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from training.app.tasks import Collected, get_task
 
     given: list[Any] = []
-    monkeypatch.setattr(get_task("gs_colored_mnist"), "rows", lambda collected: given.append(collected.results) or {})
+
+    def record(collected: Collected) -> dict[str, str]:
+        given.append(collected.results)
+        return {}
+
+    monkeypatch.setattr(get_task("gs_colored_mnist"), "rows", record)
     out = tmp_path / "tables"
     assert aggregate.main([str(fixture_runs), "--out", str(out), "--name", "fx"]) == 0
     md = (out / "fx.md").read_text()
@@ -177,7 +183,8 @@ def test_width_and_depth_plots_and_paper_table(tmp_path: Path) -> None:
     assert "| LeNet | missing / 5.62 ± 0.02 |" in md
 
 
-def test_every_task_tables_its_own_results(tmp_path: Path, monkeypatch, capsys) -> None:
+def test_every_task_tables_its_own_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
     """scripts/aggregate.py asks every task (the registry) for the tables of its results; one task's failure is
     reported and the others' tables stand; a result of a task not declared here is named."""
     from training.app.tasks import get_task
@@ -227,7 +234,8 @@ def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Pat
                                                              "missing"]]
 
 
-def test_different_configurations_are_never_averaged_together(tmp_path: Path, capsys) -> None:
+def test_different_configurations_are_never_averaged_together(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """Same cell and seeds, two regularizers (e.g. `make demo` next to an SD sweep): two groups, a table each
     (one table over both is refused). The same result found twice (two copies of a run) counts once."""
     root = tmp_path / "runs"

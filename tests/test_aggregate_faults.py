@@ -76,7 +76,8 @@ def _table_lines_intact(md: str) -> None:
 
 # --- 1. erasers compared only where everything else is equal ---------------------------------------------------
 
-def test_1_erasers_at_different_learning_rates_get_a_table_each_and_no_verdict(tmp_path: Path, capsys) -> None:
+def test_1_erasers_at_different_learning_rates_get_a_table_each_and_no_verdict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """control at lr 1e-3, LEACE at 1e-2: before, one row compared them (increase over control, claim "holds")."""
     root = tmp_path / "runs"
     for seed in range(3):
@@ -164,7 +165,8 @@ def test_1_what_stays_comparable_paper_rates_pre_v2_results_eraser_options(tmp_p
 
 # --- 2. provenance -------------------------------------------------------------------------------------------
 
-def test_2_seeds_from_different_commits_are_marked_and_refused_under_strict(tmp_path: Path, capsys) -> None:
+def test_2_seeds_from_different_commits_are_marked_and_refused_under_strict(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "runs"
     for seed, commit in ((0, COMMIT_A), (1, COMMIT_A), (2, COMMIT_B)):
         _write(root, _cfg("control", seed), 1.0 + 0.1 * seed, commit=commit)
@@ -183,7 +185,8 @@ def test_2_seeds_from_different_commits_are_marked_and_refused_under_strict(tmp_
     assert not (tmp_path / "strict" / "tables").exists()  # refused: nothing written
 
 
-def test_2_results_without_provenance_are_unknown_and_refused_under_strict(tmp_path: Path, capsys) -> None:
+def test_2_results_without_provenance_are_unknown_and_refused_under_strict(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "runs"
     for seed in range(2):
         _write(root, _cfg("control", seed), 1.0, commit=COMMIT_A)
@@ -219,7 +222,8 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("content", MALFORMED.values(), ids=MALFORMED.keys())
-def test_10_a_malformed_result_file_is_a_warning_naming_it(tmp_path: Path, capsys, content: str) -> None:
+def test_10_a_malformed_result_file_is_a_warning_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           content: str) -> None:
     root = tmp_path / "runs"
     for seed in range(2):
         _write(root, _cfg("control", seed), 1.0 + seed)
@@ -275,7 +279,8 @@ def test_10_a_pipe_in_a_value_does_not_break_the_markdown_table(tmp_path: Path) 
     _table_lines_intact(md)
 
 
-def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_path: Path, monkeypatch) -> None:
+def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Two identical sweeps at once: the job that waited on the directory's lock and found the other's result
     is skipped ("done by another run"), not a second "done"."""
     from hydra.core.utils import JobReturn, JobStatus
@@ -321,7 +326,13 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
 
     run(1, waits_then_finds)
     JobDir(dirs[2], h, MDL).write_result(decode_result(result))  # finished before this sweep started
-    run(2, lambda: Outcome("skipped", dirs[2], encode(JobDir(dirs[2], h, MDL).finished())))
+
+    def finds() -> Outcome:
+        done = JobDir(dirs[2], h, MDL).finished()
+        assert done is not None
+        return Outcome("skipped", dirs[2], encode(done))
+
+    run(2, finds)
     run(3, lambda: Outcome("reused", dirs[3], result))  # the same configuration's result in its pre-v2 directory
     run(4, lambda: ValueError("bad"))
     entries = read_ledger(ledger)
@@ -331,7 +342,7 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
     assert "5/5 jobs ran: 1 done, 3 skipped (1 done by another run), 1 failed" in summary_line(entries, 5)
 
 
-def test_the_ledger_refuses_a_task_that_returns_no_outcome(tmp_path: Path, monkeypatch) -> None:
+def test_the_ledger_refuses_a_task_that_returns_no_outcome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hydra.core.utils import JobReturn, JobStatus
 
     from training.cli.ledger import job_outcome

@@ -22,7 +22,7 @@ from tests.helpers import fixture_job_dir
 from training.analysis import aggregate_collect, aggregate_render, aggregate_summary
 from training.analysis.tables import groups_in
 from training.app.tasks import decode_result
-from training.mdl.result import MdlRecord
+from training.mdl.result import MdlRecord, MdlResult
 
 LOG2_10 = math.log2(10)
 
@@ -169,7 +169,9 @@ def test_label_entropy_is_the_class_prior_where_the_result_gives_it(tmp_path: Pa
     counts = [50] * 5 + [150] * 5
     h = -sum(c / 1000 * math.log2(c / 1000) for c in counts)
     def entropy(result: dict[str, Any], mdl: dict[str, Any]) -> tuple[float, str]:
-        return aggregate_collect._label_entropy(decode_result({"config": {}, **result}), MdlRecord.of(mdl))
+        decoded = decode_result({"config": {}, **result})
+        assert isinstance(decoded, MdlResult)
+        return aggregate_collect._label_entropy(decoded, MdlRecord.of(mdl))
 
     assert entropy({"dataset": {"class_counts": counts}}, {"num_classes": 10}) == (pytest.approx(h), "H(prior)")
     assert entropy({"certificate": {"after": {"chance_loss_bits": 3.2}}}, {"num_classes": 10}) == (3.2, "H(prior)")
@@ -278,7 +280,8 @@ def test_old_results_without_the_new_keys_aggregate_with_new_ones_as_before(tmp_
 # --- the certificate's out-of-sample probes -------------------------------------------------------------------
 
 def _probe(acc: float, acc_z: float, loss: float, loss_z: float, verdict: str | None) -> dict[str, Any]:
-    out = {"acc": acc, "acc_se": 0.004, "acc_z": acc_z, "loss_bits": loss, "loss_se": 0.005, "loss_z": loss_z}
+    out: dict[str, Any] = {"acc": acc, "acc_se": 0.004, "acc_z": acc_z, "loss_bits": loss, "loss_se": 0.005,
+                           "loss_z": loss_z}
     if verdict is not None:
         out.update(below_chance=verdict == "dependence artefact", verdict=verdict)
     return out
@@ -351,7 +354,9 @@ def test_interface_keys_give_brackets_fit_and_budget_per_cell(tmp_path: Path) ->
     df, _ = aggregate_collect.collect_dir(root)
     assert groups_in(df) == ["{}"] and set(df.variant) == {""} and sorted(set(df.fold)) == [0, 1]
     summary = aggregate_summary.summarize(df)
-    header, rows = aggregate_render.bracket_rows(summary)
+    bracket = aggregate_render.bracket_rows(summary)
+    assert bracket is not None
+    header, rows = bracket
     assert header == ["dataset", "arch", "w", "d", "n coded", "control", "leace", "qleace"]
     assert rows == [["mnist5k", "mlp_relu", "128", "2", "4000", "0.850 (holdout only)", "[1.940, 2.120]",
                      "[0.520, 3.350]"]]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from scripts import calibrate
-from tests.helpers import job_config
+from tests.helpers import job_config, result_of
 from training.mdl.job import run_job
 
 CAL = ["experiment=calibrate", "dataset.dim=16", "dataset.rows_per_dim=16", "mdl.val_size=256", "mdl.min_block=64"]
@@ -26,7 +26,7 @@ TOL = 0.02
 
 
 def _bits(tmp: Path, *overrides: str) -> float:
-    return float(run_job(job_config(tmp, [*CAL, *overrides])).result["mdl"]["bits_per_sample"])
+    return float(result_of(run_job(job_config(tmp, [*CAL, *overrides])))["mdl"]["bits_per_sample"])
 
 
 @pytest.mark.parametrize("eraser, cov_gap", [("qleace", 1.0), ("leace", 0.0)], ids=["qleace", "leace-equal-cov"])

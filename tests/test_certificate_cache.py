@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import erasure
-from tests.helpers import TINY, job_config
+from tests.helpers import TINY, job_config, result_of
 from training.app.tasks import load_job
 from training.data import load_dataset
 from training.data.cache import key_hash
@@ -38,9 +38,9 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_second_seed_reuses_the_after_certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _counting(monkeypatch)
-    first = run_job(job_config(tmp_path, [*LEACE, "seed=0"])).result
+    first = result_of(run_job(job_config(tmp_path, [*LEACE, "seed=0"])))
     assert len(calls) == 2  # before (cached per dataset) and after (cached with the erased data)
-    second = run_job(job_config(tmp_path, [*LEACE, "seed=1"])).result
+    second = result_of(run_job(job_config(tmp_path, [*LEACE, "seed=1"])))
     assert len(calls) == 2  # seed 1: both from the cache
     assert second["eraser"]["cache_hit"] is True
     assert second["certificate"] == first["certificate"]  # seconds included: the same cached file

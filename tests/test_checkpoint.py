@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import job_config
+from tests.helpers import job_config, result_of
 from training.app.lifecycle import PROGRESS_FILE
 from training.cli.preemption import Preempted, stop_on_sigterm
 from training.common import interrupt
@@ -87,7 +87,7 @@ def _interrupted_run(cfg: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplo
         last = steps
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        result = run_job(cfg).result
+        result = result_of(run_job(cfg))
     assert set(last) & set(_resumed_steps(caplog.text)), (last, caplog.text[-2000:])
     assert not list(job_dir.glob(PATTERN)) and not (job_dir / PROGRESS_FILE).exists()
     return result
@@ -118,7 +118,7 @@ REFILL_STOPS = [60, 75, 30]  # steps 59, 133 and 162 of 216 (each attempt counts
 def test_a_job_stopped_inside_its_blocks_resumes_to_the_uninterrupted_numbers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
         overrides: list[str], stops: list[int]) -> None:
-    reference = run_job(job_config(tmp_path / "ref", [*JOB, *overrides])).result
+    reference = result_of(run_job(job_config(tmp_path / "ref", [*JOB, *overrides])))
     cfg = job_config(tmp_path / "cut", [*JOB, *overrides])
     result = _interrupted_run(cfg, monkeypatch, caplog, stops=stops)
     assert _numbers(result) == _numbers(reference)
@@ -144,7 +144,7 @@ def test_a_corrupt_or_stale_checkpoint_is_ignored_with_one_line(tmp_path: Path, 
                                                                 caplog: pytest.LogCaptureFixture,
                                                                 damage: str) -> None:
     job = [*JOB, "training.parallel_models=1"] if damage.endswith("fit") else JOB
-    reference = run_job(job_config(tmp_path / "ref", job)).result
+    reference = result_of(run_job(job_config(tmp_path / "ref", job)))
     cfg = job_config(tmp_path / "cut", job)
     job_dir = Path(cfg["paths"]["job_dir"])
     with monkeypatch.context() as m:
@@ -168,7 +168,7 @@ def test_a_corrupt_or_stale_checkpoint_is_ignored_with_one_line(tmp_path: Path, 
             state["model"] = {n: v[None] for n, v in state["model"].items()}
         CheckpointStore(job_dir, saved["key"]).save(saved["names"], state)
     with caplog.at_level(logging.WARNING):
-        result = run_job(cfg).result
+        result = result_of(run_job(cfg))
     lines = [r.getMessage() for r in caplog.records if "ignoring checkpoint" in r.getMessage()]
     assert len(lines) == 1 and str(path) in lines[0], lines
     why = {"other-config": "another configuration", "other-code": "does not fit these models",
@@ -202,7 +202,7 @@ def _signal_at(monkeypatch: pytest.MonkeyPatch, signum: int, step: int) -> None:
 
 def test_sigterm_while_models_train_saves_them_then_stops_with_143(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    reference = run_job(job_config(tmp_path / "ref", JOB)).result
+    reference = result_of(run_job(job_config(tmp_path / "ref", JOB)))
     cfg = job_config(tmp_path / "cut", JOB)
     job_dir = Path(cfg["paths"]["job_dir"])
     with monkeypatch.context() as m:
@@ -212,7 +212,7 @@ def test_sigterm_while_models_train_saves_them_then_stops_with_143(tmp_path: Pat
     assert stopped.value.code == 143
     assert _saved_steps(job_dir) == [39]  # the request came at the 40th step's check: 39 steps taken
     assert not interrupt.requested()  # cleared for the next job of the process
-    assert _numbers(run_job(cfg).result) == _numbers(reference)
+    assert _numbers(result_of(run_job(cfg))) == _numbers(reference)
 
 
 def test_the_time_limit_signal_requeues_only_after_the_checkpoint(tmp_path: Path,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from training.app.schema import group_config
 ROOT = Path(__file__).resolve().parents[1]
 
 # (arch overrides, widths, lr, steps): the settings of scripts/coord_check.py
-CASES = {
+CASES: dict[str, tuple[dict[str, Any], list[int], float, int]] = {
     "mlp": ({"depth": 2, "activation": "relu"}, [64, 128, 256, 512, 1024], 1e-2, 3),
     "lenet": ({"depth": 2}, [64, 128, 256, 512, 1024, 2048], 1e-2, 3),
     "convnext": ({"depth": 1, "drop_path_rate": 0.0}, [8, 16, 32, 64], 1e-3, 4),
@@ -38,7 +39,7 @@ def check(name: str, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
     overrides, widths, lr, nsteps = CASES[name]
     arch = group_config("arch", name, **overrides)
     x, y = batch
-    kw = {"lr": lr, "nsteps": nsteps, "seeds": (0, 1), "num_classes": 10}
+    kw: dict[str, Any] = {"lr": lr, "nsteps": nsteps, "seeds": (0, 1), "num_classes": 10}
     mup = coord_check(arch, widths, x, y, parametrization="mup", **kw)
     sp = coord_check(arch, widths, x, y, parametrization="sp", **kw)
     assert len(mup.slopes) > 3 and LOGITS in mup.slopes

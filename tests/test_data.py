@@ -12,11 +12,11 @@ from omegaconf import OmegaConf
 
 from training.app.schema import CONF_DIR, DatasetConfig, group_config, load_section
 from training.data import DatasetMissingError, load_dataset
-from training.data.registry import DATASETS
+from training.data.registry import DATASETS, LoadedData
 from training.engine.augment import crop_flip
 
 
-def _check(d, n: int, shape: tuple[int, int, int], k: int = 10) -> None:
+def _check(d: LoadedData, n: int, shape: tuple[int, int, int], k: int = 10) -> None:
     assert d.x.dtype == torch.float32 and d.x.shape == (n, *shape)
     assert d.y.dtype == torch.int64 and set(d.y.tolist()) == set(range(k))
     assert 0.0 <= d.x.min() and d.x.max() <= 1.0

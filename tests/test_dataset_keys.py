@@ -18,8 +18,7 @@ import pytest
 
 from tests.helpers import job_config
 from tests.test_task_keys import _other
-from training.app.results import flatten
-from training.app.schema import ConfigError
+from training.app.schema import ConfigError, flatten
 from training.app.tasks import job_hash, job_semantic, load_job
 from training.data.registry import DATASETS as REGISTERED
 from training.errors import UserError

@@ -5,12 +5,14 @@ Swin in the stacked engine equal to training them one by one."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 import erasure
+from models.registry import Arch
 from scripts import bench_engine as bench
 from tests.helpers import fit_settings, group_options
 from tests.test_vectorized import TOL, _data
@@ -86,7 +88,7 @@ def test_occupancy_of_known_groups() -> None:
     assert bench.occupancy_of([demo + demo], [[1, 2, 3, 4, 5] * 2], rows=5) == pytest.approx(5640 / (5 * 1260))
 
 
-def _tiny(name: str, drop_path: float = 0.0) -> object:
+def _tiny(name: str, drop_path: float = 0.0) -> Arch:
     extra = {"stages": 3} if name == "swin" else {}
     return group_config("arch", name, width=8, depth=1, base_width=8, drop_path_rate=drop_path, **extra)
 
@@ -160,7 +162,7 @@ def test_training_compile_reaches_the_one_model_fit(flag: str, modes: list[str],
     from tests.helpers import job_config
     from training.mdl.job import run_job
 
-    seen: list[str | None] = []
+    seen: list[Any] = []  # each call's mode (None: torch's default; sorted() below fails loudly on a mix)
 
     def compile_spy(model: torch.nn.Module, mode: str | None = None, **_: object) -> torch.nn.Module:
         seen.append(mode)

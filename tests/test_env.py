@@ -7,12 +7,14 @@ import os
 import re
 from pathlib import Path
 
+import pytest
+
 from training.common import env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_accessors_read_their_variable_with_its_default(monkeypatch) -> None:
+def test_accessors_read_their_variable_with_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in (env.MEMORY_CHECK, env.LOCK_LOG_EVERY, env.MULTIRUN_LEDGER, env.MULTIRUN_TOTAL,
                 "SUBMITIT_EXECUTOR", "SUBMITIT_PREEMPT_SIGNAL"):
         monkeypatch.delenv(var, raising=False)
@@ -28,7 +30,7 @@ def test_accessors_read_their_variable_with_its_default(monkeypatch) -> None:
     assert env.lock_log_every() == 60.0
 
 
-def test_set_multirun_is_what_a_job_reads(monkeypatch, tmp_path: Path) -> None:
+def test_set_multirun_is_what_a_job_reads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(env.MULTIRUN_LEDGER, raising=False)
     monkeypatch.delenv(env.MULTIRUN_TOTAL, raising=False)
     env.set_multirun(tmp_path, 12)
@@ -37,7 +39,7 @@ def test_set_multirun_is_what_a_job_reads(monkeypatch, tmp_path: Path) -> None:
     assert env.multirun_total() == "?"
 
 
-def test_setting_puts_back_what_was_there(monkeypatch) -> None:
+def test_setting_puts_back_what_was_there(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ERASURE_MDL_TEST_A", "kept")
     monkeypatch.delenv("ERASURE_MDL_TEST_B", raising=False)
     restore = env.setting({"ERASURE_MDL_TEST_A": "x", "ERASURE_MDL_TEST_B": "y"})

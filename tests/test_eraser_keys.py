@@ -29,8 +29,7 @@ import pytest
 from erasure.registry import ERASERS
 from tests.helpers import CONF, job_config
 from tests.test_task_keys import _other
-from training.app.results import flatten
-from training.app.schema import FIT_ON, ConfigError, duplicate_jobs
+from training.app.schema import FIT_ON, ConfigError, duplicate_jobs, flatten
 from training.app.tasks import job_hash, job_semantic, load_job, spec_of
 
 # The data bases: a gaussian wider than a Lanczos run (ALF-QLEACE's seed and eig_rtol bind above 64 dimensions) with
@@ -167,9 +166,10 @@ def _dead(outcomes: dict[str, dict[str, str]]) -> list[str]:
 
 def _name(choice: str) -> str | None:
     """The eraser an `eraser=<choice>` config names (its own `name`, else its parent's: qleace_paper -> qleace)."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     node = OmegaConf.load(CONF / "eraser" / f"{choice}.yaml")
+    assert isinstance(node, DictConfig)
     if "name" in node:
         return str(node["name"])
     parents = [d for d in node.get("defaults", []) if d != "_self_"]

@@ -27,7 +27,7 @@ def data(request: pytest.FixtureRequest) -> tuple[str, Tensor, Tensor]:
 def fitted(data: tuple[str, Tensor, Tensor]) -> dict[str, tuple[Tensor, dict, list[str], dict]]:
     """name -> (erased x, report, warning messages, certificate), each computed once per dataset."""
     _, x, y = data
-    out = {"control": (x, {}, [], erasure.certificate(x, y))}
+    out: dict[str, tuple[Tensor, dict, list[str], dict]] = {"control": (x, {}, [], erasure.certificate(x, y))}
     for name in ("leace", "qleace", "alf_qleace"):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

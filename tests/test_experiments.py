@@ -119,13 +119,14 @@ def test_full_expansion_gives_distinct_job_dirs(name: str, tmp_path: Path) -> No
 
 def test_presets_that_make_claims_run_enough_seeds_for_a_claim_to_hold() -> None:
     """A claim holds only on ≥ claims.MIN_SEEDS seeds: a preset with `claims` that runs fewer could never say so."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     from scripts.claims import CLAIMS, MIN_SEEDS
 
     with_claims = []
     for name in presets():
         cfg = OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml")
+        assert isinstance(cfg, DictConfig)
         if cfg.get("claims"):
             with_claims.append(name)
             assert set(cfg.claims) <= set(CLAIMS), name

@@ -4,9 +4,10 @@ command line and its rows reach the aggregate's tables, with no file of the proj
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from torch import nn
 from erasure.base import Eraser
 from erasure.registry import ERASERS, Registry, UnknownNameError
 from models.registry import ARCHS
+from tests.helpers import result_of
 from training.app.tasks import TASKS, Task, get_task, task_names
 from training.mdl.job import run_job
 
@@ -81,7 +83,7 @@ class ToySpec:
 
 
 @pytest.fixture
-def toy_entries(tmp_path: Path):
+def toy_entries(tmp_path: Path) -> Iterator[Path]:
     from models.mup_utils import kaiming_uniform_init
 
     ERASERS.add("toy_mean_shift", fit_toy_mean_shift, family="linear", kind="map")
@@ -100,15 +102,16 @@ def toy_entries(tmp_path: Path):
         reg._entries.pop(name, None)
 
 
-def test_a_toy_eraser_and_architecture_run_from_one_module_and_one_yaml_each(toy_entries: Path, tmp_path: Path):
+def test_a_toy_eraser_and_architecture_run_from_one_module_and_one_yaml_each(toy_entries: Path, tmp_path: Path) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"hydra.searchpath=[file://{toy_entries}]", "experiment=smoke",
                                            "eraser=toy_mean_shift", "arch=toy_mlp", f"paths.out_dir={tmp_path}",
                                            "certificate=true", "mdl.max_epochs=3"])
-    job = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(job, dict)
+    composed = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(composed, dict)
+    job = cast(dict[str, Any], composed)  # a composed config's keys are strings
     assert job["optim"]["lr"] == 2.0e-3  # the paper-optim table of the new arch, at the new eraser's family
-    result = run_job(job).result
+    result = result_of(run_job(job))
     assert result["model"]["arch"] == "toy_mlp" and result["eraser"]["name"] == "toy_mean_shift"
     assert result["certificate"]["after"]["max_mean_gap"] < 1e-6 < result["certificate"]["before"]["max_mean_gap"]
     assert result["mdl"]["bits_per_sample"] > 0 and len(result["mdl"]["blocks"]) == job["mdl"]["num_blocks"] - 1
@@ -243,7 +246,7 @@ paths:
 
 
 @pytest.fixture
-def toy_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def toy_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The toy task's module in <tmp>/training/tasks/ (found with <tmp> on sys.path: `training.tasks` spans every
     such directory)
     and its preset in <tmp>/conf_extra (a Hydra search path); removed from the registry afterwards."""

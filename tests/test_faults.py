@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import ENV, REPO, TINY, job_config
+from tests.helpers import ENV, REPO, TINY, job_config, result_of
 from training.app.lifecycle import PROGRESS_FILE, Progress
 from training.app.results import LOCK_FILE, ConfigMismatchError, JobDir
 from training.app.schema import ConfigError, group_config
@@ -111,8 +111,8 @@ def _hold_lock_in_subprocess(lock: Path, release: Path) -> subprocess.Popen[str]
     return proc
 
 
-def test_second_job_with_the_same_directory_waits_logs_it_then_skips(tmp_path: Path, caplog,
-                                                                     monkeypatch) -> None:
+def test_second_job_with_the_same_directory_waits_logs_it_then_skips(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(LOG_EVERY_ENV, "0.2")
     cfg = job_config(tmp_path, TINY)
     job_dir = Path(cfg["paths"]["job_dir"])
@@ -139,7 +139,8 @@ def test_second_job_with_the_same_directory_waits_logs_it_then_skips(tmp_path: P
     assert "held since" in caplog.text and "SKIP" in caplog.text
 
 
-def test_result_of_another_config_written_meanwhile_is_not_overwritten(tmp_path: Path, monkeypatch) -> None:
+def test_result_of_another_config_written_meanwhile_is_not_overwritten(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = job_config(tmp_path, TINY)
     job_dir = Path(cfg["paths"]["job_dir"])
     foreign = {"config_hash": "ffffffffffffffff", "config": {"seed": 99}, "mdl": {"bits_per_sample": 9.0}}
@@ -177,7 +178,8 @@ BAD = [("arch.width=0", "arch.width"), ("arch.width=-5", "arch.width"), ("arch.d
 
 
 @pytest.mark.parametrize(("override", "key"), BAD)
-def test_library_run_job_checks_values_before_data_or_directory(tmp_path: Path, monkeypatch, override: str,
+def test_library_run_job_checks_values_before_data_or_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                override: str,
                                                                 key: str) -> None:
     def no_data(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("data loaded before the config was checked")
@@ -212,7 +214,8 @@ def _enospc(x: torch.Tensor, tmp: str) -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
 
 
-def test_full_disk_on_cache_write_warns_and_goes_on(tmp_path: Path, monkeypatch, caplog) -> None:
+def test_full_disk_on_cache_write_warns_and_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(cache_mod, "_save_tensor", _enospc)
     with caplog.at_level(logging.WARNING):
         x, report, hit = cached_erase(tmp_path, {"k": 1}, lambda: (torch.ones(3, 2), {"ok": True}))
@@ -221,7 +224,8 @@ def test_full_disk_on_cache_write_warns_and_goes_on(tmp_path: Path, monkeypatch,
     assert [p.name for p in (tmp_path / "erased").iterdir() if not p.name.endswith(".lock")] == []  # no partial
 
 
-def test_torch_save_full_disk_runtime_error_is_named(tmp_path: Path, monkeypatch, caplog) -> None:
+def test_torch_save_full_disk_runtime_error_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
     def runtime(x: torch.Tensor, tmp: str) -> None:
         raise RuntimeError("[enforce fail at inline_container.cc:671] . unexpected pos 704 vs 598")
 
@@ -232,7 +236,8 @@ def test_torch_save_full_disk_runtime_error_is_named(tmp_path: Path, monkeypatch
     assert "No space left on device" in caplog.text and "unexpected pos" in caplog.text
 
 
-def test_unwritable_cache_dir_warns_and_erases_in_memory(tmp_path: Path, monkeypatch, caplog) -> None:
+def test_unwritable_cache_dir_warns_and_erases_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
     def denied(*args: Any, **kwargs: Any) -> Any:
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "erased" / "x.lock"))
 
@@ -243,10 +248,10 @@ def test_unwritable_cache_dir_warns_and_erases_in_memory(tmp_path: Path, monkeyp
     assert "Permission denied" in caplog.text and "cache not used" in caplog.text
 
 
-def test_job_survives_a_full_disk_in_the_cache(tmp_path: Path, monkeypatch) -> None:
+def test_job_survives_a_full_disk_in_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache_mod, "_save_tensor", _enospc)
     cfg = job_config(tmp_path, [*TINY, "eraser=leace"])
-    result = run_job(cfg).result
+    result = result_of(run_job(cfg))
     assert (Path(cfg["paths"]["job_dir"]) / "result.json").exists() and result["mdl"]["bits_per_sample"] > 0
     assert result["eraser"]["cache_hit"] is False
 
@@ -336,7 +341,8 @@ def test_multirun_failed_job_reports_its_line_and_logs_it(tmp_path: Path) -> Non
 
 # --- 6. lock waiting is logged -----------------------------------------------------------------------------------
 
-def test_waiting_for_a_cache_lock_is_logged(tmp_path: Path, caplog, monkeypatch) -> None:
+def test_waiting_for_a_cache_lock_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(LOG_EVERY_ENV, "0.2")
     key = {"k": "locked"}
     lock = tmp_path / "erased" / f"{cache_mod.key_hash(key)}.lock"
@@ -366,7 +372,7 @@ def test_lock_holder_note_is_removed_on_release(tmp_path: Path) -> None:
 # --- 7. malformed files ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("content", ["[]", "42", "{}", '{"config_hash": 5}', '"text"', "{broken"])
-def test_malformed_result_counts_as_absent(tmp_path: Path, content: str, caplog) -> None:
+def test_malformed_result_counts_as_absent(tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "result.json").write_text(content)
     with caplog.at_level(logging.WARNING):
         assert JobDir(tmp_path, "abc", spec_of("mdl"), force=False).finished() is None  # not SKIP, not "another config"
@@ -378,17 +384,18 @@ def test_malformed_result_is_recomputed_and_not_refused_by_a_sweep(tmp_path: Pat
     job_dir = Path(cfg["paths"]["job_dir"])
     job_dir.mkdir(parents=True)
     (job_dir / "result.json").write_text("[]")
-    result = run_job(cfg).result
+    result = result_of(run_job(cfg))
     assert json.loads((job_dir / "result.json").read_text())["config_hash"] == result["config_hash"]
 
 
-def test_malformed_progress_starts_over(tmp_path: Path, caplog) -> None:
+def test_malformed_progress_starts_over(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / PROGRESS_FILE
     good = {"block": 2, "train_size": 10, "coded_size": 5, "ce_bits": 2.0, "temperature": 1.0, "seconds": 0.1,
             "best_val_loss": 1.0, "best_epoch": 1, "epochs": 2, "steps": 3}
     path.write_text(json.dumps({"config_hash": "h", "blocks": [good]}))
     assert read_progress(Progress(path, "h"), 6) == [good]
     assert read_progress(Progress(path, "other"), 6) == []
+    bad: Any  # JSON of any shape but a progress file's
     for bad in ([], 42, {}, {"config_hash": "h"}, {"config_hash": "h", "blocks": [{"block": 2}]},
                 {"config_hash": "h", "blocks": [{**good, "ce_bits": None}]},
                 {"config_hash": "h", "blocks": [{**good, "block": 3}]}):
@@ -403,22 +410,22 @@ def test_job_with_progress_missing_a_field_recomputes(tmp_path: Path) -> None:
     job_dir.mkdir(parents=True)
     (job_dir / PROGRESS_FILE).write_text(json.dumps({"config_hash": job_hash(cfg),
                                                      "blocks": [{"block": 2, "train_size": 128}]}))
-    result = run_job(cfg).result
+    result = result_of(run_job(cfg))
     assert len(result["mdl"]["blocks"]) == len(result["mdl"]["block_sizes"]) - 1
 
 
 # --- 8. force ----------------------------------------------------------------------------------------------------
 
-def test_force_recomputes_a_finished_job_of_the_same_config(tmp_path: Path, caplog) -> None:
+def test_force_recomputes_a_finished_job_of_the_same_config(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = job_config(tmp_path, TINY)
     path = Path(cfg["paths"]["job_dir"]) / "result.json"
-    first = run_job(cfg).result
+    first = result_of(run_job(cfg))
     stored = json.loads(path.read_text())
     stored["mdl"]["bits_per_sample"] = -1.0  # a marker: a skip would return it
     path.write_text(json.dumps(stored))
-    assert run_job(cfg).result["mdl"]["bits_per_sample"] == -1.0  # without force: SKIP
+    assert result_of(run_job(cfg))["mdl"]["bits_per_sample"] == -1.0  # without force: SKIP
     with caplog.at_level(logging.WARNING):
-        again = run_job({**cfg, "force": True}).result
+        again = result_of(run_job({**cfg, "force": True}))
     assert "force=true: recomputing" in caplog.text
     assert again["mdl"]["bits_per_sample"] == first["mdl"]["bits_per_sample"]  # same seed, same numbers
     assert json.loads(path.read_text())["mdl"]["bits_per_sample"] == first["mdl"]["bits_per_sample"]

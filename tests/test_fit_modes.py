@@ -187,6 +187,7 @@ def test_population_moments_are_the_generators_law(tmp_path: Path) -> None:
                  ["dataset=mixture", "dataset.separation=2"]):
         o = load_job(job_config(tmp_path, [*over, "dataset.dim=6"])).dataset.options
         mom = population_moments(o)
+        assert mom.cov is not None and mom.class_covs is not None
         x, y = draw(o, 40_000, 7)
         flat = x.reshape(len(y), -1).double()
         for k in range(o.num_classes):
@@ -240,6 +241,7 @@ def test_holdout_qleace_noise_on_the_coded_rows_is_not_zero_sum_per_class(tmp_pa
     import warnings
 
     import erasure
+    from erasure.qleace import QleaceEraser
     from training.data.erase import holdout_options
 
     cfg = load_job(job_config(tmp_path, [*SMOKE, "eraser=qleace", "eraser.fit_on=holdout",
@@ -253,6 +255,7 @@ def test_holdout_qleace_noise_on_the_coded_rows_is_not_zero_sum_per_class(tmp_pa
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         e = erasure.fit("qleace", fit.x.reshape(len(fit.y), -1), fit.y, **holdout_options("qleace", {}))
+    assert isinstance(e, QleaceEraser)
     flat = coded.x.reshape(len(coded.y), -1).double()
     noise = x.reshape(len(coded.y), -1).double() - e._apply(flat, coded.y)
     scale = float(e.barycenter_full().abs().max()) ** 0.5

@@ -19,9 +19,12 @@ from training.engine.flat_optim import FlatScheduleFree, LibraryOptim, cpu_compi
 RTOL = 1e-5  # on max |a - b| / max |a| per tensor; measured <= 3e-7
 
 
-def _pair(n_members: int = 3, weight_decay: float = 0.0):
+Twin = tuple[list[torch.nn.Module], list[tuple[list[str], dict]], type[torch.optim.Optimizer]]
+
+
+def _pair(n_members: int = 3, weight_decay: float = 0.0) -> list[Twin]:
     """Twin sets of members (same init): one for the library, one for the flat optimizer."""
-    twins = []
+    twins: list[Twin] = []
     for _ in range(2):
         models = [m for m, _ in _models("mlp", list(range(n_members)))]
         opts = [optimizer(m, lr=3e-3, beta1=0.9, weight_decay=weight_decay, warmup_steps=5) for m in models]
@@ -34,7 +37,7 @@ def _grads(models: list[torch.nn.Module], step: int) -> list[dict[str, Tensor]]:
     return [{n: torch.randn(p.shape, generator=g) for n, p in m.named_parameters()} for m in models]
 
 
-def _step(opt, models: list[torch.nn.Module], grads: list[dict[str, Tensor]]) -> None:
+def _step(opt: LibraryOptim | FlatScheduleFree, models: list[torch.nn.Module], grads: list[dict[str, Tensor]]) -> None:
     opt.zero_grad()
     for m, gs in zip(models, grads, strict=True):
         for n, p in m.named_parameters():
@@ -114,8 +117,8 @@ def test_bad_flag_and_step_in_eval_mode() -> None:
     (models, groups, cls), _ = _pair(1)
     with pytest.raises(ValueError, match="fused_optimizer"):
         make_member_optim("maybe", cls, groups, [dict(m.named_parameters()) for m in models])
-    assert make_member_optim("True", cls, groups, [dict(m.named_parameters()) for m in models]).update.__name__ \
-        == "sf_update_numba"  # true on CPU: the numba kernel
+    fused = make_member_optim("True", cls, groups, [dict(m.named_parameters()) for m in models])
+    assert isinstance(fused, FlatScheduleFree) and fused.update.__name__ == "sf_update_numba"  # true on CPU: numba
     flat = make_member_optim("eager", cls, groups, [dict(m.named_parameters()) for m in models])
     with pytest.raises(RuntimeError, match="eval mode"):
         flat.step()

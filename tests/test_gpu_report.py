@@ -193,7 +193,8 @@ def test_select_and_junit(tmp_path: Path) -> None:
     assert counts == {"passed": 1, "failed": 1, "errors": 1, "skipped": 1}
     assert gpu_skipped == [("tests.test_models::test_cuda[mlp]", "needs CUDA")]
     assert junit_id("tests/test_a.py::TestC::test_x") == ("tests.test_a.TestC", "test_x")
-    assert MISSING_MODULE.search(failures[0]).group(1) == "numba"
+    missing = MISSING_MODULE.search(failures[0])
+    assert missing is not None and missing.group(1) == "numba"
 
 
 def test_merge_keeps_each_steps_last_run(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from models import build_model
-from tests.helpers import fit_settings, group_options, job_config, optimizer
+from tests.helpers import fit_settings, group_options, job_config, optimizer, result_of
 from tests.test_checkpoint import _load, _stop_at
 from tests.test_checkpoint import _numbers as _job_numbers
 from training.app.schema import group_config
@@ -132,8 +132,8 @@ JOB = ["experiment=smoke", "eraser=control", "seed=0", "mdl.max_epochs=12", "mdl
 def test_a_job_with_fewer_rows_than_models_gives_the_same_numbers(tmp_path: Path) -> None:
     """`training.parallel_models=2`: the job's six models through two rows, refilled: `==` the default (all six
     at once) on the loop engine."""
-    ref = run_job(job_config(tmp_path / "all", JOB)).result
-    two = run_job(job_config(tmp_path / "two", [*JOB, "training.parallel_models=2"])).result
+    ref = result_of(run_job(job_config(tmp_path / "all", JOB)))
+    two = result_of(run_job(job_config(tmp_path / "two", [*JOB, "training.parallel_models=2"])))
     assert _job_numbers(ref) == _job_numbers(two)
 
 

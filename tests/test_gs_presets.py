@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.helpers import job_config
+from tests.helpers import job_config, result_of
 from training.common.sweep_jobs import fast_expand
 from training.common.sweeps import expand
+from training.engine.fit import FitConfig, FitResult, Member
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +55,7 @@ def test_erased_eval_control_is_a_noop_and_leace_reports_gaps(tmp_path: Path) ->
     assert (nothing.status, nothing.result) == ("skipped", {}) and not Path(control["paths"]["job_dir"]).exists()
     cfg = job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "regularizer=sd"])
     first = task(cfg)
-    r = first.result
+    r = result_of(first)
     assert first.status == "done"
     assert r["method"] == "SD λ=0.1" and r["split_sizes"]["test"] == round(0.2 * 1797)
     ev = r["eval"]
@@ -61,7 +63,7 @@ def test_erased_eval_control_is_a_noop_and_leace_reports_gaps(tmp_path: Path) ->
     assert r["gap_erased_minus_original"]["acc"] == pytest.approx(ev["test_erased"]["acc"] - ev["test"]["acc"])
     assert r["temperature"] > 0 and r["eraser"]["name"] == "leace"
     outcome = task(cfg)  # finished: skipped
-    again = outcome.result
+    again = result_of(outcome)
     assert outcome.status == "skipped"
     assert again["config_hash"] == r["config_hash"] and again["eval"] == ev
 
@@ -74,16 +76,16 @@ def _fake_mdl(eraser: str, reg: str, seed: int, bits: float) -> dict:
     return {"config": cfg, "mdl": {"bits_per_sample": bits}}
 
 
-def test_aggregate_tables_from_each_task(tmp_path: Path, capsys) -> None:
+def test_aggregate_tables_from_each_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Each task makes the tables of its results (`Task.rows`); scripts/aggregate.py asks every task."""
     import pandas as pd
 
     from scripts.aggregate import main as aggregate
     from training.app.tasks import Collected, decode_result, get_task
 
-    results = [get_task("gs_two_moons")(job_config(tmp_path, ["experiment=gs_two_moons", f"seed={s}",
-                                                                f"regularizer.lam={lam}", "gs.steps=20",
-                                                                "gs.grid.n=101"])).result
+    results = [result_of(get_task("gs_two_moons")(job_config(tmp_path, ["experiment=gs_two_moons", f"seed={s}",
+                                                                          f"regularizer.lam={lam}", "gs.steps=20",
+                                                                          "gs.grid.n=101"])))
                for s in (0, 1) for lam in (0, 0.003)]
     results += [_fake_mdl(e, reg, s, b + (0.5 if e == "leace" else 0) + (0.1 if reg == "sd" else 0) + 0.01 * s)
                 for e in ("control", "leace") for reg in ("none", "sd") for s, b in ((0, 1.0), (1, 1.0))]
@@ -104,16 +106,16 @@ def test_aggregate_tables_from_each_task(tmp_path: Path, capsys) -> None:
     assert "| +0.1 | ERM | 2 |" in capsys.readouterr().out
 
 
-def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, monkeypatch) -> None:
+def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The GS erased evaluation hashes mdl.* and so stops by mdl's step-aware rule (it used to ignore
     stop_after_warmup, min_steps and patience_min_steps)."""
     from training.app.tasks import get_task
     from training.starvation import erased_eval
 
-    seen = []
+    seen: list[FitConfig] = []
     real_fit = erased_eval.fit
 
-    def spy(member, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - records the member's FitConfig
+    def spy(member: Member, *args: Any, **kwargs: Any) -> FitResult:  # records the member's FitConfig
         seen.append(member.cfg)
         return real_fit(member, *args, **kwargs)
 
@@ -133,10 +135,10 @@ def test_erased_eval_erases_through_the_mdl_cache(tmp_path: Path) -> None:
 
     task = get_task("gs_erased_eval")
     cfg = job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "mdl.max_epochs=2"])
-    first = task(cfg).result
+    first = result_of(task(cfg))
     assert first["eraser"]["cache_hit"] == {"train": False, "test": False}
     assert first["eraser"]["test_options"]["rtol"] is not None  # MDL's holdout rtol for LEACE out of sample
     assert any(Path(cfg["paths"]["cache_dir"]).rglob("*"))
-    again = task(job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "mdl.max_epochs=2", "force=true"])).result
+    again = result_of(task(job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "mdl.max_epochs=2", "force=true"])))
     assert again["eraser"]["cache_hit"] == {"train": True, "test": True}
     assert again["eval"] == first["eval"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import job_config
+from tests.helpers import job_config, result_of
 from training.app.schema import ConfigError
 from training.app.tasks import load_job
 from training.data import load_dataset
@@ -28,7 +28,7 @@ def _entropy_bits(y: torch.Tensor) -> float:
 def test_permuted_labels_code_at_the_label_entropy(eraser: list[str], tmp_path: Path) -> None:
     """Random labels cannot be compressed: the null job codes at >= H(label prior) - 0.01 bits/sample."""
     cfg = job_config(tmp_path, [*SMOKE, *eraser, "dataset.permute_labels=true"])
-    result = run_job(cfg).result
+    result = result_of(run_job(cfg))
     prior = _entropy_bits(load_dataset(load_job(cfg).dataset).y)
     assert result["mdl"]["bits_per_sample"] >= prior - 0.01
     assert result["dataset"]["permuted_labels"] is True
@@ -54,7 +54,8 @@ def test_holdout_fits_on_a_part_it_never_codes_and_repeats_draw_other_parts(tmp_
         assert info["options"]["rtol"] == 1e-6  # LEACE out of sample: near-null directions are null
         coded_sets.append(coded.content_hash())
     assert len(set(coded_sets)) == 3  # each repeat is its own random draw
-    result = run_job(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout", "eraser.repeat=2"])).result
+    result = result_of(run_job(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout",
+                                                     "eraser.repeat=2"])))
     assert result["eraser"]["fit"] == {"fit_on": "holdout", "fit_source": "split", "n_fit": n - len(coded.y),
                                        "n_coded": len(coded.y), "fit_fraction": 0.2, "repeat": 2}
     assert result["mdl"]["n_coded"] + result["mdl"]["n_val"] == len(coded.y)
@@ -90,7 +91,7 @@ def test_fitting_options_that_cannot_work_are_one_line(override: list[str], mess
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
-def test_qleace_out_of_sample_on_small_classes_warns_once(tmp_path: Path, caplog) -> None:
+def test_qleace_out_of_sample_on_small_classes_warns_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = load_job(job_config(tmp_path, [*SMOKE, "eraser=qleace", "eraser.fit_on=holdout"]))
     with caplog.at_level(logging.WARNING):
         prepare_data(cfg)

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, cast
 
 import pytest
 
 from tests.test_aggregate_faults import _cfg, _run, _write
 
+if TYPE_CHECKING:
+    import subprocess
+
 
 # --- req 5: --strict means verified ---------------------------------------------------------------------------------
-def test_strict_refuses_results_whose_cleanliness_is_unknown(tmp_path: Path, capsys) -> None:
+def test_strict_refuses_results_whose_cleanliness_is_unknown(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "runs"
     dirs = [_write(root, _cfg("control", seed), 1.0 + seed, commit="a" * 40) for seed in (0, 1)]
     assert _run(root, tmp_path, "--strict")[0] == 0  # one known clean commit: accepted
@@ -81,7 +86,8 @@ def test_a_finished_job_in_a_read_only_directory_is_a_skip_and_the_sweep_goes_on
 
 
 # --- req 4: a signal is a checkpoint at every point of a job, the cache write included ------------------------------
-def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Path, monkeypatch) -> None:
+def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.save into a Python file object turns the SIGTERM handler's Preempted, raised while torch writes, into
     RuntimeError("unexpected pos ..."): the cache took it for a failed write and the job ran on to the end."""
     import os
@@ -93,10 +99,10 @@ def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Pa
     from training.data import cache as cache_mod
 
     class SignalledFile:  # a SIGTERM lands during torch.save's second write (during its first, torch passes it on)
-        def __init__(self, f) -> None:
+        def __init__(self, f: IO[bytes]) -> None:
             self.f, self.writes = f, 0
 
-        def write(self, b) -> int:
+        def write(self, b: bytes) -> int:
             self.writes += 1
             if self.writes == 2:
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -107,7 +113,7 @@ def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Pa
 
     def save(x: torch.Tensor, tmp: str) -> None:
         with open(tmp, "wb") as f:
-            torch.save(x, SignalledFile(f))
+            torch.save(x, cast(IO[bytes], SignalledFile(f)))  # a file object as far as torch.save goes
 
     monkeypatch.setattr(cache_mod, "_save_tensor", save)
     with pytest.raises(Preempted) as stop, stop_on_sigterm():
@@ -122,7 +128,7 @@ QUICK = ["logger=none", "progress=false", "dataset=digits", "mdl=quick", "mdl.ma
          "certificate=false", "seed=0,1", "hydra/launcher=packed"]
 
 
-def _sweep(cwd: Path, env: dict, *overrides: str):
+def _sweep(cwd: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess[str]:
     import subprocess
     import sys
 
@@ -262,13 +268,13 @@ def test_a_packed_inner_launcher_is_refused_in_one_line(tmp_path: Path) -> None:
 
 
 # --- the aggregate's arguments ---------------------------------------------------------------------------------------
-def test_aggregate_refuses_a_bad_override_value_a_name_with_a_separator_and_an_unwritable_out(tmp_path: Path,
-                                                                                                capsys) -> None:
+def test_aggregate_refuses_a_bad_override_value_a_name_with_a_separator_and_an_unwritable_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from scripts import aggregate
 
     assert aggregate.main(["--experiment", "demo", "--override", "arch.width=abc"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "arch.width" in err[0], err
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "arch.width" in lines[0], lines
     root = tmp_path / "runs"
     _write(root, _cfg("control", 0), 1.0, commit="a" * 40)
     assert aggregate.main([str(root), "--name", "a/b", "--out", str(tmp_path / "t")]) == 2
@@ -375,7 +381,7 @@ def test_plan_reads_a_gpu_report_of_the_wrong_shape_as_no_measurement(tmp_path: 
     assert costs == {} and missing is not None and "cannot be read" in missing and "make gpu-report" in missing
 
 
-def test_plan_fails_on_a_sweep_that_would_be_refused(tmp_path: Path, capsys) -> None:
+def test_plan_fails_on_a_sweep_that_would_be_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from scripts import plan
 
     none = str(tmp_path / "none.json")
@@ -462,7 +468,8 @@ def test_a_single_job_with_either_after_augment_value_is_accepted(tmp_path: Path
     assert precheck(cfg, torch.device("cpu")) is not None
 
 
-def test_plan_refuses_a_sweep_over_a_key_that_changes_nothing(tmp_path: Path, capsys) -> None:
+def test_plan_refuses_a_sweep_over_a_key_that_changes_nothing(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     from scripts import plan
 
     none = str(tmp_path / "none.json")

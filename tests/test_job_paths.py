@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from tests.helpers import job_config
 from training.app.job_paths import JobPath, job_dir
@@ -18,9 +18,14 @@ from training.common.sweeps import CONF_DIR, expand, presets
 OWN_LAYOUT = {"gs_colored_mnist", "gs_sd_erasure", "gs_two_moons"}
 
 
+def _preset(name: str) -> DictConfig:
+    cfg = OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml")
+    assert isinstance(cfg, DictConfig)
+    return cfg
+
+
 def test_the_presets_with_their_own_layout_are_the_known_ones() -> None:
-    own = {n for n in presets() if "job_subdir" in OmegaConf.load(CONF_DIR / "experiment" / f"{n}.yaml").get(
-        "paths", {})}
+    own = {n for n in presets() if "job_subdir" in _preset(n).get("paths", {})}
     assert own == OWN_LAYOUT
 
 

@@ -16,8 +16,8 @@ from torch import Tensor
 
 import erasure
 from erasure.certificate import _score
-from erasure.leace import HOLDOUT_RTOL
-from erasure.qleace import label_injection_risk
+from erasure.leace import HOLDOUT_RTOL, LeaceEraser
+from erasure.qleace import QleaceEraser, label_injection_risk
 from erasure.split import split_fit, stratified_folds
 
 from .test_erasure_common import F64, gaussian_classes
@@ -58,6 +58,7 @@ def test_qleace_in_sample_block_deviations_are_the_negative_of_the_rest(mode: st
         x, y = gaussian_classes(1500, 8, k, seed=22, cov_scale=0.8)
         x[y == 0, 0] = 0.5
     e = erasure.fit("qleace", x, y, rank_deficient="coupling")
+    assert isinstance(e, QleaceEraser)
     xe = e.apply_in_sample(x, y)
     if mode == "coupling":
         assert e.report()["rank_handling"] == "coupling" and max(e.report()["noise_rank"]) > 0
@@ -236,6 +237,7 @@ def test_leace_near_null_fit_direction_is_null_at_the_holdout_threshold() -> Non
     delta[0, 9] = 1.0
     loose = erasure.fit("leace", xf, yf)
     tight = erasure.fit("leace", xf, yf, rtol=HOLDOUT_RTOL)
+    assert isinstance(loose, LeaceEraser) and isinstance(tight, LeaceEraser)
     rl, rt = loose.report(), tight.report()
     assert rl["rtol_used"] == pytest.approx(10 * torch.finfo(F64).eps) and rt["rtol_used"] == HOLDOUT_RTOL
     assert (rl["support_rank"], rt["support_rank"]) == (10, 9)

@@ -42,7 +42,8 @@ def test_what_is_not_an_entry_is_refused_in_one_line(raw: object, why: str) -> N
     assert "\n" not in str(err.value)
 
 
-def test_a_corrupt_file_in_a_ledger_is_a_warning_naming_it_and_the_rest_counts(tmp_path: Path, caplog) -> None:
+def test_a_corrupt_file_in_a_ledger_is_a_warning_naming_it_and_the_rest_counts(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from training.cli.ledger import summary_line
 
     for raw in OLDER:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -77,7 +78,7 @@ def test_config_hash_ignores_where_and_how_but_not_what() -> None:
 
 
 @pytest.mark.parametrize("n_coded", [9, 10, 11, 40])
-def test_block_feasibility_is_one_rule_the_partition_split_and_precheck_share(n_coded: int, tmp_path) -> None:
+def test_block_feasibility_is_one_rule_the_partition_split_and_precheck_share(n_coded: int, tmp_path: Path) -> None:
     """`most_blocks` decides; the partition, the split and the job's precheck accept exactly up to it and refuse one
     more (each in its own words)."""
     from tests.helpers import job_config

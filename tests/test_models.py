@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,8 +16,8 @@ from omegaconf import OmegaConf
 
 from models import build_model, build_with_facts, depth_lr_multiplier, param_count
 from models.convnext import NAMED_SIZES as CONVNEXT_SIZES
-from models.lenet import lenet_param_count, match_lenet
-from models.mlp import mlp_param_count
+from models.lenet import LeNet, lenet_param_count, match_lenet
+from models.mlp import MLP, mlp_param_count
 from models.mup_utils import on_meta
 from models.registry import ARCHS, arch_traits
 from models.swin import NAMED_SIZES as SWIN_SIZES
@@ -26,6 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 INPUTS = [(1, 28, 28), (3, 32, 32), (3, 64, 64), (1, 8, 8)]
 PAPER_WIDTHS = [64, 128, 256, 512, 1024, 2048]  # at depth 2
 PAPER_DEPTHS = [1, 2, 3, 4, 5, 6, 7, 8]  # at width 128
+
+
+def _infshape(p: torch.Tensor) -> Any:
+    """The μP shape (mup.InfShape) that mup's set_base_shapes hangs on each parameter (untyped: set at runtime)."""
+    return p.infshape  # type: ignore[attr-defined]
 
 
 def arch_cfg(name: str, **overrides: object) -> ArchConfig:
@@ -93,7 +100,7 @@ def test_mlp_activations_parameter_counts(activation: str) -> None:
             assert info["hidden"] < width
         else:
             assert info["params"] == relu
-            assert len(model.layers) == 2  # depth = number of hidden layers
+            assert isinstance(model, MLP) and len(model.layers) == 2  # depth = number of hidden layers
 
 
 def test_swiglu_explicit_ratio() -> None:
@@ -137,7 +144,8 @@ def test_convnext_is_v2_and_scales() -> None:
     assert info["depths"] == [3, 3, 9, 3] and info["dims"] == [48, 96, 192, 384]
     names = [n for n, _ in model.named_modules()]
     assert any(n.endswith("mlp.grn") for n in names)  # GlobalResponseNorm: ConvNeXt V2
-    assert model.stem[0].kernel_size == (1, 1)
+    stem = model.get_submodule("stem.0")
+    assert isinstance(stem, torch.nn.Conv2d) and stem.kernel_size == (1, 1)
 
 
 def test_swin_windows_divide_every_stage() -> None:
@@ -184,7 +192,7 @@ def test_lenet_matches_mlp_within_one_percent(shape: tuple[int, int, int]) -> No
         lenet = lenet_param_count(shape, c1, c2, fc, depth, 10)
         mlp = mlp_param_count(math.prod(shape), width, depth, 10)
         assert abs(lenet / mlp - 1) <= 0.01, (shape, width, depth, lenet, mlp)
-        spec_model = on_meta(lambda w=width, d=depth: build_model_spec_lenet(shape, w, d))
+        spec_model = on_meta(functools.partial(build_model_spec_lenet, shape, width, depth))
         assert param_count(spec_model) == lenet  # the closed form counts the real module
 
 
@@ -203,7 +211,8 @@ def test_lenet_info_and_width_scaling() -> None:
     # every hidden size grows with width (all are μP width dimensions)
     assert all(a < b for a, b in zip(small["conv_channels"] + [small["fc_width"]],
                                      large["conv_channels"] + [large["fc_width"]], strict=True))  # fmt: skip
-    assert len(build_model(arch_cfg("lenet", depth=5), (1, 8, 8), 10).fcs) == 5
+    deep = build_model(arch_cfg("lenet", depth=5), (1, 8, 8), 10)
+    assert isinstance(deep, LeNet) and len(deep.fcs) == 5
 
 
 # ---------------------------------------------------------------- μP wiring
@@ -219,8 +228,8 @@ def test_mup_infshapes_readout_and_groups(name: str) -> None:
     assert torch.count_nonzero(model(torch.rand(2, 1, 8, 8))) == 0
     for n, m in model.named_modules():
         if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)) and "cpb_mlp" not in n:  # SwinV2's fixed pos-MLP
-            assert m.weight.infshape.ninf() >= 1, n  # base/delta differ in every hidden size
-    mults = {round(p.infshape.width_mult(), 6) for p in model.parameters() if p.infshape.ninf() == 2}
+            assert _infshape(m.weight).ninf() >= 1, n  # base/delta differ in every hidden size
+    mults = {round(_infshape(p).width_mult(), 6) for p in model.parameters() if _infshape(p).ninf() == 2}
     assert mults and all(1.3 < w <= 2.0 for w in mults)
     opt = optimizer(model, lr=1e-3, beta1=0.9, warmup_steps=5)
     lrs = sorted({g["lr"] for g in opt.param_groups})
@@ -232,20 +241,20 @@ def test_mup_hidden_init_scales_with_fan_in() -> None:
     torch.manual_seed(0)
     narrow = build_model(arch_cfg("mlp", width=128), (3, 32, 32), 10)
     wide = build_model(arch_cfg("mlp", width=2048), (3, 32, 32), 10)
-    ratio = (narrow.layers[1].weight.std() / wide.layers[1].weight.std()).item()
+    ratio = (narrow.get_parameter("layers.1.weight").std() / wide.get_parameter("layers.1.weight").std()).item()
     assert ratio == pytest.approx(4.0, rel=0.05)  # std ∝ fan_in^{-1/2}
     conv = [build_model(arch_cfg("convnext", width=w, depth=1), (3, 32, 32), 10) for w in (40, 160)]
-    stds = [m.stages[1].blocks[0].mlp.fc1.weight.std().item() for m in conv]
+    stds = [m.get_parameter("stages.1.blocks.0.mlp.fc1.weight").std().item() for m in conv]
     assert stds[0] == pytest.approx(0.02, rel=0.05)  # timm's init at base width ...
     assert stds[1] == pytest.approx(0.01, rel=0.05)  # ... μP-scaled at 4x width
     swin = build_model(arch_cfg("swin", depth=1), (3, 32, 32), 10)
-    assert torch.allclose(swin.layers[0].blocks[0].attn.logit_scale, torch.tensor(math.log(10)))
+    assert torch.allclose(swin.get_parameter("layers.0.blocks.0.attn.logit_scale"), torch.tensor(math.log(10)))
 
 
 def test_sp_control_is_standard() -> None:
     model = build_model(arch_cfg("mlp"), (1, 8, 8), 10, parametrization="sp")
-    assert torch.count_nonzero(model.readout.weight) > 0
-    assert all(p.infshape.ninf() == 0 for p in model.parameters())
+    assert torch.count_nonzero(model.get_parameter("readout.weight")) > 0
+    assert all(_infshape(p).ninf() == 0 for p in model.parameters())
     opt = optimizer(model, lr=1e-3, beta1=0.9)
     assert {g["lr"] for g in opt.param_groups} == {1e-3}
 
@@ -329,7 +338,8 @@ def test_swin_has_the_paper_codes_shape_by_default() -> None:
     assert info["depths"] == [2, 2, 6, 2] and info["num_heads"] == [2, 4, 8, 16]
     assert info["dims"] == [40, 80, 160, 320] and info["drop_path_rate"] == 0.2 and info["patch_size"] == 2
     assert info["window_sizes"] == [7, 7, 4, 2]
-    assert [blk.window_size for stage in model.layers for blk in stage.blocks][:2] == [(7, 7), (7, 7)]
+    stages: Any = model.layers  # timm's SwinV2 stages: nn.Module types a submodule reached by name Tensor | Module
+    assert [blk.window_size for stage in stages for blk in stage.blocks][:2] == [(7, 7), (7, 7)]
     one_step(model, (3, 32, 32))
     small = build_with_facts(arch_cfg("swin", stages=3, window_size=None), (3, 32, 32), 10)[1]
     assert small["depths"] == [2, 2, 6] and small["num_heads"] == [2, 4, 8] and small["window_sizes"] == [4, 4, 4]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
+from schedulefree import AdamWScheduleFree
 from sklearn.datasets import load_digits
 
 from models import build_model
@@ -12,7 +15,7 @@ from tests.helpers import optimizer
 from tests.test_models import arch_cfg
 
 # arch overrides and (lr, steps): small, fast models; lr above the paper's so a few steps suffice
-SETUPS = {
+SETUPS: dict[str, tuple[dict[str, Any], float, int]] = {
     "mlp": ({}, 3e-3, 40),
     "mlp_swiglu": ({"activation": "swiglu"}, 3e-3, 40),
     "lenet": ({}, 3e-3, 40),
@@ -32,7 +35,7 @@ def digits() -> tuple[torch.Tensor, ...]:
 
 
 @torch.no_grad()
-def val_loss(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
+def val_loss(model: torch.nn.Module, opt: AdamWScheduleFree, x: torch.Tensor, y: torch.Tensor) -> float:
     model.eval()
     opt.eval()  # schedule-free: evaluate at the averaged weights
     loss = F.cross_entropy(model(x), y).item()

@@ -12,15 +12,17 @@ import gzip
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.helpers import result_of
 from tests.test_trust import _fashion_fixture, _run, _shuffle_labels
 from training.app.result_types import RESULT_SCHEMA
 from training.errors import UserError
 
 
-def _result_path(outcome_result: dict) -> Path:
+def _result_path(outcome_result: dict[str, Any]) -> Path:
     return Path(outcome_result["job_dir"]) / "result.json"
 
 
@@ -29,7 +31,7 @@ def test_a_result_of_a_newer_schema_is_refused_in_one_line_and_kept(tmp_path: Pa
     from training.mdl.job import run_job
 
     first = run_job(job_config(tmp_path, TINY))
-    path = _result_path(first.result)
+    path = _result_path(result_of(first))
     newer = {**json.loads(path.read_text()), "schema_version": RESULT_SCHEMA + 1, "from": "newer code"}
     path.write_text(json.dumps(newer))
     with pytest.raises(UserError) as err:
@@ -49,7 +51,7 @@ def test_a_multirun_over_a_newer_result_is_refused_before_anything_runs(tmp_path
     from training.mdl.job import run_job
 
     first = run_job(job_config(tmp_path, TINY))
-    path = _result_path(first.result)
+    path = _result_path(result_of(first))
     newer = {**json.loads(path.read_text()), "schema_version": RESULT_SCHEMA + 1}
     path.write_text(json.dumps(newer))
     proc = subprocess.run([sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none",
@@ -67,7 +69,7 @@ def test_a_result_of_other_data_is_moved_aside_and_read_by_the_aggregate_only_wh
 
     root = tmp_path / "data"
     _fashion_fixture(root)
-    first = _run(tmp_path / "out", f"dataset.root={root}").result
+    first = result_of(_run(tmp_path / "out", f"dataset.root={root}"))
     path = _result_path(first)
     _shuffle_labels(root / "train-labels-idx1-ubyte.gz")
     with caplog.at_level(logging.WARNING):
@@ -91,7 +93,7 @@ def test_a_result_of_other_data_is_moved_aside_and_read_by_the_aggregate_only_wh
 def test_the_same_data_re_gzipped_is_the_same_data(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "data"
     _fashion_fixture(root)
-    first = _run(tmp_path / "out", f"dataset.root={root}").result
+    first = result_of(_run(tmp_path / "out", f"dataset.root={root}"))
     labels = root / "train-labels-idx1-ubyte.gz"
     before = labels.read_bytes()
     with gzip.open(labels, "rb") as f:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import job_config
+from tests.helpers import job_config, result_of
 from training.app.schema import NUMERICS, numerics_of
 from training.app.tasks import job_hash, load_job, spec_of
 from training.data import load_dataset
@@ -56,7 +56,7 @@ def test_a_job_is_hashed_under_its_own_tasks_numerics_version(tmp_path: Path) ->
 
 
 def golden_bits(out_dir: Path) -> dict[str, object]:
-    result = run_job(job_config(out_dir, GOLDEN_JOB)).result
+    result = result_of(run_job(job_config(out_dir, GOLDEN_JOB)))
     return {"numerics_version": result["numerics_version"], "bits_per_sample": result["mdl"]["bits_per_sample"],
             "block_ce_bits": result["mdl"]["block_ce_bits"]}
 

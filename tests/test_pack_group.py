@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import job_config
+from tests.helpers import job_config, result_of
 from training.app.tasks import load_job
 from training.data import shared
 from training.mdl import pack_group
@@ -43,12 +43,12 @@ def _numbers(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _alone(out: Path, *extra: str, seeds: tuple[int, ...] = SEEDS) -> dict[int, dict[str, Any]]:
-    return {s: _numbers(run_job(_config(out, s, *extra)).result) for s in seeds}
+    return {s: _numbers(result_of(run_job(_config(out, s, *extra)))) for s in seeds}
 
 
 def _packed(out: Path, *extra: str, seeds: tuple[int, ...] = SEEDS) -> tuple[dict[int, dict[str, Any]], shared.Pack]:
     with shared.packed(seeds) as pack:
-        results = {s: _numbers(run_job(_config(out, s, *extra), pack).result) for s in seeds}
+        results = {s: _numbers(result_of(run_job(_config(out, s, *extra), pack))) for s in seeds}
     return results, pack
 
 

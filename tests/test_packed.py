@@ -164,12 +164,19 @@ def test_shared_datasets_are_loaded_once_and_never_seen_modified(tmp_path: Path)
     assert load_dataset(cfg, memo=memo).x is not c.x  # the memo ends with the pack
 
 
-def test_shared_erased_data_is_read_once_per_pack_and_equals_the_entry(tmp_path: Path, monkeypatch) -> None:
+def test_shared_erased_data_is_read_once_per_pack_and_equals_the_entry(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     import training.data.cache as cache
 
-    built, loads = [], []
+    built: list[int] = []
+    loads: list[Path] = []
     real_load = cache._load
-    monkeypatch.setattr(cache, "_load", lambda entry: loads.append(entry) or real_load(entry))
+
+    def load(entry: Path) -> tuple[torch.Tensor, dict[str, Any]] | None:
+        loads.append(entry)
+        return real_load(entry)
+
+    monkeypatch.setattr(cache, "_load", load)
 
     def build() -> tuple[torch.Tensor, dict[str, Any]]:
         built.append(1)

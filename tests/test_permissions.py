@@ -11,8 +11,9 @@ import pwd
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -38,8 +39,8 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def _build(value: float = 1.0):
-    calls = []
+def _build(value: float = 1.0) -> tuple[Callable[[], tuple[torch.Tensor, dict]], list[int]]:
+    calls: list[int] = []
 
     def build() -> tuple[torch.Tensor, dict]:
         calls.append(1)
@@ -77,14 +78,14 @@ def _make_entry(root: Path) -> Path:
     return root / "erased" / key_hash(KEY)
 
 
-def test_an_unreadable_entry_is_named_with_its_owner_and_never_deleted(tmp_path: Path, caplog,
+def test_an_unreadable_entry_is_named_with_its_owner_and_never_deleted(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Simulated: tests run as root, where chmod 000 does not stop reading (a real other user: the test below)."""
     entry = _make_entry(tmp_path)
     before = {p.name: p.read_bytes() for p in entry.iterdir()}
     read_text = Path.read_text
 
-    def denied(self: Path, *args, **kwargs) -> str:
+    def denied(self: Path, *args: Any, **kwargs: Any) -> str:
         if self.parent == entry:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
         return read_text(self, *args, **kwargs)
@@ -167,7 +168,7 @@ def test_another_users_unreadable_entry_is_left_alone(shared_dir: Path) -> None:
 
 
 def test_an_unreadable_cached_certificate_is_computed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            caplog) -> None:
+                                                            caplog: pytest.LogCaptureFixture) -> None:
     from training.data import erase as erase_mod
     from training.data.registry import LoadedData
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import job_config
+from tests.helpers import job_config, result_of
 from training.app.tasks import job_cell_hash, job_hash, job_semantic
 from training.engine import numerics
 from training.mdl.job import run_job
@@ -44,12 +44,13 @@ def test_precision_moves_the_hash_of_a_task_that_hashes_only_the_groups_it_uses(
 def test_job_numerics_sets_the_flags_for_the_job_and_restores_them() -> None:
     mm, det = torch.backends.cuda.matmul.fp32_precision, torch.are_deterministic_algorithms_enabled()
     cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    conv = torch.backends.cudnn.conv  # type: ignore[attr-defined]  # torch >= 2.9's fp32_precision API, untyped
     with numerics.job_numerics("tf32", True):
-        assert torch.backends.cuda.matmul.fp32_precision == "tf32" == torch.backends.cudnn.conv.fp32_precision
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32" == conv.fp32_precision
         assert torch.are_deterministic_algorithms_enabled()
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == numerics.CUBLAS_WORKSPACE
     with numerics.job_numerics("fp32", False):
-        assert torch.backends.cuda.matmul.fp32_precision == "ieee" == torch.backends.cudnn.conv.fp32_precision
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee" == conv.fp32_precision
         assert not torch.are_deterministic_algorithms_enabled()
     assert (torch.backends.cuda.matmul.fp32_precision, torch.are_deterministic_algorithms_enabled()) == (mm, det)
     assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == cublas
@@ -81,7 +82,7 @@ def test_contract_tolerance() -> None:
 
 @pytest.mark.parametrize("extra, engine", [([], "loop"), (["training.parallel_models=1"], "fit")])
 def test_result_records_the_numerics_signature(tmp_path: Path, extra: list[str], engine: str) -> None:
-    res = run_job(job_config(tmp_path, [*QUICK, *extra, "training.engine=loop"])).result
+    res = result_of(run_job(job_config(tmp_path, [*QUICK, *extra, "training.engine=loop"])))
     sig = res["provenance"]["numerics"]
     assert sig["precision"] == "fp32" and sig["deterministic"] is False and sig["torch"] == torch.__version__
     assert sig["device_name"] == res["provenance"]["device_name"] and sig["cuda"] is None
@@ -90,8 +91,8 @@ def test_result_records_the_numerics_signature(tmp_path: Path, extra: list[str],
 
 
 def test_deterministic_is_recorded_and_on_cpu_changes_no_number(tmp_path: Path) -> None:
-    plain = run_job(job_config(tmp_path / "a", QUICK)).result
-    det = run_job(job_config(tmp_path / "b", [*QUICK, "training.deterministic=true"])).result
+    plain = result_of(run_job(job_config(tmp_path / "a", QUICK)))
+    det = result_of(run_job(job_config(tmp_path / "b", [*QUICK, "training.deterministic=true"])))
     assert det["provenance"]["numerics"]["deterministic"] is True
     assert det["config_hash"] == plain["config_hash"] and det["mdl"]["block_ce_bits"] == plain["mdl"]["block_ce_bits"]
     assert not torch.are_deterministic_algorithms_enabled()  # restored after the job

@@ -12,8 +12,10 @@ from tqdm.auto import tqdm
 from training.common.progress import LogProgress, progress_bar
 
 
-def test_off_a_terminal_progress_is_periodic_log_lines(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
-    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal (a SLURM or Hydra log file)
+def test_off_a_terminal_progress_is_periodic_log_lines(monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)  # not a terminal (a SLURM or Hydra log file)
     monkeypatch.setenv("ERASURE_MDL_PROGRESS_SECONDS", "0")
     bar = progress_bar(total=3, desc="2 models", unit="model")
     assert isinstance(bar, LogProgress)
@@ -25,10 +27,10 @@ def test_off_a_terminal_progress_is_periodic_log_lines(monkeypatch: pytest.Monke
     lines = [r.getMessage() for r in caplog.records if r.name == "progress"]
     assert lines[0].startswith("2 models: 1/3 model") and lines[-1].startswith("2 models: 3/3 model")
     assert all("\r" not in line and line.endswith("(step=7)") for line in lines)
-    assert sys.stderr.getvalue() == ""  # nothing written as a bar
+    assert stderr.getvalue() == ""  # nothing written as a bar
 
 
-def test_the_interval_limits_the_lines(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+def test_the_interval_limits_the_lines(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     monkeypatch.setenv("ERASURE_MDL_PROGRESS_SECONDS", "3600")
     bar = progress_bar(total=1000, desc="fit", unit="ep")

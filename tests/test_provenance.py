@@ -29,7 +29,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import ENV, REPO, TINY, fit_settings, group_options, job_config
+from tests.helpers import ENV, REPO, TINY, fit_settings, group_options, job_config, result_of
 from training.app.lifecycle import PROGRESS_FILE, Progress, run_in_job_dir
 from training.app.schema import ConfigError, group_config
 from training.app.tasks import job_hash, load_job, spec_of
@@ -37,6 +37,7 @@ from training.data import load_dataset
 from training.data.cache import _store, cached_erase, key_hash
 from training.data.erase import _cache_key
 from training.data.idx import find_idx_pair
+from training.data.registry import LoadedData
 from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, Member, TrainData, fit
 from training.engine.group import fit_group
@@ -85,9 +86,9 @@ def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> Non
     from training.app.tasks import get_task
 
     t0 = datetime.now(timezone.utc)
-    mdl = run_job(job_config(tmp_path / "mdl", TINY)).result
-    gs = get_task("gs_two_moons")(job_config(tmp_path / "gs", ["experiment=gs_two_moons", "gs.steps=20",
-                                                                "gs.grid.n=51"])).result
+    mdl = result_of(run_job(job_config(tmp_path / "mdl", TINY)))
+    gs = result_of(get_task("gs_two_moons")(job_config(tmp_path / "gs", ["experiment=gs_two_moons", "gs.steps=20",
+                                                                          "gs.grid.n=51"])))
     t1 = datetime.now(timezone.utc)
     for result in (mdl, gs):
         on_disk = json.loads((Path(result["job_dir"]) / "result.json").read_text())
@@ -128,10 +129,10 @@ def test_2_force_recomputes_from_scratch_no_stale_progress_block(tmp_path: Path)
         Progress(job_dir / PROGRESS_FILE, job_hash(load_job(cfg))).save([fake])
 
     plant()
-    resumed = run_job(cfg).result  # the planted block is this configuration's: a plain run resumes from it
+    resumed = result_of(run_job(cfg))  # the planted block is this configuration's: a plain run resumes from it
     assert resumed["mdl"]["blocks"][0]["ce_bits"] == fake["ce_bits"]
     plant()
-    forced = run_job({**cfg, "force": True}).result
+    forced = result_of(run_job({**cfg, "force": True}))
     assert fake["ce_bits"] not in [b["ce_bits"] for b in forced["mdl"]["blocks"]]
     assert not (job_dir / PROGRESS_FILE).exists()
 
@@ -184,7 +185,7 @@ def test_3_nan_training_loss_at_step_k_fails_fit_with_one_line(monkeypatch: pyte
     m = _member(x, y, "block model 3", cfg)
     _nan_after(monkeypatch, 6)  # step 6 (epoch 2): caught at epoch 2's validation, after step 8
     with pytest.raises(UserError) as err:
-        fit(m, TrainData(x, y, x[64:], y[64:]))
+        fit(m, TrainData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:]))
     assert type(err.value).__name__ == "NonFiniteError"
     assert str(err.value) == ("non-finite training loss in block model 3 by step 8 (epoch 2): lr too high or bad "
                               "data; nothing was written as a result")
@@ -265,7 +266,7 @@ def test_3_nonfinite_code_length_or_result_number_writes_no_result(tmp_path: Pat
     assert not (Path(cfg2["paths"]["job_dir"]) / "result.json").exists()
 
 
-def test_3_nan_erased_data_fails_and_a_cached_nan_entry_is_rebuilt(tmp_path: Path, monkeypatch,
+def test_3_nan_erased_data_fails_and_a_cached_nan_entry_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     import erasure
     from training.data.erase import apply_eraser
@@ -316,7 +317,7 @@ def _fashion(folder: Path, pixel0: int = 0, gz_images: bool = False) -> None:
     _idx(folder / "train-labels-idx1-ubyte", bytes(i % 10 for i in range(n)), [n])
 
 
-def _load(folder: Path):
+def _load(folder: Path) -> LoadedData:
     return load_dataset(group_config("dataset", "fashion_mnist", root=str(folder), download=False))
 
 
@@ -338,7 +339,7 @@ def test_4_a_file_swapped_under_the_same_name_changes_fingerprint_and_cache_key(
 
 
 def test_4_result_json_records_the_data_fingerprint(tmp_path: Path) -> None:
-    result = run_job(job_config(tmp_path, TINY)).result
+    result = result_of(run_job(job_config(tmp_path, TINY)))
     fp = json.loads((Path(result["job_dir"]) / "result.json").read_text())["dataset"]["fingerprint"]
     data = load_dataset(group_config("dataset", "digits"))
     assert fp == {"content": data.content_hash(), "files": []}  # sklearn's digits: no file of ours read

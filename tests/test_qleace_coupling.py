@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,6 +50,7 @@ def test_coupling_exact_moments_on_rank_deficient_imbalanced_data() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         e = erasure.fit("qleace", x, y)
+    assert isinstance(e, QleaceEraser)
     assert [str(w.message) for w in caught if "rank-deficient" in str(w.message)]  # said what it did
     rep = e.report()
     counts = torch.bincount(y)
@@ -132,7 +134,7 @@ def test_non_singular_class_gets_todays_map_and_no_noise() -> None:
     assert float((a(xp, yp) - b(xp, yp)).abs().max()) <= 1e-9 * float(xp.abs().max())
 
 
-def test_coupling_is_deterministic_given_the_seed_and_survives_save_load(tmp_path) -> None:
+def test_coupling_is_deterministic_given_the_seed_and_survives_save_load(tmp_path: Path) -> None:
     x, y = _rank_deficient_data()
     a, b, c = _fit(x, y), _fit(x, y), _fit(x, y, seed=1)
     xa = a.apply_in_sample(x, y)

@@ -134,7 +134,7 @@ def test_batch_buffers_are_capped_at_the_data_and_give_the_same_numbers() -> Non
     widths: list[int] = []
     plan = group_mod._Plan
 
-    class Watched(plan):  # type: ignore[misc,valid-type]
+    class Watched(group_mod._Plan):
         def __init__(self, live: Any, d: Any, *rest: Any) -> None:
             super().__init__(live, d, *rest)
             widths.append(int(self.idx.shape[1]))
@@ -152,16 +152,17 @@ def test_batch_buffers_are_capped_at_the_data_and_give_the_same_numbers() -> Non
                                   val_idx=torch.arange(50, 60)))
         return [r.best_val_loss for r in fit_group(members, TrainData(data, y), group_options(engine="loop"))]
 
-    group_mod._Plan = Watched
+    group_mod._Plan = Watched  # type: ignore[misc,assignment]  # a class swapped in, restored below
     try:
         capped, exact = bits(10**6), bits(30)
     finally:
-        group_mod._Plan = plan
+        group_mod._Plan = plan  # type: ignore[misc]
     assert widths[0] == 30, widths  # not 10**6 slots per row (10**9: an OOM kill at 23.7 GB before)
     assert capped == exact
 
 
-def test_a_job_that_cannot_fit_in_memory_is_refused_with_the_estimate(tmp_path: Path, monkeypatch) -> None:
+def test_a_job_that_cannot_fit_in_memory_is_refused_with_the_estimate(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from training.errors import Refused
     from training.mdl import precheck as precheck_mod
 
@@ -236,7 +237,7 @@ def fsync(fd):
 INSTALL = "os.fsync = fsync\n"  # in the CLI's process (a test's own process: monkeypatch.setattr)
 
 
-def test_full_disk_writing_result_json_is_one_line(tmp_path: Path, monkeypatch) -> None:
+def test_full_disk_writing_result_json_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     space: dict[str, Any] = {}
     exec(FULL_DISK.format(full=["result.json"]), space)  # the CLI tests' patch, undone after this test
     monkeypatch.setattr(os, "fsync", space["fsync"])
@@ -300,7 +301,7 @@ def test_full_disk_for_the_log_files_of_a_sweep_is_one_line(tmp_path: Path) -> N
     assert "multirun: 2/2 jobs ran: 2 done, 0 skipped, 0 failed" in text
 
 
-def test_full_disk_line_names_the_file_for_every_writer(tmp_path: Path, monkeypatch) -> None:
+def test_full_disk_line_names_the_file_for_every_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_space(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 

@@ -93,6 +93,7 @@ def test_a_result_written_before_hash_v2_reads_with_the_values_it_stood_for() ->
 def test_a_result_of_a_newer_schema_or_not_an_object_is_refused_in_one_line() -> None:
     with pytest.raises(MalformedResultError, match=r"schema_version 3 is newer than this code"):
         decode_result({**_raw(CURRENT), "schema_version": RESULT_SCHEMA + 1})
+    bad: Any  # deliberately not a JSON object
     for bad in ([], 42, "text"):
         with pytest.raises(MalformedResultError, match="not a JSON object"):
             decode_result(bad)

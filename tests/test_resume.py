@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import job_config, kill_once_one_done_one_partial
+from tests.helpers import job_config, kill_once_one_done_one_partial, result_of
 from training.app.lifecycle import PROGRESS_FILE
 from training.common.sweeps import expand
 from training.mdl.job import Trainer, run_job
@@ -61,7 +61,7 @@ def test_killed_multirun_skips_finished_and_resumes_the_killed_job(tmp_path: Pat
 
     # The same sweep, uninterrupted, in another out_dir (in this process: also checks CPU determinism).
     for cfg in expand("smoke", [f"paths.out_dir={tmp_path / 'clean'}", "logger=none", "progress=false"]):
-        clean = run_job(cfg).result
+        clean = result_of(run_job(cfg))
         again = json.loads((out / "runs" / cfg["paths"]["job_subdir"] / "result.json").read_text())
         assert _numbers(again) == _numbers(clean), (cfg["paths"]["job_subdir"], _numbers(again), _numbers(clean))
 
@@ -70,8 +70,9 @@ QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=6", "optim.warmup_steps=
          "arch.width=32"]
 
 
-def test_resume_after_a_crash_in_block_k_equals_an_uninterrupted_run(tmp_path: Path, monkeypatch, caplog) -> None:
-    reference = run_job(job_config(tmp_path / "ref", QUICK)).result
+def test_resume_after_a_crash_in_block_k_equals_an_uninterrupted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    reference = result_of(run_job(job_config(tmp_path / "ref", QUICK)))
     cfg = job_config(tmp_path / "crash", QUICK)
     real, calls = Trainer.code_bits, {"n": 0}
 
@@ -89,19 +90,19 @@ def test_resume_after_a_crash_in_block_k_equals_an_uninterrupted_run(tmp_path: P
     monkeypatch.setattr(Trainer, "code_bits", real)
     torch.manual_seed(12345)  # the global RNG state at resume time must not matter
     with caplog.at_level("INFO"):
-        resumed = run_job(cfg).result
+        resumed = result_of(run_job(cfg))
     assert "resuming after block model 2/5" in caplog.text
     assert _numbers(resumed) == _numbers(reference)
 
 
-def test_progress_of_another_config_is_ignored(tmp_path: Path, caplog) -> None:
+def test_progress_of_another_config_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = job_config(tmp_path, QUICK)
     job_dir = Path(cfg["paths"]["job_dir"])
     job_dir.mkdir(parents=True)
     fake = {"block": 2, "ce_bits": 0.0, "train_size": 1, "coded_size": 1, "epochs": 1}
     (job_dir / PROGRESS_FILE).write_text(json.dumps({"config_hash": "another", "blocks": [fake]}))
     with caplog.at_level("INFO"):
-        result = run_job(cfg).result
+        result = result_of(run_job(cfg))
     assert "resuming" not in caplog.text
     assert result["mdl"]["block_ce_bits"][1] > 0
 
@@ -113,20 +114,20 @@ def test_dropout_streams_do_not_depend_on_the_process_history(tmp_path: Path) ->
                  "mdl.max_epochs=2", "mdl.min_steps=0", "mdl.patience_min_steps=0", "mdl.full_run=false",
                  "certificate=false"]  # two epochs per block are enough to draw drop-path masks
     torch.manual_seed(1)
-    a = run_job(job_config(tmp_path / "a", overrides)).result
+    a = result_of(run_job(job_config(tmp_path / "a", overrides)))
     torch.manual_seed(2)
     torch.rand(17)
-    b = run_job(job_config(tmp_path / "b", overrides)).result
+    b = result_of(run_job(job_config(tmp_path / "b", overrides)))
     assert a["model"]["drop_path_rate"] > 0
     assert a["mdl"]["block_ce_bits"] == b["mdl"]["block_ce_bits"]
 
 
-def test_skip_survives_a_change_of_the_hash_definition(tmp_path: Path, caplog) -> None:
+def test_skip_survives_a_change_of_the_hash_definition(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A result whose stored hash was computed before the hash covered other keys is still this config's result."""
     cfg = job_config(tmp_path, [*QUICK, "mdl.full_run=false"])
-    first = run_job(cfg).result
+    first = result_of(run_job(cfg))
     path = Path(cfg["paths"]["job_dir"]) / "result.json"
     path.write_text(json.dumps({**first, "config_hash": "old-definition"}))
     with caplog.at_level("INFO"):
-        again = run_job(cfg).result
+        again = result_of(run_job(cfg))
     assert "SKIP" in caplog.text and again["config_hash"] == "old-definition"

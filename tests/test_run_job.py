@@ -7,14 +7,16 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from tests.helpers import job_config
+from tests.helpers import job_config, result_of
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import ConfigMismatchError
 from training.app.tasks import load_job
+from training.data.registry import LoadedData
 from training.mdl.job import run_job
 
 QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=8", "mdl.min_steps=0", "mdl.patience_min_steps=0",
@@ -23,7 +25,7 @@ QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=8", "mdl.min_steps=0", "
 
 def test_digits_job_writes_complete_result(tmp_path: Path) -> None:
     cfg = job_config(tmp_path, QUICK)
-    result = run_job(cfg).result
+    result = result_of(run_job(cfg))
     path = Path(cfg["paths"]["job_dir"]) / "result.json"
     on_disk = json.loads(path.read_text())
     assert on_disk["config_hash"] == result["config_hash"]
@@ -50,7 +52,12 @@ def test_the_data_the_precheck_loads_is_the_data_the_job_uses_and_a_skip_outcome
 
     loads: list[str] = []
     real = precheck_mod.load_dataset
-    monkeypatch.setattr(precheck_mod, "load_dataset", lambda *a, **k: loads.append("load") or real(*a, **k))
+
+    def load_dataset(*a: Any, **k: Any) -> LoadedData:
+        loads.append("load")
+        return real(*a, **k)
+
+    monkeypatch.setattr(precheck_mod, "load_dataset", load_dataset)
     cfg = job_config(tmp_path, [*QUICK, "mdl.full_run=false", "mdl.num_blocks=3"])
     first = run_job(cfg)
     assert (first.status, len(loads)) == ("done", 1) and first.result is not None
@@ -58,18 +65,18 @@ def test_the_data_the_precheck_loads_is_the_data_the_job_uses_and_a_skip_outcome
     assert again.status == "skipped" and again.result == first.result and len(loads) == 2  # the fingerprint's
 
 
-def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, caplog) -> None:
+def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = job_config(tmp_path / "a", QUICK)
-    first = run_job(cfg).result
+    first = result_of(run_job(cfg))
     mtime = (Path(cfg["paths"]["job_dir"]) / "result.json").stat().st_mtime_ns
     with caplog.at_level("INFO"):
         outcome = run_job(cfg)
-    again = outcome.result
+    again = result_of(outcome)
     assert "SKIP" in caplog.text and outcome.status == "skipped"
     assert (Path(cfg["paths"]["job_dir"]) / "result.json").stat().st_mtime_ns == mtime
     assert again["mdl"] == first["mdl"]
     # Same seed in a fresh directory: identical numbers.
-    fresh = run_job(job_config(tmp_path / "b", QUICK)).result
+    fresh = result_of(run_job(job_config(tmp_path / "b", QUICK)))
     assert fresh["mdl"]["block_ce_bits"] == first["mdl"]["block_ce_bits"]
     assert fresh["final"]["val_loss_curve"] == first["final"]["val_loss_curve"]
     # Another config gets its own directory (the c<hash> part of paths.job_dir) ...
@@ -79,23 +86,23 @@ def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, capl
     same_dir = f"paths.job_dir={cfg['paths']['job_dir']}"
     with pytest.raises(ConfigMismatchError, match="force=true"):
         run_job(job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001", same_dir]))
-    forced = run_job(job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001", same_dir, "force=true"])).result
+    forced = result_of(run_job(job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001", same_dir, "force=true"])))
     assert forced["config_hash"] != first["config_hash"]
 
 
 def test_other_seed_differs(tmp_path: Path) -> None:
-    a = run_job(job_config(tmp_path, QUICK)).result
-    b = run_job(job_config(tmp_path, [*QUICK, "seed=1"])).result
+    a = result_of(run_job(job_config(tmp_path, QUICK)))
+    b = result_of(run_job(job_config(tmp_path, [*QUICK, "seed=1"])))
     assert a["mdl"]["block_ce_bits"] != b["mdl"]["block_ce_bits"]
 
 
-def test_leace_job_certificate_and_cache_hit(tmp_path: Path, caplog) -> None:
-    first = run_job(job_config(tmp_path, [*QUICK, "eraser=leace", "mdl.full_run=false"])).result
+def test_leace_job_certificate_and_cache_hit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    first = result_of(run_job(job_config(tmp_path, [*QUICK, "eraser=leace", "mdl.full_run=false"])))
     cert = first["certificate"]
     assert cert["after"]["max_mean_gap"] < 1e-6 < cert["before"]["max_mean_gap"]
     assert first["eraser"]["cache_hit"] is False
     with caplog.at_level("INFO"):
-        second = run_job(job_config(tmp_path, [*QUICK, "eraser=leace", "mdl.full_run=false", "seed=1"])).result
+        second = result_of(run_job(job_config(tmp_path, [*QUICK, "eraser=leace", "mdl.full_run=false", "seed=1"])))
     assert second["eraser"]["cache_hit"] is True and "cache hit" in caplog.text
 
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from schedulefree import AdamWScheduleFree
 
 from models import build_model
 from tests.helpers import fit_settings, optimizer
 from training.app.schema import group_config
+from training.engine.batches import DeviceData
 from training.engine.fit import Member, TrainData, cross_entropy_sum, eval_mode, fit
 
 
-def _setup():
+def _setup() -> tuple[torch.nn.Module, AdamWScheduleFree, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
     model = build_model(group_config("arch", "mlp", width=32, depth=1, base_width=32), (1, 4, 4), 3)
     opt = optimizer(model, lr=1e-2, beta1=0.9)
@@ -38,7 +40,8 @@ def test_fit_validates_with_averaged_weights() -> None:
     """Validation losses in the curve are those of the eval-mode (averaged) weights, not the train ones."""
     model, opt, x, y = _setup()
     cfg = fit_settings(batch_size=16, patience=50, max_epochs=5, progress=False)
-    res = fit(Member(model, opt, torch.arange(len(y)), torch.Generator().manual_seed(0), cfg), TrainData(x, y, x, y))
+    res = fit(Member(model, opt, torch.arange(len(y)), torch.Generator().manual_seed(0), cfg),
+              TrainData(DeviceData(x, x.device, storage="float32"), y, x, y))
     assert not model.training and not opt.param_groups[0]["train_mode"]
     loss_eval = cross_entropy_sum(model, x, y) / len(y)
     assert loss_eval == pytest.approx(res.best_val_loss, rel=1e-6)

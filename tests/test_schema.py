@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from models.mlp import MlpOptions
-from training.app.results import flatten, legacy_differences
-from training.app.schema import ConfigError, JobConfig, numerics_of
+from training.app.results import legacy_differences
+from training.app.schema import ConfigError, JobConfig, flatten, numerics_of
 from training.app.tasks import job_cell_hash, job_hash, load_job, spec_of
 from training.common.files import atomic_write_json
 from training.data import LoadedData
 from training.data.erase import _cache_key
 
-from .helpers import job_config
+from .helpers import job_config, result_of
 
 SMOKE = ["experiment=smoke", "mdl.max_epochs=3", "mdl.full_run=false", "certificate=false"]
 
@@ -104,7 +104,8 @@ def test_dead_config_is_gone(tmp_path: Path) -> None:
     assert "cache" not in cfg["eraser"] and "name" not in cfg["optim"]
 
 
-def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(tmp_path: Path, caplog) -> None:
+def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from training.mdl.job import run_job
 
     cfg = job_config(tmp_path, SMOKE)
@@ -116,7 +117,7 @@ def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(t
     atomic_write_json(legacy / "result.json", stored)  # no numerics_version: older numbers, never reused
     assert legacy_differences(old, load_job(cfg)) == []
     with caplog.at_level("INFO"):
-        assert run_job(cfg).result["mdl"]["bits_per_sample"] != 1.5  # recomputed
+        assert result_of(run_job(cfg))["mdl"]["bits_per_sample"] != 1.5  # recomputed
     assert "numerics version 1" in caplog.text
     cfg = job_config(tmp_path / "again", SMOKE)
     atomic_write_json(Path(cfg["paths"]["legacy_job_dir"]) / "result.json",
@@ -124,13 +125,13 @@ def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(t
     caplog.clear()
     with caplog.at_level("INFO"):
         reused = run_job(cfg)
-    assert reused.status == "reused" and reused.result["mdl"]["bits_per_sample"] == 1.5  # not recomputed
+    assert reused.status == "reused" and result_of(reused)["mdl"]["bits_per_sample"] == 1.5  # not recomputed
     assert "pre-v2 layout" in caplog.text and not (Path(cfg["paths"]["job_dir"]) / "result.json").exists()
 
     other = job_config(tmp_path / "again", [*SMOKE, "mdl.num_blocks=3"])
     assert legacy_differences(old, load_job(other)) == ["mdl.num_blocks"]
     caplog.clear()
     with caplog.at_level("INFO"):
-        result = run_job(other).result
+        result = result_of(run_job(other))
     assert "it differs in mdl.num_blocks" in caplog.text
     assert result["hash_version"] == 2 and len(result["mdl"]["blocks"]) == 2

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
-from tests.helpers import fit_settings, job_config, optimizer
+from tests.helpers import fit_settings, job_config, optimizer, result_of
 from training.app.schema import RegularizerConfig, group_config, load_section
-from training.engine.fit import Member, TrainData, cross_entropy_sum, fit
+from training.engine.batches import DeviceData
+from training.engine.fit import FitResult, Member, TrainData, cross_entropy_sum, fit
 from training.engine.regularizers import SpectralDecoupling, build_regularizer, sd_penalty, task_loss
 from training.engine.seeding import generator, seeded_global_rng
 
@@ -27,6 +29,7 @@ def test_penalty_hand_computed() -> None:
     lam, gamma = torch.tensor([0.5, 2.0]), torch.tensor([1.0, -1.0])
     assert float(sd_penalty(LOGITS, Y, lam, gamma)) == pytest.approx(2.5 / 4)
     reg = build_regularizer(group_config("regularizer", "sd", lam=[0.5, 2.0], gamma=[1.0, -1.0]), num_classes=2)
+    assert reg is not None
     assert float(reg(LOGITS, Y, 0)) == pytest.approx(2.5 / 4)
 
 
@@ -77,7 +80,8 @@ def test_config_errors() -> None:
             group_config("regularizer", "sd", lam=bad)
 
 
-def _fit_mup_mlp(reg_cfg: dict | None, epochs: int = 3):  # reg_cfg: regularizer=sd's overrides, or None
+def _fit_mup_mlp(reg_cfg: dict | None,  # regularizer=sd's overrides, or None
+                 epochs: int = 3) -> tuple[torch.nn.Module, FitResult, tuple[Tensor, Tensor]]:
     from models import build_model
 
     g = torch.Generator().manual_seed(1)
@@ -88,7 +92,8 @@ def _fit_mup_mlp(reg_cfg: dict | None, epochs: int = 3):  # reg_cfg: regularizer
         model = build_model(arch, (1, 4, 4), 3)
     opt = optimizer(model, lr=1e-2, beta1=0.9)
     cfg = fit_settings(batch_size=32, patience=100, max_epochs=epochs, progress=False)
-    res = fit(Member(model, opt, torch.arange(len(y)), generator(0, "batches"), cfg), TrainData(x, y, xv, yv),
+    res = fit(Member(model, opt, torch.arange(len(y)), generator(0, "batches"), cfg),
+              TrainData(DeviceData(x, x.device, storage="float32"), y, xv, yv),
               build_regularizer(None if reg_cfg is None else group_config("regularizer", "sd", **reg_cfg), 3))
     return model, res, (xv, yv)
 
@@ -113,8 +118,8 @@ def test_mdl_job_with_sd_and_temperature(tmp_path: Path) -> None:
 
     quick = ["dataset=digits", "mdl=quick", "mdl.max_epochs=4", "mdl.num_blocks=3", "optim.warmup_steps=10",
              "certificate=false", "mdl.full_run=false", "arch.width=32", "mdl.calibrate_temperature=true"]
-    erm = run_job(job_config(tmp_path / "erm", quick)).result
-    sd = run_job(job_config(tmp_path / "sd", [*quick, "regularizer=sd", "regularizer.lam=0.5"])).result
+    erm = result_of(run_job(job_config(tmp_path / "erm", quick)))
+    sd = result_of(run_job(job_config(tmp_path / "sd", [*quick, "regularizer=sd", "regularizer.lam=0.5"])))
     assert sd["config"]["regularizer"]["name"] == "sd"
     temps = [b["temperature"] for b in sd["mdl"]["blocks"]]
     assert all(t > 0 for t in temps)

@@ -11,7 +11,7 @@ import torch
 
 from erasure import fit as fit_eraser
 from tests.helpers import job_config
-from training.app.schema import ConfigError, config_hash
+from training.app.schema import ConfigError, JobConfig, config_hash
 from training.app.tasks import load_job
 from training.data import load_dataset
 from training.engine.seeding import generator
@@ -22,7 +22,7 @@ GAUSS = ["experiment=smoke", "mdl.full_run=false", "dataset=gaussian", "dataset.
          "dataset.mean_gap=1", "dataset.cov_gap=1", "eraser=leace", "eraser.fit_fraction=0.5"]
 
 
-def _cfg(tmp: Path, *overrides: str):  # noqa: ANN202 - a JobConfig
+def _cfg(tmp: Path, *overrides: str) -> JobConfig:
     return load_job(job_config(tmp, [*GAUSS, *overrides]))
 
 
@@ -45,7 +45,13 @@ def test_the_shuffled_fit_is_fitted_on_permuted_labels_and_applied_to_the_true_l
     # ... and they are the eraser fitted on the fit rows with their labels permuted (seed, repeat), applied to them
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
     plan = fit_plan(cfg, data)
-    fit = coded if fit_on == "self" else data if fit_on == "all" else data.subset(plan.fit_idx)
+    if fit_on == "self":
+        fit = coded
+    elif fit_on == "all":
+        fit = data
+    else:
+        assert plan is not None and plan.fit_idx is not None  # a holdout fit has its rows
+        fit = data.subset(plan.fit_idx)
     perm = torch.randperm(len(fit.y), generator=generator(3, 0, "fit_labels"))
     shuffled = fit.y[perm]
     assert not torch.equal(shuffled, fit.y)

@@ -9,6 +9,7 @@ import torch
 
 import erasure
 from erasure.moments import class_moments
+from erasure.qleace import QleaceEraser
 from erasure.registry import ERASERS
 from erasure.streaming import MomentSums, fit_chunks, fit_moments
 from erasure.traits import eraser_traits
@@ -33,6 +34,7 @@ def test_moment_sums_equal_the_concatenation_moments() -> None:
         sums.add(xc, yc)
     ref = class_moments(x, y, 3, total_cov=True, class_covs=True)
     got = sums.moments()
+    assert got.cov is not None and ref.cov is not None and got.class_covs is not None and ref.class_covs is not None
     assert torch.equal(got.counts, ref.counts)
     for a, b in ((got.means, ref.means), (got.mean, ref.mean), (got.cov, ref.cov), (got.class_covs, ref.class_covs)):
         assert float((a - b).abs().max()) <= 1e-9 * float(b.abs().max())
@@ -61,6 +63,7 @@ def test_streamed_qleace_with_singular_classes_has_the_same_map_and_noise_law() 
         warnings.simplefilter("ignore", UserWarning)
         whole = erasure.fit("qleace", x, y)
         streamed = fit_chunks("qleace", _chunks(x, y, [200, 700]), 3)
+    assert isinstance(whole, QleaceEraser) and isinstance(streamed, QleaceEraser)
     assert max(whole.report()["noise_rank"]) > 0
     assert whole.report()["noise_rank"] == streamed.report()["noise_rank"]
     scale = float(whole.barycenter_full().abs().max())

@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import TINY, job_config
+from tests.helpers import TINY, job_config, result_of
 from training.app.result_types import Result
-from training.app.results import flatten
-from training.app.schema import ConfigError
+from training.app.schema import ConfigError, flatten
 from training.app.tasks import get_task, job_hash, job_semantic, task_names
 
 # Early stopping that binds (gs_erased_eval: patience 1 stops it at step 135 of 180, inside a 300-step warm-up
@@ -153,11 +152,13 @@ def _walk(task: str, tmp_path: Path, only: set[str] | None = None, overrides: li
     given = BASES.get(task, [f"experiment={task}"]) if overrides is None else overrides  # else: its preset
     base_cfg = job_config(tmp_path / "base", given)
     run = get_task(task)
-    base = run(base_cfg).result
+    base = result_of(run(base_cfg))
     assert base, f"{task}: the base job computed nothing"
-    again = run(job_config(tmp_path / "again", [*given, "force=true"])).result
+    again = result_of(run(job_config(tmp_path / "again", [*given, "force=true"])))
     assert _computed(again, task) == _computed(base, task), f"{task}: the base job is not deterministic"
-    dead, tried, known = [], 0, []
+    dead: list[str] = []
+    known: list[str] = []
+    tried = 0
     for i, (key, value) in enumerate(sorted(_leaves(base_cfg).items())):
         if only is not None and key not in only:
             continue
@@ -172,7 +173,7 @@ def _walk(task: str, tmp_path: Path, only: set[str] | None = None, overrides: li
             continue  # not in the hash (or the same value): nothing to honour
         tried += 1
         try:
-            result = run(cfg).result
+            result = result_of(run(cfg))
         except ConfigError as err:  # refused, in one line naming the key
             line = str(err)
             assert "\n" not in line and "is not allowed" in line, line
@@ -265,4 +266,4 @@ def test_keys_left_out_of_the_hash_change_nothing(zscore: bool, tmp_path: Path) 
         return
     assert job_hash(per_batch) == job_hash(plain)
     run = get_task("mdl")
-    assert _computed(run(per_batch).result, "mdl") == _computed(run(plain).result, "mdl")
+    assert _computed(result_of(run(per_batch)), "mdl") == _computed(result_of(run(plain)), "mdl")

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import ENV, TINY, job_config
+from tests.helpers import ENV, TINY, job_config, result_of
 from training.app.lifecycle import Outcome
 from training.common.provenance import code_provenance, head_from_files
 
@@ -130,13 +130,13 @@ def _shuffle_labels(labels: Path) -> None:
 def test_2_swapped_labels_under_the_same_names_rerun_the_job(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "data"
     _fashion_fixture(root)
-    first = _run(tmp_path / "out", f"dataset.root={root}").result
+    first = result_of(_run(tmp_path / "out", f"dataset.root={root}"))
     again = _run(tmp_path / "out", f"dataset.root={root}")
-    assert again.status == "skipped" and again.result["provenance"] == first["provenance"]  # unchanged: SKIP
+    assert again.status == "skipped" and result_of(again)["provenance"] == first["provenance"]  # unchanged: SKIP
     _shuffle_labels(root / "train-labels-idx1-ubyte.gz")
     with caplog.at_level(logging.WARNING):
         outcome = _run(tmp_path / "out", f"dataset.root={root}")
-    swapped = outcome.result
+    swapped = result_of(outcome)
     assert outcome.status == "done"
     assert swapped["dataset"]["fingerprint"] != first["dataset"]["fingerprint"]
     assert swapped["mdl"]["bits_per_sample"] != first["mdl"]["bits_per_sample"]
@@ -154,7 +154,7 @@ def test_2_another_copy_of_the_data_is_reused_only_when_identical(tmp_path: Path
     assert _run(tmp_path / "out", f"dataset.root={b}").status == "skipped"
     with caplog.at_level(logging.WARNING):
         other = _run(tmp_path / "out", f"dataset.root={c}")
-    assert other.status == "done" and other.result["dataset"]["n"] == 310
+    assert other.status == "done" and result_of(other)["dataset"]["n"] == 310
     assert "data fingerprint" in caplog.text
 
 
@@ -163,14 +163,14 @@ def test_6_result_without_mdl_section_is_rerun_with_one_line(tmp_path: Path, cap
     from training.mdl.job import run_job
 
     cfg = job_config(tmp_path, TINY)
-    done = run_job(cfg).result
+    done = result_of(run_job(cfg))
     path = Path(done["job_dir"]) / "result.json"
     stored = json.loads(path.read_text())
     del stored["mdl"]
     path.write_text(json.dumps(stored))
     with caplog.at_level(logging.WARNING):
         outcome = run_job(cfg)
-    again = outcome.result
+    again = result_of(outcome)
     assert outcome.status == "done"
     assert again["mdl"]["bits_per_sample"] == done["mdl"]["bits_per_sample"]
     assert "mdl" in json.loads(path.read_text())
@@ -187,7 +187,7 @@ def test_a_stale_result_reruns_only_after_the_checks_a_new_job_gets(tmp_path: Pa
     from training.mdl.job import run_job
 
     cfg = job_config(tmp_path, TINY)
-    path = Path(run_job(cfg).result["job_dir"]) / "result.json"
+    path = Path(result_of(run_job(cfg))["job_dir"]) / "result.json"
     stored = json.loads(path.read_text())
     del stored["mdl"]
     path.write_text(json.dumps(stored))
@@ -272,7 +272,8 @@ def test_5_chdir_with_relative_out_dir_writes_where_the_command_started(tmp_path
 
 
 # --- bug 2: the aggregate never averages two data fingerprints in a cell ------------------------------------------
-def test_2_aggregate_marks_a_cell_on_two_data_and_strict_refuses(tmp_path: Path, capsys) -> None:
+def test_2_aggregate_marks_a_cell_on_two_data_and_strict_refuses(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     from tests.test_aggregate_faults import COMMIT_A, _cfg, _run, _write
 
     root = tmp_path / "runs"
@@ -301,9 +302,9 @@ def test_2_data_unreadable_since_the_result_reuses_it_with_a_warning(tmp_path: P
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "data"
     _fashion_fixture(root)
-    first = _run(tmp_path / "out", f"dataset.root={root}").result
+    first = result_of(_run(tmp_path / "out", f"dataset.root={root}"))
     (root / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip")  # unreadable now: nothing to compare
     with caplog.at_level(logging.WARNING):
         again = _run(tmp_path / "out", f"dataset.root={root}")
-    assert again.status == "skipped" and again.result["provenance"] == first["provenance"]
+    assert again.status == "skipped" and result_of(again)["provenance"] == first["provenance"]
     assert "cannot check the data" in caplog.text

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import job_config
+from tests.helpers import job_config, result_of
 from training.app.schema import group_config
 from training.data import load_dataset
 from training.data.moons import TwoMoonsOptions, two_moons
@@ -61,7 +61,7 @@ def _job(tmp_path: Path, seed: int, lam: float, steps: int = 1000) -> dict:
 
     cfg = job_config(tmp_path, ["experiment=gs_two_moons", f"seed={seed}", f"regularizer.lam={lam}",
                                 f"gs.steps={steps}", "gs.grid.n=201"])
-    return get_task("gs_two_moons")(cfg).result
+    return result_of(get_task("gs_two_moons")(cfg))
 
 
 def test_job_writes_result_plot_and_skips_on_rerun(tmp_path: Path) -> None:

@@ -18,10 +18,10 @@ import torch
 from torch import Tensor
 
 from models import build_model
-from tests.helpers import fit_settings, group_options, job_config, optimizer
+from tests.helpers import fit_settings, group_options, job_config, optimizer, result_of
 from training.app.schema import ArchConfig, group_config
 from training.engine.batches import DeviceData, compact
-from training.engine.fit import FitResult, Member, TrainData, cross_entropy_sum, fit, snapshot
+from training.engine.fit import FitResult, Member, Regularizer, TrainData, cross_entropy_sum, fit, snapshot
 from training.engine.flat_optim import cpu_compiler
 from training.engine.group import (
     balanced_parts,
@@ -68,7 +68,8 @@ def _models(arch: str, tags: list[int], lr: float = 4e-3, dtype: torch.dtype = t
 
 def _compare(arch: str, augment: bool, engine: str, eval_every: int | None = None, lr: float = 4e-3,
              dtype: torch.dtype = torch.float32, own_val: bool = False, device: str = "cpu",
-             compile: str | None = None, regularizer=None, workers: int = 1, fused: str = "false") -> None:
+             compile: str | None = None, regularizer: Regularizer | None = None, workers: int = 1,
+             fused: str = "false") -> None:
     exact = engine == "loop" and device == "cpu" and not compile and fused == "false"
     loss_rtol, param_tol = TOL["exact" if exact else dtype]
     data, y, xv, yv = _data(dtype=dtype, device=device)
@@ -200,7 +201,7 @@ def test_a_failing_worker_stops_the_others() -> None:
     members = [Member(m, o, torch.arange(80, 200), generator(0, "b", k), cfgs[k]) for k, (m, o) in enumerate(models)]
     finished: list[int] = []
 
-    def on_finish(k: int, model: torch.nn.Module, res) -> None:
+    def on_finish(k: int, model: torch.nn.Module, res: FitResult) -> None:
         finished.append(k)
         raise OSError("disk full")
 
@@ -273,17 +274,18 @@ def test_job_parallel_equals_one_at_a_time(tmp_path: Path) -> None:
     """A job's block models + full-data run in one group (default) give the one-at-a-time numbers."""
     quick = ["dataset=digits", "mdl=quick", "mdl.max_epochs=4", "optim.warmup_steps=10", "certificate=false",
              "mdl.eval_every_steps=5"]
-    par = run_job(job_config(tmp_path / "par", quick)).result
-    one = run_job(job_config(tmp_path / "one", [*quick, "training.parallel_models=1"])).result
+    par = result_of(run_job(job_config(tmp_path / "par", quick)))
+    one = result_of(run_job(job_config(tmp_path / "one", [*quick, "training.parallel_models=1"])))
     assert par["mdl"]["block_ce_bits"] == one["mdl"]["block_ce_bits"]  # CPU default engine: loop, bitwise equal
     assert par["final"]["val_loss_curve"] == one["final"]["val_loss_curve"]
     assert [b["epochs"] for b in par["mdl"]["blocks"]] == [b["epochs"] for b in one["mdl"]["blocks"]]
     assert [b["block"] for b in par["mdl"]["blocks"]] == list(range(2, len(par["mdl"]["block_sizes"]) + 1))
-    thr = run_job(job_config(tmp_path / "thr", [*quick, "training.workers=2"])).result
+    thr = result_of(run_job(job_config(tmp_path / "thr", [*quick, "training.workers=2"])))
     assert thr["mdl"]["block_ce_bits"] == one["mdl"]["block_ce_bits"]  # two worker threads: still bitwise
     assert thr["final"]["val_loss_curve"] == one["final"]["val_loss_curve"]
     blocks_only = [o for o in quick if not o.startswith("mdl.eval_every_steps")]  # the full run's cadence only
-    stk = run_job(job_config(tmp_path / "stk", [*blocks_only, "training.engine=stacked", "mdl.full_run=false"])).result
+    stk = result_of(run_job(job_config(tmp_path / "stk", [*blocks_only, "training.engine=stacked",
+                                                          "mdl.full_run=false"])))
     assert stk["mdl"]["block_ce_bits"] == pytest.approx(one["mdl"]["block_ce_bits"], rel=LOSS_RTOL)
 
 

@@ -243,10 +243,11 @@ def test_buckets_by_shape_hold_every_job_of_one_model_shape_once() -> None:
         return [[num for num, _ in g] for g in groups]
 
     buckets = buckets_of(jobs, None, first_num=10, pack_by="shape")
-    # a bucket: one arch and dataset (what decides the model's shape), its cells' seeds next to each other
-    assert nums(buckets) == [[10, 13, 12, 15, 18], [11, 14], [16], [17]]
-    assert nums(cells_in(buckets[0])) == [[10, 13], [12, 15], [18]]
-    assert nums(buckets_of(jobs, 3, pack_by="shape")) == [[0, 3, 2], [5, 8], [1, 4], [6], [7]]  # at most 3 a bucket
+    # a bucket: one arch and dataset (what decides the model's shape), its cells' seeds next to each other, the cells
+    # of one eraser next to each other (the control cell with mdl.num_blocks=4 right after the other control cell)
+    assert nums(buckets) == [[10, 13, 18, 12, 15], [11, 14], [16], [17]]
+    assert nums(cells_in(buckets[0])) == [[10, 13], [18], [12, 15]]
+    assert nums(buckets_of(jobs, 3, pack_by="shape")) == [[0, 3, 8], [2, 5], [1, 4], [6], [7]]  # at most 3 a bucket
     for size in (None, 2, 3):
         got = sorted(n for b in buckets_of(jobs, size, pack_by="shape") for n in nums([b])[0])
         assert got == list(range(len(jobs)))  # every job once

@@ -4,6 +4,7 @@ and the job's models trained in one group (`Trainer.group_size`, as `precheck.mo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -21,25 +22,29 @@ ONE_AT_A_TIME = ("its models train one at a time (training.parallel_models=auto:
                  "says vectorises=False), so no group forms for the later seeds to join")
 
 
-def why_no_pack_group(job: dict) -> str | None:
-    """None where a cell's pack forms a pack group on a GPU, else the one-line reason."""
+def why_no_pack_group(job: dict, refusals: dict[str, str | None] | None = None) -> str | None:
+    """None where a cell's pack forms a pack group on a GPU, else the one-line reason. `refusals`: the engine's
+    refusal by model (its modules, which the width does not change: one shape-only build per architecture)."""
     cfg = load_job(job)
     if (reason := pack_group.seed_free(cfg)) is not None:
         return reason
-    shape, classes = SHAPES[cfg.dataset.name]
+    refusals = {} if refusals is None else refusals
+    key = json.dumps({**job["arch"], "width": None, "regularizer": job["regularizer"]}, sort_keys=True, default=str)
+    if key not in refusals:
+        shape, classes = SHAPES[cfg.dataset.name]
+        _, _, model = precheck._model_size(cfg, shape, classes)
+        refusals[key] = precheck._why_not_vectorised(cfg, model, GPU)
     models = cfg.mdl.num_blocks - 1 + int(cfg.mdl.full_run)
-    _, _, model = precheck._model_size(cfg, shape, classes)
-    refusal = precheck._why_not_vectorised(cfg, model, GPU)
-    if precheck.models_at_once(cfg, models, refusal) < models:
-        return f"{cfg.arch.name}: {refusal or ONE_AT_A_TIME}"
+    if precheck.models_at_once(cfg, models, refusals[key]) < models:
+        return f"{cfg.arch.name}: {refusals[key] or ONE_AT_A_TIME}"
     return None
 
 
 @pytest.mark.parametrize("name", PAPER)
 def test_paper_presets_form_pack_groups_where_their_models_vectorise(name: str, tmp_path: Path) -> None:
-    cells = {}
+    cells, refusals = {}, {}
     for job in fast_expand(name, [f"paths.out_dir={tmp_path}", "seed=0"]):  # one job per cell
-        cells[job["paths"]["job_dir"]] = (job["arch"]["name"], job["eraser"]["name"], why_no_pack_group(job))
+        cells[job["paths"]["job_dir"]] = (job["arch"]["name"], job["eraser"]["name"], why_no_pack_group(job, refusals))
     assert cells
     for arch, eraser, reason in cells.values():
         if arch in ("mlp", "lenet"):  # every eraser, per-batch erasure included (gradient edits the data once)

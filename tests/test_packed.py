@@ -219,6 +219,10 @@ def test_bench_sweep_quick_runs_all_three_ways_and_finds_them_equal(tmp_path: Pa
     bench = json.loads(out.read_text())
     assert bench["equal"] and bench["jobs"] == 2 and bench["pack_size"] == 2
     assert set(bench["medians"]) == {"per_process", "packed", "pack_group"}
+    counts = bench["cache_counts"]  # from the jobs' run.log: one fit each way; the pack's second seed takes it
+    assert [counts[way]["fits"] for way in ("per_process", "packed", "pack_group")] == [1, 1, 1]
+    assert counts["packed"]["erased_shared"] == 1 and counts["packed"]["erased_read"] == 0
+    assert counts["per_process"]["erased_shared"] == 0  # each job in a worker of its own
     assert bench["ratio"] == pytest.approx(bench["per_process_s"] / bench["packed_s"])
 
 

@@ -9,6 +9,10 @@ result.json `timings`), and checks every job's result.json is == between the two
     .venv/bin/python scripts/bench_sweep.py --repeats 3  # interleaved runs, medians (a shared machine is noisy)
     .venv/bin/python scripts/bench_sweep.py --bucket   # and bucket workers: hydra.launcher.pack_by=shape, one
                                                        # bucket of the sweep's jobs per worker
+    .venv/bin/python scripts/bench_sweep.py --after-augment  # erase each training batch (the paper presets' way)
+
+Each way also counts, from its jobs' run.log files, the eraser fits and what was read back from the disk cache or
+taken from the process's pack (`cache_counts`): deterministic counts, not timings.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -67,6 +72,22 @@ def differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> l
     return out
 
 
+CACHE_LINES = {  # what each job's run.log says about its eraser and erased data (training/data/cache.py, erase.py)
+    "fits": r"fitting eraser \w+ on",
+    "erasers_read": r"cache hit: \S*/erasers/",
+    "erasers_shared": r"cache hit \(shared in this process\): \S*/erasers/",
+    "erased_read": r"cache hit: \S*/erased/",
+    "erased_shared": r"cache hit \(shared in this process\): \S*/erased/",
+}
+
+
+def cache_counts(out_dir: Path) -> dict[str, int]:
+    """Eraser fits, fitted erasers and erased data read from the disk cache or taken from the pack, over every
+    job's run.log under `out_dir`/runs."""
+    text = "".join(p.read_text(errors="replace") for p in sorted((out_dir / "runs").rglob("run.log")))
+    return {name: len(re.findall(pattern, text)) for name, pattern in CACHE_LINES.items()}
+
+
 def time_split(res: dict[str, dict[str, Any]]) -> dict[str, float]:
     """The jobs' own time, summed: before MDL (data, eraser, certificates), of which erasing, MDL, full run."""
     keys = ("total_s", "before_mdl_s", "erase_s", "mdl_s", "full_run_s")
@@ -97,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-pack-group", action="store_true", help="skip the packed run with training.pack_group=true")
     p.add_argument("--bucket", action="store_true", help="also run bucket workers (hydra.launcher.pack_by=shape: "
                    "every cell of one model shape in one process, the sweep cut into one bucket per worker)")
+    p.add_argument("--after-augment", action="store_true", help="eraser.after_augment=true: each training batch "
+                   "erased by the fitted eraser (every paper preset)")
     p.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = p.parse_args(argv)
     erasers = args.erasers or ("control,leace" if args.quick else "control,leace,qleace")
@@ -104,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     pack_size = args.pack_size or math.ceil(seeds / 2)
     base = QUICK if args.quick else FULL
     sweep = [f"eraser={erasers}", f"seed={','.join(map(str, range(seeds)))}"]
+    if args.after_augment:
+        sweep.append("eraser.after_augment=true")
     launchers = {"per_process": ["hydra/launcher=parallel", f"hydra.launcher.n_jobs={args.n_jobs}"],
                  "packed": ["hydra/launcher=packed", "hydra.launcher.inner=parallel",
                             f"++hydra.launcher.inner_options.n_jobs={args.n_jobs}", f"training.pack_size={pack_size}"]}
@@ -116,12 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     names = list(launchers)
     walls: dict[str, list[float]] = {name: [] for name in names}
     runs: dict[str, list[dict[str, dict[str, Any]]]] = {name: [] for name in names}
+    counts: dict[str, dict[str, int]] = {}  # the first repeat's
     with tempfile.TemporaryDirectory(prefix="bench_sweep_") as tmp:
         for r in range(args.repeats):  # interleaved, the order rotating: a busy machine slows all alike
             for name in names[r % len(names):] + names[:r % len(names)]:
                 out_dir = Path(tmp) / f"{name}{r}"
                 walls[name].append(run_sweep(out_dir, base, sweep, launchers[name]))
                 runs[name].append(results(out_dir))
+                counts.setdefault(name, cache_counts(out_dir))
     a, b = runs["per_process"][0], runs["packed"][0]
     median = {name: statistics.median(walls[name]) for name in names}
     lone, packed = median["per_process"], median["packed"]
@@ -144,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         s = split[name]
         print(f"  {name:<20} {s['total_s']:6.1f} {s['before_mdl_s']:10.1f} {s['erase_s']:6.1f} {s['mdl_s']:5.1f} "
               f"{s['full_run_s']:8.1f} | {args.n_jobs * wall - s['total_s']:6.1f}")
+    print("  erasers (counts)     " + "  ".join(f"{k:>14}" for k in CACHE_LINES))
+    for name in names:
+        print(f"  {name:<20} " + "  ".join(f"{counts[name][k]:14d}" for k in CACHE_LINES))
     diff = [line for name in runs for other in runs[name] for line in differences(a, other)]
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -151,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "per_process_s": lone, "packed_s": packed, "ratio": lone / packed,
                                          "medians": median,
                                          "walls": walls,
-                                         "split": split, "equal": not diff}, indent=1))
+                                         "split": split, "cache_counts": counts, "equal": not diff}, indent=1))
     if not jobs or len(b) != jobs:
         print(f"FAIL: {jobs} and {len(b)} result.json files", file=sys.stderr)
         return 1

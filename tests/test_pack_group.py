@@ -138,3 +138,43 @@ def test_a_failed_pack_group_leaves_each_job_to_train_alone(tmp_path: Path, monk
     assert "the pack group failed (RuntimeError: a later seed's model failed)" in caplog.text
     assert not pack.ahead
     assert packed == _alone(tmp_path / "alone", seeds=(0, 1))
+
+
+@pytest.mark.parametrize(("eraser", "engine"), [("leace", "loop"), ("qleace_paper", "loop"),
+                                                ("qleace_paper", "stacked")])
+def test_a_pack_group_erases_each_batch_as_lone_jobs_do(tmp_path: Path, eraser: str, engine: str,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """`eraser.after_augment` (every paper preset): the seeds share the eraser fitted on all rows, so the group forms;
+    its members draw batches from the unerased images, erase each one (QLEACE: by class, from the host's labels) and
+    validate on their own seed's rows of the erased images: each job's numbers are its lone numbers (on CPU; the
+    stacked engine erases all rows of a step in one call, which here too gives the lone bits)."""
+    extra = (f"eraser={eraser}", "eraser.after_augment=true", f"training.engine={engine}")
+    alone = _alone(tmp_path / "alone", *extra, seeds=(0, 1))
+    with caplog.at_level(logging.INFO):
+        packed, pack = _packed(tmp_path / "packed", *extra, seeds=(0, 1))
+    assert "pack group: this job's 6 models and 6 of seed(s) 1 train in one lockstep group" in caplog.text
+    assert "6 of this job's 6 models were trained in an earlier seed's pack group" in caplog.text
+    assert not pack.ahead
+    assert packed[1]["eraser"]["after_augment"] is True and packed[1]["eraser"]["batch_eraser"]["applied"]
+    assert packed == alone
+
+
+def test_a_model_trained_ahead_with_another_batch_eraser_is_trained_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    real = pack_group.keep_for_later
+
+    def other_map(companion: pack_group.Companion, *args: Any) -> None:
+        real(companion, *args)
+        pack = companion.trainer.pack
+        assert pack is not None
+        for key, found in pack.ahead.items():  # as if the later seed's batches had been erased by another map
+            kind, first, *rest = found.batch_map
+            pack.ahead[key] = dataclasses.replace(found, batch_map=(kind, first + 1e-12, *rest))
+
+    monkeypatch.setattr(pack_group, "keep_for_later", other_map)
+    extra = ("eraser.after_augment=true", "training.engine=loop")
+    with caplog.at_level(logging.INFO):
+        packed, _ = _packed(tmp_path / "packed", *extra, seeds=(0, 1))
+    assert "pack group: this job's 6 models and 6 of seed(s) 1 train" in caplog.text
+    assert caplog.text.count("trained ahead in this pack does not fit this job") == 6
+    assert packed == _alone(tmp_path / "alone", *extra, seeds=(0, 1))

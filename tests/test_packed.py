@@ -226,6 +226,10 @@ def test_bench_sweep_quick_runs_all_three_ways_and_finds_them_equal(tmp_path: Pa
     bench = json.loads(out.read_text())
     assert bench["equal"] and bench["jobs"] == 2 and bench["pack_size"] == 2
     assert set(bench["medians"]) == {"per_process", "packed", "pack_group"}
+    counts = bench["cache_counts"]  # from the jobs' run.log: one fit each way; the pack's second seed takes it
+    assert [counts[way]["fits"] for way in ("per_process", "packed", "pack_group")] == [1, 1, 1]
+    assert counts["packed"]["erased_shared"] == 1 and counts["packed"]["erased_read"] == 0
+    assert counts["per_process"]["erased_shared"] == 0  # each job in a worker of its own
     assert bench["ratio"] == pytest.approx(bench["per_process_s"] / bench["packed_s"])
 
 
@@ -250,10 +254,11 @@ def test_buckets_by_shape_hold_every_job_of_one_model_shape_once() -> None:
         return [[num for num, _ in g] for g in groups]
 
     buckets = buckets_of(jobs, None, first_num=10, pack_by="shape")
-    # a bucket: one arch and dataset (what decides the model's shape), its cells' seeds next to each other
-    assert nums(buckets) == [[10, 13, 12, 15, 18], [11, 14], [16], [17]]
-    assert nums(cells_in(buckets[0])) == [[10, 13], [12, 15], [18]]
-    assert nums(buckets_of(jobs, 3, pack_by="shape")) == [[0, 3, 2], [5, 8], [1, 4], [6], [7]]  # at most 3 a bucket
+    # a bucket: one arch and dataset (what decides the model's shape), its cells' seeds next to each other, the cells
+    # of one eraser next to each other (the control cell with mdl.num_blocks=4 right after the other control cell)
+    assert nums(buckets) == [[10, 13, 18, 12, 15], [11, 14], [16], [17]]
+    assert nums(cells_in(buckets[0])) == [[10, 13], [18], [12, 15]]
+    assert nums(buckets_of(jobs, 3, pack_by="shape")) == [[0, 3, 8], [2, 5], [1, 4], [6], [7]]  # at most 3 a bucket
     for size in (None, 2, 3):
         got = sorted(n for b in buckets_of(jobs, size, pack_by="shape") for n in nums([b])[0])
         assert got == list(range(len(jobs)))  # every job once

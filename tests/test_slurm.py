@@ -371,3 +371,44 @@ def test_sweep_over_a_key_outside_the_job_directory_loses_no_result(slurm_cluste
     results = [json.loads(p.read_text()) for p in (tmp_path / "runs").rglob("result.json")]
     assert sorted(r["config"]["optim"]["lr"] for r in results) == [0.001, 0.003], text[-3000:]
     assert rc == 0 and "multirun: 2/2 jobs ran: 2 done, 0 skipped, 0 failed" in text, text[-3000:]
+
+
+def test_a_bucket_is_one_array_task_and_a_cancelled_bucket_resumes_every_job(slurm_cluster: Path,
+                                                                             tmp_path: Path) -> None:
+    """hydra.launcher.pack_by=shape on SLURM: the sweep's 2 cells (control, leace; 2 seeds each) are one bucket, one
+    array task. Cancelled (scancel) once one job is done and another has a finished block, the same command run
+    again skips the finished job, resumes the others and lands every result with the local launcher's numbers."""
+    job = ("mdl.full_run=false", "mdl.max_epochs=150", "mdl.patience=150")
+    bucket = (*PACKED_SLURM, "hydra.launcher.pack_by=shape")
+    reference = _start(tmp_path / "local", tmp_path / "local.log", *job)
+    out = tmp_path / "slurm"
+    sweep = _start(out, tmp_path / "first.log", *job, *bucket)
+    dirs = _job_dirs(out, *job)
+    assert len(dirs) == 4
+
+    def one_done_one_partial() -> bool:
+        done = [d for d in dirs if (d / "result.json").exists()]
+        return bool(done) and any(_blocks_done(d) for d in dirs if d not in done)
+
+    _wait_for(one_done_one_partial, 300, "one finished job and a finished block of another")
+    (task,) = _slurm_jobs(out)  # the bucket: one array task
+    subprocess.run(["scancel", task], env=_env(), check=True, capture_output=True, timeout=30)
+    rc, text = _finish(sweep, tmp_path / "first.log")
+    assert rc != 0, text[-3000:]  # the array task was cancelled: the sweep did not finish
+    assert "pack of 4 jobs" in _logs(out, task), _logs(out, task)[-3000:]
+    finished = [d for d in dirs if (d / "result.json").exists()]
+    assert 1 <= len(finished) < 4, finished
+    stamps = {d: (d / "result.json").stat().st_mtime_ns for d in finished}
+
+    rc, text = _run(out, *job, *bucket, timeout=400)
+    assert rc == 0, text[-3000:]
+    assert f"multirun: 4/4 jobs ran: {4 - len(finished)} done, {len(finished)} skipped, 0 failed" in text, text[-3000:]
+    assert len(_slurm_jobs(out)) == 2  # the rerun: one more array task, the whole bucket
+    rerun = _logs(out, _slurm_jobs(out)[-1])
+    assert all(f"SKIP {d}" in rerun for d in finished), rerun[-3000:]
+    assert "resuming after block model" in rerun, rerun[-3000:]
+    assert {d: (d / "result.json").stat().st_mtime_ns for d in finished} == stamps
+    rc_ref, ref_text = _finish(reference, tmp_path / "local.log")
+    assert rc_ref == 0, ref_text[-3000:]
+    for s, loc in zip(dirs, _job_dirs(tmp_path / "local", *job), strict=True):
+        assert _numbers(_result(s)) == _numbers(_result(loc)), s

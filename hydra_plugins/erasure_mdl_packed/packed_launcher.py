@@ -68,17 +68,26 @@ def bucket_key(overrides: Sequence[str]) -> tuple[str, ...]:
 def buckets_of(job_overrides: Sequence[Sequence[str]], pack_size: int | None, first_num: int = 0,
                pack_by: str = "cell") -> list[list[Job]]:
     """What each process runs: `pack_by=cell` the packs of `packs_of`; `shape` every job of one model shape (in
-    sweep order of their shapes), the jobs of a cell next to each other in seed order, cut into buckets of at most
-    `pack_size` jobs. Every job is in exactly one."""
+    sweep order of their shapes), the jobs of a cell next to each other in seed order and the cells of one eraser
+    (`eraser_key`) next to each other, cut into buckets of at most `pack_size` jobs. Every job is in exactly one."""
     if pack_by not in PACK_BY:
         raise ValueError(f"hydra.launcher.pack_by={pack_by!r} is not allowed: use one of {', '.join(PACK_BY)}")
     if pack_by == "cell":
         return packs_of(job_overrides, pack_size, first_num)
-    shapes: dict[tuple[str, ...], list[Job]] = {}
-    for pack in packs_of(job_overrides, None, first_num):  # whole cells, in sweep order
-        shapes.setdefault(bucket_key(pack[0][1]), []).extend(pack)
-    size = pack_size or max((len(jobs) for jobs in shapes.values()), default=1)
-    return [jobs[i:i + size] for jobs in shapes.values() for i in range(0, len(jobs), size)]
+    shapes: dict[tuple[str, ...], dict[tuple[str, ...], list[Job]]] = {}
+    for pack in packs_of(job_overrides, None, first_num):  # whole cells, in sweep order ...
+        # ... those of one eraser next to each other: the bucket's memos then hold its fitted eraser and erased data
+        # while every cell that needs them runs
+        shapes.setdefault(bucket_key(pack[0][1]), {}).setdefault(eraser_key(pack[0][1]), []).extend(pack)
+    ordered = [[job for cells in by_eraser.values() for job in cells] for by_eraser in shapes.values()]
+    size = pack_size or max((len(jobs) for jobs in ordered), default=1)
+    return [jobs[i:i + size] for jobs in ordered for i in range(0, len(jobs), size)]
+
+
+def eraser_key(overrides: Sequence[str]) -> tuple[str, ...]:
+    """The overrides of the `eraser` group (its name, options, fit): in a bucket, what decides which eraser is fitted
+    (the data being the same)."""
+    return tuple(sorted(o for o in overrides if _group(o) == "eraser"))
 
 
 def cells_in(bucket: Sequence[Job]) -> list[list[Job]]:

@@ -259,14 +259,19 @@ def _load(entry: Path) -> tuple[Tensor, dict[str, Any]] | None:
 
 
 def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
-                  build: Callable[[], erasure.Eraser]) -> tuple[erasure.Eraser, bool]:
+                  build: Callable[[], erasure.Eraser], memo: shared.Memo | None = None) -> tuple[erasure.Eraser, bool]:
     """(fitted eraser, hit): `<cache_root>/erasers/<hash>.pt` (written by `Eraser.save`: one rename, so never half a
     file) or `build()` once under the entry's lock, then stored. `eraser.after_augment` needs the eraser object
     itself (each augmented training batch is erased on the device), not only the erased data the `erased/` entries
     hold. Like `cached_erase`, never fails because of the cache: an unwritable directory or a failed write is a
-    warning, an unreadable entry (another user's) is left as it is, and a corrupt one is rebuilt."""
+    warning, an unreadable entry (another user's) is left as it is, and a corrupt one is rebuilt. `memo` (a pack's
+    `erasers`, training/data/shared.py): the eraser as loaded or stored, for the pack's (bucket's) later jobs whose
+    key is the same (the same data, fit rows, eraser and options), while the entry is still on disk."""
     root = Path(cache_root) / "erasers"
     path = root / f"{key_hash(key)}.pt"
+    if memo is not None and (found := memo.get(str(path.resolve()))) is not None and path.is_file():
+        log.info("cache hit (shared in this process): %s", path)
+        return _own_eraser(found), True
     with ExitStack() as stack:
         if not _lock_entry(stack, root, f"{path.name}.lock", "fitted-eraser", path, "fitting"):
             return build(), False
@@ -275,7 +280,8 @@ def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
             if eraser.name != key.get("eraser", eraser.name):
                 raise ValueError(f"holds a {eraser.name} eraser, not {key.get('eraser')}")
             log.info("cache hit: %s", path)
-            return eraser, True
+            _share_eraser(memo, path, eraser)
+            return eraser if memo is None else _own_eraser(eraser), True
         except FileNotFoundError:
             pass
         except OSError as err:  # another user's file: not corrupt, not ours to replace
@@ -291,4 +297,17 @@ def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
             interrupt.stop_behind(err)  # a signal's stop arriving during the write: not a failed write
             log.warning("could not write the cache entry %s (%s); going on with the eraser in memory", path,
                         why(err, root))
+        else:  # what a later job would load from the file: its state on the CPU
+            _share_eraser(memo, path, type(eraser)({k: v.detach().cpu() for k, v in eraser.state.items()},
+                                                   shared.fresh(eraser.info)))
         return eraser, False
+
+
+def _share_eraser(memo: shared.Memo | None, path: Path, eraser: erasure.Eraser) -> None:
+    if memo is not None:
+        memo.put(str(path.resolve()), eraser, list(eraser.state.values()))
+
+
+def _own_eraser(eraser: erasure.Eraser) -> erasure.Eraser:
+    """A job's own eraser object on the shared one's tensors (its own state and info dicts)."""
+    return type(eraser)(dict(eraser.state), shared.fresh(eraser.info))

@@ -229,13 +229,15 @@ def _apply_fitted(eraser: Eraser, flat: Tensor, y: Tensor, in_sample: bool) -> t
 
 
 def fit_cached(fit: LoadedData, name: str, options: Mapping[str, Any], cache_dir: Path,
-               rank_hint: int | None = None) -> tuple[Eraser, bool]:
+               rank_hint: int | None = None, memo: Memo | None = None) -> tuple[Eraser, bool]:
     """The eraser `name` fitted on `fit` (a map eraser: `eraser_traits(name).has_map`), and whether it came
     from the cache (`<cache_dir>/erasers/`, training/data/cache.py `cached_eraser`).
 
     Cached rather than refitted per job: a fit costs seconds on MNIST-5k but QLEACE on CIFAR-10 (d = 3072) costs
     minutes, and every seed/architecture of an `eraser.after_augment` sweep needs the same eraser. Keyed like the
-    erased data (dataset content, eraser, the options that change the result) plus the rank hint."""
+    erased data (dataset content, eraser, the options that change the result) plus the rank hint: what determines the
+    fit, so a pack's (bucket's) jobs of one key get one eraser from `memo` (their seeds with `fit_on=all`, other
+    mdl or optim settings), fitted or loaded once."""
     from erasure import fit as fit_eraser
 
     def build() -> Eraser:
@@ -245,7 +247,7 @@ def fit_cached(fit: LoadedData, name: str, options: Mapping[str, Any], cache_dir
             return fit_eraser(name, fit.x.reshape(len(fit.x), -1), fit.y, **options, **extra)
 
     key = {**_cache_key(fit, name, options), "object": "fitted eraser", "rank_hint": rank_hint}
-    return cached_eraser(cache_dir, key, build)
+    return cached_eraser(cache_dir, key, build, memo)
 
 
 def source_rank(data: LoadedData, source: str, cache_dir: Path, memo: Memo | None = None) -> int | None:
@@ -316,18 +318,19 @@ def apply_eraser(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_
 
 
 def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certificate: bool = True,
-                             plan: FitPlan | None = None, memo: Memo | None = None
+                             plan: FitPlan | None = None, memo: Memo | None = None, erasers: Memo | None = None
                              ) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
     """`apply_eraser`, and the fitted eraser too (None for the identity control, which has nothing to apply), for
     `eraser.after_augment`: the same erased images (the same cache entry), the eraser from `fit_cached`. A map
-    eraser only; an eraser that edits the dataset (gradient) has no map and is refused."""
+    eraser only; an eraser that edits the dataset (gradient) has no map and is refused. `erasers`: a pack's fitted
+    erasers (training/data/shared.py)."""
     if not eraser_traits(eraser_cfg.name).has_map:
         raise ValueError(f"eraser {eraser_cfg.name} edits the dataset once and has no map to apply to other images")
-    return _apply(data, eraser_cfg, cache_dir, with_certificate, plan, keep_eraser=True, memo=memo)
+    return _apply(data, eraser_cfg, cache_dir, with_certificate, plan, keep_eraser=True, memo=memo, erasers=erasers)
 
 
 def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certificate: bool,
-           plan: FitPlan | None, keep_eraser: bool, memo: Memo | None = None
+           plan: FitPlan | None, keep_eraser: bool, memo: Memo | None = None, erasers: Memo | None = None
            ) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
     name, options = eraser_cfg.name, dict(eraser_cfg.options)
     t0 = time.perf_counter()
@@ -356,7 +359,7 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certif
             rank_hint = source_rank(ranked, traits.rank_hint.source, cache_dir, memo)
         if keep_eraser:
             assert fit is not None, "the schema refuses eraser.after_augment with fit_on=oracle"
-            eraser, info["eraser_cache_hit"] = fit_cached(fit, name, options, cache_dir, rank_hint)
+            eraser, info["eraser_cache_hit"] = fit_cached(fit, name, options, cache_dir, rank_hint, erasers)
         if in_sample and not shuffled:
             x, info["report"], info["cache_hit"], key = _erase_cached(coded, name, options, cache_dir, rank_hint,
                                                                       eraser, memo)
@@ -406,6 +409,12 @@ class BatchEraser:
             raise UserError(after_augment_refusal("the fitted eraser", classes))
         self.eraser, self.then = eraser, then
         self.needs_labels = eraser is not None and eraser.needs_labels  # the loops then pass the class segments
+
+    def tensors(self) -> list[Tensor]:
+        """What the map is made of (the eraser's state, the z-score after it): two batch erasers of equal tensors (and
+        eraser class) map every batch alike."""
+        state = [] if self.eraser is None else [self.eraser.state[k] for k in sorted(self.eraser.state)]
+        return state + ([] if self.then is None else [self.then.mean, self.then.std])
 
     def to(self, device: torch.device | str) -> BatchEraser:
         return type(self)(None if self.eraser is None else self.eraser.to(device),

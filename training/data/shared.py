@@ -4,13 +4,15 @@ nothing. Its lifetime is the launcher's `with packed(...)` block: the memos are 
 for nothing is reported when it ends. Nothing here is a module-level registry (tests/test_no_global_state.py).
 
 It holds:
-- the loaded datasets (`datasets`, read by `load_dataset`) and the erased data (`erased`, by the erased-data cache,
-  training/data/cache.py), each in a small bounded memo keyed by what identifies it (the dataset's config and data
-  directory; the erased-data entry's hash). A job gets the same tensors, but its own LoadedData and its own copies
-  of every dict, so rebinding fields or editing `info` never reaches another job. Tensors are not copied (that is
-  the saving), so a job that modified one in place would hand the next job other numbers: every entry remembers its
-  tensors' version counters, and an entry whose tensor changed since is dropped (with a warning) and computed again,
-  as a lone job would. The numbers therefore never depend on which jobs shared a process.
+- the loaded datasets (`datasets`, read by `load_dataset`), the erased data (`erased`, by the erased-data cache,
+  training/data/cache.py) and the fitted erasers (`erasers`, `eraser.after_augment`'s, by the fitted-eraser cache),
+  each in a small bounded memo keyed by what identifies it (the dataset's config and data directory; the cache
+  entry's hash: the data's content, the fit rows, the eraser and its options). A job gets the same tensors, but its
+  own LoadedData (eraser object) and its own copies of every dict, so rebinding fields or editing `info` never
+  reaches another job. Tensors are not copied (that is the saving), so a job that modified one in place would hand
+  the next job other numbers: every entry remembers its tensors' version counters, and an entry whose tensor changed
+  since is dropped (with a warning) and computed again, as a lone job would. The numbers therefore never depend on
+  which jobs shared a process.
 - the pack's seeds in the order they run and what an earlier job of the pack computed for a later one (`ahead`,
   keyed by the later job's config hash and a name: the block models of a pack group, training/mdl/pack_group.py).
   What a later job finds in `ahead` it checks before it uses it, so a wrong guess costs time, never numbers.
@@ -78,6 +80,7 @@ class Pack:
     job_dirs: dict[int, str] = field(default_factory=dict)  # seed -> its job's directory, where the launcher knows it
     datasets: Memo = field(default_factory=lambda: Memo("dataset"))
     erased: Memo = field(default_factory=lambda: Memo("erased data"))
+    erasers: Memo = field(default_factory=lambda: Memo("fitted eraser"))
 
     def same_cell(self, seed: int, job_dir: str) -> bool:
         """Whether the pack's job of `seed` is the job whose directory is `job_dir` (False where a key follows the
@@ -102,13 +105,14 @@ def packed(seeds: Sequence[int] = (), job_dirs: dict[int, str] | None = None, sh
     bucket's pack (hydra.launcher.pack_by=shape), whose memos this one uses (the bucket's block empties them)."""
     pack = Pack(tuple(int(s) for s in seeds), job_dirs=dict(job_dirs or {}))
     if share is not None:
-        pack.datasets, pack.erased = share.datasets, share.erased
+        pack.datasets, pack.erased, pack.erasers = share.datasets, share.erased, share.erasers
     try:
         yield pack
     finally:
         if share is None:
             pack.datasets.clear()
             pack.erased.clear()
+            pack.erasers.clear()
         if pack.ahead:
             log.warning("%d result(s) computed ahead for later jobs of this pack were not used (a job failed, was "
                         "already done, or its data differed)", len(pack.ahead))
@@ -140,3 +144,8 @@ def datasets_of(pack: Pack | None) -> Memo | None:
 def erased_of(pack: Pack | None) -> Memo | None:
     """The memo of erased data of `pack` (None: a lone job's, none)."""
     return None if pack is None else pack.erased
+
+
+def erasers_of(pack: Pack | None) -> Memo | None:
+    """The memo of fitted erasers of `pack` (`eraser.after_augment`; None: a lone job's, none)."""
+    return None if pack is None else pack.erasers

@@ -44,8 +44,8 @@ class BatchTransform(Protocol):
 
 
 NONFINITE_HINT = "lr too high or bad data; nothing was written as a result"
-NEEDS_SHARED_VAL = ("members with a batch transform need a shared x_val/y_val (their validation images are not drawn "
-                    "from the training data, which the transform maps)")
+NEEDS_SHARED_VAL = ("members with a batch transform need a shared x_val/y_val or val_data (their validation images "
+                    "are not drawn from the training data, which the transform maps)")
 
 
 def nonfinite_loss(what: str, name: str, step: int, epoch: int) -> NonFiniteError:
@@ -116,12 +116,14 @@ class Member:
 class TrainData:
     """What a model (or a group, `training.engine.group.fit_group`) trains and validates on: the data (a tensor is
     kept as float32 on its device) and its labels, and an optional shared validation set (None: each member's
-    `val_idx` into the data)."""
+    `val_idx` into `val_data`, by default the data; a batch transform needs a `val_data` of images already mapped:
+    a pack group's members of several seeds erased after augmentation validate on the erased images)."""
 
     data: DeviceData
     y: Tensor
     x_val: Tensor | None = None
     y_val: Tensor | None = None
+    val_data: DeviceData | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.data, Tensor):
@@ -131,12 +133,12 @@ class TrainData:
         """The validation set of `member`: the shared one, else its own `val_idx`."""
         if self.x_val is not None and self.y_val is not None:
             return self.x_val, self.y_val
-        if member.cfg.batch_transform is not None:
+        if member.cfg.batch_transform is not None and self.val_data is None:
             raise ValueError(NEEDS_SHARED_VAL)
         if member.val_idx is None:
             raise ValueError("no validation set: give TrainData x_val/y_val or the member a val_idx")
         idx = member.val_idx.to(self.data.device)
-        return self.data.all(idx), self.y.to(self.data.device)[idx]
+        return (self.data if self.val_data is None else self.val_data).all(idx), self.y.to(self.data.device)[idx]
 
 
 @contextmanager

@@ -316,7 +316,8 @@ class _Lockstep:
                  stop: threading.Event | None = None) -> None:
         dev = inputs.data.device
         self.y, self.data, self.options = inputs.y.to(dev), inputs.data, options
-        self.val = ValSet(inputs.data, self.y, None if inputs.x_val is None else inputs.x_val.to(dev),
+        val_data = inputs.data if inputs.val_data is None else inputs.val_data  # members' own val_idx index it
+        self.val = ValSet(val_data, self.y, None if inputs.x_val is None else inputs.x_val.to(dev),
                           None if inputs.y_val is None else inputs.y_val.to(dev), [m.val_idx for m in members])
         self.members = [LockstepMember.start(k, m, dev) for k, m in enumerate(members)]
         self.schedule = RowSchedule([m.size for m in self.members], options.rows)
@@ -325,7 +326,7 @@ class _Lockstep:
         transform = members[0].cfg.batch_transform
         # a label-dependent batch transform gets each step's class segments from the host's labels (no read back)
         self.y_host = host_copy(inputs.y) if transform is not None and transform.needs_labels else None
-        if transform is not None and not self.val.shared:
+        if transform is not None and not self.val.shared and inputs.val_data is None:
             raise ValueError(NEEDS_SHARED_VAL)
         # The loop engine transforms each member's batch alone, exactly as `fit` does (bitwise equal); the stacked
         # one transforms all rows in one call (padding rows too: they carry zero weight).

@@ -15,7 +15,7 @@ from erasure.registry import ERASERS
 from training.app.schema import JobConfig
 from training.data import LoadedData
 from training.data.erase import BatchEraser, FitPlan, apply_eraser, apply_eraser_keeping_map
-from training.data.shared import Pack, erased_of
+from training.data.shared import Pack, erased_of, erasers_of
 from training.mdl.precheck import fit_plan, load_data, with_permuted_labels
 
 log = logging.getLogger(__name__)
@@ -122,18 +122,18 @@ def erase_after_augment(data: LoadedData, cfg: JobConfig, plan: FitPlan | None =
     `dataset.zscore_order=after` each erased batch is then standardised with the statistics of the erased data,
     as the erased images are. None instead of a `BatchErasure` where the batches are the erased images anyway (the
     identity control without a z-score after it)."""
-    cache_dir, cert, memo = Path(cfg.paths.cache_dir), cfg.certificate, erased_of(pack)
+    cache_dir, cert, memo, erasers = Path(cfg.paths.cache_dir), cfg.certificate, erased_of(pack), erasers_of(pack)
     then: ZScore | None = None
     if cfg.dataset.zscore and cfg.dataset.zscore_order == "before":
         standardize = zscore_map(data.x)
         data = LoadedData(data.name, standardize(data.x), data.y, data.num_classes, dict(data.info))
         plan = None if plan is None else plan.mapped(standardize)
         x, info, eraser = apply_eraser_keeping_map(data, cfg.eraser, cache_dir, with_certificate=cert,
-                                                   plan=plan, memo=memo)
+                                                   plan=plan, memo=memo, erasers=erasers)
         info["zscore"] = "before erasure"
     else:
         x, info, eraser = apply_eraser_keeping_map(data, cfg.eraser, cache_dir, with_certificate=cert,
-                                                   plan=plan, memo=memo)
+                                                   plan=plan, memo=memo, erasers=erasers)
         if cfg.dataset.zscore:
             then = ZScore(x)
             x = then(x)

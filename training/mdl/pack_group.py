@@ -2,17 +2,20 @@
 group, members = jobs x blocks.
 
 The jobs of a pack differ only in seed and run one after another, each through its own lifecycle (directory, lock,
-result.json, resume). Where their training data is the same for every seed (`eraser.fit_on=all`, labels not
-permuted, no per-batch erasure), the first job to train also trains the block models of the pack's later jobs in its
+result.json, resume). Where their training data is the same for every seed (`eraser.fit_on=all`, labels neither
+permuted nor shuffled for the fit), the first job to train also trains the block models of the pack's later jobs in its
 own group (each member keeps its seed's init, split, batch order and validation set), and leaves their finished
 models in the pack (`Pack.ahead`, training/data/shared.py: the object the packed launcher hands each job). A later
 job takes its models from there, checks they were trained on exactly what it would train them on (config hash,
-training rows, validation rows, data, labels), and codes them as if it had trained them itself; anything else it
-trains as alone. With the loop engine on CPU a member's arithmetic does not depend on its group, so the numbers are
-bitwise those of lone jobs (tests/test_pack_group.py). The stacked engine, and any engine on a GPU, picks kernels by
-the group's shape (10 vs 50 models sum in another order): there the numbers are those of lone jobs within the
-numerics contract's tolerance (training/engine/numerics.py), and result.json's numerics signature records the group
-size (`models_together`).
+training rows, validation rows, data, labels, and with `eraser.after_augment` the unerased images and the batch
+eraser), and codes them as if it had trained them itself; anything else it trains as alone. Per-batch erasure
+(`eraser.after_augment`, every paper preset): the eraser is fitted on all rows with their labels, the same map for
+every seed, so the group's members share the first job's batch eraser and unerased images and each validates on its
+own seed's rows of the erased images. With the loop engine on CPU a member's arithmetic does not depend on its group,
+so the numbers are bitwise those of lone jobs (tests/test_pack_group.py). The stacked engine, and any engine on a
+GPU, picks kernels by the group's shape (10 vs 50 models sum in another order): there the numbers are those of lone
+jobs within the numerics contract's tolerance (training/engine/numerics.py), and result.json's numerics signature
+records the group size (`models_together`).
 
 Later jobs that are done, or have progress of their own (an earlier attempt), train alone; so do jobs beyond what the
 memory estimate says fits (`room`). If the group fails, the job's own unfinished models train again alone, so a
@@ -37,6 +40,7 @@ from training.app.results import RESULT_FILE
 from training.app.schema import JobConfig, config_hash
 from training.app.sections import TrainingConfig
 from training.common import interrupt
+from training.data.erase import BatchEraser
 from training.data.shared import Pack
 from training.engine.batches import DeviceData
 from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
@@ -59,7 +63,10 @@ class Trainer(Protocol):
     device: torch.device
     x: Tensor  # the images as given and the labels on the device (what a later seed's models must have seen)
     y: Tensor
-    train_data: DeviceData
+    data: DeviceData  # `x` on the device (what the models validate on)
+    train_data: DeviceData  # what the training batches are drawn from: `x`, or `raw` with eraser.after_augment
+    raw: Tensor | None
+    batch_transform: BatchEraser | None
     numerics: JobNumerics | None  # the job's (its signature records how its models trained)
     pack: Pack | None  # what the job shares with its pack (None: a lone job)
 
@@ -83,17 +90,31 @@ class TrainedAhead:
     x: Tensor  # the (erased) images and labels its group trained on (the shared tensors: no copy)
     y: Tensor
     groups: frozenset[tuple[str, int]] = frozenset()  # how it trained: the numerics signature's engine, group size
+    raw: Tensor | None = None  # eraser.after_augment: the unerased images its batches were drawn from ...
+    batch_map: tuple[Tensor, ...] = ()  # ... and what their batch eraser is made of (`BatchEraser.tensors`)
 
-    def fits(self, member: Member, x: Tensor, y: Tensor) -> bool:
-        """Whether it is exactly the model `member` would train on `x`, `y` (its init and batch order come from the
-        config hash, which keyed it)."""
-        def same(a: Tensor | None, b: Tensor | None) -> bool:
-            if a is None or b is None:
-                return a is b
-            return a is b or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu()))
+    def fits(self, member: Member, trainer: Trainer) -> bool:
+        """Whether it is exactly the model `member` would train in `trainer`'s job, on its images, labels and batches
+        (its init and batch order come from the config hash, which keyed it)."""
+        mine = _batch_map(trainer.batch_transform)
+        return same(self.idx, member.idx) and same(self.val_idx, member.val_idx) and same(self.x, trainer.x) \
+            and same(self.y, trainer.y) and same(self.raw, trainer.raw) and len(mine) == len(self.batch_map) \
+            and all(same(a, b) for a, b in zip(self.batch_map, mine, strict=True))
 
-        return same(self.idx, member.idx) and same(self.val_idx, member.val_idx) and same(self.x, x) \
-            and same(self.y, y)
+
+def same(a: Tensor | None, b: Tensor | None) -> bool:
+    """Both None, or the same tensor, or equal in shape, dtype and every element."""
+    if a is None or b is None:
+        return a is b
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu()))
+
+
+def _batch_map(transform: BatchEraser | None) -> tuple[Tensor, ...]:
+    """What a job's batch eraser is made of, with its eraser's class (none without one)."""
+    if transform is None:
+        return ()
+    kind = torch.tensor(list(type(transform.eraser).__name__.encode()), dtype=torch.uint8)
+    return (kind, *transform.tensors())
 
 
 def wanted(trainer: Trainer) -> bool:
@@ -111,8 +132,8 @@ def seed_free(cfg: JobConfig) -> str | None:
         return "dataset.permute_labels draws each seed's labels"
     if cfg.eraser.fit_on != "all":
         return f"eraser.fit_on={cfg.eraser.fit_on} splits each seed's rows"
-    if cfg.eraser.after_augment:
-        return "eraser.after_augment erases each batch"
+    if cfg.eraser.fit_labels == "shuffled":
+        return "eraser.fit_labels=shuffled draws each seed's fit labels"
     return None
 
 
@@ -129,7 +150,7 @@ def take_trained(trainer: Trainer, jobs: Sequence[FitJob], on_finish: OnFinish) 
             rest.append(k)
             continue
         member = trainer.member(*job)
-        if not found.fits(member, trainer.x, trainer.y):
+        if not found.fits(member, trainer):
             log.warning("the %s trained ahead in this pack does not fit this job (other rows or data): trained "
                         "again", member.name)
             rest.append(k)
@@ -209,8 +230,8 @@ def train_together(trainer: Trainer, first: Member, jobs: Sequence[FitJob], othe
     log.info("pack group: this job's %d models and %d of seed(s) %s train in one lockstep group", len(own),
              len(theirs), ", ".join(str(c.seed) for c in others))
     try:
-        fit_group(own + [m for _, _, m in theirs], TrainData(trainer.train_data, trainer.y),
-                  trainer.group_options(done))
+        fit_group(own + [m for _, _, m in theirs],  # each validates on its seed's rows of the (erased) images
+                  TrainData(trainer.train_data, trainer.y, val_data=trainer.data), trainer.group_options(done))
     except Exception as err:  # noqa: BLE001 - any failure: this job's own models train alone (interrupts pass)
         interrupt.stop_behind(err)  # a stop torch.save turned into a RuntimeError passes too
         left = [k for k in range(len(jobs)) if k not in finished]
@@ -228,9 +249,10 @@ def members_of(companion: Companion) -> list[Member]:
 def keep_for_later(companion: Companion, job: FitJob, model: nn.Module, result: FitResult, member: Member) -> None:
     pack, numerics = companion.trainer.pack, companion.trainer.numerics
     assert pack is not None
+    t = companion.trainer
     pack.ahead[(companion.cfg_hash, _name(job[1]))] = TrainedAhead(
-        snapshot(model), result, member.idx, member.val_idx, companion.trainer.x, companion.trainer.y,
-        frozenset() if numerics is None else numerics.trained_with())
+        snapshot(model), result, member.idx, member.val_idx, t.x, t.y,
+        frozenset() if numerics is None else numerics.trained_with(), t.raw, _batch_map(t.batch_transform))
 
 
 def _name(tag: object) -> str:

@@ -84,6 +84,7 @@ class Trainer:
         # `data`: the same x already on the device (several seeds' trainers share one copy)
         self.data = data if data is not None else DeviceData(x, device, storage=self.opts.storage)
         self.train_data, self.batch_transform = self.data, None
+        self.raw = None if batches is None else batches.raw  # what the batches are drawn from, when not `x`
         if batches is not None:
             self.train_data = DeviceData(batches.raw, device, storage=self.opts.storage)
             self.batch_transform = batches.transform.to(device)  # the eraser's state moves to the device once
@@ -100,8 +101,12 @@ class Trainer:
     def for_seed(self, cfg: JobConfig) -> Trainer:
         """This job's trainer for another seed of its configuration, on the same data (one copy on the device): a
         pack group's companion (training/mdl/pack_group.py), with no checkpoint of its own."""
-        return Trainer(cfg, self.x, self.y, self.num_classes, split_of(cfg, len(self.y)), self.device, data=self.data,
-                       numerics=self.numerics, pack=self.pack)
+        sibling = Trainer(cfg, self.x, self.y, self.num_classes, split_of(cfg, len(self.y)), self.device,
+                          data=self.data, numerics=self.numerics, pack=self.pack)
+        # eraser.after_augment: the same unerased images and the same batch eraser (one object: one group's members
+        # share their batch transform)
+        sibling.train_data, sibling.batch_transform, sibling.raw = self.train_data, self.batch_transform, self.raw
+        return sibling
 
     def train_set(self) -> TrainData:
         """What every model of this job trains on (raw when erased after augmentation) and validates on."""

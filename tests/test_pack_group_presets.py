@@ -1,0 +1,64 @@
+"""Which paper presets' packs can form a pack group (`hydra/launcher=packed`, training.pack_group=auto on a GPU): per
+cell, what the job decides: the seeds' data the same (`pack_group.seed_free`: per-batch erasure no longer refuses)
+and the job's models trained in one group (`Trainer.group_size`, as `precheck.models_at_once` mirrors it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.app.tasks import load_job
+from training.common.sweep_jobs import fast_expand
+from training.mdl import pack_group, precheck
+
+PAPER = ["paper_table_c", "paper_fig4_width", "paper_fig4_depth", "paper_fig5_width", "paper_fig5_depth",
+         "paper_fig6_7_width", "paper_fig6_7_depth", "paper_fig8_width", "paper_fig8_depth", "paper_fig16"]
+GPU = torch.device("cuda")  # the device decides the engine (auto: stacked); nothing runs on it here
+SHAPES = {"cifar10": ((3, 32, 32), 10), "cifarnet": ((3, 32, 32), 10), "svhn": ((3, 32, 32), 10)}
+ONE_AT_A_TIME = ("its models train one at a time (training.parallel_models=auto: the architecture's registry entry "
+                 "says vectorises=False), so no group forms for the later seeds to join")
+
+
+def why_no_pack_group(job: dict, refusals: dict[str, str | None] | None = None) -> str | None:
+    """None where a cell's pack forms a pack group on a GPU, else the one-line reason. `refusals`: the engine's
+    refusal by model (its modules, which the width does not change: one shape-only build per architecture)."""
+    cfg = load_job(job)
+    if (reason := pack_group.seed_free(cfg)) is not None:
+        return reason
+    refusals = {} if refusals is None else refusals
+    key = json.dumps({**job["arch"], "width": None, "regularizer": job["regularizer"]}, sort_keys=True, default=str)
+    if key not in refusals:
+        shape, classes = SHAPES[cfg.dataset.name]
+        _, _, model = precheck._model_size(cfg, shape, classes)
+        refusals[key] = precheck._why_not_vectorised(cfg, model, GPU)
+    models = cfg.mdl.num_blocks - 1 + int(cfg.mdl.full_run)
+    if precheck.models_at_once(cfg, models, refusals[key]) < models:
+        return f"{cfg.arch.name}: {refusals[key] or ONE_AT_A_TIME}"
+    return None
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_paper_presets_form_pack_groups_where_their_models_vectorise(name: str, tmp_path: Path) -> None:
+    cells, refusals = {}, {}
+    for job in fast_expand(name, [f"paths.out_dir={tmp_path}", "seed=0"]):  # one job per cell
+        cells[job["paths"]["job_dir"]] = (job["arch"]["name"], job["eraser"]["name"], why_no_pack_group(job, refusals))
+    assert cells
+    for arch, eraser, reason in cells.values():
+        if arch in ("mlp", "lenet"):  # every eraser, per-batch erasure included (gradient edits the data once)
+            assert reason is None, (arch, eraser, reason)
+        else:  # convnext, swin
+            assert reason == f"{arch}: {ONE_AT_A_TIME}", (arch, eraser, reason)
+
+
+def test_the_reasons_fire_where_the_seeds_data_differ(tmp_path: Path) -> None:
+    (job,) = fast_expand("paper_table_c", [f"paths.out_dir={tmp_path}", "seed=0", "arch=mlp", "eraser=leace"])
+    assert why_no_pack_group(job) is None
+    for override, reason in [("dataset.permute_labels=true", "dataset.permute_labels draws each seed's labels"),
+                             ("eraser.fit_on=holdout", "eraser.fit_on=holdout splits each seed's rows"),
+                             ("eraser.fit_labels=shuffled", "eraser.fit_labels=shuffled draws each seed's fit labels")]:
+        (other,) = fast_expand("paper_table_c", [f"paths.out_dir={tmp_path}", "seed=0", "arch=mlp", "eraser=leace",
+                                                 override])
+        assert why_no_pack_group(other) == reason, override

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ ONE_AT_A_TIME = ("its models train one at a time (training.parallel_models=auto:
                  "says vectorises=False), so no group forms for the later seeds to join")
 
 
-def why_no_pack_group(job: dict, refusals: dict[str, str | None] | None = None) -> str | None:
+def why_no_pack_group(job: dict[str, Any], refusals: dict[str, str | None] | None = None) -> str | None:
     """None where a cell's pack forms a pack group on a GPU, else the one-line reason. `refusals`: the engine's
     refusal by model (its modules, which the width does not change: one shape-only build per architecture)."""
     cfg = load_job(job)
@@ -42,7 +43,8 @@ def why_no_pack_group(job: dict, refusals: dict[str, str | None] | None = None) 
 
 @pytest.mark.parametrize("name", PAPER)
 def test_paper_presets_form_pack_groups_where_their_models_vectorise(name: str, tmp_path: Path) -> None:
-    cells, refusals = {}, {}
+    cells: dict[str, tuple[str, str, str | None]] = {}
+    refusals: dict[str, str | None] = {}
     for job in fast_expand(name, [f"paths.out_dir={tmp_path}", "seed=0"]):  # one job per cell
         cells[job["paths"]["job_dir"]] = (job["arch"]["name"], job["eraser"]["name"], why_no_pack_group(job, refusals))
     assert cells

@@ -11,7 +11,7 @@ made inside the entry's call, that receives that same object (by identity) as an
 Only frames of the project's packages count (atomicio, erasure, models, training, scripts); the object is followed
 by identity. A value rebuilt on the way is followed into its new form where the trail names the function that
 rebuilds it (`handoff`): `run_job:config` follows the raw config into the JobConfig `load_config` returns, counting
-the calls inside `load_config` that were handed that JobConfig (its checks) too. `run_in_job_dir:config` follows
+the calls inside `load_config` that were handed that JobConfig (its checks) too. `run_in_job_dir:cfg` follows
 the JobConfig from the lifecycle's entry only.
 """
 
@@ -125,7 +125,7 @@ def main() -> None:
     from training.common.sweeps import expand
     from training.mdl.job import run_job
 
-    trails = [Trail("run_job", "config", handoff=("load_config",)), Trail("run_in_job_dir", "config"),
+    trails = [Trail("run_job", "config", handoff=("load_config",)), Trail("run_in_job_dir", "cfg"),
               Trail("prepare_inputs", "cfg"), Trail("apply_eraser", "data")]
     with tempfile.TemporaryDirectory() as out:
         job = expand("smoke", [f"paths.out_dir={out}", "eraser=leace", "mdl.max_epochs=1", "progress=false"])[0]

@@ -25,6 +25,7 @@ from training.app.sections import (
     EraserConfig,
     JobConfig,
     OptionsSection,
+    PathsConfig,
     RegularizerConfig,
     S,
     Section,
@@ -50,21 +51,21 @@ def load_config(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec, others: Coll
         raise ConfigError(f"task={job.task} is not allowed here: this config is loaded as task {spec.name}")
     job = dataclasses.replace(job, task_spec=spec, **_task_group(spec, job._task_group, others))
     _check_task_reads(job)
-    _check_inside_out_dir(job)
-    _check_storage(job)
-    _check_fit_data(job)
+    _check_inside_out_dir(job.paths)
+    _check_storage(job.training.storage, job.eraser.name, job.dataset.zscore)
+    _check_fit_data(job.eraser, job.dataset)
     return job
 
 
-def _check_fit_data(job: JobConfig) -> None:
+def _check_fit_data(e: EraserConfig, dataset: DatasetConfig) -> None:
     """The fitting modes that need a kind of dataset: oracle a generator (fresh draws), pool a `dataset.limit`."""
-    e, name = job.eraser, job.dataset.name
+    name = dataset.name
     if e.fit_on in ("oracle", "population") and not dataset_traits(name).generator:
         generators = ", ".join(n for n in DATASETS.names() if dataset_traits(n).generator)
         need = "fresh draws need" if e.fit_on == "oracle" else "exact class statistics need"
         raise ConfigError(f"eraser.fit_on={e.fit_on} is not allowed: dataset {name} is not a generator ({need} "
                           f"one: {generators}); use eraser.fit_on=holdout or all")
-    if e.fit_on in ("oracle", "population") and job.dataset.permute_labels:
+    if e.fit_on in ("oracle", "population") and dataset.permute_labels:
         raise ConfigError(f"dataset.permute_labels=true is not allowed with eraser.fit_on={e.fit_on} (its fit keeps "
                           "the true labels, so the null would fit one law and code another); use "
                           "eraser.fit_on=holdout or all for the null")
@@ -72,16 +73,16 @@ def _check_fit_data(job: JobConfig) -> None:
         raise ConfigError(f"eraser.n_fit={e.n_fit} is not allowed with eraser.fit_on=oracle: the fit needs at least 2 "
                           "rows of every class (their means and covariances); set eraser.n_fit ≥ 2, or null "
                           "(200 rows per class and input dimension)")
-    _check_generated_size(job)
-    if e.fit_on in ("self", "holdout") and e.fit_source == "pool" and job.dataset.limit is None:
+    _check_generated_size(dataset)
+    if e.fit_on in ("self", "holdout") and e.fit_source == "pool" and dataset.limit is None:
         raise ConfigError("eraser.fit_source=pool is not allowed: the pool is the rows beyond dataset.limit, which is "
                           "not set; set dataset.limit (e.g. dataset.limit=20000) or use eraser.fit_source=split")
 
 
-def _check_generated_size(job: JobConfig) -> None:
+def _check_generated_size(dataset: DatasetConfig) -> None:
     """A generator dataset draws its rows in float64 at once (training/data/generators.py): one that would not fit in
     this machine's memory is refused before it is drawn (it would fail after minutes, in a traceback)."""
-    o = job.dataset.options
+    o = dataset.options
     rows_per_class, dim, classes = (getattr(o, k, None) for k in ("rows_per_class", "dim", "num_classes"))
     if not (isinstance(rows_per_class, int) and isinstance(dim, int) and isinstance(classes, int)):
         return
@@ -91,15 +92,14 @@ def _check_generated_size(job: JobConfig) -> None:
     except (ValueError, OSError, AttributeError):
         return
     if need > have:
-        raise ConfigError(f"dataset.dim={dim} is not allowed here: dataset={job.dataset.name} would draw "
+        raise ConfigError(f"dataset.dim={dim} is not allowed here: dataset={dataset.name} would draw "
                           f"{rows_per_class * classes} rows of {dim} numbers ({need / 2**30:.0f} GiB), more than this "
                           f"machine's {have / 2**30:.0f} GiB of memory; lower dataset.dim or dataset.rows_per_dim")
 
 
-def _check_inside_out_dir(job: JobConfig) -> None:
+def _check_inside_out_dir(p: PathsConfig) -> None:
     """A job directory built under paths.out_dir (as conf/paths/default.yaml builds it) must stay there, whatever
     its parts resolved to (each part is checked by typed.path_refusal; this is the backstop)."""
-    p = job.paths
     out = os.path.abspath(p.out_dir)
     for key, given in (("paths.out_dir", p.out_dir), ("paths.job_dir", p.job_dir)):
         if given is not None and (long := [part for part in Path(given).parts if len(part.encode()) > NAME_MAX]):
@@ -138,11 +138,6 @@ def _task_reads(spec: TaskSpec, key: str) -> bool:
     return uses is None or key in uses or key.split(".", 1)[0] in uses
 
 
-def _value(job: JobConfig, key: str) -> Any:
-    group, name = key.split(".", 1)
-    return getattr(job, group).to_dict().get(name, dataclasses.MISSING)
-
-
 def _shown(v: Any) -> str:
     """A value as it is written on the command line (true, null, swiglu)."""
     return v if isinstance(v, str) else json.dumps(v)
@@ -157,8 +152,13 @@ def _check_task_reads(job: JobConfig) -> None:
     key's value (READ_ONLY_WITH), must keep the one value it accepts: otherwise it would change the job's hash (and
     directory) but not its numbers. Then what the task itself refuses (`Task.refusal`)."""
     spec = job.task_spec
+
+    def _value(key: str) -> Any:  # the value of a key (group.name) as composed
+        group, name = key.split(".", 1)
+        return getattr(job, group).to_dict().get(name, dataclasses.MISSING)
+
     for key, accepted in spec.fixed.items():
-        value = _value(job, key)
+        value = _value(key)
         if value is not dataclasses.MISSING and not _same(value, accepted):
             raise ConfigError(f"{key}={_shown(value)} is not allowed with task={job.task}: the task does not read "
                               f"{key} (it would change the job's hash, not its numbers); leave it at "
@@ -166,36 +166,34 @@ def _check_task_reads(job: JobConfig) -> None:
     for key, when, needed, accepted in READ_ONLY_WITH:
         if not (_task_reads(spec, key) and _task_reads(spec, when)):
             continue  # e.g. gs_erased_eval reads mdl.eval_every_steps and has no full run
-        value = _value(job, key)
-        if value is not dataclasses.MISSING and not _same(value, accepted) and not _same(_value(job, when), needed):
+        value = _value(key)
+        if value is not dataclasses.MISSING and not _same(value, accepted) and not _same(_value(when), needed):
             raise ConfigError(f"{key}={_shown(value)} is not allowed: {key} is read only with {when}={_shown(needed)} "
-                              f"(here {_shown(_value(job, when))}); leave it at {_shown(accepted)} or set "
+                              f"(here {_shown(_value(when))}); leave it at {_shown(accepted)} or set "
                               f"{when}={_shown(needed)}")
     for key, dataset, accepted, tasks in UNREAD_BY_DATASET:
-        value = _value(job, key)
+        value = _value(key)
         if (job.dataset.name == dataset and (tasks is None or job.task in tasks) and value is not dataclasses.MISSING
                 and value != accepted):
             who = f"dataset={dataset}" + (f" with task={job.task}" if tasks is not None else "")
             raise ConfigError(f"{key}={_shown(value)} is not allowed with {who}: {key} is not read there (it "
                               f"would change the job's hash, not its numbers); leave it at {_shown(accepted)}")
-    if (refusal := spec.refusal(job)) is not None:
+    if spec.refusal is not None and (refusal := spec.refusal(job)) is not None:
         raise ConfigError(refusal)
 
 
-def _check_storage(job: JobConfig) -> None:
+def _check_storage(storage: str, eraser: str, zscore: bool) -> None:
     """`training.storage=uint8|float16` keeps the data exactly or not at all (training/engine/batches.py): the data of
     an eraser that maps it to arbitrary floats (LEACE, QLEACE, random, ...) or of `dataset.zscore` never fits, so such
     a job is refused up front instead of after its erasure. (Control data and gradient erasure's quantized edits may
     fit: the job checks the data itself.)"""
-    storage = job.training.storage
     if storage not in ("uint8", "float16"):
         return
-
-    traits = eraser_traits(job.eraser.name)
-    if job.dataset.zscore:
+    traits = eraser_traits(eraser)
+    if zscore:
         why = "with dataset.zscore=true (standardised data"
     elif traits.has_map and not traits.identity:
-        why = f"with eraser={job.eraser.name} (its erased data"
+        why = f"with eraser={eraser} (its erased data"
     else:
         return
     raise ConfigError(f"training.storage={storage!r} is not allowed: training.storage must be auto or float32 {why} is "

@@ -210,6 +210,11 @@ class JobDir:
             return None
         raise ConfigMismatchError(mismatch_message(self.path, self.found, self.cfg_hash))
 
+    def looks_finished(self) -> bool:
+        """Whether the directory holds a result of this configuration (read without the lock; without force=true)."""
+        done = None if self.force else read_result(self.path / RESULT_FILE, self.spec)
+        return done is not None and same_config(done, self.cfg_hash, self.spec)
+
     def write_result(self, result: Result) -> Path:
         """Write result.json (atomically, through the codec: `encode`) after re-checking what is there: a result
         of another configuration that appeared while this job ran (a process that ignored the lock) is never

@@ -93,7 +93,7 @@ def semantic(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None,
     Starvation tasks) is hashed on those groups only, so unrelated defaults do not move its results. `spec`: the
     config's task (a JobConfig carries its own).
     """
-    spec = _spec(cfg, spec)
+    spec = _spec(spec, cfg.task_spec if isinstance(cfg, JobConfig) else None)
     plain = cfg.to_dict() if isinstance(cfg, Section) else cfg
     data = {k: v for k, v in plain.items() if k not in NON_CONFIG_KEYS}
     out = _semantic(JobConfig, data, fill_defaults)
@@ -289,24 +289,24 @@ def _digest(obj: Any, length: int) -> str:
 def config_hash(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None, numerics: int | None = None) -> str:
     """The job's identity in result.json / progress.json (16 hex digits): its semantic config under a numerics
     version (a stored result's own, `numerics_version`, when rehashing it; by default its task's: numerics_of)."""
-    spec = _spec(cfg, spec)
+    spec = _spec(spec, cfg.task_spec if isinstance(cfg, JobConfig) else None)
     return _digest({**semantic(cfg, spec), "numerics": numerics_of(spec) if numerics is None else numerics}, 16)
 
 
 def cell_hash(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None) -> str:
     """8 hex digits naming the job directory: the semantic config without the seed, under this numerics version
     (seeds of one configuration sit side by side: <...>/c<cell hash>/seed<seed>)."""
-    spec = _spec(cfg, spec)
+    spec = _spec(spec, cfg.task_spec if isinstance(cfg, JobConfig) else None)
     sem = semantic(cfg, spec)
     return _digest({**{k: v for k, v in sem.items() if k != "seed"}, "numerics": numerics_of(spec)}, 8)
 
 
-def _spec(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None) -> TaskSpec:
-    """The task a config is hashed as: `spec`, which a plain mapping needs; a JobConfig carries its own."""
+def _spec(spec: TaskSpec | None, own: TaskSpec | None) -> TaskSpec:
+    """The task a config is hashed as: `spec`, which a plain mapping needs; a JobConfig carries its own (`own`)."""
     if spec is not None:
         return spec
-    if isinstance(cfg, JobConfig):
-        return cfg.task_spec
+    if own is not None:
+        return own
     raise TypeError("hashing a plain config needs its TaskSpec (training.app.tasks.spec_of(config) at the edge)")
 
 

@@ -9,7 +9,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from training.app.task_spec import TaskSpec
 from training.app.typed import (
@@ -40,6 +40,8 @@ class Section:
     """A config group: frozen, typed fields read as attributes. `to_dict()` gives it back as composed (what
     result.json stores and the job hash covers)."""
 
+    _GIVEN: ClassVar[str | None] = None  # the field holding keys kept as composed (a member's or task's options)
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
@@ -49,10 +51,7 @@ class Section:
             if field_spec(f).omit_empty and not v:
                 continue  # as composed: only the groups that carry it (dataset.paper_lr)
             out[f.name] = v.to_dict() if isinstance(v, Section) else _plain(v)
-        return {**out, **_plain(self._given_options())}
-
-    def _given_options(self) -> dict[str, Any]:
-        return {}
+        return {**out, **_plain(getattr(self, self._GIVEN) if self._GIVEN else {})}
 
 
 def _options_view() -> Any:
@@ -71,9 +70,7 @@ class OptionsSection(Section):
 
     options: Any = _options_view()
     _options: dict[str, Any] = _given()  # the option keys as composed
-
-    def _given_options(self) -> dict[str, Any]:
-        return dict(self._options)
+    _GIVEN = "_options"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,9 +243,7 @@ class JobConfig(Section):
     _task_group: dict[str, Any] = _given()  # that group as composed, under its name
     # the task's declaration, handed to load_config with the config: what the hash and the lifecycle read of it
     task_spec: TaskSpec = spec(None, typed_view=True, hash=False, compare=False, repr=False)
-
-    def _given_options(self) -> dict[str, Any]:
-        return dict(self._task_group)
+    _GIVEN = "_task_group"
 
 
 # ---- registries, looked up lazily (conf composition should not import every model) --------------------------

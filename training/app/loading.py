@@ -32,7 +32,6 @@ from training.app.typed import NAME_MAX, ConfigError, FieldSpec, field_spec, kin
 from training.common.conf import group_yaml
 from training.common.option_checks import build_options, shown
 from training.data.eraser_config import check_eraser_fitting, check_eraser_options, check_fit_data
-from training.data.generators import check_generated_size
 
 
 def load_config(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec, others: Collection[str] = ()) -> JobConfig:
@@ -52,8 +51,7 @@ def load_config(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec, others: Coll
     _check_inside_out_dir(job.paths)
     _check_storage(job.training.storage, job.eraser.name, job.dataset.zscore)
     e, d = job.eraser, job.dataset
-    check_fit_data(e.fit_on, e.fit_source, e.n_fit, d.name, d.permute_labels, d.limit)
-    check_generated_size(d.name, d.options)
+    check_fit_data(e.fit_on, e.fit_source, e.n_fit, d.name, d.permute_labels, d.limit, d.options)
     return job
 
 

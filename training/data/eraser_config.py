@@ -16,6 +16,7 @@ from erasure import default_options
 from erasure.registry import ERASERS
 from erasure.traits import eraser_traits
 from training.common.option_checks import ABSENT, check_typed, raw_view, shown
+from training.data.generators import check_generated_size
 from training.data.registry import DATASETS, dataset_traits
 from training.errors import ConfigError
 
@@ -159,9 +160,9 @@ def _eraser_hints(fitter: Any) -> dict[str, Any]:
 
 
 def check_fit_data(fit_on: str, fit_source: str, n_fit: int | None, name: str, permute_labels: bool,
-                   limit: int | None) -> None:
-    """The fitting modes that need a kind of dataset (`name`): oracle a generator (fresh draws), pool a
-    `dataset.limit`."""
+                   limit: int | None, options: Any) -> None:
+    """The fitting modes that need a kind of dataset (`name`, its `options`): oracle a generator (fresh draws), pool
+    a `dataset.limit`; and a generator's draw must fit in memory."""
     if fit_on in ("oracle", "population") and not dataset_traits(name).generator:
         generators = ", ".join(n for n in DATASETS.names() if dataset_traits(n).generator)
         need = "fresh draws need" if fit_on == "oracle" else "exact class statistics need"
@@ -175,6 +176,7 @@ def check_fit_data(fit_on: str, fit_source: str, n_fit: int | None, name: str, p
         raise ConfigError(f"eraser.n_fit={n_fit} is not allowed with eraser.fit_on=oracle: the fit needs at least 2 "
                           "rows of every class (their means and covariances); set eraser.n_fit ≥ 2, or null "
                           "(200 rows per class and input dimension)")
+    check_generated_size(name, options)
     if fit_on in ("self", "holdout") and fit_source == "pool" and limit is None:
         raise ConfigError("eraser.fit_source=pool is not allowed: the pool is the rows beyond dataset.limit, which is "
                           "not set; set dataset.limit (e.g. dataset.limit=20000) or use eraser.fit_source=split")

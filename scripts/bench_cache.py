@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def job_config(out_dir: Path, overrides: list[str]) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
 
-    from training.app.resolvers import resolved_dict
+    from training.common.conf import resolved_dict
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[f"paths.out_dir={out_dir}", "logger=none", "progress=false", *overrides])

@@ -41,7 +41,7 @@ SHUFFLED = tuple(f"{m} shuffled" for m in ("self", "holdout", "all"))
 FIT_ON = ("population", "self", "holdout", "oracle", "all", *SHUFFLED)
 FITTED = ("self", "holdout", "oracle", "all", *SHUFFLED)  # bias against the paired population eraser
 # Keys that are not part of a cell: the seed pairs runs, the fit mode is a column, and the fitting keys only say how
-# each mode was fitted (each mode reads its own: training/app/sections.fit_keys_used).
+# each mode was fitted (each mode reads its own: training/data/eraser_config.fit_keys_used).
 NOT_CELL = ("seed", "eraser.fit_on", "eraser.fit_source", "eraser.fit_fraction", "eraser.n_fit", "numerics_version",
             "eraser.fit_labels")
 
@@ -52,7 +52,7 @@ class Cell:
     its options; the first block's share of the coded rows (for the floor)."""
 
     config: dict[str, Any]
-    dataset: str  # what the cell's own code reads of its config, typed once (stored_config has every declared key)
+    dataset: str  # what the cell's own code reads of its config, typed once (config_view has every declared key)
     eraser: str
     num_classes: int
     permuted: bool
@@ -67,9 +67,8 @@ Cells = dict[str, Cell]
 def collect(root: Path, experiment: str) -> Cells:
     """Per cell (its identity as JSON, every differing key), the MDL of each fit mode's runs by seed."""
     from training.analysis.aggregate_collect import config_identity
-    from training.app.result_codec import MalformedResultError, read
+    from training.app.result_codec import MalformedResultError, config_view, read
     from training.app.result_types import number
-    from training.app.results import stored_config
     from training.app.schema import numerics_of
     from training.app.tasks import spec_of
     from training.mdl.result import MdlResult
@@ -84,7 +83,7 @@ def collect(root: Path, experiment: str) -> Cells:
             continue
         if not isinstance(result, MdlResult) or result.mdl is None or result.config is None:
             continue
-        c, bits = stored_config(result.config), number(result.mdl.bits_per_sample)
+        c, bits = config_view(result.config), number(result.mdl.bits_per_sample)
         if bits is None or c["experiment_name"] != experiment or result.numerics_version != numerics_of(mdl):
             continue
         identity = {k: v for k, v in config_identity(dict(result.config)).items() if k not in NOT_CELL}

@@ -56,8 +56,8 @@ def compose(overrides: list[str]) -> Any:  # a training.app.schema.JobConfig
     from hydra import initialize_config_dir
 
     import training  # noqa: F401  (registers the resolvers conf/ uses)
-    from training.app.resolvers import resolved_dict
     from training.app.tasks import load_job
+    from training.common.conf import resolved_dict
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = hydra_compose("config", overrides=overrides)

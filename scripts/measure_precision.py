@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training.app.results import stored_config
+from training.app.result_codec import config_view
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +36,7 @@ def collect(out: Path) -> dict[tuple[str, str], dict[int, float]]:
     found: dict[tuple[str, str], dict[int, float]] = {}
     for path in out.rglob("result.json"):
         res = json.loads(path.read_text())
-        cfg = stored_config(res["config"])  # every declared key, at its default where the result lacks it
+        cfg = config_view(res["config"])  # every declared key, at its default where the result lacks it
         key = (str(cfg["eraser.name"]), str(res["provenance"]["numerics"]["precision"]))  # the signature's
         found.setdefault(key, {})[int(cfg["seed"])] = float(res["mdl"]["bits_per_sample"])
     return found

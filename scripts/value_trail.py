@@ -9,8 +9,10 @@ made inside the entry's call, that receives that same object (by identity) as an
     PYTHONPATH=$PWD python scripts/value_trail.py [-v]     # -v: the functions of each trail
 
 Only frames of the project's packages count (atomicio, erasure, models, training, scripts); the object is followed
-by identity, so a value rebuilt on the way (a raw config loaded into a JobConfig) ends its trail there: the job's
-JobConfig is followed from the lifecycle's entry (`run_in_job_dir:config`, which gets it loaded).
+by identity. A value rebuilt on the way is followed into its new form where the trail names the function that
+rebuilds it (`handoff`): `run_job:config` follows the raw config into the JobConfig `load_config` returns, counting
+the calls inside `load_config` that were handed that JobConfig (its checks) too. `run_in_job_dir:cfg` follows
+the JobConfig from the lifecycle's entry only.
 """
 
 from __future__ import annotations
@@ -31,9 +33,18 @@ class Trail:
 
     function: str
     argument: str
-    target: Any = None
+    handoff: tuple[str, ...] = ()  # functions that rebuild the value: what they return is followed too
+    targets: list[Any] = field(default_factory=list)  # the value and its rebuilt forms
     entry: FrameType | None = None  # the entry's frame: calls are recorded while it is on the stack
     visits: list[tuple[str, str]] = field(default_factory=list)  # (module, function) per call it was handed to
+    # inside a handoff's call: (module, function, arguments) of every call, matched once it returns its new form
+    pending: list[tuple[str, str, list[Any]]] | None = None
+
+    def holds(self, qualname: str, args: list[Any]) -> bool:
+        """Whether a call of `qualname` with `args` is handed the value (its own construction is not)."""
+        if qualname.endswith("__init__") and args and any(args[0] is t for t in self.targets):
+            return False
+        return any(a is t for a in args for t in self.targets)
 
     def figures(self) -> tuple[int, int, int]:
         """(functions, returns to a module left before, modules)."""
@@ -63,7 +74,23 @@ def _inside(frame: FrameType | None, entry: FrameType | None) -> bool:
 def follow(trails: list[Trail], run: Callable[[], Any], project: tuple[str, ...] = PROJECT) -> None:
     """Run `run()` under a tracer that fills every trail's visits (each trail starts at its entry's first call)."""
 
-    def tracer(frame: FrameType, event: str, arg: Any) -> None:
+    def handed_back(trail: Trail) -> Callable[[FrameType, str, Any], Any]:
+        """The local tracer of a handoff's frame: on its return, what it returns is followed too, and the calls made
+        inside it are matched against the value's forms."""
+
+        def local(frame: FrameType, event: str, arg: Any) -> Any:
+            if event == "return" and trail.pending is not None:
+                if not any(arg is t for t in trail.targets):
+                    trail.targets.append(arg)
+                for module, fn, args in trail.pending:
+                    if trail.holds(fn, args):
+                        trail.visits.append((module, fn))
+                trail.pending = None
+            return local
+
+        return local
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
         if event != "call":
             return None
         module = frame.f_globals.get("__name__", "")
@@ -71,14 +98,21 @@ def follow(trails: list[Trail], run: Callable[[], Any], project: tuple[str, ...]
             return None
         name = frame.f_code.co_name
         args = None
+        local = None
         for trail in trails:
-            if trail.target is None and name == trail.function and trail.argument in frame.f_locals:
-                trail.target, trail.entry = frame.f_locals[trail.argument], frame
-            if trail.target is not None and _inside(frame, trail.entry):
+            if not trail.targets and name == trail.function and trail.argument in frame.f_locals:
+                trail.targets, trail.entry = [frame.f_locals[trail.argument]], frame
+            if trail.targets and _inside(frame, trail.entry):
                 args = _arguments(frame) if args is None else args
-                if any(a is trail.target for a in args):
-                    trail.visits.append((module, frame.f_code.co_qualname))
-        return None
+                if trail.pending is not None:
+                    trail.pending.append((module, frame.f_code.co_qualname, args))
+                elif trail.holds(frame.f_code.co_qualname, args):
+                    if name in trail.handoff:
+                        trail.pending = [(module, frame.f_code.co_qualname, args)]
+                        local = handed_back(trail)
+                    else:
+                        trail.visits.append((module, frame.f_code.co_qualname))
+        return local
 
     sys.settrace(tracer)  # a tracer that returns None traces no lines of the frame
     try:
@@ -91,8 +125,8 @@ def main() -> None:
     from training.common.sweeps import expand
     from training.mdl.job import run_job
 
-    trails = [Trail("run_job", "config"), Trail("run_in_job_dir", "config"), Trail("prepare_inputs", "cfg"),
-              Trail("apply_eraser", "data")]
+    trails = [Trail("run_job", "config", handoff=("load_config",)), Trail("run_in_job_dir", "cfg"),
+              Trail("prepare_inputs", "cfg"), Trail("_prepare", "eraser"), Trail("apply_eraser", "data")]
     with tempfile.TemporaryDirectory() as out:
         job = expand("smoke", [f"paths.out_dir={out}", "eraser=leace", "mdl.max_epochs=1", "progress=false"])[0]
         follow(trails, lambda: run_job(job))

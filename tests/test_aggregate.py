@@ -26,7 +26,7 @@ def _config(dataset: str, eraser: str, arch: str, width: int, depth: int, seed: 
 
 
 def _job_dir(root: Path, cfg: dict) -> Path:  # the pre-v2 layout (no c<hash> part)
-    from training.app.job_paths import JobPath
+    from training.mdl.job_paths import JobPath
 
     a = cfg["arch"]
     return JobPath(cfg["dataset"]["tag"], cfg["eraser"]["name"], a["tag"], a["width"], a["depth"], None,

@@ -38,7 +38,7 @@ def _loaded(overrides: list[str], tmp_path: Path) -> tuple[Any, Any]:
 
     cfg = load_job(job_config(tmp_path, overrides))
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
-    check_input(cfg, data)
+    check_input(cfg.dataset, cfg.eraser.name, cfg.arch, data)
     return cfg, data
 
 

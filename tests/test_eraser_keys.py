@@ -107,7 +107,7 @@ def _seen(cfg: dict[str, Any]) -> str:
     from training.mdl.precheck import CPU, precheck
 
     job = load_job(cfg)
-    data = precheck(job, CPU, rerun=True)
+    data = precheck(job, CPU)
     coded, x, _, batches = prepare_inputs(job, data)
     trained = x if batches is None else batches.transform(batches.raw, coded.y)
     h = hashlib.sha256()

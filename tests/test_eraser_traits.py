@@ -110,14 +110,14 @@ def test_declared_holdout_options_fill_unset_options_out_of_sample_only(toys: No
 
 def test_declared_identity_is_never_fitted_and_counts_as_the_control(toys: None, tmp_path: Path) -> None:
     from training.analysis.tables import is_identity
-    from training.app.schema import _batch_erasing
+    from training.data.eraser_config import batch_erasing
 
     data = _data()
     x, info = apply_eraser(data, _eraser("toy_identity"), tmp_path, with_certificate=False)
     assert torch.equal(x, data.x) and info["report"] == {"rank_removed": 0} and info["cache_hit"] is None
     assert is_identity("toy_identity") and not is_identity("toy_shrink") and not is_identity("no such eraser")
-    assert not _batch_erasing("toy_identity", {}) and _batch_erasing("toy_shrink", {})
-    assert _batch_erasing("toy_identity", {"zscore": True, "zscore_order": "after"})
+    assert not batch_erasing("toy_identity", {}) and batch_erasing("toy_shrink", {})
+    assert batch_erasing("toy_identity", {"zscore": True, "zscore_order": "after"})
 
 
 def test_declared_rank_hint_takes_its_sources_rank(toys: None, tmp_path: Path) -> None:

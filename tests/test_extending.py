@@ -213,7 +213,9 @@ class ToyCount(Task):
     def prepare(self, job: Any) -> Any:
         from training.mdl.precheck import load_data, with_permuted_labels
 
-        return job.cfg, with_permuted_labels(job.cfg, load_data(job.cfg, job.loaded))
+        c = job.cfg
+        data = load_data(c.dataset, c.paths.data_dir, job.loaded)
+        return c, with_permuted_labels(data, c.dataset.permute_labels, c.seed)
 
     def run(self, prepared: Any) -> dict[str, Any]:
         import torch

@@ -60,7 +60,7 @@ def test_fit_fraction_is_the_fraction_fitted_on_per_class(fraction: float, tmp_p
     cfg = load_job(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout",
                                             f"eraser.fit_fraction={fraction}"]))
     data = load_dataset(cfg.dataset)
-    plan = fit_plan(cfg, data)
+    plan = fit_plan(cfg.eraser, cfg.dataset, cfg.seed, data, cfg.paths.data_dir)
     assert plan is not None and plan.fit_idx is not None and plan.coded_idx is not None
     counts = torch.bincount(data.y)
     fit = torch.bincount(data.y[plan.fit_idx], minlength=len(counts))
@@ -99,7 +99,7 @@ def test_pool_fits_outside_the_coded_set_and_does_not_shrink_it(tmp_path: Path) 
     assert len(coded.y) == len(x) == 1000
     assert info["fit"] == {"fit_on": "holdout", "fit_source": "pool", "n_fit": 300, "n_coded": 1000,
                            "fit_fraction": None, "repeat": 0}
-    plan = fit_plan(cfg, coded)
+    plan = fit_plan(cfg.eraser, cfg.dataset, cfg.seed, coded, cfg.paths.data_dir)
     assert plan is not None and plan.pool is not None
     full = load_dataset(load_job(job_config(tmp_path, SMOKE)).dataset)
     full_rows = {tuple(r) for r in full.x[1000:].reshape(len(full.y) - 1000, -1).tolist()}
@@ -248,7 +248,7 @@ def test_holdout_qleace_noise_on_the_coded_rows_is_not_zero_sum_per_class(tmp_pa
                                             "eraser.fit_fraction=0.8"]))
     coded, x, info = prepare_data(cfg)
     assert min(info["report"]["noise_rank"]) > 0
-    plan = fit_plan(cfg, load_dataset(cfg.dataset))
+    plan = fit_plan(cfg.eraser, cfg.dataset, cfg.seed, load_dataset(cfg.dataset), cfg.paths.data_dir)
     assert plan is not None
     fit = plan.fit_rows(load_dataset(cfg.dataset))
     assert fit is not None

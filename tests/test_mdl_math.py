@@ -98,11 +98,11 @@ def test_block_feasibility_is_one_rule_the_partition_split_and_precheck_share(n_
             assert sum(partition_logspace(n_coded, blocks, 8)) == n_coded
             assert len(make_split(n, 0, val_size=n_val, val_frac=0.5, num_blocks=blocks, min_block=8).block_sizes) \
                 == blocks
-            check_blocks(cfg, "toy", n, n)
+            check_blocks(cfg.mdl, cfg.eraser.fit_on, "toy", n, n)
             continue
         with pytest.raises(ValueError, match="cannot be cut"):
             partition_logspace(n_coded, blocks, 8)
         with pytest.raises(ConfigError, match=f"at most {most} blocks"):
             make_split(n, 0, val_size=n_val, val_frac=0.5, num_blocks=blocks, min_block=8)
         with pytest.raises(ConfigError, match=f"at most {most} blocks"):
-            check_blocks(cfg, "toy", n, n)
+            check_blocks(cfg.mdl, cfg.eraser.fit_on, "toy", n, n)

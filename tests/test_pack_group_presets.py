@@ -33,10 +33,10 @@ def why_no_pack_group(job: dict[str, Any], refusals: dict[str, str | None] | Non
     key = json.dumps({**job["arch"], "width": None, "regularizer": job["regularizer"]}, sort_keys=True, default=str)
     if key not in refusals:
         shape, classes = SHAPES[cfg.dataset.name]
-        _, _, model = precheck._model_size(cfg, shape, classes)
-        refusals[key] = precheck._why_not_vectorised(cfg, model, GPU)
+        _, _, model = precheck._model_size(cfg.arch, shape, classes)
+        refusals[key] = precheck._why_not_vectorised(cfg.training.engine, cfg.regularizer.name, model, GPU)
     models = cfg.mdl.num_blocks - 1 + int(cfg.mdl.full_run)
-    if precheck.models_at_once(cfg, models, refusals[key]) < models:
+    if precheck.models_at_once(cfg.training.parallel_models, cfg.arch.name, models, refusals[key]) < models:
         return f"{cfg.arch.name}: {refusals[key] or ONE_AT_A_TIME}"
     return None
 

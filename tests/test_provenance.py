@@ -32,7 +32,7 @@ from torch import nn
 from tests.helpers import ENV, REPO, TINY, fit_settings, group_options, job_config, result_of
 from training.app.lifecycle import PROGRESS_FILE, Progress, run_in_job_dir
 from training.app.schema import ConfigError, group_config
-from training.app.tasks import job_hash, load_job, spec_of
+from training.app.tasks import job_hash, load_job
 from training.data import load_dataset
 from training.data.cache import _store, cached_erase, key_hash
 from training.data.erase import _cache_key
@@ -262,7 +262,7 @@ def test_3_nonfinite_code_length_or_result_number_writes_no_result(tmp_path: Pat
     cfg2 = job_config(tmp_path / "b", TINY)
     body = lambda run: {"mdl": {"bits_per_sample": 1.0, "blocks": [{"ce_bits": math.nan}]}, "final": None}  # noqa: E731
     with pytest.raises(UserError, match=r"^non-finite mdl\.blocks\[0\]\.ce_bits \(nan\) in the result of "):
-        run_in_job_dir(cfg2, spec_of(cfg2), body, finite=("mdl", "final"))
+        run_in_job_dir(load_job(cfg2), body, finite=("mdl", "final"))
     assert not (Path(cfg2["paths"]["job_dir"]) / "result.json").exists()
 
 

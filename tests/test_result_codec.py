@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from training.analysis import aggregate_collect
-from training.app.job_paths import JobPath
 from training.app.result_codec import MalformedResultError, config_view, encode, upgrade
 from training.app.result_types import RESULT_SCHEMA, Result
 from training.app.results import stored_hash
 from training.app.tasks import decode_result, spec_of
+from training.mdl.job_paths import JobPath
 from training.mdl.result import MdlResult
 from training.starvation.result import StarvationResult
 

@@ -116,20 +116,25 @@ def test_cli_single_job(tmp_path: Path) -> None:
     assert result["final"] is None and result["mdl"]["bits_per_sample"] > 0
 
 
+def _erasing(cfg: Any) -> tuple[Any, Any, Path, bool]:
+    """What `erase_maybe_zscored` reads of a job's config: the eraser, the dataset, the cache and the certificate."""
+    return cfg.eraser, cfg.dataset, Path(cfg.paths.cache_dir), cfg.certificate
+
+
 def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
     from training.data import load_dataset
     from training.mdl.inputs import erase_maybe_zscored
 
     cfg = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
     data = load_dataset(cfg.dataset)
-    x, info = erase_maybe_zscored(data, cfg)
+    x, info = erase_maybe_zscored(data, *_erasing(cfg))
     assert info["zscore"] == "before erasure"
     flat = x.reshape(len(x), -1).double()
     varying = data.x.reshape(len(x), -1).std(0) > 1e-8
     assert flat.mean(0).abs().max() < 1e-5  # LEACE keeps the global mean of standardised data (zero)
     assert info["certificate"]["after"]["max_mean_gap"] < 1e-6
     control = load_job(job_config(tmp_path, [*QUICK, "eraser=control", "dataset.zscore=true"]))
-    plain, _ = erase_maybe_zscored(data, control)
+    plain, _ = erase_maybe_zscored(data, *_erasing(control))
     stds = plain.reshape(len(x), -1).double().std(0)
     assert torch.allclose(stds[varying], torch.ones_like(stds[varying]), atol=1e-4)
 
@@ -160,7 +165,7 @@ def test_zscore_after_erasure_standardises_the_erased_data(tmp_path: Path) -> No
     cfg = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "dataset.zscore_order=after",
                                              "eraser=leace"]))
     data = load_dataset(cfg.dataset)
-    x, info = erase_maybe_zscored(data, cfg)
+    x, info = erase_maybe_zscored(data, *_erasing(cfg))
     assert info["zscore"].startswith("after erasure")
     flat = x.reshape(len(x), -1).double()
     stds = flat.std(0)
@@ -168,8 +173,8 @@ def test_zscore_after_erasure_standardises_the_erased_data(tmp_path: Path) -> No
     assert flat.mean(0).abs().max() < 1e-5
     assert torch.allclose(stds[varying], torch.ones_like(stds[varying]), atol=1e-4)  # unit variance after erasure
     leace_first = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
-    before, _ = erase_maybe_zscored(data, leace_first)
+    before, _ = erase_maybe_zscored(data, *_erasing(leace_first))
     assert not torch.allclose(before, x)  # the order matters for LEACE
     with pytest.raises(ValueError, match="zscore_order"):
-        erase_maybe_zscored(data, load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true",
-                                                        "dataset.zscore_order=sideways"])))
+        erase_maybe_zscored(data, *_erasing(load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true",
+                                                                     "dataset.zscore_order=sideways"]))))

@@ -44,7 +44,7 @@ def test_the_shuffled_fit_is_fitted_on_permuted_labels_and_applied_to_the_true_l
     assert not torch.allclose(x, x_t, atol=1e-3)
     # ... and they are the eraser fitted on the fit rows with their labels permuted (seed, repeat), applied to them
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
-    plan = fit_plan(cfg, data)
+    plan = fit_plan(cfg.eraser, cfg.dataset, cfg.seed, data, cfg.paths.data_dir)
     if fit_on == "self":
         fit = coded
     elif fit_on == "all":

@@ -94,7 +94,7 @@ def test_stop_after_warmup_has_one_default(tmp_path: Path) -> None:
     job = load_job(cfg)
     default = next(f.default for f in dataclasses.fields(MdlConfig) if f.name == "stop_after_warmup")
     assert job.mdl.stop_after_warmup is default is True
-    assert fit_config(job, warmup_steps=50).warmup_steps == 50
+    assert fit_config(job.mdl, 128, False, False, warmup_steps=50).warmup_steps == 50
 
 
 def test_fit_and_fit_group_stop_alike_and_report_why() -> None:
@@ -127,7 +127,7 @@ def _stop_line(tmp_path: Path, *overrides: str) -> str | None:
     from training.mdl.stop_keys import floor_outlasts_cap
 
     cfg = load_job(job_config(tmp_path, ["dataset=digits", "mdl=quick", *overrides]))
-    return floor_outlasts_cap(cfg, 1797)
+    return floor_outlasts_cap(cfg.mdl, cfg.optim, 1797)
 
 
 def test_a_step_floor_that_outlasts_the_epoch_cap_is_said_with_both_keys(tmp_path: Path) -> None:

@@ -47,3 +47,38 @@ def test_returns_count_each_time_the_value_comes_back_to_a_module_it_left() -> N
     trail = Trail("f", "x")
     trail.visits = [("m1", "f"), ("m2", "g"), ("m1", "h"), ("m1", "f"), ("m3", "k"), ("m2", "g"), ("m1", "f")]
     assert trail.figures() == (4, 2 + 0 + 1, 3)  # back to m1, to m2, to m1: 3; functions f, g, h, k
+
+
+class _Loaded:
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+
+def _load(raw: Any) -> _Loaded:
+    loaded = _Loaded(raw)  # its own construction is not a hand-off
+    _check(loaded)  # inside the handoff, handed the new form: counted once it is returned
+    _check(raw)
+    return loaded
+
+
+def _check(x: Any) -> None:
+    return None
+
+
+def _use(cfg: Any) -> None:
+    return None
+
+
+def _entry(raw: Any) -> None:
+    cfg = _load(raw)
+    _use(cfg)
+    _use([cfg])  # another object: not followed
+
+
+def test_a_handoff_follows_the_value_into_what_rebuilds_it() -> None:
+    followed, plain = Trail("_entry", "raw", handoff=("_load",)), Trail("_entry", "raw")
+    follow([followed, plain], lambda: _entry(object()), project=("tests",))
+    assert [fn for _, fn in followed.visits] == ["_entry", "_load", "_check", "_check", "_use"]
+    assert followed.figures() == (4, 0, 1)
+    # by identity alone it ends in _load (the raw value is handed to the new form's constructor there)
+    assert [fn for _, fn in plain.visits] == ["_entry", "_load", "_Loaded.__init__", "_check"]

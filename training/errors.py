@@ -14,6 +14,10 @@ class UserError(Exception):
     """Base class: the message is the whole report (one line: what is wrong, where, and what to do)."""
 
 
+class ConfigError(UserError, ValueError):
+    """A config value that is not allowed; the message is one line: key, value, what is allowed."""
+
+
 class DataCorruptError(UserError):
     """A data file exists but cannot be read as the expected format."""
 

@@ -22,15 +22,16 @@ import pandas as pd
 from erasure.registry import ERASERS
 from training.analysis.aggregate_rows import Recorded
 from training.analysis.tables import PROBES
-from training.app.job_paths import JobPath
 from training.app.lifecycle import SavedProgress
-from training.app.result_codec import FIT_DEFAULTS, REPEAT_KEY, MalformedResultError, flatten, legacy_fold
+from training.app.result_codec import MalformedResultError, config_view, flatten
 from training.app.result_types import Result, number
-from training.app.results import RESULT_FILE, SET_ASIDE, same_config, stored_config
+from training.app.results import RESULT_FILE, SET_ASIDE, same_config
 from training.app.schema import JobConfig, OptionsSection, Section, config_hash
 from training.app.tasks import job_semantic, read_any, spec_of
 from training.common.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
 from training.common.sweeps import expand
+from training.data.eraser_config import FIT_DEFAULTS, REPEAT_KEY, legacy_fold
+from training.mdl.job_paths import JobPath
 from training.mdl.result import BlockRecord, Certificate, MdlRecord, MdlResult
 
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
@@ -176,7 +177,7 @@ def _identity_columns(cfg: dict[str, Any], numerics_version: Any = None) -> dict
 
 
 def _cell_from_config(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
-    c = stored_config(cfg)  # older spellings read as today's (result_codec.config_view)
+    c = config_view(cfg)  # older spellings read as today's (result_codec.config_view)
     fit_on = str(c["eraser.fit_on"])
     repeat = c[REPEAT_KEY] or 0
     return {"dataset": c["dataset.tag"], "arch": c["arch.tag"], "width": int(c["arch.width"]),
@@ -492,7 +493,7 @@ def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[
         if same:
             assert result is not None
             results.append(result)
-        if stored_config(cfg)["task"] != "mdl":
+        if config_view(cfg)["task"] != "mdl":
             continue
         cell = _cell_from_config(cfg)
         if same:

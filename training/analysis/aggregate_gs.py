@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from training.analysis.tables import eraser_order, is_identity, md_table
+from training.app.result_codec import config_view  # noqa: E402
 from training.app.result_types import Result, at
-from training.app.results import stored_config  # noqa: E402
 from training.mdl.result import MdlResult
 from training.starvation.common import method_of_stored  # noqa: E402
 
@@ -82,7 +82,7 @@ def colored_mnist_tables(results: list[dict[str, Any]]) -> dict[str, str]:
 
 def erased_eval_table(results: list[dict[str, Any]]) -> str:
     def key(r: dict[str, Any]) -> tuple:
-        c = stored_config(r["config"])
+        c = config_view(r["config"])
         return c["dataset.tag"], c["eraser.name"], c["arch.tag"], _method(r)
 
     rows = []
@@ -100,7 +100,7 @@ def erased_eval_table(results: list[dict[str, Any]]) -> str:
 def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
     """MDL (bits/sample) per eraser, ERM vs SD, and the erased-minus-control gap per seed."""
     def cell(r: dict[str, Any]) -> tuple:
-        c = stored_config(r["config"])
+        c = config_view(r["config"])
         return (c["dataset.tag"], c["arch.tag"], c["arch.width"], c["arch.depth"], _method(r),
                 c["mdl.calibrate_temperature"])
 
@@ -124,7 +124,7 @@ def is_regularized_mdl(r: Result) -> bool:
     """An MDL result with an mdl section, of a GS preset or with a regularizer."""
     if not isinstance(r, MdlResult) or r.config is None or r.mdl is None:
         return False
-    c = stored_config(r.config)
+    c = config_view(r.config)
     regularized = "regularizer.name" in c and c["regularizer.name"] != "none"
     return bool(c) and (str(c["experiment_name"] or "").startswith("gs_") or regularized)
 

@@ -2,7 +2,7 @@
 task's body, write result.json last, clear the progress file.
 
     def run_job(config):                     # Task.__call__ (training/app/tasks.py) does this for every task
-        return run_in_job_dir(config, spec, body)  # body(run: JobRun) -> the task's part of result.json
+        return run_in_job_dir(load_config(config, spec), body)  # body(run: JobRun) -> the task's part of result.json
 
 It returns an `Outcome`: done (computed now), skipped (the directory held this configuration's result), reused
 (the same configuration finished in its pre-v2 directory) or failed (the ledger's record of an error), with the
@@ -33,8 +33,7 @@ from training.app.result_codec import encode, new_result
 from training.app.result_types import Fingerprint as FingerprintRecord
 from training.app.result_types import Result, at
 from training.app.results import JobDir, Stale, legacy_result, set_aside_name
-from training.app.schema import HASH_VERSION, JobConfig, config_hash, load_config, numerics_of
-from training.app.task_spec import TaskSpec
+from training.app.schema import HASH_VERSION, JobConfig, config_hash, numerics_of
 from training.common.files import atomic_write_json, read_json
 from training.common.provenance import device_name, now_utc, provenance
 from training.data.shared import Pack
@@ -144,10 +143,10 @@ class JobRun:
 
 
 Body = Callable[[JobRun], dict[str, Any]]
-# Refuses bad runtime options before anything is made; returns what it loaded for the body (None: the job looked
-# finished). Called again with rerun=True when that finished result is stale, with the data its fingerprint check
-# read again (None: not read), so a job that runs is always checked.
-Precheck = Callable[[JobConfig, torch.device, Any, bool, Pack | None], Any]
+# Refuses bad runtime options before anything is made; returns what it loaded for the body. Not called for a job
+# that looks finished; called then (in the lock) when that result is stale, with the data its fingerprint check read
+# again (None: not read), so a job that runs is always checked.
+Precheck = Callable[[JobConfig, torch.device, Any, Pack | None], Any]
 # the identity of the data a job would read now (and that data), read once per pack
 Fingerprint = Callable[[JobConfig, Pack | None], DataOnDisk]
 
@@ -199,23 +198,25 @@ def check_finite(result: Result, sections: tuple[str, ...], job_path: Path) -> N
                                  "nothing was written as a result")
 
 
-def run_in_job_dir(config: Mapping[str, Any] | JobConfig, spec: TaskSpec, body: Body,
+def run_in_job_dir(cfg: JobConfig, body: Body,
                    precheck: Precheck | None = None,
                    describe: Callable[[dict[str, Any]], str] | None = None,
                    finite: tuple[str, ...] = (), complete: tuple[str, ...] = (),
                    fingerprint: Fingerprint | None = None, pack: Pack | None = None) -> Outcome:
-    """Run `body`, a job of task `spec`, in the job's directory under its lock and return its Outcome: done with the
-    new result, or skipped/reused with an earlier run's result of this configuration. `precheck` refuses bad runtime
-    options before anything is made and returns what it loaded, for the body (`JobRun.loaded`). `finite`: the
+    """Run `body`, the job of `cfg` (loaded by `load_config` with its task's spec), in the job's directory under its
+    lock and return its Outcome: done with the new result, or skipped/reused with an earlier run's result of this
+    configuration. `precheck` refuses bad runtime options before anything is made and returns what it loaded, for the
+    body (`JobRun.loaded`). `finite`: the
     result's sections whose every number must be finite (else NonFiniteError and no result); every result gets
     `provenance` (training/common/provenance.py). An earlier result is not reused (one line says why) when it lacks a
     `complete` section or its `dataset.fingerprint` differs from `fingerprint(cfg)`, the data now (which the body
     then gets, as it gets a precheck's). `pack`: what the job shares with the other jobs of its pack (the packed
     launcher's, training/data/shared.py), handed to the hooks and the body; None for a lone job."""
-    cfg = load_config(config, spec)  # bad values fail here, with one line, before any directory or data
+    spec = cfg.task_spec
     job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), spec, cfg.force)
     device = resolve_device(cfg.device)
-    loaded = precheck(cfg, device, None, False, pack) if precheck is not None else None
+    # a job that looks finished loads nothing (the lifecycle skips it, unless its result is stale: checked below)
+    loaded = precheck(cfg, device, None, pack) if precheck is not None and not job.looks_finished() else None
     read_now: list[DataOnDisk] = []  # what the fingerprint hook read, if the stale check called it
 
     def now_on_disk(c: JobConfig) -> Any:
@@ -227,11 +228,11 @@ def run_in_job_dir(config: Mapping[str, Any] | JobConfig, spec: TaskSpec, body: 
     with job.locked():
         if (done := job.finished(lambda d: stale_reason(d, cfg, complete, check))) is not None:
             return Outcome("skipped", job.path, encode(done))
-        if not cfg.force and (done := legacy_result(cfg, job.path)) is not None:
+        if not cfg.force and cfg.paths.legacy_job_dir and (done := legacy_result(cfg, job.path)) is not None:
             return Outcome("reused", job.path, encode(done))
         fresh = read_now[-1].loaded if read_now else None  # the stale check read the data again: the newest copy
         if precheck is not None and loaded is None:  # the precheck took the job for finished: checked now
-            loaded = precheck(cfg, device, fresh, True, pack)
+            loaded = precheck(cfg, device, fresh, pack)
         elif fresh is not None:
             loaded = fresh
         progress = Progress(job.path / PROGRESS_FILE, job.cfg_hash)

@@ -1,21 +1,17 @@
 """Building and checking the typed config: `load_config` turns a composed config into a `JobConfig` (or one
 `ConfigError` line), `load_section` / `group_config` one group; the cross-field checks (what a task reads, storage,
-fitting data, eraser options and fitting modes). The sections are in training/app/sections.py."""
+fitting data). The sections are in training/app/sections.py; an eraser's options and fitting modes are checked by
+training/data/eraser_config.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import typing
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from erasure import default_options
-from erasure.registry import ERASERS
 from erasure.traits import eraser_traits
 from training.app.sections import (
     GROUPS,
@@ -25,15 +21,17 @@ from training.app.sections import (
     EraserConfig,
     JobConfig,
     OptionsSection,
+    PathsConfig,
     RegularizerConfig,
     S,
     Section,
     _member_options,
 )
 from training.app.task_spec import TaskSpec
-from training.app.typed import NAME_MAX, ConfigError, FieldSpec, build_options, check_typed, field_spec, kind_name
-from training.common.conf import CONF_DIR, resolved_dict
-from training.data.registry import DATASETS, dataset_traits
+from training.app.typed import NAME_MAX, ConfigError, FieldSpec, field_spec, kind_name
+from training.common.conf import group_yaml
+from training.common.option_checks import build_options, shown
+from training.data.eraser_config import check_eraser_fitting, check_eraser_options, check_fit_data
 
 
 def load_config(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec, others: Collection[str] = ()) -> JobConfig:
@@ -50,56 +48,16 @@ def load_config(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec, others: Coll
         raise ConfigError(f"task={job.task} is not allowed here: this config is loaded as task {spec.name}")
     job = dataclasses.replace(job, task_spec=spec, **_task_group(spec, job._task_group, others))
     _check_task_reads(job)
-    _check_inside_out_dir(job)
-    _check_storage(job)
-    _check_fit_data(job)
+    _check_inside_out_dir(job.paths)
+    _check_storage(job.training.storage, job.eraser.name, job.dataset.zscore)
+    e, d = job.eraser, job.dataset
+    check_fit_data(e.fit_on, e.fit_source, e.n_fit, d.name, d.permute_labels, d.limit, d.options)
     return job
 
 
-def _check_fit_data(job: JobConfig) -> None:
-    """The fitting modes that need a kind of dataset: oracle a generator (fresh draws), pool a `dataset.limit`."""
-    e, name = job.eraser, job.dataset.name
-    if e.fit_on in ("oracle", "population") and not dataset_traits(name).generator:
-        generators = ", ".join(n for n in DATASETS.names() if dataset_traits(n).generator)
-        need = "fresh draws need" if e.fit_on == "oracle" else "exact class statistics need"
-        raise ConfigError(f"eraser.fit_on={e.fit_on} is not allowed: dataset {name} is not a generator ({need} "
-                          f"one: {generators}); use eraser.fit_on=holdout or all")
-    if e.fit_on in ("oracle", "population") and job.dataset.permute_labels:
-        raise ConfigError(f"dataset.permute_labels=true is not allowed with eraser.fit_on={e.fit_on} (its fit keeps "
-                          "the true labels, so the null would fit one law and code another); use "
-                          "eraser.fit_on=holdout or all for the null")
-    if e.fit_on == "oracle" and e.n_fit is not None and e.n_fit < 2:
-        raise ConfigError(f"eraser.n_fit={e.n_fit} is not allowed with eraser.fit_on=oracle: the fit needs at least 2 "
-                          "rows of every class (their means and covariances); set eraser.n_fit ≥ 2, or null "
-                          "(200 rows per class and input dimension)")
-    _check_generated_size(job)
-    if e.fit_on in ("self", "holdout") and e.fit_source == "pool" and job.dataset.limit is None:
-        raise ConfigError("eraser.fit_source=pool is not allowed: the pool is the rows beyond dataset.limit, which is "
-                          "not set; set dataset.limit (e.g. dataset.limit=20000) or use eraser.fit_source=split")
-
-
-def _check_generated_size(job: JobConfig) -> None:
-    """A generator dataset draws its rows in float64 at once (training/data/generators.py): one that would not fit in
-    this machine's memory is refused before it is drawn (it would fail after minutes, in a traceback)."""
-    o = job.dataset.options
-    rows_per_class, dim, classes = (getattr(o, k, None) for k in ("rows_per_class", "dim", "num_classes"))
-    if not (isinstance(rows_per_class, int) and isinstance(dim, int) and isinstance(classes, int)):
-        return
-    need = 2 * rows_per_class * classes * dim * 8  # the float64 draws and what they become
-    try:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return
-    if need > have:
-        raise ConfigError(f"dataset.dim={dim} is not allowed here: dataset={job.dataset.name} would draw "
-                          f"{rows_per_class * classes} rows of {dim} numbers ({need / 2**30:.0f} GiB), more than this "
-                          f"machine's {have / 2**30:.0f} GiB of memory; lower dataset.dim or dataset.rows_per_dim")
-
-
-def _check_inside_out_dir(job: JobConfig) -> None:
+def _check_inside_out_dir(p: PathsConfig) -> None:
     """A job directory built under paths.out_dir (as conf/paths/default.yaml builds it) must stay there, whatever
     its parts resolved to (each part is checked by typed.path_refusal; this is the backstop)."""
-    p = job.paths
     out = os.path.abspath(p.out_dir)
     for key, given in (("paths.out_dir", p.out_dir), ("paths.job_dir", p.job_dir)):
         if given is not None and (long := [part for part in Path(given).parts if len(part.encode()) > NAME_MAX]):
@@ -138,16 +96,6 @@ def _task_reads(spec: TaskSpec, key: str) -> bool:
     return uses is None or key in uses or key.split(".", 1)[0] in uses
 
 
-def _value(job: JobConfig, key: str) -> Any:
-    group, name = key.split(".", 1)
-    return getattr(job, group).to_dict().get(name, dataclasses.MISSING)
-
-
-def _shown(v: Any) -> str:
-    """A value as it is written on the command line (true, null, swiglu)."""
-    return v if isinstance(v, str) else json.dumps(v)
-
-
 def _same(a: Any, b: Any) -> bool:
     return a == b and type(a) is type(b)
 
@@ -157,45 +105,48 @@ def _check_task_reads(job: JobConfig) -> None:
     key's value (READ_ONLY_WITH), must keep the one value it accepts: otherwise it would change the job's hash (and
     directory) but not its numbers. Then what the task itself refuses (`Task.refusal`)."""
     spec = job.task_spec
+
+    def _value(key: str) -> Any:  # the value of a key (group.name) as composed
+        group, name = key.split(".", 1)
+        return getattr(job, group).to_dict().get(name, dataclasses.MISSING)
+
     for key, accepted in spec.fixed.items():
-        value = _value(job, key)
+        value = _value(key)
         if value is not dataclasses.MISSING and not _same(value, accepted):
-            raise ConfigError(f"{key}={_shown(value)} is not allowed with task={job.task}: the task does not read "
+            raise ConfigError(f"{key}={shown(value)} is not allowed with task={job.task}: the task does not read "
                               f"{key} (it would change the job's hash, not its numbers); leave it at "
-                              f"{_shown(accepted)} or use another task")
+                              f"{shown(accepted)} or use another task")
     for key, when, needed, accepted in READ_ONLY_WITH:
         if not (_task_reads(spec, key) and _task_reads(spec, when)):
             continue  # e.g. gs_erased_eval reads mdl.eval_every_steps and has no full run
-        value = _value(job, key)
-        if value is not dataclasses.MISSING and not _same(value, accepted) and not _same(_value(job, when), needed):
-            raise ConfigError(f"{key}={_shown(value)} is not allowed: {key} is read only with {when}={_shown(needed)} "
-                              f"(here {_shown(_value(job, when))}); leave it at {_shown(accepted)} or set "
-                              f"{when}={_shown(needed)}")
+        value = _value(key)
+        if value is not dataclasses.MISSING and not _same(value, accepted) and not _same(_value(when), needed):
+            raise ConfigError(f"{key}={shown(value)} is not allowed: {key} is read only with {when}={shown(needed)} "
+                              f"(here {shown(_value(when))}); leave it at {shown(accepted)} or set "
+                              f"{when}={shown(needed)}")
     for key, dataset, accepted, tasks in UNREAD_BY_DATASET:
-        value = _value(job, key)
+        value = _value(key)
         if (job.dataset.name == dataset and (tasks is None or job.task in tasks) and value is not dataclasses.MISSING
                 and value != accepted):
             who = f"dataset={dataset}" + (f" with task={job.task}" if tasks is not None else "")
-            raise ConfigError(f"{key}={_shown(value)} is not allowed with {who}: {key} is not read there (it "
-                              f"would change the job's hash, not its numbers); leave it at {_shown(accepted)}")
-    if (refusal := spec.refusal(job)) is not None:
+            raise ConfigError(f"{key}={shown(value)} is not allowed with {who}: {key} is not read there (it "
+                              f"would change the job's hash, not its numbers); leave it at {shown(accepted)}")
+    if spec.refusal is not None and (refusal := spec.refusal(job)) is not None:
         raise ConfigError(refusal)
 
 
-def _check_storage(job: JobConfig) -> None:
+def _check_storage(storage: str, eraser: str, zscore: bool) -> None:
     """`training.storage=uint8|float16` keeps the data exactly or not at all (training/engine/batches.py): the data of
     an eraser that maps it to arbitrary floats (LEACE, QLEACE, random, ...) or of `dataset.zscore` never fits, so such
     a job is refused up front instead of after its erasure. (Control data and gradient erasure's quantized edits may
     fit: the job checks the data itself.)"""
-    storage = job.training.storage
     if storage not in ("uint8", "float16"):
         return
-
-    traits = eraser_traits(job.eraser.name)
-    if job.dataset.zscore:
+    traits = eraser_traits(eraser)
+    if zscore:
         why = "with dataset.zscore=true (standardised data"
     elif traits.has_map and not traits.identity:
-        why = f"with eraser={job.eraser.name} (its erased data"
+        why = f"with eraser={eraser} (its erased data"
     else:
         return
     raise ConfigError(f"training.storage={storage!r} is not allowed: training.storage must be auto or float32 {why} is "
@@ -208,8 +159,6 @@ def load_section(cls: type[S], data: Mapping[str, Any], prefix: str = "") -> S:
     section = _build(cls, data, prefix)
     assert isinstance(section, cls)
     return section
-
-
 
 
 def _build(cls: type[Section], data: Any, prefix: str) -> Section:
@@ -231,8 +180,8 @@ def _build(cls: type[Section], data: Any, prefix: str) -> Section:
         values[f.name] = _check(key, value, field_spec(f))
     rest = {k: v for k, v in data.items() if k not in values}
     if cls is EraserConfig:
-        _check_eraser_options(values["name"], values["options"])
-        _check_eraser_fitting(values)
+        check_eraser_options(values["name"], values["options"])
+        check_eraser_fitting(values)
     if issubclass(cls, OptionsSection):
         kind, owner = _options_owner(cls)
         options_cls = _member_options(kind, values["name"])
@@ -290,76 +239,4 @@ def _check(key: str, value: Any, declared: FieldSpec) -> Any:
 def group_config(group: str, name: str, **overrides: Any) -> Any:
     """One config group as conf/<group>/<name>.yaml composes it, with overrides, typed and checked (library use
     and tests: `build_model(group_config("arch", "mlp", width=64), ...)`)."""
-    from omegaconf import DictConfig
-
-    def compose(member: str) -> Any:
-        node = OmegaConf.load(CONF_DIR / group / f"{member}.yaml")
-        assert isinstance(node, DictConfig)
-        bases = [compose(str(d)) for d in node.pop("defaults", []) if d != "_self_"]
-        return OmegaConf.merge(*bases, node)
-
-    root = OmegaConf.load(CONF_DIR / "config.yaml")  # keys every member of the group has (eraser.fit_on, ...)
-    assert isinstance(root, DictConfig)
-    shared = root[group] if group in root else {}
-    node = OmegaConf.merge(shared, compose(name), overrides)
-    return load_section(GROUPS[group], resolved_dict(node), f"{group}.")
-
-
-def _check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
-    """Eraser options are the fitter's keyword arguments: checked against their annotations (or, for an eraser
-    that declares `defaults`, against the defaults' types)."""
-    known = default_options(name)
-    for k in options:
-        if k not in known:
-            raise ConfigError(f"eraser.options.{k} is not allowed: not an option of eraser {name}; known: "
-                              f"{', '.join(sorted(known))}")
-    hints = _eraser_hints(ERASERS.get(name))
-    for k, v in options.items():
-        tp = hints.get(k)
-        if tp is None and known[k] is not None:
-            tp = float if isinstance(known[k], float) else type(known[k])
-        if tp is not None:
-            check_typed(f"eraser.options.{k}", v, tp)
-    unread = eraser_traits(name).unread_option(options)
-    if unread is not None:  # hashed, not read: it would change the job's hash, not its numbers
-        key, when, values = unread
-        here = {**known, **options}[when]
-        raise ConfigError(f"eraser.options.{key}={_shown(options[key])} is not allowed: eraser {name} reads {key} only "
-                          f"with eraser.options.{when}={' or '.join(map(_shown, values))} (here {_shown(here)}); leave "
-                          f"it at {_shown(known[key])} or set eraser.options.{when}={_shown(values[0])}")
-
-
-def _check_eraser_fitting(values: Mapping[str, Any]) -> None:
-    name, fit_on = values["name"], values["fit_on"]
-    meta = ERASERS.meta(name)
-    if meta["kind"] == "edit" and fit_on != "all":
-        raise ConfigError(f"eraser.fit_on={fit_on} is not allowed: eraser {name} edits each sample and has no map "
-                          "to apply to other data; use eraser.fit_on=all")
-    if fit_on == "self" and values["fit_source"] == "pool":
-        raise ConfigError("eraser.fit_source=pool is not allowed with eraser.fit_on=self: self fits on the coded rows, "
-                          "which pool does not shrink (that is eraser.fit_on=all); use eraser.fit_source=split")
-    if fit_on in ("oracle", "population") and "from_moments" not in meta:
-        able = ", ".join(e.name for e in ERASERS if "from_moments" in e.meta)
-        streamed = "streamed " if fit_on == "oracle" else ""
-        raise ConfigError(f"eraser.fit_on={fit_on} is not allowed: eraser {name} cannot be fitted from {streamed}"
-                          f"moments; use one of {able}")
-    if fit_on in ("oracle", "population") and values["after_augment"]:
-        raise ConfigError(f"eraser.after_augment=true is not allowed with eraser.fit_on={fit_on} (generator data is "
-                          "not augmented); use eraser.after_augment=false")
-    if fit_on == "population" and values["fit_source"] == "pool":
-        raise ConfigError("eraser.fit_source=pool is not allowed with eraser.fit_on=population: population codes the "
-                          "rows a split's self and holdout code; use eraser.fit_source=split")
-    if values["fit_labels"] == "shuffled":
-        if fit_on in ("oracle", "population"):
-            raise ConfigError(f"eraser.fit_labels=shuffled is not allowed with eraser.fit_on={fit_on}: it shuffles the "
-                              "labels of fit rows, which this mode has none of; use eraser.fit_on=self, holdout or all")
-        if meta["kind"] == "edit" or eraser_traits(name).identity:
-            raise ConfigError(f"eraser.fit_labels=shuffled is not allowed with eraser={name}: it fits no map to apply "
-                              "to the true-label data; use a fitted map eraser (leace, qleace, alf_qleace)")
-
-
-def _eraser_hints(fitter: Any) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(fitter)
-    except (NameError, TypeError):  # an annotation that does not resolve: checked by name only
-        return {}
+    return load_section(GROUPS[group], group_yaml(group, name, **overrides), f"{group}.")

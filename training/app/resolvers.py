@@ -1,5 +1,6 @@
-"""OmegaConf resolvers used by conf/ (registered when the `training` package is imported), and `resolved_dict`:
-a composed config node as the plain dict the typed config is loaded from."""
+"""The OmegaConf resolvers conf/ uses, registered when the `training` package is imported: `${cell_hash:}` (here:
+it hashes the job's config as its task's) and the plain ones of training/common/conf.py (`suffix`,
+`eraser_family`)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training.app.schema import NON_CONFIG_KEYS
 from training.app.tasks import job_cell_hash
-from training.common.conf import resolved_dict as resolved_dict  # callers import it from here
-
-
-def _suffix(value: object, sep: str = "_") -> str:
-    """`${suffix:${.size}}` -> "_atto" for a named size, "" when unset (keeps job dirs distinct per size)."""
-    return "" if value in (None, "", "None", "null") else f"{sep}{value}"
-
-
-def _eraser_family(name: str) -> str:
-    """`${eraser_family:${eraser.name}}`: control | linear | quadratic, from the eraser's registry entry."""
-    from erasure.registry import ERASERS
-
-    if str(name) not in ERASERS:  # composes, so that the job's config check refuses the name in one line (it would
-        return "control"  # otherwise fail inside Hydra's interpolation, hundreds of lines)
-    return str(ERASERS.meta(str(name))["family"])
+from training.common.conf import eraser_family, suffix
 
 
 def _cell_hash(*, _root_: DictConfig) -> str:
@@ -38,6 +25,6 @@ def _cell_hash(*, _root_: DictConfig) -> str:
 
 
 def register() -> None:
-    for name, fn in (("suffix", _suffix), ("eraser_family", _eraser_family), ("cell_hash", _cell_hash)):
+    for name, fn in (("suffix", suffix), ("eraser_family", eraser_family), ("cell_hash", _cell_hash)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

@@ -33,14 +33,9 @@ from training.app.result_types import (
 from training.app.schema import flatten as flatten  # re-exported: readers of results flatten configs
 from training.app.schema import with_defaults
 from training.app.task_spec import TaskSpec
+from training.data.eraser_config import FIT_DEFAULTS, legacy_fold
 
 RESULT_FILE = "result.json"
-FOLD_KEY, REPEAT_KEY = "eraser.fold", "eraser.repeat"  # a result written before eraser.repeat names it eraser.fold
-# Keys added with issue 21 whose defaults live in conf/config.yaml, not in the schema: a result written before them
-# ran exactly like these values (the eraser fitted on the coded data, no repeats, true labels, erased before augment).
-FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_source": "split", "eraser.fit_fraction": 0.2, REPEAT_KEY: 0,
-                "eraser.n_fit": None, "eraser.after_augment": False, "dataset.permute_labels": False,
-                "eraser.fit_labels": "coded"}
 
 
 class MalformedResultError(ValueError):
@@ -72,12 +67,11 @@ def upgrade(raw: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-
 def config_view(config: Mapping[str, Any]) -> dict[str, Any]:
     """A recorded config as dotted key -> value, read as today's schema spells it: the schema's defaults for
     declared keys it lacks, a group's `tag` defaulting to its name (results written before tags), `eraser.fold`
     read as `eraser.repeat` (results written before repeats were named so), FIT_DEFAULTS for the fitting keys
-    a result written before them lacks."""
+    a result written before them lacks (training/data/eraser_config.py)."""
     view = flatten(with_defaults(config))
     for group in ("dataset", "arch"):
         if f"{group}.name" in view and view.get(f"{group}.tag") is None:
@@ -86,13 +80,6 @@ def config_view(config: Mapping[str, Any]) -> dict[str, Any]:
     for key, default in FIT_DEFAULTS.items():
         view.setdefault(key, default)
     return view
-
-
-def legacy_fold(flat: dict[str, Any]) -> dict[str, Any]:
-    """eraser.fold (a flat config written before eraser.repeat) read as eraser.repeat, in place."""
-    if FOLD_KEY in flat:
-        flat.setdefault(REPEAT_KEY, flat.pop(FOLD_KEY))
-    return flat
 
 
 def _int(value: Any, default: int) -> int:

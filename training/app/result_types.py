@@ -13,7 +13,6 @@ writes back exactly what the job wrote: result.json's numbers and layout do not 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,11 +28,6 @@ ENVELOPE_KEYS = (*HEAD_KEYS, *TAIL_KEYS)
 def number(value: Any) -> float | None:
     """A JSON number as a float (None for anything else, booleans included)."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def number_or_nan(value: Any) -> float:
-    n = number(value)
-    return math.nan if n is None else n
 
 
 def mapping(value: Any) -> Mapping[str, Any]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.app.result_codec import MalformedResultError, NewerSchemaError, config_view, encode, flatten, read
+from training.app.result_codec import MalformedResultError, NewerSchemaError, encode, flatten, read
 from training.app.result_types import Fingerprint, Result
 from training.app.schema import JobConfig, config_hash, numerics_of, semantic
 from training.app.task_spec import TaskSpec
@@ -37,12 +37,6 @@ log = logging.getLogger(__name__)
 RESULT_FILE = "result.json"
 LOCK_FILE = ".job.lock"
 READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)  # what opening a file in a directory we may not write raises
-
-
-def stored_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A result's stored config as dotted key -> value, read as today's schema spells it (result_codec.config_view:
-    defaults for declared keys it lacks, tags defaulting to names, eraser.fold read as eraser.repeat)."""
-    return config_view(config)
 
 
 # Before hash v2 these were null in the config and resolved in Python to the paper's values, as they now are in conf/.
@@ -209,6 +203,11 @@ class JobDir:
             log.warning("force=true: replacing %s (hash %s -> %s)", self.path, self.found, self.cfg_hash)
             return None
         raise ConfigMismatchError(mismatch_message(self.path, self.found, self.cfg_hash))
+
+    def looks_finished(self) -> bool:
+        """Whether the directory holds a result of this configuration (read without the lock; without force=true)."""
+        done = None if self.force else read_result(self.path / RESULT_FILE, self.spec)
+        return done is not None and same_config(done, self.cfg_hash, self.spec)
 
     def write_result(self, result: Result) -> Path:
         """Write result.json (atomically, through the codec: `encode`) after re-checking what is there: a result

@@ -22,7 +22,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from training.app.loading import (
     READ_ONLY_WITH,
@@ -31,7 +31,6 @@ from training.app.loading import (
     load_section,
 )
 from training.app.sections import (
-    FIT_KEYS,
     FIT_ON,
     GROUPS,
     NON_CONFIG_KEYS,
@@ -48,18 +47,19 @@ from training.app.sections import (
     Section,
     TrainingConfig,
     _plain,
-    fit_keys_used,
 )
 from training.app.task_spec import TaskSpec
 from training.app.typed import ConfigError, field_spec
 from training.common.conf import CONF_DIR
+from training.common.option_checks import ABSENT, raw_view
+from training.data.eraser_config import hashed_eraser
 
 # What callers import from here (the sections and their loading live in sections.py and loading.py).
-__all__ = ["CONF_DIR", "FIT_KEYS", "FIT_ON", "GROUPS", "HASH_VERSION", "NON_CONFIG_KEYS", "NUMERICS", "READ_ONLY_WITH",
+__all__ = ["CONF_DIR", "FIT_ON", "GROUPS", "HASH_VERSION", "NON_CONFIG_KEYS", "NUMERICS", "READ_ONLY_WITH",
            "numerics_of",
            "ArchConfig", "ConfigError", "DatasetConfig", "EraserConfig", "JobConfig", "LoggerConfig", "MdlConfig",
            "OptimConfig", "OptionsSection", "PathsConfig", "RegularizerConfig", "Section", "TrainingConfig",
-           "cell_hash", "config_hash", "duplicate_jobs", "fit_keys_used", "group_config", "load_config", "load_section",
+           "cell_hash", "config_hash", "duplicate_jobs", "group_config", "load_config", "load_section",
            "semantic", "with_defaults"]
 
 
@@ -74,7 +74,6 @@ HASH_VERSION = 2  # 1: every key but a fixed list of groups (before the typed co
 # A job is hashed under its task's own version (`Task.numerics`, the last version that changed that task's numbers;
 # by default this latest one), so a change to one task's numbers does not invalidate the others' results.
 NUMERICS = 4
-_R = TypeVar("_R")
 
 
 def numerics_of(spec: TaskSpec) -> int:
@@ -93,7 +92,7 @@ def semantic(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None,
     Starvation tasks) is hashed on those groups only, so unrelated defaults do not move its results. `spec`: the
     config's task (a JobConfig carries its own).
     """
-    spec = _spec(cfg, spec)
+    spec = _spec(spec, cfg.task_spec if isinstance(cfg, JobConfig) else None)
     plain = cfg.to_dict() if isinstance(cfg, Section) else cfg
     data = {k: v for k, v in plain.items() if k not in NON_CONFIG_KEYS}
     out = _semantic(JobConfig, data, fill_defaults)
@@ -103,73 +102,16 @@ def semantic(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None,
     if uses is not None:
         # `training` is in `out` only away from its defaults (training.precision): it moves numbers of every task
         out = _only(out, ("task", "seed", "training", *uses))
-    raw = _raw_view(_RawJob, out)
-    if isinstance(raw.eraser, dict):
-        out["eraser"] = _hashed_eraser(raw.eraser, _raw_view(_RawEraser, raw.eraser), raw.dataset)
+    raw = raw_view(_RawJob, out)
+    if isinstance(raw.eraser, dict):  # what of it changes the erased data (training/data/eraser_config.py)
+        out["eraser"] = hashed_eraser(raw.eraser, raw.dataset)
     return out
 
 
-def _raw_view(cls: type[_R], section: Mapping[str, Any]) -> _R:
-    """The keys of a raw config section that `cls` declares (those it lacks read as the field's default)."""
-    return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls) if f.name in section})  # type: ignore[arg-type]
-
-
-# Typed views of a raw (semantic, unchecked or stored) config, for the hash rules below: tolerant, so any value
-# may be of any type; a key the section lacks reads ABSENT.
-ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "ABSENT"})()
-
-
 @dataclass(frozen=True)
-class _RawJob:
+class _RawJob:  # a typed view of a raw (semantic, unchecked or stored) config: any value may be of any type
     eraser: Any = ABSENT
     dataset: Any = ABSENT
-
-
-@dataclass(frozen=True)
-class _RawEraser:
-    name: Any = None
-    options: Any = ABSENT
-    fit_on: Any = ABSENT
-    fit_source: Any = None
-
-
-@dataclass(frozen=True)
-class _RawDataset:
-    zscore: Any = False
-    zscore_order: Any = None
-
-
-def _hashed_eraser(section: dict[str, Any], eraser: _RawEraser, dataset: Any) -> dict[str, Any]:
-    """The eraser section as the job hash covers it: the options that change the erased data, the fitting keys the
-    fitting mode reads, and `after_augment` only where something is erased per batch."""
-    if isinstance(eraser.options, dict):
-        section["options"] = _data_options(str(eraser.name), eraser.options)
-    if eraser.fit_on is not ABSENT:  # keys the fitting mode does not read: not hashed
-        used = fit_keys_used(eraser.fit_on, eraser.fit_source)
-        section = {k: v for k, v in section.items() if k not in FIT_KEYS or k in used}
-    if not _batch_erasing(str(eraser.name), dataset):
-        section.pop("after_augment", None)  # nothing is erased per batch: the key changes nothing
-    return section
-
-
-def _batch_erasing(name: str, dataset: Any) -> bool:
-    """Whether `eraser.after_augment` can change a job's numbers: not for an eraser that edits the dataset once (the
-    job then ignores it) nor for the identity control, unless a z-score follows it per batch
-    (`dataset.zscore_order=after`)."""
-    from erasure.registry import ERASERS
-    from erasure.traits import eraser_traits
-
-    if name not in ERASERS:
-        return True
-    traits = eraser_traits(name)
-    if not traits.has_map:
-        return False
-    if not traits.identity:
-        return True
-    if not isinstance(dataset, Mapping):
-        return False
-    view = _raw_view(_RawDataset, dataset)
-    return bool(view.zscore) and view.zscore_order == "after"
 
 
 def _only(out: Mapping[str, Any], uses: tuple[str, ...]) -> dict[str, Any]:
@@ -220,19 +162,6 @@ def with_defaults(data: Mapping[str, Any], cls: type[Section] = JobConfig) -> di
         elif isinstance(kind, type) and issubclass(kind, Section) and isinstance(out.get(f.name), Mapping):
             out[f.name] = with_defaults(out[f.name], kind)
     return out
-
-
-
-
-def _data_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    from erasure.registry import ERASERS
-    from erasure.traits import eraser_traits
-
-    if name not in ERASERS:
-        return dict(options)
-    runtime = eraser_traits(name).runtime_options
-    return {k: v for k, v in options.items() if k not in runtime}
-
 
 
 # Keys hashed although they change nothing for some jobs: (key, the key it needs, the value it needs). They stay in
@@ -289,24 +218,24 @@ def _digest(obj: Any, length: int) -> str:
 def config_hash(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None, numerics: int | None = None) -> str:
     """The job's identity in result.json / progress.json (16 hex digits): its semantic config under a numerics
     version (a stored result's own, `numerics_version`, when rehashing it; by default its task's: numerics_of)."""
-    spec = _spec(cfg, spec)
+    spec = _spec(spec, cfg.task_spec if isinstance(cfg, JobConfig) else None)
     return _digest({**semantic(cfg, spec), "numerics": numerics_of(spec) if numerics is None else numerics}, 16)
 
 
 def cell_hash(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None) -> str:
     """8 hex digits naming the job directory: the semantic config without the seed, under this numerics version
     (seeds of one configuration sit side by side: <...>/c<cell hash>/seed<seed>)."""
-    spec = _spec(cfg, spec)
+    spec = _spec(spec, cfg.task_spec if isinstance(cfg, JobConfig) else None)
     sem = semantic(cfg, spec)
     return _digest({**{k: v for k, v in sem.items() if k != "seed"}, "numerics": numerics_of(spec)}, 8)
 
 
-def _spec(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None) -> TaskSpec:
-    """The task a config is hashed as: `spec`, which a plain mapping needs; a JobConfig carries its own."""
+def _spec(spec: TaskSpec | None, own: TaskSpec | None) -> TaskSpec:
+    """The task a config is hashed as: `spec`, which a plain mapping needs; a JobConfig carries its own (`own`)."""
     if spec is not None:
         return spec
-    if isinstance(cfg, JobConfig):
-        return cfg.task_spec
+    if own is not None:
+        return own
     raise TypeError("hashing a plain config needs its TaskSpec (training.app.tasks.spec_of(config) at the edge)")
 
 

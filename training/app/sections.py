@@ -9,8 +9,9 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
+from erasure.registry import ERASERS
 from training.app.task_spec import TaskSpec
 from training.app.typed import (
     NAME_ALLOWED,
@@ -27,6 +28,8 @@ from training.app.typed import (
     spec,
     unit_interval,
 )
+from training.data.registry import DATASETS, dataset_traits
+from training.engine.regularizers import REGULARIZERS, regularizer_traits
 
 
 def _device_name(v: str) -> bool:
@@ -40,6 +43,8 @@ class Section:
     """A config group: frozen, typed fields read as attributes. `to_dict()` gives it back as composed (what
     result.json stores and the job hash covers)."""
 
+    _GIVEN: ClassVar[str | None] = None  # the field holding keys kept as composed (a member's or task's options)
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
@@ -49,10 +54,7 @@ class Section:
             if field_spec(f).omit_empty and not v:
                 continue  # as composed: only the groups that carry it (dataset.paper_lr)
             out[f.name] = v.to_dict() if isinstance(v, Section) else _plain(v)
-        return {**out, **_plain(self._given_options())}
-
-    def _given_options(self) -> dict[str, Any]:
-        return {}
+        return {**out, **_plain(getattr(self, self._GIVEN) if self._GIVEN else {})}
 
 
 def _options_view() -> Any:
@@ -71,14 +73,12 @@ class OptionsSection(Section):
 
     options: Any = _options_view()
     _options: dict[str, Any] = _given()  # the option keys as composed
-
-    def _given_options(self) -> dict[str, Any]:
-        return dict(self._options)
+    _GIVEN = "_options"
 
 
 @dataclass(frozen=True, kw_only=True)
 class DatasetConfig(OptionsSection):
-    name: str = spec(kind=str, check=lambda v: v in _datasets(), allowed="a registered dataset")
+    name: str = spec(kind=str, check=lambda v: v in DATASETS.names(), allowed="a registered dataset")
     tag: str = path_part(hash=False)  # names the job directory
     augment: bool = flag(False)
     zscore: bool = flag(False)
@@ -98,7 +98,7 @@ FIT_ON = ("all", "self", "holdout", "oracle", "population")  # eraser.fit_on (IN
 class EraserConfig(Section):
     """An eraser and how it is fitted; the fitting keys' defaults are in conf/config.yaml."""
 
-    name: str = spec(kind=str, check=lambda v: v in _erasers(), allowed="a registered eraser")
+    name: str = spec(kind=str, check=lambda v: v in ERASERS.names(), allowed="a registered eraser")
     options: dict[str, Any] = spec(default_factory=dict, kind=dict)  # the fitter's keyword options (checked)
     fit_on: str = spec(choices=FIT_ON)
     fit_source: str = spec(choices=("split", "pool"))
@@ -109,20 +109,6 @@ class EraserConfig(Section):
     # shuffled: fitted on a fixed permutation of the fit rows' labels, applied to the true-label data (the
     # non-specific-removal control); hashed only away from its default, so existing job hashes stay as they were
     fit_labels: str = one_of("coded", "coded", "shuffled", hash_default=False)
-
-
-def fit_keys_used(fit_on: Any, fit_source: Any) -> tuple[str, ...]:
-    """The eraser fitting keys a mode reads (conf/config.yaml); the others do not enter the job hash."""
-    if fit_on == "oracle":
-        return ("n_fit",)
-    if fit_on == "population":  # the exact class moments, coding the rows `self` and `holdout` code
-        return ("fit_source", "fit_fraction", "repeat")
-    if fit_on in ("self", "holdout"):
-        return ("fit_source", "n_fit", "repeat") if fit_source == "pool" else ("fit_source", "fit_fraction", "repeat")
-    return ()
-
-
-FIT_KEYS = ("fit_source", "fit_fraction", "repeat", "n_fit")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,7 +155,7 @@ class MdlConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class RegularizerConfig(OptionsSection):
-    name: str = spec(kind=str, check=lambda v: v in _regularizers(), allowed="a registered regularizer")
+    name: str = spec(kind=str, check=lambda v: v in REGULARIZERS.names(), allowed="a registered regularizer")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,45 +232,24 @@ class JobConfig(Section):
     _task_group: dict[str, Any] = _given()  # that group as composed, under its name
     # the task's declaration, handed to load_config with the config: what the hash and the lifecycle read of it
     task_spec: TaskSpec = spec(None, typed_view=True, hash=False, compare=False, repr=False)
-
-    def _given_options(self) -> dict[str, Any]:
-        return dict(self._task_group)
+    _GIVEN = "_task_group"
 
 
-# ---- registries, looked up lazily (conf composition should not import every model) --------------------------
-def _datasets() -> list[str]:
-    from training.data.registry import DATASETS
-
-    return DATASETS.names()
-
-
-def _erasers() -> list[str]:
-    from erasure.registry import ERASERS
-
-    return ERASERS.names()
-
-
+# ---- the architectures, looked up lazily (conf composition should not import every model) -------------------
 def _archs() -> list[str]:
     from models.registry import ARCHS
 
     return ARCHS.names()
 
 
-def _regularizers() -> list[str]:
-    from training.engine.regularizers import REGULARIZERS
-
-    return REGULARIZERS.names()
-
-
 def _member_options(kind: str, name: str) -> type[Any] | None:
     """The options dataclass a dataset, architecture or regularizer declares in its registry entry (None: it
     takes no options of its own)."""
-    from models.registry import arch_traits
-    from training.data.registry import dataset_traits
-    from training.engine.regularizers import regularizer_traits
+    if kind == "arch":
+        from models.registry import arch_traits
 
-    traits = dataset_traits if kind == "dataset" else arch_traits if kind == "arch" else regularizer_traits
-    return traits(name).options
+        return arch_traits(name).options
+    return (dataset_traits if kind == "dataset" else regularizer_traits)(name).options
 
 
 def _plain(v: Any) -> Any:

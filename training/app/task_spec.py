@@ -37,8 +37,8 @@ class TaskSpec:
     result_type: type[Result]  # its result.json typed (training/app/result_types.py)
     numerics: int | None  # the numerics version its jobs are hashed under (None: the latest)
     # why it cannot run a job (one line), or None; it takes the job's JobConfig (training/app/sections.py, which
-    # builds on this module: typed there, not imported here)
-    refusal: Callable[[Any], str | None]
+    # builds on this module: typed there, not imported here); None: the task refuses nothing of its own
+    refusal: Callable[[Any], str | None] | None
 
 
 class TaskRegistry(Registry[Any]):

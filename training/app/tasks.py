@@ -98,14 +98,15 @@ class Task:
     @property
     def spec(self) -> TaskSpec:
         """The declaration the core reads (training/app/task_spec.py)."""
+        refuses = type(self).refusal is not Task.refusal
         return TaskSpec(self.name, self.uses, self.fixed, self.group, self.options, self.result_type, self.numerics,
-                        self.refusal)
+                        self.refusal if refuses else None)
 
     def __call__(self, config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> Outcome:
         """The job of `config` in the one lifecycle; `pack`: what it shares with the other jobs of its pack (the
         packed launcher's, training/data/shared.py), None alone."""
-        cfg = config if isinstance(config, JobConfig) else load_config(config, self.spec, own_groups())
-        return run_in_job_dir(cfg, self.spec, lambda job: self.run(self.prepare(job)), pack=pack, **self.lifecycle())
+        cfg = load_config(config, self.spec, own_groups())
+        return run_in_job_dir(cfg, lambda job: self.run(self.prepare(job)), pack=pack, **self.lifecycle())
 
 
 def tasks() -> list[Task]:

@@ -1,21 +1,15 @@
 """Typed config fields and their checks: the machinery behind training/app/schema.py, with no config of its own.
 
 `spec(...)` declares a field of a config section (its type, check, what is allowed, whether it enters the job hash);
-`build_options(cls, data)` builds a group member's own options dataclass from its keys, checked against the
-annotations (int, float, bool, str, Literal, `X | None`, lists, nested dataclasses) and a field's
-`metadata={"check": ..., "allowed": ...}`. Every refusal is a `ConfigError`: one line naming the key, the value
-and what is allowed.
+a group member's own options dataclass is built by training/common/option_checks.py `build_options`. Every refusal
+is a `ConfigError`: one line naming the key, the value and what is allowed.
 """
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
-import json
 import math
-import types
-import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,13 +17,9 @@ from typing import Any
 from training.common.option_checks import NONNEG as NONNEG
 from training.common.option_checks import POSITIVE as POSITIVE
 from training.common.option_checks import POSITIVE_NUMBER as POSITIVE_NUMBER
-from training.errors import UserError
+from training.errors import ConfigError as ConfigError  # a bad config value (one line), raised here and by the checks
 
 Check = Callable[[Any], bool]
-
-
-class ConfigError(UserError, ValueError):
-    """A config value that is not allowed; the message is one line: key, value, what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -146,87 +136,3 @@ def kind_name(kinds: tuple[type, ...]) -> str:
     names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a group of keys",
              list: "a list"}
     return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
-def build_options(cls: type[Any] | None, data: Mapping[str, Any], prefix: str = "", known: tuple[str, ...] = (),
-                  owner: str = "") -> Any:
-    """An options dataclass from its keys, checked against the annotations (int, float, bool, str, Literal,
-    `X | None`, lists) and a field's `metadata={"check": ..., "allowed": ...}`; unknown keys are refused."""
-    fields = {f.name: f for f in dataclasses.fields(cls)} if cls is not None else {}
-    unknown = sorted(k for k in data if k not in fields)
-    if unknown:
-        k = unknown[0]
-        names = sorted([*known, *fields])
-        raise ConfigError(f"{prefix}{k}={data[k]!r} is not allowed: not an option of {owner}; known: "
-                          f"{', '.join(names)}")
-    if cls is None:
-        return None
-    hints = typing.get_type_hints(cls)
-    values = {}
-    for name, f in fields.items():
-        if name in data and dataclasses.is_dataclass(hints[name]):
-            values[name] = build_options(hints[name], data[name] or {}, f"{prefix}{name}.", owner=owner)
-        elif name in data:
-            values[name] = check_typed(prefix + name, data[name], hints[name], field_spec(f))
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{prefix}{name} is missing: set it in its yaml or on the command line "
-                              f"({prefix}{name}=...)")
-    return cls(**values)
-
-
-def check_typed(key: str, value: Any, tp: Any, declared: FieldSpec | None = None) -> Any:
-    """`value` checked against the annotation `tp` (an int is accepted where a float is declared); ConfigError
-    naming the key and what is allowed. Options dataclasses nest (a field typed by another dataclass)."""
-    declared = declared or FieldSpec()
-    out, ok = _conform(value, tp)
-    if not ok:
-        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {declared.describe(_describe(tp))}")
-    if declared.check is not None and out is not None and not declared.check(out):
-        raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {declared.describe('another value')}")
-    return out
-
-
-def _conform(value: Any, tp: Any) -> tuple[Any, bool]:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return value, True
-    if origin is typing.Literal:
-        return value, any(value == a and type(value) is type(a) for a in args)
-    if origin in (types.UnionType, typing.Union):
-        for arg in args:
-            out, ok = _conform(value, arg)
-            if ok:
-                return out, True
-        return value, False
-    if tp is type(None):
-        return None, value is None
-    if origin in (list, tuple, collections.abc.Sequence):
-        if not isinstance(value, (list, tuple)):
-            return value, False
-        item = args[0] if args else Any
-        items = [_conform(v, item) for v in value]
-        return [v for v, _ in items], all(ok for _, ok in items)
-    if origin is dict or tp is dict:
-        return value, isinstance(value, Mapping)
-    if tp is bool:
-        return value, isinstance(value, bool)
-    if tp is int:
-        return value, isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:  # an int stays an int (as composed): it is a float wherever one is used
-        return value, isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if tp is str:
-        return value, isinstance(value, str)
-    return value, isinstance(value, tp) if isinstance(tp, type) else True
-
-
-def _describe(tp: Any) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Literal:
-        return "one of " + ", ".join(json.dumps(a) if isinstance(a, bool) else str(a) for a in args)
-    if origin in (types.UnionType, typing.Union):
-        return " or ".join("null" if a is type(None) else _describe(a) for a in args)
-    if origin in (list, tuple, collections.abc.Sequence):
-        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s" if args else "a list"
-    names = {int: "an integer", float: "a finite number", str: "a string", bool: "true or false",
-             dict: "a group of keys"}
-    return names.get(tp, getattr(tp, "__name__", str(tp)))

@@ -35,7 +35,6 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from training.app.lifecycle import Outcome
-from training.app.resolvers import resolved_dict
 from training.app.result_codec import flatten
 from training.app.results import RESULT_FILE, NewerResultError, mismatch_message, read_result, same_config
 from training.app.schema import config_hash, duplicate_jobs
@@ -44,6 +43,7 @@ from training.cli.local_workers import controllers_ignore_sigint
 from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
 from training.cli.report import exit_user_error, user_error_line
 from training.common import env
+from training.common.conf import resolved_dict
 from training.common.files import atomic_write_json
 from training.common.ledger_entry import DONE_BY_ANOTHER_RUN, STATUSES, LedgerEntry, read_ledger
 from training.engine.devices import device_problem, resolve_device

@@ -23,7 +23,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from training.app.lifecycle import Outcome
-from training.app.resolvers import resolved_dict
 from training.app.schema import CONF_DIR, ConfigError
 from training.app.tasks import get_task, load_job
 from training.cli.local_workers import exit_with_parent, orphaned, sigint_back_in_local_job
@@ -39,6 +38,7 @@ from training.cli.report import (
     user_error_line,
 )
 from training.common import interrupt
+from training.common.conf import resolved_dict
 from training.data.shared import Pack
 from training.errors import Refused
 

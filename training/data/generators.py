@@ -17,6 +17,7 @@ Rows per class = round(rows_per_dim · dim) (`dataset.rows_per_dim`); images of 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from erasure.moments import ClassMoments
 from erasure.streaming import fit_moments
 from training.common.option_checks import NONNEG, POSITIVE, POSITIVE_NUMBER
 from training.data.registry import DatasetCfg, LoadedData, register
+from training.errors import ConfigError
 
 CHUNK_ROWS = 4096  # rows per class per oracle chunk (memory: K · CHUNK_ROWS · d float64)
 
@@ -204,3 +206,20 @@ def population_truth_bits(o: GaussianOptions, eraser: str, options: dict[str, An
 def mixture_truth_bits(o: MixtureOptions, rows_per_class: int = 50_000) -> float:
     """H(Y | X') in bits for `mixture` after POPULATION QLEACE (`population_truth_bits`)."""
     return population_truth_bits(o, "qleace", rows_per_class=rows_per_class)[0]
+
+
+def check_generated_size(name: str, o: Any) -> None:
+    """A generator dataset draws its rows in float64 at once (here): one that would not fit in
+    this machine's memory is refused before it is drawn (it would fail after minutes, in a traceback)."""
+    rows_per_class, dim, classes = (getattr(o, k, None) for k in ("rows_per_class", "dim", "num_classes"))
+    if not (isinstance(rows_per_class, int) and isinstance(dim, int) and isinstance(classes, int)):
+        return
+    need = 2 * rows_per_class * classes * dim * 8  # the float64 draws and what they become
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise ConfigError(f"dataset.dim={dim} is not allowed here: dataset={name} would draw "
+                          f"{rows_per_class * classes} rows of {dim} numbers ({need / 2**30:.0f} GiB), more than this "
+                          f"machine's {have / 2**30:.0f} GiB of memory; lower dataset.dim or dataset.rows_per_dim")

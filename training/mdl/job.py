@@ -26,7 +26,6 @@ from training.data import LoadedData
 from training.data.shared import Pack
 from training.engine.checkpoint import CheckpointStore
 from training.engine.fit import NONFINITE_HINT, FitResult
-from training.engine.group import check_options
 from training.errors import NonFiniteError
 from training.mdl.code import paper_code, prequential_code
 from training.mdl.inputs import BatchErasure, prepare_inputs
@@ -146,20 +145,13 @@ def run_full(trainer: Trainer, logger: RunLogger, trained: FitResult | None = No
             "trained_with_block_models": alongside, **_fit_summary(res)}
 
 
-def _check_runtime(cfg: JobConfig, device: torch.device, data: LoadedData | None = None,
-                   rerun: bool = False, pack: Pack | None = None) -> LoadedData | None:
-    check_options(cfg.training.engine, cfg.training.workers, cfg.training.fused_optimizer, device)
-    # loads the data (or checks `data`): blocks, storage and memory checked before the directory is made
-    return precheck(cfg, device, data, rerun, pack)
-
-
 def _describe(result: dict[str, Any]) -> str:
     mdl = result["mdl"]
     return f"{mdl['bits_per_sample']:.4f} bits/sample ({mdl['protocol']}), legacy {mdl['legacy']:.4f}"
 
 
 # run_in_job_dir's hooks of an MDL job (training/tasks/mdl.py declares the task)
-LIFECYCLE: dict[str, Any] = {"precheck": _check_runtime, "describe": _describe, "finite": ("mdl", "final"),
+LIFECYCLE: dict[str, Any] = {"precheck": precheck, "describe": _describe, "finite": ("mdl", "final"),
                              "complete": ("mdl",), "fingerprint": data_fingerprint}
 
 
@@ -167,8 +159,7 @@ def run_job(config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> 
     """One MDL job in the one lifecycle: `run(prepare(job))`; `pack`: what it shares with the other jobs of its pack
     (training/data/shared.py), None alone (scripts and tests; the command line runs the task the config names,
     training/tasks/mdl.py, which runs the same)."""
-    spec = spec_of("mdl")
-    return run_in_job_dir(load_config(config, spec, own_groups()), spec, lambda job: run(prepare(job)), pack=pack,
+    return run_in_job_dir(load_config(config, spec_of("mdl"), own_groups()), lambda job: run(prepare(job)), pack=pack,
                           **LIFECYCLE)
 
 
@@ -191,7 +182,7 @@ def prepare(job: JobRun) -> Prepared:
     erased-data cache), and the MDL split of the coded rows."""
     cfg, started = job.cfg, time.perf_counter()
     data, x, erasure_info, batches = prepare_inputs(cfg, job.loaded, job.pack)
-    return Prepared(job, data, x, erasure_info, batches, split_of(cfg, len(data.y)), started)
+    return Prepared(job, data, x, erasure_info, batches, split_of(cfg.mdl, cfg.seed, len(data.y)), started)
 
 
 def run(prepared: Prepared) -> dict[str, Any]:
@@ -202,7 +193,7 @@ def run(prepared: Prepared) -> dict[str, Any]:
                        out_dir=Path(cfg.paths.out_dir))
     try:
         m = cfg.mdl
-        say_stop_keys(cfg, len(data.y))
+        say_stop_keys(m, cfg.optim, len(data.y))
         checkpoint = CheckpointStore(job.path, job.cfg_hash)
         if cfg.force:
             checkpoint.clear()  # force=true recomputes from scratch (as progress.json)

@@ -34,7 +34,6 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from training.app.job_paths import JobPath
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import RESULT_FILE
 from training.app.schema import JobConfig, config_hash
@@ -47,6 +46,7 @@ from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
 from training.engine.fit import FitResult, Member, TrainData, snapshot
 from training.engine.group import GroupOptions, fit_group, resolve_engine
 from training.engine.numerics import JobNumerics
+from training.mdl.job_paths import JobPath
 from training.mdl.splits import model_name
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,8 @@ data can be cut into `mdl.num_blocks` blocks, `training.storage` holds it exactl
 memory it has. Each refusal is one line naming the key (exit 2; a single run leaves no directory behind).
 
 `precheck` returns the data it loaded, which the lifecycle hands to the job's body (`JobRun.loaded`), so it is
-loaded once. A job that already finished with this configuration (a SKIP) loads nothing.
+loaded once; the lifecycle does not call it for a job that already finished with this configuration (a SKIP). The
+checks and the data steps are handed the config sections they read, not the whole config.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,8 +24,7 @@ from models import make_spec, param_count
 from models.mup_utils import on_meta
 from models.registry import arch_traits
 from training.app.lifecycle import DataOnDisk
-from training.app.results import RESULT_FILE, read_result, same_config
-from training.app.schema import ConfigError, JobConfig, config_hash
+from training.app.schema import ArchConfig, ConfigError, DatasetConfig, EraserConfig, JobConfig, MdlConfig
 from training.common import env
 from training.data import LoadedData, load_dataset
 from training.data.erase import FitPlan, OracleFit, PopulationFit, after_augment_refusal
@@ -33,7 +32,7 @@ from training.data.generators import oracle_chunks, population_moments
 from training.data.shared import Pack, datasets_of
 from training.engine.batches import compact
 from training.engine.devices import available_memory
-from training.engine.group import module_refusal, resolve_engine
+from training.engine.group import check_options, module_refusal, resolve_engine
 from training.engine.seeding import generator
 from training.errors import Refused
 from training.mdl.code import MIN_BLOCK_SAMPLES, most_blocks
@@ -48,9 +47,10 @@ MODEL_COPIES = 5
 PLAN_BYTES_PER_SLOT = 8 + 4 + 16 + 1  # the lockstep plan per training sample: index, weight, crop offset, flip
 
 
-def load_data(cfg: JobConfig, loaded: LoadedData | None = None, pack: Pack | None = None) -> LoadedData:
+def load_data(dataset: DatasetConfig, data_dir: str, loaded: LoadedData | None = None, pack: Pack | None = None
+              ) -> LoadedData:
     """The job's dataset: `loaded` (what its precheck loaded, `JobRun.loaded`), else loaded now (once per `pack`)."""
-    return loaded if loaded is not None else load_dataset(cfg.dataset, cfg.paths.data_dir, datasets_of(pack))
+    return loaded if loaded is not None else load_dataset(dataset, data_dir, datasets_of(pack))
 
 
 def data_fingerprint(cfg: JobConfig, pack: Pack | None = None) -> DataOnDisk:
@@ -60,53 +60,52 @@ def data_fingerprint(cfg: JobConfig, pack: Pack | None = None) -> DataOnDisk:
     return DataOnDisk(data.info["fingerprint"], data)
 
 
-def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = None, rerun: bool = False,
-             pack: Pack | None = None) -> LoadedData | None:
-    """Refuse (one line) a job that cannot run on its data, before anything is made; see the module docstring.
-    Returns the data it loaded (None: the job finished with this configuration and loads nothing). `rerun`: the
-    lifecycle found that finished result stale, so the job runs after all and is checked like any (on `data`, the
-    data its fingerprint check read again, where it has it). `pack`: what the job shares with its pack's others."""
-    if not rerun:
-        done = read_result(Path(cfg.paths.job_dir) / RESULT_FILE, cfg.task_spec)
-        if done is not None and not cfg.force and same_config(done, config_hash(cfg), cfg.task_spec):
-            return None  # finished: the lifecycle skips it, unless its result is stale (then it calls again)
-    if data is None:
-        data = load_dataset(cfg.dataset, cfg.paths.data_dir, datasets_of(pack))
-    coded = coded_indices(cfg, data, pack)
+def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = None, pack: Pack | None = None
+             ) -> LoadedData:
+    """Refuse (one line) a job that cannot run on its data or device, before anything is made (see the module
+    docstring); returns the data it loaded, or checked: `data`, what the lifecycle's fingerprint check read again.
+    `pack`: what the job shares with its pack's others."""
+    t, e, d = cfg.training, cfg.eraser, cfg.dataset
+    check_options(t.engine, t.workers, t.fused_optimizer, device)
+    data = load_data(d, cfg.paths.data_dir, data, pack)
+    plan = fit_plan(e, d, cfg.seed, with_permuted_labels(data, d.permute_labels, cfg.seed), cfg.paths.data_dir, pack)
+    coded = None if plan is None else plan.coded_idx  # the samples the job codes (None: all), as inputs.py picks them
     n_coded = len(data.y) if coded is None else len(coded)
-    check_input(cfg, data)
-    check_blocks(cfg, data.name, len(data.y), n_coded)
-    check_storage(cfg, data, coded)
-    check_after_augment(cfg, data, pack)
+    check_input(d, e.name, cfg.arch, data)
+    check_blocks(cfg.mdl, e.fit_on, data.name, len(data.y), n_coded)
+    check_storage(t.storage, e.name, d.zscore, data, coded)
+    check_after_augment(e, d, cfg.seed, cfg.paths.data_dir, data, pack)
     check_memory(cfg, data, n_coded, device)
     return data
 
 
-def with_permuted_labels(cfg: JobConfig, data: LoadedData) -> LoadedData:
+def with_permuted_labels(data: LoadedData, permute: bool, seed: int) -> LoadedData:
     """`dataset.permute_labels`: the labels shuffled once, seeded by the job seed, before anything else sees them."""
-    if not cfg.dataset.permute_labels:
+    if not permute:
         return data
-    perm = torch.randperm(len(data.y), generator=generator(cfg.seed, "permute_labels"))
+    perm = torch.randperm(len(data.y), generator=generator(seed, "permute_labels"))
     return LoadedData(data.name, data.x, data.y[perm].contiguous(), data.num_classes,
                       {**data.info, "permuted_labels": True})
 
 
-def fit_plan(cfg: JobConfig, data: LoadedData, pack: Pack | None = None) -> FitPlan | None:
+def fit_plan(e: EraserConfig, dataset: DatasetConfig, seed: int, data: LoadedData, data_dir: str,
+             pack: Pack | None = None) -> FitPlan | None:
     """How the eraser is fitted (`eraser.fit_on`, INTERFACE.md) on `data` (labels already permuted for a null), and
     which rows are coded; None for fit_on=all (with the coded labels). A holdout that cannot be fitted is refused in
-    one line (ConfigError) here, in the precheck, before any directory is made."""
-    e = cfg.eraser
-    shuffle = (cfg.seed, e.repeat) if e.fit_labels == "shuffled" else None  # the fit labels' permutation
+    one line (ConfigError) here, in the precheck, before any directory is made. `data_dir`: where the pool is read
+    (`eraser.fit_source=pool`)."""
+    shuffle = (seed, e.repeat) if e.fit_labels == "shuffled" else None  # the fit labels' permutation
     if e.fit_on == "all":
         return None if shuffle is None else FitPlan("all", shuffle=shuffle)
     if e.fit_on == "oracle":
-        return FitPlan("oracle", oracle=oracle_fit(cfg, data))
+        return FitPlan("oracle", oracle=oracle_fit(e.n_fit, dataset, data))
     if e.fit_source == "pool":
-        return FitPlan(e.fit_on, pool=_pool(cfg, data, pack), fit_source="pool", repeat=e.repeat, shuffle=shuffle)
+        pool = _pool(e, dataset, seed, data, data_dir, pack)
+        return FitPlan(e.fit_on, pool=pool, fit_source="pool", repeat=e.repeat, shuffle=shuffle)
 
-    _check_split(cfg, data)
-    fit_idx, coded_idx = holdout_split(data.y, e.fit_fraction, seed=cfg.seed, repeat=e.repeat)
-    population = population_fit(cfg) if e.fit_on == "population" else None  # codes the rows self codes
+    _check_split(e.fit_fraction, data)
+    fit_idx, coded_idx = holdout_split(data.y, e.fit_fraction, seed=seed, repeat=e.repeat)
+    population = population_fit(dataset) if e.fit_on == "population" else None  # codes the rows self codes
     return FitPlan(e.fit_on, coded_idx=coded_idx, fit_idx=fit_idx if e.fit_on == "holdout" else None,
                    fit_source="split", fit_fraction=float(e.fit_fraction), repeat=e.repeat, population=population,
                    shuffle=shuffle)
@@ -115,9 +114,9 @@ def fit_plan(cfg: JobConfig, data: LoadedData, pack: Pack | None = None) -> FitP
 MIN_CLASS_ROWS = 2  # an eraser's fit needs at least 2 rows of every class (erasure/moments.py check_labels)
 
 
-def _check_split(cfg: JobConfig, data: LoadedData) -> None:
+def _check_split(fit_fraction: float, data: LoadedData) -> None:
     """Both parts of a split (the fit rows and the coded rows) need MIN_CLASS_ROWS rows of every class."""
-    f = float(cfg.eraser.fit_fraction)
+    f = float(fit_fraction)
     counts, fit = fit_counts(data.y, f)
     coded = counts - fit
     if int(fit.min()) >= MIN_CLASS_ROWS and int(coded.min()) >= MIN_CLASS_ROWS:
@@ -133,28 +132,26 @@ def _check_split(cfg: JobConfig, data: LoadedData) -> None:
                       "data (dataset.limit)")
 
 
-def _pool(cfg: JobConfig, data: LoadedData, pack: Pack | None) -> LoadedData:
+def _pool(e: EraserConfig, dataset: DatasetConfig, seed: int, data: LoadedData, data_dir: str, pack: Pack | None
+          ) -> LoadedData:
     """`eraser.fit_source=pool`: the dataset's rows beyond `dataset.limit` (labels permuted too for a null), all of
     them or `eraser.n_fit` drawn stratified by (seed, repeat)."""
-    from dataclasses import replace
-
-
-    full = load_dataset(replace(cfg.dataset, limit=None), cfg.paths.data_dir, datasets_of(pack))
-    limit = int(cfg.dataset.limit or 0)
+    full = load_dataset(dataclasses.replace(dataset, limit=None), data_dir, datasets_of(pack))
+    limit = int(dataset.limit or 0)
     if len(full.y) <= limit:
         raise ConfigError(f"eraser.fit_source=pool is not allowed: {data.name} has {len(full.y)} rows and "
                           f"dataset.limit={limit} codes all of them, leaving no pool; lower dataset.limit or use "
                           "eraser.fit_source=split")
     pool = full.subset(torch.arange(limit, len(full.y)))
-    if cfg.dataset.permute_labels:
-        perm = torch.randperm(len(pool.y), generator=generator(cfg.seed, "permute_labels", "pool"))
+    if dataset.permute_labels:
+        perm = torch.randperm(len(pool.y), generator=generator(seed, "permute_labels", "pool"))
         pool = LoadedData(pool.name, pool.x, pool.y[perm].contiguous(), pool.num_classes, pool.info)
-    n_fit = cfg.eraser.n_fit
+    n_fit = e.n_fit
     if n_fit is not None and n_fit > len(pool.y):
         raise ConfigError(f"eraser.n_fit={n_fit} is not allowed: the pool beyond dataset.limit={limit} has "
                           f"{len(pool.y)} rows; use eraser.n_fit ≤ {len(pool.y)} or null (the whole pool)")
     if n_fit is not None:
-        pool = pool.subset(stratified_sample(pool.y, n_fit, seed=cfg.seed, repeat=cfg.eraser.repeat))
+        pool = pool.subset(stratified_sample(pool.y, n_fit, seed=seed, repeat=e.repeat))
     counts = torch.bincount(pool.y, minlength=pool.num_classes)
     if int(counts.min()) < MIN_CLASS_ROWS:
         raise ConfigError(f"eraser.n_fit={n_fit} is not allowed: the pool's smallest class gets "
@@ -166,69 +163,61 @@ def _pool(cfg: JobConfig, data: LoadedData, pack: Pack | None) -> LoadedData:
 ORACLE_ROWS_PER_DIM = 200  # eraser.fit_on=oracle: default fit rows per class, per input dimension
 
 
-def oracle_fit(cfg: JobConfig, data: LoadedData) -> OracleFit:
+def oracle_fit(n_fit: int | None, dataset: DatasetConfig, data: LoadedData) -> OracleFit:
     """`eraser.fit_on=oracle`: fresh draws of the generator (never the coded rows), `eraser.n_fit` rows per class
     (null: ORACLE_ROWS_PER_DIM · d)."""
-    o = cfg.dataset.options
-    per_class = cfg.eraser.n_fit or ORACLE_ROWS_PER_DIM * int(data.x[0].numel())
-    key = {"dataset": cfg.dataset.name, "options": dataclasses.asdict(o), "rows_per_class": per_class}
+    o = dataset.options
+    per_class = n_fit or ORACLE_ROWS_PER_DIM * int(data.x[0].numel())
+    key = {"dataset": dataset.name, "options": dataclasses.asdict(o), "rows_per_class": per_class}
     return OracleFit(lambda: oracle_chunks(o, per_class), per_class * data.num_classes, key)
 
 
-def population_fit(cfg: JobConfig) -> PopulationFit:
+def population_fit(dataset: DatasetConfig) -> PopulationFit:
     """`eraser.fit_on=population`: the generator's exact class moments (training/data/generators.py)."""
-    o = cfg.dataset.options
-    key = {"dataset": cfg.dataset.name, "options": dataclasses.asdict(o), "population": True}
+    o = dataset.options
+    key = {"dataset": dataset.name, "options": dataclasses.asdict(o), "population": True}
     return PopulationFit(lambda: population_moments(o), key)
 
 
-def coded_indices(cfg: JobConfig, data: LoadedData, pack: Pack | None = None) -> torch.Tensor | None:
-    """The samples the job codes (None: all of them), as `inputs.prepare_data` picks them."""
-    plan = fit_plan(cfg, with_permuted_labels(cfg, data), pack)
-    return None if plan is None else plan.coded_idx
-
-
-def check_input(cfg: JobConfig, data: LoadedData) -> None:
+def check_input(dataset: DatasetConfig, eraser: str, arch: ArchConfig, data: LoadedData) -> None:
     """What the samples rule out, in one line: augmentation (random crops and flips of images) of vectors, which
     would zero most of each one, an eraser that cannot take their values (`input_range`), and an architecture that
     cannot take their shape (LeNet below 4×4)."""
     c, h, w = data.input_shape
-    if cfg.dataset.augment and h == 1:
-        raise ConfigError(f"dataset.augment=true is not allowed with dataset={cfg.dataset.name}: its samples are "
+    if dataset.augment and h == 1:
+        raise ConfigError(f"dataset.augment=true is not allowed with dataset={dataset.name}: its samples are "
                           f"vectors ({w} numbers) and augmentation crops and flips images; set dataset.augment=false")
-    bounds = eraser_traits(cfg.eraser.name).input_range
+    bounds = eraser_traits(eraser).input_range
     if bounds is not None and (float(data.x.min()) < bounds[0] or float(data.x.max()) > bounds[1]):
-        raise ConfigError(f"eraser={cfg.eraser.name} is not allowed with dataset={cfg.dataset.name}: it takes "
+        raise ConfigError(f"eraser={eraser} is not allowed with dataset={dataset.name}: it takes "
                           f"samples in [{bounds[0]:g}, {bounds[1]:g}], these lie in [{float(data.x.min()):.3g}, "
                           f"{float(data.x.max()):.3g}]; use an image dataset or another eraser")
 
     try:
-        on_meta(make_spec(cfg.arch, data.input_shape, data.num_classes).build)
+        on_meta(make_spec(arch, data.input_shape, data.num_classes).build)
     except ValueError as err:
-        raise ConfigError(f"arch={cfg.arch.name} is not allowed with dataset={cfg.dataset.name} (samples of shape "
+        raise ConfigError(f"arch={arch.name} is not allowed with dataset={dataset.name} (samples of shape "
                           f"{c}×{h}×{w}): {err}; use arch=mlp") from err
 
 
-def check_blocks(cfg: JobConfig, name: str, n: int, n_coded: int) -> None:
+def check_blocks(m: MdlConfig, fit_on: str, name: str, n: int, n_coded: int) -> None:
     """`mdl.num_blocks` must leave at least 2 samples a block (training/mdl/code.py `most_blocks`)."""
-    m = cfg.mdl
     n_val = validation_size(n_coded, m.val_size, m.val_frac)
     rest = n_coded - n_val
     if m.num_blocks <= most_blocks(rest):
         return
-    coded = "" if n_coded == n else f", {n_coded} coded (eraser.fit_on={cfg.eraser.fit_on})"
+    coded = "" if n_coded == n else f", {n_coded} coded (eraser.fit_on={fit_on})"
     raise ConfigError(f"mdl.num_blocks={m.num_blocks} is not allowed: {name} has {n} samples{coded}, {rest} to code "
                       f"after {n_val} for validation: at most {most_blocks(rest)} blocks (of at least "
                       f"{MIN_BLOCK_SAMPLES} samples; "
                       f"mdl.min_block={m.min_block} shrinks to fit); lower mdl.num_blocks or use more data")
 
 
-def check_storage(cfg: JobConfig, data: LoadedData, coded: torch.Tensor | None) -> None:
+def check_storage(storage: str, eraser: str, zscore: bool, data: LoadedData, coded: torch.Tensor | None) -> None:
     """`training.storage=uint8|float16` with the identity (control) eraser stores the data itself: it must hold it
     exactly. (Other erasers: the schema refuses map erasers and z-scoring up front; an edit eraser's output is
     checked when it is stored.)"""
-    storage = cfg.training.storage
-    if storage not in ("uint8", "float16") or not eraser_traits(cfg.eraser.name).identity or cfg.dataset.zscore:
+    if storage not in ("uint8", "float16") or not eraser_traits(eraser).identity or zscore:
         return
     try:
         compact(data.x if coded is None else data.x[coded], storage)
@@ -238,13 +227,13 @@ def check_storage(cfg: JobConfig, data: LoadedData, coded: torch.Tensor | None) 
                           "so would change the numbers; auto keeps the smallest exact storage)") from None
 
 
-def check_after_augment(cfg: JobConfig, data: LoadedData, pack: Pack | None = None) -> None:
+def check_after_augment(e: EraserConfig, dataset: DatasetConfig, seed: int, data_dir: str, data: LoadedData,
+                        pack: Pack | None = None) -> None:
     """`eraser.after_augment=true` with an eraser whose fit may add noise (`EraserTraits.batch_noise`, QLEACE's
     coupling): refused when the fit would add it (singular classes), predicted from the fit's data without fitting
     (erasure/qleace.py `coupling_noise_ranks`: seconds, no barycenter). The prediction replaces the barycenter by the
     pooled covariance; where it misses, the fitted eraser is refused with the same line (training/data/erase.py
     `BatchEraser`)."""
-    e = cfg.eraser
     noise = eraser_traits(e.name).batch_noise
     if not e.after_augment or noise is None:
         return
@@ -252,9 +241,9 @@ def check_after_augment(cfg: JobConfig, data: LoadedData, pack: Pack | None = No
     options = resolve_options(e.name, dict(e.options))
     if not noise.applies(options):
         return
-    data = with_permuted_labels(cfg, data)
+    data = with_permuted_labels(data, dataset.permute_labels, seed)
     try:
-        plan = fit_plan(cfg, data, pack)
+        plan = fit_plan(e, dataset, seed, data, data_dir, pack)
     except ConfigError:
         return  # a fit part the split refuses (too few rows): its own line says so
     fit = data if plan is None else plan.fit_rows(data)
@@ -282,21 +271,22 @@ class MemoryEstimate:
         return self.data + self.models + self.batches
 
 
-def models_at_once(cfg: JobConfig, models: int, not_vectorised: str | None) -> int:
+def models_at_once(parallel_models: Any, arch: str, models: int, not_vectorised: str | None) -> int:
     """How many of the job's `models` train together, as `Trainer.group_size` decides it: `training.parallel_models`
     (auto: all where the architecture vectorises), 1 where the group engine cannot take them (`not_vectorised`)."""
-    want = cfg.training.parallel_models
+    want = parallel_models
     if not_vectorised is not None:
         return 1
     if want == "auto":
-        return models if arch_traits(cfg.arch.name).vectorises else 1
+        return models if arch_traits(arch).vectorises else 1
     return max(1, min(int(want), models))
 
 
-def _why_not_vectorised(cfg: JobConfig, model: torch.nn.Module, device: torch.device) -> str | None:
+def _why_not_vectorised(engine_key: str, regularizer: str, model: torch.nn.Module, device: torch.device
+                        ) -> str | None:
     """`why_not_vectorized` on what the config and a shape-only model tell (the optimizer is always schedule-free)."""
-    engine = resolve_engine(cfg.training.engine, device)
-    if cfg.regularizer.name != "none" and engine == "stacked":
+    engine = resolve_engine(engine_key, device)
+    if regularizer != "none" and engine == "stacked":
         return "a regularizer with the stacked engine"
     return module_refusal(model, engine)
 
@@ -309,9 +299,11 @@ def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int,
     n_val = validation_size(n_coded, m.val_size, m.val_frac)
     n_train = n_coded - n_val
     models = m.num_blocks - 1 + int(m.full_run)
-    params, acts, model = _model_size(cfg, data.input_shape, data.num_classes)
-    at_once = models_at_once(cfg, models, _why_not_vectorised(cfg, model, device))
-    data_bytes = n_coded * numel * _storage_bytes(cfg, data) + n_val * numel * 4
+    t, e = cfg.training, cfg.eraser
+    params, acts, model = _model_size(cfg.arch, data.input_shape, data.num_classes)
+    at_once = models_at_once(t.parallel_models, cfg.arch.name, models,
+                             _why_not_vectorised(t.engine, cfg.regularizer.name, model, device))
+    data_bytes = n_coded * numel * _storage_bytes(t.storage, e.name, cfg.dataset.zscore, data) + n_val * numel * 4
     if cfg.eraser.after_augment and not eraser_traits(cfg.eraser.name).identity:
         data_bytes += n_coded * numel * 4  # the unerased images the training batches are drawn from (float32)
     batch = min(cfg.optim.batch_size, n_train)
@@ -319,20 +311,19 @@ def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int,
     return MemoryEstimate(data_bytes, at_once * params * 4 * MODEL_COPIES, batch_bytes, at_once)
 
 
-def _storage_bytes(cfg: JobConfig, data: LoadedData) -> int:
-    storage = cfg.training.storage
+def _storage_bytes(storage: str, eraser: str, zscore: bool, data: LoadedData) -> int:
     if storage in ("uint8", "float16", "float32"):
         return {"uint8": 1, "float16": 2, "float32": 4}[storage]
-    if not eraser_traits(cfg.eraser.name).identity or cfg.dataset.zscore:
+    if not eraser_traits(eraser).identity or zscore:
         return 4  # erased (or standardised) data is stored as float32 (an edit eraser's may be smaller: rough)
     return compact(data.x[:256]).element_size()  # what `auto` picks, judged on a probe
 
 
-def _model_size(cfg: JobConfig, input_shape: tuple[int, int, int], num_classes: int
+def _model_size(arch: ArchConfig, input_shape: tuple[int, int, int], num_classes: int
                 ) -> tuple[int, int, torch.nn.Module]:
     """(parameters, activation floats per sample, the model) of one model, from a shape-only build (no memory, no
     RNG)."""
-    model = on_meta(make_spec(cfg.arch, input_shape, num_classes).build)
+    model = on_meta(make_spec(arch, input_shape, num_classes).build)
     params = param_count(model)
     acts = 0
 

@@ -9,7 +9,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.app.result_types import Result, at, mapping, number, number_or_nan, text
+from training.app.result_types import Result, at, mapping, number, text
+
+
+def number_or_nan(value: Any) -> float:
+    """A JSON number as a float, NaN for anything else (a missing score of a report or certificate)."""
+    n = number(value)
+    return math.nan if n is None else n
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 
-from training.app.schema import JobConfig
+from training.app.schema import MdlConfig, OptimConfig
 from training.mdl.code import most_blocks, partition_logspace
 from training.mdl.splits import validation_size
 
@@ -19,21 +19,20 @@ log = logging.getLogger(__name__)
 STOP_KEYS = ("mdl.max_epochs", "mdl.min_steps", "mdl.stop_after_warmup", "optim.warmup_steps", "optim.batch_size")
 
 
-def floor_outlasts_cap(cfg: JobConfig, n_coded: int) -> str | None:
+def floor_outlasts_cap(m: MdlConfig, optim: OptimConfig, n_coded: int) -> str | None:
     """One line when the step floor keeps the smallest block model past `mdl.max_epochs`, else None."""
-    m = cfg.mdl
-    warmup = cfg.optim.warmup_steps if m.stop_after_warmup else 0
+    warmup = optim.warmup_steps if m.stop_after_warmup else 0
     floor = max(m.min_steps, warmup)
     rest = n_coded - validation_size(n_coded, m.val_size, m.val_frac)
     if floor == 0 or m.num_blocks > most_blocks(rest):  # infeasible: the precheck refuses it
         return None
     smallest = partition_logspace(rest, m.num_blocks, m.min_block)[0]  # block model 1 trains on block 1 alone
-    per_epoch = math.ceil(smallest / cfg.optim.batch_size)
+    per_epoch = math.ceil(smallest / optim.batch_size)
     if m.max_epochs * per_epoch >= floor:
         return None
     epochs = math.ceil(floor / per_epoch)
     by = (f"mdl.min_steps={m.min_steps}" if m.min_steps >= warmup else
-          f"the warm-up (optim.warmup_steps={cfg.optim.warmup_steps} with mdl.stop_after_warmup=true)")
+          f"the warm-up (optim.warmup_steps={optim.warmup_steps} with mdl.stop_after_warmup=true)")
     cure = "mdl.min_steps=0" + (" mdl.stop_after_warmup=false" if warmup > 0 else "")
     return (f"{by} outlasts mdl.max_epochs={m.max_epochs}: block model 1 ({smallest} samples, {per_epoch} "
             f"step{'s' if per_epoch > 1 else ''} an epoch) trains {epochs} epochs, not {m.max_epochs} "
@@ -50,8 +49,8 @@ def set_on_command_line() -> bool:
     return any(o.lstrip("+~").split("=", 1)[0] in STOP_KEYS for o in overrides)
 
 
-def say_stop_keys(cfg: JobConfig, n_coded: int) -> None:
+def say_stop_keys(m: MdlConfig, optim: OptimConfig, n_coded: int) -> None:
     """Log `floor_outlasts_cap`'s line, if any: a warning when the command line set a stop key, else info."""
-    line = floor_outlasts_cap(cfg, n_coded)
+    line = floor_outlasts_cap(m, optim, n_coded)
     if line is not None:
         log.log(logging.WARNING if set_on_command_line() else logging.INFO, "%s", line)

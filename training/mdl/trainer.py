@@ -11,7 +11,7 @@ import torch
 
 from models import depth_lr_multiplier
 from models.registry import arch_traits
-from training.app.schema import JobConfig, MdlConfig
+from training.app.schema import ArchConfig, JobConfig, MdlConfig, OptimConfig
 from training.data.shared import Pack
 from training.engine.backends import compile_mode
 from training.engine.batches import DeviceData
@@ -40,22 +40,22 @@ LN2 = math.log(2)
 FitJob = tuple[torch.Tensor, object, "int | None"]  # (training rows, tag, eval_every_steps): one model to train
 
 
-def resolve_optim(cfg: JobConfig) -> OptimSettings:
+def resolve_optim(o: OptimConfig, arch: ArchConfig) -> OptimSettings:
     """The optimiser settings of the job (the paper's come from conf/ through optim.*), with the depth rule."""
-    o = cfg.optim
-    mult = float(depth_lr_multiplier(cfg.arch)) if o.depth_lr_rule else 1.0
+    mult = float(depth_lr_multiplier(arch)) if o.depth_lr_rule else 1.0
     return OptimSettings(lr_base=float(o.lr), lr=float(o.lr) * mult, depth_lr_multiplier=mult, beta1=float(o.beta1),
                          beta2=float(o.beta2), weight_decay=float(o.weight_decay), warmup_steps=o.warmup_steps,
                          batch_size=o.batch_size)
 
 
-def fit_config(cfg: JobConfig, warmup_steps: int, eval_every_steps: int | None = None,
-               batch_transform: BatchTransform | None = None, numerics: JobNumerics | None = None) -> FitConfig:
-    """The fit loop's settings of a job: batch size, `mdl.*` early stopping (step-aware) and augmentation, the map
-    of each augmented batch (`eraser.after_augment`: `BatchEraser`) and the job's numerics (`JobRun.numerics`)."""
-    m = cfg.mdl
-    return FitConfig(batch_size=cfg.optim.batch_size, patience=m.patience, max_epochs=m.max_epochs,
-                     augment=cfg.dataset.augment, eval_every_steps=eval_every_steps, progress=cfg.progress,
+def fit_config(m: MdlConfig, batch_size: int, augment: bool, progress: bool, warmup_steps: int,
+               eval_every_steps: int | None = None, batch_transform: BatchTransform | None = None,
+               numerics: JobNumerics | None = None) -> FitConfig:
+    """The fit loop's settings of a job: `optim.batch_size`, `mdl.*` early stopping (step-aware), `dataset.augment`,
+    the map of each augmented batch (`eraser.after_augment`: `BatchEraser`) and the job's numerics
+    (`JobRun.numerics`)."""
+    return FitConfig(batch_size=batch_size, patience=m.patience, max_epochs=m.max_epochs,
+                     augment=augment, eval_every_steps=eval_every_steps, progress=progress,
                      batch_transform=batch_transform, numerics=numerics, **stop_options(m, warmup_steps))
 
 
@@ -90,7 +90,7 @@ class Trainer:
             self.batch_transform = batches.transform.to(device)  # the eraser's state moves to the device once
         self.y = y.to(device)
         self.num_classes, self.split, self.device = num_classes, split, device
-        self.optim = resolve_optim(cfg)
+        self.optim = resolve_optim(cfg.optim, cfg.arch)
         self.regularizer = build_regularizer(cfg.regularizer, num_classes)
         self.x_val, self.y_val = self.data.all(split.val_idx), self.y[split.val_idx.to(device)]
         self.input_shape = tuple(int(s) for s in x.shape[1:])
@@ -101,7 +101,7 @@ class Trainer:
     def for_seed(self, cfg: JobConfig) -> Trainer:
         """This job's trainer for another seed of its configuration, on the same data (one copy on the device): a
         pack group's companion (training/mdl/pack_group.py), with no checkpoint of its own."""
-        sibling = Trainer(cfg, self.x, self.y, self.num_classes, split_of(cfg, len(self.y)), self.device,
+        sibling = Trainer(cfg, self.x, self.y, self.num_classes, split_of(cfg.mdl, cfg.seed, len(self.y)), self.device,
                           data=self.data, numerics=self.numerics, pack=self.pack)
         # eraser.after_augment: the same unerased images and the same batch eraser (one object: one group's members
         # share their batch transform)
@@ -116,7 +116,9 @@ class Trainer:
         return self.cfg.mdl.eval_every_steps
 
     def fit_cfg(self, eval_every_steps: int | None = None) -> FitConfig:
-        return fit_config(self.cfg, self.optim.warmup_steps, eval_every_steps, self.batch_transform, self.numerics)
+        c = self.cfg
+        return fit_config(c.mdl, c.optim.batch_size, c.dataset.augment, c.progress, self.optim.warmup_steps,
+                          eval_every_steps, self.batch_transform, self.numerics)
 
     def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
         """A fresh model (init drawn from (seed, "init", tag)), its optimizer, data subset and generator."""
@@ -213,10 +215,9 @@ def stop_options(m: MdlConfig, warmup_steps: int) -> dict[str, int]:
             "patience_min_steps": m.patience_min_steps}
 
 
-def split_of(cfg: JobConfig, n: int) -> MdlSplit:
-    """The job's MDL split of its `n` coded rows (validation set and blocks, drawn from its seed)."""
-    m = cfg.mdl
-    return make_split(n, cfg.seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
+def split_of(m: MdlConfig, seed: int, n: int) -> MdlSplit:
+    """The job's MDL split of its `n` coded rows (validation set and blocks, drawn from its `seed`)."""
+    return make_split(n, seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
                       min_block=m.min_block)
 
 

@@ -32,9 +32,9 @@ def method_name(cfg: JobConfig) -> str:
 
 def method_of_stored(config: Mapping[str, Any]) -> str:
     """The method of a result's stored config (so renaming methods needs no re-run)."""
-    from training.app.results import stored_config
+    from training.app.result_codec import config_view
 
-    c = stored_config(config)
+    c = config_view(config)
     sd = None
     if "regularizer.name" in c and c["regularizer.name"] == "sd":
         given = {k.split(".", 1)[1]: v for k, v in c.items()

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,13 +69,15 @@ class Prepared:
 def prepare(job: JobRun) -> Prepared:
     cfg = job.cfg  # dataset.zscore, eraser.fit_on and eraser=gradient are refused (training/tasks/gs_erased_eval.py)
     gs = cfg.task_options  # training/tasks/gs_erased_eval.py ErasedEvalOptions
-    data = with_permuted_labels(cfg, load_data(cfg, job.loaded, job.pack))  # the null: before the split
+    data = load_data(cfg.dataset, cfg.paths.data_dir, job.loaded, job.pack)
+    data = with_permuted_labels(data, cfg.dataset.permute_labels, cfg.seed)  # the null: before the split
     idx = split(len(data.y), cfg.seed, gs.test_frac, cfg.mdl.val_size, cfg.mdl.val_frac)
     plans = {"train": FitPlan("self", coded_idx=idx["train"]),  # in sample: the rows it is fitted on
              "test": FitPlan("holdout", coded_idx=idx["test"], fit_idx=idx["train"])}
     erased, info = {}, {}
     for part, plan in plans.items():
-        erased[part], info[part] = erase_maybe_zscored(data, cfg, plan, job.pack)
+        erased[part], info[part] = erase_maybe_zscored(data, cfg.eraser, cfg.dataset, Path(cfg.paths.cache_dir),
+                                                       cfg.certificate, plan, job.pack)
     return Prepared(job, data, idx, erased, info)
 
 
@@ -86,7 +89,7 @@ def run(prepared: Prepared) -> dict[str, Any]:
     seed, m = cfg.seed, cfg.mdl
     x, y, k = data.x, data.y, data.num_classes
     name = cfg.eraser.name
-    optim = resolve_optim(cfg)
+    optim = resolve_optim(cfg.optim, cfg.arch)
     with seeded_global_rng(seed, "init", "gs_erased_eval"):
         model, facts = build_with_facts(cfg.arch, data.input_shape, k)
         model = model.to(device)
@@ -94,7 +97,8 @@ def run(prepared: Prepared) -> dict[str, Any]:
     on = {p: (x[i].to(device), y[i].to(device)) for p, i in idx.items()}
     member = Member(model, opt, torch.arange(len(on["train"][1]), device=device),
                     generator(seed, "batches", "gs_erased_eval"),
-                    fit_config(cfg, optim.warmup_steps, m.eval_every_steps, numerics=job.numerics))
+                    fit_config(m, cfg.optim.batch_size, cfg.dataset.augment, cfg.progress, optim.warmup_steps,
+                               m.eval_every_steps, numerics=job.numerics))
     x_train = on["train"][0]
     train = DeviceData(x_train, x_train.device, storage="float32")  # what TrainData makes of a tensor
     res = fit(member, TrainData(train, on["train"][1], *on["val"]), build_regularizer(cfg.regularizer, k),

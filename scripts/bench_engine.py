@@ -171,8 +171,9 @@ def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8) 
         for member in members:
             fit(member, inputs)
         return
+    # polled at each epoch end (the one epoch's end): both runs end at their last step, the poll cancels
     fit_group(members, inputs, GroupOptions(engine=kind, progress=False, compile=None, fused_optimizer=False,
-                                            workers=1, rows=None))
+                                            workers=1, rows=None, poll_every=1))
 
 
 def per_step(measure: Callable[[int], float], steps: int = 4) -> float:

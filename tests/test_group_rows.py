@@ -55,10 +55,10 @@ def _members(augment: bool = False, eval_every: int | None = None, max_epochs: i
     return out
 
 
-def _group(members: list[Member], rows: int | None, engine: str = "loop"
+def _group(members: list[Member], rows: int | None, engine: str = "loop", poll: int = 1
            ) -> tuple[list[FitResult], list[dict[str, Tensor]], RowSchedule]:
     data, y, xv, yv = _data()
-    group = _Lockstep(members, TrainData(data, y, xv, yv), group_options(engine=engine, rows=rows))
+    group = _Lockstep(members, TrainData(data, y, xv, yv), group_options(engine=engine, rows=rows, poll_every=poll))
     results = group.run()
     return results, [snapshot(m.model) for m in members], group.schedule
 
@@ -81,23 +81,37 @@ def test_replay_counts_the_row_steps_of_a_known_schedule() -> None:
     assert replay([7, 5], [1, 1], rows=1).occupancy == 1.0  # one row, always refilled: nothing idle
 
 
+def test_replay_frees_a_stopped_row_at_the_next_poll() -> None:
+    """The same members polled every 4 steps: the 6-step member stops at step 6, its row is seen free at step 8
+    (2 row-steps held without work) and the 4-step member runs to 12; at 12 (a poll) the 3-step one takes a row,
+    stops at 15, seen at 16; the 10-step member's row was seen free at 12. Work 23 in 2 × 16 held."""
+    sched = replay([10, 4, 6, 3], [100, 40, 60, 30], rows=2, poll=4)
+    assert (sched.work, sched.steps) == (23, 16)
+    assert replay([10, 4, 6, 3], [100, 40, 60, 30], rows=2, poll=5).steps == 15  # seen at 10, then 15
+    assert replay([8, 4], [2, 1], rows=2, poll=4).steps == 8  # stops on a poll step: no wait
+
+
 @pytest.mark.parametrize("extra", [{}, {"augment": True, "eval_every": 3}], ids=["plain", "augment-eval-every"])
-def test_refilled_rows_train_each_member_as_alone_bitwise_on_the_loop_engine(extra: dict) -> None:
+@pytest.mark.parametrize("poll", [1, 7])
+def test_refilled_rows_train_each_member_as_alone_bitwise_on_the_loop_engine(extra: dict, poll: int) -> None:
+    """Also when the host reads the done vector only every 7 steps (`training.poll_every`): a stopped member's row
+    is held, masked, until the poll; its result, best state and curve are those of the step it stopped at."""
     data, y, xv, yv = _data()
     alone_members = _members(**extra)
     alone = [fit(m, TrainData(data, y, xv, yv)) for m in alone_members]
     steps = [r.steps for r in alone]
     assert len(set(steps)) == len(steps) or len(set(steps)) > 2, steps  # members stop apart
-    full, full_states, full_sched = _group(_members(**extra), rows=None)
-    refilled, states, sched = _group(_members(**extra), rows=2)
+    full, full_states, full_sched = _group(_members(**extra), rows=None, poll=poll)
+    refilled, states, sched = _group(_members(**extra), rows=2, poll=poll)
     for k, res in enumerate(alone):
         assert _numbers(refilled[k]) == _numbers(res) == _numbers(full[k]), k
         for name, a in snapshot(alone_members[k].model).items():
             assert torch.equal(states[k][name], a) and torch.equal(full_states[k][name], a), (k, name)
     # the group counted exactly the schedule its members' step counts give, and refill filled its rows
-    expect = replay(steps, SIZES, rows=2)
+    expect = replay(steps, SIZES, rows=2, poll=poll)
     assert (sched.work, sched.steps, sched.rows) == (expect.work, expect.steps, 2) and sched.work == sum(steps)
-    assert (full_sched.work, full_sched.steps) == (sum(steps), max(steps))
+    assert (full_sched.work, full_sched.steps) == (sum(steps), -(-max(steps) // poll) * poll)
+    assert any(s % poll for s in steps) == (poll > 1)  # some member stopped between polls
     assert sched.occupancy > full_sched.occupancy
 
 
@@ -109,6 +123,10 @@ def test_refilled_rows_on_the_stacked_engine_within_its_tolerance() -> None:
     alone = [fit(m, TrainData(data, y, xv, yv)) for m in alone_members]
     results, states, sched = _group(_members(), rows=2, engine="stacked")
     assert sched.occupancy > 0.9
+    polled, _, late = _group(_members(), rows=2, engine="stacked", poll=16)  # `auto` on the stacked engine
+    assert [(r.epochs, r.best_epoch, r.steps, r.stop_reason) for r in polled] == \
+        [(r.epochs, r.best_epoch, r.steps, r.stop_reason) for r in results]
+    assert late.work == sched.work and late.steps > sched.steps
     for k, (res, ref) in enumerate(zip(results, alone, strict=True)):
         assert (res.epochs, res.best_epoch, res.steps) == (ref.epochs, ref.best_epoch, ref.steps), k
         assert res.best_val_loss == pytest.approx(ref.best_val_loss, rel=1e-5)
@@ -149,7 +167,7 @@ def test_a_checkpoint_after_a_refill_holds_the_rows_and_the_queue(tmp_path: Path
     (path,) = Path(cfg["paths"]["job_dir"]).glob(PATTERN)
     saved = _load(path)
     state = saved["state"]
-    assert state["format"] == GROUP_FORMAT == 3 and state["step"] == 129 and len(saved["names"]) == 6
+    assert state["format"] == GROUP_FORMAT == 4 and state["step"] == 129 and len(saved["names"]) == 6
     starts = {n: state["members"][n]["first_step"] for n in state["live"]}
     assert len(starts) == 2 and any(s > 0 for s in starts.values()), starts
     sched = state["schedule"]

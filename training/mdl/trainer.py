@@ -188,7 +188,7 @@ class Trainer:
         o = self.opts
         return GroupOptions(on_finish=on_finish, progress=self.cfg.progress, compile=o.compile, engine=o.engine,
                             regularizer=self.regularizer, workers=o.workers, fused_optimizer=o.fused_optimizer,
-                            checkpoint=self.checkpoint, rows=rows)
+                            checkpoint=self.checkpoint, rows=rows, poll_every=o.poll_every)
 
     def all_models(self) -> list[FitJob]:
         """Every model of an MDL job (`run_mdl`): the block models, then the full-data model with `mdl.full_run`."""

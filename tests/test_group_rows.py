@@ -155,6 +155,29 @@ def test_a_job_with_fewer_rows_than_models_gives_the_same_numbers(tmp_path: Path
     assert _job_numbers(ref) == _job_numbers(two)
 
 
+def _untimed(value: object) -> object:
+    """result.json without its clock readings (seconds, timings, dates) and where it ran (its directory, the
+    config holding it, the code's provenance)."""
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items() if k not in ("job_dir", "config", "provenance")
+                and not k.endswith("_s") and not any(t in k for t in ("second", "timing", "time", "date"))}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
+
+
+def test_a_job_polled_every_k_steps_gives_the_same_result(tmp_path: Path) -> None:
+    """`training.poll_every=13` (the host reads which models stopped every 13 steps; a stopped model's row is held
+    until then) with two rows and with a row per model: result.json `==` polled at every epoch end (K=1), curves,
+    stop reasons and codes included."""
+    results = {}
+    for rows in ("2", "auto"):
+        for k in (1, 13):
+            job = [*JOB, f"training.parallel_models={rows}", f"training.poll_every={k}"]
+            results[rows, k] = _untimed(run_job(job_config(tmp_path / f"{rows}-{k}", job)).result)
+    assert results["2", 1] == results["2", 13] == results["auto", 13] == results["auto", 1]
+
+
 def test_a_checkpoint_after_a_refill_holds_the_rows_and_the_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                                   ) -> None:
     """Stopped at step 129 of two rows for six models: a member that took a freed row (its own start step), the

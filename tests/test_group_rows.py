@@ -92,6 +92,13 @@ def test_replay_frees_a_stopped_row_at_the_next_poll() -> None:
     assert replay([8, 4], [2, 1], rows=2, poll=4).steps == 8  # stops on a poll step: no wait
 
 
+def test_replay_counts_the_steps_with_a_validation() -> None:
+    """Members validating every 2 and every 3 of their own steps: together (a row each) at steps 2, 3, 4, 6 (6
+    shared): 4 steps with a validation. Through one row the second starts at step 6: 2, 4, 6, then 9, 12: 5."""
+    assert replay([6, 6], [2, 1], every=[2, 3]).validations == 4
+    assert replay([6, 6], [2, 1], rows=1, every=[2, 3]).validations == 5
+
+
 @pytest.mark.parametrize("extra", [{}, {"augment": True, "eval_every": 3}], ids=["plain", "augment-eval-every"])
 @pytest.mark.parametrize("poll", [1, 7])
 def test_refilled_rows_train_each_member_as_alone_bitwise_on_the_loop_engine(extra: dict, poll: int) -> None:
@@ -109,8 +116,11 @@ def test_refilled_rows_train_each_member_as_alone_bitwise_on_the_loop_engine(ext
         for name, a in snapshot(alone_members[k].model).items():
             assert torch.equal(states[k][name], a) and torch.equal(full_states[k][name], a), (k, name)
     # the group counted exactly the schedule its members' step counts give, and refill filled its rows
-    expect = replay(steps, SIZES, rows=2, poll=poll)
+    every = [extra.get("eval_every") or -(-size // 32) for size in SIZES]  # steps between validations
+    expect = replay(steps, SIZES, rows=2, poll=poll, every=every)
     assert (sched.work, sched.steps, sched.rows) == (expect.work, expect.steps, 2) and sched.work == sum(steps)
+    assert sched.validations == expect.validations and full_sched.validations == \
+        replay(steps, SIZES, poll=poll, every=every).validations
     assert (full_sched.work, full_sched.steps) == (sum(steps), -(-max(steps) // poll) * poll)
     assert any(s % poll for s in steps) == (poll > 1)  # some member stopped between polls
     assert sched.occupancy > full_sched.occupancy

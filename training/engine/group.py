@@ -398,6 +398,8 @@ class _Lockstep:
         if not rows:
             return
         ms = [self.live[r] for r in rows]
+        if not self.pending or self.pending[-1][0] != self.step:
+            self.schedule.validations += 1  # a step with a validation
         losses = self.engine.validate(rows, [m.index for m in ms], self.val, self.stops.record)
         self.pending.append((self.step, rows, [m.epoch for m in ms], losses))
         self.unpolled = True

@@ -92,8 +92,10 @@ class RowSchedule:
     """Which members hold the group's `rows` rows. With fewer rows than members, the members with the largest
     training sets start (they tend to run longest) and the others queue, largest first: a row whose member stops
     takes the next one, so the group keeps `rows` models working (a member's numbers do not depend on its row or
-    its start). With a row per member the order is the members' own. Counts the row-steps that did work:
-    `occupancy` = work / (rows × steps)."""
+    its start); equal training sets (the same block of several seeds or jobs) queue side by side, so they run
+    together and validate at the same steps. With a row per member the order is the members' own. Counts the
+    row-steps that did work (`occupancy` = work / (rows × steps)) and the steps with a validation (`validations`:
+    each one validation call of the engine, and on a GPU a launch of its own)."""
 
     def __init__(self, sizes: Sequence[int], rows: int | None = None) -> None:
         n = len(sizes)
@@ -103,6 +105,7 @@ class RowSchedule:
         self.queue = deque(order[self.rows:])
         self.steps = 0  # the group's steps
         self.work = 0  # Σ over steps of the rows holding a member
+        self.validations = 0  # steps at which some row validated
 
     def step(self, live: int) -> None:
         self.steps += 1
@@ -121,31 +124,40 @@ class RowSchedule:
         return self.work / (self.rows * self.steps) if self.steps else math.nan
 
     def state_dict(self) -> dict:
-        return {"rows": self.rows, "queue": list(self.queue), "steps": self.steps, "work": self.work}
+        return {"rows": self.rows, "queue": list(self.queue), "steps": self.steps, "work": self.work,
+                "validations": self.validations}
 
     def load_state_dict(self, saved: dict) -> None:
         self.rows, self.steps, self.work = int(saved["rows"]), int(saved["steps"]), int(saved["work"])
+        self.validations = int(saved["validations"])
         self.queue = deque(int(k) for k in saved["queue"])
 
 
-def replay(steps: Sequence[int], sizes: Sequence[int], rows: int | None = None, poll: int = 1) -> RowSchedule:
+def replay(steps: Sequence[int], sizes: Sequence[int], rows: int | None = None, poll: int = 1,
+           every: Sequence[int] | None = None) -> RowSchedule:
     """The schedule a group of members with these step counts (and training-set sizes) runs through `rows` rows,
     as the group runs it (training/engine/group.py): a member stopping at group step s is seen at the host's next
     poll (the first multiple of `poll` from s), where its row takes the next member; until then its row is held
-    without work."""
+    without work. `every`: each member validates every this many of its steps (its steps per epoch) while it holds
+    its row, counted in `validations`."""
     sched = RowSchedule(sizes, rows)
-    ends = [steps[k] for k in sched.first]  # the group step at which each row's member stops
-    while ends:
-        now = min(-(-end // poll) * poll for end in ends)  # the next poll that frees a row
+    held = [(steps[k], k) for k in sched.first]  # (the group step at which the row's member stops, the member)
+    due: set[int] = set()
+    while held:
+        now = min(-(-end // poll) * poll for end, _ in held)  # the next poll that frees a row
         for t in range(sched.steps, now):
-            sched.step(sum(end > t for end in ends))
+            sched.step(sum(end > t for end, _ in held))
         kept = []
-        for end in ends:
+        for end, k in held:
             if end > now:
-                kept.append(end)
-            elif (k := sched.next()) is not None:
-                kept.append(now + steps[k])
-        ends = kept
+                kept.append((end, k))
+                continue
+            if every is not None:
+                due.update(range(end - steps[k] + every[k], now + 1, every[k]))  # until the poll: it cannot tell
+            if (j := sched.next()) is not None:
+                kept.append((now + steps[j], j))
+        held = kept
+    sched.validations = len(due)
     return sched
 
 

@@ -266,3 +266,31 @@ def test_a_pack_group_refills_rows_across_its_jobs_and_resumes(tmp_path: Path, m
     assert "of 12 rows (2 job(s) fit in memory at once" in caplog.text
     assert f"at step {state['step']} from" in caplog.text and not pack.ahead
     assert packed == _alone(tmp_path / "alone")
+
+
+def test_the_memory_estimate_counts_the_models_waiting_for_a_row(tmp_path: Path) -> None:
+    """`training.parallel_models=2` for six models: the job builds all six before its group starts (their weights
+    exist; a waiting model's optimizer has no state yet), two rows hold optimizer state, gradients and snapshots.
+    The estimate (training/mdl/precheck.py) counts exactly that: 2 × MODEL_COPIES + 4 models' weights."""
+    from training.app.tasks import load_job
+    from training.data import load_dataset
+    from training.mdl import trainer as trainer_module
+    from training.mdl.precheck import MODEL_COPIES, estimate_memory
+
+    built: list[list[Member]] = []
+
+    def spy(members: list[Member], inputs: TrainData, options: object) -> list[FitResult]:
+        built.append(list(members))
+        assert all(not m.optimizer.state for m in members)  # nothing has stepped: weights only
+        return fit_group(members, inputs, options)  # type: ignore[arg-type]
+
+    cfg = job_config(tmp_path, [*JOB, "training.parallel_models=2"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trainer_module, "fit_group", spy)
+        run_job(cfg)
+    held = [sum(p.numel() for p in m.model.parameters()) for m in built[0]]
+    job = load_job(cfg)
+    data = load_dataset(job.dataset, job.paths.data_dir)
+    est = estimate_memory(job, data, len(data.y))
+    assert len(built) == 1 and len(held) == 6 and est.num_models == 2
+    assert est.models == (2 * MODEL_COPIES + 4) * held[0] * 4

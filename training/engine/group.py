@@ -431,8 +431,9 @@ class _Lockstep:
         self.engine.loss_sum.zero_()
         done, reason, stop_step, epoch, best_epoch, finite, best_loss = (values[i * n:(i + 1) * n] for i in range(7))
         losses = iter(values[7 * n:])
-        if (m := next((self.live[r] for r in range(n) if not finite[r]), None)) is not None:
-            raise nonfinite_loss("training loss", m.name, self.step - m.first_step, m.epoch)
+        if (r := next((r for r in range(n) if not finite[r]), None)) is not None:
+            m, ended = self.live[r], bool(self.plan.batches[r] == 0)  # named by the epoch of its last step
+            raise nonfinite_loss("training loss", m.name, self.step - m.first_step, m.epoch - ended)
         for step, rows, epochs, _ in self.pending:
             for r, ep in zip(rows, epochs, strict=True):
                 loss, m = next(losses), self.live[r]

@@ -228,7 +228,8 @@ def step_callable(arch: str, models: int = 2, shape: tuple[int, ...] = (3, 16, 1
     xb = torch.rand(models, bs, *shape)
     yb = torch.randint(0, K, (models, bs))
     wb = torch.ones(models, bs)
-    return engine.step, (xb, yb, wb, [bs] * models, np.zeros(models, dtype=np.int64))
+    done = torch.zeros(models, dtype=torch.bool)  # the group's done vector (training/engine/stopping.py RowStopping)
+    return engine.step, (xb, yb, wb, [bs] * models, np.zeros(models, dtype=np.int64), done)
 
 
 def graph_breaks(archs: list[str]) -> dict[str, int]:

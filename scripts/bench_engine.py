@@ -152,15 +152,15 @@ def _eraser_transform(name: str, data: Any, y: torch.Tensor) -> Any:
     return BatchEraser(erasure.fit(name, data.all(), y))
 
 
-def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8) -> None:
-    """Train `models` models for one epoch of `steps` steps (batch `bs`) on `path`: fit | loop | stacked, with
+def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8, epochs: int = 1) -> None:
+    """Train `models` models for `epochs` epochs of `steps` steps (batch `bs`) on `path`: fit | loop | stacked, with
     "+augment" (crop/flip) and/or "+erase" (per-batch QLEACE) or "+linear" (per-batch LEACE)."""
 
     kind, *extras = path.split("+")
     data, y, xv, yv = _data()
     eraser = next((ERASER_OF_PATH[e] for e in extras if e in ERASER_OF_PATH), None)
     transform = None if eraser is None else _eraser_transform(eraser, data, y)
-    cfg = FitConfig(batch_size=bs, patience=5, max_epochs=1, augment="augment" in extras, eval_every_steps=None,
+    cfg = FitConfig(batch_size=bs, patience=5, max_epochs=epochs, augment="augment" in extras, eval_every_steps=None,
                     progress=False, warmup_steps=0, min_steps=0, patience_min_steps=0, batch_transform=transform)
     members = []
     for k in range(models):
@@ -171,8 +171,9 @@ def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8) 
         for member in members:
             fit(member, inputs)
         return
+    # polled at each epoch end (the one epoch's end): both runs end at their last step, the poll cancels
     fit_group(members, inputs, GroupOptions(engine=kind, progress=False, compile=None, fused_optimizer=False,
-                                            workers=1, rows=None))
+                                            workers=1, rows=None, poll_every=1))
 
 
 def per_step(measure: Callable[[int], float], steps: int = 4) -> float:
@@ -180,11 +181,18 @@ def per_step(measure: Callable[[int], float], steps: int = 4) -> float:
     return (measure(2 * steps) - measure(steps)) / steps
 
 
-def _dispatch_counts(path: str, models: int, steps: int, arch: str = "mlp") -> Counting:
+def _dispatch_counts(path: str, models: int, steps: int, arch: str = "mlp", epochs: int = 1) -> Counting:
     _run(path, models, 1, arch=arch)  # warm-up: lazy imports and caches out of the counted runs
     with counting() as mode:
-        _run(path, models, steps, arch=arch)
+        _run(path, models, steps, arch=arch, epochs=epochs)
     return mode
+
+
+def syncs_per_validation(paths: list[str], models: int = 3, steps: int = 4) -> dict[str, float]:
+    """Host reads of one more epoch (its validation of every model, the epoch end and, in a group, the host's poll
+    of the done vector): a run of 2 epochs − a run of 1 (training steps read nothing back)."""
+    return {p: float(_dispatch_counts(p, models, steps, epochs=2).syncs - _dispatch_counts(p, models, steps).syncs)
+            for p in paths}
 
 
 def syncs(paths: list[str], models: int = 3) -> tuple[dict[str, float], dict[str, float]]:
@@ -220,7 +228,8 @@ def step_callable(arch: str, models: int = 2, shape: tuple[int, ...] = (3, 16, 1
     xb = torch.rand(models, bs, *shape)
     yb = torch.randint(0, K, (models, bs))
     wb = torch.ones(models, bs)
-    return engine.step, (xb, yb, wb, [bs] * models, np.zeros(models, dtype=np.int64))
+    done = torch.zeros(models, dtype=torch.bool)  # the group's done vector (training/engine/stopping.py RowStopping)
+    return engine.step, (xb, yb, wb, [bs] * models, np.zeros(models, dtype=np.int64), done)
 
 
 def graph_breaks(archs: list[str]) -> dict[str, int]:
@@ -238,22 +247,31 @@ def graph_breaks(archs: list[str]) -> dict[str, int]:
     return out
 
 
-def occupancy_of(steps: list[list[int]], sizes: list[list[int]], rows: int | None = None) -> float:
+def occupancy_of(steps: list[list[int]], sizes: list[list[int]], rows: int | None = None, poll: int = 1) -> float:
     """Σ steps / (rows × the group's steps) over groups, each group's models (their steps, training-set sizes)
-    through `rows` refilled rows (None: a row per model, held until the longest model stops)."""
-    scheds = [replay(s, z, rows) for s, z in zip(steps, sizes, strict=True) if s]
+    through `rows` refilled rows (None: a row per model, held until the longest model stops), polled every `poll`
+    steps."""
+    scheds = [replay(s, z, rows, poll) for s, z in zip(steps, sizes, strict=True) if s]
     held = sum(s.rows * s.steps for s in scheds)
     return sum(s.work for s in scheds) / held if held else math.nan
 
 
-def demo_steps(cells: list[str], out_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
-    """The block models' steps and training-set sizes of each demo cell (`eraser:seed`), trained here (one job per
-    cell)."""
+def validations_of(steps: list[list[int]], sizes: list[list[int]], every: list[list[int]], rows: int | None = None,
+                   poll: int = 1) -> tuple[int, int]:
+    """(steps with a validation, steps) summed over groups: each a validation call of its own (a group per job
+    validates apart from the others, even at the same step). `every`: each model's steps per epoch."""
+    scheds = [replay(s, z, rows, poll, e) for s, z, e in zip(steps, sizes, every, strict=True) if s]
+    return sum(s.validations for s in scheds), sum(s.steps for s in scheds)
+
+
+def demo_steps(cells: list[str], out_dir: Path) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """The block models' steps, training-set sizes and steps per epoch of each demo cell (`eraser:seed`), trained
+    here (one job per cell)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
 
-    groups, sizes = [], []
+    groups, sizes, every = [], [], []
     for cell in cells:
         eraser, seed = cell.split(":")
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -267,8 +285,11 @@ def demo_steps(cells: list[str], out_dir: Path) -> tuple[list[list[int]], list[l
         groups.append(steps + ([int(full["steps"])] if "steps" in full else []))
         sizes.append([int(b["train_size"]) for b in res["mdl"]["blocks"]]
                      + ([int(res["mdl"]["blocks"][-1]["train_size"]) + 1] if "steps" in full else []))  # full: largest
-        print(f"  demo {cell}: block models' steps {groups[-1]}, training sets {sizes[-1]}", flush=True)
-    return groups, sizes
+        every.append([int(b["steps"]) // int(b["epochs"]) for b in res["mdl"]["blocks"]]
+                     + ([int(full["steps"]) // int(full["epochs"])] if "steps" in full else []))
+        print(f"  demo {cell}: block models' steps {groups[-1]}, training sets {sizes[-1]}, steps per epoch "
+              f"{every[-1]}", flush=True)
+    return groups, sizes, every
 
 
 PATHS = ["fit", "loop", "stacked", "fit+augment", "loop+augment", "stacked+augment", "fit+erase", "loop+erase",
@@ -283,6 +304,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="demo cells (eraser:seed, comma-separated) whose block models give the occupancy")
     ap.add_argument("--rows", type=int, default=None,
                     help="rows the cells' models share for `occupancy` (default: one cell's number of models)")
+    ap.add_argument("--poll", type=int, default=16,
+                    help="`occupancy_polled`, `validations_polled`: the host polls the done vector every this many "
+                         "steps (training.poll_every)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     print("syncs per step (dispatch counts, 3 models):", flush=True)
@@ -293,6 +317,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n_ops, n_calls = ops([1, 64])
     loop_ops, _ = ops([1, 64], "loop")
     print(f"  aten ops {n_ops}, python calls {n_calls}; loop engine aten ops {loop_ops}", flush=True)
+    per_validation = syncs_per_validation(["loop", "stacked"])
+    print(f"host reads per epoch of 3 models (their validation, the epoch end, the poll): {per_validation}", flush=True)
     print("graph breaks in the stacked engine's step:", flush=True)
     archs = ["mlp", "lenet"] if args.quick else ["mlp", "lenet", "convnext", "swin"]
     breaks = graph_breaks(archs)
@@ -301,21 +327,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     by_rows: dict[str, float] = {}
     cell_steps: list[list[int]] = []
     rows: int | None = None
+    shared: dict[str, Any] = {}
     if not args.quick and args.cells:
         print("occupancy on the demo's cells:", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
-            cell_steps, cell_sizes = demo_steps(args.cells.split(","), Path(tmp))
+            cell_steps, cell_sizes, cell_every = demo_steps(args.cells.split(","), Path(tmp))
         rows = args.rows or max(len(s) for s in cell_steps)
         before = occupancy_of(cell_steps, cell_sizes)
         occ = occupancy_of([sum(cell_steps, [])], [sum(cell_sizes, [])], rows)
         by_rows = {str(r): occupancy_of(cell_steps, cell_sizes, r) for r in range(1, max(map(len, cell_steps)) + 1)}
         print(f"  before (each job a row per model) {before:.3f}; after (the cells' {sum(map(len, cell_steps))} "
               f"models through {rows} refilled rows) {occ:.3f}; one job through N rows {by_rows}", flush=True)
+        one = [sum(cell_steps, [])], [sum(cell_sizes, [])], [sum(cell_every, [])]
+        shared = {"occupancy_polled": occupancy_of(*one[:2], rows, args.poll), "poll": args.poll,
+                  "validations_before": validations_of(cell_steps, cell_sizes, cell_every),
+                  "validations": validations_of(*one, rows),
+                  "validations_polled": validations_of(*one, rows, args.poll),
+                  "validations_one_group": validations_of(*one)}
+        print(f"  polled every {args.poll} steps: occupancy {shared['occupancy_polled']:.3f}; validation calls, "
+              f"steps (each job its own group / shared refilled rows / polled / one group, a row each): "
+              f"{shared['validations_before']} / {shared['validations']} / {shared['validations_polled']} / "
+              f"{shared['validations_one_group']}", flush=True)
     report = {"device": "cpu", "syncs_per_step": max(by_path.values()), "syncs_by_path": by_path,
               "uploads_by_path": uploads, "ops_per_step": n_ops, "py_calls_per_step": n_calls,
               "loop_ops_per_step": loop_ops, "graph_breaks": breaks, "occupancy": occ,
               "occupancy_rows": rows, "occupancy_before": before, "occupancy_by_rows": by_rows,
-              "occupancy_steps": cell_steps}
+              "occupancy_steps": cell_steps, "syncs_per_validation": per_validation, **shared}
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

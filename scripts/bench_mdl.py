@@ -122,7 +122,8 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
 
     fit_group(members, TrainData(data, y_dev), GroupOptions(on_finish=code, compile=args.compile, engine=args.engine,
                                                             workers=args.workers, progress=False,
-                                                            fused_optimizer=args.worker == "fused", rows=None))
+                                                            fused_optimizer=args.worker == "fused", rows=None,
+                                                            poll_every="auto"))
     return ce
 
 
@@ -244,7 +245,7 @@ def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
         t0 = time.perf_counter()
         fit_group(members, trainer.train_set(),
                   GroupOptions(compile=args.compile, engine=args.engine, progress=False, workers=1,
-                               fused_optimizer=False, rows=None))
+                               fused_optimizer=False, rows=None, poll_every="auto"))
         sync(device)
         return time.perf_counter() - t0
 

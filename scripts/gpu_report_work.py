@@ -181,7 +181,8 @@ def throughput(p: Payload) -> dict[str, Any]:
                 else:
                     fit_group(members, trainer.train_set(),  # the stacked engine: one group, whatever the device
                               GroupOptions(engine="stacked", workers=opts.workers, compile=opts.compile,
-                                           progress=False, fused_optimizer=False, rows=None))
+                                           progress=False, fused_optimizer=False, rows=None,
+                                           poll_every=opts.poll_every))
                 _sync(device)
                 return time.perf_counter() - t0
 

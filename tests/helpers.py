@@ -57,7 +57,7 @@ def fixture_job_dir(root: Path, cfg: dict[str, Any]) -> Path:
 FIT_OFF = {"augment": False, "eval_every_steps": None, "progress": False, "warmup_steps": 0, "min_steps": 0,
            "patience_min_steps": 0}
 GROUP_PLAIN = {"engine": "auto", "progress": False, "compile": None, "fused_optimizer": False, "workers": 1,
-               "rows": None}
+               "rows": None, "poll_every": "auto"}
 ADAMW_PLAIN = {"beta2": 0.999, "weight_decay": 0.0, "warmup_steps": 0}
 
 

@@ -112,9 +112,11 @@ REFILL_STOPS = [60, 75, 30]  # steps 59, 133 and 162 of 216 (each attempt counts
     # Two rows for six models: stops before and after rows were refilled (the first at step 108)
     (["training.parallel_models=2"], REFILL_STOPS),
     (["training.parallel_models=2", "training.engine=stacked"], REFILL_STOPS),
+    # the done vector read every 50 steps: checkpoints hold stopped rows not yet polled and unread validations
+    (["training.parallel_models=2", "training.poll_every=50"], REFILL_STOPS),
     (["training.parallel_models=2", "training.fused_optimizer=eager"], REFILL_STOPS),  # chunks of two, no refill
 ], ids=["loop", "stacked", "fit", "workers", "flat-optim", "augment", "augment-fit", "last-model",
-        "last-model-stacked", "refill", "refill-stacked", "chunks-flat-optim"])
+        "last-model-stacked", "refill", "refill-stacked", "refill-polled", "chunks-flat-optim"])
 def test_a_job_stopped_inside_its_blocks_resumes_to_the_uninterrupted_numbers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
         overrides: list[str], stops: list[int]) -> None:

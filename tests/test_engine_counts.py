@@ -88,6 +88,28 @@ def test_occupancy_of_known_groups() -> None:
     assert bench.occupancy_of([demo + demo], [[1, 2, 3, 4, 5] * 2], rows=5) == pytest.approx(5640 / (5 * 1260))
 
 
+def test_one_host_read_per_poll_not_per_model() -> None:
+    """An epoch of 3 models (their validation, the epoch end, a poll of the done vector at once): one read back,
+    the poll's, on both engines (it was 3 + 2 on the loop engine: a float per model's loss and the NaN check's
+    two; 3 on the stacked one)."""
+    assert bench.syncs_per_validation(["loop", "stacked"]) == {"loop": 1.0, "stacked": 1.0}
+
+
+def test_validation_calls_of_known_groups() -> None:
+    """Validation calls = steps where some model validates, summed over groups. The demo cell twice (two seeds),
+    steps per epoch [1, 3, 6, 11, 20]: as two groups each validates at every step for 300 steps (its 1-step-epoch
+    models), then at the other models' epoch ends; as one group of a row per model the two seeds' equal blocks
+    validate together: half the calls. Through five refilled rows the seeds' equal blocks queue side by side."""
+    demo, sizes, every = [300, 300, 360, 660, 1200], [1, 2, 3, 4, 5], [1, 3, 6, 11, 20]
+    apart = bench.validations_of([demo, demo], [sizes, sizes], [every, every])
+    together = bench.validations_of([demo + demo], [sizes * 2], [every * 2])
+    assert apart[0] == 2 * together[0] and apart[1] == 2 * together[1] == 2400
+    refilled = bench.validations_of([demo + demo], [sizes * 2], [every * 2], rows=5)
+    assert together[0] < refilled[0] < apart[0] and refilled[1] == 1260
+    polled = bench.validations_of([demo + demo], [sizes * 2], [every * 2], rows=5, poll=16)
+    assert polled[0] >= refilled[0] and polled[1] >= refilled[1]
+
+
 def _tiny(name: str, drop_path: float = 0.0) -> Arch:
     extra = {"stages": 3} if name == "swin" else {}
     return group_config("arch", name, width=8, depth=1, base_width=8, drop_path_rate=drop_path, **extra)

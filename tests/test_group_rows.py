@@ -9,6 +9,7 @@ device): within the stacked tolerance of tests/test_vectorized.py. Occupancy is 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,10 @@ def _members(augment: bool = False, eval_every: int | None = None, max_epochs: i
     return out
 
 
-def _group(members: list[Member], rows: int | None, engine: str = "loop"
+def _group(members: list[Member], rows: int | None, engine: str = "loop", poll: int = 1
            ) -> tuple[list[FitResult], list[dict[str, Tensor]], RowSchedule]:
     data, y, xv, yv = _data()
-    group = _Lockstep(members, TrainData(data, y, xv, yv), group_options(engine=engine, rows=rows))
+    group = _Lockstep(members, TrainData(data, y, xv, yv), group_options(engine=engine, rows=rows, poll_every=poll))
     results = group.run()
     return results, [snapshot(m.model) for m in members], group.schedule
 
@@ -81,23 +82,47 @@ def test_replay_counts_the_row_steps_of_a_known_schedule() -> None:
     assert replay([7, 5], [1, 1], rows=1).occupancy == 1.0  # one row, always refilled: nothing idle
 
 
+def test_replay_frees_a_stopped_row_at_the_next_poll() -> None:
+    """The same members polled every 4 steps: the 6-step member stops at step 6, its row is seen free at step 8
+    (2 row-steps held without work) and the 4-step member runs to 12; at 12 (a poll) the 3-step one takes a row,
+    stops at 15, seen at 16; the 10-step member's row was seen free at 12. Work 23 in 2 × 16 held."""
+    sched = replay([10, 4, 6, 3], [100, 40, 60, 30], rows=2, poll=4)
+    assert (sched.work, sched.steps) == (23, 16)
+    assert replay([10, 4, 6, 3], [100, 40, 60, 30], rows=2, poll=5).steps == 15  # seen at 10, then 15
+    assert replay([8, 4], [2, 1], rows=2, poll=4).steps == 8  # stops on a poll step: no wait
+
+
+def test_replay_counts_the_steps_with_a_validation() -> None:
+    """Members validating every 2 and every 3 of their own steps: together (a row each) at steps 2, 3, 4, 6 (6
+    shared): 4 steps with a validation. Through one row the second starts at step 6: 2, 4, 6, then 9, 12: 5."""
+    assert replay([6, 6], [2, 1], every=[2, 3]).validations == 4
+    assert replay([6, 6], [2, 1], rows=1, every=[2, 3]).validations == 5
+
+
 @pytest.mark.parametrize("extra", [{}, {"augment": True, "eval_every": 3}], ids=["plain", "augment-eval-every"])
-def test_refilled_rows_train_each_member_as_alone_bitwise_on_the_loop_engine(extra: dict) -> None:
+@pytest.mark.parametrize("poll", [1, 7])
+def test_refilled_rows_train_each_member_as_alone_bitwise_on_the_loop_engine(extra: dict, poll: int) -> None:
+    """Also when the host reads the done vector only every 7 steps (`training.poll_every`): a stopped member's row
+    is held, masked, until the poll; its result, best state and curve are those of the step it stopped at."""
     data, y, xv, yv = _data()
     alone_members = _members(**extra)
     alone = [fit(m, TrainData(data, y, xv, yv)) for m in alone_members]
     steps = [r.steps for r in alone]
     assert len(set(steps)) == len(steps) or len(set(steps)) > 2, steps  # members stop apart
-    full, full_states, full_sched = _group(_members(**extra), rows=None)
-    refilled, states, sched = _group(_members(**extra), rows=2)
+    full, full_states, full_sched = _group(_members(**extra), rows=None, poll=poll)
+    refilled, states, sched = _group(_members(**extra), rows=2, poll=poll)
     for k, res in enumerate(alone):
         assert _numbers(refilled[k]) == _numbers(res) == _numbers(full[k]), k
         for name, a in snapshot(alone_members[k].model).items():
             assert torch.equal(states[k][name], a) and torch.equal(full_states[k][name], a), (k, name)
     # the group counted exactly the schedule its members' step counts give, and refill filled its rows
-    expect = replay(steps, SIZES, rows=2)
+    every = [extra.get("eval_every") or -(-size // 32) for size in SIZES]  # steps between validations
+    expect = replay(steps, SIZES, rows=2, poll=poll, every=every)
     assert (sched.work, sched.steps, sched.rows) == (expect.work, expect.steps, 2) and sched.work == sum(steps)
-    assert (full_sched.work, full_sched.steps) == (sum(steps), max(steps))
+    assert sched.validations == expect.validations and full_sched.validations == \
+        replay(steps, SIZES, poll=poll, every=every).validations
+    assert (full_sched.work, full_sched.steps) == (sum(steps), -(-max(steps) // poll) * poll)
+    assert any(s % poll for s in steps) == (poll > 1)  # some member stopped between polls
     assert sched.occupancy > full_sched.occupancy
 
 
@@ -109,6 +134,10 @@ def test_refilled_rows_on_the_stacked_engine_within_its_tolerance() -> None:
     alone = [fit(m, TrainData(data, y, xv, yv)) for m in alone_members]
     results, states, sched = _group(_members(), rows=2, engine="stacked")
     assert sched.occupancy > 0.9
+    polled, _, late = _group(_members(), rows=2, engine="stacked", poll=16)  # `auto` on the stacked engine
+    assert [(r.epochs, r.best_epoch, r.steps, r.stop_reason) for r in polled] == \
+        [(r.epochs, r.best_epoch, r.steps, r.stop_reason) for r in results]
+    assert late.work == sched.work and late.steps > sched.steps
     for k, (res, ref) in enumerate(zip(results, alone, strict=True)):
         assert (res.epochs, res.best_epoch, res.steps) == (ref.epochs, ref.best_epoch, ref.steps), k
         assert res.best_val_loss == pytest.approx(ref.best_val_loss, rel=1e-5)
@@ -137,6 +166,29 @@ def test_a_job_with_fewer_rows_than_models_gives_the_same_numbers(tmp_path: Path
     assert _job_numbers(ref) == _job_numbers(two)
 
 
+def _untimed(value: object) -> object:
+    """result.json without its clock readings (seconds, timings, dates) and where it ran (its directory, the
+    config holding it, the code's provenance)."""
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items() if k not in ("job_dir", "config", "provenance")
+                and not k.endswith("_s") and not any(t in k for t in ("second", "timing", "time", "date"))}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
+
+
+def test_a_job_polled_every_k_steps_gives_the_same_result(tmp_path: Path) -> None:
+    """`training.poll_every=13` (the host reads which models stopped every 13 steps; a stopped model's row is held
+    until then) with two rows and with a row per model: result.json `==` polled at every epoch end (K=1), curves,
+    stop reasons and codes included."""
+    results = {}
+    for rows in ("2", "auto"):
+        for k in (1, 13):
+            job = [*JOB, f"training.parallel_models={rows}", f"training.poll_every={k}"]
+            results[rows, k] = _untimed(run_job(job_config(tmp_path / f"{rows}-{k}", job)).result)
+    assert results["2", 1] == results["2", 13] == results["auto", 13] == results["auto", 1]
+
+
 def test_a_checkpoint_after_a_refill_holds_the_rows_and_the_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                                   ) -> None:
     """Stopped at step 129 of two rows for six models: a member that took a freed row (its own start step), the
@@ -149,7 +201,7 @@ def test_a_checkpoint_after_a_refill_holds_the_rows_and_the_queue(tmp_path: Path
     (path,) = Path(cfg["paths"]["job_dir"]).glob(PATTERN)
     saved = _load(path)
     state = saved["state"]
-    assert state["format"] == GROUP_FORMAT == 3 and state["step"] == 129 and len(saved["names"]) == 6
+    assert state["format"] == GROUP_FORMAT == 4 and state["step"] == 129 and len(saved["names"]) == 6
     starts = {n: state["members"][n]["first_step"] for n in state["live"]}
     assert len(starts) == 2 and any(s > 0 for s in starts.values()), starts
     sched = state["schedule"]
@@ -189,3 +241,56 @@ def test_refilled_rows_split_over_worker_threads_give_the_same_numbers() -> None
     assert [_numbers(r) for r in results] == [_numbers(r) for r in ref]
     for k, m in enumerate(members):
         assert all(torch.equal(v, ref_states[k][n]) for n, v in snapshot(m.model).items()), k
+
+
+def test_a_pack_group_refills_rows_across_its_jobs_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A pack of three seeds where the memory estimate fits two jobs: seed 0's group has 12 rows for the three jobs'
+    18 models (training/mdl/pack_group.py hands the engine `rows`). Stopped after rows were refilled (a later seed's
+    model holds a freed row) and run again: it resumes in the group, and every job's result `==` the job alone."""
+    import training.mdl.job as job_module
+    from tests.test_pack_group import _alone, _packed
+
+    monkeypatch.setattr(job_module, "jobs_that_fit", lambda *a: 2)
+    out = tmp_path / "packed"
+    with monkeypatch.context() as m:
+        _stop_at(m, 40)
+        with pytest.raises(interrupt.Interrupted):
+            _packed(out)
+    (path,) = out.rglob(PATTERN)
+    state = _load(path)["state"]
+    assert state["schedule"]["rows"] == 12 and len(_load(path)["names"]) == 18
+    assert any(state["members"][n]["first_step"] > 0 for n in state["live"]), state["schedule"]
+    with caplog.at_level(logging.INFO):
+        packed, pack = _packed(out)
+    assert "of 12 rows (2 job(s) fit in memory at once" in caplog.text
+    assert f"at step {state['step']} from" in caplog.text and not pack.ahead
+    assert packed == _alone(tmp_path / "alone")
+
+
+def test_the_memory_estimate_counts_the_models_waiting_for_a_row(tmp_path: Path) -> None:
+    """`training.parallel_models=2` for six models: the job builds all six before its group starts (their weights
+    exist; a waiting model's optimizer has no state yet), two rows hold optimizer state, gradients and snapshots.
+    The estimate (training/mdl/precheck.py) counts exactly that: 2 × MODEL_COPIES + 4 models' weights."""
+    from training.app.tasks import load_job
+    from training.data import load_dataset
+    from training.mdl import trainer as trainer_module
+    from training.mdl.precheck import MODEL_COPIES, estimate_memory
+
+    built: list[list[Member]] = []
+
+    def spy(members: list[Member], inputs: TrainData, options: object) -> list[FitResult]:
+        built.append(list(members))
+        assert all(not m.optimizer.state for m in members)  # nothing has stepped: weights only
+        return fit_group(members, inputs, options)  # type: ignore[arg-type]
+
+    cfg = job_config(tmp_path, [*JOB, "training.parallel_models=2"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trainer_module, "fit_group", spy)
+        run_job(cfg)
+    held = [sum(p.numel() for p in m.model.parameters()) for m in built[0]]
+    job = load_job(cfg)
+    data = load_dataset(job.dataset, job.paths.data_dir)
+    est = estimate_memory(job, data, len(data.y))
+    assert len(built) == 1 and len(held) == 6 and est.num_models == 2
+    assert est.models == (2 * MODEL_COPIES + 4) * held[0] * 4

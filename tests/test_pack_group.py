@@ -83,15 +83,15 @@ def test_a_later_job_that_is_done_or_does_not_fit_in_memory_is_not_trained_ahead
     assert "this job's 6 models and 6 of seed(s) 2 train" in caplog.text
     assert caplog.text.count("were trained in an earlier seed's pack group") == 1  # seed 2 only; seed 1 skipped
 
-    # room for this job and one more: seed 1 joins seed 0's group, seed 2 trains in a group of its own
+    # room for this job and one more: seeds 1 and 2 join seed 0's group of 12 rows, seed 2's models wait for a row
     import training.mdl.job as job_module
 
     monkeypatch.setattr(job_module, "jobs_that_fit", lambda *a: 2)
     caplog.clear()
     with caplog.at_level(logging.INFO):
         packed, pack = _packed(tmp_path / "room")
-    assert "this job's 6 models and 6 of seed(s) 1 train" in caplog.text
-    assert "1 more seed(s) of this pack would not fit in memory" in caplog.text
+    assert "this job's 6 models and 12 of seed(s) 1, 2 train in one lockstep group of 12 rows" in caplog.text
+    assert caplog.text.count("6 of this job's 6 models were trained in an earlier seed's pack group") == 2
     assert packed == _alone(tmp_path / "alone")
 
 

@@ -202,7 +202,7 @@ def test_3_nan_training_loss_fails_the_lockstep_group_naming_the_member(monkeypa
     _nan_after(monkeypatch, 11 if engine == "loop" else 6)
     with pytest.raises(UserError) as err:
         fit_group(members, TrainData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:]),
-                  group_options(engine=engine))
+                  group_options(engine=engine, poll_every=1))  # read at the first poll after it: the epoch end
     assert type(err.value).__name__ == "NonFiniteError"
     assert str(err.value) == ("non-finite training loss in block model 1 by step 8 (epoch 2): lr too high or bad "
                               "data; nothing was written as a result")

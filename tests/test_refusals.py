@@ -186,14 +186,17 @@ def test_memory_estimate_counts_the_models_that_train_together(tmp_path: Path, e
                                                               together: int) -> None:
     from training.app.tasks import load_job
     from training.data import load_dataset
-    from training.mdl.precheck import estimate_memory
+    from training.mdl.precheck import MODEL_COPIES, estimate_memory
 
     cfg = load_job(job_config(tmp_path, [*TINY, *extra]))
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
     est = estimate_memory(cfg, data, len(data.y), torch.device("cuda"))  # engine=auto would be stacked there
     assert est.num_models == together
     one = estimate_memory(load_job(job_config(tmp_path, TINY)), data, len(data.y))
-    assert est.models == together * one.models // one.num_models
+    weights = one.models // (one.num_models * MODEL_COPIES)  # one model's weights
+    # fewer rows than models: the group builds all 5 up front, the waiting ones hold their weights
+    waiting = 5 - together if together > 1 else 0
+    assert est.models == (together * MODEL_COPIES + waiting) * weights
 
 
 def test_memory_refusal_from_the_command_line(tmp_path: Path) -> None:

@@ -173,6 +173,8 @@ class TrainingConfig(Section):
     a stated tolerance, bitwise run to run only with `deterministic` and the same numerics signature."""
 
     parallel_models: Any = auto_or_positive_int(hash=False)
+    # a lockstep group's host reads which models stopped every this many steps (auto: 1 loop, 16 stacked engine)
+    poll_every: Any = auto_or_positive_int(hash=False)
     engine: str = one_of("auto", "auto", "loop", "stacked", hash=False)
     workers: Any = auto_or_positive_int(hash=False)
     storage: str = one_of("auto", "auto", "float32", "float16", "uint8", hash=False)

@@ -24,7 +24,6 @@ member is dropped (its parameters leave the optimizer), so no Adam-type update t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -35,11 +34,13 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from training.engine.batches import DeviceData
-from training.engine.fit import Regularizer, cross_entropy_sum, snapshot
+from training.engine.fit import Regularizer, cross_entropy_total, snapshot
 from training.engine.flat_optim import LibraryOptim, make_member_optim
 from training.engine.stacked_optim import StackedScheduleFree, StepScalars
 
 VAL_CHUNK = 1024  # as training.engine.fit.predict_logits
+# (rows validated: a slice or index tensor, their float64 losses) -> which rows keep their state as the best so far
+Judge = Callable[[Tensor | slice, Tensor], Tensor]
 
 
 def EVAL_W(beta1: float) -> float:  # noqa: N802 - schedule-free eval(): p.lerp_(z, 1 - 1/β1) maps y → x
@@ -105,14 +106,6 @@ def check_joins(groups: list[tuple[list[str], dict]], model: nn.Module, opt: tor
         raise ValueError("members of one vectorised group need identical optimizer param groups")
 
 
-def nonfinite_rows(engine: LoopEngine | StackedEngine) -> list[int]:
-    """The rows of `engine.loss_sum` (each live member's training losses summed since the last check) that are
-    NaN/inf; restarts the sums. One sync: the group calls it where it syncs anyway (validation, a member's end)."""
-    bad = (~torch.isfinite(engine.loss_sum)).nonzero().flatten().tolist()
-    engine.loss_sum.zero_()
-    return bad
-
-
 class LoopEngine:
     """Members' own modules; one shared optimizer step. Bitwise equal to sequential training (with the
     library's optimizer step; `fused_optimizer`: training/engine/flat_optim.py)."""
@@ -136,8 +129,10 @@ class LoopEngine:
             m.train()
         self.opt.train()
 
-    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int] | None, steps: np.ndarray) -> None:
-        """One step of every row; `steps`: each row's own step count so far (the regularizer's step)."""
+    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int] | None, steps: np.ndarray,
+             done: Tensor | None = None) -> None:
+        """One step of every row; `steps`: each row's own step count so far (the regularizer's step); `done`: rows
+        that stopped (not yet polled): their training losses are not checked."""
         assert counts is not None
         # Each member sees exactly its batch as in fit(); d(sum)/d(loss_r) = 1 keeps every gradient as alone.
         loss: Tensor | int = 0
@@ -152,23 +147,25 @@ class LoopEngine:
         self.opt.zero_grad()
         loss.backward()  # type: ignore[union-attr]
         self.opt.step()
-        self.loss_sum += torch.stack(parts)  # checked at validation (nonfinite_rows): no sync per step
+        losses = torch.stack(parts)
+        self.loss_sum += losses if done is None else losses.masked_fill(done, 0)  # checked at a poll: no sync here
 
-    def validate(self, rows: list[int], members: list[int], val: ValSet, best_loss: list[float]) -> list[float]:
-        """Validation loss of each row (member) in eval mode; rows beating `best_loss` (aligned) snapshot."""
+    def validate(self, rows: list[int], members: list[int], val: ValSet, judge: Judge) -> Tensor:
+        """Validation loss (float64, on the device) of each row (member) in eval mode; the rows `judge` finds
+        better keep this state as their best (`torch.where`: no read back)."""
         losses = []
-        for r, k, best in zip(rows, members, best_loss, strict=True):
+        for r, k in zip(rows, members, strict=True):
             model = self.models[r]
             self.opt.lerp_member(r, EVAL_W)
             model.eval()
             x, y = val.xy(k)
-            loss = cross_entropy_sum(model, x, y) / len(y)
-            if loss < best:
-                self.best[r] = snapshot(model)
+            loss = cross_entropy_total(model, x, y).view(1) / len(y)  # = cross_entropy_sum(...) / len(y), bitwise
+            better = judge(slice(r, r + 1), loss).view(())
+            self.best[r] = {n: torch.where(better, v, self.best[r][n]) for n, v in snapshot(model).items()}
             model.train()
             self.opt.lerp_member(r, TRAIN_W)
             losses.append(loss)
-        return losses
+        return torch.cat(losses)
 
     def best_state(self, r: int) -> dict[str, Tensor]:
         return self.best[r]
@@ -243,8 +240,6 @@ class StackedEngine:
         self.best = {n: p.clone() for n, p in self.params.items()}  # snapshot at init, like fit()
         dev = next(iter(self.params.values())).device
         self.loss_sum = torch.zeros(len(models), device=dev)
-        # each row's best validation loss on the device: the best state is kept with torch.where, no per-row Python
-        self.best_loss = torch.full((len(models),), math.inf, dtype=torch.float64, device=dev)
         template = self.template
 
         def member_loss(params: dict[str, Tensor], xb: Tensor, yb: Tensor, wb: Tensor) -> Tensor:
@@ -272,11 +267,13 @@ class StackedEngine:
         if any(not torch.equal(b, buffers[n]) for n, b in model.named_buffers()):
             raise ValueError("members of one stacked group need equal buffers (the template's serve them all)")
 
-    def _train_step(self, xb: Tensor, yb: Tensor, wb: Tensor, scalars: list[StepScalars] | None) -> None:
+    def _train_step(self, xb: Tensor, yb: Tensor, wb: Tensor, scalars: list[StepScalars] | None,
+                    done: Tensor | None) -> None:
         if scalars is None:  # per-row scalars on the device
             scalars = self.opt.row_scalars()
         grads, losses = self.grads(self.params, xb, yb, wb)
-        self.loss_sum += losses  # checked at validation (nonfinite_rows): no sync per step
+        # checked at a poll (the group's), not here: no sync per step; a done row's are not checked
+        self.loss_sum += losses if done is None else losses.masked_fill(done, 0)
         self.opt.update(self.params, grads, scalars)
 
     def _mark_static(self) -> None:
@@ -298,8 +295,9 @@ class StackedEngine:
         self.template.train()
 
     @torch.no_grad()
-    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int] | None, steps: np.ndarray) -> None:
-        self._step(xb, yb, wb, None if self.opt.rows is not None else self.opt.scalars())
+    def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int] | None, steps: np.ndarray,
+             done: Tensor | None = None) -> None:
+        self._step(xb, yb, wb, None if self.opt.rows is not None else self.opt.scalars(), done)
 
     def _lerped(self, sel: Tensor, rows: dict[str, Tensor], weight: Callable[[float], float]) -> dict[str, Tensor]:
         out = {}
@@ -309,7 +307,7 @@ class StackedEngine:
         return out
 
     @torch.no_grad()
-    def validate(self, rows: list[int], members: list[int], val: ValSet, best_loss: list[float]) -> list[float]:
+    def validate(self, rows: list[int], members: list[int], val: ValSet, judge: Judge) -> Tensor:
         sel = torch.tensor(rows, device=next(iter(self.params.values())).device)
         eval_params = self._lerped(sel, {n: p[sel] for n, p in self.params.items()}, EVAL_W)
         self.template.eval()
@@ -328,14 +326,13 @@ class StackedEngine:
             targets = torch.stack(ys)
         self.template.train()
         losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(1) / targets.shape[1]
-        better = losses < self.best_loss[sel]  # float64, as the host's early stopping compares the same values
-        self.best_loss[sel] = torch.where(better, losses, self.best_loss[sel])
+        better = judge(sel, losses)  # float64: the values the host's early stopping compares
         for name, v in eval_params.items():
             self.best[name][sel] = torch.where(better.view(-1, *[1] * (v.dim() - 1)), v, self.best[name][sel])
         back = self._lerped(sel, eval_params, TRAIN_W)
         for name, v in back.items():
             self.params[name][sel] = v
-        return losses.tolist()  # validation's one read back: curves and early stopping on the host
+        return losses  # on the device: the group reads it at its next poll
 
     def best_state(self, r: int) -> dict[str, Tensor]:
         return {n: v[r].clone() for n, v in self.best.items()}
@@ -343,8 +340,7 @@ class StackedEngine:
     def state_dict(self) -> dict:
         """The stacked parameters (train mode), optimizer state and scalars, best states and unchecked loss sums."""
         return {"params": {n: p.clone() for n, p in self.params.items()}, "opt": self.opt.state_dict(),
-                "best": {n: v.clone() for n, v in self.best.items()}, "loss_sum": self.loss_sum.clone(),
-                "best_loss": self.best_loss.clone()}
+                "best": {n: v.clone() for n, v in self.best.items()}, "loss_sum": self.loss_sum.clone()}
 
     @torch.no_grad()
     def load_state_dict(self, saved: dict) -> None:
@@ -354,14 +350,13 @@ class StackedEngine:
         self.opt.load_state_dict(saved["opt"], dev)
         self.best = {n: v.to(dev) for n, v in saved["best"].items()}
         self.loss_sum.copy_(saved["loss_sum"])
-        self.best_loss = saved["best_loss"].to(dev)
 
     def keep(self, rows: list[int]) -> None:
         keep = torch.tensor(rows, device=next(iter(self.params.values())).device)
         self.params = {n: p[keep] for n, p in self.params.items()}
         self.opt.keep(keep)
         self.best = {n: v[keep] for n, v in self.best.items()}
-        self.loss_sum, self.best_loss = self.loss_sum[keep], self.best_loss[keep]
+        self.loss_sum = self.loss_sum[keep]
         self._mark_static()
 
     @torch.no_grad()
@@ -377,5 +372,4 @@ class StackedEngine:
                 t[r] = p.detach()
             self.opt.v[n][r] = 0
         self.loss_sum[r] = 0
-        self.best_loss[r] = math.inf
         self.opt.reset_row(r)

@@ -166,7 +166,13 @@ def predict_logits(model: nn.Module, x: Tensor, batch_size: int = 1024) -> Tenso
 def cross_entropy_sum(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 1024,
                       temperature: float = 1.0) -> float:
     """Summed cross-entropy in nats of logits / temperature."""
-    return float(F.cross_entropy(predict_logits(model, x, batch_size) / temperature, y, reduction="sum"))
+    return float(cross_entropy_total(model, x, y, batch_size, temperature))
+
+
+def cross_entropy_total(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 1024,
+                        temperature: float = 1.0) -> Tensor:
+    """`cross_entropy_sum` on the device (no read back), in float64: the same value."""
+    return F.cross_entropy(predict_logits(model, x, batch_size) / temperature, y, reduction="sum").double()
 
 
 def fit_temperature(model: nn.Module, x_val: Tensor, y_val: Tensor) -> float:

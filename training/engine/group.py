@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from training.common import interrupt
 from training.common.progress import progress_bar
-from training.engine.backends import LoopEngine, StackedEngine, ValSet, nonfinite_rows
+from training.engine.backends import LoopEngine, StackedEngine, ValSet
 from training.engine.batches import class_segments, host_copy
 from training.engine.checkpoint import CheckpointStore, Saved, fits_safely
 from training.engine.fit import (
@@ -49,11 +49,13 @@ from training.engine.fit import (
     snapshot,
 )
 from training.engine.flat_optim import fused_backend
-from training.engine.lockstep_state import LockstepMember, RowSchedule, _name, _Plan
+from training.engine.lockstep_state import LockstepMember, RowSchedule, _name, _Plan, balanced_parts
 from training.engine.numerics import training_forward
+from training.engine.stopping import REASONS, RowStopping
 
 ENGINES = ("auto", "loop", "stacked")
-GROUP_FORMAT = 3  # a group checkpoint's layout (3: rows refilled from a queue, per-member start steps)
+GROUP_FORMAT = 4  # a group checkpoint's layout (4: early stopping on the device, validations not yet polled)
+POLL_AUTO = {"loop": 1, "stacked": 16}  # training.poll_every=auto, by engine (the loop engine's CPU: no gain)
 log = logging.getLogger(__name__)
 
 
@@ -72,6 +74,7 @@ class GroupOptions:
     fused_optimizer: bool | str
     workers: int | str
     rows: int | None  # at most this many members train at once, the others wait for a row (None: all)
+    poll_every: int | str  # the host reads which rows stopped every this many steps (auto: POLL_AUTO)
     on_finish: OnFinish | None = None
     regularizer: Regularizer | None = None
     checkpoint: CheckpointStore | None = None  # where a stop request (training/common/interrupt.py) saves the group
@@ -189,38 +192,6 @@ def resolve_workers(workers: int | str, device: torch.device, engine: str, n_mem
     return min(n, n_members)
 
 
-def balanced_parts(costs: Sequence[float], n: int) -> list[list[int]]:
-    """Indices split into at most n parts of about equal summed cost: largest first to the lightest part,
-    then single moves and pairwise swaps between parts while they lower the heavier part's load."""
-    def load(p: list[int]) -> float:
-        return sum(costs[i] for i in p)
-
-    parts: list[list[int]] = [[] for _ in range(n)]
-    for k in sorted(range(len(costs)), key=lambda k: (-costs[k], k)):
-        min(parts, key=load).append(k)
-
-    improved = True
-    while improved:
-        improved = False
-        for a in parts:
-            for b in parts:
-                gap = load(a) - load(b)
-                if gap <= 0:
-                    continue
-                # move i from a to b, or swap i (in a) with j (in b): the best that shrinks the gap
-                options: list[tuple[float, int, int | None]] = [(abs(gap - 2 * costs[i]), i, None) for i in a]
-                options += [(abs(gap - 2 * (costs[i] - costs[j])), i, j) for i in a for j in b]
-                best, i, j = min(options, key=lambda o: o[0])
-                if best < gap - 1e-9:
-                    a.remove(i)
-                    b.append(i)
-                    if j is not None:
-                        b.remove(j)
-                        a.append(j)
-                    improved = True
-    return [sorted(p) for p in parts if p]
-
-
 class Cancelled(Exception):
     """A sibling worker failed (or the run was interrupted): this worker stopped early."""
 
@@ -334,6 +305,11 @@ class _Lockstep:
         self.random = any(drop_rate(m) > 0 for m in members[0].model.modules())  # draws masks from the global RNG
         self.on_finish, self.stop = options.on_finish, stop
         self.step = 0
+        self.poll_every = max(1, int(POLL_AUTO.get(options.engine, 1) if str(options.poll_every) == "auto"
+                                     else options.poll_every))
+        # validations the host has not read yet: (group step, rows, their epochs, losses on the device)
+        self.pending: list[tuple[int, list[int], list[int], Tensor]] = []
+        self.unpolled = False  # a validation or an epoch end since the last poll (a row may have stopped)
         self.names = [m.name for m in self.members]
         self.store = options.checkpoint if len(set(self.names)) == len(self.names) else None
         fused = fused_backend(options.fused_optimizer, dev) is not None and options.engine != "stacked"
@@ -350,6 +326,8 @@ class _Lockstep:
         pending = [self.members[k] for k in self.schedule.queue]
         self.plan = _Plan(self.live, self.data, self.y_host, pending)
         self.engine = _make_engine([m.spec for m in self.live], self.options, self.refill)
+        self.stops = RowStopping([m.stopper for m in self.live], [m.epoch for m in self.live],
+                                 [m.first_step for m in self.live], self.y.device)
 
     def run(self) -> list[FitResult]:
         saved = self._restore() if self.store is not None else None
@@ -384,7 +362,9 @@ class _Lockstep:
                     raise interrupt.Interrupted(interrupt.signum())
                 self._train_step()
                 self._validate(self.plan.validating(self.step))
-                self._retire(self._end_epochs())
+                self._end_epochs()
+                if self.unpolled and self.step % self.poll_every == 0:
+                    self._retire(self._poll())
 
     def _train_step(self) -> None:
         if self.stop is not None and self.stop.is_set():
@@ -396,7 +376,7 @@ class _Lockstep:
             xb = self._transform(self.plan.transform, xb, yb, counts)
         with training_forward(xb.device, type(self.engine).__name__[:-6].lower(), len(self.members),
                               self.members[0].spec.cfg.numerics):  # training.precision, the job's signature
-            self.engine.step(xb, yb, wb, counts, self.step - self.plan.start)  # each row's own steps so far
+            self.engine.step(xb, yb, wb, counts, self.step - self.plan.start, self.stops.done)  # own steps so far
         self.step += 1
         self.schedule.step(len(self.live))
         self.plan.advance()
@@ -414,43 +394,69 @@ class _Lockstep:
         return xb
 
     def _validate(self, rows: list[int]) -> None:
+        """Validation of `rows`: losses, best states and the stop rule's bests on the device (`RowStopping`); the
+        host reads the losses at its next poll."""
         if not rows:
             return
         ms = [self.live[r] for r in rows]
-        losses = self.engine.validate(rows, [m.index for m in ms], self.val, [m.stopper.best_loss for m in ms])
-        self._check_training_losses()  # after validation's sync: no sync of its own per step
-        for m, loss in zip(ms, losses, strict=True):
-            if not math.isfinite(loss):
-                raise nonfinite_loss("validation loss", m.name, self.step - m.first_step, m.epoch)
-            m.record(self.step, loss)
+        if not self.pending or self.pending[-1][0] != self.step:
+            self.schedule.validations += 1  # a step with a validation
+        losses = self.engine.validate(rows, [m.index for m in ms], self.val, self.stops.record)
+        self.pending.append((self.step, rows, [m.epoch for m in ms], losses))
+        self.unpolled = True
 
-    def _check_training_losses(self) -> None:
-        """NonFiniteError naming the first live member whose training loss was NaN/inf since the last check."""
-        bad = nonfinite_rows(self.engine)
-        if bad:
-            m = self.live[bad[0]]
-            raise nonfinite_loss("training loss", m.name, self.step - m.first_step, m.epoch)
-
-    def _end_epochs(self) -> list[int]:
-        """Rows whose epoch just ended are validated (per-epoch validation) and asked whether to stop; the
-        others draw their next epoch. Returns the rows that stop."""
+    def _end_epochs(self) -> None:
+        """Rows whose epoch just ended are validated (per-epoch validation) and the stop rule decides on the device
+        whether they stop; every one draws its next epoch (a stopped one's is never read)."""
         ends = self.plan.ended()
+        if not ends:
+            return
         self._validate([r for r in ends if self.live[r].validates_per_epoch])
-        done = []
+        self.stops.end_epoch(torch.tensor(ends, device=self.y.device), self.step)
         for r in ends:
-            if self.live[r].end_epoch(self.step):
-                done.append(r)
-            else:
-                self.plan.new_epoch(self.live[r], r)
-        self.plan.restart([r for r in ends if r not in done])
-        return done
+            self.live[r].epoch += 1  # the host's count (messages); a stopped member's is the device's
+            self.plan.new_epoch(self.live[r], r)
+        self.plan.restart(ends)
+        self.unpolled = True
+
+    def _poll(self) -> list[int]:
+        """The host's one read back (every `poll_every` steps, where a row may have stopped): the done vector, the
+        stopped rows' numbers, the validation losses since the last poll (curves) and whether the training losses
+        stayed finite (a NonFiniteError names the first member whose did not). A member's records after its stop
+        are dropped: it finishes with the numbers of the step it stopped at, however late the poll. Returns the
+        rows that stopped."""
+        s, n = self.stops, len(self.live)
+        ints = torch.stack([s.done.long(), s.reason, s.stop_step, s.epoch, s.best_epoch,
+                            torch.isfinite(self.engine.loss_sum).long()])
+        values = torch.cat([ints.double().flatten(), s.best_loss, *(p[3] for p in self.pending)]).tolist()
+        self.engine.loss_sum.zero_()
+        done, reason, stop_step, epoch, best_epoch, finite, best_loss = (values[i * n:(i + 1) * n] for i in range(7))
+        losses = iter(values[7 * n:])
+        if (r := next((r for r in range(n) if not finite[r]), None)) is not None:
+            m, ended = self.live[r], bool(self.plan.batches[r] == 0)  # named by the epoch of its last step
+            raise nonfinite_loss("training loss", m.name, self.step - m.first_step, m.epoch - ended)
+        for step, rows, epochs, _ in self.pending:
+            for r, ep in zip(rows, epochs, strict=True):
+                loss, m = next(losses), self.live[r]
+                if done[r] and step - m.first_step > stop_step[r]:
+                    continue  # validated after it stopped
+                if not math.isfinite(loss):
+                    raise nonfinite_loss("validation loss", m.name, step - m.first_step, ep)
+                m.curve.append((step - m.first_step, loss))
+        self.pending, self.unpolled = [], False
+        stopped = [r for r in range(n) if done[r]]
+        for r in stopped:
+            m = self.live[r]
+            m.stopper.best_loss, m.stopper.best_epoch = best_loss[r], int(best_epoch[r])
+            m.epoch, m.stop_reason, m.stop_step = int(epoch[r]), REASONS[int(reason[r])], int(stop_step[r])
+            self.schedule.idle(self.step - m.first_step - m.stop_step)  # held after it stopped: no work
+        return stopped
 
     def _retire(self, done: list[int]) -> None:
         """Finish the stopped rows; each takes the next pending member, if any; compact the plan and the engine to
         the rows still held."""
         if not done:
             return
-        self._check_training_losses()  # steps after the last validation (eval_every_steps)
         for r in done:
             self._finish(self.live[r], r)
         rows = []
@@ -466,6 +472,7 @@ class _Lockstep:
             if self.live:
                 self.engine.keep(rows)
                 self.plan.keep(rows)
+                self.stops.keep(torch.tensor(rows, device=self.y.device))
         if self.live:
             self.engine.train()  # a finished member may have shared the template module (stacked engine)
 
@@ -475,13 +482,14 @@ class _Lockstep:
         self.live[row] = m
         self.engine.replace(row, m.spec.model, m.spec.optimizer)
         self.plan.replace(row, m)
+        self.stops.replace(row, m.stopper, self.step)
 
     def _finish(self, m: LockstepMember, row: int) -> None:
         """Best state loaded, eval mode, result reported."""
         model = m.spec.model
         model.eval()
         model.load_state_dict({**model.state_dict(), **self.engine.best_state(row)})  # its own constant buffers
-        self._report(m, m.finish(self.step, time.perf_counter() - self.t0))  # its own steps and seconds
+        self._report(m, m.finish(time.perf_counter() - self.t0))  # its own steps and seconds
 
     def _report(self, m: LockstepMember, result: FitResult) -> None:
         if self.store is not None:
@@ -505,6 +513,7 @@ class _Lockstep:
                  "finished": {n: {"result": dataclasses.asdict(res), "best": snapshot(model)}
                               for n, (model, res) in self.finished.items()},
                  "plan": self.plan.state_dict(), "engine": self.engine.state_dict(),
+                 "stops": self.stops.state_dict(), "pending": self.pending, "unpolled": self.unpolled,
                  "rng": _global_rng() if self.random else None}
         path = self.store.save(self.names, state)
         if self.restored_from is not None and self.restored_from != path:
@@ -561,6 +570,9 @@ class _Lockstep:
         if self.live:
             self.plan.load_state_dict(state["plan"])
             self.engine.load_state_dict(state["engine"])
+            self.stops.load_state_dict(state["stops"])
+        self.pending, self.unpolled = [(s, r, e, v.to(self.y.device)) for s, r, e, v in state["pending"]], \
+            bool(state["unpolled"])
         if self.random:
             _set_global_rng(state["rng"])
         self.step = int(state["step"])

@@ -42,6 +42,7 @@ class LockstepMember:
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
     host_idx: np.ndarray | None = None  # the training subset on the host (read once where labels are needed)
     stop_reason: str = ""
+    stop_step: int = 0  # its own steps when it stopped (read from the group's RowStopping)
     result: FitResult | None = None  # set when it finishes
     first_step: int = 0  # the group's step when this member took its row
     started_s: float = 0.0  # the group's elapsed seconds then
@@ -78,23 +79,11 @@ class LockstepMember:
     def validates_per_epoch(self) -> bool:
         return not self.spec.cfg.eval_every_steps
 
-    def record(self, step: int, loss: float) -> None:
-        self.curve.append((step - self.first_step, loss))
-        self.stopper.record(loss, self.epoch)
-
-    def end_epoch(self, step: int) -> bool:
-        """The current epoch ended at group step `step`: True when training stops here, else the next epoch starts."""
-        reason = self.stopper.end_epoch(self.epoch, step - self.first_step)
-        if reason is None:
-            self.epoch += 1
-            return False
-        self.stop_reason = reason
-        return True
-
-    def finish(self, step: int, elapsed: float) -> FitResult:
-        """Its result at group step `step`, `elapsed` seconds into the group."""
+    def finish(self, elapsed: float) -> FitResult:
+        """Its result (its stop polled: best loss and epoch, epochs, steps, reason), `elapsed` seconds into the
+        group."""
         s = self.stopper
-        self.result = FitResult(s.best_loss, s.best_epoch, self.epoch, step - self.first_step, self.curve,
+        self.result = FitResult(s.best_loss, s.best_epoch, self.epoch, self.stop_step, self.curve,
                                 elapsed - self.started_s, self.stop_reason)
         return self.result
 
@@ -103,8 +92,10 @@ class RowSchedule:
     """Which members hold the group's `rows` rows. With fewer rows than members, the members with the largest
     training sets start (they tend to run longest) and the others queue, largest first: a row whose member stops
     takes the next one, so the group keeps `rows` models working (a member's numbers do not depend on its row or
-    its start). With a row per member the order is the members' own. Counts the row-steps that did work:
-    `occupancy` = work / (rows × steps)."""
+    its start); equal training sets (the same block of several seeds or jobs) queue side by side, so they run
+    together and validate at the same steps. With a row per member the order is the members' own. Counts the
+    row-steps that did work (`occupancy` = work / (rows × steps)) and the steps with a validation (`validations`:
+    each one validation call of the engine, and on a GPU a launch of its own)."""
 
     def __init__(self, sizes: Sequence[int], rows: int | None = None) -> None:
         n = len(sizes)
@@ -114,10 +105,15 @@ class RowSchedule:
         self.queue = deque(order[self.rows:])
         self.steps = 0  # the group's steps
         self.work = 0  # Σ over steps of the rows holding a member
+        self.validations = 0  # steps at which some row validated
 
     def step(self, live: int) -> None:
         self.steps += 1
         self.work += live
+
+    def idle(self, row_steps: int) -> None:
+        """Row-steps a stopped member held its row before the host polled it: no work."""
+        self.work -= row_steps
 
     def next(self) -> int | None:
         """The next pending member (its index), or None when none is left."""
@@ -128,30 +124,73 @@ class RowSchedule:
         return self.work / (self.rows * self.steps) if self.steps else math.nan
 
     def state_dict(self) -> dict:
-        return {"rows": self.rows, "queue": list(self.queue), "steps": self.steps, "work": self.work}
+        return {"rows": self.rows, "queue": list(self.queue), "steps": self.steps, "work": self.work,
+                "validations": self.validations}
 
     def load_state_dict(self, saved: dict) -> None:
         self.rows, self.steps, self.work = int(saved["rows"]), int(saved["steps"]), int(saved["work"])
+        self.validations = int(saved["validations"])
         self.queue = deque(int(k) for k in saved["queue"])
 
 
-def replay(steps: Sequence[int], sizes: Sequence[int], rows: int | None = None) -> RowSchedule:
+def replay(steps: Sequence[int], sizes: Sequence[int], rows: int | None = None, poll: int = 1,
+           every: Sequence[int] | None = None) -> RowSchedule:
     """The schedule a group of members with these step counts (and training-set sizes) runs through `rows` rows,
-    as the group runs it (training/engine/group.py: a stopped row is refilled before the next step)."""
+    as the group runs it (training/engine/group.py): a member stopping at group step s is seen at the host's next
+    poll (the first multiple of `poll` from s), where its row takes the next member; until then its row is held
+    without work. `every`: each member validates every this many of its steps (its steps per epoch) while it holds
+    its row, counted in `validations`."""
     sched = RowSchedule(sizes, rows)
-    ends = [steps[k] for k in sched.first]  # the group step at which each row's member stops
-    while ends:
-        now = min(ends)
-        for _ in range(now - sched.steps):
-            sched.step(len(ends))
+    held = [(steps[k], k) for k in sched.first]  # (the group step at which the row's member stops, the member)
+    due: set[int] = set()
+    while held:
+        now = min(-(-end // poll) * poll for end, _ in held)  # the next poll that frees a row
+        for t in range(sched.steps, now):
+            sched.step(sum(end > t for end, _ in held))
         kept = []
-        for end in ends:
+        for end, k in held:
             if end > now:
-                kept.append(end)
-            elif (k := sched.next()) is not None:
-                kept.append(now + steps[k])
-        ends = kept
+                kept.append((end, k))
+                continue
+            if every is not None:
+                due.update(range(end - steps[k] + every[k], now + 1, every[k]))  # until the poll: it cannot tell
+            if (j := sched.next()) is not None:
+                kept.append((now + steps[j], j))
+        held = kept
+    sched.validations = len(due)
     return sched
+
+
+def balanced_parts(costs: Sequence[float], n: int) -> list[list[int]]:
+    """Indices split into at most n parts of about equal summed cost: largest first to the lightest part,
+    then single moves and pairwise swaps between parts while they lower the heavier part's load."""
+    def load(p: list[int]) -> float:
+        return sum(costs[i] for i in p)
+
+    parts: list[list[int]] = [[] for _ in range(n)]
+    for k in sorted(range(len(costs)), key=lambda k: (-costs[k], k)):
+        min(parts, key=load).append(k)
+
+    improved = True
+    while improved:
+        improved = False
+        for a in parts:
+            for b in parts:
+                gap = load(a) - load(b)
+                if gap <= 0:
+                    continue
+                # move i from a to b, or swap i (in a) with j (in b): the best that shrinks the gap
+                options: list[tuple[float, int, int | None]] = [(abs(gap - 2 * costs[i]), i, None) for i in a]
+                options += [(abs(gap - 2 * (costs[i] - costs[j])), i, j) for i in a for j in b]
+                best, i, j = min(options, key=lambda o: o[0])
+                if best < gap - 1e-9:
+                    a.remove(i)
+                    b.append(i)
+                    if j is not None:
+                        b.remove(j)
+                        a.append(j)
+                    improved = True
+    return [sorted(p) for p in parts if p]
 
 
 class _Plan:

@@ -22,6 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+from torch import Tensor
+
 PATIENCE, MAX_EPOCHS = "patience", "max_epochs"  # why a model stopped (FitResult.stop_reason)
 
 
@@ -71,3 +74,77 @@ class EarlyStopping:
         if epoch >= self.max_epochs:
             return MAX_EPOCHS
         return None
+
+
+REASONS = ("", PATIENCE, MAX_EPOCHS)  # RowStopping.reason's codes
+
+
+class RowStopping:
+    """`EarlyStopping` of every row of a lockstep group (training/engine/group.py) as device tensors of length
+    rows: the same comparisons on the same float64 losses, with no read back. `record` says which rows have a new
+    best (the engine keeps their state with `torch.where`), `end_epoch` sets `done`; a done row changes nothing
+    more (its best, epoch, stop step and reason stay), so the host may read `done` any number of steps later
+    (`training.poll_every`) and still finish the member with the numbers of the step it stopped at."""
+
+    STATE = ("best_loss", "best_epoch", "improved", "improved_step", "epoch", "first", "done", "reason",
+             "stop_step", "patience_steps", "earliest", "max_epochs")
+
+    def __init__(self, rules: list[EarlyStopping], epochs: list[int], first: list[int], device: torch.device) -> None:
+        def vec(values: list, dtype: torch.dtype) -> Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        self.best_loss = vec([s.best_loss for s in rules], torch.float64)
+        self.best_epoch = vec([s.best_epoch for s in rules], torch.long)
+        self.improved = vec([s.improved for s in rules], torch.bool)
+        self.improved_step = vec([s.improved_step for s in rules], torch.long)
+        self.epoch, self.first = vec(epochs, torch.long), vec(first, torch.long)  # its epoch; its first group step
+        self.done = torch.zeros(len(rules), dtype=torch.bool, device=device)
+        self.reason = torch.zeros(len(rules), dtype=torch.long, device=device)  # index into REASONS
+        self.stop_step = torch.zeros(len(rules), dtype=torch.long, device=device)  # its own steps when it stopped
+        self.patience_steps = vec([s.patience_steps for s in rules], torch.long)
+        self.earliest = vec([s.earliest_stop for s in rules], torch.long)
+        self.max_epochs = vec([s.max_epochs for s in rules], torch.long)
+
+    def record(self, sel: Tensor | slice, losses: Tensor) -> Tensor:
+        """Validation losses (float64) of rows `sel`: which rows (not done) have a new best (`EarlyStopping.record`)."""
+        better = ~self.done[sel] & (losses < self.best_loss[sel])
+        self.best_loss[sel] = torch.where(better, losses, self.best_loss[sel])
+        self.best_epoch[sel] = torch.where(better, self.epoch[sel], self.best_epoch[sel])
+        self.improved[sel] |= better
+        return better
+
+    def end_epoch(self, sel: Tensor, step: int) -> None:
+        """Rows `sel` ended an epoch at group step `step` (`EarlyStopping.end_epoch`): a stop sets `done`, else the
+        row's next epoch starts."""
+        live, own = ~self.done[sel], step - self.first[sel]
+        improved_step = torch.where(live & self.improved[sel], own, self.improved_step[sel])
+        self.improved_step[sel] = improved_step
+        self.improved[sel] &= ~live
+        may = own >= self.earliest[sel]
+        patience = may & (own - improved_step >= self.patience_steps[sel])
+        longest = may & (self.epoch[sel] >= self.max_epochs[sel])
+        reason = torch.where(patience, 1, torch.where(longest, 2, 0))
+        stop = live & (reason > 0)
+        self.reason[sel] = torch.where(stop, reason, self.reason[sel])
+        self.stop_step[sel] = torch.where(stop, own, self.stop_step[sel])
+        self.done[sel] |= stop
+        self.epoch[sel] += (live & ~stop).long()
+
+    def replace(self, row: int, rule: EarlyStopping, first: int) -> None:
+        """A new member (its fresh rule) takes `row` at group step `first`."""
+        for name, value in (("best_loss", rule.best_loss), ("best_epoch", 0), ("improved", False),
+                            ("improved_step", 0), ("epoch", 1), ("first", first), ("done", False), ("reason", 0),
+                            ("stop_step", 0), ("patience_steps", rule.patience_steps),
+                            ("earliest", rule.earliest_stop), ("max_epochs", rule.max_epochs)):
+            getattr(self, name)[row] = value
+
+    def keep(self, keep: Tensor) -> None:
+        for name in self.STATE:
+            setattr(self, name, getattr(self, name)[keep])
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name).clone() for name in self.STATE}
+
+    def load_state_dict(self, saved: dict[str, Tensor]) -> None:
+        for name in self.STATE:
+            setattr(self, name, saved[name].to(self.done.device))

@@ -17,8 +17,11 @@ GPU, picks kernels by the group's shape (10 vs 50 models sum in another order): 
 jobs within the numerics contract's tolerance (training/engine/numerics.py), and result.json's numerics signature
 records the group size (`models_together`).
 
-Later jobs that are done, or have progress of their own (an earlier attempt), train alone; so do jobs beyond what the
-memory estimate says fits (`room`). If the group fails, the job's own unfinished models train again alone, so a
+Later jobs that are done, or have progress of their own (an earlier attempt), train alone. The memory estimate says how
+many jobs' models fit at once (`room`, training/mdl/precheck.py `jobs_that_fit`): the group has that many jobs' worth
+of rows, and with more jobs than that their models wait in the group's queue, equal blocks of the jobs side by side
+(training/engine/lockstep_state.py `RowSchedule`): a row whose model stops takes the next one, so the rows stay full
+across the pack's jobs. If the group fails, the job's own unfinished models train again alone, so a
 failure of another seed's model never becomes this job's (its own failure is then raised as it would be alone).
 """
 
@@ -177,19 +180,14 @@ class Companion:
     jobs: list[FitJob]
 
 
-def companions(trainer: Trainer, room: int) -> list[Companion]:
-    """The pack's later jobs (at most `room`) whose models can train in this job's group: same data for every seed,
-    not done, no progress of their own; each trains all its models (`Trainer.all_models`), also where this job
-    resumes."""
+def companions(trainer: Trainer) -> list[Companion]:
+    """The pack's later jobs whose models can train in this job's group: same data for every seed, not done, no
+    progress of their own; each trains all its models (`Trainer.all_models`), also where this job resumes."""
     pack, cfg = trainer.pack, trainer.cfg
-    if pack is None or room < 1 or not wanted(trainer) or seed_free(cfg) is not None:
+    if pack is None or not wanted(trainer) or seed_free(cfg) is not None:
         return []
     out: list[Companion] = []
     for seed in pack.later(cfg.seed):
-        if len(out) >= room:
-            log.info("pack group: %d more seed(s) of this pack would not fit in memory with this job's models; they "
-                     "train in groups of their own", len(pack.later(cfg.seed)) - len(out))
-            break
         job_dir = JobPath.sibling(cfg.paths.job_dir, seed)
         if job_dir is None:
             return []
@@ -211,10 +209,11 @@ def _started(job_dir: Path) -> bool:
 
 
 def train_together(trainer: Trainer, first: Member, jobs: Sequence[FitJob], others: list[Companion],
-                   on_finish: OnFinish, alone: Callable[[list[FitJob], OnFinish], None]) -> None:
+                   on_finish: OnFinish, alone: Callable[[list[FitJob], OnFinish], None], room: int) -> None:
     """This job's models (`first` built, then the rest of `jobs`) and the pack's later seeds' (`others`) in one
-    lockstep group; theirs are kept in the pack for their jobs. If the group fails, this job's unfinished models
-    train `alone` (its own failure is raised then, as it would be alone)."""
+    lockstep group of `room` jobs' worth of rows (the others' models wait for a row); theirs are kept in the pack for
+    their jobs. If the group fails, this job's unfinished models train `alone` (its own failure is raised then, as it
+    would be alone)."""
     own = [first] + [trainer.member(*job) for job in jobs[1:]]
     theirs = [(c, job, m) for c in others for job, m in zip(c.jobs, members_of(c), strict=True)]
     finished: set[int] = set()
@@ -227,11 +226,16 @@ def train_together(trainer: Trainer, first: Member, jobs: Sequence[FitJob], othe
             companion, job, member = theirs[k - len(own)]
             keep_for_later(companion, job, model, res, member)
 
-    log.info("pack group: this job's %d models and %d of seed(s) %s train in one lockstep group", len(own),
-             len(theirs), ", ".join(str(c.seed) for c in others))
+    total = len(own) + len(theirs)
+    rows = None if room * len(own) >= total else max(1, room) * len(own)  # None: a row each, as many as fit
+    log.info("pack group: this job's %d models and %d of seed(s) %s train in one lockstep group%s", len(own),
+             len(theirs), ", ".join(str(c.seed) for c in others),
+             "" if rows is None else f" of {rows} rows ({room} job(s) fit in memory at once; a stopped model's row "
+                                     "takes the next one)")
     try:
         fit_group(own + [m for _, _, m in theirs],  # each validates on its seed's rows of the (erased) images
-                  TrainData(trainer.train_data, trainer.y, val_data=trainer.data), trainer.group_options(done))
+                  TrainData(trainer.train_data, trainer.y, val_data=trainer.data),
+                  dataclasses.replace(trainer.group_options(done), rows=rows))
     except Exception as err:  # noqa: BLE001 - any failure: this job's own models train alone (interrupts pass)
         interrupt.stop_behind(err)  # a stop torch.save turned into a RuntimeError passes too
         left = [k for k in range(len(jobs)) if k not in finished]

@@ -262,7 +262,7 @@ def check_after_augment(e: EraserConfig, dataset: DatasetConfig, seed: int, data
 @dataclass(frozen=True)
 class MemoryEstimate:
     data: int  # the data on the device, its validation copy
-    models: int  # the models trained at once, with gradients, optimizer state and best snapshot
+    models: int  # the models trained at once, with gradients, optimizer state and best snapshot; those waiting
     batches: int  # their batch activations (forward and backward) and the lockstep plan
     num_models: int
 
@@ -308,7 +308,10 @@ def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int,
         data_bytes += n_coded * numel * 4  # the unerased images the training batches are drawn from (float32)
     batch = min(cfg.optim.batch_size, n_train)
     batch_bytes = at_once * (batch * (numel + 2 * acts) * 4 + n_train * PLAN_BYTES_PER_SLOT)
-    return MemoryEstimate(data_bytes, at_once * params * 4 * MODEL_COPIES, batch_bytes, at_once)
+    # a group of fewer rows than models (training.parallel_models=N) builds them all up front: the ones waiting for
+    # a row hold their weights (no optimizer state, gradients or snapshot yet)
+    waiting = models - at_once if at_once > 1 else 0
+    return MemoryEstimate(data_bytes, (at_once * MODEL_COPIES + waiting) * params * 4, batch_bytes, at_once)
 
 
 def _storage_bytes(storage: str, eraser: str, zscore: bool, data: LoadedData) -> int:

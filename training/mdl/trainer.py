@@ -182,10 +182,9 @@ class Trainer:
             for k, job in enumerate(jobs):
                 on_finish(k, *self._fit_one(first if k == 0 else self.member(*job), job[1]))
             return
-        if with_pack and size >= len(jobs) and (
-                others := pack_group.companions(self, self.pack_room - 1)):
+        if with_pack and size >= len(jobs) and (others := pack_group.companions(self)):
             pack_group.train_together(self, first, jobs, others, on_finish,
-                                      lambda rest, done: self._train_many(rest, done, False))
+                                      lambda rest, done: self._train_many(rest, done, False), self.pack_room)
             return
         # `size` rows: a row whose model stops takes the next model (training/engine/lockstep_state.py RowSchedule)
         members = [first] + [self.member(*job) for job in jobs[1:]]
@@ -195,7 +194,7 @@ class Trainer:
         o = self.opts
         return GroupOptions(on_finish=on_finish, progress=self.cfg.progress, compile=o.compile, engine=o.engine,
                             regularizer=self.regularizer, workers=o.workers, fused_optimizer=o.fused_optimizer,
-                            checkpoint=self.checkpoint, rows=rows)
+                            checkpoint=self.checkpoint, rows=rows, poll_every=o.poll_every)
 
     def all_models(self) -> list[FitJob]:
         """Every model of an MDL job (`run_mdl`): the block models, then the full-data model with `mdl.full_run`."""

@@ -109,7 +109,10 @@ def test_ctrl_c_on_a_single_job_is_one_line_saying_what_was_kept(tmp_path: Path)
     (job,) = expand("smoke", [f"paths.out_dir={tmp_path}", "eraser=control", "seed=0", "mdl.max_epochs=800",
                               "mdl.patience=800"])
     job_dir = Path(job["paths"]["job_dir"])
-    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a terminal's job: SIGINT at its default even where this test process inherited it ignored (an ignored
+    # SIGINT passes to the child through exec, and Python then keeps ignoring it: the job never sees Ctrl-C)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 240
         while not (job_dir / PROGRESS_FILE).exists():

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 import erasure
+from tests.helpers import sweep_results
 from training.data import shared
 from training.data.cache import cached_eraser
 
@@ -35,10 +36,7 @@ def _sweep(out_dir: Path, *overrides: str) -> str:
 
 
 def _results(out_dir: Path) -> dict[str, dict[str, Any]]:
-    from scripts.bench_sweep import results
-
-    return {job: {k: v for k, v in flat.items() if not any(part in k for part in VOLATILE)}
-            for job, flat in results(out_dir).items()}
+    return sweep_results(out_dir, VOLATILE)
 
 
 def _count(text: str, pattern: str) -> int:

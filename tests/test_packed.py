@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hydra_plugins.erasure_mdl_packed.packed_launcher import bucket_key, buckets_of, cells_in, packs_of
-from tests.helpers import kill_once_one_done_one_partial, kill_when
+from tests.helpers import kill_once_one_done_one_partial, kill_when, sweep_results
 from training.app.lifecycle import PROGRESS_FILE
 from training.data import shared
 from training.data.cache import cached_erase
@@ -42,11 +42,7 @@ def _sweep(out_dir: Path, *overrides: str) -> str:
 
 
 def _results(out_dir: Path) -> dict[str, dict[str, Any]]:
-    """Every job's result.json by its directory under runs/, flattened (scripts/bench_sweep.py), without wall times."""
-    from scripts.bench_sweep import results
-
-    return {job: {k: v for k, v in flat.items() if not any(part in k for part in VOLATILE)}
-            for job, flat in results(out_dir).items()}
+    return sweep_results(out_dir, VOLATILE)
 
 
 # The tests that compare with `lone` run on one worker under `make test` (module fixtures are per worker): its 6

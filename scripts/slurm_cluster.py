@@ -246,8 +246,10 @@ StorageLoc=slurm_acct_db
         self.wait_for("munged", lambda: self.munge_socket.exists() and self.client(
             "munge", "-n", f"--socket={self.munge_socket}").returncode == 0, "munged.log")
 
-        datadir = self.root / "db"
-        db_opts = [f"--datadir={datadir}", "--user=root", "--innodb-log-file-size=4M", "--innodb-buffer-pool-size=32M"]
+        datadir, tmpdir = self.root / "db", self.root / "db-tmp"
+        tmpdir.mkdir(exist_ok=True)  # not /tmp: two clusters installing at once lost each other's temporary tables
+        db_opts = [f"--datadir={datadir}", f"--tmpdir={tmpdir}", "--user=root", "--innodb-log-file-size=4M",
+                   "--innodb-buffer-pool-size=32M"]
         proc = self.client(str(which("mariadb-install-db")), "--no-defaults", *db_opts, "--skip-test-db",
                            "--auth-root-authentication-method=socket", timeout=120)
         if proc.returncode != 0:

@@ -2,8 +2,8 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# pytest-xdist workers for `make test`: the slurm tests share one worker and one cluster and mostly wait on the
-# scheduler (a time-limit job waits for its signal, requeue and restart), so a third worker keeps both cores busy
+# pytest-xdist workers for `make test` (many tests wait on a job they started as a subprocess: a third worker keeps
+# both cores busy) and for `make test-slurm` (two groups, each on its own worker with its own cluster)
 TEST_WORKERS ?= 3
 EXP    ?= offline_table
 BENCH_ARGS ?=
@@ -13,7 +13,7 @@ GPU_REPORT_ARGS ?=
 REPORT_PY = $(if $(wildcard $(PY)),$(PY),python3)
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=disabled
 
-.PHONY: help setup test test-all demo calibrate lint docs clean reproduce plan tables bench gpu-report gpu-wheels slurm-up slurm-down
+.PHONY: help setup test test-slurm test-all demo calibrate lint docs clean reproduce plan tables bench gpu-report gpu-wheels slurm-up slurm-down
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -26,8 +26,12 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed  ## create .venv and install the package with dev + launcher extras
 
-test: setup  ## run the test suite (not slow/gpu; slurm tests start their own cluster, or skip saying why)
-	$(TEST_ENV) $(PY) -m pytest -m "not slow and not gpu" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
+test: setup  ## run the test suite (not slow/gpu/slurm; `make test-slurm` runs the SLURM tests, CI runs both)
+	$(TEST_ENV) $(PY) -m pytest -m "not slow and not gpu and not slurm" -n $(TEST_WORKERS) --dist loadgroup \
+	  --durations=15 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+test-slurm: setup  ## the SLURM launcher against one-machine clusters the tests start (root + Debian packages, else skipped saying why)
+	$(TEST_ENV) $(PY) -m pytest -m "slurm and not slow" -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 test-all: setup  ## run every test including slow ones (gpu/slurm skip themselves when unavailable)

@@ -1,7 +1,7 @@
 """Shared test setup: single-threaded torch, wandb disabled, GPU/SLURM tests skipped when unavailable.
 
 SLURM tests (marked `slurm`) run against a one-machine cluster that the `slurm_cluster` fixture starts once per
-session (per xdist worker: `make test` runs them in two xdist groups, two clusters) with scripts/slurm_cluster.py
+session (per xdist worker: `make test-slurm` runs them in two xdist groups, two clusters) with scripts/slurm_cluster.py
 (root + Debian packages; `.ci/run` installs them) and stops at the end.
 Where it cannot run they skip with the script's one-line reason; a cluster that can run but fails to start fails.
 """

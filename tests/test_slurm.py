@@ -34,7 +34,7 @@ PACKED_SLURM = ("hydra/launcher=packed", "hydra.launcher.inner=slurm", *(
     f"++hydra.launcher.inner_options.{o.split('.', 2)[2]}" for o in SLURM[1:]))  # each pack one job of SLURM's
 ONE_JOB = ("eraser=control", "seed=0", "mdl.full_run=false")
 FAILING_SWEEP = ("eraser=control", "seed=0", "dataset=cifar10,digits", "++dataset.download=false")
-# Under `make test` (xdist --dist loadgroup) the slurm tests run in two groups, each on its own worker with its own
+# Under `make test-slurm` (xdist --dist loadgroup) the slurm tests run in two groups, each on its own worker with its own
 # cluster (tests/conftest.py puts the others in "slurm"): the two time-limit tests, which wait on the scheduler for
 # minutes, side by side; groups with more tests are handed out first, so both start with the suite.
 SECOND_CLUSTER = pytest.mark.xdist_group("slurm_second_cluster")

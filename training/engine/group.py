@@ -113,11 +113,13 @@ def drop_rate(module: nn.Module) -> float:
     return float(getattr(module, "drop_prob", 0.0) or 0.0)
 
 
-def resolve_engine(engine: str, device: torch.device) -> str:
+def resolve_engine(engine: str, device: torch.device, vectorises: bool = True) -> str:
+    """`training.engine`: auto → stacked on a GPU for an architecture that vectorises (its registry entry), else
+    loop (bitwise one model's arithmetic on CPU; ConvNeXt/Swin stacked on a GPU have no measured tolerance yet)."""
     if engine not in ENGINES:
         raise ValueError(f"training.engine must be one of {ENGINES}, got {engine!r}")
     if engine == "auto":
-        return "stacked" if device.type == "cuda" else "loop"
+        return "stacked" if device.type == "cuda" and vectorises else "loop"
     return engine
 
 
@@ -160,10 +162,11 @@ def _fit_rows(members: Sequence[Member], inputs: TrainData, options: GroupOption
     return results
 
 
-def check_options(engine: str, workers: int | str, fused_optimizer: bool | str, device: torch.device) -> str:
+def check_options(engine: str, workers: int | str, fused_optimizer: bool | str, device: torch.device,
+                  vectorises: bool = True) -> str:
     """One clear error for a bad `training.engine` / `workers` / `fused_optimizer` (run_job checks them before
-    any data is loaded); returns the resolved engine."""
-    kind = resolve_engine(engine, device)
+    any data is loaded); returns the resolved engine (`vectorises`: the architecture's, see `resolve_engine`)."""
+    kind = resolve_engine(engine, device, vectorises)
     backend = fused_backend(fused_optimizer, device)
     if kind == "stacked" and backend is not None:
         raise ValueError("training.fused_optimizer applies to the loop engine (the stacked engine already steps "

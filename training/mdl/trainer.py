@@ -91,12 +91,15 @@ class Trainer:
         self.y = y.to(device)
         self.num_classes, self.split, self.device = num_classes, split, device
         self.optim = resolve_optim(cfg.optim, cfg.arch)
+        # the group engine (auto: stacked on a GPU where the architecture vectorises, else loop: `resolve_engine`)
+        self.engine = resolve_engine(self.opts.engine, device, arch_traits(cfg.arch.name).vectorises)
         self.regularizer = build_regularizer(cfg.regularizer, num_classes)
         self.x_val, self.y_val = self.data.all(split.val_idx), self.y[split.val_idx.to(device)]
         self.input_shape = tuple(int(s) for s in x.shape[1:])
         self.x = x  # the images as given (the pack group checks a later seed's models were trained on them)
         self.model_info: dict[str, Any] = {}
         self.pack_room = 1  # how many jobs' models fit in memory at once (a pack group: training/mdl/pack_group.py)
+        self.model_room: int | None = None  # how many of its models fit at once (precheck.models_that_fit; None: all)
 
     def for_seed(self, cfg: JobConfig) -> Trainer:
         """This job's trainer for another seed of its configuration, on the same data (one copy on the device): a
@@ -145,14 +148,13 @@ class Trainer:
         return m.model, res
 
     def group_size(self, first: Member, count: int) -> int:
-        """How many models train at once: `training.parallel_models` (auto | N), 1 where not vectorisable."""
+        """How many models train at once: `training.parallel_models` (auto: all, at most `model_room` | N), 1 where
+        the group engine cannot take them."""
         want = self.opts.parallel_models
-        engine = resolve_engine(self.opts.engine, self.device)
-        reason = why_not_vectorized(first.model, first.optimizer, self.regularizer, engine)
+        reason = why_not_vectorized(first.model, first.optimizer, self.regularizer, self.engine)
         if str(want) == "auto":
-            # training.parallel_models=auto vectorises small models (launch-bound), as their registry entry says
-            auto = arch_traits(self.cfg.arch.name).vectorises and reason is None
-            return count if auto else 1
+            room = count if self.model_room is None else self.model_room
+            return 1 if reason is not None else max(1, min(count, room))
         if int(want) > 1 and reason is not None:
             log.warning("training.parallel_models=%s ignored: %s; training one model at a time", want, reason)
             return 1
@@ -192,7 +194,7 @@ class Trainer:
 
     def group_options(self, on_finish: OnFinish, rows: int | None = None) -> GroupOptions:
         o = self.opts
-        return GroupOptions(on_finish=on_finish, progress=self.cfg.progress, compile=o.compile, engine=o.engine,
+        return GroupOptions(on_finish=on_finish, progress=self.cfg.progress, compile=o.compile, engine=self.engine,
                             regularizer=self.regularizer, workers=o.workers, fused_optimizer=o.fused_optimizer,
                             checkpoint=self.checkpoint, rows=rows, poll_every=o.poll_every)
 

@@ -1,0 +1,58 @@
+"""ConvNeXt and Swin in lockstep groups (issue 40: pack groups of the paper presets' ConvNeXt/Swin cells): with
+`training.parallel_models=auto` a job trains its block models in one group on the loop engine (these architectures
+do not vectorise: the stacked engine has no measured GPU tolerance for them), and in a pack (`hydra/launcher=packed`,
+`training.pack_group`) the later seeds' models join the first job's group. On CPU each member's arithmetic is its
+lone arithmetic, Swin's drop path included (each member draws its masks from its own stream, the one it draws alone),
+so every job's numbers are `==` those of its models trained one at a time (`training.parallel_models=1`), with
+per-batch erasure (`eraser.after_augment`, every paper preset) too."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_pack_group import _alone, _packed
+
+TINY = {"convnext": ("arch=convnext", "arch.width=8", "arch.depth=1"),
+        "swin": ("arch=swin", "arch.width=8", "arch.depth=1")}  # Swin keeps its drop path (0.2, the paper's)
+SMALL = ("dataset.limit=200", "mdl.max_epochs=2", "mdl.patience=1", "optim.warmup_steps=0", "eraser.after_augment=true",
+         "dataset.augment=true")
+
+
+@pytest.mark.parametrize("arch", ["convnext"])
+def test_a_pack_group_of_convnext_or_swin_gives_each_job_its_one_at_a_time_numbers(
+        tmp_path: Path, arch: str, caplog: pytest.LogCaptureFixture) -> None:
+    extra = (*TINY[arch], *SMALL)
+    one_at_a_time = _alone(tmp_path / "one", *extra, "training.parallel_models=1", seeds=(0, 1))
+    with caplog.at_level(logging.INFO):
+        packed, pack = _packed(tmp_path / "packed", *extra, seeds=(0, 1))
+    assert "pack group: this job's 6 models and 6 of seed(s) 1 train in one lockstep group" in caplog.text
+    assert "6 of this job's 6 models were trained in an earlier seed's pack group" in caplog.text
+    assert not pack.ahead
+    assert packed[1]["eraser"]["batch_eraser"]["applied"]
+    if arch == "swin":
+        assert packed[0]["model"]["drop_path_rate"] > 0
+    assert packed == one_at_a_time
+
+
+def _numerics(out: Path) -> dict[str, Any]:
+    import json
+
+    (found,) = out.rglob("result.json")
+    numerics: dict[str, Any] = json.loads(found.read_text())["provenance"]["numerics"]
+    return numerics
+
+
+@pytest.mark.parametrize("arch", ["convnext"])
+def test_a_lone_job_groups_its_convnext_or_swin_models_on_the_loop_engine(tmp_path: Path, arch: str) -> None:
+    """parallel_models=auto groups them (the signature says loop, 6 together), with parallel_models=1 they train
+    one by one (fit); the numbers are the same."""
+    extra = (*TINY[arch], "dataset.limit=200", "mdl.max_epochs=2", "optim.warmup_steps=0")
+    grouped = _alone(tmp_path / "auto", *extra, seeds=(0,))
+    alone = _alone(tmp_path / "one", *extra, "training.parallel_models=1", seeds=(0,))
+    assert _numerics(tmp_path / "auto")["engine"] == "loop" and _numerics(tmp_path / "auto")["models_together"] == 6
+    assert _numerics(tmp_path / "one")["engine"] == "fit"
+    assert grouped == alone

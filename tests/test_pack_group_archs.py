@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.test_pack_group import _alone, _packed
 
@@ -22,7 +23,7 @@ SMALL = ("dataset.limit=200", "mdl.max_epochs=2", "mdl.patience=1", "optim.warmu
          "dataset.augment=true")
 
 
-@pytest.mark.parametrize("arch", ["convnext"])
+@pytest.mark.parametrize("arch", ["convnext", "swin"])
 def test_a_pack_group_of_convnext_or_swin_gives_each_job_its_one_at_a_time_numbers(
         tmp_path: Path, arch: str, caplog: pytest.LogCaptureFixture) -> None:
     extra = (*TINY[arch], *SMALL)
@@ -46,7 +47,7 @@ def _numerics(out: Path) -> dict[str, Any]:
     return numerics
 
 
-@pytest.mark.parametrize("arch", ["convnext"])
+@pytest.mark.parametrize("arch", ["convnext", "swin"])
 def test_a_lone_job_groups_its_convnext_or_swin_models_on_the_loop_engine(tmp_path: Path, arch: str) -> None:
     """parallel_models=auto groups them (the signature says loop, 6 together), with parallel_models=1 they train
     one by one (fit); the numbers are the same."""
@@ -56,3 +57,39 @@ def test_a_lone_job_groups_its_convnext_or_swin_models_on_the_loop_engine(tmp_pa
     assert _numerics(tmp_path / "auto")["engine"] == "loop" and _numerics(tmp_path / "auto")["models_together"] == 6
     assert _numerics(tmp_path / "one")["engine"] == "fit"
     assert grouped == alone
+
+
+@pytest.mark.parametrize("rows", [None, 1])
+def test_the_loop_engine_draws_each_members_drop_path_from_its_lone_stream(rows: int | None) -> None:
+    """Swin with drop path 0.2 in a loop-engine group (all rows at once, or one row refilled from the queue; two
+    workers asked for: one thread, the streams share the global RNG): each member ends bitwise as `fit` alone under
+    `torch.manual_seed(rng_seed)` (parameters, curve, stop); member 1 is member 0's twin (init, rows, batches) but
+    for its stream's seed, and ends apart from it."""
+    import dataclasses
+
+    from tests.helpers import group_options
+    from tests.test_engine_counts import _data, _members
+    from training.engine.fit import TrainData, fit
+    from training.engine.group import fit_group
+    from training.engine.seeding import generator
+
+    def members() -> list[Any]:
+        out = _members("swin", [64, 64, 100], [1, 1, 2], 0.2)
+        out[1] = dataclasses.replace(out[0], model=out[1].model, optimizer=out[1].optimizer,
+                                     gen=generator(0, "b", 0))
+        out[1].model.load_state_dict(out[0].model.state_dict())
+        return [dataclasses.replace(m, rng_seed=100 + k) for k, m in enumerate(out)]
+
+    data, y, xv, yv = _data()
+    solo = members()
+    alone = []
+    for m in solo:
+        torch.manual_seed(m.rng_seed)
+        alone.append(fit(m, TrainData(data, y, xv, yv)))
+    grouped = members()
+    together = fit_group(grouped, TrainData(data, y, xv, yv), group_options(engine="loop", rows=rows, workers=2))
+    assert [(r.epochs, r.best_epoch, r.curve) for r in together] == [(r.epochs, r.best_epoch, r.curve) for r in alone]
+    for s, g in zip(solo, grouped, strict=True):
+        for key, a in s.model.state_dict().items():
+            assert torch.equal(a, g.model.state_dict()[key]), key
+    assert together[0].curve != together[1].curve  # the twins' masks differ

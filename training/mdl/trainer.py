@@ -30,7 +30,7 @@ from training.engine.group import GroupOptions, OnFinish, fit_group, resolve_eng
 from training.engine.numerics import JobNumerics
 from training.engine.optim import OptimSettings
 from training.engine.regularizers import build_regularizer
-from training.engine.seeding import generator, seeded_global_rng
+from training.engine.seeding import derive_seed, generator, seeded_global_rng
 from training.mdl import pack_group
 from training.mdl.inputs import BatchErasure
 from training.mdl.splits import MdlSplit, make_split, model_name
@@ -133,7 +133,8 @@ class Trainer:
         self.model_info = facts
         opt = self.optim.build(model)
         return Member(model, opt, idx.to(self.device), generator(self.seed, "batches", tag),
-                      self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx, name=model_name(tag))
+                      self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx, name=model_name(tag),
+                      rng_seed=derive_seed(self.seed, "train", tag))  # as `_fit_one` seeds it
 
     def train(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None
               ) -> tuple[torch.nn.Module, FitResult]:

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from tests.test_pack_group import _alone, _packed
+from tests.helpers import result_of
+from tests.test_pack_group import _alone, _numbers, _packed
 
-TINY = {"convnext": ("arch=convnext", "arch.width=8", "arch.depth=1"),
+TINY_ARCH = {"convnext": ("arch=convnext", "arch.width=8", "arch.depth=1"),
         "swin": ("arch=swin", "arch.width=8", "arch.depth=1")}  # Swin keeps its drop path (0.2, the paper's)
 SMALL = ("dataset.limit=200", "mdl.max_epochs=2", "mdl.patience=1", "optim.warmup_steps=0", "eraser.after_augment=true",
          "dataset.augment=true")
@@ -26,7 +27,7 @@ SMALL = ("dataset.limit=200", "mdl.max_epochs=2", "mdl.patience=1", "optim.warmu
 @pytest.mark.parametrize("arch", ["convnext", "swin"])
 def test_a_pack_group_of_convnext_or_swin_gives_each_job_its_one_at_a_time_numbers(
         tmp_path: Path, arch: str, caplog: pytest.LogCaptureFixture) -> None:
-    extra = (*TINY[arch], *SMALL)
+    extra = (*TINY_ARCH[arch], *SMALL)
     one_at_a_time = _alone(tmp_path / "one", *extra, "training.parallel_models=1", seeds=(0, 1))
     with caplog.at_level(logging.INFO):
         packed, pack = _packed(tmp_path / "packed", *extra, seeds=(0, 1))
@@ -51,7 +52,7 @@ def _numerics(out: Path) -> dict[str, Any]:
 def test_a_lone_job_groups_its_convnext_or_swin_models_on_the_loop_engine(tmp_path: Path, arch: str) -> None:
     """parallel_models=auto groups them (the signature says loop, 6 together), with parallel_models=1 they train
     one by one (fit); the numbers are the same."""
-    extra = (*TINY[arch], "dataset.limit=200", "mdl.max_epochs=2", "optim.warmup_steps=0")
+    extra = (*TINY_ARCH[arch], "dataset.limit=200", "mdl.max_epochs=2", "optim.warmup_steps=0")
     grouped = _alone(tmp_path / "auto", *extra, seeds=(0,))
     alone = _alone(tmp_path / "one", *extra, "training.parallel_models=1", seeds=(0,))
     assert _numerics(tmp_path / "auto")["engine"] == "loop" and _numerics(tmp_path / "auto")["models_together"] == 6
@@ -93,3 +94,50 @@ def test_the_loop_engine_draws_each_members_drop_path_from_its_lone_stream(rows:
         for key, a in s.model.state_dict().items():
             assert torch.equal(a, g.model.state_dict()[key]), key
     assert together[0].curve != together[1].curve  # the twins' masks differ
+
+
+def test_parallel_models_auto_trains_as_many_rows_as_the_memory_estimate_fits(tmp_path: Path) -> None:
+    """A ConvNeXt group holds every row's activations until its one backward: with less memory free than all its
+    models need at once, `training.parallel_models=auto` takes the most rows r whose group the estimate fits (that of
+    `parallel_models=r`, which tests/test_group_rows.py checks against what a job builds), down to one model at a
+    time; with no figure, all of them."""
+    from tests.helpers import TINY, job_config
+    from training.app.tasks import load_job
+    from training.data import load_dataset
+    from training.mdl.precheck import estimate_memory
+
+    base = [*TINY, *TINY_ARCH["convnext"]]
+    cfg = load_job(job_config(tmp_path, base))
+    data = load_dataset(cfg.dataset, cfg.paths.data_dir)
+    n = len(data.y)
+    assert estimate_memory(cfg, data, n).num_models == 5 and estimate_memory(cfg, data, n, free=0).num_models == 1
+    for rows in range(2, 6):
+        need = estimate_memory(load_job(job_config(tmp_path, [*base, f"training.parallel_models={rows}"])), data, n)
+        assert need.num_models == rows
+        assert estimate_memory(cfg, data, n, free=need.total).num_models == rows
+        assert estimate_memory(cfg, data, n, free=need.total - 1).num_models == rows - 1
+    assert estimate_memory(cfg, data, n, free=1 << 50).num_models == 5
+
+
+def test_a_job_trains_at_most_the_rows_that_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job hands the estimate's rows to its trainer (`models_that_fit`): 2 rows for its 5 ConvNeXt models, the
+    others waiting for a row; the numbers are those of one at a time."""
+    import training.mdl.job as job_module
+    from tests.helpers import TINY, job_config
+    from training.mdl import trainer as trainer_module
+    from training.mdl.job import run_job
+
+    rows: list[int | None] = []
+    real = trainer_module.fit_group
+
+    def spy(members: Any, inputs: Any, options: Any) -> Any:
+        rows.append(options.rows)
+        return real(members, inputs, options)
+
+    monkeypatch.setattr(trainer_module, "fit_group", spy)
+    monkeypatch.setattr(job_module, "models_that_fit", lambda *a: 2)
+    extra = [*TINY, *TINY_ARCH["convnext"], "dataset.limit=200", "optim.warmup_steps=0"]
+    two = _numbers(result_of(run_job(job_config(tmp_path / "two", extra))))
+    assert rows == [2]
+    assert two == _numbers(result_of(run_job(job_config(tmp_path / "one", [*extra, "training.parallel_models=1"]))))
+    assert rows == [2]

@@ -400,7 +400,8 @@ def check_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torch.d
     if est.total <= free:
         return
     where = "the machine has" if device.type == "cpu" else f"{device} has"
-    raise Refused(f"this job needs about {_size(est.total)} (data {_size(est.data)}, {est.num_models} models "
+    models = f"{est.num_models} model{'s' if est.num_models > 1 else ''}"  # parallel_models=auto: as many as fit
+    raise Refused(f"this job needs about {_size(est.total)} (data {_size(est.data)}, {models} "
                   f"{_size(est.models)}, batches {_size(est.batches)}) but {where} {_size(free)} available: lower "
                   "optim.batch_size or training.parallel_models, use dataset.limit, or run it where more memory is "
                   f"free ({env.MEMORY_CHECK}=0 skips this rough check)")

@@ -63,8 +63,9 @@ class Trainer:
     """Builds a fresh μP model + optimizer per fit and trains it on index subsets of on-device data.
 
     The data lives on the device once, in the smallest exact dtype (`training.storage`); batches are index
-    gathers. `train_many` trains several models (the block models of a job) in vectorised groups of
-    `training.parallel_models` (auto: all of them, for models the vectorised path supports).
+    gathers. `train_many` trains several models (the block models of a job) in lockstep groups of
+    `training.parallel_models` (auto: all of them, or as many as fit in memory: `model_room`) on `engine` (auto:
+    stacked on a GPU where the architecture vectorises, else loop).
 
     `batches` (`eraser.after_augment`): the training batches are drawn from `batches.raw` (a second copy on the
     device) and erased after augmentation by `batches.transform`; the validation set and the coded blocks are

@@ -141,3 +141,22 @@ def test_a_job_trains_at_most_the_rows_that_fit(tmp_path: Path, monkeypatch: pyt
     assert rows == [2]
     assert two == _numbers(result_of(run_job(job_config(tmp_path / "one", [*extra, "training.parallel_models=1"]))))
     assert rows == [2]
+
+
+@pytest.mark.parametrize(("extra", "stops"), [([], [2, 3]), (["training.parallel_models=2"], [6, 9])],
+                         ids=["group", "refill"])
+def test_a_swin_group_stopped_inside_its_blocks_resumes_to_the_uninterrupted_numbers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, extra: list[str],
+        stops: list[int]) -> None:
+    """The group checkpoint holds each row's drop-path stream (the loop engine's `rng`): a Swin job stopped twice
+    inside its group (rows refilled or not) ends with the uninterrupted job's numbers."""
+    from tests.helpers import job_config
+    from tests.test_checkpoint import _interrupted_run
+    from training.mdl.job import run_job
+
+    overrides = ["experiment=smoke", "eraser=control", "seed=0", *TINY_ARCH["swin"], "dataset.limit=200",
+                 "mdl.max_epochs=4", "mdl.patience=4", "optim.warmup_steps=0", *extra]
+    reference = _numbers(result_of(run_job(job_config(tmp_path / "ref", overrides))))
+    cut = _interrupted_run(job_config(tmp_path / "cut", overrides), monkeypatch, caplog, stops=stops)
+    assert reference["model"]["drop_path_rate"] > 0
+    assert _numbers(cut) == reference

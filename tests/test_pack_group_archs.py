@@ -143,13 +143,12 @@ def test_a_job_trains_at_most_the_rows_that_fit(tmp_path: Path, monkeypatch: pyt
     assert rows == [2]
 
 
-@pytest.mark.parametrize(("extra", "stops"), [([], [2, 3]), (["training.parallel_models=2"], [6, 9])],
-                         ids=["group", "refill"])
 def test_a_swin_group_stopped_inside_its_blocks_resumes_to_the_uninterrupted_numbers(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, extra: list[str],
-        stops: list[int]) -> None:
-    """The group checkpoint holds each row's drop-path stream (the loop engine's `rng`): a Swin job stopped twice
-    inside its group (rows refilled or not) ends with the uninterrupted job's numbers."""
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The group checkpoint holds each row's drop-path stream (the loop engine's `rng`): a Swin job of 2 rows for
+    its 6 models, stopped twice inside its group (rows refilled in between), ends with the uninterrupted job's
+    numbers."""
+    extra, stops = ["training.parallel_models=2"], [6, 9]
     from tests.helpers import job_config
     from tests.test_checkpoint import _interrupted_run
     from training.mdl.job import run_job

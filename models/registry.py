@@ -3,7 +3,9 @@
     @ARCHS.register("mlp", vectorises=True, base_width=128, depth_exponent=1.5, init=kaiming_uniform_init)
     class MLPSpec: ...
 
-- vectorises: block models of a job can train as one lockstep group (small, buffer-free models);
+- vectorises: its lockstep groups (a job's block models, a pack group) train on the stacked engine on a GPU
+  (`training.engine=auto`: launch-bound small models); one that does not vectorise groups on the loop engine (each
+  member's own kernels, its numbers those of one model alone);
 - base_width: the μP base model's width when `arch.base_width` is null;
 - depth_exponent: the depth learning-rate rule lr·(L_base/L)^exponent (3/2 for MLPs, the paper's 1/2 otherwise);
 - init: the initialiser μP re-initialises ≥2-D weights with.

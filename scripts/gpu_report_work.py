@@ -146,9 +146,8 @@ def throughput(p: Payload) -> dict[str, Any]:
     through `fit_group` (the job's engine)."""
     import torch
 
-    from models.registry import ARCHS
     from training.engine.fit import cross_entropy_sum, fit
-    from training.engine.group import GroupOptions, fit_group, resolve_engine, why_not_vectorized
+    from training.engine.group import GroupOptions, fit_group, why_not_vectorized
     from training.mdl.splits import make_split
     from training.mdl.trainer import Trainer
 
@@ -207,11 +206,13 @@ def throughput(p: Payload) -> dict[str, Any]:
             res["train_sps"] = len(subset) / max(res["epoch_s"] - val_s, 1e-9)
             probe = trainer.member(subset, ("probe", 0))
             # whether the architecture can train as one stacked group (the engine's own verdict), and whether a job
-            # groups its block models by default (`training.parallel_models=auto`: the registry's policy)
+            # groups its block models by default (`training.parallel_models=auto`, with the engine the job resolves
+            # for it: the loop engine where the registry says it does not vectorise)
             why = why_not_vectorized(probe.model, probe.optimizer, trainer.regularizer, "stacked")
             res["vectorises"] = why is None
-            res["grouped_by_default"] = why is None and bool(ARCHS.meta(arch)["vectorises"]) and why_not_vectorized(
-                probe.model, probe.optimizer, trainer.regularizer, resolve_engine(opts.engine, device)) is None
+            res["grouped_by_default"] = why_not_vectorized(probe.model, probe.optimizer, trainer.regularizer,
+                                                           trainer.engine) is None
+            res["engine_by_default"] = trainer.engine
             if why is not None:
                 res["why_not_vectorised"] = why
             if res["vectorises"] and p.group > 1:

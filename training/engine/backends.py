@@ -3,7 +3,9 @@
 * `LoopEngine`: the members' own modules, one forward per member on its slice of the shared batch, one
   backward over the summed losses and **one** optimizer step over all members' parameters (foreach kernels).
   Every kernel sees exactly the shapes it sees in `training.engine.fit.fit`, so the numbers are bitwise those of
-  sequential training. Best on CPU, where batched matmuls are slower than a loop of plain ones.
+  sequential training. Best on CPU, where batched matmuls are slower than a loop of plain ones. Dropout / drop path:
+  each member's forward draws from its own stream of the device's global RNG (`rng_seeds`), the one it draws from
+  alone. Every row's activations are held until the one backward (the memory estimate counts them all).
 * `StackedEngine`: parameters stacked per name (M, *shape); the model's forward under `torch.func.vmap` +
   `functional_call` (Linear → batched matmul, Conv → grouped conv), so one step is one set of kernels for
   all members. Partial batches are padded with zero-weight rows. Same arithmetic up to float32 rounding of
@@ -112,7 +114,7 @@ class LoopEngine:
 
     def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
                  compile: bool | str | None = None, regularizer: Regularizer | None = None,
-                 fused_optimizer: bool | str = False) -> None:
+                 fused_optimizer: bool | str = False, rng_seeds: Sequence[int] | None = None) -> None:
         groups = check_same_groups(models, opts)
         self.models = list(models)  # per live row
         self.regularizer = regularizer
@@ -123,11 +125,23 @@ class LoopEngine:
                                      [dict(m.named_parameters()) for m in self.models])
         self.best: list[dict[str, Tensor]] = [snapshot(m) for m in self.models]
         self.loss_sum = torch.zeros(len(self.models), device=next(self.models[0].parameters()).device)
+        # each row's state of the global RNG its forward draws dropout / drop path masks from (None: it draws none)
+        self.rng = None if rng_seeds is None else [_rng_state(self.loss_sum.device, s) for s in rng_seeds]
 
     def train(self) -> None:
         for m in self.models:
             m.train()
         self.opt.train()
+
+    def _forward(self, r: int, x: Tensor) -> Tensor:
+        """Row r's forward, drawing its masks from its own stream (swapped into the device's global RNG)."""
+        if self.rng is None:
+            return self.forward[r](x)
+        rng = _global_generator(x.device)
+        rng.set_state(self.rng[r])
+        out = self.forward[r](x)
+        self.rng[r] = rng.get_state()
+        return out
 
     def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int] | None, steps: np.ndarray,
              done: Tensor | None = None) -> None:
@@ -137,8 +151,8 @@ class LoopEngine:
         # Each member sees exactly its batch as in fit(); d(sum)/d(loss_r) = 1 keeps every gradient as alone.
         loss: Tensor | int = 0
         parts = []
-        for r, (f, c) in enumerate(zip(self.forward, counts, strict=True)):
-            logits, yr = f(xb[r, :c]), yb[r, :c]
+        for r, c in enumerate(counts):
+            logits, yr = self._forward(r, xb[r, :c]), yb[r, :c]
             loss_r = F.cross_entropy(logits, yr)
             if self.regularizer is not None:
                 loss_r = loss_r + self.regularizer(logits, yr, int(steps[r]))
@@ -173,7 +187,7 @@ class LoopEngine:
     def state_dict(self) -> dict:
         """Every live row's parameters (train mode), optimizer state, best state and unchecked loss sum."""
         return {"params": [{n: p.detach().clone() for n, p in m.named_parameters()} for m in self.models],
-                "opt": self.opt.state_dict(), "best": self.best, "loss_sum": self.loss_sum.clone()}
+                "opt": self.opt.state_dict(), "best": self.best, "loss_sum": self.loss_sum.clone(), "rng": self.rng}
 
     @torch.no_grad()
     def load_state_dict(self, saved: dict) -> None:
@@ -184,6 +198,8 @@ class LoopEngine:
         self.opt.load_state_dict(saved["opt"])
         self.best = [{k: v.to(dev) for k, v in b.items()} for b in saved["best"]]
         self.loss_sum = saved["loss_sum"].to(dev)
+        if saved.get("rng") is not None:
+            self.rng = list(saved["rng"])
 
     def keep(self, rows: list[int]) -> None:
         self.models = [self.models[r] for r in rows]
@@ -191,9 +207,12 @@ class LoopEngine:
         self.best = [self.best[r] for r in rows]
         self.loss_sum = self.loss_sum[torch.tensor(rows, device=self.loss_sum.device)]
         self.opt.keep(rows)
+        if self.rng is not None:
+            self.rng = [self.rng[r] for r in rows]
 
-    def replace(self, r: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """Row r takes a new member (its model, fresh optimizer): it trains as alone, from its first step."""
+    def replace(self, r: int, model: nn.Module, opt: torch.optim.Optimizer, rng_seed: int = 0) -> None:
+        """Row r takes a new member (its model, fresh optimizer, the seed of its masks' stream): it trains as alone,
+        from its first step."""
         if not isinstance(self.opt, LibraryOptim):
             raise ValueError("rows are refilled with the library's optimizer step (not training.fused_optimizer)")
         check_joins(self.opt.groups, model, opt)
@@ -202,6 +221,20 @@ class LoopEngine:
         self.best[r] = snapshot(model)
         self.loss_sum[r] = 0
         self.opt.replace(r, dict(model.named_parameters()))
+        if self.rng is not None:
+            self.rng[r] = _rng_state(self.loss_sum.device, rng_seed)
+
+
+def _global_generator(device: torch.device) -> torch.Generator:
+    """The global RNG that dropout on `device` draws from."""
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.random.default_generator
+
+
+def _rng_state(device: torch.device, seed: int) -> Tensor:
+    """The state of `device`'s global RNG right after `torch.manual_seed(seed)` (as `seeded_global_rng` leaves it)."""
+    return torch.Generator(device=device).manual_seed(seed).get_state()
 
 
 class _ReadoutConstants:
@@ -360,9 +393,10 @@ class StackedEngine:
         self._mark_static()
 
     @torch.no_grad()
-    def replace(self, r: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    def replace(self, r: int, model: nn.Module, opt: torch.optim.Optimizer, rng_seed: int = 0) -> None:
         """Row r takes a new member (its model, fresh optimizer), in place (a compiled step's static addresses stay
-        valid): its parameters, z = y, second moment 0, best state = init, and its row's scalars from the start."""
+        valid): its parameters, z = y, second moment 0, best state = init, and its row's scalars from the start
+        (`rng_seed`: unused, its masks are drawn by vmap)."""
         if self.opt.rows is None:
             raise ValueError("rows are refilled with per-row optimizer scalars (StackedEngine(per_row=True))")
         check_joins(self.groups, model, opt)

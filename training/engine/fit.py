@@ -109,6 +109,9 @@ class Member:
     cfg: FitConfig
     val_idx: Tensor | None = None  # own validation set (indices into the data), e.g. another seed's split
     name: str = ""  # how errors name it ("block model 3"); empty: "model <its index in the group>"
+    # the seed of the global RNG it trains under alone (dropout / drop path draw from it; the caller seeds it around
+    # `fit`): the loop engine gives the member this stream in a group (None: one drawn from its batch generator)
+    rng_seed: int | None = None
 
 
 

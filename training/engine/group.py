@@ -51,6 +51,7 @@ from training.engine.fit import (
 from training.engine.flat_optim import fused_backend
 from training.engine.lockstep_state import LockstepMember, RowSchedule, _name, _Plan, balanced_parts
 from training.engine.numerics import training_forward
+from training.engine.seeding import derive_seed
 from training.engine.stopping import REASONS, RowStopping
 
 ENGINES = ("auto", "loop", "stacked")
@@ -96,13 +97,17 @@ def why_not_vectorized(model: nn.Module, optimizer: torch.optim.Optimizer,
 
 def module_refusal(model: nn.Module, engine: str) -> str | None:
     """Why `model`'s modules cannot train in a group on `engine` (None: they can). Constant buffers (SwinV2's
-    relative positions) are fine; dropout and drop path at p = 0 too (they return their input)."""
+    relative positions) are fine; so are dropout and drop path (the loop engine gives each member its own stream
+    of the global RNG, `Member.rng_seed`; the stacked engine draws each member's masks with vmap
+    randomness="different")."""
     if any(isinstance(m, nn.modules.batchnorm._NormBase) for m in model.modules()):
         return "the model has batch norm (its running statistics are state that training changes)"
-    if engine != "stacked" and any(drop_rate(m) > 0 for m in model.modules()):
-        # the stacked engine draws each member's masks itself (vmap randomness="different")
-        return "the model has dropout or drop path (the loop engine's members would draw from one random stream)"
     return None
+
+
+def draws_masks(model: nn.Module) -> bool:
+    """Whether training `model` draws dropout / drop path masks from the global RNG."""
+    return any(drop_rate(m) > 0 for m in model.modules())
 
 
 def drop_rate(module: nn.Module) -> float:
@@ -113,11 +118,13 @@ def drop_rate(module: nn.Module) -> float:
     return float(getattr(module, "drop_prob", 0.0) or 0.0)
 
 
-def resolve_engine(engine: str, device: torch.device) -> str:
+def resolve_engine(engine: str, device: torch.device, vectorises: bool = True) -> str:
+    """`training.engine`: auto → stacked on a GPU for an architecture that vectorises (its registry entry), else
+    loop (bitwise one model's arithmetic on CPU; ConvNeXt/Swin stacked on a GPU have no measured tolerance yet)."""
     if engine not in ENGINES:
         raise ValueError(f"training.engine must be one of {ENGINES}, got {engine!r}")
     if engine == "auto":
-        return "stacked" if device.type == "cuda" else "loop"
+        return "stacked" if device.type == "cuda" and vectorises else "loop"
     return engine
 
 
@@ -137,6 +144,8 @@ def fit_group(members: Sequence[Member], inputs: TrainData, options: GroupOption
     kind = check_options(options.engine, options.workers, options.fused_optimizer, device)
     options = dataclasses.replace(options, engine=kind)  # resolved: loop | stacked
     n_workers = resolve_workers(options.workers, device, kind, len(members))
+    if n_workers > 1 and draws_masks(members[0].model):
+        n_workers = 1  # the loop engine swaps each member's stream into the one global RNG: one thread
     if n_workers > 1:
         return _fit_threads(members, inputs, options, n_workers)
     return _fit_rows(members, inputs, options)
@@ -160,10 +169,11 @@ def _fit_rows(members: Sequence[Member], inputs: TrainData, options: GroupOption
     return results
 
 
-def check_options(engine: str, workers: int | str, fused_optimizer: bool | str, device: torch.device) -> str:
+def check_options(engine: str, workers: int | str, fused_optimizer: bool | str, device: torch.device,
+                  vectorises: bool = True) -> str:
     """One clear error for a bad `training.engine` / `workers` / `fused_optimizer` (run_job checks them before
-    any data is loaded); returns the resolved engine."""
-    kind = resolve_engine(engine, device)
+    any data is loaded); returns the resolved engine (`vectorises`: the architecture's, see `resolve_engine`)."""
+    kind = resolve_engine(engine, device, vectorises)
     backend = fused_backend(fused_optimizer, device)
     if kind == "stacked" and backend is not None:
         raise ValueError("training.fused_optimizer applies to the loop engine (the stacked engine already steps "
@@ -272,10 +282,16 @@ def _saved_parts(members: Sequence[Member], store: CheckpointStore | None) -> li
 def _make_engine(members: Sequence[Member], options: GroupOptions, refill: bool) -> LoopEngine | StackedEngine:
     models, opts = [m.model for m in members], [m.optimizer for m in members]
     if options.engine != "stacked":
-        return LoopEngine(models, opts, options.compile, options.regularizer, options.fused_optimizer)
+        seeds = [rng_seed(m) for m in members] if draws_masks(models[0]) else None
+        return LoopEngine(models, opts, options.compile, options.regularizer, options.fused_optimizer, seeds)
     if options.regularizer is not None:
         raise ValueError("the stacked engine does not support a regularizer; use engine='loop'")
     return StackedEngine(models, opts, options.compile, per_row=refill)
+
+
+def rng_seed(member: Member) -> int:
+    """The seed of the global RNG stream `member` draws its masks from (`Member.rng_seed`, else one of its own)."""
+    return member.rng_seed if member.rng_seed is not None else derive_seed(member.gen.initial_seed(), "masks")
 
 
 class _Lockstep:
@@ -302,7 +318,7 @@ class _Lockstep:
         # The loop engine transforms each member's batch alone, exactly as `fit` does (bitwise equal); the stacked
         # one transforms all rows in one call (padding rows too: they carry zero weight).
         self.transform_rows = options.engine != "stacked"
-        self.random = any(drop_rate(m) > 0 for m in members[0].model.modules())  # draws masks from the global RNG
+        self.random = draws_masks(members[0].model)  # draws masks from the global RNG
         self.on_finish, self.stop = options.on_finish, stop
         self.step = 0
         self.poll_every = max(1, int(POLL_AUTO.get(options.engine, 1) if str(options.poll_every) == "auto"
@@ -480,7 +496,7 @@ class _Lockstep:
         """Member m takes `row` from the next step on: its first step is its step 1, as alone."""
         m.first_step, m.started_s = self.step, time.perf_counter() - self.t0
         self.live[row] = m
-        self.engine.replace(row, m.spec.model, m.spec.optimizer)
+        self.engine.replace(row, m.spec.model, m.spec.optimizer, rng_seed(m.spec))
         self.plan.replace(row, m)
         self.stops.replace(row, m.stopper, self.step)
 

@@ -29,7 +29,7 @@ from training.engine.fit import NONFINITE_HINT, FitResult
 from training.errors import NonFiniteError
 from training.mdl.code import paper_code, prequential_code
 from training.mdl.inputs import BatchErasure, prepare_inputs
-from training.mdl.precheck import data_fingerprint, jobs_that_fit, precheck
+from training.mdl.precheck import data_fingerprint, jobs_that_fit, models_that_fit, precheck
 from training.mdl.splits import MdlSplit, model_name
 from training.mdl.stop_keys import say_stop_keys
 from training.mdl.trainer import LN2, Trainer, model_jobs, split_of
@@ -199,6 +199,7 @@ def run(prepared: Prepared) -> dict[str, Any]:
             checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
         trainer = Trainer(cfg, prepared.x, data.y, data.num_classes, split, job.device, batches=prepared.batches,
                           checkpoint=checkpoint, numerics=job.numerics, pack=job.pack)
+        trainer.model_room = models_that_fit(cfg, data, job.device)  # training.parallel_models=auto: as many as fit
         if job.pack is not None:  # the memory estimate of a pack group (training/mdl/pack_group.py)
             trainer.pack_room = jobs_that_fit(cfg, data, job.device)
         log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", job.path, data.name,

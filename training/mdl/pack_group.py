@@ -47,7 +47,7 @@ from training.data.shared import Pack
 from training.engine.batches import DeviceData
 from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
 from training.engine.fit import FitResult, Member, TrainData, snapshot
-from training.engine.group import GroupOptions, fit_group, resolve_engine
+from training.engine.group import GroupOptions, fit_group
 from training.engine.numerics import JobNumerics
 from training.mdl.job_paths import JobPath
 from training.mdl.splits import model_name
@@ -121,11 +121,11 @@ def _batch_map(transform: BatchEraser | None) -> tuple[Tensor, ...]:
 
 
 def wanted(trainer: Trainer) -> bool:
-    """`training.pack_group`: true, false, or auto = where the stacked engine trains (GPU; on CPU the loop engine's
-    per-member kernels gain nothing from a larger group: scripts/bench_sweep.py --pack-group measures it)."""
+    """`training.pack_group`: true, false, or auto = on a GPU, whichever engine (on CPU the loop engine's per-member
+    kernels gain nothing from a larger group: scripts/bench_sweep.py --pack-group measures it)."""
     flag = trainer.opts.pack_group
     if flag == "auto":
-        return resolve_engine(trainer.opts.engine, trainer.device) == "stacked"
+        return trainer.device.type == "cuda"
     return bool(flag)
 
 

@@ -66,7 +66,7 @@ def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = Non
     docstring); returns the data it loaded, or checked: `data`, what the lifecycle's fingerprint check read again.
     `pack`: what the job shares with its pack's others."""
     t, e, d = cfg.training, cfg.eraser, cfg.dataset
-    check_options(t.engine, t.workers, t.fused_optimizer, device)
+    check_options(t.engine, t.workers, t.fused_optimizer, device, arch_traits(cfg.arch.name).vectorises)
     data = load_data(d, cfg.paths.data_dir, data, pack)
     plan = fit_plan(e, d, cfg.seed, with_permuted_labels(data, d.permute_labels, cfg.seed), cfg.paths.data_dir, pack)
     coded = None if plan is None else plan.coded_idx  # the samples the job codes (None: all), as inputs.py picks them
@@ -271,29 +271,32 @@ class MemoryEstimate:
         return self.data + self.models + self.batches
 
 
-def models_at_once(parallel_models: Any, arch: str, models: int, not_vectorised: str | None) -> int:
+def models_at_once(parallel_models: Any, models: int, not_vectorised: str | None, room: int | None = None) -> int:
     """How many of the job's `models` train together, as `Trainer.group_size` decides it: `training.parallel_models`
-    (auto: all where the architecture vectorises), 1 where the group engine cannot take them (`not_vectorised`)."""
+    (auto: all, or as many as fit in memory at once: `room`, None: no figure), 1 where the group engine cannot take
+    them (`not_vectorised`)."""
     want = parallel_models
     if not_vectorised is not None:
         return 1
     if want == "auto":
-        return models if arch_traits(arch).vectorises else 1
+        return models if room is None else max(1, min(models, room))
     return max(1, min(int(want), models))
 
 
-def _why_not_vectorised(engine_key: str, regularizer: str, model: torch.nn.Module, device: torch.device
-                        ) -> str | None:
-    """`why_not_vectorized` on what the config and a shape-only model tell (the optimizer is always schedule-free)."""
-    engine = resolve_engine(engine_key, device)
+def _why_not_vectorised(engine_key: str, regularizer: str, model: torch.nn.Module, device: torch.device,
+                        arch: str) -> str | None:
+    """`why_not_vectorized` on what the config and a shape-only model tell (the optimizer is always schedule-free),
+    with the engine the job resolves for its architecture (`resolve_engine`)."""
+    engine = resolve_engine(engine_key, device, arch_traits(arch).vectorises)
     if regularizer != "none" and engine == "stacked":
         return "a regularizer with the stacked engine"
     return module_refusal(model, engine)
 
 
 def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int,
-                    device: torch.device = CPU) -> MemoryEstimate:
-    """A rough lower estimate of what the job holds at once on its device (see MODEL_COPIES)."""
+                    device: torch.device = CPU, free: int | None = None) -> MemoryEstimate:
+    """A rough lower estimate of what the job holds at once on its device (see MODEL_COPIES). `free`: the memory
+    the device has free (None: no figure); `training.parallel_models=auto` trains as many rows as fit in it."""
     numel = int(data.x[0].numel())
     m = cfg.mdl
     n_val = validation_size(n_coded, m.val_size, m.val_frac)
@@ -301,13 +304,19 @@ def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int,
     models = m.num_blocks - 1 + int(m.full_run)
     t, e = cfg.training, cfg.eraser
     params, acts, model = _model_size(cfg.arch, data.input_shape, data.num_classes)
-    at_once = models_at_once(t.parallel_models, cfg.arch.name, models,
-                             _why_not_vectorised(t.engine, cfg.regularizer.name, model, device))
     data_bytes = n_coded * numel * _storage_bytes(t.storage, e.name, cfg.dataset.zscore, data) + n_val * numel * 4
     if cfg.eraser.after_augment and not eraser_traits(cfg.eraser.name).identity:
         data_bytes += n_coded * numel * 4  # the unerased images the training batches are drawn from (float32)
     batch = min(cfg.optim.batch_size, n_train)
-    batch_bytes = at_once * (batch * (numel + 2 * acts) * 4 + n_train * PLAN_BYTES_PER_SLOT)
+    # a row's batch: activations of forward and backward (the loop engine holds every row's graph until its one
+    # backward over the rows' summed losses, as the stacked engine holds its batched one) and its lockstep plan
+    row_bytes = batch * (numel + 2 * acts) * 4 + n_train * PLAN_BYTES_PER_SLOT
+    # rows r > 1 hold r × MODEL_COPIES models' worth of weights, the others' weights, and r batches
+    room = None if free is None else (free - data_bytes - models * params * 4) // ((MODEL_COPIES - 1) * params * 4
+                                                                                  + row_bytes)
+    at_once = models_at_once(t.parallel_models, models,
+                             _why_not_vectorised(t.engine, cfg.regularizer.name, model, device, cfg.arch.name), room)
+    batch_bytes = at_once * row_bytes
     # a group of fewer rows than models (training.parallel_models=N) builds them all up front: the ones waiting for
     # a row hold their weights (no optimizer state, gradients or snapshot yet)
     waiting = models - at_once if at_once > 1 else 0
@@ -357,14 +366,25 @@ def _size(n: float) -> str:
     return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
+def memory_free(device: torch.device) -> int | None:
+    """What the memory estimate compares with: the device's free memory (None: no figure, or the check is off)."""
+    return available_memory(device) if env.memory_check() else None
+
+
+def models_that_fit(cfg: JobConfig, data: LoadedData, device: torch.device) -> int:
+    """`training.parallel_models=auto`: how many of the job's models train at once in the memory the device has free
+    (all of them where it has no figure); `Trainer.group_size` takes at most this many."""
+    return estimate_memory(cfg, data, len(data.y), device, memory_free(device)).num_models
+
+
 def jobs_that_fit(cfg: JobConfig, data: LoadedData, device: torch.device) -> int:
     """How many jobs of this configuration (seeds of a pack: training/mdl/pack_group.py) can train their models at
     once on one copy of `data` (the coded rows) in the memory the device has free: the memory estimate of a pack
     group. Without a figure (or with the check off) as many as there are."""
-    free = available_memory(device) if env.memory_check() else None
+    free = memory_free(device)
     if free is None:
         return 1 << 30
-    est = estimate_memory(cfg, data, len(data.y), device)
+    est = estimate_memory(cfg, data, len(data.y), device, free)
     return max(1, 1 + (free - est.total) // max(1, est.models + est.batches))
 
 
@@ -376,11 +396,12 @@ def check_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torch.d
     free = available_memory(device)
     if free is None:
         return
-    est = estimate_memory(cfg, data, n_coded, device)
+    est = estimate_memory(cfg, data, n_coded, device, free)
     if est.total <= free:
         return
     where = "the machine has" if device.type == "cpu" else f"{device} has"
-    raise Refused(f"this job needs about {_size(est.total)} (data {_size(est.data)}, {est.num_models} models "
+    models = f"{est.num_models} model{'s' if est.num_models > 1 else ''}"  # parallel_models=auto: as many as fit
+    raise Refused(f"this job needs about {_size(est.total)} (data {_size(est.data)}, {models} "
                   f"{_size(est.models)}, batches {_size(est.batches)}) but {where} {_size(free)} available: lower "
                   "optim.batch_size or training.parallel_models, use dataset.limit, or run it where more memory is "
                   f"free ({env.MEMORY_CHECK}=0 skips this rough check)")

@@ -30,7 +30,7 @@ from training.engine.group import GroupOptions, OnFinish, fit_group, resolve_eng
 from training.engine.numerics import JobNumerics
 from training.engine.optim import OptimSettings
 from training.engine.regularizers import build_regularizer
-from training.engine.seeding import generator, seeded_global_rng
+from training.engine.seeding import derive_seed, generator, seeded_global_rng
 from training.mdl import pack_group
 from training.mdl.inputs import BatchErasure
 from training.mdl.splits import MdlSplit, make_split, model_name
@@ -63,8 +63,9 @@ class Trainer:
     """Builds a fresh μP model + optimizer per fit and trains it on index subsets of on-device data.
 
     The data lives on the device once, in the smallest exact dtype (`training.storage`); batches are index
-    gathers. `train_many` trains several models (the block models of a job) in vectorised groups of
-    `training.parallel_models` (auto: all of them, for models the vectorised path supports).
+    gathers. `train_many` trains several models (the block models of a job) in lockstep groups of
+    `training.parallel_models` (auto: all of them, or as many as fit in memory: `model_room`) on `engine` (auto:
+    stacked on a GPU where the architecture vectorises, else loop).
 
     `batches` (`eraser.after_augment`): the training batches are drawn from `batches.raw` (a second copy on the
     device) and erased after augmentation by `batches.transform`; the validation set and the coded blocks are
@@ -91,12 +92,15 @@ class Trainer:
         self.y = y.to(device)
         self.num_classes, self.split, self.device = num_classes, split, device
         self.optim = resolve_optim(cfg.optim, cfg.arch)
+        # the group engine (auto: stacked on a GPU where the architecture vectorises, else loop: `resolve_engine`)
+        self.engine = resolve_engine(self.opts.engine, device, arch_traits(cfg.arch.name).vectorises)
         self.regularizer = build_regularizer(cfg.regularizer, num_classes)
         self.x_val, self.y_val = self.data.all(split.val_idx), self.y[split.val_idx.to(device)]
         self.input_shape = tuple(int(s) for s in x.shape[1:])
         self.x = x  # the images as given (the pack group checks a later seed's models were trained on them)
         self.model_info: dict[str, Any] = {}
         self.pack_room = 1  # how many jobs' models fit in memory at once (a pack group: training/mdl/pack_group.py)
+        self.model_room: int | None = None  # how many of its models fit at once (precheck.models_that_fit; None: all)
 
     def for_seed(self, cfg: JobConfig) -> Trainer:
         """This job's trainer for another seed of its configuration, on the same data (one copy on the device): a
@@ -130,7 +134,8 @@ class Trainer:
         self.model_info = facts
         opt = self.optim.build(model)
         return Member(model, opt, idx.to(self.device), generator(self.seed, "batches", tag),
-                      self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx, name=model_name(tag))
+                      self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx, name=model_name(tag),
+                      rng_seed=derive_seed(self.seed, "train", tag))  # as `_fit_one` seeds it
 
     def train(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None
               ) -> tuple[torch.nn.Module, FitResult]:
@@ -145,14 +150,13 @@ class Trainer:
         return m.model, res
 
     def group_size(self, first: Member, count: int) -> int:
-        """How many models train at once: `training.parallel_models` (auto | N), 1 where not vectorisable."""
+        """How many models train at once: `training.parallel_models` (auto: all, at most `model_room` | N), 1 where
+        the group engine cannot take them."""
         want = self.opts.parallel_models
-        engine = resolve_engine(self.opts.engine, self.device)
-        reason = why_not_vectorized(first.model, first.optimizer, self.regularizer, engine)
+        reason = why_not_vectorized(first.model, first.optimizer, self.regularizer, self.engine)
         if str(want) == "auto":
-            # training.parallel_models=auto vectorises small models (launch-bound), as their registry entry says
-            auto = arch_traits(self.cfg.arch.name).vectorises and reason is None
-            return count if auto else 1
+            room = count if self.model_room is None else self.model_room
+            return 1 if reason is not None else max(1, min(count, room))
         if int(want) > 1 and reason is not None:
             log.warning("training.parallel_models=%s ignored: %s; training one model at a time", want, reason)
             return 1
@@ -192,7 +196,7 @@ class Trainer:
 
     def group_options(self, on_finish: OnFinish, rows: int | None = None) -> GroupOptions:
         o = self.opts
-        return GroupOptions(on_finish=on_finish, progress=self.cfg.progress, compile=o.compile, engine=o.engine,
+        return GroupOptions(on_finish=on_finish, progress=self.cfg.progress, compile=o.compile, engine=self.engine,
                             regularizer=self.regularizer, workers=o.workers, fused_optimizer=o.fused_optimizer,
                             checkpoint=self.checkpoint, rows=rows, poll_every=o.poll_every)
 

@@ -66,12 +66,12 @@ Cells = dict[str, Cell]
 
 def collect(root: Path, experiment: str) -> Cells:
     """Per cell (its identity as JSON, every differing key), the MDL of each fit mode's runs by seed."""
-    from training.analysis.aggregate_collect import config_identity
     from training.app.result_codec import MalformedResultError, config_view, read
     from training.app.result_types import number
     from training.app.schema import numerics_of
     from training.app.tasks import spec_of
-    from training.mdl.result import MdlResult
+    from training.tasks.mdl.aggregate_collect import config_identity
+    from training.tasks.mdl.result import MdlResult
 
     mdl = spec_of("mdl")
 

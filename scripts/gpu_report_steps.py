@@ -23,7 +23,7 @@ from scripts.gpu_report_payload import Payload
 from scripts.gpu_report_runner import ROOT, Context, Proc, StepError, StepSkipped, error_line, parse_result, stop, tail
 from scripts.gpu_report_sizes import ARCHS
 from training.app.tasks import read_any as read_result
-from training.mdl.result import MdlResult
+from training.tasks.mdl.result import MdlResult
 
 
 def job_overrides(ctx: Context, arch: str, out: Path, extra: Iterable[str] = (), seed: str = "0") -> list[str]:

@@ -45,7 +45,7 @@ from training.app.tasks import load_job, spec_of
 from training.common.sweep_jobs import expand_overrides
 from training.common.sweeps import sweep_overrides
 from training.errors import UserError
-from training.mdl.result import MdlResult
+from training.tasks.mdl.result import MdlResult
 
 BENCH_JSON = Path("outputs/bench/bench_mdl.json")
 GPU_REPORT_JSON = Path("outputs/gpu_report/gpu_report.json")

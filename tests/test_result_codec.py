@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from training.analysis import aggregate_collect
 from training.app.result_codec import MalformedResultError, config_view, encode, upgrade
 from training.app.result_types import RESULT_SCHEMA, Result
 from training.app.results import stored_hash
 from training.app.tasks import decode_result, spec_of
-from training.mdl.job_paths import JobPath
-from training.mdl.result import MdlResult
-from training.starvation.result import StarvationResult
+from training.tasks.gs.result import StarvationResult
+from training.tasks.mdl import aggregate_collect
+from training.tasks.mdl.job_paths import JobPath
+from training.tasks.mdl.result import MdlResult
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 CURRENT = "schema2_digits_leace.json"

@@ -1,6 +1,6 @@
 """What a job's result.json holds, as frozen dataclasses: one envelope every task shares (`Result`) and one class
 per task with the sections it writes typed, which the task's own package declares (`MdlResult` in
-training/mdl/result.py, `StarvationResult` in training/starvation/result.py).
+training/tasks/mdl/result.py, `StarvationResult` in training/tasks/gs/result.py).
 
 Reading and writing go through training/app/result_codec.py (`decode`, `encode`, `upgrade` for older schema
 versions); nothing else walks a result's dict. A section's open-ended parts stay mappings where their keys are

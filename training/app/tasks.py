@@ -1,18 +1,20 @@
-"""What a job can do (`task=` in the config): a `Task`, declared once, in a module of its own in the package
-`training.tasks` (training/tasks/<name>.py or training/tasks/<name>/__init__.py, in the repository or in any
-<dir>/training/tasks/ directory with <dir> on sys.path).
+"""What a job can do (`task=` in the config): a `Task`, declared once, in a package of its own in the package
+`training.tasks` that owns the task's vertical: declaration, code, typed result and tables (training/tasks/mdl/,
+training/tasks/gs/; a plain module training/tasks/<name>.py works too), in the repository or in any
+<dir>/training/tasks/ directory with <dir> on sys.path.
 
-A task module defines `TASK`, an instance of a `Task` subclass, whose class attributes declare what the core needs:
-its `name`, the config groups it reads (`uses`, which the job hash covers), the hashed keys it does not read
-(`fixed`), and its own config group with its options dataclass (`group`, `options`). The core (the config check,
-the job hash `schema.semantic`) reads only these, as the task's `spec` (training/app/task_spec.py), so a task
-module imports at its top level nothing of its implementation (training.mdl, training.starvation, torch): its
-methods import that when a job runs (tests/test_layers.py checks both).
+The package defines `TASK`, an instance of a `Task` subclass (or `TASKS`, a tuple, for several tasks sharing code:
+training/tasks/gs/), whose class attributes declare what the core needs: its `name`, the config groups it reads
+(`uses`, which the job hash covers), the hashed keys it does not read (`fixed`), and its own config group with its
+options dataclass (`group`, `options`). The core (the config check, the job hash `schema.semantic`) reads only
+these, as the task's `spec` (training/app/task_spec.py), so a task's declaration imports at its top level nothing of
+its implementation (its job, torch) beyond its result type: its methods import that when a job runs
+(tests/test_layers.py checks both).
 
 Discovery (`TASKS` in training/app/task_spec.py, filled on first use) is the one dynamic import of the harness:
-every module of `training.tasks` whose name does not start with "_". Adding a task is its module (+ a preset and a
-test); nothing else names it: the command line runs `get_task(cfg.task)(cfg)` and scripts/aggregate.py asks every
-task for its tables.
+every module or package of `training.tasks` whose name does not start with "_". Adding a task is its package (+ a
+preset and a test); nothing else names it: the command line runs `get_task(cfg.task)(cfg)` and scripts/aggregate.py
+asks every task for its tables.
 """
 
 from __future__ import annotations
@@ -39,11 +41,11 @@ from training.data.shared import Pack
 @dataclass(frozen=True)
 class Collected:
     """What scripts/aggregate.py hands a task for its tables: the task's Results (training/app/result_types.py),
-    the job table the collection made of MDL jobs (training/analysis/aggregate_collect.py; missing and failed jobs
+    the job table the collection made of MDL jobs (training/tasks/mdl/aggregate_collect.py; missing and failed jobs
     included), and where and under which file stem and title the tables go."""
 
     results: list[Result]
-    jobs: Any  # a pandas DataFrame (training/analysis/aggregate_collect.py), empty without MDL jobs
+    jobs: Any  # a pandas DataFrame (training/tasks/mdl/aggregate_collect.py), empty without MDL jobs
     out: Path
     name: str
     title: str

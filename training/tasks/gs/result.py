@@ -11,9 +11,9 @@ from training.app.result_types import Result, at, text
 
 @dataclass(frozen=True)
 class StarvationResult(Result):
-    """A Gradient Starvation result (training/starvation/*.py: gs_two_moons, gs_colored_mnist, gs_erased_eval):
+    """A Gradient Starvation result (training/tasks/gs/*.py: gs_two_moons, gs_colored_mnist, gs_erased_eval):
     the method its config describes (ERM / SD λ=…) and its metric sections, read by
-    training/analysis/aggregate_gs.py."""
+    training/tasks/gs/aggregate_gs.py."""
 
     method: str | None = None
 

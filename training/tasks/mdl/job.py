@@ -27,13 +27,13 @@ from training.data.shared import Pack
 from training.engine.checkpoint import CheckpointStore
 from training.engine.fit import NONFINITE_HINT, FitResult
 from training.errors import NonFiniteError
-from training.mdl.code import paper_code, prequential_code
-from training.mdl.inputs import BatchErasure, prepare_inputs
-from training.mdl.precheck import data_fingerprint, jobs_that_fit, precheck
-from training.mdl.splits import MdlSplit, model_name
-from training.mdl.stop_keys import say_stop_keys
-from training.mdl.trainer import LN2, Trainer, model_jobs, split_of
-from training.mdl.wandb_logger import RunLogger
+from training.tasks.mdl.code import paper_code, prequential_code
+from training.tasks.mdl.inputs import BatchErasure, prepare_inputs
+from training.tasks.mdl.precheck import data_fingerprint, jobs_that_fit, precheck
+from training.tasks.mdl.splits import MdlSplit, model_name
+from training.tasks.mdl.stop_keys import say_stop_keys
+from training.tasks.mdl.trainer import LN2, Trainer, model_jobs, split_of
+from training.tasks.mdl.wandb_logger import RunLogger
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def _describe(result: dict[str, Any]) -> str:
     return f"{mdl['bits_per_sample']:.4f} bits/sample ({mdl['protocol']}), legacy {mdl['legacy']:.4f}"
 
 
-# run_in_job_dir's hooks of an MDL job (training/tasks/mdl.py declares the task)
+# run_in_job_dir's hooks of an MDL job (training/tasks/mdl/__init__.py declares the task)
 LIFECYCLE: dict[str, Any] = {"precheck": precheck, "describe": _describe, "finite": ("mdl", "final"),
                              "complete": ("mdl",), "fingerprint": data_fingerprint}
 
@@ -158,7 +158,7 @@ LIFECYCLE: dict[str, Any] = {"precheck": precheck, "describe": _describe, "finit
 def run_job(config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> Outcome:
     """One MDL job in the one lifecycle: `run(prepare(job))`; `pack`: what it shares with the other jobs of its pack
     (training/data/shared.py), None alone (scripts and tests; the command line runs the task the config names,
-    training/tasks/mdl.py, which runs the same)."""
+    training/tasks/mdl/__init__.py, which runs the same)."""
     return run_in_job_dir(load_config(config, spec_of("mdl"), own_groups()), lambda job: run(prepare(job)), pack=pack,
                           **LIFECYCLE)
 
@@ -199,7 +199,7 @@ def run(prepared: Prepared) -> dict[str, Any]:
             checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
         trainer = Trainer(cfg, prepared.x, data.y, data.num_classes, split, job.device, batches=prepared.batches,
                           checkpoint=checkpoint, numerics=job.numerics, pack=job.pack)
-        if job.pack is not None:  # the memory estimate of a pack group (training/mdl/pack_group.py)
+        if job.pack is not None:  # the memory estimate of a pack group (training/tasks/mdl/pack_group.py)
             trainer.pack_room = jobs_that_fit(cfg, data, job.device)
         log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", job.path, data.name,
                  len(data.y), len(split.val_idx), split.block_sizes, trainer.optim.lr, job.device)

@@ -1,6 +1,6 @@
 """What a task=mdl result.json holds beyond the envelope (training/app/result_types.py), typed: the code length and
 its block models, the final model, the erasure record and the certificate (`MdlResult`, the task's `result_type`,
-read by the tables: training/analysis/aggregate_collect.py)."""
+read by the tables: training/tasks/mdl/aggregate_collect.py)."""
 
 from __future__ import annotations
 

@@ -29,10 +29,9 @@ from training.app.results import RESULT_FILE, SET_ASIDE, same_config
 from training.app.schema import JobConfig, OptionsSection, Section, config_hash
 from training.app.tasks import job_semantic, read_any, spec_of
 from training.common.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
-from training.common.sweeps import expand
 from training.data.eraser_config import FIT_DEFAULTS, REPEAT_KEY, legacy_fold
-from training.mdl.job_paths import JobPath
-from training.mdl.result import BlockRecord, Certificate, MdlRecord, MdlResult
+from training.tasks.mdl.job_paths import JobPath
+from training.tasks.mdl.result import BlockRecord, Certificate, MdlRecord, MdlResult
 
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
 # variant: eraser options that differ, if any). A cell's runs: its seeds × folds, and its null runs (`null`).
@@ -473,10 +472,10 @@ def _group_order(group: Any) -> tuple[Any, ...]:
                  for v in values))
 
 
-def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[Result]]:
-    """Exactly the jobs of a preset, in launch order; jobs without a matching result are listed as such. Groups
-    come from the preset's configs (a result counts only when its config hashes to its job's)."""
-    cfgs = expand(name, extra)
+def collect_experiment(cfgs: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[Result]]:
+    """Exactly the jobs of a preset (`cfgs`, its expanded configs: training/common/sweeps.py `expand`), in launch
+    order; jobs without a matching result are listed as such. Groups come from the preset's configs (a result counts
+    only when its config hashes to its job's)."""
     out_dirs = {Path(c["paths"]["out_dir"]) for c in cfgs}
     failed = failed_jobs([d / "runs" for d in out_dirs])
     rows: list[dict[str, Any]] = []

@@ -81,9 +81,9 @@ def collect(root: Path, experiment: str) -> Cells:
             result = read(path, mdl)
         except (OSError, MalformedResultError):
             continue
-        if not isinstance(result, MdlResult) or result.mdl is None or result.config is None:
+        if not isinstance(result, MdlResult) or result.body.mdl is None or result.config is None:
             continue
-        c, bits = config_view(result.config), number(result.mdl.bits_per_sample)
+        c, bits = config_view(result.config), number(result.body.mdl.bits_per_sample)
         if bits is None or c["experiment_name"] != experiment or result.numerics_version != numerics_of(mdl):
             continue
         identity = {k: v for k, v in config_identity(dict(result.config)).items() if k not in NOT_CELL}
@@ -95,7 +95,7 @@ def collect(root: Path, experiment: str) -> Cells:
         d = dict(result.config["dataset"])
         if d not in cell.options:
             cell.options.append(d)
-        sizes = result.mdl.raw.get("block_sizes")
+        sizes = result.body.mdl.raw.get("block_sizes")
         if isinstance(sizes, list) and sizes and sum(sizes) > 0:
             cell.first_share.append(sizes[0] / sum(sizes))
     return cells

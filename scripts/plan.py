@@ -244,7 +244,7 @@ def protocol_epochs(arch: str, remaining: Sequence[Job], finished: Sequence[Job]
     seen = []
     for job in finished:
         result = read_result(job.job_dir / RESULT_FILE, spec_of(job.cfg)) if job.arch == arch else None
-        blocks = result.mdl.blocks if isinstance(result, MdlResult) and result.mdl is not None else ()
+        blocks = result.body.mdl.blocks if isinstance(result, MdlResult) and result.body.mdl is not None else ()
         if epochs := [b.epochs for b in blocks if b.epochs]:
             seen.append(max(epochs))
     if seen:

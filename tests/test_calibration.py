@@ -19,6 +19,7 @@ import pytest
 from scripts import calibrate
 from tests.helpers import job_config, result_of
 from training.tasks.mdl.job import run_job
+from training.tasks.mdl.result import MdlSections
 
 CAL = ["experiment=calibrate", "dataset.dim=16", "dataset.rows_per_dim=16", "mdl.val_size=256", "mdl.min_block=64"]
 H = math.log2(4)
@@ -102,7 +103,8 @@ def _fake(root: Path, overrides: list[str], values: dict[int, float], block_size
         job.mkdir(parents=True)
         result = new_result(config_hash=h, hash_version=2, numerics_version=numerics_of(cfg.task_spec),
                             job_dir=str(job), task="mdl", config={**cfg.to_dict(), "seed": seed},
-                            sections={"mdl": mdl}, device="cpu", timings={}, provenance={}, spec=cfg.task_spec)
+                            sections=MdlSections.read({"mdl": mdl}), device="cpu", timings={}, provenance={},
+                            spec=cfg.task_spec)
         (job / "result.json").write_text(__import__("json").dumps(encode(result)))
 
 

@@ -180,10 +180,10 @@ TOY_TASK = '''"""task=toy_count: the class counts and the mean pixel (times toy.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from training.app.result_types import Result
+from training.app.result_types import Result, Sections
 from training.app.tasks import Collected, Task
 
 
@@ -193,13 +193,19 @@ class ToyCountOptions:
 
 
 @dataclass(frozen=True)
-class ToyCountResult(Result):  # its result.json sections, typed
+class ToyCountSections(Sections):  # its result.json sections, typed: what `run` returns and `rows` reads
     counts: tuple[int, ...] = ()
     mean_pixel: float = 0.0
 
     @classmethod
-    def typed_sections(cls, sections: Mapping[str, Any]) -> dict[str, Any]:
-        return {"counts": tuple(sections["counts"]), "mean_pixel": float(sections["mean_pixel"])}
+    def read(cls, written: Mapping[str, Any]) -> ToyCountSections:
+        return cls(written, tuple(written["counts"]), float(written["mean_pixel"]))
+
+
+@dataclass(frozen=True)
+class ToyCountResult(Result):
+    sections_type = ToyCountSections
+    body: ToyCountSections = field(default_factory=ToyCountSections)
 
 
 class ToyCount(Task):
@@ -217,17 +223,19 @@ class ToyCount(Task):
         data = load_data(c.dataset, c.paths.data_dir, job.loaded)
         return c, with_permuted_labels(data, c.dataset.permute_labels, c.seed)
 
-    def run(self, prepared: Any) -> dict[str, Any]:
+    def run(self, prepared: Any) -> ToyCountSections:
         import torch
 
         cfg, data = prepared
         counts = torch.bincount(data.y, minlength=data.num_classes).tolist()
-        return {"counts": counts, "mean_pixel": float(data.x.double().mean()) * cfg.task_options.scale}
+        return ToyCountSections.read({"counts": counts,
+                                      "mean_pixel": float(data.x.double().mean()) * cfg.task_options.scale})
 
     def rows(self, collected: Collected) -> dict[str, str]:
         from training.analysis.tables import md_table
 
-        rows = [[r.config["dataset"]["name"], str(r.config["seed"]), f"{r.mean_pixel:.6f}", str(sum(r.counts))]
+        rows = [[r.config["dataset"]["name"], str(r.config["seed"]), f"{r.body.mean_pixel:.6f}",
+                 str(sum(r.body.counts))]
                 for r in collected.results if isinstance(r, ToyCountResult)]
         return {"toy_count": md_table(["dataset", "seed", "mean pixel × scale", "samples"], rows)}
 
@@ -250,7 +258,8 @@ paths:
 @pytest.fixture
 def toy_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The toy task's package in <tmp>/training/tasks/toy_count/ (found with <tmp> on sys.path: `training.tasks`
-    spans every such directory) and its preset in <tmp>/conf_extra (a Hydra search path); removed from the registry afterwards."""
+    spans every such directory) and its preset in <tmp>/conf_extra (a Hydra search path); removed from the registry
+    afterwards."""
     import sys
 
     (tmp_path / "training" / "tasks" / "toy_count").mkdir(parents=True)

@@ -43,6 +43,7 @@ from training.engine.fit import FitConfig, Member, TrainData, fit
 from training.engine.group import fit_group
 from training.errors import UserError  # NonFiniteError's base (tests fail, not error, on code without it)
 from training.tasks.mdl.job import run_job
+from training.tasks.mdl.result import MdlSections
 from training.tasks.mdl.trainer import Trainer
 
 PROVENANCE_KEYS = {"code", "python", "torch", "numpy", "device_name", "host", "started", "ended", "numerics"}
@@ -259,7 +260,8 @@ def test_3_nonfinite_code_length_or_result_number_writes_no_result(tmp_path: Pat
     assert not (Path(cfg["paths"]["job_dir"]) / "result.json").exists()
     # the lifecycle's last check: no number of mdl/final may be NaN/inf (None is allowed)
     cfg2 = job_config(tmp_path / "b", TINY)
-    body = lambda run: {"mdl": {"bits_per_sample": 1.0, "blocks": [{"ce_bits": math.nan}]}, "final": None}  # noqa: E731
+    body = lambda run: MdlSections.read(  # noqa: E731
+        {"mdl": {"bits_per_sample": 1.0, "blocks": [{"ce_bits": math.nan}]}, "final": None})
     with pytest.raises(UserError, match=r"^non-finite mdl\.blocks\[0\]\.ce_bits \(nan\) in the result of "):
         run_in_job_dir(load_job(cfg2), body, finite=("mdl", "final"))
     assert not (Path(cfg2["paths"]["job_dir"]) / "result.json").exists()

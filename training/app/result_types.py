@@ -1,21 +1,23 @@
-"""What a job's result.json holds, as frozen dataclasses: one envelope every task shares (`Result`) and one class
-per task with the sections it writes typed, which the task's own package declares (`MdlResult` in
-training/tasks/mdl/result.py, `StarvationResult` in training/tasks/gs/result.py).
+"""What a job's result.json holds, as frozen dataclasses: one envelope every task shares (`Result`) around the
+task's own sections (`Result.body`, a `Sections`), typed by one class per task, which the task's own package declares
+(`MdlSections` in training/tasks/mdl/result.py, `StarvationSections` in training/tasks/gs/result.py). A task's
+body returns that class (training/app/lifecycle.py wraps it in the envelope and writes it once) and its tables read
+it: the same class both ways.
 
 Reading and writing go through training/app/result_codec.py (`decode`, `encode`, `upgrade` for older schema
 versions); nothing else walks a result's dict. A section's open-ended parts stay mappings where their keys are
 data, not schema: an eraser's report (per eraser), the certificate's scores (per probe), the stored config (the
 job hash is recomputed from it exactly as it was recorded).
 
-Every class keeps the section it was read from (`raw`, the task's sections in `Result.sections`), so `encode`
-writes back exactly what the job wrote: result.json's numbers and layout do not depend on this module.
+Every class keeps the section it was read from (`raw`; the task's sections as written: `Sections.written`), so
+`encode` writes back exactly what the job wrote: result.json's numbers and layout do not depend on this module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 # 1: results written before the field existed (schema_version absent). 2: schema_version recorded.
 RESULT_SCHEMA = 2
@@ -126,10 +128,28 @@ class Provenance:
 
 
 @dataclass(frozen=True)
+class Sections:
+    """A task's own part of result.json, typed: what its body returns and what its Result holds (`Result.body`) for
+    the tables. `written`: the sections as result.json holds them, in the order written (`encode` writes exactly
+    these, so result.json does not depend on the typed fields); a task's subclass adds its typed fields, read from
+    them in `read`."""
+
+    written: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def read(cls, written: Mapping[str, Any]) -> Sections:
+        """The sections typed (ValueError for sections that cannot be): a subclass returns its own class."""
+        return cls(written)
+
+
+@dataclass(frozen=True)
 class Result:
-    """The envelope of every result: identity, the config as recorded, the task's sections, and where and how it
-    ran. A task with typed sections subclasses it, reads them in `typed_sections`, and names the class as its
-    `Task.result_type` (training/app/tasks.py); the codec builds a result of its task's class."""
+    """The envelope of every result: identity, the config as recorded, the task's sections (`body`), and where and
+    how it ran. A task with typed sections subclasses it with its `Sections` class (`sections_type`, and `body`
+    typed as that), and names the class as its `Task.result_type` (training/app/tasks.py); the codec builds a
+    result of its task's class."""
+
+    sections_type: ClassVar[type[Sections]] = Sections
 
     config_hash: str
     hash_version: int
@@ -138,17 +158,17 @@ class Result:
     task: str
     config: Mapping[str, Any]  # as recorded: the job hash is recomputed from it (results.stored_hash)
     job_dir: str | None = None
-    sections: Mapping[str, Any] = field(default_factory=dict, repr=False)  # the task's own, in written order
+    body: Sections = field(default_factory=Sections, repr=False)  # the task's own sections, typed
     device: str | None = None
     timings: Mapping[str, Any] = field(default_factory=dict, repr=False)
     provenance: Provenance | None = None
     dataset: DatasetInfo = field(default_factory=lambda: DatasetInfo.of(None))
     tail: tuple[str, ...] = field(default=TAIL_KEYS, repr=False)  # the envelope keys written after the sections
 
-    @classmethod
-    def typed_sections(cls, sections: Mapping[str, Any]) -> dict[str, Any]:
-        """The fields this class adds to the envelope, read from the task's sections (none here)."""
-        return {}
+    @property
+    def sections(self) -> Mapping[str, Any]:
+        """The task's sections as written, in order."""
+        return self.body.written
 
     def section(self, name: str) -> Mapping[str, Any] | None:
         """A task section that is an object (None where absent or of another type)."""

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 from erasure.registry import UnknownNameError
 from training.app.lifecycle import JobRun, Outcome, run_in_job_dir
 from training.app.result_codec import decode, encode, read_json, upgrade
-from training.app.result_types import Result
+from training.app.result_types import Result, Sections
 from training.app.schema import ConfigError, JobConfig, cell_hash, config_hash, load_config, semantic
 from training.app.task_spec import TASKS as TASKS  # the declarations' names, re-exported
 from training.app.task_spec import TaskSpec as TaskSpec
@@ -88,9 +88,10 @@ class Task:
         """The job's inputs: data loaded, labels permuted, split, erased (what `run` takes)."""
         return self.implementation().prepare(job)
 
-    def run(self, prepared: Any) -> dict[str, Any]:
-        """The job's body on its prepared inputs: result.json's fields."""
-        return dict(self.implementation().run(prepared))
+    def run(self, prepared: Any) -> Sections:
+        """The job's body on its prepared inputs: its result.json sections, typed (`result_type.sections_type`)."""
+        sections: Sections = self.implementation().run(prepared)
+        return sections
 
     def rows(self, collected: Collected) -> dict[str, str]:
         """The task's tables for the aggregate, file name (or stem) -> Markdown; it may write files (plots, CSV) to

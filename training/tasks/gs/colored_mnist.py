@@ -20,6 +20,7 @@ from training.data.colored_mnist import Environment, colored_mnist, fig3_variant
 from training.engine.regularizers import build_regularizer, task_loss
 from training.engine.seeding import seeded_global_rng
 from training.tasks.gs.common import method_name, paper_mlp
+from training.tasks.gs.result import StarvationSections
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ def prepare(job: JobRun) -> Environments:
     return Environments(job, colored_mnist(job.cfg.dataset))
 
 
-def run(prepared: Environments) -> dict[str, Any]:
+def run(prepared: Environments) -> StarvationSections:
     job, envs = prepared.job, prepared.envs
     cfg, device = job.cfg, job.device
     gs = cfg.task_options  # training/tasks/gs/gs_colored_mnist.py ColoredMnistOptions
@@ -84,4 +85,4 @@ def run(prepared: Environments) -> dict[str, Any]:
            "curve": curve}
     log.info("seed %d: train acc %.3f, test acc %.3f; fig3 %s", seed, out["train"]["acc"], out["test"]["acc"],
              {k: round(v["acc"], 3) for k, v in out["fig3"].items()})
-    return out
+    return StarvationSections.read(out)

@@ -29,6 +29,7 @@ from training.engine.fit import Member, TrainData, cross_entropy_sum, fit, fit_t
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
 from training.tasks.gs.common import method_name
+from training.tasks.gs.result import StarvationSections
 from training.tasks.mdl.inputs import erase_maybe_zscored
 from training.tasks.mdl.precheck import load_data, with_permuted_labels
 from training.tasks.mdl.trainer import fit_config, resolve_optim
@@ -81,7 +82,7 @@ def prepare(job: JobRun) -> Prepared:
     return Prepared(job, data, idx, erased, info)
 
 
-def run(prepared: Prepared) -> dict[str, Any]:
+def run(prepared: Prepared) -> StarvationSections:
     from models import build_with_facts
 
     job, data, idx = prepared.job, prepared.data, prepared.idx
@@ -114,11 +115,12 @@ def run(prepared: Prepared) -> dict[str, Any]:
              data.name, out["test"]["acc"], out["test_erased"]["acc"], gaps["acc"], out["test"]["ce_bits_calibrated"],
              out["test_erased"]["ce_bits_calibrated"])
     erasure = prepared.erasure
-    return {"method": method_name(cfg), "eval": out, "gap_erased_minus_original": gaps, "temperature": t,
-            "fit": {"best_val_loss": res.best_val_loss, "best_epoch": res.best_epoch, "epochs": res.epochs,
-                    "steps": res.steps},
-            "split_sizes": {p: len(i) for p, i in idx.items()},
-            "eraser": {"name": name, "report": erasure["train"]["report"],
-                       "cache_hit": {p: erasure[p]["cache_hit"] for p in erasure},
-                       "test_options": erasure["test"]["options"]},
-            "optim": dataclasses.asdict(optim), "model": facts, "dataset": data.info}
+    return StarvationSections.read({
+        "method": method_name(cfg), "eval": out, "gap_erased_minus_original": gaps, "temperature": t,
+        "fit": {"best_val_loss": res.best_val_loss, "best_epoch": res.best_epoch, "epochs": res.epochs,
+                "steps": res.steps},
+        "split_sizes": {p: len(i) for p, i in idx.items()},
+        "eraser": {"name": name, "report": erasure["train"]["report"],
+                   "cache_hit": {p: erasure[p]["cache_hit"] for p in erasure},
+                   "test_options": erasure["test"]["options"]},
+        "optim": dataclasses.asdict(optim), "model": facts, "dataset": data.info})

@@ -64,7 +64,7 @@ def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
 
 def is_regularized_mdl(r: Result) -> bool:
     """An MDL result with an mdl section, of a GS preset or with a regularizer."""
-    if not isinstance(r, MdlResult) or r.config is None or r.mdl is None:
+    if not isinstance(r, MdlResult) or r.config is None or r.body.mdl is None:
         return False
     c = config_view(r.config)
     regularized = "regularizer.name" in c and c["regularizer.name"] != "none"

@@ -30,6 +30,7 @@ from training.errors import NonFiniteError
 from training.tasks.mdl.code import paper_code, prequential_code
 from training.tasks.mdl.inputs import BatchErasure, prepare_inputs
 from training.tasks.mdl.precheck import data_fingerprint, jobs_that_fit, precheck
+from training.tasks.mdl.result import MdlSections
 from training.tasks.mdl.splits import MdlSplit, model_name
 from training.tasks.mdl.stop_keys import say_stop_keys
 from training.tasks.mdl.trainer import LN2, Trainer, model_jobs, split_of
@@ -185,8 +186,8 @@ def prepare(job: JobRun) -> Prepared:
     return Prepared(job, data, x, erasure_info, batches, split_of(cfg.mdl, cfg.seed, len(data.y)), started)
 
 
-def run(prepared: Prepared) -> dict[str, Any]:
-    """The block models, the code, the full-data run: result.json's fields."""
+def run(prepared: Prepared) -> MdlSections:
+    """The block models, the code, the full-data run: result.json's sections (the stages' seconds in `timings`)."""
     job, data, split, erasure_info = prepared.job, prepared.data, prepared.split, prepared.erasure
     cfg = job.cfg
     logger = RunLogger(cfg.logger, cfg.to_dict(), job.path, run_id=f"{job.cfg_hash}-s{cfg.seed}",
@@ -210,7 +211,7 @@ def run(prepared: Prepared) -> dict[str, Any]:
         t_end = time.perf_counter()
         checkpoint.clear()  # a group deletes its own; this drops stale ones (another split, a corrupt file)
         logger.summary({"mdl/bits_per_sample": mdl["bits_per_sample"], "mdl/legacy": mdl["legacy"]})
-        return {
+        sections = MdlSections.read({
             "dataset": data.info,
             "eraser": erasure_info,
             "model": trainer.model_info,
@@ -218,8 +219,9 @@ def run(prepared: Prepared) -> dict[str, Any]:
             "mdl": mdl,
             "final": final,
             "certificate": erasure_info.pop("certificate", None),
-            "timings": {"erase_s": erasure_info["seconds"], "mdl_s": t_full - t_mdl,
-                        "full_run_s": t_end - t_full, "before_mdl_s": t_mdl - prepared.started},
-        }
+        })
+        job.timings.update(erase_s=erasure_info["seconds"], mdl_s=t_full - t_mdl, full_run_s=t_end - t_full,
+                           before_mdl_s=t_mdl - prepared.started)
+        return sections
     finally:
         logger.finish()

@@ -1,6 +1,6 @@
 """What a task=mdl result.json holds beyond the envelope (training/app/result_types.py), typed: the code length and
-its block models, the final model, the erasure record and the certificate (`MdlResult`, the task's `result_type`,
-read by the tables: training/tasks/mdl/aggregate_collect.py)."""
+its block models, the final model, the erasure record and the certificate (`MdlSections`: what the job's body
+returns, job.py `run`, and what the tables read, aggregate_collect.py, as `MdlResult.body`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.app.result_types import Result, at, mapping, number, text
+from training.app.result_types import Result, Sections, at, mapping, number, text
 
 
 def number_or_nan(value: Any) -> float:
@@ -133,8 +133,9 @@ class Certificate:
 
 
 @dataclass(frozen=True)
-class MdlResult(Result):
-    """A task=mdl result: its code length, final model, erasure record and certificate (None: not written)."""
+class MdlSections(Sections):
+    """A task=mdl job's sections: its code length, final model, erasure record and certificate (None: not
+    written), and what it wrote besides (dataset, model, optim: `written`)."""
 
     mdl: MdlRecord | None = None
     final: FinalRecord | None = None
@@ -142,11 +143,18 @@ class MdlResult(Result):
     certificate: Certificate = field(default_factory=lambda: Certificate.of(None))
 
     @classmethod
-    def typed_sections(cls, sections: Mapping[str, Any]) -> dict[str, Any]:
-        mdl, final = at(sections, "mdl"), at(sections, "final")
+    def read(cls, written: Mapping[str, Any]) -> MdlSections:
+        mdl, final = at(written, "mdl"), at(written, "final")
         if final and not isinstance(final, Mapping):
             raise ValueError(f"final is a {type(final).__name__}")
-        return {"mdl": MdlRecord.of(mdl) if isinstance(mdl, Mapping) else None,
-                "final": FinalRecord.of(final) if isinstance(final, Mapping) else None,
-                "erasure": ErasureRecord.of(at(sections, "eraser")),
-                "certificate": Certificate.of(at(sections, "certificate"))}
+        return cls(written, MdlRecord.of(mdl) if isinstance(mdl, Mapping) else None,
+                   FinalRecord.of(final) if isinstance(final, Mapping) else None,
+                   ErasureRecord.of(at(written, "eraser")), Certificate.of(at(written, "certificate")))
+
+
+@dataclass(frozen=True)
+class MdlResult(Result):
+    """A task=mdl result: the envelope around an MDL job's sections (`body`)."""
+
+    sections_type = MdlSections
+    body: MdlSections = field(default_factory=MdlSections, repr=False)

@@ -74,7 +74,7 @@ def test_a_body_returns_the_class_the_tables_read_and_the_lifecycle_encodes_it_o
     assert json.dumps(encode(made), indent=2) == json.dumps(raw, indent=2)
     read = decode_result(raw)
     assert type(read.body) is MdlSections and read.body == sections and read.body.mdl is not None
-    with pytest.raises(TypeError, match="returned Sections, not its MdlSections"):
+    with pytest.raises(TypeError, match="returned Sections, not MdlSections"):
         new_result(**envelope, task="mdl", sections=Sections.read(sections.written), spec=spec_of("mdl"))
     with pytest.raises(ValueError, match=r"\['task'\] are envelope keys"):
         new_result(**envelope, task="mdl", sections=MdlSections.read({**sections.written, "task": "x"}),

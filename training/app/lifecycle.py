@@ -122,9 +122,8 @@ class DataOnDisk:
 class JobRun:
     """What a task's body gets: its typed config, directory, device and progress file, what its precheck (or
     fingerprint) loaded (None: nothing; the body loads its data itself), what it shares with the other jobs of its
-    pack (`pack`, training/data/shared.py; None: a lone job), its numerics (training/engine/numerics.py: passed
-    to what trains; the signature in result.json is read from it) and `timings`, where the body records the seconds
-    of its stages (result.json `timings`, before the lifecycle's `total_s`)."""
+    pack (`pack`, training/data/shared.py; None: a lone job) and its numerics (training/engine/numerics.py: passed
+    to what trains; the signature in result.json is read from it)."""
 
     cfg: JobConfig
     job: JobDir
@@ -133,7 +132,7 @@ class JobRun:
     loaded: Any = None
     pack: Pack | None = None
     numerics: JobNumerics | None = None
-    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)  # the body's stages: result.json timings
 
     @property
     def path(self) -> Path:
@@ -195,7 +194,7 @@ def check_finite(result: Result, sections: tuple[str, ...], job_path: Path) -> N
     """NonFiniteError (one line) when a number in the result's `sections` is NaN/inf: such a result is never
     written (it would read as a finished job)."""
     for section in sections:
-        for path, value in nonfinite_leaves(at(result.sections, section), section):
+        for path, value in nonfinite_leaves(at(result.body.written, section), section):
             raise NonFiniteError(f"non-finite {path} ({value}) in the result of {job_path}: lr too high or bad data; "
                                  "nothing was written as a result")
 
@@ -242,8 +241,7 @@ def run_in_job_dir(cfg: JobConfig, body: Body,
             progress.clear()  # force=true recomputes from scratch
         t0, started = time.perf_counter(), now_utc()
         with job_numerics(cfg.training.precision, cfg.training.deterministic) as job_num:  # engine/numerics.py
-            run = JobRun(cfg, job, device, progress, loaded, pack, job_num)
-            sections = body(run)
+            sections = body(run := JobRun(cfg, job, device, progress, loaded, pack, job_num))
             numerics = job_num.signature(device, device_name(str(device)))
         timings = {**run.timings, "total_s": time.perf_counter() - t0}
         typed = new_result(config_hash=job.cfg_hash, hash_version=HASH_VERSION,

@@ -123,18 +123,15 @@ def encode(result: Result) -> dict[str, Any]:
         del head["job_dir"]
     tail: dict[str, Any] = {"device": result.device, "timings": dict(result.timings),
                             "provenance": None if result.provenance is None else result.provenance.raw}
-    return {**head, **result.sections, **{k: tail[k] for k in result.tail}}
+    return {**head, **result.body.written, **{k: tail[k] for k in result.tail}}
 
 
 def new_result(*, config_hash: str, hash_version: int, numerics_version: int, job_dir: str, task: str,
                config: Mapping[str, Any], sections: Sections, device: str, timings: Mapping[str, Any],
                provenance: Mapping[str, Any], spec: TaskSpec) -> Result:
-    """The Result a job of task `spec` that just ran writes (training/app/lifecycle.py), of its task's class, around
-    the sections its body returned (of that class's `sections_type`: TypeError for another)."""
-    cls = spec.result_type
-    if type(sections) is not cls.sections_type:
-        raise TypeError(f"task {spec.name}'s body returned {type(sections).__name__}, not its "
-                        f"{cls.sections_type.__name__} ({cls.__name__}.sections_type)")
+    """The Result of task `spec` (training/app/lifecycle.py writes it) around the sections its body returned."""
+    if type(sections) is not (cls := spec.result_type).sections_type:
+        raise TypeError(f"task {spec.name}'s body returned {type(sections).__name__}, not {cls.sections_type.__name__}")
     if clash := [k for k in sections.written if k in ENVELOPE_KEYS]:
         raise ValueError(f"task {spec.name}'s sections {clash} are envelope keys (training/app/result_types.py)")
     return cls(config_hash=config_hash, hash_version=hash_version, numerics_version=numerics_version,

@@ -1,8 +1,6 @@
-"""What a job's result.json holds, as frozen dataclasses: one envelope every task shares (`Result`) around the
-task's own sections (`Result.body`, a `Sections`), typed by one class per task, which the task's own package declares
-(`MdlSections` in training/tasks/mdl/result.py, `StarvationSections` in training/tasks/gs/result.py). A task's
-body returns that class (training/app/lifecycle.py wraps it in the envelope and writes it once) and its tables read
-it: the same class both ways.
+"""What a job's result.json holds, as frozen dataclasses: one envelope every task shares (`Result`) around the task's
+sections (`Result.body`), typed by the task's own `Sections` class (`MdlSections` in training/tasks/mdl/result.py,
+`StarvationSections` in training/tasks/gs/result.py): what its body returns and what its tables read.
 
 Reading and writing go through training/app/result_codec.py (`decode`, `encode`, `upgrade` for older schema
 versions); nothing else walks a result's dict. A section's open-ended parts stay mappings where their keys are
@@ -129,10 +127,8 @@ class Provenance:
 
 @dataclass(frozen=True)
 class Sections:
-    """A task's own part of result.json, typed: what its body returns and what its Result holds (`Result.body`) for
-    the tables. `written`: the sections as result.json holds them, in the order written (`encode` writes exactly
-    these, so result.json does not depend on the typed fields); a task's subclass adds its typed fields, read from
-    them in `read`."""
+    """A task's part of result.json, typed: what its body returns and its tables read (`Result.body`). `written`: the
+    sections in the order written (`encode` writes exactly these); a subclass adds typed fields, read in `read`."""
 
     written: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -144,10 +140,9 @@ class Sections:
 
 @dataclass(frozen=True)
 class Result:
-    """The envelope of every result: identity, the config as recorded, the task's sections (`body`), and where and
-    how it ran. A task with typed sections subclasses it with its `Sections` class (`sections_type`, and `body`
-    typed as that), and names the class as its `Task.result_type` (training/app/tasks.py); the codec builds a
-    result of its task's class."""
+    """The envelope of every result: identity, the config as recorded, the task's sections (`body`, of the class's
+    `sections_type`), and where and how it ran. A task's subclass names its Sections class and is its
+    `Task.result_type` (training/app/tasks.py); the codec builds a result of its task's class."""
 
     sections_type: ClassVar[type[Sections]] = Sections
 
@@ -165,12 +160,7 @@ class Result:
     dataset: DatasetInfo = field(default_factory=lambda: DatasetInfo.of(None))
     tail: tuple[str, ...] = field(default=TAIL_KEYS, repr=False)  # the envelope keys written after the sections
 
-    @property
-    def sections(self) -> Mapping[str, Any]:
-        """The task's sections as written, in order."""
-        return self.body.written
-
     def section(self, name: str) -> Mapping[str, Any] | None:
         """A task section that is an object (None where absent or of another type)."""
-        value = at(self.sections, name)
+        value = at(self.body.written, name)
         return value if isinstance(value, Mapping) else None

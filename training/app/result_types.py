@@ -7,8 +7,8 @@ versions); nothing else walks a result's dict. A section's open-ended parts stay
 data, not schema: an eraser's report (per eraser), the certificate's scores (per probe), the stored config (the
 job hash is recomputed from it exactly as it was recorded).
 
-Every class keeps the section it was read from (`raw`; the task's sections as written: `Sections.written`), so
-`encode` writes back exactly what the job wrote: result.json's numbers and layout do not depend on this module.
+The task's sections are kept as written (`Sections.written`; a record keeps its section, `raw`, where that is
+read), so `encode` writes back exactly what the job wrote: result.json does not depend on this module.
 """
 
 from __future__ import annotations
@@ -94,7 +94,6 @@ class DatasetInfo:
     class_counts: tuple[float, ...] | None  # None: not recorded (or not a list of non-negative numbers)
     permuted_labels: bool
     fingerprint: Fingerprint | None  # None: written before fingerprints
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, value: Any) -> DatasetInfo:
@@ -104,7 +103,7 @@ class DatasetInfo:
         n, k = number(at(value, "n")), number(at(value, "num_classes"))
         return cls(None if n is None else int(n), None if k is None else int(k),
                    tuple(c for c in parsed if c is not None) if valid and parsed else None,
-                   at(value, "permuted_labels") is True, Fingerprint.of(at(value, "fingerprint")), mapping(value))
+                   at(value, "permuted_labels") is True, Fingerprint.of(at(value, "fingerprint")))
 
 
 @dataclass(frozen=True)

@@ -62,14 +62,13 @@ class FinalRecord:
 
     val_loss_bits: float | None
     val_loss_curve: tuple[Any, ...]
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     epochs: float | None = None
     steps: float | None = None
 
     @classmethod
     def of(cls, value: Mapping[str, Any]) -> FinalRecord:
         return cls(number(at(value, "val_loss_bits", default=math.nan)), tuple(at(value, "val_loss_curve") or ()),
-                   value, number(at(value, "epochs")), number(at(value, "steps")))
+                   number(at(value, "epochs")), number(at(value, "steps")))
 
 
 @dataclass(frozen=True)
@@ -94,11 +93,10 @@ class ErasureRecord:
 
     fit: EraserFit
     report: Mapping[str, Any]
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, value: Any) -> ErasureRecord:
-        return cls(EraserFit.of(at(value, "fit")), mapping(at(value, "report")), mapping(value))
+        return cls(EraserFit.of(at(value, "fit")), mapping(at(value, "report")))
 
     def report_number(self, key: str) -> float:
         return number_or_nan(at(self.report, key))

@@ -27,7 +27,7 @@ A cell whose seeds come from different commits (result.json provenance; none rec
 swapped under the same names, another copy) is marked ‡ and never averaged; --strict refuses it.
 With --experiment a result whose config hash differs from the preset's job is "other-config", not counted. Every
 task makes the tables of its own results (`Task.rows`, training/tasks/*.py): the above are the MDL task's; the Gradient
-Starvation tasks' are in training/analysis/aggregate_gs.py.
+Starvation tasks' are in training/tasks/gs/aggregate_gs.py.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from training.analysis.aggregate_collect import collect_dir, collect_experiment
-from training.analysis.aggregate_summary import commit_problems, data_problems, unverified_problems
 from training.app.result_types import Result
 from training.app.tasks import Collected, load_job, task_names, tasks
+from training.common.sweeps import expand, presets, sweep_overrides
+from training.tasks.mdl.aggregate_collect import collect_dir, collect_experiment
+from training.tasks.mdl.aggregate_summary import commit_problems, data_problems, unverified_problems
 
 
 # --- main -------------------------------------------------------------------------------------------------
@@ -96,14 +97,11 @@ def experiment_refusal(experiment: str, overrides: list[str]) -> str | None:
     """One line when `--experiment` names no preset or an `--override` does not compose (else None)."""
     from hydra.errors import HydraException
 
-    from training.common.sweeps import presets, sweep_overrides
-
     names = presets()
     if experiment not in names:
         return (f"--experiment {experiment!r} is not a preset; the presets (conf/experiment/*.yaml) are: "
                 f"{', '.join(names)}")
     from training.app.schema import ConfigError
-    from training.common.sweeps import expand
 
     try:
         sweep_overrides(experiment, overrides)
@@ -151,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         if (line := experiment_refusal(args.experiment, args.override)) is not None:
             print(f"error: {line}", file=sys.stderr)
             return 2
-        df, results = collect_experiment(args.experiment, args.override)
+        df, results = collect_experiment(expand(args.experiment, args.override))
         title = f"Experiment {args.experiment}"
     elif args.root:
         df, results = collect_dir(args.root, args.set_aside)
@@ -182,8 +180,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def preset_claims(experiment: str, extra: list[str]) -> list[str] | None:
     """The claims a preset defines (its `claims` key), or None."""
-    from training.common.sweeps import expand
-
     cfgs = expand(experiment, extra, limit=1)  # a preset-level key: every job has the same
     keys = load_job(cfgs[0]).claims if cfgs else None
     return [str(k) for k in keys] if keys else None

@@ -43,7 +43,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
     import erasure
     from training.app.tasks import decode_result as decode
-    from training.mdl.job import run_job
+    from training.tasks.mdl.job import run_job
 
     fits = 0
     real_erase = erasure.erase

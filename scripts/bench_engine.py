@@ -55,7 +55,7 @@ from training.engine.fit import FitConfig, Member, TrainData, fit
 from training.engine.group import GroupOptions, fit_group
 from training.engine.lockstep_state import replay
 from training.engine.seeding import generator, seeded_global_rng
-from training.mdl.job import run_job
+from training.tasks.mdl.job import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE, K = (3, 8, 8), 4

@@ -48,8 +48,8 @@ from training.engine.augment import crop_flip
 from training.engine.fit import TrainData, cross_entropy_sum
 from training.engine.group import GroupOptions, fit_group
 from training.engine.seeding import generator, seeded_global_rng
-from training.mdl.splits import make_split
-from training.mdl.trainer import Trainer
+from training.tasks.mdl.splits import make_split
+from training.tasks.mdl.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 10

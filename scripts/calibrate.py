@@ -66,12 +66,12 @@ Cells = dict[str, Cell]
 
 def collect(root: Path, experiment: str) -> Cells:
     """Per cell (its identity as JSON, every differing key), the MDL of each fit mode's runs by seed."""
-    from training.analysis.aggregate_collect import config_identity
     from training.app.result_codec import MalformedResultError, config_view, read
     from training.app.result_types import number
     from training.app.schema import numerics_of
     from training.app.tasks import spec_of
-    from training.mdl.result import MdlResult
+    from training.tasks.mdl.aggregate_collect import config_identity
+    from training.tasks.mdl.result import MdlResult
 
     mdl = spec_of("mdl")
 
@@ -81,9 +81,9 @@ def collect(root: Path, experiment: str) -> Cells:
             result = read(path, mdl)
         except (OSError, MalformedResultError):
             continue
-        if not isinstance(result, MdlResult) or result.mdl is None or result.config is None:
+        if not isinstance(result, MdlResult) or result.body.mdl is None or result.config is None:
             continue
-        c, bits = config_view(result.config), number(result.mdl.bits_per_sample)
+        c, bits = config_view(result.config), number(result.body.mdl.bits_per_sample)
         if bits is None or c["experiment_name"] != experiment or result.numerics_version != numerics_of(mdl):
             continue
         identity = {k: v for k, v in config_identity(dict(result.config)).items() if k not in NOT_CELL}
@@ -95,7 +95,7 @@ def collect(root: Path, experiment: str) -> Cells:
         d = dict(result.config["dataset"])
         if d not in cell.options:
             cell.options.append(d)
-        sizes = result.mdl.raw.get("block_sizes")
+        sizes = result.body.mdl.raw.get("block_sizes")
         if isinstance(sizes, list) and sizes and sum(sizes) > 0:
             cell.first_share.append(sizes[0] / sum(sizes))
     return cells

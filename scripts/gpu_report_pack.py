@@ -1,7 +1,7 @@
 """scripts/gpu_report.py's `pack` step: one MDL cell with 5 seeds (MLP at the paper's base size on the job steps'
 CIFAR-shaped synthetic data; toy sizes without CUDA) run (a) as 5 `python -m training.run` processes at once on the
 one device and (b) as one pack, `-m seed=0,1,2,3,4 hydra/launcher=packed training.pack_group=true` (one process; on
-CUDA the stacked engine trains the 5 seeds' block models in one lockstep group, training/mdl/pack_group.py).
+CUDA the stacked engine trains the 5 seeds' block models in one lockstep group, training/tasks/mdl/pack_group.py).
 
 Records both wall times and their ratio (a)/(b) (issue 32's goal on a GPU: at least 5x), each process's peak memory
 (per process: (a)'s is the sum of its five processes' peaks), whether every job's result.json is == between (a) and
@@ -32,7 +32,7 @@ from training.engine.numerics import bits_tolerance
 
 SEEDS = 5
 ARCH = "mlp"
-# the pack's log lines (training/mdl/job.py, training/mdl/pack_group.py) that say what its group did
+# the pack's log lines (training/tasks/mdl/job.py, training/tasks/mdl/pack_group.py) that say what its group did
 GROUP_FORMED = "pack group: this job's"
 FROM_GROUP = "were trained in an earlier seed's pack group"
 GROUP_FAILED = "the pack group failed"

@@ -23,7 +23,7 @@ from scripts.gpu_report_payload import Payload
 from scripts.gpu_report_runner import ROOT, Context, Proc, StepError, StepSkipped, error_line, parse_result, stop, tail
 from scripts.gpu_report_sizes import ARCHS
 from training.app.tasks import read_any as read_result
-from training.mdl.result import MdlResult
+from training.tasks.mdl.result import MdlResult
 
 
 def job_overrides(ctx: Context, arch: str, out: Path, extra: Iterable[str] = (), seed: str = "0") -> list[str]:
@@ -54,9 +54,9 @@ def run_job(ctx: Context, arch: str, name: str, extra: Iterable[str] = ()) -> di
         ctx.figures.update(fig)
         raise StepError(f"{name}: {error_line(proc.output, proc.rc)}", tail(proc.output))
     res = read_result(results[-1])
-    if not isinstance(res, MdlResult) or res.mdl is None:
+    if not isinstance(res, MdlResult) or res.body.mdl is None:
         raise StepError(f"{name}: {results[-1]} is not an MDL result")
-    mdl, final, timings = res.mdl, res.final, res.timings
+    mdl, final, timings = res.body.mdl, res.body.final, res.timings
     model = res.section("model") or {}
     fig.update({
         "bits_per_sample": mdl.bits_per_sample, "legacy": mdl.legacy if mdl.has_legacy else None,

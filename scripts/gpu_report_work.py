@@ -148,8 +148,8 @@ def throughput(p: Payload) -> dict[str, Any]:
 
     from training.engine.fit import cross_entropy_sum, fit
     from training.engine.group import GroupOptions, fit_group, why_not_vectorized
-    from training.mdl.splits import make_split
-    from training.mdl.trainer import Trainer
+    from training.tasks.mdl.splits import make_split
+    from training.tasks.mdl.trainer import Trainer
 
     device = torch.device(p.device)
     x, y = cifar_like(p.n, (p.shape[0], p.shape[1], p.shape[2]))
@@ -235,8 +235,8 @@ def loop(p: Payload) -> dict[str, Any]:
     import torch
 
     from training.engine.augment import crop_flip
-    from training.mdl.splits import make_split
-    from training.mdl.trainer import Trainer
+    from training.tasks.mdl.splits import make_split
+    from training.tasks.mdl.trainer import Trainer
 
     device = torch.device(p.device)
     x, y = cifar_like(p.n, (p.shape[0], p.shape[1], p.shape[2]))

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"upward imports: {len(up)}")
     print(f"project imports inside functions: {len(inside)} (training.app -> training.app: {len(app_inside)})")
     print(f"training/app lines: {app}")
-    print(f"training/mdl/job.py lines: {sizes.get('training.mdl.job', 0)}")
+    print(f"training/tasks/mdl/job.py lines: {sizes.get('training.tasks.mdl.job', 0)}")
     print(f"largest module: {largest} ({sizes[largest]} lines); over 600 lines: {len(over)} {over or ''}")
     if args.list:
         for c in found:

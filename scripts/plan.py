@@ -45,7 +45,7 @@ from training.app.tasks import load_job, spec_of
 from training.common.sweep_jobs import expand_overrides
 from training.common.sweeps import sweep_overrides
 from training.errors import UserError
-from training.mdl.result import MdlResult
+from training.tasks.mdl.result import MdlResult
 
 BENCH_JSON = Path("outputs/bench/bench_mdl.json")
 GPU_REPORT_JSON = Path("outputs/gpu_report/gpu_report.json")
@@ -244,7 +244,7 @@ def protocol_epochs(arch: str, remaining: Sequence[Job], finished: Sequence[Job]
     seen = []
     for job in finished:
         result = read_result(job.job_dir / RESULT_FILE, spec_of(job.cfg)) if job.arch == arch else None
-        blocks = result.mdl.blocks if isinstance(result, MdlResult) and result.mdl is not None else ()
+        blocks = result.body.mdl.blocks if isinstance(result, MdlResult) and result.body.mdl is not None else ()
         if epochs := [b.epochs for b in blocks if b.epochs]:
             seen.append(max(epochs))
     if seen:

@@ -123,7 +123,7 @@ def follow(trails: list[Trail], run: Callable[[], Any], project: tuple[str, ...]
 
 def main() -> None:
     from training.common.sweeps import expand
-    from training.mdl.job import run_job
+    from training.tasks.mdl.job import run_job
 
     trails = [Trail("run_job", "config", handoff=("load_config",)), Trail("run_in_job_dir", "cfg"),
               Trail("prepare_inputs", "cfg"), Trail("_prepare", "eraser"), Trail("apply_eraser", "data")]

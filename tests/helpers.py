@@ -42,9 +42,9 @@ def result_of(outcome: Outcome) -> dict[str, Any]:
 
 
 def fixture_job_dir(root: Path, cfg: dict[str, Any]) -> Path:
-    """Where a hand-written result.json fixture goes, in the job-path scheme (training/mdl/job_paths.py), with a
+    """Where a hand-written result.json fixture goes, in the job-path scheme (training/tasks/mdl/job_paths.py), with a
     cell hash of its own (a fixture's config is partial: a digest of it without the seed)."""
-    from training.mdl.job_paths import JobPath
+    from training.tasks.mdl.job_paths import JobPath
 
     cell = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k != "seed"}, sort_keys=True).encode())
     a = cfg["arch"]

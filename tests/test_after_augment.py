@@ -26,9 +26,10 @@ from training.engine.fit import Member, TrainData, fit
 from training.engine.group import fit_group
 from training.engine.seeding import generator
 from training.errors import UserError
-from training.mdl import inputs, job
-from training.mdl.inputs import prepare_data
-from training.mdl.job import run_job
+from training.tasks.mdl import inputs
+from training.tasks.mdl.inputs import prepare_data
+from training.tasks.mdl.job import run_job
+from training.tasks.mdl.trainer import Trainer
 
 SMOKE = ["experiment=smoke", "mdl.full_run=false"]
 # 3×8×8 class-conditional Gaussians (300 per class: QLEACE's classes are non-singular, no coupling noise), few steps
@@ -67,9 +68,9 @@ def _capture(monkeypatch: pytest.MonkeyPatch, keep: int = 6) -> dict[str, Any]:
     """Record the job's Trainer, the first `keep` training gathers (idx, offsets, flips, pad) and the first `keep`
     inputs a model saw in train mode (the fit loop: gather k feeds training forward k)."""
     seen: dict[str, Any] = {"gathers": [], "inputs": []}
-    init, batch, build = job.Trainer.__init__, DeviceData.batch, models.build_with_facts
+    init, batch, build = Trainer.__init__, DeviceData.batch, models.build_with_facts
 
-    def trainer_init(self: job.Trainer, *args: Any, **kwargs: Any) -> None:
+    def trainer_init(self: Trainer, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         seen["trainer"] = self
 
@@ -90,7 +91,7 @@ def _capture(monkeypatch: pytest.MonkeyPatch, keep: int = 6) -> dict[str, Any]:
         model.register_forward_pre_hook(pre)
         return model, facts
 
-    monkeypatch.setattr(job.Trainer, "__init__", trainer_init)
+    monkeypatch.setattr(Trainer, "__init__", trainer_init)
     monkeypatch.setattr(DeviceData, "batch", gather)
     monkeypatch.setattr(models, "build_with_facts", hooked)
     return seen
@@ -103,7 +104,7 @@ def test_training_batches_are_erased_after_augmentation(name: str, tmp_path: Pat
     seen = _capture(monkeypatch)
     result = result_of(run_job(job_config(tmp_path, [*overrides, "eraser.after_augment=true"])))
     monkeypatch.undo()
-    trainer: job.Trainer = seen["trainer"]
+    trainer: Trainer = seen["trainer"]
     coded, once, _ = prepare_data(load_job(job_config(tmp_path, overrides)))  # erased once, unaugmented
 
     # validation set and coded blocks: the once-erased images, exactly as with after_augment=false
@@ -283,6 +284,6 @@ def test_after_augment_refusal_from_the_command_line_is_one_line(tmp_path: Path)
 @pytest.mark.parametrize("extra", [["eraser=qleace_paper"], ["eraser.options.rank_deficient=truncate"],
                                    ["eraser.after_augment=false"], ["dataset.limit=300"]])
 def test_after_augment_alternatives_pass_the_precheck(tmp_path: Path, extra: list[str]) -> None:
-    from training.mdl.precheck import precheck
+    from training.tasks.mdl.precheck import precheck
 
     assert precheck(load_job(job_config(tmp_path, [*DIGITS_AFTER, *extra])), torch.device("cpu")) is not None

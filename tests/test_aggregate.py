@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from scripts import aggregate
-from training.analysis import aggregate_collect, aggregate_render, aggregate_summary
 from training.analysis.tables import MixedGroupsError, group_label, groups_in
 from training.app.tasks import decode_result, spec_of
+from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary
 
 
 def _config(dataset: str, eraser: str, arch: str, width: int, depth: int, seed: int, task: str = "mdl") -> dict:
@@ -26,7 +26,7 @@ def _config(dataset: str, eraser: str, arch: str, width: int, depth: int, seed: 
 
 
 def _job_dir(root: Path, cfg: dict) -> Path:  # the pre-v2 layout (no c<hash> part)
-    from training.mdl.job_paths import JobPath
+    from training.tasks.mdl.job_paths import JobPath
 
     a = cfg["arch"]
     return JobPath(cfg["dataset"]["tag"], cfg["eraser"]["name"], a["tag"], a["width"], a["depth"], None,
@@ -226,7 +226,7 @@ def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Pat
                   "mdl": {"protocol": "prequential", "bits_per_sample": 1.0 + k, "legacy": 2.0 + k},
                   "final": None, "certificate": None}
         (job_dir / "result.json").write_text(json.dumps(result))
-    df, results = aggregate_collect.collect_experiment("smoke", [f"paths.out_dir={tmp_path}"])
+    df, results = aggregate_collect.collect_experiment(expand("smoke", [f"paths.out_dir={tmp_path}"]))
     assert list(df.status) == ["done", "done", "other-config", "missing"]
     assert len(results) == 2
     header, rows = aggregate_render.pivot(aggregate_summary.summarize(df), "bits_per_sample")

@@ -26,8 +26,8 @@ import pytest
 from scripts import aggregate
 from scripts.claims import CLAIMS
 from tests.helpers import fixture_job_dir
-from training.analysis import aggregate_collect, aggregate_render, aggregate_summary
 from training.app.tasks import spec_of
+from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 

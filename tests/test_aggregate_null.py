@@ -19,10 +19,10 @@ import pytest
 
 from scripts import aggregate, claims
 from tests.helpers import fixture_job_dir
-from training.analysis import aggregate_collect, aggregate_render, aggregate_summary
 from training.analysis.tables import groups_in
 from training.app.tasks import decode_result
-from training.mdl.result import MdlRecord, MdlResult
+from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary
+from training.tasks.mdl.result import MdlRecord, MdlResult
 
 LOG2_10 = math.log2(10)
 

@@ -18,7 +18,8 @@ import pytest
 
 from scripts import calibrate
 from tests.helpers import job_config, result_of
-from training.mdl.job import run_job
+from training.tasks.mdl.job import run_job
+from training.tasks.mdl.result import MdlSections
 
 CAL = ["experiment=calibrate", "dataset.dim=16", "dataset.rows_per_dim=16", "mdl.val_size=256", "mdl.min_block=64"]
 H = math.log2(4)
@@ -102,7 +103,8 @@ def _fake(root: Path, overrides: list[str], values: dict[int, float], block_size
         job.mkdir(parents=True)
         result = new_result(config_hash=h, hash_version=2, numerics_version=numerics_of(cfg.task_spec),
                             job_dir=str(job), task="mdl", config={**cfg.to_dict(), "seed": seed},
-                            sections={"mdl": mdl}, device="cpu", timings={}, provenance={}, spec=cfg.task_spec)
+                            sections=MdlSections.read({"mdl": mdl}), device="cpu", timings={}, provenance={},
+                            spec=cfg.task_spec)
         (job / "result.json").write_text(__import__("json").dumps(encode(result)))
 
 
@@ -274,7 +276,7 @@ def test_the_claims_report_runs_on_the_grid(tmp_path: Path) -> None:
     of 10 seeds. Population LEACE equal to the control (cov gap 1, mean gap 0: the true effect is 0) is never
     "supported"; at cov gap 4, mean gap 1 (true effect +0.17 bits) it is."""
     from scripts import claims
-    from training.analysis.aggregate_collect import collect_dir
+    from training.tasks.mdl.aggregate_collect import collect_dir
 
     _grid(tmp_path, {"leace cov4": 0.85, "control cov4": 0.68, "leace cov1": 1.2, "control cov1": 1.2})
     df, _ = collect_dir(tmp_path / "runs")
@@ -293,8 +295,8 @@ def test_the_claims_report_runs_on_the_grid(tmp_path: Path) -> None:
 def test_population_is_a_split_mode_its_repeats_are_runs_of_one_cell(tmp_path: Path) -> None:
     """eraser.fit_on=population codes the rows a split's self codes, so its repeats (eraser.repeat) are folds of one
     cell as self's are, not repeated results of one job (before: fold 0 for every repeat, one of them dropped)."""
-    from training.analysis.aggregate_collect import SPLIT_MODES, collect_dir
-    from training.analysis.aggregate_summary import summarize
+    from training.tasks.mdl.aggregate_collect import SPLIT_MODES, collect_dir
+    from training.tasks.mdl.aggregate_summary import summarize
 
     assert "population" in SPLIT_MODES
     for mode in ("population", "self"):
@@ -319,7 +321,7 @@ def test_the_shuffled_fit_control_reaches_the_claims_through_the_aggregate(tmp_p
     import numpy as np
 
     from scripts import claims
-    from training.analysis.aggregate_collect import collect_dir
+    from training.tasks.mdl.aggregate_collect import collect_dir
 
     rng = np.random.default_rng(6)
     c = 1.72 + rng.normal(0, 0.05, 10)

@@ -15,7 +15,7 @@ from training.app.tasks import load_job
 from training.data import load_dataset
 from training.data.cache import key_hash
 from training.data.erase import _cache_key, apply_eraser, certify, certify_erased
-from training.mdl.job import run_job
+from training.tasks.mdl.job import run_job
 
 LEACE = [*TINY, "eraser=leace", "certificate=true", "eraser.fit_on=all"]
 

@@ -24,7 +24,7 @@ from training.app.lifecycle import PROGRESS_FILE
 from training.cli.preemption import Preempted, stop_on_sigterm
 from training.common import interrupt
 from training.engine.checkpoint import PATTERN, CheckpointStore, _read
-from training.mdl.job import run_job
+from training.tasks.mdl.job import run_job
 
 JOB = ["experiment=smoke", "eraser=control", "seed=0", "mdl.max_epochs=12", "mdl.patience=12"]
 

@@ -15,9 +15,9 @@ import pytest
 from scipy import stats
 
 from scripts import claims
-from training.analysis.aggregate_collect import at_cap
 from training.analysis.tables import INJECTION, bias_flag, bias_noise
-from training.mdl.result import BlockRecord
+from training.tasks.mdl.aggregate_collect import at_cap
+from training.tasks.mdl.result import BlockRecord
 
 LOG2_10 = math.log2(10)
 SEEDS = range(claims.MIN_SEEDS)

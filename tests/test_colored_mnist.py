@@ -78,7 +78,7 @@ def test_registry_pools_training_environments_and_is_deterministic(envs: dict[st
 
 def test_task_reports_accuracy_and_fig3(tmp_path: Path) -> None:
     from training.app.tasks import get_task
-    from training.starvation import colored_mnist as _task  # noqa: F401 - registers the task
+    from training.tasks.gs import colored_mnist as _task  # noqa: F401 - registers the task
 
     cfg = job_config(tmp_path, ["experiment=gs_colored_mnist", "gs.steps=12", "gs.hidden=16", "gs.eval_every=5",
                                 "regularizer.start_step=6"])

@@ -68,7 +68,7 @@ OFF_DEFAULT = ["experiment=smoke", "optim.batch_size=40", "mdl.patience=7", "mdl
 def test_the_job_builds_the_engine_settings_from_its_typed_config(tmp_path: Path) -> None:
     """Every field comes from the config (each value here is off its default, so a field the job leaves to a default
     would differ), the fit's from `mdl`, `optim`, `dataset` and `progress`."""
-    from training.mdl.trainer import fit_config, resolve_optim
+    from training.tasks.mdl.trainer import fit_config, resolve_optim
 
     cfg = load_job(job_config(tmp_path, OFF_DEFAULT))
     optim = resolve_optim(cfg.optim, cfg.arch)

@@ -182,7 +182,7 @@ def test_training_compile_reaches_the_one_model_fit(flag: str, modes: list[str],
     """A job training one model at a time (`parallel_models=1`: ConvNeXt's and Swin's default) compiles each
     model's training forward with `training.compile`, and only then."""
     from tests.helpers import job_config
-    from training.mdl.job import run_job
+    from training.tasks.mdl.job import run_job
 
     seen: list[Any] = []  # each call's mode (None: torch's default; sorted() below fails loudly on a mix)
 

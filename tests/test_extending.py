@@ -1,5 +1,5 @@
 """Adding an eraser or an architecture is one module + one yaml: a toy entry of each runs a real MDL job. Adding a task
-is one module of `training.tasks` + one preset: a toy task, written to a temporary directory, runs from the
+is one package of `training.tasks` + one preset: a toy task, written to a temporary directory, runs from the
 command line and its rows reach the aggregate's tables, with no file of the project edited."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from erasure.registry import ERASERS, Registry, UnknownNameError
 from models.registry import ARCHS
 from tests.helpers import result_of
 from training.app.tasks import TASKS, Task, get_task, task_names
-from training.mdl.job import run_job
+from training.tasks.mdl.job import run_job
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -150,8 +150,8 @@ def test_every_task_is_discovered_once_from_its_module() -> None:
     assert task_names() == ["gs_colored_mnist", "gs_erased_eval", "gs_two_moons", "mdl"]
     assert all(isinstance(get_task(name), Task) for name in task_names())
     assert {name: type(get_task(name)).__module__ for name in task_names()} == {
-        "gs_colored_mnist": "training.tasks.gs_colored_mnist", "gs_erased_eval": "training.tasks.gs_erased_eval",
-        "gs_two_moons": "training.tasks.gs_two_moons", "mdl": "training.tasks.mdl"}
+        "gs_colored_mnist": "training.tasks.gs.gs_colored_mnist", "gs_erased_eval": "training.tasks.gs.gs_erased_eval",
+        "gs_two_moons": "training.tasks.gs.gs_two_moons", "mdl": "training.tasks.mdl"}
 
 
 @pytest.mark.parametrize(("text", "error"), [
@@ -180,10 +180,10 @@ TOY_TASK = '''"""task=toy_count: the class counts and the mean pixel (times toy.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from training.app.result_types import Result
+from training.app.result_types import Result, Sections
 from training.app.tasks import Collected, Task
 
 
@@ -193,13 +193,19 @@ class ToyCountOptions:
 
 
 @dataclass(frozen=True)
-class ToyCountResult(Result):  # its result.json sections, typed
+class ToyCountSections(Sections):  # its result.json sections, typed: what `run` returns and `rows` reads
     counts: tuple[int, ...] = ()
     mean_pixel: float = 0.0
 
     @classmethod
-    def typed_sections(cls, sections: Mapping[str, Any]) -> dict[str, Any]:
-        return {"counts": tuple(sections["counts"]), "mean_pixel": float(sections["mean_pixel"])}
+    def read(cls, written: Mapping[str, Any]) -> ToyCountSections:
+        return cls(written, tuple(written["counts"]), float(written["mean_pixel"]))
+
+
+@dataclass(frozen=True)
+class ToyCountResult(Result):
+    sections_type = ToyCountSections
+    body: ToyCountSections = field(default_factory=ToyCountSections)
 
 
 class ToyCount(Task):
@@ -211,23 +217,25 @@ class ToyCount(Task):
     fixed = {"dataset.augment": False, "dataset.zscore": False, "dataset.zscore_order": "before"}
 
     def prepare(self, job: Any) -> Any:
-        from training.mdl.precheck import load_data, with_permuted_labels
+        from training.tasks.mdl.precheck import load_data, with_permuted_labels
 
         c = job.cfg
         data = load_data(c.dataset, c.paths.data_dir, job.loaded)
         return c, with_permuted_labels(data, c.dataset.permute_labels, c.seed)
 
-    def run(self, prepared: Any) -> dict[str, Any]:
+    def run(self, prepared: Any) -> ToyCountSections:
         import torch
 
         cfg, data = prepared
         counts = torch.bincount(data.y, minlength=data.num_classes).tolist()
-        return {"counts": counts, "mean_pixel": float(data.x.double().mean()) * cfg.task_options.scale}
+        return ToyCountSections.read({"counts": counts,
+                                      "mean_pixel": float(data.x.double().mean()) * cfg.task_options.scale})
 
     def rows(self, collected: Collected) -> dict[str, str]:
         from training.analysis.tables import md_table
 
-        rows = [[r.config["dataset"]["name"], str(r.config["seed"]), f"{r.mean_pixel:.6f}", str(sum(r.counts))]
+        rows = [[r.config["dataset"]["name"], str(r.config["seed"]), f"{r.body.mean_pixel:.6f}",
+                 str(sum(r.body.counts))]
                 for r in collected.results if isinstance(r, ToyCountResult)]
         return {"toy_count": md_table(["dataset", "seed", "mean pixel × scale", "samples"], rows)}
 
@@ -249,13 +257,13 @@ paths:
 
 @pytest.fixture
 def toy_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The toy task's module in <tmp>/training/tasks/ (found with <tmp> on sys.path: `training.tasks` spans every
-    such directory)
-    and its preset in <tmp>/conf_extra (a Hydra search path); removed from the registry afterwards."""
+    """The toy task's package in <tmp>/training/tasks/toy_count/ (found with <tmp> on sys.path: `training.tasks`
+    spans every such directory) and its preset in <tmp>/conf_extra (a Hydra search path); removed from the registry
+    afterwards."""
     import sys
 
-    (tmp_path / "training" / "tasks").mkdir(parents=True)
-    (tmp_path / "training" / "tasks" / "toy_count.py").write_text(TOY_TASK)
+    (tmp_path / "training" / "tasks" / "toy_count").mkdir(parents=True)
+    (tmp_path / "training" / "tasks" / "toy_count" / "__init__.py").write_text(TOY_TASK)
     (tmp_path / "conf_extra" / "experiment").mkdir(parents=True)
     (tmp_path / "conf_extra" / "experiment" / "toy_count.yaml").write_text(TOY_PRESET)
     monkeypatch.syspath_prepend(str(tmp_path))

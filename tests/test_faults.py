@@ -40,9 +40,9 @@ from training.data import cache as cache_mod
 from training.data import load_dataset
 from training.data.cache import cached_erase
 from training.errors import DataCorruptError
-from training.mdl import inputs as inputs_mod
-from training.mdl import precheck as precheck_mod
-from training.mdl.job import read_progress, run_job
+from training.tasks.mdl import inputs as inputs_mod
+from training.tasks.mdl import precheck as precheck_mod
+from training.tasks.mdl.job import read_progress, run_job
 
 
 def _cli(out_dir: Path, *overrides: str, multirun: bool = False, env: dict[str, str] | None = None,

@@ -16,8 +16,8 @@ from training.app.schema import ConfigError
 from training.app.tasks import job_hash, load_job
 from training.data import load_dataset
 from training.data.generators import draw, oracle_chunks, population_moments
-from training.mdl.inputs import prepare_data
-from training.mdl.precheck import fit_plan
+from training.tasks.mdl.inputs import prepare_data
+from training.tasks.mdl.precheck import fit_plan
 
 SMOKE = ["experiment=smoke", "mdl.full_run=false"]
 GAUSS = ["dataset=gaussian", "dataset.dim=8", "dataset.rows_per_dim=8"]

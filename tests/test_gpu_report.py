@@ -242,12 +242,14 @@ def test_report_json_is_read_into_types_and_written_back_with_unknown_keys_kept(
 
 
 def pack_log(formed: bool, from_group: int, failed: bool = False) -> str:
-    lines = ["[2026][training.mdl.job][INFO] - job seed0: synthetic"]
+    lines = ["[2026][training.tasks.mdl.job][INFO] - job seed0: synthetic"]
     if formed:
-        lines.append(f"[2026][training.mdl.job][INFO] - {GROUP_FORMED} 2 models and 8 of seed(s) 1, 2, 3, 4 train")
+        lines.append(f"[2026][training.tasks.mdl.job][INFO] - {GROUP_FORMED} 2 models and 8 of seed(s) 1, 2, 3, 4 "
+                     "train")
     if failed:
-        lines.append(f"[2026][training.mdl.job][WARNING] - {GROUP_FAILED} (RuntimeError: x); 2 models train alone")
-    lines += [f"[2026][training.mdl.pack_group][INFO] - 2 of this job's 2 models {FROM_GROUP} (...)"] * from_group
+        lines.append(f"[2026][training.tasks.mdl.job][WARNING] - {GROUP_FAILED} (RuntimeError: x); 2 models train "
+                     "alone")
+    lines += [f"[2026][training.tasks.mdl.pack_group][INFO] - 2 of this job's 2 models {FROM_GROUP} (...)"] * from_group
     return "\n".join(lines)
 
 

@@ -28,7 +28,7 @@ from training.engine.fit import FitResult, Member, TrainData, fit, snapshot
 from training.engine.group import GROUP_FORMAT, _Lockstep, fit_group
 from training.engine.lockstep_state import LockstepMember, RowSchedule, _Plan, replay
 from training.engine.seeding import generator, seeded_global_rng
-from training.mdl.job import run_job
+from training.tasks.mdl.job import run_job
 
 SHAPE, K = (3, 8, 8), 4
 SIZES, PATIENCE = [45, 300, 64, 440, 100], [1, 3, 50, 1, 2]  # stops at different steps, for both reasons
@@ -246,9 +246,10 @@ def test_refilled_rows_split_over_worker_threads_give_the_same_numbers() -> None
 def test_a_pack_group_refills_rows_across_its_jobs_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     """A pack of three seeds where the memory estimate fits two jobs: seed 0's group has 12 rows for the three jobs'
-    18 models (training/mdl/pack_group.py hands the engine `rows`). Stopped after rows were refilled (a later seed's
-    model holds a freed row) and run again: it resumes in the group, and every job's result `==` the job alone."""
-    import training.mdl.job as job_module
+    18 models (training/tasks/mdl/pack_group.py hands the engine `rows`). Stopped after rows were refilled (a later
+    seed's model holds a freed row) and run again: it resumes in the group, and every job's result `==` the job
+    alone."""
+    import training.tasks.mdl.job as job_module
     from tests.test_pack_group import _alone, _packed
 
     monkeypatch.setattr(job_module, "jobs_that_fit", lambda *a: 2)
@@ -271,11 +272,11 @@ def test_a_pack_group_refills_rows_across_its_jobs_and_resumes(tmp_path: Path, m
 def test_the_memory_estimate_counts_the_models_waiting_for_a_row(tmp_path: Path) -> None:
     """`training.parallel_models=2` for six models: the job builds all six before its group starts (their weights
     exist; a waiting model's optimizer has no state yet), two rows hold optimizer state, gradients and snapshots.
-    The estimate (training/mdl/precheck.py) counts exactly that: 2 × MODEL_COPIES + 4 models' weights."""
+    The estimate (training/tasks/mdl/precheck.py) counts exactly that: 2 × MODEL_COPIES + 4 models' weights."""
     from training.app.tasks import load_job
     from training.data import load_dataset
-    from training.mdl import trainer as trainer_module
-    from training.mdl.precheck import MODEL_COPIES, estimate_memory
+    from training.tasks.mdl import trainer as trainer_module
+    from training.tasks.mdl.precheck import MODEL_COPIES, estimate_memory
 
     built: list[list[Member]] = []
 

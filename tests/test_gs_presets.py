@@ -1,4 +1,4 @@
-"""Gradient Starvation presets, the erased-data evaluation task and their tables (training/tasks/gs_*.py `rows`)."""
+"""Gradient Starvation presets, the erased-data evaluation task and their tables (training/tasks/gs/gs_*.py `rows`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import job_config, result_of
 from training.common.sweep_jobs import fast_expand
 from training.common.sweeps import expand
-from training.engine.fit import FitConfig, FitResult, Member
+from training.engine.fit import FitConfig, FitResult, Member, fit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,10 +110,10 @@ def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, mon
     """The GS erased evaluation hashes mdl.* and so stops by mdl's step-aware rule (it used to ignore
     stop_after_warmup, min_steps and patience_min_steps)."""
     from training.app.tasks import get_task
-    from training.starvation import erased_eval
+    from training.tasks.gs import erased_eval
 
     seen: list[FitConfig] = []
-    real_fit = erased_eval.fit
+    real_fit = fit
 
     def spy(member: Member, *args: Any, **kwargs: Any) -> FitResult:  # records the member's FitConfig
         seen.append(member.cfg)
@@ -128,8 +128,8 @@ def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, mon
 
 
 def test_erased_eval_erases_through_the_mdl_cache(tmp_path: Path) -> None:
-    """gs_erased_eval erases as MDL does (training/mdl/inputs.py erase_maybe_zscored): through the erased-data cache
-    (a rerun fits nothing), out of sample on the test rows with MDL's holdout options (it used to call erasure.fit
+    """gs_erased_eval erases as MDL does (training/tasks/mdl/inputs.py erase_maybe_zscored): through the erased-data
+    cache (a rerun fits nothing), out of sample on the test rows with MDL's holdout options (it used to call erasure.fit
     itself, with no cache)."""
     from training.app.tasks import get_task
 

@@ -13,8 +13,8 @@ from tests.helpers import job_config, result_of
 from training.app.schema import ConfigError
 from training.app.tasks import load_job
 from training.data import load_dataset
-from training.mdl.inputs import prepare_data
-from training.mdl.job import run_job
+from training.tasks.mdl.inputs import prepare_data
+from training.tasks.mdl.job import run_job
 
 SMOKE = ["experiment=smoke", "mdl.full_run=false"]
 

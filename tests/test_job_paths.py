@@ -1,4 +1,4 @@
-"""The job-path scheme is one module (training/mdl/job_paths.py): it makes and parses every job directory, and the
+"""The job-path scheme is one module (training/tasks/mdl/job_paths.py): it makes and parses every job directory, and the
 yaml interpolation of conf/paths/default.yaml gives the same directories on every preset that uses it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from tests.helpers import job_config
 from training.app.tasks import spec_of
 from training.common.sweeps import CONF_DIR, expand, presets
-from training.mdl.job_paths import JobPath, job_dir
+from training.tasks.mdl.job_paths import JobPath, job_dir
 
 # Gradient Starvation presets lay their jobs out by their own keys (conf/experiment/gs_*.yaml `paths.job_subdir`);
 # nothing parses those paths. Every other preset uses the scheme.

@@ -9,14 +9,15 @@ The layers, bottom up:
     training/common/, training/errors.py   the harness's utilities (atomic files, locks, progress) and its errors
     training/engine/, training/data/
     training/app/         the core: typed configs and the job hash, results, the task declarations (TaskSpec), sweeps
-    training/mdl/, training/starvation/   the tasks' code
-    training/tasks/       the task declarations (one module per task), which bind a task's implementation
-                          (training/mdl, training/starvation) and its tables in their methods; at their top level
-                          they import only the standard library, training.app and training.tasks
+    training/analysis/    what the tasks' tables share (eraser order, markdown tables, mean ± sd, comparison groups)
+    training/tasks/       one package per task (mdl/, gs/ with its three tasks above mdl/, whose data pipeline it uses):
+                          its declaration (the package's __init__), code, typed result and tables. What discovery
+                          imports (the declarations and their result types) imports at its top level only the
+                          standard library, training.app and more of the same: the task's code, in the methods
     training/cli/, scripts/   the command line (Hydra entry, one-line errors, SIGTERM, the multirun ledger; imported
                           only by the shim training/run.py) and the scripts
 
-The one dynamic import: training/app/task_spec.py discovers the modules of `training.tasks` (a new task is a module
+The one dynamic import: training/app/task_spec.py discovers the packages of `training.tasks` (a new task is a package
 that nothing else names). So the core reads a task's declaration without its code, its top level imports nothing else.
 """
 
@@ -34,10 +35,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("atomicio", "erasure", "models", "training", "scripts")
 DISCOVERS = "training.app.task_spec"  # the one module that imports modules by name: those of training.tasks
-# what a task module imports when discovered (besides the stdlib): the core, its fellow declarations, and its result
-# type's module in the task's package (which itself imports only the stdlib and training.app: RESULT_MODULES)
-RESULT_MODULES = ("training.mdl.result", "training.starvation.result")
-TASK_TOP_LEVEL = ("training.app", "training.tasks", *RESULT_MODULES)
+# what a task's declaration imports when discovered (besides the stdlib): the core and more of its declaration (its
+# result type's module, the gs tasks' shared base), which imports the same only (`_discovered`)
+TASK_TOP_LEVEL = ("training.app", "training.tasks")
 
 
 def _modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -70,7 +70,23 @@ def _top_level_imports(path: Path) -> set[str]:
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             found.add(node.module)
+            if node.module.startswith("training."):  # `from training.tasks.mdl import job`: the module job too
+                found.update(f"{node.module}.{a.name}" for a in node.names)
     return found
+
+
+def _discovered(modules: dict[str, Path]) -> set[str]:
+    """The modules discovery imports: each package (or module) directly in training.tasks, and what they import at
+    their top level inside training.tasks, and so on."""
+    todo = [m for m in modules if m.startswith("training.tasks.") and m.count(".") == 2]
+    seen: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if module in seen or module not in modules:
+            continue
+        seen.add(module)
+        todo += [name for name in _top_level_imports(modules[module]) if _matches(name, "training.tasks")]
+    return seen
 
 
 def _matches(name: str, prefix: str) -> bool:
@@ -80,17 +96,14 @@ def _matches(name: str, prefix: str) -> bool:
 def _violations(modules: dict[str, Path]) -> list[str]:
     """What the contracts cannot say: a task module's top level, and dynamic-import calls."""
     bad = []
+    discovered = _discovered(modules)
     for module, path in modules.items():
-        if _matches(module, "training.tasks"):
-            bad += [f"{module} imports {name} when discovered (a task module's top level imports only the standard "
-                    f"library and {', '.join(TASK_TOP_LEVEL)}; import the task's code in its methods)"
+        if module in discovered:
+            bad += [f"{module} imports {name} when discovered (a task's declaration and its result type import at "
+                    f"their top level only the standard library, {' and '.join(TASK_TOP_LEVEL)}; import the task's "
+                    "code in its methods)"
                     for name in sorted(_top_level_imports(path)) if name.split(".")[0] not in sys.stdlib_module_names
                     and name != "__future__" and not any(_matches(name, a) for a in TASK_TOP_LEVEL)]
-        if module in RESULT_MODULES:
-            bad += [f"{module} imports {name} (a result module, imported when tasks are discovered, imports only the "
-                    "standard library and training.app)" for name in sorted(_top_level_imports(path))
-                    if name.split(".")[0] not in sys.stdlib_module_names and name != "__future__"
-                    and not _matches(name, "training.app")]
         if _matches(module, "scripts") or module == DISCOVERS:
             continue  # scripts may probe what is installed (scripts/gpu_report.py); the registries live below
         bad += [f"{module} calls {call}() (a hidden edge: import modules by name, in a list)"
@@ -107,16 +120,26 @@ def test_the_check_catches_each_rule(tmp_path: Path) -> None:
     cases = {
         "erasure.registry": "x = __import__('erasure.leace')\n",
         "training.tasks.toy": "import torch\nfrom training.app.tasks import Task\n",
-        "training.app.schema": "from importlib import import_module\nimport_module('training.mdl')\n",
+        "training.app.schema": "from importlib import import_module\nimport_module('training.tasks.mdl')\n",
+        # a declaration that imports its task's code at its top level: discovery would load torch
+        "training.tasks.toy_pkg": "from training.tasks.toy_pkg import job\n",
+        "training.tasks.toy_pkg.job": "import torch\n",
+    }
+    fine = {  # a task's code, which discovery does not import, may import anything below it
+        "training.tasks.toy_pkg.trainer": "import torch\nfrom training.engine.fit import fit\n",
+        "training.tasks.other": "from training.app.tasks import Task\nfrom training.tasks.other import result\n",
+        "training.tasks.other.result": "import dataclasses\nfrom training.app.result_types import Result\n",
     }
     modules = {}
-    for name, text in cases.items():
+    for name, text in {**cases, **fine}.items():
         path = tmp_path / (name.replace(".", "_") + ".py")
         path.write_text(text)
         modules[name] = path
     bad = _violations(modules)
     for name in cases:
-        assert any(line.startswith(f"{name} ") for line in bad), (name, bad)
+        if name != "training.tasks.toy_pkg":
+            assert any(line.startswith(f"{name} ") for line in bad), (name, bad)
+    assert not [line for line in bad if line.startswith(("training.tasks.toy_pkg ", *(f"{m} " for m in fine)))], bad
 
 
 # An edge each contract forbids (module to add -> its code), and what the report then names.
@@ -127,16 +150,18 @@ BROKEN = {
     "models/_bad.py": ("from erasure.api import fit\n", ["models._bad -> erasure.api"]),
     "training/common/_bad.py": ("from training.app.schema import config_hash\n",
                                 ["training.common._bad -> training.app.schema"]),
-    "training/app/_bad.py": ("from training.mdl.job import run_job\n", ["training.app._bad -> training.mdl.job"]),
+    "training/app/_bad.py": ("from training.tasks.mdl.job import run_job\n",
+                             ["training.app._bad -> training.tasks.mdl.job"]),
     "training/data/_bad.py": ("from training.run import main\n", ["training.data._bad -> training.run"]),
-    "training/starvation/_bad.py": ("from training.tasks.gs_two_moons import TwoMoonsOptions\n",
-                                    ["training.starvation._bad -> training.tasks.gs_two_moons"]),
+    "training/analysis/_bad.py": ("from training.tasks.mdl.result import MdlResult\n",
+                                  ["training.analysis._bad -> training.tasks.mdl.result"]),
+    "training/cli/_bad.py": ("from training.tasks.mdl import job\n", ["training.cli._bad -> training.tasks.mdl"]),
     "training/tasks/_bad.py": ("from scripts import aggregate\n", ["training.tasks._bad -> scripts.aggregate"]),
-    "scripts/_bad.py": ("from training.cli.run import main\nfrom training.tasks import mdl\n",
-                        ["scripts._bad -> training.cli.run", "scripts._bad -> training.tasks.mdl"]),
+    "scripts/_bad.py": ("from training.cli.run import main\n", ["scripts._bad -> training.cli.run"]),
     "training/engine/_bad.py": ("import importlib\n", ["training.engine._bad -> importlib"]),
-    "training/mdl/_bad.py": ("from training.common.sweeps import expand\n",
-                             ["training.mdl._bad -> training.common.sweeps"]),
+    "training/tasks/mdl/_bad.py": ("from training.common.sweeps import expand\nfrom training.tasks.gs import common\n",
+                                   ["training.tasks.mdl._bad -> training.common.sweeps",
+                                    "training.tasks.mdl._bad -> training.tasks.gs.common"]),
     "training/app/_loop_a.py": ("from training.app import _loop_b\n", ["- ._loop_"]),  # the edge it would cut
     "training/app/_loop_b.py": ("from training.app import _loop_a\n", []),
 }
@@ -182,18 +207,20 @@ def test_erasure_alone_imports_no_harness() -> None:
 
 def test_a_plain_start_imports_no_numba_and_the_core_no_task_code() -> None:
     """Checking and hashing a config, and importing the command line, load numba only when the fused optimizer
-    runs (it cost 1.9 s on every start); the core alone loads no task code and no command line (the task packages'
-    result modules, which the declarations name, are no code: RESULT_MODULES)."""
-    code = """
+    runs (it cost 1.9 s on every start); the core alone loads no task code and no command line (the tasks'
+    declarations and result types, which discovery imports, are no code: `_discovered`)."""
+    declarations = sorted(_discovered(_modules(("training",))))
+    assert {"training.tasks.mdl", "training.tasks.gs", "training.tasks.gs.gs_two_moons", "training.tasks.mdl.result",
+            "training.tasks.gs.result"} <= set(declarations), declarations
+    assert "training.tasks.mdl.job" not in declarations
+    code = f"declarations = {declarations!r}\n" + """
 import sys
 from tests.helpers import job_config
 from training.app.tasks import job_cell_hash, job_hash, load_job
 for overrides in (["experiment=smoke"], ["experiment=gs_two_moons"], ["experiment=demo", "regularizer=sd"]):
     cfg = job_config("/tmp/unused", overrides)
     load_job(cfg), job_hash(cfg), job_cell_hash(cfg)
-results = ("training.mdl", "training.starvation", "training.mdl.result", "training.starvation.result")
-core = sorted(m for m in sys.modules if m.startswith(("training.mdl", "training.starvation", "training.cli"))
-              and m not in results)  # the tasks' result types (declarations, discovered with them) are no task code
+core = sorted(m for m in sys.modules if m.startswith(("training.tasks.", "training.cli")) and m not in declarations)
 import training.cli.run
 print(core, "numba" in sys.modules)
 """

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.mdl.code import cumulative, legacy_mdl, paper_code, partition_logspace, prequential_code
-from training.mdl.splits import make_split
+from training.tasks.mdl.code import cumulative, legacy_mdl, paper_code, partition_logspace, prequential_code
+from training.tasks.mdl.splits import make_split
 
 
 def test_hand_computed_code() -> None:
@@ -84,8 +84,8 @@ def test_block_feasibility_is_one_rule_the_partition_split_and_precheck_share(n_
     from tests.helpers import job_config
     from training.app.schema import ConfigError
     from training.app.tasks import load_job
-    from training.mdl.code import most_blocks
-    from training.mdl.precheck import check_blocks
+    from training.tasks.mdl.code import most_blocks
+    from training.tasks.mdl.precheck import check_blocks
 
     n_val = 3
     n = n_coded + n_val

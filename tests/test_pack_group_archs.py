@@ -104,7 +104,7 @@ def test_parallel_models_auto_trains_as_many_rows_as_the_memory_estimate_fits(tm
     from tests.helpers import TINY, job_config
     from training.app.tasks import load_job
     from training.data import load_dataset
-    from training.mdl.precheck import estimate_memory
+    from training.tasks.mdl.precheck import estimate_memory
 
     base = [*TINY, *TINY_ARCH["convnext"]]
     cfg = load_job(job_config(tmp_path, base))
@@ -122,10 +122,10 @@ def test_parallel_models_auto_trains_as_many_rows_as_the_memory_estimate_fits(tm
 def test_a_job_trains_at_most_the_rows_that_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The job hands the estimate's rows to its trainer (`models_that_fit`): 2 rows for its 5 ConvNeXt models, the
     others waiting for a row; the numbers are those of one at a time."""
-    import training.mdl.job as job_module
+    import training.tasks.mdl.job as job_module
     from tests.helpers import TINY, job_config
-    from training.mdl import trainer as trainer_module
-    from training.mdl.job import run_job
+    from training.tasks.mdl import trainer as trainer_module
+    from training.tasks.mdl.job import run_job
 
     rows: list[int | None] = []
     real = trainer_module.fit_group
@@ -151,7 +151,7 @@ def test_a_swin_group_stopped_inside_its_blocks_resumes_to_the_uninterrupted_num
     extra, stops = ["training.parallel_models=2"], [6, 9]
     from tests.helpers import job_config
     from tests.test_checkpoint import _interrupted_run
-    from training.mdl.job import run_job
+    from training.tasks.mdl.job import run_job
 
     overrides = ["experiment=smoke", "eraser=control", "seed=0", *TINY_ARCH["swin"], "dataset.limit=200",
                  "mdl.max_epochs=4", "mdl.patience=4", "optim.warmup_steps=0", *extra]

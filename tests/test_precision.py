@@ -12,7 +12,7 @@ import torch
 from tests.helpers import job_config, result_of
 from training.app.tasks import job_cell_hash, job_hash, job_semantic
 from training.engine import numerics
-from training.mdl.job import run_job
+from training.tasks.mdl.job import run_job
 
 SMOKE = ["experiment=smoke", "mdl.max_epochs=3", "mdl.full_run=false", "certificate=false"]
 QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=2", "mdl.min_steps=0", "mdl.patience_min_steps=0",

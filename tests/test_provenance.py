@@ -42,7 +42,9 @@ from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, Member, TrainData, fit
 from training.engine.group import fit_group
 from training.errors import UserError  # NonFiniteError's base (tests fail, not error, on code without it)
-from training.mdl.job import run_job
+from training.tasks.mdl.job import run_job
+from training.tasks.mdl.result import MdlSections
+from training.tasks.mdl.trainer import Trainer
 
 PROVENANCE_KEYS = {"code", "python", "torch", "numpy", "device_name", "host", "started", "ended", "numerics"}
 ONE_LINE = re.compile(r"non-finite (training|validation) loss in block model \d+ (by|at) step \d+ \(epoch \d+\): "
@@ -94,8 +96,8 @@ def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> Non
         on_disk = json.loads((Path(result["job_dir"]) / "result.json").read_text())
         _check_provenance(on_disk["provenance"], t0, t1)
     # scripts/aggregate.py reads exactly these keys
-    from training.analysis.aggregate_collect import UNKNOWN_COMMIT, commit_of
     from training.app.tasks import decode_result
+    from training.tasks.mdl.aggregate_collect import UNKNOWN_COMMIT, commit_of
 
     assert (commit_of(decode_result(mdl)) != UNKNOWN_COMMIT) is (REPO / ".git").exists()
 
@@ -250,9 +252,7 @@ def test_3_a_diverging_lr_fails_its_job_and_the_ledger_counts_it(tmp_path: Path)
 
 def test_3_nonfinite_code_length_or_result_number_writes_no_result(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from training.mdl import job as job_mod
-
-    monkeypatch.setattr(job_mod.Trainer, "code_bits", lambda self, model, idx: (math.inf, 1.0))
+    monkeypatch.setattr(Trainer, "code_bits", lambda self, model, idx: (math.inf, 1.0))
     cfg = job_config(tmp_path, TINY)
     with pytest.raises(UserError, match=r"^non-finite code length \(inf bits/sample\) of block 2 by block "
                                              r"model 1: lr too high or bad data; nothing was written as a result$"):
@@ -260,7 +260,8 @@ def test_3_nonfinite_code_length_or_result_number_writes_no_result(tmp_path: Pat
     assert not (Path(cfg["paths"]["job_dir"]) / "result.json").exists()
     # the lifecycle's last check: no number of mdl/final may be NaN/inf (None is allowed)
     cfg2 = job_config(tmp_path / "b", TINY)
-    body = lambda run: {"mdl": {"bits_per_sample": 1.0, "blocks": [{"ce_bits": math.nan}]}, "final": None}  # noqa: E731
+    body = lambda run: MdlSections.read(  # noqa: E731
+        {"mdl": {"bits_per_sample": 1.0, "blocks": [{"ce_bits": math.nan}]}, "final": None})
     with pytest.raises(UserError, match=r"^non-finite mdl\.blocks\[0\]\.ce_bits \(nan\) in the result of "):
         run_in_job_dir(load_job(cfg2), body, finite=("mdl", "final"))
     assert not (Path(cfg2["paths"]["job_dir"]) / "result.json").exists()

@@ -33,7 +33,7 @@ from training.common import files as files_mod
 from training.engine.fit import Member, TrainData
 from training.engine.group import fit_group
 from training.errors import user_error_line
-from training.mdl.job import run_job
+from training.tasks.mdl.job import run_job
 
 
 def _cli(out_dir: Path, *overrides: str, multirun: bool = False, prelude: str = "", timeout: int = 300,
@@ -164,7 +164,7 @@ def test_batch_buffers_are_capped_at_the_data_and_give_the_same_numbers() -> Non
 def test_a_job_that_cannot_fit_in_memory_is_refused_with_the_estimate(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from training.errors import Refused
-    from training.mdl import precheck as precheck_mod
+    from training.tasks.mdl import precheck as precheck_mod
 
     monkeypatch.setattr(precheck_mod, "available_memory", lambda device: 2**16)  # 64 KiB free
     with pytest.raises(Refused) as err:
@@ -187,7 +187,7 @@ def test_memory_estimate_counts_the_models_that_train_together(tmp_path: Path, e
                                                               together: int) -> None:
     from training.app.tasks import load_job
     from training.data import load_dataset
-    from training.mdl.precheck import MODEL_COPIES, estimate_memory
+    from training.tasks.mdl.precheck import MODEL_COPIES, estimate_memory
 
     cfg = load_job(job_config(tmp_path, [*TINY, *extra]))
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
@@ -201,7 +201,7 @@ def test_memory_estimate_counts_the_models_that_train_together(tmp_path: Path, e
 
 
 def test_memory_refusal_from_the_command_line(tmp_path: Path) -> None:
-    prelude = "import training.mdl.precheck as p\np.available_memory = lambda device: 2**16"
+    prelude = "import training.tasks.mdl.precheck as p\np.available_memory = lambda device: 2**16"
     proc = _cli(tmp_path, *TINY, prelude=prelude)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: this job needs about "), \
@@ -212,7 +212,7 @@ def test_memory_refusal_from_the_command_line(tmp_path: Path) -> None:
 def test_stop_keys_line_is_a_warning_when_the_command_line_sets_one(tmp_path: Path) -> None:
     """`mdl=quick mdl.max_epochs=8`: the step floor wins on small blocks, said once as the job starts (a warning;
     an info line when only the presets chose the keys). The test ends the job right after it."""
-    prelude = ("import training.mdl.job as j\nfrom training.errors import Refused\n"
+    prelude = ("import training.tasks.mdl.job as j\nfrom training.errors import Refused\n"
                "def stop(*a, **k):\n    raise Refused('stopped by the test')\nj.Trainer = stop")
     asked = _cli(tmp_path, "dataset=digits", "mdl=quick", "mdl.max_epochs=8", "optim.warmup_steps=50",
                  prelude=prelude)

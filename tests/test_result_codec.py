@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from training.analysis import aggregate_collect
-from training.app.result_codec import MalformedResultError, config_view, encode, upgrade
-from training.app.result_types import RESULT_SCHEMA, Result
+from training.app.result_codec import MalformedResultError, config_view, encode, new_result, upgrade
+from training.app.result_types import ENVELOPE_KEYS, RESULT_SCHEMA, Result, Sections
 from training.app.results import stored_hash
 from training.app.tasks import decode_result, spec_of
-from training.mdl.job_paths import JobPath
-from training.mdl.result import MdlResult
-from training.starvation.result import StarvationResult
+from training.tasks.gs.result import StarvationResult
+from training.tasks.mdl import aggregate_collect
+from training.tasks.mdl.job_paths import JobPath
+from training.tasks.mdl.result import MdlResult, MdlSections
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 CURRENT = "schema2_digits_leace.json"
@@ -39,14 +39,14 @@ def test_every_stored_version_decodes_to_a_typed_mdl_result(name: str) -> None:
     raw = _raw(name)
     result = decode_result(raw)
     assert isinstance(result, MdlResult) and result.schema_version == RESULT_SCHEMA and result.task == "mdl"
-    assert result.mdl is not None and result.mdl.bits_per_sample == raw["mdl"]["bits_per_sample"]
-    assert result.mdl.legacy == raw["mdl"]["legacy"] and result.mdl.has_legacy
-    assert [b.stop_reason for b in result.mdl.blocks] == [b["stop_reason"] for b in raw["mdl"]["blocks"]]
+    assert result.body.mdl is not None and result.body.mdl.bits_per_sample == raw["mdl"]["bits_per_sample"]
+    assert result.body.mdl.legacy == raw["mdl"]["legacy"] and result.body.mdl.has_legacy
+    assert [b.stop_reason for b in result.body.mdl.blocks] == [b["stop_reason"] for b in raw["mdl"]["blocks"]]
     if raw.get("final") is not None:
-        assert result.final is not None and result.final.val_loss_bits == raw["final"]["val_loss_bits"]
+        assert result.body.final is not None and result.body.final.val_loss_bits == raw["final"]["val_loss_bits"]
     else:  # mdl.full_run=false
-        assert result.final is None
-    assert result.erasure.fit.n_coded == raw["eraser"]["fit"]["n_coded"]
+        assert result.body.final is None
+    assert result.body.erasure.fit.n_coded == raw["eraser"]["fit"]["n_coded"]
     assert result.config == raw["config"]  # as recorded: the job hash is recomputed from exactly this
     assert result.config_hash == raw["config_hash"]
 
@@ -60,6 +60,25 @@ def test_what_the_writer_writes_round_trips_byte_for_byte() -> None:
     assert json.dumps(again, indent=2) == json.dumps(raw, indent=2)
     assert list(raw)[:7] == ["config_hash", "hash_version", "numerics_version", "schema_version", "job_dir",
                              "task", "config"] and list(raw)[-3:] == ["device", "timings", "provenance"]
+
+
+def test_a_body_returns_the_class_the_tables_read_and_the_lifecycle_encodes_it_once() -> None:
+    """What an MDL job's body returns (`MdlSections`) is what the tables read of its result (`MdlResult.body`), and
+    the result the lifecycle makes of it encodes to the bytes of a result.json written by the job."""
+    raw = _raw(CURRENT)
+    envelope = {k: raw[k] for k in ("config_hash", "hash_version", "numerics_version", "job_dir", "config", "device",
+                                    "timings", "provenance")}
+    sections = MdlSections.read({k: v for k, v in raw.items() if k not in ENVELOPE_KEYS})
+    made = new_result(**envelope, task="mdl", sections=sections, spec=spec_of("mdl"))
+    assert isinstance(made, MdlResult) and made.body is sections and made.dataset == decode_result(raw).dataset
+    assert json.dumps(encode(made), indent=2) == json.dumps(raw, indent=2)
+    read = decode_result(raw)
+    assert type(read.body) is MdlSections and read.body == sections and read.body.mdl is not None
+    with pytest.raises(TypeError, match="returned Sections, not MdlSections"):
+        new_result(**envelope, task="mdl", sections=Sections.read(sections.written), spec=spec_of("mdl"))
+    with pytest.raises(ValueError, match=r"\['task'\] are envelope keys"):
+        new_result(**envelope, task="mdl", sections=MdlSections.read({**sections.written, "task": "x"}),
+                   spec=spec_of("mdl"))
 
 
 @pytest.mark.parametrize("name", OLDER[:2])
@@ -102,7 +121,7 @@ def test_a_result_of_a_newer_schema_or_not_an_object_is_refused_in_one_line() ->
 def test_other_tasks_decode_to_their_own_class() -> None:
     gs = decode_result({"config_hash": "h", "task": "gs_two_moons", "config": {"task": "gs_two_moons"}, "method": "ERM",
                  "train": {"acc": 1.0}})
-    assert isinstance(gs, StarvationResult) and gs.method == "ERM" and gs.section("train") == {"acc": 1.0}
+    assert isinstance(gs, StarvationResult) and gs.body.method == "ERM" and gs.section("train") == {"acc": 1.0}
     other = decode_result({"config_hash": "h", "config": {"task": "toy"}})
     assert type(other) is Result and other.task == "toy"  # no schema_version: the task comes from the config
 

@@ -20,7 +20,8 @@ import torch
 from tests.helpers import job_config, kill_once_one_done_one_partial, result_of
 from training.app.lifecycle import PROGRESS_FILE
 from training.common.sweeps import expand
-from training.mdl.job import Trainer, run_job
+from training.tasks.mdl.job import run_job
+from training.tasks.mdl.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}

@@ -16,8 +16,9 @@ from tests.helpers import job_config, result_of
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import ConfigMismatchError
 from training.app.tasks import load_job
+from training.data import registry
 from training.data.registry import LoadedData
-from training.mdl.job import run_job
+from training.tasks.mdl.job import run_job
 
 QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=8", "mdl.min_steps=0", "mdl.patience_min_steps=0",
          "optim.warmup_steps=10"]  # no step floor: 8 epochs are the budget
@@ -48,10 +49,10 @@ def test_the_data_the_precheck_loads_is_the_data_the_job_uses_and_a_skip_outcome
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The precheck returns the data it loaded and the lifecycle hands it to the body (no module state): one load
     for a job that runs; a rerun is `skipped` and loads only what its fingerprint check reads."""
-    from training.mdl import precheck as precheck_mod
+    from training.tasks.mdl import precheck as precheck_mod
 
     loads: list[str] = []
-    real = precheck_mod.load_dataset
+    real = registry.load_dataset
 
     def load_dataset(*a: Any, **k: Any) -> LoadedData:
         loads.append("load")
@@ -123,7 +124,7 @@ def _erasing(cfg: Any) -> tuple[Any, Any, Path, bool]:
 
 def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
     from training.data import load_dataset
-    from training.mdl.inputs import erase_maybe_zscored
+    from training.tasks.mdl.inputs import erase_maybe_zscored
 
     cfg = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
     data = load_dataset(cfg.dataset)
@@ -160,7 +161,7 @@ def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) ->
 
 def test_zscore_after_erasure_standardises_the_erased_data(tmp_path: Path) -> None:
     from training.data import load_dataset
-    from training.mdl.inputs import erase_maybe_zscored
+    from training.tasks.mdl.inputs import erase_maybe_zscored
 
     cfg = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "dataset.zscore_order=after",
                                              "eraser=leace"]))

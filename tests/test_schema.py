@@ -106,7 +106,7 @@ def test_dead_config_is_gone(tmp_path: Path) -> None:
 
 def test_a_pre_v2_result_of_the_same_config_is_reused_and_another_is_explained(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from training.mdl.job import run_job
+    from training.tasks.mdl.job import run_job
 
     cfg = job_config(tmp_path, SMOKE)
     old = json.loads(json.dumps(cfg))  # what a pre-v2 job stored: paper settings as null, dead keys, no hash_version

@@ -114,7 +114,7 @@ def test_early_stopping_sees_plain_cross_entropy() -> None:
 
 
 def test_mdl_job_with_sd_and_temperature(tmp_path: Path) -> None:
-    from training.mdl.job import run_job
+    from training.tasks.mdl.job import run_job
 
     quick = ["dataset=digits", "mdl=quick", "mdl.max_epochs=4", "mdl.num_blocks=3", "optim.warmup_steps=10",
              "certificate=false", "mdl.full_run=false", "arch.width=32", "mdl.calibrate_temperature=true"]

@@ -15,8 +15,8 @@ from training.app.schema import ConfigError, JobConfig, config_hash
 from training.app.tasks import load_job
 from training.data import load_dataset
 from training.engine.seeding import generator
-from training.mdl.inputs import prepare_data
-from training.mdl.precheck import fit_plan
+from training.tasks.mdl.inputs import prepare_data
+from training.tasks.mdl.precheck import fit_plan
 
 GAUSS = ["experiment=smoke", "mdl.full_run=false", "dataset=gaussian", "dataset.dim=8", "dataset.rows_per_dim=8",
          "dataset.mean_gap=1", "dataset.cov_gap=1", "eraser=leace", "eraser.fit_fraction=0.5"]
@@ -87,7 +87,7 @@ def test_modes_and_erasers_without_a_fitted_map_refuse_it_in_one_line(extra: lis
 def test_after_augment_erases_batches_with_the_shuffled_fit(tmp_path: Path) -> None:
     """eraser.after_augment=true: the per-batch eraser is the shuffled fit (the fitted-eraser cache keeps it apart
     from the true-label fit of the same rows, fitted first here), and it gives the erased images of the coded rows."""
-    from training.mdl.inputs import prepare_inputs
+    from training.tasks.mdl.inputs import prepare_inputs
 
     over = ("eraser.fit_on=self", "eraser.after_augment=true")
     prepare_inputs(_cfg(tmp_path, *over))  # the true-label fit of the same rows, cached first

@@ -22,7 +22,7 @@ import pytest
 from tests.helpers import job_config
 from training.app.lifecycle import PROGRESS_FILE
 from training.common.sweeps import expand
-from training.mdl.job import run_job
+from training.tasks.mdl.job import run_job
 
 pytestmark = pytest.mark.slurm
 

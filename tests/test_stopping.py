@@ -17,7 +17,7 @@ from training.engine.fit import Member, TrainData, fit
 from training.engine.group import fit_group
 from training.engine.seeding import generator
 from training.engine.stopping import MAX_EPOCHS, PATIENCE, EarlyStopping
-from training.mdl.trainer import fit_config, stop_options
+from training.tasks.mdl.trainer import fit_config, stop_options
 
 
 def _plain_rule(losses: list[float], patience: int, max_epochs: int) -> tuple[int, int, str]:
@@ -121,10 +121,10 @@ def test_fit_and_fit_group_stop_alike_and_report_why() -> None:
     assert fit(Member(model, opt, subsets[0], generator(0, "b", 0), plain), TrainData(data, y, xv, yv)).steps < 25
 
 
-# --- stop keys that pull against each other (training/mdl/stop_keys.py) ------------------------------------------
+# --- stop keys that pull against each other (training/tasks/mdl/stop_keys.py) --------------------------------
 
 def _stop_line(tmp_path: Path, *overrides: str) -> str | None:
-    from training.mdl.stop_keys import floor_outlasts_cap
+    from training.tasks.mdl.stop_keys import floor_outlasts_cap
 
     cfg = load_job(job_config(tmp_path, ["dataset=digits", "mdl=quick", *overrides]))
     return floor_outlasts_cap(cfg.mdl, cfg.optim, 1797)

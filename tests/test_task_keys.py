@@ -233,7 +233,7 @@ def test_1_the_walk_catches_a_dead_key(tmp_path: Path, monkeypatch: pytest.Monke
     ([*ERASED_EVAL[:4], "dataset.permute_labels=true"], None),
     ([*ERASED_EVAL[:4], "eraser.fit_on=holdout"], "eraser.fit_on"),
     ([*ERASED_EVAL[:4], "dataset.zscore=true"], "dataset.zscore"),
-    ([*ERASED_EVAL[:4], "eraser=gradient"], "eraser"),  # no map for held-out rows (training/tasks/gs_erased_eval.py)
+    ([*ERASED_EVAL[:4], "eraser=gradient"], "eraser"),  # no map for held-out rows (training/tasks/gs/gs_erased_eval.py)
     (["experiment=smoke", "eraser=gradient"], None),
 ])
 def test_1_a_key_is_refused_only_where_it_is_not_read(tmp_path: Path, overrides: list[str], refused: str | None

@@ -111,7 +111,7 @@ SMALL = [*TINY, "dataset=fashion_mnist", "dataset.download=false", "mdl.num_bloc
 
 
 def _run(out: Path, *overrides: str) -> Outcome:
-    from training.mdl.job import run_job
+    from training.tasks.mdl.job import run_job
 
     return run_job(job_config(out, [*SMALL, *overrides]))
 
@@ -160,7 +160,7 @@ def test_2_another_copy_of_the_data_is_reused_only_when_identical(tmp_path: Path
 
 # --- ugly: a result.json with a valid hash but no mdl section -----------------------------------------------------
 def test_6_result_without_mdl_section_is_rerun_with_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from training.mdl.job import run_job
+    from training.tasks.mdl.job import run_job
 
     cfg = job_config(tmp_path, TINY)
     done = result_of(run_job(cfg))
@@ -183,8 +183,8 @@ def test_a_stale_result_reruns_only_after_the_checks_a_new_job_gets(tmp_path: Pa
     """A finished result found stale (here incomplete; likewise other data) runs the job again: the data checks
     (blocks, storage, memory) run on it as on any job that runs, though the precheck first took it for finished."""
     from training.app.schema import ConfigError
-    from training.mdl import precheck
-    from training.mdl.job import run_job
+    from training.tasks.mdl import precheck
+    from training.tasks.mdl.job import run_job
 
     cfg = job_config(tmp_path, TINY)
     path = Path(result_of(run_job(cfg))["job_dir"]) / "result.json"
@@ -221,7 +221,7 @@ def _tree(root: Path) -> set[Path]:
 @pytest.mark.parametrize(("override", "key"), ESCAPES)
 def test_4_each_path_part_is_refused_in_one_line(tmp_path: Path, override: str, key: str) -> None:
     from training.app.schema import ConfigError
-    from training.mdl.job import run_job
+    from training.tasks.mdl.job import run_job
 
     out = tmp_path / "deep" / "er" / "out"
     out.mkdir(parents=True)

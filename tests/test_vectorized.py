@@ -31,7 +31,7 @@ from training.engine.group import (
     why_not_vectorized,
 )
 from training.engine.seeding import generator, seeded_global_rng
-from training.mdl.job import run_job
+from training.tasks.mdl.job import run_job
 
 # (loss rtol, parameter tol / scale) of the stacked engine; the loop engine must be exact.
 TOL = {torch.float32: (1e-5, 1e-4), torch.float64: (1e-12, 1e-10), "exact": (0.0, 0.0)}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from training.app.schema import group_config
-from training.mdl.wandb_logger import RunLogger
+from training.tasks.mdl.wandb_logger import RunLogger
 
 
 def test_offline_run_with_deterministic_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -109,7 +109,7 @@ def seeds_of(pack: Sequence[Job]) -> list[int]:
 
 def job_dirs_of(seeds: Sequence[int], configs: Sequence[DictConfig]) -> dict[int, str]:
     """seed -> its job's directory (absolute), for the pack group to train together only the seeds of one cell
-    (training/mdl/pack_group.py); {} where a directory cannot be resolved here (the job itself then says why)."""
+    (training/tasks/mdl/pack_group.py); {} where a directory cannot be resolved here (the job itself then says why)."""
     try:
         return {seed: str(Path(str(OmegaConf.select(c, "paths.job_dir", default=""))).absolute())
                 for seed, c in zip(seeds, configs, strict=False)}

@@ -1,15 +1,22 @@
-"""What the aggregate scripts share: the eraser order of the paper's tables, markdown tables, and the comparison
-groups (results that differ in anything but the eraser and the seed are never compared)."""
+"""What the tasks' tables and the aggregate scripts share: the eraser order of the paper's tables, markdown tables,
+mean ± sd over seeds, the method (ERM / SD λ=…) a stored config names, and the comparison groups (results that differ
+in anything but the eraser and the seed are never compared)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from erasure.registry import ERASERS
 from erasure.traits import eraser_traits
 from training.analysis.aggregate_rows import MISSING_KEY, ProbeRow, Recorded
+from training.app.result_codec import config_view
+from training.engine.regularizers import SdOptions, method_label
 
 # The paper's column order (Appendix C), then our additions; unknown erasers go last, alphabetically.
 ERASER_ORDER = ["control", "leace", "alf_qleace", "gradient", "qleace", "random"]
@@ -34,6 +41,37 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(md_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(md_cell(c) for c in r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+# --- per-seed statistics and the method a result names --------------------------------------------------
+def mean_sd(values: Iterable[float], scale: float = 1.0, digits: int = 1) -> str:
+    """mean ± sd (ddof 1) of the finite values, times `scale`, with `digits` decimals; one value alone; "–": none."""
+    v = [scale * float(x) for x in values if x is not None and math.isfinite(float(x))]  # NaN/inf: no value
+    if not v:
+        return "–"
+    if len(v) == 1:
+        return f"{v[0]:.{digits}f}"
+    return f"{np.mean(v):.{digits}f} ± {np.std(v, ddof=1):.{digits}f}"
+
+
+def grouped(results: list[dict[str, Any]], key: Callable[[dict[str, Any]], tuple[Any, ...]]
+            ) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    """The results by `key(result)`, the keys in the order of their text."""
+    out: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        out[key(r)].append(r)
+    return dict(sorted(out.items(), key=lambda kv: tuple(str(k) for k in kv[0])))
+
+
+def method_of_stored(config: Mapping[str, Any]) -> str:
+    """The method of a result's stored config (so renaming methods needs no re-run)."""
+    c = config_view(config)
+    sd = None
+    if "regularizer.name" in c and c["regularizer.name"] == "sd":
+        given = {k.split(".", 1)[1]: v for k, v in c.items()
+                 if k.startswith("regularizer.") and k != "regularizer.name"}
+        sd = SdOptions(**{"lam": 0.0, "gamma": 0.0, "start_step": 0, "loss_scale": None, **given})
+    return method_label(sd, c["gs.weight_decay"] if "gs.weight_decay" in c else 0.0)
 
 
 # --- comparison groups ------------------------------------------------------------------------------------

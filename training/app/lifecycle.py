@@ -2,7 +2,7 @@
 task's body, write result.json last, clear the progress file.
 
     def run_job(config):                     # Task.__call__ (training/app/tasks.py) does this for every task
-        return run_in_job_dir(load_config(config, spec), body)  # body(run: JobRun) -> the task's part of result.json
+        return run_in_job_dir(load_config(config, spec), body)  # body(run: JobRun) -> the task's typed Sections
 
 It returns an `Outcome`: done (computed now), skipped (the directory held this configuration's result), reused
 (the same configuration finished in its pre-v2 directory) or failed (the ledger's record of an error), with the
@@ -31,7 +31,7 @@ import torch
 
 from training.app.result_codec import encode, new_result
 from training.app.result_types import Fingerprint as FingerprintRecord
-from training.app.result_types import Result, at
+from training.app.result_types import Result, Sections, at
 from training.app.results import JobDir, Stale, legacy_result, set_aside_name
 from training.app.schema import HASH_VERSION, JobConfig, config_hash, numerics_of
 from training.common.files import atomic_write_json, read_json
@@ -132,6 +132,7 @@ class JobRun:
     loaded: Any = None
     pack: Pack | None = None
     numerics: JobNumerics | None = None
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)  # the body's stages: result.json timings
 
     @property
     def path(self) -> Path:
@@ -142,7 +143,7 @@ class JobRun:
         return self.job.cfg_hash
 
 
-Body = Callable[[JobRun], dict[str, Any]]
+Body = Callable[[JobRun], Sections]  # the task's sections, of its result type's `sections_type`
 # Refuses bad runtime options before anything is made; returns what it loaded for the body. Not called for a job
 # that looks finished; called then (in the lock) when that result is stale, with the data its fingerprint check read
 # again (None: not read), so a job that runs is always checked.
@@ -193,7 +194,7 @@ def check_finite(result: Result, sections: tuple[str, ...], job_path: Path) -> N
     """NonFiniteError (one line) when a number in the result's `sections` is NaN/inf: such a result is never
     written (it would read as a finished job)."""
     for section in sections:
-        for path, value in nonfinite_leaves(at(result.sections, section), section):
+        for path, value in nonfinite_leaves(at(result.body.written, section), section):
             raise NonFiniteError(f"non-finite {path} ({value}) in the result of {job_path}: lr too high or bad data; "
                                  "nothing was written as a result")
 
@@ -240,12 +241,12 @@ def run_in_job_dir(cfg: JobConfig, body: Body,
             progress.clear()  # force=true recomputes from scratch
         t0, started = time.perf_counter(), now_utc()
         with job_numerics(cfg.training.precision, cfg.training.deterministic) as job_num:  # engine/numerics.py
-            out = body(JobRun(cfg, job, device, progress, loaded, pack, job_num))
+            sections = body(run := JobRun(cfg, job, device, progress, loaded, pack, job_num))
             numerics = job_num.signature(device, device_name(str(device)))
-        timings = {**out.pop("timings", {}), "total_s": time.perf_counter() - t0}
+        timings = {**run.timings, "total_s": time.perf_counter() - t0}
         typed = new_result(config_hash=job.cfg_hash, hash_version=HASH_VERSION,
                            numerics_version=numerics_of(spec),
-                           job_dir=str(job.path), task=cfg.task, config=cfg.to_dict(), sections=out,
+                           job_dir=str(job.path), task=cfg.task, config=cfg.to_dict(), sections=sections,
                            device=str(device), timings=timings,
                            provenance={**provenance(device, started, now_utc()), "numerics": numerics}, spec=spec)
         check_finite(typed, finite, job.path)

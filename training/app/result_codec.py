@@ -26,6 +26,7 @@ from training.app.result_types import (
     DatasetInfo,
     Provenance,
     Result,
+    Sections,
     at,
     mapping,
     text,
@@ -101,15 +102,15 @@ def decode(raw: Any, spec: TaskSpec | None) -> Result:
         hash_version=_int(at(data, "hash_version"), 1), numerics_version=_int(at(data, "numerics_version"), 1),
         schema_version=RESULT_SCHEMA, task=task,
         config=config if isinstance(config, Mapping) else None,
-        job_dir=text(at(data, "job_dir")), sections=sections, device=text(at(data, "device")),
+        job_dir=text(at(data, "job_dir")), device=text(at(data, "device")),
         timings=mapping(at(data, "timings")), provenance=Provenance.of(at(data, "provenance")),
         dataset=DatasetInfo.of(at(data, "dataset")), tail=tail)
     cls = spec.result_type if spec is not None and spec.name == task else Result
     try:
-        typed = cls.typed_sections(sections)
+        body = cls.sections_type.read(sections)
     except ValueError as e:
         raise MalformedResultError(str(e)) from e
-    return cls(**common, **typed)
+    return cls(**common, body=body)
 
 
 def encode(result: Result) -> dict[str, Any]:
@@ -122,16 +123,21 @@ def encode(result: Result) -> dict[str, Any]:
         del head["job_dir"]
     tail: dict[str, Any] = {"device": result.device, "timings": dict(result.timings),
                             "provenance": None if result.provenance is None else result.provenance.raw}
-    return {**head, **result.sections, **{k: tail[k] for k in result.tail}}
+    return {**head, **result.body.written, **{k: tail[k] for k in result.tail}}
 
 
 def new_result(*, config_hash: str, hash_version: int, numerics_version: int, job_dir: str, task: str,
-               config: Mapping[str, Any], sections: Mapping[str, Any], device: str, timings: Mapping[str, Any],
+               config: Mapping[str, Any], sections: Sections, device: str, timings: Mapping[str, Any],
                provenance: Mapping[str, Any], spec: TaskSpec) -> Result:
-    """The Result a job of task `spec` that just ran writes (training/app/lifecycle.py), of its task's class."""
-    return decode({"config_hash": config_hash, "hash_version": hash_version, "numerics_version": numerics_version,
-                   "schema_version": RESULT_SCHEMA, "job_dir": job_dir, "task": task, "config": dict(config),
-                   **sections, "device": device, "timings": dict(timings), "provenance": dict(provenance)}, spec)
+    """The Result of task `spec` (training/app/lifecycle.py writes it) around the sections its body returned."""
+    if type(sections) is not (cls := spec.result_type).sections_type:
+        raise TypeError(f"task {spec.name}'s body returned {type(sections).__name__}, not {cls.sections_type.__name__}")
+    if clash := [k for k in sections.written if k in ENVELOPE_KEYS]:
+        raise ValueError(f"task {spec.name}'s sections {clash} are envelope keys (training/app/result_types.py)")
+    return cls(config_hash=config_hash, hash_version=hash_version, numerics_version=numerics_version,
+               schema_version=RESULT_SCHEMA, task=task, config=dict(config), job_dir=job_dir, body=sections,
+               device=device, timings=dict(timings), provenance=Provenance.of(dict(provenance)),
+               dataset=DatasetInfo.of(at(sections.written, "dataset")), tail=TAIL_KEYS)
 
 
 def read(path: Path, spec: TaskSpec | None) -> Result | None:

@@ -1,21 +1,21 @@
-"""What a job's result.json holds, as frozen dataclasses: one envelope every task shares (`Result`) and one class
-per task with the sections it writes typed, which the task's own package declares (`MdlResult` in
-training/mdl/result.py, `StarvationResult` in training/starvation/result.py).
+"""What a job's result.json holds, as frozen dataclasses: one envelope every task shares (`Result`) around the task's
+sections (`Result.body`), typed by the task's own `Sections` class (`MdlSections` in training/tasks/mdl/result.py,
+`StarvationSections` in training/tasks/gs/result.py): what its body returns and what its tables read.
 
 Reading and writing go through training/app/result_codec.py (`decode`, `encode`, `upgrade` for older schema
 versions); nothing else walks a result's dict. A section's open-ended parts stay mappings where their keys are
 data, not schema: an eraser's report (per eraser), the certificate's scores (per probe), the stored config (the
 job hash is recomputed from it exactly as it was recorded).
 
-Every class keeps the section it was read from (`raw`, the task's sections in `Result.sections`), so `encode`
-writes back exactly what the job wrote: result.json's numbers and layout do not depend on this module.
+The task's sections are kept as written (`Sections.written`; a record keeps its section, `raw`, where that is
+read), so `encode` writes back exactly what the job wrote: result.json does not depend on this module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 # 1: results written before the field existed (schema_version absent). 2: schema_version recorded.
 RESULT_SCHEMA = 2
@@ -94,7 +94,6 @@ class DatasetInfo:
     class_counts: tuple[float, ...] | None  # None: not recorded (or not a list of non-negative numbers)
     permuted_labels: bool
     fingerprint: Fingerprint | None  # None: written before fingerprints
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, value: Any) -> DatasetInfo:
@@ -104,7 +103,7 @@ class DatasetInfo:
         n, k = number(at(value, "n")), number(at(value, "num_classes"))
         return cls(None if n is None else int(n), None if k is None else int(k),
                    tuple(c for c in parsed if c is not None) if valid and parsed else None,
-                   at(value, "permuted_labels") is True, Fingerprint.of(at(value, "fingerprint")), mapping(value))
+                   at(value, "permuted_labels") is True, Fingerprint.of(at(value, "fingerprint")))
 
 
 @dataclass(frozen=True)
@@ -126,10 +125,25 @@ class Provenance:
 
 
 @dataclass(frozen=True)
+class Sections:
+    """A task's part of result.json, typed: what its body returns and its tables read (`Result.body`). `written`: the
+    sections in the order written (`encode` writes exactly these); a subclass adds typed fields, read in `read`."""
+
+    written: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def read(cls, written: Mapping[str, Any]) -> Sections:
+        """The sections typed (ValueError for sections that cannot be): a subclass returns its own class."""
+        return cls(written)
+
+
+@dataclass(frozen=True)
 class Result:
-    """The envelope of every result: identity, the config as recorded, the task's sections, and where and how it
-    ran. A task with typed sections subclasses it, reads them in `typed_sections`, and names the class as its
+    """The envelope of every result: identity, the config as recorded, the task's sections (`body`, of the class's
+    `sections_type`), and where and how it ran. A task's subclass names its Sections class and is its
     `Task.result_type` (training/app/tasks.py); the codec builds a result of its task's class."""
+
+    sections_type: ClassVar[type[Sections]] = Sections
 
     config_hash: str
     hash_version: int
@@ -138,19 +152,14 @@ class Result:
     task: str
     config: Mapping[str, Any]  # as recorded: the job hash is recomputed from it (results.stored_hash)
     job_dir: str | None = None
-    sections: Mapping[str, Any] = field(default_factory=dict, repr=False)  # the task's own, in written order
+    body: Sections = field(default_factory=Sections, repr=False)  # the task's own sections, typed
     device: str | None = None
     timings: Mapping[str, Any] = field(default_factory=dict, repr=False)
     provenance: Provenance | None = None
     dataset: DatasetInfo = field(default_factory=lambda: DatasetInfo.of(None))
     tail: tuple[str, ...] = field(default=TAIL_KEYS, repr=False)  # the envelope keys written after the sections
 
-    @classmethod
-    def typed_sections(cls, sections: Mapping[str, Any]) -> dict[str, Any]:
-        """The fields this class adds to the envelope, read from the task's sections (none here)."""
-        return {}
-
     def section(self, name: str) -> Mapping[str, Any] | None:
         """A task section that is an object (None where absent or of another type)."""
-        value = at(self.sections, name)
+        value = at(self.body.written, name)
         return value if isinstance(value, Mapping) else None

@@ -182,7 +182,7 @@ class TrainingConfig(Section):
     fused_optimizer: Any = one_of(False, False, True, "numba", "compile", "eager", hash=False)
     # hydra/launcher=packed: at most this many jobs (of one cell, differing in seed) run in one process (null: all)
     pack_size: int | None = positive_int(None, optional=True, hash=False)
-    # hydra/launcher=packed: the pack's later seeds train in the first job's lockstep group (training/mdl/pack_group.py)
+    # hydra/launcher=packed: a pack's later seeds train in its first job's lockstep group (tasks/mdl/pack_group.py)
     pack_group: Any = one_of("auto", "auto", True, False, hash=False)
     # fp32 (TF32 off for matmul and cuDNN) | tf32 | bf16 (autocast forward, fp32 weights and optimizer state)
     precision: str = one_of("fp32", "fp32", "tf32", "bf16", hash_default=False)

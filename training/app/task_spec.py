@@ -5,8 +5,8 @@ package `training.tasks` (`TASKS`, filled on first use; training/app/tasks.py sa
 The bottom of training/app: the config check, the job hash, the result codec and the lifecycle are handed a task's
 `TaskSpec` as an argument and never look one up; a name becomes a spec once, at the edges (the command line, the
 ledger, the aggregate, the plan: `task_spec(name)` here, or training/app/tasks.py's `spec_of(config)`). Discovery is
-the one dynamic import of the harness: every module of `training.tasks` whose name does not start with "_"; its
-`TASK` declares itself by its `spec`.
+the one dynamic import of the harness: every package (or module) of `training.tasks` not named "_..."; its `TASK`
+(or `TASKS`, several: training/tasks/gs/) declares itself by its `spec`.
 """
 
 from __future__ import annotations
@@ -61,11 +61,13 @@ class TaskRegistry(Registry[Any]):
         for info in pkgutil.iter_modules(paths, f"{NAMESPACE}."):
             if info.name.rpartition(".")[2].startswith("_") or info.name in self._modules:
                 continue
-            task = getattr(importlib.import_module(info.name), "TASK", None)
-            spec = getattr(task, "spec", None)
-            if not isinstance(spec, TaskSpec):
-                raise TypeError(f"{info.name} declares no task: define TASK = <a training.app.tasks.Task subclass>()")
-            self.add(spec.name, task)
+            module = importlib.import_module(info.name)
+            declared = getattr(module, "TASKS", None) or (getattr(module, "TASK", None),)
+            for task in declared:
+                spec = getattr(task, "spec", None)
+                if not isinstance(spec, TaskSpec):
+                    raise TypeError(f"{info.name} declares no task: define TASK = <a Task subclass>() (or TASKS)")
+                self.add(spec.name, task)
             self._modules.add(info.name)
         self._searched = paths
         return self

@@ -1,18 +1,18 @@
-"""What a job can do (`task=` in the config): a `Task`, declared once, in a module of its own in the package
-`training.tasks` (training/tasks/<name>.py or training/tasks/<name>/__init__.py, in the repository or in any
-<dir>/training/tasks/ directory with <dir> on sys.path).
+"""What a job can do (`task=` in the config): a `Task`, declared once, in a package of `training.tasks` that owns
+the task: declaration (its __init__), code, typed result, tables (training/tasks/mdl/, training/tasks/gs/), in the
+repository or in any <dir>/training/tasks/ directory with <dir> on sys.path.
 
-A task module defines `TASK`, an instance of a `Task` subclass, whose class attributes declare what the core needs:
-its `name`, the config groups it reads (`uses`, which the job hash covers), the hashed keys it does not read
-(`fixed`), and its own config group with its options dataclass (`group`, `options`). The core (the config check,
-the job hash `schema.semantic`) reads only these, as the task's `spec` (training/app/task_spec.py), so a task
-module imports at its top level nothing of its implementation (training.mdl, training.starvation, torch): its
-methods import that when a job runs (tests/test_layers.py checks both).
+The package defines `TASK`, an instance of a `Task` subclass (`TASKS`, a tuple: several), whose class attributes
+declare what the core needs: its `name`, the config groups it reads (`uses`, which the job hash covers), the hashed
+keys it does not read (`fixed`), and its own config group with its options dataclass (`group`, `options`). The core
+(the config check, the job hash `schema.semantic`) reads only these, as the task's `spec` (training/app/task_spec.py),
+so a declaration imports at its top level nothing of its code (its job, torch) but its result type: its methods
+import that when a job runs (tests/test_layers.py checks both).
 
 Discovery (`TASKS` in training/app/task_spec.py, filled on first use) is the one dynamic import of the harness:
-every module of `training.tasks` whose name does not start with "_". Adding a task is its module (+ a preset and a
-test); nothing else names it: the command line runs `get_task(cfg.task)(cfg)` and scripts/aggregate.py asks every
-task for its tables.
+every module or package of `training.tasks` whose name does not start with "_". Adding a task is its package (+ a
+preset and a test); nothing else names it: the command line runs `get_task(cfg.task)(cfg)` and scripts/aggregate.py
+asks every task for its tables.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from erasure.registry import UnknownNameError
 from training.app.lifecycle import JobRun, Outcome, run_in_job_dir
 from training.app.result_codec import decode, encode, read_json, upgrade
-from training.app.result_types import Result
+from training.app.result_types import Result, Sections
 from training.app.schema import ConfigError, JobConfig, cell_hash, config_hash, load_config, semantic
 from training.app.task_spec import TASKS as TASKS  # the declarations' names, re-exported
 from training.app.task_spec import TaskSpec as TaskSpec
@@ -39,11 +39,11 @@ from training.data.shared import Pack
 @dataclass(frozen=True)
 class Collected:
     """What scripts/aggregate.py hands a task for its tables: the task's Results (training/app/result_types.py),
-    the job table the collection made of MDL jobs (training/analysis/aggregate_collect.py; missing and failed jobs
+    the job table the collection made of MDL jobs (training/tasks/mdl/aggregate_collect.py; missing and failed jobs
     included), and where and under which file stem and title the tables go."""
 
     results: list[Result]
-    jobs: Any  # a pandas DataFrame (training/analysis/aggregate_collect.py), empty without MDL jobs
+    jobs: Any  # a pandas DataFrame (training/tasks/mdl/aggregate_collect.py), empty without MDL jobs
     out: Path
     name: str
     title: str
@@ -86,9 +86,10 @@ class Task:
         """The job's inputs: data loaded, labels permuted, split, erased (what `run` takes)."""
         return self.implementation().prepare(job)
 
-    def run(self, prepared: Any) -> dict[str, Any]:
-        """The job's body on its prepared inputs: result.json's fields."""
-        return dict(self.implementation().run(prepared))
+    def run(self, prepared: Any) -> Sections:
+        """The job's body on its prepared inputs: its result.json sections, typed (`result_type.sections_type`)."""
+        sections: Sections = self.implementation().run(prepared)
+        return sections
 
     def rows(self, collected: Collected) -> dict[str, str]:
         """The task's tables for the aggregate, file name (or stem) -> Markdown; it may write files (plots, CSV) to

@@ -14,7 +14,7 @@ It holds:
   since is dropped (with a warning) and computed again, as a lone job would. The numbers therefore never depend on
   which jobs shared a process.
 - the pack's seeds in the order they run and what an earlier job of the pack computed for a later one (`ahead`,
-  keyed by the later job's config hash and a name: the block models of a pack group, training/mdl/pack_group.py).
+  keyed by the later job's config hash and a name: the block models of a pack group, training/tasks/mdl/pack_group.py).
   What a later job finds in `ahead` it checks before it uses it, so a wrong guess costs time, never numbers.
 """
 

@@ -58,7 +58,7 @@ def nonfinite_loss(what: str, name: str, step: int, epoch: int) -> NonFiniteErro
 
 @dataclass(frozen=True)
 class FitConfig:
-    """The fit loop's settings, all given: the job builds them from its typed config (training/mdl/job.py
+    """The fit loop's settings, all given: the job builds them from its typed config (training/tasks/mdl/job.py
     `fit_config`), where every default lives once (training/app/schema.py; tests/test_defaults_once.py checks)."""
 
     batch_size: int

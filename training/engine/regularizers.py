@@ -138,3 +138,14 @@ def build_regularizer(cfg: RegularizerCfg | None, num_classes: int,
     if cfg is None:
         return None
     return REGULARIZERS.get(cfg.name)(cfg.options, num_classes, base_loss)
+
+
+def method_label(sd: SdOptions | None, weight_decay: float) -> str:
+    """"ERM" / "SD λ=…", ", loss×s" for the official whole-loss rescale, "(from step t)", "+ WD w"."""
+    lam = sd.lam if sd is not None else 0.0
+    lam_on = any(v > 0 for v in lam) if isinstance(lam, list) else lam > 0
+    scale = sd.loss_scale if sd is not None else None
+    name = ", ".join([f"SD λ={lam}" if lam_on else "ERM"] + ([f"loss×{scale}"] if scale is not None else []))
+    if sd is not None and (lam_on or scale is not None) and sd.start_step:
+        name += f" (from step {sd.start_step})"
+    return name + (f" + WD {weight_decay:g}" if weight_decay > 0 else "")

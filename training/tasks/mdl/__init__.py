@@ -1,5 +1,5 @@
-"""task=mdl (the default): dataset -> eraser -> prequential MDL -> full-data run (training/mdl/job.py); its tables
-are the aggregate's MDL pipeline (training/analysis/aggregate_mdl.py)."""
+"""task=mdl (the default): dataset -> eraser -> prequential MDL -> full-data run (training/tasks/mdl/job.py); its tables
+are the aggregate's MDL pipeline (training/tasks/mdl/aggregate_mdl.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import ModuleType
 from typing import Any
 
 from training.app.tasks import Collected, Task
-from training.mdl.result import MdlResult
+from training.tasks.mdl.result import MdlResult
 
 
 class Mdl(Task):
@@ -17,17 +17,17 @@ class Mdl(Task):
     numerics = 3  # unchanged by 4 (gs_erased_eval's erase path)
 
     def implementation(self) -> ModuleType:
-        from training.mdl import job
+        from training.tasks.mdl import job
 
         return job
 
     def lifecycle(self) -> dict[str, Any]:
-        from training.mdl.job import LIFECYCLE  # the precheck, the data fingerprint, the finished sections
+        from training.tasks.mdl.job import LIFECYCLE  # the precheck, the data fingerprint, the finished sections
 
         return LIFECYCLE
 
     def rows(self, collected: Collected) -> dict[str, str]:
-        from training.analysis.aggregate_mdl import mdl_tables
+        from training.tasks.mdl.aggregate_mdl import mdl_tables
 
         return mdl_tables(collected)
 

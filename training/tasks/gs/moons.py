@@ -1,4 +1,4 @@
-"""task=gs_two_moons (declared in training/tasks/gs_two_moons.py): the paper's Fig. 1 — a 2-layer ReLU net trained full
+"""task=gs_two_moons (declared in gs_two_moons.py): the paper's Fig. 1 — a 2-layer ReLU net trained full
 batch with SGD + momentum.
 
 The network has one logit (logistic loss, as the official code). ERM, SD (`regularizer.lam`) and
@@ -11,7 +11,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,15 +21,17 @@ from training.app.schema import JobConfig
 from training.data.moons import TwoMoonsOptions, two_moons
 from training.engine.regularizers import build_regularizer, task_loss
 from training.engine.seeding import seeded_global_rng
-from training.starvation.common import method_name, paper_mlp
-from training.starvation.geometry import Grid, geometry
+from training.tasks.gs.common import method_name, paper_mlp
+from training.tasks.gs.geometry import Grid, geometry
+from training.tasks.gs.result import StarvationSections
 
 log = logging.getLogger(__name__)
 BOUNDARY_FILE = "boundary.npz"
 
 
-def train(cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple[nn.Module, list]:
-    gs = cfg.task_options  # training/tasks/gs_two_moons.py TwoMoonsOptions
+def train(cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, device: torch.device
+          ) -> tuple[nn.Module, list[list[float]]]:
+    gs = cfg.task_options  # training/tasks/gs/gs_two_moons.py TwoMoonsOptions
     with seeded_global_rng(cfg.seed, "init"):
         net = paper_mlp(2, gs.hidden, gs.depth, 1, gs.init)
     net.to(device)
@@ -46,7 +47,7 @@ def train(cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, device: torch.device
         if reg is not None:
             loss = loss + reg(logits, y, step)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        torch.autograd.backward(loss)  # loss.backward(), typed
         opt.step()
     return net.eval(), curve
 
@@ -99,7 +100,7 @@ def prepare(job: JobRun) -> Moons:
     return Moons(job, two_moons(moons, "train"), two_moons(moons, "test"))
 
 
-def run(prepared: Moons) -> dict[str, Any]:
+def run(prepared: Moons) -> StarvationSections:
     job, (x, y), (xt, yt) = prepared.job, prepared.train, prepared.test
     cfg, job_dir, device = job.cfg, job.path, job.device
     moons: TwoMoonsOptions = cfg.dataset.options
@@ -112,5 +113,6 @@ def run(prepared: Moons) -> dict[str, Any]:
     plot_boundary(job_dir / "boundary.png", grid, x.numpy(), y.numpy(), title)
     log.info("%s: train acc %.3f, test acc %.3f, min margin %.4f, turning %.3f", title, train_m["acc"],
              test_m["acc"], geo["min_margin"], geo["boundary_turning"])
-    return {"method": method_name(cfg), "train": train_m, "test": test_m, "geometry": geo, "train_loss_curve": curve,
-            "files": {"boundary": BOUNDARY_FILE, "plot": "boundary.png"}}
+    return StarvationSections.read({"method": method_name(cfg), "train": train_m, "test": test_m, "geometry": geo,
+                                    "train_loss_curve": curve,
+                                    "files": {"boundary": BOUNDARY_FILE, "plot": "boundary.png"}})

@@ -1,11 +1,11 @@
-"""What the Gradient Starvation task modules share (a module of training.tasks named "_..." is no task)."""
+"""What the Gradient Starvation task declarations share."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from training.app.tasks import Task
-from training.starvation.result import StarvationResult
+from training.tasks.gs.result import StarvationResult
 
 # hashed dataset keys of the image pipeline, which the synthetic GS tasks do not read
 NOT_AN_IMAGE_PIPELINE = {"dataset.augment": False, "dataset.zscore": False, "dataset.zscore_order": "before",

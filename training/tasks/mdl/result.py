@@ -1,6 +1,6 @@
 """What a task=mdl result.json holds beyond the envelope (training/app/result_types.py), typed: the code length and
-its block models, the final model, the erasure record and the certificate (`MdlResult`, the task's `result_type`,
-read by the tables: training/analysis/aggregate_collect.py)."""
+its block models, the final model, the erasure record and the certificate (`MdlSections`: what the job's body
+returns, job.py `run`, and what the tables read, aggregate_collect.py, as `MdlResult.body`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.app.result_types import Result, at, mapping, number, text
+from training.app.result_types import Result, Sections, at, mapping, number, text
 
 
 def number_or_nan(value: Any) -> float:
@@ -62,14 +62,13 @@ class FinalRecord:
 
     val_loss_bits: float | None
     val_loss_curve: tuple[Any, ...]
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     epochs: float | None = None
     steps: float | None = None
 
     @classmethod
     def of(cls, value: Mapping[str, Any]) -> FinalRecord:
         return cls(number(at(value, "val_loss_bits", default=math.nan)), tuple(at(value, "val_loss_curve") or ()),
-                   value, number(at(value, "epochs")), number(at(value, "steps")))
+                   number(at(value, "epochs")), number(at(value, "steps")))
 
 
 @dataclass(frozen=True)
@@ -94,11 +93,10 @@ class ErasureRecord:
 
     fit: EraserFit
     report: Mapping[str, Any]
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, value: Any) -> ErasureRecord:
-        return cls(EraserFit.of(at(value, "fit")), mapping(at(value, "report")), mapping(value))
+        return cls(EraserFit.of(at(value, "fit")), mapping(at(value, "report")))
 
     def report_number(self, key: str) -> float:
         return number_or_nan(at(self.report, key))
@@ -133,8 +131,9 @@ class Certificate:
 
 
 @dataclass(frozen=True)
-class MdlResult(Result):
-    """A task=mdl result: its code length, final model, erasure record and certificate (None: not written)."""
+class MdlSections(Sections):
+    """A task=mdl job's sections: its code length, final model, erasure record and certificate (None: not
+    written), and what it wrote besides (dataset, model, optim: `written`)."""
 
     mdl: MdlRecord | None = None
     final: FinalRecord | None = None
@@ -142,11 +141,18 @@ class MdlResult(Result):
     certificate: Certificate = field(default_factory=lambda: Certificate.of(None))
 
     @classmethod
-    def typed_sections(cls, sections: Mapping[str, Any]) -> dict[str, Any]:
-        mdl, final = at(sections, "mdl"), at(sections, "final")
+    def read(cls, written: Mapping[str, Any]) -> MdlSections:
+        mdl, final = at(written, "mdl"), at(written, "final")
         if final and not isinstance(final, Mapping):
             raise ValueError(f"final is a {type(final).__name__}")
-        return {"mdl": MdlRecord.of(mdl) if isinstance(mdl, Mapping) else None,
-                "final": FinalRecord.of(final) if isinstance(final, Mapping) else None,
-                "erasure": ErasureRecord.of(at(sections, "eraser")),
-                "certificate": Certificate.of(at(sections, "certificate"))}
+        return cls(written, MdlRecord.of(mdl) if isinstance(mdl, Mapping) else None,
+                   FinalRecord.of(final) if isinstance(final, Mapping) else None,
+                   ErasureRecord.of(at(written, "eraser")), Certificate.of(at(written, "certificate")))
+
+
+@dataclass(frozen=True)
+class MdlResult(Result):
+    """A task=mdl result: the envelope around an MDL job's sections (`body`)."""
+
+    sections_type = MdlSections
+    body: MdlSections = field(default_factory=MdlSections, repr=False)

@@ -31,9 +31,9 @@ from training.engine.numerics import JobNumerics
 from training.engine.optim import OptimSettings
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import derive_seed, generator, seeded_global_rng
-from training.mdl import pack_group
-from training.mdl.inputs import BatchErasure
-from training.mdl.splits import MdlSplit, make_split, model_name
+from training.tasks.mdl import pack_group
+from training.tasks.mdl.inputs import BatchErasure
+from training.tasks.mdl.splits import MdlSplit, make_split, model_name
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
@@ -99,12 +99,12 @@ class Trainer:
         self.input_shape = tuple(int(s) for s in x.shape[1:])
         self.x = x  # the images as given (the pack group checks a later seed's models were trained on them)
         self.model_info: dict[str, Any] = {}
-        self.pack_room = 1  # how many jobs' models fit in memory at once (a pack group: training/mdl/pack_group.py)
+        self.pack_room = 1  # how many jobs' models fit in memory at once (a pack group: pack_group.py)
         self.model_room: int | None = None  # how many of its models fit at once (precheck.models_that_fit; None: all)
 
     def for_seed(self, cfg: JobConfig) -> Trainer:
         """This job's trainer for another seed of its configuration, on the same data (one copy on the device): a
-        pack group's companion (training/mdl/pack_group.py), with no checkpoint of its own."""
+        pack group's companion (training/tasks/mdl/pack_group.py), with no checkpoint of its own."""
         sibling = Trainer(cfg, self.x, self.y, self.num_classes, split_of(cfg.mdl, cfg.seed, len(self.y)), self.device,
                           data=self.data, numerics=self.numerics, pack=self.pack)
         # eraser.after_augment: the same unerased images and the same batch eraser (one object: one group's members
@@ -168,7 +168,7 @@ class Trainer:
         bitwise with the loop engine on CPU (the default there); the stacked engine, and any engine on a GPU, within
         its tolerance (tests/test_vectorized.py). In a pack (hydra/launcher=packed)
         the models an earlier seed's group trained for this job are taken from there, and this job's group may
-        train the pack's later seeds' models too (training/mdl/pack_group.py)."""
+        train the pack's later seeds' models too (training/tasks/mdl/pack_group.py)."""
         rest = pack_group.take_trained(self, jobs, on_finish)
         if len(rest) < len(jobs):
             self._train_many([jobs[k] for k in rest], lambda k, model, res: on_finish(rest[k], model, res), False)

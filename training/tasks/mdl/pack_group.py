@@ -18,7 +18,7 @@ jobs within the numerics contract's tolerance (training/engine/numerics.py), and
 records the group size (`models_together`).
 
 Later jobs that are done, or have progress of their own (an earlier attempt), train alone. The memory estimate says how
-many jobs' models fit at once (`room`, training/mdl/precheck.py `jobs_that_fit`): the group has that many jobs' worth
+many jobs' models fit at once (`room`, precheck.py `jobs_that_fit`): the group has that many jobs' worth
 of rows, and with more jobs than that their models wait in the group's queue, equal blocks of the jobs side by side
 (training/engine/lockstep_state.py `RowSchedule`): a row whose model stops takes the next one, so the rows stay full
 across the pack's jobs. If the group fails, the job's own unfinished models train again alone, so a
@@ -49,8 +49,8 @@ from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
 from training.engine.fit import FitResult, Member, TrainData, snapshot
 from training.engine.group import GroupOptions, fit_group
 from training.engine.numerics import JobNumerics
-from training.mdl.job_paths import JobPath
-from training.mdl.splits import model_name
+from training.tasks.mdl.job_paths import JobPath
+from training.tasks.mdl.splits import model_name
 
 log = logging.getLogger(__name__)
 FitJob = tuple[Tensor, object, "int | None"]  # (training rows, tag, eval_every_steps), as Trainer.train_many takes
@@ -58,7 +58,7 @@ OnFinish = Callable[[int, nn.Module, FitResult], None]
 
 
 class Trainer(Protocol):
-    """What a pack group reads of a job's trainer (training/mdl/trainer.py's `Trainer` has it; this module does not
+    """What a pack group reads of a job's trainer (trainer.py's `Trainer` has it; this module does not
     import it, the trainer imports this one)."""
 
     cfg: JobConfig

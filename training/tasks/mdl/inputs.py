@@ -16,7 +16,7 @@ from training.app.schema import DatasetConfig, EraserConfig, JobConfig, PathsCon
 from training.data import LoadedData
 from training.data.erase import BatchEraser, FitPlan, apply_eraser, apply_eraser_keeping_map
 from training.data.shared import Pack, erased_of, erasers_of
-from training.mdl.precheck import fit_plan, load_data, with_permuted_labels
+from training.tasks.mdl.precheck import fit_plan, load_data, with_permuted_labels
 
 log = logging.getLogger(__name__)
 

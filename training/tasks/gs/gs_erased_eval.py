@@ -1,5 +1,5 @@
 """task=gs_erased_eval: a μP model trained on original data (ERM or SD), evaluated on held-out data erased by
-`eraser` fitted on its training split (training/starvation/erased_eval.py)."""
+`eraser` fitted on its training split (training/tasks/gs/erased_eval.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from training.app.tasks import Collected
-from training.tasks._starvation import StarvationTask
+from training.tasks.gs.base import StarvationTask
 
 if TYPE_CHECKING:
     from training.app.lifecycle import Outcome
@@ -52,12 +52,12 @@ class ErasedEval(StarvationTask):
         return None
 
     def lifecycle(self) -> dict[str, Any]:
-        from training.mdl.precheck import data_fingerprint  # the data now, and (for a rerun) the data itself
+        from training.tasks.mdl.precheck import data_fingerprint  # the data now, and (for a rerun) the data itself
 
         return {**super().lifecycle(), "fingerprint": data_fingerprint}
 
     def implementation(self) -> ModuleType:
-        from training.starvation import erased_eval
+        from training.tasks.gs import erased_eval
 
         return erased_eval
 
@@ -77,7 +77,7 @@ class ErasedEval(StarvationTask):
     def rows(self, collected: Collected) -> dict[str, str]:
         if not collected.results:
             return {}
-        from training.analysis.aggregate_gs import erased_eval_table
+        from training.tasks.gs.aggregate_gs import erased_eval_table
 
         return {"gs_erased_eval": erased_eval_table(collected.as_written())}
 

@@ -1,46 +1,26 @@
-"""Tables and plots of the Gradient Starvation tasks (gs_two_moons, gs_colored_mnist, gs_erased_eval) and the
-ERM-vs-SD table of MDL jobs that ran with a regularizer (e.g. the gs_sd_erasure preset). Each task's `rows`
-(training/tasks/*.py) calls its functions; scripts/aggregate.py asks every task for its tables.
+"""Tables and plots of the Gradient Starvation tasks (gs_two_moons, gs_colored_mnist, gs_erased_eval). Each task's
+`rows` (training/tasks/gs/gs_*.py) calls its functions; scripts/aggregate.py asks every task for its tables. (The
+ERM-vs-SD table of MDL jobs that ran with a regularizer is the MDL task's: training/tasks/mdl/aggregate_mdl.py.)
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from training.analysis.tables import eraser_order, is_identity, md_table
-from training.app.result_codec import config_view  # noqa: E402
-from training.app.result_types import Result, at
-from training.mdl.result import MdlResult
-from training.starvation.common import method_of_stored  # noqa: E402
+from training.analysis.tables import grouped, md_table, mean_sd, method_of_stored
+from training.app.result_codec import config_view
+from training.app.result_types import at
 
 PAPER_CMNIST = {"ERM (paper, 60k MNIST)": (91.1, 23.7), "SD (paper, 60k MNIST)": (70.0, 68.4)}
 FIG3 = ("grayscale_digit", "colored_digit", "grayscale_blank", "colored_blank")
 
 
-def _stat(values: Iterable[float], scale: float = 1.0, digits: int = 1) -> str:
-    v = [scale * float(x) for x in values if x is not None and math.isfinite(float(x))]  # NaN/inf: no value
-    if not v:
-        return "–"
-    if len(v) == 1:
-        return f"{v[0]:.{digits}f}"
-    return f"{np.mean(v):.{digits}f} ± {np.std(v, ddof=1):.{digits}f}"
-
-
 def _method(r: dict[str, Any]) -> str:
     return method_of_stored(r["config"])  # from the config, so renaming methods needs no re-run
-
-
-def _group(results: list[dict[str, Any]], key: Callable[[dict[str, Any]], tuple]) -> dict[tuple, list[dict[str, Any]]]:
-    out: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for r in results:
-        out[key(r)].append(r)
-    return dict(sorted(out.items(), key=lambda kv: tuple(str(k) for k in kv[0])))
 
 
 def _get(r: dict[str, Any], *path: str) -> Any:
@@ -51,12 +31,12 @@ def _get(r: dict[str, Any], *path: str) -> Any:
 
 def _col(rs: list[dict[str, Any]], *path: str, s: float = 1.0, d: int = 1) -> str:
     """mean ± std over the runs `rs` of the value at `path`, times s, with d decimals."""
-    return _stat((_get(r, *path) for r in rs), s, d)
+    return mean_sd((_get(r, *path) for r in rs), s, d)
 
 
 def two_moons_table(results: list[dict[str, Any]]) -> str:
     rows = []
-    for (margin, method), rs in _group(results, lambda r: (r["config"]["dataset"]["margin"], _method(r))).items():
+    for (margin, method), rs in grouped(results, lambda r: (r["config"]["dataset"]["margin"], _method(r))).items():
         rows.append([f"{margin:+g}", method, str(len(rs)), _col(rs, "train", "acc", s=100),
                      _col(rs, "test", "acc", s=100), _col(rs, "geometry", "min_margin", d=3),
                      _col(rs, "geometry", "mean_margin", d=3), _col(rs, "geometry", "boundary_turning", d=2),
@@ -67,7 +47,7 @@ def two_moons_table(results: list[dict[str, Any]]) -> str:
 
 def colored_mnist_tables(results: list[dict[str, Any]]) -> dict[str, str]:
     rows, fig3 = [], []
-    for (method,), rs in _group(results, lambda r: (_method(r),)).items():
+    for (method,), rs in grouped(results, lambda r: (_method(r),)).items():
         rows.append([method, str(len(rs)), _col(rs, "train", "acc", s=100), _col(rs, "test", "acc", s=100),
                      _col(rs, "environments", "train1", "acc", s=100),
                      _col(rs, "environments", "train2", "acc", s=100)])
@@ -81,12 +61,12 @@ def colored_mnist_tables(results: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def erased_eval_table(results: list[dict[str, Any]]) -> str:
-    def key(r: dict[str, Any]) -> tuple:
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
         c = config_view(r["config"])
         return c["dataset.tag"], c["eraser.name"], c["arch.tag"], _method(r)
 
     rows = []
-    for (ds, eraser, arch, method), rs in _group(results, key).items():
+    for (ds, eraser, arch, method), rs in grouped(results, key).items():
         rows.append([ds, arch, eraser, method, str(len(rs)), _col(rs, "eval", "test", "acc", s=100),
                      _col(rs, "eval", "test_erased", "acc", s=100),
                      _col(rs, "gap_erased_minus_original", "acc", s=100),
@@ -97,38 +77,6 @@ def erased_eval_table(results: list[dict[str, Any]]) -> str:
                       "test CE bits (T-cal.)", "erased CE bits (T-cal.)", "CE gap"], rows)
 
 
-def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
-    """MDL (bits/sample) per eraser, ERM vs SD, and the erased-minus-control gap per seed."""
-    def cell(r: dict[str, Any]) -> tuple:
-        c = config_view(r["config"])
-        return (c["dataset.tag"], c["arch.tag"], c["arch.width"], c["arch.depth"], _method(r),
-                c["mdl.calibrate_temperature"])
-
-    rows = []
-    for (ds, arch, w, d, method, cal), rs in _group(results, cell).items():
-        by: defaultdict[str, dict[int, float]] = defaultdict(dict)
-        for r in rs:
-            by[r["config"]["eraser"]["name"]][r["config"]["seed"]] = r["mdl"]["bits_per_sample"]
-        control = next((by[e] for e in by if is_identity(e)), {})
-        for eraser in eraser_order(e for e in by if not is_identity(e)):
-            gaps = [v - control[s] for s, v in by[eraser].items() if s in control]
-            seeds = sum(isinstance(v, int | float) and math.isfinite(v) for v in by[eraser].values())
-            rows.append([ds, f"{arch}-w{w}-d{d}", method, "yes" if cal else "no", eraser, str(seeds),
-                         _stat(control.values(), digits=4), _stat(by[eraser].values(), digits=4),
-                         _stat(gaps, digits=4)])
-    return md_table(["dataset", "arch", "method", "T-calibrated", "eraser", "seeds", "MDL control (bits/sample)",
-                      "MDL erased (bits/sample)", "gap (paired by seed)"], rows)
-
-
-def is_regularized_mdl(r: Result) -> bool:
-    """An MDL result with an mdl section, of a GS preset or with a regularizer."""
-    if not isinstance(r, MdlResult) or r.config is None or r.mdl is None:
-        return False
-    c = config_view(r.config)
-    regularized = "regularizer.name" in c and c["regularizer.name"] != "none"
-    return bool(c) and (str(c["experiment_name"] or "").startswith("gs_") or regularized)
-
-
 def two_moons_boundaries(results: list[dict[str, Any]], path: Path) -> Path | None:
     """The mean decision boundary per (data margin, method), one panel each, in `path` (None: no boundary files)."""
     import matplotlib
@@ -137,7 +85,7 @@ def two_moons_boundaries(results: list[dict[str, Any]], path: Path) -> Path | No
     import matplotlib.pyplot as plt
 
     panels = []
-    for (margin, method), rs in _group(results, lambda r: (-r["config"]["dataset"]["margin"], _method(r))).items():
+    for (margin, method), rs in grouped(results, lambda r: (-r["config"]["dataset"]["margin"], _method(r))).items():
         files = [(r, at(r, "files", "boundary")) for r in rs]  # result.json `files`: a run's own files (optional)
         pairs = [(r, np.load(Path(r["job_dir"]) / f)) for r, f in files
                  if f is not None and (Path(r["job_dir"]) / f).exists()]
@@ -174,7 +122,7 @@ def cmnist_curves(results: list[dict[str, Any]], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = _group([r for r in results if at(r, "curve")], lambda r: (_method(r),))
+    groups = grouped([r for r in results if at(r, "curve")], lambda r: (_method(r),))
     if not groups:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))

@@ -35,8 +35,8 @@ from training.engine.devices import available_memory
 from training.engine.group import check_options, module_refusal, resolve_engine
 from training.engine.seeding import generator
 from training.errors import Refused
-from training.mdl.code import MIN_BLOCK_SAMPLES, most_blocks
-from training.mdl.splits import validation_size
+from training.tasks.mdl.code import MIN_BLOCK_SAMPLES, most_blocks
+from training.tasks.mdl.splits import validation_size
 
 log = logging.getLogger(__name__)
 GiB = 2**30
@@ -201,7 +201,7 @@ def check_input(dataset: DatasetConfig, eraser: str, arch: ArchConfig, data: Loa
 
 
 def check_blocks(m: MdlConfig, fit_on: str, name: str, n: int, n_coded: int) -> None:
-    """`mdl.num_blocks` must leave at least 2 samples a block (training/mdl/code.py `most_blocks`)."""
+    """`mdl.num_blocks` must leave at least 2 samples a block (training/tasks/mdl/code.py `most_blocks`)."""
     n_val = validation_size(n_coded, m.val_size, m.val_frac)
     rest = n_coded - n_val
     if m.num_blocks <= most_blocks(rest):
@@ -378,7 +378,7 @@ def models_that_fit(cfg: JobConfig, data: LoadedData, device: torch.device) -> i
 
 
 def jobs_that_fit(cfg: JobConfig, data: LoadedData, device: torch.device) -> int:
-    """How many jobs of this configuration (seeds of a pack: training/mdl/pack_group.py) can train their models at
+    """How many jobs of this configuration (seeds of a pack: training/tasks/mdl/pack_group.py) can train their models at
     once on one copy of `data` (the coded rows) in the memory the device has free: the memory estimate of a pack
     group. Without a figure (or with the check off) as many as there are."""
     free = memory_free(device)

@@ -11,17 +11,6 @@ from typing import Any
 
 import pandas as pd
 
-from training.analysis.aggregate_collect import (
-    CELL,
-    CERT,
-    PROBE_NUMBERS,
-    REPORT,
-    ROW_KEY,
-    SPLIT_MODES,
-    UNKNOWN_COMMIT,
-    UNKNOWN_DIRTY,
-    as_number,
-)
 from training.analysis.aggregate_rows import ProbeRow
 from training.analysis.tables import (
     ARTEFACT_Z,
@@ -36,6 +25,17 @@ from training.analysis.tables import (
     null_bias,
     null_mismatch,
     seed_means,
+)
+from training.tasks.mdl.aggregate_collect import (
+    CELL,
+    CERT,
+    PROBE_NUMBERS,
+    REPORT,
+    ROW_KEY,
+    SPLIT_MODES,
+    UNKNOWN_COMMIT,
+    UNKNOWN_DIRTY,
+    as_number,
 )
 
 METRICS = ["bits_per_sample", "legacy", "final_val_loss"]

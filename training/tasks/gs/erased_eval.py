@@ -2,11 +2,11 @@
 
 Split the dataset (seeded, after the labels are permuted for a null): held-out test (`gs.test_frac`), validation
 (MDL's val_size/val_frac, early stopping only) and training. The eraser is fitted on the training split only,
-through MDL's erasure path (`training.mdl.inputs.erase_maybe_zscored`, the erased-data cache): in sample on the training
+through MDL's erasure path (tasks/mdl/inputs.py `erase_maybe_zscored`, the erased-data cache): in sample on the training
 rows, out of sample (MDL's holdout options) on the test rows. The μP model of `arch` is trained on the ORIGINAL
 training data with `regularizer` (ERM: none or λ=0; SD), then evaluated on original and erased test (and training)
 data. Cross-entropy is reported raw and with one temperature fitted on the original validation set (SD's logits are
-small by design; the temperature makes codes comparable). training/tasks/gs_erased_eval.py declares the task.
+small by design; the temperature makes codes comparable). training/tasks/gs/gs_erased_eval.py declares the task.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from training.engine.batches import DeviceData
 from training.engine.fit import Member, TrainData, cross_entropy_sum, fit, fit_temperature, predict_logits
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
-from training.mdl.inputs import erase_maybe_zscored
-from training.mdl.precheck import load_data, with_permuted_labels
-from training.mdl.trainer import fit_config, resolve_optim
-from training.starvation.common import method_name
+from training.tasks.gs.common import method_name
+from training.tasks.gs.result import StarvationSections
+from training.tasks.mdl.inputs import erase_maybe_zscored
+from training.tasks.mdl.precheck import load_data, with_permuted_labels
+from training.tasks.mdl.trainer import fit_config, resolve_optim
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
@@ -67,8 +68,8 @@ class Prepared:
 
 
 def prepare(job: JobRun) -> Prepared:
-    cfg = job.cfg  # dataset.zscore, eraser.fit_on and eraser=gradient are refused (training/tasks/gs_erased_eval.py)
-    gs = cfg.task_options  # training/tasks/gs_erased_eval.py ErasedEvalOptions
+    cfg = job.cfg  # dataset.zscore, eraser.fit_on and eraser=gradient are refused (training/tasks/gs/gs_erased_eval.py)
+    gs = cfg.task_options  # training/tasks/gs/gs_erased_eval.py ErasedEvalOptions
     data = load_data(cfg.dataset, cfg.paths.data_dir, job.loaded, job.pack)
     data = with_permuted_labels(data, cfg.dataset.permute_labels, cfg.seed)  # the null: before the split
     idx = split(len(data.y), cfg.seed, gs.test_frac, cfg.mdl.val_size, cfg.mdl.val_frac)
@@ -81,7 +82,7 @@ def prepare(job: JobRun) -> Prepared:
     return Prepared(job, data, idx, erased, info)
 
 
-def run(prepared: Prepared) -> dict[str, Any]:
+def run(prepared: Prepared) -> StarvationSections:
     from models import build_with_facts
 
     job, data, idx = prepared.job, prepared.data, prepared.idx
@@ -114,11 +115,12 @@ def run(prepared: Prepared) -> dict[str, Any]:
              data.name, out["test"]["acc"], out["test_erased"]["acc"], gaps["acc"], out["test"]["ce_bits_calibrated"],
              out["test_erased"]["ce_bits_calibrated"])
     erasure = prepared.erasure
-    return {"method": method_name(cfg), "eval": out, "gap_erased_minus_original": gaps, "temperature": t,
-            "fit": {"best_val_loss": res.best_val_loss, "best_epoch": res.best_epoch, "epochs": res.epochs,
-                    "steps": res.steps},
-            "split_sizes": {p: len(i) for p, i in idx.items()},
-            "eraser": {"name": name, "report": erasure["train"]["report"],
-                       "cache_hit": {p: erasure[p]["cache_hit"] for p in erasure},
-                       "test_options": erasure["test"]["options"]},
-            "optim": dataclasses.asdict(optim), "model": facts, "dataset": data.info}
+    return StarvationSections.read({
+        "method": method_name(cfg), "eval": out, "gap_erased_minus_original": gaps, "temperature": t,
+        "fit": {"best_val_loss": res.best_val_loss, "best_epoch": res.best_epoch, "epochs": res.epochs,
+                "steps": res.steps},
+        "split_sizes": {p: len(i) for p, i in idx.items()},
+        "eraser": {"name": name, "report": erasure["train"]["report"],
+                   "cache_hit": {p: erasure[p]["cache_hit"] for p in erasure},
+                   "test_options": erasure["test"]["options"]},
+        "optim": dataclasses.asdict(optim), "model": facts, "dataset": data.info})

@@ -12,8 +12,8 @@ import logging
 import math
 
 from training.app.schema import MdlConfig, OptimConfig
-from training.mdl.code import most_blocks, partition_logspace
-from training.mdl.splits import validation_size
+from training.tasks.mdl.code import most_blocks, partition_logspace
+from training.tasks.mdl.splits import validation_size
 
 log = logging.getLogger(__name__)
 STOP_KEYS = ("mdl.max_epochs", "mdl.min_steps", "mdl.stop_after_warmup", "optim.warmup_steps", "optim.batch_size")

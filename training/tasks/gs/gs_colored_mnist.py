@@ -1,5 +1,5 @@
 """task=gs_colored_mnist: the paper's Table 2 / Fig. 3, a 2×300 ReLU MLP trained full batch with Adam on Colored
-MNIST (training/starvation/colored_mnist.py)."""
+MNIST (training/tasks/gs/colored_mnist.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Literal
 
 from training.app.tasks import Collected
 from training.app.typed import NONNEG, POSITIVE, POSITIVE_NUMBER
-from training.tasks._starvation import NOT_AN_IMAGE_PIPELINE, StarvationTask
+from training.tasks.gs.base import NOT_AN_IMAGE_PIPELINE, StarvationTask
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,14 +33,14 @@ class ColoredMnist(StarvationTask):
     options = ColoredMnistOptions
 
     def implementation(self) -> ModuleType:
-        from training.starvation import colored_mnist
+        from training.tasks.gs import colored_mnist
 
         return colored_mnist
 
     def rows(self, collected: Collected) -> dict[str, str]:
         if not collected.results:
             return {}
-        from training.analysis.aggregate_gs import cmnist_curves, colored_mnist_tables
+        from training.tasks.gs.aggregate_gs import cmnist_curves, colored_mnist_tables
 
         written = collected.as_written()
         cmnist_curves(written, collected.out / "gs_colored_mnist_curves.png")

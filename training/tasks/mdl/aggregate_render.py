@@ -1,5 +1,5 @@
 """Write the aggregate's tables for scripts/aggregate.py: Markdown (one section per comparison group), CSV,
-LaTeX and the plots, and the tables of other tasks (training/analysis/aggregate_gs.py).
+LaTeX and the plots, and the tables of other tasks (training/tasks/gs/aggregate_gs.py).
 """
 
 
@@ -11,16 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from training.analysis.aggregate_collect import (
-    CAP_TAIL,
-    CELL,
-    CERT,
-    PAPER_RULE,
-    ROW_KEY,
-    UNKNOWN_COMMIT,
-)
 from training.analysis.aggregate_rows import MISSING_KEY, CellRow, JobRow
-from training.analysis.aggregate_summary import ARTEFACT, cell_name, increase_over_control
 from training.analysis.tables import (
     BUDGET_SHARE,
     INJECTION,
@@ -36,6 +27,15 @@ from training.analysis.tables import (
     md_table,
     require_one_group,
 )
+from training.tasks.mdl.aggregate_collect import (
+    CAP_TAIL,
+    CELL,
+    CERT,
+    PAPER_RULE,
+    ROW_KEY,
+    UNKNOWN_COMMIT,
+)
+from training.tasks.mdl.aggregate_summary import ARTEFACT, cell_name, increase_over_control
 
 LABEL_NAMES = {"dataset": "dataset", "arch": "arch", "width": "w", "depth": "d", "fit_on": "fit on",
                "variant": "variant"}  # the row label columns of a table (fit on, variant: only when they vary)

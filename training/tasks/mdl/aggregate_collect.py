@@ -29,10 +29,9 @@ from training.app.results import RESULT_FILE, SET_ASIDE, same_config
 from training.app.schema import JobConfig, OptionsSection, Section, config_hash
 from training.app.tasks import job_semantic, read_any, spec_of
 from training.common.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
-from training.common.sweeps import expand
 from training.data.eraser_config import FIT_DEFAULTS, REPEAT_KEY, legacy_fold
-from training.mdl.job_paths import JobPath
-from training.mdl.result import BlockRecord, Certificate, MdlRecord, MdlResult
+from training.tasks.mdl.job_paths import JobPath
+from training.tasks.mdl.result import BlockRecord, Certificate, MdlRecord, MdlResult
 
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
 # variant: eraser options that differ, if any). A cell's runs: its seeds × folds, and its null runs (`null`).
@@ -314,7 +313,7 @@ def _label_entropy(result: MdlResult, mdl: MdlRecord | None) -> tuple[float, str
         total = float(sum(counts))
         return -sum(c / total * math.log2(c / total) for c in counts if c > 0), "H(prior)"
     for side in ("after", "before"):
-        value = result.certificate.score("chance_loss_bits", side)
+        value = result.body.certificate.score("chance_loss_bits", side)
         if math.isfinite(value):
             return value, "H(prior)"
     k = mdl.num_classes if mdl is not None else None
@@ -352,7 +351,7 @@ def budget_columns(mdl: MdlRecord) -> dict[str, float]:
 
 def fit_columns(result: MdlResult, mdl: MdlRecord) -> dict[str, Any]:
     """result.json eraser.fit (INTERFACE.md): fit_source, n_fit, n_coded (mdl.n_coded where fit lacks it)."""
-    fit = result.erasure.fit
+    fit = result.body.erasure.fit
     n_coded = fit.n_coded if fit.n_coded is not None else mdl.n_coded
     return {"fit_source": fit.fit_source or "", "n_fit": math.nan if fit.n_fit is None else fit.n_fit,
             "n_coded": math.nan if n_coded is None else n_coded}
@@ -366,7 +365,7 @@ def _result_row(result: Result, job_dir: str) -> dict[str, Any]:
     row = {**_cell_from_config(dict(result.config), result.numerics_version), "job_dir": job_dir,
            "status": "done", "commit": commit_of(result), "data": data_of(result),
            "numerics": numerics_of(result)}
-    mdl = result.mdl
+    mdl = result.body.mdl
     if mdl is None:
         return {**row, "status": "incomplete", "error": "result.json has no mdl section"}
     bits, legacy = as_number(mdl.bits_per_sample), as_number(mdl.legacy)
@@ -376,19 +375,19 @@ def _result_row(result: Result, job_dir: str) -> dict[str, Any]:
         return {**row, "status": "failed", "error": f"non-finite MDL (bits_per_sample={bits}, legacy={legacy}): "
                                                       "not counted as a seed"}
     row.update(protocol=mdl.protocol or row["protocol"], bits_per_sample=bits, legacy=legacy)
-    final = result.final
+    final = result.body.final
     val_loss = final.val_loss_bits if final is not None else math.nan
     row["final_val_loss"] = math.nan if val_loss is None else val_loss
     for key in CERT:
-        row[key] = result.certificate.score(key)
-    row.update(_probe_columns(result.certificate))
+        row[key] = result.body.certificate.score(key)
+    row.update(_probe_columns(result.body.certificate))
     row["ref_bits"], row["ref_kind"] = _label_entropy(result, mdl)
     if result.dataset.permuted_labels:
         row["null"] = True  # a null run, whatever its config says
-    folds = result.erasure.fit.folds
+    folds = result.body.erasure.fit.folds
     row["folds_total"] = math.nan if folds is None else int(folds)
     for key in REPORT:
-        row[key] = result.erasure.report_number(key)
+        row[key] = result.body.erasure.report_number(key)
     row.update(budget_columns(mdl))
     row.update(fit_columns(result, mdl))
     row["curve"] = list(final.val_loss_curve) if final is not None else []
@@ -473,10 +472,10 @@ def _group_order(group: Any) -> tuple[Any, ...]:
                  for v in values))
 
 
-def collect_experiment(name: str, extra: list[str]) -> tuple[pd.DataFrame, list[Result]]:
-    """Exactly the jobs of a preset, in launch order; jobs without a matching result are listed as such. Groups
-    come from the preset's configs (a result counts only when its config hashes to its job's)."""
-    cfgs = expand(name, extra)
+def collect_experiment(cfgs: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[Result]]:
+    """Exactly the jobs of a preset (`cfgs`, its expanded configs: training/common/sweeps.py `expand`), in launch
+    order; jobs without a matching result are listed as such. Groups come from the preset's configs (a result counts
+    only when its config hashes to its job's)."""
     out_dirs = {Path(c["paths"]["out_dir"]) for c in cfgs}
     failed = failed_jobs([d / "runs" for d in out_dirs])
     rows: list[dict[str, Any]] = []

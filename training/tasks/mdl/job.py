@@ -27,13 +27,14 @@ from training.data.shared import Pack
 from training.engine.checkpoint import CheckpointStore
 from training.engine.fit import NONFINITE_HINT, FitResult
 from training.errors import NonFiniteError
-from training.mdl.code import paper_code, prequential_code
-from training.mdl.inputs import BatchErasure, prepare_inputs
-from training.mdl.precheck import data_fingerprint, jobs_that_fit, models_that_fit, precheck
-from training.mdl.splits import MdlSplit, model_name
-from training.mdl.stop_keys import say_stop_keys
-from training.mdl.trainer import LN2, Trainer, model_jobs, split_of
-from training.mdl.wandb_logger import RunLogger
+from training.tasks.mdl.code import paper_code, prequential_code
+from training.tasks.mdl.inputs import BatchErasure, prepare_inputs
+from training.tasks.mdl.precheck import data_fingerprint, jobs_that_fit, models_that_fit, precheck
+from training.tasks.mdl.result import MdlSections
+from training.tasks.mdl.splits import MdlSplit, model_name
+from training.tasks.mdl.stop_keys import say_stop_keys
+from training.tasks.mdl.trainer import LN2, Trainer, model_jobs, split_of
+from training.tasks.mdl.wandb_logger import RunLogger
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def _describe(result: dict[str, Any]) -> str:
     return f"{mdl['bits_per_sample']:.4f} bits/sample ({mdl['protocol']}), legacy {mdl['legacy']:.4f}"
 
 
-# run_in_job_dir's hooks of an MDL job (training/tasks/mdl.py declares the task)
+# run_in_job_dir's hooks of an MDL job (training/tasks/mdl/__init__.py declares the task)
 LIFECYCLE: dict[str, Any] = {"precheck": precheck, "describe": _describe, "finite": ("mdl", "final"),
                              "complete": ("mdl",), "fingerprint": data_fingerprint}
 
@@ -158,7 +159,7 @@ LIFECYCLE: dict[str, Any] = {"precheck": precheck, "describe": _describe, "finit
 def run_job(config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> Outcome:
     """One MDL job in the one lifecycle: `run(prepare(job))`; `pack`: what it shares with the other jobs of its pack
     (training/data/shared.py), None alone (scripts and tests; the command line runs the task the config names,
-    training/tasks/mdl.py, which runs the same)."""
+    training/tasks/mdl/__init__.py, which runs the same)."""
     return run_in_job_dir(load_config(config, spec_of("mdl"), own_groups()), lambda job: run(prepare(job)), pack=pack,
                           **LIFECYCLE)
 
@@ -185,8 +186,8 @@ def prepare(job: JobRun) -> Prepared:
     return Prepared(job, data, x, erasure_info, batches, split_of(cfg.mdl, cfg.seed, len(data.y)), started)
 
 
-def run(prepared: Prepared) -> dict[str, Any]:
-    """The block models, the code, the full-data run: result.json's fields."""
+def run(prepared: Prepared) -> MdlSections:
+    """The block models, the code, the full-data run: result.json's sections (the stages' seconds in `timings`)."""
     job, data, split, erasure_info = prepared.job, prepared.data, prepared.split, prepared.erasure
     cfg = job.cfg
     logger = RunLogger(cfg.logger, cfg.to_dict(), job.path, run_id=f"{job.cfg_hash}-s{cfg.seed}",
@@ -200,7 +201,7 @@ def run(prepared: Prepared) -> dict[str, Any]:
         trainer = Trainer(cfg, prepared.x, data.y, data.num_classes, split, job.device, batches=prepared.batches,
                           checkpoint=checkpoint, numerics=job.numerics, pack=job.pack)
         trainer.model_room = models_that_fit(cfg, data, job.device)  # training.parallel_models=auto: as many as fit
-        if job.pack is not None:  # the memory estimate of a pack group (training/mdl/pack_group.py)
+        if job.pack is not None:  # the memory estimate of a pack group (training/tasks/mdl/pack_group.py)
             trainer.pack_room = jobs_that_fit(cfg, data, job.device)
         log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", job.path, data.name,
                  len(data.y), len(split.val_idx), split.block_sizes, trainer.optim.lr, job.device)
@@ -211,7 +212,7 @@ def run(prepared: Prepared) -> dict[str, Any]:
         t_end = time.perf_counter()
         checkpoint.clear()  # a group deletes its own; this drops stale ones (another split, a corrupt file)
         logger.summary({"mdl/bits_per_sample": mdl["bits_per_sample"], "mdl/legacy": mdl["legacy"]})
-        return {
+        sections = MdlSections.read({
             "dataset": data.info,
             "eraser": erasure_info,
             "model": trainer.model_info,
@@ -219,8 +220,9 @@ def run(prepared: Prepared) -> dict[str, Any]:
             "mdl": mdl,
             "final": final,
             "certificate": erasure_info.pop("certificate", None),
-            "timings": {"erase_s": erasure_info["seconds"], "mdl_s": t_full - t_mdl,
-                        "full_run_s": t_end - t_full, "before_mdl_s": t_mdl - prepared.started},
-        }
+        })
+        job.timings.update(erase_s=erasure_info["seconds"], mdl_s=t_full - t_mdl, full_run_s=t_end - t_full,
+                           before_mdl_s=t_mdl - prepared.started)
+        return sections
     finally:
         logger.finish()

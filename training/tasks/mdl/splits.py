@@ -8,7 +8,7 @@ import torch
 
 from training.app.schema import ConfigError
 from training.engine.seeding import generator
-from training.mdl.code import MIN_BLOCK_SAMPLES, cumulative, most_blocks, partition_logspace
+from training.tasks.mdl.code import MIN_BLOCK_SAMPLES, cumulative, most_blocks, partition_logspace
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """task=gs_two_moons: the paper's Fig. 1, a 2-layer ReLU net trained full batch with SGD + momentum
-(training/starvation/moons.py)."""
+(training/tasks/gs/moons.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Literal
 
 from training.app.tasks import Collected
 from training.app.typed import NONNEG, POSITIVE, POSITIVE_NUMBER
-from training.tasks._starvation import NOT_AN_IMAGE_PIPELINE, StarvationTask
+from training.tasks.gs.base import NOT_AN_IMAGE_PIPELINE, StarvationTask
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,14 +41,14 @@ class TwoMoons(StarvationTask):
     options = TwoMoonsOptions
 
     def implementation(self) -> ModuleType:
-        from training.starvation import moons
+        from training.tasks.gs import moons
 
         return moons
 
     def rows(self, collected: Collected) -> dict[str, str]:
         if not collected.results:
             return {}
-        from training.analysis.aggregate_gs import two_moons_boundaries, two_moons_table
+        from training.tasks.gs.aggregate_gs import two_moons_boundaries, two_moons_table
 
         written = collected.as_written()
         two_moons_boundaries(written, collected.out / "gs_two_moons_boundaries.png")

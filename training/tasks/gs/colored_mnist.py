@@ -1,4 +1,4 @@
-"""task=gs_colored_mnist (declared in training/tasks/gs_colored_mnist.py): the paper's Table 2 / Fig. 3 — a 2×300 ReLU
+"""task=gs_colored_mnist (declared in gs_colored_mnist.py): the paper's Table 2 / Fig. 3 — a 2×300 ReLU
 MLP trained full batch with Adam on the pooled training environments of Colored MNIST; one logit (logistic loss), as the
 official code.
 
@@ -19,7 +19,8 @@ from training.app.lifecycle import JobRun
 from training.data.colored_mnist import Environment, colored_mnist, fig3_variants, pooled
 from training.engine.regularizers import build_regularizer, task_loss
 from training.engine.seeding import seeded_global_rng
-from training.starvation.common import method_name, paper_mlp
+from training.tasks.gs.common import method_name, paper_mlp
+from training.tasks.gs.result import StarvationSections
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +46,10 @@ def prepare(job: JobRun) -> Environments:
     return Environments(job, colored_mnist(job.cfg.dataset))
 
 
-def run(prepared: Environments) -> dict[str, Any]:
+def run(prepared: Environments) -> StarvationSections:
     job, envs = prepared.job, prepared.envs
     cfg, device = job.cfg, job.device
-    gs = cfg.task_options  # training/tasks/gs_colored_mnist.py ColoredMnistOptions
+    gs = cfg.task_options  # training/tasks/gs/gs_colored_mnist.py ColoredMnistOptions
     seed = cfg.seed
     x, y = (t.to(device) for t in pooled(envs))
     test = envs["test"]
@@ -72,7 +73,7 @@ def run(prepared: Environments) -> dict[str, Any]:
             curve.append({"step": step, "train_acc": tr["acc"], "train_loss": tr["loss"], "test_acc": te["acc"],
                           "test_loss": te["loss"], "objective": loss.item()})
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        torch.autograd.backward(loss)
         opt.step()
     net.eval()
     source = cfg.dataset.options.source
@@ -84,4 +85,4 @@ def run(prepared: Environments) -> dict[str, Any]:
            "curve": curve}
     log.info("seed %d: train acc %.3f, test acc %.3f; fig3 %s", seed, out["train"]["acc"], out["test"]["acc"],
              {k: round(v["acc"], 3) for k, v in out["fig3"].items()})
-    return out
+    return StarvationSections.read(out)

@@ -1,1 +1,0 @@
-"""Prequential MDL: pure code-length arithmetic (`code`), nested splits (`splits`), the MDL job (`job`)."""

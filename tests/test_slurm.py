@@ -34,8 +34,8 @@ PACKED_SLURM = ("hydra/launcher=packed", "hydra.launcher.inner=slurm", *(
     f"++hydra.launcher.inner_options.{o.split('.', 2)[2]}" for o in SLURM[1:]))  # each pack one job of SLURM's
 ONE_JOB = ("eraser=control", "seed=0", "mdl.full_run=false")
 FAILING_SWEEP = ("eraser=control", "seed=0", "dataset=cifar10,digits", "++dataset.download=false")
-# Under `make test-slurm` (xdist --dist loadgroup) the slurm tests run in two groups, each on its own worker with its own
-# cluster (tests/conftest.py puts the others in "slurm"): the two time-limit tests, which wait on the scheduler for
+# Under `make test-slurm` (xdist --dist loadgroup) the slurm tests run in two groups, each on its own worker with its
+# own cluster (tests/conftest.py puts the others in "slurm"): the two time-limit tests, which wait on the scheduler for
 # minutes, side by side; groups with more tests are handed out first, so both start with the suite.
 SECOND_CLUSTER = pytest.mark.xdist_group("slurm_second_cluster")
 LONG_TRAINING_S = 70  # the time-limit job's block models, one after another: over its 1-min limit with a margin
@@ -219,7 +219,8 @@ def test_time_limit_signals_requeues_and_resumes_after_the_last_finished_block(s
     reference = _start(tmp_path / "local", tmp_path / "local.log", *job)
     out = tmp_path / "slurm"
     rc, text = _run(out, *job, "training.parallel_models=1", *SLURM, "hydra.launcher.timeout_min=1",
-                    "hydra.launcher.signal_delay_s=1", f"hydra.launcher.max_num_timeout={MAX_REQUEUES}", timeout=LOADED_WAIT_S)
+                    "hydra.launcher.signal_delay_s=1", f"hydra.launcher.max_num_timeout={MAX_REQUEUES}",
+                    timeout=LOADED_WAIT_S)
     assert rc == 0, text[-3000:]
     assert "multirun: 1/1 jobs ran: 1 done, 0 skipped, 0 failed" in text, text[-3000:]
     (task,) = _slurm_jobs(out)

@@ -124,10 +124,9 @@ def test_a_job_trains_at_most_the_rows_that_fit(tmp_path: Path, monkeypatch: pyt
     others waiting for a row; the numbers are those of one at a time."""
     import training.tasks.mdl.job as job_module
     from tests.helpers import TINY, job_config
+    from training.engine.group import fit_group as real
     from training.tasks.mdl import trainer as trainer_module
     from training.tasks.mdl.job import run_job
-
-    from training.engine.group import fit_group as real
 
     rows: list[int | None] = []
 

@@ -46,3 +46,24 @@ def test_no_mark_where_every_seed_has_one_signature(tmp_path: Path) -> None:
         _signed(root, _cfg("control", seed), 1.0 + 0.1 * seed, H100)
     rc, md = _run(root, tmp_path)
     assert rc == 0 and "§" not in md and "| 1.100 ± 0.100 |" in md
+
+
+def test_cpu_seeds_alone_and_in_a_loop_group_are_one_signature_but_stacked_and_gpu_groups_are_not(
+        tmp_path: Path) -> None:
+    """The contract: on CPU the loop engine and fit() are bitwise alone or in a group of any size (a ConvNeXt job
+    trained one model at a time before its models grouped on the loop engine). The stacked engine on CPU, and any
+    group size on a GPU, still mark the cell."""
+    alone = {**CPU, "engine": "fit", "models_together": 1}
+    stacked = {**CPU, "engine": "stacked"}
+    gpu_alone = {**H100, "engine": "fit", "models_together": 1}
+    gpu_loop = {**H100, "engine": "loop", "models_together": 10}
+    cells = {"control": (alone, CPU, {**CPU, "engine": "fit+loop"}), "leace": (alone, CPU, stacked),
+             "qleace": (gpu_alone, gpu_loop, gpu_loop)}
+    root = tmp_path / "runs"
+    for eraser, sigs in cells.items():
+        for seed, sig in enumerate(sigs):
+            _signed(root, _cfg(eraser, seed), 1.0 + 0.1 * seed, sig)
+    rc, md = _run(root, tmp_path)
+    assert rc == 0
+    marked = [ln for ln in md.splitlines() if ln.startswith("§ ")]
+    assert [ln.split(" d2 ")[1].split(":")[0] for ln in marked] == ["leace", "qleace"], md

@@ -285,12 +285,18 @@ def commit_of(result: Result) -> str:
 SIGNATURE = ("device_name", "torch", "cuda", "cudnn", "precision", "engine", "models_together", "deterministic")
 
 
+BITWISE_ON_CPU = {"fit", "loop"}  # the numerics contract: bitwise on CPU, alone or in a group of any size
+
+
 def numerics_of(result: Result) -> str | None:
     """The numerics signature a result records (`provenance.numerics`, training/engine/numerics.py) as one text,
-    or None for a result written before it (not compared)."""
+    or None for a result written before it (not compared). On CPU the loop engine and `fit()` give the same bits
+    whatever the group size, so there they read as one engine ("fit|loop", models_together "any")."""
     sig = result.provenance.raw.get("numerics") if result.provenance is not None else None
     if not isinstance(sig, Mapping):
         return None
+    if sig.get("cuda") is None and set(str(sig.get("engine")).split("+")) <= BITWISE_ON_CPU:
+        sig = {**sig, "engine": "fit|loop", "models_together": "any"}
     return " ".join(f"{k}={sig.get(k)}" for k in SIGNATURE)
 
 

@@ -4,15 +4,12 @@ task's body, write result.json last, clear the progress file.
     def run_job(config):                     # Task.__call__ (training/app/tasks.py) does this for every task
         return run_in_job_dir(load_config(config, spec), body)  # body(run: JobRun) -> the task's typed Sections
 
-It returns an `Outcome`: done (computed now), skipped (the directory held this configuration's result), reused
-(the same configuration finished in its pre-v2 directory) or failed (the ledger's record of an error), with the
-result. What a precheck loaded reaches the body as `JobRun.loaded`: nothing travels through module state.
+It returns an `Outcome`: done (computed now), skipped (this configuration's result was there), reused (found in
+its pre-v2 directory) or failed (the ledger's record of an error). A precheck's data reaches the body as `loaded`.
 
-The MDL jobs and the Gradient Starvation jobs share it, so a fix here (a lock, a resume rule, what a result must
-hold) reaches both. Every result records its `provenance` (code commit, versions, device, host, start and end:
-training/common/provenance.py); a result whose task-declared sections (`finite=`, MDL: mdl and final) hold a NaN or
-infinity is never written (NonFiniteError, one line). One-line errors and the multirun ledger sit above it
-(training/run.py, ledger.py): they see the same exceptions and results whatever the task.
+Every task shares it, so a fix here (a lock, a resume rule, what a result must hold) reaches all. Every result
+records its `provenance` (training/common/provenance.py); one whose `finite=` sections hold a NaN or infinity is
+never written (NonFiniteError, one line). One-line errors and the multirun ledger sit above it.
 """
 
 from __future__ import annotations
@@ -199,20 +196,17 @@ def check_finite(result: Result, sections: tuple[str, ...], job_path: Path) -> N
                                  "nothing was written as a result")
 
 
-def run_in_job_dir(cfg: JobConfig, body: Body,
-                   precheck: Precheck | None = None,
-                   describe: Callable[[dict[str, Any]], str] | None = None,
-                   finite: tuple[str, ...] = (), complete: tuple[str, ...] = (),
-                   fingerprint: Fingerprint | None = None, pack: Pack | None = None) -> Outcome:
-    """Run `body`, the job of `cfg` (loaded by `load_config` with its task's spec), in the job's directory under its
-    lock and return its Outcome: done with the new result, or skipped/reused with an earlier run's result of this
-    configuration. `precheck` refuses bad runtime options before anything is made and returns what it loaded, for the
-    body (`JobRun.loaded`). `finite`: the
-    result's sections whose every number must be finite (else NonFiniteError and no result); every result gets
-    `provenance` (training/common/provenance.py). An earlier result is not reused (one line says why) when it lacks a
-    `complete` section or its `dataset.fingerprint` differs from `fingerprint(cfg)`, the data now (which the body
-    then gets, as it gets a precheck's). `pack`: what the job shares with the other jobs of its pack (the packed
-    launcher's, training/data/shared.py), handed to the hooks and the body; None for a lone job."""
+def run_in_job_dir(cfg: JobConfig, body: Body, precheck: Precheck | None = None,
+                   describe: Callable[[dict[str, Any]], str] | None = None, finite: tuple[str, ...] = (),
+                   complete: tuple[str, ...] = (), fingerprint: Fingerprint | None = None,
+                   pack: Pack | None = None) -> Outcome:
+    """Run `body`, the job of `cfg` (loaded with its task's spec), in its directory under its lock; its Outcome: done
+    with the new result, or skipped/reused with an earlier result of this configuration. `precheck` refuses bad
+    runtime options before anything is made and returns what it loaded (`JobRun.loaded`). `finite`: the sections
+    whose every number must be finite (else NonFiniteError, no result); every result gets `provenance`. An earlier
+    result is not reused (one line says why) when it lacks a `complete` section or its `dataset.fingerprint` differs
+    from `fingerprint(cfg)`, the data now (which the body then gets). `pack`: what the job shares with its pack's
+    other jobs (training/data/shared.py), handed to the hooks and the body; None for a lone job."""
     spec = cfg.task_spec
     job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), spec, cfg.force)
     device = resolve_device(cfg.device)

@@ -1,12 +1,8 @@
-"""What the core knows of a task: its frozen declaration, `TaskSpec` (name, the groups it reads, the keys it fixes, its
-own options, its result type, its numerics version, its refusal), and the discovery of the task modules of the
-package `training.tasks` (`TASKS`, filled on first use; training/app/tasks.py says how a task is declared).
-
-The bottom of training/app: the config check, the job hash, the result codec and the lifecycle are handed a task's
-`TaskSpec` as an argument and never look one up; a name becomes a spec once, at the edges (the command line, the
-ledger, the aggregate, the plan: `task_spec(name)` here, or training/app/tasks.py's `spec_of(config)`). Discovery is
-the one dynamic import of the harness: every package (or module) of `training.tasks` not named "_..."; its `TASK`
-(or `TASKS`, several: training/tasks/gs/) declares itself by its `spec`.
+"""What the core knows of a task: its frozen declaration, `TaskSpec` (name, groups read, keys fixed, own options,
+result type, numerics version, refusal), and the discovery of the task packages of `training.tasks` (`TASKS`,
+filled on first use; training/app/tasks.py says how a task is declared). The bottom of training/app: the config
+check, the job hash, the result codec and the lifecycle are handed a `TaskSpec` and never look one up; a name
+becomes a spec once, at the edges (command line, ledger, aggregate, plan: `task_spec(name)`, or `spec_of(config)`).
 """
 
 from __future__ import annotations

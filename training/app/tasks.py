@@ -1,18 +1,12 @@
 """What a job can do (`task=` in the config): a `Task`, declared once, in a package of `training.tasks` that owns
-the task: declaration (its __init__), code, typed result, tables (training/tasks/mdl/, training/tasks/gs/), in the
-repository or in any <dir>/training/tasks/ directory with <dir> on sys.path.
-
-The package defines `TASK`, an instance of a `Task` subclass (`TASKS`, a tuple: several), whose class attributes
-declare what the core needs: its `name`, the config groups it reads (`uses`, which the job hash covers), the hashed
-keys it does not read (`fixed`), and its own config group with its options dataclass (`group`, `options`). The core
-(the config check, the job hash `schema.semantic`) reads only these, as the task's `spec` (training/app/task_spec.py),
-so a declaration imports at its top level nothing of its code (its job, torch) but its result type: its methods
-import that when a job runs (tests/test_layers.py checks both).
-
-Discovery (`TASKS` in training/app/task_spec.py, filled on first use) is the one dynamic import of the harness:
-every module or package of `training.tasks` whose name does not start with "_". Adding a task is its package (+ a
-preset and a test); nothing else names it: the command line runs `get_task(cfg.task)(cfg)` and scripts/aggregate.py
-asks every task for its tables.
+its declaration (__init__), code, typed result and tables (training/tasks/mdl/, training/tasks/gs/), in the
+repository or in any <dir>/training/tasks/ with <dir> on sys.path. The package defines `TASK` (`TASKS`: several),
+whose class attributes are all the core reads (`spec`, training/app/task_spec.py): `name`, the groups it reads
+(`uses`, hashed), hashed keys it does not read (`fixed`), its own group and options dataclass (`group`, `options`).
+A declaration imports none of its code at its top level but its result type (tests/test_layers.py checks it).
+Discovery (training/app/task_spec.py) imports every module or package of `training.tasks` not starting with "_":
+adding a task is its package (+ a preset and a test); the command line runs `get_task(cfg.task)(cfg)` and
+scripts/aggregate.py asks every task for its tables.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@
   around `tolist`). Per step = (count of a run of 2S steps − count of a run of S steps) / S, both runs with one
   epoch and one validation: what validation, set-up and the epoch boundary cost cancels, what each step costs
   does not. `syncs_per_step` is the largest over the paths in `syncs_by_path` (one model's `fit()`, the loop and
-  stacked engines, with crop/flip augmentation, with per-batch QLEACE erasure `eraser.after_augment` and with
-  per-batch LEACE).
+  stacked engines, with crop/flip augmentation, with per-batch QLEACE erasure `eraser.after_augment`, with
+  per-batch LEACE, and LeNet with `training.channels_last=true`, "+cl").
   `uploads_by_path`: host-made tensors (`torch.tensor(...)`, `lift_fresh`) per step, which on a GPU are pageable
   host-to-device copies.
 - `ops_per_step` keyed by the number of models ("1", "64"): aten operations the stacked engine dispatches per
@@ -54,6 +54,7 @@ from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, Member, TrainData, fit
 from training.engine.group import GroupOptions, fit_group
 from training.engine.lockstep_state import replay
+from training.engine.numerics import JobNumerics
 from training.engine.seeding import generator, seeded_global_rng
 from training.tasks.mdl.job import run_job
 
@@ -154,14 +155,15 @@ def _eraser_transform(name: str, data: Any, y: torch.Tensor) -> Any:
 
 def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8, epochs: int = 1) -> None:
     """Train `models` models for `epochs` epochs of `steps` steps (batch `bs`) on `path`: fit | loop | stacked, with
-    "+augment" (crop/flip) and/or "+erase" (per-batch QLEACE) or "+linear" (per-batch LEACE)."""
+    "+augment" (crop/flip) and/or "+erase" (per-batch QLEACE) or "+linear" (per-batch LEACE), "+cl" (channels_last)."""
 
     kind, *extras = path.split("+")
     data, y, xv, yv = _data()
     eraser = next((ERASER_OF_PATH[e] for e in extras if e in ERASER_OF_PATH), None)
     transform = None if eraser is None else _eraser_transform(eraser, data, y)
     cfg = FitConfig(batch_size=bs, patience=5, max_epochs=epochs, augment="augment" in extras, eval_every_steps=None,
-                    progress=False, warmup_steps=0, min_steps=0, patience_min_steps=0, batch_transform=transform)
+                    progress=False, warmup_steps=0, min_steps=0, patience_min_steps=0, batch_transform=transform,
+                    numerics=JobNumerics(channels_last=True) if "cl" in extras else None)
     members = []
     for k in range(models):
         m, o = _model(arch, k)
@@ -198,7 +200,7 @@ def syncs_per_validation(paths: list[str], models: int = 3, steps: int = 4) -> d
 def syncs(paths: list[str], models: int = 3) -> tuple[dict[str, float], dict[str, float]]:
     out, up = {}, {}
     for path in paths:
-        arch = "lenet" if "augment" in path else "mlp"
+        arch = "lenet" if "augment" in path or path.endswith("+cl") else "mlp"
         out[path] = per_step(lambda s, p=path, a=arch: float(_dispatch_counts(p, models, s, a).syncs))  # type: ignore[misc]
         up[path] = per_step(lambda s, p=path, a=arch: float(_dispatch_counts(p, models, s, a).uploads))  # type: ignore[misc]
     return out, up
@@ -293,7 +295,7 @@ def demo_steps(cells: list[str], out_dir: Path) -> tuple[list[list[int]], list[l
 
 
 PATHS = ["fit", "loop", "stacked", "fit+augment", "loop+augment", "stacked+augment", "fit+erase", "loop+erase",
-         "stacked+erase", "fit+linear"]
+         "stacked+erase", "fit+linear", "fit+augment+cl", "loop+augment+cl"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -155,6 +155,8 @@ def step_throughput(ctx: Context) -> str:
     if bad:
         raise StepError(f"throughput {bad[0]}: {res[bad[0]]['error']}")
     return ", ".join(f"{a} one model (fit) {r['train_sps']:.0f}/s" + (
+        f" (channels_last off {r['train_sps_channels_last_off']:.0f}/s)" if "train_sps_channels_last_off" in r
+        else "") + (
         f", group of {r['group_models']} {r['group_model_sps']:.0f} model-samples/s" if "group_model_sps" in r
         else ", not vectorised") + f", eval {r['eval_sps']:.0f}/s" for a, r in res.items())
 

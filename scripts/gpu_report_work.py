@@ -143,11 +143,13 @@ def throughput(p: Payload) -> dict[str, Any]:
     """Per architecture, through the job's own Trainer: seconds per epoch of one model trained by `fit()` (as a job
     trains one model) on a `subset` of the resident data (validation included), training samples/s, evaluation
     samples/s, and for the architectures a job trains as one vectorised group, one epoch of `group` models at once
-    through `fit_group` (the job's engine)."""
+    through `fit_group` (the job's engine). `training.channels_last` as a job resolves it (auto: on for a model with
+    2-d convolutions on a GPU); where it was on, `train_sps_channels_last_off` is the one-model figure without it."""
     import torch
 
     from training.engine.fit import cross_entropy_sum, fit
     from training.engine.group import GroupOptions, fit_group, why_not_vectorized
+    from training.engine.numerics import JobNumerics
     from training.tasks.mdl.splits import make_split
     from training.tasks.mdl.trainer import Trainer
 
@@ -161,7 +163,8 @@ def throughput(p: Payload) -> dict[str, Any]:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
             split = make_split(len(y), 0, val_size=p.val, val_frac=0.5, num_blocks=2, min_block=p.subset)
-            trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device)
+            trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device,
+                              numerics=JobNumerics(channels_last=cfg.training.channels_last))
             subset = split.order[: p.subset]
             opts = cfg.training
 
@@ -204,6 +207,11 @@ def throughput(p: Payload) -> dict[str, Any]:
             res["eval_sps"] = len(y) / (time.perf_counter() - t0)
             val_s = len(split.val_idx) / res["eval_sps"]
             res["train_sps"] = len(subset) / max(res["epoch_s"] - val_s, 1e-9)
+            res["channels_last"] = bool(trainer.numerics is not None and trainer.numerics.formats)
+            if res["channels_last"] and not p.quick:  # the same figure in the default layout: what it gains
+                trainer.numerics = JobNumerics(channels_last=False)
+                res["train_sps_channels_last_off"] = len(subset) / max(per_epoch(1) - val_s, 1e-9)
+                trainer.numerics = JobNumerics(channels_last=cfg.training.channels_last)
             probe = trainer.member(subset, ("probe", 0))
             # whether the architecture can train as one stacked group (the engine's own verdict), and whether a job
             # groups its block models by default (`training.parallel_models=auto`, with the engine the job resolves

@@ -25,7 +25,8 @@ from training.engine.seeding import generator, seeded_global_rng
 
 
 @pytest.mark.parametrize("path", ["fit", "loop", "stacked", "fit+augment", "loop+augment", "stacked+augment",
-                                  "fit+erase", "loop+erase", "stacked+erase", "fit+linear"])
+                                  "fit+erase", "loop+erase", "stacked+erase", "fit+linear", "fit+augment+cl",
+                                  "loop+augment+cl"])
 def test_no_host_read_inside_a_training_step(path: str) -> None:
     """Per step (the difference of a 2S-step and an S-step run, validation and set-up cancelling): no
     `.item()`/`float()`/`nonzero`/`unique`/boolean-mask index/`tolist`, with per-batch QLEACE erasure too."""

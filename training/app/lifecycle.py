@@ -234,7 +234,8 @@ def run_in_job_dir(cfg: JobConfig, body: Body, precheck: Precheck | None = None,
         if cfg.force:
             progress.clear()  # force=true recomputes from scratch
         t0, started = time.perf_counter(), now_utc()
-        with job_numerics(cfg.training.precision, cfg.training.deterministic) as job_num:  # engine/numerics.py
+        with job_numerics(cfg.training.precision, cfg.training.deterministic,  # training/engine/numerics.py
+                          cfg.training.channels_last) as job_num:
             sections = body(run := JobRun(cfg, job, device, progress, loaded, pack, job_num))
             numerics = job_num.signature(device, device_name(str(device)))
         timings = {**run.timings, "total_s": time.perf_counter() - t0}

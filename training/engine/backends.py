@@ -38,6 +38,7 @@ from torch.func import functional_call, grad, vmap
 from training.engine.batches import DeviceData
 from training.engine.fit import Regularizer, cross_entropy_total, snapshot
 from training.engine.flat_optim import LibraryOptim, make_member_optim
+from training.engine.numerics import in_format
 from training.engine.stacked_optim import StackedScheduleFree, StepScalars
 
 VAL_CHUNK = 1024  # as training.engine.fit.predict_logits
@@ -114,9 +115,13 @@ class LoopEngine:
 
     def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
                  compile: bool | str | None = None, regularizer: Regularizer | None = None,
-                 fused_optimizer: bool | str = False, rng_seeds: Sequence[int] | None = None) -> None:
+                 fused_optimizer: bool | str = False, rng_seeds: Sequence[int] | None = None,
+                 memory_format: torch.memory_format | None = None) -> None:
         groups = check_same_groups(models, opts)
         self.models = list(models)  # per live row
+        self.fmt = memory_format  # training.channels_last: the members' parameters and batches in this layout
+        for m in self.models:
+            self._in_format(m)
         self.regularizer = regularizer
         self.mode = mode = compile_mode(compile)
         # Compiled wrappers share the modules' parameters (one graph for all: same structure, params as inputs).
@@ -127,6 +132,10 @@ class LoopEngine:
         self.loss_sum = torch.zeros(len(self.models), device=next(self.models[0].parameters()).device)
         # each row's state of the global RNG its forward draws dropout / drop path masks from (None: it draws none)
         self.rng = None if rng_seeds is None else [_rng_state(self.loss_sum.device, s) for s in rng_seeds]
+
+    def _in_format(self, model: nn.Module) -> None:
+        if self.fmt is not None:
+            model.to(memory_format=self.fmt)  # in place: the optimizer's parameters are these
 
     def train(self) -> None:
         for m in self.models:
@@ -152,7 +161,7 @@ class LoopEngine:
         loss: Tensor | int = 0
         parts = []
         for r, c in enumerate(counts):
-            logits, yr = self._forward(r, xb[r, :c]), yb[r, :c]
+            logits, yr = self._forward(r, in_format(xb[r, :c], self.fmt)), yb[r, :c]
             loss_r = F.cross_entropy(logits, yr)
             if self.regularizer is not None:
                 loss_r = loss_r + self.regularizer(logits, yr, int(steps[r]))
@@ -216,6 +225,7 @@ class LoopEngine:
         if not isinstance(self.opt, LibraryOptim):
             raise ValueError("rows are refilled with the library's optimizer step (not training.fused_optimizer)")
         check_joins(self.opt.groups, model, opt)
+        self._in_format(model)
         self.models[r] = model
         self.forward[r] = torch.compile(model, mode=self.mode) if self.mode else model
         self.best[r] = snapshot(model)

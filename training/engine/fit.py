@@ -24,7 +24,7 @@ from training.common import interrupt
 from training.common.progress import progress_bar
 from training.engine.batches import ClassSegments, DeviceData, Epoch, augment_pad, class_segments, draw_epoch, host_copy
 from training.engine.checkpoint import CheckpointStore, Saved, fits_safely
-from training.engine.numerics import JobNumerics, forward
+from training.engine.numerics import JobNumerics, forward, in_format, memory_format
 from training.engine.stopping import EarlyStopping
 from training.errors import NonFiniteError
 
@@ -239,6 +239,9 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     name = member.name or desc
     model.train()
     optimizer.train()  # type: ignore[attr-defined]  # schedule-free optimizers (untyped) start in eval mode
+    fmt = memory_format(model, dev, cfg.numerics)  # training.channels_last
+    if fmt is not None:
+        model.to(memory_format=fmt)  # in place: the optimizer's parameters are these
     net = model if compile is None else torch.compile(model, mode=compile)  # shares the model's parameters
     st = FitState(cfg.stopper(math.ceil(n / cfg.batch_size)), snapshot(model), torch.zeros((), device=dev))
     restored_from = None
@@ -292,7 +295,8 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                                  pad)
                 if transform is not None:
                     xb = transform(xb, yb, None if labels is None else class_segments(yb, labels[sl]))
-                logits = forward(net, xb, cfg.numerics)  # training.precision (training/engine/numerics.py)
+                # training.channels_last, training.precision (training/engine/numerics.py)
+                logits = forward(net, in_format(xb, fmt), cfg.numerics)
                 loss = F.cross_entropy(logits, yb)
                 if regularizer is not None:
                     loss = loss + regularizer(logits, yb, st.step)

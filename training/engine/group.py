@@ -50,7 +50,7 @@ from training.engine.fit import (
 )
 from training.engine.flat_optim import fused_backend
 from training.engine.lockstep_state import LockstepMember, RowSchedule, _name, _Plan, balanced_parts
-from training.engine.numerics import training_forward
+from training.engine.numerics import memory_format, training_forward
 from training.engine.seeding import derive_seed
 from training.engine.stopping import REASONS, RowStopping
 
@@ -281,9 +281,10 @@ def _saved_parts(members: Sequence[Member], store: CheckpointStore | None) -> li
 
 def _make_engine(members: Sequence[Member], options: GroupOptions, refill: bool) -> LoopEngine | StackedEngine:
     models, opts = [m.model for m in members], [m.optimizer for m in members]
+    fmt = memory_format(models[0], next(models[0].parameters()).device, members[0].cfg.numerics, options.engine)
     if options.engine != "stacked":
         seeds = [rng_seed(m) for m in members] if draws_masks(models[0]) else None
-        return LoopEngine(models, opts, options.compile, options.regularizer, options.fused_optimizer, seeds)
+        return LoopEngine(models, opts, options.compile, options.regularizer, options.fused_optimizer, seeds, fmt)
     if options.regularizer is not None:
         raise ValueError("the stacked engine does not support a regularizer; use engine='loop'")
     return StackedEngine(models, opts, options.compile, per_row=refill)

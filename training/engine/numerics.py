@@ -11,7 +11,14 @@ The contract (docs/running.md, "Precision, the numerics contract and the signatu
   within a tolerance: one optimizer step within STEP_RTOL (relative, on the parameters), final bits/sample within
   max(BITS_ATOL, BITS_SD_FRACTION × the cell's seed SD) (`within_contract`).
 The numerics signature (result.json `provenance.numerics`): device, torch/CUDA/cuDNN versions, precision, engine,
-models trained together, deterministic. scripts/aggregate.py marks a cell whose seeds mix signatures.
+models trained together, deterministic, and `memory_format: channels_last` only where `training.channels_last` put
+a model's convolutions in that layout (absent otherwise: older results keep their signature). scripts/aggregate.py
+marks a cell whose seeds mix signatures.
+
+`training.channels_last` (speed only, not hashed): auto (on for a model with 2-d convolutions on a CUDA device, off
+on CPU) | true (also on CPU) | false. Where on, `fit` and the loop engine convert the model's parameters and each 4-d
+training batch on the device (`memory_format`); the stacked engine ignores it (a log line). On CPU the numbers move
+within a small tolerance (other convolution kernels: docs/speed.md), so it is off there unless asked for.
 
 `job_numerics` sets torch's process-wide flags for one job, restores them after, and yields the job's `JobNumerics`,
 which the job passes to its training (`FitConfig.numerics`); its `training_forward` is the one place the training
@@ -20,15 +27,18 @@ step enters autocast.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from training.common import env
+
+log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 CUBLAS_WORKSPACE = ":4096:8"  # what torch's reproducibility notes ask for deterministic cuBLAS
@@ -56,6 +66,23 @@ class JobNumerics:
     precision: str = "fp32"
     deterministic: bool = False
     groups: set[tuple[str, int]] = field(default_factory=set)  # (engine, models trained together) seen
+    channels_last: Any = False  # `training.channels_last`: auto | True | False
+    formats: set[str] = field(default_factory=set)  # memory formats a model of this job trained in ("channels_last")
+
+    def memory_format(self, model: nn.Module, device: torch.device, engine: str = "fit") -> torch.memory_format | None:
+        """The layout `model` trains in on `device` (torch.channels_last, recorded for the signature) or None (as
+        built): `training.channels_last` true, or auto on a CUDA device, for a model with a 2-d convolution; never
+        on the stacked engine (its stacked parameters have no such layout: it says so in a log line)."""
+        setting = str(self.channels_last).lower()
+        if setting == "false" or not any(isinstance(m, nn.Conv2d) for m in model.modules()):
+            return None
+        if setting == "auto" and device.type != "cuda":
+            return None
+        if engine == "stacked":
+            log.info("training.channels_last: not applied on the stacked engine (its parameters are stacked)")
+            return None
+        self.formats.add("channels_last")
+        return torch.channels_last
 
     def training_forward(self, device: torch.device, engine: str = "fit", models: int = 1) -> Any:
         """The context of a training step's forward: autocast to bfloat16 under `precision=bf16`, else nothing.
@@ -81,15 +108,17 @@ class JobNumerics:
                 "cudnn": torch.backends.cudnn.version() if cuda and torch.backends.cudnn.is_available() else None,
                 "precision": self.precision, "engine": "+".join(engines) or None,
                 "models_together": max((m for _, m in self.groups), default=None),
-                "deterministic": self.deterministic}
+                "deterministic": self.deterministic,
+                **({"memory_format": "+".join(sorted(self.formats))} if self.formats else {})}
 
     def trained_with(self) -> frozenset[tuple[str, int]]:
         """(engine, models together) of this job's training so far: kept with models trained for another job."""
         return frozenset(self.groups)
 
-    def note(self, groups: frozenset[tuple[str, int]]) -> None:
-        """This job's models include some trained elsewhere (a pack group) with `groups`."""
+    def note(self, groups: frozenset[tuple[str, int]], formats: frozenset[str] = frozenset()) -> None:
+        """This job's models include some trained elsewhere (a pack group) with `groups`, in `formats`."""
         self.groups.update(groups)
+        self.formats.update(formats)
 
 
 def _set_fp32_precision(tf32: bool) -> Callable[[], None]:
@@ -112,7 +141,7 @@ def _set_fp32_precision(tf32: bool) -> Callable[[], None]:
 
 
 @contextmanager
-def job_numerics(precision: str, deterministic: bool) -> Iterator[JobNumerics]:
+def job_numerics(precision: str, deterministic: bool, channels_last: Any = False) -> Iterator[JobNumerics]:
     """One job's numerics: torch's process-wide flags set for it while it runs (a pack runs its jobs one after
     another in one process) and restored after; yields the job's `JobNumerics`."""
     if precision not in PRECISIONS:
@@ -126,7 +155,7 @@ def job_numerics(precision: str, deterministic: bool) -> Iterator[JobNumerics]:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
     try:
-        yield JobNumerics(precision, deterministic)
+        yield JobNumerics(precision, deterministic, channels_last=channels_last)
     finally:
         restore()
         restore_env()
@@ -138,6 +167,17 @@ def training_forward(device: torch.device, engine: str = "fit", models: int = 1,
                      numerics: JobNumerics | None = None) -> Any:
     """`numerics.training_forward` (None, outside a job: fp32, nothing recorded)."""
     return nullcontext() if numerics is None else numerics.training_forward(device, engine, models)
+
+
+def memory_format(model: nn.Module, device: torch.device, numerics: JobNumerics | None = None,
+                  engine: str = "fit") -> torch.memory_format | None:
+    """`numerics.memory_format` (None, outside a job: the layout as built)."""
+    return None if numerics is None else numerics.memory_format(model, device, engine)
+
+
+def in_format(x: Tensor, fmt: torch.memory_format | None) -> Tensor:
+    """A 4-d batch in `fmt` (on its device; None or another rank: as it is)."""
+    return x if fmt is None or x.dim() != 4 else x.contiguous(memory_format=fmt)
 
 
 def forward(model: Callable[[Tensor], Tensor], x: Tensor, numerics: JobNumerics | None = None) -> Tensor:

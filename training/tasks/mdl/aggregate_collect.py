@@ -282,7 +282,9 @@ def commit_of(result: Result) -> str:
     return prov.commit[:10] + {True: DIRTY, False: "", None: UNKNOWN_DIRTY}[prov.dirty]
 
 
-SIGNATURE = ("device_name", "torch", "cuda", "cudnn", "precision", "engine", "models_together", "deterministic")
+# memory_format: "channels_last" only where training.channels_last was on (absent, as in older results: None)
+SIGNATURE = ("device_name", "torch", "cuda", "cudnn", "precision", "engine", "models_together", "deterministic",
+             "memory_format")
 
 
 BITWISE_ON_CPU = {"fit", "loop"}  # the numerics contract: bitwise on CPU, alone or in a group of any size

@@ -95,6 +95,7 @@ class TrainedAhead:
     groups: frozenset[tuple[str, int]] = frozenset()  # how it trained: the numerics signature's engine, group size
     raw: Tensor | None = None  # eraser.after_augment: the unerased images its batches were drawn from ...
     batch_map: tuple[Tensor, ...] = ()  # ... and what their batch eraser is made of (`BatchEraser.tensors`)
+    formats: frozenset[str] = frozenset()  # the memory format it trained in (training.channels_last)
 
     def fits(self, member: Member, trainer: Trainer) -> bool:
         """Whether it is exactly the model `member` would train in `trainer`'s job, on its images, labels and batches
@@ -161,7 +162,7 @@ def take_trained(trainer: Trainer, jobs: Sequence[FitJob], on_finish: OnFinish) 
         member.model.load_state_dict(found.state)
         member.model.eval()
         if trainer.numerics is not None:
-            trainer.numerics.note(found.groups)
+            trainer.numerics.note(found.groups, found.formats)
         on_finish(k, member.model, found.result)
         used += 1
     if used:
@@ -256,7 +257,8 @@ def keep_for_later(companion: Companion, job: FitJob, model: nn.Module, result: 
     t = companion.trainer
     pack.ahead[(companion.cfg_hash, _name(job[1]))] = TrainedAhead(
         snapshot(model), result, member.idx, member.val_idx, t.x, t.y,
-        frozenset() if numerics is None else numerics.trained_with(), t.raw, _batch_map(t.batch_transform))
+        frozenset() if numerics is None else numerics.trained_with(), t.raw, _batch_map(t.batch_transform),
+        frozenset() if numerics is None else frozenset(numerics.formats))
 
 
 def _name(tag: object) -> str:

@@ -7,9 +7,8 @@ task's body, write result.json last, clear the progress file.
 It returns an `Outcome`: done (computed now), skipped (this configuration's result was there), reused (found in
 its pre-v2 directory) or failed (the ledger's record of an error). A precheck's data reaches the body as `loaded`.
 
-Every task shares it, so a fix here (a lock, a resume rule, what a result must hold) reaches all. Every result
-records its `provenance` (training/common/provenance.py); one whose `finite=` sections hold a NaN or infinity is
-never written (NonFiniteError, one line). One-line errors and the multirun ledger sit above it.
+Every task shares it, so a fix here (a lock, a resume rule) reaches all. Every result records its `provenance`;
+one whose `finite=` sections hold a NaN or infinity is never written (NonFiniteError, one line).
 """
 
 from __future__ import annotations
@@ -234,8 +233,8 @@ def run_in_job_dir(cfg: JobConfig, body: Body, precheck: Precheck | None = None,
         if cfg.force:
             progress.clear()  # force=true recomputes from scratch
         t0, started = time.perf_counter(), now_utc()
-        with job_numerics(cfg.training.precision, cfg.training.deterministic,  # training/engine/numerics.py
-                          cfg.training.channels_last) as job_num:
+        t = cfg.training
+        with job_numerics(t.precision, t.deterministic, t.channels_last) as job_num:  # training/engine/numerics.py
             sections = body(run := JobRun(cfg, job, device, progress, loaded, pack, job_num))
             numerics = job_num.signature(device, device_name(str(device)))
         timings = {**run.timings, "total_s": time.perf_counter() - t0}

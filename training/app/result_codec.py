@@ -100,8 +100,7 @@ def decode(raw: Any, spec: TaskSpec | None) -> Result:
     common: dict[str, Any] = dict(
         config_hash=text(at(data, "config_hash")) or "",
         hash_version=_int(at(data, "hash_version"), 1), numerics_version=_int(at(data, "numerics_version"), 1),
-        schema_version=RESULT_SCHEMA, task=task,
-        config=config if isinstance(config, Mapping) else None,
+        schema_version=RESULT_SCHEMA, task=task, config=config if isinstance(config, Mapping) else None,
         job_dir=text(at(data, "job_dir")), device=text(at(data, "device")),
         timings=mapping(at(data, "timings")), provenance=Provenance.of(at(data, "provenance")),
         dataset=DatasetInfo.of(at(data, "dataset")), tail=tail)

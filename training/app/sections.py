@@ -180,8 +180,7 @@ class TrainingConfig(Section):
     storage: str = one_of("auto", "auto", "float32", "float16", "uint8", hash=False)
     compile: Any = one_of(False, False, True, "default", "reduce-overhead", "max-autotune", hash=False)
     fused_optimizer: Any = one_of(False, False, True, "numba", "compile", "eager", hash=False)
-    # conv models' parameters and batches in channels_last: auto (on a CUDA device) | true (CPU too) | false
-    channels_last: Any = one_of("auto", "auto", True, False, hash=False)
+    channels_last: Any = one_of("auto", "auto", True, False, hash=False)  # conv models: auto (on CUDA) | true | false
     # hydra/launcher=packed: at most this many jobs (of one cell, differing in seed) run in one process (null: all)
     pack_size: int | None = positive_int(None, optional=True, hash=False)
     # hydra/launcher=packed: a pack's later seeds train in its first job's lockstep group (tasks/mdl/pack_group.py)

@@ -13,7 +13,7 @@ GPU_REPORT_ARGS ?=
 REPORT_PY = $(if $(wildcard $(PY)),$(PY),python3)
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=disabled
 
-.PHONY: help setup test test-slurm test-all demo calibrate lint docs clean reproduce plan tables bench gpu-report gpu-wheels slurm-up slurm-down
+.PHONY: help setup test test-heavy test-slurm test-all demo calibrate lint docs clean reproduce plan tables bench gpu-report gpu-wheels slurm-up slurm-down
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -26,8 +26,13 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed  ## create .venv and install the package with dev + launcher extras
 
-test: setup  ## run the test suite (not slow/gpu/slurm; `make test-slurm` runs the SLURM tests, CI runs both)
-	$(TEST_ENV) $(PY) -m pytest -m "not slow and not gpu and not slurm" -n $(TEST_WORKERS) --dist loadgroup \
+test: setup  ## the test suite without the heavy and SLURM tests (`make test-heavy`, `make test-slurm`; CI runs all three)
+	$(TEST_ENV) $(PY) -m pytest -m "not slow and not gpu and not slurm and not heavy" -n $(TEST_WORKERS) \
+	  --dist loadgroup --durations=15 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; \
+	  exit $$rc
+
+test-heavy: setup  ## the tests measured at 8 s or more (tests/heavy_tests.txt): end-to-end sweeps, kills, packs, benches
+	$(TEST_ENV) $(PY) -m pytest -m "heavy and not slow and not gpu and not slurm" -n $(TEST_WORKERS) --dist loadgroup \
 	  --durations=15 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 test-slurm: setup  ## the SLURM launcher against one-machine clusters the tests start (root + Debian packages, else skipped saying why)

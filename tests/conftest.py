@@ -1,4 +1,5 @@
-"""Shared test setup: single-threaded torch, wandb disabled, GPU/SLURM tests skipped when unavailable.
+"""Shared test setup: single-threaded torch, wandb disabled, GPU/SLURM tests skipped when unavailable, the tests
+tests/heavy_tests.txt lists marked `heavy` (measured at 8 s or more: `make test-heavy`, not `make test`).
 
 SLURM tests (marked `slurm`) run against a one-machine cluster that the `slurm_cluster` fixture starts once per
 session (per xdist worker: `make test-slurm` runs them in two xdist groups, two clusters) with scripts/slurm_cluster.py
@@ -27,6 +28,13 @@ import training  # noqa: E402,F401  (registers the OmegaConf resolvers conf/ use
 torch.set_num_threads(1)
 
 SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slurm_cluster.py"
+HEAVY_LIST = Path(__file__).resolve().parent / "heavy_tests.txt"  # measured (scripts/heavy_tests.py)
+
+
+def heavy_tests() -> set[str]:
+    """The node ids tests/heavy_tests.txt lists: marked `heavy` (`make test-heavy` and CI, not `make test`)."""
+    lines = HEAVY_LIST.read_text().splitlines() if HEAVY_LIST.exists() else []
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
 
 
 @functools.cache
@@ -43,7 +51,10 @@ def slurm_unavailable() -> str | None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     no_gpu = pytest.mark.skip(reason="needs CUDA")
+    heavy = heavy_tests()
     for item in items:
+        if item.nodeid in heavy:
+            item.add_marker(pytest.mark.heavy)
         # markers, not item.keywords: keywords also hold the names of parent directories (a checkout in .../gpu/)
         if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
             item.add_marker(no_gpu)

@@ -2,7 +2,7 @@
 threshold (default 8 s), written to tests/heavy_tests.txt, which tests/conftest.py reads to mark them `heavy`.
 
     .venv/bin/python -m pytest -m "not slow and not gpu and not slurm" -n 3 --junitxml=/tmp/t.xml
-    .venv/bin/python scripts/heavy_tests.py /tmp/t.xml            # rewrites tests/heavy_tests.txt
+    .venv/bin/python scripts/heavy_tests.py /tmp/t.xml [more.xml]  # rewrites tests/heavy_tests.txt
 
 Times come from that machine under that load: the list is a measurement, regenerated when the suite changes.
 """
@@ -28,15 +28,16 @@ def node_id(classname: str, name: str) -> str:
     return "::".join([path, *parts[module:], name.split("@", 1)[0]])
 
 
-def heavy(junit: Path, threshold: float) -> list[str]:
-    cases = ET.parse(junit).iter("testcase")
+def heavy(junits: list[Path], threshold: float) -> list[str]:
+    """The node ids at or over `threshold` seconds in any of the junit files (a test's longest time)."""
+    cases = [c for junit in junits for c in ET.parse(junit).iter("testcase")]
     return sorted({node_id(c.get("classname", ""), c.get("name", "")) for c in cases
                    if float(c.get("time", 0)) >= threshold})
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("junit", type=Path)
+    parser.add_argument("junit", type=Path, nargs="+", help="junit files of timed runs (a test's longest time counts)")
     parser.add_argument("--threshold", type=float, default=8.0, help="seconds (default 8)")
     args = parser.parse_args(argv)
     ids = heavy(args.junit, args.threshold)

@@ -8,6 +8,7 @@ per-batch erasure (`eraser.after_augment`, every paper preset) too."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -120,7 +121,7 @@ def test_parallel_models_auto_trains_as_many_rows_as_the_memory_estimate_fits(tm
 
 
 def test_a_job_trains_at_most_the_rows_that_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The job hands the estimate's rows to its trainer (`models_that_fit`): 2 rows for its 5 ConvNeXt models, the
+    """The job hands the memory estimate's rows to its trainer (`num_models`): 2 rows for its 5 ConvNeXt models, the
     others waiting for a row; the numbers are those of one at a time."""
     import training.tasks.mdl.job as job_module
     from tests.helpers import TINY, job_config
@@ -135,7 +136,10 @@ def test_a_job_trains_at_most_the_rows_that_fit(tmp_path: Path, monkeypatch: pyt
         return real(members, inputs, options)
 
     monkeypatch.setattr(trainer_module, "fit_group", spy)
-    monkeypatch.setattr(job_module, "models_that_fit", lambda *a: 2)
+    from training.tasks.mdl.precheck import estimate_memory as estimate
+
+    monkeypatch.setattr(job_module, "estimate_memory",
+                        lambda *a: dataclasses.replace(estimate(*a), num_models=2))
     extra = [*TINY, *TINY_ARCH["convnext"], "dataset.limit=200", "optim.warmup_steps=0"]
     two = _numbers(result_of(run_job(job_config(tmp_path / "two", extra))))
     assert rows == [2]

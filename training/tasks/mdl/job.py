@@ -29,7 +29,7 @@ from training.engine.fit import NONFINITE_HINT, FitResult
 from training.errors import NonFiniteError
 from training.tasks.mdl.code import paper_code, prequential_code
 from training.tasks.mdl.inputs import BatchErasure, prepare_inputs
-from training.tasks.mdl.precheck import data_fingerprint, jobs_that_fit, models_that_fit, precheck
+from training.tasks.mdl.precheck import data_fingerprint, estimate_memory, jobs_that_fit, memory_free, precheck
 from training.tasks.mdl.result import MdlSections
 from training.tasks.mdl.splits import MdlSplit, model_name
 from training.tasks.mdl.stop_keys import say_stop_keys
@@ -200,7 +200,8 @@ def run(prepared: Prepared) -> MdlSections:
             checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
         trainer = Trainer(cfg, prepared.x, data.y, data.num_classes, split, job.device, batches=prepared.batches,
                           checkpoint=checkpoint, numerics=job.numerics, pack=job.pack)
-        trainer.model_room = models_that_fit(cfg, data, job.device)  # training.parallel_models=auto: as many as fit
+        # training.parallel_models=auto: as many of its models at once as fit in the memory the device has free
+        trainer.model_room = estimate_memory(cfg, data, len(data.y), job.device, memory_free(job.device)).num_models
         if job.pack is not None:  # the memory estimate of a pack group (training/tasks/mdl/pack_group.py)
             trainer.pack_room = jobs_that_fit(cfg, data, job.device)
         log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", job.path, data.name,

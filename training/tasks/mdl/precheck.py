@@ -371,12 +371,6 @@ def memory_free(device: torch.device) -> int | None:
     return available_memory(device) if env.memory_check() else None
 
 
-def models_that_fit(cfg: JobConfig, data: LoadedData, device: torch.device) -> int:
-    """`training.parallel_models=auto`: how many of the job's models train at once in the memory the device has free
-    (all of them where it has no figure); `Trainer.group_size` takes at most this many."""
-    return estimate_memory(cfg, data, len(data.y), device, memory_free(device)).num_models
-
-
 def jobs_that_fit(cfg: JobConfig, data: LoadedData, device: torch.device) -> int:
     """How many jobs of this configuration (seeds of a pack: training/tasks/mdl/pack_group.py) can train their models at
     once on one copy of `data` (the coded rows) in the memory the device has free: the memory estimate of a pack

@@ -100,7 +100,7 @@ class Trainer:
         self.x = x  # the images as given (the pack group checks a later seed's models were trained on them)
         self.model_info: dict[str, Any] = {}
         self.pack_room = 1  # how many jobs' models fit in memory at once (a pack group: pack_group.py)
-        self.model_room: int | None = None  # how many of its models fit at once (precheck.models_that_fit; None: all)
+        self.model_room: int | None = None  # how many of its models fit at once (the job's memory estimate; None: all)
 
     def for_seed(self, cfg: JobConfig) -> Trainer:
         """This job's trainer for another seed of its configuration, on the same data (one copy on the device): a

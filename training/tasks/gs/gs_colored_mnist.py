@@ -33,7 +33,7 @@ class ColoredMnist(StarvationTask):
     options = ColoredMnistOptions
 
     def implementation(self) -> ModuleType:
-        from training.tasks.gs import colored_mnist
+        import training.tasks.gs.colored_mnist as colored_mnist
 
         return colored_mnist
 

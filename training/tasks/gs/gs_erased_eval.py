@@ -57,7 +57,7 @@ class ErasedEval(StarvationTask):
         return {**super().lifecycle(), "fingerprint": data_fingerprint}
 
     def implementation(self) -> ModuleType:
-        from training.tasks.gs import erased_eval
+        import training.tasks.gs.erased_eval as erased_eval
 
         return erased_eval
 

@@ -41,7 +41,7 @@ class TwoMoons(StarvationTask):
     options = TwoMoonsOptions
 
     def implementation(self) -> ModuleType:
-        from training.tasks.gs import moons
+        import training.tasks.gs.moons as moons
 
         return moons
 

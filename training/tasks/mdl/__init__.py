@@ -17,7 +17,7 @@ class Mdl(Task):
     numerics = 3  # unchanged by 4 (gs_erased_eval's erase path)
 
     def implementation(self) -> ModuleType:
-        from training.tasks.mdl import job
+        import training.tasks.mdl.job as job
 
         return job
 

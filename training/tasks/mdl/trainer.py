@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+import training.tasks.mdl.pack_group as pack_group
 from models import depth_lr_multiplier
 from models.registry import arch_traits
 from training.app.schema import ArchConfig, JobConfig, MdlConfig, OptimConfig
@@ -31,7 +32,6 @@ from training.engine.numerics import JobNumerics
 from training.engine.optim import OptimSettings
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import derive_seed, generator, seeded_global_rng
-from training.tasks.mdl import pack_group
 from training.tasks.mdl.inputs import BatchErasure
 from training.tasks.mdl.splits import MdlSplit, make_split, model_name
 

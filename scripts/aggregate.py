@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out}/{name}.md, .csv, _jobs.csv, .tex and PNG plots", file=sys.stderr)
     keys = preset_claims(args.experiment, args.override) if args.experiment else None
     if (args.claims or keys) and not df.empty:
-        from scripts import claims
+        from training.tasks.mdl import claims
 
         report = claims.markdown_groups(claims.evaluate_groups(df, keys))
         print(report)

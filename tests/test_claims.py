@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from scripts import claims
 from training.analysis.tables import INJECTION, bias_flag, bias_noise
+from training.tasks.mdl import claims
 from training.tasks.mdl.aggregate_collect import at_cap
 from training.tasks.mdl.result import BlockRecord
 

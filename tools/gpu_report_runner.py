@@ -1,4 +1,4 @@
-"""scripts/gpu_report.py's step runner: each step within its time budget, its subprocesses stopped on its
+"""tools/gpu_report.py's step runner: each step within its time budget, its subprocesses stopped on its
 deadline, ok/failed/skipped recorded and the report rewritten after every step."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scripts.gpu_report_model import Report, StepRecord
-from scripts.gpu_report_output import now, write_report
-from scripts.gpu_report_payload import Payload
-from scripts.gpu_report_sizes import Sizes
+from tools.gpu_report_model import Report, StepRecord
+from tools.gpu_report_output import now, write_report
+from tools.gpu_report_payload import Payload
+from tools.gpu_report_sizes import Sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,8 +128,8 @@ class Context:
         return self.run([sys.executable, *args], log, **kw)
 
     def work_result(self, kind: str, payload: Payload, log: str, **kw: Any) -> dict[str, Any]:
-        """scripts/gpu_report_work.py <kind> in a fresh process; its `RESULT {json}` line."""
-        proc = self.python(["-m", "scripts.gpu_report_work", kind, payload.to_json()], log, **kw)
+        """tools/gpu_report_work.py <kind> in a fresh process; its `RESULT {json}` line."""
+        proc = self.python(["-m", "tools.gpu_report_work", kind, payload.to_json()], log, **kw)
         return parse_result(proc)
 
 

@@ -1,4 +1,4 @@
-"""The first thing scripts/gpu_report.py does, before it imports anything of the harness or a third-party package:
+"""The first thing tools/gpu_report.py does, before it imports anything of the harness or a third-party package:
 on a machine that lacks hydra etc. (the bare GPU machine), pip-install `.whl/` into /tmp/site and put it first on
 sys.path. Standard library only (tests/test_gpu_report.py runs it under a Python without hydra/omegaconf/mup)."""
 
@@ -68,6 +68,6 @@ def bootstrap() -> dict[str, Any]:
             "seconds": round(time.monotonic() - t0, 2)}
 
 
-if __name__ == "__main__":  # python3 scripts/gpu_report_bootstrap.py: install, then say what is importable
+if __name__ == "__main__":  # python3 tools/gpu_report_bootstrap.py: install, then say what is importable
     done = bootstrap()
     print({"bootstrap": done, "missing": [m for m in REQUIRED if importlib.util.find_spec(m) is None]})

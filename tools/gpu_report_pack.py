@@ -1,11 +1,11 @@
-"""scripts/gpu_report.py's `pack` step: one MDL cell with 5 seeds (MLP at the paper's base size on the job steps'
+"""tools/gpu_report.py's `pack` step: one MDL cell with 5 seeds (MLP at the paper's base size on the job steps'
 CIFAR-shaped synthetic data; toy sizes without CUDA) run (a) as 5 `python -m training.run` processes at once on the
 one device and (b) as one pack, `-m seed=0,1,2,3,4 hydra/launcher=packed training.pack_group=true` (one process; on
 CUDA the stacked engine trains the 5 seeds' block models in one lockstep group, training/tasks/mdl/pack_group.py).
 
 Records both wall times and their ratio (a)/(b) (issue 32's goal on a GPU: at least 5x), each process's peak memory
 (per process: (a)'s is the sum of its five processes' peaks), whether every job's result.json is == between (a) and
-(b) (scripts/bench_sweep.py's comparison: wall times aside) and whether the pack group formed (the pack's log). Numbers
+(b) (tools/bench_sweep.py's comparison: wall times aside) and whether the pack group formed (the pack's log). Numbers
 that differ or a group that did not form are flagged, not failed: the step fails only when a run fails.
 """
 
@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from scripts.bench_sweep import differences, results, time_split
-from scripts.gpu_report_model import build
-from scripts.gpu_report_payload import Payload
-from scripts.gpu_report_runner import ROOT, Context, StepError, error_line, stop, tail
-from scripts.gpu_report_steps import job_overrides
+from tools.bench_sweep import differences, results, time_split
+from tools.gpu_report_model import build
+from tools.gpu_report_payload import Payload
+from tools.gpu_report_runner import ROOT, Context, StepError, error_line, stop, tail
+from tools.gpu_report_steps import job_overrides
 from training.engine.numerics import bits_tolerance
 
 SEEDS = 5
@@ -122,7 +122,7 @@ def job_command(ctx: Context, overrides: list[str], memory_file: Path) -> list[s
     """`python -m training.run <overrides>` through gpu_report_work `job` (the process's peak memory to a file)."""
     memory_file.unlink(missing_ok=True)
     payload = Payload(overrides=overrides, memory_file=str(memory_file), device=ctx.device)
-    return [sys.executable, "-m", "scripts.gpu_report_work", "job", payload.to_json()]
+    return [sys.executable, "-m", "tools.gpu_report_work", "job", payload.to_json()]
 
 
 def run_at_once(ctx: Context, commands: list[tuple[list[str], str]], env: dict[str, str]) -> tuple[float, list[float]]:

@@ -1,4 +1,4 @@
-"""scripts/gpu_report.py's environment: the wheels installed where the harness is not (the GPU machine), and what
+"""tools/gpu_report.py's environment: the wheels installed where the harness is not (the GPU machine), and what
 the report records of the machine, the packages and the code (commit, source digest)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import subprocess
 import sys
 from typing import Any
 
-from scripts.gpu_report_bootstrap import REQUIRED, SITE
-from scripts.gpu_report_model import DeviceInfo, Env, GitInfo, HostInfo, InstallInfo, build
-from scripts.gpu_report_payload import Payload
-from scripts.gpu_report_runner import ROOT, tail
+from tools.gpu_report_bootstrap import REQUIRED, SITE
+from tools.gpu_report_model import DeviceInfo, Env, GitInfo, HostInfo, InstallInfo, build
+from tools.gpu_report_payload import Payload
+from tools.gpu_report_runner import ROOT, tail
 
 PACKAGES = ("hydra-core", "omegaconf", "mup", "schedulefree", "timm", "numpy", "scipy", "pytest", "pytest-xdist",
             "concept-erasure", "numba")  # their versions are recorded
@@ -26,7 +26,7 @@ OPTIONAL = ("pytest", "xdist", "concept_erasure", "numba", "submitit", "wandb") 
 
 def ensure_packages(done: dict[str, Any]) -> tuple[dict[str, str], InstallInfo]:
     """The subprocess environment (this checkout and /tmp/site on PYTHONPATH) and what the bootstrap did
-    (scripts/gpu_report_bootstrap.py, run before anything was imported)."""
+    (tools/gpu_report_bootstrap.py, run before anything was imported)."""
     info = InstallInfo(wheels=done["wheels"], seconds=done["seconds"], pip=done["pip"])
     paths = [str(ROOT), *([str(SITE)] if SITE.is_dir() else [])]
     info.missing = [m for m in (*REQUIRED, *OPTIONAL) if importlib.util.find_spec(m) is None]
@@ -54,7 +54,7 @@ def tree_digest() -> str:
     .git to a commit (compute it here on a checkout and compare)."""
     h = hashlib.sha256()
     files = [ROOT / "Makefile", ROOT / "pyproject.toml"]
-    for top in ("conf", "erasure", "models", "scripts", "tests", "training"):
+    for top in ("conf", "erasure", "models", "scripts", "tests", "tools", "training"):
         files += [p for p in (ROOT / top).rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts]
     for p in sorted(files):
         if p.is_file():
@@ -90,7 +90,7 @@ def environment(args: argparse.Namespace, install: InstallInfo) -> Env:
     host = HostInfo(cpu, len(os.sched_getaffinity(0)), platform.platform(),
                     round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1))
     if args.device.startswith("cuda"):  # asked in a subprocess: this process holds no CUDA context (memory)
-        proc = subprocess.run([sys.executable, "-m", "scripts.gpu_report_work", "device",
+        proc = subprocess.run([sys.executable, "-m", "tools.gpu_report_work", "device",
                                Payload(device=args.device).to_json()], capture_output=True, text=True, timeout=120,
                               cwd=ROOT)
         if proc.returncode != 0:

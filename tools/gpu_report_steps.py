@@ -1,4 +1,4 @@
-"""scripts/gpu_report.py's measuring steps: one MDL job per architecture, the erasers on the device, the speed
+"""tools/gpu_report.py's measuring steps: one MDL job per architecture, the erasers on the device, the speed
 benchmarks, and the sweep cost (GPU-seconds and memory per job, jobs sharing one device)."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from scripts.bench_summary import BenchSummary
-from scripts.gpu_report_model import Report, build
-from scripts.gpu_report_payload import Payload
-from scripts.gpu_report_runner import ROOT, Context, Proc, StepError, StepSkipped, error_line, parse_result, stop, tail
-from scripts.gpu_report_sizes import ARCHS
+from tools.bench_summary import BenchSummary
+from tools.gpu_report_model import Report, build
+from tools.gpu_report_payload import Payload
+from tools.gpu_report_runner import ROOT, Context, Proc, StepError, StepSkipped, error_line, parse_result, stop, tail
+from tools.gpu_report_sizes import ARCHS
 from training.app.tasks import read_any as read_result
 from training.tasks.mdl.result import MdlResult
 
@@ -44,7 +44,7 @@ def run_job(ctx: Context, arch: str, name: str, extra: Iterable[str] = ()) -> di
     payload = Payload(overrides=overrides, memory_file=str(memory_file), device=ctx.device)
     env = {**ctx.env, "OMP_NUM_THREADS": ctx.env.get("OMP_NUM_THREADS", "1") if not ctx.gpu else "8"}
     t0 = time.monotonic()
-    proc = ctx.python(["-m", "scripts.gpu_report_work", "job", payload.to_json()], name, env=env, check=False)
+    proc = ctx.python(["-m", "tools.gpu_report_work", "job", payload.to_json()], name, env=env, check=False)
     wall = time.monotonic() - t0
     fig: dict[str, Any] = {"overrides": " ".join(overrides), "wall_s": wall}
     if memory_file.exists():
@@ -98,7 +98,7 @@ def run_bench_erasers(ctx: Context, device: str, methods: str, log: str) -> str:
     json_path = ctx.work / f"{log}.json"
     json_path.unlink(missing_ok=True)
     try:
-        ctx.python(["scripts/bench_erasers.py", *ctx.sizes.bench_erasers, "--device", device, "--methods", methods,
+        ctx.python(["tools/bench_erasers.py", *ctx.sizes.bench_erasers, "--device", device, "--methods", methods,
                     "--json", str(json_path)], log)
     except StepError:  # keep the methods that finished (one line each) before the failure or the time limit
         text = (ctx.logs / f"{log}.log").read_text(errors="replace")
@@ -128,7 +128,7 @@ def step_bench_erasers_cpu(ctx: Context) -> str:
 def step_bench_mdl(ctx: Context) -> str:
     json_path = ctx.work / "bench_mdl.json"
     json_path.unlink(missing_ok=True)
-    ctx.python(["scripts/bench_mdl.py", "--device", ctx.device, *ctx.sizes.bench_mdl, "--json", str(json_path)],
+    ctx.python(["tools/bench_mdl.py", "--device", ctx.device, *ctx.sizes.bench_mdl, "--json", str(json_path)],
                "bench_mdl")
     res = json.loads(json_path.read_text())
     ctx.figures.update(res)
@@ -177,7 +177,7 @@ def run_concurrent(ctx: Context, arch: str, procs: int) -> dict[str, Any]:
             own = dataclasses.replace(payload, ready=str(flags / f"ready{i}"))
             log = ctx.logs / f"sweep_{arch}_x{procs}_{i}.log"
             fh = open(log, "w")
-            cmd = [sys.executable, "-m", "scripts.gpu_report_work", "loop", own.to_json()]
+            cmd = [sys.executable, "-m", "tools.gpu_report_work", "loop", own.to_json()]
             running.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                              start_new_session=True), log, fh))
         while sum((flags / f"ready{i}").exists() for i in range(procs)) < procs:

@@ -1,6 +1,6 @@
-"""Measurements that scripts/gpu_report.py runs in fresh subprocesses (clean peak memory, a crash stays contained).
+"""Measurements that tools/gpu_report.py runs in fresh subprocesses (clean peak memory, a crash stays contained).
 
-    python -m scripts.gpu_report_work <kind> '<json payload>'
+    python -m tools.gpu_report_work <kind> '<json payload>'
 
 prints `RESULT {json}` as its last line. Kinds: `device` (CUDA device properties, asked here so the report's own
 process holds no CUDA context), `job` (python -m training.run with the process's peak GPU memory), `erasers`
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts.gpu_report_payload import Payload
+from tools.gpu_report_payload import Payload
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 10
@@ -65,7 +65,7 @@ def compose(overrides: list[str]) -> Any:  # a training.app.schema.JobConfig
 
 
 def cifar_like(n: int, shape: tuple[int, int, int], seed: int = 0) -> tuple[Any, Any]:
-    """CIFAR-like data (uint8 pixels / 255, class-dependent mean), as scripts/bench_mdl.py uses."""
+    """CIFAR-like data (uint8 pixels / 255, class-dependent mean), as tools/bench_mdl.py uses."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -99,7 +99,7 @@ def erasers(p: Payload) -> dict[str, Any]:
     on each and the largest difference of the erased data."""
 
     import erasure
-    from scripts.bench_erasers import make_data
+    from tools.bench_erasers import make_data
 
     device = p.device
     x, y = make_data(p.n, p.d, p.k, 0, 1.5, 0.3)

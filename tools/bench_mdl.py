@@ -1,7 +1,7 @@
 """Benchmark: one full prequential MDL (MLP-128, 9 block models, fixed epoch budget), ours vs a naive loop.
 
-    .venv/bin/python scripts/bench_mdl.py                       # CPU: small CIFAR-like data (see output)
-    .venv/bin/python scripts/bench_mdl.py --device cuda         # GPU: 50k×3×32×32, 5 seeds at once
+    .venv/bin/python tools/bench_mdl.py                       # CPU: small CIFAR-like data (see output)
+    .venv/bin/python tools/bench_mdl.py --device cuda         # GPU: 50k×3×32×32, 5 seeds at once
 
 "naive" is the straightforward loop: one block model after another (and one seed after another), a Python
 loop over batches gathered from a float32 tensor on the device, augmentation called per batch, validation
@@ -33,8 +33,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from models import build_model, make_optimizer
-from scripts.bench_summary import BenchSummary
-from scripts.bench_worker import run_worker
+from tools.bench_summary import BenchSummary
+from tools.bench_worker import run_worker
 from training.app.schema import (
     JobConfig,
     MdlConfig,

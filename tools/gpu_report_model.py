@@ -1,4 +1,4 @@
-"""scripts/gpu_report.py's report as types, and the one reader/writer of its JSON (`Report.to_json`,
+"""tools/gpu_report.py's report as types, and the one reader/writer of its JSON (`Report.to_json`,
 `Report.from_json`): the runner, the markdown, `--merge`, the sweep-cost step and `make plan` read fields, not dicts.
 
 Plain dataclasses (standard library only): the GPU machine runs the report with nothing but the wheelhouse.

@@ -1,4 +1,4 @@
-"""scripts/gpu_report.py: the sizes of the GPU run and of the CPU toy run (everything that differs)."""
+"""tools/gpu_report.py: the sizes of the GPU run and of the CPU toy run (everything that differs)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ GPU = Sizes(
     throughput=ThroughputSizes(subset=10_000, val=2048, group=10),
     loop_archs=ARCHS, loop_procs=(1, 4), loop_seconds=5.0,
     # each step's own cap (the H100 run, 2026-11-27: gpu tests 49 s, jobs 17-109 s, throughput 40 s, pack 53 s);
-    # the whole report's default budget (scripts/gpu_report.py DEFAULT_BUDGET) decides what one call reaches
+    # the whole report's default budget (tools/gpu_report.py DEFAULT_BUDGET) decides what one call reaches
     timeouts={"tests": 150, "job": 180, "erasers_device": 120, "bench_erasers_device": 90,
               "bench_erasers_cpu_reference": 150, "bench_mdl": 150, "throughput": 120,
               "sweep_cost": 150, "pack": 150},

@@ -1,8 +1,8 @@
 """`make gpu-report`: every GPU check in one process; all figures in one JSON file plus a markdown summary.
 
-    python3 scripts/gpu_report.py --out "$OUT"                 # on the GPU machine (installs .whl/ if needed)
-    .venv/bin/python scripts/gpu_report.py                      # no CUDA here: the same steps on CPU, toy sizes
-    python3 scripts/gpu_report.py --steps erasers,bench_mdl --out "$OUT"   # a second call: what the first skipped
+    python3 tools/gpu_report.py --out "$OUT"                 # on the GPU machine (installs .whl/ if needed)
+    .venv/bin/python tools/gpu_report.py                      # no CUDA here: the same steps on CPU, toy sizes
+    python3 tools/gpu_report.py --steps erasers,bench_mdl --out "$OUT"   # a second call: what the first skipped
 
 Writes `<out>/gpu_report.json`, `<out>/gpu_report.md` and one log per subprocess under `<out>/logs/`. Both
 files are rewritten after every step (and before it: a step the report dies in reads "failed: did not
@@ -22,9 +22,9 @@ listed as skipped, with the reason:
                              (hydra/launcher=packed training.pack_group=true): wall times, ratio, memory, and the
                              numbers against the numerics contract's tolerance (largest deviation vs seed SD)
   erasers_device [erasers]   LEACE, QLEACE, ALF-QLEACE fitted in float64 on the device vs CPU: max |Δ| erased
-  bench_mdl [speed]          scripts/bench_mdl.py: ours vs the naive loop, device read bandwidth vs an MLP epoch
+  bench_mdl [speed]          tools/bench_mdl.py: ours vs the naive loop, device read bandwidth vs an MLP epoch
   bench_erasers_device, bench_erasers_cpu_reference [erasers]
-                             scripts/bench_erasers.py: ours on the device beside concept-erasure's float64 CPU fit
+                             tools/bench_erasers.py: ours on the device beside concept-erasure's float64 CPU fit
   sweep_cost [sweep]         per architecture: GPU-seconds per epoch per job, memory per job, jobs per GPU
                              (by memory, and measured: aggregate samples/s of 1, 2, 4 processes at once)
 
@@ -48,18 +48,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if not __package__:  # run as a plain script (the GPU machine installs nothing): its pieces are this checkout's
     sys.path.insert(0, str(ROOT))
 # before any import below: they reach training/ (hydra, omegaconf, mup), absent on the bare GPU machine
-from scripts.gpu_report_bootstrap import bootstrap  # noqa: E402
+from tools.gpu_report_bootstrap import bootstrap  # noqa: E402
 
 BOOTSTRAP = bootstrap()
 
-from scripts.gpu_report_env import ensure_packages, environment  # noqa: E402
-from scripts.gpu_report_model import Report, as_json  # noqa: E402
-from scripts.gpu_report_output import JSON_NAME, MD_NAME, now, write_report  # noqa: E402
-from scripts.gpu_report_pack import step_pack  # noqa: E402
-from scripts.gpu_report_pytest import step_tests  # noqa: E402
-from scripts.gpu_report_runner import Context, Killed, Step, run_steps  # noqa: E402
-from scripts.gpu_report_sizes import ARCHS, GPU, TOY, Sizes  # noqa: E402
-from scripts.gpu_report_steps import (  # noqa: E402
+from tools.gpu_report_env import ensure_packages, environment  # noqa: E402
+from tools.gpu_report_model import Report, as_json  # noqa: E402
+from tools.gpu_report_output import JSON_NAME, MD_NAME, now, write_report  # noqa: E402
+from tools.gpu_report_pack import step_pack  # noqa: E402
+from tools.gpu_report_pytest import step_tests  # noqa: E402
+from tools.gpu_report_runner import Context, Killed, Step, run_steps  # noqa: E402
+from tools.gpu_report_sizes import ARCHS, GPU, TOY, Sizes  # noqa: E402
+from tools.gpu_report_steps import (  # noqa: E402
     make_job_step,
     step_bench_erasers_cpu,
     step_bench_erasers_device,
@@ -84,12 +84,12 @@ def all_steps(sizes: Sizes) -> list[Step]:
         Step("pack", "sweep", step_pack, t["pack"], "5 seeds: 5 processes at once vs one pack (pack group)"),
         Step("erasers_device", "erasers", step_erasers_device, t["erasers_device"],
              "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
-        Step("bench_mdl", "speed", step_bench_mdl, t["bench_mdl"], "scripts/bench_mdl.py: ours vs naive, bandwidth"),
+        Step("bench_mdl", "speed", step_bench_mdl, t["bench_mdl"], "tools/bench_mdl.py: ours vs naive, bandwidth"),
         Step("bench_erasers_device", "erasers", step_bench_erasers_device, t["bench_erasers_device"],
-             "scripts/bench_erasers.py, ours on the device"),
+             "tools/bench_erasers.py, ours on the device"),
         Step("sweep_cost", "sweep", step_sweep_cost, t["sweep_cost"], "GPU-s per epoch per job, jobs per GPU"),
         Step("bench_erasers_cpu_reference", "erasers", step_bench_erasers_cpu, t["bench_erasers_cpu_reference"],
-             "scripts/bench_erasers.py, concept-erasure float64 on CPU"),
+             "tools/bench_erasers.py, concept-erasure float64 on CPU"),
     ]
 
 

@@ -1,4 +1,4 @@
-"""scripts/gpu_report.py's two files: the JSON report (strict: non-finite figures become null) and its markdown."""
+"""tools/gpu_report.py's two files: the JSON report (strict: non-finite figures become null) and its markdown."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from scripts.gpu_report_model import Report
+from tools.gpu_report_model import Report
 
 JSON_NAME, MD_NAME = "gpu_report.json", "gpu_report.md"
 

@@ -1,6 +1,6 @@
-"""What `scripts/bench_mdl.py --json` writes (outputs/bench/bench_mdl.json): written from this type, read back into
-it by `make plan` (scripts/plan.py) and the GPU report's bench_mdl step. A file written before a key existed reads
-the key's default here; a key this type does not declare is ignored."""
+"""What `tools/bench_mdl.py --json` writes (outputs/bench/bench_mdl.json): written from this type, read back into it
+by the GPU report's bench_mdl step (`make plan` reads the JSON's median_s and seeds itself). A file written before a
+key existed reads the key's default here; a key this type does not declare is ignored."""
 
 from __future__ import annotations
 
@@ -35,9 +35,3 @@ class BenchSummary:
     def from_json(cls, value: dict[str, Any]) -> BenchSummary:
         return cls(**{f.name: value[f.name] for f in dataclasses.fields(cls) if f.name in value})
 
-    @property
-    def seconds_per_seed(self) -> float | None:
-        """The median seconds of ours per seed (None: no run of ours)."""
-        if "ours" not in (self.median_s or {}):
-            return None
-        return float(self.median_s["ours"]) / max(int(self.seeds or 1), 1)

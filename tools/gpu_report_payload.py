@@ -1,5 +1,5 @@
-"""The JSON argument of a scripts/gpu_report_work.py measurement: built by the steps that start one
-(scripts/gpu_report_steps.py, gpu_report_env.py), sent as one JSON string, parsed once by the worker. Each kind reads
+"""The JSON argument of a tools/gpu_report_work.py measurement: built by the steps that start one
+(tools/gpu_report_steps.py, gpu_report_env.py), sent as one JSON string, parsed once by the worker. Each kind reads
 its own fields; the rest keep their defaults. Standard library only (it runs with the wheelhouse alone).
 """
 

@@ -1,4 +1,4 @@
-"""scripts/gpu_report.py's `tests` step: the test suite under pytest, read back from its junit xml (and from its
+"""tools/gpu_report.py's `tests` step: the test suite under pytest, read back from its junit xml (and from its
 verbose lines when it runs out of time)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import os
 import re
 from pathlib import Path
 
-from scripts.gpu_report_env import OPTIONAL
-from scripts.gpu_report_runner import Context, StepError, error_line, tail
+from tools.gpu_report_env import OPTIONAL
+from tools.gpu_report_runner import Context, StepError, error_line, tail
 
 
 def step_tests(ctx: Context) -> str:

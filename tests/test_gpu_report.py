@@ -19,22 +19,35 @@ from typing import Any
 
 import pytest
 
-from tools.gpu_report import all_steps, main, select
-from tools.gpu_report_model import Report
-from tools.gpu_report_output import JSON_NAME, MD_NAME, now, write_report
-from tools.gpu_report_pack import (
+from tools.gpu_report import DEFAULT_BUDGET, all_steps, main, select
+from tools.gpu_report_run import (
+    ARCHS,
+    GPU,
+    JSON_NAME,
+    MD_NAME,
+    TOY,
+    Context,
+    Report,
+    Step,
+    StepError,
+    StepSkipped,
+    now,
+    run_at_once,
+    run_steps,
+    write_report,
+)
+from tools.gpu_report_steps import (
     FROM_GROUP,
     GROUP_FAILED,
     GROUP_FORMED,
+    MISSING_MODULE,
     SEEDS,
     ProcessMemory,
     memory_figures,
     pack_checks,
-    run_at_once,
+    pytest_progress,
+    read_junit,
 )
-from tools.gpu_report_pytest import MISSING_MODULE, junit_id, pytest_progress, read_junit
-from tools.gpu_report_runner import Context, Step, StepError, StepSkipped, run_steps
-from tools.gpu_report_sizes import ARCHS, TOY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,13 +117,13 @@ def test_toy_mode_runs_every_step(tmp_path: Path) -> None:
 def test_plain_script_takes_its_pieces_from_its_own_checkout(tmp_path: Path) -> None:
     """The GPU machine runs `python3 tools/gpu_report.py` with nothing installed, from anywhere: the script puts
     its checkout on the path, so its modules (tools/gpu_report_*.py) are this checkout's, not an installed copy."""
-    code = ("import runpy, sys; runpy.run_path(sys.argv[1]); import tools.gpu_report_runner as r, "
+    code = ("import runpy, sys; runpy.run_path(sys.argv[1]); import tools.gpu_report_run as r, "
             "tools.gpu_report_steps as s; print(r.__file__); print(s.__file__)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "tools" / "gpu_report.py")], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == [str(ROOT / "tools" / f"gpu_report_{m}.py") for m in ("runner", "steps")]
+    assert proc.stdout.split() == [str(ROOT / "tools" / f"gpu_report_{m}.py") for m in ("run", "steps")]
     listed = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_report.py"), "--list", "--toy"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert listed.returncode == 0, listed.stderr[-2000:]
@@ -188,11 +201,10 @@ def test_select_and_junit(tmp_path: Path) -> None:
         <failure message="ModuleNotFoundError: No module named 'numba'"/></testcase>
       <testcase classname="tests.test_a.TestC" name="test_x"><error message="boom"/></testcase>
     </testsuite></testsuites>""")
-    gpu_ids = {junit_id("tests/test_models.py::test_cuda[mlp]")}
-    counts, failures, gpu_skipped = read_junit(xml, gpu_ids)
+    counts, failures, gpu_skipped = read_junit(xml, {"tests/test_models.py::test_cuda[mlp]"})  # pytest's node ids
     assert counts == {"passed": 1, "failed": 1, "errors": 1, "skipped": 1}
-    assert gpu_skipped == [("tests.test_models::test_cuda[mlp]", "needs CUDA")]
-    assert junit_id("tests/test_a.py::TestC::test_x") == ("tests.test_a.TestC", "test_x")
+    assert gpu_skipped == [("tests/test_models.py::test_cuda[mlp]", "needs CUDA")]
+    assert failures[1] == "tests/test_a.py::TestC::test_x: boom"
     missing = MISSING_MODULE.search(failures[0])
     assert missing is not None and missing.group(1) == "numba"
 
@@ -301,9 +313,6 @@ def test_pack_checks_on_a_gpu_hold_the_numerics_contract_tolerance_and_say_the_d
 
 
 def test_the_gpu_default_fits_one_device_call_with_the_jobs_first() -> None:
-    from tools.gpu_report import DEFAULT_BUDGET
-    from tools.gpu_report_sizes import GPU
-
     names = [s.name for s in all_steps(GPU)]
     assert names[:7] == ["tests", *[f"job_{a}" for a in ARCHS], "throughput", "pack"]
     assert DEFAULT_BUDGET <= 600 - 45  # a 10-minute call: the wheels' install and start-up take the rest
@@ -314,8 +323,8 @@ def test_run_at_once_runs_together_and_fails_on_an_error_or_the_budget(tmp_path:
     ctx, _ = fake_ctx(tmp_path)
     ctx.deadline = time.monotonic() + 60
     sleep = [sys.executable, "-c", "import time; time.sleep(2)"]
-    wall, each = run_at_once(ctx, [(sleep, "a"), (sleep, "b"), (sleep, "c")], dict(os.environ))
-    assert 2 <= wall < 5.5 and len(each) == 3 and max(each) == wall  # at once: one after another takes 6 s
+    each = [p.seconds for p in run_at_once(ctx, [(sleep, "a"), (sleep, "b"), (sleep, "c")], dict(os.environ))]
+    assert len(each) == 3 and 2 <= min(each) and max(each) < 5.5  # at once: one after another takes 6 s
     assert (ctx.logs / "b.log").read_text().startswith("$ ")
     with pytest.raises(StepError, match=r"^bad: ValueError: nope"):
         run_at_once(ctx, [(sleep, "fine"), ([sys.executable, "-c", "raise ValueError('nope')"], "bad")],

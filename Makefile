@@ -48,7 +48,7 @@ demo: setup  ## every eraser on MNIST-5k, MLP, 3 seeds (packed) + a permuted-lab
 	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none \
 	  hydra/launcher=packed hydra.launcher.inner=parallel ++hydra.launcher.inner_options.n_jobs=2 \
 	  dataset.permute_labels=true seed=0
-	$(PY) scripts/aggregate.py outputs/runs/mnist5k --name demo
+	$(PY) -m scripts.aggregate outputs/runs/mnist5k --name demo
 
 CAL_OUT ?= outputs/calibrate
 CAL_RUN = OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) -m training.run -m experiment=calibrate hydra/launcher=parallel \
@@ -63,18 +63,18 @@ calibrate: setup  ## known answers: MDL of erased generator data beside the popu
 	  eraser.fit_labels=shuffled $(ARGS)
 	$(CAL_RUN) dataset=mixture dataset.dim=4 dataset.num_classes=2 dataset.mean_gap=0 dataset.cov_gap=0 \
 	  dataset.rows_per_dim=256 eraser=qleace $(ARGS)
-	$(PY) scripts/calibrate.py $(CAL_OUT)/runs
+	$(PY) -m scripts.calibrate $(CAL_OUT)/runs
 
 reproduce: setup  ## run a preset, then aggregate it (also after failed jobs): make reproduce EXP=<name> [ARGS="k=v ..."]
 	$(PY) -m training.run -m experiment=$(EXP) $(ARGS); rc=$$?; \
-	  $(PY) scripts/aggregate.py --experiment $(EXP) --name $(EXP) $(addprefix --override ,$(ARGS)) || rc=1; \
+	  $(PY) -m scripts.aggregate --experiment $(EXP) --name $(EXP) $(addprefix --override ,$(ARGS)) || rc=1; \
 	  exit $$rc
 
 plan: setup  ## a sweep's jobs, cells, done/remaining and CPU/GPU hours, without running it: make plan EXP=<name> [ARGS="k=v ..."]
 	$(PY) -m scripts.plan $(EXP) $(ARGS)
 
 tables: setup  ## aggregate whatever is in outputs/runs into outputs/tables/
-	$(PY) scripts/aggregate.py outputs/runs --name all
+	$(PY) -m scripts.aggregate outputs/runs --name all
 
 bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm, sweep packed vs per process, engine counts (syncs/ops per step, graph breaks, occupancy); BENCH_ARGS=--device cuda
 	mkdir -p outputs/bench

@@ -1,4 +1,4 @@
-"""The claims report (scripts/claims.py) on job tables whose answer is known: supported, contradicted,
+"""The claims report (training/tasks/mdl/claims.py) on job tables whose answer is known: supported, contradicted,
 inconclusive / underpowered (one standard of evidence: the margin's CI at the Holm level), TOST for the claim of
 absence, not enough seeds, not identifiable, budget-bound; the statistics against scipy; the false-support rate and
 the power simulated with a fixed RNG; which claims survive every group (largest p, no correction across groups); and

@@ -205,7 +205,7 @@ def test_the_scan_catches_a_name_check() -> None:
 def test_no_code_outside_erasure_checks_an_erasers_name() -> None:
     names = set(erasure.NAMES)
     found, allowed_used = [], set()
-    for package in ("training", "models", "scripts"):
+    for package in ("training", "models", "scripts", "tools"):
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             hits = eraser_name_checks(path.read_text(), names)

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from scripts import aggregate, claims
+from scripts import aggregate
 from tests.helpers import fixture_job_dir
 from training.analysis.tables import groups_in
 from training.app.tasks import decode_result
-from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary
+from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary, claims
 from training.tasks.mdl.result import MdlRecord, MdlResult
 
 LOG2_10 = math.log2(10)

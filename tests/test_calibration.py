@@ -275,7 +275,7 @@ def test_the_claims_report_runs_on_the_grid(tmp_path: Path) -> None:
     (cov gap, mean gap, rows/d) in its own group, and the claims report gives every group a LEACE-vs-control row
     of 10 seeds. Population LEACE equal to the control (cov gap 1, mean gap 0: the true effect is 0) is never
     "supported"; at cov gap 4, mean gap 1 (true effect +0.17 bits) it is."""
-    from scripts import claims
+    from training.tasks.mdl import claims
     from training.tasks.mdl.aggregate_collect import collect_dir
 
     _grid(tmp_path, {"leace cov4": 0.85, "control cov4": 0.68, "leace cov1": 1.2, "control cov1": 1.2})
@@ -320,7 +320,7 @@ def test_the_shuffled_fit_control_reaches_the_claims_through_the_aggregate(tmp_p
     fit, not the control, and is not supported; without the shuffled-fit runs the same bracket is."""
     import numpy as np
 
-    from scripts import claims
+    from training.tasks.mdl import claims
     from training.tasks.mdl.aggregate_collect import collect_dir
 
     rng = np.random.default_rng(6)

@@ -1,4 +1,4 @@
-"""The claims report (scripts/claims.py) on job tables whose answer is known: supported, contradicted,
+"""The claims report (training/tasks/mdl/claims.py) on job tables whose answer is known: supported, contradicted,
 inconclusive / underpowered (one standard of evidence: the margin's CI at the Holm level), TOST for the claim of
 absence, not enough seeds, not identifiable, budget-bound; the statistics against scipy; the false-support rate and
 the power simulated with a fixed RNG; which claims survive every group (largest p, no correction across groups); and
@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from scripts import claims
 from training.analysis.tables import INJECTION, bias_flag, bias_noise
+from training.tasks.mdl import claims
 from training.tasks.mdl.aggregate_collect import at_cap
 from training.tasks.mdl.result import BlockRecord
 

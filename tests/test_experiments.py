@@ -121,7 +121,7 @@ def test_presets_that_make_claims_run_enough_seeds_for_a_claim_to_hold() -> None
     """A claim holds only on ≥ claims.MIN_SEEDS seeds: a preset with `claims` that runs fewer could never say so."""
     from omegaconf import DictConfig, OmegaConf
 
-    from scripts.claims import CLAIMS, MIN_SEEDS
+    from training.tasks.mdl.claims import CLAIMS, MIN_SEEDS
 
     with_claims = []
     for name in presets():

@@ -360,7 +360,7 @@ BRACKET_NOTE = ("Brackets [out of sample, in sample] at equal n_coded (bits/samp
                 "holdout (fitted on other rows: under-erasure and label injection read low) and self (fitted on the "
                 "coded rows; or all where it codes as many rows: dependence reads high). The ends are not guaranteed "
                 "to contain the population eraser's value (make calibrate measures coverage: docs/known-answers.md); "
-                "scripts/claims.py supports a claim where the lower end of the bracket margin's CI excludes zero.\n")
+                "The claims report supports a claim where the lower end of the bracket margin's CI excludes zero.\n")
 
 
 def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:

@@ -375,6 +375,9 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, cache_dir: Path, with_certif
             x, info["report"], info["cache_hit"], key = _erase_holdout(fit, coded, name, options, cache_dir,
                                                                        rank_hint, eraser, memo)
         log.info("eraser %s: %s", name, "cache hit" if info["cache_hit"] else "fitted and cached")
+        if fit is not None and traits.family == "linear" and traits.rank_hint is None:  # fitted on its labels
+            from erasure.rank_test import rank_test
+            info["rank_test"] = rank_test(fit.x, fit.y)
     info["seconds"] = time.perf_counter() - t0
     if with_certificate:
         before = certify_original(coded, cache_dir)

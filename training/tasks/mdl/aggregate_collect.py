@@ -352,11 +352,10 @@ def budget_columns(mdl: MdlRecord) -> dict[str, float]:
     the at-cap ones' validation trends would still lower the code (bits/sample; analysis/tables.budget_reason)."""
     caps = [c for c in (at_cap(b) for b in mdl.blocks) if c is not None]
     trends = [b for b in mdl.blocks if b.tail_fall_bits is not None and b.coded_size]
-    coded = sum(b.coded_size or 0 for b in trends)
     out = {"blocks_known": float(len(caps)) if caps else math.nan,
            "blocks_at_cap": float(sum(caps)) if caps else math.nan,
-           "budget_bits": sum((b.tail_fall_bits or 0) * (b.coded_size or 0) for b in trends if at_cap(b)) / coded
-           if trends and len(trends) == len(mdl.blocks) else math.nan}
+           "budget_bits": sum((b.tail_fall_bits or 0) * (b.coded_size or 0) for b in trends if at_cap(b))
+           / mdl.n_coded if trends and len(trends) == len(mdl.blocks) and mdl.n_coded else math.nan}
     for reason in STOP_REASONS:
         out[f"blocks_{reason}"] = float(sum(b.stop_reason == reason for b in mdl.blocks)) if caps else math.nan
     return out

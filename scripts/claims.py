@@ -19,19 +19,28 @@ MDL") is an equivalence claim with margin δ = `Claim.effect`: supported by TOST
 p = the larger one-sided p), contradicted when the change is beyond −δ (d_hi < −δ). Each row says how many seeds
 it needs to be decidable (the CI's half-width at its level below max(|mean margin|, effect), at the observed sd).
 Before that: "not enough seeds" below MIN_SEEDS; a supported or contradicted single row with a flagged side (probe
-below chance, injecting null: scripts/tables.bias_flag) is "not identifiable"; a side with more than BUDGET_SHARE
-of its block models at the cap is "budget-bound" (scripts/aggregate_collect.at_cap).
+below chance, injecting null: analysis/tables.bias_flag) is "not identifiable"; a side whose block models at the
+cap still had falling validation losses, by enough to move the code, is "budget-bound"
+(analysis/tables.budget_reason).
 
-Non-specific removal (issue 38). A fitted LEACE removes K − 1 directions chosen partly by the noise of its fit
-sample, which raise the code whatever the concept: at equal class means (population LEACE is the identity) both
-bracket ends sit above the control on every seed. So `leace_raises_mdl` measures LEACE against LEACE fitted on
-shuffled labels (`eraser.fit_labels=shuffled`, applied to the same true-label rows) in the fit modes where that
-ran, and against the control only in the others (population; results without the shuffled fit). Shuffled-fit runs
-are a control, not a variant: no other claim reads them (`fit_labels_apart`).
+Non-specific removal. A fitted LEACE removes K − 1 directions chosen partly by the noise of its fit sample, which
+raise the code whatever the concept: at equal class means (population LEACE is the identity) both bracket ends sit
+above the control on every seed, a bias the margin's CI cannot see. So a removal claim (a fitted eraser against the
+identity: `leace_raises_mdl`) measures the eraser against itself fitted on shuffled labels
+(`eraser.fit_labels=shuffled`, applied to the same true-label rows) in each fit mode where that ran; a fitted mode
+without it is UNCONTROLLED whatever its margin, and the row names the command that runs the control. Only the
+population eraser (exact moments, no fit) is measured against the identity. Shuffled-fit runs are a control, not a
+variant: no other claim reads them (`fit_labels_apart`).
 
-A claim's verdict in one group: contradicted if a row is, else the first of not identifiable, budget-bound, not
-enough seeds, underpowered, inconclusive that a row has, else supported (every row supported); without a row "not
-testable here". Its p is the largest Holm p of its rows (every row must hold: an intersection-union test).
+Scale. Every number is the eraser as fitted on the rows the row names (n fit, rows per class per input dimension);
+the population effect is estimable from about ESTIMABLE_ROWS_PER_CLASS_DIM fit rows per class per dimension. A row
+whose fitted linear eraser is rank-irregular in half or more of a side's runs (erasure/rank_test.py: a removed
+direction no more label-aligned than under shuffled labels) says so beside its verdict.
+
+A claim's verdict in one group: contradicted if a row is, else the first of not identifiable, uncontrolled,
+budget-bound, not enough seeds, underpowered, inconclusive that a row has, else supported (every row supported);
+without a row "not testable here". Its p is the largest Holm p of its rows (every row must hold: an
+intersection-union test).
 
 Claims compare results of one comparison group only (scripts/aggregate.py: results whose configs differ in
 anything but eraser and seed are different groups): `evaluate` refuses a frame of several groups (one line naming

@@ -267,7 +267,8 @@ def test_a_single_fit_mode_with_a_side_flagged_is_not_identifiable() -> None:
     assert _verdicts(clean, ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
     z_only = _df(_shuffled(1.0), _runs("leace", 1.5, quadratic_probe_acc_z=-4.0))  # z < −3 SE: flagged too
     assert _verdicts(z_only, ["leace_raises_mdl"]) == {"leace_raises_mdl": "not identifiable"}
-    bracket = _df(_shuffled(1.0, fit_on="holdout"), _shuffled(1.0, fit_on="self"), _runs("leace", 1.5, fit_on="holdout"),
+    bracket = _df(_shuffled(1.0, fit_on="holdout"), _shuffled(1.0, fit_on="self"),
+                  _runs("leace", 1.5, fit_on="holdout"),
                   _runs("leace", 1.8, fit_on="self", linear_probe_below_chance=True))
     assert _verdicts(bracket, ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
 

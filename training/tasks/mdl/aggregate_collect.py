@@ -368,8 +368,7 @@ def fit_columns(result: MdlResult, mdl: MdlRecord) -> dict[str, Any]:
     n_coded = fit.n_coded if fit.n_coded is not None else mdl.n_coded
     shape, k = at(result.body.written, "dataset", "input_shape"), mdl.num_classes
     d = math.prod(shape) if isinstance(shape, list) and all(isinstance(v, int) for v in shape) else None
-    oracle = config_view(dict(result.config or {}))["eraser.fit_on"] == "oracle"  # oracle: n_fit per class
-    per_class = None if fit.n_fit is None or not k else fit.n_fit if oracle else fit.n_fit / k
+    per_class = None if fit.n_fit is None or not k else fit.n_fit / k
     irregular = erasure.rank_irregular
     return {"fit_source": fit.fit_source or "", "n_fit": math.nan if fit.n_fit is None else fit.n_fit,
             "n_coded": math.nan if n_coded is None else n_coded,

@@ -250,7 +250,8 @@ def _row_inputs(label: str, a: Side, b: Side, nulls_a: dict[str, pd.DataFrame],
         fit = "" if m.label == "all" else f" (fit on {m.label})"
         notes = [f"a: {n}" for n in _rank_notes(ra)] + ([] if b.name.endswith(SHUFFLED_SIDE) else
                                                         [f"b: {n}" for n in _rank_notes(rb)])
-        fitted = [f"a: {f}" for f in _fitted(ra)] + [f"b: {f}" for f in _fitted(rb)]
+        fitted = [f"{k}: {f}" for k, side, runs in (("a", a, ra), ("b", b, rb)) if not side.control
+                  for f in _fitted(runs)]
         modes = [k for k in m.modes if k != "population"]
         out.append(RowInput(label + fit, {k: seed_means(g) for k, g in ra.items()},
                             {k: seed_means(g) for k, g in rb.items()}, m.bracket, flags, budget, notes, fitted,

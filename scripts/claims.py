@@ -642,7 +642,7 @@ def markdown(results: Results, header: bool = True) -> str:
     lines.append("")
     for claim, tests, verdict in results:
         irregular = any(t.notes for t in tests)
-        lines.append(f"- {claim.text}, for the erasers as fitted: **{verdict}**"
+        lines.append(f"- {claim.text}: **{verdict}**"
                      + (" (in a rank-irregular cell: the fit removes noise-chosen directions)" if irregular else ""))
     if untestable:
         lines += ["", "Not testable with these results: " + "; ".join(c.key for c in untestable)]

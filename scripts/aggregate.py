@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if (args.claims or keys) and not df.empty:
         from training.tasks.mdl import claims
 
-        report = claims.markdown_groups(claims.evaluate_groups(df, keys))
+        report = claims.markdown_groups(claims.evaluate_groups(df, keys, args.experiment))
         print(report)
         (args.out / f"{name}_claims.md").write_text(report)
     return 0

@@ -17,6 +17,7 @@ import erasure
 from erasure import Eraser, data_options, eraser_traits, resolve_options
 from erasure.progress import use as erasure_progress
 from erasure.qleace import QleaceEraser, label_injection_risk
+from erasure.rank_test import rank_test
 from training.common.files import atomic_write_json, read_json
 from training.common.progress import progress_bar
 from training.data.cache import code_version, unreadable_line
@@ -224,6 +225,8 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, store: Store, plan: FitPlan 
             _warn_label_injection(name, source.data)
         x, info["report"], info["cache_hit"], key = erase(store, coded, source, spec, eraser)
         log.info("eraser %s: %s", name, "cache hit" if info["cache_hit"] else "fitted and cached")
+        if isinstance(source, Rows) and traits.family == "linear" and traits.rank_hint is None:  # on its labels
+            info["rank_test"] = rank_test(source.data.x, source.data.y)
     info["seconds"] = time.perf_counter() - t0
     if certificate:
         before = certify_original(coded, store)

@@ -14,7 +14,8 @@ from erasure.rank_test import rank_test
 from tests.helpers import job_config
 from training.app.tasks import load_job
 from training.data.generators import GaussianOptions, draw
-from training.tasks.mdl.inputs import prepare_data
+from training.inputs.pipeline import prepare_inputs
+from training.inputs.store import Store
 from training.tasks.mdl.result import ErasureRecord
 
 FITS = 60  # independent data laws per cell
@@ -65,7 +66,8 @@ GAUSS = ["experiment=smoke", "mdl.full_run=false", "dataset=gaussian", "dataset.
     ("leace", "oracle", False), ("control", "all", False), ("qleace", "self", False), ("random", "all", False)])
 def test_every_fitted_leace_records_its_rank_test(eraser: str, fit_on: str, tested: bool, tmp_path: Path) -> None:
     cfg = load_job(job_config(tmp_path, [*GAUSS, f"eraser={eraser}", f"eraser.fit_on={fit_on}"]))
-    coded, _, info = prepare_data(cfg)
+    inputs = prepare_inputs(cfg, Store.of(cfg.paths))
+    coded, info = inputs.data, inputs.erasure
     assert ("rank_test" in info) == tested
     record = ErasureRecord.of(info)
     assert record.rank_irregular == (info["rank_test"]["rank_irregular"] if tested else None)
@@ -78,5 +80,5 @@ def test_the_shuffled_fit_is_tested_on_the_labels_it_was_fitted_on(tmp_path: Pat
     cfg = load_job(job_config(tmp_path, [*GAUSS, "eraser=leace", "eraser.fit_on=self", "eraser.fit_labels=shuffled",
                                          "dataset.rows_per_dim=32"]))
     true = load_job(job_config(tmp_path, [*GAUSS, "eraser=leace", "eraser.fit_on=self", "dataset.rows_per_dim=32"]))
-    assert prepare_data(cfg)[2]["rank_test"]["rank_irregular"]
-    assert not prepare_data(true)[2]["rank_test"]["rank_irregular"]
+    assert prepare_inputs(cfg, Store.of(cfg.paths)).erasure["rank_test"]["rank_irregular"]
+    assert not prepare_inputs(true, Store.of(true.paths)).erasure["rank_test"]["rank_irregular"]

@@ -53,7 +53,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         fits += 1
         return real_erase(*a, **k)
 
-    erasure.erase = counting_erase  # training.data.erase imports it at call time
+    erasure.erase = counting_erase  # training.inputs.erase calls it as erasure.erase, at call time
     cfg = job_config(Path(args.out), [f"dataset={args.dataset}", f"eraser={args.eraser}", "mdl=quick",
                                       "mdl.max_epochs=1", "mdl.full_run=false", "certificate=false",
                                       f"paths.cache_dir={args.cache}", f"device={args.device}", "force=true"])

@@ -72,7 +72,8 @@ def differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> l
     return out
 
 
-CACHE_LINES = {  # what each job's run.log says about its eraser and erased data (training/data/cache.py, erase.py)
+CACHE_LINES = {  # what each job's run.log says about its eraser and erased data (training/data/cache.py,
+    # training/inputs/erase.py)
     "fits": r"fitting eraser \w+ on",
     "erasers_read": r"cache hit: \S*/erasers/",
     "erasers_shared": r"cache hit \(shared in this process\): \S*/erasers/",

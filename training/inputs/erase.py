@@ -8,7 +8,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -18,6 +18,7 @@ from erasure import Eraser, data_options, eraser_traits, resolve_options
 from erasure.progress import use as erasure_progress
 from erasure.qleace import QleaceEraser, label_injection_risk
 from erasure.rank_test import rank_test
+from training.app.schema import EraserConfig
 from training.common.files import atomic_write_json, read_json
 from training.common.progress import progress_bar
 from training.data.cache import code_version, unreadable_line
@@ -28,15 +29,6 @@ from training.inputs.plan import ALL, EraserSpec, FitPlan, FitSource, Rows, flat
 from training.inputs.store import Store
 
 log = logging.getLogger(__name__)
-
-
-class EraserCfg(Protocol):
-    """The typed `eraser` config group (training/app/schema.py EraserConfig): its name and fitter options."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def options(self) -> Mapping[str, Any]: ...
 
 
 def cache_key(data: LoadedData, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,7 +168,7 @@ def certify_erased(x: Tensor, y: Tensor, key: Mapping[str, Any], store: Store) -
     return cert
 
 
-def apply_eraser(data: LoadedData, eraser_cfg: EraserCfg, store: Store, plan: FitPlan | None = None,
+def apply_eraser(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPlan | None = None,
                  certificate: bool = True) -> tuple[Tensor, dict[str, Any]]:
     """Erased images and an info dict: report, cache hit, how it was fitted, certificate before/after, seconds.
     With a `plan`, the eraser is fitted as it says and the erased images are those of `plan.coded_idx` (the samples
@@ -185,7 +177,7 @@ def apply_eraser(data: LoadedData, eraser_cfg: EraserCfg, store: Store, plan: Fi
     return x, info
 
 
-def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserCfg, store: Store, plan: FitPlan | None = None,
+def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPlan | None = None,
                              certificate: bool = True) -> tuple[Tensor, dict[str, Any], Eraser | None]:
     """`apply_eraser`, and the fitted eraser too (None for the identity control, which has nothing to apply), for
     `eraser.after_augment`: the same erased images (the same cache entry), the eraser from `fitted_eraser`. A map
@@ -195,7 +187,7 @@ def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserCfg, store: Sto
     return _apply(data, eraser_cfg, store, plan, certificate, keep_map=True)
 
 
-def _apply(data: LoadedData, eraser_cfg: EraserCfg, store: Store, plan: FitPlan | None, certificate: bool,
+def _apply(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPlan | None, certificate: bool,
            keep_map: bool) -> tuple[Tensor, dict[str, Any], Eraser | None]:
     name, options = eraser_cfg.name, dict(eraser_cfg.options)
     t0 = time.perf_counter()

@@ -3,7 +3,7 @@ CIFAR-shaped synthetic data; toy sizes without CUDA) run (a) as 5 `python -m tra
 one device and (b) as one pack, `-m seed=0,1,2,3,4 hydra/launcher=packed training.pack_group=true` (one process; on
 CUDA the stacked engine trains the 5 seeds' block models in one lockstep group, training/tasks/mdl/pack_group.py).
 
-Records both wall times and their ratio (a)/(b) (issue 32's goal on a GPU: at least 5x), each process's peak memory
+Records both wall times and their ratio (a)/(b) (the goal on a GPU: at least 5x), each process's peak memory
 (per process: (a)'s is the sum of its five processes' peaks), whether every job's result.json is == between (a) and
 (b) (scripts/bench_sweep.py's comparison: wall times aside) and whether the pack group formed (the pack's log). Numbers
 that differ or a group that did not form are flagged, not failed: the step fails only when a run fails.

@@ -443,7 +443,7 @@ def _rows(x: Tensor, device: torch.device, apply: Callable[[Tensor], Tensor]) ->
 
 
 def _fit_info(plan: FitPlan | None, fit: LoadedData | None, coded: LoadedData) -> dict[str, Any]:
-    """result.json `eraser.fit` (INTERFACE.md): how the eraser was fitted, null where the mode does not use a key."""
+    """result.json `eraser.fit`: how the eraser was fitted, null where the mode does not use a key."""
     if plan is None:
         return {"fit_on": "all", "fit_source": None, "n_fit": len(coded.y), "n_coded": len(coded.y),
                 "fit_fraction": None, "repeat": None}

@@ -90,7 +90,7 @@ def with_permuted_labels(data: LoadedData, permute: bool, seed: int) -> LoadedDa
 
 def fit_plan(e: EraserConfig, dataset: DatasetConfig, seed: int, data: LoadedData, data_dir: str,
              pack: Pack | None = None) -> FitPlan | None:
-    """How the eraser is fitted (`eraser.fit_on`, INTERFACE.md) on `data` (labels already permuted for a null), and
+    """How the eraser is fitted (`eraser.fit_on`) on `data` (labels already permuted for a null), and
     which rows are coded; None for fit_on=all (with the coded labels). A holdout that cannot be fitted is refused in
     one line (ConfigError) here, in the precheck, before any directory is made. `data_dir`: where the pool is read
     (`eraser.fit_source=pool`)."""

@@ -78,7 +78,7 @@ def doc_block(doc: str, path: str) -> str:
 # --- the toy entries: what each errand writes into the files its page names ---------------------------------------
 ERASER = "mean_shift"  # the worked example of docs/extending.md, written from its code blocks
 ARCH = "toy_mlp"
-TOY_ARCH = '''"""A one-hidden-layer μP MLP: the throwaway architecture of tests/test_errands.py."""
+TOY_ARCH = '''"""An MLP of `depth` hidden layers in μP: the throwaway architecture of tests/test_errands.py."""
 
 from __future__ import annotations
 
@@ -102,17 +102,18 @@ class ToyOptions:
 class ToySpec:
     in_features: int
     width: int
+    depth: int
     num_classes: int
     activation: str = "relu"
 
     @staticmethod
     def stage_depths(arch: Arch, depth: int | None = None) -> tuple[int, ...]:
-        return (1,)
+        return (arch.depth if depth is None else depth,)
 
     @classmethod
     def from_arch(cls, arch: Arch, input_shape: tuple[int, ...], num_classes: int) -> ToySpec:
         c, h, w = input_shape
-        return cls(c * h * w, arch.width, num_classes, arch.options.activation)
+        return cls(c * h * w, arch.width, arch.depth, num_classes, arch.options.activation)
 
     def with_width(self, width: int) -> ToySpec:
         return replace(self, width=width)
@@ -120,9 +121,11 @@ class ToySpec:
     def build(self) -> nn.Module:
         from mup import MuReadout
 
-        act = nn.ReLU() if self.activation == "relu" else nn.Tanh()
-        return nn.Sequential(nn.Flatten(), nn.Linear(self.in_features, self.width), act,
-                             MuReadout(self.width, self.num_classes, readout_zero_init=True))
+        layers: list[nn.Module] = [nn.Flatten()]
+        for i in range(self.depth):
+            layers += [nn.Linear(self.in_features if i == 0 else self.width, self.width),
+                       nn.ReLU() if self.activation == "relu" else nn.Tanh()]
+        return nn.Sequential(*layers, MuReadout(self.width, self.num_classes, readout_zero_init=True))
 
     def info(self) -> dict[str, Any]:
         return {"in_features": self.in_features, "activation": self.activation}
@@ -131,9 +134,9 @@ TOY_ARCH_YAML = """name: toy_mlp
 tag: toy_mlp_${.activation}
 activation: relu
 width: 64
-depth: 1
+depth: 2
 base_width: 64
-base_depth: 1
+base_depth: 2
 parametrization: mup
 paper_optim:
   lr: {control: 1.0e-3, linear: 2.0e-3, quadratic: 3.0e-3}

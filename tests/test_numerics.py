@@ -51,8 +51,9 @@ def test_a_job_is_hashed_under_its_own_tasks_numerics_version(tmp_path: Path) ->
     configs = [job_config(tmp_path, ["experiment=smoke"]), job_config(tmp_path, ["experiment=gs_two_moons"]),
                job_config(tmp_path, ["experiment=gs_sd_erasure", "task=gs_erased_eval", "eraser=leace"])]
     for cfg in configs:
-        own = numerics_of(spec_of(cfg))
-        assert 1 <= own <= NUMERICS
+        pinned = spec_of(cfg).numerics  # what the task's declaration says
+        own = NUMERICS if pinned is None else pinned
+        assert 1 <= own <= NUMERICS and numerics_of(spec_of(cfg)) == own
         assert job_hash(cfg) == job_hash(cfg, numerics=own) != job_hash(cfg, numerics=own - 1), cfg.get("task")
     assert numerics_of(dataclasses.replace(spec_of("mdl"), numerics=None)) == NUMERICS  # a task that pins none
     assert job_cell_hash(configs[2]) != job_cell_hash({**configs[2], "task": "mdl"})

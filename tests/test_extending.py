@@ -158,6 +158,7 @@ def test_every_task_is_discovered_once_from_its_module() -> None:
 
     import training.tasks
 
+    names = task_names()  # discovery sets the package's path: its own directory and those on sys.path now
     declared: dict[str, str] = {}
     for home in training.tasks.__path__:
         for path in sorted(Path(home).iterdir()):
@@ -168,7 +169,7 @@ def test_every_task_is_discovered_once_from_its_module() -> None:
             for task in getattr(module, "TASKS", None) or (module.TASK,):
                 assert task.name not in declared, f"task {task.name} declared twice"
                 declared[task.name] = module.__name__
-    assert "mdl" in declared and task_names() == sorted(declared)
+    assert "mdl" in declared and names == sorted(declared)
     for name, module_name in declared.items():
         task = get_task(name)
         assert isinstance(task, Task) and type(task).__module__.startswith(module_name), (name, module_name)

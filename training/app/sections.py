@@ -91,7 +91,7 @@ class DatasetConfig(OptionsSection):
     permute_labels: bool = spec(kind=bool, allowed="true or false")  # default: conf/config.yaml
 
 
-FIT_ON = ("all", "self", "holdout", "oracle", "population")  # eraser.fit_on (INTERFACE: how an eraser is fitted)
+FIT_ON = ("all", "self", "holdout", "oracle", "population")  # eraser.fit_on: how an eraser is fitted
 
 
 @dataclass(frozen=True, kw_only=True)

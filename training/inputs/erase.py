@@ -287,7 +287,7 @@ def _rows(x: Tensor, device: torch.device, apply: Callable[[Tensor], Tensor]) ->
 
 
 def _fit_info(plan: FitPlan, source: FitSource, coded: LoadedData) -> dict[str, Any]:
-    """result.json `eraser.fit` (INTERFACE.md): how the eraser was fitted, null where the mode does not use a key."""
+    """result.json `eraser.fit`: how the eraser was fitted, null where the mode does not use a key."""
     return {"fit_on": plan.fit_on, "fit_source": plan.fit_source, "n_fit": source.n_fit, "n_coded": len(coded.y),
             "fit_fraction": plan.fit_fraction, "repeat": plan.repeat}
 

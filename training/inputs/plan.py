@@ -197,7 +197,7 @@ def with_permuted_labels(data: LoadedData, permute: bool, seed: int) -> LoadedDa
 
 
 def fit_plan(e: EraserConfig, dataset: DatasetConfig, seed: int, data: LoadedData, store: Store) -> FitPlan | None:
-    """How the eraser is fitted (`eraser.fit_on`, INTERFACE.md) on `data` (labels already permuted for a null), and
+    """How the eraser is fitted (`eraser.fit_on`) on `data` (labels already permuted for a null), and
     which rows are coded; None for fit_on=all (with the coded labels). A holdout that cannot be fitted is refused in
     one line (ConfigError). `store`: where the pool is read (`eraser.fit_source=pool`)."""
     shuffle = (seed, e.repeat) if e.fit_labels == "shuffled" else None  # the fit labels' permutation

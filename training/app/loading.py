@@ -32,6 +32,19 @@ from training.app.typed import NAME_MAX, ConfigError, FieldSpec, field_spec, kin
 from training.common.conf import group_yaml
 from training.common.option_checks import build_options, shown
 from training.data.eraser_config import check_eraser_fitting, check_eraser_options, check_fit_data
+from training.engine.numerics import effective_precision
+
+
+def same_numbers(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config with the keys that cannot change a number on its device written as the job they are (its hash, its
+    directory, its record): `training.precision=tf32` off CUDA is fp32 (training/engine/numerics.py)."""
+    out = dict(data)
+    training = out.get("training")
+    if isinstance(training, Mapping) and "precision" in training:
+        precision = effective_precision(training["precision"], out.get("device", "auto"))
+        if precision != training["precision"]:
+            out["training"] = {**training, "precision": precision}
+    return out
 
 
 def load_config(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec, others: Collection[str] = ()) -> JobConfig:
@@ -41,7 +54,7 @@ def load_config(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec, others: Coll
         if cfg.task_spec != spec:
             raise ValueError(f"a config of task {cfg.task} loaded as task {spec.name}")
         return cfg
-    data = {k: v for k, v in cfg.items() if k not in NON_CONFIG_KEYS}
+    data = same_numbers({k: v for k, v in cfg.items() if k not in NON_CONFIG_KEYS})
     job = _build(JobConfig, data, "")
     assert isinstance(job, JobConfig)
     if job.task != spec.name:

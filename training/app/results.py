@@ -158,7 +158,8 @@ def stored_hash(done: Result, spec: TaskSpec) -> str | None:
     result of another task than `spec` (its hash is another job's)."""
     if done.config is None or done.task != spec.name or done.config.get("task", "mdl") != spec.name:
         return None
-    return config_hash(done.config, spec, numerics=done.numerics_version)
+    ran_on = {"device": done.device} if done.device else {}  # where a precision's numbers were made (tf32: CUDA)
+    return config_hash({**done.config, **ran_on}, spec, numerics=done.numerics_version)
 
 
 def same_config(done: Result, cfg_hash: str, spec: TaskSpec) -> bool:

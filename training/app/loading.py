@@ -6,6 +6,7 @@ training/data/eraser_config.py."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 from collections.abc import Collection, Mapping
@@ -79,8 +80,19 @@ def _check_inside_out_dir(p: PathsConfig) -> None:
                               "or paths.out_dir too long); shorten it")
     for above in (Path(out), *Path(out).parents):
         if above.is_symlink() and not above.exists():
+            try:
+                above.resolve(strict=True)
+                why = "which does not exist; create it"
+            except RuntimeError:  # Python < 3.13 names a loop so
+                why = "a loop of symbolic links that never reaches a directory; fix the links"
+            except OSError as err:
+                why = ("a loop of symbolic links that never reaches a directory; fix the links"
+                       if err.errno == errno.ELOOP else "which does not exist; create it")
             raise ConfigError(f"paths.out_dir={p.out_dir} is not allowed: {above} is a symbolic link to "
-                              f"{os.readlink(above)}, which does not exist; create it or point paths.out_dir elsewhere")
+                              f"{os.readlink(above)}, {why} or point paths.out_dir elsewhere")
+        if above.exists() and not above.is_dir():
+            raise ConfigError(f"paths.out_dir={p.out_dir} is not allowed: {above} is a file, not a directory; "
+                              "point paths.out_dir at a directory (or a path that does not exist yet)")
     for key, path in (("paths.job_dir", p.job_dir), ("paths.legacy_job_dir", p.legacy_job_dir)):
         if path is None or not path.startswith(p.out_dir.rstrip("/") + "/"):
             continue  # given explicitly, not built from paths.out_dir

@@ -69,6 +69,16 @@ def sweep_combos(config: DictConfig) -> list[list[str]] | None:
     args = [f"{k}={v}" for k, v in params.items()] + list(hc.overrides.task)
     loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
     parser = OverridesParser.create(config_loader=loader)
+    for arg in args:  # each value alone first: a bad one is named with its key, not a sweeper's traceback
+        try:
+            values = BasicSweeper.split_arguments(parser.parse_overrides([arg]), None)
+        except Exception as err:  # noqa: BLE001 - Hydra raises ValueError, HydraException, OverrideParseException
+            exit_user_error(f"multirun refused (nothing ran): {arg} cannot be swept ({_first_line(err)}): write "
+                            f"{arg.split('=', 1)[0]}=a,b,c (a list), range(start,stop,step) with a step that is "
+                            "not 0, or choice(a,b,c); interval() is for a search sweeper, not this one", err)
+        if not any(values):
+            exit_user_error(f"multirun refused (nothing ran): {arg} sweeps over no value, so the sweep has no job: "
+                            f"give {arg.split('=', 1)[0]} at least one value (a glob must match an option)")
     return [list(c) for batch in BasicSweeper.split_arguments(parser.parse_overrides(args), None) for c in batch]
 
 

@@ -543,3 +543,18 @@ def test_an_out_dir_through_a_file_or_a_symlink_loop_is_named_so(tmp_path: Path)
         assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-3000:]
         assert "which does not exist" not in lines[0]
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_labels_outside_num_classes_are_named_in_a_short_line() -> None:
+    import torch
+
+    from training.data.registry import LoadedData, _check
+
+    y = torch.arange(300) % 10
+    y[7] = 255  # a byte the label file should not hold
+    with pytest.raises(ValueError) as err:
+        _check(LoadedData("fashion_mnist", torch.zeros(300, 1, 2, 2), y, 10))
+    line = str(err.value)
+    assert "label 255" in line and "outside 0..9" in line and len(line) < 250 and "\n" not in line, line
+    with pytest.raises(ValueError, match="no image has label 9"):
+        _check(LoadedData("fashion_mnist", torch.zeros(300, 1, 2, 2), torch.arange(300) % 9, 10))

@@ -89,7 +89,13 @@ def test_a_result_of_other_data_is_moved_aside_and_read_by_the_aggregate_only_wh
     from scripts import aggregate
 
     assert aggregate.main([str(tmp_path / "out"), "--set-aside", "--out", str(tmp_path / "t")]) == 0
-    assert "runs on different data" in (tmp_path / "t" / "results.md").read_text()  # never averaged
+    text = (tmp_path / "t" / "results.md").read_text()
+    (line,) = [ln for ln in text.splitlines() if "set aside" in ln]  # never averaged with the cell's runs
+    assert line.count("seed 0") == 2 and "now: " in line, line  # the one set aside, then the current run
+    assert "runs on different data" not in text  # the cell's own runs are on one data
+    now = json.loads(path.read_text())["mdl"]["bits_per_sample"]
+    assert f"{now:.3f}" in text, text
+    assert f"{first['mdl']['bits_per_sample']:.3f}" not in text  # the cell's current number
 
 
 def test_the_same_data_re_gzipped_is_the_same_data(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

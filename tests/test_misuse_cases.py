@@ -558,3 +558,17 @@ def test_labels_outside_num_classes_are_named_in_a_short_line() -> None:
     assert "label 255" in line and "outside 0..9" in line and len(line) < 250 and "\n" not in line, line
     with pytest.raises(ValueError, match="no image has label 9"):
         _check(LoadedData("fashion_mnist", torch.zeros(300, 1, 2, 2), torch.arange(300) % 9, 10))
+
+
+def test_make_calibrate_reads_where_its_args_made_it_write() -> None:
+    import subprocess
+
+    from tests.helpers import REPO
+
+    def last_line(*args: str) -> str:
+        proc = subprocess.run(["make", "-n", "calibrate", *args], capture_output=True, text=True, cwd=REPO, timeout=60)
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert last_line('ARGS=paths.out_dir=/x seed=1').endswith("scripts/calibrate.py /x/runs")
+    assert last_line().endswith("scripts/calibrate.py outputs/calibrate/runs")
+    assert last_line("CAL_OUT=/y").endswith("scripts/calibrate.py /y/runs")

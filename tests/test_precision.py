@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.helpers import job_config, result_of
+from training.app.lifecycle import Outcome
 from training.app.tasks import job_cell_hash, job_hash, job_semantic
 from training.engine import numerics
 from training.tasks.mdl.job import run_job
@@ -131,7 +132,7 @@ def test_every_task_trains_in_bf16_when_asked(tmp_path: Path) -> None:
     assert bf16["train"] != fp32["train"], (bf16["train"], fp32["train"])
 
 
-def run_job_of(config: dict) -> object:
+def run_job_of(config: dict) -> Outcome:
     from training.app.tasks import get_task, load_job
 
     job = load_job(config)

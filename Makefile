@@ -51,6 +51,8 @@ demo: setup  ## every eraser on MNIST-5k, MLP, 3 seeds (packed) + a permuted-lab
 	$(PY) -m scripts.aggregate outputs/runs/mnist5k --name demo
 
 CAL_OUT ?= outputs/calibrate
+# where the sweep wrote: paths.out_dir in ARGS wins over CAL_OUT (the last override on the command line)
+CAL_READ = $(or $(lastword $(patsubst paths.out_dir=%,%,$(filter paths.out_dir=%,$(ARGS)))),$(CAL_OUT))
 CAL_RUN = OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) -m training.run -m experiment=calibrate hydra/launcher=parallel \
 	  hydra.launcher.n_jobs=2 paths.out_dir=$(CAL_OUT)
 calibrate: setup  ## known answers: MDL of erased generator data beside the population eraser on the same rows (own sweep in CAL_OUT; ARGS="k=v ...")
@@ -63,7 +65,7 @@ calibrate: setup  ## known answers: MDL of erased generator data beside the popu
 	  eraser.fit_labels=shuffled $(ARGS)
 	$(CAL_RUN) dataset=mixture dataset.dim=4 dataset.num_classes=2 dataset.mean_gap=0 dataset.cov_gap=0 \
 	  dataset.rows_per_dim=256 eraser=qleace $(ARGS)
-	$(PY) -m scripts.calibrate $(CAL_OUT)/runs
+	$(PY) -m scripts.calibrate $(CAL_READ)/runs
 
 reproduce: setup  ## run a preset, then aggregate it (also after failed jobs): make reproduce EXP=<name> [ARGS="k=v ..."]
 	$(PY) -m training.run -m experiment=$(EXP) $(ARGS); rc=$$?; \

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .moments import sym
+from .moments import checked_eigh, sym
 
 
 @dataclass
@@ -55,7 +55,7 @@ def _evaluate(s: Tensor, covs: Tensor, w: Tensor) -> _Eval | None:
         return None
     k, d, _ = covs.shape
     m = chol.mT @ (covs.reshape(k * d, d) @ chol).view(k, d, d)  # Lᵀ Σ_k L, one large GEMM first
-    vals, vecs = torch.linalg.eigh(m)  # reads one triangle: no need to symmetrise first
+    vals, vecs = checked_eigh(m)  # reads one triangle: no need to symmetrise first
     vals = vals.clamp_min(0.0)
     # G = Σ_k w_k Q_k Λ_k^½ Q_kᵀ = P Pᵀ with P = [Q_k (w_k Λ_k^½)^½]_k, as one (d × kd) GEMM
     p = (vecs * (w[:, None, None] * vals[:, None, :].sqrt()).sqrt()).permute(1, 0, 2).reshape(d, k * d)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,9 +114,52 @@ def sym(a: Tensor) -> Tensor:
 
 
 def eigh_desc(a: Tensor) -> tuple[Tensor, Tensor]:
-    """Eigen-decomposition of a symmetric matrix, eigenvalues in descending order."""
-    vals, vecs = torch.linalg.eigh(sym(a))
+    """Eigen-decomposition of a symmetric matrix, eigenvalues in descending order (checked: `checked_eigh`)."""
+    vals, vecs = checked_eigh(sym(a))
     return vals.flip(-1), vecs.flip(-1)
+
+
+EIGH_RTOL = 64.0  # an eigenpair's residual ‖A v − λ v‖ and ‖VᵀV − I‖ may reach this × d × eps × ‖A‖ (float64 check)
+_solver = torch.linalg.eigh  # the decomposition checked (tests inject a wrong one here)
+
+
+def checked_eigh(a: Tensor) -> tuple[Tensor, Tensor]:
+    """`torch.linalg.eigh` of a symmetric matrix or a batch of them (ascending), each decomposition checked in
+    float64: every eigenpair's residual ‖A v − λ v‖ against its own matrix, and the eigenvectors' orthonormality.
+    Some batched GPU solver paths return wrong eigenvectors or fail on low-rank float32 input; then (one warning)
+    each matrix is decomposed alone on the CPU in float64, and that is returned (in `a`'s dtype and device)."""
+    try:
+        vals, vecs = _solver(a)
+        good = _decomposes(a, vals, vecs)
+    except RuntimeError as err:  # the solver failed to converge (an ill-conditioned or low-rank input)
+        good, why = False, f"it failed ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+    else:
+        why = "an eigenpair's residual or the eigenvectors' orthonormality is off"
+    if good:
+        return vals, vecs
+    warnings.warn(f"eigh of {tuple(a.shape)} {a.dtype} on {a.device}: {why}; decomposed again one matrix at a time "
+                  "on the CPU in float64", RuntimeWarning, stacklevel=3)
+    flat = a.detach().to("cpu", torch.float64).reshape(-1, *a.shape[-2:])
+    pairs = [torch.linalg.eigh(m) for m in flat]
+    vals = torch.stack([v for v, _ in pairs]).reshape(a.shape[:-1])
+    vecs = torch.stack([q for _, q in pairs]).reshape(a.shape)
+    return vals.to(a.device, a.dtype), vecs.to(a.device, a.dtype)
+
+
+def _decomposes(a: Tensor, vals: Tensor, vecs: Tensor) -> bool:
+    """Whether (vals, vecs) decompose each symmetric matrix of `a` (reads its lower triangle, as eigh does)."""
+    a64 = torch.tril(a.to(torch.float64))
+    a64 = a64 + torch.tril(a64, -1).mT
+    v64, q64 = vals.to(torch.float64), vecs.to(torch.float64)
+    d = a.shape[-1]
+    if d == 0:
+        return True
+    tol = EIGH_RTOL * d * float(torch.finfo(a.dtype).eps)
+    scale = torch.linalg.matrix_norm(a64).clamp_min(torch.finfo(torch.float64).tiny)  # per matrix
+    residual = torch.linalg.vector_norm(a64 @ q64 - q64 * v64[..., None, :], dim=-2).amax(-1)
+    eye = torch.eye(d, dtype=torch.float64, device=a.device)
+    orthonormal = (q64.mT @ q64 - eye).abs().amax((-2, -1))
+    return bool(torch.isfinite(residual).all() and (residual <= tol * scale).all() and (orthonormal <= tol).all())
 
 
 def numerical_rank(vals_desc: Tensor, rtol: float | None = None) -> int:

@@ -97,9 +97,12 @@ def job_status(job: Job) -> str:
 def plan_jobs(experiment: str, extra: Sequence[str]) -> list[Job]:
     combos = sweep_overrides(experiment, extra)
     configs = expand_overrides(combos)
-    jobs = []
+    jobs, seen = [], set()
     for cfg, combo in zip(configs, combos, strict=True):
         h, refused = job_hash(cfg)
+        if (cfg["paths"]["job_dir"], h) in seen:  # a value given twice (seed=0,0): the same job, run once
+            continue
+        seen.add((cfg["paths"]["job_dir"], h))
         job = Job(cfg, combo, Path(cfg["paths"]["job_dir"]), h, refused)
         job.status = job_status(job)
         jobs.append(job)

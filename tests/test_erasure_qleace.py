@@ -119,3 +119,50 @@ def test_rank_deficient_truncate_and_ridge() -> None:  # the default, coupling: 
     assert r.report()["working_rank"] == 20
     assert max_mean_gap(xr, y) <= 1e-10
     assert max_cov_gap(xr, y) < max_cov_gap(x, y)
+
+
+def _wrong_batched_eigh(a: Tensor) -> tuple[Tensor, Tensor]:
+    """A solver path that returns right eigenvalues and, for the second matrix of a batch, wrong eigenvectors (two
+    columns swapped): what some batched GPU eigh paths do."""
+    vals, vecs = torch.linalg.eigh(a)
+    if a.dim() == 3 and len(a) > 1:
+        vecs = vecs.clone()
+        vecs[1] = vecs[1][:, [1, 0, *range(2, a.shape[-1])]]
+    return vals, vecs
+
+
+def test_a_wrong_decomposition_is_caught_and_redone_per_matrix_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from erasure import moments
+
+    x, y = gaussian_classes(3000, 12, 3, seed=7, spectrum=1.0, cov_scale=0.6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a right decomposition warns nothing
+        right = _fit(x, y)
+    monkeypatch.setattr(moments, "_solver", _wrong_batched_eigh)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        checked = _fit(x, y)
+    eigh_warnings = [w for w in caught if "eigh of" in str(w.message)]
+    assert eigh_warnings and len({str(w.message) for w in eigh_warnings}) == 1, [str(w.message) for w in caught]
+    assert "one matrix at a time on the CPU in float64" in str(eigh_warnings[0].message)
+    assert torch.equal(checked.maps_full(), right.maps_full())  # the safe path: the same eraser
+    assert max_cov_gap(checked(x, y), y) <= 1e-8
+    monkeypatch.setattr(moments, "_solver", torch.linalg.eigh)
+    covs = class_stats(x, y)[1]
+    vals, vecs = _wrong_batched_eigh(covs)
+    assert not moments._decomposes(covs, vals, vecs)  # the check sees what the wrong path returned
+
+
+def test_a_solver_that_fails_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    from erasure import moments
+
+    def failing(a: Tensor) -> tuple[Tensor, Tensor]:
+        raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+
+    a = torch.randn(4, 6, 6, dtype=torch.float32)
+    a = a @ a.mT
+    monkeypatch.setattr(moments, "_solver", failing)
+    with pytest.warns(RuntimeWarning, match="failed to converge") as caught:
+        vals, vecs = moments.checked_eigh(a)
+    assert len(caught) == 1 and vals.dtype == a.dtype and vecs.shape == a.shape
+    assert moments._decomposes(a, vals, vecs)

@@ -272,11 +272,12 @@ def test_a_pack_group_refills_rows_across_its_jobs_and_resumes(tmp_path: Path, m
 def test_the_memory_estimate_counts_the_models_waiting_for_a_row(tmp_path: Path) -> None:
     """`training.parallel_models=2` for six models: the job builds all six before its group starts (their weights
     exist; a waiting model's optimizer has no state yet), two rows hold optimizer state, gradients and snapshots.
-    The estimate (training/tasks/mdl/refusals.py) counts exactly that: 2 × MODEL_COPIES + 4 models' weights."""
+    The estimate (training/tasks/mdl/refusals.py) counts that and, as each finishes, its snapshot: 2 × MODEL_COPIES +
+    4 × HELD_COPIES models' weights."""
     from training.app.tasks import load_job
     from training.data import load_dataset
     from training.tasks.mdl import trainer as trainer_module
-    from training.tasks.mdl.refusals import MODEL_COPIES, estimate_memory
+    from training.tasks.mdl.refusals import HELD_COPIES, MODEL_COPIES, estimate_memory
 
     built: list[list[Member]] = []
 
@@ -294,4 +295,4 @@ def test_the_memory_estimate_counts_the_models_waiting_for_a_row(tmp_path: Path)
     data = load_dataset(job.dataset, job.paths.data_dir)
     est = estimate_memory(job, data, len(data.y))
     assert len(built) == 1 and len(held) == 6 and est.num_models == 2
-    assert est.models == (2 * MODEL_COPIES + 4) * held[0] * 4
+    assert est.models == (2 * MODEL_COPIES + 4 * HELD_COPIES) * held[0] * 4  # and each finished one its snapshot

@@ -1,8 +1,10 @@
 """Nothing a user finished is overwritten without force=true.
 
-- a result.json written by newer code (a schema_version above this code's) is refused in one line, never recomputed;
-- a finished result whose data changed is moved aside (result.data-<fingerprint>.json) before the job runs again,
-  and the aggregate reads it only when asked (--set-aside);
+- a result.json written by newer code (a schema_version above this code's), or whose schema_version is not a
+  version at all, is refused in one line, never recomputed over nor read as a result;
+- a finished result whose data changed is moved aside (result.data-<fingerprint>.json, a free name: never over an
+  earlier one) before the job runs again, restored when that data returns, and the aggregate reads it only when
+  asked (--set-aside);
 - the same data in another encoding (a re-gzipped file) is the same data: SKIP.
 """
 
@@ -87,7 +89,13 @@ def test_a_result_of_other_data_is_moved_aside_and_read_by_the_aggregate_only_wh
     from scripts import aggregate
 
     assert aggregate.main([str(tmp_path / "out"), "--set-aside", "--out", str(tmp_path / "t")]) == 0
-    assert "runs on different data" in (tmp_path / "t" / "results.md").read_text()  # never averaged
+    text = (tmp_path / "t" / "results.md").read_text()
+    (line,) = [ln for ln in text.splitlines() if "set aside" in ln]  # never averaged with the cell's runs
+    assert line.count("seed 0") == 2 and "now: " in line, line  # the one set aside, then the current run
+    assert "runs on different data" not in text  # the cell's own runs are on one data
+    now = json.loads(path.read_text())["mdl"]["bits_per_sample"]
+    assert f"{now:.3f}" in text, text
+    assert f"{first['mdl']['bits_per_sample']:.3f}" not in text  # the cell's current number
 
 
 def test_the_same_data_re_gzipped_is_the_same_data(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -104,3 +112,60 @@ def test_the_same_data_re_gzipped_is_the_same_data(tmp_path: Path, caplog: pytes
         again = _run(tmp_path / "out", f"dataset.root={root}")
     assert again.status == "skipped" and again.result == first, caplog.text
     assert not list(_result_path(first).parent.glob("result.data-*.json"))
+
+
+@pytest.mark.parametrize("version", ['"3"', "2.5", "1e9", "-1", "true", "0", "null"])
+def test_a_schema_version_that_is_no_version_is_kept_like_a_newer_one(tmp_path: Path, version: str) -> None:
+    from tests.helpers import TINY, job_config
+    from training.app.results import read_result
+    from training.tasks.mdl.job import run_job
+
+    first = run_job(job_config(tmp_path, TINY))
+    path = _result_path(result_of(first))
+    text = path.read_text().replace(f'"schema_version": {RESULT_SCHEMA}', f'"schema_version": {version}', 1)
+    assert text != path.read_text()
+    path.write_text(text)
+    with pytest.raises(UserError) as err:
+        run_job(job_config(tmp_path, TINY))
+    line = str(err.value)
+    assert "\n" not in line and "schema_version" in line and "force=true" in line, line
+    assert path.read_text() == text  # neither recomputed over nor accepted as a SKIP
+    assert read_result(path, None) is None  # nor read as a result by a reader (the aggregate)
+
+
+def test_data_switched_back_and_forth_restores_each_result_and_replaces_none(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """dataset.root A -> B -> A -> B in one job directory: each return restores that data's result (SKIP), and no
+    set-aside file is ever replaced."""
+    import shutil
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    _fashion_fixture(a)
+    shutil.copytree(a, b)
+    _shuffle_labels(b / "train-labels-idx1-ubyte.gz")
+    on_a = result_of(_run(tmp_path / "out", f"dataset.root={a}"))
+    job = _result_path(on_a).parent
+    on_b = result_of(outcome := _run(tmp_path / "out", f"dataset.root={b}"))
+    assert outcome.status == "done" and on_b["dataset"]["fingerprint"] != on_a["dataset"]["fingerprint"]
+    for root, expected in ((a, on_a), (b, on_b)):
+        with caplog.at_level(logging.WARNING):
+            back = _run(tmp_path / "out", f"dataset.root={root}")
+        assert back.status == "skipped" and back.result == expected, caplog.text
+        assert json.loads((job / "result.json").read_text()) == expected
+        assert "restored result.data-" in caplog.text
+    kept = sorted(job.glob("result.data-*.json"))
+    assert [json.loads(p.read_text()) for p in kept] == [on_a]  # B is result.json, A set aside, once
+
+
+def test_a_set_aside_name_already_taken_gets_a_free_one(tmp_path: Path) -> None:
+    from training.app.results import set_aside_copies, unused_path
+
+    first = tmp_path / "result.data-x.json"
+    assert unused_path(first) == first
+    first.write_text("{}")
+    second = unused_path(first)
+    assert second.name == "result.data-x.2.json"
+    second.write_text("{}")
+    assert unused_path(first).name == "result.data-x.3.json"
+    (tmp_path / "result.data-xy.json").write_text("{}")  # another fingerprint's file
+    assert {p.name for p in set_aside_copies(tmp_path, first.name)} == {first.name, second.name}

@@ -205,3 +205,12 @@ def test_gpu_price_uses_the_epochs_finished_jobs_of_the_family_ran(tmp_path: Pat
                                        [j for j in jobs if j.status == "done"])
     assert epochs == 20 and how.startswith("measured: median of 1 finished job")
     assert plan.protocol_epochs("mlp", jobs, [])[0] == 6  # none finished: smoke's patience 5 + 1, a lower bound
+
+
+def test_plan_counts_a_value_given_twice_once(tmp_path: Path) -> None:
+    """`seed=0,0`: the second is the first job again (it would SKIP), so the plan counts the sweep's jobs once."""
+    once = plan.plan_jobs("smoke", [f"paths.out_dir={tmp_path}", "seed=0"])
+    twice = plan.plan_jobs("smoke", [f"paths.out_dir={tmp_path}", "seed=0,0"])
+    assert len(twice) == len(once) == 2 and [j.job_dir for j in twice] == [j.job_dir for j in once]
+    assert "2 jobs in 2 cells" in plan.report("smoke", [f"paths.out_dir={tmp_path}", "seed=0,0"], 40,
+                                              tmp_path / "none.json", tmp_path / "none.json")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.helpers import job_config, result_of
+from training.app.lifecycle import Outcome
 from training.app.tasks import job_cell_hash, job_hash, job_semantic
 from training.engine import numerics
 from training.tasks.mdl.job import run_job
@@ -24,7 +25,8 @@ def test_precision_is_hashed_only_away_from_its_default(tmp_path: Path) -> None:
     assert "training" not in job_semantic(base)  # at fp32 the hash is what it was before the key existed
     older = {**base, "training": {k: v for k, v in base["training"].items() if k not in ("precision", "deterministic")}}
     assert job_hash(older) == job_hash(base) and job_cell_hash(older) == job_cell_hash(base)
-    hashes = {job_hash(job_config(tmp_path, [*SMOKE, f"training.precision={p}"])) for p in ("tf32", "bf16")}
+    hashes = {job_hash(job_config(tmp_path, [*SMOKE, "device=cuda", f"training.precision={p}"]))
+              for p in ("tf32", "bf16")}
     assert len(hashes) == 2 and job_hash(base) not in hashes
     assert job_cell_hash(job_config(tmp_path, [*SMOKE, "training.precision=bf16"])) != job_cell_hash(base)
     for same in (["training.precision=fp32"], ["training.deterministic=true"], ["training.engine=loop"]):
@@ -96,3 +98,55 @@ def test_deterministic_is_recorded_and_on_cpu_changes_no_number(tmp_path: Path) 
     assert det["provenance"]["numerics"]["deterministic"] is True
     assert det["config_hash"] == plain["config_hash"] and det["mdl"]["block_ce_bits"] == plain["mdl"]["block_ce_bits"]
     assert not torch.are_deterministic_algorithms_enabled()  # restored after the job
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_tf32_where_there_is_no_tf32_is_the_fp32_job(tmp_path: Path, device: str) -> None:
+    """TF32 exists on CUDA only: tf32 on a CPU is fp32, the same hash, directory and record."""
+    if device == "auto" and torch.cuda.is_available():
+        pytest.skip("auto is a CUDA device here")
+    from training.app.tasks import load_job
+
+    fp32, tf32 = (job_config(tmp_path, [*QUICK, f"device={device}", f"training.precision={p}"])
+                  for p in ("fp32", "tf32"))
+    assert job_hash(tf32) == job_hash(fp32) and tf32["paths"]["job_dir"] == fp32["paths"]["job_dir"]
+    assert load_job(tf32).training.precision == "fp32"
+    first = result_of(run_job(tf32))
+    assert first["config"]["training"]["precision"] == "fp32" == first["provenance"]["numerics"]["precision"]
+    again = run_job(fp32)
+    assert again.status == "skipped" and result_of(again) == first
+
+
+def test_tf32_on_cuda_stays_its_own_job(tmp_path: Path) -> None:
+    cuda = [job_config(tmp_path, [*SMOKE, "device=cuda", f"training.precision={p}"]) for p in ("fp32", "tf32")]
+    assert job_hash(cuda[0]) != job_hash(cuda[1])
+
+
+def test_every_task_trains_in_bf16_when_asked(tmp_path: Path) -> None:
+    """A Gradient Starvation task's training forward runs under autocast: its bf16 numbers are not its fp32 ones."""
+    small = ["experiment=gs_two_moons", "gs.steps=20", "gs.hidden=64", "gs.grid.n=21", "seed=0"]
+    fp32 = result_of(run_job_of(job_config(tmp_path / "a", small)))
+    bf16 = result_of(run_job_of(job_config(tmp_path / "b", [*small, "training.precision=bf16"])))
+    assert bf16["provenance"]["numerics"]["precision"] == "bf16"
+    assert bf16["provenance"]["numerics"]["engine"] == "fit" and fp32["provenance"]["numerics"]["engine"] is None
+    assert bf16["train"] != fp32["train"], (bf16["train"], fp32["train"])
+
+
+def run_job_of(config: dict) -> Outcome:
+    from training.app.tasks import get_task, load_job
+
+    job = load_job(config)
+    return get_task(job.task)(job)
+
+
+def test_the_aggregate_labels_a_group_by_the_precision_its_results_record(tmp_path: Path) -> None:
+    from tests.test_aggregate_faults import _cfg, _run, _write
+
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        _write(root, _cfg("control", seed), 1.0 + seed, device="cpu")
+        _write(root, {**_cfg("control", seed, training={"precision": "tf32"}), "device": "cuda"}, 1.5 + seed,
+               device="cuda:0")
+    rc, md = _run(root, tmp_path)
+    assert rc == 0 and "training.precision=?" not in md, md
+    assert "training.precision=fp32" in md and "training.precision=tf32" in md, md

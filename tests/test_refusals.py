@@ -187,7 +187,7 @@ def test_memory_estimate_counts_the_models_that_train_together(tmp_path: Path, e
                                                               together: int) -> None:
     from training.app.tasks import load_job
     from training.data import load_dataset
-    from training.tasks.mdl.refusals import MODEL_COPIES, estimate_memory
+    from training.tasks.mdl.refusals import HELD_COPIES, MODEL_COPIES, estimate_memory
 
     cfg = load_job(job_config(tmp_path, [*TINY, *extra]))
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
@@ -195,9 +195,10 @@ def test_memory_estimate_counts_the_models_that_train_together(tmp_path: Path, e
     assert est.num_models == together
     one = estimate_memory(load_job(job_config(tmp_path, TINY)), data, len(data.y))
     weights = one.models // (one.num_models * MODEL_COPIES)  # one model's weights
-    # fewer rows than models: the group builds all 5 up front, the waiting ones hold their weights
-    waiting = 5 - together if together > 1 else 0
-    assert est.models == (together * MODEL_COPIES + waiting) * weights
+    # fewer rows than models: the group builds all 5 up front, those not in a row hold their weights and (finished)
+    # their snapshot; one at a time, the peak grows by one model's weights per block
+    held = (5 - together) * (HELD_COPIES if together > 1 else 1)
+    assert est.models == (together * MODEL_COPIES + held) * weights
 
 
 def test_memory_refusal_from_the_command_line(tmp_path: Path) -> None:

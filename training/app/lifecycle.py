@@ -171,7 +171,7 @@ def stale_reason(done: Result, cfg: JobConfig, complete: tuple[str, ...],
     where = cfg.dataset.root or cfg.paths.data_dir
     return Stale(f"its data fingerprint ({stored.short()}) differs from the {cfg.dataset.name} data now read from "
                  f"{where} ({'none' if now is None else now.short()}): the data files changed",
-                 keep_as=set_aside_name(stored))
+                 keep_as=set_aside_name(stored), restore=None if now is None else set_aside_name(now))
 
 
 def nonfinite_leaves(value: Any, path: str) -> Iterator[tuple[str, float]]:

@@ -6,6 +6,7 @@ training/data/eraser_config.py."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 from collections.abc import Collection, Mapping
@@ -32,6 +33,19 @@ from training.app.typed import NAME_MAX, ConfigError, FieldSpec, field_spec, kin
 from training.common.conf import group_yaml
 from training.common.option_checks import build_options, shown
 from training.data.eraser_config import check_eraser_fitting, check_eraser_options, check_fit_data
+from training.engine.numerics import effective_precision
+
+
+def same_numbers(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config with the keys that cannot change a number on its device written as the job they are (its hash, its
+    directory, its record): `training.precision=tf32` off CUDA is fp32 (training/engine/numerics.py)."""
+    out = dict(data)
+    training = out.get("training")
+    if isinstance(training, Mapping) and "precision" in training:
+        precision = effective_precision(training["precision"], out.get("device", "auto"))
+        if precision != training["precision"]:
+            out["training"] = {**training, "precision": precision}
+    return out
 
 
 def load_config(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec, others: Collection[str] = ()) -> JobConfig:
@@ -41,7 +55,7 @@ def load_config(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec, others: Coll
         if cfg.task_spec != spec:
             raise ValueError(f"a config of task {cfg.task} loaded as task {spec.name}")
         return cfg
-    data = {k: v for k, v in cfg.items() if k not in NON_CONFIG_KEYS}
+    data = same_numbers({k: v for k, v in cfg.items() if k not in NON_CONFIG_KEYS})
     job = _build(JobConfig, data, "")
     assert isinstance(job, JobConfig)
     if job.task != spec.name:
@@ -65,8 +79,19 @@ def _check_inside_out_dir(p: PathsConfig) -> None:
                               "or paths.out_dir too long); shorten it")
     for above in (Path(out), *Path(out).parents):
         if above.is_symlink() and not above.exists():
+            try:
+                above.resolve(strict=True)
+                why = "which does not exist; create it"
+            except RuntimeError:  # Python < 3.13 names a loop so
+                why = "a loop of symbolic links that never reaches a directory; fix the links"
+            except OSError as err:
+                why = ("a loop of symbolic links that never reaches a directory; fix the links"
+                       if err.errno == errno.ELOOP else "which does not exist; create it")
             raise ConfigError(f"paths.out_dir={p.out_dir} is not allowed: {above} is a symbolic link to "
-                              f"{os.readlink(above)}, which does not exist; create it or point paths.out_dir elsewhere")
+                              f"{os.readlink(above)}, {why} or point paths.out_dir elsewhere")
+        if above.exists() and not above.is_dir():
+            raise ConfigError(f"paths.out_dir={p.out_dir} is not allowed: {above} is a file, not a directory; "
+                              "point paths.out_dir at a directory (or a path that does not exist yet)")
     for key, path in (("paths.job_dir", p.job_dir), ("paths.legacy_job_dir", p.legacy_job_dir)):
         if path is None or not path.startswith(p.out_dir.rstrip("/") + "/"):
             continue  # given explicitly, not built from paths.out_dir

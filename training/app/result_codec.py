@@ -44,8 +44,8 @@ class MalformedResultError(ValueError):
 
 
 class NewerSchemaError(MalformedResultError):
-    """A result.json written by newer code (a schema_version above RESULT_SCHEMA): a job never replaces it
-    without force=true (training/app/results.py)."""
+    """A result.json written by newer code (a schema_version above RESULT_SCHEMA) or with a schema_version that
+    is not a version (`"3"`, 2.5, -1, true): a job never replaces it without force=true (training/app/results.py)."""
 
 
 def upgrade(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -54,11 +54,12 @@ def upgrade(raw: Mapping[str, Any]) -> dict[str, Any]:
     unchanged (a copy)."""
     out = dict(raw)
     version = at(out, "schema_version", default=1)
-    if isinstance(version, int) and version > RESULT_SCHEMA:
+    if isinstance(version, int) and not isinstance(version, bool) and version > RESULT_SCHEMA:
         raise NewerSchemaError(f"schema_version {version} is newer than this code's ({RESULT_SCHEMA})")
-    if not isinstance(version, int):
-        raise MalformedResultError(f"schema_version {version!r} is not one this code reads (≤ {RESULT_SCHEMA}): "
-                                   "read it with the code that wrote it")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        # not one this code wrote: kept like a newer one's result, never read as a result nor recomputed over
+        raise NewerSchemaError(f"schema_version {json.dumps(version)} is not one this code reads (1 to "
+                               f"{RESULT_SCHEMA})")
     if version < 2:
         task = at(out, "config", "task")
         out.setdefault("numerics_version", 1)  # written before numerics versions: the first

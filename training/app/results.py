@@ -14,6 +14,7 @@ taken for another configuration's result.
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import logging
 import os
@@ -84,10 +85,12 @@ def legacy_result(cfg: JobConfig, job_dir: Path) -> Result | None:
 @dataclass(frozen=True)
 class Stale:
     """Why a finished result of this configuration is not reused; `keep_as`: the file name it is moved to (in its
-    directory) before the job runs again, when it is a finished measurement of other data (None: replaced)."""
+    directory) before the job runs again, when it is a finished measurement of other data (None: replaced);
+    `restore`: the set-aside name of the data now read, under which an earlier result of that data may wait."""
 
     reason: str
     keep_as: str | None = None
+    restore: str | None = None
 
 
 SET_ASIDE = "result.data-{}.json"  # a result of other data, moved aside: read by aggregate.py --set-aside only
@@ -97,6 +100,24 @@ def set_aside_name(fingerprint: Fingerprint) -> str:
     """The file a result computed on data `fingerprint` is moved to when the data changed (named by it)."""
     ident = fingerprint.content or hashlib.sha256(repr(fingerprint.identity()).encode()).hexdigest()[:16]
     return SET_ASIDE.format(re.sub(r"[^0-9A-Za-z_.-]", "_", ident)[:64])
+
+
+def unused_path(path: Path) -> Path:
+    """`path`, or `<stem>.2<suffix>`, `<stem>.3<suffix>`, ...: the first name no file holds (a file set aside is
+    never replaced by a later one of the same name)."""
+    n, free = 1, path
+    while free.exists():
+        n += 1
+        free = path.with_name(f"{path.stem}.{n}{path.suffix}")
+    return free
+
+
+def set_aside_copies(job_dir: Path, name: str) -> list[Path]:
+    """The files set aside in `job_dir` under `name` (see `unused_path`), newest first."""
+    stem, suffix = Path(name).stem, Path(name).suffix
+    found = [p for p in job_dir.glob(f"{glob.escape(stem)}*{suffix}")
+             if p.name == name or re.fullmatch(re.escape(stem) + r"\.\d+" + re.escape(suffix), p.name)]
+    return sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True)
 
 
 class ConfigMismatchError(UserError, RuntimeError):
@@ -116,7 +137,8 @@ def read_result(path: Path, spec: TaskSpec | None, refuse_newer: bool = False) -
         done = read(path, spec)
     except NewerSchemaError as err:
         if refuse_newer:
-            raise NewerResultError(f"{path} was written by newer code ({err}): run this job with that code, or "
+            who = "newer code" if "newer" in str(err) else "code that is not this one"
+            raise NewerResultError(f"{path} was written by {who} ({err}): run this job with that code, or "
                                    "pass force=true to replace it") from err
         log.warning("ignoring %s (%s); read it with the code that wrote it", path, err)
         return None
@@ -136,7 +158,8 @@ def stored_hash(done: Result, spec: TaskSpec) -> str | None:
     result of another task than `spec` (its hash is another job's)."""
     if done.config is None or done.task != spec.name or done.config.get("task", "mdl") != spec.name:
         return None
-    return config_hash(done.config, spec, numerics=done.numerics_version)
+    ran_on = {"device": done.device} if done.device else {}  # where a precision's numbers were made (tf32: CUDA)
+    return config_hash({**done.config, **ran_on}, spec, numerics=done.numerics_version)
 
 
 def same_config(done: Result, cfg_hash: str, spec: TaskSpec) -> bool:
@@ -189,8 +212,12 @@ class JobDir:
             if why is not None:
                 kept = ""
                 if why.keep_as is not None:  # a finished measurement of other data: never destroyed
-                    os.replace(self.path / RESULT_FILE, self.path / why.keep_as)
-                    kept = f" (kept as {why.keep_as})"
+                    os.replace(self.path / RESULT_FILE, aside := unused_path(self.path / why.keep_as))
+                    kept = f" (kept as {aside.name})"
+                if why.restore is not None and (back := self._restore(why.restore, stale)) is not None:
+                    log.warning("not reusing the result of %s: %s%s; restored %s, its result on the data now read",
+                                self.path, why.reason, kept, back[1])
+                    return back[0]
                 log.warning("not reusing %s: %s; running the job again%s", self.path / RESULT_FILE, why.reason, kept)
                 return None
             if not self.force:
@@ -204,6 +231,17 @@ class JobDir:
             return None
         raise ConfigMismatchError(mismatch_message(self.path, self.found, self.cfg_hash))
 
+    def _restore(self, name: str, stale: Callable[[Result], Stale | None] | None) -> tuple[Result, str] | None:
+        """A result of this configuration set aside under `name` (computed on the data now read) that `stale` finds
+        nothing against, moved back to result.json, and the name it had; None when there is none."""
+        for path in set_aside_copies(self.path, name):
+            done = read_result(path, self.spec)
+            if done is not None and same_config(done, self.cfg_hash, self.spec) and (stale is None or
+                                                                                     stale(done) is None):
+                os.replace(path, self.path / RESULT_FILE)
+                return done, path.name
+        return None
+
     def looks_finished(self) -> bool:
         """Whether the directory holds a result of this configuration (read without the lock; without force=true)."""
         done = None if self.force else read_result(self.path / RESULT_FILE, self.spec)
@@ -214,7 +252,7 @@ class JobDir:
         of another configuration that appeared while this job ran (a process that ignored the lock) is never
         overwritten; this job's result then goes to `result.<hash>.json` and the job fails with one line."""
         path = self.path / RESULT_FILE
-        aside = self.path / f"result.{self.cfg_hash}.json"
+        aside = unused_path(self.path / f"result.{self.cfg_hash}.json")
         try:
             done = read_result(path, self.spec, refuse_newer=not self.force)
         except NewerResultError as err:  # written by newer code while this job ran: kept, this one's set aside

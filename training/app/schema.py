@@ -29,6 +29,7 @@ from training.app.loading import (
     group_config,
     load_config,
     load_section,
+    same_numbers,
 )
 from training.app.sections import (
     FIT_ON,
@@ -60,7 +61,7 @@ __all__ = ["CONF_DIR", "FIT_ON", "GROUPS", "HASH_VERSION", "NON_CONFIG_KEYS", "N
            "ArchConfig", "ConfigError", "DatasetConfig", "EraserConfig", "JobConfig", "LoggerConfig", "MdlConfig",
            "OptimConfig", "OptionsSection", "PathsConfig", "RegularizerConfig", "Section", "TrainingConfig",
            "cell_hash", "config_hash", "duplicate_jobs", "group_config", "load_config", "load_section",
-           "semantic", "with_defaults"]
+           "same_numbers", "semantic", "with_defaults"]
 
 
 # ---- the job hash -------------------------------------------------------------------------------------------
@@ -94,7 +95,7 @@ def semantic(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None,
     """
     spec = _spec(spec, cfg.task_spec if isinstance(cfg, JobConfig) else None)
     plain = cfg.to_dict() if isinstance(cfg, Section) else cfg
-    data = {k: v for k, v in plain.items() if k not in NON_CONFIG_KEYS}
+    data = same_numbers({k: v for k, v in plain.items() if k not in NON_CONFIG_KEYS})
     out = _semantic(JobConfig, data, fill_defaults)
     if _task(out) != spec.name:
         raise ValueError(f"a config of task {_task(out)} hashed as task {spec.name}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import functools
 import json
 import logging
 import os
@@ -41,7 +42,7 @@ from training.app.schema import config_hash, duplicate_jobs
 from training.app.tasks import TaskSpec, job_semantic, load_job
 from training.cli.local_workers import controllers_ignore_sigint
 from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
-from training.cli.report import exit_user_error, user_error_line
+from training.cli.report import SweepJobFailed, exit_user_error, user_error_line
 from training.common import env
 from training.common.conf import resolved_dict
 from training.common.files import atomic_write_json
@@ -68,6 +69,16 @@ def sweep_combos(config: DictConfig) -> list[list[str]] | None:
     args = [f"{k}={v}" for k, v in params.items()] + list(hc.overrides.task)
     loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
     parser = OverridesParser.create(config_loader=loader)
+    for arg in args:  # each value alone first: a bad one is named with its key, not a sweeper's traceback
+        try:
+            values = BasicSweeper.split_arguments(parser.parse_overrides([arg]), None)
+        except Exception as err:  # noqa: BLE001 - Hydra raises ValueError, HydraException, OverrideParseException
+            exit_user_error(f"multirun refused (nothing ran): {arg} cannot be swept ({_first_line(err)}): write "
+                            f"{arg.split('=', 1)[0]}=a,b,c (a list), range(start,stop,step) with a step that is "
+                            "not 0, or choice(a,b,c); interval() is for a search sweeper, not this one", err)
+        if not any(values):
+            exit_user_error(f"multirun refused (nothing ran): {arg} sweeps over no value, so the sweep has no job: "
+                            f"give {arg.split('=', 1)[0]} at least one value (a glob must match an option)")
     return [list(c) for batch in BasicSweeper.split_arguments(parser.parse_overrides(args), None) for c in batch]
 
 
@@ -375,18 +386,52 @@ class JobStatusCallback(Callback):
             by_other = outcome.status == "skipped" and after != before
             entry = LedgerEntry(num, str(job_dir), "done" if outcome.status == "done" else "skipped", seconds,
                                 reason=DONE_BY_ANOTHER_RUN if by_other else None)
-        path = ledger / entry.file_name
-        try:
-            atomic_write_json(path, entry.to_json())
-        except OSError as err:  # a full disk must not cost the sweep its count: kept here for the summary
-            self._unwritten[entry.num] = entry
-            _say_unwritable(path, err, f"job {entry.num} ({entry.status}) is counted in memory")
-        total = env.multirun_total()
-        t = tally(self._entries_now(ledger))
-        detail = f": {entry.error}" if entry.status == "failed" else ""
-        detail += f" ({entry.reason})" if entry.reason is not None else ""
-        log.info("[%d/%s] %s %s%s | done %d, skipped %d, failed %d", sum(t.values()), total, entry.status,
-                 job_dir, detail, t["done"], t["skipped"], t["failed"])
+        record(ledger, entry, self._unwritten)
+
+
+def record(ledger: Path, entry: LedgerEntry, unwritten: dict[int, LedgerEntry]) -> None:
+    """Write a job's ledger entry and log the running tally; an entry a full disk keeps off the ledger goes into
+    `unwritten` (counted in this process's summary)."""
+    path = ledger / entry.file_name
+    try:
+        atomic_write_json(path, entry.to_json())
+    except OSError as err:  # a full disk must not cost the sweep its count: kept here for the summary
+        unwritten[entry.num] = entry
+        _say_unwritable(path, err, f"job {entry.num} ({entry.status}) is counted in memory")
+    by_num = {e.num: e for e in read_ledger(ledger)}
+    t = tally([*by_num.values(), *(e for n, e in unwritten.items() if n not in by_num)])
+    detail = f": {entry.error}" if entry.status == "failed" else ""
+    detail += f" ({entry.reason})" if entry.reason is not None else ""
+    log.info("[%d/%s] %s %s%s | done %d, skipped %d, failed %d", sum(t.values()), env.multirun_total(),
+             entry.status, entry.job_dir, detail, t["done"], t["skipped"], t["failed"])
+
+
+def jobs_fail_alone(run_job: Callable[..., JobReturn]) -> Callable[..., JobReturn]:
+    """Hydra's `run_job` for a launcher (training/cli/run.py installs it in each): a job whose directory cannot be
+    made (a colleague's directory in a shared paths.out_dir, a read-only file system) fails alone, in one line in
+    the ledger, where Hydra's own run_job raises out of the launcher and ends the whole sweep."""
+    @functools.wraps(run_job)
+    def run(*, config: DictConfig, job_dir_key: str, job_subdir_key: str | None, **kwargs: Any) -> JobReturn:
+        ledger = env.multirun_ledger()
+        if ledger is not None:
+            from hydra.core.hydra_config import HydraConfig
+
+            HydraConfig.instance().set_config(config)  # as run_job does: the subdir may read hydra:job.num
+            job_dir = Path(str(OmegaConf.select(config, job_dir_key)))
+            if job_subdir_key is not None:
+                job_dir = job_dir / str(OmegaConf.select(config, job_subdir_key))
+            try:
+                job_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                line = user_error_line(err) or f"cannot create the job directory {job_dir}: {err}"
+                num = int(OmegaConf.select(config, "hydra.job.num", default=0) or 0)
+                record(ledger, LedgerEntry(num, str(job_dir.absolute()), "failed", 0.0, error=line), {})
+                failed = JobReturn(status=JobStatus.FAILED, _return_value=SweepJobFailed(line))
+                failed.overrides = list(OmegaConf.to_container(config.hydra.overrides.task) or [])  # type: ignore
+                return failed
+        return run_job(config=config, job_dir_key=job_dir_key, job_subdir_key=job_subdir_key, **kwargs)
+
+    return run
 
 
 def job_outcome(job_dir: Path, job_return: JobReturn) -> Outcome:

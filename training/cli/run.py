@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 from training.app.lifecycle import Outcome
 from training.app.schema import CONF_DIR, ConfigError
 from training.app.tasks import get_task, load_job
+from training.cli.ledger import jobs_fail_alone
 from training.cli.local_workers import exit_with_parent, orphaned, sigint_back_in_local_job
 from training.cli.preemption import ignore_time_limit_signal, stop_on_sigterm
 from training.cli.report import (
@@ -123,6 +124,31 @@ def register_packed_launcher() -> None:
 
 
 register_packed_launcher()
+
+
+def jobs_fail_alone_in_every_launcher() -> None:
+    """Hydra's `run_job` wrapped by ledger.jobs_fail_alone, where it is defined and in each launcher's module that
+    imported it by name (Hydra's plugin scan re-executes those imports: they then find the wrapper). Done at import,
+    so in the launching process and in every worker (a worker imports this module to unpickle `job`)."""
+    import hydra._internal.core_plugins.basic_launcher as basic
+    import hydra.core.utils
+
+    if getattr(hydra.core.utils.run_job, "__wrapped__", None) is None:
+        hydra.core.utils.run_job = jobs_fail_alone(hydra.core.utils.run_job)
+    basic.run_job = hydra.core.utils.run_job
+    try:
+        import hydra_plugins.hydra_joblib_launcher._core as joblib_launcher
+        joblib_launcher.run_job = hydra.core.utils.run_job
+    except ImportError:  # the plugin is not installed
+        pass
+    try:
+        import hydra_plugins.hydra_submitit_launcher.submitit_launcher as submitit_launcher
+        submitit_launcher.run_job = hydra.core.utils.run_job
+    except ImportError:
+        pass
+
+
+jobs_fail_alone_in_every_launcher()
 
 # The entry. `job` stays a plain module-level function so that a launcher running jobs in other processes (joblib,
 # submitit) pickles it by reference: the worker imports this module and discovers the tasks again.

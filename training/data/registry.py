@@ -184,6 +184,14 @@ def _check(data: LoadedData) -> None:
         raise ValueError(f"{data.name}: images contain NaN or Inf")
     if data.y.dtype != torch.int64 or len(data.y) != len(data.x):
         raise ValueError(f"{data.name}: labels must be int64 with one per image")
+    outside = data.y[(data.y < 0) | (data.y >= data.num_classes)]
+    if len(outside):
+        odd = sorted({int(v) for v in outside.unique()[:5]})
+        raise ValueError(f"{data.name}: {len(outside)} labels lie outside 0..{data.num_classes - 1} (label "
+                         f"{', '.join(map(str, odd))}{', ...' if outside.unique().numel() > 5 else ''}): the label "
+                         "file is not this dataset's, or its num_classes is wrong")
     counts = torch.bincount(data.y, minlength=data.num_classes)
-    if data.y.min() < 0 or data.y.max() >= data.num_classes or (counts == 0).any():
-        raise ValueError(f"{data.name}: labels must cover 0..{data.num_classes - 1}, got counts {counts.tolist()}")
+    if (counts == 0).any():
+        missing = [i for i, c in enumerate(counts.tolist()) if c == 0]
+        raise ValueError(f"{data.name}: labels must cover 0..{data.num_classes - 1}, but no image has label "
+                         f"{', '.join(map(str, missing[:5]))}{', ...' if len(missing) > 5 else ''}")

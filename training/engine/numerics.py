@@ -121,6 +121,15 @@ class JobNumerics:
         self.formats.update(formats)
 
 
+def effective_precision(precision: Any, device: Any) -> Any:
+    """The precision a job of `training.precision` on `device` (auto, cpu, cuda[:N]) computes in: tf32 off a CUDA
+    device is fp32 (TF32 exists on CUDA only), so it is that job (its hash, directory and record); else unchanged."""
+    if precision != "tf32" or not isinstance(device, str):
+        return precision
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return precision if cuda else "fp32"
+
+
 def _set_fp32_precision(tf32: bool) -> Callable[[], None]:
     """TF32 on/off for CUDA matmul and cuDNN convolutions; returns what restores the previous setting."""
     b = torch.backends

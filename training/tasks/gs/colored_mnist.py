@@ -62,7 +62,8 @@ def run(prepared: Environments) -> StarvationSections:
     every, steps = gs.eval_every, gs.steps
     curve: list[dict[str, float]] = []
     for step in range(steps):
-        logits = net(x)
+        bf16 = job.numerics is not None and job.numerics.precision == "bf16"  # its forward under autocast
+        logits = job.numerics.forward(net, x) if bf16 and job.numerics is not None else net(x)
         loss = task_loss(logits, y)
         if reg is not None:
             loss = loss + reg(logits, y, step)

@@ -19,6 +19,7 @@ from torch import nn
 from training.app.lifecycle import JobRun
 from training.app.schema import JobConfig
 from training.data.moons import TwoMoonsOptions, two_moons
+from training.engine.numerics import JobNumerics
 from training.engine.regularizers import build_regularizer, task_loss
 from training.engine.seeding import seeded_global_rng
 from training.tasks.gs.common import method_name, paper_mlp
@@ -29,8 +30,8 @@ log = logging.getLogger(__name__)
 BOUNDARY_FILE = "boundary.npz"
 
 
-def train(cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, device: torch.device
-          ) -> tuple[nn.Module, list[list[float]]]:
+def train(cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, device: torch.device,
+          numerics: JobNumerics | None = None) -> tuple[nn.Module, list[list[float]]]:
     gs = cfg.task_options  # training/tasks/gs/gs_two_moons.py TwoMoonsOptions
     with seeded_global_rng(cfg.seed, "init"):
         net = paper_mlp(2, gs.hidden, gs.depth, 1, gs.init)
@@ -40,7 +41,8 @@ def train(cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, device: torch.device
     x, y = x.to(device), y.to(device)
     curve, every = [], max(1, gs.steps // 20)
     for step in range(gs.steps):
-        logits = net(x)
+        bf16 = numerics is not None and numerics.precision == "bf16"  # its forward under autocast; else as ever
+        logits = numerics.forward(net, x) if bf16 and numerics is not None else net(x)
         loss = task_loss(logits, y)
         if step % every == 0:
             curve.append([step, loss.item()])
@@ -104,7 +106,7 @@ def run(prepared: Moons) -> StarvationSections:
     job, (x, y), (xt, yt) = prepared.job, prepared.train, prepared.test
     cfg, job_dir, device = job.cfg, job.path, job.device
     moons: TwoMoonsOptions = cfg.dataset.options
-    net, curve = train(cfg, x, y, device)
+    net, curve = train(cfg, x, y, device, job.numerics)
     g = cfg.task_options.grid
     geo, grid = geometry(logit_fn(net, device), x.numpy().astype(np.float64), y.numpy(), g.lo, g.hi, g.n)
     np.savez_compressed(job_dir / BOUNDARY_FILE, xs=grid.xs, ys=grid.ys, z=grid.z, x=x.numpy(), y=y.numpy())

@@ -26,7 +26,7 @@ from training.app.lifecycle import SavedProgress
 from training.app.result_codec import MalformedResultError, config_view, flatten
 from training.app.result_types import Result, at, number
 from training.app.results import RESULT_FILE, SET_ASIDE, same_config
-from training.app.schema import JobConfig, OptionsSection, Section, config_hash
+from training.app.schema import JobConfig, OptionsSection, Section, config_hash, same_numbers
 from training.app.tasks import job_semantic, read_any, spec_of
 from training.common.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
 from training.data.eraser_config import FIT_DEFAULTS, REPEAT_KEY, legacy_fold
@@ -149,6 +149,8 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
     flat = legacy_fold({k: v for k, v in flatten(job_semantic(cfg, fill_defaults=False)).items() if not _dead(k)})
     for key, default in FIT_DEFAULTS.items():
         flat.setdefault(key, default)
+    # hashed only away from fp32: absent, it is what the result recorded (fp32 before the key existed)
+    flat.setdefault("training.precision", flatten(same_numbers(cfg)).get("training.precision", "fp32"))
     fit_on = flat["eraser.fit_on"]
     if fit_on in SPLIT_MODES and flat["eraser.fit_source"] in ("split", None):  # FIT_DEFAULTS: always there
         flat.pop("eraser.n_fit", None)  # the split decides the fit size
@@ -382,7 +384,8 @@ def _result_row(result: Result, job_dir: str) -> dict[str, Any]:
     Raises (KeyError, TypeError, ValueError) on a malformed config or mdl section (a malformed `final` is refused
     by the codec: result_codec.decode)."""
     assert isinstance(result, MdlResult) and result.config is not None
-    row = {**_cell_from_config(dict(result.config), result.numerics_version), "job_dir": job_dir,
+    ran_on = {"device": result.device} if result.device else {}  # what a precision computed in there (tf32: CUDA)
+    row = {**_cell_from_config({**result.config, **ran_on}, result.numerics_version), "job_dir": job_dir,
            "status": "done", "commit": commit_of(result), "data": data_of(result),
            "numerics": numerics_of(result)}
     mdl = result.body.mdl

@@ -420,11 +420,14 @@ def _mixed_lines(summary: pd.DataFrame) -> str:
     mixed = summary[summary.mixed_commits.astype(bool)] if "mixed_commits" in summary else summary.iloc[0:0]
     data = summary[summary.mixed_data.astype(bool)] if "mixed_data" in summary else summary.iloc[0:0]
     sigs = summary[summary.mixed_numerics.astype(bool)] if "mixed_numerics" in summary else summary.iloc[0:0]
+    aside = summary[summary.set_aside.fillna("").astype(bool)] if "set_aside" in summary else summary.iloc[0:0]
     return "".join([f"{MIXED} seeds from different commits: {cell_name(r)}: {r.commits}\n" for _, r in mixed.iterrows()]
                    + [f"{MIXED_NUMERICS} seeds under different numerics signatures (GPU: equal within tolerance, not "
                       f"bitwise): {cell_name(r)}: {r.numerics}\n" for _, r in sigs.iterrows()]
                    + [f"{MIXED_DATA} runs on different data (dataset.fingerprint), not averaged: {cell_name(r)}: "
-                      f"{r.data}\n" for _, r in data.iterrows()])
+                      f"{r.data}\n" for _, r in data.iterrows()]
+                   + [f"set aside (computed on other data, not in the numbers above): {cell_name(r)}: {r.set_aside}; "
+                      f"now: {r.data}\n" for _, r in aside.iterrows()])
 
 
 def _group_sections(df: pd.DataFrame, summary: pd.DataFrame, h: str) -> list[str]:

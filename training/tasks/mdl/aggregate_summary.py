@@ -183,6 +183,9 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     seeds_of.update({g: set(gg.seed) for g, gg in df[~df["null"]].groupby("group", sort=False)})
     for key, cell in df.groupby(CELL, sort=False):
         g, nulls = cell[~cell["null"]], cell[cell["null"] & (cell.status == "done")]
+        # results set aside when their data changed (aggregate --set-aside): listed, never counted with the cell's
+        aside = g[g.set_aside.notna()] if "set_aside" in g else g.iloc[0:0]
+        g = g.drop(aside.index)
         done = g[g.status == "done"]
         rec: dict[str, Any] = dict(zip(CELL, key, strict=True))
         holdout = rec["fit_on"] in SPLIT_MODES
@@ -206,6 +209,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         rec["numerics"], rec["mixed_numerics"] = _numerics(done), mixed_numerics(done)
         runs = pd.concat([done, nulls])
         rec["data"], rec["mixed_data"] = _data(runs), mixed_data(runs)
+        rec["set_aside"] = _data(aside)
         for col in METRICS + list(CERT) + REPORT + PROBE_NUMBERS + FIT_NUMBERS:
             averaged = col in done and len(done) and not rec["mixed_data"]  # never a mean over different data
             mean, sd = _mean_sd_runs(done, col) if averaged else (math.nan, math.nan)

@@ -41,6 +41,7 @@ CPU = torch.device("cpu")
 # weights, gradients, the optimizer's two state tensors (schedule-free AdamW: z and the second moment) and the
 # best-so-far snapshot, float32 each
 MODEL_COPIES = 5
+HELD_COPIES = 2  # a model of a lockstep group not in a row: its weights, and its best snapshot once it finished
 PLAN_BYTES_PER_SLOT = 8 + 4 + 16 + 1  # the lockstep plan per training sample: index, weight, crop offset, flip
 
 
@@ -191,15 +192,17 @@ def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int,
     # backward over the rows' summed losses, as the stacked engine holds its batched one) and its lockstep plan
     row_bytes = batch * (numel + 2 * acts) * 4 + n_train * PLAN_BYTES_PER_SLOT
     # rows r > 1 hold r × MODEL_COPIES models' worth of weights, the others' weights, and r batches
-    room = None if free is None else (free - data_bytes - models * params * 4) // ((MODEL_COPIES - 1) * params * 4
-                                                                                  + row_bytes)
+    room = None if free is None else (free - data_bytes - models * HELD_COPIES * params * 4) // (
+        (MODEL_COPIES - HELD_COPIES) * params * 4 + row_bytes)
     at_once = models_at_once(t.parallel_models, models,
                              _why_not_vectorised(t.engine, cfg.regularizer.name, model, device, cfg.arch.name), room)
     batch_bytes = at_once * row_bytes
-    # a group of fewer rows than models (training.parallel_models=N) builds them all up front: the ones waiting for
-    # a row hold their weights (no optimizer state, gradients or snapshot yet)
-    waiting = models - at_once if at_once > 1 else 0
-    return MemoryEstimate(data_bytes, (at_once * MODEL_COPIES + waiting) * params * 4, batch_bytes, at_once)
+    # a group of fewer rows than models (training.parallel_models=N) builds them all up front: a model not in a row
+    # holds its weights, and once finished its best snapshot, until the group ends (HELD_COPIES, measured); one
+    # model at a time, the process's peak grows by about one model's weights per block all the same (the allocator
+    # keeps what a finished model freed)
+    held = (models - at_once) * (HELD_COPIES if at_once > 1 else 1)
+    return MemoryEstimate(data_bytes, (at_once * MODEL_COPIES + held) * params * 4, batch_bytes, at_once)
 
 
 def _storage_bytes(storage: str, eraser: str, zscore: bool, data: LoadedData) -> int:

@@ -161,8 +161,12 @@ class Trainer:
         if size == 1 and len(jobs) == 1 and self.checkpoint is not None and self.checkpoint.in_group(first.name):
             size = 2  # the last model of a group an earlier attempt saved goes on in that group's engine
         if size <= 1:
+            pending: Member | None = first
+            del first  # one model at a time: a finished model (its optimizer state, its snapshot) is not kept
             for k, job in enumerate(jobs):
-                on_finish(k, *self._fit_one(first if k == 0 else self.member(*job), job[1]))
+                member, pending = (pending if pending is not None else self.member(*job)), None
+                on_finish(k, *self._fit_one(member, job[1]))
+                del member
             return
         if with_pack and size >= len(jobs) and (others := pack_group.companions(self)):
             pack_group.train_together(self, first, jobs, others, on_finish,

@@ -1,4 +1,4 @@
-"""Bugs and ugly cases, each a test that failed before its fix (most at config-composition level)."""
+"""Careless and careful misuse: each case a test that failed before its fix (most at config-composition level)."""
 
 from __future__ import annotations
 
@@ -503,3 +503,72 @@ def test_make_calibrate_runs_and_reads_only_its_own_sweep_with_args(tmp_path: Pa
                                     for ln in sweeps), sweeps
     table = [ln for ln in lines if "-m scripts.calibrate" in ln]
     assert len(table) == 1 and table[0].split()[-1] == str(out / "runs"), table
+
+
+# --- odd sweep values and paths: one line naming the key, exit 2, nothing written -----------------------------------
+@pytest.mark.parametrize("value, says", [("optim.lr=interval(0.1,1)", "optim.lr=interval(0.1,1) cannot be swept"),
+                                         ("arch.width=range(1,3,0)", "arch.width=range(1,3,0) cannot be swept"),
+                                         ("eraser=glob(zz*)", "eraser=glob(zz*) sweeps over no value"),
+                                         ("arch.width=range(3,1)", "arch.width=range(3,1) sweeps over no value")])
+def test_an_odd_sweep_value_is_one_line_naming_its_key(tmp_path: Path, value: str, says: str) -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers import ENV, REPO
+
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "training.run", "-m", f"paths.out_dir={out}", "logger=none", value],
+                          capture_output=True, text=True, env=ENV, cwd=REPO, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-3000:]
+    assert "write" in lines[0] or "give" in lines[0]  # what to write instead
+    assert not out.exists()
+
+
+def test_an_out_dir_through_a_file_or_a_symlink_loop_is_named_so(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers import ENV, REPO, TINY
+
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    for out, says in ((tmp_path / "afile", "is a file, not a directory"),
+                      (tmp_path / "afile" / "sub", f"{tmp_path / 'afile'} is a file, not a directory"),
+                      (tmp_path / "loop_a", "a loop of symbolic links")):
+        proc = subprocess.run([sys.executable, "-m", "training.run", f"paths.out_dir={out}", "logger=none", *TINY],
+                              capture_output=True, text=True, env=ENV, cwd=REPO, timeout=300)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-3000:]
+        assert "which does not exist" not in lines[0]
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_labels_outside_num_classes_are_named_in_a_short_line() -> None:
+    import torch
+
+    from training.data.registry import LoadedData, _check
+
+    y = torch.arange(300) % 10
+    y[7] = 255  # a byte the label file should not hold
+    with pytest.raises(ValueError) as err:
+        _check(LoadedData("fashion_mnist", torch.zeros(300, 1, 2, 2), y, 10))
+    line = str(err.value)
+    assert "label 255" in line and "outside 0..9" in line and len(line) < 250 and "\n" not in line, line
+    with pytest.raises(ValueError, match="no image has label 9"):
+        _check(LoadedData("fashion_mnist", torch.zeros(300, 1, 2, 2), torch.arange(300) % 9, 10))
+
+
+def test_make_calibrate_reads_where_its_args_made_it_write() -> None:
+    import subprocess
+
+    from tests.helpers import REPO
+
+    def last_line(*args: str) -> str:
+        proc = subprocess.run(["make", "-n", "calibrate", *args], capture_output=True, text=True, cwd=REPO, timeout=60)
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert last_line('ARGS=paths.out_dir=/x seed=1').endswith("scripts/calibrate.py /x/runs")
+    assert last_line().endswith("scripts/calibrate.py outputs/calibrate/runs")
+    assert last_line("CAL_OUT=/y").endswith("scripts/calibrate.py /y/runs")

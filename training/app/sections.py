@@ -134,6 +134,10 @@ class OptimConfig(Section):
     warmup_steps: int = nonneg_int(0)
     batch_size: int = positive_int(128)
     depth_lr_rule: bool = flag(True)
+    # schedulefree: μP schedule-free AdamW, evaluated at its averaged iterate | adamw: torch's AdamW (μP groups),
+    # evaluated as trained, with `schedule`; both hashed only away from their defaults (existing hashes stay)
+    name: str = one_of("schedulefree", "schedulefree", "adamw", hash_default=False)
+    schedule: str = one_of("constant", "constant", "cosine", hash_default=False)  # adamw: cosine over mdl.max_epochs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,6 +155,10 @@ class MdlConfig(Section):
     stop_after_warmup: bool = flag(True)  # step-aware early stopping (training/engine/stopping.py)
     min_steps: int = nonneg_int(0)
     patience_min_steps: int = nonneg_int(0)
+    # patience | backtrack: after every epoch without a new best, reload the best model and optimizer state (the
+    # paper code's rule); the model stops after `patience` such epochs either way
+    stopping: str = one_of("patience", "patience", "backtrack", hash_default=False)
+    batch_order: str = one_of("shuffled", "shuffled", "fixed", hash_default=False)  # fixed: the same order each epoch
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -99,7 +99,7 @@ def run(prepared: Prepared) -> StarvationSections:
     member = Member(model, opt, torch.arange(len(on["train"][1]), device=device),
                     generator(seed, "batches", "gs_erased_eval"),
                     fit_config(m, cfg.optim.batch_size, cfg.dataset.augment, cfg.progress, optim.warmup_steps,
-                               m.eval_every_steps, numerics=job.numerics))
+                               optim.schedule, m.eval_every_steps, numerics=job.numerics))
     x_train = on["train"][0]
     train = DeviceData(x_train, x_train.device, storage="float32")  # what TrainData makes of a tensor
     res = fit(member, TrainData(train, on["train"][1], *on["val"]), build_regularizer(cfg.regularizer, k),

@@ -45,17 +45,18 @@ def resolve_optim(o: OptimConfig, arch: ArchConfig) -> OptimSettings:
     mult = float(depth_lr_multiplier(arch)) if o.depth_lr_rule else 1.0
     return OptimSettings(lr_base=float(o.lr), lr=float(o.lr) * mult, depth_lr_multiplier=mult, beta1=float(o.beta1),
                          beta2=float(o.beta2), weight_decay=float(o.weight_decay), warmup_steps=o.warmup_steps,
-                         batch_size=o.batch_size)
+                         batch_size=o.batch_size, name=o.name, schedule=o.schedule)
 
 
-def fit_config(m: MdlConfig, batch_size: int, augment: bool, progress: bool, warmup_steps: int,
+def fit_config(m: MdlConfig, batch_size: int, augment: bool, progress: bool, warmup_steps: int, lr_schedule: str,
                eval_every_steps: int | None = None, batch_transform: BatchTransform | None = None,
                numerics: JobNumerics | None = None) -> FitConfig:
-    """The fit loop's settings of a job: `optim.batch_size`, `mdl.*` early stopping (step-aware), `dataset.augment`,
-    the map of each augmented batch (`eraser.after_augment`: `BatchEraser`) and the job's numerics
-    (`JobRun.numerics`)."""
+    """The fit loop's settings of a job: `optim.batch_size`, `optim.schedule`, `mdl.*` early stopping (step-aware,
+    `mdl.stopping`, `mdl.batch_order`), `dataset.augment`, the map of each augmented batch (`eraser.after_augment`:
+    `BatchEraser`) and the job's numerics (`JobRun.numerics`)."""
     return FitConfig(batch_size=batch_size, patience=m.patience, max_epochs=m.max_epochs,
-                     augment=augment, eval_every_steps=eval_every_steps, progress=progress,
+                     augment=augment, eval_every_steps=eval_every_steps, progress=progress, lr_schedule=lr_schedule,
+                     stopping=m.stopping, batch_order=m.batch_order,
                      batch_transform=batch_transform, numerics=numerics, **stop_options(m, warmup_steps))
 
 
@@ -122,6 +123,7 @@ class Trainer:
     def fit_cfg(self, eval_every_steps: int | None = None) -> FitConfig:
         c = self.cfg
         return fit_config(c.mdl, c.optim.batch_size, c.dataset.augment, c.progress, self.optim.warmup_steps,
+                          self.optim.schedule,
                           eval_every_steps, self.batch_transform, self.numerics)
 
     def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
@@ -153,7 +155,8 @@ class Trainer:
         """How many models train at once: `training.parallel_models` (auto: all, at most `model_room` | N), 1 where
         the group engine cannot take them."""
         want = self.opts.parallel_models
-        reason = why_not_vectorized(first.model, first.optimizer, self.regularizer, self.engine)
+        reason = (why_not_vectorized(first.model, first.optimizer, self.regularizer, self.engine)
+                  or first.cfg.one_at_a_time())
         if str(want) == "auto":
             room = count if self.model_room is None else self.model_room
             return 1 if reason is not None else max(1, min(count, room))

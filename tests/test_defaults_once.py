@@ -62,7 +62,8 @@ def test_make_optimizer_declares_no_defaults() -> None:
 OFF_DEFAULT = ["experiment=smoke", "optim.batch_size=40", "mdl.patience=7", "mdl.max_epochs=11", "dataset.augment=true",
                "mdl.eval_every_steps=13", "progress=true", "optim.warmup_steps=17", "mdl.min_steps=19",
                "mdl.patience_min_steps=23", "optim.lr=0.0031", "optim.beta1=0.83", "optim.beta2=0.97",
-               "optim.weight_decay=0.05", "arch.depth=4", "mdl.full_run=true"]
+               "optim.weight_decay=0.05", "arch.depth=4", "mdl.full_run=true", "mdl.stopping=backtrack",
+               "mdl.batch_order=fixed"]
 
 
 def test_the_job_builds_the_engine_settings_from_its_typed_config(tmp_path: Path) -> None:
@@ -76,10 +77,12 @@ def test_the_job_builds_the_engine_settings_from_its_typed_config(tmp_path: Path
     assert optim.depth_lr_multiplier != 1.0 and optim.lr == pytest.approx(o.lr * optim.depth_lr_multiplier)
     assert (optim.lr_base, optim.beta1, optim.beta2, optim.weight_decay, optim.warmup_steps, optim.batch_size) == (
         o.lr, o.beta1, o.beta2, o.weight_decay, o.warmup_steps, o.batch_size)
-    fit = fit_config(m, o.batch_size, cfg.dataset.augment, cfg.progress, optim.warmup_steps, m.eval_every_steps)
+    fit = fit_config(m, o.batch_size, cfg.dataset.augment, cfg.progress, optim.warmup_steps, optim.schedule,
+                     m.eval_every_steps)
     assert dataclasses.asdict(fit) == {
         "batch_size": 40, "patience": 7, "max_epochs": 11, "augment": True, "eval_every_steps": 13, "progress": True,
         "warmup_steps": 17, "min_steps": 19, "patience_min_steps": 23, "batch_transform": None,
+        "lr_schedule": "constant", "stopping": "backtrack", "batch_order": "fixed",
         "numerics": None}  # numerics: the job's JobNumerics, handed in by the lifecycle (JobRun.numerics), not config
     from models import build_model
 

@@ -177,4 +177,19 @@ def test_the_paper_code_preset_sets_the_public_codes_defaults(tmp_path: Path) ->
             m.full_run) == ("paper", 10, 2048, 0.2, 4, 50, "backtrack", "fixed", False)
     assert (m.stop_after_warmup, m.min_steps, m.patience_min_steps) == (False, 0, 0)
     assert (a.name, a.width, a.depth, a.parametrization, a.options.activation) == ("mlp", 128, 2, "sp", "relu")
-    assert (cfg.dataset.name, resolve_optim(o, a).lr) == ("mnist5k", 1e-3)
+    assert (cfg.dataset.name, resolve_optim(o, a).lr, m.min_block) == ("mnist5k", 1e-3, "paper_code")
+
+
+@pytest.mark.parametrize(("k", "d", "want"), [(10, 784, 1024), (10, 3072, 1024), (10, 64, 128), (2, 2, 64),
+                                              (100, 3, 200)])
+def test_the_public_codes_chunk_rule(tmp_path: Path, k: int, d: int, want: int) -> None:
+    """mdl.min_block=paper_code: min(1024, 2·max(32, K, d)) (mdl/sweep.py), shrunk as any other where the data is too
+    small (MNIST-5k: 4000 rows to code in 10 blocks start at 200); an integer is taken as given."""
+    from training.tasks.mdl.code import partition_logspace
+    from training.tasks.mdl.splits import smallest_block
+
+    assert smallest_block("paper_code", k, d) == want and smallest_block(300, k, d) == 300
+    assert partition_logspace(4000, 10, smallest_block("paper_code", 10, 784))[0] == 200
+    with pytest.raises(ConfigError, match=r"^mdl.min_block='auto' is not allowed: mdl.min_block must be an integer ≥ 1 "
+                                          r"or paper_code"):
+        load_job(job_config(tmp_path, ["mdl.min_block=auto"]))

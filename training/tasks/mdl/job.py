@@ -183,7 +183,8 @@ def prepare(job: JobRun) -> Prepared:
     erased-data cache), and the MDL split of the coded rows."""
     cfg, started = job.cfg, time.perf_counter()
     data, x, erasure_info, batches = prepare_inputs(cfg, job.loaded, job.pack)
-    return Prepared(job, data, x, erasure_info, batches, split_of(cfg.mdl, cfg.seed, len(data.y)), started)
+    return Prepared(job, data, x, erasure_info, batches, split_of(cfg.mdl, cfg.seed, len(data.y),
+                                                                               data.num_classes, data.input_shape), started)
 
 
 def run(prepared: Prepared) -> MdlSections:
@@ -194,7 +195,7 @@ def run(prepared: Prepared) -> MdlSections:
                        out_dir=Path(cfg.paths.out_dir))
     try:
         m = cfg.mdl
-        say_stop_keys(m, cfg.optim, len(data.y))
+        say_stop_keys(m, cfg.optim, len(data.y), split.block_sizes[0])
         checkpoint = CheckpointStore(job.path, job.cfg_hash)
         if cfg.force:
             checkpoint.clear()  # force=true recomputes from scratch (as progress.json)

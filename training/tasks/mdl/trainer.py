@@ -33,7 +33,7 @@ from training.engine.optim import OptimSettings
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import derive_seed, generator, seeded_global_rng
 from training.tasks.mdl.inputs import BatchErasure
-from training.tasks.mdl.splits import MdlSplit, make_split, model_name
+from training.tasks.mdl.splits import MdlSplit, make_split, model_name, smallest_block
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
@@ -106,7 +106,8 @@ class Trainer:
     def for_seed(self, cfg: JobConfig) -> Trainer:
         """This job's trainer for another seed of its configuration, on the same data (one copy on the device): a
         pack group's companion (training/tasks/mdl/pack_group.py), with no checkpoint of its own."""
-        sibling = Trainer(cfg, self.x, self.y, self.num_classes, split_of(cfg.mdl, cfg.seed, len(self.y)), self.device,
+        split = split_of(cfg.mdl, cfg.seed, len(self.y), self.num_classes, self.input_shape)
+        sibling = Trainer(cfg, self.x, self.y, self.num_classes, split, self.device,
                           data=self.data, numerics=self.numerics, pack=self.pack)
         # eraser.after_augment: the same unerased images and the same batch eraser (one object: one group's members
         # share their batch transform)
@@ -221,10 +222,11 @@ def stop_options(m: MdlConfig, warmup_steps: int) -> dict[str, int]:
             "patience_min_steps": m.patience_min_steps}
 
 
-def split_of(m: MdlConfig, seed: int, n: int) -> MdlSplit:
-    """The job's MDL split of its `n` coded rows (validation set and blocks, drawn from its `seed`)."""
+def split_of(m: MdlConfig, seed: int, n: int, num_classes: int, input_shape: tuple[int, ...]) -> MdlSplit:
+    """The job's MDL split of its `n` coded rows (validation set and blocks, drawn from its `seed`) of K classes
+    and samples of `input_shape` (`mdl.min_block=paper_code` reads them)."""
     return make_split(n, seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
-                      min_block=m.min_block)
+                      min_block=smallest_block(m.min_block, num_classes, math.prod(input_shape)))
 
 
 def model_jobs(trainer: Trainer, blocks: list[int], with_full: bool) -> list[FitJob]:

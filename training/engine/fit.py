@@ -312,6 +312,7 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     def back_to_best() -> None:
         """The best epoch's model and optimizer state again (schedule-free: loaded in eval mode, then mapped back
         to its training iterate)."""
+        assert st.best_opt is not None  # the untrained model was validated first: there is always a best
         optimizer_mode(optimizer, "eval")
         model.load_state_dict(st.best_state)
         optimizer.load_state_dict(st.best_opt)

@@ -183,8 +183,8 @@ def prepare(job: JobRun) -> Prepared:
     erased-data cache), and the MDL split of the coded rows."""
     cfg, started = job.cfg, time.perf_counter()
     data, x, erasure_info, batches = prepare_inputs(cfg, job.loaded, job.pack)
-    return Prepared(job, data, x, erasure_info, batches, split_of(cfg.mdl, cfg.seed, len(data.y),
-                                                                               data.num_classes, data.input_shape), started)
+    split = split_of(cfg.mdl, cfg.seed, len(data.y), data.num_classes, data.input_shape)
+    return Prepared(job, data, x, erasure_info, batches, split, started)
 
 
 def run(prepared: Prepared) -> MdlSections:

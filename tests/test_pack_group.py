@@ -97,7 +97,7 @@ def test_a_later_job_that_is_done_or_does_not_fit_in_memory_is_not_trained_ahead
 
 def test_the_memory_estimate_covers_the_pack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from training.data import load_dataset
-    from training.tasks.mdl import precheck
+    from training.tasks.mdl import refusals as precheck
 
     cfg = load_job(_config(tmp_path, 0))
     data = load_dataset(cfg.dataset)

@@ -105,7 +105,7 @@ def test_parallel_models_auto_trains_as_many_rows_as_the_memory_estimate_fits(tm
     from tests.helpers import TINY, job_config
     from training.app.tasks import load_job
     from training.data import load_dataset
-    from training.tasks.mdl.precheck import estimate_memory
+    from training.tasks.mdl.refusals import estimate_memory
 
     base = [*TINY, *TINY_ARCH["convnext"]]
     cfg = load_job(job_config(tmp_path, base))
@@ -136,7 +136,7 @@ def test_a_job_trains_at_most_the_rows_that_fit(tmp_path: Path, monkeypatch: pyt
         return real(members, inputs, options)
 
     monkeypatch.setattr(trainer_module, "fit_group", spy)
-    from training.tasks.mdl.precheck import estimate_memory as estimate
+    from training.tasks.mdl.refusals import estimate_memory as estimate
 
     monkeypatch.setattr(job_module, "estimate_memory",
                         lambda *a: dataclasses.replace(estimate(*a), num_models=2))

@@ -14,7 +14,8 @@ import torch
 
 from training.app.tasks import load_job
 from training.common.sweep_jobs import fast_expand
-from training.tasks.mdl import pack_group, precheck
+from training.tasks.mdl import pack_group
+from training.tasks.mdl import refusals as precheck
 
 PAPER = ["paper_table_c", "paper_fig4_width", "paper_fig4_depth", "paper_fig5_width", "paper_fig5_depth",
          "paper_fig6_7_width", "paper_fig6_7_depth", "paper_fig8_width", "paper_fig8_depth", "paper_fig16"]

@@ -168,9 +168,9 @@ def test_shared_erased_data_is_read_once_per_pack_and_equals_the_entry(tmp_path:
     loads: list[Path] = []
     real_load = cache._load
 
-    def load(entry: Path) -> tuple[torch.Tensor, dict[str, Any]] | None:
+    def load(entry: Path, key: Any) -> tuple[torch.Tensor, dict[str, Any]] | None:
         loads.append(entry)
-        return real_load(entry)
+        return real_load(entry, key)
 
     monkeypatch.setattr(cache, "_load", load)
 

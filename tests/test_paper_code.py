@@ -19,8 +19,8 @@ from training.app.tasks import job_hash, load_job
 from training.engine.fit import FitResult, Member, TrainData, cross_entropy_sum, fit
 from training.engine.optim import OptimSettings
 from training.engine.seeding import generator, seeded_global_rng
-from training.tasks.mdl.precheck import check_one_at_a_time
-from training.tasks.mdl.trainer import resolve_optim
+from training.inputs.fit_settings import resolve_optim
+from training.tasks.mdl.refusals import check_one_at_a_time
 
 NEW_KEYS = {"optim": ("name", "schedule"), "mdl": ("stopping", "batch_order")}
 

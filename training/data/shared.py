@@ -134,18 +134,3 @@ def remembered(memo: Memo | None, key: Hashable, make: Callable[[], T], tensors:
 def fresh(value: T) -> T:
     """A deep copy of plain data (dicts, lists, numbers), for the parts of a shared value a job may edit."""
     return copy.deepcopy(value)
-
-
-def datasets_of(pack: Pack | None) -> Memo | None:
-    """The memo of loaded datasets of `pack` (None: a lone job's, none)."""
-    return None if pack is None else pack.datasets
-
-
-def erased_of(pack: Pack | None) -> Memo | None:
-    """The memo of erased data of `pack` (None: a lone job's, none)."""
-    return None if pack is None else pack.erased
-
-
-def erasers_of(pack: Pack | None) -> Memo | None:
-    """The memo of fitted erasers of `pack` (`eraser.after_augment`; None: a lone job's, none)."""
-    return None if pack is None else pack.erasers

@@ -52,7 +52,7 @@ class ErasedEval(StarvationTask):
         return None
 
     def lifecycle(self) -> dict[str, Any]:
-        from training.tasks.mdl.precheck import data_fingerprint  # the data now, and (for a rerun) the data itself
+        from training.inputs.pipeline import data_fingerprint  # the data now, and (for a rerun) the data itself
 
         return {**super().lifecycle(), "fingerprint": data_fingerprint}
 

@@ -22,14 +22,14 @@ import torch
 from training.app.lifecycle import JobRun, Outcome, Progress, run_in_job_dir
 from training.app.schema import JobConfig, load_config
 from training.app.tasks import own_groups, spec_of
-from training.data import LoadedData
 from training.data.shared import Pack
 from training.engine.checkpoint import CheckpointStore
 from training.engine.fit import NONFINITE_HINT, FitResult
 from training.errors import NonFiniteError
+from training.inputs.pipeline import Inputs, data_fingerprint, prepare_inputs
+from training.inputs.store import Store
 from training.tasks.mdl.code import paper_code, prequential_code
-from training.tasks.mdl.inputs import BatchErasure, prepare_inputs
-from training.tasks.mdl.precheck import data_fingerprint, estimate_memory, jobs_that_fit, memory_free, precheck
+from training.tasks.mdl.refusals import estimate_memory, jobs_that_fit, memory_free, precheck
 from training.tasks.mdl.result import MdlSections
 from training.tasks.mdl.splits import MdlSplit, model_name
 from training.tasks.mdl.stop_keys import say_stop_keys
@@ -166,14 +166,11 @@ def run_job(config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> 
 
 @dataclass(frozen=True)
 class Prepared:
-    """An MDL job's inputs (`prepare`): the coded data (labels permuted for a null), its erased images and how they
-    were erased, the batches' eraser (`eraser.after_augment`) and the split into blocks."""
+    """An MDL job's inputs (`prepare`: the coded data, labels permuted for a null, its erased images, how they were
+    erased and the batches' eraser) and the split of the coded rows into blocks."""
 
     job: JobRun
-    data: LoadedData
-    x: torch.Tensor
-    erasure: dict[str, Any]
-    batches: BatchErasure | None
+    inputs: Inputs
     split: MdlSplit
     started: float  # perf_counter() when the job's body began (timings.before_mdl_s)
 
@@ -182,14 +179,14 @@ def prepare(job: JobRun) -> Prepared:
     """Data loaded (or what the precheck loaded), labels permuted, the eraser's fit split, erased (through the
     erased-data cache), and the MDL split of the coded rows."""
     cfg, started = job.cfg, time.perf_counter()
-    data, x, erasure_info, batches = prepare_inputs(cfg, job.loaded, job.pack)
-    split = split_of(cfg.mdl, cfg.seed, len(data.y), data.num_classes, data.input_shape)
-    return Prepared(job, data, x, erasure_info, batches, split, started)
+    inputs = prepare_inputs(cfg, Store.of(cfg.paths, job.pack), job.loaded)
+    d = inputs.data
+    return Prepared(job, inputs, split_of(cfg.mdl, cfg.seed, len(d.y), d.num_classes, d.input_shape), started)
 
 
 def run(prepared: Prepared) -> MdlSections:
     """The block models, the code, the full-data run: result.json's sections (the stages' seconds in `timings`)."""
-    job, data, split, erasure_info = prepared.job, prepared.data, prepared.split, prepared.erasure
+    job, data, split, erasure_info = prepared.job, prepared.inputs.data, prepared.split, prepared.inputs.erasure
     cfg = job.cfg
     logger = RunLogger(cfg.logger, cfg.to_dict(), job.path, run_id=f"{job.cfg_hash}-s{cfg.seed}",
                        out_dir=Path(cfg.paths.out_dir))
@@ -199,7 +196,8 @@ def run(prepared: Prepared) -> MdlSections:
         checkpoint = CheckpointStore(job.path, job.cfg_hash)
         if cfg.force:
             checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
-        trainer = Trainer(cfg, prepared.x, data.y, data.num_classes, split, job.device, batches=prepared.batches,
+        trainer = Trainer(cfg, prepared.inputs.x, data.y, data.num_classes, split, job.device,
+                          batches=prepared.inputs.batches,
                           checkpoint=checkpoint, numerics=job.numerics, pack=job.pack)
         # training.parallel_models=auto: as many of its models at once as fit in the memory the device has free
         trainer.model_room = estimate_memory(cfg, data, len(data.y), job.device, memory_free(job.device)).num_models

@@ -18,7 +18,7 @@ jobs within the numerics contract's tolerance (training/engine/numerics.py), and
 records the group size (`models_together`).
 
 Later jobs that are done, or have progress of their own (an earlier attempt), train alone. The memory estimate says how
-many jobs' models fit at once (`room`, precheck.py `jobs_that_fit`): the group has that many jobs' worth
+many jobs' models fit at once (`room`, refusals.py `jobs_that_fit`): the group has that many jobs' worth
 of rows, and with more jobs than that their models wait in the group's queue, equal blocks of the jobs side by side
 (training/engine/lockstep_state.py `RowSchedule`): a row whose model stops takes the next one, so the rows stay full
 across the pack's jobs. If the group fails, the job's own unfinished models train again alone, so a
@@ -42,13 +42,13 @@ from training.app.results import RESULT_FILE
 from training.app.schema import JobConfig, config_hash
 from training.app.sections import TrainingConfig
 from training.common import interrupt
-from training.data.erase import BatchEraser
 from training.data.shared import Pack
 from training.engine.batches import DeviceData
 from training.engine.checkpoint import PATTERN as CHECKPOINT_PATTERN
 from training.engine.fit import FitResult, Member, TrainData, snapshot
 from training.engine.group import GroupOptions, fit_group
 from training.engine.numerics import JobNumerics
+from training.inputs.erase import BatchEraser
 from training.tasks.mdl.job_paths import JobPath
 from training.tasks.mdl.splits import model_name
 

@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 EXP    ?= offline_table
 BENCH_ARGS ?=
-# scripts/gpu_report.py options, e.g. GPU_REPORT_ARGS="--steps jobs,speed --budget 560 --out $$OUT"
+# tools/gpu_report.py options, e.g. GPU_REPORT_ARGS="--steps jobs,speed --budget 560 --out $$OUT"
 GPU_REPORT_ARGS ?=
 # the GPU machine has no .venv (and no registry): there the report runs on python3 with the wheels in .whl/
 REPORT_PY = $(if $(wildcard $(PY)),$(PY),python3)
@@ -48,7 +48,7 @@ demo: setup  ## every eraser on MNIST-5k, MLP, 3 seeds (packed) + a permuted-lab
 	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none \
 	  hydra/launcher=packed hydra.launcher.inner=parallel ++hydra.launcher.inner_options.n_jobs=2 \
 	  dataset.permute_labels=true seed=0
-	$(PY) scripts/aggregate.py outputs/runs/mnist5k --name demo
+	$(PY) -m scripts.aggregate outputs/runs/mnist5k --name demo
 
 CAL_OUT ?= outputs/calibrate
 CAL_RUN = OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) -m training.run -m experiment=calibrate hydra/launcher=parallel \
@@ -63,41 +63,41 @@ calibrate: setup  ## known answers: MDL of erased generator data beside the popu
 	  eraser.fit_labels=shuffled $(ARGS)
 	$(CAL_RUN) dataset=mixture dataset.dim=4 dataset.num_classes=2 dataset.mean_gap=0 dataset.cov_gap=0 \
 	  dataset.rows_per_dim=256 eraser=qleace $(ARGS)
-	$(PY) scripts/calibrate.py $(CAL_OUT)/runs
+	$(PY) -m scripts.calibrate $(CAL_OUT)/runs
 
 reproduce: setup  ## run a preset, then aggregate it (also after failed jobs): make reproduce EXP=<name> [ARGS="k=v ..."]
 	$(PY) -m training.run -m experiment=$(EXP) $(ARGS); rc=$$?; \
-	  $(PY) scripts/aggregate.py --experiment $(EXP) --name $(EXP) $(addprefix --override ,$(ARGS)) || rc=1; \
+	  $(PY) -m scripts.aggregate --experiment $(EXP) --name $(EXP) $(addprefix --override ,$(ARGS)) || rc=1; \
 	  exit $$rc
 
 plan: setup  ## a sweep's jobs, cells, done/remaining and CPU/GPU hours, without running it: make plan EXP=<name> [ARGS="k=v ..."]
 	$(PY) -m scripts.plan $(EXP) $(ARGS)
 
 tables: setup  ## aggregate whatever is in outputs/runs into outputs/tables/
-	$(PY) scripts/aggregate.py outputs/runs --name all
+	$(PY) -m scripts.aggregate outputs/runs --name all
 
 bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm, sweep packed vs per process, engine counts (syncs/ops per step, graph breaks, occupancy); BENCH_ARGS=--device cuda
 	mkdir -p outputs/bench
-	WANDB_MODE=disabled $(PY) scripts/bench_mdl.py --fused --json outputs/bench/bench_mdl.json $(BENCH_ARGS)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) scripts/bench_cache.py
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) scripts/bench_sweep.py --json outputs/bench/bench_sweep.json
-	OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) scripts/bench_engine.py --json outputs/bench/bench_engine.json
+	WANDB_MODE=disabled $(PY) -m tools.bench_mdl --fused --json outputs/bench/bench_mdl.json $(BENCH_ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) -m tools.bench_cache
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) -m tools.bench_sweep --json outputs/bench/bench_sweep.json
+	OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) -m tools.bench_engine --json outputs/bench/bench_engine.json
 
 gpu-report:  ## GPU checks (tests, one job per arch, erasers, speed, sweep cost) → outputs/gpu_report/*.json|md; CPU toy sizes without CUDA
-	WANDB_MODE=disabled $(REPORT_PY) scripts/gpu_report.py $(GPU_REPORT_ARGS)
+	WANDB_MODE=disabled $(REPORT_PY) tools/gpu_report.py $(GPU_REPORT_ARGS)
 
 gpu-wheels:  ## fill .whl/ with what the GPU machine lacks (hydra, mup, schedulefree, pytest, ...) for gpu-report there
-	scripts/gpu_wheels.sh
+	tools/gpu_wheels.sh
 
 slurm-up:  ## start a one-machine SLURM cluster with accounting (root, Debian packages); prints SLURM_CONF
-	python3 scripts/slurm_cluster.py install
-	python3 scripts/slurm_cluster.py up $(if $(SLURM_DIR),--dir $(SLURM_DIR))
+	python3 tools/slurm_cluster.py install
+	python3 tools/slurm_cluster.py up $(if $(SLURM_DIR),--dir $(SLURM_DIR))
 
 slurm-down:  ## stop that cluster (its jobs, then the daemons it started, by pid) and remove its directory
-	python3 scripts/slurm_cluster.py down $(if $(SLURM_DIR),--dir $(SLURM_DIR))
+	python3 tools/slurm_cluster.py down $(if $(SLURM_DIR),--dir $(SLURM_DIR))
 
 lint: setup  ## ruff, mypy ([tool.mypy] in pyproject.toml), then lint-imports (the import contracts: [tool.importlinter])
-	$(VENV)/bin/ruff check atomicio erasure models training scripts tests hydra_plugins
+	$(VENV)/bin/ruff check atomicio erasure models training scripts tools tests hydra_plugins
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

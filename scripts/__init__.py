@@ -1,1 +1,1 @@
-"""Command-line scripts (aggregate, benchmarks, plots); importable as `scripts.<name>` (the package is installed)."""
+"""The command lines users run (aggregate, plan, calibrate, show_erasure, coord_check): `python -m scripts.<name>`."""

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Aggregate result.json files into tables (Markdown, CSV, LaTeX) and plots (PNG).
 
-    python scripts/aggregate.py outputs/runs --name all          # everything under a directory
-    python scripts/aggregate.py --experiment demo --name demo    # exactly the jobs of a preset
-    python scripts/aggregate.py --experiment paper_table_c --override paths.out_dir=/scratch/out
-    python scripts/aggregate.py outputs/runs --strict            # refuse cells mixing code versions
+    python -m scripts.aggregate outputs/runs --name all          # everything under a directory
+    python -m scripts.aggregate --experiment demo --name demo    # exactly the jobs of a preset
+    python -m scripts.aggregate --experiment paper_table_c --override paths.out_dir=/scratch/out
+    python -m scripts.aggregate outputs/runs --strict            # refuse cells mixing code versions
 
 Every cell (dataset, arch, width, depth, eraser) reports mean ± sd over its finished seeds. Erasers are compared
 only where everything else is equal: results whose semantic configs differ in anything but the eraser and the
@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=None, help="table/plot file stem (default: experiment name or 'results')")
     ap.add_argument("--out", type=Path, default=Path("outputs/tables"))
     ap.add_argument("--claims", action="store_true",
-                    help="also print the paper's claims report (scripts/claims.py), per group; with --experiment "
-                         "it is printed whenever the preset defines `claims`")
+                    help="also print the paper's claims report (training/tasks/mdl/claims.py), per group; with "
+                         "--experiment it is printed whenever the preset defines `claims`")
     ap.add_argument("--strict", action="store_true",
                     help="refuse (exit 2, one line) when a cell's seeds come from different commits or data "
                          "(dataset.fingerprint) or a result has no recorded commit (provenance.code.commit)")
@@ -170,9 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out}/{name}.md, .csv, _jobs.csv, .tex and PNG plots", file=sys.stderr)
     keys = preset_claims(args.experiment, args.override) if args.experiment else None
     if (args.claims or keys) and not df.empty:
-        from scripts import claims
+        from training.tasks.mdl import claims
 
-        report = claims.markdown_groups(claims.evaluate_groups(df, keys))
+        report = claims.markdown_groups(claims.evaluate_groups(df, keys, args.experiment))
         print(report)
         (args.out / f"{name}_claims.md").write_text(report)
     return 0

@@ -1,6 +1,6 @@
 """The calibration table (issues 29 and 38, `make calibrate`): MDL of erased generator data against known answers.
 
-    python scripts/calibrate.py [outputs/calibrate] [--experiment calibrate]
+    python -m scripts.calibrate [outputs/calibrate] [--experiment calibrate]
 
 Reads the result.json files of the preset's jobs under the given folder (`make calibrate` runs its sweep into
 outputs/calibrate and reads only that) and prints one row per cell: every config key that differs between the
@@ -30,10 +30,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 # Fit modes (columns); "<mode> shuffled": fitted on shuffled labels (eraser.fit_labels=shuffled, the non-specific-
 # removal control), applied to the same true-label rows.

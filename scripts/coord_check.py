@@ -1,7 +1,7 @@
 """μP coordinate check for every architecture: PNG plots + fitted slopes (μP vs standard parametrisation).
 
-    python scripts/coord_check.py                      # all archs, sklearn digits (8×8), outputs/coord_checks/
-    python scripts/coord_check.py --arch mlp lenet --data random32 --seeds 3
+    python -m scripts.coord_check                      # all archs, sklearn digits (8×8), outputs/coord_checks/
+    python -m scripts.coord_check --arch mlp lenet --data random32 --seeds 3
 
 For each architecture and width the model is built by `models.build_model`, trained for a few steps of the
 μP schedule-free AdamW (`models.make_optimizer`) on one fixed batch, and the mean |activation| of every

@@ -35,8 +35,6 @@ from typing import Any
 
 from hydra.errors import HydraException
 
-from scripts.bench_summary import BenchSummary
-from scripts.gpu_report_model import Report
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.result_types import at, number
 from training.app.results import RESULT_FILE, read_result, same_config
@@ -181,19 +179,20 @@ def finished_costs(jobs: Sequence[Job]) -> dict[tuple[str, str], Cost]:
 
 
 def bench_cost(path: Path) -> tuple[dict[str, Cost], str | None]:
-    """CPU seconds per MLP job from `make bench`'s scripts/bench_mdl.py --json; or why there is none."""
+    """CPU seconds per MLP job from `make bench`'s tools/bench_mdl.py --json; or why there is none."""
     try:
         bench = json.loads(path.read_text())
     except FileNotFoundError:
         return {}, "no measurement: run make bench"
     except (OSError, ValueError) as err:
         return {}, f"no measurement: {path} cannot be read ({err}); run make bench"
-    summary = BenchSummary.from_json(bench) if isinstance(bench, dict) else None
-    per_job = summary.seconds_per_seed if summary is not None else None
-    if summary is None or per_job is None or str(summary.device).startswith("cuda"):
+    b = bench if isinstance(bench, dict) else {}
+    ours = b["median_s"]["ours"] if isinstance(b.get("median_s"), dict) and "ours" in b["median_s"] else None
+    if ours is None or str(b.get("device", "")).startswith("cuda"):
         return {}, f"no measurement: {path} holds no CPU run; run make bench"
-    what = (f"{path} ({_date(path)}): one MLP-128 prequential MDL, {summary.n} x {summary.d} synthetic "
-            f"rows, {summary.epochs} epochs per block model, no early stopping, {summary.threads} thread(s)")
+    per_job = float(ours) / max(int(b.get("seeds") or 1), 1)  # the run trains all its seeds at once
+    what = (f"{path} ({_date(path)}): one MLP-128 prequential MDL, {b.get('n')} x {b.get('d')} synthetic "
+            f"rows, {b.get('epochs')} epochs per block model, no early stopping, {b.get('threads')} thread(s)")
     return {"mlp": Cost(per_job, what)}, None
 
 
@@ -212,14 +211,16 @@ def gpu_report_cost(path: Path) -> tuple[dict[str, EpochCost], str | None]:
     """Per architecture, GPU seconds per epoch (and outside training) from `make gpu-report`'s job_<arch> steps; or
     why there are none."""
     try:
-        report = Report.from_json(json.loads(path.read_text()))
+        report = json.loads(path.read_text())
+        steps = {str(name): (step["figures"] if step.get("status") == "ok" else {})
+                 for name, step in report.get("steps", {}).items()}
+        device = report.get("env", {}).get("device", {}).get("name", "?")
     except FileNotFoundError:
         return {}, "no measurement: run make gpu-report"
     except (OSError, ValueError, TypeError, AttributeError, KeyError) as err:  # not JSON, or not a report's shape
         return {}, f"no measurement: {path} cannot be read ({type(err).__name__}: {err}); run make gpu-report"
     out = {}
-    for name, step in report.steps.items():
-        figures = step.ok_figures or {}
+    for name, figures in steps.items():
         if not name.startswith("job_") or "wall_s" not in figures:
             continue
         if not str(figures["device"] if "device" in figures else "").startswith("cuda"):
@@ -229,7 +230,7 @@ def gpu_report_cost(path: Path) -> tuple[dict[str, EpochCost], str | None]:
         train = float(figures["train_s"]) if "train_s" in figures else wall
         per_epoch = float(figures["job_s_per_epoch"]) if "job_s_per_epoch" in figures else train / epochs
         out[name.removeprefix("job_")] = EpochCost(max(wall - train, 0.0), per_epoch, epochs, (
-            f"{path} ({report.updated or _date(path)}, {report.env.device.name}): one job at the paper's base "
+            f"{path} ({report.get('updated') or _date(path)}, {device}): one job at the paper's base "
             f"size, CIFAR-shaped data, {per_epoch:.1f} s per epoch of its models (measured over {epochs:g} capped "
             f"epoch(s)) + {max(wall - train, 0.0):.1f} s outside training"))
     if not out:

@@ -1,7 +1,7 @@
 """The same images under every eraser, one column per eraser (paper Fig. 1), written as a PNG grid.
 
-    python scripts/show_erasure.py                                   # MNIST-5k, all erasers
-    python scripts/show_erasure.py --dataset cifar10 --data-dir data --gradient-iterations 100
+    python -m scripts.show_erasure                                   # MNIST-5k, all erasers
+    python -m scripts.show_erasure --dataset cifar10 --data-dir data --gradient-iterations 100
 
 Erasers are fitted on the whole dataset (or its first --limit images); the random projection removes as
 many directions as ALF-QLEACE does on the same data. Erased pixels may leave [0, 1] (LEACE/QLEACE are

@@ -2,7 +2,7 @@
 tests/heavy_tests.txt lists marked `heavy` (measured at 8 s or more: `make test-heavy`, not `make test`).
 
 SLURM tests (marked `slurm`) run against a one-machine cluster that the `slurm_cluster` fixture starts once per
-session (per xdist worker: `make test-slurm` runs them in two xdist groups, two clusters) with scripts/slurm_cluster.py
+session (per xdist worker: `make test-slurm` runs them in two xdist groups, two clusters) with tools/slurm_cluster.py
 (root + Debian packages; `.ci/run` installs them) and stops at the end.
 Where it cannot run they skip with the script's one-line reason; a cluster that can run but fails to start fails.
 """
@@ -27,8 +27,8 @@ import training  # noqa: E402,F401  (registers the OmegaConf resolvers conf/ use
 
 torch.set_num_threads(1)
 
-SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slurm_cluster.py"
-HEAVY_LIST = Path(__file__).resolve().parent / "heavy_tests.txt"  # measured (scripts/heavy_tests.py)
+SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "slurm_cluster.py"
+HEAVY_LIST = Path(__file__).resolve().parent / "heavy_tests.txt"  # measured (tools/heavy_tests.py)
 
 
 def heavy_tests() -> set[str]:
@@ -44,7 +44,7 @@ def slurm_unavailable() -> str | None:
     proc = subprocess.run([sys.executable, str(SLURM_SCRIPT), "check"], capture_output=True, text=True, timeout=60)
     if proc.returncode == 0:
         return None
-    return (proc.stdout.strip() or proc.stderr.strip() or "scripts/slurm_cluster.py check failed").splitlines()[0]
+    return (proc.stdout.strip() or proc.stderr.strip() or "tools/slurm_cluster.py check failed").splitlines()[0]
 
 
 # tryfirst: xdist's own hook reads the xdist_group markers (into the node ids it schedules by) and must see these

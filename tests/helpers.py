@@ -124,9 +124,9 @@ def kill_when(command: Sequence[str], runs: Path, log_path: Path, cwd: Path, env
 
 
 def sweep_results(out_dir: Path, volatile: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Every job's result.json by its directory under runs/, flattened (scripts/bench_sweep.py), without the keys
+    """Every job's result.json by its directory under runs/, flattened (tools/bench_sweep.py), without the keys
     that contain any of `volatile` (wall times, provenance, launcher settings)."""
-    from scripts.bench_sweep import results
+    from tools.bench_sweep import results
 
     return {job: {k: v for k, v in flat.items() if not any(part in k for part in volatile)}
             for job, flat in results(out_dir).items()}

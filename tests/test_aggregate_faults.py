@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from scripts import aggregate
-from scripts.claims import CLAIMS
 from tests.helpers import fixture_job_dir
 from training.app.tasks import spec_of
 from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary
+from training.tasks.mdl.claims import CLAIMS
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 
@@ -100,9 +100,9 @@ def test_1_erasers_at_different_learning_rates_get_a_table_each_and_no_verdict(
 
 
 def test_1_a_comparison_across_groups_is_refused_with_one_line(tmp_path: Path) -> None:
-    from scripts import claims
     from training.analysis import aggregate_plots
     from training.analysis.tables import MixedGroupsError
+    from training.tasks.mdl import claims
 
     root = tmp_path / "runs"
     for seed in range(3):

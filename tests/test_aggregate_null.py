@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from scripts import aggregate, claims
+from scripts import aggregate
 from tests.helpers import fixture_job_dir
 from training.analysis.tables import groups_in
 from training.app.tasks import decode_result
-from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary
+from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary, claims
 from training.tasks.mdl.result import MdlRecord, MdlResult
 
 LOG2_10 = math.log2(10)
@@ -250,7 +250,7 @@ def test_fit_on_is_a_variant_of_the_eraser_shown_separately(tmp_path: Path) -> N
     inc = aggregate_summary.increase_over_control(df)
     assert inc[["fit_on", "eraser", "mean"]].values.tolist() == [["all", "leace", pytest.approx(0.5)]]
     (claim, tests, verdict), = claims.evaluate(df, ["leace_raises_mdl"])
-    assert [t.row for t in tests] == ["mnist5k mlp_relu w128 d2"] and verdict == "supported"
+    assert [t.row for t in tests] == ["mnist5k mlp_relu w128 d2"] and verdict == "uncontrolled"  # no shuffled fit
     header, rows = aggregate_render.certificate_rows(summary)
     assert header[:3] == ["dataset", "fit on", "eraser"]
     assert sorted(r[:3] for r in rows) == [["mnist5k", "all", "control"], ["mnist5k", "all", "leace"],
@@ -361,21 +361,23 @@ def test_interface_keys_give_brackets_fit_and_budget_per_cell(tmp_path: Path) ->
     assert rows == [["mnist5k", "mlp_relu", "128", "2", "4000", "0.850 (holdout only)", "[1.940, 2.120]",
                      "[0.520, 3.350]"]]
     header, rows = aggregate_render.fit_budget_rows(summary)
-    assert header == ["dataset", "arch", "w", "d", "fit on", "eraser", "MDL", "n fit", "n coded", "working rank",
-                      "variance dropped", "block stops", "at cap", "budget"]
+    assert header == ["dataset", "arch", "w", "d", "fit on", "eraser", "MDL", "n fit", "rows/class/d", "n coded",
+                      "rank-irregular", "working rank", "variance dropped", "block stops", "at cap", "budget"]
     by = {(r[5], r[4]): r[6:] for r in rows}
-    assert by[("qleace", "holdout")][1:] == ["1000", "4000", "99/595", "9.30%", "patience 10, max_epochs 30",
-                                             "75% of 40", "budget-bound"]
-    assert by[("qleace", "self")][3:] == ["499/595", "0.07%", "patience 10, max_epochs 30", "75% of 40",
-                                          "budget-bound"]
-    assert by[("leace", "self")][5:] == ["patience 40", "0% of 40", ""]
+    assert by[("qleace", "holdout")][1:] == ["as fitted on 1000 rows", "n/a", "4000", "n/a", "99/595", "9.30%",
+                                             "patience 10, max_epochs 30", "75% of 40",
+                                             "budget-bound: 75% at cap (no validation trend recorded)"]
+    assert by[("qleace", "self")][5:] == ["499/595", "0.07%", "patience 10, max_epochs 30", "75% of 40",
+                                          "budget-bound: 75% at cap (no validation trend recorded)"]
+    assert by[("leace", "self")][7:] == ["patience 40", "0% of 40", ""]
     md = _run(root, tmp_path)
     assert "## Brackets at equal n coded (bits/sample)" in md and "## Fit and training budget" in md
     assert "[repeats 0–1]" in md
 
 
 def test_claims_on_brackets_and_a_budget_bound_cell(tmp_path: Path) -> None:
-    """The same cells through aggregate.py --claims: LEACE over control is supported on its bracket; QLEACE over
+    """The same cells through aggregate.py --claims: LEACE over control separates on its bracket but, without its
+    shuffled fit, is uncontrolled; QLEACE over
     LEACE is inconclusive (its bracket contains LEACE's); with QLEACE's holdout at 2.5 its bracket separates from
     LEACE's, but QLEACE is budget-bound; without the block models at the cap it is supported."""
     root = tmp_path / "runs"
@@ -383,8 +385,9 @@ def test_claims_on_brackets_and_a_budget_bound_cell(tmp_path: Path) -> None:
     df, _ = aggregate_collect.collect_dir(root)
     results = {c.key: (tests, verdict) for c, tests, verdict in claims.evaluate(df)}
     (leace,), verdict = results["leace_raises_mdl"]
-    assert (leace.row, leace.verdict, verdict) == ("mnist5k mlp_relu w128 d2 (fit on [holdout, self])", "supported",
-                                                   "supported")
+    assert (leace.row, leace.verdict, verdict) == ("mnist5k mlp_relu w128 d2 (fit on [holdout, self])",
+                                                   "uncontrolled", "uncontrolled")
+    assert 'ARGS="eraser=leace eraser.fit_on=holdout,self eraser.fit_labels=shuffled"' in leace.why
     assert leace.margins == pytest.approx({s: 1.92 - 0.83 for s in range(5)})
     assert results["qleace_above_leace"][1] == "inconclusive"  # brackets [0.5, 3.33] and [1.92, 2.10] overlap
     for cap, expected in ((3, "budget-bound"), (0, "supported")):
@@ -394,7 +397,7 @@ def test_claims_on_brackets_and_a_budget_bound_cell(tmp_path: Path) -> None:
         assert verdict == expected and tests[0].bracket
     _run(root, tmp_path, "--claims")
     report = (tmp_path / "tables" / "t_claims.md").read_text()
-    assert f"- {claims.CLAIMS['leace_raises_mdl'].text}: **supported**" in report
+    assert f"- {claims.CLAIMS['leace_raises_mdl'].text}: **uncontrolled**" in report
     assert "after the bias" not in report and "Holm" in report
 
 

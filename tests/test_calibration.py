@@ -275,7 +275,7 @@ def test_the_claims_report_runs_on_the_grid(tmp_path: Path) -> None:
     (cov gap, mean gap, rows/d) in its own group, and the claims report gives every group a LEACE-vs-control row
     of 10 seeds. Population LEACE equal to the control (cov gap 1, mean gap 0: the true effect is 0) is never
     "supported"; at cov gap 4, mean gap 1 (true effect +0.17 bits) it is."""
-    from scripts import claims
+    from training.tasks.mdl import claims
     from training.tasks.mdl.aggregate_collect import collect_dir
 
     _grid(tmp_path, {"leace cov4": 0.85, "control cov4": 0.68, "leace cov1": 1.2, "control cov1": 1.2})
@@ -317,10 +317,11 @@ def test_the_shuffled_fit_control_reaches_the_claims_through_the_aggregate(tmp_p
     """Equal class means at 16 rows/d as measured (population LEACE = the control; LEACE's bracket +0.10 / +0.05
     above it, the shuffled fit's +0.09 / +0.07): result.json files through the aggregate's job table (the shuffled
     fit a variant `eraser.fit_labels=shuffled` of its own) into the claims. LEACE is measured against the shuffled
-    fit, not the control, and is not supported; without the shuffled-fit runs the same bracket is."""
+    fit, not the control, and is not supported; without the shuffled-fit runs the same bracket separates from the
+    control (the margin alone would support it) and reads uncontrolled."""
     import numpy as np
 
-    from scripts import claims
+    from training.tasks.mdl import claims
     from training.tasks.mdl.aggregate_collect import collect_dir
 
     rng = np.random.default_rng(6)
@@ -340,8 +341,37 @@ def test_the_shuffled_fit_control_reaches_the_claims_through_the_aggregate(tmp_p
                          "gaussian mlp_relu w64 d2 (fit on population)"}
     assert all(t.verdict != "supported" and t.n == 10 for t in tests) and verdict != "supported"
     plain = df[~df.variant.str.contains(claims.SHUFFLED)]
-    (_, before, _), = claims.evaluate(plain, ["leace_raises_mdl"])
-    assert {t.row: t.verdict for t in before}["gaussian mlp_relu w64 d2 (fit on [holdout, self])"] == "supported"
+    (_, before, verdict), = claims.evaluate(plain, ["leace_raises_mdl"])
+    bracket = {t.row: t for t in before}["gaussian mlp_relu w64 d2 (fit on [holdout, self])"]
+    assert bracket.verdict == "uncontrolled" and bracket.holm_p < claims.ALPHA and verdict == "uncontrolled"
+
+
+def test_the_budget_flag_on_the_known_answers(tmp_path: Path) -> None:
+    """The equal-means cell (d = 32, 16 rows/d, LEACE fitted in sample) under the quick budget: more than a fifth of
+    its block models stop at the cap (the count alone read budget-bound), but their validation losses no longer
+    fall beyond their noise by enough to move the code: not budget-bound. The regular cell capped at 5 epochs
+    (no step floor) is: its trends still fall, and the quick budget indeed codes it far lower."""
+    import pandas as pd
+
+    from training.analysis.tables import BUDGET_SHARE, at_cap_share, budget_reason
+    from training.tasks.mdl.aggregate_collect import budget_columns
+
+    def runs(*overrides: str, seeds: range = range(3)) -> pd.DataFrame:
+        out = []
+        for seed in seeds:
+            sections = MdlSections.read(result_of(run_job(job_config(
+                tmp_path, ["experiment=calibrate", "dataset.rows_per_dim=16", "eraser=leace", "eraser.fit_on=self",
+                           f"seed={seed}", *overrides]))))
+            assert sections.mdl is not None
+            out.append({"bits_per_sample": sections.mdl.bits_per_sample, **budget_columns(sections.mdl)})
+        return pd.DataFrame(out)
+
+    equal = runs("dataset.cov_gap=1", "dataset.mean_gap=0")
+    assert at_cap_share(equal)[0] > BUDGET_SHARE and budget_reason(equal) == ""
+    capped = runs("mdl.max_epochs=5", "mdl.min_steps=0", "mdl.patience_min_steps=0")
+    assert budget_reason(capped).startswith("at-cap models still falling")
+    quick = runs(seeds=range(1))
+    assert capped.bits_per_sample[0] - quick.bits_per_sample[0] > 0.5  # the budget does change the number
 
 
 def _independent_mixture_qleace_truth(o: object, fit_rows: int = 400_000, n: int = 20_000) -> float:

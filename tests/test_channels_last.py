@@ -123,8 +123,7 @@ def test_the_aggregate_compares_the_memory_format_and_reads_an_absent_one_as_bef
 
 @pytest.mark.parametrize("setting, on", [("true", True), ("auto", False)])  # auto: off on this CPU
 def test_gpu_report_throughput_measures_with_and_without_it_where_it_is_on(setting: str, on: bool) -> None:
-    from scripts.gpu_report_payload import Payload
-    from scripts.gpu_report_work import throughput
+    from tools.gpu_report_steps import Payload, throughput
 
     p = Payload(device="cpu", archs=["lenet"], n=300, shape=[3, 16, 16], arch_overrides={"lenet": ["arch.width=16"]},
                 subset=128, val=64, group=1, overrides=[f"training.channels_last={setting}"])

@@ -1,4 +1,4 @@
-"""The claims report (scripts/claims.py) on job tables whose answer is known: supported, contradicted,
+"""The claims report (training/tasks/mdl/claims.py) on job tables whose answer is known: supported, contradicted,
 inconclusive / underpowered (one standard of evidence: the margin's CI at the Holm level), TOST for the claim of
 absence, not enough seeds, not identifiable, budget-bound; the statistics against scipy; the false-support rate and
 the power simulated with a fixed RNG; which claims survive every group (largest p, no correction across groups); and
@@ -6,6 +6,7 @@ the README's MNIST-5k numbers."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -14,10 +15,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from scripts import claims
 from training.analysis.tables import INJECTION, bias_flag, bias_noise
+from training.tasks.mdl import claims
 from training.tasks.mdl.aggregate_collect import at_cap
-from training.tasks.mdl.result import BlockRecord
+from training.tasks.mdl.result import BlockRecord, tail_fall_bits
 
 LOG2_10 = math.log2(10)
 SEEDS = range(claims.MIN_SEEDS)
@@ -31,6 +32,12 @@ def _runs(eraser: str, values: float | list[float], *, fit_on: str = "all", arch
     return [{"dataset": "d", "arch": arch, "width": width, "depth": 2, "variant": "", "eraser": eraser,
              "fit_on": fit_on, "seed": s, "fold": 0, "status": "done", "bits_per_sample": v, "null": null,
              "ref_bits": LOG2_10, "n_coded": n_coded, **extra} for s, v in enumerate(vals)]
+
+
+def _shuffled(values: float | list[float], **kw: Any) -> list[dict[str, Any]]:
+    """LEACE fitted on shuffled labels (eraser.fit_labels=shuffled): leace_raises_mdl's non-specific-removal
+    control."""
+    return [dict(r, variant=claims.SHUFFLED) for r in _runs("leace", values, **kw)]
 
 
 def _df(*cells: list[dict[str, Any]]) -> pd.DataFrame:
@@ -47,14 +54,14 @@ def _rows(df: pd.DataFrame, key: str) -> dict[str, claims.RowTest]:
 
 
 def test_claims_are_supported_on_results_that_show_them() -> None:
-    df = _df(_runs("control", 1.0), _runs("leace", 1.5), _runs("qleace", 2.5), _runs("alf_qleace", 1.2),
-             _runs("control", 0.8, arch="lenet"), _runs("leace", 1.0, arch="lenet"))
+    df = _df(_shuffled(1.0), _runs("leace", 1.5), _runs("qleace", 2.5), _runs("alf_qleace", 1.2),
+             _shuffled(0.8, arch="lenet"), _runs("leace", 1.0, arch="lenet"))
     got = _verdicts(df, ["leace_raises_mdl", "qleace_above_leace", "alf_below_qleace", "alf_below_leace",
                          "wide_no_lower"])
     assert got == {"leace_raises_mdl": "supported", "qleace_above_leace": "supported",
                    "alf_below_qleace": "supported", "alf_below_leace": "supported",
                    "wide_no_lower": "not testable here"}
-    mlp = _rows(df, "leace_raises_mdl")["d mlp_relu w128 d2"]
+    mlp = _rows(df, "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
     assert mlp.diffs == {"all": pytest.approx({s: 0.5 for s in SEEDS})} and not mlp.bracket
     assert mlp.mean == pytest.approx(0.5) and mlp.p == 0.0 and mlp.ci == 0.0  # no spread: certain
     report = claims.markdown(claims.evaluate(df))
@@ -63,10 +70,10 @@ def test_claims_are_supported_on_results_that_show_them() -> None:
 
 def test_p_ci_and_holm_match_scipy_and_the_verdict_uses_the_printed_holm_p() -> None:
     spread = [0.3, 0.5, 0.7, 0.4, 0.6]
-    df = _df(_runs("control", [1.0] * 5), _runs("leace", [1.0 + d for d in spread]),
-             _runs("control", [1.0] * 5, arch="lenet"), _runs("leace", [1.0 + d / 10 for d in spread], arch="lenet"))
+    df = _df(_shuffled([1.0] * 5), _runs("leace", [1.0 + d for d in spread]),
+             _shuffled([1.0] * 5, arch="lenet"), _runs("leace", [1.0 + d / 10 for d in spread], arch="lenet"))
     tests = _rows(df, "leace_raises_mdl")
-    mlp, lenet = tests["d mlp_relu w128 d2"], tests["d lenet w128 d2"]
+    mlp, lenet = tests["d mlp_relu w128 d2 vs shuffled fit"], tests["d lenet w128 d2 vs shuffled fit"]
     for t, scale in ((mlp, 1), (lenet, 10)):
         values = [d / scale for d in spread]
         assert t.p == pytest.approx(stats.ttest_1samp(values, 0, alternative="greater").pvalue, rel=1e-9)
@@ -191,8 +198,8 @@ def test_a_claim_of_absence_needs_an_equivalence_margin() -> None:
 
 
 def test_a_claim_is_contradicted_when_a_row_goes_the_other_way() -> None:
-    df = _df(_runs("control", 1.0), _runs("leace", [1.5, 1.4, 1.3, 1.6, 1.5]),
-             _runs("control", 0.8, arch="lenet"), _runs("leace", 0.6, arch="lenet"),
+    df = _df(_shuffled(1.0), _runs("leace", [1.5, 1.4, 1.3, 1.6, 1.5]),
+             _shuffled(0.8, arch="lenet"), _runs("leace", 0.6, arch="lenet"),
              _runs("qleace", 1.1), _runs("alf_qleace", 1.2))
     got = _verdicts(df, ["leace_raises_mdl", "qleace_above_leace", "alf_below_qleace"])
     assert got == {"leace_raises_mdl": "contradicted", "qleace_above_leace": "contradicted",
@@ -202,12 +209,12 @@ def test_a_claim_is_contradicted_when_a_row_goes_the_other_way() -> None:
 
 
 def test_not_enough_seeds_below_min_seeds_and_unfinished_rows() -> None:
-    few = _df(_runs("control", [1.0, 1.1, 0.9, 1.0]), _runs("leace", [1.5, 1.6, 1.4, 1.5]))
+    few = _df(_shuffled([1.0, 1.1, 0.9, 1.0]), _runs("leace", [1.5, 1.6, 1.4, 1.5]))
     assert claims.MIN_SEEDS == 5
     assert _verdicts(few, ["leace_raises_mdl"]) == {"leace_raises_mdl": "not enough seeds"}
-    enough = _df(_runs("control", 1.0), _runs("leace", 1.5))  # must not fire at 5 seeds
+    enough = _df(_shuffled(1.0), _runs("leace", 1.5))  # must not fire at 5 seeds
     assert _verdicts(enough, ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
-    running = pd.DataFrame(_runs("control", 0.8, arch="lenet") + _runs("leace", 1.0, arch="lenet")).assign(
+    running = pd.DataFrame(_shuffled(0.8, arch="lenet") + _runs("leace", 1.0, arch="lenet")).assign(
         status="missing")
     # the MLP row is supported, the LeNet row of the sweep has no results yet: not enough seeds overall
     assert _verdicts(pd.concat([enough, running]), ["leace_raises_mdl"]) == {"leace_raises_mdl": "not enough seeds"}
@@ -225,7 +232,11 @@ def test_a_bracket_row_is_supported_only_when_the_brackets_separate() -> None:
     row = _rows(apart, "qleace_above_leace")["d mlp_relu w128 d2 (fit on [holdout, self])"]
     assert row.bracket and row.verdict == "supported"
     assert row.margins == pytest.approx({s: 0.2 for s in SEEDS})  # min(qleace) − max(leace) = 2.0 − 1.8
-    assert _rows(apart, "leace_raises_mdl")["d mlp_relu w128 d2 (fit on [holdout, self])"].verdict == "supported"
+    # against the identity control a fitted LEACE is uncontrolled, however far apart: its shuffled fit decides
+    assert _rows(apart, "leace_raises_mdl")["d mlp_relu w128 d2 (fit on [holdout, self])"].verdict == "uncontrolled"
+    controlled = pd.concat([apart, _df(_shuffled(1.0, fit_on="holdout"), _shuffled(1.1, fit_on="self"))])
+    assert _rows(controlled, "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit (fit on [holdout, self])"] \
+        .verdict == "supported"
     overlap = _df(*base, _runs("qleace", 1.6, fit_on="holdout"), _runs("qleace", 3.3, fit_on="self"))
     assert _verdicts(overlap, ["qleace_above_leace"]) == {"qleace_above_leace": "inconclusive"}
     below = _df(*base, _runs("qleace", 0.5, fit_on="holdout"), _runs("qleace", 1.2, fit_on="self"))
@@ -249,14 +260,15 @@ def test_a_single_fit_mode_with_a_side_flagged_is_not_identifiable() -> None:
     """A probe below chance on a side (in sample: dependence) makes a row without a bracket not identifiable; the
     same flag on a bracket row does not (the separation decides); no flag: supported."""
     flagged = _runs("leace", 1.5, linear_probe_below_chance=True)
-    single = _df(_runs("control", 1.0), flagged)
-    row = _rows(single, "leace_raises_mdl")["d mlp_relu w128 d2"]
+    single = _df(_shuffled(1.0), flagged)
+    row = _rows(single, "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
     assert row.verdict == "not identifiable" and "probe below chance (all)" in row.why
-    clean = _df(_runs("control", 1.0), _runs("leace", 1.5, linear_probe_below_chance=False))
+    clean = _df(_shuffled(1.0), _runs("leace", 1.5, linear_probe_below_chance=False))
     assert _verdicts(clean, ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
-    z_only = _df(_runs("control", 1.0), _runs("leace", 1.5, quadratic_probe_acc_z=-4.0))  # z < −3 SE: flagged too
+    z_only = _df(_shuffled(1.0), _runs("leace", 1.5, quadratic_probe_acc_z=-4.0))  # z < −3 SE: flagged too
     assert _verdicts(z_only, ["leace_raises_mdl"]) == {"leace_raises_mdl": "not identifiable"}
-    bracket = _df(_runs("control", 1.0, fit_on="holdout"), _runs("leace", 1.5, fit_on="holdout"),
+    bracket = _df(_shuffled(1.0, fit_on="holdout"), _shuffled(1.0, fit_on="self"),
+                  _runs("leace", 1.5, fit_on="holdout"),
                   _runs("leace", 1.8, fit_on="self", linear_probe_below_chance=True))
     assert _verdicts(bracket, ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
 
@@ -297,17 +309,42 @@ def test_at_the_cap_means_stopped_by_max_epochs_with_the_best_epoch_at_the_end()
     assert at_cap(BlockRecord.of({"epochs": 60, "best_epoch": 58})) is None  # written before stop reasons
 
 
-def test_a_cell_with_more_than_a_fifth_of_its_block_models_at_the_cap_is_budget_bound() -> None:
-    """10 block models per cell (2 per run): 2 at the cap (20%) is not budget-bound, 3 (30%) is."""
+def test_without_validation_trends_more_than_a_fifth_of_the_block_models_at_the_cap_is_budget_bound() -> None:
+    """Results written before validation trends: 10 block models per cell (2 per run): 2 at the cap (20%) is not
+    budget-bound, 3 (30%) is, and the row says the count is not evidence."""
     def cell(at: list[int]) -> list[dict[str, Any]]:
         return _runs("leace", 1.5, blocks_known=2.0, blocks_at_cap=at, blocks_patience=2.0)
 
     at_fifth = [dict(r, blocks_at_cap=float(a)) for r, a in zip(cell([0] * 5), [1, 1, 0, 0, 0], strict=True)]
     over = [dict(r, blocks_at_cap=float(a)) for r, a in zip(cell([0] * 5), [1, 1, 1, 0, 0], strict=True)]
-    control = _runs("control", 1.0, blocks_known=2.0, blocks_at_cap=0.0)
+    control = _shuffled(1.0, blocks_known=2.0, blocks_at_cap=0.0)
     assert _verdicts(_df(control, at_fifth), ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
-    row = _rows(_df(control, over), "leace_raises_mdl")["d mlp_relu w128 d2"]
-    assert row.verdict == "budget-bound" and row.why == "a: 30% at cap (all)"
+    row = _rows(_df(control, over), "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
+    assert row.verdict == "budget-bound" and row.why == "a: 30% at cap (no validation trend recorded) (all)"
+
+
+def test_budget_bound_needs_at_cap_models_whose_validation_loss_still_falls() -> None:
+    """With validation trends the count of models at the cap decides nothing: half the block models at the cap but
+    trends that would take 0.002 bits/sample off the code is not budget-bound; 0.03 is."""
+    def cell(bits: float) -> list[dict[str, Any]]:
+        return _runs("leace", 1.5, blocks_known=2.0, blocks_at_cap=1.0, budget_bits=bits)
+
+    control = _shuffled(1.0, blocks_known=2.0, blocks_at_cap=1.0, budget_bits=0.0)
+    assert _verdicts(_df(control, cell(0.002)), ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
+    row = _rows(_df(control, cell(0.03)), "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
+    assert row.verdict == "budget-bound" and row.why.startswith("a: at-cap models still falling: ≈ 0.030")
+
+
+def test_a_validation_trend_is_a_fall_beyond_its_noise() -> None:
+    """tail_fall_bits: a loss still falling steadily (0.01 nats per validation) over 60 validations → its slope
+    over the last 12 times the tail of 6, in bits; a plateau with noise, or one that rose: 0."""
+    rng = np.random.default_rng(5)
+    falling = [(i, 1.0 - 0.01 * i + rng.normal(0, 0.001)) for i in range(60)]
+    assert tail_fall_bits(falling) == pytest.approx(0.06 / math.log(2), rel=0.1)
+    plateau = [(i, 0.5 + rng.normal(0, 0.01)) for i in range(60)]
+    assert tail_fall_bits(plateau) == 0.0
+    assert tail_fall_bits([(i, 0.5 + 0.001 * i) for i in range(60)]) == 0.0
+    assert tail_fall_bits([(0, 1.0), (1, 0.9)]) is None
 
 
 # --- the README's MNIST-5k numbers -------------------------------------------------------------------------------
@@ -352,17 +389,19 @@ def test_readme_mnist_holdout_row_does_not_make_qleace_claims_hold() -> None:
         assert all((v - (bias[a] - bias[b])) * sign > 0 for v in raw.values())
         # in sample every map eraser's probe is below chance: not identifiable either
         assert rows["d mlp_relu w128 d2"].verdict == "not identifiable"
-    # LEACE over control on the holdout: separated on every seed, no flag
-    assert _rows(df, "leace_raises_mdl")["d mlp_relu w128 d2 (fit on holdout)"].verdict == "supported"
+    # LEACE over control on the holdout: separated on every seed, no flag, but without its shuffled fit
+    row = _rows(df, "leace_raises_mdl")["d mlp_relu w128 d2 (fit on holdout)"]
+    assert row.verdict == "uncontrolled" and row.margins and min(row.margins.values()) > 0.9
+    assert 'ARGS="eraser=leace eraser.fit_on=holdout eraser.fit_labels=shuffled"' in row.why
 
 
 # --- sensitivity: claims that survive every group ---------------------------------------------------------------
 
 def test_a_claim_survives_only_when_it_holds_in_every_group() -> None:
     """Two groups (arch.parametrization mup | sp): LEACE > control in both, QLEACE > LEACE only under mup."""
-    mup = _df(_runs("control", 1.0), _runs("leace", 1.5), _runs("qleace", 2.5)).assign(
+    mup = _df(_shuffled(1.0), _runs("leace", 1.5), _runs("qleace", 2.5)).assign(
         group='{"arch.parametrization": "mup"}')
-    sp = _df(_runs("control", 1.0), _runs("leace", 1.5), _runs("qleace", 1.2)).assign(
+    sp = _df(_shuffled(1.0), _runs("leace", 1.5), _runs("qleace", 1.2)).assign(
         group='{"arch.parametrization": "sp"}')
     per = claims.evaluate_groups(pd.concat([mup, sp]), ["leace_raises_mdl", "qleace_above_leace"])
     assert claims.surviving(per) == {"leace_raises_mdl": True, "qleace_above_leace": False}
@@ -394,7 +433,7 @@ def test_surviving_every_group_is_the_largest_p_over_the_groups() -> None:
     rng = np.random.default_rng(11)
 
     def group(name: str, shift: float, sd: float) -> pd.DataFrame:
-        return _df(_runs("control", [1.0] * 5), _runs("leace", list(1.0 + shift + rng.normal(0, sd, 5)))).assign(
+        return _df(_shuffled([1.0] * 5), _runs("leace", list(1.0 + shift + rng.normal(0, sd, 5)))).assign(
             group=f'{{"optim.lr": "{name}"}}')
 
     strong, weak = group("a", 0.5, 0.05), group("b", 0.05, 0.2)
@@ -428,12 +467,15 @@ def _known_answer(effect: float) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def test_the_shuffled_fit_control_absorbs_the_bias_of_removing_directions_chosen_by_noise() -> None:
-    """The true effect is 0 (population LEACE is the identity). Against the identity control the bracket reads
-    supported (both ends +0.05..+0.10: the bias a margin CI cannot see); against LEACE fitted on shuffled labels in
-    the same fit modes it is not, and neither is the population row (exactly 0)."""
+    """The true effect is 0 (population LEACE is the identity). Against the identity control the bracket separates
+    (both ends +0.05..+0.10: the bias a margin CI cannot see) and reads uncontrolled, never supported; against LEACE
+    fitted on shuffled labels in the same fit modes it is not supported, and neither is the population row
+    (exactly 0)."""
     plain, both = _known_answer(0.0)
     before = _rows(plain, "leace_raises_mdl")
-    assert before["d mlp_relu w128 d2 (fit on [holdout, self])"].verdict == "supported"
+    bracket = before["d mlp_relu w128 d2 (fit on [holdout, self])"]
+    assert bracket.verdict == "uncontrolled" and bracket.holm_p < claims.ALPHA  # the margin alone would support it
+    assert _verdicts(plain, ["leace_raises_mdl"])["leace_raises_mdl"] == "uncontrolled"
     after = _rows(both, "leace_raises_mdl")
     assert set(after) == {"d mlp_relu w128 d2 vs shuffled fit (fit on [holdout, self])",
                           "d mlp_relu w128 d2 (fit on population)"}  # the bracket no longer reads the control
@@ -455,3 +497,84 @@ def test_a_real_effect_is_supported_against_the_shuffled_fit_control() -> None:
     assert bracket.verdict == "supported" and bracket.bracket and bracket.mean == pytest.approx(0.10, abs=0.03)
     assert after["d mlp_relu w128 d2 (fit on population)"].verdict == "supported"
     assert _verdicts(both, ["leace_raises_mdl"])["leace_raises_mdl"] == "supported"
+
+
+# --- no missing run makes a removal claim true ----------------------------------------------------------------
+
+@pytest.mark.parametrize("effect", [0.0, -0.05])
+def test_no_known_answer_at_or_below_zero_is_supported_with_or_without_the_optional_runs(effect: float) -> None:
+    """Population difference ≤ 0: with the shuffled-fit and population runs, without either, without both: no row
+    and no claim reads supported; the fitted modes without their shuffled fit read uncontrolled, naming the command
+    that runs it."""
+    plain, both = _known_answer(effect)
+    shuffled = both.variant == claims.SHUFFLED
+    population = both.fit_on == "population"
+    frames = {"all runs": both, "no shuffled fit": plain, "no population": both[~population],
+              "neither": both[~shuffled & ~population]}
+    for name, df in frames.items():
+        rows = _rows(df, "leace_raises_mdl")
+        assert rows and all(t.verdict != "supported" for t in rows.values()), name
+        for t in rows.values():
+            fitted = [m for m in t.diffs if m != "population"]
+            if fitted and "vs shuffled fit" not in t.row:
+                assert t.verdict == "uncontrolled" and f"eraser.fit_on={','.join(fitted)}" in t.why, name
+    report = claims.markdown(claims.evaluate(plain, ["leace_raises_mdl"], experiment="calibrate"))
+    assert 'make reproduce EXP=calibrate ARGS="eraser=leace eraser.fit_on=holdout,self eraser.fit_labels=shuffled"' \
+        in report
+
+
+def _bracket_draws(rng: np.random.Generator, n: int, effect: float, bias_a: tuple[float, float],
+                   bias_b: tuple[float, float] | None, sd: float = 0.02) -> claims.RowInput:
+    """One row on n paired seeds: a fitted eraser's bracket (holdout, self) at c + effect + its biases; b the same
+    eraser fitted on shuffled labels (its bracket at c + `bias_b`), or (None) the identity control at c."""
+    c = rng.normal(1.7, 0.05, n)
+    a = {m: pd.Series(c + effect + bias + rng.normal(0, sd, n)) for m, bias in zip(("holdout", "self"), bias_a,
+                                                                                      strict=True)}
+    if bias_b is None:
+        b = {m: pd.Series(c) for m in a}
+        return claims.RowInput("r", a, b, True, uncontrolled="the command")
+    b = {m: pd.Series(c + bias + rng.normal(0, sd, n)) for m, bias in zip(("holdout", "self"), bias_b, strict=True)}
+    return claims.RowInput("r vs shuffled fit", a, b, True)
+
+
+def _verdict(row: claims.RowInput) -> str:
+    claim = claims.CLAIMS["leace_raises_mdl"]
+    t = claims.row_test(claim, row)
+    claims.decide(claim, [t])
+    return t.verdict
+
+
+def test_a_shared_bias_of_removing_noise_directions_is_never_supported() -> None:
+    """The bias every fitted LEACE shares (+0.05 holdout, +0.10 self: mean +0.075), true effect 0, 10 seeds:
+    against the identity control the margin separates in every draw (the old rule: supported with probability
+    1.00) and the new rule reads uncontrolled in every draw; against the shuffled fit, brackets on both sides,
+    supported at most at the nominal rate."""
+    rng, draws = np.random.default_rng(48), 400
+    bound = float(stats.binom.ppf(1 - 1e-4, draws, claims.ALPHA)) / draws
+    identity = [_bracket_draws(rng, 10, 0.0, (0.05, 0.10), None) for _ in range(200)]
+    old = [_verdict(dataclasses.replace(r, uncontrolled="")) for r in identity]
+    assert _rate(old, "supported") > 0.99
+    assert _rate([_verdict(r) for r in identity], "uncontrolled") == 1.0
+    shuffled = [_verdict(_bracket_draws(rng, 10, 0.0, (0.05, 0.10), (0.05, 0.10))) for _ in range(draws)]
+    assert _rate(shuffled, "supported") <= bound
+    # a bias the shuffled fit does not share (the true-label fit's in-sample end higher by 0.03): still not supported
+    # beyond the nominal rate, since the claim reads the lower end of a's bracket against the upper end of b's
+    skew = [_verdict(_bracket_draws(rng, 10, 0.0, (0.05, 0.13), (0.05, 0.10))) for _ in range(draws)]
+    assert _rate(skew, "supported") <= bound
+    # and a real effect beyond the bracket widths is found: 0.15 on 10 seeds
+    real = [_verdict(_bracket_draws(rng, 10, 0.15, (0.05, 0.10), (0.05, 0.10))) for _ in range(100)]
+    assert _rate(real, "supported") > 0.9
+
+
+def test_a_claim_in_a_rank_irregular_cell_says_so() -> None:
+    """LEACE runs whose fits are rank-irregular (erasure/rank_test.py) in half or more of its runs: the row and the
+    claim's line say so; the shuffled-fit control's own flag (expected: it is fitted on noise) is not reported."""
+    flagged = _runs("leace", 1.5, rank_irregular=1.0, n_fit=1024.0, fit_rows_per_class_dim=8.0)
+    df = _df(_shuffled(1.0, rank_irregular=1.0), flagged)
+    row = _rows(df, "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
+    assert row.notes == ["a: rank-irregular fit in 5/5 runs (all)"] and row.verdict == "supported"
+    assert row.fitted == ["a: all as fitted on 1024 rows, 8 rows/class/d"]
+    report = claims.markdown(claims.evaluate(df, ["leace_raises_mdl"]))
+    assert "**supported** (in a rank-irregular cell" in report and "as fitted on 1024 rows, 8 rows/class/d" in report
+    two = _df(_shuffled(1.0), [dict(r, rank_irregular=float(i < 2)) for i, r in enumerate(_runs("leace", 1.5))])
+    assert _rows(two, "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"].notes == []  # 2 of 5: not flagged

@@ -46,6 +46,23 @@ def test_every_docs_page_is_in_the_site_navigation() -> None:
     assert not missing, f"docs pages missing from mkdocs.yml nav: {missing}"
 
 
+COMMAND_FILE = re.compile(r"(?<![\w/.])((?:scripts|tools)/[a-z]\w*\.(?:py|sh))")
+COMMAND_MODULE = re.compile(r"(?:python3?|\$\(PY\)) -m ((?:scripts|tools)\.\w+)")
+
+
+def test_the_docs_name_command_lines_and_tools_that_exist() -> None:
+    """Every file and `python -m` module of the command lines and tools that the README, the docs, the Makefile, CI
+    and the tests name exists (a moved or renamed one fails here, not in a reader's shell)."""
+    pages = [ROOT / "README.md", ROOT / "Makefile", ROOT / ".ci" / "run", *sorted((ROOT / "docs").rglob("*.md")),
+             *sorted((ROOT / "tests").glob("*.py"))]
+    named = {(p.relative_to(ROOT).as_posix(), m) for p in pages for m in COMMAND_FILE.findall(p.read_text())}
+    named |= {(p.relative_to(ROOT).as_posix(), m.replace(".", "/") + ".py") for p in pages
+              for m in COMMAND_MODULE.findall(p.read_text())}
+    assert len({m for _, m in named}) >= 10, named  # the pattern still finds them
+    missing = sorted((page, m) for page, m in named if not (ROOT / m).is_file())
+    assert not missing, missing
+
+
 @pytest.mark.skipif(shutil.which("mkdocs") is None and not (Path(sys.executable).parent / "mkdocs").exists(),
                     reason="mkdocs is not installed (pip install -e '.[dev]')")
 def test_docs_site_builds_strict(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The engine's deterministic CPU counts (scripts/bench_engine.py): no host read inside a training step, host work
+"""The engine's deterministic CPU counts (tools/bench_engine.py): no host read inside a training step, host work
 per step independent of the number of models, the stacked step captured whole by torch.compile, and ConvNeXt /
 Swin in the stacked engine equal to training them one by one."""
 
@@ -13,9 +13,9 @@ import torch
 
 import erasure
 from models.registry import Arch
-from scripts import bench_engine as bench
 from tests.helpers import fit_settings, group_options
 from tests.test_vectorized import TOL, _data
+from tools import bench_engine as bench
 from training.app.schema import group_config
 from training.engine.batches import class_segments
 from training.engine.fit import Member, TrainData, fit

@@ -166,7 +166,7 @@ def test_builtin_erasers_declare_what_the_harness_relied_on_their_names_for() ->
 # Scripts about particular erasers, where the name is the subject, not a property: why each may name them.
 # "table": dict literals keyed by names only (data about named erasers); "any": comparisons too.
 NAMING_ALLOWED = {
-    "scripts/bench_erasers.py": ("any", "benchmarks these erasers against concept-erasure by name"),
+    "tools/bench_erasers.py": ("any", "benchmarks these erasers against concept-erasure by name"),
     "training/tasks/mdl/aggregate_render.py": ("table", "the paper's published numbers per eraser, and their names"),
     "scripts/show_erasure.py": ("table", "a figure's column titles"),
 }
@@ -207,7 +207,7 @@ def test_the_scan_catches_a_name_check() -> None:
 def test_no_code_outside_erasure_checks_an_erasers_name() -> None:
     names = set(erasure.NAMES)
     found, allowed_used = [], set()
-    for package in ("training", "models", "scripts"):
+    for package in ("training", "models", "scripts", "tools"):
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             hits = eraser_name_checks(path.read_text(), names)

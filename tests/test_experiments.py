@@ -128,7 +128,7 @@ def test_presets_that_make_claims_run_enough_seeds_for_a_claim_to_hold() -> None
     """A claim holds only on ≥ claims.MIN_SEEDS seeds: a preset with `claims` that runs fewer could never say so."""
     from omegaconf import DictConfig, OmegaConf
 
-    from scripts.claims import CLAIMS, MIN_SEEDS
+    from training.tasks.mdl.claims import CLAIMS, MIN_SEEDS
 
     with_claims = []
     for name in presets():
@@ -138,6 +138,8 @@ def test_presets_that_make_claims_run_enough_seeds_for_a_claim_to_hold() -> None
             with_claims.append(name)
             assert set(cfg.claims) <= set(CLAIMS), name
             assert len(_values(sweeper_params(name)["seed"])) >= MIN_SEEDS, f"{name} runs fewer than {MIN_SEEDS} seeds"
+            if "leace_raises_mdl" in cfg.claims and not name.startswith("paper_"):  # its control runs beside it
+                assert "leace_shuffled" in _values(sweeper_params(name)["eraser"]), name
     assert {"offline_claims", "sensitivity"} <= set(with_claims)
 
 
@@ -147,7 +149,9 @@ def test_sensitivity_preset_covers_parametrization_rank_handling_and_zscore_orde
              j["eraser"]["options"].get("rank_deficient")) for j in jobs if j["eraser"]["name"] == "qleace"}
     assert seen == {(p, z, True, r) for p in ("mup", "sp") for z in ("before", "after")
                     for r in ("coupling", "shrinkage")}
-    assert len(jobs) == 100 and len({j["paths"]["job_dir"] for j in jobs}) == 100
+    assert len(jobs) == 120 and len({j["paths"]["job_dir"] for j in jobs}) == 120
+    shuffled = [j for j in jobs if j["eraser"]["fit_labels"] == "shuffled"]
+    assert len(shuffled) == 20 and {j["eraser"]["name"] for j in shuffled} == {"leace"}
 
 
 @pytest.mark.parametrize("name", presets())

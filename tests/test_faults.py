@@ -144,13 +144,13 @@ def test_result_of_another_config_written_meanwhile_is_not_overwritten(tmp_path:
     cfg = job_config(tmp_path, TINY)
     job_dir = Path(cfg["paths"]["job_dir"])
     foreign = {"config_hash": "ffffffffffffffff", "config": {"seed": 99}, "mdl": {"bits_per_sample": 9.0}}
-    erase = inputs_mod.erase_maybe_zscored
+    erase = inputs_mod._erased
 
-    def erase_then_intrude(data: Any, c: Any, *rest: Any) -> Any:  # a process that ignored the lock writes meanwhile
+    def erase_then_intrude(data: Any, c: Any, *rest: Any, **kw: Any) -> Any:  # a process ignoring the lock writes
         (job_dir / "result.json").write_text(json.dumps(foreign))
-        return erase(data, c, *rest)
+        return erase(data, c, *rest, **kw)
 
-    monkeypatch.setattr(inputs_mod, "erase_maybe_zscored", erase_then_intrude)
+    monkeypatch.setattr(inputs_mod, "_erased", erase_then_intrude)
     with pytest.raises(ConfigMismatchError, match="not overwritten") as err:
         run_job(cfg)
     assert json.loads((job_dir / "result.json").read_text()) == foreign

@@ -1,4 +1,4 @@
-"""`make gpu-report` (scripts/gpu_report.py): its CPU toy mode runs every step, and its runner survives failures.
+"""`make gpu-report` (tools/gpu_report.py): its CPU toy mode runs every step, and its runner survives failures.
 
 The toy mode is what the GPU machine runs at full size, so running it here means the path is known to work
 before a GPU ever sees it.
@@ -19,22 +19,35 @@ from typing import Any
 
 import pytest
 
-from scripts.gpu_report import all_steps, main, select
-from scripts.gpu_report_model import Report
-from scripts.gpu_report_output import JSON_NAME, MD_NAME, now, write_report
-from scripts.gpu_report_pack import (
+from tools.gpu_report import DEFAULT_BUDGET, all_steps, main, select
+from tools.gpu_report_run import (
+    ARCHS,
+    GPU,
+    JSON_NAME,
+    MD_NAME,
+    TOY,
+    Context,
+    Report,
+    Step,
+    StepError,
+    StepSkipped,
+    now,
+    run_at_once,
+    run_steps,
+    write_report,
+)
+from tools.gpu_report_steps import (
     FROM_GROUP,
     GROUP_FAILED,
     GROUP_FORMED,
+    MISSING_MODULE,
     SEEDS,
     ProcessMemory,
     memory_figures,
     pack_checks,
-    run_at_once,
+    pytest_progress,
+    read_junit,
 )
-from scripts.gpu_report_pytest import MISSING_MODULE, junit_id, pytest_progress, read_junit
-from scripts.gpu_report_runner import Context, Step, StepError, StepSkipped, run_steps
-from scripts.gpu_report_sizes import ARCHS, TOY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +68,7 @@ def test_toy_mode_runs_every_step(tmp_path: Path) -> None:
     out = tmp_path / "report"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "CUDA_VISIBLE_DEVICES": ""}
     env.pop("OUT", None)
-    proc = subprocess.run([sys.executable, "scripts/gpu_report.py", "--toy", "--device", "cpu", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "tools/gpu_report.py", "--toy", "--device", "cpu", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     report = json.loads((out / JSON_NAME).read_text())  # strict JSON: json.dumps(allow_nan=False) wrote it
     steps = report["steps"]
@@ -102,16 +115,16 @@ def test_toy_mode_runs_every_step(tmp_path: Path) -> None:
 
 
 def test_plain_script_takes_its_pieces_from_its_own_checkout(tmp_path: Path) -> None:
-    """The GPU machine runs `python3 scripts/gpu_report.py` with nothing installed, from anywhere: the script puts
-    its checkout on the path, so its modules (scripts/gpu_report_*.py) are this checkout's, not an installed copy."""
-    code = ("import runpy, sys; runpy.run_path(sys.argv[1]); import scripts.gpu_report_runner as r, "
-            "scripts.gpu_report_steps as s; print(r.__file__); print(s.__file__)")
+    """The GPU machine runs `python3 tools/gpu_report.py` with nothing installed, from anywhere: the script puts
+    its checkout on the path, so its modules (tools/gpu_report_*.py) are this checkout's, not an installed copy."""
+    code = ("import runpy, sys; runpy.run_path(sys.argv[1]); import tools.gpu_report_run as r, "
+            "tools.gpu_report_steps as s; print(r.__file__); print(s.__file__)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "scripts" / "gpu_report.py")], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "tools" / "gpu_report.py")], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == [str(ROOT / "scripts" / f"gpu_report_{m}.py") for m in ("runner", "steps")]
-    listed = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_report.py"), "--list", "--toy"],
+    assert proc.stdout.split() == [str(ROOT / "tools" / f"gpu_report_{m}.py") for m in ("run", "steps")]
+    listed = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_report.py"), "--list", "--toy"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert [ln.split()[0] for ln in listed.stdout.splitlines() if ln.strip()] == [s.name for s in all_steps(TOY)]
@@ -188,11 +201,10 @@ def test_select_and_junit(tmp_path: Path) -> None:
         <failure message="ModuleNotFoundError: No module named 'numba'"/></testcase>
       <testcase classname="tests.test_a.TestC" name="test_x"><error message="boom"/></testcase>
     </testsuite></testsuites>""")
-    gpu_ids = {junit_id("tests/test_models.py::test_cuda[mlp]")}
-    counts, failures, gpu_skipped = read_junit(xml, gpu_ids)
+    counts, failures, gpu_skipped = read_junit(xml, {"tests/test_models.py::test_cuda[mlp]"})  # pytest's node ids
     assert counts == {"passed": 1, "failed": 1, "errors": 1, "skipped": 1}
-    assert gpu_skipped == [("tests.test_models::test_cuda[mlp]", "needs CUDA")]
-    assert junit_id("tests/test_a.py::TestC::test_x") == ("tests.test_a.TestC", "test_x")
+    assert gpu_skipped == [("tests/test_models.py::test_cuda[mlp]", "needs CUDA")]
+    assert failures[1] == "tests/test_a.py::TestC::test_x: boom"
     missing = MISSING_MODULE.search(failures[0])
     assert missing is not None and missing.group(1) == "numba"
 
@@ -301,9 +313,6 @@ def test_pack_checks_on_a_gpu_hold_the_numerics_contract_tolerance_and_say_the_d
 
 
 def test_the_gpu_default_fits_one_device_call_with_the_jobs_first() -> None:
-    from scripts.gpu_report import DEFAULT_BUDGET
-    from scripts.gpu_report_sizes import GPU
-
     names = [s.name for s in all_steps(GPU)]
     assert names[:7] == ["tests", *[f"job_{a}" for a in ARCHS], "throughput", "pack"]
     assert DEFAULT_BUDGET <= 600 - 45  # a 10-minute call: the wheels' install and start-up take the rest
@@ -314,8 +323,8 @@ def test_run_at_once_runs_together_and_fails_on_an_error_or_the_budget(tmp_path:
     ctx, _ = fake_ctx(tmp_path)
     ctx.deadline = time.monotonic() + 60
     sleep = [sys.executable, "-c", "import time; time.sleep(2)"]
-    wall, each = run_at_once(ctx, [(sleep, "a"), (sleep, "b"), (sleep, "c")], dict(os.environ))
-    assert 2 <= wall < 5.5 and len(each) == 3 and max(each) == wall  # at once: one after another takes 6 s
+    each = [p.seconds for p in run_at_once(ctx, [(sleep, "a"), (sleep, "b"), (sleep, "c")], dict(os.environ))]
+    assert len(each) == 3 and 2 <= min(each) and max(each) < 5.5  # at once: one after another takes 6 s
     assert (ctx.logs / "b.log").read_text().startswith("$ ")
     with pytest.raises(StepError, match=r"^bad: ValueError: nope"):
         run_at_once(ctx, [(sleep, "fine"), ([sys.executable, "-c", "raise ValueError('nope')"], "bad")],
@@ -358,7 +367,7 @@ def _wheel_from_installed(dist_name: str, into: Path) -> set[str]:
 
 
 def test_bootstraps_on_a_python_without_the_harness(tmp_path: Path) -> None:
-    """Issue 37: on the bare GPU machine `python3 scripts/gpu_report.py` died importing omegaconf before it installed
+    """Issue 37: on the bare GPU machine `python3 tools/gpu_report.py` died importing omegaconf before it installed
     `.whl/`. Here under `python -S` with a site of the venv's packages less hydra/omegaconf/mup/schedulefree/
     filelock/mlxtend (and no editable install of this project), with those as wheels built from the venv: it
     installs them and gets as far as listing its steps, which imports every step module and so training/."""
@@ -380,7 +389,7 @@ def test_bootstraps_on_a_python_without_the_harness(tmp_path: Path) -> None:
         probe = subprocess.run([sys.executable, "-S", "-c", f"import {module}"], cwd=tmp_path, env=env,
                                capture_output=True, text=True, timeout=120)
         assert probe.returncode != 0 and "No module named" in probe.stderr, module  # really absent
-    proc = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / "gpu_report.py"), "--list", "--toy"],
+    proc = subprocess.run([sys.executable, "-S", str(ROOT / "tools" / "gpu_report.py"), "--list", "--toy"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert [ln.split()[0] for ln in proc.stdout.splitlines() if ln.strip()] == [s.name for s in all_steps(TOY)]

@@ -1,4 +1,4 @@
-"""tests/heavy_tests.txt (scripts/heavy_tests.py) names tests that exist: a renamed or deleted test would otherwise
+"""tests/heavy_tests.txt (tools/heavy_tests.py) names tests that exist: a renamed or deleted test would otherwise
 leave its line marking nothing, and a renamed heavy test would slip back into `make test`."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import ast
 import re
 from pathlib import Path
 
-from scripts.heavy_tests import node_id
 from tests.conftest import HEAVY_LIST, heavy_tests
+from tools.heavy_tests import node_id
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def test_every_listed_heavy_test_names_a_test_function_that_exists() -> None:
         file = ROOT / path
         if not file.exists() or function not in _functions(file):
             missing.append(nodeid)
-    assert not missing, f"stale lines in {HEAVY_LIST} (rerun scripts/heavy_tests.py): {missing}"
+    assert not missing, f"stale lines in {HEAVY_LIST} (rerun tools/heavy_tests.py): {missing}"
 
 
 def test_node_id_of_a_junit_case() -> None:

@@ -501,5 +501,5 @@ def test_make_calibrate_runs_and_reads_only_its_own_sweep_with_args(tmp_path: Pa
     sweeps = [ln for ln in lines if "-m training.run" in ln]
     assert len(sweeps) >= 2 and all(f"paths.out_dir={out}" in ln and ln.rstrip().endswith("dataset.dim=8 seed=3")
                                     for ln in sweeps), sweeps
-    table = [ln for ln in lines if "scripts/calibrate.py" in ln]
+    table = [ln for ln in lines if "-m scripts.calibrate" in ln]
     assert len(table) == 1 and table[0].split()[-1] == str(out / "runs"), table

@@ -17,6 +17,8 @@ The layers, bottom up:
                           standard library, training.app and more of the same: the task's code, in the methods
     training/cli/, scripts/   the command line (Hydra entry, one-line errors, SIGTERM, the multirun ledger; imported
                           only by the shim training/run.py) and the scripts
+    tools/                operations (benchmarks, the GPU report, the SLURM and test-tier helpers): not installed,
+                          may import any layer; no layer imports it
 
 The one dynamic import: training/app/task_spec.py discovers the packages of `training.tasks` (a new task is a package
 that nothing else names). So the core reads a task's declaration without its code, its top level imports nothing else.
@@ -34,7 +36,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("atomicio", "erasure", "models", "training", "scripts")
+PACKAGES = ("atomicio", "erasure", "models", "training", "scripts", "tools")
 DISCOVERS = "training.app.task_spec"  # the one module that imports modules by name: those of training.tasks
 # what a task's declaration imports when discovered (besides the stdlib): the core and more of its declaration (its
 # result type's module, the gs tasks' shared base), which imports the same only (`_discovered`)
@@ -105,8 +107,8 @@ def _violations(modules: dict[str, Path]) -> list[str]:
                     "code in its methods)"
                     for name in sorted(_top_level_imports(path)) if name.split(".")[0] not in sys.stdlib_module_names
                     and name != "__future__" and not any(_matches(name, a) for a in TASK_TOP_LEVEL)]
-        if _matches(module, "scripts") or module == DISCOVERS:
-            continue  # scripts may probe what is installed (scripts/gpu_report.py); the registries live below
+        if _matches(module, "scripts") or _matches(module, "tools") or module == DISCOVERS:
+            continue  # the command lines and tools may probe what is installed (tools/gpu_report.py)
         bad += [f"{module} calls {call}() (a hidden edge: import modules by name, in a list)"
                 for call in sorted(_calls(path))]
     return bad
@@ -159,7 +161,8 @@ BROKEN = {
     "training/inputs/_bad.py": ("from training.tasks.mdl import job\n", ["training.inputs._bad -> training.tasks.mdl"]),
     "training/cli/_bad.py": ("from training.tasks.mdl import job\n", ["training.cli._bad -> training.tasks.mdl"]),
     "training/tasks/_bad.py": ("from scripts import aggregate\n", ["training.tasks._bad -> scripts.aggregate"]),
-    "scripts/_bad.py": ("from training.cli.run import main\n", ["scripts._bad -> training.cli.run"]),
+    "scripts/_bad.py": ("from training.cli.run import main\nfrom tools import bench_sweep\n",
+                        ["scripts._bad -> training.cli.run", "scripts._bad -> tools.bench_sweep"]),
     "training/engine/_bad.py": ("import importlib\n", ["training.engine._bad -> importlib"]),
     "training/tasks/mdl/_bad.py": ("from training.common.sweeps import expand\nfrom training.tasks.gs import common\n",
                                    ["training.tasks.mdl._bad -> training.common.sweeps",

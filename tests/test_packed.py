@@ -195,7 +195,7 @@ def test_shared_erased_data_is_read_once_per_pack_and_equals_the_entry(tmp_path:
 
 
 def test_bench_sweep_compares_every_number_but_wall_times() -> None:
-    from scripts.bench_sweep import differences
+    from tools.bench_sweep import differences
 
     a = {"j0": {"mdl.bits_per_sample": 1.25, "timings.mdl_s": 3.0, "mdl.blocks.0.seconds": 1.0}}
     same = {"j0": {"mdl.bits_per_sample": 1.25, "timings.mdl_s": 9.0, "mdl.blocks.0.seconds": 2.0}}
@@ -213,7 +213,7 @@ def test_bench_sweep_compares_every_number_but_wall_times() -> None:
 def test_bench_sweep_quick_runs_all_three_ways_and_finds_them_equal(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     # one cell of 2 seeds, one pack: each way runs (the numbers of many jobs are compared by the tests above)
-    proc = subprocess.run([sys.executable, "scripts/bench_sweep.py", "--quick", "--erasers", "leace", "--seeds", "2",
+    proc = subprocess.run([sys.executable, "tools/bench_sweep.py", "--quick", "--erasers", "leace", "--seeds", "2",
                            "--pack-size", "2", "--json", str(out)], cwd=REPO, env=ENV, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

@@ -1,5 +1,5 @@
 """The SLURM launcher against a real one-machine SLURM 22.05 cluster with accounting (tests/conftest.py starts it
-with scripts/slurm_cluster.py): sweeps land every result with the local launcher's numbers, survive the time
+with tools/slurm_cluster.py): sweeps land every result with the local launcher's numbers, survive the time
 limit (submitit's USR2 + requeue) and pre-emption (`scontrol requeue`: SIGTERM), report failures, keep results
 of sweeps over keys outside the job directory, and honour array_parallelism. Every job here is digits-sized.
 """

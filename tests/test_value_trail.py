@@ -1,10 +1,10 @@
-"""scripts/value_trail.py on a toy call chain whose figures are known."""
+"""tools/value_trail.py on a toy call chain whose figures are known."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from scripts.value_trail import Trail, follow
+from tools.value_trail import Trail, follow
 
 
 def _a(x: Any) -> Any:

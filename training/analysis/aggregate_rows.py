@@ -51,7 +51,9 @@ class CellRow:
     at_cap_share: float = math.nan
     blocks_known: float = 0
     stops: Any = None
-    budget_bound: Any = False
+    budget_bound: Any = ""  # why the cell's number depends on the budget (analysis/tables.budget_reason)
+    fit_rows_per_class_dim_mean: float = math.nan
+    rank_irregular_mean: float = math.nan  # the share of runs whose fit is rank-irregular (erasure/rank_test.py)
 
     @classmethod
     def of(cls, row: pd.Series) -> CellRow:

@@ -136,7 +136,10 @@ NOISE_SE = 2.0  # a null's bias is flagged when |bias| > NOISE_SE standard error
 NULL_FLOOR = 0.01  # bits/sample: ... and above this floor (a null censored at the uniform code has SE 0)
 INJECTION, EXCESS = "⚠ injection", "⚠ excess"  # null MDL below / above the label entropy by more than the noise
 ARTEFACT_Z = 3.0  # a probe whose accuracy or log-loss is below chance by more than this many SE: dependence artefact
-BUDGET_SHARE = 0.2  # a cell with more than this share of its block models at the cap is budget-bound
+BUDGET_SHARE = 0.2  # results without validation trends: more than this share of block models at the cap
+ESTIMABLE_ROWS_PER_CLASS_DIM = 30  # fit rows per class per input dimension from which a fitted eraser's bias against
+# the population eraser falls below 0.01 bits/sample (docs/known-answers.md, measured on generator data)
+BUDGET_BITS = 0.01  # bits/sample: budget-bound when the at-cap block models' trends would lower the code by more
 PROBES = ("linear", "quadratic", "mlp")  # the certificate's out-of-sample probes (erasure/certificate.py)
 
 
@@ -254,3 +257,18 @@ def at_cap_share(runs: Any) -> tuple[float, int]:
         return math.nan, 0
     known = float(runs["blocks_known"].fillna(0).sum())
     return (float(runs["blocks_at_cap"].fillna(0).sum()) / known, int(known)) if known else (math.nan, 0)
+
+
+def budget_reason(runs: Any) -> str:
+    """Why a cell's number plausibly depends on the training budget ("" where it does not).
+
+    Evidence (results with validation trends, `mdl.blocks[i].tail_fall_bits`): per run, the block models at the cap
+    whose validation loss still fell beyond its noise, weighted by the rows they code: how much further the code
+    would fall over as many more validations if they kept their trend (column `budget_bits`); budget-bound when
+    its mean over the runs exceeds BUDGET_BITS. Results written before the trends: more than BUDGET_SHARE of the
+    block models at the cap (a count, not evidence: the line says so)."""
+    if "budget_bits" in runs and runs["budget_bits"].notna().any():
+        bits = float(runs["budget_bits"].dropna().mean())
+        return f"at-cap models still falling: ≈ {bits:.3f} bits/sample more" if bits > BUDGET_BITS else ""
+    share, known = at_cap_share(runs)
+    return f"{share:.0%} at cap (no validation trend recorded)" if known and share > BUDGET_SHARE else ""

@@ -232,7 +232,8 @@ class JobConfig(Section):
     experiment_name: str | None = spec(None, kind=str, optional=True, hash=False)
     progress: bool = flag(True, hash=False)
     certificate: bool = flag(True)
-    claims: list[str] | None = spec(None, kind=list, optional=True, hash=False)  # what scripts/claims.py tests
+    # the paper's claims the preset tests (training/tasks/mdl/claims.py)
+    claims: list[str] | None = spec(None, kind=list, optional=True, hash=False)
     dataset: DatasetConfig = spec(kind=DatasetConfig)
     eraser: EraserConfig = spec(kind=EraserConfig)
     arch: ArchConfig = spec(kind=ArchConfig)

@@ -8,7 +8,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -17,6 +17,8 @@ import erasure
 from erasure import Eraser, data_options, eraser_traits, resolve_options
 from erasure.progress import use as erasure_progress
 from erasure.qleace import QleaceEraser, label_injection_risk
+from erasure.rank_test import rank_test
+from training.app.schema import EraserConfig
 from training.common.files import atomic_write_json, read_json
 from training.common.progress import progress_bar
 from training.data.cache import code_version, unreadable_line
@@ -27,15 +29,6 @@ from training.inputs.plan import ALL, EraserSpec, FitPlan, FitSource, Rows, flat
 from training.inputs.store import Store
 
 log = logging.getLogger(__name__)
-
-
-class EraserCfg(Protocol):
-    """The typed `eraser` config group (training/app/schema.py EraserConfig): its name and fitter options."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def options(self) -> Mapping[str, Any]: ...
 
 
 def cache_key(data: LoadedData, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -175,7 +168,7 @@ def certify_erased(x: Tensor, y: Tensor, key: Mapping[str, Any], store: Store) -
     return cert
 
 
-def apply_eraser(data: LoadedData, eraser_cfg: EraserCfg, store: Store, plan: FitPlan | None = None,
+def apply_eraser(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPlan | None = None,
                  certificate: bool = True) -> tuple[Tensor, dict[str, Any]]:
     """Erased images and an info dict: report, cache hit, how it was fitted, certificate before/after, seconds.
     With a `plan`, the eraser is fitted as it says and the erased images are those of `plan.coded_idx` (the samples
@@ -184,7 +177,7 @@ def apply_eraser(data: LoadedData, eraser_cfg: EraserCfg, store: Store, plan: Fi
     return x, info
 
 
-def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserCfg, store: Store, plan: FitPlan | None = None,
+def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPlan | None = None,
                              certificate: bool = True) -> tuple[Tensor, dict[str, Any], Eraser | None]:
     """`apply_eraser`, and the fitted eraser too (None for the identity control, which has nothing to apply), for
     `eraser.after_augment`: the same erased images (the same cache entry), the eraser from `fitted_eraser`. A map
@@ -194,7 +187,7 @@ def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserCfg, store: Sto
     return _apply(data, eraser_cfg, store, plan, certificate, keep_map=True)
 
 
-def _apply(data: LoadedData, eraser_cfg: EraserCfg, store: Store, plan: FitPlan | None, certificate: bool,
+def _apply(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPlan | None, certificate: bool,
            keep_map: bool) -> tuple[Tensor, dict[str, Any], Eraser | None]:
     name, options = eraser_cfg.name, dict(eraser_cfg.options)
     t0 = time.perf_counter()
@@ -224,6 +217,8 @@ def _apply(data: LoadedData, eraser_cfg: EraserCfg, store: Store, plan: FitPlan 
             _warn_label_injection(name, source.data)
         x, info["report"], info["cache_hit"], key = erase(store, coded, source, spec, eraser)
         log.info("eraser %s: %s", name, "cache hit" if info["cache_hit"] else "fitted and cached")
+        if isinstance(source, Rows) and traits.family == "linear" and traits.rank_hint is None:  # on its labels
+            info["rank_test"] = rank_test(source.data.x, source.data.y)
     info["seconds"] = time.perf_counter() - t0
     if certificate:
         before = certify_original(coded, store)

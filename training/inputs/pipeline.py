@@ -5,12 +5,12 @@ z-scored, with the certificates; and with `eraser.after_augment` what the traini
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from erasure import Eraser
 from erasure.registry import ERASERS
 from training.app.lifecycle import DataOnDisk
 from training.app.schema import JobConfig
@@ -41,11 +41,6 @@ class ZScore:
         return ((v.double() - self.mean) / self.std).to(v.dtype)
 
 
-def zscore_map(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Per-coordinate standardisation with the statistics of `x` (`ZScore`)."""
-    return ZScore(x)
-
-
 def data_fingerprint(cfg: JobConfig, pack: Pack | None = None) -> DataOnDisk:
     """The fingerprint of the job's data as it is on disk now (result.json's `dataset.fingerprint`), to compare with a
     finished result's, and the data, for the job's body in case the job runs again."""
@@ -69,10 +64,11 @@ def prepare_inputs(cfg: JobConfig, store: Store, loaded: LoadedData | None = Non
                    ) -> Inputs:
     """The coded data of a job: `loaded` (what its precheck read) or loaded now, labels permuted for the null control
     (`dataset.permute_labels`, seeded by the job seed, before anything else sees them), then erased as its fit plan
-    says (`erase_maybe_zscored`). With `eraser.fit_on=holdout` or `self` the data and erased images are the coded
-    part only. With `eraser.after_augment` (and `after_augment`) the training batches are drawn from the unerased
-    images and erased by the fitted eraser (`BatchErasure`); the erased images (validation set, coded blocks) are the
-    same as without it."""
+    says and z-scored (`erase_maybe_zscored`). With `eraser.fit_on=holdout` or `self` the data and erased images are
+    the coded part only. With `eraser.after_augment` (and `after_augment`) the training batches are drawn from the
+    unerased images and erased by the fitted eraser (`BatchErasure`; none where the batches are the erased images
+    anyway: the identity control without a z-score after it); the erased images (validation set, coded blocks) are
+    the same as without it, from the same cache entry."""
     dataset, eraser = cfg.dataset, cfg.eraser
     after_augment = after_augment and eraser.after_augment
     if after_augment and ERASERS.meta(eraser.name)["kind"] == "edit":  # a dataset edit has no map to apply per batch
@@ -81,36 +77,57 @@ def prepare_inputs(cfg: JobConfig, store: Store, loaded: LoadedData | None = Non
         after_augment = False
     data = with_permuted_labels(store.load(dataset) if loaded is None else loaded, dataset.permute_labels, cfg.seed)
     plan = fit_plan(eraser, dataset, cfg.seed, data, store)
-    if after_augment:
-        return erase_after_augment(data, cfg, store, plan)
-    x, info = erase_maybe_zscored(data, cfg, store, plan)
-    info["after_augment"] = False
-    return Inputs(data if plan is None else plan.coded(data), x, info)
+    x, info, fitted, then, raw = _erased(data, cfg, store, plan, keep_map=after_augment)
+    info["after_augment"] = after_augment
+    coded = data if plan is None else plan.coded(data)
+    if not after_augment:
+        return Inputs(coded, x, info)
+    info["batch_eraser"] = ({"applied": False, "why": "the identity control has nothing to erase"} if fitted is None
+                            else {"applied": True, "report": fitted.report(),
+                                  "cache_hit": info.pop("eraser_cache_hit")})
+    if fitted is None and then is None:
+        return Inputs(coded, x, info)
+    return Inputs(coded, x, info, BatchErasure((raw if plan is None else plan.coded(raw)).x, BatchEraser(fitted, then)))
 
 
 def erase_maybe_zscored(data: LoadedData, cfg: JobConfig, store: Store, plan: FitPlan | None = None
                         ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Apply the eraser `cfg.eraser` (fitted as `plan` says and applied to the coded part, with a plan); with
-    `dataset.zscore` the data is standardised per coordinate, `dataset.zscore_order`: "before" erasure
-    (statistics of the raw data) or "after" it (statistics of the erased data, as the paper's code did). Gradient
-    erasure optimises pixels in [0, 1] (sigmoid), so with "before" it erases first and then gets the same affine
-    standardisation (statistics of the unerased data). `cfg.certificate`: with the certificates before and after."""
+    """The eraser `cfg.eraser` fitted as `plan` says and applied to the coded part (with a plan); with
+    `dataset.zscore` the data is standardised per coordinate, `dataset.zscore_order`: "before" erasure (statistics of
+    the raw data) or "after" it (statistics of the erased data, as the paper's code did). Gradient erasure optimises
+    pixels in [0, 1] (sigmoid), so with "before" it erases first and then gets the same affine standardisation
+    (statistics of the unerased data). `cfg.certificate`: with the certificates before and after."""
+    x, info, _, _, _ = _erased(data, cfg, store, plan, keep_map=False)
+    return x, info
+
+
+def _erased(data: LoadedData, cfg: JobConfig, store: Store, plan: FitPlan | None, keep_map: bool
+            ) -> tuple[torch.Tensor, dict[str, Any], Eraser | None, ZScore | None, LoadedData]:
+    """`erase_maybe_zscored`, and (`keep_map`, `eraser.after_augment`) what the batch eraser is made of: the fitted
+    eraser, the z-score applied after it, and the data whose coded rows the batches are drawn from."""
     eraser, dataset, cert = cfg.eraser, cfg.dataset, cfg.certificate
+
+    def apply(d: LoadedData, p: FitPlan | None) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
+        if keep_map:
+            return apply_eraser_keeping_map(d, eraser, store, p, cert)
+        return (*apply_eraser(d, eraser, store, p, cert), None)
+
     if not dataset.zscore:
-        return apply_eraser(data, eraser, store, plan, cert)
+        return (*apply(data, plan), None, data)
     if dataset.zscore_order == "after":
-        x, info = apply_eraser(data, eraser, store, plan, cert)
+        x, info, fitted = apply(data, plan)
         info["zscore"] = "after erasure (statistics of the erased data)"
-        return zscore_map(x)(x), info
-    standardize = zscore_map(data.x)
-    if ERASERS.meta(eraser.name)["kind"] == "edit":
+        then = ZScore(x)
+        return then(x), info, fitted, then, data
+    standardize = ZScore(data.x)
+    if ERASERS.meta(eraser.name)["kind"] == "edit":  # never with keep_map (prepare_inputs)
         x, info = apply_eraser(data, eraser, store, None, cert)
         info["zscore"] = "after erasure (gradient erasure works in pixel space)"
-        return standardize(x), info
+        return standardize(x), info, None, None, data
     zdata = LoadedData(data.name, standardize(data.x), data.y, data.num_classes, dict(data.info))
-    x, info = apply_eraser(zdata, eraser, store, None if plan is None else plan.mapped(standardize), cert)
+    x, info, fitted = apply(zdata, None if plan is None else plan.mapped(standardize))
     info["zscore"] = "before erasure"
-    return x, info
+    return x, info, fitted, None, zdata
 
 
 @dataclass(frozen=True)
@@ -121,34 +138,3 @@ class BatchErasure:
 
     raw: torch.Tensor
     transform: BatchEraser
-
-
-def erase_after_augment(data: LoadedData, cfg: JobConfig, store: Store, plan: FitPlan | None = None) -> Inputs:
-    """`erase_maybe_zscored` (the same erased images, from the same cache entry: validation set and coded blocks are
-    erased once, unaugmented), plus the fitted eraser and the unerased images for the training batches. With
-    `dataset.zscore_order=after` each erased batch is then standardised with the statistics of the erased data,
-    as the erased images are. No `BatchErasure` where the batches are the erased images anyway (the identity
-    control without a z-score after it)."""
-    eraser, dataset, cert = cfg.eraser, cfg.dataset, cfg.certificate
-    then: ZScore | None = None
-    coded = data if plan is None else plan.coded(data)
-    raw = data  # what the batches are drawn from (its coded rows)
-    if dataset.zscore and dataset.zscore_order == "before":
-        standardize = zscore_map(data.x)
-        raw = LoadedData(data.name, standardize(data.x), data.y, data.num_classes, dict(data.info))
-        plan = None if plan is None else plan.mapped(standardize)
-        x, info, fitted = apply_eraser_keeping_map(raw, eraser, store, plan, cert)
-        info["zscore"] = "before erasure"
-    else:
-        x, info, fitted = apply_eraser_keeping_map(data, eraser, store, plan, cert)
-        if dataset.zscore:
-            then = ZScore(x)
-            x = then(x)
-            info["zscore"] = "after erasure (statistics of the erased data)"
-    info["after_augment"] = True
-    info["batch_eraser"] = ({"applied": False, "why": "the identity control has nothing to erase"} if fitted is None
-                            else {"applied": True, "report": fitted.report(),
-                                  "cache_hit": info.pop("eraser_cache_hit")})
-    if fitted is None and then is None:  # the control: the batches are the erased (= unerased) images, as without
-        return Inputs(coded, x, info)
-    return Inputs(coded, x, info, BatchErasure((raw if plan is None else plan.coded(raw)).x, BatchEraser(fitted, then)))

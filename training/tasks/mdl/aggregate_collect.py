@@ -24,14 +24,14 @@ from training.analysis.aggregate_rows import Recorded
 from training.analysis.tables import PROBES
 from training.app.lifecycle import SavedProgress
 from training.app.result_codec import MalformedResultError, config_view, flatten
-from training.app.result_types import Result, number
+from training.app.result_types import Result, at, number
 from training.app.results import RESULT_FILE, SET_ASIDE, same_config
 from training.app.schema import JobConfig, OptionsSection, Section, config_hash
 from training.app.tasks import job_semantic, read_any, spec_of
 from training.common.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
 from training.data.eraser_config import FIT_DEFAULTS, REPEAT_KEY, legacy_fold
 from training.tasks.mdl.job_paths import JobPath
-from training.tasks.mdl.result import BlockRecord, Certificate, MdlRecord, MdlResult
+from training.tasks.mdl.result import BlockRecord, Certificate, MdlRecord, MdlResult, number_or_nan
 
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
 # variant: eraser options that differ, if any). A cell's runs: its seeds × folds, and its null runs (`null`).
@@ -348,21 +348,33 @@ def at_cap(block: BlockRecord) -> bool | None:
 
 
 def budget_columns(mdl: MdlRecord) -> dict[str, float]:
-    """Per run: block models with a known stop reason, those stopped by each reason, and those at the cap."""
+    """Per run: block models with a known stop reason, those stopped by each reason, those at the cap, and how much
+    the at-cap ones' validation trends would still lower the code (bits/sample; analysis/tables.budget_reason)."""
     caps = [c for c in (at_cap(b) for b in mdl.blocks) if c is not None]
+    trends = [b for b in mdl.blocks if b.tail_fall_bits is not None and b.coded_size]
     out = {"blocks_known": float(len(caps)) if caps else math.nan,
-           "blocks_at_cap": float(sum(caps)) if caps else math.nan}
+           "blocks_at_cap": float(sum(caps)) if caps else math.nan,
+           "budget_bits": sum((b.tail_fall_bits or 0) * (b.coded_size or 0) for b in trends if at_cap(b))
+           / mdl.n_coded if trends and len(trends) == len(mdl.blocks) and mdl.n_coded else math.nan}
     for reason in STOP_REASONS:
         out[f"blocks_{reason}"] = float(sum(b.stop_reason == reason for b in mdl.blocks)) if caps else math.nan
     return out
 
 
 def fit_columns(result: MdlResult, mdl: MdlRecord) -> dict[str, Any]:
-    """result.json eraser.fit (INTERFACE.md): fit_source, n_fit, n_coded (mdl.n_coded where fit lacks it)."""
-    fit = result.body.erasure.fit
+    """result.json eraser.fit (INTERFACE.md): fit_source, n_fit, n_coded (mdl.n_coded where fit lacks it), fit rows
+    per class per input dimension; eraser.rank_test (a fitted linear eraser): rank_irregular (1/0), rank_p."""
+    fit, erasure = result.body.erasure.fit, result.body.erasure
     n_coded = fit.n_coded if fit.n_coded is not None else mdl.n_coded
+    shape, k = at(result.body.written, "dataset", "input_shape"), mdl.num_classes
+    d = math.prod(shape) if isinstance(shape, list) and all(isinstance(v, int) for v in shape) else None
+    per_class = None if fit.n_fit is None or not k else fit.n_fit / k
+    irregular = erasure.rank_irregular
     return {"fit_source": fit.fit_source or "", "n_fit": math.nan if fit.n_fit is None else fit.n_fit,
-            "n_coded": math.nan if n_coded is None else n_coded}
+            "n_coded": math.nan if n_coded is None else n_coded,
+            "fit_rows_per_class_dim": per_class / d if per_class is not None and d else math.nan,
+            "rank_irregular": math.nan if irregular is None else float(irregular),
+            "rank_p": number_or_nan(at(erasure.rank_test, "p"))}
 
 
 def _result_row(result: Result, job_dir: str) -> dict[str, Any]:

@@ -13,7 +13,9 @@ import pandas as pd
 
 from training.analysis.aggregate_rows import MISSING_KEY, CellRow, JobRow
 from training.analysis.tables import (
+    BUDGET_BITS,
     BUDGET_SHARE,
+    ESTIMABLE_ROWS_PER_CLASS_DIM,
     INJECTION,
     NOISE_SE,
     NULL_FLOOR,
@@ -293,23 +295,32 @@ def fit_budget_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         cell = CellRow.of(r)
         rank, dropped, share, known = (cell.working_rank_mean, cell.variance_dropped_fraction_mean,
                                        cell.at_cap_share, cell.blocks_known)
+        per_dim, irregular = cell.fit_rows_per_class_dim_mean, cell.rank_irregular_mean
         rows.append([*(str(values[c]) for c in cols), r.eraser, _cell_text(r, "bits_per_sample"),
-                     _count(cell.n_fit_mean), _count(cell.n_coded_mean),
+                     "n/a" if math.isnan(cell.n_fit_mean) else f"as fitted on {cell.n_fit_mean:.0f} rows",
+                     "n/a" if math.isnan(per_dim) else f"{per_dim:.2g}", _count(cell.n_coded_mean),
+                     "n/a" if math.isnan(irregular) else f"{irregular:.0%} of runs" + " ⚠" * (irregular >= 0.5),
                      "n/a" if math.isnan(rank) else f"{rank:.0f}/{cell.d_mean:.0f}",
                      "n/a" if math.isnan(dropped) else f"{dropped:.2%}", cell.stops or "n/a",
                      "n/a" if not known or math.isnan(share) else f"{share:.0%} of {known}",
-                     "budget-bound" if cell.budget_bound else ""])
-    header = [*[LABEL_NAMES[c] for c in cols], "eraser", "MDL", "n fit", "n coded", "working rank",
-              "variance dropped", "block stops", "at cap", "budget"]
+                     f"budget-bound: {cell.budget_bound}" if cell.budget_bound else ""])
+    header = [*[LABEL_NAMES[c] for c in cols], "eraser", "MDL", "n fit", "rows/class/d", "n coded", "rank-irregular",
+              "working rank", "variance dropped", "block stops", "at cap", "budget"]
     return header, rows
 
 
 FIT_BUDGET_NOTE = (
-    "n fit / n coded: rows the eraser was fitted on / coded (result.json eraser.fit; mean over runs). Block stops: "
-    "why the block models stopped (patience: no new best for the patience; max_epochs: the cap). At cap: block "
-    f"models stopped by max_epochs with their best epoch in the last {CAP_TAIL:.0%} of the epochs they ran (the "
-    f"step floor can run a model past max_epochs); budget-bound: more than {BUDGET_SHARE:.0%} at the cap, so the "
-    "cell measures learning within the budget, not the data.\n")
+    "n fit / n coded: rows the eraser was fitted on / coded (result.json eraser.fit; mean over runs): every number "
+    "is the eraser as fitted on those rows; rows/class/d: fit rows per class per input dimension (the population "
+    f"effect of a fitted eraser is estimable from about {ESTIMABLE_ROWS_PER_CLASS_DIM} rows/class/d). "
+    "Rank-irregular: the share of runs whose fitted linear eraser removes a direction no more label-aligned than "
+    "under shuffled labels (permutation test on the fit rows, result.json eraser.rank_test; ⚠ at half or more: the "
+    "edit removes noise-chosen directions). Block stops: why the block models stopped (patience: no new best for "
+    "the patience; max_epochs: the cap). At cap: block models stopped by max_epochs with their best epoch in the "
+    f"last {CAP_TAIL:.0%} of the epochs they ran (the step floor can run a model past max_epochs); budget-bound: "
+    f"the at-cap models' validation losses still fell beyond their noise, by enough that as many more epochs would "
+    f"lower the code by more than {BUDGET_BITS} bits/sample (results without validation trends: more than "
+    f"{BUDGET_SHARE:.0%} at the cap), so the cell measures learning within the budget, not the data.\n")
 
 
 def _same_n(a: float, b: float) -> bool:
@@ -360,7 +371,7 @@ BRACKET_NOTE = ("Brackets [out of sample, in sample] at equal n_coded (bits/samp
                 "holdout (fitted on other rows: under-erasure and label injection read low) and self (fitted on the "
                 "coded rows; or all where it codes as many rows: dependence reads high). The ends are not guaranteed "
                 "to contain the population eraser's value (make calibrate measures coverage: docs/known-answers.md); "
-                "scripts/claims.py supports a claim where the lower end of the bracket margin's CI excludes zero.\n")
+                "The claims report supports a claim where the lower end of the bracket margin's CI excludes zero.\n")
 
 
 def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:

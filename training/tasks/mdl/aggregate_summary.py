@@ -14,11 +14,11 @@ import pandas as pd
 from training.analysis.aggregate_rows import ProbeRow
 from training.analysis.tables import (
     ARTEFACT_Z,
-    BUDGET_SHARE,
     PROBES,
     at_cap_share,
     bias_flag,
     bias_noise,
+    budget_reason,
     fold_text,
     group_label,
     is_identity,
@@ -39,7 +39,7 @@ from training.tasks.mdl.aggregate_collect import (
 )
 
 METRICS = ["bits_per_sample", "legacy", "final_val_loss"]
-FIT_NUMBERS = ["n_fit", "n_coded"]
+FIT_NUMBERS = ["n_fit", "n_coded", "fit_rows_per_class_dim", "rank_irregular", "budget_bits"]
 ARTEFACT, INFORMATION, NOTHING = "dependence artefact", "information", "no information detected"
 
 # --- summarising ------------------------------------------------------------------------------------------
@@ -163,7 +163,7 @@ def _budget_columns(done: pd.DataFrame) -> dict[str, Any]:
     share, known = at_cap_share(done)
     reasons = {r: int(done[f"blocks_{r}"].fillna(0).sum()) if f"blocks_{r}" in done else 0
                for r in ("patience", "max_epochs")}
-    return {"blocks_known": known, "at_cap_share": share, "budget_bound": bool(known and share > BUDGET_SHARE),
+    return {"blocks_known": known, "at_cap_share": share, "budget_bound": budget_reason(done),
             "stops": ", ".join(f"{r} {n}" for r, n in reasons.items() if n) if known else ""}
 
 

@@ -30,7 +30,7 @@ from training.inputs.pipeline import Inputs, data_fingerprint, prepare_inputs
 from training.inputs.store import Store
 from training.tasks.mdl.code import paper_code, prequential_code
 from training.tasks.mdl.refusals import estimate_memory, jobs_that_fit, memory_free, precheck
-from training.tasks.mdl.result import MdlSections
+from training.tasks.mdl.result import MdlSections, tail_fall_bits
 from training.tasks.mdl.splits import MdlSplit, model_name
 from training.tasks.mdl.stop_keys import say_stop_keys
 from training.tasks.mdl.trainer import LN2, Trainer, model_jobs, split_of
@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 def _fit_summary(res: FitResult) -> dict[str, Any]:
     return {"best_val_loss": res.best_val_loss, "best_epoch": res.best_epoch, "epochs": res.epochs,
             "steps": res.steps, "stop_reason": res.stop_reason,
-            "best_step": next((s for s, v in res.curve if v == res.best_val_loss), None)}
+            "best_step": next((s for s, v in res.curve if v == res.best_val_loss), None),
+            "tail_fall_bits": tail_fall_bits(res.curve)}
 
 
 BLOCK_FIELDS = ("block", "train_size", "coded_size", "ce_bits", "temperature", "seconds", "best_val_loss",

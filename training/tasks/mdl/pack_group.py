@@ -123,7 +123,7 @@ def _batch_map(transform: BatchEraser | None) -> tuple[Tensor, ...]:
 
 def wanted(trainer: Trainer) -> bool:
     """`training.pack_group`: true, false, or auto = on a GPU, whichever engine (on CPU the loop engine's per-member
-    kernels gain nothing from a larger group: scripts/bench_sweep.py --pack-group measures it)."""
+    kernels gain nothing from a larger group: tools/bench_sweep.py --pack-group measures it)."""
     flag = trainer.opts.pack_group
     if flag == "auto":
         return trainer.device.type == "cuda"

@@ -5,7 +5,7 @@ returns, job.py `run`, and what the tables read, aggregate_collect.py, as `MdlRe
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,19 +18,45 @@ def number_or_nan(value: Any) -> float:
     return math.nan if n is None else n
 
 
+TAIL_MIN, TAIL_SHARE, TAIL_Z = 3, 0.1, 2.0  # the last max(3, 10%) validations; a fall beyond 2 SE of its trend
+
+
+def tail_fall_bits(curve: Sequence[tuple[int, float]]) -> float | None:
+    """How much further the validation loss (nats per sample, one value per validation) would fall, in bits per
+    sample, over as many more validations as its tail holds, if it kept its trend: the tail is the last
+    T = max(TAIL_MIN, ⌈TAIL_SHARE · validations⌉) values, the trend the least-squares slope over the last 2T; 0 where
+    the slope is not below −TAIL_Z standard errors (the loss no longer falls beyond its own noise), None under 3
+    values."""
+    losses = [float(v) for _, v in curve]
+    tail = max(TAIL_MIN, math.ceil(TAIL_SHARE * len(losses)))
+    v = losses[-2 * tail:]
+    n = len(v)
+    if n < 3:
+        return None
+    t_mean, v_mean = (n - 1) / 2, sum(v) / n
+    sxx = sum((t - t_mean) ** 2 for t in range(n))
+    slope = sum((t - t_mean) * (x - v_mean) for t, x in enumerate(v)) / sxx
+    resid = sum((x - v_mean - slope * (t - t_mean)) ** 2 for t, x in enumerate(v))
+    se = math.sqrt(resid / (n - 2) / sxx)
+    return -slope * tail / math.log(2) if slope < -TAIL_Z * se else 0.0
+
+
 @dataclass(frozen=True)
 class BlockRecord:
-    """One block model of the prequential code (`mdl.blocks[i]`): how long it trained and why it stopped."""
+    """One block model of the prequential code (`mdl.blocks[i]`): how long it trained and why it stopped;
+    `tail_fall_bits` (`tail_fall_bits` of its validation curve; None in results written before it)."""
 
     epochs: float | None
     best_epoch: float | None
     stop_reason: str | None
     steps: float | None = None
+    coded_size: float | None = None
+    tail_fall_bits: float | None = None
 
     @classmethod
     def of(cls, value: Mapping[str, Any]) -> BlockRecord:
         return cls(number(at(value, "epochs")), number(at(value, "best_epoch")), text(at(value, "stop_reason")),
-                   number(at(value, "steps")))
+                   number(at(value, "steps")), number(at(value, "coded_size")), number(at(value, "tail_fall_bits")))
 
 
 @dataclass(frozen=True)
@@ -93,10 +119,18 @@ class ErasureRecord:
 
     fit: EraserFit
     report: Mapping[str, Any]
+    rank_test: Mapping[str, Any] = field(default_factory=dict)  # a fitted linear eraser's (erasure/rank_test.py)
 
     @classmethod
     def of(cls, value: Any) -> ErasureRecord:
-        return cls(EraserFit.of(at(value, "fit")), mapping(at(value, "report")))
+        return cls(EraserFit.of(at(value, "fit")), mapping(at(value, "report")), mapping(at(value, "rank_test")))
+
+    @property
+    def rank_irregular(self) -> bool | None:
+        """Whether the fit's removed directions are no more label-aligned than under shuffled labels (None: no
+        test: not a fitted linear eraser, or a result written before the test)."""
+        value = at(self.rank_test, "rank_irregular")
+        return value if isinstance(value, bool) else None
 
     def report_number(self, key: str) -> float:
         return number_or_nan(at(self.report, key))

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """A one-machine SLURM cluster with accounting, to try `hydra/launcher=slurm` here and to test it.
 
-    scripts/slurm_cluster.py up [--dir DIR]     # start; prints `export SLURM_CONF=DIR/etc/slurm.conf`
-    scripts/slurm_cluster.py down [--dir DIR]   # cancel its jobs, stop exactly the daemons it started (by pid)
-    scripts/slurm_cluster.py check              # exit 2 with a one-line reason when it cannot run here
-    scripts/slurm_cluster.py install            # root: apt-get the Debian packages, quietly (idempotent)
+    tools/slurm_cluster.py up [--dir DIR]     # start; prints `export SLURM_CONF=DIR/etc/slurm.conf`
+    tools/slurm_cluster.py down [--dir DIR]   # cancel its jobs, stop exactly the daemons it started (by pid)
+    tools/slurm_cluster.py check              # exit 2 with a one-line reason when it cannot run here
+    tools/slurm_cluster.py install            # root: apt-get the Debian packages, quietly (idempotent)
 
 Debian's SLURM 22.05 (`slurmctld`, `slurmd`, `slurm-client`, `slurmdbd`) with `munge` and MariaDB: munged,
 mariadbd, slurmdbd, slurmctld and slurmd, each run in the foreground of its own session by this script, on
@@ -66,7 +66,7 @@ def why_not() -> str | None:
         return "SLURM cluster needs root (its daemons run as root)" + (
             f"; packages missing too: {' '.join(missing)}" if missing else "")
     if missing:
-        how = "run `scripts/slurm_cluster.py install`" if which("apt-get") else "no apt-get here to install them"
+        how = "run `tools/slurm_cluster.py install`" if which("apt-get") else "no apt-get here to install them"
         return f"SLURM cluster needs Debian packages {' '.join(missing)}: {how}"
     return None
 
@@ -171,7 +171,7 @@ class Cluster:
         password = secrets.token_hex(12)
         r = self.root
         # AccountingStoragePass=socket=...: clients reach slurmdbd with this munge socket (not AuthInfo's)
-        self.conf.write_text(f"""# written by scripts/slurm_cluster.py: a one-node cluster, everything under {r}
+        self.conf.write_text(f"""# written by tools/slurm_cluster.py: a one-node cluster, everything under {r}
 ClusterName={name}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctld}

@@ -1,8 +1,8 @@
 """The shape of the code, counted: import cycles, imports that go up a layer, project imports inside functions, and
 module sizes (issue 41's figures; rerun after a change to compare).
 
-    .venv/bin/python scripts/import_graph.py          # the figures
-    .venv/bin/python scripts/import_graph.py --list   # and every cycle, upward import and in-function import
+    .venv/bin/python tools/import_graph.py          # the figures
+    .venv/bin/python tools/import_graph.py --list   # and every cycle, upward import and in-function import
 
 An edge is an import statement of one project module by another, at any depth (inside functions too), except under
 `if TYPE_CHECKING:`; `from a import b` is an edge to a.b where that is a module. A cycle is a strongly connected set
@@ -22,7 +22,7 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("atomicio", "erasure", "models", "training", "scripts")
+PACKAGES = ("atomicio", "erasure", "models", "training", "scripts", "tools")
 
 
 def modules() -> dict[str, Path]:

@@ -1,7 +1,7 @@
 """What `training.precision=bf16` changes in bits/sample, against seed noise, on experiment=demo's cells (CPU:
 autocast to bfloat16 runs there).
 
-    python scripts/measure_precision.py --erasers control,leace --seeds 0,1,2 --out /tmp/precision
+    python -m tools.measure_precision --erasers control,leace --seeds 0,1,2 --out /tmp/precision
 
 Runs `python -m training.run -m experiment=demo` for each precision (fp32, bf16) over the given erasers and seeds,
 then prints per cell: the fp32 mean ± seed SD, the bf16 mean, the paired per-seed differences (bf16 − fp32), and

@@ -1,7 +1,7 @@
 """Benchmark: cold vs warm start of a job whose eraser is cached (training.data.cache.cached_erase).
 
-    .venv/bin/python scripts/bench_cache.py                          # QLEACE on MNIST-5k (offline)
-    .venv/bin/python scripts/bench_cache.py --eraser leace --dataset digits
+    .venv/bin/python -m tools.bench_cache                          # QLEACE on MNIST-5k (offline)
+    .venv/bin/python -m tools.bench_cache --eraser leace --dataset digits
 
 Each repeat runs the same job twice in fresh subprocesses, interleaved: "cold" with an empty cache
 directory (fits the eraser and stores the erased data), then "warm" with that cache and a fresh run
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts.bench_worker import run_worker
+from tools.bench_worker import run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         fits += 1
         return real_erase(*a, **k)
 
-    erasure.erase = counting_erase  # training.data.erase imports it at call time
+    erasure.erase = counting_erase  # training.inputs.erase calls it as erasure.erase, at call time
     cfg = job_config(Path(args.out), [f"dataset={args.dataset}", f"eraser={args.eraser}", "mdl=quick",
                                       "mdl.max_epochs=1", "mdl.full_run=false", "certificate=false",
                                       f"paths.cache_dir={args.cache}", f"device={args.device}", "force=true"])

@@ -1,8 +1,8 @@
 """Fit time and peak memory of our erasers vs concept-erasure 0.2.4 (float64), and ALF-QLEACE vs a dense
 d³-update variant, on synthetic class-conditional Gaussians with a CIFAR-like power-law spectrum.
 
-    python scripts/bench_erasers.py                      # d=1024, k=10, n=20000 on CPU
-    python scripts/bench_erasers.py --d 3072 --device cuda
+    python -m tools.bench_erasers                      # d=1024, k=10, n=20000 on CPU
+    python -m tools.bench_erasers --d 3072 --device cuda
 
 Every method runs in its own subprocess (clean peak memory: RSS on CPU, max_memory_allocated on CUDA) on
 the same data file. Accuracy is compared too: QLEACE maps vs concept-erasure's, both barycenters'

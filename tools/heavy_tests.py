@@ -2,7 +2,7 @@
 threshold (default 8 s), written to tests/heavy_tests.txt, which tests/conftest.py reads to mark them `heavy`.
 
     .venv/bin/python -m pytest -m "not slow and not gpu and not slurm" -n 3 --junitxml=/tmp/t.xml
-    .venv/bin/python scripts/heavy_tests.py /tmp/t.xml [more.xml]  # rewrites tests/heavy_tests.txt
+    .venv/bin/python tools/heavy_tests.py /tmp/t.xml [more.xml]  # rewrites tests/heavy_tests.txt
 
 Times come from that machine under that load: the list is a measurement, regenerated when the suite changes.
 """
@@ -15,15 +15,17 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 LIST = Path(__file__).resolve().parents[1] / "tests" / "heavy_tests.txt"
-HEADER = ("# Tests measured at or over {threshold:g} s (scripts/heavy_tests.py from a junit file): marked `heavy`\n"
+HEADER = ("# Tests measured at or over {threshold:g} s (tools/heavy_tests.py from a junit file): marked `heavy`\n"
           "# by tests/conftest.py, run by `make test-heavy` and CI, not by `make test`. One pytest node id per line.\n")
 
 
 def node_id(classname: str, name: str) -> str:
     """A junit testcase as its pytest node id: `tests.test_x[.Class]` + `name` -> tests/test_x.py[::Class]::name
-    (without the `@group` xdist appends under --dist loadgroup)."""
+    (without the `@group` xdist appends under --dist loadgroup); `classname::name` where no part names a test file."""
     parts = classname.split(".")
-    module = next(i for i in range(len(parts), 0, -1) if parts[i - 1].startswith("test_"))
+    module = next((i for i in range(len(parts), 0, -1) if parts[i - 1].startswith("test_")), None)
+    if module is None:
+        return f"{classname}::{name}"
     path = "/".join(parts[:module]) + ".py"
     return "::".join([path, *parts[module:], name.split("@", 1)[0]])
 

@@ -1,6 +1,6 @@
 """Engine counts on CPU: deterministic counts, not timings, that predict how the training step behaves on a GPU.
 
-    .venv/bin/python scripts/bench_engine.py --json outputs/bench/bench_engine.json [--quick]
+    .venv/bin/python -m tools.bench_engine --json outputs/bench/bench_engine.json [--quick]
 
 - `syncs_per_step` (goal 0): operations inside a training step that make the host wait for the device on a GPU:
   `aten::_local_scalar_dense` (`.item()`, `float(t)`, `int(t)`, `bool(t)`), `nonzero`, `unique`, `masked_select`,

@@ -4,12 +4,12 @@ true: each pack's seeds train in one lockstep group), side by side, each in a fr
 erasers once). Prints the wall times and their ratios to job-per-process, where the time went (summed from every job's
 result.json `timings`), and checks every job's result.json is == between the two (exit 1 if not).
 
-    .venv/bin/python scripts/bench_sweep.py            # MNIST-5k, control/leace/qleace x seeds 0-4, quick MDL
-    .venv/bin/python scripts/bench_sweep.py --quick    # digits, tiny MDL, 2 erasers x 3 seeds: seconds
-    .venv/bin/python scripts/bench_sweep.py --repeats 3  # interleaved runs, medians (a shared machine is noisy)
-    .venv/bin/python scripts/bench_sweep.py --bucket   # and bucket workers: hydra.launcher.pack_by=shape, one
+    .venv/bin/python -m tools.bench_sweep            # MNIST-5k, control/leace/qleace x seeds 0-4, quick MDL
+    .venv/bin/python -m tools.bench_sweep --quick    # digits, tiny MDL, 2 erasers x 3 seeds: seconds
+    .venv/bin/python -m tools.bench_sweep --repeats 3  # interleaved runs, medians (a shared machine is noisy)
+    .venv/bin/python -m tools.bench_sweep --bucket   # and bucket workers: hydra.launcher.pack_by=shape, one
                                                        # bucket of the sweep's jobs per worker
-    .venv/bin/python scripts/bench_sweep.py --after-augment  # erase each training batch (the paper presets' way)
+    .venv/bin/python -m tools.bench_sweep --after-augment  # erase each training batch (the paper presets' way)
 
 Each way also counts, from its jobs' run.log files, the eraser fits and what was read back from the disk cache or
 taken from the process's pack (`cache_counts`): deterministic counts, not timings.
@@ -72,7 +72,8 @@ def differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> l
     return out
 
 
-CACHE_LINES = {  # what each job's run.log says about its eraser and erased data (training/data/cache.py, erase.py)
+CACHE_LINES = {  # what each job's run.log says about its eraser and erased data (training/data/cache.py,
+    # training/inputs/erase.py)
     "fits": r"fitting eraser \w+ on",
     "erasers_read": r"cache hit: \S*/erasers/",
     "erasers_shared": r"cache hit \(shared in this process\): \S*/erasers/",

@@ -1,8 +1,8 @@
 """`make gpu-report`: every GPU check in one process; all figures in one JSON file plus a markdown summary.
 
-    python3 scripts/gpu_report.py --out "$OUT"                 # on the GPU machine (installs .whl/ if needed)
-    .venv/bin/python scripts/gpu_report.py                      # no CUDA here: the same steps on CPU, toy sizes
-    python3 scripts/gpu_report.py --steps erasers,bench_mdl --out "$OUT"   # a second call: what the first skipped
+    python3 tools/gpu_report.py --out "$OUT"                 # on the GPU machine (installs .whl/ if needed)
+    .venv/bin/python tools/gpu_report.py                      # no CUDA here: the same steps on CPU, toy sizes
+    python3 tools/gpu_report.py --steps erasers,bench_mdl --out "$OUT"   # a second call: what the first skipped
 
 Writes `<out>/gpu_report.json`, `<out>/gpu_report.md` and one log per subprocess under `<out>/logs/`. Both
 files are rewritten after every step (and before it: a step the report dies in reads "failed: did not
@@ -10,23 +10,11 @@ finish", steps after it "skipped: not reached"), so a killed run loses nothing i
 records its one-line error and the tail of its output, and the next step runs. Each step has its own time
 budget (`--budget` caps the whole run: a step gets at most what is left).
 
-Steps, in priority order (groups in brackets; `--steps`/`--skip` take step or group names). On a GPU the whole
-report has a default budget of 540 s (one 10-minute device call with its start); steps it does not reach are
-listed as skipped, with the reason:
-  tests [tests]              pytest -m gpu (GPU: gpu-marked tests that skip count as failures; --pytest-m)
-  job_<arch> [jobs]          one `python -m training.run` MDL job per architecture at the paper's base size on
-                             CIFAR-shaped synthetic data (50 000 × 3×32×32, 10 classes), capped epochs
-  throughput [speed]         samples/s per architecture through the job's own paths: one model by fit() (as a job
-                             trains it), the vectorised group by fit_group (where the job vectorises), eval
-  pack [sweep]               one MLP cell, 5 seeds: 5 `training.run` processes at once vs one pack
-                             (hydra/launcher=packed training.pack_group=true): wall times, ratio, memory, and the
-                             numbers against the numerics contract's tolerance (largest deviation vs seed SD)
-  erasers_device [erasers]   LEACE, QLEACE, ALF-QLEACE fitted in float64 on the device vs CPU: max |Δ| erased
-  bench_mdl [speed]          scripts/bench_mdl.py: ours vs the naive loop, device read bandwidth vs an MLP epoch
-  bench_erasers_device, bench_erasers_cpu_reference [erasers]
-                             scripts/bench_erasers.py: ours on the device beside concept-erasure's float64 CPU fit
-  sweep_cost [sweep]         per architecture: GPU-seconds per epoch per job, memory per job, jobs per GPU
-                             (by memory, and measured: aggregate samples/s of 1, 2, 4 processes at once)
+Steps, in priority order (`--list` prints them with their groups and time limits; `--steps`/`--skip` take step or
+group names; docs/speed.md says what each measures): the test suite, one MDL job per architecture, throughput, 5
+seeds as processes vs one pack, the erasers on the device, the MDL and eraser benchmarks, the sweep cost. On a GPU
+the whole report has a default budget of 540 s (one 10-minute device call with its start); steps it does not reach
+are listed as skipped, with the reason.
 
 Without CUDA (or with --toy) every step runs on CPU at toy sizes in about a minute, so the path is known to
 work before a GPU sees it (tests/test_gpu_report.py runs it).
@@ -36,38 +24,189 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
 import json
 import os
+import platform
+import re
 import signal
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if not __package__:  # run as a plain script (the GPU machine installs nothing): its pieces are this checkout's
-    sys.path.insert(0, str(ROOT))
-# before any import below: they reach training/ (hydra, omegaconf, mup), absent on the bare GPU machine
-from scripts.gpu_report_bootstrap import bootstrap  # noqa: E402
+# The first thing the report does, before it imports anything of the harness or a third-party package: on a machine
+# that lacks hydra etc. (the bare GPU machine), pip-install `.whl/` into /tmp/site and put it and this checkout first
+# on sys.path (standard library only: tests/test_gpu_report.py runs it under a Python without hydra/omegaconf/mup).
+SITE = Path(os.environ.get("GPU_REPORT_SITE", "/tmp/site"))  # where .whl/ is installed (shared/gpu/README.md)
+WHEELS = Path(os.environ.get("GPU_REPORT_WHEELS", ROOT / ".whl"))  # `make gpu-wheels` fills it
+REQUIRED = ("hydra", "omegaconf", "mup", "schedulefree", "filelock", "mlxtend")  # the harness cannot run without
+PACKAGES = ("hydra-core", "omegaconf", "mup", "schedulefree", "timm", "numpy", "scipy", "pytest", "pytest-xdist",
+            "concept-erasure", "numba")  # their versions are recorded
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+def _stale(wheels: list[Path]) -> list[str]:
+    """Floored packages whose wheel in `.whl/` is newer than the importable one (the GPU image's timm 1.0.29)."""
+    out = []
+    for w in wheels:
+        m = re.match(r"(timm)-([^-]+)-", w.name)
+        if m and _key(_version(m.group(1)) or "0") < _key(m.group(2)):
+            out.append(m.group(1))
+    return out
+
+
+def bootstrap() -> dict[str, Any]:
+    """Install `.whl/` where needed and put /tmp/site and this checkout first on sys.path. Returns what it did:
+    {wheels, installed_for, pip: {rc, tail} | None, seconds}."""
+    t0 = time.monotonic()
+    if SITE.is_dir() and str(SITE) not in sys.path:  # installed by an earlier call on this (warm) machine
+        sys.path.insert(0, str(SITE))
+    wheels = sorted(WHEELS.glob("*.whl"))
+    need = [m for m in REQUIRED if importlib.util.find_spec(m) is None] + _stale(wheels)
+    pip = None
+    if need and wheels:
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+               "--upgrade", "--target", str(SITE), *map(str, wheels)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        pip = {"rc": proc.returncode, "tail": proc.stderr.strip()[-1500:]}
+        if proc.returncode:
+            print(f"[gpu-report] installing .whl/ failed (rc {proc.returncode}): {proc.stderr.strip()[-300:]}",
+                  flush=True)
+        if str(SITE) not in sys.path:
+            sys.path.insert(0, str(SITE))
+        importlib.invalidate_caches()
+    if str(ROOT) not in sys.path[:1]:
+        sys.path.insert(0, str(ROOT))
+    return {"wheels": len(wheels), "installed_for": need if wheels else [], "pip": pip,
+            "seconds": round(time.monotonic() - t0, 2)}
+
 
 BOOTSTRAP = bootstrap()
 
-from scripts.gpu_report_env import ensure_packages, environment  # noqa: E402
-from scripts.gpu_report_model import Report, as_json  # noqa: E402
-from scripts.gpu_report_output import JSON_NAME, MD_NAME, now, write_report  # noqa: E402
-from scripts.gpu_report_pack import step_pack  # noqa: E402
-from scripts.gpu_report_pytest import step_tests  # noqa: E402
-from scripts.gpu_report_runner import Context, Killed, Step, run_steps  # noqa: E402
-from scripts.gpu_report_sizes import ARCHS, GPU, TOY, Sizes  # noqa: E402
-from scripts.gpu_report_steps import (  # noqa: E402
+from tools.gpu_report_run import (  # noqa: E402
+    ARCHS,
+    GPU,
+    JSON_NAME,
+    MD_NAME,
+    TOY,
+    Context,
+    DeviceInfo,
+    Env,
+    GitInfo,
+    HostInfo,
+    InstallInfo,
+    Killed,
+    Report,
+    Sizes,
+    Step,
+    as_json,
+    build,
+    now,
+    run_steps,
+    tail,
+    write_report,
+)
+from tools.gpu_report_steps import (  # noqa: E402
+    OPTIONAL,
+    Payload,
     make_job_step,
     step_bench_erasers_cpu,
     step_bench_erasers_device,
     step_bench_mdl,
     step_erasers_device,
+    step_pack,
     step_sweep_cost,
+    step_tests,
     step_throughput,
 )
+
+
+def ensure_packages(done: dict[str, Any]) -> tuple[dict[str, str], InstallInfo]:
+    """The subprocess environment (this checkout and /tmp/site on PYTHONPATH) and what the bootstrap did
+    (`bootstrap`, run before anything was imported)."""
+    info = InstallInfo(wheels=done["wheels"], seconds=done["seconds"], pip=done["pip"])
+    paths = [str(ROOT), *([str(SITE)] if SITE.is_dir() else [])]
+    info.missing = [m for m in (*REQUIRED, *OPTIONAL) if importlib.util.find_spec(m) is None]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*paths, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    env.setdefault("WANDB_MODE", "disabled")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env, info
+
+
+def tree_digest() -> str:
+    """sha256 of the tracked-looking sources (.py, .yaml, Makefile, pyproject): ties a run on a machine without
+    .git to a commit (compute it here on a checkout and compare)."""
+    h = hashlib.sha256()
+    files = [ROOT / "Makefile", ROOT / "pyproject.toml"]
+    for top in ("conf", "erasure", "models", "scripts", "tests", "tools", "training"):
+        files += [p for p in (ROOT / top).rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts]
+    for p in sorted(files):
+        if p.is_file():
+            h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def git_info(commit: str | None) -> GitInfo:
+    info = GitInfo(tree_digest=tree_digest())
+    found = None
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if head.returncode == 0:
+            found = head.stdout.strip()
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                   capture_output=True, text=True, timeout=10)
+            info.dirty = bool(dirty.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    info.commit_given = commit or None
+    info.commit = found or commit or os.environ.get("GIT_COMMIT") or "unknown (no git here; pass --commit)"
+    return info
+
+
+def environment(args: argparse.Namespace, install: InstallInfo, env: dict[str, str]) -> Env:
+    """The machine, the packages and the code; the CUDA device is asked in a subprocess (with the wheels' path in
+    `env`): this process holds no CUDA context (memory)."""
+    import torch
+
+    cpu = platform.processor() or "?"
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    host = HostInfo(cpu, len(os.sched_getaffinity(0)), platform.platform(),
+                    round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1))
+    if args.device.startswith("cuda"):
+        proc = subprocess.run([sys.executable, "-m", "tools.gpu_report_steps", "device",
+                               Payload(device=args.device).to_json()], capture_output=True, text=True, timeout=120,
+                              cwd=ROOT, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"gpu_report: cannot read the CUDA device: {tail(proc.stderr, 3)}")
+        device = build(DeviceInfo, json.loads(proc.stdout.strip().splitlines()[-1].removeprefix("RESULT ")))
+    else:
+        device = DeviceInfo(f"CPU: {cpu}", "cpu", extra={"threads": torch.get_num_threads()})
+    return Env(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
+               cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+               host=host, git=git_info(args.commit), device=device, install=install,
+               packages={m: _version(m) for m in PACKAGES})
+
 
 DEFAULT_BUDGET = 540.0  # GPU mode: one 10-minute device call less the wheels' install and start-up
 
@@ -84,12 +223,12 @@ def all_steps(sizes: Sizes) -> list[Step]:
         Step("pack", "sweep", step_pack, t["pack"], "5 seeds: 5 processes at once vs one pack (pack group)"),
         Step("erasers_device", "erasers", step_erasers_device, t["erasers_device"],
              "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
-        Step("bench_mdl", "speed", step_bench_mdl, t["bench_mdl"], "scripts/bench_mdl.py: ours vs naive, bandwidth"),
+        Step("bench_mdl", "speed", step_bench_mdl, t["bench_mdl"], "tools/bench_mdl.py: ours vs naive, bandwidth"),
         Step("bench_erasers_device", "erasers", step_bench_erasers_device, t["bench_erasers_device"],
-             "scripts/bench_erasers.py, ours on the device"),
+             "tools/bench_erasers.py, ours on the device"),
         Step("sweep_cost", "sweep", step_sweep_cost, t["sweep_cost"], "GPU-s per epoch per job, jobs per GPU"),
         Step("bench_erasers_cpu_reference", "erasers", step_bench_erasers_cpu, t["bench_erasers_cpu_reference"],
-             "scripts/bench_erasers.py, concept-erasure float64 on CPU"),
+             "tools/bench_erasers.py, concept-erasure float64 on CPU"),
     ]
 
 
@@ -172,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{s.name:30s} [{s.group}] {s.timeout:5.0f} s  {s.title}")
         return 0
     report.mode, report.device, report.sizes = "toy" if toy else "gpu", args.device, dataclasses.asdict(sizes)
-    report.env = environment(args, install)
+    report.env = environment(args, install, env)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpu_report_") as tmp:

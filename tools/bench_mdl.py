@@ -1,7 +1,7 @@
 """Benchmark: one full prequential MDL (MLP-128, 9 block models, fixed epoch budget), ours vs a naive loop.
 
-    .venv/bin/python scripts/bench_mdl.py                       # CPU: small CIFAR-like data (see output)
-    .venv/bin/python scripts/bench_mdl.py --device cuda         # GPU: 50k×3×32×32, 5 seeds at once
+    .venv/bin/python -m tools.bench_mdl                       # CPU: small CIFAR-like data (see output)
+    .venv/bin/python -m tools.bench_mdl --device cuda         # GPU: 50k×3×32×32, 5 seeds at once
 
 "naive" is the straightforward loop: one block model after another (and one seed after another), a Python
 loop over batches gathered from a float32 tensor on the device, augmentation called per batch, validation
@@ -26,6 +26,7 @@ import os
 import resource
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from models import build_model, make_optimizer
-from scripts.bench_summary import BenchSummary
-from scripts.bench_worker import run_worker
+from tools.bench_worker import run_worker
 from training.app.schema import (
     JobConfig,
     MdlConfig,
@@ -45,7 +45,7 @@ from training.app.schema import (
     load_section,
 )
 from training.engine.augment import crop_flip
-from training.engine.fit import TrainData, cross_entropy_sum
+from training.engine.fit import TrainData, cross_entropy_sum, fit
 from training.engine.group import GroupOptions, fit_group
 from training.engine.seeding import generator, seeded_global_rng
 from training.tasks.mdl.splits import make_split
@@ -53,6 +53,36 @@ from training.tasks.mdl.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 10
+
+
+@dataclass(frozen=True)
+class BenchSummary:
+    """What `--json` writes (outputs/bench/bench_mdl.json), read back by the GPU report's bench_mdl step (`make plan`
+    reads its median_s and seeds itself). A file written before a key existed reads the key's default here; a key
+    this type does not declare is ignored."""
+
+    device: str = ""
+    n: int | None = None  # rows of the synthetic data
+    d: int | None = None  # features per row
+    epochs: int | None = None  # per block model, no early stopping
+    seeds: int | None = None  # seeds per run (the median is over the run, all seeds)
+    repeats: int | None = None
+    threads: int | None = None
+    median_s: dict[str, float] = field(default_factory=dict)  # variant (naive, ours, fused) -> median seconds
+    speedup: dict[str, float] = field(default_factory=dict)  # variant -> naive / variant
+    peak_mb: dict[str, float] = field(default_factory=dict)
+    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # every repeat's worker figures
+    bandwidth: dict[str, Any] | None = None  # GPU only: device read, host→device copy, one epoch
+
+    def to_json(self) -> str:
+        out = dataclasses.asdict(self)
+        if self.bandwidth is None:
+            del out["bandwidth"]
+        return json.dumps(out, indent=1)
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> BenchSummary:
+        return cls(**{f.name: value[f.name] for f in dataclasses.fields(cls) if f.name in value})
 
 
 def image_shape(d: int) -> tuple[int, int, int]:
@@ -210,6 +240,25 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             "peak_mb": peak_memory_mb(device), "rss_before_mb": base_rss}
 
 
+def epoch_seconds(trainer: Trainer, idx: torch.Tensor, k: int, models: int, options: GroupOptions | None) -> float:
+    """Seconds of `k` epochs of `models` fresh models on rows `idx`, at the job's fit settings without warm-up, early
+    stopping or progress: one model by fit() (as a job trains one) when `options` is None, else one fit_group (the
+    GPU report's throughput step measures with it too)."""
+    members = []
+    for j in range(models):
+        m = trainer.member(idx, ("epoch", j))
+        members.append(dataclasses.replace(m, cfg=dataclasses.replace(
+            m.cfg, patience=k, max_epochs=k, progress=False, warmup_steps=0, min_steps=0, patience_min_steps=0)))
+    sync(trainer.device)
+    t0 = time.perf_counter()
+    if options is None:
+        fit(members[0], trainer.train_set(), trainer.regularizer)
+    else:
+        fit_group(members, trainer.train_set(), options)
+    sync(trainer.device)
+    return time.perf_counter() - t0
+
+
 def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict[str, Any]:
     """Time to read the float32 data once on the device, to copy it host→device, and one MLP-128 epoch."""
 
@@ -232,26 +281,13 @@ def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
     cfg = job_cfg(args, 0)
     split = make_split(len(y), 0, val_size=64, val_frac=0.01, num_blocks=2, min_block=64)
     trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device)
-
-    def epochs(k: int, seeds: int) -> float:
-        members = []
-        for s in range(seeds):
-            m = trainer.member(torch.arange(len(y)), ("epoch", s))
-            members.append(type(m)(m.model, m.optimizer, m.idx, m.gen,
-                                   type(m.cfg)(batch_size=128, patience=k, max_epochs=k, augment=m.cfg.augment,
-                                               eval_every_steps=None, progress=False, warmup_steps=0, min_steps=0,
-                                               patience_min_steps=0)))
-        sync(device)
-        t0 = time.perf_counter()
-        fit_group(members, trainer.train_set(),
-                  GroupOptions(compile=args.compile, engine=args.engine, progress=False, workers=1,
-                               fused_optimizer=False, rows=None, poll_every="auto"))
-        sync(device)
-        return time.perf_counter() - t0
-
-    epochs(1, 1)  # warm-up
-    for seeds in sorted({1, args.seeds}):
-        out[f"epoch_s_{seeds}"] = (epochs(3, seeds) - epochs(1, seeds)) / 2  # per epoch, start-up cost removed
+    opts = GroupOptions(compile=args.compile, engine=args.engine, progress=False, workers=1, fused_optimizer=False,
+                        rows=None, poll_every="auto")
+    rows = torch.arange(len(y))
+    epoch_seconds(trainer, rows, 1, 1, opts)  # warm-up
+    for seeds in sorted({1, args.seeds}):  # per epoch, start-up cost removed
+        out[f"epoch_s_{seeds}"] = (epoch_seconds(trainer, rows, 3, seeds, opts)
+                                   - epoch_seconds(trainer, rows, 1, seeds, opts)) / 2
     out["peak_mb"] = peak_memory_mb(device)
     return out
 

@@ -6,7 +6,7 @@ made inside the entry's call, that receives that same object (by identity) as an
     returns    how often it came back to a module it had left before (A -> B -> A counts one)
     modules    the distinct modules it visited
 
-    PYTHONPATH=$PWD python scripts/value_trail.py [-v]     # -v: the functions of each trail
+    PYTHONPATH=$PWD python -m tools.value_trail [-v]     # -v: the functions of each trail
 
 Only frames of the project's packages count (atomicio, erasure, models, training, scripts); the object is followed
 by identity. A value rebuilt on the way is followed into its new form where the trail names the function that

@@ -14,7 +14,7 @@ from mup import MuReadout
 from torch import Tensor, nn
 
 from models.mup_utils import normal_init
-from models.registry import ARCHS, Arch
+from models.registry import ARCHS, Arch, CoordSettings
 
 Size = Literal["atto", "femto", "pico", "nano", "tiny"]
 POSITIVE = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
@@ -63,7 +63,8 @@ class SpatialMean(nn.Module):
 
 @dataclass(frozen=True)
 @ARCHS.register("convnext", vectorises=False, base_width=40, depth_exponent=0.5, init=normal_init(0.02),
-                options=ConvNeXtOptions)
+                options=ConvNeXtOptions, coord=CoordSettings({"depth": 1, "drop_path_rate": 0.0}, (8, 16, 32, 64),
+                                                             lr=1e-3, nsteps=4))
 class ConvNeXtSpec:
     input_shape: tuple[int, int, int]
     num_classes: int

@@ -19,7 +19,7 @@ from torch import nn
 
 from models.mlp import DepthCounts, hidden_layers, mlp_param_count
 from models.mup_utils import kaiming_uniform_init
-from models.registry import ARCHS, Arch
+from models.registry import ARCHS, Arch, CoordSettings
 
 # LeNet-5's shape (6 : 16 : 120 for conv1 : conv2 : fc); all three scale together, so all are μP widths.
 C1_PER_C2 = 6 / 16
@@ -102,7 +102,7 @@ class LenetOptions:
 
 
 @ARCHS.register("lenet", vectorises=True, base_width=128, depth_exponent=0.5, init=kaiming_uniform_init,
-                options=LenetOptions)
+                options=LenetOptions, coord=CoordSettings(widths=(64, 128, 256, 512, 1024, 2048)))
 @dataclass(frozen=True)
 class LeNetSpec:
     input_shape: tuple[int, int, int]

@@ -10,15 +10,16 @@
 - depth_exponent: the depth learning-rate rule lr·(L_base/L)^exponent (3/2 for MLPs, the paper's 1/2 otherwise);
 - init: the initialiser μP re-initialises ≥2-D weights with.
 - options: the dataclass of the architecture's own keys in its yaml (`arch.activation`, ...), read typed as
-  `arch.options.<key>`.
+  `arch.options.<key>`;
+- coord: how the μP coordinate check runs it (`CoordSettings`; the defaults suit an MLP-sized model).
 A Spec class has `from_arch(arch, input_shape, num_classes)`, `with_width(w)`, `build()`, `info()` and
 `stage_depths(arch, depth=None)` (blocks per stage, which the depth rule counts).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import Field, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import Field, dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from erasure.registry import Registry
@@ -47,6 +48,18 @@ class Arch(Protocol):
 
 
 @dataclass(frozen=True)
+class CoordSettings:
+    """The μP coordinate check of an architecture (models/coord.py; scripts/coord_check.py and
+    tests/test_coord_check.py run it for every registered one): its yaml with `arch` overridden, built at each of
+    `widths` and trained `nsteps` steps at `lr` on one batch of 8×8 digits. Small models, so it runs on a CPU."""
+
+    arch: Mapping[str, Any] = field(default_factory=lambda: {"depth": 2})
+    widths: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    lr: float = 1e-2
+    nsteps: int = 3
+
+
+@dataclass(frozen=True)
 class ArchTraits:
     """What an architecture declares where it registers (see above)."""
 
@@ -55,6 +68,7 @@ class ArchTraits:
     depth_exponent: float
     init: Callable[..., Any]
     options: type[Any] | None = None
+    coord: CoordSettings = CoordSettings()
 
 
 # The architecture modules that fill it are listed in models/__init__.py.

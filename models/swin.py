@@ -24,7 +24,7 @@ from torch import nn
 
 from models.convnext import POSITIVE, RATE, Size, stage_depths
 from models.mup_utils import normal_init
-from models.registry import ARCHS, Arch
+from models.registry import ARCHS, Arch, CoordSettings
 
 # Named sizes: (stage depths, embed dim); D = 2 as in Swin-T. With `arch.stages` = 3 the first three stages.
 NAMED_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
@@ -65,7 +65,8 @@ def auto_window(grid: int) -> int:
 
 @dataclass(frozen=True)
 @ARCHS.register("swin", vectorises=False, base_width=40, depth_exponent=0.5, init=normal_init(0.02),
-                options=SwinOptions)
+                options=SwinOptions, coord=CoordSettings({"depth": 1, "drop_path_rate": 0.0}, (16, 32, 64, 128),
+                                                         lr=1e-3, nsteps=4))
 class SwinSpec:
     input_shape: tuple[int, int, int]
     num_classes: int

@@ -1,4 +1,4 @@
-"""The calibration table (issues 29 and 38, `make calibrate`): MDL of erased generator data against known answers.
+"""The calibration table (`make calibrate`): MDL of erased generator data against known answers.
 
     python -m scripts.calibrate [outputs/calibrate] [--experiment calibrate]
 

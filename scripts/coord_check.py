@@ -1,12 +1,14 @@
-"""μP coordinate check for every architecture: PNG plots + fitted slopes (μP vs standard parametrisation).
+"""μP coordinate check for every registered architecture: PNG plots + fitted slopes (μP vs standard parametrisation).
 
     python -m scripts.coord_check                      # all archs, sklearn digits (8×8), outputs/coord_checks/
     python -m scripts.coord_check --arch mlp lenet --data random32 --seeds 3
 
-For each architecture and width the model is built by `models.build_model`, trained for a few steps of the
-μP schedule-free AdamW (`models.make_optimizer`) on one fixed batch, and the mean |activation| of every
-submodule is recorded. The printed slope is the least-squares slope of log(mean |activation|) against
-log(width) at the last step: ≈ 0 under μP, clearly positive under SP. `max|slope|` is over all submodules.
+Each architecture runs with the settings it declares where it registers (`coord=CoordSettings(...)`,
+models/registry.py: overrides of its yaml, the widths, lr and steps). For each width the model is built by
+`models.build_model`, trained for a few steps of the μP schedule-free AdamW (`models.make_optimizer`) on one
+fixed batch, and the mean |activation| of every submodule is recorded. The printed slope is the least-squares
+slope of log(mean |activation|) against log(width) at the last step: ≈ 0 under μP, clearly positive under SP.
+`max|slope|` is over all submodules.
 """
 
 from __future__ import annotations
@@ -19,20 +21,9 @@ from pathlib import Path
 
 import torch
 
-from models.coord import LOGITS, CoordResult, coord_check  # noqa: E402
-from training.app.schema import group_config  # noqa: E402
-
-# Per architecture: arch overrides, widths, lr, steps. Small models, so the check runs on a CPU.
-SETTINGS: dict[str, dict] = {
-    "mlp": {"arch": {"depth": 2, "activation": "relu"}, "widths": [64, 128, 256, 512, 1024],
-            "lr": 1e-2, "nsteps": 3},
-    "lenet": {"arch": {"depth": 2}, "widths": [64, 128, 256, 512, 1024, 2048],
-              "lr": 1e-2, "nsteps": 3},
-    "convnext": {"arch": {"depth": 1, "drop_path_rate": 0.0}, "widths": [8, 16, 32, 64],
-                 "lr": 1e-3, "nsteps": 4},
-    "swin": {"arch": {"depth": 1, "drop_path_rate": 0.0}, "widths": [16, 32, 64, 128],
-             "lr": 1e-3, "nsteps": 4},
-}  # fmt: skip
+from models.coord import LOGITS, CoordResult, coord_check
+from models.registry import ARCHS, arch_traits
+from training.app.schema import group_config
 
 
 def batch(kind: str, n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +69,7 @@ def plot(result: CoordResult, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--arch", nargs="+", default=ARCHS.names(), choices=ARCHS.names())
     ap.add_argument("--data", default="digits", choices=["digits", "random32"])
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("outputs/coord_checks"))
@@ -90,17 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     summary = {}
     print(f"{'arch':9s} {'param':5s} {'max|slope|':>10s} {'max slope':>10s} {'logits':>8s}  worst module")
     for name in args.arch:
-        s = SETTINGS[name]
+        s = arch_traits(name).coord
         for param in ("mup", "sp"):
-            arch = group_config("arch", name, **s["arch"])
-            r = coord_check(arch, s["widths"], x, y, parametrization=param, lr=s["lr"], nsteps=s["nsteps"],
+            arch = group_config("arch", name, **s.arch)
+            r = coord_check(arch, s.widths, x, y, parametrization=param, lr=s.lr, nsteps=s.nsteps,
                             seeds=tuple(range(args.seeds)), num_classes=10)
             worst = max(r.slopes, key=lambda k: abs(r.slopes[k]))
             print(f"{name:9s} {param:5s} {r.max_abs_slope:10.2f} {r.max_slope:10.2f} {r.logits_slope:8.2f}  "
                   f"{worst} ({r.slopes[worst]:+.2f})", flush=True)  # fmt: skip
             plot(r, args.out / f"{name}_{param}_{args.data}.png")
             summary[f"{name}/{param}"] = {
-                "widths": r.widths, "lr": s["lr"], "nsteps": s["nsteps"], "max_abs_slope": r.max_abs_slope,
+                "widths": r.widths, "lr": s.lr, "nsteps": s.nsteps, "max_abs_slope": r.max_abs_slope,
                 "max_slope": r.max_slope, "logits_slope": r.logits_slope,
                 "slopes": {k: v for k, v in r.slopes.items() if math.isfinite(v)},
             }  # fmt: skip

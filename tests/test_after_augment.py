@@ -1,4 +1,4 @@
-"""eraser.after_augment=true (issue 21): each augmented training batch is erased on the device by the fitted
+"""eraser.after_augment=true: each augmented training batch is erased on the device by the fitted
 eraser (`transform(augment(x))`, the paper code's order), while the validation set and the coded blocks are the
 once-erased, unaugmented images. Without augmentation it gives the numbers of after_augment=false."""
 

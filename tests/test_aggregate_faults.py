@@ -1,4 +1,4 @@
-"""Issue 22, the aggregate's side: what it compares, where results come from, and what it survives.
+"""The aggregate's faults: what it compares, where results come from, and what it survives.
 
 1. erasers are compared only where everything else is equal: one table (and plots, claims verdict) per group of
    results that differ in nothing but eraser and seed; a comparison across groups is refused with one line

@@ -1,4 +1,4 @@
-"""Issues 21, 29 and 30, the aggregate's side: eraser.fit_on is part of the eraser's identity, the repeats of a
+"""The aggregate's side of the fit modes: eraser.fit_on is part of the eraser's identity, the repeats of a
 repeated-holdout cell are one cell (eraser.repeat; eraser.fold in older results), a permuted-label run is the null
 of its cell (bias = null MDL − label entropy, flagged against the null's own SE with a floor: a detector of label
 injection, never a correction), the certificate's out-of-sample probes, brackets [holdout, self] at equal n_coded,
@@ -30,7 +30,7 @@ LOG2_10 = math.log2(10)
 def _cfg(eraser: str, seed: int, *, fit_on: str | None = "all", fold: int = 0, null: bool | None = False,
          net: str = "mlp_relu", width: int = 128, repeat: bool = False) -> dict[str, Any]:
     """A stored config; fit_on=None / null=None: written before eraser.fit_on / dataset.permute_labels existed;
-    repeat: the INTERFACE.md keys (eraser.repeat, fit_source; `fold` is the repeat) instead of eraser.fold."""
+    repeat: the result's keys (eraser.repeat, fit_source; `fold` is the repeat) instead of eraser.fold."""
     cfg: dict[str, Any] = {"task": "mdl", "seed": seed, "dataset": {"name": "mnist5k", "tag": "mnist5k"},
                            "eraser": {"name": eraser, "options": {}},
                            "arch": {"name": net.split("_")[0], "tag": net, "width": width, "depth": 2},
@@ -50,7 +50,7 @@ def _write(root: Path, cfg: dict[str, Any], bits: float, cert: dict[str, Any] | 
            report: dict[str, Any] | None = None) -> Path:
     """A result.json as jobs on main write it (mdl.num_classes, eraser.fit, dataset.permuted_labels); a config
     without the new keys gets a result without the new sections (an old result). With `repeat` in the config:
-    eraser.fit as INTERFACE.md gives it ({fit_on, fit_source, n_fit, n_coded, fit_fraction, repeat})."""
+    eraser.fit as result.json gives it ({fit_on, fit_source, n_fit, n_coded, fit_fraction, repeat})."""
     new = "fit_on" in cfg["eraser"]
     result: dict[str, Any] = {
         "config_hash": "fixture", "hash_version": 2, "config": cfg,
@@ -126,7 +126,7 @@ def test_null_runs_are_the_null_of_their_cell_not_a_group_or_an_eraser(tmp_path:
 
 
 def test_bias_flag_on_the_nulls_own_se_with_a_floor_and_a_null_that_does_not_match_its_cell(tmp_path: Path) -> None:
-    """Issue 30: control's null 0.0005 bits above log2 10 on 3 seeds (SE 0: censored) is within the 0.01-bit floor
+    """Control's null 0.0005 bits above log2 10 on 3 seeds (SE 0: censored) is within the 0.01-bit floor
     (was `+0.000 ⚠`); LEACE's null 0.278 above on 3 seeds is `⚠ excess`; QLEACE's null of one seed has no SE
     (`?`) and says its seeds differ from the cell's; ALF-QLEACE has no null (– with how to run it)."""
     root = tmp_path / "runs"
@@ -320,7 +320,7 @@ def test_certificate_table_shows_out_of_sample_probes_and_a_below_chance_probe_a
     assert "✓" not in md
 
 
-# --- brackets, fit and budget (INTERFACE.md keys), claims on them ----------------------------------------------------
+# --- brackets, fit and budget (result.json keys), claims on them ----------------------------------------------------
 
 def _blocks(at_cap: int, total: int = 4) -> list[dict[str, Any]]:
     """Block models: `at_cap` stopped by max_epochs with their best epoch at the end, the rest by patience."""

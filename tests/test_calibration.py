@@ -1,6 +1,6 @@
-"""Calibration against a known answer through the real pipeline (issue 29): erased class-conditional Gaussians
+"""Calibration against a known answer through the real pipeline: erased class-conditional Gaussians
 code at H(Y) when the eraser is fitted on fresh draws (fit_on=oracle), in sample (all) reads at or above it,
-out of sample (holdout) at or below it; a two-mode mixture keeps information QLEACE cannot remove. Then (issue 38)
+out of sample (holdout) at or below it; a two-mode mixture keeps information QLEACE cannot remove. Then
 the table of scripts/calibrate.py on results whose answer is known: cells keyed by every key that differs, truth
 against an independent computation, coverage and bias against the paired population eraser, the always-log2 K
 harness failing the grid, and the claims report run on the grid.
@@ -76,7 +76,7 @@ def test_mixture_truth_tends_to_h_as_its_modes_merge(tmp_path: Path) -> None:
     assert bound(6.0) < 0.6 < bound(3.0) < 0.9
 
 
-# ---------------------------------------------------------------- the table (issue 38)
+# ---------------------------------------------------------------- the table
 
 GRID = {  # the cells of `make calibrate` (Makefile): dataset overrides, eraser, its fit modes
     "leace cov4": (["dataset.cov_gap=4", "dataset.mean_gap=1"], "leace", ("population", "self", "holdout")),

@@ -1,4 +1,4 @@
-"""`training.channels_last` (issue 40 requirement 3; training/engine/numerics.py `JobNumerics.memory_format`): auto is
+"""`training.channels_last` (training/engine/numerics.py `JobNumerics.memory_format`): auto is
 off on CPU and changes no number; true trains LeNet and ConvNeXt with their convolution weights and batches in
 channels_last (checked inside the training step), on `fit()` and the loop engine, within a CPU tolerance of the
 default layout, and the numerics signature records it only then; a model without 2-d convolutions ignores it."""

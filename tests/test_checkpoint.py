@@ -1,4 +1,4 @@
-"""Checkpoints inside a block (issue 30, bug 6): a job stopped in the middle of its block models saves them and the
+"""Checkpoints inside a block: a job stopped in the middle of its block models saves them and the
 next attempt goes on from there, with exactly the numbers of an uninterrupted run, for every engine.
 
 The stop request is injected where a signal handler would make it (training/common/interrupt.py): `requested()`

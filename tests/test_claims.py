@@ -275,7 +275,7 @@ def test_a_single_fit_mode_with_a_side_flagged_is_not_identifiable() -> None:
 
 def test_a_null_below_the_label_entropy_flags_injection_and_a_tiny_bias_does_not() -> None:
     """QLEACE on a holdout whose null codes 3 bits below log2 10 (label injection): not identifiable; a null
-    +0.0005 bits above the entropy (issue 30's `+0.000 ⚠`) is no flag: the row is supported."""
+    +0.0005 bits above the entropy (once printed `+0.000 ⚠`) is no flag: the row is supported."""
     cells = [_runs("leace", 1.5, fit_on="holdout"), _runs("qleace", 2.0, fit_on="holdout")]
     injected = _df(*cells, _runs("qleace", 0.34, fit_on="holdout", null=True))
     row = _rows(injected, "qleace_above_leace")["d mlp_relu w128 d2 (fit on holdout)"]
@@ -349,7 +349,7 @@ def test_a_validation_trend_is_a_fall_beyond_its_noise() -> None:
 
 # --- the README's MNIST-5k numbers -------------------------------------------------------------------------------
 
-# The README's MNIST-5k table before issue 29 (quick MDL, MLP 128×2): (MDL mean, sd, null MDL) per fit_on.
+# The README's MNIST-5k table before numerics version 3 (quick MDL, MLP 128×2): (MDL mean, sd, null MDL) per fit_on.
 README_MNIST = {("control", "all"): (0.797, 0.030, 3.322), ("control", "holdout"): (0.832, 0.015, 3.322),
                 ("leace", "all"): (1.814, 0.039, 3.322), ("leace", "holdout"): (1.924, 0.060, 3.322),
                 ("alf_qleace", "all"): (3.121, 0.041, 3.323), ("alf_qleace", "holdout"): (2.895, 0.053, 3.322),
@@ -370,7 +370,7 @@ def _readme_mnist() -> pd.DataFrame:
 
 
 def test_readme_mnist_holdout_row_does_not_make_qleace_claims_hold() -> None:
-    """Issue 29: fed the README's MNIST-5k numbers, "after the bias" turned qleace_above_leace and alf_below_qleace
+    """Fed the README's MNIST-5k numbers, "after the bias" once turned qleace_above_leace and alf_below_qleace
     into "holds" on the holdout row (an implied QLEACE MDL of 0.468 + 2.981 = 3.449 > log2 10). Without the
     correction neither holds there: QLEACE's holdout null injects the label (not identifiable) and its raw
     differences contradict both claims."""

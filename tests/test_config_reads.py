@@ -1,4 +1,4 @@
-"""The config is read as typed attributes: `.get(` reads of config objects stay few (issue 20's target: ≤ 5 in
+"""The config is read as typed attributes: `.get(` reads of config objects stay few (at most 5 in
 training/, models/, scripts/ and tools/ outside the schema's loading code)."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""μP coordinate check: activation size is flat in width under μP and grows under SP (the control)."""
+"""μP coordinate check of every registered architecture (models.registry.ARCHS, each with the settings it declares:
+`CoordSettings`): activation size is flat in width under μP and grows under SP (the control)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,10 @@ import torch
 from sklearn.datasets import load_digits
 
 from models.coord import LOGITS, coord_check, slope
+from models.registry import ARCHS, arch_traits
 from training.app.schema import group_config
 
 ROOT = Path(__file__).resolve().parents[1]
-
-# (arch overrides, widths, lr, steps): the settings of scripts/coord_check.py
-CASES: dict[str, tuple[dict[str, Any], list[int], float, int]] = {
-    "mlp": ({"depth": 2, "activation": "relu"}, [64, 128, 256, 512, 1024], 1e-2, 3),
-    "lenet": ({"depth": 2}, [64, 128, 256, 512, 1024, 2048], 1e-2, 3),
-    "convnext": ({"depth": 1, "drop_path_rate": 0.0}, [8, 16, 32, 64], 1e-3, 4),
-    "swin": ({"depth": 1, "drop_path_rate": 0.0}, [16, 32, 64, 128], 1e-3, 4),
-}
 
 
 @pytest.fixture(scope="module")
@@ -35,37 +29,24 @@ def test_slope_fit() -> None:
     assert slope([1, 2, 4], [5, 5, 5]) == pytest.approx(0.0)
 
 
-def check(name: str, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
-    overrides, widths, lr, nsteps = CASES[name]
-    arch = group_config("arch", name, **overrides)
+@pytest.mark.parametrize("name", ARCHS.names())
+def test_coord_check(name: str, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    settings = arch_traits(name).coord
+    arch = group_config("arch", name, **settings.arch)
     x, y = batch
-    kw: dict[str, Any] = {"lr": lr, "nsteps": nsteps, "seeds": (0, 1), "num_classes": 10}
-    mup = coord_check(arch, widths, x, y, parametrization="mup", **kw)
-    sp = coord_check(arch, widths, x, y, parametrization="sp", **kw)
+    kw: dict[str, Any] = {"lr": settings.lr, "nsteps": settings.nsteps, "seeds": (0, 1), "num_classes": 10}
+    mup = coord_check(arch, settings.widths, x, y, parametrization="mup", **kw)
+    sp = coord_check(arch, settings.widths, x, y, parametrization="sp", **kw)
     assert len(mup.slopes) > 3 and LOGITS in mup.slopes
     assert max(mup.widths) / min(mup.widths) >= 8
     assert mup.max_abs_slope < 0.2, sorted(mup.slopes.items(), key=lambda kv: -abs(kv[1]))[:3]
     assert sp.max_slope > 0.5, sorted(sp.slopes.items(), key=lambda kv: -kv[1])[:3]  # the check can fail
 
 
-@pytest.mark.parametrize("name", ["mlp", "lenet", "convnext"])
-def test_coord_check(name: str, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
-    check(name, batch)
-
-
-@pytest.mark.slow
-def test_coord_check_swin(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
-    check("swin", batch)
-
-
 @pytest.mark.slow
 def test_coord_check_script_writes_plots(tmp_path: Path) -> None:
-    import importlib.util
+    from scripts.coord_check import main
 
-    spec = importlib.util.spec_from_file_location("coord_check_script", ROOT / "scripts" / "coord_check.py")
-    assert spec and spec.loader
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    assert script.main(["--arch", "mlp", "--seeds", "1", "--out", str(tmp_path)]) == 0
+    assert main(["--arch", "mlp", "--seeds", "1", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "mlp_mup_digits.png").stat().st_size > 0 and (tmp_path / "mlp_sp_digits.png").exists()
     assert (tmp_path / "slopes_digits.json").exists()

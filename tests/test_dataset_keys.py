@@ -1,4 +1,4 @@
-"""Every key a job hashes is read, for every dataset (issue 39, req 2): the generic walk of tests/test_task_keys.py
+"""Every key a job hashes is read, for every dataset: the generic walk of tests/test_task_keys.py
 over the datasets instead of the tasks, at the data level (no training).
 
 For every registered dataset (training/data/registry.py DATASETS) that loads here (the generators, and the bundled or

@@ -3,7 +3,7 @@ pyproject.toml accepts (installed into a throwaway target), and it is the same m
 
 timm is the one dependency with a floor (`>=`) that a model or an eraser depends on: mup is pinned exactly (the
 installed version is its floor) and the erasers need only torch and numpy. The GPU image's timm 1.0.29 failed
-here (issue 37: per-stage windows, the unpadded attention mask, odd grids), which is why the floor is 1.0.31.
+here (per-stage windows, the unpadded attention mask, odd grids), which is why the floor is 1.0.31.
 Run as a script (by the test, under the floor timm) it prints one JSON line per architecture and input.
 """
 

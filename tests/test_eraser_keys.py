@@ -1,4 +1,4 @@
-"""Every key a job hashes is read, for every eraser (issue 39, req 2): the generic walk of tests/test_task_keys.py
+"""Every key a job hashes is read, for every eraser: the generic walk of tests/test_task_keys.py
 over the registered erasers, at the data level (no training).
 
 For every eraser of erasure.registry.ERASERS, a small generator dataset (gaussian) is erased as an MDL job does it:

@@ -1,4 +1,4 @@
-"""Issue 12: nothing lost, one line per mistake.
+"""Nothing lost, one line per mistake.
 
 1. job-directory collisions: a sweep keeps every job's result; jobs sharing a directory with different configs are
    refused before anything runs; a job holds a lock on its directory; result.json is re-checked before writing

@@ -1,4 +1,4 @@
-"""How an eraser is fitted (INTERFACE.md, issues 29, 30 and 38): eraser.fit_on all | self | holdout | oracle |
+"""How an eraser is fitted (docs/known-answers.md): eraser.fit_on all | self | holdout | oracle |
 population,
 fit_source split | pool, the real fit_fraction, repeat, n_fit; which keys enter the job hash; one-line refusals of a
 holdout that cannot be fitted; the generator datasets and their fresh draws."""
@@ -177,7 +177,7 @@ def test_oracle_with_permuted_labels_or_after_augment_is_refused(tmp_path: Path)
             load_job(job_config(tmp_path, [*GAUSS, "eraser=leace", "eraser.fit_on=oracle", *extra]))
 
 
-# ---------------------------------------------------------------- population: the paired truth (issue 38)
+# ---------------------------------------------------------------- population: the paired truth
 
 
 def test_population_moments_are_the_generators_law(tmp_path: Path) -> None:
@@ -231,7 +231,7 @@ def test_population_refusals_are_one_line(tmp_path: Path) -> None:
         assert "\n" not in str(err.value)
 
 
-# ---------------------------------------------------------------- holdout QLEACE: i.i.d. coupling noise (issue 29)
+# ----------------------------------------------------------- holdout QLEACE: i.i.d. coupling noise (numerics version 3)
 
 
 def test_holdout_qleace_noise_on_the_coded_rows_is_not_zero_sum_per_class(tmp_path: Path) -> None:

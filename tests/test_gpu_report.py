@@ -91,7 +91,7 @@ def test_toy_mode_runs_every_step(tmp_path: Path) -> None:
         assert 0 < job["bits_per_sample"] < 2 * math.log2(10) and job["wall_s"] > 0 and job["steps_total"] > 0
         assert (out / job["result"]).is_file()
         assert f["throughput"][arch]["train_sps"] > 0 and f["throughput"][arch]["eval_sps"] > 0
-        # issue 37: every architecture trains as one stacked group, and the group's figure is measured
+        # every architecture trains as one stacked group, and the group's figure is measured
         assert f["throughput"][arch]["vectorises"] is True, f["throughput"][arch].get("why_not_vectorised")
         assert f["throughput"][arch]["group_model_sps"] > 0
         assert f["sweep_cost"][arch]["job_s_per_epoch"] > 0
@@ -288,7 +288,7 @@ def test_pack_checks_flag_differing_numbers_and_a_missing_group_and_nothing_else
 
 
 def test_pack_checks_on_a_gpu_hold_the_numerics_contract_tolerance_and_say_the_deviation() -> None:
-    """Issue 37: the H100's lone and packed jobs differed by ~1e-6 relative. On a GPU that is within the contract
+    """On an H100 the lone and packed jobs differed by ~1e-6 relative. On a GPU that is within the contract
     (max(1e-3, 0.05 × seed SD)); beyond it, or any difference on the CPU loop engine, is flagged."""
     def jobs(shift: float = 0.0) -> dict[str, dict[str, Any]]:
         return {f"c/seed{s}": {"mdl.bits_per_sample": 2.0 + 0.1 * s + (shift if s == 2 else 0.0)}
@@ -367,7 +367,7 @@ def _wheel_from_installed(dist_name: str, into: Path) -> set[str]:
 
 
 def test_bootstraps_on_a_python_without_the_harness(tmp_path: Path) -> None:
-    """Issue 37: on the bare GPU machine `python3 tools/gpu_report.py` died importing omegaconf before it installed
+    """On a bare GPU machine `python3 tools/gpu_report.py` once died importing omegaconf before it installed
     `.whl/`. Here under `python -S` with a site of the venv's packages less hydra/omegaconf/mup/schedulefree/
     filelock/mlxtend (and no editable install of this project), with those as wheels built from the venv: it
     installs them and gets as far as listing its steps, which imports every step module and so training/."""

@@ -1,4 +1,4 @@
-"""eraser.fit_on=holdout and the permuted-label control through a real job (issue 21): what is fitted, what is
+"""eraser.fit_on=holdout and the permuted-label control through a real job: what is fitted, what is
 coded, what the null codes at."""
 
 from __future__ import annotations

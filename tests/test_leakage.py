@@ -1,4 +1,4 @@
-"""In sample or out of sample (issue 21): an eraser fitted on the rows it erases makes them dependent.
+"""In sample or out of sample: an eraser fitted on the rows it erases makes them dependent.
 
 Library level, no harness: the split identity behind the below-chance artefact, the cross-fitted certificate
 (accuracy and log-loss against chance, with SEs, and its below-chance flag), LEACE applied to rows it never saw,

@@ -65,9 +65,9 @@ def test_arch_yaml_has_every_field(name: str) -> None:
         assert key in raw, key
     cfg = arch_cfg(name)
     assert cfg.name == name
-    assert cfg.tag == ("mlp_relu" if name == "mlp" else name)
+    assert cfg.tag == name or cfg.tag.startswith(f"{name}_"), cfg.tag  # the tag names it (job dirs, table labels)
     if name in ("convnext", "swin"):
-        assert cfg.options.size is None and "drop_path_rate" in raw
+        assert cfg.options.size is None and "drop_path_rate" in raw and cfg.tag == name
     if name == "swin":
         assert cfg.options.drop_path_rate == 0.2
     if name == "mlp":
@@ -222,7 +222,7 @@ def test_lenet_info_and_width_scaling() -> None:
 def test_mup_infshapes_readout_and_groups(name: str) -> None:
     base = arch_cfg(name).base_width or arch_traits(name).base_width
     torch.manual_seed(0)
-    model = build_model(arch_cfg(name, width=2 * base, depth=2 if name == "mlp" else 1), (1, 8, 8), 10)
+    model = build_model(arch_cfg(name, width=2 * base, depth=2), (1, 8, 8), 10)
     heads = [m for m in model.modules() if isinstance(m, MuReadout)]
     assert len(heads) == 1 and torch.count_nonzero(heads[0].weight) == 0  # zero-initialised μP readout
     assert torch.count_nonzero(model(torch.rand(2, 1, 8, 8))) == 0

@@ -1,4 +1,4 @@
-"""No process-global channel between jobs (issue 41, requirement 3): what the jobs of a pack share (datasets, erased
+"""No process-global channel between jobs: what the jobs of a pack share (datasets, erased
 data, models trained ahead) is a `Pack` the packed launcher creates and hands to each job (training/data/shared.py),
 and a job's numerics are a `JobNumerics` the lifecycle passes down (training/engine/numerics.py).
 

@@ -1,4 +1,4 @@
-"""Issue 39: nothing a user finished is overwritten without force=true.
+"""Nothing a user finished is overwritten without force=true.
 
 - a result.json written by newer code (a schema_version above this code's) is refused in one line, never recomputed;
 - a finished result whose data changed is moved aside (result.data-<fingerprint>.json) before the job runs again,

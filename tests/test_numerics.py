@@ -44,16 +44,19 @@ def test_a_numerics_bump_moves_every_job_directory(tmp_path: Path) -> None:
 
 
 def test_a_job_is_hashed_under_its_own_tasks_numerics_version(tmp_path: Path) -> None:
-    """Version 4 changed only gs_erased_eval's numbers: its jobs moved, the MDL and other GS jobs kept their hash."""
+    """A task's jobs are hashed under the numerics version it pins (a task that pins none: the latest, NUMERICS), so
+    a bump that changes one task's numbers moves only that task's job directories."""
     from training.app.tasks import job_cell_hash
 
-    mdl = job_config(tmp_path, ["experiment=smoke"])
-    erased_eval = job_config(tmp_path, ["experiment=gs_sd_erasure", "task=gs_erased_eval", "eraser=leace"])
-    assert [numerics_of(spec_of(t)) for t in ("mdl", "gs_two_moons", "gs_erased_eval")] == [3, 3, NUMERICS]
+    configs = [job_config(tmp_path, ["experiment=smoke"]), job_config(tmp_path, ["experiment=gs_two_moons"]),
+               job_config(tmp_path, ["experiment=gs_sd_erasure", "task=gs_erased_eval", "eraser=leace"])]
+    for cfg in configs:
+        pinned = spec_of(cfg).numerics  # what the task's declaration says
+        own = NUMERICS if pinned is None else pinned
+        assert 1 <= own <= NUMERICS and numerics_of(spec_of(cfg)) == own
+        assert job_hash(cfg) == job_hash(cfg, numerics=own) != job_hash(cfg, numerics=own - 1), cfg.get("task")
     assert numerics_of(dataclasses.replace(spec_of("mdl"), numerics=None)) == NUMERICS  # a task that pins none
-    assert job_hash(mdl) == job_hash(mdl, numerics=3) and job_hash(erased_eval) == job_hash(
-        erased_eval, numerics=NUMERICS) != job_hash(erased_eval, numerics=3)
-    assert job_cell_hash(erased_eval) != job_cell_hash({**erased_eval, "task": "mdl"})
+    assert job_cell_hash(configs[2]) != job_cell_hash({**configs[2], "task": "mdl"})
 
 
 def golden_bits(out_dir: Path) -> dict[str, object]:

@@ -3,7 +3,7 @@
 CPU, loop engine: a group's models are bitwise those trained one at a time. Stacked engine (CPU or GPU) and any
 engine on a GPU: one optimizer step within STEP_RTOL of the parameters' scale, and final bits/sample (best
 validation loss) within max(1e-3, 0.05 × the seed SD); each run prints its largest deviation against the seed SD.
-The GPU run of issue 37 failed the old `==`-style check here (LeNet stacked 1.37159 vs 1.37149 nats: 1.4e-4 bits,
+A GPU report's run failed the old `==`-style check here (LeNet stacked 1.37159 vs 1.37149 nats: 1.4e-4 bits,
 inside this tolerance).
 """
 

@@ -1,4 +1,4 @@
-"""ConvNeXt and Swin in lockstep groups (issue 40: pack groups of the paper presets' ConvNeXt/Swin cells): with
+"""ConvNeXt and Swin in lockstep groups (the paper presets' ConvNeXt/Swin cells): with
 `training.parallel_models=auto` a job trains its block models in one group on the loop engine (these architectures
 do not vectorise: the stacked engine has no measured GPU tolerance for them), and in a pack (`hydra/launcher=packed`,
 `training.pack_group`) the later seeds' models join the first job's group. On CPU each member's arithmetic is its

@@ -1,4 +1,4 @@
-"""A group-shared output directory (issue 22, case 7): files get the mode the umask gives, not mkstemp's 0o600, and a
+"""A group-shared output directory: files get the mode the umask gives, not mkstemp's 0o600, and a
 cache entry this process may not read is another user's, not a corrupt one: named with its owner, never deleted."""
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def shared_dir() -> Iterator[Path]:
 
 @pytest.mark.skipif(not hasattr(os, "fork") or os.geteuid() != 0, reason="needs root to act as another user")
 def test_another_users_unreadable_entry_is_left_alone(shared_dir: Path) -> None:
-    """The case of the issue for real: root's entry with mkstemp's old 0o600 files, read by `nobody` (a forked
+    """The case for real: root's entry with mkstemp's old 0o600 files, read by `nobody` (a forked
     child that drops to uid 65534): it warns naming the owner, erases in memory, and deletes nothing."""
     tmp_path = shared_dir
     entry = _make_entry(tmp_path)

@@ -171,7 +171,7 @@ def _capped_report(path: Path, arch: str = "convnext") -> None:
 
 
 def test_a_capped_gpu_report_does_not_price_the_presets_at_its_capped_budget(tmp_path: Path) -> None:
-    """Issue 37: fed the report's 2-epoch jobs, plan priced paper_table_c at their wall time (1.00 GPU-hour). The
+    """Fed a GPU report's 2-epoch jobs, plan once priced paper_table_c at their wall time (1.00 GPU-hour). The
     presets stop on patience (100): at least 101 epochs per block model, a stated lower bound."""
     gpu = tmp_path / "gpu_report.json"
     _capped_report(gpu)

@@ -1,4 +1,4 @@
-"""Issue 22, cases 2-4: what a result was computed with, on what data, and never a non-finite result.
+"""What a result was computed with, on what data, and never a non-finite result.
 
 2. provenance: every result.json (MDL and Gradient Starvation tasks alike, written by the one lifecycle) records
    the code (commit, dirty, version), python/torch/numpy, the device's name, the host, and start/end (UTC);

@@ -207,7 +207,7 @@ def test_unknown_mode_is_rejected() -> None:
         erasure.fit("qleace", x, y, rank_deficient="pca")
 
 
-# ---------------------------------------------------------------- out of sample: i.i.d. noise (issue 29)
+# ---------------------------------------------------------------- out of sample: i.i.d. noise (numerics version 3)
 
 def test_out_of_sample_noise_is_iid_not_zero_sum_and_has_covariance_r() -> None:
     """Applied to rows it was not fitted on, a QLEACE with a singular class draws N(0, R_k) independently per row:

@@ -1,4 +1,4 @@
-"""Issue 22, cases 5, 6, 8, 9: bad input is refused before anything runs, memory, signals to a sweep's launching
+"""Bad input is refused before anything runs, memory, signals to a sweep's launching
 process, a full disk. One row per case.
 
 5. bad input: one line `error: key=value is not allowed: ...` on stderr, exit 2, no directory under

@@ -1,4 +1,4 @@
-"""`eraser.fit_labels=shuffled` (issue 38 requirement 3): the non-specific-removal control. The eraser is fitted on
+"""`eraser.fit_labels=shuffled`: the non-specific-removal control. The eraser is fitted on
 a fixed permutation of its fit rows' labels and applied to the true-label data the model codes; the key enters the
 job hash only away from its default; the modes and erasers without fit rows or a map refuse it in one line."""
 

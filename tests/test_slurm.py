@@ -266,7 +266,7 @@ def long_group_epochs(tmp_path_factory: pytest.TempPathFactory) -> int:
 
 def test_blocks_longer_than_an_attempt_finish_from_in_block_checkpoints(slurm_cluster: Path, tmp_path: Path,
                                                                         long_group_epochs: int) -> None:
-    """Issue 30, bug 6: every block model of this job trains in one lockstep group that needs more time than any
+    """Every block model of this job trains in one lockstep group that needs more time than any
     attempt gets (USR2 29-59 s into each attempt of the 1-minute limit, as above). Resuming only after finished
     blocks, it was requeued until "timed-out too many times"; now each attempt saves the group at the signal
     (training/engine/checkpoint.py) and the next one goes on from that step, and the job ends with the local

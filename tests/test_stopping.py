@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from pathlib import Path
 
@@ -131,13 +132,20 @@ def _stop_line(tmp_path: Path, *overrides: str) -> str | None:
 
 
 def test_a_step_floor_that_outlasts_the_epoch_cap_is_said_with_both_keys(tmp_path: Path) -> None:
+    from training.tasks.mdl.trainer import split_of
+
     line = _stop_line(tmp_path, "mdl.max_epochs=8", "optim.warmup_steps=50")
-    assert line == ("mdl.min_steps=300 outlasts mdl.max_epochs=8: block model 1 (128 samples, 1 step an epoch) "
-                    "trains 300 epochs, not 8 (no model stops before step 300); set mdl.min_steps=0 "
-                    "mdl.stop_after_warmup=false to stop every model by mdl.max_epochs")
+    cfg = load_job(job_config(tmp_path, ["dataset=digits", "mdl=quick"]))
+    smallest = split_of(cfg.mdl, 0, 1797).block_sizes[0]  # block model 1 trains on the job's first block alone
+    steps = math.ceil(smallest / cfg.optim.batch_size)
+    assert 300 / steps > 8  # the floor (mdl.min_steps=300) outlasts the cap here
+    assert line == (f"mdl.min_steps=300 outlasts mdl.max_epochs=8: block model 1 ({smallest} samples, {steps} "
+                    f"step{'s' if steps > 1 else ''} an epoch) trains {math.ceil(300 / steps)} epochs, not 8 (no "
+                    "model stops before step 300); set mdl.min_steps=0 mdl.stop_after_warmup=false to stop every "
+                    "model by mdl.max_epochs")
     warm = _stop_line(tmp_path, "mdl.max_epochs=8", "mdl.min_steps=0", "optim.warmup_steps=400")
     assert warm is not None and warm.startswith("the warm-up (optim.warmup_steps=400 with mdl.stop_after_warmup=true)")
-    assert "trains 400 epochs, not 8" in warm
+    assert f"trains {math.ceil(400 / steps)} epochs, not 8" in warm
     # the line's claim, on the stopping rule itself: a model that keeps improving stops at epoch 300, not 8
     stop = EarlyStopping(5, 8, 1, 50, 300, 150)
     epoch = 0

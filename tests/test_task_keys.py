@@ -1,4 +1,4 @@
-"""Every task honours every key that enters its hash, or refuses it in one line (issue 30, bug 1).
+"""Every task honours every key that enters its hash, or refuses it in one line.
 
 For each task, a tiny base job; for each leaf of its semantic config (training/app/schema.py `semantic`, what the
 job hash covers) the key is set to another value. That changes the job hash; then the job must either be refused

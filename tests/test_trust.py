@@ -1,4 +1,4 @@
-"""Data identity, code identity and where a job writes (issue 30, bugs 2-6):
+"""Data identity, code identity and where a job writes:
 
 - a finished job whose data fingerprint differs from the data now on disk is not reused (and the aggregate never
   averages two fingerprints in a cell; --strict refuses);
@@ -27,7 +27,7 @@ from training.app.lifecycle import Outcome
 from training.common.provenance import code_provenance, head_from_files
 
 
-# --- bug 3: the commit of a checkout another user owns ------------------------------------------------------------
+# --- the commit of a checkout another user owns -----------------------------------------------------------------------
 def _git(repo: Path, *args: str) -> str:
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t"}
@@ -91,7 +91,7 @@ def test_3_unreadable_head_says_why(tmp_path: Path, caplog: pytest.LogCaptureFix
     assert "refs/heads/nowhere has no commit" in caplog.text
 
 
-# --- bug 2: data swapped under the same file names ----------------------------------------------------------------
+# --- data swapped under the same file names ---------------------------------------------------------------------------
 def _idx(path: Path, arr: np.ndarray) -> None:
     head = bytes([0, 0, 8, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
     with gzip.open(path, "wb") as f:
@@ -201,7 +201,7 @@ def test_a_stale_result_reruns_only_after_the_checks_a_new_job_gets(tmp_path: Pa
     assert "mdl" not in json.loads(path.read_text())  # refused: nothing rewritten
 
 
-# --- bug 4: no path part built from config leaves paths.out_dir ---------------------------------------------------
+# --- no path part built from config leaves paths.out_dir --------------------------------------------------------------
 ESCAPES = [  # (override, the key the refusal names)
     ("paths.cell=../../../../../../esc_cell", "paths.cell"),
     ("paths.cell=a/b", "paths.cell"),
@@ -257,7 +257,7 @@ def test_4_cli_refuses_the_issue_repro_and_writes_nothing(tmp_path: Path) -> Non
     assert list(tmp_path.rglob("*")) == [tmp_path / "a", start.parent, start]  # no directory anywhere
 
 
-# --- bug 5: hydra.job.chdir=true with a relative paths.out_dir ------------------------------------------------------
+# --- hydra.job.chdir=true with a relative paths.out_dir ---------------------------------------------------------------
 def test_5_chdir_with_relative_out_dir_writes_where_the_command_started(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "training.run", "hydra.job.chdir=true", "paths.out_dir=rel",
                            "logger=none", "progress=false", *TINY], cwd=tmp_path, env=ENV, capture_output=True,
@@ -271,7 +271,7 @@ def test_5_chdir_with_relative_out_dir_writes_where_the_command_started(tmp_path
     assert Path(stored["job_dir"]) == results[0].parent
 
 
-# --- bug 2: the aggregate never averages two data fingerprints in a cell ------------------------------------------
+# --- the aggregate never averages two data fingerprints in a cell -----------------------------------------------------
 def test_2_aggregate_marks_a_cell_on_two_data_and_strict_refuses(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     from tests.test_aggregate_faults import COMMIT_A, _cfg, _run, _write

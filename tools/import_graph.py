@@ -1,5 +1,5 @@
 """The shape of the code, counted: import cycles, imports that go up a layer, project imports inside functions, and
-module sizes (issue 41's figures; rerun after a change to compare).
+module sizes (rerun after a change to compare).
 
     .venv/bin/python tools/import_graph.py          # the figures
     .venv/bin/python tools/import_graph.py --list   # and every cycle, upward import and in-function import

@@ -1,4 +1,4 @@
-"""Follow one value through the code (issue 41's "value trail"): run a tiny job in this process under `sys.settrace`,
+"""Follow one value through the code (its "value trail"): run a tiny job in this process under `sys.settrace`,
 take the object an entry function receives as one of its arguments, and record every call of a project function,
 made inside the entry's call, that receives that same object (by identity) as an argument. Printed per trail:
 

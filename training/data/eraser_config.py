@@ -22,8 +22,9 @@ from training.errors import ConfigError
 
 FIT_KEYS = ("fit_source", "fit_fraction", "repeat", "n_fit")
 FOLD_KEY, REPEAT_KEY = "eraser.fold", "eraser.repeat"  # a result written before eraser.repeat names it eraser.fold
-# Keys added with issue 21 whose defaults live in conf/config.yaml, not in the schema: a result written before them
-# ran exactly like these values (the eraser fitted on the coded data, no repeats, true labels, erased before augment).
+# Keys added after the first results were written, with their defaults in conf/config.yaml, not in the schema: a
+# result written before them ran exactly like these values (the eraser fitted on the coded data, no repeats, true
+# labels, erased before augment).
 FIT_DEFAULTS = {"eraser.fit_on": "all", "eraser.fit_source": "split", "eraser.fit_fraction": 0.2, REPEAT_KEY: 0,
                 "eraser.n_fit": None, "eraser.after_augment": False, "dataset.permute_labels": False,
                 "eraser.fit_labels": "coded"}

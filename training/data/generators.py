@@ -1,4 +1,4 @@
-"""Generator datasets with a known answer (issue 29): class-conditional Gaussians and two-component mixtures.
+"""Generator datasets with a known answer: class-conditional Gaussians and two-component mixtures.
 
 Each class's law is fixed by `data_seed`; the rows are draws from it. The coded rows (`draw(o, rows, 0)`) and any
 other draws (`eraser.fit_on=oracle`: fresh rows the code never sees, `oracle_chunks`) come from separate seeds, so

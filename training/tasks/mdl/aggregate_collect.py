@@ -46,7 +46,7 @@ SHOWN = {"seed", "dataset.tag", "dataset.name", "arch.tag", "arch.name", "arch.a
 NULL_KEY = "dataset.permute_labels"
 # Fit modes with a random split of the training rows (and so repeats): population codes the rows self codes.
 SPLIT_MODES = ("holdout", "self", "population")
-# The eraser.fit keys a fit mode does not use (no effect on its job; INTERFACE.md: not in the hash).
+# The eraser.fit keys a fit mode does not use (no effect on its job: not in the hash).
 UNUSED_FIT_KEYS: defaultdict[str, tuple[str, ...]] = defaultdict(tuple, {  # other modes: none unused
     "all": ("eraser.fit_fraction", REPEAT_KEY, "eraser.fit_source", "eraser.n_fit"),
     "oracle": ("eraser.fit_fraction", REPEAT_KEY, "eraser.fit_source")})
@@ -362,7 +362,7 @@ def budget_columns(mdl: MdlRecord) -> dict[str, float]:
 
 
 def fit_columns(result: MdlResult, mdl: MdlRecord) -> dict[str, Any]:
-    """result.json eraser.fit (INTERFACE.md): fit_source, n_fit, n_coded (mdl.n_coded where fit lacks it), fit rows
+    """result.json eraser.fit: fit_source, n_fit, n_coded (mdl.n_coded where fit lacks it), fit rows
     per class per input dimension; eraser.rank_test (a fitted linear eraser): rank_irregular (1/0), rank_p."""
     fit, erasure = result.body.erasure.fit, result.body.erasure
     n_coded = fit.n_coded if fit.n_coded is not None else mdl.n_coded

@@ -9,7 +9,7 @@ BRACKET per seed, [min, max] of the two. A row is one measurement: a bracket (ho
 equal n_coded), or one fit mode alone (all, self, holdout, oracle: "single"). The identity eraser (control) has no
 fit: its runs at one n_coded stand for either end.
 
-One standard of evidence (issue 38). Per seed the difference a − b lies in [d_lo, d_hi] (d_lo = min a − max b,
+One standard of evidence. Per seed the difference a − b lies in [d_lo, d_hi] (d_lo = min a − max b,
 d_hi = max a − min b over the brackets' ends; one fit mode: d_lo = d_hi = a − b). A claim "a − b > 0" is SUPPORTED
 when the one-sided paired t-test of d_lo > 0 rejects at ALPHA after Holm's correction across the claim's rows (the
 row's margin CI, printed at its Holm level, then excludes zero), CONTRADICTED when the same test of d_hi < 0

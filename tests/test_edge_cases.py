@@ -1,4 +1,4 @@
-"""Issue 39: the bugs and ugly cases, each a test that failed before the fix (most at config-composition level)."""
+"""Bugs and ugly cases, each a test that failed before its fix (most at config-composition level)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import subprocess
 
 
-# --- req 5: --strict means verified ---------------------------------------------------------------------------------
+# --- --strict means verified ------------------------------------------------------------------------------------------
 def test_strict_refuses_results_whose_cleanliness_is_unknown(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "runs"
@@ -31,7 +31,7 @@ def test_strict_refuses_results_whose_cleanliness_is_unknown(tmp_path: Path,
     assert _run(root, tmp_path)[0] == 0  # without --strict: tabulated
 
 
-# --- req 3: a finished job is a SKIP whatever its directory's permissions; run.log never stops a sweep ---------------
+# --- a finished job is a SKIP whatever its directory's permissions; run.log never stops a sweep -----------------------
 def _as_reader(out: Path, readonly: Path) -> list[str]:
     """The prefix of a command run as a user who cannot write `readonly` (nor its files) but can write the rest of
     `out`: `nobody` (setpriv) when the tests run as root (chmod does not stop root), else chmod a-w."""
@@ -85,7 +85,7 @@ def test_a_finished_job_in_a_read_only_directory_is_a_skip_and_the_sweep_goes_on
         shutil.rmtree(out, ignore_errors=True)
 
 
-# --- req 4: a signal is a checkpoint at every point of a job, the cache write included ------------------------------
+# --- a signal is a checkpoint at every point of a job, the cache write included ---------------------------------------
 def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.save into a Python file object turns the SIGTERM handler's Preempted, raised while torch writes, into
@@ -166,7 +166,7 @@ def test_packed_with_chdir_and_a_relative_out_dir_writes_where_the_command_start
     assert len(results) == 2 and all(r.relative_to(tmp_path).parts.count("rel") == 1 for r in results), results
 
 
-# --- req 7: the ugly cases, each one line (config level: nothing composed but the config, nothing trained) ---------
+# --- the ugly cases, each one line (config level: nothing composed but the config, nothing trained) -------------------
 def _refusal(tmp_path: Path, overrides: list[str], precheck: bool = False) -> str:
     import torch
 
@@ -289,7 +289,7 @@ def test_aggregate_refuses_a_bad_override_value_a_name_with_a_separator_and_an_u
 
 # --- the pack group trains together only the seeds of one cell -----------------------------------------------------
 def test_a_pack_knows_which_seeds_are_another_configuration() -> None:
-    """dataset.data_seed=${seed} (how calibrate drew its data before issue 38 fixed the law across seeds): each seed
+    """dataset.data_seed=${seed} (how calibrate once drew its data, before its law was fixed across seeds): each seed
     is its own cell (its own data), so a pack of its seeds must not train them in one group (it trained them, then
     threw the models away); demo's seeds, and calibrate's now, share their data."""
     from hydra import compose, initialize_config_dir
@@ -482,7 +482,7 @@ def test_plan_refuses_a_sweep_over_a_key_that_changes_nothing(tmp_path: Path,
     assert len(err) == 1 and "sweep one value of eraser.after_augment" in err[0], err
 
 
-# --- req 6: make calibrate runs and reads only its own sweep, and honours ARGS ---------------------------------------
+# --- make calibrate runs and reads only its own sweep, and honours ARGS -----------------------------------------------
 def test_make_calibrate_runs_and_reads_only_its_own_sweep_with_args(tmp_path: Path) -> None:
     """The recipe as make would run it (`make -n`): every sweep writes under CAL_OUT with ARGS last (they win), and the
     table reads CAL_OUT/runs only (it used to ignore ARGS and read all of outputs/runs)."""

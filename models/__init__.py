@@ -5,7 +5,7 @@ Each architecture module registers its Spec in `registry.ARCHS` when imported; t
 """
 
 from models import convnext, lenet, mlp, swin  # the architecture modules, each registering itself in ARCHS
-from models.build import build_model, build_with_facts, depth_lr_multiplier, make_optimizer, make_spec
+from models.build import build_model, build_with_facts, depth_lr_multiplier, make_adamw, make_optimizer, make_spec
 from models.mup_utils import param_count
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "convnext",
     "depth_lr_multiplier",
     "lenet",
+    "make_adamw",
     "make_optimizer",
     "make_spec",
     "mlp",

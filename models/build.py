@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import schedulefree
+import torch
 from mup import MuAdam
 from torch import nn
 
@@ -132,3 +133,9 @@ def make_optimizer(
         weight_decay=weight_decay,
         warmup_steps=int(warmup_steps),
     )
+
+
+def make_adamw(model: nn.Module, *, lr: float, beta1: float, beta2: float, weight_decay: float) -> torch.optim.AdamW:
+    """torch's AdamW in μP's groups (MuAdam: lr / width_mult for matrix-like weights; with `arch.parametrization=sp`
+    every multiplier is 1, plain AdamW). Evaluated as trained: it has no averaged iterate, no train/eval modes."""
+    return MuAdam(model.parameters(), impl=torch.optim.AdamW, lr=lr, betas=(beta1, beta2), weight_decay=weight_decay)

@@ -55,7 +55,7 @@ def fixture_job_dir(root: Path, cfg: dict[str, Any]) -> Path:
 # The engine's settings have no defaults (every default lives once: training/app/schema.py); an engine test gives
 # what it tests and, through these, turns the rest off.
 FIT_OFF = {"augment": False, "eval_every_steps": None, "progress": False, "warmup_steps": 0, "min_steps": 0,
-           "patience_min_steps": 0}
+           "patience_min_steps": 0, "lr_schedule": "constant", "stopping": "patience", "batch_order": "shuffled"}
 GROUP_PLAIN = {"engine": "auto", "progress": False, "compile": None, "fused_optimizer": False, "workers": 1,
                "rows": None, "poll_every": "auto"}
 ADAMW_PLAIN = {"beta2": 0.999, "weight_decay": 0.0, "warmup_steps": 0}

@@ -62,7 +62,8 @@ def test_make_optimizer_declares_no_defaults() -> None:
 OFF_DEFAULT = ["experiment=smoke", "optim.batch_size=40", "mdl.patience=7", "mdl.max_epochs=11", "dataset.augment=true",
                "mdl.eval_every_steps=13", "progress=true", "optim.warmup_steps=17", "mdl.min_steps=19",
                "mdl.patience_min_steps=23", "optim.lr=0.0031", "optim.beta1=0.83", "optim.beta2=0.97",
-               "optim.weight_decay=0.05", "arch.depth=4", "mdl.full_run=true"]
+               "optim.weight_decay=0.05", "arch.depth=4", "mdl.full_run=true", "mdl.stopping=backtrack",
+               "mdl.batch_order=fixed"]
 
 
 def test_the_job_builds_the_engine_settings_from_its_typed_config(tmp_path: Path) -> None:
@@ -80,6 +81,7 @@ def test_the_job_builds_the_engine_settings_from_its_typed_config(tmp_path: Path
     assert dataclasses.asdict(fit) == {
         "batch_size": 40, "patience": 7, "max_epochs": 11, "augment": True, "eval_every_steps": 13, "progress": True,
         "warmup_steps": 17, "min_steps": 19, "patience_min_steps": 23, "batch_transform": None,
+        "lr_schedule": "constant", "stopping": "backtrack", "batch_order": "fixed",
         "numerics": None}  # numerics: the job's JobNumerics, handed in by the lifecycle (JobRun.numerics), not config
     from models import build_model
 

@@ -56,7 +56,8 @@ def test_preset_composes_every_swept_value_exists_and_dirs_differ(name: str, tmp
 
 def test_paper_grids_match_the_paper() -> None:
     c = sweeper_params("paper_table_c")
-    assert _values(c["arch"]) == ["mlp", "lenet", "convnext", "swin"]
+    assert _values(c["+experiment/net"]) == ["mlp_relu", "lenet", "convnext", "swin"]
+    assert _values(sweeper_params("paper_fig16")["+experiment/net"]) == ["mlp_relu", "lenet", "convnext", "swin"]
     assert set(_values(c["eraser"])) == {"control", "leace", "alf_qleace_paper", "gradient_paper", "qleace_paper"}
     assert _values(c["seed"]) == ["0", "1", "2", "3", "4"]
     for fig in ("paper_fig4", "paper_fig5"):
@@ -65,21 +66,22 @@ def test_paper_grids_match_the_paper() -> None:
         # depth as the paper's code counts it (Linear layers incl. the readout); its depth 1 is a linear probe
         assert _values(d["arch.depth"]) == [str(i) for i in range(2, 9)] and d["arch.width"] == "128"
         assert _values(w["+experiment/net"]) == ["mlp_relu", "mlp_gelu", "mlp_swiglu", "lenet"]
-    for name in ("paper_fig4", "paper_fig5", "paper_fig8"):
-        for grid in ("width", "depth"):
-            assert sweeper_params(f"{name}_{grid}")["arch.depth_counts"] == "linear"
+    for grid in ("width", "depth"):  # the MLP/LeNet choices (+experiment/net) count Linear layers themselves
+        assert sweeper_params(f"paper_fig8_{grid}")["arch.depth_counts"] == "linear"
     assert set(_values(sweeper_params("paper_fig4_width")["eraser"])) == {"control", "leace"}
     fig5 = set(_values(sweeper_params("paper_fig5_width")["eraser"]))
     assert {"qleace_paper", "alf_qleace_paper", "gradient_paper"} <= fig5
-    assert _values(sweeper_params("paper_fig8_width")["dataset"]) == ["cifarnet", "svhn"]
+    for grid in ("width", "depth"):  # SVHN augmented, as the text states for every dataset
+        assert _values(sweeper_params(f"paper_fig8_{grid}")["dataset"]) == ["cifarnet", "svhn_paper"]
     offline = sweeper_params("offline_table")
     assert set(_values(offline["eraser"])) == ALL_ERASERS and _values(offline["arch"]) == ["mlp", "lenet"]
     assert len(_values(offline["seed"])) == 3
 
 
 def test_zscore_preset_has_its_own_directories(tmp_path: Path) -> None:
-    job = expand("paper_fig16", [f"paths.out_dir={tmp_path}", "seed=0", "arch=mlp", "eraser=control"])[0]
-    assert job["dataset"]["zscore"] is True
+    job = expand("paper_fig16", [f"paths.out_dir={tmp_path}", "seed=0", "+experiment/net=mlp_relu",
+                                 "eraser=control"])[0]
+    assert job["dataset"]["zscore"] is True and job["dataset"]["zscore_order"] == "before"  # the text's order
     assert job["paths"]["job_subdir"] == f"cifar10_zscore/control/mlp_relu-w128-d2/{job['paths']['cell']}/seed0"
 
 
@@ -88,6 +90,11 @@ def test_table_c_base_sizes(tmp_path: Path) -> None:
     got = {(j["arch"]["name"], j["arch"]["width"], j["arch"]["depth"], j["arch"].get("size")) for j in jobs}
     assert got == {("mlp", 128, 2, None), ("lenet", 128, 2, None), ("convnext", 40, 2, None),
                    ("swin", 40, 2, None)}  # ConvNeXtV2/SwinV2 atto = width 40, D = 2
+    # one base size: MLP and LeNet at depth 2 in Linear layers (1 hidden layer), as the width presets'
+    width = expand("paper_fig4_width", [f"paths.out_dir={tmp_path}", "seed=0", "eraser=control", "arch.width=128"])
+    for j in (*jobs, *width):
+        if j["arch"]["name"] in ("mlp", "lenet"):
+            assert (j["arch"]["depth"], j["arch"]["depth_counts"]) == (2, "linear"), j["arch"]
     assert all(j["dataset"]["name"] == "cifar10" and j["mdl"]["num_blocks"] == 10 for j in jobs)
 
 

@@ -162,7 +162,8 @@ def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8, 
     eraser = next((ERASER_OF_PATH[e] for e in extras if e in ERASER_OF_PATH), None)
     transform = None if eraser is None else _eraser_transform(eraser, data, y)
     cfg = FitConfig(batch_size=bs, patience=5, max_epochs=epochs, augment="augment" in extras, eval_every_steps=None,
-                    progress=False, warmup_steps=0, min_steps=0, patience_min_steps=0, batch_transform=transform,
+                    progress=False, warmup_steps=0, min_steps=0, patience_min_steps=0, lr_schedule="constant",
+                    stopping="patience", batch_order="shuffled", batch_transform=transform,
                     numerics=JobNumerics(channels_last=True) if "cl" in extras else None)
     members = []
     for k in range(models):

@@ -134,13 +134,20 @@ class OptimConfig(Section):
     warmup_steps: int = nonneg_int(0)
     batch_size: int = positive_int(128)
     depth_lr_rule: bool = flag(True)
+    # schedulefree: μP schedule-free AdamW, evaluated at its averaged iterate | adamw: torch's AdamW (μP groups),
+    # evaluated as trained, with `schedule`; both hashed only away from their defaults (existing hashes stay)
+    name: str = one_of("schedulefree", "schedulefree", "adamw", hash_default=False)
+    schedule: str = one_of("constant", "constant", "cosine", hash_default=False)  # adamw: cosine over mdl.max_epochs
 
 
 @dataclass(frozen=True, kw_only=True)
 class MdlConfig(Section):
     protocol: str = one_of("prequential", "prequential", "paper")
     num_blocks: int = spec(10, kind=int, check=lambda v: v >= 2, allowed="an integer ≥ 2")
-    min_block: int = positive_int(1024)
+    # an integer ≥ 1, or paper_code: the public code's rule min(1024, 2·max(32, K, d)) (training/tasks/mdl/splits.py)
+    min_block: Any = spec(1024, check=lambda v: v == "paper_code" or (isinstance(v, int) and not isinstance(v, bool)
+                                                                      and v >= 1),
+                          allowed="an integer ≥ 1 or paper_code")
     val_size: int = positive_int(2048)
     val_frac: float = spec(0.2, kind=(int, float), check=lambda v: 0 < v < 1, allowed="a number in (0, 1)")
     patience: int = positive_int(100)
@@ -151,6 +158,10 @@ class MdlConfig(Section):
     stop_after_warmup: bool = flag(True)  # step-aware early stopping (training/engine/stopping.py)
     min_steps: int = nonneg_int(0)
     patience_min_steps: int = nonneg_int(0)
+    # patience | backtrack: after every epoch without a new best, reload the best model and optimizer state (the
+    # paper code's rule); the model stops after `patience` such epochs either way
+    stopping: str = one_of("patience", "patience", "backtrack", hash_default=False)
+    batch_order: str = one_of("shuffled", "shuffled", "fixed", hash_default=False)  # fixed: the same order each epoch
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,10 +2,18 @@
 
 Schedule-free optimizers keep two parameter sequences; the averaged one (used for evaluation) is only
 in the model after `optimizer.eval()`. Every validation, coding and snapshot here happens in eval mode.
+torch's AdamW (`optim.name=adamw`) has no modes: it is evaluated as trained, with its learning-rate schedule
+(`lr_schedule`) stepped once per epoch.
+
+The paper code's stopping (`stopping="backtrack"`, EleutherAI/mdl `Probe.fit`): the untrained model is validated
+too, and after every epoch without a new best the model and optimizer state of the best epoch are reloaded; the
+stop rule is the same (`patience` epochs without a new best). `batch_order="fixed"`: every epoch takes the
+training rows in the order given, not reshuffled.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -72,6 +80,9 @@ class FitConfig:
     warmup_steps: int  # the optimiser's warm-up: no stop before it has ended
     min_steps: int  # no stop before this many optimizer steps (even past max_epochs)
     patience_min_steps: int  # patience in steps = max(patience × steps per epoch, patience_min_steps)
+    lr_schedule: str  # constant | cosine: the learning rate annealed to 0 over max_epochs, stepped per epoch
+    stopping: str  # patience | backtrack: also reload the best model and optimizer state after an epoch without one
+    batch_order: str  # shuffled (drawn each epoch) | fixed (the training rows in the order given, every epoch)
     batch_transform: BatchTransform | None = None  # applied to each (augmented) training batch, on its device
     # the job's numerics (training.precision; what its signature records), None outside a job: fp32
     numerics: JobNumerics | None = field(default=None, compare=False)
@@ -80,6 +91,15 @@ class FitConfig:
         """A fresh early-stopping rule for a model taking `steps_per_epoch` optimizer steps per epoch."""
         return EarlyStopping(self.patience, self.max_epochs, steps_per_epoch, self.warmup_steps, self.min_steps,
                              self.patience_min_steps)
+
+    def one_at_a_time(self) -> str | None:
+        """Why models with these settings train one at a time through `fit` (None: a lockstep group may take
+        them): a group steps schedule-free AdamW with a shuffled order and never reloads a state."""
+        if self.stopping != "patience":
+            return f"mdl.stopping={self.stopping} reloads a model's best state (the fit loop does, one model at a time)"
+        if self.batch_order != "shuffled" or self.lr_schedule != "constant":
+            return "mdl.batch_order / optim.schedule are the fit loop's (one model at a time)"
+        return None
 
     def max_steps_estimate(self, steps_per_epoch: int) -> int:
         """The most steps a model can take unless `min_steps`/warm-up keep it going (a cost estimate)."""
@@ -144,18 +164,33 @@ class TrainData:
         return (self.data if self.val_data is None else self.val_data).all(idx), self.y.to(self.data.device)[idx]
 
 
+def optimizer_mode(optimizer: torch.optim.Optimizer, mode: str) -> None:
+    """A schedule-free optimizer to `mode` ("train" | "eval"); an optimizer without modes (AdamW) stays as it is."""
+    if hasattr(optimizer, mode):
+        getattr(optimizer, mode)()
+
+
 @contextmanager
 def eval_mode(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Iterator[None]:
     """Model and schedule-free optimizer both in eval mode inside; both back in train mode after."""
     model.eval()
-    if optimizer is not None and hasattr(optimizer, "eval"):
-        optimizer.eval()
+    if optimizer is not None:
+        optimizer_mode(optimizer, "eval")
     try:
         yield
     finally:
         model.train()
-        if optimizer is not None and hasattr(optimizer, "train"):
-            optimizer.train()
+        if optimizer is not None:
+            optimizer_mode(optimizer, "train")
+
+
+def lr_scheduler(optimizer: torch.optim.Optimizer, cfg: FitConfig) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """`cfg.lr_schedule`: None (constant) or torch's cosine annealing over `cfg.max_epochs` epochs."""
+    if cfg.lr_schedule == "constant":
+        return None
+    if cfg.lr_schedule == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, cfg.max_epochs)
+    raise ValueError(f"lr_schedule must be constant or cosine, got {cfg.lr_schedule!r}")
 
 
 @torch.no_grad()
@@ -238,12 +273,14 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     t0 = time.perf_counter()
     name = member.name or desc
     model.train()
-    optimizer.train()  # type: ignore[attr-defined]  # schedule-free optimizers (untyped) start in eval mode
+    optimizer_mode(optimizer, "train")  # schedule-free optimizers (untyped) start in eval mode
     fmt = memory_format(model, dev, cfg.numerics)  # training.channels_last
     if fmt is not None:
         model.to(memory_format=fmt)  # in place: the optimizer's parameters are these
     net = model if compile is None else torch.compile(model, mode=compile)  # shares the model's parameters
-    st = FitState(cfg.stopper(math.ceil(n / cfg.batch_size)), snapshot(model), torch.zeros((), device=dev))
+    backtrack = cfg.stopping == "backtrack"
+    st = FitState(cfg.stopper(math.ceil(n / cfg.batch_size)), snapshot(model), torch.zeros((), device=dev),
+                  sched=lr_scheduler(optimizer, cfg))
     restored_from = None
     found = None if checkpoint is None else st.find(checkpoint, member, name)
     if checkpoint is not None and found is None:
@@ -269,14 +306,30 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
             curve.append((st.step, loss))
             if stopper.record(loss, st.epoch):
                 st.best_state = snapshot(model)
+                if backtrack:  # in eval mode, as the model's state (schedule-free: its averaged iterate)
+                    st.best_opt = copy.deepcopy(optimizer.state_dict())
+
+    def back_to_best() -> None:
+        """The best epoch's model and optimizer state again (schedule-free: loaded in eval mode, then mapped back
+        to its training iterate)."""
+        assert st.best_opt is not None  # the untrained model was validated first: there is always a best
+        optimizer_mode(optimizer, "eval")
+        model.load_state_dict(st.best_state)
+        optimizer.load_state_dict(st.best_opt)
+        optimizer_mode(optimizer, "train")
 
     bar = progress_bar(total=cfg.max_epochs, desc=desc, unit="ep", leave=False, disable=not cfg.progress)
     reason: str | None = None
     with interrupt.checkpointing() if checkpoint is not None else nullcontext():
+        if backtrack and st.step == 0 and not curve:  # the untrained model is a candidate too (step 0, epoch 0)
+            validate()
+            stopper.improved = False
         while reason is None:  # at most max_epochs epochs, unless warm-up / min_steps keep a small model going
             if st.epoch_draw is None:  # a resumed attempt goes on in its saved epoch
                 st.epoch += 1
                 st.epoch_draw, st.batch = draw_epoch(n, gen, cfg.augment, pad), 0
+                if cfg.batch_order == "fixed":
+                    st.epoch_draw = dataclasses.replace(st.epoch_draw, perm=torch.arange(n))
             ep = st.epoch_draw
             order = idx[to_device(ep.perm, dev)]
             offsets = None if ep.offsets is None else to_device(ep.offsets, dev)
@@ -309,17 +362,22 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                 if cfg.eval_every_steps and st.step % cfg.eval_every_steps == 0:
                     validate()
             st.epoch_draw = None
+            if st.sched is not None:
+                st.sched.step()  # the next epoch's rate (a backtrack reloads the best epoch's with its state)
             if not cfg.eval_every_steps:
                 validate()
             bar.update(1)
             if cfg.progress:
                 bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{stopper.best_loss:.4f}")
+            improved = stopper.improved
             reason = stopper.end_epoch(st.epoch, st.step)
+            if backtrack and reason is None and not improved:
+                back_to_best()
     bar.close()
     check_training_loss()  # the steps after the last validation (eval_every_steps)
     # Switch the optimizer first: eval() maps the train-mode weights to the averaged ones, so doing it
     # after loading the (already averaged) best state would corrupt that state.
-    optimizer.eval()  # type: ignore[attr-defined]  # schedule-free's (the library is untyped)
+    optimizer_mode(optimizer, "eval")  # schedule-free's (the library is untyped)
     model.eval()
     model.load_state_dict(st.best_state)
     if checkpoint is not None:
@@ -343,6 +401,8 @@ class FitState:
     epoch: int = 0
     batch: int = 0  # batches taken in the current epoch
     epoch_draw: Epoch | None = None  # the current epoch's batch order and augmentation (None between epochs)
+    sched: torch.optim.lr_scheduler.LRScheduler | None = None  # the learning-rate schedule (None: constant)
+    best_opt: dict[str, Any] | None = None  # stopping=backtrack: the optimizer state of the best epoch
 
     def state_dict(self, member: Member, elapsed: float) -> dict[str, Any]:
         ep = self.epoch_draw
@@ -350,6 +410,7 @@ class FitState:
                 "opt": member.optimizer.state_dict(), "gen": member.gen.get_state(), "rng": _global_rng(),
                 "stopper": dataclasses.asdict(self.stopper), "best": self.best_state, "loss_sum": self.loss_sum,
                 "curve": list(self.curve), "step": self.step, "epoch": self.epoch, "batch": self.batch,
+                "sched": None if self.sched is None else self.sched.state_dict(), "best_opt": self.best_opt,
                 "draw": None if ep is None else {"perm": ep.perm, "offsets": ep.offsets, "flips": ep.flips}}
 
     @staticmethod
@@ -375,6 +436,9 @@ class FitState:
         self.loss_sum = saved["loss_sum"].to(dev)
         self.curve = [(int(s), float(v)) for s, v in saved["curve"]]
         self.step, self.epoch, self.batch = int(saved["step"]), int(saved["epoch"]), int(saved["batch"])
+        if self.sched is not None:
+            self.sched.load_state_dict(saved["sched"])
+        self.best_opt = saved.get("best_opt")
         draw = saved["draw"]
         self.epoch_draw = None if draw is None else Epoch(draw["perm"], draw["offsets"], draw["flips"])
 

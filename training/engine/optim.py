@@ -1,4 +1,5 @@
-"""The optimiser of a fit as the engine takes it: μP schedule-free AdamW with the job's settings, all given (no
+"""The optimiser of a fit as the engine takes it: μP schedule-free AdamW (or torch's AdamW, `optim.name=adamw`) with
+the job's settings, all given (no
 defaults here: every default lives once, in training/app/schema.py `OptimConfig` or the conf/optim yaml;
 tests/test_defaults_once.py checks)."""
 
@@ -22,10 +23,14 @@ class OptimSettings:
     weight_decay: float
     warmup_steps: int
     batch_size: int
+    name: str  # schedulefree | adamw
+    schedule: str  # adamw's learning-rate schedule: constant | cosine (over the fit's max_epochs)
 
     def build(self, model: nn.Module) -> torch.optim.Optimizer:
-        """A fresh optimizer of `model` with these settings (models/build.py `make_optimizer`)."""
-        from models import make_optimizer
+        """A fresh optimizer of `model` with these settings (models/build.py `make_optimizer`, `make_adamw`)."""
+        from models import make_adamw, make_optimizer
 
+        if self.name == "adamw":
+            return make_adamw(model, lr=self.lr, beta1=self.beta1, beta2=self.beta2, weight_decay=self.weight_decay)
         return make_optimizer(model, lr=self.lr, beta1=self.beta1, beta2=self.beta2, weight_decay=self.weight_decay,
                               warmup_steps=self.warmup_steps)

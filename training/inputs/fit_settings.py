@@ -15,17 +15,18 @@ def resolve_optim(o: OptimConfig, arch: ArchConfig) -> OptimSettings:
     mult = float(depth_lr_multiplier(arch)) if o.depth_lr_rule else 1.0
     return OptimSettings(lr_base=float(o.lr), lr=float(o.lr) * mult, depth_lr_multiplier=mult, beta1=float(o.beta1),
                          beta2=float(o.beta2), weight_decay=float(o.weight_decay), warmup_steps=o.warmup_steps,
-                         batch_size=o.batch_size)
+                         batch_size=o.batch_size, name=o.name, schedule=o.schedule)
 
 
 def fit_config(cfg: JobConfig, warmup_steps: int, eval_every_steps: int | None = None,
                batch_transform: BatchTransform | None = None, numerics: JobNumerics | None = None) -> FitConfig:
-    """The fit loop's settings of a job: `optim.batch_size`, `mdl.*` early stopping (step-aware), `dataset.augment`,
-    `progress`, the map of each augmented batch (`eraser.after_augment`: `BatchEraser`) and the job's numerics
-    (`JobRun.numerics`)."""
+    """The fit loop's settings of a job: `optim.batch_size`, `optim.schedule`, `mdl.*` early stopping (step-aware;
+    `mdl.stopping`, `mdl.batch_order`), `dataset.augment`, `progress`, the map of each augmented batch
+    (`eraser.after_augment`: `BatchEraser`) and the job's numerics (`JobRun.numerics`)."""
     m = cfg.mdl
     return FitConfig(batch_size=cfg.optim.batch_size, patience=m.patience, max_epochs=m.max_epochs,
                      augment=cfg.dataset.augment, eval_every_steps=eval_every_steps, progress=cfg.progress,
+                     lr_schedule=cfg.optim.schedule, stopping=m.stopping, batch_order=m.batch_order,
                      batch_transform=batch_transform, numerics=numerics, **stop_options(m, warmup_steps))
 
 

@@ -181,7 +181,8 @@ def prepare(job: JobRun) -> Prepared:
     erased-data cache), and the MDL split of the coded rows."""
     cfg, started = job.cfg, time.perf_counter()
     inputs = prepare_inputs(cfg, Store.of(cfg.paths, job.pack), job.loaded)
-    return Prepared(job, inputs, split_of(cfg.mdl, cfg.seed, len(inputs.data.y)), started)
+    d = inputs.data
+    return Prepared(job, inputs, split_of(cfg.mdl, cfg.seed, len(d.y), d.num_classes, d.input_shape), started)
 
 
 def run(prepared: Prepared) -> MdlSections:
@@ -192,7 +193,7 @@ def run(prepared: Prepared) -> MdlSections:
                        out_dir=Path(cfg.paths.out_dir))
     try:
         m = cfg.mdl
-        say_stop_keys(m, cfg.optim, len(data.y))
+        say_stop_keys(m, cfg.optim, len(data.y), split.block_sizes[0])
         checkpoint = CheckpointStore(job.path, job.cfg_hash)
         if cfg.force:
             checkpoint.clear()  # force=true recomputes from scratch (as progress.json)

@@ -52,6 +52,7 @@ def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = Non
     `pack`: what the job shares with its pack's others."""
     t, e, d = cfg.training, cfg.eraser, cfg.dataset
     check_options(t.engine, t.workers, t.fused_optimizer, device, arch_traits(cfg.arch.name).vectorises)
+    check_one_at_a_time(cfg)
     store = Store.of(cfg.paths, pack)
     data = store.load(d) if data is None else data
     permuted = with_permuted_labels(data, d.permute_labels, cfg.seed)
@@ -64,6 +65,22 @@ def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = Non
     check_after_augment(e, permuted, plan)
     check_memory(cfg, data, n_coded, device)
     return data
+
+
+def check_one_at_a_time(cfg: JobConfig) -> None:
+    """`optim.name=adamw` and `mdl.stopping=backtrack` train through the fit loop, one model at a time (the loop
+    engine's arithmetic); the stacked engine and the fused optimizer step are schedule-free AdamW kernels that never
+    reload a state: asking for them is refused."""
+    o, m, t = cfg.optim, cfg.mdl, cfg.training
+    why = "optim.name=adamw" if o.name == "adamw" else "mdl.stopping=backtrack" if m.stopping == "backtrack" else None
+    if why is None:
+        return
+    if t.engine == "stacked":
+        raise ConfigError(f"training.engine=stacked is not allowed with {why}: the stacked engine steps schedule-free "
+                          "AdamW only and never reloads a state; set training.engine=loop (or auto)")
+    if t.fused_optimizer is not False:
+        raise ConfigError(f"training.fused_optimizer={t.fused_optimizer} is not allowed with {why}: the fused step is "
+                          "schedule-free AdamW's; set training.fused_optimizer=false")
 
 
 def check_input(dataset: DatasetConfig, eraser: str, arch: ArchConfig, data: LoadedData) -> None:

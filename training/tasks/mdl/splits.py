@@ -31,6 +31,18 @@ class MdlSplit:
         return self.order[cums[i - 1]: cums[i]]
 
 
+PAPER_CODE_BATCH = 32  # the public code's `Sweep.batch_size`, which its chunk rule reads (mdl/sweep.py)
+
+
+def smallest_block(min_block: int | str, num_classes: int, num_features: int) -> int:
+    """`mdl.min_block`: the integer given, or `paper_code`: the public code's rule min(1024, 2·max(32, K, d))
+    (EleutherAI/mdl, mdl/sweep.py: at least two of its batches of 32, K and d), which the partition then shrinks
+    where the data is too small, as any other (training/tasks/mdl/code.py `partition_logspace`)."""
+    if min_block == "paper_code":
+        return min(1024, 2 * max(PAPER_CODE_BATCH, num_classes, num_features))
+    return int(min_block)
+
+
 def validation_size(n: int, val_size: int, val_frac: float) -> int:
     return max(1, min(int(val_size), round(n * float(val_frac))))
 

@@ -19,14 +19,16 @@ log = logging.getLogger(__name__)
 STOP_KEYS = ("mdl.max_epochs", "mdl.min_steps", "mdl.stop_after_warmup", "optim.warmup_steps", "optim.batch_size")
 
 
-def floor_outlasts_cap(m: MdlConfig, optim: OptimConfig, n_coded: int) -> str | None:
-    """One line when the step floor keeps the smallest block model past `mdl.max_epochs`, else None."""
+def floor_outlasts_cap(m: MdlConfig, optim: OptimConfig, n_coded: int, smallest: int | None = None) -> str | None:
+    """One line when the step floor keeps the smallest block model past `mdl.max_epochs`, else None. `smallest`:
+    block 1's size where the job has its split (None: from `mdl.min_block`, an integer)."""
     warmup = optim.warmup_steps if m.stop_after_warmup else 0
     floor = max(m.min_steps, warmup)
     rest = n_coded - validation_size(n_coded, m.val_size, m.val_frac)
     if floor == 0 or m.num_blocks > most_blocks(rest):  # infeasible: the precheck refuses it
         return None
-    smallest = partition_logspace(rest, m.num_blocks, m.min_block)[0]  # block model 1 trains on block 1 alone
+    if smallest is None:  # block model 1 trains on block 1 alone
+        smallest = partition_logspace(rest, m.num_blocks, int(m.min_block))[0]
     per_epoch = math.ceil(smallest / optim.batch_size)
     if m.max_epochs * per_epoch >= floor:
         return None
@@ -49,8 +51,8 @@ def set_on_command_line() -> bool:
     return any(o.lstrip("+~").split("=", 1)[0] in STOP_KEYS for o in overrides)
 
 
-def say_stop_keys(m: MdlConfig, optim: OptimConfig, n_coded: int) -> None:
+def say_stop_keys(m: MdlConfig, optim: OptimConfig, n_coded: int, smallest: int) -> None:
     """Log `floor_outlasts_cap`'s line, if any: a warning when the command line set a stop key, else info."""
-    line = floor_outlasts_cap(m, optim, n_coded)
+    line = floor_outlasts_cap(m, optim, n_coded, smallest)
     if line is not None:
         log.log(logging.WARNING if set_on_command_line() else logging.INFO, "%s", line)

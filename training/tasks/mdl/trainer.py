@@ -31,7 +31,7 @@ from training.engine.regularizers import build_regularizer
 from training.engine.seeding import derive_seed, generator, seeded_global_rng
 from training.inputs.fit_settings import fit_config, resolve_optim
 from training.inputs.pipeline import BatchErasure
-from training.tasks.mdl.splits import MdlSplit, make_split, model_name
+from training.tasks.mdl.splits import MdlSplit, make_split, model_name, smallest_block
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
@@ -84,7 +84,8 @@ class Trainer:
     def for_seed(self, cfg: JobConfig) -> Trainer:
         """This job's trainer for another seed of its configuration, on the same data (one copy on the device): a
         pack group's companion (training/tasks/mdl/pack_group.py), with no checkpoint of its own."""
-        sibling = Trainer(cfg, self.x, self.y, self.num_classes, split_of(cfg.mdl, cfg.seed, len(self.y)), self.device,
+        split = split_of(cfg.mdl, cfg.seed, len(self.y), self.num_classes, self.input_shape)
+        sibling = Trainer(cfg, self.x, self.y, self.num_classes, split, self.device,
                           data=self.data, numerics=self.numerics, pack=self.pack)
         # eraser.after_augment: the same unerased images and the same batch eraser (one object: one group's members
         # share their batch transform)
@@ -131,7 +132,8 @@ class Trainer:
         """How many models train at once: `training.parallel_models` (auto: all, at most `model_room` | N), 1 where
         the group engine cannot take them."""
         want = self.opts.parallel_models
-        reason = why_not_vectorized(first.model, first.optimizer, self.regularizer, self.engine)
+        reason = (why_not_vectorized(first.model, first.optimizer, self.regularizer, self.engine)
+                  or first.cfg.one_at_a_time())
         if str(want) == "auto":
             room = count if self.model_room is None else self.model_room
             return 1 if reason is not None else max(1, min(count, room))
@@ -194,10 +196,11 @@ class Trainer:
         return cross_entropy_sum(model, self.data.all(idx), self.y[idx], temperature=t) / len(idx) / LN2, t
 
 
-def split_of(m: MdlConfig, seed: int, n: int) -> MdlSplit:
-    """The job's MDL split of its `n` coded rows (validation set and blocks, drawn from its `seed`)."""
+def split_of(m: MdlConfig, seed: int, n: int, num_classes: int, input_shape: tuple[int, ...]) -> MdlSplit:
+    """The job's MDL split of its `n` coded rows (validation set and blocks, drawn from its `seed`) of K classes
+    and samples of `input_shape` (`mdl.min_block=paper_code` reads them)."""
     return make_split(n, seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
-                      min_block=m.min_block)
+                      min_block=smallest_block(m.min_block, num_classes, math.prod(input_shape)))
 
 
 def model_jobs(trainer: Trainer, blocks: list[int], with_full: bool) -> list[FitJob]:

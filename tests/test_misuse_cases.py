@@ -569,6 +569,6 @@ def test_make_calibrate_reads_where_its_args_made_it_write() -> None:
         proc = subprocess.run(["make", "-n", "calibrate", *args], capture_output=True, text=True, cwd=REPO, timeout=60)
         return proc.stdout.strip().splitlines()[-1]
 
-    assert last_line('ARGS=paths.out_dir=/x seed=1').endswith("scripts/calibrate.py /x/runs")
-    assert last_line().endswith("scripts/calibrate.py outputs/calibrate/runs")
-    assert last_line("CAL_OUT=/y").endswith("scripts/calibrate.py /y/runs")
+    assert last_line('ARGS=paths.out_dir=/x seed=1').endswith("-m scripts.calibrate /x/runs")
+    assert last_line().endswith("-m scripts.calibrate outputs/calibrate/runs")
+    assert last_line("CAL_OUT=/y").endswith("-m scripts.calibrate /y/runs")

@@ -57,6 +57,7 @@ OTHER: dict[str, str] = {
     "dataset.limit": "1000",
     "dataset.zscore_order": "after",
     "eraser.fit_on": "holdout",
+    "eraser.fit_labels": "coded",  # eraser=leace_shuffled sets shuffled: the other value is coded
     "eraser.options.method": "orth",
     "eraser.options.rtol": "0.1",
     "mdl.protocol": "paper",

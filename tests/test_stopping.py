@@ -136,7 +136,7 @@ def test_a_step_floor_that_outlasts_the_epoch_cap_is_said_with_both_keys(tmp_pat
 
     line = _stop_line(tmp_path, "mdl.max_epochs=8", "optim.warmup_steps=50")
     cfg = load_job(job_config(tmp_path, ["dataset=digits", "mdl=quick"]))
-    smallest = split_of(cfg.mdl, 0, 1797, 10, (1, 8, 8)).block_sizes[0]  # block model 1 trains on the job's first block alone
+    smallest = split_of(cfg.mdl, 0, 1797, 10, (1, 8, 8)).block_sizes[0]  # block model 1: the first block
     steps = math.ceil(smallest / cfg.optim.batch_size)
     assert 300 / steps > 8  # the floor (mdl.min_steps=300) outlasts the cap here
     assert line == (f"mdl.min_steps=300 outlasts mdl.max_epochs=8: block model 1 ({smallest} samples, {steps} "

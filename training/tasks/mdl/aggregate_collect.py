@@ -151,7 +151,8 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
         flat.setdefault(key, default)
     # hashed only away from fp32: absent, it is what the result recorded (fp32 before the key existed)
     recorded = flatten(same_numbers(cfg))
-    flat.setdefault("training.precision", recorded["training.precision"] if "training.precision" in recorded else "fp32")
+    key = "training.precision"
+    flat.setdefault(key, recorded[key] if key in recorded else "fp32")
     fit_on = flat["eraser.fit_on"]
     if fit_on in SPLIT_MODES and flat["eraser.fit_source"] in ("split", None):  # FIT_DEFAULTS: always there
         flat.pop("eraser.n_fit", None)  # the split decides the fit size

@@ -263,7 +263,8 @@ def _plain(v: Any) -> Any:
     return v
 
 
-NON_CONFIG_KEYS = ("hydra",)  # composed alongside the job's config, not part of it
+# composed alongside a job's config, not part of it (`seeds`: a cell's, training/common/cells.py)
+NON_CONFIG_KEYS = ("hydra", "seeds")
 
 S = TypeVar("S", bound=Section)
 GROUPS: dict[str, type[Section]] = {"dataset": DatasetConfig, "eraser": EraserConfig, "arch": ArchConfig,

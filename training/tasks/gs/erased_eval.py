@@ -70,7 +70,7 @@ class Prepared:
 def prepare(job: JobRun) -> Prepared:
     cfg = job.cfg  # dataset.zscore, eraser.fit_on and eraser=gradient are refused (training/tasks/gs/gs_erased_eval.py)
     gs = cfg.task_options  # training/tasks/gs/gs_erased_eval.py ErasedEvalOptions
-    data = load_data(cfg.dataset, cfg.paths.data_dir, job.loaded, job.pack)
+    data = load_data(cfg.dataset, cfg.paths.data_dir, job.loaded, job.store)
     data = with_permuted_labels(data, cfg.dataset.permute_labels, cfg.seed)  # the null: before the split
     idx = split(len(data.y), cfg.seed, gs.test_frac, cfg.mdl.val_size, cfg.mdl.val_frac)
     plans = {"train": FitPlan("self", coded_idx=idx["train"]),  # in sample: the rows it is fitted on
@@ -78,7 +78,7 @@ def prepare(job: JobRun) -> Prepared:
     erased, info = {}, {}
     for part, plan in plans.items():
         erased[part], info[part] = erase_maybe_zscored(data, cfg.eraser, cfg.dataset, Path(cfg.paths.cache_dir),
-                                                       cfg.certificate, plan, job.pack)
+                                                       cfg.certificate, plan, job.store)
     return Prepared(job, data, idx, erased, info)
 
 

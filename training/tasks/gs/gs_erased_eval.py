@@ -61,7 +61,7 @@ class ErasedEval(StarvationTask):
 
         return erased_eval
 
-    def __call__(self, config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> Outcome:
+    def __call__(self, config: Mapping[str, Any] | JobConfig, store: Pack | None = None) -> Outcome:
         from erasure.traits import eraser_traits
         from training.app.lifecycle import Outcome
         from training.app.schema import JobConfig, load_config
@@ -72,7 +72,7 @@ class ErasedEval(StarvationTask):
             log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
                      "original held-out metrics); no job written to %s", cfg.paths.job_dir)
             return Outcome("skipped", Path(cfg.paths.job_dir), {})
-        return super().__call__(cfg, pack)
+        return super().__call__(cfg, store)
 
     def rows(self, collected: Collected) -> dict[str, str]:
         if not collected.results:

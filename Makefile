@@ -42,12 +42,11 @@ test-slurm: setup  ## the SLURM launcher against one-machine clusters the tests 
 test-all: setup  ## run every test including slow ones (gpu/slurm skip themselves when unavailable)
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
-demo: setup  ## every eraser on MNIST-5k, MLP, 3 seeds (packed) + a permuted-label null, quick MDL; prints the table (offline)
+demo: setup  ## every eraser on MNIST-5k, MLP, a cell of 3 seeds each + a permuted-label null, quick MDL; prints the table (offline)
 	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none \
-	  hydra/launcher=packed hydra.launcher.inner=parallel ++hydra.launcher.inner_options.n_jobs=2
+	  hydra/launcher=parallel hydra.launcher.n_jobs=2
 	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none \
-	  hydra/launcher=packed hydra.launcher.inner=parallel ++hydra.launcher.inner_options.n_jobs=2 \
-	  dataset.permute_labels=true seed=0
+	  hydra/launcher=parallel hydra.launcher.n_jobs=2 dataset.permute_labels=true seed=0
 	$(PY) scripts/aggregate.py outputs/runs/mnist5k --name demo
 
 CAL_OUT ?= outputs/calibrate
@@ -76,7 +75,7 @@ plan: setup  ## a sweep's jobs, cells, done/remaining and CPU/GPU hours, without
 tables: setup  ## aggregate whatever is in outputs/runs into outputs/tables/
 	$(PY) scripts/aggregate.py outputs/runs --name all
 
-bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm, sweep packed vs per process, engine counts (syncs/ops per step, graph breaks, occupancy); BENCH_ARGS=--device cuda
+bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm, a 5-seed cell vs 5 processes, engine counts (syncs/ops per step, graph breaks, occupancy); BENCH_ARGS=--device cuda
 	mkdir -p outputs/bench
 	WANDB_MODE=disabled $(PY) scripts/bench_mdl.py --fused --json outputs/bench/bench_mdl.json $(BENCH_ARGS)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) scripts/bench_cache.py
@@ -97,7 +96,7 @@ slurm-down:  ## stop that cluster (its jobs, then the daemons it started, by pid
 	python3 scripts/slurm_cluster.py down $(if $(SLURM_DIR),--dir $(SLURM_DIR))
 
 lint: setup  ## ruff, mypy ([tool.mypy] in pyproject.toml), then lint-imports (the import contracts: [tool.importlinter])
-	$(VENV)/bin/ruff check atomicio erasure models training scripts tests hydra_plugins
+	$(VENV)/bin/ruff check atomicio erasure models training scripts tests
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

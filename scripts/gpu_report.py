@@ -18,9 +18,9 @@ listed as skipped, with the reason:
                              CIFAR-shaped synthetic data (50 000 × 3×32×32, 10 classes), capped epochs
   throughput [speed]         samples/s per architecture through the job's own paths: one model by fit() (as a job
                              trains it), the vectorised group by fit_group (where the job vectorises), eval
-  pack [sweep]               one MLP cell, 5 seeds: 5 `training.run` processes at once vs one pack
-                             (hydra/launcher=packed training.pack_group=true): wall times, ratio, memory, and the
-                             numbers against the numerics contract's tolerance (largest deviation vs seed SD)
+  cell [sweep]               one MLP cell, 5 seeds: 5 one-seed `training.run` processes at once vs one job of the
+                             cell (seeds=5): wall times, ratio, memory, and the numbers against the numerics
+                             contract's tolerance (largest deviation vs seed SD)
   erasers_device [erasers]   LEACE, QLEACE, ALF-QLEACE fitted in float64 on the device vs CPU: max |Δ| erased
   bench_mdl [speed]          scripts/bench_mdl.py: ours vs the naive loop, device read bandwidth vs an MLP epoch
   bench_erasers_device, bench_erasers_cpu_reference [erasers]
@@ -55,7 +55,7 @@ BOOTSTRAP = bootstrap()
 from scripts.gpu_report_env import ensure_packages, environment  # noqa: E402
 from scripts.gpu_report_model import Report, as_json  # noqa: E402
 from scripts.gpu_report_output import JSON_NAME, MD_NAME, now, write_report  # noqa: E402
-from scripts.gpu_report_pack import step_pack  # noqa: E402
+from scripts.gpu_report_pack import step_cell  # noqa: E402
 from scripts.gpu_report_pytest import step_tests  # noqa: E402
 from scripts.gpu_report_runner import Context, Killed, Step, run_steps  # noqa: E402
 from scripts.gpu_report_sizes import ARCHS, GPU, TOY, Sizes  # noqa: E402
@@ -81,7 +81,7 @@ def all_steps(sizes: Sizes) -> list[Step]:
           for a in ARCHS],
         Step("throughput", "speed", step_throughput, t["throughput"],
              "train/eval samples/s per architecture: one model (fit) and the vectorised group"),
-        Step("pack", "sweep", step_pack, t["pack"], "5 seeds: 5 processes at once vs one pack (pack group)"),
+        Step("cell", "sweep", step_cell, t["cell"], "5 seeds: 5 one-seed processes at once vs one job of the cell"),
         Step("erasers_device", "erasers", step_erasers_device, t["erasers_device"],
              "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
         Step("bench_mdl", "speed", step_bench_mdl, t["bench_mdl"], "scripts/bench_mdl.py: ours vs naive, bandwidth"),

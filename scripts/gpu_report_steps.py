@@ -26,9 +26,11 @@ from training.app.tasks import read_any as read_result
 from training.tasks.mdl.result import MdlResult
 
 
-def job_overrides(ctx: Context, arch: str, out: Path, extra: Iterable[str] = (), seed: str = "0") -> list[str]:
+def job_overrides(ctx: Context, arch: str, out: Path, extra: Iterable[str] = (), seed: str | None = "0") -> list[str]:
+    """A job's overrides; `seed`: its one seed (None: the cell's `seeds`, given in `extra`)."""
     s = ctx.sizes
-    return [f"arch={arch}", *s.arch[arch], *s.job_data, *s.job_mdl, "eraser=control", f"seed={seed}",
+    return [f"arch={arch}", *s.arch[arch], *s.job_data, *s.job_mdl, "eraser=control",
+            *([f"seed={seed}"] if seed is not None else []),
             f"device={ctx.device}", "logger=none", "progress=false", "certificate=false",
             f"paths.out_dir={out}", f"paths.cache_dir={ctx.work / 'cache'}", *ctx.args.job_override, *extra]
 

@@ -195,17 +195,8 @@ def check_sweep(config: DictConfig) -> int | None:
     return seeds
 
 
-# hydra/launcher=packed runs each pack as one job of its inner launcher (hydra.launcher.inner): where jobs run
-PACKED_INNER = {"local": "BasicLauncher", "basic": "BasicLauncher", "parallel": "JoblibLauncher",
-                "joblib": "JoblibLauncher", "submitit_local": "submitit_launcher.LocalLauncher",
-                "slurm": "submitit_launcher.SlurmLauncher", "submitit_slurm": "submitit_launcher.SlurmLauncher"}
-
-
 def launcher_target(config: DictConfig) -> str:
-    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
-    if target.endswith("PackedLauncher"):
-        return PACKED_INNER.get(str(OmegaConf.select(config, "hydra.launcher.inner", default="")), target)
-    return target
+    return str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
 
 
 def jobs_run_here(config: DictConfig) -> bool:
@@ -216,11 +207,8 @@ def jobs_run_here(config: DictConfig) -> bool:
 
 def check_launcher(config: DictConfig) -> None:
     """Launcher settings that would fail only once the sweep starts: refused up front (one line, exit 2)."""
-    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
-    inner = OmegaConf.select(config, "hydra.launcher.inner", default=None)
-    if target.endswith("PackedLauncher") and str(inner) not in PACKED_INNER:
-        exit_user_error(f"multirun refused (nothing ran): hydra.launcher.inner={inner} is not allowed: the inner "
-                        "launcher runs the packs, one of local, parallel, submitit_local or slurm")
+    if (removed := OmegaConf.select(config, "hydra.launcher.removed", default=None)) is not None:
+        exit_user_error(f"multirun refused (nothing ran): {removed}")  # conf/hydra/launcher/packed.yaml
     if "JoblibLauncher" in launcher_target(config):
         n_jobs = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None)
         if n_jobs == 0:

@@ -75,6 +75,11 @@ def fast_expand(experiment: str, extra: Sequence[str] = ()) -> list[dict[str, An
 def expand_overrides(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
     """The resolved job config of every seed of each override list's cell (one Hydra job's overrides, as
     `sweeps.sweep_overrides` gives them), in order: a cell's seeds next to each other."""
+    return [cfg for cell in expand_cells(combos) for cfg in cell]
+
+
+def expand_cells(combos: Sequence[Sequence[str]]) -> list[list[dict[str, Any]]]:
+    """Per override list (one Hydra job: a cell), the resolved job config of each of its seeds."""
     with _parse_once():
         if GlobalHydra.instance().is_initialized():
             return _expand(combos)
@@ -82,7 +87,7 @@ def expand_overrides(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
             return _expand(combos)
 
 
-def _expand(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
+def _expand(combos: Sequence[Sequence[str]]) -> list[list[dict[str, Any]]]:
     parsed = _Parsed()
     composed: dict[tuple[str, ...], DictConfig] = {}
     jobs = []
@@ -93,5 +98,5 @@ def _expand(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
             composed[choices] = compose("config", overrides=list(choices))
         cfg = copy.deepcopy(composed[choices])  # the composed config is shared: each job changes a copy
         ConfigLoaderImpl._apply_overrides_to_config([ov for _, ov, is_value in kinds if is_value], cfg)
-        jobs += seed_configs(cfg)  # each seed of the job's cell
+        jobs.append(seed_configs(cfg))  # each seed of the job's cell
     return jobs

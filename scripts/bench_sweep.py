@@ -9,11 +9,10 @@ across the ways (wall times, dates and the numerics signature's group size aside
     .venv/bin/python scripts/bench_sweep.py                # MNIST-5k MLP quick MDL (the demo's), leace, 5 seeds
     .venv/bin/python scripts/bench_sweep.py --quick        # digits, tiny MDL, 3 seeds: seconds
     .venv/bin/python scripts/bench_sweep.py --repeats 3    # interleaved runs, medians
-    .venv/bin/python scripts/bench_sweep.py --before ../old --before-packed  # and an older checkout's packed
-                                                             # launcher (its own venv or this python), without and
-                                                             # with training.pack_group=true
-    .venv/bin/python scripts/bench_sweep.py --demo --before ../old  # `make demo` before (its packed launcher) and
-                                                                   # after, two worker processes each
+    .venv/bin/python scripts/bench_sweep.py --before ../old --before-way "name=ARGS"  # and an older checkout (its
+                        # own venv or this python) running the seeds as one sweep, `-m seed=0,...,N-1 ARGS`
+    .venv/bin/python scripts/bench_sweep.py --demo --before ../old --demo-before-args "..."  # `make demo` before
+                        # (with the launcher arguments of its Makefile) and after, two worker processes each
 """
 
 from __future__ import annotations
@@ -30,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# wall times, dates, the code's commit, the group size in the numerics signature (how many models trained together:
-# the way's choice) and keys of the stored config that only said how jobs were packed (speed only, never hashed)
+# wall times, dates, the code's commit and the group size in the numerics signature (how many models trained
+# together: the way's choice)
 VOLATILE = ("seconds", "timings.", "provenance.ended", "provenance.started", "provenance.code.",
-            "provenance.numerics.models_together", "config.training.pack_size", "config.training.pack_group",
-            "eraser.cache_hit")
+            "provenance.numerics.models_together", "eraser.cache_hit")
+SPEED_ONLY = "config.training."  # a key here in one checkout's stored config only: a speed option of its own
 FULL = ["experiment=demo", "logger=none", "progress=false"]  # demo's MNIST-5k, MLP, quick MDL
 QUICK = ["experiment=smoke", "mdl.max_epochs=4", "logger=none", "progress=false"]
 DEMO = [["-m", "experiment=demo", "logger=none", "progress=false"],  # `make demo`'s two sweeps
@@ -66,6 +65,8 @@ def differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> l
         x, y = a[job], b[job]
         for key in sorted(set(x) | set(y)):
             if any(part in key for part in VOLATILE):
+                continue
+            if (key not in x or key not in y) and key.startswith(SPEED_ONLY):
                 continue
             if key not in x or key not in y:
                 out.append(f"{job}: {key} only in {'the first' if key in x else 'the second'} run")
@@ -103,21 +104,18 @@ def ways(args: argparse.Namespace) -> dict[str, tuple[Path, list[list[str]]]]:
     """name -> (checkout, its commands)."""
     if args.demo:  # as `make demo` runs them: two worker processes
         out = {"demo": (ROOT, [[*c, "hydra/launcher=parallel", "hydra.launcher.n_jobs=2"] for c in DEMO])}
-        if args.before is not None:
-            packed = ["hydra/launcher=packed", "hydra.launcher.inner=parallel",
-                      "++hydra.launcher.inner_options.n_jobs=2"]
-            out["demo_before"] = (args.before, [[*c, *packed] for c in DEMO])
+        if args.before is not None:  # as the older checkout's Makefile ran them (--demo-before-args)
+            out["demo_before"] = (args.before, [[*c, *args.demo_before_args.split()] for c in DEMO])
         return out
     base = (QUICK if args.quick else FULL) + [f"eraser={args.eraser}"]
     seeds = args.seeds or (3 if args.quick else 5)
     one_each = [["-m", *base, f"seed={k}"] for k in range(seeds)]
     out = {"cell": (ROOT, [["-m", *base, f"seeds={seeds}"]]), "processes": (ROOT, one_each)}
     if args.before is not None:
-        if args.before_packed:
-            packed = ["-m", *base, f"seed={','.join(map(str, range(seeds)))}", "hydra/launcher=packed",
-                      "hydra.launcher.inner=local"]
-            out["packed_before"] = (args.before, [packed])
-            out["pack_group_before"] = (args.before, [[*packed, "training.pack_group=true"]])
+        for way in args.before_way:
+            name, _, extra = way.partition("=")
+            out[f"{name}_before"] = (args.before, [["-m", *base, f"seed={','.join(map(str, range(seeds)))}",
+                                                   *extra.split()]])
     return out
 
 
@@ -130,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--demo", action="store_true", help="`make demo`'s two sweeps (needs --before to compare)")
     p.add_argument("--before", type=Path, default=None, help="an older checkout whose ways run beside this one's "
                    "(--demo: its `make demo`)")
-    p.add_argument("--before-packed", action="store_true", help="the older checkout has hydra/launcher=packed: "
-                   "run the seeds through it (and with training.pack_group=true)")
+    p.add_argument("--before-way", action="append", default=[], help="NAME=ARGS: the older checkout runs the seeds "
+                   "as one sweep, `-m seed=0,...,N-1 ARGS` (repeat for more ways)")
+    p.add_argument("--demo-before-args", default="hydra/launcher=parallel hydra.launcher.n_jobs=2",
+                   help="--demo: the launcher arguments of the older checkout's `make demo`")
     p.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = p.parse_args(argv)
     todo = ways(args)

@@ -48,7 +48,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import erasure
 from models import build_model, make_optimizer
 from training.app.schema import group_config
-from training.data.erase import BatchEraser
 from training.engine.backends import StackedEngine
 from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, Member, TrainData, fit
@@ -56,6 +55,7 @@ from training.engine.group import GroupOptions, fit_group
 from training.engine.lockstep_state import replay
 from training.engine.numerics import JobNumerics
 from training.engine.seeding import generator, seeded_global_rng
+from training.inputs.erase import BatchEraser
 from training.tasks.mdl.job import run_job
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -126,7 +126,7 @@ def main() -> None:
     from training.tasks.mdl.job import run_job
 
     trails = [Trail("run_job", "config", handoff=("load_config",)), Trail("run_in_job_dir", "cfg"),
-              Trail("prepare_inputs", "cfg"), Trail("_prepare", "eraser"), Trail("apply_eraser", "data")]
+              Trail("prepare_inputs", "cfg"), Trail("prepare_inputs", "store"), Trail("apply_eraser", "data")]
     with tempfile.TemporaryDirectory() as out:
         job = expand("smoke", [f"paths.out_dir={out}", "eraser=leace", "mdl.max_epochs=1", "progress=false"])[0]
         follow(trails, lambda: run_job(job))

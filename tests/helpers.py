@@ -130,3 +130,13 @@ def sweep_results(out_dir: Path, volatile: Sequence[str]) -> dict[str, dict[str,
 
     return {job: {k: v for k, v in flat.items() if not any(part in k for part in volatile)}
             for job, flat in results(out_dir).items()}
+
+
+def prepare_data(cfg: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """A job's coded data, erased images and erasure info (training/inputs/pipeline.py `prepare_inputs` without the
+    batch eraser), the data loaded from its own `paths`."""
+    from training.inputs.pipeline import prepare_inputs
+    from training.inputs.store import Store
+
+    inputs = prepare_inputs(cfg, Store.of(cfg.paths), after_augment=False)
+    return inputs.data, inputs.x, inputs.erasure

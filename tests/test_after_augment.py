@@ -16,18 +16,19 @@ from torch import Tensor
 import erasure
 import models
 from erasure.qleace import QleaceEraser
-from tests.helpers import fit_settings, group_options, job_config, result_of
+from tests.helpers import fit_settings, group_options, job_config, prepare_data, result_of
 from tests.test_vectorized import _data, _models
 from training.app.tasks import load_job
 from training.data import LoadedData
-from training.data.erase import BatchEraser, fit_cached
 from training.engine.batches import DeviceData
 from training.engine.fit import Member, TrainData, fit
 from training.engine.group import fit_group
 from training.engine.seeding import generator
 from training.errors import UserError
-from training.tasks.mdl import inputs
-from training.tasks.mdl.inputs import prepare_data
+from training.inputs import pipeline
+from training.inputs.erase import BatchEraser, fitted_eraser
+from training.inputs.plan import EraserSpec, Rows
+from training.inputs.store import Store
 from training.tasks.mdl.job import run_job
 from training.tasks.mdl.trainer import Trainer
 
@@ -54,7 +55,7 @@ def test_without_augmentation_after_augment_changes_nothing(overrides: list[str]
             calls["n"] += 1
             return super().__call__(x, y, segments)
 
-    monkeypatch.setattr(inputs, "BatchEraser", Counting)
+    monkeypatch.setattr(pipeline, "BatchEraser", Counting)
     once = result_of(run_job(job_config(tmp_path, [*SMOKE, *overrides])))
     per_batch = result_of(run_job(job_config(tmp_path, [*SMOKE, *overrides, "eraser.after_augment=true"])))
     assert calls["n"] == sum(b["steps"] for b in per_batch["mdl"]["blocks"]) > 0
@@ -197,20 +198,23 @@ def test_fitted_eraser_is_cached_and_a_corrupt_entry_refitted(tmp_path: Path, ca
                                                               ) -> None:
     g = torch.Generator().manual_seed(0)
     data = LoadedData("toy", torch.rand(60, 1, 4, 4, generator=g), torch.arange(60) % 3, 3)
-    first, hit1 = fit_cached(data, "leace", {}, tmp_path)
-    second, hit2 = fit_cached(data, "leace", {}, tmp_path)
+    def fit_cached(rows: LoadedData) -> tuple[erasure.Eraser, bool]:
+        return fitted_eraser(Store(tmp_path), Rows(rows), EraserSpec("leace", {}))
+
+    first, hit1 = fit_cached(data)
+    second, hit2 = fit_cached(data)
     assert (hit1, hit2) == (False, True)
     assert all(torch.equal(first.state[k], second.state[k]) for k in first.state)
-    other, hit3 = fit_cached(LoadedData("toy", data.x, data.y.roll(1), 3), "leace", {}, tmp_path)
+    other, hit3 = fit_cached(LoadedData("toy", data.x, data.y.roll(1), 3))
     assert hit3 is False  # another content, another entry
     (entry,) = [p for p in (tmp_path / "erasers").glob("*.pt") if p.stat().st_mtime_ns == min(
         q.stat().st_mtime_ns for q in (tmp_path / "erasers").glob("*.pt"))]
     entry.write_bytes(b"not a torch file")
     with caplog.at_level(logging.WARNING):
-        again, hit4 = fit_cached(data, "leace", {}, tmp_path)
+        again, hit4 = fit_cached(data)
     assert hit4 is False and "corrupt" in caplog.text
     assert all(torch.equal(first.state[k], again.state[k]) for k in first.state)
-    assert fit_cached(data, "leace", {}, tmp_path)[1] is True
+    assert fit_cached(data)[1] is True
 
 
 def _singular(n_per_class: int = 30) -> tuple[Tensor, Tensor]:
@@ -284,6 +288,6 @@ def test_after_augment_refusal_from_the_command_line_is_one_line(tmp_path: Path)
 @pytest.mark.parametrize("extra", [["eraser=qleace_paper"], ["eraser.options.rank_deficient=truncate"],
                                    ["eraser.after_augment=false"], ["dataset.limit=300"]])
 def test_after_augment_alternatives_pass_the_precheck(tmp_path: Path, extra: list[str]) -> None:
-    from training.tasks.mdl.precheck import precheck
+    from training.tasks.mdl.refusals import precheck
 
     assert precheck(load_job(job_config(tmp_path, [*DIGITS_AFTER, *extra])), torch.device("cpu")) is not None

@@ -19,9 +19,9 @@ from training.app.lifecycle import Outcome
 from training.app.tasks import load_job
 from training.common import interrupt
 from training.common.cells import seed_configs, seed_list
-from training.data.shared import Pack
 from training.engine.checkpoint import PATTERN
 from training.errors import ConfigError, NonFiniteError
+from training.inputs.store import Store
 from training.tasks.mdl.job import run_cell, run_job
 
 SMOKE = ["experiment=smoke", "eraser=leace", "mdl.max_epochs=12"]
@@ -48,8 +48,8 @@ def _composed(out: Path, overrides: list[str]) -> list[dict[str, Any]]:
 
 
 def _cell(out: Path, *extra: str, seeds: int = 3) -> list[Outcome]:
-    store = Pack()
-    return run_cell([load_job(c) for c in _composed(out, [*SMOKE, f"seeds={seeds}", *extra])], store)
+    cfgs = [load_job(c) for c in _composed(out, [*SMOKE, f"seeds={seeds}", *extra])]
+    return run_cell(cfgs, Store.of(cfgs[0].paths, memos=True))
 
 
 def _alone(out: Path, *extra: str, seeds: int = 3) -> dict[int, dict[str, Any]]:

@@ -14,7 +14,8 @@ from tests.helpers import TINY, job_config, result_of
 from training.app.tasks import load_job
 from training.data import load_dataset
 from training.data.cache import key_hash
-from training.data.erase import _cache_key, apply_eraser, certify, certify_erased
+from training.inputs.erase import apply_eraser, cache_key, certify, certify_erased
+from training.inputs.store import Store
 from training.tasks.mdl.job import run_job
 
 LEACE = [*TINY, "eraser=leace", "certificate=true", "eraser.fit_on=all"]
@@ -50,7 +51,7 @@ def test_second_seed_reuses_the_after_certificate(tmp_path: Path, monkeypatch: p
     # == a certificate computed afresh from the erased data (its timing aside)
     cfg = load_job(job_config(tmp_path, LEACE))
     data = load_dataset(cfg.dataset)
-    x, _ = apply_eraser(data, cfg.eraser, Path(cfg.paths.cache_dir), with_certificate=False)
+    x, _ = apply_eraser(data, cfg.eraser, Store(Path(cfg.paths.cache_dir)), certificate=False)
     fresh = json.loads(json.dumps(certify(x, data.y), default=float))  # as result.json stores it
     assert _without_seconds(fresh) == _without_seconds(second["certificate"]["after"])
     assert len(calls) == 3
@@ -61,26 +62,26 @@ def test_cached_certificate_is_keyed_by_labels_and_rebuilt_when_corrupt(
     cfg = load_job(job_config(tmp_path, LEACE))
     data = load_dataset(cfg.dataset)
     cache = Path(cfg.paths.cache_dir)
-    x, _ = apply_eraser(data, cfg.eraser, cache, with_certificate=False)
-    key = _cache_key(data, "leace", cfg.eraser.options)
+    x, _ = apply_eraser(data, cfg.eraser, Store(cache), certificate=False)
+    key = cache_key(data, "leace", cfg.eraser.options)
     entry = cache / "erased" / key_hash(key)
     calls = _counting(monkeypatch)
-    cert = certify_erased(x, data.y, key, cache)
+    cert = certify_erased(x, data.y, key, Store(cache))
     (stored,) = entry.glob("certificate-*.json")
-    assert certify_erased(x, data.y, key, cache) == cert and len(calls) == 1
+    assert certify_erased(x, data.y, key, Store(cache)) == cert and len(calls) == 1
     # other labels: another certificate, never the cached one
-    other = certify_erased(x, data.y.roll(1), key, cache)
+    other = certify_erased(x, data.y.roll(1), key, Store(cache))
     assert len(calls) == 2 and len(list(entry.glob("certificate-*.json"))) == 2
     assert _without_seconds(other) != _without_seconds(cert)
     for damage in ("{not json", "[1, 2]"):
         stored.write_text(damage)
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            again = certify_erased(x, data.y, key, cache)
+            again = certify_erased(x, data.y, key, Store(cache))
         assert len(caplog.records) == 1 and str(stored) in caplog.text
         assert _without_seconds(again) == _without_seconds(json.loads(json.dumps(cert, default=float)))
     assert len(calls) == 4
-    assert certify_erased(x, data.y, key, cache) == json.loads(stored.read_text())  # rewritten, used again
+    assert certify_erased(x, data.y, key, Store(cache)) == json.loads(stored.read_text())  # rewritten, used again
     assert len(calls) == 4
 
 
@@ -89,7 +90,7 @@ def test_no_entry_no_certificate_file(tmp_path: Path, monkeypatch: pytest.Monkey
     cfg = load_job(job_config(tmp_path, LEACE))
     data = load_dataset(cfg.dataset)
     calls = _counting(monkeypatch)
-    key = _cache_key(data, "leace", cfg.eraser.options)
-    certify_erased(data.x, data.y, key, tmp_path / "cache")
-    certify_erased(data.x, data.y, key, tmp_path / "cache")
+    key = cache_key(data, "leace", cfg.eraser.options)
+    certify_erased(data.x, data.y, key, Store(tmp_path / "cache"))
+    certify_erased(data.x, data.y, key, Store(tmp_path / "cache"))
     assert len(calls) == 2 and not (tmp_path / "cache").exists()

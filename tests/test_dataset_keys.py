@@ -34,7 +34,7 @@ SKIP = {"dataset.name": "another dataset altogether"}
 
 def _loaded(overrides: list[str], tmp_path: Path) -> tuple[Any, Any]:
     from training.data import load_dataset
-    from training.tasks.mdl.precheck import check_input
+    from training.tasks.mdl.refusals import check_input
 
     cfg = load_job(job_config(tmp_path, overrides))
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)

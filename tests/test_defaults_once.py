@@ -68,7 +68,7 @@ OFF_DEFAULT = ["experiment=smoke", "optim.batch_size=40", "mdl.patience=7", "mdl
 def test_the_job_builds_the_engine_settings_from_its_typed_config(tmp_path: Path) -> None:
     """Every field comes from the config (each value here is off its default, so a field the job leaves to a default
     would differ), the fit's from `mdl`, `optim`, `dataset` and `progress`."""
-    from training.tasks.mdl.trainer import fit_config, resolve_optim
+    from training.inputs.fit_settings import fit_config, resolve_optim
 
     cfg = load_job(job_config(tmp_path, OFF_DEFAULT))
     optim = resolve_optim(cfg.optim, cfg.arch)
@@ -76,7 +76,7 @@ def test_the_job_builds_the_engine_settings_from_its_typed_config(tmp_path: Path
     assert optim.depth_lr_multiplier != 1.0 and optim.lr == pytest.approx(o.lr * optim.depth_lr_multiplier)
     assert (optim.lr_base, optim.beta1, optim.beta2, optim.weight_decay, optim.warmup_steps, optim.batch_size) == (
         o.lr, o.beta1, o.beta2, o.weight_decay, o.warmup_steps, o.batch_size)
-    fit = fit_config(m, o.batch_size, cfg.dataset.augment, cfg.progress, optim.warmup_steps, m.eval_every_steps)
+    fit = fit_config(cfg, optim.warmup_steps, m.eval_every_steps)
     assert dataclasses.asdict(fit) == {
         "batch_size": 40, "patience": 7, "max_epochs": 11, "augment": True, "eval_every_steps": 13, "progress": True,
         "warmup_steps": 17, "min_steps": 19, "patience_min_steps": 23, "batch_transform": None,

@@ -17,11 +17,11 @@ from scripts import bench_engine as bench
 from tests.helpers import fit_settings, group_options
 from tests.test_vectorized import TOL, _data
 from training.app.schema import group_config
-from training.data.erase import BatchEraser
 from training.engine.batches import class_segments
 from training.engine.fit import Member, TrainData, fit
 from training.engine.group import fit_group, why_not_vectorized
 from training.engine.seeding import generator, seeded_global_rng
+from training.inputs.erase import BatchEraser
 
 
 @pytest.mark.parametrize("path", ["fit", "loop", "stacked", "fit+augment", "loop+augment", "stacked+augment",

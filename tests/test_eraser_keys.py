@@ -3,7 +3,7 @@ over the registered erasers, at the data level (no training).
 
 For every eraser of erasure.registry.ERASERS, a small generator dataset (gaussian) is erased as an MDL job does it:
 its config checked (`load_config`), its precheck (`precheck`), then its data pipeline up to the erased tensors
-(training/tasks/mdl/inputs.py `prepare_inputs`: labels, fit plan, erasure through the erased-data cache, and with
+(training/inputs/pipeline.py `prepare_inputs`: labels, fit plan, erasure through the erased-data cache, and with
 `eraser.after_augment` what the training batches are drawn from, erased as the batch eraser erases them). Every
 `eraser.*` leaf of the job's semantic config (what the job hash covers, the options included) is set to another
 value. Where that changes the hash, the job must refuse it in one line (ConfigError, "is not allowed"), or a sweep
@@ -103,12 +103,14 @@ def _set(cfg: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
 def _seen(cfg: dict[str, Any]) -> str:
     """A digest of what the job codes and trains on: its coded labels, the erased images, and the training batches'
     images as the batch eraser erases them (`eraser.after_augment`: per batch, from the unerased images)."""
-    from training.tasks.mdl.inputs import prepare_inputs
-    from training.tasks.mdl.precheck import CPU, precheck
+    from training.inputs.pipeline import prepare_inputs
+    from training.inputs.store import Store
+    from training.tasks.mdl.refusals import CPU, precheck
 
     job = load_job(cfg)
     data = precheck(job, CPU)
-    coded, x, _, batches = prepare_inputs(job, data)
+    inputs = prepare_inputs(job, Store.of(job.paths), data)
+    coded, x, batches = inputs.data, inputs.x, inputs.batches
     trained = x if batches is None else batches.transform(batches.raw, coded.y)
     h = hashlib.sha256()
     for t in (coded.y, x, trained):

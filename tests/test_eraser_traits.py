@@ -17,8 +17,10 @@ import erasure
 from erasure.base import Eraser, base_info, prepare_fit
 from erasure.registry import ERASERS
 from erasure.traits import RankHint, eraser_traits
-from training.data.erase import FitPlan, apply_eraser
 from training.data.registry import LoadedData
+from training.inputs.erase import apply_eraser
+from training.inputs.plan import FitPlan
+from training.inputs.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,14 +99,14 @@ def _holdout() -> FitPlan:
 
 def test_declared_holdout_options_fill_unset_options_out_of_sample_only(toys: None, tmp_path: Path) -> None:
     data = _data()
-    _, held = apply_eraser(data, _eraser("toy_shrink"), tmp_path, with_certificate=False, plan=_holdout())
+    _, held = apply_eraser(data, _eraser("toy_shrink"), Store(tmp_path), _holdout(), certificate=False)
     assert held["report"]["options"] == {"scale": 0.5} and held["options"] == {"scale": 0.5}
-    _, explicit = apply_eraser(data, _eraser("toy_shrink", scale=0.25), tmp_path, with_certificate=False,
-                               plan=_holdout())
+    _, explicit = apply_eraser(data, _eraser("toy_shrink", scale=0.25), Store(tmp_path), _holdout(),
+                               certificate=False)
     assert explicit["report"]["options"] == {"scale": 0.25}  # an explicit option wins
-    _, in_sample = apply_eraser(data, _eraser("toy_shrink"), tmp_path, with_certificate=False)
+    _, in_sample = apply_eraser(data, _eraser("toy_shrink"), Store(tmp_path), certificate=False)
     assert in_sample["report"]["options"] == {"scale": None}  # in sample: the fitter's own default
-    _, plain = apply_eraser(data, _eraser("toy_source"), tmp_path, with_certificate=False, plan=_holdout())
+    _, plain = apply_eraser(data, _eraser("toy_source"), Store(tmp_path), _holdout(), certificate=False)
     assert plain["options"] == {}  # declaring nothing gets nothing
 
 
@@ -113,7 +115,7 @@ def test_declared_identity_is_never_fitted_and_counts_as_the_control(toys: None,
     from training.data.eraser_config import batch_erasing
 
     data = _data()
-    x, info = apply_eraser(data, _eraser("toy_identity"), tmp_path, with_certificate=False)
+    x, info = apply_eraser(data, _eraser("toy_identity"), Store(tmp_path), certificate=False)
     assert torch.equal(x, data.x) and info["report"] == {"rank_removed": 0} and info["cache_hit"] is None
     assert is_identity("toy_identity") and not is_identity("toy_shrink") and not is_identity("no such eraser")
     assert not batch_erasing("toy_identity", {}) and batch_erasing("toy_shrink", {})
@@ -122,9 +124,9 @@ def test_declared_identity_is_never_fitted_and_counts_as_the_control(toys: None,
 
 def test_declared_rank_hint_takes_its_sources_rank(toys: None, tmp_path: Path) -> None:
     data = _data()
-    _, hinted = apply_eraser(data, _eraser("toy_ranked"), tmp_path, with_certificate=False)
+    _, hinted = apply_eraser(data, _eraser("toy_ranked"), Store(tmp_path), certificate=False)
     assert hinted["report"]["rank_removed"] == 3  # toy_source's rank, fitted through the cache
-    _, given = apply_eraser(data, _eraser("toy_ranked", rank=1), tmp_path, with_certificate=False)
+    _, given = apply_eraser(data, _eraser("toy_ranked", rank=1), Store(tmp_path), certificate=False)
     assert given["report"]["rank_removed"] == 1  # the option set: no hint wanted
 
 

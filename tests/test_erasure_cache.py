@@ -1,4 +1,5 @@
-"""Erased-data cache: hit without refit, corrupt/partial entries rebuilt, key sensitivity, process lock."""
+"""Erased-data cache: hit without refit, an entry served only if it is the one asked for (its manifest's key, code
+version and checksums), others set aside (never deleted) and rebuilt, key sensitivity, process lock."""
 
 from __future__ import annotations
 
@@ -77,12 +78,95 @@ def test_corrupt_or_partial_entry_is_rebuilt(tmp_path: Path, caplog: pytest.LogC
         (entry / "manifest.json").write_text("{not json")
     else:
         (entry / "report.json").unlink()
+    damaged = {p.name: p.read_bytes() for p in entry.iterdir()}
     with caplog.at_level(logging.WARNING, logger="training.data.cache"):
         x, rep, hit = cached_erase(tmp_path, KEY, build)
     assert not hit and build.calls == 2 and rep == {"rank_removed": 2}
-    assert "partial or corrupt" in caplog.text
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "partial or corrupt" in warnings[0] and "set aside" in warnings[0]
+    aside = entry.with_name(f"{entry.name}.set-aside-1")  # kept as it was, under a name of its own
+    assert {p.name: p.read_bytes() for p in aside.iterdir()} == damaged
     x3, rep3, hit3 = cached_erase(tmp_path, KEY, build)  # the rebuilt entry is valid
     assert hit3 and torch.equal(x3, x) and build.calls == 2
+
+
+def _copy_entry(root: Path, source: dict, target: dict) -> Path:
+    """A hand copy (or a rename, a sync tool, a bad restore) of the entry of `source` under the name of `target`'s."""
+    src, dst = root / "erased" / key_hash(source), root / "erased" / key_hash(target)
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+@pytest.mark.parametrize("edit", ["another key", "another code version", "data hash dropped", "data.pt replaced"])
+def test_an_entry_is_served_only_if_it_is_the_one_asked_for(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                             edit: str) -> None:
+    """Another key's entry under this key's name, an entry of another code version, a manifest that no longer
+    checks data.pt, or data.pt swapped for another valid tensor: never served; refitted, the entry set aside
+    (renamed, never deleted) with one warning line. The entry asked for is still a hit (no refit)."""
+    other = {**KEY, "eraser": "random"}
+    build = Builder()
+    cached_erase(tmp_path, KEY, build)  # the entry of KEY (built once)
+    if edit == "another key":
+        entry = _copy_entry(tmp_path, KEY, other)
+    else:
+        cached_erase(tmp_path, other, Builder())
+        entry = tmp_path / "erased" / key_hash(other)
+        manifest = json.loads((entry / "manifest.json").read_text())
+        if edit == "another code version":
+            manifest["code_version"] = "0" * 16
+        elif edit == "data hash dropped":
+            del manifest["sha256"]["data.pt"]
+        else:
+            torch.save(torch.zeros(3, 4), entry / "data.pt")  # a valid tensor, not the one whose hash is recorded
+        (entry / "manifest.json").write_text(json.dumps(manifest))
+    kept = {p.name: p.read_bytes() for p in entry.iterdir()}
+    fresh = Builder()
+    with caplog.at_level(logging.INFO, logger="training.data.cache"):
+        x, report, hit = cached_erase(tmp_path, other, lambda: (-fresh()[0], {"rank_removed": -1}))
+    assert not hit and fresh.calls == 1 and report == {"rank_removed": -1}
+    assert torch.equal(x, -torch.arange(12, dtype=torch.float32).reshape(3, 4))  # its own data, not KEY's
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and str(entry) in warnings[0] and "set aside" in warnings[0], warnings
+    aside = entry.with_name(f"{entry.name}.set-aside-1")
+    assert {p.name: p.read_bytes() for p in aside.iterdir()} == kept  # kept aside exactly as it was
+    assert cached_erase(tmp_path, other, Builder())[2] is True  # the rebuilt entry is served
+    x0, _, hit0 = cached_erase(tmp_path, KEY, build)  # the right entry: still a cache hit, no refit
+    assert hit0 and build.calls == 1 and torch.equal(x0, torch.arange(12, dtype=torch.float32).reshape(3, 4))
+
+
+def test_a_set_aside_entry_is_never_replaced(tmp_path: Path) -> None:
+    """A second bad entry under the same name gets the next free name: the first one set aside stays as it was."""
+    other = {**KEY, "eraser": "random"}
+    cached_erase(tmp_path, KEY, Builder())
+    names = []
+    for _ in range(2):
+        entry = tmp_path / "erased" / key_hash(other)
+        if entry.exists():
+            entry.rename(tmp_path / "good")
+        _copy_entry(tmp_path, KEY, other)
+        assert cached_erase(tmp_path, other, Builder())[2] is False
+        names.append(sorted(p.name for p in (tmp_path / "erased").glob("*.set-aside-*")))
+    assert names == [[f"{key_hash(other)}.set-aside-1"], [f"{key_hash(other)}.set-aside-{n}" for n in (1, 2)]]
+
+
+def test_the_random_eraser_is_never_served_leaces_entry(tmp_path: Path) -> None:
+    """LEACE's erased digits copied under the random eraser's entry name: the random eraser's job erases with the
+    random eraser (as in a fresh cache), not with LEACE."""
+    from training.app.schema import group_config
+    from training.data import load_dataset
+    from training.inputs.erase import apply_eraser, cache_key
+    from training.inputs.store import Store
+
+    data = load_dataset(group_config("dataset", "digits"))
+    leace, rnd = group_config("eraser", "leace"), group_config("eraser", "random")
+    x_leace, _ = apply_eraser(data, leace, Store(tmp_path / "shared"), certificate=False)
+    x_fresh, fresh = apply_eraser(data, rnd, Store(tmp_path / "fresh"), certificate=False)
+    _copy_entry(tmp_path / "shared", cache_key(data, "leace", leace.options), cache_key(data, "random", rnd.options))
+    x, info = apply_eraser(data, rnd, Store(tmp_path / "shared"), certificate=False)
+    assert info["cache_hit"] is False and not torch.equal(x, x_leace)
+    assert torch.equal(x, x_fresh) and info["report"]["rank_removed"] == fresh["report"]["rank_removed"]
 
 
 _WORKER = textwrap.dedent("""

@@ -217,10 +217,11 @@ class ToyCount(Task):
     fixed = {"dataset.augment": False, "dataset.zscore": False, "dataset.zscore_order": "before"}
 
     def prepare(self, job: Any) -> Any:
-        from training.tasks.mdl.precheck import load_data, with_permuted_labels
+        from training.inputs.plan import with_permuted_labels
+        from training.inputs.store import Store
 
         c = job.cfg
-        data = load_data(c.dataset, c.paths.data_dir, job.loaded)
+        data = Store.of(c.paths).load(c.dataset) if job.loaded is None else job.loaded
         return c, with_permuted_labels(data, c.dataset.permute_labels, c.seed)
 
     def run(self, prepared: Any) -> ToyCountSections:

@@ -40,8 +40,8 @@ from training.data import cache as cache_mod
 from training.data import load_dataset
 from training.data.cache import cached_erase
 from training.errors import DataCorruptError
-from training.tasks.mdl import inputs as inputs_mod
-from training.tasks.mdl import precheck as precheck_mod
+from training.inputs import pipeline as inputs_mod
+from training.inputs import store as store_mod
 from training.tasks.mdl.job import read_progress, run_job
 
 
@@ -184,7 +184,7 @@ def test_library_run_job_checks_values_before_data_or_directory(tmp_path: Path, 
     def no_data(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("data loaded before the config was checked")
 
-    monkeypatch.setattr(precheck_mod, "load_dataset", no_data)  # the job's first load (then handed to its body)
+    monkeypatch.setattr(store_mod, "load_dataset", no_data)  # the job's first load (then handed to its body)
     with pytest.raises(ConfigError, match=key) as err:
         run_job(job_config(tmp_path, [*TINY, override]))
     assert "\n" not in str(err.value) and "must be" in str(err.value)

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import TINY, job_config
+from tests.helpers import TINY, job_config, prepare_data
 from tests.test_refusals import _cli, _refused
 from training.app.schema import ConfigError
 from training.app.tasks import job_hash, load_job
 from training.data import load_dataset
 from training.data.generators import draw, oracle_chunks, population_moments
-from training.tasks.mdl.inputs import prepare_data
-from training.tasks.mdl.precheck import fit_plan
+from training.inputs.plan import fit_plan
+from training.inputs.store import Store
 
 SMOKE = ["experiment=smoke", "mdl.full_run=false"]
 GAUSS = ["dataset=gaussian", "dataset.dim=8", "dataset.rows_per_dim=8"]
@@ -60,7 +60,7 @@ def test_fit_fraction_is_the_fraction_fitted_on_per_class(fraction: float, tmp_p
     cfg = load_job(job_config(tmp_path, [*SMOKE, "eraser=leace", "eraser.fit_on=holdout",
                                             f"eraser.fit_fraction={fraction}"]))
     data = load_dataset(cfg.dataset)
-    plan = fit_plan(cfg.eraser, cfg.dataset, cfg.seed, data, cfg.paths.data_dir)
+    plan = fit_plan(cfg.eraser, cfg.dataset, cfg.seed, data, Store.of(cfg.paths))
     assert plan is not None and plan.fit_idx is not None and plan.coded_idx is not None
     counts = torch.bincount(data.y)
     fit = torch.bincount(data.y[plan.fit_idx], minlength=len(counts))
@@ -99,7 +99,7 @@ def test_pool_fits_outside_the_coded_set_and_does_not_shrink_it(tmp_path: Path) 
     assert len(coded.y) == len(x) == 1000
     assert info["fit"] == {"fit_on": "holdout", "fit_source": "pool", "n_fit": 300, "n_coded": 1000,
                            "fit_fraction": None, "repeat": 0}
-    plan = fit_plan(cfg.eraser, cfg.dataset, cfg.seed, coded, cfg.paths.data_dir)
+    plan = fit_plan(cfg.eraser, cfg.dataset, cfg.seed, coded, Store.of(cfg.paths))
     assert plan is not None and plan.pool is not None
     full = load_dataset(load_job(job_config(tmp_path, SMOKE)).dataset)
     full_rows = {tuple(r) for r in full.x[1000:].reshape(len(full.y) - 1000, -1).tolist()}
@@ -242,13 +242,13 @@ def test_holdout_qleace_noise_on_the_coded_rows_is_not_zero_sum_per_class(tmp_pa
 
     import erasure
     from erasure.qleace import QleaceEraser
-    from training.data.erase import holdout_options
+    from training.inputs.erase import holdout_options
 
     cfg = load_job(job_config(tmp_path, [*SMOKE, "eraser=qleace", "eraser.fit_on=holdout",
                                             "eraser.fit_fraction=0.8"]))
     coded, x, info = prepare_data(cfg)
     assert min(info["report"]["noise_rank"]) > 0
-    plan = fit_plan(cfg.eraser, cfg.dataset, cfg.seed, load_dataset(cfg.dataset), cfg.paths.data_dir)
+    plan = fit_plan(cfg.eraser, cfg.dataset, cfg.seed, load_dataset(cfg.dataset), Store.of(cfg.paths))
     assert plan is not None
     fit = plan.fit_rows(load_dataset(cfg.dataset))
     assert fit is not None

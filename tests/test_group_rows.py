@@ -245,11 +245,11 @@ def test_refilled_rows_split_over_worker_threads_give_the_same_numbers() -> None
 def test_the_memory_estimate_counts_the_models_waiting_for_a_row(tmp_path: Path) -> None:
     """`training.parallel_models=2` for six models: the job builds all six before its group starts (their weights
     exist; a waiting model's optimizer has no state yet), two rows hold optimizer state, gradients and snapshots.
-    The estimate (training/tasks/mdl/precheck.py) counts exactly that: 2 × MODEL_COPIES + 4 models' weights."""
+    The estimate (training/tasks/mdl/refusals.py) counts exactly that: 2 × MODEL_COPIES + 4 models' weights."""
     from training.app.tasks import load_job
     from training.data import load_dataset
     from training.tasks.mdl import trainer as trainer_module
-    from training.tasks.mdl.precheck import MODEL_COPIES, estimate_memory
+    from training.tasks.mdl.refusals import MODEL_COPIES, estimate_memory
 
     built: list[list[Member]] = []
 

@@ -128,7 +128,7 @@ def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, mon
 
 
 def test_erased_eval_erases_through_the_mdl_cache(tmp_path: Path) -> None:
-    """gs_erased_eval erases as MDL does (training/tasks/mdl/inputs.py erase_maybe_zscored): through the erased-data
+    """gs_erased_eval erases as MDL does (training/inputs/pipeline.py erase_maybe_zscored): through the erased-data
     cache (a rerun fits nothing), out of sample on the test rows with MDL's holdout options (it used to call erasure.fit
     itself, with no cache)."""
     from training.app.tasks import get_task

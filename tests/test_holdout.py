@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import job_config, result_of
+from tests.helpers import job_config, prepare_data, result_of
 from training.app.schema import ConfigError
 from training.app.tasks import load_job
 from training.data import load_dataset
-from training.tasks.mdl.inputs import prepare_data
 from training.tasks.mdl.job import run_job
 
 SMOKE = ["experiment=smoke", "mdl.full_run=false"]

@@ -159,7 +159,7 @@ def _refusal(tmp_path: Path, overrides: list[str], precheck: bool = False) -> st
     try:
         cfg = load_job(job_config(tmp_path / "out", overrides))
         if precheck:
-            from training.tasks.mdl.precheck import precheck as check
+            from training.tasks.mdl.refusals import precheck as check
 
             check(cfg, torch.device("cpu"))
     except ConfigError as err:
@@ -218,7 +218,7 @@ def test_gradient_erasure_on_samples_in_its_range_passes_the_precheck(tmp_path: 
 
     from tests.helpers import job_config
     from training.app.tasks import load_job
-    from training.tasks.mdl.precheck import precheck
+    from training.tasks.mdl.refusals import precheck
 
     precheck(load_job(job_config(tmp_path / "out", ["dataset=digits", "eraser=gradient"])), torch.device("cpu"))
 
@@ -423,7 +423,7 @@ def test_a_single_job_with_either_after_augment_value_is_accepted(tmp_path: Path
 
     from tests.helpers import job_config
     from training.app.tasks import load_job
-    from training.tasks.mdl.precheck import precheck
+    from training.tasks.mdl.refusals import precheck
 
     cfg = load_job(job_config(tmp_path, [*SWEPT, f"eraser.after_augment={value}"]))
     assert precheck(cfg, torch.device("cpu")) is not None

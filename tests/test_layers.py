@@ -10,7 +10,8 @@ The layers, bottom up:
     training/engine/, training/data/
     training/app/         the core: typed configs and the job hash, results, the task declarations (TaskSpec), sweeps
     training/analysis/    what the tasks' tables share (eraser order, markdown tables, mean ± sd, comparison groups)
-    training/tasks/       one package per task (mdl/, gs/ with its three tasks above mdl/, whose data pipeline it uses):
+    training/inputs/      a job's inputs (load, permute, fit plan, erase through the cache, z-score) and fit settings
+    training/tasks/       one package per task (mdl/; gs/ with its three tasks), independent of each other:
                           its declaration (the package's __init__), code, typed result and tables. What discovery
                           imports (the declarations and their result types) imports at its top level only the
                           standard library, training.app and more of the same: the task's code, in the methods
@@ -155,6 +156,7 @@ BROKEN = {
     "training/data/_bad.py": ("from training.run import main\n", ["training.data._bad -> training.run"]),
     "training/analysis/_bad.py": ("from training.tasks.mdl.result import MdlResult\n",
                                   ["training.analysis._bad -> training.tasks.mdl.result"]),
+    "training/inputs/_bad.py": ("from training.tasks.mdl import job\n", ["training.inputs._bad -> training.tasks.mdl"]),
     "training/cli/_bad.py": ("from training.tasks.mdl import job\n", ["training.cli._bad -> training.tasks.mdl"]),
     "training/tasks/_bad.py": ("from scripts import aggregate\n", ["training.tasks._bad -> scripts.aggregate"]),
     "scripts/_bad.py": ("from training.cli.run import main\n", ["scripts._bad -> training.cli.run"]),

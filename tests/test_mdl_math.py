@@ -85,7 +85,7 @@ def test_block_feasibility_is_one_rule_the_partition_split_and_precheck_share(n_
     from training.app.schema import ConfigError
     from training.app.tasks import load_job
     from training.tasks.mdl.code import most_blocks
-    from training.tasks.mdl.precheck import check_blocks
+    from training.tasks.mdl.refusals import check_blocks
 
     n_val = 3
     n = n_coded + n_val

@@ -169,8 +169,9 @@ def test_another_users_unreadable_entry_is_left_alone(shared_dir: Path) -> None:
 
 def test_an_unreadable_cached_certificate_is_computed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             caplog: pytest.LogCaptureFixture) -> None:
-    from training.data import erase as erase_mod
     from training.data.registry import LoadedData
+    from training.inputs import erase as erase_mod
+    from training.inputs.store import Store
 
     data = LoadedData("toy", torch.rand(40, 1, 2, 2), torch.arange(40) % 2, 2)
 
@@ -179,7 +180,7 @@ def test_an_unreadable_cached_certificate_is_computed_again(tmp_path: Path, monk
 
     monkeypatch.setattr(erase_mod, "read_json", denied)
     with caplog.at_level(logging.WARNING):
-        cert = erase_mod.certify_original(data, tmp_path)
+        cert = erase_mod.certify_original(data, Store(tmp_path))
     assert "max_mean_gap" in cert
     assert any("cached certificate" in r.getMessage() and "not readable" in r.getMessage() for r in caplog.records)
 

@@ -30,7 +30,7 @@ def _hydra(combos: list[list[str]]) -> list[dict]:
                 cfg.seed = seed
                 out.append(OmegaConf.to_container(cfg, resolve=True))
     assert all(isinstance(o, dict) for o in out)
-    return out
+    return out  # type: ignore[return-value]
 
 
 def _hash(cfg: dict) -> str | None:

@@ -35,13 +35,14 @@ from training.app.schema import ConfigError, group_config
 from training.app.tasks import job_hash, load_job
 from training.data import load_dataset
 from training.data.cache import _store, cached_erase, key_hash
-from training.data.erase import _cache_key
 from training.data.idx import find_idx_pair
 from training.data.registry import LoadedData
 from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, Member, TrainData, fit
 from training.engine.group import fit_group
 from training.errors import UserError  # NonFiniteError's base (tests fail, not error, on code without it)
+from training.inputs.erase import cache_key
+from training.inputs.store import Store
 from training.tasks.mdl.job import run_job
 from training.tasks.mdl.result import MdlSections
 from training.tasks.mdl.trainer import Trainer
@@ -270,7 +271,7 @@ def test_3_nonfinite_code_length_or_result_number_writes_no_result(tmp_path: Pat
 def test_3_nan_erased_data_fails_and_a_cached_nan_entry_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     import erasure
-    from training.data.erase import apply_eraser
+    from training.inputs.erase import apply_eraser
 
     data = load_dataset(group_config("dataset", "digits"))
     eraser = group_config("eraser", "leace")
@@ -278,18 +279,18 @@ def test_3_nan_erased_data_fails_and_a_cached_nan_entry_is_rebuilt(tmp_path: Pat
     monkeypatch.setattr(erasure, "erase", lambda *a, **kw: (real(*a, **kw)[0] * math.nan, {}))
     with pytest.raises(UserError, match=r"^non-finite erased data: eraser leace gave \d+ NaN/Inf values on "
                                              r"digits; .*nothing was cached"):
-        apply_eraser(data, eraser, tmp_path, with_certificate=False)
+        apply_eraser(data, eraser, Store(tmp_path), certificate=False)
     assert not list((tmp_path / "erased").glob("*/data.pt"))
     monkeypatch.setattr(erasure, "erase", real)
     # fitted on a held-out part and applied to the rest: the same refusal, nothing cached
-    from training.data import erase as erase_module
-    from training.data.erase import FitPlan
+    from training.inputs import erase as erase_module
+    from training.inputs.plan import FitPlan
 
     applied = erase_module._apply_fitted
     monkeypatch.setattr(erase_module, "_apply_fitted", lambda *a, **kw: (applied(*a, **kw)[0] * math.nan, {}))
     holdout = FitPlan("holdout", coded_idx=torch.arange(400, len(data.y)), fit_idx=torch.arange(400))
     with pytest.raises(UserError, match=r"^non-finite erased data: eraser leace gave \d+ NaN/Inf values on "):
-        apply_eraser(data, eraser, tmp_path, with_certificate=False, plan=holdout)
+        apply_eraser(data, eraser, Store(tmp_path), holdout, certificate=False)
     assert not list((tmp_path / "erased").glob("*/data.pt"))
     monkeypatch.setattr(erase_module, "_apply_fitted", applied)
     # an entry holding NaN with a valid manifest (cached by a version that did not check): rebuilt, one line
@@ -322,7 +323,7 @@ def _load(folder: Path) -> LoadedData:
     return load_dataset(group_config("dataset", "fashion_mnist", root=str(folder), download=False))
 
 
-def test_4_a_file_swapped_under_the_same_name_changes_fingerprint_and_cache_key(tmp_path: Path) -> None:
+def test_4_a_file_swapped_under_the_same_name_changes_fingerprint_andcache_key(tmp_path: Path) -> None:
     folder = tmp_path / "fm"
     _fashion(folder)
     before = _load(folder)
@@ -336,7 +337,7 @@ def test_4_a_file_swapped_under_the_same_name_changes_fingerprint_and_cache_key(
     fp2 = after.info["fingerprint"]
     assert fp2["content"] != fp["content"] and fp2["files"][0]["sha256"] != fp["files"][0]["sha256"]
     assert fp2["files"][1] == fp["files"][1] and fp2["files"][0]["size"] == fp["files"][0]["size"]
-    assert key_hash(_cache_key(after, "leace", {})) != key_hash(_cache_key(before, "leace", {}))
+    assert key_hash(cache_key(after, "leace", {})) != key_hash(cache_key(before, "leace", {}))
 
 
 def test_4_result_json_records_the_data_fingerprint(tmp_path: Path) -> None:

@@ -164,7 +164,7 @@ def test_batch_buffers_are_capped_at_the_data_and_give_the_same_numbers() -> Non
 def test_a_job_that_cannot_fit_in_memory_is_refused_with_the_estimate(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from training.errors import Refused
-    from training.tasks.mdl import precheck as precheck_mod
+    from training.tasks.mdl import refusals as precheck_mod
 
     monkeypatch.setattr(precheck_mod, "available_memory", lambda device: 2**16)  # 64 KiB free
     with pytest.raises(Refused) as err:
@@ -187,7 +187,7 @@ def test_memory_estimate_counts_the_models_that_train_together(tmp_path: Path, e
                                                               together: int) -> None:
     from training.app.tasks import load_job
     from training.data import load_dataset
-    from training.tasks.mdl.precheck import MODEL_COPIES, estimate_memory
+    from training.tasks.mdl.refusals import MODEL_COPIES, estimate_memory
 
     cfg = load_job(job_config(tmp_path, [*TINY, *extra]))
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
@@ -201,7 +201,7 @@ def test_memory_estimate_counts_the_models_that_train_together(tmp_path: Path, e
 
 
 def test_memory_refusal_from_the_command_line(tmp_path: Path) -> None:
-    prelude = "import training.tasks.mdl.precheck as p\np.available_memory = lambda device: 2**16"
+    prelude = "import training.tasks.mdl.refusals as p\np.available_memory = lambda device: 2**16"
     proc = _cli(tmp_path, *TINY, prelude=prelude)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: this job needs about "), \

@@ -49,7 +49,7 @@ def test_the_data_the_precheck_loads_is_the_data_the_job_uses_and_a_skip_outcome
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The precheck returns the data it loaded and the lifecycle hands it to the body (no module state): one load
     for a job that runs; a rerun is `skipped` and loads only what its fingerprint check reads."""
-    from training.tasks.mdl import precheck as precheck_mod
+    from training.inputs import store as store_mod
 
     loads: list[str] = []
     real = registry.load_dataset
@@ -58,7 +58,7 @@ def test_the_data_the_precheck_loads_is_the_data_the_job_uses_and_a_skip_outcome
         loads.append("load")
         return real(*a, **k)
 
-    monkeypatch.setattr(precheck_mod, "load_dataset", load_dataset)
+    monkeypatch.setattr(store_mod, "load_dataset", load_dataset)
     cfg = job_config(tmp_path, [*QUICK, "mdl.full_run=false", "mdl.num_blocks=3"])
     first = run_job(cfg)
     assert (first.status, len(loads)) == ("done", 1) and first.result is not None
@@ -117,14 +117,16 @@ def test_cli_single_job(tmp_path: Path) -> None:
     assert result["final"] is None and result["mdl"]["bits_per_sample"] > 0
 
 
-def _erasing(cfg: Any) -> tuple[Any, Any, Path, bool]:
-    """What `erase_maybe_zscored` reads of a job's config: the eraser, the dataset, the cache and the certificate."""
-    return cfg.eraser, cfg.dataset, Path(cfg.paths.cache_dir), cfg.certificate
+def _erasing(cfg: Any) -> tuple[Any, Any]:
+    """What `erase_maybe_zscored` takes besides the data: the job's config and its store."""
+    from training.inputs.store import Store
+
+    return cfg, Store.of(cfg.paths)
 
 
 def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
     from training.data import load_dataset
-    from training.tasks.mdl.inputs import erase_maybe_zscored
+    from training.inputs.pipeline import erase_maybe_zscored
 
     cfg = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
     data = load_dataset(cfg.dataset)
@@ -143,17 +145,18 @@ def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
 def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) -> None:
     from training.data import load_dataset
     from training.data.cache import key_hash
-    from training.data.erase import _cache_key, apply_eraser, source_rank
+    from training.inputs.erase import apply_eraser, cache_key, source_rank
+    from training.inputs.store import Store
 
     cfg = load_job(job_config(tmp_path, [*QUICK, "eraser=alf_qleace"]))
     data = load_dataset(cfg.dataset)
     cache = Path(cfg.paths.cache_dir)
-    _, alf = apply_eraser(data, cfg.eraser, cache, with_certificate=False)
-    assert key_hash(_cache_key(data, "alf_qleace", {})) == key_hash(_cache_key(data, "alf_qleace",
+    _, alf = apply_eraser(data, cfg.eraser, Store(cache), certificate=False)
+    assert key_hash(cache_key(data, "alf_qleace", {})) == key_hash(cache_key(data, "alf_qleace",
                                                                               cfg.eraser.options))
-    assert source_rank(data, "alf_qleace", cache) == alf["report"]["rank_removed"] > 0
+    assert source_rank(data, "alf_qleace", Store(cache)) == alf["report"]["rank_removed"] > 0
     rnd_cfg = load_job(job_config(tmp_path, [*QUICK, "eraser=random"]))
-    _, rnd = apply_eraser(data, rnd_cfg.eraser, cache, with_certificate=False)
+    _, rnd = apply_eraser(data, rnd_cfg.eraser, Store(cache), certificate=False)
     assert rnd["report"]["rank_removed"] == alf["report"]["rank_removed"]
     entries = [p for p in (cache / "erased").iterdir() if p.is_dir()]
     assert len(entries) == 2  # one ALF fit, one random projection
@@ -161,7 +164,7 @@ def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) ->
 
 def test_zscore_after_erasure_standardises_the_erased_data(tmp_path: Path) -> None:
     from training.data import load_dataset
-    from training.tasks.mdl.inputs import erase_maybe_zscored
+    from training.inputs.pipeline import erase_maybe_zscored
 
     cfg = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "dataset.zscore_order=after",
                                              "eraser=leace"]))

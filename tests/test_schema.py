@@ -15,7 +15,7 @@ from training.app.schema import ConfigError, JobConfig, flatten, numerics_of
 from training.app.tasks import job_cell_hash, job_hash, load_job, spec_of
 from training.common.files import atomic_write_json
 from training.data import LoadedData
-from training.data.erase import _cache_key
+from training.inputs.erase import cache_key
 
 from .helpers import job_config, result_of
 
@@ -89,14 +89,14 @@ def test_hash_ignores_where_and_how_but_not_what(tmp_path: Path) -> None:
     assert job_cell_hash(job_config(tmp_path, [*SMOKE, "optim.lr=0.002"])) != job_cell_hash(base)
 
 
-def test_runtime_eraser_options_stay_out_of_hash_and_cache_key(tmp_path: Path) -> None:
+def test_runtime_eraser_options_stay_out_of_hash_andcache_key(tmp_path: Path) -> None:
     a = job_config(tmp_path, [*SMOKE, "eraser=gradient"])
     b = job_config(tmp_path, [*SMOKE, "eraser=gradient", "eraser.options.progress=false", "eraser.options.device=cpu"])
     assert job_hash(a) == job_hash(b)
     assert job_hash(a) != job_hash(job_config(tmp_path, [*SMOKE, "eraser=gradient", "eraser.options.w_mse=2"]))
     data = LoadedData("toy", torch.zeros(4, 1, 2, 2), torch.tensor([0, 1, 0, 1]), 2)
-    assert _cache_key(data, "gradient", a["eraser"]["options"]) == _cache_key(data, "gradient", b["eraser"]["options"])
-    assert "progress" not in _cache_key(data, "gradient", {})["options"]
+    assert cache_key(data, "gradient", a["eraser"]["options"]) == cache_key(data, "gradient", b["eraser"]["options"])
+    assert "progress" not in cache_key(data, "gradient", {})["options"]
 
 
 def test_dead_config_is_gone(tmp_path: Path) -> None:

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from erasure import fit as fit_eraser
-from tests.helpers import job_config
+from tests.helpers import job_config, prepare_data
 from training.app.schema import ConfigError, JobConfig, config_hash
 from training.app.tasks import load_job
 from training.data import load_dataset
 from training.engine.seeding import generator
-from training.tasks.mdl.inputs import prepare_data
-from training.tasks.mdl.precheck import fit_plan
+from training.inputs.plan import fit_plan
+from training.inputs.store import Store
 
 GAUSS = ["experiment=smoke", "mdl.full_run=false", "dataset=gaussian", "dataset.dim=8", "dataset.rows_per_dim=8",
          "dataset.mean_gap=1", "dataset.cov_gap=1", "eraser=leace", "eraser.fit_fraction=0.5"]
@@ -44,7 +44,7 @@ def test_the_shuffled_fit_is_fitted_on_permuted_labels_and_applied_to_the_true_l
     assert not torch.allclose(x, x_t, atol=1e-3)
     # ... and they are the eraser fitted on the fit rows with their labels permuted (seed, repeat), applied to them
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
-    plan = fit_plan(cfg.eraser, cfg.dataset, cfg.seed, data, cfg.paths.data_dir)
+    plan = fit_plan(cfg.eraser, cfg.dataset, cfg.seed, data, Store.of(cfg.paths))
     if fit_on == "self":
         fit = coded
     elif fit_on == "all":
@@ -87,11 +87,14 @@ def test_modes_and_erasers_without_a_fitted_map_refuse_it_in_one_line(extra: lis
 def test_after_augment_erases_batches_with_the_shuffled_fit(tmp_path: Path) -> None:
     """eraser.after_augment=true: the per-batch eraser is the shuffled fit (the fitted-eraser cache keeps it apart
     from the true-label fit of the same rows, fitted first here), and it gives the erased images of the coded rows."""
-    from training.tasks.mdl.inputs import prepare_inputs
+    from training.inputs.pipeline import prepare_inputs
 
     over = ("eraser.fit_on=self", "eraser.after_augment=true")
-    prepare_inputs(_cfg(tmp_path, *over))  # the true-label fit of the same rows, cached first
-    coded, x, _, batches = prepare_inputs(_cfg(tmp_path, *over, "eraser.fit_labels=shuffled"))
+    first = _cfg(tmp_path, *over)
+    prepare_inputs(first, Store.of(first.paths))  # the true-label fit of the same rows, cached first
+    shuffled = _cfg(tmp_path, *over, "eraser.fit_labels=shuffled")
+    inputs = prepare_inputs(shuffled, Store.of(shuffled.paths))
+    coded, x, batches = inputs.data, inputs.x, inputs.batches
     _, x_once, _ = prepare_data(_cfg(tmp_path, "eraser.fit_on=self", "eraser.fit_labels=shuffled"))
     assert batches is not None and torch.equal(x, x_once)
     assert torch.allclose(batches.transform(coded.x, coded.y), x, atol=1e-5)

@@ -17,7 +17,7 @@ from training.engine.fit import Member, TrainData, fit
 from training.engine.group import fit_group
 from training.engine.seeding import generator
 from training.engine.stopping import MAX_EPOCHS, PATIENCE, EarlyStopping
-from training.tasks.mdl.trainer import fit_config, stop_options
+from training.inputs.fit_settings import fit_config, stop_options
 
 
 def _plain_rule(losses: list[float], patience: int, max_epochs: int) -> tuple[int, int, str]:
@@ -94,7 +94,7 @@ def test_stop_after_warmup_has_one_default(tmp_path: Path) -> None:
     job = load_job(cfg)
     default = next(f.default for f in dataclasses.fields(MdlConfig) if f.name == "stop_after_warmup")
     assert job.mdl.stop_after_warmup is default is True
-    assert fit_config(job.mdl, 128, False, False, warmup_steps=50).warmup_steps == 50
+    assert fit_config(job, warmup_steps=50).warmup_steps == 50
 
 
 def test_fit_and_fit_group_stop_alike_and_report_why() -> None:

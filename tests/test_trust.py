@@ -183,7 +183,7 @@ def test_a_stale_result_reruns_only_after_the_checks_a_new_job_gets(tmp_path: Pa
     """A finished result found stale (here incomplete; likewise other data) runs the job again: the data checks
     (blocks, storage, memory) run on it as on any job that runs, though the precheck first took it for finished."""
     from training.app.schema import ConfigError
-    from training.tasks.mdl import precheck
+    from training.tasks.mdl import refusals as precheck
     from training.tasks.mdl.job import run_job
 
     cfg = job_config(tmp_path, TINY)

@@ -34,7 +34,6 @@ from training.app.schema import HASH_VERSION, JobConfig, config_hash, numerics_o
 from training.common import interrupt
 from training.common.files import atomic_write_json, read_json
 from training.common.provenance import device_name, now_utc, provenance
-from training.data.shared import Pack
 from training.engine.devices import resolve_device
 from training.engine.numerics import JobNumerics, job_numerics
 from training.errors import NonFiniteError, UserError
@@ -129,7 +128,7 @@ class JobRun:
     device: torch.device
     progress: Progress
     loaded: Any = None
-    store: Pack | None = None
+    store: Any = None  # what the seeds of its cell share (training/inputs/store.py; None: nothing)
     numerics: JobNumerics | None = None
     timings: dict[str, float] = dataclasses.field(default_factory=dict)  # the body's stages: result.json timings
     t0: float = dataclasses.field(default_factory=time.perf_counter)  # when it was opened (timings.total_s)
@@ -150,9 +149,9 @@ CellBody = Callable[[list[JobRun]], Sequence["Sections | BaseException"]]
 # Refuses bad runtime options before anything is made; returns what it loaded for the body. Not called for a job
 # that looks finished; called then (in the lock) when that result is stale, with the data its fingerprint check read
 # again (None: not read), so a job that runs is always checked.
-Precheck = Callable[[JobConfig, torch.device, Any, Pack | None], Any]
+Precheck = Callable[[JobConfig, torch.device, Any, Any], Any]  # (config, device, data read, store)
 # the identity of the data a job would read now (and that data)
-Fingerprint = Callable[[JobConfig, Pack | None], DataOnDisk]
+Fingerprint = Callable[[JobConfig, Any], DataOnDisk]  # (config, store)
 
 
 def stale_reason(done: Result, cfg: JobConfig, complete: tuple[str, ...],
@@ -205,14 +204,14 @@ def check_finite(result: Result, sections: tuple[str, ...], job_path: Path) -> N
 def run_in_job_dir(cfg: JobConfig, body: Body, precheck: Precheck | None = None,
                    describe: Callable[[dict[str, Any]], str] | None = None, finite: tuple[str, ...] = (),
                    complete: tuple[str, ...] = (), fingerprint: Fingerprint | None = None,
-                   store: Pack | None = None) -> Outcome:
+                   store: Any = None) -> Outcome:
     """Run `body`, the job of `cfg` (loaded with its task's spec), in its directory under its lock; its Outcome: done
     with the new result, or skipped/reused with an earlier result of this configuration. `precheck` refuses bad
     runtime options before anything is made and returns what it loaded (`JobRun.loaded`). `finite`: the sections
     whose every number must be finite (else NonFiniteError, no result); every result gets `provenance`. An earlier
     result is not reused (one line says why) when it lacks a `complete` section or its `dataset.fingerprint` differs
-    from `fingerprint(cfg)`, the data now (which the body then gets). `store`: what the jobs of one process share
-    (loaded data, fitted erasers, erased data: training/data/shared.py), handed to the hooks and the body."""
+    from `fingerprint(cfg)`, the data now (which the body then gets). `store`: what the seeds of a cell share (loaded
+    data, fitted erasers, erased data: training/inputs/store.py), handed to the hooks and the body."""
     with opened(cfg, precheck, complete, fingerprint, store) as run:
         if isinstance(run, Outcome):
             return run
@@ -225,7 +224,7 @@ def run_in_job_dir(cfg: JobConfig, body: Body, precheck: Precheck | None = None,
 def run_cell(cfgs: list[JobConfig], body: CellBody, precheck: Precheck | None = None,
              describe: Callable[[dict[str, Any]], str] | None = None, finite: tuple[str, ...] = (),
              complete: tuple[str, ...] = (), fingerprint: Fingerprint | None = None,
-             store: Pack | None = None) -> list[Outcome]:
+             store: Any = None) -> list[Outcome]:
     """The jobs of a cell's seeds (`cfgs`, one configuration) run together: each opened in its directory under its
     lock (skipped or reused as alone), then `body` runs every job that is not done at once (one numerics: they train
     together) and returns each one's sections or the exception it failed with; each writes its result.json. An
@@ -267,7 +266,7 @@ def failed(cfg: JobConfig, err: Exception) -> Outcome:
 
 @contextmanager
 def opened(cfg: JobConfig, precheck: Precheck | None = None, complete: tuple[str, ...] = (),
-           fingerprint: Fingerprint | None = None, store: Pack | None = None) -> Iterator[Outcome | JobRun]:
+           fingerprint: Fingerprint | None = None, store: Any = None) -> Iterator[Outcome | JobRun]:
     """The job of `cfg` opened: its directory locked inside; yields its Outcome when an earlier result stands
     (skipped, reused), else the JobRun its body runs (see `run_in_job_dir`)."""
     spec = cfg.task_spec

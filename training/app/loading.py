@@ -50,8 +50,7 @@ def load_config(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec, others: Coll
     _check_task_reads(job)
     _check_inside_out_dir(job.paths)
     _check_storage(job.training.storage, job.eraser.name, job.dataset.zscore)
-    e, d = job.eraser, job.dataset
-    check_fit_data(e.fit_on, e.fit_source, e.n_fit, d.name, d.permute_labels, d.limit, d.options)
+    check_fit_data(job.eraser, job.dataset, job.dataset.permute_labels)
     return job
 
 

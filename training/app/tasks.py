@@ -27,7 +27,6 @@ from training.app.task_spec import TASKS as TASKS  # the declarations' names, re
 from training.app.task_spec import TaskSpec as TaskSpec
 from training.app.task_spec import specs, task_spec
 from training.app.task_spec import task_names as task_names
-from training.data.shared import Pack
 
 
 @dataclass(frozen=True)
@@ -97,13 +96,13 @@ class Task:
         return TaskSpec(self.name, self.uses, self.fixed, self.group, self.options, self.result_type, self.numerics,
                         self.refusal if refuses else None)
 
-    def __call__(self, config: Mapping[str, Any] | JobConfig, store: Pack | None = None) -> Outcome:
+    def __call__(self, config: Mapping[str, Any] | JobConfig, store: Any = None) -> Outcome:
         """The job of `config` (one seed) in the one lifecycle; `store`: what the jobs of this process share
-        (training/data/shared.py; None: nothing)."""
+        (training/inputs/store.py; None: nothing)."""
         cfg = load_config(config, self.spec, own_groups())
         return run_in_job_dir(cfg, lambda job: self.run(self.prepare(job)), store=store, **self.lifecycle())
 
-    def run_cell(self, cfgs: list[JobConfig], store: Pack) -> list[Outcome]:
+    def run_cell(self, cfgs: list[JobConfig], store: Any = None) -> list[Outcome]:
         """The jobs of a cell's seeds (training/common/cells.py), an Outcome each: here one after another, sharing
         `store` (a task that trains its seeds together overrides it: the MDL task). A seed that fails is recorded
         (`failed`) and the others go on."""

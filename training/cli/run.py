@@ -40,8 +40,8 @@ from training.cli.report import (
 from training.common import interrupt
 from training.common.cells import seed_configs
 from training.common.conf import resolved_dict
-from training.data.shared import Pack
 from training.errors import Refused
+from training.inputs.store import Store
 
 log = logging.getLogger("training.run")
 
@@ -65,10 +65,11 @@ def job(cfg: DictConfig) -> list[Outcome]:
 def _job(cfg: DictConfig, hc: Any, multirun: bool) -> list[Outcome]:
     start = Path(hc.runtime.cwd)
     resolved: dict[str, Any] = {}
-    store = Pack()  # what the cell's seeds share: the loaded data, the fitted erasers, the erased data
+    store: Store | None = None  # what the cell's seeds share: the loaded data, the fitted erasers, the erased data
     try:
         resolved = anchored(resolved_dict(cfg), start)
         cell = [load_job(anchored(c, start)) for c in seed_configs(cfg)]  # its TaskSpec, once per seed
+        store = Store.of(cell[0].paths, memos=True)
         with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
             outcomes = get_task(cell[0].task).run_cell(cell, store)
         failures = [o for o in outcomes if o.status == "failed"]
@@ -96,7 +97,8 @@ def _job(cfg: DictConfig, hc: Any, multirun: bool) -> list[Outcome]:
             raise
         exit_user_error(line, err)
     finally:
-        store.clear()
+        if store is not None:
+            store.clear()
     ignore_time_limit_signal()
     return outcomes
 

@@ -59,7 +59,10 @@ def as_seed(cfg: DictConfig, seed: int) -> Iterator[DictConfig]:
         yield cfg
     finally:
         with open_dict(cfg):
-            cfg.seed = before
+            if node is None:
+                del cfg["seed"]
+            else:
+                cfg.seed = before
 
 
 def seed_configs(cfg: DictConfig) -> list[dict[str, Any]]:

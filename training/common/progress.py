@@ -5,7 +5,7 @@ would land in the file; instead `progress_bar` logs `desc: n/total unit (postfix
 `ERASURE_MDL_PROGRESS_SECONDS` (default 60) and once at the end.
 
 The fit loops use it directly; the eraser library, which draws nothing itself, gets it for a fit through
-`erasure.progress.use(progress_bar)` (training/data/erase.py).
+`erasure.progress.use(progress_bar)` (training/inputs/erase.py, plan.py).
 """
 
 from __future__ import annotations

@@ -2,9 +2,12 @@
 
 hash = sha256 of the canonical JSON of the caller's key plus `code_version()` (a hash of the erasure/
 sources, so editing an eraser invalidates old entries). A file lock makes concurrent jobs fit once (the
-second waits, then hits). Files are written to temporary names and renamed; the manifest (with sha256
-checksums) is written last, so an entry without a valid manifest is partial. A corrupt or partial entry
-(missing files, unparseable, a checksum mismatch, NaN or Inf in the data) is logged and rebuilt.
+second waits, then hits). Files are written to temporary names and renamed; the manifest (the key, the code
+version, sha256 checksums of both files) is written last, so an entry without a valid manifest is partial. An entry
+is served only if its manifest names the key and code version asked for and both files match their checksums:
+another key's entry under this name (a hand copy, a rename, a bad restore), a partial or a corrupt one (missing
+files, unparseable, a checksum mismatch, NaN or Inf in the data) is set aside under a name of its own
+(`<hash>.set-aside-<n>`, never deleted), with one warning line, and rebuilt.
 
 The cache is only an optimisation: when it cannot be written (a full disk, a read-only directory) the job logs a
 warning saying why, removes the partial entry and goes on with the erased data in memory. An entry it may not read
@@ -95,7 +98,7 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
                  build: Callable[[], tuple[Tensor, dict[str, Any]]], memo: shared.Memo | None = None
                  ) -> tuple[Tensor, dict[str, Any], bool]:
     """(erased x, report, hit). Loads `<cache_root>/erased/<hash>/` or calls `build()` once and stores it; `memo`
-    (a pack's `erased`, training/data/shared.py) keeps what was loaded or stored for the pack's later jobs.
+    (a cell's store's, training/data/shared.py) keeps what was loaded or stored for the cell's later seeds.
 
     Never fails because of the cache: an unwritable cache directory or a failed write is a warning and the
     erased data is returned from memory (hit False)."""
@@ -109,8 +112,8 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
         if not _lock_entry(stack, root, f"{h}.lock", "erased-data", entry, "erasing"):
             x, report = build()
             return x, report, False
-        loaded = _load(entry)
-        if loaded is UNREADABLE:  # another user's entry: leave it, erase in memory
+        loaded = _load(entry, key)
+        if loaded is UNREADABLE:  # another user's entry (or one that cannot be set aside): leave it, erase in memory
             x, report = build()
             return x, report, False
         if loaded is not None:
@@ -132,7 +135,7 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
 
 
 def _shared_entry(memo: shared.Memo | None, entry: Path) -> tuple[Tensor, dict[str, Any], bool] | None:
-    """The erased data of `entry` as another job of the pack loaded or stored it (`memo`), while the entry is still
+    """The erased data of `entry` as another seed of the cell loaded or stored it (`memo`), while the entry is still
     complete on disk (else the job goes through the cache as a lone one)."""
     if memo is None:
         return None
@@ -227,9 +230,42 @@ def unreadable_line(entry: Path, err: OSError, what: str = "erased-data cache en
 UNREADABLE: Any = object()  # `_load`: the entry exists but this process may not read it
 
 
-def _load(entry: Path) -> tuple[Tensor, dict[str, Any]] | None:
-    """The stored entry; None when absent, or when partial or corrupt (logged and removed); UNREADABLE when it
-    may not be read (a permission, an I/O error: logged, never removed)."""
+def set_aside(path: Path) -> Path | None:
+    """Rename a cache entry that is not served (another key's, another code version's, damaged) to a name of its own
+    beside it, `<name>.set-aside-<n>`, never over another; None (nothing renamed) when it cannot be renamed."""
+    for n in range(1, 1000):
+        aside = path.with_name(f"{path.name}.set-aside-{n}")
+        if aside.exists() or aside.is_symlink():
+            continue
+        try:
+            path.rename(aside)
+        except OSError:
+            return None
+        return aside
+    return None
+
+
+def _check_manifest(manifest: Any, key: Mapping[str, Any], entry: Path) -> None:
+    """ValueError unless `manifest` is of the entry asked for: this format, this code version, `key`, and the sha256
+    of both its files (a copy or rename of another key's entry, or a damaged file, is never served)."""
+    if manifest.get("format") != CACHE_FORMAT or manifest.get("code_version") != code_version():
+        raise ValueError(f"written by format {manifest.get('format')!r}, code version "
+                         f"{manifest.get('code_version')!r}, not {CACHE_FORMAT}, {code_version()!r}")
+    if _key_text(manifest.get("key")) != _key_text(canonical(key)):
+        raise ValueError(f"it holds the entry of another key ({_key_text(manifest.get('key'))[:200]})")
+    for name in ("data.pt", "report.json"):
+        if _sha256(entry / name) != manifest["sha256"][name]:
+            raise ValueError(f"checksum mismatch for {name}")
+
+
+def _key_text(key: Any) -> str:
+    return json.dumps(key, sort_keys=True, separators=(",", ":"), allow_nan=True)
+
+
+def _load(entry: Path, key: Mapping[str, Any]) -> tuple[Tensor, dict[str, Any]] | None:
+    """The stored entry of `key`; None when absent, or when it is not that entry or not whole (another key's,
+    another code version's, partial, corrupt: logged and set aside, `set_aside`); UNREADABLE when it may not be read
+    (a permission, an I/O error) or could not be set aside (logged, left as it is)."""
     try:
         if not entry.exists():
             return None
@@ -238,9 +274,7 @@ def _load(entry: Path) -> tuple[Tensor, dict[str, Any]] | None:
         return UNREADABLE
     try:
         manifest = json.loads((entry / "manifest.json").read_text())
-        for name, digest in manifest["sha256"].items():
-            if _sha256(entry / name) != digest:
-                raise ValueError(f"checksum mismatch for {name}")
+        _check_manifest(manifest, key, entry)
         x = torch.load(entry / "data.pt", map_location="cpu", weights_only=True)
         report = json.loads((entry / "report.json").read_text())
         if list(x.shape) != manifest["shape"] or str(x.dtype).replace("torch.", "") != manifest["dtype"]:
@@ -252,8 +286,13 @@ def _load(entry: Path) -> tuple[Tensor, dict[str, Any]] | None:
                                                            NotADirectoryError):
             log.warning("%s", unreadable_line(entry, err))  # unreadable is not corrupt: never delete it
             return UNREADABLE
-        log.warning("cache entry %s is partial or corrupt (%s: %s); rebuilding", entry, type(err).__name__, err)
-        shutil.rmtree(entry, ignore_errors=True)
+        aside = set_aside(entry)
+        if aside is None:
+            log.warning("cache entry %s is partial or corrupt (%s: %s) and cannot be set aside: left as it is, "
+                        "erasing in memory", entry, type(err).__name__, err)
+            return UNREADABLE
+        log.warning("cache entry %s is partial or corrupt (%s: %s): set aside as %s, rebuilding", entry,
+                    type(err).__name__, err, aside.name)
         return None
     return x, report
 
@@ -264,8 +303,8 @@ def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
     file) or `build()` once under the entry's lock, then stored. `eraser.after_augment` needs the eraser object
     itself (each augmented training batch is erased on the device), not only the erased data the `erased/` entries
     hold. Like `cached_erase`, never fails because of the cache: an unwritable directory or a failed write is a
-    warning, an unreadable entry (another user's) is left as it is, and a corrupt one is rebuilt. `memo` (a pack's
-    `erasers`, training/data/shared.py): the eraser as loaded or stored, for the pack's (bucket's) later jobs whose
+    warning, an unreadable entry (another user's) is left as it is, and a corrupt one is rebuilt. `memo` (a cell's
+    store's, training/data/shared.py): the eraser as loaded or stored, for the cell's later seeds whose
     key is the same (the same data, fit rows, eraser and options), while the entry is still on disk."""
     root = Path(cache_root) / "erasers"
     path = root / f"{key_hash(key)}.pt"
@@ -288,7 +327,13 @@ def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
             log.warning("%s", unreadable_line(path, err, "fitted-eraser cache entry", "fitting in memory"))
             return build(), False
         except Exception as err:  # noqa: BLE001 - any failure to parse means the entry cannot be trusted
-            log.warning("cache entry %s is corrupt (%s: %s); rebuilding", path, type(err).__name__, err)
+            aside = set_aside(path)
+            if aside is None:
+                log.warning("cache entry %s is corrupt (%s: %s) and cannot be set aside: left as it is, fitting in "
+                            "memory", path, type(err).__name__, err)
+                return build(), False
+            log.warning("cache entry %s is corrupt (%s: %s): set aside as %s, rebuilding", path, type(err).__name__,
+                        err, aside.name)
         log.info("cache miss: %s (fitting)", path)
         eraser = build()
         try:

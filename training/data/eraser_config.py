@@ -10,14 +10,14 @@ from __future__ import annotations
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from erasure import default_options
 from erasure.registry import ERASERS
 from erasure.traits import eraser_traits
 from training.common.option_checks import ABSENT, check_typed, raw_view, shown
 from training.data.generators import check_generated_size
-from training.data.registry import DATASETS, dataset_traits
+from training.data.registry import DATASETS, DatasetCfg, dataset_traits
 from training.errors import ConfigError
 
 FIT_KEYS = ("fit_source", "fit_fraction", "repeat", "n_fit")
@@ -159,10 +159,21 @@ def _eraser_hints(fitter: Any) -> dict[str, Any]:
         return {}
 
 
-def check_fit_data(fit_on: str, fit_source: str, n_fit: int | None, name: str, permute_labels: bool,
-                   limit: int | None, options: Any) -> None:
-    """The fitting modes that need a kind of dataset (`name`, its `options`): oracle a generator (fresh draws), pool
-    a `dataset.limit`; and a generator's draw must fit in memory."""
+class FitKeys(Protocol):
+    """The keys of the typed `eraser` config group (training/app/schema.py EraserConfig) that say how it is fitted."""
+
+    @property
+    def fit_on(self) -> str: ...
+    @property
+    def fit_source(self) -> str: ...
+    @property
+    def n_fit(self) -> int | None: ...
+
+
+def check_fit_data(e: FitKeys, dataset: DatasetCfg, permute_labels: bool) -> None:
+    """The fitting modes that need a kind of dataset (`dataset.name`, its `options`): oracle a generator (fresh draws),
+    pool a `dataset.limit`; and a generator's draw must fit in memory."""
+    fit_on, fit_source, n_fit, name, limit = e.fit_on, e.fit_source, e.n_fit, dataset.name, dataset.limit
     if fit_on in ("oracle", "population") and not dataset_traits(name).generator:
         generators = ", ".join(n for n in DATASETS.names() if dataset_traits(n).generator)
         need = "fresh draws need" if fit_on == "oracle" else "exact class statistics need"
@@ -176,7 +187,7 @@ def check_fit_data(fit_on: str, fit_source: str, n_fit: int | None, name: str, p
         raise ConfigError(f"eraser.n_fit={n_fit} is not allowed with eraser.fit_on=oracle: the fit needs at least 2 "
                           "rows of every class (their means and covariances); set eraser.n_fit ≥ 2, or null "
                           "(200 rows per class and input dimension)")
-    check_generated_size(name, options)
+    check_generated_size(name, dataset.options)
     if fit_on in ("self", "holdout") and fit_source == "pool" and limit is None:
         raise ConfigError("eraser.fit_source=pool is not allowed: the pool is the rows beyond dataset.limit, which is "
                           "not set; set dataset.limit (e.g. dataset.limit=20000) or use eraser.fit_source=split")

@@ -1,17 +1,14 @@
-"""What the jobs of one process share: a `Pack` (the store of a cell: its seeds' jobs run in one process,
-training/common/cells.py), made by the command line for each cell and emptied when the cell ends; a job without one
-shares nothing. Nothing here is a module-level registry (tests/test_no_global_state.py).
+"""The in-process memo of what the seeds of a cell share (the store's, training/inputs/store.py): loaded datasets
+(read by `load_dataset`), erased data (by the erased-data cache, training/data/cache.py) and fitted erasers
+(`eraser.after_augment`'s, by the fitted-eraser cache), each in a small bounded `Memo` keyed by what identifies it
+(the dataset's config and data directory; the cache entry's hash: the data's content, the fit rows, the eraser and
+its options). Nothing here is a module-level registry (tests/test_no_global_state.py).
 
-It holds the loaded datasets (`datasets`, read by `load_dataset`), the erased data (`erased`, by the erased-data
-cache, training/data/cache.py) and the fitted erasers (`erasers`, `eraser.after_augment`'s, by the fitted-eraser
-cache), each in a small bounded memo keyed by what identifies it (the dataset's config and data directory; the cache
-entry's hash: the data's content, the fit rows, the eraser and its options): a fit on all rows is one fit for every
-seed of the cell, a fit on a seed's own rows one per seed. A job gets the same tensors, but its own LoadedData
-(eraser object) and its own copies of every dict, so rebinding fields or editing `info` never reaches another job.
-Tensors are not copied (that is the saving), so a job that modified one in place would hand the next job other
-numbers: every entry remembers its tensors' version counters, and an entry whose tensor changed since is dropped
-(with a warning) and computed again, as a lone job would. The numbers therefore never depend on which jobs shared a
-process.
+A job gets the same tensors, but its own LoadedData (eraser object) and its own copies of every dict, so rebinding
+fields or editing `info` never reaches another job. Tensors are not copied (that is the saving), so a job that
+modified one in place would hand the next job other numbers: every entry remembers its tensors' version counters,
+and an entry whose tensor changed since is dropped (with a warning) and computed again, as a lone job would. The
+numbers therefore never depend on which jobs shared a process.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ import copy
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from torch import Tensor
@@ -66,19 +62,6 @@ class Memo:
         self.hits = 0
 
 
-@dataclass
-class Pack:
-    """What the jobs of one process share (see the module docstring)."""
-
-    datasets: Memo = field(default_factory=lambda: Memo("dataset"))
-    erased: Memo = field(default_factory=lambda: Memo("erased data"))
-    erasers: Memo = field(default_factory=lambda: Memo("fitted eraser"))
-
-    def clear(self) -> None:
-        for memo in (self.datasets, self.erased, self.erasers):
-            memo.clear()
-
-
 def remembered(memo: Memo | None, key: Hashable, make: Callable[[], T], tensors: Callable[[T], list[Tensor]],
                own_copy: Callable[[T], T]) -> T:
     """`make()` once per `key` in `memo` (every call's result is `own_copy` of the shared one); just `make()` without
@@ -95,18 +78,3 @@ def remembered(memo: Memo | None, key: Hashable, make: Callable[[], T], tensors:
 def fresh(value: T) -> T:
     """A deep copy of plain data (dicts, lists, numbers), for the parts of a shared value a job may edit."""
     return copy.deepcopy(value)
-
-
-def datasets_of(pack: Pack | None) -> Memo | None:
-    """The memo of loaded datasets of `pack` (None: a lone job's, none)."""
-    return None if pack is None else pack.datasets
-
-
-def erased_of(pack: Pack | None) -> Memo | None:
-    """The memo of erased data of `pack` (None: a lone job's, none)."""
-    return None if pack is None else pack.erased
-
-
-def erasers_of(pack: Pack | None) -> Memo | None:
-    """The memo of fitted erasers of `pack` (`eraser.after_augment`; None: a lone job's, none)."""
-    return None if pack is None else pack.erasers

@@ -34,7 +34,7 @@ Regularizer = Callable[[Tensor, Tensor, int], Tensor]  # (logits, y, step) -> pe
 
 class BatchTransform(Protocol):
     """(batch, labels, class segments) -> the batch the model trains on, applied after augmentation: e.g.
-    `eraser.after_augment` erases each augmented batch (training/data/erase.py BatchEraser). `needs_labels`: the
+    `eraser.after_augment` erases each augmented batch (training/inputs/erase.py BatchEraser). `needs_labels`: the
     loops then pass the batch's `ClassSegments`, worked out on the host (no read back). Validation data is never
     transformed."""
 

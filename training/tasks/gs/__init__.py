@@ -5,7 +5,7 @@ declaration in base.py), their code beside them.
     task=gs_colored_mnist  2×300 MLP, full-batch Adam on Colored MNIST: accuracy and the Fig. 3 probes
                            (colored_mnist.py)
     task=gs_erased_eval    μP model trained on original data, evaluated on held-out data erased by `eraser`
-                           (erased_eval.py; it loads and erases data with the MDL task's pipeline, training/tasks/mdl/)
+                           (erased_eval.py; it loads and erases data with the jobs' pipeline, training/inputs/)
 
 Their result type is result.py's, their tables aggregate_gs.py's. Discovery (training/app/task_spec.py) reads `TASKS`.
 """

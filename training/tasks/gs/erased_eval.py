@@ -2,11 +2,12 @@
 
 Split the dataset (seeded, after the labels are permuted for a null): held-out test (`gs.test_frac`), validation
 (MDL's val_size/val_frac, early stopping only) and training. The eraser is fitted on the training split only,
-through MDL's erasure path (tasks/mdl/inputs.py `erase_maybe_zscored`, the erased-data cache): in sample on the training
-rows, out of sample (MDL's holdout options) on the test rows. The μP model of `arch` is trained on the ORIGINAL
-training data with `regularizer` (ERM: none or λ=0; SD), then evaluated on original and erased test (and training)
-data. Cross-entropy is reported raw and with one temperature fitted on the original validation set (SD's logits are
-small by design; the temperature makes codes comparable). training/tasks/gs/gs_erased_eval.py declares the task.
+through the jobs' erase path (training/inputs/pipeline.py `erase_maybe_zscored`, the erased-data cache): in sample
+on the training rows, out of sample (MDL's holdout options) on the test rows. The μP model of `arch` is trained on
+the ORIGINAL training data with `regularizer` (ERM: none or λ=0; SD), then evaluated on original and erased test
+(and training) data. Cross-entropy is reported raw and with one temperature fitted on the original validation set
+(SD's logits are small by design; the temperature makes codes comparable). training/tasks/gs/gs_erased_eval.py
+declares the task.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,16 +23,16 @@ from torch import Tensor, nn
 
 from training.app.lifecycle import JobRun
 from training.data import LoadedData
-from training.data.erase import FitPlan
 from training.engine.batches import DeviceData
 from training.engine.fit import Member, TrainData, cross_entropy_sum, fit, fit_temperature, predict_logits
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import generator, seeded_global_rng
+from training.inputs.fit_settings import fit_config, resolve_optim
+from training.inputs.pipeline import erase_maybe_zscored
+from training.inputs.plan import FitPlan, with_permuted_labels
+from training.inputs.store import Store
 from training.tasks.gs.common import method_name
 from training.tasks.gs.result import StarvationSections
-from training.tasks.mdl.inputs import erase_maybe_zscored
-from training.tasks.mdl.precheck import load_data, with_permuted_labels
-from training.tasks.mdl.trainer import fit_config, resolve_optim
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
@@ -70,15 +70,15 @@ class Prepared:
 def prepare(job: JobRun) -> Prepared:
     cfg = job.cfg  # dataset.zscore, eraser.fit_on and eraser=gradient are refused (training/tasks/gs/gs_erased_eval.py)
     gs = cfg.task_options  # training/tasks/gs/gs_erased_eval.py ErasedEvalOptions
-    data = load_data(cfg.dataset, cfg.paths.data_dir, job.loaded, job.store)
+    store = job.store or Store.of(cfg.paths)  # the cell's, or the job's own
+    data = store.load(cfg.dataset) if job.loaded is None else job.loaded
     data = with_permuted_labels(data, cfg.dataset.permute_labels, cfg.seed)  # the null: before the split
     idx = split(len(data.y), cfg.seed, gs.test_frac, cfg.mdl.val_size, cfg.mdl.val_frac)
     plans = {"train": FitPlan("self", coded_idx=idx["train"]),  # in sample: the rows it is fitted on
              "test": FitPlan("holdout", coded_idx=idx["test"], fit_idx=idx["train"])}
     erased, info = {}, {}
     for part, plan in plans.items():
-        erased[part], info[part] = erase_maybe_zscored(data, cfg.eraser, cfg.dataset, Path(cfg.paths.cache_dir),
-                                                       cfg.certificate, plan, job.store)
+        erased[part], info[part] = erase_maybe_zscored(data, cfg, store, plan)
     return Prepared(job, data, idx, erased, info)
 
 
@@ -98,8 +98,7 @@ def run(prepared: Prepared) -> StarvationSections:
     on = {p: (x[i].to(device), y[i].to(device)) for p, i in idx.items()}
     member = Member(model, opt, torch.arange(len(on["train"][1]), device=device),
                     generator(seed, "batches", "gs_erased_eval"),
-                    fit_config(m, cfg.optim.batch_size, cfg.dataset.augment, cfg.progress, optim.warmup_steps,
-                               m.eval_every_steps, numerics=job.numerics))
+                    fit_config(cfg, optim.warmup_steps, m.eval_every_steps, numerics=job.numerics))
     x_train = on["train"][0]
     train = DeviceData(x_train, x_train.device, storage="float32")  # what TrainData makes of a tensor
     res = fit(member, TrainData(train, on["train"][1], *on["val"]), build_regularizer(cfg.regularizer, k),

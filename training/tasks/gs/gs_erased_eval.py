@@ -16,7 +16,7 @@ from training.tasks.gs.base import StarvationTask
 if TYPE_CHECKING:
     from training.app.lifecycle import Outcome
     from training.app.schema import JobConfig
-    from training.data.shared import Pack
+    from training.inputs.store import Store
 
 log = logging.getLogger(__name__)
 # the mdl keys it reads: the validation split and the early stopping of its one model
@@ -52,7 +52,7 @@ class ErasedEval(StarvationTask):
         return None
 
     def lifecycle(self) -> dict[str, Any]:
-        from training.tasks.mdl.precheck import data_fingerprint  # the data now, and (for a rerun) the data itself
+        from training.inputs.pipeline import data_fingerprint  # the data now, and (for a rerun) the data itself
 
         return {**super().lifecycle(), "fingerprint": data_fingerprint}
 
@@ -61,7 +61,7 @@ class ErasedEval(StarvationTask):
 
         return erased_eval
 
-    def __call__(self, config: Mapping[str, Any] | JobConfig, store: Pack | None = None) -> Outcome:
+    def __call__(self, config: Mapping[str, Any] | JobConfig, store: Store | None = None) -> Outcome:
         from erasure.traits import eraser_traits
         from training.app.lifecycle import Outcome
         from training.app.schema import JobConfig, load_config

@@ -12,7 +12,7 @@ from training.tasks.mdl.result import MdlResult
 if TYPE_CHECKING:
     from training.app.lifecycle import Outcome
     from training.app.schema import JobConfig
-    from training.data.shared import Pack
+    from training.inputs.store import Store
 
 
 class Mdl(Task):
@@ -31,7 +31,7 @@ class Mdl(Task):
 
         return LIFECYCLE
 
-    def run_cell(self, cfgs: list[JobConfig], store: Pack) -> list[Outcome]:
+    def run_cell(self, cfgs: list[JobConfig], store: Store | None = None) -> list[Outcome]:
         """The cell's seeds together: one lockstep group of every seed's block models (training/tasks/mdl/cell.py)."""
         from training.tasks.mdl.job import run_cell
 

@@ -14,7 +14,7 @@ MIN_BLOCK_SAMPLES = 2  # the smallest block: `mdl.min_block` shrinks to this whe
 
 def most_blocks(n: int) -> int:
     """The most blocks `n` samples can be cut into: the one feasibility rule that the partition, the split and the
-    job's precheck (training/tasks/mdl/splits.py, precheck.py) apply."""
+    job's precheck (training/tasks/mdl/splits.py, refusals.py) apply."""
     return n // MIN_BLOCK_SAMPLES
 
 

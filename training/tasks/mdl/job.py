@@ -24,15 +24,14 @@ from training.app.lifecycle import run_cell as run_cell_jobs
 from training.app.schema import JobConfig, load_config
 from training.app.tasks import own_groups, spec_of
 from training.common import interrupt
-from training.data import LoadedData
-from training.data.shared import Pack
 from training.engine.checkpoint import CheckpointStore
 from training.engine.fit import NONFINITE_HINT, FitResult
 from training.errors import NonFiniteError
+from training.inputs.pipeline import Inputs, data_fingerprint, prepare_inputs
+from training.inputs.store import Store
 from training.tasks.mdl.cell import train_cell
 from training.tasks.mdl.code import paper_code, prequential_code
-from training.tasks.mdl.inputs import BatchErasure, prepare_inputs
-from training.tasks.mdl.precheck import data_fingerprint, estimate_memory, jobs_that_fit, memory_free, precheck
+from training.tasks.mdl.refusals import estimate_memory, jobs_that_fit, memory_free, precheck
 from training.tasks.mdl.result import MdlSections
 from training.tasks.mdl.splits import MdlSplit, model_name
 from training.tasks.mdl.stop_keys import say_stop_keys
@@ -177,14 +176,14 @@ LIFECYCLE: dict[str, Any] = {"precheck": precheck, "describe": _describe, "finit
                              "complete": ("mdl",), "fingerprint": data_fingerprint}
 
 
-def run_job(config: Mapping[str, Any] | JobConfig, store: Pack | None = None) -> Outcome:
+def run_job(config: Mapping[str, Any] | JobConfig, store: Store | None = None) -> Outcome:
     """One MDL job (one seed) in the one lifecycle: `run(prepare(job))` (scripts and tests; the command line runs
     a cell, `run_cell`)."""
     return run_in_job_dir(load_config(config, spec_of("mdl"), own_groups()), lambda job: run(prepare(job)),
                           store=store, **LIFECYCLE)
 
 
-def run_cell(cfgs: list[JobConfig], store: Pack | None = None) -> list[Outcome]:
+def run_cell(cfgs: list[JobConfig], store: Store | None = None) -> list[Outcome]:
     """The jobs of a cell's seeds together (training/app/lifecycle.py `run_cell`): data loaded and erasers fitted
     once per fit key (`store`), every seed's block models in one lockstep group (`train_cell`)."""
     return run_cell_jobs(cfgs, train_seeds, store=store, **LIFECYCLE)
@@ -192,14 +191,11 @@ def run_cell(cfgs: list[JobConfig], store: Pack | None = None) -> list[Outcome]:
 
 @dataclass(frozen=True)
 class Prepared:
-    """An MDL job's inputs (`prepare`): the coded data (labels permuted for a null), its erased images and how they
-    were erased, the batches' eraser (`eraser.after_augment`) and the split into blocks."""
+    """An MDL job's inputs (`prepare`: the coded data, labels permuted for a null, its erased images, how they were
+    erased and the batches' eraser) and the split of the coded rows into blocks."""
 
     job: JobRun
-    data: LoadedData
-    x: torch.Tensor
-    erasure: dict[str, Any]
-    batches: BatchErasure | None
+    inputs: Inputs
     split: MdlSplit
     started: float  # perf_counter() when the job's body began (timings.before_mdl_s)
 
@@ -208,15 +204,15 @@ def prepare(job: JobRun) -> Prepared:
     """Data loaded (or what the precheck loaded), labels permuted, the eraser's fit split, erased (through the
     erased-data cache), and the MDL split of the coded rows."""
     cfg, started = job.cfg, time.perf_counter()
-    data, x, erasure_info, batches = prepare_inputs(cfg, job.loaded, job.store)
-    return Prepared(job, data, x, erasure_info, batches, split_of(cfg.mdl, cfg.seed, len(data.y)), started)
+    inputs = prepare_inputs(cfg, job.store or Store.of(cfg.paths), job.loaded)  # the cell's store, or the job's
+    return Prepared(job, inputs, split_of(cfg.mdl, cfg.seed, len(inputs.data.y)), started)
 
 
 class SeedRun:
     """One job's training state (its trainer, blocks, logger), from `Prepared` to its result.json sections."""
 
     def __init__(self, prepared: Prepared) -> None:
-        job, data, split = prepared.job, prepared.data, prepared.split
+        job, data, split = prepared.job, prepared.inputs.data, prepared.split
         cfg = job.cfg
         self.prepared = prepared
         self.logger = RunLogger(cfg.logger, cfg.to_dict(), job.path, run_id=f"{job.cfg_hash}-s{cfg.seed}",
@@ -226,8 +222,9 @@ class SeedRun:
             self.checkpoint = CheckpointStore(job.path, job.cfg_hash)
             if cfg.force:
                 self.checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
-            self.trainer = Trainer(cfg, prepared.x, data.y, data.num_classes, split, job.device,
-                                   batches=prepared.batches, checkpoint=self.checkpoint, numerics=job.numerics)
+            self.trainer = Trainer(cfg, prepared.inputs.x, data.y, data.num_classes, split, job.device,
+                                   batches=prepared.inputs.batches, checkpoint=self.checkpoint,
+                                   numerics=job.numerics)
             # training.parallel_models=auto: as many of its models at once as fit in the memory the device has free
             self.trainer.model_room = estimate_memory(cfg, data, len(data.y), job.device,
                                                       memory_free(job.device)).num_models
@@ -241,7 +238,7 @@ class SeedRun:
 
     def sections(self) -> MdlSections:
         """The code, the full-data run (trained alongside, or now), result.json's sections (timings in the job)."""
-        job, data, erasure_info = self.prepared.job, self.prepared.data, self.prepared.erasure
+        job, data, erasure_info = self.prepared.job, self.prepared.inputs.data, self.prepared.inputs.erasure
         mdl, full_fit = self.blocks.code()
         t_full = time.perf_counter()
         final = run_full(self.trainer, self.logger, full_fit) if job.cfg.mdl.full_run else None
@@ -297,7 +294,7 @@ def train_seeds(jobs: list[JobRun]) -> list[MdlSections | BaseException]:
             job, m = lead.prepared.job, lead.prepared.job.cfg.mdl
             room, per_seed = lead.trainer.model_room, m.num_blocks - 1 + int(m.full_run)
             if room is not None and room >= per_seed:
-                lead.trainer.model_room = per_seed * jobs_that_fit(job.cfg, lead.prepared.data, job.device)
+                lead.trainer.model_room = per_seed * jobs_that_fit(job.cfg, lead.prepared.inputs.data, job.device)
         errors = train_cell([seeds[i].trainer for i in order], [seeds[i].blocks.jobs() for i in order],
                             [seeds[i].blocks.on_finish for i in order])
         for j, i in enumerate(order):

@@ -39,7 +39,7 @@ def make_split(n: int, seed: int, *, val_size: int, val_frac: float, num_blocks:
     perm = torch.randperm(n, generator=generator(seed, "split"))
     nv = validation_size(n, val_size, val_frac)
     rest = perm[nv:]
-    if num_blocks > most_blocks(len(rest)):  # the job's precheck (precheck.py) refuses this before anything is made
+    if num_blocks > most_blocks(len(rest)):  # the job's precheck (refusals.py) refuses this before anything is made
         raise ConfigError(f"mdl.num_blocks={num_blocks} is not allowed: {len(rest)} samples to code (after {nv} for "
                           f"validation) make at most {most_blocks(len(rest))} blocks of at least {MIN_BLOCK_SAMPLES}; "
                           "lower mdl.num_blocks")

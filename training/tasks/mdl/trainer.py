@@ -1,5 +1,5 @@
 """The MDL job's trainer: a fresh μP model and optimizer per fit, trained on index subsets of on-device data
-(`Trainer`), the job's optimiser and fit-loop settings, and the models an MDL job trains (`model_jobs`)."""
+(`Trainer`), and the models an MDL job trains (`model_jobs`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ from typing import Any
 
 import torch
 
-from models import depth_lr_multiplier
 from models.registry import arch_traits
-from training.app.schema import ArchConfig, JobConfig, MdlConfig, OptimConfig
+from training.app.schema import JobConfig, MdlConfig
 from training.engine.backends import compile_mode
 from training.engine.batches import DeviceData
 from training.engine.checkpoint import CheckpointStore
 from training.engine.fit import (
-    BatchTransform,
     FitConfig,
     FitResult,
     Member,
@@ -27,34 +25,15 @@ from training.engine.fit import (
 )
 from training.engine.group import GroupOptions, OnFinish, fit_group, resolve_engine, why_not_vectorized
 from training.engine.numerics import JobNumerics
-from training.engine.optim import OptimSettings
 from training.engine.regularizers import build_regularizer
 from training.engine.seeding import derive_seed, generator, seeded_global_rng
-from training.tasks.mdl.inputs import BatchErasure
+from training.inputs.fit_settings import fit_config, resolve_optim
+from training.inputs.pipeline import BatchErasure
 from training.tasks.mdl.splits import MdlSplit, make_split, model_name
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
 FitJob = tuple[torch.Tensor, object, "int | None"]  # (training rows, tag, eval_every_steps): one model to train
-
-
-def resolve_optim(o: OptimConfig, arch: ArchConfig) -> OptimSettings:
-    """The optimiser settings of the job (the paper's come from conf/ through optim.*), with the depth rule."""
-    mult = float(depth_lr_multiplier(arch)) if o.depth_lr_rule else 1.0
-    return OptimSettings(lr_base=float(o.lr), lr=float(o.lr) * mult, depth_lr_multiplier=mult, beta1=float(o.beta1),
-                         beta2=float(o.beta2), weight_decay=float(o.weight_decay), warmup_steps=o.warmup_steps,
-                         batch_size=o.batch_size)
-
-
-def fit_config(m: MdlConfig, batch_size: int, augment: bool, progress: bool, warmup_steps: int,
-               eval_every_steps: int | None = None, batch_transform: BatchTransform | None = None,
-               numerics: JobNumerics | None = None) -> FitConfig:
-    """The fit loop's settings of a job: `optim.batch_size`, `mdl.*` early stopping (step-aware), `dataset.augment`,
-    the map of each augmented batch (`eraser.after_augment`: `BatchEraser`) and the job's numerics
-    (`JobRun.numerics`)."""
-    return FitConfig(batch_size=batch_size, patience=m.patience, max_epochs=m.max_epochs,
-                     augment=augment, eval_every_steps=eval_every_steps, progress=progress,
-                     batch_transform=batch_transform, numerics=numerics, **stop_options(m, warmup_steps))
 
 
 class Trainer:
@@ -108,8 +87,7 @@ class Trainer:
 
     def fit_cfg(self, eval_every_steps: int | None = None) -> FitConfig:
         c = self.cfg
-        return fit_config(c.mdl, c.optim.batch_size, c.dataset.augment, c.progress, self.optim.warmup_steps,
-                          eval_every_steps, self.batch_transform, self.numerics)
+        return fit_config(c, self.optim.warmup_steps, eval_every_steps, self.batch_transform, self.numerics)
 
     def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
         """A fresh model (init drawn from (seed, "init", tag)), its optimizer, data subset and generator."""
@@ -180,12 +158,6 @@ class Trainer:
         idx = idx.to(self.device)
         t = fit_temperature(model, self.x_val, self.y_val) if self.cfg.mdl.calibrate_temperature else 1.0
         return cross_entropy_sum(model, self.data.all(idx), self.y[idx], temperature=t) / len(idx) / LN2, t
-
-
-def stop_options(m: MdlConfig, warmup_steps: int) -> dict[str, int]:
-    """The step-aware early-stopping options of `mdl` (training/engine/stopping.py) as FitConfig fields."""
-    return {"warmup_steps": warmup_steps if m.stop_after_warmup else 0, "min_steps": m.min_steps,
-            "patience_min_steps": m.patience_min_steps}
 
 
 def split_of(m: MdlConfig, seed: int, n: int) -> MdlSplit:

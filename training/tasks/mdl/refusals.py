@@ -1,6 +1,7 @@
-"""What an MDL job checks once its data is loaded, before it takes its directory's lock or writes anything: the coded
-data can be cut into `mdl.num_blocks` blocks, `training.storage` holds it exactly, and its data and models fit in the
-memory it has. Each refusal is one line naming the key (exit 2; a single run leaves no directory behind).
+"""An MDL job's refusals and its memory estimate: what the job checks once its data is loaded, before it takes its
+directory's lock or writes anything (`precheck`): the samples suit the eraser and the architecture, the coded data can
+be cut into `mdl.num_blocks` blocks, `training.storage` holds it exactly, and its data and models fit in the memory it
+has (`estimate_memory`). Each refusal is one line naming the key (exit 2; a single run leaves no directory behind).
 
 `precheck` returns the data it loaded, which the lifecycle hands to the job's body (`JobRun.loaded`), so it is
 loaded once; the lifecycle does not call it for a job that already finished with this configuration (a SKIP). The
@@ -9,32 +10,27 @@ checks and the data steps are handed the config sections they read, not the whol
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from erasure import resolve_options
-from erasure.split import fit_counts, holdout_split, stratified_sample
 from erasure.traits import eraser_traits
 from models import make_spec, param_count
 from models.mup_utils import on_meta
 from models.registry import arch_traits
-from training.app.lifecycle import DataOnDisk
 from training.app.schema import ArchConfig, ConfigError, DatasetConfig, EraserConfig, JobConfig, MdlConfig
 from training.common import env
-from training.data import LoadedData, load_dataset
-from training.data.erase import FitPlan, OracleFit, PopulationFit, after_augment_refusal
-from training.data.generators import oracle_chunks, population_moments
-from training.data.shared import Pack, datasets_of
+from training.data import LoadedData
 from training.engine.batches import compact
 from training.engine.devices import available_memory
 from training.engine.group import check_options, module_refusal, resolve_engine
-from training.engine.seeding import generator
 from training.errors import Refused
+from training.inputs.erase import after_augment_refusal
+from training.inputs.plan import ALL, FitPlan, fit_plan, with_permuted_labels
+from training.inputs.store import Store
 from training.tasks.mdl.code import MIN_BLOCK_SAMPLES, most_blocks
 from training.tasks.mdl.splits import validation_size
 
@@ -47,136 +43,25 @@ MODEL_COPIES = 5
 PLAN_BYTES_PER_SLOT = 8 + 4 + 16 + 1  # the lockstep plan per training sample: index, weight, crop offset, flip
 
 
-def load_data(dataset: DatasetConfig, data_dir: str, loaded: LoadedData | None = None, pack: Pack | None = None
-              ) -> LoadedData:
-    """The job's dataset: `loaded` (what its precheck loaded, `JobRun.loaded`), else loaded now (once per `pack`)."""
-    return loaded if loaded is not None else load_dataset(dataset, data_dir, datasets_of(pack))
-
-
-def data_fingerprint(cfg: JobConfig, pack: Pack | None = None) -> DataOnDisk:
-    """The fingerprint of the job's data as it is on disk now (result.json's `dataset.fingerprint`), to compare with a
-    finished result's, and the data, for the job's body in case the job runs again."""
-    data = load_dataset(cfg.dataset, cfg.paths.data_dir, datasets_of(pack))
-    return DataOnDisk(data.info["fingerprint"], data)
-
-
-def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = None, pack: Pack | None = None
+def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = None, store: Store | None = None
              ) -> LoadedData:
     """Refuse (one line) a job that cannot run on its data or device, before anything is made (see the module
     docstring); returns the data it loaded, or checked: `data`, what the lifecycle's fingerprint check read again.
-    `pack`: what the job shares with its pack's others."""
+    `store`: its cell's (what the seeds share), else the job's own."""
     t, e, d = cfg.training, cfg.eraser, cfg.dataset
     check_options(t.engine, t.workers, t.fused_optimizer, device, arch_traits(cfg.arch.name).vectorises)
-    data = load_data(d, cfg.paths.data_dir, data, pack)
-    plan = fit_plan(e, d, cfg.seed, with_permuted_labels(data, d.permute_labels, cfg.seed), cfg.paths.data_dir, pack)
-    coded = None if plan is None else plan.coded_idx  # the samples the job codes (None: all), as inputs.py picks them
+    store = store or Store.of(cfg.paths)
+    data = store.load(d) if data is None else data
+    permuted = with_permuted_labels(data, d.permute_labels, cfg.seed)
+    plan = fit_plan(e, d, cfg.seed, permuted, store)
+    coded = None if plan is None else plan.coded_idx  # the rows the job codes (None: all), as the pipeline picks them
     n_coded = len(data.y) if coded is None else len(coded)
     check_input(d, e.name, cfg.arch, data)
     check_blocks(cfg.mdl, e.fit_on, data.name, len(data.y), n_coded)
     check_storage(t.storage, e.name, d.zscore, data, coded)
-    check_after_augment(e, d, cfg.seed, cfg.paths.data_dir, data, pack)
+    check_after_augment(e, permuted, plan)
     check_memory(cfg, data, n_coded, device)
     return data
-
-
-def with_permuted_labels(data: LoadedData, permute: bool, seed: int) -> LoadedData:
-    """`dataset.permute_labels`: the labels shuffled once, seeded by the job seed, before anything else sees them."""
-    if not permute:
-        return data
-    perm = torch.randperm(len(data.y), generator=generator(seed, "permute_labels"))
-    return LoadedData(data.name, data.x, data.y[perm].contiguous(), data.num_classes,
-                      {**data.info, "permuted_labels": True})
-
-
-def fit_plan(e: EraserConfig, dataset: DatasetConfig, seed: int, data: LoadedData, data_dir: str,
-             pack: Pack | None = None) -> FitPlan | None:
-    """How the eraser is fitted (`eraser.fit_on`, INTERFACE.md) on `data` (labels already permuted for a null), and
-    which rows are coded; None for fit_on=all (with the coded labels). A holdout that cannot be fitted is refused in
-    one line (ConfigError) here, in the precheck, before any directory is made. `data_dir`: where the pool is read
-    (`eraser.fit_source=pool`)."""
-    shuffle = (seed, e.repeat) if e.fit_labels == "shuffled" else None  # the fit labels' permutation
-    if e.fit_on == "all":
-        return None if shuffle is None else FitPlan("all", shuffle=shuffle)
-    if e.fit_on == "oracle":
-        return FitPlan("oracle", oracle=oracle_fit(e.n_fit, dataset, data))
-    if e.fit_source == "pool":
-        pool = _pool(e, dataset, seed, data, data_dir, pack)
-        return FitPlan(e.fit_on, pool=pool, fit_source="pool", repeat=e.repeat, shuffle=shuffle)
-
-    _check_split(e.fit_fraction, data)
-    fit_idx, coded_idx = holdout_split(data.y, e.fit_fraction, seed=seed, repeat=e.repeat)
-    population = population_fit(dataset) if e.fit_on == "population" else None  # codes the rows self codes
-    return FitPlan(e.fit_on, coded_idx=coded_idx, fit_idx=fit_idx if e.fit_on == "holdout" else None,
-                   fit_source="split", fit_fraction=float(e.fit_fraction), repeat=e.repeat, population=population,
-                   shuffle=shuffle)
-
-
-MIN_CLASS_ROWS = 2  # an eraser's fit needs at least 2 rows of every class (erasure/moments.py check_labels)
-
-
-def _check_split(fit_fraction: float, data: LoadedData) -> None:
-    """Both parts of a split (the fit rows and the coded rows) need MIN_CLASS_ROWS rows of every class."""
-    f = float(fit_fraction)
-    counts, fit = fit_counts(data.y, f)
-    coded = counts - fit
-    if int(fit.min()) >= MIN_CLASS_ROWS and int(coded.min()) >= MIN_CLASS_ROWS:
-        return
-    n_min = int(counts.min())
-    side, rows = ("fit", int(fit.min())) if int(fit.min()) < MIN_CLASS_ROWS else ("coded", int(coded.min()))
-    lo, hi = math.ceil(1000 * MIN_CLASS_ROWS / n_min) / 1000, math.floor(1000 * (1 - MIN_CLASS_ROWS / n_min)) / 1000
-    works = (f"use eraser.fit_fraction between {lo:g} and {hi:g}" if lo <= hi else
-             f"no fit_fraction can leave {MIN_CLASS_ROWS} rows of each class on both sides")
-    raise ConfigError(f"eraser.fit_fraction={f:g} is not allowed: the smallest class of {data.name} has {n_min} "
-                      f"rows and the {side} part gets as few as {rows} rows of a class (every class needs "
-                      f"{MIN_CLASS_ROWS} on each side to fit the eraser and code the rest); {works}, or use more "
-                      "data (dataset.limit)")
-
-
-def _pool(e: EraserConfig, dataset: DatasetConfig, seed: int, data: LoadedData, data_dir: str, pack: Pack | None
-          ) -> LoadedData:
-    """`eraser.fit_source=pool`: the dataset's rows beyond `dataset.limit` (labels permuted too for a null), all of
-    them or `eraser.n_fit` drawn stratified by (seed, repeat)."""
-    full = load_dataset(dataclasses.replace(dataset, limit=None), data_dir, datasets_of(pack))
-    limit = int(dataset.limit or 0)
-    if len(full.y) <= limit:
-        raise ConfigError(f"eraser.fit_source=pool is not allowed: {data.name} has {len(full.y)} rows and "
-                          f"dataset.limit={limit} codes all of them, leaving no pool; lower dataset.limit or use "
-                          "eraser.fit_source=split")
-    pool = full.subset(torch.arange(limit, len(full.y)))
-    if dataset.permute_labels:
-        perm = torch.randperm(len(pool.y), generator=generator(seed, "permute_labels", "pool"))
-        pool = LoadedData(pool.name, pool.x, pool.y[perm].contiguous(), pool.num_classes, pool.info)
-    n_fit = e.n_fit
-    if n_fit is not None and n_fit > len(pool.y):
-        raise ConfigError(f"eraser.n_fit={n_fit} is not allowed: the pool beyond dataset.limit={limit} has "
-                          f"{len(pool.y)} rows; use eraser.n_fit ≤ {len(pool.y)} or null (the whole pool)")
-    if n_fit is not None:
-        pool = pool.subset(stratified_sample(pool.y, n_fit, seed=seed, repeat=e.repeat))
-    counts = torch.bincount(pool.y, minlength=pool.num_classes)
-    if int(counts.min()) < MIN_CLASS_ROWS:
-        raise ConfigError(f"eraser.n_fit={n_fit} is not allowed: the pool's smallest class gets "
-                          f"{int(counts.min())} rows (every class needs {MIN_CLASS_ROWS}); raise eraser.n_fit or "
-                          "lower dataset.limit")
-    return pool
-
-
-ORACLE_ROWS_PER_DIM = 200  # eraser.fit_on=oracle: default fit rows per class, per input dimension
-
-
-def oracle_fit(n_fit: int | None, dataset: DatasetConfig, data: LoadedData) -> OracleFit:
-    """`eraser.fit_on=oracle`: fresh draws of the generator (never the coded rows), `eraser.n_fit` rows per class
-    (null: ORACLE_ROWS_PER_DIM · d)."""
-    o = dataset.options
-    per_class = n_fit or ORACLE_ROWS_PER_DIM * int(data.x[0].numel())
-    key = {"dataset": dataset.name, "options": dataclasses.asdict(o), "rows_per_class": per_class}
-    return OracleFit(lambda: oracle_chunks(o, per_class), per_class * data.num_classes, key)
-
-
-def population_fit(dataset: DatasetConfig) -> PopulationFit:
-    """`eraser.fit_on=population`: the generator's exact class moments (training/data/generators.py)."""
-    o = dataset.options
-    key = {"dataset": dataset.name, "options": dataclasses.asdict(o), "population": True}
-    return PopulationFit(lambda: population_moments(o), key)
 
 
 def check_input(dataset: DatasetConfig, eraser: str, arch: ArchConfig, data: LoadedData) -> None:
@@ -227,13 +112,12 @@ def check_storage(storage: str, eraser: str, zscore: bool, data: LoadedData, cod
                           "so would change the numbers; auto keeps the smallest exact storage)") from None
 
 
-def check_after_augment(e: EraserConfig, dataset: DatasetConfig, seed: int, data_dir: str, data: LoadedData,
-                        pack: Pack | None = None) -> None:
+def check_after_augment(e: EraserConfig, data: LoadedData, plan: FitPlan | None) -> None:
     """`eraser.after_augment=true` with an eraser whose fit may add noise (`EraserTraits.batch_noise`, QLEACE's
-    coupling): refused when the fit would add it (singular classes), predicted from the fit's data without fitting
-    (erasure/qleace.py `coupling_noise_ranks`: seconds, no barycenter). The prediction replaces the barycenter by the
-    pooled covariance; where it misses, the fitted eraser is refused with the same line (training/data/erase.py
-    `BatchEraser`)."""
+    coupling): refused when the fit would add it (singular classes), predicted from the fit's data (`data`, labels
+    permuted for a null, fitted as `plan` says) without fitting (erasure/qleace.py `coupling_noise_ranks`: seconds,
+    no barycenter). The prediction replaces the barycenter by the pooled covariance; where it misses, the fitted
+    eraser is refused with the same line (training/inputs/erase.py `BatchEraser`)."""
     noise = eraser_traits(e.name).batch_noise
     if not e.after_augment or noise is None:
         return
@@ -241,15 +125,9 @@ def check_after_augment(e: EraserConfig, dataset: DatasetConfig, seed: int, data
     options = resolve_options(e.name, dict(e.options))
     if not noise.applies(options):
         return
-    data = with_permuted_labels(data, dataset.permute_labels, seed)
-    try:
-        plan = fit_plan(e, dataset, seed, data, data_dir, pack)
-    except ConfigError:
-        return  # a fit part the split refuses (too few rows): its own line says so
-    fit = data if plan is None else plan.fit_rows(data)
-    if fit is None:  # self: the coded rows
-        fit = data if plan is None or plan.coded_idx is None else data.subset(plan.coded_idx)
-    fit = fit if plan is None else plan.labelled(fit)
+    plan = plan or ALL
+    rows = plan.fit_rows(data)  # None: oracle and population draw their own; predicted on the coded rows
+    fit = plan.labelled(plan.coded(data) if rows is None else rows)
     try:
         ranks = noise.ranks(fit.x.reshape(len(fit.x), -1), fit.y, **options)
     except ValueError:
@@ -372,9 +250,9 @@ def memory_free(device: torch.device) -> int | None:
 
 
 def jobs_that_fit(cfg: JobConfig, data: LoadedData, device: torch.device) -> int:
-    """How many jobs of this configuration (seeds of a pack: training/tasks/mdl/pack_group.py) can train their models at
-    once on one copy of `data` (the coded rows) in the memory the device has free: the memory estimate of a pack
-    group. Without a figure (or with the check off) as many as there are."""
+    """How many seeds of this configuration (a cell: training/tasks/mdl/cell.py) can train their models at once on one
+    copy of `data` (the coded rows) in the memory the device has free: the memory estimate of a cell's group.
+    Without a figure (or with the check off) as many as there are."""
     free = memory_free(device)
     if free is None:
         return 1 << 30

@@ -1,0 +1,154 @@
+"""A job's inputs in one pass (`prepare_inputs`): the data loaded, labels permuted for the null control, the eraser's
+fit plan (training/inputs/plan.py), fitted and applied through the erased-data cache (training/inputs/erase.py),
+z-scored, with the certificates; and with `eraser.after_augment` what the training batches are drawn from."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from erasure.registry import ERASERS
+from training.app.lifecycle import DataOnDisk
+from training.app.schema import JobConfig
+from training.data import LoadedData
+from training.inputs.erase import BatchEraser, apply_eraser, apply_eraser_keeping_map
+from training.inputs.plan import FitPlan, fit_plan, with_permuted_labels
+from training.inputs.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class ZScore:
+    """Per-coordinate (pixel, channel) standardisation with the statistics of `x` (paper Fig. 16), in float64, back
+    to the input's dtype. Constant coordinates (std < 1e-8, e.g. MNIST borders) are centred and left unscaled."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        mean = x.double().mean(dim=0, keepdim=True)
+        std = x.double().std(dim=0, keepdim=True)
+        self.mean, self.std = mean, torch.where(std < 1e-8, torch.ones_like(std), std)
+
+    def to(self, device: torch.device | str) -> ZScore:
+        out = object.__new__(ZScore)
+        out.mean, out.std = self.mean.to(device), self.std.to(device)
+        return out
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        return ((v.double() - self.mean) / self.std).to(v.dtype)
+
+
+def zscore_map(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Per-coordinate standardisation with the statistics of `x` (`ZScore`)."""
+    return ZScore(x)
+
+
+def data_fingerprint(cfg: JobConfig, store: Store | None = None) -> DataOnDisk:
+    """The fingerprint of the job's data as it is on disk now (result.json's `dataset.fingerprint`), to compare with a
+    finished result's, and the data, for the job's body in case the job runs again (`store`: the cell's, else the
+    job's own)."""
+    data = (store or Store.of(cfg.paths)).load(cfg.dataset)
+    return DataOnDisk(data.info["fingerprint"], data)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A job's inputs: the coded data (labels permuted for a null), its erased images (z-scored as configured) and how
+    they were erased (`erasure`: report, cache hit, fit, certificate, seconds), and with `eraser.after_augment` what
+    the training batches are drawn from (`batches`; None: the erased images)."""
+
+    data: LoadedData
+    x: torch.Tensor
+    erasure: dict[str, Any]
+    batches: BatchErasure | None = None
+
+
+def prepare_inputs(cfg: JobConfig, store: Store, loaded: LoadedData | None = None, after_augment: bool = True
+                   ) -> Inputs:
+    """The coded data of a job: `loaded` (what its precheck read) or loaded now, labels permuted for the null control
+    (`dataset.permute_labels`, seeded by the job seed, before anything else sees them), then erased as its fit plan
+    says (`erase_maybe_zscored`). With `eraser.fit_on=holdout` or `self` the data and erased images are the coded
+    part only. With `eraser.after_augment` (and `after_augment`) the training batches are drawn from the unerased
+    images and erased by the fitted eraser (`BatchErasure`); the erased images (validation set, coded blocks) are the
+    same as without it."""
+    dataset, eraser = cfg.dataset, cfg.eraser
+    after_augment = after_augment and eraser.after_augment
+    if after_augment and ERASERS.meta(eraser.name)["kind"] == "edit":  # a dataset edit has no map to apply per batch
+        log.info("eraser.after_augment: %s edits the dataset once (as the paper's precomputed datasets); the "
+                 "augmented batches are drawn from the edited data", eraser.name)
+        after_augment = False
+    data = with_permuted_labels(store.load(dataset) if loaded is None else loaded, dataset.permute_labels, cfg.seed)
+    plan = fit_plan(eraser, dataset, cfg.seed, data, store)
+    if after_augment:
+        return erase_after_augment(data, cfg, store, plan)
+    x, info = erase_maybe_zscored(data, cfg, store, plan)
+    info["after_augment"] = False
+    return Inputs(data if plan is None else plan.coded(data), x, info)
+
+
+def erase_maybe_zscored(data: LoadedData, cfg: JobConfig, store: Store, plan: FitPlan | None = None
+                        ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Apply the eraser `cfg.eraser` (fitted as `plan` says and applied to the coded part, with a plan); with
+    `dataset.zscore` the data is standardised per coordinate, `dataset.zscore_order`: "before" erasure
+    (statistics of the raw data) or "after" it (statistics of the erased data, as the paper's code did). Gradient
+    erasure optimises pixels in [0, 1] (sigmoid), so with "before" it erases first and then gets the same affine
+    standardisation (statistics of the unerased data). `cfg.certificate`: with the certificates before and after."""
+    eraser, dataset, cert = cfg.eraser, cfg.dataset, cfg.certificate
+    if not dataset.zscore:
+        return apply_eraser(data, eraser, store, plan, cert)
+    if dataset.zscore_order == "after":
+        x, info = apply_eraser(data, eraser, store, plan, cert)
+        info["zscore"] = "after erasure (statistics of the erased data)"
+        return zscore_map(x)(x), info
+    standardize = zscore_map(data.x)
+    if ERASERS.meta(eraser.name)["kind"] == "edit":
+        x, info = apply_eraser(data, eraser, store, None, cert)
+        info["zscore"] = "after erasure (gradient erasure works in pixel space)"
+        return standardize(x), info
+    zdata = LoadedData(data.name, standardize(data.x), data.y, data.num_classes, dict(data.info))
+    x, info = apply_eraser(zdata, eraser, store, None if plan is None else plan.mapped(standardize), cert)
+    info["zscore"] = "before erasure"
+    return x, info
+
+
+@dataclass(frozen=True)
+class BatchErasure:
+    """`eraser.after_augment=true`: the training batches are drawn from `raw`, the coded part's images unerased
+    (z-scored when `dataset.zscore_order=before`), and each (augmented) batch is erased on the device by
+    `transform(x, y)`."""
+
+    raw: torch.Tensor
+    transform: BatchEraser
+
+
+def erase_after_augment(data: LoadedData, cfg: JobConfig, store: Store, plan: FitPlan | None = None) -> Inputs:
+    """`erase_maybe_zscored` (the same erased images, from the same cache entry: validation set and coded blocks are
+    erased once, unaugmented), plus the fitted eraser and the unerased images for the training batches. With
+    `dataset.zscore_order=after` each erased batch is then standardised with the statistics of the erased data,
+    as the erased images are. No `BatchErasure` where the batches are the erased images anyway (the identity
+    control without a z-score after it)."""
+    eraser, dataset, cert = cfg.eraser, cfg.dataset, cfg.certificate
+    then: ZScore | None = None
+    coded = data if plan is None else plan.coded(data)
+    raw = data  # what the batches are drawn from (its coded rows)
+    if dataset.zscore and dataset.zscore_order == "before":
+        standardize = zscore_map(data.x)
+        raw = LoadedData(data.name, standardize(data.x), data.y, data.num_classes, dict(data.info))
+        plan = None if plan is None else plan.mapped(standardize)
+        x, info, fitted = apply_eraser_keeping_map(raw, eraser, store, plan, cert)
+        info["zscore"] = "before erasure"
+    else:
+        x, info, fitted = apply_eraser_keeping_map(data, eraser, store, plan, cert)
+        if dataset.zscore:
+            then = ZScore(x)
+            x = then(x)
+            info["zscore"] = "after erasure (statistics of the erased data)"
+    info["after_augment"] = True
+    info["batch_eraser"] = ({"applied": False, "why": "the identity control has nothing to erase"} if fitted is None
+                            else {"applied": True, "report": fitted.report(),
+                                  "cache_hit": info.pop("eraser_cache_hit")})
+    if fitted is None and then is None:  # the control: the batches are the erased (= unerased) images, as without
+        return Inputs(coded, x, info)
+    return Inputs(coded, x, info, BatchErasure((raw if plan is None else plan.coded(raw)).x, BatchEraser(fitted, then)))

@@ -96,7 +96,7 @@ slurm-down:  ## stop that cluster (its jobs, then the daemons it started, by pid
 	python3 scripts/slurm_cluster.py down $(if $(SLURM_DIR),--dir $(SLURM_DIR))
 
 lint: setup  ## ruff, mypy ([tool.mypy] in pyproject.toml), then lint-imports (the import contracts: [tool.importlinter])
-	$(VENV)/bin/ruff check atomicio erasure models training scripts tests
+	$(VENV)/bin/ruff check atomicio erasure models training scripts tests hydra_plugins
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

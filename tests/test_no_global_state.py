@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("training", "models", "erasure", "atomicio")
+PACKAGES = ("training", "models", "erasure", "atomicio", "hydra_plugins")
 MUTABLE_CALLS = {"dict", "list", "set", "OrderedDict", "defaultdict", "deque", "Counter", "Memo",
                  "WeakValueDictionary", "WeakKeyDictionary"}
 MEMOISERS = {"cache", "lru_cache"}

@@ -212,13 +212,11 @@ def run_in_job_dir(cfg: JobConfig, body: Body, precheck: Precheck | None = None,
     result is not reused (one line says why) when it lacks a `complete` section or its `dataset.fingerprint` differs
     from `fingerprint(cfg)`, the data now (which the body then gets). `store`: what the seeds of a cell share (loaded
     data, fitted erasers, erased data: training/inputs/store.py), handed to the hooks and the body."""
-    with opened(cfg, precheck, complete, fingerprint, store) as run:
-        if isinstance(run, Outcome):
-            return run
-        t = cfg.training
-        with job_numerics(t.precision, t.deterministic, t.channels_last) as job_num:  # training/engine/numerics.py
-            run = dataclasses.replace(run, numerics=job_num)
-            return finish(run, body(run), finite, describe)
+    (outcome,) = run_cell([cfg], lambda runs: [body(runs[0])], precheck, describe, finite, complete, fingerprint,
+                          store)
+    if outcome.exception is not None:
+        raise outcome.exception
+    return outcome
 
 
 def run_cell(cfgs: list[JobConfig], body: CellBody, precheck: Precheck | None = None,
@@ -258,9 +256,9 @@ def run_cell(cfgs: list[JobConfig], body: CellBody, precheck: Precheck | None = 
 
 
 def failed(cfg: JobConfig, err: Exception) -> Outcome:
-    """The Outcome of a seed that failed with `err` (a signal's stop is raised instead: it is no failure)."""
+    """The Outcome of a seed that failed with `err` (a signal's stop is raised instead: it is no failure); the
+    command line reports it (training/cli/run.py)."""
     interrupt.stop_behind(err)
-    log.error("job %s failed: %s: %s", cfg.paths.job_dir, type(err).__name__, err, exc_info=err)
     return Outcome("failed", Path(cfg.paths.job_dir), error=f"{type(err).__name__}: {err}", exception=err)
 
 

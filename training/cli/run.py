@@ -73,11 +73,12 @@ def _job(cfg: DictConfig, hc: Any, multirun: bool) -> list[Outcome]:
         with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
             outcomes = get_task(cell[0].task).run_cell(cell, store)
         failures = [o for o in outcomes if o.status == "failed"]
+        for o in failures if len(outcomes) > 1 else []:  # each seed's failure is its own; the cell's others stand
+            line = user_error_line(o.exception) if o.exception is not None else None
+            to_run_log(logging.ERROR, f"error: {o.job_dir}: {line or o.error}", None if line else o.exception)
         if failures and (len(outcomes) == 1 or not multirun):
             assert failures[0].exception is not None
-            raise failures[0].exception  # as a one-seed job fails
-        for o in failures:  # a multirun's ledger records each seed's failure; the cell's others stand
-            to_run_log(logging.ERROR, f"error: {o.job_dir}: {o.exception and user_error_line(o.exception) or o.error}")
+            raise failures[0].exception  # as a one-seed job fails (a multirun's ledger records each seed's)
     except KeyboardInterrupt as err:  # Ctrl-C: the job's lock is released on the way here
         exit_interrupted(Path(str(resolved.get("paths", {}).get("job_dir", hc.runtime.output_dir))), err)
     except Exception as err:

@@ -14,9 +14,12 @@ import re
 import subprocess
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from hydra.core.utils import JobReturn
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +40,26 @@ def array_slices(count: int, limit: int | None) -> list[range]:
     return [range(i, min(i + size, count)) for i in range(0, count, max(1, size))]
 
 
-class SlurmLauncher(SubmititSlurmLauncher):
+class SlurmLauncher(Launcher):
+    """hydra-submitit-launcher's SLURM launcher (`submitit`, made here: importing it when this module is imported
+    would let Hydra's plugin scan load its config classes a second time), its sweeps cut into arrays."""
+
+    def __init__(self, **params: Any) -> None:
+        from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as Submitit
+
+        self.submitit = Submitit(**params)
+        self.params = self.submitit.params
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.submitit.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         parts = array_slices(len(job_overrides), max_array_size())
         if len(parts) <= 1:
-            return super().launch(job_overrides, initial_job_idx)
+            return self.submitit.launch(job_overrides, initial_job_idx)
         log.info("%d jobs: %d job arrays (the cluster's MaxArraySize is %d)", len(job_overrides), len(parts),
                  len(parts[0]))
         with ThreadPoolExecutor(len(parts), thread_name_prefix="slurm-array") as pool:  # submitted at once
-            futures = [pool.submit(super(SlurmLauncher, self).launch, [job_overrides[i] for i in part],
-                                   initial_job_idx + part.start) for part in parts]
+            futures = [pool.submit(self.submitit.launch, [job_overrides[i] for i in part], initial_job_idx + part.start)
+                       for part in parts]
             return [ret for future in futures for ret in future.result()]

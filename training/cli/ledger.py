@@ -199,6 +199,20 @@ def launcher_target(config: DictConfig) -> str:
     return str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
 
 
+def register_launcher(config: DictConfig) -> None:
+    """`hydra/launcher=slurm` (hydra_plugins/erasure_mdl_slurm) from any working directory, before Hydra makes the
+    launcher. Hydra finds plugins by listing `hydra_plugins.__path__` with pkgutil, which a setuptools editable
+    install (PEP 660) maps through an import finder pkgutil cannot list: importable, but found only from the
+    checkout's root. Imported here, after Hydra's own scan (which loads the plugins' modules again)."""
+    if not launcher_target(config).startswith("hydra_plugins.erasure_mdl_slurm."):
+        return
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.erasure_mdl_slurm.slurm_launcher import SlurmLauncher
+
+    Plugins.instance().register(SlurmLauncher)
+
+
 def jobs_run_here(config: DictConfig) -> bool:
     """Whether the sweep's jobs run on this machine (every launcher but SLURM's, whose jobs run on its nodes): their
     device is then checked up front, here."""
@@ -279,6 +293,7 @@ class JobStatusCallback(Callback):
             exit_user_error(line, err)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        register_launcher(config)
         try:
             self._total = check_sweep(config)  # refuses the sweep (SystemExit, code 2) before anything is made
         except Exception as err:  # noqa: BLE001 - a failed check must not cost the sweep its ledger

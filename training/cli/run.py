@@ -122,21 +122,6 @@ def anchored(resolved: dict[str, Any], start: Path) -> dict[str, Any]:
     return out
 
 
-def register_slurm_launcher() -> None:
-    """`hydra/launcher=slurm` from any working directory. Hydra finds plugins by listing `hydra_plugins.__path__`
-    with pkgutil, which a setuptools editable install (PEP 660) maps through an import finder pkgutil cannot list:
-    importable, but found only from the checkout's root. Registered here (when the launchers extra is installed)."""
-    try:
-        from hydra_plugins.erasure_mdl_slurm.slurm_launcher import SlurmLauncher
-    except ImportError:  # hydra-submitit-launcher not installed: no SLURM launcher
-        return
-    from hydra.core.plugins import Plugins
-
-    Plugins.instance().register(SlurmLauncher)
-
-
-register_slurm_launcher()
-
 # The entry. `job` stays a plain module-level function so that a launcher running jobs in other processes (joblib,
 # submitit) pickles it by reference: the worker imports this module and discovers the tasks again.
 # An absolute config path: Hydra resolves a relative one against the module's package (pkg://training/...).

@@ -42,12 +42,11 @@ test-slurm: setup  ## the SLURM launcher against one-machine clusters the tests 
 test-all: setup  ## run every test including slow ones (gpu/slurm skip themselves when unavailable)
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
-demo: setup  ## every eraser on MNIST-5k, MLP, 3 seeds (packed) + a permuted-label null, quick MDL; prints the table (offline)
+demo: setup  ## every eraser on MNIST-5k, MLP, a cell of 3 seeds each + a permuted-label null, quick MDL; prints the table (offline)
 	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none \
-	  hydra/launcher=packed hydra.launcher.inner=parallel ++hydra.launcher.inner_options.n_jobs=2
+	  hydra/launcher=parallel hydra.launcher.n_jobs=2
 	OMP_NUM_THREADS=1 WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m training.run -m experiment=demo logger=none \
-	  hydra/launcher=packed hydra.launcher.inner=parallel ++hydra.launcher.inner_options.n_jobs=2 \
-	  dataset.permute_labels=true seed=0
+	  hydra/launcher=parallel hydra.launcher.n_jobs=2 dataset.permute_labels=true seed=0
 	$(PY) -m scripts.aggregate outputs/runs/mnist5k --name demo
 
 CAL_OUT ?= outputs/calibrate
@@ -78,7 +77,7 @@ plan: setup  ## a sweep's jobs, cells, done/remaining and CPU/GPU hours, without
 tables: setup  ## aggregate whatever is in outputs/runs into outputs/tables/
 	$(PY) -m scripts.aggregate outputs/runs --name all
 
-bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm, sweep packed vs per process, engine counts (syncs/ops per step, graph breaks, occupancy); BENCH_ARGS=--device cuda
+bench: setup  ## speed: MDL ours vs naive loop (ratios, peak memory), eraser cache cold vs warm, a 5-seed cell vs 5 processes, engine counts (syncs/ops per step, graph breaks, occupancy); BENCH_ARGS=--device cuda
 	mkdir -p outputs/bench
 	WANDB_MODE=disabled $(PY) -m tools.bench_mdl --fused --json outputs/bench/bench_mdl.json $(BENCH_ARGS)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} WANDB_MODE=disabled $(PY) -m tools.bench_cache

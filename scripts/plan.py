@@ -40,7 +40,7 @@ from training.app.result_types import at, number
 from training.app.results import RESULT_FILE, read_result, same_config
 from training.app.schema import config_hash, duplicate_jobs
 from training.app.tasks import load_job, spec_of
-from training.common.sweep_jobs import expand_overrides
+from training.common.sweep_jobs import expand_cells
 from training.common.sweeps import sweep_overrides
 from training.errors import UserError
 from training.tasks.mdl.result import MdlResult
@@ -59,6 +59,7 @@ class Job:
     cfg_hash: str | None  # None: the config is refused (see `refused`)
     refused: str | None = None
     status: str = "to run"  # done | other config | in progress | to run | refused
+    launched: int = 0  # the launcher's job (a cell's seeds: one job) that runs it
 
     @property
     def arch(self) -> str:
@@ -95,17 +96,19 @@ def job_status(job: Job) -> str:
 
 
 def plan_jobs(experiment: str, extra: Sequence[str]) -> list[Job]:
+    """Every seed's job of the sweep (`launched`: the number of the launcher's job that trains it with the other
+    seeds of its cell)."""
     combos = sweep_overrides(experiment, extra)
-    configs = expand_overrides(combos)
     jobs, seen = [], set()
-    for cfg, combo in zip(configs, combos, strict=True):
-        h, refused = job_hash(cfg)
-        if (cfg["paths"]["job_dir"], h) in seen:  # a value given twice (seed=0,0): the same job, run once
-            continue
-        seen.add((cfg["paths"]["job_dir"], h))
-        job = Job(cfg, combo, Path(cfg["paths"]["job_dir"]), h, refused)
-        job.status = job_status(job)
-        jobs.append(job)
+    for num, (configs, combo) in enumerate(zip(expand_cells(combos), combos, strict=True)):
+        for cfg in configs:
+            h, refused = job_hash(cfg)
+            if (cfg["paths"]["job_dir"], h) in seen:  # a value given twice (seed=0,0): the same job, run once
+                continue
+            seen.add((cfg["paths"]["job_dir"], h))
+            job = Job(cfg, combo, Path(cfg["paths"]["job_dir"]), h, refused, launched=num)
+            job.status = job_status(job)
+            jobs.append(job)
     return jobs
 
 
@@ -297,19 +300,21 @@ def estimate(kind: str, remaining: Sequence[Job], costs: dict[str, Cost], missin
 def report(experiment: str, extra: Sequence[str], max_cells: int, bench: Path, gpu_report: Path) -> str:
     t0 = time.perf_counter()
     jobs = plan_jobs(experiment, extra)
+    launched = len({j.launched for j in jobs})
     seconds = time.perf_counter() - t0
     groups = cells(jobs)
     counts = {s: sum(j.status == s for j in jobs) for s in ("done", "other config", "in progress", "to run",
                                                               "refused")}
     lines = [f"plan: experiment={experiment}" + (f" {' '.join(extra)}" if extra else "")
-             + f": {len(jobs)} jobs in {len(groups)} cells (expanded in {seconds:.1f} s)",
+             + f": {len(jobs)} seed results in {len(groups)} cells, {launched} launched job(s) (a job trains its "
+             f"cell's seeds together; expanded in {seconds:.1f} s)",
              "cells (<dataset>/<eraser>/<arch>-w<width>-d<depth>/c<cell hash>, other swept values: seeds, done):"]
     shown = groups if max_cells <= 0 else groups[:max_cells]
     width = max((len(c.label) for c in shown), default=0)
     lines += [f"  {c.label:<{width}}  seeds {spans(c.seeds)}  done {c.done}/{len(c.seeds)}" for c in shown]
     if len(shown) < len(groups):
         lines.append(f"  ... {len(groups) - len(shown)} more cells (--cells 0 lists them all)")
-    lines.append(f"jobs: {len(jobs)}; done {counts['done']} (a result.json with the same config hash: SKIP); "
+    lines.append(f"seed results: {len(jobs)}; done {counts['done']} (a result.json with the same config hash: SKIP); "
                  f"to run {len(jobs) - counts['done']}: {counts['to run']} new, {counts['in progress']} resume "
                  f"(progress.json), {counts['other config']} hold another config's result (refused unless "
                  f"force=true), {counts['refused']} refused")
@@ -319,7 +324,8 @@ def report(experiment: str, extra: Sequence[str], max_cells: int, bench: Path, g
         lines.append(f"  refused (the sweep): {same}")  # as `python -m training.run -m` refuses it
     remaining = [j for j in jobs if j.status != "done"]
     finished = finished_costs(jobs)
-    lines.append("cost of the jobs to run (per-job cost x jobs, by architecture):")
+    lines.append("cost of the seed results to run (per-seed cost x seeds, by architecture; a cell trains its seeds "
+                 "together, so this is an upper bound: scripts/bench_sweep.py measures the gain):")
     gpu, gpu_missing = gpu_report_cost(gpu_report)
     done = [j for j in jobs if j.status == "done"]
     for kind, (costs, missing) in (("CPU", bench_cost(bench)), ("GPU", (gpu_prices(gpu, remaining, done),

@@ -29,6 +29,7 @@ torch.set_num_threads(1)
 
 SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "slurm_cluster.py"
 HEAVY_LIST = Path(__file__).resolve().parent / "heavy_tests.txt"  # measured (tools/heavy_tests.py)
+MAX_ARRAY_SIZE = 3  # the test clusters' MaxArraySize: a sweep of more jobs is cut into arrays (tests/test_slurm.py)
 
 
 def heavy_tests() -> set[str]:
@@ -69,8 +70,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A running one-node cluster for this session; SLURM_CONF points at it. Yields its slurm.conf."""
     root = tmp_path_factory.mktemp("slurm")
-    proc = subprocess.run([sys.executable, str(SLURM_SCRIPT), "up", "--dir", str(root)], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(SLURM_SCRIPT), "up", "--dir", str(root), "--max-array-size",
+                           str(MAX_ARRAY_SIZE)], capture_output=True, text=True, timeout=300)
     if proc.returncode == 2:
         pytest.skip(proc.stderr.strip().splitlines()[-1])
     if proc.returncode != 0:

@@ -309,8 +309,9 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
         config = OmegaConf.create({"paths": {"job_dir": str(dirs[n])}, "hydra": {"job": {"num": n}}})
         callback.on_job_start(config)
         returned = body()
-        status = JobStatus.FAILED if isinstance(returned, BaseException) else JobStatus.COMPLETED
-        callback.on_job_end(config, JobReturn(status=status, _return_value=returned))
+        failed = isinstance(returned, BaseException)
+        status = JobStatus.FAILED if failed else JobStatus.COMPLETED  # a one-seed cell: an Outcome in a list
+        callback.on_job_end(config, JobReturn(status=status, _return_value=returned if failed else [returned]))
 
     def computes() -> Outcome:
         JobDir(dirs[0], h, MDL).write_result(decode_result(result))
@@ -345,7 +346,7 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
 def test_the_ledger_refuses_a_task_that_returns_no_outcome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hydra.core.utils import JobReturn, JobStatus
 
-    from training.cli.ledger import job_outcome
+    from training.cli.ledger import job_outcomes
 
-    with pytest.raises(TypeError, match="not an Outcome"):
-        job_outcome(tmp_path, JobReturn(status=JobStatus.COMPLETED, _return_value={"mdl": {}}))
+    with pytest.raises(TypeError, match="not a list of Outcomes"):
+        job_outcomes([tmp_path], JobReturn(status=JobStatus.COMPLETED, _return_value={"mdl": {}}))

@@ -5,8 +5,6 @@ default layout, and the numerics signature records it only then; a model without
 
 from __future__ import annotations
 
-import json
-import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -16,7 +14,7 @@ import torch
 from torch import nn
 
 from tests.helpers import job_config, result_of
-from tests.test_pack_group import _numbers, _packed
+from tests.test_cell import _numbers
 from training.engine.numerics import JobNumerics
 from training.tasks.mdl.aggregate_collect import numerics_of
 from training.tasks.mdl.job import run_job
@@ -77,17 +75,6 @@ def test_true_trains_in_channels_last_within_the_cpu_tolerance(tmp_path: Path, m
     a, b = on["mdl"], off["mdl"]
     assert abs(a["bits_per_sample"] - b["bits_per_sample"]) <= CPU_BITS_TOL
     assert a["block_ce_bits"] == pytest.approx(b["block_ce_bits"], abs=CPU_BITS_TOL)
-
-
-def test_a_pack_group_records_it_for_the_later_seed_too(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The later seed's models train in the first job's group: its signature says channels_last as the first's does
-    (else the aggregate would mark the cell's seeds as mixed)."""
-    with caplog.at_level(logging.INFO):
-        _packed(tmp_path, *TINY["lenet"], "dataset.limit=200", "mdl.max_epochs=2", "training.channels_last=true",
-                seeds=(0, 1))
-    assert "models were trained in an earlier seed's pack group" in caplog.text
-    sigs = [json.loads(f.read_text())["provenance"]["numerics"] for f in sorted(tmp_path.rglob("result.json"))]
-    assert len(sigs) == 2 and all(s["memory_format"] == "channels_last" for s in sigs)
 
 
 def test_a_model_without_convolutions_ignores_it(tmp_path: Path) -> None:

@@ -158,7 +158,7 @@ def test_convnext_and_swin_stacked_equal_one_by_one(name: str) -> None:
 def test_swin_drop_path_draws_per_member_in_the_stacked_engine() -> None:
     """Drop path 0.2: the stacked engine takes it and each member draws its own masks: two identical members (same
     init, data, batches) end apart, while with drop path 0 they end equal. (The loop engine takes it too, each member
-    drawing its lone stream: tests/test_pack_group_archs.py.)"""
+    drawing its lone stream: tests/test_cell.py.)"""
     def twins(drop_path: float) -> list[float]:
         members = _members("swin", [64, 64], [50, 50], drop_path)
         members[1] = Member(members[1].model, members[1].optimizer, members[0].idx, generator(0, "b", 0),

@@ -12,8 +12,7 @@ import erasure
 
 from .test_erasure_common import digits, mnist5k
 
-# One worker under `-n`, so each dataset's erasers are fitted once (module fixtures are per worker); the group is
-# shared with tests/test_packed.py's tests of its `lone` fixture.
+# One worker under `-n`, so each dataset's erasers are fitted once (module fixtures are per worker).
 pytestmark = pytest.mark.xdist_group("expensive_module_fixtures")
 
 

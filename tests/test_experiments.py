@@ -99,12 +99,16 @@ def test_table_c_base_sizes(tmp_path: Path) -> None:
 
 
 def test_expansion_follows_hydra_order_and_command_line_overrides(tmp_path: Path) -> None:
-    combos = sweep_overrides("smoke")
-    assert combos == [[f"eraser={e}", f"seed={s}", "experiment=smoke"] for e in ("control", "leace") for s in (0, 1)]
-    # A command-line sweep of a swept key replaces it (as `python -m training.run -m experiment=smoke seed=5,6`).
+    combos = sweep_overrides("smoke")  # a job per cell; its seeds (the preset's `seeds: 2`) train in it
+    assert combos == [[f"eraser={e}", "experiment=smoke"] for e in ("control", "leace")]
+    cells = expand("smoke", [f"paths.out_dir={tmp_path}"])
+    assert [(j["eraser"]["name"], j["seed"]) for j in cells] == [("control", 0), ("control", 1), ("leace", 0),
+                                                                  ("leace", 1)]
+    # A command-line sweep of the seed makes one-seed cells (as `python -m training.run -m experiment=smoke seed=5,6`).
     jobs = expand("smoke", ["seed=5,6", f"paths.out_dir={tmp_path}"])
     assert [(j["eraser"]["name"], j["seed"]) for j in jobs] == [("control", 5), ("control", 6), ("leace", 5),
                                                                  ("leace", 6)]
+    assert len(sweep_overrides("smoke", ["seed=5,6"])) == 4
     assert all(j["paths"]["out_dir"] == str(tmp_path) for j in jobs)
 
 
@@ -128,6 +132,7 @@ def test_presets_that_make_claims_run_enough_seeds_for_a_claim_to_hold() -> None
     """A claim holds only on ≥ claims.MIN_SEEDS seeds: a preset with `claims` that runs fewer could never say so."""
     from omegaconf import DictConfig, OmegaConf
 
+    from training.common.cells import seed_list
     from training.tasks.mdl.claims import CLAIMS, MIN_SEEDS
 
     with_claims = []
@@ -137,7 +142,7 @@ def test_presets_that_make_claims_run_enough_seeds_for_a_claim_to_hold() -> None
         if cfg.get("claims"):
             with_claims.append(name)
             assert set(cfg.claims) <= set(CLAIMS), name
-            assert len(_values(sweeper_params(name)["seed"])) >= MIN_SEEDS, f"{name} runs fewer than {MIN_SEEDS} seeds"
+            assert len(seed_list(cfg.seeds)) >= MIN_SEEDS, f"{name} runs fewer than {MIN_SEEDS} seeds"
             if "leace_raises_mdl" in cfg.claims and not name.startswith("paper_"):  # its control runs beside it
                 assert "leace_shuffled" in _values(sweeper_params(name)["eraser"]), name
     assert {"offline_claims", "sensitivity"} <= set(with_claims)

@@ -37,14 +37,13 @@ from tools.gpu_report_run import (
     write_report,
 )
 from tools.gpu_report_steps import (
-    FROM_GROUP,
     GROUP_FAILED,
     GROUP_FORMED,
     MISSING_MODULE,
     SEEDS,
     ProcessMemory,
+    cell_checks,
     memory_figures,
-    pack_checks,
     pytest_progress,
     read_junit,
 )
@@ -100,18 +99,18 @@ def test_toy_mode_runs_every_step(tmp_path: Path) -> None:
     assert f["bench_mdl"]["speedup"]["ours"] > 0
     assert {"ours_leace", "ce_leace"} <= set(f["bench_erasers_device"]["results"])
     assert f["sweep_cost"]["mlp"]["throughput_scaling"] == {"1": 1.0}
-    pack = f["pack"]  # 5 seeds: 5 processes at once vs one pack with its group (the loop engine: bitwise ==)
-    assert pack["lone_wall_s"] > 0 and pack["packed_wall_s"] > 0 and len(pack["lone_each_s"]) == SEEDS
-    assert pack["ratio"] == pytest.approx(pack["lone_wall_s"] / pack["packed_wall_s"])
-    assert pack["equal"] and pack["differences"] == [] and pack["flags"] == []
-    assert pack["group_formed"] and pack["seeds_from_group"] == SEEDS - 1 and not pack["group_failed"]
-    assert len(pack["bits_per_sample"]) == SEEDS and pack["jobs_time_s"]["packed"]["total_s"] > 0
-    assert len(pack["lone_memory_each_mb"]) == SEEDS  # CPU: max RSS per process; five of them outweigh the one
-    assert pack["lone_memory_mb"] == pytest.approx(sum(pack["lone_memory_each_mb"]))
-    assert pack["lone_memory_mb"] > pack["packed_memory_mb"] > 0
-    assert len(list((out / "runs" / "pack_packed").rglob("result.json"))) == SEEDS
+    cell = f["cell"]  # 5 seeds: 5 processes at once vs one job of the cell (the loop engine: bitwise ==)
+    assert cell["lone_wall_s"] > 0 and cell["cell_wall_s"] > 0 and len(cell["lone_each_s"]) == SEEDS
+    assert cell["ratio"] == pytest.approx(cell["lone_wall_s"] / cell["cell_wall_s"])
+    assert cell["equal"] and cell["differences"] == [] and cell["flags"] == []
+    assert cell["group_formed"] and not cell["group_failed"]
+    assert len(cell["bits_per_sample"]) == SEEDS and cell["jobs_time_s"]["cell"]["total_s"] > 0
+    assert len(cell["lone_memory_each_mb"]) == SEEDS  # CPU: max RSS per process; five of them outweigh the one
+    assert cell["lone_memory_mb"] == pytest.approx(sum(cell["lone_memory_each_mb"]))
+    assert cell["lone_memory_mb"] > cell["cell_memory_mb"] > 0
+    assert len(list((out / "runs" / "cell_together").rglob("result.json"))) == SEEDS
     md = (out / MD_NAME).read_text()
-    assert "| step | status |" in md and "job_swin" in md and "| pack | ok |" in md
+    assert "| step | status |" in md and "job_swin" in md and "| cell | ok |" in md
 
 
 def test_plain_script_takes_its_pieces_from_its_own_checkout(tmp_path: Path) -> None:
@@ -253,68 +252,66 @@ def test_report_json_is_read_into_types_and_written_back_with_unknown_keys_kept(
     assert Report.from_json(out).to_json() == out
 
 
-def pack_log(formed: bool, from_group: int, failed: bool = False) -> str:
+def cell_log(formed: bool, failed: bool = False) -> str:
     lines = ["[2026][training.tasks.mdl.job][INFO] - job seed0: synthetic"]
     if formed:
-        lines.append(f"[2026][training.tasks.mdl.job][INFO] - {GROUP_FORMED} 2 models and 8 of seed(s) 1, 2, 3, 4 "
-                     "train")
+        lines.append(f"[2026][training.tasks.mdl.cell][INFO] - {GROUP_FORMED} 10 models in one lockstep group of 10 "
+                     "rows")
     if failed:
-        lines.append(f"[2026][training.tasks.mdl.job][WARNING] - {GROUP_FAILED} (RuntimeError: x); 2 models train "
-                     "alone")
-    lines += [f"[2026][training.tasks.mdl.pack_group][INFO] - 2 of this job's 2 models {FROM_GROUP} (...)"] * from_group
+        lines.append(f"[2026][training.tasks.mdl.cell][WARNING] - {GROUP_FAILED} (RuntimeError: x); each seed's "
+                     "unfinished models train in the seed's own group")
     return "\n".join(lines)
 
 
-def test_pack_checks_flag_differing_numbers_and_a_missing_group_and_nothing_else() -> None:
+def test_cell_checks_flag_differing_numbers_and_a_missing_group_and_nothing_else() -> None:
     def jobs(bits: float, seconds: float) -> dict[str, dict[str, Any]]:
         return {f"c/seed{s}": {"mdl.bits_per_sample": bits + s, "timings.total_s": seconds, "seed": s}
                 for s in range(SEEDS)}
 
-    lone, packed = jobs(2.5, 10.0), jobs(2.5, 3.0)  # wall times differ: not a difference
-    ok = pack_checks(lone, packed, pack_log(True, SEEDS - 1))
-    assert ok["equal"] and ok["group_formed"] and ok["seeds_from_group"] == SEEDS - 1 and ok["flags"] == []
+    lone, cell = jobs(2.5, 10.0), jobs(2.5, 3.0)  # wall times differ: not a difference
+    ok = cell_checks(lone, cell, cell_log(True))
+    assert ok["equal"] and ok["group_formed"] and ok["flags"] == []
     assert ok["group_line"].startswith(GROUP_FORMED)
-    packed["c/seed3"]["mdl.bits_per_sample"] += 1e-12
-    bad = pack_checks(lone, packed, pack_log(True, SEEDS - 1))
+    cell["c/seed3"]["mdl.bits_per_sample"] += 1e-12
+    bad = cell_checks(lone, cell, cell_log(True))
     assert not bad["equal"] and len(bad["flags"]) == 1 and "numbers differ" in bad["flags"][0]
     assert bad["differences"] == ["c/seed3: mdl.bits_per_sample 5.5 != 5.500000000001"]
-    missing = pack_checks(lone, jobs(2.5, 3.0), pack_log(False, 0))
+    missing = cell_checks(lone, jobs(2.5, 3.0), cell_log(False))
     assert missing["equal"] and not missing["group_formed"] and missing["group_line"] is None
     assert len(missing["flags"]) == 1 and "did not form" in missing["flags"][0]
-    partial = pack_checks(lone, jobs(2.5, 3.0), pack_log(True, 2, failed=True))
-    assert partial["group_formed"] and partial["group_failed"] and partial["seeds_from_group"] == 2
-    assert len(partial["flags"]) == 2 and partial["flags"][0].startswith(f"only 2 of the {SEEDS - 1} later seeds")
-    assert partial["flags"][1].startswith("the pack group failed")
+    broke = cell_checks(lone, jobs(2.5, 3.0), cell_log(True, failed=True))
+    assert broke["group_formed"] and broke["group_failed"]
+    assert len(broke["flags"]) == 1 and broke["flags"][0].startswith("the cell's group failed")
 
 
-def test_pack_checks_on_a_gpu_hold_the_numerics_contract_tolerance_and_say_the_deviation() -> None:
-    """On an H100 the lone and packed jobs differed by ~1e-6 relative. On a GPU that is within the contract
+def test_cell_checks_on_a_gpu_hold_the_numerics_contract_tolerance_and_say_the_deviation() -> None:
+    """On an H100 the lone and grouped jobs differed by ~1e-6 relative. On a GPU that is within the contract
     (max(1e-3, 0.05 × seed SD)); beyond it, or any difference on the CPU loop engine, is flagged."""
     def jobs(shift: float = 0.0) -> dict[str, dict[str, Any]]:
         return {f"c/seed{s}": {"mdl.bits_per_sample": 2.0 + 0.1 * s + (shift if s == 2 else 0.0)}
                 for s in range(SEEDS)}
 
-    log = pack_log(True, SEEDS - 1)
+    log = cell_log(True)
     sd = statistics.stdev([2.0 + 0.1 * s for s in range(SEEDS)])  # 0.158: tolerance 0.0079
-    near = pack_checks(jobs(), jobs(3e-6), log, bitwise=False)
+    near = cell_checks(jobs(), jobs(3e-6), log, bitwise=False)
     assert not near["equal"] and near["within_tolerance"] and near["flags"] == []
     assert near["max_abs_bits_deviation"] == pytest.approx(3e-6) and near["seed_sd_bits"] == pytest.approx(sd)
     assert near["tolerance_bits"] == pytest.approx(0.05 * sd)
     assert near["deviation_over_seed_sd"] == pytest.approx(3e-6 / sd)
-    far = pack_checks(jobs(), jobs(0.01), log, bitwise=False)
+    far = cell_checks(jobs(), jobs(0.01), log, bitwise=False)
     assert not far["within_tolerance"] and "> tolerance" in far["flags"][0]
-    cpu = pack_checks(jobs(), jobs(3e-6), log, bitwise=True)
+    cpu = cell_checks(jobs(), jobs(3e-6), log, bitwise=True)
     assert not cpu["within_tolerance"] and "bitwise" in cpu["flags"][0]
     tight = {f"c/seed{s}": {"mdl.bits_per_sample": 2.0} for s in range(SEEDS)}  # seed SD 0: the 1e-3 floor
-    assert pack_checks(tight, {**tight, "c/seed1": {"mdl.bits_per_sample": 2.0009}}, log, bitwise=False)[
+    assert cell_checks(tight, {**tight, "c/seed1": {"mdl.bits_per_sample": 2.0009}}, log, bitwise=False)[
         "within_tolerance"]
-    assert not pack_checks(tight, {**tight, "c/seed1": {"mdl.bits_per_sample": 2.0011}}, log, bitwise=False)[
+    assert not cell_checks(tight, {**tight, "c/seed1": {"mdl.bits_per_sample": 2.0011}}, log, bitwise=False)[
         "within_tolerance"]
 
 
 def test_the_gpu_default_fits_one_device_call_with_the_jobs_first() -> None:
     names = [s.name for s in all_steps(GPU)]
-    assert names[:7] == ["tests", *[f"job_{a}" for a in ARCHS], "throughput", "pack"]
+    assert names[:7] == ["tests", *[f"job_{a}" for a in ARCHS], "throughput", "cell"]
     assert DEFAULT_BUDGET <= 600 - 45  # a 10-minute call: the wheels' install and start-up take the rest
     assert all(s.timeout < DEFAULT_BUDGET for s in all_steps(GPU))
 
@@ -336,15 +333,15 @@ def test_run_at_once_runs_together_and_fails_on_an_error_or_the_budget(tmp_path:
     assert time.monotonic() - t0 < 20
 
 
-def test_pack_memory_sums_the_lone_peaks_and_adds_one_context_per_process_on_cuda() -> None:
+def test_cell_memory_sums_the_lone_peaks_and_adds_one_context_per_process_on_cuda() -> None:
     cuda = [ProcessMemory(peak_allocated_mb=90.0, peak_reserved_mb=100.0 + i, context_mb=5000.0) for i in range(5)]
-    pack = ProcessMemory(peak_allocated_mb=300.0, peak_reserved_mb=400.0, context_mb=500.0)
-    m = memory_figures(cuda, pack)  # a lone process's own context_mb (5000) read the others' memory: not used
+    cell = ProcessMemory(peak_allocated_mb=300.0, peak_reserved_mb=400.0, context_mb=500.0)
+    m = memory_figures(cuda, cell)  # a lone process's own context_mb (5000) read the others' memory: not used
     assert m == {"lone_memory_mb": 510.0, "lone_memory_each_mb": [100.0, 101.0, 102.0, 103.0, 104.0],
-                 "packed_memory_mb": 400.0, "context_mb": 500.0, "packed_memory_with_contexts_mb": 900.0,
+                 "cell_memory_mb": 400.0, "context_mb": 500.0, "cell_memory_with_contexts_mb": 900.0,
                  "lone_memory_with_contexts_mb": 510.0 + 5 * 500.0}
     cpu = memory_figures([ProcessMemory(peak_rss_mb=600.0)] * 5, ProcessMemory(peak_rss_mb=700.0))
-    assert cpu == {"lone_memory_mb": 3000.0, "lone_memory_each_mb": [600.0] * 5, "packed_memory_mb": 700.0}
+    assert cpu == {"lone_memory_mb": 3000.0, "lone_memory_each_mb": [600.0] * 5, "cell_memory_mb": 700.0}
     assert memory_figures([*cuda[:4], None], None) == {}  # a process that wrote no memory file: no sum
 
 

@@ -9,7 +9,6 @@ device): within the stacked tolerance of tests/test_vectorized.py. Occupancy is 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from pathlib import Path
 
 import pytest
@@ -241,32 +240,6 @@ def test_refilled_rows_split_over_worker_threads_give_the_same_numbers() -> None
     assert [_numbers(r) for r in results] == [_numbers(r) for r in ref]
     for k, m in enumerate(members):
         assert all(torch.equal(v, ref_states[k][n]) for n, v in snapshot(m.model).items()), k
-
-
-def test_a_pack_group_refills_rows_across_its_jobs_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
-    """A pack of three seeds where the memory estimate fits two jobs: seed 0's group has 12 rows for the three jobs'
-    18 models (training/tasks/mdl/pack_group.py hands the engine `rows`). Stopped after rows were refilled (a later
-    seed's model holds a freed row) and run again: it resumes in the group, and every job's result `==` the job
-    alone."""
-    import training.tasks.mdl.job as job_module
-    from tests.test_pack_group import _alone, _packed
-
-    monkeypatch.setattr(job_module, "jobs_that_fit", lambda *a: 2)
-    out = tmp_path / "packed"
-    with monkeypatch.context() as m:
-        _stop_at(m, 40)
-        with pytest.raises(interrupt.Interrupted):
-            _packed(out)
-    (path,) = out.rglob(PATTERN)
-    state = _load(path)["state"]
-    assert state["schedule"]["rows"] == 12 and len(_load(path)["names"]) == 18
-    assert any(state["members"][n]["first_step"] > 0 for n in state["live"]), state["schedule"]
-    with caplog.at_level(logging.INFO):
-        packed, pack = _packed(out)
-    assert "of 12 rows (2 job(s) fit in memory at once" in caplog.text
-    assert f"at step {state['step']} from" in caplog.text and not pack.ahead
-    assert packed == _alone(tmp_path / "alone")
 
 
 def test_the_memory_estimate_counts_the_models_waiting_for_a_row(tmp_path: Path) -> None:

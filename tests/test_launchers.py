@@ -53,7 +53,7 @@ def test_slurm_config_validates_offline_and_every_field_is_overridable() -> None
             checked.array_parallelism) == ("gpu", 2, 4, 16, 30, 8)
     assert checked.max_num_timeout > 0  # requeued jobs resume from progress.json
     launcher = instantiate(cfg)  # builds the launcher object; nothing is submitted
-    assert isinstance(launcher, SlurmLauncher) and launcher.params["partition"] == "gpu"
+    assert isinstance(launcher.submitit, SlurmLauncher) and launcher.params["partition"] == "gpu"
     assert launcher.params["setup"] == ["module load cuda"]
     assert launcher.params["additional_parameters"] == {"chdir": str(REPO), "mail-type": "END"}
     with pytest.raises(ConfigCompositionException):
@@ -102,3 +102,32 @@ def test_parallel_multirun_of_smoke(tmp_path: Path) -> None:
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert all(p.exists() for p in _all_results(tmp_path))
     assert "4/4 jobs ran: 4 done, 0 skipped, 0 failed" in proc.stdout + proc.stderr
+
+
+def test_the_slurm_launcher_cuts_a_sweep_into_arrays_of_at_most_max_array_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a cluster: 7 jobs where MaxArraySize is 3 go to the submitit launcher as arrays of 3, 3 and 1 (each
+    job keeping its number in the sweep), and their results come back in the sweep's order; no limit known: one."""
+    import hydra_plugins.erasure_mdl_slurm.slurm_launcher as slurm
+
+    assert slurm.array_slices(7, 3) == [range(0, 3), range(3, 6), range(6, 7)]
+    assert slurm.array_slices(2, None) == [range(0, 2)] and slurm.array_slices(3, 3) == [range(0, 3)]
+
+    class Fake:
+        def __init__(self) -> None:
+            self.calls: list[tuple[list[str], int]] = []
+
+        def launch(self, overrides: list[list[str]], first: int) -> list[str]:
+            self.calls.append(([o[0] for o in overrides], first))
+            return [f"ret{first + i}" for i in range(len(overrides))]
+
+    launcher = object.__new__(slurm.SlurmLauncher)
+    launcher.submitit = Fake()
+    jobs = [[f"seed={k}"] for k in range(7)]
+    monkeypatch.setattr(slurm, "max_array_size", lambda: 3)
+    assert list(launcher.launch(jobs, 10)) == [f"ret{k}" for k in range(10, 17)]
+    assert sorted(launcher.submitit.calls, key=lambda c: c[1]) == [
+        (["seed=0", "seed=1", "seed=2"], 10), (["seed=3", "seed=4", "seed=5"], 13), (["seed=6"], 16)]
+    monkeypatch.setattr(slurm, "max_array_size", lambda: None)
+    launcher.submitit = Fake()
+    launcher.launch(jobs, 0)
+    assert launcher.submitit.calls == [([f"seed={k}" for k in range(7)], 0)]

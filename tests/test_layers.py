@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("atomicio", "erasure", "models", "training", "scripts", "tools")
+PACKAGES = ("atomicio", "erasure", "models", "training", "scripts", "tools", "hydra_plugins")
 DISCOVERS = "training.app.task_spec"  # the one module that imports modules by name: those of training.tasks
 # what a task's declaration imports when discovered (besides the stdlib): the core and more of its declaration (its
 # result type's module, the gs tasks' shared base), which imports the same only (`_discovered`)
@@ -147,6 +147,8 @@ def test_the_check_catches_each_rule(tmp_path: Path) -> None:
 
 # An edge each contract forbids (module to add -> its code), and what the report then names.
 BROKEN = {
+    "hydra_plugins/erasure_mdl_slurm/_bad.py": ("import training.cli.preemption\n",
+                                                ["hydra_plugins.erasure_mdl_slurm._bad -> training.cli.preemption"]),
     "erasure/_bad.py": ("import filelock\nfrom training.data import cache\n", ["erasure._bad -> filelock",
                                                                                   "erasure._bad -> training.data"]),
     "atomicio/_bad.py": ("import torch\n", ["atomicio._bad -> torch"]),

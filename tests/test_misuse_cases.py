@@ -122,10 +122,10 @@ def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Pa
     assert not list((tmp_path / "erased").glob("*/manifest.json"))  # no half entry left as if complete
 
 
-# --- bugs: the packed launcher outside the checkout's root, and with hydra.job.chdir=true ---------------------------
+# --- a cell with hydra.job.chdir=true and a relative out_dir --------------------------------------------------------
 QUICK = ["logger=none", "progress=false", "dataset=digits", "mdl=quick", "mdl.max_epochs=1", "mdl.min_steps=0",
          "mdl.patience_min_steps=0", "mdl.full_run=false", "arch.width=8", "optim.warmup_steps=0",
-         "certificate=false", "seed=0,1", "hydra/launcher=packed"]
+         "certificate=false", "seeds=2"]
 
 
 def _sweep(cwd: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess[str]:
@@ -136,25 +136,7 @@ def _sweep(cwd: Path, env: dict[str, str], *overrides: str) -> subprocess.Comple
                           capture_output=True, text=True, timeout=600)
 
 
-def test_the_packed_launcher_is_found_outside_the_checkouts_root(tmp_path: Path) -> None:
-    """A researcher's own folder: the package importable (as an editable install makes it: here its top-level
-    packages on PYTHONPATH, without the checkout's root, so `hydra_plugins/` is no directory on sys.path)."""
-    from tests.helpers import ENV, REPO
-
-    farm = tmp_path / "site"
-    farm.mkdir()
-    for name in ("training", "erasure", "models", "atomicio", "scripts", "conf"):  # all but hydra_plugins
-        (farm / name).symlink_to(REPO / name)
-    import importlib.util
-
-    if importlib.util.find_spec("hydra_plugins.erasure_mdl_packed") is None:
-        pytest.skip("the package is not installed (pip install -e .): no launcher to find outside the checkout")
-    proc = _sweep(tmp_path, {**ENV, "PYTHONPATH": str(farm)}, f"paths.out_dir={tmp_path / 'out'}")
-    assert "Unknown plugin class" not in proc.stderr, proc.stderr[-2000:]
-    assert proc.returncode == 0 and "2/2 jobs ran: 2 done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
-
-
-def test_packed_with_chdir_and_a_relative_out_dir_writes_where_the_command_started(tmp_path: Path) -> None:
+def test_a_cell_with_chdir_and_a_relative_out_dir_writes_where_the_command_started(tmp_path: Path) -> None:
     from tests.helpers import ENV
 
     for attempt in ("first", "rerun"):
@@ -253,17 +235,18 @@ def test_an_unknown_eraser_name_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2 and len(lines) == 1 and "eraser.name='bogus'" in lines[0], proc.stderr[-3000:]
 
 
-def test_a_packed_inner_launcher_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_the_removed_packed_launcher_is_refused_in_one_line(tmp_path: Path) -> None:
     import subprocess
     import sys
 
     from tests.helpers import ENV, REPO
 
     proc = subprocess.run([sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none",
-                           "seed=0,1", "hydra/launcher=packed", "hydra.launcher.inner=packed"], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+                           "seed=0,1", "hydra/launcher=packed"], cwd=REPO, env=ENV, capture_output=True, text=True,
+                          timeout=300)
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and "hydra.launcher.inner=packed" in lines[0], proc.stderr[-3000:]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert "hydra/launcher=packed is gone" in lines[0] and "seeds=N" in lines[0], lines[0]
     assert not list(tmp_path.rglob("result.json"))
 
 
@@ -285,28 +268,6 @@ def test_aggregate_refuses_a_bad_override_value_a_name_with_a_separator_and_an_u
     assert aggregate.main([str(root), "--out", str(blocker / "t")]) == 2  # a folder that cannot be made
     out, err = capsys.readouterr()
     assert "wrote" not in err and "cannot be written" in err, err
-
-
-# --- the pack group trains together only the seeds of one cell -----------------------------------------------------
-def test_a_pack_knows_which_seeds_are_another_configuration() -> None:
-    """dataset.data_seed=${seed} (how calibrate once drew its data, before its law was fixed across seeds): each seed
-    is its own cell (its own data), so a pack of its seeds must not train them in one group (it trained them, then
-    threw the models away); demo's seeds, and calibrate's now, share their data."""
-    from hydra import compose, initialize_config_dir
-
-    from hydra_plugins.erasure_mdl_packed.packed_launcher import job_dirs_of
-    from tests.helpers import CONF
-    from training.data.shared import Pack
-
-    cases = ((["experiment=calibrate", "dataset.data_seed=${seed}"], False), (["experiment=calibrate"], True),
-             (["experiment=demo"], True))
-    for over, together in cases:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            configs = [compose("config", overrides=[*over, f"seed={s}"]) for s in (0, 1)]
-        dirs = job_dirs_of([0, 1], configs)
-        pack = Pack((0, 1), job_dirs=dirs)
-        sibling = str(Path(dirs[0]).parent / "seed1")
-        assert pack.same_cell(1, sibling) is together, (over, dirs)
 
 
 # --- SIGKILL of a parallel sweep's parent: its loky workers stop and exit ------------------------------------------

@@ -1,6 +1,6 @@
-"""No process-global channel between jobs: what the jobs of a pack share (datasets, erased
-data, models trained ahead) is a `Pack` the packed launcher creates and hands to each job (training/data/shared.py),
-and a job's numerics are a `JobNumerics` the lifecycle passes down (training/engine/numerics.py).
+"""No process-global channel between jobs: what the seeds of a cell share (datasets, fitted erasers, erased data) is a
+store the command line creates per cell and hands to each job (training/data/shared.py), and a job's numerics are a
+`JobNumerics` the lifecycle passes down (training/engine/numerics.py).
 
 An AST scan of the code's modules finds module-level mutable state: a module-level name bound to a mutable container
 (`dict()`, `[]`, `OrderedDict()`, a `Memo`, ...), a `global` statement (a function rebinding module state) and a
@@ -97,8 +97,8 @@ def scan() -> set[tuple[str, str]]:
 
 
 def test_the_scan_finds_the_channels_that_were_removed() -> None:
-    """What training/data/shared.py, training/common/packs.py and training/engine/numerics.py held before the pack
-    became an object: each is found."""
+    """What training/data/shared.py and training/engine/numerics.py held before the store became an object: each is
+    found."""
     before = '''
 from collections import OrderedDict
 DATASETS = Memo("dataset")
@@ -124,6 +124,6 @@ def test_no_module_level_state_but_the_allowed() -> None:
     found = scan()
     new = sorted(found - set(ALLOWED))
     assert not new, (f"module-level mutable state {new}: what jobs share is an object the runner creates and passes "
-                     "in (training/data/shared.py Pack); if it is not a channel of jobs' data, allow it here with why")
+                     "in (training/data/shared.py); if it is not a channel of jobs' data, allow it here with why")
     gone = sorted(set(ALLOWED) - found)
     assert not gone, f"allowed but no longer found (remove from ALLOWED): {gone}"

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from scripts import plan
 from training.app.tasks import job_hash, load_job
+from training.common.cells import cell_seeds
 from training.common.sweep_jobs import expand_overrides, fast_expand
 from training.common.sweeps import CONF_DIR, presets, sweep_overrides
 
@@ -20,8 +21,14 @@ SPREAD = 5  # jobs per preset spread over the sweep (first and last included), p
 
 
 def _hydra(combos: list[list[str]]) -> list[dict]:
+    """Each combo's cell composed by Hydra, then resolved once per seed as the job does (training/common/cells.py)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        out = [OmegaConf.to_container(compose("config", overrides=c), resolve=True) for c in combos]
+        out = []
+        for c in combos:
+            cfg = compose("config", overrides=c)
+            for seed in cell_seeds(cfg):
+                cfg.seed = seed
+                out.append(OmegaConf.to_container(cfg, resolve=True))
     assert all(isinstance(o, dict) for o in out)
     return out  # type: ignore[return-value]
 
@@ -58,11 +65,11 @@ def test_every_preset_expands_as_hydra_composes_it(name: str, tmp_path: Path) ->
     combos = sweep_overrides(name, extra)
     idx = _sample(combos)
     sample = [combos[i] for i in idx]
-    for i, got, want in zip(idx, expand_overrides(sample), _hydra(sample), strict=True):
-        assert got == want, f"{name} job {i}: {combos[i]}"
+    for got, want in zip(expand_overrides(sample), _hydra(sample), strict=True):
+        assert got == want, f"{name} job {got['paths']['job_dir']}"
         assert _hash(got) == _hash(want) and got["paths"]["job_dir"] == want["paths"]["job_dir"]
         checked += 1
-    assert checked >= 4  # 170 jobs over all presets today
+    assert checked >= 4 and checked >= len(idx)  # every seed of each sampled cell
 
 
 def test_a_whole_sweep_with_extra_group_and_value_sweeps_expands_as_hydra_does(tmp_path: Path) -> None:
@@ -112,7 +119,7 @@ def test_plan_counts_done_other_config_resume_and_new(tmp_path: Path) -> None:
     statuses = [j.status for j in plan.plan_jobs("smoke", extra)]
     assert statuses == ["done", "other config", "in progress", "to run", "to run", "to run"]
     text = plan.report("smoke", extra, 40, tmp_path / "none.json", tmp_path / "none.json")
-    assert "6 jobs in 2 cells" in text
+    assert "6 seed results in 2 cells, 6 launched job(s)" in text
     assert "done 1 " in text and "to run 5: 3 new, 1 resume" in text and "1 hold another config" in text
     assert "seeds 0-2  done 1/3" in text and "seeds 0-2  done 0/3" in text
 

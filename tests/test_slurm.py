@@ -30,8 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 # What a one-node, 2-core cluster can give a job (the config's defaults ask for a GPU and 8 cores).
 SLURM = ("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
          "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=5")
-PACKED_SLURM = ("hydra/launcher=packed", "hydra.launcher.inner=slurm", *(
-    f"++hydra.launcher.inner_options.{o.split('.', 2)[2]}" for o in SLURM[1:]))  # each pack one job of SLURM's
 ONE_JOB = ("eraser=control", "seed=0", "mdl.full_run=false")
 FAILING_SWEEP = ("eraser=control", "seed=0", "dataset=cifar10,digits", "++dataset.download=false")
 # Under `make test-slurm` (xdist --dist loadgroup) the slurm tests run in two groups, each on its own worker with its
@@ -159,7 +157,7 @@ def test_smoke_sweep_lands_every_result_with_the_local_numbers_and_a_rerun_skips
     assert "multirun: 4/4 jobs ran: 4 done, 0 skipped, 0 failed" in text, text[-3000:]
     assert "Bypassing sacct error" not in text  # accounting works: submitit reads job states from sacct
     tasks = _slurm_jobs(tmp_path / "slurm")
-    assert len(tasks) == 4 and len({t.split("_")[0] for t in tasks}) == 1  # one array of four
+    assert len(tasks) == 2 and len({t.split("_")[0] for t in tasks}) == 1  # one array: a task per cell (2 seeds)
     script = next((tmp_path / "slurm/runs/.submitit").glob("*/*_submission.sh")).read_text()
     assert f"#SBATCH --chdir={REPO}" in script  # jobs import this checkout and resolve relative paths here
     rc_local, local_text = _finish(local, tmp_path / "local.log")
@@ -174,14 +172,22 @@ def test_smoke_sweep_lands_every_result_with_the_local_numbers_and_a_rerun_skips
     assert "multirun: 4/4 jobs ran: 0 done, 4 skipped, 0 failed" in text, text[-3000:]
     assert [(d / "result.json").stat().st_mtime_ns for d in slurm_dirs] == stamps
 
-    # hydra/launcher=packed on SLURM: one array task per pack (the two seeds of each eraser), the same numbers
-    rc, text = _run(tmp_path / "packed", *PACKED_SLURM)
+
+
+def test_a_sweep_over_max_array_size_is_cut_into_arrays(slurm_cluster: Path, tmp_path: Path) -> None:
+    """Four one-seed cells (`-m seed=0,1`) on a cluster whose MaxArraySize is 3 (tests/conftest.py): submitit alone
+    would submit one array of four, which sbatch refuses; the launcher submits two (3 + 1), every result lands."""
+    from tests.conftest import MAX_ARRAY_SIZE
+
+    job = ("seed=0,1", "mdl.full_run=false", "mdl.max_epochs=2")
+    rc, text = _run(tmp_path, *SLURM, *job)
     assert rc == 0, text[-3000:]
     assert "multirun: 4/4 jobs ran: 4 done, 0 skipped, 0 failed" in text, text[-3000:]
-    tasks = _slurm_jobs(tmp_path / "packed")
-    assert len(tasks) == 2 and len({t.split("_")[0] for t in tasks}) == 1, tasks  # one array of two packs
-    for s, loc in zip(_job_dirs(tmp_path / "packed"), local_dirs, strict=True):
-        assert _numbers(_result(s)) == _numbers(_result(loc)), s
+    assert f"4 jobs: 2 job arrays (the cluster's MaxArraySize is {MAX_ARRAY_SIZE})" in text, text[-3000:]
+    tasks = _slurm_jobs(tmp_path)
+    arrays = sorted({t.split("_")[0] for t in tasks})
+    assert len(tasks) == 4 and len(arrays) == 2, tasks
+    assert all((d / "result.json").exists() for d in _job_dirs(tmp_path, *job))
 
 
 @pytest.fixture(scope="module")
@@ -303,19 +309,22 @@ def test_blocks_longer_than_an_attempt_finish_from_in_block_checkpoints(slurm_cl
     assert not list(slurm_dir.glob("checkpoint-*.pt"))
 
 
-def test_preempted_job_stops_at_once_and_its_requeued_copy_resumes(slurm_cluster: Path, tmp_path: Path) -> None:
-    job = (*ONE_JOB, "mdl.max_epochs=200", "mdl.patience=200", "training.parallel_models=1")
+def test_preempted_cell_stops_at_once_and_its_requeued_copy_resumes(slurm_cluster: Path, tmp_path: Path) -> None:
+    """A cell of two seeds (one array task), requeued by SLURM after its first seed's first block: the requeued
+    copy resumes that seed after its saved blocks, trains the other, and both land the local numbers."""
+    job = ("eraser=control", "seeds=2", "mdl.full_run=false", "mdl.max_epochs=200", "mdl.patience=200",
+           "training.parallel_models=1")
     reference = _start(tmp_path / "local", tmp_path / "local.log", *job)
     out = tmp_path / "slurm"
     sweep = _start(out, tmp_path / "slurm.log", *job, *SLURM)
-    (job_dir,) = _job_dirs(out, *job)
+    job_dir, other_dir = _job_dirs(out, *job)
     before = _wait_for(lambda: _blocks_done(job_dir), 240, "the job's first finished block model")
     (task,) = _slurm_jobs(out)
     requeued_at = datetime.now().replace(microsecond=0)
     subprocess.run(["scontrol", "requeue", task], env=_env(), check=True, capture_output=True, timeout=30)
     rc, text = _finish(sweep, tmp_path / "slurm.log")
     assert rc == 0, text[-3000:]
-    assert "multirun: 1/1 jobs ran: 1 done, 0 skipped, 0 failed" in text, text[-3000:]
+    assert "multirun: 2/2 jobs ran: 2 done, 0 skipped, 0 failed" in text, text[-3000:]
     logs = _logs(out, task)
     assert "SIGTERM (pre-emption, requeue, scancel or time limit): stopping now" in logs, logs[-3000:]
     assert "SKIP" not in logs  # the old allocation did not run on to the end
@@ -328,8 +337,8 @@ def test_preempted_job_stops_at_once_and_its_requeued_copy_resumes(slurm_cluster
     print("\nsacct -D -X -j", task, *(f"\n  {r}" for r in rows))
     rc_ref, ref_text = _finish(reference, tmp_path / "local.log")
     assert rc_ref == 0, ref_text[-3000:]
-    (local_dir,) = _job_dirs(tmp_path / "local", *job)
-    assert _numbers(_result(job_dir)) == _numbers(_result(local_dir))
+    for mine, local_dir in zip((job_dir, other_dir), _job_dirs(tmp_path / "local", *job), strict=True):
+        assert _numbers(_result(mine)) == _numbers(_result(local_dir))
 
 
 @pytest.fixture(scope="module")
@@ -376,44 +385,3 @@ def test_sweep_over_a_key_outside_the_job_directory_loses_no_result(slurm_cluste
     results = [json.loads(p.read_text()) for p in (tmp_path / "runs").rglob("result.json")]
     assert sorted(r["config"]["optim"]["lr"] for r in results) == [0.001, 0.003], text[-3000:]
     assert rc == 0 and "multirun: 2/2 jobs ran: 2 done, 0 skipped, 0 failed" in text, text[-3000:]
-
-
-def test_a_bucket_is_one_array_task_and_a_cancelled_bucket_resumes_every_job(slurm_cluster: Path,
-                                                                             tmp_path: Path) -> None:
-    """hydra.launcher.pack_by=shape on SLURM: the sweep's 2 cells (control, leace; 2 seeds each) are one bucket, one
-    array task. Cancelled (scancel) once one job is done and another has a finished block, the same command run
-    again skips the finished job, resumes the others and lands every result with the local launcher's numbers."""
-    job = ("mdl.full_run=false", "mdl.max_epochs=150", "mdl.patience=150")
-    bucket = (*PACKED_SLURM, "hydra.launcher.pack_by=shape")
-    reference = _start(tmp_path / "local", tmp_path / "local.log", *job)
-    out = tmp_path / "slurm"
-    sweep = _start(out, tmp_path / "first.log", *job, *bucket)
-    dirs = _job_dirs(out, *job)
-    assert len(dirs) == 4
-
-    def one_done_one_partial() -> bool:
-        done = [d for d in dirs if (d / "result.json").exists()]
-        return bool(done) and any(_blocks_done(d) for d in dirs if d not in done)
-
-    _wait_for(one_done_one_partial, 300, "one finished job and a finished block of another")
-    (task,) = _slurm_jobs(out)  # the bucket: one array task
-    subprocess.run(["scancel", task], env=_env(), check=True, capture_output=True, timeout=30)
-    rc, text = _finish(sweep, tmp_path / "first.log")
-    assert rc != 0, text[-3000:]  # the array task was cancelled: the sweep did not finish
-    assert "pack of 4 jobs" in _logs(out, task), _logs(out, task)[-3000:]
-    finished = [d for d in dirs if (d / "result.json").exists()]
-    assert 1 <= len(finished) < 4, finished
-    stamps = {d: (d / "result.json").stat().st_mtime_ns for d in finished}
-
-    rc, text = _run(out, *job, *bucket, timeout=400)
-    assert rc == 0, text[-3000:]
-    assert f"multirun: 4/4 jobs ran: {4 - len(finished)} done, {len(finished)} skipped, 0 failed" in text, text[-3000:]
-    assert len(_slurm_jobs(out)) == 2  # the rerun: one more array task, the whole bucket
-    rerun = _logs(out, _slurm_jobs(out)[-1])
-    assert all(f"SKIP {d}" in rerun for d in finished), rerun[-3000:]
-    assert "resuming after block model" in rerun, rerun[-3000:]
-    assert {d: (d / "result.json").stat().st_mtime_ns for d in finished} == stamps
-    rc_ref, ref_text = _finish(reference, tmp_path / "local.log")
-    assert rc_ref == 0, ref_text[-3000:]
-    for s, loc in zip(dirs, _job_dirs(tmp_path / "local", *job), strict=True):
-        assert _numbers(_result(s)) == _numbers(_result(loc)), s

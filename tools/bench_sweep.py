@@ -1,27 +1,25 @@
-"""Benchmark: one sweep run job-per-process (`make demo`'s way: hydra/launcher=parallel, 2 workers), packed
-(hydra/launcher=packed hydra.launcher.inner=parallel, 2 workers) and packed with a pack group (training.pack_group=
-true: each pack's seeds train in one lockstep group), side by side, each in a fresh out_dir (so each fits its
-erasers once). Prints the wall times and their ratios to job-per-process, where the time went (summed from every job's
-result.json `timings`), and checks every job's result.json is == between the two (exit 1 if not).
+"""Benchmark: one cell's seeds trained as one job (`seeds=N`: every seed's block models in one lockstep group, the
+data loaded and the eraser fitted once) vs the same seeds as N one-seed jobs, each in its own process (`seed=k`),
+side by side and interleaved (a shared machine's load hits every way alike), each way in a fresh out_dir (so each
+fits its eraser). Every way runs one process at a time with the same threads (OMP_NUM_THREADS, default 1): the
+ratios compare the work each way does for the same results. Prints the wall times, their ratios to the N processes,
+where the time went (summed from every job's result.json `timings`), and checks that every seed's result.json is ==
+across the ways (wall times, dates and the numerics signature's group size aside; exit 1 if not).
 
-    .venv/bin/python -m tools.bench_sweep            # MNIST-5k, control/leace/qleace x seeds 0-4, quick MDL
-    .venv/bin/python -m tools.bench_sweep --quick    # digits, tiny MDL, 2 erasers x 3 seeds: seconds
-    .venv/bin/python -m tools.bench_sweep --repeats 3  # interleaved runs, medians (a shared machine is noisy)
-    .venv/bin/python -m tools.bench_sweep --bucket   # and bucket workers: hydra.launcher.pack_by=shape, one
-                                                       # bucket of the sweep's jobs per worker
-    .venv/bin/python -m tools.bench_sweep --after-augment  # erase each training batch (the paper presets' way)
-
-Each way also counts, from its jobs' run.log files, the eraser fits and what was read back from the disk cache or
-taken from the process's pack (`cache_counts`): deterministic counts, not timings.
+    .venv/bin/python -m tools.bench_sweep             # MNIST-5k MLP quick MDL (the demo's), leace, 5 seeds
+    .venv/bin/python -m tools.bench_sweep --quick        # digits, tiny MDL, 3 seeds: seconds
+    .venv/bin/python -m tools.bench_sweep --repeats 3    # interleaved runs, medians
+    .venv/bin/python -m tools.bench_sweep --before ../old --before-way "name=ARGS"  # and an older checkout (its
+                        # own venv or this python) running the seeds as one sweep, `-m seed=0,...,N-1 ARGS`
+    .venv/bin/python -m tools.bench_sweep --demo --before ../old --demo-before-args "..."  # `make demo` before
+                        # (with the launcher arguments of its Makefile) and after, two worker processes each
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -31,12 +29,15 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# wall times, dates, the stored config's pack size (unhashed, speed only) and whether this job or another of the
-# sweep fitted the shared eraser (scheduling decides): the keys allowed to differ
-VOLATILE = ("seconds", "timings.", "provenance.", "config.training.pack_size", "config.training.pack_group",
-            "eraser.cache_hit")
+# wall times, dates, the code's commit and the group size in the numerics signature (how many models trained
+# together: the way's choice)
+VOLATILE = ("seconds", "timings.", "provenance.ended", "provenance.started", "provenance.code.",
+            "provenance.numerics.models_together", "eraser.cache_hit")
+SPEED_ONLY = "config.training."  # a key here in one checkout's stored config only: a speed option of its own
 FULL = ["experiment=demo", "logger=none", "progress=false"]  # demo's MNIST-5k, MLP, quick MDL
 QUICK = ["experiment=smoke", "mdl.max_epochs=4", "logger=none", "progress=false"]
+DEMO = [["-m", "experiment=demo", "logger=none", "progress=false"],  # `make demo`'s two sweeps
+        ["-m", "experiment=demo", "logger=none", "progress=false", "dataset.permute_labels=true", "seed=0"]]
 
 
 def flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -58,12 +59,14 @@ def results(out_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> list[str]:
-    """Lines naming every job missing on one side and every key (but wall times) whose values are not ==."""
+    """Lines naming every job missing on one side and every key (but VOLATILE ones) whose values are not ==."""
     out = [f"{job}: only in {'the first' if job in a else 'the second'} run" for job in sorted(set(a) ^ set(b))]
     for job in sorted(set(a) & set(b)):
         x, y = a[job], b[job]
         for key in sorted(set(x) | set(y)):
             if any(part in key for part in VOLATILE):
+                continue
+            if (key not in x or key not in y) and key.startswith(SPEED_ONLY):
                 continue
             if key not in x or key not in y:
                 out.append(f"{job}: {key} only in {'the first' if key in x else 'the second'} run")
@@ -72,124 +75,105 @@ def differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> l
     return out
 
 
-CACHE_LINES = {  # what each job's run.log says about its eraser and erased data (training/data/cache.py,
-    # training/inputs/erase.py)
-    "fits": r"fitting eraser \w+ on",
-    "erasers_read": r"cache hit: \S*/erasers/",
-    "erasers_shared": r"cache hit \(shared in this process\): \S*/erasers/",
-    "erased_read": r"cache hit: \S*/erased/",
-    "erased_shared": r"cache hit \(shared in this process\): \S*/erased/",
-}
-
-
-def cache_counts(out_dir: Path) -> dict[str, int]:
-    """Eraser fits, fitted erasers and erased data read from the disk cache or taken from the pack, over every
-    job's run.log under `out_dir`/runs."""
-    text = "".join(p.read_text(errors="replace") for p in sorted((out_dir / "runs").rglob("run.log")))
-    return {name: len(re.findall(pattern, text)) for name, pattern in CACHE_LINES.items()}
-
-
 def time_split(res: dict[str, dict[str, Any]]) -> dict[str, float]:
     """The jobs' own time, summed: before MDL (data, eraser, certificates), of which erasing, MDL, full run."""
     keys = ("total_s", "before_mdl_s", "erase_s", "mdl_s", "full_run_s")
     return {k: sum(float(r[f"timings.{k}"] or 0.0) for r in res.values() if f"timings.{k}" in r) for k in keys}
 
 
-def run_sweep(out_dir: Path, base: list[str], sweep: list[str], launcher: list[str]) -> float:
-    cmd = [sys.executable, "-m", "training.run", "-m", *base, f"paths.out_dir={out_dir}", *sweep, *launcher]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "WANDB_MODE": "disabled"}
+def python_of(root: Path) -> str:
+    venv = root / ".venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def run_way(root: Path, commands: list[list[str]], out_dir: Path) -> float:
+    """Run `commands` (each a `training.run` argument list) one after another in checkout `root`; the wall time."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "WANDB_MODE": "disabled",
+           "PYTHONPATH": str(root)}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr)[-3000:]
-        sys.exit(f"bench_sweep: {' '.join(cmd)} failed (exit {proc.returncode}):\n{tail}")
-    return wall
+    for args in commands:
+        cmd = [python_of(root), "-m", "training.run", *args, f"paths.out_dir={out_dir}"]
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"bench_sweep: {' '.join(cmd)} failed (exit {proc.returncode}):\n"
+                     f"{(proc.stdout + proc.stderr)[-3000:]}")
+    return time.perf_counter() - t0
+
+
+def ways(args: argparse.Namespace) -> dict[str, tuple[Path, list[list[str]]]]:
+    """name -> (checkout, its commands)."""
+    if args.demo:  # as `make demo` runs them: two worker processes
+        out = {"demo": (ROOT, [[*c, "hydra/launcher=parallel", "hydra.launcher.n_jobs=2"] for c in DEMO])}
+        if args.before is not None:  # as the older checkout's Makefile ran them (--demo-before-args)
+            out["demo_before"] = (args.before, [[*c, *args.demo_before_args.split()] for c in DEMO])
+        return out
+    base = (QUICK if args.quick else FULL) + [f"eraser={args.eraser}"]
+    seeds = args.seeds or (3 if args.quick else 5)
+    one_each = [["-m", *base, f"seed={k}"] for k in range(seeds)]
+    out = {"cell": (ROOT, [["-m", *base, f"seeds={seeds}"]]), "processes": (ROOT, one_each)}
+    if args.before is not None:
+        for way in args.before_way:
+            name, _, extra = way.partition("=")
+            out[f"{name}_before"] = (args.before, [["-m", *base, f"seed={','.join(map(str, range(seeds)))}",
+                                                   *extra.split()]])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="digits, tiny MDL, control/leace x 3 seeds (seconds)")
-    p.add_argument("--erasers", default=None, help="comma list (default control,leace,qleace; quick: control,leace)")
+    p.add_argument("--quick", action="store_true", help="digits, tiny MDL, 3 seeds (seconds)")
+    p.add_argument("--eraser", default="leace")
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5; quick: 3)")
-    p.add_argument("--n-jobs", type=int, default=2, help="worker processes of both runs")
-    p.add_argument("--pack-size", type=int, default=None, help="training.pack_size (default: seeds / 2, rounded up, "
-                   "so the packs spread over the workers)")
-    p.add_argument("--repeats", type=int, default=1, help="runs of each, interleaved; medians are reported")
-    p.add_argument("--no-pack-group", action="store_true", help="skip the packed run with training.pack_group=true")
-    p.add_argument("--bucket", action="store_true", help="also run bucket workers (hydra.launcher.pack_by=shape: "
-                   "every cell of one model shape in one process, the sweep cut into one bucket per worker)")
-    p.add_argument("--after-augment", action="store_true", help="eraser.after_augment=true: each training batch "
-                   "erased by the fitted eraser (every paper preset)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each way, interleaved; medians are reported")
+    p.add_argument("--demo", action="store_true", help="`make demo`'s two sweeps (needs --before to compare)")
+    p.add_argument("--before", type=Path, default=None, help="an older checkout whose ways run beside this one's "
+                   "(--demo: its `make demo`)")
+    p.add_argument("--before-way", action="append", default=[], help="NAME=ARGS: the older checkout runs the seeds "
+                   "as one sweep, `-m seed=0,...,N-1 ARGS` (repeat for more ways)")
+    p.add_argument("--demo-before-args", default="hydra/launcher=parallel hydra.launcher.n_jobs=2",
+                   help="--demo: the launcher arguments of the older checkout's `make demo`")
     p.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = p.parse_args(argv)
-    erasers = args.erasers or ("control,leace" if args.quick else "control,leace,qleace")
-    seeds = args.seeds or (3 if args.quick else 5)
-    pack_size = args.pack_size or math.ceil(seeds / 2)
-    base = QUICK if args.quick else FULL
-    sweep = [f"eraser={erasers}", f"seed={','.join(map(str, range(seeds)))}"]
-    if args.after_augment:
-        sweep.append("eraser.after_augment=true")
-    launchers = {"per_process": ["hydra/launcher=parallel", f"hydra.launcher.n_jobs={args.n_jobs}"],
-                 "packed": ["hydra/launcher=packed", "hydra.launcher.inner=parallel",
-                            f"++hydra.launcher.inner_options.n_jobs={args.n_jobs}", f"training.pack_size={pack_size}"]}
-    if not args.no_pack_group:
-        launchers["pack_group"] = [*launchers["packed"], "training.pack_group=true"]
-    if args.bucket:  # every job has one shape here: a bucket per worker
-        per_worker = math.ceil(len(erasers.split(",")) * seeds / args.n_jobs)
-        launchers["bucket"] = [*launchers["packed"][:-1], "hydra.launcher.pack_by=shape",
-                               f"training.pack_size={per_worker}"]
-    names = list(launchers)
+    todo = ways(args)
+    names = list(todo)
     walls: dict[str, list[float]] = {name: [] for name in names}
     runs: dict[str, list[dict[str, dict[str, Any]]]] = {name: [] for name in names}
-    counts: dict[str, dict[str, int]] = {}  # the first repeat's
     with tempfile.TemporaryDirectory(prefix="bench_sweep_") as tmp:
         for r in range(args.repeats):  # interleaved, the order rotating: a busy machine slows all alike
             for name in names[r % len(names):] + names[:r % len(names)]:
                 out_dir = Path(tmp) / f"{name}{r}"
-                walls[name].append(run_sweep(out_dir, base, sweep, launchers[name]))
+                root, commands = todo[name]
+                walls[name].append(run_way(root, commands, out_dir))
                 runs[name].append(results(out_dir))
-                counts.setdefault(name, cache_counts(out_dir))
-    a, b = runs["per_process"][0], runs["packed"][0]
     median = {name: statistics.median(walls[name]) for name in names}
-    lone, packed = median["per_process"], median["packed"]
-    jobs = len(a)
-    print(f"sweep: {' '.join(base + sweep)}: {jobs} jobs, {args.n_jobs} workers, pack_size {pack_size}, "
-          f"{args.repeats} repeat(s), medians")
+    ref = "demo_before" if args.demo and "demo_before" in median else "processes" if "processes" in median else names[0]
+    jobs = len(runs[names[0]][0])
+    print(f"{'demo' if args.demo else 'cell'}: {jobs} seed results per way, {args.repeats} repeat(s) interleaved, "
+          f"medians, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}, one process at a time")
     if args.repeats > 1:
         print("  each (s): " + "; ".join(f"{k} {', '.join(f'{w:.1f}' for w in v)}" for k, v in walls.items()))
-    print(f"  job-per-process  {lone:7.1f} s")
-    print(f"  packed           {packed:7.1f} s   {lone / packed:5.2f}x")
-    if "pack_group" in median:
-        print(f"  + pack group     {median['pack_group']:7.1f} s   {lone / median['pack_group']:5.2f}x  "
-              "(training.pack_group=true: a pack's seeds in one lockstep group)")
-    if "bucket" in median:
-        print(f"  bucket workers   {median['bucket']:7.1f} s   {lone / median['bucket']:5.2f}x  "
-              "(hydra.launcher.pack_by=shape: a worker runs every cell of one model shape)")
+    for name in names:
+        print(f"  {name:<18} {median[name]:7.1f} s   {median[ref] / median[name]:5.2f}x  (vs {ref})")
     split = {name: time_split(runs[name][0]) for name in names}  # the first repeat's
-    print("  summed over jobs (s)  total  before-MDL  erase   MDL  full-run | outside jobs (workers x wall - total)")
-    for name, wall in ((name, walls[name][0]) for name in names):
+    print("  summed over jobs (s)  total  before-MDL  erase   MDL  full-run")
+    for name in names:
         s = split[name]
         print(f"  {name:<20} {s['total_s']:6.1f} {s['before_mdl_s']:10.1f} {s['erase_s']:6.1f} {s['mdl_s']:5.1f} "
-              f"{s['full_run_s']:8.1f} | {args.n_jobs * wall - s['total_s']:6.1f}")
-    print("  erasers (counts)     " + "  ".join(f"{k:>14}" for k in CACHE_LINES))
-    for name in names:
-        print(f"  {name:<20} " + "  ".join(f"{counts[name][k]:14d}" for k in CACHE_LINES))
-    diff = [line for name in runs for other in runs[name] for line in differences(a, other)]
+              f"{s['full_run_s']:8.1f}")
+    first = runs[names[0]][0]
+    diff = [line for name in names for other in runs[name] for line in differences(first, other)]
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"jobs": jobs, "n_jobs": args.n_jobs, "pack_size": pack_size,
-                                         "per_process_s": lone, "packed_s": packed, "ratio": lone / packed,
-                                         "medians": median,
-                                         "walls": walls,
-                                         "split": split, "cache_counts": counts, "equal": not diff}, indent=1))
-    if not jobs or len(b) != jobs:
-        print(f"FAIL: {jobs} and {len(b)} result.json files", file=sys.stderr)
+        args.json.write_text(json.dumps({"jobs": jobs, "medians": median, "walls": walls, "reference": ref,
+                                         "ratios": {n: median[ref] / median[n] for n in names},
+                                         "split": split, "equal": not diff}, indent=1))
+    if not jobs:
+        print("FAIL: no result.json", file=sys.stderr)
         return 1
     if diff:
         print(f"FAIL: numbers differ in {len(diff)} places:\n  " + "\n  ".join(diff[:20]), file=sys.stderr)
         return 1
-    print(f"  numbers: all {jobs} jobs' result.json == (wall times aside)")
+    print(f"  numbers: all {jobs} seed results' result.json == across the ways (wall times aside)")
     return 0
 
 

@@ -12,9 +12,9 @@ budget (`--budget` caps the whole run: a step gets at most what is left).
 
 Steps, in priority order (`--list` prints them with their groups and time limits; `--steps`/`--skip` take step or
 group names; docs/speed.md says what each measures): the test suite, one MDL job per architecture, throughput, 5
-seeds as processes vs one pack, the erasers on the device, the MDL and eraser benchmarks, the sweep cost. On a GPU
-the whole report has a default budget of 540 s (one 10-minute device call with its start); steps it does not reach
-are listed as skipped, with the reason.
+one-seed processes vs one job of the cell (`seeds=5`), the erasers on the device, the MDL and eraser benchmarks,
+the sweep cost. On a GPU the whole report has a default budget of 540 s (one 10-minute device call with its start);
+steps it does not reach are listed as skipped, with the reason.
 
 Without CUDA (or with --toy) every step runs on CPU at toy sizes in about a minute, so the path is known to
 work before a GPU sees it (tests/test_gpu_report.py runs it).
@@ -130,8 +130,8 @@ from tools.gpu_report_steps import (  # noqa: E402
     step_bench_erasers_cpu,
     step_bench_erasers_device,
     step_bench_mdl,
+    step_cell,
     step_erasers_device,
-    step_pack,
     step_sweep_cost,
     step_tests,
     step_throughput,
@@ -220,7 +220,7 @@ def all_steps(sizes: Sizes) -> list[Step]:
           for a in ARCHS],
         Step("throughput", "speed", step_throughput, t["throughput"],
              "train/eval samples/s per architecture: one model (fit) and the vectorised group"),
-        Step("pack", "sweep", step_pack, t["pack"], "5 seeds: 5 processes at once vs one pack (pack group)"),
+        Step("cell", "sweep", step_cell, t["cell"], "5 seeds: 5 one-seed processes at once vs one job of the cell"),
         Step("erasers_device", "erasers", step_erasers_device, t["erasers_device"],
              "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
         Step("bench_mdl", "speed", step_bench_mdl, t["bench_mdl"], "tools/bench_mdl.py: ours vs naive, bandwidth"),

@@ -326,11 +326,11 @@ GPU = Sizes(
     bench_mdl=("--repeats", "1"),
     throughput=ThroughputSizes(subset=10_000, val=2048, group=10),
     loop_archs=ARCHS, loop_procs=(1, 4), loop_seconds=5.0,
-    # each step's own cap (the H100 run, 2026-11-27: gpu tests 49 s, jobs 17-109 s, throughput 40 s, pack 53 s);
+    # each step's own cap (the H100 run, 2026-11-27: gpu tests 49 s, jobs 17-109 s, throughput 40 s, 5-seed sweep 53 s);
     # the whole report's default budget (tools/gpu_report.py DEFAULT_BUDGET) decides what one call reaches
     timeouts={"tests": 150, "job": 180, "erasers_device": 120, "bench_erasers_device": 90,
               "bench_erasers_cpu_reference": 150, "bench_mdl": 150, "throughput": 120,
-              "sweep_cost": 150, "pack": 150},
+              "sweep_cost": 150, "cell": 150},
 )
 TOY = Sizes(
     pytest_args=("tests/test_mdl_math.py",),
@@ -351,7 +351,7 @@ TOY = Sizes(
     loop_archs=("mlp",), loop_procs=(1,), loop_seconds=0.3,
     timeouts={"tests": 60, "job": 60, "erasers_device": 60, "bench_erasers_device": 60,
               "bench_erasers_cpu_reference": 60, "bench_mdl": 60, "throughput": 60,
-              "sweep_cost": 60, "pack": 120},
+              "sweep_cost": 60, "cell": 120},
 )
 
 

@@ -9,14 +9,14 @@ process holds no CUDA context), `job` (python -m training.run with the process's
 harness's own Trainer), `loop` (a fixed-duration training loop, several started at once to see how many jobs
 share one GPU).
 
-The `pack` step: one MDL cell with 5 seeds (MLP at the paper's base size on the job steps' CIFAR-shaped synthetic
-data; toy sizes without CUDA) run (a) as 5 `python -m training.run` processes at once on the one device and (b) as
-one pack, `-m seed=0,1,2,3,4 hydra/launcher=packed training.pack_group=true` (one process; on CUDA the stacked engine
-trains the 5 seeds' block models in one lockstep group, training/tasks/mdl/pack_group.py). It records both wall times
-and their ratio (a)/(b), each process's peak memory ((a)'s is the sum of its five processes' peaks), whether every
-job's result.json is == between (a) and (b) (tools/bench_sweep.py's comparison: wall times aside) and whether the pack
-group formed (the pack's log). Numbers that differ or a group that did not form are flagged, not failed: the step
-fails only when a run fails.
+The `cell` step: one MDL cell with 5 seeds (MLP at the paper's base size on the job steps' CIFAR-shaped synthetic
+data; toy sizes without CUDA) run (a) as 5 one-seed `python -m training.run seed=k` processes at once on the one
+device and (b) as one job, `seeds=5` (one process; on CUDA the stacked engine trains the 5 seeds' block models in one
+lockstep group, training/tasks/mdl/cell.py). It records both wall times and their ratio (a)/(b) (the goal on a GPU:
+at least 4x), each process's peak memory ((a)'s is the sum of its five processes' peaks), whether every seed's
+result.json is == between (a) and (b) (tools/bench_sweep.py's comparison: wall times aside) and whether the cell's
+group formed (its log). Numbers that differ or a group that did not form are flagged, not failed: the step fails only
+when a run fails.
 """
 
 from __future__ import annotations
@@ -118,9 +118,11 @@ def work_result(ctx: Context, kind: str, payload: Payload, log: str) -> dict[str
 # ---------------------------------------------------------------------------------------------------- steps
 
 
-def job_overrides(ctx: Context, arch: str, out: Path, extra: Iterable[str] = (), seed: str = "0") -> list[str]:
+def job_overrides(ctx: Context, arch: str, out: Path, extra: Iterable[str] = (), seed: str | None = "0") -> list[str]:
+    """A job's overrides; `seed`: its one seed (None: the cell's `seeds`, given in `extra`)."""
     s = ctx.sizes
-    return [f"arch={arch}", *s.arch[arch], *s.job_data, *s.job_mdl, "eraser=control", f"seed={seed}",
+    return [f"arch={arch}", *s.arch[arch], *s.job_data, *s.job_mdl, "eraser=control",
+            *([f"seed={seed}"] if seed is not None else []),
             f"device={ctx.device}", "logger=none", "progress=false", "certificate=false",
             f"paths.out_dir={out}", f"paths.cache_dir={ctx.work / 'cache'}", *ctx.args.job_override, *extra]
 
@@ -435,19 +437,18 @@ def read_junit(path: Path, gpu_ids: set[str]) -> tuple[dict[str, int], list[str]
     return counts, failures, gpu_skipped
 
 
-# ------------------------------------------------------------------------------------------------- pack step
+# ------------------------------------------------------------------------------------------------- cell step
 
 
 SEEDS = 5
 ARCH = "mlp"
-# the pack's log lines (training/tasks/mdl/job.py, training/tasks/mdl/pack_group.py) that say what its group did
-GROUP_FORMED = "pack group: this job's"
-FROM_GROUP = "were trained in an earlier seed's pack group"
-GROUP_FAILED = "the pack group failed"
+# the cell's log lines (training/tasks/mdl/cell.py) that say what its group did
+GROUP_FORMED = f"cell: {SEEDS} seeds'"
+GROUP_FAILED = "the cell's group failed"
 MEMORY_NOTE = ("per-process peaks (torch.cuda.max_memory_reserved on CUDA, max RSS on CPU): lone_memory_mb is the "
-               "sum over the 5 processes, packed_memory_mb the one process's; on CUDA each process also holds a CUDA "
-               "context (context_mb, measured in the pack, which ran alone): the *_with_contexts_mb figures add 5 of "
-               "them to the lone sum and one to the pack")
+               "sum over the 5 processes, cell_memory_mb the one process's; on CUDA each process also holds a CUDA "
+               "context (context_mb, measured in the cell's process, which ran alone): the *_with_contexts_mb figures "
+               "add 5 of them to the lone sum and one to the cell")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -468,77 +469,74 @@ def read_memory(path: Path) -> ProcessMemory | None:
     return build(ProcessMemory, json.loads(path.read_text())) if path.exists() else None
 
 
-def memory_figures(lone: Sequence[ProcessMemory | None], packed: ProcessMemory | None) -> dict[str, Any]:
-    """The lone processes' peaks (each, and summed when all five are known), the pack's, and on CUDA both with the
-    CUDA context of each process (the pack's, measured alone: a lone process's own reads the others' memory too)."""
+def memory_figures(lone: Sequence[ProcessMemory | None], cell: ProcessMemory | None) -> dict[str, Any]:
+    """The lone processes' peaks (each, and summed when all five are known), the cell's, and on CUDA both with the
+    CUDA context of each process (the cell's, measured alone: a lone process's own reads the others' memory too)."""
     out: dict[str, Any] = {}
     peaks = [m.peak_mb for m in lone if m is not None and m.peak_mb is not None]
     if len(peaks) == len(lone):
         out.update(lone_memory_mb=sum(peaks), lone_memory_each_mb=peaks)
-    if packed is None or packed.peak_mb is None:
+    if cell is None or cell.peak_mb is None:
         return out
-    out["packed_memory_mb"] = packed.peak_mb
-    if packed.context_mb is not None:
-        out.update(context_mb=packed.context_mb, packed_memory_with_contexts_mb=packed.peak_mb + packed.context_mb)
+    out["cell_memory_mb"] = cell.peak_mb
+    if cell.context_mb is not None:
+        out.update(context_mb=cell.context_mb, cell_memory_with_contexts_mb=cell.peak_mb + cell.context_mb)
         if "lone_memory_mb" in out:
-            out["lone_memory_with_contexts_mb"] = out["lone_memory_mb"] + len(lone) * packed.context_mb
+            out["lone_memory_with_contexts_mb"] = out["lone_memory_mb"] + len(lone) * cell.context_mb
     return out
 
 
-def deviation(lone: dict[str, dict[str, Any]], packed: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """The largest |Δ bits/sample| between a job alone and in the pack, the cell's seed SD (of the lone jobs) and the
+def deviation(lone: dict[str, dict[str, Any]], cell: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The largest |Δ bits/sample| between a seed alone and in the cell, the cell's seed SD (of the lone jobs) and the
     numerics contract's tolerance for it (training/engine/numerics.py: max(1e-3, 0.05 × seed SD))."""
     key = "mdl.bits_per_sample"
-    both = [j for j in sorted(set(lone) & set(packed)) if key in lone[j] and key in packed[j]]
-    dev = max((abs(float(lone[j][key]) - float(packed[j][key])) for j in both), default=0.0)
+    both = [j for j in sorted(set(lone) & set(cell)) if key in lone[j] and key in cell[j]]
+    dev = max((abs(float(lone[j][key]) - float(cell[j][key])) for j in both), default=0.0)
     bits = [float(lone[j][key]) for j in both]
     sd = statistics.stdev(bits) if len(bits) > 1 else math.nan
     return {"max_abs_bits_deviation": dev, "seed_sd_bits": sd, "tolerance_bits": bits_tolerance(sd),
             "deviation_over_seed_sd": dev / sd if sd > 0 else math.nan}
 
 
-def pack_checks(lone: dict[str, dict[str, Any]], packed: dict[str, dict[str, Any]], pack_log: str,
+def cell_checks(lone: dict[str, dict[str, Any]], cell: dict[str, dict[str, Any]], cell_log: str,
                 bitwise: bool = True) -> dict[str, Any]:
-    """Whether every job's numbers are == between the lone processes and the pack, and otherwise within the numerics
-    contract's tolerance (`bitwise`: the CPU loop engine, where only == holds it); whether the pack group formed
-    and fed the later seeds; and the flags a reader must see (none when all is as expected)."""
-    diff = differences(lone, packed)
-    dev = deviation(lone, packed)
+    """Whether every seed's numbers are == between the lone processes and the cell, and otherwise within the
+    numerics contract's tolerance (`bitwise`: the CPU loop engine, where only == holds it); whether the cell's group
+    formed; and the flags a reader must see (none when all is as expected)."""
+    diff = differences(lone, cell)
+    dev = deviation(lone, cell)
     within = not diff or (not bitwise and dev["max_abs_bits_deviation"] <= dev["tolerance_bits"])
-    formed = [ln[ln.index(GROUP_FORMED):] for ln in pack_log.splitlines() if GROUP_FORMED in ln]
-    from_group = sum(FROM_GROUP in ln for ln in pack_log.splitlines())
-    failed = GROUP_FAILED in pack_log
+    formed = [ln[ln.index(GROUP_FORMED):] for ln in cell_log.splitlines() if GROUP_FORMED in ln]
+    failed = GROUP_FAILED in cell_log
     flags = []
     if not within:
         what = "the CPU loop engine is bitwise" if bitwise else (
             f"max |Δ bits/sample| {dev['max_abs_bits_deviation']:.3g} > tolerance {dev['tolerance_bits']:.3g}")
-        flags.append(f"numbers differ between the lone processes and the pack in {len(diff)} place(s) ({what}), "
+        flags.append(f"numbers differ between the lone processes and the cell in {len(diff)} place(s) ({what}), "
                      f"e.g. {diff[0]}")
     if not formed:
-        flags.append(f"the pack group did not form (no '{GROUP_FORMED}' line in the pack's log)")
-    elif from_group < SEEDS - 1:
-        flags.append(f"only {from_group} of the {SEEDS - 1} later seeds took their models from the pack group")
+        flags.append(f"the cell's group did not form (no '{GROUP_FORMED}' line in its log)")
     if failed:
-        flags.append("the pack group failed: its first job's models trained alone")
+        flags.append("the cell's group failed: each seed's models trained in its own group")
     return {"equal": not diff, "within_tolerance": within, **dev, "differences": diff[:10],
-            "group_formed": bool(formed), "group_line": formed[0] if formed else None, "seeds_from_group": from_group,
-            "group_failed": failed, "flags": flags}
+            "group_formed": bool(formed), "group_line": formed[0] if formed else None, "group_failed": failed,
+            "flags": flags}
 
 
-def step_pack(ctx: Context) -> str:
+def step_cell(ctx: Context) -> str:
     seeds = [str(s) for s in range(SEEDS)]
-    outs = {"lone": ctx.out / "runs" / "pack_lone", "packed": ctx.out / "runs" / "pack_packed"}
+    outs = {"lone": ctx.out / "runs" / "cell_lone", "cell": ctx.out / "runs" / "cell_together"}
     for out in outs.values():
         shutil.rmtree(out, ignore_errors=True)  # fresh jobs: an earlier result here would be reused, not timed
-    # CPU threads: the concurrent processes as sweep_cost's (2 each on a GPU), the pack as a job step's (8)
+    # CPU threads: the concurrent processes as sweep_cost's (2 each on a GPU), the cell as a job step's (8)
     threads = ctx.env.get("OMP_NUM_THREADS", "1")
-    lone_threads, pack_threads = ("2", "8") if ctx.gpu else (threads, threads)
+    lone_threads, cell_threads = ("2", "8") if ctx.gpu else (threads, threads)
     f = ctx.figures
     f.update(seeds=SEEDS, arch=ARCH, device=ctx.device, lone_omp_threads=int(lone_threads),
-             packed_omp_threads=int(pack_threads), memory_note=MEMORY_NOTE)
+             cell_omp_threads=int(cell_threads), memory_note=MEMORY_NOTE)
 
-    lone_mem = [ctx.work / f"pack_lone_{s}.memory.json" for s in seeds]
-    commands = [(job_command(ctx, job_overrides(ctx, ARCH, outs["lone"], seed=s), mem), f"pack_lone_seed{s}")
+    lone_mem = [ctx.work / f"cell_lone_{s}.memory.json" for s in seeds]
+    commands = [(job_command(ctx, job_overrides(ctx, ARCH, outs["lone"], seed=s), mem), f"cell_lone_seed{s}")
                 for s, mem in zip(seeds, lone_mem, strict=True)]
     f["lone_overrides"] = " ".join(job_overrides(ctx, ARCH, outs["lone"], seed="<s>"))
     each = [p.seconds for p in run_at_once(ctx, commands, {**ctx.env, "OMP_NUM_THREADS": lone_threads})]
@@ -546,36 +544,35 @@ def step_pack(ctx: Context) -> str:
     f.update(lone_wall_s=lone_wall, lone_each_s=each)
     lone_memory = [read_memory(m) for m in lone_mem]
 
-    pack_mem = ctx.work / "pack_packed.memory.json"
-    overrides = ["-m", *job_overrides(ctx, ARCH, outs["packed"], seed=",".join(seeds)),
-                 "hydra/launcher=packed", "training.pack_group=true"]
-    f["packed_overrides"] = " ".join(overrides)
-    proc = ctx.run(job_command(ctx, overrides, pack_mem), "pack_packed",
-                   env={**ctx.env, "OMP_NUM_THREADS": pack_threads}, check=False)
-    f["packed_wall_s"] = proc.seconds
-    f.update(memory_figures(lone_memory, read_memory(pack_mem)))
+    cell_mem = ctx.work / "cell_together.memory.json"
+    overrides = job_overrides(ctx, ARCH, outs["cell"], [f"seeds={SEEDS}"], seed=None)
+    f["cell_overrides"] = " ".join(overrides)
+    proc = ctx.run(job_command(ctx, overrides, cell_mem), "cell_together",
+                   env={**ctx.env, "OMP_NUM_THREADS": cell_threads}, check=False)
+    f["cell_wall_s"] = proc.seconds
+    f.update(memory_figures(lone_memory, read_memory(cell_mem)))
     if proc.rc != 0:
-        raise StepError(f"pack_packed: {error_line(proc.output, proc.rc)}", tail(proc.output))
+        raise StepError(f"cell_together: {error_line(proc.output, proc.rc)}", tail(proc.output))
 
-    lone, packed = results(outs["lone"]), results(outs["packed"])
-    if len(lone) != SEEDS or len(packed) != SEEDS:
-        raise StepError(f"pack: {len(lone)} and {len(packed)} result.json files of {SEEDS} (lone, packed)")
+    lone, cell = results(outs["lone"]), results(outs["cell"])
+    if len(lone) != SEEDS or len(cell) != SEEDS:
+        raise StepError(f"cell: {len(lone)} and {len(cell)} result.json files of {SEEDS} (lone, cell)")
     f["ratio"] = lone_wall / proc.seconds
-    f["bits_per_sample"] = {job: r["mdl.bits_per_sample"] for job, r in packed.items()}
-    f["jobs_time_s"] = {"lone": time_split(lone), "packed": time_split(packed)}
-    f.update(pack_checks(lone, packed, proc.output, bitwise=not ctx.gpu))
+    f["bits_per_sample"] = {job: r["mdl.bits_per_sample"] for job, r in cell.items()}
+    f["jobs_time_s"] = {"lone": time_split(lone), "cell": time_split(cell)}
+    f.update(cell_checks(lone, cell, proc.output, bitwise=not ctx.gpu))
     mem = ""
     suffix = "_with_contexts_mb" if "lone_memory_with_contexts_mb" in f else "_mb"
-    if f"lone_memory{suffix}" in f and f"packed_memory{suffix}" in f:
+    if f"lone_memory{suffix}" in f and f"cell_memory{suffix}" in f:
         mem = f", peak memory {f[f'lone_memory{suffix}']:.0f} MB (5 processes, summed) vs " \
-              f"{f[f'packed_memory{suffix}']:.0f} MB"
+              f"{f[f'cell_memory{suffix}']:.0f} MB"
     dev = (f"max |Δ bits/sample| {f['max_abs_bits_deviation']:.2g} = {f['deviation_over_seed_sd']:.2g} × seed SD "
            f"(tolerance {f['tolerance_bits']:.2g})")
     verdict = "numbers ==" if f["equal"] else f"within tolerance: {dev}" if f["within_tolerance"] else \
         f"OUTSIDE TOLERANCE: {dev}"
-    group = f"group formed ({f['seeds_from_group']} later seeds from it)" if f["group_formed"] else "NO GROUP"
+    group = "group formed" if f["group_formed"] else "NO GROUP"
     flags = f"; flags: {' / '.join(f['flags'])}" if f["flags"] else ""
-    return (f"{SEEDS} processes {lone_wall:.1f} s, pack {proc.seconds:.1f} s: {f['ratio']:.2f}×{mem}; {verdict}, "
+    return (f"{SEEDS} processes {lone_wall:.1f} s, cell {proc.seconds:.1f} s: {f['ratio']:.2f}×{mem}; {verdict}, "
             f"{group}{flags}")
 
 

@@ -2,6 +2,7 @@
 """A one-machine SLURM cluster with accounting, to try `hydra/launcher=slurm` here and to test it.
 
     tools/slurm_cluster.py up [--dir DIR]     # start; prints `export SLURM_CONF=DIR/etc/slurm.conf`
+                                                # (--max-array-size N: the cluster's MaxArraySize, default 1001)
     tools/slurm_cluster.py down [--dir DIR]   # cancel its jobs, stop exactly the daemons it started (by pid)
     tools/slurm_cluster.py check              # exit 2 with a one-line reason when it cannot run here
     tools/slurm_cluster.py install            # root: apt-get the Debian packages, quietly (idempotent)
@@ -109,8 +110,9 @@ def port_open(port: int) -> bool:
 
 
 class Cluster:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, max_array_size: int | None = None) -> None:
         self.root = root.resolve()
+        self.max_array_size = max_array_size
         self.etc, self.log, self.run = self.root / "etc", self.root / "log", self.root / "run"
         self.conf = self.etc / "slurm.conf"
         self.pids_file = self.root / "pids.json"
@@ -209,7 +211,7 @@ SlurmctldDebug=info
 SlurmdDebug=info
 NodeName={name}n1 NodeHostname={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
 PartitionName=debug Nodes={name}n1 Default=YES MaxTime=INFINITE State=UP
-""")
+""" + (f"MaxArraySize={self.max_array_size}\n" if self.max_array_size else ""))
         (self.etc / "plugstack.conf").write_text("")
         dbd_conf = self.etc / "slurmdbd.conf"
         dbd_conf.write_text(f"""AuthType=auth/munge
@@ -380,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("action", choices=["up", "down", "check", "install"])
     ap.add_argument("--dir", type=Path, default=None, help=f"cluster directory (default {default_dir()})")
     ap.add_argument("--keep-logs", action="store_true", help="down: keep DIR/log (the rest of DIR is removed)")
+    ap.add_argument("--max-array-size", type=int, default=None, help="up: the cluster's MaxArraySize (the largest "
+                    "job array is this many tasks; SLURM's default 1001)")
     args = ap.parse_args(argv)
     if args.action == "install":
         return install()
@@ -388,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         if reason:
             print(reason)
         return 2 if reason else 0
-    cluster = Cluster(args.dir or default_dir())
+    cluster = Cluster(args.dir or default_dir(), args.max_array_size)
     if args.action == "down":
         stopped = cluster.stop()
         if cluster.root.exists():

@@ -18,7 +18,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,9 +31,9 @@ from training.app.result_types import Fingerprint as FingerprintRecord
 from training.app.result_types import Result, Sections, at
 from training.app.results import JobDir, Stale, legacy_result, set_aside_name
 from training.app.schema import HASH_VERSION, JobConfig, config_hash, numerics_of
+from training.common import interrupt
 from training.common.files import atomic_write_json, read_json
 from training.common.provenance import device_name, now_utc, provenance
-from training.data.shared import Pack
 from training.engine.devices import resolve_device
 from training.engine.numerics import JobNumerics, job_numerics
 from training.errors import NonFiniteError, UserError
@@ -103,6 +104,7 @@ class Outcome:
     job_dir: Path
     result: dict[str, Any] | None = None
     error: str | None = None
+    exception: BaseException | None = dataclasses.field(default=None, compare=False, repr=False)  # failed: why
 
 
 @dataclass(frozen=True)
@@ -117,18 +119,20 @@ class DataOnDisk:
 @dataclass(frozen=True)
 class JobRun:
     """What a task's body gets: its typed config, directory, device and progress file, what its precheck (or
-    fingerprint) loaded (None: nothing; the body loads its data itself), what it shares with the other jobs of its
-    pack (`pack`, training/data/shared.py; None: a lone job) and its numerics (training/engine/numerics.py: passed
-    to what trains; the signature in result.json is read from it)."""
+    fingerprint) loaded (None: nothing; the body loads its data itself), what the jobs of its process share (`store`,
+    training/data/shared.py) and its numerics (training/engine/numerics.py: passed to what trains; the signature in
+    result.json is read from it)."""
 
     cfg: JobConfig
     job: JobDir
     device: torch.device
     progress: Progress
     loaded: Any = None
-    pack: Pack | None = None
+    store: Any = None  # what the seeds of its cell share (training/inputs/store.py; None: nothing)
     numerics: JobNumerics | None = None
     timings: dict[str, float] = dataclasses.field(default_factory=dict)  # the body's stages: result.json timings
+    t0: float = dataclasses.field(default_factory=time.perf_counter)  # when it was opened (timings.total_s)
+    started: str = dataclasses.field(default_factory=now_utc)  # (provenance)
 
     @property
     def path(self) -> Path:
@@ -140,12 +144,14 @@ class JobRun:
 
 
 Body = Callable[[JobRun], Sections]  # the task's sections, of its result type's `sections_type`
+# a cell's body: its seeds' jobs run together -> each one's sections, or the exception that seed failed with
+CellBody = Callable[[list[JobRun]], Sequence["Sections | BaseException"]]
 # Refuses bad runtime options before anything is made; returns what it loaded for the body. Not called for a job
 # that looks finished; called then (in the lock) when that result is stale, with the data its fingerprint check read
 # again (None: not read), so a job that runs is always checked.
-Precheck = Callable[[JobConfig, torch.device, Any, Pack | None], Any]
-# the identity of the data a job would read now (and that data), read once per pack
-Fingerprint = Callable[[JobConfig, Pack | None], DataOnDisk]
+Precheck = Callable[[JobConfig, torch.device, Any, Any], Any]  # (config, device, data read, store)
+# the identity of the data a job would read now (and that data)
+Fingerprint = Callable[[JobConfig, Any], DataOnDisk]  # (config, store)
 
 
 def stale_reason(done: Result, cfg: JobConfig, complete: tuple[str, ...],
@@ -198,54 +204,114 @@ def check_finite(result: Result, sections: tuple[str, ...], job_path: Path) -> N
 def run_in_job_dir(cfg: JobConfig, body: Body, precheck: Precheck | None = None,
                    describe: Callable[[dict[str, Any]], str] | None = None, finite: tuple[str, ...] = (),
                    complete: tuple[str, ...] = (), fingerprint: Fingerprint | None = None,
-                   pack: Pack | None = None) -> Outcome:
+                   store: Any = None) -> Outcome:
     """Run `body`, the job of `cfg` (loaded with its task's spec), in its directory under its lock; its Outcome: done
     with the new result, or skipped/reused with an earlier result of this configuration. `precheck` refuses bad
     runtime options before anything is made and returns what it loaded (`JobRun.loaded`). `finite`: the sections
     whose every number must be finite (else NonFiniteError, no result); every result gets `provenance`. An earlier
     result is not reused (one line says why) when it lacks a `complete` section or its `dataset.fingerprint` differs
-    from `fingerprint(cfg)`, the data now (which the body then gets). `pack`: what the job shares with its pack's
-    other jobs (training/data/shared.py), handed to the hooks and the body; None for a lone job."""
+    from `fingerprint(cfg)`, the data now (which the body then gets). `store`: what the seeds of a cell share (loaded
+    data, fitted erasers, erased data: training/inputs/store.py), handed to the hooks and the body."""
+    (outcome,) = run_cell([cfg], lambda runs: [body(runs[0])], precheck, describe, finite, complete, fingerprint,
+                          store)
+    if outcome.exception is not None:
+        raise outcome.exception
+    return outcome
+
+
+def run_cell(cfgs: list[JobConfig], body: CellBody, precheck: Precheck | None = None,
+             describe: Callable[[dict[str, Any]], str] | None = None, finite: tuple[str, ...] = (),
+             complete: tuple[str, ...] = (), fingerprint: Fingerprint | None = None,
+             store: Any = None) -> list[Outcome]:
+    """The jobs of a cell's seeds (`cfgs`, one configuration) run together: each opened in its directory under its
+    lock (skipped or reused as alone), then `body` runs every job that is not done at once (one numerics: they train
+    together) and returns each one's sections or the exception it failed with; each writes its result.json. An
+    Outcome per seed, in order: a seed that failed (`failed`, with its exception) never stops the others.
+    Interrupts (a signal's stop, Ctrl-C) pass through, every lock released."""
+    outcomes: dict[int, Outcome] = {}
+    with ExitStack() as stack:
+        runs: list[tuple[int, JobRun]] = []
+        for i, cfg in enumerate(cfgs):
+            try:
+                got = stack.enter_context(opened(cfg, precheck, complete, fingerprint, store))
+            except Exception as err:  # noqa: BLE001 - this seed's: recorded, the others go on
+                outcomes[i] = failed(cfg, err)
+                continue
+            if isinstance(got, Outcome):
+                outcomes[i] = got
+            else:
+                runs.append((i, got))
+        if runs:
+            t = runs[0][1].cfg.training
+            with job_numerics(t.precision, t.deterministic, t.channels_last) as job_num:
+                ready = [(i, dataclasses.replace(run, numerics=job_num)) for i, run in runs]
+                for (i, run), made in zip(ready, body([run for _, run in ready]), strict=True):
+                    try:
+                        if isinstance(made, BaseException):
+                            raise made
+                        outcomes[i] = finish(run, made, finite, describe)
+                    except Exception as err:  # noqa: BLE001 - this seed's: recorded, the others go on
+                        outcomes[i] = failed(run.cfg, err)
+    return [outcomes[i] for i in range(len(cfgs))]
+
+
+def failed(cfg: JobConfig, err: Exception) -> Outcome:
+    """The Outcome of a seed that failed with `err` (a signal's stop is raised instead: it is no failure); the
+    command line reports it (training/cli/run.py)."""
+    interrupt.stop_behind(err)
+    return Outcome("failed", Path(cfg.paths.job_dir), error=f"{type(err).__name__}: {err}", exception=err)
+
+
+@contextmanager
+def opened(cfg: JobConfig, precheck: Precheck | None = None, complete: tuple[str, ...] = (),
+           fingerprint: Fingerprint | None = None, store: Any = None) -> Iterator[Outcome | JobRun]:
+    """The job of `cfg` opened: its directory locked inside; yields its Outcome when an earlier result stands
+    (skipped, reused), else the JobRun its body runs (see `run_in_job_dir`)."""
     spec = cfg.task_spec
     job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), spec, cfg.force)
     device = resolve_device(cfg.device)
     # a job that looks finished loads nothing (the lifecycle skips it, unless its result is stale: checked below)
-    loaded = precheck(cfg, device, None, pack) if precheck is not None and not job.looks_finished() else None
+    loaded = precheck(cfg, device, None, store) if precheck is not None and not job.looks_finished() else None
     read_now: list[DataOnDisk] = []  # what the fingerprint hook read, if the stale check called it
 
     def now_on_disk(c: JobConfig) -> Any:
         assert fingerprint is not None
-        read_now.append(fingerprint(c, pack))
+        read_now.append(fingerprint(c, store))
         return read_now[-1].fingerprint
 
     check = now_on_disk if fingerprint is not None else None
     with job.locked():
         if (done := job.finished(lambda d: stale_reason(d, cfg, complete, check))) is not None:
-            return Outcome("skipped", job.path, encode(done))
+            yield Outcome("skipped", job.path, encode(done))
+            return
         if not cfg.force and cfg.paths.legacy_job_dir and (done := legacy_result(cfg, job.path)) is not None:
-            return Outcome("reused", job.path, encode(done))
+            yield Outcome("reused", job.path, encode(done))
+            return
         fresh = read_now[-1].loaded if read_now else None  # the stale check read the data again: the newest copy
         if precheck is not None and loaded is None:  # the precheck took the job for finished: checked now
-            loaded = precheck(cfg, device, fresh, pack)
+            loaded = precheck(cfg, device, fresh, store)
         elif fresh is not None:
             loaded = fresh
         progress = Progress(job.path / PROGRESS_FILE, job.cfg_hash)
         if cfg.force:
             progress.clear()  # force=true recomputes from scratch
-        t0, started = time.perf_counter(), now_utc()
-        t = cfg.training
-        with job_numerics(t.precision, t.deterministic, t.channels_last) as job_num:  # training/engine/numerics.py
-            sections = body(run := JobRun(cfg, job, device, progress, loaded, pack, job_num))
-            numerics = job_num.signature(device, device_name(str(device)))
-        timings = {**run.timings, "total_s": time.perf_counter() - t0}
-        typed = new_result(config_hash=job.cfg_hash, hash_version=HASH_VERSION,
-                           numerics_version=numerics_of(spec),
-                           job_dir=str(job.path), task=cfg.task, config=cfg.to_dict(), sections=sections,
-                           device=str(device), timings=timings,
-                           provenance={**provenance(device, started, now_utc()), "numerics": numerics}, spec=spec)
-        check_finite(typed, finite, job.path)
-        job.write_result(typed)  # the job's last act: its presence means "done"
-        result = encode(typed)
-        progress.clear()
+        yield JobRun(cfg, job, device, progress, loaded, store)
+
+
+def finish(run: JobRun, sections: Sections, finite: tuple[str, ...] = (),
+           describe: Callable[[dict[str, Any]], str] | None = None) -> Outcome:
+    """The job's result.json written (its last act: its presence means "done") and its progress file cleared."""
+    cfg, job, device = run.cfg, run.job, run.device
+    numerics = None if run.numerics is None else run.numerics.signature(device, device_name(str(device)))
+    timings = {**run.timings, "total_s": time.perf_counter() - run.t0}
+    typed = new_result(config_hash=job.cfg_hash, hash_version=HASH_VERSION, numerics_version=numerics_of(cfg.task_spec),
+                       job_dir=str(job.path), task=cfg.task, config=cfg.to_dict(), sections=sections,
+                       device=str(device), timings=timings,
+                       provenance={**provenance(device, run.started, now_utc()), "numerics": numerics},
+                       spec=cfg.task_spec)
+    check_finite(typed, finite, job.path)
+    job.write_result(typed)
+    result = encode(typed)
+    run.progress.clear()
     log.info("done %s: %s, %.1fs", job.path, describe(result) if describe else cfg.task, timings["total_s"])
     return Outcome("done", job.path, result)

@@ -1,6 +1,6 @@
 """The OmegaConf resolvers conf/ uses, registered when the `training` package is imported: `${cell_hash:}` (here:
-it hashes the job's config as its task's) and the plain ones of training/common/conf.py (`suffix`,
-`eraser_family`)."""
+it hashes the job's config as its task's), `${first_seed:}` (training/common/cells.py) and the plain ones of
+training/common/conf.py (`suffix`, `eraser_family`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training.app.schema import NON_CONFIG_KEYS
 from training.app.tasks import job_cell_hash
+from training.common.cells import first_seed
 from training.common.conf import eraser_family, suffix
 
 
@@ -25,6 +26,7 @@ def _cell_hash(*, _root_: DictConfig) -> str:
 
 
 def register() -> None:
-    for name, fn in (("suffix", suffix), ("eraser_family", eraser_family), ("cell_hash", _cell_hash)):
+    for name, fn in (("suffix", suffix), ("eraser_family", eraser_family), ("cell_hash", _cell_hash),
+                     ("first_seed", first_seed)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

@@ -192,10 +192,6 @@ class TrainingConfig(Section):
     compile: Any = one_of(False, False, True, "default", "reduce-overhead", "max-autotune", hash=False)
     fused_optimizer: Any = one_of(False, False, True, "numba", "compile", "eager", hash=False)
     channels_last: Any = one_of("auto", "auto", True, False, hash=False)  # conv models: auto (on CUDA) | true | false
-    # hydra/launcher=packed: at most this many jobs (of one cell, differing in seed) run in one process (null: all)
-    pack_size: int | None = positive_int(None, optional=True, hash=False)
-    # hydra/launcher=packed: a pack's later seeds train in its first job's lockstep group (tasks/mdl/pack_group.py)
-    pack_group: Any = one_of("auto", "auto", True, False, hash=False)
     # fp32 (TF32 off for matmul and cuDNN) | tf32 | bf16 (autocast forward, fp32 weights and optimizer state)
     precision: str = one_of("fp32", "fp32", "tf32", "bf16", hash_default=False)
     # deterministic algorithms + CUBLAS_WORKSPACE_CONFIG: GPU runs bitwise run to run (slower); recorded, not hashed
@@ -275,7 +271,8 @@ def _plain(v: Any) -> Any:
     return v
 
 
-NON_CONFIG_KEYS = ("hydra",)  # composed alongside the job's config, not part of it
+# composed alongside a job's config, not part of it (`seeds`: a cell's, training/common/cells.py)
+NON_CONFIG_KEYS = ("hydra", "seeds")
 
 S = TypeVar("S", bound=Section)
 GROUPS: dict[str, type[Section]] = {"dataset": DatasetConfig, "eraser": EraserConfig, "arch": ArchConfig,

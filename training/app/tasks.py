@@ -19,7 +19,7 @@ from types import MappingProxyType, ModuleType
 from typing import Any, ClassVar
 
 from erasure.registry import UnknownNameError
-from training.app.lifecycle import JobRun, Outcome, run_in_job_dir
+from training.app.lifecycle import JobRun, Outcome, failed, run_in_job_dir
 from training.app.result_codec import decode, encode, read_json, upgrade
 from training.app.result_types import Result, Sections
 from training.app.schema import ConfigError, JobConfig, cell_hash, config_hash, load_config, semantic
@@ -27,7 +27,6 @@ from training.app.task_spec import TASKS as TASKS  # the declarations' names, re
 from training.app.task_spec import TaskSpec as TaskSpec
 from training.app.task_spec import specs, task_spec
 from training.app.task_spec import task_names as task_names
-from training.data.shared import Pack
 
 
 @dataclass(frozen=True)
@@ -97,11 +96,23 @@ class Task:
         return TaskSpec(self.name, self.uses, self.fixed, self.group, self.options, self.result_type, self.numerics,
                         self.refusal if refuses else None)
 
-    def __call__(self, config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> Outcome:
-        """The job of `config` in the one lifecycle; `pack`: what it shares with the other jobs of its pack (the
-        packed launcher's, training/data/shared.py), None alone."""
+    def __call__(self, config: Mapping[str, Any] | JobConfig, store: Any = None) -> Outcome:
+        """The job of `config` (one seed) in the one lifecycle; `store`: what the jobs of this process share
+        (training/inputs/store.py; None: nothing)."""
         cfg = load_config(config, self.spec, own_groups())
-        return run_in_job_dir(cfg, lambda job: self.run(self.prepare(job)), pack=pack, **self.lifecycle())
+        return run_in_job_dir(cfg, lambda job: self.run(self.prepare(job)), store=store, **self.lifecycle())
+
+    def run_cell(self, cfgs: list[JobConfig], store: Any = None) -> list[Outcome]:
+        """The jobs of a cell's seeds (training/common/cells.py), an Outcome each: here one after another, sharing
+        `store` (a task that trains its seeds together overrides it: the MDL task). A seed that fails is recorded
+        (`failed`) and the others go on."""
+        outcomes = []
+        for cfg in cfgs:
+            try:
+                outcomes.append(self(cfg, store))
+            except Exception as err:  # noqa: BLE001 - this seed's failure
+                outcomes.append(failed(cfg, err))
+        return outcomes
 
 
 def tasks() -> list[Task]:

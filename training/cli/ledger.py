@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -44,10 +45,12 @@ from training.cli.local_workers import controllers_ignore_sigint
 from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
 from training.cli.report import SweepJobFailed, exit_user_error, user_error_line
 from training.common import env
+from training.common.cells import seed_configs, seed_job_dirs
 from training.common.conf import resolved_dict
 from training.common.files import atomic_write_json
 from training.common.ledger_entry import DONE_BY_ANOTHER_RUN, STATUSES, LedgerEntry, read_ledger
 from training.engine.devices import device_problem, resolve_device
+from training.errors import UserError
 
 log = logging.getLogger("training.multirun")
 LEDGER_ENV = env.MULTIRUN_LEDGER
@@ -120,7 +123,8 @@ def _split_seed(combo: list[str]) -> tuple[tuple[str, ...], Any]:
 def check_sweep(config: DictConfig) -> int | None:
     """Compose and check every job of the sweep before any runs; refuse the sweep (one line, exit 2) on a bad
     value, on jobs sharing a directory with different configurations, or on a directory holding another
-    configuration's result (unless force=true). Returns the number of jobs (None for another sweeper)."""
+    configuration's result (unless force=true). Returns the number of seed jobs of its cells (None for another
+    sweeper)."""
     from hydra.core.global_hydra import GlobalHydra
 
     check_launcher(config)
@@ -133,6 +137,7 @@ def check_sweep(config: DictConfig) -> int | None:
     # num, combo, cfg, hash, force, task
     by_dir: dict[str, list[tuple[int, list[str], dict[str, Any], str, bool, TaskSpec]]] = {}
     composed: dict[tuple[str, ...], DictConfig] = {}
+    seeds = 0  # the seed jobs of every cell: what the ledger counts
     for num, combo in enumerate(combos):
         where = f"job {num} ({' '.join(combo) or 'no overrides'})"
         # Composing is the slow part (~0.1 s a job): jobs that differ only in the seed share one composition.
@@ -149,22 +154,27 @@ def check_sweep(config: DictConfig) -> int | None:
         except Exception as err:  # noqa: BLE001 - the sweeper would fail on it too, with a longer story
             exit_user_error(f"multirun refused (nothing ran): {where} cannot be composed: {_first_line(err)}", err)
         try:
-            cfg = resolved_dict(job_cfg)
+            cfgs = seed_configs(job_cfg)  # each seed of the job's cell
         except Exception as err:  # noqa: BLE001 - e.g. ${hydra:...} in a path: the job itself will tell
+            line = user_error_line(err) if isinstance(err, UserError) else None
+            if line is not None:  # a bad `seeds`
+                exit_user_error(f"multirun refused (nothing ran): {where}: {line}", err)
             log.debug("multirun: %s not checked (%s)", where, _first_line(err))
             continue
-        try:
-            job = load_job(cfg)  # the edge: the config's task -> its TaskSpec
-            h = config_hash(job)
-        except Exception as err:
-            line = user_error_line(err)
-            if line is None:  # not the user's mistake to fix up front: the job itself will fail and say so
-                log.warning("multirun: %s not checked (%s: %s)", where, type(err).__name__, _first_line(err))
-                continue
-            exit_user_error(f"multirun refused (nothing ran): {where}: {line}", err)
-        if here and (problem := device_problem(job.device)) is not None:
-            exit_user_error(f"multirun refused (nothing ran): {where}: {problem}")
-        by_dir.setdefault(job.paths.job_dir, []).append((num, combo, cfg, h, job.force, job.task_spec))
+        for cfg in cfgs:
+            try:
+                job = load_job(cfg)  # the edge: the config's task -> its TaskSpec
+                h = config_hash(job)
+            except Exception as err:
+                line = user_error_line(err)
+                if line is None:  # not the user's mistake to fix up front: the job itself will fail and say so
+                    log.warning("multirun: %s not checked (%s: %s)", where, type(err).__name__, _first_line(err))
+                    continue
+                exit_user_error(f"multirun refused (nothing ran): {where}: {line}", err)
+            if here and (problem := device_problem(job.device)) is not None:
+                exit_user_error(f"multirun refused (nothing ran): {where}: {problem}")
+            by_dir.setdefault(job.paths.job_dir, []).append((num, combo, cfg, h, job.force, job.task_spec))
+            seeds += 1
     for job_dir, jobs in by_dir.items():
         if len({j[3] for j in jobs}) > 1:
             diff = differing_keys([j[2] for j in jobs])
@@ -192,21 +202,26 @@ def check_sweep(config: DictConfig) -> int | None:
     if mismatched:
         more = f" ({len(mismatched) - 1} more job directories hold other configurations)" if len(mismatched) > 1 else ""
         exit_user_error(f"multirun refused (nothing ran): {mismatched[0]}{more}")
-    log.info("multirun: checked %d job configs in %.1fs", len(combos), time.time() - t0)
-    return len(combos)
-
-
-# hydra/launcher=packed runs each pack as one job of its inner launcher (hydra.launcher.inner): where jobs run
-PACKED_INNER = {"local": "BasicLauncher", "basic": "BasicLauncher", "parallel": "JoblibLauncher",
-                "joblib": "JoblibLauncher", "submitit_local": "submitit_launcher.LocalLauncher",
-                "slurm": "submitit_launcher.SlurmLauncher", "submitit_slurm": "submitit_launcher.SlurmLauncher"}
+    log.info("multirun: checked %d cells (%d seed jobs) in %.1fs", len(combos), seeds, time.time() - t0)
+    return seeds
 
 
 def launcher_target(config: DictConfig) -> str:
-    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
-    if target.endswith("PackedLauncher"):
-        return PACKED_INNER.get(str(OmegaConf.select(config, "hydra.launcher.inner", default="")), target)
-    return target
+    return str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+
+
+def register_launcher(config: DictConfig) -> None:
+    """`hydra/launcher=slurm` (hydra_plugins/erasure_mdl_slurm) from any working directory, before Hydra makes the
+    launcher. Hydra finds plugins by listing `hydra_plugins.__path__` with pkgutil, which a setuptools editable
+    install (PEP 660) maps through an import finder pkgutil cannot list: importable, but found only from the
+    checkout's root. Imported here, after Hydra's own scan (which loads the plugins' modules again)."""
+    if not launcher_target(config).startswith("hydra_plugins.erasure_mdl_slurm."):
+        return
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.erasure_mdl_slurm.slurm_launcher import SlurmLauncher
+
+    Plugins.instance().register(SlurmLauncher)
 
 
 def jobs_run_here(config: DictConfig) -> bool:
@@ -217,11 +232,8 @@ def jobs_run_here(config: DictConfig) -> bool:
 
 def check_launcher(config: DictConfig) -> None:
     """Launcher settings that would fail only once the sweep starts: refused up front (one line, exit 2)."""
-    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
-    inner = OmegaConf.select(config, "hydra.launcher.inner", default=None)
-    if target.endswith("PackedLauncher") and str(inner) not in PACKED_INNER:
-        exit_user_error(f"multirun refused (nothing ran): hydra.launcher.inner={inner} is not allowed: the inner "
-                        "launcher runs the packs, one of local, parallel, submitit_local or slurm")
+    if (removed := OmegaConf.select(config, "hydra.launcher.removed", default=None)) is not None:
+        exit_user_error(f"multirun refused (nothing ran): {removed}")  # conf/hydra/launcher/packed.yaml
     if "JoblibLauncher" in launcher_target(config):
         n_jobs = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None)
         if n_jobs == 0:
@@ -257,15 +269,6 @@ def _result_stamp(job_dir: Path) -> int | None:
         return None
 
 
-def _job_dir(config: DictConfig) -> Path:
-    """The job's directory; a relative one is where the command started (`hydra.runtime.cwd`): with
-    hydra.job.chdir=true the job's callbacks run inside its own directory."""
-    job_dir = Path(str(OmegaConf.select(config, "paths.job_dir", default=None)
-                       or config.hydra.runtime.output_dir))
-    start = OmegaConf.select(config, "hydra.runtime.cwd", default=None)
-    return job_dir if job_dir.is_absolute() or not start else Path(str(start)) / job_dir
-
-
 def _say_unwritable(path: Path, err: OSError, kept: str) -> None:
     """One line on stderr: the ledger could not write `path` (a full disk, ...); what is kept instead."""
     why = user_error_line(err) or f"cannot write {path}: {err.strerror or err}"
@@ -278,7 +281,7 @@ class JobStatusCallback(Callback):
         self._ledger: Path | None = None
         self._total: int | None = None
         self._reported = False
-        self._unwritten: dict[int, LedgerEntry] = {}  # ledger entries a full disk kept off it
+        self._unwritten: dict[str, LedgerEntry] = {}  # ledger entries a full disk kept off it (by file name)
         self._restore_signals: Callable[[], object] = lambda: None
 
     # --- the launching process -------------------------------------------------------------------------
@@ -301,6 +304,7 @@ class JobStatusCallback(Callback):
             exit_user_error(line, err)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        register_launcher(config)
         try:
             self._total = check_sweep(config)  # refuses the sweep (SystemExit, code 2) before anything is made
         except Exception as err:  # noqa: BLE001 - a failed check must not cost the sweep its ledger
@@ -349,10 +353,10 @@ class JobStatusCallback(Callback):
         """The ledger's entries (every process's), with those this process could not write (a full disk)."""
         ledger = ledger or self._ledger
         assert ledger is not None
-        by_num = {e.num: e for e in read_ledger(ledger)}
-        for num, e in self._unwritten.items():
-            by_num.setdefault(num, e)
-        return sorted(by_num.values(), key=lambda e: e.num)
+        by_file = {e.file_name: e for e in read_ledger(ledger)}
+        for name, e in self._unwritten.items():
+            by_file.setdefault(name, e)
+        return sorted(by_file.values(), key=lambda e: (e.num, e.part or 0))
 
     def _write_summary(self, entries: list[LedgerEntry]) -> None:
         assert self._ledger is not None
@@ -364,20 +368,23 @@ class JobStatusCallback(Callback):
 
     # --- wherever a job runs ---------------------------------------------------------------------------
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        job_dir = _job_dir(config)
-        self._stamps[str(job_dir)] = (_result_stamp(job_dir), time.time())
+        for job_dir in _job_dirs(config):
+            self._stamps[str(job_dir)] = (_result_stamp(job_dir), time.time())
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         ledger = env.multirun_ledger()
         if ledger is None:  # a single run, not part of a multirun
             return
-        job_dir = _job_dir(config)
-        before, t0 = self._stamps.pop(str(job_dir), (None, time.time()))
         num = int(OmegaConf.select(config, "hydra.job.num", default=0) or 0)
+        dirs = _job_dirs(config)
+        for part, (job_dir, outcome) in enumerate(zip(dirs, job_outcomes(dirs, job_return), strict=True)):
+            self._record(ledger, num, part if len(dirs) > 1 else None, job_dir, outcome)
+
+    def _record(self, ledger: Path, num: int, part: int | None, job_dir: Path, outcome: Outcome) -> None:
+        before, t0 = self._stamps.pop(str(job_dir), (None, time.time()))
         seconds = round(time.time() - t0, 3)
-        outcome = job_outcome(job_dir, job_return)
         if outcome.status == "failed":
-            entry = LedgerEntry(num, str(job_dir), "failed", seconds, error=outcome.error)
+            entry = LedgerEntry(num, str(job_dir), "failed", seconds, error=outcome.error, part=part)
         else:
             # Skipped (or reused): the job returned a stored result instead of computing one; with a result.json
             # new since the job started, another run of the same job (a concurrent identical sweep) finished it
@@ -385,21 +392,23 @@ class JobStatusCallback(Callback):
             after = _result_stamp(job_dir)
             by_other = outcome.status == "skipped" and after != before
             entry = LedgerEntry(num, str(job_dir), "done" if outcome.status == "done" else "skipped", seconds,
-                                reason=DONE_BY_ANOTHER_RUN if by_other else None)
+                                reason=DONE_BY_ANOTHER_RUN if by_other else None, part=part)
         record(ledger, entry, self._unwritten)
 
 
-def record(ledger: Path, entry: LedgerEntry, unwritten: dict[int, LedgerEntry]) -> None:
-    """Write a job's ledger entry and log the running tally; an entry a full disk keeps off the ledger goes into
-    `unwritten` (counted in this process's summary)."""
+def record(ledger: Path, entry: LedgerEntry, unwritten: dict[str, LedgerEntry]) -> None:
+    """Write a seed's ledger entry and log the running tally; an entry a full disk keeps off the ledger goes into
+    `unwritten` (by file name: counted in this process's summary)."""
     path = ledger / entry.file_name
     try:
         atomic_write_json(path, entry.to_json())
     except OSError as err:  # a full disk must not cost the sweep its count: kept here for the summary
-        unwritten[entry.num] = entry
+        unwritten[entry.file_name] = entry
         _say_unwritable(path, err, f"job {entry.num} ({entry.status}) is counted in memory")
-    by_num = {e.num: e for e in read_ledger(ledger)}
-    t = tally([*by_num.values(), *(e for n, e in unwritten.items() if n not in by_num)])
+    by_file = {e.file_name: e for e in read_ledger(ledger)}
+    for name, e in unwritten.items():
+        by_file.setdefault(name, e)
+    t = tally(list(by_file.values()))
     detail = f": {entry.error}" if entry.status == "failed" else ""
     detail += f" ({entry.reason})" if entry.reason is not None else ""
     log.info("[%d/%s] %s %s%s | done %d, skipped %d, failed %d", sum(t.values()), env.multirun_total(),
@@ -407,9 +416,9 @@ def record(ledger: Path, entry: LedgerEntry, unwritten: dict[int, LedgerEntry]) 
 
 
 def jobs_fail_alone(run_job: Callable[..., JobReturn]) -> Callable[..., JobReturn]:
-    """Hydra's `run_job` for a launcher (training/cli/run.py installs it in each): a job whose directory cannot be
-    made (a colleague's directory in a shared paths.out_dir, a read-only file system) fails alone, in one line in
-    the ledger, where Hydra's own run_job raises out of the launcher and ends the whole sweep."""
+    """Hydra's `run_job` for a launcher (training/cli/run.py installs it in each): a cell whose directories cannot be
+    made (a colleague's directory in a shared paths.out_dir, a read-only file system) fails alone, one line per seed
+    in the ledger, where Hydra's own run_job raises out of the launcher and ends the whole sweep."""
     @functools.wraps(run_job)
     def run(*, config: DictConfig, job_dir_key: str, job_subdir_key: str | None, **kwargs: Any) -> JobReturn:
         ledger = env.multirun_ledger()
@@ -420,12 +429,16 @@ def jobs_fail_alone(run_job: Callable[..., JobReturn]) -> Callable[..., JobRetur
             job_dir = Path(str(OmegaConf.select(config, job_dir_key)))
             if job_subdir_key is not None:
                 job_dir = job_dir / str(OmegaConf.select(config, job_subdir_key))
+            seeds = _job_dirs(config)
             try:
-                job_dir.mkdir(parents=True, exist_ok=True)
+                for d in [job_dir, *seeds]:
+                    d.mkdir(parents=True, exist_ok=True)
             except OSError as err:
-                line = user_error_line(err) or f"cannot create the job directory {job_dir}: {err}"
+                line = user_error_line(err) or f"cannot create the job directory {err.filename or job_dir}: {err}"
                 num = int(OmegaConf.select(config, "hydra.job.num", default=0) or 0)
-                record(ledger, LedgerEntry(num, str(job_dir.absolute()), "failed", 0.0, error=line), {})
+                for part, d in enumerate(seeds):
+                    record(ledger, LedgerEntry(num, str(d.absolute()), "failed", 0.0, error=line,
+                                               part=part if len(seeds) > 1 else None), {})
                 failed = JobReturn(status=JobStatus.FAILED, _return_value=SweepJobFailed(line))
                 failed.overrides = list(OmegaConf.to_container(config.hydra.overrides.task) or [])  # type: ignore
                 return failed
@@ -434,14 +447,27 @@ def jobs_fail_alone(run_job: Callable[..., JobReturn]) -> Callable[..., JobRetur
     return run
 
 
-def job_outcome(job_dir: Path, job_return: JobReturn) -> Outcome:
-    """The job's Outcome: what its task returned (training/app/lifecycle.py), or `failed` with the error's line."""
+def _job_dirs(config: DictConfig) -> list[Path]:
+    """The directory of every seed's job of the cell (training/common/cells.py); a relative one is where the command
+    started (`hydra.runtime.cwd`): with hydra.job.chdir=true the job's callbacks run inside its own directory."""
+    start = OmegaConf.select(config, "hydra.runtime.cwd", default=None)
+    try:
+        dirs = [Path(d) for d in seed_job_dirs(config)]
+    except Exception:  # noqa: BLE001 - a bad `seeds` or path: the job itself says why
+        dirs = [Path(str(OmegaConf.select(config, "paths.job_dir", default=None) or config.hydra.runtime.output_dir))]
+    return [d if d.is_absolute() or not start else Path(str(start)) / d for d in dirs]
+
+
+def job_outcomes(job_dirs: list[Path], job_return: JobReturn) -> list[Outcome]:
+    """Each seed's Outcome: what the cell's task returned (training/app/lifecycle.py), or, for a cell that failed
+    as a whole, `failed` with the error's line for each."""
     if job_return.status == JobStatus.FAILED:
         err = job_return._return_value
         line = user_error_line(err) if isinstance(err, BaseException) else None
-        return Outcome("failed", job_dir, error=line or f"{type(err).__name__}: {err}")
+        return [Outcome("failed", d, error=line or f"{type(err).__name__}: {err}") for d in job_dirs]
     value = job_return._return_value
-    if not isinstance(value, Outcome):
-        raise TypeError(f"the job of {job_dir} returned {type(value).__name__}, not an Outcome: a task function "
-                        "returns run_in_job_dir's Outcome (training/app/lifecycle.py)")
-    return value
+    if not isinstance(value, list) or not all(isinstance(o, Outcome) for o in value):
+        raise TypeError(f"the job of {job_dirs[0]} returned {type(value).__name__}, not a list of Outcomes: the task "
+                        "function returns run_cell's (training/app/lifecycle.py)")
+    return [o if o.status != "failed" or o.exception is None
+            else dataclasses.replace(o, error=user_error_line(o.exception) or o.error) for o in value]

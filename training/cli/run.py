@@ -39,38 +39,49 @@ from training.cli.report import (
     user_error_line,
 )
 from training.common import interrupt
+from training.common.cells import seed_configs
 from training.common.conf import resolved_dict
-from training.data.shared import Pack
 from training.errors import Refused
+from training.inputs.store import Store
 
 log = logging.getLogger("training.run")
 
 
-def job(cfg: DictConfig, pack: Pack | None = None) -> Outcome:
-    """Hydra's task function: one job of the (multi)run. Its Outcome is Hydra's return value, which the multirun
-    ledger (training/cli/ledger.py) reads. `pack`: what the job shares with the other jobs of its pack (the packed
-    launcher passes its own, hydra_plugins/erasure_mdl_packed); None for a lone job."""
+def job(cfg: DictConfig) -> list[Outcome]:
+    """Hydra's task function: one job of the (multi)run, a cell (training/common/cells.py: one configuration and its
+    seeds), an Outcome per seed: Hydra's return value, which the multirun ledger (training/cli/ledger.py) reads."""
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     quiet_log_file_errors()  # Hydra has set up this job's run.log
     sigint_back_in_local_job()
     exit_with_parent()  # a worker whose sweep's launching process dies stops and exits
     try:
-        return _job(cfg, hc, multirun, pack)
+        return _job(cfg, hc, multirun)
     finally:
         if orphaned():  # nobody reads this worker's results any more: exit now, not after loky's idle minutes
             logging.shutdown()
             os._exit(128 + int(signal.SIGTERM))
 
 
-def _job(cfg: DictConfig, hc: Any, multirun: bool, pack: Pack | None) -> Outcome:
-    resolved = anchored(resolved_dict(cfg), Path(hc.runtime.cwd))
+def _job(cfg: DictConfig, hc: Any, multirun: bool) -> list[Outcome]:
+    start = Path(hc.runtime.cwd)
+    resolved: dict[str, Any] = {}
+    store: Store | None = None  # what the cell's seeds share: the loaded data, the fitted erasers, the erased data
     try:
-        job = load_job(resolved)  # task name -> TaskSpec, once (normally checked earlier: the job_status callback)
+        resolved = anchored(resolved_dict(cfg), start)
+        cell = [load_job(anchored(c, start)) for c in seed_configs(cfg)]  # its TaskSpec, once per seed
+        store = Store.of(cell[0].paths, memos=True)
         with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
-            outcome = get_task(job.task)(job, pack)
+            outcomes = get_task(cell[0].task).run_cell(cell, store)
+        failures = [o for o in outcomes if o.status == "failed"]
+        for o in failures if len(outcomes) > 1 else []:  # each seed's failure is its own; the cell's others stand
+            line = user_error_line(o.exception) if o.exception is not None else None
+            to_run_log(logging.ERROR, f"error: {o.job_dir}: {line or o.error}", None if line else o.exception)
+        if failures and (len(outcomes) == 1 or not multirun):
+            assert failures[0].exception is not None
+            raise failures[0].exception  # as a one-seed job fails (a multirun's ledger records each seed's)
     except KeyboardInterrupt as err:  # Ctrl-C: the job's lock is released on the way here
-        exit_interrupted(Path(job.paths.job_dir), err)
+        exit_interrupted(Path(str(resolved.get("paths", {}).get("job_dir", hc.runtime.output_dir))), err)
     except Exception as err:
         interrupt.stop_behind(err)  # a signal's stop that torch.save turned into a RuntimeError: a stop, not a failure
         line = user_error_line(err)
@@ -78,8 +89,8 @@ def _job(cfg: DictConfig, hc: Any, multirun: bool, pack: Pack | None) -> Outcome
             to_run_log(logging.ERROR, f"job failed: {type(err).__name__}: {err}", err)
             raise
         run_dir = Path(hc.runtime.output_dir)
-        if isinstance(err, (ConfigError, Refused)) and not multirun and remove_if_unused(run_dir, Path(str(
-                resolved["paths"]["out_dir"]))):
+        if isinstance(err, (ConfigError, Refused)) and not multirun and resolved and remove_if_unused(
+                run_dir, Path(str(resolved["paths"]["out_dir"]))):
             exit_user_error(line, err)  # refused before it did anything: no directory left behind
         to_run_log(logging.ERROR, f"error: {line}")
         if multirun and not full_error():
@@ -87,9 +98,11 @@ def _job(cfg: DictConfig, hc: Any, multirun: bool, pack: Pack | None) -> Outcome
         if multirun:
             raise
         exit_user_error(line, err)
-    if pack is None:  # a pack's process goes on with its next job: the packed launcher does it at its end
-        ignore_time_limit_signal()
-    return outcome
+    finally:
+        if store is not None:
+            store.clear()
+    ignore_time_limit_signal()
+    return outcomes
 
 
 PATH_KEYS = (("paths", "out_dir"), ("paths", "data_dir"), ("paths", "cache_dir"), ("paths", "job_dir"),
@@ -108,22 +121,6 @@ def anchored(resolved: dict[str, Any], start: Path) -> dict[str, Any]:
         if isinstance(value, str) and value and not Path(value).is_absolute():
             out[group][key] = str(start / value)
     return out
-
-
-def register_packed_launcher() -> None:
-    """`hydra/launcher=packed` from any directory. Hydra finds plugins by listing `hydra_plugins.__path__` with
-    pkgutil, and a setuptools editable install (PEP 660, its default mode) maps `hydra_plugins.erasure_mdl_packed`
-    through an import finder that pkgutil cannot list: importable, but never found, except from the checkout's
-    root (where `hydra_plugins/` is a directory on sys.path). Registered here, the entry finds it whatever the
-    install and the working directory."""
-    from hydra.core.plugins import Plugins
-
-    from hydra_plugins.erasure_mdl_packed.packed_launcher import PackedLauncher
-
-    Plugins.instance().register(PackedLauncher)
-
-
-register_packed_launcher()
 
 
 def jobs_fail_alone_in_every_launcher() -> None:

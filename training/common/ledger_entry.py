@@ -1,4 +1,5 @@
-"""A multirun ledger's entry: one job's status file, `<sweep dir>/.multirun/<run id>/job-<num>.json`.
+"""A multirun ledger's entry: one job's status file, `<sweep dir>/.multirun/<run id>/job-<num>.json` (one per seed
+of a cell of several: `job-<num>-<k>.json`, k its place among the cell's seeds).
 
 Written by the Hydra callback (training/cli/ledger.py) wherever the job ran, read back by it for the running tally
 and the summary, and by the aggregate (training/tasks/mdl/aggregate_collect.py) for the failed jobs' errors. The file is
@@ -32,10 +33,11 @@ class LedgerEntry:
     seconds: float | None = None  # the job's wall time (absent in hand-written entries)
     error: str | None = None  # failed: the error's line
     reason: str | None = None  # skipped: why (DONE_BY_ANOTHER_RUN), when not by an earlier run
+    part: int | None = None  # which of its cell's seeds (the k-th), in a cell of several (training/common/cells.py)
 
     @property
     def file_name(self) -> str:
-        return f"job-{self.num:05d}.json"
+        return f"job-{self.num:05d}.json" if self.part is None else f"job-{self.num:05d}-{self.part:03d}.json"
 
     @property
     def done_by_another_run(self) -> bool:
@@ -51,6 +53,8 @@ class LedgerEntry:
             out["error"] = self.error
         if self.reason is not None:
             out["reason"] = self.reason
+        if self.part is not None:
+            out["part"] = self.part
         return out
 
     @classmethod
@@ -74,7 +78,8 @@ class LedgerEntry:
             ("seconds", self.seconds is None or (isinstance(self.seconds, (int, float))
                                                   and not isinstance(self.seconds, bool))),
             ("error", self.error is None or isinstance(self.error, str)),
-            ("reason", self.reason is None or isinstance(self.reason, str))) if not ok]
+            ("reason", self.reason is None or isinstance(self.reason, str)),
+            ("part", self.part is None or (isinstance(self.part, int) and not isinstance(self.part, bool)))) if not ok]
         if wrong:
             shown = ", ".join(f"{k}={getattr(self, k)!r}" for k in wrong)
             raise LedgerEntryError(f"{shown} is not allowed (num: an integer, job_dir: a path, status: one of "

@@ -22,9 +22,10 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from omegaconf import base as omegaconf_base
 
+from training.common.cells import seed_configs
 from training.common.conf import CONF_DIR
 from training.common.sweeps import sweep_overrides
 
@@ -65,14 +66,20 @@ def _parse_once() -> Iterator[None]:
 
 
 def fast_expand(experiment: str, extra: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Resolved job configs (plain dicts) of every job of `python -m training.run -m experiment=<experiment>
-    <extra>`, in launch order: == `sweeps.expand(experiment, extra)`, at one composition per distinct tuple of
-    group choices."""
+    """Resolved job configs (plain dicts) of every seed of every cell of `python -m training.run -m
+    experiment=<experiment> <extra>`, in launch order: == `sweeps.expand(experiment, extra)`, at one composition per
+    distinct tuple of group choices."""
     return expand_overrides(sweep_overrides(experiment, extra))
 
 
 def expand_overrides(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
-    """The resolved job config of each override list (one job's, as `sweeps.sweep_overrides` gives them)."""
+    """The resolved job config of every seed of each override list's cell (one Hydra job's overrides, as
+    `sweeps.sweep_overrides` gives them), in order: a cell's seeds next to each other."""
+    return [cfg for cell in expand_cells(combos) for cfg in cell]
+
+
+def expand_cells(combos: Sequence[Sequence[str]]) -> list[list[dict[str, Any]]]:
+    """Per override list (one Hydra job: a cell), the resolved job config of each of its seeds."""
     with _parse_once():
         if GlobalHydra.instance().is_initialized():
             return _expand(combos)
@@ -80,7 +87,7 @@ def expand_overrides(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
             return _expand(combos)
 
 
-def _expand(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
+def _expand(combos: Sequence[Sequence[str]]) -> list[list[dict[str, Any]]]:
     parsed = _Parsed()
     composed: dict[tuple[str, ...], DictConfig] = {}
     jobs = []
@@ -91,7 +98,5 @@ def _expand(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
             composed[choices] = compose("config", overrides=list(choices))
         cfg = copy.deepcopy(composed[choices])  # the composed config is shared: each job changes a copy
         ConfigLoaderImpl._apply_overrides_to_config([ov for _, ov, is_value in kinds if is_value], cfg)
-        resolved = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(resolved, dict)
-        jobs.append({str(k): v for k, v in resolved.items()})
+        jobs.append(seed_configs(cfg))  # each seed of the job's cell
     return jobs

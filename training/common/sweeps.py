@@ -17,7 +17,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from training.common.conf import CONF_DIR, resolved_dict
+from training.common.cells import seed_configs
+from training.common.conf import CONF_DIR
 
 
 def presets() -> list[str]:
@@ -53,11 +54,11 @@ def sweep_overrides(experiment: str, extra: Sequence[str] = ()) -> list[list[str
 
 
 def expand(experiment: str, extra: Sequence[str] = (), limit: int | None = None) -> list[dict[str, Any]]:
-    """Resolved job configs (plain dicts) of every job in the experiment's sweep (the first `limit` of them: each
-    job is one Hydra compose, ~0.1 s)."""
+    """Resolved job configs (plain dicts) of every seed of every cell in the experiment's sweep (of its first `limit`
+    cells: each is one Hydra compose, ~0.1 s)."""
     combos = sweep_overrides(experiment, extra)[:limit]
     jobs = []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for combo in combos:
-            jobs.append(resolved_dict(compose("config", overrides=combo)))
+            jobs += seed_configs(compose("config", overrides=combo))
     return jobs

@@ -98,7 +98,7 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
                  build: Callable[[], tuple[Tensor, dict[str, Any]]], memo: shared.Memo | None = None
                  ) -> tuple[Tensor, dict[str, Any], bool]:
     """(erased x, report, hit). Loads `<cache_root>/erased/<hash>/` or calls `build()` once and stores it; `memo`
-    (a pack's `erased`, training/data/shared.py) keeps what was loaded or stored for the pack's later jobs.
+    (a cell's store's, training/data/shared.py) keeps what was loaded or stored for the cell's later seeds.
 
     Never fails because of the cache: an unwritable cache directory or a failed write is a warning and the
     erased data is returned from memory (hit False)."""
@@ -135,7 +135,7 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
 
 
 def _shared_entry(memo: shared.Memo | None, entry: Path) -> tuple[Tensor, dict[str, Any], bool] | None:
-    """The erased data of `entry` as another job of the pack loaded or stored it (`memo`), while the entry is still
+    """The erased data of `entry` as another seed of the cell loaded or stored it (`memo`), while the entry is still
     complete on disk (else the job goes through the cache as a lone one)."""
     if memo is None:
         return None
@@ -303,8 +303,8 @@ def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
     file) or `build()` once under the entry's lock, then stored. `eraser.after_augment` needs the eraser object
     itself (each augmented training batch is erased on the device), not only the erased data the `erased/` entries
     hold. Like `cached_erase`, never fails because of the cache: an unwritable directory or a failed write is a
-    warning, an unreadable entry (another user's) is left as it is, and a corrupt one is rebuilt. `memo` (a pack's
-    `erasers`, training/data/shared.py): the eraser as loaded or stored, for the pack's (bucket's) later jobs whose
+    warning, an unreadable entry (another user's) is left as it is, and a corrupt one is rebuilt. `memo` (a cell's
+    store's, training/data/shared.py): the eraser as loaded or stored, for the cell's later seeds whose
     key is the same (the same data, fit rows, eraser and options), while the entry is still on disk."""
     root = Path(cache_root) / "erasers"
     path = root / f"{key_hash(key)}.pt"

@@ -134,7 +134,7 @@ def _fixed_shuffle(data: LoadedData) -> LoadedData:
 
 
 def load_dataset(cfg: DatasetCfg, data_dir: str | Path = "data", memo: shared.Memo | None = None) -> LoadedData:
-    """The dataset `cfg` names, read from `data_dir`: once per `memo` (a pack's `datasets`, training/data/shared.py),
+    """The dataset `cfg` names, read from `data_dir`: once per `memo` (a cell's store's, training/data/shared.py),
     else every time."""
     key = (repr(cfg), str(Path(data_dir).resolve()))
     return shared.remembered(memo, key, lambda: _load_dataset(cfg, data_dir),

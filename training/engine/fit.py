@@ -140,7 +140,7 @@ class TrainData:
     """What a model (or a group, `training.engine.group.fit_group`) trains and validates on: the data (a tensor is
     kept as float32 on its device) and its labels, and an optional shared validation set (None: each member's
     `val_idx` into `val_data`, by default the data; a batch transform needs a `val_data` of images already mapped:
-    a pack group's members of several seeds erased after augmentation validate on the erased images)."""
+    a cell's members of several seeds erased after augmentation validate on the erased images)."""
 
     data: DeviceData
     y: Tensor

@@ -111,15 +111,6 @@ class JobNumerics:
                 "deterministic": self.deterministic,
                 **({"memory_format": "+".join(sorted(self.formats))} if self.formats else {})}
 
-    def trained_with(self) -> frozenset[tuple[str, int]]:
-        """(engine, models together) of this job's training so far: kept with models trained for another job."""
-        return frozenset(self.groups)
-
-    def note(self, groups: frozenset[tuple[str, int]], formats: frozenset[str] = frozenset()) -> None:
-        """This job's models include some trained elsewhere (a pack group) with `groups`, in `formats`."""
-        self.groups.update(groups)
-        self.formats.update(formats)
-
 
 def effective_precision(precision: Any, device: Any) -> Any:
     """The precision a job of `training.precision` on `device` (auto, cpu, cuda[:N]) computes in: tf32 off a CUDA
@@ -151,8 +142,8 @@ def _set_fp32_precision(tf32: bool) -> Callable[[], None]:
 
 @contextmanager
 def job_numerics(precision: str, deterministic: bool, channels_last: Any = False) -> Iterator[JobNumerics]:
-    """One job's numerics: torch's process-wide flags set for it while it runs (a pack runs its jobs one after
-    another in one process) and restored after; yields the job's `JobNumerics`."""
+    """One job's numerics (a cell's seeds: theirs, they train together): torch's process-wide flags set for it
+    while it runs and restored after; yields its `JobNumerics`."""
     if precision not in PRECISIONS:
         raise ValueError(f"training.precision={precision!r}: use one of {', '.join(PRECISIONS)}")
     saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,

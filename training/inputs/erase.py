@@ -101,7 +101,7 @@ def fitted_eraser(store: Store, source: Rows, spec: EraserSpec) -> tuple[Eraser,
     Cached rather than refitted per job: a fit costs seconds on MNIST-5k but QLEACE on CIFAR-10 (d = 3072) costs
     minutes, and every seed/architecture of an `eraser.after_augment` sweep needs the same eraser. Keyed like the
     erased data (dataset content, eraser, the options that change the result) plus the rank hint: what determines the
-    fit, so a pack's (bucket's) jobs of one key get one eraser, fitted or loaded once."""
+    fit, so a cell's seeds of one key get one eraser, fitted or loaded once."""
     fit = source.data
 
     def build() -> Eraser:

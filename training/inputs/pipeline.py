@@ -15,7 +15,6 @@ from erasure.registry import ERASERS
 from training.app.lifecycle import DataOnDisk
 from training.app.schema import JobConfig
 from training.data import LoadedData
-from training.data.shared import Pack
 from training.inputs.erase import BatchEraser, apply_eraser, apply_eraser_keeping_map
 from training.inputs.plan import FitPlan, fit_plan, with_permuted_labels
 from training.inputs.store import Store
@@ -41,10 +40,11 @@ class ZScore:
         return ((v.double() - self.mean) / self.std).to(v.dtype)
 
 
-def data_fingerprint(cfg: JobConfig, pack: Pack | None = None) -> DataOnDisk:
+def data_fingerprint(cfg: JobConfig, store: Store | None = None) -> DataOnDisk:
     """The fingerprint of the job's data as it is on disk now (result.json's `dataset.fingerprint`), to compare with a
-    finished result's, and the data, for the job's body in case the job runs again."""
-    data = Store.of(cfg.paths, pack).load(cfg.dataset)
+    finished result's, and the data, for the job's body in case the job runs again (`store`: the cell's, else the
+    job's own)."""
+    data = (store or Store.of(cfg.paths)).load(cfg.dataset)
     return DataOnDisk(data.info["fingerprint"], data)
 
 

@@ -1,10 +1,12 @@
-"""Where a job's inputs are kept: one `Store` per job, handed down the data steps instead of the directories and
-memos that travel together.
+"""Where a job's inputs are kept: one `Store`, handed down the data steps instead of the directories and memos that
+travel together.
 
 It holds the data directory (`paths.data_dir`), the cache directory (`paths.cache_dir`: erased data, fitted erasers,
-certificates; training/data/cache.py) and, for the jobs one process runs one after another (a pack,
-`hydra/launcher=packed`), the pack whose memos keep what an earlier job loaded or computed (training/data/shared.py;
-None: a lone job, which shares nothing).
+certificates; training/data/cache.py) and, for the seeds of a cell (one `Store` for all of them, made by the command
+line: `Store.of(paths, memos=True)`), the in-process memos that keep what one seed loaded or computed for the others
+(training/data/shared.py `Memo`): the dataset is loaded once, an eraser fitted once per fit key (a fit on all rows is
+one fit for every seed; a seed's own fit rows or labels make a key of their own), the erased data read once. A job
+with a store of its own (`Store.of(paths)`) shares nothing.
 """
 
 from __future__ import annotations
@@ -20,34 +22,44 @@ from erasure import Eraser
 from training.app.sections import PathsConfig
 from training.data.cache import cached_erase, cached_eraser, key_hash
 from training.data.registry import DatasetCfg, LoadedData, load_dataset
-from training.data.shared import Pack
+from training.data.shared import Memo
 
 
 @dataclass(frozen=True)
 class Store:
-    """A job's data directory, cache directory and in-process memos (its pack's; None: a lone job)."""
+    """A job's (a cell's) data directory, cache directory and in-process memos (None: none kept)."""
 
     cache_dir: Path
     data_dir: str = "data"
-    pack: Pack | None = None
+    datasets: Memo | None = None
+    erased_data: Memo | None = None
+    erasers: Memo | None = None
 
     @classmethod
-    def of(cls, paths: PathsConfig, pack: Pack | None = None) -> Store:
-        """The store of a job's `paths` (and its pack)."""
-        return cls(Path(paths.cache_dir), paths.data_dir, pack)
+    def of(cls, paths: PathsConfig, memos: bool = False) -> Store:
+        """The store of `paths`; `memos`: keeping what one job loads or computes for the next (a cell's seeds)."""
+        if not memos:
+            return cls(Path(paths.cache_dir), paths.data_dir)
+        return cls(Path(paths.cache_dir), paths.data_dir, Memo("dataset"), Memo("erased data"), Memo("fitted eraser"))
+
+    def clear(self) -> None:
+        """Empty the memos (the cell is done)."""
+        for memo in (self.datasets, self.erased_data, self.erasers):
+            if memo is not None:
+                memo.clear()
 
     def load(self, dataset: DatasetCfg) -> LoadedData:
-        """The dataset `dataset` names, read from the data directory (once per pack)."""
-        return load_dataset(dataset, self.data_dir, None if self.pack is None else self.pack.datasets)
+        """The dataset `dataset` names, read from the data directory (once per store)."""
+        return load_dataset(dataset, self.data_dir, self.datasets)
 
     def erased(self, key: Mapping[str, Any], build: Callable[[], tuple[Tensor, dict[str, Any]]]
                ) -> tuple[Tensor, dict[str, Any], bool]:
         """(erased data, report, cache hit): the erased-data cache entry of `key`, or `build()` stored there."""
-        return cached_erase(self.cache_dir, key, build, None if self.pack is None else self.pack.erased)
+        return cached_erase(self.cache_dir, key, build, self.erased_data)
 
     def eraser(self, key: Mapping[str, Any], build: Callable[[], Eraser]) -> tuple[Eraser, bool]:
         """(fitted eraser, cache hit): the fitted-eraser cache entry of `key`, or `build()` stored there."""
-        return cached_eraser(self.cache_dir, key, build, None if self.pack is None else self.pack.erasers)
+        return cached_eraser(self.cache_dir, key, build, self.erasers)
 
     def entry(self, key: Mapping[str, Any]) -> Path:
         """The directory of the erased-data cache entry of `key` (where its certificates are kept)."""

@@ -70,7 +70,7 @@ class Prepared:
 def prepare(job: JobRun) -> Prepared:
     cfg = job.cfg  # dataset.zscore, eraser.fit_on and eraser=gradient are refused (training/tasks/gs/gs_erased_eval.py)
     gs = cfg.task_options  # training/tasks/gs/gs_erased_eval.py ErasedEvalOptions
-    store = Store.of(cfg.paths, job.pack)
+    store = job.store or Store.of(cfg.paths)  # the cell's, or the job's own
     data = store.load(cfg.dataset) if job.loaded is None else job.loaded
     data = with_permuted_labels(data, cfg.dataset.permute_labels, cfg.seed)  # the null: before the split
     idx = split(len(data.y), cfg.seed, gs.test_frac, cfg.mdl.val_size, cfg.mdl.val_frac)

@@ -16,7 +16,7 @@ from training.tasks.gs.base import StarvationTask
 if TYPE_CHECKING:
     from training.app.lifecycle import Outcome
     from training.app.schema import JobConfig
-    from training.data.shared import Pack
+    from training.inputs.store import Store
 
 log = logging.getLogger(__name__)
 # the mdl keys it reads: the validation split and the early stopping of its one model
@@ -61,7 +61,7 @@ class ErasedEval(StarvationTask):
 
         return erased_eval
 
-    def __call__(self, config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> Outcome:
+    def __call__(self, config: Mapping[str, Any] | JobConfig, store: Store | None = None) -> Outcome:
         from erasure.traits import eraser_traits
         from training.app.lifecycle import Outcome
         from training.app.schema import JobConfig, load_config
@@ -72,7 +72,7 @@ class ErasedEval(StarvationTask):
             log.info("gs_erased_eval with eraser=control: nothing to erase (every erased job reports the "
                      "original held-out metrics); no job written to %s", cfg.paths.job_dir)
             return Outcome("skipped", Path(cfg.paths.job_dir), {})
-        return super().__call__(cfg, pack)
+        return super().__call__(cfg, store)
 
     def rows(self, collected: Collected) -> dict[str, str]:
         if not collected.results:

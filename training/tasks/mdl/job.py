@@ -20,20 +20,22 @@ from typing import Any
 import torch
 
 from training.app.lifecycle import JobRun, Outcome, Progress, run_in_job_dir
+from training.app.lifecycle import run_cell as run_cell_jobs
 from training.app.schema import JobConfig, load_config
 from training.app.tasks import own_groups, spec_of
-from training.data.shared import Pack
+from training.common import interrupt
 from training.engine.checkpoint import CheckpointStore
 from training.engine.fit import NONFINITE_HINT, FitResult
 from training.errors import NonFiniteError
 from training.inputs.pipeline import Inputs, data_fingerprint, prepare_inputs
 from training.inputs.store import Store
+from training.tasks.mdl.cell import train_cell
 from training.tasks.mdl.code import paper_code, prequential_code
 from training.tasks.mdl.refusals import estimate_memory, jobs_that_fit, memory_free, precheck
 from training.tasks.mdl.result import MdlSections, tail_fall_bits
 from training.tasks.mdl.splits import MdlSplit, model_name
 from training.tasks.mdl.stop_keys import say_stop_keys
-from training.tasks.mdl.trainer import LN2, Trainer, model_jobs, split_of
+from training.tasks.mdl.trainer import LN2, FitJob, Trainer, model_jobs, split_of
 from training.tasks.mdl.wandb_logger import RunLogger
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,66 @@ def read_progress(progress: Progress, num_blocks: int) -> list[dict[str, Any]]:
     return blocks
 
 
+class Blocks:
+    """The B-1 block models of one job (and its full-data model with `with_full`): which remain (resuming finished
+    ones from progress.json), what to train (`jobs`), what each finished model adds (`on_finish`: coded, saved to
+    progress.json in order) and the code they make (`code`)."""
+
+    def __init__(self, trainer: Trainer, progress: Progress, logger: RunLogger, with_full: bool = False) -> None:
+        self.trainer, self.progress, self.logger, self.with_full = trainer, progress, logger, with_full
+        split = trainer.split
+        self.num_blocks = len(split.block_sizes)
+        self.blocks = read_progress(progress, self.num_blocks)
+        if self.blocks:
+            log.info("resuming after block model %d/%d from %s", len(self.blocks), self.num_blocks - 1, progress.path)
+        self.todo = list(range(len(self.blocks) + 1, self.num_blocks))
+        self.finished: dict[int, dict[str, Any]] = {}
+        self.full: list[FitResult] = []  # the full-data model's fit, when trained alongside
+
+    def jobs(self) -> list[FitJob]:
+        return model_jobs(self.trainer, self.todo, self.with_full)
+
+    def on_finish(self, k: int, model: torch.nn.Module, res: FitResult) -> None:
+        # Block models of one vectorised group end in any order; progress.json keeps a finished prefix.
+        if k == len(self.todo):
+            self.full.append(res)
+            return
+        trainer, split, blocks = self.trainer, self.trainer.split, self.blocks
+        i, num_blocks = self.todo[k], self.num_blocks
+        coded = split.block(i + 1) if trainer.cfg.mdl.protocol == "prequential" else split.block(num_blocks)
+        ce, temperature = trainer.code_bits(model, coded)
+        if not math.isfinite(ce):
+            raise NonFiniteError(f"non-finite code length ({ce} bits/sample) of block {i + 1} by "
+                                 f"{model_name(('block', i))}: {NONFINITE_HINT}")
+        self.finished[i] = {"block": i + 1, "train_size": split.cumsizes[i - 1], "coded_size": len(coded),
+                            "ce_bits": ce, "temperature": temperature, "seconds": res.seconds, **_fit_summary(res)}
+        log.info("block %d/%d: trained on %d, coded %d at %.4f bits/sample (%d epochs, %d steps, best at epoch %d, "
+                 "stopped: %s, %.1fs)", i + 1, num_blocks, split.cumsizes[i - 1], len(coded), ce, res.epochs,
+                 res.steps, res.best_epoch, res.stop_reason, res.seconds)
+        while len(blocks) + 1 in self.finished:
+            b = self.finished.pop(len(blocks) + 1)
+            blocks.append(b)
+            self.progress.save(blocks)
+            self.logger.log({"mdl/block": b["block"], "mdl/ce_bits": b["ce_bits"], "mdl/train_size": b["train_size"]})
+
+    def code(self) -> tuple[dict[str, Any], FitResult | None]:
+        """The code of the finished blocks, and the full-data model's fit when it trained alongside (else None)."""
+        trainer, split, protocol = self.trainer, self.trainer.split, self.trainer.cfg.mdl.protocol
+        ces = [b["ce_bits"] for b in self.blocks]
+        if protocol == "prequential":
+            code = prequential_code(split.block_sizes, ces, trainer.num_classes)
+        elif protocol == "paper":
+            code = paper_code(split.block_sizes, ces)
+        else:
+            raise ValueError(f"unknown mdl.protocol {protocol!r} (prequential | paper)")
+        out = code.as_dict()
+        out["blocks"] = self.blocks
+        out["num_classes"] = trainer.num_classes
+        out["n_coded"] = sum(split.block_sizes)
+        out["n_val"] = len(split.val_idx)
+        return out, (self.full[0] if self.full else None)
+
+
 def run_mdl(trainer: Trainer, progress: Progress, logger: RunLogger, with_full: bool = False
             ) -> tuple[dict[str, Any], FitResult | None]:
     """Train the B-1 block models (resuming finished ones from progress.json) and return the code, and the full-data
@@ -87,51 +149,9 @@ def run_mdl(trainer: Trainer, progress: Progress, logger: RunLogger, with_full: 
     `with_full`: also train the full-data model (`run_full`) alongside, in the same vectorised group
     (it is the longest run: in lockstep with the block models the job's wall time is about halved on GPU).
     """
-    split, protocol = trainer.split, trainer.cfg.mdl.protocol
-    num_blocks = len(split.block_sizes)
-    blocks = read_progress(progress, num_blocks)
-    if blocks:
-        log.info("resuming after block model %d/%d from %s", len(blocks), num_blocks - 1, progress.path)
-    todo = list(range(len(blocks) + 1, num_blocks))
-    finished: dict[int, dict[str, Any]] = {}
-    full: list[FitResult] = []  # the full-data model's fit, when trained alongside
-
-    def on_finish(k: int, model: torch.nn.Module, res: FitResult) -> None:
-        # Block models of one vectorised group end in any order; progress.json keeps a finished prefix.
-        if k == len(todo):
-            full.append(res)
-            return
-        i = todo[k]
-        coded = split.block(i + 1) if protocol == "prequential" else split.block(num_blocks)
-        ce, temperature = trainer.code_bits(model, coded)
-        if not math.isfinite(ce):
-            raise NonFiniteError(f"non-finite code length ({ce} bits/sample) of block {i + 1} by "
-                                 f"{model_name(('block', i))}: {NONFINITE_HINT}")
-        finished[i] = {"block": i + 1, "train_size": split.cumsizes[i - 1], "coded_size": len(coded),
-                       "ce_bits": ce, "temperature": temperature, "seconds": res.seconds, **_fit_summary(res)}
-        log.info("block %d/%d: trained on %d, coded %d at %.4f bits/sample (%d epochs, %d steps, best at epoch %d, "
-                 "stopped: %s, %.1fs)", i + 1, num_blocks, split.cumsizes[i - 1], len(coded), ce, res.epochs,
-                 res.steps, res.best_epoch, res.stop_reason, res.seconds)
-        while len(blocks) + 1 in finished:
-            b = finished.pop(len(blocks) + 1)
-            blocks.append(b)
-            progress.save(blocks)
-            logger.log({"mdl/block": b["block"], "mdl/ce_bits": b["ce_bits"], "mdl/train_size": b["train_size"]})
-
-    trainer.train_many(model_jobs(trainer, todo, with_full), on_finish)
-    ces = [b["ce_bits"] for b in blocks]
-    if protocol == "prequential":
-        code = prequential_code(split.block_sizes, ces, trainer.num_classes)
-    elif protocol == "paper":
-        code = paper_code(split.block_sizes, ces)
-    else:
-        raise ValueError(f"unknown mdl.protocol {protocol!r} (prequential | paper)")
-    out = code.as_dict()
-    out["blocks"] = blocks
-    out["num_classes"] = trainer.num_classes
-    out["n_coded"] = sum(split.block_sizes)
-    out["n_val"] = len(split.val_idx)
-    return out, (full[0] if full else None)
+    blocks = Blocks(trainer, progress, logger, with_full)
+    trainer.train_many(blocks.jobs(), blocks.on_finish)
+    return blocks.code()
 
 
 def run_full(trainer: Trainer, logger: RunLogger, trained: FitResult | None = None) -> dict[str, Any]:
@@ -157,12 +177,17 @@ LIFECYCLE: dict[str, Any] = {"precheck": precheck, "describe": _describe, "finit
                              "complete": ("mdl",), "fingerprint": data_fingerprint}
 
 
-def run_job(config: Mapping[str, Any] | JobConfig, pack: Pack | None = None) -> Outcome:
-    """One MDL job in the one lifecycle: `run(prepare(job))`; `pack`: what it shares with the other jobs of its pack
-    (training/data/shared.py), None alone (scripts and tests; the command line runs the task the config names,
-    training/tasks/mdl/__init__.py, which runs the same)."""
-    return run_in_job_dir(load_config(config, spec_of("mdl"), own_groups()), lambda job: run(prepare(job)), pack=pack,
-                          **LIFECYCLE)
+def run_job(config: Mapping[str, Any] | JobConfig, store: Store | None = None) -> Outcome:
+    """One MDL job (one seed) in the one lifecycle: `run(prepare(job))` (scripts and tests; the command line runs
+    a cell, `run_cell`)."""
+    return run_in_job_dir(load_config(config, spec_of("mdl"), own_groups()), lambda job: run(prepare(job)),
+                          store=store, **LIFECYCLE)
+
+
+def run_cell(cfgs: list[JobConfig], store: Store | None = None) -> list[Outcome]:
+    """The jobs of a cell's seeds together (training/app/lifecycle.py `run_cell`): data loaded and erasers fitted
+    once per fit key (`store`), every seed's block models in one lockstep group (`train_cell`)."""
+    return run_cell_jobs(cfgs, train_seeds, store=store, **LIFECYCLE)
 
 
 @dataclass(frozen=True)
@@ -180,50 +205,109 @@ def prepare(job: JobRun) -> Prepared:
     """Data loaded (or what the precheck loaded), labels permuted, the eraser's fit split, erased (through the
     erased-data cache), and the MDL split of the coded rows."""
     cfg, started = job.cfg, time.perf_counter()
-    inputs = prepare_inputs(cfg, Store.of(cfg.paths, job.pack), job.loaded)
+    inputs = prepare_inputs(cfg, job.store or Store.of(cfg.paths), job.loaded)  # the cell's store, or the job's
     d = inputs.data
     return Prepared(job, inputs, split_of(cfg.mdl, cfg.seed, len(d.y), d.num_classes, d.input_shape), started)
 
 
-def run(prepared: Prepared) -> MdlSections:
-    """The block models, the code, the full-data run: result.json's sections (the stages' seconds in `timings`)."""
-    job, data, split, erasure_info = prepared.job, prepared.inputs.data, prepared.split, prepared.inputs.erasure
-    cfg = job.cfg
-    logger = RunLogger(cfg.logger, cfg.to_dict(), job.path, run_id=f"{job.cfg_hash}-s{cfg.seed}",
-                       out_dir=Path(cfg.paths.out_dir))
-    try:
-        m = cfg.mdl
-        say_stop_keys(m, cfg.optim, len(data.y), split.block_sizes[0])
-        checkpoint = CheckpointStore(job.path, job.cfg_hash)
-        if cfg.force:
-            checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
-        trainer = Trainer(cfg, prepared.inputs.x, data.y, data.num_classes, split, job.device,
-                          batches=prepared.inputs.batches,
-                          checkpoint=checkpoint, numerics=job.numerics, pack=job.pack)
-        # training.parallel_models=auto: as many of its models at once as fit in the memory the device has free
-        trainer.model_room = estimate_memory(cfg, data, len(data.y), job.device, memory_free(job.device)).num_models
-        if job.pack is not None:  # the memory estimate of a pack group (training/tasks/mdl/pack_group.py)
-            trainer.pack_room = jobs_that_fit(cfg, data, job.device)
-        log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", job.path, data.name,
-                 len(data.y), len(split.val_idx), split.block_sizes, trainer.optim.lr, job.device)
-        t_mdl = time.perf_counter()
-        mdl, full_fit = run_mdl(trainer, job.progress, logger, with_full=m.full_run)
+class SeedRun:
+    """One job's training state (its trainer, blocks, logger), from `Prepared` to its result.json sections."""
+
+    def __init__(self, prepared: Prepared) -> None:
+        job, data, split = prepared.job, prepared.inputs.data, prepared.split
+        cfg = job.cfg
+        self.prepared = prepared
+        self.logger = RunLogger(cfg.logger, cfg.to_dict(), job.path, run_id=f"{job.cfg_hash}-s{cfg.seed}",
+                                out_dir=Path(cfg.paths.out_dir))
+        try:
+            say_stop_keys(cfg.mdl, cfg.optim, len(data.y), split.block_sizes[0])
+            self.checkpoint = CheckpointStore(job.path, job.cfg_hash)
+            if cfg.force:
+                self.checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
+            self.trainer = Trainer(cfg, prepared.inputs.x, data.y, data.num_classes, split, job.device,
+                                   batches=prepared.inputs.batches, checkpoint=self.checkpoint,
+                                   numerics=job.numerics)
+            # training.parallel_models=auto: as many of its models at once as fit in the memory the device has free
+            self.trainer.model_room = estimate_memory(cfg, data, len(data.y), job.device,
+                                                      memory_free(job.device)).num_models
+            log.info("job %s: %s, %d samples (%d validation), blocks %s, lr %.3g, device %s", job.path, data.name,
+                     len(data.y), len(split.val_idx), split.block_sizes, self.trainer.optim.lr, job.device)
+            self.blocks = Blocks(self.trainer, job.progress, self.logger, with_full=cfg.mdl.full_run)
+        except BaseException:
+            self.logger.finish()
+            raise
+        self.t_mdl = time.perf_counter()
+
+    def sections(self) -> MdlSections:
+        """The code, the full-data run (trained alongside, or now), result.json's sections (timings in the job)."""
+        job, data, erasure_info = self.prepared.job, self.prepared.inputs.data, self.prepared.inputs.erasure
+        mdl, full_fit = self.blocks.code()
         t_full = time.perf_counter()
-        final = run_full(trainer, logger, full_fit) if m.full_run else None
+        final = run_full(self.trainer, self.logger, full_fit) if job.cfg.mdl.full_run else None
         t_end = time.perf_counter()
-        checkpoint.clear()  # a group deletes its own; this drops stale ones (another split, a corrupt file)
-        logger.summary({"mdl/bits_per_sample": mdl["bits_per_sample"], "mdl/legacy": mdl["legacy"]})
+        self.checkpoint.clear()  # a group deletes its own; this drops stale ones (another split, a corrupt file)
+        self.logger.summary({"mdl/bits_per_sample": mdl["bits_per_sample"], "mdl/legacy": mdl["legacy"]})
         sections = MdlSections.read({
             "dataset": data.info,
             "eraser": erasure_info,
-            "model": trainer.model_info,
-            "optim": dataclasses.asdict(trainer.optim),
+            "model": self.trainer.model_info,
+            "optim": dataclasses.asdict(self.trainer.optim),
             "mdl": mdl,
             "final": final,
             "certificate": erasure_info.pop("certificate", None),
         })
-        job.timings.update(erase_s=erasure_info["seconds"], mdl_s=t_full - t_mdl, full_run_s=t_end - t_full,
-                           before_mdl_s=t_mdl - prepared.started)
+        job.timings.update(erase_s=erasure_info["seconds"], mdl_s=t_full - self.t_mdl, full_run_s=t_end - t_full,
+                           before_mdl_s=self.t_mdl - self.prepared.started)
         return sections
+
+
+def run(prepared: Prepared) -> MdlSections:
+    """The block models, the code, the full-data run: result.json's sections (the stages' seconds in `timings`)."""
+    seed = SeedRun(prepared)
+    try:
+        seed.trainer.train_many(seed.blocks.jobs(), seed.blocks.on_finish)
+        return seed.sections()
     finally:
-        logger.finish()
+        seed.logger.finish()
+
+
+def train_seeds(jobs: list[JobRun]) -> list[MdlSections | BaseException]:
+    """A cell's jobs that run (`run_cell`): each prepared (data and erasers shared through the store), all their
+    block models trained in one lockstep group (`train_cell`), then each one's sections; a seed's failure is its
+    own (its exception in its place), the others go on."""
+    if len(jobs) == 1:  # a one-seed cell: the one job, as alone
+        try:
+            return [run(prepare(jobs[0]))]
+        except Exception as err:  # noqa: BLE001 - the lifecycle records it
+            interrupt.stop_behind(err)
+            return [err]
+    out: list[MdlSections | BaseException | None] = [None] * len(jobs)
+    seeds: dict[int, SeedRun] = {}
+    try:
+        for i, job in enumerate(jobs):
+            try:
+                seeds[i] = SeedRun(prepare(job))
+            except Exception as err:  # noqa: BLE001 - this seed's
+                interrupt.stop_behind(err)
+                out[i] = err
+        order = list(seeds)
+        if order:  # parallel_models=auto: as many seeds' models at once as fit beside one copy of the data
+            lead = seeds[order[0]]
+            job, m = lead.prepared.job, lead.prepared.job.cfg.mdl
+            room, per_seed = lead.trainer.model_room, m.num_blocks - 1 + int(m.full_run)
+            if room is not None and room >= per_seed:
+                lead.trainer.model_room = per_seed * jobs_that_fit(job.cfg, lead.prepared.inputs.data, job.device)
+        errors = train_cell([seeds[i].trainer for i in order], [seeds[i].blocks.jobs() for i in order],
+                            [seeds[i].blocks.on_finish for i in order])
+        for j, i in enumerate(order):
+            try:
+                if j in errors:
+                    raise errors[j]
+                out[i] = seeds[i].sections()
+            except Exception as err:  # noqa: BLE001 - this seed's
+                interrupt.stop_behind(err)
+                out[i] = err
+    finally:
+        for seed in seeds.values():
+            seed.logger.finish()
+    return [o if o is not None else RuntimeError("not run") for o in out]

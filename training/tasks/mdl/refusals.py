@@ -24,7 +24,6 @@ from models.registry import arch_traits
 from training.app.schema import ArchConfig, ConfigError, DatasetConfig, EraserConfig, JobConfig, MdlConfig
 from training.common import env
 from training.data import LoadedData
-from training.data.shared import Pack
 from training.engine.batches import compact
 from training.engine.devices import available_memory
 from training.engine.group import check_options, module_refusal, resolve_engine
@@ -45,15 +44,15 @@ HELD_COPIES = 2  # a model of a lockstep group not in a row: its weights, and it
 PLAN_BYTES_PER_SLOT = 8 + 4 + 16 + 1  # the lockstep plan per training sample: index, weight, crop offset, flip
 
 
-def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = None, pack: Pack | None = None
+def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = None, store: Store | None = None
              ) -> LoadedData:
     """Refuse (one line) a job that cannot run on its data or device, before anything is made (see the module
     docstring); returns the data it loaded, or checked: `data`, what the lifecycle's fingerprint check read again.
-    `pack`: what the job shares with its pack's others."""
+    `store`: its cell's (what the seeds share), else the job's own."""
     t, e, d = cfg.training, cfg.eraser, cfg.dataset
     check_options(t.engine, t.workers, t.fused_optimizer, device, arch_traits(cfg.arch.name).vectorises)
     check_one_at_a_time(cfg)
-    store = Store.of(cfg.paths, pack)
+    store = store or Store.of(cfg.paths)
     data = store.load(d) if data is None else data
     permuted = with_permuted_labels(data, d.permute_labels, cfg.seed)
     plan = fit_plan(e, d, cfg.seed, permuted, store)
@@ -271,9 +270,9 @@ def memory_free(device: torch.device) -> int | None:
 
 
 def jobs_that_fit(cfg: JobConfig, data: LoadedData, device: torch.device) -> int:
-    """How many jobs of this configuration (seeds of a pack: training/tasks/mdl/pack_group.py) can train their models at
-    once on one copy of `data` (the coded rows) in the memory the device has free: the memory estimate of a pack
-    group. Without a figure (or with the check off) as many as there are."""
+    """How many seeds of this configuration (a cell: training/tasks/mdl/cell.py) can train their models at once on one
+    copy of `data` (the coded rows) in the memory the device has free: the memory estimate of a cell's group.
+    Without a figure (or with the check off) as many as there are."""
     free = memory_free(device)
     if free is None:
         return 1 << 30

@@ -9,10 +9,8 @@ from typing import Any
 
 import torch
 
-import training.tasks.mdl.pack_group as pack_group
 from models.registry import arch_traits
 from training.app.schema import JobConfig, MdlConfig
-from training.data.shared import Pack
 from training.engine.backends import compile_mode
 from training.engine.batches import DeviceData
 from training.engine.checkpoint import CheckpointStore
@@ -50,16 +48,16 @@ class Trainer:
     device) and erased after augmentation by `batches.transform`; the validation set and the coded blocks are
     the erased `x`, as without it.
 
-    `numerics`: the job's (training/engine/numerics.py; None outside a job: fp32). `pack`: what the job shares with
-    the other jobs of its pack (training/data/shared.py; None alone), where a pack group keeps models trained ahead.
+    `numerics`: the job's (training/engine/numerics.py; None outside a job: fp32). The seeds of a cell train their
+    models together (training/tasks/mdl/cell.py), each seed's from its own trainer's `member`s.
     """
 
     def __init__(self, cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                  split: MdlSplit, device: torch.device, data: DeviceData | None = None,
                  batches: BatchErasure | None = None, checkpoint: CheckpointStore | None = None,
-                 numerics: JobNumerics | None = None, pack: Pack | None = None):
+                 numerics: JobNumerics | None = None):
         self.cfg, self.seed, self.opts = cfg, cfg.seed, cfg.training
-        self.numerics, self.pack = numerics, pack
+        self.numerics = numerics
         self.checkpoint = checkpoint  # where a signal saves the models in training (training/engine/checkpoint.py)
         # `data`: the same x already on the device (several seeds' trainers share one copy)
         self.data = data if data is not None else DeviceData(x, device, storage=self.opts.storage)
@@ -76,21 +74,9 @@ class Trainer:
         self.regularizer = build_regularizer(cfg.regularizer, num_classes)
         self.x_val, self.y_val = self.data.all(split.val_idx), self.y[split.val_idx.to(device)]
         self.input_shape = tuple(int(s) for s in x.shape[1:])
-        self.x = x  # the images as given (the pack group checks a later seed's models were trained on them)
+        self.x = x  # the images as given (a cell's seeds share them where they are the same)
         self.model_info: dict[str, Any] = {}
-        self.pack_room = 1  # how many jobs' models fit in memory at once (a pack group: pack_group.py)
         self.model_room: int | None = None  # how many of its models fit at once (the job's memory estimate; None: all)
-
-    def for_seed(self, cfg: JobConfig) -> Trainer:
-        """This job's trainer for another seed of its configuration, on the same data (one copy on the device): a
-        pack group's companion (training/tasks/mdl/pack_group.py), with no checkpoint of its own."""
-        split = split_of(cfg.mdl, cfg.seed, len(self.y), self.num_classes, self.input_shape)
-        sibling = Trainer(cfg, self.x, self.y, self.num_classes, split, self.device,
-                          data=self.data, numerics=self.numerics, pack=self.pack)
-        # eraser.after_augment: the same unerased images and the same batch eraser (one object: one group's members
-        # share their batch transform)
-        sibling.train_data, sibling.batch_transform, sibling.raw = self.train_data, self.batch_transform, self.raw
-        return sibling
 
     def train_set(self) -> TrainData:
         """What every model of this job trains on (raw when erased after augmentation) and validates on."""
@@ -146,16 +132,7 @@ class Trainer:
         """Train one model per (idx, tag, eval_every_steps); `on_finish(k, model, result)` as each one ends (any
         order within a group). Numbers as `train` one by one under the numerics contract (training/engine/numerics.py):
         bitwise with the loop engine on CPU (the default there); the stacked engine, and any engine on a GPU, within
-        its tolerance (tests/test_vectorized.py). In a pack (hydra/launcher=packed)
-        the models an earlier seed's group trained for this job are taken from there, and this job's group may
-        train the pack's later seeds' models too (training/tasks/mdl/pack_group.py)."""
-        rest = pack_group.take_trained(self, jobs, on_finish)
-        if len(rest) < len(jobs):
-            self._train_many([jobs[k] for k in rest], lambda k, model, res: on_finish(rest[k], model, res), False)
-        else:
-            self._train_many(jobs, on_finish, True)
-
-    def _train_many(self, jobs: list[FitJob], on_finish: OnFinish, with_pack: bool) -> None:
+        its tolerance (tests/test_vectorized.py)."""
         if not jobs:
             return
         first = self.member(*jobs[0])
@@ -170,10 +147,6 @@ class Trainer:
                 on_finish(k, *self._fit_one(member, job[1]))
                 del member
             return
-        if with_pack and size >= len(jobs) and (others := pack_group.companions(self)):
-            pack_group.train_together(self, first, jobs, others, on_finish,
-                                      lambda rest, done: self._train_many(rest, done, False), self.pack_room)
-            return
         # `size` rows: a row whose model stops takes the next model (training/engine/lockstep_state.py RowSchedule)
         members = [first] + [self.member(*job) for job in jobs[1:]]
         fit_group(members, self.train_set(), self.group_options(on_finish, rows=size))
@@ -183,10 +156,6 @@ class Trainer:
         return GroupOptions(on_finish=on_finish, progress=self.cfg.progress, compile=o.compile, engine=self.engine,
                             regularizer=self.regularizer, workers=o.workers, fused_optimizer=o.fused_optimizer,
                             checkpoint=self.checkpoint, rows=rows, poll_every=o.poll_every)
-
-    def all_models(self) -> list[FitJob]:
-        """Every model of an MDL job (`run_mdl`): the block models, then the full-data model with `mdl.full_run`."""
-        return model_jobs(self, list(range(1, len(self.split.block_sizes))), self.cfg.mdl.full_run)
 
     def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
         """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`, and the

@@ -1,0 +1,1 @@
+"""Hydra finds this package's launcher (`hydra/launcher=slurm`) in the `hydra_plugins` namespace package."""

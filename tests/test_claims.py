@@ -408,6 +408,10 @@ def test_a_claim_survives_only_when_it_holds_in_every_group() -> None:
     report = claims.markdown_groups(per)
     assert "- leace_raises_mdl: **survives every group**" in report
     assert "- qleace_above_leace: **does not survive every group**" in report
+    # a claim no group can test (no QLEACE, or no ALF, anywhere) says so, not "does not survive"
+    untested = claims.markdown_groups(claims.evaluate_groups(pd.concat([mup, sp]), ["alf_below_leace"]))
+    assert "- alf_below_leace: **not testable in any group**" in untested and "survive" not in untested.split(
+        "### Across")[1]
     # Holm runs within each claim of each group, never across groups: one row each, Holm p = its own p
     for _, results in per:
         for _, tests, _ in results:

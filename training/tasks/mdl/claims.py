@@ -659,8 +659,10 @@ def markdown_groups(per_group: Sequence[tuple[str, Results]]) -> str:
     for i, (group, results) in enumerate(per_group, 1):
         parts.append(f"### Group {i}: {labels[group]}\n\n{markdown(results, header=False)}")
     survive, ps = surviving(per_group), group_p(per_group)
+    tested = {claim.key for _, results in per_group for claim, tests, _ in results if tests}
     lines = [f"### Across all {len(per_group)} groups (largest p over the groups; no correction across them)", ""]
-    lines += [f"- {k}: **{'survives every group' if ok else 'does not survive every group'}** (p {_num(ps[k])})"
+    lines += [f"- {k}: **not testable in any group** (no row of these results compares its erasers)" if k not in tested
+              else f"- {k}: **{'survives every group' if ok else 'does not survive every group'}** (p {_num(ps[k])})"
               for k, ok in survive.items()]
     parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)

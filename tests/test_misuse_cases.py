@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, cast
 
@@ -528,7 +529,8 @@ def test_make_calibrate_reads_where_its_args_made_it_write() -> None:
 
     def last_line(*args: str) -> str:
         proc = subprocess.run(["make", "-n", "calibrate", *args], capture_output=True, text=True, cwd=REPO, timeout=60)
-        return proc.stdout.strip().splitlines()[-1]
+        # under `make test` the nested make also prints its "make[1]: Entering/Leaving directory" lines
+        return [ln for ln in proc.stdout.strip().splitlines() if not re.match(r"make(\[\d+\])?: \w+ directory", ln)][-1]
 
     assert last_line('ARGS=paths.out_dir=/x seed=1').endswith("-m scripts.calibrate /x/runs")
     assert last_line().endswith("-m scripts.calibrate outputs/calibrate/runs")

@@ -219,5 +219,6 @@ def test_plan_counts_a_value_given_twice_once(tmp_path: Path) -> None:
     once = plan.plan_jobs("smoke", [f"paths.out_dir={tmp_path}", "seed=0"])
     twice = plan.plan_jobs("smoke", [f"paths.out_dir={tmp_path}", "seed=0,0"])
     assert len(twice) == len(once) == 2 and [j.job_dir for j in twice] == [j.job_dir for j in once]
-    assert "2 jobs in 2 cells" in plan.report("smoke", [f"paths.out_dir={tmp_path}", "seed=0,0"], 40,
-                                              tmp_path / "none.json", tmp_path / "none.json")
+    text = plan.report("smoke", [f"paths.out_dir={tmp_path}", "seed=0,0"], 40, tmp_path / "none.json",
+                       tmp_path / "none.json")
+    assert "2 seed results in 2 cells, 2 launched job(s)" in text

@@ -81,7 +81,8 @@ def _job(cfg: DictConfig, hc: Any, multirun: bool) -> list[Outcome]:
             assert failures[0].exception is not None
             raise failures[0].exception  # as a one-seed job fails (a multirun's ledger records each seed's)
     except KeyboardInterrupt as err:  # Ctrl-C: the job's lock is released on the way here
-        exit_interrupted(Path(str(resolved.get("paths", {}).get("job_dir", hc.runtime.output_dir))), err)
+        paths = resolved["paths"] if "paths" in resolved else {}
+        exit_interrupted(Path(str(paths["job_dir"] if "job_dir" in paths else hc.runtime.output_dir)), err)
     except Exception as err:
         interrupt.stop_behind(err)  # a signal's stop that torch.save turned into a RuntimeError: a stop, not a failure
         line = user_error_line(err)

@@ -45,7 +45,7 @@ def cell_seeds(cfg: DictConfig) -> list[int]:
     """The seeds of a composed config's cell: [seed] where `seed` was given a value, else its `seeds`."""
     if "seed" in cfg and not OmegaConf.is_interpolation(cfg, "seed"):
         return [cfg.seed]
-    return seed_list(cfg.get("seeds", 1))
+    return seed_list(cfg.seeds if "seeds" in cfg else 1)
 
 
 @contextmanager

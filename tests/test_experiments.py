@@ -59,7 +59,9 @@ def test_paper_grids_match_the_paper() -> None:
     assert _values(c["+experiment/net"]) == ["mlp_relu", "lenet", "convnext", "swin"]
     assert _values(sweeper_params("paper_fig16")["+experiment/net"]) == ["mlp_relu", "lenet", "convnext", "swin"]
     assert set(_values(c["eraser"])) == {"control", "leace", "alf_qleace_paper", "gradient_paper", "qleace_paper"}
-    assert _values(c["seed"]) == ["0", "1", "2", "3", "4"]
+    from training.common.cells import seed_list
+
+    assert seed_list(OmegaConf.load(Path(CONF_DIR) / "experiment" / "paper_table_c.yaml").seeds) == [0, 1, 2, 3, 4]
     for fig in ("paper_fig4", "paper_fig5"):
         w, d = sweeper_params(f"{fig}_width"), sweeper_params(f"{fig}_depth")
         assert _values(w["arch.width"]) == ["64", "128", "256", "512", "1024", "2048"] and w["arch.depth"] == "2"
@@ -75,7 +77,7 @@ def test_paper_grids_match_the_paper() -> None:
         assert _values(sweeper_params(f"paper_fig8_{grid}")["dataset"]) == ["cifarnet", "svhn_paper"]
     offline = sweeper_params("offline_table")
     assert set(_values(offline["eraser"])) == ALL_ERASERS and _values(offline["arch"]) == ["mlp", "lenet"]
-    assert len(_values(offline["seed"])) == 3
+    assert seed_list(OmegaConf.load(Path(CONF_DIR) / "experiment" / "offline_table.yaml").seeds) == [0, 1, 2]
 
 
 def test_zscore_preset_has_its_own_directories(tmp_path: Path) -> None:

@@ -74,6 +74,10 @@ def _job(cfg: DictConfig, hc: Any, multirun: bool) -> list[Outcome]:
         with stop_on_sigterm():  # SIGTERM (pre-emption, requeue): stop now, keep finished blocks (preemption.py)
             outcomes = get_task(cell[0].task).run_cell(cell, store)
         failures = [o for o in outcomes if o.status == "failed"]
+        said = {user_error_line(o.exception) if o.exception is not None else None for o in failures}
+        if len(failures) == len(outcomes) > 1 and len(said) == 1 and None not in said and not multirun:
+            assert failures[0].exception is not None
+            raise failures[0].exception  # the cell refused as a whole: one line, as a one-seed job is refused
         for o in failures if len(outcomes) > 1 else []:  # each seed's failure is its own; the cell's others stand
             line = user_error_line(o.exception) if o.exception is not None else None
             to_run_log(logging.ERROR, f"error: {o.job_dir}: {line or o.error}", None if line else o.exception)

@@ -28,8 +28,9 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE
 
 
 def smoke_command(out_dir: Path) -> list[str]:
+    # seed=0,1: four one-seed cells, one launched job each (a cell of seeds finishes its seeds together)
     return [sys.executable, "-m", "training.run", "-m", "experiment=smoke", f"paths.out_dir={out_dir}",
-            "logger=none", "progress=false"]
+            "logger=none", "progress=false", "seed=0,1"]
 
 
 def _numbers(result: dict[str, Any]) -> dict[str, Any]:

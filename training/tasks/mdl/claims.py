@@ -92,10 +92,11 @@ WIDE = 1024  # "widths beyond ~1K"
 
 @dataclass
 class Side:
-    """One side of a row: per fit mode its runs (a job-table slice), and its n_coded where known."""
+    """One side of a row: per fit mode its runs and its null runs (job-table slices), and its n_coded where known."""
 
     name: str
     runs: dict[str, pd.DataFrame]
+    nulls: dict[str, pd.DataFrame] = field(default_factory=dict)
     control: bool = False  # no fit: runs of one fit mode stand for the others at the same n_coded
 
     def n_coded(self, mode: str) -> float:
@@ -165,10 +166,6 @@ def _control_runs(side: Side, m: Measurement, ref: Side) -> dict[str, pd.DataFra
     return found
 
 
-def _side_runs(side: Side, m: Measurement, ref: Side) -> dict[str, pd.DataFrame]:
-    return _control_runs(side, m, ref) if side.control else {k: side.runs[k] for k in m.modes}
-
-
 def _flags(runs: dict[str, pd.DataFrame], nulls: dict[str, pd.DataFrame]) -> list[str]:
     """Why a side's measurement is suspect: a probe below chance, its null below the label entropy."""
     out = []
@@ -180,10 +177,6 @@ def _flags(runs: dict[str, pd.DataFrame], nulls: dict[str, pd.DataFrame]) -> lis
             if bias_flag(bias, bias_noise(seed_means(nulls[mode]).dropna())[0]) == INJECTION:
                 out.append(f"null {bias:+.3f} ({mode})")
     return out
-
-
-def _budget(runs: dict[str, pd.DataFrame]) -> list[str]:
-    return [f"{why} ({mode})" for mode, g in runs.items() if (why := budget_reason(g))]
 
 
 def _numbers(g: pd.DataFrame, column: str) -> pd.Series:
@@ -232,8 +225,11 @@ class RowInput:
     uncontrolled: str = ""  # a fitted eraser against the identity: the command that runs its control
 
 
-def _row_inputs(label: str, a: Side, b: Side, nulls_a: dict[str, pd.DataFrame],
-                nulls_b: dict[str, pd.DataFrame], skip: set[str] | None = None,
+def _ab(of_a: list[str], of_b: list[str]) -> list[str]:
+    return [f"a: {x}" for x in of_a] + [f"b: {x}" for x in of_b]
+
+
+def _row_inputs(label: str, a: Side, b: Side, skip: set[str] | None = None,
                 control: Callable[[list[str]], str] | None = None) -> list[RowInput]:
     """The rows of a against b; `skip`: fit modes measured against another side already (no row uses them);
     `control`: b is the identity, a a fitted eraser: a row using a fitted mode is uncontrolled, with this command."""
@@ -242,19 +238,17 @@ def _row_inputs(label: str, a: Side, b: Side, nulls_a: dict[str, pd.DataFrame],
     for m in measurements([a, b]):
         if skip and skip & set(m.modes):
             continue
-        ra, rb = _side_runs(a, m, ref), _side_runs(b, m, ref)
+        ra, rb = (_control_runs(s, m, ref) if s.control else {k: s.runs[k] for k in m.modes} for s in (a, b))
         if not ra or not rb:
             continue
-        flags = [f"a: {f}" for f in _flags(ra, nulls_a)] + [f"b: {f}" for f in _flags(rb, nulls_b)]
-        budget = [f"a: {f}" for f in _budget(ra)] + [f"b: {f}" for f in _budget(rb)]
+        budget = [[f"{why} ({mode})" for mode, g in r.items() if (why := budget_reason(g))] for r in (ra, rb)]
         fit = "" if m.label == "all" else f" (fit on {m.label})"
-        notes = [f"a: {n}" for n in _rank_notes(ra)] + ([] if b.name.endswith(SHUFFLED_SIDE) else
-                                                        [f"b: {n}" for n in _rank_notes(rb)])
-        fitted = [f"{k}: {f}" for k, side, runs in (("a", a, ra), ("b", b, rb)) if not side.control
-                  for f in _fitted(runs)]
         modes = [k for k in m.modes if k != "population"]
         out.append(RowInput(label + fit, {k: seed_means(g) for k, g in ra.items()},
-                            {k: seed_means(g) for k, g in rb.items()}, m.bracket, flags, budget, notes, fitted,
+                            {k: seed_means(g) for k, g in rb.items()}, m.bracket,
+                            _ab(_flags(ra, a.nulls), _flags(rb, b.nulls)), _ab(*budget),
+                            _ab(_rank_notes(ra), [] if b.name.endswith(SHUFFLED_SIDE) else _rank_notes(rb)),
+                            _ab(*([] if s.control else _fitted(r) for s, r in ((a, ra), (b, rb)))),
                             control(modes) if control is not None and modes else ""))
     return out
 
@@ -300,8 +294,8 @@ def _variant_runs(true: pd.DataFrame, eraser: str, variant: str) -> pd.DataFrame
     return g[(g.variant == variant) | plain]
 
 
-def _side(name: str, runs: pd.DataFrame) -> Side:
-    return Side(name, _by_mode(runs), control=is_identity(name))
+def _side(name: str, runs: pd.DataFrame, nulls: pd.DataFrame) -> Side:
+    return Side(name, _by_mode(runs), _by_mode(nulls), control=is_identity(name))
 
 
 def _eraser_pairs(a: str, b: str, archs: tuple[str, ...] | None = None) -> Callable[[pd.DataFrame], Rows]:
@@ -323,22 +317,20 @@ def _eraser_pairs(a: str, b: str, archs: tuple[str, ...] | None = None) -> Calla
             vb = list(dict.fromkeys(true[true.eraser == b].variant))
             for x in va:
                 name = f"{dataset} {arch} w{width} d{depth}"
-                sa, covered = _side(a, _variant_runs(true, a, x)), set()
+                sa, covered = _side(a, _variant_runs(true, a, x), _variant_runs(null, a, x)), set()
                 control, c_null = ((f[(f.eraser == a) & (f.variant == x)] for f in (shuffled, shuffled_null))
                                    if nonspecific else (shuffled[:0], shuffled_null[:0]))
                 if len(control):
                     found = _row_inputs(name + (f" [{x}]" if x else "") + " vs shuffled fit", sa,
-                                        Side(a + SHUFFLED_SIDE, _by_mode(control)),
-                                        _by_mode(_variant_runs(null, a, x)), _by_mode(c_null))
+                                        Side(a + SHUFFLED_SIDE, _by_mode(control), _by_mode(c_null)))
                     covered, out = {m for r in found for m in r.a}, out + found
                 command = (lambda modes, x=x: control_command(a, x, modes)) if nonspecific else None
                 for y in vb:
                     if x != y and x and y:
                         continue
                     label = name + "".join(f" [{v}]" for v in dict.fromkeys((x, y)) if v)
-                    sb = _side(b, _variant_runs(true, b, y))
-                    out += _row_inputs(label, sa, sb, _by_mode(_variant_runs(null, a, x)),
-                                       _by_mode(_variant_runs(null, b, y)), covered, command)
+                    out += _row_inputs(label, sa, _side(b, _variant_runs(true, b, y), _variant_runs(null, b, y)),
+                                       covered, command)
         return out
     return rows
 
@@ -354,8 +346,8 @@ def _width_pairs(df: pd.DataFrame) -> Rows:
             continue
         lo, hi = base[0], base[-1]
         label = f"{dataset} {arch} d{depth} {eraser}: w{hi} vs w{lo}" + (f" [{variant}]" if variant else "")
-        out += _row_inputs(label, _side(eraser, true[true.width == hi]), _side(eraser, true[true.width == lo]),
-                           _by_mode(null[null.width == hi]), _by_mode(null[null.width == lo]))
+        out += _row_inputs(label, _side(eraser, true[true.width == hi], null[null.width == hi]),
+                           _side(eraser, true[true.width == lo], null[null.width == lo]))
     return out
 
 
@@ -375,22 +367,17 @@ CLAIMS: dict[str, Claim] = {c.key: c for c in (
 )}
 
 
-@dataclass
-class RowTest:
+@dataclass(kw_only=True)
+class RowTest(RowInput):
+    """A row's test: its inputs and what `row_test` and `decide` make of them."""
+
     claim: str
-    row: str
     diffs: dict[str, dict[int, float]]  # fit mode -> seed -> raw difference a - b
     margins: dict[int, float]  # seed -> margin in the claimed direction (> 0 supports the claim on that seed)
     mean: float  # of the margins
     sd: float  # of the margins
     p: float  # one-sided p of the claim on this row (paired t; absence: TOST)
     p_against: float  # one-sided p of the contrary (sign ±1: the other direction; absence: a drop beyond δ)
-    bracket: bool = False
-    flags: list[str] = field(default_factory=list)
-    budget: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    fitted: list[str] = field(default_factory=list)
-    uncontrolled: str = ""
     holm_p: float = math.nan  # Holm across the claim's rows (what the verdict uses)
     holm_p_against: float = math.nan
     level: float = math.nan  # the one-sided level of this row's Holm step (ALPHA / (rows - rank))
@@ -443,8 +430,8 @@ def row_test(claim: Claim, r: RowInput) -> RowTest:
     mean = float(margins.mean()) if n else math.nan
     sd = float(margins.std(ddof=1)) if n > 1 else math.nan
     command = [f"no non-specific-removal control: {r.uncontrolled}"] if r.uncontrolled else []
-    return RowTest(claim.key, r.row, diffs, m, mean, sd, p, against, r.bracket, r.flags, r.budget, r.notes, r.fitted,
-                   r.uncontrolled, why="; ".join(command + r.flags + r.budget + r.notes))
+    return RowTest(**vars(r), claim=claim.key, diffs=diffs, margins=m, mean=mean, sd=sd, p=p, p_against=against,
+                   why="; ".join(command + r.flags + r.budget + r.notes))
 
 
 def holm(ps: Sequence[float]) -> list[float]:
@@ -454,16 +441,6 @@ def holm(ps: Sequence[float]) -> list[float]:
     for rank, i in enumerate(idx):
         running = max(running, min(1.0, (len(idx) - rank) * ps[i]))
         out[i] = running
-    return out
-
-
-def holm_levels(ps: Sequence[float], alpha: float = ALPHA) -> list[float]:
-    """Each p's Holm step level alpha / (m − rank) (rank by p, NaN: NaN): a row whose Holm p is below alpha has its
-    raw p below this level, so its CI at this level excludes zero."""
-    idx = sorted((i for i, p in enumerate(ps) if not math.isnan(p)), key=lambda i: ps[i])
-    out = [math.nan] * len(ps)
-    for rank, i in enumerate(idx):
-        out[i] = alpha / (len(idx) - rank)
     return out
 
 
@@ -492,10 +469,14 @@ def decide(claim: Claim, tests: Sequence[RowTest], alpha: float = ALPHA) -> None
     for attr, ps in (("holm_p", [t.p for t in tests]), ("holm_p_against", [t.p_against for t in tests])):
         for t, q in zip(tests, holm(ps), strict=True):
             setattr(t, attr, q)
-    for t, level in zip(tests, holm_levels([t.p for t in tests], alpha), strict=True):
-        t.level = level
-        t.ci = _half_width(t.sd, t.n, level)
-        t.seeds_needed = seeds_needed(t.sd, max(abs(t.mean), claim.effect), level)
+    # Each row's Holm step level alpha / (m − rank) (rank by p; NaN p: NaN): a row whose Holm p is below alpha has
+    # its raw p below this level, so its CI at this level excludes zero.
+    ranked = sorted((t for t in tests if not math.isnan(t.p)), key=lambda t: t.p)
+    for rank, t in enumerate(ranked):
+        t.level = alpha / (len(ranked) - rank)
+    for t in tests:
+        t.ci = _half_width(t.sd, t.n, t.level)
+        t.seeds_needed = seeds_needed(t.sd, max(abs(t.mean), claim.effect), t.level)
         if t.n < MIN_SEEDS:
             verdict = FEW
         elif t.holm_p < alpha:

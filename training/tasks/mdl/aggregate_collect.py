@@ -313,9 +313,6 @@ def data_of(result: Result) -> str | None:
     return fingerprint.content if fingerprint is not None and fingerprint.content else None
 
 
-as_number = number
-
-
 def _label_entropy(result: MdlResult, mdl: MdlRecord | None) -> tuple[float, str]:
     """(bits, source) the null's MDL is compared with: the entropy of the class prior where the result gives it
     (`dataset.class_counts`, or the certificate's `chance_loss_bits`: the prior-only code of the coded labels),
@@ -393,7 +390,7 @@ def _result_row(result: Result, job_dir: str) -> dict[str, Any]:
     mdl = result.body.mdl
     if mdl is None:
         return {**row, "status": "incomplete", "error": "result.json has no mdl section"}
-    bits, legacy = as_number(mdl.bits_per_sample), as_number(mdl.legacy)
+    bits, legacy = number(mdl.bits_per_sample), number(mdl.legacy)
     if bits is None or legacy is None:
         raise ValueError(f"mdl.bits_per_sample / mdl.legacy not numbers: {mdl.bits_per_sample!r}, {mdl.legacy!r}")
     if not (math.isfinite(bits) and (math.isfinite(legacy) or not mdl.has_legacy)):
@@ -444,10 +441,6 @@ def _unfinished_row(cell: dict[str, Any], job_dir: Path, failed: dict[str, str])
     return row
 
 
-def is_mdl_task(result: Result) -> bool:
-    return result.task == "mdl"
-
-
 def collect_dir(root: Path, set_aside: bool = False) -> tuple[pd.DataFrame, list[Result]]:
     """Rows of every MDL result.json under root plus failed/partial jobs found there; and all parsed results.
     A file that is not a result is a warning naming it (and a `malformed` row when its path names a job); an
@@ -460,7 +453,7 @@ def collect_dir(root: Path, set_aside: bool = False) -> tuple[pd.DataFrame, list
         result, why = _load_result(path)
         if result is not None:
             results.append(result)
-            if not is_mdl_task(result):
+            if result.task != "mdl":
                 seen.add(str(path.parent))
                 continue
             try:

@@ -111,12 +111,14 @@ def _label_cells(key: tuple[Any, ...], cols: list[str]) -> list[str]:
     return [str(values[c]) for c in cols]
 
 
+def _by_cell(summary: pd.DataFrame) -> dict[tuple[Any, ...], pd.Series]:
+    return {tuple(k): r for k, (_, r) in zip(summary[CELL].itertuples(index=False), summary.iterrows(), strict=True)}
+
+
 def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str], list[list[str]]]:
     """One table (rows × erasers) of one group; refused over several groups."""
     require_one_group(summary, "a table")
-    erasers = eraser_order(summary.eraser)
-    index = {tuple(k): r for k, (_, r) in zip(summary[CELL].itertuples(index=False), summary.iterrows(),
-                                               strict=True)}
+    erasers, index = eraser_order(summary.eraser), _by_cell(summary)
     labels, shown = _labels(summary)
     rows = [_label_cells(key, shown) + [_cell_text(index.get((*key, e)), metric, digits) for e in erasers]
             for key in _row_keys(summary)]
@@ -232,12 +234,10 @@ def null_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     compared with (tables.bias_noise: the null's own SE, floored) and the flag, seeds (true / null) and
     what of the cell's seeds and repeats the null lacks or adds."""
     require_one_group(summary, "a table")
-    cols = [c for c in _label_columns(summary, fit_on=False)]
-    recs = _cells_in_table_order(summary)
+    cols = _label_columns(summary, fit_on=False)
     rows = []
-    for r in recs:
-        values = dict(zip(ROW_KEY, (r[k] for k in ROW_KEY), strict=True))
-        label = [str(values[c]) for c in cols] + [r.eraser, r.fit_on, _cell_text(r, "bits_per_sample")]
+    for r in _cells_in_table_order(summary):
+        label = [str(r[c]) for c in cols] + [r.eraser, r.fit_on, _cell_text(r, "bits_per_sample")]
         if r.null_runs == 0:
             rows.append([*label, "–", "–", "–", "–", "", f"{r.n_seeds} / 0"])
             continue
@@ -288,15 +288,13 @@ def fit_budget_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     models' stop reasons (counts over the cell's runs), the share at the cap, and whether it is budget-bound."""
     require_one_group(summary, "a table")
     cols = _label_columns(summary)
-    recs = _cells_in_table_order(summary)
     rows = []
-    for r in recs:
-        values = dict(zip(ROW_KEY, (r[k] for k in ROW_KEY), strict=True))
+    for r in _cells_in_table_order(summary):
         cell = CellRow.of(r)
         rank, dropped, share, known = (cell.working_rank_mean, cell.variance_dropped_fraction_mean,
                                        cell.at_cap_share, cell.blocks_known)
         per_dim, irregular = cell.fit_rows_per_class_dim_mean, cell.rank_irregular_mean
-        rows.append([*(str(values[c]) for c in cols), r.eraser, _cell_text(r, "bits_per_sample"),
+        rows.append([*(str(r[c]) for c in cols), r.eraser, _cell_text(r, "bits_per_sample"),
                      "n/a" if math.isnan(cell.n_fit_mean) else f"as fitted on {cell.n_fit_mean:.0f} rows",
                      "n/a" if math.isnan(per_dim) else f"{per_dim:.2g}", _count(cell.n_coded_mean),
                      "n/a" if math.isnan(irregular) else f"{irregular:.0%} of runs" + " ⚠" * (irregular >= 0.5),
@@ -332,7 +330,7 @@ def bracket_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]] | N
     """Per row (without fit on) and n_coded, each eraser's bracket [out of sample, in sample]: holdout with self,
     or holdout with all at equal n_coded; None when no eraser has both ends."""
     require_one_group(summary, "a table")
-    cols = [c for c in _label_columns(summary, fit_on=False)]
+    cols = _label_columns(summary, fit_on=False)
     erasers = eraser_order(summary.eraser)
     keys = [c for c in ROW_KEY if c != "fit_on"]
     rows, found = [], False
@@ -377,9 +375,7 @@ BRACKET_NOTE = ("Brackets [out of sample, in sample] at equal n_coded (bits/samp
 def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:
     """Paper Appendix C next to ours (legacy units) for the CIFAR-10 base-size cells of one group, if any."""
     require_one_group(summary, "a table")
-    group = groups_in(summary)[0] if len(summary) else "{}"
-    index = {tuple(k): r for k, (_, r) in zip(summary[CELL].itertuples(index=False), summary.iterrows(),
-                                               strict=True)}
+    group, index = groups_in(summary)[0] if len(summary) else "{}", _by_cell(summary)
     rows, found = [], False
     for name, (tag, width, depth) in PAPER_ARCHS.items():
         cells = []
@@ -417,17 +413,18 @@ def _code_line(df: pd.DataFrame) -> str:
 
 
 def _mixed_lines(summary: pd.DataFrame) -> str:
-    mixed = summary[summary.mixed_commits.astype(bool)] if "mixed_commits" in summary else summary.iloc[0:0]
-    data = summary[summary.mixed_data.astype(bool)] if "mixed_data" in summary else summary.iloc[0:0]
-    sigs = summary[summary.mixed_numerics.astype(bool)] if "mixed_numerics" in summary else summary.iloc[0:0]
-    aside = summary[summary.set_aside.fillna("").astype(bool)] if "set_aside" in summary else summary.iloc[0:0]
-    return "".join([f"{MIXED} seeds from different commits: {cell_name(r)}: {r.commits}\n" for _, r in mixed.iterrows()]
-                   + [f"{MIXED_NUMERICS} seeds under different numerics signatures (GPU: equal within tolerance, not "
-                      f"bitwise): {cell_name(r)}: {r.numerics}\n" for _, r in sigs.iterrows()]
-                   + [f"{MIXED_DATA} runs on different data (dataset.fingerprint), not averaged: {cell_name(r)}: "
-                      f"{r.data}\n" for _, r in data.iterrows()]
-                   + [f"set aside (computed on other data, not in the numbers above): {cell_name(r)}: {r.set_aside}; "
-                      f"now: {r.data}\n" for _, r in aside.iterrows()])
+    out = []
+    for flag, say in (
+            ("mixed_commits", lambda r: f"{MIXED} seeds from different commits: {cell_name(r)}: {r.commits}"),
+            ("mixed_numerics", lambda r: f"{MIXED_NUMERICS} seeds under different numerics signatures (GPU: equal "
+                                         f"within tolerance, not bitwise): {cell_name(r)}: {r.numerics}"),
+            ("mixed_data", lambda r: f"{MIXED_DATA} runs on different data (dataset.fingerprint), not averaged: "
+                                     f"{cell_name(r)}: {r.data}"),
+            ("set_aside", lambda r: f"set aside (computed on other data, not in the numbers above): {cell_name(r)}: "
+                                    f"{r.set_aside}; now: {r.data}")):
+        if flag in summary:
+            out += [f"{say(r)}\n" for _, r in summary[summary[flag].fillna("").astype(bool)].iterrows()]
+    return "".join(out)
 
 
 def _group_sections(df: pd.DataFrame, summary: pd.DataFrame, h: str) -> list[str]:

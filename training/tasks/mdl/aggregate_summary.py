@@ -26,6 +26,7 @@ from training.analysis.tables import (
     null_mismatch,
     seed_means,
 )
+from training.app.result_types import number
 from training.tasks.mdl.aggregate_collect import (
     CELL,
     CERT,
@@ -35,7 +36,6 @@ from training.tasks.mdl.aggregate_collect import (
     SPLIT_MODES,
     UNKNOWN_COMMIT,
     UNKNOWN_DIRTY,
-    as_number,
 )
 
 METRICS = ["bits_per_sample", "legacy", "final_val_loss"]
@@ -50,18 +50,9 @@ def _mean_sd(values: pd.Series) -> tuple[float, float, int]:
     return (float(v.mean()) if len(v) else math.nan, float(v.std(ddof=1)) if len(v) > 1 else math.nan, len(v))
 
 
-def _commits(done: pd.DataFrame) -> str:
-    """`<commit>: seeds 0 2; <commit>: seed 1` (in seed order of first appearance)."""
-    if "commit" not in done or done.empty:
-        return ""
-    by: dict[str, list[int]] = {}
-    for seed, commit in sorted(zip(done.seed, done.commit.fillna(UNKNOWN_COMMIT), strict=True)):
-        by.setdefault(str(commit), []).append(int(seed))
-    return "; ".join(f"{c}: seed{'s' if len(s) > 1 else ''} {' '.join(map(str, s))}" for c, s in by.items())
-
-
 def _seeds_by(runs: pd.DataFrame, column: str, width: int | None = None) -> str:
-    """`<value>: seeds 0 2; <value>: seed 1` over the runs that record `column` (a string, cut to `width`)."""
+    """`<value>: seeds 0 2; <value>: seed 1` over the runs that record `column` (a string, cut to `width`): the
+    commits, numerics signatures or data fingerprints (cut to 10) of a cell's runs, in seed order."""
     if column not in runs or runs.empty:
         return ""
     by: dict[str, list[int]] = {}
@@ -71,14 +62,8 @@ def _seeds_by(runs: pd.DataFrame, column: str, width: int | None = None) -> str:
     return "; ".join(f"{d}: seed{'s' if len(s) > 1 else ''} {' '.join(map(str, s))}" for d, s in by.items())
 
 
-def _data(runs: pd.DataFrame) -> str:
-    """`<data fingerprint>: seeds 0 2; <fingerprint>: seed 1` over the runs that record one."""
-    return _seeds_by(runs, "data", 10)
-
-
-def _numerics(done: pd.DataFrame) -> str:
-    """`<signature>: seeds 0 2; <signature>: seed 1` over the runs that record one."""
-    return _seeds_by(done, "numerics")
+def _commits(done: pd.DataFrame) -> str:
+    return _seeds_by(done.assign(commit=done.commit.fillna(UNKNOWN_COMMIT)) if "commit" in done else done, "commit")
 
 
 def mixed_numerics(done: pd.DataFrame) -> bool:
@@ -120,7 +105,7 @@ def _probe_verdict(runs: pd.DataFrame) -> str:
             scores = ProbeRow.of(r, probe)
             flag = bool(scores.below_chance) if pd.api.types.is_bool(scores.below_chance) else None  # absent: NaN
             verdict = scores.verdict if isinstance(scores.verdict, str) else None
-            raw = [as_number(z) for z in scores.zs]
+            raw = [number(z) for z in scores.zs]
             zs = [z for z in raw if z is not None and math.isfinite(z)]
             if flag is None and verdict is None and not zs:
                 continue
@@ -199,17 +184,16 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         present = {(s, int(f) if holdout and isinstance(f, int | float) and f == f else 0)
                    for s, f in zip(g.seed, g.fold, strict=True)}
         absent = sorted((s, f) for s in all_seeds | set(g.seed) for f in folds if (s, f) not in present)
+        bad = g[g.status != "done"]
         rec["missing_seeds"] = " ".join(
-            [f"{_run_label(s, f, holdout)}:{st}" for s, f, st in zip(g[g.status != "done"].seed,
-                                                                   g[g.status != "done"].fold,
-                                                                   g[g.status != "done"].status, strict=True)]
+            [f"{_run_label(s, f, holdout)}:{st}" for s, f, st in zip(bad.seed, bad.fold, bad.status, strict=True)]
             + [f"{_run_label(s, f, holdout)}:missing" for s, f in absent])
         rec["commits"] = _commits(done)
         rec["mixed_commits"] = "commit" in done and done.commit.nunique(dropna=False) > 1
-        rec["numerics"], rec["mixed_numerics"] = _numerics(done), mixed_numerics(done)
+        rec["numerics"], rec["mixed_numerics"] = _seeds_by(done, "numerics"), mixed_numerics(done)
         runs = pd.concat([done, nulls])
-        rec["data"], rec["mixed_data"] = _data(runs), mixed_data(runs)
-        rec["set_aside"] = _data(aside)
+        rec["data"], rec["mixed_data"] = _seeds_by(runs, "data", 10), mixed_data(runs)
+        rec["set_aside"] = _seeds_by(aside, "data", 10)
         for col in METRICS + list(CERT) + REPORT + PROBE_NUMBERS + FIT_NUMBERS:
             averaged = col in done and len(done) and not rec["mixed_data"]  # never a mean over different data
             mean, sd = _mean_sd_runs(done, col) if averaged else (math.nan, math.nan)
@@ -221,17 +205,12 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _true_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """Finished true-label runs of known groups (null runs are their cells' controls, never a value of the cell)."""
-    done = df[(df.status == "done") & df.group.notna()]
-    return done[~done["null"]] if "null" in done else done
-
-
 def increase_over_control(df: pd.DataFrame, metric: str = "bits_per_sample") -> pd.DataFrame:
     """Per (row, eraser): mean ± sd over seeds of metric(eraser) - metric(control), paired by seed (each side the
     seed's mean over its folds); rows are within one group and one fit_on, so an eraser is only ever paired with a
-    control of the same configuration."""
-    done = _true_runs(df)
+    control of the same configuration. Null runs are their cells' controls, never a value of the cell."""
+    done = df[(df.status == "done") & df.group.notna()]
+    done = done[~done["null"]] if "null" in done else done
     out = []
     for key, g in done.groupby(ROW_KEY, sort=False):
         identity = g.eraser.map(is_identity).astype(bool)
@@ -275,7 +254,7 @@ def data_problems(df: pd.DataFrame) -> list[str]:
     if "data" not in done or done.empty:
         return []
     cols = [c for c in CELL if c in done]
-    return [f"{cell_name(dict(zip(cols, key, strict=True)))}: {_data(g)}"
+    return [f"{cell_name(dict(zip(cols, key, strict=True)))}: {_seeds_by(g, 'data', 10)}"
             for key, g in done.groupby(cols, sort=False, dropna=False) if mixed_data(g)]
 
 

@@ -82,9 +82,10 @@ def read_progress(progress: Progress, num_blocks: int) -> list[dict[str, Any]]:
 
 
 class Blocks:
-    """The B-1 block models of one job (and its full-data model with `with_full`): which remain (resuming finished
-    ones from progress.json), what to train (`jobs`), what each finished model adds (`on_finish`: coded, saved to
-    progress.json in order) and the code they make (`code`)."""
+    """The B-1 block models of one job (and its full-data model with `with_full`, trained alongside in the same
+    group: it is the longest run, so in lockstep with the block models the job's wall time is about halved on GPU):
+    which remain (resuming finished ones from progress.json), what to train (`jobs`), what each finished model adds
+    (`on_finish`: coded, saved to progress.json in order) and the code they make (`code`)."""
 
     def __init__(self, trainer: Trainer, progress: Progress, logger: RunLogger, with_full: bool = False) -> None:
         self.trainer, self.progress, self.logger, self.with_full = trainer, progress, logger, with_full
@@ -133,30 +134,14 @@ class Blocks:
             code = paper_code(split.block_sizes, ces)
         else:
             raise ValueError(f"unknown mdl.protocol {protocol!r} (prequential | paper)")
-        out = code.as_dict()
-        out["blocks"] = self.blocks
-        out["num_classes"] = trainer.num_classes
-        out["n_coded"] = sum(split.block_sizes)
-        out["n_val"] = len(split.val_idx)
+        out = {**dataclasses.asdict(code), "blocks": self.blocks, "num_classes": trainer.num_classes,
+               "n_coded": sum(split.block_sizes), "n_val": len(split.val_idx)}
         return out, (self.full[0] if self.full else None)
-
-
-def run_mdl(trainer: Trainer, progress: Progress, logger: RunLogger, with_full: bool = False
-            ) -> tuple[dict[str, Any], FitResult | None]:
-    """Train the B-1 block models (resuming finished ones from progress.json) and return the code, and the full-data
-    model's fit when `with_full` trained it (else None).
-
-    `with_full`: also train the full-data model (`run_full`) alongside, in the same vectorised group
-    (it is the longest run: in lockstep with the block models the job's wall time is about halved on GPU).
-    """
-    blocks = Blocks(trainer, progress, logger, with_full)
-    trainer.train_many(blocks.jobs(), blocks.on_finish)
-    return blocks.code()
 
 
 def run_full(trainer: Trainer, logger: RunLogger, trained: FitResult | None = None) -> dict[str, Any]:
     """One model on all non-validation data, logging the validation loss curve (paper Figs 9-15); `trained`: its
-    fit, when run_mdl(with_full=True) trained it alongside the block models."""
+    fit, when `Blocks(with_full=True)` trained it alongside the block models."""
     res, alongside = trained, trained is not None
     if res is None:
         res = trainer.train(trainer.split.order, "full", eval_every_steps=trainer.full_eval_every())[1]

@@ -29,22 +29,11 @@ TITLES = {"control": "original", "leace": "LEACE", "qleace": "QLEACE", "alf_qlea
           "gradient": "gradient", "random": "random proj."}
 
 
-def title_of(name: str) -> str:
-    """A column's title: the eraser's display name, or its registry name for one TITLES does not know."""
-    return TITLES[name] if name in TITLES else name
-
-
 def load(name: str, data_dir: str, limit: int | None) -> tuple[Tensor, Tensor, str]:
-    """Images (n, C, H, W) in [0, 1] and labels, via training.data.load_dataset (sklearn digits if absent)."""
-    try:
-        from training.app.schema import group_config
-        from training.data import load_dataset
-    except ImportError:  # training/ not installed: the one dataset that needs nothing else
-        from sklearn.datasets import load_digits
+    """Images (n, C, H, W) in [0, 1] and labels, via training.data.load_dataset."""
+    from training.app.schema import group_config
+    from training.data import load_dataset
 
-        x, y = load_digits(return_X_y=True)
-        x, y = torch.tensor(x / 16.0, dtype=torch.float32).reshape(-1, 1, 8, 8), torch.tensor(y)
-        return (x[:limit], y[:limit], "digits (sklearn; training.data unavailable)")
     data = load_dataset(group_config("dataset", name, limit=limit), data_dir)
     return data.x, data.y, data.name
 
@@ -89,7 +78,7 @@ def main() -> None:
 
     fig, axes = plt.subplots(len(shown), len(names), figsize=(1.6 * len(names), 1.6 * len(shown)), squeeze=False)
     for j, name in enumerate(names):
-        title = title_of(name)
+        title = TITLES.get(name, name)  # an eraser TITLES does not know: its registry name
         if name in ranked and name in ranks:
             title += f"\nrank d−{ranks[name]}"
         axes[0, j].set_title(title, fontsize=9)

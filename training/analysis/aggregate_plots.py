@@ -19,18 +19,10 @@ import pandas as pd  # noqa: E402
 
 from training.analysis.tables import ERASER_ORDER, eraser_order, require_one_group  # noqa: E402
 
-COLORS = {e: f"C{i}" for i, e in enumerate(ERASER_ORDER)}  # one colour per eraser in every plot
-
-
-def color(eraser: str) -> str | None:
-    """The eraser's colour in every plot; None for an eraser the paper's order does not know (matplotlib's next)."""
-    return COLORS[eraser] if eraser in COLORS else None
+# One colour per eraser in every plot; an eraser the paper's order does not know: None (matplotlib's next).
+COLORS = {e: f"C{i}" for i, e in enumerate(ERASER_ORDER)}
 MAX_PANELS = 16
 LN2 = math.log(2)
-
-
-def _erasers(values: pd.Series) -> list[str]:
-    return eraser_order(values)
 
 
 def _fit(frame: pd.DataFrame) -> pd.DataFrame:
@@ -63,7 +55,7 @@ def _save(fig: plt.Figure, path: Path) -> None:
 def plot_bars(summary: pd.DataFrame, path: Path) -> None:
     require_one_group(summary, "a plot")
     summary = _fit(summary)
-    rank = {e: i for i, e in enumerate(_erasers(summary.eraser))}
+    rank = {e: i for i, e in enumerate(eraser_order(summary.eraser))}
     s = summary.assign(_row=summary.groupby(ROW, sort=False).ngroup(),
                        _rank=summary.eraser.map(rank)).sort_values(["_row", "_rank"]).reset_index(drop=True)
     several = len(s.groupby(ROW)) > 1
@@ -71,7 +63,7 @@ def plot_bars(summary: pd.DataFrame, path: Path) -> None:
               else r.eraser for r in s.itertuples()]
     fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(labels)), 3.4))
     ax.bar(range(len(labels)), s.bits_per_sample_mean, yerr=s.bits_per_sample_sd.fillna(0), capsize=3,
-           color=[color(e) or "gray" for e in s.eraser])
+           color=[COLORS.get(e, "gray") for e in s.eraser])
     ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=30 if several else 0, ha="right" if several
                   else "center")
     ax.set_ylabel("MDL (bits/sample)")
@@ -79,7 +71,7 @@ def plot_bars(summary: pd.DataFrame, path: Path) -> None:
     _save(fig, path)
 
 
-def plot_mdl_vs(summary: pd.DataFrame, axis: str, path: Path) -> bool:
+def plot_mdl_vs(summary: pd.DataFrame, axis: str, path: Path) -> None:
     """MDL against `axis` (width or depth) at the most common value of the other, per (dataset, arch)."""
     require_one_group(summary, "a plot")
     other = "depth" if axis == "width" else "width"
@@ -91,13 +83,13 @@ def plot_mdl_vs(summary: pd.DataFrame, axis: str, path: Path) -> bool:
         if g[axis].nunique() >= 2:
             panels.append((f"{dataset} {arch} ({other} {fixed}) {_row_text(fit_on, variant)}".strip(), g))
     if not panels:
-        return False
+        return
     fig, axes = _grid(min(len(panels), MAX_PANELS))
     for ax, (title, g) in zip(axes, panels, strict=False):
-        for eraser in _erasers(g.eraser):
+        for eraser in eraser_order(g.eraser):
             ge = g[g.eraser == eraser].sort_values(axis)
             ax.errorbar(ge[axis], ge.bits_per_sample_mean, yerr=ge.bits_per_sample_sd.fillna(0), marker="o",
-                        ms=3, capsize=2, label=eraser, color=color(eraser))
+                        ms=3, capsize=2, label=eraser, color=COLORS.get(eraser))
         if axis == "width":
             ax.set_xscale("log", base=2)
         ax.set_xlabel(axis)
@@ -105,7 +97,6 @@ def plot_mdl_vs(summary: pd.DataFrame, axis: str, path: Path) -> bool:
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
     _save(fig, path)
-    return True
 
 
 def _mean_curve(curves: list[list[list[float]]]) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +109,7 @@ def _mean_curve(curves: list[list[list[float]]]) -> tuple[np.ndarray, np.ndarray
     return steps, np.array([np.mean(table[s]) for s in steps])
 
 
-def plot_curves(df: pd.DataFrame, path: Path) -> bool:
+def plot_curves(df: pd.DataFrame, path: Path) -> None:
     require_one_group(df, "a plot")
     df = _fit(df)
     if "null" in df:
@@ -126,28 +117,27 @@ def plot_curves(df: pd.DataFrame, path: Path) -> bool:
     done = df[(df.status == "done") & df.curve.map(lambda c: isinstance(c, list) and len(c) > 0)] \
         if "curve" in df else df.iloc[0:0]
     if done.empty:
-        return False
+        return
     groups = list(done.groupby(ROW, sort=False))[:MAX_PANELS]
     fig, axes = _grid(len(groups))
     for ax, ((dataset, arch, width, depth, fit_on, variant), g) in zip(axes, groups, strict=True):
-        for eraser in _erasers(g.eraser):
+        for eraser in eraser_order(g.eraser):
             steps, loss = _mean_curve(list(g[g.eraser == eraser].curve))
-            ax.plot(steps, loss, label=f"{eraser} ({(g.eraser == eraser).sum()} seeds)", color=color(eraser))
+            ax.plot(steps, loss, label=f"{eraser} ({(g.eraser == eraser).sum()} seeds)", color=COLORS.get(eraser))
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss (bits)")
         ax.set_title(f"{dataset} {arch}-w{width}-d{depth} {_row_text(fit_on, variant)}".strip(), fontsize=8)
         ax.legend(fontsize=7)
     _save(fig, path)
-    return True
 
 
-def plot_increase(inc: pd.DataFrame, path: Path) -> bool:
+def plot_increase(inc: pd.DataFrame, path: Path) -> None:
     require_one_group(inc, "a plot")
     if inc.empty:
-        return False
+        return
     inc = _fit(inc)
     keys = list(dict.fromkeys(zip(*(inc[c] for c in ROW), strict=True)))
-    erasers = _erasers(inc.eraser)
+    erasers = eraser_order(inc.eraser)
     width = 0.8 / len(erasers)
     fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(keys) * max(1, len(erasers) / 3)), 3.4))
     for j, eraser in enumerate(erasers):
@@ -157,27 +147,21 @@ def plot_increase(inc: pd.DataFrame, path: Path) -> bool:
         vals = [look[k] for k in keys]
         ax.bar(np.arange(len(keys)) + j * width, [v[0] for v in vals], width,
                yerr=[0 if math.isnan(v[1]) else v[1] for v in vals], capsize=2, label=eraser,
-               color=color(eraser))
+               color=COLORS.get(eraser))
     ax.axhline(0, color="k", lw=0.7)
     ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2,
                   [f"{d}\n{a}-w{w}-d{dd}\n{_row_text(f, v)}".strip() for d, a, w, dd, f, v in keys], fontsize=7)
     ax.set_ylabel("MDL increase over control (bits/sample)")
     ax.legend(fontsize=7)
     _save(fig, path)
-    return True
 
 
-def plot_all(df: pd.DataFrame, summary: pd.DataFrame, inc: pd.DataFrame, out: Path, name: str) -> list[Path]:
-    written = []
+def plot_all(df: pd.DataFrame, summary: pd.DataFrame, inc: pd.DataFrame, out: Path, name: str) -> None:
+    """Every plot of one group whose data is there (a plot without data is not written)."""
     done = summary[summary.n > 0]
     if len(done):
         plot_bars(done, out / f"{name}.png")
-        written.append(out / f"{name}.png")
     for axis in ("width", "depth"):
-        if plot_mdl_vs(done, axis, out / f"{name}_mdl_vs_{axis}.png"):
-            written.append(out / f"{name}_mdl_vs_{axis}.png")
-    if plot_curves(df, out / f"{name}_val_curves.png"):
-        written.append(out / f"{name}_val_curves.png")
-    if plot_increase(inc, out / f"{name}_increase.png"):
-        written.append(out / f"{name}_increase.png")
-    return written
+        plot_mdl_vs(done, axis, out / f"{name}_mdl_vs_{axis}.png")
+    plot_curves(df, out / f"{name}_val_curves.png")
+    plot_increase(inc, out / f"{name}_increase.png")

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from erasure.registry import ERASERS
 from erasure.traits import eraser_traits
@@ -145,8 +146,6 @@ PROBES = ("linear", "quadratic", "mlp")  # the certificate's out-of-sample probe
 
 def seed_means(frame: Any, column: str = "bits_per_sample") -> Any:
     """Per-seed mean over the finite values of a cell's runs (its folds); a seed without one reads NaN."""
-    import pandas as pd
-
     values = pd.to_numeric(frame[column], errors="coerce").astype(float)
     values = values.where(values.map(lambda v: v == v and abs(v) != float("inf")))
     return values.groupby(frame["seed"].to_numpy()).mean()
@@ -173,10 +172,6 @@ def null_bias(nulls: Any) -> tuple[float, float]:
     is the mean over its runs (seeds × folds) of bits/sample; bias = null MDL − the mean of the runs' label entropy
     (`ref_bits`: H of the class prior where the result gives it, else log2 K). NaN when there is no null run (or no
     label entropy)."""
-    import math
-
-    import pandas as pd
-
     bits = pd.to_numeric(nulls["bits_per_sample"], errors="coerce").astype(float) if len(nulls) else pd.Series([])
     ref = pd.to_numeric(nulls["ref_bits"], errors="coerce").astype(float) if "ref_bits" in nulls and len(nulls) \
         else pd.Series([math.nan] * len(bits))
@@ -192,8 +187,6 @@ def bias_noise(null_seed_means: Any) -> tuple[float, str]:
     """(noise, what it is) the bias of a null is compared with: NOISE_SE × the null's own standard error over
     seeds (its per-seed means over repeats), floored at NULL_FLOOR ("2 SE" or "floor"); (NaN, "") with fewer than
     2 null seeds. The true-label MDL's spread is not the null's noise: it would blunt the flag."""
-    import math
-
     v = [float(x) for x in null_seed_means if x == x]
     if len(v) < 2:
         return math.nan, ""
@@ -235,8 +228,6 @@ def _ints(values: set[int]) -> str:
 def probe_below_chance(runs: Any) -> bool:
     """Whether a probe of some run scores below chance by more than ARTEFACT_Z SE (the certificate's own flag or
     verdict, or its z-scores): a dependence artefact of the erased rows."""
-    import math
-
     for _, r in runs.iterrows():
         for probe in PROBES:
             scores = ProbeRow.of(r, probe)
@@ -251,8 +242,6 @@ def probe_below_chance(runs: Any) -> bool:
 def at_cap_share(runs: Any) -> tuple[float, int]:
     """(share of block models at the cap, block models with a known stop reason) over a cell's runs (NaN, 0 when
     no run says: results written before block stop reasons)."""
-    import math
-
     if "blocks_known" not in runs:
         return math.nan, 0
     known = float(runs["blocks_known"].fillna(0).sum())

@@ -85,12 +85,6 @@ def sweep_combos(config: DictConfig) -> list[list[str]] | None:
     return [list(c) for batch in BasicSweeper.split_arguments(parser.parse_overrides(args), None) for c in batch]
 
 
-def count_jobs(config: DictConfig) -> int | None:
-    """How many jobs the basic sweeper will launch (None for another sweeper)."""
-    combos = sweep_combos(config)
-    return None if combos is None else len(combos)
-
-
 def differing_keys(cfgs: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """Semantic keys (dotted) whose values differ between the configs, with their distinct values."""
     flats = [flatten(job_semantic(c)) for c in cfgs]
@@ -309,7 +303,8 @@ class JobStatusCallback(Callback):
             self._total = check_sweep(config)  # refuses the sweep (SystemExit, code 2) before anything is made
         except Exception as err:  # noqa: BLE001 - a failed check must not cost the sweep its ledger
             log.warning("multirun: the job configs could not be checked up front (%s: %s)", type(err).__name__, err)
-            self._total = count_jobs(config)
+            combos = sweep_combos(config)  # how many jobs the basic sweeper will launch (None: another sweeper)
+            self._total = None if combos is None else len(combos)
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self._ledger = Path(str(config.hydra.sweep.dir)).absolute() / ".multirun" / run_id  # jobs may chdir
         try:
@@ -327,44 +322,31 @@ class JobStatusCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._restore_signals()
-        entries = self._finish()
-        failed = tally(entries)["failed"]
+        failed = tally(self._finish(at_exit=False))["failed"]
         if failed:  # the basic sweeper raises before this point; other sweepers must not exit 0 either
             raise RuntimeError(f"{failed} job(s) failed (see {self._ledger})")
 
-    def _finish(self) -> list[LedgerEntry]:
-        entries = self._entries_now()
-        self._write_summary(entries)
-        if not self._reported:
-            self._reported = True
-            log.info("%s", summary_line(entries, self._total))
-        return entries
-
     def _report_at_exit(self) -> None:
         """The sweep raised (a failed job) or was interrupted: still say what happened."""
-        if self._reported or self._ledger is None:
-            return
-        entries = self._entries_now()
-        self._write_summary(entries)
-        self._reported = True
-        print(summary_line(entries, self._total), file=sys.stderr, flush=True)
+        if not self._reported and self._ledger is not None:
+            self._finish(at_exit=True)
 
-    def _entries_now(self, ledger: Path | None = None) -> list[LedgerEntry]:
-        """The ledger's entries (every process's), with those this process could not write (a full disk)."""
-        ledger = ledger or self._ledger
-        assert ledger is not None
-        by_file = {e.file_name: e for e in read_ledger(ledger)}
-        for name, e in self._unwritten.items():
-            by_file.setdefault(name, e)
-        return sorted(by_file.values(), key=lambda e: (e.num, e.part or 0))
-
-    def _write_summary(self, entries: list[LedgerEntry]) -> None:
+    def _finish(self, at_exit: bool) -> list[LedgerEntry]:
+        """Write summary.json from the ledger's entries; say the summary line once (logged, or on stderr at exit)."""
         assert self._ledger is not None
+        entries = sorted(_entries(self._ledger, self._unwritten), key=lambda e: (e.num, e.part or 0))
         path = self._ledger / "summary.json"
         try:
             atomic_write_json(path, {"total": self._total, **tally(entries), "jobs": [e.to_json() for e in entries]})
         except OSError as err:  # the summary line still says what happened
             _say_unwritable(path, err, "the summary line is all there is of it")
+        if not self._reported:
+            self._reported = True
+            if at_exit:
+                print(summary_line(entries, self._total), file=sys.stderr, flush=True)
+            else:
+                log.info("%s", summary_line(entries, self._total))
+        return entries
 
     # --- wherever a job runs ---------------------------------------------------------------------------
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -405,14 +387,19 @@ def record(ledger: Path, entry: LedgerEntry, unwritten: dict[str, LedgerEntry]) 
     except OSError as err:  # a full disk must not cost the sweep its count: kept here for the summary
         unwritten[entry.file_name] = entry
         _say_unwritable(path, err, f"job {entry.num} ({entry.status}) is counted in memory")
-    by_file = {e.file_name: e for e in read_ledger(ledger)}
-    for name, e in unwritten.items():
-        by_file.setdefault(name, e)
-    t = tally(list(by_file.values()))
+    t = tally(_entries(ledger, unwritten))
     detail = f": {entry.error}" if entry.status == "failed" else ""
     detail += f" ({entry.reason})" if entry.reason is not None else ""
     log.info("[%d/%s] %s %s%s | done %d, skipped %d, failed %d", sum(t.values()), env.multirun_total(),
              entry.status, entry.job_dir, detail, t["done"], t["skipped"], t["failed"])
+
+
+def _entries(ledger: Path, unwritten: dict[str, LedgerEntry]) -> list[LedgerEntry]:
+    """The ledger's entries (every process's), with those this process could not write (a full disk)."""
+    by_file = {e.file_name: e for e in read_ledger(ledger)}
+    for name, e in unwritten.items():
+        by_file.setdefault(name, e)
+    return list(by_file.values())
 
 
 def jobs_fail_alone(run_job: Callable[..., JobReturn]) -> Callable[..., JobReturn]:

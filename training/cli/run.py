@@ -11,6 +11,7 @@ Hydra creates the run directory (and before any job of a multirun runs), and aga
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -138,16 +139,11 @@ def jobs_fail_alone_in_every_launcher() -> None:
     if getattr(hydra.core.utils.run_job, "__wrapped__", None) is None:
         hydra.core.utils.run_job = jobs_fail_alone(hydra.core.utils.run_job)
     basic.run_job = hydra.core.utils.run_job
-    try:
-        import hydra_plugins.hydra_joblib_launcher._core as joblib_launcher
-        joblib_launcher.run_job = hydra.core.utils.run_job
-    except ImportError:  # the plugin is not installed
-        pass
-    try:
-        import hydra_plugins.hydra_submitit_launcher.submitit_launcher as submitit_launcher
-        submitit_launcher.run_job = hydra.core.utils.run_job
-    except ImportError:
-        pass
+    for name in ("hydra_joblib_launcher._core", "hydra_submitit_launcher.submitit_launcher"):
+        try:
+            importlib.import_module(f"hydra_plugins.{name}").run_job = hydra.core.utils.run_job  # type: ignore[attr-defined]
+        except ImportError:  # the plugin is not installed
+            pass
 
 
 jobs_fail_alone_in_every_launcher()

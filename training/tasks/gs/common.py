@@ -1,25 +1,14 @@
-"""Gradient Starvation tasks (Pezeshki et al. 2021), declared in training/tasks/gs/gs_*.py; what their implementations
-share.
-
-    task=gs_two_moons      2-layer ReLU net, full-batch SGD on two moons: accuracy, margin, boundary shape
-    task=gs_colored_mnist  2×300 MLP, full-batch Adam on Colored MNIST: accuracy and the Fig. 3 probes
-    task=gs_erased_eval    μP model trained on original data, evaluated on held-out data erased by `eraser`
-
-Each job writes result.json in `paths.job_dir` like an MDL job (skip when done, refuse another config).
-The hash covers only the config groups the task reads, so unrelated defaults (arch, optim, …) changing
-elsewhere do not invalidate finished two-moons / Colored-MNIST runs.
-"""
+"""What the Gradient Starvation tasks' implementations share (the tasks: training/tasks/gs/__init__.py). Each job
+writes result.json in `paths.job_dir` like an MDL job (skip when done, refuse another config); its hash covers only
+the config groups the task reads, so unrelated defaults (arch, optim, …) changing elsewhere do not invalidate
+finished two-moons / Colored-MNIST runs."""
 
 from __future__ import annotations
-
-import logging
 
 from torch import nn
 
 from training.app.schema import JobConfig
 from training.engine.regularizers import SdOptions, method_label
-
-log = logging.getLogger(__name__)
 
 
 def method_name(cfg: JobConfig) -> str:

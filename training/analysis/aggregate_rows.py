@@ -17,14 +17,16 @@ import pandas as pd
 
 MISSING_KEY = "?"  # a config key the result did not record (written before the key existed)
 
-R = TypeVar("R")
+R = TypeVar("R", bound="_Row")
 
 
-def _of(cls: type[R], row: pd.Series | Mapping[str, Any], prefix: str = "") -> R:
-    """An instance of a row dataclass from a frame row (or a parsed JSON object): column (key) `prefix + field`, or
-    the field's default where the row lacks it."""
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    return cls(**{f.name: row[prefix + f.name] if prefix + f.name in row else f.default for f in fields})
+class _Row:
+    @classmethod
+    def of(cls: type[R], row: pd.Series | Mapping[str, Any], prefix: str = "") -> R:
+        """An instance of a row dataclass from a frame row (or a parsed JSON object): column (key) `prefix + field`,
+        or the field's default where the row lacks it."""
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        return cls(**{f.name: row[prefix + f.name] if prefix + f.name in row else f.default for f in fields})
 
 
 class Recorded(dict[str, Any]):
@@ -35,7 +37,7 @@ class Recorded(dict[str, Any]):
 
 
 @dataclass(frozen=True)
-class CellRow:
+class CellRow(_Row):
     """What the tables read of a summary cell beyond its label and metric columns (aggregate_render)."""
 
     mixed_data: Any = False
@@ -55,13 +57,9 @@ class CellRow:
     fit_rows_per_class_dim_mean: float = math.nan
     rank_irregular_mean: float = math.nan  # the share of runs whose fit is rank-irregular (erasure/rank_test.py)
 
-    @classmethod
-    def of(cls, row: pd.Series) -> CellRow:
-        return _of(cls, row)
-
 
 @dataclass(frozen=True)
-class JobRow:
+class JobRow(_Row):
     """A collected job as the table of jobs without a result shows it."""
 
     status: str
@@ -71,23 +69,15 @@ class JobRow:
     error: Any = ""
     group: Any = None  # None: no result tells its group
 
-    @classmethod
-    def of(cls, row: pd.Series) -> JobRow:
-        return _of(cls, row)
-
 
 @dataclass(frozen=True)
-class ProbeRow:
-    """One probe's out-of-sample scores in a run's row (`<probe>_probe_*`; absent in older certificates)."""
+class ProbeRow(_Row):
+    """One probe's out-of-sample scores in a run's row (prefix `<probe>_probe_`; absent in older certificates)."""
 
     below_chance: Any = None
     verdict: Any = None
     acc_z: Any = None
     loss_z: Any = None
-
-    @classmethod
-    def of(cls, row: pd.Series, probe: str) -> ProbeRow:
-        return _of(cls, row, f"{probe}_probe_")
 
     @property
     def zs(self) -> tuple[Any, Any]:

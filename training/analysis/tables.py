@@ -230,7 +230,7 @@ def probe_below_chance(runs: Any) -> bool:
     verdict, or its z-scores): a dependence artefact of the erased rows."""
     for _, r in runs.iterrows():
         for probe in PROBES:
-            scores = ProbeRow.of(r, probe)
+            scores = ProbeRow.of(r, f"{probe}_probe_")
             if scores.below_chance is True or scores.verdict == "dependence artefact":
                 return True
             for z in scores.zs:

@@ -122,7 +122,8 @@ def check_sweep(config: DictConfig) -> int | None:
     from hydra.core.global_hydra import GlobalHydra
 
     check_launcher(config)
-    here = jobs_run_here(config)
+    # every launcher but SLURM's (whose jobs run on its nodes) runs the jobs here: their device is checked up front
+    here = "SlurmLauncher" not in launcher_target(config)
     combos = sweep_combos(config)
     if combos is None or not GlobalHydra.instance().is_initialized():
         return None if combos is None else len(combos)
@@ -216,12 +217,6 @@ def register_launcher(config: DictConfig) -> None:
     from hydra_plugins.erasure_mdl_slurm.slurm_launcher import SlurmLauncher
 
     Plugins.instance().register(SlurmLauncher)
-
-
-def jobs_run_here(config: DictConfig) -> bool:
-    """Whether the sweep's jobs run on this machine (every launcher but SLURM's, whose jobs run on its nodes): their
-    device is then checked up front, here."""
-    return "SlurmLauncher" not in launcher_target(config)
 
 
 def check_launcher(config: DictConfig) -> None:

@@ -27,10 +27,6 @@ class SweepJobFailed(UserError, CompactHydraException):
     CompactHydraException as its message alone, ends the sweep with that line instead of a traceback."""
 
 
-def full_error() -> bool:
-    return env.hydra_full_error()
-
-
 def user_error_line(err: BaseException) -> str | None:
     """One line for a user error (missing/corrupt data, bad config value, unwritable path, config mismatch)."""
     return _line(err, (ConfigError,))
@@ -91,7 +87,7 @@ def _drop_log_file(handler: logging.FileHandler, record: logging.LogRecord) -> N
 
 def exit_user_error(line: str, err: BaseException | None = None) -> NoReturn:
     """Print `error: <line>` on stderr (and the traceback with HYDRA_FULL_ERROR=1), exit with code 2."""
-    if err is not None and full_error():
+    if err is not None and env.hydra_full_error():
         traceback.print_exception(err)
     print(f"error: {line}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_USER_ERROR)
@@ -115,7 +111,7 @@ def exit_interrupted(job_dir: Path, err: BaseException) -> NoReturn:
     """Ctrl-C on a job: one line saying what was kept and how to resume, exit 130 (128 + SIGINT)."""
     line = interrupted_line(job_dir)
     to_run_log(logging.WARNING, line)
-    if full_error():
+    if env.hydra_full_error():
         traceback.print_exception(err)
     print(line, file=sys.stderr, flush=True)
     raise SystemExit(EXIT_INTERRUPTED)

@@ -11,7 +11,6 @@ Hydra creates the run directory (and before any job of a multirun runs), and aga
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import signal
@@ -33,13 +32,12 @@ from training.cli.report import (
     SweepJobFailed,
     exit_interrupted,
     exit_user_error,
-    full_error,
     quiet_log_file_errors,
     remove_if_unused,
     to_run_log,
     user_error_line,
 )
-from training.common import interrupt
+from training.common import env, interrupt
 from training.common.cells import seed_configs
 from training.common.conf import resolved_dict
 from training.errors import Refused
@@ -99,7 +97,7 @@ def _job(cfg: DictConfig, hc: Any, multirun: bool) -> list[Outcome]:
                 run_dir, Path(str(resolved["paths"]["out_dir"]))):
             exit_user_error(line, err)  # refused before it did anything: no directory left behind
         to_run_log(logging.ERROR, f"error: {line}")
-        if multirun and not full_error():
+        if multirun and not env.hydra_full_error():
             raise SweepJobFailed(line) from err  # the ledger records the line; the sweep goes on
         if multirun:
             raise
@@ -139,11 +137,16 @@ def jobs_fail_alone_in_every_launcher() -> None:
     if getattr(hydra.core.utils.run_job, "__wrapped__", None) is None:
         hydra.core.utils.run_job = jobs_fail_alone(hydra.core.utils.run_job)
     basic.run_job = hydra.core.utils.run_job
-    for name in ("hydra_joblib_launcher._core", "hydra_submitit_launcher.submitit_launcher"):
-        try:
-            importlib.import_module(f"hydra_plugins.{name}").run_job = hydra.core.utils.run_job  # type: ignore[attr-defined]
-        except ImportError:  # the plugin is not installed
-            pass
+    try:
+        import hydra_plugins.hydra_joblib_launcher._core as joblib_launcher
+        joblib_launcher.run_job = hydra.core.utils.run_job
+    except ImportError:  # the plugin is not installed
+        pass
+    try:
+        import hydra_plugins.hydra_submitit_launcher.submitit_launcher as submitit_launcher
+        submitit_launcher.run_job = hydra.core.utils.run_job
+    except ImportError:
+        pass
 
 
 jobs_fail_alone_in_every_launcher()

@@ -415,15 +415,16 @@ def _code_line(df: pd.DataFrame) -> str:
 def _mixed_lines(summary: pd.DataFrame) -> str:
     out = []
     for flag, say in (
-            ("mixed_commits", lambda r: f"{MIXED} seeds from different commits: {cell_name(r)}: {r.commits}"),
-            ("mixed_numerics", lambda r: f"{MIXED_NUMERICS} seeds under different numerics signatures (GPU: equal "
-                                         f"within tolerance, not bitwise): {cell_name(r)}: {r.numerics}"),
-            ("mixed_data", lambda r: f"{MIXED_DATA} runs on different data (dataset.fingerprint), not averaged: "
-                                     f"{cell_name(r)}: {r.data}"),
-            ("set_aside", lambda r: f"set aside (computed on other data, not in the numbers above): {cell_name(r)}: "
-                                    f"{r.set_aside}; now: {r.data}")):
+            ("mixed_commits", f"{MIXED} seeds from different commits: {{name}}: {{r.commits}}"),
+            ("mixed_numerics", f"{MIXED_NUMERICS} seeds under different numerics signatures (GPU: equal within "
+                               "tolerance, not bitwise): {name}: {r.numerics}"),
+            ("mixed_data", f"{MIXED_DATA} runs on different data (dataset.fingerprint), not averaged: {{name}}: "
+                           "{r.data}"),
+            ("set_aside", "set aside (computed on other data, not in the numbers above): {name}: {r.set_aside}; "
+                          "now: {r.data}")):
         if flag in summary:
-            out += [f"{say(r)}\n" for _, r in summary[summary[flag].fillna("").astype(bool)].iterrows()]
+            out += [say.format(name=cell_name(r), r=r) + "\n"
+                    for _, r in summary[summary[flag].fillna("").astype(bool)].iterrows()]
     return "".join(out)
 
 

@@ -102,7 +102,7 @@ def _probe_verdict(runs: pd.DataFrame) -> str:
     for _, r in runs.iterrows():
         seen = False
         for probe in PROBES:
-            scores = ProbeRow.of(r, probe)
+            scores = ProbeRow.of(r, f"{probe}_probe_")
             flag = bool(scores.below_chance) if pd.api.types.is_bool(scores.below_chance) else None  # absent: NaN
             verdict = scores.verdict if isinstance(scores.verdict, str) else None
             raw = [number(z) for z in scores.zs]

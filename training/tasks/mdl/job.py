@@ -144,7 +144,7 @@ def run_full(trainer: Trainer, logger: RunLogger, trained: FitResult | None = No
     fit, when `Blocks(with_full=True)` trained it alongside the block models."""
     res, alongside = trained, trained is not None
     if res is None:
-        res = trainer.train(trainer.split.order, "full", eval_every_steps=trainer.full_eval_every())[1]
+        res = trainer.train(trainer.split.order, "full", eval_every_steps=trainer.cfg.mdl.eval_every_steps)[1]
     for step, loss in res.curve:
         logger.log({"full/val_loss": loss}, step=step)
     return {"val_loss": res.best_val_loss, "val_loss_bits": res.best_val_loss / LN2,

@@ -82,9 +82,6 @@ class Trainer:
         """What every model of this job trains on (raw when erased after augmentation) and validates on."""
         return TrainData(self.train_data, self.y, self.x_val, self.y_val)
 
-    def full_eval_every(self) -> int | None:
-        return self.cfg.mdl.eval_every_steps
-
     def fit_cfg(self, eval_every_steps: int | None = None) -> FitConfig:
         c = self.cfg
         return fit_config(c, self.optim.warmup_steps, eval_every_steps, self.batch_transform, self.numerics)
@@ -177,4 +174,4 @@ def model_jobs(trainer: Trainer, blocks: list[int], with_full: bool) -> list[Fit
     then (`with_full`) the full-data model on every non-validation row."""
     split = trainer.split
     jobs: list[FitJob] = [(split.prefix(i), ("block", i), None) for i in blocks]
-    return jobs + ([(split.order, "full", trainer.full_eval_every())] if with_full else [])
+    return jobs + ([(split.order, "full", trainer.cfg.mdl.eval_every_steps)] if with_full else [])

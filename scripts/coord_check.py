@@ -58,10 +58,8 @@ def plot(result: CoordResult, path: Path) -> None:
         ax.set_title(f"step {t}")
         ax.set_xlabel("width")
     axes[0].set_ylabel("mean |activation|  (red: logits)")
-    fig.suptitle(
-        f"{result.arch} {result.parametrization}: max|slope| {result.max_abs_slope:.2f}, "
-        f"logits slope {result.logits_slope:.2f} (last step)"
-    )
+    fig.suptitle(f"{result.arch} {result.parametrization}: max|slope| {result.max_abs_slope:.2f}, "
+                 f"logits slope {result.logits_slope:.2f} (last step)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -90,11 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:9s} {param:5s} {r.max_abs_slope:10.2f} {r.max_slope:10.2f} {r.logits_slope:8.2f}  "
                   f"{worst} ({r.slopes[worst]:+.2f})", flush=True)  # fmt: skip
             plot(r, args.out / f"{name}_{param}_{args.data}.png")
-            summary[f"{name}/{param}"] = {
-                "widths": r.widths, "lr": s.lr, "nsteps": s.nsteps, "max_abs_slope": r.max_abs_slope,
-                "max_slope": r.max_slope, "logits_slope": r.logits_slope,
-                "slopes": {k: v for k, v in r.slopes.items() if math.isfinite(v)},
-            }  # fmt: skip
+            summary[f"{name}/{param}"] = {"widths": r.widths, "lr": s.lr, "nsteps": s.nsteps,
+                                          "max_abs_slope": r.max_abs_slope, "max_slope": r.max_slope,
+                                          "logits_slope": r.logits_slope,
+                                          "slopes": {k: v for k, v in r.slopes.items() if math.isfinite(v)}}
     (args.out / f"slopes_{args.data}.json").write_text(json.dumps(summary, indent=1))
     print(f"plots and slopes_{args.data}.json in {args.out}")
     return 0

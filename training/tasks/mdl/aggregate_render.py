@@ -6,7 +6,6 @@ LaTeX and the plots, and the tables of other tasks (training/tasks/gs/aggregate_
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Any
 
 import pandas as pd
@@ -65,6 +64,10 @@ def fmt(mean: float, sd: float, digits: int = 3) -> str:
     if math.isnan(mean):
         return "n/a"
     return f"{mean:.{digits}f} ± {sd:.{digits}f}" if not math.isnan(sd) else f"{mean:.{digits}f}"
+
+
+def _na(v: float, spec: str) -> str:
+    return "n/a" if math.isnan(v) else format(v, spec)
 
 
 def _cell_text(rec: pd.Series | None, metric: str, digits: int = 3) -> str:
@@ -128,17 +131,11 @@ def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str
 def increase_rows(inc: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     require_one_group(summary, "a table")
     erasers = [e for e in eraser_order(summary.eraser) if not is_identity(e)]
-    look: defaultdict[tuple[Any, ...], tuple[float, float, int]] = defaultdict(lambda: (math.nan, math.nan, 0))
-    look.update({tuple(k): (m, s, n) for k, m, s, n in zip(inc[CELL].itertuples(index=False), inc["mean"],
-                                                            inc["sd"], inc["n"], strict=True)})  # absent: no pair
+    look = {tuple(k): f"{m:+.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:+.3f}"
+            for k, m, s, n in zip(inc[CELL].itertuples(index=False), inc["mean"], inc["sd"], inc["n"], strict=True)
+            if n != 0}  # absent: no pair
     labels, shown = _labels(summary)
-    rows = []
-    for key in _row_keys(summary):
-        cells = []
-        for e in erasers:
-            m, s, n = look[(*key, e)]
-            cells.append("missing" if n == 0 else (f"{m:+.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:+.3f}"))
-        rows.append(_label_cells(key, shown) + cells)
+    rows = [_label_cells(key, shown) + [look.get((*key, e), "missing") for e in erasers] for key in _row_keys(summary)]
     return [*labels, *erasers], rows
 
 
@@ -150,15 +147,12 @@ def _first(g: pd.DataFrame, key: str) -> float:
 def _report_cells(g: pd.DataFrame) -> list[str]:
     """working rank (of d), variance dropped, max noise share; gradient erasure's own gaps before → after."""
     rank, d = _first(g, "working_rank"), _first(g, "d")
-    cells = ["n/a" if math.isnan(rank) else f"{rank:.0f}/{d:.0f}"]
-    for key in ("variance_dropped_fraction", "max_noise_share"):
-        v = _first(g, key)
-        cells.append("n/a" if math.isnan(v) else f"{v:.2%}")
     gaps = [_first(g, k) for k in ("max_mean_gap_before", "max_cov_gap_before", "max_mean_gap_after",
                                    "max_cov_gap_after")]
-    cells.append("n/a" if any(math.isnan(v) for v in gaps) else
-                 f"{gaps[0]:.3g} / {gaps[1]:.3g} → {gaps[2]:.3g} / {gaps[3]:.3g}")
-    return cells
+    return ["n/a" if math.isnan(rank) else f"{rank:.0f}/{d:.0f}",
+            *(_na(_first(g, k), ".2%") for k in ("variance_dropped_fraction", "max_noise_share")),
+            "n/a" if any(math.isnan(v) for v in gaps) else
+            f"{gaps[0]:.3g} / {gaps[1]:.3g} → {gaps[2]:.3g} / {gaps[3]:.3g}"]
 
 
 def _has_probe_scores(summary: pd.DataFrame) -> bool:
@@ -177,13 +171,9 @@ def _shown_probes(summary: pd.DataFrame) -> list[str]:
 
 def _probe_cells(g: pd.DataFrame, probes: list[str]) -> list[str]:
     """acc ± SE and log-loss ± SE (bits) per probe, chance (majority accuracy / prior-only code), the verdict."""
-    cells = []
-    for probe in probes:
-        cells.append(fmt(_first(g, f"{probe}_probe_acc"), _first(g, f"{probe}_probe_acc_se")))
-        cells.append(fmt(_first(g, f"{probe}_probe_loss_bits"), _first(g, f"{probe}_probe_loss_se")))
-    chance, chance_loss = _first(g, "chance"), _first(g, "chance_loss_bits")
-    cells.append(f"{'n/a' if math.isnan(chance) else f'{chance:.3f}'} / "
-                 f"{'n/a' if math.isnan(chance_loss) else f'{chance_loss:.3f}'}")
+    cells = [fmt(_first(g, f"{p}_probe_{score}"), _first(g, f"{p}_probe_{se}")) for p in probes
+             for score, se in (("acc", "acc_se"), ("loss_bits", "loss_se"))]
+    cells.append(f"{_na(_first(g, 'chance'), '.3f')} / {_na(_first(g, 'chance_loss_bits'), '.3f')}")
     verdicts = [v for v in g.probe_verdict if v != "n/a"] if "probe_verdict" in g else []
     cells.append(next((v for v in verdicts if v.startswith(ARTEFACT)), verdicts[0] if verdicts else "n/a"))
     return cells
@@ -271,10 +261,6 @@ NO_NULL = ("Null control: no permuted-label runs among these results, so label i
            "config, seeds and repeats otherwise) to check it.\n")
 
 
-def _count(v: float) -> str:
-    return "n/a" if math.isnan(v) else f"{v:.0f}"
-
-
 def has_fit_or_budget(summary: pd.DataFrame) -> bool:
     """Whether some cell's results say how the eraser was fitted (eraser.fit, its report) or why the block models
     stopped (results written before these keys do not)."""
@@ -291,15 +277,14 @@ def fit_budget_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     rows = []
     for r in _cells_in_table_order(summary):
         cell = CellRow.of(r)
-        rank, dropped, share, known = (cell.working_rank_mean, cell.variance_dropped_fraction_mean,
-                                       cell.at_cap_share, cell.blocks_known)
-        per_dim, irregular = cell.fit_rows_per_class_dim_mean, cell.rank_irregular_mean
+        rank, share, known, irregular = cell.working_rank_mean, cell.at_cap_share, cell.blocks_known, \
+            cell.rank_irregular_mean
         rows.append([*(str(r[c]) for c in cols), r.eraser, _cell_text(r, "bits_per_sample"),
                      "n/a" if math.isnan(cell.n_fit_mean) else f"as fitted on {cell.n_fit_mean:.0f} rows",
-                     "n/a" if math.isnan(per_dim) else f"{per_dim:.2g}", _count(cell.n_coded_mean),
+                     _na(cell.fit_rows_per_class_dim_mean, ".2g"), _na(cell.n_coded_mean, ".0f"),
                      "n/a" if math.isnan(irregular) else f"{irregular:.0%} of runs" + " ⚠" * (irregular >= 0.5),
                      "n/a" if math.isnan(rank) else f"{rank:.0f}/{cell.d_mean:.0f}",
-                     "n/a" if math.isnan(dropped) else f"{dropped:.2%}", cell.stops or "n/a",
+                     _na(cell.variance_dropped_fraction_mean, ".2%"), cell.stops or "n/a",
                      "n/a" if not known or math.isnan(share) else f"{share:.0%} of {known}",
                      f"budget-bound: {cell.budget_bound}" if cell.budget_bound else ""])
     header = [*[LABEL_NAMES[c] for c in cols], "eraser", "MDL", "n fit", "rows/class/d", "n coded", "rank-irregular",
@@ -348,8 +333,7 @@ def bracket_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]] | N
                 if out is None or not _same_n(CellRow.of(out).n_coded_mean, n):
                     cells.append("–")
                     continue
-                partner = by.get((e, "self"))
-                alt = by.get((e, "all"))
+                partner, alt = by.get((e, "self")), by.get((e, "all"))
                 if partner is None and alt is not None and CellRow.of(alt).n_coded_mean == n:  # pool: all codes as many
                     partner = alt
                 lo = out.bits_per_sample_mean
@@ -359,7 +343,7 @@ def bracket_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]] | N
                     found = True
                     cells.append(f"[{lo:.3f}, {partner.bits_per_sample_mean:.3f}]"
                                  + ("" if partner.fit_on == "self" else " (all)"))
-            rows.append([*(str(values[c]) for c in cols), _count(n), *cells])
+            rows.append([*(str(values[c]) for c in cols), _na(n, ".0f"), *cells])
     if not found:
         return None
     return [*[LABEL_NAMES[c] for c in cols], "n coded", *erasers], rows
@@ -388,17 +372,12 @@ def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:
 
 
 def unfinished(df: pd.DataFrame, with_group: bool = False) -> list[list[str]]:
-    bad = df[df.status != "done"]
     rows = []
-    for _, r in bad.iterrows():
+    for _, r in df[df.status != "done"].iterrows():
         job = JobRow.of(r)
-        null = job.null
-        status = f"{job.status} (null)" if pd.api.types.is_bool(null) and null else job.status  # permuted labels
-        row = [status, str(job.seed), job.job_dir, str(job.error or "")]
-        if with_group:
-            g = job.group
-            row.insert(0, group_label(g) if isinstance(g, str) else "unknown (no result to tell)")
-        rows.append(row)
+        status = f"{job.status} (null)" if pd.api.types.is_bool(job.null) and job.null else job.status  # permuted
+        group = [group_label(job.group) if isinstance(job.group, str) else "unknown (no result to tell)"]
+        rows.append((group if with_group else []) + [status, str(job.seed), job.job_dir, str(job.error or "")])
     return rows
 
 

@@ -232,15 +232,10 @@ class SeedRun:
         t_end = time.perf_counter()
         self.checkpoint.clear()  # a group deletes its own; this drops stale ones (another split, a corrupt file)
         self.logger.summary({"mdl/bits_per_sample": mdl["bits_per_sample"], "mdl/legacy": mdl["legacy"]})
-        sections = MdlSections.read({
-            "dataset": data.info,
-            "eraser": erasure_info,
-            "model": self.trainer.model_info,
-            "optim": dataclasses.asdict(self.trainer.optim),
-            "mdl": mdl,
-            "final": final,
-            "certificate": erasure_info.pop("certificate", None),
-        })
+        sections = MdlSections.read({  # the certificate is popped out of the eraser's record
+            "dataset": data.info, "eraser": erasure_info, "model": self.trainer.model_info,
+            "optim": dataclasses.asdict(self.trainer.optim), "mdl": mdl, "final": final,
+            "certificate": erasure_info.pop("certificate", None)})
         job.timings.update(erase_s=erasure_info["seconds"], mdl_s=t_full - self.t_mdl, full_run_s=t_end - t_full,
                            before_mdl_s=self.t_mdl - self.prepared.started)
         return sections

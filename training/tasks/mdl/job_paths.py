@@ -12,7 +12,6 @@ which nothing parses).
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -63,14 +62,6 @@ class JobPath:
         """The job's directory below `<out_dir>/runs` (paths.job_subdir)."""
         cell = "" if self.cell is None else f"/{self.cell}"
         return f"{self.dataset}/{self.eraser}/{self.arch}-w{self.width}-d{self.depth}{cell}/seed{self.seed}"
-
-    @classmethod
-    def sibling(cls, job_dir: str | Path, seed: int) -> Path | None:
-        """The directory of the same configuration with another `seed` (None for a path of another shape)."""
-        parsed = cls.parse(job_dir)
-        if parsed is None:
-            return None
-        return Path(job_dir).parent / dataclasses.replace(parsed, seed=int(seed)).subdir.rsplit("/", 1)[1]
 
     def under(self, runs: str | Path) -> Path:
         """The job's directory in the folder `runs` (normally `<paths.out_dir>/runs`)."""

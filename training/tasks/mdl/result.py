@@ -149,7 +149,7 @@ class Certificate:
 
     def score(self, key: str, side: str = "after") -> float:
         """A number of the certificate (NaN where it lacks it: an older certificate, or none)."""
-        return number_or_nan(at(self._side(side), key))
+        return number_or_nan(at(self.after if side == "after" else self.before, key))
 
     def flag(self, key: str) -> bool | None:
         """A yes/no of the certificate after erasure (None where it lacks it)."""
@@ -159,9 +159,6 @@ class Certificate:
     def verdict(self, key: str) -> str | None:
         """A verdict word of the certificate after erasure (None where it lacks it)."""
         return text(at(self.after, key))
-
-    def _side(self, side: str) -> Mapping[str, Any]:
-        return self.after if side == "after" else self.before
 
 
 @dataclass(frozen=True)

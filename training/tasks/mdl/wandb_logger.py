@@ -42,17 +42,10 @@ class RunLogger:
             Path(path).mkdir(parents=True, exist_ok=True)
         self._restore_env = env.setting(dirs)
         try:
-            self._run = wandb.init(
-                project=cfg.project,
-                entity=cfg.entity,
-                mode=mode,  # type: ignore[arg-type]  # WANDB_MODE may be a legacy name (dryrun, run); wandb checks
-                id=run_id,
-                name=str(job_dir),
-                dir=str(job_dir),
-                config=dict(run_cfg),
-                resume="allow",
-                reinit=True,
-            )
+            # WANDB_MODE may be a legacy name (dryrun, run): wandb checks it
+            self._run = wandb.init(project=cfg.project, entity=cfg.entity, mode=mode,  # type: ignore[arg-type]
+                                   id=run_id, name=str(job_dir), dir=str(job_dir), config=dict(run_cfg),
+                                   resume="allow", reinit=True)
         except BaseException:
             self._put_env_back()
             raise

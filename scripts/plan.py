@@ -27,7 +27,7 @@ import logging
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,19 +168,15 @@ def _date(path: Path) -> str:
 
 def finished_costs(jobs: Sequence[Job]) -> dict[tuple[str, str], Cost]:
     """(device kind, arch) -> median `timings.total_s` of this sweep's finished jobs."""
-    seen: dict[tuple[str, str], list[float]] = defaultdict(list)
-    dates: dict[tuple[str, str], list[str]] = defaultdict(list)
+    seen: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)  # (seconds, date) per job
     for job in jobs:
-        if job.status != "done":
-            continue
-        result = read_result(job.job_dir / RESULT_FILE, spec_of(job.cfg))
+        result = read_result(job.job_dir / RESULT_FILE, spec_of(job.cfg)) if job.status == "done" else None
         total = number(at(result.timings, "total_s")) if result is not None else None  # timings: open
         if result is not None and total is not None:
             kind = "gpu" if str(result.device).startswith("cuda") else "cpu"
-            seen[kind, job.arch].append(float(total))
-            dates[kind, job.arch].append(_date(job.job_dir / RESULT_FILE))
-    return {k: Cost(statistics.median(v), f"median of {len(v)} finished job(s) of this sweep "
-                                          f"(result.json timings.total_s, {min(dates[k])} .. {max(dates[k])})")
+            seen[kind, job.arch].append((float(total), _date(job.job_dir / RESULT_FILE)))
+    return {k: Cost(statistics.median(t for t, _ in v), f"median of {len(v)} finished job(s) of this sweep "
+                    f"(result.json timings.total_s, {min(d for _, d in v)} .. {max(d for _, d in v)})")
             for k, v in seen.items()}
 
 
@@ -278,9 +274,7 @@ def estimate(kind: str, remaining: Sequence[Job], costs: dict[str, Cost], missin
     """Lines: hours for the remaining jobs whose architecture has a cost, and which have none."""
     if not remaining:
         return [f"{kind}: nothing left to run"]
-    by_arch: dict[str, int] = defaultdict(int)
-    for job in remaining:
-        by_arch[job.arch] += 1
+    by_arch = Counter(job.arch for job in remaining)
     known = {a: n for a, n in by_arch.items() if a in costs}
     lines = []
     if known:
@@ -303,8 +297,7 @@ def report(experiment: str, extra: Sequence[str], max_cells: int, bench: Path, g
     launched = len({j.launched for j in jobs})
     seconds = time.perf_counter() - t0
     groups = cells(jobs)
-    counts = {s: sum(j.status == s for j in jobs) for s in ("done", "other config", "in progress", "to run",
-                                                              "refused")}
+    counts = Counter(j.status for j in jobs)
     lines = [f"plan: experiment={experiment}" + (f" {' '.join(extra)}" if extra else "")
              + f": {len(jobs)} seed results in {len(groups)} cells, {launched} launched job(s) (a job trains its "
              f"cell's seeds together; expanded in {seconds:.1f} s)",
@@ -318,8 +311,7 @@ def report(experiment: str, extra: Sequence[str], max_cells: int, bench: Path, g
                  f"to run {len(jobs) - counts['done']}: {counts['to run']} new, {counts['in progress']} resume "
                  f"(progress.json), {counts['other config']} hold another config's result (refused unless "
                  f"force=true), {counts['refused']} refused")
-    for job in [j for j in jobs if j.refused][:3]:
-        lines.append(f"  refused {job.job_dir}: {job.refused}")
+    lines += [f"  refused {job.job_dir}: {job.refused}" for job in [j for j in jobs if j.refused][:3]]
     if (same := duplicate_jobs([(i, j.cfg, spec_of(j.cfg)) for i, j in enumerate(jobs) if not j.refused])) is not None:
         lines.append(f"  refused (the sweep): {same}")  # as `python -m training.run -m` refuses it
     remaining = [j for j in jobs if j.status != "done"]

@@ -1,31 +1,25 @@
-"""A job told to stop (SIGTERM) stops at once and keeps what is finished; a requeued copy or a rerun resumes.
+"""A job told to stop (SIGTERM) stops at once and keeps what is finished; a requeued copy or a rerun resumes
+(docs/launchers-slurm.md, time limits and pre-emption).
 
-Who sends what, and what the job does:
+* SIGTERM (SLURM pre-emption, `scontrol requeue`, `scancel`, the hard time limit, a node going down; locally a kill
+  or a supervisor): SIGKILL follows `KillWait` (30 s) later and SLURM has already decided the job's fate, so the job
+  only gets out quickly, keeping its work. It does **not** requeue itself: after `scancel` the same SIGTERM means
+  "cancelled".
+* submitit's USR2 (`hydra.launcher.signal_delay_s` before the time limit): submitit re-dumps the job, requeues it
+  itself (at most `max_num_timeout` times) and exits; the SIGTERM of that requeue finds the job already stopping.
+* A sweep's launching process whose jobs run in worker processes (`hydra/launcher=parallel|joblib`: loky workers;
+  `submitit_local`: one subprocess per job): SIGTERM or SIGINT to it alone would leave its workers running, holding
+  their jobs' locks. `stop_workers_on_signal` sends SIGTERM to every process below it (a worker inside a job stops
+  as above), SIGKILL a few seconds later to what is left (an idle loky worker survives a job's `Preempted`), prints
+  the multirun's summary and exits 143 (SIGTERM) or 130 (SIGINT); the kernel releases the workers' locks.
 
-* SLURM pre-emption, `scontrol requeue`, `scancel`, the hard time limit, a node going down: SIGTERM to every
-  process of the job, SIGKILL `KillWait` (30 s by default) later. SLURM has already decided the job's fate
-  (requeued, cancelled, timed out); the job only has to get out of the allocation quickly and keep its work.
-  It does **not** requeue itself: the same SIGTERM means "cancelled" after `scancel`.
-* The time limit, `signal_delay_s` before it: submitit's USR2 (`hydra.launcher.signal_delay_s`). submitit
-  re-dumps the job, requeues it itself (`scontrol requeue`, at most `max_num_timeout` times) and exits; the
-  SIGTERM of that requeue then finds the job already stopping.
-* A local run or multirun: SIGTERM (kill, a supervisor) likewise stops it; rerunning the command resumes.
-* The launching process of a sweep whose jobs run in worker processes (`hydra/launcher=parallel|joblib`: loky
-  workers; `submitit_local`: one subprocess per job): SIGTERM or SIGINT to it alone (a supervisor, `kill <pid>`)
-  would leave its workers running, holding their jobs' locks. `stop_workers_on_signal` makes it stop them first:
-  SIGTERM to every process below it (a worker inside a job stops as above), SIGKILL a few seconds later to what is
-  left (an idle loky worker survives a job's `Preempted`; finished blocks are in progress.json either way), then it
-  exits 143 (SIGTERM) or 130 (SIGINT), printing the multirun's summary. The kernel releases the workers' locks.
-
-How it stops: while models train (training/common/interrupt.py `checkpointing`), the signal is a request: at
-their next step they write their whole state to a checkpoint in the job directory (training/engine/checkpoint.py)
-and raise `Interrupted`; the job then exits as below (submitit's handler requeues it, or `Preempted`), and the
-next attempt goes on from that step, so a block longer than one attempt still finishes, with the numbers of an
-uninterrupted run. Elsewhere (loading, erasing) the SIGTERM handler raises `Preempted` (a `SystemExit` with status
-143 = 128 + SIGTERM) in the main thread at once and submitit's handler runs at once. `progress.json` holds every
-finished MDL block (written atomically after each one), so the next attempt resumes after the last of them.
-`Preempted` is not an `Exception`: Hydra does not record the attempt as a failed job and submitit writes no
-result for it, so the submitting command keeps waiting for the requeued copy.
+While models train (training/common/interrupt.py `checkpointing`) the signal is a request: at their next step they
+write their whole state to a checkpoint in the job directory (training/engine/checkpoint.py) and raise
+`Interrupted`, then the job exits as below, and the next attempt goes on from that step (a block longer than one
+attempt still finishes, with the numbers of an uninterrupted run). Elsewhere (loading, erasing) the SIGTERM handler
+raises `Preempted` (a `SystemExit`, status 143 = 128 + SIGTERM) in the main thread at once, and submitit's handler
+runs at once; progress.json holds every finished MDL block. `Preempted` is not an `Exception`: Hydra does not record
+the attempt as a failed job and submitit writes no result, so the submitting command waits for the requeued copy.
 """
 
 from __future__ import annotations

@@ -506,28 +506,26 @@ def collect_experiment(cfgs: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[R
             warn(f"skipped {path}: {why}")
         spec = spec_of(cfg)  # the edge: the config's task -> its TaskSpec
         h = config_hash(cfg, spec)  # same_config also rehashes the stored config (the hash may have changed since)
-        same = result is not None and same_config(result, h, spec)
-        if same:
-            assert result is not None
-            results.append(result)
+        same = result if result is not None and same_config(result, h, spec) else None
+        if same is not None:
+            results.append(same)
         if config_view(cfg)["task"] != "mdl":
             continue
-        cell = _cell_from_config(cfg)
-        if same:
-            assert result is not None
+        cell, status, error = _cell_from_config(cfg), "malformed", why
+        if same is not None:
             try:
-                row = _result_row(result, str(job_dir))
-                rows.append({**row, **{k: cell[k] for k in ("settings", "eraser_settings")}})
+                rows.append({**_result_row(same, str(job_dir)), "settings": cell["settings"],
+                             "eraser_settings": cell["eraser_settings"]})
+                continue
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 warn(f"skipped {path}: malformed ({type(e).__name__}: {e})")
-                rows.append({**cell, "job_dir": str(job_dir), "status": "malformed", "error": str(e)})
+                error = str(e)
         elif result is not None:
-            rows.append({**cell, "job_dir": str(job_dir), "status": "other-config",
-                         "error": f"result.json holds config {result.config_hash or None}"})
-        elif why is not None:
-            rows.append({**cell, "job_dir": str(job_dir), "status": "malformed", "error": why})
-        else:
+            status, error = "other-config", f"result.json holds config {result.config_hash or None}"
+        elif why is None:
             rows.append(_unfinished_row(cell, job_dir, failed))
+            continue
+        rows.append({**cell, "job_dir": str(job_dir), "status": status, "error": error})
     return assign_groups(pd.DataFrame(rows)), results
 
 

@@ -19,6 +19,7 @@ again in the seed's own group, so one seed's failure is that seed's, never the o
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections.abc import Sequence
 
@@ -36,9 +37,8 @@ log = logging.getLogger(__name__)
 
 def same(a: Tensor | None, b: Tensor | None) -> bool:
     """Both None, or the same tensor, or equal in shape, dtype and every element."""
-    if a is None or b is None:
-        return a is b
-    return a is b or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))
+    return a is b or (a is not None and b is not None and a.shape == b.shape and a.dtype == b.dtype
+                      and torch.equal(a, b))
 
 
 def _batch_map(t: Trainer) -> tuple[Tensor, ...]:
@@ -63,9 +63,7 @@ def cell_data(trainers: Sequence[Trainer]) -> tuple[TrainData, list[int]]:
     first = trainers[0]
     if all(same(t.x, first.x) and same(t.y, first.y) and same(t.raw, first.raw) for t in trainers[1:]):
         return TrainData(first.train_data, first.y, val_data=first.data), [0] * len(trainers)
-    offsets = [0]
-    for t in trainers[:-1]:
-        offsets.append(offsets[-1] + len(t.y))
+    offsets = [0, *itertools.accumulate(len(t.y) for t in trainers[:-1])]
     storage, device = first.opts.storage, first.device
     data = DeviceData(torch.cat([t.x for t in trainers]), device, storage=storage)
     train = data if first.raw is None else DeviceData(torch.cat([t.raw for t in trainers if t.raw is not None]),

@@ -12,10 +12,10 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -39,6 +39,7 @@ from training.tasks.mdl.trainer import LN2, FitJob, Trainer, model_jobs, split_o
 from training.tasks.mdl.wandb_logger import RunLogger
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _fit_summary(res: FitResult) -> dict[str, Any]:
@@ -251,25 +252,31 @@ def run(prepared: Prepared) -> MdlSections:
         seed.logger.finish()
 
 
+def _caught(f: Callable[..., T], *args: Any) -> T | Exception:
+    """f(*args), or the exception it raised: a seed's failure is its own (the lifecycle records it), a signal's stop is
+    not (`interrupt.stop_behind`)."""
+    try:
+        return f(*args)
+    except Exception as err:  # noqa: BLE001 - this seed's
+        interrupt.stop_behind(err)
+        return err
+
+
 def train_seeds(jobs: list[JobRun]) -> list[MdlSections | BaseException]:
     """A cell's jobs that run (`run_cell`): each prepared (data and erasers shared through the store), all their
     block models trained in one lockstep group (`train_cell`), then each one's sections; a seed's failure is its
     own (its exception in its place), the others go on."""
     if len(jobs) == 1:  # a one-seed cell: the one job, as alone
-        try:
-            return [run(prepare(jobs[0]))]
-        except Exception as err:  # noqa: BLE001 - the lifecycle records it
-            interrupt.stop_behind(err)
-            return [err]
+        return [_caught(lambda j: run(prepare(j)), jobs[0])]
     out: list[MdlSections | BaseException | None] = [None] * len(jobs)
     seeds: dict[int, SeedRun] = {}
     try:
         for i, job in enumerate(jobs):
-            try:
-                seeds[i] = SeedRun(prepare(job))
-            except Exception as err:  # noqa: BLE001 - this seed's
-                interrupt.stop_behind(err)
-                out[i] = err
+            made = _caught(lambda j: SeedRun(prepare(j)), job)
+            if isinstance(made, SeedRun):
+                seeds[i] = made
+            else:
+                out[i] = made
         order = list(seeds)
         if order:  # parallel_models=auto: as many seeds' models at once as fit beside one copy of the data
             lead = seeds[order[0]]
@@ -280,13 +287,7 @@ def train_seeds(jobs: list[JobRun]) -> list[MdlSections | BaseException]:
         errors = train_cell([seeds[i].trainer for i in order], [seeds[i].blocks.jobs() for i in order],
                             [seeds[i].blocks.on_finish for i in order])
         for j, i in enumerate(order):
-            try:
-                if j in errors:
-                    raise errors[j]
-                out[i] = seeds[i].sections()
-            except Exception as err:  # noqa: BLE001 - this seed's
-                interrupt.stop_behind(err)
-                out[i] = err
+            out[i] = errors[j] if j in errors else _caught(seeds[i].sections)
     finally:
         for seed in seeds.values():
             seed.logger.finish()

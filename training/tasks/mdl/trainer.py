@@ -15,7 +15,6 @@ from training.engine.backends import compile_mode
 from training.engine.batches import DeviceData
 from training.engine.checkpoint import CheckpointStore
 from training.engine.fit import (
-    FitConfig,
     FitResult,
     Member,
     TrainData,
@@ -82,10 +81,6 @@ class Trainer:
         """What every model of this job trains on (raw when erased after augmentation) and validates on."""
         return TrainData(self.train_data, self.y, self.x_val, self.y_val)
 
-    def fit_cfg(self, eval_every_steps: int | None = None) -> FitConfig:
-        c = self.cfg
-        return fit_config(c, self.optim.warmup_steps, eval_every_steps, self.batch_transform, self.numerics)
-
     def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
         """A fresh model (init drawn from (seed, "init", tag)), its optimizer, data subset and generator."""
         from models import build_with_facts
@@ -96,7 +91,8 @@ class Trainer:
         self.model_info = facts
         opt = self.optim.build(model)
         return Member(model, opt, idx.to(self.device), generator(self.seed, "batches", tag),
-                      self.fit_cfg(eval_every_steps), val_idx=self.split.val_idx, name=model_name(tag),
+                      fit_config(self.cfg, self.optim.warmup_steps, eval_every_steps, self.batch_transform,
+                                 self.numerics), val_idx=self.split.val_idx, name=model_name(tag),
                       rng_seed=derive_seed(self.seed, "train", tag))  # as `_fit_one` seeds it
 
     def train(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None

@@ -128,6 +128,11 @@ def output_refusal(out: Path, name: str) -> str | None:
     return None
 
 
+def _refuse(line: str) -> int:
+    print(f"error: {line}", file=sys.stderr)
+    return 2  # a refusal: one line, exit 2
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("root", nargs="?", type=Path, help="directory searched for result.json")
@@ -147,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.experiment:
         if (line := experiment_refusal(args.experiment, args.override)) is not None:
-            print(f"error: {line}", file=sys.stderr)
-            return 2
+            return _refuse(line)
         df, results = collect_experiment(expand(args.experiment, args.override))
         title = f"Experiment {args.experiment}"
     elif args.root:
@@ -160,12 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         print("no results found", file=sys.stderr)
         return 1
     if args.strict and not df.empty and (line := strict_refusal(df)) is not None:
-        print(f"error: {line}", file=sys.stderr)
-        return 2
+        return _refuse(line)
     name = args.name or args.experiment or "results"
     if (line := output_refusal(args.out, name)) is not None:
-        print(f"error: {line}", file=sys.stderr)
-        return 2
+        return _refuse(line)
     print(write_all(df, results, args.out, name, title))
     print(f"wrote {args.out}/{name}.md, .csv, _jobs.csv, .tex and PNG plots", file=sys.stderr)
     keys = preset_claims(args.experiment, args.override) if args.experiment else None

@@ -20,8 +20,7 @@ from typing import Any
 import pandas as pd
 
 from erasure.registry import ERASERS
-from training.analysis.aggregate_rows import Recorded
-from training.analysis.tables import PROBES
+from training.analysis.tables import PROBES, Recorded
 from training.app.lifecycle import SavedProgress
 from training.app.result_codec import MalformedResultError, config_view, flatten
 from training.app.result_types import Result, at, number

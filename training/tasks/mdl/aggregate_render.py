@@ -10,15 +10,17 @@ from typing import Any
 
 import pandas as pd
 
-from training.analysis.aggregate_rows import MISSING_KEY, CellRow, JobRow
 from training.analysis.tables import (
     BUDGET_BITS,
     BUDGET_SHARE,
     ESTIMABLE_ROWS_PER_CLASS_DIM,
     INJECTION,
+    MISSING_KEY,
     NOISE_SE,
     NULL_FLOOR,
     PROBES,
+    CellRow,
+    JobRow,
     differing_keys,
     eraser_order,
     group_label,

@@ -11,10 +11,10 @@ from typing import Any
 
 import pandas as pd
 
-from training.analysis.aggregate_rows import ProbeRow
 from training.analysis.tables import (
     ARTEFACT_Z,
     PROBES,
+    ProbeRow,
     at_cap_share,
     bias_flag,
     bias_noise,

@@ -129,9 +129,7 @@ def measurements(sides: Sequence[Side]) -> list[Measurement]:
     """The measurements both sides have: brackets (holdout with self, else with all at equal n_coded), and every
     mode no bracket uses as a single measurement. A control side has whatever its runs at the same n_coded give."""
     fitted = [s for s in sides if not s.control] or list(sides)
-    common = set(FIT_MODES)
-    for s in fitted:
-        common &= set(s.runs)
+    common = set(FIT_MODES).intersection(*(s.runs for s in fitted))
     controls = [s for s in sides if s.control]
     ref = fitted[0]
     out: list[Measurement] = []
@@ -561,11 +559,8 @@ def group_p(per_group: Sequence[tuple[str, Results]]) -> dict[str, float]:
 def surviving(per_group: Sequence[tuple[str, Results]], alpha: float = ALPHA) -> dict[str, bool]:
     """Claim key -> whether it is supported in every group: its largest p over the groups below `alpha`, no flag,
     budget or missing seeds in any group."""
-    verdicts: defaultdict[str, list[str]] = defaultdict(list)
-    for _, results in per_group:
-        for claim, _, verdict in results:
-            verdicts[claim.key].append(verdict)
-    return {k: p < alpha and all(v == SUPPORTED for v in verdicts[k]) for k, p in group_p(per_group).items()}
+    short = {claim.key for _, results in per_group for claim, _, verdict in results if verdict != SUPPORTED}
+    return {k: p < alpha and k not in short for k, p in group_p(per_group).items()}
 
 
 def _num(x: float | None, digits: int = 3) -> str:

@@ -41,18 +41,13 @@ def floor_outlasts_cap(m: MdlConfig, optim: OptimConfig, n_coded: int, smallest:
             f"(no model stops before step {floor}); set {cure} to stop every model by mdl.max_epochs")
 
 
-def set_on_command_line() -> bool:
-    """Whether this Hydra job's command line sets a stop key (True outside Hydra: the caller chose every key)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return True
-    overrides = HydraConfig.get().overrides.task
-    return any(o.lstrip("+~").split("=", 1)[0] in STOP_KEYS for o in overrides)
-
-
 def say_stop_keys(m: MdlConfig, optim: OptimConfig, n_coded: int, smallest: int) -> None:
-    """Log `floor_outlasts_cap`'s line, if any: a warning when the command line set a stop key, else info."""
+    """Log `floor_outlasts_cap`'s line, if any: a warning when this Hydra job's command line set a stop key (or
+    outside Hydra: the caller chose every key), else info."""
     line = floor_outlasts_cap(m, optim, n_coded, smallest)
     if line is not None:
-        log.log(logging.WARNING if set_on_command_line() else logging.INFO, "%s", line)
+        from hydra.core.hydra_config import HydraConfig
+
+        told = not HydraConfig.initialized() or any(o.lstrip("+~").split("=", 1)[0] in STOP_KEYS
+                                                    for o in HydraConfig.get().overrides.task)
+        log.log(logging.WARNING if told else logging.INFO, "%s", line)

@@ -16,15 +16,6 @@ from training.app.schema import LoggerConfig
 from training.common import env
 
 
-def wandb_dirs(out_dir: Path, mode: str) -> dict[str, str]:
-    """The WANDB_*_DIR variables that keep wandb's files under `out_dir` (those the user has not set)."""
-    root = Path(out_dir).absolute() / "_wandb"  # not .wandb: wandb would put its runs there
-    names = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data"}
-    if mode != "online":
-        names["WANDB_CONFIG_DIR"] = "config"
-    return env.unset({var: str(root / sub) for var, sub in names.items()})
-
-
 class RunLogger:
     def __init__(self, cfg: LoggerConfig | None, run_cfg: Mapping[str, Any], job_dir: Path, run_id: str,
                  out_dir: Path | None = None):
@@ -37,7 +28,10 @@ class RunLogger:
 
         mode = env.wandb_mode()
         mode = cfg.mode if mode is None else mode
-        dirs = wandb_dirs(job_dir if out_dir is None else out_dir, mode)
+        root = Path(job_dir if out_dir is None else out_dir).absolute() / "_wandb"  # not .wandb: wandb's runs go there
+        names = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data", **({} if mode == "online" else
+                                                                         {"WANDB_CONFIG_DIR": "config"})}
+        dirs = env.unset({var: str(root / sub) for var, sub in names.items()})  # those the user has not set
         for path in dirs.values():
             Path(path).mkdir(parents=True, exist_ok=True)
         self._restore_env = env.setting(dirs)

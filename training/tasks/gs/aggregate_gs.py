@@ -1,5 +1,5 @@
-"""Tables and plots of the Gradient Starvation tasks (gs_two_moons, gs_colored_mnist, gs_erased_eval). Each task's
-`rows` (training/tasks/gs/gs_*.py) calls its functions; scripts/aggregate.py asks every task for its tables. (The
+"""Tables and plots of the Gradient Starvation tasks (gs_two_moons, gs_colored_mnist, gs_erased_eval): `TABLES`, by
+task, which their `rows` (training/tasks/gs/base.py) calls; scripts/aggregate.py asks every task for its tables. (The
 ERM-vs-SD table of MDL jobs that ran with a regularizer is the MDL task's: training/tasks/mdl/aggregate_mdl.py.)
 """
 
@@ -34,18 +34,20 @@ def _col(rs: list[dict[str, Any]], *path: str, s: float = 1.0, d: int = 1) -> st
     return mean_sd((_get(r, *path) for r in rs), s, d)
 
 
-def two_moons_table(results: list[dict[str, Any]]) -> str:
+def two_moons_tables(results: list[dict[str, Any]], out: Path) -> dict[str, str]:
+    two_moons_boundaries(results, out / "gs_two_moons_boundaries.png")
     rows = []
     for (margin, method), rs in grouped(results, lambda r: (r["config"]["dataset"]["margin"], _method(r))).items():
         rows.append([f"{margin:+g}", method, str(len(rs)), _col(rs, "train", "acc", s=100),
                      _col(rs, "test", "acc", s=100), _col(rs, "geometry", "min_margin", d=3),
                      _col(rs, "geometry", "mean_margin", d=3), _col(rs, "geometry", "boundary_turning", d=2),
                      _col(rs, "geometry", "boundary_line_rms", d=3)])
-    return md_table(["data margin", "method", "seeds", "train acc %", "test acc %", "min margin", "mean margin",
-                      "boundary turning (rad)", "boundary line RMS"], rows)
+    return {"gs_two_moons": md_table(["data margin", "method", "seeds", "train acc %", "test acc %", "min margin",
+                                      "mean margin", "boundary turning (rad)", "boundary line RMS"], rows)}
 
 
-def colored_mnist_tables(results: list[dict[str, Any]]) -> dict[str, str]:
+def colored_mnist_tables(results: list[dict[str, Any]], out: Path) -> dict[str, str]:
+    cmnist_curves(results, out / "gs_colored_mnist_curves.png")
     rows, fig3 = [], []
     for (method,), rs in grouped(results, lambda r: (_method(r),)).items():
         rows.append([method, str(len(rs)), _col(rs, "train", "acc", s=100), _col(rs, "test", "acc", s=100),
@@ -60,7 +62,7 @@ def colored_mnist_tables(results: list[dict[str, Any]]) -> dict[str, str]:
                                                 *(f"{v} entropy" for v in FIG3)], fig3)}
 
 
-def erased_eval_table(results: list[dict[str, Any]]) -> str:
+def erased_eval_tables(results: list[dict[str, Any]], out: Path) -> dict[str, str]:
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
         c = config_view(r["config"])
         return c["dataset.tag"], c["eraser.name"], c["arch.tag"], _method(r)
@@ -73,8 +75,9 @@ def erased_eval_table(results: list[dict[str, Any]]) -> str:
                      _col(rs, "eval", "test", "ce_bits_calibrated", d=3),
                      _col(rs, "eval", "test_erased", "ce_bits_calibrated", d=3),
                      _col(rs, "gap_erased_minus_original", "ce_bits_calibrated", d=3)])
-    return md_table(["dataset", "arch", "eraser", "method", "seeds", "test acc %", "erased test acc %", "gap (pp)",
-                      "test CE bits (T-cal.)", "erased CE bits (T-cal.)", "CE gap"], rows)
+    return {"gs_erased_eval": md_table(["dataset", "arch", "eraser", "method", "seeds", "test acc %",
+                                        "erased test acc %", "gap (pp)", "test CE bits (T-cal.)",
+                                        "erased CE bits (T-cal.)", "CE gap"], rows)}
 
 
 def two_moons_boundaries(results: list[dict[str, Any]], path: Path) -> Path | None:
@@ -140,3 +143,7 @@ def cmnist_curves(results: list[dict[str, Any]], path: Path) -> Path | None:
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
+
+
+TABLES = {"gs_two_moons": two_moons_tables, "gs_colored_mnist": colored_mnist_tables,
+          "gs_erased_eval": erased_eval_tables}  # task -> its tables (and plots) of its results as written

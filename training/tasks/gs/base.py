@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.app.tasks import Task
+from training.app.tasks import Collected, Task
 from training.tasks.gs.result import StarvationResult
 
 # hashed dataset keys of the image pipeline, which the synthetic GS tasks do not read
@@ -24,3 +24,11 @@ class StarvationTask(Task):
 
     def lifecycle(self) -> dict[str, Any]:
         return {"describe": _method}
+
+    def rows(self, collected: Collected) -> dict[str, str]:
+        """The task's tables (and plots) of its results (aggregate_gs.py `TABLES`), if it has any."""
+        if not collected.results:
+            return {}
+        from training.tasks.gs.aggregate_gs import TABLES
+
+        return TABLES[self.name](collected.as_written(), collected.out)

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Literal
 
-from training.app.tasks import Collected
 from training.app.typed import NONNEG, POSITIVE, POSITIVE_NUMBER
 from training.tasks.gs.base import NOT_AN_IMAGE_PIPELINE, StarvationTask
 
@@ -36,15 +35,6 @@ class ColoredMnist(StarvationTask):
         import training.tasks.gs.colored_mnist as colored_mnist
 
         return colored_mnist
-
-    def rows(self, collected: Collected) -> dict[str, str]:
-        if not collected.results:
-            return {}
-        from training.tasks.gs.aggregate_gs import cmnist_curves, colored_mnist_tables
-
-        written = collected.as_written()
-        cmnist_curves(written, collected.out / "gs_colored_mnist_curves.png")
-        return colored_mnist_tables(written)
 
 
 TASK = ColoredMnist()

@@ -10,7 +10,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from training.app.tasks import Collected
 from training.tasks.gs.base import StarvationTask
 
 if TYPE_CHECKING:
@@ -73,13 +72,6 @@ class ErasedEval(StarvationTask):
                      "original held-out metrics); no job written to %s", cfg.paths.job_dir)
             return Outcome("skipped", Path(cfg.paths.job_dir), {})
         return super().__call__(cfg, store)
-
-    def rows(self, collected: Collected) -> dict[str, str]:
-        if not collected.results:
-            return {}
-        from training.tasks.gs.aggregate_gs import erased_eval_table
-
-        return {"gs_erased_eval": erased_eval_table(collected.as_written())}
 
 
 TASK = ErasedEval()

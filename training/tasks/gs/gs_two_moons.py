@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Literal
 
-from training.app.tasks import Collected
 from training.app.typed import NONNEG, POSITIVE, POSITIVE_NUMBER
 from training.tasks.gs.base import NOT_AN_IMAGE_PIPELINE, StarvationTask
 
@@ -44,15 +43,6 @@ class TwoMoons(StarvationTask):
         import training.tasks.gs.moons as moons
 
         return moons
-
-    def rows(self, collected: Collected) -> dict[str, str]:
-        if not collected.results:
-            return {}
-        from training.tasks.gs.aggregate_gs import two_moons_boundaries, two_moons_table
-
-        written = collected.as_written()
-        two_moons_boundaries(written, collected.out / "gs_two_moons_boundaries.png")
-        return {"gs_two_moons": two_moons_table(written)}
 
 
 TASK = TwoMoons()

@@ -64,6 +64,11 @@ class MdlCode:
     bits_per_sample: float
     legacy: float
 
+    def as_dict(self) -> dict[str, object]:  # result.json's mdl section (its code part)
+        return {"protocol": self.protocol, "block_sizes": self.block_sizes, "block_ce_bits": self.block_ce_bits,
+                "block_bits": self.block_bits, "total_bits": self.total_bits, "bits_per_sample": self.bits_per_sample,
+                "legacy": self.legacy}
+
 
 def legacy_mdl(block_sizes: list[int], model_ce_bits: list[float]) -> float:
     """The paper code's number: Σ_i cumsize_{i+1} · CE_i / N for the models i = 1..B-1.

@@ -135,7 +135,7 @@ class Blocks:
             code = paper_code(split.block_sizes, ces)
         else:
             raise ValueError(f"unknown mdl.protocol {protocol!r} (prequential | paper)")
-        out = {**dataclasses.asdict(code), "blocks": self.blocks, "num_classes": trainer.num_classes,
+        out = {**code.as_dict(), "blocks": self.blocks, "num_classes": trainer.num_classes,
                "n_coded": sum(split.block_sizes), "n_val": len(split.val_idx)}
         return out, (self.full[0] if self.full else None)
 

@@ -362,12 +362,10 @@ class JobStatusCallback(Callback):
         seconds = round(time.time() - t0, 3)
         if outcome.status == "failed":
             entry = LedgerEntry(num, str(job_dir), "failed", seconds, error=outcome.error, part=part)
-        else:
-            # Skipped (or reused): the job returned a stored result instead of computing one; with a result.json
-            # new since the job started, another run of the same job (a concurrent identical sweep) finished it
-            # while this one waited on the directory's lock.
-            after = _result_stamp(job_dir)
-            by_other = outcome.status == "skipped" and after != before
+        else:  # skipped (or reused): a stored result instead of a computed one; with a result.json new since the
+            # job started, another run of the same job (a concurrent identical sweep) finished it while this one
+            # waited on the directory's lock
+            by_other = outcome.status == "skipped" and _result_stamp(job_dir) != before
             entry = LedgerEntry(num, str(job_dir), "done" if outcome.status == "done" else "skipped", seconds,
                                 reason=DONE_BY_ANOTHER_RUN if by_other else None, part=part)
         record(ledger, entry, self._unwritten)

@@ -93,8 +93,9 @@ def exit_user_error(line: str, err: BaseException | None = None) -> NoReturn:
     raise SystemExit(EXIT_USER_ERROR)
 
 
-def interrupted_line(job_dir: Path) -> str:
-    """What a Ctrl-C kept of the job in `job_dir`, and how to go on."""
+def exit_interrupted(job_dir: Path, err: BaseException) -> NoReturn:
+    """Ctrl-C on a job: one line saying what was kept of the job in `job_dir` and how to resume, exit 130
+    (128 + SIGINT)."""
     from training.app.lifecycle import PROGRESS_FILE, SavedProgress
 
     try:
@@ -104,12 +105,7 @@ def interrupted_line(job_dir: Path) -> str:
     blocks = 0 if saved is None else len(saved.blocks)
     kept = (f"{blocks} finished MDL block model{'s' if blocks != 1 else ''} kept in {job_dir / PROGRESS_FILE}"
             if blocks else f"no finished MDL block to keep ({job_dir})")
-    return f"interrupted (Ctrl-C): {kept}; rerun the same command to resume"
-
-
-def exit_interrupted(job_dir: Path, err: BaseException) -> NoReturn:
-    """Ctrl-C on a job: one line saying what was kept and how to resume, exit 130 (128 + SIGINT)."""
-    line = interrupted_line(job_dir)
+    line = f"interrupted (Ctrl-C): {kept}; rerun the same command to resume"
     to_run_log(logging.WARNING, line)
     if env.hydra_full_error():
         traceback.print_exception(err)

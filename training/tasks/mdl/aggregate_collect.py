@@ -146,12 +146,9 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
     paper's rule (arch.paper_optim per eraser family, dataset.paper_lr; null in a pre-v2 result) read PAPER_RULE,
     so erasers at their paper rates compare."""
     flat = legacy_fold({k: v for k, v in flatten(job_semantic(cfg, fill_defaults=False)).items() if not _dead(k)})
-    for key, default in FIT_DEFAULTS.items():
-        flat.setdefault(key, default)
+    flat = {**FIT_DEFAULTS, **flat}
     # hashed only away from fp32: absent, it is what the result recorded (fp32 before the key existed)
-    recorded = flatten(same_numbers(cfg))
-    key = "training.precision"
-    flat.setdefault(key, recorded[key] if key in recorded else "fp32")
+    flat.setdefault("training.precision", flatten(same_numbers(cfg)).get("training.precision", "fp32"))
     fit_on = flat["eraser.fit_on"]
     if fit_on in SPLIT_MODES and flat["eraser.fit_source"] in ("split", None):  # FIT_DEFAULTS: always there
         flat.pop("eraser.n_fit", None)  # the split decides the fit size
@@ -199,8 +196,7 @@ def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:
 
 def _key_values(flats: list[Recorded]) -> set[str]:
     """Keys whose values differ between these flat configs (a key one of them lacks reads MISSING_KEY)."""
-    keys = set().union(*flats)
-    return {k for k in keys if len({json.dumps(f[k], sort_keys=True, default=str) for f in flats}) > 1}
+    return {k for k in set().union(*flats) if len({json.dumps(f[k], sort_keys=True, default=str) for f in flats}) > 1}
 
 
 def assign_groups(df: pd.DataFrame) -> pd.DataFrame:
@@ -396,21 +392,16 @@ def _result_row(result: Result, job_dir: str) -> dict[str, Any]:
         return {**row, "status": "failed", "error": f"non-finite MDL (bits_per_sample={bits}, legacy={legacy}): "
                                                       "not counted as a seed"}
     row.update(protocol=mdl.protocol or row["protocol"], bits_per_sample=bits, legacy=legacy)
-    final = result.body.final
+    final, cert, erasure = result.body.final, result.body.certificate, result.body.erasure
     val_loss = final.val_loss_bits if final is not None else math.nan
     row["final_val_loss"] = math.nan if val_loss is None else val_loss
-    for key in CERT:
-        row[key] = result.body.certificate.score(key)
-    row.update(_probe_columns(result.body.certificate))
+    row.update({**{key: cert.score(key) for key in CERT}, **_probe_columns(cert)})
     row["ref_bits"], row["ref_kind"] = _label_entropy(result, mdl)
     if result.dataset.permuted_labels:
         row["null"] = True  # a null run, whatever its config says
-    folds = result.body.erasure.fit.folds
-    row["folds_total"] = math.nan if folds is None else int(folds)
-    for key in REPORT:
-        row[key] = result.body.erasure.report_number(key)
-    row.update(budget_columns(mdl))
-    row.update(fit_columns(result, mdl))
+    row["folds_total"] = math.nan if erasure.fit.folds is None else int(erasure.fit.folds)
+    row.update({**{key: erasure.report_number(key) for key in REPORT}, **budget_columns(mdl),
+                **fit_columns(result, mdl)})
     row["curve"] = list(final.val_loss_curve) if final is not None else []
     return row
 

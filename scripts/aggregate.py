@@ -46,7 +46,6 @@ from training.tasks.mdl.aggregate_collect import collect_dir, collect_experiment
 from training.tasks.mdl.aggregate_summary import commit_problems, data_problems, unverified_problems
 
 
-# --- main -------------------------------------------------------------------------------------------------
 def write_all(df: pd.DataFrame, results: list[Result], out: Path, name: str, title: str) -> str:
     """Every task's tables (`Task.rows`, training/tasks/*.py) from its results: table "" as <name>.md, table t as
     <name>_<t>.md; the text of all of them, the main tables first. A task whose tables fail is reported, not fatal."""

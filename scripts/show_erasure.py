@@ -29,16 +29,10 @@ TITLES = {"control": "original", "leace": "LEACE", "qleace": "QLEACE", "alf_qlea
           "gradient": "gradient", "random": "random proj."}
 
 
-def load(name: str, data_dir: str, limit: int | None) -> tuple[Tensor, Tensor, str]:
-    """Images (n, C, H, W) in [0, 1] and labels, via training.data.load_dataset."""
+def main() -> None:
     from training.app.schema import group_config
     from training.data import load_dataset
 
-    data = load_dataset(group_config("dataset", name, limit=limit), data_dir)
-    return data.x, data.y, data.name
-
-
-def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="mnist5k")
     ap.add_argument("--data-dir", default="data")
@@ -50,7 +44,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "figures" / "erasure_grid.png")
     args = ap.parse_args()
 
-    x, y, label = load(args.dataset, args.data_dir, args.limit)
+    data = load_dataset(group_config("dataset", args.dataset, limit=args.limit), args.data_dir)
+    x, y, label = data.x, data.y, data.name  # images (n, C, H, W) in [0, 1], labels
     names = args.erasers.split(",")
     gen = torch.Generator().manual_seed(args.seed)
     # one image per class first, then random ones

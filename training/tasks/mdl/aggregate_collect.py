@@ -3,7 +3,6 @@ a job's comparison group and eraser variant, the unfinished jobs (missing, faile
 malformed), and the code version each result records.
 """
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -75,8 +74,6 @@ CAP_TAIL = 0.1
 STOP_REASONS = ("patience", "max_epochs")
 
 
-
-# --- collecting -------------------------------------------------------------------------------------------
 def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
@@ -484,8 +481,7 @@ def collect_experiment(cfgs: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[R
     """Exactly the jobs of a preset (`cfgs`, its expanded configs: training/common/sweeps.py `expand`), in launch
     order; jobs without a matching result are listed as such. Groups come from the preset's configs (a result counts
     only when its config hashes to its job's)."""
-    out_dirs = {Path(c["paths"]["out_dir"]) for c in cfgs}
-    failed = failed_jobs([d / "runs" for d in out_dirs])
+    failed = failed_jobs([d / "runs" for d in {Path(c["paths"]["out_dir"]) for c in cfgs}])
     rows: list[dict[str, Any]] = []
     results: list[Result] = []
     for cfg in cfgs:

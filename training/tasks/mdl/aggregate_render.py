@@ -2,7 +2,6 @@
 LaTeX and the plots, and the tables of other tasks (training/tasks/gs/aggregate_gs.py).
 """
 
-
 from __future__ import annotations
 
 import math
@@ -61,7 +60,7 @@ PAPER_ARCHS = {"MLP": ("mlp_relu", 128, 2), "LeNet": ("lenet", 128, 2), "ConvNeX
 PAPER_ERASER_NAMES = {"control": "Control", "leace": "LEACE", "alf_qleace": "ALF-QLEACE",
                       "gradient": "Gradient Quadratic", "qleace": "QLEACE"}
 
-# --- formatting -------------------------------------------------------------------------------------------
+
 def fmt(mean: float, sd: float, digits: int = 3) -> str:
     if math.isnan(mean):
         return "n/a"
@@ -112,8 +111,7 @@ def _labels(summary: pd.DataFrame) -> tuple[list[str], list[str]]:
 
 
 def _label_cells(key: tuple[Any, ...], cols: list[str]) -> list[str]:
-    values = dict(zip(ROW_KEY, key, strict=True))
-    return [str(values[c]) for c in cols]
+    return [str(v) for c, v in zip(ROW_KEY, key, strict=True) if c in cols]  # cols: in ROW_KEY's order
 
 
 def _by_cell(summary: pd.DataFrame) -> dict[tuple[Any, ...], pd.Series]:

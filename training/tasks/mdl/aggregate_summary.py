@@ -2,7 +2,6 @@
 control's bias, probe verdicts, the increase over the control and commits mixed within a cell.
 """
 
-
 from __future__ import annotations
 
 import math
@@ -42,7 +41,7 @@ METRICS = ["bits_per_sample", "legacy", "final_val_loss"]
 FIT_NUMBERS = ["n_fit", "n_coded", "fit_rows_per_class_dim", "rank_irregular", "budget_bits"]
 ARTEFACT, INFORMATION, NOTHING = "dependence artefact", "information", "no information detected"
 
-# --- summarising ------------------------------------------------------------------------------------------
+
 def _mean_sd(values: pd.Series) -> tuple[float, float, int]:
     """Over the finite values only (a NaN/inf never enters a mean)."""
     v = pd.to_numeric(values, errors="coerce").astype(float)
@@ -105,8 +104,7 @@ def _probe_verdict(runs: pd.DataFrame) -> str:
             scores = ProbeRow.of(r, f"{probe}_probe_")
             flag = bool(scores.below_chance) if pd.api.types.is_bool(scores.below_chance) else None  # absent: NaN
             verdict = scores.verdict if isinstance(scores.verdict, str) else None
-            raw = [number(z) for z in scores.zs]
-            zs = [z for z in raw if z is not None and math.isfinite(z)]
+            zs = [z for z in map(number, scores.zs) if z is not None and math.isfinite(z)]
             if flag is None and verdict is None and not zs:
                 continue
             seen = True
@@ -218,8 +216,7 @@ def increase_over_control(df: pd.DataFrame, metric: str = "bits_per_sample") -> 
         if control.empty:
             continue
         for eraser, ge in g[~identity].groupby("eraser", sort=False):
-            diff = (seed_means(ge, metric) - control).dropna()
-            mean, sd, n = _mean_sd(diff)
+            mean, sd, n = _mean_sd((seed_means(ge, metric) - control).dropna())
             out.append({**dict(zip(ROW_KEY, key, strict=True)), "eraser": eraser, "mean": mean, "sd": sd, "n": n})
     return pd.DataFrame(out, columns=[*ROW_KEY, "eraser", "mean", "sd", "n"])
 
@@ -235,8 +232,7 @@ def commit_problems(df: pd.DataFrame) -> tuple[list[str], list[str]]:
         if g.commit.nunique(dropna=False) > 1:
             null = " (null)" if len(key) > len(CELL) and key[-1] else ""
             mixed.append(f"{cell_name(dict(zip(CELL, key, strict=False)))}{null}: {_commits(g)}")
-    unknown = list(done[done.commit == UNKNOWN_COMMIT].job_dir.astype(str))
-    return mixed, unknown
+    return mixed, list(done[done.commit == UNKNOWN_COMMIT].job_dir.astype(str))
 
 
 def unverified_problems(df: pd.DataFrame) -> list[str]:

@@ -90,8 +90,7 @@ class Blocks:
 
     def __init__(self, trainer: Trainer, progress: Progress, logger: RunLogger, with_full: bool = False) -> None:
         self.trainer, self.progress, self.logger, self.with_full = trainer, progress, logger, with_full
-        split = trainer.split
-        self.num_blocks = len(split.block_sizes)
+        self.num_blocks = len(trainer.split.block_sizes)
         self.blocks = read_progress(progress, self.num_blocks)
         if self.blocks:
             log.info("resuming after block model %d/%d from %s", len(self.blocks), self.num_blocks - 1, progress.path)

@@ -6,9 +6,7 @@ Every plot shows one comparison group (scripts/aggregate.py); one that would ove
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
@@ -142,9 +140,8 @@ def plot_increase(inc: pd.DataFrame, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(keys) * max(1, len(erasers) / 3)), 3.4))
     for j, eraser in enumerate(erasers):
         ge = inc[inc.eraser == eraser]
-        look: defaultdict[tuple[Any, ...], tuple[float, float]] = defaultdict(lambda: (math.nan, math.nan))
-        look.update({tuple(getattr(r, c) for c in ROW): (r.mean, r.sd) for r in ge.itertuples()})  # absent: no bar
-        vals = [look[k] for k in keys]
+        look = {tuple(getattr(r, c) for c in ROW): (r.mean, r.sd) for r in ge.itertuples()}
+        vals = [look.get(k, (math.nan, math.nan)) for k in keys]  # absent: no bar
         ax.bar(np.arange(len(keys)) + j * width, [v[0] for v in vals], width,
                yerr=[0 if math.isnan(v[1]) else v[1] for v in vals], capsize=2, label=eraser,
                color=COLORS.get(eraser))

@@ -132,7 +132,6 @@ def check_sweep(config: DictConfig) -> int | None:
     # num, combo, cfg, hash, force, task
     by_dir: dict[str, list[tuple[int, list[str], dict[str, Any], str, bool, TaskSpec]]] = {}
     composed: dict[tuple[str, ...], DictConfig] = {}
-    seeds = 0  # the seed jobs of every cell: what the ledger counts
     for num, combo in enumerate(combos):
         where = f"job {num} ({' '.join(combo) or 'no overrides'})"
         # Composing is the slow part (~0.1 s a job): jobs that differ only in the seed share one composition.
@@ -169,7 +168,6 @@ def check_sweep(config: DictConfig) -> int | None:
             if here and (problem := device_problem(job.device)) is not None:
                 exit_user_error(f"multirun refused (nothing ran): {where}: {problem}")
             by_dir.setdefault(job.paths.job_dir, []).append((num, combo, cfg, h, job.force, job.task_spec))
-            seeds += 1
     for job_dir, jobs in by_dir.items():
         if len({j[3] for j in jobs}) > 1:
             diff = differing_keys([j[2] for j in jobs])
@@ -197,6 +195,7 @@ def check_sweep(config: DictConfig) -> int | None:
     if mismatched:
         more = f" ({len(mismatched) - 1} more job directories hold other configurations)" if len(mismatched) > 1 else ""
         exit_user_error(f"multirun refused (nothing ran): {mismatched[0]}{more}")
+    seeds = sum(map(len, by_dir.values()))  # the seed jobs of every cell: what the ledger counts
     log.info("multirun: checked %d cells (%d seed jobs) in %.1fs", len(combos), seeds, time.time() - t0)
     return seeds
 

@@ -1,6 +1,6 @@
 """Tables and plots of the Gradient Starvation tasks (gs_two_moons, gs_colored_mnist, gs_erased_eval): `TABLES`, by
 task, which their `rows` (training/tasks/gs/base.py) calls; scripts/aggregate.py asks every task for its tables. (The
-ERM-vs-SD table of MDL jobs that ran with a regularizer is the MDL task's: training/tasks/mdl/aggregate_mdl.py.)
+ERM-vs-SD table of MDL jobs that ran with a regularizer is the MDL task's: training/tasks/mdl/aggregate_render.py.)
 """
 
 from __future__ import annotations

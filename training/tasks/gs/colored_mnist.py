@@ -48,9 +48,8 @@ def prepare(job: JobRun) -> Environments:
 
 def run(prepared: Environments) -> StarvationSections:
     job, envs = prepared.job, prepared.envs
-    cfg, device = job.cfg, job.device
+    cfg, device, seed = job.cfg, job.device, job.cfg.seed
     gs = cfg.task_options  # training/tasks/gs/gs_colored_mnist.py ColoredMnistOptions
-    seed = cfg.seed
     x, y = (t.to(device) for t in pooled(envs))
     test = envs["test"]
     xt, yt = test.x.to(device), test.y.to(device)

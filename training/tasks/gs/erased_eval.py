@@ -85,20 +85,17 @@ def prepare(job: JobRun) -> Prepared:
 def run(prepared: Prepared) -> StarvationSections:
     from models import build_with_facts
 
-    job, data, idx = prepared.job, prepared.data, prepared.idx
-    cfg, device = job.cfg, job.device
-    seed, m = cfg.seed, cfg.mdl
-    x, y, k = data.x, data.y, data.num_classes
-    name = cfg.eraser.name
+    job, data, idx, erasure = prepared.job, prepared.data, prepared.idx, prepared.erasure
+    cfg, device, seed, k, name = job.cfg, job.device, job.cfg.seed, data.num_classes, job.cfg.eraser.name
     optim = resolve_optim(cfg.optim, cfg.arch)
     with seeded_global_rng(seed, "init", "gs_erased_eval"):
         model, facts = build_with_facts(cfg.arch, data.input_shape, k)
         model = model.to(device)
     opt = optim.build(model)
-    on = {p: (x[i].to(device), y[i].to(device)) for p, i in idx.items()}
+    on = {p: (data.x[i].to(device), data.y[i].to(device)) for p, i in idx.items()}
     member = Member(model, opt, torch.arange(len(on["train"][1]), device=device),
                     generator(seed, "batches", "gs_erased_eval"),
-                    fit_config(cfg, optim.warmup_steps, m.eval_every_steps, numerics=job.numerics))
+                    fit_config(cfg, optim.warmup_steps, cfg.mdl.eval_every_steps, numerics=job.numerics))
     x_train = on["train"][0]
     train = DeviceData(x_train, x_train.device, storage="float32")  # what TrainData makes of a tensor
     res = fit(member, TrainData(train, on["train"][1], *on["val"]), build_regularizer(cfg.regularizer, k),
@@ -106,14 +103,12 @@ def run(prepared: Prepared) -> StarvationSections:
     # fit() returns the best state with model and optimizer in eval mode: score as is.
     t = fit_temperature(model, *on["val"])
     out = {p: scores(model, *on[p], t) for p in ("train", "test")}
-    for p in ("train", "test"):
-        out[f"{p}_erased"] = scores(model, prepared.erased[p].to(device), on[p][1], t)
+    out.update({f"{p}_erased": scores(model, prepared.erased[p].to(device), on[p][1], t) for p in ("train", "test")})
     gaps = {metric: out["test_erased"][metric] - out["test"][metric]
             for metric in ("acc", "ce_bits", "ce_bits_calibrated", "confidence")}
     log.info("%s on %s: test acc %.4f -> %.4f erased (gap %+.4f), calibrated CE %.4f -> %.4f bits", name,
              data.name, out["test"]["acc"], out["test_erased"]["acc"], gaps["acc"], out["test"]["ce_bits_calibrated"],
              out["test_erased"]["ce_bits_calibrated"])
-    erasure = prepared.erasure
     return StarvationSections.read({
         "method": method_name(cfg), "eval": out, "gap_erased_minus_original": gaps, "temperature": t,
         "fit": {"best_val_loss": res.best_val_loss, "best_epoch": res.best_epoch, "epochs": res.epochs,

@@ -1,5 +1,5 @@
 """task=mdl (the default): dataset -> eraser -> prequential MDL -> full-data run (training/tasks/mdl/job.py); its tables
-are the aggregate's MDL pipeline (training/tasks/mdl/aggregate_mdl.py)."""
+are the aggregate's MDL pipeline (training/tasks/mdl/aggregate_render.py)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class Mdl(Task):
         return run_cell(cfgs, store)
 
     def rows(self, collected: Collected) -> dict[str, str]:
-        from training.tasks.mdl.aggregate_mdl import mdl_tables
+        from training.tasks.mdl.aggregate_render import mdl_tables
 
         return mdl_tables(collected)
 

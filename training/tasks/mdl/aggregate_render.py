@@ -1,14 +1,18 @@
-"""Write the aggregate's tables for scripts/aggregate.py: Markdown (one section per comparison group), CSV,
-LaTeX and the plots, and the tables of other tasks (training/tasks/gs/aggregate_gs.py).
+"""The MDL task's tables (`Mdl.rows`, __init__.py: `mdl_tables`) for scripts/aggregate.py: the job table
+aggregate_collect.py made, summarised by aggregate_summary.py, written here as Markdown (one section per comparison
+group), CSV, LaTeX and plots (training/analysis/aggregate_plots.py); and the ERM-vs-SD table of MDL jobs that ran
+with a regularizer. The tables of other tasks: their packages (training/tasks/gs/aggregate_gs.py).
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from typing import Any
 
 import pandas as pd
 
+from training.analysis.aggregate_plots import plot_all
 from training.analysis.tables import (
     BUDGET_BITS,
     BUDGET_SHARE,
@@ -24,11 +28,17 @@ from training.analysis.tables import (
     eraser_order,
     group_label,
     group_labels,
+    grouped,
     groups_in,
     is_identity,
     md_table,
+    mean_sd,
+    method_of_stored,
     require_one_group,
 )
+from training.app.result_codec import config_view
+from training.app.result_types import Result
+from training.app.tasks import Collected
 from training.tasks.mdl.aggregate_collect import (
     CAP_TAIL,
     CELL,
@@ -37,7 +47,8 @@ from training.tasks.mdl.aggregate_collect import (
     ROW_KEY,
     UNKNOWN_COMMIT,
 )
-from training.tasks.mdl.aggregate_summary import ARTEFACT, cell_name, increase_over_control
+from training.tasks.mdl.aggregate_summary import ARTEFACT, cell_name, increase_over_control, summarize
+from training.tasks.mdl.result import MdlResult
 
 LABEL_NAMES = {"dataset": "dataset", "arch": "arch", "width": "w", "depth": "d", "fit_on": "fit on",
                "variant": "variant"}  # the row label columns of a table (fit on, variant: only when they vary)
@@ -490,3 +501,56 @@ def latex(summary: pd.DataFrame) -> str:
             out += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{caption}{where}; mean $\pm$ sd over seeds.}}",
                     r"\end{table}", ""]
     return "\n".join(out)
+
+
+def mdl_tables(collected: Collected) -> dict[str, str]:
+    """{"": the MDL tables (also written as <name>.md, .csv, _jobs.csv, .tex and plots), "gs_mdl_regularizer": ...}
+    for what was collected."""
+    df, out, name = collected.jobs, collected.out, collected.name
+    tables: dict[str, str] = {}
+    if len(df):
+        summary = summarize(df)
+        tables[""] = markdown(df, summary, collected.title, name)
+        summary.to_csv(out / f"{name}.csv", index=False)
+        df.drop(columns=["curve"], errors="ignore").to_csv(out / f"{name}_jobs.csv", index=False)
+        (out / f"{name}.tex").write_text(latex(summary))
+
+        inc = increase_over_control(df)
+        for group, stem in plot_stems(summary, name).items():  # one set of plots per group: never overlaid
+            plot_all(df[df.group == group], summary[summary.group == group], inc[inc.group == group], out, stem)
+    regularized = [w for r, w in zip(collected.results, collected.as_written(), strict=True) if is_regularized_mdl(r)]
+    if regularized:
+        tables["gs_mdl_regularizer"] = mdl_regularizer_table(regularized)
+    return tables
+
+
+def mdl_regularizer_table(results: list[dict[str, Any]]) -> str:
+    """MDL (bits/sample) per eraser, ERM vs SD, and the erased-minus-control gap per seed."""
+    def cell(r: dict[str, Any]) -> tuple[Any, ...]:
+        c = config_view(r["config"])
+        return (c["dataset.tag"], c["arch.tag"], c["arch.width"], c["arch.depth"], method_of_stored(r["config"]),
+                c["mdl.calibrate_temperature"])
+
+    rows = []
+    for (ds, arch, w, d, method, cal), rs in grouped(results, cell).items():
+        by: defaultdict[str, dict[int, float]] = defaultdict(dict)
+        for r in rs:
+            by[r["config"]["eraser"]["name"]][r["config"]["seed"]] = r["mdl"]["bits_per_sample"]
+        control = next((by[e] for e in by if is_identity(e)), {})
+        for eraser in eraser_order(e for e in by if not is_identity(e)):
+            gaps = [v - control[s] for s, v in by[eraser].items() if s in control]
+            seeds = sum(isinstance(v, int | float) and math.isfinite(v) for v in by[eraser].values())
+            rows.append([ds, f"{arch}-w{w}-d{d}", method, "yes" if cal else "no", eraser, str(seeds),
+                         mean_sd(control.values(), digits=4), mean_sd(by[eraser].values(), digits=4),
+                         mean_sd(gaps, digits=4)])
+    return md_table(["dataset", "arch", "method", "T-calibrated", "eraser", "seeds", "MDL control (bits/sample)",
+                      "MDL erased (bits/sample)", "gap (paired by seed)"], rows)
+
+
+def is_regularized_mdl(r: Result) -> bool:
+    """An MDL result with an mdl section, of a GS preset or with a regularizer."""
+    if not isinstance(r, MdlResult) or r.config is None or r.body.mdl is None:
+        return False
+    c = config_view(r.config)
+    regularized = "regularizer.name" in c and c["regularizer.name"] != "none"
+    return bool(c) and (str(c["experiment_name"] or "").startswith("gs_") or regularized)

@@ -35,7 +35,7 @@ from training.tasks.mdl.refusals import estimate_memory, jobs_that_fit, memory_f
 from training.tasks.mdl.result import MdlSections, tail_fall_bits
 from training.tasks.mdl.splits import MdlSplit, model_name
 from training.tasks.mdl.stop_keys import say_stop_keys
-from training.tasks.mdl.trainer import LN2, FitJob, Trainer, model_jobs, split_of
+from training.tasks.mdl.trainer import LN2, FitJob, Trainer, split_of
 from training.tasks.mdl.wandb_logger import RunLogger
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,10 @@ class Blocks:
         self.full: list[FitResult] = []  # the full-data model's fit, when trained alongside
 
     def jobs(self) -> list[FitJob]:
-        return model_jobs(self.trainer, self.todo, self.with_full)
+        """What `Trainer.train_many` trains: block model i on the first i blocks, for each i to do, then (`with_full`)
+        the full-data model on every non-validation row."""
+        split, full = self.trainer.split, (self.trainer.split.order, "full", self.trainer.cfg.mdl.eval_every_steps)
+        return [(split.prefix(i), ("block", i), None) for i in self.todo] + ([full] if self.with_full else [])
 
     def on_finish(self, k: int, model: torch.nn.Module, res: FitResult) -> None:
         # Block models of one vectorised group end in any order; progress.json keeps a finished prefix.

@@ -1,5 +1,5 @@
 """The MDL job's trainer: a fresh μP model and optimizer per fit, trained on index subsets of on-device data
-(`Trainer`), and the models an MDL job trains (`model_jobs`)."""
+(`Trainer`), and the split of a job's coded rows (`split_of`)."""
 
 from __future__ import annotations
 
@@ -163,11 +163,3 @@ def split_of(m: MdlConfig, seed: int, n: int, num_classes: int, input_shape: tup
     and samples of `input_shape` (`mdl.min_block=paper_code` reads them)."""
     return make_split(n, seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
                       min_block=smallest_block(m.min_block, num_classes, math.prod(input_shape)))
-
-
-def model_jobs(trainer: Trainer, blocks: list[int], with_full: bool) -> list[FitJob]:
-    """What `Trainer.train_many` trains for an MDL job: block model i on the first i blocks, for each of `blocks`,
-    then (`with_full`) the full-data model on every non-validation row."""
-    split = trainer.split
-    jobs: list[FitJob] = [(split.prefix(i), ("block", i), None) for i in blocks]
-    return jobs + ([(split.order, "full", trainer.cfg.mdl.eval_every_steps)] if with_full else [])

@@ -96,8 +96,7 @@ def experiment_refusal(experiment: str, overrides: list[str]) -> str | None:
     """One line when `--experiment` names no preset or an `--override` does not compose (else None)."""
     from hydra.errors import HydraException
 
-    names = presets()
-    if experiment not in names:
+    if experiment not in (names := presets()):
         return (f"--experiment {experiment!r} is not a preset; the presets (conf/experiment/*.yaml) are: "
                 f"{', '.join(names)}")
     from training.app.schema import ConfigError

@@ -88,8 +88,7 @@ def collect(root: Path, experiment: str) -> Cells:
                                           int(c["dataset.num_classes"]), bool(c["dataset.permute_labels"])))
         mode = str(c["eraser.fit_on"]) + (" shuffled" if c["eraser.fit_labels"] == "shuffled" else "")
         cell.runs[mode][int(c["seed"])] = float(bits)
-        d = dict(result.config["dataset"])
-        if d not in cell.options:
+        if (d := dict(result.config["dataset"])) not in cell.options:
             cell.options.append(d)
         sizes = result.body.mdl.raw.get("block_sizes")
         if isinstance(sizes, list) and sizes and sum(sizes) > 0:
@@ -212,8 +211,7 @@ def summary(rows_: list[Row]) -> str:
     total = sum(coverage(r.cell)[1] for r in rows_)
     parts = [f"coverage {inside}/{total} = {inside / total:.2f} of cell × seed pairs" if total else "no coverage"]
     for m in FITTED:
-        b = [v for r in rows_ for v in bias(r.cell, m)]
-        if b:
+        if b := [v for r in rows_ for v in bias(r.cell, m)]:
             mean, ci = mean_ci(b)
             parts.append(f"bias {m} {mean:+.3f} ± {_num(ci)}")
     return "; ".join(parts)

@@ -89,8 +89,7 @@ def job_status(job: Job) -> str:
     if job.cfg_hash is None:
         return "refused"
     spec = spec_of(job.cfg)
-    done = read_result(job.job_dir / RESULT_FILE, spec)
-    if done is not None:
+    if (done := read_result(job.job_dir / RESULT_FILE, spec)) is not None:
         return "done" if same_config(done, job.cfg_hash, spec) else "other config"
     return "in progress" if (job.job_dir / PROGRESS_FILE).exists() else "to run"
 
@@ -282,8 +281,7 @@ def estimate(kind: str, remaining: Sequence[Job], costs: dict[str, Cost], missin
         lines.append(f"{kind}: {hours:.2f} h for {sum(known.values())} job(s) "
                      f"({', '.join(f'{a}: {n} x {costs[a].seconds:.1f} s' for a, n in known.items())})")
         lines += [f"  {a}: {costs[a].source}" for a in known]
-    unknown = {a: n for a, n in by_arch.items() if a not in costs}
-    if unknown:
+    if unknown := {a: n for a, n in by_arch.items() if a not in costs}:
         why = missing or f"no measurement for {', '.join(unknown)}"
         lines.append(f"{kind}: {why} ({sum(unknown.values())} job(s): "
                      f"{', '.join(f'{a} {n}' for a, n in unknown.items())})")

@@ -182,8 +182,7 @@ def differing_keys(groups: Sequence[str]) -> dict[str, list[str]]:
     parsed = [Recorded(json.loads(g)) for g in groups]
     out: dict[str, list[str]] = {}
     for k in sorted(set().union(*parsed)):
-        values = list(dict.fromkeys(_show(p[k]) for p in parsed))
-        if len(values) > 1:
+        if len(values := list(dict.fromkeys(_show(p[k]) for p in parsed))) > 1:
             out[k] = values
     return out
 
@@ -194,8 +193,7 @@ class MixedGroupsError(ValueError):
 
 def require_one_group(frame: Any, what: str) -> None:
     """Refuse, with one line naming the keys, `what` over results of more than one comparison group."""
-    groups = groups_in(frame)
-    if len(groups) > 1:
+    if len(groups := groups_in(frame)) > 1:
         keys = "; ".join(f"{k} ({' vs '.join(v)})" for k, v in differing_keys(groups).items())
         raise MixedGroupsError(f"refused: {what} would mix results that differ in {keys} besides the eraser and "
                                "seed; compare within one group (scripts/aggregate.py writes one table per group)")

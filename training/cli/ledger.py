@@ -90,8 +90,7 @@ def differing_keys(cfgs: list[dict[str, Any]]) -> dict[str, list[Any]]:
     flats = [flatten(job_semantic(c)) for c in cfgs]
     out: dict[str, list[Any]] = {}
     for k in sorted(set().union(*flats)):
-        distinct = list(dict.fromkeys(json.dumps(f.get(k), sort_keys=True, default=str) for f in flats))
-        if len(distinct) > 1:
+        if len(distinct := list(dict.fromkeys(json.dumps(f.get(k), sort_keys=True, default=str) for f in flats))) > 1:
             out[k] = [json.loads(v) for v in distinct]
     return out
 
@@ -223,8 +222,7 @@ def check_launcher(config: DictConfig) -> None:
     if (removed := OmegaConf.select(config, "hydra.launcher.removed", default=None)) is not None:
         exit_user_error(f"multirun refused (nothing ran): {removed}")  # conf/hydra/launcher/packed.yaml
     if "JoblibLauncher" in launcher_target(config):
-        n_jobs = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None)
-        if n_jobs == 0:
+        if OmegaConf.select(config, "hydra.launcher.n_jobs", default=None) == 0:
             exit_user_error("multirun refused (nothing ran): hydra.launcher.n_jobs=0 is not allowed: "
                             "hydra.launcher.n_jobs must be an integer ≥ 1 (jobs at once) or negative (-1: one per "
                             "CPU, -2: all CPUs but one, ...)")
@@ -400,8 +398,7 @@ def jobs_fail_alone(run_job: Callable[..., JobReturn]) -> Callable[..., JobRetur
     in the ledger, where Hydra's own run_job raises out of the launcher and ends the whole sweep."""
     @functools.wraps(run_job)
     def run(*, config: DictConfig, job_dir_key: str, job_subdir_key: str | None, **kwargs: Any) -> JobReturn:
-        ledger = env.multirun_ledger()
-        if ledger is not None:
+        if (ledger := env.multirun_ledger()) is not None:
             from hydra.core.hydra_config import HydraConfig
 
             HydraConfig.instance().set_config(config)  # as run_job does: the subdir may read hydra:job.num

@@ -65,8 +65,7 @@ def ignore_time_limit_signal() -> None:
     """Once a submitit job's work is done, its time-limit signal is ignored from here on. Arriving while the process
     exits (after Python has put back the default handlers) it would kill the process by that signal (USR2: exit 12)
     and SLURM would record the finished job as FAILED. No-op outside a submitit job or the main thread."""
-    usr = _submitit_signal()
-    if usr is not None and threading.current_thread() is threading.main_thread():
+    if (usr := _submitit_signal()) is not None and threading.current_thread() is threading.main_thread():
         signal.signal(usr, signal.SIG_IGN)
 
 
@@ -80,8 +79,7 @@ def stop_on_sigterm() -> Iterator[None]:
         return
     previous: dict[int, Handler] = {signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
     deferred: dict[int, Callable[[int, FrameType | None], Any]] = {}
-    usr = _submitit_signal()
-    if usr is not None and callable(submitit_handler := signal.getsignal(usr)):
+    if (usr := _submitit_signal()) is not None and callable(submitit_handler := signal.getsignal(usr)):
         previous[usr] = submitit_handler
 
         def on_time_limit(signum: int, frame: FrameType | None) -> None:

@@ -92,8 +92,7 @@ def two_moons_boundaries(results: list[dict[str, Any]], path: Path) -> Path | No
         files = [(r, at(r, "files", "boundary")) for r in rs]  # result.json `files`: a run's own files (optional)
         pairs = [(r, np.load(Path(r["job_dir"]) / f)) for r, f in files
                  if f is not None and (Path(r["job_dir"]) / f).exists()]
-        pairs = [(r, g) for r, g in pairs if g["z"].shape == pairs[0][1]["z"].shape]
-        if pairs:
+        if pairs := [(r, g) for r, g in pairs if g["z"].shape == pairs[0][1]["z"].shape]:
             first = min(pairs, key=lambda p: p[0]["config"]["seed"])[1]
             panels.append((-margin, method, np.mean([g["z"] for _, g in pairs], axis=0), first, len(pairs)))
     if not panels:

@@ -220,8 +220,7 @@ def assign_groups(df: pd.DataFrame) -> pd.DataFrame:
     split: set[str] = set()
     for unit in UNITS:
         for _, g in known.groupby(unit, sort=False):
-            flats = [Recorded(json.loads(s)) for s in set(g.settings)]
-            if len(flats) > 1:
+            if len(flats := [Recorded(json.loads(s)) for s in set(g.settings)]) > 1:
                 split |= _key_values(flats)
     for i in known.index:
         flat = Recorded(json.loads(df.at[i, "settings"]))
@@ -309,13 +308,11 @@ def _label_entropy(result: MdlResult, mdl: MdlRecord | None) -> tuple[float, str
     """(bits, source) the null's MDL is compared with: the entropy of the class prior where the result gives it
     (`dataset.class_counts`, or the certificate's `chance_loss_bits`: the prior-only code of the coded labels),
     else log2 K (K: mdl.num_classes, or dataset.num_classes); (NaN, "") without either."""
-    counts = result.dataset.class_counts
-    if counts is not None and sum(counts) > 0:
+    if (counts := result.dataset.class_counts) is not None and sum(counts) > 0:
         total = float(sum(counts))
         return -sum(c / total * math.log2(c / total) for c in counts if c > 0), "H(prior)"
     for side in ("after", "before"):
-        value = result.body.certificate.score("chance_loss_bits", side)
-        if math.isfinite(value):
+        if math.isfinite(value := result.body.certificate.score("chance_loss_bits", side)):
             return value, "H(prior)"
     k = mdl.num_classes if mdl is not None else None
     k = k if k is not None else result.dataset.num_classes
@@ -408,8 +405,7 @@ def failed_jobs(ledger_roots: Iterable[Path]) -> dict[str, str]:
     latest: dict[str, LedgerEntry] = {}
     for root in ledger_roots:
         for path in sorted(root.glob(f".multirun/*/{ENTRY_GLOB}")):  # run ids sort by time
-            entry = read_entry(path)
-            if entry is not None:
+            if (entry := read_entry(path)) is not None:
                 latest[str(Path(entry.job_dir))] = entry
     return {d: e.error or "" for d, e in latest.items() if e.status == "failed"}
 
@@ -453,15 +449,13 @@ def collect_dir(root: Path, set_aside: bool = False) -> tuple[pd.DataFrame, list
         if why is None:
             continue
         warn(f"skipped {path}: {why}")
-        cell = _cell_from_path(path.parent)
-        if cell is not None:
+        if (cell := _cell_from_path(path.parent)) is not None:
             rows.append({**cell, "job_dir": str(path.parent), "status": "malformed", "error": why})
             seen.add(str(path.parent))
     failed = failed_jobs([root, root / "runs"])
     unfinished = {str(p.parent) for p in root.rglob("progress.json")} | set(failed)
     for job_dir in sorted(unfinished - seen):
-        cell = _cell_from_path(Path(job_dir))
-        if cell is not None:
+        if (cell := _cell_from_path(Path(job_dir))) is not None:
             rows.append(_unfinished_row(cell, Path(job_dir), failed))
     df = assign_groups(pd.DataFrame(rows))
     if len(df):  # groups in the order of their values (numbers as numbers); rows keep their order within one

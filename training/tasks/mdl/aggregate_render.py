@@ -420,16 +420,13 @@ def _mixed_lines(summary: pd.DataFrame) -> str:
 
 def _group_sections(df: pd.DataFrame, summary: pd.DataFrame, h: str) -> list[str]:
     parts = [f"{h} MDL (bits/sample)\n", md_table(*pivot(summary, "bits_per_sample"))]
-    mixed = _mixed_lines(summary)
-    if mixed:
+    if mixed := _mixed_lines(summary):
         parts.append(mixed)
     parts += [f"{h} Legacy MDL (the paper code's units)\n", md_table(*pivot(summary, "legacy"))]
-    inc = increase_over_control(df)
-    if len(inc):
+    if len(inc := increase_over_control(df)):
         parts += [f"{h} MDL increase over control (bits/sample, paired by seed)\n",
                   md_table(*increase_rows(inc, summary))]
-    brackets = bracket_rows(summary)
-    if brackets is not None:
+    if (brackets := bracket_rows(summary)) is not None:
         parts += [f"{h} Brackets at equal n coded (bits/sample)\n", md_table(*brackets), BRACKET_NOTE]
     if has_fit_or_budget(summary):
         parts += [f"{h} Fit and training budget\n", md_table(*fit_budget_rows(summary)), FIT_BUDGET_NOTE]
@@ -439,8 +436,7 @@ def _group_sections(df: pd.DataFrame, summary: pd.DataFrame, h: str) -> list[str
         parts.append(NO_NULL)
     parts += [f"{h} Final validation loss (bits, full-data run)\n", md_table(*pivot(summary, "final_val_loss"))]
     parts += [f"{h} Erasure certificate (after erasure)\n", md_table(*certificate_rows(summary))]
-    paper = paper_rows(summary)
-    if paper is not None:
+    if (paper := paper_rows(summary)) is not None:
         header = ["architecture", *[f"{PAPER_ERASER_NAMES[e]} (ours / paper)" for e in PAPER_TABLE_C["MLP"]]]
         parts += [f"{h} Paper Appendix C vs ours (CIFAR-10, legacy units)\n", md_table(header, paper)]
     return parts
@@ -457,8 +453,7 @@ def markdown(df: pd.DataFrame, summary: pd.DataFrame, title: str, name: str = "r
     protocols = ", ".join(sorted({p for p in summary.protocol if p})) or "n/a"
     parts = [f"# {title}\n", f"{done}/{total} jobs finished; MDL protocol: {protocols}. Cells: mean ± sd over "
              f"finished seeds, (n/N) when seeds are missing, {MIXED} when they come from different commits.\n"]
-    code = _code_line(df)
-    if code:
+    if code := _code_line(df):
         parts.append(code)
     groups = groups_in(summary)
     if len(groups) == 1:
@@ -472,8 +467,7 @@ def markdown(df: pd.DataFrame, summary: pd.DataFrame, title: str, name: str = "r
         for i, g in enumerate(groups, 1):
             parts.append(f"## Group {i}: {labels[g]}\n\nPlots: {stems[g]}*.png\n")
             parts += _group_sections(df[df.group == g], summary[summary.group == g], "###")
-    bad = unfinished(df, with_group=len(groups) > 1)
-    if bad:
+    if bad := unfinished(df, with_group=len(groups) > 1):
         header = ["status", "seed", "job dir", "detail"]
         parts += ["## Jobs without a result\n", md_table(["group", *header] if len(groups) > 1 else header, bad)]
     return "\n".join(parts)
@@ -514,7 +508,6 @@ def mdl_tables(collected: Collected) -> dict[str, str]:
         summary.to_csv(out / f"{name}.csv", index=False)
         df.drop(columns=["curve"], errors="ignore").to_csv(out / f"{name}_jobs.csv", index=False)
         (out / f"{name}.tex").write_text(latex(summary))
-
         inc = increase_over_control(df)
         for group, stem in plot_stems(summary, name).items():  # one set of plots per group: never overlaid
             plot_all(df[df.group == group], summary[summary.group == group], inc[inc.group == group], out, stem)

@@ -513,8 +513,7 @@ def evaluate(df: pd.DataFrame, keys: Sequence[str] | None = None, experiment: st
     `df`: aggregate.py's job table (status, dataset, arch, width, depth, variant, eraser, seed, bits_per_sample;
     where present fit_on, fold, null, ref_bits, n_coded, probe flags, blocks_at_cap/blocks_known) of one group:
     results of several groups are refused (MixedGroupsError, one line naming the keys that differ)."""
-    unknown = [k for k in keys or () if k not in CLAIMS]
-    if unknown:
+    if unknown := [k for k in keys or () if k not in CLAIMS]:
         raise ValueError(f"unknown claims {unknown}; known: {sorted(CLAIMS)}")
     require_one_group(df, "a claim")
     # Unfinished jobs keep their row (so a row of the sweep without enough results says so), without a value.

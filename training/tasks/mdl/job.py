@@ -55,8 +55,7 @@ BLOCK_FIELDS = ("block", "train_size", "coded_size", "ce_bits", "temperature", "
 
 def _block_problem(saved: Any, block: int) -> str | None:
     """What is wrong with a saved block model (progress.json) that should be block `block`; None: nothing."""
-    missing = [k for k in BLOCK_FIELDS if k not in saved] if isinstance(saved, dict) else list(BLOCK_FIELDS)
-    if missing:
+    if missing := [k for k in BLOCK_FIELDS if k not in saved] if isinstance(saved, dict) else list(BLOCK_FIELDS):
         return f"missing {missing}"
     ce = saved["ce_bits"]
     if saved["block"] != block or not isinstance(ce, int | float) or not math.isfinite(ce):
@@ -71,8 +70,7 @@ def read_progress(progress: Progress, num_blocks: int) -> list[dict[str, Any]]:
     if blocks is None:
         return []
     for j, b in enumerate(blocks):
-        problem = _block_problem(b, j + 2)
-        if problem is not None:
+        if (problem := _block_problem(b, j + 2)) is not None:
             log.warning("ignoring malformed %s (entry %d: %s); starting the MDL blocks over", path, j, problem)
             return []
     if len(blocks) > num_blocks - 1:

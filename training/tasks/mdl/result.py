@@ -129,8 +129,7 @@ class ErasureRecord:
     def rank_irregular(self) -> bool | None:
         """Whether the fit's removed directions are no more label-aligned than under shuffled labels (None: no
         test: not a fitted linear eraser, or a result written before the test)."""
-        value = at(self.rank_test, "rank_irregular")
-        return value if isinstance(value, bool) else None
+        return value if isinstance(value := at(self.rank_test, "rank_irregular"), bool) else None
 
     def report_number(self, key: str) -> float:
         return number_or_nan(at(self.report, key))
@@ -153,8 +152,7 @@ class Certificate:
 
     def flag(self, key: str) -> bool | None:
         """A yes/no of the certificate after erasure (None where it lacks it)."""
-        value = at(self.after, key)
-        return value if isinstance(value, bool) else None
+        return value if isinstance(value := at(self.after, key), bool) else None
 
     def verdict(self, key: str) -> str | None:
         """A verdict word of the certificate after erasure (None where it lacks it)."""

@@ -44,8 +44,7 @@ def floor_outlasts_cap(m: MdlConfig, optim: OptimConfig, n_coded: int, smallest:
 def say_stop_keys(m: MdlConfig, optim: OptimConfig, n_coded: int, smallest: int) -> None:
     """Log `floor_outlasts_cap`'s line, if any: a warning when this Hydra job's command line set a stop key (or
     outside Hydra: the caller chose every key), else info."""
-    line = floor_outlasts_cap(m, optim, n_coded, smallest)
-    if line is not None:
+    if (line := floor_outlasts_cap(m, optim, n_coded, smallest)) is not None:
         from hydra.core.hydra_config import HydraConfig
 
         told = not HydraConfig.initialized() or any(o.lstrip("+~").split("=", 1)[0] in STOP_KEYS

@@ -53,8 +53,7 @@ def write_all(df: pd.DataFrame, results: list[Result], out: Path, name: str, tit
     mine: dict[str, list[Result]] = defaultdict(list)
     for r in results:
         mine[r.task].append(r)
-    known = task_names()
-    if unknown := sorted(set(mine) - set(known)):
+    if unknown := sorted(set(mine) - set(task_names())):
         print(f"note: {sum(len(mine[t]) for t in unknown)} result(s) of tasks not declared here ({', '.join(unknown)}) "
               "have no table", file=sys.stderr)
     tables: dict[str, str] = {}

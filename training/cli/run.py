@@ -92,9 +92,8 @@ def _job(cfg: DictConfig, hc: Any, multirun: bool) -> list[Outcome]:
         if line is None:
             to_run_log(logging.ERROR, f"job failed: {type(err).__name__}: {err}", err)
             raise
-        run_dir = Path(hc.runtime.output_dir)
         if isinstance(err, (ConfigError, Refused)) and not multirun and resolved and remove_if_unused(
-                run_dir, Path(str(resolved["paths"]["out_dir"]))):
+                Path(hc.runtime.output_dir), Path(str(resolved["paths"]["out_dir"]))):
             exit_user_error(line, err)  # refused before it did anything: no directory left behind
         to_run_log(logging.ERROR, f"error: {line}")
         if multirun and not env.hydra_full_error():

@@ -108,6 +108,7 @@ READ_ONLY_WITH: tuple[tuple[str, str, Any, Any], ...] = (
     ("mdl.eval_every_steps", "mdl.full_run", True, None),  # MDL: the full run's validation cadence only
     ("optim.schedule", "optim.name", "adamw", "constant"),  # schedule-free AdamW has no schedule but its warm-up
     ("optim.warmup_steps", "optim.name", "schedulefree", 0),  # schedule-free's warm-up: AdamW has none
+    ("mdl.split", "mdl.protocol", "paper", "once"),  # a prequential code sends each row once, in one order
 )
 # Keys a dataset declares but a task does not read: (key, dataset, the one value accepted, the tasks (None: all)).
 UNREAD_BY_DATASET: tuple[tuple[str, str, Any, tuple[str, ...] | None], ...] = (

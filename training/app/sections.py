@@ -162,6 +162,9 @@ class MdlConfig(Section):
     # paper code's rule); the model stops after `patience` such epochs either way
     stopping: str = one_of("patience", "patience", "backtrack", hash_default=False)
     batch_order: str = one_of("shuffled", "shuffled", "fixed", hash_default=False)  # fixed: the same order each epoch
+    # once: one validation set and nested blocks for every block model | redraw (the public code's; protocol=paper
+    # only): each block model draws its own validation set, training rows and scored block (splits.py `of_model`)
+    split: str = one_of("once", "once", "redraw", hash_default=False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -105,10 +105,11 @@ class Blocks:
         if k == len(self.todo):
             self.full.append(res)
             return
-        trainer, split, blocks = self.trainer, self.trainer.split, self.blocks
+        trainer, blocks = self.trainer, self.blocks
         i, num_blocks = self.todo[k], self.num_blocks
+        split = trainer.split.of_model(("block", i))  # the job's split, or the model's own (mdl.split=redraw)
         coded = split.block(i + 1) if trainer.cfg.mdl.protocol == "prequential" else split.block(num_blocks)
-        ce, temperature = trainer.code_bits(model, coded)
+        ce, temperature = trainer.code_bits(model, coded, split)
         if not math.isfinite(ce):
             raise NonFiniteError(f"non-finite code length ({ce} bits/sample) of block {i + 1} by "
                                  f"{model_name(('block', i))}: {NONFINITE_HINT}")

@@ -27,6 +27,7 @@ member is dropped (its parameters leave the optimizer), so no Adam-type update t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,10 +37,13 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from training.engine.batches import DeviceData
-from training.engine.fit import Regularizer, cross_entropy_total, snapshot
+from training.engine.fit import cross_entropy_total, snapshot
 from training.engine.flat_optim import LibraryOptim, make_member_optim
 from training.engine.numerics import in_format
 from training.engine.stacked_optim import StackedScheduleFree, StepScalars
+
+if TYPE_CHECKING:
+    from training.engine.group import GroupOptions
 
 VAL_CHUNK = 1024  # as training.engine.fit.predict_logits
 # (rows validated: a slice or index tensor, their float64 losses) -> which rows keep their state as the best so far
@@ -86,7 +90,8 @@ class ValSet:
         return self._cache[key], self.y[idx.to(self.y.device)]
 
 
-def _optimizer_groups(opt: torch.optim.Optimizer, names: dict[int, str]) -> list[tuple[list[str], dict]]:
+def _optimizer_groups(model: nn.Module, opt: torch.optim.Optimizer) -> list[tuple[list[str], dict]]:
+    names = {id(p): n for n, p in model.named_parameters()}
     return [([names[id(p)] for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
             for g in opt.param_groups]
 
@@ -94,18 +99,15 @@ def _optimizer_groups(opt: torch.optim.Optimizer, names: dict[int, str]) -> list
 def check_same_groups(models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer]
                       ) -> list[tuple[list[str], dict]]:
     """The members' (identical) μP param groups as (parameter names, hyperparameters)."""
-    groups = [_optimizer_groups(o, {id(p): n for n, p in m.named_parameters()})
-              for m, o in zip(models, opts, strict=True)]
-    ref = [(names, repr(group)) for names, group in groups[0]]
-    if any([(names, repr(group)) for names, group in g] != ref for g in groups[1:]):
-        raise ValueError("members of one vectorised group need identical optimizer param groups")
-    return groups[0]
+    groups = _optimizer_groups(models[0], opts[0])
+    for m, o in zip(models[1:], opts[1:], strict=True):
+        check_joins(groups, m, o)
+    return groups
 
 
 def check_joins(groups: list[tuple[list[str], dict]], model: nn.Module, opt: torch.optim.Optimizer) -> None:
     """A member taking a row has the group's param groups (`groups`, as `check_same_groups` gave them)."""
-    mine = _optimizer_groups(opt, {id(p): n for n, p in model.named_parameters()})
-    if [(names, repr(group)) for names, group in mine] != [(names, repr(group)) for names, group in groups]:
+    if [(n, repr(g)) for n, g in _optimizer_groups(model, opt)] != [(n, repr(g)) for n, g in groups]:
         raise ValueError("members of one vectorised group need identical optimizer param groups")
 
 
@@ -113,20 +115,18 @@ class LoopEngine:
     """Members' own modules; one shared optimizer step. Bitwise equal to sequential training (with the
     library's optimizer step; `fused_optimizer`: training/engine/flat_optim.py)."""
 
-    def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
-                 compile: bool | str | None = None, regularizer: Regularizer | None = None,
-                 fused_optimizer: bool | str = False, rng_seeds: Sequence[int] | None = None,
-                 memory_format: torch.memory_format | None = None) -> None:
+    def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer], options: GroupOptions,
+                 rng_seeds: Sequence[int] | None = None, memory_format: torch.memory_format | None = None) -> None:
         groups = check_same_groups(models, opts)
         self.models = list(models)  # per live row
         self.fmt = memory_format  # training.channels_last: the members' parameters and batches in this layout
         for m in self.models:
             self._in_format(m)
-        self.regularizer = regularizer
-        self.mode = mode = compile_mode(compile)
+        self.regularizer = options.regularizer
+        self.mode = mode = compile_mode(options.compile)
         # Compiled wrappers share the modules' parameters (one graph for all: same structure, params as inputs).
         self.forward = [torch.compile(m, mode=mode) if mode else m for m in self.models]
-        self.opt = make_member_optim(str(fused_optimizer), type(opts[0]), groups,
+        self.opt = make_member_optim(str(options.fused_optimizer), type(opts[0]), groups,
                                      [dict(m.named_parameters()) for m in self.models])
         self.best: list[dict[str, Tensor]] = [snapshot(m) for m in self.models]
         self.loss_sum = torch.zeros(len(self.models), device=next(self.models[0].parameters()).device)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import functools
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from training.common import env
+from training.engine.stacked_optim import StepScalars, next_scalars
 
 Groups = list[tuple[list[str], dict[str, Any]]]  # (parameter names, hyperparameters) per param group
 
@@ -128,9 +129,11 @@ def _copy(v: Any) -> Any:
     return v.detach().clone() if torch.is_tensor(v) else v
 
 
-def _sf_update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, lr: Tensor, ckp1: Tensor, bc2: Tensor, y_coef: Tensor,
-               beta2: float, eps: float, decay: float) -> None:
-    """One schedule-free AdamW step, in place, with the library's formulas (schedulefree 1.4)."""
+def _sf_update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, t: tuple[Tensor, Tensor, Tensor, Tensor],
+               hp: tuple[float, float, float]) -> None:
+    """One schedule-free AdamW step, in place, with the library's formulas (schedulefree 1.4); `t`: the step's
+    (lr, ckp1, bc2, y coefficient) as tensors of y's dtype, `hp`: (beta2, eps, weight decay)."""
+    (lr, ckp1, bc2, y_coef), (beta2, eps, decay) = t, hp
     v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
     gn = g / ((v / bc2).sqrt() + eps)
     if decay != 0:
@@ -152,7 +155,7 @@ def _compiled_update() -> Callable[..., None]:
     return torch.compile(_sf_update, dynamic=True, fullgraph=True)
 
 
-Update = Callable[[Tensor, Tensor, Tensor, Tensor, float, float, float, float, float, float, float], None]
+Update = Callable[[Tensor, Tensor, Tensor, Tensor, StepScalars, Mapping[str, Any]], None]  # y, z, v, g, step, group
 BACKENDS = ("numba", "compile", "eager")
 
 
@@ -172,10 +175,9 @@ def update_fn(backend: str, device: torch.device) -> Update:
                            "(g++ or clang++, or $CXX): none found. Install one, or use numba (the CPU default)")
     kernel: Callable[..., None] = _compiled_update() if backend == "compile" else _sf_update
 
-    def update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, lr: float, ckp1: float, bc2: float, coef: float,
-               beta2: float, eps: float, decay: float) -> None:
-        scalars = [torch.tensor(s, dtype=y.dtype, device=y.device) for s in (lr, ckp1, bc2, coef)]
-        kernel(y, z, v, g, *scalars, beta2, eps, decay)
+    def update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, s: StepScalars, group: Mapping[str, Any]) -> None:
+        t = tuple(torch.tensor(x, dtype=y.dtype, device=y.device) for x in (s.lr, s.ckp1, s.bc2, s.coef))
+        kernel(y, z, v, g, t, (group["betas"][1], group["eps"], group["weight_decay"]))
 
     return update
 
@@ -240,20 +242,10 @@ class FlatScheduleFree:
         if not self.train_mode:
             raise RuntimeError("optimizer step in eval mode: call train() first")
         for gi, group in enumerate(self.group_settings):
-            k = group["k"]
-            beta1, beta2 = group["betas"]
-            sched = (k + 1) / group["warmup_steps"] if k < group["warmup_steps"] else 1.0
-            lr = group["lr"] * sched
-            group["lr_max"] = max(lr, group["lr_max"])
-            weight = group["lr_max"] ** group["weight_lr_power"]
-            group["weight_sum"] = group["weight_sum"] + weight
-            ckp1 = weight / group["weight_sum"] if group["weight_sum"] != 0 else 0.0
             z = self.z[gi]
             if z is None:
                 z = self.z[gi] = self.y[gi].clone()
-            self.update(self.y[gi], z, self.v[gi], self.g[gi], lr, ckp1, 1 - beta2 ** (k + 1),
-                        lr * (beta1 * (1 - ckp1) - 1), beta2, group["eps"], group["weight_decay"])
-            group["k"] = k + 1
+            self.update(self.y[gi], z, self.v[gi], self.g[gi], next_scalars(group), group)
 
     @torch.no_grad()
     def lerp_member(self, r: int, weight: Callable[[float], float]) -> None:

@@ -2,17 +2,13 @@
 
 Each member keeps its own init, training subset, batch order, augmentation stream, schedule-free state and
 early stopping, exactly as `training.engine.fit.fit` would train it alone (it draws the same `draw_epoch` streams).
-One step takes one batch per live member: the batches of all members are gathered, cropped/flipped and
-decoded in one go, then mapped by the members' shared `FitConfig.batch_transform` if any (e.g. erased after
-augmentation, `eraser.after_augment`); a member whose epoch ends is validated (eval mode), and one that
-early-stops leaves the group: with fewer rows than members (`GroupOptions.rows`), its row takes the next pending
-member (training/engine/lockstep_state.py `RowSchedule`), which starts there as it would alone. How the step's
-arithmetic is shared is the engine's business
-(training/engine/backends.py): `loop` (bitwise equal to sequential training; default on CPU) or `stacked` (vmap
-over stacked parameters; default on GPU).
-Equality with sequential training is tested in tests/test_vectorized.py. A group is one `_Lockstep`; each
-member's training state (epoch, batch, early stopping, curve, result) is one `LockstepMember`
-(training/engine/lockstep_state.py, with the drawn epochs `_Plan`).
+One step takes one batch per live member: all members' batches are gathered, cropped/flipped and decoded in one go,
+then mapped by their shared `FitConfig.batch_transform` if any (`eraser.after_augment`); a member whose epoch ends is
+validated (eval mode), and one that early-stops leaves the group: with fewer rows than members
+(`GroupOptions.rows`), its row takes the next pending member (training/engine/lockstep_state.py `RowSchedule`),
+which starts there as it would alone. The step's arithmetic is the engine's (training/engine/backends.py): `loop`
+(bitwise equal to sequential training, tests/test_vectorized.py; default on CPU) or `stacked` (vmap over stacked
+parameters; default on GPU). A group is one `_Lockstep`; each member's training state is one `LockstepMember`.
 """
 
 from __future__ import annotations
@@ -106,16 +102,10 @@ def module_refusal(model: nn.Module, engine: str) -> str | None:
 
 
 def draws_masks(model: nn.Module) -> bool:
-    """Whether training `model` draws dropout / drop path masks from the global RNG."""
-    return any(drop_rate(m) > 0 for m in model.modules())
-
-
-def drop_rate(module: nn.Module) -> float:
-    """A dropout's p or a drop path's drop_prob (timm's DropPath); 0 for any other module (and at p = 0, where
-    dropout returns its input unchanged: no reason to refuse)."""
-    if isinstance(module, nn.modules.dropout._DropoutNd):
-        return float(module.p)
-    return float(getattr(module, "drop_prob", 0.0) or 0.0)
+    """Whether training `model` draws dropout / drop path masks from the global RNG: a dropout's p or a drop path's
+    drop_prob (timm's DropPath) above 0 (at p = 0 dropout returns its input unchanged)."""
+    return any((float(m.p) if isinstance(m, nn.modules.dropout._DropoutNd) else
+                float(getattr(m, "drop_prob", 0.0) or 0.0)) > 0 for m in model.modules())
 
 
 def resolve_engine(engine: str, device: torch.device, vectorises: bool = True) -> str:
@@ -184,12 +174,9 @@ def check_options(engine: str, workers: int | str, fused_optimizer: bool | str, 
 
 def resolve_workers(workers: int | str, device: torch.device, engine: str, n_members: int) -> int:
     """`training.workers`: auto → on CPU with the loop engine, one thread per intra-op thread torch would use
-    (`torch.get_num_threads()`, i.e. OMP_NUM_THREADS or the cores), at most one per member; else 1.
-
-    Why: a small MLP/LeNet step is a chain of small kernels; two cores split one matmul poorly and an
-    elementwise optimizer op on a 20k-element tensor not at all, while two disjoint groups of models, one
-    per core, scale almost linearly. Each worker runs with one intra-op thread.
-    """
+    (`torch.get_num_threads()`, i.e. OMP_NUM_THREADS or the cores), at most one per member; else 1. A small model's
+    step is a chain of small kernels that two cores split poorly, while disjoint groups of models, one per core
+    (each worker with one intra-op thread), scale almost linearly."""
     if str(workers) == "auto":
         if device.type != "cpu" or engine != "loop":
             return 1
@@ -284,7 +271,7 @@ def _make_engine(members: Sequence[Member], options: GroupOptions, refill: bool)
     fmt = memory_format(models[0], next(models[0].parameters()).device, members[0].cfg.numerics, options.engine)
     if options.engine != "stacked":
         seeds = [rng_seed(m) for m in members] if draws_masks(models[0]) else None
-        return LoopEngine(models, opts, options.compile, options.regularizer, options.fused_optimizer, seeds, fmt)
+        return LoopEngine(models, opts, options, seeds, fmt)
     if options.regularizer is not None:
         raise ValueError("the stacked engine does not support a regularizer; use engine='loop'")
     return StackedEngine(models, opts, options.compile, per_row=refill)

@@ -38,6 +38,20 @@ class StepScalars:
     coef: float | Tensor  # lr·(β1·(1 − ckp1) − 1), the y step
 
 
+def next_scalars(g: dict[str, Any]) -> StepScalars:
+    """The next step's scalars of param group `g`, advancing its k, lr_max and weight_sum (the library's step, r=0)."""
+    k = g["k"]
+    sched = (k + 1) / g["warmup_steps"] if k < g["warmup_steps"] else 1.0
+    lr = g["lr"] * sched
+    g["lr_max"] = lr_max = max(lr, g["lr_max"])
+    weight = lr_max ** g["weight_lr_power"]
+    g["weight_sum"] = weight_sum = g["weight_sum"] + weight
+    ckp1 = weight / weight_sum if weight_sum != 0 else 0.0
+    beta1, beta2 = g["betas"]
+    g["k"] = k + 1
+    return StepScalars(lr, ckp1, 1 - beta2 ** (k + 1), lr * (beta1 * (1 - ckp1) - 1))
+
+
 class StackedScheduleFree:
     """y (the stacked parameters, updated in place), z and the second moment per parameter name; per group the
     library's scalars on the host."""
@@ -76,20 +90,7 @@ class StackedScheduleFree:
         return out
 
     def scalars(self) -> list[StepScalars]:
-        """The next step's scalars per group, advancing the group's k, lr_max and weight_sum (the library's step)."""
-        out = []
-        for _, g in self.groups:
-            k = g["k"]
-            sched = (k + 1) / g["warmup_steps"] if k < g["warmup_steps"] else 1.0
-            lr = g["lr"] * sched
-            g["lr_max"] = lr_max = max(lr, g["lr_max"])
-            weight = ((k + 1) ** g["r"]) * (lr_max ** g["weight_lr_power"])
-            g["weight_sum"] = weight_sum = g["weight_sum"] + weight
-            ckp1 = weight / weight_sum if weight_sum != 0 else 0
-            beta1, beta2 = g["betas"]
-            out.append(StepScalars(lr, ckp1, 1 - beta2 ** (k + 1), lr * (beta1 * (1 - ckp1) - 1)))
-            g["k"] = k + 1
-        return out
+        return [next_scalars(g) for _, g in self.groups]
 
     def update(self, params: Mapping[str, Tensor], grads: Mapping[str, Tensor], scalars: list[StepScalars]) -> None:
         """One step of every group, in place on params, z and the second moment (`grads` are overwritten)."""
@@ -98,7 +99,7 @@ class StackedScheduleFree:
             for n in names:
                 y, grad, v, z = params[n], grads[n], self.v[n], self.z[n]
                 if isinstance(s.lr, Tensor):
-                    _row_update(y, grad, v, z, s, beta2, eps, decay)
+                    _row_update(y, grad, v, z, s, g)
                     continue
                 v.mul_(beta2)
                 v.addcmul_(grad, grad, value=1 - beta2)
@@ -147,13 +148,14 @@ class StackedScheduleFree:
             self.rows = {k: t[..., rows] for k, t in self.rows.items()}
 
 
-def _row_update(y: Tensor, grad: Tensor, v: Tensor, z: Tensor, s: StepScalars, beta2: float, eps: float,
-                decay: float) -> None:
-    """The update with per-row scalars (tensors of length M, broadcast over each row's parameters)."""
+def _row_update(y: Tensor, grad: Tensor, v: Tensor, z: Tensor, s: StepScalars, g: Mapping[str, Any]) -> None:
+    """The update with per-row scalars (tensors of length M, broadcast over each row's parameters); `g`: the
+    group's hyperparameters."""
     def row(t: float | Tensor) -> Tensor:
         assert isinstance(t, Tensor)
         return t.to(y.dtype).view(-1, *[1] * (y.dim() - 1))
 
+    beta2, eps, decay = g["betas"][1], g["eps"], g["weight_decay"]
     v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
     grad.div_((v / row(s.bc2)).sqrt_().add_(eps))
     if decay != 0:

@@ -154,6 +154,21 @@ Precheck = Callable[[JobConfig, torch.device, Any, Any], Any]  # (config, device
 Fingerprint = Callable[[JobConfig, Any], DataOnDisk]  # (config, store)
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """A task's hooks into the lifecycle (`Task.lifecycle()`, keyword arguments of `run_in_job_dir`): `precheck`
+    refuses bad runtime options before anything is made and returns what it loaded (`JobRun.loaded`); `finite`: the
+    sections whose every number must be finite (else NonFiniteError, no result); an earlier result is not reused (one
+    line says why) when it lacks a `complete` section or its `dataset.fingerprint` differs from `fingerprint(cfg)`,
+    the data now (which the body then gets); `describe`: the done line's summary of a result."""
+
+    precheck: Precheck | None = None
+    describe: Callable[[dict[str, Any]], str] | None = None
+    finite: tuple[str, ...] = ()
+    complete: tuple[str, ...] = ()
+    fingerprint: Fingerprint | None = None
+
+
 def stale_reason(done: Result, cfg: JobConfig, complete: tuple[str, ...],
                  fingerprint: Callable[[JobConfig], Any] | None) -> Stale | None:
     """Why a finished result of this configuration must not be reused (None: reuse it): a section the task
@@ -201,39 +216,30 @@ def check_finite(result: Result, sections: tuple[str, ...], job_path: Path) -> N
                                  "nothing was written as a result")
 
 
-def run_in_job_dir(cfg: JobConfig, body: Body, precheck: Precheck | None = None,
-                   describe: Callable[[dict[str, Any]], str] | None = None, finite: tuple[str, ...] = (),
-                   complete: tuple[str, ...] = (), fingerprint: Fingerprint | None = None,
-                   store: Any = None) -> Outcome:
+def run_in_job_dir(cfg: JobConfig, body: Body, store: Any = None, **hooks: Any) -> Outcome:
     """Run `body`, the job of `cfg` (loaded with its task's spec), in its directory under its lock; its Outcome: done
-    with the new result, or skipped/reused with an earlier result of this configuration. `precheck` refuses bad
-    runtime options before anything is made and returns what it loaded (`JobRun.loaded`). `finite`: the sections
-    whose every number must be finite (else NonFiniteError, no result); every result gets `provenance`. An earlier
-    result is not reused (one line says why) when it lacks a `complete` section or its `dataset.fingerprint` differs
-    from `fingerprint(cfg)`, the data now (which the body then gets). `store`: what the seeds of a cell share (loaded
-    data, fitted erasers, erased data: training/inputs/store.py), handed to the hooks and the body."""
-    (outcome,) = run_cell([cfg], lambda runs: [body(runs[0])], precheck, describe, finite, complete, fingerprint,
-                          store)
+    with the new result (with its `provenance`), or skipped/reused with an earlier result of this configuration.
+    `hooks`: the fields of `Hooks`. `store`: what the seeds of a cell share (loaded data, fitted erasers, erased
+    data: training/inputs/store.py), handed to the hooks and the body."""
+    (outcome,) = run_cell([cfg], lambda runs: [body(runs[0])], store, **hooks)
     if outcome.exception is not None:
         raise outcome.exception
     return outcome
 
 
-def run_cell(cfgs: list[JobConfig], body: CellBody, precheck: Precheck | None = None,
-             describe: Callable[[dict[str, Any]], str] | None = None, finite: tuple[str, ...] = (),
-             complete: tuple[str, ...] = (), fingerprint: Fingerprint | None = None,
-             store: Any = None) -> list[Outcome]:
+def run_cell(cfgs: list[JobConfig], body: CellBody, store: Any = None, **hooks: Any) -> list[Outcome]:
     """The jobs of a cell's seeds (`cfgs`, one configuration) run together: each opened in its directory under its
     lock (skipped or reused as alone), then `body` runs every job that is not done at once (one numerics: they train
     together) and returns each one's sections or the exception it failed with; each writes its result.json. An
     Outcome per seed, in order: a seed that failed (`failed`, with its exception) never stops the others.
     Interrupts (a signal's stop, Ctrl-C) pass through, every lock released."""
     outcomes: dict[int, Outcome] = {}
+    given = Hooks(**hooks)
     with ExitStack() as stack:
         runs: list[tuple[int, JobRun]] = []
         for i, cfg in enumerate(cfgs):
             try:
-                got = stack.enter_context(opened(cfg, precheck, complete, fingerprint, store))
+                got = stack.enter_context(opened(cfg, given, store))
             except Exception as err:  # noqa: BLE001 - this seed's: recorded, the others go on
                 outcomes[i] = failed(cfg, err)
                 continue
@@ -249,7 +255,7 @@ def run_cell(cfgs: list[JobConfig], body: CellBody, precheck: Precheck | None = 
                     try:
                         if isinstance(made, BaseException):
                             raise made
-                        outcomes[i] = finish(run, made, finite, describe)
+                        outcomes[i] = finish(run, made, given)
                     except Exception as err:  # noqa: BLE001 - this seed's: recorded, the others go on
                         outcomes[i] = failed(run.cfg, err)
     return [outcomes[i] for i in range(len(cfgs))]
@@ -263,11 +269,10 @@ def failed(cfg: JobConfig, err: Exception) -> Outcome:
 
 
 @contextmanager
-def opened(cfg: JobConfig, precheck: Precheck | None = None, complete: tuple[str, ...] = (),
-           fingerprint: Fingerprint | None = None, store: Any = None) -> Iterator[Outcome | JobRun]:
+def opened(cfg: JobConfig, hooks: Hooks, store: Any = None) -> Iterator[Outcome | JobRun]:
     """The job of `cfg` opened: its directory locked inside; yields its Outcome when an earlier result stands
     (skipped, reused), else the JobRun its body runs (see `run_in_job_dir`)."""
-    spec = cfg.task_spec
+    spec, precheck, fingerprint = cfg.task_spec, hooks.precheck, hooks.fingerprint
     job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), spec, cfg.force)
     device = resolve_device(cfg.device)
     # a job that looks finished loads nothing (the lifecycle skips it, unless its result is stale: checked below)
@@ -281,7 +286,7 @@ def opened(cfg: JobConfig, precheck: Precheck | None = None, complete: tuple[str
 
     check = now_on_disk if fingerprint is not None else None
     with job.locked():
-        if (done := job.finished(lambda d: stale_reason(d, cfg, complete, check))) is not None:
+        if (done := job.finished(lambda d: stale_reason(d, cfg, hooks.complete, check))) is not None:
             yield Outcome("skipped", job.path, encode(done))
             return
         if not cfg.force and cfg.paths.legacy_job_dir and (done := legacy_result(cfg, job.path)) is not None:
@@ -298,8 +303,7 @@ def opened(cfg: JobConfig, precheck: Precheck | None = None, complete: tuple[str
         yield JobRun(cfg, job, device, progress, loaded, store)
 
 
-def finish(run: JobRun, sections: Sections, finite: tuple[str, ...] = (),
-           describe: Callable[[dict[str, Any]], str] | None = None) -> Outcome:
+def finish(run: JobRun, sections: Sections, hooks: Hooks) -> Outcome:
     """The job's result.json written (its last act: its presence means "done") and its progress file cleared."""
     cfg, job, device = run.cfg, run.job, run.device
     numerics = None if run.numerics is None else run.numerics.signature(device, device_name(str(device)))
@@ -309,9 +313,9 @@ def finish(run: JobRun, sections: Sections, finite: tuple[str, ...] = (),
                        device=str(device), timings=timings,
                        provenance={**provenance(device, run.started, now_utc()), "numerics": numerics},
                        spec=cfg.task_spec)
-    check_finite(typed, finite, job.path)
+    check_finite(typed, hooks.finite, job.path)
     job.write_result(typed)
     result = encode(typed)
     run.progress.clear()
-    log.info("done %s: %s, %.1fs", job.path, describe(result) if describe else cfg.task, timings["total_s"])
+    log.info("done %s: %s, %.1fs", job.path, hooks.describe(result) if hooks.describe else cfg.task, timings["total_s"])
     return Outcome("done", job.path, result)

@@ -126,18 +126,16 @@ def encode(result: Result) -> dict[str, Any]:
     return {**head, **result.body.written, **{k: tail[k] for k in result.tail}}
 
 
-def new_result(*, config_hash: str, hash_version: int, numerics_version: int, job_dir: str, task: str,
-               config: Mapping[str, Any], sections: Sections, device: str, timings: Mapping[str, Any],
-               provenance: Mapping[str, Any], spec: TaskSpec) -> Result:
-    """The Result of task `spec` (training/app/lifecycle.py writes it) around the sections its body returned."""
+def new_result(sections: Sections, spec: TaskSpec, **envelope: Any) -> Result:
+    """The Result of task `spec` (training/app/lifecycle.py writes it) around the sections its body returned;
+    `envelope`: its other fields as result.json holds them (config_hash, hash_version, numerics_version, job_dir,
+    task, config, device, timings, provenance)."""
     if type(sections) is not (cls := spec.result_type).sections_type:
         raise TypeError(f"task {spec.name}'s body returned {type(sections).__name__}, not {cls.sections_type.__name__}")
     if clash := [k for k in sections.written if k in ENVELOPE_KEYS]:
         raise ValueError(f"task {spec.name}'s sections {clash} are envelope keys (training/app/result_types.py)")
-    return cls(config_hash=config_hash, hash_version=hash_version, numerics_version=numerics_version,
-               schema_version=RESULT_SCHEMA, task=task, config=dict(config), job_dir=job_dir, body=sections,
-               device=device, timings=dict(timings), provenance=Provenance.of(dict(provenance)),
-               dataset=DatasetInfo.of(at(sections.written, "dataset")), tail=TAIL_KEYS)
+    return cls(**{**envelope, "provenance": Provenance.of(envelope["provenance"])}, schema_version=RESULT_SCHEMA,
+               body=sections, dataset=DatasetInfo.of(at(sections.written, "dataset")), tail=TAIL_KEYS)
 
 
 def read(path: Path, spec: TaskSpec | None) -> Result | None:

@@ -67,7 +67,7 @@ class Task:
         return None
 
     def lifecycle(self) -> dict[str, Any]:
-        """Keyword arguments of `run_in_job_dir` (precheck, describe, finite, complete, fingerprint)."""
+        """The job's lifecycle `Hooks` as keyword arguments of `run_in_job_dir` (training/app/lifecycle.py)."""
         return {}
 
     def implementation(self) -> ModuleType:

@@ -57,15 +57,11 @@ def field_spec(f: dataclasses.Field[Any]) -> FieldSpec:
     return FieldSpec(**{k: meta[k] for k in _SPEC_KEYS if k in meta})
 
 
-def spec(default: Any = dataclasses.MISSING, *, kind: type | tuple[type, ...] | None = None,
-         check: Check | None = None, allowed: str = "", choices: tuple[Any, ...] = (), optional: bool = False,
-         hash: bool = True, default_factory: Any = dataclasses.MISSING,  # noqa: A002 - mirrors the concept
-         omit_empty: bool = False, typed_view: bool = False, hash_default: bool = True, **field_kw: Any) -> Any:
-    """A config field declared by its FieldSpec (see there)."""
-    meta = {SPEC: FieldSpec(kind, check, allowed, choices, optional, hash, omit_empty, typed_view, hash_default)}
-    if default_factory is not dataclasses.MISSING:
-        return field(default_factory=default_factory, metadata=meta, **field_kw)
-    return field(default=default, metadata=meta, **field_kw)
+def spec(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
+    """A config field declared by its FieldSpec: the keywords named as FieldSpec's fields (kind, check, allowed,
+    ...) make it, the others go to `dataclasses.field` (default_factory, compare, repr)."""
+    meta = {SPEC: FieldSpec(**{k: kw.pop(k) for k in _SPEC_KEYS & kw.keys()})}
+    return field(default=default, metadata=meta, **kw)
 
 
 # ---- common checks ------------------------------------------------------------------------------------------

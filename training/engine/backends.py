@@ -1,27 +1,22 @@
 """The arithmetic of a vectorised group (training/engine/group.py): how M live models take one step together.
 
-* `LoopEngine`: the members' own modules, one forward per member on its slice of the shared batch, one
-  backward over the summed losses and **one** optimizer step over all members' parameters (foreach kernels).
-  Every kernel sees exactly the shapes it sees in `training.engine.fit.fit`, so the numbers are bitwise those of
-  sequential training. Best on CPU, where batched matmuls are slower than a loop of plain ones. Dropout / drop path:
-  each member's forward draws from its own stream of the device's global RNG (`rng_seeds`), the one it draws from
-  alone. Every row's activations are held until the one backward (the memory estimate counts them all).
-* `StackedEngine`: parameters stacked per name (M, *shape); the model's forward under `torch.func.vmap` +
-  `functional_call` (Linear → batched matmul, Conv → grouped conv), so one step is one set of kernels for
-  all members. Partial batches are padded with zero-weight rows. Same arithmetic up to float32 rounding of
-  the batched kernels. Best on GPU, where launches dominate for small models. Its step (gradients and the
-  schedule-free update, training/engine/stacked_optim.py) is one function with no read back and host work that
-  does not grow with M; `training.compile` compiles it whole (fullgraph). Dropout / drop path draw per member
-  (vmap randomness="different"); constant buffers (SwinV2's relative positions) are the template's.
+* `LoopEngine`: the members' own modules, one forward per member on its slice of the shared batch, one backward
+  over the summed losses and **one** optimizer step over all members' parameters (foreach kernels). Every kernel
+  sees exactly the shapes it sees in `training.engine.fit.fit`: bitwise sequential training. Best on CPU. Dropout /
+  drop path: each member's forward draws from its own stream of the device's global RNG (`rng_seeds`), as alone.
+  Every row's activations are held until the one backward (the memory estimate counts them all).
+* `StackedEngine`: parameters stacked per name (M, *shape); the forward under `torch.func.vmap` + `functional_call`
+  (Linear → batched matmul, Conv → grouped conv): one set of kernels per step for all members, partial batches
+  padded with zero-weight rows, the same arithmetic up to float32 rounding. Best on GPU. Its step (gradients and
+  the schedule-free update, training/engine/stacked_optim.py) has no read back and host work that does not grow
+  with M; `training.compile` compiles it whole. Dropout / drop path draw per member (vmap randomness="different");
+  constant buffers (SwinV2's relative positions) are the template's.
 
-Both: the members' μP param groups (MuAdam: lr / width_mult per group) and schedule-free AdamW's formulas:
-the loop engine with the members' own optimizer class (or `fused_optimizer`), the stacked engine with the same
-operations written over the stacked tensors (bitwise the library's on CPU). Schedule-free AdamW is elementwise
-except its per-group scalars (k, lr_max, weight_sum). Members that start together step together, so those scalars
-are theirs in common: the loop engine keeps one optimizer per such cohort; the stacked engine computes them once on
-the host, or, where a row takes a new member (`replace`: rows refilled from a queue) or the step is compiled, per
-row on the device. Validation mirrors `optimizer.eval()` / `.train()` on the validated members only. A finished
-member is dropped (its parameters leave the optimizer), so no Adam-type update touches it again.
+Both keep the members' μP param groups and schedule-free AdamW's formulas, whose per-group scalars (k, lr_max,
+weight_sum) members that start together share: the loop engine keeps one optimizer per such cohort; the stacked
+engine computes them on the host, or per row on the device where rows are refilled (`replace`) or the step is
+compiled. Validation mirrors `optimizer.eval()` / `.train()` on the validated members only. A finished member is
+dropped (its parameters leave the optimizer).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The training data as one tensor on the device, batches as index gathers, epochs drawn in one go.
 
-`DeviceData` stores images in the smallest dtype that decodes back to the float32 data *exactly*
-(uint8 for k/255 pixels, float16 for e.g. k/16, else float32 — erased data stays float32) and decodes
-one batch at a time. `draw_epoch` draws one epoch's batch order and augmentation from a model's generator;
-the sequential fit loop and the vectorised trainer both use it, so they see identical batches.
+`DeviceData` stores images in the smallest dtype that decodes back to the float32 data *exactly* (uint8 for k/255
+pixels, float16 for e.g. k/16, else float32) and decodes one batch at a time. `draw_epoch` draws one epoch's batch
+order and augmentation from a model's generator: the fit loop and the vectorised trainer see identical batches.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Checkpoints inside a block: a training loop stopped by a signal saves its whole state here and the next attempt
 goes on from it, with the numbers of an uninterrupted run.
 
-One file per training group (`fit`: one model; a lockstep group: its members) in the job directory, named after
-the group's member names: `checkpoint-<digest>.pt`. It holds a SHA-256 of its payload and the job's config hash:
-a file that is unreadable, corrupt or of another configuration is ignored with one log line (the group starts
-over). A group deletes its file when it finishes; the job deletes what is left when it ends.
+One file per training group (`fit`: one model; a lockstep group: its members) in the job directory, named after its
+member names (`checkpoint-<digest>.pt`), holding a SHA-256 of its payload and the job's config hash: an unreadable,
+corrupt or other configuration's file is ignored with one log line. A group deletes its file when it finishes; the
+job deletes what is left when it ends.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """The fit loop: schedule-free training with early stopping on a validation set, evaluated in eval mode.
 
-Schedule-free optimizers keep two parameter sequences; the averaged one (used for evaluation) is only
-in the model after `optimizer.eval()`. Every validation, coding and snapshot here happens in eval mode.
-torch's AdamW (`optim.name=adamw`) has no modes: it is evaluated as trained, with its learning-rate schedule
-(`lr_schedule`) stepped once per epoch.
-
-The paper code's stopping (`stopping="backtrack"`, EleutherAI/mdl `Probe.fit`): the untrained model is validated
-too, and after every epoch without a new best the model and optimizer state of the best epoch are reloaded; the
-stop rule is the same (`patience` epochs without a new best). `batch_order="fixed"`: every epoch takes the
-training rows in the order given, not reshuffled.
+Schedule-free optimizers keep two parameter sequences; the averaged one (used for evaluation) is only in the model
+after `optimizer.eval()`: every validation, coding and snapshot here happens in eval mode. torch's AdamW
+(`optim.name=adamw`) has no modes: it is evaluated as trained, its `lr_schedule` stepped once per epoch. The paper
+code's stopping (`stopping="backtrack"`, EleutherAI/mdl `Probe.fit`): the untrained model is validated too, and after
+every epoch without a new best the best epoch's model and optimizer state are reloaded (the same stop rule).
+`batch_order="fixed"`: every epoch takes the training rows in the order given.
 """
 
 from __future__ import annotations
@@ -41,10 +38,9 @@ Regularizer = Callable[[Tensor, Tensor, int], Tensor]  # (logits, y, step) -> pe
 
 
 class BatchTransform(Protocol):
-    """(batch, labels, class segments) -> the batch the model trains on, applied after augmentation: e.g.
-    `eraser.after_augment` erases each augmented batch (training/inputs/erase.py BatchEraser). `needs_labels`: the
-    loops then pass the batch's `ClassSegments`, worked out on the host (no read back). Validation data is never
-    transformed."""
+    """(batch, labels, class segments) -> the batch the model trains on, after augmentation (`eraser.after_augment`:
+    training/inputs/erase.py BatchEraser). `needs_labels`: the loops pass the batch's `ClassSegments`, worked out on
+    the host (no read back). Validation data is never transformed."""
 
     needs_labels: bool
 
@@ -57,9 +53,8 @@ NEEDS_SHARED_VAL = ("members with a batch transform need a shared x_val/y_val or
 
 
 def nonfinite_loss(what: str, name: str, step: int, epoch: int) -> NonFiniteError:
-    """The one line for a NaN/inf `what` ("training loss", "validation loss") of model `name`. The training loss
-    is summed on the device step by step (no sync) and checked where the loop syncs anyway (each validation and
-    the end of training): it went non-finite at a step after the previous check, by `step`."""
+    """The one line for a NaN/inf `what` ("training loss", "validation loss") of model `name`. The training loss is
+    summed on the device (no sync) and checked where the loop syncs anyway: it went non-finite by `step`."""
     when = f"by step {step}" if what.startswith("training") else f"at step {step}"
     return NonFiniteError(f"non-finite {what} in {name} {when} (epoch {epoch}): {NONFINITE_HINT}")
 
@@ -134,13 +129,11 @@ class Member:
     rng_seed: int | None = None
 
 
-
 @dataclass(frozen=True)
 class TrainData:
     """What a model (or a group, `training.engine.group.fit_group`) trains and validates on: the data (a tensor is
-    kept as float32 on its device) and its labels, and an optional shared validation set (None: each member's
-    `val_idx` into `val_data`, by default the data; a batch transform needs a `val_data` of images already mapped:
-    a cell's members of several seeds erased after augmentation validate on the erased images)."""
+    kept as float32 on its device), its labels and an optional shared validation set (None: each member's `val_idx`
+    into `val_data`, by default the data; with a batch transform, `val_data` holds the images already mapped)."""
 
     data: DeviceData
     y: Tensor
@@ -214,10 +207,8 @@ def cross_entropy_total(model: nn.Module, x: Tensor, y: Tensor, batch_size: int 
 
 
 def fit_temperature(model: nn.Module, x_val: Tensor, y_val: Tensor) -> float:
-    """One temperature T > 0 minimising the validation cross-entropy of logits / T (Guo et al. 2017).
-
-    Used to compare codes of models whose confidence differs by construction (e.g. Spectral Decoupling).
-    """
+    """One temperature T > 0 minimising the validation cross-entropy of logits / T (Guo et al. 2017): codes of models
+    whose confidence differs by construction (e.g. Spectral Decoupling) compare."""
     logits = predict_logits(model, x_val)
     log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([log_t], lr=0.5, max_iter=100, line_search_fn="strong_wolfe")
@@ -246,18 +237,14 @@ def snapshot(model: nn.Module) -> dict[str, Tensor]:
 
 def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None, desc: str = "fit",
         checkpoint: CheckpointStore | None = None, compile: str | None = None) -> FitResult:
-    """Train until `patience` evaluations without improvement; return with the best state loaded.
+    """Train `member` on `member.idx` into `data` until `patience` evaluations without improvement (validation on
+    `data`'s shared set, else `member.val_idx`); return with the best state loaded, model and optimizer in eval mode.
 
-    The training set is `member.idx` into `data`; validation is `data`'s shared set (used as given), else
-    `member.val_idx`. Each epoch draws its batch order and per-sample augmentation from `member.gen` in one go
-    (`training.engine.batches.draw_epoch`); the vectorised trainer draws the same streams. `cfg.batch_transform`
-    (if set) maps each augmented batch before the model sees it. On return the model and optimizer are in eval
-    mode (ready to code a block).
-    A NaN/inf training or validation loss raises NonFiniteError naming the model (`member.name`, else `desc`).
-    `checkpoint`: a stop request (training/common/interrupt.py) saves the whole state there before the next batch
-    and raises `Interrupted`; a later call with the same model name goes on from it (`FitState`).
-    `compile`: a torch.compile mode for the training forward (`training.compile`, see
-    `training.engine.backends.compile_mode`); None: eager.
+    Each epoch draws its batch order and augmentation from `member.gen` in one go (`draw_epoch`, as a group does);
+    `cfg.batch_transform` maps each augmented batch. A NaN/inf loss raises NonFiniteError naming the model
+    (`member.name`, else `desc`). `checkpoint`: a stop request (training/common/interrupt.py) saves the whole state
+    there before the next batch and raises `Interrupted`; a later call with the same model name goes on from it.
+    `compile`: a torch.compile mode for the training forward (`training.engine.backends.compile_mode`; None: eager).
     """
     model, optimizer, gen, cfg = member.model, member.optimizer, member.gen, member.cfg
     train, (x_val, y_val) = data.data, data.validation(member)
@@ -308,15 +295,6 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                 st.best_state = snapshot(model)
                 if backtrack:  # in eval mode, as the model's state (schedule-free: its averaged iterate)
                     st.best_opt = copy.deepcopy(optimizer.state_dict())
-
-    def back_to_best() -> None:
-        """The best epoch's model and optimizer state again (schedule-free: loaded in eval mode, then mapped back
-        to its training iterate)."""
-        assert st.best_opt is not None  # the untrained model was validated first: there is always a best
-        optimizer_mode(optimizer, "eval")
-        model.load_state_dict(st.best_state)
-        optimizer.load_state_dict(st.best_opt)
-        optimizer_mode(optimizer, "train")
 
     bar = progress_bar(total=cfg.max_epochs, desc=desc, unit="ep", leave=False, disable=not cfg.progress)
     reason: str | None = None
@@ -371,8 +349,12 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                 bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{stopper.best_loss:.4f}")
             improved = stopper.improved
             reason = stopper.end_epoch(st.epoch, st.step)
-            if backtrack and reason is None and not improved:
-                back_to_best()
+            if backtrack and reason is None and not improved:  # the best epoch's model and optimizer state again
+                assert st.best_opt is not None  # the untrained model was validated first: there is always a best
+                optimizer_mode(optimizer, "eval")  # schedule-free: loaded in eval mode, mapped back to its training y
+                model.load_state_dict(st.best_state)
+                optimizer.load_state_dict(st.best_opt)
+                optimizer_mode(optimizer, "train")
     bar.close()
     check_training_loss()  # the steps after the last validation (eval_every_steps)
     # Switch the optimizer first: eval() maps the train-mode weights to the averaged ones, so doing it

@@ -1,16 +1,13 @@
 """Schedule-free AdamW for the loop engine: the library's own step, or one fused kernel over flat buffers.
 
-`LibraryOptim` steps the members' parameters with the members' optimizer class (schedulefree's
-AdamWScheduleFree): bitwise what `training.engine.fit.fit` does. `FlatScheduleFree` (`training.fused_optimizer`)
-keeps every parameter group of all members in one flat buffer (the modules' parameters and gradients are
-views into it) and does the whole update - second moment, normalisation, y/z steps - in one kernel, one
-pass over memory instead of nine: a numba loop on CPU (training/engine/sf_kernel.py; no C++ compiler needed, and
-it releases the GIL so `training.workers` threads step concurrently) or `torch.compile` (Triton on GPU).
-Same formulas and the same per-group scalars (k, lr_max, weight_sum) as the library; it differs only by
-float32 rounding where one side contracts a multiply-add into an FMA (tests/test_flat_optim.py).
-
-Both keep a member's parameters contiguous within each group, so evaluation's lerp (y ↔ x) touches one
-member only, and `keep(rows)` drops finished members (they leave the buffers: no update touches them again).
+`LibraryOptim` steps the members' parameters with their optimizer class (schedulefree's AdamWScheduleFree): bitwise
+what `training.engine.fit.fit` does. `FlatScheduleFree` (`training.fused_optimizer`) keeps every parameter group of
+all members in one flat buffer (the modules' parameters and gradients are views into it) and does the whole update
+in one pass over memory instead of nine: a numba loop on CPU (training/engine/sf_kernel.py; it releases the GIL, so
+`training.workers` threads step concurrently) or `torch.compile` (Triton on GPU). Same formulas and per-group
+scalars as the library; it differs only by float32 rounding where one side contracts a multiply-add into an FMA
+(tests/test_flat_optim.py). Both keep a member's parameters contiguous within each group, so evaluation's lerp
+(y ↔ x) touches one member only, and `keep(rows)` drops finished members from the buffers.
 """
 
 from __future__ import annotations

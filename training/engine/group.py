@@ -83,8 +83,7 @@ def why_not_vectorized(model: nn.Module, optimizer: torch.optim.Optimizer,
     to `fit`)."""
     if regularizer is not None and engine == "stacked":
         return "a regularizer is set (the stacked engine's padded batches would change its batch mean)"
-    refusal = module_refusal(model, engine)
-    if refusal is not None:
+    if (refusal := module_refusal(model, engine)) is not None:
         return refusal
     if not all(k in optimizer.param_groups[0] for k in ("k", "weight_sum", "betas", "train_mode")):
         return f"{type(optimizer).__name__} is not a schedule-free AdamW"
@@ -93,9 +92,8 @@ def why_not_vectorized(model: nn.Module, optimizer: torch.optim.Optimizer,
 
 def module_refusal(model: nn.Module, engine: str) -> str | None:
     """Why `model`'s modules cannot train in a group on `engine` (None: they can). Constant buffers (SwinV2's
-    relative positions) are fine; so are dropout and drop path (the loop engine gives each member its own stream
-    of the global RNG, `Member.rng_seed`; the stacked engine draws each member's masks with vmap
-    randomness="different")."""
+    relative positions) are fine; so are dropout and drop path (the loop engine gives each member its own stream of
+    the global RNG, `Member.rng_seed`; the stacked engine draws their masks with vmap randomness="different")."""
     if any(isinstance(m, nn.modules.batchnorm._NormBase) for m in model.modules()):
         return "the model has batch norm (its running statistics are state that training changes)"
     return None
@@ -121,13 +119,11 @@ def resolve_engine(engine: str, device: torch.device, vectorises: bool = True) -
 def fit_group(members: Sequence[Member], inputs: TrainData, options: GroupOptions) -> list[FitResult]:
     """Train all members at once; each ends as `training.engine.fit.fit` would (best state loaded, eval mode).
 
-    Validation on the shared (x_val, y_val), or, when those are None, on each member's `val_idx`.
-    `on_finish(k, model, result)` is called as member k ends (members end in any order). `compile`: see
-    `training.engine.backends.compile_mode` ("reduce-overhead" = CUDA graphs on GPU). `regularizer` (as in `fit`):
-    loop engine only. `workers` (CPU, loop engine): split the members over this many threads, each a
-    lockstep group on its own core (see `resolve_workers`); the numbers do not change. `fused_optimizer`
-    (loop engine): the optimizer step as one kernel over flat buffers (training/engine/flat_optim.py).
-    """
+    Validation on the shared (x_val, y_val), else on each member's `val_idx`. `on_finish(k, model, result)` is called
+    as member k ends (in any order). `compile`: `training.engine.backends.compile_mode`. `regularizer`: loop engine
+    only. `workers` (CPU, loop engine): the members split over this many threads, each a lockstep group on its own
+    core (`resolve_workers`; the numbers do not change). `fused_optimizer` (loop engine): the optimizer step as one
+    kernel over flat buffers (training/engine/flat_optim.py)."""
     if not members:
         return []
     device = inputs.data.device
@@ -204,11 +200,9 @@ def _cost(member: Member, inputs: TrainData) -> float:
 
 def _fit_threads(members: Sequence[Member], inputs: TrainData, options: GroupOptions,
                  n_workers: int) -> list[FitResult]:
-    """Members split over `n_workers` threads, each one lockstep group with one intra-op thread.
-
-    Torch kernels release the GIL, so the groups run on separate cores. `on_finish` calls are serialised
-    (one lock); if a worker fails the others stop at their next step and the first error is raised.
-    """
+    """Members split over `n_workers` threads, each one lockstep group with one intra-op thread (torch kernels
+    release the GIL: the groups run on separate cores). `on_finish` calls are serialised (one lock); if a worker
+    fails the others stop at their next step and the first error is raised."""
     parts = _saved_parts(members, options.checkpoint)
     rest = [k for k in range(len(members)) if not any(k in p for p in parts)]
     if rest:
@@ -239,9 +233,8 @@ def _fit_threads(members: Sequence[Member], inputs: TrainData, options: GroupOpt
                 wait(futures, return_when=FIRST_EXCEPTION)
             finally:  # an error, or e.g. KeyboardInterrupt while waiting: the other workers stop too
                 stop.set()
-            errors = [f.exception() for f in futures]
-            first = next((e for e in errors if e is not None and not isinstance(e, Cancelled)), None)
-            if first is not None:
+            errors = (f.exception() for f in futures)
+            if (first := next((e for e in errors if e is not None and not isinstance(e, Cancelled)), None)) is not None:
                 raise first
     finally:
         stop.set()
@@ -257,11 +250,8 @@ def _saved_parts(members: Sequence[Member], store: CheckpointStore | None) -> li
         return []
     names = [_name(m, k) for k, m in enumerate(members)]
     parts: list[list[int]] = []
-    for saved in store.saved():
-        if saved.kind != "group":
-            continue
-        part = [k for k, n in enumerate(names) if n in saved.names and not any(k in p for p in parts)]
-        if part:
+    for saved in (s for s in store.saved() if s.kind == "group"):
+        if part := [k for k, n in enumerate(names) if n in saved.names and not any(k in p for p in parts)]:
             parts.append(part)
     return parts
 
@@ -303,8 +293,7 @@ class _Lockstep:
         self.y_host = host_copy(inputs.y) if transform is not None and transform.needs_labels else None
         if transform is not None and not self.val.shared and inputs.val_data is None:
             raise ValueError(NEEDS_SHARED_VAL)
-        # The loop engine transforms each member's batch alone, exactly as `fit` does (bitwise equal); the stacked
-        # one transforms all rows in one call (padding rows too: they carry zero weight).
+        # the loop engine transforms each member's batch alone, as `fit` does (bitwise); the stacked one all at once
         self.transform_rows = options.engine != "stacked"
         self.random = draws_masks(members[0].model)  # draws masks from the global RNG
         self.on_finish, self.stop = options.on_finish, stop
@@ -415,7 +404,7 @@ class _Lockstep:
         ends = self.plan.ended()
         if not ends:
             return
-        self._validate([r for r in ends if self.live[r].validates_per_epoch])
+        self._validate([r for r in ends if not self.live[r].spec.cfg.eval_every_steps])
         self.stops.end_epoch(torch.tensor(ends, device=self.y.device), self.step)
         for r in ends:
             self.live[r].epoch += 1  # the host's count (messages); a stopped member's is the device's
@@ -426,9 +415,8 @@ class _Lockstep:
     def _poll(self) -> list[int]:
         """The host's one read back (every `poll_every` steps, where a row may have stopped): the done vector, the
         stopped rows' numbers, the validation losses since the last poll (curves) and whether the training losses
-        stayed finite (a NonFiniteError names the first member whose did not). A member's records after its stop
-        are dropped: it finishes with the numbers of the step it stopped at, however late the poll. Returns the
-        rows that stopped."""
+        stayed finite (else NonFiniteError). Records after a member's stop are dropped: it finishes with the numbers
+        of the step it stopped at. Returns the rows that stopped."""
         s, n = self.stops, len(self.live)
         ints = torch.stack([s.done.long(), s.reason, s.stop_step, s.epoch, s.best_epoch,
                             torch.isfinite(self.engine.loss_sum).long()])
@@ -504,10 +492,9 @@ class _Lockstep:
         self.bar.set_postfix(step=self.step)
 
     def _save(self) -> None:
-        """The group's whole state at this step boundary (training/engine/checkpoint.py): each live member's
-        epoch, start, batch cursor, early stopping, curve and generator, the rows' schedule (pending members by
-        name), the drawn epochs, the engine (parameters, optimizer, best states), and each finished member's
-        result and best state (its block may not be saved by the caller yet)."""
+        """The group's whole state at this step boundary (training/engine/checkpoint.py): the live members', the
+        rows' schedule (pending members by name), the plan, the engine, and each finished member's result and best
+        state (its block may not be saved by the caller yet)."""
         assert self.store is not None
         schedule = {**self.schedule.state_dict(), "queue": [self.names[k] for k in self.schedule.queue]}
         state = {"kind": "group", "format": GROUP_FORMAT, "engine_kind": self.engine_kind, "shapes": self._shapes(),

@@ -1,10 +1,8 @@
-"""A lockstep group's state (training/engine/group.py): each member's training state (`LockstepMember`: epoch,
-early stopping, curve, result), the live members' drawn epochs and batch cursors (`_Plan`) and which member holds
-each of the group's rows (`RowSchedule`: a row whose member stops takes the next pending one).
-
-Per step the host does the same few operations whatever the number of rows: the batch cursors live in the plan as
-one device vector and one host (numpy) vector, and which rows end an epoch or validate is found with one vectorised
-comparison (no per-member Python in the step)."""
+"""A lockstep group's state (training/engine/group.py): each member's training state (`LockstepMember`), the live
+members' drawn epochs and batch cursors (`_Plan`) and which member holds each row (`RowSchedule`: a row whose member
+stops takes the next pending one). Per step the host does the same few operations whatever the number of rows: the
+batch cursors are one device and one host (numpy) vector, and which rows end an epoch or validate is one vectorised
+comparison."""
 
 from __future__ import annotations
 
@@ -29,9 +27,8 @@ def _name(member: Member, index: int) -> str:
 
 @dataclass
 class LockstepMember:
-    """One member's training state while its group runs: what `fit` keeps in local variables. Its best
-    state is kept by the engine (stacked per row by the stacked engine); its own step count is the group's step
-    minus `start` (the group step at which it took its row)."""
+    """One member's training state while its group runs: what `fit` keeps in local variables (its best state is the
+    engine's). Its own step count is the group's step minus `first_step`."""
 
     index: int  # position in the group's member list (`on_finish`'s k)
     spec: Member  # model, optimizer, generator (batch order + augmentation), config, validation indices
@@ -40,7 +37,7 @@ class LockstepMember:
     stopper: EarlyStopping  # best loss and epoch, patience bookkeeping
     epoch: int = 1
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
-    host_idx: np.ndarray | None = None  # the training subset on the host (read once where labels are needed)
+    host_idx: np.ndarray | None = None  # `host()`
     stop_reason: str = ""
     stop_step: int = 0  # its own steps when it stopped (read from the group's RowStopping)
     result: FitResult | None = None  # set when it finishes
@@ -75,9 +72,11 @@ class LockstepMember:
         self.curve = [(int(s), float(v)) for s, v in saved["curve"]]
         self.spec.gen.set_state(saved["gen"])
 
-    @property
-    def validates_per_epoch(self) -> bool:
-        return not self.spec.cfg.eval_every_steps
+    def host(self) -> np.ndarray:
+        """The training subset on the host (read once, where labels are needed)."""
+        if self.host_idx is None:
+            self.host_idx = host_copy(self.idx)
+        return self.host_idx
 
     def finish(self, elapsed: float) -> FitResult:
         """Its result (its stop polled: best loss and epoch, epochs, steps, reason), `elapsed` seconds into the
@@ -89,13 +88,11 @@ class LockstepMember:
 
 
 class RowSchedule:
-    """Which members hold the group's `rows` rows. With fewer rows than members, the members with the largest
-    training sets start (they tend to run longest) and the others queue, largest first: a row whose member stops
-    takes the next one, so the group keeps `rows` models working (a member's numbers do not depend on its row or
-    its start); equal training sets (the same block of several seeds or jobs) queue side by side, so they run
-    together and validate at the same steps. With a row per member the order is the members' own. Counts the
-    row-steps that did work (`occupancy` = work / (rows × steps)) and the steps with a validation (`validations`:
-    each one validation call of the engine, and on a GPU a launch of its own)."""
+    """Which members hold the group's `rows` rows. With fewer rows than members, the largest training sets start
+    (they tend to run longest) and the others queue, largest first (equal sets side by side: they then validate at
+    the same steps); a row whose member stops takes the next one (a member's numbers do not depend on its row or
+    start). With a row per member the order is the members' own. Counts the row-steps that did work (`occupancy` =
+    work / (rows × steps)) and the steps with a validation (`validations`: each one validation call of the engine)."""
 
     def __init__(self, sizes: Sequence[int], rows: int | None = None) -> None:
         n = len(sizes)
@@ -194,14 +191,11 @@ def balanced_parts(costs: Sequence[float], n: int) -> list[list[int]]:
 
 
 class _Plan:
-    """Each live member's (row's) epoch: its global sample indices, sample weights (0 = padding) and
-    augmentation, padded to the longest epoch; `cursor` is the batch number within the epoch per row, on the device
-    and (`batches`) on the host. With a label-dependent batch transform the host keeps the drawn indices too
-    (`host_idx`), so that each step's class segments come from the host's labels (`y_host`).
-
-    Each row's next epoch is drawn one ahead (`next_*`): when an epoch ends the row takes the epoch drawn (and sent
-    to the device, pinned and without blocking on CUDA) one epoch earlier and draws the one after. A member's
-    generator draws the same epochs in the same order as `fit`'s, so the numbers do not change."""
+    """Each live member's (row's) epoch: its global sample indices, sample weights (0 = padding) and augmentation,
+    padded to the longest epoch; `cursor` is the batch number within the epoch per row, on the device and (`batches`)
+    on the host. With a label-dependent batch transform the host keeps the drawn indices too (`host_idx`): each
+    step's class segments come from the host's labels (`y_host`). Each row's next epoch is drawn one ahead
+    (`next_*`, sent to the device without blocking), from the member's generator in `fit`'s order."""
 
     def __init__(self, live: Sequence[LockstepMember], data: DeviceData, y_host: np.ndarray | None = None,
                  pending: Sequence[LockstepMember] = ()) -> None:
@@ -252,9 +246,7 @@ class _Plan:
         self.w[row] = self._weights(m)
         self.cursor[row] = 0
         if self.host_idx is not None and self.next_host_idx is not None:  # read once per member, outside the steps
-            if m.host_idx is None:
-                m.host_idx = host_copy(m.idx)
-            self.host_idx[row] = np.concatenate([m.host_idx, np.repeat(m.host_idx[:1], self.slots - m.size)])
+            self.host_idx[row] = np.concatenate([m.host(), np.repeat(m.host()[:1], self.slots - m.size)])
             self.next_host_idx[row] = self.host_idx[row]
         self.spe[row], self.sizes[row] = m.steps_per_epoch, m.size
         self.every[row], self.start[row] = m.spec.cfg.eval_every_steps or 0, m.first_step
@@ -285,9 +277,7 @@ class _Plan:
         ep = draw_epoch(m.size, m.spec.gen, self.augment, self.pad)
         idx[row, :m.size] = m.idx[to_device(ep.perm, self.dev)]
         if host is not None:
-            if m.host_idx is None:
-                m.host_idx = host_copy(m.idx)
-            host[row, :m.size] = m.host_idx[ep.perm.numpy()]
+            host[row, :m.size] = m.host()[ep.perm.numpy()]
         if ep.offsets is not None and ep.flips is not None:
             off[row, :m.size] = to_device(ep.offsets, self.dev)
             flip[row, :m.size] = to_device(ep.flips, self.dev)
@@ -313,7 +303,6 @@ class _Plan:
         pos = self.batches[:, None] * self.bs + np.arange(self.bs)
         return self.y_host[np.take_along_axis(self.host_idx, pos, 1)]
 
-
     def advance(self) -> None:
         self.cursor += 1
         self.batches += 1
@@ -333,7 +322,6 @@ class _Plan:
             self.cursor[torch.tensor(rows, device=self.dev)] = 0
 
     HOST = ("batches", "spe", "sizes", "every", "start")
-
     PARTS = ("idx", "w", "off", "flip", "cursor", "next_idx", "next_off", "next_flip")
 
     def keep(self, rows: list[int]) -> None:

@@ -1,25 +1,17 @@
-"""What a job's numbers depend on beyond its config, and the contract they keep.
+"""What a job's numbers depend on beyond its config, and the contract they keep (docs/running.md, "Precision, the
+numerics contract and the signature").
 
-`training.precision`: fp32 (strict: TF32 off for matmul and cuDNN convolutions), tf32 (both on; CUDA only, the
-same as fp32 on CPU), bf16 (the training forward under autocast to bfloat16; weights, gradients and optimizer
-state stay float32, validation and code lengths are computed in float32). `training.deterministic`: torch's
-deterministic algorithms and CUBLAS_WORKSPACE_CONFIG, so a GPU run repeats bitwise (slower).
+`training.precision`: fp32 (strict: TF32 off for matmul and cuDNN convolutions), tf32 (both on; CUDA only, the same
+as fp32 on CPU), bf16 (the training forward under autocast to bfloat16; weights, gradients, optimizer state,
+validation and code lengths in float32). `training.deterministic`: torch's deterministic algorithms and
+CUBLAS_WORKSPACE_CONFIG, so a GPU run repeats bitwise. The contract: CPU, loop engine (and `fit()`): bitwise, run to
+run and alone vs in a group; GPU: bitwise run to run only with `training.deterministic=true` and the same numerics
+signature (result.json `provenance.numerics`), else one optimizer step within STEP_RTOL (relative, on the
+parameters) and final bits/sample within max(BITS_ATOL, BITS_SD_FRACTION × the cell's seed SD) (`within_contract`).
 
-The contract (docs/running.md, "Precision, the numerics contract and the signature"):
-- CPU, loop engine (and `fit()`): bitwise, run to run and one model at a time vs in a group.
-- GPU: bitwise run to run only with `training.deterministic=true` and the same numerics signature. Otherwise
-  within a tolerance: one optimizer step within STEP_RTOL (relative, on the parameters), final bits/sample within
-  max(BITS_ATOL, BITS_SD_FRACTION × the cell's seed SD) (`within_contract`).
-The numerics signature (result.json `provenance.numerics`): device, torch/CUDA/cuDNN versions, precision, engine,
-models trained together, deterministic, and `memory_format: channels_last` only where `training.channels_last` put
-a model's convolutions in that layout (absent otherwise: older results keep their signature). scripts/aggregate.py
-marks a cell whose seeds mix signatures.
-
-`training.channels_last` (speed only, not hashed): auto (on for a model with 2-d convolutions on a CUDA device, off
-on CPU) | true (also on CPU) | false. Where on, `fit` and the loop engine convert the model's parameters and each 4-d
-training batch on the device (`memory_format`); the stacked engine ignores it (a log line). On CPU the numbers move
-within a small tolerance (other convolution kernels: docs/speed.md), so it is off there unless asked for.
-
+`training.channels_last` (speed only, not hashed): auto (on CUDA, for a model with 2-d convolutions; on CPU other
+convolution kernels move the numbers slightly) | true | false. Where on, `fit` and the loop engine convert the model's
+parameters and each 4-d training batch (`memory_format`); the stacked engine ignores it (a log line).
 `job_numerics` sets torch's process-wide flags for one job, restores them after, and yields the job's `JobNumerics`,
 which the job passes to its training (`FitConfig.numerics`); its `training_forward` is the one place the training
 step enters autocast.

@@ -2,16 +2,13 @@
 function the whole training step can be compiled with.
 
 The per-group scalars (k, lr, lr_max, weight_sum, ckp1, ...) are the library's (schedulefree 1.4,
-AdamWScheduleFree.step), computed on the host with the same formulas: every row of a group steps every step, so
-the host knows them without reading anything back, and they cost the same few Python operations whatever the
-number of rows. The update is the library's foreach step written per tensor with the same operations and scalars,
-so on CPU the numbers are bitwise those of the library's optimizer (tests/test_vectorized.py). `z` and the second
-moment are made at construction (the library makes them at the first step, from the same values).
+AdamWScheduleFree.step), computed on the host (`next_scalars`): every row of a group steps every step, so the host
+knows them without a read back, at the same cost whatever the number of rows. The update is the library's foreach
+step written per tensor with the same operations: on CPU bitwise the library's optimizer (tests/test_vectorized.py).
 
-`per_row=True` (a compiled step: `training.compile`): the same scalars as device tensors of length M per group,
-computed inside the step from a device step counter (float64), so the compiled graph takes no changing Python
-float (which would recompile it) and no upload; each row has its own k, lr_max and weight_sum, so rows hold
-models at different steps (a row refilled from a group's queue starts again: `reset_row`). Same formulas; float
+`per_row=True` (a compiled step, or rows refilled from a queue): the same scalars as device tensors of length M per
+group, computed inside the step from a device step counter (float64): no changing Python float recompiles the graph,
+and each row has its own k, lr_max and weight_sum (`reset_row` starts a refilled row again). Same formulas; float
 rounding differs (tensor × tensor where the library passes alpha).
 """
 

@@ -8,7 +8,8 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -95,13 +96,9 @@ def _apply_fitted(eraser: Eraser, rows: Tensor, y: Tensor, in_sample: bool) -> t
 
 
 def fitted_eraser(store: Store, source: Rows, spec: EraserSpec) -> tuple[Eraser, bool]:
-    """The eraser `spec` fitted on `source` (a map eraser: `eraser_traits(name).has_map`), and whether it came
-    from the cache (`<cache_dir>/erasers/`, training/data/cache.py `cached_eraser`).
-
-    Cached rather than refitted per job: a fit costs seconds on MNIST-5k but QLEACE on CIFAR-10 (d = 3072) costs
-    minutes, and every seed/architecture of an `eraser.after_augment` sweep needs the same eraser. Keyed like the
-    erased data (dataset content, eraser, the options that change the result) plus the rank hint: what determines the
-    fit, so a cell's seeds of one key get one eraser, fitted or loaded once."""
+    """The eraser `spec` fitted on `source` (a map eraser: `eraser_traits(name).has_map`), and whether it came from
+    the cache (training/data/cache.py `cached_eraser`: QLEACE on CIFAR-10 costs minutes, and every seed/architecture
+    of an `eraser.after_augment` sweep needs the same eraser). Keyed like the erased data plus the rank hint."""
     fit = source.data
 
     def build() -> Eraser:
@@ -127,29 +124,21 @@ def certify(x: Tensor, y: Tensor) -> dict[str, Any]:
 def certify_original(data: LoadedData, store: Store) -> dict[str, Any]:
     """Certificate of the unerased data, cached per dataset content (every eraser's job needs it)."""
     path = store.cache_dir / "certificates" / f"{data.name}-{data.content_hash()}-{code_version()[:12]}.json"
-    try:
-        cached = read_json(path)
-    except OSError as err:  # another user's file in a shared directory: not corrupt, not ours to replace
-        log.warning("%s", unreadable_line(path, err, "cached certificate", "computing it again"))
-        return certify(data.x, data.y)
-    if cached is not None:
-        return cast(dict[str, Any], cached)
-    cert = certify(data.x, data.y)
-    try:
-        atomic_write_json(path, cert)
-    except OSError as err:  # a cache: not worth losing the job over
-        log.warning("could not cache the certificate in %s (%s); going on", path, err)
-    return cert
+    return _cached_certificate(path, data.x, data.y, write=True)
 
 
 def certify_erased(x: Tensor, y: Tensor, key: Mapping[str, Any], store: Store) -> dict[str, Any]:
     """Certificate of erased data `x` (the erased-data cache entry of `key`) with labels `y`, cached in that entry
     as `certificate-<labels hash>.json`: every seed of a `fit_on=all` cell codes the same erased data and labels.
-    Written only into a complete entry (its manifest present), so a rebuilt entry drops its old certificates; a
-    corrupt or unreadable file is recomputed with one log line."""
+    Written only into a complete entry (its manifest present), so a rebuilt entry drops its old certificates."""
     entry = store.entry(key)
     labels = hashlib.sha256(y.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
-    path = entry / f"certificate-{labels}.json"
+    return _cached_certificate(entry / f"certificate-{labels}.json", x, y, (entry / "manifest.json").is_file())
+
+
+def _cached_certificate(path: Path, x: Tensor, y: Tensor, write: bool) -> dict[str, Any]:
+    """The certificate of (x, y) cached at `path`, else computed (and cached there if `write`); a corrupt or
+    unreadable file is recomputed with one log line, a failed write is one log line."""
     try:
         cached = read_json(path)
     except OSError as err:  # another user's file in a shared directory: not corrupt, not ours to replace
@@ -160,7 +149,7 @@ def certify_erased(x: Tensor, y: Tensor, key: Mapping[str, Any], store: Store) -
     if cached is not None:  # parsed, but not a certificate
         log.warning("ignoring %s: it holds a %s, not a certificate; computing it again", path, type(cached).__name__)
     cert = certify(x, y)
-    if (entry / "manifest.json").is_file():
+    if write:
         try:
             atomic_write_json(path, cert)
         except OSError as err:  # a cache: not worth losing the job over
@@ -236,16 +225,12 @@ def after_augment_refusal(of: str, singular: list[int]) -> str:
 
 
 class BatchEraser:
-    """`eraser.after_augment`: a fitted eraser applied to each training batch (b, c, h, w) where it lies (the
-    paper code's `transform(augment(x))`); the training loops call it as `batch_transform(x, y, segments)` after
-    augmentation.
-
-    The eraser's math runs in float64 on the batch's device (`to` moves its state there once) and the result comes
-    back in the batch's dtype; a label-dependent eraser (QLEACE) gets the batch's labels (None: the identity
-    control). `then`: a map applied to the erased batch (the z-score of `dataset.zscore_order=after`), with a
-    `to(device)` of its own. Refused for a QLEACE whose fit left coupling noise (singular classes,
-    `rank_deficient=coupling`): that noise has exact moments on the rows of one call and a fixed seed per class, so
-    on a batch it would be a fixed, batch-dependent draw rather than the coupling."""
+    """`eraser.after_augment`: a fitted eraser applied to each training batch (b, c, h, w) where it lies (the paper
+    code's `transform(augment(x))`), called by the training loops as `batch_transform(x, y, segments)`. The math runs
+    in float64 on the batch's device (`to` moves the state there once), back in the batch's dtype (None: the
+    identity control). `then`: a map applied to the erased batch (the z-score of `dataset.zscore_order=after`).
+    Refused for a QLEACE whose fit left coupling noise (`rank_deficient=coupling`): that noise has exact moments on
+    the rows of one call, so on a batch it would be a fixed, batch-dependent draw rather than the coupling."""
 
     def __init__(self, eraser: Eraser | None, then: Any = None) -> None:
         if eraser is not None and getattr(eraser, "has_noise", False):  # the precheck predicts this, up front
@@ -265,10 +250,9 @@ class BatchEraser:
                           None if self.then is None else self.then.to(device))
 
     def __call__(self, x: Tensor, y: Tensor, segments: ClassSegments | None = None) -> Tensor:
-        """The erased batch. Without a host read where the training loops call it: a label-free eraser maps the rows
-        as they are; QLEACE maps each class's rows by `segments` (the host knows every batch's labels ahead), the
-        same arithmetic as `eraser(x, y)`, which reads the labels back to find the classes (the fallback without
-        segments). The input is not checked for NaN/Inf here (that too is a read back): it is finite training data."""
+        """The erased batch, without a host read: a label-free eraser maps the rows as they are; QLEACE maps each
+        class's rows by `segments` (the host knows the labels), the arithmetic of `eraser(x, y)` (which reads the
+        labels back: the fallback). The input is finite training data: not checked for NaN/Inf (a read back)."""
         e = self.eraser
         if e is None:
             out = x

@@ -121,12 +121,10 @@ FitSource = Rows | Draws | Moments
 
 @dataclass(frozen=True)
 class FitPlan:
-    """How the eraser is fitted (`eraser.fit_on` all | self | holdout | oracle | population).
-
-    coded_idx: the rows of the loaded data that are coded (None: all of them). holdout fits on the rows `fit_idx` of
-    the loaded data (a split) or on `pool` (rows beyond dataset.limit); all and self fit on the coded rows, oracle on
-    `draws`, population on `moments` (coding the rows self codes). fit_source / fit_fraction / repeat: as configured
-    where the mode reads them, else None."""
+    """How the eraser is fitted (`eraser.fit_on`): all and self on the coded rows (`coded_idx` of the loaded data;
+    None: all), holdout on the rows `fit_idx` (a split) or on `pool` (rows beyond dataset.limit), oracle on `draws`,
+    population on `moments` (coding the rows self codes). fit_source / fit_fraction / repeat: as configured where the
+    mode reads them, else None."""
 
     fit_on: str
     coded_idx: Tensor | None = None

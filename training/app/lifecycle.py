@@ -5,10 +5,8 @@ task's body, write result.json last, clear the progress file.
         return run_in_job_dir(load_config(config, spec), body)  # body(run: JobRun) -> the task's typed Sections
 
 It returns an `Outcome`: done (computed now), skipped (this configuration's result was there), reused (found in
-its pre-v2 directory) or failed (the ledger's record of an error). A precheck's data reaches the body as `loaded`.
-
-Every task shares it, so a fix here (a lock, a resume rule) reaches all. Every result records its `provenance`;
-one whose `finite=` sections hold a NaN or infinity is never written (NonFiniteError, one line).
+its pre-v2 directory) or failed (the ledger's record of an error). Every task shares it, so a fix here (a lock, a
+resume rule) reaches all.
 """
 
 from __future__ import annotations
@@ -157,10 +155,8 @@ Fingerprint = Callable[[JobConfig, Any], DataOnDisk]  # (config, store)
 @dataclass(frozen=True)
 class Hooks:
     """A task's hooks into the lifecycle (`Task.lifecycle()`, keyword arguments of `run_in_job_dir`): `precheck`
-    refuses bad runtime options before anything is made and returns what it loaded (`JobRun.loaded`); `finite`: the
-    sections whose every number must be finite (else NonFiniteError, no result); an earlier result is not reused (one
-    line says why) when it lacks a `complete` section or its `dataset.fingerprint` differs from `fingerprint(cfg)`,
-    the data now (which the body then gets); `describe`: the done line's summary of a result."""
+    (above; what it loaded is `JobRun.loaded`); `finite`: the sections whose every number must be finite (else
+    NonFiniteError, no result); `complete`, `fingerprint`: see `stale_reason`; `describe`: the done line's summary."""
 
     precheck: Precheck | None = None
     describe: Callable[[dict[str, Any]], str] | None = None

@@ -4,12 +4,10 @@
     result = decode(json.loads(path.read_text()), spec)  # upgrade() first, then the class of task `spec`
     atomic_write_json(path, encode(result))               # exactly the sections the job wrote, in its order
 
-Older results (tests/fixtures/results/ holds real ones) differ in:
-- no `schema_version` (version 1), no `numerics_version` (numerics 1), no `hash_version` (hash 1), no `task`
-  (the config's task; before tasks: mdl);
-- their config: the group tags (`dataset.tag`, `arch.tag`) absent (their names), `eraser.fold` where today's is
-  `eraser.repeat`, keys added since absent (their schema defaults). `Result.config` stays as recorded (the job hash
-  is recomputed from exactly that); `config_view` is how older configs read today.
+Older results (tests/fixtures/results/ holds real ones) lack `schema_version` (version 1), `numerics_version`
+(numerics 1), `hash_version` (hash 1), `task` (the config's; before tasks: mdl); their config may lack the group
+tags (their names), keys added since (their schema defaults) or spell `eraser.repeat` `eraser.fold`. `Result.config`
+stays as recorded (the job hash is recomputed from exactly that); `config_view` is how older configs read today.
 """
 
 from __future__ import annotations

@@ -2,13 +2,10 @@
 sections (`Result.body`), typed by the task's own `Sections` class (`MdlSections` in training/tasks/mdl/result.py,
 `StarvationSections` in training/tasks/gs/result.py): what its body returns and what its tables read.
 
-Reading and writing go through training/app/result_codec.py (`decode`, `encode`, `upgrade` for older schema
-versions); nothing else walks a result's dict. A section's open-ended parts stay mappings where their keys are
-data, not schema: an eraser's report (per eraser), the certificate's scores (per probe), the stored config (the
-job hash is recomputed from it exactly as it was recorded).
-
-The task's sections are kept as written (`Sections.written`; a record keeps its section, `raw`, where that is
-read), so `encode` writes back exactly what the job wrote: result.json does not depend on this module.
+Reading and writing go through training/app/result_codec.py; nothing else walks a result's dict. Open-ended parts
+stay mappings where their keys are data, not schema (an eraser's report, the certificate's scores, the stored
+config). The task's sections are kept as written (`Sections.written`), so `encode` writes back exactly what the job
+wrote: result.json does not depend on this module.
 """
 
 from __future__ import annotations

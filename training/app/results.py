@@ -4,11 +4,9 @@
     with job.locked():                      # a second job with this directory waits here (and says so)
         if (done := job.finished()) is not None:
             return done                     # SKIP: finished with this configuration
-        ...
         job.write_result(result)            # re-checks the stored hash first: never overwrites another config
 
-A malformed result.json (`[]`, `42`, `{}`, no config hash) counts as absent: warned about and recomputed, never
-taken for another configuration's result.
+A malformed result.json (`[]`, `42`, `{}`, no config hash) counts as absent: warned about and recomputed.
 """
 
 from __future__ import annotations
@@ -45,11 +43,8 @@ _V1_RESOLVED = ("optim.lr", "optim.beta1", "optim.warmup_steps")
 
 
 def legacy_differences(old_config: Mapping[str, Any], cfg: JobConfig) -> list[str]:
-    """Semantic keys on which a result written before hash v2 differs from `cfg` (empty: the same job).
-
-    A key the old config lacks counts as a difference (it was added since, possibly with new behaviour); a key
-    only the old config has (since removed as dead) does not.
-    """
+    """Semantic keys on which a result written before hash v2 differs from `cfg` (empty: the same job): a key the
+    old config lacks (added since) counts, a key only the old config has (since removed as dead) does not."""
     old, new = flatten(semantic(old_config, cfg.task_spec, fill_defaults=False)), flatten(semantic(cfg))
     return sorted(k for k, v in new.items()
                   if k not in old or (old[k] != v and not (old[k] is None and k in _V1_RESOLVED)))

@@ -1,18 +1,14 @@
 """Typed job configs: one frozen dataclass per config group, checked right after Hydra composes the config.
 
 `load_config(resolved)` turns the composed config into a `JobConfig` or raises `ConfigError` with one line naming
-the key, the value and what is allowed. The job reads attributes (`cfg.mdl.patience`); every default is written
-once, here or in the group's yaml. A group member's own options (a dataset's `n`, an MLP's `activation`, SD's
-`lam`, a task's `gs.*`) are a small dataclass declared next to the module that registers it (`options=` in its
-registry entry): it validates them, unknown keys are refused, and `cfg.arch.options.activation` reads them typed.
-An eraser's options are its fitter's keyword arguments, checked against their annotations.
-
-Which keys enter the job hash (and so the job directory) is declared next to the field: `hash=False` for what
-only says where things go or how fast or visibly they run. Eraser options that do not change the erased data are
-declared by the eraser itself (`runtime_options` in its registry entry).
-
-The modules: training/app/sections.py (the dataclasses), training/app/loading.py (`load_config` and its checks),
-this one (the job hash: `semantic`, `config_hash`, `cell_hash`, `NUMERICS`); every name is imported from here.
+the key, the value and what is allowed; the job reads attributes (`cfg.mdl.patience`), every default written once,
+here or in the group's yaml. A group member's own options (a dataset's `n`, an MLP's `activation`, a task's `gs.*`)
+are a small dataclass declared where it registers (`options=` in its registry entry), which validates them and reads
+them typed (`cfg.arch.options.activation`); an eraser's options are its fitter's keyword arguments. Which keys enter
+the job hash (and so the job directory) is declared next to the field (`hash=False`: where things go, how fast or
+visibly they run), and by an eraser for its options (`runtime_options`). The modules: training/app/sections.py (the
+dataclasses), training/app/loading.py (`load_config`), this one (the job hash: `semantic`, `config_hash`,
+`cell_hash`, `NUMERICS`); every name is imported from here.
 """
 
 from __future__ import annotations
@@ -85,14 +81,11 @@ def numerics_of(spec: TaskSpec) -> int:
 
 def semantic(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None,
              fill_defaults: bool = True) -> dict[str, Any]:
-    """The part of a (resolved) job config that determines its numbers: what the job hash covers.
-
-    Tolerant of bad values (used to name directories before the config is checked). Declared fields the config
-    lacks count with their defaults (so a plain dict and its typed config hash alike), unless `fill_defaults` is
-    false (reading a result written before the field existed). A task that declares `uses` (e.g. the Gradient
-    Starvation tasks) is hashed on those groups only, so unrelated defaults do not move its results. `spec`: the
-    config's task (a JobConfig carries its own).
-    """
+    """The part of a (resolved) job config that determines its numbers: what the job hash covers. Tolerant of bad
+    values (it names directories before the config is checked). Declared fields the config lacks count with their
+    defaults (a plain dict and its typed config hash alike), unless `fill_defaults` is false (a result written before
+    the field existed). A task that declares `uses` is hashed on those groups only. `spec`: the config's task (a
+    JobConfig carries its own)."""
     spec = _spec(spec, cfg.task_spec if isinstance(cfg, JobConfig) else None)
     plain = cfg.to_dict() if isinstance(cfg, Section) else cfg
     data = same_numbers({k: v for k, v in plain.items() if k not in NON_CONFIG_KEYS})

@@ -1,12 +1,10 @@
-"""What a job can do (`task=` in the config): a `Task`, declared once, in a package of `training.tasks` that owns
-its declaration (__init__), code, typed result and tables (training/tasks/mdl/, training/tasks/gs/), in the
-repository or in any <dir>/training/tasks/ with <dir> on sys.path. The package defines `TASK` (`TASKS`: several),
-whose class attributes are all the core reads (`spec`, training/app/task_spec.py): `name`, the groups it reads
-(`uses`, hashed), hashed keys it does not read (`fixed`), its own group and options dataclass (`group`, `options`).
-A declaration imports none of its code at its top level but its result type (tests/test_layers.py checks it).
-Discovery (training/app/task_spec.py) imports every module or package of `training.tasks` not starting with "_":
-adding a task is its package (+ a preset and a test); the command line runs `get_task(cfg.task)(cfg)` and
-scripts/aggregate.py asks every task for its tables.
+"""What a job can do (`task=` in the config): a `Task`, declared once, in a package of `training.tasks` that owns its
+declaration (__init__), code, typed result and tables (training/tasks/mdl/, training/tasks/gs/), in the repository or
+in any <dir>/training/tasks/ with <dir> on sys.path. The package defines `TASK` (`TASKS`: several), whose class
+attributes are all the core reads (`spec`, training/app/task_spec.py). A declaration imports none of its code at its
+top level but its result type (tests/test_layers.py). Discovery imports every module or package of `training.tasks`
+not starting with "_": adding a task is its package (+ a preset and a test); the command line runs
+`get_task(cfg.task)(cfg)` and scripts/aggregate.py asks every task for its tables.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
 """Typed config fields and their checks: the machinery behind training/app/schema.py, with no config of its own.
-
 `spec(...)` declares a field of a config section (its type, check, what is allowed, whether it enters the job hash);
 a group member's own options dataclass is built by training/common/option_checks.py `build_options`. Every refusal
 is a `ConfigError`: one line naming the key, the value and what is allowed.

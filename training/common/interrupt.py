@@ -1,9 +1,9 @@
 """A stop request that a training loop answers with a checkpoint (training/engine/checkpoint.py).
 
 The command line's signal handlers (training/cli/preemption.py) call `request(signum)` on SIGTERM or submitit's
-time-limit signal. While a training loop runs (`checkpointing()`), the request is only recorded: the loop sees it
-at its next step (`requested()`), writes its state and raises `Interrupted`, which the command line turns into the
-usual exit (a requeue, exit 143). Outside a loop `request` returns False and the handler stops the job at once.
+time-limit signal. While a training loop runs (`checkpointing()`), the request is only recorded: the loop sees it at
+its next step (`requested()`), writes its state and raises `Interrupted`, which the command line turns into the usual
+exit (a requeue, exit 143). Outside a loop `request` returns False and the handler stops the job at once.
 """
 
 from __future__ import annotations

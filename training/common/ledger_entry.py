@@ -1,9 +1,7 @@
-"""A multirun ledger's entry: one job's status file, `<sweep dir>/.multirun/<run id>/job-<num>.json` (one per seed
-of a cell of several: `job-<num>-<k>.json`, k its place among the cell's seeds).
-
-Written by the Hydra callback (training/cli/ledger.py) wherever the job ran, read back by it for the running tally
-and the summary, and by the aggregate (training/tasks/mdl/aggregate_collect.py) for the failed jobs' errors. The file is
-decoded once, here (`LedgerEntry.from_json`); a file that is not an entry is skipped with one log line naming it.
+"""A multirun ledger's entry: one job's status file, `<sweep dir>/.multirun/<run id>/job-<num>.json` (one per seed of a
+cell of several: `job-<num>-<k>.json`, k its place among the cell's seeds). Written by the Hydra callback
+(training/cli/ledger.py) wherever the job ran, read back by it and by the aggregate (failed jobs' errors). Decoded
+once, here (`LedgerEntry.from_json`); a file that is not an entry is skipped with one log line naming it.
 """
 
 from __future__ import annotations

@@ -4,14 +4,10 @@
      "python": "3.11.9", "torch": "2.3.1", "numpy": "1.26.4", "device_name": "NVIDIA H100 ...", "host": "node7",
      "started": "2026-01-01T12:00:00+00:00", "ended": "2026-01-01T12:03:10+00:00"}
 
-`code.commit` is the commit HEAD names in the checkout holding the `training` package, read from its git
-directory's files (so a checkout owned by another user, which git refuses as "dubious ownership", still gives it),
-`code.dirty` whether its tracked files differ from that commit (`git status --porcelain --untracked-files=no`:
-untracked files, e.g. the outputs, do not count; null, with git's own reason in the warning, where git refuses).
-Outside a git checkout (an installed wheel) or when the files cannot be read, both are null and
-`code.version` is what is known (pyproject.toml's in a checkout, the installed distribution's otherwise).
-scripts/aggregate.py marks a cell whose seeds come from different commits. Computed once per process: a job costs
-nothing for it.
+`code.commit` is read from the git directory's files of the checkout holding `training` (a checkout another user
+owns, which git refuses, still gives it); `code.dirty` is whether its tracked files differ from it (`git status
+--untracked-files=no`; null, with git's reason in a warning, where git refuses). Outside a git checkout both are null
+and `code.version` is what is known (pyproject.toml's, else the installed distribution's). Computed once per process.
 """
 
 from __future__ import annotations
@@ -136,12 +132,9 @@ def head_from_files(checkout: Path) -> str:
 
 @functools.cache
 def code_provenance(checkout: Path = CHECKOUT) -> dict[str, Any]:
-    """{"commit", "dirty", "version"} of the code in `checkout` (commit and dirty null outside a git checkout).
-
-    The commit is read from the git directory's files (`head_from_files`), so it is known whoever owns the
-    checkout; `dirty` needs `git status`, which git refuses for a checkout another user owns (null then: running
-    git's own config of someone else's repository is what safe.directory guards against). Each warning says
-    exactly what could not be read and why."""
+    """{"commit", "dirty", "version"} of the code in `checkout` (commit and dirty null outside a git checkout). The
+    commit is read from the git directory's files (`head_from_files`); `dirty` needs `git status`, which git refuses
+    for a checkout another user owns (null then). Each warning says exactly what could not be read and why."""
     commit, dirty = None, None
     if (checkout / ".git").exists():  # a checkout or a worktree (.git is then a file); never a parent's repo
         try:

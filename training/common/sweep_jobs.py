@@ -1,12 +1,10 @@
 """A sweep's resolved job configs without one Hydra composition per job: what `make plan` reads.
 
 Hydra composes a job in two stages: group choices (`eraser=leace`, `+experiment/net=lenet`, `hydra/...`) pick the
-defaults list, which is composed into one config; then the plain value overrides (`seed=3`, `arch.width=256`) are
-applied to it (`ConfigLoaderImpl._apply_overrides_to_config`), and interpolations resolve when the job reads them.
-`fast_expand` does the first stage once per distinct tuple of group choices and the second itself, with Hydra's
-own function on a copy of that composed (unresolved) config, so interpolations over swept keys (the job
-directory's cell hash, the tags, `optim.lr` by eraser family) resolve per job exactly as in a full compose
-(tests/test_plan.py compares job configs, hashes and directories with `sweeps.expand` on every preset).
+defaults list, composed into one config; then the value overrides (`seed=3`, `arch.width=256`) are applied to it
+(`ConfigLoaderImpl._apply_overrides_to_config`). `fast_expand` composes once per distinct tuple of group choices and
+applies the value overrides itself, with Hydra's function on a copy of that (unresolved) config, so interpolations
+over swept keys resolve per job exactly as in a full compose (tests/test_plan.py checks every preset).
 """
 
 from __future__ import annotations

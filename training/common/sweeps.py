@@ -1,9 +1,7 @@
-"""Expand an experiment preset's `hydra.sweeper.params` into the job configs it will run.
-
-The expansion is Hydra's own (`BasicSweeper.split_arguments` on the preset's params followed by the
-command-line overrides), so `expand(name)` lists exactly the jobs of `python -m training.run -m experiment=name`.
-Composing needs no data: the CIFAR/SVHN presets expand on a machine without the datasets. The `training`
-package's import registers the resolvers conf/ uses (training/app/resolvers.py).
+"""Expand an experiment preset's `hydra.sweeper.params` into the job configs it will run, with Hydra's own expansion
+(`BasicSweeper.split_arguments` on the preset's params followed by the command-line overrides): `expand(name)` lists
+exactly the jobs of `python -m training.run -m experiment=name`. Composing needs no data (the CIFAR/SVHN presets
+expand without the datasets); the `training` package's import registers conf/'s resolvers.
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
-"""On-disk cache of erased datasets: `<root>/erased/<hash>/{data.pt, report.json, manifest.json}`.
+"""On-disk cache of erased datasets (`<root>/erased/<hash>/{data.pt, report.json, manifest.json}`) and fitted
+erasers (`<root>/erasers/<hash>.pt`); the harness decides where the eraser library's results are kept.
 
-hash = sha256 of the canonical JSON of the caller's key plus `code_version()` (a hash of the erasure/
-sources, so editing an eraser invalidates old entries). A file lock makes concurrent jobs fit once (the
-second waits, then hits). Files are written to temporary names and renamed; the manifest (the key, the code
-version, sha256 checksums of both files) is written last, so an entry without a valid manifest is partial. An entry
-is served only if its manifest names the key and code version asked for and both files match their checksums:
-another key's entry under this name (a hand copy, a rename, a bad restore), a partial or a corrupt one (missing
-files, unparseable, a checksum mismatch, NaN or Inf in the data) is set aside under a name of its own
-(`<hash>.set-aside-<n>`, never deleted), with one warning line, and rebuilt.
+hash = sha256 of the canonical JSON of the caller's key plus `code_version()` (a hash of the erasure/ sources, so
+editing an eraser invalidates old entries). A file lock makes concurrent jobs fit once (the second waits, logging on
+which lock and who holds it, then hits). Files are written to temporary names and renamed; the manifest (the key,
+the code version, sha256 checksums of both files) is written last. An entry is served only if its manifest names the
+key and code version asked for and both files match their checksums: another key's entry under this name (a hand
+copy, a rename), a partial or a corrupt one (a checksum mismatch, NaN or Inf in the data) is set aside under a name
+of its own (`<hash>.set-aside-<n>`, never deleted), with one warning line, and rebuilt.
 
-The cache is only an optimisation: when it cannot be written (a full disk, a read-only directory) the job logs a
-warning saying why, removes the partial entry and goes on with the erased data in memory. An entry it may not read
-(another user's, in a shared output directory) is not corrupt: one warning names the file and its owner, the
-entry is left as it is, and the job erases in memory. A job waiting for the lock (another process fitting the
-same eraser) logs that it waits, on which lock, and who holds it.
-
-It lives with the harness (training/data/), not in erasure/: the eraser library fits and applies erasers, the
-harness decides where their results are kept.
+The cache is only an optimisation: when it cannot be written (a full disk, a read-only directory) one warning says
+why, the partial entry is removed and the job goes on in memory. An entry it may not read (another user's, in a
+shared output directory) is not corrupt: one warning names the file and its owner, and it is left as it is.
 """
 
 from __future__ import annotations
@@ -97,11 +92,9 @@ def _lock_entry(stack: ExitStack, root: Path, lock_name: str, kind: str, entry: 
 def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
                  build: Callable[[], tuple[Tensor, dict[str, Any]]], memo: shared.Memo | None = None
                  ) -> tuple[Tensor, dict[str, Any], bool]:
-    """(erased x, report, hit). Loads `<cache_root>/erased/<hash>/` or calls `build()` once and stores it; `memo`
-    (a cell's store's, training/data/shared.py) keeps what was loaded or stored for the cell's later seeds.
-
-    Never fails because of the cache: an unwritable cache directory or a failed write is a warning and the
-    erased data is returned from memory (hit False)."""
+    """(erased x, report, hit). Loads `<cache_root>/erased/<hash>/` or calls `build()` once and stores it (a cache
+    that fails is a warning: hit False); `memo` (a cell's store's, training/data/shared.py) keeps what was loaded or
+    stored for the cell's later seeds."""
     root = Path(cache_root) / "erased"
     h = key_hash(key)
     entry = root / h
@@ -299,13 +292,10 @@ def _load(entry: Path, key: Mapping[str, Any]) -> tuple[Tensor, dict[str, Any]] 
 
 def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
                   build: Callable[[], erasure.Eraser], memo: shared.Memo | None = None) -> tuple[erasure.Eraser, bool]:
-    """(fitted eraser, hit): `<cache_root>/erasers/<hash>.pt` (written by `Eraser.save`: one rename, so never half a
-    file) or `build()` once under the entry's lock, then stored. `eraser.after_augment` needs the eraser object
-    itself (each augmented training batch is erased on the device), not only the erased data the `erased/` entries
-    hold. Like `cached_erase`, never fails because of the cache: an unwritable directory or a failed write is a
-    warning, an unreadable entry (another user's) is left as it is, and a corrupt one is rebuilt. `memo` (a cell's
-    store's, training/data/shared.py): the eraser as loaded or stored, for the cell's later seeds whose
-    key is the same (the same data, fit rows, eraser and options), while the entry is still on disk."""
+    """(fitted eraser, hit): `<cache_root>/erasers/<hash>.pt` (written by `Eraser.save`: one rename) or `build()`
+    once under the entry's lock, then stored, as `cached_erase` does (`eraser.after_augment` erases each augmented
+    batch with the eraser object itself). `memo`: the eraser as loaded or stored, for the cell's later seeds of the
+    same key, while the entry is still on disk."""
     root = Path(cache_root) / "erasers"
     path = root / f"{key_hash(key)}.pt"
     if memo is not None and (found := memo.get(str(path.resolve()))) is not None and path.is_file():

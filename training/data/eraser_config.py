@@ -1,9 +1,9 @@
-"""The eraser section's rules, read by the core's config check and job hash (training/app/loading.py, schema.py):
-what it refuses, one line each (ConfigError: options that are not its fitter's keyword arguments or not of their
-annotated types, an option it does not read with another's value, the fitting modes it cannot take), and what of it
-enters the job hash (`hashed_eraser`: the options that change the erased data, the fitting keys the fitting mode
-reads, `after_augment` only where something is erased per batch), and how results written before a key spelled it
-(`FIT_DEFAULTS`, `legacy_fold`: read by the result codec's `config_view`)."""
+"""The eraser section's rules, read by the core's config check and job hash (training/app/loading.py, schema.py): what
+it refuses, one line each (ConfigError: options that are not its fitter's keyword arguments or not of their annotated
+types, an option it does not read with another's value, the fitting modes it cannot take), what of it enters the job
+hash (`hashed_eraser`: the options that change the erased data, the fitting keys the mode reads, `after_augment` only
+where something is erased per batch), and how older results spelled it (`FIT_DEFAULTS`, `legacy_fold`).
+"""
 
 from __future__ import annotations
 

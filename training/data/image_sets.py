@@ -1,7 +1,5 @@
-"""Paper datasets that need a download or a user-supplied folder: CIFAR-10, SVHN, CIFARNet.
-
-Each reads the real on-disk format itself (torchvision is only used to download), so a missing
-or partial copy gives one clear line saying where the files go.
+"""Paper datasets that need a download or a user-supplied folder: CIFAR-10, SVHN, CIFARNet. Each reads the on-disk
+format itself (torchvision only downloads), so a missing or partial copy gives one line saying where the files go.
 """
 
 from __future__ import annotations

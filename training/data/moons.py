@@ -1,7 +1,5 @@
-"""Two moons arranged as in Pezeshki et al. (Gradient Starvation, Fig. 1).
-
-Inputs are stored as (n, 2, 1, 1) "images" (2 channels, 1×1 pixel) so the registry's NCHW contract holds; an
-MLP flattens them back to 2 features. Values are not in [0, 1].
+"""Two moons arranged as in Pezeshki et al. (Gradient Starvation, Fig. 1), stored as (n, 2, 1, 1) "images" (the
+registry's NCHW contract; an MLP flattens them back to 2 features). Values are not in [0, 1].
 """
 
 from __future__ import annotations
@@ -35,8 +33,6 @@ def two_moons_arrays(n: int, noise: float, margin: float, seed: int, rotation: f
         t = np.radians(rotation)
         x = x @ np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
     return x.astype(np.float32), y.astype(np.int64)
-
-
 
 
 @dataclass(frozen=True, kw_only=True)

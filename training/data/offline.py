@@ -81,8 +81,6 @@ def _fashion_mnist_in(folder: Path) -> LoadedData | None:
                       {"source": str(folder), "files": file_records(pair, folder)})
 
 
-
-
 @dataclass(frozen=True, kw_only=True)
 class SyntheticOptions:
     """`dataset=synthetic`'s own keys (conf/dataset/synthetic.yaml)."""

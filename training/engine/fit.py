@@ -29,7 +29,7 @@ from training.common import interrupt
 from training.common.progress import progress_bar
 from training.engine.batches import ClassSegments, DeviceData, Epoch, augment_pad, class_segments, draw_epoch, host_copy
 from training.engine.checkpoint import CheckpointStore, Saved, fits_safely
-from training.engine.numerics import JobNumerics, forward, in_format, memory_format
+from training.engine.numerics import JobNumerics, in_format
 from training.engine.stopping import EarlyStopping
 from training.errors import NonFiniteError
 
@@ -261,7 +261,8 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     name = member.name or desc
     model.train()
     optimizer_mode(optimizer, "train")  # schedule-free optimizers (untyped) start in eval mode
-    fmt = memory_format(model, dev, cfg.numerics)  # training.channels_last
+    numerics = cfg.numerics  # training.channels_last, training.precision (training/engine/numerics.py; None: fp32)
+    fmt = None if numerics is None else numerics.memory_format(model, dev)
     if fmt is not None:
         model.to(memory_format=fmt)  # in place: the optimizer's parameters are these
     net = model if compile is None else torch.compile(model, mode=compile)  # shares the model's parameters
@@ -326,8 +327,8 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                                  pad)
                 if transform is not None:
                     xb = transform(xb, yb, None if labels is None else class_segments(yb, labels[sl]))
-                # training.channels_last, training.precision (training/engine/numerics.py)
-                logits = forward(net, in_format(xb, fmt), cfg.numerics)
+                xb = in_format(xb, fmt)
+                logits = net(xb) if numerics is None else numerics.forward(net, xb)
                 loss = F.cross_entropy(logits, yb)
                 if regularizer is not None:
                     loss = loss + regularizer(logits, yb, st.step)
@@ -363,9 +364,7 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     model.eval()
     model.load_state_dict(st.best_state)
     if checkpoint is not None:
-        checkpoint.delete(checkpoint.path([name]))
-        if restored_from is not None:
-            checkpoint.delete(restored_from)
+        checkpoint.delete(checkpoint.path([name]), restored_from)
     return FitResult(stopper.best_loss, stopper.best_epoch, st.epoch, st.step, curve, time.perf_counter() - t0,
                      reason)
 

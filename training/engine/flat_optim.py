@@ -21,15 +21,7 @@ import torch
 from torch import Tensor
 
 from training.common import env
-from training.engine.stacked_optim import StepScalars, next_scalars
-
-Groups = list[tuple[list[str], dict[str, Any]]]  # (parameter names, hyperparameters) per param group
-
-
-def carry_scalars(old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> None:
-    """The per-group scalars (k, lr_max, weight_sum, train_mode, ...) of `old` into `new`."""
-    for g_old, g_new in zip(old.param_groups, new.param_groups, strict=True):
-        g_new.update({k: v for k, v in g_old.items() if k != "params"})
+from training.engine.stacked_optim import Groups, StepScalars, next_scalars
 
 
 class LibraryOptim:
@@ -116,7 +108,8 @@ class LibraryOptim:
     def _rebuild(self, c: int, carry: torch.optim.Optimizer) -> None:
         """Cohort c's optimizer over its rows now, with `carry`'s scalars and per-parameter state."""
         opt = self.opts[c] = self._build(self._rows(c))
-        carry_scalars(carry, opt)
+        for g_old, g_new in zip(carry.param_groups, opt.param_groups, strict=True):  # k, lr_max, weight_sum, ...
+            g_new.update({k: v for k, v in g_old.items() if k != "params"})
         for p in (p for r in self._rows(c) for p in self.params[r].values()):
             if p in carry.state:
                 opt.state[p] = carry.state[p]

@@ -46,7 +46,6 @@ from training.engine.fit import (
 )
 from training.engine.flat_optim import fused_backend
 from training.engine.lockstep_state import LockstepMember, RowSchedule, _name, _Plan, balanced_parts
-from training.engine.numerics import memory_format, training_forward
 from training.engine.seeding import derive_seed
 from training.engine.stopping import REASONS, RowStopping
 
@@ -258,7 +257,8 @@ def _saved_parts(members: Sequence[Member], store: CheckpointStore | None) -> li
 
 def _make_engine(members: Sequence[Member], options: GroupOptions, refill: bool) -> LoopEngine | StackedEngine:
     models, opts = [m.model for m in members], [m.optimizer for m in members]
-    fmt = memory_format(models[0], next(models[0].parameters()).device, members[0].cfg.numerics, options.engine)
+    numerics, dev = members[0].cfg.numerics, next(models[0].parameters()).device
+    fmt = None if numerics is None else numerics.memory_format(models[0], dev, options.engine)
     if options.engine != "stacked":
         seeds = [rng_seed(m) for m in members] if draws_masks(models[0]) else None
         return LoopEngine(models, opts, options, seeds, fmt)
@@ -329,9 +329,7 @@ class _Lockstep:
             self._train(saved)
         self.bar.close()
         if self.store is not None:
-            self.store.delete(self.store.path(self.names))
-            if self.restored_from is not None:
-                self.store.delete(self.restored_from)
+            self.store.delete(self.store.path(self.names), self.restored_from)
         for m in self.members:
             m.spec.model.eval()
         return [m.result for m in self.members if m.result is not None]
@@ -367,8 +365,8 @@ class _Lockstep:
         counts = self.plan.counts() if self.transform_rows else None  # the loop engine's slices
         if self.plan.transform is not None:
             xb = self._transform(self.plan.transform, xb, yb, counts)
-        with training_forward(xb.device, type(self.engine).__name__[:-6].lower(), len(self.members),
-                              self.members[0].spec.cfg.numerics):  # training.precision, the job's signature
+        numerics, kind = self.members[0].spec.cfg.numerics, type(self.engine).__name__[:-6].lower()
+        with nullcontext() if numerics is None else numerics.training_forward(xb.device, kind, len(self.members)):
             self.engine.step(xb, yb, wb, counts, self.step - self.plan.start, self.stops.done)  # own steps so far
         self.step += 1
         self.schedule.step(len(self.live))

@@ -212,48 +212,34 @@ class _Plan:
         self.bs = min(cfg.batch_size, max(m.size for m in every))
         self.pad = augment_pad(data, self.augment)
         self.slots = max(m.steps_per_epoch for m in every) * self.bs
-        self.idx = torch.stack([self._padded(m) for m in live])
-        self.host_idx = None if y_host is None else host_copy(self.idx)
-        self.w = torch.stack([self._weights(m) for m in live])
-        self.off = torch.zeros(len(live), self.slots, 2, dtype=torch.long, device=dev)
-        self.flip = torch.zeros(len(live), self.slots, dtype=torch.bool, device=dev)
+        n, self.slot = len(live), torch.arange(self.bs, device=dev)
+        self.idx = torch.zeros(n, self.slots, dtype=live[0].idx.dtype, device=dev)
+        self.w = torch.zeros(n, self.slots, dtype=torch.float32, device=dev)
+        self.off = torch.zeros(n, self.slots, 2, dtype=torch.long, device=dev)
+        self.flip = torch.zeros(n, self.slots, dtype=torch.bool, device=dev)
         self.next_idx, self.next_off, self.next_flip = self.idx.clone(), self.off.clone(), self.flip.clone()
+        self.host_idx = None if y_host is None else np.zeros((n, self.slots), dtype=host_copy(live[0].idx[:1]).dtype)
         self.next_host_idx = None if self.host_idx is None else self.host_idx.copy()
-        self.cursor = torch.zeros(len(live), dtype=torch.long, device=dev)
-        self.slot = torch.arange(self.bs, device=dev)
+        self.cursor = torch.zeros(n, dtype=torch.long, device=dev)
         # host: per row the batches taken in the current epoch, the epoch's length, its size, validation period and
         # the group step at which its member started
-        self.batches = np.zeros(len(live), dtype=np.int64)
-        self.spe = np.array([m.steps_per_epoch for m in live], dtype=np.int64)
-        self.sizes = np.array([m.size for m in live], dtype=np.int64)
-        self.every = np.array([m.spec.cfg.eval_every_steps or 0 for m in live], dtype=np.int64)
-        self.start = np.array([m.first_step for m in live], dtype=np.int64)
+        self.batches, self.spe, self.sizes, self.every, self.start = (np.zeros(n, dtype=np.int64) for _ in range(5))
         for row, m in enumerate(live):
-            self.begin(m, row)
-
-    def _padded(self, m: LockstepMember) -> Tensor:
-        return torch.cat([m.idx, m.idx[:1].expand(self.slots - m.size)])
-
-    def _weights(self, m: LockstepMember) -> Tensor:
-        return (torch.arange(self.slots, device=self.dev) < m.size).float()
+            self.replace(row, m)
 
     def replace(self, row: int, m: LockstepMember) -> None:
-        """Member m takes `row` (its former member stopped) and draws its first epoch; no read back."""
+        """Member m takes `row` and draws its first epoch, and the second one ahead; no read back."""
         for idx, off, flip in ((self.idx, self.off, self.flip), (self.next_idx, self.next_off, self.next_flip)):
-            idx[row] = self._padded(m)
+            idx[row] = torch.cat([m.idx, m.idx[:1].expand(self.slots - m.size)])  # padded to the longest epoch
             off[row] = 0
             flip[row] = False
-        self.w[row] = self._weights(m)
+        self.w[row] = (torch.arange(self.slots, device=self.dev) < m.size).float()
         self.cursor[row] = 0
         if self.host_idx is not None and self.next_host_idx is not None:  # read once per member, outside the steps
             self.host_idx[row] = np.concatenate([m.host(), np.repeat(m.host()[:1], self.slots - m.size)])
             self.next_host_idx[row] = self.host_idx[row]
         self.spe[row], self.sizes[row] = m.steps_per_epoch, m.size
         self.every[row], self.start[row] = m.spec.cfg.eval_every_steps or 0, m.first_step
-        self.begin(m, row)
-
-    def begin(self, m: LockstepMember, row: int) -> None:
-        """Member m starts in `row`: its first epoch drawn, and the second one ahead."""
         self._draw(m, row, ahead=False)
         self._draw(m, row, ahead=True)
         self.batches[row] = 0

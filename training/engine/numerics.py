@@ -155,23 +155,6 @@ def job_numerics(precision: str, deterministic: bool, channels_last: Any = False
         torch.use_deterministic_algorithms(det)
 
 
-def training_forward(device: torch.device, engine: str = "fit", models: int = 1,
-                     numerics: JobNumerics | None = None) -> Any:
-    """`numerics.training_forward` (None, outside a job: fp32, nothing recorded)."""
-    return nullcontext() if numerics is None else numerics.training_forward(device, engine, models)
-
-
-def memory_format(model: nn.Module, device: torch.device, numerics: JobNumerics | None = None,
-                  engine: str = "fit") -> torch.memory_format | None:
-    """`numerics.memory_format` (None, outside a job: the layout as built)."""
-    return None if numerics is None else numerics.memory_format(model, device, engine)
-
-
 def in_format(x: Tensor, fmt: torch.memory_format | None) -> Tensor:
     """A 4-d batch in `fmt` (on its device; None or another rank: as it is)."""
     return x if fmt is None or x.dim() != 4 else x.contiguous(memory_format=fmt)
-
-
-def forward(model: Callable[[Tensor], Tensor], x: Tensor, numerics: JobNumerics | None = None) -> Tensor:
-    """`numerics.forward` (None, outside a job: `model(x)` in fp32)."""
-    return model(x) if numerics is None else numerics.forward(model, x)

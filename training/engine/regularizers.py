@@ -113,8 +113,7 @@ REGULARIZERS: Registry[Builder] = Registry("regularizer", declares=RegularizerTr
 
 
 def regularizer_traits(name: str) -> RegularizerTraits:
-    declared: RegularizerTraits = REGULARIZERS.declared(name)
-    return declared
+    return REGULARIZERS.declared(name)
 
 
 @REGULARIZERS.register("none")

@@ -1,9 +1,7 @@
-"""Atomic file writes, the one implementation under both the eraser library (erasure/, which imports nothing of the
-harness) and the harness (training/common/files.py): a temp file in the same directory, filled, then one rename,
-so a reader never sees half a file. Standard library only (tests/test_layers.py).
-
-A written file has the mode a plain `open(path, "w")` would give it (0o666 less the umask), not mkstemp's 0o600:
-with `umask 002` on a group-shared output directory, colleagues can read each other's results and cache entries.
+"""Atomic file writes, the one implementation under both the eraser library (erasure/) and the harness
+(training/common/files.py): a temp file in the same directory, filled, then one rename, so a reader never sees half a
+file. Standard library only. A written file has the mode `open(path, "w")` would give it (0o666 less the umask), not
+mkstemp's 0o600: with `umask 002` on a group-shared output directory, colleagues can read each other's results.
 """
 
 from __future__ import annotations

@@ -117,9 +117,8 @@ class DataOnDisk:
 @dataclass(frozen=True)
 class JobRun:
     """What a task's body gets: its typed config, directory, device and progress file, what its precheck (or
-    fingerprint) loaded (None: nothing; the body loads its data itself), what the jobs of its process share (`store`,
-    training/data/shared.py) and its numerics (training/engine/numerics.py: passed to what trains; the signature in
-    result.json is read from it)."""
+    fingerprint) loaded (None: the body loads its data itself), what the seeds of its cell share (`store`) and its
+    numerics (training/engine/numerics.py: passed to what trains; result.json's signature is read from it)."""
 
     cfg: JobConfig
     job: JobDir
@@ -217,18 +216,16 @@ def run_in_job_dir(cfg: JobConfig, body: Body, store: Any = None, **hooks: Any) 
     with the new result (with its `provenance`), or skipped/reused with an earlier result of this configuration.
     `hooks`: the fields of `Hooks`. `store`: what the seeds of a cell share (loaded data, fitted erasers, erased
     data: training/inputs/store.py), handed to the hooks and the body."""
-    (outcome,) = run_cell([cfg], lambda runs: [body(runs[0])], store, **hooks)
-    if outcome.exception is not None:
+    if (outcome := run_cell([cfg], lambda runs: [body(runs[0])], store, **hooks)[0]).exception is not None:
         raise outcome.exception
     return outcome
 
 
 def run_cell(cfgs: list[JobConfig], body: CellBody, store: Any = None, **hooks: Any) -> list[Outcome]:
     """The jobs of a cell's seeds (`cfgs`, one configuration) run together: each opened in its directory under its
-    lock (skipped or reused as alone), then `body` runs every job that is not done at once (one numerics: they train
-    together) and returns each one's sections or the exception it failed with; each writes its result.json. An
-    Outcome per seed, in order: a seed that failed (`failed`, with its exception) never stops the others.
-    Interrupts (a signal's stop, Ctrl-C) pass through, every lock released."""
+    lock (skipped or reused as alone), then `body` runs the jobs not done at once (one numerics) and returns each
+    one's sections or the exception it failed with; each writes its result.json. An Outcome per seed, in order: a
+    seed that failed (`failed`) never stops the others. Interrupts pass through, every lock released."""
     outcomes: dict[int, Outcome] = {}
     given = Hooks(**hooks)
     with ExitStack() as stack:

@@ -1,7 +1,6 @@
 """Building and checking the typed config: `load_config` turns a composed config into a `JobConfig` (or one
-`ConfigError` line), `load_section` / `group_config` one group; the cross-field checks (what a task reads, storage,
-fitting data). The sections are in training/app/sections.py; an eraser's options and fitting modes are checked by
-training/data/eraser_config.py."""
+`ConfigError` line), `load_section` / `group_config` one group, with the cross-field checks (what a task reads,
+storage, fitting data; an eraser's options and fitting modes: training/data/eraser_config.py)."""
 
 from __future__ import annotations
 

@@ -46,7 +46,6 @@ def text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-# ---- shared sections ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Fingerprint:
     """The identity of the data a job read (`dataset.fingerprint`): the loaded arrays' content hash and the files

@@ -20,16 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from training.app.loading import (
-    READ_ONLY_WITH,
-    group_config,
-    load_config,
-    load_section,
-    same_numbers,
-)
+from training.app.loading import group_config, load_config, load_section, same_numbers
 from training.app.sections import (
     FIT_ON,
-    GROUPS,
     NON_CONFIG_KEYS,
     ArchConfig,
     DatasetConfig,
@@ -52,15 +45,13 @@ from training.common.option_checks import ABSENT, raw_view
 from training.data.eraser_config import hashed_eraser
 
 # What callers import from here (the sections and their loading live in sections.py and loading.py).
-__all__ = ["CONF_DIR", "FIT_ON", "GROUPS", "HASH_VERSION", "NON_CONFIG_KEYS", "NUMERICS", "READ_ONLY_WITH",
-           "numerics_of",
+__all__ = ["CONF_DIR", "FIT_ON", "HASH_VERSION", "NON_CONFIG_KEYS", "NUMERICS", "numerics_of",
            "ArchConfig", "ConfigError", "DatasetConfig", "EraserConfig", "JobConfig", "LoggerConfig", "MdlConfig",
            "OptimConfig", "OptionsSection", "PathsConfig", "RegularizerConfig", "Section", "TrainingConfig",
            "cell_hash", "config_hash", "duplicate_jobs", "group_config", "load_config", "load_section",
            "same_numbers", "semantic", "with_defaults"]
 
 
-# ---- the job hash -------------------------------------------------------------------------------------------
 HASH_VERSION = 2  # 1: every key but a fixed list of groups (before the typed configs); 2: declared per field
 # The numerics version: bumped by every change that alters a job's numbers (docs/running.md, "Numerics versions").
 # It enters the job hash, so results of older numerics are never reused; result.json records it (absent: 1).

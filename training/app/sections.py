@@ -1,7 +1,6 @@
-"""The typed config sections: one frozen dataclass per config group, each field declaring its type, check,
-default and whether it enters the job hash (`hash=False`), and the registries the checks look names up in.
-training/app/loading.py builds them from a composed config; training/app/schema.py hashes them and is where
-callers import them from."""
+"""The typed config sections: one frozen dataclass per config group, each field declaring its type, check, default
+and whether it enters the job hash (`hash=False`). training/app/loading.py builds them from a composed config;
+training/app/schema.py hashes them and is where callers import them from."""
 
 from __future__ import annotations
 
@@ -37,7 +36,6 @@ def _device_name(v: str) -> bool:
     return v in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit())
 
 
-# ---- the sections -------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Section:
     """A config group: frozen, typed fields read as attributes. `to_dict()` gives it back as composed (what

@@ -23,10 +23,10 @@ Check = Callable[[Any], bool]
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """What a config field declares: its type (`kind`; a Section for a nested group), value check and how to describe
-    what is allowed, its choices, whether None is allowed, whether it enters the job hash (`hash_default` False: only
-    when not at its default, so a key added later leaves existing hashes as they were), whether an empty value is
-    left out of the composed dict, and whether it is a typed view of other keys (not a key of its own)."""
+    """What a config field declares: its type (`kind`; a Section for a nested group), check, what is allowed, its
+    choices, whether None is allowed, whether it enters the job hash (`hash_default` False: only away from its
+    default, so a key added later leaves existing hashes as they were), whether an empty value is left out of the
+    composed dict (`omit_empty`), and whether it is a typed view of other keys (not a key of its own)."""
 
     kind: type | tuple[type, ...] | None = None
     check: Check | None = None
@@ -63,7 +63,6 @@ def spec(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
     return field(default=default, metadata=meta, **kw)
 
 
-# ---- common checks ------------------------------------------------------------------------------------------
 def positive_int(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
     return spec(default, kind=int, check=lambda v: v >= 1, allowed="an integer ≥ 1", **kw)
 

@@ -42,18 +42,10 @@ class LedgerEntry:
         return self.reason == DONE_BY_ANOTHER_RUN
 
     def to_json(self) -> dict[str, Any]:
-        """The file's content: the keys in the order older versions wrote them; error and reason only when set."""
-        out: dict[str, Any] = {"num": self.num, "job_dir": self.job_dir}
-        if self.seconds is not None:
-            out["seconds"] = self.seconds
-        out["status"] = self.status
-        if self.error is not None:
-            out["error"] = self.error
-        if self.reason is not None:
-            out["reason"] = self.reason
-        if self.part is not None:
-            out["part"] = self.part
-        return out
+        """The file's content: the keys in the order older versions wrote them; the optional ones only when set."""
+        out = {"num": self.num, "job_dir": self.job_dir, "seconds": self.seconds, "status": self.status,
+               "error": self.error, "reason": self.reason, "part": self.part}
+        return {k: v for k, v in out.items() if v is not None or k in ("num", "job_dir", "status")}
 
     @classmethod
     def from_json(cls, raw: Any) -> LedgerEntry:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -24,8 +24,7 @@ from omegaconf import DictConfig
 from omegaconf import base as omegaconf_base
 
 from training.common.cells import seed_configs
-from training.common.conf import CONF_DIR
-from training.common.sweeps import sweep_overrides
+from training.common.sweeps import composing, sweep_overrides
 
 
 class _Parsed:
@@ -78,11 +77,8 @@ def expand_overrides(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
 
 def expand_cells(combos: Sequence[Sequence[str]]) -> list[list[dict[str, Any]]]:
     """Per override list (one Hydra job: a cell), the resolved job config of each of its seeds."""
-    with _parse_once():
-        if GlobalHydra.instance().is_initialized():
-            return _expand(combos)
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return _expand(combos)
+    with _parse_once(), composing():
+        return _expand(combos)
 
 
 def _expand(combos: Sequence[Sequence[str]]) -> list[list[dict[str, Any]]]:

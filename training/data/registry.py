@@ -122,8 +122,7 @@ register = DATASETS.register
 
 def dataset_traits(name: str) -> DatasetTraits:
     """What dataset `name` declared at registration (UnknownNameError, listing the names, for one not registered)."""
-    declared: DatasetTraits = DATASETS.declared(name)
-    return declared
+    return DATASETS.declared(name)
 
 
 def _fixed_shuffle(data: LoadedData) -> LoadedData:

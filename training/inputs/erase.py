@@ -162,22 +162,18 @@ def apply_eraser(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan:
     """Erased images and an info dict: report, cache hit, how it was fitted, certificate before/after, seconds.
     With a `plan`, the eraser is fitted as it says and the erased images are those of `plan.coded_idx` (the samples
     the code then sees), in that order."""
-    x, info, _ = _apply(data, eraser_cfg, store, plan, certificate, keep_map=False)
+    x, info, _ = apply_eraser_keeping_map(data, eraser_cfg, store, plan, certificate, keep_map=False)
     return x, info
 
 
 def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPlan | None = None,
-                             certificate: bool = True) -> tuple[Tensor, dict[str, Any], Eraser | None]:
-    """`apply_eraser`, and the fitted eraser too (None for the identity control, which has nothing to apply), for
-    `eraser.after_augment`: the same erased images (the same cache entry), the eraser from `fitted_eraser`. A map
-    eraser only; an eraser that edits the dataset (gradient) has no map and is refused."""
-    if not eraser_traits(eraser_cfg.name).has_map:
+                             certificate: bool = True, keep_map: bool = True
+                             ) -> tuple[Tensor, dict[str, Any], Eraser | None]:
+    """`apply_eraser`, and (`keep_map`) the fitted eraser too (None for the identity control, which has nothing to
+    apply), for `eraser.after_augment`: the same erased images (the same cache entry), the eraser from
+    `fitted_eraser`. A map eraser only: an eraser that edits the dataset (gradient) is refused."""
+    if keep_map and not eraser_traits(eraser_cfg.name).has_map:
         raise ValueError(f"eraser {eraser_cfg.name} edits the dataset once and has no map to apply to other images")
-    return _apply(data, eraser_cfg, store, plan, certificate, keep_map=True)
-
-
-def _apply(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPlan | None, certificate: bool,
-           keep_map: bool) -> tuple[Tensor, dict[str, Any], Eraser | None]:
     name, options = eraser_cfg.name, dict(eraser_cfg.options)
     t0 = time.perf_counter()
     plan = plan or ALL

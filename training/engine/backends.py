@@ -107,8 +107,7 @@ def check_joins(groups: list[tuple[list[str], dict]], model: nn.Module, opt: tor
 
 
 class LoopEngine:
-    """Members' own modules; one shared optimizer step. Bitwise equal to sequential training (with the
-    library's optimizer step; `fused_optimizer`: training/engine/flat_optim.py)."""
+    """Members' own modules; one shared optimizer step (see the module docstring)."""
 
     def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer], options: GroupOptions,
                  rng_seeds: Sequence[int] | None = None, memory_format: torch.memory_format | None = None) -> None:
@@ -149,8 +148,8 @@ class LoopEngine:
 
     def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int] | None, steps: np.ndarray,
              done: Tensor | None = None) -> None:
-        """One step of every row; `steps`: each row's own step count so far (the regularizer's step); `done`: rows
-        that stopped (not yet polled): their training losses are not checked."""
+        """One step of every row; `steps`: each row's own steps so far (the regularizer's); `done`: rows that stopped
+        (not yet polled): their training losses are not checked."""
         assert counts is not None
         # Each member sees exactly its batch as in fit(); d(sum)/d(loss_r) = 1 keeps every gradient as alone.
         loss: Tensor | int = 0
@@ -215,8 +214,7 @@ class LoopEngine:
             self.rng = [self.rng[r] for r in rows]
 
     def replace(self, r: int, model: nn.Module, opt: torch.optim.Optimizer, rng_seed: int = 0) -> None:
-        """Row r takes a new member (its model, fresh optimizer, the seed of its masks' stream): it trains as alone,
-        from its first step."""
+        """Row r takes a new member (its model, fresh optimizer, its masks' seed): it trains as alone, from step 1."""
         if not isinstance(self.opt, LibraryOptim):
             raise ValueError("rows are refilled with the library's optimizer step (not training.fused_optimizer)")
         check_joins(self.opt.groups, model, opt)
@@ -258,10 +256,8 @@ class _ReadoutConstants:
 
 
 class StackedEngine:
-    """Stacked parameters, vmapped forward: one set of kernels per step for all live members. The step (gradients
-    by `torch.func.grad` of the summed vmapped losses, and the schedule-free update, training/engine/stacked_optim.py)
-    is one function of tensors and host-known floats: `training.compile` compiles it whole (`fullgraph=True`), and
-    its host work does not grow with the number of members."""
+    """Stacked parameters, vmapped forward (see the module docstring); the step is one function of tensors and
+    host-known floats, which `training.compile` compiles whole (`fullgraph=True`)."""
 
     def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
                  compile: bool | str | None = None, per_row: bool = False) -> None:
@@ -315,8 +311,7 @@ class StackedEngine:
         self.opt.update(self.params, grads, scalars)
 
     def _mark_static(self) -> None:
-        """Parameters and optimizer state live at fixed addresses between compactions: CUDA graphs need not copy
-        them per step."""
+        """Parameters and optimizer state live at fixed addresses between compactions: CUDA graphs copy none."""
         if self.compiled:
             rows = () if self.opt.rows is None else tuple(self.opt.rows.values())
             for t in (*self.params.values(), *self.opt.z.values(), *self.opt.v.values(), *rows, self.loss_sum):
@@ -339,7 +334,8 @@ class StackedEngine:
 
     def _lerped(self, sel: Tensor, rows: dict[str, Tensor], weight: Callable[[float], float]) -> dict[str, Tensor]:
         out = {}
-        for names, w in self.opt.lerp_weights(weight):
+        for names, g in self.opt.groups:
+            w = weight(g["betas"][0])
             for n in names:
                 out[n] = rows[n].lerp(self.opt.z[n][sel], w)
         return out
@@ -399,9 +395,8 @@ class StackedEngine:
 
     @torch.no_grad()
     def replace(self, r: int, model: nn.Module, opt: torch.optim.Optimizer, rng_seed: int = 0) -> None:
-        """Row r takes a new member (its model, fresh optimizer), in place (a compiled step's static addresses stay
-        valid): its parameters, z = y, second moment 0, best state = init, and its row's scalars from the start
-        (`rng_seed`: unused, its masks are drawn by vmap)."""
+        """Row r takes a new member, in place (a compiled step's static addresses stay valid): its parameters, z = y,
+        second moment 0, best state = init, its row's scalars from the start (`rng_seed`: unused, vmap draws masks)."""
         if self.opt.rows is None:
             raise ValueError("rows are refilled with per-row optimizer scalars (StackedEngine(per_row=True))")
         check_joins(self.groups, model, opt)

@@ -42,11 +42,7 @@ def available_memory(device: torch.device) -> int | None:
             return None
     if device.type != "cpu":
         return None
-    free = _meminfo_available()
-    limit = _cgroup_room()
-    if free is None or limit is None:
-        return free if limit is None else limit
-    return min(free, limit)
+    return min((v for v in (_meminfo_available(), _cgroup_room()) if v is not None), default=None)
 
 
 def _meminfo_available() -> int | None:

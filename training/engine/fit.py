@@ -70,8 +70,7 @@ class FitConfig:
     augment: bool
     eval_every_steps: int | None  # None: once per epoch
     progress: bool
-    # Step-aware early stopping (training/engine/stopping.py); all 0: stop after `patience` epochs without a
-    # new best or after `max_epochs`, whatever the number of steps.
+    # step-aware early stopping (training/engine/stopping.py); all 0: the plain rule
     warmup_steps: int  # the optimiser's warm-up: no stop before it has ended
     min_steps: int  # no stop before this many optimizer steps (even past max_epochs)
     patience_min_steps: int  # patience in steps = max(patience × steps per epoch, patience_min_steps)
@@ -124,9 +123,7 @@ class Member:
     cfg: FitConfig
     val_idx: Tensor | None = None  # own validation set (indices into the data), e.g. another seed's split
     name: str = ""  # how errors name it ("block model 3"); empty: "model <its index in the group>"
-    # the seed of the global RNG it trains under alone (dropout / drop path draw from it; the caller seeds it around
-    # `fit`): the loop engine gives the member this stream in a group (None: one drawn from its batch generator)
-    rng_seed: int | None = None
+    rng_seed: int | None = None  # its dropout / drop path masks' global RNG seed, alone and in a group (None: `gen`'s)
 
 
 @dataclass(frozen=True)
@@ -239,7 +236,6 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
         checkpoint: CheckpointStore | None = None, compile: str | None = None) -> FitResult:
     """Train `member` on `member.idx` into `data` until `patience` evaluations without improvement (validation on
     `data`'s shared set, else `member.val_idx`); return with the best state loaded, model and optimizer in eval mode.
-
     Each epoch draws its batch order and augmentation from `member.gen` in one go (`draw_epoch`, as a group does);
     `cfg.batch_transform` maps each augmented batch. A NaN/inf loss raises NonFiniteError naming the model
     (`member.name`, else `desc`). `checkpoint`: a stop request (training/common/interrupt.py) saves the whole state
@@ -358,9 +354,8 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                 optimizer_mode(optimizer, "train")
     bar.close()
     check_training_loss()  # the steps after the last validation (eval_every_steps)
-    # Switch the optimizer first: eval() maps the train-mode weights to the averaged ones, so doing it
-    # after loading the (already averaged) best state would corrupt that state.
-    optimizer_mode(optimizer, "eval")  # schedule-free's (the library is untyped)
+    # the optimizer first: eval() maps the train-mode weights to the averaged ones (the best state already is)
+    optimizer_mode(optimizer, "eval")
     model.eval()
     model.load_state_dict(st.best_state)
     if checkpoint is not None:

@@ -72,8 +72,9 @@ class LibraryOptim:
         return {"cohort": list(self.cohort),
                 "groups": {c: [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
                            for c, opt in self.opts.items()},
-                "state": [{n: {k: _copy(v) for k, v in self._of(r).state[p].items()} for n, p in ps.items()
-                           if p in self._of(r).state} for r, ps in enumerate(self.params)]}
+                "state": [{n: {k: v.detach().clone() if torch.is_tensor(v) else v
+                               for k, v in self._of(r).state[p].items()}
+                           for n, p in ps.items() if p in self._of(r).state} for r, ps in enumerate(self.params)]}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         self.cohort = [int(c) for c in saved["cohort"]]
@@ -113,10 +114,6 @@ class LibraryOptim:
         for p in (p for r in self._rows(c) for p in self.params[r].values()):
             if p in carry.state:
                 opt.state[p] = carry.state[p]
-
-
-def _copy(v: Any) -> Any:
-    return v.detach().clone() if torch.is_tensor(v) else v
 
 
 def _sf_update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, t: tuple[Tensor, Tensor, Tensor, Tensor],
@@ -183,8 +180,7 @@ class FlatScheduleFree:
                 raise ValueError("fused_optimizer supports schedule-free AdamW with r=0, from its first step")
         self.params = params
         self.update = update_fn(backend, next(iter(params[0].values())).device)
-        # Set by _pack, per group: y (params), g (grads), z (None until the first step), v, and per member
-        # its [start, end) in the buffers.
+        # set by _pack, per group: y (params), g (grads), z (None until the first step), v, each member's [start, end)
         self.y: list[Tensor]
         self.g: list[Tensor]
         self.z: list[Tensor | None]

@@ -1,14 +1,11 @@
 """Many independent models trained in lockstep: the block models of an MDL sweep and/or several seeds.
 
-Each member keeps its own init, training subset, batch order, augmentation stream, schedule-free state and
-early stopping, exactly as `training.engine.fit.fit` would train it alone (it draws the same `draw_epoch` streams).
-One step takes one batch per live member: all members' batches are gathered, cropped/flipped and decoded in one go,
-then mapped by their shared `FitConfig.batch_transform` if any (`eraser.after_augment`); a member whose epoch ends is
-validated (eval mode), and one that early-stops leaves the group: with fewer rows than members
-(`GroupOptions.rows`), its row takes the next pending member (training/engine/lockstep_state.py `RowSchedule`),
-which starts there as it would alone. The step's arithmetic is the engine's (training/engine/backends.py): `loop`
-(bitwise equal to sequential training, tests/test_vectorized.py; default on CPU) or `stacked` (vmap over stacked
-parameters; default on GPU). A group is one `_Lockstep`; each member's training state is one `LockstepMember`.
+Each member keeps its own init, training subset, batch order, augmentation stream, schedule-free state and early
+stopping, exactly as `training.engine.fit.fit` would train it alone (the same `draw_epoch` streams). One step takes one
+batch per live member (gathered, cropped/flipped, decoded and mapped by the shared `batch_transform` in one go); a
+member whose epoch ends is validated, and one that early-stops leaves the group, its row taken by the next pending
+member (`GroupOptions.rows`, lockstep_state.py `RowSchedule`). The step's arithmetic is the engine's (backends.py):
+`loop` (bitwise sequential training, tests/test_vectorized.py; default on CPU) or `stacked` (default on GPU).
 """
 
 from __future__ import annotations
@@ -60,9 +57,8 @@ OnFinish = Callable[[int, nn.Module, FitResult], None]  # (member index, model i
 
 @dataclass(frozen=True)
 class GroupOptions:
-    """How a group trains (see `fit_group`): `training.*` (engine auto | loop | stacked, workers, compile,
-    fused_optimizer) and `progress`, all given (their defaults live once, in training/app/schema.py); the
-    regularizer and what to call as each member ends (None: none)."""
+    """How a group trains (`fit_group`): `training.*` and `progress`, all given (their defaults live once, in
+    training/app/schema.py); the regularizer and what to call as each member ends (None: none)."""
 
     engine: str
     progress: bool
@@ -116,13 +112,11 @@ def resolve_engine(engine: str, device: torch.device, vectorises: bool = True) -
 
 
 def fit_group(members: Sequence[Member], inputs: TrainData, options: GroupOptions) -> list[FitResult]:
-    """Train all members at once; each ends as `training.engine.fit.fit` would (best state loaded, eval mode).
-
-    Validation on the shared (x_val, y_val), else on each member's `val_idx`. `on_finish(k, model, result)` is called
-    as member k ends (in any order). `compile`: `training.engine.backends.compile_mode`. `regularizer`: loop engine
-    only. `workers` (CPU, loop engine): the members split over this many threads, each a lockstep group on its own
-    core (`resolve_workers`; the numbers do not change). `fused_optimizer` (loop engine): the optimizer step as one
-    kernel over flat buffers (training/engine/flat_optim.py)."""
+    """Train all members at once; each ends as `training.engine.fit.fit` would (best state loaded, eval mode),
+    validated on the shared (x_val, y_val), else on its own `val_idx`; `on_finish(k, model, result)` is called as
+    member k ends (in any order). `regularizer`: loop engine only. `workers` (CPU, loop engine): the members split
+    over this many threads, each a lockstep group on its own core (`resolve_workers`; the numbers do not change).
+    `fused_optimizer` (loop engine): the optimizer step as one kernel over flat buffers (flat_optim.py)."""
     if not members:
         return []
     device = inputs.data.device
@@ -169,9 +163,8 @@ def check_options(engine: str, workers: int | str, fused_optimizer: bool | str, 
 
 def resolve_workers(workers: int | str, device: torch.device, engine: str, n_members: int) -> int:
     """`training.workers`: auto → on CPU with the loop engine, one thread per intra-op thread torch would use
-    (`torch.get_num_threads()`, i.e. OMP_NUM_THREADS or the cores), at most one per member; else 1. A small model's
-    step is a chain of small kernels that two cores split poorly, while disjoint groups of models, one per core
-    (each worker with one intra-op thread), scale almost linearly."""
+    (`torch.get_num_threads()`), at most one per member; else 1. A small model's step is a chain of small kernels
+    that two cores split poorly, while disjoint groups of models, one per core, scale almost linearly."""
     if str(workers) == "auto":
         if device.type != "cpu" or engine != "loop":
             return 1
@@ -273,9 +266,8 @@ def rng_seed(member: Member) -> int:
 
 
 class _Lockstep:
-    """One lockstep group on the current thread: every live member takes one batch per step; a member whose
-    epoch ends is validated and asked whether to stop (`EarlyStopping`), and a stopped one leaves the group.
-    Row r of the plan and of the engine is `live[r]`."""
+    """One lockstep group on the current thread: every live member takes one batch per step; a member whose epoch
+    ends is validated and may stop, and a stopped one leaves the group. Row r of the plan and engine is `live[r]`."""
 
     def __init__(self, members: Sequence[Member], inputs: TrainData, options: GroupOptions,
                  stop: threading.Event | None = None) -> None:
@@ -335,9 +327,8 @@ class _Lockstep:
         return [m.result for m in self.members if m.result is not None]
 
     def _train(self, saved: dict | None) -> None:
-        """Steps until every member has stopped (from the saved step, if any). Dropout / drop path (stacked engine
-        only) draw from the global RNG: seeded from the first member's batch generator, so a group's masks do not
-        depend on what ran before it (and a checkpoint saves the RNG)."""
+        """Steps until every member has stopped (from the saved step, if any). Dropout / drop path (stacked engine)
+        draw from the global RNG, seeded from the first member's batch generator (a checkpoint saves it)."""
         devices = [self.y.device] if self.y.device.type == "cuda" else []
         with (torch.random.fork_rng(devices, enabled=self.random),
               self.engine if isinstance(self.engine, StackedEngine) else nullcontext(),
@@ -490,9 +481,8 @@ class _Lockstep:
         self.bar.set_postfix(step=self.step)
 
     def _save(self) -> None:
-        """The group's whole state at this step boundary (training/engine/checkpoint.py): the live members', the
-        rows' schedule (pending members by name), the plan, the engine, and each finished member's result and best
-        state (its block may not be saved by the caller yet)."""
+        """The group's whole state at this step boundary: the live members', the rows' schedule, the plan, the engine,
+        and each finished member's result and best state (its block may not be saved by the caller yet)."""
         assert self.store is not None
         schedule = {**self.schedule.state_dict(), "queue": [self.names[k] for k in self.schedule.queue]}
         state = {"kind": "group", "format": GROUP_FORMAT, "engine_kind": self.engine_kind, "shapes": self._shapes(),

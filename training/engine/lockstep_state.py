@@ -132,11 +132,10 @@ class RowSchedule:
 
 def replay(steps: Sequence[int], sizes: Sequence[int], rows: int | None = None, poll: int = 1,
            every: Sequence[int] | None = None) -> RowSchedule:
-    """The schedule a group of members with these step counts (and training-set sizes) runs through `rows` rows,
-    as the group runs it (training/engine/group.py): a member stopping at group step s is seen at the host's next
-    poll (the first multiple of `poll` from s), where its row takes the next member; until then its row is held
-    without work. `every`: each member validates every this many of its steps (its steps per epoch) while it holds
-    its row, counted in `validations`."""
+    """The schedule a group of members with these step counts (and training-set sizes) runs through `rows` rows, as
+    the group runs it: a member stopping at group step s is seen at the host's next poll (the first multiple of `poll`
+    from s), where its row takes the next member (held without work until then). `every`: each member validates
+    every this many of its steps while it holds its row, counted in `validations`."""
     sched = RowSchedule(sizes, rows)
     held = [(steps[k], k) for k in sched.first]  # (the group step at which the row's member stops, the member)
     due: set[int] = set()
@@ -207,8 +206,7 @@ class _Plan:
         if any(m.spec.cfg.batch_size != cfg.batch_size or m.spec.cfg.augment != self.augment
                or m.spec.cfg.batch_transform is not self.transform for m in every):
             raise ValueError("members of one group share the batch size, the augmentation flag and the batch transform")
-        # The buffers below are batch-size wide: a batch larger than every member's training set (optim.batch_size
-        # = 10**9) is that set, one step per epoch, so cap it there (the same batches; no 10**9-slot buffers).
+        # a batch larger than every member's training set (optim.batch_size=10**9) is that set: capped (same batches)
         self.bs = min(cfg.batch_size, max(m.size for m in every))
         self.pad = augment_pad(data, self.augment)
         self.slots = max(m.steps_per_epoch for m in every) * self.bs
@@ -221,8 +219,7 @@ class _Plan:
         self.host_idx = None if y_host is None else np.zeros((n, self.slots), dtype=host_copy(live[0].idx[:1]).dtype)
         self.next_host_idx = None if self.host_idx is None else self.host_idx.copy()
         self.cursor = torch.zeros(n, dtype=torch.long, device=dev)
-        # host: per row the batches taken in the current epoch, the epoch's length, its size, validation period and
-        # the group step at which its member started
+        # host, per row: batches taken this epoch, steps per epoch, size, validation period, its member's first step
         self.batches, self.spe, self.sizes, self.every, self.start = (np.zeros(n, dtype=np.int64) for _ in range(5))
         for row, m in enumerate(live):
             self.replace(row, m)

@@ -51,9 +51,8 @@ def within_contract(a: float, b: float, seed_sd: float | None) -> bool:
 
 @dataclass
 class JobNumerics:
-    """One job's numerics: its precision and determinism, and the (engine, models trained together) its training
-    used so far, for its signature. `job_numerics` makes it; the job hands it to what trains (`FitConfig.numerics`)
-    and reads the signature from it: no module state."""
+    """One job's numerics (no module state): its precision and determinism, and the (engine, models trained together)
+    its training used so far, for its signature. `job_numerics` makes it; the job hands it to what trains."""
 
     precision: str = "fp32"
     deterministic: bool = False
@@ -63,8 +62,8 @@ class JobNumerics:
 
     def memory_format(self, model: nn.Module, device: torch.device, engine: str = "fit") -> torch.memory_format | None:
         """The layout `model` trains in on `device` (torch.channels_last, recorded for the signature) or None (as
-        built): `training.channels_last` true, or auto on a CUDA device, for a model with a 2-d convolution; never
-        on the stacked engine (its stacked parameters have no such layout: it says so in a log line)."""
+        built): `training.channels_last` true, or auto on a CUDA device, for a model with a 2-d convolution; never on
+        the stacked engine (a log line)."""
         setting = str(self.channels_last).lower()
         if setting == "false" or not any(isinstance(m, nn.Conv2d) for m in model.modules()):
             return None

@@ -53,11 +53,8 @@ class SpectralDecoupling:
     loss_scale: float | None = None  # official Colored-MNIST quirk, see the module docstring
     base_loss: BaseLoss = task_loss  # the loss the fit loop adds us to (needed for loss_scale only)
 
-    def active(self, step: int) -> bool:
-        return step >= self.start_step
-
     def __call__(self, logits: Tensor, y: Tensor, step: int) -> Tensor:
-        if not self.active(step):
+        if step < self.start_step:
             return logits.new_zeros(())
         penalty = sd_penalty(logits, y, self.lam, self.gamma)
         if self.loss_scale is None:

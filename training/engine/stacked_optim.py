@@ -1,20 +1,17 @@
-"""Schedule-free AdamW over the stacked engine's parameters (training/engine/backends.py `StackedEngine`), as a
-function the whole training step can be compiled with.
+"""Schedule-free AdamW over the stacked engine's parameters, as a function the whole training step can be compiled with.
 
-The per-group scalars (k, lr, lr_max, weight_sum, ckp1, ...) are the library's (schedulefree 1.4,
-AdamWScheduleFree.step), computed on the host (`next_scalars`): every row of a group steps every step, so the host
-knows them without a read back, at the same cost whatever the number of rows. The update is the library's foreach
+The per-group scalars (k, lr, lr_max, weight_sum, ckp1, ...) are the library's (schedulefree 1.4), computed on the
+host (`next_scalars`: every row of a group steps every step, so no read back); the update is the library's foreach
 step written per tensor with the same operations: on CPU bitwise the library's optimizer (tests/test_vectorized.py).
-
 `per_row=True` (a compiled step, or rows refilled from a queue): the same scalars as device tensors of length M per
 group, computed inside the step from a device step counter (float64): no changing Python float recompiles the graph,
-and each row has its own k, lr_max and weight_sum (`reset_row` starts a refilled row again). Same formulas; float
-rounding differs (tensor × tensor where the library passes alpha).
+and each row has its own k, lr_max and weight_sum (`reset_row`). Same formulas; float rounding differs (tensor ×
+tensor where the library passes alpha).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,10 +108,6 @@ class StackedScheduleFree:
                 y.lerp_(z, weight=s.ckp1)
                 y.add_(grad, alpha=coef)
                 z.sub_(grad, alpha=lr)
-
-    def lerp_weights(self, weight: Callable[[float], float]) -> list[tuple[list[str], float]]:
-        """Per group its parameter names and `weight(β1)` (evaluation's y ↔ x maps)."""
-        return [(names, weight(g["betas"][0])) for names, g in self.groups]
 
     def state_dict(self) -> dict[str, Any]:
         return {"z": {n: t.clone() for n, t in self.z.items()}, "v": {n: t.clone() for n, t in self.v.items()},

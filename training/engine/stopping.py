@@ -75,11 +75,10 @@ REASONS = ("", PATIENCE, MAX_EPOCHS)  # RowStopping.reason's codes
 
 
 class RowStopping:
-    """`EarlyStopping` of every row of a lockstep group (training/engine/group.py) as device tensors of length
-    rows: the same comparisons on the same float64 losses, with no read back. `record` says which rows have a new
-    best (the engine keeps their state with `torch.where`), `end_epoch` sets `done`; a done row changes nothing
-    more (its best, epoch, stop step and reason stay), so the host may read `done` any number of steps later
-    (`training.poll_every`) and still finish the member with the numbers of the step it stopped at."""
+    """`EarlyStopping` of every row of a lockstep group as device tensors of length rows: the same comparisons on
+    the same float64 losses, with no read back. `record` says which rows have a new best, `end_epoch` sets `done`; a
+    done row changes nothing more, so the host may read `done` any number of steps later (`training.poll_every`) and
+    still finish the member with the numbers of the step it stopped at."""
 
     STATE = ("best_loss", "best_epoch", "improved", "improved_step", "epoch", "first", "done", "reason",
              "stop_step", "patience_steps", "earliest", "max_epochs")

@@ -166,10 +166,9 @@ class Hooks:
 
 def stale_reason(done: Result, cfg: JobConfig, complete: tuple[str, ...],
                  fingerprint: Callable[[JobConfig], Any] | None) -> Stale | None:
-    """Why a finished result of this configuration must not be reused (None: reuse it): a section the task
-    always writes is missing (`complete`), or the result's `dataset.fingerprint` differs from `fingerprint(cfg)`,
-    the data now on disk (files swapped under the same names, or `dataset.root` pointing at another copy): that
-    result is a finished measurement of other data, kept aside (`Stale.keep_as`) before the job runs again."""
+    """Why a finished result of this configuration must not be reused (None: reuse it): a section the task always
+    writes is missing (`complete`), or its `dataset.fingerprint` differs from `fingerprint(cfg)`, the data now on disk:
+    that result is a finished measurement of other data, kept aside (`Stale.keep_as`) before the job runs again."""
     for section in complete:
         if done.section(section) is None:
             return Stale(f"it has no {section} section (incomplete)")
@@ -200,15 +199,6 @@ def nonfinite_leaves(value: Any, path: str) -> Iterator[tuple[str, float]]:
             yield from nonfinite_leaves(v, f"{path}[{i}]")
     elif isinstance(value, float) and not math.isfinite(value):
         yield path, value
-
-
-def check_finite(result: Result, sections: tuple[str, ...], job_path: Path) -> None:
-    """NonFiniteError (one line) when a number in the result's `sections` is NaN/inf: such a result is never
-    written (it would read as a finished job)."""
-    for section in sections:
-        for path, value in nonfinite_leaves(at(result.body.written, section), section):
-            raise NonFiniteError(f"non-finite {path} ({value}) in the result of {job_path}: lr too high or bad data; "
-                                 "nothing was written as a result")
 
 
 def run_in_job_dir(cfg: JobConfig, body: Body, store: Any = None, **hooks: Any) -> Outcome:
@@ -306,7 +296,10 @@ def finish(run: JobRun, sections: Sections, hooks: Hooks) -> Outcome:
                        device=str(device), timings=timings,
                        provenance={**provenance(device, run.started, now_utc()), "numerics": numerics},
                        spec=cfg.task_spec)
-    check_finite(typed, hooks.finite, job.path)
+    for section in hooks.finite:  # a result with a NaN/inf there is never written (it would read as finished)
+        for path, value in nonfinite_leaves(at(typed.body.written, section), section):
+            raise NonFiniteError(f"non-finite {path} ({value}) in the result of {job.path}: lr too high or bad data; "
+                                 "nothing was written as a result")
     job.write_result(typed)
     result = encode(typed)
     run.progress.clear()

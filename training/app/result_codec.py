@@ -68,10 +68,9 @@ def upgrade(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def config_view(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A recorded config as dotted key -> value, read as today's schema spells it: the schema's defaults for
-    declared keys it lacks, a group's `tag` defaulting to its name (results written before tags), `eraser.fold`
-    read as `eraser.repeat` (results written before repeats were named so), FIT_DEFAULTS for the fitting keys
-    a result written before them lacks (training/data/eraser_config.py)."""
+    """A recorded config as dotted key -> value, read as today's schema spells it: the schema's defaults for declared
+    keys it lacks, a group's `tag` defaulting to its name, `eraser.fold` read as `eraser.repeat`, FIT_DEFAULTS for
+    the fitting keys a result written before them lacks (training/data/eraser_config.py)."""
     view = flatten(with_defaults(config))
     for group in ("dataset", "arch"):
         if f"{group}.name" in view and view.get(f"{group}.tag") is None:

@@ -124,10 +124,9 @@ class NewerResultError(UserError, RuntimeError):
 
 
 def read_result(path: Path, spec: TaskSpec | None, refuse_newer: bool = False) -> Result | None:
-    """The stored result (of task `spec`'s class: result_codec.decode), or None when absent or malformed (a
-    malformed file is warned about: it is recomputed). `refuse_newer` (a job about to write there, without
-    force=true): a result of a newer schema raises NewerResultError (one line) instead, so an older checkout never
-    replaces a newer one's result."""
+    """The stored result (of task `spec`'s class), or None when absent or malformed (warned about: recomputed).
+    `refuse_newer` (a job about to write there, without force=true): a result of a newer schema raises
+    NewerResultError (one line) instead, so an older checkout never replaces a newer one's result."""
     try:
         done = read(path, spec)
     except NewerSchemaError as err:

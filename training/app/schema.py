@@ -160,8 +160,7 @@ HASHED_UNREAD: tuple[tuple[str, str, Any], ...] = (
 def duplicate_jobs(jobs: Sequence[tuple[Any, Mapping[str, Any] | JobConfig, TaskSpec]]) -> str | None:
     """Why two of `jobs` (a sweep's resolved job configs, each with the job's number and its task) would compute the
     same numbers under two hashes: they differ only in keys that change nothing for them (HASHED_UNREAD), e.g.
-    `eraser.after_augment=true,false` without augmentation; None if no two do. The reason names the two jobs, the
-    keys and what to do."""
+    `eraser.after_augment=true,false` without augmentation; None if no two do."""
     seen: dict[str, tuple[Any, str, dict[str, Any]]] = {}
     for i, cfg, spec in jobs:
         plain = cfg.to_dict() if isinstance(cfg, Section) else cfg

@@ -37,10 +37,9 @@ def request(signum: int) -> bool:
 
 
 def stop_behind(err: BaseException) -> None:
-    """Raise the stop (a `SystemExit`: a signal handler's `Preempted`, an `Interrupted`) or KeyboardInterrupt that
-    `err` stands for, if any: torch.save writing to a Python file object turns a signal handler's exception raised
-    during a write into `RuntimeError("unexpected pos ...")`, with the stop only as its context. Code that catches
-    RuntimeError (a full disk) calls this first, so a signal is never taken for a failed write and swallowed."""
+    """Raise the stop (a `SystemExit`: `Preempted`, `Interrupted`) or KeyboardInterrupt that `err` stands for, if any:
+    torch.save turns a signal handler's exception raised during a write into `RuntimeError("unexpected pos ...")`,
+    the stop only its context. Code that catches RuntimeError (a full disk) calls this first."""
     seen: set[int] = set()
     cause: BaseException | None = err
     while cause is not None and id(cause) not in seen:

@@ -92,23 +92,21 @@ def _lock_entry(stack: ExitStack, root: Path, lock_name: str, kind: str, entry: 
 def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
                  build: Callable[[], tuple[Tensor, dict[str, Any]]], memo: shared.Memo | None = None
                  ) -> tuple[Tensor, dict[str, Any], bool]:
-    """(erased x, report, hit). Loads `<cache_root>/erased/<hash>/` or calls `build()` once and stores it (a cache
-    that fails is a warning: hit False); `memo` (a cell's store's, training/data/shared.py) keeps what was loaded or
-    stored for the cell's later seeds."""
+    """(erased x, report, hit): `<cache_root>/erased/<hash>/` loaded, or `build()` once and stored (a cache that
+    fails is a warning: hit False); `memo` (a cell's store's) keeps what was loaded or stored for its later seeds."""
     root = Path(cache_root) / "erased"
     h = key_hash(key)
     entry = root / h
-    if (shared_entry := _shared_entry(memo, entry)) is not None:  # another job of this process loaded or stored it
+    # another seed of the cell loaded or stored it, while the entry is still complete on disk
+    if memo is not None and (found := memo.get(str(entry.resolve()))) is not None and \
+            (entry / "manifest.json").is_file():
         log.info("cache hit (shared in this process): %s", entry)
-        return shared_entry
+        return found[0], shared.fresh(found[1]), True
     with ExitStack() as stack:
-        if not _lock_entry(stack, root, f"{h}.lock", "erased-data", entry, "erasing"):
-            x, report = build()
-            return x, report, False
-        loaded = _load(entry, key)
-        if loaded is UNREADABLE:  # another user's entry (or one that cannot be set aside): leave it, erase in memory
-            x, report = build()
-            return x, report, False
+        # an unwritable cache, or another user's entry (or one that cannot be set aside): left as it is, in memory
+        if not _lock_entry(stack, root, f"{h}.lock", "erased-data", entry, "erasing") or \
+                (loaded := _load(entry, key)) is UNREADABLE:
+            return (*build(), False)
         if loaded is not None:
             log.info("cache hit: %s", entry)
             _share_entry(memo, entry, *loaded)
@@ -127,18 +125,6 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
         return x, report, False
 
 
-def _shared_entry(memo: shared.Memo | None, entry: Path) -> tuple[Tensor, dict[str, Any], bool] | None:
-    """The erased data of `entry` as another seed of the cell loaded or stored it (`memo`), while the entry is still
-    complete on disk (else the job goes through the cache as a lone one)."""
-    if memo is None:
-        return None
-    found = memo.get(str(entry.resolve()))
-    if found is None or not (entry / "manifest.json").is_file():
-        return None
-    x, report = found
-    return x, shared.fresh(report), True
-
-
 def _share_entry(memo: shared.Memo | None, entry: Path, x: Tensor, report: dict[str, Any]) -> None:
     if memo is not None:
         memo.put(str(entry.resolve()), (x, shared.fresh(report)), [x])
@@ -149,8 +135,8 @@ def _report_text(report: dict[str, Any]) -> str:
 
 
 def why(err: BaseException, where: Path) -> str:
-    """What went wrong with a write, naming the cause. torch.save reports a full disk as `unexpected pos 704 vs
-    598`: an OSError in the exception's chain is named instead, else the free space when it is nearly none."""
+    """What went wrong with a write, naming the cause (torch.save reports a full disk as `unexpected pos 704 vs 598`):
+    an OSError in the exception's chain, else the free space when it is nearly none."""
     text = f"{type(err).__name__}: {err}"
     cause: BaseException | None = err
     while cause is not None:
@@ -256,9 +242,8 @@ def _key_text(key: Any) -> str:
 
 
 def _load(entry: Path, key: Mapping[str, Any]) -> tuple[Tensor, dict[str, Any]] | None:
-    """The stored entry of `key`; None when absent, or when it is not that entry or not whole (another key's,
-    another code version's, partial, corrupt: logged and set aside, `set_aside`); UNREADABLE when it may not be read
-    (a permission, an I/O error) or could not be set aside (logged, left as it is)."""
+    """The stored entry of `key`; None when absent or not that entry whole (logged and set aside); UNREADABLE when
+    it may not be read (a permission, an I/O error) or could not be set aside (logged, left as it is)."""
     try:
         if not entry.exists():
             return None

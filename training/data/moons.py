@@ -18,9 +18,8 @@ from training.engine.seeding import derive_seed
 
 def two_moons_arrays(n: int, noise: float, margin: float, seed: int, rotation: float = 0.0) -> tuple[np.ndarray,
                                                                                                       np.ndarray]:
-    """The paper's arrangement: the moons are folded so that one coordinate (the horizontal axis after
-    the final 90° rotation) separates the classes with a gap of 2·margin (margin > 0: linearly
-    separable whatever the noise; margin < 0: the classes overlap along it)."""
+    """The paper's arrangement: the moons folded so that one coordinate (the horizontal axis after the final 90°
+    rotation) separates the classes with a gap of 2·margin (> 0: separable whatever the noise; < 0: overlapping)."""
     from sklearn.datasets import make_moons
 
     x, y = make_moons(n_samples=n, noise=noise, random_state=seed % 2**32)

@@ -45,10 +45,9 @@ Erased = tuple[Tensor, dict[str, Any], bool, dict[str, Any]]  # erased x, report
 def erase(store: Store, coded: LoadedData, source: FitSource, spec: EraserSpec, fitted: Eraser | None = None
           ) -> Erased:
     """`coded` erased by `spec` fitted on `source`, through the erased-data cache (keyed by the coded data, the
-    eraser and what it was fitted on); `fitted`: that eraser, already fitted (a cache miss then only applies it).
-    In sample (the coded rows themselves) the eraser is fitted and applied by `erasure.erase`, which also runs an
-    eraser that edits the data (gradient); out of sample it is applied to rows it was not fitted on. Erased data
-    with NaN or Inf is refused (NonFiniteError): never cached, never trained on."""
+    eraser and what it was fitted on); `fitted`: that eraser, already fitted (a miss then only applies it). In sample
+    `erasure.erase` fits and applies it (an eraser that edits the data too: gradient). Erased data with NaN or Inf
+    is refused (NonFiniteError): never cached, never trained on."""
     rows = flat(coded)
 
     def build() -> tuple[Tensor, dict[str, Any]]:
@@ -159,9 +158,8 @@ def _cached_certificate(path: Path, x: Tensor, y: Tensor, write: bool) -> dict[s
 
 def apply_eraser(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPlan | None = None,
                  certificate: bool = True) -> tuple[Tensor, dict[str, Any]]:
-    """Erased images and an info dict: report, cache hit, how it was fitted, certificate before/after, seconds.
-    With a `plan`, the eraser is fitted as it says and the erased images are those of `plan.coded_idx` (the samples
-    the code then sees), in that order."""
+    """Erased images and an info dict (report, cache hit, how it was fitted, certificate before/after, seconds). With
+    a `plan`, the eraser is fitted as it says and the erased images are those of `plan.coded_idx`, in that order."""
     x, info, _ = apply_eraser_keeping_map(data, eraser_cfg, store, plan, certificate, keep_map=False)
     return x, info
 
@@ -184,7 +182,9 @@ def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserConfig, store: 
                  len(source.data.y))
     if not plan.in_sample:
         options = holdout_options(name, options)
-    info: dict[str, Any] = {"name": name, "options": options, "fit": _fit_info(plan, source, coded)}
+    fit = {"fit_on": plan.fit_on, "fit_source": plan.fit_source, "n_fit": source.n_fit, "n_coded": len(coded.y),
+           "fit_fraction": plan.fit_fraction, "repeat": plan.repeat}  # null where the mode does not use a key
+    info: dict[str, Any] = {"name": name, "options": options, "fit": fit}
     traits = eraser_traits(name)
     eraser, key = None, None
     if traits.identity:
@@ -198,8 +198,11 @@ def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserConfig, store: 
         if keep_map:
             assert isinstance(source, Rows), "the schema refuses eraser.after_augment with fit_on=oracle"
             eraser, info["eraser_cache_hit"] = fitted_eraser(store, source, spec)
-        if isinstance(source, Rows) and not source.in_sample:
-            _warn_label_injection(name, source.data)
+        if isinstance(source, Rows) and not source.in_sample and traits.needs_labels:
+            # a label-dependent map (QLEACE's class maps) fitted on few samples injects the label into held-out data
+            counts = torch.bincount(source.data.y, minlength=source.data.num_classes)
+            if (line := label_injection_risk(counts, int(source.data.x[0].numel()))) is not None:
+                log.warning("%s", line)
         x, info["report"], info["cache_hit"], key = erase(store, coded, source, spec, eraser)
         log.info("eraser %s: %s", name, "cache hit" if info["cache_hit"] else "fitted and cached")
         if isinstance(source, Rows) and traits.family == "linear" and traits.rank_hint is None:  # on its labels
@@ -265,19 +268,3 @@ def _rows(x: Tensor, device: torch.device, apply: Callable[[Tensor], Tensor]) ->
     """`apply` on x's rows flattened, in float64 on `device`, back in x's dtype, device and shape."""
     return apply(x.reshape(len(x), -1).to(device, torch.float64)).to(x.device, x.dtype).reshape(x.shape)
 
-
-def _fit_info(plan: FitPlan, source: FitSource, coded: LoadedData) -> dict[str, Any]:
-    """result.json `eraser.fit`: how the eraser was fitted, null where the mode does not use a key."""
-    return {"fit_on": plan.fit_on, "fit_source": plan.fit_source, "n_fit": source.n_fit, "n_coded": len(coded.y),
-            "fit_fraction": plan.fit_fraction, "repeat": plan.repeat}
-
-
-def _warn_label_injection(name: str, fit: LoadedData) -> None:
-    """A label-dependent map (QLEACE's class maps) estimated from few samples injects the label into held-out data:
-    one warning line."""
-    if not eraser_traits(name).needs_labels:
-        return
-    counts = torch.bincount(fit.y, minlength=fit.num_classes)
-    line = label_injection_risk(counts, int(fit.x[0].numel()))
-    if line is not None:
-        log.warning("%s", line)

@@ -42,8 +42,7 @@ class ZScore:
 
 def data_fingerprint(cfg: JobConfig, store: Store | None = None) -> DataOnDisk:
     """The fingerprint of the job's data as it is on disk now (result.json's `dataset.fingerprint`), to compare with a
-    finished result's, and the data, for the job's body in case the job runs again (`store`: the cell's, else the
-    job's own)."""
+    finished result's, and the data, for the job's body in case it runs again (`store`: the cell's, else its own)."""
     data = (store or Store.of(cfg.paths)).load(cfg.dataset)
     return DataOnDisk(data.info["fingerprint"], data)
 
@@ -130,8 +129,7 @@ def _erased(data: LoadedData, cfg: JobConfig, store: Store, plan: FitPlan | None
 @dataclass(frozen=True)
 class BatchErasure:
     """`eraser.after_augment=true`: the training batches are drawn from `raw`, the coded part's images unerased
-    (z-scored when `dataset.zscore_order=before`), and each (augmented) batch is erased on the device by
-    `transform(x, y)`."""
+    (z-scored when `dataset.zscore_order=before`), each (augmented) batch erased on the device by `transform`."""
 
     raw: torch.Tensor
     transform: BatchEraser

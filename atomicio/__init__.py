@@ -6,6 +6,7 @@ mkstemp's 0o600: with `umask 002` on a group-shared output directory, colleagues
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
@@ -46,13 +47,10 @@ def default_mode() -> int:
 def umask() -> int:
     """The process's umask, read without changing it where Linux shows it (/proc/self/status); elsewhere by setting
     it and straight back (a moment in which another thread's new file would get 0o022)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

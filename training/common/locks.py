@@ -7,6 +7,7 @@ clients' locks (stop that process, or delete the `.lock` file: docs/troubleshoot
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -83,21 +84,15 @@ def waiting_lock(lock_path: Path, what: str, every: float | None = None) -> Iter
         while True:
             log.warning("waiting for %s: lock %s %s (waited %.0fs)", what, lock_path, describe_holder(lock_path),
                         time.time() - t0)
-            try:
+            with contextlib.suppress(Timeout):
                 lock.acquire(timeout=every)
                 break
-            except Timeout:
-                continue
         log.info("got the lock on %s after %.1fs", what, time.time() - t0)
     try:
-        try:
+        with contextlib.suppress(OSError):  # the holder note only helps waiting processes name us
             holder_path(lock_path).write_text(json.dumps(Holder.mine().to_json()))
-        except OSError:
-            pass  # the holder note only helps waiting processes name us; the lock itself is held
         yield
     finally:
-        try:
+        with contextlib.suppress(OSError):
             holder_path(lock_path).unlink(missing_ok=True)
-        except OSError:
-            pass
         lock.release()

@@ -12,6 +12,7 @@ and `code.version` is what is known (pyproject.toml's, else the installed distri
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -57,7 +58,7 @@ def package_version(checkout: Path = CHECKOUT) -> str | None:
     """The package's version: pyproject.toml's in a checkout (what runs), else the installed distribution's
     METADATA next to the package (read as text: no importlib, tests/test_layers.py), else None."""
     pyproject = checkout / "pyproject.toml"
-    try:
+    with contextlib.suppress(OSError):
         if pyproject.is_file():
             after = ("\n" + pyproject.read_text()).split("\n[project]\n", 1)[-1]
             project = re.split(r"^\[", after, flags=re.MULTILINE)[0]  # up to the next table
@@ -67,8 +68,6 @@ def package_version(checkout: Path = CHECKOUT) -> str | None:
             found = re.search(r"^Version:\s*(\S+)", meta.read_text(), flags=re.MULTILINE)
             if found:
                 return found.group(1)
-    except OSError:
-        pass
     return None
 
 
@@ -161,13 +160,10 @@ def device_name(device: str) -> str:
             return torch.cuda.get_device_name(dev)
         except (RuntimeError, AssertionError, ValueError) as err:
             return f"cuda ({type(err).__name__})"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or dev.type
 
 

@@ -121,9 +121,8 @@ def load_cifarnet(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     npz = folder / "train.npz"
     shards: list[Path] = []
     if npz.exists():
-        with reading(npz, "CIFARNet (expects arrays `images` uint8 NHWC 64x64x3 and `labels`)"):
-            with np.load(npz) as f:
-                images, labels = f["images"], f["labels"]
+        with reading(npz, "CIFARNet (expects arrays `images` uint8 NHWC 64x64x3 and `labels`)"), np.load(npz) as f:
+            images, labels = f["images"], f["labels"]
     else:
         shards = sorted(folder.glob("**/train-*.parquet"))
         if not shards:

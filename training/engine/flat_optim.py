@@ -2,12 +2,11 @@
 
 `LibraryOptim` steps the members' parameters with their optimizer class (schedulefree's AdamWScheduleFree): bitwise
 what `training.engine.fit.fit` does. `FlatScheduleFree` (`training.fused_optimizer`) keeps every parameter group of
-all members in one flat buffer (the modules' parameters and gradients are views into it) and does the whole update
-in one pass over memory instead of nine: a numba loop on CPU (training/engine/sf_kernel.py; it releases the GIL, so
-`training.workers` threads step concurrently) or `torch.compile` (Triton on GPU). Same formulas and per-group
-scalars as the library; it differs only by float32 rounding where one side contracts a multiply-add into an FMA
-(tests/test_flat_optim.py). Both keep a member's parameters contiguous within each group, so evaluation's lerp
-(y ↔ x) touches one member only, and `keep(rows)` drops finished members from the buffers.
+all members in one flat buffer (parameters and gradients are views into it) and does the whole update in one pass:
+a numba loop on CPU (sf_kernel.py; it releases the GIL for `training.workers` threads) or `torch.compile` (Triton on
+GPU). Same formulas and per-group scalars as the library, up to float32 rounding where one side contracts a
+multiply-add into an FMA (tests/test_flat_optim.py). Both keep a member's parameters contiguous within each group
+(evaluation's lerp touches one member only) and `keep(rows)` drops finished members.
 """
 
 from __future__ import annotations

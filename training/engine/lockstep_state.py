@@ -1,8 +1,7 @@
 """A lockstep group's state (training/engine/group.py): each member's training state (`LockstepMember`), the live
-members' drawn epochs and batch cursors (`_Plan`) and which member holds each row (`RowSchedule`: a row whose member
-stops takes the next pending one). Per step the host does the same few operations whatever the number of rows: the
-batch cursors are one device and one host (numpy) vector, and which rows end an epoch or validate is one vectorised
-comparison."""
+members' drawn epochs and batch cursors (`_Plan`) and which member holds each row (`RowSchedule`). Per step the host
+does the same few operations whatever the number of rows (the cursors are one device and one host vector).
+"""
 
 from __future__ import annotations
 

@@ -1,20 +1,17 @@
 """What a job's numbers depend on beyond its config, and the contract they keep (docs/running.md, "Precision, the
 numerics contract and the signature").
 
-`training.precision`: fp32 (strict: TF32 off for matmul and cuDNN convolutions), tf32 (both on; CUDA only, the same
-as fp32 on CPU), bf16 (the training forward under autocast to bfloat16; weights, gradients, optimizer state,
-validation and code lengths in float32). `training.deterministic`: torch's deterministic algorithms and
-CUBLAS_WORKSPACE_CONFIG, so a GPU run repeats bitwise. The contract: CPU, loop engine (and `fit()`): bitwise, run to
-run and alone vs in a group; GPU: bitwise run to run only with `training.deterministic=true` and the same numerics
-signature (result.json `provenance.numerics`), else one optimizer step within STEP_RTOL (relative, on the
-parameters) and final bits/sample within max(BITS_ATOL, BITS_SD_FRACTION × the cell's seed SD) (`within_contract`).
-
-`training.channels_last` (speed only, not hashed): auto (on CUDA, for a model with 2-d convolutions; on CPU other
-convolution kernels move the numbers slightly) | true | false. Where on, `fit` and the loop engine convert the model's
-parameters and each 4-d training batch (`memory_format`); the stacked engine ignores it (a log line).
-`job_numerics` sets torch's process-wide flags for one job, restores them after, and yields the job's `JobNumerics`,
-which the job passes to its training (`FitConfig.numerics`); its `training_forward` is the one place the training
-step enters autocast.
+`training.precision`: fp32 (TF32 off for matmul and cuDNN convolutions), tf32 (both on; CUDA only: fp32 on CPU),
+bf16 (the training forward under autocast to bfloat16; weights, gradients, optimizer state, validation and code
+lengths in float32). `training.deterministic`: torch's deterministic algorithms and CUBLAS_WORKSPACE_CONFIG. The
+contract: CPU, loop engine (and `fit()`): bitwise, run to run and alone vs in a group; GPU: bitwise run to run only
+with `training.deterministic=true` and the same numerics signature (result.json `provenance.numerics`), else one
+optimizer step within STEP_RTOL (relative) and final bits/sample within max(BITS_ATOL, BITS_SD_FRACTION × the cell's
+seed SD) (`within_contract`). `training.channels_last` (speed only): auto (on CUDA, for a model with 2-d convolutions;
+on CPU other kernels move the numbers slightly) | true | false; where on, `fit` and the loop engine convert the
+model's parameters and each 4-d training batch (`memory_format`); the stacked engine ignores it (a log line).
+`job_numerics` sets torch's process-wide flags for one job, restores them after, and yields the job's `JobNumerics`
+(`FitConfig.numerics`), whose `training_forward` is the one place the training step enters autocast.
 """
 
 from __future__ import annotations

@@ -87,10 +87,7 @@ def holdout_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 def _apply_fitted(eraser: Eraser, rows: Tensor, y: Tensor, in_sample: bool) -> tuple[Tensor, dict[str, Any]]:
     """`eraser` applied to (rows, y); `in_sample`: these are the rows it was fitted on (`Eraser.apply_in_sample`)."""
     t0 = time.perf_counter()
-    if not eraser.needs_labels:
-        out = eraser(rows)
-    else:
-        out = eraser.apply_in_sample(rows, y) if in_sample else eraser(rows, y)
+    out = (eraser.apply_in_sample(rows, y) if in_sample else eraser(rows, y)) if eraser.needs_labels else eraser(rows)
     return out, {**eraser.report(), "seconds": time.perf_counter() - t0}
 
 

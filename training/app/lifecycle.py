@@ -94,9 +94,8 @@ Status = Literal["done", "skipped", "reused", "failed"]
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a job came to (see the module docstring) and its result.json (None when it failed: `error` is the
-    line that says why). `run_in_job_dir` returns done, skipped or reused and raises a failure; the multirun ledger
-    (training/cli/ledger.py) records a raised failure as `failed`."""
+    """What a job came to (see the module docstring) and its result.json (None when it failed: `error` says why).
+    `run_in_job_dir` raises a failure; the multirun ledger (training/cli/ledger.py) records it as `failed`."""
 
     status: Status
     job_dir: Path

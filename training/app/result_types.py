@@ -66,9 +66,8 @@ class Fingerprint:
         return cls(text(at(value, "content")), listed, value)
 
     def identity(self) -> Any:
-        """What identifies the data: the content hash of the decoded arrays where recorded (the same data in
-        another encoding, e.g. a re-gzipped file, is the same data), else the files' sha256 and sizes (not their
-        names or folder: the same files elsewhere are the same data)."""
+        """What identifies the data: the content hash of the decoded arrays where recorded (a re-gzipped file is the
+        same data), else the files' sha256 and sizes (not their names or folder)."""
         if self.raw is not None and not isinstance(self.raw, Mapping):
             return self.raw
         if self.content is not None:
@@ -136,8 +135,7 @@ class Sections:
 @dataclass(frozen=True)
 class Result:
     """The envelope of every result: identity, the config as recorded, the task's sections (`body`, of the class's
-    `sections_type`), and where and how it ran. A task's subclass names its Sections class and is its
-    `Task.result_type` (training/app/tasks.py); the codec builds a result of its task's class."""
+    `sections_type`), and where and how it ran. A task's subclass (`Task.result_type`) names its Sections class."""
 
     sections_type: ClassVar[type[Sections]] = Sections
 

@@ -147,9 +147,8 @@ def read_result(path: Path, spec: TaskSpec | None, refuse_newer: bool = False) -
 
 
 def stored_hash(done: Result, spec: TaskSpec) -> str | None:
-    """A stored result's config hash recomputed with today's definition of the hash, under the numerics version
-    it was computed with (result_codec.upgrade: 1 for results written before numerics versions); None for a
-    result of another task than `spec` (its hash is another job's)."""
+    """A stored result's config hash recomputed with today's definition of the hash, under the numerics version it
+    was computed with; None for a result of another task than `spec` (its hash is another job's)."""
     if done.config is None or done.task != spec.name or done.config.get("task", "mdl") != spec.name:
         return None
     ran_on = {"device": done.device} if done.device else {}  # where a precision's numbers were made (tf32: CUDA)

@@ -29,9 +29,8 @@ from training.app.task_spec import task_names as task_names
 
 @dataclass(frozen=True)
 class Collected:
-    """What scripts/aggregate.py hands a task for its tables: the task's Results (training/app/result_types.py),
-    the job table the collection made of MDL jobs (training/tasks/mdl/aggregate_collect.py; missing and failed jobs
-    included), and where and under which file stem and title the tables go."""
+    """What scripts/aggregate.py hands a task for its tables: the task's Results, the job table of MDL jobs (missing
+    and failed jobs included: training/tasks/mdl/aggregate_collect.py), and where and under which name they go."""
 
     results: list[Result]
     jobs: Any  # a pandas DataFrame (training/tasks/mdl/aggregate_collect.py), empty without MDL jobs
@@ -101,9 +100,8 @@ class Task:
         return run_in_job_dir(cfg, lambda job: self.run(self.prepare(job)), store=store, **self.lifecycle())
 
     def run_cell(self, cfgs: list[JobConfig], store: Any = None) -> list[Outcome]:
-        """The jobs of a cell's seeds (training/common/cells.py), an Outcome each: here one after another, sharing
-        `store` (a task that trains its seeds together overrides it: the MDL task). A seed that fails is recorded
-        (`failed`) and the others go on."""
+        """The jobs of a cell's seeds, an Outcome each: here one after another, sharing `store` (the MDL task trains
+        them together). A seed that fails is recorded (`failed`) and the others go on."""
         outcomes = []
         for cfg in cfgs:
             try:

@@ -105,9 +105,8 @@ NAME_MAX = 255  # bytes of one name in a path (the limit of Linux file systems)
 
 
 def path_refusal(value: str, single: bool) -> str | None:
-    """Why `value` may not be a part of a job's path built from config, or None. The one check of every such part
-    (`dataset.tag`, `arch.tag`, `paths.cell`: one name, `single`; `paths.job_subdir`, `paths.by_task.*`: a relative
-    path): never empty, no NUL, no `..` (it would put the job outside paths.out_dir), no absolute part."""
+    """Why `value` may not be a part of a job's path built from config (one name, `single`: the tags, `paths.cell`;
+    else a relative path), or None: never empty, no NUL, no `..` (outside paths.out_dir), no absolute part."""
     if not value.strip() or "\0" in value:
         return "empty" if not value.strip() else "a NUL character"
     if single and ("/" in value or "\\" in value):

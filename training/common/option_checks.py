@@ -65,8 +65,7 @@ def build_options(cls: type[Any] | None, data: Mapping[str, Any], prefix: str = 
 
 def check_typed(key: str, value: Any, tp: Any, check: Callable[[Any], bool] | None = None, allowed: str = "") -> Any:
     """`value` checked against the annotation `tp` (an int is accepted where a float is declared) and `check`
-    (`allowed` says what it allows); ConfigError naming the key and what is allowed. Options dataclasses nest (a
-    field typed by another dataclass)."""
+    (`allowed` says what it allows); ConfigError naming the key and what is allowed."""
     out, ok = _conform(value, tp)
     if not ok:
         raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {allowed or _describe(tp)}")

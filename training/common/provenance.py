@@ -105,9 +105,8 @@ def _ref(git_dir: Path, common: Path, name: str) -> str | None:
 
 
 def head_from_files(checkout: Path) -> str:
-    """The commit HEAD names, read from the git directory's files (HEAD, loose refs, packed-refs) without running
-    git: git refuses a repository owned by another user ("dubious ownership", safe.directory), its files do not.
-    NoCommit says exactly why when it cannot be read (unreadable files, an unborn branch, a reftable repository)."""
+    """The commit HEAD names, read from the git directory's files (git refuses a repository another user owns, its
+    files do not); NoCommit says why when it cannot be (unreadable files, an unborn branch, a reftable repository)."""
     try:
         git_dir = _git_dir(checkout)
         common_file = git_dir / "commondir"

@@ -51,9 +51,8 @@ class _Parsed:
 
 @contextmanager
 def _parse_once() -> Iterator[None]:
-    """OmegaConf parses an interpolation string (`${paths.out_dir}/runs/...`) with its ANTLR grammar every time it
-    resolves it, half the cost of resolving a job; the jobs of a sweep share a few dozen such strings. While the
-    sweep expands, each string is parsed once (the parse tree is only read by the resolver)."""
+    """While the sweep expands, each interpolation string is parsed once: OmegaConf parses one with its ANTLR grammar
+    every time it resolves it (half the cost of resolving a job), and a sweep's jobs share a few dozen."""
     original = omegaconf_base.parse
     omegaconf_base.parse = functools.lru_cache(maxsize=4096)(original)
     try:
@@ -63,9 +62,8 @@ def _parse_once() -> Iterator[None]:
 
 
 def fast_expand(experiment: str, extra: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Resolved job configs (plain dicts) of every seed of every cell of `python -m training.run -m
-    experiment=<experiment> <extra>`, in launch order: == `sweeps.expand(experiment, extra)`, at one composition per
-    distinct tuple of group choices."""
+    """Resolved job configs of every seed of every cell of `python -m training.run -m experiment=<experiment> <extra>`,
+    in launch order: == `sweeps.expand(experiment, extra)`, at one composition per distinct tuple of group choices."""
     return expand_overrides(sweep_overrides(experiment, extra))
 
 

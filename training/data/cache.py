@@ -278,9 +278,8 @@ def _load(entry: Path, key: Mapping[str, Any]) -> tuple[Tensor, dict[str, Any]] 
 def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
                   build: Callable[[], erasure.Eraser], memo: shared.Memo | None = None) -> tuple[erasure.Eraser, bool]:
     """(fitted eraser, hit): `<cache_root>/erasers/<hash>.pt` (written by `Eraser.save`: one rename) or `build()`
-    once under the entry's lock, then stored, as `cached_erase` does (`eraser.after_augment` erases each augmented
-    batch with the eraser object itself). `memo`: the eraser as loaded or stored, for the cell's later seeds of the
-    same key, while the entry is still on disk."""
+    once under the entry's lock, then stored, as `cached_erase` does (`eraser.after_augment` needs the object itself);
+    `memo`: as there."""
     root = Path(cache_root) / "erasers"
     path = root / f"{key_hash(key)}.pt"
     if memo is not None and (found := memo.get(str(path.resolve()))) is not None and path.is_file():

@@ -366,8 +366,7 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
 
 @dataclass
 class FitState:
-    """What `fit` keeps between batches, which a checkpoint saves (with the model, the optimizer, the generator
-    and the global RNG, which dropout draws from)."""
+    """What `fit` keeps between batches, which a checkpoint saves (with the model, optimizer, generator and RNG)."""
 
     stopper: EarlyStopping
     best_state: dict[str, Tensor]

@@ -182,8 +182,7 @@ class Cancelled(Exception):
 
 
 def _cost(member: Member, inputs: TrainData) -> float:
-    """A member's training samples + validation samples (a forward only: about half) per epoch, times the
-    epochs it may take (max_epochs, or more when warm-up / min_steps keep a small model going)."""
+    """A member's training + half its validation samples (a forward only) per epoch, times the epochs it may take."""
     x_val, val_idx = inputs.x_val, member.val_idx
     n_val = len(x_val) if x_val is not None else len(val_idx) if val_idx is not None else 0
     spe = math.ceil(len(member.idx) / member.cfg.batch_size)
@@ -236,8 +235,7 @@ def _fit_threads(members: Sequence[Member], inputs: TrainData, options: GroupOpt
 
 
 def _saved_parts(members: Sequence[Member], store: CheckpointStore | None) -> list[list[int]]:
-    """The members (indices) of each worker group an interrupted attempt checkpointed, so that each group finds its
-    checkpoint again (the worker threads' split does not change the numbers)."""
+    """The members (indices) of each worker group an interrupted attempt checkpointed: each finds its file again."""
     if store is None:
         return []
     names = [_name(m, k) for k, m in enumerate(members)]
@@ -376,8 +374,7 @@ class _Lockstep:
         return xb
 
     def _validate(self, rows: list[int]) -> None:
-        """Validation of `rows`: losses, best states and the stop rule's bests on the device (`RowStopping`); the
-        host reads the losses at its next poll."""
+        """Validation of `rows`: losses, best states and the stop rule's bests on the device (read at the next poll)."""
         if not rows:
             return
         ms = [self.live[r] for r in rows]
@@ -434,8 +431,7 @@ class _Lockstep:
         return stopped
 
     def _retire(self, done: list[int]) -> None:
-        """Finish the stopped rows; each takes the next pending member, if any; compact the plan and the engine to
-        the rows still held."""
+        """Finish the stopped rows, each taking the next pending member if any; compact to the rows still held."""
         if not done:
             return
         for r in done:

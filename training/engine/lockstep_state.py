@@ -87,11 +87,10 @@ class LockstepMember:
 
 
 class RowSchedule:
-    """Which members hold the group's `rows` rows. With fewer rows than members, the largest training sets start
-    (they tend to run longest) and the others queue, largest first (equal sets side by side: they then validate at
-    the same steps); a row whose member stops takes the next one (a member's numbers do not depend on its row or
-    start). With a row per member the order is the members' own. Counts the row-steps that did work (`occupancy` =
-    work / (rows × steps)) and the steps with a validation (`validations`: each one validation call of the engine)."""
+    """Which members hold the group's `rows` rows: with fewer rows than members, the largest training sets start and
+    the others queue, largest first (equal sets side by side: they validate at the same steps), a stopped member's
+    row taking the next one; else the members' own order. Counts the row-steps that did work (`occupancy` = work /
+    (rows × steps)) and the steps with a validation (`validations`: each one validation call of the engine)."""
 
     def __init__(self, sizes: Sequence[int], rows: int | None = None) -> None:
         n = len(sizes)
@@ -190,10 +189,9 @@ def balanced_parts(costs: Sequence[float], n: int) -> list[list[int]]:
 
 class _Plan:
     """Each live member's (row's) epoch: its global sample indices, sample weights (0 = padding) and augmentation,
-    padded to the longest epoch; `cursor` is the batch number within the epoch per row, on the device and (`batches`)
-    on the host. With a label-dependent batch transform the host keeps the drawn indices too (`host_idx`): each
-    step's class segments come from the host's labels (`y_host`). Each row's next epoch is drawn one ahead
-    (`next_*`, sent to the device without blocking), from the member's generator in `fit`'s order."""
+    padded to the longest epoch; `cursor` is the batch number per row, on the device and (`batches`) on the host.
+    With a label-dependent batch transform the host keeps the drawn indices (`host_idx`) for the step's class
+    segments. Each row's next epoch is drawn one ahead (`next_*`), from the member's generator in `fit`'s order."""
 
     def __init__(self, live: Sequence[LockstepMember], data: DeviceData, y_host: np.ndarray | None = None,
                  pending: Sequence[LockstepMember] = ()) -> None:

@@ -1,7 +1,6 @@
 """Building and checking the typed config: `load_config` turns a composed config into a `JobConfig` (or one
-`ConfigError` line), `load_section` / `group_config` one group; the cross-field checks (what a task reads, storage,
-fitting data). The sections are in training/app/sections.py; an eraser's options and fitting modes are checked by
-training/data/eraser_config.py."""
+`ConfigError` line), `load_section` / `group_config` one group, with the cross-field checks (what a task reads,
+storage, fitting data; an eraser's options and fitting modes: training/data/eraser_config.py)."""
 
 from __future__ import annotations
 
@@ -163,10 +162,9 @@ def _check_task_reads(job: JobConfig) -> None:
 
 
 def _check_storage(storage: str, eraser: str, zscore: bool) -> None:
-    """`training.storage=uint8|float16` keeps the data exactly or not at all (training/engine/batches.py): the data of
-    an eraser that maps it to arbitrary floats (LEACE, QLEACE, random, ...) or of `dataset.zscore` never fits, so such
-    a job is refused up front instead of after its erasure. (Control data and gradient erasure's quantized edits may
-    fit: the job checks the data itself.)"""
+    """`training.storage=uint8|float16` keeps the data exactly or not at all: the data of an eraser that maps it to
+    arbitrary floats (LEACE, QLEACE, ...) or of `dataset.zscore` never fits, so such a job is refused up front (control
+    data and gradient erasure's quantized edits may fit: the job checks the data itself)."""
     if storage not in ("uint8", "float16"):
         return
     traits = eraser_traits(eraser)
@@ -210,7 +208,8 @@ def _build(cls: type[Section], data: Any, prefix: str) -> Section:
         check_eraser_options(values["name"], values["options"])
         check_eraser_fitting(values)
     if issubclass(cls, OptionsSection):
-        kind, owner = _options_owner(cls)
+        kind, owner = {DatasetConfig: ("dataset", "dataset"), ArchConfig: ("arch", "architecture"),
+                       RegularizerConfig: ("regularizer", "regularizer")}[cls]
         options_cls = _member_options(kind, values["name"])
         view = build_options(options_cls, rest, prefix, known=tuple(values), owner=f"{owner} {values['name']}")
         return cls(**values, options=view, _options=rest)
@@ -220,11 +219,6 @@ def _build(cls: type[Section], data: Any, prefix: str) -> Section:
         k = sorted(rest)[0]
         raise ConfigError(f"{prefix}{k}={rest[k]!r} is not allowed: unknown key; known: {', '.join(values)}")
     return cls(**values)
-
-
-def _options_owner(cls: type[OptionsSection]) -> tuple[str, str]:
-    return {DatasetConfig: ("dataset", "dataset"), ArchConfig: ("arch", "architecture"),
-            RegularizerConfig: ("regularizer", "regularizer")}[cls]
 
 
 def _task_group(spec: TaskSpec, rest: Mapping[str, Any], others: Collection[str]) -> dict[str, Any]:

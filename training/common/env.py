@@ -1,7 +1,6 @@
-"""The environment variables the harness reads, each named once, here, with its type and default.
-
-Code elsewhere calls the accessor (`env.wandb_mode()`), never `os.environ` by name; the multirun ledger's two
-variables are also set here (`set_multirun`), so that workers and sbatch jobs inherit them.
+"""The environment variables the harness reads, each named once, here, with its type and default: code elsewhere calls
+the accessor (`env.wandb_mode()`), never `os.environ` by name; the multirun ledger's two variables are also set here
+(`set_multirun`), so that workers and sbatch jobs inherit them.
 """
 
 from __future__ import annotations
@@ -99,12 +98,6 @@ def submitit_preempt_signal() -> str:
 def wandb_mode() -> str | None:
     """WANDB_MODE as the user set it (None: the logger config's mode)."""
     return _value("WANDB_MODE")
-
-
-def omp_threads(default: str = "1") -> str:
-    """OMP_NUM_THREADS for a child process: the user's, else `default`."""
-    found = _value("OMP_NUM_THREADS")
-    return default if found is None else found
 
 
 def unset(names: Mapping[str, str]) -> dict[str, str]:

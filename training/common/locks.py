@@ -1,14 +1,13 @@
-"""A file lock that says who holds it: waiting is logged (on what, held since when, by which process), so a job
-stuck behind a hung process does not sit silently with an empty log.
-
-The holder writes `<lock>.holder` (pid, host, since) next to the lock file after acquiring it and removes it on
-release. The lock itself is an OS lock (`flock` through `filelock`): the kernel releases it when its process dies,
-even after SIGKILL. A lock is only "stale" while its holder still runs (hung) or on a network file system that
-keeps locks of dead clients: stop that process, or delete the `.lock` file (docs/troubleshooting.md).
+"""A file lock that says who holds it: waiting is logged (on what, held since when, by which process), so a job stuck
+behind a hung process does not sit silently. The holder writes `<lock>.holder` (pid, host, since) beside the lock
+and removes it on release. The lock is an OS lock (`flock` through `filelock`), released by the kernel when its
+process dies: it is only "stale" while a hung holder still runs or on a network file system that keeps dead
+clients' locks (stop that process, or delete the `.lock` file: docs/troubleshooting.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -27,7 +26,6 @@ from training.common import env
 
 log = logging.getLogger(__name__)
 LOG_EVERY_ENV = env.LOCK_LOG_EVERY
-log_every = env.lock_log_every  # seconds between "still waiting" lines (env ERASURE_MDL_LOCK_LOG_EVERY, default 60)
 
 
 def holder_path(lock_path: Path) -> Path:
@@ -77,7 +75,7 @@ def waiting_lock(lock_path: Path, what: str, every: float | None = None) -> Iter
     """Hold the OS lock on `lock_path` for the block; while another process holds it, log that this one waits
     (at once, then every `every` seconds) naming `what`, the lock file and its holder."""
     lock_path = Path(lock_path)
-    every = log_every() if every is None else every
+    every = env.lock_log_every() if every is None else every
     lock = FileLock(str(lock_path))
     t0 = time.time()
     try:
@@ -86,21 +84,15 @@ def waiting_lock(lock_path: Path, what: str, every: float | None = None) -> Iter
         while True:
             log.warning("waiting for %s: lock %s %s (waited %.0fs)", what, lock_path, describe_holder(lock_path),
                         time.time() - t0)
-            try:
+            with contextlib.suppress(Timeout):
                 lock.acquire(timeout=every)
                 break
-            except Timeout:
-                continue
         log.info("got the lock on %s after %.1fs", what, time.time() - t0)
     try:
-        try:
+        with contextlib.suppress(OSError):  # the holder note only helps waiting processes name us
             holder_path(lock_path).write_text(json.dumps(Holder.mine().to_json()))
-        except OSError:
-            pass  # the holder note only helps waiting processes name us; the lock itself is held
         yield
     finally:
-        try:
+        with contextlib.suppress(OSError):
             holder_path(lock_path).unlink(missing_ok=True)
-        except OSError:
-            pass
         lock.release()

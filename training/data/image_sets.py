@@ -1,7 +1,5 @@
-"""Paper datasets that need a download or a user-supplied folder: CIFAR-10, SVHN, CIFARNet.
-
-Each reads the real on-disk format itself (torchvision is only used to download), so a missing
-or partial copy gives one clear line saying where the files go.
+"""Paper datasets that need a download or a user-supplied folder: CIFAR-10, SVHN, CIFARNet. Each reads the on-disk
+format itself (torchvision only downloads), so a missing or partial copy gives one line saying where the files go.
 """
 
 from __future__ import annotations
@@ -123,9 +121,8 @@ def load_cifarnet(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     npz = folder / "train.npz"
     shards: list[Path] = []
     if npz.exists():
-        with reading(npz, "CIFARNet (expects arrays `images` uint8 NHWC 64x64x3 and `labels`)"):
-            with np.load(npz) as f:
-                images, labels = f["images"], f["labels"]
+        with reading(npz, "CIFARNet (expects arrays `images` uint8 NHWC 64x64x3 and `labels`)"), np.load(npz) as f:
+            images, labels = f["images"], f["labels"]
     else:
         shards = sorted(folder.glob("**/train-*.parquet"))
         if not shards:

@@ -81,8 +81,6 @@ def _fashion_mnist_in(folder: Path) -> LoadedData | None:
                       {"source": str(folder), "files": file_records(pair, folder)})
 
 
-
-
 @dataclass(frozen=True, kw_only=True)
 class SyntheticOptions:
     """`dataset=synthetic`'s own keys (conf/dataset/synthetic.yaml)."""
@@ -104,7 +102,6 @@ def load_synthetic(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     k, c, s, n = o.num_classes, o.channels, o.size, o.n
     d = c * s * s
     g = torch.Generator().manual_seed(o.data_seed)
-    sigma = o.sigma
     y = torch.arange(n) % k
     mean_dirs = torch.randn(k, d, generator=g, dtype=torch.float64)
     means = 0.5 + o.mean_gap * mean_dirs / mean_dirs.norm(dim=1, keepdim=True)
@@ -117,5 +114,5 @@ def load_synthetic(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
         z = torch.randn(len(idx), d, generator=g, dtype=torch.float64)
         boost = (1 + o.cov_gap * d / 4) ** 0.5 - 1
         z = z + boost * (z @ a)[:, None] * a[None, :]
-        x[idx] = means[j] + sigma * z
+        x[idx] = means[j] + o.sigma * z
     return LoadedData("synthetic", x.float().reshape(n, c, s, s), y.long(), k, {"source": "synthetic Gaussians"})

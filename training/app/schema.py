@@ -5,7 +5,7 @@ the key, the value and what is allowed. The job reads attributes (`cfg.mdl.patie
 once, here or in the group's yaml. A group member's own options (a dataset's `n`, an MLP's `activation`, SD's
 `lam`, a task's `gs.*`) are a small dataclass declared next to the module that registers it (`options=` in its
 registry entry): it validates them, unknown keys are refused, and `cfg.arch.options.activation` reads them typed.
-An eraser's options are its fitter's keyword arguments, checked against their annotations.
+An eraser's options are the fields of its options dataclass (erasure/traits.py), checked against their types.
 
 Which keys enter the job hash (and so the job directory) is declared next to the field: `hash=False` for what
 only says where things go or how fast or visibly they run. Eraser options that do not change the erased data are

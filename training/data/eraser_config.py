@@ -1,6 +1,6 @@
 """The eraser section's rules, read by the core's config check and job hash (training/app/loading.py, schema.py):
-what it refuses, one line each (ConfigError: options that are not its fitter's keyword arguments or not of their
-annotated types, an option it does not read with another's value, the fitting modes it cannot take), and what of it
+what it refuses, one line each (ConfigError: options that are not the eraser's options or not of their
+declared types, an option it does not read with another's value, the fitting modes it cannot take), and what of it
 enters the job hash (`hashed_eraser`: the options that change the erased data, the fitting keys the fitting mode
 reads, `after_augment` only where something is erased per batch), and how results written before a key spelled it
 (`FIT_DEFAULTS`, `legacy_fold`: read by the result codec's `config_view`)."""
@@ -101,20 +101,17 @@ def _data_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
-    """Eraser options are the fitter's keyword arguments: checked against their annotations (or, for an eraser
-    that declares `defaults`, against the defaults' types)."""
+    """Eraser options are the fields of its options dataclass (`eraser_traits(name).options`: its fitter's keyword
+    arguments or the dataclass it declares), checked against their types."""
     known = default_options(name)
     for k in options:
         if k not in known:
             raise ConfigError(f"eraser.options.{k} is not allowed: not an option of eraser {name}; known: "
                               f"{', '.join(sorted(known))}")
-    hints = _eraser_hints(ERASERS.get(name))
+    hints = _eraser_hints(eraser_traits(name).options)
     for k, v in options.items():
-        tp = hints.get(k)
-        if tp is None and known[k] is not None:
-            tp = float if isinstance(known[k], float) else type(known[k])
-        if tp is not None:
-            check_typed(f"eraser.options.{k}", v, tp)
+        if k in hints:
+            check_typed(f"eraser.options.{k}", v, hints[k])
     unread = eraser_traits(name).unread_option(options)
     if unread is not None:  # hashed, not read: it would change the job's hash, not its numbers
         key, when, values = unread
@@ -153,9 +150,9 @@ def check_eraser_fitting(values: Mapping[str, Any]) -> None:
                               "to the true-label data; use a fitted map eraser (leace, qleace, alf_qleace)")
 
 
-def _eraser_hints(fitter: Any) -> dict[str, Any]:
+def _eraser_hints(options: type) -> dict[str, Any]:
     try:
-        return typing.get_type_hints(fitter)
+        return typing.get_type_hints(options)
     except (NameError, TypeError):  # an annotation that does not resolve: checked by name only
         return {}
 

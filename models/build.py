@@ -3,26 +3,25 @@ returns the model's facts beside it (what result.json records: parameters, width
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import dataclasses
+from dataclasses import Field
+from typing import Any, ClassVar, Protocol
 
 import schedulefree
 import torch
 from mup import MuAdam
 from torch import nn
 
-from models.mup_utils import (
-    apply_mup,
-    apply_sp,
-    on_meta,
-    param_count,
-)
+from models.mup_utils import apply_mup, apply_sp, on_meta, param_count
 from models.registry import ARCHS, Arch, arch_traits
 
 
 class Spec(Protocol):
+    """An architecture's frozen dataclass of what its model is built from (a variant: `dataclasses.replace`)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
     width: int
 
-    def with_width(self, width: int) -> Spec: ...
     def build(self) -> nn.Module: ...
     def info(self) -> dict[str, Any]: ...
 
@@ -68,8 +67,8 @@ def build_with_facts(
     declared = arch_traits(name)
     base_width = arch.base_width or declared.base_width
     if mode == "mup":
-        base = on_meta(spec.with_width(base_width).build)
-        delta = on_meta(spec.with_width(2 * base_width).build)
+        base = on_meta(dataclasses.replace(spec, width=base_width).build)
+        delta = on_meta(dataclasses.replace(spec, width=2 * base_width).build)
         apply_mup(model, base, delta, declared.init)
         _check_width_dims(model, getattr(spec, "fixed_modules", ()))
     elif mode == "sp":

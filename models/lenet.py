@@ -8,7 +8,7 @@ the paper's depth grid 1…8 applies unchanged. "Same" padding keeps 8×8 inputs
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -125,9 +125,6 @@ class LeNetSpec:
     @classmethod
     def from_arch(cls, arch: Arch, input_shape: tuple[int, int, int], num_classes: int) -> LeNetSpec:
         return cls(tuple(input_shape), arch.width, hidden_layers(arch), num_classes)  # type: ignore[arg-type]
-
-    def with_width(self, width: int) -> LeNetSpec:
-        return replace(self, width=width)
 
     @property
     def sizes(self) -> tuple[int, int, int]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -125,9 +125,6 @@ class MLPSpec:
         opts: MlpOptions = arch.options
         return cls(in_features=math.prod(input_shape), width=arch.width, depth=hidden_layers(arch),
                    num_classes=num_classes, activation=opts.activation, swiglu_ratio=opts.swiglu_ratio)
-
-    def with_width(self, width: int) -> MLPSpec:
-        return replace(self, width=width)
 
     @property
     def hidden(self) -> int:

@@ -27,7 +27,7 @@ from torch import Tensor
 from .base import Eraser, base_info, counts_info, prepare_fit
 from .lanczos import top_abs_eig
 from .leace import HOLDOUT_RTOL, leace_factors
-from .moments import ClassMoments, class_moments
+from .moments import ClassMoments, class_moments, sym
 from .registry import ERASERS
 
 Greedy = tuple[Tensor, list[float], str, list[float], list[float]]
@@ -78,13 +78,11 @@ def alf_from_moments(mom: ClassMoments, *, input_dtype: str = "float32", **optio
     o = AlfQleaceOptions(**options)
     t0 = time.perf_counter()
     assert mom.cov is not None and mom.class_covs is not None
-    leace = leace_factors(mom.mean, mom.cov, mom.cross_cov(), rtol=o.leace_rtol)
-    left, right, _ = leace
+    left, right, lstats = leace_factors(mom.mean, mom.cov, mom.cross_cov(), rtol=o.leace_rtol)
     g = torch.eye(mom.mean.shape[0], dtype=torch.float64, device=mom.mean.device) - right @ left.T
-    dev = g.T @ mom.class_covs @ g
-    dev = (dev + dev.mT) / 2
+    dev = sym(g.T @ mom.class_covs @ g)
     info = counts_info("alf_qleace", int(mom.mean.shape[0]), mom.counts, input_dtype, dataclasses.asdict(o))
-    return _alf_greedy(mom, leace, dev, o, info, t0)
+    return _alf_greedy(mom, (left, right, lstats), dev, o, info, t0)
 
 
 @ERASERS.register("alf_qleace", family="quadratic", kind="map", options=AlfQleaceOptions,
@@ -96,8 +94,7 @@ def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, **options: An
     x64, labels, flat, k = prepare_fit(x, y)
     mom = class_moments(x64, labels, k, total_cov=True)
     assert mom.cov is not None
-    leace = leace_factors(mom.mean, mom.cov, mom.cross_cov(), rtol=o.leace_rtol)
-    left, right, _ = leace
+    left, right, lstats = leace_factors(mom.mean, mom.cov, mom.cross_cov(), rtol=o.leace_rtol)
     del mom.cov
     # Class covariances of the LEACE output, Σ̄ and the deviations D_k.
     xl = x64 - (x64 - mom.mean) @ right @ left.T
@@ -105,7 +102,7 @@ def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, **options: An
     del xl
     assert dev is not None
     info = base_info("alf_qleace", flat, k, mom.counts, dataclasses.asdict(o))
-    return _alf_greedy(mom, leace, dev, o, info, t0)
+    return _alf_greedy(mom, (left, right, lstats), dev, o, info, t0)
 
 
 @dataclass

@@ -187,19 +187,13 @@ class QleaceEraser(Eraser):
 
     def _apply(self, x64: Tensor, y: Tensor | None) -> Tensor:
         assert y is not None
-        mean, basis = self.state["mean"], self.state["basis"]
-        z = (x64 - mean) @ basis
-        out = torch.empty_like(z)
-        for c in torch.unique(y).tolist():
-            idx = y == c
-            out[idx] = (z[idx] - self.state["class_means"][c]) @ self.state["maps"][c]
-        return mean + out @ basis.T
+        counts = torch.bincount(y, minlength=self.num_classes).tolist()
+        return self.apply_sorted(x64, torch.argsort(y, stable=True), counts)
 
     def apply_sorted(self, x64: Tensor, order: Tensor, counts: Sequence[int]) -> Tensor:
-        """`_apply` (the noise-free map) on float64 rows x64 without reading their labels on the device: `order` lists
-        the rows class by class (stably: class 0's rows in their order, then class 1's, ...) and `counts[c]` is the
-        number of class c's rows (host integers: a training loop knows its batches' labels ahead). Row for row the
-        same arithmetic as `_apply`, so the same bits."""
+        """The noise-free map on float64 rows x64 without reading their labels on the device: `order` lists the rows
+        class by class (stably: class 0's rows in their order, then class 1's, ...) and `counts[c]` is the number of
+        class c's rows (host integers: a training loop knows its batches' labels ahead)."""
         mean, basis = self.state["mean"], self.state["basis"]
         z = (x64 - mean) @ basis
         grouped = z.index_select(0, order)

@@ -26,13 +26,8 @@ class Spec(Protocol):
     def info(self) -> dict[str, Any]: ...
 
 
-def spec_class(name: str) -> Any:
-    """The Spec class registered for an architecture name (models/registry.py)."""
-    return ARCHS.get(name)
-
-
 def make_spec(arch: Arch, input_shape: tuple[int, ...], num_classes: int) -> Spec:
-    return spec_class(arch.name).from_arch(arch, tuple(int(s) for s in input_shape), int(num_classes))
+    return ARCHS.get(arch.name).from_arch(arch, tuple(int(s) for s in input_shape), int(num_classes))
 
 
 def build_model(
@@ -99,7 +94,7 @@ def _check_width_dims(model: nn.Module, fixed_modules: tuple[str, ...]) -> None:
 
 def _depth_blocks(arch: Arch, depth: int | None = None) -> int:
     """Blocks (hidden layers for MLP/LeNet) that the depth rule counts."""
-    return int(sum(spec_class(arch.name).stage_depths(arch, depth)))
+    return int(sum(ARCHS.get(arch.name).stage_depths(arch, depth)))
 
 
 def depth_lr_multiplier(arch: Arch) -> float:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,6 +32,7 @@ from .moments import ClassMoments, class_moments, sym
 from .registry import ERASERS
 
 Greedy = tuple[Tensor, list[float], str, list[float], list[float]]
+Top = Callable[[int, Tensor], float]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,26 +107,6 @@ def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, **options: An
     return _alf_greedy(mom, (left, right, lstats), dev, o, info, t0)
 
 
-@dataclass
-class _Search:
-    """The deviations D_k (k, d, d), updated in place by every removal, and the warm-started Lanczos search for their
-    top eigenvectors: the latest vector per class, the seeded start vectors, the tolerance, the matvecs spent."""
-
-    dev: Tensor
-    vecs: Tensor
-    noise: Tensor
-    steps: int
-    atol: float = 0.0
-    matvecs: int = 0
-
-    def top(self, c: int, dirs: Tensor) -> float:
-        """‖D_c‖₂, from class c's last vector projected ⊥ `dirs` (plus a little of its start vector) as the start."""
-        start = self.vecs[c] - dirs @ (dirs.T @ self.vecs[c]) + 1e-4 * self.noise[c]
-        theta, self.vecs[c], mv = top_abs_eig(self.dev[c], start, atol=self.atol, max_steps=self.steps)
-        self.matvecs += mv
-        return abs(theta)
-
-
 def _alf_greedy(mom: ClassMoments, leace: tuple[Tensor, Tensor, dict[str, Any]], dev: Tensor, o: AlfQleaceOptions,
                 info: dict[str, Any], t0: float) -> AlfQleaceEraser:
     """The greedy on the class covariances after LEACE (`dev`, overwritten by the deviations D_k); `leace`: the
@@ -137,14 +119,22 @@ def _alf_greedy(mom: ClassMoments, leace: tuple[Tensor, Tensor, dict[str, Any]],
     gen = torch.Generator(device="cpu").manual_seed(o.seed)
     noise = torch.randn(k, d, generator=gen, dtype=torch.float64).to(dev.device)
     frob = [float(v) for v in torch.linalg.matrix_norm(dev)]
-    search = _Search(dev, noise.clone(), noise, o.lanczos_steps)
-    norms = [0.0] * k
+    vecs, norms, matvecs = noise.clone(), [0.0] * k, 0
     for c in range(k):  # initial top eigenpairs (Lanczos, tolerance relative to ‖D_c‖_F ≥ ‖D_c‖₂)
-        theta, search.vecs[c], mv = top_abs_eig(dev[c], noise[c], atol=o.eig_rtol * frob[c], max_steps=o.lanczos_steps)
-        norms[c], search.matvecs = abs(theta), search.matvecs + mv
-    search.atol = o.eig_rtol * max(norms)
+        theta, vecs[c], mv = top_abs_eig(dev[c], noise[c], atol=o.eig_rtol * frob[c], max_steps=o.lanczos_steps)
+        norms[c], matvecs = abs(theta), matvecs + mv
+    atol = o.eig_rtol * max(norms)
+
+    def top(c: int, dirs: Tensor) -> float:
+        """‖D_c‖₂ by Lanczos from class c's last vector (updated) projected ⊥ `dirs`, plus a little of its start."""
+        nonlocal matvecs
+        start = vecs[c] - dirs @ (dirs.T @ vecs[c]) + 1e-4 * noise[c]
+        theta, vecs[c], mv = top_abs_eig(dev[c], start, atol=atol, max_steps=o.lanczos_steps)
+        matvecs += mv
+        return abs(theta)
+
     greedy = _frobenius_greedy if o.stop_norm == "frobenius" else _spectral_greedy
-    dirs, history, stopped, initial_per_class, final_per_class = greedy(search, norms, o.target, cap)
+    dirs, history, stopped, initial_per_class, final_per_class = greedy(dev, vecs, norms, o.target, cap, top)
     initial = max(initial_per_class)
     r_alf = int(dirs.shape[1])
     info.update({
@@ -154,7 +144,7 @@ def _alf_greedy(mom: ClassMoments, leace: tuple[Tensor, Tensor, dict[str, Any]],
         "deviation_ratio": max(final_per_class) / initial if initial > 0 else 0.0,
         "initial_deviation_per_class": initial_per_class, "final_deviation_per_class": final_per_class,
         "worst_deviation_history": history + [max(final_per_class)], "stopped_by": stopped,
-        "deviation_norm": o.stop_norm, "lanczos_matvecs": search.matvecs, "leace_rtol_used": lstats["rtol_used"],
+        "deviation_norm": o.stop_norm, "lanczos_matvecs": matvecs, "leace_rtol_used": lstats["rtol_used"],
         "leace_edit_norm": lstats["edit_norm"], "fit_seconds": time.perf_counter() - t0,
     })
     if stopped == "max_rank":
@@ -162,13 +152,13 @@ def _alf_greedy(mom: ClassMoments, leace: tuple[Tensor, Tensor, dict[str, Any]],
     return AlfQleaceEraser({"mean": mom.mean, "left": left, "right": right, "directions": dirs}, info)
 
 
-def _spectral_greedy(search: _Search, norms: list[float], target: float, cap: int) -> Greedy:
-    """The greedy with ‖D_k‖₂ (`norms`: each class's, updated in place): (directions, history of the worst deviation
-    before each removal, stopped_by, initial and final spectral norms per class).
+def _spectral_greedy(dev: Tensor, vecs: Tensor, norms: list[float], target: float, cap: int, top: Top) -> Greedy:
+    """The greedy with ‖D_k‖₂ (`norms`: each class's, updated in place; `top`: class c's afresh, its top eigenvector
+    into `vecs`): (directions, history of the worst deviation before each removal, stopped_by, initial and final
+    spectral norms per class).
 
     Lazy: a projection never increases ‖D_k‖₂, so stale norms are upper bounds; only the class on top of the
     bounds is re-evaluated, and it is taken once its fresh norm is still the largest."""
-    dev = search.dev
     k, d = dev.shape[0], dev.shape[1]
     initial_per_class = list(norms)
     threshold = (1.0 - target) * max(norms)
@@ -181,12 +171,12 @@ def _spectral_greedy(search: _Search, norms: list[float], target: float, cap: in
             stopped = "target" if norms[c] <= threshold else "max_rank"
             break
         if not fresh[c]:
-            norms[c], fresh[c] = search.top(c, dirs), True
+            norms[c], fresh[c] = top(c, dirs), True
             continue
-        dirs = _remove(dev, search.vecs[c], dirs)
+        dirs = _remove(dev, vecs[c], dirs)
         history.append(norms[c])
         fresh = [False] * k
-    return dirs, history, stopped, initial_per_class, [search.top(c, dirs) for c in range(k)]
+    return dirs, history, stopped, initial_per_class, [top(c, dirs) for c in range(k)]
 
 
 def _remove(dev: Tensor, vec: Tensor, dirs: Tensor) -> Tensor:
@@ -201,10 +191,9 @@ def _remove(dev: Tensor, vec: Tensor, dirs: Tensor) -> Tensor:
     return torch.cat([dirs, v[:, None]], 1)
 
 
-def _frobenius_greedy(search: _Search, norms: list[float], target: float, cap: int) -> Greedy:
+def _frobenius_greedy(dev: Tensor, vecs: Tensor, norms: list[float], target: float, cap: int, top: Top) -> Greedy:
     """The greedy with ‖D_k‖_F (exact after every removal) for the worst class and the stop; the same outputs
     as _spectral_greedy, in the Frobenius norm (`norms`, the spectral ones, are not read)."""
-    dev = search.dev
     k, d = dev.shape[0], dev.shape[1]
     fro = torch.linalg.matrix_norm(dev)
     initial_per_class = [float(v) for v in fro]
@@ -219,8 +208,8 @@ def _frobenius_greedy(search: _Search, norms: list[float], target: float, cap: i
             stopped = "target" if worst <= threshold else "max_rank"
             break
         if not fresh[c]:
-            search.top(c, dirs)
-        dirs = _remove(dev, search.vecs[c], dirs)
+            top(c, dirs)
+        dirs = _remove(dev, vecs[c], dirs)
         history.append(worst)
         fresh = [False] * k
         fro = torch.linalg.matrix_norm(dev)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from mup import MuReadout
 from torch import nn
 
-from models.mlp import DepthCounts, hidden_layers, mlp_param_count
+from models.mlp import DepthCounts, hidden_layers, mlp_param_count, one_stage
 from models.mup_utils import kaiming_uniform_init
 from models.registry import ARCHS, Arch, CoordSettings
 
@@ -117,10 +117,7 @@ class LeNetSpec:
     depth: int
     num_classes: int
 
-    @staticmethod
-    def stage_depths(arch: Arch, depth: int | None = None) -> tuple[int, ...]:
-        """One stage of `depth` hidden layers (what the depth learning-rate rule counts)."""
-        return (arch.depth if depth is None else depth,)
+    stage_depths = staticmethod(one_stage)
 
     @classmethod
     def from_arch(cls, arch: Arch, input_shape: tuple[int, int, int], num_classes: int) -> LeNetSpec:

@@ -40,6 +40,11 @@ def hidden_layers(arch: Arch, depth: int | None = None) -> int:
     return depth - 1 if counts == "linear" else depth
 
 
+def one_stage(arch: Arch, depth: int | None = None) -> tuple[int, ...]:
+    """The stages of an MLP or a LeNet: one of `depth` hidden layers (what the depth learning-rate rule counts)."""
+    return (arch.depth if depth is None else depth,)
+
+
 def mlp_param_count(in_features: int, width: int, depth: int, num_classes: int) -> int:
     """Parameters of the plain (ReLU/GELU) MLP with `depth` hidden layers of `width` units."""
     return in_features * width + width + (depth - 1) * (width * width + width) + width * num_classes + num_classes
@@ -115,10 +120,7 @@ class MLPSpec:
     activation: str = "relu"
     swiglu_ratio: float | None = None  # None: hidden matched to the ReLU MLP's parameter count
 
-    @staticmethod
-    def stage_depths(arch: Arch, depth: int | None = None) -> tuple[int, ...]:
-        """One stage of `depth` hidden layers (what the depth learning-rate rule counts)."""
-        return (arch.depth if depth is None else depth,)
+    stage_depths = staticmethod(one_stage)
 
     @classmethod
     def from_arch(cls, arch: Arch, input_shape: tuple[int, ...], num_classes: int) -> MLPSpec:

@@ -3,37 +3,31 @@ returns the model's facts beside it (what result.json records: parameters, width
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import dataclasses
+from dataclasses import Field
+from typing import Any, ClassVar, Protocol
 
 import schedulefree
 import torch
 from mup import MuAdam
 from torch import nn
 
-from models.mup_utils import (
-    apply_mup,
-    apply_sp,
-    on_meta,
-    param_count,
-)
+from models.mup_utils import apply_mup, apply_sp, on_meta, param_count
 from models.registry import ARCHS, Arch, arch_traits
 
 
 class Spec(Protocol):
+    """An architecture's frozen dataclass of what its model is built from (a variant: `dataclasses.replace`)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
     width: int
 
-    def with_width(self, width: int) -> Spec: ...
     def build(self) -> nn.Module: ...
     def info(self) -> dict[str, Any]: ...
 
 
-def spec_class(name: str) -> Any:
-    """The Spec class registered for an architecture name (models/registry.py)."""
-    return ARCHS.get(name)
-
-
 def make_spec(arch: Arch, input_shape: tuple[int, ...], num_classes: int) -> Spec:
-    return spec_class(arch.name).from_arch(arch, tuple(int(s) for s in input_shape), int(num_classes))
+    return ARCHS.get(arch.name).from_arch(arch, tuple(int(s) for s in input_shape), int(num_classes))
 
 
 def build_model(
@@ -68,8 +62,8 @@ def build_with_facts(
     declared = arch_traits(name)
     base_width = arch.base_width or declared.base_width
     if mode == "mup":
-        base = on_meta(spec.with_width(base_width).build)
-        delta = on_meta(spec.with_width(2 * base_width).build)
+        base = on_meta(dataclasses.replace(spec, width=base_width).build)
+        delta = on_meta(dataclasses.replace(spec, width=2 * base_width).build)
         apply_mup(model, base, delta, declared.init)
         _check_width_dims(model, getattr(spec, "fixed_modules", ()))
     elif mode == "sp":
@@ -100,7 +94,7 @@ def _check_width_dims(model: nn.Module, fixed_modules: tuple[str, ...]) -> None:
 
 def _depth_blocks(arch: Arch, depth: int | None = None) -> int:
     """Blocks (hidden layers for MLP/LeNet) that the depth rule counts."""
-    return int(sum(spec_class(arch.name).stage_depths(arch, depth)))
+    return int(sum(ARCHS.get(arch.name).stage_depths(arch, depth)))
 
 
 def depth_lr_multiplier(arch: Arch) -> float:

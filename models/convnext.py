@@ -7,7 +7,7 @@ Stem patch size: `max(1, min(H, W) // 32)` (1 for 32×32, 2 for 64×64; 28×28 a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mup import MuReadout
@@ -93,9 +93,6 @@ class ConvNeXtSpec:
             drop_path_rate=opts.drop_path_rate,
             kernel_size=opts.kernel_size,
         )
-
-    def with_width(self, width: int) -> ConvNeXtSpec:
-        return replace(self, width=width)
 
     @property
     def dims(self) -> tuple[int, ...]:

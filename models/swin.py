@@ -16,7 +16,7 @@ torchvision pads those to 7×7 instead, with the same single window per image bu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mup import MuReadout
@@ -103,9 +103,6 @@ class SwinSpec:
             mlp_ratio=opts.mlp_ratio,
             drop_path_rate=opts.drop_path_rate,
         )
-
-    def with_width(self, width: int) -> SwinSpec:
-        return replace(self, width=width)
 
     @property
     def windows(self) -> list[int]:

@@ -113,6 +113,8 @@ READ_ONLY_WITH: tuple[tuple[str, str, Any, Any], ...] = (
 UNREAD_BY_DATASET: tuple[tuple[str, str, Any, tuple[str, ...] | None], ...] = (
     ("dataset.cov_gap", "mixture", 0.0, None),  # its class covariance comes from dataset.separation
     ("dataset.n_test", "two_moons", 1000, ("mdl",)),  # the test draw of task=gs_two_moons; MDL codes the n rows
+    # the test environment of task=gs_colored_mnist; the other tasks read the pooled training environments
+    ("dataset.test_color_flip", "colored_mnist", 0.9, ("mdl", "gs_erased_eval")),
 )
 
 

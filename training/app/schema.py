@@ -4,11 +4,11 @@
 the key, the value and what is allowed; the job reads attributes (`cfg.mdl.patience`), every default written once,
 here or in the group's yaml. A group member's own options (a dataset's `n`, an MLP's `activation`, a task's `gs.*`)
 are a small dataclass declared where it registers (`options=` in its registry entry), which validates them and reads
-them typed (`cfg.arch.options.activation`); an eraser's options are its fitter's keyword arguments. Which keys enter
-the job hash (and so the job directory) is declared next to the field (`hash=False`: where things go, how fast or
-visibly they run), and by an eraser for its options (`runtime_options`). The modules: training/app/sections.py (the
-dataclasses), training/app/loading.py (`load_config`), this one (the job hash: `semantic`, `config_hash`,
-`cell_hash`, `NUMERICS`); every name is imported from here.
+them typed (`cfg.arch.options.activation`); an eraser's options are the fields of its options dataclass
+(erasure/traits.py). Which keys enter the job hash (and so the job directory) is declared next to the field
+(`hash=False`: where things go, how fast or visibly they run), and by an eraser for its options (`runtime_options`).
+The modules: training/app/sections.py (the dataclasses), training/app/loading.py (`load_config`), this one (the job
+hash: `semantic`, `config_hash`, `cell_hash`, `NUMERICS`); every name is imported from here.
 """
 
 from __future__ import annotations

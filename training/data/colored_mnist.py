@@ -3,6 +3,8 @@ training images (two environments of 2000) and 1000 test images instead of 2×25
 `dataset.source=idx dataset.root=<dir>` uses full MNIST IDX files. The registry returns the training environments
 pooled (what ERM and SD train on); the test environment and the paper's Fig. 3 variants come from
 `colored_mnist(cfg)` / `fig3_variants`.
+Only task=gs_colored_mnist reads the test environment, so the other tasks refuse a `test_color_flip` off its default
+(training/app/loading.py UNREAD_BY_DATASET): it would change their hash, not their data.
 """
 
 from __future__ import annotations

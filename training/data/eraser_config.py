@@ -1,5 +1,5 @@
 """The eraser section's rules, read by the core's config check and job hash (training/app/loading.py, schema.py): what
-it refuses, one line each (ConfigError: options that are not its fitter's keyword arguments or not of their annotated
+it refuses, one line each (ConfigError: options that are not the eraser's options or not of their declared
 types, an option it does not read with another's value, the fitting modes it cannot take), what of it enters the job
 hash (`hashed_eraser`: the options that change the erased data, the fitting keys the mode reads, `after_augment` only
 where something is erased per batch), and how older results spelled it (`FIT_DEFAULTS`, `legacy_fold`).
@@ -93,23 +93,20 @@ def batch_erasing(name: str, dataset: Any) -> bool:
 
 
 def check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
-    """Eraser options are the fitter's keyword arguments: checked against their annotations (or, for an eraser
-    that declares `defaults`, against the defaults' types)."""
+    """Eraser options are the fields of its options dataclass (`eraser_traits(name).options`: its fitter's keyword
+    arguments or the dataclass it declares), checked against their types."""
     known = default_options(name)
     for k in options:
         if k not in known:
             raise ConfigError(f"eraser.options.{k} is not allowed: not an option of eraser {name}; known: "
                               f"{', '.join(sorted(known))}")
     try:
-        hints = typing.get_type_hints(ERASERS.get(name))
+        hints = typing.get_type_hints(eraser_traits(name).options)
     except (NameError, TypeError):  # an annotation that does not resolve: checked by name only
         hints = {}
     for k, v in options.items():
-        tp = hints.get(k)
-        if tp is None and known[k] is not None:
-            tp = float if isinstance(known[k], float) else type(known[k])
-        if tp is not None:
-            check_typed(f"eraser.options.{k}", v, tp)
+        if k in hints:
+            check_typed(f"eraser.options.{k}", v, hints[k])
     unread = eraser_traits(name).unread_option(options)
     if unread is not None:  # hashed, not read: it would change the job's hash, not its numbers
         key, when, values = unread

@@ -63,7 +63,7 @@ def load_cifar_batch(path: Path) -> dict[str, Any]:
     return entry
 
 
-@register("cifar10")
+@register("cifar10", files=True)
 def load_cifar10(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     root = _root(cfg, data_dir)
     folder = root / "cifar-10-batches-py"
@@ -93,7 +93,7 @@ def load_cifar10(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
 SVHN_URL = "http://ufldl.stanford.edu/housenumbers/train_32x32.mat"
 
 
-@register("svhn")
+@register("svhn", files=True)
 def load_svhn(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     from scipy.io import loadmat
 
@@ -115,7 +115,7 @@ def load_svhn(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
                       {"source": str(path), "files": file_records([path], folder)})
 
 
-@register("cifarnet")
+@register("cifarnet", files=True)
 def load_cifarnet(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     folder = _root(cfg, data_dir) / "cifarnet"
     npz = folder / "train.npz"

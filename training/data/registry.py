@@ -112,6 +112,7 @@ class DatasetTraits:
 
     options: type[Any] | None = None  # the dataclass of its own keys (`dataset.n`, ...); None: it has none
     generator: bool = False  # it draws fresh samples (what eraser.fit_on=oracle fits on)
+    files: bool = False  # it reads its images from files (data_dir or dataset.root); without them it does not load
 
 
 # Loaders register themselves (`@register("name", options=TheirOptions)`) in their module; training/data/__init__.py

@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from tools.bench_worker import run_worker
+from tools.bench_worker import peak_mb, run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,8 +38,6 @@ def job_config(out_dir: Path, overrides: list[str]) -> dict[str, Any]:
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
     import erasure
     from training.app.tasks import decode_result as decode
     from training.tasks.mdl.job import run_job
@@ -61,10 +58,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     result = run_job(cfg).result
     seconds = time.perf_counter() - t0
     assert result is not None, "the bench job skipped (force=true should rerun it)"
-    cuda = str(decode(result).device).startswith("cuda")
-    peak = (torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     return {"seconds": seconds, "erase_s": result["timings"]["erase_s"], "cache_hit": result["eraser"]["cache_hit"],
-            "fits": fits, "peak_mb": peak / 2**20}
+            "fits": fits, "peak_mb": peak_mb(str(decode(result).device).startswith("cuda"))}
 
 
 def spawn(args: argparse.Namespace, cache: str, out: str) -> dict[str, Any]:

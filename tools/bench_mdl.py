@@ -23,27 +23,17 @@ import dataclasses
 import json
 import math
 import os
-import resource
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
 from models import build_model, make_optimizer
-from tools.bench_worker import run_worker
-from training.app.schema import (
-    JobConfig,
-    MdlConfig,
-    OptimConfig,
-    PathsConfig,
-    TrainingConfig,
-    group_config,
-    load_section,
-)
+from tools.bench_worker import peak_mb, rss_mb, run_worker
+from training.app import schema
 from training.engine.augment import crop_flip
 from training.engine.fit import TrainData, cross_entropy_sum, fit
 from training.engine.group import GroupOptions, fit_group
@@ -51,38 +41,7 @@ from training.engine.seeding import generator, seeded_global_rng
 from training.tasks.mdl.splits import make_split
 from training.tasks.mdl.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 10
-
-
-@dataclass(frozen=True)
-class BenchSummary:
-    """What `--json` writes (outputs/bench/bench_mdl.json), read back by the GPU report's bench_mdl step (`make plan`
-    reads its median_s and seeds itself). A file written before a key existed reads the key's default here; a key
-    this type does not declare is ignored."""
-
-    device: str = ""
-    n: int | None = None  # rows of the synthetic data
-    d: int | None = None  # features per row
-    epochs: int | None = None  # per block model, no early stopping
-    seeds: int | None = None  # seeds per run (the median is over the run, all seeds)
-    repeats: int | None = None
-    threads: int | None = None
-    median_s: dict[str, float] = field(default_factory=dict)  # variant (naive, ours, fused) -> median seconds
-    speedup: dict[str, float] = field(default_factory=dict)  # variant -> naive / variant
-    peak_mb: dict[str, float] = field(default_factory=dict)
-    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # every repeat's worker figures
-    bandwidth: dict[str, Any] | None = None  # GPU only: device read, host→device copy, one epoch
-
-    def to_json(self) -> str:
-        out = dataclasses.asdict(self)
-        if self.bandwidth is None:
-            del out["bandwidth"]
-        return json.dumps(out, indent=1)
-
-    @classmethod
-    def from_json(cls, value: dict[str, Any]) -> BenchSummary:
-        return cls(**{f.name: value[f.name] for f in dataclasses.fields(cls) if f.name in value})
 
 
 def image_shape(d: int) -> tuple[int, int, int]:
@@ -101,21 +60,23 @@ def synthetic(n: int, d: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor
     return x.reshape(n, *image_shape(d)), y
 
 
-def job_cfg(args: argparse.Namespace, seed: int) -> JobConfig:
+def job_cfg(args: argparse.Namespace, seed: int) -> schema.JobConfig:
     """The typed config of one benchmark job: MLP 128x2 on the benchmark data, control eraser."""
-    return JobConfig(
-        seed=seed,
-        arch=group_config("arch", "mlp", width=128, depth=2, base_width=128),
-        eraser=group_config("eraser", "control"),
-        dataset=group_config("dataset", "synthetic", augment=image_shape(args.d)[0] == 3),
-        optim=load_section(OptimConfig, {"lr": 5e-4, "beta1": 0.95, "warmup_steps": 10}),
-        mdl=load_section(MdlConfig, {"patience": args.epochs, "max_epochs": args.epochs, "stop_after_warmup": False}),
-        regularizer=group_config("regularizer", "none"),
-        training=load_section(TrainingConfig, {"compile": args.compile or False}),
-        logger=group_config("logger", "none"),
-        paths=load_section(PathsConfig, {}),
-        progress=False,
-    )
+    group, section = schema.group_config, schema.load_section
+    return schema.JobConfig(
+        seed=seed, arch=group("arch", "mlp", width=128, depth=2, base_width=128), eraser=group("eraser", "control"),
+        dataset=group("dataset", "synthetic", augment=image_shape(args.d)[0] == 3),
+        optim=section(schema.OptimConfig, {"lr": 5e-4, "beta1": 0.95, "warmup_steps": 10}),
+        mdl=section(schema.MdlConfig, {"patience": args.epochs, "max_epochs": args.epochs, "stop_after_warmup": False}),
+        training=section(schema.TrainingConfig, {"compile": args.compile or False}),
+        regularizer=group("regularizer", "none"), logger=group("logger", "none"),
+        paths=section(schema.PathsConfig, {}), progress=False)
+
+
+def seed_split(cfg: schema.JobConfig, n: int) -> Any:
+    m = cfg.mdl
+    return make_split(n, cfg.seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
+                      min_block=m.min_block)
 
 
 def sync(device: torch.device) -> None:
@@ -131,14 +92,11 @@ LABELS = {"ours": "ours (default config)", "fused": "ours + training.fused_optim
 
 def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> list[float]:
     """All block models of all seeds in one vectorised group, each with its own seed's split and validation."""
-
     members, coded = [], []
     data = y_dev = None
     for seed in range(args.seeds):
         cfg = job_cfg(args, seed)
-        m = cfg.mdl
-        split = make_split(len(y), seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
-                           min_block=m.min_block)
+        split = seed_split(cfg, len(y))
         trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device, data=data)
         data, y_dev = trainer.data, trainer.y
         for i in range(1, len(split.block_sizes)):
@@ -158,15 +116,12 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
 
 
 def run_naive(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> list[float]:
-
     x, y = x.to(device), y.to(device)
     augment = image_shape(args.d)[0] == 3
     ces = []
     for seed in range(args.seeds):
         cfg = job_cfg(args, seed)
-        m, o = cfg.mdl, cfg.optim
-        split = make_split(len(y), seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
-                           min_block=m.min_block)
+        split, o = seed_split(cfg, len(y)), cfg.optim
         x_val, y_val = x[split.val_idx.to(device)], y[split.val_idx.to(device)]
         for i in range(1, len(split.block_sizes)):
             with seeded_global_rng(seed, "init", ("block", i)):
@@ -205,17 +160,6 @@ def run_naive(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
 # ---------------------------------------------------------------------------------------------- measurement
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def current_rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     """One measurement in this (fresh) process; prints a JSON line."""
     torch.set_num_threads(args.threads)
@@ -229,15 +173,14 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     run(warm, x[:2400], y[:2400], device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    base_rss = current_rss_mb()
+    base_rss = rss_mb()
     sync(device)
     t0, c0 = time.perf_counter(), time.process_time()
     ce = run(args, x, y, device)
     sync(device)
     seconds, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     return {"variant": args.worker, "seconds": seconds, "cpu_s": cpu_s, "mean_ce_bits": statistics.fmean(ce),
-            "models": len(ce),
-            "peak_mb": peak_memory_mb(device), "rss_before_mb": base_rss}
+            "models": len(ce), "peak_mb": peak_mb(device.type == "cuda"), "rss_before_mb": base_rss}
 
 
 def epoch_seconds(trainer: Trainer, idx: torch.Tensor, k: int, models: int, options: GroupOptions | None) -> float:
@@ -288,15 +231,14 @@ def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
     for seeds in sorted({1, args.seeds}):  # per epoch, start-up cost removed
         out[f"epoch_s_{seeds}"] = (epoch_seconds(trainer, rows, 3, seeds, opts)
                                    - epoch_seconds(trainer, rows, 1, seeds, opts)) / 2
-    out["peak_mb"] = peak_memory_mb(device)
+    out["peak_mb"] = peak_mb(device.type == "cuda")
     return out
 
 
 def spawn(args: argparse.Namespace, variant: str) -> dict[str, Any]:
-    cmd = [variant, "--device", args.device, "--n", str(args.n), "--d", str(args.d), "--epochs", str(args.epochs),
-           "--seeds", str(args.seeds), "--threads", str(args.threads), "--engine", args.engine,
-           "--workers", str(args.workers)]
-    cmd += ["--compile", args.compile] if args.compile else []
+    names = ("device", "n", "d", "epochs", "seeds", "threads", "engine", "workers") + (("compile",) if args.compile
+                                                                                         else ())
+    cmd = [variant, *(x for k in names for x in (f"--{k}", str(getattr(args, k))))]
     return run_worker(__file__, cmd, threads=str(args.threads), label=f"{variant} worker")
 
 
@@ -360,10 +302,13 @@ def main() -> None:
               f"{statistics.median(cpu_ratios):.2f}× ({', '.join(f'{q:.2f}' for q in cpu_ratios)})")
     print(f"peak memory ({mem}): " + ", ".join(
         f"{v} {statistics.median(x['peak_mb'] for x in rows[v]):.0f} MB" for v in variants))
-    summary = BenchSummary(
-        device=args.device, n=args.n, d=args.d, epochs=args.epochs, seeds=args.seeds, repeats=args.repeats,
-        threads=args.threads, median_s=med, speedup={v: med["naive"] / med[v] for v in variants[1:]},
-        peak_mb={v: statistics.median(x["peak_mb"] for x in rows[v]) for v in variants}, runs=rows)
+    # what --json writes (`make bench`: outputs/bench/bench_mdl.json; `make plan` reads median_s, seeds and the sizes,
+    # the GPU report's bench_mdl step speedup and bandwidth)
+    summary: dict[str, Any] = {
+        "device": args.device, "n": args.n, "d": args.d, "epochs": args.epochs, "seeds": args.seeds,
+        "repeats": args.repeats, "threads": args.threads, "median_s": med,
+        "speedup": {v: med["naive"] / med[v] for v in variants[1:]},
+        "peak_mb": {v: statistics.median(x["peak_mb"] for x in rows[v]) for v in variants}, "runs": rows}
     if gpu:
         bw = spawn(args, "bandwidth")
         gb = bw["bytes"] / 1e9
@@ -374,12 +319,10 @@ def main() -> None:
             print(f"one epoch, {key.removeprefix('epoch_s_')} MLP-128 model(s) at once: {s * 1e3:.1f} ms = "
                   f"{s / bw['read_s']:.1f}× the device read, {s / bw['h2d_s']:.2f}× the host→device copy")
         print(f"bandwidth worker peak GPU memory: {bw['peak_mb']:.0f} MB")
-        summary = dataclasses.replace(summary, bandwidth={
-            **bw, "read_gbps": gb / bw["read_s"], "h2d_gbps": gb / bw["h2d_s"],
-            "epoch_over_read": bw["epoch_s_1"] / bw["read_s"]})
+        summary["bandwidth"] = {**bw, "read_gbps": gb / bw["read_s"], "h2d_gbps": gb / bw["h2d_s"],
+                                "epoch_over_read": bw["epoch_s_1"] / bw["read_s"]}
     if args.json:
-        Path(args.json).write_text(summary.to_json())
-
+        Path(args.json).write_text(json.dumps(summary, indent=1))
 
 if __name__ == "__main__":
     main()

@@ -22,19 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.bench_worker import peak_mb, run_worker
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def job_config(out_dir: Path, overrides: list[str]) -> dict[str, Any]:
-    from hydra import compose, initialize_config_dir
-
-    from training.common.conf import resolved_dict
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"paths.out_dir={out_dir}", "logger=none", "progress=false", *overrides])
-    return resolved_dict(cfg)
+from tools.bench_worker import job_config, peak_mb, run_worker
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -51,9 +39,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         return real_erase(*a, **k)
 
     erasure.erase = counting_erase  # training.inputs.erase calls it as erasure.erase, at call time
-    cfg = job_config(Path(args.out), [f"dataset={args.dataset}", f"eraser={args.eraser}", "mdl=quick",
-                                      "mdl.max_epochs=1", "mdl.full_run=false", "certificate=false",
-                                      f"paths.cache_dir={args.cache}", f"device={args.device}", "force=true"])
+    cfg = job_config([f"paths.out_dir={args.out}", "logger=none", "progress=false", f"dataset={args.dataset}",
+                      f"eraser={args.eraser}", "mdl=quick", "mdl.max_epochs=1", "mdl.full_run=false",
+                      "certificate=false", f"paths.cache_dir={args.cache}", f"device={args.device}", "force=true"])
     t0 = time.perf_counter()
     result = run_job(cfg).result
     seconds = time.perf_counter() - t0

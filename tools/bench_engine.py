@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import erasure
 from models import build_model, make_optimizer
+from tools.bench_worker import job_config, write_json
 from training.app.schema import group_config
 from training.engine.backends import StackedEngine
 from training.engine.batches import DeviceData
@@ -41,7 +42,6 @@ from training.engine.seeding import generator, seeded_global_rng
 from training.inputs.erase import BatchEraser
 from training.tasks.mdl.job import run_job
 
-ROOT = Path(__file__).resolve().parents[1]
 SHAPE, K = (3, 8, 8), 4
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive",
             "masked_select", "equal", "is_nonzero"}
@@ -250,16 +250,11 @@ def validations_of(steps: list[list[int]], sizes: list[list[int]], every: list[l
 def demo_steps(cells: list[str], out_dir: Path) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
     """The block models' steps, training-set sizes and steps per epoch of each demo cell (`eraser:seed`), trained
     here (one job per cell)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
     groups, sizes, every = [], [], []
     for cell in cells:
         eraser, seed = cell.split(":")
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose("config", overrides=[f"paths.out_dir={out_dir}", "logger=none", "progress=false",
-                                               "experiment=demo", f"eraser={eraser}", f"seed={seed}"])
-        run_job(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+        run_job(job_config([f"paths.out_dir={out_dir}", "logger=none", "progress=false", "experiment=demo",
+                            f"eraser={eraser}", f"seed={seed}"]))
         result = next(p for p in out_dir.rglob("result.json") if f"seed{seed}" in str(p) and eraser in str(p))
         res = json.loads(result.read_text())
         full = res.get("full") or {}
@@ -330,8 +325,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{r['validations_before']} / {r['validations']} / {r['validations_polled']} / "
               f"{r['validations_one_group']}", flush=True)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
         print(f"wrote {args.json}")
     return report
 

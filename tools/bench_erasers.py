@@ -23,12 +23,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tools.bench_worker import rss_mb, run_worker
+from tools.bench_worker import rss_mb, run_worker, write_json
 
+ALPHA, HET = 1.5, 0.3  # the spectrum's power-law exponent, the class covariances' heterogeneity
 METHODS = ["ours_leace", "ce_leace", "ce_qleace", "ours_qleace", "ours_qleace_eq", "ours_alf", "dense_alf"]
 
 
-def make_data(n: int, d: int, k: int, seed: int, alpha: float, het: float) -> tuple[Tensor, Tensor]:
+def make_data(n: int, d: int, k: int, seed: int = 0, alpha: float = ALPHA, het: float = HET) -> tuple[Tensor, Tensor]:
     """Power-law spectrum i^-alpha in a random basis, class-specific distortions I + het·sym(noise)/√d."""
     g = torch.Generator().manual_seed(seed)
     f64 = torch.float64
@@ -163,13 +164,10 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=1024)
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--n", type=int, default=20000)
-    ap.add_argument("--alpha", type=float, default=1.5, help="power-law exponent of the spectrum")
-    ap.add_argument("--het", type=float, default=0.3, help="class covariance heterogeneity")
     ap.add_argument("--rank", type=int, default=32, help="ALF directions for the dense comparison")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the per-method results to this JSON file")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--tol", type=float, help=argparse.SUPPRESS)
@@ -183,9 +181,9 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        x, y = make_data(args.n, args.d, args.k, args.seed, args.alpha, args.het)
+        x, y = make_data(args.n, args.d, args.k)
         ev = torch.linalg.eigvalsh(torch.cov(x.T))
-        print(f"data: n={args.n} d={args.d} k={args.k} alpha={args.alpha} het={args.het} "
+        print(f"data: n={args.n} d={args.d} k={args.k} alpha={ALPHA} het={HET} "
               f"cond(Σ)={float(ev[-1] / ev[0]):.2e} device={args.device} threads={args.threads or 'default'}")
         torch.save((x, y), out / "data.pt")
         del x, y
@@ -205,8 +203,8 @@ def main() -> None:
             extra = {key: v for key, v in r.items() if key not in ("method", "seconds", "peak_mb")}
             print(f"  {method:12s} {r['seconds']:8.2f} s  peak {r['peak_mb']:8.0f} MB  {extra}", flush=True)
             if args.json:  # after every method: a run stopped later keeps the methods that finished
-                Path(args.json).write_text(json.dumps({"n": args.n, "d": args.d, "k": args.k, "device": args.device,
-                                                       "cond": float(ev[-1] / ev[0]), "results": results}, indent=1))
+                write_json(Path(args.json), {"n": args.n, "d": args.d, "k": args.k, "device": args.device,
+                                             "cond": float(ev[-1] / ev[0]), "results": results})
         _summary(results, out, args)
 
 

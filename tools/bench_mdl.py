@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from models import build_model, make_optimizer
-from tools.bench_worker import peak_mb, rss_mb, run_worker
+from tools.bench_worker import peak_mb, rss_mb, run_worker, write_json
 from training.app import schema
 from training.engine.augment import crop_flip
 from training.engine.fit import TrainData, cross_entropy_sum, fit
@@ -68,9 +68,8 @@ def job_cfg(args: argparse.Namespace, seed: int) -> schema.JobConfig:
         dataset=group("dataset", "synthetic", augment=image_shape(args.d)[0] == 3),
         optim=section(schema.OptimConfig, {"lr": 5e-4, "beta1": 0.95, "warmup_steps": 10}),
         mdl=section(schema.MdlConfig, {"patience": args.epochs, "max_epochs": args.epochs, "stop_after_warmup": False}),
-        training=section(schema.TrainingConfig, {"compile": args.compile or False}),
-        regularizer=group("regularizer", "none"), logger=group("logger", "none"),
-        paths=section(schema.PathsConfig, {}), progress=False)
+        training=section(schema.TrainingConfig, {}), regularizer=group("regularizer", "none"),
+        logger=group("logger", "none"), paths=section(schema.PathsConfig, {}), progress=False)
 
 
 def seed_split(cfg: schema.JobConfig, n: int) -> Any:
@@ -108,8 +107,8 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
     def code(k: int, model: torch.nn.Module, res: Any) -> None:
         ce[k] = cross_entropy_sum(model, data.all(coded[k]), y_dev[coded[k]]) / len(coded[k]) / math.log(2)
 
-    fit_group(members, TrainData(data, y_dev), GroupOptions(on_finish=code, compile=args.compile, engine=args.engine,
-                                                            workers=args.workers, progress=False,
+    fit_group(members, TrainData(data, y_dev), GroupOptions(on_finish=code, compile=None, engine="auto",
+                                                            workers="auto", progress=False,
                                                             fused_optimizer=args.worker == "fused", rows=None,
                                                             poll_every="auto"))
     return ce
@@ -224,7 +223,7 @@ def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
     cfg = job_cfg(args, 0)
     split = make_split(len(y), 0, val_size=64, val_frac=0.01, num_blocks=2, min_block=64)
     trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device)
-    opts = GroupOptions(compile=args.compile, engine=args.engine, progress=False, workers=1, fused_optimizer=False,
+    opts = GroupOptions(compile=None, engine="auto", progress=False, workers=1, fused_optimizer=False,
                         rows=None, poll_every="auto")
     rows = torch.arange(len(y))
     epoch_seconds(trainer, rows, 1, 1, opts)  # warm-up
@@ -236,8 +235,7 @@ def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
 
 
 def spawn(args: argparse.Namespace, variant: str) -> dict[str, Any]:
-    names = ("device", "n", "d", "epochs", "seeds", "threads", "engine", "workers") + (("compile",) if args.compile
-                                                                                         else ())
+    names = ("device", "n", "d", "epochs", "seeds", "threads")
     cmd = [variant, *(x for k in names for x in (f"--{k}", str(getattr(args, k))))]
     return run_worker(__file__, cmd, threads=str(args.threads), label=f"{variant} worker")
 
@@ -254,10 +252,6 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads = cores used (default: all cores, up to 8 on GPU). Naive: intra-op threads; "
                    "ours: training.workers=auto uses one worker thread per core on CPU")
-    p.add_argument("--compile", nargs="?", const="default", default=None,
-                   help="torch.compile ours: [default | reduce-overhead (CUDA graphs) | max-autotune]")
-    p.add_argument("--engine", default="auto", help="ours: auto (loop on CPU, stacked on GPU) | loop | stacked")
-    p.add_argument("--workers", default="auto", help="ours: training.workers (auto | N)")
     p.add_argument("--fused", action="store_true",
                    help="also measure ours with training.fused_optimizer=true (one-kernel optimizer step)")
     p.add_argument("--json", default=None, help="also write the measurements (medians, ratios, bandwidth) here")
@@ -281,7 +275,7 @@ def main() -> None:
     print(f"data: synthetic CIFAR-like uint8/255 control data, {args.n} × {'×'.join(map(str, shape))}"
           + ("" if gpu else " (smaller than CIFAR's 50000 × 3×32×32 because this is a CPU run)"))
     print(f"device: {args.device}" + ("" if gpu else f", {args.threads} torch thread(s), {os.cpu_count()} cores")
-          + f"; ours: engine {args.engine}, workers {args.workers}, compile {args.compile or 'off'}")
+          + "; ours: engine auto, workers auto, compile off")
     variants = ["naive", "ours"] + (["fused"] if args.fused else [])
     rows: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for r in range(args.repeats):
@@ -322,7 +316,7 @@ def main() -> None:
         summary["bandwidth"] = {**bw, "read_gbps": gb / bw["read_s"], "h2d_gbps": gb / bw["h2d_s"],
                                 "epoch_over_read": bw["epoch_s_1"] / bw["read_s"]}
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=1))
+        write_json(Path(args.json), summary)
 
 if __name__ == "__main__":
     main()

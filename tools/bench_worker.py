@@ -1,5 +1,5 @@
 """What the benchmarks share: one measurement in a fresh Python process (so peak memory is its own), read back from
-its last line, and the memory figures they report."""
+its last line; the memory figures they report; a job's config composed as `python -m training.run` composes it."""
 
 from __future__ import annotations
 
@@ -25,6 +25,12 @@ def run_worker(script: str, args: list[str], threads: str | None = "1", label: s
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def write_json(path: Path, value: Any) -> None:
+    """A benchmark's --json file (its folder made if needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=1) + "\n")
+
+
 def rss_mb() -> float:
     """This process's resident memory now (MB)."""
     with open("/proc/self/statm") as f:
@@ -38,3 +44,13 @@ def peak_mb(cuda: bool) -> float:
 
         return torch.cuda.max_memory_allocated() / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def job_config(overrides: list[str]) -> dict[str, Any]:
+    """The resolved config (conf/config.yaml) that `python -m training.run <overrides>` runs."""
+    from hydra import compose, initialize_config_dir
+
+    from training.common.conf import CONF_DIR, resolved_dict
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return resolved_dict(compose("config", overrides=overrides))

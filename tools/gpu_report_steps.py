@@ -24,31 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
 
 import erasure
 import training  # noqa: F401  (registers the resolvers conf/ uses)
+from tools import gpu_report_run as frame
 from tools.bench_erasers import make_data
 from tools.bench_mdl import NUM_CLASSES, epoch_seconds, sync, synthetic
 from tools.bench_sweep import differences, results, time_split
-from tools.gpu_report_run import (
-    ARCHS,
-    ROOT,
-    Context,
-    Proc,
-    Report,
-    StepError,
-    StepSkipped,
-    build,
-    error_line,
-    parse_result,
-    run_at_once,
-)
+from tools.bench_worker import job_config
+from tools.gpu_report_run import Context, StepError
 from tools.heavy_tests import node_id
 from training.app.tasks import load_job
 from training.app.tasks import read_any as read_result
-from training.common.conf import resolved_dict
 from training.engine.augment import crop_flip
 from training.engine.fit import cross_entropy_sum
 from training.engine.group import GroupOptions, why_not_vectorized
@@ -90,8 +77,8 @@ def command(kind: str, payload: Payload) -> list[str]:
     return [sys.executable, "-m", "tools.gpu_report_steps", kind, json.dumps(dataclasses.asdict(payload))]
 
 
-def failed(proc: Proc) -> StepError:
-    return StepError(f"{proc.log.stem}: {error_line(proc.output, proc.rc)}", proc.tail)
+def failed(proc: frame.Proc) -> StepError:
+    return StepError(f"{proc.log.stem}: {frame.error_line(proc.output, proc.rc)}", proc.tail)
 
 
 # ---------------------------------------------------------------------------------------------------- steps
@@ -158,7 +145,7 @@ def step_erasers_device(ctx: Context) -> str:
     e = ctx.sizes.eraser
     payload = Payload(n=e.n, d=e.d, k=e.k, alf_max_rank=e.alf_max_rank, device=ctx.device,
                       threads=len(os.sched_getaffinity(0)))
-    res = parse_result(ctx.run(command("erasers", payload), "erasers_device"))
+    res = frame.parse_result(ctx.run(command("erasers", payload), "erasers_device"))
     ctx.figures.update(res)
     return "max |Δ erased| device vs CPU: " + ", ".join(
         f"{n} {res[n]['max_abs_diff']:.1e}" for n in ("leace", "qleace", "alf_qleace"))
@@ -187,9 +174,9 @@ def step_bench_erasers_device(ctx: Context) -> str:
 
 def step_bench_erasers_cpu(ctx: Context) -> str:
     if not ctx.sizes.bench_erasers_cpu_methods:
-        raise StepSkipped("toy mode: bench_erasers_device ran concept-erasure on this CPU already")
+        raise frame.StepSkipped("toy mode: bench_erasers_device ran concept-erasure on this CPU already")
     if importlib.util.find_spec("concept_erasure") is None:
-        raise StepSkipped("concept-erasure is not importable (add its wheel to .whl/)")
+        raise frame.StepSkipped("concept-erasure is not importable (add its wheel to .whl/)")
     return run_bench_erasers(ctx, "cpu", ctx.sizes.bench_erasers_cpu_methods, "bench_erasers_cpu_reference")
 
 
@@ -213,7 +200,7 @@ def throughput_payload(ctx: Context, archs: Iterable[str], **more: Any) -> Paylo
 
 
 def step_throughput(ctx: Context) -> str:
-    res = parse_result(ctx.run(command("throughput", throughput_payload(ctx, ARCHS)), "throughput"))
+    res = frame.parse_result(ctx.run(command("throughput", throughput_payload(ctx, frame.ARCHS)), "throughput"))
     ctx.figures.update(res)
     if bad := [a for a, r in res.items() if "error" in r]:
         raise StepError(f"throughput {bad[0]}: {res[bad[0]]['error']}")
@@ -234,8 +221,8 @@ def run_concurrent(ctx: Context, arch: str, procs: int) -> dict[str, Any]:
     cmd = command("loop", throughput_payload(ctx, [arch], arch=arch, seconds=ctx.sizes.loop_seconds, ready=str(ready),
                                              procs=procs))
     env = {**ctx.env, "OMP_NUM_THREADS": "2" if ctx.gpu else "1"}
-    runs = [parse_result(p) for p in run_at_once(ctx, [(cmd, f"sweep_{arch}_x{procs}_{i}") for i in range(procs)],
-                                                  env)]
+    procs_run = frame.run_at_once(ctx, [(cmd, f"sweep_{arch}_x{procs}_{i}") for i in range(procs)], env)
+    runs = [frame.parse_result(p) for p in procs_run]
     res = {"procs": procs, "sps_each": [r["sps"] for r in runs], "sps_total": sum(r["sps"] for r in runs)}
     if ctx.gpu:  # device_used_mb: the whole device (all k processes); the context only means something alone
         res.update(peak_reserved_mb=max(r["peak_reserved_mb"] for r in runs),
@@ -260,9 +247,9 @@ def step_sweep_cost(ctx: Context) -> str:
     jobs fit on the device by memory, and how aggregate throughput scales with processes sharing it."""
     total_mb = (ctx.report.env.device.total_memory_gb or 0) * 1e9 / 2**20
     parts = []
-    for arch in ARCHS:
+    for arch in frame.ARCHS:
         figures, source = earlier_figures(ctx, f"job_{arch}")
-        job = build(JobFigures, figures)
+        job = frame.build(JobFigures, figures)
         a: dict[str, Any] = {"job_figures_from": source} if source else {}
         ctx.figures[arch] = a
         bits = []
@@ -296,7 +283,7 @@ def earlier_figures(ctx: Context, step: str) -> tuple[dict[str, Any], str | None
     if (figures := ctx.report.ok_figures(step)) is not None:
         return figures, "this report"
     for path in ctx.args.previous:
-        if (figures := Report.from_json(json.loads(Path(path).read_text())).ok_figures(step)) is not None:
+        if (figures := frame.Report.from_json(json.loads(Path(path).read_text())).ok_figures(step)) is not None:
             return figures, str(path)
     return {}, None
 
@@ -331,7 +318,7 @@ def step_tests(ctx: Context) -> str:
         f["partial_failures"] = [t for o, t in outcomes if o in ("FAILED", "ERROR")][:40]
         raise
     if not xml.exists():
-        raise StepError(f"pytest: {error_line(proc.output, proc.rc)} (no junit xml)", proc.tail)
+        raise StepError(f"pytest: {frame.error_line(proc.output, proc.rc)} (no junit xml)", proc.tail)
     counts, failures, gpu_skipped = read_junit(xml, gpu_ids)
     # a failure only because an optional package is not installed here (numba, wandb without its wheel) is reported
     # apart: it says what to carry, not that the code is wrong
@@ -408,7 +395,7 @@ class ProcessMemory:
 
 
 def read_memory(path: Path) -> ProcessMemory | None:
-    return build(ProcessMemory, json.loads(path.read_text())) if path.exists() else None
+    return frame.build(ProcessMemory, json.loads(path.read_text())) if path.exists() else None
 
 
 def memory_figures(lone: Sequence[ProcessMemory | None], cell: ProcessMemory | None) -> dict[str, Any]:
@@ -474,7 +461,8 @@ def step_cell(ctx: Context) -> str:
     lone_mem = [ctx.work / f"cell_lone_{s}.memory.json" for s in range(SEEDS)]
     commands = [(job_command(ctx, job_overrides(ctx, ARCH, outs["lone"], seed=str(s)), lone_mem[s]),
                  f"cell_lone_seed{s}") for s in range(SEEDS)]
-    f["lone_each_s"] = [p.seconds for p in run_at_once(ctx, commands, {**ctx.env, "OMP_NUM_THREADS": lone_threads})]
+    lone_env = {**ctx.env, "OMP_NUM_THREADS": lone_threads}
+    f["lone_each_s"] = [p.seconds for p in frame.run_at_once(ctx, commands, lone_env)]
     lone_wall = f["lone_wall_s"] = max(f["lone_each_s"])
     cell_mem = ctx.work / "cell_together.memory.json"
     overrides = job_overrides(ctx, ARCH, outs["cell"], [f"seeds={SEEDS}"], seed=None)
@@ -528,7 +516,7 @@ def job(p: Payload) -> dict[str, Any]:
     """`python -m training.run <overrides>` in this process; its peak memory goes to p.memory_file."""
     import runpy
 
-    sys.argv = [str(ROOT / "training" / "run.py"), *p.overrides]
+    sys.argv = [str(frame.ROOT / "training" / "run.py"), *p.overrides]
     cuda = torch.cuda.is_available() and p.device.startswith("cuda")
     try:  # as `python -m training.run`: Hydra finds conf/ relative to the __main__ module's file
         runpy.run_module("training.run", run_name="__main__", alter_sys=True)
@@ -540,7 +528,7 @@ def job(p: Payload) -> dict[str, Any]:
 def erasers(p: Payload) -> dict[str, Any]:
     """LEACE, QLEACE and ALF-QLEACE fitted in float64 on the device and on CPU from the same data: fit seconds
     on each and the largest difference of the erased data."""
-    x, y = make_data(p.n, p.d, p.k, 0, 1.5, 0.3)
+    x, y = make_data(p.n, p.d, p.k)
     scale = float(x.abs().max())
     out: dict[str, Any] = {"n": p.n, "d": p.d, "k": p.k, "device": p.device, "data_max_abs": scale}
     for name, options in (("leace", {}), ("qleace", {}), ("alf_qleace", {"max_rank": p.alf_max_rank})):
@@ -571,8 +559,7 @@ def _arch_cfg(arch: str, p: Payload) -> Any:
     overrides = [f"arch={arch}", *p.arch_overrides[arch], "dataset=synthetic", f"dataset.n={p.n}",
                  f"dataset.channels={p.shape[0]}", f"dataset.size={p.shape[1]}", f"dataset.num_classes={NUM_CLASSES}",
                  "dataset.augment=true", "logger=none", "progress=false", f"device={p.device}", *p.overrides]
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        return load_job(resolved_dict(hydra_compose("config", overrides=overrides)))
+    return load_job(job_config(overrides))
 
 
 def throughput(p: Payload) -> dict[str, Any]:

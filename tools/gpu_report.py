@@ -4,13 +4,9 @@
     .venv/bin/python tools/gpu_report.py                      # no CUDA here: the same steps on CPU, toy sizes
     python3 tools/gpu_report.py --steps erasers,bench_mdl --out "$OUT"   # a second call: what the first skipped
 
-Writes `<out>/gpu_report.json`, `<out>/gpu_report.md` and one log per subprocess under `<out>/logs/`. Both files
-are rewritten before and after every step (the step the report dies in reads "failed: did not finish", the steps
-after it "skipped: not reached"), so a killed run loses nothing it finished. A failed step records its one-line error
-and the tail of its output, and the next step runs. The steps run in priority order (`--list`; docs/speed.md says
-what each measures), each within its own time limit, and `--budget` caps the whole run (on a GPU 540 s by default:
-one 10-minute device call with its start). Without CUDA (or with --toy) they run on CPU at toy sizes in about a
-minute, so the path is known to work before a GPU sees it (tests/test_gpu_report.py runs it).
+Writes `<out>/gpu_report.json`, `<out>/gpu_report.md` and one log per subprocess under `<out>/logs/`, rewritten
+around every step (a killed run loses nothing it finished). The steps run in priority order (`--list`), each within
+its own time limit, and `--budget` caps the whole run. docs/speed.md ("GPU report") says what each step measures.
 """
 
 from __future__ import annotations
@@ -120,8 +116,8 @@ def environment(args: argparse.Namespace, env: dict[str, str]) -> frame.Env:
         cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    host = frame.HostInfo(cpu, len(os.sched_getaffinity(0)), platform.platform(),
-                          round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1))
+    host = {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "platform": platform.platform(),
+            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)}
     if args.device.startswith("cuda"):
         proc = subprocess.run(measure.command("device", measure.Payload(device=args.device)), capture_output=True,
                               text=True, timeout=120, cwd=ROOT, env=env)
@@ -130,12 +126,10 @@ def environment(args: argparse.Namespace, env: dict[str, str]) -> frame.Env:
         device = frame.build(frame.DeviceInfo, json.loads(proc.stdout.strip().splitlines()[-1].removeprefix("RESULT ")))
     else:
         device = frame.DeviceInfo(f"CPU: {cpu}", "cpu", extra={"threads": torch.get_num_threads()})
-    install = frame.InstallInfo(BOOTSTRAP["wheels"], [m for m in (*REQUIRED, *measure.OPTIONAL)
-                                                      if importlib.util.find_spec(m) is None],
-                                BOOTSTRAP["seconds"], BOOTSTRAP["pip"])
+    missing = [m for m in (*REQUIRED, *measure.OPTIONAL) if importlib.util.find_spec(m) is None]
     return frame.Env(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
                      cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-                     host=host, git=git_info(args.commit), device=device, install=install,
+                     host=host, git=git_info(args.commit), device=device, install={**BOOTSTRAP, "missing": missing},
                      packages={m: _version(m) for m in PACKAGES})
 
 
@@ -144,26 +138,22 @@ DEFAULT_BUDGET = 540.0  # GPU mode: one 10-minute device call less the wheels' i
 
 def all_steps(sizes: frame.Sizes) -> list[frame.Step]:
     """In priority order: a budget that runs out skips the last ones (--budget; GPU default DEFAULT_BUDGET)."""
-    t, Step = sizes.timeouts, frame.Step
-    return [
-        Step("tests", "tests", measure.step_tests, t["tests"], "test suite (gpu-marked tests included on CUDA)"),
-        *[Step(f"job_{a}", "jobs", measure.make_job_step(a), t["job"],
-               f"one MDL job, {a}, base size, synthetic CIFAR shape") for a in frame.ARCHS],
-        Step("throughput", "speed", measure.step_throughput, t["throughput"],
-             "train/eval samples/s per architecture: one model (fit) and the vectorised group"),
-        Step("cell", "sweep", measure.step_cell, t["cell"],
-             "5 seeds: 5 one-seed processes at once vs one job of the cell"),
-        Step("erasers_device", "erasers", measure.step_erasers_device, t["erasers_device"],
-             "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
-        Step("bench_mdl", "speed", measure.step_bench_mdl, t["bench_mdl"],
-             "tools/bench_mdl.py: ours vs naive, bandwidth"),
-        Step("bench_erasers_device", "erasers", measure.step_bench_erasers_device, t["bench_erasers_device"],
-             "tools/bench_erasers.py, ours on the device"),
-        Step("sweep_cost", "sweep", measure.step_sweep_cost, t["sweep_cost"],
-             "GPU-s per epoch per job, jobs per GPU"),
-        Step("bench_erasers_cpu_reference", "erasers", measure.step_bench_erasers_cpu,
-             t["bench_erasers_cpu_reference"], "tools/bench_erasers.py, concept-erasure float64 on CPU"),
-    ]
+    steps = [("tests", "tests", measure.step_tests, "test suite (gpu-marked tests included on CUDA)"),
+             *[(f"job_{a}", "jobs", measure.make_job_step(a), f"one MDL job, {a}, base size, synthetic CIFAR shape")
+               for a in frame.ARCHS],
+             ("throughput", "speed", measure.step_throughput,
+              "train/eval samples/s per architecture: one model (fit) and the vectorised group"),
+             ("cell", "sweep", measure.step_cell, "5 seeds: 5 one-seed processes at once vs one job of the cell"),
+             ("erasers_device", "erasers", measure.step_erasers_device,
+              "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
+             ("bench_mdl", "speed", measure.step_bench_mdl, "tools/bench_mdl.py: ours vs naive, bandwidth"),
+             ("bench_erasers_device", "erasers", measure.step_bench_erasers_device,
+              "tools/bench_erasers.py, ours on the device"),
+             ("sweep_cost", "sweep", measure.step_sweep_cost, "GPU-s per epoch per job, jobs per GPU"),
+             ("bench_erasers_cpu_reference", "erasers", measure.step_bench_erasers_cpu,
+              "tools/bench_erasers.py, concept-erasure float64 on CPU")]
+    return [frame.Step(name, group, fn, sizes.timeouts["job" if name.startswith("job_") else name], title)
+            for name, group, fn, title in steps]
 
 
 def select(steps: list[frame.Step], only: str | None, skip: str | None) -> list[frame.Step]:

@@ -99,32 +99,16 @@ class GitInfo:
 
 
 @dataclass
-class HostInfo:
-    cpu: str = "?"
-    cores: int | None = None
-    platform: str | None = None
-    memory_gb: float | None = None
-
-
-@dataclass
-class InstallInfo:
-    wheels: int = 0
-    missing: list[str] = field(default_factory=list)
-    seconds: float | None = None
-    pip: dict[str, Any] | None = None
-
-
-@dataclass
 class Env:
     python: str = "?"
     torch: str = "?"
     cuda: str | None = None
     cudnn: int | None = None
-    host: HostInfo = field(default_factory=HostInfo)
+    host: dict[str, Any] = field(default_factory=dict)  # cpu, cores, platform, memory_gb
     git: GitInfo = field(default_factory=GitInfo)
     device: DeviceInfo = field(default_factory=DeviceInfo)
     packages: dict[str, str | None] = field(default_factory=dict)
-    install: InstallInfo = field(default_factory=InstallInfo)
+    install: dict[str, Any] = field(default_factory=dict)  # wheels, missing (not importable), seconds, pip
 
 
 @dataclass
@@ -210,14 +194,14 @@ def markdown(report: Report) -> str:
     env, dev, c, git = report.env, report.env.device, report.counts, report.env.git
     lines = [f"# GPU report: {dev.name} ({report.mode} mode)", "",
              f"- device: {dev.name}" + (f", {dev.total_memory_gb:.1f} GB" if dev.total_memory_gb else "")
-             + f"; host CPU: {env.host.cpu}",
+             + f"; host CPU: {env.host.get('cpu', '?')}",
              f"- python {env.python}, torch {env.torch} (CUDA {env.cuda or '-'}), commit {git.commit}"
              + (" (with uncommitted changes)" if git.dirty else "") + f", source digest {git.tree_digest}",
              f"- started {report.started}, updated {report.updated or '?'}, {report.total_s:.0f} s; steps: "
              f"{c['ok']} ok, {c['failed']} failed, {c['skipped']} skipped"
              + ("" if report.finished else " (not finished)"), ""]
-    if env.install.missing:
-        lines += [f"- not importable: {', '.join(env.install.missing)}", ""]
+    if missing := env.install.get("missing"):
+        lines += [f"- not importable: {', '.join(missing)}", ""]
     lines += ["| step | status | seconds | result |", "|---|---|---:|---|"]
     lines += [f"| {name} | {r.status} | {'' if r.seconds is None else r.seconds} | {r.line.replace('|', '/')} |"
               for name, r in report.steps.items()]
@@ -242,26 +226,6 @@ ARCHS = ("mlp", "lenet", "convnext", "swin")
 
 
 @dataclass(frozen=True)
-class EraserSizes:
-    """erasers_device: n × d data of k classes, ALF-QLEACE's max_rank."""
-
-    n: int
-    d: int
-    k: int
-    alf_max_rank: int
-
-
-@dataclass(frozen=True)
-class ThroughputSizes:
-    """throughput and the sweep-cost loops: rows trained on, validation rows, models in one vectorised group."""
-
-    subset: int
-    val: int
-    group: int
-    quick: bool = False  # toy: one epoch per figure, no warm-up
-
-
-@dataclass(frozen=True)
 class Sizes:
     """Everything that differs between the GPU run and the CPU toy run."""
 
@@ -271,12 +235,14 @@ class Sizes:
     arch: dict[str, tuple[str, ...]]  # per-architecture overrides (GPU: none, the presets' base sizes)
     shape: tuple[int, int, int]
     n: int
-    eraser: EraserSizes
+    eraser: tuple[int, int, int, int]  # erasers_device: n × d data of k classes, ALF-QLEACE's max_rank
     bench_erasers: tuple[str, ...]  # shared args of both bench_erasers runs
     bench_erasers_device_methods: str
     bench_erasers_cpu_methods: str
     bench_mdl: tuple[str, ...]
-    throughput: ThroughputSizes
+    # throughput and the sweep-cost loops: rows trained on, validation rows, models in one vectorised group, and
+    # quick (toy: one epoch per figure, no warm-up)
+    throughput: tuple[int, int, int, bool]
     loop_archs: tuple[str, ...]
     loop_procs: tuple[int, ...]
     loop_seconds: float
@@ -295,12 +261,12 @@ GPU = Sizes(
              "mdl.stop_after_warmup=false"),
     arch={a: () for a in ARCHS},
     shape=(3, 32, 32), n=50_000,
-    eraser=EraserSizes(n=20_000, d=1024, k=10, alf_max_rank=64),
+    eraser=(20_000, 1024, 10, 64),
     bench_erasers=("--n", "50000", "--d", "3072", "--k", "10"),
     bench_erasers_device_methods="ours_leace,ours_qleace,ours_alf",
     bench_erasers_cpu_methods="ce_leace,ce_qleace",
     bench_mdl=("--repeats", "1"),
-    throughput=ThroughputSizes(subset=10_000, val=2048, group=10),
+    throughput=(10_000, 2048, 10, False),
     loop_archs=ARCHS, loop_procs=(1, 4), loop_seconds=5.0,
     # each step's own cap (the H100 run, 2026-11-27: gpu tests 49 s, jobs 17-109 s, throughput 40 s, 5-seed sweep 53 s);
     # the whole report's default budget (tools/gpu_report.py DEFAULT_BUDGET) decides what one call reaches
@@ -316,12 +282,12 @@ TOY = Sizes(
           "convnext": ("arch.width=8", "arch.depth=1", "arch.base_width=8", "arch.base_depth=1"),
           "swin": ("arch.width=8", "arch.depth=1", "arch.base_width=8", "arch.base_depth=1")},
     shape=(3, 8, 8), n=400,
-    eraser=EraserSizes(n=600, d=24, k=3, alf_max_rank=4),
+    eraser=(600, 24, 3, 4),
     bench_erasers=("--n", "600", "--d", "24", "--k", "3", "--rank", "4"),
     bench_erasers_device_methods="ours_leace,ce_leace",  # the device is the CPU: both in one run
     bench_erasers_cpu_methods="",
     bench_mdl=("--n", "1500", "--d", "12", "--epochs", "1", "--seeds", "1", "--repeats", "1", "--threads", "1"),
-    throughput=ThroughputSizes(subset=128, val=64, group=2, quick=True),
+    throughput=(128, 64, 2, True),
     loop_archs=("mlp",), loop_procs=(1,), loop_seconds=0.3,
     timeouts={**dict.fromkeys(TIMED, 60.0), "cell": 120.0},
 )

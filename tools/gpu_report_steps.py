@@ -31,9 +31,9 @@ from tools import gpu_report_run as frame
 from tools.bench_erasers import make_data
 from tools.bench_mdl import NUM_CLASSES, epoch_seconds, sync, synthetic
 from tools.bench_sweep import differences, results, time_split
-from tools.bench_worker import job_config
+from tools.bench_worker import job_config, peak_mb
 from tools.gpu_report_run import Context, StepError
-from tools.heavy_tests import node_id
+from tools.heavy_tests import testcases
 from training.app.tasks import load_job
 from training.app.tasks import read_any as read_result
 from training.engine.augment import crop_flip
@@ -142,29 +142,31 @@ def make_job_step(arch: str) -> Callable[[Context], str]:
 
 
 def step_erasers_device(ctx: Context) -> str:
-    e = ctx.sizes.eraser
-    payload = Payload(n=e.n, d=e.d, k=e.k, alf_max_rank=e.alf_max_rank, device=ctx.device,
-                      threads=len(os.sched_getaffinity(0)))
+    n, d, k, rank = ctx.sizes.eraser
+    payload = Payload(n=n, d=d, k=k, alf_max_rank=rank, device=ctx.device, threads=len(os.sched_getaffinity(0)))
     res = frame.parse_result(ctx.run(command("erasers", payload), "erasers_device"))
     ctx.figures.update(res)
     return "max |Δ erased| device vs CPU: " + ", ".join(
         f"{n} {res[n]['max_abs_diff']:.1e}" for n in ("leace", "qleace", "alf_qleace"))
 
 
-def run_bench_erasers(ctx: Context, device: str, methods: str, log: str) -> str:
-    """tools/bench_erasers.py; its JSON (rewritten after every method) keeps the methods that finished before a
-    failure or the time limit."""
+def run_bench(ctx: Context, module: str, args: list[str], log: str) -> dict[str, Any]:
+    """`python -m tools.<module> <args> --json FILE` into the figures; on a failure or the time limit, what the bench
+    wrote before (bench_erasers rewrites it after every method) as `finished_methods`."""
     path = ctx.work / f"{log}.json"
     path.unlink(missing_ok=True)
     try:
-        ctx.python(["-m", "tools.bench_erasers", *ctx.sizes.bench_erasers, "--device", device, "--methods", methods,
-                    "--json", str(path)], log)
+        ctx.python(["-m", f"tools.{module}", *args, "--json", str(path)], log)
     except StepError:
         if path.exists():
             ctx.figures["finished_methods"] = json.loads(path.read_text())["results"]
         raise
-    res = json.loads(path.read_text())
-    ctx.figures.update(res)
+    ctx.figures.update(res := json.loads(path.read_text()))
+    return res
+
+
+def run_bench_erasers(ctx: Context, device: str, methods: str, log: str) -> str:
+    res = run_bench(ctx, "bench_erasers", [*ctx.sizes.bench_erasers, "--device", device, "--methods", methods], log)
     return ", ".join(f"{m} {r['seconds']:.2f} s / {r['peak_mb']:.0f} MB" for m, r in res["results"].items())
 
 
@@ -181,12 +183,7 @@ def step_bench_erasers_cpu(ctx: Context) -> str:
 
 
 def step_bench_mdl(ctx: Context) -> str:
-    path = ctx.work / "bench_mdl.json"
-    path.unlink(missing_ok=True)
-    ctx.python(["-m", "tools.bench_mdl", "--device", ctx.device, *ctx.sizes.bench_mdl, "--json", str(path)],
-               "bench_mdl")
-    res = json.loads(path.read_text())
-    ctx.figures.update(res)
+    res = run_bench(ctx, "bench_mdl", ["--device", ctx.device, *ctx.sizes.bench_mdl], "bench_mdl")
     bw = res["bandwidth"] if "bandwidth" in res else None
     return f"ours {res['speedup']['ours']:.2f}× the naive loop" + (
         f"; device read {bw['read_gbps']:.0f} GB/s, MLP-128 epoch = {bw['epoch_over_read']:.0f}× one read of the "
@@ -194,9 +191,9 @@ def step_bench_mdl(ctx: Context) -> str:
 
 
 def throughput_payload(ctx: Context, archs: Iterable[str], **more: Any) -> Payload:
-    s, t = ctx.sizes, ctx.sizes.throughput
-    return Payload(archs=list(archs), n=s.n, shape=list(s.shape), device=ctx.device, subset=t.subset, val=t.val,
-                   arch_overrides={a: list(o) for a, o in s.arch.items()}, group=t.group, quick=t.quick, **more)
+    s, (subset, val, group, quick) = ctx.sizes, ctx.sizes.throughput
+    return Payload(archs=list(archs), n=s.n, shape=list(s.shape), device=ctx.device, subset=subset, val=val,
+                   arch_overrides={a: list(o) for a, o in s.arch.items()}, group=group, quick=quick, **more)
 
 
 def step_throughput(ctx: Context) -> str:
@@ -348,13 +345,10 @@ def pytest_progress(text: str) -> list[tuple[str, str]]:
 
 def read_junit(path: Path, gpu_ids: set[str]) -> tuple[dict[str, int], list[str], list[tuple[str, str]]]:
     """Passed/failed/errors/skipped, each failure's first line, and the tests of `gpu_ids` (node ids) that skipped."""
-    import xml.etree.ElementTree as ET
-
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
     failures: list[str] = []
     gpu_skipped: list[tuple[str, str]] = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = node_id(case.get("classname", ""), case.get("name", ""))
+    for name, case in testcases(path):
         kinds = {child.tag: child for child in case if child.tag in ("failure", "error", "skipped")}
         tag = next((t for t in ("failure", "error", "skipped") if t in kinds), None)
         counts[{"failure": "failed", "error": "errors", "skipped": "skipped", None: "passed"}[tag]] += 1
@@ -501,9 +495,7 @@ def _memory(device: Any) -> dict[str, float]:
     """Peak allocated/reserved memory of this process and the device's total and used memory (MB) on CUDA, else the
     peak RSS."""
     if torch.device(device).type != "cuda":
-        import resource
-
-        return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        return {"peak_rss_mb": peak_mb(cuda=False)}
     free, total = torch.cuda.mem_get_info()
     return {"peak_allocated_mb": torch.cuda.max_memory_allocated() / 2**20,
             "peak_reserved_mb": torch.cuda.max_memory_reserved() / 2**20,

@@ -3,12 +3,10 @@
     .venv/bin/python -m tools.bench_cache                          # QLEACE on MNIST-5k (offline)
     .venv/bin/python -m tools.bench_cache --eraser leace --dataset digits
 
-Each repeat runs the same job twice in fresh subprocesses, interleaved: "cold" with an empty cache
-directory (fits the eraser and stores the erased data), then "warm" with that cache and a fresh run
-directory (must load the erased data and fit nothing: the script counts calls to `erasure.erase` and
-fails if a warm start fits). The job itself is kept tiny (1 epoch per block model, no full-data run, no
-certificate) so the times are start-up + erasure. Reports job wall time, the job's own erase_s, and peak
-memory (ru_maxrss on CPU, max_memory_allocated on GPU) per variant, medians over repeats.
+Each repeat runs the same tiny job (1 epoch per block model, no full run, no certificate: start-up + erasure) twice in
+fresh subprocesses: "cold" with an empty cache directory, then "warm" with that cache and a fresh run directory, which
+must fit nothing (calls to `erasure.erase` are counted; a warm fit fails the bench). Job wall time, the job's erase_s
+and peak memory per variant, medians over repeats.
 """
 
 from __future__ import annotations

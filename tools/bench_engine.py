@@ -50,9 +50,8 @@ UPLOAD_OPS = {"lift_fresh"}
 
 
 def _is_bool_index(func: Any, args: tuple) -> bool:
-    if func.overloadpacket.__name__ not in BOOL_INDEX_OPS or len(args) < 2:
-        return False
-    return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] or ()))
+    return func.overloadpacket.__name__ in BOOL_INDEX_OPS and len(args) >= 2 and any(
+        isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] or ()))
 
 
 class Counting(TorchDispatchMode):
@@ -61,16 +60,13 @@ class Counting(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
-        self.syncs = 0
-        self.uploads = 0
+        self.syncs = self.uploads = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         name = func.overloadpacket.__name__
         self.ops[name] += 1
-        if name in SYNC_OPS or _is_bool_index(func, args):
-            self.syncs += 1
-        if name in UPLOAD_OPS:
-            self.uploads += 1
+        self.syncs += name in SYNC_OPS or _is_bool_index(func, args)
+        self.uploads += name in UPLOAD_OPS
         return func(*args, **(kwargs or {}))
 
 
@@ -135,7 +131,6 @@ ERASER_OF_PATH = {"erase": "qleace", "linear": "leace"}  # a path's per-batch er
 def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8, epochs: int = 1) -> None:
     """Train `models` models for `epochs` epochs of `steps` steps (batch `bs`) on `path`: fit | loop | stacked, with
     "+augment" (crop/flip) and/or "+erase" (per-batch QLEACE) or "+linear" (per-batch LEACE), "+cl" (channels_last)."""
-
     kind, *extras = path.split("+")
     data, y, xv, yv = _data()
     eraser = next((ERASER_OF_PATH[e] for e in extras if e in ERASER_OF_PATH), None)
@@ -202,15 +197,12 @@ def ops(models: list[int], path: str = "stacked") -> tuple[dict[str, float], dic
 
 def step_callable(arch: str, models: int = 2, shape: tuple[int, ...] = (3, 16, 16)) -> tuple[Callable, tuple]:
     """The stacked engine's training step for `models` tiny models of `arch` and the arguments of one step."""
-
     pairs = [_model(arch, k, shape) for k in range(models)]
     engine = StackedEngine([m for m, _ in pairs], [o for _, o in pairs])
     engine.__enter__()
     engine.train()
     bs = 4
-    xb = torch.rand(models, bs, *shape)
-    yb = torch.randint(0, K, (models, bs))
-    wb = torch.ones(models, bs)
+    xb, yb, wb = torch.rand(models, bs, *shape), torch.randint(0, K, (models, bs)), torch.ones(models, bs)
     done = torch.zeros(models, dtype=torch.bool)  # the group's done vector (training/engine/stopping.py RowStopping)
     return engine.step, (xb, yb, wb, [bs] * models, np.zeros(models, dtype=np.int64), done)
 
@@ -277,8 +269,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", type=Path, help="write the counts here")
     ap.add_argument("--quick", action="store_true", help="no graph-break count of convnext/swin, no demo cells")
-    ap.add_argument("--cells", default="control:0,control:1,control:2",
-                    help="demo cells (eraser:seed, comma-separated) whose block models give the occupancy")
     ap.add_argument("--rows", type=int, default=None,
                     help="rows the cells' models share for `occupancy` (default: one cell's number of models)")
     ap.add_argument("--poll", type=int, default=16,
@@ -304,10 +294,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "loop_ops_per_step": loop_ops, "graph_breaks": breaks, "occupancy": None, "occupancy_rows": None,
               "occupancy_before": None, "occupancy_by_rows": {}, "occupancy_steps": [],
               "syncs_per_validation": per_validation}
-    if not args.quick and args.cells:
+    if not args.quick:
         print("occupancy on the demo's cells:", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
-            steps, sizes, every = demo_steps(args.cells.split(","), Path(tmp))
+            steps, sizes, every = demo_steps(["control:0", "control:1", "control:2"], Path(tmp))
         rows = args.rows or max(len(s) for s in steps)
         one = [sum(steps, [])], [sum(sizes, [])], [sum(every, [])]  # the cells' models through shared rows
         r = report

@@ -3,17 +3,13 @@
     .venv/bin/python -m tools.bench_mdl                       # CPU: small CIFAR-like data (see output)
     .venv/bin/python -m tools.bench_mdl --device cuda         # GPU: 50k×3×32×32, 5 seeds at once
 
-"naive" is the straightforward loop: one block model after another (and one seed after another), a Python
-loop over batches gathered from a float32 tensor on the device, augmentation called per batch, validation
-in eval mode every epoch, best state kept; torch uses all `--threads` for each kernel. "ours" is the
-harness with its default config: the job's Trainer (data stored as uint8 when exact, one epoch's order and
-crops drawn at once) training all block models of all seeds in one vectorised group
-(training/engine/group.py); on CPU `training.workers=auto` splits the group over one thread per core.
-`--fused` adds "fused": ours with `training.fused_optimizer=true` (the optimizer step as one kernel:
-numba on CPU, torch.compile on GPU). All run the same epochs on the same data, machine and cores; every
-measurement runs in a fresh subprocess (so peak memory is per variant), variants interleaved, medians
-reported. On GPU the script also measures the device's read and host→device copy bandwidth for the float32
-data and times one MLP-128 epoch against them.
+"naive": one block model (and seed) after another, a Python loop over batches gathered from a float32 tensor on the
+device, augmentation per batch, validation in eval mode every epoch, best state kept; torch uses all `--threads` for
+each kernel. "ours": the harness's default config, the job's Trainer training all block models of all seeds in one
+vectorised group (training/engine/group.py; on CPU `training.workers=auto`, a thread per core). `--fused` adds ours
+with `training.fused_optimizer=true`. Same epochs, data, machine and cores; every measurement in a fresh subprocess
+(peak memory per variant), variants interleaved, medians reported. On a GPU also the device's read and host→device
+copy bandwidth for the float32 data, against one MLP-128 epoch.
 """
 
 from __future__ import annotations
@@ -25,8 +21,9 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +39,7 @@ from training.tasks.mdl.splits import make_split
 from training.tasks.mdl.trainer import Trainer
 
 NUM_CLASSES = 10
+T = TypeVar("T")
 
 
 def image_shape(d: int) -> tuple[int, int, int]:
@@ -81,6 +79,15 @@ def seed_split(cfg: schema.JobConfig, n: int) -> Any:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+def timed(device: torch.device, fn: Callable[[], T]) -> tuple[float, T]:
+    """Seconds of `fn()` (the device synchronised before and after) and what it returned."""
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - t0, out
 
 
 # ---------------------------------------------------------------------------------------------- variants
@@ -191,34 +198,22 @@ def epoch_seconds(trainer: Trainer, idx: torch.Tensor, k: int, models: int, opti
         m = trainer.member(idx, ("epoch", j))
         members.append(dataclasses.replace(m, cfg=dataclasses.replace(
             m.cfg, patience=k, max_epochs=k, progress=False, warmup_steps=0, min_steps=0, patience_min_steps=0)))
-    sync(trainer.device)
-    t0 = time.perf_counter()
-    if options is None:
-        fit(members[0], trainer.train_set(), trainer.regularizer)
-    else:
-        fit_group(members, trainer.train_set(), options)
-    sync(trainer.device)
-    return time.perf_counter() - t0
+    data = trainer.train_set()
+    return timed(trainer.device, lambda: fit(members[0], data, trainer.regularizer) if options is None
+                 else fit_group(members, data, options))[0]
 
 
 def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict[str, Any]:
     """Time to read the float32 data once on the device, to copy it host→device, and one MLP-128 epoch."""
 
-    def timed(fn: Any, reps: int = 5) -> float:
-        fn()
-        sync(device)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            sync(device)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+    def median_s(fn: Callable[[], Any], reps: int = 5) -> float:
+        timed(device, fn)  # warm-up
+        return statistics.median(timed(device, fn)[0] for _ in range(reps))
 
     xf = x.to(device)
     pinned = x.pin_memory() if device.type == "cuda" else x
-    read_s = timed(lambda: xf.sum())
-    h2d_s = timed(lambda: pinned.to(device, non_blocking=True)) if device.type == "cuda" else float("nan")
+    read_s = median_s(lambda: xf.sum())
+    h2d_s = median_s(lambda: pinned.to(device, non_blocking=True)) if device.type == "cuda" else float("nan")
     out: dict[str, Any] = {"variant": "bandwidth", "bytes": xf.numel() * 4, "read_s": read_s, "h2d_s": h2d_s}
     cfg = job_cfg(args, 0)
     split = make_split(len(y), 0, val_size=64, val_frac=0.01, num_blocks=2, min_block=64)

@@ -19,6 +19,7 @@ runs before .venv exists).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -344,20 +345,14 @@ def _belongs(pid: int, root: Path) -> bool:
 
 
 def _terminate(pids: list[int], grace_s: float = 20) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in pids:
-        if _alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    """TERM, up to `grace_s` to end, then KILL for those still alive."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in filter(_alive, pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while sig == signal.SIGTERM and any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,8 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "install":
         return install()
     if args.action == "check":
-        reason = why_not()
-        if reason:
+        if reason := why_not():
             print(reason)
         return 2 if reason else 0
     cluster = Cluster(args.dir or default_dir(), args.max_array_size)

@@ -1,14 +1,9 @@
-"""Follow one value through the code (its "value trail"): run a tiny job in this process under `sys.settrace`, take
-the object an entry function receives as one of its arguments, and record every call of a project function (atomicio,
-erasure, models, training, scripts), made inside the entry's call, that is handed that same object (by identity).
-Printed per trail: `functions` (the distinct functions it was handed to, the entry included), `returns` (how often it
-came back to a module it had left before: A -> B -> A counts one) and `modules` (the distinct modules it visited).
+"""Follow one value through the code (its "value trail", docs/code-map.md): run a tiny job in this process under
+`sys.settrace` and record every call of a project function, inside an entry function's call, that is handed the object
+the entry received as one of its arguments (by identity; a `handoff` function's result is followed too). Per trail:
+the distinct functions, the returns to a module it had left (A -> B -> A counts one) and the distinct modules.
 
     PYTHONPATH=$PWD python -m tools.value_trail [-v]     # -v: the functions of each trail
-
-A value rebuilt on the way is followed into its new form where the trail names the function that rebuilds it
-(`handoff`): `run_job:config` follows the raw config into the JobConfig `load_config` returns, counting the calls
-inside `load_config` that were handed that JobConfig (its checks) too.
 """
 
 from __future__ import annotations

@@ -142,8 +142,9 @@ def make_job_step(arch: str) -> Callable[[Context], str]:
 
 
 def step_erasers_device(ctx: Context) -> str:
-    n, d, k, rank = ctx.sizes.eraser
-    payload = Payload(n=n, d=d, k=k, alf_max_rank=rank, device=ctx.device, threads=len(os.sched_getaffinity(0)))
+    e = ctx.sizes.eraser
+    payload = Payload(n=e.n, d=e.d, k=e.k, alf_max_rank=e.alf_max_rank, device=ctx.device,
+                      threads=len(os.sched_getaffinity(0)))
     res = frame.parse_result(ctx.run(command("erasers", payload), "erasers_device"))
     ctx.figures.update(res)
     return "max |Δ erased| device vs CPU: " + ", ".join(
@@ -191,9 +192,9 @@ def step_bench_mdl(ctx: Context) -> str:
 
 
 def throughput_payload(ctx: Context, archs: Iterable[str], **more: Any) -> Payload:
-    s, (subset, val, group, quick) = ctx.sizes, ctx.sizes.throughput
-    return Payload(archs=list(archs), n=s.n, shape=list(s.shape), device=ctx.device, subset=subset, val=val,
-                   arch_overrides={a: list(o) for a, o in s.arch.items()}, group=group, quick=quick, **more)
+    s, t = ctx.sizes, ctx.sizes.throughput
+    return Payload(archs=list(archs), n=s.n, shape=list(s.shape), device=ctx.device, subset=t.subset, val=t.val,
+                   arch_overrides={a: list(o) for a, o in s.arch.items()}, group=t.group, quick=t.quick, **more)
 
 
 def step_throughput(ctx: Context) -> str:

@@ -25,7 +25,6 @@ from filelock import FileLock, Timeout
 from training.common import env
 
 log = logging.getLogger(__name__)
-LOG_EVERY_ENV = env.LOCK_LOG_EVERY
 
 
 def holder_path(lock_path: Path) -> Path:
@@ -56,9 +55,6 @@ class Holder:
             return None
         return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     def describe(self) -> str:
         since = self.since
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, int | float) else "?"
@@ -71,13 +67,10 @@ def describe_holder(lock_path: Path) -> str:
 
 
 @contextmanager
-def waiting_lock(lock_path: Path, what: str, every: float | None = None) -> Iterator[None]:
+def waiting_lock(lock_path: Path, what: str) -> Iterator[None]:
     """Hold the OS lock on `lock_path` for the block; while another process holds it, log that this one waits
-    (at once, then every `every` seconds) naming `what`, the lock file and its holder."""
-    lock_path = Path(lock_path)
-    every = env.lock_log_every() if every is None else every
-    lock = FileLock(str(lock_path))
-    t0 = time.time()
+    (at once, then every `env.lock_log_every()` seconds) naming `what`, the lock file and its holder."""
+    lock_path, lock, t0 = Path(lock_path), FileLock(str(lock_path)), time.time()
     try:
         lock.acquire(timeout=0)
     except Timeout:
@@ -85,12 +78,12 @@ def waiting_lock(lock_path: Path, what: str, every: float | None = None) -> Iter
             log.warning("waiting for %s: lock %s %s (waited %.0fs)", what, lock_path, describe_holder(lock_path),
                         time.time() - t0)
             with contextlib.suppress(Timeout):
-                lock.acquire(timeout=every)
+                lock.acquire(timeout=env.lock_log_every())
                 break
         log.info("got the lock on %s after %.1fs", what, time.time() - t0)
     try:
         with contextlib.suppress(OSError):  # the holder note only helps waiting processes name us
-            holder_path(lock_path).write_text(json.dumps(Holder.mine().to_json()))
+            holder_path(lock_path).write_text(json.dumps(dataclasses.asdict(Holder.mine())))
         yield
     finally:
         with contextlib.suppress(OSError):

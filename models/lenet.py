@@ -38,9 +38,8 @@ def _flat(input_shape: tuple[int, int, int], c2: int) -> int:
     return c2 * _pooled(h) * _pooled(w)
 
 
-def lenet_param_count(
-    input_shape: tuple[int, int, int], c1: int, c2: int, fc: int, depth: int, num_classes: int
-) -> int:
+def lenet_param_count(input_shape: tuple[int, int, int], c1: int, c2: int, fc: int, depth: int,
+                      num_classes: int) -> int:
     c = input_shape[0]
     return (
         c1 * c * KERNEL**2 + c1
@@ -134,11 +133,5 @@ class LeNetSpec:
         c1, c2, fc = self.sizes
         lenet = lenet_param_count(self.input_shape, c1, c2, fc, self.depth, self.num_classes)
         mlp = mlp_param_count(math.prod(self.input_shape), self.width, self.depth, self.num_classes)
-        return {
-            "depth": self.depth,
-            "conv_channels": [c1, c2],
-            "fc_width": fc,
-            "lenet_params": lenet,
-            "matched_mlp_params": mlp,
-            "param_match_rel_err": lenet / mlp - 1,
-        }
+        return {"depth": self.depth, "conv_channels": [c1, c2], "fc_width": fc, "lenet_params": lenet,
+                "matched_mlp_params": mlp, "param_match_rel_err": lenet / mlp - 1}

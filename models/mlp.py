@@ -52,12 +52,8 @@ def mlp_param_count(in_features: int, width: int, depth: int, num_classes: int) 
 
 def glu_param_count(in_features: int, hidden: int, depth: int, num_classes: int) -> int:
     """Parameters of the SwiGLU MLP: every hidden layer has a gate and a value projection."""
-    return (
-        2 * (in_features * hidden + hidden)
-        + (depth - 1) * 2 * (hidden * hidden + hidden)
-        + hidden * num_classes
+    return 2 * (in_features * hidden + hidden) + (depth - 1) * 2 * (hidden * hidden + hidden) + hidden * num_classes \
         + num_classes
-    )
 
 
 def matched_glu_hidden(in_features: int, width: int, depth: int, num_classes: int) -> int:

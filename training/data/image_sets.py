@@ -75,10 +75,8 @@ def load_cifar10(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
         reason = _try_download(cfg, lambda: CIFAR10(str(root), train=True, download=True))
     missing = [b.name for b in batches if not b.exists()]
     if missing:
-        raise DatasetMissingError(
-            f"CIFAR-10 not found: {folder} lacks {missing} ({reason or 'incomplete'}); "
-            f"extract {CIFAR10_URL} into {root} (or set paths.data_dir / dataset.root)"
-        )
+        raise DatasetMissingError(f"CIFAR-10 not found: {folder} lacks {missing} ({reason or 'incomplete'}); "
+                                  f"extract {CIFAR10_URL} into {root} (or set paths.data_dir / dataset.root)")
     xs, ys = [], []
     for b in batches:
         with reading(b, "CIFAR-10 batch"):
@@ -126,10 +124,8 @@ def load_cifarnet(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     else:
         shards = sorted(folder.glob("**/train-*.parquet"))
         if not shards:
-            raise DatasetMissingError(
-                f"CIFARNet not found: put {npz} (arrays images uint8 NHWC 64x64x3, labels) or the HF "
-                f"EleutherAI/cifarnet parquet shards (train-*.parquet) under {folder}"
-            )
+            raise DatasetMissingError(f"CIFARNet not found: put {npz} (arrays images uint8 NHWC 64x64x3, labels) or "
+                                      f"the HF EleutherAI/cifarnet parquet shards (train-*.parquet) under {folder}")
         images, labels = _read_parquet_images(shards)
     with reading(npz if npz.exists() else folder, "CIFARNet (images must be uint8 NHWC, one integer label each)"):
         x, y = _nhwc_uint8(images), torch.from_numpy(np.asarray(labels).astype(np.int64).reshape(-1))

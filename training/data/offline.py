@@ -65,11 +65,9 @@ def load_fashion_mnist(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
             reason = f"download failed: {type(e).__name__}"
     else:
         reason = "download disabled"
-    raise DatasetMissingError(
-        f"Fashion-MNIST not found in {[str(c) for c in candidates]} ({reason}); put "
-        f"train-images-idx3-ubyte.gz and train-labels-idx1-ubyte.gz in {target} "
-        "or `apt install dataset-fashion-mnist`"
-    )
+    raise DatasetMissingError(f"Fashion-MNIST not found in {[str(c) for c in candidates]} ({reason}); put "
+                              f"train-images-idx3-ubyte.gz and train-labels-idx1-ubyte.gz in {target} "
+                              "or `apt install dataset-fashion-mnist`")
 
 
 def _fashion_mnist_in(folder: Path) -> LoadedData | None:

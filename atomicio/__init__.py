@@ -1,13 +1,12 @@
-"""Atomic file writes, the one implementation under both the eraser library (erasure/, which imports nothing of the
-harness) and the harness (training/common/files.py): a temp file in the same directory, filled, then one rename,
-so a reader never sees half a file. Standard library only (tests/test_layers.py).
-
-A written file has the mode a plain `open(path, "w")` would give it (0o666 less the umask), not mkstemp's 0o600:
-with `umask 002` on a group-shared output directory, colleagues can read each other's results and cache entries.
+"""Atomic file writes, the one implementation under both the eraser library (erasure/) and the harness
+(training/common/files.py): a temp file in the same directory, filled, then one rename, so a reader never sees half a
+file. Standard library only. A written file has the mode `open(path, "w")` would give it (0o666 less the umask), not
+mkstemp's 0o600: with `umask 002` on a group-shared output directory, colleagues can read each other's results.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
@@ -48,13 +47,10 @@ def default_mode() -> int:
 def umask() -> int:
     """The process's umask, read without changing it where Linux shows it (/proc/self/status); elsewhere by setting
     it and straight back (a moment in which another thread's new file would get 0o022)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

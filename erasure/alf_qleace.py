@@ -15,20 +15,51 @@ singular vector. Frobenius mass spread over many directions keeps it going longe
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from .base import Eraser, counts_info, prepare_fit
+from .base import Eraser, base_info, counts_info, prepare_fit
 from .lanczos import top_abs_eig
 from .leace import HOLDOUT_RTOL, leace_factors
-from .moments import ClassMoments, class_moments
+from .moments import ClassMoments, class_moments, sym
 from .registry import ERASERS
 
-Greedy = tuple[Tensor, list[float], str, list[float], list[float], int]
+Greedy = tuple[Tensor, list[float], str, list[float], list[float]]
+Top = Callable[[int, Tensor], float]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlfQleaceOptions:
+    """ALF-QLEACE's options (`fit_alf_qleace(x, y, **options)`, `alf_from_moments`), each with its default.
+
+    target: fraction of the worst class-covariance deviation (spectral norm, after LEACE) to remove.
+    max_rank: cap on removed directions (None: d). lanczos_steps / eig_rtol: Krylov size per restart and
+    residual tolerance (relative to the initial worst deviation) of the top-eigenvector search.
+    leace_rtol: LEACE's support threshold (see erasure.leace). stop_norm: "spectral" (‖D_k‖₂, default) or
+    "frobenius" (‖D_k‖_F, as the paper's code) for choosing the worst class and for the stopping rule; the
+    report's deviations are in that norm. seed: the Lanczos start vectors.
+    """
+
+    target: float = 0.9
+    max_rank: int | None = None
+    lanczos_steps: int = 64
+    eig_rtol: float = 1e-8
+    leace_rtol: float | None = None
+    seed: int = 0
+    stop_norm: Literal["spectral", "frobenius"] = "spectral"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.target <= 1.0:
+            raise ValueError(f"alf_qleace: target must be in [0, 1]; got {self.target}")
+        if self.stop_norm not in ("spectral", "frobenius"):
+            raise ValueError(f"alf_qleace: stop_norm must be 'spectral' or 'frobenius'; got {self.stop_norm!r}")
 
 
 class AlfQleaceEraser(Eraser):
@@ -43,86 +74,67 @@ class AlfQleaceEraser(Eraser):
         return self.state["mean"] + z - (z @ v) @ v.T
 
 
-def alf_from_moments(mom: ClassMoments, *, input_dtype: str = "float32", target: float = 0.9,
-                     max_rank: int | None = None, lanczos_steps: int = 64, eig_rtol: float = 1e-8,
-                     leace_rtol: float | None = None, seed: int = 0,
-                     stop_norm: Literal["spectral", "frobenius"] = "spectral") -> AlfQleaceEraser:
+def alf_from_moments(mom: ClassMoments, *, input_dtype: str = "float32", **options: Any) -> AlfQleaceEraser:
     """ALF-QLEACE from class moments (total and per-class covariances set): the class covariances after LEACE
     are Gᵀ Σ_k G with G = I − right leftᵀ (x_L − m_k = (x − m_k) G)."""
-    options = _alf_options(target, max_rank, lanczos_steps, eig_rtol, leace_rtol, seed, stop_norm)
+    o = AlfQleaceOptions(**options)
     t0 = time.perf_counter()
     assert mom.cov is not None and mom.class_covs is not None
-    left, right, lstats = leace_factors(mom.mean, mom.cov, mom.cross_cov(), rtol=leace_rtol)
+    left, right, lstats = leace_factors(mom.mean, mom.cov, mom.cross_cov(), rtol=o.leace_rtol)
     g = torch.eye(mom.mean.shape[0], dtype=torch.float64, device=mom.mean.device) - right @ left.T
-    dev = g.T @ mom.class_covs @ g
-    dev = (dev + dev.mT) / 2
-    info = counts_info("alf_qleace", int(mom.mean.shape[0]), mom.counts, input_dtype, options)
-    return _alf_greedy(mom, left, right, lstats, dev, options, info, t0)
+    dev = sym(g.T @ mom.class_covs @ g)
+    info = counts_info("alf_qleace", int(mom.mean.shape[0]), mom.counts, input_dtype, dataclasses.asdict(o))
+    return _alf_greedy(mom, (left, right, lstats), dev, o, info, t0)
 
 
-def _alf_options(target: float, max_rank: int | None, lanczos_steps: int, eig_rtol: float, leace_rtol: float | None,
-                 seed: int, stop_norm: str) -> dict[str, Any]:
-    if not 0.0 <= target <= 1.0:
-        raise ValueError(f"alf_qleace: target must be in [0, 1]; got {target}")
-    if stop_norm not in ("spectral", "frobenius"):
-        raise ValueError(f"alf_qleace: stop_norm must be 'spectral' or 'frobenius'; got {stop_norm!r}")
-    return {"target": target, "max_rank": max_rank, "lanczos_steps": lanczos_steps, "eig_rtol": eig_rtol,
-            "leace_rtol": leace_rtol, "seed": seed, "stop_norm": stop_norm}
-
-
-@ERASERS.register("alf_qleace", family="quadratic", kind="map", from_moments=alf_from_moments,
-                  holdout_options={"leace_rtol": HOLDOUT_RTOL})
-def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, target: float = 0.9,
-                   max_rank: int | None = None, lanczos_steps: int = 64, eig_rtol: float = 1e-8,
-                   leace_rtol: float | None = None, seed: int = 0,
-                   stop_norm: Literal["spectral", "frobenius"] = "spectral") -> AlfQleaceEraser:
-    """Fit ALF-QLEACE in float64.
-
-    target: fraction of the worst class-covariance deviation (spectral norm, after LEACE) to remove.
-    max_rank: cap on removed directions (None: d). lanczos_steps / eig_rtol: Krylov size per restart and
-    residual tolerance (relative to the initial worst deviation) of the top-eigenvector search.
-    leace_rtol: LEACE's support threshold (see erasure.leace). stop_norm: "spectral" (‖D_k‖₂, default) or
-    "frobenius" (‖D_k‖_F, as the paper's code) for choosing the worst class and for the stopping rule; the
-    report's deviations are in that norm.
-    """
-    options = _alf_options(target, max_rank, lanczos_steps, eig_rtol, leace_rtol, seed, stop_norm)
+@ERASERS.register("alf_qleace", family="quadratic", kind="map", options=AlfQleaceOptions,
+                  from_moments=alf_from_moments, holdout_options={"leace_rtol": HOLDOUT_RTOL})
+def fit_alf_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, **options: Any) -> AlfQleaceEraser:
+    """Fit ALF-QLEACE in float64 with `AlfQleaceOptions(**options)`."""
+    o = AlfQleaceOptions(**options)
     t0 = time.perf_counter()
     x64, labels, flat, k = prepare_fit(x, y)
     mom = class_moments(x64, labels, k, total_cov=True)
     assert mom.cov is not None
-    left, right, lstats = leace_factors(mom.mean, mom.cov, mom.cross_cov(), rtol=leace_rtol)
+    left, right, lstats = leace_factors(mom.mean, mom.cov, mom.cross_cov(), rtol=o.leace_rtol)
     del mom.cov
     # Class covariances of the LEACE output, Σ̄ and the deviations D_k.
     xl = x64 - (x64 - mom.mean) @ right @ left.T
     dev = class_moments(xl, labels, k, class_covs=True).class_covs
     del xl
     assert dev is not None
-    info = counts_info("alf_qleace", int(flat.shape[1]), mom.counts, str(flat.dtype).replace("torch.", ""), options)
-    return _alf_greedy(mom, left, right, lstats, dev, options, info, t0)
+    info = base_info("alf_qleace", flat, k, mom.counts, dataclasses.asdict(o))
+    return _alf_greedy(mom, (left, right, lstats), dev, o, info, t0)
 
 
-def _alf_greedy(mom: ClassMoments, left: Tensor, right: Tensor, lstats: dict[str, Any], dev: Tensor,
-                options: dict[str, Any], info: dict[str, Any], t0: float) -> AlfQleaceEraser:
-    """The greedy on the class covariances after LEACE (`dev`, overwritten by the deviations D_k)."""
+def _alf_greedy(mom: ClassMoments, leace: tuple[Tensor, Tensor, dict[str, Any]], dev: Tensor, o: AlfQleaceOptions,
+                info: dict[str, Any], t0: float) -> AlfQleaceEraser:
+    """The greedy on the class covariances after LEACE (`dev`, overwritten by the deviations D_k); `leace`: the
+    LEACE factors (left, right) and their report."""
+    left, right, lstats = leace
     k, d = mom.k, dev.shape[-1]
-    target, max_rank, seed = options["target"], options["max_rank"], options["seed"]
-    eig_rtol, lanczos_steps, stop_norm = options["eig_rtol"], options["lanczos_steps"], options["stop_norm"]
     dev -= torch.einsum("k,kij->ij", mom.priors.to(dev), dev)
-    cap = d if max_rank is None else min(int(max_rank), d)
+    cap = d if o.max_rank is None else min(int(o.max_rank), d)
 
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(o.seed)
     noise = torch.randn(k, d, generator=gen, dtype=torch.float64).to(dev.device)
     frob = [float(v) for v in torch.linalg.matrix_norm(dev)]
-    vecs = noise.clone()
-    norms, matvecs = [0.0] * k, 0
+    vecs, norms, matvecs = noise.clone(), [0.0] * k, 0
     for c in range(k):  # initial top eigenpairs (Lanczos, tolerance relative to ‖D_c‖_F ≥ ‖D_c‖₂)
-        theta, vecs[c], mv = top_abs_eig(dev[c], noise[c], atol=eig_rtol * frob[c], max_steps=lanczos_steps)
+        theta, vecs[c], mv = top_abs_eig(dev[c], noise[c], atol=o.eig_rtol * frob[c], max_steps=o.lanczos_steps)
         norms[c], matvecs = abs(theta), matvecs + mv
-    initial_spectral = max(norms)
-    atol = eig_rtol * initial_spectral
-    greedy = _frobenius_greedy if stop_norm == "frobenius" else _spectral_greedy
-    dirs, history, stopped, initial_per_class, final_per_class, matvecs = greedy(
-        dev, vecs, noise, norms, target, cap, atol, lanczos_steps, matvecs)
+    atol = o.eig_rtol * max(norms)
+
+    def top(c: int, dirs: Tensor) -> float:
+        """‖D_c‖₂ by Lanczos from class c's last vector (updated) projected ⊥ `dirs`, plus a little of its start."""
+        nonlocal matvecs
+        start = vecs[c] - dirs @ (dirs.T @ vecs[c]) + 1e-4 * noise[c]
+        theta, vecs[c], mv = top_abs_eig(dev[c], start, atol=atol, max_steps=o.lanczos_steps)
+        matvecs += mv
+        return abs(theta)
+
+    greedy = _frobenius_greedy if o.stop_norm == "frobenius" else _spectral_greedy
+    dirs, history, stopped, initial_per_class, final_per_class = greedy(dev, vecs, norms, o.target, cap, top)
     initial = max(initial_per_class)
     r_alf = int(dirs.shape[1])
     info.update({
@@ -131,19 +143,19 @@ def _alf_greedy(mom: ClassMoments, left: Tensor, right: Tensor, lstats: dict[str
         "initial_worst_deviation": initial, "final_worst_deviation": max(final_per_class),
         "deviation_ratio": max(final_per_class) / initial if initial > 0 else 0.0,
         "initial_deviation_per_class": initial_per_class, "final_deviation_per_class": final_per_class,
-        "worst_deviation_history": history + [max(final_per_class)], "stopped_by": stopped, "deviation_norm": stop_norm,
-        "lanczos_matvecs": matvecs, "leace_rtol_used": lstats["rtol_used"], "leace_edit_norm": lstats["edit_norm"],
-        "fit_seconds": time.perf_counter() - t0,
+        "worst_deviation_history": history + [max(final_per_class)], "stopped_by": stopped,
+        "deviation_norm": o.stop_norm, "lanczos_matvecs": matvecs, "leace_rtol_used": lstats["rtol_used"],
+        "leace_edit_norm": lstats["edit_norm"], "fit_seconds": time.perf_counter() - t0,
     })
     if stopped == "max_rank":
-        info["warnings"].append(f"alf_qleace: reached max_rank={cap} before the target {target}")
+        info["warnings"].append(f"alf_qleace: reached max_rank={cap} before the target {o.target}")
     return AlfQleaceEraser({"mean": mom.mean, "left": left, "right": right, "directions": dirs}, info)
 
 
-def _spectral_greedy(dev: Tensor, vecs: Tensor, noise: Tensor, norms: list[float], target: float, cap: int,
-                     atol: float, lanczos_steps: int, matvecs: int) -> Greedy:
-    """The greedy with ‖D_k‖₂: (directions, history of the worst deviation before each removal, stopped_by,
-    initial and final spectral norms per class, matvecs). Updates `dev`, `vecs` and `norms` in place.
+def _spectral_greedy(dev: Tensor, vecs: Tensor, norms: list[float], target: float, cap: int, top: Top) -> Greedy:
+    """The greedy with ‖D_k‖₂ (`norms`: each class's, updated in place; `top`: class c's afresh, its top eigenvector
+    into `vecs`): (directions, history of the worst deviation before each removal, stopped_by, initial and final
+    spectral norms per class).
 
     Lazy: a projection never increases ‖D_k‖₂, so stale norms are upper bounds; only the class on top of the
     bounds is re-evaluated, and it is taken once its fresh norm is still the largest."""
@@ -159,20 +171,12 @@ def _spectral_greedy(dev: Tensor, vecs: Tensor, noise: Tensor, norms: list[float
             stopped = "target" if norms[c] <= threshold else "max_rank"
             break
         if not fresh[c]:
-            start = vecs[c] - dirs @ (dirs.T @ vecs[c]) + 1e-4 * noise[c]
-            theta, vecs[c], mv = top_abs_eig(dev[c], start, atol=atol, max_steps=lanczos_steps)
-            norms[c], fresh[c], matvecs = abs(theta), True, matvecs + mv
+            norms[c], fresh[c] = top(c, dirs), True
             continue
         dirs = _remove(dev, vecs[c], dirs)
         history.append(norms[c])
         fresh = [False] * k
-    final = []
-    for c in range(k):
-        start = vecs[c] - dirs @ (dirs.T @ vecs[c]) + 1e-4 * noise[c]
-        theta, _, mv = top_abs_eig(dev[c], start, atol=atol, max_steps=lanczos_steps)
-        final.append(abs(theta))
-        matvecs += mv
-    return dirs, history, stopped, initial_per_class, final, matvecs
+    return dirs, history, stopped, initial_per_class, [top(c, dirs) for c in range(k)]
 
 
 def _remove(dev: Tensor, vec: Tensor, dirs: Tensor) -> Tensor:
@@ -187,10 +191,9 @@ def _remove(dev: Tensor, vec: Tensor, dirs: Tensor) -> Tensor:
     return torch.cat([dirs, v[:, None]], 1)
 
 
-def _frobenius_greedy(dev: Tensor, vecs: Tensor, noise: Tensor, norms: list[float], target: float, cap: int,
-                      atol: float, lanczos_steps: int, matvecs: int) -> Greedy:
+def _frobenius_greedy(dev: Tensor, vecs: Tensor, norms: list[float], target: float, cap: int, top: Top) -> Greedy:
     """The greedy with ‖D_k‖_F (exact after every removal) for the worst class and the stop; the same outputs
-    as _spectral_greedy, in the Frobenius norm. Updates `dev` and `vecs` in place."""
+    as _spectral_greedy, in the Frobenius norm (`norms`, the spectral ones, are not read)."""
     k, d = dev.shape[0], dev.shape[1]
     fro = torch.linalg.matrix_norm(dev)
     initial_per_class = [float(v) for v in fro]
@@ -205,11 +208,9 @@ def _frobenius_greedy(dev: Tensor, vecs: Tensor, noise: Tensor, norms: list[floa
             stopped = "target" if worst <= threshold else "max_rank"
             break
         if not fresh[c]:
-            start = vecs[c] - dirs @ (dirs.T @ vecs[c]) + 1e-4 * noise[c]
-            _, vecs[c], mv = top_abs_eig(dev[c], start, atol=atol, max_steps=lanczos_steps)
-            matvecs += mv
+            top(c, dirs)
         dirs = _remove(dev, vecs[c], dirs)
         history.append(worst)
         fresh = [False] * k
         fro = torch.linalg.matrix_norm(dev)
-    return dirs, history, stopped, initial_per_class, [float(v) for v in fro], matvecs
+    return dirs, history, stopped, initial_per_class, [float(v) for v in fro]

@@ -86,11 +86,9 @@ def certificate(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, seed: int = 0
         train, test = folds[1 - f], folds[f]
         feats, dim = _principal(x64, train)
         dims.append(dim)
-        xtr, ytr, xte = feats[train], labels[train], feats[test]
-        inner = [i.to(x64.device) for i in stratified_folds(len(train), 2, seed + 1 + f, ytr)]
-        for probe in PROBES:
-            logp[probe][test], setting = _fit_probe(probe, xtr, ytr, xte, k, log_prior, inner, qda_shrink,
-                                                    seed + 7 + f)
+        fitted = _fit_probes(feats[train], labels[train], feats[test], log_prior, qda_shrink, seed + 1 + f)
+        for probe, (scored, setting) in fitted.items():
+            logp[probe][test] = scored
             settings[probe].append(setting)
     out: dict[str, Any] = {
         "max_mean_gap": float(mean_gaps.max()), "max_cov_gap": float(cov_gaps.max()),
@@ -126,24 +124,29 @@ def _principal(x64: Tensor, train: Tensor) -> tuple[Tensor, int]:
     return (x64 - mu) @ vecs[:, :r] / scale, r
 
 
-def _fit_probe(probe: str, xtr: Tensor, ytr: Tensor, xte: Tensor, k: int, log_prior: Tensor,
-               inner: list[Tensor], qda_shrink: float, seed: int) -> tuple[Tensor, dict[str, float]]:
-    """Held-out log-probabilities (n_test, k) and the chosen settings: inner split for shrinkage and temperature,
-    then refit on all training rows (the MLP: no refit)."""
+def _fit_probes(xtr: Tensor, ytr: Tensor, xte: Tensor, log_prior: Tensor, qda_shrink: float,
+                seed: int) -> dict[str, tuple[Tensor, dict[str, float]]]:
+    """Per probe, the held-out log-probabilities (n_test, k) and the chosen settings: an inner split of the training
+    rows (seeded by `seed`) for shrinkage and temperature, then refit on all training rows (the MLP: no refit)."""
+    k = len(log_prior)
+    inner = [i.to(xtr.device) for i in stratified_folds(len(xtr), 2, seed, ytr)]
     fit_rows, cal_rows = inner
     x1, y1, x2, y2 = xtr[fit_rows], ytr[fit_rows], xtr[cal_rows], ytr[cal_rows]
-    if probe == "mlp":
-        cal, y_cal, scores = mlp_scores(xtr, ytr, xte, k, inner, seed)
-        shrink, t = _select([(0.0, cal)], y_cal, log_prior)
-    elif probe == "linear":
-        st = _lda_fit(x1, y1, k)
-        shrink, t = _select([(a, _lda_scores(st, a, x2)) for a in LDA_SHRINKAGE], y2, log_prior)
-        scores = _lda_scores(_lda_fit(xtr, ytr, k), shrink, xte)
-    else:
-        shrink, t = _select([(qda_shrink, _qda_scores(_qda_fit(x1, y1, k, qda_shrink), x2))], y2, log_prior)
-        scores = _qda_scores(_qda_fit(xtr, ytr, k, shrink), xte)
-    logp = torch.log_softmax(log_prior + t * scores, dim=1)
-    return logp, {"shrinkage": float(shrink), "temperature": float(t)}
+    out = {}
+    for probe in PROBES:
+        if probe == "mlp":
+            cal, y_cal, scores = mlp_scores(xtr, ytr, xte, k, inner, seed + 6)  # its weights' own seed
+            shrink, t = _select([(0.0, cal)], y_cal, log_prior)
+        elif probe == "linear":
+            st = _lda_fit(x1, y1, k)
+            shrink, t = _select([(a, _lda_scores(st, a, x2)) for a in LDA_SHRINKAGE], y2, log_prior)
+            scores = _lda_scores(_lda_fit(xtr, ytr, k), shrink, xte)
+        else:
+            shrink, t = _select([(qda_shrink, _qda_scores(_qda_fit(x1, y1, k, qda_shrink), x2))], y2, log_prior)
+            scores = _qda_scores(_qda_fit(xtr, ytr, k, shrink), xte)
+        logp = torch.log_softmax(log_prior + t * scores, dim=1)
+        out[probe] = (logp, {"shrinkage": float(shrink), "temperature": float(t)})
+    return out
 
 
 def _class_means(x: Tensor, y: Tensor, k: int) -> tuple[Tensor, Tensor]:

@@ -51,10 +51,12 @@ Whatever is done is reported (working rank, variance dropped, noise share) with 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -62,7 +64,7 @@ import torch
 from torch import Tensor
 
 from .barycenter import barycenter
-from .base import Eraser, counts_info, prepare_fit
+from .base import Eraser, base_info, counts_info, prepare_fit
 from .moments import ClassMoments, check_labels, class_moments, eigh_desc, flatten_features, numerical_rank
 from .registry import ERASERS
 from .threads import single_threaded
@@ -185,19 +187,13 @@ class QleaceEraser(Eraser):
 
     def _apply(self, x64: Tensor, y: Tensor | None) -> Tensor:
         assert y is not None
-        mean, basis = self.state["mean"], self.state["basis"]
-        z = (x64 - mean) @ basis
-        out = torch.empty_like(z)
-        for c in torch.unique(y).tolist():
-            idx = y == c
-            out[idx] = (z[idx] - self.state["class_means"][c]) @ self.state["maps"][c]
-        return mean + out @ basis.T
+        counts = torch.bincount(y, minlength=self.num_classes).tolist()
+        return self.apply_sorted(x64, torch.argsort(y, stable=True), counts)
 
     def apply_sorted(self, x64: Tensor, order: Tensor, counts: Sequence[int]) -> Tensor:
-        """`_apply` (the noise-free map) on float64 rows x64 without reading their labels on the device: `order` lists
-        the rows class by class (stably: class 0's rows in their order, then class 1's, ...) and `counts[c]` is the
-        number of class c's rows (host integers: a training loop knows its batches' labels ahead). Row for row the
-        same arithmetic as `_apply`, so the same bits."""
+        """The noise-free map on float64 rows x64 without reading their labels on the device: `order` lists the rows
+        class by class (stably: class 0's rows in their order, then class 1's, ...) and `counts[c]` is the number of
+        class c's rows (host integers: a training loop knows its batches' labels ahead)."""
         mean, basis = self.state["mean"], self.state["basis"]
         z = (x64 - mean) @ basis
         grouped = z.index_select(0, order)
@@ -257,11 +253,9 @@ def _class_seed(seed: int, c: int, stream: int = 0) -> int:
     return int(np.random.SeedSequence(key).generate_state(1)[0])
 
 
-def fit_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, tol: float = 1e-8, max_iter: int = 100,
-               anderson: int = 2, rank_deficient: Literal["coupling", "shrinkage", "truncate", "ridge"] = "coupling",
-               class_rtol: float = 1e-7, ridge: float = 1e-6, support_rtol: float = 1e-10, null_rtol: float = 1e-7,
-               objective_rtol: float = 1e-7, seed: int = 0) -> QleaceEraser:
-    """Fit QLEACE in float64.
+@dataclass(frozen=True, kw_only=True)
+class QleaceOptions:
+    """QLEACE's options (`fit_qleace(x, y, **options)`, `qleace_from_moments`), each with its default.
 
     tol / max_iter / anderson: barycenter stopping rule (relative stationarity residual), iteration cap and
     Anderson depth (0 = plain fixed point). support_rtol: eigenvalues of Σ_w below support_rtol·max are
@@ -271,46 +265,50 @@ def fit_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, tol: float = 1
     objective_rtol (coupling with a singular class): the barycenter also stops once its objective decreases
     by less than this (relative) in one step. seed: the coupling noise (per class).
     """
-    options = _qleace_options(tol, max_iter, anderson, rank_deficient, class_rtol, ridge, support_rtol, null_rtol,
-                              objective_rtol, seed)
+
+    tol: float = 1e-8
+    max_iter: int = 100
+    anderson: int = 2
+    rank_deficient: Literal["coupling", "shrinkage", "truncate", "ridge"] = "coupling"
+    class_rtol: float = 1e-7
+    ridge: float = 1e-6
+    support_rtol: float = 1e-10
+    null_rtol: float = 1e-7
+    objective_rtol: float = 1e-7
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rank_deficient not in MODES:
+            raise ValueError(f"qleace: rank_deficient must be one of {list(MODES)}; got {self.rank_deficient!r}")
+
+
+def fit_qleace(x: Tensor | np.ndarray, y: Tensor | np.ndarray, **options: Any) -> QleaceEraser:
+    """Fit QLEACE in float64 with `QleaceOptions(**options)`."""
+    o = QleaceOptions(**options)
     t0 = time.perf_counter()
     x64, labels, flat, k = prepare_fit(x, y)
     mom = class_moments(x64, labels, k, class_covs=True)
-    info = counts_info("qleace", int(flat.shape[1]), mom.counts, str(flat.dtype).replace("torch.", ""), options)
-    return _qleace_fit(mom, info, options, t0, (x64, labels))
+    info = base_info("qleace", flat, k, mom.counts, dataclasses.asdict(o))
+    return _qleace_fit(mom, info, o, t0, (x64, labels))
 
 
-def qleace_from_moments(mom: ClassMoments, *, input_dtype: str = "float32", tol: float = 1e-8, max_iter: int = 100,
-                        anderson: int = 2,
-                        rank_deficient: Literal["coupling", "shrinkage", "truncate", "ridge"] = "coupling",
-                        class_rtol: float = 1e-7, ridge: float = 1e-6, support_rtol: float = 1e-10,
-                        null_rtol: float = 1e-7, objective_rtol: float = 1e-7, seed: int = 0) -> QleaceEraser:
+def qleace_from_moments(mom: ClassMoments, *, input_dtype: str = "float32", **options: Any) -> QleaceEraser:
     """QLEACE from class moments (per-class covariances set): the coupling's class factors come from the
     eigendecomposition of Lᵀ Σ_k L instead of the SVD of the class rows (equal up to round-off)."""
-    options = _qleace_options(tol, max_iter, anderson, rank_deficient, class_rtol, ridge, support_rtol, null_rtol,
-                              objective_rtol, seed)
+    o = QleaceOptions(**options)
     t0 = time.perf_counter()
-    info = counts_info("qleace", int(mom.mean.shape[0]), mom.counts, input_dtype, options)
-    return _qleace_fit(mom, info, options, t0, None)
+    info = counts_info("qleace", int(mom.mean.shape[0]), mom.counts, input_dtype, dataclasses.asdict(o))
+    return _qleace_fit(mom, info, o, t0, None)
 
 
-def _qleace_options(tol: float, max_iter: int, anderson: int, rank_deficient: str, class_rtol: float, ridge: float,
-                    support_rtol: float, null_rtol: float, objective_rtol: float, seed: int) -> dict[str, Any]:
-    if rank_deficient not in MODES:
-        raise ValueError(f"qleace: rank_deficient must be one of {list(MODES)}; got {rank_deficient!r}")
-    return {"tol": tol, "max_iter": max_iter, "anderson": anderson, "rank_deficient": rank_deficient,
-            "class_rtol": class_rtol, "ridge": ridge, "support_rtol": support_rtol, "null_rtol": null_rtol,
-            "objective_rtol": objective_rtol, "seed": seed}
-
-
-def _qleace_fit(mom: ClassMoments, info: dict[str, Any], options: dict[str, Any], t0: float,
+def _qleace_fit(mom: ClassMoments, info: dict[str, Any], o: QleaceOptions, t0: float,
                 rows: tuple[Tensor, Tensor] | None) -> QleaceEraser:
     """`rows`: the fit's (x64, labels), for the coupling's class SVDs; None: from the class covariances."""
     assert mom.class_covs is not None
-    if options["rank_deficient"] == "shrinkage":
-        state = _fit_shrinkage(mom.class_covs, mom, info, options["tol"], options["max_iter"], options["anderson"])
+    if o.rank_deficient == "shrinkage":
+        state = _fit_shrinkage(mom, info, o)
     else:
-        state = _fit_subspace(rows, mom, info, options)
+        state = _fit_subspace(rows, mom, info, o)
     info["fit_seconds"] = time.perf_counter() - t0
     return QleaceEraser(state, info)
 
@@ -331,13 +329,14 @@ def shrink_covariances(biased: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
     return shrunk, alpha
 
 
-def _fit_shrinkage(class_covs: Tensor, mom: Any, info: dict[str, Any], tol: float, max_iter: int,
-                   anderson: int) -> dict[str, Tensor]:
+def _fit_shrinkage(mom: ClassMoments, info: dict[str, Any], o: QleaceOptions) -> dict[str, Tensor]:
+    class_covs = mom.class_covs
+    assert class_covs is not None
     d = class_covs.shape[-1]
     n = mom.counts.to(class_covs)
     covs, alpha = shrink_covariances(class_covs * ((n - 1) / n)[:, None, None], mom.counts)
-    bary = barycenter(covs, mom.priors, tol=tol, max_iter=max_iter, anderson=anderson)
-    _warn_unconverged(bary, tol, info)
+    bary = barycenter(covs, mom.priors, tol=o.tol, max_iter=o.max_iter, anderson=o.anderson)
+    _warn_unconverged(bary, o.tol, info)
     eye = torch.eye(d, dtype=class_covs.dtype, device=class_covs.device)
     info.update({"support_rank": d, "working_rank": d, "dims_set_to_mean": 0, "rank_handling": "shrinkage",
                  "rank_limited_by": "none", "variance_dropped_fraction": 0.0, "ridge_used": 0.0,
@@ -348,15 +347,15 @@ def _fit_shrinkage(class_covs: Tensor, mom: Any, info: dict[str, Any], tol: floa
 
 
 def _fit_subspace(rows: tuple[Tensor, Tensor] | None, mom: Any, info: dict[str, Any],
-                  o: dict[str, Any]) -> dict[str, Tensor]:
+                  o: QleaceOptions) -> dict[str, Tensor]:
     """coupling / truncate / ridge: work in the leading principal directions of the pooled covariance."""
     k, d = mom.k, mom.mean.shape[0]
     pooled = torch.einsum("k,kij->ij", mom.priors, mom.class_covs)
     vals, vecs = eigh_desc(pooled)
-    s = numerical_rank(vals, o["support_rtol"])
+    s = numerical_rank(vals, o.support_rtol)
     if s == 0:
         raise ValueError("qleace: every class has zero variance; nothing to fit")
-    mode = o["rank_deficient"]
+    mode = o.rank_deficient
     r = min(s, int(mom.counts.min()) - 1) if mode == "coupling" else s
     v = vecs[:, :r]
     covs = v.T @ (mom.class_covs.reshape(k * d, d) @ v).view(k, d, r)  # (k, r, r) in the pooled eigenbasis
@@ -365,36 +364,36 @@ def _fit_subspace(rows: tuple[Tensor, Tensor] | None, mom: Any, info: dict[str, 
     handling = "none" if s == d else "support"
     ridge_used = 0.0
     min_eig: float | None = None
-    singular = not _all_above(covs, inv_sd, o["class_rtol"])
+    singular = not _all_above(covs, inv_sd, o.class_rtol)
     what = ""
     bad: list[int] = []
     if singular:
         white_eigs = torch.linalg.eigvalsh(covs * inv_sd[:, None] * inv_sd[None, :])
         min_eig = float(white_eigs[:, 0].min())
-        bad = (white_eigs[:, 0] < o["class_rtol"]).nonzero().flatten().tolist()
+        bad = (white_eigs[:, 0] < o.class_rtol).nonzero().flatten().tolist()
         if mode == "truncate":
             # interlacing: an r-dim compression with min eigenvalue ≥ τ needs r ≤ #(eigenvalues ≥ τ)
-            upper = int((white_eigs >= o["class_rtol"]).sum(-1).min())
-            r = _stable_rank(covs, inv_sd, o["class_rtol"], upper + 1)
+            upper = int((white_eigs >= o.class_rtol).sum(-1).min())
+            r = _stable_rank(covs, inv_sd, o.class_rtol, upper + 1)
             what = (f"kept the top {r} of {s} principal directions of the pooled covariance "
                     f"({_frac(vals, r):.4%} of its variance); the rest is set to the mean")
             handling = "truncate"
         elif mode == "ridge":
-            ridge_used = o["ridge"] * float(vals[:s].mean())
+            ridge_used = o.ridge * float(vals[:s].mean())
             covs = covs + ridge_used * torch.eye(r, dtype=covs.dtype, device=covs.device)
             what = f"added a ridge of {ridge_used:.3g} to every class covariance (covariances only ~equal)"
             handling = "ridge"
     covs = covs[:, :r, :r]
     basis = v[:, :r].contiguous()
-    obj_rtol = o["objective_rtol"] if mode == "coupling" and singular else None
-    bary = barycenter(covs, mom.priors, tol=o["tol"], max_iter=o["max_iter"], anderson=o["anderson"],
+    obj_rtol = o.objective_rtol if mode == "coupling" and singular else None
+    bary = barycenter(covs, mom.priors, tol=o.tol, max_iter=o.max_iter, anderson=o.anderson,
                       objective_rtol=obj_rtol)
     state = {"mean": mom.mean, "basis": basis, "class_means": (mom.means - mom.mean) @ basis, "maps": bary.maps,
              "barycenter": bary.cov}
     noise_rank, noise_share, class_rank = [0] * k, [0.0] * k, [r] * k
     if mode == "coupling":
         maps, factors, noise_rank, class_rank, noise_share = _coupling(rows, covs, mom, basis, bary.cov,
-                                                                       o["null_rtol"])
+                                                                       o.null_rtol)
         state.update(maps=maps, noise_factors=factors, noise_rank=torch.tensor(noise_rank, dtype=torch.long))
         if r < s or max(noise_rank) > 0:
             handling = "coupling"
@@ -406,7 +405,7 @@ def _fit_subspace(rows: tuple[Tensor, Tensor] | None, mom: Any, info: dict[str, 
                f"n_k min {int(mom.counts.min())}): {what}")
         warnings.warn(msg, stacklevel=4)
         info["warnings"].append(msg)
-    _warn_unconverged(bary, o["tol"], info)
+    _warn_unconverged(bary, o.tol, info)
     info.update({
         "support_rank": s, "working_rank": r, "dims_set_to_mean": d - r, "rank_handling": handling,
         "rank_limited_by": ("none" if s == d else "support") if r == s else
@@ -496,8 +495,8 @@ def _stable_rank(covs: Tensor, inv_sd: Tensor, class_rtol: float, hi: int) -> in
 # Coupling noise has exact moments on whole classes, not on a training batch: `eraser.after_augment` refuses it.
 COUPLING_NOISE = BatchNoise(applies=lambda options: options["rank_deficient"] == "coupling", ranks=coupling_noise_ranks)
 SUBSPACE = ("coupling", "truncate", "ridge")  # the modes of `_fit_subspace`; shrinkage reads tol, max_iter, anderson
-ERASERS.add("qleace", fit_qleace, family="quadratic", kind="map", from_moments=qleace_from_moments,
-            batch_noise=COUPLING_NOISE,
+ERASERS.add("qleace", fit_qleace, family="quadratic", kind="map", options=QleaceOptions,
+            from_moments=qleace_from_moments, batch_noise=COUPLING_NOISE,
             read_only_with={"ridge": ("rank_deficient", ("ridge",)), "null_rtol": ("rank_deficient", ("coupling",)),
                             "objective_rtol": ("rank_deficient", ("coupling",)),
                             "seed": ("rank_deficient", ("coupling",)), "class_rtol": ("rank_deficient", SUBSPACE),

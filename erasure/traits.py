@@ -5,8 +5,9 @@
     eraser_traits("leace").options()             # LeaceOptions(method='leace', rtol=None): the defaults
 
 The registry entry's metadata is the declaration (`family` and `kind` required, the rest optional with the defaults
-below); `eraser_traits` reads it into a frozen `EraserTraits`. An eraser's options are a frozen dataclass made from
-its fitter's keyword-only parameters (or its `defaults`), so every default is written once, in the fitter.
+below); `eraser_traits` reads it into a frozen `EraserTraits`. An eraser's options are a frozen dataclass: the one it
+declares (`options=QleaceOptions`), else one made from its fitter's typed keyword-only parameters (or its `defaults`),
+so every default and type is written once, in the declaration or the fitter.
 `needs_labels` is the fitted class's own `Eraser.needs_labels` (the fitter's return annotation), else declared.
 """
 
@@ -82,7 +83,7 @@ class EraserTraits:
         return None
 
 
-_READ_HERE = {"family", "kind", "defaults", "needs_labels"}  # the rest is passed to EraserTraits as declared
+_READ_HERE = {"family", "kind", "defaults", "options", "needs_labels"}  # the rest is passed to EraserTraits as declared
 _DECLARED = {f.name for f in dataclasses.fields(EraserTraits) if f.default is not dataclasses.MISSING
              or f.default_factory is not dataclasses.MISSING}
 _KNOWN_META = _READ_HERE | _DECLARED
@@ -109,20 +110,25 @@ def _traits(name: str, fitter: Callable[..., Any], meta: Mapping[str, Any]) -> E
     declared = {k: v for k, v in meta.items() if k in _DECLARED}  # the optional properties: defaults in EraserTraits
     return EraserTraits(
         name=name, family=str(meta["family"]), has_map=meta["kind"] == "map",
-        options=_options_class(name, _defaults(fitter, meta)), needs_labels=_needs_labels(name, fitter, meta),
-        **declared)
+        options=meta.get("options") or _options_class(name, fitter, meta),
+        needs_labels=_needs_labels(name, fitter, meta), **declared)
 
 
-def _defaults(fitter: Callable[..., Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+def _options_class(name: str, fitter: Callable[..., Any], meta: Mapping[str, Any]) -> type:
+    """The options dataclass of the fitter's keyword-only parameters (or of the declared `defaults`), each typed by
+    its annotation, else by its default's type (Any for a None default)."""
     if "defaults" in meta:
-        return dict(meta["defaults"])
-    params = inspect.signature(fitter).parameters.values()
-    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name != "rank_hint"}
-
-
-def _options_class(name: str, defaults: Mapping[str, Any]) -> type:
+        defaults, hints = dict(meta["defaults"]), {}
+    else:
+        params = inspect.signature(fitter).parameters.values()
+        defaults = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name != "rank_hint"}
+        try:
+            hints = typing.get_type_hints(fitter)
+        except (NameError, TypeError):  # an annotation that does not resolve: typed by the defaults
+            hints = {}
     title = "".join(part.title() for part in name.split("_"))
-    fields = [(k, Any, field(default=v)) for k, v in defaults.items()]
+    fields = [(k, hints.get(k, Any if v is None else float if isinstance(v, float) else type(v)), field(default=v))
+              for k, v in defaults.items()]
     cls = dataclasses.make_dataclass(f"{title}Options", fields, frozen=True, kw_only=True)
     cls.__module__ = __name__
     return cls

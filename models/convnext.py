@@ -7,7 +7,7 @@ Stem patch size: `max(1, min(H, W) // 32)` (1 for 32×32, 2 for 64×64; 28×28 a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mup import MuReadout
@@ -83,19 +83,9 @@ class ConvNeXtSpec:
     @classmethod
     def from_arch(cls, arch: Arch, input_shape: tuple[int, int, int], num_classes: int) -> ConvNeXtSpec:
         opts: ConvNeXtOptions = arch.options
-        return cls(
-            input_shape=tuple(input_shape),  # type: ignore[arg-type]
-            num_classes=num_classes,
-            width=NAMED_SIZES[opts.size][1] if opts.size else arch.width,
-            depths=cls.stage_depths(arch),
-            size=opts.size,
-            patch_size=opts.patch_size or max(1, min(input_shape[1:]) // 32),
-            drop_path_rate=opts.drop_path_rate,
-            kernel_size=opts.kernel_size,
-        )
-
-    def with_width(self, width: int) -> ConvNeXtSpec:
-        return replace(self, width=width)
+        return cls(tuple(input_shape), num_classes,  # type: ignore[arg-type]
+                   NAMED_SIZES[opts.size][1] if opts.size else arch.width, cls.stage_depths(arch), opts.size,
+                   opts.patch_size or max(1, min(input_shape[1:]) // 32), opts.drop_path_rate, opts.kernel_size)
 
     @property
     def dims(self) -> tuple[int, ...]:
@@ -104,28 +94,14 @@ class ConvNeXtSpec:
     def build(self) -> nn.Module:
         from timm.models.convnext import ConvNeXt  # timm is slow to import: only when building
 
-        model = ConvNeXt(
-            in_chans=self.input_shape[0],
-            num_classes=self.num_classes,
-            depths=self.depths,
-            dims=self.dims,
-            kernel_sizes=self.kernel_size,
-            patch_size=self.patch_size,
-            # ConvNeXtV2 = GRN in the MLP, no layer scale, 1x1-conv MLP (timm's convnextv2_* arguments)
-            use_grn=True,
-            ls_init_value=None,
-            conv_mlp=True,
-            drop_path_rate=self.drop_path_rate,
-        )
+        # ConvNeXtV2 = GRN in the MLP, no layer scale, 1x1-conv MLP (timm's convnextv2_* arguments)
+        model = ConvNeXt(in_chans=self.input_shape[0], num_classes=self.num_classes, depths=self.depths, dims=self.dims,
+                         kernel_sizes=self.kernel_size, patch_size=self.patch_size, use_grn=True, ls_init_value=None,
+                         conv_mlp=True, drop_path_rate=self.drop_path_rate)
         model.head.fc = MuReadout(self.dims[-1], self.num_classes, readout_zero_init=True)
         model.head.global_pool.pool = SpatialMean()
         return model
 
     def info(self) -> dict[str, Any]:
-        return {
-            "size": self.size,
-            "depths": list(self.depths),
-            "dims": list(self.dims),
-            "patch_size": self.patch_size,
-            "drop_path_rate": self.drop_path_rate,
-        }
+        return {"size": self.size, "depths": list(self.depths), "dims": list(self.dims), "patch_size": self.patch_size,
+                "drop_path_rate": self.drop_path_rate}

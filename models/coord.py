@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.build import build_with_facts, make_optimizer
-from models.registry import Arch
+from models.registry import Arch, CoordSettings
 
 LOGITS = "<logits>"
 
@@ -65,19 +65,13 @@ def _tracked(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_modules() if n and not isinstance(m, skip)}
 
 
-def coord_check(
-    arch: Arch,
-    widths: Sequence[int],
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    parametrization: str = "mup",
-    lr: float = 1e-2,
-    beta1: float = 0.9,
-    nsteps: int = 4,
-    seeds: Sequence[int] = (0,),
-    num_classes: int | None = None,
-) -> CoordResult:
+def coord_check(arch: Arch, settings: CoordSettings, batch: tuple[torch.Tensor, torch.Tensor], *,
+                parametrization: str = "mup", seeds: Sequence[int] = (0,),
+                num_classes: int | None = None) -> CoordResult:
+    """The check of `arch` at `settings.widths`: `settings.nsteps` steps at `settings.lr` on `batch` (x, y), the
+    activations averaged over `seeds`."""
+    x, y = batch
+    widths, lr, nsteps = settings.widths, settings.lr, settings.nsteps
     input_shape = tuple(x.shape[1:])
     k = int(num_classes or int(y.max()) + 1)
     sums: dict[str, list[list[float]]] = defaultdict(lambda: [[0.0] * nsteps for _ in widths])
@@ -90,7 +84,7 @@ def coord_check(
                                             parametrization=parametrization)
             if len(eff) == wi:
                 eff.append(effective_width(facts))
-            opt = make_optimizer(model, lr=lr, beta1=beta1, beta2=0.999, weight_decay=0.0, warmup_steps=0)  # plain
+            opt = make_optimizer(model, lr=lr, beta1=0.9, beta2=0.999, weight_decay=0.0, warmup_steps=0)  # plain
             model.train()
             opt.train()
             hooks = []

@@ -8,7 +8,7 @@ the paper's depth grid 1…8 applies unchanged. "Same" padding keeps 8×8 inputs
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from mup import MuReadout
 from torch import nn
 
-from models.mlp import DepthCounts, hidden_layers, mlp_param_count
+from models.mlp import DepthCounts, hidden_layers, mlp_param_count, one_stage
 from models.mup_utils import kaiming_uniform_init
 from models.registry import ARCHS, Arch, CoordSettings
 
@@ -32,15 +32,19 @@ def _pooled(size: int) -> int:
     return size // 2 // 2
 
 
-def lenet_param_count(
-    input_shape: tuple[int, int, int], c1: int, c2: int, fc: int, depth: int, num_classes: int
-) -> int:
-    c, h, w = input_shape
-    flat = c2 * _pooled(h) * _pooled(w)
+def _flat(input_shape: tuple[int, int, int], c2: int) -> int:
+    """Features entering the first fc layer: c2 channels of the twice-pooled image."""
+    _, h, w = input_shape
+    return c2 * _pooled(h) * _pooled(w)
+
+
+def lenet_param_count(input_shape: tuple[int, int, int], c1: int, c2: int, fc: int, depth: int,
+                      num_classes: int) -> int:
+    c = input_shape[0]
     return (
         c1 * c * KERNEL**2 + c1
         + c2 * c1 * KERNEL**2 + c2
-        + fc * flat + fc
+        + fc * _flat(input_shape, c2) + fc
         + (depth - 1) * (fc * fc + fc)
         + num_classes * fc + num_classes
     )  # fmt: skip
@@ -61,8 +65,7 @@ def match_lenet(input_shape: tuple[int, int, int], width: int, depth: int, num_c
             fixed = lenet_param_count(input_shape, c1, c2, 0, 1, num_classes)  # convs + output bias
             if fixed >= target:
                 break
-            flat = c2 * _pooled(h) * _pooled(w)
-            a, b, rest = depth - 1, flat + 1 + (depth - 1) + num_classes, fixed - target
+            a, b, rest = depth - 1, _flat(input_shape, c2) + 1 + (depth - 1) + num_classes, fixed - target
             root = -rest / b if a == 0 else (-b + math.sqrt(b * b - 4 * a * rest)) / (2 * a)
             for fc in {max(1, math.floor(root)), max(1, math.ceil(root))}:
                 err = abs(lenet_param_count(input_shape, c1, c2, fc, depth, num_classes) / target - 1)
@@ -75,13 +78,16 @@ def match_lenet(input_shape: tuple[int, int, int], width: int, depth: int, num_c
 
 
 class LeNet(nn.Module):
-    def __init__(self, in_channels: int, c1: int, c2: int, flat: int, fc: int, depth: int, num_classes: int) -> None:
+    def __init__(self, input_shape: tuple[int, int, int], sizes: tuple[int, int, int], depth: int,
+                 num_classes: int) -> None:
+        """`sizes`: (conv1 channels, conv2 channels, fc width)."""
         super().__init__()
         if depth < 1:
             raise ValueError(f"LeNet depth (number of fc hidden layers) must be >= 1, got {depth}")
-        self.conv1 = nn.Conv2d(in_channels, c1, KERNEL, padding=KERNEL // 2)
+        c1, c2, fc = sizes
+        self.conv1 = nn.Conv2d(input_shape[0], c1, KERNEL, padding=KERNEL // 2)
         self.conv2 = nn.Conv2d(c1, c2, KERNEL, padding=KERNEL // 2)
-        dims = [flat] + [fc] * depth
+        dims = [_flat(input_shape, c2)] + [fc] * depth
         self.fcs = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims[:-1], dims[1:], strict=True))
         self.readout = MuReadout(fc, num_classes, readout_zero_init=True)
 
@@ -110,37 +116,22 @@ class LeNetSpec:
     depth: int
     num_classes: int
 
-    @staticmethod
-    def stage_depths(arch: Arch, depth: int | None = None) -> tuple[int, ...]:
-        """One stage of `depth` hidden layers (what the depth learning-rate rule counts)."""
-        return (arch.depth if depth is None else depth,)
+    stage_depths = staticmethod(one_stage)
 
     @classmethod
     def from_arch(cls, arch: Arch, input_shape: tuple[int, int, int], num_classes: int) -> LeNetSpec:
         return cls(tuple(input_shape), arch.width, hidden_layers(arch), num_classes)  # type: ignore[arg-type]
-
-    def with_width(self, width: int) -> LeNetSpec:
-        return replace(self, width=width)
 
     @property
     def sizes(self) -> tuple[int, int, int]:
         return match_lenet(self.input_shape, self.width, self.depth, self.num_classes)
 
     def build(self) -> LeNet:
-        c1, c2, fc = self.sizes
-        _, h, w = self.input_shape
-        flat = c2 * _pooled(h) * _pooled(w)
-        return LeNet(self.input_shape[0], c1, c2, flat, fc, self.depth, self.num_classes)
+        return LeNet(self.input_shape, self.sizes, self.depth, self.num_classes)
 
     def info(self) -> dict[str, Any]:
         c1, c2, fc = self.sizes
         lenet = lenet_param_count(self.input_shape, c1, c2, fc, self.depth, self.num_classes)
         mlp = mlp_param_count(math.prod(self.input_shape), self.width, self.depth, self.num_classes)
-        return {
-            "depth": self.depth,
-            "conv_channels": [c1, c2],
-            "fc_width": fc,
-            "lenet_params": lenet,
-            "matched_mlp_params": mlp,
-            "param_match_rel_err": lenet / mlp - 1,
-        }
+        return {"depth": self.depth, "conv_channels": [c1, c2], "fc_width": fc, "lenet_params": lenet,
+                "matched_mlp_params": mlp, "param_match_rel_err": lenet / mlp - 1}

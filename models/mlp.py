@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -40,6 +40,11 @@ def hidden_layers(arch: Arch, depth: int | None = None) -> int:
     return depth - 1 if counts == "linear" else depth
 
 
+def one_stage(arch: Arch, depth: int | None = None) -> tuple[int, ...]:
+    """The stages of an MLP or a LeNet: one of `depth` hidden layers (what the depth learning-rate rule counts)."""
+    return (arch.depth if depth is None else depth,)
+
+
 def mlp_param_count(in_features: int, width: int, depth: int, num_classes: int) -> int:
     """Parameters of the plain (ReLU/GELU) MLP with `depth` hidden layers of `width` units."""
     return in_features * width + width + (depth - 1) * (width * width + width) + width * num_classes + num_classes
@@ -47,12 +52,8 @@ def mlp_param_count(in_features: int, width: int, depth: int, num_classes: int) 
 
 def glu_param_count(in_features: int, hidden: int, depth: int, num_classes: int) -> int:
     """Parameters of the SwiGLU MLP: every hidden layer has a gate and a value projection."""
-    return (
-        2 * (in_features * hidden + hidden)
-        + (depth - 1) * 2 * (hidden * hidden + hidden)
-        + hidden * num_classes
+    return 2 * (in_features * hidden + hidden) + (depth - 1) * 2 * (hidden * hidden + hidden) + hidden * num_classes \
         + num_classes
-    )
 
 
 def matched_glu_hidden(in_features: int, width: int, depth: int, num_classes: int) -> int:
@@ -115,19 +116,13 @@ class MLPSpec:
     activation: str = "relu"
     swiglu_ratio: float | None = None  # None: hidden matched to the ReLU MLP's parameter count
 
-    @staticmethod
-    def stage_depths(arch: Arch, depth: int | None = None) -> tuple[int, ...]:
-        """One stage of `depth` hidden layers (what the depth learning-rate rule counts)."""
-        return (arch.depth if depth is None else depth,)
+    stage_depths = staticmethod(one_stage)
 
     @classmethod
     def from_arch(cls, arch: Arch, input_shape: tuple[int, ...], num_classes: int) -> MLPSpec:
         opts: MlpOptions = arch.options
         return cls(in_features=math.prod(input_shape), width=arch.width, depth=hidden_layers(arch),
                    num_classes=num_classes, activation=opts.activation, swiglu_ratio=opts.swiglu_ratio)
-
-    def with_width(self, width: int) -> MLPSpec:
-        return replace(self, width=width)
 
     @property
     def hidden(self) -> int:

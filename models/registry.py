@@ -12,8 +12,9 @@
 - options: the dataclass of the architecture's own keys in its yaml (`arch.activation`, ...), read typed as
   `arch.options.<key>`;
 - coord: how the μP coordinate check runs it (`CoordSettings`; the defaults suit an MLP-sized model).
-A Spec class has `from_arch(arch, input_shape, num_classes)`, `with_width(w)`, `build()`, `info()` and
-`stage_depths(arch, depth=None)` (blocks per stage, which the depth rule counts).
+A Spec class is a frozen dataclass with a `width` field (the μP base and delta models are its variants), and has
+`from_arch(arch, input_shape, num_classes)`, `build()`, `info()` and `stage_depths(arch, depth=None)` (blocks per
+stage, which the depth rule counts).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ torchvision pads those to 7×7 instead, with the same single window per image bu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mup import MuReadout
@@ -91,21 +91,9 @@ class SwinSpec:
     @classmethod
     def from_arch(cls, arch: Arch, input_shape: tuple[int, int, int], num_classes: int) -> SwinSpec:
         opts: SwinOptions = arch.options
-        return cls(
-            input_shape=tuple(input_shape),  # type: ignore[arg-type]
-            num_classes=num_classes,
-            width=NAMED_SIZES[opts.size][1] if opts.size else arch.width,
-            depths=cls.stage_depths(arch),
-            size=opts.size,
-            num_heads=opts.num_heads,
-            patch_size=opts.patch_size,
-            window_size=opts.window_size,
-            mlp_ratio=opts.mlp_ratio,
-            drop_path_rate=opts.drop_path_rate,
-        )
-
-    def with_width(self, width: int) -> SwinSpec:
-        return replace(self, width=width)
+        return cls(tuple(input_shape), num_classes,  # type: ignore[arg-type]
+                   NAMED_SIZES[opts.size][1] if opts.size else arch.width, cls.stage_depths(arch), opts.size,
+                   opts.num_heads, opts.patch_size, opts.window_size, opts.mlp_ratio, opts.drop_path_rate)
 
     @property
     def windows(self) -> list[int]:
@@ -129,28 +117,14 @@ class SwinSpec:
             raise ValueError(f"swin patch size {self.patch_size} does not divide the image {h}×{w}")
         from timm.models.swin_transformer_v2 import SwinTransformerV2  # slow import: only when building
 
-        model = SwinTransformerV2(
-            img_size=(h, w),
-            patch_size=self.patch_size,
-            in_chans=self.input_shape[0],
-            num_classes=self.num_classes,
-            embed_dim=self.width,
-            depths=self.depths,
-            num_heads=self.heads,
-            window_size=tuple((win, win) for win in self.windows),
-            mlp_ratio=self.mlp_ratio,
-            drop_path_rate=self.drop_path_rate,
-        )
+        model = SwinTransformerV2(img_size=(h, w), patch_size=self.patch_size, in_chans=self.input_shape[0],
+                                  num_classes=self.num_classes, embed_dim=self.width, depths=self.depths,
+                                  num_heads=self.heads, window_size=tuple((win, win) for win in self.windows),
+                                  mlp_ratio=self.mlp_ratio, drop_path_rate=self.drop_path_rate)
         model.head.fc = MuReadout(model.num_features, self.num_classes, readout_zero_init=True)
         return model
 
     def info(self) -> dict[str, Any]:
-        return {
-            "size": self.size,
-            "depths": list(self.depths),
-            "dims": [self.width * 2**i for i in range(len(self.depths))],
-            "num_heads": list(self.heads),
-            "window_sizes": self.windows,
-            "patch_size": self.patch_size,
-            "drop_path_rate": self.drop_path_rate,
-        }
+        return {"size": self.size, "depths": list(self.depths),
+                "dims": [self.width * 2**i for i in range(len(self.depths))], "num_heads": list(self.heads),
+                "window_sizes": self.windows, "patch_size": self.patch_size, "drop_path_rate": self.drop_path_rate}

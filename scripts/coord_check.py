@@ -75,15 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     args.out.mkdir(parents=True, exist_ok=True)
-    x, y = batch(args.data)
+    data = batch(args.data)
     summary = {}
     print(f"{'arch':9s} {'param':5s} {'max|slope|':>10s} {'max slope':>10s} {'logits':>8s}  worst module")
     for name in args.arch:
         s = arch_traits(name).coord
         for param in ("mup", "sp"):
             arch = group_config("arch", name, **s.arch)
-            r = coord_check(arch, s.widths, x, y, parametrization=param, lr=s.lr, nsteps=s.nsteps,
-                            seeds=tuple(range(args.seeds)), num_classes=10)
+            r = coord_check(arch, s, data, parametrization=param, seeds=tuple(range(args.seeds)), num_classes=10)
             worst = max(r.slopes, key=lambda k: abs(r.slopes[k]))
             print(f"{name:9s} {param:5s} {r.max_abs_slope:10.2f} {r.max_slope:10.2f} {r.logits_slope:8.2f}  "
                   f"{worst} ({r.slopes[worst]:+.2f})", flush=True)  # fmt: skip

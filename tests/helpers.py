@@ -140,3 +140,94 @@ def prepare_data(cfg: Any) -> tuple[Any, Any, dict[str, Any]]:
 
     inputs = prepare_inputs(cfg, Store.of(cfg.paths), after_augment=False)
     return inputs.data, inputs.x, inputs.erasure
+
+
+# --- a toy task: the new-task errand's three files (docs/errands/new-task.md), which tests/test_errands.py writes into
+# a copy of the repository and tests/test_extending.py into a directory of its own on sys.path -----------------------
+TOY_TASK = "toy_count"
+TOY_TASK_INIT = '''"""task=toy_count: the data's class counts and the mean pixel (× toy.scale) of a seeded half."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from training.app.tasks import Collected, Task
+from training.tasks.toy_count.result import ToyCountOptions, ToyCountResult, ToyCountSections
+
+
+class ToyCount(Task):
+    name = "toy_count"
+    uses = ("dataset", "toy")
+    group = "toy"
+    options = ToyCountOptions
+    result_type = ToyCountResult
+    fixed = {"dataset.augment": False, "dataset.zscore": False, "dataset.zscore_order": "before",
+             "dataset.permute_labels": False}
+
+    def prepare(self, job: Any) -> Any:
+        from training.data import load_dataset
+
+        return job.cfg, load_dataset(job.cfg.dataset, job.cfg.paths.data_dir)
+
+    def run(self, prepared: Any) -> ToyCountSections:
+        import torch
+
+        cfg, data = prepared
+        half = torch.randperm(len(data.y), generator=torch.Generator().manual_seed(cfg.seed))[: len(data.y) // 2]
+        counts = torch.bincount(data.y, minlength=data.num_classes).tolist()
+        return ToyCountSections.read({"counts": counts,
+                                      "mean_pixel": float(data.x[half].double().mean()) * cfg.task_options.scale})
+
+    def rows(self, collected: Collected) -> dict[str, str]:
+        from training.analysis.tables import md_table
+
+        rows = [[r.config["dataset"]["name"], str(r.config["seed"]), f"{r.body.mean_pixel:.6f}",
+                 str(sum(r.body.counts))]
+                for r in collected.results if isinstance(r, ToyCountResult)]
+        return {"toy_count": md_table(["dataset", "seed", "mean pixel × scale", "samples"], rows)}
+
+
+TASK = ToyCount()
+'''
+TOY_TASK_RESULT = '''"""task=toy_count's result.json, typed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from training.app.result_types import Result, Sections
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToyCountOptions:
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class ToyCountSections(Sections):
+    counts: tuple[int, ...] = ()
+    mean_pixel: float = 0.0
+
+    @classmethod
+    def read(cls, written: Mapping[str, Any]) -> ToyCountSections:
+        return cls(written, tuple(written["counts"]), float(written["mean_pixel"]))
+
+
+@dataclass(frozen=True)
+class ToyCountResult(Result):
+    sections_type = ToyCountSections
+    body: ToyCountSections = field(default_factory=ToyCountSections)
+'''
+TOY_TASK_PRESET = """# @package _global_
+defaults:
+  - override /dataset: digits
+
+task: toy_count
+experiment_name: toy_count
+toy:
+  scale: 2.0
+paths:
+  job_subdir: toy_count/${dataset.tag}/${paths.cell}/seed${seed}
+"""

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -33,10 +32,8 @@ def test_slope_fit() -> None:
 def test_coord_check(name: str, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
     settings = arch_traits(name).coord
     arch = group_config("arch", name, **settings.arch)
-    x, y = batch
-    kw: dict[str, Any] = {"lr": settings.lr, "nsteps": settings.nsteps, "seeds": (0, 1), "num_classes": 10}
-    mup = coord_check(arch, settings.widths, x, y, parametrization="mup", **kw)
-    sp = coord_check(arch, settings.widths, x, y, parametrization="sp", **kw)
+    mup = coord_check(arch, settings, batch, parametrization="mup", seeds=(0, 1), num_classes=10)
+    sp = coord_check(arch, settings, batch, parametrization="sp", seeds=(0, 1), num_classes=10)
     assert len(mup.slopes) > 3 and LOGITS in mup.slopes
     assert max(mup.widths) / min(mup.widths) >= 8
     assert mup.max_abs_slope < 0.2, sorted(mup.slopes.items(), key=lambda kv: -abs(kv[1]))[:3]

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from training.app.schema import CONF_DIR, DatasetConfig, group_config, load_section
 from training.data import DatasetMissingError, load_dataset
-from training.data.registry import DATASETS, LoadedData
+from training.data.registry import DATASETS, LoadedData, dataset_traits
 from training.engine.augment import crop_flip
 
 
@@ -142,13 +142,15 @@ def test_crop_flip_per_sample() -> None:
 def test_every_registered_dataset_loads_or_says_where_its_files_go(name: str, tmp_path: Path) -> None:
     """Every registered dataset (training/data/registry.py), with no list to edit: its yaml composes and is typed,
     and from an empty data directory it either loads (shipped or generated data) as checked images and labels with
-    their fingerprint, or is refused in one line naming where its files go (no download here)."""
+    their fingerprint, or, if it declares that it reads files (`files=True`), is refused in one line naming where its
+    files go (no download here)."""
     no_download = {"download": False} if "download" in OmegaConf.load(CONF_DIR / "dataset" / f"{name}.yaml") else {}
     cfg = group_config("dataset", name, **no_download)
     assert cfg.name == name
     try:
         data = load_dataset(cfg, tmp_path)
     except DatasetMissingError as err:
+        assert dataset_traits(name).files, f"{name} needs files but does not declare files=True: {err}"
         assert "\n" not in str(err) and str(tmp_path) in str(err), str(err)
         return
     assert data.x.dtype == torch.float32 and data.x.ndim == 4 and len(data.x) == len(data.y) > 0

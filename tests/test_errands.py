@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import TOY_TASK, TOY_TASK_INIT, TOY_TASK_PRESET, TOY_TASK_RESULT
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ROOT / "docs" / "errands"
 ROW = re.compile(r"^\| *`([^`]+)`")  # a table row whose first cell is a file
@@ -82,7 +84,7 @@ TOY_ARCH = '''"""An MLP of `depth` hidden layers in μP: the throwaway architect
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from torch import nn
@@ -115,9 +117,6 @@ class ToySpec:
         c, h, w = input_shape
         return cls(c * h * w, arch.width, arch.depth, num_classes, arch.options.activation)
 
-    def with_width(self, width: int) -> ToySpec:
-        return replace(self, width=width)
-
     def build(self) -> nn.Module:
         from mup import MuReadout
 
@@ -143,92 +142,7 @@ paper_optim:
   beta1: 0.9
   warmup_steps: 0
 """
-TASK = "toy_count"
-TOY_TASK = '''"""task=toy_count: the class counts and the mean pixel (times toy.scale) of a random half of the data."""
-
-from __future__ import annotations
-
-from typing import Any
-
-from training.app.tasks import Collected, Task
-from training.tasks.toy_count.result import ToyCountOptions, ToyCountResult, ToyCountSections
-
-
-class ToyCount(Task):
-    name = "toy_count"
-    uses = ("dataset", "toy")
-    group = "toy"
-    options = ToyCountOptions
-    result_type = ToyCountResult
-    fixed = {"dataset.augment": False, "dataset.zscore": False, "dataset.zscore_order": "before",
-             "dataset.permute_labels": False}
-
-    def prepare(self, job: Any) -> Any:
-        from training.data import load_dataset
-
-        return job.cfg, load_dataset(job.cfg.dataset, job.cfg.paths.data_dir)
-
-    def run(self, prepared: Any) -> ToyCountSections:
-        import torch
-
-        cfg, data = prepared
-        half = torch.randperm(len(data.y), generator=torch.Generator().manual_seed(cfg.seed))[: len(data.y) // 2]
-        counts = torch.bincount(data.y[half], minlength=data.num_classes).tolist()
-        return ToyCountSections.read({"counts": counts,
-                                      "mean_pixel": float(data.x[half].double().mean()) * cfg.task_options.scale})
-
-    def rows(self, collected: Collected) -> dict[str, str]:
-        from training.analysis.tables import md_table
-
-        rows = [[r.config["dataset"]["name"], str(r.config["seed"]), f"{r.body.mean_pixel:.6f}"]
-                for r in collected.results if isinstance(r, ToyCountResult)]
-        return {"toy_count": md_table(["dataset", "seed", "mean pixel × scale"], rows)}
-
-
-TASK = ToyCount()
-'''
-TOY_RESULT = '''"""task=toy_count's result.json, typed."""
-
-from __future__ import annotations
-
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
-from training.app.result_types import Result, Sections
-
-
-@dataclass(frozen=True, kw_only=True)
-class ToyCountOptions:
-    scale: float = 1.0
-
-
-@dataclass(frozen=True)
-class ToyCountSections(Sections):
-    counts: tuple[int, ...] = ()
-    mean_pixel: float = 0.0
-
-    @classmethod
-    def read(cls, written: Mapping[str, Any]) -> ToyCountSections:
-        return cls(written, tuple(written["counts"]), float(written["mean_pixel"]))
-
-
-@dataclass(frozen=True)
-class ToyCountResult(Result):
-    sections_type = ToyCountSections
-    body: ToyCountSections = field(default_factory=ToyCountSections)
-'''
-TOY_PRESET = """# @package _global_
-defaults:
-  - override /dataset: digits
-
-task: toy_count
-experiment_name: toy_count
-toy:
-  scale: 2.0
-paths:
-  job_subdir: toy_count/${dataset.tag}/${paths.cell}/seed${seed}
-"""
+TASK = TOY_TASK  # tests/helpers.py holds its files
 
 
 def _write(text: str) -> Callable[[Path], None]:
@@ -250,9 +164,9 @@ ERRANDS: dict[str, tuple[str, dict[str, Callable[[Path], None]]]] = {  # page: (
         "conf/arch/<name>.yaml": _write(TOY_ARCH_YAML),
     }),
     "new-task.md": (TASK, {
-        "training/tasks/<name>/__init__.py": _write(TOY_TASK),
-        "training/tasks/<name>/result.py": _write(TOY_RESULT),
-        "conf/experiment/<name>.yaml": _write(TOY_PRESET),
+        "training/tasks/<name>/__init__.py": _write(TOY_TASK_INIT),
+        "training/tasks/<name>/result.py": _write(TOY_TASK_RESULT),
+        "conf/experiment/<name>.yaml": _write(TOY_TASK_PRESET),
     }),
 }
 # The generic tests that must collect the new entry (the page must name them); their other tests run too.

@@ -5,7 +5,7 @@ command line and its rows reach the aggregate's tables, with no file of the proj
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -18,7 +18,7 @@ from torch import nn
 from erasure.base import Eraser
 from erasure.registry import ERASERS, Registry, UnknownNameError
 from models.registry import ARCHS
-from tests.helpers import result_of
+from tests.helpers import TOY_TASK, TOY_TASK_INIT, TOY_TASK_PRESET, TOY_TASK_RESULT, result_of
 from training.app.tasks import TASKS, Task, get_task, task_names
 from training.tasks.mdl.job import run_job
 
@@ -67,9 +67,6 @@ class ToySpec:
     def from_arch(cls, arch: Any, input_shape: tuple[int, int, int], num_classes: int) -> ToySpec:
         c, h, w = input_shape
         return cls(c * h * w, arch.width, num_classes, arch.options.activation)
-
-    def with_width(self, width: int) -> ToySpec:
-        return replace(self, width=width)
 
     def build(self) -> nn.Module:
         from mup import MuReadout
@@ -195,88 +192,6 @@ def test_a_task_module_declares_one_new_task(text: str, error: str, tmp_path: Pa
     assert "mdl" in task_names()
 
 
-# --- the "package" of a toy task: counts each class and averages the pixels of the job's (erased) data ------------
-TOY_TASK = '''"""task=toy_count: the class counts and the mean pixel (times toy.scale) of the job's data."""
-
-from __future__ import annotations
-
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
-from training.app.result_types import Result, Sections
-from training.app.tasks import Collected, Task
-
-
-@dataclass(frozen=True, kw_only=True)
-class ToyCountOptions:
-    scale: float = 1.0
-
-
-@dataclass(frozen=True)
-class ToyCountSections(Sections):  # its result.json sections, typed: what `run` returns and `rows` reads
-    counts: tuple[int, ...] = ()
-    mean_pixel: float = 0.0
-
-    @classmethod
-    def read(cls, written: Mapping[str, Any]) -> ToyCountSections:
-        return cls(written, tuple(written["counts"]), float(written["mean_pixel"]))
-
-
-@dataclass(frozen=True)
-class ToyCountResult(Result):
-    sections_type = ToyCountSections
-    body: ToyCountSections = field(default_factory=ToyCountSections)
-
-
-class ToyCount(Task):
-    name = "toy_count"
-    uses = ("dataset", "toy")
-    group = "toy"
-    options = ToyCountOptions
-    result_type = ToyCountResult
-    fixed = {"dataset.augment": False, "dataset.zscore": False, "dataset.zscore_order": "before"}
-
-    def prepare(self, job: Any) -> Any:
-        from training.inputs.plan import with_permuted_labels
-        from training.inputs.store import Store
-
-        c = job.cfg
-        data = Store.of(c.paths).load(c.dataset) if job.loaded is None else job.loaded
-        return c, with_permuted_labels(data, c.dataset.permute_labels, c.seed)
-
-    def run(self, prepared: Any) -> ToyCountSections:
-        import torch
-
-        cfg, data = prepared
-        counts = torch.bincount(data.y, minlength=data.num_classes).tolist()
-        return ToyCountSections.read({"counts": counts,
-                                      "mean_pixel": float(data.x.double().mean()) * cfg.task_options.scale})
-
-    def rows(self, collected: Collected) -> dict[str, str]:
-        from training.analysis.tables import md_table
-
-        rows = [[r.config["dataset"]["name"], str(r.config["seed"]), f"{r.body.mean_pixel:.6f}",
-                 str(sum(r.body.counts))]
-                for r in collected.results if isinstance(r, ToyCountResult)]
-        return {"toy_count": md_table(["dataset", "seed", "mean pixel × scale", "samples"], rows)}
-
-
-TASK = ToyCount()
-'''
-TOY_PRESET = """# @package _global_
-defaults:
-  - override /dataset: digits
-
-task: toy_count
-experiment_name: toy_count
-toy:
-  scale: 2.0
-paths:
-  job_subdir: toy_count/${dataset.tag}/seed${seed}
-"""
-
-
 @pytest.fixture
 def toy_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The toy task's package in <tmp>/training/tasks/toy_count/ (found with <tmp> on sys.path: `training.tasks`
@@ -284,15 +199,18 @@ def toy_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     afterwards."""
     import sys
 
-    (tmp_path / "training" / "tasks" / "toy_count").mkdir(parents=True)
-    (tmp_path / "training" / "tasks" / "toy_count" / "__init__.py").write_text(TOY_TASK)
+    package = tmp_path / "training" / "tasks" / TOY_TASK
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(TOY_TASK_INIT)
+    (package / "result.py").write_text(TOY_TASK_RESULT)
     (tmp_path / "conf_extra" / "experiment").mkdir(parents=True)
-    (tmp_path / "conf_extra" / "experiment" / "toy_count.yaml").write_text(TOY_PRESET)
+    (tmp_path / "conf_extra" / "experiment" / f"{TOY_TASK}.yaml").write_text(TOY_TASK_PRESET)
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
-    TASKS._entries.pop("toy_count", None)
-    TASKS._modules.discard("training.tasks.toy_count")
-    sys.modules.pop("training.tasks.toy_count", None)
+    TASKS._entries.pop(TOY_TASK, None)
+    TASKS._modules.discard(f"training.tasks.{TOY_TASK}")
+    for module in (f"training.tasks.{TOY_TASK}", f"training.tasks.{TOY_TASK}.result"):
+        sys.modules.pop(module, None)
 
 
 def test_a_toy_task_runs_from_the_command_line_and_reaches_the_aggregate(toy_task: Path) -> None:

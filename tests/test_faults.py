@@ -35,7 +35,8 @@ from training.app.lifecycle import PROGRESS_FILE, Progress
 from training.app.results import LOCK_FILE, ConfigMismatchError, JobDir
 from training.app.schema import ConfigError, group_config
 from training.app.tasks import job_hash, spec_of
-from training.common.locks import LOG_EVERY_ENV, waiting_lock
+from training.common.env import LOCK_LOG_EVERY
+from training.common.locks import waiting_lock
 from training.data import cache as cache_mod
 from training.data import load_dataset
 from training.data.cache import cached_erase
@@ -113,7 +114,7 @@ def _hold_lock_in_subprocess(lock: Path, release: Path) -> subprocess.Popen[str]
 
 def test_second_job_with_the_same_directory_waits_logs_it_then_skips(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(LOG_EVERY_ENV, "0.2")
+    monkeypatch.setenv(LOCK_LOG_EVERY, "0.2")
     cfg = job_config(tmp_path, TINY)
     job_dir = Path(cfg["paths"]["job_dir"])
     job_dir.mkdir(parents=True)
@@ -343,7 +344,7 @@ def test_multirun_failed_job_reports_its_line_and_logs_it(tmp_path: Path) -> Non
 
 def test_waiting_for_a_cache_lock_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(LOG_EVERY_ENV, "0.2")
+    monkeypatch.setenv(LOCK_LOG_EVERY, "0.2")
     key = {"k": "locked"}
     lock = tmp_path / "erased" / f"{cache_mod.key_hash(key)}.lock"
     lock.parent.mkdir(parents=True)

@@ -3,6 +3,7 @@ version) left is read as far as it goes, and one that is not a note says "holder
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ def test_a_partial_note_is_read_as_far_as_it_goes(tmp_path: Path) -> None:
 def test_this_process_s_note_round_trips(tmp_path: Path) -> None:
     lock = tmp_path / "x.lock"
     mine = Holder.mine()
-    holder_path(lock).write_text(json.dumps(mine.to_json()))
+    holder_path(lock).write_text(json.dumps(dataclasses.asdict(mine)))
     assert Holder.read(lock) == mine
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mine.since))
     assert describe_holder(lock) == f"held since {when} by pid {mine.pid} on {mine.host}"

@@ -21,6 +21,7 @@ from tests.helpers import job_config, kill_once_one_done_one_partial, result_of
 from training.app.lifecycle import PROGRESS_FILE
 from training.common.sweeps import expand
 from training.tasks.mdl.job import run_job
+from training.tasks.mdl.splits import MdlSplit
 from training.tasks.mdl.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,11 +79,12 @@ def test_resume_after_a_crash_in_block_k_equals_an_uninterrupted_run(tmp_path: P
     cfg = job_config(tmp_path / "crash", QUICK)
     real, calls = Trainer.code_bits, {"n": 0}
 
-    def crash_on_third(self: Trainer, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
+    def crash_on_third(self: Trainer, model: torch.nn.Module, idx: torch.Tensor, split: MdlSplit
+                       ) -> tuple[float, float]:
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("simulated crash")
-        return real(self, model, idx)
+        return real(self, model, idx, split)
 
     monkeypatch.setattr(Trainer, "code_bits", crash_on_third)
     with pytest.raises(RuntimeError, match="simulated crash"):

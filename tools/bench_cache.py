@@ -3,12 +3,10 @@
     .venv/bin/python -m tools.bench_cache                          # QLEACE on MNIST-5k (offline)
     .venv/bin/python -m tools.bench_cache --eraser leace --dataset digits
 
-Each repeat runs the same job twice in fresh subprocesses, interleaved: "cold" with an empty cache
-directory (fits the eraser and stores the erased data), then "warm" with that cache and a fresh run
-directory (must load the erased data and fit nothing: the script counts calls to `erasure.erase` and
-fails if a warm start fits). The job itself is kept tiny (1 epoch per block model, no full-data run, no
-certificate) so the times are start-up + erasure. Reports job wall time, the job's own erase_s, and peak
-memory (ru_maxrss on CPU, max_memory_allocated on GPU) per variant, medians over repeats.
+Each repeat runs the same tiny job (1 epoch per block model, no full run, no certificate: start-up + erasure) twice in
+fresh subprocesses: "cold" with an empty cache directory, then "warm" with that cache and a fresh run directory, which
+must fit nothing (calls to `erasure.erase` are counted; a warm fit fails the bench). Job wall time, the job's erase_s
+and peak memory per variant, medians over repeats.
 """
 
 from __future__ import annotations
@@ -16,31 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from tools.bench_worker import run_worker
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def job_config(out_dir: Path, overrides: list[str]) -> dict[str, Any]:
-    from hydra import compose, initialize_config_dir
-
-    from training.common.conf import resolved_dict
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"paths.out_dir={out_dir}", "logger=none", "progress=false", *overrides])
-    return resolved_dict(cfg)
+from tools.bench_worker import job_config, peak_mb, run_worker
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
     import erasure
     from training.app.tasks import decode_result as decode
     from training.tasks.mdl.job import run_job
@@ -54,17 +37,15 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         return real_erase(*a, **k)
 
     erasure.erase = counting_erase  # training.inputs.erase calls it as erasure.erase, at call time
-    cfg = job_config(Path(args.out), [f"dataset={args.dataset}", f"eraser={args.eraser}", "mdl=quick",
-                                      "mdl.max_epochs=1", "mdl.full_run=false", "certificate=false",
-                                      f"paths.cache_dir={args.cache}", f"device={args.device}", "force=true"])
+    cfg = job_config([f"paths.out_dir={args.out}", "logger=none", "progress=false", f"dataset={args.dataset}",
+                      f"eraser={args.eraser}", "mdl=quick", "mdl.max_epochs=1", "mdl.full_run=false",
+                      "certificate=false", f"paths.cache_dir={args.cache}", f"device={args.device}", "force=true"])
     t0 = time.perf_counter()
     result = run_job(cfg).result
     seconds = time.perf_counter() - t0
     assert result is not None, "the bench job skipped (force=true should rerun it)"
-    cuda = str(decode(result).device).startswith("cuda")
-    peak = (torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     return {"seconds": seconds, "erase_s": result["timings"]["erase_s"], "cache_hit": result["eraser"]["cache_hit"],
-            "fits": fits, "peak_mb": peak / 2**20}
+            "fits": fits, "peak_mb": peak_mb(str(decode(result).device).startswith("cuda"))}
 
 
 def spawn(args: argparse.Namespace, cache: str, out: str) -> dict[str, Any]:

@@ -2,30 +2,13 @@
 
     .venv/bin/python -m tools.bench_engine --json outputs/bench/bench_engine.json [--quick]
 
-- `syncs_per_step` (goal 0): operations inside a training step that make the host wait for the device on a GPU:
-  `aten::_local_scalar_dense` (`.item()`, `float(t)`, `int(t)`, `bool(t)`), `nonzero`, `unique`, `masked_select`,
-  `equal`, indexing with a boolean mask, and `Tensor.tolist()`, counted by a TorchDispatchMode (and a wrapper
-  around `tolist`). Per step = (count of a run of 2S steps − count of a run of S steps) / S, both runs with one
-  epoch and one validation: what validation, set-up and the epoch boundary cost cancels, what each step costs
-  does not. `syncs_per_step` is the largest over the paths in `syncs_by_path` (one model's `fit()`, the loop and
-  stacked engines, with crop/flip augmentation, with per-batch QLEACE erasure `eraser.after_augment`, with
-  per-batch LEACE, and LeNet with `training.channels_last=true`, "+cl").
-  `uploads_by_path`: host-made tensors (`torch.tensor(...)`, `lift_fresh`) per step, which on a GPU are pageable
-  host-to-device copies.
-- `ops_per_step` keyed by the number of models ("1", "64"): aten operations the stacked engine dispatches per
-  step; `py_calls_per_step`: Python function calls per step (`sys.setprofile`), the host's own work. Goal: the
-  value for 64 models within 10% of the value for 1.
-- `graph_breaks` keyed by architecture: graph breaks `torch._dynamo.explain` finds in the stacked engine's
-  whole training step (forward, backward and the optimizer update) for a tiny model of each architecture.
-  Goal 0 each.
-- `occupancy`: the share of row-steps that do work, Σ steps of each model / (rows × the group's steps), when the
-  demo's cells (experiment=demo: MNIST-5k, MLP w128 d2, quick MDL; `--cells`) train their block models through
-  `--rows` rows (default: one job's number of models) that are refilled as models stop (training/engine/
-  lockstep_state.py `RowSchedule`, replayed with the models' measured steps: a model's steps do not depend on its
-  row or start, tests/test_group_rows.py). `occupancy_before`: each job its own group of a row per model, held
-  until its longest model stops (no model waits, nothing to refill); `occupancy_by_rows`: one job's models through
-  fewer rows (`training.parallel_models=N`). Goal ≥ 0.9. The steps come from training the cells here, a few
-  minutes on CPU.
+Host reads (`syncs_per_step`, goal 0: `.item()`/`float(t)`, `nonzero`, `unique`, `masked_select`, `equal`, boolean-mask
+indexing, `Tensor.tolist()`) and host-made tensors (`uploads_by_path`) per training step on each path, counted by a
+TorchDispatchMode as (a run of 2S steps − a run of S steps) / S; aten ops and Python calls per step of the stacked
+engine for 1 and 64 models (`ops_per_step`, `py_calls_per_step`); graph breaks of the stacked step per architecture;
+host reads per validation epoch; and, from the demo's cells trained here (a few minutes), the share of row-steps that
+do work (`occupancy*`) and the validation calls (`validations*`) when their block models go through refilled rows.
+docs/speed.md ("The engine, counted") defines each figure; tests/test_engine_counts.py asserts its goals.
 """
 
 from __future__ import annotations
@@ -47,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import erasure
 from models import build_model, make_optimizer
+from tools.bench_worker import job_config, write_json
 from training.app.schema import group_config
 from training.engine.backends import StackedEngine
 from training.engine.batches import DeviceData
@@ -58,7 +42,6 @@ from training.engine.seeding import generator, seeded_global_rng
 from training.inputs.erase import BatchEraser
 from training.tasks.mdl.job import run_job
 
-ROOT = Path(__file__).resolve().parents[1]
 SHAPE, K = (3, 8, 8), 4
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive",
             "masked_select", "equal", "is_nonzero"}
@@ -67,9 +50,8 @@ UPLOAD_OPS = {"lift_fresh"}
 
 
 def _is_bool_index(func: Any, args: tuple) -> bool:
-    if func.overloadpacket.__name__ not in BOOL_INDEX_OPS or len(args) < 2:
-        return False
-    return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] or ()))
+    return func.overloadpacket.__name__ in BOOL_INDEX_OPS and len(args) >= 2 and any(
+        isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] or ()))
 
 
 class Counting(TorchDispatchMode):
@@ -78,16 +60,13 @@ class Counting(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
-        self.syncs = 0
-        self.uploads = 0
+        self.syncs = self.uploads = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         name = func.overloadpacket.__name__
         self.ops[name] += 1
-        if name in SYNC_OPS or _is_bool_index(func, args):
-            self.syncs += 1
-        if name in UPLOAD_OPS:
-            self.uploads += 1
+        self.syncs += name in SYNC_OPS or _is_bool_index(func, args)
+        self.uploads += name in UPLOAD_OPS
         return func(*args, **(kwargs or {}))
 
 
@@ -149,18 +128,13 @@ def _model(arch: str, tag: int, shape: tuple[int, ...] = SHAPE) -> tuple[torch.n
 ERASER_OF_PATH = {"erase": "qleace", "linear": "leace"}  # a path's per-batch eraser: quadratic, linear
 
 
-def _eraser_transform(name: str, data: Any, y: torch.Tensor) -> Any:
-    return BatchEraser(erasure.fit(name, data.all(), y))
-
-
 def _run(path: str, models: int, steps: int, *, arch: str = "mlp", bs: int = 8, epochs: int = 1) -> None:
     """Train `models` models for `epochs` epochs of `steps` steps (batch `bs`) on `path`: fit | loop | stacked, with
     "+augment" (crop/flip) and/or "+erase" (per-batch QLEACE) or "+linear" (per-batch LEACE), "+cl" (channels_last)."""
-
     kind, *extras = path.split("+")
     data, y, xv, yv = _data()
     eraser = next((ERASER_OF_PATH[e] for e in extras if e in ERASER_OF_PATH), None)
-    transform = None if eraser is None else _eraser_transform(eraser, data, y)
+    transform = None if eraser is None else BatchEraser(erasure.fit(eraser, data.all(), y))
     cfg = FitConfig(batch_size=bs, patience=5, max_epochs=epochs, augment="augment" in extras, eval_every_steps=None,
                     progress=False, warmup_steps=0, min_steps=0, patience_min_steps=0, lr_schedule="constant",
                     stopping="patience", batch_order="shuffled", batch_transform=transform,
@@ -198,12 +172,13 @@ def syncs_per_validation(paths: list[str], models: int = 3, steps: int = 4) -> d
             for p in paths}
 
 
-def syncs(paths: list[str], models: int = 3) -> tuple[dict[str, float], dict[str, float]]:
+def syncs(paths: list[str], models: int = 3, steps: int = 4) -> tuple[dict[str, float], dict[str, float]]:
+    """Host reads and uploads per step on each path (a run of 2·steps steps − a run of `steps`, / steps)."""
     out, up = {}, {}
     for path in paths:
         arch = "lenet" if "augment" in path or path.endswith("+cl") else "mlp"
-        out[path] = per_step(lambda s, p=path, a=arch: float(_dispatch_counts(p, models, s, a).syncs))  # type: ignore[misc]
-        up[path] = per_step(lambda s, p=path, a=arch: float(_dispatch_counts(p, models, s, a).uploads))  # type: ignore[misc]
+        two, one = (_dispatch_counts(path, models, s, arch) for s in (2 * steps, steps))
+        out[path], up[path] = (two.syncs - one.syncs) / steps, (two.uploads - one.uploads) / steps
     return out, up
 
 
@@ -222,15 +197,12 @@ def ops(models: list[int], path: str = "stacked") -> tuple[dict[str, float], dic
 
 def step_callable(arch: str, models: int = 2, shape: tuple[int, ...] = (3, 16, 16)) -> tuple[Callable, tuple]:
     """The stacked engine's training step for `models` tiny models of `arch` and the arguments of one step."""
-
     pairs = [_model(arch, k, shape) for k in range(models)]
     engine = StackedEngine([m for m, _ in pairs], [o for _, o in pairs])
     engine.__enter__()
     engine.train()
     bs = 4
-    xb = torch.rand(models, bs, *shape)
-    yb = torch.randint(0, K, (models, bs))
-    wb = torch.ones(models, bs)
+    xb, yb, wb = torch.rand(models, bs, *shape), torch.randint(0, K, (models, bs)), torch.ones(models, bs)
     done = torch.zeros(models, dtype=torch.bool)  # the group's done vector (training/engine/stopping.py RowStopping)
     return engine.step, (xb, yb, wb, [bs] * models, np.zeros(models, dtype=np.int64), done)
 
@@ -270,17 +242,11 @@ def validations_of(steps: list[list[int]], sizes: list[list[int]], every: list[l
 def demo_steps(cells: list[str], out_dir: Path) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
     """The block models' steps, training-set sizes and steps per epoch of each demo cell (`eraser:seed`), trained
     here (one job per cell)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-
     groups, sizes, every = [], [], []
     for cell in cells:
         eraser, seed = cell.split(":")
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose("config", overrides=[f"paths.out_dir={out_dir}", "logger=none", "progress=false",
-                                               "experiment=demo", f"eraser={eraser}", f"seed={seed}"])
-        run_job(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+        run_job(job_config([f"paths.out_dir={out_dir}", "logger=none", "progress=false", "experiment=demo",
+                            f"eraser={eraser}", f"seed={seed}"]))
         result = next(p for p in out_dir.rglob("result.json") if f"seed{seed}" in str(p) and eraser in str(p))
         res = json.loads(result.read_text())
         full = res.get("full") or {}
@@ -303,8 +269,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", type=Path, help="write the counts here")
     ap.add_argument("--quick", action="store_true", help="no graph-break count of convnext/swin, no demo cells")
-    ap.add_argument("--cells", default="control:0,control:1,control:2",
-                    help="demo cells (eraser:seed, comma-separated) whose block models give the occupancy")
     ap.add_argument("--rows", type=int, default=None,
                     help="rows the cells' models share for `occupancy` (default: one cell's number of models)")
     ap.add_argument("--poll", type=int, default=16,
@@ -325,40 +289,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("graph breaks in the stacked engine's step:", flush=True)
     archs = ["mlp", "lenet"] if args.quick else ["mlp", "lenet", "convnext", "swin"]
     breaks = graph_breaks(archs)
-    occ: float | None = None
-    before: float | None = None
-    by_rows: dict[str, float] = {}
-    cell_steps: list[list[int]] = []
-    rows: int | None = None
-    shared: dict[str, Any] = {}
-    if not args.quick and args.cells:
-        print("occupancy on the demo's cells:", flush=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            cell_steps, cell_sizes, cell_every = demo_steps(args.cells.split(","), Path(tmp))
-        rows = args.rows or max(len(s) for s in cell_steps)
-        before = occupancy_of(cell_steps, cell_sizes)
-        occ = occupancy_of([sum(cell_steps, [])], [sum(cell_sizes, [])], rows)
-        by_rows = {str(r): occupancy_of(cell_steps, cell_sizes, r) for r in range(1, max(map(len, cell_steps)) + 1)}
-        print(f"  before (each job a row per model) {before:.3f}; after (the cells' {sum(map(len, cell_steps))} "
-              f"models through {rows} refilled rows) {occ:.3f}; one job through N rows {by_rows}", flush=True)
-        one = [sum(cell_steps, [])], [sum(cell_sizes, [])], [sum(cell_every, [])]
-        shared = {"occupancy_polled": occupancy_of(*one[:2], rows, args.poll), "poll": args.poll,
-                  "validations_before": validations_of(cell_steps, cell_sizes, cell_every),
-                  "validations": validations_of(*one, rows),
-                  "validations_polled": validations_of(*one, rows, args.poll),
-                  "validations_one_group": validations_of(*one)}
-        print(f"  polled every {args.poll} steps: occupancy {shared['occupancy_polled']:.3f}; validation calls, "
-              f"steps (each job its own group / shared refilled rows / polled / one group, a row each): "
-              f"{shared['validations_before']} / {shared['validations']} / {shared['validations_polled']} / "
-              f"{shared['validations_one_group']}", flush=True)
     report = {"device": "cpu", "syncs_per_step": max(by_path.values()), "syncs_by_path": by_path,
               "uploads_by_path": uploads, "ops_per_step": n_ops, "py_calls_per_step": n_calls,
-              "loop_ops_per_step": loop_ops, "graph_breaks": breaks, "occupancy": occ,
-              "occupancy_rows": rows, "occupancy_before": before, "occupancy_by_rows": by_rows,
-              "occupancy_steps": cell_steps, "syncs_per_validation": per_validation, **shared}
+              "loop_ops_per_step": loop_ops, "graph_breaks": breaks, "occupancy": None, "occupancy_rows": None,
+              "occupancy_before": None, "occupancy_by_rows": {}, "occupancy_steps": [],
+              "syncs_per_validation": per_validation}
+    if not args.quick:
+        print("occupancy on the demo's cells:", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            steps, sizes, every = demo_steps(["control:0", "control:1", "control:2"], Path(tmp))
+        rows = args.rows or max(len(s) for s in steps)
+        one = [sum(steps, [])], [sum(sizes, [])], [sum(every, [])]  # the cells' models through shared rows
+        r = report
+        r.update(occupancy=occupancy_of(*one[:2], rows), occupancy_rows=rows, occupancy_steps=steps,
+                 occupancy_before=occupancy_of(steps, sizes),
+                 occupancy_by_rows={str(k): occupancy_of(steps, sizes, k) for k in range(1, max(map(len, steps)) + 1)},
+                 occupancy_polled=occupancy_of(*one[:2], rows, args.poll), poll=args.poll,
+                 validations_before=validations_of(steps, sizes, every), validations=validations_of(*one, rows),
+                 validations_polled=validations_of(*one, rows, args.poll), validations_one_group=validations_of(*one))
+        print(f"  before (each job a row per model) {r['occupancy_before']:.3f}; after (the cells' "
+              f"{sum(map(len, steps))} models through {rows} refilled rows) {r['occupancy']:.3f}; one job through N "
+              f"rows {r['occupancy_by_rows']}", flush=True)
+        print(f"  polled every {args.poll} steps: occupancy {r['occupancy_polled']:.3f}; validation calls, steps (each "
+              f"job its own group / shared refilled rows / polled / one group, a row each): "
+              f"{r['validations_before']} / {r['validations']} / {r['validations_polled']} / "
+              f"{r['validations_one_group']}", flush=True)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
         print(f"wrote {args.json}")
     return report
 

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,12 +23,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-ROOT = Path(__file__).resolve().parents[1]
+from tools.bench_worker import rss_mb, run_worker, write_json
 
+ALPHA, HET = 1.5, 0.3  # the spectrum's power-law exponent, the class covariances' heterogeneity
 METHODS = ["ours_leace", "ce_leace", "ce_qleace", "ours_qleace", "ours_qleace_eq", "ours_alf", "dense_alf"]
 
 
-def make_data(n: int, d: int, k: int, seed: int, alpha: float, het: float) -> tuple[Tensor, Tensor]:
+def make_data(n: int, d: int, k: int, seed: int = 0, alpha: float = ALPHA, het: float = HET) -> tuple[Tensor, Tensor]:
     """Power-law spectrum i^-alpha in a random basis, class-specific distortions I + het·sym(noise)/√d."""
     g = torch.Generator().manual_seed(seed)
     f64 = torch.float64
@@ -80,27 +78,22 @@ def stationarity(maps: Tensor, priors: Tensor) -> float:
 
 
 class _RssSampler(threading.Thread):
-    """Peak resident memory (MB) above the level at start, sampled every 5 ms from /proc/self/statm."""
+    """Peak resident memory (MB) above the level at start, sampled every 5 ms."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.base = self.peak = _rss_mb()
+        self.base = self.peak = rss_mb()
         self.running = True
 
     def run(self) -> None:
         while self.running:
-            self.peak = max(self.peak, _rss_mb())
+            self.peak = max(self.peak, rss_mb())
             time.sleep(0.005)
 
     def stop(self) -> float:
         self.running = False
         self.join()
-        return max(self.peak, _rss_mb()) - self.base
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+        return max(self.peak, rss_mb()) - self.base
 
 
 def _warm_up(device: str) -> None:
@@ -171,13 +164,10 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=1024)
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--n", type=int, default=20000)
-    ap.add_argument("--alpha", type=float, default=1.5, help="power-law exponent of the spectrum")
-    ap.add_argument("--het", type=float, default=0.3, help="class covariance heterogeneity")
     ap.add_argument("--rank", type=int, default=32, help="ALF directions for the dense comparison")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the per-method results to this JSON file")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--tol", type=float, help=argparse.SUPPRESS)
@@ -187,40 +177,35 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.worker:
-        res = worker(args.worker, Path(args.data), Path(args.out), args.device, args.rank, args.tol)
-        print("RESULT " + json.dumps(res))
+        print(json.dumps(worker(args.worker, Path(args.data), Path(args.out), args.device, args.rank, args.tol)))
         return
-
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        x, y = make_data(args.n, args.d, args.k, args.seed, args.alpha, args.het)
-        cov = torch.cov(x.T)
-        ev = torch.linalg.eigvalsh(cov)
-        print(f"data: n={args.n} d={args.d} k={args.k} alpha={args.alpha} het={args.het} "
+        x, y = make_data(args.n, args.d, args.k)
+        ev = torch.linalg.eigvalsh(torch.cov(x.T))
+        print(f"data: n={args.n} d={args.d} k={args.k} alpha={ALPHA} het={HET} "
               f"cond(Σ)={float(ev[-1] / ev[0]):.2e} device={args.device} threads={args.threads or 'default'}")
         torch.save((x, y), out / "data.pt")
-        del x, y, cov
+        del x, y
         results: dict[str, Any] = {}
         for method in args.methods.split(","):
-            cmd = [sys.executable, __file__, "--worker", method, "--data", str(out / "data.pt"), "--out", str(out),
-                   "--device", args.device, "--rank", str(args.rank), "--threads", str(args.threads)]
+            cmd = [method, "--data", str(out / "data.pt"), "--out", str(out), "--device", args.device,
+                   "--rank", str(args.rank), "--threads", str(args.threads)]
             if method == "ours_qleace_eq":  # stop at the accuracy concept-erasure reached
                 if "ce_qleace" not in results:
                     continue
                 cmd += ["--tol", str(results["ce_qleace"]["stationarity"])]
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if proc.returncode != 0 or not lines:
-                print(f"{method}: failed\n{proc.stderr[-2000:]}")
+            try:
+                r = results[method] = run_worker(__file__, cmd, threads=None, label=method)
+            except RuntimeError as err:
+                print(err)
                 continue
-            results[method] = json.loads(lines[-1][7:])
-            r = results[method]
             extra = {key: v for key, v in r.items() if key not in ("method", "seconds", "peak_mb")}
             print(f"  {method:12s} {r['seconds']:8.2f} s  peak {r['peak_mb']:8.0f} MB  {extra}", flush=True)
+            if args.json:  # after every method: a run stopped later keeps the methods that finished
+                write_json(Path(args.json), {"n": args.n, "d": args.d, "k": args.k, "device": args.device,
+                                             "cond": float(ev[-1] / ev[0]), "results": results})
         _summary(results, out, args)
-        if args.json:
-            Path(args.json).write_text(json.dumps({"n": args.n, "d": args.d, "k": args.k, "device": args.device,
-                                                   "cond": float(ev[-1] / ev[0]), "results": results}, indent=1))
 
 
 def _summary(results: dict, out: Path, args: argparse.Namespace) -> None:

@@ -3,17 +3,13 @@
     .venv/bin/python -m tools.bench_mdl                       # CPU: small CIFAR-like data (see output)
     .venv/bin/python -m tools.bench_mdl --device cuda         # GPU: 50k×3×32×32, 5 seeds at once
 
-"naive" is the straightforward loop: one block model after another (and one seed after another), a Python
-loop over batches gathered from a float32 tensor on the device, augmentation called per batch, validation
-in eval mode every epoch, best state kept; torch uses all `--threads` for each kernel. "ours" is the
-harness with its default config: the job's Trainer (data stored as uint8 when exact, one epoch's order and
-crops drawn at once) training all block models of all seeds in one vectorised group
-(training/engine/group.py); on CPU `training.workers=auto` splits the group over one thread per core.
-`--fused` adds "fused": ours with `training.fused_optimizer=true` (the optimizer step as one kernel:
-numba on CPU, torch.compile on GPU). All run the same epochs on the same data, machine and cores; every
-measurement runs in a fresh subprocess (so peak memory is per variant), variants interleaved, medians
-reported. On GPU the script also measures the device's read and host→device copy bandwidth for the float32
-data and times one MLP-128 epoch against them.
+"naive": one block model (and seed) after another, a Python loop over batches gathered from a float32 tensor on the
+device, augmentation per batch, validation in eval mode every epoch, best state kept; torch uses all `--threads` for
+each kernel. "ours": the harness's default config, the job's Trainer training all block models of all seeds in one
+vectorised group (training/engine/group.py; on CPU `training.workers=auto`, a thread per core). `--fused` adds ours
+with `training.fused_optimizer=true`. Same epochs, data, machine and cores; every measurement in a fresh subprocess
+(peak memory per variant), variants interleaved, medians reported. On a GPU also the device's read and host→device
+copy bandwidth for the float32 data, against one MLP-128 epoch.
 """
 
 from __future__ import annotations
@@ -23,27 +19,18 @@ import dataclasses
 import json
 import math
 import os
-import resource
 import statistics
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
 from models import build_model, make_optimizer
-from tools.bench_worker import run_worker
-from training.app.schema import (
-    JobConfig,
-    MdlConfig,
-    OptimConfig,
-    PathsConfig,
-    TrainingConfig,
-    group_config,
-    load_section,
-)
+from tools.bench_worker import peak_mb, rss_mb, run_worker, write_json
+from training.app import schema
 from training.engine.augment import crop_flip
 from training.engine.fit import TrainData, cross_entropy_sum, fit
 from training.engine.group import GroupOptions, fit_group
@@ -51,38 +38,8 @@ from training.engine.seeding import generator, seeded_global_rng
 from training.tasks.mdl.splits import make_split
 from training.tasks.mdl.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 10
-
-
-@dataclass(frozen=True)
-class BenchSummary:
-    """What `--json` writes (outputs/bench/bench_mdl.json), read back by the GPU report's bench_mdl step (`make plan`
-    reads its median_s and seeds itself). A file written before a key existed reads the key's default here; a key
-    this type does not declare is ignored."""
-
-    device: str = ""
-    n: int | None = None  # rows of the synthetic data
-    d: int | None = None  # features per row
-    epochs: int | None = None  # per block model, no early stopping
-    seeds: int | None = None  # seeds per run (the median is over the run, all seeds)
-    repeats: int | None = None
-    threads: int | None = None
-    median_s: dict[str, float] = field(default_factory=dict)  # variant (naive, ours, fused) -> median seconds
-    speedup: dict[str, float] = field(default_factory=dict)  # variant -> naive / variant
-    peak_mb: dict[str, float] = field(default_factory=dict)
-    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # every repeat's worker figures
-    bandwidth: dict[str, Any] | None = None  # GPU only: device read, host→device copy, one epoch
-
-    def to_json(self) -> str:
-        out = dataclasses.asdict(self)
-        if self.bandwidth is None:
-            del out["bandwidth"]
-        return json.dumps(out, indent=1)
-
-    @classmethod
-    def from_json(cls, value: dict[str, Any]) -> BenchSummary:
-        return cls(**{f.name: value[f.name] for f in dataclasses.fields(cls) if f.name in value})
+T = TypeVar("T")
 
 
 def image_shape(d: int) -> tuple[int, int, int]:
@@ -101,26 +58,36 @@ def synthetic(n: int, d: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor
     return x.reshape(n, *image_shape(d)), y
 
 
-def job_cfg(args: argparse.Namespace, seed: int) -> JobConfig:
+def job_cfg(args: argparse.Namespace, seed: int) -> schema.JobConfig:
     """The typed config of one benchmark job: MLP 128x2 on the benchmark data, control eraser."""
-    return JobConfig(
-        seed=seed,
-        arch=group_config("arch", "mlp", width=128, depth=2, base_width=128),
-        eraser=group_config("eraser", "control"),
-        dataset=group_config("dataset", "synthetic", augment=image_shape(args.d)[0] == 3),
-        optim=load_section(OptimConfig, {"lr": 5e-4, "beta1": 0.95, "warmup_steps": 10}),
-        mdl=load_section(MdlConfig, {"patience": args.epochs, "max_epochs": args.epochs, "stop_after_warmup": False}),
-        regularizer=group_config("regularizer", "none"),
-        training=load_section(TrainingConfig, {"compile": args.compile or False}),
-        logger=group_config("logger", "none"),
-        paths=load_section(PathsConfig, {}),
-        progress=False,
-    )
+    group, section = schema.group_config, schema.load_section
+    return schema.JobConfig(
+        seed=seed, arch=group("arch", "mlp", width=128, depth=2, base_width=128), eraser=group("eraser", "control"),
+        dataset=group("dataset", "synthetic", augment=image_shape(args.d)[0] == 3),
+        optim=section(schema.OptimConfig, {"lr": 5e-4, "beta1": 0.95, "warmup_steps": 10}),
+        mdl=section(schema.MdlConfig, {"patience": args.epochs, "max_epochs": args.epochs, "stop_after_warmup": False}),
+        training=section(schema.TrainingConfig, {}), regularizer=group("regularizer", "none"),
+        logger=group("logger", "none"), paths=section(schema.PathsConfig, {}), progress=False)
+
+
+def seed_split(cfg: schema.JobConfig, n: int) -> Any:
+    m = cfg.mdl
+    return make_split(n, cfg.seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
+                      min_block=m.min_block)
 
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+def timed(device: torch.device, fn: Callable[[], T]) -> tuple[float, T]:
+    """Seconds of `fn()` (the device synchronised before and after) and what it returned."""
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - t0, out
 
 
 # ---------------------------------------------------------------------------------------------- variants
@@ -131,14 +98,11 @@ LABELS = {"ours": "ours (default config)", "fused": "ours + training.fused_optim
 
 def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> list[float]:
     """All block models of all seeds in one vectorised group, each with its own seed's split and validation."""
-
     members, coded = [], []
     data = y_dev = None
     for seed in range(args.seeds):
         cfg = job_cfg(args, seed)
-        m = cfg.mdl
-        split = make_split(len(y), seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
-                           min_block=m.min_block)
+        split = seed_split(cfg, len(y))
         trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device, data=data)
         data, y_dev = trainer.data, trainer.y
         for i in range(1, len(split.block_sizes)):
@@ -150,23 +114,20 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
     def code(k: int, model: torch.nn.Module, res: Any) -> None:
         ce[k] = cross_entropy_sum(model, data.all(coded[k]), y_dev[coded[k]]) / len(coded[k]) / math.log(2)
 
-    fit_group(members, TrainData(data, y_dev), GroupOptions(on_finish=code, compile=args.compile, engine=args.engine,
-                                                            workers=args.workers, progress=False,
+    fit_group(members, TrainData(data, y_dev), GroupOptions(on_finish=code, compile=None, engine="auto",
+                                                            workers="auto", progress=False,
                                                             fused_optimizer=args.worker == "fused", rows=None,
                                                             poll_every="auto"))
     return ce
 
 
 def run_naive(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> list[float]:
-
     x, y = x.to(device), y.to(device)
     augment = image_shape(args.d)[0] == 3
     ces = []
     for seed in range(args.seeds):
         cfg = job_cfg(args, seed)
-        m, o = cfg.mdl, cfg.optim
-        split = make_split(len(y), seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
-                           min_block=m.min_block)
+        split, o = seed_split(cfg, len(y)), cfg.optim
         x_val, y_val = x[split.val_idx.to(device)], y[split.val_idx.to(device)]
         for i in range(1, len(split.block_sizes)):
             with seeded_global_rng(seed, "init", ("block", i)):
@@ -205,17 +166,6 @@ def run_naive(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
 # ---------------------------------------------------------------------------------------------- measurement
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def current_rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     """One measurement in this (fresh) process; prints a JSON line."""
     torch.set_num_threads(args.threads)
@@ -229,15 +179,14 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     run(warm, x[:2400], y[:2400], device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    base_rss = current_rss_mb()
+    base_rss = rss_mb()
     sync(device)
     t0, c0 = time.perf_counter(), time.process_time()
     ce = run(args, x, y, device)
     sync(device)
     seconds, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     return {"variant": args.worker, "seconds": seconds, "cpu_s": cpu_s, "mean_ce_bits": statistics.fmean(ce),
-            "models": len(ce),
-            "peak_mb": peak_memory_mb(device), "rss_before_mb": base_rss}
+            "models": len(ce), "peak_mb": peak_mb(device.type == "cuda"), "rss_before_mb": base_rss}
 
 
 def epoch_seconds(trainer: Trainer, idx: torch.Tensor, k: int, models: int, options: GroupOptions | None) -> float:
@@ -249,54 +198,40 @@ def epoch_seconds(trainer: Trainer, idx: torch.Tensor, k: int, models: int, opti
         m = trainer.member(idx, ("epoch", j))
         members.append(dataclasses.replace(m, cfg=dataclasses.replace(
             m.cfg, patience=k, max_epochs=k, progress=False, warmup_steps=0, min_steps=0, patience_min_steps=0)))
-    sync(trainer.device)
-    t0 = time.perf_counter()
-    if options is None:
-        fit(members[0], trainer.train_set(), trainer.regularizer)
-    else:
-        fit_group(members, trainer.train_set(), options)
-    sync(trainer.device)
-    return time.perf_counter() - t0
+    data = trainer.train_set()
+    return timed(trainer.device, lambda: fit(members[0], data, trainer.regularizer) if options is None
+                 else fit_group(members, data, options))[0]
 
 
 def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict[str, Any]:
     """Time to read the float32 data once on the device, to copy it host→device, and one MLP-128 epoch."""
 
-    def timed(fn: Any, reps: int = 5) -> float:
-        fn()
-        sync(device)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            sync(device)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+    def median_s(fn: Callable[[], Any], reps: int = 5) -> float:
+        timed(device, fn)  # warm-up
+        return statistics.median(timed(device, fn)[0] for _ in range(reps))
 
     xf = x.to(device)
     pinned = x.pin_memory() if device.type == "cuda" else x
-    read_s = timed(lambda: xf.sum())
-    h2d_s = timed(lambda: pinned.to(device, non_blocking=True)) if device.type == "cuda" else float("nan")
+    read_s = median_s(lambda: xf.sum())
+    h2d_s = median_s(lambda: pinned.to(device, non_blocking=True)) if device.type == "cuda" else float("nan")
     out: dict[str, Any] = {"variant": "bandwidth", "bytes": xf.numel() * 4, "read_s": read_s, "h2d_s": h2d_s}
     cfg = job_cfg(args, 0)
     split = make_split(len(y), 0, val_size=64, val_frac=0.01, num_blocks=2, min_block=64)
     trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device)
-    opts = GroupOptions(compile=args.compile, engine=args.engine, progress=False, workers=1, fused_optimizer=False,
+    opts = GroupOptions(compile=None, engine="auto", progress=False, workers=1, fused_optimizer=False,
                         rows=None, poll_every="auto")
     rows = torch.arange(len(y))
     epoch_seconds(trainer, rows, 1, 1, opts)  # warm-up
     for seeds in sorted({1, args.seeds}):  # per epoch, start-up cost removed
         out[f"epoch_s_{seeds}"] = (epoch_seconds(trainer, rows, 3, seeds, opts)
                                    - epoch_seconds(trainer, rows, 1, seeds, opts)) / 2
-    out["peak_mb"] = peak_memory_mb(device)
+    out["peak_mb"] = peak_mb(device.type == "cuda")
     return out
 
 
 def spawn(args: argparse.Namespace, variant: str) -> dict[str, Any]:
-    cmd = [variant, "--device", args.device, "--n", str(args.n), "--d", str(args.d), "--epochs", str(args.epochs),
-           "--seeds", str(args.seeds), "--threads", str(args.threads), "--engine", args.engine,
-           "--workers", str(args.workers)]
-    cmd += ["--compile", args.compile] if args.compile else []
+    names = ("device", "n", "d", "epochs", "seeds", "threads")
+    cmd = [variant, *(x for k in names for x in (f"--{k}", str(getattr(args, k))))]
     return run_worker(__file__, cmd, threads=str(args.threads), label=f"{variant} worker")
 
 
@@ -312,10 +247,6 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads = cores used (default: all cores, up to 8 on GPU). Naive: intra-op threads; "
                    "ours: training.workers=auto uses one worker thread per core on CPU")
-    p.add_argument("--compile", nargs="?", const="default", default=None,
-                   help="torch.compile ours: [default | reduce-overhead (CUDA graphs) | max-autotune]")
-    p.add_argument("--engine", default="auto", help="ours: auto (loop on CPU, stacked on GPU) | loop | stacked")
-    p.add_argument("--workers", default="auto", help="ours: training.workers (auto | N)")
     p.add_argument("--fused", action="store_true",
                    help="also measure ours with training.fused_optimizer=true (one-kernel optimizer step)")
     p.add_argument("--json", default=None, help="also write the measurements (medians, ratios, bandwidth) here")
@@ -339,7 +270,7 @@ def main() -> None:
     print(f"data: synthetic CIFAR-like uint8/255 control data, {args.n} × {'×'.join(map(str, shape))}"
           + ("" if gpu else " (smaller than CIFAR's 50000 × 3×32×32 because this is a CPU run)"))
     print(f"device: {args.device}" + ("" if gpu else f", {args.threads} torch thread(s), {os.cpu_count()} cores")
-          + f"; ours: engine {args.engine}, workers {args.workers}, compile {args.compile or 'off'}")
+          + "; ours: engine auto, workers auto, compile off")
     variants = ["naive", "ours"] + (["fused"] if args.fused else [])
     rows: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for r in range(args.repeats):
@@ -360,10 +291,13 @@ def main() -> None:
               f"{statistics.median(cpu_ratios):.2f}× ({', '.join(f'{q:.2f}' for q in cpu_ratios)})")
     print(f"peak memory ({mem}): " + ", ".join(
         f"{v} {statistics.median(x['peak_mb'] for x in rows[v]):.0f} MB" for v in variants))
-    summary = BenchSummary(
-        device=args.device, n=args.n, d=args.d, epochs=args.epochs, seeds=args.seeds, repeats=args.repeats,
-        threads=args.threads, median_s=med, speedup={v: med["naive"] / med[v] for v in variants[1:]},
-        peak_mb={v: statistics.median(x["peak_mb"] for x in rows[v]) for v in variants}, runs=rows)
+    # what --json writes (`make bench`: outputs/bench/bench_mdl.json; `make plan` reads median_s, seeds and the sizes,
+    # the GPU report's bench_mdl step speedup and bandwidth)
+    summary: dict[str, Any] = {
+        "device": args.device, "n": args.n, "d": args.d, "epochs": args.epochs, "seeds": args.seeds,
+        "repeats": args.repeats, "threads": args.threads, "median_s": med,
+        "speedup": {v: med["naive"] / med[v] for v in variants[1:]},
+        "peak_mb": {v: statistics.median(x["peak_mb"] for x in rows[v]) for v in variants}, "runs": rows}
     if gpu:
         bw = spawn(args, "bandwidth")
         gb = bw["bytes"] / 1e9
@@ -374,12 +308,10 @@ def main() -> None:
             print(f"one epoch, {key.removeprefix('epoch_s_')} MLP-128 model(s) at once: {s * 1e3:.1f} ms = "
                   f"{s / bw['read_s']:.1f}× the device read, {s / bw['h2d_s']:.2f}× the host→device copy")
         print(f"bandwidth worker peak GPU memory: {bw['peak_mb']:.0f} MB")
-        summary = dataclasses.replace(summary, bandwidth={
-            **bw, "read_gbps": gb / bw["read_s"], "h2d_gbps": gb / bw["h2d_s"],
-            "epoch_over_read": bw["epoch_s_1"] / bw["read_s"]})
+        summary["bandwidth"] = {**bw, "read_gbps": gb / bw["read_s"], "h2d_gbps": gb / bw["h2d_s"],
+                                "epoch_over_read": bw["epoch_s_1"] / bw["read_s"]}
     if args.json:
-        Path(args.json).write_text(summary.to_json())
-
+        write_json(Path(args.json), summary)
 
 if __name__ == "__main__":
     main()

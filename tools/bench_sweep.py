@@ -1,10 +1,9 @@
-"""Benchmark: one cell's seeds trained as one job (`seeds=N`: every seed's block models in one lockstep group, the
-data loaded and the eraser fitted once) vs the same seeds as N one-seed jobs, each in its own process (`seed=k`),
-side by side and interleaved (a shared machine's load hits every way alike), each way in a fresh out_dir (so each
-fits its eraser). Every way runs one process at a time with the same threads (OMP_NUM_THREADS, default 1): the
-ratios compare the work each way does for the same results. Prints the wall times, their ratios to the N processes,
-where the time went (summed from every job's result.json `timings`), and checks that every seed's result.json is ==
-across the ways (wall times, dates and the numerics signature's group size aside; exit 1 if not).
+"""Benchmark: one cell's seeds trained as one job (`seeds=N`) vs the same seeds as N one-seed jobs, each in its own
+process (`seed=k`), interleaved (a shared machine's load hits every way alike), each way in a fresh out_dir (so each
+fits its eraser) and one process at a time with the same threads (OMP_NUM_THREADS, default 1). Prints the wall times,
+their ratios to the N processes and where the time went (summed from every job's result.json `timings`), and checks
+that every seed's result.json is == across the ways (wall times, dates and the numerics signature's group size aside;
+exit 1 if not). docs/speed.md ("The cell") has the measurements.
 
     .venv/bin/python -m tools.bench_sweep             # MNIST-5k MLP quick MDL (the demo's), leace, 5 seeds
     .venv/bin/python -m tools.bench_sweep --quick        # digits, tiny MDL, 3 seeds: seconds
@@ -27,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from tools.bench_worker import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 # wall times, dates, the code's commit and the group size in the numerics signature (how many models trained
@@ -66,10 +67,9 @@ def differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> l
         for key in sorted(set(x) | set(y)):
             if any(part in key for part in VOLATILE):
                 continue
-            if (key not in x or key not in y) and key.startswith(SPEED_ONLY):
-                continue
             if key not in x or key not in y:
-                out.append(f"{job}: {key} only in {'the first' if key in x else 'the second'} run")
+                if not key.startswith(SPEED_ONLY):
+                    out.append(f"{job}: {key} only in {'the first' if key in x else 'the second'} run")
             elif x[key] != y[key]:
                 out.append(f"{job}: {key} {x[key]!r} != {y[key]!r}")
     return out
@@ -81,18 +81,15 @@ def time_split(res: dict[str, dict[str, Any]]) -> dict[str, float]:
     return {k: sum(float(r[f"timings.{k}"] or 0.0) for r in res.values() if f"timings.{k}" in r) for k in keys}
 
 
-def python_of(root: Path) -> str:
-    venv = root / ".venv" / "bin" / "python"
-    return str(venv) if venv.exists() else sys.executable
-
-
 def run_way(root: Path, commands: list[list[str]], out_dir: Path) -> float:
-    """Run `commands` (each a `training.run` argument list) one after another in checkout `root`; the wall time."""
+    """Run `commands` (each a `training.run` argument list) one after another in checkout `root` (with its own venv
+    if it has one, else this python); the wall time."""
+    venv = root / ".venv" / "bin" / "python"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "WANDB_MODE": "disabled",
            "PYTHONPATH": str(root)}
     t0 = time.perf_counter()
     for args in commands:
-        cmd = [python_of(root), "-m", "training.run", *args, f"paths.out_dir={out_dir}"]
+        cmd = [str(venv) if venv.exists() else sys.executable, "-m", "training.run", *args, f"paths.out_dir={out_dir}"]
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(f"bench_sweep: {' '.join(cmd)} failed (exit {proc.returncode}):\n"
@@ -163,10 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     first = runs[names[0]][0]
     diff = [line for name in names for other in runs[name] for line in differences(first, other)]
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"jobs": jobs, "medians": median, "walls": walls, "reference": ref,
-                                         "ratios": {n: median[ref] / median[n] for n in names},
-                                         "split": split, "equal": not diff}, indent=1))
+        write_json(args.json, {"jobs": jobs, "medians": median, "walls": walls, "reference": ref,
+                               "ratios": {n: median[ref] / median[n] for n in names}, "split": split,
+                               "equal": not diff})
     if not jobs:
         print("FAIL: no result.json", file=sys.stderr)
         return 1

@@ -4,20 +4,9 @@
     .venv/bin/python tools/gpu_report.py                      # no CUDA here: the same steps on CPU, toy sizes
     python3 tools/gpu_report.py --steps erasers,bench_mdl --out "$OUT"   # a second call: what the first skipped
 
-Writes `<out>/gpu_report.json`, `<out>/gpu_report.md` and one log per subprocess under `<out>/logs/`. Both
-files are rewritten after every step (and before it: a step the report dies in reads "failed: did not
-finish", steps after it "skipped: not reached"), so a killed run loses nothing it finished. A step that fails
-records its one-line error and the tail of its output, and the next step runs. Each step has its own time
-budget (`--budget` caps the whole run: a step gets at most what is left).
-
-Steps, in priority order (`--list` prints them with their groups and time limits; `--steps`/`--skip` take step or
-group names; docs/speed.md says what each measures): the test suite, one MDL job per architecture, throughput, 5
-one-seed processes vs one job of the cell (`seeds=5`), the erasers on the device, the MDL and eraser benchmarks,
-the sweep cost. On a GPU the whole report has a default budget of 540 s (one 10-minute device call with its start);
-steps it does not reach are listed as skipped, with the reason.
-
-Without CUDA (or with --toy) every step runs on CPU at toy sizes in about a minute, so the path is known to
-work before a GPU sees it (tests/test_gpu_report.py runs it).
+Writes `<out>/gpu_report.json`, `<out>/gpu_report.md` and one log per subprocess under `<out>/logs/`, rewritten
+around every step (a killed run loses nothing it finished). The steps run in priority order (`--list`), each within
+its own time limit, and `--budget` caps the whole run. docs/speed.md ("GPU report") says what each step measures.
 """
 
 from __future__ import annotations
@@ -62,29 +51,20 @@ def _key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
 
 
-def _stale(wheels: list[Path]) -> list[str]:
-    """Floored packages whose wheel in `.whl/` is newer than the importable one (the GPU image's timm 1.0.29)."""
-    out = []
-    for w in wheels:
-        m = re.match(r"(timm)-([^-]+)-", w.name)
-        if m and _key(_version(m.group(1)) or "0") < _key(m.group(2)):
-            out.append(m.group(1))
-    return out
-
-
 def bootstrap() -> dict[str, Any]:
-    """Install `.whl/` where needed and put /tmp/site and this checkout first on sys.path. Returns what it did:
-    {wheels, installed_for, pip: {rc, tail} | None, seconds}."""
+    """Install `.whl/` where needed (a required package missing, or a floored one, timm, older than its wheel: the
+    GPU image's timm 1.0.29) and put /tmp/site and this checkout first on sys.path. What it did: {wheels, pip:
+    {rc, tail} | None, seconds}."""
     t0 = time.monotonic()
     if SITE.is_dir() and str(SITE) not in sys.path:  # installed by an earlier call on this (warm) machine
         sys.path.insert(0, str(SITE))
     wheels = sorted(WHEELS.glob("*.whl"))
-    need = [m for m in REQUIRED if importlib.util.find_spec(m) is None] + _stale(wheels)
+    floored = [m for m in map(re.compile(r"(timm)-([^-]+)-").match, (w.name for w in wheels))
+               if m and _key(_version(m.group(1)) or "0") < _key(m.group(2))]
     pip = None
-    if need and wheels:
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-               "--upgrade", "--target", str(SITE), *map(str, wheels)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+    if wheels and (floored or any(importlib.util.find_spec(m) is None for m in REQUIRED)):
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                               "--upgrade", "--target", str(SITE), *map(str, wheels)], capture_output=True, text=True)
         pip = {"rc": proc.returncode, "tail": proc.stderr.strip()[-1500:]}
         if proc.returncode:
             print(f"[gpu-report] installing .whl/ failed (rc {proc.returncode}): {proc.stderr.strip()[-300:]}",
@@ -94,94 +74,39 @@ def bootstrap() -> dict[str, Any]:
         importlib.invalidate_caches()
     if str(ROOT) not in sys.path[:1]:
         sys.path.insert(0, str(ROOT))
-    return {"wheels": len(wheels), "installed_for": need if wheels else [], "pip": pip,
-            "seconds": round(time.monotonic() - t0, 2)}
+    return {"wheels": len(wheels), "pip": pip, "seconds": round(time.monotonic() - t0, 2)}
 
 
 BOOTSTRAP = bootstrap()
 
-from tools.gpu_report_run import (  # noqa: E402
-    ARCHS,
-    GPU,
-    JSON_NAME,
-    MD_NAME,
-    TOY,
-    Context,
-    DeviceInfo,
-    Env,
-    GitInfo,
-    HostInfo,
-    InstallInfo,
-    Killed,
-    Report,
-    Sizes,
-    Step,
-    as_json,
-    build,
-    now,
-    run_steps,
-    tail,
-    write_report,
-)
-from tools.gpu_report_steps import (  # noqa: E402
-    OPTIONAL,
-    Payload,
-    make_job_step,
-    step_bench_erasers_cpu,
-    step_bench_erasers_device,
-    step_bench_mdl,
-    step_cell,
-    step_erasers_device,
-    step_sweep_cost,
-    step_tests,
-    step_throughput,
-)
+from tools import gpu_report_run as frame  # noqa: E402
+from tools import gpu_report_steps as measure  # noqa: E402
 
 
-def ensure_packages(done: dict[str, Any]) -> tuple[dict[str, str], InstallInfo]:
-    """The subprocess environment (this checkout and /tmp/site on PYTHONPATH) and what the bootstrap did
-    (`bootstrap`, run before anything was imported)."""
-    info = InstallInfo(wheels=done["wheels"], seconds=done["seconds"], pip=done["pip"])
-    paths = [str(ROOT), *([str(SITE)] if SITE.is_dir() else [])]
-    info.missing = [m for m in (*REQUIRED, *OPTIONAL) if importlib.util.find_spec(m) is None]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([*paths, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-    env.setdefault("WANDB_MODE", "disabled")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env, info
-
-
-def tree_digest() -> str:
-    """sha256 of the tracked-looking sources (.py, .yaml, Makefile, pyproject): ties a run on a machine without
-    .git to a commit (compute it here on a checkout and compare)."""
+def git_info(commit: str | None) -> frame.GitInfo:
+    """The commit (git's, else --commit or $GIT_COMMIT) and the sha256 of the tracked-looking sources (.py, .yaml,
+    Makefile, pyproject), which ties a run on a machine without .git to a commit (compute it on a checkout)."""
     h = hashlib.sha256()
-    files = [ROOT / "Makefile", ROOT / "pyproject.toml"]
-    for top in ("conf", "erasure", "models", "scripts", "tests", "tools", "training"):
-        files += [p for p in (ROOT / top).rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts]
+    files = [ROOT / "Makefile", ROOT / "pyproject.toml"] + [
+        p for top in ("conf", "erasure", "models", "scripts", "tests", "tools", "training")
+        for p in (ROOT / top).rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts]
     for p in sorted(files):
         if p.is_file():
             h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
-
-
-def git_info(commit: str | None) -> GitInfo:
-    info = GitInfo(tree_digest=tree_digest())
-    found = None
+    info, found = frame.GitInfo(tree_digest=h.hexdigest()[:16], commit_given=commit or None), None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
         if head.returncode == 0:
             found = head.stdout.strip()
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                                   capture_output=True, text=True, timeout=10)
-            info.dirty = bool(dirty.stdout.strip())
+            info.dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                             capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         pass
-    info.commit_given = commit or None
     info.commit = found or commit or os.environ.get("GIT_COMMIT") or "unknown (no git here; pass --commit)"
     return info
 
 
-def environment(args: argparse.Namespace, install: InstallInfo, env: dict[str, str]) -> Env:
+def environment(args: argparse.Namespace, env: dict[str, str]) -> frame.Env:
     """The machine, the packages and the code; the CUDA device is asked in a subprocess (with the wheels' path in
     `env`): this process holds no CUDA context (memory)."""
     import torch
@@ -191,52 +116,48 @@ def environment(args: argparse.Namespace, install: InstallInfo, env: dict[str, s
         cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    host = HostInfo(cpu, len(os.sched_getaffinity(0)), platform.platform(),
-                    round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1))
+    host = {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "platform": platform.platform(),
+            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)}
     if args.device.startswith("cuda"):
-        proc = subprocess.run([sys.executable, "-m", "tools.gpu_report_steps", "device",
-                               Payload(device=args.device).to_json()], capture_output=True, text=True, timeout=120,
-                              cwd=ROOT, env=env)
+        proc = subprocess.run(measure.command("device", measure.Payload(device=args.device)), capture_output=True,
+                              text=True, timeout=120, cwd=ROOT, env=env)
         if proc.returncode != 0:
-            raise SystemExit(f"gpu_report: cannot read the CUDA device: {tail(proc.stderr, 3)}")
-        device = build(DeviceInfo, json.loads(proc.stdout.strip().splitlines()[-1].removeprefix("RESULT ")))
+            raise SystemExit(f"gpu_report: cannot read the CUDA device: {frame.tail(proc.stderr, 3)}")
+        device = frame.build(frame.DeviceInfo, json.loads(proc.stdout.strip().splitlines()[-1].removeprefix("RESULT ")))
     else:
-        device = DeviceInfo(f"CPU: {cpu}", "cpu", extra={"threads": torch.get_num_threads()})
-    return Env(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
-               cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-               host=host, git=git_info(args.commit), device=device, install=install,
-               packages={m: _version(m) for m in PACKAGES})
+        device = frame.DeviceInfo(f"CPU: {cpu}", "cpu", extra={"threads": torch.get_num_threads()})
+    missing = [m for m in (*REQUIRED, *measure.OPTIONAL) if importlib.util.find_spec(m) is None]
+    return frame.Env(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
+                     cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+                     host=host, git=git_info(args.commit), device=device, install={**BOOTSTRAP, "missing": missing},
+                     packages={m: _version(m) for m in PACKAGES})
 
 
 DEFAULT_BUDGET = 540.0  # GPU mode: one 10-minute device call less the wheels' install and start-up
 
 
-def all_steps(sizes: Sizes) -> list[Step]:
+def all_steps(sizes: frame.Sizes) -> list[frame.Step]:
     """In priority order: a budget that runs out skips the last ones (--budget; GPU default DEFAULT_BUDGET)."""
-    t = sizes.timeouts
-    return [
-        Step("tests", "tests", step_tests, t["tests"], "test suite (gpu-marked tests included on CUDA)"),
-        *[Step(f"job_{a}", "jobs", make_job_step(a), t["job"], f"one MDL job, {a}, base size, synthetic CIFAR shape")
-          for a in ARCHS],
-        Step("throughput", "speed", step_throughput, t["throughput"],
-             "train/eval samples/s per architecture: one model (fit) and the vectorised group"),
-        Step("cell", "sweep", step_cell, t["cell"], "5 seeds: 5 one-seed processes at once vs one job of the cell"),
-        Step("erasers_device", "erasers", step_erasers_device, t["erasers_device"],
-             "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
-        Step("bench_mdl", "speed", step_bench_mdl, t["bench_mdl"], "tools/bench_mdl.py: ours vs naive, bandwidth"),
-        Step("bench_erasers_device", "erasers", step_bench_erasers_device, t["bench_erasers_device"],
-             "tools/bench_erasers.py, ours on the device"),
-        Step("sweep_cost", "sweep", step_sweep_cost, t["sweep_cost"], "GPU-s per epoch per job, jobs per GPU"),
-        Step("bench_erasers_cpu_reference", "erasers", step_bench_erasers_cpu, t["bench_erasers_cpu_reference"],
-             "tools/bench_erasers.py, concept-erasure float64 on CPU"),
-    ]
+    steps = [("tests", "tests", measure.step_tests, "test suite (gpu-marked tests included on CUDA)"),
+             *[(f"job_{a}", "jobs", measure.make_job_step(a), f"one MDL job, {a}, base size, synthetic CIFAR shape")
+               for a in frame.ARCHS],
+             ("throughput", "speed", measure.step_throughput,
+              "train/eval samples/s per architecture: one model (fit) and the vectorised group"),
+             ("cell", "sweep", measure.step_cell, "5 seeds: 5 one-seed processes at once vs one job of the cell"),
+             ("erasers_device", "erasers", measure.step_erasers_device,
+              "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
+             ("bench_mdl", "speed", measure.step_bench_mdl, "tools/bench_mdl.py: ours vs naive, bandwidth"),
+             ("bench_erasers_device", "erasers", measure.step_bench_erasers_device,
+              "tools/bench_erasers.py, ours on the device"),
+             ("sweep_cost", "sweep", measure.step_sweep_cost, "GPU-s per epoch per job, jobs per GPU"),
+             ("bench_erasers_cpu_reference", "erasers", measure.step_bench_erasers_cpu,
+              "tools/bench_erasers.py, concept-erasure float64 on CPU")]
+    return [frame.Step(name, group, fn, sizes.timeouts["job" if name.startswith("job_") else name], title)
+            for name, group, fn, title in steps]
 
 
-def select(steps: list[Step], only: str | None, skip: str | None) -> list[Step]:
-    def names(spec: str | None) -> set[str]:
-        return {s.strip() for s in (spec or "").split(",") if s.strip()}
-
-    want, drop = names(only), names(skip)
+def select(steps: list[frame.Step], only: str | None, skip: str | None) -> list[frame.Step]:
+    want, drop = ({s.strip() for s in (spec or "").split(",") if s.strip()} for spec in (only, skip))
     known = {s.name for s in steps} | {s.group for s in steps}
     if unknown := (want | drop) - known:
         raise SystemExit(f"gpu_report: unknown step(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -253,16 +174,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip", help="leave out these steps or groups")
     p.add_argument("--budget", type=float, default=None,
                    help=f"seconds for the whole report: a step gets at most what is left, and is skipped when under "
-                   f"30 s are left (default on a GPU: {DEFAULT_BUDGET:.0f}, one 10-minute device call with its start; "
-                   f"toy mode: none)")
+                   f"30 s are left (default on a GPU: {DEFAULT_BUDGET:.0f}; toy mode: none)")
     p.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every step's own time budget")
-    p.add_argument("--pytest-m", default="gpu", help='GPU mode: the tests step\'s marker expression (default '
-                   '"gpu": the tests that need CUDA, within one call; "not slurm": the whole suite, slow tests '
-                   'included, in a call of its own)')
+    p.add_argument("--pytest-m", default="gpu", help='GPU mode: the tests step\'s marker expression (default "gpu": '
+                   'the tests that need CUDA; "not slurm": the whole suite, in a call of its own)')
     p.add_argument("--commit", default=None, help="the commit to record where this machine has no .git")
-    p.add_argument("--job-override", action="append", default=[], help="extra training.run override for the "
-                   "architecture jobs (repeatable), e.g. mdl.max_epochs=3")
-    p.add_argument("--work", default=None, help="scratch folder (default: a temp dir; eraser cache, flags)")
     p.add_argument("--previous", action="append", default=[], metavar="JSON",
                    help="an earlier report (another device call) whose finished steps sweep_cost may use")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="join reports of several device calls (later files "
@@ -274,19 +190,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def merge(paths: list[str], out: Path) -> int:
     """One report from several (the device allows 10 minutes a call): steps in order of first appearance, each
     from the last report that ran it (not "not reached"); env and mode from the first; all runs listed."""
-    reports = [Report.from_json(json.loads(Path(p).read_text())) for p in paths]
+    reports = [frame.Report.from_json(json.loads(Path(p).read_text())) for p in paths]
     merged = dataclasses.replace(reports[0], steps={}, merged_from=[
-        {"path": p, "started": r.started, "argv": r.argv, "device": as_json(r.env.device),
+        {"path": p, "started": r.started, "argv": r.argv, "device": frame.as_json(r.env.device),
          "commit": r.env.git.commit} for p, r in zip(paths, reports, strict=True)])
     for r in reports:
-        for name, rec in r.steps.items():
-            if rec.ran or name not in merged.steps:
-                merged.steps[name] = rec
+        merged.steps.update({name: rec for name, rec in r.steps.items() if rec.ran or name not in merged.steps})
     merged.total_s = sum(r.total_s for r in reports)
     merged.finished = all(r.finished for r in reports)
     out.mkdir(parents=True, exist_ok=True)
-    write_report(merged, out)
-    print(f"[gpu-report] merged {len(paths)} reports → {out / JSON_NAME}", flush=True)
+    frame.write_report(merged, out)
+    print(f"[gpu-report] merged {len(paths)} reports → {out / frame.JSON_NAME}", flush=True)
     return 0
 
 
@@ -294,8 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.merge:
         return merge(args.merge, Path(args.out))
-    report = Report(started=now(), argv=sys.argv[1:] if argv is None else argv)
-    env, install = ensure_packages(BOOTSTRAP)
+    report = frame.Report(started=frame.now(), argv=sys.argv[1:] if argv is None else argv)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *([str(SITE)] if SITE.is_dir() else []),
+                                          *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])])}
     import torch
 
     if args.device == "auto":
@@ -303,39 +219,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("gpu_report: --device cuda but torch sees no CUDA device")
     toy = args.toy or not args.device.startswith("cuda")
-    sizes = TOY if toy else GPU
+    sizes = frame.TOY if toy else frame.GPU
     sizes = dataclasses.replace(sizes, timeouts={k: v * args.timeout_scale for k, v in sizes.timeouts.items()})
     steps = select(all_steps(sizes), args.steps, args.skip)
     if args.list:
-        for s in steps:
-            print(f"{s.name:30s} [{s.group}] {s.timeout:5.0f} s  {s.title}")
+        print("\n".join(f"{s.name:30s} [{s.group}] {s.timeout:5.0f} s  {s.title}" for s in steps))
         return 0
     report.mode, report.device, report.sizes = "toy" if toy else "gpu", args.device, dataclasses.asdict(sizes)
-    report.env = environment(args, install, env)
+    report.env = environment(args, env)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="gpu_report_") as tmp:
-        args.work = args.work or tmp
-        Path(args.work).mkdir(parents=True, exist_ok=True)
-        ctx = Context(args, sizes, report, env)
+    with tempfile.TemporaryDirectory(prefix="gpu_report_") as args.work:  # scratch: eraser cache, memory files
 
-        def killed(signum: int, frame: Any) -> None:
-            raise Killed(signal.Signals(signum).name)
+        def killed(signum: int, frame_: Any) -> None:
+            raise frame.Killed(signal.Signals(signum).name)
 
         signal.signal(signal.SIGTERM, killed)
         signal.signal(signal.SIGINT, killed)
-        print(f"[gpu-report] {report.mode} mode on {report.env.device.name}; writing {out / JSON_NAME}",
+        print(f"[gpu-report] {report.mode} mode on {report.env.device.name}; writing {out / frame.JSON_NAME}",
               flush=True)
         try:
-            run_steps(steps, ctx, report, args.budget if args.budget is not None or toy else DEFAULT_BUDGET)
-        except Killed:
+            frame.run_steps(steps, frame.Context(args, sizes, report, env), report,
+                            args.budget if args.budget is not None or toy else DEFAULT_BUDGET)
+        except frame.Killed:
             print("[gpu-report] stopped; the report holds every finished step", flush=True)
             return 130
         report.finished = True
-        write_report(report, out)
+        frame.write_report(report, out)
     c = report.counts
     print(f"[gpu-report] done in {report.total_s:.0f} s: {c['ok']} ok, {c['failed']} failed, "
-          f"{c['skipped']} skipped → {out / JSON_NAME}, {out / MD_NAME}", flush=True)
+          f"{c['skipped']} skipped → {out / frame.JSON_NAME}, {out / frame.MD_NAME}", flush=True)
     return 1 if c["failed"] else 0
 
 

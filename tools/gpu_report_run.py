@@ -1,10 +1,8 @@
-"""tools/gpu_report.py's frame: the report as types (the one reader and writer of its JSON), its two files (the JSON,
-strict: non-finite figures become null, and its markdown), the sizes of the GPU run and of the CPU toy run, and the
-step runner (each step within its time budget, its subprocesses stopped on its deadline, ok/failed/skipped recorded
-and the report rewritten after every step).
-
-Standard library only: the GPU machine runs the report with nothing but the wheelhouse. A record keeps the keys it
-does not declare in `extra` (a newer report read by older code loses nothing).
+"""tools/gpu_report.py's frame: the report as types (the one reader and writer of its JSON; a record keeps the keys it
+does not declare in `extra`, so a newer report read by older code loses nothing), its two files (the JSON, strict:
+non-finite figures become null, and its markdown), the sizes of the GPU run and of the CPU toy run, and the step
+runner (each step within its time budget, its subprocesses stopped on its deadline, ok/failed/skipped recorded and
+the report rewritten after every step). Standard library only: the GPU machine runs it with nothing but the wheels.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ import subprocess
 import sys
 import time
 import traceback
+import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,24 +32,25 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "erasure-mdl gpu-report 1"
 STATUSES = ("ok", "failed", "skipped")
 NOT_RUN = ("not reached", "no time")  # a skipped step's reason when the report never ran it (budget, end)
-
 R = TypeVar("R")
 
 
 def build(cls: type[R], raw: Any) -> R:
-    """`cls` from a JSON object: its declared fields, the other keys in `extra` (when `cls` has it)."""
+    """`cls` from a JSON object: its declared fields (a record's as that record), the other keys in `extra` (when
+    `cls` has it)."""
     raw = raw if isinstance(raw, dict) else {}
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    known = {k: v for k, v in raw.items() if k in names and k != "extra"}
+    names, types = {f.name for f in dataclasses.fields(cls)}, typing.get_type_hints(cls)  # type: ignore[arg-type]
+    known = {k: build(types[k], v) if dataclasses.is_dataclass(types[k]) else v for k, v in raw.items()
+             if k in names and k != "extra"}
     if "extra" in names:
         known["extra"] = {k: v for k, v in raw.items() if k not in names}
     return cls(**known)
 
 
 def as_json(obj: Any) -> dict[str, Any]:
-    """A record as JSON: its fields without None, `extra` merged back in."""
+    """A record as JSON: its fields but None (records as JSON too), `extra` merged back in."""
     out = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.name != "extra"}
-    out = {k: v for k, v in out.items() if v is not None}
+    out = {k: as_json(v) if dataclasses.is_dataclass(v) else v for k, v in out.items() if v is not None}
     return {**getattr(obj, "extra", {}), **out}
 
 
@@ -81,10 +81,6 @@ class StepRecord:
         """False for a step the report skipped without trying it (no time left, or it ended before)."""
         return not (self.status == "skipped" and str(self.reason or "").startswith(NOT_RUN))
 
-    @property
-    def ok_figures(self) -> dict[str, Any] | None:
-        return self.figures if self.status == "ok" else None
-
 
 @dataclass
 class DeviceInfo:
@@ -103,43 +99,16 @@ class GitInfo:
 
 
 @dataclass
-class HostInfo:
-    cpu: str = "?"
-    cores: int | None = None
-    platform: str | None = None
-    memory_gb: float | None = None
-
-
-@dataclass
-class InstallInfo:
-    wheels: int = 0
-    missing: list[str] = field(default_factory=list)
-    seconds: float | None = None
-    pip: dict[str, Any] | None = None
-
-
-@dataclass
 class Env:
     python: str = "?"
     torch: str = "?"
     cuda: str | None = None
     cudnn: int | None = None
-    host: HostInfo = field(default_factory=HostInfo)
+    host: dict[str, Any] = field(default_factory=dict)  # cpu, cores, platform, memory_gb
     git: GitInfo = field(default_factory=GitInfo)
     device: DeviceInfo = field(default_factory=DeviceInfo)
     packages: dict[str, str | None] = field(default_factory=dict)
-    install: InstallInfo = field(default_factory=InstallInfo)
-
-    @classmethod
-    def from_json(cls, raw: Any) -> Env:
-        env = build(cls, raw)
-        env.host, env.git = build(HostInfo, env.host), build(GitInfo, env.git)
-        env.device, env.install = build(DeviceInfo, env.device), build(InstallInfo, env.install)
-        return env
-
-    def to_json(self) -> dict[str, Any]:
-        return {**as_json(self), "host": as_json(self.host), "git": as_json(self.git), "device": as_json(self.device),
-                "install": as_json(self.install)}
+    install: dict[str, Any] = field(default_factory=dict)  # wheels, missing (not importable), seconds, pip
 
 
 @dataclass
@@ -164,21 +133,17 @@ class Report:
         return {s: sum(r.status == s for r in self.steps.values()) for s in STATUSES}
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out.update(env=self.env.to_json(), steps={n: as_json(r) for n, r in self.steps.items()}, counts=self.counts)
-        return {k: v for k, v in out.items() if v is not None}
+        return {**as_json(self), "steps": {n: as_json(r) for n, r in self.steps.items()}, "counts": self.counts}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Report:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        rep = cls(**{k: v for k, v in raw.items() if k in fields and k not in ("env", "steps")})
-        rep.env = Env.from_json(raw["env"] if "env" in raw else {})
-        rep.steps = {n: build(StepRecord, r) for n, r in (raw["steps"] if "steps" in raw else {}).items()}
+        rep = build(cls, raw)
+        rep.steps = {n: build(StepRecord, r) for n, r in rep.steps.items()}
         return rep
 
     def ok_figures(self, step: str) -> dict[str, Any] | None:
         """The figures of `step` if it finished ok in this report."""
-        return self.steps[step].ok_figures if step in self.steps else None
+        return self.steps[step].figures if step in self.steps and self.steps[step].status == "ok" else None
 
 
 # ------------------------------------------------------------------------------------------- its two files
@@ -192,9 +157,7 @@ def finite(value: Any) -> Any:
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
         return {str(k): finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    return value
+    return [finite(v) for v in value] if isinstance(value, list | tuple) else value
 
 
 def now() -> str:
@@ -228,35 +191,30 @@ def flat_items(d: dict[str, Any], prefix: str = "", depth: int = 0) -> Iterable[
 
 
 def markdown(report: Report) -> str:
-    env, dev, c = report.env, report.env.device, report.counts
-    git = env.git
+    env, dev, c, git = report.env, report.env.device, report.counts, report.env.git
     lines = [f"# GPU report: {dev.name} ({report.mode} mode)", "",
              f"- device: {dev.name}" + (f", {dev.total_memory_gb:.1f} GB" if dev.total_memory_gb else "")
-             + f"; host CPU: {env.host.cpu}",
+             + f"; host CPU: {env.host.get('cpu', '?')}",
              f"- python {env.python}, torch {env.torch} (CUDA {env.cuda or '-'}), commit {git.commit}"
              + (" (with uncommitted changes)" if git.dirty else "") + f", source digest {git.tree_digest}",
              f"- started {report.started}, updated {report.updated or '?'}, {report.total_s:.0f} s; steps: "
              f"{c['ok']} ok, {c['failed']} failed, {c['skipped']} skipped"
              + ("" if report.finished else " (not finished)"), ""]
-    if env.install.missing:
-        lines += [f"- not importable: {', '.join(env.install.missing)}", ""]
+    if missing := env.install.get("missing"):
+        lines += [f"- not importable: {', '.join(missing)}", ""]
     lines += ["| step | status | seconds | result |", "|---|---|---:|---|"]
-    for name, r in report.steps.items():
-        seconds = "" if r.seconds is None else r.seconds
-        lines.append(f"| {name} | {r.status} | {seconds} | {r.line.replace('|', '/')} |")
-    failed = [(n, r) for n, r in report.steps.items() if r.status == "failed"]
-    if failed:
+    lines += [f"| {name} | {r.status} | {'' if r.seconds is None else r.seconds} | {r.line.replace('|', '/')} |"
+              for name, r in report.steps.items()]
+    if failed := [(n, r) for n, r in report.steps.items() if r.status == "failed"]:
         lines += ["", "## Failures"]
         for name, r in failed:
-            lines += ["", f"### {name}", "", f"`{r.error or ''}`"]
-            if r.tail:
-                lines += ["", "```", r.tail, "```"]
+            lines += ["", f"### {name}", "", f"`{r.error or ''}`"] + (["", "```", r.tail, "```"] if r.tail else [])
     lines += ["", "## Figures"]
     for name, r in report.steps.items():
         if r.figures:
-            lines += ["", f"### {name}", ""]
-            lines += [f"- {k}: {fmt(v)}" for k, v in flat_items(r.figures) if not k.endswith("failures")]
-            for k, v in flat_items(r.figures):
+            items = list(flat_items(r.figures))
+            lines += ["", f"### {name}", ""] + [f"- {k}: {fmt(v)}" for k, v in items if not k.endswith("failures")]
+            for k, v in items:
                 if k.endswith("failures") and v:
                     lines += [f"- {k}:"] + [f"  - {x}" for x in v]
     return "\n".join(lines)
@@ -267,7 +225,7 @@ def markdown(report: Report) -> str:
 ARCHS = ("mlp", "lenet", "convnext", "swin")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class EraserSizes:
     """erasers_device: n × d data of k classes, ALF-QLEACE's max_rank."""
 
@@ -277,7 +235,7 @@ class EraserSizes:
     alf_max_rank: int
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class ThroughputSizes:
     """throughput and the sweep-cost loops: rows trained on, validation rows, models in one vectorised group."""
 
@@ -287,7 +245,7 @@ class ThroughputSizes:
     quick: bool = False  # toy: one epoch per figure, no warm-up
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class Sizes:
     """Everything that differs between the GPU run and the CPU toy run."""
 
@@ -309,9 +267,11 @@ class Sizes:
     timeouts: dict[str, float]
 
 
+TIMED = ("tests", "job", "erasers_device", "bench_erasers_device", "bench_erasers_cpu_reference", "bench_mdl",
+         "throughput", "sweep_cost", "cell")
 GPU_EPOCHS = 2
 GPU = Sizes(
-    pytest_args=(),  # the marker expression is --pytest-m (default "not slurm": slow and gpu tests included)
+    pytest_args=(),  # the marker expression is --pytest-m
     job_data=("dataset=synthetic", "dataset.n=50000", "dataset.channels=3", "dataset.size=32",
               "dataset.num_classes=10", "dataset.augment=true"),
     # the epoch cap is the budget: no step floor keeps a small block (or the MLP's 1000-step warm-up) going
@@ -328,9 +288,7 @@ GPU = Sizes(
     loop_archs=ARCHS, loop_procs=(1, 4), loop_seconds=5.0,
     # each step's own cap (the H100 run, 2026-11-27: gpu tests 49 s, jobs 17-109 s, throughput 40 s, 5-seed sweep 53 s);
     # the whole report's default budget (tools/gpu_report.py DEFAULT_BUDGET) decides what one call reaches
-    timeouts={"tests": 150, "job": 180, "erasers_device": 120, "bench_erasers_device": 90,
-              "bench_erasers_cpu_reference": 150, "bench_mdl": 150, "throughput": 120,
-              "sweep_cost": 150, "cell": 150},
+    timeouts=dict(zip(TIMED, (150, 180, 120, 90, 150, 150, 120, 150, 150), strict=True)),
 )
 TOY = Sizes(
     pytest_args=("tests/test_mdl_math.py",),
@@ -349,9 +307,7 @@ TOY = Sizes(
     bench_mdl=("--n", "1500", "--d", "12", "--epochs", "1", "--seeds", "1", "--repeats", "1", "--threads", "1"),
     throughput=ThroughputSizes(subset=128, val=64, group=2, quick=True),
     loop_archs=("mlp",), loop_procs=(1,), loop_seconds=0.3,
-    timeouts={"tests": 60, "job": 60, "erasers_device": 60, "bench_erasers_device": 60,
-              "bench_erasers_cpu_reference": 60, "bench_mdl": 60, "throughput": 60,
-              "sweep_cost": 60, "cell": 120},
+    timeouts={**dict.fromkeys(TIMED, 60.0), "cell": 120.0},
 )
 
 
@@ -373,7 +329,7 @@ class Killed(BaseException):
     """SIGTERM/SIGINT: the report is being stopped (the tool's time limit)."""
 
 
-@dataclasses.dataclass
+@dataclass
 class Step:
     name: str
     group: str
@@ -382,16 +338,20 @@ class Step:
     title: str
 
 
-@dataclasses.dataclass
+def tail(text: str, lines: int = 40, chars: int = 4000) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])[-chars:]
+
+
+@dataclass
 class Proc:
     rc: int
     output: str
     seconds: float
     log: Path
 
-
-def tail(text: str, lines: int = 40, chars: int = 4000) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])[-chars:]
+    @property
+    def tail(self) -> str:
+        return tail(self.output)
 
 
 ERROR_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt|Exit|Failed)\b.*|^error: .*|^E\s+\w+Error.*")
@@ -399,10 +359,8 @@ ERROR_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt|Exit|Failed)\b.
 
 def error_line(output: str, rc: int) -> str:
     """The last line of `output` that names an error (a Python exception, the harness's `error:` line), else rc."""
-    for line in reversed(output.strip().splitlines()):
-        if ERROR_LINE.match(line.strip()):
-            return line.strip()[:300]
-    return f"exit code {rc}"
+    lines = [ln.strip() for ln in reversed(output.strip().splitlines())]
+    return next((ln[:300] for ln in lines if ERROR_LINE.match(ln)), f"exit code {rc}")
 
 
 class Context:
@@ -411,22 +369,17 @@ class Context:
 
     def __init__(self, args: argparse.Namespace, sizes: Sizes, report: Report, env: dict[str, str]) -> None:
         self.args, self.sizes, self.report, self.env = args, sizes, report, env
-        self.out = Path(args.out)
+        self.out, self.work, self.device = Path(args.out), Path(args.work), args.device
         self.logs = self.out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.work = Path(args.work)
         self.gpu = args.device.startswith("cuda")
-        self.device = args.device
         self.figures: dict[str, Any] = {}
         self.deadline = math.inf
         self.step = ""
 
-    def remaining(self) -> float:
-        return self.deadline - time.monotonic()
-
     def run(self, cmd: list[str], log: str, env: dict[str, str] | None = None, check: bool = True) -> Proc:
         """Run `cmd` in ROOT (`run_at_once` with one command)."""
-        if self.remaining() <= 1:
+        if self.deadline - time.monotonic() <= 1:
             raise StepError(f"no time left in the step's budget before {log}")
         return run_at_once(self, [(cmd, log)], env or self.env, check)[0]
 
@@ -452,10 +405,9 @@ def run_at_once(ctx: Context, commands: list[tuple[list[str], str]], env: dict[s
             started.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                              start_new_session=True), path, fh))
         while len(ends) < len(started):
-            for i, (p, _, _) in enumerate(started):
-                if i not in ends and p.poll() is not None:
-                    ends[i] = time.monotonic() - t0
-            if len(ends) < len(started) and ctx.remaining() < 0:
+            ends.update({i: time.monotonic() - t0 for i, (p, _, _) in enumerate(started)
+                         if i not in ends and p.poll() is not None})
+            if len(ends) < len(started) and time.monotonic() > ctx.deadline:
                 running = next(path for i, (_, path, _) in enumerate(started) if i not in ends)
                 raise StepError(f"{', '.join(log for _, log in commands)}: timed out after {time.monotonic() - t0:.0f} "
                                 "s (time budget)", tail(running.read_text(errors="replace")))
@@ -469,26 +421,25 @@ def run_at_once(ctx: Context, commands: list[tuple[list[str], str]], env: dict[s
              for i, (p, path, _) in enumerate(started)]
     for proc in procs if check else ():
         if proc.rc != 0:
-            raise StepError(f"{proc.log.stem}: {error_line(proc.output, proc.rc)}", tail(proc.output))
+            raise StepError(f"{proc.log.stem}: {error_line(proc.output, proc.rc)}", proc.tail)
     return procs
 
 
 def parse_result(proc: Proc) -> dict[str, Any]:
     lines = [ln for ln in proc.output.splitlines() if ln.startswith("RESULT ")]
     if not lines:
-        raise StepError(f"{proc.log.stem}: no RESULT line", tail(proc.output))
-    return json.loads(lines[-1][len("RESULT "):])
+        raise StepError(f"{proc.log.stem}: no RESULT line", proc.tail)
+    return json.loads(lines[-1].removeprefix("RESULT "))
 
 
 def stop(proc: subprocess.Popen[Any]) -> None:
     """Stop a process we started and its group (pytest-xdist workers, benchmark workers): TERM, then KILL."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+            proc.wait(timeout=10)
             return
-        try:
-            proc.wait(timeout=wait)
+        except ProcessLookupError:
             return
         except subprocess.TimeoutExpired:
             continue
@@ -523,8 +474,7 @@ def run_steps(steps: list[Step], ctx: Context, report: Report, budget: float | N
         ctx.deadline = t0 + timeout
         print(f"[gpu-report] {step.name}: {step.title} (budget {timeout:.0f} s)", flush=True)
         try:
-            summary = step.fn(ctx)
-            rec.status, rec.summary, rec.error = "ok", summary or "", None
+            rec.status, rec.summary, rec.error = "ok", step.fn(ctx) or "", None
         except StepSkipped as err:
             rec.status, rec.reason, rec.error = "skipped", str(err), None
         except StepError as err:

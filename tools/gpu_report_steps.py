@@ -1,22 +1,9 @@
 """tools/gpu_report.py's steps, and the measurements they run in fresh subprocesses (clean peak memory, a crash
-stays contained):
-
-    python -m tools.gpu_report_steps <kind> '<json payload>'
-
-prints `RESULT {json}` as its last line. Kinds: `device` (CUDA device properties, asked here so the report's own
-process holds no CUDA context), `job` (python -m training.run with the process's peak GPU memory), `erasers`
-(float64 eraser fits on the device vs on CPU), `throughput` (train/eval samples/s per architecture through the
-harness's own Trainer), `loop` (a fixed-duration training loop, several started at once to see how many jobs
-share one GPU).
-
-The `cell` step: one MDL cell with 5 seeds (MLP at the paper's base size on the job steps' CIFAR-shaped synthetic
-data; toy sizes without CUDA) run (a) as 5 one-seed `python -m training.run seed=k` processes at once on the one
-device and (b) as one job, `seeds=5` (one process; on CUDA the stacked engine trains the 5 seeds' block models in one
-lockstep group, training/tasks/mdl/cell.py). It records both wall times and their ratio (a)/(b) (the goal on a GPU:
-at least 4x), each process's peak memory ((a)'s is the sum of its five processes' peaks), whether every seed's
-result.json is == between (a) and (b) (tools/bench_sweep.py's comparison: wall times aside) and whether the cell's
-group formed (its log). Numbers that differ or a group that did not form are flagged, not failed: the step fails only
-when a run fails.
+stays contained): `python -m tools.gpu_report_steps <kind> '<json payload>'` prints `RESULT {json}` as its last line.
+Kinds: `device` (the CUDA device, asked here so the report's own process holds no CUDA context), `job` (python -m
+training.run, then the process's peak memory), `erasers` (float64 fits on the device vs on CPU), `throughput`
+(samples/s per architecture through the job's own Trainer), `loop` (a fixed-duration training loop, several started at
+once: how many jobs share one GPU). docs/speed.md ("GPU report") says what each step measures.
 """
 
 from __future__ import annotations
@@ -37,31 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
 
 import erasure
 import training  # noqa: F401  (registers the resolvers conf/ uses)
+from tools import gpu_report_run as frame
 from tools.bench_erasers import make_data
-from tools.bench_mdl import NUM_CLASSES, BenchSummary, epoch_seconds, sync, synthetic
+from tools.bench_mdl import NUM_CLASSES, epoch_seconds, sync, synthetic
 from tools.bench_sweep import differences, results, time_split
-from tools.gpu_report_run import (
-    ARCHS,
-    ROOT,
-    Context,
-    Report,
-    StepError,
-    StepSkipped,
-    build,
-    error_line,
-    parse_result,
-    run_at_once,
-    tail,
-)
-from tools.heavy_tests import node_id
+from tools.bench_worker import job_config, peak_mb
+from tools.gpu_report_run import Context, StepError
+from tools.heavy_tests import testcases
 from training.app.tasks import load_job
 from training.app.tasks import read_any as read_result
-from training.common.conf import resolved_dict
 from training.engine.augment import crop_flip
 from training.engine.fit import cross_entropy_sum
 from training.engine.group import GroupOptions, why_not_vectorized
@@ -75,44 +49,36 @@ OPTIONAL = ("pytest", "xdist", "concept_erasure", "numba", "submitit", "wandb") 
 
 @dataclass(frozen=True)
 class Payload:
-    """The JSON argument of a measurement: each kind reads its own fields; the rest keep their defaults."""
+    """A measurement's JSON argument: each kind reads its own fields (a key not declared here is refused)."""
+
     device: str = "cpu"
-    threads: int | None = None  # torch threads of the worker (None: torch's own)
-    # job: `python -m training.run <overrides>`, its peak memory written to memory_file
-    overrides: list[str] = field(default_factory=list)
-    memory_file: str = ""
-    # erasers: n × d data of k classes; ALF-QLEACE's max_rank
-    n: int = 0
+    threads: int | None = None  # the worker's torch threads (None: torch's own)
+    overrides: list[str] = field(default_factory=list)  # job: training.run's; throughput and loop: config extras
+    memory_file: str = ""  # job: where its peak memory goes
+    n: int = 0  # erasers: n × d data of k classes, ALF-QLEACE's max_rank; throughput and loop: n rows of `shape`
     d: int = 0
     k: int = 0
     alf_max_rank: int = 0
-    # throughput and loop: the data (n rows of `shape`), each architecture's overrides, the subset trained on
     archs: list[str] = field(default_factory=list)
     shape: list[int] = field(default_factory=list)
     arch_overrides: dict[str, list[str]] = field(default_factory=dict)
-    subset: int = 0
+    subset: int = 0  # rows trained on
     val: int = 0
     group: int = 1  # throughput: models trained at once in one vectorised group
     quick: bool = False  # toy run: one epoch per figure, no warm-up (the path, not the figure)
-    # loop: one architecture for `seconds`, started when all `procs` workers have touched their file in `ready`
-    arch: str = ""
+    arch: str = ""  # loop: one architecture for `seconds`, once all `procs` workers have touched a file in `ready`
     seconds: float = 0.0
     ready: str = ""
     procs: int = 1
     wait_s: float = 300.0  # how long a loop worker waits for the others
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
 
-    @classmethod
-    def from_json(cls, text: str) -> Payload:
-        """The payload a step sent; a key it does not declare is refused (TypeError: the sender is out of date)."""
-        return cls(**json.loads(text))
+def command(kind: str, payload: Payload) -> list[str]:
+    return [sys.executable, "-m", "tools.gpu_report_steps", kind, json.dumps(dataclasses.asdict(payload))]
 
 
-def work_result(ctx: Context, kind: str, payload: Payload, log: str) -> dict[str, Any]:
-    """`python -m tools.gpu_report_steps <kind>` in a fresh process; its `RESULT {json}` line."""
-    return parse_result(ctx.python(["-m", "tools.gpu_report_steps", kind, payload.to_json()], log))
+def failed(proc: frame.Proc) -> StepError:
+    return StepError(f"{proc.log.stem}: {frame.error_line(proc.output, proc.rc)}", proc.tail)
 
 
 # ---------------------------------------------------------------------------------------------------- steps
@@ -122,51 +88,46 @@ def job_overrides(ctx: Context, arch: str, out: Path, extra: Iterable[str] = (),
     """A job's overrides; `seed`: its one seed (None: the cell's `seeds`, given in `extra`)."""
     s = ctx.sizes
     return [f"arch={arch}", *s.arch[arch], *s.job_data, *s.job_mdl, "eraser=control",
-            *([f"seed={seed}"] if seed is not None else []),
-            f"device={ctx.device}", "logger=none", "progress=false", "certificate=false",
-            f"paths.out_dir={out}", f"paths.cache_dir={ctx.work / 'cache'}", *ctx.args.job_override, *extra]
+            *([f"seed={seed}"] if seed is not None else []), f"device={ctx.device}", "logger=none", "progress=false",
+            "certificate=false", f"paths.out_dir={out}", f"paths.cache_dir={ctx.work / 'cache'}", *extra]
 
 
 def job_command(ctx: Context, overrides: list[str], memory_file: Path) -> list[str]:
     """`python -m training.run <overrides>` through the `job` measurement (the process's peak memory to a file)."""
     memory_file.unlink(missing_ok=True)
-    payload = Payload(overrides=overrides, memory_file=str(memory_file), device=ctx.device)
-    return [sys.executable, "-m", "tools.gpu_report_steps", "job", payload.to_json()]
+    return command("job", Payload(overrides=overrides, memory_file=str(memory_file), device=ctx.device))
 
 
-def run_job(ctx: Context, arch: str, name: str, extra: Iterable[str] = ()) -> dict[str, Any]:
-    """One `python -m training.run` job (through the `job` measurement for the process's peak GPU memory):
-    bits/sample, wall time, epochs/steps, peak memory."""
+def run_job(ctx: Context, arch: str, name: str) -> dict[str, Any]:
+    """One MDL job: bits/sample, wall time, epochs/steps, peak memory."""
     out = ctx.out / "runs" / name
     shutil.rmtree(out, ignore_errors=True)  # a fresh job: an earlier result here would be reused, not timed
     memory_file = ctx.work / f"{name}.memory.json"
-    overrides = job_overrides(ctx, arch, out, extra)
-    env = {**ctx.env, "OMP_NUM_THREADS": ctx.env.get("OMP_NUM_THREADS", "1") if not ctx.gpu else "8"}
+    overrides = job_overrides(ctx, arch, out)
+    env = {**ctx.env, "OMP_NUM_THREADS": "8" if ctx.gpu else ctx.env.get("OMP_NUM_THREADS", "1")}
     proc = ctx.run(job_command(ctx, overrides, memory_file), name, env=env, check=False)
-    fig: dict[str, Any] = {"overrides": " ".join(overrides), "wall_s": proc.seconds}
+    fig = ctx.figures
+    fig.update(overrides=" ".join(overrides), wall_s=proc.seconds)
     if memory_file.exists():
         fig.update(json.loads(memory_file.read_text()))
-    results = sorted(out.rglob("result.json"), key=lambda p: p.stat().st_mtime)
-    if proc.rc != 0 or not results:
-        ctx.figures.update(fig)
-        raise StepError(f"{name}: {error_line(proc.output, proc.rc)}", tail(proc.output))
-    res = read_result(results[-1])
+    found = sorted(out.rglob("result.json"), key=lambda p: p.stat().st_mtime)
+    if proc.rc != 0 or not found:
+        raise failed(proc)
+    res = read_result(found[-1])
     if not isinstance(res, MdlResult) or res.body.mdl is None:
-        raise StepError(f"{name}: {results[-1]} is not an MDL result")
+        raise StepError(f"{name}: {found[-1]} is not an MDL result")
     mdl, final, timings = res.body.mdl, res.body.final, res.timings
     model = res.section("model") or {}
+    epochs = [b.epochs or 0 for b in mdl.blocks] + [final.epochs or 0 if final else 0]
     fig.update({
         "bits_per_sample": mdl.bits_per_sample, "legacy": mdl.legacy if mdl.has_legacy else None,
         "protocol": mdl.protocol, "n_coded": mdl.n_coded, "block_models": len(mdl.blocks),
         "epochs_per_block": [b.epochs for b in mdl.blocks],
         "steps_total": sum(b.steps or 0 for b in mdl.blocks) + (final.steps or 0 if final else 0),
         "full_run_epochs": final.epochs if final else None, "params": model["params"] if "params" in model else None,
-        "timings": dict(timings), "device": res.device, "result": str(results[-1].relative_to(ctx.out)),
-    })
-    epochs = max([b.epochs or 0 for b in mdl.blocks] + [final.epochs or 0 if final else 0]) or 1
-    fig["train_s"] = sum(float(timings[k]) for k in ("mdl_s", "full_run_s") if k in timings)
-    fig["job_s_per_epoch"] = fig["train_s"] / max(epochs, 1)  # all block models + the full run, one epoch each
-    ctx.figures.update(fig)
+        "timings": dict(timings), "device": res.device, "result": str(found[-1].relative_to(ctx.out)),
+        "train_s": sum(float(timings[k]) for k in ("mdl_s", "full_run_s") if k in timings)})
+    fig["job_s_per_epoch"] = fig["train_s"] / (max(epochs) or 1)  # all block models + the full run, one epoch each
     return fig
 
 
@@ -177,7 +138,6 @@ def make_job_step(arch: str) -> Callable[[Context], str]:
         return (f"{f['bits_per_sample']:.4f} bits/sample, {f['wall_s']:.1f} s wall ({f['train_s']:.1f} s training, "
                 f"{f['job_s_per_epoch']:.2f} s/epoch), {f['steps_total']} steps{mem}")
 
-    step.__doc__ = f"one MDL job, {arch}"
     return step
 
 
@@ -185,29 +145,30 @@ def step_erasers_device(ctx: Context) -> str:
     e = ctx.sizes.eraser
     payload = Payload(n=e.n, d=e.d, k=e.k, alf_max_rank=e.alf_max_rank, device=ctx.device,
                       threads=len(os.sched_getaffinity(0)))
-    res = work_result(ctx, "erasers", payload, "erasers_device")
+    res = frame.parse_result(ctx.run(command("erasers", payload), "erasers_device"))
     ctx.figures.update(res)
-    names = ("leace", "qleace", "alf_qleace")
-    return "max |Δ erased| device vs CPU: " + ", ".join(f"{n} {res[n]['max_abs_diff']:.1e}" for n in names)
+    return "max |Δ erased| device vs CPU: " + ", ".join(
+        f"{n} {res[n]['max_abs_diff']:.1e}" for n in ("leace", "qleace", "alf_qleace"))
+
+
+def run_bench(ctx: Context, module: str, args: list[str], log: str) -> dict[str, Any]:
+    """`python -m tools.<module> <args> --json FILE` into the figures; on a failure or the time limit, what the bench
+    wrote before (bench_erasers rewrites it after every method) as `finished_methods`."""
+    path = ctx.work / f"{log}.json"
+    path.unlink(missing_ok=True)
+    try:
+        ctx.python(["-m", f"tools.{module}", *args, "--json", str(path)], log)
+    except StepError:
+        if path.exists():
+            ctx.figures["finished_methods"] = json.loads(path.read_text())["results"]
+        raise
+    ctx.figures.update(res := json.loads(path.read_text()))
+    return res
 
 
 def run_bench_erasers(ctx: Context, device: str, methods: str, log: str) -> str:
-    json_path = ctx.work / f"{log}.json"
-    json_path.unlink(missing_ok=True)
-    try:
-        ctx.python(["-m", "tools.bench_erasers", *ctx.sizes.bench_erasers, "--device", device, "--methods", methods,
-                    "--json", str(json_path)], log)
-    except StepError:  # keep the methods that finished (one line each) before the failure or the time limit
-        text = (ctx.logs / f"{log}.log").read_text(errors="replace")
-        ctx.figures["finished_methods"] = {m: {"seconds": float(t), "peak_mb": float(mb)}
-                                           for m, t, mb in BENCH_LINE.findall(text)}
-        raise
-    res = json.loads(json_path.read_text())
-    ctx.figures.update(res)
+    res = run_bench(ctx, "bench_erasers", [*ctx.sizes.bench_erasers, "--device", device, "--methods", methods], log)
     return ", ".join(f"{m} {r['seconds']:.2f} s / {r['peak_mb']:.0f} MB" for m, r in res["results"].items())
-
-
-BENCH_LINE = re.compile(r"^  (\w+)\s+([\d.]+) s\s+peak\s+(-?[\d.]+) MB", re.M)
 
 
 def step_bench_erasers_device(ctx: Context) -> str:
@@ -216,46 +177,37 @@ def step_bench_erasers_device(ctx: Context) -> str:
 
 def step_bench_erasers_cpu(ctx: Context) -> str:
     if not ctx.sizes.bench_erasers_cpu_methods:
-        raise StepSkipped("toy mode: bench_erasers_device ran concept-erasure on this CPU already")
+        raise frame.StepSkipped("toy mode: bench_erasers_device ran concept-erasure on this CPU already")
     if importlib.util.find_spec("concept_erasure") is None:
-        raise StepSkipped("concept-erasure is not importable (add its wheel to .whl/)")
+        raise frame.StepSkipped("concept-erasure is not importable (add its wheel to .whl/)")
     return run_bench_erasers(ctx, "cpu", ctx.sizes.bench_erasers_cpu_methods, "bench_erasers_cpu_reference")
 
 
 def step_bench_mdl(ctx: Context) -> str:
-    json_path = ctx.work / "bench_mdl.json"
-    json_path.unlink(missing_ok=True)
-    ctx.python(["-m", "tools.bench_mdl", "--device", ctx.device, *ctx.sizes.bench_mdl, "--json", str(json_path)],
-               "bench_mdl")
-    res = json.loads(json_path.read_text())
-    ctx.figures.update(res)
-    bench = BenchSummary.from_json(res)
-    s = f"ours {bench.speedup['ours']:.2f}× the naive loop"
-    bw = bench.bandwidth
-    if bw:
-        s += (f"; device read {bw['read_gbps']:.0f} GB/s, MLP-128 epoch = {bw['epoch_over_read']:.0f}× one read "
-              f"of the data")
-    return s
+    res = run_bench(ctx, "bench_mdl", ["--device", ctx.device, *ctx.sizes.bench_mdl], "bench_mdl")
+    bw = res["bandwidth"] if "bandwidth" in res else None
+    return f"ours {res['speedup']['ours']:.2f}× the naive loop" + (
+        f"; device read {bw['read_gbps']:.0f} GB/s, MLP-128 epoch = {bw['epoch_over_read']:.0f}× one read of the "
+        "data" if bw else "")
 
 
-def throughput_payload(ctx: Context, archs: Iterable[str]) -> Payload:
-    s = ctx.sizes
-    return Payload(archs=list(archs), n=s.n, shape=list(s.shape), device=ctx.device,
-                   arch_overrides={a: list(o) for a, o in s.arch.items()}, subset=s.throughput.subset,
-                   val=s.throughput.val, group=s.throughput.group, quick=s.throughput.quick)
+def throughput_payload(ctx: Context, archs: Iterable[str], **more: Any) -> Payload:
+    s, t = ctx.sizes, ctx.sizes.throughput
+    return Payload(archs=list(archs), n=s.n, shape=list(s.shape), device=ctx.device, subset=t.subset, val=t.val,
+                   arch_overrides={a: list(o) for a, o in s.arch.items()}, group=t.group, quick=t.quick, **more)
 
 
 def step_throughput(ctx: Context) -> str:
-    res = work_result(ctx, "throughput", throughput_payload(ctx, ARCHS), "throughput")
+    res = frame.parse_result(ctx.run(command("throughput", throughput_payload(ctx, frame.ARCHS)), "throughput"))
     ctx.figures.update(res)
-    bad = [a for a, r in res.items() if "error" in r]
-    if bad:
+    if bad := [a for a, r in res.items() if "error" in r]:
         raise StepError(f"throughput {bad[0]}: {res[bad[0]]['error']}")
-    return ", ".join(f"{a} one model (fit) {r['train_sps']:.0f}/s" + (
-        f" (channels_last off {r['train_sps_channels_last_off']:.0f}/s)" if "train_sps_channels_last_off" in r
-        else "") + (
-        f", group of {r['group_models']} {r['group_model_sps']:.0f} model-samples/s" if "group_model_sps" in r
-        else ", not vectorised") + f", eval {r['eval_sps']:.0f}/s" for a, r in res.items())
+    return ", ".join(
+        f"{a} one model (fit) {r['train_sps']:.0f}/s"
+        + (f" (channels_last off {r['train_sps_channels_last_off']:.0f}/s)" if "train_sps_channels_last_off" in r
+           else "")
+        + (f", group of {r['group_models']} {r['group_model_sps']:.0f} model-samples/s" if "group_model_sps" in r
+           else ", not vectorised") + f", eval {r['eval_sps']:.0f}/s" for a, r in res.items())
 
 
 def run_concurrent(ctx: Context, arch: str, procs: int) -> dict[str, Any]:
@@ -264,24 +216,24 @@ def run_concurrent(ctx: Context, arch: str, procs: int) -> dict[str, Any]:
     ready = ctx.work / f"loop-{arch}-{procs}"
     shutil.rmtree(ready, ignore_errors=True)
     ready.mkdir(parents=True)
-    payload = dataclasses.replace(throughput_payload(ctx, [arch]), arch=arch, seconds=ctx.sizes.loop_seconds,
-                                  ready=str(ready), procs=procs)
-    cmd = [sys.executable, "-m", "tools.gpu_report_steps", "loop", payload.to_json()]
-    env = {**ctx.env, "OMP_NUM_THREADS": "1" if not ctx.gpu else "2"}
-    results = [parse_result(p) for p in run_at_once(ctx, [(cmd, f"sweep_{arch}_x{procs}_{i}") for i in range(procs)],
-                                                     env)]
-    res = {"procs": procs, "sps_each": [r["sps"] for r in results], "sps_total": sum(r["sps"] for r in results)}
+    cmd = command("loop", throughput_payload(ctx, [arch], arch=arch, seconds=ctx.sizes.loop_seconds, ready=str(ready),
+                                             procs=procs))
+    env = {**ctx.env, "OMP_NUM_THREADS": "2" if ctx.gpu else "1"}
+    procs_run = frame.run_at_once(ctx, [(cmd, f"sweep_{arch}_x{procs}_{i}") for i in range(procs)], env)
+    runs = [frame.parse_result(p) for p in procs_run]
+    res = {"procs": procs, "sps_each": [r["sps"] for r in runs], "sps_total": sum(r["sps"] for r in runs)}
     if ctx.gpu:  # device_used_mb: the whole device (all k processes); the context only means something alone
-        res.update(peak_reserved_mb=max(r["peak_reserved_mb"] for r in results),
-                   device_used_mb=max(r["device_used_mb"] for r in results))
+        res.update(peak_reserved_mb=max(r["peak_reserved_mb"] for r in runs),
+                   device_used_mb=max(r["device_used_mb"] for r in runs))
         if procs == 1:
-            res["context_mb"] = results[0]["context_mb"]
+            res["context_mb"] = runs[0]["context_mb"]
     return res
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class JobFigures:
     """What the sweep-cost step reads of a job step's figures (`run_job`; the memory ones only on CUDA)."""
+
     job_s_per_epoch: float | None = None
     block_models: int = 0
     peak_reserved_mb: float | None = None
@@ -292,48 +244,34 @@ def step_sweep_cost(ctx: Context) -> str:
     """Per architecture: GPU-seconds per epoch per job (the job step's measurement), memory per job, how many
     jobs fit on the device by memory, and how aggregate throughput scales with processes sharing it."""
     total_mb = (ctx.report.env.device.total_memory_gb or 0) * 1e9 / 2**20
-    out: dict[str, Any] = {}
     parts = []
-    for arch in ARCHS:
+    for arch in frame.ARCHS:
         figures, source = earlier_figures(ctx, f"job_{arch}")
-        job = build(JobFigures, figures)
+        job = frame.build(JobFigures, figures)
         a: dict[str, Any] = {"job_figures_from": source} if source else {}
+        ctx.figures[arch] = a
+        bits = []
         if job.job_s_per_epoch is not None:
-            a["job_s_per_epoch"] = job.job_s_per_epoch
-            a["job_block_models"] = job.block_models + 1
+            a.update(job_s_per_epoch=job.job_s_per_epoch, job_block_models=job.block_models + 1)
+            bits.append(f"{job.job_s_per_epoch:.2f} s/epoch/job")
         if job.peak_reserved_mb:
-            a["job_peak_reserved_mb"] = job.peak_reserved_mb
-            a["job_context_mb"] = job.context_mb
             per_job = job.peak_reserved_mb + job.context_mb
-            a["job_memory_mb"] = per_job
+            a.update(job_peak_reserved_mb=job.peak_reserved_mb, job_context_mb=job.context_mb, job_memory_mb=per_job)
             if total_mb:
                 a["jobs_fit_by_memory"] = int(max(0.0, 0.95 * total_mb) // per_job)
+            bits.append(f"{per_job:.0f} MB/job" + (f" → {a['jobs_fit_by_memory']} fit" if total_mb else ""))
         if arch in ctx.sizes.loop_archs:
-            runs = {}
-            for procs in ctx.sizes.loop_procs:
-                runs[procs] = run_concurrent(ctx, arch, procs)
-                out[arch] = {**a, "concurrent": {str(k): v for k, v in runs.items()}}
-                ctx.figures.update(out)
-            a["concurrent"] = {str(k): v for k, v in runs.items()}
-            if 1 in runs:  # aggregate samples/s of k processes sharing the device / one process alone
-                scaling = {k: v["sps_total"] / runs[1]["sps_total"] for k, v in runs.items()}
-                a["throughput_scaling"] = {str(k): v for k, v in scaling.items()}
+            runs = a["concurrent"] = {}
+            for procs in ctx.sizes.loop_procs:  # in the figures as each finishes
+                runs[str(procs)] = run_concurrent(ctx, arch, procs)
+            if "1" in runs:  # aggregate samples/s of k processes sharing the device / one process alone
+                scaling = a["throughput_scaling"] = {k: v["sps_total"] / runs["1"]["sps_total"] for k, v in
+                                                     runs.items()}
                 if "job_s_per_epoch" in a:  # k jobs sharing the device: each job-epoch costs 1/scaling GPU-time
-                    a["gpu_s_per_epoch_per_job_packed"] = {str(k): a["job_s_per_epoch"] / v
-                                                           for k, v in scaling.items()}
-            best = max(runs, key=lambda k: runs[k]["sps_total"])
-            a["best_procs_measured"] = best
-        out[arch] = a
-        ctx.figures.update(out)
-        bits = []
-        if "job_s_per_epoch" in a:
-            bits.append(f"{a['job_s_per_epoch']:.2f} s/epoch/job")
-        if "job_memory_mb" in a:
-            bits.append(f"{a['job_memory_mb']:.0f} MB/job" + (f" → {a['jobs_fit_by_memory']} fit"
-                                                              if "jobs_fit_by_memory" in a else ""))
-        if "throughput_scaling" in a:
-            top = max(a["throughput_scaling"])
-            bits.append(f"×{top} procs: {a['throughput_scaling'][top]:.2f}× samples/s")
+                    a["gpu_s_per_epoch_per_job_packed"] = {k: a["job_s_per_epoch"] / v for k, v in scaling.items()}
+                top = max(scaling, key=int)
+                bits.append(f"×{top} procs: {scaling[top]:.2f}× samples/s")
+            a["best_procs_measured"] = int(max(runs, key=lambda k: runs[k]["sps_total"]))
         parts.append(f"{arch} " + ", ".join(bits) if bits else f"{arch} (no job figures)")
     return "; ".join(parts)
 
@@ -343,62 +281,56 @@ def earlier_figures(ctx: Context, step: str) -> tuple[dict[str, Any], str | None
     if (figures := ctx.report.ok_figures(step)) is not None:
         return figures, "this report"
     for path in ctx.args.previous:
-        if (figures := Report.from_json(json.loads(Path(path).read_text())).ok_figures(step)) is not None:
+        if (figures := frame.Report.from_json(json.loads(Path(path).read_text())).ok_figures(step)) is not None:
             return figures, str(path)
     return {}, None
 
 
 # ------------------------------------------------------------------------------------------------ tests step
 
+MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+OUTCOMES = ("PASSED", "FAILED", "SKIPPED", "ERROR")
+
 
 def step_tests(ctx: Context) -> str:
-    """The test suite (GPU: all but slurm, gpu-marked included, any gpu test that skips counts as failed)."""
+    """The test suite (GPU: --pytest-m, gpu-marked included; a gpu test that skips on CUDA counts as failed)."""
     if importlib.util.find_spec("pytest") is None:
         raise StepError("pytest is not importable: add its wheels to .whl/ (make gpu-wheels)")
-    xml = ctx.logs / "pytest.xml"
+    xml, f = ctx.logs / "pytest.xml", ctx.figures
     args = ["-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}", *ctx.sizes.pytest_args]
-    if ctx.gpu and importlib.util.find_spec("xdist") is not None:
-        args += ["-n", str(min(8, max(1, len(os.sched_getaffinity(0)) // 2))), "--dist", "loadgroup"]
     gpu_ids: set[str] = set()
     if ctx.gpu:
+        if importlib.util.find_spec("xdist") is not None:
+            args += ["-n", str(min(8, max(1, len(os.sched_getaffinity(0)) // 2))), "--dist", "loadgroup"]
         coll = ctx.python(["-m", "pytest", "-q", "--collect-only", "-m", "gpu", "-p", "no:cacheprovider"],
                           "pytest-collect-gpu", check=False)
         gpu_ids = {ln.strip() for ln in coll.output.splitlines() if "::" in ln}
-        ctx.figures["gpu_tests"] = len(gpu_ids)
-    if ctx.gpu and ctx.args.pytest_m:
-        args += ["-m", ctx.args.pytest_m]
-    env = {**ctx.env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+        f["gpu_tests"] = len(gpu_ids)
+        args += ["-m", ctx.args.pytest_m] if ctx.args.pytest_m else []
     try:
-        proc = ctx.python(args, "pytest", env=env, check=False)
+        proc = ctx.python(args, "pytest", env={**ctx.env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"},
+                          check=False)
     except StepError:  # out of time: the verbose lines say how far it got
         outcomes = pytest_progress((ctx.logs / "pytest.log").read_text(errors="replace"))
-        ctx.figures["partial"] = {w.lower(): sum(o == w for o, _ in outcomes) for w in OUTCOMES}
-        ctx.figures["partial_failures"] = [t for o, t in outcomes if o in ("FAILED", "ERROR")][:40]
+        f["partial"] = {w.lower(): sum(o == w for o, _ in outcomes) for w in OUTCOMES}
+        f["partial_failures"] = [t for o, t in outcomes if o in ("FAILED", "ERROR")][:40]
         raise
     if not xml.exists():
-        raise StepError(f"pytest: {error_line(proc.output, proc.rc)} (no junit xml)", tail(proc.output))
+        raise StepError(f"pytest: {frame.error_line(proc.output, proc.rc)} (no junit xml)", proc.tail)
     counts, failures, gpu_skipped = read_junit(xml, gpu_ids)
-    # a test that fails only because an optional package is not installed here (numba, wandb without its wheel)
-    # is reported apart: it says what to carry, not that the code is wrong
-    missing = [f for f in failures if (m := MISSING_MODULE.search(f)) and m.group(1).split(".")[0] in OPTIONAL]
-    real = [f for f in failures if f not in missing]
-    ctx.figures.update(counts)
-    ctx.figures["gpu_skipped"] = len(gpu_skipped)
-    ctx.figures["failed_missing_module"] = len(missing)
-    ctx.figures["failures"] = real[:40] + [f"{n} (gpu test skipped on CUDA: {why})" for n, why in gpu_skipped]
-    ctx.figures["missing_module_failures"] = missing[:20]
-    ctx.figures["pytest_rc"] = proc.rc
+    # a failure only because an optional package is not installed here (numba, wandb without its wheel) is reported
+    # apart: it says what to carry, not that the code is wrong
+    missing = [x for x in failures if (m := MISSING_MODULE.search(x)) and m.group(1).split(".")[0] in OPTIONAL]
+    real = [x for x in failures if x not in missing]
+    f.update(counts, gpu_skipped=len(gpu_skipped), failed_missing_module=len(missing), pytest_rc=proc.rc,
+             failures=real[:40] + [f"{n} (gpu test skipped on CUDA: {why})" for n, why in gpu_skipped],
+             missing_module_failures=missing[:20])
     summary = (f"{counts['passed']} passed, {counts['failed']} failed, {counts['errors']} errors, "
                f"{counts['skipped']} skipped" + (f" ({len(gpu_skipped)} gpu tests skipped)" if ctx.gpu else "")
                + (f"; {len(missing)} failed only for a package not installed here" if missing else ""))
     if real or gpu_skipped or (proc.rc not in (0, 5) and not missing):
-        raise StepError(summary + (f"; first: {ctx.figures['failures'][0]}" if ctx.figures["failures"] else ""),
-                        tail(proc.output))
+        raise StepError(summary + (f"; first: {f['failures'][0]}" if f["failures"] else ""), proc.tail)
     return summary
-
-
-MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
-OUTCOMES = ("PASSED", "FAILED", "SKIPPED", "ERROR")
 
 
 def pytest_progress(text: str) -> list[tuple[str, str]]:
@@ -406,8 +338,7 @@ def pytest_progress(text: str) -> list[tuple[str, str]]:
     "[gw0] [ 5%] PASSED tests/t.py::x"."""
     found = []
     for line in text.splitlines():
-        test = re.search(r"(tests/\S+::\S+)", line)
-        outcome = re.search(r"\b(PASSED|FAILED|SKIPPED|ERROR)\b", line)
+        test, outcome = re.search(r"(tests/\S+::\S+)", line), re.search(r"\b(PASSED|FAILED|SKIPPED|ERROR)\b", line)
         if test and outcome and not line.startswith(("FAILED ", "ERROR ", "SKIPPED ")):  # not the -r summary
             found.append((outcome.group(1), test.group(1)))
     return found
@@ -415,30 +346,22 @@ def pytest_progress(text: str) -> list[tuple[str, str]]:
 
 def read_junit(path: Path, gpu_ids: set[str]) -> tuple[dict[str, int], list[str], list[tuple[str, str]]]:
     """Passed/failed/errors/skipped, each failure's first line, and the tests of `gpu_ids` (node ids) that skipped."""
-    import xml.etree.ElementTree as ET
-
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
     failures: list[str] = []
     gpu_skipped: list[tuple[str, str]] = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = node_id(case.get("classname", ""), case.get("name", ""))
+    for name, case in testcases(path):
         kinds = {child.tag: child for child in case if child.tag in ("failure", "error", "skipped")}
-        if "failure" in kinds or "error" in kinds:
-            tag = "failure" if "failure" in kinds else "error"
-            counts["failed" if tag == "failure" else "errors"] += 1
-            msg = (kinds[tag].get("message") or "").strip().splitlines()
-            failures.append(f"{name}: {msg[0][:200] if msg else tag}")
-        elif "skipped" in kinds:
-            counts["skipped"] += 1
-            if name in gpu_ids:
-                gpu_skipped.append((name, (kinds["skipped"].get("message") or "").strip()[:200]))
-        else:
-            counts["passed"] += 1
+        tag = next((t for t in ("failure", "error", "skipped") if t in kinds), None)
+        counts[{"failure": "failed", "error": "errors", "skipped": "skipped", None: "passed"}[tag]] += 1
+        message = (kinds[tag].get("message") or "").strip() if tag else ""
+        if tag in ("failure", "error"):
+            failures.append(f"{name}: {message.splitlines()[0][:200] if message else tag}")
+        elif tag == "skipped" and name in gpu_ids:
+            gpu_skipped.append((name, message[:200]))
     return counts, failures, gpu_skipped
 
 
 # ------------------------------------------------------------------------------------------------- cell step
-
 
 SEEDS = 5
 ARCH = "mlp"
@@ -451,9 +374,10 @@ MEMORY_NOTE = ("per-process peaks (torch.cuda.max_memory_reserved on CUDA, max R
                "add 5 of them to the lone sum and one to the cell")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class ProcessMemory:
     """A job process's memory file (`_memory`): the CUDA figures, or max RSS on CPU."""
+
     peak_allocated_mb: float | None = None
     peak_reserved_mb: float | None = None
     context_mb: float | None = None  # device used beyond torch's cache: only this process's when it ran alone
@@ -466,7 +390,7 @@ class ProcessMemory:
 
 
 def read_memory(path: Path) -> ProcessMemory | None:
-    return build(ProcessMemory, json.loads(path.read_text())) if path.exists() else None
+    return frame.build(ProcessMemory, json.loads(path.read_text())) if path.exists() else None
 
 
 def memory_figures(lone: Sequence[ProcessMemory | None], cell: ProcessMemory | None) -> dict[str, Any]:
@@ -486,45 +410,39 @@ def memory_figures(lone: Sequence[ProcessMemory | None], cell: ProcessMemory | N
     return out
 
 
-def deviation(lone: dict[str, dict[str, Any]], cell: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """The largest |Δ bits/sample| between a seed alone and in the cell, the cell's seed SD (of the lone jobs) and the
-    numerics contract's tolerance for it (training/engine/numerics.py: max(1e-3, 0.05 × seed SD))."""
-    key = "mdl.bits_per_sample"
-    both = [j for j in sorted(set(lone) & set(cell)) if key in lone[j] and key in cell[j]]
-    dev = max((abs(float(lone[j][key]) - float(cell[j][key])) for j in both), default=0.0)
-    bits = [float(lone[j][key]) for j in both]
-    sd = statistics.stdev(bits) if len(bits) > 1 else math.nan
-    return {"max_abs_bits_deviation": dev, "seed_sd_bits": sd, "tolerance_bits": bits_tolerance(sd),
-            "deviation_over_seed_sd": dev / sd if sd > 0 else math.nan}
-
-
 def cell_checks(lone: dict[str, dict[str, Any]], cell: dict[str, dict[str, Any]], cell_log: str,
                 bitwise: bool = True) -> dict[str, Any]:
     """Whether every seed's numbers are == between the lone processes and the cell, and otherwise within the
-    numerics contract's tolerance (`bitwise`: the CPU loop engine, where only == holds it); whether the cell's group
-    formed; and the flags a reader must see (none when all is as expected)."""
-    diff = differences(lone, cell)
-    dev = deviation(lone, cell)
-    within = not diff or (not bitwise and dev["max_abs_bits_deviation"] <= dev["tolerance_bits"])
+    numerics contract's tolerance (training/engine/numerics.py: max(1e-3, 0.05 × the lone jobs' seed SD); `bitwise`:
+    the CPU loop engine, where only == holds it); whether the cell's group formed; and the flags a reader must see
+    (none when all is as expected)."""
+    diff, key = differences(lone, cell), "mdl.bits_per_sample"
+    both = [j for j in sorted(set(lone) & set(cell)) if key in lone[j] and key in cell[j]]
+    dev = max((abs(float(lone[j][key]) - float(cell[j][key])) for j in both), default=0.0)
+    sd = statistics.stdev([float(lone[j][key]) for j in both]) if len(both) > 1 else math.nan
+    tolerance = bits_tolerance(sd)
+    within = not diff or (not bitwise and dev <= tolerance)
     formed = [ln[ln.index(GROUP_FORMED):] for ln in cell_log.splitlines() if GROUP_FORMED in ln]
-    failed = GROUP_FAILED in cell_log
+    group_failed = GROUP_FAILED in cell_log
     flags = []
     if not within:
-        what = "the CPU loop engine is bitwise" if bitwise else (
-            f"max |Δ bits/sample| {dev['max_abs_bits_deviation']:.3g} > tolerance {dev['tolerance_bits']:.3g}")
+        what = "the CPU loop engine is bitwise" if bitwise else f"max |Δ bits/sample| {dev:.3g} > tolerance " \
+                                                                 f"{tolerance:.3g}"
         flags.append(f"numbers differ between the lone processes and the cell in {len(diff)} place(s) ({what}), "
                      f"e.g. {diff[0]}")
     if not formed:
         flags.append(f"the cell's group did not form (no '{GROUP_FORMED}' line in its log)")
-    if failed:
+    if group_failed:
         flags.append("the cell's group failed: each seed's models trained in its own group")
-    return {"equal": not diff, "within_tolerance": within, **dev, "differences": diff[:10],
-            "group_formed": bool(formed), "group_line": formed[0] if formed else None, "group_failed": failed,
-            "flags": flags}
+    return {"equal": not diff, "within_tolerance": within, "max_abs_bits_deviation": dev, "seed_sd_bits": sd,
+            "tolerance_bits": tolerance, "deviation_over_seed_sd": dev / sd if sd > 0 else math.nan,
+            "differences": diff[:10], "group_formed": bool(formed), "group_line": formed[0] if formed else None,
+            "group_failed": group_failed, "flags": flags}
 
 
 def step_cell(ctx: Context) -> str:
-    seeds = [str(s) for s in range(SEEDS)]
+    """5 seeds of one MDL cell (MLP at the job steps' size and data) as 5 one-seed processes at once vs one job,
+    `seeds=5`: wall times, memory, the numbers compared (flagged, not failed), whether the cell's group formed."""
     outs = {"lone": ctx.out / "runs" / "cell_lone", "cell": ctx.out / "runs" / "cell_together"}
     for out in outs.values():
         shutil.rmtree(out, ignore_errors=True)  # fresh jobs: an earlier result here would be reused, not timed
@@ -533,27 +451,23 @@ def step_cell(ctx: Context) -> str:
     lone_threads, cell_threads = ("2", "8") if ctx.gpu else (threads, threads)
     f = ctx.figures
     f.update(seeds=SEEDS, arch=ARCH, device=ctx.device, lone_omp_threads=int(lone_threads),
-             cell_omp_threads=int(cell_threads), memory_note=MEMORY_NOTE)
-
-    lone_mem = [ctx.work / f"cell_lone_{s}.memory.json" for s in seeds]
-    commands = [(job_command(ctx, job_overrides(ctx, ARCH, outs["lone"], seed=s), mem), f"cell_lone_seed{s}")
-                for s, mem in zip(seeds, lone_mem, strict=True)]
-    f["lone_overrides"] = " ".join(job_overrides(ctx, ARCH, outs["lone"], seed="<s>"))
-    each = [p.seconds for p in run_at_once(ctx, commands, {**ctx.env, "OMP_NUM_THREADS": lone_threads})]
-    lone_wall = max(each)
-    f.update(lone_wall_s=lone_wall, lone_each_s=each)
-    lone_memory = [read_memory(m) for m in lone_mem]
-
+             cell_omp_threads=int(cell_threads), memory_note=MEMORY_NOTE,
+             lone_overrides=" ".join(job_overrides(ctx, ARCH, outs["lone"], seed="<s>")))
+    lone_mem = [ctx.work / f"cell_lone_{s}.memory.json" for s in range(SEEDS)]
+    commands = [(job_command(ctx, job_overrides(ctx, ARCH, outs["lone"], seed=str(s)), lone_mem[s]),
+                 f"cell_lone_seed{s}") for s in range(SEEDS)]
+    lone_env = {**ctx.env, "OMP_NUM_THREADS": lone_threads}
+    f["lone_each_s"] = [p.seconds for p in frame.run_at_once(ctx, commands, lone_env)]
+    lone_wall = f["lone_wall_s"] = max(f["lone_each_s"])
     cell_mem = ctx.work / "cell_together.memory.json"
     overrides = job_overrides(ctx, ARCH, outs["cell"], [f"seeds={SEEDS}"], seed=None)
     f["cell_overrides"] = " ".join(overrides)
     proc = ctx.run(job_command(ctx, overrides, cell_mem), "cell_together",
                    env={**ctx.env, "OMP_NUM_THREADS": cell_threads}, check=False)
     f["cell_wall_s"] = proc.seconds
-    f.update(memory_figures(lone_memory, read_memory(cell_mem)))
+    f.update(memory_figures([read_memory(m) for m in lone_mem], read_memory(cell_mem)))
     if proc.rc != 0:
-        raise StepError(f"cell_together: {error_line(proc.output, proc.rc)}", tail(proc.output))
-
+        raise failed(proc)
     lone, cell = results(outs["lone"]), results(outs["cell"])
     if len(lone) != SEEDS or len(cell) != SEEDS:
         raise StepError(f"cell: {len(lone)} and {len(cell)} result.json files of {SEEDS} (lone, cell)")
@@ -564,51 +478,38 @@ def step_cell(ctx: Context) -> str:
     mem = ""
     suffix = "_with_contexts_mb" if "lone_memory_with_contexts_mb" in f else "_mb"
     if f"lone_memory{suffix}" in f and f"cell_memory{suffix}" in f:
-        mem = f", peak memory {f[f'lone_memory{suffix}']:.0f} MB (5 processes, summed) vs " \
-              f"{f[f'cell_memory{suffix}']:.0f} MB"
+        mem = (f", peak memory {f[f'lone_memory{suffix}']:.0f} MB (5 processes, summed) vs "
+               f"{f[f'cell_memory{suffix}']:.0f} MB")
     dev = (f"max |Δ bits/sample| {f['max_abs_bits_deviation']:.2g} = {f['deviation_over_seed_sd']:.2g} × seed SD "
            f"(tolerance {f['tolerance_bits']:.2g})")
     verdict = "numbers ==" if f["equal"] else f"within tolerance: {dev}" if f["within_tolerance"] else \
         f"OUTSIDE TOLERANCE: {dev}"
-    group = "group formed" if f["group_formed"] else "NO GROUP"
     flags = f"; flags: {' / '.join(f['flags'])}" if f["flags"] else ""
     return (f"{SEEDS} processes {lone_wall:.1f} s, cell {proc.seconds:.1f} s: {f['ratio']:.2f}×{mem}; {verdict}, "
-            f"{group}{flags}")
+            f"{'group formed' if f['group_formed'] else 'NO GROUP'}{flags}")
 
 
 # ------------------------------------------------------------------------------ measurements (subprocesses)
 
 
 def _memory(device: Any) -> dict[str, float]:
-    """Peak allocated/reserved memory of this process and the device's total and used memory (MB), on CUDA."""
+    """Peak allocated/reserved memory of this process and the device's total and used memory (MB) on CUDA, else the
+    peak RSS."""
     if torch.device(device).type != "cuda":
-        import resource
-
-        return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        return {"peak_rss_mb": peak_mb(cuda=False)}
     free, total = torch.cuda.mem_get_info()
-    reserved = torch.cuda.memory_reserved()
     return {"peak_allocated_mb": torch.cuda.max_memory_allocated() / 2**20,
             "peak_reserved_mb": torch.cuda.max_memory_reserved() / 2**20,
             "device_used_mb": (total - free) / 2**20, "device_total_mb": total / 2**20,
             # what the device holds for this process beyond torch's cache: the CUDA context, cuBLAS/cuDNN work space
-            "context_mb": max(0.0, (total - free - reserved) / 2**20)}
-
-
-def compose(overrides: list[str]) -> Any:  # a training.app.schema.JobConfig
-    """The job config `python -m training.run <overrides>` would run, resolved and checked."""
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = hydra_compose("config", overrides=overrides)
-    return load_job(resolved_dict(cfg))
-
-
-# ---------------------------------------------------------------------------------------------------- kinds
+            "context_mb": max(0.0, (total - free - torch.cuda.memory_reserved()) / 2**20)}
 
 
 def job(p: Payload) -> dict[str, Any]:
-    """`python -m training.run <overrides>` in this process; its peak GPU memory goes to p.memory_file."""
+    """`python -m training.run <overrides>` in this process; its peak memory goes to p.memory_file."""
     import runpy
 
-    sys.argv = [str(ROOT / "training" / "run.py"), *p.overrides]
+    sys.argv = [str(frame.ROOT / "training" / "run.py"), *p.overrides]
     cuda = torch.cuda.is_available() and p.device.startswith("cuda")
     try:  # as `python -m training.run`: Hydra finds conf/ relative to the __main__ module's file
         runpy.run_module("training.run", run_name="__main__", alter_sys=True)
@@ -620,42 +521,38 @@ def job(p: Payload) -> dict[str, Any]:
 def erasers(p: Payload) -> dict[str, Any]:
     """LEACE, QLEACE and ALF-QLEACE fitted in float64 on the device and on CPU from the same data: fit seconds
     on each and the largest difference of the erased data."""
-    device = p.device
-    x, y = make_data(p.n, p.d, p.k, 0, 1.5, 0.3)
+    x, y = make_data(p.n, p.d, p.k)
     scale = float(x.abs().max())
-    out: dict[str, Any] = {"n": p.n, "d": p.d, "k": p.k, "device": device, "data_max_abs": scale}
+    out: dict[str, Any] = {"n": p.n, "d": p.d, "k": p.k, "device": p.device, "data_max_abs": scale}
     for name, options in (("leace", {}), ("qleace", {}), ("alf_qleace", {"max_rank": p.alf_max_rank})):
         res: dict[str, Any] = {}
         erased = {}
-        for where in ("cpu", device):
-            xs, ys = x.to(where), y.to(where)
+        for where in dict.fromkeys(("cpu", p.device)):  # the CPU once when the device is the CPU
+            xs, ys, side = x.to(where), y.to(where), "cpu" if where == "cpu" else "device"
             sync(torch.device(where))
             t0 = time.perf_counter()
             e = erasure.fit(name, xs, ys, **options)
             sync(torch.device(where))
-            res[f"fit_s_{'cpu' if where == 'cpu' else 'device'}"] = time.perf_counter() - t0
+            res[f"fit_s_{side}"] = time.perf_counter() - t0
             erased[where] = (e.apply_in_sample(xs, ys) if e.needs_labels else e(xs)).double().cpu()
-            report = e.report()
-            for key in ("barycenter_iterations", "barycenter_residual", "rank", "final_worst_deviation"):
-                if key in report and isinstance(report[key], int | float):
-                    res[f"{key}_{'cpu' if where == 'cpu' else 'device'}"] = report[key]
-            if where == device and device == "cpu":
-                break
-        other = erased[device]  # the CPU fit itself when the device is the CPU
-        diff = float((erased["cpu"] - other).abs().max())
-        res["max_abs_diff"] = diff
-        res["max_rel_diff"] = diff / scale
+            for key, value in e.report().items():
+                if key in ("barycenter_iterations", "barycenter_residual", "rank", "final_worst_deviation") \
+                        and isinstance(value, int | float):
+                    res[f"{key}_{side}"] = value
+        res["max_abs_diff"] = float((erased["cpu"] - erased[p.device]).abs().max())
+        res["max_rel_diff"] = res["max_abs_diff"] / scale
         out[name] = res
         print(f"{name}: {res}", flush=True)
     return out
 
 
 def _arch_cfg(arch: str, p: Payload) -> Any:
-    c, s = p.shape[0], p.shape[1]
-    return compose([f"arch={arch}", *p.arch_overrides[arch], "dataset=synthetic", f"dataset.n={p.n}",
-                    f"dataset.channels={c}", f"dataset.size={s}", f"dataset.num_classes={NUM_CLASSES}",
-                    "dataset.augment=true", "logger=none", "progress=false", f"device={p.device}",
-                    *p.overrides])
+    """The job config (a training.app.schema.JobConfig) of `arch` on the payload's synthetic data, resolved and
+    checked as `python -m training.run` would run it."""
+    overrides = [f"arch={arch}", *p.arch_overrides[arch], "dataset=synthetic", f"dataset.n={p.n}",
+                 f"dataset.channels={p.shape[0]}", f"dataset.size={p.shape[1]}", f"dataset.num_classes={NUM_CLASSES}",
+                 "dataset.augment=true", "logger=none", "progress=false", f"device={p.device}", *p.overrides]
+    return load_job(job_config(overrides))
 
 
 def throughput(p: Payload) -> dict[str, Any]:
@@ -676,24 +573,20 @@ def throughput(p: Payload) -> dict[str, Any]:
             split = make_split(len(y), 0, val_size=p.val, val_frac=0.5, num_blocks=2, min_block=p.subset)
             trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device,
                               numerics=JobNumerics(channels_last=cfg.training.channels_last))
-            subset = split.order[: p.subset]
-            opts = cfg.training
-
+            subset, opts = split.order[: p.subset], cfg.training
             group = GroupOptions(engine="stacked", workers=opts.workers, compile=opts.compile, progress=False,
                                  fused_optimizer=False, rows=None, poll_every=opts.poll_every)
 
-            def epochs(k: int, models: int, trainer: Trainer = trainer, subset: Any = subset,
-                       group: GroupOptions = group) -> float:  # one model by fit(), as a job trains it
-                return epoch_seconds(trainer, subset, k, models, None if models == 1 else group)
-
-            def per_epoch(models: int) -> float:
+            def per_epoch(models: int, trainer: Trainer = trainer, subset: Any = subset,
+                          group: GroupOptions = group) -> float:  # one model by fit(), as a job trains it
+                one = epoch_seconds(trainer, subset, 1, models, None if models == 1 else group)
                 if p.quick:  # toy: the path, not the figure
-                    return epochs(1, models)
-                one, three = epochs(1, models), epochs(3, models)
+                    return one
+                three = epoch_seconds(trainer, subset, 3, models, None if models == 1 else group)
                 return (three - one) / 2 if three > one else three / 3  # start-up cost removed when measurable
 
             if not p.quick:
-                epochs(1, 1)  # warm-up: kernels, allocator, cuDNN autotuning
+                epoch_seconds(trainer, subset, 1, 1, None)  # warm-up: kernels, allocator, cuDNN autotuning
             res: dict[str, Any] = {"subset": len(subset), "val": len(split.val_idx), "epoch_s": per_epoch(1)}
             model = trainer.member(subset, ("eval", 0)).model.eval()
             everything = torch.arange(len(y))
@@ -715,19 +608,15 @@ def throughput(p: Payload) -> dict[str, Any]:
             # groups its block models by default (`training.parallel_models=auto`, with the engine the job resolves
             # for it: the loop engine where the registry says it does not vectorise)
             why = why_not_vectorized(probe.model, probe.optimizer, trainer.regularizer, "stacked")
-            res["vectorises"] = why is None
-            res["grouped_by_default"] = why_not_vectorized(probe.model, probe.optimizer, trainer.regularizer,
-                                                           trainer.engine) is None
-            res["engine_by_default"] = trainer.engine
+            res.update(vectorises=why is None, engine_by_default=trainer.engine, grouped_by_default=why_not_vectorized(
+                probe.model, probe.optimizer, trainer.regularizer, trainer.engine) is None)
             if why is not None:
                 res["why_not_vectorised"] = why
-            if res["vectorises"] and p.group > 1:
-                res["group_models"] = p.group
-                res["group_epoch_s"] = per_epoch(p.group)
+            if why is None and p.group > 1:
+                res.update(group_models=p.group, group_epoch_s=per_epoch(p.group))
                 res["group_model_sps"] = p.group * len(subset) / res["group_epoch_s"]
             res["params"] = sum(t.numel() for t in model.parameters())
-            res.update(_memory(device))
-            out[arch] = res
+            out[arch] = {**res, **_memory(device)}
             del trainer, model
         except Exception as err:  # one architecture failing does not lose the others
             out[arch] = {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
@@ -740,41 +629,36 @@ def loop(p: Payload) -> dict[str, Any]:
     in p.ready), counting samples. Several at once share the device."""
     device = torch.device(p.device)
     x, y = synthetic(p.n, math.prod(p.shape))
-    cfg = _arch_cfg(p.arch, p)
     split = make_split(len(y), 0, val_size=p.val, val_frac=0.5, num_blocks=2, min_block=p.subset)
-    trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device)
+    trainer = Trainer(_arch_cfg(p.arch, p), x, y, NUM_CLASSES, split, device)
     m = trainer.member(split.order, ("loop", 0))
     model, opt = m.model.train(), m.optimizer
     opt.train()  # type: ignore[attr-defined]  # schedule-free's train()/eval(); the library is untyped
     gen, crops = torch.Generator(device=device).manual_seed(0), torch.Generator().manual_seed(1)  # crops: CPU
     bs = 128
 
-    def step() -> None:
-        idx = torch.randint(0, len(y), (bs,), device=device, generator=gen)
-        loss = torch.nn.functional.cross_entropy(model(crop_flip(trainer.data.all(idx), crops)), trainer.y[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    def steps(k: int) -> None:
+        for _ in range(k):
+            idx = torch.randint(0, len(y), (bs,), device=device, generator=gen)
+            loss = torch.nn.functional.cross_entropy(model(crop_flip(trainer.data.all(idx), crops)), trainer.y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        sync(device)
 
-    for _ in range(10):
-        step()
-    sync(device)
+    steps(10)
     Path(p.ready, str(os.getpid())).touch()
     t_wait = time.monotonic()
     while len(list(Path(p.ready).iterdir())) < p.procs:
         if time.monotonic() - t_wait > p.wait_s:
             raise TimeoutError("the other loop workers did not get ready")
         time.sleep(0.01)
-    t0, steps = time.perf_counter(), 0
-    while True:
-        for _ in range(10):
-            step()
-        steps += 10
-        sync(device)
-        if time.perf_counter() - t0 >= p.seconds:
-            break
+    t0, done = time.perf_counter(), 0
+    while not done or time.perf_counter() - t0 < p.seconds:
+        steps(10)
+        done += 10
     seconds = time.perf_counter() - t0
-    return {"arch": p.arch, "steps": steps, "seconds": seconds, "sps": steps * bs / seconds, **_memory(device)}
+    return {"arch": p.arch, "steps": done, "seconds": seconds, "sps": done * bs / seconds, **_memory(device)}
 
 
 def device(p: Payload) -> dict[str, Any]:
@@ -785,18 +669,11 @@ def device(p: Payload) -> dict[str, Any]:
             "count": torch.cuda.device_count()}
 
 
-KINDS = {"device": device, "job": job, "erasers": erasers, "throughput": throughput, "loop": loop}
-
-
-def main() -> None:
-    kind, payload = sys.argv[1], Payload.from_json(sys.argv[2])
-    if payload.threads is not None:
-        torch.set_num_threads(payload.threads)
-    result = KINDS[kind](payload)
-    sys.stdout.flush()
-    print("RESULT " + json.dumps(result), flush=True)
-
-
 if __name__ == "__main__":
     os.environ.setdefault("WANDB_MODE", "disabled")
-    main()
+    payload = Payload(**json.loads(sys.argv[2]))
+    if payload.threads is not None:
+        torch.set_num_threads(payload.threads)
+    kinds = {"device": device, "job": job, "erasers": erasers, "throughput": throughput, "loop": loop}
+    result = kinds[sys.argv[1]](payload)
+    print("RESULT " + json.dumps(result), flush=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 LIST = Path(__file__).resolve().parents[1] / "tests" / "heavy_tests.txt"
@@ -30,11 +31,15 @@ def node_id(classname: str, name: str) -> str:
     return "::".join([path, *parts[module:], name.split("@", 1)[0]])
 
 
+def testcases(junit: Path) -> Iterator[tuple[str, ET.Element]]:
+    """Each test of a junit file: its node id and its <testcase> element (time, failure/error/skipped)."""
+    for case in ET.parse(junit).iter("testcase"):
+        yield node_id(case.get("classname", ""), case.get("name", "")), case
+
+
 def heavy(junits: list[Path], threshold: float) -> list[str]:
     """The node ids at or over `threshold` seconds in any of the junit files (a test's longest time)."""
-    cases = [c for junit in junits for c in ET.parse(junit).iter("testcase")]
-    return sorted({node_id(c.get("classname", ""), c.get("name", "")) for c in cases
-                   if float(c.get("time", 0)) >= threshold})
+    return sorted({i for junit in junits for i, case in testcases(junit) if float(case.get("time", 0)) >= threshold})
 
 
 def main(argv: list[str] | None = None) -> int:

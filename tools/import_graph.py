@@ -27,23 +27,17 @@ PACKAGES = ("atomicio", "erasure", "models", "training", "scripts", "tools")
 
 def modules() -> dict[str, Path]:
     out = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for path in (p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
-
-
-def _type_checking(node: ast.AST) -> bool:
-    test = node.test if isinstance(node, ast.If) else None
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _imports(tree: ast.AST, in_function: bool = False) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
     """Every import statement outside `if TYPE_CHECKING:`, with whether it is inside a function."""
     for child in ast.iter_child_nodes(tree):
-        if _type_checking(child):
+        if isinstance(child, ast.If) and isinstance(child.test, ast.Name | ast.Attribute) \
+                and ast.unparse(child.test).rpartition(".")[2] == "TYPE_CHECKING":
             continue
         if isinstance(child, ast.Import | ast.ImportFrom):
             yield child, in_function
@@ -81,70 +75,35 @@ def graph() -> tuple[dict[str, set[str]], list[tuple[str, str]]]:
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected sets of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(edges[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            scc = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                scc.append(w)
-                if w == v:
-                    break
-            if len(scc) > 1:
-                found.append(sorted(scc))
-
-    sys.setrecursionlimit(10_000)
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return found
-
-
-def layers() -> list[list[str]]:
-    """The `layers` contract of pyproject.toml, top first: each layer's modules (`a | b`: independent siblings)."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    contract = next(c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers")
-    return [[m.strip() for m in layer.replace(":", "|").split("|")] for layer in contract["layers"]]
-
-
-def _level(module: str, levels: list[list[str]]) -> int | None:
-    best: tuple[int, int] | None = None  # (prefix length, level): the most specific layer holding the module
-    for i, layer in enumerate(levels):
-        for prefix in layer:
-            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
-                best = (len(prefix), i)
-    return None if best is None else best[1]
+    """The strongly connected sets of more than one module: a module with the modules that it reaches and that reach
+    it."""
+    reach: dict[str, set[str]] = {}
+    for start in edges:
+        seen: set[str] = set()
+        todo = [start]
+        while todo:
+            for w in edges[todo.pop()] - seen:
+                seen.add(w)
+                todo.append(w)
+        reach[start] = seen
+    return [list(c) for c in sorted({tuple(sorted(w for w in reach[v] if v in reach[w])) for v in edges
+                                     if v in reach[v]})]
 
 
 def upward(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
-    levels = layers()
-    out = []
-    for source, targets in sorted(edges.items()):
-        for target in sorted(targets):
-            a, b = _level(source, levels), _level(target, levels)
-            if a is not None and b is not None and b < a:  # index 0 is the top layer
-                out.append((source, target))
-    return out
+    """The edges whose target is in a higher layer (of the `layers` contract, top first; `a | b`: siblings) than
+    their source; a module's layer is that of the most specific name holding it."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contract = next(c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers")
+    prefixes = [(m.strip(), i) for i, layer in enumerate(contract["layers"])
+                for m in layer.replace(":", "|").split("|")]
 
+    def level(module: str) -> int | None:
+        held = [(len(p), i) for p, i in prefixes if module == p or module.startswith(p + ".")]
+        return max(held)[1] if held else None
 
-def lines(path: Path) -> int:
-    return len(path.read_text().splitlines())
+    return [(a, b) for a in sorted(edges) for b in sorted(edges[a])
+            if (la := level(a)) is not None and (lb := level(b)) is not None and lb < la]  # index 0: the top layer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,24 +113,19 @@ def main(argv: list[str] | None = None) -> int:
     edges, inside = graph()
     found, up = cycles(edges), upward(edges)
     app_inside = [(a, b) for a, b in inside if a.startswith("training.app") and b.startswith("training.app")]
-    sizes = {m: lines(p) for m, p in modules().items()}
-    app = sum(n for m, n in sizes.items() if m.startswith("training.app"))
+    sizes = {m: len(p.read_text().splitlines()) for m, p in modules().items()}
     largest = max(sizes, key=lambda m: sizes[m])
     over = sorted(m for m, n in sizes.items() if n > 600)
     print(f"modules: {len(sizes)}, lines: {sum(sizes.values())}")
     print(f"import cycles: {len(found)} ({', '.join(str(len(c)) + ' modules' for c in found) or 'none'})")
     print(f"upward imports: {len(up)}")
     print(f"project imports inside functions: {len(inside)} (training.app -> training.app: {len(app_inside)})")
-    print(f"training/app lines: {app}")
+    print(f"training/app lines: {sum(n for m, n in sizes.items() if m.startswith('training.app'))}")
     print(f"training/tasks/mdl/job.py lines: {sizes.get('training.tasks.mdl.job', 0)}")
     print(f"largest module: {largest} ({sizes[largest]} lines); over 600 lines: {len(over)} {over or ''}")
     if args.list:
-        for c in found:
-            print("cycle:", " ".join(c))
-        for a, b in up:
-            print(f"upward: {a} -> {b}")
-        for a, b in inside:
-            print(f"inside a function: {a} -> {b}")
+        print("".join(f"cycle: {' '.join(c)}\n" for c in found) + "".join(f"upward: {a} -> {b}\n" for a, b in up)
+              + "".join(f"inside a function: {a} -> {b}\n" for a, b in inside), end="")
     return 0
 
 

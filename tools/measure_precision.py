@@ -64,13 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--erasers", default="control,leace,qleace,alf_qleace,gradient,random")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--out", default="outputs/precision")
-    p.add_argument("--table-only", action="store_true", help="only table the results already in --out")
     p.add_argument("override", nargs="*", help="extra training.run overrides")
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
-    if not args.table_only:
-        for precision in ("fp32", "bf16"):
-            run(out, args.erasers, args.seeds, precision, args.override)
+    for precision in ("fp32", "bf16"):
+        run(out, args.erasers, args.seeds, precision, args.override)
     print("\n".join(table(collect(out))))
     return 0
 

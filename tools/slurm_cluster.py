@@ -19,6 +19,7 @@ runs before .venv exists).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -119,7 +120,6 @@ class Cluster:
         self.munge_socket = self.run / "munge.socket"
         self.db_socket = self.run / "mariadb.sock"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf), MARKER: str(self.root)}
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     # --- bookkeeping ------------------------------------------------------------------------------------
     def pids(self) -> dict[str, int]:
@@ -128,33 +128,24 @@ class Cluster:
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
 
-    def _record(self, name: str, pid: int) -> None:
-        pids = self.pids()
-        pids[name] = pid
-        tmp = self.pids_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(pids))
-        tmp.replace(self.pids_file)
-
     def client(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout)
 
-    def spawn(self, name: str, argv: list[str]) -> None:
-        """Start a daemon in the foreground of its own session (it outlives this script); record its pid."""
-        out = (self.log / f"{name}.out").open("ab")
-        proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        out.close()
-        self.procs[name] = proc
-        self._record(name, proc.pid)
-
-    def wait_for(self, name: str, ready: Callable[[], bool], log: str) -> None:
+    def spawn(self, name: str, argv: list[str], ready: Callable[[], bool]) -> None:
+        """Start a daemon in the foreground of its own session (it outlives this script), record its pid and wait
+        until it is `ready` (a StartError naming its log when it exits or is not ready in time)."""
+        with (self.log / f"{name}.out").open("ab") as out:
+            proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        tmp = self.pids_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**self.pids(), name: proc.pid}))
+        tmp.replace(self.pids_file)
         deadline = time.monotonic() + START_TIMEOUT_S
-        proc = self.procs.get(name)
         while not ready():
-            if proc is not None and proc.poll() is not None:
-                raise StartError(f"{name} exited with status {proc.returncode}; see {self.log / log}")
+            if proc.poll() is not None:
+                raise StartError(f"{name} exited with status {proc.returncode}; see {self.log / name}.log")
             if time.monotonic() > deadline:
-                raise StartError(f"{name} not ready after {START_TIMEOUT_S:.0f}s; see {self.log / log}")
+                raise StartError(f"{name} not ready after {START_TIMEOUT_S:.0f}s; see {self.log / name}.log")
             time.sleep(0.2)
 
     # --- start ------------------------------------------------------------------------------------------
@@ -244,9 +235,9 @@ StorageLoc=slurm_acct_db
         os.chmod(key, 0o400)
         self.spawn("munged", [str(which("munged")), "--foreground", "--force", f"--socket={self.munge_socket}",
                               f"--key-file={key}", f"--pid-file={self.run / 'munged.pid'}",
-                              f"--log-file={self.log / 'munged.log'}", f"--seed-file={self.root / 'munge/seed'}"])
-        self.wait_for("munged", lambda: self.munge_socket.exists() and self.client(
-            "munge", "-n", f"--socket={self.munge_socket}").returncode == 0, "munged.log")
+                              f"--log-file={self.log / 'munged.log'}", f"--seed-file={self.root / 'munge/seed'}"],
+                   lambda: self.munge_socket.exists()
+                   and self.client("munge", "-n", f"--socket={self.munge_socket}").returncode == 0)
 
         datadir, tmpdir = self.root / "db", self.root / "db-tmp"
         tmpdir.mkdir(exist_ok=True)  # not /tmp: two clusters installing at once lost each other's temporary tables
@@ -259,8 +250,8 @@ StorageLoc=slurm_acct_db
             raise StartError(f"mariadb-install-db failed; see {self.log / 'mariadb-install-db.log'}")
         self.spawn("mariadbd", [str(which("mariadbd")), "--no-defaults", *db_opts, f"--socket={self.db_socket}",
                                 f"--port={info['mariadb_port']}", "--bind-address=127.0.0.1", "--skip-name-resolve",
-                                f"--pid-file={self.run / 'mariadbd.pid'}", f"--log-error={self.log / 'mariadbd.log'}"])
-        self.wait_for("mariadbd", lambda: port_open(int(info["mariadb_port"])), "mariadbd.log")
+                                f"--pid-file={self.run / 'mariadbd.pid'}", f"--log-error={self.log / 'mariadbd.log'}"],
+                   lambda: port_open(int(info["mariadb_port"])))
         sql = (f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{info['db_password']}'; "
                "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
         proc = self.client(str(which("mariadb")), "--no-defaults", f"--socket={self.db_socket}", "-u", "root",
@@ -268,19 +259,17 @@ StorageLoc=slurm_acct_db
         if proc.returncode != 0:
             raise StartError(f"could not create the slurm database user: {proc.stderr.strip()}")
 
-        self.spawn("slurmdbd", [str(which("slurmdbd")), "-D"])
-        self.wait_for("slurmdbd", lambda: port_open(int(info["slurmdbd_port"])), "slurmdbd.log")
+        self.spawn("slurmdbd", [str(which("slurmdbd")), "-D"], lambda: port_open(int(info["slurmdbd_port"])))
         deadline = time.monotonic() + START_TIMEOUT_S
         while (proc := self.client("sacctmgr", "-i", "add", "cluster", str(info["cluster"]))).returncode != 0:
             if time.monotonic() > deadline:
                 raise StartError(f"sacctmgr add cluster failed: {proc.stderr.strip()}; see {self.log}/slurmdbd.log")
             time.sleep(0.5)
 
-        self.spawn("slurmctld", [str(which("slurmctld")), "-D", "-i"])
-        self.wait_for("slurmctld", lambda: "UP" in self.client("scontrol", "ping").stdout, "slurmctld.log")
-        self.spawn("slurmd", [str(which("slurmd")), "-D", "-N", str(info["node"])])
-        self.wait_for("slurmd", lambda: self.client("sinfo", "-h", "-N", "-o", "%T").stdout.strip() == "idle",
-                      "slurmd.log")
+        self.spawn("slurmctld", [str(which("slurmctld")), "-D", "-i"],
+                   lambda: "UP" in self.client("scontrol", "ping").stdout)
+        self.spawn("slurmd", [str(which("slurmd")), "-D", "-N", str(info["node"])],
+                   lambda: self.client("sinfo", "-h", "-N", "-o", "%T").stdout.strip() == "idle")
 
     # --- stop -------------------------------------------------------------------------------------------
     def cancel_jobs(self, timeout: float = 45) -> None:
@@ -303,13 +292,9 @@ StorageLoc=slurm_acct_db
     def leftovers(self) -> list[int]:
         """Processes this cluster left: slurmstepds (they carry the daemons' MARKER) and job processes (they
         carry this cluster's SLURM_CONF and a SLURM_JOB_ID); never this process or its ancestors."""
-        mine = {os.getpid()}
-        pid = os.getpid()
-        while pid > 1:
-            try:
-                pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                break
+        mine, pid = {os.getpid()}, os.getpid()
+        while pid > 1 and (stat := _stat(pid)):
+            pid = int(stat[1])  # the parent
             mine.add(pid)
         marker = f"{MARKER}={self.root}".encode()
         conf = f"SLURM_CONF={self.conf}".encode()
@@ -338,18 +323,17 @@ StorageLoc=slurm_acct_db
         return stopped
 
 
-def _alive(pid: int) -> bool:
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name (state, parent, ...); empty when there is no such process."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return False
+        return []
+
+
+def _alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return bool(stat) and stat[0] != "Z"  # a zombie has exited
 
 
 def _belongs(pid: int, root: Path) -> bool:
@@ -361,20 +345,14 @@ def _belongs(pid: int, root: Path) -> bool:
 
 
 def _terminate(pids: list[int], grace_s: float = 20) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in pids:
-        if _alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    """TERM, up to `grace_s` to end, then KILL for those still alive."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in filter(_alive, pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while sig == signal.SIGTERM and any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,8 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "install":
         return install()
     if args.action == "check":
-        reason = why_not()
-        if reason:
+        if reason := why_not():
             print(reason)
         return 2 if reason else 0
     cluster = Cluster(args.dir or default_dir(), args.max_array_size)

@@ -1,18 +1,9 @@
-"""Follow one value through the code (its "value trail"): run a tiny job in this process under `sys.settrace`,
-take the object an entry function receives as one of its arguments, and record every call of a project function,
-made inside the entry's call, that receives that same object (by identity) as an argument. Printed per trail:
-
-    functions  the distinct functions it was handed to (the entry included)
-    returns    how often it came back to a module it had left before (A -> B -> A counts one)
-    modules    the distinct modules it visited
+"""Follow one value through the code (its "value trail", docs/code-map.md): run a tiny job in this process under
+`sys.settrace` and record every call of a project function, inside an entry function's call, that is handed the object
+the entry received as one of its arguments (by identity; a `handoff` function's result is followed too). Per trail:
+the distinct functions, the returns to a module it had left (A -> B -> A counts one) and the distinct modules.
 
     PYTHONPATH=$PWD python -m tools.value_trail [-v]     # -v: the functions of each trail
-
-Only frames of the project's packages count (atomicio, erasure, models, training, scripts); the object is followed
-by identity. A value rebuilt on the way is followed into its new form where the trail names the function that
-rebuilds it (`handoff`): `run_job:config` follows the raw config into the JobConfig `load_config` returns, counting
-the calls inside `load_config` that were handed that JobConfig (its checks) too. `run_in_job_dir:cfg` follows
-the JobConfig from the lifecycle's entry only.
 """
 
 from __future__ import annotations
@@ -49,12 +40,8 @@ class Trail:
     def figures(self) -> tuple[int, int, int]:
         """(functions, returns to a module left before, modules)."""
         modules = [m for m, _ in self.visits]
-        back, seen = 0, set[str]()
-        for i, m in enumerate(modules):
-            if i and m != modules[i - 1] and m in seen:
-                back += 1
-            seen.add(m)
-        return len(dict.fromkeys(self.visits)), back, len(seen)
+        back = sum(1 for i, m in enumerate(modules) if i and m != modules[i - 1] and m in modules[:i])
+        return len(dict.fromkeys(self.visits)), back, len(set(modules))
 
 
 def _arguments(frame: FrameType) -> list[Any]:
@@ -64,11 +51,9 @@ def _arguments(frame: FrameType) -> list[Any]:
 
 
 def _inside(frame: FrameType | None, entry: FrameType | None) -> bool:
-    while frame is not None:
-        if frame is entry:
-            return True
+    while frame is not None and frame is not entry:
         frame = frame.f_back
-    return False
+    return frame is not None
 
 
 def follow(trails: list[Trail], run: Callable[[], Any], project: tuple[str, ...] = PROJECT) -> None:
@@ -80,11 +65,8 @@ def follow(trails: list[Trail], run: Callable[[], Any], project: tuple[str, ...]
 
         def local(frame: FrameType, event: str, arg: Any) -> Any:
             if event == "return" and trail.pending is not None:
-                if not any(arg is t for t in trail.targets):
-                    trail.targets.append(arg)
-                for module, fn, args in trail.pending:
-                    if trail.holds(fn, args):
-                        trail.visits.append((module, fn))
+                trail.targets += [] if any(arg is t for t in trail.targets) else [arg]
+                trail.visits += [(module, fn) for module, fn, args in trail.pending if trail.holds(fn, args)]
                 trail.pending = None
             return local
 
@@ -96,9 +78,7 @@ def follow(trails: list[Trail], run: Callable[[], Any], project: tuple[str, ...]
         module = frame.f_globals.get("__name__", "")
         if not module.startswith(project) and module != "__main__":
             return None
-        name = frame.f_code.co_name
-        args = None
-        local = None
+        name, args, local = frame.f_code.co_name, None, None
         for trail in trails:
             if not trail.targets and name == trail.function and trail.argument in frame.f_locals:
                 trail.targets, trail.entry = [frame.f_locals[trail.argument]], frame

@@ -1,8 +1,7 @@
 """User errors: mistakes a user fixes (a missing or corrupt data file, a bad config value, an unwritable path, a
 directory holding another configuration's result). `python -m training.run` reports one of these as ONE line on
-stderr (and in the job's run.log) with exit code 2, not as a traceback (`HYDRA_FULL_ERROR=1` shows it).
-
-Every message names the file or key and says what to do. A leaf module: any layer of training/ may import it.
+stderr (and in the job's run.log) with exit code 2, not as a traceback (`HYDRA_FULL_ERROR=1` shows it). Every message
+names the file or key and says what to do. A leaf module: any layer of training/ may import it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """`hydra/launcher=slurm`: hydra-submitit-launcher's SLURM launcher, one array task per job (a cell: its seeds train
-together), with arrays no larger than the cluster allows. submitit submits a sweep as one job array, which sbatch
-refuses when it has more tasks than the cluster's `MaxArraySize` (`scontrol show config`); here the sweep's jobs are
-cut into arrays of at most that many, all submitted at once, and their results are returned in the sweep's order
-(each job keeps its number in the sweep: its ledger line, its `hydra.job.num`).
-
-Hydra takes launchers from the `hydra_plugins` namespace package only; this module imports nothing of the harness
-(`python -m training.run` registers it, so it is found from any working directory)."""
+together), with arrays no larger than the cluster allows: sbatch refuses an array of more tasks than the cluster's
+`MaxArraySize` (`scontrol show config`), so the sweep's jobs are cut into arrays of at most that many, all submitted
+at once, their results returned in the sweep's order (each job keeps its `hydra.job.num`). Hydra takes launchers
+from the `hydra_plugins` namespace package only; this module imports nothing of the harness."""
 
 from __future__ import annotations
 

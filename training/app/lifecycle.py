@@ -5,10 +5,8 @@ task's body, write result.json last, clear the progress file.
         return run_in_job_dir(load_config(config, spec), body)  # body(run: JobRun) -> the task's typed Sections
 
 It returns an `Outcome`: done (computed now), skipped (this configuration's result was there), reused (found in
-its pre-v2 directory) or failed (the ledger's record of an error). A precheck's data reaches the body as `loaded`.
-
-Every task shares it, so a fix here (a lock, a resume rule) reaches all. Every result records its `provenance`;
-one whose `finite=` sections hold a NaN or infinity is never written (NonFiniteError, one line).
+its pre-v2 directory) or failed (the ledger's record of an error). Every task shares it, so a fix here (a lock, a
+resume rule) reaches all.
 """
 
 from __future__ import annotations
@@ -96,9 +94,8 @@ Status = Literal["done", "skipped", "reused", "failed"]
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a job came to (see the module docstring) and its result.json (None when it failed: `error` is the
-    line that says why). `run_in_job_dir` returns done, skipped or reused and raises a failure; the multirun ledger
-    (training/cli/ledger.py) records a raised failure as `failed`."""
+    """What a job came to (see the module docstring) and its result.json (None when it failed: `error` says why).
+    `run_in_job_dir` raises a failure; the multirun ledger (training/cli/ledger.py) records it as `failed`."""
 
     status: Status
     job_dir: Path
@@ -119,9 +116,8 @@ class DataOnDisk:
 @dataclass(frozen=True)
 class JobRun:
     """What a task's body gets: its typed config, directory, device and progress file, what its precheck (or
-    fingerprint) loaded (None: nothing; the body loads its data itself), what the jobs of its process share (`store`,
-    training/data/shared.py) and its numerics (training/engine/numerics.py: passed to what trains; the signature in
-    result.json is read from it)."""
+    fingerprint) loaded (None: the body loads its data itself), what the seeds of its cell share (`store`) and its
+    numerics (training/engine/numerics.py: passed to what trains; result.json's signature is read from it)."""
 
     cfg: JobConfig
     job: JobDir
@@ -154,12 +150,24 @@ Precheck = Callable[[JobConfig, torch.device, Any, Any], Any]  # (config, device
 Fingerprint = Callable[[JobConfig, Any], DataOnDisk]  # (config, store)
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """A task's hooks into the lifecycle (`Task.lifecycle()`, keyword arguments of `run_in_job_dir`): `precheck`
+    (above; what it loaded is `JobRun.loaded`); `finite`: the sections whose every number must be finite (else
+    NonFiniteError, no result); `complete`, `fingerprint`: see `stale_reason`; `describe`: the done line's summary."""
+
+    precheck: Precheck | None = None
+    describe: Callable[[dict[str, Any]], str] | None = None
+    finite: tuple[str, ...] = ()
+    complete: tuple[str, ...] = ()
+    fingerprint: Fingerprint | None = None
+
+
 def stale_reason(done: Result, cfg: JobConfig, complete: tuple[str, ...],
                  fingerprint: Callable[[JobConfig], Any] | None) -> Stale | None:
-    """Why a finished result of this configuration must not be reused (None: reuse it): a section the task
-    always writes is missing (`complete`), or the result's `dataset.fingerprint` differs from `fingerprint(cfg)`,
-    the data now on disk (files swapped under the same names, or `dataset.root` pointing at another copy): that
-    result is a finished measurement of other data, kept aside (`Stale.keep_as`) before the job runs again."""
+    """Why a finished result of this configuration must not be reused (None: reuse it): a section the task always
+    writes is missing (`complete`), or its `dataset.fingerprint` differs from `fingerprint(cfg)`, the data now on disk:
+    that result is a finished measurement of other data, kept aside (`Stale.keep_as`) before the job runs again."""
     for section in complete:
         if done.section(section) is None:
             return Stale(f"it has no {section} section (incomplete)")
@@ -192,48 +200,28 @@ def nonfinite_leaves(value: Any, path: str) -> Iterator[tuple[str, float]]:
         yield path, value
 
 
-def check_finite(result: Result, sections: tuple[str, ...], job_path: Path) -> None:
-    """NonFiniteError (one line) when a number in the result's `sections` is NaN/inf: such a result is never
-    written (it would read as a finished job)."""
-    for section in sections:
-        for path, value in nonfinite_leaves(at(result.body.written, section), section):
-            raise NonFiniteError(f"non-finite {path} ({value}) in the result of {job_path}: lr too high or bad data; "
-                                 "nothing was written as a result")
-
-
-def run_in_job_dir(cfg: JobConfig, body: Body, precheck: Precheck | None = None,
-                   describe: Callable[[dict[str, Any]], str] | None = None, finite: tuple[str, ...] = (),
-                   complete: tuple[str, ...] = (), fingerprint: Fingerprint | None = None,
-                   store: Any = None) -> Outcome:
+def run_in_job_dir(cfg: JobConfig, body: Body, store: Any = None, **hooks: Any) -> Outcome:
     """Run `body`, the job of `cfg` (loaded with its task's spec), in its directory under its lock; its Outcome: done
-    with the new result, or skipped/reused with an earlier result of this configuration. `precheck` refuses bad
-    runtime options before anything is made and returns what it loaded (`JobRun.loaded`). `finite`: the sections
-    whose every number must be finite (else NonFiniteError, no result); every result gets `provenance`. An earlier
-    result is not reused (one line says why) when it lacks a `complete` section or its `dataset.fingerprint` differs
-    from `fingerprint(cfg)`, the data now (which the body then gets). `store`: what the seeds of a cell share (loaded
-    data, fitted erasers, erased data: training/inputs/store.py), handed to the hooks and the body."""
-    (outcome,) = run_cell([cfg], lambda runs: [body(runs[0])], precheck, describe, finite, complete, fingerprint,
-                          store)
-    if outcome.exception is not None:
+    with the new result (with its `provenance`), or skipped/reused with an earlier result of this configuration.
+    `hooks`: the fields of `Hooks`. `store`: what the seeds of a cell share (loaded data, fitted erasers, erased
+    data: training/inputs/store.py), handed to the hooks and the body."""
+    if (outcome := run_cell([cfg], lambda runs: [body(runs[0])], store, **hooks)[0]).exception is not None:
         raise outcome.exception
     return outcome
 
 
-def run_cell(cfgs: list[JobConfig], body: CellBody, precheck: Precheck | None = None,
-             describe: Callable[[dict[str, Any]], str] | None = None, finite: tuple[str, ...] = (),
-             complete: tuple[str, ...] = (), fingerprint: Fingerprint | None = None,
-             store: Any = None) -> list[Outcome]:
+def run_cell(cfgs: list[JobConfig], body: CellBody, store: Any = None, **hooks: Any) -> list[Outcome]:
     """The jobs of a cell's seeds (`cfgs`, one configuration) run together: each opened in its directory under its
-    lock (skipped or reused as alone), then `body` runs every job that is not done at once (one numerics: they train
-    together) and returns each one's sections or the exception it failed with; each writes its result.json. An
-    Outcome per seed, in order: a seed that failed (`failed`, with its exception) never stops the others.
-    Interrupts (a signal's stop, Ctrl-C) pass through, every lock released."""
+    lock (skipped or reused as alone), then `body` runs the jobs not done at once (one numerics) and returns each
+    one's sections or the exception it failed with; each writes its result.json. An Outcome per seed, in order: a
+    seed that failed (`failed`) never stops the others. Interrupts pass through, every lock released."""
     outcomes: dict[int, Outcome] = {}
+    given = Hooks(**hooks)
     with ExitStack() as stack:
         runs: list[tuple[int, JobRun]] = []
         for i, cfg in enumerate(cfgs):
             try:
-                got = stack.enter_context(opened(cfg, precheck, complete, fingerprint, store))
+                got = stack.enter_context(opened(cfg, given, store))
             except Exception as err:  # noqa: BLE001 - this seed's: recorded, the others go on
                 outcomes[i] = failed(cfg, err)
                 continue
@@ -249,7 +237,7 @@ def run_cell(cfgs: list[JobConfig], body: CellBody, precheck: Precheck | None = 
                     try:
                         if isinstance(made, BaseException):
                             raise made
-                        outcomes[i] = finish(run, made, finite, describe)
+                        outcomes[i] = finish(run, made, given)
                     except Exception as err:  # noqa: BLE001 - this seed's: recorded, the others go on
                         outcomes[i] = failed(run.cfg, err)
     return [outcomes[i] for i in range(len(cfgs))]
@@ -263,11 +251,10 @@ def failed(cfg: JobConfig, err: Exception) -> Outcome:
 
 
 @contextmanager
-def opened(cfg: JobConfig, precheck: Precheck | None = None, complete: tuple[str, ...] = (),
-           fingerprint: Fingerprint | None = None, store: Any = None) -> Iterator[Outcome | JobRun]:
+def opened(cfg: JobConfig, hooks: Hooks, store: Any = None) -> Iterator[Outcome | JobRun]:
     """The job of `cfg` opened: its directory locked inside; yields its Outcome when an earlier result stands
     (skipped, reused), else the JobRun its body runs (see `run_in_job_dir`)."""
-    spec = cfg.task_spec
+    spec, precheck, fingerprint = cfg.task_spec, hooks.precheck, hooks.fingerprint
     job = JobDir(Path(cfg.paths.job_dir), config_hash(cfg), spec, cfg.force)
     device = resolve_device(cfg.device)
     # a job that looks finished loads nothing (the lifecycle skips it, unless its result is stale: checked below)
@@ -281,7 +268,7 @@ def opened(cfg: JobConfig, precheck: Precheck | None = None, complete: tuple[str
 
     check = now_on_disk if fingerprint is not None else None
     with job.locked():
-        if (done := job.finished(lambda d: stale_reason(d, cfg, complete, check))) is not None:
+        if (done := job.finished(lambda d: stale_reason(d, cfg, hooks.complete, check))) is not None:
             yield Outcome("skipped", job.path, encode(done))
             return
         if not cfg.force and cfg.paths.legacy_job_dir and (done := legacy_result(cfg, job.path)) is not None:
@@ -298,8 +285,7 @@ def opened(cfg: JobConfig, precheck: Precheck | None = None, complete: tuple[str
         yield JobRun(cfg, job, device, progress, loaded, store)
 
 
-def finish(run: JobRun, sections: Sections, finite: tuple[str, ...] = (),
-           describe: Callable[[dict[str, Any]], str] | None = None) -> Outcome:
+def finish(run: JobRun, sections: Sections, hooks: Hooks) -> Outcome:
     """The job's result.json written (its last act: its presence means "done") and its progress file cleared."""
     cfg, job, device = run.cfg, run.job, run.device
     numerics = None if run.numerics is None else run.numerics.signature(device, device_name(str(device)))
@@ -309,9 +295,12 @@ def finish(run: JobRun, sections: Sections, finite: tuple[str, ...] = (),
                        device=str(device), timings=timings,
                        provenance={**provenance(device, run.started, now_utc()), "numerics": numerics},
                        spec=cfg.task_spec)
-    check_finite(typed, finite, job.path)
+    for section in hooks.finite:  # a result with a NaN/inf there is never written (it would read as finished)
+        for path, value in nonfinite_leaves(at(typed.body.written, section), section):
+            raise NonFiniteError(f"non-finite {path} ({value}) in the result of {job.path}: lr too high or bad data; "
+                                 "nothing was written as a result")
     job.write_result(typed)
     result = encode(typed)
     run.progress.clear()
-    log.info("done %s: %s, %.1fs", job.path, describe(result) if describe else cfg.task, timings["total_s"])
+    log.info("done %s: %s, %.1fs", job.path, hooks.describe(result) if hooks.describe else cfg.task, timings["total_s"])
     return Outcome("done", job.path, result)

@@ -1,7 +1,6 @@
 """Building and checking the typed config: `load_config` turns a composed config into a `JobConfig` (or one
-`ConfigError` line), `load_section` / `group_config` one group; the cross-field checks (what a task reads, storage,
-fitting data). The sections are in training/app/sections.py; an eraser's options and fitting modes are checked by
-training/data/eraser_config.py."""
+`ConfigError` line), `load_section` / `group_config` one group, with the cross-field checks (what a task reads,
+storage, fitting data; an eraser's options and fitting modes: training/data/eraser_config.py)."""
 
 from __future__ import annotations
 
@@ -108,11 +107,14 @@ READ_ONLY_WITH: tuple[tuple[str, str, Any, Any], ...] = (
     ("mdl.eval_every_steps", "mdl.full_run", True, None),  # MDL: the full run's validation cadence only
     ("optim.schedule", "optim.name", "adamw", "constant"),  # schedule-free AdamW has no schedule but its warm-up
     ("optim.warmup_steps", "optim.name", "schedulefree", 0),  # schedule-free's warm-up: AdamW has none
+    ("mdl.split", "mdl.protocol", "paper", "once"),  # a prequential code sends each row once, in one order
 )
 # Keys a dataset declares but a task does not read: (key, dataset, the one value accepted, the tasks (None: all)).
 UNREAD_BY_DATASET: tuple[tuple[str, str, Any, tuple[str, ...] | None], ...] = (
     ("dataset.cov_gap", "mixture", 0.0, None),  # its class covariance comes from dataset.separation
     ("dataset.n_test", "two_moons", 1000, ("mdl",)),  # the test draw of task=gs_two_moons; MDL codes the n rows
+    # the test environment of task=gs_colored_mnist; the other tasks read the pooled training environments
+    ("dataset.test_color_flip", "colored_mnist", 0.9, ("mdl", "gs_erased_eval")),
 )
 
 
@@ -162,10 +164,9 @@ def _check_task_reads(job: JobConfig) -> None:
 
 
 def _check_storage(storage: str, eraser: str, zscore: bool) -> None:
-    """`training.storage=uint8|float16` keeps the data exactly or not at all (training/engine/batches.py): the data of
-    an eraser that maps it to arbitrary floats (LEACE, QLEACE, random, ...) or of `dataset.zscore` never fits, so such
-    a job is refused up front instead of after its erasure. (Control data and gradient erasure's quantized edits may
-    fit: the job checks the data itself.)"""
+    """`training.storage=uint8|float16` keeps the data exactly or not at all: the data of an eraser that maps it to
+    arbitrary floats (LEACE, QLEACE, ...) or of `dataset.zscore` never fits, so such a job is refused up front (control
+    data and gradient erasure's quantized edits may fit: the job checks the data itself)."""
     if storage not in ("uint8", "float16"):
         return
     traits = eraser_traits(eraser)
@@ -209,7 +210,8 @@ def _build(cls: type[Section], data: Any, prefix: str) -> Section:
         check_eraser_options(values["name"], values["options"])
         check_eraser_fitting(values)
     if issubclass(cls, OptionsSection):
-        kind, owner = _options_owner(cls)
+        kind, owner = {DatasetConfig: ("dataset", "dataset"), ArchConfig: ("arch", "architecture"),
+                       RegularizerConfig: ("regularizer", "regularizer")}[cls]
         options_cls = _member_options(kind, values["name"])
         view = build_options(options_cls, rest, prefix, known=tuple(values), owner=f"{owner} {values['name']}")
         return cls(**values, options=view, _options=rest)
@@ -219,11 +221,6 @@ def _build(cls: type[Section], data: Any, prefix: str) -> Section:
         k = sorted(rest)[0]
         raise ConfigError(f"{prefix}{k}={rest[k]!r} is not allowed: unknown key; known: {', '.join(values)}")
     return cls(**values)
-
-
-def _options_owner(cls: type[OptionsSection]) -> tuple[str, str]:
-    return {DatasetConfig: ("dataset", "dataset"), ArchConfig: ("arch", "architecture"),
-            RegularizerConfig: ("regularizer", "regularizer")}[cls]
 
 
 def _task_group(spec: TaskSpec, rest: Mapping[str, Any], others: Collection[str]) -> dict[str, Any]:

@@ -4,12 +4,10 @@
     result = decode(json.loads(path.read_text()), spec)  # upgrade() first, then the class of task `spec`
     atomic_write_json(path, encode(result))               # exactly the sections the job wrote, in its order
 
-Older results (tests/fixtures/results/ holds real ones) differ in:
-- no `schema_version` (version 1), no `numerics_version` (numerics 1), no `hash_version` (hash 1), no `task`
-  (the config's task; before tasks: mdl);
-- their config: the group tags (`dataset.tag`, `arch.tag`) absent (their names), `eraser.fold` where today's is
-  `eraser.repeat`, keys added since absent (their schema defaults). `Result.config` stays as recorded (the job hash
-  is recomputed from exactly that); `config_view` is how older configs read today.
+Older results (tests/fixtures/results/ holds real ones) lack `schema_version` (version 1), `numerics_version`
+(numerics 1), `hash_version` (hash 1), `task` (the config's; before tasks: mdl); their config may lack the group
+tags (their names), keys added since (their schema defaults) or spell `eraser.repeat` `eraser.fold`. `Result.config`
+stays as recorded (the job hash is recomputed from exactly that); `config_view` is how older configs read today.
 """
 
 from __future__ import annotations
@@ -70,10 +68,9 @@ def upgrade(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def config_view(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A recorded config as dotted key -> value, read as today's schema spells it: the schema's defaults for
-    declared keys it lacks, a group's `tag` defaulting to its name (results written before tags), `eraser.fold`
-    read as `eraser.repeat` (results written before repeats were named so), FIT_DEFAULTS for the fitting keys
-    a result written before them lacks (training/data/eraser_config.py)."""
+    """A recorded config as dotted key -> value, read as today's schema spells it: the schema's defaults for declared
+    keys it lacks, a group's `tag` defaulting to its name, `eraser.fold` read as `eraser.repeat`, FIT_DEFAULTS for
+    the fitting keys a result written before them lacks (training/data/eraser_config.py)."""
     view = flatten(with_defaults(config))
     for group in ("dataset", "arch"):
         if f"{group}.name" in view and view.get(f"{group}.tag") is None:
@@ -126,18 +123,16 @@ def encode(result: Result) -> dict[str, Any]:
     return {**head, **result.body.written, **{k: tail[k] for k in result.tail}}
 
 
-def new_result(*, config_hash: str, hash_version: int, numerics_version: int, job_dir: str, task: str,
-               config: Mapping[str, Any], sections: Sections, device: str, timings: Mapping[str, Any],
-               provenance: Mapping[str, Any], spec: TaskSpec) -> Result:
-    """The Result of task `spec` (training/app/lifecycle.py writes it) around the sections its body returned."""
+def new_result(sections: Sections, spec: TaskSpec, **envelope: Any) -> Result:
+    """The Result of task `spec` (training/app/lifecycle.py writes it) around the sections its body returned;
+    `envelope`: its other fields as result.json holds them (config_hash, hash_version, numerics_version, job_dir,
+    task, config, device, timings, provenance)."""
     if type(sections) is not (cls := spec.result_type).sections_type:
         raise TypeError(f"task {spec.name}'s body returned {type(sections).__name__}, not {cls.sections_type.__name__}")
     if clash := [k for k in sections.written if k in ENVELOPE_KEYS]:
         raise ValueError(f"task {spec.name}'s sections {clash} are envelope keys (training/app/result_types.py)")
-    return cls(config_hash=config_hash, hash_version=hash_version, numerics_version=numerics_version,
-               schema_version=RESULT_SCHEMA, task=task, config=dict(config), job_dir=job_dir, body=sections,
-               device=device, timings=dict(timings), provenance=Provenance.of(dict(provenance)),
-               dataset=DatasetInfo.of(at(sections.written, "dataset")), tail=TAIL_KEYS)
+    return cls(**{**envelope, "provenance": Provenance.of(envelope["provenance"])}, schema_version=RESULT_SCHEMA,
+               body=sections, dataset=DatasetInfo.of(at(sections.written, "dataset")), tail=TAIL_KEYS)
 
 
 def read(path: Path, spec: TaskSpec | None) -> Result | None:

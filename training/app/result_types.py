@@ -2,13 +2,10 @@
 sections (`Result.body`), typed by the task's own `Sections` class (`MdlSections` in training/tasks/mdl/result.py,
 `StarvationSections` in training/tasks/gs/result.py): what its body returns and what its tables read.
 
-Reading and writing go through training/app/result_codec.py (`decode`, `encode`, `upgrade` for older schema
-versions); nothing else walks a result's dict. A section's open-ended parts stay mappings where their keys are
-data, not schema: an eraser's report (per eraser), the certificate's scores (per probe), the stored config (the
-job hash is recomputed from it exactly as it was recorded).
-
-The task's sections are kept as written (`Sections.written`; a record keeps its section, `raw`, where that is
-read), so `encode` writes back exactly what the job wrote: result.json does not depend on this module.
+Reading and writing go through training/app/result_codec.py; nothing else walks a result's dict. Open-ended parts
+stay mappings where their keys are data, not schema (an eraser's report, the certificate's scores, the stored
+config). The task's sections are kept as written (`Sections.written`), so `encode` writes back exactly what the job
+wrote: result.json does not depend on this module.
 """
 
 from __future__ import annotations
@@ -49,7 +46,6 @@ def text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-# ---- shared sections ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Fingerprint:
     """The identity of the data a job read (`dataset.fingerprint`): the loaded arrays' content hash and the files
@@ -70,9 +66,8 @@ class Fingerprint:
         return cls(text(at(value, "content")), listed, value)
 
     def identity(self) -> Any:
-        """What identifies the data: the content hash of the decoded arrays where recorded (the same data in
-        another encoding, e.g. a re-gzipped file, is the same data), else the files' sha256 and sizes (not their
-        names or folder: the same files elsewhere are the same data)."""
+        """What identifies the data: the content hash of the decoded arrays where recorded (a re-gzipped file is the
+        same data), else the files' sha256 and sizes (not their names or folder)."""
         if self.raw is not None and not isinstance(self.raw, Mapping):
             return self.raw
         if self.content is not None:
@@ -140,8 +135,7 @@ class Sections:
 @dataclass(frozen=True)
 class Result:
     """The envelope of every result: identity, the config as recorded, the task's sections (`body`, of the class's
-    `sections_type`), and where and how it ran. A task's subclass names its Sections class and is its
-    `Task.result_type` (training/app/tasks.py); the codec builds a result of its task's class."""
+    `sections_type`), and where and how it ran. A task's subclass (`Task.result_type`) names its Sections class."""
 
     sections_type: ClassVar[type[Sections]] = Sections
 

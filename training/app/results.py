@@ -4,11 +4,9 @@
     with job.locked():                      # a second job with this directory waits here (and says so)
         if (done := job.finished()) is not None:
             return done                     # SKIP: finished with this configuration
-        ...
         job.write_result(result)            # re-checks the stored hash first: never overwrites another config
 
-A malformed result.json (`[]`, `42`, `{}`, no config hash) counts as absent: warned about and recomputed, never
-taken for another configuration's result.
+A malformed result.json (`[]`, `42`, `{}`, no config hash) counts as absent: warned about and recomputed.
 """
 
 from __future__ import annotations
@@ -45,11 +43,8 @@ _V1_RESOLVED = ("optim.lr", "optim.beta1", "optim.warmup_steps")
 
 
 def legacy_differences(old_config: Mapping[str, Any], cfg: JobConfig) -> list[str]:
-    """Semantic keys on which a result written before hash v2 differs from `cfg` (empty: the same job).
-
-    A key the old config lacks counts as a difference (it was added since, possibly with new behaviour); a key
-    only the old config has (since removed as dead) does not.
-    """
+    """Semantic keys on which a result written before hash v2 differs from `cfg` (empty: the same job): a key the
+    old config lacks (added since) counts, a key only the old config has (since removed as dead) does not."""
     old, new = flatten(semantic(old_config, cfg.task_spec, fill_defaults=False)), flatten(semantic(cfg))
     return sorted(k for k, v in new.items()
                   if k not in old or (old[k] != v and not (old[k] is None and k in _V1_RESOLVED)))
@@ -129,10 +124,9 @@ class NewerResultError(UserError, RuntimeError):
 
 
 def read_result(path: Path, spec: TaskSpec | None, refuse_newer: bool = False) -> Result | None:
-    """The stored result (of task `spec`'s class: result_codec.decode), or None when absent or malformed (a
-    malformed file is warned about: it is recomputed). `refuse_newer` (a job about to write there, without
-    force=true): a result of a newer schema raises NewerResultError (one line) instead, so an older checkout never
-    replaces a newer one's result."""
+    """The stored result (of task `spec`'s class), or None when absent or malformed (warned about: recomputed).
+    `refuse_newer` (a job about to write there, without force=true): a result of a newer schema raises
+    NewerResultError (one line) instead, so an older checkout never replaces a newer one's result."""
     try:
         done = read(path, spec)
     except NewerSchemaError as err:
@@ -153,9 +147,8 @@ def read_result(path: Path, spec: TaskSpec | None, refuse_newer: bool = False) -
 
 
 def stored_hash(done: Result, spec: TaskSpec) -> str | None:
-    """A stored result's config hash recomputed with today's definition of the hash, under the numerics version
-    it was computed with (result_codec.upgrade: 1 for results written before numerics versions); None for a
-    result of another task than `spec` (its hash is another job's)."""
+    """A stored result's config hash recomputed with today's definition of the hash, under the numerics version it
+    was computed with; None for a result of another task than `spec` (its hash is another job's)."""
     if done.config is None or done.task != spec.name or done.config.get("task", "mdl") != spec.name:
         return None
     ran_on = {"device": done.device} if done.device else {}  # where a precision's numbers were made (tf32: CUDA)

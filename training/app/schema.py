@@ -1,18 +1,14 @@
 """Typed job configs: one frozen dataclass per config group, checked right after Hydra composes the config.
 
 `load_config(resolved)` turns the composed config into a `JobConfig` or raises `ConfigError` with one line naming
-the key, the value and what is allowed. The job reads attributes (`cfg.mdl.patience`); every default is written
-once, here or in the group's yaml. A group member's own options (a dataset's `n`, an MLP's `activation`, SD's
-`lam`, a task's `gs.*`) are a small dataclass declared next to the module that registers it (`options=` in its
-registry entry): it validates them, unknown keys are refused, and `cfg.arch.options.activation` reads them typed.
-An eraser's options are its fitter's keyword arguments, checked against their annotations.
-
-Which keys enter the job hash (and so the job directory) is declared next to the field: `hash=False` for what
-only says where things go or how fast or visibly they run. Eraser options that do not change the erased data are
-declared by the eraser itself (`runtime_options` in its registry entry).
-
-The modules: training/app/sections.py (the dataclasses), training/app/loading.py (`load_config` and its checks),
-this one (the job hash: `semantic`, `config_hash`, `cell_hash`, `NUMERICS`); every name is imported from here.
+the key, the value and what is allowed; the job reads attributes (`cfg.mdl.patience`), every default written once,
+here or in the group's yaml. A group member's own options (a dataset's `n`, an MLP's `activation`, a task's `gs.*`)
+are a small dataclass declared where it registers (`options=` in its registry entry), which validates them and reads
+them typed (`cfg.arch.options.activation`); an eraser's options are the fields of its options dataclass
+(erasure/traits.py). Which keys enter the job hash (and so the job directory) is declared next to the field
+(`hash=False`: where things go, how fast or visibly they run), and by an eraser for its options (`runtime_options`).
+The modules: training/app/sections.py (the dataclasses), training/app/loading.py (`load_config`), this one (the job
+hash: `semantic`, `config_hash`, `cell_hash`, `NUMERICS`); every name is imported from here.
 """
 
 from __future__ import annotations
@@ -24,16 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from training.app.loading import (
-    READ_ONLY_WITH,
-    group_config,
-    load_config,
-    load_section,
-    same_numbers,
-)
+from training.app.loading import group_config, load_config, load_section, same_numbers
 from training.app.sections import (
     FIT_ON,
-    GROUPS,
     NON_CONFIG_KEYS,
     ArchConfig,
     DatasetConfig,
@@ -56,15 +45,13 @@ from training.common.option_checks import ABSENT, raw_view
 from training.data.eraser_config import hashed_eraser
 
 # What callers import from here (the sections and their loading live in sections.py and loading.py).
-__all__ = ["CONF_DIR", "FIT_ON", "GROUPS", "HASH_VERSION", "NON_CONFIG_KEYS", "NUMERICS", "READ_ONLY_WITH",
-           "numerics_of",
+__all__ = ["CONF_DIR", "FIT_ON", "HASH_VERSION", "NON_CONFIG_KEYS", "NUMERICS", "numerics_of",
            "ArchConfig", "ConfigError", "DatasetConfig", "EraserConfig", "JobConfig", "LoggerConfig", "MdlConfig",
            "OptimConfig", "OptionsSection", "PathsConfig", "RegularizerConfig", "Section", "TrainingConfig",
            "cell_hash", "config_hash", "duplicate_jobs", "group_config", "load_config", "load_section",
            "same_numbers", "semantic", "with_defaults"]
 
 
-# ---- the job hash -------------------------------------------------------------------------------------------
 HASH_VERSION = 2  # 1: every key but a fixed list of groups (before the typed configs); 2: declared per field
 # The numerics version: bumped by every change that alters a job's numbers (docs/running.md, "Numerics versions").
 # It enters the job hash, so results of older numerics are never reused; result.json records it (absent: 1).
@@ -85,14 +72,11 @@ def numerics_of(spec: TaskSpec) -> int:
 
 def semantic(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None,
              fill_defaults: bool = True) -> dict[str, Any]:
-    """The part of a (resolved) job config that determines its numbers: what the job hash covers.
-
-    Tolerant of bad values (used to name directories before the config is checked). Declared fields the config
-    lacks count with their defaults (so a plain dict and its typed config hash alike), unless `fill_defaults` is
-    false (reading a result written before the field existed). A task that declares `uses` (e.g. the Gradient
-    Starvation tasks) is hashed on those groups only, so unrelated defaults do not move its results. `spec`: the
-    config's task (a JobConfig carries its own).
-    """
+    """The part of a (resolved) job config that determines its numbers: what the job hash covers. Tolerant of bad
+    values (it names directories before the config is checked). Declared fields the config lacks count with their
+    defaults (a plain dict and its typed config hash alike), unless `fill_defaults` is false (a result written before
+    the field existed). A task that declares `uses` is hashed on those groups only. `spec`: the config's task (a
+    JobConfig carries its own)."""
     spec = _spec(spec, cfg.task_spec if isinstance(cfg, JobConfig) else None)
     plain = cfg.to_dict() if isinstance(cfg, Section) else cfg
     data = same_numbers({k: v for k, v in plain.items() if k not in NON_CONFIG_KEYS})
@@ -176,8 +160,7 @@ HASHED_UNREAD: tuple[tuple[str, str, Any], ...] = (
 def duplicate_jobs(jobs: Sequence[tuple[Any, Mapping[str, Any] | JobConfig, TaskSpec]]) -> str | None:
     """Why two of `jobs` (a sweep's resolved job configs, each with the job's number and its task) would compute the
     same numbers under two hashes: they differ only in keys that change nothing for them (HASHED_UNREAD), e.g.
-    `eraser.after_augment=true,false` without augmentation; None if no two do. The reason names the two jobs, the
-    keys and what to do."""
+    `eraser.after_augment=true,false` without augmentation; None if no two do."""
     seen: dict[str, tuple[Any, str, dict[str, Any]]] = {}
     for i, cfg, spec in jobs:
         plain = cfg.to_dict() if isinstance(cfg, Section) else cfg

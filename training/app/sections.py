@@ -1,7 +1,6 @@
-"""The typed config sections: one frozen dataclass per config group, each field declaring its type, check,
-default and whether it enters the job hash (`hash=False`), and the registries the checks look names up in.
-training/app/loading.py builds them from a composed config; training/app/schema.py hashes them and is where
-callers import them from."""
+"""The typed config sections: one frozen dataclass per config group, each field declaring its type, check, default
+and whether it enters the job hash (`hash=False`). training/app/loading.py builds them from a composed config;
+training/app/schema.py hashes them and is where callers import them from."""
 
 from __future__ import annotations
 
@@ -37,7 +36,6 @@ def _device_name(v: str) -> bool:
     return v in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit())
 
 
-# ---- the sections -------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Section:
     """A config group: frozen, typed fields read as attributes. `to_dict()` gives it back as composed (what
@@ -106,8 +104,7 @@ class EraserConfig(Section):
     repeat: int = spec(kind=int, check=lambda v: v >= 0, allowed="an integer ≥ 0")
     n_fit: int | None = positive_int(None, optional=True)
     after_augment: bool = spec(kind=bool, allowed="true or false")
-    # shuffled: fitted on a fixed permutation of the fit rows' labels, applied to the true-label data (the
-    # non-specific-removal control); hashed only away from its default, so existing job hashes stay as they were
+    # shuffled: fitted on permuted fit labels, applied to the true-label data (hashed only away from its default)
     fit_labels: str = one_of("coded", "coded", "shuffled", hash_default=False)
 
 
@@ -134,8 +131,7 @@ class OptimConfig(Section):
     warmup_steps: int = nonneg_int(0)
     batch_size: int = positive_int(128)
     depth_lr_rule: bool = flag(True)
-    # schedulefree: μP schedule-free AdamW, evaluated at its averaged iterate | adamw: torch's AdamW (μP groups),
-    # evaluated as trained, with `schedule`; both hashed only away from their defaults (existing hashes stay)
+    # schedulefree (evaluated at its averaged iterate) | adamw (evaluated as trained, with `schedule`); μP groups
     name: str = one_of("schedulefree", "schedulefree", "adamw", hash_default=False)
     schedule: str = one_of("constant", "constant", "cosine", hash_default=False)  # adamw: cosine over mdl.max_epochs
 
@@ -158,10 +154,12 @@ class MdlConfig(Section):
     stop_after_warmup: bool = flag(True)  # step-aware early stopping (training/engine/stopping.py)
     min_steps: int = nonneg_int(0)
     patience_min_steps: int = nonneg_int(0)
-    # patience | backtrack: after every epoch without a new best, reload the best model and optimizer state (the
-    # paper code's rule); the model stops after `patience` such epochs either way
+    # backtrack: after every epoch without a new best, the best model and optimizer state again (the paper code's)
     stopping: str = one_of("patience", "patience", "backtrack", hash_default=False)
     batch_order: str = one_of("shuffled", "shuffled", "fixed", hash_default=False)  # fixed: the same order each epoch
+    # once: one validation set and nested blocks for every block model | redraw (the public code's; protocol=paper
+    # only): each block model draws its own validation set, training rows and scored block (splits.py `of_model`)
+    split: str = one_of("once", "once", "redraw", hash_default=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,8 +218,7 @@ class PathsConfig(Section):
 class JobConfig(Section):
     task: str = spec("mdl", kind=str)  # its TaskSpec is handed to load_config (`task_spec` below)
     seed: int = nonneg_int(0)
-    # where the job runs checks that the device is there (training/engine/devices.py), not the schema: a sweep for
-    # GPUs may be composed on a login node without one
+    # the device is checked where the job runs, not here (a sweep for GPUs may be composed on a login node)
     device: str = spec("auto", kind=str, check=_device_name, allowed="auto, cpu, cuda or cuda:N (N a GPU index)",
                        hash=False)
     force: bool = flag(False, hash=False)

@@ -1,8 +1,7 @@
-"""What the core knows of a task: its frozen declaration, `TaskSpec` (name, groups read, keys fixed, own options,
-result type, numerics version, refusal), and the discovery of the task packages of `training.tasks` (`TASKS`,
-filled on first use; training/app/tasks.py says how a task is declared). The bottom of training/app: the config
-check, the job hash, the result codec and the lifecycle are handed a `TaskSpec` and never look one up; a name
-becomes a spec once, at the edges (command line, ledger, aggregate, plan: `task_spec(name)`, or `spec_of(config)`).
+"""What the core knows of a task: its frozen declaration, `TaskSpec`, and the discovery of the task packages of
+`training.tasks` (`TASKS`, filled on first use). The bottom of training/app: the config check, the job hash, the
+result codec and the lifecycle are handed a `TaskSpec` and never look one up; a name becomes a spec once, at the
+edges (command line, ledger, aggregate, plan: `task_spec(name)`, or `spec_of(config)`).
 """
 
 from __future__ import annotations

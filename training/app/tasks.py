@@ -1,12 +1,10 @@
-"""What a job can do (`task=` in the config): a `Task`, declared once, in a package of `training.tasks` that owns
-its declaration (__init__), code, typed result and tables (training/tasks/mdl/, training/tasks/gs/), in the
-repository or in any <dir>/training/tasks/ with <dir> on sys.path. The package defines `TASK` (`TASKS`: several),
-whose class attributes are all the core reads (`spec`, training/app/task_spec.py): `name`, the groups it reads
-(`uses`, hashed), hashed keys it does not read (`fixed`), its own group and options dataclass (`group`, `options`).
-A declaration imports none of its code at its top level but its result type (tests/test_layers.py checks it).
-Discovery (training/app/task_spec.py) imports every module or package of `training.tasks` not starting with "_":
-adding a task is its package (+ a preset and a test); the command line runs `get_task(cfg.task)(cfg)` and
-scripts/aggregate.py asks every task for its tables.
+"""What a job can do (`task=` in the config): a `Task`, declared once, in a package of `training.tasks` that owns its
+declaration (__init__), code, typed result and tables (training/tasks/mdl/, training/tasks/gs/), in the repository or
+in any <dir>/training/tasks/ with <dir> on sys.path. The package defines `TASK` (`TASKS`: several), whose class
+attributes are all the core reads (`spec`, training/app/task_spec.py). A declaration imports none of its code at its
+top level but its result type (tests/test_layers.py). Discovery imports every module or package of `training.tasks`
+not starting with "_": adding a task is its package (+ a preset and a test); the command line runs
+`get_task(cfg.task)(cfg)` and scripts/aggregate.py asks every task for its tables.
 """
 
 from __future__ import annotations
@@ -31,9 +29,8 @@ from training.app.task_spec import task_names as task_names
 
 @dataclass(frozen=True)
 class Collected:
-    """What scripts/aggregate.py hands a task for its tables: the task's Results (training/app/result_types.py),
-    the job table the collection made of MDL jobs (training/tasks/mdl/aggregate_collect.py; missing and failed jobs
-    included), and where and under which file stem and title the tables go."""
+    """What scripts/aggregate.py hands a task for its tables: the task's Results, the job table of MDL jobs (missing
+    and failed jobs included: training/tasks/mdl/aggregate_collect.py), and where and under which name they go."""
 
     results: list[Result]
     jobs: Any  # a pandas DataFrame (training/tasks/mdl/aggregate_collect.py), empty without MDL jobs
@@ -67,7 +64,7 @@ class Task:
         return None
 
     def lifecycle(self) -> dict[str, Any]:
-        """Keyword arguments of `run_in_job_dir` (precheck, describe, finite, complete, fingerprint)."""
+        """The job's lifecycle `Hooks` as keyword arguments of `run_in_job_dir` (training/app/lifecycle.py)."""
         return {}
 
     def implementation(self) -> ModuleType:
@@ -103,9 +100,8 @@ class Task:
         return run_in_job_dir(cfg, lambda job: self.run(self.prepare(job)), store=store, **self.lifecycle())
 
     def run_cell(self, cfgs: list[JobConfig], store: Any = None) -> list[Outcome]:
-        """The jobs of a cell's seeds (training/common/cells.py), an Outcome each: here one after another, sharing
-        `store` (a task that trains its seeds together overrides it: the MDL task). A seed that fails is recorded
-        (`failed`) and the others go on."""
+        """The jobs of a cell's seeds, an Outcome each: here one after another, sharing `store` (the MDL task trains
+        them together). A seed that fails is recorded (`failed`) and the others go on."""
         outcomes = []
         for cfg in cfgs:
             try:

@@ -1,5 +1,4 @@
 """Typed config fields and their checks: the machinery behind training/app/schema.py, with no config of its own.
-
 `spec(...)` declares a field of a config section (its type, check, what is allowed, whether it enters the job hash);
 a group member's own options dataclass is built by training/common/option_checks.py `build_options`. Every refusal
 is a `ConfigError`: one line naming the key, the value and what is allowed.
@@ -24,10 +23,10 @@ Check = Callable[[Any], bool]
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """What a config field declares: its type (`kind`; a Section for a nested group), value check and how to describe
-    what is allowed, its choices, whether None is allowed, whether it enters the job hash (`hash_default` False: only
-    when not at its default, so a key added later leaves existing hashes as they were), whether an empty value is
-    left out of the composed dict, and whether it is a typed view of other keys (not a key of its own)."""
+    """What a config field declares: its type (`kind`; a Section for a nested group), check, what is allowed, its
+    choices, whether None is allowed, whether it enters the job hash (`hash_default` False: only away from its
+    default, so a key added later leaves existing hashes as they were), whether an empty value is left out of the
+    composed dict (`omit_empty`), and whether it is a typed view of other keys (not a key of its own)."""
 
     kind: type | tuple[type, ...] | None = None
     check: Check | None = None
@@ -57,18 +56,13 @@ def field_spec(f: dataclasses.Field[Any]) -> FieldSpec:
     return FieldSpec(**{k: meta[k] for k in _SPEC_KEYS if k in meta})
 
 
-def spec(default: Any = dataclasses.MISSING, *, kind: type | tuple[type, ...] | None = None,
-         check: Check | None = None, allowed: str = "", choices: tuple[Any, ...] = (), optional: bool = False,
-         hash: bool = True, default_factory: Any = dataclasses.MISSING,  # noqa: A002 - mirrors the concept
-         omit_empty: bool = False, typed_view: bool = False, hash_default: bool = True, **field_kw: Any) -> Any:
-    """A config field declared by its FieldSpec (see there)."""
-    meta = {SPEC: FieldSpec(kind, check, allowed, choices, optional, hash, omit_empty, typed_view, hash_default)}
-    if default_factory is not dataclasses.MISSING:
-        return field(default_factory=default_factory, metadata=meta, **field_kw)
-    return field(default=default, metadata=meta, **field_kw)
+def spec(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
+    """A config field declared by its FieldSpec: the keywords named as FieldSpec's fields (kind, check, allowed,
+    ...) make it, the others go to `dataclasses.field` (default_factory, compare, repr)."""
+    meta = {SPEC: FieldSpec(**{k: kw.pop(k) for k in _SPEC_KEYS & kw.keys()})}
+    return field(default=default, metadata=meta, **kw)
 
 
-# ---- common checks ------------------------------------------------------------------------------------------
 def positive_int(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
     return spec(default, kind=int, check=lambda v: v >= 1, allowed="an integer ≥ 1", **kw)
 
@@ -111,9 +105,8 @@ NAME_MAX = 255  # bytes of one name in a path (the limit of Linux file systems)
 
 
 def path_refusal(value: str, single: bool) -> str | None:
-    """Why `value` may not be a part of a job's path built from config, or None. The one check of every such part
-    (`dataset.tag`, `arch.tag`, `paths.cell`: one name, `single`; `paths.job_subdir`, `paths.by_task.*`: a relative
-    path): never empty, no NUL, no `..` (it would put the job outside paths.out_dir), no absolute part."""
+    """Why `value` may not be a part of a job's path built from config (one name, `single`: the tags, `paths.cell`;
+    else a relative path), or None: never empty, no NUL, no `..` (outside paths.out_dir), no absolute part."""
     if not value.strip() or "\0" in value:
         return "empty" if not value.strip() else "a NUL character"
     if single and ("/" in value or "\\" in value):

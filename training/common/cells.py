@@ -1,10 +1,9 @@
 """A cell: one configuration and its seeds, the unit a job runs (conf/config.yaml `seeds`, `seed`).
 
 A composed config names its cell's seeds with `seeds` (a count n: seeds 0..n-1; or a list) while `seed` keeps its
-default, the interpolation `${first_seed:${seeds}}`; a `seed` given a value (`seed=3` on the command line, or a
-sweep's `-m seed=0,1,2`) makes a one-seed cell of that seed. `seed_configs` resolves the config once per seed, as
-that seed's job (its `paths.job_dir` .../c<cell hash>/seed<k>, its hash): every seed's job is exactly the job a
-one-seed cell of it would run.
+default `${first_seed:${seeds}}`; a `seed` given a value (`seed=3`, a sweep's `-m seed=0,1,2`) makes a one-seed cell.
+`seed_configs` resolves the config once per seed, as that seed's job (its `paths.job_dir` .../c<cell hash>/seed<k>,
+its hash): exactly the job a one-seed cell of it would run.
 """
 
 from __future__ import annotations

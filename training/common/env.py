@@ -1,7 +1,6 @@
-"""The environment variables the harness reads, each named once, here, with its type and default.
-
-Code elsewhere calls the accessor (`env.wandb_mode()`), never `os.environ` by name; the multirun ledger's two
-variables are also set here (`set_multirun`), so that workers and sbatch jobs inherit them.
+"""The environment variables the harness reads, each named once, here, with its type and default: code elsewhere calls
+the accessor (`env.wandb_mode()`), never `os.environ` by name; the multirun ledger's two variables are also set here
+(`set_multirun`), so that workers and sbatch jobs inherit them.
 """
 
 from __future__ import annotations
@@ -19,32 +18,25 @@ SWEEP_PARENT = "ERASURE_MDL_SWEEP_PARENT"  # pid of a sweep's launching process 
 DEFAULT_LOCK_LOG_EVERY = 60.0
 
 
-def _value(name: str) -> str | None:
-    """The variable's value; None where it is unset."""
-    return os.environ.get(name)
-
-
 def _set(name: str) -> str | None:
     """The variable's value; None where it is unset or empty."""
-    return _value(name) or None
+    return os.environ.get(name) or None
 
 
 def memory_check() -> bool:
     """Whether the MDL precheck refuses a job its device has not the memory for (ERASURE_MDL_MEMORY_CHECK=0: no)."""
-    return _value(MEMORY_CHECK) != "0"
+    return os.environ.get(MEMORY_CHECK) != "0"
 
 
 def progress_seconds() -> float:
     """Seconds between progress lines (training/common/progress.py)."""
-    raw = _value(PROGRESS_SECONDS)
-    return float("60" if raw is None else raw)
+    return float(os.environ.get(PROGRESS_SECONDS, "60"))
 
 
 def lock_log_every() -> float:
     """Seconds between a waiting lock's log lines: at least 0.01; the default for a value that is not a number."""
-    raw = _value(LOCK_LOG_EVERY)
     try:
-        return max(0.01, float(DEFAULT_LOCK_LOG_EVERY if raw is None else raw))
+        return max(0.01, float(os.environ.get(LOCK_LOG_EVERY, DEFAULT_LOCK_LOG_EVERY)))
     except ValueError:
         return DEFAULT_LOCK_LOG_EVERY
 
@@ -77,7 +69,7 @@ def sweep_parent() -> int | None:
 
 
 def hydra_full_error() -> bool:
-    return _value("HYDRA_FULL_ERROR") == "1"
+    return os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 
 def cxx() -> str | None:
@@ -92,19 +84,12 @@ def submitit_executor() -> str | None:
 
 def submitit_preempt_signal() -> str:
     """The name (without SIG) of the signal submitit sends at a time limit."""
-    raw = _value("SUBMITIT_PREEMPT_SIGNAL")
-    return "USR2" if raw is None else raw
+    return os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
 
 
 def wandb_mode() -> str | None:
     """WANDB_MODE as the user set it (None: the logger config's mode)."""
-    return _value("WANDB_MODE")
-
-
-def omp_threads(default: str = "1") -> str:
-    """OMP_NUM_THREADS for a child process: the user's, else `default`."""
-    found = _value("OMP_NUM_THREADS")
-    return default if found is None else found
+    return os.environ.get("WANDB_MODE")
 
 
 def unset(names: Mapping[str, str]) -> dict[str, str]:
@@ -114,7 +99,7 @@ def unset(names: Mapping[str, str]) -> dict[str, str]:
 
 def setting(values: Mapping[str, str]) -> Callable[[], None]:
     """Set the variables; returns what puts back the values they had (unset ones unset again)."""
-    old = {var: _value(var) for var in values}
+    old = {var: os.environ.get(var) for var in values}
     os.environ.update(values)
 
     def restore() -> None:

@@ -1,6 +1,5 @@
-"""Atomic text and JSON writes (fsynced, on `atomicio.atomic_write`: temp file in the same directory, rename, so
-readers never see half a file) and a tolerant JSON reader. The helpers every writer of the harness uses
-(training/, scripts/); the eraser library writes its files with the same `atomic_write`.
+"""Atomic text and JSON writes (fsynced, on `atomicio.atomic_write`: readers never see half a file) and a tolerant
+JSON reader: the helpers every writer of the harness uses (the eraser library writes with the same `atomic_write`).
 """
 
 from __future__ import annotations

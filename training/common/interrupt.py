@@ -1,9 +1,9 @@
 """A stop request that a training loop answers with a checkpoint (training/engine/checkpoint.py).
 
 The command line's signal handlers (training/cli/preemption.py) call `request(signum)` on SIGTERM or submitit's
-time-limit signal. While a training loop runs (`checkpointing()`), the request is only recorded: the loop sees it
-at its next step (`requested()`), writes its state and raises `Interrupted`, which the command line turns into the
-usual exit (a requeue, exit 143). Outside a loop `request` returns False and the handler stops the job at once.
+time-limit signal. While a training loop runs (`checkpointing()`), the request is only recorded: the loop sees it at
+its next step (`requested()`), writes its state and raises `Interrupted`, which the command line turns into the usual
+exit (a requeue, exit 143). Outside a loop `request` returns False and the handler stops the job at once.
 """
 
 from __future__ import annotations
@@ -37,10 +37,9 @@ def request(signum: int) -> bool:
 
 
 def stop_behind(err: BaseException) -> None:
-    """Raise the stop (a `SystemExit`: a signal handler's `Preempted`, an `Interrupted`) or KeyboardInterrupt that
-    `err` stands for, if any: torch.save writing to a Python file object turns a signal handler's exception raised
-    during a write into `RuntimeError("unexpected pos ...")`, with the stop only as its context. Code that catches
-    RuntimeError (a full disk) calls this first, so a signal is never taken for a failed write and swallowed."""
+    """Raise the stop (a `SystemExit`: `Preempted`, `Interrupted`) or KeyboardInterrupt that `err` stands for, if any:
+    torch.save turns a signal handler's exception raised during a write into `RuntimeError("unexpected pos ...")`,
+    the stop only its context. Code that catches RuntimeError (a full disk) calls this first."""
     seen: set[int] = set()
     cause: BaseException | None = err
     while cause is not None and id(cause) not in seen:

@@ -1,9 +1,7 @@
-"""A multirun ledger's entry: one job's status file, `<sweep dir>/.multirun/<run id>/job-<num>.json` (one per seed
-of a cell of several: `job-<num>-<k>.json`, k its place among the cell's seeds).
-
-Written by the Hydra callback (training/cli/ledger.py) wherever the job ran, read back by it for the running tally
-and the summary, and by the aggregate (training/tasks/mdl/aggregate_collect.py) for the failed jobs' errors. The file is
-decoded once, here (`LedgerEntry.from_json`); a file that is not an entry is skipped with one log line naming it.
+"""A multirun ledger's entry: one job's status file, `<sweep dir>/.multirun/<run id>/job-<num>.json` (one per seed of a
+cell of several: `job-<num>-<k>.json`, k its place among the cell's seeds). Written by the Hydra callback
+(training/cli/ledger.py) wherever the job ran, read back by it and by the aggregate (failed jobs' errors). Decoded
+once, here (`LedgerEntry.from_json`); a file that is not an entry is skipped with one log line naming it.
 """
 
 from __future__ import annotations
@@ -44,18 +42,10 @@ class LedgerEntry:
         return self.reason == DONE_BY_ANOTHER_RUN
 
     def to_json(self) -> dict[str, Any]:
-        """The file's content: the keys in the order older versions wrote them; error and reason only when set."""
-        out: dict[str, Any] = {"num": self.num, "job_dir": self.job_dir}
-        if self.seconds is not None:
-            out["seconds"] = self.seconds
-        out["status"] = self.status
-        if self.error is not None:
-            out["error"] = self.error
-        if self.reason is not None:
-            out["reason"] = self.reason
-        if self.part is not None:
-            out["part"] = self.part
-        return out
+        """The file's content: the keys in the order older versions wrote them; the optional ones only when set."""
+        out = {"num": self.num, "job_dir": self.job_dir, "seconds": self.seconds, "status": self.status,
+               "error": self.error, "reason": self.reason, "part": self.part}
+        return {k: v for k, v in out.items() if v is not None or k in ("num", "job_dir", "status")}
 
     @classmethod
     def from_json(cls, raw: Any) -> LedgerEntry:

@@ -1,14 +1,13 @@
-"""A file lock that says who holds it: waiting is logged (on what, held since when, by which process), so a job
-stuck behind a hung process does not sit silently with an empty log.
-
-The holder writes `<lock>.holder` (pid, host, since) next to the lock file after acquiring it and removes it on
-release. The lock itself is an OS lock (`flock` through `filelock`): the kernel releases it when its process dies,
-even after SIGKILL. A lock is only "stale" while its holder still runs (hung) or on a network file system that
-keeps locks of dead clients: stop that process, or delete the `.lock` file (docs/troubleshooting.md).
+"""A file lock that says who holds it: waiting is logged (on what, held since when, by which process), so a job stuck
+behind a hung process does not sit silently. The holder writes `<lock>.holder` (pid, host, since) beside the lock
+and removes it on release. The lock is an OS lock (`flock` through `filelock`), released by the kernel when its
+process dies: it is only "stale" while a hung holder still runs or on a network file system that keeps dead
+clients' locks (stop that process, or delete the `.lock` file: docs/troubleshooting.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -26,8 +25,6 @@ from filelock import FileLock, Timeout
 from training.common import env
 
 log = logging.getLogger(__name__)
-LOG_EVERY_ENV = env.LOCK_LOG_EVERY
-log_every = env.lock_log_every  # seconds between "still waiting" lines (env ERASURE_MDL_LOCK_LOG_EVERY, default 60)
 
 
 def holder_path(lock_path: Path) -> Path:
@@ -58,9 +55,6 @@ class Holder:
             return None
         return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     def describe(self) -> str:
         since = self.since
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, int | float) else "?"
@@ -73,34 +67,25 @@ def describe_holder(lock_path: Path) -> str:
 
 
 @contextmanager
-def waiting_lock(lock_path: Path, what: str, every: float | None = None) -> Iterator[None]:
+def waiting_lock(lock_path: Path, what: str) -> Iterator[None]:
     """Hold the OS lock on `lock_path` for the block; while another process holds it, log that this one waits
-    (at once, then every `every` seconds) naming `what`, the lock file and its holder."""
-    lock_path = Path(lock_path)
-    every = log_every() if every is None else every
-    lock = FileLock(str(lock_path))
-    t0 = time.time()
+    (at once, then every `env.lock_log_every()` seconds) naming `what`, the lock file and its holder."""
+    lock_path, lock, t0 = Path(lock_path), FileLock(str(lock_path)), time.time()
     try:
         lock.acquire(timeout=0)
     except Timeout:
         while True:
             log.warning("waiting for %s: lock %s %s (waited %.0fs)", what, lock_path, describe_holder(lock_path),
                         time.time() - t0)
-            try:
-                lock.acquire(timeout=every)
+            with contextlib.suppress(Timeout):
+                lock.acquire(timeout=env.lock_log_every())
                 break
-            except Timeout:
-                continue
         log.info("got the lock on %s after %.1fs", what, time.time() - t0)
     try:
-        try:
-            holder_path(lock_path).write_text(json.dumps(Holder.mine().to_json()))
-        except OSError:
-            pass  # the holder note only helps waiting processes name us; the lock itself is held
+        with contextlib.suppress(OSError):  # the holder note only helps waiting processes name us
+            holder_path(lock_path).write_text(json.dumps(dataclasses.asdict(Holder.mine())))
         yield
     finally:
-        try:
+        with contextlib.suppress(OSError):
             holder_path(lock_path).unlink(missing_ok=True)
-        except OSError:
-            pass
         lock.release()

@@ -1,7 +1,6 @@
 """Plain option dataclasses (a dataset's, an architecture's, a task's own options): `build_options(cls, data)` builds
-one from its keys, checked against the annotations (int, float, bool, str, Literal, `X | None`, lists, nested
-dataclasses) and a field's `metadata={"check": ..., "allowed": ...}` (the common ones below, written once); every
-refusal is a `ConfigError`, one line naming the key, the value and what is allowed."""
+one from its keys, checked against the annotations and a field's `metadata={"check": ..., "allowed": ...}` (the
+common ones below); every refusal is a `ConfigError`, one line naming the key, the value and what is allowed."""
 
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ def shown(v: Any) -> str:
 def build_options(cls: type[Any] | None, data: Mapping[str, Any], prefix: str = "", known: tuple[str, ...] = (),
                   owner: str = "") -> Any:
     """An options dataclass from its keys, checked against the annotations (int, float, bool, str, Literal,
-    `X | None`, lists) and a field's `metadata={"check": ..., "allowed": ...}`; unknown keys are refused."""
+    `X | None`, lists, nested dataclasses) and a field's `metadata`; unknown keys are refused."""
     fields = {f.name: f for f in dataclasses.fields(cls)} if cls is not None else {}
     unknown = sorted(k for k in data if k not in fields)
     if unknown:
@@ -66,8 +65,7 @@ def build_options(cls: type[Any] | None, data: Mapping[str, Any], prefix: str = 
 
 def check_typed(key: str, value: Any, tp: Any, check: Callable[[Any], bool] | None = None, allowed: str = "") -> Any:
     """`value` checked against the annotation `tp` (an int is accepted where a float is declared) and `check`
-    (`allowed` says what it allows); ConfigError naming the key and what is allowed. Options dataclasses nest (a
-    field typed by another dataclass)."""
+    (`allowed` says what it allows); ConfigError naming the key and what is allowed."""
     out, ok = _conform(value, tp)
     if not ok:
         raise ConfigError(f"{key}={value!r} is not allowed: {key} must be {allowed or _describe(tp)}")

@@ -1,10 +1,6 @@
-"""Progress that reads well where it ends up: a tqdm bar on a terminal, a log line at a modest interval otherwise.
-
-When stderr is not a terminal (a SLURM log, Hydra's job log, a CI capture) a bar's thousands of `\\r` updates
-would land in the file; instead `progress_bar` logs `desc: n/total unit (postfix)` at most every
-`ERASURE_MDL_PROGRESS_SECONDS` (default 60) and once at the end.
-
-The fit loops use it directly; the eraser library, which draws nothing itself, gets it for a fit through
+"""Progress that reads well where it ends up: a tqdm bar on a terminal; otherwise (a SLURM log, Hydra's job log, a CI
+capture) a log line `desc: n/total unit (postfix)` at most every `ERASURE_MDL_PROGRESS_SECONDS` (default 60) and
+once at the end. The eraser library, which draws nothing itself, gets it for a fit through
 `erasure.progress.use(progress_bar)` (training/inputs/erase.py, plan.py).
 """
 

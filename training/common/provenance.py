@@ -4,18 +4,15 @@
      "python": "3.11.9", "torch": "2.3.1", "numpy": "1.26.4", "device_name": "NVIDIA H100 ...", "host": "node7",
      "started": "2026-01-01T12:00:00+00:00", "ended": "2026-01-01T12:03:10+00:00"}
 
-`code.commit` is the commit HEAD names in the checkout holding the `training` package, read from its git
-directory's files (so a checkout owned by another user, which git refuses as "dubious ownership", still gives it),
-`code.dirty` whether its tracked files differ from that commit (`git status --porcelain --untracked-files=no`:
-untracked files, e.g. the outputs, do not count; null, with git's own reason in the warning, where git refuses).
-Outside a git checkout (an installed wheel) or when the files cannot be read, both are null and
-`code.version` is what is known (pyproject.toml's in a checkout, the installed distribution's otherwise).
-scripts/aggregate.py marks a cell whose seeds come from different commits. Computed once per process: a job costs
-nothing for it.
+`code.commit` is read from the git directory's files of the checkout holding `training` (a checkout another user
+owns, which git refuses, still gives it); `code.dirty` is whether its tracked files differ from it (`git status
+--untracked-files=no`; null, with git's reason in a warning, where git refuses). Outside a git checkout both are null
+and `code.version` is what is known (pyproject.toml's, else the installed distribution's). Computed once per process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -61,7 +58,7 @@ def package_version(checkout: Path = CHECKOUT) -> str | None:
     """The package's version: pyproject.toml's in a checkout (what runs), else the installed distribution's
     METADATA next to the package (read as text: no importlib, tests/test_layers.py), else None."""
     pyproject = checkout / "pyproject.toml"
-    try:
+    with contextlib.suppress(OSError):
         if pyproject.is_file():
             after = ("\n" + pyproject.read_text()).split("\n[project]\n", 1)[-1]
             project = re.split(r"^\[", after, flags=re.MULTILINE)[0]  # up to the next table
@@ -71,8 +68,6 @@ def package_version(checkout: Path = CHECKOUT) -> str | None:
             found = re.search(r"^Version:\s*(\S+)", meta.read_text(), flags=re.MULTILINE)
             if found:
                 return found.group(1)
-    except OSError:
-        pass
     return None
 
 
@@ -110,9 +105,8 @@ def _ref(git_dir: Path, common: Path, name: str) -> str | None:
 
 
 def head_from_files(checkout: Path) -> str:
-    """The commit HEAD names, read from the git directory's files (HEAD, loose refs, packed-refs) without running
-    git: git refuses a repository owned by another user ("dubious ownership", safe.directory), its files do not.
-    NoCommit says exactly why when it cannot be read (unreadable files, an unborn branch, a reftable repository)."""
+    """The commit HEAD names, read from the git directory's files (git refuses a repository another user owns, its
+    files do not); NoCommit says why when it cannot be (unreadable files, an unborn branch, a reftable repository)."""
     try:
         git_dir = _git_dir(checkout)
         common_file = git_dir / "commondir"
@@ -136,12 +130,9 @@ def head_from_files(checkout: Path) -> str:
 
 @functools.cache
 def code_provenance(checkout: Path = CHECKOUT) -> dict[str, Any]:
-    """{"commit", "dirty", "version"} of the code in `checkout` (commit and dirty null outside a git checkout).
-
-    The commit is read from the git directory's files (`head_from_files`), so it is known whoever owns the
-    checkout; `dirty` needs `git status`, which git refuses for a checkout another user owns (null then: running
-    git's own config of someone else's repository is what safe.directory guards against). Each warning says
-    exactly what could not be read and why."""
+    """{"commit", "dirty", "version"} of the code in `checkout` (commit and dirty null outside a git checkout). The
+    commit is read from the git directory's files (`head_from_files`); `dirty` needs `git status`, which git refuses
+    for a checkout another user owns (null then). Each warning says exactly what could not be read and why."""
     commit, dirty = None, None
     if (checkout / ".git").exists():  # a checkout or a worktree (.git is then a file); never a parent's repo
         try:
@@ -168,13 +159,10 @@ def device_name(device: str) -> str:
             return torch.cuda.get_device_name(dev)
         except (RuntimeError, AssertionError, ValueError) as err:
             return f"cuda ({type(err).__name__})"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or dev.type
 
 

@@ -1,12 +1,10 @@
 """A sweep's resolved job configs without one Hydra composition per job: what `make plan` reads.
 
 Hydra composes a job in two stages: group choices (`eraser=leace`, `+experiment/net=lenet`, `hydra/...`) pick the
-defaults list, which is composed into one config; then the plain value overrides (`seed=3`, `arch.width=256`) are
-applied to it (`ConfigLoaderImpl._apply_overrides_to_config`), and interpolations resolve when the job reads them.
-`fast_expand` does the first stage once per distinct tuple of group choices and the second itself, with Hydra's
-own function on a copy of that composed (unresolved) config, so interpolations over swept keys (the job
-directory's cell hash, the tags, `optim.lr` by eraser family) resolve per job exactly as in a full compose
-(tests/test_plan.py compares job configs, hashes and directories with `sweeps.expand` on every preset).
+defaults list, composed into one config; then the value overrides (`seed=3`, `arch.width=256`) are applied to it
+(`ConfigLoaderImpl._apply_overrides_to_config`). `fast_expand` composes once per distinct tuple of group choices and
+applies the value overrides itself, with Hydra's function on a copy of that (unresolved) config, so interpolations
+over swept keys resolve per job exactly as in a full compose (tests/test_plan.py checks every preset).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -26,8 +24,7 @@ from omegaconf import DictConfig
 from omegaconf import base as omegaconf_base
 
 from training.common.cells import seed_configs
-from training.common.conf import CONF_DIR
-from training.common.sweeps import sweep_overrides
+from training.common.sweeps import composing, sweep_overrides
 
 
 class _Parsed:
@@ -54,9 +51,8 @@ class _Parsed:
 
 @contextmanager
 def _parse_once() -> Iterator[None]:
-    """OmegaConf parses an interpolation string (`${paths.out_dir}/runs/...`) with its ANTLR grammar every time it
-    resolves it, half the cost of resolving a job; the jobs of a sweep share a few dozen such strings. While the
-    sweep expands, each string is parsed once (the parse tree is only read by the resolver)."""
+    """While the sweep expands, each interpolation string is parsed once: OmegaConf parses one with its ANTLR grammar
+    every time it resolves it (half the cost of resolving a job), and a sweep's jobs share a few dozen."""
     original = omegaconf_base.parse
     omegaconf_base.parse = functools.lru_cache(maxsize=4096)(original)
     try:
@@ -66,9 +62,8 @@ def _parse_once() -> Iterator[None]:
 
 
 def fast_expand(experiment: str, extra: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Resolved job configs (plain dicts) of every seed of every cell of `python -m training.run -m
-    experiment=<experiment> <extra>`, in launch order: == `sweeps.expand(experiment, extra)`, at one composition per
-    distinct tuple of group choices."""
+    """Resolved job configs of every seed of every cell of `python -m training.run -m experiment=<experiment> <extra>`,
+    in launch order: == `sweeps.expand(experiment, extra)`, at one composition per distinct tuple of group choices."""
     return expand_overrides(sweep_overrides(experiment, extra))
 
 
@@ -80,11 +75,8 @@ def expand_overrides(combos: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
 
 def expand_cells(combos: Sequence[Sequence[str]]) -> list[list[dict[str, Any]]]:
     """Per override list (one Hydra job: a cell), the resolved job config of each of its seeds."""
-    with _parse_once():
-        if GlobalHydra.instance().is_initialized():
-            return _expand(combos)
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return _expand(combos)
+    with _parse_once(), composing():
+        return _expand(combos)
 
 
 def _expand(combos: Sequence[Sequence[str]]) -> list[list[dict[str, Any]]]:

@@ -1,14 +1,13 @@
-"""Expand an experiment preset's `hydra.sweeper.params` into the job configs it will run.
-
-The expansion is Hydra's own (`BasicSweeper.split_arguments` on the preset's params followed by the
-command-line overrides), so `expand(name)` lists exactly the jobs of `python -m training.run -m experiment=name`.
-Composing needs no data: the CIFAR/SVHN presets expand on a machine without the datasets. The `training`
-package's import registers the resolvers conf/ uses (training/app/resolvers.py).
+"""Expand an experiment preset's `hydra.sweeper.params` into the job configs it will run, with Hydra's own expansion
+(`BasicSweeper.split_arguments` on the preset's params followed by the command-line overrides): `expand(name)` lists
+exactly the jobs of `python -m training.run -m experiment=name`. Composing needs no data (the CIFAR/SVHN presets
+expand without the datasets); the `training` package's import registers conf/'s resolvers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from hydra import compose, initialize_config_dir
@@ -26,8 +25,14 @@ def presets() -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
-def _initialized() -> bool:
-    return GlobalHydra.instance().is_initialized()
+@contextmanager
+def composing() -> Iterator[None]:
+    """Hydra initialised on conf/ for `compose` inside (as it is, where it already is)."""
+    if GlobalHydra.instance().is_initialized():
+        yield
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            yield
 
 
 def sweeper_params(experiment: str, extra: Sequence[str] = ()) -> dict[str, str]:
@@ -35,11 +40,8 @@ def sweeper_params(experiment: str, extra: Sequence[str] = ()) -> dict[str, str]
     parser = OverridesParser.create()
     fixed = [o.input_line for o in parser.parse_overrides(list(extra)) if not o.is_sweep_override()]
     overrides = [f"experiment={experiment}", *[f for f in fixed if f is not None]]
-    if _initialized():
+    with composing():
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
-    else:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("config", overrides=overrides, return_hydra_config=True)
     params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=False) or {}
     assert isinstance(params, dict)
     return {str(k): str(v) for k, v in params.items()}

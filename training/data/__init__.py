@@ -1,7 +1,6 @@
-"""Datasets as in-memory tensors: float32 images in [0, 1], NCHW, int64 labels.
-
-Each loader module registers its datasets in `registry.DATASETS` when imported; the list below is every one of them
-(a new loader module adds its line here). `erase` (eraser through the cache) and `cache` are imported where used.
+"""Datasets as in-memory tensors: float32 images in [0, 1], NCHW, int64 labels. Each loader module registers its
+datasets in `registry.DATASETS` when imported; the list below is every one of them (a new loader adds its line).
+`erase` (eraser through the cache) and `cache` are imported where used.
 """
 
 # the loader modules, each registering itself

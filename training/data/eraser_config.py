@@ -1,9 +1,9 @@
-"""The eraser section's rules, read by the core's config check and job hash (training/app/loading.py, schema.py):
-what it refuses, one line each (ConfigError: options that are not its fitter's keyword arguments or not of their
-annotated types, an option it does not read with another's value, the fitting modes it cannot take), and what of it
-enters the job hash (`hashed_eraser`: the options that change the erased data, the fitting keys the fitting mode
-reads, `after_augment` only where something is erased per batch), and how results written before a key spelled it
-(`FIT_DEFAULTS`, `legacy_fold`: read by the result codec's `config_view`)."""
+"""The eraser section's rules, read by the core's config check and job hash (training/app/loading.py, schema.py): what
+it refuses, one line each (ConfigError: options that are not the eraser's options or not of their declared
+types, an option it does not read with another's value, the fitting modes it cannot take), what of it enters the job
+hash (`hashed_eraser`: the options that change the erased data, the fitting keys the mode reads, `after_augment` only
+where something is erased per batch), and how older results spelled it (`FIT_DEFAULTS`, `legacy_fold`).
+"""
 
 from __future__ import annotations
 
@@ -65,8 +65,9 @@ class _RawDataset:
 def hashed_eraser(section: dict[str, Any], dataset: Any) -> dict[str, Any]:
     """The eraser section (of a semantic config) as the job hash covers it; `dataset`: the dataset section."""
     eraser = raw_view(_RawEraser, section)
-    if isinstance(eraser.options, dict):
-        section["options"] = _data_options(str(eraser.name), eraser.options)
+    if isinstance(eraser.options, dict):  # the options that change the erased data: all but its `runtime_options`
+        runtime = eraser_traits(str(eraser.name)).runtime_options if str(eraser.name) in ERASERS else ()
+        section["options"] = {k: v for k, v in eraser.options.items() if k not in runtime}
     if eraser.fit_on is not ABSENT:  # keys the fitting mode does not read: not hashed
         used = fit_keys_used(eraser.fit_on, eraser.fit_source)
         section = {k: v for k, v in section.items() if k not in FIT_KEYS or k in used}
@@ -76,9 +77,8 @@ def hashed_eraser(section: dict[str, Any], dataset: Any) -> dict[str, Any]:
 
 
 def batch_erasing(name: str, dataset: Any) -> bool:
-    """Whether `eraser.after_augment` can change a job's numbers: not for an eraser that edits the dataset once (the
-    job then ignores it) nor for the identity control, unless a z-score follows it per batch
-    (`dataset.zscore_order=after`)."""
+    """Whether `eraser.after_augment` can change a job's numbers: not for an eraser that edits the dataset once nor
+    for the identity control, unless a z-score follows it per batch (`dataset.zscore_order=after`)."""
     if name not in ERASERS:
         return True
     traits = eraser_traits(name)
@@ -92,29 +92,21 @@ def batch_erasing(name: str, dataset: Any) -> bool:
     return bool(view.zscore) and view.zscore_order == "after"
 
 
-def _data_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options that change the erased data: all but those the eraser declares `runtime_options`."""
-    if name not in ERASERS:
-        return dict(options)
-    runtime = eraser_traits(name).runtime_options
-    return {k: v for k, v in options.items() if k not in runtime}
-
-
 def check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
-    """Eraser options are the fitter's keyword arguments: checked against their annotations (or, for an eraser
-    that declares `defaults`, against the defaults' types)."""
+    """Eraser options are the fields of its options dataclass (`eraser_traits(name).options`: its fitter's keyword
+    arguments or the dataclass it declares), checked against their types."""
     known = default_options(name)
     for k in options:
         if k not in known:
             raise ConfigError(f"eraser.options.{k} is not allowed: not an option of eraser {name}; known: "
                               f"{', '.join(sorted(known))}")
-    hints = _eraser_hints(ERASERS.get(name))
+    try:
+        hints = typing.get_type_hints(eraser_traits(name).options)
+    except (NameError, TypeError):  # an annotation that does not resolve: checked by name only
+        hints = {}
     for k, v in options.items():
-        tp = hints.get(k)
-        if tp is None and known[k] is not None:
-            tp = float if isinstance(known[k], float) else type(known[k])
-        if tp is not None:
-            check_typed(f"eraser.options.{k}", v, tp)
+        if k in hints:
+            check_typed(f"eraser.options.{k}", v, hints[k])
     unread = eraser_traits(name).unread_option(options)
     if unread is not None:  # hashed, not read: it would change the job's hash, not its numbers
         key, when, values = unread
@@ -151,13 +143,6 @@ def check_eraser_fitting(values: Mapping[str, Any]) -> None:
         if meta["kind"] == "edit" or eraser_traits(name).identity:
             raise ConfigError(f"eraser.fit_labels=shuffled is not allowed with eraser={name}: it fits no map to apply "
                               "to the true-label data; use a fitted map eraser (leace, qleace, alf_qleace)")
-
-
-def _eraser_hints(fitter: Any) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(fitter)
-    except (NameError, TypeError):  # an annotation that does not resolve: checked by name only
-        return {}
 
 
 class FitKeys(Protocol):

@@ -1,16 +1,14 @@
 """Generator datasets with a known answer: class-conditional Gaussians and two-component mixtures.
 
 Each class's law is fixed by `data_seed`; the rows are draws from it. The coded rows (`draw(o, rows, 0)`) and any
-other draws (`eraser.fit_on=oracle`: fresh rows the code never sees, `oracle_chunks`) come from separate seeds, so
-an eraser can be fitted on the population as closely as one likes without touching the coded data.
-
-- `gaussian`: class k ~ N(mean_gap·u_k, σ²(I + cov_gap·(d/4)·a_k a_kᵀ)), u_k and a_k random unit vectors; equal
-  covariances when cov_gap = 0. Population QLEACE (and population LEACE when cov_gap = 0) leaves x independent of
-  y: the true code length of the labels is then H(Y) (log2 K, the classes being balanced).
-- `mixture`: class k ~ ½ N(mean_gap·u_k + s·a_k, σ²I) + ½ N(mean_gap·u_k − s·a_k, σ²I), s = `separation`·σ: every
-  class has mean mean_gap·u_k and covariance σ²I + s² a_k a_kᵀ, but is bimodal along its own direction. QLEACE
-  matches the first two moments only, so the bimodality (the label) survives it: the true code is below H(Y).
-
+other draws (`eraser.fit_on=oracle`, `oracle_chunks`) come from separate seeds, so an eraser can be fitted on the
+population as closely as one likes without touching the coded data.
+- `gaussian`: class k ~ N(mean_gap·u_k, σ²(I + cov_gap·(d/4)·a_k a_kᵀ)), u_k and a_k random unit vectors.
+  Population QLEACE (and population LEACE when cov_gap = 0) leaves x independent of y: the true code length of the
+  labels is H(Y) = log2 K.
+- `mixture`: class k ~ ½ N(mean_gap·u_k + s·a_k, σ²I) + ½ N(mean_gap·u_k − s·a_k, σ²I), s = `separation`·σ: mean
+  mean_gap·u_k and covariance σ²I + s² a_k a_kᵀ, bimodal along its own direction. QLEACE matches the first two
+  moments only, so the bimodality (the label) survives it: the true code is below H(Y).
 Rows per class = round(rows_per_dim · dim) (`dataset.rows_per_dim`); images of shape (1, 1, dim).
 """
 
@@ -100,17 +98,12 @@ def oracle_chunks(o: GaussianOptions, rows_per_class: int) -> Iterator[tuple[Ten
         done, i = done + m, i + 1
 
 
-def label_entropy_bits(o: GaussianOptions) -> float:
-    """H(Y) of the balanced classes: log2 K."""
-    return math.log2(o.num_classes)
-
-
 def _load(name: str, cfg: DatasetCfg) -> LoadedData:
     o: GaussianOptions = cfg.options
     x, y = draw(o, o.rows_per_class)
     return LoadedData(name, x, y, o.num_classes, {"source": f"generator {name} (data_seed {o.data_seed})",
                                                   "rows_per_class": o.rows_per_class,
-                                                  "label_entropy_bits": label_entropy_bits(o)})
+                                                  "label_entropy_bits": math.log2(o.num_classes)})  # H(Y)
 
 
 @register("gaussian", options=GaussianOptions, generator=True)
@@ -173,12 +166,10 @@ def _class_maps(eraser: Any, d: int, k: int) -> tuple[Tensor, Tensor]:
 def population_truth_bits(o: GaussianOptions, eraser: str, options: dict[str, Any] | None = None,
                           rows_per_class: int = 50_000) -> tuple[float, float]:
     """H(Y | X') in bits after the POPULATION eraser `eraser` (fitted on `population_moments`, float64), and its
-    Monte Carlo standard error: the code length a learner approaches with unlimited data (control: H(Y | X)).
-
-    The eraser is affine per class (x ↦ A_j x + b_j: LEACE, QLEACE and ALF-QLEACE on full-rank moments), so class j's
-    erased law is its components pushed through (A_j m + b_j, A_j C A_jᵀ); the posterior p(y | x') follows from
-    those densities on the span of the erased laws. Monte Carlo over `rows_per_class` fresh draws per class
-    (seeded, never the coded rows)."""
+    Monte Carlo standard error (over `rows_per_class` fresh draws per class): the code length a learner approaches
+    with unlimited data. The eraser is affine per class (x ↦ A_j x + b_j: LEACE, QLEACE, ALF-QLEACE on full-rank
+    moments), so class j's erased law is its components pushed through (A_j m + b_j, A_j C A_jᵀ); p(y | x') follows
+    from those densities on the span of the erased laws."""
     k, d = o.num_classes, o.dim
     fitted = fit_moments(eraser, population_moments(o), input_dtype="float64", **(options or {}))
     maps, shifts = _class_maps(fitted, d, k)

@@ -35,10 +35,8 @@ def read_idx(path: Path) -> np.ndarray:
 
 
 def find_idx_pair(folder: Path) -> tuple[Path, Path] | None:
-    """(training images, training labels) IDX files in `folder` or its usual subfolders, gzipped or not.
-
-    Both plain or both gzipped first; a gzipped file next to a plain one (e.g. images `.gz`, labels not) is used
-    too, with one warning naming both: the two may come from different downloads."""
+    """(training images, training labels) IDX files in `folder` or its usual subfolders: both plain or both gzipped
+    first; a gzipped file next to a plain one is used too, with one warning (they may come from different downloads)."""
     for sub in _SUBDIRS:
         for images, labels in _STEMS:
             pairs = [(s, s) for s in ("", ".gz")] + [("", ".gz"), (".gz", "")]

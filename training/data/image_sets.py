@@ -1,7 +1,5 @@
-"""Paper datasets that need a download or a user-supplied folder: CIFAR-10, SVHN, CIFARNet.
-
-Each reads the real on-disk format itself (torchvision is only used to download), so a missing
-or partial copy gives one clear line saying where the files go.
+"""Paper datasets that need a download or a user-supplied folder: CIFAR-10, SVHN, CIFARNet. Each reads the on-disk
+format itself (torchvision only downloads), so a missing or partial copy gives one line saying where the files go.
 """
 
 from __future__ import annotations
@@ -65,7 +63,7 @@ def load_cifar_batch(path: Path) -> dict[str, Any]:
     return entry
 
 
-@register("cifar10")
+@register("cifar10", files=True)
 def load_cifar10(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     root = _root(cfg, data_dir)
     folder = root / "cifar-10-batches-py"
@@ -77,10 +75,8 @@ def load_cifar10(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
         reason = _try_download(cfg, lambda: CIFAR10(str(root), train=True, download=True))
     missing = [b.name for b in batches if not b.exists()]
     if missing:
-        raise DatasetMissingError(
-            f"CIFAR-10 not found: {folder} lacks {missing} ({reason or 'incomplete'}); "
-            f"extract {CIFAR10_URL} into {root} (or set paths.data_dir / dataset.root)"
-        )
+        raise DatasetMissingError(f"CIFAR-10 not found: {folder} lacks {missing} ({reason or 'incomplete'}); "
+                                  f"extract {CIFAR10_URL} into {root} (or set paths.data_dir / dataset.root)")
     xs, ys = [], []
     for b in batches:
         with reading(b, "CIFAR-10 batch"):
@@ -95,7 +91,7 @@ def load_cifar10(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
 SVHN_URL = "http://ufldl.stanford.edu/housenumbers/train_32x32.mat"
 
 
-@register("svhn")
+@register("svhn", files=True)
 def load_svhn(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     from scipy.io import loadmat
 
@@ -117,22 +113,19 @@ def load_svhn(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
                       {"source": str(path), "files": file_records([path], folder)})
 
 
-@register("cifarnet")
+@register("cifarnet", files=True)
 def load_cifarnet(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     folder = _root(cfg, data_dir) / "cifarnet"
     npz = folder / "train.npz"
     shards: list[Path] = []
     if npz.exists():
-        with reading(npz, "CIFARNet (expects arrays `images` uint8 NHWC 64x64x3 and `labels`)"):
-            with np.load(npz) as f:
-                images, labels = f["images"], f["labels"]
+        with reading(npz, "CIFARNet (expects arrays `images` uint8 NHWC 64x64x3 and `labels`)"), np.load(npz) as f:
+            images, labels = f["images"], f["labels"]
     else:
         shards = sorted(folder.glob("**/train-*.parquet"))
         if not shards:
-            raise DatasetMissingError(
-                f"CIFARNet not found: put {npz} (arrays images uint8 NHWC 64x64x3, labels) or the HF "
-                f"EleutherAI/cifarnet parquet shards (train-*.parquet) under {folder}"
-            )
+            raise DatasetMissingError(f"CIFARNet not found: put {npz} (arrays images uint8 NHWC 64x64x3, labels) or "
+                                      f"the HF EleutherAI/cifarnet parquet shards (train-*.parquet) under {folder}")
         images, labels = _read_parquet_images(shards)
     with reading(npz if npz.exists() else folder, "CIFARNet (images must be uint8 NHWC, one integer label each)"):
         x, y = _nhwc_uint8(images), torch.from_numpy(np.asarray(labels).astype(np.int64).reshape(-1))

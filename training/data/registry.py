@@ -112,6 +112,7 @@ class DatasetTraits:
 
     options: type[Any] | None = None  # the dataclass of its own keys (`dataset.n`, ...); None: it has none
     generator: bool = False  # it draws fresh samples (what eraser.fit_on=oracle fits on)
+    files: bool = False  # it reads its images from files (data_dir or dataset.root); without them it does not load
 
 
 # Loaders register themselves (`@register("name", options=TheirOptions)`) in their module; training/data/__init__.py
@@ -122,15 +123,7 @@ register = DATASETS.register
 
 def dataset_traits(name: str) -> DatasetTraits:
     """What dataset `name` declared at registration (UnknownNameError, listing the names, for one not registered)."""
-    declared: DatasetTraits = DATASETS.declared(name)
-    return declared
-
-
-def _fixed_shuffle(data: LoadedData) -> LoadedData:
-    """Deterministic shuffle (independent of the run seed): some sources are sorted by class."""
-    perm = torch.randperm(len(data.y), generator=torch.Generator().manual_seed(0))
-    data.x, data.y = data.x[perm].contiguous(), data.y[perm].contiguous()
-    return data
+    return DATASETS.declared(name)
 
 
 def load_dataset(cfg: DatasetCfg, data_dir: str | Path = "data", memo: shared.Memo | None = None) -> LoadedData:
@@ -151,7 +144,8 @@ def _own_copy(data: LoadedData) -> LoadedData:
 def _load_dataset(cfg: DatasetCfg, data_dir: str | Path) -> LoadedData:
     data = DATASETS.get(cfg.name)(cfg, Path(data_dir))
     _validate(data, _check_lengths)  # before the shuffle: it indexes the images by the labels' positions
-    data = _fixed_shuffle(data)
+    perm = torch.randperm(len(data.y), generator=torch.Generator().manual_seed(0))  # fixed: some sources are sorted
+    data.x, data.y = data.x[perm].contiguous(), data.y[perm].contiguous()
     if cfg.limit is not None:
         data.x, data.y = data.x[: cfg.limit].contiguous(), data.y[: cfg.limit].contiguous()
     _validate(data)

@@ -1,14 +1,11 @@
-"""The in-process memo of what the seeds of a cell share (the store's, training/inputs/store.py): loaded datasets
-(read by `load_dataset`), erased data (by the erased-data cache, training/data/cache.py) and fitted erasers
-(`eraser.after_augment`'s, by the fitted-eraser cache), each in a small bounded `Memo` keyed by what identifies it
-(the dataset's config and data directory; the cache entry's hash: the data's content, the fit rows, the eraser and
-its options). Nothing here is a module-level registry (tests/test_no_global_state.py).
+"""The in-process memo of what the seeds of a cell share (the store's, training/inputs/store.py): loaded datasets,
+erased data and fitted erasers, each in a small bounded `Memo` keyed by what identifies it. Nothing here is a
+module-level registry (tests/test_no_global_state.py).
 
-A job gets the same tensors, but its own LoadedData (eraser object) and its own copies of every dict, so rebinding
-fields or editing `info` never reaches another job. Tensors are not copied (that is the saving), so a job that
-modified one in place would hand the next job other numbers: every entry remembers its tensors' version counters,
-and an entry whose tensor changed since is dropped (with a warning) and computed again, as a lone job would. The
-numbers therefore never depend on which jobs shared a process.
+A job gets the same tensors, but its own LoadedData (eraser object) and its own copies of every dict. Tensors are not
+copied (that is the saving): every entry remembers its tensors' version counters, and an entry whose tensor a job
+modified in place is dropped (with a warning) and computed again, as a lone job would: the numbers never depend on
+which jobs shared a process.
 """
 
 from __future__ import annotations

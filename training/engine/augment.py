@@ -1,10 +1,8 @@
 """Per-sample random crop (zero padding of 1/8 of the side) + horizontal flip, batched on the device.
 
-The draws and the transform are separate so that a training loop can draw a whole epoch's crops at once
-(one CPU call per epoch, not per batch) and the vectorised trainer can apply them to many models' batches
-in one gather. Semantics (as torchvision's RandomCrop(padding=pad) followed by RandomHorizontalFlip):
-pad every side with zeros, take the h×w window at offset (dy, dx) ∈ [0, 2·pad]², then mirror it
-left-right when the flip bit is set.
+The draws and the transform are separate: a training loop draws a whole epoch's crops at once and the vectorised
+trainer applies them to many models' batches in one gather. As torchvision's RandomCrop(padding=pad) followed by
+RandomHorizontalFlip: the h×w window at offset (dy, dx) ∈ [0, 2·pad]² of the padded image, mirrored when flipped.
 """
 
 from __future__ import annotations

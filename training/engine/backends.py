@@ -1,32 +1,28 @@
 """The arithmetic of a vectorised group (training/engine/group.py): how M live models take one step together.
 
-* `LoopEngine`: the members' own modules, one forward per member on its slice of the shared batch, one
-  backward over the summed losses and **one** optimizer step over all members' parameters (foreach kernels).
-  Every kernel sees exactly the shapes it sees in `training.engine.fit.fit`, so the numbers are bitwise those of
-  sequential training. Best on CPU, where batched matmuls are slower than a loop of plain ones. Dropout / drop path:
-  each member's forward draws from its own stream of the device's global RNG (`rng_seeds`), the one it draws from
-  alone. Every row's activations are held until the one backward (the memory estimate counts them all).
-* `StackedEngine`: parameters stacked per name (M, *shape); the model's forward under `torch.func.vmap` +
-  `functional_call` (Linear → batched matmul, Conv → grouped conv), so one step is one set of kernels for
-  all members. Partial batches are padded with zero-weight rows. Same arithmetic up to float32 rounding of
-  the batched kernels. Best on GPU, where launches dominate for small models. Its step (gradients and the
-  schedule-free update, training/engine/stacked_optim.py) is one function with no read back and host work that
-  does not grow with M; `training.compile` compiles it whole (fullgraph). Dropout / drop path draw per member
-  (vmap randomness="different"); constant buffers (SwinV2's relative positions) are the template's.
+* `LoopEngine`: the members' own modules, one forward per member on its slice of the shared batch, one backward
+  over the summed losses and **one** optimizer step over all members' parameters (foreach kernels). Every kernel
+  sees exactly the shapes it sees in `training.engine.fit.fit`: bitwise sequential training. Best on CPU. Dropout /
+  drop path: each member's forward draws from its own stream of the device's global RNG (`rng_seeds`), as alone.
+  Every row's activations are held until the one backward (the memory estimate counts them all).
+* `StackedEngine`: parameters stacked per name (M, *shape); the forward under `torch.func.vmap` + `functional_call`
+  (Linear → batched matmul, Conv → grouped conv): one set of kernels per step for all members, partial batches
+  padded with zero-weight rows, the same arithmetic up to float32 rounding. Best on GPU. Its step (gradients and
+  the schedule-free update, training/engine/stacked_optim.py) has no read back and host work that does not grow
+  with M; `training.compile` compiles it whole. Dropout / drop path draw per member (vmap randomness="different");
+  constant buffers (SwinV2's relative positions) are the template's.
 
-Both: the members' μP param groups (MuAdam: lr / width_mult per group) and schedule-free AdamW's formulas:
-the loop engine with the members' own optimizer class (or `fused_optimizer`), the stacked engine with the same
-operations written over the stacked tensors (bitwise the library's on CPU). Schedule-free AdamW is elementwise
-except its per-group scalars (k, lr_max, weight_sum). Members that start together step together, so those scalars
-are theirs in common: the loop engine keeps one optimizer per such cohort; the stacked engine computes them once on
-the host, or, where a row takes a new member (`replace`: rows refilled from a queue) or the step is compiled, per
-row on the device. Validation mirrors `optimizer.eval()` / `.train()` on the validated members only. A finished
-member is dropped (its parameters leave the optimizer), so no Adam-type update touches it again.
+Both keep the members' μP param groups and schedule-free AdamW's formulas, whose per-group scalars (k, lr_max,
+weight_sum) members that start together share: the loop engine keeps one optimizer per such cohort; the stacked
+engine computes them on the host, or per row on the device where rows are refilled (`replace`) or the step is
+compiled. Validation mirrors `optimizer.eval()` / `.train()` on the validated members only. A finished member is
+dropped (its parameters leave the optimizer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,10 +32,13 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from training.engine.batches import DeviceData
-from training.engine.fit import Regularizer, cross_entropy_total, snapshot
+from training.engine.fit import cross_entropy_total, snapshot
 from training.engine.flat_optim import LibraryOptim, make_member_optim
 from training.engine.numerics import in_format
 from training.engine.stacked_optim import StackedScheduleFree, StepScalars
+
+if TYPE_CHECKING:
+    from training.engine.group import GroupOptions
 
 VAL_CHUNK = 1024  # as training.engine.fit.predict_logits
 # (rows validated: a slice or index tensor, their float64 losses) -> which rows keep their state as the best so far
@@ -86,7 +85,8 @@ class ValSet:
         return self._cache[key], self.y[idx.to(self.y.device)]
 
 
-def _optimizer_groups(opt: torch.optim.Optimizer, names: dict[int, str]) -> list[tuple[list[str], dict]]:
+def _optimizer_groups(model: nn.Module, opt: torch.optim.Optimizer) -> list[tuple[list[str], dict]]:
+    names = {id(p): n for n, p in model.named_parameters()}
     return [([names[id(p)] for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
             for g in opt.param_groups]
 
@@ -94,39 +94,33 @@ def _optimizer_groups(opt: torch.optim.Optimizer, names: dict[int, str]) -> list
 def check_same_groups(models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer]
                       ) -> list[tuple[list[str], dict]]:
     """The members' (identical) μP param groups as (parameter names, hyperparameters)."""
-    groups = [_optimizer_groups(o, {id(p): n for n, p in m.named_parameters()})
-              for m, o in zip(models, opts, strict=True)]
-    ref = [(names, repr(group)) for names, group in groups[0]]
-    if any([(names, repr(group)) for names, group in g] != ref for g in groups[1:]):
-        raise ValueError("members of one vectorised group need identical optimizer param groups")
-    return groups[0]
+    groups = _optimizer_groups(models[0], opts[0])
+    for m, o in zip(models[1:], opts[1:], strict=True):
+        check_joins(groups, m, o)
+    return groups
 
 
 def check_joins(groups: list[tuple[list[str], dict]], model: nn.Module, opt: torch.optim.Optimizer) -> None:
     """A member taking a row has the group's param groups (`groups`, as `check_same_groups` gave them)."""
-    mine = _optimizer_groups(opt, {id(p): n for n, p in model.named_parameters()})
-    if [(names, repr(group)) for names, group in mine] != [(names, repr(group)) for names, group in groups]:
+    if [(n, repr(g)) for n, g in _optimizer_groups(model, opt)] != [(n, repr(g)) for n, g in groups]:
         raise ValueError("members of one vectorised group need identical optimizer param groups")
 
 
 class LoopEngine:
-    """Members' own modules; one shared optimizer step. Bitwise equal to sequential training (with the
-    library's optimizer step; `fused_optimizer`: training/engine/flat_optim.py)."""
+    """Members' own modules; one shared optimizer step (see the module docstring)."""
 
-    def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
-                 compile: bool | str | None = None, regularizer: Regularizer | None = None,
-                 fused_optimizer: bool | str = False, rng_seeds: Sequence[int] | None = None,
-                 memory_format: torch.memory_format | None = None) -> None:
+    def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer], options: GroupOptions,
+                 rng_seeds: Sequence[int] | None = None, memory_format: torch.memory_format | None = None) -> None:
         groups = check_same_groups(models, opts)
         self.models = list(models)  # per live row
         self.fmt = memory_format  # training.channels_last: the members' parameters and batches in this layout
         for m in self.models:
             self._in_format(m)
-        self.regularizer = regularizer
-        self.mode = mode = compile_mode(compile)
+        self.regularizer = options.regularizer
+        self.mode = mode = compile_mode(options.compile)
         # Compiled wrappers share the modules' parameters (one graph for all: same structure, params as inputs).
         self.forward = [torch.compile(m, mode=mode) if mode else m for m in self.models]
-        self.opt = make_member_optim(str(fused_optimizer), type(opts[0]), groups,
+        self.opt = make_member_optim(str(options.fused_optimizer), type(opts[0]), groups,
                                      [dict(m.named_parameters()) for m in self.models])
         self.best: list[dict[str, Tensor]] = [snapshot(m) for m in self.models]
         self.loss_sum = torch.zeros(len(self.models), device=next(self.models[0].parameters()).device)
@@ -154,8 +148,8 @@ class LoopEngine:
 
     def step(self, xb: Tensor, yb: Tensor, wb: Tensor, counts: list[int] | None, steps: np.ndarray,
              done: Tensor | None = None) -> None:
-        """One step of every row; `steps`: each row's own step count so far (the regularizer's step); `done`: rows
-        that stopped (not yet polled): their training losses are not checked."""
+        """One step of every row; `steps`: each row's own steps so far (the regularizer's); `done`: rows that stopped
+        (not yet polled): their training losses are not checked."""
         assert counts is not None
         # Each member sees exactly its batch as in fit(); d(sum)/d(loss_r) = 1 keeps every gradient as alone.
         loss: Tensor | int = 0
@@ -220,8 +214,7 @@ class LoopEngine:
             self.rng = [self.rng[r] for r in rows]
 
     def replace(self, r: int, model: nn.Module, opt: torch.optim.Optimizer, rng_seed: int = 0) -> None:
-        """Row r takes a new member (its model, fresh optimizer, the seed of its masks' stream): it trains as alone,
-        from its first step."""
+        """Row r takes a new member (its model, fresh optimizer, its masks' seed): it trains as alone, from step 1."""
         if not isinstance(self.opt, LibraryOptim):
             raise ValueError("rows are refilled with the library's optimizer step (not training.fused_optimizer)")
         check_joins(self.opt.groups, model, opt)
@@ -263,10 +256,8 @@ class _ReadoutConstants:
 
 
 class StackedEngine:
-    """Stacked parameters, vmapped forward: one set of kernels per step for all live members. The step (gradients
-    by `torch.func.grad` of the summed vmapped losses, and the schedule-free update, training/engine/stacked_optim.py)
-    is one function of tensors and host-known floats: `training.compile` compiles it whole (`fullgraph=True`), and
-    its host work does not grow with the number of members."""
+    """Stacked parameters, vmapped forward (see the module docstring); the step is one function of tensors and
+    host-known floats, which `training.compile` compiles whole (`fullgraph=True`)."""
 
     def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
                  compile: bool | str | None = None, per_row: bool = False) -> None:
@@ -320,8 +311,7 @@ class StackedEngine:
         self.opt.update(self.params, grads, scalars)
 
     def _mark_static(self) -> None:
-        """Parameters and optimizer state live at fixed addresses between compactions: CUDA graphs need not copy
-        them per step."""
+        """Parameters and optimizer state live at fixed addresses between compactions: CUDA graphs copy none."""
         if self.compiled:
             rows = () if self.opt.rows is None else tuple(self.opt.rows.values())
             for t in (*self.params.values(), *self.opt.z.values(), *self.opt.v.values(), *rows, self.loss_sum):
@@ -344,7 +334,8 @@ class StackedEngine:
 
     def _lerped(self, sel: Tensor, rows: dict[str, Tensor], weight: Callable[[float], float]) -> dict[str, Tensor]:
         out = {}
-        for names, w in self.opt.lerp_weights(weight):
+        for names, g in self.opt.groups:
+            w = weight(g["betas"][0])
             for n in names:
                 out[n] = rows[n].lerp(self.opt.z[n][sel], w)
         return out
@@ -404,9 +395,8 @@ class StackedEngine:
 
     @torch.no_grad()
     def replace(self, r: int, model: nn.Module, opt: torch.optim.Optimizer, rng_seed: int = 0) -> None:
-        """Row r takes a new member (its model, fresh optimizer), in place (a compiled step's static addresses stay
-        valid): its parameters, z = y, second moment 0, best state = init, and its row's scalars from the start
-        (`rng_seed`: unused, its masks are drawn by vmap)."""
+        """Row r takes a new member, in place (a compiled step's static addresses stay valid): its parameters, z = y,
+        second moment 0, best state = init, its row's scalars from the start (`rng_seed`: unused, vmap draws masks)."""
         if self.opt.rows is None:
             raise ValueError("rows are refilled with per-row optimizer scalars (StackedEngine(per_row=True))")
         check_joins(self.groups, model, opt)

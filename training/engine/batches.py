@@ -1,9 +1,8 @@
 """The training data as one tensor on the device, batches as index gathers, epochs drawn in one go.
 
-`DeviceData` stores images in the smallest dtype that decodes back to the float32 data *exactly*
-(uint8 for k/255 pixels, float16 for e.g. k/16, else float32 — erased data stays float32) and decodes
-one batch at a time. `draw_epoch` draws one epoch's batch order and augmentation from a model's generator;
-the sequential fit loop and the vectorised trainer both use it, so they see identical batches.
+`DeviceData` stores images in the smallest dtype that decodes back to the float32 data *exactly* (uint8 for k/255
+pixels, float16 for e.g. k/16, else float32) and decodes one batch at a time. `draw_epoch` draws one epoch's batch
+order and augmentation from a model's generator: the fit loop and the vectorised trainer see identical batches.
 """
 
 from __future__ import annotations
@@ -56,10 +55,8 @@ def _encode(x: Tensor, kind: str, chunk: int = 4096) -> Tensor | None:
 
 
 def compact(x: Tensor, storage: str = "auto") -> Tensor:
-    """The smallest exact storage of float32 `x` ("auto"), or exactly `storage` (refused when lossy).
-
-    float64 data (used by tests to check arithmetic exactly) is kept as it is.
-    """
+    """The smallest exact storage of float32 `x` ("auto"), or exactly `storage` (refused when lossy); float64 data
+    (tests that check arithmetic exactly) is kept as it is."""
     if x.dtype == torch.float64 and storage in ("auto", "float32"):
         return x
     if x.dtype != torch.float32:
@@ -129,9 +126,8 @@ def augment_pad(data: DeviceData, augment: bool) -> int:
 
 @dataclass(frozen=True)
 class ClassSegments:
-    """A batch's rows grouped by class without reading the labels back: `order` (on the device) lists the rows class
-    by class (stably), `counts[c]` (host integers, from the host's copy of the labels) is how many rows class c has.
-    A label-dependent batch transform (QLEACE per batch) maps each class's rows by them."""
+    """A batch's rows grouped by class without reading the labels back (for a label-dependent batch transform):
+    `order` (on the device) lists the rows class by class (stably), `counts[c]` (host integers) how many class c has."""
 
     order: Tensor
     counts: tuple[int, ...]

@@ -1,10 +1,10 @@
 """Checkpoints inside a block: a training loop stopped by a signal saves its whole state here and the next attempt
 goes on from it, with the numbers of an uninterrupted run.
 
-One file per training group (`fit`: one model; a lockstep group: its members) in the job directory, named after
-the group's member names: `checkpoint-<digest>.pt`. It holds a SHA-256 of its payload and the job's config hash:
-a file that is unreadable, corrupt or of another configuration is ignored with one log line (the group starts
-over). A group deletes its file when it finishes; the job deletes what is left when it ends.
+One file per training group (`fit`: one model; a lockstep group: its members) in the job directory, named after its
+member names (`checkpoint-<digest>.pt`), holding a SHA-256 of its payload and the job's config hash: an unreadable,
+corrupt or other configuration's file is ignored with one log line. A group deletes its file when it finishes; the
+job deletes what is left when it ends.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from training.common.files import atomic_write
 log = logging.getLogger(__name__)
 FORMAT = 1
 PATTERN = "checkpoint-*.pt"
-
-
 ENVELOPE = ("format", "key", "names", "state")  # what a checkpoint file holds (after its digest line)
 
 
@@ -40,10 +38,6 @@ class Saved:
     state: dict[str, Any]
 
 
-def _digest(names: Sequence[str]) -> str:
-    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
-
-
 @dataclass(frozen=True)
 class CheckpointStore:
     """Where the groups of one job save their state (`directory`), and the config hash they must match (`key`)."""
@@ -53,7 +47,8 @@ class CheckpointStore:
     reported: set[str] = field(default_factory=set, compare=False)  # files already said to be ignored
 
     def path(self, names: Sequence[str]) -> Path:
-        return Path(self.directory) / f"checkpoint-{_digest(names)}.pt"
+        digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
+        return Path(self.directory) / f"checkpoint-{digest}.pt"
 
     def save(self, names: Sequence[str], state: dict[str, Any]) -> Path:
         """Write the group's `state` (a training loop's state dict: its `kind` and `step` included) atomically;
@@ -98,8 +93,10 @@ class CheckpointStore:
                 log.warning("ignoring checkpoint %s: it does not fit these models (other code, engine or training "
                             "settings); they start over", s.path)
 
-    def delete(self, path: Path) -> None:
-        Path(path).unlink(missing_ok=True)
+    def delete(self, *paths: Path | None) -> None:
+        for path in paths:
+            if path is not None:
+                Path(path).unlink(missing_ok=True)
 
     def clear(self) -> None:
         for path in Path(self.directory).glob(PATTERN):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from training.errors import Refused
@@ -42,21 +44,14 @@ def available_memory(device: torch.device) -> int | None:
             return None
     if device.type != "cpu":
         return None
-    free = _meminfo_available()
-    limit = _cgroup_room()
-    if free is None or limit is None:
-        return free if limit is None else limit
-    return min(free, limit)
+    return min((v for v in (_meminfo_available(), _cgroup_room()) if v is not None), default=None)
 
 
 def _meminfo_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     return None
 
 

@@ -1,14 +1,11 @@
 """The fit loop: schedule-free training with early stopping on a validation set, evaluated in eval mode.
 
-Schedule-free optimizers keep two parameter sequences; the averaged one (used for evaluation) is only
-in the model after `optimizer.eval()`. Every validation, coding and snapshot here happens in eval mode.
-torch's AdamW (`optim.name=adamw`) has no modes: it is evaluated as trained, with its learning-rate schedule
-(`lr_schedule`) stepped once per epoch.
-
-The paper code's stopping (`stopping="backtrack"`, EleutherAI/mdl `Probe.fit`): the untrained model is validated
-too, and after every epoch without a new best the model and optimizer state of the best epoch are reloaded; the
-stop rule is the same (`patience` epochs without a new best). `batch_order="fixed"`: every epoch takes the
-training rows in the order given, not reshuffled.
+Schedule-free optimizers keep two parameter sequences; the averaged one (used for evaluation) is only in the model
+after `optimizer.eval()`: every validation, coding and snapshot here happens in eval mode. torch's AdamW
+(`optim.name=adamw`) has no modes: it is evaluated as trained, its `lr_schedule` stepped once per epoch. The paper
+code's stopping (`stopping="backtrack"`, EleutherAI/mdl `Probe.fit`): the untrained model is validated too, and after
+every epoch without a new best the best epoch's model and optimizer state are reloaded (the same stop rule).
+`batch_order="fixed"`: every epoch takes the training rows in the order given.
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ from training.common import interrupt
 from training.common.progress import progress_bar
 from training.engine.batches import ClassSegments, DeviceData, Epoch, augment_pad, class_segments, draw_epoch, host_copy
 from training.engine.checkpoint import CheckpointStore, Saved, fits_safely
-from training.engine.numerics import JobNumerics, forward, in_format, memory_format
+from training.engine.numerics import JobNumerics, in_format
 from training.engine.stopping import EarlyStopping
 from training.errors import NonFiniteError
 
@@ -41,10 +38,9 @@ Regularizer = Callable[[Tensor, Tensor, int], Tensor]  # (logits, y, step) -> pe
 
 
 class BatchTransform(Protocol):
-    """(batch, labels, class segments) -> the batch the model trains on, applied after augmentation: e.g.
-    `eraser.after_augment` erases each augmented batch (training/inputs/erase.py BatchEraser). `needs_labels`: the
-    loops then pass the batch's `ClassSegments`, worked out on the host (no read back). Validation data is never
-    transformed."""
+    """(batch, labels, class segments) -> the batch the model trains on, after augmentation (`eraser.after_augment`:
+    training/inputs/erase.py BatchEraser). `needs_labels`: the loops pass the batch's `ClassSegments`, worked out on
+    the host (no read back). Validation data is never transformed."""
 
     needs_labels: bool
 
@@ -57,9 +53,8 @@ NEEDS_SHARED_VAL = ("members with a batch transform need a shared x_val/y_val or
 
 
 def nonfinite_loss(what: str, name: str, step: int, epoch: int) -> NonFiniteError:
-    """The one line for a NaN/inf `what` ("training loss", "validation loss") of model `name`. The training loss
-    is summed on the device step by step (no sync) and checked where the loop syncs anyway (each validation and
-    the end of training): it went non-finite at a step after the previous check, by `step`."""
+    """The one line for a NaN/inf `what` ("training loss", "validation loss") of model `name`. The training loss is
+    summed on the device (no sync) and checked where the loop syncs anyway: it went non-finite by `step`."""
     when = f"by step {step}" if what.startswith("training") else f"at step {step}"
     return NonFiniteError(f"non-finite {what} in {name} {when} (epoch {epoch}): {NONFINITE_HINT}")
 
@@ -75,8 +70,7 @@ class FitConfig:
     augment: bool
     eval_every_steps: int | None  # None: once per epoch
     progress: bool
-    # Step-aware early stopping (training/engine/stopping.py); all 0: stop after `patience` epochs without a
-    # new best or after `max_epochs`, whatever the number of steps.
+    # step-aware early stopping (training/engine/stopping.py); all 0: the plain rule
     warmup_steps: int  # the optimiser's warm-up: no stop before it has ended
     min_steps: int  # no stop before this many optimizer steps (even past max_epochs)
     patience_min_steps: int  # patience in steps = max(patience × steps per epoch, patience_min_steps)
@@ -129,18 +123,14 @@ class Member:
     cfg: FitConfig
     val_idx: Tensor | None = None  # own validation set (indices into the data), e.g. another seed's split
     name: str = ""  # how errors name it ("block model 3"); empty: "model <its index in the group>"
-    # the seed of the global RNG it trains under alone (dropout / drop path draw from it; the caller seeds it around
-    # `fit`): the loop engine gives the member this stream in a group (None: one drawn from its batch generator)
-    rng_seed: int | None = None
-
+    rng_seed: int | None = None  # its dropout / drop path masks' global RNG seed, alone and in a group (None: `gen`'s)
 
 
 @dataclass(frozen=True)
 class TrainData:
     """What a model (or a group, `training.engine.group.fit_group`) trains and validates on: the data (a tensor is
-    kept as float32 on its device) and its labels, and an optional shared validation set (None: each member's
-    `val_idx` into `val_data`, by default the data; a batch transform needs a `val_data` of images already mapped:
-    a cell's members of several seeds erased after augmentation validate on the erased images)."""
+    kept as float32 on its device), its labels and an optional shared validation set (None: each member's `val_idx`
+    into `val_data`, by default the data; with a batch transform, `val_data` holds the images already mapped)."""
 
     data: DeviceData
     y: Tensor
@@ -214,10 +204,8 @@ def cross_entropy_total(model: nn.Module, x: Tensor, y: Tensor, batch_size: int 
 
 
 def fit_temperature(model: nn.Module, x_val: Tensor, y_val: Tensor) -> float:
-    """One temperature T > 0 minimising the validation cross-entropy of logits / T (Guo et al. 2017).
-
-    Used to compare codes of models whose confidence differs by construction (e.g. Spectral Decoupling).
-    """
+    """One temperature T > 0 minimising the validation cross-entropy of logits / T (Guo et al. 2017): codes of models
+    whose confidence differs by construction (e.g. Spectral Decoupling) compare."""
     logits = predict_logits(model, x_val)
     log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([log_t], lr=0.5, max_iter=100, line_search_fn="strong_wolfe")
@@ -246,18 +234,13 @@ def snapshot(model: nn.Module) -> dict[str, Tensor]:
 
 def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None, desc: str = "fit",
         checkpoint: CheckpointStore | None = None, compile: str | None = None) -> FitResult:
-    """Train until `patience` evaluations without improvement; return with the best state loaded.
-
-    The training set is `member.idx` into `data`; validation is `data`'s shared set (used as given), else
-    `member.val_idx`. Each epoch draws its batch order and per-sample augmentation from `member.gen` in one go
-    (`training.engine.batches.draw_epoch`); the vectorised trainer draws the same streams. `cfg.batch_transform`
-    (if set) maps each augmented batch before the model sees it. On return the model and optimizer are in eval
-    mode (ready to code a block).
-    A NaN/inf training or validation loss raises NonFiniteError naming the model (`member.name`, else `desc`).
-    `checkpoint`: a stop request (training/common/interrupt.py) saves the whole state there before the next batch
-    and raises `Interrupted`; a later call with the same model name goes on from it (`FitState`).
-    `compile`: a torch.compile mode for the training forward (`training.compile`, see
-    `training.engine.backends.compile_mode`); None: eager.
+    """Train `member` on `member.idx` into `data` until `patience` evaluations without improvement (validation on
+    `data`'s shared set, else `member.val_idx`); return with the best state loaded, model and optimizer in eval mode.
+    Each epoch draws its batch order and augmentation from `member.gen` in one go (`draw_epoch`, as a group does);
+    `cfg.batch_transform` maps each augmented batch. A NaN/inf loss raises NonFiniteError naming the model
+    (`member.name`, else `desc`). `checkpoint`: a stop request (training/common/interrupt.py) saves the whole state
+    there before the next batch and raises `Interrupted`; a later call with the same model name goes on from it.
+    `compile`: a torch.compile mode for the training forward (`training.engine.backends.compile_mode`; None: eager).
     """
     model, optimizer, gen, cfg = member.model, member.optimizer, member.gen, member.cfg
     train, (x_val, y_val) = data.data, data.validation(member)
@@ -274,7 +257,8 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
     name = member.name or desc
     model.train()
     optimizer_mode(optimizer, "train")  # schedule-free optimizers (untyped) start in eval mode
-    fmt = memory_format(model, dev, cfg.numerics)  # training.channels_last
+    numerics = cfg.numerics  # training.channels_last, training.precision (training/engine/numerics.py; None: fp32)
+    fmt = None if numerics is None else numerics.memory_format(model, dev)
     if fmt is not None:
         model.to(memory_format=fmt)  # in place: the optimizer's parameters are these
     net = model if compile is None else torch.compile(model, mode=compile)  # shares the model's parameters
@@ -309,15 +293,6 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                 if backtrack:  # in eval mode, as the model's state (schedule-free: its averaged iterate)
                     st.best_opt = copy.deepcopy(optimizer.state_dict())
 
-    def back_to_best() -> None:
-        """The best epoch's model and optimizer state again (schedule-free: loaded in eval mode, then mapped back
-        to its training iterate)."""
-        assert st.best_opt is not None  # the untrained model was validated first: there is always a best
-        optimizer_mode(optimizer, "eval")
-        model.load_state_dict(st.best_state)
-        optimizer.load_state_dict(st.best_opt)
-        optimizer_mode(optimizer, "train")
-
     bar = progress_bar(total=cfg.max_epochs, desc=desc, unit="ep", leave=False, disable=not cfg.progress)
     reason: str | None = None
     with interrupt.checkpointing() if checkpoint is not None else nullcontext():
@@ -348,8 +323,8 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                                  pad)
                 if transform is not None:
                     xb = transform(xb, yb, None if labels is None else class_segments(yb, labels[sl]))
-                # training.channels_last, training.precision (training/engine/numerics.py)
-                logits = forward(net, in_format(xb, fmt), cfg.numerics)
+                xb = in_format(xb, fmt)
+                logits = net(xb) if numerics is None else numerics.forward(net, xb)
                 loss = F.cross_entropy(logits, yb)
                 if regularizer is not None:
                     loss = loss + regularizer(logits, yb, st.step)
@@ -371,27 +346,27 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                 bar.set_postfix(val=f"{curve[-1][1]:.4f}" if curve else "-", best=f"{stopper.best_loss:.4f}")
             improved = stopper.improved
             reason = stopper.end_epoch(st.epoch, st.step)
-            if backtrack and reason is None and not improved:
-                back_to_best()
+            if backtrack and reason is None and not improved:  # the best epoch's model and optimizer state again
+                assert st.best_opt is not None  # the untrained model was validated first: there is always a best
+                optimizer_mode(optimizer, "eval")  # schedule-free: loaded in eval mode, mapped back to its training y
+                model.load_state_dict(st.best_state)
+                optimizer.load_state_dict(st.best_opt)
+                optimizer_mode(optimizer, "train")
     bar.close()
     check_training_loss()  # the steps after the last validation (eval_every_steps)
-    # Switch the optimizer first: eval() maps the train-mode weights to the averaged ones, so doing it
-    # after loading the (already averaged) best state would corrupt that state.
-    optimizer_mode(optimizer, "eval")  # schedule-free's (the library is untyped)
+    # the optimizer first: eval() maps the train-mode weights to the averaged ones (the best state already is)
+    optimizer_mode(optimizer, "eval")
     model.eval()
     model.load_state_dict(st.best_state)
     if checkpoint is not None:
-        checkpoint.delete(checkpoint.path([name]))
-        if restored_from is not None:
-            checkpoint.delete(restored_from)
+        checkpoint.delete(checkpoint.path([name]), restored_from)
     return FitResult(stopper.best_loss, stopper.best_epoch, st.epoch, st.step, curve, time.perf_counter() - t0,
                      reason)
 
 
 @dataclass
 class FitState:
-    """What `fit` keeps between batches, which a checkpoint saves (with the model, the optimizer, the generator
-    and the global RNG, which dropout draws from)."""
+    """What `fit` keeps between batches, which a checkpoint saves (with the model, optimizer, generator and RNG)."""
 
     stopper: EarlyStopping
     best_state: dict[str, Tensor]

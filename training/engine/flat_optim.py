@@ -1,37 +1,26 @@
 """Schedule-free AdamW for the loop engine: the library's own step, or one fused kernel over flat buffers.
 
-`LibraryOptim` steps the members' parameters with the members' optimizer class (schedulefree's
-AdamWScheduleFree): bitwise what `training.engine.fit.fit` does. `FlatScheduleFree` (`training.fused_optimizer`)
-keeps every parameter group of all members in one flat buffer (the modules' parameters and gradients are
-views into it) and does the whole update - second moment, normalisation, y/z steps - in one kernel, one
-pass over memory instead of nine: a numba loop on CPU (training/engine/sf_kernel.py; no C++ compiler needed, and
-it releases the GIL so `training.workers` threads step concurrently) or `torch.compile` (Triton on GPU).
-Same formulas and the same per-group scalars (k, lr_max, weight_sum) as the library; it differs only by
-float32 rounding where one side contracts a multiply-add into an FMA (tests/test_flat_optim.py).
-
-Both keep a member's parameters contiguous within each group, so evaluation's lerp (y ↔ x) touches one
-member only, and `keep(rows)` drops finished members (they leave the buffers: no update touches them again).
+`LibraryOptim` steps the members' parameters with their optimizer class (schedulefree's AdamWScheduleFree): bitwise
+what `training.engine.fit.fit` does. `FlatScheduleFree` (`training.fused_optimizer`) keeps every parameter group of
+all members in one flat buffer (parameters and gradients are views into it) and does the whole update in one pass:
+a numba loop on CPU (sf_kernel.py; it releases the GIL for `training.workers` threads) or `torch.compile` (Triton on
+GPU). Same formulas and per-group scalars as the library, up to float32 rounding where one side contracts a
+multiply-add into an FMA (tests/test_flat_optim.py). Both keep a member's parameters contiguous within each group
+(evaluation's lerp touches one member only) and `keep(rows)` drops finished members.
 """
 
 from __future__ import annotations
 
 import functools
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from training.common import env
-
-Groups = list[tuple[list[str], dict[str, Any]]]  # (parameter names, hyperparameters) per param group
-
-
-def carry_scalars(old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> None:
-    """The per-group scalars (k, lr_max, weight_sum, train_mode, ...) of `old` into `new`."""
-    for g_old, g_new in zip(old.param_groups, new.param_groups, strict=True):
-        g_new.update({k: v for k, v in g_old.items() if k != "params"})
+from training.engine.stacked_optim import Groups, StepScalars, next_scalars
 
 
 class LibraryOptim:
@@ -82,8 +71,9 @@ class LibraryOptim:
         return {"cohort": list(self.cohort),
                 "groups": {c: [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
                            for c, opt in self.opts.items()},
-                "state": [{n: {k: _copy(v) for k, v in self._of(r).state[p].items()} for n, p in ps.items()
-                           if p in self._of(r).state} for r, ps in enumerate(self.params)]}
+                "state": [{n: {k: v.detach().clone() if torch.is_tensor(v) else v
+                               for k, v in self._of(r).state[p].items()}
+                           for n, p in ps.items() if p in self._of(r).state} for r, ps in enumerate(self.params)]}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         self.cohort = [int(c) for c in saved["cohort"]]
@@ -118,19 +108,18 @@ class LibraryOptim:
     def _rebuild(self, c: int, carry: torch.optim.Optimizer) -> None:
         """Cohort c's optimizer over its rows now, with `carry`'s scalars and per-parameter state."""
         opt = self.opts[c] = self._build(self._rows(c))
-        carry_scalars(carry, opt)
+        for g_old, g_new in zip(carry.param_groups, opt.param_groups, strict=True):  # k, lr_max, weight_sum, ...
+            g_new.update({k: v for k, v in g_old.items() if k != "params"})
         for p in (p for r in self._rows(c) for p in self.params[r].values()):
             if p in carry.state:
                 opt.state[p] = carry.state[p]
 
 
-def _copy(v: Any) -> Any:
-    return v.detach().clone() if torch.is_tensor(v) else v
-
-
-def _sf_update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, lr: Tensor, ckp1: Tensor, bc2: Tensor, y_coef: Tensor,
-               beta2: float, eps: float, decay: float) -> None:
-    """One schedule-free AdamW step, in place, with the library's formulas (schedulefree 1.4)."""
+def _sf_update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, t: tuple[Tensor, Tensor, Tensor, Tensor],
+               hp: tuple[float, float, float]) -> None:
+    """One schedule-free AdamW step, in place, with the library's formulas (schedulefree 1.4); `t`: the step's
+    (lr, ckp1, bc2, y coefficient) as tensors of y's dtype, `hp`: (beta2, eps, weight decay)."""
+    (lr, ckp1, bc2, y_coef), (beta2, eps, decay) = t, hp
     v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
     gn = g / ((v / bc2).sqrt() + eps)
     if decay != 0:
@@ -152,7 +141,7 @@ def _compiled_update() -> Callable[..., None]:
     return torch.compile(_sf_update, dynamic=True, fullgraph=True)
 
 
-Update = Callable[[Tensor, Tensor, Tensor, Tensor, float, float, float, float, float, float, float], None]
+Update = Callable[[Tensor, Tensor, Tensor, Tensor, StepScalars, Mapping[str, Any]], None]  # y, z, v, g, step, group
 BACKENDS = ("numba", "compile", "eager")
 
 
@@ -172,10 +161,9 @@ def update_fn(backend: str, device: torch.device) -> Update:
                            "(g++ or clang++, or $CXX): none found. Install one, or use numba (the CPU default)")
     kernel: Callable[..., None] = _compiled_update() if backend == "compile" else _sf_update
 
-    def update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, lr: float, ckp1: float, bc2: float, coef: float,
-               beta2: float, eps: float, decay: float) -> None:
-        scalars = [torch.tensor(s, dtype=y.dtype, device=y.device) for s in (lr, ckp1, bc2, coef)]
-        kernel(y, z, v, g, *scalars, beta2, eps, decay)
+    def update(y: Tensor, z: Tensor, v: Tensor, g: Tensor, s: StepScalars, group: Mapping[str, Any]) -> None:
+        t = tuple(torch.tensor(x, dtype=y.dtype, device=y.device) for x in (s.lr, s.ckp1, s.bc2, s.coef))
+        kernel(y, z, v, g, t, (group["betas"][1], group["eps"], group["weight_decay"]))
 
     return update
 
@@ -191,8 +179,7 @@ class FlatScheduleFree:
                 raise ValueError("fused_optimizer supports schedule-free AdamW with r=0, from its first step")
         self.params = params
         self.update = update_fn(backend, next(iter(params[0].values())).device)
-        # Set by _pack, per group: y (params), g (grads), z (None until the first step), v, and per member
-        # its [start, end) in the buffers.
+        # set by _pack, per group: y (params), g (grads), z (None until the first step), v, each member's [start, end)
         self.y: list[Tensor]
         self.g: list[Tensor]
         self.z: list[Tensor | None]
@@ -240,20 +227,10 @@ class FlatScheduleFree:
         if not self.train_mode:
             raise RuntimeError("optimizer step in eval mode: call train() first")
         for gi, group in enumerate(self.group_settings):
-            k = group["k"]
-            beta1, beta2 = group["betas"]
-            sched = (k + 1) / group["warmup_steps"] if k < group["warmup_steps"] else 1.0
-            lr = group["lr"] * sched
-            group["lr_max"] = max(lr, group["lr_max"])
-            weight = group["lr_max"] ** group["weight_lr_power"]
-            group["weight_sum"] = group["weight_sum"] + weight
-            ckp1 = weight / group["weight_sum"] if group["weight_sum"] != 0 else 0.0
             z = self.z[gi]
             if z is None:
                 z = self.z[gi] = self.y[gi].clone()
-            self.update(self.y[gi], z, self.v[gi], self.g[gi], lr, ckp1, 1 - beta2 ** (k + 1),
-                        lr * (beta1 * (1 - ckp1) - 1), beta2, group["eps"], group["weight_decay"])
-            group["k"] = k + 1
+            self.update(self.y[gi], z, self.v[gi], self.g[gi], next_scalars(group), group)
 
     @torch.no_grad()
     def lerp_member(self, r: int, weight: Callable[[float], float]) -> None:

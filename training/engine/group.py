@@ -1,18 +1,11 @@
 """Many independent models trained in lockstep: the block models of an MDL sweep and/or several seeds.
 
-Each member keeps its own init, training subset, batch order, augmentation stream, schedule-free state and
-early stopping, exactly as `training.engine.fit.fit` would train it alone (it draws the same `draw_epoch` streams).
-One step takes one batch per live member: the batches of all members are gathered, cropped/flipped and
-decoded in one go, then mapped by the members' shared `FitConfig.batch_transform` if any (e.g. erased after
-augmentation, `eraser.after_augment`); a member whose epoch ends is validated (eval mode), and one that
-early-stops leaves the group: with fewer rows than members (`GroupOptions.rows`), its row takes the next pending
-member (training/engine/lockstep_state.py `RowSchedule`), which starts there as it would alone. How the step's
-arithmetic is shared is the engine's business
-(training/engine/backends.py): `loop` (bitwise equal to sequential training; default on CPU) or `stacked` (vmap
-over stacked parameters; default on GPU).
-Equality with sequential training is tested in tests/test_vectorized.py. A group is one `_Lockstep`; each
-member's training state (epoch, batch, early stopping, curve, result) is one `LockstepMember`
-(training/engine/lockstep_state.py, with the drawn epochs `_Plan`).
+Each member keeps its own init, training subset, batch order, augmentation stream, schedule-free state and early
+stopping, exactly as `training.engine.fit.fit` would train it alone (the same `draw_epoch` streams). One step takes one
+batch per live member (gathered, cropped/flipped, decoded and mapped by the shared `batch_transform` in one go); a
+member whose epoch ends is validated, and one that early-stops leaves the group, its row taken by the next pending
+member (`GroupOptions.rows`, lockstep_state.py `RowSchedule`). The step's arithmetic is the engine's (backends.py):
+`loop` (bitwise sequential training, tests/test_vectorized.py; default on CPU) or `stacked` (default on GPU).
 """
 
 from __future__ import annotations
@@ -50,7 +43,6 @@ from training.engine.fit import (
 )
 from training.engine.flat_optim import fused_backend
 from training.engine.lockstep_state import LockstepMember, RowSchedule, _name, _Plan, balanced_parts
-from training.engine.numerics import memory_format, training_forward
 from training.engine.seeding import derive_seed
 from training.engine.stopping import REASONS, RowStopping
 
@@ -65,9 +57,8 @@ OnFinish = Callable[[int, nn.Module, FitResult], None]  # (member index, model i
 
 @dataclass(frozen=True)
 class GroupOptions:
-    """How a group trains (see `fit_group`): `training.*` (engine auto | loop | stacked, workers, compile,
-    fused_optimizer) and `progress`, all given (their defaults live once, in training/app/schema.py); the
-    regularizer and what to call as each member ends (None: none)."""
+    """How a group trains (`fit_group`): `training.*` and `progress`, all given (their defaults live once, in
+    training/app/schema.py); the regularizer and what to call as each member ends (None: none)."""
 
     engine: str
     progress: bool
@@ -87,8 +78,7 @@ def why_not_vectorized(model: nn.Module, optimizer: torch.optim.Optimizer,
     to `fit`)."""
     if regularizer is not None and engine == "stacked":
         return "a regularizer is set (the stacked engine's padded batches would change its batch mean)"
-    refusal = module_refusal(model, engine)
-    if refusal is not None:
+    if (refusal := module_refusal(model, engine)) is not None:
         return refusal
     if not all(k in optimizer.param_groups[0] for k in ("k", "weight_sum", "betas", "train_mode")):
         return f"{type(optimizer).__name__} is not a schedule-free AdamW"
@@ -97,25 +87,18 @@ def why_not_vectorized(model: nn.Module, optimizer: torch.optim.Optimizer,
 
 def module_refusal(model: nn.Module, engine: str) -> str | None:
     """Why `model`'s modules cannot train in a group on `engine` (None: they can). Constant buffers (SwinV2's
-    relative positions) are fine; so are dropout and drop path (the loop engine gives each member its own stream
-    of the global RNG, `Member.rng_seed`; the stacked engine draws each member's masks with vmap
-    randomness="different")."""
+    relative positions) are fine; so are dropout and drop path (the loop engine gives each member its own stream of
+    the global RNG, `Member.rng_seed`; the stacked engine draws their masks with vmap randomness="different")."""
     if any(isinstance(m, nn.modules.batchnorm._NormBase) for m in model.modules()):
         return "the model has batch norm (its running statistics are state that training changes)"
     return None
 
 
 def draws_masks(model: nn.Module) -> bool:
-    """Whether training `model` draws dropout / drop path masks from the global RNG."""
-    return any(drop_rate(m) > 0 for m in model.modules())
-
-
-def drop_rate(module: nn.Module) -> float:
-    """A dropout's p or a drop path's drop_prob (timm's DropPath); 0 for any other module (and at p = 0, where
-    dropout returns its input unchanged: no reason to refuse)."""
-    if isinstance(module, nn.modules.dropout._DropoutNd):
-        return float(module.p)
-    return float(getattr(module, "drop_prob", 0.0) or 0.0)
+    """Whether training `model` draws dropout / drop path masks from the global RNG: a dropout's p or a drop path's
+    drop_prob (timm's DropPath) above 0 (at p = 0 dropout returns its input unchanged)."""
+    return any((float(m.p) if isinstance(m, nn.modules.dropout._DropoutNd) else
+                float(getattr(m, "drop_prob", 0.0) or 0.0)) > 0 for m in model.modules())
 
 
 def resolve_engine(engine: str, device: torch.device, vectorises: bool = True) -> str:
@@ -129,15 +112,11 @@ def resolve_engine(engine: str, device: torch.device, vectorises: bool = True) -
 
 
 def fit_group(members: Sequence[Member], inputs: TrainData, options: GroupOptions) -> list[FitResult]:
-    """Train all members at once; each ends as `training.engine.fit.fit` would (best state loaded, eval mode).
-
-    Validation on the shared (x_val, y_val), or, when those are None, on each member's `val_idx`.
-    `on_finish(k, model, result)` is called as member k ends (members end in any order). `compile`: see
-    `training.engine.backends.compile_mode` ("reduce-overhead" = CUDA graphs on GPU). `regularizer` (as in `fit`):
-    loop engine only. `workers` (CPU, loop engine): split the members over this many threads, each a
-    lockstep group on its own core (see `resolve_workers`); the numbers do not change. `fused_optimizer`
-    (loop engine): the optimizer step as one kernel over flat buffers (training/engine/flat_optim.py).
-    """
+    """Train all members at once; each ends as `training.engine.fit.fit` would (best state loaded, eval mode),
+    validated on the shared (x_val, y_val), else on its own `val_idx`; `on_finish(k, model, result)` is called as
+    member k ends (in any order). `regularizer`: loop engine only. `workers` (CPU, loop engine): the members split
+    over this many threads, each a lockstep group on its own core (`resolve_workers`; the numbers do not change).
+    `fused_optimizer` (loop engine): the optimizer step as one kernel over flat buffers (flat_optim.py)."""
     if not members:
         return []
     device = inputs.data.device
@@ -184,12 +163,8 @@ def check_options(engine: str, workers: int | str, fused_optimizer: bool | str, 
 
 def resolve_workers(workers: int | str, device: torch.device, engine: str, n_members: int) -> int:
     """`training.workers`: auto → on CPU with the loop engine, one thread per intra-op thread torch would use
-    (`torch.get_num_threads()`, i.e. OMP_NUM_THREADS or the cores), at most one per member; else 1.
-
-    Why: a small MLP/LeNet step is a chain of small kernels; two cores split one matmul poorly and an
-    elementwise optimizer op on a 20k-element tensor not at all, while two disjoint groups of models, one
-    per core, scale almost linearly. Each worker runs with one intra-op thread.
-    """
+    (`torch.get_num_threads()`), at most one per member; else 1. A small model's step is a chain of small kernels
+    that two cores split poorly, while disjoint groups of models, one per core, scale almost linearly."""
     if str(workers) == "auto":
         if device.type != "cpu" or engine != "loop":
             return 1
@@ -207,8 +182,7 @@ class Cancelled(Exception):
 
 
 def _cost(member: Member, inputs: TrainData) -> float:
-    """A member's training samples + validation samples (a forward only: about half) per epoch, times the
-    epochs it may take (max_epochs, or more when warm-up / min_steps keep a small model going)."""
+    """A member's training + half its validation samples (a forward only) per epoch, times the epochs it may take."""
     x_val, val_idx = inputs.x_val, member.val_idx
     n_val = len(x_val) if x_val is not None else len(val_idx) if val_idx is not None else 0
     spe = math.ceil(len(member.idx) / member.cfg.batch_size)
@@ -217,11 +191,9 @@ def _cost(member: Member, inputs: TrainData) -> float:
 
 def _fit_threads(members: Sequence[Member], inputs: TrainData, options: GroupOptions,
                  n_workers: int) -> list[FitResult]:
-    """Members split over `n_workers` threads, each one lockstep group with one intra-op thread.
-
-    Torch kernels release the GIL, so the groups run on separate cores. `on_finish` calls are serialised
-    (one lock); if a worker fails the others stop at their next step and the first error is raised.
-    """
+    """Members split over `n_workers` threads, each one lockstep group with one intra-op thread (torch kernels
+    release the GIL: the groups run on separate cores). `on_finish` calls are serialised (one lock); if a worker
+    fails the others stop at their next step and the first error is raised."""
     parts = _saved_parts(members, options.checkpoint)
     rest = [k for k in range(len(members)) if not any(k in p for p in parts)]
     if rest:
@@ -252,9 +224,8 @@ def _fit_threads(members: Sequence[Member], inputs: TrainData, options: GroupOpt
                 wait(futures, return_when=FIRST_EXCEPTION)
             finally:  # an error, or e.g. KeyboardInterrupt while waiting: the other workers stop too
                 stop.set()
-            errors = [f.exception() for f in futures]
-            first = next((e for e in errors if e is not None and not isinstance(e, Cancelled)), None)
-            if first is not None:
+            errors = (f.exception() for f in futures)
+            if (first := next((e for e in errors if e is not None and not isinstance(e, Cancelled)), None)) is not None:
                 raise first
     finally:
         stop.set()
@@ -264,27 +235,24 @@ def _fit_threads(members: Sequence[Member], inputs: TrainData, options: GroupOpt
 
 
 def _saved_parts(members: Sequence[Member], store: CheckpointStore | None) -> list[list[int]]:
-    """The members (indices) of each worker group an interrupted attempt checkpointed, so that each group finds its
-    checkpoint again (the worker threads' split does not change the numbers)."""
+    """The members (indices) of each worker group an interrupted attempt checkpointed: each finds its file again."""
     if store is None:
         return []
     names = [_name(m, k) for k, m in enumerate(members)]
     parts: list[list[int]] = []
-    for saved in store.saved():
-        if saved.kind != "group":
-            continue
-        part = [k for k, n in enumerate(names) if n in saved.names and not any(k in p for p in parts)]
-        if part:
+    for saved in (s for s in store.saved() if s.kind == "group"):
+        if part := [k for k, n in enumerate(names) if n in saved.names and not any(k in p for p in parts)]:
             parts.append(part)
     return parts
 
 
 def _make_engine(members: Sequence[Member], options: GroupOptions, refill: bool) -> LoopEngine | StackedEngine:
     models, opts = [m.model for m in members], [m.optimizer for m in members]
-    fmt = memory_format(models[0], next(models[0].parameters()).device, members[0].cfg.numerics, options.engine)
+    numerics, dev = members[0].cfg.numerics, next(models[0].parameters()).device
+    fmt = None if numerics is None else numerics.memory_format(models[0], dev, options.engine)
     if options.engine != "stacked":
         seeds = [rng_seed(m) for m in members] if draws_masks(models[0]) else None
-        return LoopEngine(models, opts, options.compile, options.regularizer, options.fused_optimizer, seeds, fmt)
+        return LoopEngine(models, opts, options, seeds, fmt)
     if options.regularizer is not None:
         raise ValueError("the stacked engine does not support a regularizer; use engine='loop'")
     return StackedEngine(models, opts, options.compile, per_row=refill)
@@ -296,9 +264,8 @@ def rng_seed(member: Member) -> int:
 
 
 class _Lockstep:
-    """One lockstep group on the current thread: every live member takes one batch per step; a member whose
-    epoch ends is validated and asked whether to stop (`EarlyStopping`), and a stopped one leaves the group.
-    Row r of the plan and of the engine is `live[r]`."""
+    """One lockstep group on the current thread: every live member takes one batch per step; a member whose epoch
+    ends is validated and may stop, and a stopped one leaves the group. Row r of the plan and engine is `live[r]`."""
 
     def __init__(self, members: Sequence[Member], inputs: TrainData, options: GroupOptions,
                  stop: threading.Event | None = None) -> None:
@@ -316,8 +283,7 @@ class _Lockstep:
         self.y_host = host_copy(inputs.y) if transform is not None and transform.needs_labels else None
         if transform is not None and not self.val.shared and inputs.val_data is None:
             raise ValueError(NEEDS_SHARED_VAL)
-        # The loop engine transforms each member's batch alone, exactly as `fit` does (bitwise equal); the stacked
-        # one transforms all rows in one call (padding rows too: they carry zero weight).
+        # the loop engine transforms each member's batch alone, as `fit` does (bitwise); the stacked one all at once
         self.transform_rows = options.engine != "stacked"
         self.random = draws_masks(members[0].model)  # draws masks from the global RNG
         self.on_finish, self.stop = options.on_finish, stop
@@ -353,17 +319,14 @@ class _Lockstep:
             self._train(saved)
         self.bar.close()
         if self.store is not None:
-            self.store.delete(self.store.path(self.names))
-            if self.restored_from is not None:
-                self.store.delete(self.restored_from)
+            self.store.delete(self.store.path(self.names), self.restored_from)
         for m in self.members:
             m.spec.model.eval()
         return [m.result for m in self.members if m.result is not None]
 
     def _train(self, saved: dict | None) -> None:
-        """Steps until every member has stopped (from the saved step, if any). Dropout / drop path (stacked engine
-        only) draw from the global RNG: seeded from the first member's batch generator, so a group's masks do not
-        depend on what ran before it (and a checkpoint saves the RNG)."""
+        """Steps until every member has stopped (from the saved step, if any). Dropout / drop path (stacked engine)
+        draw from the global RNG, seeded from the first member's batch generator (a checkpoint saves it)."""
         devices = [self.y.device] if self.y.device.type == "cuda" else []
         with (torch.random.fork_rng(devices, enabled=self.random),
               self.engine if isinstance(self.engine, StackedEngine) else nullcontext(),
@@ -391,8 +354,8 @@ class _Lockstep:
         counts = self.plan.counts() if self.transform_rows else None  # the loop engine's slices
         if self.plan.transform is not None:
             xb = self._transform(self.plan.transform, xb, yb, counts)
-        with training_forward(xb.device, type(self.engine).__name__[:-6].lower(), len(self.members),
-                              self.members[0].spec.cfg.numerics):  # training.precision, the job's signature
+        numerics, kind = self.members[0].spec.cfg.numerics, type(self.engine).__name__[:-6].lower()
+        with nullcontext() if numerics is None else numerics.training_forward(xb.device, kind, len(self.members)):
             self.engine.step(xb, yb, wb, counts, self.step - self.plan.start, self.stops.done)  # own steps so far
         self.step += 1
         self.schedule.step(len(self.live))
@@ -411,8 +374,7 @@ class _Lockstep:
         return xb
 
     def _validate(self, rows: list[int]) -> None:
-        """Validation of `rows`: losses, best states and the stop rule's bests on the device (`RowStopping`); the
-        host reads the losses at its next poll."""
+        """Validation of `rows`: losses, best states and the stop rule's bests on the device (read at the next poll)."""
         if not rows:
             return
         ms = [self.live[r] for r in rows]
@@ -428,7 +390,7 @@ class _Lockstep:
         ends = self.plan.ended()
         if not ends:
             return
-        self._validate([r for r in ends if self.live[r].validates_per_epoch])
+        self._validate([r for r in ends if not self.live[r].spec.cfg.eval_every_steps])
         self.stops.end_epoch(torch.tensor(ends, device=self.y.device), self.step)
         for r in ends:
             self.live[r].epoch += 1  # the host's count (messages); a stopped member's is the device's
@@ -439,9 +401,8 @@ class _Lockstep:
     def _poll(self) -> list[int]:
         """The host's one read back (every `poll_every` steps, where a row may have stopped): the done vector, the
         stopped rows' numbers, the validation losses since the last poll (curves) and whether the training losses
-        stayed finite (a NonFiniteError names the first member whose did not). A member's records after its stop
-        are dropped: it finishes with the numbers of the step it stopped at, however late the poll. Returns the
-        rows that stopped."""
+        stayed finite (else NonFiniteError). Records after a member's stop are dropped: it finishes with the numbers
+        of the step it stopped at. Returns the rows that stopped."""
         s, n = self.stops, len(self.live)
         ints = torch.stack([s.done.long(), s.reason, s.stop_step, s.epoch, s.best_epoch,
                             torch.isfinite(self.engine.loss_sum).long()])
@@ -470,8 +431,7 @@ class _Lockstep:
         return stopped
 
     def _retire(self, done: list[int]) -> None:
-        """Finish the stopped rows; each takes the next pending member, if any; compact the plan and the engine to
-        the rows still held."""
+        """Finish the stopped rows, each taking the next pending member if any; compact to the rows still held."""
         if not done:
             return
         for r in done:
@@ -517,10 +477,8 @@ class _Lockstep:
         self.bar.set_postfix(step=self.step)
 
     def _save(self) -> None:
-        """The group's whole state at this step boundary (training/engine/checkpoint.py): each live member's
-        epoch, start, batch cursor, early stopping, curve and generator, the rows' schedule (pending members by
-        name), the drawn epochs, the engine (parameters, optimizer, best states), and each finished member's
-        result and best state (its block may not be saved by the caller yet)."""
+        """The group's whole state at this step boundary: the live members', the rows' schedule, the plan, the engine,
+        and each finished member's result and best state (its block may not be saved by the caller yet)."""
         assert self.store is not None
         schedule = {**self.schedule.state_dict(), "queue": [self.names[k] for k in self.schedule.queue]}
         state = {"kind": "group", "format": GROUP_FORMAT, "engine_kind": self.engine_kind, "shapes": self._shapes(),

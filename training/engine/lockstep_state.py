@@ -1,10 +1,7 @@
-"""A lockstep group's state (training/engine/group.py): each member's training state (`LockstepMember`: epoch,
-early stopping, curve, result), the live members' drawn epochs and batch cursors (`_Plan`) and which member holds
-each of the group's rows (`RowSchedule`: a row whose member stops takes the next pending one).
-
-Per step the host does the same few operations whatever the number of rows: the batch cursors live in the plan as
-one device vector and one host (numpy) vector, and which rows end an epoch or validate is found with one vectorised
-comparison (no per-member Python in the step)."""
+"""A lockstep group's state (training/engine/group.py): each member's training state (`LockstepMember`), the live
+members' drawn epochs and batch cursors (`_Plan`) and which member holds each row (`RowSchedule`). Per step the host
+does the same few operations whatever the number of rows (the cursors are one device and one host vector).
+"""
 
 from __future__ import annotations
 
@@ -29,9 +26,8 @@ def _name(member: Member, index: int) -> str:
 
 @dataclass
 class LockstepMember:
-    """One member's training state while its group runs: what `fit` keeps in local variables. Its best
-    state is kept by the engine (stacked per row by the stacked engine); its own step count is the group's step
-    minus `start` (the group step at which it took its row)."""
+    """One member's training state while its group runs: what `fit` keeps in local variables (its best state is the
+    engine's). Its own step count is the group's step minus `first_step`."""
 
     index: int  # position in the group's member list (`on_finish`'s k)
     spec: Member  # model, optimizer, generator (batch order + augmentation), config, validation indices
@@ -40,7 +36,7 @@ class LockstepMember:
     stopper: EarlyStopping  # best loss and epoch, patience bookkeeping
     epoch: int = 1
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
-    host_idx: np.ndarray | None = None  # the training subset on the host (read once where labels are needed)
+    host_idx: np.ndarray | None = None  # `host()`
     stop_reason: str = ""
     stop_step: int = 0  # its own steps when it stopped (read from the group's RowStopping)
     result: FitResult | None = None  # set when it finishes
@@ -75,9 +71,11 @@ class LockstepMember:
         self.curve = [(int(s), float(v)) for s, v in saved["curve"]]
         self.spec.gen.set_state(saved["gen"])
 
-    @property
-    def validates_per_epoch(self) -> bool:
-        return not self.spec.cfg.eval_every_steps
+    def host(self) -> np.ndarray:
+        """The training subset on the host (read once, where labels are needed)."""
+        if self.host_idx is None:
+            self.host_idx = host_copy(self.idx)
+        return self.host_idx
 
     def finish(self, elapsed: float) -> FitResult:
         """Its result (its stop polled: best loss and epoch, epochs, steps, reason), `elapsed` seconds into the
@@ -89,13 +87,10 @@ class LockstepMember:
 
 
 class RowSchedule:
-    """Which members hold the group's `rows` rows. With fewer rows than members, the members with the largest
-    training sets start (they tend to run longest) and the others queue, largest first: a row whose member stops
-    takes the next one, so the group keeps `rows` models working (a member's numbers do not depend on its row or
-    its start); equal training sets (the same block of several seeds or jobs) queue side by side, so they run
-    together and validate at the same steps. With a row per member the order is the members' own. Counts the
-    row-steps that did work (`occupancy` = work / (rows × steps)) and the steps with a validation (`validations`:
-    each one validation call of the engine, and on a GPU a launch of its own)."""
+    """Which members hold the group's `rows` rows: with fewer rows than members, the largest training sets start and
+    the others queue, largest first (equal sets side by side: they validate at the same steps), a stopped member's
+    row taking the next one; else the members' own order. Counts the row-steps that did work (`occupancy` = work /
+    (rows × steps)) and the steps with a validation (`validations`: each one validation call of the engine)."""
 
     def __init__(self, sizes: Sequence[int], rows: int | None = None) -> None:
         n = len(sizes)
@@ -135,11 +130,10 @@ class RowSchedule:
 
 def replay(steps: Sequence[int], sizes: Sequence[int], rows: int | None = None, poll: int = 1,
            every: Sequence[int] | None = None) -> RowSchedule:
-    """The schedule a group of members with these step counts (and training-set sizes) runs through `rows` rows,
-    as the group runs it (training/engine/group.py): a member stopping at group step s is seen at the host's next
-    poll (the first multiple of `poll` from s), where its row takes the next member; until then its row is held
-    without work. `every`: each member validates every this many of its steps (its steps per epoch) while it holds
-    its row, counted in `validations`."""
+    """The schedule a group of members with these step counts (and training-set sizes) runs through `rows` rows, as
+    the group runs it: a member stopping at group step s is seen at the host's next poll (the first multiple of `poll`
+    from s), where its row takes the next member (held without work until then). `every`: each member validates
+    every this many of its steps while it holds its row, counted in `validations`."""
     sched = RowSchedule(sizes, rows)
     held = [(steps[k], k) for k in sched.first]  # (the group step at which the row's member stops, the member)
     due: set[int] = set()
@@ -194,14 +188,10 @@ def balanced_parts(costs: Sequence[float], n: int) -> list[list[int]]:
 
 
 class _Plan:
-    """Each live member's (row's) epoch: its global sample indices, sample weights (0 = padding) and
-    augmentation, padded to the longest epoch; `cursor` is the batch number within the epoch per row, on the device
-    and (`batches`) on the host. With a label-dependent batch transform the host keeps the drawn indices too
-    (`host_idx`), so that each step's class segments come from the host's labels (`y_host`).
-
-    Each row's next epoch is drawn one ahead (`next_*`): when an epoch ends the row takes the epoch drawn (and sent
-    to the device, pinned and without blocking on CUDA) one epoch earlier and draws the one after. A member's
-    generator draws the same epochs in the same order as `fit`'s, so the numbers do not change."""
+    """Each live member's (row's) epoch: its global sample indices, sample weights (0 = padding) and augmentation,
+    padded to the longest epoch; `cursor` is the batch number per row, on the device and (`batches`) on the host.
+    With a label-dependent batch transform the host keeps the drawn indices (`host_idx`) for the step's class
+    segments. Each row's next epoch is drawn one ahead (`next_*`), from the member's generator in `fit`'s order."""
 
     def __init__(self, live: Sequence[LockstepMember], data: DeviceData, y_host: np.ndarray | None = None,
                  pending: Sequence[LockstepMember] = ()) -> None:
@@ -213,55 +203,37 @@ class _Plan:
         if any(m.spec.cfg.batch_size != cfg.batch_size or m.spec.cfg.augment != self.augment
                or m.spec.cfg.batch_transform is not self.transform for m in every):
             raise ValueError("members of one group share the batch size, the augmentation flag and the batch transform")
-        # The buffers below are batch-size wide: a batch larger than every member's training set (optim.batch_size
-        # = 10**9) is that set, one step per epoch, so cap it there (the same batches; no 10**9-slot buffers).
+        # a batch larger than every member's training set (optim.batch_size=10**9) is that set: capped (same batches)
         self.bs = min(cfg.batch_size, max(m.size for m in every))
         self.pad = augment_pad(data, self.augment)
         self.slots = max(m.steps_per_epoch for m in every) * self.bs
-        self.idx = torch.stack([self._padded(m) for m in live])
-        self.host_idx = None if y_host is None else host_copy(self.idx)
-        self.w = torch.stack([self._weights(m) for m in live])
-        self.off = torch.zeros(len(live), self.slots, 2, dtype=torch.long, device=dev)
-        self.flip = torch.zeros(len(live), self.slots, dtype=torch.bool, device=dev)
+        n, self.slot = len(live), torch.arange(self.bs, device=dev)
+        self.idx = torch.zeros(n, self.slots, dtype=live[0].idx.dtype, device=dev)
+        self.w = torch.zeros(n, self.slots, dtype=torch.float32, device=dev)
+        self.off = torch.zeros(n, self.slots, 2, dtype=torch.long, device=dev)
+        self.flip = torch.zeros(n, self.slots, dtype=torch.bool, device=dev)
         self.next_idx, self.next_off, self.next_flip = self.idx.clone(), self.off.clone(), self.flip.clone()
+        self.host_idx = None if y_host is None else np.zeros((n, self.slots), dtype=host_copy(live[0].idx[:1]).dtype)
         self.next_host_idx = None if self.host_idx is None else self.host_idx.copy()
-        self.cursor = torch.zeros(len(live), dtype=torch.long, device=dev)
-        self.slot = torch.arange(self.bs, device=dev)
-        # host: per row the batches taken in the current epoch, the epoch's length, its size, validation period and
-        # the group step at which its member started
-        self.batches = np.zeros(len(live), dtype=np.int64)
-        self.spe = np.array([m.steps_per_epoch for m in live], dtype=np.int64)
-        self.sizes = np.array([m.size for m in live], dtype=np.int64)
-        self.every = np.array([m.spec.cfg.eval_every_steps or 0 for m in live], dtype=np.int64)
-        self.start = np.array([m.first_step for m in live], dtype=np.int64)
+        self.cursor = torch.zeros(n, dtype=torch.long, device=dev)
+        # host, per row: batches taken this epoch, steps per epoch, size, validation period, its member's first step
+        self.batches, self.spe, self.sizes, self.every, self.start = (np.zeros(n, dtype=np.int64) for _ in range(5))
         for row, m in enumerate(live):
-            self.begin(m, row)
-
-    def _padded(self, m: LockstepMember) -> Tensor:
-        return torch.cat([m.idx, m.idx[:1].expand(self.slots - m.size)])
-
-    def _weights(self, m: LockstepMember) -> Tensor:
-        return (torch.arange(self.slots, device=self.dev) < m.size).float()
+            self.replace(row, m)
 
     def replace(self, row: int, m: LockstepMember) -> None:
-        """Member m takes `row` (its former member stopped) and draws its first epoch; no read back."""
+        """Member m takes `row` and draws its first epoch, and the second one ahead; no read back."""
         for idx, off, flip in ((self.idx, self.off, self.flip), (self.next_idx, self.next_off, self.next_flip)):
-            idx[row] = self._padded(m)
+            idx[row] = torch.cat([m.idx, m.idx[:1].expand(self.slots - m.size)])  # padded to the longest epoch
             off[row] = 0
             flip[row] = False
-        self.w[row] = self._weights(m)
+        self.w[row] = (torch.arange(self.slots, device=self.dev) < m.size).float()
         self.cursor[row] = 0
         if self.host_idx is not None and self.next_host_idx is not None:  # read once per member, outside the steps
-            if m.host_idx is None:
-                m.host_idx = host_copy(m.idx)
-            self.host_idx[row] = np.concatenate([m.host_idx, np.repeat(m.host_idx[:1], self.slots - m.size)])
+            self.host_idx[row] = np.concatenate([m.host(), np.repeat(m.host()[:1], self.slots - m.size)])
             self.next_host_idx[row] = self.host_idx[row]
         self.spe[row], self.sizes[row] = m.steps_per_epoch, m.size
         self.every[row], self.start[row] = m.spec.cfg.eval_every_steps or 0, m.first_step
-        self.begin(m, row)
-
-    def begin(self, m: LockstepMember, row: int) -> None:
-        """Member m starts in `row`: its first epoch drawn, and the second one ahead."""
         self._draw(m, row, ahead=False)
         self._draw(m, row, ahead=True)
         self.batches[row] = 0
@@ -285,9 +257,7 @@ class _Plan:
         ep = draw_epoch(m.size, m.spec.gen, self.augment, self.pad)
         idx[row, :m.size] = m.idx[to_device(ep.perm, self.dev)]
         if host is not None:
-            if m.host_idx is None:
-                m.host_idx = host_copy(m.idx)
-            host[row, :m.size] = m.host_idx[ep.perm.numpy()]
+            host[row, :m.size] = m.host()[ep.perm.numpy()]
         if ep.offsets is not None and ep.flips is not None:
             off[row, :m.size] = to_device(ep.offsets, self.dev)
             flip[row, :m.size] = to_device(ep.flips, self.dev)
@@ -313,7 +283,6 @@ class _Plan:
         pos = self.batches[:, None] * self.bs + np.arange(self.bs)
         return self.y_host[np.take_along_axis(self.host_idx, pos, 1)]
 
-
     def advance(self) -> None:
         self.cursor += 1
         self.batches += 1
@@ -333,7 +302,6 @@ class _Plan:
             self.cursor[torch.tensor(rows, device=self.dev)] = 0
 
     HOST = ("batches", "spe", "sizes", "every", "start")
-
     PARTS = ("idx", "w", "off", "flip", "cursor", "next_idx", "next_off", "next_flip")
 
     def keep(self, rows: list[int]) -> None:

@@ -1,28 +1,17 @@
-"""What a job's numbers depend on beyond its config, and the contract they keep.
+"""What a job's numbers depend on beyond its config, and the contract they keep (docs/running.md, "Precision, the
+numerics contract and the signature").
 
-`training.precision`: fp32 (strict: TF32 off for matmul and cuDNN convolutions), tf32 (both on; CUDA only, the
-same as fp32 on CPU), bf16 (the training forward under autocast to bfloat16; weights, gradients and optimizer
-state stay float32, validation and code lengths are computed in float32). `training.deterministic`: torch's
-deterministic algorithms and CUBLAS_WORKSPACE_CONFIG, so a GPU run repeats bitwise (slower).
-
-The contract (docs/running.md, "Precision, the numerics contract and the signature"):
-- CPU, loop engine (and `fit()`): bitwise, run to run and one model at a time vs in a group.
-- GPU: bitwise run to run only with `training.deterministic=true` and the same numerics signature. Otherwise
-  within a tolerance: one optimizer step within STEP_RTOL (relative, on the parameters), final bits/sample within
-  max(BITS_ATOL, BITS_SD_FRACTION × the cell's seed SD) (`within_contract`).
-The numerics signature (result.json `provenance.numerics`): device, torch/CUDA/cuDNN versions, precision, engine,
-models trained together, deterministic, and `memory_format: channels_last` only where `training.channels_last` put
-a model's convolutions in that layout (absent otherwise: older results keep their signature). scripts/aggregate.py
-marks a cell whose seeds mix signatures.
-
-`training.channels_last` (speed only, not hashed): auto (on for a model with 2-d convolutions on a CUDA device, off
-on CPU) | true (also on CPU) | false. Where on, `fit` and the loop engine convert the model's parameters and each 4-d
-training batch on the device (`memory_format`); the stacked engine ignores it (a log line). On CPU the numbers move
-within a small tolerance (other convolution kernels: docs/speed.md), so it is off there unless asked for.
-
-`job_numerics` sets torch's process-wide flags for one job, restores them after, and yields the job's `JobNumerics`,
-which the job passes to its training (`FitConfig.numerics`); its `training_forward` is the one place the training
-step enters autocast.
+`training.precision`: fp32 (TF32 off for matmul and cuDNN convolutions), tf32 (both on; CUDA only: fp32 on CPU),
+bf16 (the training forward under autocast to bfloat16; weights, gradients, optimizer state, validation and code
+lengths in float32). `training.deterministic`: torch's deterministic algorithms and CUBLAS_WORKSPACE_CONFIG. The
+contract: CPU, loop engine (and `fit()`): bitwise, run to run and alone vs in a group; GPU: bitwise run to run only
+with `training.deterministic=true` and the same numerics signature (result.json `provenance.numerics`), else one
+optimizer step within STEP_RTOL (relative) and final bits/sample within max(BITS_ATOL, BITS_SD_FRACTION × the cell's
+seed SD) (`within_contract`). `training.channels_last` (speed only): auto (on CUDA, for a model with 2-d convolutions;
+on CPU other kernels move the numbers slightly) | true | false; where on, `fit` and the loop engine convert the
+model's parameters and each 4-d training batch (`memory_format`); the stacked engine ignores it (a log line).
+`job_numerics` sets torch's process-wide flags for one job, restores them after, and yields the job's `JobNumerics`
+(`FitConfig.numerics`), whose `training_forward` is the one place the training step enters autocast.
 """
 
 from __future__ import annotations
@@ -59,9 +48,8 @@ def within_contract(a: float, b: float, seed_sd: float | None) -> bool:
 
 @dataclass
 class JobNumerics:
-    """One job's numerics: its precision and determinism, and the (engine, models trained together) its training
-    used so far, for its signature. `job_numerics` makes it; the job hands it to what trains (`FitConfig.numerics`)
-    and reads the signature from it: no module state."""
+    """One job's numerics (no module state): its precision and determinism, and the (engine, models trained together)
+    its training used so far, for its signature. `job_numerics` makes it; the job hands it to what trains."""
 
     precision: str = "fp32"
     deterministic: bool = False
@@ -71,8 +59,8 @@ class JobNumerics:
 
     def memory_format(self, model: nn.Module, device: torch.device, engine: str = "fit") -> torch.memory_format | None:
         """The layout `model` trains in on `device` (torch.channels_last, recorded for the signature) or None (as
-        built): `training.channels_last` true, or auto on a CUDA device, for a model with a 2-d convolution; never
-        on the stacked engine (its stacked parameters have no such layout: it says so in a log line)."""
+        built): `training.channels_last` true, or auto on a CUDA device, for a model with a 2-d convolution; never on
+        the stacked engine (a log line)."""
         setting = str(self.channels_last).lower()
         if setting == "false" or not any(isinstance(m, nn.Conv2d) for m in model.modules()):
             return None
@@ -163,23 +151,6 @@ def job_numerics(precision: str, deterministic: bool, channels_last: Any = False
         torch.use_deterministic_algorithms(det)
 
 
-def training_forward(device: torch.device, engine: str = "fit", models: int = 1,
-                     numerics: JobNumerics | None = None) -> Any:
-    """`numerics.training_forward` (None, outside a job: fp32, nothing recorded)."""
-    return nullcontext() if numerics is None else numerics.training_forward(device, engine, models)
-
-
-def memory_format(model: nn.Module, device: torch.device, numerics: JobNumerics | None = None,
-                  engine: str = "fit") -> torch.memory_format | None:
-    """`numerics.memory_format` (None, outside a job: the layout as built)."""
-    return None if numerics is None else numerics.memory_format(model, device, engine)
-
-
 def in_format(x: Tensor, fmt: torch.memory_format | None) -> Tensor:
     """A 4-d batch in `fmt` (on its device; None or another rank: as it is)."""
     return x if fmt is None or x.dim() != 4 else x.contiguous(memory_format=fmt)
-
-
-def forward(model: Callable[[Tensor], Tensor], x: Tensor, numerics: JobNumerics | None = None) -> Tensor:
-    """`numerics.forward` (None, outside a job: `model(x)` in fp32)."""
-    return model(x) if numerics is None else numerics.forward(model, x)

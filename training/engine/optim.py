@@ -1,7 +1,6 @@
-"""The optimiser of a fit as the engine takes it: μP schedule-free AdamW (or torch's AdamW, `optim.name=adamw`) with
-the job's settings, all given (no
-defaults here: every default lives once, in training/app/schema.py `OptimConfig` or the conf/optim yaml;
-tests/test_defaults_once.py checks)."""
+"""The optimiser of a fit as the engine takes it: μP schedule-free AdamW (or torch's AdamW, `optim.name=adamw`) with the
+job's settings, all given (every default lives once, in `OptimConfig` or conf/optim: tests/test_defaults_once.py).
+"""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """Loss regularizers added to the training loss (never to early stopping, evaluation or MDL coding).
 
-`regularizer=sd` is Spectral Decoupling (Pezeshki et al. 2021): an L2 penalty on the logits,
-
-    penalty = mean over all logit entries of  λ_{y_i} · (z_ij − γ_{y_i})²
-
-with λ, γ scalars or per-class lists indexed by the example's label (the CelebA variant of the paper;
-with one binary logit this is exactly its per-class form). Note the paper writes λ/2‖ŷ‖²; the official
-code, like us, uses coefficient · mean(ŷ²). Optional `start_step`: no penalty before that step.
-
-Optional `loss_scale` reproduces a quirk of the official Colored-MNIST code: from `start_step` the
-*whole* loss (CE + penalty) is multiplied by that factor (2e-5). With Adam this mostly cuts the step
-size (the second-moment estimate remembers the unscaled gradients), so it is exposed to be tested.
+`regularizer=sd` is Spectral Decoupling (Pezeshki et al. 2021): penalty = mean over all logit entries of
+λ_{y_i} · (z_ij − γ_{y_i})², with λ, γ scalars or per-class lists indexed by the example's label (the CelebA variant;
+with one binary logit exactly its per-class form). The paper writes λ/2‖ŷ‖²; the official code, like us, uses
+coefficient · mean(ŷ²). Optional `start_step`: no penalty before that step. Optional `loss_scale` reproduces a quirk
+of the official Colored-MNIST code: from `start_step` the *whole* loss (CE + penalty) is multiplied by that factor
+(2e-5); with Adam this mostly cuts the step size, so it is exposed to be tested.
 """
 
 from __future__ import annotations
@@ -58,11 +53,8 @@ class SpectralDecoupling:
     loss_scale: float | None = None  # official Colored-MNIST quirk, see the module docstring
     base_loss: BaseLoss = task_loss  # the loss the fit loop adds us to (needed for loss_scale only)
 
-    def active(self, step: int) -> bool:
-        return step >= self.start_step
-
     def __call__(self, logits: Tensor, y: Tensor, step: int) -> Tensor:
-        if not self.active(step):
+        if step < self.start_step:
             return logits.new_zeros(())
         penalty = sd_penalty(logits, y, self.lam, self.gamma)
         if self.loss_scale is None:
@@ -118,8 +110,7 @@ REGULARIZERS: Registry[Builder] = Registry("regularizer", declares=RegularizerTr
 
 
 def regularizer_traits(name: str) -> RegularizerTraits:
-    declared: RegularizerTraits = REGULARIZERS.declared(name)
-    return declared
+    return REGULARIZERS.declared(name)
 
 
 @REGULARIZERS.register("none")

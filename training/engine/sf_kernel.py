@@ -8,9 +8,15 @@ rounding (torch contracts some multiply-adds into FMAs, this loop does not).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
 import numba
 import numpy as np
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from training.engine.stacked_optim import StepScalars
 
 
 @numba.njit(inline="always")
@@ -39,9 +45,8 @@ def _update(y, z, v, g, lr, ckp1, omw, bc2, coef, beta2, omb2, eps, decay):  # n
             z[i] = zi - lr * gn
 
 
-def sf_update_numba(y: Tensor, z: Tensor, v: Tensor, g: Tensor, lr: float, ckp1: float, bc2: float, coef: float,
-                    beta2: float, eps: float, decay: float) -> None:
+def sf_update_numba(y: Tensor, z: Tensor, v: Tensor, g: Tensor, s: StepScalars, group: Mapping[str, Any]) -> None:
     """In place on contiguous CPU tensors of one dtype; the scalars are rounded to that dtype as torch does."""
-    t = y.numpy().dtype.type
-    _update(y.numpy(), z.numpy(), v.numpy(), g.numpy(), t(lr), t(ckp1), t(1) - t(ckp1), t(bc2), t(coef), t(beta2),
-            t(1 - beta2), t(eps), t(decay))
+    t, beta2 = y.numpy().dtype.type, group["betas"][1]
+    _update(y.numpy(), z.numpy(), v.numpy(), g.numpy(), t(s.lr), t(s.ckp1), t(1) - t(s.ckp1), t(s.bc2), t(s.coef),
+            t(beta2), t(1 - beta2), t(group["eps"]), t(group["weight_decay"]))

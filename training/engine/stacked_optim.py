@@ -1,23 +1,17 @@
-"""Schedule-free AdamW over the stacked engine's parameters (training/engine/backends.py `StackedEngine`), as a
-function the whole training step can be compiled with.
+"""Schedule-free AdamW over the stacked engine's parameters, as a function the whole training step can be compiled with.
 
-The per-group scalars (k, lr, lr_max, weight_sum, ckp1, ...) are the library's (schedulefree 1.4,
-AdamWScheduleFree.step), computed on the host with the same formulas: every row of a group steps every step, so
-the host knows them without reading anything back, and they cost the same few Python operations whatever the
-number of rows. The update is the library's foreach step written per tensor with the same operations and scalars,
-so on CPU the numbers are bitwise those of the library's optimizer (tests/test_vectorized.py). `z` and the second
-moment are made at construction (the library makes them at the first step, from the same values).
-
-`per_row=True` (a compiled step: `training.compile`): the same scalars as device tensors of length M per group,
-computed inside the step from a device step counter (float64), so the compiled graph takes no changing Python
-float (which would recompile it) and no upload; each row has its own k, lr_max and weight_sum, so rows hold
-models at different steps (a row refilled from a group's queue starts again: `reset_row`). Same formulas; float
-rounding differs (tensor × tensor where the library passes alpha).
+The per-group scalars (k, lr, lr_max, weight_sum, ckp1, ...) are the library's (schedulefree 1.4), computed on the
+host (`next_scalars`: every row of a group steps every step, so no read back); the update is the library's foreach
+step written per tensor with the same operations: on CPU bitwise the library's optimizer (tests/test_vectorized.py).
+`per_row=True` (a compiled step, or rows refilled from a queue): the same scalars as device tensors of length M per
+group, computed inside the step from a device step counter (float64): no changing Python float recompiles the graph,
+and each row has its own k, lr_max and weight_sum (`reset_row`). Same formulas; float rounding differs (tensor ×
+tensor where the library passes alpha).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +30,20 @@ class StepScalars:
     ckp1: float | Tensor
     bc2: float | Tensor
     coef: float | Tensor  # lr·(β1·(1 − ckp1) − 1), the y step
+
+
+def next_scalars(g: dict[str, Any]) -> StepScalars:
+    """The next step's scalars of param group `g`, advancing its k, lr_max and weight_sum (the library's step, r=0)."""
+    k = g["k"]
+    sched = (k + 1) / g["warmup_steps"] if k < g["warmup_steps"] else 1.0
+    lr = g["lr"] * sched
+    g["lr_max"] = lr_max = max(lr, g["lr_max"])
+    weight = lr_max ** g["weight_lr_power"]
+    g["weight_sum"] = weight_sum = g["weight_sum"] + weight
+    ckp1 = weight / weight_sum if weight_sum != 0 else 0.0
+    beta1, beta2 = g["betas"]
+    g["k"] = k + 1
+    return StepScalars(lr, ckp1, 1 - beta2 ** (k + 1), lr * (beta1 * (1 - ckp1) - 1))
 
 
 class StackedScheduleFree:
@@ -76,20 +84,7 @@ class StackedScheduleFree:
         return out
 
     def scalars(self) -> list[StepScalars]:
-        """The next step's scalars per group, advancing the group's k, lr_max and weight_sum (the library's step)."""
-        out = []
-        for _, g in self.groups:
-            k = g["k"]
-            sched = (k + 1) / g["warmup_steps"] if k < g["warmup_steps"] else 1.0
-            lr = g["lr"] * sched
-            g["lr_max"] = lr_max = max(lr, g["lr_max"])
-            weight = ((k + 1) ** g["r"]) * (lr_max ** g["weight_lr_power"])
-            g["weight_sum"] = weight_sum = g["weight_sum"] + weight
-            ckp1 = weight / weight_sum if weight_sum != 0 else 0
-            beta1, beta2 = g["betas"]
-            out.append(StepScalars(lr, ckp1, 1 - beta2 ** (k + 1), lr * (beta1 * (1 - ckp1) - 1)))
-            g["k"] = k + 1
-        return out
+        return [next_scalars(g) for _, g in self.groups]
 
     def update(self, params: Mapping[str, Tensor], grads: Mapping[str, Tensor], scalars: list[StepScalars]) -> None:
         """One step of every group, in place on params, z and the second moment (`grads` are overwritten)."""
@@ -98,7 +93,7 @@ class StackedScheduleFree:
             for n in names:
                 y, grad, v, z = params[n], grads[n], self.v[n], self.z[n]
                 if isinstance(s.lr, Tensor):
-                    _row_update(y, grad, v, z, s, beta2, eps, decay)
+                    _row_update(y, grad, v, z, s, g)
                     continue
                 v.mul_(beta2)
                 v.addcmul_(grad, grad, value=1 - beta2)
@@ -113,10 +108,6 @@ class StackedScheduleFree:
                 y.lerp_(z, weight=s.ckp1)
                 y.add_(grad, alpha=coef)
                 z.sub_(grad, alpha=lr)
-
-    def lerp_weights(self, weight: Callable[[float], float]) -> list[tuple[list[str], float]]:
-        """Per group its parameter names and `weight(β1)` (evaluation's y ↔ x maps)."""
-        return [(names, weight(g["betas"][0])) for names, g in self.groups]
 
     def state_dict(self) -> dict[str, Any]:
         return {"z": {n: t.clone() for n, t in self.z.items()}, "v": {n: t.clone() for n, t in self.v.items()},
@@ -147,13 +138,14 @@ class StackedScheduleFree:
             self.rows = {k: t[..., rows] for k, t in self.rows.items()}
 
 
-def _row_update(y: Tensor, grad: Tensor, v: Tensor, z: Tensor, s: StepScalars, beta2: float, eps: float,
-                decay: float) -> None:
-    """The update with per-row scalars (tensors of length M, broadcast over each row's parameters)."""
+def _row_update(y: Tensor, grad: Tensor, v: Tensor, z: Tensor, s: StepScalars, g: Mapping[str, Any]) -> None:
+    """The update with per-row scalars (tensors of length M, broadcast over each row's parameters); `g`: the
+    group's hyperparameters."""
     def row(t: float | Tensor) -> Tensor:
         assert isinstance(t, Tensor)
         return t.to(y.dtype).view(-1, *[1] * (y.dim() - 1))
 
+    beta2, eps, decay = g["betas"][1], g["eps"], g["weight_decay"]
     v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
     grad.div_((v / row(s.bc2)).sqrt_().add_(eps))
     if decay != 0:

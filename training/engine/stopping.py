@@ -1,20 +1,15 @@
-"""Early stopping of one model, written once: `training.engine.fit.fit` and the lockstep group
-(`training.engine.group`) both keep one `EarlyStopping` per model and ask it after every epoch whether to stop.
+"""Early stopping of one model, written once: `training.engine.fit.fit` and the lockstep group keep one
+`EarlyStopping` per model, report every validation loss (`record`: a new best? the caller then keeps that state) and
+ask it once per epoch whether to stop (`end_epoch`); the rule only ever stops at the end of an epoch.
 
-The caller reports every validation loss (`record`, which says whether it is a new best: the caller then keeps
-the best state) and calls `end_epoch` once per epoch; the rule only ever stops at the end of an epoch.
-
-The rule is step-aware (a model on a small block takes few optimizer steps per epoch, so "5 epochs without
-improvement" can end training inside the learning-rate warm-up, when the validation loss of hard data often
-rises before it falls; the code would then measure the patience, not the data):
-
-* no stop (neither patience nor `max_epochs`) before `warmup_steps` (the optimiser's warm-up) and `min_steps`
-  optimizer steps have been taken: a small model trains at least that long, even past `max_epochs`;
+The rule is step-aware (a model on a small block takes few steps per epoch, so "5 epochs without improvement" can
+end training inside the warm-up, when the validation loss of hard data often rises before it falls):
+* no stop (neither patience nor `max_epochs`) before `warmup_steps` and `min_steps` optimizer steps have been
+  taken: a small model trains at least that long, even past `max_epochs`;
 * patience counted in steps: stop once `max(patience × steps per epoch, patience_min_steps)` steps have passed
   since the end of the last epoch with a new best validation loss.
-
-With `warmup_steps = min_steps = patience_min_steps = 0` this is exactly the plain rule "stop after `patience`
-epochs in a row without a new best, or after `max_epochs` epochs".
+With `warmup_steps = min_steps = patience_min_steps = 0` this is the plain rule "stop after `patience` epochs in a
+row without a new best, or after `max_epochs` epochs".
 """
 
 from __future__ import annotations
@@ -80,11 +75,10 @@ REASONS = ("", PATIENCE, MAX_EPOCHS)  # RowStopping.reason's codes
 
 
 class RowStopping:
-    """`EarlyStopping` of every row of a lockstep group (training/engine/group.py) as device tensors of length
-    rows: the same comparisons on the same float64 losses, with no read back. `record` says which rows have a new
-    best (the engine keeps their state with `torch.where`), `end_epoch` sets `done`; a done row changes nothing
-    more (its best, epoch, stop step and reason stay), so the host may read `done` any number of steps later
-    (`training.poll_every`) and still finish the member with the numbers of the step it stopped at."""
+    """`EarlyStopping` of every row of a lockstep group as device tensors of length rows: the same comparisons on
+    the same float64 losses, with no read back. `record` says which rows have a new best, `end_epoch` sets `done`; a
+    done row changes nothing more, so the host may read `done` any number of steps later (`training.poll_every`) and
+    still finish the member with the numbers of the step it stopped at."""
 
     STATE = ("best_loss", "best_epoch", "improved", "improved_step", "epoch", "first", "done", "reason",
              "stop_step", "patience_steps", "earliest", "max_epochs")

@@ -8,7 +8,8 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -44,10 +45,9 @@ Erased = tuple[Tensor, dict[str, Any], bool, dict[str, Any]]  # erased x, report
 def erase(store: Store, coded: LoadedData, source: FitSource, spec: EraserSpec, fitted: Eraser | None = None
           ) -> Erased:
     """`coded` erased by `spec` fitted on `source`, through the erased-data cache (keyed by the coded data, the
-    eraser and what it was fitted on); `fitted`: that eraser, already fitted (a cache miss then only applies it).
-    In sample (the coded rows themselves) the eraser is fitted and applied by `erasure.erase`, which also runs an
-    eraser that edits the data (gradient); out of sample it is applied to rows it was not fitted on. Erased data
-    with NaN or Inf is refused (NonFiniteError): never cached, never trained on."""
+    eraser and what it was fitted on); `fitted`: that eraser, already fitted (a miss then only applies it). In sample
+    `erasure.erase` fits and applies it (an eraser that edits the data too: gradient). Erased data with NaN or Inf
+    is refused (NonFiniteError): never cached, never trained on."""
     rows = flat(coded)
 
     def build() -> tuple[Tensor, dict[str, Any]]:
@@ -87,21 +87,14 @@ def holdout_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 def _apply_fitted(eraser: Eraser, rows: Tensor, y: Tensor, in_sample: bool) -> tuple[Tensor, dict[str, Any]]:
     """`eraser` applied to (rows, y); `in_sample`: these are the rows it was fitted on (`Eraser.apply_in_sample`)."""
     t0 = time.perf_counter()
-    if not eraser.needs_labels:
-        out = eraser(rows)
-    else:
-        out = eraser.apply_in_sample(rows, y) if in_sample else eraser(rows, y)
+    out = (eraser.apply_in_sample(rows, y) if in_sample else eraser(rows, y)) if eraser.needs_labels else eraser(rows)
     return out, {**eraser.report(), "seconds": time.perf_counter() - t0}
 
 
 def fitted_eraser(store: Store, source: Rows, spec: EraserSpec) -> tuple[Eraser, bool]:
-    """The eraser `spec` fitted on `source` (a map eraser: `eraser_traits(name).has_map`), and whether it came
-    from the cache (`<cache_dir>/erasers/`, training/data/cache.py `cached_eraser`).
-
-    Cached rather than refitted per job: a fit costs seconds on MNIST-5k but QLEACE on CIFAR-10 (d = 3072) costs
-    minutes, and every seed/architecture of an `eraser.after_augment` sweep needs the same eraser. Keyed like the
-    erased data (dataset content, eraser, the options that change the result) plus the rank hint: what determines the
-    fit, so a cell's seeds of one key get one eraser, fitted or loaded once."""
+    """The eraser `spec` fitted on `source` (a map eraser: `eraser_traits(name).has_map`), and whether it came from
+    the cache (training/data/cache.py `cached_eraser`: QLEACE on CIFAR-10 costs minutes, and every seed/architecture
+    of an `eraser.after_augment` sweep needs the same eraser). Keyed like the erased data plus the rank hint."""
     fit = source.data
 
     def build() -> Eraser:
@@ -127,29 +120,21 @@ def certify(x: Tensor, y: Tensor) -> dict[str, Any]:
 def certify_original(data: LoadedData, store: Store) -> dict[str, Any]:
     """Certificate of the unerased data, cached per dataset content (every eraser's job needs it)."""
     path = store.cache_dir / "certificates" / f"{data.name}-{data.content_hash()}-{code_version()[:12]}.json"
-    try:
-        cached = read_json(path)
-    except OSError as err:  # another user's file in a shared directory: not corrupt, not ours to replace
-        log.warning("%s", unreadable_line(path, err, "cached certificate", "computing it again"))
-        return certify(data.x, data.y)
-    if cached is not None:
-        return cast(dict[str, Any], cached)
-    cert = certify(data.x, data.y)
-    try:
-        atomic_write_json(path, cert)
-    except OSError as err:  # a cache: not worth losing the job over
-        log.warning("could not cache the certificate in %s (%s); going on", path, err)
-    return cert
+    return _cached_certificate(path, data.x, data.y, write=True)
 
 
 def certify_erased(x: Tensor, y: Tensor, key: Mapping[str, Any], store: Store) -> dict[str, Any]:
     """Certificate of erased data `x` (the erased-data cache entry of `key`) with labels `y`, cached in that entry
     as `certificate-<labels hash>.json`: every seed of a `fit_on=all` cell codes the same erased data and labels.
-    Written only into a complete entry (its manifest present), so a rebuilt entry drops its old certificates; a
-    corrupt or unreadable file is recomputed with one log line."""
+    Written only into a complete entry (its manifest present), so a rebuilt entry drops its old certificates."""
     entry = store.entry(key)
     labels = hashlib.sha256(y.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
-    path = entry / f"certificate-{labels}.json"
+    return _cached_certificate(entry / f"certificate-{labels}.json", x, y, (entry / "manifest.json").is_file())
+
+
+def _cached_certificate(path: Path, x: Tensor, y: Tensor, write: bool) -> dict[str, Any]:
+    """The certificate of (x, y) cached at `path`, else computed (and cached there if `write`); a corrupt or
+    unreadable file is recomputed with one log line, a failed write is one log line."""
     try:
         cached = read_json(path)
     except OSError as err:  # another user's file in a shared directory: not corrupt, not ours to replace
@@ -160,7 +145,7 @@ def certify_erased(x: Tensor, y: Tensor, key: Mapping[str, Any], store: Store) -
     if cached is not None:  # parsed, but not a certificate
         log.warning("ignoring %s: it holds a %s, not a certificate; computing it again", path, type(cached).__name__)
     cert = certify(x, y)
-    if (entry / "manifest.json").is_file():
+    if write:
         try:
             atomic_write_json(path, cert)
         except OSError as err:  # a cache: not worth losing the job over
@@ -170,25 +155,20 @@ def certify_erased(x: Tensor, y: Tensor, key: Mapping[str, Any], store: Store) -
 
 def apply_eraser(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPlan | None = None,
                  certificate: bool = True) -> tuple[Tensor, dict[str, Any]]:
-    """Erased images and an info dict: report, cache hit, how it was fitted, certificate before/after, seconds.
-    With a `plan`, the eraser is fitted as it says and the erased images are those of `plan.coded_idx` (the samples
-    the code then sees), in that order."""
-    x, info, _ = _apply(data, eraser_cfg, store, plan, certificate, keep_map=False)
+    """Erased images and an info dict (report, cache hit, how it was fitted, certificate before/after, seconds). With
+    a `plan`, the eraser is fitted as it says and the erased images are those of `plan.coded_idx`, in that order."""
+    x, info, _ = apply_eraser_keeping_map(data, eraser_cfg, store, plan, certificate, keep_map=False)
     return x, info
 
 
 def apply_eraser_keeping_map(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPlan | None = None,
-                             certificate: bool = True) -> tuple[Tensor, dict[str, Any], Eraser | None]:
-    """`apply_eraser`, and the fitted eraser too (None for the identity control, which has nothing to apply), for
-    `eraser.after_augment`: the same erased images (the same cache entry), the eraser from `fitted_eraser`. A map
-    eraser only; an eraser that edits the dataset (gradient) has no map and is refused."""
-    if not eraser_traits(eraser_cfg.name).has_map:
+                             certificate: bool = True, keep_map: bool = True
+                             ) -> tuple[Tensor, dict[str, Any], Eraser | None]:
+    """`apply_eraser`, and (`keep_map`) the fitted eraser too (None for the identity control, which has nothing to
+    apply), for `eraser.after_augment`: the same erased images (the same cache entry), the eraser from
+    `fitted_eraser`. A map eraser only: an eraser that edits the dataset (gradient) is refused."""
+    if keep_map and not eraser_traits(eraser_cfg.name).has_map:
         raise ValueError(f"eraser {eraser_cfg.name} edits the dataset once and has no map to apply to other images")
-    return _apply(data, eraser_cfg, store, plan, certificate, keep_map=True)
-
-
-def _apply(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPlan | None, certificate: bool,
-           keep_map: bool) -> tuple[Tensor, dict[str, Any], Eraser | None]:
     name, options = eraser_cfg.name, dict(eraser_cfg.options)
     t0 = time.perf_counter()
     plan = plan or ALL
@@ -199,7 +179,9 @@ def _apply(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPl
                  len(source.data.y))
     if not plan.in_sample:
         options = holdout_options(name, options)
-    info: dict[str, Any] = {"name": name, "options": options, "fit": _fit_info(plan, source, coded)}
+    fit = {"fit_on": plan.fit_on, "fit_source": plan.fit_source, "n_fit": source.n_fit, "n_coded": len(coded.y),
+           "fit_fraction": plan.fit_fraction, "repeat": plan.repeat}  # null where the mode does not use a key
+    info: dict[str, Any] = {"name": name, "options": options, "fit": fit}
     traits = eraser_traits(name)
     eraser, key = None, None
     if traits.identity:
@@ -213,8 +195,11 @@ def _apply(data: LoadedData, eraser_cfg: EraserConfig, store: Store, plan: FitPl
         if keep_map:
             assert isinstance(source, Rows), "the schema refuses eraser.after_augment with fit_on=oracle"
             eraser, info["eraser_cache_hit"] = fitted_eraser(store, source, spec)
-        if isinstance(source, Rows) and not source.in_sample:
-            _warn_label_injection(name, source.data)
+        if isinstance(source, Rows) and not source.in_sample and traits.needs_labels:
+            # a label-dependent map (QLEACE's class maps) fitted on few samples injects the label into held-out data
+            counts = torch.bincount(source.data.y, minlength=source.data.num_classes)
+            if (line := label_injection_risk(counts, int(source.data.x[0].numel()))) is not None:
+                log.warning("%s", line)
         x, info["report"], info["cache_hit"], key = erase(store, coded, source, spec, eraser)
         log.info("eraser %s: %s", name, "cache hit" if info["cache_hit"] else "fitted and cached")
         if isinstance(source, Rows) and traits.family == "linear" and traits.rank_hint is None:  # on its labels
@@ -236,16 +221,12 @@ def after_augment_refusal(of: str, singular: list[int]) -> str:
 
 
 class BatchEraser:
-    """`eraser.after_augment`: a fitted eraser applied to each training batch (b, c, h, w) where it lies (the
-    paper code's `transform(augment(x))`); the training loops call it as `batch_transform(x, y, segments)` after
-    augmentation.
-
-    The eraser's math runs in float64 on the batch's device (`to` moves its state there once) and the result comes
-    back in the batch's dtype; a label-dependent eraser (QLEACE) gets the batch's labels (None: the identity
-    control). `then`: a map applied to the erased batch (the z-score of `dataset.zscore_order=after`), with a
-    `to(device)` of its own. Refused for a QLEACE whose fit left coupling noise (singular classes,
-    `rank_deficient=coupling`): that noise has exact moments on the rows of one call and a fixed seed per class, so
-    on a batch it would be a fixed, batch-dependent draw rather than the coupling."""
+    """`eraser.after_augment`: a fitted eraser applied to each training batch (b, c, h, w) where it lies (the paper
+    code's `transform(augment(x))`), called by the training loops as `batch_transform(x, y, segments)`. The math runs
+    in float64 on the batch's device (`to` moves the state there once), back in the batch's dtype (None: the
+    identity control). `then`: a map applied to the erased batch (the z-score of `dataset.zscore_order=after`).
+    Refused for a QLEACE whose fit left coupling noise (`rank_deficient=coupling`): that noise has exact moments on
+    the rows of one call, so on a batch it would be a fixed, batch-dependent draw rather than the coupling."""
 
     def __init__(self, eraser: Eraser | None, then: Any = None) -> None:
         if eraser is not None and getattr(eraser, "has_noise", False):  # the precheck predicts this, up front
@@ -265,10 +246,9 @@ class BatchEraser:
                           None if self.then is None else self.then.to(device))
 
     def __call__(self, x: Tensor, y: Tensor, segments: ClassSegments | None = None) -> Tensor:
-        """The erased batch. Without a host read where the training loops call it: a label-free eraser maps the rows
-        as they are; QLEACE maps each class's rows by `segments` (the host knows every batch's labels ahead), the
-        same arithmetic as `eraser(x, y)`, which reads the labels back to find the classes (the fallback without
-        segments). The input is not checked for NaN/Inf here (that too is a read back): it is finite training data."""
+        """The erased batch, without a host read: a label-free eraser maps the rows as they are; QLEACE maps each
+        class's rows by `segments` (the host knows the labels), the arithmetic of `eraser(x, y)` (which reads the
+        labels back: the fallback). The input is finite training data: not checked for NaN/Inf (a read back)."""
         e = self.eraser
         if e is None:
             out = x
@@ -285,19 +265,3 @@ def _rows(x: Tensor, device: torch.device, apply: Callable[[Tensor], Tensor]) ->
     """`apply` on x's rows flattened, in float64 on `device`, back in x's dtype, device and shape."""
     return apply(x.reshape(len(x), -1).to(device, torch.float64)).to(x.device, x.dtype).reshape(x.shape)
 
-
-def _fit_info(plan: FitPlan, source: FitSource, coded: LoadedData) -> dict[str, Any]:
-    """result.json `eraser.fit`: how the eraser was fitted, null where the mode does not use a key."""
-    return {"fit_on": plan.fit_on, "fit_source": plan.fit_source, "n_fit": source.n_fit, "n_coded": len(coded.y),
-            "fit_fraction": plan.fit_fraction, "repeat": plan.repeat}
-
-
-def _warn_label_injection(name: str, fit: LoadedData) -> None:
-    """A label-dependent map (QLEACE's class maps) estimated from few samples injects the label into held-out data:
-    one warning line."""
-    if not eraser_traits(name).needs_labels:
-        return
-    counts = torch.bincount(fit.y, minlength=fit.num_classes)
-    line = label_injection_risk(counts, int(fit.x[0].numel()))
-    if line is not None:
-        log.warning("%s", line)

@@ -20,9 +20,8 @@ def resolve_optim(o: OptimConfig, arch: ArchConfig) -> OptimSettings:
 
 def fit_config(cfg: JobConfig, warmup_steps: int, eval_every_steps: int | None = None,
                batch_transform: BatchTransform | None = None, numerics: JobNumerics | None = None) -> FitConfig:
-    """The fit loop's settings of a job: `optim.batch_size`, `optim.schedule`, `mdl.*` early stopping (step-aware;
-    `mdl.stopping`, `mdl.batch_order`), `dataset.augment`, `progress`, the map of each augmented batch
-    (`eraser.after_augment`: `BatchEraser`) and the job's numerics (`JobRun.numerics`)."""
+    """A job's fit loop settings: `optim.batch_size`, `optim.schedule`, `mdl.*` early stopping, `dataset.augment`,
+    `progress`, the map of each augmented batch (`eraser.after_augment`) and the job's numerics (`JobRun.numerics`)."""
     m = cfg.mdl
     return FitConfig(batch_size=cfg.optim.batch_size, patience=m.patience, max_epochs=m.max_epochs,
                      augment=cfg.dataset.augment, eval_every_steps=eval_every_steps, progress=cfg.progress,

@@ -42,8 +42,7 @@ class ZScore:
 
 def data_fingerprint(cfg: JobConfig, store: Store | None = None) -> DataOnDisk:
     """The fingerprint of the job's data as it is on disk now (result.json's `dataset.fingerprint`), to compare with a
-    finished result's, and the data, for the job's body in case the job runs again (`store`: the cell's, else the
-    job's own)."""
+    finished result's, and the data, for the job's body in case it runs again (`store`: the cell's, else its own)."""
     data = (store or Store.of(cfg.paths)).load(cfg.dataset)
     return DataOnDisk(data.info["fingerprint"], data)
 
@@ -63,12 +62,10 @@ class Inputs:
 def prepare_inputs(cfg: JobConfig, store: Store, loaded: LoadedData | None = None, after_augment: bool = True
                    ) -> Inputs:
     """The coded data of a job: `loaded` (what its precheck read) or loaded now, labels permuted for the null control
-    (`dataset.permute_labels`, seeded by the job seed, before anything else sees them), then erased as its fit plan
-    says and z-scored (`erase_maybe_zscored`). With `eraser.fit_on=holdout` or `self` the data and erased images are
-    the coded part only. With `eraser.after_augment` (and `after_augment`) the training batches are drawn from the
-    unerased images and erased by the fitted eraser (`BatchErasure`; none where the batches are the erased images
-    anyway: the identity control without a z-score after it); the erased images (validation set, coded blocks) are
-    the same as without it, from the same cache entry."""
+    (`dataset.permute_labels`), erased as its fit plan says and z-scored (`erase_maybe_zscored`); with
+    `eraser.fit_on=holdout` or `self` the coded part only. With `eraser.after_augment` (and `after_augment`) the
+    training batches are drawn from the unerased images and erased by the fitted eraser (`BatchErasure`; none for the
+    identity control without a z-score after it); the erased images are the same as without it (one cache entry)."""
     dataset, eraser = cfg.dataset, cfg.eraser
     after_augment = after_augment and eraser.after_augment
     if after_augment and ERASERS.meta(eraser.name)["kind"] == "edit":  # a dataset edit has no map to apply per batch
@@ -93,10 +90,9 @@ def prepare_inputs(cfg: JobConfig, store: Store, loaded: LoadedData | None = Non
 def erase_maybe_zscored(data: LoadedData, cfg: JobConfig, store: Store, plan: FitPlan | None = None
                         ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The eraser `cfg.eraser` fitted as `plan` says and applied to the coded part (with a plan); with
-    `dataset.zscore` the data is standardised per coordinate, `dataset.zscore_order`: "before" erasure (statistics of
-    the raw data) or "after" it (statistics of the erased data, as the paper's code did). Gradient erasure optimises
-    pixels in [0, 1] (sigmoid), so with "before" it erases first and then gets the same affine standardisation
-    (statistics of the unerased data). `cfg.certificate`: with the certificates before and after."""
+    `dataset.zscore` the data standardised per coordinate "before" erasure (statistics of the raw data) or "after" it
+    (of the erased data, as the paper's code did); gradient erasure (pixels in [0, 1]) erases first, then gets the
+    "before" standardisation. `cfg.certificate`: with the certificates before and after."""
     x, info, _, _, _ = _erased(data, cfg, store, plan, keep_map=False)
     return x, info
 
@@ -133,8 +129,7 @@ def _erased(data: LoadedData, cfg: JobConfig, store: Store, plan: FitPlan | None
 @dataclass(frozen=True)
 class BatchErasure:
     """`eraser.after_augment=true`: the training batches are drawn from `raw`, the coded part's images unerased
-    (z-scored when `dataset.zscore_order=before`), and each (augmented) batch is erased on the device by
-    `transform(x, y)`."""
+    (z-scored when `dataset.zscore_order=before`), each (augmented) batch erased on the device by `transform`."""
 
     raw: torch.Tensor
     transform: BatchEraser

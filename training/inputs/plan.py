@@ -1,8 +1,7 @@
 """How a job's eraser is fitted (`eraser.fit_on`, `eraser.fit_source`, `eraser.fit_labels`): which rows are coded,
-and the fit source, what the eraser is fitted on: rows (the coded rows themselves, a held-out part, the pool beyond
-`dataset.limit`, labels shuffled), a generator's fresh draws (oracle) or its exact class moments (population). A
-plan that cannot be fitted is refused in one line (ConfigError), in the job's precheck, before any directory is made.
-The labels are permuted for the null control (`dataset.permute_labels`) before a plan sees them.
+and what the eraser is fitted on: rows (the coded rows themselves, a held-out part, the pool beyond `dataset.limit`,
+labels shuffled), a generator's fresh draws (oracle) or its exact class moments (population). A plan that cannot be
+fitted is refused in one line (ConfigError), in the job's precheck. Labels are permuted for the null control before.
 """
 
 from __future__ import annotations
@@ -121,12 +120,10 @@ FitSource = Rows | Draws | Moments
 
 @dataclass(frozen=True)
 class FitPlan:
-    """How the eraser is fitted (`eraser.fit_on` all | self | holdout | oracle | population).
-
-    coded_idx: the rows of the loaded data that are coded (None: all of them). holdout fits on the rows `fit_idx` of
-    the loaded data (a split) or on `pool` (rows beyond dataset.limit); all and self fit on the coded rows, oracle on
-    `draws`, population on `moments` (coding the rows self codes). fit_source / fit_fraction / repeat: as configured
-    where the mode reads them, else None."""
+    """How the eraser is fitted (`eraser.fit_on`): all and self on the coded rows (`coded_idx` of the loaded data;
+    None: all), holdout on the rows `fit_idx` (a split) or on `pool` (rows beyond dataset.limit), oracle on `draws`,
+    population on `moments` (coding the rows self codes). fit_source / fit_fraction / repeat: as configured where the
+    mode reads them, else None."""
 
     fit_on: str
     coded_idx: Tensor | None = None
@@ -197,9 +194,9 @@ def with_permuted_labels(data: LoadedData, permute: bool, seed: int) -> LoadedDa
 
 
 def fit_plan(e: EraserConfig, dataset: DatasetConfig, seed: int, data: LoadedData, store: Store) -> FitPlan | None:
-    """How the eraser is fitted (`eraser.fit_on`) on `data` (labels already permuted for a null), and
-    which rows are coded; None for fit_on=all (with the coded labels). A holdout that cannot be fitted is refused in
-    one line (ConfigError). `store`: where the pool is read (`eraser.fit_source=pool`)."""
+    """How the eraser is fitted (`eraser.fit_on`) on `data` (labels already permuted for a null), and which rows are
+    coded; None for fit_on=all (with the coded labels). A holdout that cannot be fitted is refused in one line
+    (ConfigError). `store`: where the pool is read (`eraser.fit_source=pool`)."""
     shuffle = (seed, e.repeat) if e.fit_labels == "shuffled" else None  # the fit labels' permutation
     if e.fit_on == "all":
         return None if shuffle is None else FitPlan("all", shuffle=shuffle)

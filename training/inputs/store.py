@@ -1,12 +1,7 @@
-"""Where a job's inputs are kept: one `Store`, handed down the data steps instead of the directories and memos that
-travel together.
-
-It holds the data directory (`paths.data_dir`), the cache directory (`paths.cache_dir`: erased data, fitted erasers,
-certificates; training/data/cache.py) and, for the seeds of a cell (one `Store` for all of them, made by the command
-line: `Store.of(paths, memos=True)`), the in-process memos that keep what one seed loaded or computed for the others
-(training/data/shared.py `Memo`): the dataset is loaded once, an eraser fitted once per fit key (a fit on all rows is
-one fit for every seed; a seed's own fit rows or labels make a key of their own), the erased data read once. A job
-with a store of its own (`Store.of(paths)`) shares nothing.
+"""Where a job's inputs are kept: one `Store` (the data directory, the cache directory of training/data/cache.py and,
+for the seeds of a cell, the in-process memos of training/data/shared.py), handed down the data steps. A cell's seeds
+share one (`Store.of(paths, memos=True)`, made by the command line): the dataset is loaded once, an eraser fitted
+once per fit key, the erased data read once. A job with a store of its own (`Store.of(paths)`) shares nothing.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def train_cell(trainers: list[Trainer], jobs: list[list[FitJob]], on_finish: lis
         m = first if (s, k) == (s0, k0) else t.member(*jobs[s][k])
         off = offsets[s]
         cfg = m.cfg if transform is None else dataclasses.replace(m.cfg, batch_transform=transform)
-        val = t.split.val_idx.to(t.device) + off
+        val = t.split.of_model(jobs[s][k][1]).val_idx.to(t.device) + off  # the model's own (mdl.split=redraw)
         members.append(dataclasses.replace(m, idx=m.idx + off, val_idx=val, cfg=cfg, name=f"seed {t.seed} {m.name}"))
     finished: set[tuple[int, int]] = set()
 

@@ -55,7 +55,8 @@ BLOCK_FIELDS = ("block", "train_size", "coded_size", "ce_bits", "temperature", "
 
 def _block_problem(saved: Any, block: int) -> str | None:
     """What is wrong with a saved block model (progress.json) that should be block `block`; None: nothing."""
-    if missing := [k for k in BLOCK_FIELDS if k not in saved] if isinstance(saved, dict) else list(BLOCK_FIELDS):
+    missing = [k for k in BLOCK_FIELDS if k not in saved] if isinstance(saved, dict) else list(BLOCK_FIELDS)
+    if missing:
         return f"missing {missing}"
     ce = saved["ce_bits"]
     if saved["block"] != block or not isinstance(ce, int | float) or not math.isfinite(ce):
@@ -98,19 +99,21 @@ class Blocks:
 
     def jobs(self) -> list[FitJob]:
         """What `Trainer.train_many` trains: block model i on the first i blocks, for each i to do, then (`with_full`)
-        the full-data model on every non-validation row."""
+        the full-data model on every non-validation row (of the job's split: `MdlSplit.of_model`)."""
         split, full = self.trainer.split, (self.trainer.split.order, "full", self.trainer.cfg.mdl.eval_every_steps)
-        return [(split.prefix(i), ("block", i), None) for i in self.todo] + ([full] if self.with_full else [])
+        return [(split.of_model(("block", i)).prefix(i), ("block", i), None) for i in self.todo] + \
+            ([full] if self.with_full else [])
 
     def on_finish(self, k: int, model: torch.nn.Module, res: FitResult) -> None:
         # Block models of one vectorised group end in any order; progress.json keeps a finished prefix.
         if k == len(self.todo):
             self.full.append(res)
             return
-        trainer, split, blocks = self.trainer, self.trainer.split, self.blocks
+        trainer, blocks = self.trainer, self.blocks
         i, num_blocks = self.todo[k], self.num_blocks
+        split = trainer.split.of_model(("block", i))  # the job's split, or the model's own (mdl.split=redraw)
         coded = split.block(i + 1) if trainer.cfg.mdl.protocol == "prequential" else split.block(num_blocks)
-        ce, temperature = trainer.code_bits(model, coded)
+        ce, temperature = trainer.code_bits(model, coded, split)
         if not math.isfinite(ce):
             raise NonFiniteError(f"non-finite code length ({ce} bits/sample) of block {i + 1} by "
                                  f"{model_name(('block', i))}: {NONFINITE_HINT}")

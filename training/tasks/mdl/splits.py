@@ -16,6 +16,18 @@ class MdlSplit:
     val_idx: torch.Tensor  # validation set: early stopping only
     order: torch.Tensor  # the remaining samples in coding order
     block_sizes: list[int]
+    redraw_seed: int | None = None  # `mdl.split=redraw`: the seed of every block model's own draw (`of_model`)
+
+    def of_model(self, tag: object) -> MdlSplit:
+        """The split model `tag` trains, validates and is coded on: this one, or with `mdl.split=redraw` (the public
+        code's per-chunk draw, EleutherAI/mdl mdl/sweep.py) for block model `("block", i)` its own permutation of
+        all the rows, drawn from (seed, "split", tag) and cut as this one (the same validation and block sizes): it
+        trains on the first i blocks of it, validates on its validation rows and is coded on its last block."""
+        if self.redraw_seed is None or not (isinstance(tag, tuple) and tag[0] == "block"):
+            return self
+        nv = len(self.val_idx)
+        perm = torch.randperm(nv + len(self.order), generator=generator(self.redraw_seed, "split", tag))
+        return MdlSplit(perm[:nv], perm[nv:], self.block_sizes)
 
     @property
     def cumsizes(self) -> list[int]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import Any
@@ -78,7 +79,10 @@ class Trainer:
         self.model_room: int | None = None  # how many of its models fit at once (the job's memory estimate; None: all)
 
     def train_set(self) -> TrainData:
-        """What every model of this job trains on (raw when erased after augmentation) and validates on."""
+        """What every model of this job trains on (raw when erased after augmentation) and validates on: the job's
+        validation set, or (`mdl.split=redraw`) each model's own (`Member.val_idx` into the erased images)."""
+        if self.split.redraw_seed is not None:
+            return TrainData(self.train_data, self.y, val_data=self.data)
         return TrainData(self.train_data, self.y, self.x_val, self.y_val)
 
     def member(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None) -> Member:
@@ -92,7 +96,7 @@ class Trainer:
         opt = self.optim.build(model)
         return Member(model, opt, idx.to(self.device), generator(self.seed, "batches", tag),
                       fit_config(self.cfg, self.optim.warmup_steps, eval_every_steps, self.batch_transform,
-                                 self.numerics), val_idx=self.split.val_idx, name=model_name(tag),
+                                 self.numerics), val_idx=self.split.of_model(tag).val_idx, name=model_name(tag),
                       rng_seed=derive_seed(self.seed, "train", tag))  # as `_fit_one` seeds it
 
     def train(self, idx: torch.Tensor, tag: object, eval_every_steps: int | None = None
@@ -150,16 +154,22 @@ class Trainer:
                             regularizer=self.regularizer, workers=o.workers, fused_optimizer=o.fused_optimizer,
                             checkpoint=self.checkpoint, rows=rows, poll_every=o.poll_every)
 
-    def code_bits(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, float]:
+    def code_bits(self, model: torch.nn.Module, idx: torch.Tensor, split: MdlSplit) -> tuple[float, float]:
         """Mean cross-entropy in bits of `model` (already in eval mode) on the samples `idx`, and the
-        temperature used (1 unless `mdl.calibrate_temperature`, then fitted on the validation set)."""
+        temperature used (1 unless `mdl.calibrate_temperature`, then fitted on the validation set of the model's
+        `split`)."""
         idx = idx.to(self.device)
-        t = fit_temperature(model, self.x_val, self.y_val) if self.cfg.mdl.calibrate_temperature else 1.0
+        t = 1.0
+        if self.cfg.mdl.calibrate_temperature:
+            val = split.val_idx.to(self.device)
+            x_val, y_val = (self.x_val, self.y_val) if split is self.split else (self.data.all(val), self.y[val])
+            t = fit_temperature(model, x_val, y_val)
         return cross_entropy_sum(model, self.data.all(idx), self.y[idx], temperature=t) / len(idx) / LN2, t
 
 
 def split_of(m: MdlConfig, seed: int, n: int, num_classes: int, input_shape: tuple[int, ...]) -> MdlSplit:
     """The job's MDL split of its `n` coded rows (validation set and blocks, drawn from its `seed`) of K classes
     and samples of `input_shape` (`mdl.min_block=paper_code` reads them)."""
-    return make_split(n, seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
-                      min_block=smallest_block(m.min_block, num_classes, math.prod(input_shape)))
+    split = make_split(n, seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
+                       min_block=smallest_block(m.min_block, num_classes, math.prod(input_shape)))
+    return dataclasses.replace(split, redraw_seed=seed) if m.split == "redraw" else split

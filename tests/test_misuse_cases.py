@@ -236,19 +236,27 @@ def test_an_unknown_eraser_name_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2 and len(lines) == 1 and "eraser.name='bogus'" in lines[0], proc.stderr[-3000:]
 
 
-def test_the_removed_packed_launcher_is_refused_in_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("args", "said"), [
+    (["-m", "seed=0,1", "hydra/launcher=packed"], "hydra/launcher=packed is gone"),
+    (["hydra/launcher=packed"], "hydra/launcher=packed is gone"),  # a single run too (it used to run, ignoring it)
+    (["seeds=0"], "seeds=0 is not allowed: seeds must be"),  # Hydra's 300-line traceback from the run directory
+    (["seeds=[1,1]"], "seeds=[1, 1] is not allowed"),
+    (["-m", "seeds=-1"], "seeds=-1 is not allowed"),
+])
+def test_a_removed_launcher_or_bad_seeds_is_refused_in_one_line(tmp_path: Path, args: list[str], said: str) -> None:
     import subprocess
     import sys
 
     from tests.helpers import ENV, REPO
 
-    proc = subprocess.run([sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none",
-                           "seed=0,1", "hydra/launcher=packed"], cwd=REPO, env=ENV, capture_output=True, text=True,
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "training.run", *args, f"paths.out_dir={out}", "logger=none"],
+                          cwd=tmp_path, env={**ENV, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                           timeout=300)
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-    assert "hydra/launcher=packed is gone" in lines[0] and "seeds=N" in lines[0], lines[0]
-    assert not list(tmp_path.rglob("result.json"))
+    assert said in lines[0], lines[0]
+    assert not list(tmp_path.iterdir()), list(tmp_path.rglob("*"))  # nothing written, not even paths.out_dir
 
 
 # --- the aggregate's arguments ---------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from training.cli.local_workers import controllers_ignore_sigint
 from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
 from training.cli.report import SweepJobFailed, exit_user_error, user_error_line
 from training.common import env
-from training.common.cells import seed_configs, seed_job_dirs
+from training.common.cells import cell_seeds, seed_configs, seed_job_dirs
 from training.common.conf import resolved_dict
 from training.common.files import atomic_write_json
 from training.common.ledger_entry import DONE_BY_ANOTHER_RUN, STATUSES, LedgerEntry, read_ledger
@@ -273,6 +273,8 @@ class JobStatusCallback(Callback):
     # --- the launching process -------------------------------------------------------------------------
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A single run: check its config and that its directory can be made, before Hydra makes it."""
+        if (removed := OmegaConf.select(config, "hydra.launcher.removed", default=None)) is not None:
+            exit_user_error(str(removed))  # conf/hydra/launcher/packed.yaml
         job_cfg = copy.deepcopy(config)
         with open_dict(job_cfg):
             del job_cfg["hydra"]
@@ -281,6 +283,7 @@ class JobStatusCallback(Callback):
         except Exception:  # noqa: BLE001 - an interpolation error: Hydra and the job report it
             return
         try:
+            cell_seeds(job_cfg)  # a bad `seeds`: refused before the directory
             resolve_device(load_job(cfg).device)  # a device that is not here: refused before the directory
             Path(str(config.hydra.run.dir)).mkdir(parents=True, exist_ok=True)
         except Exception as err:

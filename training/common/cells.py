@@ -36,8 +36,13 @@ def seed_list(seeds: Any) -> list[int]:
 
 
 def first_seed(seeds: Any) -> int:
-    """`${first_seed:${seeds}}`: `seed` of a cell's config before it is resolved per seed (its first seed)."""
-    return seed_list(seeds)[0]
+    """`${first_seed:${seeds}}`: `seed` of a cell's config before it is resolved per seed (its first seed). A bad
+    `seeds` gives 0 here, where Hydra resolves its run directory (an error there is Hydra's traceback): the job
+    refuses it in one line when it lists its seeds (`cell_seeds`)."""
+    try:
+        return seed_list(seeds)[0]
+    except ConfigError:
+        return 0
 
 
 def cell_seeds(cfg: DictConfig) -> list[int]:

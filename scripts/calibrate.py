@@ -154,7 +154,12 @@ def _num(x: float | None, digits: int = 3) -> str:
 def _shown_keys(cells: Cells) -> list[str]:
     """The keys whose values differ between the cells (every one of them is shown)."""
     keys = sorted(set().union(*(c.config for c in cells.values())))
-    return [k for k in keys if len({json.dumps(c.config.get(k, "?"), default=str) for c in cells.values()}) > 1]
+    return [k for k in keys if len({json.dumps(_value(c, k), default=str) for c in cells.values()}) > 1]
+
+
+def _value(cell: Cell, key: str) -> Any:
+    """A key of the cell's identity, "?" where its results did not record it."""
+    return cell.config[key] if key in cell.config else "?"
 
 
 @dataclass
@@ -176,7 +181,7 @@ def rows(cells: Cells, rows_per_class: int = 50_000) -> list[Row]:
     for cell in cells.values():
         eraser = cell.eraser
         keys = shown + [k for k in _shown_keys(by_eraser[eraser]) if k.startswith("eraser.")]
-        label = f"{eraser}: " + (", ".join(f"{k.removeprefix('dataset.')}={cell.config.get(k, '?')}" for k in keys)
+        label = f"{eraser}: " + (", ".join(f"{k.removeprefix('dataset.')}={_value(cell, k)}" for k in keys)
                                  or cell.dataset)
         true = truth(cell, rows_per_class)
         out.append(Row(label, cell, true, floor(cell, true)))

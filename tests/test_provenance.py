@@ -253,7 +253,7 @@ def test_3_a_diverging_lr_fails_its_job_and_the_ledger_counts_it(tmp_path: Path)
 
 def test_3_nonfinite_code_length_or_result_number_writes_no_result(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Trainer, "code_bits", lambda self, model, idx: (math.inf, 1.0))
+    monkeypatch.setattr(Trainer, "code_bits", lambda self, model, idx, split: (math.inf, 1.0))
     cfg = job_config(tmp_path, TINY)
     with pytest.raises(UserError, match=r"^non-finite code length \(inf bits/sample\) of block 2 by block "
                                              r"model 1: lr too high or bad data; nothing was written as a result$"):

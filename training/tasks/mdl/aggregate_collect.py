@@ -145,7 +145,8 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
     flat = legacy_fold({k: v for k, v in flatten(job_semantic(cfg, fill_defaults=False)).items() if not _dead(k)})
     flat = {**FIT_DEFAULTS, **flat}
     # hashed only away from fp32: absent, it is what the result recorded (fp32 before the key existed)
-    flat.setdefault("training.precision", flatten(same_numbers(cfg)).get("training.precision", "fp32"))
+    recorded, key = flatten(same_numbers(cfg)), "training.precision"
+    flat.setdefault(key, recorded[key] if key in recorded else "fp32")
     fit_on = flat["eraser.fit_on"]
     if fit_on in SPLIT_MODES and flat["eraser.fit_source"] in ("split", None):  # FIT_DEFAULTS: always there
         flat.pop("eraser.n_fit", None)  # the split decides the fit size

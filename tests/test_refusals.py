@@ -232,11 +232,13 @@ def test_a_cells_estimate_counts_every_seeds_models_and_the_data_copies_it_holds
     assert apart.data == 2 * 3 * alone.data  # each seed's images and validation, and the group's copies of them
 
 
-def test_memory_refusal_from_the_command_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("seeds", "what"), [(1, "this job"), (3, "this cell (3 seeds)")], ids=["job", "cell"])
+def test_memory_refusal_from_the_command_line(tmp_path: Path, seeds: int, what: str) -> None:
+    """A job, or a cell of several seeds (each seed's precheck estimates the whole cell): one line, nothing left."""
     prelude = "import training.tasks.mdl.refusals as p\np.available_memory = lambda device: 2**16"
-    proc = _cli(tmp_path, *TINY, prelude=prelude)
+    proc = _cli(tmp_path, *TINY, f"seeds={seeds}", prelude=prelude)
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: this job needs about "), \
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {what} needs about "), \
         proc.stderr[-3000:]
     assert not (tmp_path / "runs").exists()
 

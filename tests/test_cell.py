@@ -145,25 +145,24 @@ def test_a_finished_seed_is_skipped_and_the_others_train(tmp_path: Path, caplog:
 
 def test_a_cell_stopped_inside_a_block_resumes_every_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           caplog: pytest.LogCaptureFixture) -> None:
-    """Rows refilled across the seeds (room for two seeds' models: 12 rows for 18), stopped as by a SIGTERM: the
+    """Rows refilled across the seeds (training.parallel_models=12: 12 rows for 18 models), stopped as by a SIGTERM: the
     group's checkpoint is in the first seed's directory; the rerun resumes in the group and every seed's result
     equals its job alone."""
-    import training.tasks.mdl.job as job_module
     from tests.test_checkpoint import _load, _stop_at
 
-    monkeypatch.setattr(job_module, "jobs_that_fit", lambda *a: 2)
+    rows = "training.parallel_models=12"
     out = tmp_path / "cell"
     with monkeypatch.context() as m:
         _stop_at(m, 40)
         with pytest.raises(interrupt.Interrupted):
-            _cell(out)
+            _cell(out, rows)
     (path,) = out.rglob(PATTERN)
     assert path.parent.name == "seed0"
     state = _load(path)["state"]
     assert state["schedule"]["rows"] == 12 and len(_load(path)["names"]) == 18
     assert not list(out.rglob("result.json"))
     with caplog.at_level(logging.INFO):
-        outcomes = _cell(out)
+        outcomes = _cell(out, rows)
     assert f"at step {state['step']} from" in caplog.text
     assert not list(out.rglob(PATTERN))
     assert _seed_numbers(outcomes) == _alone(tmp_path / "alone")

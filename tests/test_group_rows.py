@@ -245,8 +245,8 @@ def test_refilled_rows_split_over_worker_threads_give_the_same_numbers() -> None
 def test_the_memory_estimate_counts_the_models_waiting_for_a_row(tmp_path: Path) -> None:
     """`training.parallel_models=2` for six models: the job builds all six before its group starts (their weights
     exist; a waiting model's optimizer has no state yet), two rows hold optimizer state, gradients and snapshots.
-    The estimate (training/tasks/mdl/refusals.py) counts that and, as each finishes, its snapshot: 2 × MODEL_COPIES +
-    4 × HELD_COPIES models' weights."""
+    The estimate (training/tasks/mdl/refusals.py) counts that (a finished one holds its weights, its best state loaded):
+    2 × MODEL_COPIES + 4 × HELD_COPIES models' weights."""
     from training.app.tasks import load_job
     from training.data import load_dataset
     from training.tasks.mdl import trainer as trainer_module
@@ -268,4 +268,4 @@ def test_the_memory_estimate_counts_the_models_waiting_for_a_row(tmp_path: Path)
     data = load_dataset(job.dataset, job.paths.data_dir)
     est = estimate_memory(job, data, len(data.y))
     assert len(built) == 1 and len(held) == 6 and est.num_models == 2
-    assert est.models == (2 * MODEL_COPIES + 4 * HELD_COPIES) * held[0] * 4  # and each finished one its snapshot
+    assert est.models == (2 * MODEL_COPIES["loop"] + 4 * HELD_COPIES) * held[0] * 4  # and each finished one

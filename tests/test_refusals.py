@@ -193,19 +193,52 @@ def test_memory_estimate_counts_the_models_that_train_together(tmp_path: Path, e
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
     est = estimate_memory(cfg, data, len(data.y), torch.device("cuda"))  # engine=auto would be stacked there
     assert est.num_models == together
-    one = estimate_memory(load_job(job_config(tmp_path, TINY)), data, len(data.y))
-    weights = one.models // (one.num_models * MODEL_COPIES)  # one model's weights
-    # fewer rows than models: the group builds all 5 up front, those not in a row hold their weights and (finished)
-    # their snapshot; one at a time, the peak grows by one model's weights per block
-    held = (5 - together) * (HELD_COPIES if together > 1 else 1)
-    assert est.models == (together * MODEL_COPIES + held) * weights
+    one = estimate_memory(load_job(job_config(tmp_path, [*TINY, "training.parallel_models=1"])), data, len(data.y))
+    weights = one.models // MODEL_COPIES["loop"]  # one model's weights (one at a time: the fit loop's copies)
+    engine = "loop" if together == 1 or "training.engine=loop" in extra else "stacked"
+    # fewer rows than models: the group builds all 5 up front, those not in a row hold their weights; one at a time,
+    # each model is built as it starts and let go when it finishes
+    held = (5 - together) * HELD_COPIES if together > 1 else 0
+    assert est.models == (together * MODEL_COPIES[engine] + held) * weights
 
 
-def test_memory_refusal_from_the_command_line(tmp_path: Path) -> None:
+def test_a_cells_estimate_counts_every_seeds_models_and_the_data_copies_it_holds(tmp_path: Path) -> None:
+    """A cell of three seeds trains 3 × 5 models; its seeds share one copy of the images where the eraser is fitted on
+    every row (each seed adds its validation images, twice: its own and the group's), and hold their own images and
+    their concatenation otherwise (a holdout fit: each seed codes its own rows)."""
+    from hydra import compose, initialize_config_dir
+
+    from tests.helpers import CONF
+    from training.app.tasks import load_job
+    from training.common.cells import seed_configs
+    from training.data import load_dataset
+    from training.tasks.mdl.refusals import estimate_memory
+    from training.tasks.mdl.splits import validation_size
+
+    def cell(*extra: str) -> list[Any]:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            composed = compose("config", overrides=[f"paths.out_dir={tmp_path}", "logger=none", "seeds=3", *TINY,
+                                                    "eraser=leace", *extra])
+        return [load_job(c) for c in seed_configs(composed)]
+
+    shared, own = cell(), cell("eraser.fit_on=holdout")
+    data = load_dataset(shared[0].dataset, shared[0].paths.data_dir)
+    n, numel = len(data.y), int(data.x[0].numel())
+    one, together = (estimate_memory(shared[0], data, n, cell=c) for c in ([], shared))
+    assert together.num_models == 3 * one.num_models == 15 and together.models == 3 * one.models
+    val = validation_size(n, shared[0].mdl.val_size, shared[0].mdl.val_frac) * numel * 4
+    assert together.data == one.data + (3 * 2 - 1) * val  # the images once (erased: float32), each seed's validation
+    alone, apart = (estimate_memory(own[0], data, n, cell=c) for c in ([], own))  # (as many coded rows)
+    assert apart.data == 2 * 3 * alone.data  # each seed's images and validation, and the group's copies of them
+
+
+@pytest.mark.parametrize(("seeds", "what"), [(1, "this job"), (3, "this cell (3 seeds)")], ids=["job", "cell"])
+def test_memory_refusal_from_the_command_line(tmp_path: Path, seeds: int, what: str) -> None:
+    """A job, or a cell of several seeds (each seed's precheck estimates the whole cell): one line, nothing left."""
     prelude = "import training.tasks.mdl.refusals as p\np.available_memory = lambda device: 2**16"
-    proc = _cli(tmp_path, *TINY, prelude=prelude)
+    proc = _cli(tmp_path, *TINY, f"seeds={seeds}", prelude=prelude)
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: this job needs about "), \
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {what} needs about "), \
         proc.stderr[-3000:]
     assert not (tmp_path / "runs").exists()
 

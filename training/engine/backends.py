@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from training.engine.batches import DeviceData
-from training.engine.fit import cross_entropy_total, snapshot
+from training.engine.fit import cross_entropy_total, keep_best, snapshot
 from training.engine.flat_optim import LibraryOptim, make_member_optim
 from training.engine.numerics import in_format
 from training.engine.stacked_optim import StackedScheduleFree, StepScalars
@@ -178,7 +178,7 @@ class LoopEngine:
             x, y = val.xy(k)
             loss = cross_entropy_total(model, x, y).view(1) / len(y)  # = cross_entropy_sum(...) / len(y), bitwise
             better = judge(slice(r, r + 1), loss).view(())
-            self.best[r] = {n: torch.where(better, v, self.best[r][n]) for n, v in snapshot(model).items()}
+            keep_best(self.best[r], model, better)
             model.train()
             self.opt.lerp_member(r, TRAIN_W)
             losses.append(loss)

@@ -232,6 +232,14 @@ def snapshot(model: nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@torch.no_grad()
+def keep_best(best: dict[str, Tensor], model: nn.Module, better: Tensor | None = None) -> None:
+    """`model`'s state copied into `best` (a `snapshot`), in place: no second snapshot while the first is held.
+    `better` (a boolean on the device, no read back): copied only where true."""
+    for k, v in model.state_dict().items():
+        best[k].copy_(v if better is None else torch.where(better, v, best[k]))
+
+
 def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None, desc: str = "fit",
         checkpoint: CheckpointStore | None = None, compile: str | None = None) -> FitResult:
     """Train `member` on `member.idx` into `data` until `patience` evaluations without improvement (validation on
@@ -289,7 +297,7 @@ def fit(member: Member, data: TrainData, regularizer: Regularizer | None = None,
                 raise nonfinite_loss("validation loss", name, st.step, st.epoch)
             curve.append((st.step, loss))
             if stopper.record(loss, st.epoch):
-                st.best_state = snapshot(model)
+                keep_best(st.best_state, model)
                 if backtrack:  # in eval mode, as the model's state (schedule-free: its averaged iterate)
                     st.best_opt = copy.deepcopy(optimizer.state_dict())
 

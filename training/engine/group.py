@@ -462,9 +462,11 @@ class _Lockstep:
         self.stops.replace(row, m.stopper, self.step)
 
     def _finish(self, m: LockstepMember, row: int) -> None:
-        """Best state loaded, eval mode, result reported."""
+        """Best state loaded, eval mode, result reported; its gradients let go (the group holds a finished model to
+        its end: its weights only)."""
         model = m.spec.model
         model.eval()
+        model.zero_grad(set_to_none=True)
         model.load_state_dict({**model.state_dict(), **self.engine.best_state(row)})  # its own constant buffers
         self._report(m, m.finish(time.perf_counter() - self.t0))  # its own steps and seconds
 

@@ -89,14 +89,17 @@ def train_cell(trainers: list[Trainer], jobs: list[list[FitJob]], on_finish: lis
         return alone(trainers, jobs, on_finish, errors)
     data, offsets = cell_data(trainers)
     transform = lead.batch_transform
+    # one validation index tensor per seed's split: the group decodes each seed's validation images once (`ValSet`)
+    vals = [t.split.val_idx.to(t.device) + off for t, off in zip(trainers, offsets, strict=True)]
     members: list[Member] = []
     for s, k in flat:
         t = trainers[s]
         m = first if (s, k) == (s0, k0) else t.member(*jobs[s][k])
-        off = offsets[s]
         cfg = m.cfg if transform is None else dataclasses.replace(m.cfg, batch_transform=transform)
-        val = t.split.of_model(jobs[s][k][1]).val_idx.to(t.device) + off  # the model's own (mdl.split=redraw)
-        members.append(dataclasses.replace(m, idx=m.idx + off, val_idx=val, cfg=cfg, name=f"seed {t.seed} {m.name}"))
+        split = t.split.of_model(jobs[s][k][1])  # the model's own with mdl.split=redraw
+        val = vals[s] if split is t.split else split.val_idx.to(t.device) + offsets[s]
+        members.append(dataclasses.replace(m, idx=m.idx + offsets[s], val_idx=val, cfg=cfg,
+                                           name=f"seed {t.seed} {m.name}"))
     finished: set[tuple[int, int]] = set()
 
     def done(j: int, model: nn.Module, res: FitResult) -> None:

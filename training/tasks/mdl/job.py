@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,9 +30,9 @@ from training.engine.fit import NONFINITE_HINT, FitResult
 from training.errors import NonFiniteError
 from training.inputs.pipeline import Inputs, data_fingerprint, prepare_inputs
 from training.inputs.store import Store
-from training.tasks.mdl.cell import train_cell
+from training.tasks.mdl.cell import same, train_cell
 from training.tasks.mdl.code import paper_code, prequential_code
-from training.tasks.mdl.refusals import estimate_memory, jobs_that_fit, memory_free, precheck
+from training.tasks.mdl.refusals import estimate_memory, memory_free, precheck
 from training.tasks.mdl.result import MdlSections, tail_fall_bits
 from training.tasks.mdl.splits import MdlSplit, model_name
 from training.tasks.mdl.stop_keys import say_stop_keys
@@ -175,8 +176,9 @@ def run_job(config: Mapping[str, Any] | JobConfig, store: Store | None = None) -
 
 def run_cell(cfgs: list[JobConfig], store: Store | None = None) -> list[Outcome]:
     """The jobs of a cell's seeds together (training/app/lifecycle.py `run_cell`): data loaded and erasers fitted
-    once per fit key (`store`), every seed's block models in one lockstep group (`train_cell`)."""
-    return run_cell_jobs(cfgs, train_seeds, store=store, **LIFECYCLE)
+    once per fit key (`store`), every seed's block models in one lockstep group (`train_cell`); each seed's precheck
+    estimates the memory of the whole cell."""
+    return run_cell_jobs(cfgs, train_seeds, store=store, **{**LIFECYCLE, "precheck": partial(precheck, cell=cfgs)})
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,11 @@ def prepare(job: JobRun) -> Prepared:
 class SeedRun:
     """One job's training state (its trainer, blocks, logger), from `Prepared` to its result.json sections."""
 
-    def __init__(self, prepared: Prepared) -> None:
+    trainer: Trainer
+
+    def __init__(self, prepared: Prepared, like: SeedRun | None = None) -> None:
+        """`like`: a seed of the same cell whose trainer's data on the device this one shares where its images are the
+        same (training/tasks/mdl/cell.py `same`)."""
         job, data, split = prepared.job, prepared.inputs.data, prepared.split
         cfg = job.cfg
         self.prepared = prepared
@@ -213,7 +219,8 @@ class SeedRun:
             self.checkpoint = CheckpointStore(job.path, job.cfg_hash)
             if cfg.force:
                 self.checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
-            self.trainer = Trainer(cfg, prepared.inputs.x, data.y, data.num_classes, split, job.device,
+            shared = like.trainer.data if like is not None and same(like.prepared.inputs.x, prepared.inputs.x) else None
+            self.trainer = Trainer(cfg, prepared.inputs.x, data.y, data.num_classes, split, job.device, data=shared,
                                    batches=prepared.inputs.batches, checkpoint=self.checkpoint,
                                    numerics=job.numerics)
             # training.parallel_models=auto: as many of its models at once as fit in the memory the device has free
@@ -275,18 +282,18 @@ def train_seeds(jobs: list[JobRun]) -> list[MdlSections | BaseException]:
     seeds: dict[int, SeedRun] = {}
     try:
         for i, job in enumerate(jobs):
-            made = _caught(lambda j: SeedRun(prepare(j)), job)
+            made = _caught(lambda j: SeedRun(prepare(j), next(iter(seeds.values()), None)), job)
             if isinstance(made, SeedRun):
                 seeds[i] = made
             else:
                 out[i] = made
         order = list(seeds)
-        if order:  # parallel_models=auto: as many seeds' models at once as fit beside one copy of the data
+        if order:  # parallel_models=auto: as many of the seeds' models at once as the cell's memory estimate fits
             lead = seeds[order[0]]
-            job, m = lead.prepared.job, lead.prepared.job.cfg.mdl
-            room, per_seed = lead.trainer.model_room, m.num_blocks - 1 + int(m.full_run)
-            if room is not None and room >= per_seed:
-                lead.trainer.model_room = per_seed * jobs_that_fit(job.cfg, lead.prepared.inputs.data, job.device)
+            job = lead.prepared.job
+            data = lead.prepared.inputs.data
+            lead.trainer.model_room = estimate_memory(job.cfg, data, len(data.y), job.device, memory_free(job.device),
+                                                      [seeds[i].prepared.job.cfg for i in order]).num_models
         errors = train_cell([seeds[i].trainer for i in order], [seeds[i].blocks.jobs() for i in order],
                             [seeds[i].blocks.on_finish for i in order])
         for j, i in enumerate(order):

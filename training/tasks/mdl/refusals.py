@@ -11,6 +11,7 @@ checks and the data steps are handed the config sections they read, not the whol
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +25,13 @@ from models.registry import arch_traits
 from training.app.schema import ArchConfig, ConfigError, DatasetConfig, EraserConfig, JobConfig, MdlConfig
 from training.common import env
 from training.data import LoadedData
+from training.engine.backends import VAL_CHUNK
 from training.engine.batches import compact
 from training.engine.devices import available_memory
 from training.engine.group import check_options, module_refusal, resolve_engine
 from training.errors import Refused
 from training.inputs.erase import after_augment_refusal
+from training.inputs.fit_settings import fit_config
 from training.inputs.plan import ALL, FitPlan, fit_plan, with_permuted_labels
 from training.inputs.store import Store
 from training.tasks.mdl.code import MIN_BLOCK_SAMPLES, most_blocks
@@ -37,18 +40,26 @@ from training.tasks.mdl.splits import validation_size
 log = logging.getLogger(__name__)
 GiB = 2**30
 CPU = torch.device("cpu")
-# weights, gradients, the optimizer's two state tensors (schedule-free AdamW: z and the second moment) and the
-# best-so-far snapshot, float32 each
-MODEL_COPIES = 5
-HELD_COPIES = 2  # a model of a lockstep group not in a row: its weights, and its best snapshot once it finished
+# what a model training in a row holds at most, in float32 copies of its weights, by engine (measured: docs/speed.md,
+# tests/test_memory_estimate.py): the fit loop (one model at a time) and the loop engine its weights, gradients, the
+# optimizer's two state tensors (schedule-free AdamW: z and the second moment), its best-so-far snapshot, the step's
+# temporary (the optimizer's denominator) and what the allocator keeps for reuse (up to about one more); the stacked
+# engine its module, its stacked row, z, the second moment, the best snapshot, the step's gradients and the
+# temporaries of vmap's batched kernels (7.3 to 8.6 copies measured)
+MODEL_COPIES = {"loop": 7, "stacked": 10}
+HELD_COPIES = 1  # a model of a lockstep group not in a row: its weights (waiting, or finished with its best loaded)
+# what a process adds as it trains beyond the tensors counted here (autograd's and the thread pools' buffers, the
+# allocator's arenas): 20 to 60 MiB measured
+WORKING_BYTES = 64 * 2**20
 PLAN_BYTES_PER_SLOT = 8 + 4 + 16 + 1  # the lockstep plan per training sample: index, weight, crop offset, flip
 
 
-def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = None, store: Store | None = None
-             ) -> LoadedData:
+def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = None, store: Store | None = None,
+             cell: Sequence[JobConfig] = ()) -> LoadedData:
     """Refuse (one line) a job that cannot run on its data or device, before anything is made (see the module
     docstring); returns the data it loaded, or checked: `data`, what the lifecycle's fingerprint check read again.
-    `store`: its cell's (what the seeds share), else the job's own."""
+    `store`: its cell's (what the seeds share), else the job's own; `cell`: the configs of its cell's seeds (the memory
+    estimate counts their models and data)."""
     t, e, d = cfg.training, cfg.eraser, cfg.dataset
     check_options(t.engine, t.workers, t.fused_optimizer, device, arch_traits(cfg.arch.name).vectorises)
     check_one_at_a_time(cfg)
@@ -62,7 +73,7 @@ def precheck(cfg: JobConfig, device: torch.device, data: LoadedData | None = Non
     check_blocks(cfg.mdl, e.fit_on, data.name, len(data.y), n_coded)
     check_storage(t.storage, e.name, d.zscore, data, coded)
     check_after_augment(e, permuted, plan)
-    check_memory(cfg, data, n_coded, device)
+    check_memory(cfg, data, n_coded, device, cell)
     return data
 
 
@@ -159,12 +170,12 @@ def check_after_augment(e: EraserConfig, data: LoadedData, plan: FitPlan | None)
 class MemoryEstimate:
     data: int  # the data on the device, its validation copy
     models: int  # the models trained at once, with gradients, optimizer state and best snapshot; those waiting
-    batches: int  # their batch activations (forward and backward) and the lockstep plan
+    batches: int  # their batch activations (forward and backward), the lockstep plan, and an evaluation's chunk
     num_models: int
 
     @property
     def total(self) -> int:
-        return self.data + self.models + self.batches
+        return self.data + self.models + self.batches + WORKING_BYTES
 
 
 def models_at_once(parallel_models: Any, models: int, not_vectorised: str | None, room: int | None = None) -> int:
@@ -179,46 +190,72 @@ def models_at_once(parallel_models: Any, models: int, not_vectorised: str | None
     return max(1, min(int(want), models))
 
 
-def _why_not_vectorised(engine_key: str, regularizer: str, model: torch.nn.Module, device: torch.device,
-                        arch: str) -> str | None:
+def _why_not_vectorised(engine: str, regularizer: str, model: torch.nn.Module) -> str | None:
     """`why_not_vectorized` on what the config and a shape-only model tell (the optimizer is always schedule-free),
     with the engine the job resolves for its architecture (`resolve_engine`)."""
-    engine = resolve_engine(engine_key, device, arch_traits(arch).vectorises)
     if regularizer != "none" and engine == "stacked":
         return "a regularizer with the stacked engine"
     return module_refusal(model, engine)
 
 
-def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int,
-                    device: torch.device = CPU, free: int | None = None) -> MemoryEstimate:
-    """A rough lower estimate of what the job holds at once on its device (see MODEL_COPIES). `free`: the memory
+def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torch.device = CPU,
+                    free: int | None = None, cell: Sequence[JobConfig] = ()) -> MemoryEstimate:
+    """What the job holds at most at once on its device beyond what it held when it loaded its data: an upper bound of
+    the measured peak (see MODEL_COPIES; tests/test_memory_estimate.py). `cell`: the configs of the seeds that train
+    together (training/tasks/mdl/cell.py; none: this job alone), whose models are seeds × blocks. `free`: the memory
     the device has free (None: no figure); `training.parallel_models=auto` trains as many rows as fit in it."""
-    numel = int(data.x[0].numel())
-    m = cfg.mdl
+    seeds = max(1, len(cell))
+    m, t = cfg.mdl, cfg.training
     n_val = validation_size(n_coded, m.val_size, m.val_frac)
     n_train = n_coded - n_val
-    models = m.num_blocks - 1 + int(m.full_run)
-    t, e = cfg.training, cfg.eraser
-    params, acts, model = _model_size(cfg.arch, data.input_shape, data.num_classes)
-    data_bytes = n_coded * numel * _storage_bytes(t.storage, e.name, cfg.dataset.zscore, data) + n_val * numel * 4
-    if cfg.eraser.after_augment and not eraser_traits(cfg.eraser.name).identity:
-        data_bytes += n_coded * numel * 4  # the unerased images the training batches are drawn from (float32)
+    models = seeds * (m.num_blocks - 1 + int(m.full_run))
+    params, acts, widest, model = _model_size(cfg.arch, data.input_shape, data.num_classes)
+    data_bytes = _data_bytes(cfg, data, n_coded, n_val, seeds, shares_data(cfg, cell))
+    numel = int(data.x[0].numel())
     batch = min(cfg.optim.batch_size, n_train)
     # a row's batch: activations of forward and backward (the loop engine holds every row's graph until its one
     # backward over the rows' summed losses, as the stacked engine holds its batched one) and its lockstep plan
     row_bytes = batch * (numel + 2 * acts) * 4 + n_train * PLAN_BYTES_PER_SLOT
-    # rows r > 1 hold r × MODEL_COPIES models' worth of weights, the others' weights, and r batches
-    room = None if free is None else (free - data_bytes - models * HELD_COPIES * params * 4) // (
-        (MODEL_COPIES - HELD_COPIES) * params * 4 + row_bytes)
-    at_once = models_at_once(t.parallel_models, models,
-                             _why_not_vectorised(t.engine, cfg.regularizer.name, model, device, cfg.arch.name), room)
-    batch_bytes = at_once * row_bytes
-    # a group of fewer rows than models (training.parallel_models=N) builds them all up front: a model not in a row
-    # holds its weights, and once finished its best snapshot, until the group ends (HELD_COPIES, measured); one
-    # model at a time, the process's peak grows by about one model's weights per block all the same (the allocator
-    # keeps what a finished model freed)
-    held = (models - at_once) * (HELD_COPIES if at_once > 1 else 1)
-    return MemoryEstimate(data_bytes, (at_once * MODEL_COPIES + held) * params * 4, batch_bytes, at_once)
+    engine = resolve_engine(t.engine, device, arch_traits(cfg.arch.name).vectorises)
+    # validation and coding, without gradients: a chunk of VAL_CHUNK samples through a model holds its input and about
+    # three of the widest layer's outputs (a block's input, a layer's input and output); the stacked engine validates
+    # a cell's seeds' rows of one block together
+    eval_bytes = min(VAL_CHUNK, n_coded) * (numel + 3 * widest) * 4 * (seeds if engine == "stacked" else 1)
+    # r rows hold r × MODEL_COPIES models' worth of weights and r batches, the models not in a row HELD_COPIES each
+    fixed = data_bytes + eval_bytes + WORKING_BYTES + models * HELD_COPIES * params * 4
+    room = None if free is None else (free - fixed) // ((MODEL_COPIES[engine] - HELD_COPIES) * params * 4 + row_bytes)
+    why = _why_not_vectorised(engine, cfg.regularizer.name, model) or fit_config(cfg, 0).one_at_a_time()
+    at_once = models_at_once(t.parallel_models, models, why, room)
+    # a group of fewer rows than models builds them all up front; one model at a time (the fit loop) builds each as
+    # it starts and lets the finished one go
+    held = (models - at_once) * HELD_COPIES if at_once > 1 else 0
+    copies = MODEL_COPIES[engine if at_once > 1 else "loop"]
+    return MemoryEstimate(data_bytes, (at_once * copies + held) * params * 4, at_once * row_bytes + eval_bytes,
+                          at_once)
+
+
+def shares_data(cfg: JobConfig, cell: Sequence[JobConfig]) -> bool:
+    """Whether a cell's seeds train on one copy of the data (training/tasks/mdl/cell.py `cell_data`): one dataset, the
+    eraser fitted on every row with the labels coded, labels not permuted."""
+    e, d = cfg.eraser, cfg.dataset
+    return (e.fit_on == "all" and e.fit_labels == "coded" and not d.permute_labels
+            and all(c.dataset == d for c in cell))
+
+
+def _data_bytes(cfg: JobConfig, data: LoadedData, n_coded: int, n_val: int, seeds: int, shared: bool) -> int:
+    """The data a job (a cell of `seeds`) adds on its device: the coded images as stored, the unerased ones the
+    batches are drawn from (`eraser.after_augment`), the validation images decoded (float32); the seeds' data once
+    where they share it (`shared`), else each seed's and their concatenation. A group decodes the validation images
+    of each validation set its members hold: a cell's one per seed, with `mdl.split=redraw` one per model."""
+    numel, e = int(data.x[0].numel()), cfg.eraser
+    x = n_coded * numel * _storage_bytes(cfg.training.storage, e.name, cfg.dataset.zscore, data)
+    raw = n_coded * numel * 4 if e.after_augment and not eraser_traits(e.name).identity else 0
+    val = n_val * numel * 4
+    models = seeds * (cfg.mdl.num_blocks - 1 + int(cfg.mdl.full_run))
+    group_val = models * val if cfg.mdl.split == "redraw" else seeds * val if seeds > 1 else 0
+    if seeds == 1:
+        return x + raw + val + group_val
+    return (x + seeds * (raw + val) if shared else seeds * (2 * x + 2 * raw + val)) + group_val
 
 
 def _storage_bytes(storage: str, eraser: str, zscore: bool, data: LoadedData) -> int:
@@ -230,17 +267,18 @@ def _storage_bytes(storage: str, eraser: str, zscore: bool, data: LoadedData) ->
 
 
 def _model_size(arch: ArchConfig, input_shape: tuple[int, int, int], num_classes: int
-                ) -> tuple[int, int, torch.nn.Module]:
-    """(parameters, activation floats per sample, the model) of one model, from a shape-only build (no memory, no
-    RNG)."""
+                ) -> tuple[int, int, int, torch.nn.Module]:
+    """(parameters, activation floats per sample, the widest layer's, the model) of one model, from a shape-only
+    build (no memory, no RNG)."""
     model = on_meta(make_spec(arch, input_shape, num_classes).build)
     params = param_count(model)
-    acts = 0
+    acts = widest = 0
 
     def count(module: torch.nn.Module, inputs: Any, output: Any) -> None:
-        nonlocal acts
+        nonlocal acts, widest
         if isinstance(output, torch.Tensor):
             acts += output.numel()
+            widest = max(widest, output.numel())
 
     hooks = [mod.register_forward_hook(count) for mod in model.modules() if not list(mod.children())]
     for mod in model.modules():
@@ -251,11 +289,11 @@ def _model_size(arch: ArchConfig, input_shape: tuple[int, int, int], num_classes
             model(torch.zeros(1, *input_shape, device="meta"))
     except Exception as err:  # noqa: BLE001 - a model that cannot run on meta tensors: count its parameters only
         log.debug("activation estimate skipped (%s: %s)", type(err).__name__, err)
-        acts = 0
+        acts = widest = 0
     finally:
         for h in hooks:
             h.remove()
-    return params, acts, model
+    return params, acts, widest, model
 
 
 def _size(n: float) -> str:
@@ -269,31 +307,23 @@ def memory_free(device: torch.device) -> int | None:
     return available_memory(device) if env.memory_check() else None
 
 
-def jobs_that_fit(cfg: JobConfig, data: LoadedData, device: torch.device) -> int:
-    """How many seeds of this configuration (a cell: training/tasks/mdl/cell.py) can train their models at once on one
-    copy of `data` (the coded rows) in the memory the device has free: the memory estimate of a cell's group.
-    Without a figure (or with the check off) as many as there are."""
-    free = memory_free(device)
-    if free is None:
-        return 1 << 30
-    est = estimate_memory(cfg, data, len(data.y), device, free)
-    return max(1, 1 + (free - est.total) // max(1, est.models + est.batches))
-
-
-def check_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torch.device) -> None:
-    """Refuse a job whose data and models cannot fit in the memory its device has free (`available_memory`);
-    `ERASURE_MDL_MEMORY_CHECK=0` skips the check."""
+def check_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torch.device,
+                 cell: Sequence[JobConfig] = ()) -> None:
+    """Refuse a job (its cell: `cell`, the seeds that train together) whose data and models cannot fit in the memory
+    its device has free (`available_memory`); `ERASURE_MDL_MEMORY_CHECK=0` skips the check."""
     if not env.memory_check():
         return
     free = available_memory(device)
     if free is None:
         return
-    est = estimate_memory(cfg, data, n_coded, device, free)
+    est = estimate_memory(cfg, data, n_coded, device, free, cell)
     if est.total <= free:
         return
     where = "the machine has" if device.type == "cpu" else f"{device} has"
     models = f"{est.num_models} model{'s' if est.num_models > 1 else ''}"  # parallel_models=auto: as many as fit
-    raise Refused(f"this job needs about {_size(est.total)} (data {_size(est.data)}, {models} "
-                  f"{_size(est.models)}, batches {_size(est.batches)}) but {where} {_size(free)} available: lower "
+    what = "this job" if len(cell) < 2 else f"this cell ({len(cell)} seeds)"
+    raise Refused(f"{what} needs about {_size(est.total)} (data {_size(est.data)}, {models} "
+                  f"{_size(est.models)}, batches {_size(est.batches)}, working memory {_size(WORKING_BYTES)}) but "
+                  f"{where} {_size(free)} available: lower "
                   "optim.batch_size or training.parallel_models, use dataset.limit, or run it where more memory is "
                   f"free ({env.MEMORY_CHECK}=0 skips this rough check)")

@@ -315,7 +315,7 @@ def report(experiment: str, extra: Sequence[str], max_cells: int, bench: Path, g
     remaining = [j for j in jobs if j.status != "done"]
     finished = finished_costs(jobs)
     lines.append("cost of the seed results to run (per-seed cost x seeds, by architecture; a cell trains its seeds "
-                 "together, so this is an upper bound: scripts/bench_sweep.py measures the gain):")
+                 "together, so this is an upper bound: tools/bench_sweep.py measures the gain):")
     gpu, gpu_missing = gpu_report_cost(gpu_report)
     done = [j for j in jobs if j.status == "done"]
     for kind, (costs, missing) in (("CPU", bench_cost(bench)), ("GPU", (gpu_prices(gpu, remaining, done),

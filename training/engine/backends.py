@@ -22,7 +22,7 @@ dropped (its parameters leave the optimizer).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -32,13 +32,22 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from training.engine.batches import DeviceData
-from training.engine.fit import cross_entropy_total, keep_best, snapshot
+from training.engine.fit import Regularizer, cross_entropy_total, keep_best, snapshot
 from training.engine.flat_optim import LibraryOptim, make_member_optim
 from training.engine.numerics import in_format
 from training.engine.stacked_optim import StackedScheduleFree, StepScalars
 
-if TYPE_CHECKING:
-    from training.engine.group import GroupOptions
+
+class EngineOptions(Protocol):
+    """What an engine reads of a group's options (training/engine/group.py GroupOptions)."""
+
+    @property
+    def regularizer(self) -> Regularizer | None: ...
+    @property
+    def compile(self) -> bool | str | None: ...
+    @property
+    def fused_optimizer(self) -> bool | str: ...
+
 
 VAL_CHUNK = 1024  # as training.engine.fit.predict_logits
 # (rows validated: a slice or index tensor, their float64 losses) -> which rows keep their state as the best so far
@@ -109,7 +118,7 @@ def check_joins(groups: list[tuple[list[str], dict]], model: nn.Module, opt: tor
 class LoopEngine:
     """Members' own modules; one shared optimizer step (see the module docstring)."""
 
-    def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer], options: GroupOptions,
+    def __init__(self, models: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer], options: EngineOptions,
                  rng_seeds: Sequence[int] | None = None, memory_format: torch.memory_format | None = None) -> None:
         groups = check_same_groups(models, opts)
         self.models = list(models)  # per live row

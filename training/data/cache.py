@@ -27,7 +27,7 @@ import stat
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -41,6 +41,7 @@ from training.common.locks import waiting_lock
 
 log = logging.getLogger(__name__)
 CACHE_FORMAT = 1
+T = TypeVar("T")
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,58 +77,88 @@ def key_hash(key: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _lock_entry(stack: ExitStack, root: Path, lock_name: str, kind: str, entry: Path, doing: str) -> bool:
-    """Create `root` and hold the entry's lock for the `stack`'s lifetime (another job fitting it waits); False,
-    with one warning, when the cache cannot be written (the caller then works in memory)."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        what = f"the {kind} cache entry {entry} (another job is fitting it)"
-        stack.enter_context(waiting_lock(root / lock_name, what))
-        return True
-    except OSError as err:
-        log.warning("%s cache not used: cannot write %s (%s); %s in memory", kind, root, why(err, root), doing)
-        return False
+def _cached(path: Path, done: Path, kind: str, doing: str, memo: shared.Memo | None, build: Callable[[], T],
+            read: Callable[[], T], store: Callable[[T], T], own: Callable[[T], T],
+            tensors: Callable[[T], list[Tensor]]) -> tuple[T, bool]:
+    """(value, hit): the `kind` cache entry `path` (complete when `done` is a file) as `read()` gives it, or `build()`
+    once under the entry's lock, then written by `store(value)` (which returns what a later job would load); a cache
+    that fails is a warning (hit False). `memo` (a cell's store's) keeps what was loaded or stored, its `tensors`, for
+    its later seeds, each job getting `own(value)`."""
+    root, memo_key = path.parent, str(path.resolve())
+    # another seed of the cell loaded or stored it, while the entry is still complete on disk
+    if memo is not None and (found := memo.get(memo_key)) is not None and done.is_file():
+        log.info("cache hit (shared in this process): %s", path)
+        return own(found), True
+    with ExitStack() as stack:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(waiting_lock(root / f"{path.name}.lock",
+                                             f"the {kind} cache entry {path} (another job is fitting it)"))
+        except OSError as err:
+            log.warning("%s cache not used: cannot write %s (%s); %s in memory", kind, root, why(err, root), doing)
+            return build(), False
+        # another user's entry, or one that cannot be set aside: left as it is, in memory
+        if (loaded := _load(path, read, kind, doing)) is UNREADABLE:
+            return build(), False
+        if loaded is not None:
+            log.info("cache hit: %s", path)
+            if memo is None:
+                return loaded, True
+            memo.put(memo_key, loaded, tensors(loaded))
+            return own(loaded), True
+        log.info("cache miss: %s (fitting)", path)
+        value = build()
+        try:
+            stored = store(value)
+        except (OSError, RuntimeError) as err:  # torch.save reports a full disk as RuntimeError
+            interrupt.stop_behind(err)  # a signal's stop arriving during the write: not a failed write
+            log.warning("could not write the cache entry %s (%s); going on %s in memory", path, why(err, root), doing)
+        else:
+            if memo is not None:
+                memo.put(memo_key, stored, tensors(stored))
+        return value, False
 
 
 def cached_erase(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
                  build: Callable[[], tuple[Tensor, dict[str, Any]]], memo: shared.Memo | None = None
                  ) -> tuple[Tensor, dict[str, Any], bool]:
-    """(erased x, report, hit): `<cache_root>/erased/<hash>/` loaded, or `build()` once and stored (a cache that
-    fails is a warning: hit False); `memo` (a cell's store's) keeps what was loaded or stored for its later seeds."""
-    root = Path(cache_root) / "erased"
-    h = key_hash(key)
-    entry = root / h
-    # another seed of the cell loaded or stored it, while the entry is still complete on disk
-    if memo is not None and (found := memo.get(str(entry.resolve()))) is not None and \
-            (entry / "manifest.json").is_file():
-        log.info("cache hit (shared in this process): %s", entry)
-        return found[0], shared.fresh(found[1]), True
-    with ExitStack() as stack:
-        # an unwritable cache, or another user's entry (or one that cannot be set aside): left as it is, in memory
-        if not _lock_entry(stack, root, f"{h}.lock", "erased-data", entry, "erasing") or \
-                (loaded := _load(entry, key)) is UNREADABLE:
-            return (*build(), False)
-        if loaded is not None:
-            log.info("cache hit: %s", entry)
-            _share_entry(memo, entry, *loaded)
-            return loaded[0], loaded[1], True
-        log.info("cache miss: %s (fitting)", entry)
-        x, report = build()
+    """(erased x, report, hit): `<cache_root>/erased/<hash>/` loaded, or `build()` once and stored (`_cached`)."""
+    entry = Path(cache_root) / "erased" / key_hash(key)
+
+    def store(value: tuple[Tensor, dict[str, Any]]) -> tuple[Tensor, dict[str, Any]]:
         try:
-            _store(entry, key, x, report)
-        except (OSError, RuntimeError) as err:  # torch.save reports a full disk as RuntimeError
-            shutil.rmtree(entry, ignore_errors=True)
-            interrupt.stop_behind(err)  # ... and a signal's stop arriving during the write too
-            log.warning("could not write the cache entry %s (%s); removed it, going on with the erased data in "
-                        "memory", entry, why(err, root))
-        else:  # what a later job would load from the entry: the stored tensor and the report as report.json has it
-            _share_entry(memo, entry, x.detach().cpu().contiguous(), json.loads(_report_text(report)))
-        return x, report, False
+            _store(entry, key, *value)
+        except (OSError, RuntimeError):
+            shutil.rmtree(entry, ignore_errors=True)  # a partial entry is removed
+            raise
+        # what a later job would load from the entry: the stored tensor and the report as report.json has it
+        return value[0].detach().cpu().contiguous(), json.loads(_report_text(value[1]))
+
+    (x, report), hit = _cached(entry, entry / "manifest.json", "erased-data", "erasing", memo, build,
+                               lambda: _read(entry, key), store, lambda v: (v[0], shared.fresh(v[1])),
+                               lambda v: [v[0]])
+    return x, report, hit
 
 
-def _share_entry(memo: shared.Memo | None, entry: Path, x: Tensor, report: dict[str, Any]) -> None:
-    if memo is not None:
-        memo.put(str(entry.resolve()), (x, shared.fresh(report)), [x])
+def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
+                  build: Callable[[], erasure.Eraser], memo: shared.Memo | None = None) -> tuple[erasure.Eraser, bool]:
+    """(fitted eraser, hit): `<cache_root>/erasers/<hash>.pt` (written by `Eraser.save`: one rename) or `build()`
+    once, then stored (`_cached`; `eraser.after_augment` needs the object itself)."""
+    path = Path(cache_root) / "erasers" / f"{key_hash(key)}.pt"
+
+    def read() -> erasure.Eraser:
+        eraser = erasure.load(path)
+        if eraser.name != key.get("eraser", eraser.name):
+            raise ValueError(f"holds a {eraser.name} eraser, not {key.get('eraser')}")
+        return eraser
+
+    def store(eraser: erasure.Eraser) -> erasure.Eraser:
+        eraser.save(path)  # what a later job would load from the file: its state on the CPU
+        return type(eraser)({k: v.detach().cpu() for k, v in eraser.state.items()}, shared.fresh(eraser.info))
+
+    # a job's own eraser object on the shared one's tensors (its own state and info dicts)
+    return _cached(path, path, "fitted-eraser", "fitting", memo, build, read, store,
+                   lambda e: type(e)(dict(e.state), shared.fresh(e.info)), lambda e: list(e.state.values()))
 
 
 def _report_text(report: dict[str, Any]) -> str:
@@ -193,8 +224,7 @@ def owner(path: Path) -> str:
         return f"uid {uid}"
 
 
-def unreadable_line(entry: Path, err: OSError, what: str = "erased-data cache entry",
-                    instead: str = "erasing in memory") -> str:
+def unreadable_line(entry: Path, err: OSError, what: str, instead: str) -> str:
     """One line for a cache entry this process may not read: which file, its mode and owner, and what to do."""
     path = Path(err.filename) if err.filename else entry
     try:
@@ -241,92 +271,41 @@ def _key_text(key: Any) -> str:
     return json.dumps(key, sort_keys=True, separators=(",", ":"), allow_nan=True)
 
 
-def _load(entry: Path, key: Mapping[str, Any]) -> tuple[Tensor, dict[str, Any]] | None:
-    """The stored entry of `key`; None when absent or not that entry whole (logged and set aside); UNREADABLE when
-    it may not be read (a permission, an I/O error) or could not be set aside (logged, left as it is)."""
-    try:
-        if not entry.exists():
-            return None
-    except OSError as err:  # the cache directory itself is not searchable
-        log.warning("%s", unreadable_line(entry, err))
-        return UNREADABLE
-    try:
-        manifest = json.loads((entry / "manifest.json").read_text())
-        _check_manifest(manifest, key, entry)
-        x = torch.load(entry / "data.pt", map_location="cpu", weights_only=True)
-        report = json.loads((entry / "report.json").read_text())
-        if list(x.shape) != manifest["shape"] or str(x.dtype).replace("torch.", "") != manifest["dtype"]:
-            raise ValueError("stored tensor does not match the manifest")
-        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
-            raise ValueError("stored data holds NaN or Inf")  # e.g. cached by a version that did not check
-    except Exception as err:  # noqa: BLE001 - any failure to parse means the entry cannot be trusted
-        if isinstance(err, OSError) and not isinstance(err, FileNotFoundError | IsADirectoryError |
-                                                           NotADirectoryError):
-            log.warning("%s", unreadable_line(entry, err))  # unreadable is not corrupt: never delete it
-            return UNREADABLE
-        aside = set_aside(entry)
-        if aside is None:
-            log.warning("cache entry %s is partial or corrupt (%s: %s) and cannot be set aside: left as it is, "
-                        "erasing in memory", entry, type(err).__name__, err)
-            return UNREADABLE
-        log.warning("cache entry %s is partial or corrupt (%s: %s): set aside as %s, rebuilding", entry,
-                    type(err).__name__, err, aside.name)
-        return None
+def _read(entry: Path, key: Mapping[str, Any]) -> tuple[Tensor, dict[str, Any]]:
+    """The stored erased-data entry of `key`; ValueError unless it is that entry, whole."""
+    manifest = json.loads((entry / "manifest.json").read_text())
+    _check_manifest(manifest, key, entry)
+    x = torch.load(entry / "data.pt", map_location="cpu", weights_only=True)
+    report = json.loads((entry / "report.json").read_text())
+    if list(x.shape) != manifest["shape"] or str(x.dtype).replace("torch.", "") != manifest["dtype"]:
+        raise ValueError("stored tensor does not match the manifest")
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise ValueError("stored data holds NaN or Inf")  # e.g. cached by a version that did not check
     return x, report
 
 
-def cached_eraser(cache_root: str | os.PathLike[str], key: Mapping[str, Any],
-                  build: Callable[[], erasure.Eraser], memo: shared.Memo | None = None) -> tuple[erasure.Eraser, bool]:
-    """(fitted eraser, hit): `<cache_root>/erasers/<hash>.pt` (written by `Eraser.save`: one rename) or `build()`
-    once under the entry's lock, then stored, as `cached_erase` does (`eraser.after_augment` needs the object itself);
-    `memo`: as there."""
-    root = Path(cache_root) / "erasers"
-    path = root / f"{key_hash(key)}.pt"
-    if memo is not None and (found := memo.get(str(path.resolve()))) is not None and path.is_file():
-        log.info("cache hit (shared in this process): %s", path)
-        return _own_eraser(found), True
-    with ExitStack() as stack:
-        if not _lock_entry(stack, root, f"{path.name}.lock", "fitted-eraser", path, "fitting"):
-            return build(), False
-        try:
-            eraser = erasure.load(path)
-            if eraser.name != key.get("eraser", eraser.name):
-                raise ValueError(f"holds a {eraser.name} eraser, not {key.get('eraser')}")
-            log.info("cache hit: %s", path)
-            _share_eraser(memo, path, eraser)
-            return eraser if memo is None else _own_eraser(eraser), True
-        except FileNotFoundError:
-            pass
-        except OSError as err:  # another user's file: not corrupt, not ours to replace
-            log.warning("%s", unreadable_line(path, err, "fitted-eraser cache entry", "fitting in memory"))
-            return build(), False
-        except Exception as err:  # noqa: BLE001 - any failure to parse means the entry cannot be trusted
-            aside = set_aside(path)
-            if aside is None:
-                log.warning("cache entry %s is corrupt (%s: %s) and cannot be set aside: left as it is, fitting in "
-                            "memory", path, type(err).__name__, err)
-                return build(), False
-            log.warning("cache entry %s is corrupt (%s: %s): set aside as %s, rebuilding", path, type(err).__name__,
-                        err, aside.name)
-        log.info("cache miss: %s (fitting)", path)
-        eraser = build()
-        try:
-            eraser.save(path)
-        except (OSError, RuntimeError) as err:
-            interrupt.stop_behind(err)  # a signal's stop arriving during the write: not a failed write
-            log.warning("could not write the cache entry %s (%s); going on with the eraser in memory", path,
-                        why(err, root))
-        else:  # what a later job would load from the file: its state on the CPU
-            _share_eraser(memo, path, type(eraser)({k: v.detach().cpu() for k, v in eraser.state.items()},
-                                                   shared.fresh(eraser.info)))
-        return eraser, False
-
-
-def _share_eraser(memo: shared.Memo | None, path: Path, eraser: erasure.Eraser) -> None:
-    if memo is not None:
-        memo.put(str(path.resolve()), eraser, list(eraser.state.values()))
-
-
-def _own_eraser(eraser: erasure.Eraser) -> erasure.Eraser:
-    """A job's own eraser object on the shared one's tensors (its own state and info dicts)."""
-    return type(eraser)(dict(eraser.state), shared.fresh(eraser.info))
+def _load(path: Path, read: Callable[[], T], kind: str, doing: str) -> T | None:
+    """`read()` of the entry at `path`; None when absent or not that entry whole (logged and set aside); UNREADABLE
+    when it may not be read (a permission, an I/O error) or could not be set aside (logged, left as it is)."""
+    unreadable = functools.partial(unreadable_line, what=f"{kind} cache entry", instead=f"{doing} in memory")
+    try:
+        if not path.exists():
+            return None
+    except OSError as err:  # the cache directory itself is not searchable
+        log.warning("%s", unreadable(path, err))
+        return UNREADABLE
+    try:
+        return read()
+    except Exception as err:  # noqa: BLE001 - any failure to parse means the entry cannot be trusted
+        if isinstance(err, OSError) and not isinstance(err, FileNotFoundError | IsADirectoryError |
+                                                           NotADirectoryError):
+            log.warning("%s", unreadable(path, err))  # unreadable is not corrupt: never delete it
+            return UNREADABLE
+        aside = set_aside(path)
+        if aside is None:
+            log.warning("cache entry %s is partial or corrupt (%s: %s) and cannot be set aside: left as it is, "
+                        "%s in memory", path, type(err).__name__, err, doing)
+            return UNREADABLE
+        log.warning("cache entry %s is partial or corrupt (%s: %s): set aside as %s, rebuilding", path,
+                    type(err).__name__, err, aside.name)
+        return None

@@ -12,6 +12,11 @@ GPU_REPORT_ARGS ?=
 # the GPU machine has no .venv (and no registry): there the report runs on python3 with the wheels in .whl/
 REPORT_PY = $(if $(wildcard $(PY)),$(PY),python3)
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=disabled
+# ARGS reaches /bin/sh as written: an override with parentheses (range, glob, choice) must be quoted inside it,
+# ARGS="'seed=range(0,3)'"; unquoted, make refuses it in one line instead of the shell's "Syntax error".
+LP := (
+CHECK_ARGS = $(if $(findstring $(LP),$(ARGS)),$(if $(findstring ',$(ARGS))$(findstring ",$(ARGS)),,$(error ARGS=$(ARGS) \
+  has parentheses that /bin/sh cannot read unquoted: write ARGS="'$(ARGS)'" (each such override in single quotes))))
 
 .PHONY: help setup test test-heavy test-slurm test-all demo calibrate lint docs clean reproduce plan tables bench gpu-report gpu-wheels slurm-up slurm-down
 
@@ -67,12 +72,12 @@ calibrate: setup  ## known answers: MDL of erased generator data beside the popu
 	$(PY) -m scripts.calibrate $(CAL_READ)/runs
 
 reproduce: setup  ## run a preset, then aggregate it (also after failed jobs): make reproduce EXP=<name> [ARGS="k=v ..."]
-	$(PY) -m training.run -m experiment=$(EXP) $(ARGS); rc=$$?; \
+	$(CHECK_ARGS)$(PY) -m training.run -m experiment=$(EXP) $(ARGS); rc=$$?; \
 	  $(PY) -m scripts.aggregate --experiment $(EXP) --name $(EXP) $(addprefix --override ,$(ARGS)) || rc=1; \
 	  exit $$rc
 
-plan: setup  ## a sweep's jobs, cells, done/remaining and CPU/GPU hours, without running it: make plan EXP=<name> [ARGS="k=v ..."]
-	$(PY) -m scripts.plan $(EXP) $(ARGS)
+plan: setup  ## a sweep's jobs, cells, done/remaining and CPU/GPU hours, without running it: make plan EXP=<name> [ARGS="k=v ..."] (quote k=range(..): ARGS="'k=range(0,3)'")
+	$(CHECK_ARGS)$(PY) -m scripts.plan $(EXP) $(ARGS)
 
 tables: setup  ## aggregate whatever is in outputs/runs into outputs/tables/
 	$(PY) -m scripts.aggregate outputs/runs --name all

@@ -33,12 +33,17 @@ Starvation tasks' are in training/tasks/gs/aggregate_gs.py.
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
+import shutil
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
 
+from training.app.result_codec import flatten
 from training.app.result_types import Result
 from training.app.tasks import Collected, load_job, task_names, tasks
 from training.common.sweeps import expand, presets, sweep_overrides
@@ -48,8 +53,8 @@ from training.tasks.mdl.aggregate_summary import commit_problems, data_problems,
 
 def write_all(df: pd.DataFrame, results: list[Result], out: Path, name: str, title: str) -> str:
     """Every task's tables (`Task.rows`, training/tasks/*.py) from its results: table "" as <name>.md, table t as
-    <name>_<t>.md; the text of all of them, the main tables first. A task whose tables fail is reported, not fatal."""
-    out.mkdir(parents=True, exist_ok=True)
+    <name>_<t>.md; the text of all of them, the main tables first. A task whose tables fail is reported, not fatal,
+    except for a file that cannot be written (OSError: raised)."""
     mine: dict[str, list[Result]] = defaultdict(list)
     for r in results:
         mine[r.task].append(r)
@@ -60,6 +65,8 @@ def write_all(df: pd.DataFrame, results: list[Result], out: Path, name: str, tit
     for task in tasks():
         try:
             made = task.rows(Collected(mine[task.name], df, out, name, title))
+        except OSError:
+            raise
         except Exception as e:  # noqa: BLE001 - the other tasks' tables stand on their own
             print(f"warning: the tables of task {task.name} failed ({type(e).__name__}: {e})", file=sys.stderr)
             continue
@@ -106,6 +113,11 @@ def experiment_refusal(experiment: str, overrides: list[str]) -> str | None:
             load_job(cfg)  # a value the jobs would refuse
     except (HydraException, ConfigError) as err:
         first = " ".join(str(err).split("\n")[0].split())
+        if unknown := re.match(r"Could not override '([^']+)'", first):
+            keys = flatten(expand(experiment, [], limit=1)[0])
+            near = difflib.get_close_matches(unknown[1], keys, n=3)
+            first = (f"{unknown[1]} is not a key of the preset's config" + (f" (did you mean {', '.join(near)}?)"
+                     if near else "") + f"; check its spelling, or write +{unknown[1]}=... to add a new key")
         return f"--experiment {experiment} with --override {' '.join(overrides)}: {first}"
     return None
 
@@ -147,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also read the results a job moved aside when its data changed (result.data-<fingerprint>"
                          ".json; marked as runs on different data, never averaged)")
     args = ap.parse_args(argv)
+    if args.override and not args.experiment:
+        return _refuse(f"--override {args.override[0]} needs --experiment <preset> (it changes that preset's jobs); "
+                       "give --experiment, or leave --override out to read the directory as it is")
     if args.experiment:
         if (line := experiment_refusal(args.experiment, args.override)) is not None:
             return _refuse(line)
@@ -158,22 +173,36 @@ def main(argv: list[str] | None = None) -> int:
     else:
         ap.error("give a directory or --experiment")
     if df.empty and not results:
-        print("no results found", file=sys.stderr)
-        return 1
+        where = args.root if args.root is not None else f"the jobs of --experiment {args.experiment}"
+        why = "" if args.root is None or args.root.is_dir() else (
+            " (a file, not a directory)" if args.root.exists() else " (it does not exist)")
+        return _refuse(f"no result.json under {where}{why}: run a sweep first, or give the directory that holds the "
+                       "results (e.g. outputs/runs)")
     if args.strict and not df.empty and (line := strict_refusal(df)) is not None:
         return _refuse(line)
     name = args.name or args.experiment or "results"
     if (line := output_refusal(args.out, name)) is not None:
         return _refuse(line)
-    print(write_all(df, results, args.out, name, title))
-    print(f"wrote {args.out}/{name}.md, .csv, _jobs.csv, .tex and PNG plots", file=sys.stderr)
     keys = preset_claims(args.experiment, args.override) if args.experiment else None
-    if (args.claims or keys) and not df.empty:
-        from training.tasks.mdl import claims
+    stage = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=args.out))  # moved into --out once all is written
+    try:
+        text, report = write_all(df, results, stage, name, title), None
+        if (args.claims or keys) and not df.empty:
+            from training.tasks.mdl import claims
 
-        report = claims.markdown_groups(claims.evaluate_groups(df, keys, args.experiment))
+            report = claims.markdown_groups(claims.evaluate_groups(df, keys, args.experiment))
+            (stage / f"{name}_claims.md").write_text(report)
+        for path in sorted(stage.iterdir()):
+            path.replace(args.out / path.name)
+    except OSError as err:
+        return _refuse(f"--out {args.out}: the tables could not be written ({err.strerror or err}): nothing was "
+                       "written; free space there or choose another --out")
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    print(text)
+    print(f"wrote {args.out}/{name}.md, .csv, _jobs.csv, .tex and PNG plots", file=sys.stderr)
+    if report is not None:
         print(report)
-        (args.out / f"{name}_claims.md").write_text(report)
     return 0
 
 

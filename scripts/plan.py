@@ -37,7 +37,7 @@ from hydra.errors import HydraException
 
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.result_types import at, number
-from training.app.results import RESULT_FILE, read_result, same_config
+from training.app.results import RESULT_FILE, NewerResultError, mismatch_message, read_result, same_config
 from training.app.schema import config_hash, duplicate_jobs
 from training.app.tasks import load_job, spec_of
 from training.common.sweep_jobs import expand_cells
@@ -59,6 +59,7 @@ class Job:
     cfg_hash: str | None  # None: the config is refused (see `refused`)
     refused: str | None = None
     status: str = "to run"  # done | other config | in progress | to run | refused
+    held: str | None = None  # why the sweep would be refused: its directory holds another config's result
     launched: int = 0  # the launcher's job (a cell's seeds: one job) that runs it
 
     @property
@@ -82,16 +83,22 @@ def job_hash(cfg: Mapping[str, Any]) -> tuple[str | None, str | None]:
         return None, str(err).splitlines()[0]
 
 
-def job_status(job: Job) -> str:
+def job_status(job: Job) -> tuple[str, str | None]:
     """What the job would do now, read as the job reads its directory (training/app/results.py JobDir.finished):
-    done (a result.json of this config: SKIP), other config (refused unless force=true), in progress (a
-    progress.json: it resumes), to run."""
+    done (a result.json of this config: SKIP), other config (another config's or newer code's result: the sweep is
+    refused unless force=true, and the line that says so), in progress (a progress.json: it resumes), to run."""
     if job.cfg_hash is None:
-        return "refused"
-    spec = spec_of(job.cfg)
-    if (done := read_result(job.job_dir / RESULT_FILE, spec)) is not None:
-        return "done" if same_config(done, job.cfg_hash, spec) else "other config"
-    return "in progress" if (job.job_dir / PROGRESS_FILE).exists() else "to run"
+        return "refused", None
+    spec, force = spec_of(job.cfg), bool(job.cfg["force"])
+    try:
+        done = read_result(job.job_dir / RESULT_FILE, spec, refuse_newer=not force)
+    except NewerResultError as err:
+        return "other config", str(err)
+    if done is not None and same_config(done, job.cfg_hash, spec):
+        return "done", None
+    if done is not None:
+        return "other config", None if force else mismatch_message(job.job_dir, done.config_hash, job.cfg_hash)
+    return "in progress" if (job.job_dir / PROGRESS_FILE).exists() else "to run", None
 
 
 def plan_jobs(experiment: str, extra: Sequence[str]) -> list[Job]:
@@ -106,7 +113,7 @@ def plan_jobs(experiment: str, extra: Sequence[str]) -> list[Job]:
                 continue
             seen.add((cfg["paths"]["job_dir"], h))
             job = Job(cfg, combo, Path(cfg["paths"]["job_dir"]), h, refused, launched=num)
-            job.status = job_status(job)
+            job.status, job.held = job_status(job)
             jobs.append(job)
     return jobs
 
@@ -184,7 +191,7 @@ def bench_cost(path: Path) -> tuple[dict[str, Cost], str | None]:
     try:
         bench = json.loads(path.read_text())
     except FileNotFoundError:
-        return {}, "no measurement: run make bench"
+        return {}, f"no measurement: {path} not found; run make bench"
     except (OSError, ValueError) as err:
         return {}, f"no measurement: {path} cannot be read ({err}); run make bench"
     b = bench if isinstance(bench, dict) else {}
@@ -217,7 +224,7 @@ def gpu_report_cost(path: Path) -> tuple[dict[str, EpochCost], str | None]:
                  for name, step in report.get("steps", {}).items()}
         device = report.get("env", {}).get("device", {}).get("name", "?")
     except FileNotFoundError:
-        return {}, "no measurement: run make gpu-report"
+        return {}, f"no measurement: {path} not found; run make gpu-report"
     except (OSError, ValueError, TypeError, AttributeError, KeyError) as err:  # not JSON, or not a report's shape
         return {}, f"no measurement: {path} cannot be read ({type(err).__name__}: {err}); run make gpu-report"
     out = {}
@@ -310,6 +317,7 @@ def report(experiment: str, extra: Sequence[str], max_cells: int, bench: Path, g
                  f"(progress.json), {counts['other config']} hold another config's result (refused unless "
                  f"force=true), {counts['refused']} refused")
     lines += [f"  refused {job.job_dir}: {job.refused}" for job in [j for j in jobs if j.refused][:3]]
+    lines += [f"  refused {job.held}" for job in [j for j in jobs if j.held][:3]]
     if (same := duplicate_jobs([(i, j.cfg, spec_of(j.cfg)) for i, j in enumerate(jobs) if not j.refused])) is not None:
         lines.append(f"  refused (the sweep): {same}")  # as `python -m training.run -m` refuses it
     remaining = [j for j in jobs if j.status != "done"]
@@ -340,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"plan: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     print(text)
-    if refused := [ln.strip() for ln in text.splitlines() if ln.startswith("  refused ")]:
+    if refused := [ln.strip().removeprefix("refused ") for ln in text.splitlines() if ln.startswith("  refused ")]:
         print(f"plan: the sweep would be refused (nothing would run): {refused[0]}", file=sys.stderr)
         return 2  # as `python -m training.run -m` refuses a sweep with one refused job
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -205,8 +206,40 @@ def test_every_task_tables_its_own_results(tmp_path: Path, monkeypatch: pytest.M
     assert "1 result(s) of tasks not declared here (gone)" in err
 
 
-def test_no_results_is_an_error(tmp_path: Path) -> None:
-    assert aggregate.main([str(tmp_path), "--out", str(tmp_path / "t")]) == 1
+@pytest.mark.parametrize(("root", "why"), [("empty", ": "), ("nope", " (it does not exist): "),
+                                           ("afile", " (a file, not a directory): ")])
+def test_no_results_is_a_refusal_naming_the_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      root: str, why: str) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "afile").touch()
+    assert aggregate.main([str(tmp_path / root), "--out", str(tmp_path / "t")]) == 2
+    assert capsys.readouterr().err == (f"error: no result.json under {tmp_path / root}{why}run a sweep first, or give "
+                                       "the directory that holds the results (e.g. outputs/runs)\n")
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_full_disk_is_a_refusal_and_leaves_no_table(fixture_runs: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table that cannot be written (no space left) fails the aggregate in one line; the tables written before it
+    are not left in --out (nor an older run's tables replaced by half of a new set)."""
+    import errno
+    import os
+
+    def full(df: Any, summary: Any, inc: Any, out: Path, stem: str) -> None:
+        (out / f"{stem}_mdl.png").write_bytes(b"\x89PNG")  # half a plot
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    shutil.rmtree(fixture_runs / "colored_mnist")  # a result of another task, whose tables warn
+    out = fixture_runs.parent / "t"
+    out.mkdir()
+    (out / "t.md").write_text("older tables")
+    monkeypatch.setattr(aggregate_render, "plot_all", full)
+    assert aggregate.main([str(fixture_runs), "--out", str(out), "--name", "t"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"error: --out {out}: the tables could not be written ({os.strerror(errno.ENOSPC)}): "
+                            "nothing was written; free space there or choose another --out\n")
+    assert captured.out == "" and [p.name for p in out.iterdir()] == ["t.md"] and (out / "t.md").read_text() == (
+        "older tables")
 
 
 def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Path) -> None:
@@ -289,12 +322,15 @@ def test_certificate_table_shows_what_the_erasers_report(tmp_path: Path) -> None
 @pytest.mark.parametrize(("args", "line"), [
     (["--experiment", "nonexist"], "error: --experiment 'nonexist' is not a preset; the presets "
                                    "(conf/experiment/*.yaml) are: "),
-    (["--experiment", "demo", "--override", "nokey=1"], "error: --experiment demo with --override nokey=1: "
-                                                        "Could not override 'nokey'."),
+    (["--experiment", "demo", "--override", "nokey=1"], "error: --experiment demo with --override nokey=1: nokey "
+     "is not a key of the preset's config; check its spelling, or write +nokey=... to add a new key"),
+    (["--experiment", "demo", "--override", "arch.widht=3"], "error: --experiment demo with --override "
+     "arch.widht=3: arch.widht is not a key of the preset's config (did you mean arch.width"),
+    (["runs", "--override", "arch.width=32"], "error: --override arch.width=32 needs --experiment <preset>"),
 ])
 def test_an_unknown_preset_or_override_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                    args: list[str], line: str) -> None:
-    assert aggregate.main([*args, "--out", str(tmp_path / "t")]) == 2
+    assert aggregate.main([str(tmp_path) if a == "runs" else a for a in args] + ["--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(line), err
     if "nonexist" in line:

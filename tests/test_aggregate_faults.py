@@ -237,6 +237,25 @@ def test_10_a_malformed_result_file_is_a_warning_naming_it(tmp_path: Path, capsy
     assert f"| malformed | 0 | {bad.parent} | " in md  # and the bad one is listed, not dropped
 
 
+@pytest.mark.parametrize("unreadable", [False, True], ids=["invalid JSON", "not a file"])
+def test_10_a_malformed_result_beside_another_configs_is_listed_not_a_repeat(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], unreadable: bool) -> None:
+    """The same cell and seed at another learning rate (its own c<hash> directory): a file there that cannot be
+    read is that job's malformed result, never a repeat of the finished one."""
+    root = tmp_path / "runs"
+    _write(root, _cfg("control", 0), 1.0)
+    bad = fixture_job_dir(root, _cfg("control", 0, lr=0.01)) / "result.json"
+    if unreadable:  # read fails with an OSError (IsADirectoryError), as for a file without read permission
+        bad.mkdir(parents=True)
+    else:
+        bad.parent.mkdir(parents=True)
+        bad.write_text("{broken")
+    rc, md = _run(root, tmp_path)
+    err = capsys.readouterr().err
+    assert rc == 0 and f"warning: skipped {bad}: not readable JSON" in err and "repeated" not in err
+    assert "| mnist5k | mlp_relu | 128 | 2 | 1.000 |" in md and f"| malformed | 0 | {bad.parent} | " in md
+
+
 def test_10_a_result_without_an_mdl_section_is_listed_as_incomplete(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     _write(root, _cfg("control", 0), 1.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,23 @@ def test_plan_says_a_bad_override_in_one_line(capsys: pytest.CaptureFixture[str]
     assert err.startswith("plan: Could not override 'arch.no_such_key'") and "\n" not in err
 
 
+@pytest.mark.parametrize(("override", "line"), [
+    ("eraser=glob(zz*)", "eraser=glob(zz*) sweeps over no value, so the sweep has no job: give eraser at least one "
+                         "value (a glob must match one of its options: alf_qleace, "),
+    ("seed=range(0,0)", "seed=range(0,0) sweeps over no value, so the sweep has no job: give seed at least one value"),
+    ("optim.lr=interval(0.1,1)", "optim.lr=interval(0.1,1) cannot be swept (BasicSweeper does not support sweep type "
+                                 ": INTERVAL_SWEEP): write optim.lr=a,b,c (a list), range(start,stop,step) "),
+    ("hydra/launcher=packed", "hydra/launcher=packed is gone: a job is a cell now"),
+])
+def test_plan_refuses_what_a_multirun_refuses_in_its_words(capsys: pytest.CaptureFixture[str], override: str,
+                                                            line: str) -> None:
+    """A sweep that has no job, that the basic sweeper cannot expand, or a launcher that is gone: one line, exit 2,
+    the words of `python -m training.run -m` (training/cli/ledger.py) after `plan: `."""
+    assert plan.main(["smoke", override]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"plan: {line}") and captured.err.count("\n") == 1 and captured.out == ""
+
+
 # --------------------------------------------------------------------------------------- done / remaining
 def _write_result(job: plan.Job, cfg_hash: str) -> None:
     job.job_dir.mkdir(parents=True, exist_ok=True)
@@ -124,6 +142,28 @@ def test_plan_counts_done_other_config_resume_and_new(tmp_path: Path) -> None:
     assert "seeds 0-2  done 1/3" in text and "seeds 0-2  done 0/3" in text
 
 
+@pytest.mark.parametrize("newer", [False, True], ids=["another config", "newer code"])
+def test_a_result_a_multirun_would_not_replace_refuses_the_plan_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, newer: bool) -> None:
+    """A job directory holding another configuration's result, or newer code's: the plan is printed, counts it as
+    held, and exits 2 with the line `python -m training.run -m` refuses the sweep with (no warning besides it)."""
+    extra = [f"paths.out_dir={tmp_path}", "--bench", str(tmp_path / "b.json"), "--gpu-report", str(tmp_path / "g")]
+    job = plan.plan_jobs("smoke", extra[:1])[0]
+    _write_result(job, "0123456789abcdef")
+    if newer:
+        (job.job_dir / "result.json").write_text(json.dumps({"schema_version": 3, "config_hash": "x"}))
+    assert plan.main(["smoke", *extra]) == 2
+    captured = capsys.readouterr()
+    why = ("was written by newer code (schema_version 3 is newer than this code's (2)): run this job with that code, "
+           "or pass force=true to replace it" if newer else "already holds a result of another configuration (hash "
+           f"0123456789abcdef, this job {job.cfg_hash}): pass force=true to replace it, or choose another "
+           "paths.out_dir")
+    where = job.job_dir / "result.json" if newer else job.job_dir
+    assert captured.err == f"plan: the sweep would be refused (nothing would run): {where} {why}\n"
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "3 new, 0 resume (progress.json), 1 hold another config's result" in captured.out
+
+
 def test_cell_list_shows_swept_values_not_in_the_path_and_seed_spans() -> None:
     assert plan.spans([0, 1, 2, 3, 5, 7, 8]) == "0-3,5,7-8" and plan.spans([4]) == "4"
     jobs = plan.plan_jobs("leakage", [])
@@ -136,7 +176,8 @@ def test_cell_list_shows_swept_values_not_in_the_path_and_seed_spans() -> None:
 # --------------------------------------------------------------------------------------------------- cost
 def test_no_measurement_says_which_make_target_to_run(tmp_path: Path) -> None:
     text = plan.report("smoke", [f"paths.out_dir={tmp_path}"], 40, tmp_path / "a.json", tmp_path / "b.json")
-    assert "CPU: no measurement: run make bench" in text and "GPU: no measurement: run make gpu-report" in text
+    assert f"CPU: no measurement: {tmp_path / 'a.json'} not found; run make bench" in text
+    assert f"GPU: no measurement: {tmp_path / 'b.json'} not found; run make gpu-report" in text
     assert " h for " not in text
 
 

@@ -49,8 +49,9 @@ from training.common.cells import cell_seeds, seed_configs, seed_job_dirs
 from training.common.conf import resolved_dict
 from training.common.files import atomic_write_json
 from training.common.ledger_entry import DONE_BY_ANOTHER_RUN, STATUSES, LedgerEntry, read_ledger
+from training.common.sweeps import split_sweep
 from training.engine.devices import device_problem, resolve_device
-from training.errors import UserError
+from training.errors import ConfigError, UserError
 
 log = logging.getLogger("training.multirun")
 LEDGER_ENV = env.MULTIRUN_LEDGER
@@ -59,9 +60,7 @@ LEDGER_ENV = env.MULTIRUN_LEDGER
 def sweep_combos(config: DictConfig) -> list[list[str]] | None:
     """The override list of every job the basic sweeper will launch, in order: its params (a preset's
     `hydra.sweeper.params`, or none) x the command line's overrides. None for another sweeper."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     hc = config.hydra
     if "BasicSweeper" not in str(hc.sweeper.get("_target_", "")):
@@ -71,18 +70,10 @@ def sweep_combos(config: DictConfig) -> list[list[str]] | None:
     assert isinstance(params, dict)
     args = [f"{k}={v}" for k, v in params.items()] + list(hc.overrides.task)
     loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
-    parser = OverridesParser.create(config_loader=loader)
-    for arg in args:  # each value alone first: a bad one is named with its key, not a sweeper's traceback
-        try:
-            values = BasicSweeper.split_arguments(parser.parse_overrides([arg]), None)
-        except Exception as err:  # noqa: BLE001 - Hydra raises ValueError, HydraException, OverrideParseException
-            exit_user_error(f"multirun refused (nothing ran): {arg} cannot be swept ({_first_line(err)}): write "
-                            f"{arg.split('=', 1)[0]}=a,b,c (a list), range(start,stop,step) with a step that is "
-                            "not 0, or choice(a,b,c); interval() is for a search sweeper, not this one", err)
-        if not any(values):
-            exit_user_error(f"multirun refused (nothing ran): {arg} sweeps over no value, so the sweep has no job: "
-                            f"give {arg.split('=', 1)[0]} at least one value (a glob must match an option)")
-    return [list(c) for batch in BasicSweeper.split_arguments(parser.parse_overrides(args), None) for c in batch]
+    try:
+        return split_sweep(args, loader)
+    except ConfigError as err:
+        exit_user_error(f"multirun refused (nothing ran): {err}", err)
 
 
 def differing_keys(cfgs: list[dict[str, Any]]) -> dict[str, list[Any]]:

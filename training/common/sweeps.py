@@ -12,12 +12,14 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_loader import ConfigLoader
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from training.common.cells import seed_configs
 from training.common.conf import CONF_DIR
+from training.errors import ConfigError
 
 
 def presets() -> list[str]:
@@ -35,13 +37,36 @@ def composing() -> Iterator[None]:
             yield
 
 
+def split_sweep(args: Sequence[str], loader: ConfigLoader | None) -> list[list[str]]:
+    """The basic sweeper's override list of every job, in launch order; raises ConfigError (one line naming the
+    key) for a value it cannot sweep or that sweeps over nothing (an empty range, a glob that matches no option)."""
+    parser = OverridesParser.create(config_loader=loader)
+    for arg in args:  # each value alone first: a bad one is named with its key, not a sweeper's traceback
+        key = arg.split("=", 1)[0]
+        try:
+            values = BasicSweeper.split_arguments(parser.parse_overrides([arg]), None)
+        except Exception as err:  # noqa: BLE001 - Hydra raises ValueError, HydraException, OverrideParseException
+            why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ConfigError(f"{arg} cannot be swept ({why}): write {key}=a,b,c (a list), range(start,stop,step) "
+                              "with a step that is not 0, or choice(a,b,c); interval() needs a search sweeper "
+                              "plugin (e.g. Optuna), not this one") from err
+        if not any(values):
+            options = loader.get_group_options(key.lstrip("+~")) if loader is not None and "glob(" in arg else []
+            raise ConfigError(f"{arg} sweeps over no value, so the sweep has no job: give {key} at least one value"
+                              + (f" (a glob must match one of its options: {', '.join(options)})" if options else ""))
+    return [list(c) for batch in BasicSweeper.split_arguments(parser.parse_overrides(list(args)), None) for c in batch]
+
+
 def sweeper_params(experiment: str, extra: Sequence[str] = ()) -> dict[str, str]:
-    """The preset's `hydra.sweeper.params` (key -> comma-separated values), unresolved."""
+    """The preset's `hydra.sweeper.params` (key -> comma-separated values), unresolved; refuses a launcher that
+    is gone (as `python -m training.run -m` does)."""
     parser = OverridesParser.create()
     fixed = [o.input_line for o in parser.parse_overrides(list(extra)) if not o.is_sweep_override()]
     overrides = [f"experiment={experiment}", *[f for f in fixed if f is not None]]
     with composing():
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    if (removed := OmegaConf.select(cfg, "hydra.launcher.removed", default=None)) is not None:
+        raise ConfigError(str(removed))  # conf/hydra/launcher/packed.yaml
     params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=False) or {}
     assert isinstance(params, dict)
     return {str(k): str(v) for k, v in params.items()}
@@ -52,7 +77,8 @@ def sweep_overrides(experiment: str, extra: Sequence[str] = ()) -> list[list[str
     (which may itself sweep, e.g. `seed=0,1`, and overrides a param of the same key, as on the command line)."""
     params = sweeper_params(experiment, extra)
     args = [f"{k}={v}" for k, v in params.items()] + [f"experiment={experiment}", *extra]
-    return BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)[0]
+    with composing():
+        return split_sweep(args, GlobalHydra.instance().config_loader())
 
 
 def expand(experiment: str, extra: Sequence[str] = (), limit: int | None = None) -> list[dict[str, Any]]:

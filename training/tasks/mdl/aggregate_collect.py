@@ -230,7 +230,10 @@ def assign_groups(df: pd.DataFrame) -> pd.DataFrame:
     df["null"] = df["null"].map(lambda v: pd.api.types.is_bool(v) and bool(v))
     order = df.assign(_rank=(df.status != "done").astype(int)).sort_values("_rank", kind="stable")
     aside = ["set_aside"] if "set_aside" in order else []  # a result moved aside is not a repeat of result.json
-    dup = order.duplicated([*CELL, "null", "fold", "seed", *aside], keep="first") & order.group.notna()
+    same = [*CELL, "null", "fold", "seed", *aside]
+    # a row known only by its directory repeats only a row of its c<hash> directory (another config's otherwise)
+    home = order.assign(home=order.job_dir.map(lambda d: Path(_cell_dir(d)).name)).duplicated([*same, "home"])
+    dup = order.duplicated(same) & order.group.notna() & (order.settings.notna() | home)
     if dup.any():
         warn(f"{int(dup.sum())} repeated result(s) of the same config and seed ignored: "
              + ", ".join(order[dup].job_dir.astype(str)))

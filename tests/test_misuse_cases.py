@@ -77,6 +77,11 @@ def test_a_finished_job_in_a_read_only_directory_is_a_skip_and_the_sweep_goes_on
                              timeout=300)
         assert one.returncode == 0 and "SKIP" in one.stdout and "Traceback" not in one.stderr, one.stderr[-3000:]
         assert sum("cannot write the log file" in ln for ln in one.stderr.splitlines()) == 1, one.stderr
+        forced = subprocess.run([*reader, *base, "seed=0", "force=true"], capture_output=True, text=True, env=env,
+                                cwd=out, timeout=300)  # it cannot replace the result: refused before it trains
+        lines = forced.stderr.strip().splitlines()
+        assert forced.returncode == 2 and len(lines) == 1 and f"no permission for {seed0}" in lines[0], forced.stderr
+        assert "block 2/" not in forced.stdout, forced.stdout
         sweep = subprocess.run([*reader, *run, "-m", *base[3:], "seed=0,1"], capture_output=True, text=True, env=env,
                                cwd=out, timeout=300)
         assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-3000:]

@@ -28,7 +28,8 @@ def _result_path(outcome_result: dict[str, Any]) -> Path:
     return Path(outcome_result["job_dir"]) / "result.json"
 
 
-def test_a_result_of_a_newer_schema_is_refused_in_one_line_and_kept(tmp_path: Path) -> None:
+def test_a_result_of_a_newer_schema_is_refused_in_one_line_and_kept(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     from tests.helpers import TINY, job_config
     from training.tasks.mdl.job import run_job
 
@@ -36,10 +37,12 @@ def test_a_result_of_a_newer_schema_is_refused_in_one_line_and_kept(tmp_path: Pa
     path = _result_path(result_of(first))
     newer = {**json.loads(path.read_text()), "schema_version": RESULT_SCHEMA + 1, "from": "newer code"}
     path.write_text(json.dumps(newer))
-    with pytest.raises(UserError) as err:
+    caplog.clear()
+    with pytest.raises(UserError) as err, caplog.at_level(logging.WARNING):
         run_job(job_config(tmp_path, TINY))
     line = str(err.value)
     assert "\n" not in line and "newer code" in line and "force=true" in line, line
+    assert not caplog.records, caplog.text  # the line alone: no warning saying the same before it
     assert json.loads(path.read_text()) == newer  # untouched
     forced = run_job(job_config(tmp_path, [*TINY, "force=true"]))
     assert forced.status == "done" and json.loads(path.read_text())["schema_version"] == RESULT_SCHEMA

@@ -173,6 +173,7 @@ def test_a_job_that_cannot_fit_in_memory_is_refused_with_the_estimate(tmp_path: 
     # training.parallel_models=auto: as many of its 5 models at once as fit, and not even one does
     assert line.startswith("this job needs about ") and "(data " in line and "1 model " in line, line
     assert "but the machine has 64 KiB available: lower optim.batch_size" in line and "\n" not in line
+    assert "arch.width" in line  # a model too wide (or deep) to fit: the key that made it so
     assert not (tmp_path / "runs").exists()
 
 
@@ -241,6 +242,38 @@ def test_memory_refusal_from_the_command_line(tmp_path: Path, seeds: int, what: 
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {what} needs about "), \
         proc.stderr[-3000:]
     assert not (tmp_path / "runs").exists()
+
+
+# --- a refusal inside the job: one line, and nothing it made is left (paths.out_dir included) ---------------------
+IN_JOB = [  # (override, what its line says)
+    ("mdl.stopping=backtrack training.engine=stacked", "training.engine=stacked is not allowed"),  # left outputs/
+    ("arch.depth=10000000", "arch.depth=10000000 is not allowed"),  # built ten million layers before any check
+    ("eraser=leace eraser.options.rtol=-1", "eraser.options.rtol=-1 is not allowed"),  # a traceback after the fit
+    ("dataset.limit=5", "dataset.limit=5 is not allowed"),  # blamed the data files ("replace the files")
+]
+
+
+@pytest.mark.parametrize(("override", "says"), IN_JOB, ids=[r[0] for r in IN_JOB])
+def test_a_refused_job_leaves_no_directory_it_made(tmp_path: Path, override: str, says: str) -> None:
+    out = tmp_path / "outputs"
+    proc = _cli(out, *TINY, *override.split(" "), timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {says}"), proc.stderr[-3000:]
+    assert not out.exists() and tmp_path.is_dir()
+
+
+@pytest.mark.parametrize("name", ["result.json", PROGRESS_FILE, LOCK_FILE, ""])  # "": the job's directory
+def test_a_path_of_the_wrong_kind_is_one_line_naming_it(tmp_path: Path, name: str) -> None:
+    """A directory where the job writes a file (a progress.json left so by a killed job), or a file where its
+    directory belongs: one line naming the path and what to do (a traceback before)."""
+    cfg = job_config(tmp_path, TINY)
+    path = Path(cfg["paths"]["job_dir"]) / name
+    path.parent.mkdir(parents=True)
+    path.mkdir() if name else path.write_text("x")
+    with pytest.raises(OSError) as err:
+        run_job(cfg)
+    line = user_error_line(err.value)
+    assert line is not None and str(path) in line and line.endswith(": move it away, or choose another paths.out_dir")
 
 
 def test_stop_keys_line_is_a_warning_when_the_command_line_sets_one(tmp_path: Path) -> None:

@@ -31,8 +31,11 @@ class Refused(UserError):
     in memory, more MDL blocks than samples): nothing ran, so a single run leaves no directory behind."""
 
 
+# a path of the wrong kind: a directory where a file belongs, or a file where a directory does
+WRONG_KIND = {errno.EISDIR: "{} is a directory where a file belongs", errno.EEXIST: "{} is a file where a directory "
+              "belongs", errno.ENOTDIR: "a file sits where a directory of {} belongs"}
 # OSErrors that are about the user's files or disk, not a bug: reported as one line like a UserError.
-USER_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+USER_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, *WRONG_KIND})
 
 
 def os_error_line(err: OSError) -> str | None:
@@ -42,6 +45,8 @@ def os_error_line(err: OSError) -> str | None:
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         quota = "disk quota exceeded" if err.errno == errno.EDQUOT else "no space left on device"
         return f"{quota} writing {err.filename}: free space or point paths.out_dir elsewhere"
+    if err.errno in WRONG_KIND:
+        return f"{WRONG_KIND[err.errno].format(err.filename)}: move it away, or choose another paths.out_dir"
     if err.errno == errno.EROFS:
         what, fix = "cannot write", "use a writable file system"
     else:

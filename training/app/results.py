@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -185,8 +186,10 @@ class JobDir:
                 self.path.mkdir(parents=True, exist_ok=True)
                 stack.enter_context(waiting_lock(self.path / LOCK_FILE,
                                                  f"job directory {self.path} (another job with it is running)"))
+                if self.force:  # it replaces what is there: a directory this process cannot write is refused now
+                    tempfile.TemporaryFile(dir=self.path).close()
             except OSError as err:  # a read-only directory (an archive): its finished result is still a SKIP
-                if err.errno not in READ_ONLY or not (self.path / RESULT_FILE).is_file():
+                if err.errno not in READ_ONLY or self.force or not (self.path / RESULT_FILE).is_file():
                     raise
                 log.info("%s cannot be written (%s): reading its result without the job lock", self.path,
                          err.strerror)
@@ -236,8 +239,9 @@ class JobDir:
         return None
 
     def looks_finished(self) -> bool:
-        """Whether the directory holds a result of this configuration (read without the lock; without force=true)."""
-        done = None if self.force else read_result(self.path / RESULT_FILE, self.spec)
+        """Whether the directory holds a result of this configuration (read without the lock; without force=true).
+        A result of a newer schema is refused here already (NewerResultError), before anything is loaded."""
+        done = None if self.force else read_result(self.path / RESULT_FILE, self.spec, refuse_newer=True)
         return done is not None and same_config(done, self.cfg_hash, self.spec)
 
     def write_result(self, result: Result) -> Path:

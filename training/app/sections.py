@@ -108,14 +108,20 @@ class EraserConfig(Section):
     fit_labels: str = one_of("coded", "coded", "shuffled", hash_default=False)
 
 
+# A model's layers are Python objects, built before any memory check can weigh them (3 KiB and 0.3 ms a layer, even
+# shape-only): ten million take an hour and 30 GiB before the job could refuse. The paper's grid ends at 8.
+MAX_DEPTH = 1000
+DEPTH_ALLOWED = f"an integer ≥ 1 and at most {MAX_DEPTH} (a deeper model takes minutes and gigabytes just to build)"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ArchConfig(OptionsSection):
     name: str = spec(kind=str, check=lambda v: v in _archs(), allowed="a registered architecture")
     tag: str = path_part(hash=False)
     width: int = positive_int()
-    depth: int = positive_int()
+    depth: int = spec(kind=int, check=lambda v: 1 <= v <= MAX_DEPTH, allowed=DEPTH_ALLOWED)
     base_width: int | None = positive_int(None, optional=True)
-    base_depth: int = positive_int(2)
+    base_depth: int = spec(2, kind=int, check=lambda v: 1 <= v <= MAX_DEPTH, allowed=DEPTH_ALLOWED)
     parametrization: str = one_of("mup", "mup", "sp")
     # read by conf/optim (lr per eraser family): a table interpolated into optim.* (hashed themselves), so not hashed
     paper_optim: dict[str, Any] = spec(default_factory=dict, kind=dict, hash=False)

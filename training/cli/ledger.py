@@ -43,7 +43,7 @@ from training.app.schema import config_hash, duplicate_jobs
 from training.app.tasks import TaskSpec, job_semantic, load_job
 from training.cli.local_workers import controllers_ignore_sigint
 from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
-from training.cli.report import SweepJobFailed, exit_user_error, user_error_line
+from training.cli.report import SweepJobFailed, exit_user_error, make_run_dir, user_error_line
 from training.common import env
 from training.common.cells import cell_seeds, seed_configs, seed_job_dirs
 from training.common.conf import resolved_dict
@@ -276,7 +276,7 @@ class JobStatusCallback(Callback):
         try:
             cell_seeds(job_cfg)  # a bad `seeds`: refused before the directory
             resolve_device(load_job(cfg).device)  # a device that is not here: refused before the directory
-            Path(str(config.hydra.run.dir)).mkdir(parents=True, exist_ok=True)
+            make_run_dir(Path(str(config.hydra.run.dir)))
         except Exception as err:
             line = user_error_line(err)
             if line is None:

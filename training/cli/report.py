@@ -77,7 +77,8 @@ def _drop_log_file(handler: logging.FileHandler, record: logging.LogRecord) -> N
         logging.FileHandler.handleError(handler, record)
         return
     logging.getLogger().removeHandler(handler)
-    if not _log_file_failed:
+    if not _log_file_failed and not (record.name == log.name and record.levelno >= logging.ERROR):  # not for the
+        # job's own error line (`to_run_log`): stderr says it, an unwritable run.log adds nothing to it
         _log_file_failed = True
         why = err.strerror or type(err).__name__
         print(f"warning: cannot write the log file {handler.baseFilename} ({why.lower()}): the log goes to the "
@@ -113,9 +114,21 @@ def exit_interrupted(job_dir: Path, err: BaseException) -> NoReturn:
     raise SystemExit(EXIT_INTERRUPTED)
 
 
+_made_from: Path | None = None  # the topmost directory `make_run_dir` created (None: none)
+
+
+def make_run_dir(run_dir: Path) -> None:
+    """Make a single run's directory (before Hydra does), noting the topmost directory this creates."""
+    global _made_from
+    missing = [p for p in [run_dir.resolve(), *run_dir.resolve().parents] if not p.exists()]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _made_from = missing[-1] if missing else None
+
+
 def remove_if_unused(run_dir: Path, stop: Path) -> bool:
     """Remove `run_dir` when it holds nothing but Hydra's empty log (a run refused before it did anything), and
-    its parents up to `stop` that are left empty. True when removed."""
+    its parents up to `stop` that are left empty; `stop` too, and the directories above it, where this run made them
+    (`make_run_dir`). True when removed."""
     try:
         entries = list(run_dir.iterdir())
     except OSError:
@@ -126,6 +139,8 @@ def remove_if_unused(run_dir: Path, stop: Path) -> bool:
         p.unlink(missing_ok=True)
     d = run_dir
     stop = stop.resolve()
+    if _made_from is not None and (_made_from == stop or _made_from in stop.parents):
+        stop = _made_from.parent
     while d.resolve() != stop and stop in d.resolve().parents:
         try:
             d.rmdir()

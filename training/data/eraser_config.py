@@ -105,8 +105,9 @@ def check_eraser_options(name: str, options: Mapping[str, Any]) -> None:
     except (NameError, TypeError):  # an annotation that does not resolve: checked by name only
         hints = {}
     for k, v in options.items():
-        if k in hints:
-            check_typed(f"eraser.options.{k}", v, hints[k])
+        if k in hints and isinstance(x := check_typed(f"eraser.options.{k}", v, hints[k]), (int, float)) and x < 0:
+            raise ConfigError(f"eraser.options.{k}={shown(v)} is not allowed: every number an eraser takes (a "
+                              f"tolerance, rank, count, weight or seed) is ≥ 0; leave it at {shown(known[k])}")
     unread = eraser_traits(name).unread_option(options)
     if unread is not None:  # hashed, not read: it would change the job's hash, not its numbers
         key, when, values = unread

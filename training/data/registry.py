@@ -15,7 +15,7 @@ from torch import Tensor
 import training.data.shared as shared
 from erasure.registry import Registry
 from training.data.shared import fresh
-from training.errors import DataCorruptError, UserError
+from training.errors import ConfigError, DataCorruptError, UserError
 
 
 class DatasetMissingError(UserError, FileNotFoundError):
@@ -147,6 +147,7 @@ def _load_dataset(cfg: DatasetCfg, data_dir: str | Path) -> LoadedData:
     perm = torch.randperm(len(data.y), generator=torch.Generator().manual_seed(0))  # fixed: some sources are sorted
     data.x, data.y = data.x[perm].contiguous(), data.y[perm].contiguous()
     if cfg.limit is not None:
+        _check_limit(data, cfg.limit)
         data.x, data.y = data.x[: cfg.limit].contiguous(), data.y[: cfg.limit].contiguous()
     _validate(data)
     data.info.update(n=len(data.y), input_shape=list(data.input_shape), num_classes=data.num_classes)
@@ -169,6 +170,17 @@ def _check_lengths(data: LoadedData) -> None:
     if n_x != n_y or data.y.ndim != 1:
         raise ValueError(f"{data.name}: {n_x} images but {n_y} labels{'' if data.y.ndim == 1 else ' (not one list)'}; "
                          "there must be one label per image")
+
+
+def _check_limit(data: LoadedData, limit: int) -> None:
+    """`dataset.limit` keeps the first rows (in the fixed shuffled order): they must hold every label the set has
+    (one the whole set lacks is the files' fault: `_check` says so)."""
+    firsts = {label: i for i, label in reversed(list(enumerate(data.y.tolist())))}  # each label's first row
+    if late := sorted(label for label, i in firsts.items() if i >= limit):
+        raise ConfigError(f"dataset.limit={limit} is not allowed: the first {limit} rows of {data.name} hold no image "
+                          f"of label {', '.join(map(str, late[:5]))}{', ...' if len(late) > 5 else ''} (every class "
+                          f"is coded); set dataset.limit ≥ {max(firsts[c] for c in late) + 1}, or null for all "
+                          f"{len(data.y)}")
 
 
 def _check(data: LoadedData) -> None:

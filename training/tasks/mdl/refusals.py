@@ -325,5 +325,6 @@ def check_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torch.d
     raise Refused(f"{what} needs about {_size(est.total)} (data {_size(est.data)}, {models} "
                   f"{_size(est.models)}, batches {_size(est.batches)}, working memory {_size(WORKING_BYTES)}) but "
                   f"{where} {_size(free)} available: lower "
-                  "optim.batch_size or training.parallel_models, use dataset.limit, or run it where more memory is "
+                  "optim.batch_size, training.parallel_models, arch.width or arch.depth, use dataset.limit, or run it "
+                  "where more memory is "
                   f"free ({env.MEMORY_CHECK}=0 skips this rough check)")

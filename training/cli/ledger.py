@@ -178,8 +178,8 @@ def check_sweep(config: DictConfig) -> int | None:
                 f"directory {job_dir} with different configurations (they differ in {shown or 'unknown keys'}); "
                 "run them with different paths.out_dir, or put those keys into paths.job_subdir")
         if len(jobs) > 1:  # the same job twice (seed=0,0): a slip; the second would only wait for the first and skip
-            swept = [str(o.input_line) for o in OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
-                     if o.is_sweep_override()]
+            task = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+            swept = [str(o.input_line) for o in task if o.is_sweep_override()]
             exit_user_error(f"multirun refused (nothing ran): jobs {jobs[0][0]} and {jobs[1][0]} of {' '.join(swept)} "
                             f"are the same job ({job_dir}): a sweep runs each job once, so give each value once "
                             "(seed=0,1, not seed=0,0)")
@@ -233,9 +233,9 @@ def check_launcher(config: DictConfig) -> None:
         from hydra_plugins.erasure_mdl_slurm.slurm_launcher import unreachable
 
         if (why := unreachable()) is not None:
-            exit_user_error(f"multirun refused (nothing ran): no SLURM cluster answered ({why}): run the sweep where "
-                            "sbatch reaches one (a login node, or SLURM_CONF naming its slurm.conf; `make slurm-up` "
-                            "starts one on this machine), or drop hydra/launcher=slurm to run it here")
+            exit_user_error(f"multirun refused (nothing ran): no SLURM cluster answered ({why}): use a machine whose "
+                            "sbatch reaches one (a login node) or set SLURM_CONF to its slurm.conf (`make slurm-up` "
+                            "starts one on this machine), or drop hydra/launcher=slurm to run the sweep here")
     if "JoblibLauncher" in launcher_target(config):
         if OmegaConf.select(config, "hydra.launcher.n_jobs", default=None) == 0:
             exit_user_error("multirun refused (nothing ran): hydra.launcher.n_jobs=0 is not allowed: "

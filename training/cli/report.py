@@ -69,8 +69,10 @@ def hydra_error_line(err: BaseException) -> str | None:
                 where = cause.full_key.rpartition(".")[0]
                 close = difflib.get_close_matches(key, [str(k) for k in parent], n=1)
                 keys = ", ".join(str(k) for k in parent if where or k != "hydra")
+                value = str(err).rpartition(f"+{cause.full_key}=")[2].strip()  # Hydra: "...use +arch.widht=64"
                 return f"{cause.full_key} is not a config key: " + (
-                    f"did you mean {where + '.' if where else ''}{close[0]}?" if close
+                    f"did you mean {where + '.' if where else ''}{close[0]}? (write {where + '.' if where else ''}"
+                    f"{close[0]}={value})" if close
                     else f"the keys of {where or 'the config'} are {keys} (+{cause.full_key}=... adds a new key)")
             node = parent._get_node(key) if isinstance(parent, DictConfig) else None
             kind = {"BooleanNode": "true or false", "IntegerNode": "an integer", "FloatNode": "a number"}.get(

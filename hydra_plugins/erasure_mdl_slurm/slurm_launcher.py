@@ -31,6 +31,18 @@ def max_array_size() -> int | None:
     return int(found.group(1)) if found else None
 
 
+def unreachable() -> str | None:
+    """Why no SLURM controller answers here (`scontrol ping`'s telling error line), or None when one does."""
+    try:
+        proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"scontrol ping: {err}"
+    lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+    if proc.returncode == 0:
+        return None
+    return next((ln for ln in lines if "fatal" in ln), lines[0] if lines else f"scontrol ping: exit {proc.returncode}")
+
+
 def array_slices(count: int, limit: int | None) -> list[range]:
     """The jobs 0..count-1 cut into arrays of at most `limit` (None: one array)."""
     size = count if limit is None or limit < 1 else limit

@@ -43,7 +43,7 @@ from training.app.schema import config_hash, duplicate_jobs
 from training.app.tasks import TaskSpec, job_semantic, load_job
 from training.cli.local_workers import controllers_ignore_sigint
 from training.cli.preemption import runs_jobs_in_workers, stop_workers_on_signal
-from training.cli.report import SweepJobFailed, exit_user_error, make_run_dir, user_error_line
+from training.cli.report import SweepJobFailed, exit_user_error, hydra_error_line, make_run_dir, user_error_line
 from training.common import env
 from training.common.cells import cell_seeds, seed_configs, seed_job_dirs
 from training.common.conf import resolved_dict
@@ -110,6 +110,7 @@ def check_sweep(config: DictConfig) -> int | None:
     configuration's result (unless force=true). Returns the number of seed jobs of its cells (None for another
     sweeper)."""
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     check_launcher(config)
     # every launcher but SLURM's (whose jobs run on its nodes) runs the jobs here: their device is checked up front
@@ -136,7 +137,8 @@ def check_sweep(config: DictConfig) -> int | None:
             if seed is not None:
                 job_cfg.seed = seed  # resolved right below, before the next job sets its own
         except Exception as err:  # noqa: BLE001 - the sweeper would fail on it too, with a longer story
-            exit_user_error(f"multirun refused (nothing ran): {where} cannot be composed: {_first_line(err)}", err)
+            exit_user_error(f"multirun refused (nothing ran): {where} cannot be composed: "
+                            f"{hydra_error_line(err) or _first_line(err)}", err)
         try:
             cfgs = seed_configs(job_cfg)  # each seed of the job's cell
         except Exception as err:  # noqa: BLE001 - e.g. ${hydra:...} in a path: the job itself will tell
@@ -166,6 +168,12 @@ def check_sweep(config: DictConfig) -> int | None:
                 f"multirun refused (nothing ran): jobs {', '.join(str(j[0]) for j in jobs)} would share the "
                 f"directory {job_dir} with different configurations (they differ in {shown or 'unknown keys'}); "
                 "run them with different paths.out_dir, or put those keys into paths.job_subdir")
+        if len(jobs) > 1:  # the same job twice (seed=0,0): a slip; the second would only wait for the first and skip
+            task = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+            swept = [str(o.input_line) for o in task if o.is_sweep_override()]
+            exit_user_error(f"multirun refused (nothing ran): jobs {jobs[0][0]} and {jobs[1][0]} of {' '.join(swept)} "
+                            f"are the same job ({job_dir}): a sweep runs each job once, so give each value once "
+                            "(seed=0,1, not seed=0,0)")
     checked = sorted(((num, cfg, spec) for jobs in by_dir.values() for num, _, cfg, _, _, spec in jobs),
                      key=lambda job: job[0])
     if (same := duplicate_jobs(checked)) is not None:  # two hashes, the same numbers (HASHED_UNREAD)
@@ -212,6 +220,13 @@ def check_launcher(config: DictConfig) -> None:
     """Launcher settings that would fail only once the sweep starts: refused up front (one line, exit 2)."""
     if (removed := OmegaConf.select(config, "hydra.launcher.removed", default=None)) is not None:
         exit_user_error(f"multirun refused (nothing ran): {removed}")  # conf/hydra/launcher/packed.yaml
+    if "SlurmLauncher" in launcher_target(config):
+        from hydra_plugins.erasure_mdl_slurm.slurm_launcher import unreachable
+
+        if (why := unreachable()) is not None:
+            exit_user_error(f"multirun refused (nothing ran): no SLURM cluster answered ({why}): use a machine whose "
+                            "sbatch reaches one (a login node) or set SLURM_CONF to its slurm.conf (`make slurm-up` "
+                            "starts one on this machine), or drop hydra/launcher=slurm to run the sweep here")
     if "JoblibLauncher" in launcher_target(config):
         if OmegaConf.select(config, "hydra.launcher.n_jobs", default=None) == 0:
             exit_user_error("multirun refused (nothing ran): hydra.launcher.n_jobs=0 is not allowed: "
@@ -279,6 +294,9 @@ class JobStatusCallback(Callback):
             make_run_dir(Path(str(config.hydra.run.dir)))
         except Exception as err:
             line = user_error_line(err)
+            if line is None and isinstance(err, OSError) and err.filename:  # /proc: no directory can be made there
+                line = (f"paths.out_dir={cfg['paths']['out_dir']} is not allowed: cannot create {err.filename} "
+                        f"({(err.strerror or '').lower()}); point paths.out_dir at a directory this user can write")
             if line is None:
                 raise
             exit_user_error(line, err)
@@ -409,12 +427,30 @@ def jobs_fail_alone(run_job: Callable[..., JobReturn]) -> Callable[..., JobRetur
                 for part, d in enumerate(seeds):
                     record(ledger, LedgerEntry(num, str(d.absolute()), "failed", 0.0, error=line,
                                                part=part if len(seeds) > 1 else None), {})
-                failed = JobReturn(status=JobStatus.FAILED, _return_value=SweepJobFailed(line))
+                failed = LedgerFailure(status=JobStatus.FAILED, _return_value=SweepJobFailed(line))
                 failed.overrides = list(OmegaConf.to_container(config.hydra.overrides.task) or [])  # type: ignore
                 return failed
-        return run_job(config=config, job_dir_key=job_dir_key, job_subdir_key=job_subdir_key, **kwargs)
+        ret = run_job(config=config, job_dir_key=job_dir_key, job_subdir_key=job_subdir_key, **kwargs)
+        if isinstance(ret._return_value, SweepJobFailed):
+            return LedgerFailure(**{f.name: getattr(ret, f.name) for f in dataclasses.fields(ret)})
+        return ret
 
     return run
+
+
+class LedgerFailure(JobReturn):
+    """A job's failure that the ledger has recorded with its line: the sweeper re-raises it (the multirun exits
+    non-zero after its summary) without Hydra's "Error executing job with overrides" block before it."""
+
+    @property
+    def return_value(self) -> Any:
+        if self.status == JobStatus.FAILED:
+            raise self._return_value
+        return self._return_value
+
+    @return_value.setter
+    def return_value(self, value: Any) -> None:
+        self._return_value = value
 
 
 def _job_dirs(config: DictConfig) -> list[Path]:

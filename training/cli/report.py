@@ -3,16 +3,25 @@ exit code 2; `HYDRA_FULL_ERROR=1` shows the traceback as well."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import logging
+import re
 import sys
 import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from hydra.errors import CompactHydraException
+from hydra.errors import (
+    CompactHydraException,
+    ConfigCompositionException,
+    MissingConfigException,
+    OverrideParseException,
+)
+from omegaconf import DictConfig, ValueNode
+from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
-from training.app.schema import ConfigError
+from training.app.schema import CONF_DIR, ConfigError
 from training.common import env
 from training.errors import UserError
 from training.errors import user_error_line as _line
@@ -30,6 +39,68 @@ class SweepJobFailed(UserError, CompactHydraException):
 def user_error_line(err: BaseException) -> str | None:
     """One line for a user error (missing/corrupt data, bad config value, unwritable path, config mismatch)."""
     return _line(err, (ConfigError,))
+
+
+def hydra_error_line(err: BaseException) -> str | None:
+    """One line, naming the key and what to write, for a mistake on the command line that Hydra or OmegaConf found
+    before any job ran: an option of a config group or a key that does not exist, a sweep without -m, an override
+    that does not parse or merge, an interpolation that does not resolve. None for anything else (a traceback)."""
+    chain = [err]
+    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 10:
+        chain.append(cause)
+    if (said := next((user_error_line(e) for e in chain if isinstance(e, UserError)), None)) is not None:
+        return said  # the harness's refusal, raised while Hydra resolved the config (an unknown task, a bad seeds)
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options is not None:
+        group, _, name = err.missing_cfg_file.rpartition("/")
+        close = difflib.get_close_matches(name, err.options, n=1)
+        return (f"{group}={name} is not an option{f' (did you mean {close[0]}?)' if close else ''}: {group} is one "
+                f"of {', '.join(err.options)}")
+    if isinstance(err, ConfigCompositionException):
+        if (swept := re.match(r"(?:Ambiguous value for argument|Sweep parameters) '(.+?)=(.*?)'", first)) is not None:
+            key, value = swept.groups()
+            list_form = "seeds=[0,1] for one job training those seeds" if key == "seed" else f"{key}=[a,b] for a list"
+            return (f"{key}={value} sweeps over several values, which only a multirun does: add -m (one job per "
+                    f"value), give {key} one value, or write {list_form}")
+        cause = err.__cause__
+        if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+            parent, key = cause.parent_node, str(cause.key)
+            if "not in" in str(cause) and isinstance(parent, DictConfig):  # Key 'widht' is not in struct
+                where = cause.full_key.rpartition(".")[0]
+                close = difflib.get_close_matches(key, [str(k) for k in parent], n=1)
+                keys = ", ".join(str(k) for k in parent if where or k != "hydra")
+                value = str(err).rpartition(f"+{cause.full_key}=")[2].strip()  # Hydra: "...use +arch.widht=64"
+                return f"{cause.full_key} is not a config key: " + (
+                    f"did you mean {where + '.' if where else ''}{close[0]}? (write {where + '.' if where else ''}"
+                    f"{close[0]}={value})" if close
+                    else f"the keys of {where or 'the config'} are {keys} (+{cause.full_key}=... adds a new key)")
+            node = parent._get_node(key) if isinstance(parent, DictConfig) else None
+            kind = {"BooleanNode": "true or false", "IntegerNode": "an integer", "FloatNode": "a number"}.get(
+                type(node).__name__, "a value of its type") if isinstance(node, ValueNode) else "a value of its type"
+            given = first.removeprefix("Error merging override ")
+            return f"{given} is not allowed ({str(cause).splitlines()[0]}): give {cause.full_key} {kind}"
+    if isinstance(err, OverrideParseException):
+        given, why = first.removeprefix("Error parsing override "), str(err).strip().splitlines()[1:2]
+        return (f"{given} cannot be parsed ({'; '.join(why)}): write it as "
+                "https://hydra.cc/docs/advanced/override_grammar/basic shows")
+    if isinstance(err, CompactHydraException):  # Hydra's own one-message errors (a sweep over hydra.*, ...)
+        return first + (f": {str(err.__cause__).splitlines()[0]}" if err.__cause__ is not None else "")
+    raised = next((e for e in chain if not isinstance(e, OmegaConfBaseException)), None)  # by a resolver
+    frames = [f for f, _ in traceback.walk_tb(raised.__traceback__)] if raised is not None else []
+    if isinstance(err, OmegaConfBaseException) and err.full_key and \
+            all(str(f.f_globals.get("__name__")).startswith("omegaconf") for f in frames[-1:]):  # not a bug here
+        if isinstance(err, InterpolationKeyError):
+            missing = (re.findall(r"'(.+?)'", first) or [""])[0]
+            top = missing.split(".")[0]
+            if top and (CONF_DIR / top).is_dir():  # ~dataset: a group the job needs removed
+                options = ", ".join(sorted(p.stem for p in (CONF_DIR / top).glob("*.yaml")))
+                return f"the config has no {top} ({err.full_key} needs {missing}): choose one of its " \
+                       f"options ({options}) rather than removing it: {top}=<option>"
+        env_var = re.search(r"Environment variable '(.+?)' not found", first)
+        fix = (f"set {env_var.group(1)}, or give a default: ${{oc.env:{env_var.group(1)},<default>}}" if env_var
+               else "write a value, or an interpolation of a key the config has")
+        return f"{err.full_key} cannot be resolved ({first}): {fix}"
+    return None
 
 
 def to_run_log(level: int, msg: str, exc: BaseException | None = None) -> None:

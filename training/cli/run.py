@@ -6,7 +6,9 @@ declaration (training/tasks/<name>.py, discovered by training/app/tasks.py) impo
 A user error (bad config value, missing or corrupt data, unwritable path, a directory holding another
 configuration's result) is one line on stderr and in the job's run.log, exit code 2 (`HYDRA_FULL_ERROR=1`
 adds the traceback). Config values are checked before anything is made: by the `job_status` callback before
-Hydra creates the run directory (and before any job of a multirun runs), and again here.
+Hydra creates the run directory (and before any job of a multirun runs), and again here. A mistake Hydra finds on
+the command line (an unknown option or key, a sweep without -m, an override that does not parse) is one such line
+too (`main`), and a multirun's failed job is a line of the sweep's summary.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import traceback
 from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
@@ -32,6 +36,7 @@ from training.cli.report import (
     SweepJobFailed,
     exit_interrupted,
     exit_user_error,
+    hydra_error_line,
     quiet_log_file_errors,
     remove_if_unused,
     to_run_log,
@@ -154,7 +159,27 @@ jobs_fail_alone_in_every_launcher()
 # submitit) pickles it by reference: the worker imports this module and discovers the tasks again.
 # An absolute config path: Hydra resolves a relative one against the module's package (pkg://training/...).
 # The job's name (hence run.log) is this module's last part, `run`, as when the entry was training/run.py.
-main = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(job)
+hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(job)
+
+
+def main() -> None:
+    """Hydra's entry, whose errors are reported here: Hydra raises them (`env.hydra_raises`) instead of printing its
+    multi-line story. A mistake on the command line is one line, exit code 2; a multirun whose jobs failed exits 1
+    after its summary (the ledger's, at exit: each failed job's line); anything else, a bug, shows its traceback."""
+    restore = env.hydra_raises()
+    try:
+        hydra_main()
+    except SweepJobFailed:
+        raise SystemExit(1) from None
+    except Exception as err:
+        job_failed = any(f.f_code is JobReturn.return_value.fget.__code__  # type: ignore[attr-defined]
+                         for f, _ in traceback.walk_tb(err.__traceback__))  # the job ran: not the command line
+        if job_failed or (line := hydra_error_line(err)) is None:
+            raise
+        exit_user_error(line, err)
+    finally:
+        restore()
+
 
 if __name__ == "__main__":
     main()

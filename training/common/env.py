@@ -15,6 +15,8 @@ LOCK_LOG_EVERY = "ERASURE_MDL_LOCK_LOG_EVERY"  # seconds between "still waiting"
 MULTIRUN_LEDGER = "ERASURE_MDL_MULTIRUN_LEDGER"  # the running multirun's ledger directory (training/cli/ledger.py)
 MULTIRUN_TOTAL = "ERASURE_MDL_MULTIRUN_TOTAL"  # how many jobs it launches ("" unknown)
 SWEEP_PARENT = "ERASURE_MDL_SWEEP_PARENT"  # pid of a sweep's launching process whose workers are its children
+FULL_ERROR = "HYDRA_FULL_ERROR"  # 1: a traceback with each error (the user's choice; Hydra's own variable)
+USER_FULL_ERROR = "ERASURE_MDL_FULL_ERROR"  # the user's HYDRA_FULL_ERROR while the entry sets it for Hydra
 DEFAULT_LOCK_LOG_EVERY = 60.0
 
 
@@ -69,7 +71,14 @@ def sweep_parent() -> int | None:
 
 
 def hydra_full_error() -> bool:
-    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+    """Whether the user asked for tracebacks (HYDRA_FULL_ERROR=1), also where `hydra_raises` set it for Hydra."""
+    return os.environ.get(USER_FULL_ERROR, os.environ.get(FULL_ERROR)) == "1"
+
+
+def hydra_raises() -> Callable[[], None]:
+    """Make Hydra raise its errors to the caller instead of printing them (HYDRA_FULL_ERROR=1), keeping the user's
+    choice for `hydra_full_error`, here and in the processes this one starts; returns what puts both back."""
+    return setting({USER_FULL_ERROR: os.environ.get(USER_FULL_ERROR, os.environ.get(FULL_ERROR, "")), FULL_ERROR: "1"})
 
 
 def cxx() -> str | None:

@@ -77,10 +77,6 @@ def command(kind: str, payload: Payload) -> list[str]:
     return [sys.executable, "-m", "tools.gpu_report_steps", kind, json.dumps(dataclasses.asdict(payload))]
 
 
-def failed(proc: frame.Proc) -> StepError:
-    return StepError(f"{proc.log.stem}: {frame.error_line(proc.output, proc.rc)}", proc.tail)
-
-
 # ---------------------------------------------------------------------------------------------------- steps
 
 
@@ -112,7 +108,7 @@ def run_job(ctx: Context, arch: str, name: str) -> dict[str, Any]:
         fig.update(json.loads(memory_file.read_text()))
     found = sorted(out.rglob("result.json"), key=lambda p: p.stat().st_mtime)
     if proc.rc != 0 or not found:
-        raise failed(proc)
+        raise proc.failure()
     res = read_result(found[-1])
     if not isinstance(res, MdlResult) or res.body.mdl is None:
         raise StepError(f"{name}: {found[-1]} is not an MDL result")
@@ -157,7 +153,7 @@ def run_bench(ctx: Context, module: str, args: list[str], log: str) -> dict[str,
     path = ctx.work / f"{log}.json"
     path.unlink(missing_ok=True)
     try:
-        ctx.python(["-m", f"tools.{module}", *args, "--json", str(path)], log)
+        ctx.run([sys.executable, "-m", f"tools.{module}", *args, "--json", str(path)], log)
     except StepError:
         if path.exists():
             ctx.figures["finished_methods"] = json.loads(path.read_text())["results"]
@@ -230,33 +226,23 @@ def run_concurrent(ctx: Context, arch: str, procs: int) -> dict[str, Any]:
     return res
 
 
-@dataclass(frozen=True)
-class JobFigures:
-    """What the sweep-cost step reads of a job step's figures (`run_job`; the memory ones only on CUDA)."""
-
-    job_s_per_epoch: float | None = None
-    block_models: int = 0
-    peak_reserved_mb: float | None = None
-    context_mb: float = 0.0  # the CUDA context and work space beyond torch's cache
-
-
 def step_sweep_cost(ctx: Context) -> str:
     """Per architecture: GPU-seconds per epoch per job (the job step's measurement), memory per job, how many
     jobs fit on the device by memory, and how aggregate throughput scales with processes sharing it."""
-    total_mb = (ctx.report.env.device.total_memory_gb or 0) * 1e9 / 2**20
+    total_mb = (ctx.report.env.get("device", {}).get("total_memory_gb") or 0) * 1e9 / 2**20
     parts = []
     for arch in frame.ARCHS:
-        figures, source = earlier_figures(ctx, f"job_{arch}")
-        job = frame.build(JobFigures, figures)
+        job, source = earlier_figures(ctx, f"job_{arch}")  # run_job's figures (the memory ones only on CUDA)
         a: dict[str, Any] = {"job_figures_from": source} if source else {}
         ctx.figures[arch] = a
         bits = []
-        if job.job_s_per_epoch is not None:
-            a.update(job_s_per_epoch=job.job_s_per_epoch, job_block_models=job.block_models + 1)
-            bits.append(f"{job.job_s_per_epoch:.2f} s/epoch/job")
-        if job.peak_reserved_mb:
-            per_job = job.peak_reserved_mb + job.context_mb
-            a.update(job_peak_reserved_mb=job.peak_reserved_mb, job_context_mb=job.context_mb, job_memory_mb=per_job)
+        if job.get("job_s_per_epoch") is not None:
+            a.update(job_s_per_epoch=job["job_s_per_epoch"], job_block_models=job.get("block_models", 0) + 1)
+            bits.append(f"{job['job_s_per_epoch']:.2f} s/epoch/job")
+        if peak := job.get("peak_reserved_mb"):
+            context = job.get("context_mb", 0.0)  # the CUDA context and work space beyond torch's cache
+            per_job = peak + context
+            a.update(job_peak_reserved_mb=peak, job_context_mb=context, job_memory_mb=per_job)
             if total_mb:
                 a["jobs_fit_by_memory"] = int(max(0.0, 0.95 * total_mb) // per_job)
             bits.append(f"{per_job:.0f} MB/job" + (f" → {a['jobs_fit_by_memory']} fit" if total_mb else ""))
@@ -297,19 +283,19 @@ def step_tests(ctx: Context) -> str:
     if importlib.util.find_spec("pytest") is None:
         raise StepError("pytest is not importable: add its wheels to .whl/ (make gpu-wheels)")
     xml, f = ctx.logs / "pytest.xml", ctx.figures
-    args = ["-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}", *ctx.sizes.pytest_args]
+    args = [sys.executable, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}",
+            *ctx.sizes.pytest_args]
     gpu_ids: set[str] = set()
     if ctx.gpu:
         if importlib.util.find_spec("xdist") is not None:
             args += ["-n", str(min(8, max(1, len(os.sched_getaffinity(0)) // 2))), "--dist", "loadgroup"]
-        coll = ctx.python(["-m", "pytest", "-q", "--collect-only", "-m", "gpu", "-p", "no:cacheprovider"],
-                          "pytest-collect-gpu", check=False)
+        coll = ctx.run([*args[:3], "-q", "--collect-only", "-m", "gpu", "-p", "no:cacheprovider"],
+                       "pytest-collect-gpu", check=False)
         gpu_ids = {ln.strip() for ln in coll.output.splitlines() if "::" in ln}
         f["gpu_tests"] = len(gpu_ids)
         args += ["-m", ctx.args.pytest_m] if ctx.args.pytest_m else []
     try:
-        proc = ctx.python(args, "pytest", env={**ctx.env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"},
-                          check=False)
+        proc = ctx.run(args, "pytest", env={**ctx.env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}, check=False)
     except StepError:  # out of time: the verbose lines say how far it got
         outcomes = pytest_progress((ctx.logs / "pytest.log").read_text(errors="replace"))
         f["partial"] = {w.lower(): sum(o == w for o, _ in outcomes) for w in OUTCOMES}
@@ -374,39 +360,31 @@ MEMORY_NOTE = ("per-process peaks (torch.cuda.max_memory_reserved on CUDA, max R
                "add 5 of them to the lone sum and one to the cell")
 
 
-@dataclass(frozen=True)
-class ProcessMemory:
-    """A job process's memory file (`_memory`): the CUDA figures, or max RSS on CPU."""
-
-    peak_allocated_mb: float | None = None
-    peak_reserved_mb: float | None = None
-    context_mb: float | None = None  # device used beyond torch's cache: only this process's when it ran alone
-    peak_rss_mb: float | None = None
-
-    @property
-    def peak_mb(self) -> float | None:
-        """torch's peak reserved memory on CUDA, else the peak RSS."""
-        return self.peak_reserved_mb if self.peak_reserved_mb is not None else self.peak_rss_mb
+def read_memory(path: Path) -> dict[str, float] | None:
+    """A job process's memory file (`_memory`): the CUDA figures (context_mb: the device used beyond torch's cache,
+    only this process's when it ran alone), or the peak RSS on CPU."""
+    return json.loads(path.read_text()) if path.exists() else None
 
 
-def read_memory(path: Path) -> ProcessMemory | None:
-    return frame.build(ProcessMemory, json.loads(path.read_text())) if path.exists() else None
+def _peak(memory: dict[str, float] | None) -> float | None:
+    """torch's peak reserved memory on CUDA, else the peak RSS."""
+    return None if memory is None else memory.get("peak_reserved_mb", memory.get("peak_rss_mb"))
 
 
-def memory_figures(lone: Sequence[ProcessMemory | None], cell: ProcessMemory | None) -> dict[str, Any]:
+def memory_figures(lone: Sequence[dict[str, float] | None], cell: dict[str, float] | None) -> dict[str, Any]:
     """The lone processes' peaks (each, and summed when all five are known), the cell's, and on CUDA both with the
     CUDA context of each process (the cell's, measured alone: a lone process's own reads the others' memory too)."""
     out: dict[str, Any] = {}
-    peaks = [m.peak_mb for m in lone if m is not None and m.peak_mb is not None]
+    peaks = [p for p in map(_peak, lone) if p is not None]
     if len(peaks) == len(lone):
         out.update(lone_memory_mb=sum(peaks), lone_memory_each_mb=peaks)
-    if cell is None or cell.peak_mb is None:
+    if cell is None or (peak := _peak(cell)) is None:
         return out
-    out["cell_memory_mb"] = cell.peak_mb
-    if cell.context_mb is not None:
-        out.update(context_mb=cell.context_mb, cell_memory_with_contexts_mb=cell.peak_mb + cell.context_mb)
+    out["cell_memory_mb"] = peak
+    if (context := cell.get("context_mb")) is not None:
+        out.update(context_mb=context, cell_memory_with_contexts_mb=peak + context)
         if "lone_memory_mb" in out:
-            out["lone_memory_with_contexts_mb"] = out["lone_memory_mb"] + len(lone) * cell.context_mb
+            out["lone_memory_with_contexts_mb"] = out["lone_memory_mb"] + len(lone) * context
     return out
 
 
@@ -467,7 +445,7 @@ def step_cell(ctx: Context) -> str:
     f["cell_wall_s"] = proc.seconds
     f.update(memory_figures([read_memory(m) for m in lone_mem], read_memory(cell_mem)))
     if proc.rc != 0:
-        raise failed(proc)
+        raise proc.failure()
     lone, cell = results(outs["lone"]), results(outs["cell"])
     if len(lone) != SEEDS or len(cell) != SEEDS:
         raise StepError(f"cell: {len(lone)} and {len(cell)} result.json files of {SEEDS} (lone, cell)")

@@ -194,26 +194,6 @@ ARCHS = ("mlp", "lenet", "convnext", "swin")
 
 
 @dataclass(frozen=True)
-class EraserSizes:
-    """erasers_device: n × d data of k classes, ALF-QLEACE's max_rank."""
-
-    n: int
-    d: int
-    k: int
-    alf_max_rank: int
-
-
-@dataclass(frozen=True)
-class ThroughputSizes:
-    """throughput and the sweep-cost loops: rows trained on, validation rows, models in one vectorised group."""
-
-    subset: int
-    val: int
-    group: int
-    quick: bool = False  # toy: one epoch per figure, no warm-up
-
-
-@dataclass(frozen=True)
 class Sizes:
     """Everything that differs between the GPU run and the CPU toy run."""
 
@@ -223,12 +203,14 @@ class Sizes:
     arch: dict[str, tuple[str, ...]]  # per-architecture overrides (GPU: none, the presets' base sizes)
     shape: tuple[int, int, int]
     n: int
-    eraser: EraserSizes
+    eraser: dict[str, Any]  # erasers_device: n × d data of k classes, ALF-QLEACE's alf_max_rank
     bench_erasers: tuple[str, ...]  # shared args of both bench_erasers runs
     bench_erasers_device_methods: str
     bench_erasers_cpu_methods: str
     bench_mdl: tuple[str, ...]
-    throughput: ThroughputSizes
+    # throughput and the sweep-cost loops: rows trained on (subset), validation rows (val), models in one vectorised
+    # group (group); quick (toy): one epoch per figure, no warm-up
+    throughput: dict[str, Any]
     loop_archs: tuple[str, ...]
     loop_procs: tuple[int, ...]
     loop_seconds: float
@@ -247,12 +229,12 @@ GPU = Sizes(
              "mdl.stop_after_warmup=false"),
     arch={a: () for a in ARCHS},
     shape=(3, 32, 32), n=50_000,
-    eraser=EraserSizes(n=20_000, d=1024, k=10, alf_max_rank=64),
+    eraser=dict(n=20_000, d=1024, k=10, alf_max_rank=64),
     bench_erasers=("--n", "50000", "--d", "3072", "--k", "10"),
     bench_erasers_device_methods="ours_leace,ours_qleace,ours_alf",
     bench_erasers_cpu_methods="ce_leace,ce_qleace",
     bench_mdl=("--repeats", "1"),
-    throughput=ThroughputSizes(subset=10_000, val=2048, group=10),
+    throughput=dict(subset=10_000, val=2048, group=10, quick=False),
     loop_archs=ARCHS, loop_procs=(1, 4), loop_seconds=5.0,
     # each step's own cap (the H100 run, 2026-11-27: gpu tests 49 s, jobs 17-109 s, throughput 40 s, 5-seed sweep 53 s);
     # the whole report's default budget (tools/gpu_report.py DEFAULT_BUDGET) decides what one call reaches
@@ -268,12 +250,12 @@ TOY = Sizes(
           "convnext": ("arch.width=8", "arch.depth=1", "arch.base_width=8", "arch.base_depth=1"),
           "swin": ("arch.width=8", "arch.depth=1", "arch.base_width=8", "arch.base_depth=1")},
     shape=(3, 8, 8), n=400,
-    eraser=EraserSizes(n=600, d=24, k=3, alf_max_rank=4),
+    eraser=dict(n=600, d=24, k=3, alf_max_rank=4),
     bench_erasers=("--n", "600", "--d", "24", "--k", "3", "--rank", "4"),
     bench_erasers_device_methods="ours_leace,ce_leace",  # the device is the CPU: both in one run
     bench_erasers_cpu_methods="",
     bench_mdl=("--n", "1500", "--d", "12", "--epochs", "1", "--seeds", "1", "--repeats", "1", "--threads", "1"),
-    throughput=ThroughputSizes(subset=128, val=64, group=2, quick=True),
+    throughput=dict(subset=128, val=64, group=2, quick=True),
     loop_archs=("mlp",), loop_procs=(1,), loop_seconds=0.3,
     timeouts={**dict.fromkeys(TIMED, 60.0), "cell": 120.0},
 )

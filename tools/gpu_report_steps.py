@@ -138,9 +138,7 @@ def make_job_step(arch: str) -> Callable[[Context], str]:
 
 
 def step_erasers_device(ctx: Context) -> str:
-    e = ctx.sizes.eraser
-    payload = Payload(n=e.n, d=e.d, k=e.k, alf_max_rank=e.alf_max_rank, device=ctx.device,
-                      threads=len(os.sched_getaffinity(0)))
+    payload = Payload(**ctx.sizes.eraser, device=ctx.device, threads=len(os.sched_getaffinity(0)))
     res = frame.parse_result(ctx.run(command("erasers", payload), "erasers_device"))
     ctx.figures.update(res)
     return "max |Δ erased| device vs CPU: " + ", ".join(
@@ -188,9 +186,9 @@ def step_bench_mdl(ctx: Context) -> str:
 
 
 def throughput_payload(ctx: Context, archs: Iterable[str], **more: Any) -> Payload:
-    s, t = ctx.sizes, ctx.sizes.throughput
-    return Payload(archs=list(archs), n=s.n, shape=list(s.shape), device=ctx.device, subset=t.subset, val=t.val,
-                   arch_overrides={a: list(o) for a, o in s.arch.items()}, group=t.group, quick=t.quick, **more)
+    s = ctx.sizes
+    return Payload(archs=list(archs), n=s.n, shape=list(s.shape), device=ctx.device, **s.throughput,
+                   arch_overrides={a: list(o) for a, o in s.arch.items()}, **more)
 
 
 def step_throughput(ctx: Context) -> str:

@@ -230,9 +230,8 @@ def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
 
 
 def spawn(args: argparse.Namespace, variant: str) -> dict[str, Any]:
-    names = ("device", "n", "d", "epochs", "seeds", "threads")
-    cmd = [variant, *(x for k in names for x in (f"--{k}", str(getattr(args, k))))]
-    return run_worker(__file__, cmd, threads=str(args.threads), label=f"{variant} worker")
+    payload = {k: getattr(args, k) for k in ("device", "n", "d", "epochs", "seeds", "threads")} | {"worker": variant}
+    return run_worker(__file__, payload, threads=str(args.threads), label=f"{variant} worker")
 
 
 def main() -> None:
@@ -250,8 +249,11 @@ def main() -> None:
     p.add_argument("--fused", action="store_true",
                    help="also measure ours with training.fused_optimizer=true (one-kernel optimizer step)")
     p.add_argument("--json", default=None, help="also write the measurements (medians, ratios, bandwidth) here")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # JSON: the worker's arguments
     args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(argparse.Namespace(**json.loads(args.worker)))))
+        return
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     gpu = args.device.startswith("cuda")
@@ -260,9 +262,6 @@ def main() -> None:
     args.epochs = args.epochs or (5 if gpu else 20)
     args.seeds = args.seeds or (5 if gpu else 1)
     args.threads = args.threads or min(8 if gpu else 64, len(os.sched_getaffinity(0)))
-    if args.worker:
-        print(json.dumps(worker(args)))
-        return
 
     shape = image_shape(args.d)
     print(f"bench_mdl: MLP-128 (depth 2, μP), 10 blocks → 9 block models × {args.seeds} seed(s), {args.epochs} epochs "

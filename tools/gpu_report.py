@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,20 +142,21 @@ DEFAULT_BUDGET = 540.0  # GPU mode: one 10-minute device call less the wheels' i
 
 def all_steps(sizes: frame.Sizes) -> list[frame.Step]:
     """In priority order: a budget that runs out skips the last ones (--budget; GPU default DEFAULT_BUDGET)."""
-    steps = [("tests", "tests", measure.step_tests, "test suite (gpu-marked tests included on CUDA)"),
-             *[(f"job_{a}", "jobs", measure.make_job_step(a), f"one MDL job, {a}, base size, synthetic CIFAR shape")
-               for a in frame.ARCHS],
-             ("throughput", "speed", measure.step_throughput,
-              "train/eval samples/s per architecture: one model (fit) and the vectorised group"),
-             ("cell", "sweep", measure.step_cell, "5 seeds: 5 one-seed processes at once vs one job of the cell"),
-             ("erasers_device", "erasers", measure.step_erasers_device,
-              "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
-             ("bench_mdl", "speed", measure.step_bench_mdl, "tools/bench_mdl.py: ours vs naive, bandwidth"),
-             ("bench_erasers_device", "erasers", measure.step_bench_erasers_device,
-              "tools/bench_erasers.py, ours on the device"),
-             ("sweep_cost", "sweep", measure.step_sweep_cost, "GPU-s per epoch per job, jobs per GPU"),
-             ("bench_erasers_cpu_reference", "erasers", measure.step_bench_erasers_cpu,
-              "tools/bench_erasers.py, concept-erasure float64 on CPU")]
+    steps: list[tuple[str, str, Callable[[frame.Context], str | None], str]] = [
+        ("tests", "tests", measure.step_tests, "test suite (gpu-marked tests included on CUDA)"),
+        *[(f"job_{a}", "jobs", functools.partial(measure.run_job, arch=a),
+           f"one MDL job, {a}, base size, synthetic CIFAR shape") for a in frame.ARCHS],
+        ("throughput", "speed", measure.step_throughput,
+         "train/eval samples/s per architecture: one model (fit) and the vectorised group"),
+        ("cell", "sweep", measure.step_cell, "5 seeds: 5 one-seed processes at once vs one job of the cell"),
+        ("erasers_device", "erasers", measure.step_erasers_device,
+         "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
+        ("bench_mdl", "speed", measure.step_bench_mdl, "tools/bench_mdl.py: ours vs naive, bandwidth"),
+        ("bench_erasers_device", "erasers", measure.step_bench_erasers_device,
+         "tools/bench_erasers.py, ours on the device"),
+        ("sweep_cost", "sweep", measure.step_sweep_cost, "GPU-s per epoch per job, jobs per GPU"),
+        ("bench_erasers_cpu_reference", "erasers", measure.step_bench_erasers_cpu,
+         "tools/bench_erasers.py, concept-erasure float64 on CPU")]
     return [frame.Step(name, group, fn, sizes.timeouts["job" if name.startswith("job_") else name], title)
             for name, group, fn, title in steps]
 

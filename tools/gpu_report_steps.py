@@ -18,7 +18,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,18 +94,19 @@ def job_command(ctx: Context, overrides: list[str], memory_file: Path) -> list[s
     return command("job", Payload(overrides=overrides, memory_file=str(memory_file), device=ctx.device))
 
 
-def run_job(ctx: Context, arch: str, name: str) -> dict[str, Any]:
-    """One MDL job: bits/sample, wall time, epochs/steps, peak memory."""
+def run_job(ctx: Context, arch: str) -> str:
+    """The job_<arch> step: one MDL job of `arch`; bits/sample, wall time, epochs/steps, peak memory."""
+    name = f"job_{arch}"
     out = ctx.out / "runs" / name
     shutil.rmtree(out, ignore_errors=True)  # a fresh job: an earlier result here would be reused, not timed
     memory_file = ctx.work / f"{name}.memory.json"
     overrides = job_overrides(ctx, arch, out)
     env = {**ctx.env, "OMP_NUM_THREADS": "8" if ctx.gpu else ctx.env.get("OMP_NUM_THREADS", "1")}
     proc = ctx.run(job_command(ctx, overrides, memory_file), name, env=env, check=False)
-    fig = ctx.figures
-    fig.update(overrides=" ".join(overrides), wall_s=proc.seconds)
+    f = ctx.figures
+    f.update(overrides=" ".join(overrides), wall_s=proc.seconds)
     if memory_file.exists():
-        fig.update(json.loads(memory_file.read_text()))
+        f.update(json.loads(memory_file.read_text()))
     found = sorted(out.rglob("result.json"), key=lambda p: p.stat().st_mtime)
     if proc.rc != 0 or not found:
         raise proc.failure()
@@ -115,7 +116,7 @@ def run_job(ctx: Context, arch: str, name: str) -> dict[str, Any]:
     mdl, final, timings = res.body.mdl, res.body.final, res.timings
     model = res.section("model") or {}
     epochs = [b.epochs or 0 for b in mdl.blocks] + [final.epochs or 0 if final else 0]
-    fig.update({
+    f.update({
         "bits_per_sample": mdl.bits_per_sample, "legacy": mdl.legacy if mdl.has_legacy else None,
         "protocol": mdl.protocol, "n_coded": mdl.n_coded, "block_models": len(mdl.blocks),
         "epochs_per_block": [b.epochs for b in mdl.blocks],
@@ -123,18 +124,10 @@ def run_job(ctx: Context, arch: str, name: str) -> dict[str, Any]:
         "full_run_epochs": final.epochs if final else None, "params": model["params"] if "params" in model else None,
         "timings": dict(timings), "device": res.device, "result": str(found[-1].relative_to(ctx.out)),
         "train_s": sum(float(timings[k]) for k in ("mdl_s", "full_run_s") if k in timings)})
-    fig["job_s_per_epoch"] = fig["train_s"] / (max(epochs) or 1)  # all block models + the full run, one epoch each
-    return fig
-
-
-def make_job_step(arch: str) -> Callable[[Context], str]:
-    def step(ctx: Context) -> str:
-        f = run_job(ctx, arch, f"job_{arch}")
-        mem = f", peak {f['peak_reserved_mb']:.0f} MB reserved" if "peak_reserved_mb" in f else ""
-        return (f"{f['bits_per_sample']:.4f} bits/sample, {f['wall_s']:.1f} s wall ({f['train_s']:.1f} s training, "
-                f"{f['job_s_per_epoch']:.2f} s/epoch), {f['steps_total']} steps{mem}")
-
-    return step
+    f["job_s_per_epoch"] = f["train_s"] / (max(epochs) or 1)  # all block models + the full run, one epoch each
+    mem = f", peak {f['peak_reserved_mb']:.0f} MB reserved" if "peak_reserved_mb" in f else ""
+    return (f"{f['bits_per_sample']:.4f} bits/sample, {f['wall_s']:.1f} s wall ({f['train_s']:.1f} s training, "
+            f"{f['job_s_per_epoch']:.2f} s/epoch), {f['steps_total']} steps{mem}")
 
 
 def step_erasers_device(ctx: Context) -> str:

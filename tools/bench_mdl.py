@@ -36,7 +36,7 @@ from training.engine.fit import TrainData, cross_entropy_sum, fit
 from training.engine.group import GroupOptions, fit_group
 from training.engine.seeding import generator, seeded_global_rng
 from training.tasks.mdl.splits import make_split
-from training.tasks.mdl.trainer import Trainer
+from training.tasks.mdl.trainer import Trainer, split_of
 
 NUM_CLASSES = 10
 T = TypeVar("T")
@@ -70,12 +70,6 @@ def job_cfg(args: argparse.Namespace, seed: int) -> schema.JobConfig:
         logger=group("logger", "none"), paths=section(schema.PathsConfig, {}), progress=False)
 
 
-def seed_split(cfg: schema.JobConfig, n: int) -> Any:
-    m = cfg.mdl
-    return make_split(n, cfg.seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
-                      min_block=m.min_block)
-
-
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -102,7 +96,7 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
     data = y_dev = None
     for seed in range(args.seeds):
         cfg = job_cfg(args, seed)
-        split = seed_split(cfg, len(y))
+        split = split_of(cfg.mdl, seed, len(y), NUM_CLASSES, tuple(x.shape[1:]))
         trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device, data=data)
         data, y_dev = trainer.data, trainer.y
         for i in range(1, len(split.block_sizes)):
@@ -127,7 +121,7 @@ def run_naive(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
     ces = []
     for seed in range(args.seeds):
         cfg = job_cfg(args, seed)
-        split, o = seed_split(cfg, len(y)), cfg.optim
+        split, o = split_of(cfg.mdl, seed, len(y), NUM_CLASSES, tuple(x.shape[1:])), cfg.optim
         x_val, y_val = x[split.val_idx.to(device)], y[split.val_idx.to(device)]
         for i in range(1, len(split.block_sizes)):
             with seeded_global_rng(seed, "init", ("block", i)):

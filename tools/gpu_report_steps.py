@@ -70,7 +70,6 @@ class Payload:
     seconds: float = 0.0
     ready: str = ""
     procs: int = 1
-    wait_s: float = 300.0  # how long a loop worker waits for the others
 
 
 def command(kind: str, payload: Payload) -> list[str]:
@@ -619,7 +618,7 @@ def loop(p: Payload) -> dict[str, Any]:
     Path(p.ready, str(os.getpid())).touch()
     t_wait = time.monotonic()
     while len(list(Path(p.ready).iterdir())) < p.procs:
-        if time.monotonic() - t_wait > p.wait_s:
+        if time.monotonic() - t_wait > 300:
             raise TimeoutError("the other loop workers did not get ready")
         time.sleep(0.01)
     t0, done = time.perf_counter(), 0

@@ -152,10 +152,9 @@ def all_steps(sizes: frame.Sizes) -> list[frame.Step]:
         ("erasers_device", "erasers", measure.step_erasers_device,
          "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
         ("bench_mdl", "speed", measure.step_bench_mdl, "tools/bench_mdl.py: ours vs naive, bandwidth"),
-        ("bench_erasers_device", "erasers", measure.step_bench_erasers_device,
-         "tools/bench_erasers.py, ours on the device"),
+        ("bench_erasers_device", "erasers", measure.step_bench_erasers, "tools/bench_erasers.py, ours on the device"),
         ("sweep_cost", "sweep", measure.step_sweep_cost, "GPU-s per epoch per job, jobs per GPU"),
-        ("bench_erasers_cpu_reference", "erasers", measure.step_bench_erasers_cpu,
+        ("bench_erasers_cpu_reference", "erasers", functools.partial(measure.step_bench_erasers, reference=True),
          "tools/bench_erasers.py, concept-erasure float64 on CPU")]
     return [frame.Step(name, group, fn, sizes.timeouts["job" if name.startswith("job_") else name], title)
             for name, group, fn, title in steps]

@@ -152,21 +152,17 @@ def run_bench(ctx: Context, module: str, args: list[str], log: str) -> dict[str,
     return res
 
 
-def run_bench_erasers(ctx: Context, device: str, methods: str, log: str) -> str:
-    res = run_bench(ctx, "bench_erasers", [*ctx.sizes.bench_erasers, "--device", device, "--methods", methods], log)
-    return ", ".join(f"{m} {r['seconds']:.2f} s / {r['peak_mb']:.0f} MB" for m, r in res["results"].items())
-
-
-def step_bench_erasers_device(ctx: Context) -> str:
-    return run_bench_erasers(ctx, ctx.device, ctx.sizes.bench_erasers_device_methods, "bench_erasers_device")
-
-
-def step_bench_erasers_cpu(ctx: Context) -> str:
-    if not ctx.sizes.bench_erasers_cpu_methods:
+def step_bench_erasers(ctx: Context, reference: bool = False) -> str:
+    """bench_erasers_device (ours on the device), or with `reference` bench_erasers_cpu_reference (concept-erasure's
+    float64 fit on CPU)."""
+    methods = ctx.sizes.bench_erasers_cpu_methods if reference else ctx.sizes.bench_erasers_device_methods
+    if reference and not methods:
         raise frame.StepSkipped("toy mode: bench_erasers_device ran concept-erasure on this CPU already")
-    if importlib.util.find_spec("concept_erasure") is None:
+    if reference and importlib.util.find_spec("concept_erasure") is None:
         raise frame.StepSkipped("concept-erasure is not importable (add its wheel to .whl/)")
-    return run_bench_erasers(ctx, "cpu", ctx.sizes.bench_erasers_cpu_methods, "bench_erasers_cpu_reference")
+    args = [*ctx.sizes.bench_erasers, "--device", "cpu" if reference else ctx.device, "--methods", methods]
+    res = run_bench(ctx, "bench_erasers", args, "bench_erasers_cpu_reference" if reference else "bench_erasers_device")
+    return ", ".join(f"{m} {r['seconds']:.2f} s / {r['peak_mb']:.0f} MB" for m, r in res["results"].items())
 
 
 def step_bench_mdl(ctx: Context) -> str:

@@ -41,7 +41,6 @@ from tools.gpu_report_steps import (
     GROUP_FORMED,
     MISSING_MODULE,
     SEEDS,
-    ProcessMemory,
     cell_checks,
     memory_figures,
     pytest_progress,
@@ -145,11 +144,11 @@ def test_runner_records_failures_and_goes_on(tmp_path: Path) -> None:
         raise RuntimeError("boom\nsecond line")
 
     def slow(c: Context) -> str:
-        c.python(["-c", "import time; print('working', flush=True); time.sleep(60)"], "slow")
+        c.run([sys.executable, "-c", "import time; print('working', flush=True); time.sleep(60)"], "slow")
         return "never"
 
     def fails(c: Context) -> str:
-        c.python(["-c", "raise ValueError('bad value')"], "fails")
+        c.run([sys.executable, "-c", "raise ValueError('bad value')"], "fails")
         return "never"
 
     def skipped(c: Context) -> str:
@@ -243,7 +242,7 @@ def test_report_json_is_read_into_types_and_written_back_with_unknown_keys_kept(
                      "b": {"status": "skipped", "reason": "no time left in --budget (3 s)"},
                      "c": {"status": "skipped", "reason": "needs CUDA"}}}
     rep = Report.from_json(raw)
-    assert rep.env.device.name == "NVIDIA H100" and rep.env.device.total_memory_gb == 79.6
+    assert rep.env["device"] == {"name": "NVIDIA H100", "total_memory_gb": 79.6, "sm": "9.0"}
     assert rep.ok_figures("a") == {"x": 1} and rep.ok_figures("b") is None and rep.ok_figures("nope") is None
     assert [rep.steps[n].ran for n in "abc"] == [True, False, True]  # a budget skip never ran; "needs CUDA" did
     out = rep.to_json()
@@ -334,13 +333,13 @@ def test_run_at_once_runs_together_and_fails_on_an_error_or_the_budget(tmp_path:
 
 
 def test_cell_memory_sums_the_lone_peaks_and_adds_one_context_per_process_on_cuda() -> None:
-    cuda = [ProcessMemory(peak_allocated_mb=90.0, peak_reserved_mb=100.0 + i, context_mb=5000.0) for i in range(5)]
-    cell = ProcessMemory(peak_allocated_mb=300.0, peak_reserved_mb=400.0, context_mb=500.0)
+    cuda = [dict(peak_allocated_mb=90.0, peak_reserved_mb=100.0 + i, context_mb=5000.0) for i in range(5)]
+    cell = dict(peak_allocated_mb=300.0, peak_reserved_mb=400.0, context_mb=500.0)
     m = memory_figures(cuda, cell)  # a lone process's own context_mb (5000) read the others' memory: not used
     assert m == {"lone_memory_mb": 510.0, "lone_memory_each_mb": [100.0, 101.0, 102.0, 103.0, 104.0],
                  "cell_memory_mb": 400.0, "context_mb": 500.0, "cell_memory_with_contexts_mb": 900.0,
                  "lone_memory_with_contexts_mb": 510.0 + 5 * 500.0}
-    cpu = memory_figures([ProcessMemory(peak_rss_mb=600.0)] * 5, ProcessMemory(peak_rss_mb=700.0))
+    cpu = memory_figures([dict(peak_rss_mb=600.0)] * 5, dict(peak_rss_mb=700.0))
     assert cpu == {"lone_memory_mb": 3000.0, "lone_memory_each_mb": [600.0] * 5, "cell_memory_mb": 700.0}
     assert memory_figures([*cuda[:4], None], None) == {}  # a process that wrote no memory file: no sum
 

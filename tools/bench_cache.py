@@ -23,7 +23,7 @@ from typing import Any
 from tools.bench_worker import job_config, peak_mb, run_worker
 
 
-def worker(args: argparse.Namespace) -> dict[str, Any]:
+def worker(cache: str, out: str, eraser: str, dataset: str, device: str) -> dict[str, Any]:
     import erasure
     from training.app.tasks import decode_result as decode
     from training.tasks.mdl.job import run_job
@@ -37,9 +37,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         return real_erase(*a, **k)
 
     erasure.erase = counting_erase  # training.inputs.erase calls it as erasure.erase, at call time
-    cfg = job_config([f"paths.out_dir={args.out}", "logger=none", "progress=false", f"dataset={args.dataset}",
-                      f"eraser={args.eraser}", "mdl=quick", "mdl.max_epochs=1", "mdl.full_run=false",
-                      "certificate=false", f"paths.cache_dir={args.cache}", f"device={args.device}", "force=true"])
+    cfg = job_config([f"paths.out_dir={out}", "logger=none", "progress=false", f"dataset={dataset}",
+                      f"eraser={eraser}", "mdl=quick", "mdl.max_epochs=1", "mdl.full_run=false",
+                      "certificate=false", f"paths.cache_dir={cache}", f"device={device}", "force=true"])
     t0 = time.perf_counter()
     result = run_job(cfg).result
     seconds = time.perf_counter() - t0
@@ -48,23 +48,16 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             "fits": fits, "peak_mb": peak_mb(str(decode(result).device).startswith("cuda"))}
 
 
-def spawn(args: argparse.Namespace, cache: str, out: str) -> dict[str, Any]:
-    return run_worker(__file__, ["--cache", cache, "--out", out, "--eraser", args.eraser, "--dataset", args.dataset,
-                                 "--device", args.device], threads=os.environ.get("OMP_NUM_THREADS", "1"))
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--eraser", default="qleace", help="eraser config name (conf/eraser/)")
     p.add_argument("--dataset", default="mnist5k", help="dataset config name (offline: digits, mnist5k, ...)")
     p.add_argument("--device", default="cpu", help="auto | cpu | cuda")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--cache", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # JSON: worker()'s arguments
     args = p.parse_args()
     if args.worker:
-        print(json.dumps(worker(args)))
+        print(json.dumps(worker(**json.loads(args.worker))))
         return
     print(f"bench_cache: eraser={args.eraser} on {args.dataset}, device {args.device}; job = quick MDL with 1 epoch "
           "per block model, no full run, no certificate; each run in a fresh process")
@@ -73,7 +66,9 @@ def main() -> None:
         for r in range(args.repeats):
             cache = str(Path(tmp) / f"cache{r}")
             for variant in ("cold", "warm"):
-                res = spawn(args, cache, str(Path(tmp) / f"out{r}_{variant}"))
+                job = dict(cache=cache, out=str(Path(tmp) / f"out{r}_{variant}"), eraser=args.eraser,
+                           dataset=args.dataset, device=args.device)
+                res = run_worker(__file__, job, threads=os.environ.get("OMP_NUM_THREADS", "1"))
                 rows[variant].append(res)
                 print(f"  repeat {r + 1}/{args.repeats} {variant}: job {res['seconds']:.2f} s "
                       f"(erase {res['erase_s']:.2f} s), cache_hit={res['cache_hit']}, eraser fits={res['fits']}, "

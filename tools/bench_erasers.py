@@ -104,10 +104,13 @@ def _warm_up(device: str) -> None:
     torch.linalg.lstsq(a, a[:, :2])
 
 
-def worker(method: str, data_path: Path, out_dir: Path, device: str, rank: int, tol: float | None) -> dict:
+def worker(method: str, data: str, out: str, device: str, rank: int, threads: int, tol: float | None = None) -> dict:
     import erasure
 
-    x, y = torch.load(data_path, weights_only=True)
+    if threads:
+        torch.set_num_threads(threads)
+    out_dir = Path(out)
+    x, y = torch.load(data, weights_only=True)
     x, y = x.to(device), y.to(device)
     k = int(y.max()) + 1
     priors = torch.bincount(y, minlength=k).double() / len(y)
@@ -169,15 +172,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--json", help="also write the per-method results to this JSON file")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--tol", type=float, help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # JSON: worker()'s arguments
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.worker:
-        print(json.dumps(worker(args.worker, Path(args.data), Path(args.out), args.device, args.rank, args.tol)))
+        print(json.dumps(worker(**json.loads(args.worker))))
         return
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
@@ -189,14 +189,14 @@ def main() -> None:
         del x, y
         results: dict[str, Any] = {}
         for method in args.methods.split(","):
-            cmd = [method, "--data", str(out / "data.pt"), "--out", str(out), "--device", args.device,
-                   "--rank", str(args.rank), "--threads", str(args.threads)]
+            job = dict(method=method, data=str(out / "data.pt"), out=str(out), device=args.device, rank=args.rank,
+                       threads=args.threads)
             if method == "ours_qleace_eq":  # stop at the accuracy concept-erasure reached
                 if "ce_qleace" not in results:
                     continue
-                cmd += ["--tol", str(results["ce_qleace"]["stationarity"])]
+                job["tol"] = results["ce_qleace"]["stationarity"]
             try:
-                r = results[method] = run_worker(__file__, cmd, threads=None, label=method)
+                r = results[method] = run_worker(__file__, job, threads=None, label=method)
             except RuntimeError as err:
                 print(err)
                 continue

@@ -36,7 +36,7 @@ from training.engine.fit import TrainData, cross_entropy_sum, fit
 from training.engine.group import GroupOptions, fit_group
 from training.engine.seeding import generator, seeded_global_rng
 from training.tasks.mdl.splits import make_split
-from training.tasks.mdl.trainer import Trainer
+from training.tasks.mdl.trainer import Trainer, split_of
 
 NUM_CLASSES = 10
 T = TypeVar("T")
@@ -70,12 +70,6 @@ def job_cfg(args: argparse.Namespace, seed: int) -> schema.JobConfig:
         logger=group("logger", "none"), paths=section(schema.PathsConfig, {}), progress=False)
 
 
-def seed_split(cfg: schema.JobConfig, n: int) -> Any:
-    m = cfg.mdl
-    return make_split(n, cfg.seed, val_size=m.val_size, val_frac=m.val_frac, num_blocks=m.num_blocks,
-                      min_block=m.min_block)
-
-
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -102,7 +96,7 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
     data = y_dev = None
     for seed in range(args.seeds):
         cfg = job_cfg(args, seed)
-        split = seed_split(cfg, len(y))
+        split = split_of(cfg.mdl, seed, len(y), NUM_CLASSES, tuple(x.shape[1:]))
         trainer = Trainer(cfg, x, y, NUM_CLASSES, split, device, data=data)
         data, y_dev = trainer.data, trainer.y
         for i in range(1, len(split.block_sizes)):
@@ -127,7 +121,7 @@ def run_naive(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
     ces = []
     for seed in range(args.seeds):
         cfg = job_cfg(args, seed)
-        split, o = seed_split(cfg, len(y)), cfg.optim
+        split, o = split_of(cfg.mdl, seed, len(y), NUM_CLASSES, tuple(x.shape[1:])), cfg.optim
         x_val, y_val = x[split.val_idx.to(device)], y[split.val_idx.to(device)]
         for i in range(1, len(split.block_sizes)):
             with seeded_global_rng(seed, "init", ("block", i)):
@@ -230,9 +224,8 @@ def bandwidth(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device
 
 
 def spawn(args: argparse.Namespace, variant: str) -> dict[str, Any]:
-    names = ("device", "n", "d", "epochs", "seeds", "threads")
-    cmd = [variant, *(x for k in names for x in (f"--{k}", str(getattr(args, k))))]
-    return run_worker(__file__, cmd, threads=str(args.threads), label=f"{variant} worker")
+    payload = {k: getattr(args, k) for k in ("device", "n", "d", "epochs", "seeds", "threads")} | {"worker": variant}
+    return run_worker(__file__, payload, threads=str(args.threads), label=f"{variant} worker")
 
 
 def main() -> None:
@@ -250,8 +243,11 @@ def main() -> None:
     p.add_argument("--fused", action="store_true",
                    help="also measure ours with training.fused_optimizer=true (one-kernel optimizer step)")
     p.add_argument("--json", default=None, help="also write the measurements (medians, ratios, bandwidth) here")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # JSON: the worker's arguments
     args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(argparse.Namespace(**json.loads(args.worker)))))
+        return
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     gpu = args.device.startswith("cuda")
@@ -260,9 +256,6 @@ def main() -> None:
     args.epochs = args.epochs or (5 if gpu else 20)
     args.seeds = args.seeds or (5 if gpu else 1)
     args.threads = args.threads or min(8 if gpu else 64, len(os.sched_getaffinity(0)))
-    if args.worker:
-        print(json.dumps(worker(args)))
-        return
 
     shape = image_shape(args.d)
     print(f"bench_mdl: MLP-128 (depth 2, μP), 10 blocks → 9 block models × {args.seeds} seed(s), {args.epochs} epochs "

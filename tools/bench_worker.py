@@ -14,12 +14,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_worker(script: str, args: list[str], threads: str | None = "1", label: str = "worker") -> dict[str, Any]:
-    """`python -m tools.<script's name> --worker <args>` with wandb disabled and OMP_NUM_THREADS=`threads` (None: as
-    here); the worker prints its result as JSON on its last line."""
+def run_worker(script: str, payload: dict[str, Any], threads: str | None = "1", label: str = "worker"
+               ) -> dict[str, Any]:
+    """`python -m tools.<script's name> --worker '<payload as JSON>'` with wandb disabled and OMP_NUM_THREADS=`threads`
+    (None: as here); the worker prints its result as JSON on its last line."""
     env = {**os.environ, "WANDB_MODE": "disabled", **({"OMP_NUM_THREADS": threads} if threads is not None else {})}
-    proc = subprocess.run([sys.executable, "-m", f"tools.{Path(script).stem}", "--worker", *args], capture_output=True,
-                          text=True, cwd=ROOT, env=env)
+    proc = subprocess.run([sys.executable, "-m", f"tools.{Path(script).stem}", "--worker", json.dumps(payload)],
+                          capture_output=True, text=True, cwd=ROOT, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{label} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

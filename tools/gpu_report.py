@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +85,7 @@ from tools import gpu_report_run as frame  # noqa: E402
 from tools import gpu_report_steps as measure  # noqa: E402
 
 
-def git_info(commit: str | None) -> frame.GitInfo:
+def git_info(commit: str | None) -> dict[str, Any]:
     """The commit (git's, else --commit or $GIT_COMMIT) and the sha256 of the tracked-looking sources (.py, .yaml,
     Makefile, pyproject), which ties a run on a machine without .git to a commit (compute it on a checkout)."""
     h = hashlib.sha256()
@@ -93,20 +95,21 @@ def git_info(commit: str | None) -> frame.GitInfo:
     for p in sorted(files):
         if p.is_file():
             h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
-    info, found = frame.GitInfo(tree_digest=h.hexdigest()[:16], commit_given=commit or None), None
+    info: dict[str, Any] = {"tree_digest": h.hexdigest()[:16], **({"commit_given": commit} if commit else {})}
+    found = None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
         if head.returncode == 0:
             found = head.stdout.strip()
-            info.dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                                             capture_output=True, text=True, timeout=10).stdout.strip())
+            info["dirty"] = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                                capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         pass
-    info.commit = found or commit or os.environ.get("GIT_COMMIT") or "unknown (no git here; pass --commit)"
+    info["commit"] = found or commit or os.environ.get("GIT_COMMIT") or "unknown (no git here; pass --commit)"
     return info
 
 
-def environment(args: argparse.Namespace, env: dict[str, str]) -> frame.Env:
+def environment(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     """The machine, the packages and the code; the CUDA device is asked in a subprocess (with the wheels' path in
     `env`): this process holds no CUDA context (memory)."""
     import torch
@@ -123,14 +126,15 @@ def environment(args: argparse.Namespace, env: dict[str, str]) -> frame.Env:
                               text=True, timeout=120, cwd=ROOT, env=env)
         if proc.returncode != 0:
             raise SystemExit(f"gpu_report: cannot read the CUDA device: {frame.tail(proc.stderr, 3)}")
-        device = frame.build(frame.DeviceInfo, json.loads(proc.stdout.strip().splitlines()[-1].removeprefix("RESULT ")))
+        device = json.loads(proc.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
     else:
-        device = frame.DeviceInfo(f"CPU: {cpu}", "cpu", extra={"threads": torch.get_num_threads()})
+        device = {"name": f"CPU: {cpu}", "type": "cpu", "threads": torch.get_num_threads()}
     missing = [m for m in (*REQUIRED, *measure.OPTIONAL) if importlib.util.find_spec(m) is None]
-    return frame.Env(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
-                     cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-                     host=host, git=git_info(args.commit), device=device, install={**BOOTSTRAP, "missing": missing},
-                     packages={m: _version(m) for m in PACKAGES})
+    found = dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
+                 cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+                 host=host, git=git_info(args.commit), device=device, install={**BOOTSTRAP, "missing": missing},
+                 packages={m: _version(m) for m in PACKAGES})
+    return {k: v for k, v in found.items() if v is not None}
 
 
 DEFAULT_BUDGET = 540.0  # GPU mode: one 10-minute device call less the wheels' install and start-up
@@ -138,20 +142,20 @@ DEFAULT_BUDGET = 540.0  # GPU mode: one 10-minute device call less the wheels' i
 
 def all_steps(sizes: frame.Sizes) -> list[frame.Step]:
     """In priority order: a budget that runs out skips the last ones (--budget; GPU default DEFAULT_BUDGET)."""
-    steps = [("tests", "tests", measure.step_tests, "test suite (gpu-marked tests included on CUDA)"),
-             *[(f"job_{a}", "jobs", measure.make_job_step(a), f"one MDL job, {a}, base size, synthetic CIFAR shape")
-               for a in frame.ARCHS],
-             ("throughput", "speed", measure.step_throughput,
-              "train/eval samples/s per architecture: one model (fit) and the vectorised group"),
-             ("cell", "sweep", measure.step_cell, "5 seeds: 5 one-seed processes at once vs one job of the cell"),
-             ("erasers_device", "erasers", measure.step_erasers_device,
-              "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
-             ("bench_mdl", "speed", measure.step_bench_mdl, "tools/bench_mdl.py: ours vs naive, bandwidth"),
-             ("bench_erasers_device", "erasers", measure.step_bench_erasers_device,
-              "tools/bench_erasers.py, ours on the device"),
-             ("sweep_cost", "sweep", measure.step_sweep_cost, "GPU-s per epoch per job, jobs per GPU"),
-             ("bench_erasers_cpu_reference", "erasers", measure.step_bench_erasers_cpu,
-              "tools/bench_erasers.py, concept-erasure float64 on CPU")]
+    steps: list[tuple[str, str, Callable[[frame.Context], str | None], str]] = [
+        ("tests", "tests", measure.step_tests, "test suite (gpu-marked tests included on CUDA)"),
+        *[(f"job_{a}", "jobs", functools.partial(measure.run_job, arch=a),
+           f"one MDL job, {a}, base size, synthetic CIFAR shape") for a in frame.ARCHS],
+        ("throughput", "speed", measure.step_throughput,
+         "train/eval samples/s per architecture: one model (fit) and the vectorised group"),
+        ("cell", "sweep", measure.step_cell, "5 seeds: 5 one-seed processes at once vs one job of the cell"),
+        ("erasers_device", "erasers", measure.step_erasers_device,
+         "LEACE/QLEACE/ALF-QLEACE float64 fit on the device vs CPU"),
+        ("bench_mdl", "speed", measure.step_bench_mdl, "tools/bench_mdl.py: ours vs naive, bandwidth"),
+        ("bench_erasers_device", "erasers", measure.step_bench_erasers, "tools/bench_erasers.py, ours on the device"),
+        ("sweep_cost", "sweep", measure.step_sweep_cost, "GPU-s per epoch per job, jobs per GPU"),
+        ("bench_erasers_cpu_reference", "erasers", functools.partial(measure.step_bench_erasers, reference=True),
+         "tools/bench_erasers.py, concept-erasure float64 on CPU")]
     return [frame.Step(name, group, fn, sizes.timeouts["job" if name.startswith("job_") else name], title)
             for name, group, fn, title in steps]
 
@@ -175,7 +179,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=None,
                    help=f"seconds for the whole report: a step gets at most what is left, and is skipped when under "
                    f"30 s are left (default on a GPU: {DEFAULT_BUDGET:.0f}; toy mode: none)")
-    p.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every step's own time budget")
     p.add_argument("--pytest-m", default="gpu", help='GPU mode: the tests step\'s marker expression (default "gpu": '
                    'the tests that need CUDA; "not slurm": the whole suite, in a call of its own)')
     p.add_argument("--commit", default=None, help="the commit to record where this machine has no .git")
@@ -192,8 +195,8 @@ def merge(paths: list[str], out: Path) -> int:
     from the last report that ran it (not "not reached"); env and mode from the first; all runs listed."""
     reports = [frame.Report.from_json(json.loads(Path(p).read_text())) for p in paths]
     merged = dataclasses.replace(reports[0], steps={}, merged_from=[
-        {"path": p, "started": r.started, "argv": r.argv, "device": frame.as_json(r.env.device),
-         "commit": r.env.git.commit} for p, r in zip(paths, reports, strict=True)])
+        {"path": p, "started": r.started, "argv": r.argv, "device": r.env.get("device"),
+         "commit": r.env.get("git", {}).get("commit")} for p, r in zip(paths, reports, strict=True)])
     for r in reports:
         merged.steps.update({name: rec for name, rec in r.steps.items() if rec.ran or name not in merged.steps})
     merged.total_s = sum(r.total_s for r in reports)
@@ -220,7 +223,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("gpu_report: --device cuda but torch sees no CUDA device")
     toy = args.toy or not args.device.startswith("cuda")
     sizes = frame.TOY if toy else frame.GPU
-    sizes = dataclasses.replace(sizes, timeouts={k: v * args.timeout_scale for k, v in sizes.timeouts.items()})
     steps = select(all_steps(sizes), args.steps, args.skip)
     if args.list:
         print("\n".join(f"{s.name:30s} [{s.group}] {s.timeout:5.0f} s  {s.title}" for s in steps))
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, killed)
         signal.signal(signal.SIGINT, killed)
-        print(f"[gpu-report] {report.mode} mode on {report.env.device.name}; writing {out / frame.JSON_NAME}",
+        print(f"[gpu-report] {report.mode} mode on {report.env['device']['name']}; writing {out / frame.JSON_NAME}",
               flush=True)
         try:
             frame.run_steps(steps, frame.Context(args, sizes, report, env), report,

@@ -16,10 +16,8 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import traceback
-import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,21 +34,18 @@ R = TypeVar("R")
 
 
 def build(cls: type[R], raw: Any) -> R:
-    """`cls` from a JSON object: its declared fields (a record's as that record), the other keys in `extra` (when
-    `cls` has it)."""
+    """`cls` from a JSON object: its declared fields, the other keys in `extra` (when `cls` has it)."""
     raw = raw if isinstance(raw, dict) else {}
-    names, types = {f.name for f in dataclasses.fields(cls)}, typing.get_type_hints(cls)  # type: ignore[arg-type]
-    known = {k: build(types[k], v) if dataclasses.is_dataclass(types[k]) else v for k, v in raw.items()
-             if k in names and k != "extra"}
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    known = {k: v for k, v in raw.items() if k in names and k != "extra"}
     if "extra" in names:
         known["extra"] = {k: v for k, v in raw.items() if k not in names}
     return cls(**known)
 
 
 def as_json(obj: Any) -> dict[str, Any]:
-    """A record as JSON: its fields but None (records as JSON too), `extra` merged back in."""
-    out = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.name != "extra"}
-    out = {k: as_json(v) if dataclasses.is_dataclass(v) else v for k, v in out.items() if v is not None}
+    """A record as JSON: its fields but None, `extra` merged back in."""
+    out = {f.name: v for f in dataclasses.fields(obj) if f.name != "extra" and (v := getattr(obj, f.name)) is not None}
     return {**getattr(obj, "extra", {}), **out}
 
 
@@ -83,35 +78,6 @@ class StepRecord:
 
 
 @dataclass
-class DeviceInfo:
-    name: str = "?"
-    type: str | None = None
-    total_memory_gb: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class GitInfo:
-    tree_digest: str = "?"
-    commit: str = "?"
-    dirty: bool | None = None
-    commit_given: str | None = None
-
-
-@dataclass
-class Env:
-    python: str = "?"
-    torch: str = "?"
-    cuda: str | None = None
-    cudnn: int | None = None
-    host: dict[str, Any] = field(default_factory=dict)  # cpu, cores, platform, memory_gb
-    git: GitInfo = field(default_factory=GitInfo)
-    device: DeviceInfo = field(default_factory=DeviceInfo)
-    packages: dict[str, str | None] = field(default_factory=dict)
-    install: dict[str, Any] = field(default_factory=dict)  # wheels, missing (not importable), seconds, pip
-
-
-@dataclass
 class Report:
     """The whole report: what ran where (env), each step's record, in order, and the totals."""
 
@@ -123,7 +89,7 @@ class Report:
     finished: bool = False
     total_s: float = 0.0
     updated: str | None = None
-    env: Env = field(default_factory=Env)
+    env: dict[str, Any] = field(default_factory=dict)  # python, torch, cuda(nn), host, git, device, packages, install
     sizes: dict[str, Any] = field(default_factory=dict)
     steps: dict[str, StepRecord] = field(default_factory=dict)
     merged_from: list[dict[str, Any]] | None = None
@@ -191,16 +157,18 @@ def flat_items(d: dict[str, Any], prefix: str = "", depth: int = 0) -> Iterable[
 
 
 def markdown(report: Report) -> str:
-    env, dev, c, git = report.env, report.env.device, report.counts, report.env.git
-    lines = [f"# GPU report: {dev.name} ({report.mode} mode)", "",
-             f"- device: {dev.name}" + (f", {dev.total_memory_gb:.1f} GB" if dev.total_memory_gb else "")
-             + f"; host CPU: {env.host.get('cpu', '?')}",
-             f"- python {env.python}, torch {env.torch} (CUDA {env.cuda or '-'}), commit {git.commit}"
-             + (" (with uncommitted changes)" if git.dirty else "") + f", source digest {git.tree_digest}",
+    env, c = report.env, report.counts
+    dev, git, name = env.get("device", {}), env.get("git", {}), env.get("device", {}).get("name", "?")
+    lines = [f"# GPU report: {name} ({report.mode} mode)", "",
+             f"- device: {name}" + (f", {gb:.1f} GB" if (gb := dev.get("total_memory_gb")) else "")
+             + f"; host CPU: {env.get('host', {}).get('cpu', '?')}",
+             f"- python {env.get('python', '?')}, torch {env.get('torch', '?')} (CUDA {env.get('cuda') or '-'}), "
+             f"commit {git.get('commit', '?')}" + (" (with uncommitted changes)" if git.get("dirty") else "")
+             + f", source digest {git.get('tree_digest', '?')}",
              f"- started {report.started}, updated {report.updated or '?'}, {report.total_s:.0f} s; steps: "
              f"{c['ok']} ok, {c['failed']} failed, {c['skipped']} skipped"
              + ("" if report.finished else " (not finished)"), ""]
-    if missing := env.install.get("missing"):
+    if missing := env.get("install", {}).get("missing"):
         lines += [f"- not importable: {', '.join(missing)}", ""]
     lines += ["| step | status | seconds | result |", "|---|---|---:|---|"]
     lines += [f"| {name} | {r.status} | {'' if r.seconds is None else r.seconds} | {r.line.replace('|', '/')} |"
@@ -226,26 +194,6 @@ ARCHS = ("mlp", "lenet", "convnext", "swin")
 
 
 @dataclass(frozen=True)
-class EraserSizes:
-    """erasers_device: n × d data of k classes, ALF-QLEACE's max_rank."""
-
-    n: int
-    d: int
-    k: int
-    alf_max_rank: int
-
-
-@dataclass(frozen=True)
-class ThroughputSizes:
-    """throughput and the sweep-cost loops: rows trained on, validation rows, models in one vectorised group."""
-
-    subset: int
-    val: int
-    group: int
-    quick: bool = False  # toy: one epoch per figure, no warm-up
-
-
-@dataclass(frozen=True)
 class Sizes:
     """Everything that differs between the GPU run and the CPU toy run."""
 
@@ -255,12 +203,14 @@ class Sizes:
     arch: dict[str, tuple[str, ...]]  # per-architecture overrides (GPU: none, the presets' base sizes)
     shape: tuple[int, int, int]
     n: int
-    eraser: EraserSizes
+    eraser: dict[str, Any]  # erasers_device: n × d data of k classes, ALF-QLEACE's alf_max_rank
     bench_erasers: tuple[str, ...]  # shared args of both bench_erasers runs
     bench_erasers_device_methods: str
     bench_erasers_cpu_methods: str
     bench_mdl: tuple[str, ...]
-    throughput: ThroughputSizes
+    # throughput and the sweep-cost loops: rows trained on (subset), validation rows (val), models in one vectorised
+    # group (group); quick (toy): one epoch per figure, no warm-up
+    throughput: dict[str, Any]
     loop_archs: tuple[str, ...]
     loop_procs: tuple[int, ...]
     loop_seconds: float
@@ -279,12 +229,12 @@ GPU = Sizes(
              "mdl.stop_after_warmup=false"),
     arch={a: () for a in ARCHS},
     shape=(3, 32, 32), n=50_000,
-    eraser=EraserSizes(n=20_000, d=1024, k=10, alf_max_rank=64),
+    eraser=dict(n=20_000, d=1024, k=10, alf_max_rank=64),
     bench_erasers=("--n", "50000", "--d", "3072", "--k", "10"),
     bench_erasers_device_methods="ours_leace,ours_qleace,ours_alf",
     bench_erasers_cpu_methods="ce_leace,ce_qleace",
     bench_mdl=("--repeats", "1"),
-    throughput=ThroughputSizes(subset=10_000, val=2048, group=10),
+    throughput=dict(subset=10_000, val=2048, group=10, quick=False),
     loop_archs=ARCHS, loop_procs=(1, 4), loop_seconds=5.0,
     # each step's own cap (the H100 run, 2026-11-27: gpu tests 49 s, jobs 17-109 s, throughput 40 s, 5-seed sweep 53 s);
     # the whole report's default budget (tools/gpu_report.py DEFAULT_BUDGET) decides what one call reaches
@@ -300,12 +250,12 @@ TOY = Sizes(
           "convnext": ("arch.width=8", "arch.depth=1", "arch.base_width=8", "arch.base_depth=1"),
           "swin": ("arch.width=8", "arch.depth=1", "arch.base_width=8", "arch.base_depth=1")},
     shape=(3, 8, 8), n=400,
-    eraser=EraserSizes(n=600, d=24, k=3, alf_max_rank=4),
+    eraser=dict(n=600, d=24, k=3, alf_max_rank=4),
     bench_erasers=("--n", "600", "--d", "24", "--k", "3", "--rank", "4"),
     bench_erasers_device_methods="ours_leace,ce_leace",  # the device is the CPU: both in one run
     bench_erasers_cpu_methods="",
     bench_mdl=("--n", "1500", "--d", "12", "--epochs", "1", "--seeds", "1", "--repeats", "1", "--threads", "1"),
-    throughput=ThroughputSizes(subset=128, val=64, group=2, quick=True),
+    throughput=dict(subset=128, val=64, group=2, quick=True),
     loop_archs=("mlp",), loop_procs=(1,), loop_seconds=0.3,
     timeouts={**dict.fromkeys(TIMED, 60.0), "cell": 120.0},
 )
@@ -353,6 +303,9 @@ class Proc:
     def tail(self) -> str:
         return tail(self.output)
 
+    def failure(self) -> StepError:
+        return StepError(f"{self.log.stem}: {error_line(self.output, self.rc)}", self.tail)
+
 
 ERROR_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt|Exit|Failed)\b.*|^error: .*|^E\s+\w+Error.*")
 
@@ -382,9 +335,6 @@ class Context:
         if self.deadline - time.monotonic() <= 1:
             raise StepError(f"no time left in the step's budget before {log}")
         return run_at_once(self, [(cmd, log)], env or self.env, check)[0]
-
-    def python(self, args: list[str], log: str, env: dict[str, str] | None = None, check: bool = True) -> Proc:
-        return self.run([sys.executable, *args], log, env, check)
 
 
 def run_at_once(ctx: Context, commands: list[tuple[list[str], str]], env: dict[str, str],
@@ -421,7 +371,7 @@ def run_at_once(ctx: Context, commands: list[tuple[list[str], str]], env: dict[s
              for i, (p, path, _) in enumerate(started)]
     for proc in procs if check else ():
         if proc.rc != 0:
-            raise StepError(f"{proc.log.stem}: {error_line(proc.output, proc.rc)}", proc.tail)
+            raise proc.failure()
     return procs
 
 

@@ -18,7 +18,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,15 +70,10 @@ class Payload:
     seconds: float = 0.0
     ready: str = ""
     procs: int = 1
-    wait_s: float = 300.0  # how long a loop worker waits for the others
 
 
 def command(kind: str, payload: Payload) -> list[str]:
     return [sys.executable, "-m", "tools.gpu_report_steps", kind, json.dumps(dataclasses.asdict(payload))]
-
-
-def failed(proc: frame.Proc) -> StepError:
-    return StepError(f"{proc.log.stem}: {frame.error_line(proc.output, proc.rc)}", proc.tail)
 
 
 # ---------------------------------------------------------------------------------------------------- steps
@@ -98,28 +93,29 @@ def job_command(ctx: Context, overrides: list[str], memory_file: Path) -> list[s
     return command("job", Payload(overrides=overrides, memory_file=str(memory_file), device=ctx.device))
 
 
-def run_job(ctx: Context, arch: str, name: str) -> dict[str, Any]:
-    """One MDL job: bits/sample, wall time, epochs/steps, peak memory."""
+def run_job(ctx: Context, arch: str) -> str:
+    """The job_<arch> step: one MDL job of `arch`; bits/sample, wall time, epochs/steps, peak memory."""
+    name = f"job_{arch}"
     out = ctx.out / "runs" / name
     shutil.rmtree(out, ignore_errors=True)  # a fresh job: an earlier result here would be reused, not timed
     memory_file = ctx.work / f"{name}.memory.json"
     overrides = job_overrides(ctx, arch, out)
     env = {**ctx.env, "OMP_NUM_THREADS": "8" if ctx.gpu else ctx.env.get("OMP_NUM_THREADS", "1")}
     proc = ctx.run(job_command(ctx, overrides, memory_file), name, env=env, check=False)
-    fig = ctx.figures
-    fig.update(overrides=" ".join(overrides), wall_s=proc.seconds)
+    f = ctx.figures
+    f.update(overrides=" ".join(overrides), wall_s=proc.seconds)
     if memory_file.exists():
-        fig.update(json.loads(memory_file.read_text()))
+        f.update(json.loads(memory_file.read_text()))
     found = sorted(out.rglob("result.json"), key=lambda p: p.stat().st_mtime)
     if proc.rc != 0 or not found:
-        raise failed(proc)
+        raise proc.failure()
     res = read_result(found[-1])
     if not isinstance(res, MdlResult) or res.body.mdl is None:
         raise StepError(f"{name}: {found[-1]} is not an MDL result")
     mdl, final, timings = res.body.mdl, res.body.final, res.timings
     model = res.section("model") or {}
     epochs = [b.epochs or 0 for b in mdl.blocks] + [final.epochs or 0 if final else 0]
-    fig.update({
+    f.update({
         "bits_per_sample": mdl.bits_per_sample, "legacy": mdl.legacy if mdl.has_legacy else None,
         "protocol": mdl.protocol, "n_coded": mdl.n_coded, "block_models": len(mdl.blocks),
         "epochs_per_block": [b.epochs for b in mdl.blocks],
@@ -127,24 +123,14 @@ def run_job(ctx: Context, arch: str, name: str) -> dict[str, Any]:
         "full_run_epochs": final.epochs if final else None, "params": model["params"] if "params" in model else None,
         "timings": dict(timings), "device": res.device, "result": str(found[-1].relative_to(ctx.out)),
         "train_s": sum(float(timings[k]) for k in ("mdl_s", "full_run_s") if k in timings)})
-    fig["job_s_per_epoch"] = fig["train_s"] / (max(epochs) or 1)  # all block models + the full run, one epoch each
-    return fig
-
-
-def make_job_step(arch: str) -> Callable[[Context], str]:
-    def step(ctx: Context) -> str:
-        f = run_job(ctx, arch, f"job_{arch}")
-        mem = f", peak {f['peak_reserved_mb']:.0f} MB reserved" if "peak_reserved_mb" in f else ""
-        return (f"{f['bits_per_sample']:.4f} bits/sample, {f['wall_s']:.1f} s wall ({f['train_s']:.1f} s training, "
-                f"{f['job_s_per_epoch']:.2f} s/epoch), {f['steps_total']} steps{mem}")
-
-    return step
+    f["job_s_per_epoch"] = f["train_s"] / (max(epochs) or 1)  # all block models + the full run, one epoch each
+    mem = f", peak {f['peak_reserved_mb']:.0f} MB reserved" if "peak_reserved_mb" in f else ""
+    return (f"{f['bits_per_sample']:.4f} bits/sample, {f['wall_s']:.1f} s wall ({f['train_s']:.1f} s training, "
+            f"{f['job_s_per_epoch']:.2f} s/epoch), {f['steps_total']} steps{mem}")
 
 
 def step_erasers_device(ctx: Context) -> str:
-    e = ctx.sizes.eraser
-    payload = Payload(n=e.n, d=e.d, k=e.k, alf_max_rank=e.alf_max_rank, device=ctx.device,
-                      threads=len(os.sched_getaffinity(0)))
+    payload = Payload(**ctx.sizes.eraser, device=ctx.device, threads=len(os.sched_getaffinity(0)))
     res = frame.parse_result(ctx.run(command("erasers", payload), "erasers_device"))
     ctx.figures.update(res)
     return "max |Δ erased| device vs CPU: " + ", ".join(
@@ -157,7 +143,7 @@ def run_bench(ctx: Context, module: str, args: list[str], log: str) -> dict[str,
     path = ctx.work / f"{log}.json"
     path.unlink(missing_ok=True)
     try:
-        ctx.python(["-m", f"tools.{module}", *args, "--json", str(path)], log)
+        ctx.run([sys.executable, "-m", f"tools.{module}", *args, "--json", str(path)], log)
     except StepError:
         if path.exists():
             ctx.figures["finished_methods"] = json.loads(path.read_text())["results"]
@@ -166,21 +152,17 @@ def run_bench(ctx: Context, module: str, args: list[str], log: str) -> dict[str,
     return res
 
 
-def run_bench_erasers(ctx: Context, device: str, methods: str, log: str) -> str:
-    res = run_bench(ctx, "bench_erasers", [*ctx.sizes.bench_erasers, "--device", device, "--methods", methods], log)
-    return ", ".join(f"{m} {r['seconds']:.2f} s / {r['peak_mb']:.0f} MB" for m, r in res["results"].items())
-
-
-def step_bench_erasers_device(ctx: Context) -> str:
-    return run_bench_erasers(ctx, ctx.device, ctx.sizes.bench_erasers_device_methods, "bench_erasers_device")
-
-
-def step_bench_erasers_cpu(ctx: Context) -> str:
-    if not ctx.sizes.bench_erasers_cpu_methods:
+def step_bench_erasers(ctx: Context, reference: bool = False) -> str:
+    """bench_erasers_device (ours on the device), or with `reference` bench_erasers_cpu_reference (concept-erasure's
+    float64 fit on CPU)."""
+    methods = ctx.sizes.bench_erasers_cpu_methods if reference else ctx.sizes.bench_erasers_device_methods
+    if reference and not methods:
         raise frame.StepSkipped("toy mode: bench_erasers_device ran concept-erasure on this CPU already")
-    if importlib.util.find_spec("concept_erasure") is None:
+    if reference and importlib.util.find_spec("concept_erasure") is None:
         raise frame.StepSkipped("concept-erasure is not importable (add its wheel to .whl/)")
-    return run_bench_erasers(ctx, "cpu", ctx.sizes.bench_erasers_cpu_methods, "bench_erasers_cpu_reference")
+    args = [*ctx.sizes.bench_erasers, "--device", "cpu" if reference else ctx.device, "--methods", methods]
+    res = run_bench(ctx, "bench_erasers", args, "bench_erasers_cpu_reference" if reference else "bench_erasers_device")
+    return ", ".join(f"{m} {r['seconds']:.2f} s / {r['peak_mb']:.0f} MB" for m, r in res["results"].items())
 
 
 def step_bench_mdl(ctx: Context) -> str:
@@ -192,9 +174,9 @@ def step_bench_mdl(ctx: Context) -> str:
 
 
 def throughput_payload(ctx: Context, archs: Iterable[str], **more: Any) -> Payload:
-    s, t = ctx.sizes, ctx.sizes.throughput
-    return Payload(archs=list(archs), n=s.n, shape=list(s.shape), device=ctx.device, subset=t.subset, val=t.val,
-                   arch_overrides={a: list(o) for a, o in s.arch.items()}, group=t.group, quick=t.quick, **more)
+    s = ctx.sizes
+    return Payload(archs=list(archs), n=s.n, shape=list(s.shape), device=ctx.device, **s.throughput,
+                   arch_overrides={a: list(o) for a, o in s.arch.items()}, **more)
 
 
 def step_throughput(ctx: Context) -> str:
@@ -230,33 +212,23 @@ def run_concurrent(ctx: Context, arch: str, procs: int) -> dict[str, Any]:
     return res
 
 
-@dataclass(frozen=True)
-class JobFigures:
-    """What the sweep-cost step reads of a job step's figures (`run_job`; the memory ones only on CUDA)."""
-
-    job_s_per_epoch: float | None = None
-    block_models: int = 0
-    peak_reserved_mb: float | None = None
-    context_mb: float = 0.0  # the CUDA context and work space beyond torch's cache
-
-
 def step_sweep_cost(ctx: Context) -> str:
     """Per architecture: GPU-seconds per epoch per job (the job step's measurement), memory per job, how many
     jobs fit on the device by memory, and how aggregate throughput scales with processes sharing it."""
-    total_mb = (ctx.report.env.device.total_memory_gb or 0) * 1e9 / 2**20
+    total_mb = (ctx.report.env.get("device", {}).get("total_memory_gb") or 0) * 1e9 / 2**20
     parts = []
     for arch in frame.ARCHS:
-        figures, source = earlier_figures(ctx, f"job_{arch}")
-        job = frame.build(JobFigures, figures)
+        job, source = earlier_figures(ctx, f"job_{arch}")  # run_job's figures (the memory ones only on CUDA)
         a: dict[str, Any] = {"job_figures_from": source} if source else {}
         ctx.figures[arch] = a
         bits = []
-        if job.job_s_per_epoch is not None:
-            a.update(job_s_per_epoch=job.job_s_per_epoch, job_block_models=job.block_models + 1)
-            bits.append(f"{job.job_s_per_epoch:.2f} s/epoch/job")
-        if job.peak_reserved_mb:
-            per_job = job.peak_reserved_mb + job.context_mb
-            a.update(job_peak_reserved_mb=job.peak_reserved_mb, job_context_mb=job.context_mb, job_memory_mb=per_job)
+        if job.get("job_s_per_epoch") is not None:
+            a.update(job_s_per_epoch=job["job_s_per_epoch"], job_block_models=job.get("block_models", 0) + 1)
+            bits.append(f"{job['job_s_per_epoch']:.2f} s/epoch/job")
+        if peak := job.get("peak_reserved_mb"):
+            context = job.get("context_mb", 0.0)  # the CUDA context and work space beyond torch's cache
+            per_job = peak + context
+            a.update(job_peak_reserved_mb=peak, job_context_mb=context, job_memory_mb=per_job)
             if total_mb:
                 a["jobs_fit_by_memory"] = int(max(0.0, 0.95 * total_mb) // per_job)
             bits.append(f"{per_job:.0f} MB/job" + (f" → {a['jobs_fit_by_memory']} fit" if total_mb else ""))
@@ -297,19 +269,19 @@ def step_tests(ctx: Context) -> str:
     if importlib.util.find_spec("pytest") is None:
         raise StepError("pytest is not importable: add its wheels to .whl/ (make gpu-wheels)")
     xml, f = ctx.logs / "pytest.xml", ctx.figures
-    args = ["-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}", *ctx.sizes.pytest_args]
+    args = [sys.executable, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}",
+            *ctx.sizes.pytest_args]
     gpu_ids: set[str] = set()
     if ctx.gpu:
         if importlib.util.find_spec("xdist") is not None:
             args += ["-n", str(min(8, max(1, len(os.sched_getaffinity(0)) // 2))), "--dist", "loadgroup"]
-        coll = ctx.python(["-m", "pytest", "-q", "--collect-only", "-m", "gpu", "-p", "no:cacheprovider"],
-                          "pytest-collect-gpu", check=False)
+        coll = ctx.run([*args[:3], "-q", "--collect-only", "-m", "gpu", "-p", "no:cacheprovider"],
+                       "pytest-collect-gpu", check=False)
         gpu_ids = {ln.strip() for ln in coll.output.splitlines() if "::" in ln}
         f["gpu_tests"] = len(gpu_ids)
         args += ["-m", ctx.args.pytest_m] if ctx.args.pytest_m else []
     try:
-        proc = ctx.python(args, "pytest", env={**ctx.env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"},
-                          check=False)
+        proc = ctx.run(args, "pytest", env={**ctx.env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}, check=False)
     except StepError:  # out of time: the verbose lines say how far it got
         outcomes = pytest_progress((ctx.logs / "pytest.log").read_text(errors="replace"))
         f["partial"] = {w.lower(): sum(o == w for o, _ in outcomes) for w in OUTCOMES}
@@ -374,39 +346,31 @@ MEMORY_NOTE = ("per-process peaks (torch.cuda.max_memory_reserved on CUDA, max R
                "add 5 of them to the lone sum and one to the cell")
 
 
-@dataclass(frozen=True)
-class ProcessMemory:
-    """A job process's memory file (`_memory`): the CUDA figures, or max RSS on CPU."""
-
-    peak_allocated_mb: float | None = None
-    peak_reserved_mb: float | None = None
-    context_mb: float | None = None  # device used beyond torch's cache: only this process's when it ran alone
-    peak_rss_mb: float | None = None
-
-    @property
-    def peak_mb(self) -> float | None:
-        """torch's peak reserved memory on CUDA, else the peak RSS."""
-        return self.peak_reserved_mb if self.peak_reserved_mb is not None else self.peak_rss_mb
+def read_memory(path: Path) -> dict[str, float] | None:
+    """A job process's memory file (`_memory`): the CUDA figures (context_mb: the device used beyond torch's cache,
+    only this process's when it ran alone), or the peak RSS on CPU."""
+    return json.loads(path.read_text()) if path.exists() else None
 
 
-def read_memory(path: Path) -> ProcessMemory | None:
-    return frame.build(ProcessMemory, json.loads(path.read_text())) if path.exists() else None
+def _peak(memory: dict[str, float] | None) -> float | None:
+    """torch's peak reserved memory on CUDA, else the peak RSS."""
+    return None if memory is None else memory.get("peak_reserved_mb", memory.get("peak_rss_mb"))
 
 
-def memory_figures(lone: Sequence[ProcessMemory | None], cell: ProcessMemory | None) -> dict[str, Any]:
+def memory_figures(lone: Sequence[dict[str, float] | None], cell: dict[str, float] | None) -> dict[str, Any]:
     """The lone processes' peaks (each, and summed when all five are known), the cell's, and on CUDA both with the
     CUDA context of each process (the cell's, measured alone: a lone process's own reads the others' memory too)."""
     out: dict[str, Any] = {}
-    peaks = [m.peak_mb for m in lone if m is not None and m.peak_mb is not None]
+    peaks = [p for p in map(_peak, lone) if p is not None]
     if len(peaks) == len(lone):
         out.update(lone_memory_mb=sum(peaks), lone_memory_each_mb=peaks)
-    if cell is None or cell.peak_mb is None:
+    if cell is None or (peak := _peak(cell)) is None:
         return out
-    out["cell_memory_mb"] = cell.peak_mb
-    if cell.context_mb is not None:
-        out.update(context_mb=cell.context_mb, cell_memory_with_contexts_mb=cell.peak_mb + cell.context_mb)
+    out["cell_memory_mb"] = peak
+    if (context := cell.get("context_mb")) is not None:
+        out.update(context_mb=context, cell_memory_with_contexts_mb=peak + context)
         if "lone_memory_mb" in out:
-            out["lone_memory_with_contexts_mb"] = out["lone_memory_mb"] + len(lone) * cell.context_mb
+            out["lone_memory_with_contexts_mb"] = out["lone_memory_mb"] + len(lone) * context
     return out
 
 
@@ -467,7 +431,7 @@ def step_cell(ctx: Context) -> str:
     f["cell_wall_s"] = proc.seconds
     f.update(memory_figures([read_memory(m) for m in lone_mem], read_memory(cell_mem)))
     if proc.rc != 0:
-        raise failed(proc)
+        raise proc.failure()
     lone, cell = results(outs["lone"]), results(outs["cell"])
     if len(lone) != SEEDS or len(cell) != SEEDS:
         raise StepError(f"cell: {len(lone)} and {len(cell)} result.json files of {SEEDS} (lone, cell)")
@@ -650,7 +614,7 @@ def loop(p: Payload) -> dict[str, Any]:
     Path(p.ready, str(os.getpid())).touch()
     t_wait = time.monotonic()
     while len(list(Path(p.ready).iterdir())) < p.procs:
-        if time.monotonic() - t_wait > p.wait_s:
+        if time.monotonic() - t_wait > 300:
             raise TimeoutError("the other loop workers did not get ready")
         time.sleep(0.01)
     t0, done = time.perf_counter(), 0

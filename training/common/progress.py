@@ -13,6 +13,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from erasure import progress as erasure_progress
 from training.common import env
 
 log = logging.getLogger("progress")
@@ -46,17 +47,11 @@ class LogProgress:
         log.info("%s: %d%s %s, %.0fs%s", self.desc, self.n, total, self.unit, time.monotonic() - self.t0, post)
 
 
-class _Off:
-    def update(self, n: int = 1) -> None: ...
-    def set_postfix(self, **kwargs: Any) -> None: ...
-    def close(self) -> None: ...
-
-
 def progress_bar(total: int | None = None, desc: str = "", unit: str = "it", leave: bool = False,
                  disable: bool = False) -> Any:
     """A tqdm bar on a terminal, periodic log lines otherwise, nothing when `disable`."""
     if disable:
-        return _Off()
+        return erasure_progress.progress_bar(disable=True)  # the eraser library's silent bar
     if sys.stderr.isatty():
         return tqdm(total=total, desc=desc, unit=unit, leave=leave)
     return LogProgress(total, desc, unit, env.progress_seconds())

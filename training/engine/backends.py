@@ -249,21 +249,6 @@ def _rng_state(device: torch.device, seed: int) -> Tensor:
     return torch.Generator(device=device).manual_seed(seed).get_state()
 
 
-class _ReadoutConstants:
-    """functional_call swaps in batched weights that carry no `infshape`: pin each MuReadout's width_mult."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.heads = [m for m in model.modules() if isinstance(m, MuReadout)]
-
-    def __enter__(self) -> None:
-        for h in self.heads:
-            h.width_mult = (lambda v: (lambda: v))(h.width_mult())  # instance attribute shadows the method
-
-    def __exit__(self, *exc: object) -> None:
-        for h in self.heads:
-            del h.width_mult
-
-
 class StackedEngine:
     """Stacked parameters, vmapped forward (see the module docstring); the step is one function of tensors and
     host-known floats, which `training.compile` compiles whole (`fullgraph=True`)."""
@@ -274,7 +259,7 @@ class StackedEngine:
         self.template = models[0]
         for m in models[1:]:
             self._check_buffers(m)
-        self.readouts = _ReadoutConstants(self.template)
+        self.readouts = [m for m in self.template.modules() if isinstance(m, MuReadout)]
         self.params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
                        for n, _ in self.template.named_parameters()}
         self.compiled = compile_mode(compile)
@@ -327,11 +312,14 @@ class StackedEngine:
                 torch._dynamo.mark_static_address(t)
 
     def __enter__(self) -> StackedEngine:
-        self.readouts.__enter__()
+        """functional_call swaps in batched weights that carry no `infshape`: pin each MuReadout's width_mult."""
+        for h in self.readouts:
+            h.width_mult = (lambda v: (lambda: v))(h.width_mult())  # instance attribute shadows the method
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.readouts.__exit__()
+        for h in self.readouts:
+            del h.width_mult
 
     def train(self) -> None:
         self.template.train()

@@ -190,14 +190,6 @@ def models_at_once(parallel_models: Any, models: int, not_vectorised: str | None
     return max(1, min(int(want), models))
 
 
-def _why_not_vectorised(engine: str, regularizer: str, model: torch.nn.Module) -> str | None:
-    """`why_not_vectorized` on what the config and a shape-only model tell (the optimizer is always schedule-free),
-    with the engine the job resolves for its architecture (`resolve_engine`)."""
-    if regularizer != "none" and engine == "stacked":
-        return "a regularizer with the stacked engine"
-    return module_refusal(model, engine)
-
-
 def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torch.device = CPU,
                     free: int | None = None, cell: Sequence[JobConfig] = ()) -> MemoryEstimate:
     """What the job holds at most at once on its device beyond what it held when it loaded its data: an upper bound of
@@ -224,7 +216,10 @@ def estimate_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torc
     # r rows hold r × MODEL_COPIES models' worth of weights and r batches, the models not in a row HELD_COPIES each
     fixed = data_bytes + eval_bytes + WORKING_BYTES + models * HELD_COPIES * params * 4
     room = None if free is None else (free - fixed) // ((MODEL_COPIES[engine] - HELD_COPIES) * params * 4 + row_bytes)
-    why = _why_not_vectorised(engine, cfg.regularizer.name, model) or fit_config(cfg, 0).one_at_a_time()
+    # `why_not_vectorized` on what the config and a shape-only model tell (the optimizer is always schedule-free)
+    stacked_regularizer = cfg.regularizer.name != "none" and engine == "stacked"
+    why = ("a regularizer with the stacked engine" if stacked_regularizer else module_refusal(model, engine)) \
+        or fit_config(cfg, 0).one_at_a_time()
     at_once = models_at_once(t.parallel_models, models, why, room)
     # a group of fewer rows than models builds them all up front; one model at a time (the fit loop) builds each as
     # it starts and lets the finished one go

@@ -35,6 +35,8 @@ ALLOWED = {
     # the process's own state, not a job's
     ("training/common/interrupt.py", "_state"): "the signal received: a signal is sent to the process",
     ("training/cli/report.py", "_log_file_failed"): "run.log writes failed once: said once per process",
+    ("training/cli/report.py", "_made_from"): "the topmost directory this process made for its one run, removed "
+                                              "again if the run is refused before it does anything",
     ("training/data/idx.py", "_WARNED"): "a warning said once per process",
     ("erasure/progress.py", "_factory"): "the progress-bar factory the harness installs for the eraser library",
     ("erasure/traits.py", "_READ"): "eraser traits parsed from the registry's declarations (code, not data)",

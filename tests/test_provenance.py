@@ -36,7 +36,7 @@ from training.app.tasks import job_hash, load_job
 from training.data import load_dataset
 from training.data.cache import _store, cached_erase, key_hash
 from training.data.idx import find_idx_pair
-from training.data.registry import LoadedData
+from training.data.registry import DatasetMissingError, LoadedData
 from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, Member, TrainData, fit
 from training.engine.group import fit_group
@@ -338,6 +338,14 @@ def test_4_a_file_swapped_under_the_same_name_changes_fingerprint_andcache_key(t
     assert fp2["content"] != fp["content"] and fp2["files"][0]["sha256"] != fp["files"][0]["sha256"]
     assert fp2["files"][1] == fp["files"][1] and fp2["files"][0]["size"] == fp["files"][0]["size"]
     assert key_hash(cache_key(after, "leace", {})) != key_hash(cache_key(before, "leace", {}))
+
+
+def test_4_a_dataset_root_given_is_the_only_place_looked_in(tmp_path: Path) -> None:
+    _fashion(tmp_path / "data" / "fashion-mnist")  # a copy where the loader looks when no root is given
+    assert load_dataset(group_config("dataset", "fashion_mnist", download=False), tmp_path / "data").y.shape == (20,)
+    missing = group_config("dataset", "fashion_mnist", root=str(tmp_path / "missing"), download=False)
+    with pytest.raises(DatasetMissingError, match=str(tmp_path / "missing")):  # never the copy found elsewhere
+        load_dataset(missing, tmp_path / "data")
 
 
 def test_4_result_json_records_the_data_fingerprint(tmp_path: Path) -> None:

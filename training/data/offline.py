@@ -47,12 +47,12 @@ def load_mnist5k(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
 
 @register("fashion_mnist", files=True)
 def load_fashion_mnist(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
-    candidates = [Path(cfg.root)] if cfg.root else []
-    candidates += [data_dir / "fashion-mnist", data_dir / "fashion_mnist", Path("/usr/share/datasets/fashion-mnist")]
+    candidates = [Path(cfg.root)] if cfg.root else [  # a root given is the one place looked in, never passed over
+        data_dir / "fashion-mnist", data_dir / "fashion_mnist", Path("/usr/share/datasets/fashion-mnist")]
     for folder in candidates:
         if (found := _fashion_mnist_in(folder)) is not None:
             return found
-    target = data_dir / "fashion-mnist"
+    target = Path(cfg.root) if cfg.root else data_dir / "fashion-mnist"
     if cfg.download:
         try:
             from torchvision.datasets import FashionMNIST

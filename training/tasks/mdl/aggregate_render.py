@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -115,39 +116,31 @@ def _label_columns(summary: pd.DataFrame, fit_on: bool = True) -> list[str]:
     return cols + (["variant"] if (summary.variant != "").any() else [])
 
 
-def _labels(summary: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """(header names, ROW_KEY columns) of the row labels."""
-    cols = _label_columns(summary)
-    return [LABEL_NAMES[c] for c in cols], cols
-
-
-def _label_cells(key: tuple[Any, ...], cols: list[str]) -> list[str]:
-    return [str(v) for c, v in zip(ROW_KEY, key, strict=True) if c in cols]  # cols: in ROW_KEY's order
-
-
 def _by_cell(summary: pd.DataFrame) -> dict[tuple[Any, ...], pd.Series]:
     return {tuple(k): r for k, (_, r) in zip(summary[CELL].itertuples(index=False), summary.iterrows(), strict=True)}
 
 
-def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str], list[list[str]]]:
-    """One table (rows × erasers) of one group; refused over several groups."""
+def _table(summary: pd.DataFrame, erasers: list[str], text: Callable[[tuple[Any, ...]], str]) -> tuple[
+        list[str], list[list[str]]]:
+    """One table (rows × erasers, `text` of each cell's key) of one group; refused over several groups."""
     require_one_group(summary, "a table")
-    erasers, index = eraser_order(summary.eraser), _by_cell(summary)
-    labels, shown = _labels(summary)
-    rows = [_label_cells(key, shown) + [_cell_text(index.get((*key, e)), metric, digits) for e in erasers]
+    cols = _label_columns(summary)
+    rows = [[str(v) for c, v in zip(ROW_KEY, key, strict=True) if c in cols] + [text((*key, e)) for e in erasers]
             for key in _row_keys(summary)]
-    return [*labels, *erasers], rows
+    return [*[LABEL_NAMES[c] for c in cols], *erasers], rows
+
+
+def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str], list[list[str]]]:
+    index = _by_cell(summary)
+    return _table(summary, eraser_order(summary.eraser), lambda k: _cell_text(index.get(k), metric, digits))
 
 
 def increase_rows(inc: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    require_one_group(summary, "a table")
-    erasers = [e for e in eraser_order(summary.eraser) if not is_identity(e)]
     look = {tuple(k): f"{m:+.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:+.3f}"
             for k, m, s, n in zip(inc[CELL].itertuples(index=False), inc["mean"], inc["sd"], inc["n"], strict=True)
             if n != 0}  # absent: no pair
-    labels, shown = _labels(summary)
-    rows = [_label_cells(key, shown) + [look.get((*key, e), "missing") for e in erasers] for key in _row_keys(summary)]
-    return [*labels, *erasers], rows
+    erasers = [e for e in eraser_order(summary.eraser) if not is_identity(e)]
+    return _table(summary, erasers, lambda k: look.get(k, "missing"))
 
 
 def _first(g: pd.DataFrame, key: str) -> float:
@@ -487,7 +480,7 @@ def latex(summary: pd.DataFrame) -> str:
         for metric, caption in (("bits_per_sample", "Prequential MDL (bits/sample)"),
                                 ("legacy", "Legacy MDL (paper units)")):
             header, rows = pivot(part, metric)
-            shown = len(_labels(part)[1])
+            shown = len(_label_columns(part))
             out += [r"\begin{table}[t]", r"\centering",
                     r"\begin{tabular}{" + "l" * shown + "r" * (len(header) - shown) + "}",
                     r"\toprule", " & ".join(_tex_escape(h) for h in header) + r" \\", r"\midrule"]

@@ -24,7 +24,6 @@ from training.analysis.tables import (
     NULL_FLOOR,
     PROBES,
     CellRow,
-    JobRow,
     differing_keys,
     eraser_order,
     group_label,
@@ -377,11 +376,11 @@ def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:
 
 def unfinished(df: pd.DataFrame, with_group: bool = False) -> list[list[str]]:
     rows = []
-    for _, r in df[df.status != "done"].iterrows():
-        job = JobRow.of(r)
-        status = f"{job.status} (null)" if pd.api.types.is_bool(job.null) and job.null else job.status  # permuted
-        group = [group_label(job.group) if isinstance(job.group, str) else "unknown (no result to tell)"]
-        rows.append((group if with_group else []) + [status, str(job.seed), job.job_dir, str(job.error or "")])
+    for _, r in df[df.status != "done"].iterrows():  # columns a frame may lack: null, error (all done), group
+        null, group = r.get("null"), r.get("group")
+        status = f"{r.status} (null)" if pd.api.types.is_bool(null) and null else r.status  # permuted labels
+        label = [group_label(group) if isinstance(group, str) else "unknown (no result to tell)"]
+        rows.append((label if with_group else []) + [status, str(r.seed), r.job_dir, str(r.get("error", "") or "")])
     return rows
 
 

@@ -189,11 +189,6 @@ def population_truth_bits(o: GaussianOptions, eraser: str, options: dict[str, An
     return float(bits.mean()), float(bits.std() / math.sqrt(len(bits)))
 
 
-def mixture_truth_bits(o: MixtureOptions, rows_per_class: int = 50_000) -> float:
-    """H(Y | X') in bits for `mixture` after POPULATION QLEACE (`population_truth_bits`)."""
-    return population_truth_bits(o, "qleace", rows_per_class=rows_per_class)[0]
-
-
 def check_generated_size(name: str, o: Any) -> None:
     """A generator dataset draws its rows in float64 at once (here): one that would not fit in
     this machine's memory is refused before it is drawn (it would fail after minutes, in a traceback)."""

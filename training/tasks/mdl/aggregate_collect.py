@@ -162,25 +162,21 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
     return flat
 
 
-def _identity_columns(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, str]:
-    """`settings`: what must be equal for two results to be compared (all but labels, eraser and seed);
-    `eraser_settings`: the eraser's options (its variants). Neither holds the fold (folds are combined) nor
-    dataset.permute_labels (a null run belongs to the cell of its true-label runs)."""
-    flat = {k: v for k, v in config_identity(cfg, numerics_version).items() if k not in (REPEAT_KEY, NULL_KEY)}
-    settings = {k: v for k, v in flat.items() if k not in SHOWN and not k.startswith("eraser.")}
-    eraser = {k: v for k, v in flat.items() if k.startswith("eraser.") and k not in SHOWN}
-    return {"settings": json.dumps(settings, sort_keys=True, default=str),
-            "eraser_settings": json.dumps(eraser, sort_keys=True, default=str)}
-
-
 def _cell_from_config(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
+    """The row's labels, and its identity: `settings`, what must be equal for two results to be compared (all but
+    labels, eraser and seed); `eraser_settings`, the eraser's options (its variants). Neither holds the fold (folds
+    are combined) nor dataset.permute_labels (a null run belongs to the cell of its true-label runs)."""
     c = config_view(cfg)  # older spellings read as today's (result_codec.config_view)
     fit_on = str(c["eraser.fit_on"])
-    repeat = c[REPEAT_KEY] or 0
+    flat = {k: v for k, v in config_identity(cfg, numerics_version).items() if k not in (REPEAT_KEY, NULL_KEY, *SHOWN)}
+    settings = {k: v for k, v in flat.items() if not k.startswith("eraser.")}
+    eraser = {k: v for k, v in flat.items() if k.startswith("eraser.")}
     return {"dataset": c["dataset.tag"], "arch": c["arch.tag"], "width": int(c["arch.width"]),
             "depth": int(c["arch.depth"]), "eraser": str(c["eraser.name"]), "seed": int(c["seed"]),
-            "fit_on": fit_on, "fold": int(repeat) if fit_on in SPLIT_MODES else 0,
-            "null": bool(c[NULL_KEY]), "protocol": c["mdl.protocol"], **_identity_columns(cfg, numerics_version)}
+            "fit_on": fit_on, "fold": int(c[REPEAT_KEY] or 0) if fit_on in SPLIT_MODES else 0,
+            "null": bool(c[NULL_KEY]), "protocol": c["mdl.protocol"],
+            "settings": json.dumps(settings, sort_keys=True, default=str),
+            "eraser_settings": json.dumps(eraser, sort_keys=True, default=str)}
 
 
 def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:

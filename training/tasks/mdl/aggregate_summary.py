@@ -157,9 +157,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     cell; which commits the runs come from; the cell's null (`_null_columns`) from its permuted-label runs."""
     out = []
     df = df[df.group.notna()]
-    if "null" not in df:
-        df = df.assign(null=False)
-    for col, default in (("fit_on", "all"), ("fold", 0)):
+    for col, default in (("null", False), ("fit_on", "all"), ("fold", 0)):
         if col not in df:
             df = df.assign(**{col: default})
     seeds_of: defaultdict[str, set[Any]] = defaultdict(set)  # the true-label runs' seeds (not the nulls')

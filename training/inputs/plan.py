@@ -40,7 +40,6 @@ class EraserSpec:
 
 
 def flat(data: LoadedData) -> Tensor:
-    """The rows of `data` as vectors."""
     return data.x.reshape(len(data.x), -1)
 
 
@@ -141,7 +140,6 @@ class FitPlan:
         return self.fit_on in ("self", "all")
 
     def coded(self, data: LoadedData) -> LoadedData:
-        """The coded rows of `data`."""
         return data if self.coded_idx is None else data.subset(self.coded_idx)
 
     def labelled(self, fit: LoadedData) -> LoadedData:

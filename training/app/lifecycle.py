@@ -86,15 +86,12 @@ class Progress:
         self.path.unlink(missing_ok=True)
 
 
-Status = Literal["done", "skipped", "reused", "failed"]
-
-
 @dataclass(frozen=True)
 class Outcome:
     """What a job came to (see the module docstring) and its result.json (None when it failed: `error` says why).
     `run_in_job_dir` raises a failure; the multirun ledger (training/cli/ledger.py) records it as `failed`."""
 
-    status: Status
+    status: Literal["done", "skipped", "reused", "failed"]
     job_dir: Path
     result: dict[str, Any] | None = None
     error: str | None = None

@@ -403,10 +403,9 @@ def _mixed_lines(summary: pd.DataFrame) -> str:
             ("mixed_data", f"{MIXED_DATA} runs on different data (dataset.fingerprint), not averaged: {{name}}: "
                            "{r.data}"),
             ("set_aside", "set aside (computed on other data, not in the numbers above): {name}: {r.set_aside}; "
-                          "now: {r.data}")):
-        if flag in summary:
-            out += [say.format(name=cell_name(r), r=r) + "\n"
-                    for _, r in summary[summary[flag].fillna("").astype(bool)].iterrows()]
+                          "now: {r.data}")):  # every summary has these columns (aggregate_summary.summarize)
+        out += [say.format(name=cell_name(r), r=r) + "\n"
+                for _, r in summary[summary[flag].fillna("").astype(bool)].iterrows()]
     return "".join(out)
 
 

@@ -156,10 +156,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     every seed of the cell's group's true-label runs (the sweep's, with --experiment) × the folds found in the
     cell; which commits the runs come from; the cell's null (`_null_columns`) from its permuted-label runs."""
     out = []
-    df = df[df.group.notna()]
-    for col, default in (("null", False), ("fit_on", "all"), ("fold", 0)):
-        if col not in df:
-            df = df.assign(**{col: default})
+    df = df[df.group.notna()]  # collected (aggregate_collect): every row has null, fit_on and fold
     seeds_of: defaultdict[str, set[Any]] = defaultdict(set)  # the true-label runs' seeds (not the nulls')
     seeds_of.update({g: set(gg.seed) for g, gg in df[~df["null"]].groupby("group", sort=False)})
     for key, cell in df.groupby(CELL, sort=False):
@@ -247,16 +244,14 @@ def data_problems(df: pd.DataFrame) -> list[str]:
     done = df[df.status == "done"]
     if "data" not in done or done.empty:
         return []
-    cols = [c for c in CELL if c in done]
-    return [f"{cell_name(dict(zip(cols, key, strict=True)))}: {_seeds_by(g, 'data', 10)}"
-            for key, g in done.groupby(cols, sort=False, dropna=False) if mixed_data(g)]
+    return [f"{cell_name(dict(zip(CELL, key, strict=True)))}: {_seeds_by(g, 'data', 10)}"
+            for key, g in done.groupby(CELL, sort=False, dropna=False) if mixed_data(g)]
 
 
 def cell_name(rec: dict[str, Any] | pd.Series) -> str:
     group = group_label(rec["group"]) if isinstance(rec["group"], str) else ""
     variant = f" [{rec['variant']}]" if rec["variant"] else ""
-    fit_on = rec["fit_on"] if "fit_on" in rec else "all"  # a data_problems cell of a frame without fit modes
-    fit = f" (fit on {fit_on})" if fit_on not in ("all", None) else ""
+    fit = f" (fit on {rec['fit_on']})" if rec["fit_on"] not in ("all", None) else ""
     where = f" ({group})" if group else ""
     return f"{rec['dataset']} {rec['arch']} w{rec['width']} d{rec['depth']}{variant} {rec['eraser']}{fit}{where}"
 

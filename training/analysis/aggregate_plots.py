@@ -103,8 +103,7 @@ def _mean_curve(curves: list[list[list[float]]]) -> tuple[np.ndarray, np.ndarray
 
 def plot_curves(df: pd.DataFrame, path: Path) -> None:
     require_one_group(df, "a plot")
-    if "null" in df:
-        df = df[~df["null"].astype(bool)]
+    df = df[~df["null"].astype(bool)]  # every collected frame has `null` (aggregate_collect.assign_groups)
     done = df[(df.status == "done") & df.curve.map(lambda c: isinstance(c, list) and len(c) > 0)] \
         if "curve" in df else df.iloc[0:0]
     if done.empty:

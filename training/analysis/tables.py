@@ -276,12 +276,9 @@ def null_mismatch(cell: Any, nulls: Any) -> str:
         a = {int(v) for v in cell[col] if v == v}
         b = {int(v) for v in nulls[col] if v == v}
         if a != b:
-            parts.append(f"{name} {_ints(b)} vs the cell's {_ints(a)}")
+            null_set, cell_set = ("{" + ", ".join(map(str, sorted(s))) + "}" for s in (b, a))
+            parts.append(f"{name} {null_set} vs the cell's {cell_set}")
     return "null " + "; ".join(parts) if parts else ""
-
-
-def _ints(values: set[int]) -> str:
-    return "{" + ", ".join(map(str, sorted(values))) + "}"
 
 
 def probe_below_chance(runs: Any) -> bool:

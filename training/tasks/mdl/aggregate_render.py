@@ -158,20 +158,6 @@ def _report_cells(g: pd.DataFrame) -> list[str]:
             f"{gaps[0]:.3g} / {gaps[1]:.3g} → {gaps[2]:.3g} / {gaps[3]:.3g}"]
 
 
-def _has_probe_scores(summary: pd.DataFrame) -> bool:
-    """Whether some result of these cells has the certificate's out-of-sample probe scores (SE, z, verdict)."""
-    numbers = [f"{p}_probe_{k}_mean" for p in PROBES for k in ("acc_se", "loss_bits")]
-    return any(c in summary and summary[c].notna().any() for c in numbers) or \
-        ("probe_verdict" in summary and (summary.probe_verdict != "n/a").any())
-
-
-def _shown_probes(summary: pd.DataFrame) -> list[str]:
-    """The probes some result of these cells has (the MLP probe is newer than the others: older certificates lack
-    it, and their tables keep their columns)."""
-    return [p for p in PROBES if p != "mlp" or any(
-        c in summary and summary[c].notna().any() for c in ("mlp_probe_acc_mean", "mlp_probe_acc_se_mean"))]
-
-
 def _probe_cells(g: pd.DataFrame, probes: list[str]) -> list[str]:
     """acc ± SE and log-loss ± SE (bits) per probe, chance (majority accuracy / prior-only code), the verdict."""
     cells = [fmt(_first(g, f"{p}_probe_{score}"), _first(g, f"{p}_probe_{se}")) for p in probes
@@ -189,7 +175,13 @@ def certificate_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]
     (a probe below chance by > ARTEFACT_Z SE reads "dependence artefact", never a success)."""
     require_one_group(summary, "a table")
     keys = ["dataset", *[c for c in _label_columns(summary) if c in ("fit_on", "variant")], "eraser"]
-    probes, shown = _has_probe_scores(summary), _shown_probes(summary)
+    # whether some result has the certificate's out-of-sample probe scores (SE, z, verdict); the probes some result
+    # has (the MLP probe is newer than the others: older certificates lack it, and their tables keep their columns)
+    numbers = [f"{p}_probe_{k}_mean" for p in PROBES for k in ("acc_se", "loss_bits")]
+    probes = any(c in summary and summary[c].notna().any() for c in numbers) or \
+        ("probe_verdict" in summary and (summary.probe_verdict != "n/a").any())
+    shown = [p for p in PROBES if p != "mlp" or any(
+        c in summary and summary[c].notna().any() for c in ("mlp_probe_acc_mean", "mlp_probe_acc_se_mean"))]
     cert_keys = [k for k in CERT if not k.endswith("_probe_acc") or k.removesuffix("_probe_acc") in shown]
     rows = []
     for key, g in summary.groupby(keys, sort=False):

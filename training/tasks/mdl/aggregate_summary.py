@@ -141,15 +141,6 @@ def _null_columns(nulls: pd.DataFrame, true_done: pd.DataFrame) -> dict[str, Any
             "null_mismatch": null_mismatch(true_done, nulls) if len(nulls) else ""}
 
 
-def _budget_columns(done: pd.DataFrame) -> dict[str, Any]:
-    """Stop reasons of the cell's block models (counts over its runs), the share at the cap, budget-bound."""
-    share, known = at_cap_share(done)
-    reasons = {r: int(done[f"blocks_{r}"].fillna(0).sum()) if f"blocks_{r}" in done else 0
-               for r in ("patience", "max_epochs")}
-    return {"blocks_known": known, "at_cap_share": share, "budget_bound": budget_reason(done),
-            "stops": ", ".join(f"{r} {n}" for r, n in reasons.items() if n) if known else ""}
-
-
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """One row per cell: mean/sd/n of each metric over finished runs (a non-finite result is a failed seed, not a
     seed; with folds the mean is over seeds × folds and the sd over seeds of the per-seed means); expected runs =
@@ -193,7 +184,12 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             rec[f"{col}_mean"], rec[f"{col}_sd"] = mean, sd
         rec["probe_verdict"] = _probe_verdict(done)
         rec.update(_null_columns(nulls, done))
-        rec.update(_budget_columns(done))
+        # the stop reasons of the cell's block models (counts over its runs), the share at the cap, budget-bound
+        share, known = at_cap_share(done)
+        reasons = {r: int(done[f"blocks_{r}"].fillna(0).sum()) if f"blocks_{r}" in done else 0
+                   for r in ("patience", "max_epochs")}
+        rec.update(blocks_known=known, at_cap_share=share, budget_bound=budget_reason(done),
+                   stops=", ".join(f"{r} {n}" for r, n in reasons.items() if n) if known else "")
         out.append(rec)
     return pd.DataFrame(out)
 

@@ -118,18 +118,13 @@ def plan_jobs(experiment: str, extra: Sequence[str]) -> list[Job]:
     return jobs
 
 
-def varying_keys(jobs: Sequence[Job]) -> list[str]:
-    """Override keys whose value differs between jobs, in the order they appear, less those the path shows."""
-    values: dict[str, set[str]] = defaultdict(set)
-    for job in jobs:
-        for line in job.overrides:
-            key, _, value = line.partition("=")
-            values[key].add(value)
-    return [k for k, v in values.items() if len(v) > 1 and k.lstrip("+") not in IN_PATH]
-
-
 def cells(jobs: Sequence[Job]) -> list[Cell]:
-    shown = varying_keys(jobs)
+    """A Cell per job directory's parent, labelled by its path and the override keys whose value differs between jobs
+    (in the order they appear) that the path does not show."""
+    values: dict[str, set[str]] = defaultdict(set)
+    for line in (line for job in jobs for line in job.overrides):
+        values[line.partition("=")[0]].add(line.partition("=")[2])
+    shown = [k for k, v in values.items() if len(v) > 1 and k.lstrip("+") not in IN_PATH]
     out: dict[str, Cell] = {}
     for job in jobs:
         key = str(job.job_dir.parent)

@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from training.app.loading import group_config, load_config, load_section, same_numbers
@@ -40,6 +41,7 @@ from training.app.sections import (
 from training.app.task_spec import TaskSpec
 from training.app.typed import ConfigError, field_spec
 from training.common.conf import CONF_DIR
+from training.common.option_checks import ABSENT, raw_view
 from training.data.eraser_config import hashed_eraser
 
 # What callers import from here (the sections and their loading live in sections.py and loading.py).
@@ -85,9 +87,16 @@ def semantic(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec | None = None,
     if uses is not None:
         # `training` is in `out` only away from its defaults (training.precision): it moves numbers of every task
         out = _only(out, ("task", "seed", "training", *uses))
-    if isinstance(eraser := out.get("eraser"), dict):  # what of it changes the erased data
-        out["eraser"] = hashed_eraser(eraser, out.get("dataset"))
+    raw = raw_view(_RawJob, out)
+    if isinstance(raw.eraser, dict):  # what of it changes the erased data (training/data/eraser_config.py)
+        out["eraser"] = hashed_eraser(raw.eraser, raw.dataset)
     return out
+
+
+@dataclass(frozen=True)
+class _RawJob:  # a typed view of a raw (semantic, unchecked or stored) config: any value may be of any type
+    eraser: Any = ABSENT
+    dataset: Any = ABSENT
 
 
 def _only(out: Mapping[str, Any], uses: tuple[str, ...]) -> dict[str, Any]:

@@ -11,13 +11,24 @@ import math
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from training.errors import ConfigError
 
 POSITIVE: dict[str, Any] = {"check": lambda v: v >= 1, "allowed": "an integer ≥ 1"}
 NONNEG: dict[str, Any] = {"check": lambda v: v >= 0, "allowed": "a number ≥ 0"}
 POSITIVE_NUMBER: dict[str, Any] = {"check": lambda v: v > 0, "allowed": "a number > 0"}
+
+
+_R = TypeVar("_R")
+# a key a raw (semantic, unchecked or stored) config section lacks, in its typed view (`raw_view`)
+ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "ABSENT"})()
+
+
+def raw_view(cls: type[_R], section: Mapping[str, Any]) -> _R:
+    """The keys of a raw config section that the dataclass `cls` declares (those it lacks read as the field's
+    default): tolerant, so any value may be of any type."""
+    return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls) if f.name in section})  # type: ignore[arg-type]
 
 
 def shown(v: Any) -> str:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from erasure import default_options
 from erasure.registry import ERASERS
 from erasure.traits import eraser_traits
-from training.common.option_checks import check_typed, shown
+from training.common.option_checks import ABSENT, check_typed, raw_view, shown
 from training.data.generators import check_generated_size
 from training.data.registry import DATASETS, DatasetCfg, dataset_traits
 from training.errors import ConfigError
@@ -47,16 +48,30 @@ def fit_keys_used(fit_on: Any, fit_source: Any) -> tuple[str, ...]:
     return ()
 
 
+@dataclass(frozen=True)
+class _RawEraser:
+    name: Any = None
+    options: Any = ABSENT
+    fit_on: Any = ABSENT
+    fit_source: Any = None
+
+
+@dataclass(frozen=True)
+class _RawDataset:
+    zscore: Any = False
+    zscore_order: Any = None
+
+
 def hashed_eraser(section: dict[str, Any], dataset: Any) -> dict[str, Any]:
     """The eraser section (of a semantic config) as the job hash covers it; `dataset`: the dataset section."""
-    name, options = str(section.get("name")), section.get("options")
-    if isinstance(options, dict):  # the options that change the erased data: all but its `runtime_options`
-        runtime = eraser_traits(name).runtime_options if name in ERASERS else ()
-        section["options"] = {k: v for k, v in options.items() if k not in runtime}
-    if "fit_on" in section:  # keys the fitting mode does not read: not hashed
-        used = fit_keys_used(section["fit_on"], section.get("fit_source"))
+    eraser = raw_view(_RawEraser, section)
+    if isinstance(eraser.options, dict):  # the options that change the erased data: all but its `runtime_options`
+        runtime = eraser_traits(str(eraser.name)).runtime_options if str(eraser.name) in ERASERS else ()
+        section["options"] = {k: v for k, v in eraser.options.items() if k not in runtime}
+    if eraser.fit_on is not ABSENT:  # keys the fitting mode does not read: not hashed
+        used = fit_keys_used(eraser.fit_on, eraser.fit_source)
         section = {k: v for k, v in section.items() if k not in FIT_KEYS or k in used}
-    if not batch_erasing(name, dataset):
+    if not batch_erasing(str(eraser.name), dataset):
         section.pop("after_augment", None)  # nothing is erased per batch: the key changes nothing
     return section
 
@@ -71,7 +86,10 @@ def batch_erasing(name: str, dataset: Any) -> bool:
         return False
     if not traits.identity:
         return True
-    return isinstance(dataset, Mapping) and bool(dataset.get("zscore")) and dataset.get("zscore_order") == "after"
+    if not isinstance(dataset, Mapping):
+        return False
+    view = raw_view(_RawDataset, dataset)
+    return bool(view.zscore) and view.zscore_order == "after"
 
 
 def check_eraser_options(name: str, options: Mapping[str, Any]) -> None:

@@ -43,16 +43,6 @@ def point_segment_distances(points: np.ndarray, lines: list[np.ndarray]) -> np.n
     return best
 
 
-def _inside_pieces(lines: list[np.ndarray], lo: np.ndarray, hi: np.ndarray) -> list[np.ndarray]:
-    """The parts of the polylines whose vertices lie inside the box [lo, hi]."""
-    pieces = []
-    for ln in lines:
-        inside = np.all((ln >= lo) & (ln <= hi), axis=1)
-        edges = np.flatnonzero(np.diff(np.concatenate([[0], inside.astype(np.int8), [0]])))
-        pieces += [ln[s:e] for s, e in zip(edges[::2], edges[1::2], strict=True) if e - s >= 2]
-    return pieces
-
-
 def _resample(line: np.ndarray, step: float) -> np.ndarray:
     seg = np.linalg.norm(np.diff(line, axis=0), axis=1)
     s = np.concatenate([[0.0], np.cumsum(seg)])
@@ -63,7 +53,11 @@ def _resample(line: np.ndarray, step: float) -> np.ndarray:
 
 
 def curvature_stats(lines: list[np.ndarray], lo: np.ndarray, hi: np.ndarray, step: float = 0.05) -> dict[str, float]:
-    pieces = [_resample(p, step) for p in _inside_pieces(lines, lo, hi)]
+    pieces = []
+    for ln in lines:  # the parts of the polylines whose vertices lie inside the box [lo, hi], resampled
+        inside = np.all((ln >= lo) & (ln <= hi), axis=1)
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], inside.astype(np.int8), [0]])))
+        pieces += [_resample(ln[s:e], step) for s, e in zip(edges[::2], edges[1::2], strict=True) if e - s >= 2]
     if not pieces:
         return {"turning": float("nan"), "line_rms": float("nan"), "length": 0.0}
     turning = 0.0

@@ -256,14 +256,6 @@ NO_NULL = ("Null control: no permuted-label runs among these results, so label i
            "config, seeds and repeats otherwise) to check it.\n")
 
 
-def has_fit_or_budget(summary: pd.DataFrame) -> bool:
-    """Whether some cell's results say how the eraser was fitted (eraser.fit, its report) or why the block models
-    stopped (results written before these keys do not)."""
-    cols = ["n_fit_mean", "n_coded_mean", "working_rank_mean"]
-    return any(c in summary and summary[c].notna().any() for c in cols) or \
-        ("blocks_known" in summary and (summary.blocks_known > 0).any())
-
-
 def fit_budget_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Per cell: MDL, rows fitted on and coded (eraser.fit), QLEACE's working rank and dropped variance, the block
     models' stop reasons (counts over the cell's runs), the share at the cap, and whether it is budget-bound."""
@@ -376,16 +368,6 @@ def unfinished(df: pd.DataFrame, with_group: bool = False) -> list[list[str]]:
     return rows
 
 
-def _code_line(df: pd.DataFrame) -> str:
-    done = df[df.status == "done"]
-    if done.empty or "commit" not in done:
-        return ""
-    counts = done.commit.fillna(UNKNOWN_COMMIT).value_counts(sort=False)
-    shown = ", ".join(f"{c} ({n})" for c, n in counts.items())
-    note = "; unknown: no commit recorded (older result, or not a git checkout)" if UNKNOWN_COMMIT in counts else ""
-    return f"Code versions (commit: finished results): {shown}{note}.\n"
-
-
 def _mixed_lines(summary: pd.DataFrame) -> str:
     out = []
     for flag, say in (
@@ -411,7 +393,10 @@ def _group_sections(df: pd.DataFrame, summary: pd.DataFrame, h: str) -> list[str
                   md_table(*increase_rows(inc, summary))]
     if (brackets := bracket_rows(summary)) is not None:
         parts += [f"{h} Brackets at equal n coded (bits/sample)\n", md_table(*brackets), BRACKET_NOTE]
-    if has_fit_or_budget(summary):
+    # some cell's results say how the eraser was fitted (eraser.fit, its report) or why the block models stopped
+    # (results written before these keys do not)
+    if any(c in summary and summary[c].notna().any() for c in ["n_fit_mean", "n_coded_mean", "working_rank_mean"]) \
+            or ("blocks_known" in summary and (summary.blocks_known > 0).any()):
         parts += [f"{h} Fit and training budget\n", md_table(*fit_budget_rows(summary)), FIT_BUDGET_NOTE]
     if "null_runs" in summary and (summary.null_runs > 0).any():
         parts += [f"{h} Null control (permuted labels, bits/sample)\n", md_table(*null_rows(summary)), NULL_NOTE]
@@ -436,8 +421,11 @@ def markdown(df: pd.DataFrame, summary: pd.DataFrame, title: str, name: str = "r
     protocols = ", ".join(sorted({p for p in summary.protocol if p})) or "n/a"
     parts = [f"# {title}\n", f"{done}/{total} jobs finished; MDL protocol: {protocols}. Cells: mean ± sd over "
              f"finished seeds, (n/N) when seeds are missing, {MIXED} when they come from different commits.\n"]
-    if code := _code_line(df):
-        parts.append(code)
+    if not (finished := df[df.status == "done"]).empty and "commit" in finished:
+        counts = finished.commit.fillna(UNKNOWN_COMMIT).value_counts(sort=False)
+        note = "; unknown: no commit recorded (older result, or not a git checkout)" if UNKNOWN_COMMIT in counts else ""
+        parts.append(f"Code versions (commit: finished results): {', '.join(f'{c} ({n})' for c, n in counts.items())}"
+                     f"{note}.\n")
     groups = groups_in(summary)
     if len(groups) == 1:
         parts += _group_sections(df, summary, "##")

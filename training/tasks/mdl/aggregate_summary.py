@@ -65,12 +65,6 @@ def _commits(done: pd.DataFrame) -> str:
     return _seeds_by(done.assign(commit=done.commit.fillna(UNKNOWN_COMMIT)) if "commit" in done else done, "commit")
 
 
-def mixed_numerics(done: pd.DataFrame) -> bool:
-    """Whether a cell's finished seeds record different numerics signatures (device, versions, precision, engine,
-    models trained together, deterministic); results written before the signature are not compared."""
-    return "numerics" in done and done.numerics.dropna().nunique() > 1
-
-
 def mixed_data(runs: pd.DataFrame) -> bool:
     """Whether a cell's runs (null runs included: the same data, labels permuted) were computed on different data
     (different `dataset.fingerprint`s; runs that record none are not compared)."""
@@ -174,7 +168,9 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             + [f"{_run_label(s, f, holdout)}:missing" for s, f in absent])
         rec["commits"] = _commits(done)
         rec["mixed_commits"] = "commit" in done and done.commit.nunique(dropna=False) > 1
-        rec["numerics"], rec["mixed_numerics"] = _seeds_by(done, "numerics"), mixed_numerics(done)
+        # finished seeds under different numerics signatures (results written before the signature: not compared)
+        rec["numerics"] = _seeds_by(done, "numerics")
+        rec["mixed_numerics"] = "numerics" in done and done.numerics.dropna().nunique() > 1
         runs = pd.concat([done, nulls])
         rec["data"], rec["mixed_data"] = _seeds_by(runs, "data", 10), mixed_data(runs)
         rec["set_aside"] = _seeds_by(aside, "data", 10)

@@ -46,23 +46,11 @@ class CoordResult:
         return self.slopes[LOGITS]
 
 
-def effective_width(facts: dict[str, Any]) -> float:
-    """The width the architecture actually scales, from a model's facts (`build_with_facts`): LeNet's fc width, the
-    hidden size of a SwiGLU, else width."""
-    return float(facts.get("fc_width") or facts.get("hidden") or facts["width"])
-
-
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     """Least-squares slope of log(y) against log(x)."""
     lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
     mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sum((a - mx) ** 2 for a in lx)
-
-
-def _tracked(model: nn.Module) -> dict[str, nn.Module]:
-    """Every submodule whose output is a width-dimensional activation (skip dropout/identity no-ops)."""
-    skip = (nn.Dropout, nn.Identity)
-    return {n: m for n, m in model.named_modules() if n and not isinstance(m, skip)}
 
 
 def coord_check(arch: Arch, settings: CoordSettings, batch: tuple[torch.Tensor, torch.Tensor], *,
@@ -83,12 +71,15 @@ def coord_check(arch: Arch, settings: CoordSettings, batch: tuple[torch.Tensor, 
             model, facts = build_with_facts(dataclasses.replace(arch, width=width), input_shape, k,
                                             parametrization=parametrization)
             if len(eff) == wi:
-                eff.append(effective_width(facts))
+                # the width the architecture actually scales: LeNet's fc width, a SwiGLU's hidden size, else width
+                eff.append(float(facts.get("fc_width") or facts.get("hidden") or facts["width"]))
             opt = make_optimizer(model, lr=lr, beta1=0.9, beta2=0.999, weight_decay=0.0, warmup_steps=0)  # plain
             model.train()
             opt.train()
             hooks = []
-            for name, module in _tracked(model).items():
+            # every submodule whose output is a width-dimensional activation (not the dropout/identity no-ops)
+            tracked = [(n, m) for n, m in model.named_modules() if n and not isinstance(m, (nn.Dropout, nn.Identity))]
+            for name, module in tracked:
 
                 def hook(_m: nn.Module, _i: Any, out: Any, row: list[float] = sums[name][wi]) -> None:
                     if isinstance(out, torch.Tensor) and out.is_floating_point():

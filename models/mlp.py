@@ -70,8 +70,6 @@ def matched_glu_hidden(in_features: int, width: int, depth: int, num_classes: in
 
 
 class GLU(nn.Module):
-    """silu(gate(x)) * value(x)."""
-
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()
         self.gate = nn.Linear(in_features, out_features)

@@ -30,12 +30,7 @@ def normal_init(std: float) -> Initializer:
 
 
 def param_count(model: nn.Module) -> int:
-    """Number of trainable scalars."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def readouts(model: nn.Module) -> list[MuReadout]:
-    return [m for m in model.modules() if isinstance(m, MuReadout)]
 
 
 def apply_mup(model: nn.Module, base: nn.Module, delta: nn.Module, init: Initializer) -> nn.Module:
@@ -59,7 +54,7 @@ def apply_sp(model: nn.Module) -> nn.Module:
     With all dims finite, MuReadout is an ordinary Linear and MuAdam is ordinary Adam.
     """
     set_base_shapes(model, None)
-    for head in readouts(model):
+    for head in [m for m in model.modules() if isinstance(m, MuReadout)]:
         head.readout_zero_init = False
         nn.Linear.reset_parameters(head)
     return model

@@ -57,12 +57,6 @@ def stage_grids(image_size: int, patch_size: int, stages: int) -> list[int]:
     return grids
 
 
-def auto_window(grid: int) -> int:
-    if grid <= 7:
-        return grid
-    return next((w for w in (7, 6, 5, 4) if grid % w == 0), 7)
-
-
 @dataclass(frozen=True)
 @ARCHS.register("swin", vectorises=False, base_width=40, depth_exponent=0.5, init=normal_init(0.02),
                 options=SwinOptions, coord=CoordSettings({"depth": 1, "drop_path_rate": 0.0}, (16, 32, 64, 128),
@@ -102,7 +96,7 @@ class SwinSpec:
         _, h, w = self.input_shape
         grids = stage_grids(min(h, w), self.patch_size, len(self.depths))
         if self.window_size is None:
-            return [auto_window(g) for g in grids]
+            return [g if g <= 7 else next((w for w in (7, 6, 5, 4) if g % w == 0), 7) for g in grids]
         return [min(g, self.window_size) for g in grids]
 
     @property

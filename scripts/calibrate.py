@@ -115,11 +115,10 @@ def truth(cell: Cell, rows_per_class: int = 50_000) -> float | None:
 
 def floor(cell: Cell, true: float | None) -> float | None:
     """The Bayes posterior's expected code on the cell's blocks: block 1 at log2 K, the rest at the truth."""
-    k = cell.num_classes
     if true is None or not cell.first_share:
         return None
     share = statistics.fmean(cell.first_share)
-    return share * math.log2(k) + (1 - share) * true
+    return share * math.log2(cell.num_classes) + (1 - share) * true
 
 
 def mean_ci(values: list[float]) -> tuple[float, float]:

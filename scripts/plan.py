@@ -118,18 +118,13 @@ def plan_jobs(experiment: str, extra: Sequence[str]) -> list[Job]:
     return jobs
 
 
-def varying_keys(jobs: Sequence[Job]) -> list[str]:
-    """Override keys whose value differs between jobs, in the order they appear, less those the path shows."""
-    values: dict[str, set[str]] = defaultdict(set)
-    for job in jobs:
-        for line in job.overrides:
-            key, _, value = line.partition("=")
-            values[key].add(value)
-    return [k for k, v in values.items() if len(v) > 1 and k.lstrip("+") not in IN_PATH]
-
-
 def cells(jobs: Sequence[Job]) -> list[Cell]:
-    shown = varying_keys(jobs)
+    """A Cell per job directory's parent, labelled by its path and the override keys whose value differs between jobs
+    (in the order they appear) that the path does not show."""
+    values: dict[str, set[str]] = defaultdict(set)
+    for line in (line for job in jobs for line in job.overrides):
+        values[line.partition("=")[0]].add(line.partition("=")[2])
+    shown = [k for k, v in values.items() if len(v) > 1 and k.lstrip("+") not in IN_PATH]
     out: dict[str, Cell] = {}
     for job in jobs:
         key = str(job.job_dir.parent)
@@ -204,20 +199,10 @@ def bench_cost(path: Path) -> tuple[dict[str, Cost], str | None]:
     return {"mlp": Cost(per_job, what)}, None
 
 
-@dataclass
-class EpochCost:
-    """A GPU job of one architecture from `make gpu-report`: seconds outside training, seconds per epoch of all its
-    models (the report caps epochs: never a job's price as it stands), where that comes from."""
-
-    overhead_s: float
-    per_epoch_s: float
-    epochs_measured: float
-    source: str
-
-
-def gpu_report_cost(path: Path) -> tuple[dict[str, EpochCost], str | None]:
-    """Per architecture, GPU seconds per epoch (and outside training) from `make gpu-report`'s job_<arch> steps; or
-    why there are none."""
+def gpu_report_cost(path: Path) -> tuple[dict[str, tuple[float, float, str]], str | None]:
+    """Per architecture, from `make gpu-report`'s job_<arch> steps: GPU seconds outside training, seconds per epoch of
+    all its models (the report caps epochs: never a job's price as it stands), where that comes from; or why there are
+    none."""
     try:
         report = json.loads(path.read_text())
         steps = {str(name): (step["figures"] if step.get("status") == "ok" else {})
@@ -237,7 +222,7 @@ def gpu_report_cost(path: Path) -> tuple[dict[str, EpochCost], str | None]:
         wall = float(figures["wall_s"])
         train = float(figures["train_s"]) if "train_s" in figures else wall
         per_epoch = float(figures["job_s_per_epoch"]) if "job_s_per_epoch" in figures else train / epochs
-        out[name.removeprefix("job_")] = EpochCost(max(wall - train, 0.0), per_epoch, epochs, (
+        out[name.removeprefix("job_")] = (max(wall - train, 0.0), per_epoch, (
             f"{path} ({report.get('updated') or _date(path)}, {device}): one job at the paper's base "
             f"size, CIFAR-shaped data, {per_epoch:.1f} s per epoch of its models (measured over {epochs:g} capped "
             f"epoch(s)) + {max(wall - train, 0.0):.1f} s outside training"))
@@ -267,12 +252,13 @@ def protocol_epochs(arch: str, remaining: Sequence[Job], finished: Sequence[Job]
                         f"after the best; the real figure is higher, known once jobs of this family finish)")
 
 
-def gpu_prices(costs: dict[str, EpochCost], remaining: Sequence[Job], finished: Sequence[Job]) -> dict[str, Cost]:
+def gpu_prices(costs: dict[str, tuple[float, float, str]], remaining: Sequence[Job],
+               finished: Sequence[Job]) -> dict[str, Cost]:
     """Seconds per job at the epochs the protocol will run (`protocol_epochs`), not the report's capped ones."""
     out = {}
-    for arch, c in costs.items():
+    for arch, (overhead, per_epoch, source) in costs.items():
         epochs, how = protocol_epochs(arch, remaining, finished)
-        out[arch] = Cost(c.overhead_s + c.per_epoch_s * epochs, f"{c.source}; x {epochs:g} epochs ({how})")
+        out[arch] = Cost(overhead + per_epoch * epochs, f"{source}; x {epochs:g} epochs ({how})")
     return out
 
 

@@ -66,11 +66,11 @@ def test_mixture_keeps_information_through_population_qleace(tmp_path: Path) -> 
 def test_mixture_truth_tends_to_h_as_its_modes_merge(tmp_path: Path) -> None:
     """H(Y|X') after population QLEACE: 1 bit when each class is (nearly) one Gaussian, well below with two modes."""
     from training.app.tasks import load_job
-    from training.data.generators import mixture_truth_bits
+    from training.data.generators import population_truth_bits
 
     def bound(separation: float) -> float:
         cfg = load_job(job_config(tmp_path, ["dataset=mixture", f"dataset.separation={separation}"]))
-        return mixture_truth_bits(cfg.dataset.options, 5000)
+        return population_truth_bits(cfg.dataset.options, "qleace", rows_per_class=5000)[0]
 
     assert abs(bound(0.01) - 1.0) < 1e-6
     assert bound(6.0) < 0.6 < bound(3.0) < 0.9

@@ -1,7 +1,8 @@
 """PNG plots for scripts/aggregate.py: MDL per cell, MDL vs width / depth (paper Figs 4-8), validation-loss
 curves per eraser (Figs 9-15) and the MDL increase over control. Missing cells are gaps, never interpolated.
 Every plot shows one comparison group (scripts/aggregate.py); one that would overlay several is refused. Rows are
-(dataset, arch, width, depth, fit_on, variant); permuted-label (null) runs are controls, never plotted as a value."""
+(dataset, arch, width, depth, fit_on, variant): the frames of training/tasks/mdl/aggregate_*.py, which always have
+these columns; permuted-label (null) runs are controls, never plotted as a value."""
 
 from __future__ import annotations
 
@@ -21,11 +22,6 @@ from training.analysis.tables import ERASER_ORDER, eraser_order, require_one_gro
 COLORS = {e: f"C{i}" for i, e in enumerate(ERASER_ORDER)}
 MAX_PANELS = 16
 LN2 = math.log(2)
-
-
-def _fit(frame: pd.DataFrame) -> pd.DataFrame:
-    """The frame with a `fit_on` column (frames from before fit_on: "all")."""
-    return frame if "fit_on" in frame else frame.assign(fit_on="all")
 
 
 def _row_text(fit_on: str, variant: str) -> str:
@@ -52,7 +48,6 @@ def _save(fig: plt.Figure, path: Path) -> None:
 
 def plot_bars(summary: pd.DataFrame, path: Path) -> None:
     require_one_group(summary, "a plot")
-    summary = _fit(summary)
     rank = {e: i for i, e in enumerate(eraser_order(summary.eraser))}
     s = summary.assign(_row=summary.groupby(ROW, sort=False).ngroup(),
                        _rank=summary.eraser.map(rank)).sort_values(["_row", "_rank"]).reset_index(drop=True)
@@ -74,8 +69,7 @@ def plot_mdl_vs(summary: pd.DataFrame, axis: str, path: Path) -> None:
     require_one_group(summary, "a plot")
     other = "depth" if axis == "width" else "width"
     panels = []
-    for (dataset, arch, fit_on, variant), g in _fit(summary).groupby(["dataset", "arch", "fit_on", "variant"],
-                                                                     sort=False):
+    for (dataset, arch, fit_on, variant), g in summary.groupby(["dataset", "arch", "fit_on", "variant"], sort=False):
         fixed = g[other].mode().iloc[0]
         g = g[g[other] == fixed]
         if g[axis].nunique() >= 2:
@@ -109,9 +103,7 @@ def _mean_curve(curves: list[list[list[float]]]) -> tuple[np.ndarray, np.ndarray
 
 def plot_curves(df: pd.DataFrame, path: Path) -> None:
     require_one_group(df, "a plot")
-    df = _fit(df)
-    if "null" in df:
-        df = df[~df["null"].astype(bool)]
+    df = df[~df["null"].astype(bool)]  # every collected frame has `null` (aggregate_collect.assign_groups)
     done = df[(df.status == "done") & df.curve.map(lambda c: isinstance(c, list) and len(c) > 0)] \
         if "curve" in df else df.iloc[0:0]
     if done.empty:
@@ -133,7 +125,6 @@ def plot_increase(inc: pd.DataFrame, path: Path) -> None:
     require_one_group(inc, "a plot")
     if inc.empty:
         return
-    inc = _fit(inc)
     keys = list(dict.fromkeys(zip(*(inc[c] for c in ROW), strict=True)))
     erasers = eraser_order(inc.eraser)
     width = 0.8 / len(erasers)

@@ -1,9 +1,9 @@
 """What the tasks' tables and the aggregate scripts share: the eraser order of the paper's tables, markdown tables,
 mean ± sd over seeds, the method (ERM / SD λ=…) a stored config names, the comparison groups (results that differ
 in anything but the eraser and the seed are never compared), and the typed rows of the aggregate's frames, each read
-once from its pandas row: a summary cell (aggregate_summary.summarize), a collected job (aggregate_collect) and a
-run's probe scores. The columns a frame may lack (results written before the key existed; a frame without unfinished
-jobs has no `error`) are declared with their defaults, once; a present column is taken as it is (NaN included)."""
+once from its pandas row: a summary cell (aggregate_summary.summarize) and a run's probe scores. The columns a frame
+may lack (results written before the key existed) are declared with their defaults, once; a present column is taken
+as it is (NaN included)."""
 
 from __future__ import annotations
 
@@ -64,18 +64,6 @@ class CellRow(_Row):
     budget_bound: Any = ""  # why the cell's number depends on the budget (analysis/tables.budget_reason)
     fit_rows_per_class_dim_mean: float = math.nan
     rank_irregular_mean: float = math.nan  # the share of runs whose fit is rank-irregular (erasure/rank_test.py)
-
-
-@dataclass(frozen=True)
-class JobRow(_Row):
-    """A collected job as the table of jobs without a result shows it."""
-
-    status: str
-    seed: Any
-    job_dir: str
-    null: Any = None  # True: a permuted-label run
-    error: Any = ""
-    group: Any = None  # None: no result tells its group
 
 
 @dataclass(frozen=True)
@@ -288,12 +276,9 @@ def null_mismatch(cell: Any, nulls: Any) -> str:
         a = {int(v) for v in cell[col] if v == v}
         b = {int(v) for v in nulls[col] if v == v}
         if a != b:
-            parts.append(f"{name} {_ints(b)} vs the cell's {_ints(a)}")
+            null_set, cell_set = ("{" + ", ".join(map(str, sorted(s))) + "}" for s in (b, a))
+            parts.append(f"{name} {null_set} vs the cell's {cell_set}")
     return "null " + "; ".join(parts) if parts else ""
-
-
-def _ints(values: set[int]) -> str:
-    return "{" + ", ".join(map(str, sorted(values))) + "}"
 
 
 def probe_below_chance(runs: Any) -> bool:

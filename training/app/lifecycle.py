@@ -48,9 +48,6 @@ class SavedProgress:
     blocks: list[Any]
     config_hash: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"config_hash": self.config_hash, "blocks": self.blocks}
-
     @classmethod
     def from_json(cls, raw: Any) -> SavedProgress:
         """ValueError for what is not `{"config_hash", "blocks": [...]}`."""
@@ -83,13 +80,10 @@ class Progress:
         return saved.blocks if saved is not None and saved.config_hash == self.cfg_hash else None
 
     def save(self, units: list[Any]) -> None:
-        atomic_write_json(self.path, SavedProgress(units, self.cfg_hash).to_json())
+        atomic_write_json(self.path, {"config_hash": self.cfg_hash, "blocks": units})
 
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
-
-
-Status = Literal["done", "skipped", "reused", "failed"]
 
 
 @dataclass(frozen=True)
@@ -97,7 +91,7 @@ class Outcome:
     """What a job came to (see the module docstring) and its result.json (None when it failed: `error` says why).
     `run_in_job_dir` raises a failure; the multirun ledger (training/cli/ledger.py) records it as `failed`."""
 
-    status: Status
+    status: Literal["done", "skipped", "reused", "failed"]
     job_dir: Path
     result: dict[str, Any] | None = None
     error: str | None = None

@@ -63,7 +63,8 @@ def load_config(cfg: Mapping[str, Any] | JobConfig, spec: TaskSpec, others: Coll
     _check_task_reads(job)
     _check_inside_out_dir(job.paths)
     _check_storage(job.training.storage, job.eraser.name, job.dataset.zscore)
-    check_fit_data(job.eraser, job.dataset, job.dataset.permute_labels)
+    e = job.eraser
+    check_fit_data(e.fit_on, e.fit_source, e.n_fit, job.dataset, job.dataset.permute_labels)
     return job
 
 

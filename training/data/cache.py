@@ -239,6 +239,10 @@ def unreadable_line(entry: Path, err: OSError, what: str, instead: str) -> str:
 UNREADABLE: Any = object()  # `_load`: the entry exists but this process may not read it
 
 
+def _key_text(key: Any) -> str:
+    return json.dumps(key, sort_keys=True, separators=(",", ":"), allow_nan=True)
+
+
 def set_aside(path: Path) -> Path | None:
     """Rename a cache entry that is not served (another key's, another code version's, damaged) to a name of its own
     beside it, `<name>.set-aside-<n>`, never over another; None (nothing renamed) when it cannot be renamed."""
@@ -254,9 +258,11 @@ def set_aside(path: Path) -> Path | None:
     return None
 
 
-def _check_manifest(manifest: Any, key: Mapping[str, Any], entry: Path) -> None:
-    """ValueError unless `manifest` is of the entry asked for: this format, this code version, `key`, and the sha256
-    of both its files (a copy or rename of another key's entry, or a damaged file, is never served)."""
+def _read(entry: Path, key: Mapping[str, Any]) -> tuple[Tensor, dict[str, Any]]:
+    """The stored erased-data entry of `key`; ValueError unless it is that entry, whole: its manifest of this format,
+    this code version, `key`, and the sha256 of both its files (a copy or rename of another key's entry, or a damaged
+    file, is never served)."""
+    manifest = json.loads((entry / "manifest.json").read_text())
     if manifest.get("format") != CACHE_FORMAT or manifest.get("code_version") != code_version():
         raise ValueError(f"written by format {manifest.get('format')!r}, code version "
                          f"{manifest.get('code_version')!r}, not {CACHE_FORMAT}, {code_version()!r}")
@@ -265,16 +271,6 @@ def _check_manifest(manifest: Any, key: Mapping[str, Any], entry: Path) -> None:
     for name in ("data.pt", "report.json"):
         if _sha256(entry / name) != manifest["sha256"][name]:
             raise ValueError(f"checksum mismatch for {name}")
-
-
-def _key_text(key: Any) -> str:
-    return json.dumps(key, sort_keys=True, separators=(",", ":"), allow_nan=True)
-
-
-def _read(entry: Path, key: Mapping[str, Any]) -> tuple[Tensor, dict[str, Any]]:
-    """The stored erased-data entry of `key`; ValueError unless it is that entry, whole."""
-    manifest = json.loads((entry / "manifest.json").read_text())
-    _check_manifest(manifest, key, entry)
     x = torch.load(entry / "data.pt", map_location="cpu", weights_only=True)
     report = json.loads((entry / "report.json").read_text())
     if list(x.shape) != manifest["shape"] or str(x.dtype).replace("torch.", "") != manifest["dtype"]:

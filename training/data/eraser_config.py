@@ -10,7 +10,7 @@ from __future__ import annotations
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from erasure import default_options
 from erasure.registry import ERASERS
@@ -146,21 +146,10 @@ def check_eraser_fitting(values: Mapping[str, Any]) -> None:
                               "to the true-label data; use a fitted map eraser (leace, qleace, alf_qleace)")
 
 
-class FitKeys(Protocol):
-    """The keys of the typed `eraser` config group (training/app/schema.py EraserConfig) that say how it is fitted."""
-
-    @property
-    def fit_on(self) -> str: ...
-    @property
-    def fit_source(self) -> str: ...
-    @property
-    def n_fit(self) -> int | None: ...
-
-
-def check_fit_data(e: FitKeys, dataset: DatasetCfg, permute_labels: bool) -> None:
+def check_fit_data(fit_on: str, fit_source: str, n_fit: int | None, dataset: DatasetCfg, permute_labels: bool) -> None:
     """The fitting modes that need a kind of dataset (`dataset.name`, its `options`): oracle a generator (fresh draws),
     pool a `dataset.limit`; and a generator's draw must fit in memory."""
-    fit_on, fit_source, n_fit, name, limit = e.fit_on, e.fit_source, e.n_fit, dataset.name, dataset.limit
+    name, limit = dataset.name, dataset.limit
     if fit_on in ("oracle", "population") and not dataset_traits(name).generator:
         generators = ", ".join(n for n in DATASETS.names() if dataset_traits(n).generator)
         need = "fresh draws need" if fit_on == "oracle" else "exact class statistics need"

@@ -98,22 +98,17 @@ def oracle_chunks(o: GaussianOptions, rows_per_class: int) -> Iterator[tuple[Ten
         done, i = done + m, i + 1
 
 
-def _load(name: str, cfg: DatasetCfg) -> LoadedData:
+def load_generated(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
+    """The coded rows of `dataset=gaussian` or `mixture` (`cfg.name`)."""
     o: GaussianOptions = cfg.options
     x, y = draw(o, o.rows_per_class)
-    return LoadedData(name, x, y, o.num_classes, {"source": f"generator {name} (data_seed {o.data_seed})",
-                                                  "rows_per_class": o.rows_per_class,
-                                                  "label_entropy_bits": math.log2(o.num_classes)})  # H(Y)
+    return LoadedData(cfg.name, x, y, o.num_classes, {"source": f"generator {cfg.name} (data_seed {o.data_seed})",
+                                                      "rows_per_class": o.rows_per_class,
+                                                      "label_entropy_bits": math.log2(o.num_classes)})  # H(Y)
 
 
-@register("gaussian", options=GaussianOptions, generator=True)
-def load_gaussian(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
-    return _load("gaussian", cfg)
-
-
-@register("mixture", options=MixtureOptions, generator=True)
-def load_mixture(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
-    return _load("mixture", cfg)
+register("gaussian", options=GaussianOptions, generator=True)(load_generated)
+register("mixture", options=MixtureOptions, generator=True)(load_generated)
 
 
 POPULATION_N = 10**9  # each class's count in population moments: Bessel's correction vanishes
@@ -192,11 +187,6 @@ def population_truth_bits(o: GaussianOptions, eraser: str, options: dict[str, An
         logp[:, j] = torch.logsumexp(torch.stack(parts), 0) - math.log(len(comps))
     bits = -torch.log_softmax(logp, 1)[torch.arange(len(y)), y] / math.log(2)
     return float(bits.mean()), float(bits.std() / math.sqrt(len(bits)))
-
-
-def mixture_truth_bits(o: MixtureOptions, rows_per_class: int = 50_000) -> float:
-    """H(Y | X') in bits for `mixture` after POPULATION QLEACE (`population_truth_bits`)."""
-    return population_truth_bits(o, "qleace", rows_per_class=rows_per_class)[0]
 
 
 def check_generated_size(name: str, o: Any) -> None:

@@ -54,15 +54,6 @@ class _CifarUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def load_cifar_batch(path: Path) -> dict[str, Any]:
-    """One CIFAR-10 python batch file, read with `_CifarUnpickler` (latin1 for its Python 2 strings)."""
-    with open(path, "rb") as f:
-        entry = _CifarUnpickler(f, encoding="latin1").load()
-    if not isinstance(entry, dict):
-        raise ValueError(f"expected a dict with data and labels, got {type(entry).__name__}")
-    return entry
-
-
 @register("cifar10", files=True)
 def load_cifar10(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
     root = _root(cfg, data_dir)
@@ -79,8 +70,10 @@ def load_cifar10(cfg: DatasetCfg, data_dir: Path) -> LoadedData:
                                   f"extract {CIFAR10_URL} into {root} (or set paths.data_dir / dataset.root)")
     xs, ys = [], []
     for b in batches:
-        with reading(b, "CIFAR-10 batch"):
-            entry = load_cifar_batch(b)
+        with reading(b, "CIFAR-10 batch"), open(b, "rb") as f:
+            entry = _CifarUnpickler(f, encoding="latin1").load()  # latin1: its Python 2 strings
+            if not isinstance(entry, dict):
+                raise ValueError(f"expected a dict with data and labels, got {type(entry).__name__}")
             xs.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
             ys.append(np.asarray(entry["labels"], dtype=np.int64))
     x = torch.from_numpy(np.concatenate(xs)).float().div_(255.0)

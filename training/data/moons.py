@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -14,24 +15,6 @@ from torch import Tensor
 from training.common.option_checks import NONNEG, POSITIVE
 from training.data.registry import DatasetCfg, LoadedData, register
 from training.engine.seeding import derive_seed
-
-
-def two_moons_arrays(n: int, noise: float, margin: float, seed: int, rotation: float = 0.0) -> tuple[np.ndarray,
-                                                                                                      np.ndarray]:
-    """The paper's arrangement: the moons folded so that one coordinate (the horizontal axis after the final 90°
-    rotation) separates the classes with a gap of 2·margin (> 0: separable whatever the noise; < 0: overlapping)."""
-    from sklearn.datasets import make_moons
-
-    x, y = make_moons(n_samples=n, noise=noise, random_state=seed % 2**32)
-    s = 2.0 * y - 1.0
-    x = x - np.stack([np.full(n, 0.5), 0.3 * s], axis=1)
-    x[:, 1] -= x[:, 1].mean()
-    x[:, 1] = -s * np.abs(x[:, 1]) - s * margin  # class 1 below −margin, class 0 above +margin
-    x = x[:, ::-1].copy()  # rotate by 90°: the separating coordinate becomes the horizontal axis
-    if rotation:
-        t = np.radians(rotation)
-        x = x @ np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
-    return x.astype(np.float32), y.astype(np.int64)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,15 +29,24 @@ class TwoMoonsOptions:
     data_seed: int = field(metadata={"check": lambda v: v >= 0, "allowed": "an integer ≥ 0"})
 
 
-def two_moons(opts: TwoMoonsOptions, split: str = "train") -> tuple[Tensor, Tensor]:
-    """(x (n, 2) float32, y (n,) int64); the test split is an independent draw of `n_test` points."""
-    seed, n = opts.data_seed, opts.n
-    if split == "test":
-        seed, n = derive_seed(seed, "two_moons_test"), opts.n_test
-    elif split != "train":
-        raise ValueError(f"two_moons split must be train or test, got {split!r}")
-    x, y = two_moons_arrays(n, opts.noise, opts.margin, seed, opts.rotation)
-    return torch.from_numpy(x), torch.from_numpy(y)
+def two_moons(opts: TwoMoonsOptions, split: Literal["train", "test"] = "train") -> tuple[Tensor, Tensor]:
+    """(x (n, 2) float32, y (n,) int64); the test split is an independent draw of `n_test` points. The paper's
+    arrangement: the moons folded so that one coordinate (the horizontal axis after the final 90° rotation) separates
+    the classes with a gap of 2·margin (> 0: separable whatever the noise; < 0: overlapping)."""
+    from sklearn.datasets import make_moons
+
+    seed = derive_seed(opts.data_seed, "two_moons_test") if split == "test" else opts.data_seed
+    n = opts.n_test if split == "test" else opts.n
+    x, y = make_moons(n_samples=n, noise=opts.noise, random_state=seed % 2**32)
+    s = 2.0 * y - 1.0
+    x = x - np.stack([np.full(n, 0.5), 0.3 * s], axis=1)
+    x[:, 1] -= x[:, 1].mean()
+    x[:, 1] = -s * np.abs(x[:, 1]) - s * opts.margin  # class 1 below −margin, class 0 above +margin
+    x = x[:, ::-1].copy()  # rotate by 90°: the separating coordinate becomes the horizontal axis
+    if opts.rotation:
+        t = np.radians(opts.rotation)
+        x = x @ np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
+    return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.int64))
 
 
 @register("two_moons", options=TwoMoonsOptions)

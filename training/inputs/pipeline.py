@@ -104,9 +104,7 @@ def _erased(data: LoadedData, cfg: JobConfig, store: Store, plan: FitPlan | None
     eraser, dataset, cert = cfg.eraser, cfg.dataset, cfg.certificate
 
     def apply(d: LoadedData, p: FitPlan | None) -> tuple[torch.Tensor, dict[str, Any], Eraser | None]:
-        if keep_map:
-            return apply_eraser_keeping_map(d, eraser, store, p, cert)
-        return (*apply_eraser(d, eraser, store, p, cert), None)
+        return apply_eraser_keeping_map(d, eraser, store, p, cert, keep_map)
 
     if not dataset.zscore:
         return (*apply(data, plan), None, data)

@@ -40,7 +40,6 @@ class EraserSpec:
 
 
 def flat(data: LoadedData) -> Tensor:
-    """The rows of `data` as vectors."""
     return data.x.reshape(len(data.x), -1)
 
 
@@ -141,7 +140,6 @@ class FitPlan:
         return self.fit_on in ("self", "all")
 
     def coded(self, data: LoadedData) -> LoadedData:
-        """The coded rows of `data`."""
         return data if self.coded_idx is None else data.subset(self.coded_idx)
 
     def labelled(self, fit: LoadedData) -> LoadedData:
@@ -200,15 +198,20 @@ def fit_plan(e: EraserConfig, dataset: DatasetConfig, seed: int, data: LoadedDat
     shuffle = (seed, e.repeat) if e.fit_labels == "shuffled" else None  # the fit labels' permutation
     if e.fit_on == "all":
         return None if shuffle is None else FitPlan("all", shuffle=shuffle)
-    if e.fit_on == "oracle":
-        return FitPlan("oracle", draws=oracle_fit(e.n_fit, dataset, data))
+    o = dataset.options  # oracle, population: a generator's (training/data/generators.py)
+    if e.fit_on == "oracle":  # fresh draws (never the coded rows), n_fit rows per class (null: ORACLE_ROWS_PER_DIM · d)
+        per_class = e.n_fit or ORACLE_ROWS_PER_DIM * int(data.x[0].numel())
+        key = {"dataset": dataset.name, "options": dataclasses.asdict(o), "rows_per_class": per_class}
+        return FitPlan("oracle", draws=Draws(lambda: oracle_chunks(o, per_class), per_class * data.num_classes,
+                                             data.num_classes, key))
     if e.fit_source == "pool":
         pool = _pool(e, dataset, seed, data, store)
         return FitPlan(e.fit_on, pool=pool, fit_source="pool", repeat=e.repeat, shuffle=shuffle)
 
     _check_split(e.fit_fraction, data)
     fit_idx, coded_idx = holdout_split(data.y, e.fit_fraction, seed=seed, repeat=e.repeat)
-    moments = population_fit(dataset) if e.fit_on == "population" else None  # codes the rows self codes
+    moments = None if e.fit_on != "population" else Moments(  # its exact class moments, coding the rows self codes
+        lambda: population_moments(o), {"dataset": dataset.name, "options": dataclasses.asdict(o), "population": True})
     return FitPlan(e.fit_on, coded_idx=coded_idx, fit_idx=fit_idx if e.fit_on == "holdout" else None,
                    fit_source="split", fit_fraction=float(e.fit_fraction), repeat=e.repeat, moments=moments,
                    shuffle=shuffle)
@@ -258,18 +261,3 @@ def _pool(e: EraserConfig, dataset: DatasetConfig, seed: int, data: LoadedData, 
                           "lower dataset.limit")
     return pool
 
-
-def oracle_fit(n_fit: int | None, dataset: DatasetConfig, data: LoadedData) -> Draws:
-    """`eraser.fit_on=oracle`: fresh draws of the generator (never the coded rows), `eraser.n_fit` rows per class
-    (null: ORACLE_ROWS_PER_DIM · d)."""
-    o = dataset.options
-    per_class = n_fit or ORACLE_ROWS_PER_DIM * int(data.x[0].numel())
-    key = {"dataset": dataset.name, "options": dataclasses.asdict(o), "rows_per_class": per_class}
-    return Draws(lambda: oracle_chunks(o, per_class), per_class * data.num_classes, data.num_classes, key)
-
-
-def population_fit(dataset: DatasetConfig) -> Moments:
-    """`eraser.fit_on=population`: the generator's exact class moments (training/data/generators.py)."""
-    o = dataset.options
-    key = {"dataset": dataset.name, "options": dataclasses.asdict(o), "population": True}
-    return Moments(lambda: population_moments(o), key)

@@ -27,21 +27,6 @@ class Grid:
     z: np.ndarray  # (n, n) logits, z[i, j] at (xs[j], ys[i])
 
 
-def evaluate_grid(f: Logit, lo: float, hi: float, n: int) -> Grid:
-    xs = np.linspace(lo, hi, n)
-    gx, gy = np.meshgrid(xs, xs)
-    z = f(np.stack([gx.ravel(), gy.ravel()], axis=1)).reshape(n, n)
-    return Grid(xs, xs.copy(), z)
-
-
-def boundary_lines(grid: Grid) -> list[np.ndarray]:
-    """Polylines (m, 2) of the zero level set."""
-    import contourpy
-
-    gen = contourpy.contour_generator(grid.xs, grid.ys, grid.z, line_type=contourpy.LineType.Separate)
-    return [np.asarray(line, dtype=np.float64) for line in gen.lines(0.0) if len(line) >= 2]
-
-
 def point_segment_distances(points: np.ndarray, lines: list[np.ndarray]) -> np.ndarray:
     """Distance from each point to the nearest segment of any polyline (inf when there is none)."""
     if not lines:
@@ -58,16 +43,6 @@ def point_segment_distances(points: np.ndarray, lines: list[np.ndarray]) -> np.n
     return best
 
 
-def _inside_pieces(lines: list[np.ndarray], lo: np.ndarray, hi: np.ndarray) -> list[np.ndarray]:
-    """The parts of the polylines whose vertices lie inside the box [lo, hi]."""
-    pieces = []
-    for ln in lines:
-        inside = np.all((ln >= lo) & (ln <= hi), axis=1)
-        edges = np.flatnonzero(np.diff(np.concatenate([[0], inside.astype(np.int8), [0]])))
-        pieces += [ln[s:e] for s, e in zip(edges[::2], edges[1::2], strict=True) if e - s >= 2]
-    return pieces
-
-
 def _resample(line: np.ndarray, step: float) -> np.ndarray:
     seg = np.linalg.norm(np.diff(line, axis=0), axis=1)
     s = np.concatenate([[0.0], np.cumsum(seg)])
@@ -78,7 +53,11 @@ def _resample(line: np.ndarray, step: float) -> np.ndarray:
 
 
 def curvature_stats(lines: list[np.ndarray], lo: np.ndarray, hi: np.ndarray, step: float = 0.05) -> dict[str, float]:
-    pieces = [_resample(p, step) for p in _inside_pieces(lines, lo, hi)]
+    pieces = []
+    for ln in lines:  # the parts of the polylines whose vertices lie inside the box [lo, hi], resampled
+        inside = np.all((ln >= lo) & (ln <= hi), axis=1)
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], inside.astype(np.int8), [0]])))
+        pieces += [_resample(ln[s:e], step) for s, e in zip(edges[::2], edges[1::2], strict=True) if e - s >= 2]
     if not pieces:
         return {"turning": float("nan"), "line_rms": float("nan"), "length": 0.0}
     turning = 0.0
@@ -97,8 +76,13 @@ def curvature_stats(lines: list[np.ndarray], lo: np.ndarray, hi: np.ndarray, ste
 def geometry(f: Logit, x: np.ndarray, y: np.ndarray, lo: float = -2.5, hi: float = 2.5, n: int = 301) -> tuple[
         dict[str, float], Grid]:
     """Margins of the points (x, y) and curvature of the boundary inside their bounding box."""
-    grid = evaluate_grid(f, lo, hi, n)
-    lines = boundary_lines(grid)
+    import contourpy
+
+    xs = np.linspace(lo, hi, n)
+    gx, gy = np.meshgrid(xs, xs)
+    grid = Grid(xs, xs.copy(), f(np.stack([gx.ravel(), gy.ravel()], axis=1)).reshape(n, n))
+    gen = contourpy.contour_generator(grid.xs, grid.ys, grid.z, line_type=contourpy.LineType.Separate)
+    lines = [np.asarray(line, dtype=np.float64) for line in gen.lines(0.0) if len(line) >= 2]  # the zero level set
     correct = (f(x) > 0).astype(np.int64) == y
     margins = point_segment_distances(x, lines) * np.where(correct, 1.0, -1.0)
     stats = curvature_stats(lines, x.min(axis=0), x.max(axis=0))

@@ -8,7 +8,6 @@ weight decay (`gs.weight_decay`, an optimizer setting) are config choices of the
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,14 +51,6 @@ def train(cfg: JobConfig, x: torch.Tensor, y: torch.Tensor, device: torch.device
         torch.autograd.backward(loss)  # loss.backward(), typed
         opt.step()
     return net.eval(), curve
-
-
-def logit_fn(net: nn.Module, device: torch.device) -> Callable[[np.ndarray], np.ndarray]:
-    @torch.no_grad()
-    def f(points: np.ndarray) -> np.ndarray:
-        t = torch.from_numpy(np.asarray(points, dtype=np.float32)).to(device)
-        return torch.cat([net(t[i: i + 65536])[:, 0] for i in range(0, len(t), 65536)]).double().cpu().numpy()
-    return f
 
 
 @torch.no_grad()
@@ -108,7 +99,13 @@ def run(prepared: Moons) -> StarvationSections:
     moons: TwoMoonsOptions = cfg.dataset.options
     net, curve = train(cfg, x, y, device, job.numerics)
     g = cfg.task_options.grid
-    geo, grid = geometry(logit_fn(net, device), x.numpy().astype(np.float64), y.numpy(), g.lo, g.hi, g.n)
+
+    @torch.no_grad()
+    def logits(points: np.ndarray) -> np.ndarray:  # the net's logit at (m, 2) points
+        t = torch.from_numpy(np.asarray(points, dtype=np.float32)).to(device)
+        return torch.cat([net(t[i: i + 65536])[:, 0] for i in range(0, len(t), 65536)]).double().cpu().numpy()
+
+    geo, grid = geometry(logits, x.numpy().astype(np.float64), y.numpy(), g.lo, g.hi, g.n)
     np.savez_compressed(job_dir / BOUNDARY_FILE, xs=grid.xs, ys=grid.ys, z=grid.z, x=x.numpy(), y=y.numpy())
     train_m, test_m = metrics(net, x, y, device), metrics(net, xt, yt, device)
     title = f"{method_name(cfg)}, margin {moons.margin}, seed {cfg.seed}"

@@ -29,7 +29,7 @@ from training.app.tasks import job_semantic, read_any, spec_of
 from training.common.ledger_entry import ENTRY_GLOB, LedgerEntry, read_entry
 from training.data.eraser_config import FIT_DEFAULTS, REPEAT_KEY, legacy_fold
 from training.tasks.mdl.job_paths import JobPath
-from training.tasks.mdl.result import BlockRecord, Certificate, MdlRecord, MdlResult, number_or_nan
+from training.tasks.mdl.result import BlockRecord, MdlRecord, MdlResult, number_or_nan
 
 # A table row (group: the comparison group, a table of its own; fit_on: how the eraser was fitted, all | holdout;
 # variant: eraser options that differ, if any). A cell's runs: its seeds × folds, and its null runs (`null`).
@@ -162,25 +162,21 @@ def config_identity(cfg: dict[str, Any], numerics_version: Any = None) -> dict[s
     return flat
 
 
-def _identity_columns(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, str]:
-    """`settings`: what must be equal for two results to be compared (all but labels, eraser and seed);
-    `eraser_settings`: the eraser's options (its variants). Neither holds the fold (folds are combined) nor
-    dataset.permute_labels (a null run belongs to the cell of its true-label runs)."""
-    flat = {k: v for k, v in config_identity(cfg, numerics_version).items() if k not in (REPEAT_KEY, NULL_KEY)}
-    settings = {k: v for k, v in flat.items() if k not in SHOWN and not k.startswith("eraser.")}
-    eraser = {k: v for k, v in flat.items() if k.startswith("eraser.") and k not in SHOWN}
-    return {"settings": json.dumps(settings, sort_keys=True, default=str),
-            "eraser_settings": json.dumps(eraser, sort_keys=True, default=str)}
-
-
 def _cell_from_config(cfg: dict[str, Any], numerics_version: Any = None) -> dict[str, Any]:
+    """The row's labels, and its identity: `settings`, what must be equal for two results to be compared (all but
+    labels, eraser and seed); `eraser_settings`, the eraser's options (its variants). Neither holds the fold (folds
+    are combined) nor dataset.permute_labels (a null run belongs to the cell of its true-label runs)."""
     c = config_view(cfg)  # older spellings read as today's (result_codec.config_view)
     fit_on = str(c["eraser.fit_on"])
-    repeat = c[REPEAT_KEY] or 0
+    flat = {k: v for k, v in config_identity(cfg, numerics_version).items() if k not in (REPEAT_KEY, NULL_KEY, *SHOWN)}
+    settings = {k: v for k, v in flat.items() if not k.startswith("eraser.")}
+    eraser = {k: v for k, v in flat.items() if k.startswith("eraser.")}
     return {"dataset": c["dataset.tag"], "arch": c["arch.tag"], "width": int(c["arch.width"]),
             "depth": int(c["arch.depth"]), "eraser": str(c["eraser.name"]), "seed": int(c["seed"]),
-            "fit_on": fit_on, "fold": int(repeat) if fit_on in SPLIT_MODES else 0,
-            "null": bool(c[NULL_KEY]), "protocol": c["mdl.protocol"], **_identity_columns(cfg, numerics_version)}
+            "fit_on": fit_on, "fold": int(c[REPEAT_KEY] or 0) if fit_on in SPLIT_MODES else 0,
+            "null": bool(c[NULL_KEY]), "protocol": c["mdl.protocol"],
+            "settings": json.dumps(settings, sort_keys=True, default=str),
+            "eraser_settings": json.dumps(eraser, sort_keys=True, default=str)}
 
 
 def _cell_from_path(job_dir: Path) -> dict[str, Any] | None:
@@ -323,15 +319,6 @@ def _label_entropy(result: MdlResult, mdl: MdlRecord | None) -> tuple[float, str
     return (math.log2(k), "log2 K") if k is not None and k >= 1 else (math.nan, "")
 
 
-def _probe_columns(cert: Certificate) -> dict[str, Any]:
-    """The certificate's out-of-sample probe scores (NaN / None where absent: an older certificate)."""
-    row: dict[str, Any] = {key: cert.score(key) for key in PROBE_NUMBERS}
-    for probe in PROBES:
-        row[f"{probe}_probe_below_chance"] = cert.flag(f"{probe}_probe_below_chance")
-        row[f"{probe}_probe_verdict"] = cert.verdict(f"{probe}_probe_verdict")
-    return row
-
-
 def at_cap(block: BlockRecord) -> bool | None:
     """Whether a block model stopped at the cap (see CAP_TAIL); None when its result does not say."""
     epochs, best, reason = block.epochs, block.best_epoch, block.stop_reason
@@ -393,7 +380,10 @@ def _result_row(result: Result, job_dir: str) -> dict[str, Any]:
     final, cert, erasure = result.body.final, result.body.certificate, result.body.erasure
     val_loss = final.val_loss_bits if final is not None else math.nan
     row["final_val_loss"] = math.nan if val_loss is None else val_loss
-    row.update({**{key: cert.score(key) for key in CERT}, **_probe_columns(cert)})
+    row.update({key: cert.score(key) for key in [*CERT, *PROBE_NUMBERS]})  # NaN / None where an older one lacks it
+    for probe in PROBES:  # its out-of-sample probes' flags
+        row[f"{probe}_probe_below_chance"] = cert.flag(f"{probe}_probe_below_chance")
+        row[f"{probe}_probe_verdict"] = cert.verdict(f"{probe}_probe_verdict")
     row["ref_bits"], row["ref_kind"] = _label_entropy(result, mdl)
     if result.dataset.permuted_labels:
         row["null"] = True  # a null run, whatever its config says

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -23,7 +24,6 @@ from training.analysis.tables import (
     NULL_FLOOR,
     PROBES,
     CellRow,
-    JobRow,
     differing_keys,
     eraser_order,
     group_label,
@@ -115,39 +115,31 @@ def _label_columns(summary: pd.DataFrame, fit_on: bool = True) -> list[str]:
     return cols + (["variant"] if (summary.variant != "").any() else [])
 
 
-def _labels(summary: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """(header names, ROW_KEY columns) of the row labels."""
-    cols = _label_columns(summary)
-    return [LABEL_NAMES[c] for c in cols], cols
-
-
-def _label_cells(key: tuple[Any, ...], cols: list[str]) -> list[str]:
-    return [str(v) for c, v in zip(ROW_KEY, key, strict=True) if c in cols]  # cols: in ROW_KEY's order
-
-
 def _by_cell(summary: pd.DataFrame) -> dict[tuple[Any, ...], pd.Series]:
     return {tuple(k): r for k, (_, r) in zip(summary[CELL].itertuples(index=False), summary.iterrows(), strict=True)}
 
 
-def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str], list[list[str]]]:
-    """One table (rows × erasers) of one group; refused over several groups."""
+def _table(summary: pd.DataFrame, erasers: list[str], text: Callable[[tuple[Any, ...]], str]) -> tuple[
+        list[str], list[list[str]]]:
+    """One table (rows × erasers, `text` of each cell's key) of one group; refused over several groups."""
     require_one_group(summary, "a table")
-    erasers, index = eraser_order(summary.eraser), _by_cell(summary)
-    labels, shown = _labels(summary)
-    rows = [_label_cells(key, shown) + [_cell_text(index.get((*key, e)), metric, digits) for e in erasers]
+    cols = _label_columns(summary)
+    rows = [[str(v) for c, v in zip(ROW_KEY, key, strict=True) if c in cols] + [text((*key, e)) for e in erasers]
             for key in _row_keys(summary)]
-    return [*labels, *erasers], rows
+    return [*[LABEL_NAMES[c] for c in cols], *erasers], rows
+
+
+def pivot(summary: pd.DataFrame, metric: str, digits: int = 3) -> tuple[list[str], list[list[str]]]:
+    index = _by_cell(summary)
+    return _table(summary, eraser_order(summary.eraser), lambda k: _cell_text(index.get(k), metric, digits))
 
 
 def increase_rows(inc: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    require_one_group(summary, "a table")
-    erasers = [e for e in eraser_order(summary.eraser) if not is_identity(e)]
     look = {tuple(k): f"{m:+.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:+.3f}"
             for k, m, s, n in zip(inc[CELL].itertuples(index=False), inc["mean"], inc["sd"], inc["n"], strict=True)
             if n != 0}  # absent: no pair
-    labels, shown = _labels(summary)
-    rows = [_label_cells(key, shown) + [look.get((*key, e), "missing") for e in erasers] for key in _row_keys(summary)]
-    return [*labels, *erasers], rows
+    erasers = [e for e in eraser_order(summary.eraser) if not is_identity(e)]
+    return _table(summary, erasers, lambda k: look.get(k, "missing"))
 
 
 def _first(g: pd.DataFrame, key: str) -> float:
@@ -164,20 +156,6 @@ def _report_cells(g: pd.DataFrame) -> list[str]:
             *(_na(_first(g, k), ".2%") for k in ("variance_dropped_fraction", "max_noise_share")),
             "n/a" if any(math.isnan(v) for v in gaps) else
             f"{gaps[0]:.3g} / {gaps[1]:.3g} → {gaps[2]:.3g} / {gaps[3]:.3g}"]
-
-
-def _has_probe_scores(summary: pd.DataFrame) -> bool:
-    """Whether some result of these cells has the certificate's out-of-sample probe scores (SE, z, verdict)."""
-    numbers = [f"{p}_probe_{k}_mean" for p in PROBES for k in ("acc_se", "loss_bits")]
-    return any(c in summary and summary[c].notna().any() for c in numbers) or \
-        ("probe_verdict" in summary and (summary.probe_verdict != "n/a").any())
-
-
-def _shown_probes(summary: pd.DataFrame) -> list[str]:
-    """The probes some result of these cells has (the MLP probe is newer than the others: older certificates lack
-    it, and their tables keep their columns)."""
-    return [p for p in PROBES if p != "mlp" or any(
-        c in summary and summary[c].notna().any() for c in ("mlp_probe_acc_mean", "mlp_probe_acc_se_mean"))]
 
 
 def _probe_cells(g: pd.DataFrame, probes: list[str]) -> list[str]:
@@ -197,7 +175,13 @@ def certificate_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]
     (a probe below chance by > ARTEFACT_Z SE reads "dependence artefact", never a success)."""
     require_one_group(summary, "a table")
     keys = ["dataset", *[c for c in _label_columns(summary) if c in ("fit_on", "variant")], "eraser"]
-    probes, shown = _has_probe_scores(summary), _shown_probes(summary)
+    # whether some result has the certificate's out-of-sample probe scores (SE, z, verdict); the probes some result
+    # has (the MLP probe is newer than the others: older certificates lack it, and their tables keep their columns)
+    numbers = [f"{p}_probe_{k}_mean" for p in PROBES for k in ("acc_se", "loss_bits")]
+    probes = any(c in summary and summary[c].notna().any() for c in numbers) or \
+        ("probe_verdict" in summary and (summary.probe_verdict != "n/a").any())
+    shown = [p for p in PROBES if p != "mlp" or any(
+        c in summary and summary[c].notna().any() for c in ("mlp_probe_acc_mean", "mlp_probe_acc_se_mean"))]
     cert_keys = [k for k in CERT if not k.endswith("_probe_acc") or k.removesuffix("_probe_acc") in shown]
     rows = []
     for key, g in summary.groupby(keys, sort=False):
@@ -270,14 +254,6 @@ NULL_NOTE = (
 NO_NULL = ("Null control: no permuted-label runs among these results, so label injection by the eraser (null MDL "
            "below the label entropy) is not checked; rerun the cells with `dataset.permute_labels=true` (same "
            "config, seeds and repeats otherwise) to check it.\n")
-
-
-def has_fit_or_budget(summary: pd.DataFrame) -> bool:
-    """Whether some cell's results say how the eraser was fitted (eraser.fit, its report) or why the block models
-    stopped (results written before these keys do not)."""
-    cols = ["n_fit_mean", "n_coded_mean", "working_rank_mean"]
-    return any(c in summary and summary[c].notna().any() for c in cols) or \
-        ("blocks_known" in summary and (summary.blocks_known > 0).any())
 
 
 def fit_budget_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
@@ -384,22 +360,12 @@ def paper_rows(summary: pd.DataFrame) -> list[list[str]] | None:
 
 def unfinished(df: pd.DataFrame, with_group: bool = False) -> list[list[str]]:
     rows = []
-    for _, r in df[df.status != "done"].iterrows():
-        job = JobRow.of(r)
-        status = f"{job.status} (null)" if pd.api.types.is_bool(job.null) and job.null else job.status  # permuted
-        group = [group_label(job.group) if isinstance(job.group, str) else "unknown (no result to tell)"]
-        rows.append((group if with_group else []) + [status, str(job.seed), job.job_dir, str(job.error or "")])
+    for _, r in df[df.status != "done"].iterrows():  # columns a frame may lack: null, error (all done), group
+        null, group = r.get("null"), r.get("group")
+        status = f"{r.status} (null)" if pd.api.types.is_bool(null) and null else r.status  # permuted labels
+        label = [group_label(group) if isinstance(group, str) else "unknown (no result to tell)"]
+        rows.append((label if with_group else []) + [status, str(r.seed), r.job_dir, str(r.get("error", "") or "")])
     return rows
-
-
-def _code_line(df: pd.DataFrame) -> str:
-    done = df[df.status == "done"]
-    if done.empty or "commit" not in done:
-        return ""
-    counts = done.commit.fillna(UNKNOWN_COMMIT).value_counts(sort=False)
-    shown = ", ".join(f"{c} ({n})" for c, n in counts.items())
-    note = "; unknown: no commit recorded (older result, or not a git checkout)" if UNKNOWN_COMMIT in counts else ""
-    return f"Code versions (commit: finished results): {shown}{note}.\n"
 
 
 def _mixed_lines(summary: pd.DataFrame) -> str:
@@ -411,10 +377,9 @@ def _mixed_lines(summary: pd.DataFrame) -> str:
             ("mixed_data", f"{MIXED_DATA} runs on different data (dataset.fingerprint), not averaged: {{name}}: "
                            "{r.data}"),
             ("set_aside", "set aside (computed on other data, not in the numbers above): {name}: {r.set_aside}; "
-                          "now: {r.data}")):
-        if flag in summary:
-            out += [say.format(name=cell_name(r), r=r) + "\n"
-                    for _, r in summary[summary[flag].fillna("").astype(bool)].iterrows()]
+                          "now: {r.data}")):  # every summary has these columns (aggregate_summary.summarize)
+        out += [say.format(name=cell_name(r), r=r) + "\n"
+                for _, r in summary[summary[flag].fillna("").astype(bool)].iterrows()]
     return "".join(out)
 
 
@@ -428,7 +393,10 @@ def _group_sections(df: pd.DataFrame, summary: pd.DataFrame, h: str) -> list[str
                   md_table(*increase_rows(inc, summary))]
     if (brackets := bracket_rows(summary)) is not None:
         parts += [f"{h} Brackets at equal n coded (bits/sample)\n", md_table(*brackets), BRACKET_NOTE]
-    if has_fit_or_budget(summary):
+    # some cell's results say how the eraser was fitted (eraser.fit, its report) or why the block models stopped
+    # (results written before these keys do not)
+    if any(c in summary and summary[c].notna().any() for c in ["n_fit_mean", "n_coded_mean", "working_rank_mean"]) \
+            or ("blocks_known" in summary and (summary.blocks_known > 0).any()):
         parts += [f"{h} Fit and training budget\n", md_table(*fit_budget_rows(summary)), FIT_BUDGET_NOTE]
     if "null_runs" in summary and (summary.null_runs > 0).any():
         parts += [f"{h} Null control (permuted labels, bits/sample)\n", md_table(*null_rows(summary)), NULL_NOTE]
@@ -453,8 +421,11 @@ def markdown(df: pd.DataFrame, summary: pd.DataFrame, title: str, name: str = "r
     protocols = ", ".join(sorted({p for p in summary.protocol if p})) or "n/a"
     parts = [f"# {title}\n", f"{done}/{total} jobs finished; MDL protocol: {protocols}. Cells: mean ± sd over "
              f"finished seeds, (n/N) when seeds are missing, {MIXED} when they come from different commits.\n"]
-    if code := _code_line(df):
-        parts.append(code)
+    if not (finished := df[df.status == "done"]).empty and "commit" in finished:
+        counts = finished.commit.fillna(UNKNOWN_COMMIT).value_counts(sort=False)
+        note = "; unknown: no commit recorded (older result, or not a git checkout)" if UNKNOWN_COMMIT in counts else ""
+        parts.append(f"Code versions (commit: finished results): {', '.join(f'{c} ({n})' for c, n in counts.items())}"
+                     f"{note}.\n")
     groups = groups_in(summary)
     if len(groups) == 1:
         parts += _group_sections(df, summary, "##")
@@ -487,7 +458,7 @@ def latex(summary: pd.DataFrame) -> str:
         for metric, caption in (("bits_per_sample", "Prequential MDL (bits/sample)"),
                                 ("legacy", "Legacy MDL (paper units)")):
             header, rows = pivot(part, metric)
-            shown = len(_labels(part)[1])
+            shown = len(_label_columns(part))
             out += [r"\begin{table}[t]", r"\centering",
                     r"\begin{tabular}{" + "l" * shown + "r" * (len(header) - shown) + "}",
                     r"\toprule", " & ".join(_tex_escape(h) for h in header) + r" \\", r"\midrule"]

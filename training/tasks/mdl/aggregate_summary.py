@@ -65,12 +65,6 @@ def _commits(done: pd.DataFrame) -> str:
     return _seeds_by(done.assign(commit=done.commit.fillna(UNKNOWN_COMMIT)) if "commit" in done else done, "commit")
 
 
-def mixed_numerics(done: pd.DataFrame) -> bool:
-    """Whether a cell's finished seeds record different numerics signatures (device, versions, precision, engine,
-    models trained together, deterministic); results written before the signature are not compared."""
-    return "numerics" in done and done.numerics.dropna().nunique() > 1
-
-
 def mixed_data(runs: pd.DataFrame) -> bool:
     """Whether a cell's runs (null runs included: the same data, labels permuted) were computed on different data
     (different `dataset.fingerprint`s; runs that record none are not compared)."""
@@ -141,27 +135,13 @@ def _null_columns(nulls: pd.DataFrame, true_done: pd.DataFrame) -> dict[str, Any
             "null_mismatch": null_mismatch(true_done, nulls) if len(nulls) else ""}
 
 
-def _budget_columns(done: pd.DataFrame) -> dict[str, Any]:
-    """Stop reasons of the cell's block models (counts over its runs), the share at the cap, budget-bound."""
-    share, known = at_cap_share(done)
-    reasons = {r: int(done[f"blocks_{r}"].fillna(0).sum()) if f"blocks_{r}" in done else 0
-               for r in ("patience", "max_epochs")}
-    return {"blocks_known": known, "at_cap_share": share, "budget_bound": budget_reason(done),
-            "stops": ", ".join(f"{r} {n}" for r, n in reasons.items() if n) if known else ""}
-
-
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """One row per cell: mean/sd/n of each metric over finished runs (a non-finite result is a failed seed, not a
     seed; with folds the mean is over seeds × folds and the sd over seeds of the per-seed means); expected runs =
     every seed of the cell's group's true-label runs (the sweep's, with --experiment) × the folds found in the
     cell; which commits the runs come from; the cell's null (`_null_columns`) from its permuted-label runs."""
     out = []
-    df = df[df.group.notna()]
-    if "null" not in df:
-        df = df.assign(null=False)
-    for col, default in (("fit_on", "all"), ("fold", 0)):
-        if col not in df:
-            df = df.assign(**{col: default})
+    df = df[df.group.notna()]  # collected (aggregate_collect): every row has null, fit_on and fold
     seeds_of: defaultdict[str, set[Any]] = defaultdict(set)  # the true-label runs' seeds (not the nulls')
     seeds_of.update({g: set(gg.seed) for g, gg in df[~df["null"]].groupby("group", sort=False)})
     for key, cell in df.groupby(CELL, sort=False):
@@ -188,7 +168,9 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             + [f"{_run_label(s, f, holdout)}:missing" for s, f in absent])
         rec["commits"] = _commits(done)
         rec["mixed_commits"] = "commit" in done and done.commit.nunique(dropna=False) > 1
-        rec["numerics"], rec["mixed_numerics"] = _seeds_by(done, "numerics"), mixed_numerics(done)
+        # finished seeds under different numerics signatures (results written before the signature: not compared)
+        rec["numerics"] = _seeds_by(done, "numerics")
+        rec["mixed_numerics"] = "numerics" in done and done.numerics.dropna().nunique() > 1
         runs = pd.concat([done, nulls])
         rec["data"], rec["mixed_data"] = _seeds_by(runs, "data", 10), mixed_data(runs)
         rec["set_aside"] = _seeds_by(aside, "data", 10)
@@ -198,7 +180,12 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             rec[f"{col}_mean"], rec[f"{col}_sd"] = mean, sd
         rec["probe_verdict"] = _probe_verdict(done)
         rec.update(_null_columns(nulls, done))
-        rec.update(_budget_columns(done))
+        # the stop reasons of the cell's block models (counts over its runs), the share at the cap, budget-bound
+        share, known = at_cap_share(done)
+        reasons = {r: int(done[f"blocks_{r}"].fillna(0).sum()) if f"blocks_{r}" in done else 0
+                   for r in ("patience", "max_epochs")}
+        rec.update(blocks_known=known, at_cap_share=share, budget_bound=budget_reason(done),
+                   stops=", ".join(f"{r} {n}" for r, n in reasons.items() if n) if known else "")
         out.append(rec)
     return pd.DataFrame(out)
 
@@ -249,16 +236,14 @@ def data_problems(df: pd.DataFrame) -> list[str]:
     done = df[df.status == "done"]
     if "data" not in done or done.empty:
         return []
-    cols = [c for c in CELL if c in done]
-    return [f"{cell_name(dict(zip(cols, key, strict=True)))}: {_seeds_by(g, 'data', 10)}"
-            for key, g in done.groupby(cols, sort=False, dropna=False) if mixed_data(g)]
+    return [f"{cell_name(dict(zip(CELL, key, strict=True)))}: {_seeds_by(g, 'data', 10)}"
+            for key, g in done.groupby(CELL, sort=False, dropna=False) if mixed_data(g)]
 
 
 def cell_name(rec: dict[str, Any] | pd.Series) -> str:
     group = group_label(rec["group"]) if isinstance(rec["group"], str) else ""
     variant = f" [{rec['variant']}]" if rec["variant"] else ""
-    fit_on = rec["fit_on"] if "fit_on" in rec else "all"  # a data_problems cell of a frame without fit modes
-    fit = f" (fit on {fit_on})" if fit_on not in ("all", None) else ""
+    fit = f" (fit on {rec['fit_on']})" if rec["fit_on"] not in ("all", None) else ""
     where = f" ({group})" if group else ""
     return f"{rec['dataset']} {rec['arch']} w{rec['width']} d{rec['depth']}{variant} {rec['eraser']}{fit}{where}"
 

@@ -54,25 +54,17 @@ BLOCK_FIELDS = ("block", "train_size", "coded_size", "ce_bits", "temperature", "
                 "best_epoch", "epochs", "steps")
 
 
-def _block_problem(saved: Any, block: int) -> str | None:
-    """What is wrong with a saved block model (progress.json) that should be block `block`; None: nothing."""
-    missing = [k for k in BLOCK_FIELDS if k not in saved] if isinstance(saved, dict) else list(BLOCK_FIELDS)
-    if missing:
-        return f"missing {missing}"
-    ce = saved["ce_bits"]
-    if saved["block"] != block or not isinstance(ce, int | float) or not math.isfinite(ce):
-        return f"block {saved['block']}, ce_bits {ce!r}"
-    return None
-
-
 def read_progress(progress: Progress, num_blocks: int) -> list[dict[str, Any]]:
     """The finished block models saved in progress.json by an earlier run of this configuration, or [] (start
     over): absent, another configuration's, or malformed (warned about; a file missing a field never resumes)."""
     path, blocks = progress.path, progress.load()
     if blocks is None:
         return []
-    for j, b in enumerate(blocks):
-        if (problem := _block_problem(b, j + 2)) is not None:
+    for j, b in enumerate(blocks):  # entry j: the block model that codes block j + 2
+        missing = [k for k in BLOCK_FIELDS if k not in b] if isinstance(b, dict) else list(BLOCK_FIELDS)
+        ce = None if missing else b["ce_bits"]
+        if missing or b["block"] != j + 2 or not isinstance(ce, int | float) or not math.isfinite(ce):
+            problem = f"missing {missing}" if missing else f"block {b['block']}, ce_bits {ce!r}"
             log.warning("ignoring malformed %s (entry %d: %s); starting the MDL blocks over", path, j, problem)
             return []
     if len(blocks) > num_blocks - 1:

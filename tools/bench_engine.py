@@ -49,11 +49,6 @@ BOOL_INDEX_OPS = {"index", "index_put", "index_put_", "_index_put_impl_"}
 UPLOAD_OPS = {"lift_fresh"}
 
 
-def _is_bool_index(func: Any, args: tuple) -> bool:
-    return func.overloadpacket.__name__ in BOOL_INDEX_OPS and len(args) >= 2 and any(
-        isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] or ()))
-
-
 class Counting(TorchDispatchMode):
     """Every aten op dispatched while active, by name; `syncs` and `uploads` as defined above."""
 
@@ -65,7 +60,8 @@ class Counting(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         name = func.overloadpacket.__name__
         self.ops[name] += 1
-        self.syncs += name in SYNC_OPS or _is_bool_index(func, args)
+        self.syncs += name in SYNC_OPS or (name in BOOL_INDEX_OPS and len(args) >= 2 and any(
+            isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] or ())))
         self.uploads += name in UPLOAD_OPS
         return func(*args, **(kwargs or {}))
 

@@ -149,7 +149,9 @@ class LoopEngine:
         """Row r's forward, drawing its masks from its own stream (swapped into the device's global RNG)."""
         if self.rng is None:
             return self.forward[r](x)
-        rng = _global_generator(x.device)
+        rng = (torch.cuda.default_generators[x.device.index if x.device.index is not None else
+                                             torch.cuda.current_device()]
+               if x.device.type == "cuda" else torch.random.default_generator)  # the RNG dropout draws from
         rng.set_state(self.rng[r])
         out = self.forward[r](x)
         self.rng[r] = rng.get_state()
@@ -235,13 +237,6 @@ class LoopEngine:
         self.opt.replace(r, dict(model.named_parameters()))
         if self.rng is not None:
             self.rng[r] = _rng_state(self.loss_sum.device, rng_seed)
-
-
-def _global_generator(device: torch.device) -> torch.Generator:
-    """The global RNG that dropout on `device` draws from."""
-    if device.type == "cuda":
-        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
-    return torch.random.default_generator
 
 
 def _rng_state(device: torch.device, seed: int) -> Tensor:

@@ -71,10 +71,6 @@ def _coef(value: float | Sequence[float], num_classes: int, name: str) -> Tensor
     return t
 
 
-def _all_nonneg(v: float | list[float]) -> bool:
-    return all(x >= 0 for x in (v if isinstance(v, list) else [v]))
-
-
 class RegularizerCfg(Protocol):
     """The typed `regularizer` config group (training/app/schema.py RegularizerConfig)."""
 
@@ -88,8 +84,9 @@ class RegularizerCfg(Protocol):
 class SdOptions:
     """`regularizer=sd`'s own keys (conf/regularizer/sd.yaml has their defaults)."""
 
-    lam: float | list[float] = field(metadata={"check": _all_nonneg, "allowed": "a finite number ≥ 0 or a list of "
-                                                                                 "them (one per class)"})
+    lam: float | list[float] = field(metadata={
+        "check": lambda v: all(x >= 0 for x in (v if isinstance(v, list) else [v])),
+        "allowed": "a finite number ≥ 0 or a list of them (one per class)"})
     gamma: float | list[float]  # the logit target γ, or one per class
     start_step: int = field(metadata={"check": lambda v: v >= 0, "allowed": "an integer ≥ 0"})
     loss_scale: float | None = field(metadata={"check": lambda v: v > 0, "allowed": "a number > 0 or null"})

@@ -5,9 +5,11 @@ ERM-vs-SD table of MDL jobs that ran with a regularizer is the MDL task's: train
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -23,15 +25,9 @@ def _method(r: dict[str, Any]) -> str:
     return method_of_stored(r["config"])  # from the config, so renaming methods needs no re-run
 
 
-def _get(r: dict[str, Any], *path: str) -> Any:
-    for p in path:
-        r = r[p]
-    return r
-
-
 def _col(rs: list[dict[str, Any]], *path: str, s: float = 1.0, d: int = 1) -> str:
     """mean ± std over the runs `rs` of the value at `path`, times s, with d decimals."""
-    return mean_sd((_get(r, *path) for r in rs), s, d)
+    return mean_sd((cast(float, functools.reduce(operator.getitem, path, r)) for r in rs), s, d)
 
 
 def two_moons_tables(results: list[dict[str, Any]], out: Path) -> dict[str, str]:

@@ -38,6 +38,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("atomicio", "erasure", "models", "training", "scripts", "tools", "hydra_plugins")
 DISCOVERS = "training.app.task_spec"  # the one module that imports modules by name: those of training.tasks
+HYDRA_PRIVATE = "training.common.hydra_private"  # the one module that imports Hydra's private modules
 # what a task's declaration imports when discovered (besides the stdlib): the core and more of its declaration (its
 # result type's module, the gs tasks' shared base), which imports the same only (`_discovered`)
 TASK_TOP_LEVEL = ("training.app", "training.tasks")
@@ -61,6 +62,17 @@ def _calls(path: Path) -> set[str]:
             name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
             if name in ("__import__", "import_module", "iter_modules", "walk_packages"):
                 names.add(name)
+    return names
+
+
+def _private_hydra(path: Path) -> set[str]:
+    """Private modules of Hydra or of its launcher plugins (a part that starts with `_`) that the module imports."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        found = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        names.update(n for n in found if n.split(".")[0] in ("hydra", "hydra_plugins")
+                     and any(part.startswith("_") for part in n.split(".")[1:]))
     return names
 
 
@@ -97,7 +109,7 @@ def _matches(name: str, prefix: str) -> bool:
 
 
 def _violations(modules: dict[str, Path]) -> list[str]:
-    """What the contracts cannot say: a task module's top level, and dynamic-import calls."""
+    """What the contracts cannot say: a task module's top level, dynamic-import calls, Hydra's private modules."""
     bad = []
     discovered = _discovered(modules)
     for module, path in modules.items():
@@ -107,6 +119,9 @@ def _violations(modules: dict[str, Path]) -> list[str]:
                     "code in its methods)"
                     for name in sorted(_top_level_imports(path)) if name.split(".")[0] not in sys.stdlib_module_names
                     and name != "__future__" and not any(_matches(name, a) for a in TASK_TOP_LEVEL)]
+        if module != HYDRA_PRIVATE:
+            bad += [f"{module} imports {name} (Hydra's private API is used in {HYDRA_PRIVATE} only)"
+                    for name in sorted(_private_hydra(path))]
         if _matches(module, "scripts") or _matches(module, "tools") or module == DISCOVERS:
             continue  # the command lines and tools may probe what is installed (tools/gpu_report.py)
         bad += [f"{module} calls {call}() (a hidden edge: import modules by name, in a list)"
@@ -127,11 +142,15 @@ def test_the_check_catches_each_rule(tmp_path: Path) -> None:
         # a declaration that imports its task's code at its top level: discovery would load torch
         "training.tasks.toy_pkg": "from training.tasks.toy_pkg import job\n",
         "training.tasks.toy_pkg.job": "import torch\n",
+        "training.cli.toy": "def f():\n    import hydra._internal.core_plugins.basic_launcher as b\n",
+        "tools.toy": "from hydra_plugins.hydra_joblib_launcher._core import run_job\n",
     }
     fine = {  # a task's code, which discovery does not import, may import anything below it
         "training.tasks.toy_pkg.trainer": "import torch\nfrom training.engine.fit import fit\n",
         "training.tasks.other": "from training.app.tasks import Task\nfrom training.tasks.other import result\n",
         "training.tasks.other.result": "import dataclasses\nfrom training.app.result_types import Result\n",
+        HYDRA_PRIVATE: "from hydra._internal.config_loader_impl import ConfigLoaderImpl\n",
+        "training.cli.hydra": "from hydra.core.utils import JobReturn\nimport hydra_plugins.erasure_mdl_slurm\n",
     }
     modules = {}
     for name, text in {**cases, **fine}.items():

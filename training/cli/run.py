@@ -45,6 +45,7 @@ from training.cli.report import (
 from training.common import env, interrupt
 from training.common.cells import seed_configs
 from training.common.conf import resolved_dict
+from training.common.hydra_private import wrap_run_job
 from training.errors import Refused
 from training.inputs.store import Store
 
@@ -131,29 +132,9 @@ def anchored(resolved: dict[str, Any], start: Path) -> dict[str, Any]:
     return out
 
 
-def jobs_fail_alone_in_every_launcher() -> None:
-    """Hydra's `run_job` wrapped by ledger.jobs_fail_alone, where it is defined and in each launcher's module that
-    imported it by name (Hydra's plugin scan re-executes those imports: they then find the wrapper). Done at import,
-    so in the launching process and in every worker (a worker imports this module to unpickle `job`)."""
-    import hydra._internal.core_plugins.basic_launcher as basic
-    import hydra.core.utils
-
-    if getattr(hydra.core.utils.run_job, "__wrapped__", None) is None:
-        hydra.core.utils.run_job = jobs_fail_alone(hydra.core.utils.run_job)
-    basic.run_job = hydra.core.utils.run_job
-    try:
-        import hydra_plugins.hydra_joblib_launcher._core as joblib_launcher
-        joblib_launcher.run_job = hydra.core.utils.run_job
-    except ImportError:  # the plugin is not installed
-        pass
-    try:
-        import hydra_plugins.hydra_submitit_launcher.submitit_launcher as submitit_launcher
-        submitit_launcher.run_job = hydra.core.utils.run_job
-    except ImportError:
-        pass
-
-
-jobs_fail_alone_in_every_launcher()
+# Every launcher runs its jobs through ledger.jobs_fail_alone. Done at import, so in the launching process and in every
+# worker (a worker imports this module to unpickle `job`).
+wrap_run_job(jobs_fail_alone)
 
 # The entry. `job` stays a plain module-level function so that a launcher running jobs in other processes (joblib,
 # submitit) pickles it by reference: the worker imports this module and discovers the tasks again.

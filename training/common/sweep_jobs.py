@@ -1,10 +1,10 @@
 """A sweep's resolved job configs without one Hydra composition per job: what `make plan` reads.
 
 Hydra composes a job in two stages: group choices (`eraser=leace`, `+experiment/net=lenet`, `hydra/...`) pick the
-defaults list, composed into one config; then the value overrides (`seed=3`, `arch.width=256`) are applied to it
-(`ConfigLoaderImpl._apply_overrides_to_config`). `fast_expand` composes once per distinct tuple of group choices and
-applies the value overrides itself, with Hydra's function on a copy of that (unresolved) config, so interpolations
-over swept keys resolve per job exactly as in a full compose (tests/test_plan.py checks every preset).
+defaults list, composed into one config; then the value overrides (`seed=3`, `arch.width=256`) are applied to it.
+`fast_expand` composes once per distinct tuple of group choices and applies the value overrides itself, with Hydra's
+function (hydra_private.apply_value_overrides) on a copy of that (unresolved) config, so interpolations over swept
+keys resolve per job exactly as in a full compose (tests/test_plan.py checks every preset).
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from hydra import compose
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig
 from omegaconf import base as omegaconf_base
 
 from training.common.cells import seed_configs
+from training.common.hydra_private import apply_value_overrides, is_config_group
 from training.common.sweeps import composing, sweep_overrides
 
 
@@ -34,16 +33,14 @@ class _Parsed:
     def __init__(self) -> None:
         self.parser = OverridesParser.create()
         self.seen: dict[str, tuple[Override, bool]] = {}
-        loader = GlobalHydra.instance().config_loader()
-        assert isinstance(loader, ConfigLoaderImpl)
-        self.repo = loader.repository
+        self.is_group = is_config_group()
 
     def __call__(self, line: str) -> tuple[Override, bool]:
         if line not in self.seen:
             (ov,) = self.parser.parse_overrides([line])
             key = ov.key_or_group
             value = ov.value()
-            is_value = (isinstance(value, dict) or not self.repo.group_exists(key)) and not (
+            is_value = (isinstance(value, dict) or not self.is_group(key)) and not (
                 key == "hydra" or key.startswith(("hydra.", "hydra/")) or ov.package is not None)
             self.seen[line] = (ov, is_value)
         return self.seen[line]
@@ -89,6 +86,6 @@ def _expand(combos: Sequence[Sequence[str]]) -> list[list[dict[str, Any]]]:
         if choices not in composed:
             composed[choices] = compose("config", overrides=list(choices))
         cfg = copy.deepcopy(composed[choices])  # the composed config is shared: each job changes a copy
-        ConfigLoaderImpl._apply_overrides_to_config([ov for _, ov, is_value in kinds if is_value], cfg)
+        apply_value_overrides([ov for _, ov, is_value in kinds if is_value], cfg)
         jobs.append(seed_configs(cfg))  # each seed of the job's cell
     return jobs

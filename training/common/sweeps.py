@@ -1,7 +1,7 @@
 """Expand an experiment preset's `hydra.sweeper.params` into the job configs it will run, with Hydra's own expansion
-(`BasicSweeper.split_arguments` on the preset's params followed by the command-line overrides): `expand(name)` lists
-exactly the jobs of `python -m training.run -m experiment=name`. Composing needs no data (the CIFAR/SVHN presets
-expand without the datasets); the `training` package's import registers conf/'s resolvers.
+(the basic sweeper's `split_arguments` on the preset's params followed by the command-line overrides):
+`expand(name)` lists exactly the jobs of `python -m training.run -m experiment=name`. Composing needs no data (the
+CIFAR/SVHN presets expand without the datasets); the `training` package's import registers conf/'s resolvers.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from hydra import compose, initialize_config_dir
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -19,6 +18,7 @@ from omegaconf import OmegaConf
 
 from training.common.cells import seed_configs
 from training.common.conf import CONF_DIR
+from training.common.hydra_private import split_arguments
 from training.errors import ConfigError
 
 
@@ -44,7 +44,7 @@ def split_sweep(args: Sequence[str], loader: ConfigLoader | None) -> list[list[s
     for arg in args:  # each value alone first: a bad one is named with its key, not a sweeper's traceback
         key = arg.split("=", 1)[0]
         try:
-            values = BasicSweeper.split_arguments(parser.parse_overrides([arg]), None)
+            values = split_arguments(parser.parse_overrides([arg]))
         except Exception as err:  # noqa: BLE001 - Hydra raises ValueError, HydraException, OverrideParseException
             why = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise ConfigError(f"{arg} cannot be swept ({why}): write {key}=a,b,c (a list), range(start,stop,step) "
@@ -54,7 +54,7 @@ def split_sweep(args: Sequence[str], loader: ConfigLoader | None) -> list[list[s
             options = loader.get_group_options(key.lstrip("+~")) if loader is not None and "glob(" in arg else []
             raise ConfigError(f"{arg} sweeps over no value, so the sweep has no job: give {key} at least one value"
                               + (f" (a glob must match one of its options: {', '.join(options)})" if options else ""))
-    return [list(c) for batch in BasicSweeper.split_arguments(parser.parse_overrides(list(args)), None) for c in batch]
+    return [list(c) for batch in split_arguments(parser.parse_overrides(list(args))) for c in batch]
 
 
 def sweeper_params(experiment: str, extra: Sequence[str] = ()) -> dict[str, str]:

@@ -1,0 +1,58 @@
+"""Every use of Hydra's private API (hydra-core 1.3, pinned in pyproject.toml), in this one module: what the harness
+needs of Hydra that Hydra does not export. tests/test_layers.py checks that no other module imports a private module
+of Hydra or of its launcher plugins.
+
+- `split_arguments`: the basic sweeper's expansion of a sweep's overrides into its jobs.
+- `is_config_group` and `apply_value_overrides`: how Hydra tells a config-group choice from a value override, and
+  applies the value overrides to a composed config (a sweep's configs without one composition per job).
+- `wrap_run_job`: Hydra's `run_job` wrapped where each launcher calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.types import Override
+from omegaconf import DictConfig
+
+
+def split_arguments(overrides: list[Override]) -> list[list[list[str]]]:
+    """The basic sweeper's jobs of the parsed overrides, in batches: each job a list of `key=value` strings."""
+    return BasicSweeper.split_arguments(overrides, None)
+
+
+def is_config_group() -> Callable[[str], bool]:
+    """Whether a key names a config group of the initialised Hydra's config repository."""
+    loader = GlobalHydra.instance().config_loader()
+    assert isinstance(loader, ConfigLoaderImpl)
+    return loader.repository.group_exists
+
+
+def apply_value_overrides(overrides: Sequence[Override], cfg: DictConfig) -> None:
+    """Hydra's own application of value overrides (`key=value`, `+key=`, `~key`) to a composed config, in place."""
+    ConfigLoaderImpl._apply_overrides_to_config(list(overrides), cfg)
+
+
+def wrap_run_job(wrap: Callable[[Any], Any]) -> None:
+    """Hydra's `run_job` replaced by `wrap(run_job)` where it is defined and in each launcher's module that imported
+    it by name (Hydra's plugin scan re-executes those imports: they then find the wrapper). Wrapped once."""
+    import hydra._internal.core_plugins.basic_launcher as basic
+    import hydra.core.utils
+
+    if getattr(hydra.core.utils.run_job, "__wrapped__", None) is None:
+        hydra.core.utils.run_job = wrap(hydra.core.utils.run_job)
+    basic.run_job = hydra.core.utils.run_job
+    try:
+        import hydra_plugins.hydra_joblib_launcher._core as joblib_launcher
+        joblib_launcher.run_job = hydra.core.utils.run_job
+    except ImportError:  # the plugin is not installed
+        pass
+    try:
+        import hydra_plugins.hydra_submitit_launcher.submitit_launcher as submitit_launcher
+        submitit_launcher.run_job = hydra.core.utils.run_job
+    except ImportError:
+        pass

@@ -67,7 +67,7 @@ def _calls(path: Path) -> set[str]:
 
 def _private_hydra(path: Path) -> set[str]:
     """Private modules of Hydra or of its launcher plugins (a part that starts with `_`) that the module imports."""
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         found = [a.name for a in node.names] if isinstance(node, ast.Import) else \
             [node.module] if isinstance(node, ast.ImportFrom) and node.module else []

@@ -16,13 +16,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import traceback
 from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import JobReturn
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
@@ -45,7 +43,7 @@ from training.cli.report import (
 from training.common import env, interrupt
 from training.common.cells import seed_configs
 from training.common.conf import resolved_dict
-from training.common.hydra_private import wrap_run_job
+from training.common.hydra_private import raised_by_a_job, wrap_run_job
 from training.errors import Refused
 from training.inputs.store import Store
 
@@ -153,9 +151,7 @@ def main() -> None:
     except SweepJobFailed:
         raise SystemExit(1) from None
     except Exception as err:
-        job_failed = any(f.f_code is JobReturn.return_value.fget.__code__  # type: ignore[attr-defined]
-                         for f, _ in traceback.walk_tb(err.__traceback__))  # the job ran: not the command line
-        if job_failed or (line := hydra_error_line(err)) is None:
+        if raised_by_a_job(err) or (line := hydra_error_line(err)) is None:  # a job ran: not the command line
             raise
         exit_user_error(line, err)
     finally:

@@ -6,10 +6,12 @@ of Hydra or of its launcher plugins.
 - `is_config_group` and `apply_value_overrides`: how Hydra tells a config-group choice from a value override, and
   applies the value overrides to a composed config (a sweep's configs without one composition per job).
 - `wrap_run_job`: Hydra's `run_job` wrapped where each launcher calls it.
+- `raised_by_a_job`: whether an exception out of `hydra.main` is a job's own, re-raised by Hydra.
 """
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +19,7 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.types import Override
+from hydra.core.utils import JobReturn
 from omegaconf import DictConfig
 
 
@@ -56,3 +59,10 @@ def wrap_run_job(wrap: Callable[[Any], Any]) -> None:
         submitit_launcher.run_job = hydra.core.utils.run_job
     except ImportError:
         pass
+
+
+def raised_by_a_job(err: BaseException) -> bool:
+    """Whether Hydra raised `err` out of a job that ran (`JobReturn.return_value` re-raises the job's exception),
+    rather than while reading the command line or composing the config."""
+    code = JobReturn.return_value.fget.__code__  # type: ignore[attr-defined]
+    return any(frame.f_code is code for frame, _ in traceback.walk_tb(err.__traceback__))

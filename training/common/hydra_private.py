@@ -1,13 +1,5 @@
-"""Every use of Hydra's private API (hydra-core 1.3, pinned in pyproject.toml), in this one module: what the harness
-needs of Hydra that Hydra does not export. tests/test_layers.py checks that no other module imports a private module
-of Hydra or of its launcher plugins.
-
-- `split_arguments`: the basic sweeper's expansion of a sweep's overrides into its jobs.
-- `is_config_group` and `apply_value_overrides`: how Hydra tells a config-group choice from a value override, and
-  applies the value overrides to a composed config (a sweep's configs without one composition per job).
-- `wrap_run_job`: Hydra's `run_job` wrapped where each launcher calls it.
-- `raised_by_a_job`: whether an exception out of `hydra.main` is a job's own, re-raised by Hydra.
-"""
+"""Every use of Hydra's private API (hydra-core 1.3, pinned in pyproject.toml): what the harness needs of Hydra that
+Hydra does not export. tests/test_layers.py refuses a private module of Hydra or its plugins imported elsewhere."""
 
 from __future__ import annotations
 
@@ -29,7 +21,7 @@ def split_arguments(overrides: list[Override]) -> list[list[list[str]]]:
 
 
 def is_config_group() -> Callable[[str], bool]:
-    """Whether a key names a config group of the initialised Hydra's config repository."""
+    """Whether a key names a config group of the initialised Hydra's repository (else an override sets a value)."""
     loader = GlobalHydra.instance().config_loader()
     assert isinstance(loader, ConfigLoaderImpl)
     return loader.repository.group_exists
@@ -41,8 +33,8 @@ def apply_value_overrides(overrides: Sequence[Override], cfg: DictConfig) -> Non
 
 
 def wrap_run_job(wrap: Callable[[Any], Any]) -> None:
-    """Hydra's `run_job` replaced by `wrap(run_job)` where it is defined and in each launcher's module that imported
-    it by name (Hydra's plugin scan re-executes those imports: they then find the wrapper). Wrapped once."""
+    """Hydra's `run_job` replaced, once, by `wrap(run_job)` where it is defined and in each launcher's module that
+    imported it by name (Hydra's plugin scan re-executes those imports: they then find the wrapper)."""
     import hydra._internal.core_plugins.basic_launcher as basic
     import hydra.core.utils
 

@@ -54,6 +54,11 @@ def os_error_line(err: OSError) -> str | None:
     return f"{what} {err.filename}: {err.strerror}; {fix} or choose another paths.out_dir / paths.data_dir"
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of `err`'s message, or its type's name when the message is empty."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 def user_error_line(err: BaseException, extra: tuple[type[BaseException], ...] = ()) -> str | None:
     """The one line to report for a user error (`UserError`, an `extra` type, or an OSError on a path the user
     can fix), or None for anything else (a bug: shown as a traceback)."""

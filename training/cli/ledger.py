@@ -51,7 +51,7 @@ from training.common.files import atomic_write_json
 from training.common.ledger_entry import DONE_BY_ANOTHER_RUN, STATUSES, LedgerEntry, read_ledger
 from training.common.sweeps import split_sweep
 from training.engine.devices import device_problem, resolve_device
-from training.errors import ConfigError, UserError
+from training.errors import ConfigError, UserError, first_line
 
 log = logging.getLogger("training.multirun")
 LEDGER_ENV = env.MULTIRUN_LEDGER
@@ -84,10 +84,6 @@ def differing_keys(cfgs: list[dict[str, Any]]) -> dict[str, list[Any]]:
         if len(distinct := list(dict.fromkeys(json.dumps(f.get(k), sort_keys=True, default=str) for f in flats))) > 1:
             out[k] = [json.loads(v) for v in distinct]
     return out
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def _split_seed(combo: list[str]) -> tuple[tuple[str, ...], Any]:
@@ -138,14 +134,14 @@ def check_sweep(config: DictConfig) -> int | None:
                 job_cfg.seed = seed  # resolved right below, before the next job sets its own
         except Exception as err:  # noqa: BLE001 - the sweeper would fail on it too, with a longer story
             exit_user_error(f"multirun refused (nothing ran): {where} cannot be composed: "
-                            f"{hydra_error_line(err) or _first_line(err)}", err)
+                            f"{hydra_error_line(err) or first_line(err)}", err)
         try:
             cfgs = seed_configs(job_cfg)  # each seed of the job's cell
         except Exception as err:  # noqa: BLE001 - e.g. ${hydra:...} in a path: the job itself will tell
             line = user_error_line(err) if isinstance(err, UserError) else None
             if line is not None:  # a bad `seeds`
                 exit_user_error(f"multirun refused (nothing ran): {where}: {line}", err)
-            log.debug("multirun: %s not checked (%s)", where, _first_line(err))
+            log.debug("multirun: %s not checked (%s)", where, first_line(err))
             continue
         for cfg in cfgs:
             try:
@@ -154,7 +150,7 @@ def check_sweep(config: DictConfig) -> int | None:
             except Exception as err:
                 line = user_error_line(err)
                 if line is None:  # not the user's mistake to fix up front: the job itself will fail and say so
-                    log.warning("multirun: %s not checked (%s: %s)", where, type(err).__name__, _first_line(err))
+                    log.warning("multirun: %s not checked (%s: %s)", where, type(err).__name__, first_line(err))
                     continue
                 exit_user_error(f"multirun refused (nothing ran): {where}: {line}", err)
             if here and (problem := device_problem(job.device)) is not None:

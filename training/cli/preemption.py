@@ -31,7 +31,8 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -178,10 +179,8 @@ def stop_processes(pids: list[int], grace: float = TERM_GRACE_S, wait: float = K
 
 def _send(pids: list[int], signum: int) -> None:
     for pid in pids:
-        try:
+        with suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _alive(pids: list[int]) -> list[int]:
@@ -189,8 +188,7 @@ def _alive(pids: list[int]) -> list[int]:
     out = []
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rpartition(")")[2].split()[0]
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
         except (OSError, IndexError):
             try:
                 os.kill(pid, 0)  # no /proc (not Linux): the pid exists
@@ -216,12 +214,9 @@ def workers(root: int) -> list[int]:
     and exits with `root` (stopped first, it reports the workers' shared memory as unknown, in tracebacks)."""
     out = []
     for pid in descendants(root):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"resource_tracker" in f.read():
-                    continue
-        except OSError:
-            pass
+        with suppress(OSError):
+            if b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
         out.append(pid)
     return out
 
@@ -237,8 +232,7 @@ def descendants(root: int) -> list[int]:
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
+            fields = Path(f"/proc/{name}/stat").read_text().rpartition(")")[2].split()
             children[int(fields[1])].append(int(name))
         except (OSError, IndexError, ValueError):
             continue

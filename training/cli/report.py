@@ -23,7 +23,7 @@ from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 from training.app.schema import CONF_DIR, ConfigError
 from training.common import env
-from training.errors import UserError
+from training.errors import UserError, first_line
 from training.errors import user_error_line as _line
 
 log = logging.getLogger("training.run")
@@ -50,7 +50,7 @@ def hydra_error_line(err: BaseException) -> str | None:
         chain.append(cause)
     if (said := next((user_error_line(e) for e in chain if isinstance(e, UserError)), None)) is not None:
         return said  # the harness's refusal, raised while Hydra resolved the config (an unknown task, a bad seeds)
-    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    first = first_line(err)
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options is not None:
         group, _, name = err.missing_cfg_file.rpartition("/")
         close = difflib.get_close_matches(name, err.options, n=1)

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from training.common.cells import seed_configs
 from training.common.conf import CONF_DIR
 from training.common.hydra_private import split_arguments
-from training.errors import ConfigError
+from training.errors import ConfigError, first_line
 
 
 def presets() -> list[str]:
@@ -46,7 +46,7 @@ def split_sweep(args: Sequence[str], loader: ConfigLoader | None) -> list[list[s
         try:
             values = split_arguments(parser.parse_overrides([arg]))
         except Exception as err:  # noqa: BLE001 - Hydra raises ValueError, HydraException, OverrideParseException
-            why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            why = first_line(err)
             raise ConfigError(f"{arg} cannot be swept ({why}): write {key}=a,b,c (a list), range(start,stop,step) "
                               "with a step that is not 0, or choice(a,b,c); interval() needs a search sweeper "
                               "plugin (e.g. Optuna), not this one") from err

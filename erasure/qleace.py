@@ -305,10 +305,7 @@ def _qleace_fit(mom: ClassMoments, info: dict[str, Any], o: QleaceOptions, t0: f
                 rows: tuple[Tensor, Tensor] | None) -> QleaceEraser:
     """`rows`: the fit's (x64, labels), for the coupling's class SVDs; None: from the class covariances."""
     assert mom.class_covs is not None
-    if o.rank_deficient == "shrinkage":
-        state = _fit_shrinkage(mom, info, o)
-    else:
-        state = _fit_subspace(rows, mom, info, o)
+    state = _fit_shrinkage(mom, info, o) if o.rank_deficient == "shrinkage" else _fit_subspace(rows, mom, info, o)
     info["fit_seconds"] = time.perf_counter() - t0
     return QleaceEraser(state, info)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import torch
 
@@ -61,12 +62,10 @@ def _cgroup_room() -> int | None:
                                    ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
                                     "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
         try:
-            with open(limit_file) as f:
-                raw = f.read().strip()
+            raw = Path(limit_file).read_text().strip()
             if raw == "max" or int(raw) >= 2**60:
                 return None
-            with open(usage_file) as f:
-                return max(0, int(raw) - int(f.read().strip()))
+            return max(0, int(raw) - int(Path(usage_file).read_text().strip()))
         except (OSError, ValueError):
             continue
     return None

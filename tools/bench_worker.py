@@ -34,8 +34,7 @@ def write_json(path: Path, value: Any) -> None:
 
 def rss_mb() -> float:
     """This process's resident memory now (MB)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
 
 
 def peak_mb(cuda: bool) -> float:

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -97,14 +98,12 @@ def git_info(commit: str | None) -> dict[str, Any]:
             h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
     info: dict[str, Any] = {"tree_digest": h.hexdigest()[:16], **({"commit_given": commit} if commit else {})}
     found = None
-    try:
+    with suppress(OSError, subprocess.SubprocessError):
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
         if head.returncode == 0:
             found = head.stdout.strip()
             info["dirty"] = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                                                 capture_output=True, text=True, timeout=10).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        pass
     info["commit"] = found or commit or os.environ.get("GIT_COMMIT") or "unknown (no git here; pass --commit)"
     return info
 
@@ -115,10 +114,8 @@ def environment(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]
     import torch
 
     cpu = platform.processor() or "?"
-    try:
+    with suppress(OSError, StopIteration):
         cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     host = {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "platform": platform.platform(),
             "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)}
     if args.device.startswith("cuda"):

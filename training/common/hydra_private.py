@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import Any
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -41,16 +42,12 @@ def wrap_run_job(wrap: Callable[[Any], Any]) -> None:
     if getattr(hydra.core.utils.run_job, "__wrapped__", None) is None:
         hydra.core.utils.run_job = wrap(hydra.core.utils.run_job)
     basic.run_job = hydra.core.utils.run_job
-    try:
+    with suppress(ImportError):  # the plugin is not installed
         import hydra_plugins.hydra_joblib_launcher._core as joblib_launcher
         joblib_launcher.run_job = hydra.core.utils.run_job
-    except ImportError:  # the plugin is not installed
-        pass
-    try:
+    with suppress(ImportError):
         import hydra_plugins.hydra_submitit_launcher.submitit_launcher as submitit_launcher
         submitit_launcher.run_job = hydra.core.utils.run_job
-    except ImportError:
-        pass
 
 
 def raised_by_a_job(err: BaseException) -> bool:

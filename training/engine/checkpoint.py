@@ -60,8 +60,7 @@ class CheckpointStore:
         path = self.path(names)
 
         def write(tmp: str) -> None:
-            with open(tmp, "wb") as f:
-                f.write(header + payload)
+            Path(tmp).write_bytes(header + payload)
 
         atomic_write(path, write)
         log.info("checkpoint of %d model(s) at step %s written to %s (%.1f MB)", len(names), state["step"], path,

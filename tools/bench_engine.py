@@ -307,9 +307,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{sum(map(len, steps))} models through {rows} refilled rows) {r['occupancy']:.3f}; one job through N "
               f"rows {r['occupancy_by_rows']}", flush=True)
         print(f"  polled every {args.poll} steps: occupancy {r['occupancy_polled']:.3f}; validation calls, steps (each "
-              f"job its own group / shared refilled rows / polled / one group, a row each): "
-              f"{r['validations_before']} / {r['validations']} / {r['validations_polled']} / "
-              f"{r['validations_one_group']}", flush=True)
+              f"job its own group / shared refilled rows / polled / one group, a row each): {r['validations_before']} "
+              f"/ {r['validations']} / {r['validations_polled']} / {r['validations_one_group']}", flush=True)
     if args.json is not None:
         write_json(args.json, report)
         print(f"wrote {args.json}")

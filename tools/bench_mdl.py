@@ -270,9 +270,8 @@ def main() -> None:
         for variant in variants if r % 2 == 0 else variants[::-1]:
             res = spawn(args, variant)
             rows[variant].append(res)
-            print(f"  repeat {r + 1}/{args.repeats} {variant:5s}: {res['seconds']:7.2f} s wall, "
-                  f"{res['cpu_s']:7.2f} s CPU, peak {res['peak_mb']:.0f} MB,"
-                  f" mean CE {res['mean_ce_bits']:.4f} bits", flush=True)
+            print(f"  repeat {r + 1}/{args.repeats} {variant:5s}: {res['seconds']:7.2f} s wall, {res['cpu_s']:7.2f} "
+                  f"s CPU, peak {res['peak_mb']:.0f} MB, mean CE {res['mean_ce_bits']:.4f} bits", flush=True)
     med = {v: statistics.median(x["seconds"] for x in rs) for v, rs in rows.items()}
     mem = "GPU max_memory_allocated" if gpu else "process peak RSS (ru_maxrss)"
     for v in variants[1:]:

@@ -256,8 +256,7 @@ def _pool(e: EraserConfig, dataset: DatasetConfig, seed: int, data: LoadedData, 
         pool = pool.subset(stratified_sample(pool.y, n_fit, seed=seed, repeat=e.repeat))
     counts = torch.bincount(pool.y, minlength=pool.num_classes)
     if int(counts.min()) < MIN_CLASS_ROWS:
-        raise ConfigError(f"eraser.n_fit={n_fit} is not allowed: the pool's smallest class gets "
-                          f"{int(counts.min())} rows (every class needs {MIN_CLASS_ROWS}); raise eraser.n_fit or "
-                          "lower dataset.limit")
+        raise ConfigError(f"eraser.n_fit={n_fit} is not allowed: the pool's smallest class gets {int(counts.min())} "
+                          f"rows (every class needs {MIN_CLASS_ROWS}); raise eraser.n_fit or lower dataset.limit")
     return pool
 

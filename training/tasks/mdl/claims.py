@@ -610,9 +610,8 @@ def markdown(results: Results, header: bool = True) -> str:
         for t in tests:
             need = f"> {MAX_SEEDS}" if t.seeds_needed is None else str(t.seeds_needed)
             lines.append(f"| {claim.key} | {md_cell(t.row)} | {md_cell('; '.join(t.fitted)) or '–'} | "
-                         f"{_diff_text(t)} | {_ci_text(t)} | {_num(t.p)} / "
-                         f"{_num(t.holm_p)} | {_num(t.p_against)} / {_num(t.holm_p_against)} | {need} | "
-                         f"{t.verdict} | {md_cell(t.why)} |")
+                         f"{_diff_text(t)} | {_ci_text(t)} | {_num(t.p)} / {_num(t.holm_p)} | {_num(t.p_against)} / "
+                         f"{_num(t.holm_p_against)} | {need} | {t.verdict} | {md_cell(t.why)} |")
         lines.append(f"| **{claim.key}** | **overall** (p {_num(claim_p(tests))}) | | | | | | | **{verdict}** | |")
     lines.append("")
     for claim, tests, verdict in results:

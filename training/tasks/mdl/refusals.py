@@ -123,8 +123,8 @@ def check_blocks(m: MdlConfig, fit_on: str, name: str, n: int, n_coded: int) -> 
     coded = "" if n_coded == n else f", {n_coded} coded (eraser.fit_on={fit_on})"
     raise ConfigError(f"mdl.num_blocks={m.num_blocks} is not allowed: {name} has {n} samples{coded}, {rest} to code "
                       f"after {n_val} for validation: at most {most_blocks(rest)} blocks (of at least "
-                      f"{MIN_BLOCK_SAMPLES} samples; "
-                      f"mdl.min_block={m.min_block} shrinks to fit); lower mdl.num_blocks or use more data")
+                      f"{MIN_BLOCK_SAMPLES} samples; mdl.min_block={m.min_block} shrinks to fit); lower "
+                      "mdl.num_blocks or use more data")
 
 
 def check_storage(storage: str, eraser: str, zscore: bool, data: LoadedData, coded: torch.Tensor | None) -> None:
@@ -319,7 +319,6 @@ def check_memory(cfg: JobConfig, data: LoadedData, n_coded: int, device: torch.d
     what = "this job" if len(cell) < 2 else f"this cell ({len(cell)} seeds)"
     raise Refused(f"{what} needs about {_size(est.total)} (data {_size(est.data)}, {models} "
                   f"{_size(est.models)}, batches {_size(est.batches)}, working memory {_size(WORKING_BYTES)}) but "
-                  f"{where} {_size(free)} available: lower "
-                  "optim.batch_size, training.parallel_models, arch.width or arch.depth, use dataset.limit, or run it "
-                  "where more memory is "
-                  f"free ({env.MEMORY_CHECK}=0 skips this rough check)")
+                  f"{where} {_size(free)} available: lower optim.batch_size, training.parallel_models, arch.width or "
+                  f"arch.depth, use dataset.limit, or run it where more memory is free ({env.MEMORY_CHECK}=0 skips "
+                  "this rough check)")

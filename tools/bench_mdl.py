@@ -108,10 +108,9 @@ def run_ours(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, device:
     def code(k: int, model: torch.nn.Module, res: Any) -> None:
         ce[k] = cross_entropy_sum(model, data.all(coded[k]), y_dev[coded[k]]) / len(coded[k]) / math.log(2)
 
-    fit_group(members, TrainData(data, y_dev), GroupOptions(on_finish=code, compile=None, engine="auto",
-                                                            workers="auto", progress=False,
-                                                            fused_optimizer=args.worker == "fused", rows=None,
-                                                            poll_every="auto"))
+    fit_group(members, TrainData(data, y_dev),
+              GroupOptions(on_finish=code, compile=None, engine="auto", workers="auto", progress=False,
+                           fused_optimizer=args.worker == "fused", rows=None, poll_every="auto"))
     return ce
 
 

@@ -134,8 +134,7 @@ def plot_increase(inc: pd.DataFrame, path: Path) -> None:
         look = {tuple(getattr(r, c) for c in ROW): (r.mean, r.sd) for r in ge.itertuples()}
         vals = [look.get(k, (math.nan, math.nan)) for k in keys]  # absent: no bar
         ax.bar(np.arange(len(keys)) + j * width, [v[0] for v in vals], width,
-               yerr=[0 if math.isnan(v[1]) else v[1] for v in vals], capsize=2, label=eraser,
-               color=COLORS.get(eraser))
+               yerr=[0 if math.isnan(v[1]) else v[1] for v in vals], capsize=2, label=eraser, color=COLORS.get(eraser))
     ax.axhline(0, color="k", lw=0.7)
     ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2,
                   [f"{d}\n{a}-w{w}-d{dd}\n{_row_text(f, v)}".strip() for d, a, w, dd, f, v in keys], fontsize=7)

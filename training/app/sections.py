@@ -147,9 +147,8 @@ class MdlConfig(Section):
     protocol: str = one_of("prequential", "prequential", "paper")
     num_blocks: int = spec(10, kind=int, check=lambda v: v >= 2, allowed="an integer ≥ 2")
     # an integer ≥ 1, or paper_code: the public code's rule min(1024, 2·max(32, K, d)) (training/tasks/mdl/splits.py)
-    min_block: Any = spec(1024, check=lambda v: v == "paper_code" or (isinstance(v, int) and not isinstance(v, bool)
-                                                                      and v >= 1),
-                          allowed="an integer ≥ 1 or paper_code")
+    min_block: Any = spec(1024, check=lambda v: v == "paper_code" or (
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1), allowed="an integer ≥ 1 or paper_code")
     val_size: int = positive_int(2048)
     val_frac: float = spec(0.2, kind=(int, float), check=lambda v: 0 < v < 1, allowed="a number in (0, 1)")
     patience: int = positive_int(100)

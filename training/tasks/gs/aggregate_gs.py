@@ -66,8 +66,7 @@ def erased_eval_tables(results: list[dict[str, Any]], out: Path) -> dict[str, st
     rows = []
     for (ds, eraser, arch, method), rs in grouped(results, key).items():
         rows.append([ds, arch, eraser, method, str(len(rs)), _col(rs, "eval", "test", "acc", s=100),
-                     _col(rs, "eval", "test_erased", "acc", s=100),
-                     _col(rs, "gap_erased_minus_original", "acc", s=100),
+                     _col(rs, "eval", "test_erased", "acc", s=100), _col(rs, "gap_erased_minus_original", "acc", s=100),
                      _col(rs, "eval", "test", "ce_bits_calibrated", d=3),
                      _col(rs, "eval", "test_erased", "ce_bits_calibrated", d=3),
                      _col(rs, "gap_erased_minus_original", "ce_bits_calibrated", d=3)])

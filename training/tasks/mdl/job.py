@@ -213,8 +213,7 @@ class SeedRun:
                 self.checkpoint.clear()  # force=true recomputes from scratch (as progress.json)
             shared = like.trainer.data if like is not None and same(like.prepared.inputs.x, prepared.inputs.x) else None
             self.trainer = Trainer(cfg, prepared.inputs.x, data.y, data.num_classes, split, job.device, data=shared,
-                                   batches=prepared.inputs.batches, checkpoint=self.checkpoint,
-                                   numerics=job.numerics)
+                                   batches=prepared.inputs.batches, checkpoint=self.checkpoint, numerics=job.numerics)
             # training.parallel_models=auto: as many of its models at once as fit in the memory the device has free
             self.trainer.model_room = estimate_memory(cfg, data, len(data.y), job.device,
                                                       memory_free(job.device)).num_models

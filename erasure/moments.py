@@ -167,7 +167,5 @@ def numerical_rank(vals_desc: Tensor, rtol: float | None = None) -> int:
     if rtol is None:
         rtol = vals_desc.shape[-1] * EPS64
     top = float(vals_desc[0]) if len(vals_desc) else 0.0
-    if top <= 0:
-        return 0
-    return int((vals_desc > rtol * top).sum())
+    return 0 if top <= 0 else int((vals_desc > rtol * top).sum())
 

@@ -48,6 +48,4 @@ def progress_bar(total: int | None = None, desc: str = "", unit: str = "it", lea
                  disable: bool = False) -> Any:
     """A bar from the installed factory; a silent one when none is installed or `disable`."""
     factory = _factory
-    if disable or factory is None:
-        return _Off()
-    return factory(total=total, desc=desc, unit=unit, leave=leave)
+    return _Off() if disable or factory is None else factory(total=total, desc=desc, unit=unit, leave=leave)

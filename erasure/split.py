@@ -94,6 +94,4 @@ def stratified_sample(labels: Tensor | np.ndarray, n: int, seed: int = 0, repeat
     lab = as_tensor(labels).cpu().long()
     if not 0 < n <= len(lab):
         raise ValueError(f"stratified_sample: n must be in 1..{len(lab)}; got {n}")
-    if n == len(lab):
-        return torch.arange(n)
-    return holdout_split(lab, n / len(lab), seed, repeat)[0]
+    return torch.arange(n) if n == len(lab) else holdout_split(lab, n / len(lab), seed, repeat)[0]

@@ -44,9 +44,7 @@ T = TypeVar("T")
 
 def image_shape(d: int) -> tuple[int, int, int]:
     side = math.isqrt(d // 3)
-    if 3 * side * side == d:
-        return (3, side, side)
-    return (1, 1, d)
+    return (3, side, side) if 3 * side * side == d else (1, 1, d)
 
 
 def synthetic(n: int, d: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -64,6 +64,4 @@ def user_error_line(err: BaseException, extra: tuple[type[BaseException], ...] =
     can fix), or None for anything else (a bug: shown as a traceback)."""
     if isinstance(err, (UserError, *extra)):
         return str(err).strip().replace("\n", " ")
-    if isinstance(err, OSError):
-        return os_error_line(err)
-    return None
+    return os_error_line(err) if isinstance(err, OSError) else None

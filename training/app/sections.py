@@ -268,9 +268,7 @@ def _member_options(kind: str, name: str) -> type[Any] | None:
 def _plain(v: Any) -> Any:
     if isinstance(v, Mapping):
         return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    return v
+    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
 # composed alongside a job's config, not part of it (`seeds`: a cell's, training/common/cells.py)

@@ -57,9 +57,7 @@ class Preempted(SystemExit):
 
 def _submitit_signal() -> signal.Signals | None:
     """The signal submitit uses for time limits (USR2 unless SUBMITIT_PREEMPT_SIGNAL), when in a submitit job."""
-    if env.submitit_executor() is None:
-        return None
-    return getattr(signal, "SIG" + env.submitit_preempt_signal(), None)
+    return None if env.submitit_executor() is None else getattr(signal, "SIG" + env.submitit_preempt_signal(), None)
 
 
 def ignore_time_limit_signal() -> None:

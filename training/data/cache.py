@@ -66,9 +66,7 @@ def canonical(obj: Any) -> Any:
         return obj
     if hasattr(obj, "items"):  # e.g. OmegaConf DictConfig
         return canonical(dict(obj.items()))
-    if hasattr(obj, "__iter__"):
-        return [canonical(v) for v in obj]
-    return str(obj)
+    return [canonical(v) for v in obj] if hasattr(obj, "__iter__") else str(obj)
 
 
 def key_hash(key: Mapping[str, Any]) -> str:

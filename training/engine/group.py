@@ -125,9 +125,7 @@ def fit_group(members: Sequence[Member], inputs: TrainData, options: GroupOption
     n_workers = resolve_workers(options.workers, device, kind, len(members))
     if n_workers > 1 and draws_masks(members[0].model):
         n_workers = 1  # the loop engine swaps each member's stream into the one global RNG: one thread
-    if n_workers > 1:
-        return _fit_threads(members, inputs, options, n_workers)
-    return _fit_rows(members, inputs, options)
+    return _fit_threads(members, inputs, options, n_workers) if n_workers > 1 else _fit_rows(members, inputs, options)
 
 
 def _fit_rows(members: Sequence[Member], inputs: TrainData, options: GroupOptions,
@@ -166,9 +164,7 @@ def resolve_workers(workers: int | str, device: torch.device, engine: str, n_mem
     (`torch.get_num_threads()`), at most one per member; else 1. A small model's step is a chain of small kernels
     that two cores split poorly, while disjoint groups of models, one per core, scale almost linearly."""
     if str(workers) == "auto":
-        if device.type != "cpu" or engine != "loop":
-            return 1
-        return max(1, min(torch.get_num_threads(), n_members))
+        return 1 if device.type != "cpu" or engine != "loop" else max(1, min(torch.get_num_threads(), n_members))
     n = int(workers)
     if n < 1:
         raise ValueError(f"training.workers must be auto or a positive integer, got {workers!r}")

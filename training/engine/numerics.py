@@ -76,9 +76,7 @@ class JobNumerics:
         """The context of a training step's forward: autocast to bfloat16 under `precision=bf16`, else nothing.
         Records (engine, models trained together) for the signature."""
         self.groups.add((engine, models))
-        if self.precision != "bf16":
-            return nullcontext()
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+        return nullcontext() if self.precision != "bf16" else torch.autocast(device.type, dtype=torch.bfloat16)
 
     def forward(self, model: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
         """`model(x)` as one model's training step runs it (`fit`): bf16 logits come back float32 (a float64

@@ -33,9 +33,7 @@ def task_loss(logits: Tensor, y: Tensor) -> Tensor:
 
 def _per_example(value: Tensor, y: Tensor, like: Tensor) -> Tensor:
     """A scalar as is, or a per-class vector indexed by label and shaped to broadcast over `like`."""
-    if value.ndim == 0:
-        return value.to(like)
-    return value.to(like)[y].reshape(-1, *([1] * (like.ndim - 1)))
+    return value.to(like) if value.ndim == 0 else value.to(like)[y].reshape(-1, *([1] * (like.ndim - 1)))
 
 
 def sd_penalty(logits: Tensor, y: Tensor, lam: Tensor | float, gamma: Tensor | float = 0.0) -> Tensor:
@@ -123,9 +121,7 @@ def spectral_decoupling(o: SdOptions, num_classes: int, base_loss: BaseLoss) -> 
 
 def build_regularizer(cfg: RegularizerCfg | None, num_classes: int,
                       base_loss: BaseLoss = task_loss) -> Regularizer | None:
-    if cfg is None:
-        return None
-    return REGULARIZERS.get(cfg.name)(cfg.options, num_classes, base_loss)
+    return None if cfg is None else REGULARIZERS.get(cfg.name)(cfg.options, num_classes, base_loss)
 
 
 def method_label(sd: SdOptions | None, weight_decay: float) -> str:

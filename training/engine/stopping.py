@@ -66,9 +66,7 @@ class EarlyStopping:
             return None
         if step - self.improved_step >= self.patience_steps:
             return PATIENCE
-        if epoch >= self.max_epochs:
-            return MAX_EPOCHS
-        return None
+        return MAX_EPOCHS if epoch >= self.max_epochs else None
 
 
 REASONS = ("", PATIENCE, MAX_EPOCHS)  # RowStopping.reason's codes

@@ -156,9 +156,7 @@ class FitPlan:
         (holdout); None for oracle and population."""
         if self.in_sample:
             return self.coded(data)
-        if self.fit_idx is not None:
-            return data.subset(self.fit_idx)
-        return self.pool
+        return data.subset(self.fit_idx) if self.fit_idx is not None else self.pool
 
     def source(self, data: LoadedData) -> FitSource:
         """What the eraser is fitted on: the draws, the moments, or the fit rows (labelled as the plan says; rows

@@ -494,9 +494,7 @@ def decide(claim: Claim, tests: Sequence[RowTest], alpha: float = ALPHA) -> None
 
 def overall(tests: Sequence[RowTest]) -> str:
     verdicts = {t.verdict for t in tests}
-    if not verdicts:
-        return UNTESTABLE
-    return next((v for v in ORDER if v in verdicts), SUPPORTED)
+    return UNTESTABLE if not verdicts else next((v for v in ORDER if v in verdicts), SUPPORTED)
 
 
 def claim_p(tests: Sequence[RowTest]) -> float:

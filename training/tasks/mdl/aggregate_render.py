@@ -331,9 +331,7 @@ def bracket_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]] | N
                     cells.append(f"[{lo:.3f}, {partner.bits_per_sample_mean:.3f}]"
                                  + ("" if partner.fit_on == "self" else " (all)"))
             rows.append([*(str(values[c]) for c in cols), _na(n, ".0f"), *cells])
-    if not found:
-        return None
-    return [*[LABEL_NAMES[c] for c in cols], "n coded", *erasers], rows
+    return ([*[LABEL_NAMES[c] for c in cols], "n coded", *erasers], rows) if found else None
 
 
 BRACKET_NOTE = ("Brackets [out of sample, in sample] at equal n_coded (bits/sample, mean over seeds × repeats): "

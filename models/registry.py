@@ -3,7 +3,7 @@
     @ARCHS.register("mlp", vectorises=True, base_width=128, depth_exponent=1.5, init=kaiming_uniform_init)
     class MLPSpec: ...
 
-- vectorises: its lockstep groups (a job's block models, a pack group) train on the stacked engine on a GPU
+- vectorises: its lockstep groups (the block models of a cell's seeds) train on the stacked engine on a GPU
   (`training.engine=auto`: launch-bound small models); one that does not vectorise groups on the loop engine (each
   member's own kernels, its numbers those of one model alone);
 - base_width: the μP base model's width when `arch.base_width` is null;

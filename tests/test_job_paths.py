@@ -21,7 +21,7 @@ OWN_LAYOUT = {"gs_colored_mnist", "gs_sd_erasure", "gs_two_moons"}
 def test_the_presets_with_their_own_layout_are_the_known_ones() -> None:
     loaded = {n: OmegaConf.load(CONF_DIR / "experiment" / f"{n}.yaml") for n in presets()}
     assert all(isinstance(cfg, DictConfig) for cfg in loaded.values())
-    assert {n for n, cfg in loaded.items() if "job_subdir" in cfg.get("paths", {})} == OWN_LAYOUT
+    assert {n for n, cfg in loaded.items() if "job_subdir" in OmegaConf.select(cfg, "paths", default={})} == OWN_LAYOUT
 
 
 @pytest.mark.parametrize("name", sorted(set(presets()) - OWN_LAYOUT))

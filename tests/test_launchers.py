@@ -14,11 +14,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
-from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import DictConfig, OmegaConf
 
-import hydra_plugins.erasure_mdl_slurm.slurm_launcher as slurm
 from tests.helpers import ENV, REPO
 from training.cli.ledger import summary_line
 from training.common.ledger_entry import LedgerEntry, LedgerEntryError, read_ledger
@@ -41,13 +38,15 @@ def test_local_and_parallel_launchers_compose() -> None:
     parallel = _launcher("hydra/launcher=parallel", "hydra.launcher.n_jobs=3")
     assert parallel._target_.endswith("JoblibLauncher") and parallel.n_jobs == 3
     assert _launcher("hydra/launcher=parallel").n_jobs == 2 and _launcher("hydra/launcher=joblib").n_jobs == -1
-    local = _launcher("hydra/launcher=submitit_local")
-    assert local._target_.endswith("submitit_launcher.LocalLauncher")
+    assert _launcher("hydra/launcher=submitit_local")._target_.endswith("submitit_launcher.LocalLauncher")
     for overrides in ([], ["experiment=paper_table_c"], ["experiment=offline_table"]):
         assert "Slurm" not in _launcher(*overrides)._target_  # slurm is never the default
 
 
 def test_slurm_config_validates_offline_and_every_field_is_overridable() -> None:
+    from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf  # after Hydra has scanned its plugins
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+
     cfg = _launcher("hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.gpus_per_node=2",
                     "hydra.launcher.cpus_per_task=4", "hydra.launcher.mem_gb=16", "hydra.launcher.timeout_min=30",
                     "hydra.launcher.array_parallelism=8", 'hydra.launcher.setup=["module load cuda"]',
@@ -99,6 +98,8 @@ def test_a_multirun_of_smoke_with_workers(tmp_path: Path, launcher: list[str]) -
 def test_the_slurm_launcher_cuts_a_sweep_into_arrays_of_at_most_max_array_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a cluster: 7 jobs where MaxArraySize is 3 go to the submitit launcher as arrays of 3, 3 and 1 (each
     job keeping its number in the sweep), and their results come back in the sweep's order; no limit known: one."""
+    import hydra_plugins.erasure_mdl_slurm.slurm_launcher as slurm
+
     assert slurm.array_slices(7, 3) == [range(0, 3), range(3, 6), range(6, 7)]
     assert slurm.array_slices(2, None) == [range(0, 2)] and slurm.array_slices(3, 3) == [range(0, 3)]
 

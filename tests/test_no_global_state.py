@@ -145,10 +145,9 @@ def test_accessors_read_their_variable_with_its_default(monkeypatch: pytest.Monk
         monkeypatch.delenv(var, raising=False)
     assert env.memory_check() and env.lock_log_every() == 60.0 and env.multirun_ledger() is None
     assert env.multirun_total() == "?" and env.submitit_executor() is None and env.submitit_preempt_signal() == "USR2"
-    monkeypatch.setenv(env.MEMORY_CHECK, "0")
-    monkeypatch.setenv(env.LOCK_LOG_EVERY, "0")
-    monkeypatch.setenv(env.MULTIRUN_TOTAL, "")
-    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
+    for var, value in {env.MEMORY_CHECK: "0", env.LOCK_LOG_EVERY: "0", env.MULTIRUN_TOTAL: "",
+                       "SUBMITIT_EXECUTOR": "local"}.items():
+        monkeypatch.setenv(var, value)
     assert not env.memory_check() and env.lock_log_every() == 0.01 and env.multirun_total() == "?"
     assert env.submitit_executor() == "local"
     monkeypatch.setenv(env.LOCK_LOG_EVERY, "soon")  # not a number: the default, not a traceback

@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 from hydra import compose, initialize_config_dir
 
+import training.tasks.mdl.cell as cell_module
+import training.tasks.mdl.job as job_module
 from tests.helpers import CONF, job_config, result_of
+from tests.test_checkpoint import _load, _stop_at
 from training.app.lifecycle import Outcome
 from training.app.tasks import load_job
 from training.common import interrupt
@@ -101,8 +104,6 @@ def test_a_convnext_cell_erasing_each_batch_equals_each_seed_one_model_at_a_time
 
 def test_one_seeds_failure_is_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Seed 1's code length goes non-finite: seed 1 fails with that line, seeds 0 and 2 finish with their numbers."""
-    import training.tasks.mdl.job as job_module
-
     real = job_module.Blocks.on_finish
 
     def on_finish(self: Any, k: int, model: Any, res: Any) -> None:
@@ -123,8 +124,6 @@ def test_one_seeds_failure_is_its_own(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_a_failed_group_leaves_each_seed_to_train_in_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture) -> None:
-    import training.tasks.mdl.cell as cell_module
-
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("the group broke")
 
@@ -148,8 +147,6 @@ def test_a_cell_stopped_inside_a_block_resumes_every_seed(tmp_path: Path, monkey
     """Rows refilled across the seeds (training.parallel_models=12: 12 rows for 18 models), stopped as by a SIGTERM: the
     group's checkpoint is in the first seed's directory; the rerun resumes in the group and every seed's result
     equals its job alone."""
-    from tests.test_checkpoint import _load, _stop_at
-
     rows = "training.parallel_models=12"
     out = tmp_path / "cell"
     with monkeypatch.context() as m:
@@ -169,7 +166,8 @@ def test_a_cell_stopped_inside_a_block_resumes_every_seed(tmp_path: Path, monkey
 
 
 # --- the cell's seeds in the config -----------------------------------------------------------------------------
-def test_seeds_is_a_count_or_a_list_and_seed_makes_a_one_seed_cell(tmp_path: Path) -> None:
+def test_seeds_is_a_count_or_a_list_seed_makes_a_one_seed_cell_and_a_key_following_the_seed_its_own_cell(
+        tmp_path: Path) -> None:
     assert seed_list(3) == [0, 1, 2] and seed_list([4, 1]) == [4, 1]
     for bad in (0, -1, [], [1, 1], [-2], "3", True, [1.5]):
         with pytest.raises(ConfigError, match="seeds=.* is not allowed: seeds must be"):
@@ -182,10 +180,7 @@ def test_seeds_is_a_count_or_a_list_and_seed_makes_a_one_seed_cell(tmp_path: Pat
     (one,) = _composed(tmp_path, ["experiment=demo", "eraser=leace", "seed=3"])  # the preset's seeds: 3
     assert one["seed"] == 3 and Path(one["paths"]["job_dir"]) == dirs[0].parent / "seed3"
     assert load_job(one).seed == 3 and "seeds" not in load_job(one).to_dict()
-
-
-def test_a_key_that_follows_the_seed_gives_each_seed_its_own_cell_directory(tmp_path: Path) -> None:
-    """dataset.data_seed=${seed}: each seed is its own configuration (its own c<hash>); calibrate's seeds share one."""
+    # dataset.data_seed=${seed}: each seed is its own configuration (its own c<hash>); calibrate's seeds share one
     own = _composed(tmp_path, ["experiment=calibrate", "dataset.data_seed=${seed}", "seeds=2"])
     shared = _composed(tmp_path, ["experiment=calibrate", "seeds=2"])
     assert len({Path(c["paths"]["job_dir"]).parent for c in own}) == 2

@@ -159,3 +159,16 @@ def test_a_multirun_job_that_fails_is_a_line_of_the_summary_only(results: list[d
     assert got["rc"] == 1, got["stderr"][-3000:]
     assert len(lines) == 2 and lines[0] == "multirun: 1/1 jobs ran: 0 done, 0 skipped, 1 failed", got["stderr"]
     assert lines[1].startswith("  FAILED ") and ": CIFAR-10 not found" in lines[1], lines
+
+
+def test_raised_by_a_job_tells_a_jobs_exception_from_one_raised_elsewhere() -> None:
+    """Hydra re-raises a failed job's exception in `JobReturn.return_value`: that is a job's, not the command line's."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from training.common.hydra_private import raised_by_a_job
+
+    with pytest.raises(ValueError) as job:
+        JobReturn(status=JobStatus.FAILED, _return_value=ValueError("in the job")).return_value  # noqa: B018
+    with pytest.raises(ValueError) as elsewhere:
+        raise ValueError("while composing the config")
+    assert raised_by_a_job(job.value) and not raised_by_a_job(elsewhere.value)

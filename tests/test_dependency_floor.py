@@ -69,10 +69,8 @@ def build_all() -> list[dict[str, object]]:
 
 
 def test_declared_floors_are_exact_or_floored() -> None:
-    for name in FLOORED:
-        assert declared(name)[0] == ">=", name
-    for name in EXACT:
-        assert declared(name)[0] == "==", name
+    for names, operator in ((FLOORED, ">="), (EXACT, "==")):
+        assert [declared(name)[0] for name in names] == [operator] * len(names), names
 
 
 def test_every_arch_builds_on_the_declared_timm_floor(tmp_path: Path) -> None:

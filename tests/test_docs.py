@@ -25,7 +25,7 @@ def _anchors(md: Path) -> set[str]:
     return slugs
 
 
-def test_readme_is_a_front_door_whose_links_resolve() -> None:
+def test_readme_is_a_front_door_whose_links_resolve_and_every_docs_page_is_in_the_site_navigation() -> None:
     readme = ROOT / "README.md"
     assert len(readme.read_text().splitlines()) <= 150
     links = [m for m in LINK.findall(readme.read_text()) if not m.startswith(("http://", "https://"))]
@@ -36,9 +36,6 @@ def test_readme_is_a_front_door_whose_links_resolve() -> None:
         assert target.exists(), f"README links {link}: {target} does not exist"
         if anchor:
             assert anchor in _anchors(target), f"README links {link}: no heading with that anchor"
-
-
-def test_every_docs_page_is_in_the_site_navigation() -> None:
     nav = (ROOT / "mkdocs.yml").read_text()
     pages = sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
     missing = [p for p in pages if p not in nav]

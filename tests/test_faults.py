@@ -6,13 +6,14 @@
 3. bad config values: one line before any data or directory
 4. a failed cache write is a warning, the job goes on
 5. user errors: one line on stderr + run.log, exit 2; HYDRA_FULL_ERROR=1 shows the traceback
-6. waiting on a lock is logged (what, since when, which pid)
+6. waiting on a lock is logged (what, since when, which pid); the holder's note is decoded once, as far as it goes
 7. malformed result.json / progress.json count as absent
 8. force=true recomputes a finished job of the same configuration
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -23,6 +24,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,7 @@ from training.app.results import LOCK_FILE, ConfigMismatchError, JobDir
 from training.app.schema import ConfigError, group_config
 from training.app.tasks import job_hash, spec_of
 from training.common.env import LOCK_LOG_EVERY
-from training.common.locks import waiting_lock
+from training.common.locks import Holder, describe_holder, holder_path, waiting_lock
 from training.data import cache as cache_mod
 from training.data import load_dataset
 from training.data.cache import cached_erase
@@ -80,15 +82,20 @@ def test_sweep_whose_jobs_share_a_directory_is_refused_before_anything_runs(tmp_
     assert "multirun refused" in line and "shared" in line and "mdl.max_epochs: 2, 3" in line
     assert "seed" not in line.split("differ in")[1]  # only the keys that differ are named
     assert not (tmp_path / "runs").exists()  # nothing ran, no ledger, no directory
+    line = _one_error_line(_cli(tmp_path, *TINY, "seed=0,abc", multirun=True))  # one bad value: refused whole
+    assert "multirun refused" in line and "seed='abc'" in line and "job 1" in line
+    assert not (tmp_path / "runs").exists()
 
 
-def test_sweep_hitting_another_configs_result_is_refused_unless_forced(tmp_path: Path) -> None:
+def test_another_configs_result_refuses_its_job_and_a_sweep_hitting_it_unless_forced(tmp_path: Path) -> None:
     cfg = job_config(tmp_path, [*TINY, "seed=0"])
     job_dir = Path(cfg["paths"]["job_dir"])
     job_dir.mkdir(parents=True)
     (job_dir / "result.json").write_text(json.dumps({"config_hash": "0123456789abcdef", "config": {}}))
-    proc = _cli(tmp_path, *TINY, "seed=0,1", multirun=True)
-    line = _one_error_line(proc)
+    line = _one_error_line(_cli(tmp_path, *TINY, "seed=0"))
+    assert "another configuration" in line and "force=true" in line and str(job_dir) in line
+    assert line in (job_dir / "run.log").read_text()
+    line = _one_error_line(_cli(tmp_path, *TINY, "seed=0,1", multirun=True))
     assert str(job_dir) in line and "another configuration" in line and "force=true" in line
     assert not (job_dir.parent / "seed1").exists()  # the other job did not run either
 
@@ -112,31 +119,43 @@ def _hold_lock_in_subprocess(lock: Path, release: Path) -> subprocess.Popen[str]
     return proc
 
 
+def _behind_a_holder(lock: Path, caplog: pytest.LogCaptureFixture, what: str, work: Callable[[], Any],
+                     meanwhile: Callable[[], None] = lambda: None) -> tuple[int, Any]:
+    """`work` in a thread while another process holds `lock`, until `what` is logged at once, then again
+    (periodically); then `meanwhile`, and the lock is released. The holder's pid and what `work` returned."""
+    holder = _hold_lock_in_subprocess(lock, Path(f"{lock}.release"))
+    out: list[Any] = []
+    worker = threading.Thread(target=lambda: out.append(work()))
+    with caplog.at_level(logging.INFO):
+        worker.start()
+        deadline = time.monotonic() + 30
+        while caplog.text.count(what) < 2:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.05)
+        assert worker.is_alive()
+        meanwhile()
+        Path(f"{lock}.release").write_text("1")
+        worker.join(60)
+    holder.communicate(timeout=30)
+    assert not worker.is_alive()
+    return holder.pid, out[0]
+
+
 def test_second_job_with_the_same_directory_waits_logs_it_then_skips(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(LOCK_LOG_EVERY, "0.2")
     cfg = job_config(tmp_path, TINY)
     job_dir = Path(cfg["paths"]["job_dir"])
     job_dir.mkdir(parents=True)
-    holder = _hold_lock_in_subprocess(job_dir / LOCK_FILE, tmp_path / "release")
-    out: dict[str, Any] = {}
-    worker = threading.Thread(target=lambda: out.update(result=run_job(cfg).result))
-    with caplog.at_level(logging.INFO):
-        worker.start()
-        deadline = time.monotonic() + 30
-        while caplog.text.count("waiting for job directory") < 2:  # at once, then periodically
-            assert time.monotonic() < deadline, caplog.text
-            time.sleep(0.05)
-        assert worker.is_alive()
-        # the first job finishes: its result is there when the lock is released
+
+    def first_job_finishes() -> None:  # its result is there when the lock is released
         first = {"config_hash": job_hash(cfg), "config": cfg, "mdl": {"bits_per_sample": 1.25}}
         (job_dir / "result.json").write_text(json.dumps(first))
-        (tmp_path / "release").write_text("1")
-        worker.join(60)
-    holder.communicate(timeout=30)
-    assert not worker.is_alive()
-    assert out["result"]["mdl"] == {"bits_per_sample": 1.25}  # skipped: nothing recomputed or overwritten
-    assert f"by pid {holder.pid}" in caplog.text and str(job_dir / LOCK_FILE) in caplog.text
+
+    pid, result = _behind_a_holder(job_dir / LOCK_FILE, caplog, "waiting for job directory",
+                                   lambda: run_job(cfg).result, first_job_finishes)
+    assert result["mdl"] == {"bits_per_sample": 1.25}  # skipped: nothing recomputed or overwritten
+    assert f"by pid {pid}" in caplog.text and str(job_dir / LOCK_FILE) in caplog.text
     assert "held since" in caplog.text and "SKIP" in caplog.text
 
 
@@ -180,8 +199,7 @@ BAD = [("arch.width=0", "arch.width"), ("arch.width=-5", "arch.width"), ("arch.d
 
 @pytest.mark.parametrize(("override", "key"), BAD)
 def test_library_run_job_checks_values_before_data_or_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                override: str,
-                                                                key: str) -> None:
+                                                                override: str, key: str) -> None:
     def no_data(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("data loaded before the config was checked")
 
@@ -201,13 +219,6 @@ def test_cli_bad_values_one_line_exit_2_no_directory(tmp_path: Path) -> None:
         assert "bits/sample" not in proc.stdout
 
 
-def test_multirun_with_one_bad_value_is_refused_before_any_job_runs(tmp_path: Path) -> None:
-    proc = _cli(tmp_path, *TINY, "seed=0,abc", multirun=True)
-    line = _one_error_line(proc)
-    assert "multirun refused" in line and "seed='abc'" in line and "job 1" in line
-    assert not (tmp_path / "runs").exists()
-
-
 # --- 4. cache writes ---------------------------------------------------------------------------------------------
 
 def _enospc(x: torch.Tensor, tmp: str) -> None:
@@ -215,7 +226,7 @@ def _enospc(x: torch.Tensor, tmp: str) -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
 
 
-def test_full_disk_on_cache_write_warns_and_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_full_disk_or_an_unwritable_cache_dir_warns_and_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(cache_mod, "_save_tensor", _enospc)
     with caplog.at_level(logging.WARNING):
@@ -224,24 +235,20 @@ def test_full_disk_on_cache_write_warns_and_goes_on(tmp_path: Path, monkeypatch:
     assert "No space left on device" in caplog.text and "in memory" in caplog.text
     assert [p.name for p in (tmp_path / "erased").iterdir() if not p.name.endswith(".lock")] == []  # no partial
 
-
-def test_torch_save_full_disk_runtime_error_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
-    def runtime(x: torch.Tensor, tmp: str) -> None:
+    def runtime(x: torch.Tensor, tmp: str) -> None:  # torch.save's own words for a full disk
         raise RuntimeError("[enforce fail at inline_container.cc:671] . unexpected pos 704 vs 598")
 
+    caplog.clear()
     monkeypatch.setattr(cache_mod, "_save_tensor", runtime)
     monkeypatch.setattr(cache_mod.shutil, "disk_usage", lambda p: type("U", (), {"free": 4096})())
     with caplog.at_level(logging.WARNING):
         cached_erase(tmp_path, {"k": 2}, lambda: (torch.ones(3, 2), {}))
     assert "No space left on device" in caplog.text and "unexpected pos" in caplog.text
 
-
-def test_unwritable_cache_dir_warns_and_erases_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
-    def denied(*args: Any, **kwargs: Any) -> Any:
+    def denied(*args: Any, **kwargs: Any) -> Any:  # an unwritable cache directory
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "erased" / "x.lock"))
 
+    caplog.clear()
     monkeypatch.setattr(cache_mod, "waiting_lock", denied)
     with caplog.at_level(logging.WARNING):
         x, _, hit = cached_erase(tmp_path, {"k": 3}, lambda: (torch.zeros(2), {}))
@@ -259,7 +266,7 @@ def test_job_survives_a_full_disk_in_the_cache(tmp_path: Path, monkeypatch: pyte
 
 # --- 5. user errors as one line ----------------------------------------------------------------------------------
 
-def test_missing_dataset_is_one_line_exit_2_and_in_run_log(tmp_path: Path) -> None:
+def test_missing_or_corrupt_dataset_is_one_line_exit_2_and_in_run_log(tmp_path: Path) -> None:
     args = ("dataset=cifar10", f"paths.data_dir={tmp_path / 'nodata'}", "dataset.download=false")
     proc = _cli(tmp_path, *args)
     line = _one_error_line(proc)
@@ -268,6 +275,9 @@ def test_missing_dataset_is_one_line_exit_2_and_in_run_log(tmp_path: Path) -> No
     assert line in log.read_text()
     full = _cli(tmp_path, *args, env={"HYDRA_FULL_ERROR": "1"})
     assert full.returncode != 0 and "Traceback" in full.stderr and "CIFAR-10 not found" in full.stderr
+    _garbage_cifar(tmp_path / "data")
+    line = _one_error_line(_cli(tmp_path, *args[:1], f"paths.data_dir={tmp_path / 'data'}", *args[2:]))
+    assert "data_batch_1" in line and "UnpicklingError" in line
 
 
 def _garbage_cifar(root: Path) -> Path:
@@ -299,13 +309,6 @@ def test_corrupt_data_files_name_the_file(tmp_path: Path) -> None:
         load_dataset(group_config("dataset", "fashion_mnist", root=str(tmp_path / "f")), tmp_path)
 
 
-def test_cli_corrupt_data_is_one_line(tmp_path: Path) -> None:
-    _garbage_cifar(tmp_path / "data")
-    proc = _cli(tmp_path, "dataset=cifar10", f"paths.data_dir={tmp_path / 'data'}", "dataset.download=false")
-    line = _one_error_line(proc)
-    assert "data_batch_1" in line and "UnpicklingError" in line
-
-
 def test_unwritable_output_dir_is_one_line(tmp_path: Path) -> None:
     target = Path("/sys/erasure-mdl-test-out")  # not writable, even by root
     if not Path("/sys").is_dir():
@@ -316,30 +319,6 @@ def test_unwritable_output_dir_is_one_line(tmp_path: Path) -> None:
     assert "/sys/erasure-mdl-test-out" in line
 
 
-def test_config_mismatch_single_run_is_one_line(tmp_path: Path) -> None:
-    cfg = job_config(tmp_path, [*TINY, "seed=0"])
-    job_dir = Path(cfg["paths"]["job_dir"])
-    job_dir.mkdir(parents=True)
-    (job_dir / "result.json").write_text(json.dumps({"config_hash": "0123456789abcdef", "config": {}}))
-    line = _one_error_line(_cli(tmp_path, *TINY, "seed=0"))
-    assert "another configuration" in line and "force=true" in line and str(job_dir) in line
-    assert line in (job_dir / "run.log").read_text()
-
-
-def test_multirun_failed_job_reports_its_line_and_logs_it(tmp_path: Path) -> None:
-    proc = _cli(tmp_path, *TINY, "seed=0", "dataset=digits,cifar10", "++dataset.download=false",
-                f"paths.data_dir={tmp_path / 'nodata'}", multirun=True)
-    text = proc.stdout + proc.stderr
-    assert proc.returncode != 0, text[-3000:]
-    assert "multirun: 2/2 jobs ran: 1 done, 0 skipped, 1 failed" in text
-    assert "Traceback" not in text
-    (summary,) = (tmp_path / "runs/.multirun").glob("*/summary.json")
-    (failed,) = [j for j in json.loads(summary.read_text())["jobs"] if j["status"] == "failed"]
-    assert failed["error"].startswith("CIFAR-10 not found") and "cifar10" in failed["job_dir"]
-    assert f"FAILED {failed['job_dir']}: CIFAR-10 not found" in text
-    assert failed["error"] in (Path(failed["job_dir"]) / "run.log").read_text()
-
-
 # --- 6. lock waiting is logged -----------------------------------------------------------------------------------
 
 def test_waiting_for_a_cache_lock_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture,
@@ -348,26 +327,36 @@ def test_waiting_for_a_cache_lock_is_logged(tmp_path: Path, caplog: pytest.LogCa
     key = {"k": "locked"}
     lock = tmp_path / "erased" / f"{cache_mod.key_hash(key)}.lock"
     lock.parent.mkdir(parents=True)
-    holder = _hold_lock_in_subprocess(lock, tmp_path / "release")
-    out: dict[str, Any] = {}
-    worker = threading.Thread(target=lambda: out.update(r=cached_erase(tmp_path, key, lambda: (torch.ones(1), {}))))
-    with caplog.at_level(logging.INFO):
-        worker.start()
-        deadline = time.monotonic() + 30
-        while caplog.text.count("waiting for the erased-data cache entry") < 2:
-            assert time.monotonic() < deadline, caplog.text
-            time.sleep(0.05)
-        (tmp_path / "release").write_text("1")
-        worker.join(30)
-    holder.communicate(timeout=30)
-    assert out["r"][2] is False and f"by pid {holder.pid}" in caplog.text and "held since" in caplog.text
+    pid, (_, _, hit) = _behind_a_holder(lock, caplog, "waiting for the erased-data cache entry",
+                                        lambda: cached_erase(tmp_path, key, lambda: (torch.ones(1), {})))
+    assert hit is False and f"by pid {pid}" in caplog.text and "held since" in caplog.text
 
 
-def test_lock_holder_note_is_removed_on_release(tmp_path: Path) -> None:
+@pytest.mark.parametrize("text", [None, "", "{not json", "[1, 2]", "{}"])
+def test_no_note_or_not_a_note_is_holder_unknown(tmp_path: Path, text: str | None) -> None:
+    """A note another process (of any version) left that is not a note: "holder unknown", never a traceback."""
+    lock = tmp_path / "x.lock"
+    if text is not None:
+        holder_path(lock).write_text(text)
+    assert describe_holder(lock) == "holder unknown"
+
+
+def test_a_partial_note_is_read_as_far_as_it_goes(tmp_path: Path) -> None:
+    lock = tmp_path / "x.lock"
+    holder_path(lock).write_text(json.dumps({"pid": 5, "since": "yesterday", "extra": 1}))
+    assert describe_holder(lock) == "held since ? by pid 5 on ?"
+
+
+def test_this_process_s_note_round_trips_and_is_removed_on_release(tmp_path: Path) -> None:
     lock = tmp_path / "x.lock"
     with waiting_lock(lock, "x"):
         assert json.loads(Path(f"{lock}.holder").read_text())["pid"] == os.getpid()
     assert not Path(f"{lock}.holder").exists()
+    mine = Holder.mine()
+    holder_path(lock).write_text(json.dumps(dataclasses.asdict(mine)))
+    assert Holder.read(lock) == mine
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mine.since))
+    assert describe_holder(lock) == f"held since {when} by pid {mine.pid} on {mine.host}"
 
 
 # --- 7. malformed files ------------------------------------------------------------------------------------------
@@ -380,13 +369,16 @@ def test_malformed_result_counts_as_absent(tmp_path: Path, content: str, caplog:
     assert "result.json" in caplog.text
 
 
-def test_malformed_result_is_recomputed_and_not_refused_by_a_sweep(tmp_path: Path) -> None:
+def test_a_job_with_a_malformed_result_and_progress_missing_a_field_recomputes(tmp_path: Path) -> None:
     cfg = job_config(tmp_path, TINY)
     job_dir = Path(cfg["paths"]["job_dir"])
     job_dir.mkdir(parents=True)
-    (job_dir / "result.json").write_text("[]")
+    (job_dir / "result.json").write_text("[]")  # not refused (as another config's) by a sweep either
+    (job_dir / PROGRESS_FILE).write_text(json.dumps({"config_hash": job_hash(cfg),
+                                                     "blocks": [{"block": 2, "train_size": 128}]}))
     result = result_of(run_job(cfg))
     assert json.loads((job_dir / "result.json").read_text())["config_hash"] == result["config_hash"]
+    assert len(result["mdl"]["blocks"]) == len(result["mdl"]["block_sizes"]) - 1
 
 
 def test_malformed_progress_starts_over(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -403,16 +395,6 @@ def test_malformed_progress_starts_over(tmp_path: Path, caplog: pytest.LogCaptur
         path.write_text(json.dumps(bad))
         with caplog.at_level(logging.WARNING):
             assert read_progress(Progress(path, "h"), 6) == [], bad
-
-
-def test_job_with_progress_missing_a_field_recomputes(tmp_path: Path) -> None:
-    cfg = job_config(tmp_path, TINY)
-    job_dir = Path(cfg["paths"]["job_dir"])
-    job_dir.mkdir(parents=True)
-    (job_dir / PROGRESS_FILE).write_text(json.dumps({"config_hash": job_hash(cfg),
-                                                     "blocks": [{"block": 2, "train_size": 128}]}))
-    result = result_of(run_job(cfg))
-    assert len(result["mdl"]["blocks"]) == len(result["mdl"]["block_sizes"]) - 1
 
 
 # --- 8. force ----------------------------------------------------------------------------------------------------

@@ -18,15 +18,10 @@ from training.tasks.mdl.job_paths import JobPath, job_dir
 OWN_LAYOUT = {"gs_colored_mnist", "gs_sd_erasure", "gs_two_moons"}
 
 
-def _preset(name: str) -> DictConfig:
-    cfg = OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml")
-    assert isinstance(cfg, DictConfig)
-    return cfg
-
-
 def test_the_presets_with_their_own_layout_are_the_known_ones() -> None:
-    own = {n for n in presets() if "job_subdir" in _preset(n).get("paths", {})}
-    assert own == OWN_LAYOUT
+    loaded = {n: OmegaConf.load(CONF_DIR / "experiment" / f"{n}.yaml") for n in presets()}
+    assert all(isinstance(cfg, DictConfig) for cfg in loaded.values())
+    assert {n for n, cfg in loaded.items() if "job_subdir" in OmegaConf.select(cfg, "paths", default={})} == OWN_LAYOUT
 
 
 @pytest.mark.parametrize("name", sorted(set(presets()) - OWN_LAYOUT))

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, cast
+from typing import IO, cast
 
 import pytest
+import torch
 
+from scripts import aggregate, plan
+from tests.helpers import ENV, REPO, TINY, job_config
 from tests.test_aggregate_faults import _cfg, _run, _write
-
-if TYPE_CHECKING:
-    import subprocess
+from training.app.schema import ConfigError, duplicate_jobs
+from training.app.tasks import load_job, spec_of
+from training.cli.preemption import Preempted, stop_on_sigterm
+from training.data import cache as cache_mod
+from training.data.registry import LoadedData, _check
+from training.tasks.mdl import refusals
 
 
 # --- --strict means verified ------------------------------------------------------------------------------------------
@@ -36,9 +48,6 @@ def test_strict_refuses_results_whose_cleanliness_is_unknown(tmp_path: Path,
 def _as_reader(out: Path, readonly: Path) -> list[str]:
     """The prefix of a command run as a user who cannot write `readonly` (nor its files) but can write the rest of
     `out`: `nobody` (setpriv) when the tests run as root (chmod does not stop root), else chmod a-w."""
-    import os
-    import shutil
-
     if os.geteuid() != 0:
         for p in [readonly, *readonly.iterdir()]:
             p.chmod(p.stat().st_mode & ~0o222)
@@ -56,13 +65,6 @@ def _as_reader(out: Path, readonly: Path) -> list[str]:
 
 
 def test_a_finished_job_in_a_read_only_directory_is_a_skip_and_the_sweep_goes_on() -> None:
-    import shutil
-    import subprocess
-    import sys
-    import tempfile
-
-    from tests.helpers import ENV, REPO, TINY
-
     out = Path(tempfile.mkdtemp(prefix="erasure-mdl-ro-"))
     out.chmod(0o755)
     try:
@@ -96,14 +98,6 @@ def test_a_sigterm_during_the_erased_data_cache_write_stops_the_job(tmp_path: Pa
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.save into a Python file object turns the SIGTERM handler's Preempted, raised while torch writes, into
     RuntimeError("unexpected pos ..."): the cache took it for a failed write and the job ran on to the end."""
-    import os
-    import signal
-
-    import torch
-
-    from training.cli.preemption import Preempted, stop_on_sigterm
-    from training.data import cache as cache_mod
-
     class SignalledFile:  # a SIGTERM lands during torch.save's second write (during its first, torch passes it on)
         def __init__(self, f: IO[bytes]) -> None:
             self.f, self.writes = f, 0
@@ -134,19 +128,11 @@ QUICK = ["logger=none", "progress=false", "dataset=digits", "mdl=quick", "mdl.ma
          "certificate=false", "seeds=2"]
 
 
-def _sweep(cwd: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess[str]:
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "training.run", "-m", *QUICK, *overrides], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
-
-
 def test_a_cell_with_chdir_and_a_relative_out_dir_writes_where_the_command_started(tmp_path: Path) -> None:
-    from tests.helpers import ENV
-
     for attempt in ("first", "rerun"):
-        proc = _sweep(tmp_path, ENV, "paths.out_dir=rel", "hydra.job.chdir=true")
+        proc = subprocess.run([sys.executable, "-m", "training.run", "-m", *QUICK, "paths.out_dir=rel",
+                               "hydra.job.chdir=true"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                              timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         ran = "2 done, 0 skipped" if attempt == "first" else "0 done, 2 skipped"
         assert f"2/2 jobs ran: {ran}, 0 failed" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
@@ -156,18 +142,10 @@ def test_a_cell_with_chdir_and_a_relative_out_dir_writes_where_the_command_start
 
 # --- the ugly cases, each one line (config level: nothing composed but the config, nothing trained) -------------------
 def _refusal(tmp_path: Path, overrides: list[str], precheck: bool = False) -> str:
-    import torch
-
-    from tests.helpers import job_config
-    from training.app.schema import ConfigError
-    from training.app.tasks import load_job
-
     try:
         cfg = load_job(job_config(tmp_path / "out", overrides))
         if precheck:
-            from training.tasks.mdl.refusals import precheck as check
-
-            check(cfg, torch.device("cpu"))
+            refusals.precheck(cfg, torch.device("cpu"))
     except ConfigError as err:
         line = str(err)
         assert "\n" not in line and "is not allowed" in line, line
@@ -175,26 +153,29 @@ def _refusal(tmp_path: Path, overrides: list[str], precheck: bool = False) -> st
     raise AssertionError(f"{overrides} accepted")
 
 
-@pytest.mark.parametrize("overrides, says", [
-    (["dataset=mixture", "dataset.cov_gap=3"], "dataset.cov_gap is not read there"),
-    (["dataset=two_moons", "dataset.n_test=500"], "with dataset=two_moons with task=mdl"),
-    (["dataset=gaussian", "eraser=leace", "eraser.fit_on=oracle", "eraser.n_fit=1"], "at least 2"),
-    (["dataset=gaussian", "dataset.dim=100000"], "of memory"),
-    (["paths.cell=."], "paths.cell='.'"),
-    (["dataset.tag=."], "dataset.tag='.'"),
-    ([f"dataset.tag={'x' * 256}"], "at most 255 bytes"),
-    ([f"paths.out_dir=/tmp/{'y' * 256}"], "over the file system's 255"),
+@pytest.mark.parametrize("overrides, says, precheck", [
+    (["dataset=mixture", "dataset.cov_gap=3"], "dataset.cov_gap is not read there", False),
+    (["dataset=two_moons", "dataset.n_test=500"], "with dataset=two_moons with task=mdl", False),
+    (["dataset=gaussian", "eraser=leace", "eraser.fit_on=oracle", "eraser.n_fit=1"], "at least 2", False),
+    (["dataset=gaussian", "dataset.dim=100000"], "of memory", False),
+    (["paths.cell=."], "paths.cell='.'", False),
+    (["dataset.tag=."], "dataset.tag='.'", False),
+    ([f"dataset.tag={'x' * 256}"], "at most 255 bytes", False),
+    ([f"paths.out_dir=/tmp/{'y' * 256}"], "over the file system's 255", False),
+    # what the samples' shape rules out (the precheck, once the data is loaded)
+    (["dataset=gaussian", "arch=lenet"], "arch=lenet is not allowed with dataset=gaussian", True),
+    (["dataset=gaussian", "dataset.augment=true"], "vectors", True),
+    (["dataset=mixture", "dataset.augment=true"], "vectors", True),
+    (["dataset=two_moons", "dataset.augment=true"], "vectors", True),
+    (["dataset=gaussian", "eraser=gradient"], "takes samples in [0, 1], these lie in [", True),  # was a traceback
 ])
-def test_a_config_that_changes_nothing_or_cannot_run_is_one_line(tmp_path: Path, overrides: list[str],
-                                                                  says: str) -> None:
-    assert says in _refusal(tmp_path, overrides)
+def test_a_config_that_changes_nothing_or_cannot_run_is_one_line(tmp_path: Path, overrides: list[str], says: str,
+                                                                  precheck: bool) -> None:
+    assert says in _refusal(tmp_path, overrides, precheck=precheck)
 
 
 def test_the_accepted_neighbours_still_compose(tmp_path: Path) -> None:
     """Where the refusals above must not fire."""
-    from tests.helpers import job_config
-    from training.app.tasks import load_job
-
     for overrides in (["dataset=mixture"], ["dataset=cifar10", "eraser=leace", "eraser.after_augment=true"],
                       ["eraser=leace", "eraser.after_augment=true"],  # paper_fig8 (SVHN, no augmentation) sets it
                       ["dataset=gaussian", "eraser=leace", "eraser.fit_on=oracle", "eraser.n_fit=2"],
@@ -208,37 +189,15 @@ def test_a_dangling_symlink_as_out_dir_is_one_line(tmp_path: Path) -> None:
     assert "symbolic link" in line and str(tmp_path / "nowhere") in line
 
 
-@pytest.mark.parametrize("overrides, says", [
-    (["dataset=gaussian", "arch=lenet"], "arch=lenet is not allowed with dataset=gaussian"),
-    (["dataset=gaussian", "dataset.augment=true"], "vectors"),
-    (["dataset=mixture", "dataset.augment=true"], "vectors"),
-    (["dataset=two_moons", "dataset.augment=true"], "vectors"),
-    (["dataset=gaussian", "eraser=gradient"], "takes samples in [0, 1], these lie in ["),  # was a ValueError traceback
-])
-def test_what_the_samples_shape_rules_out_is_one_line(tmp_path: Path, overrides: list[str], says: str) -> None:
-    assert says in _refusal(tmp_path, overrides, precheck=True)
-
-
-def test_gradient_erasure_on_samples_in_its_range_passes_the_precheck(tmp_path: Path) -> None:
-    import torch
-
-    from tests.helpers import job_config
-    from training.app.tasks import load_job
-    from training.tasks.mdl.refusals import precheck
-
-    precheck(load_job(job_config(tmp_path / "out", ["dataset=digits", "eraser=gradient"])), torch.device("cpu"))
-
-
-def test_an_unknown_eraser_name_is_one_line(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from tests.helpers import ENV, REPO
-
-    proc = subprocess.run([sys.executable, "-m", "training.run", f"paths.out_dir={tmp_path}", "logger=none",
-                           "eraser.name=bogus"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+def _refused_command(cwd: Path, *args: str) -> str:
+    """`python -m training.run *args` run in `cwd`: exit 2, one line on stderr (returned), nothing added to `cwd`."""
+    before = sorted(cwd.iterdir())
+    proc = subprocess.run([sys.executable, "-m", "training.run", *args], cwd=cwd, env={**ENV, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=300)
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "eraser.name='bogus'" in lines[0], proc.stderr[-3000:]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    assert sorted(cwd.iterdir()) == before, list(cwd.rglob("*"))  # nothing written, not even paths.out_dir
+    return lines[0]
 
 
 @pytest.mark.parametrize(("args", "said"), [
@@ -247,28 +206,24 @@ def test_an_unknown_eraser_name_is_one_line(tmp_path: Path) -> None:
     (["seeds=0"], "seeds=0 is not allowed: seeds must be"),  # Hydra's 300-line traceback from the run directory
     (["seeds=[1,1]"], "seeds=[1, 1] is not allowed"),
     (["-m", "seeds=-1"], "seeds=-1 is not allowed"),
-])
-def test_a_removed_launcher_or_bad_seeds_is_refused_in_one_line(tmp_path: Path, args: list[str], said: str) -> None:
-    import subprocess
-    import sys
-
-    from tests.helpers import ENV, REPO
-
-    out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "training.run", *args, f"paths.out_dir={out}", "logger=none"],
-                          cwd=tmp_path, env={**ENV, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-                          timeout=300)
-    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-    assert said in lines[0], lines[0]
-    assert not list(tmp_path.iterdir()), list(tmp_path.rglob("*"))  # nothing written, not even paths.out_dir
+    (["eraser.name=bogus"], "eraser.name='bogus'"),
+    (["-m", "optim.lr=interval(0.1,1)"], "optim.lr=interval(0.1,1) cannot be swept"),
+    (["-m", "arch.width=range(1,3,0)"], "arch.width=range(1,3,0) cannot be swept"),
+    (["-m", "eraser=glob(zz*)"], "eraser=glob(zz*) sweeps over no value"),
+    (["-m", "arch.width=range(3,1)"], "arch.width=range(3,1) sweeps over no value"),
+], ids=["packed-m", "packed", "seeds-0", "seeds-repeated", "seeds-negative-m", "eraser-name", "odd-interval",
+        "odd-range-step-0", "odd-glob", "odd-empty-range"])
+def test_a_bad_command_line_is_refused_in_one_line_writing_nothing(tmp_path: Path, args: list[str],
+                                                                   said: str) -> None:
+    line = _refused_command(tmp_path, *args, f"paths.out_dir={tmp_path / 'out'}", "logger=none")
+    assert said in line, line
+    if said.endswith(("cannot be swept", "sweeps over no value")):
+        assert "write" in line or "give" in line, line  # what to write instead
 
 
 # --- the aggregate's arguments ---------------------------------------------------------------------------------------
 def test_aggregate_refuses_a_bad_override_value_a_name_with_a_separator_and_an_unwritable_out(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from scripts import aggregate
-
     assert aggregate.main(["--experiment", "demo", "--override", "arch.width=abc"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "arch.width" in lines[0], lines
@@ -284,94 +239,34 @@ def test_aggregate_refuses_a_bad_override_value_a_name_with_a_separator_and_an_u
     assert "wrote" not in err and "cannot be written" in err, err
 
 
-# --- SIGKILL of a parallel sweep's parent: its loky workers stop and exit ------------------------------------------
-def _children(pid: int) -> set[int]:
-    import os
-
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
-def test_workers_of_a_killed_parallel_sweep_exit(tmp_path: Path) -> None:
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from tests.helpers import ENV, REPO
-
-    parent = subprocess.Popen([sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none",
-                               "progress=false", "dataset=digits", "mdl=quick", "mdl.max_epochs=400", "mdl.min_steps=0",
-                               "arch.width=16", "certificate=false", "seed=0,1", "hydra/launcher=parallel"],
-                              cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    workers: set[int] = set()
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and len(list(tmp_path.rglob("run.log"))) < 2:
-            time.sleep(0.5)
-        workers = {p for p in _children(parent.pid) if b"loky" in Path(f"/proc/{p}/cmdline").read_bytes()
-                   or b"joblib" in Path(f"/proc/{p}/cmdline").read_bytes()}
-        assert workers, "the sweep's jobs did not start in workers"
-        assert not list(tmp_path.rglob("result.json")), "the jobs finished before the parent was killed"
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
-        deadline = time.time() + 90
-        while time.time() < deadline and any(_alive(p) for p in workers):
-            time.sleep(0.5)
-        assert not any(_alive(p) for p in workers), "loky workers outlived their sweep's parent"
-        assert not list(tmp_path.rglob("result.json"))  # stopped, not finished for nobody
-    finally:
-        for p in workers | {parent.pid}:
-            if _alive(p):
-                os.kill(p, signal.SIGKILL)
-
-
 # --- make plan -------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("content", ["[]", '{"steps": 5}'])
 def test_plan_reads_a_gpu_report_of_the_wrong_shape_as_no_measurement(tmp_path: Path, content: str) -> None:
-    from scripts.plan import gpu_report_cost
-
     path = tmp_path / "gpu_report.json"
     path.write_text(content)
-    costs, missing = gpu_report_cost(path)
+    costs, missing = plan.gpu_report_cost(path)
     assert costs == {} and missing is not None and "cannot be read" in missing and "make gpu-report" in missing
 
 
-def test_plan_fails_on_a_sweep_that_would_be_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from scripts import plan
-
+@pytest.mark.parametrize(("good", "bad", "says"), [
+    ([], ["arch.width=abc"], "arch.width='abc' is not allowed"),
+    (["eraser=leace", "seed=0", "eraser.after_augment=true"],
+     ["eraser=leace", "seed=0", "eraser.after_augment=true,false"],  # over a key that changes nothing (below)
+     "sweep one value of eraser.after_augment"),
+], ids=["bad-value", "after-augment-sweep"])
+def test_plan_fails_on_a_sweep_that_would_be_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     good: list[str], bad: list[str], says: str) -> None:
     none = str(tmp_path / "none.json")
-    assert plan.main(["smoke", f"paths.out_dir={tmp_path}", "--bench", none, "--gpu-report", none]) == 0
+    options = ["--bench", none, "--gpu-report", none]
+    assert plan.main(["smoke", f"paths.out_dir={tmp_path}", *good, *options]) == 0
     capsys.readouterr()
-    assert plan.main(["smoke", f"paths.out_dir={tmp_path}", "arch.width=abc", "--bench", none, "--gpu-report",
-                      none]) == 2
+    assert plan.main(["smoke", f"paths.out_dir={tmp_path}", *bad, *options]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "arch.width='abc' is not allowed" in err[0], err
+    assert len(err) == 1 and says in err[0], err
 
 
 def test_plan_names_a_group_choice_the_path_does_not_show(tmp_path: Path) -> None:
     """sensitivity: eraser=qleace and eraser=qleace_paper both write under .../qleace/...: their cells differ."""
-    from scripts import plan
-
     none = tmp_path / "none.json"
     text = plan.report("sensitivity", [f"paths.out_dir={tmp_path}", "arch.parametrization=mup",
                                        "dataset.zscore_order=before", "seed=0"], 0, none, none)
@@ -386,30 +281,17 @@ SWEPT = ["dataset=digits", "eraser=leace", "certificate=false"]
 
 
 def _duplicates(tmp_path: Path, values: list[list[str]]) -> str | None:
-    from tests.helpers import job_config
-    from training.app.schema import duplicate_jobs
-    from training.app.tasks import spec_of
-
     jobs = [job_config(tmp_path, [*SWEPT, *v]) for v in values]
     return duplicate_jobs([(i, cfg, spec_of(cfg)) for i, cfg in enumerate(jobs)])
 
 
 def test_a_sweep_over_a_key_that_changes_nothing_is_refused_in_one_line(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from tests.helpers import ENV, REPO
-
-    proc = subprocess.run([sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none",
-                           *SWEPT, "eraser.after_augment=true,false"], cwd=REPO, env=ENV, capture_output=True,
-                          text=True, timeout=300)
-    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-    assert lines[0].startswith("error: multirun refused (nothing ran): jobs 0 and 1 differ only in "
-                               "eraser.after_augment=true,false") and lines[0].endswith(
-        "sweep one value of eraser.after_augment"), lines[0]
-    assert "read only with dataset.augment=true" in lines[0], lines[0]
-    assert not list(tmp_path.rglob("result.json")) and not list(tmp_path.rglob("progress.json"))
+    line = _refused_command(tmp_path, "-m", f"paths.out_dir={tmp_path}", "logger=none", *SWEPT,
+                            "eraser.after_augment=true,false")
+    assert line.startswith("error: multirun refused (nothing ran): jobs 0 and 1 differ only in "
+                           "eraser.after_augment=true,false"), line
+    assert line.endswith("sweep one value of eraser.after_augment"), line
+    assert "read only with dataset.augment=true" in line, line
 
 
 @pytest.mark.parametrize("values, refused", [
@@ -430,101 +312,56 @@ def test_a_sweep_is_refused_only_where_its_jobs_are_equal_but_for_such_a_key(tmp
                        "under two hashes; sweep one value of eraser.after_augment")
 
 
-@pytest.mark.parametrize("value", ["true", "false"])
-def test_a_single_job_with_either_after_augment_value_is_accepted(tmp_path: Path, value: str) -> None:
-    """(Their equal numbers: tests/test_after_augment.py::test_without_augmentation_after_augment_changes_nothing.)"""
-    import torch
-
-    from tests.helpers import job_config
-    from training.app.tasks import load_job
-    from training.tasks.mdl.refusals import precheck
-
-    cfg = load_job(job_config(tmp_path, [*SWEPT, f"eraser.after_augment={value}"]))
-    assert precheck(cfg, torch.device("cpu")) is not None
-
-
-def test_plan_refuses_a_sweep_over_a_key_that_changes_nothing(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    from scripts import plan
-
-    none = str(tmp_path / "none.json")
-    args = ["smoke", f"paths.out_dir={tmp_path}", "eraser=leace", "seed=0"]
-    options = ["--bench", none, "--gpu-report", none]
-    assert plan.main([*args, "eraser.after_augment=true", *options]) == 0
-    capsys.readouterr()
-    assert plan.main([*args, "eraser.after_augment=true,false", *options]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "sweep one value of eraser.after_augment" in err[0], err
+@pytest.mark.parametrize("overrides", [
+    [*SWEPT, "eraser.after_augment=true"], [*SWEPT, "eraser.after_augment=false"],  # a single job with either value
+    ["dataset=digits", "eraser=gradient"],  # gradient erasure on samples in its range
+], ids=["after-augment-true", "after-augment-false", "gradient"])
+def test_what_the_precheck_must_not_refuse_passes_it(tmp_path: Path, overrides: list[str]) -> None:
+    """(The equal numbers of either after_augment value: tests/test_after_augment.py
+    ::test_without_augmentation_after_augment_changes_nothing.)"""
+    assert refusals.precheck(load_job(job_config(tmp_path, overrides)), torch.device("cpu")) is not None
 
 
 # --- make calibrate runs and reads only its own sweep, and honours ARGS -----------------------------------------------
 def test_make_calibrate_runs_and_reads_only_its_own_sweep_with_args(tmp_path: Path) -> None:
     """The recipe as make would run it (`make -n`): every sweep writes under CAL_OUT with ARGS last (they win), and the
-    table reads CAL_OUT/runs only (it used to ignore ARGS and read all of outputs/runs)."""
-    import shutil
-    import subprocess
-
-    from tests.helpers import REPO
-
+    table reads CAL_OUT/runs only, or where ARGS made it write (it used to ignore ARGS and read all of outputs/runs)."""
     if shutil.which("make") is None:
         pytest.skip("no make on this machine")
+
+    def recipe(*args: str) -> list[str]:
+        proc = subprocess.run(["make", "-n", "calibrate", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        # under `make test` the nested make also prints its "make[1]: Entering/Leaving directory" lines
+        return [ln for ln in proc.stdout.strip().replace("\\\n", " ").splitlines()
+                if not re.match(r"make(\[\d+\])?: \w+ directory", ln)]
+
     out = tmp_path / "cal"
-    proc = subprocess.run(["make", "-n", "calibrate", "ARGS=dataset.dim=8 seed=3", f"CAL_OUT={out}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.replace("\\\n", " ").splitlines()
+    lines = recipe("ARGS=dataset.dim=8 seed=3", f"CAL_OUT={out}")
     sweeps = [ln for ln in lines if "-m training.run" in ln]
     assert len(sweeps) >= 2 and all(f"paths.out_dir={out}" in ln and ln.rstrip().endswith("dataset.dim=8 seed=3")
                                     for ln in sweeps), sweeps
     table = [ln for ln in lines if "-m scripts.calibrate" in ln]
     assert len(table) == 1 and table[0].split()[-1] == str(out / "runs"), table
+    assert recipe("ARGS=paths.out_dir=/x seed=1")[-1].endswith("-m scripts.calibrate /x/runs")
+    assert recipe()[-1].endswith("-m scripts.calibrate outputs/calibrate/runs")
+    assert recipe("CAL_OUT=/y")[-1].endswith("-m scripts.calibrate /y/runs")
 
 
-# --- odd sweep values and paths: one line naming the key, exit 2, nothing written -----------------------------------
-@pytest.mark.parametrize("value, says", [("optim.lr=interval(0.1,1)", "optim.lr=interval(0.1,1) cannot be swept"),
-                                         ("arch.width=range(1,3,0)", "arch.width=range(1,3,0) cannot be swept"),
-                                         ("eraser=glob(zz*)", "eraser=glob(zz*) sweeps over no value"),
-                                         ("arch.width=range(3,1)", "arch.width=range(3,1) sweeps over no value")])
-def test_an_odd_sweep_value_is_one_line_naming_its_key(tmp_path: Path, value: str, says: str) -> None:
-    import subprocess
-    import sys
-
-    from tests.helpers import ENV, REPO
-
-    out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "training.run", "-m", f"paths.out_dir={out}", "logger=none", value],
-                          capture_output=True, text=True, env=ENV, cwd=REPO, timeout=300)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-3000:]
-    assert "write" in lines[0] or "give" in lines[0]  # what to write instead
-    assert not out.exists()
-
-
+# --- paths.out_dir through a file or a symlink loop: one line naming it, exit 2, nothing written --------------------
 def test_an_out_dir_through_a_file_or_a_symlink_loop_is_named_so(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from tests.helpers import ENV, REPO, TINY
-
     (tmp_path / "afile").write_text("x")
     (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
     (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
     for out, says in ((tmp_path / "afile", "is a file, not a directory"),
                       (tmp_path / "afile" / "sub", f"{tmp_path / 'afile'} is a file, not a directory"),
                       (tmp_path / "loop_a", "a loop of symbolic links")):
-        proc = subprocess.run([sys.executable, "-m", "training.run", f"paths.out_dir={out}", "logger=none", *TINY],
-                              capture_output=True, text=True, env=ENV, cwd=REPO, timeout=300)
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-3000:]
-        assert "which does not exist" not in lines[0]
+        line = _refused_command(tmp_path, f"paths.out_dir={out}", "logger=none", *TINY)
+        assert says in line and "which does not exist" not in line, line
     assert (tmp_path / "afile").read_text() == "x"
 
 
 def test_labels_outside_num_classes_are_named_in_a_short_line() -> None:
-    import torch
-
-    from training.data.registry import LoadedData, _check
-
     y = torch.arange(300) % 10
     y[7] = 255  # a byte the label file should not hold
     with pytest.raises(ValueError) as err:
@@ -533,18 +370,3 @@ def test_labels_outside_num_classes_are_named_in_a_short_line() -> None:
     assert "label 255" in line and "outside 0..9" in line and len(line) < 250 and "\n" not in line, line
     with pytest.raises(ValueError, match="no image has label 9"):
         _check(LoadedData("fashion_mnist", torch.zeros(300, 1, 2, 2), torch.arange(300) % 9, 10))
-
-
-def test_make_calibrate_reads_where_its_args_made_it_write() -> None:
-    import subprocess
-
-    from tests.helpers import REPO
-
-    def last_line(*args: str) -> str:
-        proc = subprocess.run(["make", "-n", "calibrate", *args], capture_output=True, text=True, cwd=REPO, timeout=60)
-        # under `make test` the nested make also prints its "make[1]: Entering/Leaving directory" lines
-        return [ln for ln in proc.stdout.strip().splitlines() if not re.match(r"make(\[\d+\])?: \w+ directory", ln)][-1]
-
-    assert last_line('ARGS=paths.out_dir=/x seed=1').endswith("-m scripts.calibrate /x/runs")
-    assert last_line().endswith("-m scripts.calibrate outputs/calibrate/runs")
-    assert last_line("CAL_OUT=/y").endswith("-m scripts.calibrate /y/runs")

@@ -1,6 +1,8 @@
 """No process-global channel between jobs: what the seeds of a cell share (datasets, fitted erasers, erased data) is a
 store the command line creates per cell and hands to each job (training/data/shared.py), and a job's numerics are a
-`JobNumerics` the lifecycle passes down (training/engine/numerics.py).
+`JobNumerics` the lifecycle passes down (training/engine/numerics.py). Likewise the environment variables the harness
+reads go through training/common/env.py (each named once there, typed, with its default): no other module of training/
+reads os.environ by name.
 
 An AST scan of the code's modules finds module-level mutable state: a module-level name bound to a mutable container
 (`dict()`, `[]`, `OrderedDict()`, a `Memo`, ...), a `global` statement (a function rebinding module state) and a
@@ -11,8 +13,14 @@ or allowed with its reason."""
 from __future__ import annotations
 
 import ast
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+
+from training.common import env
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("training", "models", "erasure", "atomicio", "hydra_plugins")
@@ -129,3 +137,41 @@ def test_no_module_level_state_but_the_allowed() -> None:
                      "in (training/data/shared.py); if it is not a channel of jobs' data, allow it here with why")
     gone = sorted(set(ALLOWED) - found)
     assert not gone, f"allowed but no longer found (remove from ALLOWED): {gone}"
+
+
+def test_accessors_read_their_variable_with_its_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for var in (env.MEMORY_CHECK, env.LOCK_LOG_EVERY, env.MULTIRUN_LEDGER, env.MULTIRUN_TOTAL,
+                "SUBMITIT_EXECUTOR", "SUBMITIT_PREEMPT_SIGNAL"):
+        monkeypatch.delenv(var, raising=False)
+    assert env.memory_check() and env.lock_log_every() == 60.0 and env.multirun_ledger() is None
+    assert env.multirun_total() == "?" and env.submitit_executor() is None and env.submitit_preempt_signal() == "USR2"
+    for var, value in {env.MEMORY_CHECK: "0", env.LOCK_LOG_EVERY: "0", env.MULTIRUN_TOTAL: "",
+                       "SUBMITIT_EXECUTOR": "local"}.items():
+        monkeypatch.setenv(var, value)
+    assert not env.memory_check() and env.lock_log_every() == 0.01 and env.multirun_total() == "?"
+    assert env.submitit_executor() == "local"
+    monkeypatch.setenv(env.LOCK_LOG_EVERY, "soon")  # not a number: the default, not a traceback
+    assert env.lock_log_every() == 60.0
+    env.set_multirun(tmp_path, 12)  # what a job reads
+    assert env.multirun_ledger() == tmp_path and env.multirun_total() == "12"
+    env.set_multirun(tmp_path, None)
+    assert env.multirun_total() == "?"
+
+
+def test_setting_puts_back_what_was_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ERASURE_MDL_TEST_A", "kept")
+    monkeypatch.delenv("ERASURE_MDL_TEST_B", raising=False)
+    restore = env.setting({"ERASURE_MDL_TEST_A": "x", "ERASURE_MDL_TEST_B": "y"})
+    assert (os.environ["ERASURE_MDL_TEST_A"], os.environ["ERASURE_MDL_TEST_B"]) == ("x", "y")
+    restore()
+    assert os.environ["ERASURE_MDL_TEST_A"] == "kept" and "ERASURE_MDL_TEST_B" not in os.environ
+
+
+def test_no_other_module_reads_the_environment_by_name() -> None:
+    reads = re.compile(r"os\.environ\.get\(|os\.getenv\(|os\.environ\[[^\]]+\](?!\s*=)")
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "training").rglob("*.py"))
+             if p != ROOT / "training/common/env.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if reads.search(line)]
+    assert found == []
+    assert reads.search('x = os.environ.get("A")') and reads.search('y = os.environ["A"]')
+    assert not reads.search('os.environ["A"] = "1"')

@@ -18,21 +18,18 @@ from typing import Any
 import pytest
 import torch
 
+import atomicio
 import erasure
+from erasure import base
+from training.common import files
 from training.common.files import atomic_write_json, atomic_write_text, umask
 from training.data import cache as cache_mod
 from training.data.cache import cached_erase, key_hash
+from training.data.registry import LoadedData
+from training.inputs import erase as erase_mod
+from training.inputs.store import Store
 
 KEY = {"dataset": "toy", "content": "abc123", "eraser": "leace", "options": {}}
-
-
-@pytest.fixture
-def umask_002() -> Iterator[None]:
-    old = os.umask(0o002)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 def _mode(path: Path) -> int:
@@ -49,27 +46,23 @@ def _build(value: float = 1.0) -> tuple[Callable[[], tuple[torch.Tensor, dict]],
     return build, calls
 
 
-def test_files_written_under_umask_002_are_group_readable(tmp_path: Path, umask_002: None) -> None:
-    assert umask() == 0o002
-    atomic_write_text(tmp_path / "a.txt", "x")
-    atomic_write_json(tmp_path / "result.json", {"a": 1})
-    build, _ = _build()
-    cached_erase(tmp_path / "cache", KEY, build)
-    entry = tmp_path / "cache" / "erased" / key_hash(KEY)
-    eraser = erasure.fit("leace", torch.randn(40, 3), torch.arange(40) % 2)
-    eraser.save(tmp_path / "e.pt")
-    files = [tmp_path / "a.txt", tmp_path / "result.json", tmp_path / "e.pt",
-             *(entry / n for n in ("data.pt", "report.json", "manifest.json"))]
-    assert {f.name: oct(_mode(f)) for f in files} == {f.name: oct(0o664) for f in files}
-
-
-def test_a_strict_umask_is_kept_too(tmp_path: Path) -> None:
-    old = os.umask(0o077)
+@pytest.mark.parametrize(("mask", "mode"), [(0o002, 0o664), (0o077, 0o600)])  # group-readable; a strict umask kept
+def test_files_written_get_the_mode_the_umask_gives(tmp_path: Path, mask: int, mode: int) -> None:
+    old = os.umask(mask)
     try:
+        assert umask() == mask
         atomic_write_text(tmp_path / "a.txt", "x")
+        atomic_write_json(tmp_path / "result.json", {"a": 1})
+        build, _ = _build()
+        cached_erase(tmp_path / "cache", KEY, build)
+        eraser = erasure.fit("leace", torch.randn(40, 3), torch.arange(40) % 2)
+        eraser.save(tmp_path / "e.pt")
     finally:
         os.umask(old)
-    assert _mode(tmp_path / "a.txt") == 0o600
+    entry = tmp_path / "cache" / "erased" / key_hash(KEY)
+    files = [tmp_path / "a.txt", tmp_path / "result.json", tmp_path / "e.pt",
+             *(entry / n for n in ("data.pt", "report.json", "manifest.json"))]
+    assert {f.name: oct(_mode(f)) for f in files} == {f.name: oct(mode) for f in files}
 
 
 def _make_entry(root: Path) -> Path:
@@ -169,10 +162,6 @@ def test_another_users_unreadable_entry_is_left_alone(shared_dir: Path) -> None:
 
 def test_an_unreadable_cached_certificate_is_computed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             caplog: pytest.LogCaptureFixture) -> None:
-    from training.data.registry import LoadedData
-    from training.inputs import erase as erase_mod
-    from training.inputs.store import Store
-
     data = LoadedData("toy", torch.rand(40, 1, 2, 2), torch.arange(40) % 2, 2)
 
     def denied(path: Path) -> None:
@@ -189,10 +178,6 @@ def test_the_eraser_library_and_the_harness_write_files_with_one_implementation(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """erasure/ (which imports nothing of the harness) and training/common/files.py share atomicio.atomic_write:
     a full disk while an eraser saves is named by the eraser's file (as for a result), and leaves no temp file."""
-    import atomicio
-    from erasure import base
-    from training.common import files
-
     assert files.atomic_write is atomicio.atomic_write and base.atomic_write is atomicio.atomic_write
 
     def full_disk(obj: object, f: str) -> None:

@@ -14,20 +14,23 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.helpers import ENV, REPO
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import LOCK_FILE
 from training.cli.preemption import EXIT_STATUS, Preempted, ignore_time_limit_signal, stop_on_sigterm
+from training.common import interrupt
 from training.common.locks import holder_path
 from training.common.sweeps import expand
 
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+SLOW_JOB = ["experiment=smoke", "eraser=control", "seed=0", "mdl.max_epochs=800", "mdl.patience=800"]
 
 
 def test_sigterm_raises_preempted_in_the_main_thread_and_the_old_handler_comes_back() -> None:
+    """Outside training (loading, erasing) SIGTERM raises at once; no stop request is left for a checkpoint."""
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Preempted) as info, stop_on_sigterm():
         os.kill(os.getpid(), signal.SIGTERM)
@@ -35,7 +38,17 @@ def test_sigterm_raises_preempted_in_the_main_thread_and_the_old_handler_comes_b
         while time.monotonic() < deadline:  # the handler runs at the next bytecode; never reached the end
             time.sleep(0.01)
     assert info.value.code == EXIT_STATUS == 143 and not isinstance(info.value, Exception)
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.getsignal(signal.SIGTERM) is before and not interrupt.requested()
+    seen: list[object] = []
+
+    def work() -> None:  # outside the main thread it changes nothing
+        with stop_on_sigterm():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen == [before]
 
 
 def test_a_finished_submitit_job_ignores_a_late_time_limit_signal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,35 +67,31 @@ def test_a_finished_submitit_job_ignores_a_late_time_limit_signal(monkeypatch: p
         signal.signal(signal.SIGUSR2, before)
 
 
-def test_outside_the_main_thread_it_changes_nothing() -> None:
-    before, seen = signal.getsignal(signal.SIGTERM), []
-
-    def work() -> None:
-        with stop_on_sigterm():
-            seen.append(signal.getsignal(signal.SIGTERM))
-
-    t = threading.Thread(target=work)
-    t.start()
-    t.join()
-    assert seen == [before]
-
-
-def test_sigterm_stops_a_local_multirun_promptly_keeping_finished_blocks(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "training.run", "-m", "experiment=smoke", "eraser=control", "seed=0",
-           f"paths.out_dir={tmp_path}", "logger=none", "progress=false", "mdl.max_epochs=800", "mdl.patience=800",
-           "training.workers=2"]
-    (job,) = expand("smoke", [f"paths.out_dir={tmp_path}", "eraser=control", "seed=0", "mdl.max_epochs=800",
-                              "mdl.patience=800"])
+def _start(tmp_path: Path, *args: str, **popen: Any) -> tuple[subprocess.Popen[str], Path]:
+    """`python -m training.run *args` of SLOW_JOB, once its first block model has finished; its job directory."""
+    cmd = [sys.executable, "-m", "training.run", *args, f"paths.out_dir={tmp_path}", "logger=none", "progress=false",
+           *SLOW_JOB]
+    (job,) = expand("smoke", [f"paths.out_dir={tmp_path}", *SLOW_JOB[1:]])
     job_dir = Path(job["paths"]["job_dir"])
-    log = tmp_path / "first.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, text=True, **popen)
     try:
         deadline = time.monotonic() + 240
         while not (job_dir / PROGRESS_FILE).exists():
-            assert proc.poll() is None, log.read_text()[-3000:]
+            assert proc.poll() is None, f"the job ended (exit {proc.returncode}) before its first block"
             assert time.monotonic() < deadline, "timed out waiting for the first finished block"
             time.sleep(0.05)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, job_dir
+
+
+def test_sigterm_stops_a_local_multirun_promptly_keeping_finished_blocks(tmp_path: Path) -> None:
+    log = tmp_path / "first.log"
+    with log.open("w") as out:
+        proc, job_dir = _start(tmp_path, "-m", "training.workers=2", stdout=out, stderr=subprocess.STDOUT)
+    try:
         proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         rc = proc.wait(timeout=60)
@@ -100,25 +109,14 @@ def test_sigterm_stops_a_local_multirun_promptly_keeping_finished_blocks(tmp_pat
     assert 1 <= kept < 5 and not (job_dir / "result.json").exists()  # a rerun resumes from here (test_resume.py)
 
 
-
 def test_ctrl_c_on_a_single_job_is_one_line_saying_what_was_kept(tmp_path: Path) -> None:
     """SIGINT (Ctrl-C) to `python -m training.run`: no traceback, one line naming the kept blocks and how to resume,
     exit 130; the job's lock is released (the rerun would resume, tests/test_resume.py)."""
-    cmd = [sys.executable, "-m", "training.run", "experiment=smoke", "eraser=control", "seed=0",
-           f"paths.out_dir={tmp_path}", "logger=none", "progress=false", "mdl.max_epochs=800", "mdl.patience=800"]
-    (job,) = expand("smoke", [f"paths.out_dir={tmp_path}", "eraser=control", "seed=0", "mdl.max_epochs=800",
-                              "mdl.patience=800"])
-    job_dir = Path(job["paths"]["job_dir"])
     # a terminal's job: SIGINT at its default even where this test process inherited it ignored (an ignored
     # SIGINT passes to the child through exec, and Python then keeps ignoring it: the job never sees Ctrl-C)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc, job_dir = _start(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        deadline = time.monotonic() + 240
-        while not (job_dir / PROGRESS_FILE).exists():
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "timed out waiting for the first finished block"
-            time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:

@@ -24,21 +24,17 @@ def test_off_a_terminal_progress_is_periodic_log_lines(monkeypatch: pytest.Monke
             bar.set_postfix(step=7)
             bar.update(1)
         bar.close()
-    lines = [r.getMessage() for r in caplog.records if r.name == "progress"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "progress"]
+        caplog.clear()
+        monkeypatch.setenv("ERASURE_MDL_PROGRESS_SECONDS", "3600")  # the interval limits the lines
+        long = progress_bar(total=1000, desc="fit", unit="ep")
+        for _ in range(1000):
+            long.update(1)
+        long.close()
+    assert [r for r in caplog.records if r.name == "progress"] == []  # a short run logs nothing
     assert lines[0].startswith("2 models: 1/3 model") and lines[-1].startswith("2 models: 3/3 model")
     assert all("\r" not in line and line.endswith("(step=7)") for line in lines)
     assert stderr.getvalue() == ""  # nothing written as a bar
-
-
-def test_the_interval_limits_the_lines(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(sys, "stderr", io.StringIO())
-    monkeypatch.setenv("ERASURE_MDL_PROGRESS_SECONDS", "3600")
-    bar = progress_bar(total=1000, desc="fit", unit="ep")
-    with caplog.at_level(logging.INFO, logger="progress"):
-        for _ in range(1000):
-            bar.update(1)
-        bar.close()
-    assert [r for r in caplog.records if r.name == "progress"] == []  # a short run logs nothing
 
 
 def test_on_a_terminal_it_is_a_tqdm_bar_and_disable_gives_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,7 @@ process, a full disk. One row per case.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -25,15 +26,26 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
-from tests.helpers import ENV, REPO, TINY, fit_settings, group_options, job_config, optimizer
+from models import build_model
+from tests.helpers import CONF, ENV, REPO, TINY, fit_settings, group_options, job_config, optimizer
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import LOCK_FILE
+from training.app.schema import group_config
+from training.app.tasks import load_job
 from training.common import files as files_mod
+from training.common.cells import seed_configs
+from training.data import load_dataset
+from training.engine import group as group_mod
+from training.engine.batches import DeviceData
 from training.engine.fit import Member, TrainData
 from training.engine.group import fit_group
-from training.errors import user_error_line
+from training.errors import Refused, user_error_line
+from training.tasks.mdl import refusals as precheck_mod
 from training.tasks.mdl.job import run_job
+from training.tasks.mdl.refusals import HELD_COPIES, MODEL_COPIES, estimate_memory
+from training.tasks.mdl.splits import validation_size
 
 
 def _cli(out_dir: Path, *overrides: str, multirun: bool = False, prelude: str = "", timeout: int = 300,
@@ -67,6 +79,7 @@ REFUSED = [
     ("eraser=qleace eraser.options.rank_deficient=bogus", "eraser.options.rank_deficient"),
     ("eraser=qleace eraser.options.max_iter=abc", "eraser.options.max_iter"),
     ("regularizer=sd regularizer.lam=-1", "regularizer.lam"),
+    ("regularizer=sd regularizer.lam=nan", "regularizer.lam"),
     ("dataset=synthetic dataset.num_classes=0", "dataset.num_classes"),
     ("device=cuda:abc", "device"),
     ("dataset.tag=../../x", "dataset.tag"),
@@ -84,10 +97,6 @@ def test_bad_input_is_one_line_exit_2_and_no_directory(tmp_path: Path, override:
     _refused(_cli(tmp_path, *TINY, *override.split(" ")), tmp_path, key)
 
 
-def test_regularizer_lam_nan_is_refused(tmp_path: Path) -> None:
-    _refused(_cli(tmp_path, *TINY, "regularizer=sd", "regularizer.lam=nan"), tmp_path, "regularizer.lam")
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_cuda_says_what_to_do(tmp_path: Path) -> None:
     line = _refused(_cli(tmp_path, *TINY, "device=cuda"), tmp_path, "device")
@@ -97,16 +106,10 @@ def test_cuda_without_cuda_says_what_to_do(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("override", ["arch.activation=bogus", "dataset.tag=../../x", "training.storage=uint8 "
-                                      "eraser=leace"])
+                                      "eraser=leace", "hydra.launcher.n_jobs=0 hydra/launcher=joblib"])
 def test_a_sweep_with_a_bad_value_is_refused_whole(tmp_path: Path, override: str) -> None:
     line = _refused(_cli(tmp_path, *TINY, *override.split(" "), "seed=0,1", multirun=True), tmp_path,
                     override.split(" ")[0].split("=")[0])
-    assert "multirun refused (nothing ran)" in line
-
-
-def test_joblib_n_jobs_0_refuses_the_sweep(tmp_path: Path) -> None:
-    line = _refused(_cli(tmp_path, *TINY, "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0",
-                         multirun=True), tmp_path, "hydra.launcher.n_jobs")
     assert "multirun refused (nothing ran)" in line
 
 
@@ -123,11 +126,6 @@ def test_images_and_labels_of_different_lengths_are_one_line(tmp_path: Path) -> 
 # --- 6. memory ---------------------------------------------------------------------------------------------------
 
 def test_batch_buffers_are_capped_at_the_data_and_give_the_same_numbers() -> None:
-    from models import build_model
-    from training.app.schema import group_config
-    from training.engine import group as group_mod
-    from training.engine.batches import DeviceData
-
     torch.manual_seed(0)
     x, y = torch.rand(60, 1, 4, 4), torch.arange(60) % 3
     data = DeviceData(x)
@@ -163,9 +161,6 @@ def test_batch_buffers_are_capped_at_the_data_and_give_the_same_numbers() -> Non
 
 def test_a_job_that_cannot_fit_in_memory_is_refused_with_the_estimate(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from training.errors import Refused
-    from training.tasks.mdl import refusals as precheck_mod
-
     monkeypatch.setattr(precheck_mod, "available_memory", lambda device: 2**16)  # 64 KiB free
     with pytest.raises(Refused) as err:
         run_job(job_config(tmp_path, TINY))
@@ -186,10 +181,6 @@ def test_a_job_that_cannot_fit_in_memory_is_refused_with_the_estimate(tmp_path: 
 ])
 def test_memory_estimate_counts_the_models_that_train_together(tmp_path: Path, extra: list[str],
                                                               together: int) -> None:
-    from training.app.tasks import load_job
-    from training.data import load_dataset
-    from training.tasks.mdl.refusals import HELD_COPIES, MODEL_COPIES, estimate_memory
-
     cfg = load_job(job_config(tmp_path, [*TINY, *extra]))
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
     est = estimate_memory(cfg, data, len(data.y), torch.device("cuda"))  # engine=auto would be stacked there
@@ -207,15 +198,6 @@ def test_a_cells_estimate_counts_every_seeds_models_and_the_data_copies_it_holds
     """A cell of three seeds trains 3 × 5 models; its seeds share one copy of the images where the eraser is fitted on
     every row (each seed adds its validation images, twice: its own and the group's), and hold their own images and
     their concatenation otherwise (a holdout fit: each seed codes its own rows)."""
-    from hydra import compose, initialize_config_dir
-
-    from tests.helpers import CONF
-    from training.app.tasks import load_job
-    from training.common.cells import seed_configs
-    from training.data import load_dataset
-    from training.tasks.mdl.refusals import estimate_memory
-    from training.tasks.mdl.splits import validation_size
-
     def cell(*extra: str) -> list[Any]:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             composed = compose("config", overrides=[f"paths.out_dir={tmp_path}", "logger=none", "seeds=3", *TINY,
@@ -308,7 +290,8 @@ def fsync(fd):
 INSTALL = "os.fsync = fsync\n"  # in the CLI's process (a test's own process: monkeypatch.setattr)
 
 
-def test_full_disk_writing_result_json_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_full_disk_writing_result_json_or_any_file_is_one_line_naming_it(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     space: dict[str, Any] = {}
     exec(FULL_DISK.format(full=["result.json"]), space)  # the CLI tests' patch, undone after this test
     monkeypatch.setattr(os, "fsync", space["fsync"])
@@ -319,6 +302,15 @@ def test_full_disk_writing_result_json_is_one_line(tmp_path: Path, monkeypatch: 
     assert user_error_line(err.value) == (f"no space left on device writing {job_dir / 'result.json'}: free space "
                                           "or point paths.out_dir elsewhere")
     assert not list(job_dir.glob(".result.json.*"))  # no temp file left
+
+    def no_space(fd: int) -> None:  # every writer: the line names its file
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files_mod.os, "fsync", no_space)
+    with pytest.raises(OSError) as err:
+        files_mod.atomic_write_json(tmp_path / "x" / "progress.json", {"a": 1})
+    assert err.value.filename == str(tmp_path / "x" / "progress.json")
+    assert list((tmp_path / "x").iterdir()) == []
 
 
 def test_full_disk_in_a_sweep_keeps_the_ledger_and_the_summary(tmp_path: Path) -> None:
@@ -372,25 +364,12 @@ def test_full_disk_for_the_log_files_of_a_sweep_is_one_line(tmp_path: Path) -> N
     assert "multirun: 2/2 jobs ran: 2 done, 0 skipped, 0 failed" in text
 
 
-def test_full_disk_line_names_the_file_for_every_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_space(fd: int) -> None:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(files_mod.os, "fsync", no_space)
-    with pytest.raises(OSError) as err:
-        files_mod.atomic_write_json(tmp_path / "x" / "progress.json", {"a": 1})
-    assert err.value.filename == str(tmp_path / "x" / "progress.json")
-    assert list((tmp_path / "x").iterdir()) == []
-
-
 # --- 8. signals to a sweep's launching process -------------------------------------------------------------------
 
 SLOW = [*TINY, "mdl.max_epochs=300", "mdl.patience=300", "training.workers=1"]
 
 
 def _lock_is_free(lock: Path) -> bool:
-    import fcntl
-
     with open(lock, "a") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -513,3 +492,33 @@ def test_signal_to_a_sweep_with_workers_stops_them_and_a_rerun_resumes(tmp_path:
     logs = again + "".join(p.read_text() for p in (tmp_path / "runs").rglob("*.log"))  # submitit: the jobs' logs
     assert "resuming after block model" in logs
     assert len(list((tmp_path / "runs").rglob("result.json"))) == 2
+
+
+# SIGKILL of a parallel sweep's parent: its loky workers stop and exit
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_workers_of_a_killed_parallel_sweep_exit(tmp_path: Path) -> None:
+    parent = subprocess.Popen([sys.executable, "-m", "training.run", "-m", f"paths.out_dir={tmp_path}", "logger=none",
+                               "progress=false", "dataset=digits", "mdl=quick", "mdl.max_epochs=400", "mdl.min_steps=0",
+                               "arch.width=16", "certificate=false", "seed=0,1", "hydra/launcher=parallel"],
+                              cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    workers: set[int] = set()
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and len(list(tmp_path.rglob("run.log"))) < 2:
+            time.sleep(0.5)
+        workers = {p for p in _descendants(parent.pid) if b"loky" in Path(f"/proc/{p}/cmdline").read_bytes()
+                   or b"joblib" in Path(f"/proc/{p}/cmdline").read_bytes()}
+        assert workers, "the sweep's jobs did not start in workers"
+        assert not list(tmp_path.rglob("result.json")), "the jobs finished before the parent was killed"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.time() + 90
+        while time.time() < deadline and not all(_pid_gone(p) for p in workers):
+            time.sleep(0.5)
+        assert all(_pid_gone(p) for p in workers), "loky workers outlived their sweep's parent"
+        assert not list(tmp_path.rglob("result.json"))  # stopped, not finished for nobody
+    finally:
+        for p in workers | {parent.pid}:
+            if not _pid_gone(p):
+                os.kill(p, signal.SIGKILL)

@@ -8,7 +8,6 @@ derived from (seed, block), so block i does not depend on what ran before it in 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,15 +16,12 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import job_config, kill_once_one_done_one_partial, result_of
+from tests.helpers import ENV, REPO, job_config, kill_once_one_done_one_partial, result_of
 from training.app.lifecycle import PROGRESS_FILE
 from training.common.sweeps import expand
 from training.tasks.mdl.job import run_job
 from training.tasks.mdl.splits import MdlSplit
 from training.tasks.mdl.trainer import Trainer
-
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
 
 
 def smoke_command(out_dir: Path) -> list[str]:
@@ -99,7 +95,8 @@ def test_resume_after_a_crash_in_block_k_equals_an_uninterrupted_run(tmp_path: P
     assert _numbers(resumed) == _numbers(reference)
 
 
-def test_progress_of_another_config_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_progress_of_another_config_is_ignored_and_a_skip_survives_a_new_hash_definition(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = job_config(tmp_path, QUICK)
     job_dir = Path(cfg["paths"]["job_dir"])
     job_dir.mkdir(parents=True)
@@ -109,6 +106,12 @@ def test_progress_of_another_config_is_ignored(tmp_path: Path, caplog: pytest.Lo
         result = result_of(run_job(cfg))
     assert "resuming" not in caplog.text
     assert result["mdl"]["block_ce_bits"][1] > 0
+    # a result whose stored hash was computed before the hash covered other keys is still this config's result
+    (job_dir / "result.json").write_text(json.dumps({**result, "config_hash": "old-definition"}))
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        again = result_of(run_job(cfg))
+    assert "SKIP" in caplog.text and again["config_hash"] == "old-definition"
 
 
 def test_dropout_streams_do_not_depend_on_the_process_history(tmp_path: Path) -> None:
@@ -124,14 +127,3 @@ def test_dropout_streams_do_not_depend_on_the_process_history(tmp_path: Path) ->
     b = result_of(run_job(job_config(tmp_path / "b", overrides)))
     assert a["model"]["drop_path_rate"] > 0
     assert a["mdl"]["block_ce_bits"] == b["mdl"]["block_ce_bits"]
-
-
-def test_skip_survives_a_change_of_the_hash_definition(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A result whose stored hash was computed before the hash covered other keys is still this config's result."""
-    cfg = job_config(tmp_path, [*QUICK, "mdl.full_run=false"])
-    first = result_of(run_job(cfg))
-    path = Path(cfg["paths"]["job_dir"]) / "result.json"
-    path.write_text(json.dumps({**first, "config_hash": "old-definition"}))
-    with caplog.at_level("INFO"):
-        again = result_of(run_job(cfg))
-    assert "SKIP" in caplog.text and again["config_hash"] == "old-definition"

@@ -16,8 +16,13 @@ from tests.helpers import job_config, result_of
 from training.app.lifecycle import PROGRESS_FILE
 from training.app.results import ConfigMismatchError
 from training.app.tasks import load_job
-from training.data import registry
+from training.data import load_dataset, registry
+from training.data.cache import key_hash
 from training.data.registry import LoadedData
+from training.inputs import store as store_mod
+from training.inputs.erase import apply_eraser, cache_key, source_rank
+from training.inputs.pipeline import erase_maybe_zscored
+from training.inputs.store import Store
 from training.tasks.mdl.job import run_job
 
 QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=8", "mdl.min_steps=0", "mdl.patience_min_steps=0",
@@ -45,41 +50,36 @@ def test_digits_job_writes_complete_result(tmp_path: Path) -> None:
     assert cert["before"]["linear_probe_acc"] > 0.5 and cert["after"] == cert["before"]  # control: unchanged
 
 
-def test_the_data_the_precheck_loads_is_the_data_the_job_uses_and_a_skip_outcome_says_so(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The precheck returns the data it loaded and the lifecycle hands it to the body (no module state): one load
     for a job that runs; a rerun is `skipped` and loads only what its fingerprint check reads."""
-    from training.inputs import store as store_mod
-
     loads: list[str] = []
     real = registry.load_dataset
 
-    def load_dataset(*a: Any, **k: Any) -> LoadedData:
+    def counted(*a: Any, **k: Any) -> LoadedData:
         loads.append("load")
         return real(*a, **k)
 
-    monkeypatch.setattr(store_mod, "load_dataset", load_dataset)
-    cfg = job_config(tmp_path, [*QUICK, "mdl.full_run=false", "mdl.num_blocks=3"])
-    first = run_job(cfg)
-    assert (first.status, len(loads)) == ("done", 1) and first.result is not None
-    again = run_job(cfg)
-    assert again.status == "skipped" and again.result == first.result and len(loads) == 2  # the fingerprint's
-
-
-def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(store_mod, "load_dataset", counted)
     cfg = job_config(tmp_path / "a", QUICK)
-    first = result_of(run_job(cfg))
+    done = run_job(cfg)
+    first = result_of(done)
+    assert (done.status, len(loads)) == ("done", 1)
     mtime = (Path(cfg["paths"]["job_dir"]) / "result.json").stat().st_mtime_ns
     with caplog.at_level("INFO"):
         outcome = run_job(cfg)
     again = result_of(outcome)
-    assert "SKIP" in caplog.text and outcome.status == "skipped"
+    assert "SKIP" in caplog.text and outcome.status == "skipped" and again == first
+    assert len(loads) == 2  # the fingerprint's
     assert (Path(cfg["paths"]["job_dir"]) / "result.json").stat().st_mtime_ns == mtime
     assert again["mdl"] == first["mdl"]
     # Same seed in a fresh directory: identical numbers.
     fresh = result_of(run_job(job_config(tmp_path / "b", QUICK)))
     assert fresh["mdl"]["block_ce_bits"] == first["mdl"]["block_ce_bits"]
     assert fresh["final"]["val_loss_curve"] == first["final"]["val_loss_curve"]
+    other_seed = result_of(run_job(job_config(tmp_path / "b", [*QUICK, "seed=1"])))
+    assert other_seed["mdl"]["block_ce_bits"] != first["mdl"]["block_ce_bits"]
     # Another config gets its own directory (the c<hash> part of paths.job_dir) ...
     changed = job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001"])
     assert changed["paths"]["job_dir"] != cfg["paths"]["job_dir"]
@@ -89,12 +89,6 @@ def test_rerun_skips_same_seed_identical_other_hash_refused(tmp_path: Path, capl
         run_job(job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001", same_dir]))
     forced = result_of(run_job(job_config(tmp_path / "a", [*QUICK, "optim.lr=0.001", same_dir, "force=true"])))
     assert forced["config_hash"] != first["config_hash"]
-
-
-def test_other_seed_differs(tmp_path: Path) -> None:
-    a = result_of(run_job(job_config(tmp_path, QUICK)))
-    b = result_of(run_job(job_config(tmp_path, [*QUICK, "seed=1"])))
-    assert a["mdl"]["block_ce_bits"] != b["mdl"]["block_ce_bits"]
 
 
 def test_leace_job_certificate_and_cache_hit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -117,37 +111,34 @@ def test_cli_single_job(tmp_path: Path) -> None:
     assert result["final"] is None and result["mdl"]["bits_per_sample"] > 0
 
 
-def _erasing(cfg: Any) -> tuple[Any, Any]:
-    """What `erase_maybe_zscored` takes besides the data: the job's config and its store."""
-    from training.inputs.store import Store
+def test_zscore_is_per_coordinate_before_or_after_erasure(tmp_path: Path) -> None:
+    def zscored(*overrides: str) -> tuple[torch.Tensor, dict[str, Any]]:
+        cfg = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", *overrides]))
+        return erase_maybe_zscored(data, cfg, Store.of(cfg.paths))  # the data, the job's config and its store
 
-    return cfg, Store.of(cfg.paths)
-
-
-def test_zscore_is_per_coordinate_and_before_erasure(tmp_path: Path) -> None:
-    from training.data import load_dataset
-    from training.inputs.pipeline import erase_maybe_zscored
-
-    cfg = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
-    data = load_dataset(cfg.dataset)
-    x, info = erase_maybe_zscored(data, *_erasing(cfg))
+    data = load_dataset(load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true"])).dataset)
+    before, info = zscored("eraser=leace")
     assert info["zscore"] == "before erasure"
-    flat = x.reshape(len(x), -1).double()
-    varying = data.x.reshape(len(x), -1).std(0) > 1e-8
+    flat = before.reshape(len(before), -1).double()
+    varying = data.x.reshape(len(before), -1).std(0) > 1e-8
     assert flat.mean(0).abs().max() < 1e-5  # LEACE keeps the global mean of standardised data (zero)
     assert info["certificate"]["after"]["max_mean_gap"] < 1e-6
-    control = load_job(job_config(tmp_path, [*QUICK, "eraser=control", "dataset.zscore=true"]))
-    plain, _ = erase_maybe_zscored(data, *_erasing(control))
-    stds = plain.reshape(len(x), -1).double().std(0)
+    plain, _ = zscored("eraser=control")
+    stds = plain.reshape(len(before), -1).double().std(0)
     assert torch.allclose(stds[varying], torch.ones_like(stds[varying]), atol=1e-4)
+    after, info = zscored("dataset.zscore_order=after", "eraser=leace")
+    assert info["zscore"].startswith("after erasure")
+    flat = after.reshape(len(after), -1).double()
+    stds = flat.std(0)
+    varying = stds > 1e-3
+    assert flat.mean(0).abs().max() < 1e-5
+    assert torch.allclose(stds[varying], torch.ones_like(stds[varying]), atol=1e-4)  # unit variance after erasure
+    assert not torch.allclose(before, after)  # the order matters for LEACE
+    with pytest.raises(ValueError, match="zscore_order"):
+        zscored("dataset.zscore_order=sideways")
 
 
 def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) -> None:
-    from training.data import load_dataset
-    from training.data.cache import key_hash
-    from training.inputs.erase import apply_eraser, cache_key, source_rank
-    from training.inputs.store import Store
-
     cfg = load_job(job_config(tmp_path, [*QUICK, "eraser=alf_qleace"]))
     data = load_dataset(cfg.dataset)
     cache = Path(cfg.paths.cache_dir)
@@ -160,25 +151,3 @@ def test_random_eraser_takes_the_alf_rank_from_one_cached_fit(tmp_path: Path) ->
     assert rnd["report"]["rank_removed"] == alf["report"]["rank_removed"]
     entries = [p for p in (cache / "erased").iterdir() if p.is_dir()]
     assert len(entries) == 2  # one ALF fit, one random projection
-
-
-def test_zscore_after_erasure_standardises_the_erased_data(tmp_path: Path) -> None:
-    from training.data import load_dataset
-    from training.inputs.pipeline import erase_maybe_zscored
-
-    cfg = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "dataset.zscore_order=after",
-                                             "eraser=leace"]))
-    data = load_dataset(cfg.dataset)
-    x, info = erase_maybe_zscored(data, *_erasing(cfg))
-    assert info["zscore"].startswith("after erasure")
-    flat = x.reshape(len(x), -1).double()
-    stds = flat.std(0)
-    varying = stds > 1e-3
-    assert flat.mean(0).abs().max() < 1e-5
-    assert torch.allclose(stds[varying], torch.ones_like(stds[varying]), atol=1e-4)  # unit variance after erasure
-    leace_first = load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true", "eraser=leace"]))
-    before, _ = erase_maybe_zscored(data, *_erasing(leace_first))
-    assert not torch.allclose(before, x)  # the order matters for LEACE
-    with pytest.raises(ValueError, match="zscore_order"):
-        erase_maybe_zscored(data, *_erasing(load_job(job_config(tmp_path, [*QUICK, "dataset.zscore=true",
-                                                                     "dataset.zscore_order=sideways"]))))

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import ENV, REPO, TINY
 from training.app.schema import group_config
 from training.tasks.mdl.wandb_logger import RunLogger
 
@@ -18,8 +21,7 @@ def test_offline_run_with_deterministic_id(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "cfg"))
     for var in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.delenv(var, raising=False)
-    logger = RunLogger(group_config("logger", "wandb"), {"seed": 3},
-                       tmp_path, run_id="abc123-s3")
+    logger = RunLogger(group_config("logger", "wandb"), {"seed": 3}, tmp_path, run_id="abc123-s3")
     assert logger._run is not None
     assert os.environ["WANDB_CACHE_DIR"] == str(tmp_path / "_wandb" / "cache")  # while the run is open
     assert os.environ["WANDB_CONFIG_DIR"] == str(tmp_path / "cfg")  # the user's own choice is kept
@@ -40,11 +42,6 @@ def test_none_and_disabled_do_nothing(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_a_wandb_job_writes_nothing_outside_out_dir(tmp_path: Path) -> None:
     """An offline wandb job with a fresh HOME: its service's debug logs (~/.cache/wandb/logs before), cache and
     settings land under paths.out_dir, and nothing in HOME or the working directory."""
-    import subprocess
-    import sys
-
-    from tests.helpers import ENV, REPO, TINY
-
     pytest.importorskip("wandb")
     home, cwd, out = tmp_path / "home", tmp_path / "cwd", tmp_path / "out"
     home.mkdir()

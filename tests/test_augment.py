@@ -33,6 +33,7 @@ def test_matches_reference_per_sample() -> None:
     for i in range(40):
         ref = _reference(x[i], int(offsets[i, 0]), int(offsets[i, 1]), bool(flips[i]), 2)
         assert torch.equal(out[i], ref)
+    assert torch.equal(crop_flip(x, torch.Generator().manual_seed(1)), out)  # crop_flip: this draw, its default pad
 
 
 def test_per_sample_independence() -> None:

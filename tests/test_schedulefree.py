@@ -21,19 +21,15 @@ def _setup() -> tuple[torch.nn.Module, AdamWScheduleFree, torch.Tensor, torch.Te
     return model, opt, x, y
 
 
-def test_step_in_eval_mode_raises() -> None:
-    model, opt, x, y = _setup()
-    opt.eval()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    with pytest.raises(Exception, match="train mode"):
-        opt.step()
-
-
-def test_evaluation_refuses_train_mode() -> None:
+def test_step_in_eval_mode_and_evaluation_in_train_mode_raise() -> None:
     model, opt, x, y = _setup()
     model.train()
     with pytest.raises(RuntimeError, match="eval mode"):
         cross_entropy_sum(model, x, y)
+    opt.eval()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(Exception, match="train mode"):
+        opt.step()
 
 
 def test_fit_validates_with_averaged_weights() -> None:

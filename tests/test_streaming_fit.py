@@ -15,7 +15,7 @@ from erasure.streaming import MomentSums, fit_chunks, fit_moments
 from erasure.traits import eraser_traits
 
 from .test_erasure_common import F64, gaussian_classes
-from .test_qleace_coupling import _rank_deficient_data
+from .test_erasure_qleace import _rank_deficient_data
 
 
 def _chunks(x: torch.Tensor, y: torch.Tensor, sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:

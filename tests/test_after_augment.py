@@ -178,11 +178,16 @@ def test_fit_and_group_with_a_batch_transform_need_a_shared_validation_set() -> 
         fit(member, TrainData(data, y))
 
 
-def test_qleace_coupling_noise_is_refused_per_batch_in_one_line() -> None:
-    """Singular classes (n_k < d): QLEACE's coupling noise has exact moments on a whole class, not on a batch."""
+def _singular() -> tuple[Tensor, Tensor]:
     g = torch.Generator().manual_seed(0)
     x, y = torch.rand(90, 12, generator=g, dtype=torch.float64), torch.arange(90) % 3
-    x[y == 0, :6] = 0.5  # half the pixels constant within class 0: a singular class
+    x[y == 0, :6] = 0.5  # half the pixels constant within class 0
+    return x, y
+
+
+def test_qleace_coupling_noise_is_refused_per_batch_in_one_line() -> None:
+    """Singular classes (n_k < d): QLEACE's coupling noise has exact moments on a whole class, not on a batch."""
+    x, y = _singular()
     with pytest.warns(UserWarning, match="rank-deficient"):
         fitted = erasure.fit("qleace", x, y)
     assert isinstance(fitted, QleaceEraser) and fitted.has_noise
@@ -215,13 +220,6 @@ def test_fitted_eraser_is_cached_and_a_corrupt_entry_refitted(tmp_path: Path, ca
     assert hit4 is False and "corrupt" in caplog.text
     assert all(torch.equal(first.state[k], again.state[k]) for k in first.state)
     assert fit_cached(data)[1] is True
-
-
-def _singular(n_per_class: int = 30) -> tuple[Tensor, Tensor]:
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.rand(3 * n_per_class, 12, generator=g, dtype=torch.float64), torch.arange(3 * n_per_class) % 3
-    x[y == 0, :6] = 0.5  # half the pixels constant within class 0
-    return x, y
 
 
 def _digits(limit: int | None = None) -> tuple[Tensor, Tensor]:

@@ -40,6 +40,9 @@ def test_target_reached_and_no_class_gets_worse(n: int, d: int, k: int, target: 
     assert 0 < rep["alf_directions"] < d
     assert max_mean_gap(xe, y) <= 1e-10  # LEACE part still holds
     assert torch.allclose(e(xe), xe, atol=1e-10)  # an affine projection: idempotent
+    assert not e.needs_labels  # label-free: each row is mapped alone
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(xe[perm], e(x[perm]), atol=1e-12)
 
 
 def test_greedy_takes_the_worst_direction_first() -> None:
@@ -54,14 +57,6 @@ def test_greedy_takes_the_worst_direction_first() -> None:
     v = e.state["directions"][:, 0]
     assert abs(float(v @ u)) > 0.95
     assert e.report()["stopped_by"] == "max_rank" and e.report()["alf_directions"] == 1
-
-
-def test_label_free_application() -> None:
-    x, y = gaussian_classes(2000, 20, 4, seed=5, cov_scale=0.6)
-    e = erasure.fit("alf_qleace", x, y)
-    assert not e.needs_labels
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    assert torch.allclose(e(x)[perm], e(x[perm]), atol=1e-12)
 
 
 def test_lanczos_matches_dense_eigh() -> None:

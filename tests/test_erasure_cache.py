@@ -1,22 +1,33 @@
 """Erased-data cache: hit without refit, an entry served only if it is the one asked for (its manifest's key, code
-version and checksums), others set aside (never deleted) and rebuilt, key sensitivity, process lock."""
+version and checksums), others set aside (never deleted) and rebuilt, key sensitivity, process lock; the
+after-erasure certificate cached with its entry (seeds of a fit_on=all cell reuse it)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import runpy
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import Tensor
 
+import erasure
+from tests.helpers import TINY, job_config, result_of
+from training.app.schema import group_config
+from training.app.tasks import load_job
+from training.data import load_dataset
 from training.data.cache import cached_erase, code_version, key_hash
+from training.inputs.erase import apply_eraser, cache_key, certify, certify_erased
+from training.inputs.store import Store
+from training.tasks.mdl.job import run_job
 
 KEY = {"dataset": "toy", "content": "abc123", "eraser": "leace", "options": {"rtol": None}}
 
@@ -154,11 +165,6 @@ def test_a_set_aside_entry_is_never_replaced(tmp_path: Path) -> None:
 def test_the_random_eraser_is_never_served_leaces_entry(tmp_path: Path) -> None:
     """LEACE's erased digits copied under the random eraser's entry name: the random eraser's job erases with the
     random eraser (as in a fresh cache), not with LEACE."""
-    from training.app.schema import group_config
-    from training.data import load_dataset
-    from training.inputs.erase import apply_eraser, cache_key
-    from training.inputs.store import Store
-
     data = load_dataset(group_config("dataset", "digits"))
     leace, rnd = group_config("eraser", "leace"), group_config("eraser", "random")
     x_leace, _ = apply_eraser(data, leace, Store(tmp_path / "shared"), certificate=False)
@@ -175,22 +181,25 @@ _WORKER = textwrap.dedent("""
     import torch
     from training.data.cache import cached_erase
 
-    root, log = Path(sys.argv[1]), Path(sys.argv[2])
+    def race(root, log):
+        def build():
+            with open(log, "a") as f:
+                f.write("fit\\n")
+            time.sleep(2.0)
+            return torch.ones(4, 3), {"ok": True}
 
-    def build():
-        with open(log, "a") as f:
-            f.write("fit\\n")
-        time.sleep(2.0)
-        return torch.ones(4, 3), {"ok": True}
+        return cached_erase(root, {"dataset": "toy", "eraser": "leace"}, build)
 
-    (root.parent / "ready").write_text("1")
-    x, rep, hit = cached_erase(root, {"dataset": "toy", "eraser": "leace"}, build)
-    print(json.dumps({"hit": hit, "sum": float(x.sum())}))
+    if __name__ == "__main__":
+        root = Path(sys.argv[1])
+        (root.parent / "ready").write_text("1")
+        x, rep, hit = race(root, Path(sys.argv[2]))
+        print(json.dumps({"hit": hit, "sum": float(x.sum())}))
 """)
 
 
 def test_two_processes_fit_once(tmp_path: Path) -> None:
-    """A worker process and this one race for the same key (the fit takes 2 s): exactly one fits."""
+    """A worker process and this one (the worker's `race`) race for the same key (the fit takes 2 s): one fits."""
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
     log = tmp_path / "fits.log"
@@ -205,17 +214,90 @@ def test_two_processes_fit_once(tmp_path: Path) -> None:
         assert proc.poll() is None, proc.communicate()[1]
         assert time.monotonic() < deadline
         time.sleep(0.01)
-
-    def build() -> tuple[Tensor, dict]:
-        with open(log, "a") as f:
-            f.write("fit\n")
-        time.sleep(2.0)
-        return torch.ones(4, 3), {"ok": True}
-
-    x, _, hit = cached_erase(tmp_path / "cache", {"dataset": "toy", "eraser": "leace"}, build)
+    x, _, hit = runpy.run_path(str(script))["race"](tmp_path / "cache", log)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     other = json.loads(out.strip().splitlines()[-1])
     assert log.read_text().count("fit") == 1
     assert sorted([hit, other["hit"]]) == [False, True]
     assert float(x.sum()) == other["sum"] == 12.0
+
+
+# ---------------------------------------------------------------- the after-erasure certificate in the entry
+
+LEACE = [*TINY, "eraser=leace", "certificate=true", "eraser.fit_on=all"]
+
+
+def _without_seconds(cert: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cert.items() if k != "seconds"}
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = erasure.certificate
+
+    def counted(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(erasure, "certificate", counted)
+    return calls
+
+
+def test_second_seed_reuses_the_after_certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _counting(monkeypatch)
+    first = result_of(run_job(job_config(tmp_path, [*LEACE, "seed=0"])))
+    assert len(calls) == 2  # before (cached per dataset) and after (cached with the erased data)
+    second = result_of(run_job(job_config(tmp_path, [*LEACE, "seed=1"])))
+    assert len(calls) == 2  # seed 1: both from the cache
+    assert second["eraser"]["cache_hit"] is True
+    assert second["certificate"] == first["certificate"]  # seconds included: the same cached file
+    on_disk = json.loads((Path(job_config(tmp_path, [*LEACE, "seed=1"])["paths"]["job_dir"]) / "result.json")
+                         .read_text())
+    assert on_disk["certificate"] == first["certificate"]
+    # == a certificate computed afresh from the erased data (its timing aside)
+    cfg = load_job(job_config(tmp_path, LEACE))
+    data = load_dataset(cfg.dataset)
+    x, _ = apply_eraser(data, cfg.eraser, Store(Path(cfg.paths.cache_dir)), certificate=False)
+    fresh = json.loads(json.dumps(certify(x, data.y), default=float))  # as result.json stores it
+    assert _without_seconds(fresh) == _without_seconds(second["certificate"]["after"])
+    assert len(calls) == 3
+
+
+def test_cached_certificate_is_keyed_by_labels_and_rebuilt_when_corrupt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    cfg = load_job(job_config(tmp_path, LEACE))
+    data = load_dataset(cfg.dataset)
+    cache = Path(cfg.paths.cache_dir)
+    x, _ = apply_eraser(data, cfg.eraser, Store(cache), certificate=False)
+    key = cache_key(data, "leace", cfg.eraser.options)
+    entry = cache / "erased" / key_hash(key)
+    calls = _counting(monkeypatch)
+    cert = certify_erased(x, data.y, key, Store(cache))
+    (stored,) = entry.glob("certificate-*.json")
+    assert certify_erased(x, data.y, key, Store(cache)) == cert and len(calls) == 1
+    # other labels: another certificate, never the cached one
+    other = certify_erased(x, data.y.roll(1), key, Store(cache))
+    assert len(calls) == 2 and len(list(entry.glob("certificate-*.json"))) == 2
+    assert _without_seconds(other) != _without_seconds(cert)
+    for damage in ("{not json", "[1, 2]"):
+        stored.write_text(damage)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            again = certify_erased(x, data.y, key, Store(cache))
+        assert len(caplog.records) == 1 and str(stored) in caplog.text
+        assert _without_seconds(again) == _without_seconds(json.loads(json.dumps(cert, default=float)))
+    assert len(calls) == 4
+    assert certify_erased(x, data.y, key, Store(cache)) == json.loads(stored.read_text())  # rewritten, used again
+    assert len(calls) == 4
+
+
+def test_no_entry_no_certificate_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a complete erased-data entry (an unwritable cache) the certificate is computed and nothing written."""
+    cfg = load_job(job_config(tmp_path, LEACE))
+    data = load_dataset(cfg.dataset)
+    calls = _counting(monkeypatch)
+    key = cache_key(data, "leace", cfg.eraser.options)
+    certify_erased(data.x, data.y, key, Store(tmp_path / "cache"))
+    certify_erased(data.x, data.y, key, Store(tmp_path / "cache"))
+    assert len(calls) == 2 and not (tmp_path / "cache").exists()

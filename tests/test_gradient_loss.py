@@ -11,16 +11,14 @@ from erasure.gradient import DEFAULTS, _loss
 from .test_erasure_common import F64, gaussian_classes
 
 
-def _class_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def test_loss_is_the_squared_distances_and_so_are_its_gradients() -> None:
+    """∂/∂X w‖m − μ‖² = 2w(m − μ)/n per row and ∂/∂X w‖Σ_k − Σ‖_F² = 4w/(n−1)·X_c(Σ_k − Σ): linear in the gap
+    (an unsquared norm would give a unit-length direction instead)."""
     x, y = gaussian_classes(300, 6, 2, seed=2, cov_scale=0.7)
     x = torch.sigmoid(x)
     mu, sigma = x.mean(0), torch.cov(x.T)
-    xk = x[y == 0]
-    return xk, xk + 0.01 * torch.randn(xk.shape, generator=torch.Generator().manual_seed(1), dtype=F64), mu, sigma
-
-
-def test_loss_is_the_squared_distances() -> None:
-    xk0, xk, mu, sigma = _class_data()
+    xk0 = x[y == 0]
+    xk = xk0 + 0.01 * torch.randn(xk0.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
     o = {**DEFAULTS, "w_mean": 0.3, "w_cov": 0.7, "w_mse": 2.0}
     with torch.no_grad():
         loss, stats = _loss(xk, xk0, mu, sigma, o)
@@ -31,17 +29,11 @@ def test_loss_is_the_squared_distances() -> None:
     # the reported gaps stay relative norms (not squared)
     assert stats["mean_gap"] == pytest.approx(mean_sq**0.5 / float(torch.trace(sigma)) ** 0.5, rel=1e-12)
     assert stats["cov_gap"] == pytest.approx(cov_sq**0.5 / float(torch.linalg.matrix_norm(sigma)), rel=1e-12)
-
-
-def test_loss_gradients_are_those_of_squared_terms() -> None:
-    """∂/∂X w‖m − μ‖² = 2w(m − μ)/n per row and ∂/∂X w‖Σ_k − Σ‖_F² = 4w/(n−1)·X_c(Σ_k − Σ): linear in the gap
-    (an unsquared norm would give a unit-length direction instead)."""
-    xk0, xk, mu, sigma = _class_data()
     n = len(xk)
     for w_mean, w_cov in ((1.0, 0.0), (0.0, 1.0)):
-        x = xk.clone().requires_grad_(True)
+        xg = xk.clone().requires_grad_(True)
         o = {**DEFAULTS, "w_mean": w_mean, "w_cov": w_cov, "w_mse": 0.0}
-        (grad,) = torch.autograd.grad(_loss(x, xk0, mu, sigma, o)[0], x)
+        (grad,) = torch.autograd.grad(_loss(xg, xk0, mu, sigma, o)[0], xg)
         xc = xk - xk.mean(0)
         expected = (2 * (xk.mean(0) - mu) / n).expand_as(xk) if w_mean else 4 / (n - 1) * xc @ (torch.cov(xk.T) - sigma)
         assert torch.allclose(grad, expected, rtol=1e-10, atol=1e-14)

@@ -185,20 +185,6 @@ def _singular() -> tuple[Tensor, Tensor]:
     return x, y
 
 
-def test_qleace_coupling_noise_is_refused_per_batch_in_one_line() -> None:
-    """Singular classes (n_k < d): QLEACE's coupling noise has exact moments on a whole class, not on a batch."""
-    x, y = _singular()
-    with pytest.warns(UserWarning, match="rank-deficient"):
-        fitted = erasure.fit("qleace", x, y)
-    assert isinstance(fitted, QleaceEraser) and fitted.has_noise
-    with pytest.raises(UserError) as err:
-        BatchEraser(fitted)
-    assert str(err.value).startswith("eraser.after_augment=true is not allowed with qleace's rank_deficient=coupling "
-                                     "here: classes [0] of the fitted eraser are singular")
-    assert "eraser=qleace_paper" in str(err.value) and "\n" not in str(err.value)
-    BatchEraser(erasure.fit("qleace", x, y, rank_deficient="shrinkage"))  # the paper code's estimator: fine
-
-
 def test_fitted_eraser_is_cached_and_a_corrupt_entry_refitted(tmp_path: Path, caplog: pytest.LogCaptureFixture
                                                               ) -> None:
     g = torch.Generator().manual_seed(0)
@@ -238,7 +224,8 @@ def _digits(limit: int | None = None) -> tuple[Tensor, Tensor]:
 ], ids=["constant-pixels", "gaussian", "digits", "digits-300"])
 def test_coupling_noise_is_predicted_without_fitting(make: Any, noise: bool) -> None:
     """The precheck's prediction (erasure/qleace.py `coupling_noise_ranks`) and the fit agree on whether the
-    coupling adds noise; on the exactly singular class they agree on its rank."""
+    coupling adds noise; on the exactly singular class they agree on its rank. That noise has exact moments on a whole
+    class, not on a batch: a batch eraser refuses it in one line."""
     from erasure.qleace import coupling_noise_ranks
 
     x, y = make()
@@ -250,6 +237,12 @@ def test_coupling_noise_is_predicted_without_fitting(make: Any, noise: bool) -> 
     assert fitted.has_noise == noise and (max(ranks) > 0) == noise, (ranks, fitted.info["noise_rank"])
     if make is _singular:
         assert ranks == fitted.info["noise_rank"] == [6, 0, 0]
+        with pytest.raises(UserError) as err:
+            BatchEraser(fitted)
+        assert str(err.value).startswith("eraser.after_augment=true is not allowed with qleace's "
+                                         "rank_deficient=coupling here: classes [0] of the fitted eraser are singular")
+        assert "eraser=qleace_paper" in str(err.value) and "\n" not in str(err.value)
+        BatchEraser(erasure.fit("qleace", x, y, rank_deficient="shrinkage"))  # the paper code's estimator: fine
 
 
 DIGITS_AFTER = ["experiment=smoke", "dataset=digits", "eraser=qleace", "eraser.after_augment=true",

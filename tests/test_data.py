@@ -61,11 +61,17 @@ class _Payload:
 
 
 @pytest.mark.parametrize("protocol", [2, pickle.DEFAULT_PROTOCOL])
-def test_cifar10_batch_that_would_run_code_is_refused_in_one_line(tmp_path: Path, protocol: int) -> None:
+def test_cifar10_fixture_and_a_batch_that_would_run_code_refused_in_one_line(tmp_path: Path, protocol: int) -> None:
     from training.errors import DataCorruptError
 
     folder = tmp_path / "cifar-10-batches-py"
     _cifar_batches(folder, protocol)
+    d = load_dataset(group_config("dataset", "cifar10", download=False), tmp_path)
+    _check(d, 100, (3, 32, 32))
+    # Pixel layout: the pickle's row is 1024 R, 1024 G, 1024 B values in row-major order.
+    with open(folder / "data_batch_1", "rb") as f:
+        raw = pickle.load(f)["data"][0].reshape(3, 32, 32) / 255.0
+    assert any(torch.allclose(d.x[j], torch.from_numpy(raw).float()) for j in range(100))
     marker = tmp_path / "pwned"
     with open(folder / "data_batch_3", "wb") as f:
         pickle.dump({"data": _Payload(f"touch {marker}"), "labels": [0]}, f, protocol=protocol)
@@ -76,18 +82,6 @@ def test_cifar10_batch_that_would_run_code_is_refused_in_one_line(tmp_path: Path
     with open(folder / "data_batch_3", "rb") as f:  # the control: the payload is live under a plain pickle.load
         pickle.load(f)
     assert marker.exists()
-
-
-@pytest.mark.parametrize("protocol", [2, pickle.DEFAULT_PROTOCOL])
-def test_cifar10_fixture(tmp_path: Path, protocol: int) -> None:
-    folder = tmp_path / "cifar-10-batches-py"
-    _cifar_batches(folder, protocol)
-    d = load_dataset(group_config("dataset", "cifar10", download=False), tmp_path)
-    _check(d, 100, (3, 32, 32))
-    # Pixel layout: the pickle's row is 1024 R, 1024 G, 1024 B values in row-major order.
-    with open(folder / "data_batch_1", "rb") as f:
-        raw = pickle.load(f)["data"][0].reshape(3, 32, 32) / 255.0
-    assert any(torch.allclose(d.x[j], torch.from_numpy(raw).float()) for j in range(100))
 
 
 def test_svhn_fixture(tmp_path: Path) -> None:

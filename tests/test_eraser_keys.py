@@ -44,28 +44,14 @@ CHEAP = {"gradient": ["eraser.options.iterations=12", "eraser.options.progress=f
 # Another value where the generic rule (tests/test_task_keys.py `_other`: flip a bool, ×0.5 a float, +1 an int) does
 # not fit or would not bind on these small data (a Lanczos run of 64 steps is exact in 6 dimensions either way).
 OTHER: dict[str, Any] = {
-    "eraser.options.rank": 1,
-    "eraser.options.max_rank": 1,
-    "eraser.options.rtol": 0.5,
-    "eraser.options.leace_rtol": 0.5,
-    "eraser.options.lanczos_steps": 2,
-    "eraser.options.eig_rtol": 0.5,
-    "eraser.options.stop_norm": "frobenius",
-    "eraser.options.rank_deficient": "truncate",
-    "eraser.options.class_rtol": 0.5,
-    "eraser.options.support_rtol": 0.5,
-    "eraser.options.null_rtol": 0.5,
-    "eraser.options.objective_rtol": 0.5,
-    "eraser.options.tol": 0.5,
-    "eraser.options.max_iter": 1,
-    "eraser.options.quantize_mode": "truncate",
-    "eraser.options.loss": "norm",
-    "eraser.options.dtype": "float32",
-    "eraser.options.iterations": 2,
-    "eraser.options.history_size": 1,
-    "eraser.options.logit_eps": 0.1,
-    "eraser.n_fit": 20,
-    "eraser.fit_source": "pool",
+    "eraser.options.rank": 1, "eraser.options.max_rank": 1, "eraser.options.rtol": 0.5,
+    "eraser.options.leace_rtol": 0.5, "eraser.options.lanczos_steps": 2, "eraser.options.eig_rtol": 0.5,
+    "eraser.options.stop_norm": "frobenius", "eraser.options.rank_deficient": "truncate",
+    "eraser.options.class_rtol": 0.5, "eraser.options.support_rtol": 0.5, "eraser.options.null_rtol": 0.5,
+    "eraser.options.objective_rtol": 0.5, "eraser.options.tol": 0.5, "eraser.options.max_iter": 1,
+    "eraser.options.quantize_mode": "truncate", "eraser.options.loss": "norm", "eraser.options.dtype": "float32",
+    "eraser.options.iterations": 2, "eraser.options.history_size": 1, "eraser.options.logit_eps": 0.1,
+    "eraser.n_fit": 20, "eraser.fit_source": "pool",
 }
 SKIP = {"eraser.name": "another eraser altogether (walked as its own)"}
 # The fitting modes that fit on rows other than all of them, each with what it needs (pool: rows beyond the limit).

@@ -97,7 +97,8 @@ def _holdout() -> FitPlan:
     return FitPlan("holdout", coded_idx=torch.arange(20, 40), fit_idx=torch.arange(20))
 
 
-def test_declared_holdout_options_fill_unset_options_out_of_sample_only(toys: None, tmp_path: Path) -> None:
+def test_declared_holdout_options_fill_unset_ones_out_of_sample_and_a_rank_hint_takes_its_source(
+        toys: None, tmp_path: Path) -> None:
     data = _data()
     _, held = apply_eraser(data, _eraser("toy_shrink"), Store(tmp_path), _holdout(), certificate=False)
     assert held["report"]["options"] == {"scale": 0.5} and held["options"] == {"scale": 0.5}
@@ -108,6 +109,10 @@ def test_declared_holdout_options_fill_unset_options_out_of_sample_only(toys: No
     assert in_sample["report"]["options"] == {"scale": None}  # in sample: the fitter's own default
     _, plain = apply_eraser(data, _eraser("toy_source"), Store(tmp_path), _holdout(), certificate=False)
     assert plain["options"] == {}  # declaring nothing gets nothing
+    _, hinted = apply_eraser(data, _eraser("toy_ranked"), Store(tmp_path), certificate=False)
+    assert hinted["report"]["rank_removed"] == 3  # toy_source's rank, fitted through the cache
+    _, given = apply_eraser(data, _eraser("toy_ranked", rank=1), Store(tmp_path), certificate=False)
+    assert given["report"]["rank_removed"] == 1  # the option set: no hint wanted
 
 
 def test_declared_identity_is_never_fitted_and_counts_as_the_control(toys: None, tmp_path: Path) -> None:
@@ -120,14 +125,6 @@ def test_declared_identity_is_never_fitted_and_counts_as_the_control(toys: None,
     assert is_identity("toy_identity") and not is_identity("toy_shrink") and not is_identity("no such eraser")
     assert not batch_erasing("toy_identity", {}) and batch_erasing("toy_shrink", {})
     assert batch_erasing("toy_identity", {"zscore": True, "zscore_order": "after"})
-
-
-def test_declared_rank_hint_takes_its_sources_rank(toys: None, tmp_path: Path) -> None:
-    data = _data()
-    _, hinted = apply_eraser(data, _eraser("toy_ranked"), Store(tmp_path), certificate=False)
-    assert hinted["report"]["rank_removed"] == 3  # toy_source's rank, fitted through the cache
-    _, given = apply_eraser(data, _eraser("toy_ranked", rank=1), Store(tmp_path), certificate=False)
-    assert given["report"]["rank_removed"] == 1  # the option set: no hint wanted
 
 
 def test_traits_read_the_declaration(toys: None) -> None:

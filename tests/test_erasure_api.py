@@ -27,6 +27,8 @@ def images() -> tuple[Tensor, Tensor]:
 
 @pytest.mark.parametrize("name", erasure.NAMES)
 def test_erase_every_name(images: tuple[Tensor, Tensor], name: str) -> None:
+    cfg = yaml.safe_load((CONF / f"{name}.yaml").read_text())  # its config lists every option with its default
+    assert cfg["name"] == name and cfg["options"] == erasure.default_options(name)
     x, y = images
     opts = {"iterations": 5, "progress": False} if name == "gradient" else {}
     out, rep = erasure.erase(name, x, y, opts)
@@ -69,13 +71,6 @@ def test_load_rejects_foreign_files(tmp_path: Path) -> None:
     torch.save({"format": FORMAT, "info": {}}, tmp_path / "half.pt")  # the format, not the rest: no KeyError
     with pytest.raises(ValueError, match="not an eraser file"):
         erasure.load(tmp_path / "half.pt")
-
-
-@pytest.mark.parametrize("name", erasure.NAMES)
-def test_config_lists_every_option_with_its_default(name: str) -> None:
-    cfg = yaml.safe_load((CONF / f"{name}.yaml").read_text())
-    assert cfg["name"] == name
-    assert cfg["options"] == erasure.default_options(name)
 
 
 def test_random_rank_sources(images: tuple[Tensor, Tensor]) -> None:

@@ -41,10 +41,6 @@ class Builder:
         return torch.arange(12, dtype=torch.float32).reshape(3, 4) * self.calls, {"rank_removed": self.calls}
 
 
-def _entry(root: Path) -> Path:
-    return root / "erased" / key_hash(KEY)
-
-
 def test_second_call_hits_without_refit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     build = Builder()
     with caplog.at_level(logging.INFO, logger="training.data.cache"):
@@ -53,52 +49,16 @@ def test_second_call_hits_without_refit(tmp_path: Path, caplog: pytest.LogCaptur
     assert (hit1, hit2) == (False, True) and build.calls == 1
     assert torch.equal(x1, x2) and r1 == r2 == {"rank_removed": 1}
     assert "cache miss" in caplog.text and "cache hit" in caplog.text
-    entry = _entry(tmp_path)
+    entry = tmp_path / "erased" / key_hash(KEY)
     manifest = json.loads((entry / "manifest.json").read_text())
     assert manifest["code_version"] == code_version() and manifest["key"]["eraser"] == "leace"
     assert set(manifest["sha256"]) == {"data.pt", "report.json"}
     assert not list(entry.glob("*.tmp"))
-
-
-def test_key_changes_miss(tmp_path: Path) -> None:
-    build = Builder()
-    cached_erase(tmp_path, KEY, build)
-    cached_erase(tmp_path, {**KEY, "options": {"rtol": 1e-8}}, build)
+    cached_erase(tmp_path, {**KEY, "options": {"rtol": 1e-8}}, build)  # another key: a miss
     cached_erase(tmp_path, {**KEY, "content": "other"}, build)
     assert build.calls == 3
     assert key_hash(KEY) != key_hash({**KEY, "eraser": "qleace"})
     assert key_hash({"a": (1, 2)}) == key_hash({"a": [1, 2]})
-
-
-@pytest.mark.parametrize("damage", ["flip_byte", "truncate", "drop_manifest", "bad_manifest", "drop_report"])
-def test_corrupt_or_partial_entry_is_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                             damage: str) -> None:
-    build = Builder()
-    cached_erase(tmp_path, KEY, build)
-    entry = _entry(tmp_path)
-    data = entry / "data.pt"
-    if damage == "flip_byte":
-        raw = bytearray(data.read_bytes())
-        raw[len(raw) // 2] ^= 0xFF
-        data.write_bytes(bytes(raw))
-    elif damage == "truncate":
-        data.write_bytes(data.read_bytes()[:20])
-    elif damage == "drop_manifest":
-        (entry / "manifest.json").unlink()
-    elif damage == "bad_manifest":
-        (entry / "manifest.json").write_text("{not json")
-    else:
-        (entry / "report.json").unlink()
-    damaged = {p.name: p.read_bytes() for p in entry.iterdir()}
-    with caplog.at_level(logging.WARNING, logger="training.data.cache"):
-        x, rep, hit = cached_erase(tmp_path, KEY, build)
-    assert not hit and build.calls == 2 and rep == {"rank_removed": 2}
-    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and "partial or corrupt" in warnings[0] and "set aside" in warnings[0]
-    aside = entry.with_name(f"{entry.name}.set-aside-1")  # kept as it was, under a name of its own
-    assert {p.name: p.read_bytes() for p in aside.iterdir()} == damaged
-    x3, rep3, hit3 = cached_erase(tmp_path, KEY, build)  # the rebuilt entry is valid
-    assert hit3 and torch.equal(x3, x) and build.calls == 2
 
 
 def _copy_entry(root: Path, source: dict, target: dict) -> Path:
@@ -110,12 +70,17 @@ def _copy_entry(root: Path, source: dict, target: dict) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("edit", ["another key", "another code version", "data hash dropped", "data.pt replaced"])
-def test_an_entry_is_served_only_if_it_is_the_one_asked_for(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                             edit: str) -> None:
-    """Another key's entry under this key's name, an entry of another code version, a manifest that no longer
-    checks data.pt, or data.pt swapped for another valid tensor: never served; refitted, the entry set aside
-    (renamed, never deleted) with one warning line. The entry asked for is still a hit (no refit)."""
+CORRUPT = ["flip_byte", "truncate", "drop_manifest", "bad_manifest", "drop_report"]
+MANIFEST_EDITS = ["another code version", "data hash dropped", "data.pt replaced"]
+
+
+@pytest.mark.parametrize("edit", [*CORRUPT, "another key", *MANIFEST_EDITS])
+def test_an_entry_is_served_only_if_it_is_whole_and_the_one_asked_for(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture,
+                                                                      edit: str) -> None:
+    """A corrupt or partial entry, another key's entry under this key's name, an entry of another code version, a
+    manifest that no longer checks data.pt, or data.pt swapped for another valid tensor: never served; refitted, the
+    entry set aside (renamed, never deleted) with one warning line. The entry asked for is still a hit (no refit)."""
     other = {**KEY, "eraser": "random"}
     build = Builder()
     cached_erase(tmp_path, KEY, build)  # the entry of KEY (built once)
@@ -124,13 +89,26 @@ def test_an_entry_is_served_only_if_it_is_the_one_asked_for(tmp_path: Path, capl
     else:
         cached_erase(tmp_path, other, Builder())
         entry = tmp_path / "erased" / key_hash(other)
-        manifest = json.loads((entry / "manifest.json").read_text())
-        if edit == "another code version":
-            manifest["code_version"] = "0" * 16
-        elif edit == "data hash dropped":
-            del manifest["sha256"]["data.pt"]
-        else:
-            torch.save(torch.zeros(3, 4), entry / "data.pt")  # a valid tensor, not the one whose hash is recorded
+    data, manifest = entry / "data.pt", json.loads((entry / "manifest.json").read_text())
+    if edit == "flip_byte":
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    elif edit == "truncate":
+        data.write_bytes(data.read_bytes()[:20])
+    elif edit == "drop_manifest":
+        (entry / "manifest.json").unlink()
+    elif edit == "bad_manifest":
+        (entry / "manifest.json").write_text("{not json")
+    elif edit == "drop_report":
+        (entry / "report.json").unlink()
+    elif edit == "another code version":
+        manifest["code_version"] = "0" * 16
+    elif edit == "data hash dropped":
+        del manifest["sha256"]["data.pt"]
+    elif edit == "data.pt replaced":
+        torch.save(torch.zeros(3, 4), data)  # a valid tensor, not the one whose hash is recorded
+    if edit in MANIFEST_EDITS:
         (entry / "manifest.json").write_text(json.dumps(manifest))
     kept = {p.name: p.read_bytes() for p in entry.iterdir()}
     fresh = Builder()
@@ -140,9 +118,11 @@ def test_an_entry_is_served_only_if_it_is_the_one_asked_for(tmp_path: Path, capl
     assert torch.equal(x, -torch.arange(12, dtype=torch.float32).reshape(3, 4))  # its own data, not KEY's
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and str(entry) in warnings[0] and "set aside" in warnings[0], warnings
+    assert "partial or corrupt" in warnings[0] or edit not in CORRUPT, warnings
     aside = entry.with_name(f"{entry.name}.set-aside-1")
     assert {p.name: p.read_bytes() for p in aside.iterdir()} == kept  # kept aside exactly as it was
-    assert cached_erase(tmp_path, other, Builder())[2] is True  # the rebuilt entry is served
+    x_again, _, hit_again = cached_erase(tmp_path, other, Builder())
+    assert hit_again and torch.equal(x_again, x)  # the rebuilt entry is served
     x0, _, hit0 = cached_erase(tmp_path, KEY, build)  # the right entry: still a cache hit, no refit
     assert hit0 and build.calls == 1 and torch.equal(x0, torch.arange(12, dtype=torch.float32).reshape(3, 4))
 
@@ -290,14 +270,7 @@ def test_cached_certificate_is_keyed_by_labels_and_rebuilt_when_corrupt(
     assert len(calls) == 4
     assert certify_erased(x, data.y, key, Store(cache)) == json.loads(stored.read_text())  # rewritten, used again
     assert len(calls) == 4
-
-
-def test_no_entry_no_certificate_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a complete erased-data entry (an unwritable cache) the certificate is computed and nothing written."""
-    cfg = load_job(job_config(tmp_path, LEACE))
-    data = load_dataset(cfg.dataset)
-    calls = _counting(monkeypatch)
-    key = cache_key(data, "leace", cfg.eraser.options)
-    certify_erased(data.x, data.y, key, Store(tmp_path / "cache"))
-    certify_erased(data.x, data.y, key, Store(tmp_path / "cache"))
-    assert len(calls) == 2 and not (tmp_path / "cache").exists()
+    # without a complete erased-data entry (an unwritable cache) the certificate is computed and nothing written
+    certify_erased(data.x, data.y, key, Store(tmp_path / "no entry"))
+    certify_erased(data.x, data.y, key, Store(tmp_path / "no entry"))
+    assert len(calls) == 6 and not (tmp_path / "no entry").exists()

@@ -23,6 +23,11 @@ def test_shapes_dtype_and_pad_size() -> None:
     assert default_pad(32) == 4 and default_pad(28) == 3 and default_pad(8) == 1 and default_pad(4) == 1
     u8 = torch.randint(0, 256, (6, 3, 16, 16), dtype=torch.uint8)
     assert crop_flip(u8, g).dtype == torch.uint8
+    # the same generator, the same draws: uint8 commutes with the decode
+    x8 = torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8)
+    a = crop_flip(x8, torch.Generator().manual_seed(5))
+    b = crop_flip(x8.float() / 255, torch.Generator().manual_seed(5))
+    assert torch.equal(a.float() / 255, b)
 
 
 def test_matches_reference_per_sample() -> None:
@@ -48,26 +53,16 @@ def test_per_sample_independence() -> None:
     assert len(distinct) > 20
 
 
-def test_flip_is_exact_mirror_and_centre_crop_is_identity() -> None:
-    x = torch.rand(3, 2, 8, 8)
+def test_flip_is_exact_mirror_centre_crop_is_identity_and_padding_is_zero() -> None:
+    x = torch.rand(3, 2, 8, 8) + 1.0  # no zeros in the image
     pad = default_pad(8)
+    assert pad == 1
     centre = torch.full((3, 2), pad)
     same = apply_crop_flip(x, centre, torch.zeros(3, dtype=torch.bool), pad)
     mirror = apply_crop_flip(x, centre, torch.ones(3, dtype=torch.bool), pad)
     assert torch.equal(same, x)
     assert torch.equal(mirror, x.flip(-1))
-
-
-def test_padding_value_is_zero() -> None:
-    x = torch.rand(2, 1, 8, 8) + 1.0  # no zeros in the image
-    corner = torch.zeros(2, 2, dtype=torch.long)  # shift down-right by pad: top row and left column are padding
-    out = apply_crop_flip(x, corner, torch.zeros(2, dtype=torch.bool), 1)
+    corner = torch.zeros(3, 2, dtype=torch.long)  # shift down-right by pad: top row and left column are padding
+    out = apply_crop_flip(x, corner, torch.zeros(3, dtype=torch.bool), pad)
     assert (out[:, :, 0, :] == PAD_VALUE).all() and (out[:, :, :, 0] == PAD_VALUE).all()
     assert (out[:, :, 1:, 1:] > 0).all() and torch.equal(out[:, :, 1:, 1:], x[:, :, :-1, :-1])
-
-
-def test_same_generator_same_draws_and_uint8_commutes_with_decode() -> None:
-    x8 = torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8)
-    a = crop_flip(x8, torch.Generator().manual_seed(5))
-    b = crop_flip(x8.float() / 255, torch.Generator().manual_seed(5))
-    assert torch.equal(a.float() / 255, b)

@@ -132,10 +132,7 @@ def test_other_bad_inputs(small: tuple[Tensor, Tensor]) -> None:
         erasure.erase("gradient", x.sigmoid(), y, {"lr": 1.0})
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         erasure.erase("gradient", x, y, {})
-
-
-def test_apply_time_errors(small: tuple[Tensor, Tensor]) -> None:
-    x, y = small
+    # at apply time
     q = erasure.fit("qleace", x, y)
     with pytest.raises(ValueError, match="label-dependent: call eraser\\(x, y\\)"):
         q(x)

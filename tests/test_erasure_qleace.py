@@ -107,30 +107,6 @@ def test_barycenter_of_commuting_covariances_is_closed_form() -> None:
     assert torch.allclose(res.maps, torch.diag_embed((expected.diagonal() / diag).sqrt()), atol=1e-10)
 
 
-def test_rank_deficient_truncate_and_ridge() -> None:
-    x, y = _rank_deficient_data()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        e = _fit(x, y, rank_deficient="truncate")
-    assert len([w for w in caught if "rank-deficient" in str(w.message)]) == 1
-    rep = e.report()
-    assert rep["rank_handling"] == "truncate" and rep["support_rank"] == 20
-    assert rep["working_rank"] <= 14 and len(rep["warnings"]) == 1
-    xe = e(x, y)
-    assert torch.isfinite(xe).all()
-    assert max_mean_gap(xe, y) <= 1e-10 and max_cov_gap(xe, y) <= 1e-8
-    cert = erasure.certificate(xe, y)
-    assert cert["max_mean_gap"] <= 1e-10 and cert["max_cov_gap"] <= 1e-8
-
-    with pytest.warns(UserWarning, match="added a ridge"):
-        r = _fit(x, y, rank_deficient="ridge")
-    xr = r(x, y)
-    assert torch.isfinite(xr).all() and r.report()["ridge_used"] > 0
-    assert r.report()["working_rank"] == 20
-    assert max_mean_gap(xr, y) <= 1e-10
-    assert max_cov_gap(xr, y) < max_cov_gap(x, y)
-
-
 def _wrong_batched_eigh(a: Tensor) -> tuple[Tensor, Tensor]:
     """A solver path that returns right eigenvalues and, for the second matrix of a batch, wrong eigenvectors (two
     columns swapped): what some batched GPU eigh paths do."""
@@ -141,7 +117,8 @@ def _wrong_batched_eigh(a: Tensor) -> tuple[Tensor, Tensor]:
     return vals, vecs
 
 
-def test_a_wrong_decomposition_is_caught_and_redone_per_matrix_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_wrong_or_failing_decomposition_is_caught_and_redone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong one: per matrix on the CPU; a solver that fails: a fallback, with one warning."""
     from erasure import moments
 
     x, y = gaussian_classes(3000, 12, 3, seed=7, spectrum=1.0, cov_scale=0.6)
@@ -162,10 +139,6 @@ def test_a_wrong_decomposition_is_caught_and_redone_per_matrix_on_the_cpu(monkey
     vals, vecs = _wrong_batched_eigh(covs)
     assert not moments._decomposes(covs, vals, vecs)  # the check sees what the wrong path returned
 
-
-def test_a_solver_that_fails_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    from erasure import moments
-
     def failing(a: Tensor) -> tuple[Tensor, Tensor]:
         raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
 
@@ -180,7 +153,7 @@ def test_a_solver_that_fails_falls_back_with_one_warning(monkeypatch: pytest.Mon
 
 # ---------------------------------------------------------------- rank deficiency: the coupling (default)
 
-def test_coupling_exact_moments_on_rank_deficient_imbalanced_data() -> None:
+def test_rank_deficient_imbalanced_data_coupling_exact_moments_truncate_and_ridge() -> None:
     x, y = _rank_deficient_data()
     assert max_cov_gap(x, y) > 0.1
     with warnings.catch_warnings(record=True) as caught:
@@ -207,6 +180,24 @@ def test_coupling_exact_moments_on_rank_deficient_imbalanced_data() -> None:
     for c in range(3):
         assert rep["noise_share"][c] == pytest.approx(float(torch.trace(e.noise_cov_full(c)) / torch.trace(bary)),
                                                       rel=1e-9, abs=1e-15)
+    # the other modes: truncate (exact moments on fewer directions) and ridge
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        e = _fit(x, y, rank_deficient="truncate")
+    assert len([w for w in caught if "rank-deficient" in str(w.message)]) == 1
+    rep = e.report()
+    assert rep["rank_handling"] == "truncate" and rep["support_rank"] == 20
+    assert rep["working_rank"] <= 14 and len(rep["warnings"]) == 1
+    xe = e(x, y)
+    assert torch.isfinite(xe).all()
+    assert max_mean_gap(xe, y) <= 1e-10 and max_cov_gap(xe, y) <= 1e-8  # (the certificate's gaps: these)
+    with pytest.warns(UserWarning, match="added a ridge"):
+        r = _fit(x, y, rank_deficient="ridge")
+    xr = r(x, y)
+    assert torch.isfinite(xr).all() and r.report()["ridge_used"] > 0
+    assert r.report()["working_rank"] == 20
+    assert max_mean_gap(xr, y) <= 1e-10
+    assert max_cov_gap(xr, y) < max_cov_gap(x, y)
 
 
 def test_coupling_noise_exact_in_sample_iid_out_of_sample() -> None:

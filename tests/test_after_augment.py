@@ -15,11 +15,13 @@ from torch import Tensor
 
 import erasure
 import models
-from erasure.qleace import QleaceEraser
+from erasure.qleace import QleaceEraser, coupling_noise_ranks
 from tests.helpers import fit_settings, group_options, job_config, prepare_data, result_of
+from tests.test_refusals import _cli
 from tests.test_vectorized import _data, _models
+from training.app.schema import ConfigError, group_config
 from training.app.tasks import load_job
-from training.data import LoadedData
+from training.data import LoadedData, load_dataset
 from training.engine.batches import DeviceData
 from training.engine.fit import Member, TrainData, fit
 from training.engine.group import fit_group
@@ -30,6 +32,7 @@ from training.inputs.erase import BatchEraser, fitted_eraser
 from training.inputs.plan import EraserSpec, Rows
 from training.inputs.store import Store
 from training.tasks.mdl.job import run_job
+from training.tasks.mdl.refusals import precheck
 from training.tasks.mdl.trainer import Trainer
 
 SMOKE = ["experiment=smoke", "mdl.full_run=false"]
@@ -209,9 +212,6 @@ def test_fitted_eraser_is_cached_and_a_corrupt_entry_refitted(tmp_path: Path, ca
 
 
 def _digits(limit: int | None = None) -> tuple[Tensor, Tensor]:
-    from training.app.schema import group_config
-    from training.data import load_dataset
-
     d = load_dataset(group_config("dataset", "digits", **({} if limit is None else {"limit": limit})))
     return d.x.reshape(len(d.x), -1), d.y
 
@@ -226,8 +226,6 @@ def test_coupling_noise_is_predicted_without_fitting(make: Any, noise: bool) -> 
     """The precheck's prediction (erasure/qleace.py `coupling_noise_ranks`) and the fit agree on whether the
     coupling adds noise; on the exactly singular class they agree on its rank. That noise has exact moments on a whole
     class, not on a batch: a batch eraser refuses it in one line."""
-    from erasure.qleace import coupling_noise_ranks
-
     x, y = make()
     ranks = coupling_noise_ranks(x, y)
     with warnings.catch_warnings():
@@ -251,8 +249,6 @@ DIGITS_AFTER = ["experiment=smoke", "dataset=digits", "eraser=qleace", "eraser.a
 
 def test_after_augment_with_coupling_noise_is_refused_before_any_fit(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from training.app.schema import ConfigError
-
     def no_fit(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the eraser was fitted")
 
@@ -266,8 +262,6 @@ def test_after_augment_with_coupling_noise_is_refused_before_any_fit(tmp_path: P
 
 
 def test_after_augment_refusal_from_the_command_line_is_one_line(tmp_path: Path) -> None:
-    from tests.test_refusals import _cli
-
     proc = _cli(tmp_path, *DIGITS_AFTER)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
@@ -279,6 +273,4 @@ def test_after_augment_refusal_from_the_command_line_is_one_line(tmp_path: Path)
 @pytest.mark.parametrize("extra", [["eraser=qleace_paper"], ["eraser.options.rank_deficient=truncate"],
                                    ["eraser.after_augment=false"], ["dataset.limit=300"]])
 def test_after_augment_alternatives_pass_the_precheck(tmp_path: Path, extra: list[str]) -> None:
-    from training.tasks.mdl.refusals import precheck
-
     assert precheck(load_job(job_config(tmp_path, [*DIGITS_AFTER, *extra])), torch.device("cpu")) is not None

@@ -17,6 +17,8 @@ import erasure
 from erasure.base import Eraser, base_info, prepare_fit
 from erasure.registry import ERASERS
 from erasure.traits import RankHint, eraser_traits
+from training.analysis.tables import is_identity
+from training.data.eraser_config import batch_erasing
 from training.data.registry import LoadedData
 from training.inputs.erase import apply_eraser
 from training.inputs.plan import FitPlan
@@ -116,9 +118,6 @@ def test_declared_holdout_options_fill_unset_ones_out_of_sample_and_a_rank_hint_
 
 
 def test_declared_identity_is_never_fitted_and_counts_as_the_control(toys: None, tmp_path: Path) -> None:
-    from training.analysis.tables import is_identity
-    from training.data.eraser_config import batch_erasing
-
     data = _data()
     x, info = apply_eraser(data, _eraser("toy_identity"), Store(tmp_path), certificate=False)
     assert torch.equal(x, data.x) and info["report"] == {"rank_removed": 0} and info["cache_hit"] is None
@@ -192,17 +191,13 @@ def eraser_name_checks(source: str, names: set[str]) -> list[str]:
     return found
 
 
-def test_the_scan_catches_a_name_check() -> None:
+def test_no_code_outside_erasure_checks_an_erasers_name() -> None:
     names = set(erasure.NAMES)
-    src = ('if cfg.eraser.name == "control":\n    pass\n'
+    src = (  # the scan catches a name check'if cfg.eraser.name == "control":\n    pass\n'
            'OPTS = {"leace": {"rtol": 1e-6}, "alf_qleace": {}}\n'
            'ok = name in ("qleace", "x")\nside = name.startswith("control")\n'
            'fine = traits.identity and name == "mdl"\nlog.info("eraser=control: nothing to erase")\n')
     assert [f.split(":")[0] for f in eraser_name_checks(src, names)] == ["check 1", "table 3", "check 4", "check 5"]
-
-
-def test_no_code_outside_erasure_checks_an_erasers_name() -> None:
-    names = set(erasure.NAMES)
     found, allowed_used = [], set()
     for package in ("training", "models", "scripts", "tools"):
         for path in sorted((ROOT / package).rglob("*.py")):

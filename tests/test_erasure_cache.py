@@ -125,21 +125,13 @@ def test_an_entry_is_served_only_if_it_is_whole_and_the_one_asked_for(tmp_path: 
     assert hit_again and torch.equal(x_again, x)  # the rebuilt entry is served
     x0, _, hit0 = cached_erase(tmp_path, KEY, build)  # the right entry: still a cache hit, no refit
     assert hit0 and build.calls == 1 and torch.equal(x0, torch.arange(12, dtype=torch.float32).reshape(3, 4))
-
-
-def test_a_set_aside_entry_is_never_replaced(tmp_path: Path) -> None:
-    """A second bad entry under the same name gets the next free name: the first one set aside stays as it was."""
-    other = {**KEY, "eraser": "random"}
-    cached_erase(tmp_path, KEY, Builder())
-    names = []
-    for _ in range(2):
-        entry = tmp_path / "erased" / key_hash(other)
-        if entry.exists():
-            entry.rename(tmp_path / "good")
-        _copy_entry(tmp_path, KEY, other)
-        assert cached_erase(tmp_path, other, Builder())[2] is False
-        names.append(sorted(p.name for p in (tmp_path / "erased").glob("*.set-aside-*")))
-    assert names == [[f"{key_hash(other)}.set-aside-1"], [f"{key_hash(other)}.set-aside-{n}" for n in (1, 2)]]
+    assert sorted(p.name for p in entry.parent.glob("*.set-aside-*")) == [aside.name]
+    # a second bad entry under the same name gets the next free name: the first one set aside stays as it was
+    entry.rename(tmp_path / "good")
+    _copy_entry(tmp_path, KEY, other)
+    assert cached_erase(tmp_path, other, Builder())[2] is False
+    assert sorted(p.name for p in entry.parent.glob("*.set-aside-*")) == [f"{entry.name}.set-aside-{n}" for n in (1, 2)]
+    assert {p.name: p.read_bytes() for p in aside.iterdir()} == kept
 
 
 def test_the_random_eraser_is_never_served_leaces_entry(tmp_path: Path) -> None:

@@ -69,11 +69,11 @@ def test_equal_moments_pd_maps_stationarity_and_concept_erasure(n: int, d: int, 
     assert torch.allclose(maps, maps.mT, atol=1e-12)
     assert float(torch.linalg.eigvalsh(maps).min()) > 0
     # the barycenter is stationary for Σ w_k W₂²: the OT maps from it to the classes average to I
-    _, covs, priors = class_stats(x, y)
+    _, covs, weights = class_stats(x, y)
     bary = e.barycenter_full()
     s, s_inv = _psd_pow(bary, 0.5), _psd_pow(bary, -0.5)
     to_class = s_inv @ _psd_pow(s @ covs @ s, 0.5) @ s_inv
-    resid = torch.einsum("k,kij->ij", priors, to_class) - torch.eye(d, dtype=F64)
+    resid = torch.einsum("k,kij->ij", weights, to_class) - torch.eye(d, dtype=F64)
     assert float(torch.linalg.matrix_norm(resid)) / d**0.5 < 2e-8  # = the reported residual ≤ tol
     # ... and the erased class covariances equal it
     _, covs_after, _ = class_stats(xe, y)
@@ -145,9 +145,9 @@ def test_a_wrong_or_failing_decomposition_is_caught_and_redone(monkeypatch: pyte
     a = torch.randn(4, 6, 6, dtype=torch.float32)
     a = a @ a.mT
     monkeypatch.setattr(moments, "_solver", failing)
-    with pytest.warns(RuntimeWarning, match="failed to converge") as caught:
+    with pytest.warns(RuntimeWarning, match="failed to converge") as fallback:
         vals, vecs = moments.checked_eigh(a)
-    assert len(caught) == 1 and vals.dtype == a.dtype and vecs.shape == a.shape
+    assert len(fallback) == 1 and vals.dtype == a.dtype and vecs.shape == a.shape
     assert moments._decomposes(a, vals, vecs)
 
 
@@ -263,10 +263,10 @@ def test_coupling_matches_the_closed_form_b_and_r() -> None:
     assert e.report()["noise_rank"][1] == 0
     assert float((e.state["maps"][1] - t1).abs().max()) <= 1e-8 * float(t1.abs().max())
     xp, yp = gaussian_classes(3000, 12, 4, seed=3, spectrum=1.0, cov_scale=0.6, priors=[0.1, 0.2, 0.3, 0.4])
-    a, b = _fit(xp, yp), _fit(xp, yp, rank_deficient="truncate")
-    assert a.report()["rank_handling"] == b.report()["rank_handling"] == "none"
-    assert a.report()["noise_rank"] == [0, 0, 0, 0] and not a.has_noise
-    assert float((a(xp, yp) - b(xp, yp)).abs().max()) <= 1e-9 * float(xp.abs().max())
+    plain, truncated = _fit(xp, yp), _fit(xp, yp, rank_deficient="truncate")
+    assert plain.report()["rank_handling"] == truncated.report()["rank_handling"] == "none"
+    assert plain.report()["noise_rank"] == [0, 0, 0, 0] and not plain.has_noise
+    assert float((plain(xp, yp) - truncated(xp, yp)).abs().max()) <= 1e-9 * float(xp.abs().max())
 
 
 def test_coupling_is_deterministic_given_the_seed_and_survives_save_load(tmp_path: Path) -> None:

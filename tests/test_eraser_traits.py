@@ -193,7 +193,8 @@ def eraser_name_checks(source: str, names: set[str]) -> list[str]:
 
 def test_no_code_outside_erasure_checks_an_erasers_name() -> None:
     names = set(erasure.NAMES)
-    src = (  # the scan catches a name check'if cfg.eraser.name == "control":\n    pass\n'
+    # the scan catches a name check
+    src = ('if cfg.eraser.name == "control":\n    pass\n'
            'OPTS = {"leace": {"rtol": 1e-6}, "alf_qleace": {}}\n'
            'ok = name in ("qleace", "x")\nside = name.startswith("control")\n'
            'fine = traits.identity and name == "mdl"\nlog.info("eraser=control: nothing to erase")\n')

@@ -15,11 +15,13 @@ from torch import Tensor
 
 import erasure
 import models
-from erasure.qleace import QleaceEraser
+from erasure.qleace import QleaceEraser, coupling_noise_ranks
 from tests.helpers import fit_settings, group_options, job_config, prepare_data, result_of
+from tests.test_refusals import _cli
 from tests.test_vectorized import _data, _models
+from training.app.schema import ConfigError, group_config
 from training.app.tasks import load_job
-from training.data import LoadedData
+from training.data import LoadedData, load_dataset
 from training.engine.batches import DeviceData
 from training.engine.fit import Member, TrainData, fit
 from training.engine.group import fit_group
@@ -30,6 +32,7 @@ from training.inputs.erase import BatchEraser, fitted_eraser
 from training.inputs.plan import EraserSpec, Rows
 from training.inputs.store import Store
 from training.tasks.mdl.job import run_job
+from training.tasks.mdl.refusals import precheck
 from training.tasks.mdl.trainer import Trainer
 
 SMOKE = ["experiment=smoke", "mdl.full_run=false"]
@@ -178,20 +181,11 @@ def test_fit_and_group_with_a_batch_transform_need_a_shared_validation_set() -> 
         fit(member, TrainData(data, y))
 
 
-def test_qleace_coupling_noise_is_refused_per_batch_in_one_line() -> None:
-    """Singular classes (n_k < d): QLEACE's coupling noise has exact moments on a whole class, not on a batch."""
+def _singular() -> tuple[Tensor, Tensor]:
     g = torch.Generator().manual_seed(0)
     x, y = torch.rand(90, 12, generator=g, dtype=torch.float64), torch.arange(90) % 3
-    x[y == 0, :6] = 0.5  # half the pixels constant within class 0: a singular class
-    with pytest.warns(UserWarning, match="rank-deficient"):
-        fitted = erasure.fit("qleace", x, y)
-    assert isinstance(fitted, QleaceEraser) and fitted.has_noise
-    with pytest.raises(UserError) as err:
-        BatchEraser(fitted)
-    assert str(err.value).startswith("eraser.after_augment=true is not allowed with qleace's rank_deficient=coupling "
-                                     "here: classes [0] of the fitted eraser are singular")
-    assert "eraser=qleace_paper" in str(err.value) and "\n" not in str(err.value)
-    BatchEraser(erasure.fit("qleace", x, y, rank_deficient="shrinkage"))  # the paper code's estimator: fine
+    x[y == 0, :6] = 0.5  # half the pixels constant within class 0
+    return x, y
 
 
 def test_fitted_eraser_is_cached_and_a_corrupt_entry_refitted(tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -217,17 +211,7 @@ def test_fitted_eraser_is_cached_and_a_corrupt_entry_refitted(tmp_path: Path, ca
     assert fit_cached(data)[1] is True
 
 
-def _singular(n_per_class: int = 30) -> tuple[Tensor, Tensor]:
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.rand(3 * n_per_class, 12, generator=g, dtype=torch.float64), torch.arange(3 * n_per_class) % 3
-    x[y == 0, :6] = 0.5  # half the pixels constant within class 0
-    return x, y
-
-
 def _digits(limit: int | None = None) -> tuple[Tensor, Tensor]:
-    from training.app.schema import group_config
-    from training.data import load_dataset
-
     d = load_dataset(group_config("dataset", "digits", **({} if limit is None else {"limit": limit})))
     return d.x.reshape(len(d.x), -1), d.y
 
@@ -240,9 +224,8 @@ def _digits(limit: int | None = None) -> tuple[Tensor, Tensor]:
 ], ids=["constant-pixels", "gaussian", "digits", "digits-300"])
 def test_coupling_noise_is_predicted_without_fitting(make: Any, noise: bool) -> None:
     """The precheck's prediction (erasure/qleace.py `coupling_noise_ranks`) and the fit agree on whether the
-    coupling adds noise; on the exactly singular class they agree on its rank."""
-    from erasure.qleace import coupling_noise_ranks
-
+    coupling adds noise; on the exactly singular class they agree on its rank. That noise has exact moments on a whole
+    class, not on a batch: a batch eraser refuses it in one line."""
     x, y = make()
     ranks = coupling_noise_ranks(x, y)
     with warnings.catch_warnings():
@@ -252,6 +235,12 @@ def test_coupling_noise_is_predicted_without_fitting(make: Any, noise: bool) -> 
     assert fitted.has_noise == noise and (max(ranks) > 0) == noise, (ranks, fitted.info["noise_rank"])
     if make is _singular:
         assert ranks == fitted.info["noise_rank"] == [6, 0, 0]
+        with pytest.raises(UserError) as err:
+            BatchEraser(fitted)
+        assert str(err.value).startswith("eraser.after_augment=true is not allowed with qleace's "
+                                         "rank_deficient=coupling here: classes [0] of the fitted eraser are singular")
+        assert "eraser=qleace_paper" in str(err.value) and "\n" not in str(err.value)
+        BatchEraser(erasure.fit("qleace", x, y, rank_deficient="shrinkage"))  # the paper code's estimator: fine
 
 
 DIGITS_AFTER = ["experiment=smoke", "dataset=digits", "eraser=qleace", "eraser.after_augment=true",
@@ -260,8 +249,6 @@ DIGITS_AFTER = ["experiment=smoke", "dataset=digits", "eraser=qleace", "eraser.a
 
 def test_after_augment_with_coupling_noise_is_refused_before_any_fit(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from training.app.schema import ConfigError
-
     def no_fit(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the eraser was fitted")
 
@@ -275,8 +262,6 @@ def test_after_augment_with_coupling_noise_is_refused_before_any_fit(tmp_path: P
 
 
 def test_after_augment_refusal_from_the_command_line_is_one_line(tmp_path: Path) -> None:
-    from tests.test_refusals import _cli
-
     proc = _cli(tmp_path, *DIGITS_AFTER)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
@@ -288,6 +273,4 @@ def test_after_augment_refusal_from_the_command_line_is_one_line(tmp_path: Path)
 @pytest.mark.parametrize("extra", [["eraser=qleace_paper"], ["eraser.options.rank_deficient=truncate"],
                                    ["eraser.after_augment=false"], ["dataset.limit=300"]])
 def test_after_augment_alternatives_pass_the_precheck(tmp_path: Path, extra: list[str]) -> None:
-    from training.tasks.mdl.refusals import precheck
-
     assert precheck(load_job(job_config(tmp_path, [*DIGITS_AFTER, *extra])), torch.device("cpu")) is not None

@@ -24,9 +24,11 @@ from tests.test_task_keys import _other
 from training.app import loading
 from training.app.schema import ConfigError, flatten
 from training.app.tasks import job_hash, job_semantic, load_job
+from training.data import load_dataset
 from training.data.registry import DATASETS as REGISTERED
 from training.data.registry import dataset_traits
 from training.errors import UserError
+from training.tasks.mdl.refusals import check_input
 
 # Every registered dataset; those that read their images from files (CIFAR, SVHN, Fashion-MNIST: skipped where absent)
 # load tens of thousands of images for each key: slow.
@@ -37,9 +39,6 @@ SKIP = {"dataset.name": "another dataset altogether"}
 
 
 def _loaded(overrides: list[str], tmp_path: Path) -> tuple[Any, Any]:
-    from training.data import load_dataset
-    from training.tasks.mdl.refusals import check_input
-
     cfg = load_job(job_config(tmp_path, overrides))
     data = load_dataset(cfg.dataset, cfg.paths.data_dir)
     check_input(cfg.dataset, cfg.eraser.name, cfg.arch, data)

@@ -1,36 +1,39 @@
 """Every key a job hashes is read, for every eraser: the generic walk of tests/test_task_keys.py
-over the registered erasers, at the data level (no training).
+over the registered erasers (and their conf/eraser variants), at the data level (no training).
 
-For every eraser of erasure.registry.ERASERS, a small generator dataset (gaussian) is erased as an MDL job does it:
-its config checked (`load_config`), its precheck (`precheck`), then its data pipeline up to the erased tensors
-(training/inputs/pipeline.py `prepare_inputs`: labels, fit plan, erasure through the erased-data cache, and with
-`eraser.after_augment` what the training batches are drawn from, erased as the batch eraser erases them). Every
-`eraser.*` leaf of the job's semantic config (what the job hash covers, the options included) is set to another
-value. Where that changes the hash, the job must refuse it in one line (ConfigError, "is not allowed"), or a sweep
-over both values must be refused (`duplicate_jobs`: a key hashed for compatibility that changes nothing for this
-job), or the tensors the job trains and codes on must differ. The variants share the base's cache, as a sweep's jobs
-do: a cache key that ignored the key would show it dead.
+Every hashed `eraser.*` leaf (the options included) of a small MDL job, checked, prechecked and prepared up to the
+tensors it trains and codes on (`_seen`), is set to another value. Where that changes the hash, the job must refuse
+it in one line (ConfigError, "is not allowed"), or a sweep over both values must be refused (`duplicate_jobs`: a key
+hashed for compatibility that changes nothing for this job), or those tensors must differ. The variants share the
+base's cache, as a sweep's jobs do: a cache key that ignored the key would show it dead.
 
 Some keys bind only on some data (QLEACE's coupling seed fills singular classes only): each eraser is walked over the
-data bases DATA (they differ in the data only, never in another eraser key), and a key that changes nothing on one
-of them passes where another base shows it read. The fitting keys (`eraser.fit_*`, `repeat`, `n_fit`) are hashed per
-fitting mode: they are walked over every mode of FIT_ON with one eraser (they are the harness's, not the eraser's).
+data bases DATA (they differ in the data only), and a key that changes nothing on one of them passes where another
+shows it read. The fitting keys (`eraser.fit_*`, `repeat`, `n_fit`) are the harness's: walked over every mode of
+FIT_ON with one eraser.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
 
 from erasure.registry import ERASERS
+from erasure.traits import eraser_traits
 from tests.helpers import CONF, job_config
 from tests.test_task_keys import _other
 from training.app.schema import FIT_ON, ConfigError, duplicate_jobs, flatten
 from training.app.tasks import job_hash, job_semantic, load_job, spec_of
+from training.inputs.pipeline import prepare_inputs
+from training.inputs.store import Store
+from training.tasks.mdl.refusals import CPU, precheck
 
 # The data bases: a gaussian wider than a Lanczos run (ALF-QLEACE's seed and eig_rtol bind above 64 dimensions) with
 # full-rank classes, and the digits (pixels in [0, 1], for gradient erasure; classes singular where QLEACE's coupling
@@ -43,28 +46,14 @@ CHEAP = {"gradient": ["eraser.options.iterations=12", "eraser.options.progress=f
 # Another value where the generic rule (tests/test_task_keys.py `_other`: flip a bool, ×0.5 a float, +1 an int) does
 # not fit or would not bind on these small data (a Lanczos run of 64 steps is exact in 6 dimensions either way).
 OTHER: dict[str, Any] = {
-    "eraser.options.rank": 1,
-    "eraser.options.max_rank": 1,
-    "eraser.options.rtol": 0.5,
-    "eraser.options.leace_rtol": 0.5,
-    "eraser.options.lanczos_steps": 2,
-    "eraser.options.eig_rtol": 0.5,
-    "eraser.options.stop_norm": "frobenius",
-    "eraser.options.rank_deficient": "truncate",
-    "eraser.options.class_rtol": 0.5,
-    "eraser.options.support_rtol": 0.5,
-    "eraser.options.null_rtol": 0.5,
-    "eraser.options.objective_rtol": 0.5,
-    "eraser.options.tol": 0.5,
-    "eraser.options.max_iter": 1,
-    "eraser.options.quantize_mode": "truncate",
-    "eraser.options.loss": "norm",
-    "eraser.options.dtype": "float32",
-    "eraser.options.iterations": 2,
-    "eraser.options.history_size": 1,
-    "eraser.options.logit_eps": 0.1,
-    "eraser.n_fit": 20,
-    "eraser.fit_source": "pool",
+    "eraser.options.rank": 1, "eraser.options.max_rank": 1, "eraser.options.rtol": 0.5,
+    "eraser.options.leace_rtol": 0.5, "eraser.options.lanczos_steps": 2, "eraser.options.eig_rtol": 0.5,
+    "eraser.options.stop_norm": "frobenius", "eraser.options.rank_deficient": "truncate",
+    "eraser.options.class_rtol": 0.5, "eraser.options.support_rtol": 0.5, "eraser.options.null_rtol": 0.5,
+    "eraser.options.objective_rtol": 0.5, "eraser.options.tol": 0.5, "eraser.options.max_iter": 1,
+    "eraser.options.quantize_mode": "truncate", "eraser.options.loss": "norm", "eraser.options.dtype": "float32",
+    "eraser.options.iterations": 2, "eraser.options.history_size": 1, "eraser.options.logit_eps": 0.1,
+    "eraser.n_fit": 20, "eraser.fit_source": "pool",
 }
 SKIP = {"eraser.name": "another eraser altogether (walked as its own)"}
 # The fitting modes that fit on rows other than all of them, each with what it needs (pool: rows beyond the limit).
@@ -84,8 +73,6 @@ def _value(key: str, value: Any) -> Any:
         return OTHER[key]
     override = _other("mdl", key, value)
     assert override is not None and override.startswith("++"), (key, override)
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     (parsed,) = OverridesParser.create().parse_overrides([override])
     return parsed.value()
 
@@ -103,10 +90,6 @@ def _set(cfg: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
 def _seen(cfg: dict[str, Any]) -> str:
     """A digest of what the job codes and trains on: its coded labels, the erased images, and the training batches'
     images as the batch eraser erases them (`eraser.after_augment`: per batch, from the unerased images)."""
-    from training.inputs.pipeline import prepare_inputs
-    from training.inputs.store import Store
-    from training.tasks.mdl.refusals import CPU, precheck
-
     job = load_job(cfg)
     data = precheck(job, CPU)
     inputs = prepare_inputs(job, Store.of(job.paths), data)
@@ -168,8 +151,6 @@ def _dead(outcomes: dict[str, dict[str, str]]) -> list[str]:
 
 def _name(choice: str) -> str | None:
     """The eraser an `eraser=<choice>` config names (its own `name`, else its parent's: qleace_paper -> qleace)."""
-    from omegaconf import DictConfig, OmegaConf
-
     node = OmegaConf.load(CONF / "eraser" / f"{choice}.yaml")
     assert isinstance(node, DictConfig)
     if "name" in node:
@@ -193,14 +174,8 @@ def test_every_hashed_eraser_key_is_read_or_refused(eraser: str, tmp_path: Path)
         assert outcomes, f"eraser={choice}: no hashed eraser key walked"
         assert not _dead(outcomes), f"eraser={choice}: keys that change the hash but not the erased data: " \
             f"{_dead(outcomes)} (all outcomes: {outcomes})"
-        if eraser_has_options(eraser):
+        if eraser_traits(eraser).defaults():  # an eraser with options reads some of them
             assert any("read" in by.values() for by in outcomes.values()), outcomes
-
-
-def eraser_has_options(name: str) -> bool:
-    from erasure.traits import eraser_traits
-
-    return bool(eraser_traits(name).defaults())
 
 
 def test_every_hashed_fitting_key_is_read_or_refused(tmp_path: Path) -> None:
@@ -214,8 +189,6 @@ def test_every_hashed_fitting_key_is_read_or_refused(tmp_path: Path) -> None:
 
 def test_the_walk_catches_a_dead_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The walk fails on a hashed option that changes nothing: LEACE's rtol, were the fitter to ignore it."""
-    import functools
-
     entry = ERASERS.entry("leace")
 
     @functools.wraps(entry.obj)

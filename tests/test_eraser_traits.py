@@ -17,6 +17,8 @@ import erasure
 from erasure.base import Eraser, base_info, prepare_fit
 from erasure.registry import ERASERS
 from erasure.traits import RankHint, eraser_traits
+from training.analysis.tables import is_identity
+from training.data.eraser_config import batch_erasing
 from training.data.registry import LoadedData
 from training.inputs.erase import apply_eraser
 from training.inputs.plan import FitPlan
@@ -97,7 +99,8 @@ def _holdout() -> FitPlan:
     return FitPlan("holdout", coded_idx=torch.arange(20, 40), fit_idx=torch.arange(20))
 
 
-def test_declared_holdout_options_fill_unset_options_out_of_sample_only(toys: None, tmp_path: Path) -> None:
+def test_declared_holdout_options_fill_unset_ones_out_of_sample_and_a_rank_hint_takes_its_source(
+        toys: None, tmp_path: Path) -> None:
     data = _data()
     _, held = apply_eraser(data, _eraser("toy_shrink"), Store(tmp_path), _holdout(), certificate=False)
     assert held["report"]["options"] == {"scale": 0.5} and held["options"] == {"scale": 0.5}
@@ -108,26 +111,19 @@ def test_declared_holdout_options_fill_unset_options_out_of_sample_only(toys: No
     assert in_sample["report"]["options"] == {"scale": None}  # in sample: the fitter's own default
     _, plain = apply_eraser(data, _eraser("toy_source"), Store(tmp_path), _holdout(), certificate=False)
     assert plain["options"] == {}  # declaring nothing gets nothing
+    _, hinted = apply_eraser(data, _eraser("toy_ranked"), Store(tmp_path), certificate=False)
+    assert hinted["report"]["rank_removed"] == 3  # toy_source's rank, fitted through the cache
+    _, given = apply_eraser(data, _eraser("toy_ranked", rank=1), Store(tmp_path), certificate=False)
+    assert given["report"]["rank_removed"] == 1  # the option set: no hint wanted
 
 
 def test_declared_identity_is_never_fitted_and_counts_as_the_control(toys: None, tmp_path: Path) -> None:
-    from training.analysis.tables import is_identity
-    from training.data.eraser_config import batch_erasing
-
     data = _data()
     x, info = apply_eraser(data, _eraser("toy_identity"), Store(tmp_path), certificate=False)
     assert torch.equal(x, data.x) and info["report"] == {"rank_removed": 0} and info["cache_hit"] is None
     assert is_identity("toy_identity") and not is_identity("toy_shrink") and not is_identity("no such eraser")
     assert not batch_erasing("toy_identity", {}) and batch_erasing("toy_shrink", {})
     assert batch_erasing("toy_identity", {"zscore": True, "zscore_order": "after"})
-
-
-def test_declared_rank_hint_takes_its_sources_rank(toys: None, tmp_path: Path) -> None:
-    data = _data()
-    _, hinted = apply_eraser(data, _eraser("toy_ranked"), Store(tmp_path), certificate=False)
-    assert hinted["report"]["rank_removed"] == 3  # toy_source's rank, fitted through the cache
-    _, given = apply_eraser(data, _eraser("toy_ranked", rank=1), Store(tmp_path), certificate=False)
-    assert given["report"]["rank_removed"] == 1  # the option set: no hint wanted
 
 
 def test_traits_read_the_declaration(toys: None) -> None:
@@ -195,17 +191,14 @@ def eraser_name_checks(source: str, names: set[str]) -> list[str]:
     return found
 
 
-def test_the_scan_catches_a_name_check() -> None:
+def test_no_code_outside_erasure_checks_an_erasers_name() -> None:
     names = set(erasure.NAMES)
+    # the scan catches a name check
     src = ('if cfg.eraser.name == "control":\n    pass\n'
            'OPTS = {"leace": {"rtol": 1e-6}, "alf_qleace": {}}\n'
            'ok = name in ("qleace", "x")\nside = name.startswith("control")\n'
            'fine = traits.identity and name == "mdl"\nlog.info("eraser=control: nothing to erase")\n')
     assert [f.split(":")[0] for f in eraser_name_checks(src, names)] == ["check 1", "table 3", "check 4", "check 5"]
-
-
-def test_no_code_outside_erasure_checks_an_erasers_name() -> None:
-    names = set(erasure.NAMES)
     found, allowed_used = [], set()
     for package in ("training", "models", "scripts", "tools"):
         for path in sorted((ROOT / package).rglob("*.py")):

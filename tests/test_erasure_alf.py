@@ -40,6 +40,9 @@ def test_target_reached_and_no_class_gets_worse(n: int, d: int, k: int, target: 
     assert 0 < rep["alf_directions"] < d
     assert max_mean_gap(xe, y) <= 1e-10  # LEACE part still holds
     assert torch.allclose(e(xe), xe, atol=1e-10)  # an affine projection: idempotent
+    assert not e.needs_labels  # label-free: each row is mapped alone
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(xe[perm], e(x[perm]), atol=1e-12)
 
 
 def test_greedy_takes_the_worst_direction_first() -> None:
@@ -54,26 +57,6 @@ def test_greedy_takes_the_worst_direction_first() -> None:
     v = e.state["directions"][:, 0]
     assert abs(float(v @ u)) > 0.95
     assert e.report()["stopped_by"] == "max_rank" and e.report()["alf_directions"] == 1
-
-
-def test_label_free_application() -> None:
-    x, y = gaussian_classes(2000, 20, 4, seed=5, cov_scale=0.6)
-    e = erasure.fit("alf_qleace", x, y)
-    assert not e.needs_labels
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    assert torch.allclose(e(x)[perm], e(x[perm]), atol=1e-12)
-
-
-def test_lanczos_matches_dense_eigh() -> None:
-    g = torch.Generator().manual_seed(0)
-    for d in (100, 300):
-        a = torch.randn(d, d, generator=g, dtype=F64)
-        a = a + a.T
-        vals, vecs = torch.linalg.eigh(a)
-        i = int(vals.abs().argmax())
-        theta, u, _ = top_abs_eig(a, torch.randn(d, generator=g, dtype=F64), atol=1e-10 * float(vals.abs().max()))
-        assert abs(theta - float(vals[i])) < 1e-8 * abs(float(vals[i]))
-        assert abs(float(u @ vecs[:, i])) > 1 - 1e-8
 
 
 def _dense_greedy(x: Tensor, y: Tensor, target: float) -> Tensor:
@@ -97,7 +80,16 @@ def _dense_greedy(x: Tensor, y: Tensor, target: float) -> Tensor:
         p = p - torch.outer(v, v)
 
 
-def test_rank2_updates_and_lanczos_match_dense_greedy() -> None:
+def test_lanczos_matches_dense_eigh_and_rank2_updates_match_dense_greedy() -> None:
+    g = torch.Generator().manual_seed(0)
+    for d in (100, 300):
+        a = torch.randn(d, d, generator=g, dtype=F64)
+        a = a + a.T
+        vals, vecs = torch.linalg.eigh(a)
+        i = int(vals.abs().argmax())
+        theta, u, _ = top_abs_eig(a, torch.randn(d, generator=g, dtype=F64), atol=1e-10 * float(vals.abs().max()))
+        assert abs(theta - float(vals[i])) < 1e-8 * abs(float(vals[i]))
+        assert abs(float(u @ vecs[:, i])) > 1 - 1e-8
     x, y = gaussian_classes(3000, 90, 4, seed=8, spectrum=0.5, cov_scale=0.7)
     ref = _dense_greedy(x, y, 0.9)
     ours = erasure.fit("alf_qleace", x, y, target=0.9).state["directions"]

@@ -70,11 +70,3 @@ def test_alf_and_leace_real_data(data: tuple[str, Tensor, Tensor], fitted: dict)
     assert fitted["alf_qleace"][3]["max_cov_gap"] < fitted["leace"][3]["max_cov_gap"]
     # LEACE leaves covariance information: the quadratic probe stays well above chance
     assert fitted["leace"][3]["quadratic_probe_acc"] > 0.5
-
-
-def test_random_rank_follows_alf(data: tuple[str, Tensor, Tensor], fitted: dict) -> None:
-    _, x, y = data
-    rank = fitted["alf_qleace"][1]["rank_removed"]
-    xe, rep = erasure.erase("random", x, y, {}, rank_hint=rank)
-    assert rep["rank_removed"] == rank and rep["rank_source"] == "rank_hint"
-    assert torch.linalg.matrix_rank(xe - xe.mean(0)) <= torch.linalg.matrix_rank(x - x.mean(0))

@@ -10,7 +10,7 @@ from models import build_model
 from tests.helpers import fit_settings, optimizer
 from training.app.schema import group_config
 from training.engine.batches import DeviceData
-from training.engine.fit import Member, TrainData, cross_entropy_sum, eval_mode, fit
+from training.engine.fit import Member, TrainData, cross_entropy_sum, eval_mode, fit, fit_temperature
 
 
 def _setup() -> tuple[torch.nn.Module, AdamWScheduleFree, torch.Tensor, torch.Tensor]:
@@ -21,19 +21,15 @@ def _setup() -> tuple[torch.nn.Module, AdamWScheduleFree, torch.Tensor, torch.Te
     return model, opt, x, y
 
 
-def test_step_in_eval_mode_raises() -> None:
-    model, opt, x, y = _setup()
-    opt.eval()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    with pytest.raises(Exception, match="train mode"):
-        opt.step()
-
-
-def test_evaluation_refuses_train_mode() -> None:
+def test_step_in_eval_mode_and_evaluation_in_train_mode_raise() -> None:
     model, opt, x, y = _setup()
     model.train()
     with pytest.raises(RuntimeError, match="eval mode"):
         cross_entropy_sum(model, x, y)
+    opt.eval()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(Exception, match="train mode"):
+        opt.step()
 
 
 def test_fit_validates_with_averaged_weights() -> None:
@@ -57,8 +53,6 @@ def test_fit_validates_with_averaged_weights() -> None:
 
 def test_temperature_fit_recovers_a_known_scale() -> None:
     """Logits that are 3x too confident: the fitted temperature undoes it (close to 3)."""
-    from training.engine.fit import fit_temperature
-
     torch.manual_seed(0)
     x = torch.randn(4000, 5)
     y = torch.distributions.Categorical(logits=x).sample()

@@ -15,7 +15,7 @@ from erasure.streaming import MomentSums, fit_chunks, fit_moments
 from erasure.traits import eraser_traits
 
 from .test_erasure_common import F64, gaussian_classes
-from .test_qleace_coupling import _rank_deficient_data
+from .test_erasure_qleace import _rank_deficient_data
 
 
 def _chunks(x: torch.Tensor, y: torch.Tensor, sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -38,6 +38,12 @@ def test_moment_sums_equal_the_concatenation_moments() -> None:
     assert torch.equal(got.counts, ref.counts)
     for a, b in ((got.means, ref.means), (got.mean, ref.mean), (got.cov, ref.cov), (got.class_covs, ref.class_covs)):
         assert float((a - b).abs().max()) <= 1e-9 * float(b.abs().max())
+    with pytest.raises(ValueError, match="cannot be fitted from moments"):
+        fit_moments("random", ref)
+    one_class = MomentSums(3, 12)
+    one_class.add(x[y == 0], y[y == 0])
+    with pytest.raises(ValueError, match="classes \\[1, 2\\] have fewer"):
+        one_class.moments()
 
 
 @pytest.mark.parametrize("name", [n for n in ERASERS.names() if eraser_traits(n).from_moments is not None])
@@ -70,14 +76,3 @@ def test_streamed_qleace_with_singular_classes_has_the_same_map_and_noise_law() 
     assert float((whole.maps_full() - streamed.maps_full()).abs().max()) <= 1e-7 * float(whole.maps_full().abs().max())
     for c in range(3):
         assert float((whole.noise_cov_full(c) - streamed.noise_cov_full(c)).abs().max()) <= 1e-7 * scale
-
-
-def test_fit_moments_refuses_what_it_cannot_fit() -> None:
-    x, y = gaussian_classes(100, 5, 2, seed=0)
-    mom = class_moments(x, y, 2, total_cov=True, class_covs=True)
-    with pytest.raises(ValueError, match="cannot be fitted from moments"):
-        fit_moments("random", mom)
-    sums = MomentSums(2, 5)
-    sums.add(x[y == 0], y[y == 0])
-    with pytest.raises(ValueError, match="classes \\[1\\] have fewer"):
-        sums.moments()

@@ -39,7 +39,6 @@ def heavy_tests() -> set[str]:
 
 
 @functools.cache
-@functools.lru_cache(maxsize=1)
 def slurm_unavailable() -> str | None:
     """Why no SLURM cluster can be started here (one line), or None."""
     proc = subprocess.run([sys.executable, str(SLURM_SCRIPT), "check"], capture_output=True, text=True, timeout=60)

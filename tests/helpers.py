@@ -25,7 +25,6 @@ TINY = ["dataset=digits", "mdl=quick", "mdl.max_epochs=2", "mdl.min_steps=0", "m
         "mdl.full_run=false", "arch.width=16", "optim.warmup_steps=5", "certificate=false"]
 
 
-
 def job_config(out_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"paths.out_dir={out_dir}", "logger=none", "progress=false",
@@ -121,15 +120,6 @@ def kill_when(command: Sequence[str], runs: Path, log_path: Path, cwd: Path, env
         finally:
             proc.wait(timeout=60)
     return job_states(runs)
-
-
-def sweep_results(out_dir: Path, volatile: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Every job's result.json by its directory under runs/, flattened (tools/bench_sweep.py), without the keys
-    that contain any of `volatile` (wall times, provenance, launcher settings)."""
-    from tools.bench_sweep import results
-
-    return {job: {k: v for k, v in flat.items() if not any(part in k for part in volatile)}
-            for job, flat in results(out_dir).items()}
 
 
 def prepare_data(cfg: Any) -> tuple[Any, Any, dict[str, Any]]:

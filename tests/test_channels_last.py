@@ -51,13 +51,18 @@ def _run(out: Path, arch: str, *extra: str) -> dict[str, Any]:
     return result_of(run_job(job_config(out, [*SMALL, *TINY[arch], *extra])))
 
 
-def test_auto_is_off_on_cpu_and_changes_no_number(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_is_off_on_cpu_and_a_model_without_convolutions_ignores_true(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     spy = ConvSpy(monkeypatch)
     auto = _run(tmp_path / "auto", "lenet", "training.channels_last=auto")
     assert spy.seen and not any(w for w, _ in spy.seen)  # LeNet's convolutions ran, in the default layout
     off = _run(tmp_path / "off", "lenet", "training.channels_last=false")
     assert _numbers(auto) == _numbers(off)
     assert "memory_format" not in auto["provenance"]["numerics"] and auto["config_hash"] == off["config_hash"]
+    on = _run(tmp_path / "mlp-on", "mlp", "training.channels_last=true")  # a model without convolutions ignores it
+    off = _run(tmp_path / "mlp-off", "mlp", "training.channels_last=false")
+    assert "memory_format" not in on["provenance"]["numerics"]
+    assert _numbers(on) == _numbers(off)
 
 
 @pytest.mark.parametrize("arch", ["lenet", "convnext"])
@@ -75,13 +80,6 @@ def test_true_trains_in_channels_last_within_the_cpu_tolerance(tmp_path: Path, m
     a, b = on["mdl"], off["mdl"]
     assert abs(a["bits_per_sample"] - b["bits_per_sample"]) <= CPU_BITS_TOL
     assert a["block_ce_bits"] == pytest.approx(b["block_ce_bits"], abs=CPU_BITS_TOL)
-
-
-def test_a_model_without_convolutions_ignores_it(tmp_path: Path) -> None:
-    on = _run(tmp_path / "on", "mlp", "training.channels_last=true")
-    off = _run(tmp_path / "off", "mlp", "training.channels_last=false")
-    assert "memory_format" not in on["provenance"]["numerics"]
-    assert _numbers(on) == _numbers(off)
 
 
 def test_memory_format_resolves_from_the_model_device_and_engine() -> None:

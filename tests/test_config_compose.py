@@ -33,11 +33,8 @@ def test_job_dir_is_a_function_of_the_config() -> None:
         cfg = compose("config", overrides=["dataset=mnist5k", "arch.width=256", "arch.depth=3", "seed=4"])
     assert cfg.paths.job_dir == f"outputs/runs/mnist5k/control/{cfg.arch.tag}-w256-d3/{cfg.paths.cell}/seed4"
     assert cfg.paths.legacy_job_dir == f"outputs/runs/mnist5k/control/{cfg.arch.tag}-w256-d3/seed4"
-
-
-def test_unknown_choice_is_a_clear_error() -> None:
     from hydra.errors import MissingConfigException
 
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):  # an unknown choice: a clear error
         with pytest.raises(MissingConfigException, match="dataset"):
             compose("config", overrides=["dataset=imagenet"])

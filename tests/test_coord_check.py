@@ -13,8 +13,6 @@ from models.coord import LOGITS, coord_check, slope
 from models.registry import ARCHS, arch_traits
 from training.app.schema import group_config
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def batch() -> tuple[torch.Tensor, torch.Tensor]:

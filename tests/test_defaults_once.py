@@ -31,7 +31,7 @@ def _engine_settings() -> list[type]:
     return found
 
 
-def test_the_engine_settings_declare_no_defaults() -> None:
+def test_the_engine_settings_stop_rule_and_make_optimizer_declare_no_defaults() -> None:
     classes = _engine_settings()
     assert {c.__name__ for c in classes} >= {"FitConfig", "GroupOptions", "OptimSettings"}
     for cls in classes:
@@ -42,18 +42,12 @@ def test_the_engine_settings_declare_no_defaults() -> None:
             else:
                 assert not has_default, f"{cls.__name__}.{f.name} has a default of its own ({f.default!r}): it lives " \
                     "in training/app/schema.py"
-
-
-def test_the_stop_rule_declares_no_default_settings() -> None:
-    """EarlyStopping holds a model's stop rule (settings, from FitConfig) and its state (which starts empty)."""
+    # EarlyStopping holds a model's stop rule (settings, from FitConfig) and its state (which starts empty)
     from training.engine.stopping import EarlyStopping
 
     state = {"best_loss", "best_epoch", "improved", "improved_step"}
     for f in dataclasses.fields(EarlyStopping):
         assert (f.default is dataclasses.MISSING) == (f.name not in state), f.name
-
-
-def test_make_optimizer_declares_no_defaults() -> None:
     params = list(inspect.signature(make_optimizer).parameters.values())[1:]
     assert {p.name for p in params} == {"lr", "beta1", "beta2", "weight_decay", "warmup_steps"}
     assert all(p.default is inspect.Parameter.empty for p in params), params

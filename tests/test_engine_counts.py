@@ -34,24 +34,18 @@ def test_no_host_read_inside_a_training_step(path: str) -> None:
     assert syncs[path] == 0 and uploads[path] == 0
 
 
-def test_the_sync_counter_sees_a_read_back() -> None:
-    """Where it must fire: QLEACE applied without the host's class segments reads the labels back (unique, tolist,
-    masks), and a one-epoch run counts its validation's reads."""
+def test_qleace_by_host_segments_is_the_same_map_bit_for_bit_and_the_counter_sees_a_read_back() -> None:
+    """Where the sync counter must fire: QLEACE applied without the host's class segments reads the labels back
+    (unique, tolist, masks), and a one-epoch run counts its validation's reads."""
     data, y, _, _ = bench._data()
-    transform = BatchEraser(erasure.fit("qleace", data.all(), y))
-    x = data.all(torch.arange(16))
+    eraser = erasure.fit("qleace", data.all(), y)
+    transform = BatchEraser(eraser)
     with bench.counting() as mode:
-        transform(x, y[:16])
+        transform(data.all(torch.arange(16)), y[:16])
     assert mode.syncs > 3
     with bench.counting() as mode:
         bench._run("stacked", 2, 2)
     assert mode.syncs > 0
-
-
-def test_qleace_by_host_segments_is_the_same_map_bit_for_bit() -> None:
-    data, y, _, _ = bench._data()
-    eraser = erasure.fit("qleace", data.all(), y)
-    transform = BatchEraser(eraser)
     idx = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))[:37]
     x, labels = data.all(idx), y[idx]
     segments = class_segments(labels, labels.numpy())
@@ -76,32 +70,21 @@ def test_the_stacked_step_compiles_without_graph_breaks(arch: str) -> None:
     assert bench.graph_breaks([arch]) == {arch: 0}
 
 
-def test_occupancy_of_known_groups() -> None:
+def test_occupancy_and_validation_calls_of_known_groups() -> None:
     """Without refill a group holds a row per model until its longest stops; with refill (rows < models) the
-    models queue, largest training set first (exact row-steps: tests/test_group_rows.py)."""
-    assert bench.occupancy_of([[10, 10], [5, 10]], [[1, 2], [1, 2]]) == pytest.approx(35 / 40)
-    demo = [300, 300, 360, 660, 1200]  # the demo's control cell, seed 0: block models 1-5
-    assert bench.occupancy_of([demo], [[1, 2, 3, 4, 5]]) == pytest.approx(2820 / 6000)
-    # two rows: 1200 | 660, 360 (from 660), 300 (from 1020); the last 300 from 1200 on the first row: 1500 steps
-    assert bench.occupancy_of([demo], [[1, 2, 3, 4, 5]], rows=2) == pytest.approx(2820 / 3000)
-    # the cell twice through five rows: 1200, 1200, 660, 660, 360 start; 360 takes the row freed at 360 (to 720),
-    # 300s those freed at 660 (to 960, 960) and 720 (to 1020), the last 300 one freed at 960 (to 1260)
-    assert bench.occupancy_of([demo + demo], [[1, 2, 3, 4, 5] * 2], rows=5) == pytest.approx(5640 / (5 * 1260))
-
-
-def test_one_host_read_per_poll_not_per_model() -> None:
-    """An epoch of 3 models (their validation, the epoch end, a poll of the done vector at once): one read back,
-    the poll's, on both engines (it was 3 + 2 on the loop engine: a float per model's loss and the NaN check's
-    two; 3 on the stacked one)."""
-    assert bench.syncs_per_validation(["loop", "stacked"]) == {"loop": 1.0, "stacked": 1.0}
-
-
-def test_validation_calls_of_known_groups() -> None:
-    """Validation calls = steps where some model validates, summed over groups. The demo cell twice (two seeds),
+    models queue, largest training set first (exact row-steps: tests/test_group_rows.py).
+    Validation calls = steps where some model validates, summed over groups. The demo cell twice (two seeds),
     steps per epoch [1, 3, 6, 11, 20]: as two groups each validates at every step for 300 steps (its 1-step-epoch
     models), then at the other models' epoch ends; as one group of a row per model the two seeds' equal blocks
     validate together: half the calls. Through five refilled rows the seeds' equal blocks queue side by side."""
-    demo, sizes, every = [300, 300, 360, 660, 1200], [1, 2, 3, 4, 5], [1, 3, 6, 11, 20]
+    assert bench.occupancy_of([[10, 10], [5, 10]], [[1, 2], [1, 2]]) == pytest.approx(35 / 40)
+    demo, sizes, every = [300, 300, 360, 660, 1200], [1, 2, 3, 4, 5], [1, 3, 6, 11, 20]  # the demo's control cell
+    assert bench.occupancy_of([demo], [sizes]) == pytest.approx(2820 / 6000)
+    # two rows: 1200 | 660, 360 (from 660), 300 (from 1020); the last 300 from 1200 on the first row: 1500 steps
+    assert bench.occupancy_of([demo], [sizes], rows=2) == pytest.approx(2820 / 3000)
+    # the cell twice through five rows: 1200, 1200, 660, 660, 360 start; 360 takes the row freed at 360 (to 720),
+    # 300s those freed at 660 (to 960, 960) and 720 (to 1020), the last 300 one freed at 960 (to 1260)
+    assert bench.occupancy_of([demo + demo], [sizes * 2], rows=5) == pytest.approx(5640 / (5 * 1260))
     apart = bench.validations_of([demo, demo], [sizes, sizes], [every, every])
     together = bench.validations_of([demo + demo], [sizes * 2], [every * 2])
     assert apart[0] == 2 * together[0] and apart[1] == 2 * together[1] == 2400
@@ -109,6 +92,13 @@ def test_validation_calls_of_known_groups() -> None:
     assert together[0] < refilled[0] < apart[0] and refilled[1] == 1260
     polled = bench.validations_of([demo + demo], [sizes * 2], [every * 2], rows=5, poll=16)
     assert polled[0] >= refilled[0] and polled[1] >= refilled[1]
+
+
+def test_one_host_read_per_poll_not_per_model() -> None:
+    """An epoch of 3 models (their validation, the epoch end, a poll of the done vector at once): one read back,
+    the poll's, on both engines (it was 3 + 2 on the loop engine: a float per model's loss and the NaN check's
+    two; 3 on the stacked one)."""
+    assert bench.syncs_per_validation(["loop", "stacked"]) == {"loop": 1.0, "stacked": 1.0}
 
 
 def _tiny(name: str, drop_path: float = 0.0) -> Arch:

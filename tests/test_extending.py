@@ -100,22 +100,7 @@ def toy_entries(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_toy_eraser_and_architecture_run_from_one_module_and_one_yaml_each(toy_entries: Path, tmp_path: Path) -> None:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"hydra.searchpath=[file://{toy_entries}]", "experiment=smoke",
-                                           "eraser=toy_mean_shift", "arch=toy_mlp", f"paths.out_dir={tmp_path}",
-                                           "certificate=true", "mdl.max_epochs=3"])
-    composed = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(composed, dict)
-    job = cast(dict[str, Any], composed)  # a composed config's keys are strings
-    assert job["optim"]["lr"] == 2.0e-3  # the paper-optim table of the new arch, at the new eraser's family
-    result = result_of(run_job(job))
-    assert result["model"]["arch"] == "toy_mlp" and result["eraser"]["name"] == "toy_mean_shift"
-    assert result["certificate"]["after"]["max_mean_gap"] < 1e-6 < result["certificate"]["before"]["max_mean_gap"]
-    assert result["mdl"]["bits_per_sample"] > 0 and len(result["mdl"]["blocks"]) == job["mdl"]["num_blocks"] - 1
-    assert (Path(job["paths"]["job_dir"]) / "result.json").exists()
-
-
-def test_an_architecture_option_is_one_dataclass_field(toy_entries: Path, tmp_path: Path) -> None:
+    """And an architecture's option is one dataclass field."""
     from training.app.schema import ConfigError
     from training.app.tasks import load_job
 
@@ -123,11 +108,17 @@ def test_an_architecture_option_is_one_dataclass_field(toy_entries: Path, tmp_pa
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose("config", overrides=[f"hydra.searchpath=[file://{toy_entries}]", "experiment=smoke",
                                                "arch=toy_mlp", f"paths.out_dir={tmp_path}", *extra])
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # a composed config's keys: strings
 
+    job = composed("eraser=toy_mean_shift", "certificate=true", "mdl.max_epochs=3")
+    assert job["optim"]["lr"] == 2.0e-3  # the paper-optim table of the new arch, at the new eraser's family
+    result = result_of(run_job(job))
+    assert result["model"]["arch"] == "toy_mlp" and result["eraser"]["name"] == "toy_mean_shift"
+    assert result["certificate"]["after"]["max_mean_gap"] < 1e-6 < result["certificate"]["before"]["max_mean_gap"]
+    assert result["mdl"]["bits_per_sample"] > 0 and len(result["mdl"]["blocks"]) == job["mdl"]["num_blocks"] - 1
+    assert (Path(job["paths"]["job_dir"]) / "result.json").exists()
     assert load_job(composed()).arch.options.activation == "relu"  # the dataclass default
-    job = load_job(composed("+arch.activation=tanh"))
-    assert job.arch.options == ToyOptions(activation="tanh")
+    assert load_job(composed("+arch.activation=tanh")).arch.options == ToyOptions(activation="tanh")
     with pytest.raises(ConfigError, match="arch.activation='gelu' is not allowed: arch.activation must be one of "
                                           "relu, tanh"):
         load_job(composed("+arch.activation=gelu"))

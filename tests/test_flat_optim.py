@@ -113,7 +113,7 @@ def test_eval_lerp_and_dropping_members_match_the_library() -> None:
                                                  for p in m.parameters())
 
 
-def test_bad_flag_and_step_in_eval_mode() -> None:
+def test_bad_flag_missing_compiler_and_step_in_eval_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     (models, groups, cls), _ = _pair(1)
     with pytest.raises(ValueError, match="fused_optimizer"):
         make_member_optim("maybe", cls, groups, [dict(m.named_parameters()) for m in models])
@@ -122,11 +122,6 @@ def test_bad_flag_and_step_in_eval_mode() -> None:
     flat = make_member_optim("eager", cls, groups, [dict(m.named_parameters()) for m in models])
     with pytest.raises(RuntimeError, match="eval mode"):
         flat.step()
-
-
-def test_missing_compiler_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    (models, groups, cls), _ = _pair(1)
     monkeypatch.setattr("training.engine.flat_optim.cpu_compiler", lambda: None)
     with pytest.raises(RuntimeError, match="C\\+\\+ compiler"):
         make_member_optim("compile", cls, groups, [dict(m.named_parameters()) for m in models])
-

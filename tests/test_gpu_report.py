@@ -50,25 +50,14 @@ from tools.gpu_report_steps import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def numbers(value: Any, path: str = "") -> list[tuple[str, float]]:
-    if isinstance(value, bool):
-        return []
-    if isinstance(value, int | float):
-        return [(path, float(value))]
-    if isinstance(value, dict):
-        return [x for k, v in value.items() for x in numbers(v, f"{path}.{k}")]
-    if isinstance(value, list):
-        return [x for i, v in enumerate(value) for x in numbers(v, f"{path}[{i}]")]
-    return []
-
-
 def test_toy_mode_runs_every_step(tmp_path: Path) -> None:
     out = tmp_path / "report"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "CUDA_VISIBLE_DEVICES": ""}
     env.pop("OUT", None)
     proc = subprocess.run([sys.executable, "tools/gpu_report.py", "--toy", "--device", "cpu", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    report = json.loads((out / JSON_NAME).read_text())  # strict JSON: json.dumps(allow_nan=False) wrote it
+    # strict JSON (json.dumps(allow_nan=False) wrote it): every figure finite
+    report = json.loads((out / JSON_NAME).read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the report"))
     steps = report["steps"]
     failed = {n: (s.get("error"), s.get("tail", "")[-1500:]) for n, s in steps.items() if s["status"] == "failed"}
     assert proc.returncode == 0 and not failed, f"{failed}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -77,8 +66,6 @@ def test_toy_mode_runs_every_step(tmp_path: Path) -> None:
     for name, s in steps.items():
         assert s["status"] in ("ok", "skipped"), name
         assert s["status"] == "ok" or s["reason"], name
-        bad = [(p, v) for p, v in numbers(s.get("figures", {}), name) if not math.isfinite(v)]
-        assert not bad, bad
     env_rec = report["env"]
     assert env_rec["device"]["type"] == "cpu" and env_rec["device"]["name"].startswith("CPU")
     assert env_rec["python"] and env_rec["torch"] and env_rec["git"]["commit"] and env_rec["git"]["tree_digest"]
@@ -184,7 +171,7 @@ def test_runner_records_failures_and_goes_on(tmp_path: Path) -> None:
     assert "## Failures" in md and "RuntimeError: boom" in md
 
 
-def test_select_and_junit(tmp_path: Path) -> None:
+def test_select_junit_and_pytest_progress(tmp_path: Path) -> None:
     steps = all_steps(TOY)
     assert [s.name for s in select(steps, "jobs,tests", None)] == ["tests", "job_mlp", "job_lenet",
                                                                       "job_convnext", "job_swin"]
@@ -205,6 +192,12 @@ def test_select_and_junit(tmp_path: Path) -> None:
     assert failures[1] == "tests/test_a.py::TestC::test_x: boom"
     missing = MISSING_MODULE.search(failures[0])
     assert missing is not None and missing.group(1) == "numba"
+    text = ("tests/test_a.py::test_x PASSED                  [ 50%]\n"
+            "[gw1] [ 75%] FAILED tests/test_b.py::test_y[1] \n"
+            "[gw0] [100%] SKIPPED tests/test_c.py::test_z \n"
+            "FAILED tests/test_b.py::test_y[1] - AssertionError\n")
+    assert pytest_progress(text) == [("PASSED", "tests/test_a.py::test_x"), ("FAILED", "tests/test_b.py::test_y[1]"),
+                                     ("SKIPPED", "tests/test_c.py::test_z")]
 
 
 def test_merge_keeps_each_steps_last_run(tmp_path: Path) -> None:
@@ -223,15 +216,6 @@ def test_merge_keeps_each_steps_last_run(tmp_path: Path) -> None:
     m = json.loads((tmp_path / "m" / JSON_NAME).read_text())
     assert m["steps"]["tests"]["status"] == "ok" and m["steps"]["job_mlp"]["status"] == "failed"
     assert m["counts"] == {"ok": 1, "failed": 1, "skipped": 0} and len(m["merged_from"]) == 2 and m["total_s"] == 20
-
-
-def test_pytest_progress_lines() -> None:
-    text = ("tests/test_a.py::test_x PASSED                  [ 50%]\n"
-            "[gw1] [ 75%] FAILED tests/test_b.py::test_y[1] \n"
-            "[gw0] [100%] SKIPPED tests/test_c.py::test_z \n"
-            "FAILED tests/test_b.py::test_y[1] - AssertionError\n")
-    assert pytest_progress(text) == [("PASSED", "tests/test_a.py::test_x"), ("FAILED", "tests/test_b.py::test_y[1]"),
-                                        ("SKIPPED", "tests/test_c.py::test_z")]
 
 
 def test_report_json_is_read_into_types_and_written_back_with_unknown_keys_kept() -> None:
@@ -262,7 +246,7 @@ def cell_log(formed: bool, failed: bool = False) -> str:
     return "\n".join(lines)
 
 
-def test_cell_checks_flag_differing_numbers_and_a_missing_group_and_nothing_else() -> None:
+def test_cell_checks_flag_differing_numbers_a_missing_group_and_a_deviation_beyond_the_contract() -> None:
     def jobs(bits: float, seconds: float) -> dict[str, dict[str, Any]]:
         return {f"c/seed{s}": {"mdl.bits_per_sample": bits + s, "timings.total_s": seconds, "seed": s}
                 for s in range(SEEDS)}
@@ -281,25 +265,23 @@ def test_cell_checks_flag_differing_numbers_and_a_missing_group_and_nothing_else
     broke = cell_checks(lone, jobs(2.5, 3.0), cell_log(True, failed=True))
     assert broke["group_formed"] and broke["group_failed"]
     assert len(broke["flags"]) == 1 and broke["flags"][0].startswith("the cell's group failed")
+    # On an H100 the lone and grouped jobs differed by ~1e-6 relative. On a GPU that is within the contract
+    # (max(1e-3, 0.05 × seed SD)); beyond it, or any difference on the CPU loop engine, is flagged.
 
-
-def test_cell_checks_on_a_gpu_hold_the_numerics_contract_tolerance_and_say_the_deviation() -> None:
-    """On an H100 the lone and grouped jobs differed by ~1e-6 relative. On a GPU that is within the contract
-    (max(1e-3, 0.05 × seed SD)); beyond it, or any difference on the CPU loop engine, is flagged."""
-    def jobs(shift: float = 0.0) -> dict[str, dict[str, Any]]:
+    def shifted(shift: float = 0.0) -> dict[str, dict[str, Any]]:
         return {f"c/seed{s}": {"mdl.bits_per_sample": 2.0 + 0.1 * s + (shift if s == 2 else 0.0)}
                 for s in range(SEEDS)}
 
     log = cell_log(True)
     sd = statistics.stdev([2.0 + 0.1 * s for s in range(SEEDS)])  # 0.158: tolerance 0.0079
-    near = cell_checks(jobs(), jobs(3e-6), log, bitwise=False)
+    near = cell_checks(shifted(), shifted(3e-6), log, bitwise=False)
     assert not near["equal"] and near["within_tolerance"] and near["flags"] == []
     assert near["max_abs_bits_deviation"] == pytest.approx(3e-6) and near["seed_sd_bits"] == pytest.approx(sd)
     assert near["tolerance_bits"] == pytest.approx(0.05 * sd)
     assert near["deviation_over_seed_sd"] == pytest.approx(3e-6 / sd)
-    far = cell_checks(jobs(), jobs(0.01), log, bitwise=False)
+    far = cell_checks(shifted(), shifted(0.01), log, bitwise=False)
     assert not far["within_tolerance"] and "> tolerance" in far["flags"][0]
-    cpu = cell_checks(jobs(), jobs(3e-6), log, bitwise=True)
+    cpu = cell_checks(shifted(), shifted(3e-6), log, bitwise=True)
     assert not cpu["within_tolerance"] and "bitwise" in cpu["flags"][0]
     tight = {f"c/seed{s}": {"mdl.bits_per_sample": 2.0} for s in range(SEEDS)}  # seed SD 0: the 1e-3 floor
     assert cell_checks(tight, {**tight, "c/seed1": {"mdl.bits_per_sample": 2.0009}}, log, bitwise=False)[

@@ -16,42 +16,28 @@ import torch
 from torch import Tensor
 
 from models import build_model
-from tests.helpers import fit_settings, group_options, job_config, optimizer, result_of
+from tests.helpers import fit_settings, group_options, job_config, optimizer
 from tests.test_checkpoint import _load, _stop_at
-from tests.test_checkpoint import _numbers as _job_numbers
-from training.app.schema import group_config
+from tests.test_vectorized import SHAPE, K, _arch, _data, _models
 from training.common import interrupt
-from training.engine.batches import DeviceData, Epoch, augment_pad, draw_epoch
+from training.engine.batches import Epoch, augment_pad, draw_epoch
 from training.engine.checkpoint import PATTERN
 from training.engine.fit import FitResult, Member, TrainData, fit, snapshot
-from training.engine.group import GROUP_FORMAT, _Lockstep, fit_group
+from training.engine.group import GROUP_FORMAT, POLL_AUTO, _Lockstep, fit_group
 from training.engine.lockstep_state import LockstepMember, RowSchedule, _Plan, replay
 from training.engine.seeding import generator, seeded_global_rng
 from training.tasks.mdl.job import run_job
 
-SHAPE, K = (3, 8, 8), 4
 SIZES, PATIENCE = [45, 300, 64, 440, 100], [1, 3, 50, 1, 2]  # stops at different steps, for both reasons
-
-
-def _data() -> tuple[DeviceData, Tensor, Tensor, Tensor]:
-    g = torch.Generator().manual_seed(0)
-    y = torch.randint(0, K, (520,), generator=g)
-    x = torch.rand(520, *SHAPE, generator=g) * 0.7
-    x[:, 0, :4] += 0.1 * (y[:, None, None] % 2)
-    data = DeviceData((x * 255).round() / 255)
-    return data, y, data.all(torch.arange(80)), y[:80]
 
 
 def _members(augment: bool = False, eval_every: int | None = None, max_epochs: int = 9,
              patience: list[int] = PATIENCE) -> list[Member]:
     out = []
-    for k, (size, p) in enumerate(zip(SIZES, patience, strict=True)):
-        with seeded_global_rng(0, "init", k):
-            model = build_model(group_config("arch", "mlp", width=48, depth=2, base_width=32), SHAPE, K)
+    for k, ((model, opt), size, p) in enumerate(zip(_models("mlp", list(range(5))), SIZES, patience, strict=True)):
         cfg = fit_settings(batch_size=32, patience=p, max_epochs=max_epochs, min_steps=30, augment=augment,
                            eval_every_steps=eval_every)
-        out.append(Member(model, optimizer(model, lr=4e-3, beta1=0.9, warmup_steps=7), torch.arange(80, 80 + size),
-                          generator(0, "b", k), cfg, name=f"m{k}"))
+        out.append(Member(model, opt, torch.arange(80, 80 + size), generator(0, "b", k), cfg, name=f"m{k}"))
     return out
 
 
@@ -67,7 +53,7 @@ def _numbers(res: FitResult) -> dict:
     return {k: v for k, v in dataclasses.asdict(res).items() if k != "seconds"}
 
 
-def test_replay_counts_the_row_steps_of_a_known_schedule() -> None:
+def test_replay_counts_the_row_steps_polls_and_validations_of_known_schedules() -> None:
     """Members of 10, 4, 6, 3 steps (training sets 100, 40, 60, 30) through 2 rows: the largest two start (10 and
     6 steps); at step 6 the 4-step member takes the freed row (to step 10); at step 10 the 3-step member takes one
     row (to step 13) and the other row is left: 2 × 10 + 3 = 23 row-steps of work in 2 × 13 held."""
@@ -79,21 +65,15 @@ def test_replay_counts_the_row_steps_of_a_known_schedule() -> None:
     assert (alone.work, alone.steps, alone.rows, alone.first) == (23, 10, 4, [0, 1, 2, 3])
     assert alone.occupancy == pytest.approx(23 / 40)
     assert replay([7, 5], [1, 1], rows=1).occupancy == 1.0  # one row, always refilled: nothing idle
-
-
-def test_replay_frees_a_stopped_row_at_the_next_poll() -> None:
-    """The same members polled every 4 steps: the 6-step member stops at step 6, its row is seen free at step 8
-    (2 row-steps held without work) and the 4-step member runs to 12; at 12 (a poll) the 3-step one takes a row,
-    stops at 15, seen at 16; the 10-step member's row was seen free at 12. Work 23 in 2 × 16 held."""
+    # The same members polled every 4 steps: the 6-step member stops at step 6, its row is seen free at step 8
+    # (2 row-steps held without work) and the 4-step member runs to 12; at 12 (a poll) the 3-step one takes a row,
+    # stops at 15, seen at 16; the 10-step member's row was seen free at 12. Work 23 in 2 × 16 held.
     sched = replay([10, 4, 6, 3], [100, 40, 60, 30], rows=2, poll=4)
     assert (sched.work, sched.steps) == (23, 16)
     assert replay([10, 4, 6, 3], [100, 40, 60, 30], rows=2, poll=5).steps == 15  # seen at 10, then 15
     assert replay([8, 4], [2, 1], rows=2, poll=4).steps == 8  # stops on a poll step: no wait
-
-
-def test_replay_counts_the_steps_with_a_validation() -> None:
-    """Members validating every 2 and every 3 of their own steps: together (a row each) at steps 2, 3, 4, 6 (6
-    shared): 4 steps with a validation. Through one row the second starts at step 6: 2, 4, 6, then 9, 12: 5."""
+    # Members validating every 2 and every 3 of their own steps: together (a row each) at steps 2, 3, 4, 6 (6
+    # shared): 4 steps with a validation. Through one row the second starts at step 6: 2, 4, 6, then 9, 12: 5.
     assert replay([6, 6], [2, 1], every=[2, 3]).validations == 4
     assert replay([6, 6], [2, 1], rows=1, every=[2, 3]).validations == 5
 
@@ -147,7 +127,7 @@ def test_refilled_rows_on_the_stacked_engine_within_its_tolerance() -> None:
 def test_a_member_taking_a_row_has_the_groups_optimizer_settings() -> None:
     members = _members()
     with seeded_global_rng(0, "init", 9):
-        model = build_model(group_config("arch", "mlp", width=48, depth=2, base_width=32), SHAPE, K)
+        model = build_model(_arch("mlp"), SHAPE, K)
     members[-1] = dataclasses.replace(members[-1], model=model, optimizer=optimizer(model, lr=1e-3, beta1=0.9,
                                                                                     warmup_steps=7))
     with pytest.raises(ValueError, match="identical optimizer param groups"):
@@ -155,14 +135,6 @@ def test_a_member_taking_a_row_has_the_groups_optimizer_settings() -> None:
 
 
 JOB = ["experiment=smoke", "eraser=control", "seed=0", "mdl.max_epochs=12", "mdl.patience=12"]
-
-
-def test_a_job_with_fewer_rows_than_models_gives_the_same_numbers(tmp_path: Path) -> None:
-    """`training.parallel_models=2`: the job's six models through two rows, refilled: `==` the default (all six
-    at once) on the loop engine."""
-    ref = result_of(run_job(job_config(tmp_path / "all", JOB)))
-    two = result_of(run_job(job_config(tmp_path / "two", [*JOB, "training.parallel_models=2"])))
-    assert _job_numbers(ref) == _job_numbers(two)
 
 
 def _untimed(value: object) -> object:
@@ -178,14 +150,15 @@ def _untimed(value: object) -> object:
 
 def test_a_job_polled_every_k_steps_gives_the_same_result(tmp_path: Path) -> None:
     """`training.poll_every=13` (the host reads which models stopped every 13 steps; a stopped model's row is held
-    until then) with two rows and with a row per model: result.json `==` polled at every epoch end (K=1), curves,
-    stop reasons and codes included."""
+    until then) with two rows (six models, refilled) and with a row per model (the default): result.json `==` polled
+    at every step (auto, on the loop engine), curves, stop reasons and codes included."""
     results = {}
     for rows in ("2", "auto"):
-        for k in (1, 13):
+        for k in ("auto", 13):
             job = [*JOB, f"training.parallel_models={rows}", f"training.poll_every={k}"]
             results[rows, k] = _untimed(run_job(job_config(tmp_path / f"{rows}-{k}", job)).result)
-    assert results["2", 1] == results["2", 13] == results["auto", 13] == results["auto", 1]
+    assert POLL_AUTO["loop"] == 1
+    assert results["2", "auto"] == results["2", 13] == results["auto", 13] == results["auto", "auto"]
 
 
 def test_a_checkpoint_after_a_refill_holds_the_rows_and_the_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -44,11 +44,12 @@ def _storages() -> dict[int, int]:
     return out
 
 
-def _held_peak(tmp_path: Path, overrides: list[str]) -> tuple[int, Any]:
+def _held_peak(tmp_path: Path, overrides: list[str]) -> tuple[int, Any, list[int]]:
     """(the most bytes the job's models held as a block model finished, beyond what was alive before they
-    trained; the job's memory estimate)."""
+    trained; the job's memory estimate; the gradients each model finished in a lockstep group still held)."""
     from training.app.tasks import load_job
     from training.data import load_dataset
+    from training.engine import group as group_module
     from training.tasks.mdl import trainer as trainer_module
     from training.tasks.mdl.refusals import estimate_memory
 
@@ -68,28 +69,37 @@ def _held_peak(tmp_path: Path, overrides: list[str]) -> tuple[int, Any]:
 
         original(self, jobs, measured)
 
+    grads: list[int] = []
+    finish_original = group_module._Lockstep._finish
+
+    def finish(self: Any, m: Any, row: int) -> None:
+        finish_original(self, m, row)
+        grads.append(sum(p.grad is not None for p in m.spec.model.parameters()))
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(trainer_module.Trainer, "train_many", train_many)
+        mp.setattr(group_module._Lockstep, "_finish", finish)
         run_job(cfg)
-    return max(peaks), est
+    return max(peaks), est, grads
 
 
 WIDE = [*TINY, "arch.width=256", "arch.depth=4", "mdl.max_epochs=1", "progress=false"]
 
 
-@pytest.mark.parametrize("extra", [["training.engine=loop", "training.parallel_models=1"],
-                                   ["training.engine=loop", "training.parallel_models=auto"],
-                                   ["training.engine=loop", "training.parallel_models=2"],
-                                   ["training.engine=stacked", "training.parallel_models=1"],
-                                   ["training.engine=stacked", "training.parallel_models=auto"]])
-def test_the_estimate_bounds_what_the_models_hold(tmp_path: Path, extra: list[str]) -> None:
-    held, est = _held_peak(tmp_path, [*WIDE, *extra])
+@pytest.mark.parametrize("engine, parallel", [("loop", "auto"), ("loop", "2"), ("stacked", "1"), ("stacked", "auto")])
+def test_the_estimate_bounds_what_the_models_hold(tmp_path: Path, engine: str, parallel: str) -> None:
+    """And with two rows for six models (loop engine) the finished models wait for the group's end with their best
+    state loaded and their gradients let go (HELD_COPIES, as the waiting ones)."""
+    extra = [f"training.engine={engine}", f"training.parallel_models={parallel}"]
+    held, est, grads = _held_peak(tmp_path, [*WIDE, *extra])
     assert 0 < held <= est.models + est.batches, (held, est)
+    if (engine, parallel) == ("loop", "2"):
+        assert grads == [0] * 5
 
 
 def test_one_model_at_a_time_holds_one_model_whatever_the_blocks(tmp_path: Path) -> None:
-    """The MLP's weights, its optimizer's state and its snapshot: MODEL_COPIES at most, for 3 blocks as for 6; a
-    finished model is not kept while the next one trains (the estimate counts one model)."""
+    """The MLP's weights, its optimizer's state and its snapshot: MODEL_COPIES at most, for 3 blocks as for 6
+    (mdl=quick's); a finished model is not kept while the next one trains (the estimate counts one model)."""
     from training.tasks.mdl.refusals import MODEL_COPIES
 
     one = ["training.engine=loop", "training.parallel_models=1"]
@@ -97,26 +107,7 @@ def test_one_model_at_a_time_holds_one_model_whatever_the_blocks(tmp_path: Path)
             for blocks in (3, 6)}
     assert held[3][1].models == held[6][1].models  # one model's worth, whatever the blocks
     per_model = held[3][1].models // MODEL_COPIES["loop"]
-    assert held[3][0] == held[6][0] <= MODEL_COPIES["loop"] * per_model, (held, per_model)
-
-
-def test_a_finished_model_in_a_group_holds_its_weights_only(tmp_path: Path) -> None:
-    """Two rows for six models (loop engine): the finished models wait for the group's end with their best state
-    loaded and their gradients let go (HELD_COPIES, as the waiting ones)."""
-    from training.engine import group as group_module
-
-    held: list[int] = []
-    original = group_module._Lockstep._finish
-
-    def finish(self: Any, m: Any, row: int) -> None:
-        original(self, m, row)
-        params = list(m.spec.model.parameters())
-        held.append(sum(p.grad is not None for p in params))
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(group_module._Lockstep, "_finish", finish)
-        run_job(job_config(tmp_path, [*WIDE, "training.engine=loop", "training.parallel_models=2"]))
-    assert held == [0] * 5
+    assert 0 < held[3][0] == held[6][0] <= MODEL_COPIES["loop"] * per_model, (held, per_model)
 
 
 # --- the peak resident memory of real jobs -----------------------------------------------------------------------

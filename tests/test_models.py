@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from pathlib import Path
@@ -16,12 +15,12 @@ from omegaconf import OmegaConf
 
 from models import build_model, build_with_facts, depth_lr_multiplier, param_count
 from models.convnext import NAMED_SIZES as CONVNEXT_SIZES
-from models.lenet import LeNet, lenet_param_count, match_lenet
+from models.lenet import LeNet, LeNetSpec, lenet_param_count, match_lenet
 from models.mlp import MLP, mlp_param_count
 from models.mup_utils import on_meta
 from models.registry import ARCHS, arch_traits
 from models.swin import NAMED_SIZES as SWIN_SIZES
-from tests.helpers import optimizer
+from tests.helpers import job_config, optimizer
 from training.app.schema import ArchConfig, group_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,17 +77,6 @@ def test_arch_yaml_has_every_field(name: str) -> None:
 # ---------------------------------------------------------------- builds and shapes
 
 
-@pytest.mark.parametrize("shape", INPUTS, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("name", ["mlp", "lenet"])
-@pytest.mark.parametrize("depth", [1, 2, 8])
-def test_mlp_lenet_build_every_input(name: str, shape: tuple[int, int, int], depth: int) -> None:
-    torch.manual_seed(0)
-    model, info = build_with_facts(arch_cfg(name, depth=depth), shape, 10)
-    assert model(torch.rand(3, *shape)).shape == (3, 10)
-    assert info["params"] == param_count(model)
-    json.dumps(info)
-
-
 @pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
 def test_mlp_activations_parameter_counts(activation: str) -> None:
     for width in PAPER_WIDTHS:
@@ -101,42 +89,48 @@ def test_mlp_activations_parameter_counts(activation: str) -> None:
         else:
             assert info["params"] == relu
             assert isinstance(model, MLP) and len(model.layers) == 2  # depth = number of hidden layers
+    if activation == "swiglu":  # an explicit ratio
+        info = build_with_facts(arch_cfg("mlp", activation="swiglu", swiglu_ratio=2 / 3), (1, 8, 8), 10)[1]
+        assert info["hidden"] == round(2 * 128 / 3)
 
 
-def test_swiglu_explicit_ratio() -> None:
-    model, info = build_with_facts(arch_cfg("mlp", activation="swiglu", swiglu_ratio=2 / 3), (1, 8, 8), 10)
-    assert info["hidden"] == round(2 * 128 / 3)
-
-
+@pytest.mark.parametrize("shape", [pytest.param(s, marks=() if s == (3, 32, 32) else pytest.mark.slow) for s in INPUTS],
+                         ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("size", list(CONVNEXT_SIZES))
 @pytest.mark.parametrize("name", ["convnext", "swin"])
-def test_named_sizes_build_and_train_one_step(name: str, size: str) -> None:
+def test_named_sizes_build_and_train_one_step(name: str, size: str, shape: tuple[int, int, int]) -> None:
+    """On CIFAR's inputs; on every input (slow)."""
     torch.manual_seed(0)
-    model, info = build_with_facts(arch_cfg(name, size=size), (3, 32, 32), 10)
+    model, info = build_with_facts(arch_cfg(name, size=size), shape, 10)
     depths, width = (CONVNEXT_SIZES if name == "convnext" else SWIN_SIZES)[size]
     assert info["size"] == size
     assert info["depths"] == list(depths)
     assert info["dims"][0] == width
     before = [p.detach().clone() for p in model.parameters()]
-    one_step(model, (3, 32, 32))
+    one_step(model, shape)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 @pytest.mark.parametrize("shape", INPUTS, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("name", ARCHS.names())
-def test_every_architecture_builds_on_every_input(name: str, shape: tuple[int, int, int]) -> None:
-    """Every registered architecture (models/registry.py): its model and its facts, on every input shape."""
-    torch.manual_seed(0)
-    model, info = build_with_facts(arch_cfg(name, depth=1), shape, 7)
+@pytest.mark.parametrize("name, depth", [(n, 1) for n in ARCHS.names()] + [(n, d) for n in ("mlp", "lenet")
+                                                                            for d in (2, 8)])
+def test_every_architecture_builds_on_every_input(name: str, depth: int, shape: tuple[int, int, int]) -> None:
+    """Every registered architecture (models/registry.py): its model and its facts, on every input shape, built
+    deterministically from the global RNG."""
+    def build(seed: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+        torch.manual_seed(seed)
+        return build_with_facts(arch_cfg(name, depth=depth), shape, 7)
+
+    model, info = build(0)
+    state, again, other = model.state_dict(), build(0)[0].state_dict(), build(1)[0].state_dict()
+    assert all(torch.equal(state[k], again[k]) for k in state)
+    assert any(not torch.equal(state[k], other[k]) for k in state)
     model.eval()
     assert model(torch.rand(2, *shape)).shape == (2, 7)
     assert info["arch"] == name and info["params"] == param_count(model) and info["num_classes"] == 7
     json.dumps(info)
-
-
-def test_convnext_patch_size_rule() -> None:
-    patch = {s: build_with_facts(arch_cfg("convnext", depth=1), s, 10)[1]["patch_size"] for s in INPUTS}
-    assert patch == {(1, 28, 28): 1, (3, 32, 32): 1, (3, 64, 64): 2, (1, 8, 8): 1}
+    if name == "convnext":  # the patch size rule
+        assert info["patch_size"] == (2 if shape == (3, 64, 64) else 1)
 
 
 def test_convnext_is_v2_and_scales() -> None:
@@ -148,36 +142,16 @@ def test_convnext_is_v2_and_scales() -> None:
     assert isinstance(stem, torch.nn.Conv2d) and stem.kernel_size == (1, 1)
 
 
-def test_swin_windows_divide_every_stage() -> None:
-    # the 3-stage shape with automatic windows (arch.stages=3 arch.window_size=null)
-    for shape, windows in [((3, 32, 32), [4, 4, 4]), ((1, 28, 28), [7, 7, 4]), ((1, 8, 8), [4, 2, 1])]:
-        model, info = build_with_facts(arch_cfg("swin", width=48, depth=3, stages=3, window_size=None), shape, 10)
-        assert info["window_sizes"] == windows
-        assert info["depths"] == [3, 3, 9] and info["num_heads"] == [2, 4, 8]
-    with pytest.raises(ValueError, match="divisible"):
-        build_model(arch_cfg("swin", width=41), (3, 32, 32), 10)
+GRIDS = {"mlp": [(w, 2) for w in PAPER_WIDTHS] + [(128, d) for d in PAPER_DEPTHS],
+         "convnext": [(w, 2) for w in (40, 48, 64, 80, 96, 128)] + [(40, d) for d in (1, 2, 3, 4)]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", INPUTS, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("size", list(CONVNEXT_SIZES))
-@pytest.mark.parametrize("name", ["convnext", "swin"])
-def test_named_sizes_every_input(name: str, size: str, shape: tuple[int, int, int]) -> None:
-    model = build_model(arch_cfg(name, size=size), shape, 10)
-    one_step(model, shape)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["mlp", "lenet"])
-def test_paper_grid_trains_one_step(name: str) -> None:
-    for width, depth in [(w, 2) for w in PAPER_WIDTHS] + [(128, d) for d in PAPER_DEPTHS]:
-        one_step(build_model(arch_cfg(name, width=width, depth=depth), (3, 32, 32), 10), (3, 32, 32))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["convnext", "swin"])
-def test_timm_width_depth_grid_trains_one_step(name: str) -> None:
-    for width, depth in [(w, 2) for w in (40, 48, 64, 80, 96, 128)] + [(40, d) for d in (1, 2, 3, 4)]:
+@pytest.mark.parametrize("name, grid", [("mlp", "mlp"), ("lenet", "mlp"), ("convnext", "convnext"),
+                                        ("swin", "convnext")])
+def test_width_depth_grid_trains_one_step(name: str, grid: str) -> None:
+    """The paper's grid (MLP, LeNet) and timm's (ConvNeXt, Swin)."""
+    for width, depth in GRIDS[grid]:
         one_step(build_model(arch_cfg(name, width=width, depth=depth), (3, 32, 32), 10), (3, 32, 32))
 
 
@@ -186,20 +160,12 @@ def test_timm_width_depth_grid_trains_one_step(name: str) -> None:
 
 @pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32), (3, 64, 64), (1, 8, 8)])
 def test_lenet_matches_mlp_within_one_percent(shape: tuple[int, int, int]) -> None:
-    grid = [(w, 2) for w in PAPER_WIDTHS] + [(128, d) for d in PAPER_DEPTHS]
-    for width, depth in grid:
+    for width, depth in GRIDS["mlp"]:
         c1, c2, fc = match_lenet(shape, width, depth, 10)
         lenet = lenet_param_count(shape, c1, c2, fc, depth, 10)
         mlp = mlp_param_count(math.prod(shape), width, depth, 10)
         assert abs(lenet / mlp - 1) <= 0.01, (shape, width, depth, lenet, mlp)
-        spec_model = on_meta(functools.partial(build_model_spec_lenet, shape, width, depth))
-        assert param_count(spec_model) == lenet  # the closed form counts the real module
-
-
-def build_model_spec_lenet(shape: tuple[int, int, int], width: int, depth: int) -> torch.nn.Module:
-    from models.lenet import LeNetSpec
-
-    return LeNetSpec(shape, width, depth, 10).build()
+        assert param_count(on_meta(LeNetSpec(shape, width, depth, 10).build)) == lenet  # counts the real module
 
 
 def test_lenet_info_and_width_scaling() -> None:
@@ -237,7 +203,7 @@ def test_mup_infshapes_readout_and_groups(name: str) -> None:
     assert all(g["warmup_steps"] == 5 and g["betas"] == (0.9, 0.999) for g in opt.param_groups)
 
 
-def test_mup_hidden_init_scales_with_fan_in() -> None:
+def test_mup_hidden_init_scales_with_fan_in_and_the_sp_control_is_standard() -> None:
     torch.manual_seed(0)
     narrow = build_model(arch_cfg("mlp", width=128), (3, 32, 32), 10)
     wide = build_model(arch_cfg("mlp", width=2048), (3, 32, 32), 10)
@@ -249,9 +215,7 @@ def test_mup_hidden_init_scales_with_fan_in() -> None:
     assert stds[1] == pytest.approx(0.01, rel=0.05)  # ... μP-scaled at 4x width
     swin = build_model(arch_cfg("swin", depth=1), (3, 32, 32), 10)
     assert torch.allclose(swin.get_parameter("layers.0.blocks.0.attn.logit_scale"), torch.tensor(math.log(10)))
-
-
-def test_sp_control_is_standard() -> None:
+    # the SP control is standard
     model = build_model(arch_cfg("mlp"), (1, 8, 8), 10, parametrization="sp")
     assert torch.count_nonzero(model.get_parameter("readout.weight")) > 0
     assert all(_infshape(p).ninf() == 0 for p in model.parameters())
@@ -259,31 +223,13 @@ def test_sp_control_is_standard() -> None:
     assert {g["lr"] for g in opt.param_groups} == {1e-3}
 
 
-@pytest.mark.parametrize("name", ARCHS.names())
-def test_build_is_deterministic_from_global_rng(name: str) -> None:
-    def build(seed: int) -> dict[str, torch.Tensor]:
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            return build_model(arch_cfg(name, depth=1), (1, 8, 8), 10).state_dict()
-
-    a, b, c = build(3), build(3), build(4)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert any(not torch.equal(a[k], c[k]) for k in a)
-
-
 # ---------------------------------------------------------------- defaults and the depth rule
 
 
 def _paper_optim(arch: str, eraser: str, dataset: str = "cifar10") -> dict[str, float]:
     """The optimiser settings a job gets from conf/ (arch.paper_optim, dataset.paper_lr) with no optim override."""
-    from hydra import compose, initialize_config_dir
-
-    import training  # noqa: F401 - registers the conf resolvers
-
-    conf = Path(__file__).resolve().parents[1] / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        o = compose("config", overrides=[f"arch={arch}", f"eraser={eraser}", f"dataset={dataset}"]).optim
-    return {"lr": o.lr, "beta1": o.beta1, "warmup_steps": o.warmup_steps}
+    o = job_config(ROOT / "unused", [f"arch={arch}", f"eraser={eraser}", f"dataset={dataset}"])["optim"]
+    return {"lr": o["lr"], "beta1": o["beta1"], "warmup_steps": o["warmup_steps"]}
 
 
 def test_paper_defaults() -> None:
@@ -346,6 +292,13 @@ def test_swin_has_the_paper_codes_shape_by_default() -> None:
     assert build_with_facts(arch_cfg("swin", size="tiny", stages=3), (3, 32, 32), 10)[1]["depths"] == [2, 2, 6]
     with pytest.raises(ValueError, match="stages"):
         build_model(arch_cfg("swin", stages=5), (3, 32, 32), 10)
+    # automatic windows divide every stage of the 3-stage shape (arch.stages=3 arch.window_size=null)
+    for shape, windows in [((3, 32, 32), [4, 4, 4]), ((1, 28, 28), [7, 7, 4]), ((1, 8, 8), [4, 2, 1])]:
+        info = build_with_facts(arch_cfg("swin", width=48, depth=3, stages=3, window_size=None), shape, 10)[1]
+        assert info["window_sizes"] == windows
+        assert info["depths"] == [3, 3, 9] and info["num_heads"] == [2, 4, 8]
+    with pytest.raises(ValueError, match="divisible"):
+        build_model(arch_cfg("swin", width=41), (3, 32, 32), 10)
 
 
 @pytest.mark.parametrize("name", ["mlp", "lenet"])

@@ -17,29 +17,20 @@ import torch
 
 from models import build_model
 from tests.helpers import fit_settings, group_options, optimizer
-from training.app.schema import group_config
-from training.engine.batches import DeviceData
+from tests.test_vectorized import SHAPE, K, _arch, _data
 from training.engine.fit import Member, TrainData, fit
 from training.engine.group import fit_group
 from training.engine.numerics import STEP_RTOL, bits_tolerance, job_numerics
 from training.engine.seeding import generator, seeded_global_rng
 
-SHAPE, K, SEEDS = (3, 8, 8), 4, (0, 1, 2)
-
-
-def _data(device: str) -> tuple[DeviceData, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    y = torch.randint(0, K, (600,), generator=g)
-    x = torch.rand(600, *SHAPE, generator=g) * 0.7
-    x[:, 0, :4] += 0.1 * (y[:, None, None] % 2)
-    return DeviceData(((x * 255).round() / 255), device), y.to(device)
+SEEDS = (0, 1, 2)
 
 
 def _members(arch: str, device: str, n: int, epochs: int) -> list[Member]:
     out = []
     for s in SEEDS:  # the members differ as seeds do: init and batch order
         with seeded_global_rng(s, "init", 0):
-            model = build_model(group_config("arch", arch, width=48, depth=2, base_width=32), SHAPE, K).to(device)
+            model = build_model(_arch(arch), SHAPE, K).to(device)
         cfg = fit_settings(batch_size=32, patience=2, max_epochs=epochs, augment=True, progress=False)
         out.append(Member(model, optimizer(model, lr=2e-3, beta1=0.9, warmup_steps=7), torch.arange(80, 80 + n),
                           generator(s, "b", 0), cfg, val_idx=torch.arange(80)))
@@ -50,21 +41,18 @@ def _compare(arch: str, engine: str, device: str) -> tuple[float, float, float]:
     """(largest relative parameter deviation after one optimizer step, largest |Δ bits| of the trained models,
     seed SD of their bits) between one-at-a-time `fit` and `fit_group`."""
     with job_numerics("fp32", False):  # the default precision: TF32 off for matmul and cuDNN (on by default there)
-        return _measure(arch, engine, device)
-
-
-def _measure(arch: str, engine: str, device: str) -> tuple[float, float, float]:
-    data, y = _data(device)
-    one = [_members(arch, device, 32, 1), _members(arch, device, 32, 1)]  # 32 rows, batch 32: one step
-    for m in one[0]:
-        fit(m, TrainData(data, y))
-    fit_group(one[1], TrainData(data, y), group_options(engine=engine))
-    step = max(((a - b).abs().max() / (a.abs().max() + 1e-12)).item()
-               for ma, mb in zip(*one, strict=True)
-               for a, b in zip(ma.model.state_dict().values(), mb.model.state_dict().values(), strict=True))
-    seq, grp = _members(arch, device, 440, 9), _members(arch, device, 440, 9)
-    bits_seq = [fit(m, TrainData(data, y)).best_val_loss / math.log(2) for m in seq]
-    bits_grp = [r.best_val_loss / math.log(2) for r in fit_group(grp, TrainData(data, y), group_options(engine=engine))]
+        data, y, _, _ = _data(600, device=device)
+        one = [_members(arch, device, 32, 1), _members(arch, device, 32, 1)]  # 32 rows, batch 32: one step
+        for m in one[0]:
+            fit(m, TrainData(data, y))
+        fit_group(one[1], TrainData(data, y), group_options(engine=engine))
+        step = max(((a - b).abs().max() / (a.abs().max() + 1e-12)).item()
+                   for ma, mb in zip(*one, strict=True)
+                   for a, b in zip(ma.model.state_dict().values(), mb.model.state_dict().values(), strict=True))
+        seq, grp = _members(arch, device, 440, 9), _members(arch, device, 440, 9)
+        bits_seq = [fit(m, TrainData(data, y)).best_val_loss / math.log(2) for m in seq]
+        bits_grp = [r.best_val_loss / math.log(2)
+                    for r in fit_group(grp, TrainData(data, y), group_options(engine=engine))]
     dev = max(abs(a - b) for a, b in zip(bits_seq, bits_grp, strict=True))
     sd = statistics.stdev(bits_seq)
     print(f"{arch} {engine} on {device}: one step max rel Δ {step:.2g} (bound {STEP_RTOL:g}); largest |Δ bits| "

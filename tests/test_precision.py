@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from tests.helpers import job_config, result_of
-from training.app.lifecycle import Outcome
-from training.app.tasks import job_cell_hash, job_hash, job_semantic
+from training.app.tasks import get_task, job_cell_hash, job_hash, job_semantic
 from training.engine import numerics
 from training.tasks.mdl.job import run_job
 
@@ -20,7 +19,7 @@ QUICK = ["dataset=digits", "mdl=quick", "mdl.max_epochs=2", "mdl.min_steps=0", "
          "optim.warmup_steps=10", "certificate=false"]
 
 
-def test_precision_is_hashed_only_away_from_its_default(tmp_path: Path) -> None:
+def test_precision_is_hashed_only_away_from_its_default_in_every_task(tmp_path: Path) -> None:
     base = job_config(tmp_path, SMOKE)
     assert "training" not in job_semantic(base)  # at fp32 the hash is what it was before the key existed
     older = {**base, "training": {k: v for k, v in base["training"].items() if k not in ("precision", "deterministic")}}
@@ -29,18 +28,16 @@ def test_precision_is_hashed_only_away_from_its_default(tmp_path: Path) -> None:
               for p in ("tf32", "bf16")}
     assert len(hashes) == 2 and job_hash(base) not in hashes
     assert job_cell_hash(job_config(tmp_path, [*SMOKE, "training.precision=bf16"])) != job_cell_hash(base)
-    for same in (["training.precision=fp32"], ["training.deterministic=true"], ["training.engine=loop"]):
+    for same in (["training.precision=fp32"], ["training.deterministic=true"], ["training.engine=loop"],
+                 ["device=cuda", "training.precision=fp32"]):  # so tf32 on CUDA is a job of its own
         assert job_hash(job_config(tmp_path, [*SMOKE, *same])) == job_hash(base), same
-
-
-@pytest.mark.parametrize("preset", ["gs_two_moons", "gs_colored_mnist"])
-def test_precision_moves_the_hash_of_a_task_that_hashes_only_the_groups_it_uses(tmp_path: Path, preset: str) -> None:
-    """A Gradient Starvation task hashes its own groups only; a bf16 run of it still gets a directory of its own
-    (else it would SKIP on the fp32 result), and its fp32 hash is the one it had before precision existed."""
-    fp32 = job_config(tmp_path, [f"experiment={preset}"])
-    bf16 = job_config(tmp_path, [f"experiment={preset}", "training.precision=bf16"])
-    assert "training" not in job_semantic(fp32) and job_semantic(bf16)["training"] == {"precision": "bf16"}
-    assert job_hash(bf16) != job_hash(fp32) and job_cell_hash(bf16) != job_cell_hash(fp32)
+    # A Gradient Starvation task hashes its own groups only; a bf16 run of it still gets a directory of its own
+    # (else it would SKIP on the fp32 result), and its fp32 hash is the one it had before precision existed.
+    for preset in ("gs_two_moons", "gs_colored_mnist"):
+        fp32 = job_config(tmp_path, [f"experiment={preset}"])
+        bf16 = job_config(tmp_path, [f"experiment={preset}", "training.precision=bf16"])
+        assert "training" not in job_semantic(fp32) and job_semantic(bf16)["training"] == {"precision": "bf16"}
+        assert job_hash(bf16) != job_hash(fp32) and job_cell_hash(bf16) != job_cell_hash(fp32), preset
 
 
 def test_job_numerics_sets_the_flags_for_the_job_and_restores_them() -> None:
@@ -82,19 +79,18 @@ def test_contract_tolerance() -> None:
     assert numerics.within_contract(3.0, 3.004, 0.1) and not numerics.within_contract(3.0, 3.006, 0.1)
 
 
-@pytest.mark.parametrize("extra, engine", [([], "loop"), (["training.parallel_models=1"], "fit")])
-def test_result_records_the_numerics_signature(tmp_path: Path, extra: list[str], engine: str) -> None:
-    res = result_of(run_job(job_config(tmp_path, [*QUICK, *extra, "training.engine=loop"])))
-    sig = res["provenance"]["numerics"]
-    assert sig["precision"] == "fp32" and sig["deterministic"] is False and sig["torch"] == torch.__version__
-    assert sig["device_name"] == res["provenance"]["device_name"] and sig["cuda"] is None
-    assert sig["engine"] == engine
-    assert sig["models_together"] == (1 if engine == "fit" else len(res["mdl"]["block_ce_bits"]))
-
-
-def test_deterministic_is_recorded_and_on_cpu_changes_no_number(tmp_path: Path) -> None:
-    plain = result_of(run_job(job_config(tmp_path / "a", QUICK)))
-    det = result_of(run_job(job_config(tmp_path / "b", [*QUICK, "training.deterministic=true"])))
+def test_result_records_the_numerics_signature_and_deterministic_on_cpu_changes_no_number(tmp_path: Path) -> None:
+    runs = {name: result_of(run_job(job_config(tmp_path / name, [*QUICK, *extra]))) for name, extra in (
+        ("loop", ["training.engine=loop"]), ("fit", ["training.parallel_models=1", "training.engine=loop"]),
+        ("deterministic", ["training.deterministic=true"]))}
+    for engine in ("loop", "fit"):
+        res = runs[engine]
+        sig = res["provenance"]["numerics"]
+        assert sig["precision"] == "fp32" and sig["deterministic"] is False and sig["torch"] == torch.__version__
+        assert sig["device_name"] == res["provenance"]["device_name"] and sig["cuda"] is None
+        assert sig["engine"] == engine
+        assert sig["models_together"] == (1 if engine == "fit" else len(res["mdl"]["block_ce_bits"]))
+    plain, det = runs["loop"], runs["deterministic"]
     assert det["provenance"]["numerics"]["deterministic"] is True
     assert det["config_hash"] == plain["config_hash"] and det["mdl"]["block_ce_bits"] == plain["mdl"]["block_ce_bits"]
     assert not torch.are_deterministic_algorithms_enabled()  # restored after the job
@@ -117,26 +113,15 @@ def test_tf32_where_there_is_no_tf32_is_the_fp32_job(tmp_path: Path, device: str
     assert again.status == "skipped" and result_of(again) == first
 
 
-def test_tf32_on_cuda_stays_its_own_job(tmp_path: Path) -> None:
-    cuda = [job_config(tmp_path, [*SMOKE, "device=cuda", f"training.precision={p}"]) for p in ("fp32", "tf32")]
-    assert job_hash(cuda[0]) != job_hash(cuda[1])
-
-
 def test_every_task_trains_in_bf16_when_asked(tmp_path: Path) -> None:
     """A Gradient Starvation task's training forward runs under autocast: its bf16 numbers are not its fp32 ones."""
     small = ["experiment=gs_two_moons", "gs.steps=20", "gs.hidden=64", "gs.grid.n=21", "seed=0"]
-    fp32 = result_of(run_job_of(job_config(tmp_path / "a", small)))
-    bf16 = result_of(run_job_of(job_config(tmp_path / "b", [*small, "training.precision=bf16"])))
+    run = get_task("gs_two_moons")
+    fp32 = result_of(run(job_config(tmp_path / "a", small)))
+    bf16 = result_of(run(job_config(tmp_path / "b", [*small, "training.precision=bf16"])))
     assert bf16["provenance"]["numerics"]["precision"] == "bf16"
     assert bf16["provenance"]["numerics"]["engine"] == "fit" and fp32["provenance"]["numerics"]["engine"] is None
     assert bf16["train"] != fp32["train"], (bf16["train"], fp32["train"])
-
-
-def run_job_of(config: dict) -> Outcome:
-    from training.app.tasks import get_task, load_job
-
-    job = load_job(config)
-    return get_task(job.task)(job)
 
 
 def test_the_aggregate_labels_a_group_by_the_precision_its_results_record(tmp_path: Path) -> None:

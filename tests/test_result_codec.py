@@ -60,12 +60,8 @@ def test_what_the_writer_writes_round_trips_byte_for_byte() -> None:
     assert json.dumps(again, indent=2) == json.dumps(raw, indent=2)
     assert list(raw)[:7] == ["config_hash", "hash_version", "numerics_version", "schema_version", "job_dir",
                              "task", "config"] and list(raw)[-3:] == ["device", "timings", "provenance"]
-
-
-def test_a_body_returns_the_class_the_tables_read_and_the_lifecycle_encodes_it_once() -> None:
-    """What an MDL job's body returns (`MdlSections`) is what the tables read of its result (`MdlResult.body`), and
-    the result the lifecycle makes of it encodes to the bytes of a result.json written by the job."""
-    raw = _raw(CURRENT)
+    # What an MDL job's body returns (`MdlSections`) is what the tables read of its result (`MdlResult.body`), and
+    # the result the lifecycle makes of it encodes to the bytes of a result.json written by the job.
     envelope = {k: raw[k] for k in ("config_hash", "hash_version", "numerics_version", "job_dir", "config", "device",
                                     "timings", "provenance")}
     sections = MdlSections.read({k: v for k, v in raw.items() if k not in ENVELOPE_KEYS})
@@ -109,16 +105,14 @@ def test_a_result_written_before_hash_v2_reads_with_the_values_it_stood_for() ->
     assert JobPath.parse(str(result.job_dir)) == JobPath("mnist5k", "leace", "mlp_relu", 128, 2, None, 1)
 
 
-def test_a_result_of_a_newer_schema_or_not_an_object_is_refused_in_one_line() -> None:
+def test_a_newer_schema_or_not_an_object_is_refused_in_one_line_and_other_tasks_decode_to_their_class() -> None:
     with pytest.raises(MalformedResultError, match=r"schema_version 3 is newer than this code"):
         decode_result({**_raw(CURRENT), "schema_version": RESULT_SCHEMA + 1})
     bad: Any  # deliberately not a JSON object
     for bad in ([], 42, "text"):
         with pytest.raises(MalformedResultError, match="not a JSON object"):
             decode_result(bad)
-
-
-def test_other_tasks_decode_to_their_own_class() -> None:
+    # other tasks decode to their own class
     gs = decode_result({"config_hash": "h", "task": "gs_two_moons", "config": {"task": "gs_two_moons"}, "method": "ERM",
                  "train": {"acc": 1.0}})
     assert isinstance(gs, StarvationResult) and gs.body.method == "ERM" and gs.section("train") == {"acc": 1.0}

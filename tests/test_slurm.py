@@ -173,7 +173,6 @@ def test_smoke_sweep_lands_every_result_with_the_local_numbers_and_a_rerun_skips
     assert [(d / "result.json").stat().st_mtime_ns for d in slurm_dirs] == stamps
 
 
-
 def test_a_sweep_over_max_array_size_is_cut_into_arrays(slurm_cluster: Path, tmp_path: Path) -> None:
     """Four one-seed cells (`-m seed=0,1`) on a cluster whose MaxArraySize is 3 (tests/conftest.py): submitit alone
     would submit one array of four, which sbatch refuses; the launcher submits two (3 + 1), every result lands."""
@@ -190,18 +189,15 @@ def test_a_sweep_over_max_array_size_is_cut_into_arrays(slurm_cluster: Path, tmp
     assert all((d / "result.json").exists() for d in _job_dirs(tmp_path, *job))
 
 
-@pytest.fixture(scope="module")
-def long_epochs(tmp_path_factory: pytest.TempPathFactory) -> int:
-    """Epochs that make the time-limit job's block models train at least ~LONG_TRAINING_S one after another, so
-    the job outlasts its 1-minute limit on a fast machine as on a slow or busy one. Timed in CPU seconds of this
-    process (one thread), which a busy machine does not inflate as it does wall time: the job's wall time is at
-    least its CPU time, so load can only make it longer. No early stopping, so a run's time is its set-up plus
-    its epochs times the cost of one: the difference of two epoch budgets is the cost of the epochs alone
-    (wall seconds / epochs overstated it ~1.7×, and the job ended before its signal)."""
+def _calibrated_epochs(factory: pytest.TempPathFactory, seconds: float, *extra: str) -> int:
+    """Epochs that make the job (ONE_JOB with `extra`, no early stopping) train at least ~`seconds`. Timed in CPU
+    seconds of this process (one thread), which a busy machine does not inflate as it does wall time: the job's wall
+    time is at least its CPU time, so load can only make it longer. A run's time is its set-up plus its epochs times
+    the cost of one: the difference of two epoch budgets is the cost of the epochs alone (wall seconds / epochs
+    overstated it ~1.7×, and the job ended before its signal)."""
     def cpu_seconds(epochs: int) -> float:
-        overrides = ["experiment=smoke", *ONE_JOB, f"mdl.max_epochs={epochs}", f"mdl.patience={epochs}",
-                     "training.parallel_models=1"]
-        cfg = job_config(tmp_path_factory.mktemp("calibrate"), overrides)
+        overrides = ["experiment=smoke", *ONE_JOB, f"mdl.max_epochs={epochs}", f"mdl.patience={epochs}", *extra]
+        cfg = job_config(factory.mktemp("calibrate"), overrides)
         t0 = time.process_time()
         run_job(cfg)
         return time.process_time() - t0
@@ -209,7 +205,14 @@ def long_epochs(tmp_path_factory: pytest.TempPathFactory) -> int:
     cpu_seconds(1)  # the first job in this process pays for imports and caches: not an epoch's cost
     short = cpu_seconds(60)
     per_epoch = (cpu_seconds(240) - short) / 180
-    return max(300, round(LONG_TRAINING_S / per_epoch))
+    return max(300, round(seconds / per_epoch))
+
+
+@pytest.fixture(scope="module")
+def long_epochs(tmp_path_factory: pytest.TempPathFactory) -> int:
+    """The time-limit job's block models, one after another: at least ~LONG_TRAINING_S, so the job outlasts its
+    1-minute limit on a fast machine as on a slow or busy one."""
+    return _calibrated_epochs(tmp_path_factory, LONG_TRAINING_S, "training.parallel_models=1")
 
 
 @SECOND_CLUSTER
@@ -254,20 +257,9 @@ LONG_GROUP_S = 60  # the in-block checkpoint job's one lockstep group: more than
 
 @pytest.fixture(scope="module")
 def long_group_epochs(tmp_path_factory: pytest.TempPathFactory) -> int:
-    """Epochs that make the block models of one job, trained together in one lockstep group (the CPU default),
-    take at least ~LONG_GROUP_S CPU seconds: longer than any attempt of a 1-minute limit. Calibrated as
-    `long_epochs` (CPU seconds of one thread; the difference of two budgets is the cost of the epochs alone)."""
-    def cpu_seconds(epochs: int) -> float:
-        overrides = ["experiment=smoke", *ONE_JOB, f"mdl.max_epochs={epochs}", f"mdl.patience={epochs}"]
-        cfg = job_config(tmp_path_factory.mktemp("calibrate_group"), overrides)
-        t0 = time.process_time()
-        run_job(cfg)
-        return time.process_time() - t0
-
-    cpu_seconds(1)
-    short = cpu_seconds(60)
-    per_epoch = (cpu_seconds(240) - short) / 180
-    return max(300, round(LONG_GROUP_S / per_epoch))
+    """The job's block models trained together in one lockstep group (the CPU default): at least ~LONG_GROUP_S,
+    longer than any attempt of a 1-minute limit."""
+    return _calibrated_epochs(tmp_path_factory, LONG_GROUP_S)
 
 
 def test_blocks_longer_than_an_attempt_finish_from_in_block_checkpoints(slurm_cluster: Path, tmp_path: Path,

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.helpers import fit_settings, group_options, job_config
+from tests.test_row_stopping import _host
 from tests.test_vectorized import _data, _models
 from training.app.schema import MdlConfig, load_section
 from training.app.tasks import load_job
@@ -36,13 +37,8 @@ def _plain_rule(losses: list[float], patience: int, max_epochs: int) -> tuple[in
 
 def _run(stopper: EarlyStopping, losses: list[float]) -> tuple[int, int, int, str]:
     """(stop epoch, best epoch, steps, reason) for one validation per epoch."""
-    step = 0
-    for epoch, loss in enumerate(losses, start=1):
-        step += stopper.steps_per_epoch
-        stopper.record(loss, epoch)
-        if (reason := stopper.end_epoch(epoch, step)) is not None:
-            return epoch, stopper.best_epoch, step, reason
-    raise AssertionError("losses too short")
+    stop, best_epoch, _, steps, reason = _host(stopper, [[loss] for loss in losses])
+    return stop, best_epoch, steps, reason
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -79,17 +75,14 @@ def test_no_stop_inside_the_warmup_or_before_the_step_floor() -> None:
                 improving)[3] == MAX_EPOCHS
 
 
-def test_stop_options_from_the_mdl_config() -> None:
+def test_stop_options_from_the_mdl_config_and_stop_after_warmup_has_one_default(tmp_path: Path) -> None:
     m = load_section(MdlConfig, {"min_steps": 300, "patience_min_steps": 150})
     assert stop_options(m, 50) == {"warmup_steps": 50, "min_steps": 300, "patience_min_steps": 150}
     assert stop_options(dataclasses.replace(m, stop_after_warmup=False), 50)["warmup_steps"] == 0
     with pytest.raises(ValueError, match="mdl.min_steps=-1 is not allowed"):
         load_section(MdlConfig, {"min_steps": -1}, "mdl.")
-
-
-def test_stop_after_warmup_has_one_default(tmp_path: Path) -> None:
-    """A config that does not set mdl.stop_after_warmup gets the schema's default, and that is what the fit
-    loop of an MDL job and of a GS erased evaluation use (it used to be True in the schema, False in the job)."""
+    # A config that does not set mdl.stop_after_warmup gets the schema's default, and that is what the fit loop of
+    # an MDL job and of a GS erased evaluation use (it used to be True in the schema, False in the job).
     cfg = job_config(tmp_path, ["experiment=smoke"])
     del cfg["mdl"]["stop_after_warmup"]
     job = load_job(cfg)

@@ -141,10 +141,6 @@ def _outputs(task: str, result: dict[str, Any]) -> tuple[str, ...]:
     return OUTPUTS.get(task) or tuple(k for k in result if k not in envelope)
 
 
-def _leaves(cfg: dict[str, Any]) -> dict[str, Any]:
-    return flatten(job_semantic(cfg))
-
-
 def _known(key: str) -> str | None:
     return next((why for k, why in KNOWN.items() if key == k or key.startswith(k + ".")), None)
 
@@ -160,7 +156,7 @@ def _walk(task: str, tmp_path: Path, only: set[str] | None = None, overrides: li
     dead: list[str] = []
     known: list[str] = []
     tried = 0
-    for i, (key, value) in enumerate(sorted(_leaves(base_cfg).items())):
+    for i, (key, value) in enumerate(sorted(flatten(job_semantic(base_cfg)).items())):
         if only is not None and key not in only:
             continue
         override = _other(task, key, value)

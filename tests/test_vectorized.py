@@ -12,6 +12,7 @@ so at a higher lr float32 runs drift apart by ~1e-3 after a few epochs. The same
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -108,19 +109,42 @@ def _compare(arch: str, augment: bool, engine: str, eval_every: int | None = Non
             cross_entropy_sum(ms, coded, y[80:200]), rel=loss_rtol)
 
 
-@pytest.mark.parametrize("engine", ["loop", "stacked"])
-def test_mlp_vectorised_equals_sequential(engine: str) -> None:
-    _compare("mlp", augment=False, engine=engine)
+def _step_penalty(logits: Tensor, y: Tensor, step: int) -> Tensor:
+    return (0.05 if step >= 4 else 0.0) * logits.square().mean()
 
 
-@pytest.mark.parametrize("engine", ["loop", "stacked"])
-def test_lenet_vectorised_equals_sequential_with_augmentation(engine: str) -> None:
-    _compare("lenet", augment=True, engine=engine, lr=2e-3)  # stacked at 4e-3: rounding amplified to ~1e-3
+# _compare's arguments for each case; the loop engine bitwise, the stacked one within its tolerance
+COMPARED: dict[str, dict[str, Any]] = {
+    **{f"mlp-{e}": dict(arch="mlp", augment=False, engine=e) for e in ("loop", "stacked")},
+    # stacked at lr 4e-3: rounding amplified to ~1e-3
+    **{f"lenet-augment-{e}": dict(arch="lenet", augment=True, engine=e, lr=2e-3) for e in ("loop", "stacked")},
+    **{f"eval-every-own-val-{e}": dict(arch="mlp", augment=True, engine=e, eval_every=3, own_val=True)
+       for e in ("loop", "stacked")},
+    # lr 1e-2: float32 stacked runs drift from sequential (Adam amplifies rounding); float64 agrees to 1e-12
+    **{f"{a}-float64-chaotic": dict(arch=a, augment=a == "lenet", engine="stacked", lr=1e-2, dtype=torch.float64)
+       for a in ("mlp", "lenet")},
+    # training.workers=2: the members split over two threads (one core each); still bitwise exact
+    **{f"{a}-workers": dict(arch=a, augment=a == "lenet", engine="loop", workers=2, own_val=a == "mlp", lr=2e-3)
+       for a in ("mlp", "lenet")},
+    # a regularizer that depends on the step (like SD's start_step): the loop engine is still bitwise exact
+    "regularizer-loop": dict(arch="mlp", augment=False, engine="loop", regularizer=_step_penalty),
+    # training.compile=true (CPU inductor here; minutes to compile): same numbers within the float32 tolerance
+    **{f"compiled-{e}": dict(arch="mlp", augment=True, engine=e, compile="default") for e in ("loop", "stacked")},
+    # training.fused_optimizer: the flat schedule-free step (numba on CPU, or torch.compile) within float32 rounding
+    # of the library's, so within the stacked engine's tolerance of sequential training
+    **{f"fused-{f}": dict(arch="mlp", augment=True, engine="loop", fused=f, workers=2) for f in ("true", "compile")},
+    # torch.compile (Triton) on GPU. CUDA vs sequential: tests/test_numerics_contract.py (the GPU promise is the
+    # numerics contract's tolerance)
+    "cuda-fused": dict(arch="mlp", augment=True, engine="loop", device="cuda", fused="true"),
+}
+MARKS = {"compiled-loop": pytest.mark.slow, "compiled-stacked": pytest.mark.slow, "cuda-fused": pytest.mark.gpu}
 
 
-@pytest.mark.parametrize("engine", ["loop", "stacked"])
-def test_eval_every_steps_and_own_validation_sets(engine: str) -> None:
-    _compare("mlp", augment=True, engine=engine, eval_every=3, own_val=True)
+@pytest.mark.parametrize("case", [pytest.param(case, marks=MARKS.get(case, ())) for case in COMPARED])
+def test_group_equals_sequential(case: str) -> None:
+    if COMPARED[case].get("fused") == "compile" and cpu_compiler() is None:
+        pytest.skip("no C++ compiler for torch.compile on CPU")
+    _compare(**COMPARED[case])
 
 
 @pytest.mark.parametrize("engine", ["loop", "stacked"])
@@ -156,42 +180,6 @@ def test_members_finishing_apart_are_each_reported_as_if_trained_alone(engine: s
             assert (a - state[name]).abs().max() <= param_tol * (a.abs().max() + 1e-3), (k, name)
 
 
-@pytest.mark.parametrize("arch", ["mlp", "lenet"])
-def test_stacked_float64_same_arithmetic_in_a_chaotic_regime(arch: str) -> None:
-    """lr 1e-2: float32 stacked runs drift from sequential (Adam amplifies rounding); float64 agrees to 1e-12."""
-    _compare(arch, augment=arch == "lenet", engine="stacked", lr=1e-2, dtype=torch.float64)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", ["loop", "stacked"])
-def test_compiled_equals_sequential(engine: str) -> None:
-    """training.compile=true (CPU inductor here; minutes to compile): same numbers within the float32 tolerance."""
-    _compare("mlp", augment=True, engine=engine, compile="default")
-
-
-# CUDA vs sequential: tests/test_numerics_contract.py (the GPU promise is the numerics contract's tolerance)
-
-
-@pytest.mark.gpu
-def test_cuda_fused_optimizer_equals_sequential() -> None:
-    _compare("mlp", augment=True, engine="loop", device="cuda", fused="true")  # torch.compile (Triton) on GPU
-
-
-@pytest.mark.parametrize("arch", ["mlp", "lenet"])
-def test_worker_threads_equal_sequential_bitwise(arch: str) -> None:
-    """training.workers=2: the members split over two threads (one core each); still bitwise exact."""
-    _compare(arch, augment=arch == "lenet", engine="loop", workers=2, own_val=arch == "mlp", lr=2e-3)
-
-
-@pytest.mark.parametrize("fused", ["true", "compile"])
-def test_fused_optimizer_equals_sequential(fused: str) -> None:
-    """training.fused_optimizer: the flat schedule-free step (numba on CPU, or torch.compile) within float32
-    rounding of the library's, so within the stacked engine's tolerance of sequential training."""
-    if fused == "compile" and cpu_compiler() is None:
-        pytest.skip("no C++ compiler for torch.compile on CPU")
-    _compare("mlp", augment=True, engine="loop", fused=fused, workers=2)
-
-
 def test_a_failing_worker_stops_the_others() -> None:
     """An error in one worker (here in on_finish) is raised once and the other worker stops early."""
     data, y, xv, yv = _data()
@@ -211,7 +199,7 @@ def test_a_failing_worker_stops_the_others() -> None:
     assert torch.get_num_threads() == 1  # the caller's thread setting is restored
 
 
-def test_workers_and_partition() -> None:
+def test_engines_workers_and_partition() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_workers("auto", cpu, "loop", 9) == min(torch.get_num_threads(), 9)
     assert resolve_workers("auto", cuda, "stacked", 9) == 1
@@ -228,30 +216,16 @@ def test_workers_and_partition() -> None:
         assert max(loads) - min(loads) <= max(costs), (n, loads)
     assert balanced_parts([5.0, 3.0, 2.0], 2) == [[0], [1, 2]]  # 5 | 3+2, not LPT's first guess
     assert balanced_parts([1.0], 4) == [[0]]
-
-
-def test_loop_engine_with_regularizer_equals_sequential() -> None:
-    """A regularizer that depends on the step (like SD's start_step): the loop engine is still bitwise exact."""
-    def penalty(logits: Tensor, y: Tensor, step: int) -> Tensor:
-        return (0.05 if step >= 4 else 0.0) * logits.square().mean()
-
-    _compare("mlp", augment=False, engine="loop", regularizer=penalty)
-
-
-def test_not_vectorised_with_regularizer_or_batchnorm() -> None:
-    model, opt = _models("mlp", [0])[0]
+    assert resolve_engine("auto", torch.device("cpu")) == "loop"
+    assert resolve_engine("auto", torch.device("cuda")) == "stacked"
+    with pytest.raises(ValueError):
+        resolve_engine("bogus", torch.device("cpu"))
+    model, opt = _models("mlp", [0])[0]  # a regularizer or a batch norm is not vectorised
     assert why_not_vectorized(model, opt) is None
     assert why_not_vectorized(model, opt, lambda z, y, s: z.sum(), engine="loop") is None
     assert "regularizer" in str(why_not_vectorized(model, opt, lambda z, y, s: z.sum(), engine="stacked"))
     bn = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
     assert why_not_vectorized(bn, torch.optim.SGD(bn.parameters(), lr=0.1)) is not None
-
-
-def test_engine_choice() -> None:
-    assert resolve_engine("auto", torch.device("cpu")) == "loop"
-    assert resolve_engine("auto", torch.device("cuda")) == "stacked"
-    with pytest.raises(ValueError):
-        resolve_engine("bogus", torch.device("cpu"))
 
 
 def test_storage_is_exact_and_compact() -> None:

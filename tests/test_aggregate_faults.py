@@ -22,11 +22,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
 
 from scripts import aggregate
 from tests.helpers import fixture_job_dir
-from training.app.tasks import spec_of
-from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary
+from training.analysis import aggregate_plots
+from training.analysis.tables import MixedGroupsError
+from training.app.lifecycle import Outcome
+from training.app.result_codec import encode
+from training.app.results import JobDir
+from training.app.tasks import decode_result, spec_of
+from training.cli.ledger import LEDGER_ENV, JobStatusCallback, job_outcomes, summary_line
+from training.common.ledger_entry import read_ledger
+from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary, claims
 from training.tasks.mdl.claims import CLAIMS
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
@@ -100,10 +109,6 @@ def test_1_erasers_at_different_learning_rates_get_a_table_each_and_no_verdict(
 
 
 def test_1_a_comparison_across_groups_is_refused_with_one_line(tmp_path: Path) -> None:
-    from training.analysis import aggregate_plots
-    from training.analysis.tables import MixedGroupsError
-    from training.tasks.mdl import claims
-
     root = tmp_path / "runs"
     for seed in range(3):
         _write(root, _cfg("control", seed, lr=0.001), 1.0)
@@ -302,16 +307,6 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Two identical sweeps at once: the job that waited on the directory's lock and found the other's result
     is skipped ("done by another run"), not a second "done"."""
-    from hydra.core.utils import JobReturn, JobStatus
-    from omegaconf import OmegaConf
-
-    from training.app.lifecycle import Outcome
-    from training.app.result_codec import encode
-    from training.app.results import JobDir
-    from training.app.tasks import decode_result
-    from training.cli.ledger import LEDGER_ENV, JobStatusCallback, summary_line
-    from training.common.ledger_entry import read_ledger
-
     MDL = spec_of("mdl")
 
     ledger = tmp_path / "ledger"
@@ -363,9 +358,5 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
 
 
 def test_the_ledger_refuses_a_task_that_returns_no_outcome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hydra.core.utils import JobReturn, JobStatus
-
-    from training.cli.ledger import job_outcomes
-
     with pytest.raises(TypeError, match="not a list of Outcomes"):
         job_outcomes([tmp_path], JobReturn(status=JobStatus.COMPLETED, _return_value={"mdl": {}}))

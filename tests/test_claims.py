@@ -105,17 +105,22 @@ def test_p_ci_and_holm_match_scipy_and_the_verdict_uses_the_printed_holm_p() -> 
     assert seen > 0
 
 
+def _decided(row: claims.RowInput, key: str = "leace_raises_mdl") -> claims.RowTest:
+    """`row` tested and decided as the only row of claim `key`."""
+    claim = claims.CLAIMS[key]
+    t = claims.row_test(claim, row)
+    claims.decide(claim, [t])
+    return t
+
+
 def _sim_row(rng: np.random.Generator, effect: float, n: int, sign: int = +1, sd: float = 1.0,
              bracket: float = 0.0) -> claims.RowTest:
     """One row of a claim with the given sign: per seed a − b = effect + N(0, sd²); `bracket` > 0: a is a bracket
     [x − bracket, x + bracket] (its two fit modes), b one control value."""
-    claim = next(c for c in claims.CLAIMS.values() if c.sign == sign)
+    key = next(k for k, c in claims.CLAIMS.items() if c.sign == sign)
     x = effect + rng.normal(0, sd, n)
     a = {"holdout": pd.Series(x - bracket), "self": pd.Series(x + bracket)} if bracket else {"all": pd.Series(x)}
-    b = {m: pd.Series(np.zeros(n)) for m in a}
-    t = claims.row_test(claim, claims.RowInput("r", a, b, bool(bracket)))
-    claims.decide(claim, [t])
-    return t
+    return _decided(claims.RowInput("r", a, {m: pd.Series(np.zeros(n)) for m in a}, bool(bracket)), key)
 
 
 def _rate(verdicts: list[str], which: str) -> float:
@@ -309,29 +314,25 @@ def test_at_the_cap_means_stopped_by_max_epochs_with_the_best_epoch_at_the_end()
     assert at_cap(BlockRecord.of({"epochs": 60, "best_epoch": 58})) is None  # written before stop reasons
 
 
-def test_without_validation_trends_more_than_a_fifth_of_the_block_models_at_the_cap_is_budget_bound() -> None:
-    """Results written before validation trends: 10 block models per cell (2 per run): 2 at the cap (20%) is not
-    budget-bound, 3 (30%) is, and the row says the count is not evidence."""
-    def cell(at: list[int]) -> list[dict[str, Any]]:
-        return _runs("leace", 1.5, blocks_known=2.0, blocks_at_cap=at, blocks_patience=2.0)
+def test_budget_bound_without_trends_is_over_a_fifth_at_the_cap_and_with_them_a_fall_that_moves_the_code() -> None:
+    """Results written before validation trends (10 block models per cell, 2 per run): 2 at the cap (20%) is not
+    budget-bound, 3 (30%) is, and the row says the count is not evidence. With trends the count decides nothing:
+    half the block models at the cap with trends worth 0.002 bits/sample is not budget-bound; 0.03 is."""
+    def cell(at_cap: list[int]) -> list[dict[str, Any]]:
+        runs = _runs("leace", 1.5, blocks_known=2.0, blocks_patience=2.0)
+        return [dict(r, blocks_at_cap=float(a)) for r, a in zip(runs, at_cap, strict=True)]
 
-    at_fifth = [dict(r, blocks_at_cap=float(a)) for r, a in zip(cell([0] * 5), [1, 1, 0, 0, 0], strict=True)]
-    over = [dict(r, blocks_at_cap=float(a)) for r, a in zip(cell([0] * 5), [1, 1, 1, 0, 0], strict=True)]
     control = _shuffled(1.0, blocks_known=2.0, blocks_at_cap=0.0)
-    assert _verdicts(_df(control, at_fifth), ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
-    row = _rows(_df(control, over), "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
+    assert _verdicts(_df(control, cell([1, 1, 0, 0, 0])), ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
+    row = _rows(_df(control, cell([1, 1, 1, 0, 0])), "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
     assert row.verdict == "budget-bound" and row.why == "a: 30% at cap (no validation trend recorded) (all)"
 
-
-def test_budget_bound_needs_at_cap_models_whose_validation_loss_still_falls() -> None:
-    """With validation trends the count of models at the cap decides nothing: half the block models at the cap but
-    trends that would take 0.002 bits/sample off the code is not budget-bound; 0.03 is."""
-    def cell(bits: float) -> list[dict[str, Any]]:
+    def trended(bits: float) -> list[dict[str, Any]]:
         return _runs("leace", 1.5, blocks_known=2.0, blocks_at_cap=1.0, budget_bits=bits)
 
     control = _shuffled(1.0, blocks_known=2.0, blocks_at_cap=1.0, budget_bits=0.0)
-    assert _verdicts(_df(control, cell(0.002)), ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
-    row = _rows(_df(control, cell(0.03)), "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
+    assert _verdicts(_df(control, trended(0.002)), ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
+    row = _rows(_df(control, trended(0.03)), "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
     assert row.verdict == "budget-bound" and row.why.startswith("a: at-cap models still falling: ≈ 0.030")
 
 
@@ -492,9 +493,7 @@ def test_the_shuffled_fit_control_absorbs_the_bias_of_removing_directions_chosen
     assert rows == {k: (t.margins, t.verdict) for k, t in _rows(pd.concat([plain, qleace]),
                                                                 "qleace_above_leace").items()}
     assert len(rows) == 1 and len(_rows(plain, "leace_raises_mdl")) == 2
-
-
-def test_a_real_effect_is_supported_against_the_shuffled_fit_control() -> None:
+    # a real effect (0.15) is supported against the shuffled-fit control
     _, both = _known_answer(0.15)
     after = _rows(both, "leace_raises_mdl")
     bracket = after["d mlp_relu w128 d2 vs shuffled fit (fit on [holdout, self])"]
@@ -542,10 +541,7 @@ def _bracket_draws(rng: np.random.Generator, n: int, effect: float, bias_a: tupl
 
 
 def _verdict(row: claims.RowInput) -> str:
-    claim = claims.CLAIMS["leace_raises_mdl"]
-    t = claims.row_test(claim, row)
-    claims.decide(claim, [t])
-    return t.verdict
+    return _decided(row).verdict
 
 
 def test_a_shared_bias_of_removing_noise_directions_is_never_supported() -> None:

@@ -10,8 +10,10 @@ import torch
 
 from tests.helpers import job_config, result_of
 from training.app.schema import group_config
+from training.app.tasks import get_task
 from training.data import load_dataset
 from training.data.colored_mnist import Environment, colored_mnist, fig3_variants, make_environment
+from training.tasks.gs import colored_mnist as _task  # noqa: F401 - registers the task
 
 CFG = group_config("dataset", "colored_mnist", source="mnist5k", n_test=1000, label_noise=0.25, color_flip=[0.2, 0.1],
                    test_color_flip=0.9, data_seed=0)
@@ -77,9 +79,6 @@ def test_registry_pools_training_environments_and_is_deterministic(envs: dict[st
 
 
 def test_task_reports_accuracy_and_fig3(tmp_path: Path) -> None:
-    from training.app.tasks import get_task
-    from training.tasks.gs import colored_mnist as _task  # noqa: F401 - registers the task
-
     cfg = job_config(tmp_path, ["experiment=gs_colored_mnist", "gs.steps=12", "gs.hidden=16", "gs.eval_every=5",
                                 "regularizer.start_step=6"])
     r = result_of(get_task("gs_colored_mnist")(cfg))

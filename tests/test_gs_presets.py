@@ -5,12 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
+from scripts.aggregate import main as aggregate
 from tests.helpers import job_config, result_of
+from training.app.tasks import Collected, decode_result, get_task
 from training.common.sweep_jobs import fast_expand
 from training.common.sweeps import expand
 from training.engine.fit import FitConfig, FitResult, Member, fit
+from training.tasks.gs import erased_eval
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,8 +51,6 @@ QUICK_EVAL = ["experiment=gs_sd_erasure", "task=gs_erased_eval", "dataset=digits
 
 
 def test_erased_eval_control_is_a_noop_and_leace_reports_gaps(tmp_path: Path) -> None:
-    from training.app.tasks import get_task
-
     task = get_task("gs_erased_eval")
     control = job_config(tmp_path, [*QUICK_EVAL, "eraser=control"])
     nothing = task(control)
@@ -78,11 +80,6 @@ def _fake_mdl(eraser: str, reg: str, seed: int, bits: float) -> dict:
 
 def test_aggregate_tables_from_each_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Each task makes the tables of its results (`Task.rows`); scripts/aggregate.py asks every task."""
-    import pandas as pd
-
-    from scripts.aggregate import main as aggregate
-    from training.app.tasks import Collected, decode_result, get_task
-
     results = [result_of(get_task("gs_two_moons")(job_config(tmp_path, ["experiment=gs_two_moons", f"seed={s}",
                                                                           f"regularizer.lam={lam}", "gs.steps=20",
                                                                           "gs.grid.n=101"])))
@@ -109,9 +106,6 @@ def test_aggregate_tables_from_each_task(tmp_path: Path, capsys: pytest.CaptureF
 def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The GS erased evaluation hashes mdl.* and so stops by mdl's step-aware rule (it used to ignore
     stop_after_warmup, min_steps and patience_min_steps)."""
-    from training.app.tasks import get_task
-    from training.tasks.gs import erased_eval
-
     seen: list[FitConfig] = []
     real_fit = fit
 
@@ -131,8 +125,6 @@ def test_erased_eval_erases_through_the_mdl_cache(tmp_path: Path) -> None:
     """gs_erased_eval erases as MDL does (training/inputs/pipeline.py erase_maybe_zscored): through the erased-data
     cache (a rerun fits nothing), out of sample on the test rows with MDL's holdout options (it used to call erasure.fit
     itself, with no cache)."""
-    from training.app.tasks import get_task
-
     task = get_task("gs_erased_eval")
     cfg = job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "mdl.max_epochs=2"])
     first = result_of(task(cfg))

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import job_config
+from training.app.schema import ConfigError
+from training.app.tasks import job_hash, load_job
+from training.tasks.mdl import code as mdl_code
 from training.tasks.mdl.code import cumulative, legacy_mdl, paper_code, partition_logspace, prequential_code
+from training.tasks.mdl.refusals import check_blocks
 from training.tasks.mdl.splits import make_split
 
 
@@ -69,8 +74,6 @@ def test_split_is_nested_disjoint_and_seeded() -> None:
 
 
 def test_config_hash_ignores_where_and_how_but_not_what() -> None:
-    from training.app.tasks import job_hash
-
     base = {"seed": 0, "dataset": {"name": "digits"}, "paths": {"out_dir": "a"}, "training": {"engine": "loop"}}
     assert job_hash(base) == job_hash({**base, "paths": {"out_dir": "b"}, "training": {"engine": "stacked"},
                                              "logger": {"name": "none"}, "device": "cuda"})
@@ -81,15 +84,9 @@ def test_config_hash_ignores_where_and_how_but_not_what() -> None:
 def test_block_feasibility_is_one_rule_the_partition_split_and_precheck_share(n_coded: int, tmp_path: Path) -> None:
     """`most_blocks` decides; the partition, the split and the job's precheck accept exactly up to it and refuse one
     more (each in its own words)."""
-    from tests.helpers import job_config
-    from training.app.schema import ConfigError
-    from training.app.tasks import load_job
-    from training.tasks.mdl.code import most_blocks
-    from training.tasks.mdl.refusals import check_blocks
-
     n_val = 3
     n = n_coded + n_val
-    most = most_blocks(n_coded)
+    most = mdl_code.most_blocks(n_coded)
     assert most == n_coded // 2
     for blocks, ok in ((most, True), (most + 1, False)):
         cfg = load_job(job_config(tmp_path, ["experiment=smoke", f"mdl.num_blocks={max(blocks, 2)}",

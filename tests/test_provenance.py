@@ -26,13 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import schedulefree
 import torch
 from torch import nn
 
+import erasure
 from tests.helpers import ENV, REPO, TINY, fit_settings, group_options, job_config, result_of
 from training.app.lifecycle import PROGRESS_FILE, Progress, run_in_job_dir
 from training.app.schema import ConfigError, group_config
-from training.app.tasks import job_hash, load_job
+from training.app.tasks import decode_result, get_task, job_hash, load_job
+from training.common import provenance as prov_mod
 from training.data import load_dataset
 from training.data.cache import _store, cached_erase, key_hash
 from training.data.idx import find_idx_pair
@@ -41,8 +44,11 @@ from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, Member, TrainData, fit
 from training.engine.group import fit_group
 from training.errors import UserError  # NonFiniteError's base (tests fail, not error, on code without it)
-from training.inputs.erase import cache_key
+from training.inputs import erase as erase_module
+from training.inputs.erase import apply_eraser, cache_key
+from training.inputs.plan import FitPlan
 from training.inputs.store import Store
+from training.tasks.mdl.aggregate_collect import UNKNOWN_COMMIT, commit_of
 from training.tasks.mdl.job import run_job
 from training.tasks.mdl.result import MdlSections
 from training.tasks.mdl.trainer import Trainer
@@ -86,8 +92,6 @@ def _check_provenance(prov: dict[str, Any], t0: datetime, t1: datetime) -> None:
 
 
 def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> None:
-    from training.app.tasks import get_task
-
     t0 = datetime.now(timezone.utc)
     mdl = result_of(run_job(job_config(tmp_path / "mdl", TINY)))
     gs = result_of(get_task("gs_two_moons")(job_config(tmp_path / "gs", ["experiment=gs_two_moons", "gs.steps=20",
@@ -97,15 +101,11 @@ def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> Non
         on_disk = json.loads((Path(result["job_dir"]) / "result.json").read_text())
         _check_provenance(on_disk["provenance"], t0, t1)
     # scripts/aggregate.py reads exactly these keys
-    from training.app.tasks import decode_result
-    from training.tasks.mdl.aggregate_collect import UNKNOWN_COMMIT, commit_of
 
     assert (commit_of(decode_result(mdl)) != UNKNOWN_COMMIT) is (REPO / ".git").exists()
 
 
 def test_2_outside_a_git_checkout_commit_and_dirty_are_null(tmp_path: Path) -> None:
-    from training.common import provenance as prov_mod
-
     site = tmp_path / "site-packages"  # an installed wheel: the package next to its dist-info, no .git
     (site / "training").mkdir(parents=True)
     (site / "erasure_mdl-0.1.0.dist-info").mkdir()
@@ -174,8 +174,6 @@ def _toy(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _member(x: torch.Tensor, y: torch.Tensor, name: str, cfg: FitConfig) -> Member:
-    import schedulefree
-
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     opt = schedulefree.AdamWScheduleFree(model.parameters(), lr=1e-2, warmup_steps=2)
@@ -270,9 +268,6 @@ def test_3_nonfinite_code_length_or_result_number_writes_no_result(tmp_path: Pat
 
 def test_3_nan_erased_data_fails_and_a_cached_nan_entry_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
-    import erasure
-    from training.inputs.erase import apply_eraser
-
     data = load_dataset(group_config("dataset", "digits"))
     eraser = group_config("eraser", "leace")
     real = erasure.erase
@@ -283,8 +278,6 @@ def test_3_nan_erased_data_fails_and_a_cached_nan_entry_is_rebuilt(tmp_path: Pat
     assert not list((tmp_path / "erased").glob("*/data.pt"))
     monkeypatch.setattr(erasure, "erase", real)
     # fitted on a held-out part and applied to the rest: the same refusal, nothing cached
-    from training.inputs import erase as erase_module
-    from training.inputs.plan import FitPlan
 
     applied = erase_module._apply_fitted
     monkeypatch.setattr(erase_module, "_apply_fitted", lambda *a, **kw: (applied(*a, **kw)[0] * math.nan, {}))

@@ -24,7 +24,11 @@ import pytest
 
 from tests.helpers import ENV, TINY, job_config, result_of
 from training.app.lifecycle import Outcome
+from training.app.schema import ConfigError
+from training.app.tasks import load_job
 from training.common.provenance import code_provenance, head_from_files
+from training.tasks.mdl import refusals as precheck
+from training.tasks.mdl.job import run_job
 
 
 # --- the commit of a checkout another user owns -----------------------------------------------------------------------
@@ -111,8 +115,6 @@ SMALL = [*TINY, "dataset=fashion_mnist", "dataset.download=false", "mdl.num_bloc
 
 
 def _run(out: Path, *overrides: str) -> Outcome:
-    from training.tasks.mdl.job import run_job
-
     return run_job(job_config(out, [*SMALL, *overrides]))
 
 
@@ -160,8 +162,6 @@ def test_2_another_copy_of_the_data_is_reused_only_when_identical(tmp_path: Path
 
 # --- ugly: a result.json with a valid hash but no mdl section -----------------------------------------------------
 def test_6_result_without_mdl_section_is_rerun_with_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from training.tasks.mdl.job import run_job
-
     cfg = job_config(tmp_path, TINY)
     done = result_of(run_job(cfg))
     path = Path(done["job_dir"]) / "result.json"
@@ -182,10 +182,6 @@ def test_a_stale_result_reruns_only_after_the_checks_a_new_job_gets(tmp_path: Pa
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A finished result found stale (here incomplete; likewise other data) runs the job again: the data checks
     (blocks, storage, memory) run on it as on any job that runs, though the precheck first took it for finished."""
-    from training.app.schema import ConfigError
-    from training.tasks.mdl import refusals as precheck
-    from training.tasks.mdl.job import run_job
-
     cfg = job_config(tmp_path, TINY)
     path = Path(result_of(run_job(cfg))["job_dir"]) / "result.json"
     stored = json.loads(path.read_text())
@@ -220,9 +216,6 @@ def _tree(root: Path) -> set[Path]:
 
 @pytest.mark.parametrize(("override", "key"), ESCAPES)
 def test_4_each_path_part_is_refused_in_one_line(tmp_path: Path, override: str, key: str) -> None:
-    from training.app.schema import ConfigError
-    from training.tasks.mdl.job import run_job
-
     out = tmp_path / "deep" / "er" / "out"
     out.mkdir(parents=True)
     before = _tree(tmp_path)
@@ -237,8 +230,6 @@ def test_4_each_path_part_is_refused_in_one_line(tmp_path: Path, override: str, 
 @pytest.mark.parametrize("override", ["paths.job_subdir=mine/sub", "paths.cell=c_mine", "dataset.tag=my.tag",
                                       "paths.out_dir=../relative_is_fine"])
 def test_4_ordinary_path_parts_are_accepted(tmp_path: Path, override: str) -> None:
-    from training.app.tasks import load_job
-
     cfg = job_config(tmp_path, [*TINY, override])
     if override.startswith("paths.out_dir"):
         cfg = {**cfg, "paths": {**cfg["paths"], "out_dir": "../relative_is_fine",

@@ -59,13 +59,12 @@ def _write(root: Path, cfg: dict[str, Any], bits: float, cert: dict[str, Any] | 
         "certificate": None if cert is None else {"before": {}, "after": cert}}
     if new:
         fit_on = cfg["eraser"]["fit_on"]
+        split = fit_on in ("holdout", "self")
         fit = {"fit_on": fit_on, "n_fit": 5000 if fit_on == "all" else 1000, "n_coded": 5000 if fit_on == "all"
                else 4000}
         if "repeat" in cfg["eraser"]:
-            fit = {"fit_on": fit_on, "fit_source": "split" if fit_on in ("holdout", "self") else None,
-                   "n_fit": 5000 if fit_on == "all" else 1000, "n_coded": 5000 if fit_on == "all" else 4000,
-                   "fit_fraction": 0.2 if fit_on in ("holdout", "self") else None,
-                   "repeat": cfg["eraser"]["repeat"] if fit_on in ("holdout", "self") else None}
+            fit.update(fit_source="split" if split else None, fit_fraction=0.2 if split else None,
+                       repeat=cfg["eraser"]["repeat"] if split else None)
         elif fit_on == "holdout":
             fit.update(fold=cfg["eraser"]["fold"], folds=5)
         result["mdl"].update(num_classes=10, n_coded=fit["n_coded"])
@@ -294,7 +293,7 @@ def _cert(linear: dict[str, Any], quadratic: dict[str, Any]) -> dict[str, Any]:
     return cert
 
 
-def test_certificate_table_shows_out_of_sample_probes_and_a_below_chance_probe_as_an_artefact(
+def test_certificate_table_shows_out_of_sample_and_mlp_probes_and_a_below_chance_probe_as_an_artefact(
         tmp_path: Path) -> None:
     """LEACE: the linear probe below chance by 7 SE in seed 0 (an in-sample fit's dependence artefact), not in
     seed 1; QLEACE: no stored verdict, its z-scores say below chance by > 3 SE; control: information."""
@@ -318,6 +317,20 @@ def test_certificate_table_shows_out_of_sample_probes_and_a_below_chance_probe_a
     assert by["control"][-1] == "information (linear)"
     md = _run(root, tmp_path)
     assert "✓" not in md
+    # the MLP probe (newer than the others) gets its columns once a result has it; its below-chance flag makes the
+    # cell a dependence artefact like the others'
+    root = tmp_path / "mlp"
+    cert = _cert(nothing, nothing)
+    cert.update({f"mlp_probe_{k}": v for k, v in _probe(0.05, -9.0, 3.5, -8.0, "dependence artefact").items()})
+    _write(root, _cfg("qleace", 0), 2.5, cert=cert)
+    _write(root, _cfg("control", 0), 1.0, cert=_cert(nothing, nothing))
+    summary = aggregate_summary.summarize(aggregate_collect.collect_dir(root)[0])
+    header, rows = aggregate_render.certificate_rows(summary)
+    assert header[8:12] == ["mlp probe acc ± SE", "mlp probe loss ± SE (bits)", "chance acc / loss (bits)",
+                            "probe verdict"]
+    by = {r[1]: r[2:12] for r in rows}
+    assert by["qleace"][6:] == ["0.050 ± 0.004", "3.500 ± 0.005", "0.100 / 3.322", "dependence artefact (mlp)"]
+    assert by["control"][6] == "n/a" and by["control"][-1] == "no information detected"
 
 
 # --- brackets, fit and budget (result.json keys), claims on them ----------------------------------------------------
@@ -400,20 +413,3 @@ def test_claims_on_brackets_and_a_budget_bound_cell(tmp_path: Path) -> None:
     assert f"- {claims.CLAIMS['leace_raises_mdl'].text}: **uncontrolled**" in report
     assert "after the bias" not in report and "Holm" in report
 
-
-def test_certificate_table_shows_the_mlp_probe_where_results_have_it(tmp_path: Path) -> None:
-    """The MLP probe (newer than the others) gets its columns once a result has it; its below-chance flag makes the
-    cell a dependence artefact like the others'."""
-    root = tmp_path / "runs"
-    nothing = _probe(0.1, 0.1, 3.322, -0.2, "no information detected")
-    cert = _cert(nothing, nothing)
-    cert.update({f"mlp_probe_{k}": v for k, v in _probe(0.05, -9.0, 3.5, -8.0, "dependence artefact").items()})
-    _write(root, _cfg("qleace", 0), 2.5, cert=cert)
-    _write(root, _cfg("control", 0), 1.0, cert=_cert(nothing, nothing))
-    summary = aggregate_summary.summarize(aggregate_collect.collect_dir(root)[0])
-    header, rows = aggregate_render.certificate_rows(summary)
-    assert header[8:12] == ["mlp probe acc ± SE", "mlp probe loss ± SE (bits)", "chance acc / loss (bits)",
-                            "probe verdict"]
-    by = {r[1]: r[2:12] for r in rows}
-    assert by["qleace"][6:] == ["0.050 ± 0.004", "3.500 ± 0.005", "0.100 / 3.322", "dependence artefact (mlp)"]
-    assert by["control"][6] == "n/a" and by["control"][-1] == "no information detected"

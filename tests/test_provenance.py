@@ -91,7 +91,7 @@ def _check_provenance(prov: dict[str, Any], t0: datetime, t1: datetime) -> None:
     assert t0 - timedelta(seconds=1) <= started <= ended <= t1 + timedelta(seconds=1)
 
 
-def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> None:
+def test_2_every_result_records_its_provenance_mdl_and_gs_and_its_data_fingerprint(tmp_path: Path) -> None:
     t0 = datetime.now(timezone.utc)
     mdl = result_of(run_job(job_config(tmp_path / "mdl", TINY)))
     gs = result_of(get_task("gs_two_moons")(job_config(tmp_path / "gs", ["experiment=gs_two_moons", "gs.steps=20",
@@ -100,9 +100,10 @@ def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> Non
     for result in (mdl, gs):
         on_disk = json.loads((Path(result["job_dir"]) / "result.json").read_text())
         _check_provenance(on_disk["provenance"], t0, t1)
-    # scripts/aggregate.py reads exactly these keys
-
-    assert (commit_of(decode_result(mdl)) != UNKNOWN_COMMIT) is (REPO / ".git").exists()
+    assert (commit_of(decode_result(mdl)) != UNKNOWN_COMMIT) is (REPO / ".git").exists()  # aggregate.py reads these
+    fp = json.loads((Path(mdl["job_dir"]) / "result.json").read_text())["dataset"]["fingerprint"]
+    data = load_dataset(group_config("dataset", "digits"))
+    assert fp == {"content": data.content_hash(), "files": []}  # sklearn's digits: no file of ours read
 
 
 def test_2_outside_a_git_checkout_commit_and_dirty_are_null(tmp_path: Path) -> None:
@@ -278,7 +279,6 @@ def test_3_nan_erased_data_fails_and_a_cached_nan_entry_is_rebuilt(tmp_path: Pat
     assert not list((tmp_path / "erased").glob("*/data.pt"))
     monkeypatch.setattr(erasure, "erase", real)
     # fitted on a held-out part and applied to the rest: the same refusal, nothing cached
-
     applied = erase_module._apply_fitted
     monkeypatch.setattr(erase_module, "_apply_fitted", lambda *a, **kw: (applied(*a, **kw)[0] * math.nan, {}))
     holdout = FitPlan("holdout", coded_idx=torch.arange(400, len(data.y)), fit_idx=torch.arange(400))
@@ -339,13 +339,6 @@ def test_4_a_dataset_root_given_is_the_only_place_looked_in(tmp_path: Path) -> N
     missing = group_config("dataset", "fashion_mnist", root=str(tmp_path / "missing"), download=False)
     with pytest.raises(DatasetMissingError, match=str(tmp_path / "missing")):  # never the copy found elsewhere
         load_dataset(missing, tmp_path / "data")
-
-
-def test_4_result_json_records_the_data_fingerprint(tmp_path: Path) -> None:
-    result = result_of(run_job(job_config(tmp_path, TINY)))
-    fp = json.loads((Path(result["job_dir"]) / "result.json").read_text())["dataset"]["fingerprint"]
-    data = load_dataset(group_config("dataset", "digits"))
-    assert fp == {"content": data.content_hash(), "files": []}  # sklearn's digits: no file of ours read
 
 
 def test_4_a_gzipped_and_a_plain_idx_file_mixed_are_used_with_one_warning(tmp_path: Path,

@@ -129,12 +129,22 @@ def _shuffle_labels(labels: Path) -> None:
         f.write(bytes(raw))
 
 
-def test_2_swapped_labels_under_the_same_names_rerun_the_job(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_2_swapped_labels_under_the_same_names_rerun_the_job_and_unreadable_data_is_reused(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "data"
     _fashion_fixture(root)
     first = result_of(_run(tmp_path / "out", f"dataset.root={root}"))
     again = _run(tmp_path / "out", f"dataset.root={root}")
     assert again.status == "skipped" and result_of(again)["provenance"] == first["provenance"]  # unchanged: SKIP
+    images = root / "train-images-idx3-ubyte.gz"
+    readable = images.read_bytes()
+    images.write_bytes(b"not gzip")  # unreadable now: nothing to compare, the result is reused with a warning
+    with caplog.at_level(logging.WARNING):
+        again = _run(tmp_path / "out", f"dataset.root={root}")
+    assert again.status == "skipped" and result_of(again)["provenance"] == first["provenance"]
+    assert "cannot check the data" in caplog.text
+    images.write_bytes(readable)
+    caplog.clear()
     _shuffle_labels(root / "train-labels-idx1-ubyte.gz")
     with caplog.at_level(logging.WARNING):
         outcome = _run(tmp_path / "out", f"dataset.root={root}")
@@ -161,13 +171,25 @@ def test_2_another_copy_of_the_data_is_reused_only_when_identical(tmp_path: Path
 
 
 # --- ugly: a result.json with a valid hash but no mdl section -----------------------------------------------------
-def test_6_result_without_mdl_section_is_rerun_with_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_6_result_without_mdl_section_is_rerun_with_one_line_after_the_checks_a_new_job_gets(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished result found stale (here incomplete; likewise other data) runs the job again: the data checks
+    (blocks, storage, memory) run on it as on any job that runs, though the precheck first took it for finished."""
     cfg = job_config(tmp_path, TINY)
     done = result_of(run_job(cfg))
     path = Path(done["job_dir"]) / "result.json"
     stored = json.loads(path.read_text())
     del stored["mdl"]
     path.write_text(json.dumps(stored))
+
+    def refuse(*_: object) -> None:
+        raise ConfigError("memory check ran")
+
+    with monkeypatch.context() as m, pytest.raises(ConfigError, match="memory check ran"):
+        m.setattr(precheck, "check_memory", refuse)
+        run_job(cfg)
+    assert "mdl" not in json.loads(path.read_text())  # refused: nothing rewritten
+    caplog.clear()
     with caplog.at_level(logging.WARNING):
         outcome = run_job(cfg)
     again = result_of(outcome)
@@ -176,25 +198,6 @@ def test_6_result_without_mdl_section_is_rerun_with_one_line(tmp_path: Path, cap
     assert "mdl" in json.loads(path.read_text())
     lines = [r.getMessage() for r in caplog.records if "not reusing" in r.getMessage()]
     assert len(lines) == 1 and "no mdl section (incomplete)" in lines[0], lines
-
-
-def test_a_stale_result_reruns_only_after_the_checks_a_new_job_gets(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A finished result found stale (here incomplete; likewise other data) runs the job again: the data checks
-    (blocks, storage, memory) run on it as on any job that runs, though the precheck first took it for finished."""
-    cfg = job_config(tmp_path, TINY)
-    path = Path(result_of(run_job(cfg))["job_dir"]) / "result.json"
-    stored = json.loads(path.read_text())
-    del stored["mdl"]
-    path.write_text(json.dumps(stored))
-
-    def refuse(*_: object) -> None:
-        raise ConfigError("memory check ran")
-
-    monkeypatch.setattr(precheck, "check_memory", refuse)
-    with pytest.raises(ConfigError, match="memory check ran"):
-        run_job(cfg)
-    assert "mdl" not in json.loads(path.read_text())  # refused: nothing rewritten
 
 
 # --- no path part built from config leaves paths.out_dir --------------------------------------------------------------
@@ -287,15 +290,3 @@ def test_2_aggregate_marks_a_cell_on_two_data_and_strict_refuses(tmp_path: Path,
                dataset={"fingerprint": {"content": "shuffled00000000", "files": []}})
     rc, md = _run(root, tmp_path / "ok", "--strict")
     assert rc == 0 and "‡" not in md and "| 2.000 ± 1.000 | 3.000 ± 1.000 |" in md
-
-
-def test_2_data_unreadable_since_the_result_reuses_it_with_a_warning(tmp_path: Path,
-                                                                     caplog: pytest.LogCaptureFixture) -> None:
-    root = tmp_path / "data"
-    _fashion_fixture(root)
-    first = result_of(_run(tmp_path / "out", f"dataset.root={root}"))
-    (root / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip")  # unreadable now: nothing to compare
-    with caplog.at_level(logging.WARNING):
-        again = _run(tmp_path / "out", f"dataset.root={root}")
-    assert again.status == "skipped" and result_of(again)["provenance"] == first["provenance"]
-    assert "cannot check the data" in caplog.text

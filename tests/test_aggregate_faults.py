@@ -85,7 +85,7 @@ def _table_lines_intact(md: str) -> None:
 
 # --- 1. erasers compared only where everything else is equal ---------------------------------------------------
 
-def test_1_erasers_at_different_learning_rates_get_a_table_each_and_no_verdict(
+def test_1_erasers_at_different_learning_rates_get_a_table_each_no_verdict_and_no_comparison(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """control at lr 1e-3, LEACE at 1e-2: before, one row compared them (increase over control, claim "holds")."""
     root = tmp_path / "runs"
@@ -98,21 +98,15 @@ def test_1_erasers_at_different_learning_rates_get_a_table_each_and_no_verdict(
     assert "These results differ in optim.lr besides the eraser and the seed" in md
     assert "MDL increase over control" not in md  # nothing to pair: control and LEACE are in different groups
     assert md.count("| dataset | arch | w | d | control |\n") == 3  # group 1's MDL, legacy, final-loss tables
-    claims = (tmp_path / "tables" / "t_claims.md").read_text()
-    assert "### Group 1: optim.lr=0.001" in claims and "### Group 2: optim.lr=0.01" in claims
+    report = (tmp_path / "tables" / "t_claims.md").read_text()
+    assert "### Group 1: optim.lr=0.001" in report and "### Group 2: optim.lr=0.01" in report
     leace = CLAIMS["leace_raises_mdl"].text
-    assert "**supported**" not in claims and claims.count(f"{leace}: **not testable here**") == 2
+    assert "**supported**" not in report and report.count(f"{leace}: **not testable here**") == 2
     summary = list(csv.DictReader((tmp_path / "tables" / "t.csv").open()))
     assert {r["eraser"]: json.loads(r["group"]) for r in summary} == {"control": {"optim.lr": 0.001},
                                                                        "leace": {"optim.lr": 0.01}}
     assert (tmp_path / "tables" / "t-g1.png").exists() and (tmp_path / "tables" / "t-g2.png").exists()
-
-
-def test_1_a_comparison_across_groups_is_refused_with_one_line(tmp_path: Path) -> None:
-    root = tmp_path / "runs"
-    for seed in range(3):
-        _write(root, _cfg("control", seed, lr=0.001), 1.0)
-        _write(root, _cfg("leace", seed, lr=0.01), 2.0)
+    # a comparison across the groups is refused with one line
     df, _ = aggregate_collect.collect_dir(root)
     summary = aggregate_summary.summarize(df)
     for compare in (lambda: claims.evaluate(df, ["leace_raises_mdl"]),

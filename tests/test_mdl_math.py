@@ -26,6 +26,8 @@ def test_hand_computed_code() -> None:
     assert code.bits_per_sample == pytest.approx(12.0 / 14)
     # legacy: (cumsize_2 * CE_1 + cumsize_3 * CE_2) / N = (6 * 1.5 + 14 * 0.25) / 14
     assert code.legacy == pytest.approx((6 * 1.5 + 14 * 0.25) / 14)
+    with pytest.raises(ValueError):  # one model short
+        prequential_code([2, 4, 8], [1.0], num_classes=2)
 
 
 def test_constant_predictor_equals_uniform_code() -> None:
@@ -54,11 +56,6 @@ def test_partition_is_geometric_and_exact(n: int, b: int, m: int) -> None:
     if sizes[0] >= 50:  # rounding dominates tiny blocks
         ratios = [s2 / s1 for s1, s2 in zip(sizes[1:], sizes[2:], strict=False)]
         assert max(ratios) - min(ratios) < 0.05
-
-
-def test_wrong_number_of_models_is_an_error() -> None:
-    with pytest.raises(ValueError):
-        prequential_code([2, 4, 8], [1.0], num_classes=2)
 
 
 def test_split_is_nested_disjoint_and_seeded() -> None:

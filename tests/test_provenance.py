@@ -181,33 +181,26 @@ def _member(x: torch.Tensor, y: torch.Tensor, name: str, cfg: FitConfig) -> Memb
     return Member(model, opt, torch.arange(64), torch.Generator().manual_seed(1), cfg, name=name)
 
 
-def test_3_nan_training_loss_at_step_k_fails_fit_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    x, y = _toy()
-    cfg = fit_settings(batch_size=16, patience=50, max_epochs=10, progress=False)  # 4 steps an epoch
-    m = _member(x, y, "block model 3", cfg)
-    _nan_after(monkeypatch, 6)  # step 6 (epoch 2): caught at epoch 2's validation, after step 8
-    with pytest.raises(UserError) as err:
-        fit(m, TrainData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:]))
-    assert type(err.value).__name__ == "NonFiniteError"
-    assert str(err.value) == ("non-finite training loss in block model 3 by step 8 (epoch 2): lr too high or bad "
-                              "data; nothing was written as a result")
-
-
-@pytest.mark.parametrize("engine", ["loop", "stacked"])
-def test_3_nan_training_loss_fails_the_lockstep_group_naming_the_member(monkeypatch: pytest.MonkeyPatch,
-                                                                        engine: str) -> None:
+@pytest.mark.parametrize("engine", ["fit", "loop", "stacked"])
+def test_3_nan_training_loss_fails_fit_or_the_lockstep_group_naming_the_member(monkeypatch: pytest.MonkeyPatch,
+                                                                               engine: str) -> None:
+    """4 steps an epoch. fit: NaN from step 6 (epoch 2), caught at epoch 2's validation, after step 8. A group, loop
+    engine: one cross-entropy per member per step (call 11 = member 1 at step 6); stacked: one vmapped call per step
+    for both (call 6 = step 6, every member NaN: the first one is named); read at the first poll after it."""
     x, y = _toy()
     cfg = fit_settings(batch_size=16, patience=50, max_epochs=10, progress=False)
-    members = [_member(x, y, f"block model {i}", cfg) for i in (1, 2)]
-    # loop engine: one cross-entropy per member per step (call 11 = member 1 at step 6); stacked: one vmapped
-    # call per step for both (call 6 = step 6, every member NaN: the first one is named)
+    data = TrainData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:])
+    names = ["block model 3"] if engine == "fit" else ["block model 1", "block model 2"]
+    members = [_member(x, y, name, cfg) for name in names]
     _nan_after(monkeypatch, 11 if engine == "loop" else 6)
     with pytest.raises(UserError) as err:
-        fit_group(members, TrainData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:]),
-                  group_options(engine=engine, poll_every=1))  # read at the first poll after it: the epoch end
+        if engine == "fit":
+            fit(members[0], data)
+        else:
+            fit_group(members, data, group_options(engine=engine, poll_every=1))
     assert type(err.value).__name__ == "NonFiniteError"
-    assert str(err.value) == ("non-finite training loss in block model 1 by step 8 (epoch 2): lr too high or bad "
-                              "data; nothing was written as a result")
+    assert str(err.value) == (f"non-finite training loss in {names[0]} by step 8 (epoch 2): lr too high or bad data; "
+                              "nothing was written as a result")
 
 
 def test_3_nan_loss_from_the_cli_one_line_exit_2_no_result(tmp_path: Path) -> None:

@@ -32,21 +32,19 @@ def _config(dataset: str, eraser: str, arch: str, width: int, depth: int, seed: 
 
 
 def _job_dir(root: Path, cfg: dict) -> Path:  # the pre-v2 layout (no c<hash> part)
-
     a = cfg["arch"]
     return JobPath(cfg["dataset"]["tag"], cfg["eraser"]["name"], a["tag"], a["width"], a["depth"], None,
                    cfg["seed"]).under(root)
 
 
 def write_result(root: Path, cfg: dict, bits: float, legacy: float, final: float,
-                 cert: dict[str, float] | None = None, curve: list[list[float]] | None = None,
-                 report: dict[str, Any] | None = None) -> Path:
+                 cert: dict[str, float] | None = None, report: dict[str, Any] | None = None) -> Path:
     job_dir = _job_dir(root, cfg)
     job_dir.mkdir(parents=True)
     result: dict[str, Any] = {
         "config_hash": "fixture", "config": cfg,
         "mdl": {"protocol": "prequential", "bits_per_sample": bits, "legacy": legacy},
-        "final": {"val_loss_bits": final, "val_loss_curve": curve or [[10, final * math.log(2)]]},
+        "final": {"val_loss_bits": final, "val_loss_curve": [[10, final * math.log(2)]]},
         "certificate": None if cert is None else {"before": {}, "after": cert},
     }
     if report is not None:

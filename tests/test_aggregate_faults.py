@@ -164,8 +164,8 @@ def test_1_what_stays_comparable_paper_rates_pre_v2_results_eraser_options(tmp_p
 
 # --- 2. provenance -------------------------------------------------------------------------------------------
 
-def test_2_seeds_from_different_commits_are_marked_and_refused_under_strict(tmp_path: Path,
-                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_2_seeds_from_different_commits_or_none_are_marked_and_refused_under_strict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "runs"
     for seed, commit in ((0, COMMIT_A), (1, COMMIT_A), (2, COMMIT_B)):
         _write(root, _cfg("control", seed), 1.0 + 0.1 * seed, commit=commit)
@@ -182,22 +182,20 @@ def test_2_seeds_from_different_commits_are_marked_and_refused_under_strict(tmp_
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: --strict: 1 cell(s) with seeds from different "
                                                            "commits (first: mnist5k mlp_relu w128 d2 control:")
     assert not (tmp_path / "strict" / "tables").exists()  # refused: nothing written
-
-
-def test_2_results_without_provenance_are_unknown_and_refused_under_strict(tmp_path: Path,
-                                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    root = tmp_path / "runs"
+    # results without provenance are unknown, and refused under --strict
+    other = tmp_path / "unknown"
+    root = other / "runs"
     for seed in range(2):
         _write(root, _cfg("control", seed), 1.0, commit=COMMIT_A)
     old = _write(root, _cfg("leace", 0), 2.0)  # written before results carried provenance
-    rc, md = _run(root, tmp_path)
+    rc, md = _run(root, other)
     assert rc == 0 and "aaaaaaaaaa (2), unknown (1); unknown: no commit recorded" in md
     capsys.readouterr()
-    assert _run(root, tmp_path / "s", "--strict")[0] == 2
+    assert _run(root, other / "s", "--strict")[0] == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert f"1 result(s) without a recorded commit (first: {old})" in line
     (old / "result.json").unlink()
-    assert _run(root, tmp_path / "ok", "--strict")[0] == 0  # one known commit everywhere: accepted
+    assert _run(root, other / "ok", "--strict")[0] == 0  # one known commit everywhere: accepted
 
 
 # --- 10. bad files, non-finite results, table text, honest counts -----------------------------------------------

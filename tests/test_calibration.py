@@ -167,19 +167,15 @@ def test_truth_agrees_with_an_independent_computation(cov_gap: float, mean_gap: 
     assert 0.2 * H < ours < 0.9 * H  # informative: neither nothing left nor everything
 
 
-def test_population_qleace_and_alf_qleace_leave_exactly_log2_k(tmp_path: Path) -> None:
+def test_population_qleace_leaves_exactly_log2_k_and_the_grids_truths_are_informative(tmp_path: Path) -> None:
     """QLEACE on Gaussians, and ALF-QLEACE at cov gap 1 (every class deviation has rank 1, so ALF-QLEACE removes
     all of them: the README's "< 2.000, upper bound only" was a mislabel): the truth is log2 K to Monte Carlo
-    precision, while the control keeps information."""
+    precision, while the control keeps information. Every cell of `make calibrate` at d = 32 has a truth between
+    0.2 and 0.9 × log2 K (the mixture at 256 rows/d: K = 2)."""
     o = _options(tmp_path, "dataset=gaussian", "dataset.dim=8", "dataset.cov_gap=1")
     for eraser in ("qleace", "alf_qleace"):
         assert population_truth_bits(o, eraser, rows_per_class=5000)[0] == pytest.approx(H, abs=1e-6), eraser
     assert population_truth_bits(o, "control", rows_per_class=5000)[0] < H - 0.5
-
-
-def test_the_grids_truths_are_informative(tmp_path: Path) -> None:
-    """Every cell of `make calibrate` at d = 32 has a truth between 0.2 and 0.9 × log2 K (the mixture at
-    256 rows/d: K = 2)."""
     for over, eraser, _ in GRID.values():
         o = _options(tmp_path, "experiment=calibrate", *over)
         assert 0.2 * H < population_truth_bits(o, eraser, rows_per_class=5000)[0] < 0.9 * H, (over, eraser)

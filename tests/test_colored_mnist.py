@@ -48,15 +48,12 @@ def test_rates_on_a_large_sample() -> None:
     assert _within(agree, 0.75 * 0.8 + 0.25 * 0.2, r["n"])
 
 
-def test_digit_sits_in_the_channel_of_its_colour(envs: dict[str, Environment]) -> None:
+def test_digit_sits_in_the_channel_of_its_colour_and_fig3_variants(envs: dict[str, Environment]) -> None:
     e = envs["train1"]
     assert e.x.shape == (2000, 2, 14, 14) and e.x.dtype == torch.float32 and 0 <= e.x.min() <= e.x.max() <= 1
     idx = torch.arange(len(e.y))
     torch.testing.assert_close(e.x[idx, e.color], e.gray)
     assert float(e.x[idx, 1 - e.color].abs().max()) == 0.0
-
-
-def test_fig3_variants(envs: dict[str, Environment]) -> None:
     e = envs["test"]
     v = fig3_variants(e)
     assert set(v) == {"grayscale_digit", "colored_digit", "grayscale_blank", "colored_blank"}

@@ -82,14 +82,11 @@ def test_paper_grids_match_the_paper() -> None:
     assert seed_list(OmegaConf.load(Path(CONF_DIR) / "experiment" / "offline_table.yaml").seeds) == [0, 1, 2]
 
 
-def test_zscore_preset_has_its_own_directories(tmp_path: Path) -> None:
+def test_zscore_preset_has_its_own_directories_and_table_c_its_base_sizes(tmp_path: Path) -> None:
     job = expand("paper_fig16", [f"paths.out_dir={tmp_path}", "seed=0", "+experiment/net=mlp_relu",
                                  "eraser=control"])[0]
     assert job["dataset"]["zscore"] is True and job["dataset"]["zscore_order"] == "before"  # the text's order
     assert job["paths"]["job_subdir"] == f"cifar10_zscore/control/mlp_relu-w128-d2/{job['paths']['cell']}/seed0"
-
-
-def test_table_c_base_sizes(tmp_path: Path) -> None:
     jobs = expand("paper_table_c", [f"paths.out_dir={tmp_path}", "seed=0", "eraser=control"])
     got = {(j["arch"]["name"], j["arch"]["width"], j["arch"]["depth"], j["arch"].get("size")) for j in jobs}
     assert got == {("mlp", 128, 2, None), ("lenet", 128, 2, None), ("convnext", 40, 2, None),

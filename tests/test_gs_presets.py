@@ -47,17 +47,31 @@ QUICK_EVAL = ["experiment=gs_sd_erasure", "task=gs_erased_eval", "dataset=digits
               "mdl.max_epochs=10", "optim.warmup_steps=10", "seed=0"]
 
 
-def test_erased_eval_control_is_a_noop_and_leace_reports_gaps_erasing_through_the_mdl_cache(tmp_path: Path) -> None:
+def test_erased_eval_control_is_a_noop_and_leace_reports_gaps_erasing_through_the_mdl_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """gs_erased_eval erases as MDL does (training/inputs/pipeline.py erase_maybe_zscored): through the erased-data
     cache (a rerun fits nothing), out of sample on the test rows with MDL's holdout options (it used to call erasure.fit
-    itself, with no cache)."""
+    itself, with no cache). It hashes mdl.* and so stops by mdl's step-aware rule (it used to ignore
+    stop_after_warmup, min_steps and patience_min_steps)."""
+    seen: list[FitConfig] = []
+    real_fit = fit
+
+    def spy(member: Member, *args: Any, **kwargs: Any) -> FitResult:  # records the member's FitConfig
+        seen.append(member.cfg)
+        return real_fit(member, *args, **kwargs)
+
+    monkeypatch.setattr(erased_eval, "fit", spy)
     task = get_task("gs_erased_eval")
     control = job_config(tmp_path, [*QUICK_EVAL, "eraser=control"])
     nothing = task(control)
     assert (nothing.status, nothing.result) == ("skipped", {}) and not Path(control["paths"]["job_dir"]).exists()
-    cfg = job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "regularizer=sd"])
+    leace = [*QUICK_EVAL, "eraser=leace", "regularizer=sd", "mdl.min_steps=40", "mdl.patience_min_steps=30",
+             "mdl.stop_after_warmup=true"]
+    cfg = job_config(tmp_path, leace)
     first = task(cfg)
     r = result_of(first)
+    (fc,) = seen
+    assert (fc.min_steps, fc.patience_min_steps, fc.warmup_steps) == (40, 30, 10)
     assert first.status == "done"
     assert r["method"] == "SD λ=0.1" and r["split_sizes"]["test"] == round(0.2 * 1797)
     ev = r["eval"]
@@ -71,7 +85,7 @@ def test_erased_eval_control_is_a_noop_and_leace_reports_gaps_erasing_through_th
     again = result_of(outcome)
     assert outcome.status == "skipped"
     assert again["config_hash"] == r["config_hash"] and again["eval"] == ev
-    forced = result_of(task(job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "regularizer=sd", "force=true"])))
+    forced = result_of(task(job_config(tmp_path, [*leace, "force=true"])))
     assert forced["eraser"]["cache_hit"] == {"train": True, "test": True}
     assert forced["eval"] == ev
 
@@ -107,22 +121,4 @@ def test_aggregate_tables_from_each_task(tmp_path: Path, capsys: pytest.CaptureF
     for name in ("gs_gs_two_moons.md", "gs_two_moons_boundaries.png"):
         assert (tmp_path / "tables" / name).exists()
     assert "| +0.1 | ERM | 2 |" in capsys.readouterr().out
-
-
-def test_erased_eval_stops_with_the_mdl_keys_its_hash_covers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The GS erased evaluation hashes mdl.* and so stops by mdl's step-aware rule (it used to ignore
-    stop_after_warmup, min_steps and patience_min_steps)."""
-    seen: list[FitConfig] = []
-    real_fit = fit
-
-    def spy(member: Member, *args: Any, **kwargs: Any) -> FitResult:  # records the member's FitConfig
-        seen.append(member.cfg)
-        return real_fit(member, *args, **kwargs)
-
-    monkeypatch.setattr(erased_eval, "fit", spy)
-    cfg = job_config(tmp_path, [*QUICK_EVAL, "eraser=leace", "mdl.min_steps=40", "mdl.patience_min_steps=30",
-                                "mdl.stop_after_warmup=true"])
-    get_task("gs_erased_eval")(cfg)
-    (fc,) = seen
-    assert (fc.min_steps, fc.patience_min_steps, fc.warmup_steps) == (40, 30, 10)
 

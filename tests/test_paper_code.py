@@ -54,17 +54,6 @@ def _losses(member: Member) -> list[float]:
 
 
 # ---- optim=adamw -----------------------------------------------------------------------------------------------
-def test_adamw_is_torch_adamw_evaluated_as_trained() -> None:
-    """torch's AdamW (no averaged iterate, no modes): the model fit returns scores its best validation loss."""
-    m = _member("adamw", 3e-3)
-    assert isinstance(m.optimizer, torch.optim.AdamW) and not hasattr(m.optimizer, "eval")
-    assert {g["betas"] for g in m.optimizer.param_groups} == {(0.9, 0.999)}  # (μP scales lr and weight decay)
-    _, res = _fit(m)
-    _, _, xv, yv = _data()
-    assert not m.model.training
-    assert cross_entropy_sum(m.model, xv, yv) / len(yv) == res.best_val_loss
-
-
 def _rates(m: Member) -> list[float]:
     """The learning rate of every optimizer step of `m`'s fit (its last group: vector-like, unscaled by μP)."""
     rates: list[float] = []
@@ -73,9 +62,17 @@ def _rates(m: Member) -> list[float]:
     return rates
 
 
-def test_cosine_anneals_over_max_epochs_per_epoch() -> None:
-    """`optim.schedule=cosine`: epoch e (1-based) trains at lr·(1 + cos(π (e-1) / max_epochs)) / 2 (torch's
-    CosineAnnealingLR stepped once per epoch); `constant` trains every step at lr."""
+def test_adamw_is_torch_adamw_evaluated_as_trained_with_a_cosine_schedule_per_epoch() -> None:
+    """torch's AdamW (no averaged iterate, no modes): the model fit returns scores its best validation loss."""
+    m = _member("adamw", 3e-3)
+    assert isinstance(m.optimizer, torch.optim.AdamW) and not hasattr(m.optimizer, "eval")
+    assert {g["betas"] for g in m.optimizer.param_groups} == {(0.9, 0.999)}  # (μP scales lr and weight decay)
+    _, res = _fit(m)
+    _, _, xv, yv = _data()
+    assert not m.model.training
+    assert cross_entropy_sum(m.model, xv, yv) / len(yv) == res.best_val_loss
+    # `optim.schedule=cosine`: epoch e (1-based) trains at lr·(1 + cos(π (e-1) / max_epochs)) / 2 (torch's
+    # CosineAnnealingLR stepped once per epoch); `constant` trains every step at lr
     lr, epochs, spe = 2e-3, 5, 8  # 320 rows in batches of 40
     rates = _rates(_member("adamw", lr, "cosine", max_epochs=epochs, patience=100))
     assert len(rates) == epochs * spe

@@ -48,7 +48,8 @@ def _repo(path: Path) -> str:
     return _git(path, "rev-parse", "HEAD")
 
 
-def test_3_commit_read_from_files_loose_packed_and_worktree(tmp_path: Path) -> None:
+def test_3_commit_read_from_files_loose_packed_and_worktree_or_why_not(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
     repo = tmp_path / "repo"
     sha = _repo(repo)
     assert head_from_files(repo) == sha  # a loose ref
@@ -63,6 +64,11 @@ def test_3_commit_read_from_files_loose_packed_and_worktree(tmp_path: Path) -> N
     assert side != sha and head_from_files(tmp_path / "wt") == side  # a worktree: .git is a file
     _git(repo, "checkout", "-q", "--detach")
     assert head_from_files(repo) == sha  # a detached HEAD
+    (repo / ".git" / "HEAD").write_text("ref: refs/heads/nowhere\n")  # unreadable: says why
+    with caplog.at_level(logging.WARNING, logger="training.common.provenance"):
+        code = code_provenance.__wrapped__(repo)
+    assert code["commit"] is None
+    assert "refs/heads/nowhere has no commit" in caplog.text
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to chown a repo to nobody")
@@ -83,16 +89,6 @@ def test_3_checkout_owned_by_another_user_still_gives_the_commit(tmp_path: Path,
     warning = " ".join(r.getMessage() for r in caplog.records)
     assert "dubious ownership" in warning and "safe.directory" in warning, warning
     assert "missing, failing or slow" not in warning
-
-
-def test_3_unreadable_head_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    repo = tmp_path / "repo"
-    _repo(repo)
-    (repo / ".git" / "HEAD").write_text("ref: refs/heads/nowhere\n")
-    with caplog.at_level(logging.WARNING, logger="training.common.provenance"):
-        code = code_provenance.__wrapped__(repo)
-    assert code["commit"] is None
-    assert "refs/heads/nowhere has no commit" in caplog.text
 
 
 # --- data swapped under the same file names ---------------------------------------------------------------------------

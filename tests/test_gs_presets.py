@@ -39,8 +39,8 @@ def test_colored_mnist_preset_is_the_2x2_design_and_sd_erasure_separates_tasks_a
     j = jobs[0]
     assert (j["gs"]["hidden"], j["gs"]["depth"], j["gs"]["lr"], j["regularizer"]["start_step"]) == (300, 2, 1e-4, 450)
     jobs = expand("gs_sd_erasure", [f"paths.out_dir={tmp_path}"])
-    cells = {(j["task"], j["eraser"]["name"], j["regularizer"]["name"]) for j in jobs}
-    assert len(cells) == 8 and all(j["mdl"]["calibrate_temperature"] for j in jobs)
+    sd_cells = {(j["task"], j["eraser"]["name"], j["regularizer"]["name"]) for j in jobs}
+    assert len(sd_cells) == 8 and all(j["mdl"]["calibrate_temperature"] for j in jobs)
 
 
 QUICK_EVAL = ["experiment=gs_sd_erasure", "task=gs_erased_eval", "dataset=digits", "arch.width=32",

@@ -245,10 +245,10 @@ def test_leace_near_null_fit_direction_is_null_at_the_holdout_threshold_and_a_co
     # edit neither reads nor writes it: e(x + δ e₉) = e(x) + δ e₉ exactly
     constant = xf.clone()
     constant[5, 9] = 0.0
-    e = erasure.fit("leace", constant, yf)
-    assert e.report()["support_rank"] == 9
-    assert float((e(xr[:7] + E9) - e(xr[:7]) - E9).abs().max()) < 1e-12
-    assert _gap(e(xr), yr) < 0.1 * _gap(xr, yr)
+    outside = erasure.fit("leace", constant, yf)
+    assert outside.report()["support_rank"] == 9
+    assert float((outside(xr[:7] + E9) - outside(xr[:7]) - E9).abs().max()) < 1e-12
+    assert _gap(outside(xr), yr) < 0.1 * _gap(xr, yr)
 
 
 def test_leace_out_of_sample_matches_concept_erasure() -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -14,8 +16,11 @@ import pytest
 
 from scripts import aggregate
 from training.analysis.tables import MixedGroupsError, group_label, groups_in
-from training.app.tasks import decode_result, spec_of
+from training.app.schema import numerics_of
+from training.app.tasks import Collected, decode_result, get_task, job_hash, spec_of
+from training.common.sweeps import expand
 from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary
+from training.tasks.mdl.job_paths import JobPath
 
 
 def _config(dataset: str, eraser: str, arch: str, width: int, depth: int, seed: int, task: str = "mdl") -> dict:
@@ -27,22 +32,19 @@ def _config(dataset: str, eraser: str, arch: str, width: int, depth: int, seed: 
 
 
 def _job_dir(root: Path, cfg: dict) -> Path:  # the pre-v2 layout (no c<hash> part)
-    from training.tasks.mdl.job_paths import JobPath
-
     a = cfg["arch"]
     return JobPath(cfg["dataset"]["tag"], cfg["eraser"]["name"], a["tag"], a["width"], a["depth"], None,
                    cfg["seed"]).under(root)
 
 
 def write_result(root: Path, cfg: dict, bits: float, legacy: float, final: float,
-                 cert: dict[str, float] | None = None, curve: list[list[float]] | None = None,
-                 report: dict[str, Any] | None = None) -> Path:
+                 cert: dict[str, float] | None = None, report: dict[str, Any] | None = None) -> Path:
     job_dir = _job_dir(root, cfg)
     job_dir.mkdir(parents=True)
     result: dict[str, Any] = {
         "config_hash": "fixture", "config": cfg,
         "mdl": {"protocol": "prequential", "bits_per_sample": bits, "legacy": legacy},
-        "final": {"val_loss_bits": final, "val_loss_curve": curve or [[10, final * math.log(2)]]},
+        "final": {"val_loss_bits": final, "val_loss_curve": [[10, final * math.log(2)]]},
         "certificate": None if cert is None else {"before": {}, "after": cert},
     }
     if report is not None:
@@ -138,8 +140,6 @@ otherwise) to check it.
 
 def test_fixture_directory_gives_the_exact_table(fixture_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from training.app.tasks import Collected, get_task
-
     given: list[Any] = []
 
     def record(collected: Collected) -> dict[str, str]:
@@ -188,8 +188,6 @@ def test_every_task_tables_its_own_results(tmp_path: Path, monkeypatch: pytest.M
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """scripts/aggregate.py asks every task (the registry) for the tables of its results; one task's failure is
     reported and the others' tables stand; a result of a task not declared here is named."""
-    from training.app.tasks import get_task
-
     def tables(collected: Any) -> dict[str, str]:
         return {"gs": f"| gs | {len(collected.results)} results |\n"} if collected.results else {}
 
@@ -222,9 +220,6 @@ def test_a_full_disk_is_a_refusal_and_leaves_no_table(fixture_runs: Path, capsys
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A table that cannot be written (no space left) fails the aggregate in one line; the tables written before it
     are not left in --out (nor an older run's tables replaced by half of a new set)."""
-    import errno
-    import os
-
     def full(df: Any, summary: Any, inc: Any, out: Path, stem: str) -> None:
         (out / f"{stem}_mdl.png").write_bytes(b"\x89PNG")  # half a plot
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -245,10 +240,6 @@ def test_a_full_disk_is_a_refusal_and_leaves_no_table(fixture_runs: Path, capsys
 def test_experiment_mode_counts_only_results_of_the_presets_config(tmp_path: Path) -> None:
     """--experiment: a result of the job's config is done (also when its stored hash predates a change of the
     hash's definition); another config's result in the job's directory is not counted."""
-    from training.app.schema import numerics_of
-    from training.app.tasks import job_hash
-    from training.common.sweeps import expand
-
     jobs = expand("smoke", [f"paths.out_dir={tmp_path}"])
     for k, cfg in enumerate(jobs[:3]):
         job_dir = Path(cfg["paths"]["job_dir"])

@@ -22,11 +22,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
 
 from scripts import aggregate
 from tests.helpers import fixture_job_dir
-from training.app.tasks import spec_of
-from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary
+from training.analysis import aggregate_plots
+from training.analysis.tables import MixedGroupsError
+from training.app.lifecycle import Outcome
+from training.app.result_codec import encode
+from training.app.results import JobDir
+from training.app.tasks import decode_result, spec_of
+from training.cli.ledger import LEDGER_ENV, JobStatusCallback, job_outcomes, summary_line
+from training.common.ledger_entry import read_ledger
+from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary, claims
 from training.tasks.mdl.claims import CLAIMS
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
@@ -76,7 +85,7 @@ def _table_lines_intact(md: str) -> None:
 
 # --- 1. erasers compared only where everything else is equal ---------------------------------------------------
 
-def test_1_erasers_at_different_learning_rates_get_a_table_each_and_no_verdict(
+def test_1_erasers_at_different_learning_rates_get_a_table_each_no_verdict_and_no_comparison(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """control at lr 1e-3, LEACE at 1e-2: before, one row compared them (increase over control, claim "holds")."""
     root = tmp_path / "runs"
@@ -89,25 +98,15 @@ def test_1_erasers_at_different_learning_rates_get_a_table_each_and_no_verdict(
     assert "These results differ in optim.lr besides the eraser and the seed" in md
     assert "MDL increase over control" not in md  # nothing to pair: control and LEACE are in different groups
     assert md.count("| dataset | arch | w | d | control |\n") == 3  # group 1's MDL, legacy, final-loss tables
-    claims = (tmp_path / "tables" / "t_claims.md").read_text()
-    assert "### Group 1: optim.lr=0.001" in claims and "### Group 2: optim.lr=0.01" in claims
+    report = (tmp_path / "tables" / "t_claims.md").read_text()
+    assert "### Group 1: optim.lr=0.001" in report and "### Group 2: optim.lr=0.01" in report
     leace = CLAIMS["leace_raises_mdl"].text
-    assert "**supported**" not in claims and claims.count(f"{leace}: **not testable here**") == 2
+    assert "**supported**" not in report and report.count(f"{leace}: **not testable here**") == 2
     summary = list(csv.DictReader((tmp_path / "tables" / "t.csv").open()))
     assert {r["eraser"]: json.loads(r["group"]) for r in summary} == {"control": {"optim.lr": 0.001},
                                                                        "leace": {"optim.lr": 0.01}}
     assert (tmp_path / "tables" / "t-g1.png").exists() and (tmp_path / "tables" / "t-g2.png").exists()
-
-
-def test_1_a_comparison_across_groups_is_refused_with_one_line(tmp_path: Path) -> None:
-    from training.analysis import aggregate_plots
-    from training.analysis.tables import MixedGroupsError
-    from training.tasks.mdl import claims
-
-    root = tmp_path / "runs"
-    for seed in range(3):
-        _write(root, _cfg("control", seed, lr=0.001), 1.0)
-        _write(root, _cfg("leace", seed, lr=0.01), 2.0)
+    # a comparison across the groups is refused with one line
     df, _ = aggregate_collect.collect_dir(root)
     summary = aggregate_summary.summarize(df)
     for compare in (lambda: claims.evaluate(df, ["leace_raises_mdl"]),
@@ -165,8 +164,8 @@ def test_1_what_stays_comparable_paper_rates_pre_v2_results_eraser_options(tmp_p
 
 # --- 2. provenance -------------------------------------------------------------------------------------------
 
-def test_2_seeds_from_different_commits_are_marked_and_refused_under_strict(tmp_path: Path,
-                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_2_seeds_from_different_commits_or_none_are_marked_and_refused_under_strict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "runs"
     for seed, commit in ((0, COMMIT_A), (1, COMMIT_A), (2, COMMIT_B)):
         _write(root, _cfg("control", seed), 1.0 + 0.1 * seed, commit=commit)
@@ -183,22 +182,20 @@ def test_2_seeds_from_different_commits_are_marked_and_refused_under_strict(tmp_
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: --strict: 1 cell(s) with seeds from different "
                                                            "commits (first: mnist5k mlp_relu w128 d2 control:")
     assert not (tmp_path / "strict" / "tables").exists()  # refused: nothing written
-
-
-def test_2_results_without_provenance_are_unknown_and_refused_under_strict(tmp_path: Path,
-                                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    root = tmp_path / "runs"
+    # results without provenance are unknown, and refused under --strict
+    other = tmp_path / "unknown"
+    root = other / "runs"
     for seed in range(2):
         _write(root, _cfg("control", seed), 1.0, commit=COMMIT_A)
     old = _write(root, _cfg("leace", 0), 2.0)  # written before results carried provenance
-    rc, md = _run(root, tmp_path)
+    rc, md = _run(root, other)
     assert rc == 0 and "aaaaaaaaaa (2), unknown (1); unknown: no commit recorded" in md
     capsys.readouterr()
-    assert _run(root, tmp_path / "s", "--strict")[0] == 2
+    assert _run(root, other / "s", "--strict")[0] == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert f"1 result(s) without a recorded commit (first: {old})" in line
     (old / "result.json").unlink()
-    assert _run(root, tmp_path / "ok", "--strict")[0] == 0  # one known commit everywhere: accepted
+    assert _run(root, other / "ok", "--strict")[0] == 0  # one known commit everywhere: accepted
 
 
 # --- 10. bad files, non-finite results, table text, honest counts -----------------------------------------------
@@ -302,16 +299,6 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Two identical sweeps at once: the job that waited on the directory's lock and found the other's result
     is skipped ("done by another run"), not a second "done"."""
-    from hydra.core.utils import JobReturn, JobStatus
-    from omegaconf import OmegaConf
-
-    from training.app.lifecycle import Outcome
-    from training.app.result_codec import encode
-    from training.app.results import JobDir
-    from training.app.tasks import decode_result
-    from training.cli.ledger import LEDGER_ENV, JobStatusCallback, summary_line
-    from training.common.ledger_entry import read_ledger
-
     MDL = spec_of("mdl")
 
     ledger = tmp_path / "ledger"
@@ -363,9 +350,5 @@ def test_10_a_job_finished_meanwhile_by_an_identical_job_counts_as_skipped(tmp_p
 
 
 def test_the_ledger_refuses_a_task_that_returns_no_outcome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hydra.core.utils import JobReturn, JobStatus
-
-    from training.cli.ledger import job_outcomes
-
     with pytest.raises(TypeError, match="not a list of Outcomes"):
         job_outcomes([tmp_path], JobReturn(status=JobStatus.COMPLETED, _return_value={"mdl": {}}))

@@ -19,6 +19,7 @@ import pytest
 
 from scripts import aggregate
 from tests.helpers import fixture_job_dir
+from tests.test_aggregate_faults import _write as write_result
 from training.analysis.tables import groups_in
 from training.app.tasks import decode_result
 from training.tasks.mdl import aggregate_collect, aggregate_render, aggregate_summary, claims
@@ -51,34 +52,23 @@ def _write(root: Path, cfg: dict[str, Any], bits: float, cert: dict[str, Any] | 
     """A result.json as jobs on main write it (mdl.num_classes, eraser.fit, dataset.permuted_labels); a config
     without the new keys gets a result without the new sections (an old result). With `repeat` in the config:
     eraser.fit as result.json gives it ({fit_on, fit_source, n_fit, n_coded, fit_fraction, repeat})."""
-    new = "fit_on" in cfg["eraser"]
-    result: dict[str, Any] = {
-        "config_hash": "fixture", "hash_version": 2, "config": cfg,
-        "mdl": {"protocol": "prequential", "bits_per_sample": bits, "legacy": bits * 3},
-        "final": {"val_loss_bits": 0.5, "val_loss_curve": [[10, 0.3], [20, 0.2]]},
-        "certificate": None if cert is None else {"before": {}, "after": cert}}
-    if new:
+    top: dict[str, Any] = {"certificate": None if cert is None else {"before": {}, "after": cert}}
+    if "fit_on" in cfg["eraser"]:
         fit_on = cfg["eraser"]["fit_on"]
+        split = fit_on in ("holdout", "self")
         fit = {"fit_on": fit_on, "n_fit": 5000 if fit_on == "all" else 1000, "n_coded": 5000 if fit_on == "all"
                else 4000}
         if "repeat" in cfg["eraser"]:
-            fit = {"fit_on": fit_on, "fit_source": "split" if fit_on in ("holdout", "self") else None,
-                   "n_fit": 5000 if fit_on == "all" else 1000, "n_coded": 5000 if fit_on == "all" else 4000,
-                   "fit_fraction": 0.2 if fit_on in ("holdout", "self") else None,
-                   "repeat": cfg["eraser"]["repeat"] if fit_on in ("holdout", "self") else None}
+            fit.update(fit_source="split" if split else None, fit_fraction=0.2 if split else None,
+                       repeat=cfg["eraser"]["repeat"] if split else None)
         elif fit_on == "holdout":
             fit.update(fold=cfg["eraser"]["fold"], folds=5)
-        result["mdl"].update(num_classes=10, n_coded=fit["n_coded"])
-        result["eraser"] = {"name": cfg["eraser"]["name"], "fit": fit, "report": report or {}}
-        if blocks is not None:
-            result["mdl"]["blocks"] = blocks
-        result["dataset"] = {"name": "mnist5k", "n": 5000, "num_classes": 10, **(dataset or {})}
-        if cfg["dataset"].get("permute_labels"):
-            result["dataset"]["permuted_labels"] = True
-    job_dir = fixture_job_dir(root, cfg)
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "result.json").write_text(json.dumps(result))
-    return job_dir
+        mdl = {"protocol": "prequential", "bits_per_sample": bits, "legacy": bits * 3, "num_classes": 10,
+               "n_coded": fit["n_coded"], **({} if blocks is None else {"blocks": blocks})}
+        permuted = {"permuted_labels": True} if cfg["dataset"].get("permute_labels") else {}
+        top.update(mdl=mdl, eraser={"name": cfg["eraser"]["name"], "fit": fit, "report": report or {}},
+                   dataset={"name": "mnist5k", "n": 5000, "num_classes": 10, **(dataset or {}), **permuted})
+    return write_result(root, cfg, bits, **top)
 
 
 def _run(root: Path, tmp_path: Path, *args: str) -> str:
@@ -294,7 +284,7 @@ def _cert(linear: dict[str, Any], quadratic: dict[str, Any]) -> dict[str, Any]:
     return cert
 
 
-def test_certificate_table_shows_out_of_sample_probes_and_a_below_chance_probe_as_an_artefact(
+def test_certificate_table_shows_out_of_sample_and_mlp_probes_and_a_below_chance_probe_as_an_artefact(
         tmp_path: Path) -> None:
     """LEACE: the linear probe below chance by 7 SE in seed 0 (an in-sample fit's dependence artefact), not in
     seed 1; QLEACE: no stored verdict, its z-scores say below chance by > 3 SE; control: information."""
@@ -318,6 +308,20 @@ def test_certificate_table_shows_out_of_sample_probes_and_a_below_chance_probe_a
     assert by["control"][-1] == "information (linear)"
     md = _run(root, tmp_path)
     assert "✓" not in md
+    # the MLP probe (newer than the others) gets its columns once a result has it; its below-chance flag makes the
+    # cell a dependence artefact like the others'
+    root = tmp_path / "mlp"
+    cert = _cert(nothing, nothing)
+    cert.update({f"mlp_probe_{k}": v for k, v in _probe(0.05, -9.0, 3.5, -8.0, "dependence artefact").items()})
+    _write(root, _cfg("qleace", 0), 2.5, cert=cert)
+    _write(root, _cfg("control", 0), 1.0, cert=_cert(nothing, nothing))
+    summary = aggregate_summary.summarize(aggregate_collect.collect_dir(root)[0])
+    header, rows = aggregate_render.certificate_rows(summary)
+    assert header[8:12] == ["mlp probe acc ± SE", "mlp probe loss ± SE (bits)", "chance acc / loss (bits)",
+                            "probe verdict"]
+    by = {r[1]: r[2:12] for r in rows}
+    assert by["qleace"][6:] == ["0.050 ± 0.004", "3.500 ± 0.005", "0.100 / 3.322", "dependence artefact (mlp)"]
+    assert by["control"][6] == "n/a" and by["control"][-1] == "no information detected"
 
 
 # --- brackets, fit and budget (result.json keys), claims on them ----------------------------------------------------
@@ -344,11 +348,14 @@ def _bracket_root(root: Path, qleace_holdout: float = 0.5, qleace_cap: int = 0) 
             _write(root, _cfg("qleace", seed, fit_on="holdout", fold=rep, repeat=True, null=True), 0.34 + w)
 
 
-def test_interface_keys_give_brackets_fit_and_budget_per_cell(tmp_path: Path) -> None:
+def test_interface_keys_give_brackets_fit_budget_and_claims_per_cell(tmp_path: Path) -> None:
     """eraser.repeat is the repeat (averaged like folds were), fit_source/n_fit do not split a cell; the bracket
     table pairs holdout with self at n coded 4000; the fit and budget table shows n fit, n coded, working rank,
     variance dropped, block stop reasons and the at-cap share (QLEACE: 3 of 4 block models at the cap in every
-    run: budget-bound; the others: none)."""
+    run: budget-bound; the others: none). The claims (aggregate.py --claims): LEACE over control separates on its
+    bracket but, without its shuffled fit, is uncontrolled; QLEACE over LEACE is inconclusive (its bracket contains
+    LEACE's); with QLEACE's holdout at 2.5 its bracket separates from LEACE's, but QLEACE is budget-bound; without
+    the block models at the cap it is supported."""
     root = tmp_path / "runs"
     _bracket_root(root, qleace_cap=3)
     df, _ = aggregate_collect.collect_dir(root)
@@ -373,14 +380,8 @@ def test_interface_keys_give_brackets_fit_and_budget_per_cell(tmp_path: Path) ->
     md = _run(root, tmp_path)
     assert "## Brackets at equal n coded (bits/sample)" in md and "## Fit and training budget" in md
     assert "[repeats 0–1]" in md
-
-
-def test_claims_on_brackets_and_a_budget_bound_cell(tmp_path: Path) -> None:
-    """The same cells through aggregate.py --claims: LEACE over control separates on its bracket but, without its
-    shuffled fit, is uncontrolled; QLEACE over
-    LEACE is inconclusive (its bracket contains LEACE's); with QLEACE's holdout at 2.5 its bracket separates from
-    LEACE's, but QLEACE is budget-bound; without the block models at the cap it is supported."""
-    root = tmp_path / "runs"
+    # the claims on them, QLEACE not at the cap
+    root = tmp_path / "uncapped"
     _bracket_root(root)
     df, _ = aggregate_collect.collect_dir(root)
     results = {c.key: (tests, verdict) for c, tests, verdict in claims.evaluate(df)}
@@ -395,25 +396,8 @@ def test_claims_on_brackets_and_a_budget_bound_cell(tmp_path: Path) -> None:
         _bracket_root(other, qleace_holdout=2.5, qleace_cap=cap)
         (_, tests, verdict), = claims.evaluate(aggregate_collect.collect_dir(other)[0], ["qleace_above_leace"])
         assert verdict == expected and tests[0].bracket
-    _run(root, tmp_path, "--claims")
-    report = (tmp_path / "tables" / "t_claims.md").read_text()
+    _run(root, tmp_path / "claims", "--claims")
+    report = (tmp_path / "claims" / "tables" / "t_claims.md").read_text()
     assert f"- {claims.CLAIMS['leace_raises_mdl'].text}: **uncontrolled**" in report
     assert "after the bias" not in report and "Holm" in report
 
-
-def test_certificate_table_shows_the_mlp_probe_where_results_have_it(tmp_path: Path) -> None:
-    """The MLP probe (newer than the others) gets its columns once a result has it; its below-chance flag makes the
-    cell a dependence artefact like the others'."""
-    root = tmp_path / "runs"
-    nothing = _probe(0.1, 0.1, 3.322, -0.2, "no information detected")
-    cert = _cert(nothing, nothing)
-    cert.update({f"mlp_probe_{k}": v for k, v in _probe(0.05, -9.0, 3.5, -8.0, "dependence artefact").items()})
-    _write(root, _cfg("qleace", 0), 2.5, cert=cert)
-    _write(root, _cfg("control", 0), 1.0, cert=_cert(nothing, nothing))
-    summary = aggregate_summary.summarize(aggregate_collect.collect_dir(root)[0])
-    header, rows = aggregate_render.certificate_rows(summary)
-    assert header[8:12] == ["mlp probe acc ± SE", "mlp probe loss ± SE (bits)", "chance acc / loss (bits)",
-                            "probe verdict"]
-    by = {r[1]: r[2:12] for r in rows}
-    assert by["qleace"][6:] == ["0.050 ± 0.004", "3.500 ± 0.005", "0.100 / 3.322", "dependence artefact (mlp)"]
-    assert by["control"][6] == "n/a" and by["control"][-1] == "no information detected"

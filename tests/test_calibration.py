@@ -10,24 +10,44 @@ well below H(Y) on it (checked)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import statistics
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import pandas as pd
 import pytest
+import torch
+from scipy import stats
 
 from scripts import calibrate
 from tests.helpers import job_config, result_of
+from training.analysis.tables import BUDGET_SHARE, at_cap_share, budget_reason
+from training.app.result_codec import encode, new_result
+from training.app.schema import numerics_of
+from training.app.tasks import job_hash, load_job
+from training.data.generators import MixtureOptions, _law, population_truth_bits
+from training.tasks.mdl import claims
+from training.tasks.mdl.aggregate_collect import SPLIT_MODES, budget_columns, collect_dir
+from training.tasks.mdl.aggregate_summary import summarize
 from training.tasks.mdl.job import run_job
 from training.tasks.mdl.result import MdlSections
 
 CAL = ["experiment=calibrate", "dataset.dim=16", "dataset.rows_per_dim=16", "mdl.val_size=256", "mdl.min_block=64"]
 H = math.log2(4)
 TOL = 0.02
+MIX = ["dataset=mixture", "dataset.dim=4", "dataset.num_classes=2", "dataset.mean_gap=0", "dataset.cov_gap=0"]
 
 
 def _bits(tmp: Path, *overrides: str) -> float:
     return float(result_of(run_job(job_config(tmp, [*CAL, *overrides])))["mdl"]["bits_per_sample"])
+
+
+def _options(tmp: Path, *overrides: str) -> Any:
+    return load_job(job_config(tmp, list(overrides))).dataset.options
 
 
 @pytest.mark.parametrize("eraser, cov_gap", [("qleace", 1.0), ("leace", 0.0)], ids=["qleace", "leace-equal-cov"])
@@ -49,8 +69,7 @@ def test_leace_on_unequal_covariances_leaves_information_the_oracle_cannot_remov
 def test_mixture_keeps_information_through_population_qleace(tmp_path: Path) -> None:
     """Two modes per class: QLEACE fitted on fresh draws (every row coded) codes below H(Y) = 1 bit by more than the
     seed noise (3 seeds, one data law); the table's truth H(Y|X') is below H and below the finite-data MDL."""
-    mix = ["dataset=mixture", "dataset.dim=4", "dataset.num_classes=2", "dataset.mean_gap=0", "dataset.cov_gap=0",
-           "dataset.rows_per_dim=64", "eraser=qleace", "eraser.fit_on=oracle"]
+    mix = [*MIX, "dataset.rows_per_dim=64", "eraser=qleace", "eraser.fit_on=oracle"]
     bits = [_bits(tmp_path, *mix, f"seed={s}") for s in range(3)]
     gap = 1.0 - statistics.fmean(bits)
     assert gap > 0.05 and gap > 3 * statistics.stdev(bits), bits
@@ -65,12 +84,9 @@ def test_mixture_keeps_information_through_population_qleace(tmp_path: Path) -> 
 
 def test_mixture_truth_tends_to_h_as_its_modes_merge(tmp_path: Path) -> None:
     """H(Y|X') after population QLEACE: 1 bit when each class is (nearly) one Gaussian, well below with two modes."""
-    from training.app.tasks import load_job
-    from training.data.generators import population_truth_bits
-
     def bound(separation: float) -> float:
-        cfg = load_job(job_config(tmp_path, ["dataset=mixture", f"dataset.separation={separation}"]))
-        return population_truth_bits(cfg.dataset.options, "qleace", rows_per_class=5000)[0]
+        o = _options(tmp_path, "dataset=mixture", f"dataset.separation={separation}")
+        return population_truth_bits(o, "qleace", rows_per_class=5000)[0]
 
     assert abs(bound(0.01) - 1.0) < 1e-6
     assert bound(6.0) < 0.6 < bound(3.0) < 0.9
@@ -90,10 +106,6 @@ ROWS = (1, 4, 16)
 def _fake(root: Path, overrides: list[str], values: dict[int, float], block_sizes: tuple[int, ...] = (64, 960)
           ) -> None:
     """result.json files as the calibrate preset's jobs write them (one config, one file per seed)."""
-    from training.app.result_codec import encode, new_result
-    from training.app.schema import numerics_of
-    from training.app.tasks import job_hash, load_job
-
     cfg = load_job(job_config(root, ["experiment=calibrate", *overrides]))
     h = job_hash(cfg)
     for seed, bits in values.items():
@@ -105,21 +117,15 @@ def _fake(root: Path, overrides: list[str], values: dict[int, float], block_size
                             job_dir=str(job), task="mdl", config={**cfg.to_dict(), "seed": seed},
                             sections=MdlSections.read({"mdl": mdl}), device="cpu", timings={}, provenance={},
                             spec=cfg.task_spec)
-        (job / "result.json").write_text(__import__("json").dumps(encode(result)))
+        (job / "result.json").write_text(json.dumps(encode(result)))
 
 
 def _independent_leace_truth(dim: int, cov_gap: float, mean_gap: float, eraser: str, n: int = 20_000) -> float:
     """H(Y | X') by numpy/scipy alone: the class laws written out from the generator's definition (its u_k, a_k),
     population LEACE in closed form (x' = x − Σ^{1/2} P Σ^{-1/2}(x − μ), P the projection onto Σ^{-1/2} Σ_xz),
     draws from numpy, densities from scipy on the span of the erased laws."""
-    import numpy as np
-    from scipy import stats
-
-    from training.app.tasks import load_job
-    from training.data.generators import _law
-
-    o = load_job(job_config(Path("/tmp"), ["dataset=gaussian", f"dataset.dim={dim}", f"dataset.cov_gap={cov_gap}",
-                                              f"dataset.mean_gap={mean_gap}"])).dataset.options
+    o = _options(Path("/tmp"), "dataset=gaussian", f"dataset.dim={dim}", f"dataset.cov_gap={cov_gap}",
+                 f"dataset.mean_gap={mean_gap}")
     u, a = (t.numpy() for t in _law(o))
     k = o.num_classes
     means = mean_gap * u
@@ -153,42 +159,27 @@ def _independent_leace_truth(dim: int, cov_gap: float, mean_gap: float, eraser: 
 @pytest.mark.parametrize("cov_gap, mean_gap, eraser", [(4, 1, "leace"), (4, 1, "control"), (1, 0, "leace")])
 def test_truth_agrees_with_an_independent_computation(cov_gap: float, mean_gap: float, eraser: str,
                                                       tmp_path: Path) -> None:
-    from training.app.tasks import load_job
-    from training.data.generators import population_truth_bits
-
-    o = load_job(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=8", f"dataset.cov_gap={cov_gap}",
-                                          f"dataset.mean_gap={mean_gap}"])).dataset.options
+    o = _options(tmp_path, "dataset=gaussian", "dataset.dim=8", f"dataset.cov_gap={cov_gap}",
+                 f"dataset.mean_gap={mean_gap}")
     ours, se = population_truth_bits(o, eraser, rows_per_class=20_000)
     theirs = _independent_leace_truth(8, cov_gap, mean_gap, eraser)
     assert abs(ours - theirs) < 5 * math.sqrt(2) * se + 0.005, (ours, theirs, se)
     assert 0.2 * H < ours < 0.9 * H  # informative: neither nothing left nor everything
 
 
-def test_population_qleace_and_alf_qleace_leave_exactly_log2_k(tmp_path: Path) -> None:
+def test_population_qleace_leaves_exactly_log2_k_and_the_grids_truths_are_informative(tmp_path: Path) -> None:
     """QLEACE on Gaussians, and ALF-QLEACE at cov gap 1 (every class deviation has rank 1, so ALF-QLEACE removes
     all of them: the README's "< 2.000, upper bound only" was a mislabel): the truth is log2 K to Monte Carlo
-    precision, while the control keeps information."""
-    from training.app.tasks import load_job
-    from training.data.generators import population_truth_bits
-
-    o = load_job(job_config(tmp_path, ["dataset=gaussian", "dataset.dim=8", "dataset.cov_gap=1"])).dataset.options
+    precision, while the control keeps information. Every cell of `make calibrate` at d = 32 has a truth between
+    0.2 and 0.9 × log2 K (the mixture at 256 rows/d: K = 2)."""
+    o = _options(tmp_path, "dataset=gaussian", "dataset.dim=8", "dataset.cov_gap=1")
     for eraser in ("qleace", "alf_qleace"):
         assert population_truth_bits(o, eraser, rows_per_class=5000)[0] == pytest.approx(H, abs=1e-6), eraser
     assert population_truth_bits(o, "control", rows_per_class=5000)[0] < H - 0.5
-
-
-def test_the_grids_truths_are_informative(tmp_path: Path) -> None:
-    """Every cell of `make calibrate` at d = 32 has a truth between 0.2 and 0.9 × log2 K (the mixture at
-    256 rows/d: K = 2)."""
-    from training.app.tasks import load_job
-    from training.data.generators import population_truth_bits
-
     for over, eraser, _ in GRID.values():
-        o = load_job(job_config(tmp_path, ["experiment=calibrate", *over])).dataset.options
+        o = _options(tmp_path, "experiment=calibrate", *over)
         assert 0.2 * H < population_truth_bits(o, eraser, rows_per_class=5000)[0] < 0.9 * H, (over, eraser)
-    mix = load_job(job_config(tmp_path, ["experiment=calibrate", "dataset=mixture", "dataset.dim=4",
-                                            "dataset.num_classes=2", "dataset.mean_gap=0", "dataset.cov_gap=0"])
-                      ).dataset.options
+    mix = _options(tmp_path, "experiment=calibrate", *MIX)
     assert 0.2 < population_truth_bits(mix, "qleace", rows_per_class=5000)[0] < 0.9
 
 
@@ -232,8 +223,6 @@ def test_coverage_bias_and_floor_on_known_values(tmp_path: Path) -> None:
 def _grid(root: Path, value: dict[str, float], noise: float = 0.02) -> None:
     """Fake grid results: every cell × rows/d × fit mode × 10 seeds at `value[cell]` plus per-seed noise (the same
     noise for every fit mode of a seed: paired)."""
-    import numpy as np
-
     wobble = np.random.default_rng(0).normal(0, noise, 10)
     for name, (over, eraser, modes) in GRID.items():
         for rows in ROWS:
@@ -252,22 +241,17 @@ def test_a_harness_that_always_prints_log2_k_fails_the_grid(tmp_path: Path) -> N
     off = [r.label for r in found if r.truth is not None and
            abs(statistics.fmean(next(iter(r.cell.runs.values())).values()) - r.truth) > 0.5]
     assert len(off) >= 4, off
-    truths = {name: calibrate.truth(calibrate.Cell({"dataset.name": "gaussian", "eraser.name": e,
-                                                     "dataset.num_classes": 4}, "gaussian", e, 4, False,
-                                                    options=[_options(tmp_path, over)]),
-                                    5000) for name, (over, e, _) in GRID.items()}
+    def truth(over: list[str], e: str) -> float | None:
+        options = [dataclasses.asdict(_options(tmp_path, "experiment=calibrate", *over))]
+        cell = calibrate.Cell({"dataset.name": "gaussian", "eraser.name": e, "dataset.num_classes": 4}, "gaussian", e,
+                              4, False, options=options)
+        return calibrate.truth(cell, 5000)
+
+    truths = {name: truth(over, e) for name, (over, e, _) in GRID.items()}
     _grid(tmp_path / "true", {k: float(v) for k, v in truths.items() if v is not None}, noise=0.0)
     good = calibrate.rows(calibrate.collect(tmp_path / "true" / "runs", "calibrate"), 5000)
     assert all(abs(statistics.fmean(r.cell.runs["self"].values()) - 0.05 - r.truth) < 0.1 for r in good
                if r.truth is not None)
-
-
-def _options(tmp: Path, over: list[str]) -> dict:
-    import dataclasses
-
-    from training.app.tasks import load_job
-
-    return dataclasses.asdict(load_job(job_config(tmp, ["experiment=calibrate", *over])).dataset.options)
 
 
 def test_the_claims_report_runs_on_the_grid(tmp_path: Path) -> None:
@@ -275,9 +259,6 @@ def test_the_claims_report_runs_on_the_grid(tmp_path: Path) -> None:
     (cov gap, mean gap, rows/d) in its own group, and the claims report gives every group a LEACE-vs-control row
     of 10 seeds. Population LEACE equal to the control (cov gap 1, mean gap 0: the true effect is 0) is never
     "supported"; at cov gap 4, mean gap 1 (true effect +0.17 bits) it is."""
-    from training.tasks.mdl import claims
-    from training.tasks.mdl.aggregate_collect import collect_dir
-
     _grid(tmp_path, {"leace cov4": 0.85, "control cov4": 0.68, "leace cov1": 1.2, "control cov1": 1.2})
     df, _ = collect_dir(tmp_path / "runs")
     per = claims.evaluate_groups(df, ["leace_raises_mdl"])
@@ -295,9 +276,6 @@ def test_the_claims_report_runs_on_the_grid(tmp_path: Path) -> None:
 def test_population_is_a_split_mode_its_repeats_are_runs_of_one_cell(tmp_path: Path) -> None:
     """eraser.fit_on=population codes the rows a split's self codes, so its repeats (eraser.repeat) are folds of one
     cell as self's are, not repeated results of one job (before: fold 0 for every repeat, one of them dropped)."""
-    from training.tasks.mdl.aggregate_collect import SPLIT_MODES, collect_dir
-    from training.tasks.mdl.aggregate_summary import summarize
-
     assert "population" in SPLIT_MODES
     for mode in ("population", "self"):
         for repeat in (0, 1):
@@ -319,11 +297,6 @@ def test_the_shuffled_fit_control_reaches_the_claims_through_the_aggregate(tmp_p
     fit a variant `eraser.fit_labels=shuffled` of its own) into the claims. LEACE is measured against the shuffled
     fit, not the control, and is not supported; without the shuffled-fit runs the same bracket separates from the
     control (the margin alone would support it) and reads uncontrolled."""
-    import numpy as np
-
-    from training.tasks.mdl import claims
-    from training.tasks.mdl.aggregate_collect import collect_dir
-
     rng = np.random.default_rng(6)
     c = 1.72 + rng.normal(0, 0.05, 10)
     cell = ["dataset.cov_gap=1", "dataset.mean_gap=0", "dataset.rows_per_dim=16"]
@@ -351,11 +324,6 @@ def test_the_budget_flag_on_the_known_answers(tmp_path: Path) -> None:
     its block models stop at the cap (the count alone read budget-bound), but their validation losses no longer
     fall beyond their noise by enough to move the code: not budget-bound. The regular cell capped at 5 epochs
     (no step floor) is: its trends still fall, and the quick budget indeed codes it far lower."""
-    import pandas as pd
-
-    from training.analysis.tables import BUDGET_SHARE, at_cap_share, budget_reason
-    from training.tasks.mdl.aggregate_collect import budget_columns
-
     def runs(*overrides: str, seeds: range = range(3)) -> pd.DataFrame:
         out = []
         for seed in seeds:
@@ -380,12 +348,7 @@ def _independent_mixture_qleace_truth(o: object, fit_rows: int = 400_000, n: int
     definition (its u_k, a_k only), the eraser fitted in float64 on `fit_rows` numpy draws per class (its moments
     within ~1/sqrt(fit_rows) of the population's), each class's modes pushed through its transport map, densities
     from scipy on fresh draws."""
-    import numpy as np
-    import torch
     from concept_erasure import QuadraticEraser
-    from scipy import stats
-
-    from training.data.generators import MixtureOptions, _law
 
     assert isinstance(o, MixtureOptions)
     u, a = (t.numpy() for t in _law(o))
@@ -416,12 +379,7 @@ def _independent_mixture_qleace_truth(o: object, fit_rows: int = 400_000, n: int
 def test_the_mixture_truth_agrees_with_an_independent_computation(tmp_path: Path) -> None:
     """The grid's mixture cell (d = 4, K = 2, separation 6: `make calibrate`): the project's population QLEACE truth
     against concept-erasure's QuadraticEraser and scipy, and informative (0.2 to 0.9 × log2 K = 1)."""
-    from training.app.tasks import load_job
-    from training.data.generators import population_truth_bits
-
-    o = load_job(job_config(tmp_path, ["experiment=calibrate", "dataset=mixture", "dataset.dim=4",
-                                          "dataset.num_classes=2", "dataset.mean_gap=0", "dataset.cov_gap=0"])
-                 ).dataset.options
+    o = _options(tmp_path, "experiment=calibrate", *MIX)
     ours, se = population_truth_bits(o, "qleace", rows_per_class=20_000)
     theirs = _independent_mixture_qleace_truth(o)
     assert abs(ours - theirs) < 5 * math.sqrt(2) * se + 0.01, (ours, theirs, se)

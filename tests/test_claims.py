@@ -35,8 +35,7 @@ def _runs(eraser: str, values: float | list[float], *, fit_on: str = "all", arch
 
 
 def _shuffled(values: float | list[float], **kw: Any) -> list[dict[str, Any]]:
-    """LEACE fitted on shuffled labels (eraser.fit_labels=shuffled): leace_raises_mdl's non-specific-removal
-    control."""
+    """LEACE fitted on shuffled labels: leace_raises_mdl's non-specific-removal control."""
     return [dict(r, variant=claims.SHUFFLED) for r in _runs("leace", values, **kw)]
 
 
@@ -105,17 +104,22 @@ def test_p_ci_and_holm_match_scipy_and_the_verdict_uses_the_printed_holm_p() -> 
     assert seen > 0
 
 
-def _sim_row(rng: np.random.Generator, effect: float, n: int, sign: int = +1, sd: float = 1.0,
-             bracket: float = 0.0) -> claims.RowTest:
-    """One row of a claim with the given sign: per seed a − b = effect + N(0, sd²); `bracket` > 0: a is a bracket
-    [x − bracket, x + bracket] (its two fit modes), b one control value."""
-    claim = next(c for c in claims.CLAIMS.values() if c.sign == sign)
-    x = effect + rng.normal(0, sd, n)
-    a = {"holdout": pd.Series(x - bracket), "self": pd.Series(x + bracket)} if bracket else {"all": pd.Series(x)}
-    b = {m: pd.Series(np.zeros(n)) for m in a}
-    t = claims.row_test(claim, claims.RowInput("r", a, b, bool(bracket)))
+def _decided(row: claims.RowInput, key: str = "leace_raises_mdl") -> claims.RowTest:
+    """`row` tested and decided as the only row of claim `key`."""
+    claim = claims.CLAIMS[key]
+    t = claims.row_test(claim, row)
     claims.decide(claim, [t])
     return t
+
+
+def _sim_row(rng: np.random.Generator, effect: float, n: int, sign: int = +1, sd: float = 1.0,
+             bracket: float = 0.0) -> claims.RowTest:
+    """One decided row of a claim of this sign: per seed a − b = effect + N(0, sd²); `bracket` > 0: a is the bracket [x
+    − bracket, x + bracket]."""
+    key = next(k for k, c in claims.CLAIMS.items() if c.sign == sign)
+    x = effect + rng.normal(0, sd, n)
+    a = {"holdout": pd.Series(x - bracket), "self": pd.Series(x + bracket)} if bracket else {"all": pd.Series(x)}
+    return _decided(claims.RowInput("r", a, {m: pd.Series(np.zeros(n)) for m in a}, bool(bracket)), key)
 
 
 def _rate(verdicts: list[str], which: str) -> float:
@@ -130,8 +134,8 @@ BOUND = float(stats.binom.ppf(1 - 1e-4, DRAWS, claims.ALPHA)) / DRAWS  # the rat
 @pytest.mark.parametrize("effect", [0.0, -0.3])
 @pytest.mark.parametrize("sign", [+1, -1])
 def test_no_effect_or_the_opposite_is_supported_at_most_at_the_nominal_rate(effect: float, sign: int) -> None:
-    """A true difference of 0 (or against the claim): "supported" in at most ALPHA of DRAWS simulated rows (fixed
-    RNG; BOUND: its binomial 1 − 1e-4 quantile); with a bracket of half-width 0.2 around the same values too."""
+    """A true difference of 0 (or against the claim): supported in at most BOUND of DRAWS rows (fixed RNG), with a
+    bracket of half-width 0.2 too."""
     rng = np.random.default_rng(38)
     for bracket in (0.0, 0.2) if effect == 0 and sign > 0 else (0.0,):
         got = [_sim_row(rng, sign * effect, 10, sign, bracket=bracket).verdict for _ in range(DRAWS)]
@@ -141,8 +145,8 @@ def test_no_effect_or_the_opposite_is_supported_at_most_at_the_nominal_rate(effe
 
 
 def test_power_for_a_real_effect_is_what_the_t_test_promises_and_a_real_effect_is_rarely_contradicted() -> None:
-    """A true 1 sd effect on 10 seeds: supported as often as the one-sided t-test's power (noncentral t), within
-    3 SE; contradicted in under 1% (the old rule read "does not hold" 96% of the time on such an effect)."""
+    """A true 1 sd effect on 10 seeds: supported at the t-test's power (noncentral t) within 3 SE, contradicted < 1%
+    (the old rule: "does not hold" 96%)."""
     rng = np.random.default_rng(1)
     got = [_sim_row(rng, 1.0, 10).verdict for _ in range(DRAWS)]
     crit = stats.t.ppf(1 - claims.ALPHA, 9)
@@ -156,9 +160,8 @@ def test_power_for_a_real_effect_is_what_the_t_test_promises_and_a_real_effect_i
 
 
 def test_underpowered_inconclusive_and_seeds_needed() -> None:
-    """Noise 1 bit on 5 seeds, no effect: the CI (± ~1 bit) is wider than the effect of interest: underpowered;
-    noise 0.005 bits and no effect: inconclusive (decided to be small). Seeds needed is the smallest n whose
-    interval at the row's level is below max(|mean|, effect)."""
+    """No effect on 5 seeds: noise 1 bit is underpowered (CI wider than the effect), 0.005 inconclusive; seeds needed:
+    the smallest n whose interval is below max(|mean|, effect)."""
     rng = np.random.default_rng(3)
     wide = _sim_row(rng, 0.0, 5, sd=1.0)
     assert wide.verdict == "underpowered" and wide.ci > claims.EFFECT
@@ -175,9 +178,8 @@ def test_underpowered_inconclusive_and_seeds_needed() -> None:
 
 
 def test_a_claim_of_absence_needs_an_equivalence_margin() -> None:
-    """wide_no_lower (TOST, δ = effect): widths within ±0.01 of each other on 5 seeds: supported; no difference
-    but noise 0.3: underpowered (the old rule read "holds" 93% of the time with no effect at all); a drop of 0.5:
-    contradicted; a true difference at the margin δ is supported at most at ALPHA (simulated)."""
+    """wide_no_lower (TOST, δ = effect): within ±0.01 supported; noise 0.3 underpowered (the old rule: "holds" 93% with
+    no effect); a drop of 0.5 contradicted; a true difference at δ supported at most at ALPHA."""
     noise = [0.01, -0.01, 0.0, 0.005, -0.005]
     same = _df(_runs("leace", [2.0] * 5, width=1024), _runs("leace", [2.0 + e for e in noise], width=2048))
     assert _verdicts(same, ["wide_no_lower"]) == {"wide_no_lower": "supported"}
@@ -223,9 +225,8 @@ def test_not_enough_seeds_below_min_seeds_and_unfinished_rows() -> None:
 # --- brackets --------------------------------------------------------------------------------------------------
 
 def test_a_bracket_row_is_supported_only_when_the_brackets_separate() -> None:
-    """QLEACE vs LEACE, each fitted out of sample (holdout) and in sample (self) on the same 4000 coded rows:
-    separated brackets are supported; brackets that overlap are not (inconclusive, or contradicted where QLEACE's
-    whole bracket lies below LEACE's). Control (no fit) stands for both ends."""
+    """QLEACE vs LEACE, each fitted holdout and self on the same 4000 coded rows: separated brackets supported,
+    overlapping inconclusive, QLEACE's wholly below contradicted; the control stands for both ends."""
     base = [_runs("leace", 1.5, fit_on="holdout"), _runs("leace", 1.8, fit_on="self"),
             _runs("control", 1.0, fit_on="holdout")]
     apart = _df(*base, _runs("qleace", 2.0, fit_on="holdout"), _runs("qleace", 3.3, fit_on="self"))
@@ -244,8 +245,8 @@ def test_a_bracket_row_is_supported_only_when_the_brackets_separate() -> None:
 
 
 def test_holdout_pairs_with_all_only_at_equal_n_coded() -> None:
-    """fit_source=pool: holdout codes every row, so `all` is its in-sample end; a split holdout (fewer coded
-    rows) is not bracketed with `all` and each is its own row."""
+    """fit_source=pool: holdout codes every row, so `all` is its in-sample end; a split holdout (fewer coded rows) is
+    its own row."""
     pool = _df(_runs("leace", 1.5, fit_on="holdout", n_coded=5000), _runs("leace", 1.8, fit_on="all", n_coded=5000),
                _runs("control", 1.0, fit_on="all", n_coded=5000))
     assert list(_rows(pool, "leace_raises_mdl")) == ["d mlp_relu w128 d2 (fit on [holdout, all])"]
@@ -257,8 +258,8 @@ def test_holdout_pairs_with_all_only_at_equal_n_coded() -> None:
 # --- flags: not identifiable ------------------------------------------------------------------------------------
 
 def test_a_single_fit_mode_with_a_side_flagged_is_not_identifiable() -> None:
-    """A probe below chance on a side (in sample: dependence) makes a row without a bracket not identifiable; the
-    same flag on a bracket row does not (the separation decides); no flag: supported."""
+    """A probe below chance on a side makes a row without a bracket not identifiable; on a bracket row the separation
+    decides."""
     flagged = _runs("leace", 1.5, linear_probe_below_chance=True)
     single = _df(_shuffled(1.0), flagged)
     row = _rows(single, "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
@@ -274,8 +275,8 @@ def test_a_single_fit_mode_with_a_side_flagged_is_not_identifiable() -> None:
 
 
 def test_a_null_below_the_label_entropy_flags_injection_and_a_tiny_bias_does_not() -> None:
-    """QLEACE on a holdout whose null codes 3 bits below log2 10 (label injection): not identifiable; a null
-    +0.0005 bits above the entropy (once printed `+0.000 ⚠`) is no flag: the row is supported."""
+    """A holdout null 3 bits below log2 10 (label injection): not identifiable; one 0.0005 bits above (once `+0.000 ⚠`):
+    no flag."""
     cells = [_runs("leace", 1.5, fit_on="holdout"), _runs("qleace", 2.0, fit_on="holdout")]
     injected = _df(*cells, _runs("qleace", 0.34, fit_on="holdout", null=True))
     row = _rows(injected, "qleace_above_leace")["d mlp_relu w128 d2 (fit on holdout)"]
@@ -309,35 +310,30 @@ def test_at_the_cap_means_stopped_by_max_epochs_with_the_best_epoch_at_the_end()
     assert at_cap(BlockRecord.of({"epochs": 60, "best_epoch": 58})) is None  # written before stop reasons
 
 
-def test_without_validation_trends_more_than_a_fifth_of_the_block_models_at_the_cap_is_budget_bound() -> None:
-    """Results written before validation trends: 10 block models per cell (2 per run): 2 at the cap (20%) is not
-    budget-bound, 3 (30%) is, and the row says the count is not evidence."""
-    def cell(at: list[int]) -> list[dict[str, Any]]:
-        return _runs("leace", 1.5, blocks_known=2.0, blocks_at_cap=at, blocks_patience=2.0)
+def test_budget_bound_without_trends_is_over_a_fifth_at_the_cap_and_with_them_a_fall_that_moves_the_code() -> None:
+    """Without validation trends (2 block models per run): 20% at the cap is not budget-bound, 30% is, saying the count
+    is not evidence. With trends the count decides nothing: a fall worth 0.002 bits/sample is not, 0.03 is."""
+    def cell(at_cap: list[int]) -> list[dict[str, Any]]:
+        runs = _runs("leace", 1.5, blocks_known=2.0, blocks_patience=2.0)
+        return [dict(r, blocks_at_cap=float(a)) for r, a in zip(runs, at_cap, strict=True)]
 
-    at_fifth = [dict(r, blocks_at_cap=float(a)) for r, a in zip(cell([0] * 5), [1, 1, 0, 0, 0], strict=True)]
-    over = [dict(r, blocks_at_cap=float(a)) for r, a in zip(cell([0] * 5), [1, 1, 1, 0, 0], strict=True)]
     control = _shuffled(1.0, blocks_known=2.0, blocks_at_cap=0.0)
-    assert _verdicts(_df(control, at_fifth), ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
-    row = _rows(_df(control, over), "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
+    assert _verdicts(_df(control, cell([1, 1, 0, 0, 0])), ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
+    row = _rows(_df(control, cell([1, 1, 1, 0, 0])), "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
     assert row.verdict == "budget-bound" and row.why == "a: 30% at cap (no validation trend recorded) (all)"
 
-
-def test_budget_bound_needs_at_cap_models_whose_validation_loss_still_falls() -> None:
-    """With validation trends the count of models at the cap decides nothing: half the block models at the cap but
-    trends that would take 0.002 bits/sample off the code is not budget-bound; 0.03 is."""
-    def cell(bits: float) -> list[dict[str, Any]]:
+    def trended(bits: float) -> list[dict[str, Any]]:
         return _runs("leace", 1.5, blocks_known=2.0, blocks_at_cap=1.0, budget_bits=bits)
 
     control = _shuffled(1.0, blocks_known=2.0, blocks_at_cap=1.0, budget_bits=0.0)
-    assert _verdicts(_df(control, cell(0.002)), ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
-    row = _rows(_df(control, cell(0.03)), "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
+    assert _verdicts(_df(control, trended(0.002)), ["leace_raises_mdl"]) == {"leace_raises_mdl": "supported"}
+    row = _rows(_df(control, trended(0.03)), "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]
     assert row.verdict == "budget-bound" and row.why.startswith("a: at-cap models still falling: ≈ 0.030")
 
 
 def test_a_validation_trend_is_a_fall_beyond_its_noise() -> None:
-    """tail_fall_bits: a loss still falling steadily (0.01 nats per validation) over 60 validations → its slope
-    over the last 12 times the tail of 6, in bits; a plateau with noise, or one that rose: 0."""
+    """tail_fall_bits: a steady fall of 0.01 nats per validation gives its slope over the last 12 × the tail of 6, in
+    bits; a noisy plateau, or a rise: 0."""
     rng = np.random.default_rng(5)
     falling = [(i, 1.0 - 0.01 * i + rng.normal(0, 0.001)) for i in range(60)]
     assert tail_fall_bits(falling) == pytest.approx(0.06 / math.log(2), rel=0.1)
@@ -370,10 +366,9 @@ def _readme_mnist() -> pd.DataFrame:
 
 
 def test_readme_mnist_holdout_row_does_not_make_qleace_claims_hold() -> None:
-    """Fed the README's MNIST-5k numbers, "after the bias" once turned qleace_above_leace and alf_below_qleace
-    into "holds" on the holdout row (an implied QLEACE MDL of 0.468 + 2.981 = 3.449 > log2 10). Without the
-    correction neither holds there: QLEACE's holdout null injects the label (not identifiable) and its raw
-    differences contradict both claims."""
+    """"after the bias" once made qleace_above_leace and alf_below_qleace "hold" on the README's holdout row (implied
+    QLEACE MDL 0.468 + 2.981 > log2 10); without it QLEACE's holdout null injects the label (not identifiable) and the
+    raw differences contradict both."""
     df = _readme_mnist()
     for key in ("qleace_above_leace", "alf_below_qleace"):
         rows = _rows(df, key)
@@ -419,8 +414,7 @@ def test_a_claim_survives_only_when_it_holds_in_every_group() -> None:
 
 
 def test_eraser_variants_pair_with_the_other_erasers_only_variant() -> None:
-    """QLEACE in two variants (rank_deficient coupling | shrinkage) against one LEACE: a row per variant, and the
-    claim holds only if both hold."""
+    """QLEACE in two variants against one LEACE: a row per variant; the claim holds only if both do."""
     coupling = [dict(r, variant="eraser.options.rank_deficient=coupling") for r in _runs("qleace", 2.5)]
     shrinkage = [dict(r, variant="eraser.options.rank_deficient=shrinkage") for r in _runs("qleace", 1.2)]
     df = _df(_runs("leace", 1.5), coupling, shrinkage)
@@ -432,8 +426,8 @@ def test_eraser_variants_pair_with_the_other_erasers_only_variant() -> None:
 
 
 def test_surviving_every_group_is_the_largest_p_over_the_groups() -> None:
-    """Intersection-union: each group's p as it stands (no correction across groups), the claim survives when the
-    largest is below ALPHA; one group with p above ALPHA (here 5 noisy seeds around 0.05) sinks it."""
+    """Intersection-union: each group's p uncorrected, the largest must be below ALPHA; one group of 5 noisy seeds
+    around 0.05 sinks it."""
     rng = np.random.default_rng(11)
 
     def group(name: str, shift: float, sd: float) -> pd.DataFrame:
@@ -456,10 +450,9 @@ def _fitted(eraser: str, self_v: list[float], holdout_v: list[float], variant: s
 
 
 def _known_answer(effect: float) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """10 paired seeds as the calibration's cells read them: the control at c; population LEACE at c + effect (at
-    equal means it is the identity: effect 0); LEACE fitted on the true labels at c + effect + the bias of removing
-    K − 1 directions chosen by noise (+0.10 self, +0.05 holdout); the same eraser fitted on shuffled labels at c +
-    that bias. (The frame without and with the shuffled-fit runs.)"""
+    """10 paired seeds: control c; population LEACE c + effect (the identity at effect 0); LEACE fitted on the true
+    labels c + effect + the bias of removing directions chosen by noise (+0.10 self, +0.05 holdout); on shuffled labels
+    c + that bias. The frame without and with the shuffled fit."""
     rng = np.random.default_rng(38)
     c = 1.72 + rng.normal(0, 0.05, 10)
     fit_noise = [rng.normal(0, 0.02, 10) for _ in range(4)]
@@ -471,10 +464,8 @@ def _known_answer(effect: float) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def test_the_shuffled_fit_control_absorbs_the_bias_of_removing_directions_chosen_by_noise() -> None:
-    """The true effect is 0 (population LEACE is the identity). Against the identity control the bracket separates
-    (both ends +0.05..+0.10: the bias a margin CI cannot see) and reads uncontrolled, never supported; against LEACE
-    fitted on shuffled labels in the same fit modes it is not supported, and neither is the population row
-    (exactly 0)."""
+    """True effect 0: against the identity control the bracket separates by the fitting bias (which a margin CI cannot
+    see) and reads uncontrolled; against the shuffled fit nothing is supported, nor the population row (exactly 0)."""
     plain, both = _known_answer(0.0)
     before = _rows(plain, "leace_raises_mdl")
     bracket = before["d mlp_relu w128 d2 (fit on [holdout, self])"]
@@ -492,9 +483,7 @@ def test_the_shuffled_fit_control_absorbs_the_bias_of_removing_directions_chosen
     assert rows == {k: (t.margins, t.verdict) for k, t in _rows(pd.concat([plain, qleace]),
                                                                 "qleace_above_leace").items()}
     assert len(rows) == 1 and len(_rows(plain, "leace_raises_mdl")) == 2
-
-
-def test_a_real_effect_is_supported_against_the_shuffled_fit_control() -> None:
+    # a real effect (0.15) is supported against the shuffled-fit control
     _, both = _known_answer(0.15)
     after = _rows(both, "leace_raises_mdl")
     bracket = after["d mlp_relu w128 d2 vs shuffled fit (fit on [holdout, self])"]
@@ -507,9 +496,8 @@ def test_a_real_effect_is_supported_against_the_shuffled_fit_control() -> None:
 
 @pytest.mark.parametrize("effect", [0.0, -0.05])
 def test_no_known_answer_at_or_below_zero_is_supported_with_or_without_the_optional_runs(effect: float) -> None:
-    """Population difference ≤ 0: with the shuffled-fit and population runs, without either, without both: no row
-    and no claim reads supported; the fitted modes without their shuffled fit read uncontrolled, naming the command
-    that runs it."""
+    """Population difference ≤ 0, with or without the shuffled-fit and population runs: nothing reads supported; fitted
+    modes without their shuffled fit are uncontrolled, naming the command that runs it."""
     plain, both = _known_answer(effect)
     shuffled = both.variant == claims.SHUFFLED
     population = both.fit_on == "population"
@@ -529,8 +517,8 @@ def test_no_known_answer_at_or_below_zero_is_supported_with_or_without_the_optio
 
 def _bracket_draws(rng: np.random.Generator, n: int, effect: float, bias_a: tuple[float, float],
                    bias_b: tuple[float, float] | None, sd: float = 0.02) -> claims.RowInput:
-    """One row on n paired seeds: a fitted eraser's bracket (holdout, self) at c + effect + its biases; b the same
-    eraser fitted on shuffled labels (its bracket at c + `bias_b`), or (None) the identity control at c."""
+    """A row on n paired seeds: a's bracket (holdout, self) at c + effect + bias_a; b the shuffled fit at c + bias_b, or
+    (None) the identity control at c."""
     c = rng.normal(1.7, 0.05, n)
     a = {m: pd.Series(c + effect + bias + rng.normal(0, sd, n)) for m, bias in zip(("holdout", "self"), bias_a,
                                                                                       strict=True)}
@@ -542,17 +530,13 @@ def _bracket_draws(rng: np.random.Generator, n: int, effect: float, bias_a: tupl
 
 
 def _verdict(row: claims.RowInput) -> str:
-    claim = claims.CLAIMS["leace_raises_mdl"]
-    t = claims.row_test(claim, row)
-    claims.decide(claim, [t])
-    return t.verdict
+    return _decided(row).verdict
 
 
 def test_a_shared_bias_of_removing_noise_directions_is_never_supported() -> None:
-    """The bias every fitted LEACE shares (+0.05 holdout, +0.10 self: mean +0.075), true effect 0, 10 seeds:
-    against the identity control the margin separates in every draw (the old rule: supported with probability
-    1.00) and the new rule reads uncontrolled in every draw; against the shuffled fit, brackets on both sides,
-    supported at most at the nominal rate."""
+    """The fitting bias every LEACE shares (+0.05 holdout, +0.10 self), effect 0, 10 seeds: against the identity
+    control the old rule supported every draw, the new reads uncontrolled; against the shuffled fit: at most the
+    nominal rate."""
     rng, draws = np.random.default_rng(48), 400
     bound = float(stats.binom.ppf(1 - 1e-4, draws, claims.ALPHA)) / draws
     identity = [_bracket_draws(rng, 10, 0.0, (0.05, 0.10), None) for _ in range(200)]
@@ -571,8 +555,8 @@ def test_a_shared_bias_of_removing_noise_directions_is_never_supported() -> None
 
 
 def test_a_claim_in_a_rank_irregular_cell_says_so() -> None:
-    """LEACE runs whose fits are rank-irregular (erasure/rank_test.py) in half or more of its runs: the row and the
-    claim's line say so; the shuffled-fit control's own flag (expected: it is fitted on noise) is not reported."""
+    """LEACE fits rank-irregular in half or more of the runs: the row and the claim say so; the shuffled fit's own flag
+    (fitted on noise) is not reported."""
     flagged = _runs("leace", 1.5, rank_irregular=1.0, n_fit=1024.0, fit_rows_per_class_dim=8.0)
     df = _df(_shuffled(1.0, rank_irregular=1.0), flagged)
     row = _rows(df, "leace_raises_mdl")["d mlp_relu w128 d2 vs shuffled fit"]

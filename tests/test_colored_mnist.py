@@ -10,8 +10,10 @@ import torch
 
 from tests.helpers import job_config, result_of
 from training.app.schema import group_config
+from training.app.tasks import get_task
 from training.data import load_dataset
 from training.data.colored_mnist import Environment, colored_mnist, fig3_variants, make_environment
+from training.tasks.gs import colored_mnist as _task  # noqa: F401 - registers the task
 
 CFG = group_config("dataset", "colored_mnist", source="mnist5k", n_test=1000, label_noise=0.25, color_flip=[0.2, 0.1],
                    test_color_flip=0.9, data_seed=0)
@@ -46,15 +48,12 @@ def test_rates_on_a_large_sample() -> None:
     assert _within(agree, 0.75 * 0.8 + 0.25 * 0.2, r["n"])
 
 
-def test_digit_sits_in_the_channel_of_its_colour(envs: dict[str, Environment]) -> None:
+def test_digit_sits_in_the_channel_of_its_colour_and_fig3_variants(envs: dict[str, Environment]) -> None:
     e = envs["train1"]
     assert e.x.shape == (2000, 2, 14, 14) and e.x.dtype == torch.float32 and 0 <= e.x.min() <= e.x.max() <= 1
     idx = torch.arange(len(e.y))
     torch.testing.assert_close(e.x[idx, e.color], e.gray)
     assert float(e.x[idx, 1 - e.color].abs().max()) == 0.0
-
-
-def test_fig3_variants(envs: dict[str, Environment]) -> None:
     e = envs["test"]
     v = fig3_variants(e)
     assert set(v) == {"grayscale_digit", "colored_digit", "grayscale_blank", "colored_blank"}
@@ -77,9 +76,6 @@ def test_registry_pools_training_environments_and_is_deterministic(envs: dict[st
 
 
 def test_task_reports_accuracy_and_fig3(tmp_path: Path) -> None:
-    from training.app.tasks import get_task
-    from training.tasks.gs import colored_mnist as _task  # noqa: F401 - registers the task
-
     cfg = job_config(tmp_path, ["experiment=gs_colored_mnist", "gs.steps=12", "gs.hidden=16", "gs.eval_every=5",
                                 "regularizer.start_step=6"])
     r = result_of(get_task("gs_colored_mnist")(cfg))

@@ -7,10 +7,16 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
 
-from training.common.sweep_jobs import fast_expand
+from training.app.schema import duplicate_jobs
+from training.app.tasks import load_job, spec_of
+from training.common.cells import seed_list
+from training.common.sweep_jobs import expand_overrides, fast_expand
 from training.common.sweeps import CONF_DIR, expand, presets, sweep_overrides, sweeper_params
+from training.errors import UserError
+from training.tasks.mdl.claims import CLAIMS, MIN_SEEDS
 
 PAPER = ["paper_table_c", "paper_fig4_width", "paper_fig4_depth", "paper_fig5_width", "paper_fig5_depth",
          "paper_fig6_7_width", "paper_fig6_7_depth", "paper_fig8_width", "paper_fig8_depth", "paper_fig16"]
@@ -19,8 +25,6 @@ ALL_ERASERS = {"control", "leace", "qleace", "alf_qleace", "gradient", "random"}
 
 
 def _values(spec: str) -> list[str]:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     ov = OverridesParser.create().parse_overrides([f"k={spec}"])[0]
     return list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
 
@@ -59,8 +63,6 @@ def test_paper_grids_match_the_paper() -> None:
     assert _values(c["+experiment/net"]) == ["mlp_relu", "lenet", "convnext", "swin"]
     assert _values(sweeper_params("paper_fig16")["+experiment/net"]) == ["mlp_relu", "lenet", "convnext", "swin"]
     assert set(_values(c["eraser"])) == {"control", "leace", "alf_qleace_paper", "gradient_paper", "qleace_paper"}
-    from training.common.cells import seed_list
-
     assert seed_list(OmegaConf.load(Path(CONF_DIR) / "experiment" / "paper_table_c.yaml").seeds) == [0, 1, 2, 3, 4]
     for fig in ("paper_fig4", "paper_fig5"):
         w, d = sweeper_params(f"{fig}_width"), sweeper_params(f"{fig}_depth")
@@ -80,14 +82,11 @@ def test_paper_grids_match_the_paper() -> None:
     assert seed_list(OmegaConf.load(Path(CONF_DIR) / "experiment" / "offline_table.yaml").seeds) == [0, 1, 2]
 
 
-def test_zscore_preset_has_its_own_directories(tmp_path: Path) -> None:
+def test_zscore_preset_has_its_own_directories_and_table_c_its_base_sizes(tmp_path: Path) -> None:
     job = expand("paper_fig16", [f"paths.out_dir={tmp_path}", "seed=0", "+experiment/net=mlp_relu",
                                  "eraser=control"])[0]
     assert job["dataset"]["zscore"] is True and job["dataset"]["zscore_order"] == "before"  # the text's order
     assert job["paths"]["job_subdir"] == f"cifar10_zscore/control/mlp_relu-w128-d2/{job['paths']['cell']}/seed0"
-
-
-def test_table_c_base_sizes(tmp_path: Path) -> None:
     jobs = expand("paper_table_c", [f"paths.out_dir={tmp_path}", "seed=0", "eraser=control"])
     got = {(j["arch"]["name"], j["arch"]["width"], j["arch"]["depth"], j["arch"].get("size")) for j in jobs}
     assert got == {("mlp", 128, 2, None), ("lenet", 128, 2, None), ("convnext", 40, 2, None),
@@ -132,11 +131,6 @@ def test_full_expansion_gives_distinct_job_dirs(name: str, tmp_path: Path) -> No
 
 def test_presets_that_make_claims_run_enough_seeds_for_a_claim_to_hold() -> None:
     """A claim holds only on ≥ claims.MIN_SEEDS seeds: a preset with `claims` that runs fewer could never say so."""
-    from omegaconf import DictConfig, OmegaConf
-
-    from training.common.cells import seed_list
-    from training.tasks.mdl.claims import CLAIMS, MIN_SEEDS
-
     with_claims = []
     for name in presets():
         cfg = OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml")
@@ -167,11 +161,6 @@ def test_no_job_of_any_preset_is_refused(name: str) -> None:
     case must not refuse a paper preset: `eraser.after_augment=true` without augmentation is what paper_fig8 runs on
     SVHN). The first seed's jobs only: a seed refuses nothing the first seed's jobs would not, and two jobs the sweep
     refuses as one measurement have the same seed."""
-    from training.app.schema import duplicate_jobs
-    from training.app.tasks import load_job, spec_of
-    from training.common.sweep_jobs import expand_overrides
-    from training.errors import UserError
-
     combos = sweep_overrides(name, [])
     first = [line for line in combos[0] if line.startswith("seed=")]
     jobs = expand_overrides([c for c in combos if not first or first[0] in c])

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import job_config
+from training.app.schema import ConfigError
+from training.app.tasks import job_hash, load_job
+from training.tasks.mdl import code as mdl_code
 from training.tasks.mdl.code import cumulative, legacy_mdl, paper_code, partition_logspace, prequential_code
+from training.tasks.mdl.refusals import check_blocks
 from training.tasks.mdl.splits import make_split
 
 
@@ -21,6 +26,8 @@ def test_hand_computed_code() -> None:
     assert code.bits_per_sample == pytest.approx(12.0 / 14)
     # legacy: (cumsize_2 * CE_1 + cumsize_3 * CE_2) / N = (6 * 1.5 + 14 * 0.25) / 14
     assert code.legacy == pytest.approx((6 * 1.5 + 14 * 0.25) / 14)
+    with pytest.raises(ValueError):  # one model short
+        prequential_code([2, 4, 8], [1.0], num_classes=2)
 
 
 def test_constant_predictor_equals_uniform_code() -> None:
@@ -51,11 +58,6 @@ def test_partition_is_geometric_and_exact(n: int, b: int, m: int) -> None:
         assert max(ratios) - min(ratios) < 0.05
 
 
-def test_wrong_number_of_models_is_an_error() -> None:
-    with pytest.raises(ValueError):
-        prequential_code([2, 4, 8], [1.0], num_classes=2)
-
-
 def test_split_is_nested_disjoint_and_seeded() -> None:
     s = make_split(1797, seed=3, val_size=2048, val_frac=0.2, num_blocks=6, min_block=128)
     assert len(s.val_idx) == round(1797 * 0.2)
@@ -69,8 +71,6 @@ def test_split_is_nested_disjoint_and_seeded() -> None:
 
 
 def test_config_hash_ignores_where_and_how_but_not_what() -> None:
-    from training.app.tasks import job_hash
-
     base = {"seed": 0, "dataset": {"name": "digits"}, "paths": {"out_dir": "a"}, "training": {"engine": "loop"}}
     assert job_hash(base) == job_hash({**base, "paths": {"out_dir": "b"}, "training": {"engine": "stacked"},
                                              "logger": {"name": "none"}, "device": "cuda"})
@@ -81,15 +81,9 @@ def test_config_hash_ignores_where_and_how_but_not_what() -> None:
 def test_block_feasibility_is_one_rule_the_partition_split_and_precheck_share(n_coded: int, tmp_path: Path) -> None:
     """`most_blocks` decides; the partition, the split and the job's precheck accept exactly up to it and refuse one
     more (each in its own words)."""
-    from tests.helpers import job_config
-    from training.app.schema import ConfigError
-    from training.app.tasks import load_job
-    from training.tasks.mdl.code import most_blocks
-    from training.tasks.mdl.refusals import check_blocks
-
     n_val = 3
     n = n_coded + n_val
-    most = most_blocks(n_coded)
+    most = mdl_code.most_blocks(n_coded)
     assert most == n_coded // 2
     for blocks, ok in ((most, True), (most + 1, False)):
         cfg = load_job(job_config(tmp_path, ["experiment=smoke", f"mdl.num_blocks={max(blocks, 2)}",

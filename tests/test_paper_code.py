@@ -14,23 +14,27 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import ENV, REPO, TINY, fit_settings, job_config
+import training.tasks.mdl.trainer as trainer_mod
+from models import build_model
+from tests.helpers import ENV, REPO, TINY, fit_settings, job_config, result_of
 from tests.test_vectorized import SHAPE, K, _arch, _data
 from training.app.schema import ConfigError, semantic
 from training.app.tasks import job_hash, load_job
 from training.engine.fit import FitResult, Member, TrainData, cross_entropy_sum, fit, fit_temperature
+from training.engine.group import why_not_vectorized
 from training.engine.optim import OptimSettings
 from training.engine.seeding import generator, seeded_global_rng
 from training.inputs.fit_settings import resolve_optim
+from training.tasks.mdl.code import partition_logspace
+from training.tasks.mdl.job import run_job
 from training.tasks.mdl.refusals import check_one_at_a_time
-from training.tasks.mdl.splits import MdlSplit, make_split
+from training.tasks.mdl.splits import MdlSplit, make_split, smallest_block
+from training.tasks.mdl.trainer import Trainer, split_of
 
 NEW_KEYS = {"optim": ("name", "schedule"), "mdl": ("stopping", "batch_order", "split")}
 
 
 def _member(name: str, lr: float, schedule: str = "constant", **fit_given: object) -> Member:
-    from models import build_model
-
     with seeded_global_rng(0, "init", 1):
         model = build_model(_arch("mlp"), SHAPE, K)
     settings = OptimSettings(lr_base=lr, lr=lr, depth_lr_multiplier=1.0, beta1=0.9, beta2=0.999, weight_decay=0.01,
@@ -50,17 +54,6 @@ def _losses(member: Member) -> list[float]:
 
 
 # ---- optim=adamw -----------------------------------------------------------------------------------------------
-def test_adamw_is_torch_adamw_evaluated_as_trained() -> None:
-    """torch's AdamW (no averaged iterate, no modes): the model fit returns scores its best validation loss."""
-    m = _member("adamw", 3e-3)
-    assert isinstance(m.optimizer, torch.optim.AdamW) and not hasattr(m.optimizer, "eval")
-    assert {g["betas"] for g in m.optimizer.param_groups} == {(0.9, 0.999)}  # (μP scales lr and weight decay)
-    _, res = _fit(m)
-    _, _, xv, yv = _data()
-    assert not m.model.training
-    assert cross_entropy_sum(m.model, xv, yv) / len(yv) == res.best_val_loss
-
-
 def _rates(m: Member) -> list[float]:
     """The learning rate of every optimizer step of `m`'s fit (its last group: vector-like, unscaled by μP)."""
     rates: list[float] = []
@@ -69,9 +62,17 @@ def _rates(m: Member) -> list[float]:
     return rates
 
 
-def test_cosine_anneals_over_max_epochs_per_epoch() -> None:
-    """`optim.schedule=cosine`: epoch e (1-based) trains at lr·(1 + cos(π (e-1) / max_epochs)) / 2 (torch's
-    CosineAnnealingLR stepped once per epoch); `constant` trains every step at lr."""
+def test_adamw_is_torch_adamw_evaluated_as_trained_with_a_cosine_schedule_per_epoch() -> None:
+    """torch's AdamW (no averaged iterate, no modes): the model fit returns scores its best validation loss."""
+    m = _member("adamw", 3e-3)
+    assert isinstance(m.optimizer, torch.optim.AdamW) and not hasattr(m.optimizer, "eval")
+    assert {g["betas"] for g in m.optimizer.param_groups} == {(0.9, 0.999)}  # (μP scales lr and weight decay)
+    _, res = _fit(m)
+    _, _, xv, yv = _data()
+    assert not m.model.training
+    assert cross_entropy_sum(m.model, xv, yv) / len(yv) == res.best_val_loss
+    # `optim.schedule=cosine`: epoch e (1-based) trains at lr·(1 + cos(π (e-1) / max_epochs)) / 2 (torch's
+    # CosineAnnealingLR stepped once per epoch); `constant` trains every step at lr
     lr, epochs, spe = 2e-3, 5, 8  # 320 rows in batches of 40
     rates = _rates(_member("adamw", lr, "cosine", max_epochs=epochs, patience=100))
     assert len(rates) == epochs * spe
@@ -113,8 +114,6 @@ def test_backtracking_changes_nothing_while_the_model_improves() -> None:
 def test_adamw_and_backtracking_train_one_model_at_a_time(tmp_path: Path) -> None:
     """The lockstep group steps schedule-free AdamW and never reloads a state: a group takes neither (the trainer
     trains such models with `fit`), and an explicit stacked engine or fused step is refused in one line."""
-    from training.engine.group import why_not_vectorized
-
     m = _member("adamw", 1e-3)
     assert why_not_vectorized(m.model, m.optimizer) is not None
     assert _member("schedulefree", 1e-3, stopping="backtrack").cfg.one_at_a_time() is not None
@@ -199,9 +198,6 @@ def test_the_paper_code_preset_sets_the_public_codes_defaults(tmp_path: Path) ->
 def test_the_public_codes_chunk_rule(tmp_path: Path, k: int, d: int, want: int) -> None:
     """mdl.min_block=paper_code: min(1024, 2·max(32, K, d)) (mdl/sweep.py), shrunk as any other where the data is too
     small (MNIST-5k: 4000 rows to code in 10 blocks start at 200); an integer is taken as given."""
-    from training.tasks.mdl.code import partition_logspace
-    from training.tasks.mdl.splits import smallest_block
-
     assert smallest_block("paper_code", k, d) == want and smallest_block(300, k, d) == 300
     assert partition_logspace(4000, 10, smallest_block("paper_code", 10, 784))[0] == 200
     with pytest.raises(ConfigError, match=r"^mdl.min_block='auto' is not allowed: mdl.min_block must be an integer ≥ 1 "
@@ -243,11 +239,6 @@ def test_a_redraw_job_trains_validates_and_codes_each_block_model_on_its_own_dra
     """Through the job: block model i trains on the first i blocks of its own draw (cumsize_i rows), validates on
     its own validation rows (no shared validation set), is coded on its own last block, with the temperature fitted
     on its own validation rows (`mdl.calibrate_temperature`); the same seed gives the same numbers again."""
-    import training.tasks.mdl.trainer as trainer_mod
-    from tests.helpers import result_of
-    from training.tasks.mdl.job import run_job
-    from training.tasks.mdl.trainer import Trainer, split_of
-
     fits: list[tuple[torch.Tensor, torch.Tensor | None, bool]] = []
     coded: list[torch.Tensor] = []
     temps: list[tuple[float, float]] = []

@@ -26,13 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import schedulefree
 import torch
 from torch import nn
 
+import erasure
 from tests.helpers import ENV, REPO, TINY, fit_settings, group_options, job_config, result_of
 from training.app.lifecycle import PROGRESS_FILE, Progress, run_in_job_dir
 from training.app.schema import ConfigError, group_config
-from training.app.tasks import job_hash, load_job
+from training.app.tasks import decode_result, get_task, job_hash, load_job
+from training.common import provenance as prov_mod
 from training.data import load_dataset
 from training.data.cache import _store, cached_erase, key_hash
 from training.data.idx import find_idx_pair
@@ -41,8 +44,11 @@ from training.engine.batches import DeviceData
 from training.engine.fit import FitConfig, Member, TrainData, fit
 from training.engine.group import fit_group
 from training.errors import UserError  # NonFiniteError's base (tests fail, not error, on code without it)
-from training.inputs.erase import cache_key
+from training.inputs import erase as erase_module
+from training.inputs.erase import apply_eraser, cache_key
+from training.inputs.plan import FitPlan
 from training.inputs.store import Store
+from training.tasks.mdl.aggregate_collect import UNKNOWN_COMMIT, commit_of
 from training.tasks.mdl.job import run_job
 from training.tasks.mdl.result import MdlSections
 from training.tasks.mdl.trainer import Trainer
@@ -85,9 +91,7 @@ def _check_provenance(prov: dict[str, Any], t0: datetime, t1: datetime) -> None:
     assert t0 - timedelta(seconds=1) <= started <= ended <= t1 + timedelta(seconds=1)
 
 
-def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> None:
-    from training.app.tasks import get_task
-
+def test_2_every_result_records_its_provenance_mdl_and_gs_and_its_data_fingerprint(tmp_path: Path) -> None:
     t0 = datetime.now(timezone.utc)
     mdl = result_of(run_job(job_config(tmp_path / "mdl", TINY)))
     gs = result_of(get_task("gs_two_moons")(job_config(tmp_path / "gs", ["experiment=gs_two_moons", "gs.steps=20",
@@ -96,16 +100,13 @@ def test_2_every_result_records_its_provenance_mdl_and_gs(tmp_path: Path) -> Non
     for result in (mdl, gs):
         on_disk = json.loads((Path(result["job_dir"]) / "result.json").read_text())
         _check_provenance(on_disk["provenance"], t0, t1)
-    # scripts/aggregate.py reads exactly these keys
-    from training.app.tasks import decode_result
-    from training.tasks.mdl.aggregate_collect import UNKNOWN_COMMIT, commit_of
-
-    assert (commit_of(decode_result(mdl)) != UNKNOWN_COMMIT) is (REPO / ".git").exists()
+    assert (commit_of(decode_result(mdl)) != UNKNOWN_COMMIT) is (REPO / ".git").exists()  # aggregate.py reads these
+    fp = json.loads((Path(mdl["job_dir"]) / "result.json").read_text())["dataset"]["fingerprint"]
+    data = load_dataset(group_config("dataset", "digits"))
+    assert fp == {"content": data.content_hash(), "files": []}  # sklearn's digits: no file of ours read
 
 
 def test_2_outside_a_git_checkout_commit_and_dirty_are_null(tmp_path: Path) -> None:
-    from training.common import provenance as prov_mod
-
     site = tmp_path / "site-packages"  # an installed wheel: the package next to its dist-info, no .git
     (site / "training").mkdir(parents=True)
     (site / "erasure_mdl-0.1.0.dist-info").mkdir()
@@ -174,41 +175,32 @@ def _toy(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _member(x: torch.Tensor, y: torch.Tensor, name: str, cfg: FitConfig) -> Member:
-    import schedulefree
-
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     opt = schedulefree.AdamWScheduleFree(model.parameters(), lr=1e-2, warmup_steps=2)
     return Member(model, opt, torch.arange(64), torch.Generator().manual_seed(1), cfg, name=name)
 
 
-def test_3_nan_training_loss_at_step_k_fails_fit_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    x, y = _toy()
-    cfg = fit_settings(batch_size=16, patience=50, max_epochs=10, progress=False)  # 4 steps an epoch
-    m = _member(x, y, "block model 3", cfg)
-    _nan_after(monkeypatch, 6)  # step 6 (epoch 2): caught at epoch 2's validation, after step 8
-    with pytest.raises(UserError) as err:
-        fit(m, TrainData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:]))
-    assert type(err.value).__name__ == "NonFiniteError"
-    assert str(err.value) == ("non-finite training loss in block model 3 by step 8 (epoch 2): lr too high or bad "
-                              "data; nothing was written as a result")
-
-
-@pytest.mark.parametrize("engine", ["loop", "stacked"])
-def test_3_nan_training_loss_fails_the_lockstep_group_naming_the_member(monkeypatch: pytest.MonkeyPatch,
-                                                                        engine: str) -> None:
+@pytest.mark.parametrize("engine", ["fit", "loop", "stacked"])
+def test_3_nan_training_loss_fails_fit_or_the_lockstep_group_naming_the_member(monkeypatch: pytest.MonkeyPatch,
+                                                                               engine: str) -> None:
+    """4 steps an epoch. fit: NaN from step 6 (epoch 2), caught at epoch 2's validation, after step 8. A group, loop
+    engine: one cross-entropy per member per step (call 11 = member 1 at step 6); stacked: one vmapped call per step
+    for both (call 6 = step 6, every member NaN: the first one is named); read at the first poll after it."""
     x, y = _toy()
     cfg = fit_settings(batch_size=16, patience=50, max_epochs=10, progress=False)
-    members = [_member(x, y, f"block model {i}", cfg) for i in (1, 2)]
-    # loop engine: one cross-entropy per member per step (call 11 = member 1 at step 6); stacked: one vmapped
-    # call per step for both (call 6 = step 6, every member NaN: the first one is named)
+    data = TrainData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:])
+    names = ["block model 3"] if engine == "fit" else ["block model 1", "block model 2"]
+    members = [_member(x, y, name, cfg) for name in names]
     _nan_after(monkeypatch, 11 if engine == "loop" else 6)
     with pytest.raises(UserError) as err:
-        fit_group(members, TrainData(DeviceData(x, x.device, storage="float32"), y, x[64:], y[64:]),
-                  group_options(engine=engine, poll_every=1))  # read at the first poll after it: the epoch end
+        if engine == "fit":
+            fit(members[0], data)
+        else:
+            fit_group(members, data, group_options(engine=engine, poll_every=1))
     assert type(err.value).__name__ == "NonFiniteError"
-    assert str(err.value) == ("non-finite training loss in block model 1 by step 8 (epoch 2): lr too high or bad "
-                              "data; nothing was written as a result")
+    assert str(err.value) == (f"non-finite training loss in {names[0]} by step 8 (epoch 2): lr too high or bad data; "
+                              "nothing was written as a result")
 
 
 def test_3_nan_loss_from_the_cli_one_line_exit_2_no_result(tmp_path: Path) -> None:
@@ -270,9 +262,6 @@ def test_3_nonfinite_code_length_or_result_number_writes_no_result(tmp_path: Pat
 
 def test_3_nan_erased_data_fails_and_a_cached_nan_entry_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
-    import erasure
-    from training.inputs.erase import apply_eraser
-
     data = load_dataset(group_config("dataset", "digits"))
     eraser = group_config("eraser", "leace")
     real = erasure.erase
@@ -283,9 +272,6 @@ def test_3_nan_erased_data_fails_and_a_cached_nan_entry_is_rebuilt(tmp_path: Pat
     assert not list((tmp_path / "erased").glob("*/data.pt"))
     monkeypatch.setattr(erasure, "erase", real)
     # fitted on a held-out part and applied to the rest: the same refusal, nothing cached
-    from training.inputs import erase as erase_module
-    from training.inputs.plan import FitPlan
-
     applied = erase_module._apply_fitted
     monkeypatch.setattr(erase_module, "_apply_fitted", lambda *a, **kw: (applied(*a, **kw)[0] * math.nan, {}))
     holdout = FitPlan("holdout", coded_idx=torch.arange(400, len(data.y)), fit_idx=torch.arange(400))
@@ -346,13 +332,6 @@ def test_4_a_dataset_root_given_is_the_only_place_looked_in(tmp_path: Path) -> N
     missing = group_config("dataset", "fashion_mnist", root=str(tmp_path / "missing"), download=False)
     with pytest.raises(DatasetMissingError, match=str(tmp_path / "missing")):  # never the copy found elsewhere
         load_dataset(missing, tmp_path / "data")
-
-
-def test_4_result_json_records_the_data_fingerprint(tmp_path: Path) -> None:
-    result = result_of(run_job(job_config(tmp_path, TINY)))
-    fp = json.loads((Path(result["job_dir"]) / "result.json").read_text())["dataset"]["fingerprint"]
-    data = load_dataset(group_config("dataset", "digits"))
-    assert fp == {"content": data.content_hash(), "files": []}  # sklearn's digits: no file of ours read
 
 
 def test_4_a_gzipped_and_a_plain_idx_file_mixed_are_used_with_one_warning(tmp_path: Path,

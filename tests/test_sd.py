@@ -11,12 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from models import build_model
 from tests.helpers import fit_settings, job_config, optimizer, result_of
 from training.app.schema import RegularizerConfig, group_config, load_section
 from training.engine.batches import DeviceData
 from training.engine.fit import FitResult, Member, TrainData, cross_entropy_sum, fit
 from training.engine.regularizers import SpectralDecoupling, build_regularizer, sd_penalty, task_loss
 from training.engine.seeding import generator, seeded_global_rng
+from training.tasks.mdl.job import run_job
 
 LOGITS = torch.tensor([[1.0, 2.0], [-1.0, 0.0]], dtype=torch.float64)
 Y = torch.tensor([0, 1])
@@ -82,8 +84,6 @@ def test_config_errors() -> None:
 
 def _fit_mup_mlp(reg_cfg: dict | None,  # regularizer=sd's overrides, or None
                  epochs: int = 3) -> tuple[torch.nn.Module, FitResult, tuple[Tensor, Tensor]]:
-    from models import build_model
-
     g = torch.Generator().manual_seed(1)
     x, y = torch.rand(96, 1, 4, 4, generator=g), torch.arange(96) % 3
     xv, yv = torch.rand(32, 1, 4, 4, generator=g), torch.arange(32) % 3
@@ -98,24 +98,18 @@ def _fit_mup_mlp(reg_cfg: dict | None,  # regularizer=sd's overrides, or None
     return model, res, (xv, yv)
 
 
-def test_lambda_zero_reproduces_erm_exactly() -> None:
+def test_lambda_zero_reproduces_erm_exactly_and_early_stopping_sees_plain_cross_entropy() -> None:
     erm, _, _ = _fit_mup_mlp(None)
     sd0, _, _ = _fit_mup_mlp({"lam": 0.0})
-    sd, _, _ = _fit_mup_mlp({"lam": 1.0})
-    a, b, c = erm.state_dict(), sd0.state_dict(), sd.state_dict()
+    model, res, (xv, yv) = _fit_mup_mlp({"lam": 10.0})
+    a, b, c = erm.state_dict(), sd0.state_dict(), model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)  # and λ > 0 does change training
-
-
-def test_early_stopping_sees_plain_cross_entropy() -> None:
-    model, res, (xv, yv) = _fit_mup_mlp({"lam": 10.0})
     # The restored best state's validation loss is the plain CE (no penalty) of the returned model.
     assert res.best_val_loss == pytest.approx(cross_entropy_sum(model, xv, yv) / len(yv), rel=1e-9)
 
 
 def test_mdl_job_with_sd_and_temperature(tmp_path: Path) -> None:
-    from training.tasks.mdl.job import run_job
-
     quick = ["dataset=digits", "mdl=quick", "mdl.max_epochs=4", "mdl.num_blocks=3", "optim.warmup_steps=10",
              "certificate=false", "mdl.full_run=false", "arch.width=32", "mdl.calibrate_temperature=true"]
     erm = result_of(run_job(job_config(tmp_path / "erm", quick)))

@@ -15,6 +15,7 @@ from training.app.schema import ConfigError, JobConfig, config_hash
 from training.app.tasks import load_job
 from training.data import load_dataset
 from training.engine.seeding import generator
+from training.inputs.pipeline import prepare_inputs
 from training.inputs.plan import fit_plan
 from training.inputs.store import Store
 
@@ -87,8 +88,6 @@ def test_modes_and_erasers_without_a_fitted_map_refuse_it_in_one_line(extra: lis
 def test_after_augment_erases_batches_with_the_shuffled_fit(tmp_path: Path) -> None:
     """eraser.after_augment=true: the per-batch eraser is the shuffled fit (the fitted-eraser cache keeps it apart
     from the true-label fit of the same rows, fitted first here), and it gives the erased images of the coded rows."""
-    from training.inputs.pipeline import prepare_inputs
-
     over = ("eraser.fit_on=self", "eraser.after_augment=true")
     first = _cfg(tmp_path, *over)
     prepare_inputs(first, Store.of(first.paths))  # the true-label fit of the same rows, cached first

@@ -24,7 +24,11 @@ import pytest
 
 from tests.helpers import ENV, TINY, job_config, result_of
 from training.app.lifecycle import Outcome
+from training.app.schema import ConfigError
+from training.app.tasks import load_job
 from training.common.provenance import code_provenance, head_from_files
+from training.tasks.mdl import refusals as precheck
+from training.tasks.mdl.job import run_job
 
 
 # --- the commit of a checkout another user owns -----------------------------------------------------------------------
@@ -44,7 +48,8 @@ def _repo(path: Path) -> str:
     return _git(path, "rev-parse", "HEAD")
 
 
-def test_3_commit_read_from_files_loose_packed_and_worktree(tmp_path: Path) -> None:
+def test_3_commit_read_from_files_loose_packed_and_worktree_or_why_not(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
     repo = tmp_path / "repo"
     sha = _repo(repo)
     assert head_from_files(repo) == sha  # a loose ref
@@ -59,6 +64,11 @@ def test_3_commit_read_from_files_loose_packed_and_worktree(tmp_path: Path) -> N
     assert side != sha and head_from_files(tmp_path / "wt") == side  # a worktree: .git is a file
     _git(repo, "checkout", "-q", "--detach")
     assert head_from_files(repo) == sha  # a detached HEAD
+    (repo / ".git" / "HEAD").write_text("ref: refs/heads/nowhere\n")  # unreadable: says why
+    with caplog.at_level(logging.WARNING, logger="training.common.provenance"):
+        code = code_provenance.__wrapped__(repo)
+    assert code["commit"] is None
+    assert "refs/heads/nowhere has no commit" in caplog.text
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to chown a repo to nobody")
@@ -81,16 +91,6 @@ def test_3_checkout_owned_by_another_user_still_gives_the_commit(tmp_path: Path,
     assert "missing, failing or slow" not in warning
 
 
-def test_3_unreadable_head_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    repo = tmp_path / "repo"
-    _repo(repo)
-    (repo / ".git" / "HEAD").write_text("ref: refs/heads/nowhere\n")
-    with caplog.at_level(logging.WARNING, logger="training.common.provenance"):
-        code = code_provenance.__wrapped__(repo)
-    assert code["commit"] is None
-    assert "refs/heads/nowhere has no commit" in caplog.text
-
-
 # --- data swapped under the same file names ---------------------------------------------------------------------------
 def _idx(path: Path, arr: np.ndarray) -> None:
     head = bytes([0, 0, 8, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
@@ -111,8 +111,6 @@ SMALL = [*TINY, "dataset=fashion_mnist", "dataset.download=false", "mdl.num_bloc
 
 
 def _run(out: Path, *overrides: str) -> Outcome:
-    from training.tasks.mdl.job import run_job
-
     return run_job(job_config(out, [*SMALL, *overrides]))
 
 
@@ -127,12 +125,22 @@ def _shuffle_labels(labels: Path) -> None:
         f.write(bytes(raw))
 
 
-def test_2_swapped_labels_under_the_same_names_rerun_the_job(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_2_swapped_labels_under_the_same_names_rerun_the_job_and_unreadable_data_is_reused(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "data"
     _fashion_fixture(root)
     first = result_of(_run(tmp_path / "out", f"dataset.root={root}"))
     again = _run(tmp_path / "out", f"dataset.root={root}")
     assert again.status == "skipped" and result_of(again)["provenance"] == first["provenance"]  # unchanged: SKIP
+    images = root / "train-images-idx3-ubyte.gz"
+    readable = images.read_bytes()
+    images.write_bytes(b"not gzip")  # unreadable now: nothing to compare, the result is reused with a warning
+    with caplog.at_level(logging.WARNING):
+        again = _run(tmp_path / "out", f"dataset.root={root}")
+    assert again.status == "skipped" and result_of(again)["provenance"] == first["provenance"]
+    assert "cannot check the data" in caplog.text
+    images.write_bytes(readable)
+    caplog.clear()
     _shuffle_labels(root / "train-labels-idx1-ubyte.gz")
     with caplog.at_level(logging.WARNING):
         outcome = _run(tmp_path / "out", f"dataset.root={root}")
@@ -159,15 +167,25 @@ def test_2_another_copy_of_the_data_is_reused_only_when_identical(tmp_path: Path
 
 
 # --- ugly: a result.json with a valid hash but no mdl section -----------------------------------------------------
-def test_6_result_without_mdl_section_is_rerun_with_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from training.tasks.mdl.job import run_job
-
+def test_6_result_without_mdl_section_is_rerun_with_one_line_after_the_checks_a_new_job_gets(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished result found stale (here incomplete; likewise other data) runs the job again: the data checks
+    (blocks, storage, memory) run on it as on any job that runs, though the precheck first took it for finished."""
     cfg = job_config(tmp_path, TINY)
     done = result_of(run_job(cfg))
     path = Path(done["job_dir"]) / "result.json"
     stored = json.loads(path.read_text())
     del stored["mdl"]
     path.write_text(json.dumps(stored))
+
+    def refuse(*_: object) -> None:
+        raise ConfigError("memory check ran")
+
+    with monkeypatch.context() as m, pytest.raises(ConfigError, match="memory check ran"):
+        m.setattr(precheck, "check_memory", refuse)
+        run_job(cfg)
+    assert "mdl" not in json.loads(path.read_text())  # refused: nothing rewritten
+    caplog.clear()
     with caplog.at_level(logging.WARNING):
         outcome = run_job(cfg)
     again = result_of(outcome)
@@ -176,29 +194,6 @@ def test_6_result_without_mdl_section_is_rerun_with_one_line(tmp_path: Path, cap
     assert "mdl" in json.loads(path.read_text())
     lines = [r.getMessage() for r in caplog.records if "not reusing" in r.getMessage()]
     assert len(lines) == 1 and "no mdl section (incomplete)" in lines[0], lines
-
-
-def test_a_stale_result_reruns_only_after_the_checks_a_new_job_gets(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A finished result found stale (here incomplete; likewise other data) runs the job again: the data checks
-    (blocks, storage, memory) run on it as on any job that runs, though the precheck first took it for finished."""
-    from training.app.schema import ConfigError
-    from training.tasks.mdl import refusals as precheck
-    from training.tasks.mdl.job import run_job
-
-    cfg = job_config(tmp_path, TINY)
-    path = Path(result_of(run_job(cfg))["job_dir"]) / "result.json"
-    stored = json.loads(path.read_text())
-    del stored["mdl"]
-    path.write_text(json.dumps(stored))
-
-    def refuse(*_: object) -> None:
-        raise ConfigError("memory check ran")
-
-    monkeypatch.setattr(precheck, "check_memory", refuse)
-    with pytest.raises(ConfigError, match="memory check ran"):
-        run_job(cfg)
-    assert "mdl" not in json.loads(path.read_text())  # refused: nothing rewritten
 
 
 # --- no path part built from config leaves paths.out_dir --------------------------------------------------------------
@@ -220,9 +215,6 @@ def _tree(root: Path) -> set[Path]:
 
 @pytest.mark.parametrize(("override", "key"), ESCAPES)
 def test_4_each_path_part_is_refused_in_one_line(tmp_path: Path, override: str, key: str) -> None:
-    from training.app.schema import ConfigError
-    from training.tasks.mdl.job import run_job
-
     out = tmp_path / "deep" / "er" / "out"
     out.mkdir(parents=True)
     before = _tree(tmp_path)
@@ -237,8 +229,6 @@ def test_4_each_path_part_is_refused_in_one_line(tmp_path: Path, override: str, 
 @pytest.mark.parametrize("override", ["paths.job_subdir=mine/sub", "paths.cell=c_mine", "dataset.tag=my.tag",
                                       "paths.out_dir=../relative_is_fine"])
 def test_4_ordinary_path_parts_are_accepted(tmp_path: Path, override: str) -> None:
-    from training.app.tasks import load_job
-
     cfg = job_config(tmp_path, [*TINY, override])
     if override.startswith("paths.out_dir"):
         cfg = {**cfg, "paths": {**cfg["paths"], "out_dir": "../relative_is_fine",
@@ -296,15 +286,3 @@ def test_2_aggregate_marks_a_cell_on_two_data_and_strict_refuses(tmp_path: Path,
                dataset={"fingerprint": {"content": "shuffled00000000", "files": []}})
     rc, md = _run(root, tmp_path / "ok", "--strict")
     assert rc == 0 and "‡" not in md and "| 2.000 ± 1.000 | 3.000 ± 1.000 |" in md
-
-
-def test_2_data_unreadable_since_the_result_reuses_it_with_a_warning(tmp_path: Path,
-                                                                     caplog: pytest.LogCaptureFixture) -> None:
-    root = tmp_path / "data"
-    _fashion_fixture(root)
-    first = result_of(_run(tmp_path / "out", f"dataset.root={root}"))
-    (root / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip")  # unreadable now: nothing to compare
-    with caplog.at_level(logging.WARNING):
-        again = _run(tmp_path / "out", f"dataset.root={root}")
-    assert again.status == "skipped" and result_of(again)["provenance"] == first["provenance"]
-    assert "cannot check the data" in caplog.text

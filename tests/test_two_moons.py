@@ -10,8 +10,10 @@ import pytest
 
 from tests.helpers import job_config, result_of
 from training.app.schema import group_config
+from training.app.tasks import get_task
 from training.data import load_dataset
 from training.data.moons import TwoMoonsOptions, two_moons
+from training.tasks.gs import moons as _task  # noqa: F401 - registers the task
 from training.tasks.gs.geometry import geometry
 
 MOONS = {"n": 300, "n_test": 500, "noise": 0.1, "margin": 0.1, "data_seed": 0}
@@ -56,9 +58,6 @@ def test_geometry_of_a_line_and_a_circle() -> None:
 
 
 def _job(tmp_path: Path, seed: int, lam: float, steps: int = 1000) -> dict:
-    from training.app.tasks import get_task
-    from training.tasks.gs import moons as _task  # noqa: F401 - registers the task
-
     cfg = job_config(tmp_path, ["experiment=gs_two_moons", f"seed={seed}", f"regularizer.lam={lam}",
                                 f"gs.steps={steps}", "gs.grid.n=201"])
     return result_of(get_task("gs_two_moons")(cfg))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tools.value_trail import Trail, follow
 
 
@@ -24,23 +26,18 @@ def _unrelated(v: Any) -> None:
     return None
 
 
-def test_the_tracer_counts_functions_returns_and_modules_of_a_toy_chain() -> None:
-    # the chain _a -> _b -> _c -> _b, all in this module: three functions, one module, no return to a module left
-    trail = Trail("_a", "x")
-    follow([trail], lambda: _a(object()), project=("tests",))
-    assert [fn for _, fn in trail.visits] == ["_a", "_b", "_c", "_b"]
-    assert trail.figures() == (3, 0, 1)
-
-
 def _outer(x: Any) -> Any:
     _a(x)
     return _c(x)  # after _a returned: outside the trail of _a
 
 
-def test_only_calls_inside_the_entrys_call_count() -> None:
+@pytest.mark.parametrize("entry", [_a, _outer], ids=["the chain", "only calls inside the entry's call"])
+def test_the_tracer_counts_functions_returns_and_modules_of_a_toy_chain(entry: Any) -> None:
+    # the chain _a -> _b -> _c -> _b, all in this module: three functions, one module, no return to a module left
     trail = Trail("_a", "x")
-    follow([trail], lambda: _outer(object()), project=("tests",))
+    follow([trail], lambda: entry(object()), project=("tests",))
     assert [fn for _, fn in trail.visits] == ["_a", "_b", "_c", "_b"]
+    assert trail.figures() == (3, 0, 1)
 
 
 def test_returns_count_each_time_the_value_comes_back_to_a_module_it_left() -> None:
